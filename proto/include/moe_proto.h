@@ -1,0 +1,253 @@
+/* moe_proto.h — the wire contract between libmoe_client and moe-sidecar.
+ *
+ * Owns: protocol/ABI constants, the handshake messages sent over the Unix socket, the layout
+ * of the shared-memory channel (header, two SPSC rings, request slots), submission and
+ * completion records, and the validation helpers both sides use. It knows nothing of either
+ * side's internals. docs/protocol.md is the prose version of this file.
+ *
+ * Rules that every field below obeys:
+ *  - Everything in the channel is an offset from the channel base, never a pointer.
+ *  - The sidecar computes every offset from the negotiated limits (moe_layout_compute) and
+ *    never reads the layout back from shared memory: all the client can write is hostile.
+ *  - Descriptors name a slot index; payload addresses are derived, never transmitted.
+ *  - Reserved fields must be zero; a non-zero one is rejected (room for later minors).
+ *  - Same host, so native byte order; both sides are 64-bit little-endian x86/arm.
+ */
+#ifndef MOE_PROTO_H
+#define MOE_PROTO_H
+
+#include <assert.h>
+#include <stdalign.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ABI: a different major is refused by both sides; minors only add (new ops, new fields
+ * carved out of reserved space) and are accepted in either direction. */
+#define MOE_ABI_MAJOR 1
+#define MOE_ABI_MINOR 0
+
+#define MOE_HELLO_MAGIC 0x484f454du   /* "MOEH" little-endian */
+#define MOE_WELCOME_MAGIC 0x574f454du /* "MOEW" */
+#define MOE_CHANNEL_MAGIC UINT64_C(0x314e414843454f4d) /* "MOECHAN1" */
+
+/* Hard bounds on negotiable limits: the sidecar's own configuration may be lower. They keep
+ * every size computation far from overflow (max channel well under 2^63). */
+#define MOE_MAX_TOKENS_LIMIT 65536u
+#define MOE_MAX_HIDDEN_LIMIT 65536u
+#define MOE_MAX_TOPK_LIMIT 64u
+#define MOE_MAX_SLOTS_LIMIT 256u
+#define MOE_CHANNEL_ALIGN 4096u /* slots and areas are page aligned (cudaHostRegister) */
+#define MOE_AREA_ALIGN 64u
+
+/* Activation dtypes. */
+enum moe_dtype {
+	MOE_DTYPE_F32 = 0,
+	MOE_DTYPE_F16 = 1,
+	MOE_DTYPE_BF16 = 2,
+	MOE_DTYPE_COUNT
+};
+#define MOE_DTYPE_MASK_ALL ((1u << MOE_DTYPE_COUNT) - 1u)
+
+static inline unsigned moe_dtype_size(unsigned dtype)
+{
+	return dtype == MOE_DTYPE_F32 ? 4u : dtype < MOE_DTYPE_COUNT ? 2u : 0u;
+}
+
+static inline const char *moe_dtype_name(unsigned dtype)
+{
+	switch (dtype) {
+	case MOE_DTYPE_F32: return "f32";
+	case MOE_DTYPE_F16: return "f16";
+	case MOE_DTYPE_BF16: return "bf16";
+	}
+	return "?";
+}
+
+/* Operations. Numbers are ABI. */
+enum moe_op {
+	MOE_OP_PING = 1,     /* no payload; completes with status 0 */
+	MOE_OP_ECHO = 2,     /* output[t][h] = convert(input[t][h]) for n_tokens rows of hidden */
+	MOE_OP_FORWARD = 3,  /* MoE forward of one layer (serve with a model) */
+	MOE_OP_PREFETCH = 4, /* lookahead hints for upcoming layers */
+	MOE_OP_STATS = 5,    /* counters snapshot into the output area */
+	MOE_OP_MAX
+};
+
+/* Limits negotiated at the handshake. Areas are sized for the largest dtype (f32), so a
+ * request may use any dtype in dtype_mask without renegotiating. */
+struct moe_limits {
+	uint32_t max_tokens;   /* tokens per request */
+	uint32_t hidden;       /* elements per token row */
+	uint32_t top_k;        /* expert ids per token (immediate + deferred) */
+	uint32_t n_slots;      /* request slots in the channel */
+	uint32_t ring_entries; /* SQ and CQ entries: power of two >= n_slots (set by sidecar) */
+	uint32_t dtype_mask;   /* bit (1 << moe_dtype) per dtype accepted */
+};
+static_assert(sizeof(struct moe_limits) == 24, "moe_limits is ABI");
+
+/* What the sidecar serves; all zero when it runs without a model. */
+struct moe_model_info {
+	uint32_t n_layers;      /* transformer blocks */
+	uint32_t n_moe_layers;  /* blocks with routed experts */
+	uint32_t first_moe_layer;
+	uint32_t n_experts;     /* routed experts per MoE layer */
+	uint32_t top_k;         /* experts per token the model routes to */
+	uint32_t hidden;        /* model hidden size */
+	uint32_t expert_ffn;    /* expert intermediate size */
+	uint32_t reserved0;
+	char name[64];          /* architecture / model name, NUL-terminated */
+	uint32_t reserved[8];
+};
+static_assert(sizeof(struct moe_model_info) == 128, "moe_model_info is ABI");
+
+/* ---- Handshake over the Unix stream socket --------------------------------------------
+ * client → sidecar: struct moe_hello (exactly `size` bytes; size >= MOE_HELLO_MIN_SIZE).
+ * sidecar → client: struct moe_welcome, with the channel memfd in SCM_RIGHTS iff status==0.
+ * The first MOE_WELCOME_FROZEN bytes of a welcome, and the first 16 bytes of a hello, are
+ * frozen across ABI majors so that a refusal is always readable by the other side. */
+struct moe_hello {
+	uint32_t magic;     /* MOE_HELLO_MAGIC */
+	uint16_t abi_major; /* MOE_ABI_MAJOR of the client */
+	uint16_t abi_minor;
+	uint32_t size;      /* sizeof(struct moe_hello) as the client knows it */
+	uint32_t flags;     /* none defined: must be 0 */
+	struct moe_limits want; /* 0 in a field = the sidecar's default; ring_entries must be 0 */
+	char client_name[32];   /* for logs, NUL-terminated */
+	uint32_t reserved[14];
+};
+static_assert(sizeof(struct moe_hello) == 128, "moe_hello is ABI");
+#define MOE_HELLO_MIN_SIZE 16u
+
+#define MOE_REASON_LEN 160
+struct moe_welcome {
+	uint32_t magic;     /* MOE_WELCOME_MAGIC */
+	uint16_t abi_major; /* MOE_ABI_MAJOR of the sidecar */
+	uint16_t abi_minor;
+	uint32_t size;      /* sizeof(struct moe_welcome) as the sidecar knows it */
+	int32_t status;     /* MOE_OK, or why the client is refused */
+	char reason[MOE_REASON_LEN]; /* human-readable, NUL-terminated; set on refusal */
+	/* --- end of the frozen prefix (176 bytes) --- */
+	uint64_t channel_bytes; /* size of the memfd that comes with this message */
+	uint64_t epoch;         /* random; equals the channel header's epoch */
+	struct moe_limits limits; /* granted */
+	uint32_t sidecar_pid;
+	uint32_t reserved0;
+	struct moe_model_info model;
+	uint32_t reserved[16];
+};
+#define MOE_WELCOME_FROZEN 176u
+static_assert(offsetof(struct moe_welcome, channel_bytes) == MOE_WELCOME_FROZEN, "frozen prefix");
+static_assert(sizeof(struct moe_welcome) == 416, "moe_welcome is ABI");
+
+/* ---- Channel layout ------------------------------------------------------------------- */
+
+/* Offsets (bytes from the channel base) of everything in a channel. Derived from limits
+ * only, by moe_layout_compute, identically on both sides. */
+struct moe_layout {
+	uint64_t sq_ctrl, sq_entries; /* submission ring: control block, moe_sqe array */
+	uint64_t cq_ctrl, cq_entries; /* completion ring: control block, moe_cqe array */
+	uint64_t slots;               /* first slot */
+	uint64_t slot_stride;         /* bytes between slots (multiple of MOE_CHANNEL_ALIGN) */
+	uint64_t in_off, in_bytes;    /* within a slot: activations, max_tokens*hidden*4 */
+	uint64_t ids_off, ids_bytes;  /* int32 expert ids, max_tokens*top_k */
+	uint64_t wts_off, wts_bytes;  /* f32 expert weights, max_tokens*top_k */
+	uint64_t out_off, out_bytes;  /* output rows, max_tokens*hidden*4 */
+	uint64_t total;               /* channel size */
+	uint32_t ring_entries;
+	uint32_t reserved;
+};
+static_assert(sizeof(struct moe_layout) == 128, "moe_layout is ABI");
+
+/* Channel states in the header (written by the sidecar only). */
+enum moe_channel_state {
+	MOE_CHANNEL_RUNNING = 1,
+	MOE_CHANNEL_CLOSING = 2, /* sidecar shutting down: no new submissions accepted */
+	MOE_CHANNEL_CLOSED = 3,
+};
+
+/* First page of a channel. Written by the sidecar before the memfd is sent; afterwards the
+ * sidecar only writes heartbeat_ns and state, and never reads any of it back. */
+struct moe_channel_header {
+	uint64_t magic; /* MOE_CHANNEL_MAGIC */
+	uint16_t abi_major;
+	uint16_t abi_minor;
+	uint32_t header_size;
+	uint64_t channel_bytes;
+	uint64_t epoch;
+	struct moe_limits limits;
+	struct moe_layout layout;
+	alignas(64) _Atomic uint64_t heartbeat_ns; /* sidecar CLOCK_MONOTONIC, ~every 100 ms */
+	_Atomic uint32_t state;                    /* enum moe_channel_state */
+	uint32_t reserved[13];
+};
+static_assert(offsetof(struct moe_channel_header, heartbeat_ns) == 192, "header is ABI");
+static_assert(sizeof(struct moe_channel_header) <= MOE_CHANNEL_ALIGN, "header fits a page");
+
+/* Submission record: 64 bytes, copied by the sidecar into private memory before any check. */
+struct moe_sqe {
+	uint64_t user_data; /* opaque, echoed in the completion */
+	uint32_t slot;      /* request slot holding the payload */
+	uint16_t op;        /* enum moe_op */
+	uint16_t flags;     /* per-op flags (MOE_FWD_*); 0 for PING/ECHO */
+	uint32_t n_tokens;  /* rows in the input area */
+	uint8_t in_dtype;   /* enum moe_dtype of the input rows */
+	uint8_t out_dtype;  /* enum moe_dtype of the output rows */
+	uint16_t ids_per_token; /* expert ids per token row (FORWARD); 0 otherwise */
+	int32_t layer;      /* FORWARD/PREFETCH: transformer block index */
+	uint32_t arg;       /* per-op argument (FORWARD: n deferred ids per token) */
+	uint32_t reserved[8];
+};
+static_assert(sizeof(struct moe_sqe) == 64, "moe_sqe is ABI");
+
+/* Completion record: 32 bytes. status < 0 names the problem; value/index give detail
+ * (e.g. MOE_EBADEXPERT: value = the id, index = token*ids_per_token + j). */
+struct moe_cqe {
+	uint64_t user_data;
+	uint32_t slot;
+	int32_t status;   /* MOE_OK or a request error */
+	uint32_t value;   /* offending value on error; op-specific result on success */
+	uint32_t index;   /* where the offending value was */
+	uint64_t reserved;
+};
+static_assert(sizeof(struct moe_cqe) == 32, "moe_cqe is ABI");
+
+/* ---- Helpers (proto/proto.c) ------------------------------------------------------------ */
+
+/* Checks limits against the hard bounds (all fields set, ring_entries a power of two
+ * >= n_slots). Returns MOE_OK, or MOE_EINVAL with a sentence in why. */
+int moe_limits_check(const struct moe_limits *lim, char *why, size_t why_len);
+
+/* Computes the channel layout for valid limits. Returns MOE_OK or MOE_EINVAL. */
+int moe_layout_compute(const struct moe_limits *lim, struct moe_layout *out);
+
+/* Smallest power of two >= n (n >= 1, n <= 2^31). */
+uint32_t moe_pow2_ceil(uint32_t n);
+
+/* Parses a hello received from an untrusted peer (len bytes at buf). On MOE_OK, *out holds
+ * the hello (shorter, older hellos are zero-extended). On error returns MOE_EPROTO (not a
+ * hello) or MOE_EVERSION, with a sentence in why. Never reads past len. */
+int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why,
+		    size_t why_len);
+
+/* Parses a welcome from an untrusted sidecar. MOE_OK: *out filled, status may still be a
+ * refusal (copied into *out). MOE_EPROTO / MOE_EVERSION with why on a malformed or
+ * incompatible message. */
+int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char *why,
+		      size_t why_len);
+
+/* Generic checks of a private copy of a submission against the channel limits: slot range,
+ * known op, dtypes (for ops that carry rows), n_tokens, reserved fields. Op-specific checks
+ * (layer, ids, weights) are the executor's. Returns MOE_OK, or an error with *err filled
+ * (status/value/index; user_data and slot copied). */
+int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struct moe_cqe *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_PROTO_H */

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install what is missing, then
+#   1. the default build (optimised, assertions on): every test;
+#   2. ASan+UBSan: every test not labelled "slow";
+#   3. TSan: the tests labelled "concurrent";
+#   4. libFuzzer targets (clang), each for FUZZ_SECONDS (default 20) from its seed corpus.
+# Ends with one line "suite: N passed, M failed". Exit status 0 only if everything passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh || exit 1
+
+fuzz_seconds=${FUZZ_SECONDS:-20}
+passed=0
+failed=0
+failures=()
+
+run_ctest() { # name dir [ctest args…]
+	local name=$1 dir=$2
+	shift 2
+	echo "== $name"
+	local log
+	log=$(mktemp)
+	${ctest_wrap:-} ctest --test-dir "$dir" --output-on-failure --no-tests=ignore -j2 "$@" 2>&1 | tee "$log"
+	local line
+	line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
+	if [ -n "$line" ]; then
+		local f t
+		f=$(sed -E 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/' <<<"$line")
+		t=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
+		passed=$((passed + t - f))
+		failed=$((failed + f))
+		[ "$f" -eq 0 ] || failures+=("$name")
+	elif ! grep -q 'No tests were found' "$log"; then
+		failed=$((failed + 1))
+		failures+=("$name (ctest did not finish)")
+	fi
+	rm -f "$log"
+}
+
+build_or_fail() { # name dir [cmake args…]
+	local name=$1
+	shift
+	echo "== build: $name"
+	if ! scripts/build.sh "$@"; then
+		failed=$((failed + 1))
+		failures+=("build $name")
+		return 1
+	fi
+}
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+build_or_fail default build && run_ctest default build
+build_or_fail asan+ubsan build-asan -DMOE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug &&
+	run_ctest asan+ubsan build-asan -LE slow
+
+# TSan's shadow layout needs at most 28 bits of mmap randomisation (newer kernels use 32).
+tsan_wrap=""
+if [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)" -gt 28 ]; then
+	if [ "$(id -u)" -eq 0 ]; then sysctl -qw vm.mmap_rnd_bits=28; else tsan_wrap="setarch $(uname -m) -R"; fi
+fi
+build_or_fail tsan build-tsan -DMOE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug &&
+	ctest_wrap=$tsan_wrap run_ctest tsan build-tsan -L concurrent
+
+if command -v clang >/dev/null; then
+	if CC=clang build_or_fail fuzz build-fuzz -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+		echo "== fuzz (${fuzz_seconds}s each)"
+		for fz in $(cat build-fuzz/fuzzers.txt 2>/dev/null); do
+			bin=$(find build-fuzz -type f -name "$fz" -perm -u+x | head -1)
+			seeds=tests/fuzz/corpus/$fz
+			work=build-fuzz/corpus/$fz
+			mkdir -p "$work" build-fuzz/artifacts
+			if "$bin" -max_total_time="$fuzz_seconds" -timeout=10 -rss_limit_mb=2048 \
+				-print_final_stats=0 -artifact_prefix=build-fuzz/artifacts/"$fz"- \
+				"$work" $([ -d "$seeds" ] && echo "$seeds") >build-fuzz/"$fz".log 2>&1; then
+				echo "fuzz $fz: ok ($(grep -Eo '#[0-9]+' build-fuzz/"$fz".log | tail -1 | tr -d '#') runs)"
+				passed=$((passed + 1))
+			else
+				echo "fuzz $fz: FAILED"; tail -40 build-fuzz/"$fz".log
+				failed=$((failed + 1)); failures+=("fuzz $fz")
+			fi
+		done
+	fi
+else
+	echo "== fuzz: skipped (clang not installed)"
+fi
+
+[ ${#failures[@]} -eq 0 ] || echo "failed: ${failures[*]}"
+echo "suite: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,8 @@
+/* commands.h — the moe-sidecar subcommands. Each lives in its own file and owns its options;
+ * main.c only dispatches. A command returns the process exit status. */
+#ifndef MOE_SIDECAR_COMMANDS_H
+#define MOE_SIDECAR_COMMANDS_H
+
+int cmd_serve(int argc, char **argv);
+
+#endif

@@ -1,0 +1,41 @@
+/* main.c — `moe-sidecar COMMAND [options]`: dispatch to a subcommand. Nothing else lives
+ * here; each command parses its own options (see commands.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+
+struct command {
+	const char *name;
+	int (*run)(int argc, char **argv);
+	const char *summary;
+};
+
+static const struct command commands[] = {
+	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+};
+
+static void usage(FILE *to)
+{
+	fprintf(to, "usage: moe-sidecar COMMAND [options]   (COMMAND --help for its options)\n\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		fprintf(to, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(argv[1], commands[i].name))
+			return commands[i].run(argc - 1, argv + 1);
+	fprintf(stderr, "moe-sidecar: unknown command '%s'\n\n", argv[1]);
+	usage(stderr);
+	return 2;
+}

@@ -1,0 +1,89 @@
+/* log.c — see log.h. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static _Atomic int min_level = LOG_INFO;
+static _Atomic int as_json = 0;
+
+static const char *const level_names[] = {"debug", "info", "warn", "error"};
+
+void log_set_level(enum log_level level)
+{
+	atomic_store(&min_level, (int)level);
+}
+
+void log_set_json(int json)
+{
+	atomic_store(&as_json, json != 0);
+}
+
+int log_level_parse(const char *name)
+{
+	for (int i = 0; i < 4; i++)
+		if (!strcmp(name, level_names[i]))
+			return i;
+	return -1;
+}
+
+/* Appends s to buf as the inside of a JSON string. */
+static size_t json_escape(char *buf, size_t cap, const char *s)
+{
+	size_t n = 0;
+	for (; *s && n + 7 < cap; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\') {
+			buf[n++] = '\\';
+			buf[n++] = (char)c;
+		} else if (c < 0x20) {
+			n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", c);
+		} else {
+			buf[n++] = (char)c;
+		}
+	}
+	buf[n] = '\0';
+	return n;
+}
+
+void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
+{
+	if ((int)level < atomic_load_explicit(&min_level, memory_order_relaxed))
+		return;
+	char msg[768], line[1024];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	struct tm tm;
+	gmtime_r(&ts.tv_sec, &tm);
+	char when[40];
+	size_t w = strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(when + w, sizeof(when) - w, ".%03ldZ", ts.tv_nsec / 1000000);
+
+	int n;
+	if (atomic_load_explicit(&as_json, memory_order_relaxed)) {
+		char esc[900];
+		json_escape(esc, sizeof(esc), msg);
+		n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"sub\":\"%s\","
+			     "\"msg\":\"%s\"}\n", when, level_names[level], subsystem, esc);
+	} else {
+		n = snprintf(line, sizeof(line), "%s %-5s %-8s %s\n", when, level_names[level],
+			     subsystem, msg);
+	}
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line)) {
+		n = sizeof(line) - 1;
+		line[n - 1] = '\n';
+	}
+	ssize_t rc = write(STDERR_FILENO, line, (size_t)n);
+	(void)rc;
+}

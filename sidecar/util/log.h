@@ -1,0 +1,26 @@
+/* log.h — structured logs: one line per event, `ts level subsystem message key=value…`.
+ *
+ * For events, not for per-token or per-request paths (those feed counters). Thread-safe: a
+ * line is formatted into a stack buffer and written with one write(2), so lines from
+ * different threads never interleave. The level threshold is set once at start-up.
+ */
+#ifndef MOE_LOG_H
+#define MOE_LOG_H
+
+enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
+
+/* Minimum level printed (default LOG_INFO); and whether lines are JSON objects. */
+void log_set_level(enum log_level level);
+void log_set_json(int json);
+/* Parses "debug|info|warn|error"; returns -1 if unknown. */
+int log_level_parse(const char *name);
+
+void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+#define log_debug(sub, ...) log_event(LOG_DEBUG, sub, __VA_ARGS__)
+#define log_info(sub, ...) log_event(LOG_INFO, sub, __VA_ARGS__)
+#define log_warn(sub, ...) log_event(LOG_WARN, sub, __VA_ARGS__)
+#define log_error(sub, ...) log_event(LOG_ERROR, sub, __VA_ARGS__)
+
+#endif
