@@ -5,5 +5,6 @@ cd "$(dirname "$0")/.."
 dir=$1; shift
 mkdir -p "$dir"
 cmake -S . -B "$dir" "$@" >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
-cmake --build "$dir" -j"$(nproc)" 2>&1 | grep -Ev '^\[ *[0-9]+%\] (Building|Linking)|^Consolidate' || true
-test "${PIPESTATUS[0]}" -eq 0
+set +e +o pipefail
+cmake --build "$dir" -j"$(nproc)" 2>&1 | grep -Ev '^\[ *[0-9]+%\] (Building|Linking)|^Consolidate'
+exit "${PIPESTATUS[0]}"
