@@ -21,6 +21,7 @@ run_ctest() { # name dir [ctest args…]
 	local log
 	log=$(mktemp)
 	${ctest_wrap:-} ctest --test-dir "$dir" --output-on-failure --no-tests=ignore -j2 "$@" 2>&1 | tee "$log"
+	local rc=${PIPESTATUS[0]}
 	local line
 	line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -1)
 	if [ -n "$line" ]; then
@@ -29,10 +30,12 @@ run_ctest() { # name dir [ctest args…]
 		t=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
 		passed=$((passed + t - f))
 		failed=$((failed + f))
-		[ "$f" -eq 0 ] || failures+=("$name")
-	elif ! grep -q 'No tests were found' "$log"; then
+		[ "$f" -eq 0 ] && [ "$rc" -eq 0 ] || failures+=("$name")
+	elif [ "$rc" -ne 0 ]; then
 		failed=$((failed + 1))
-		failures+=("$name (ctest did not finish)")
+		failures+=("$name (ctest exit $rc)")
+	else
+		echo "($name: no tests selected)"
 	fi
 	rm -f "$log"
 }
