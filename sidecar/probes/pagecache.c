@@ -220,7 +220,7 @@ static int libbpf_to_log(enum libbpf_print_level level, const char *fmt, va_list
 	while (n && (line[n - 1] == '\n' || line[n - 1] == ' '))
 		line[--n] = '\0';
 	if (level == LIBBPF_WARN)
-		snprintf(libbpf_last_warning, sizeof(libbpf_last_warning), "%s", line);
+		snprintf(libbpf_last_warning, sizeof(libbpf_last_warning), "%.255s", line);
 	if (level != LIBBPF_DEBUG)
 		log_debug("probes", "libbpf: %s", line);
 	return 0;
