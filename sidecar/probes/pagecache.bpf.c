@@ -64,7 +64,8 @@ struct {
 
 /* A direct read issued with IOCB_NOWAIT (io_uring's first, non-blocking attempt): its byte
  * range [pos, end). If the attempt fails with EAGAIN, io_uring retries the rest from an io-wq
- * worker through the same kiocb; that retry must not be counted again. Keyed by kiocb address. */
+ * worker through the same kiocb; that retry must not be counted again. Keyed by kiocb address;
+ * removed by the retry or by the io_uring completion, whichever comes first. */
 struct dio_attempt {
 	__u64 pos;
 	__u64 end;
@@ -188,6 +189,12 @@ int BPF_PROG(direct_read_begin, struct kiocb *iocb, struct iov_iter *iter, unsig
 	if (!c)
 		return 0;
 	struct pagecache_counters *p = pid_counters_of(&key);
+	if (done_before) {
+		/* The filesystem re-entered iomap for the rest of a read already counted whole
+		 * (btrfs, gfs2 after a page fault). */
+		ACCOUNT(c, p, direct_retries, 1);
+		return 0;
+	}
 	__u64 pos = BPF_CORE_READ(iocb, ki_pos);
 	__u64 count = BPF_CORE_READ(iter, count);
 	__u64 id = (__u64)iocb;
@@ -229,6 +236,10 @@ int uring_read_complete(struct trace_event_raw_io_uring_complete *ctx)
 	struct pagecache_counters *c = watched(&key);
 	if (!c)
 		return 0;
+	/* A request's kiocb is its command area (struct io_rw at req->cmd): once it completes,
+	 * no retry can follow, so a NOWAIT attempt recorded for it is over. */
+	__u64 kiocb_id = (__u64)req + bpf_core_field_offset(req->cmd);
+	bpf_map_delete_elem(&dio_nowait_attempts, &kiocb_id);
 	struct pagecache_counters *p = pid_counters_of(&key);
 	int res = ctx->res;
 	ACCOUNT(c, p, uring_reads, 1);

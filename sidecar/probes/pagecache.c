@@ -277,7 +277,7 @@ static __u64 process_start_ticks(pid_t pid)
 	if (!s)
 		return 0;
 	s++;
-	for (int field = 2; field < 22 && s; field++) {
+	for (int field = 3; field < 22 && s; field++) { /* s: the space before field */
 		s = strchr(s + 1, ' ');
 	}
 	return s ? strtoull(s + 1, NULL, 10) : 0;
