@@ -242,7 +242,7 @@ static int ensure_mounted(struct pagecache_probes *p, const char *dir, const cha
 		return fail(p, errno, "%s: %s", dir, strerror(errno));
 	if ((long)fs.f_type == magic)
 		return 0;
-	if (mount(fstype, dir, fstype, 0, NULL) < 0) {
+	if (mount(fstype, dir, fstype, 0, "mode=0700") < 0) {
 		int e = errno;
 		return fail(p, e, "%s is not mounted and mounting it failed: %s%s", dir,
 		            strerror(e), privilege_hint(e));
@@ -251,12 +251,23 @@ static int ensure_mounted(struct pagecache_probes *p, const char *dir, const cha
 	return 0;
 }
 
+/* Creates dir (0700) or accepts an existing one only if it is a real directory of ours that
+ * nobody else can write: bpffs may be world-writable, and pins must not land where another
+ * user chose (a symlink, a directory they own). */
 static int make_dir(struct pagecache_probes *p, const char *dir)
 {
 	if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
 		int e = errno;
 		return fail(p, e, "mkdir %s: %s%s", dir, strerror(e), privilege_hint(e));
 	}
+	struct stat st;
+	if (lstat(dir, &st) < 0)
+		return fail(p, errno, "%s: %s", dir, strerror(errno));
+	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
+		return fail(p, EPERM,
+			    "refusing %s: not a directory owned by uid %u and writable only by it "
+			    "(uid %u, mode %03o); remove it",
+			    dir, (unsigned)geteuid(), (unsigned)st.st_uid, st.st_mode & 0777);
 	return 0;
 }
 
@@ -332,7 +343,7 @@ static int claim_instance(struct pagecache_probes *p)
 		rc = make_dir(p, p->pin_dir);
 	if (rc)
 		return rc;
-	p->lock_fd = open(p->pin_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	p->lock_fd = open(p->pin_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (p->lock_fd < 0)
 		return fail(p, errno, "%s: %s", p->pin_dir, strerror(errno));
 	struct pagecache_instance_info info;
@@ -532,6 +543,18 @@ static void detach(struct pagecache_probes *p)
 static int attach(struct pagecache_probes *p)
 {
 	libbpf_set_print(libbpf_to_log);
+	/* Privilege first: an unprivileged caller must not mount or create anything. */
+	const struct bpf_insn return_zero[] = {
+		{.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = 0},
+		{.code = BPF_JMP | BPF_EXIT},
+	};
+	int probe_fd = bpf_prog_load(BPF_PROG_TYPE_TRACEPOINT, "moe_probe_check", "GPL",
+				     return_zero, 2, NULL);
+	if (probe_fd < 0) {
+		int e = -probe_fd;
+		return fail(p, e, "cannot load BPF programs: %s%s", strerror(e), privilege_hint(e));
+	}
+	close(probe_fd);
 	int rc = ensure_mounted(p, BPFFS_ROOT, "bpf", BPF_FS_MAGIC_NUMBER);
 	if (rc == 0)
 		rc = ensure_mounted(p, TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER);

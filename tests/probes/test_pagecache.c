@@ -729,3 +729,27 @@ Test(probes_api, bypass_ratio_is_direct_over_all_bytes_read)
 	cr_expect_eq(s.fault_bytes, 1 << 20);
 	cr_expect_float_eq(s.bypass_ratio, 0.6, 1e-12);
 }
+
+Test(probes, pins_never_follow_a_planted_symlink)
+{
+	struct pagecache_probes *check = probes_or_skip("symlink-check", false);
+	pagecache_close(check); /* BPF works; the pin root may be gone again */
+	mkdir("/sys/fs/bpf/moe-sidecar", 0700);
+	char name[64], link[256], err[256];
+	instance_name(name, sizeof(name), "symlink");
+	snprintf(link, sizeof(link), "/sys/fs/bpf/moe-sidecar/%s", name);
+	cr_assert_eq(symlink("/sys/fs/bpf", link), 0, "symlink %s: %s", link, strerror(errno));
+	struct pagecache_probes *p;
+	struct pagecache_options opt = {.instance = name, .quiet = true};
+	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	bool available = rc == 0 && pagecache_available(p);
+	char status[800] = "";
+	if (rc == 0)
+		snprintf(status, sizeof(status), "%s", pagecache_status(p));
+	pagecache_close(p);
+	unlink(link);
+	rmdir("/sys/fs/bpf/moe-sidecar");
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_expect_not(available, "pinned through a symlink");
+	cr_expect(strstr(status, "refusing"), "status: %s", status);
+}
