@@ -265,9 +265,9 @@ static int make_dir(struct pagecache_probes *p, const char *dir)
 		return fail(p, errno, "%s: %s", dir, strerror(errno));
 	if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022))
 		return fail(p, EPERM,
-			    "refusing %s: not a directory owned by uid %u and writable only by it "
-			    "(uid %u, mode %03o); remove it",
-			    dir, (unsigned)geteuid(), (unsigned)st.st_uid, st.st_mode & 0777);
+		            "refusing %s: not a directory owned by uid %u and writable only by it "
+		            "(uid %u, mode %03o); remove it",
+		            dir, (unsigned)geteuid(), (unsigned)st.st_uid, st.st_mode & 0777);
 	return 0;
 }
 
@@ -545,11 +545,11 @@ static int attach(struct pagecache_probes *p)
 	libbpf_set_print(libbpf_to_log);
 	/* Privilege first: an unprivileged caller must not mount or create anything. */
 	const struct bpf_insn return_zero[] = {
-		{.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = 0},
-		{.code = BPF_JMP | BPF_EXIT},
+	    {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = 0},
+	    {.code = BPF_JMP | BPF_EXIT},
 	};
-	int probe_fd = bpf_prog_load(BPF_PROG_TYPE_TRACEPOINT, "moe_probe_check", "GPL",
-				     return_zero, 2, NULL);
+	int probe_fd =
+	    bpf_prog_load(BPF_PROG_TYPE_TRACEPOINT, "moe_probe_check", "GPL", return_zero, 2, NULL);
 	if (probe_fd < 0) {
 		int e = -probe_fd;
 		return fail(p, e, "cannot load BPF programs: %s%s", strerror(e), privilege_hint(e));
@@ -641,7 +641,29 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 	return 0;
 }
 
+static size_t map_list_pids(struct pagecache_probes *p, const struct pagecache_file_key *key,
+                            __u32 *tgids, size_t max)
+{
+	struct pagecache_pid_key cur, next;
+	void *prev = NULL;
+	size_t n = 0;
+	while (n < max && bpf_map_get_next_key(p->pid_counters_fd, prev, &next) == 0) {
+		if (next.file.ino == key->ino && next.file.dev == key->dev)
+			tgids[n++] = next.tgid;
+		cur = next;
+		prev = &cur;
+	}
+	return n;
+}
+
 #else /* !MOE_PROBES_ENABLED */
+
+static size_t map_list_pids(struct pagecache_probes *p, const struct pagecache_file_key *key,
+                            __u32 *tgids, size_t max)
+{
+	(void)p, (void)key, (void)tgids, (void)max;
+	return 0;
+}
 
 static int attach(struct pagecache_probes *p)
 {
@@ -838,5 +860,17 @@ int pagecache_read_pid(struct pagecache_probes *p, const char *path, __u32 tgid,
 			return fail(p, rc, "%s: no counters for pid %u", path, tgid);
 	}
 	pagecache_stats_derive(out, p->page_size);
+	return 0;
+}
+
+int pagecache_list_pids(struct pagecache_probes *p, const char *path, __u32 *tgids, size_t max,
+                        size_t *n)
+{
+	*n = 0;
+	struct watched_file *w = find_watched(p, path);
+	if (!w)
+		return fail(p, ENOENT, "%s: not watched", path);
+	if (p->available && p->per_pid)
+		*n = map_list_pids(p, &w->key, tgids, max);
 	return 0;
 }

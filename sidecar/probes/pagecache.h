@@ -131,6 +131,11 @@ int pagecache_read_totals(struct pagecache_probes *p, struct pagecache_stats *ou
 int pagecache_read_pid(struct pagecache_probes *p, const char *path, __u32 tgid,
                        struct pagecache_stats *out);
 
+/* The thread group ids with per-pid counters for path: up to max of them in tgids, the number
+ * stored in *n (0 when per-pid is off or the probes are unavailable). */
+int pagecache_list_pids(struct pagecache_probes *p, const char *path, __u32 *tgids, size_t max,
+                        size_t *n);
+
 /* The key the programs use for the file at path: (ino, major << 20 | minor of st_dev).
  * Errors: -errno of stat, -EINVAL if not a regular file (message in err). */
 int pagecache_file_key_of(const char *path, struct pagecache_file_key *key, char *err,

@@ -42,7 +42,7 @@ static void usage(FILE *to)
 	    "  --count N        stop after N samples (default: until SIGINT/SIGTERM)\n"
 	    "  --json           one JSON object per sample and line\n"
 	    "  --instance NAME  pin under /sys/fs/bpf/moe-sidecar/NAME (default: probe)\n"
-	    "  --per-pid        also fill the pinned pid_counters map (see bpftool)\n");
+	    "  --per-pid        also count per process: a row (JSON: \"pids\") per reader\n");
 }
 
 /* Writes s as a JSON string literal. */
@@ -131,8 +131,58 @@ static void print_table_row(const struct sample_row *row)
 	       resident);
 }
 
+#define PROBE_MAX_PIDS_SHOWN 64
+
+/* The command name of a process, or "?" once it has gone. */
+static const char *comm_of(__u32 pid, char *buf, size_t len)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/proc/%u/comm", pid);
+	FILE *f = fopen(path, "re");
+	if (!f || !fgets(buf, (int)len, f))
+		snprintf(buf, len, "?");
+	if (f)
+		fclose(f);
+	buf[strcspn(buf, "\n")] = '\0';
+	return buf;
+}
+
+/* With --per-pid: one row (table) or a "pids" array (JSON) per process that touched path. */
+static void print_pid_rows(struct pagecache_probes *p, const char *path, bool json)
+{
+	__u32 tgids[PROBE_MAX_PIDS_SHOWN];
+	size_t n = 0;
+	if (pagecache_list_pids(p, path, tgids, PROBE_MAX_PIDS_SHOWN, &n) < 0)
+		n = 0;
+	if (json)
+		printf(",\"pids\":[");
+	bool first = true;
+	for (size_t i = 0; i < n; i++) {
+		struct sample_row row = {0};
+		if (pagecache_read_pid(p, path, tgids[i], &row.stats) < 0)
+			continue; /* evicted from the LRU map since the listing */
+		char comm[64], label[96];
+		comm_of(tgids[i], comm, sizeof(comm));
+		if (json) {
+			printf("%s{\"pid\":%u,\"comm\":", first ? "" : ",", tgids[i]);
+			print_json_string(comm);
+			printf(",");
+			print_json_counters(&row);
+			printf("}");
+		} else {
+			snprintf(label, sizeof(label), "  pid %u (%s)", tgids[i], comm);
+			row.path = label;
+			print_table_row(&row);
+		}
+		first = false;
+	}
+	if (json)
+		printf("]");
+}
+
 /* Reads and prints one sample of every watched file and the totals. */
-static int print_sample(struct pagecache_probes *p, char **files, int n_files, double t, bool json)
+static int print_sample(struct pagecache_probes *p, char **files, int n_files, double t, bool json,
+                        bool per_pid)
 {
 	struct sample_row total = {0};
 	if (json)
@@ -160,9 +210,13 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
 			print_json_string(files[i]);
 			printf(",");
 			print_json_counters(&row);
+			if (per_pid)
+				print_pid_rows(p, files[i], true);
 			printf("}");
 		} else {
 			print_table_row(&row);
+			if (per_pid)
+				print_pid_rows(p, files[i], false);
 		}
 	}
 	pagecache_read_totals(p, &total.stats);
@@ -305,7 +359,7 @@ int cmd_probe(int argc, char **argv)
 	for (long long sample = 0; count < 0 || sample < count; sample++) {
 		if (sample > 0)
 			sleep_interruptibly(interval);
-		if (print_sample(p, files, n_files, now_s() - start, json) < 0) {
+		if (print_sample(p, files, n_files, now_s() - start, json, per_pid) < 0) {
 			rc = 1;
 			break;
 		}

@@ -112,8 +112,8 @@ Test(probe_cmd, counts_reads_made_while_it_runs_and_unpins_on_sigint, .fini = re
 		cr_skip_test("BPF probes %s", why);
 
 	make_test_file();
-	char *args[] = {"moe-sidecar", "probe", "--watch",    test_file, "--json",
-	                "--interval",  "3600",  "--instance", instance,  NULL};
+	char *args[] = {"moe-sidecar", "probe",      "--watch", test_file,   "--json", "--interval",
+	                "3600",        "--instance", instance,  "--per-pid", NULL};
 	int out;
 	pid_t pid = spawn_sidecar(args, &out);
 	char line[8192];
@@ -136,6 +136,12 @@ Test(probe_cmd, counts_reads_made_while_it_runs_and_unpins_on_sigint, .fini = re
 	cr_expect_eq(field_of(line, "buffered_bytes"), FILE_SIZE, "%s", line);
 	cr_expect_eq(field_of(line, "resident_bytes"), FILE_SIZE, "cachestat: %s", line);
 	cr_expect(strstr(line, "\"bypass_ratio\":0.000000"), "%s", line);
+	char me[64]; /* --per-pid: this test process is one of the readers */
+	snprintf(me, sizeof(me), "{\"pid\":%d,", (int)getpid());
+	const char *mine = strstr(line, me);
+	cr_expect_not_null(mine, "no per-pid entry for %d in %s", (int)getpid(), line);
+	if (mine)
+		cr_expect_eq(field_of(mine, "buffered_bytes"), FILE_SIZE, "%s", mine);
 	char dir[256];
 	snprintf(dir, sizeof(dir), "/sys/fs/bpf/moe-sidecar/%s", instance);
 	struct stat st;
