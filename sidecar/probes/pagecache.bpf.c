@@ -73,7 +73,7 @@ struct dio_attempt {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
+	__uint(max_entries, 16384); /* NOWAIT direct reads in flight on watched files */
 	__type(key, __u64);
 	__type(value, struct dio_attempt);
 } dio_nowait_attempts SEC(".maps");
@@ -198,21 +198,21 @@ int BPF_PROG(direct_read_begin, struct kiocb *iocb, struct iov_iter *iter, unsig
 	__u64 pos = BPF_CORE_READ(iocb, ki_pos);
 	__u64 count = BPF_CORE_READ(iter, count);
 	__u64 id = (__u64)iocb;
+	/* Another attempt at the tail of a range already counted: io_uring's io-wq retry after
+	 * a NOWAIT attempt's EAGAIN, or a reissue after the block layer's EAGAIN. */
+	struct dio_attempt *first = bpf_map_lookup_elem(&dio_nowait_attempts, &id);
+	bool retry = first && first->pos <= pos && pos < first->end && pos + count == first->end;
 	if (flags & IOCB_NOWAIT) {
-		struct dio_attempt attempt = {.pos = pos, .end = pos + count};
-		bpf_map_update_elem(&dio_nowait_attempts, &id, &attempt, BPF_ANY);
-	} else {
-		struct dio_attempt *first = bpf_map_lookup_elem(&dio_nowait_attempts, &id);
-		if (first) {
-			/* The blocking retry covers the tail of the NOWAIT attempt's range. */
-			bool retry =
-			    first->pos <= pos && pos < first->end && pos + count == first->end;
-			bpf_map_delete_elem(&dio_nowait_attempts, &id);
-			if (retry) {
-				ACCOUNT(c, p, direct_retries, 1);
-				return 0;
-			}
+		if (!retry) {
+			struct dio_attempt attempt = {.pos = pos, .end = pos + count};
+			bpf_map_update_elem(&dio_nowait_attempts, &id, &attempt, BPF_ANY);
 		}
+	} else if (first) {
+		bpf_map_delete_elem(&dio_nowait_attempts, &id); /* blocking: the last attempt */
+	}
+	if (retry) {
+		ACCOUNT(c, p, direct_retries, 1);
+		return 0;
 	}
 	ACCOUNT(c, p, direct_bytes, count);
 	ACCOUNT(c, p, direct_reads, 1);
