@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
 	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+	{"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
 };
 
 static void usage(FILE *to)

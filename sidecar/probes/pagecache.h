@@ -1,0 +1,160 @@
+/* pagecache.h — the page-cache probes: proof, per model file, that expert reads bypass the
+ * page cache.
+ *
+ * Two halves, as in libbpf-tools' x.h: first the structs both sides share (the BPF programs in
+ * pagecache.bpf.c write them into maps, the loader and bpftool read them), then — for user
+ * space only — the loader API (pagecache.c) that `serve` and `moe-sidecar probe` call.
+ *
+ * Map values are BTF-typed, so `bpftool map dump pinned /sys/fs/bpf/moe-sidecar/<instance>/
+ * counters` prints these field names. Field order and meaning are an operator interface
+ * (docs/operations.md): append only.
+ */
+#ifndef MOE_PAGECACHE_H
+#define MOE_PAGECACHE_H
+
+#ifndef __bpf__
+#include <linux/types.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+#define PAGECACHE_MAX_FILES 1024         /* watched files per instance */
+#define PAGECACHE_MAX_PID_ENTRIES 16384  /* (file, tgid) pairs, least recently used evicted */
+#define PAGECACHE_INFO_MAGIC 0x4d4f4550u /* "MOEP" */
+#define PAGECACHE_INFO_VERSION 1u
+
+/* A file as the kernel's tracepoints name it. dev is the kernel encoding of the superblock's
+ * device, major << 20 | minor — not stat()'s st_dev (see pagecache_file_key_of()). pad is 0. */
+struct pagecache_file_key {
+	__u64 ino;
+	__u32 dev;
+	__u32 pad;
+};
+
+/* Per-process attribution (only when opened with per_pid): a file and a thread group id. */
+struct pagecache_pid_key {
+	struct pagecache_file_key file;
+	__u32 tgid;
+	__u32 pad;
+};
+
+/* Counters of one watched file (or one (file, tgid)). All monotonic from the watch; bytes are
+ * bytes, events are tracepoint hits. What fires each one: docs/operations.md. */
+struct pagecache_counters {
+	__u64
+	    pagecache_fill_bytes; /* folios inserted into the file's page cache: PAGE_SIZE<<order */
+	__u64 pagecache_fill_events; /* folios inserted */
+	__u64 direct_bytes;          /* bytes requested by direct-I/O reads (iomap_dio_rw_begin) */
+	__u64 direct_reads;     /* direct-I/O read calls (a NOWAIT attempt's retry counts once) */
+	__u64 direct_retries;   /* blocking retries of a NOWAIT direct read, not counted again */
+	__u64 buffered_bytes;   /* bytes returned by buffered read-family syscalls + io_uring */
+	__u64 buffered_reads;   /* those syscalls and io_uring completions */
+	__u64 get_pages_events; /* mm_filemap_get_pages: batches served by the buffered read path */
+	__u64 fault_events;     /* mm_filemap_fault: mmap page faults that went to filemap_fault */
+	__u64 map_pages_events; /* mm_filemap_map_pages: fault-around batches */
+	__u64 uring_direct_bytes; /* io_uring read completions on O_DIRECT opens: bytes returned */
+	__u64
+	    uring_buffered_bytes; /* io_uring read completions on buffered opens: bytes returned */
+	__u64 uring_reads;        /* io_uring read completions (any result) */
+	__u64 uring_errors;       /* io_uring read completions with a negative result */
+};
+
+/* One instance's identity, in the pinned `info` map (a one-entry array): who owns the pins. */
+struct pagecache_instance_info {
+	__u32 magic;   /* PAGECACHE_INFO_MAGIC */
+	__u32 version; /* PAGECACHE_INFO_VERSION */
+	__u32 owner_pid;
+	__u32 per_pid;           /* 1 if pid_counters is being filled */
+	__u64 owner_start_ticks; /* /proc/<pid>/stat starttime: tells a live owner from pid reuse */
+	__u64 page_size;         /* bytes per page, as the programs count them */
+};
+
+#ifndef __bpf__
+/* ------------------------------------------------------------------------------------------
+ * Loader API (user space). Not thread-safe: one thread owns a struct pagecache_probes.
+ * Functions return 0 or a negative errno; pagecache_last_error() gives the sentence.
+ * ------------------------------------------------------------------------------------------ */
+
+struct pagecache_probes;
+
+struct pagecache_options {
+	const char *instance; /* pins go to /sys/fs/bpf/moe-sidecar/<instance>/; NULL: "default".
+	                       * [A-Za-z0-9_.-]{1,64}, not "." or "..". */
+	bool per_pid;         /* also fill pid_counters, keyed by (file, tgid) */
+	bool quiet;           /* no warning line when unavailable (the caller reports it) */
+};
+
+/* Totals or one file's counters, with what is derived from them. */
+struct pagecache_stats {
+	struct pagecache_counters raw;
+	__u64 fault_bytes;   /* fault_events × page size: mmap pages faulted in one by one */
+	double bypass_ratio; /* direct / (direct + buffered + fault bytes); NaN before any read */
+};
+
+/* Opens an instance: mounts bpffs/tracefs if absent, replaces the stale pins of a dead
+ * instance of the same name, loads and attaches the programs, pins maps and links.
+ * On 0, *out is a handle even when the probes are unavailable (no privilege, no BTF, a live
+ * instance of that name, any load failure): then one warning line is logged (unless quiet),
+ * pagecache_available() is false and pagecache_status() says "unavailable: <reason>"; every
+ * other call still works (watches are recorded, counters read as zero).
+ * Errors: -EINVAL (bad options, message in err), -ENOMEM. err may be NULL. */
+int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
+                   size_t err_len);
+
+/* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
+void pagecache_close(struct pagecache_probes *p);
+
+bool pagecache_available(const struct pagecache_probes *p);
+/* "active: /sys/fs/bpf/moe-sidecar/<instance>" or "unavailable: <reason>". Owned by p. */
+const char *pagecache_status(const struct pagecache_probes *p);
+/* The pin directory ("" when unavailable). Owned by p. */
+const char *pagecache_pin_dir(const struct pagecache_probes *p);
+/* The pid whose stale pins open replaced, or 0 if none were found. */
+int pagecache_replaced_stale_pid(const struct pagecache_probes *p);
+/* The sentence behind the last error returned on p ("" if none). */
+const char *pagecache_last_error(const struct pagecache_probes *p);
+
+/* Starts counting reads of the regular file at path, from zero. Watching a file already
+ * watched (same path, or another path to the same inode) keeps its counters and returns 0.
+ * -ENOSPC beyond PAGECACHE_MAX_FILES. The (dev, ino) is fixed now: a file later renamed over
+ * path is not followed. */
+int pagecache_watch(struct pagecache_probes *p, const char *path);
+/* Stops counting path (as given to pagecache_watch) and forgets its counters. -ENOENT if it
+ * is not watched. */
+int pagecache_unwatch(struct pagecache_probes *p, const char *path);
+
+/* Counters of one watched path (-ENOENT if not watched), or summed over all watched files. */
+int pagecache_read_file(struct pagecache_probes *p, const char *path, struct pagecache_stats *out);
+int pagecache_read_totals(struct pagecache_probes *p, struct pagecache_stats *out);
+/* Counters of (path, tgid) when opened with per_pid; -ENOENT if none recorded. */
+int pagecache_read_pid(struct pagecache_probes *p, const char *path, __u32 tgid,
+                       struct pagecache_stats *out);
+
+/* The thread group ids with per-pid counters for path: up to max of them in tgids, the number
+ * stored in *n (0 when per-pid is off or the probes are unavailable). */
+int pagecache_list_pids(struct pagecache_probes *p, const char *path, __u32 *tgids, size_t max,
+                        size_t *n);
+
+/* The key the programs use for the file at path: (ino, major << 20 | minor of st_dev).
+ * Errors: -errno of stat, -EINVAL if not a regular file (message in err). */
+int pagecache_file_key_of(const char *path, struct pagecache_file_key *key, char *err,
+                          size_t err_len);
+
+/* Page-cache residency of one file from cachestat(2) (syscall 451, Linux 6.5+; needs no
+ * privilege). Returns -ENOSYS on older kernels. */
+struct pagecache_residency {
+	__u64 cached_bytes;
+	__u64 dirty_bytes;
+	__u64 writeback_bytes;
+	__u64 evicted_bytes;
+	__u64 recently_evicted_bytes;
+};
+int pagecache_residency_of(const char *path, struct pagecache_residency *out, char *err,
+                           size_t err_len);
+
+/* Fills the derived fields of s from s->raw. */
+void pagecache_stats_derive(struct pagecache_stats *s, __u64 page_size);
+
+#endif /* !__bpf__ */
+#endif /* MOE_PAGECACHE_H */
