@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
 	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+	{"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
 };
 
 static void usage(FILE *to)
