@@ -157,7 +157,7 @@ static int run_generate(const char *model, const char *out_path, int argc, char 
 		return 2;
 	}
 	/* Overrides, parsed after the preset so they apply on top of it. */
-	for (int i = 0; i < argc; i++) {
+	for (int i = 0; i < argc; i += 2) {
 		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		uint64_t u;
 		if (!v) {
@@ -189,7 +189,6 @@ static int run_generate(const char *model, const char *out_path, int argc, char 
 				fprintf(stderr, "simulate --generate: --steps must be ≥ 1\n");
 			return 2;
 		}
-		i++;
 	}
 	struct routing_trace t;
 	if (trace_generate(&g, &t, err, sizeof(err))) {
