@@ -48,39 +48,22 @@ const char *moe_gating_name(enum moe_gating g)
 
 const char *moe_format_name(uint32_t format)
 {
-	if (format == MOEK_FP8_E4M3_B128)
-		return "FP8_E4M3_B128";
-	const char *n = gguf_type_name(format);
+	const struct moek_format_info *fi = moek_format_lookup(format);
+	const char *n = fi ? fi->name : gguf_type_name(format);
 	return n ? n : "?";
 }
 
-/* Formats the kernels compute expert FFNs in. */
+/* Formats the kernels compute expert FFNs in (one place: the kernels' format table). */
 static bool weight_format_supported(uint32_t f)
 {
-	switch (f) {
-	case MOEK_F32:
-	case MOEK_F16:
-	case MOEK_BF16:
-	case MOEK_Q8_0:
-	case MOEK_Q4_0:
-	case MOEK_Q4_K:
-	case MOEK_Q5_K:
-	case MOEK_Q6_K:
-	case MOEK_MXFP4:
-	case MOEK_FP8_E4M3_B128: return true;
-	default: return false;
-	}
+	const struct moek_format_info *fi = moek_format_lookup(f);
+	return fi && fi->weight_format;
 }
 
 /* Bytes of one row of n weights; 0 if n does not fit the format's block. */
 static uint64_t row_bytes(uint32_t format, uint64_t n)
 {
-	if (format == MOEK_FP8_E4M3_B128)
-		return n;
-	uint32_t be = gguf_type_block_elems(format), bb = gguf_type_block_bytes(format);
-	if (!be || n % be)
-		return 0;
-	return n / be * bb;
+	return moek_row_bytes(format, (size_t)n);
 }
 
 /* ---- one view of a tensor in either container ---------------------------------------- */
@@ -228,7 +211,7 @@ static int take_fp8_scale(struct builder *b, const char *weight_name, bool merge
 		                  "%s: tensor %s: expected F32 block scales [%" PRIu64 ", %" PRIu64
 		                  "] for 128x128 blocks, found %s [%" PRIu64 ", %" PRIu64 "]",
 		                  b->path, name, br, bc, tv.type, tv.ne[1], tv.ne[0]);
-	uint64_t len = br * bc * 4;
+	uint64_t len = moek_fp8_scale_bytes(p->rows, p->cols);
 	p->scale = (struct moe_extent){tv.file, tv.offset + (merged ? e * len : 0), len};
 	return 0;
 }
@@ -324,6 +307,7 @@ static int gguf_read_info(struct builder *b)
 		return -1;
 	if (rc == 0 && gguf_key_u64(b, "feed_forward_length", &in->expert_ffn, true) < 1)
 		return -1; /* Mixtral: the FFN size is the expert size */
+	v = 0;
 	if (gguf_key_u64(b, "expert_shared_count", &v, false) < 0)
 		return -1;
 	in->n_shared_experts = (uint32_t)(v > 1024 ? 1024 : v);
