@@ -275,7 +275,8 @@ static int read_value(struct header_reader *r, uint32_t type, struct gguf_value 
 	if (count > remaining(r) / min_elem)
 		return model_fail(r->err,
 		                  "%s: metadata %s: array count %" PRIu64
-		                  " overflows the file (%" PRIu64 " bytes remain)",
+		                  " overflows the file (%" PRIu64
+		                  " bytes remain: truncated or corrupt)",
 		                  r->path, key, count, remaining(r));
 	v->arr.count = count;
 	if (esz) {
@@ -443,12 +444,12 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	if (n_kv > remaining(r) / 13)
 		return model_fail(r->err,
 		                  "%s: metadata count %" PRIu64 " overflows the file (%" PRIu64
-		                  " bytes remain)",
+		                  " bytes remain: truncated or corrupt)",
 		                  r->path, n_kv, remaining(r));
 	if (n_tensors > remaining(r) / 24)
 		return model_fail(r->err,
 		                  "%s: tensor count %" PRIu64 " overflows the file (%" PRIu64
-		                  " bytes remain)",
+		                  " bytes remain: truncated or corrupt)",
 		                  r->path, n_tensors, remaining(r));
 	f->kv = calloc(n_kv ? n_kv : 1, sizeof(*f->kv));
 	if (!f->kv)
@@ -491,12 +492,9 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	f->n_tensors = n_tensors;
 	uint64_t pad = (f->alignment - r->pos % f->alignment) % f->alignment;
 	f->data_offset = r->pos + pad;
-	if (f->data_offset > f->file_size)
-		return model_fail(r->err,
-		                  "%s: truncated: data section would start at %" PRIu64
-		                  ", file is %" PRIu64 " bytes",
-		                  r->path, f->data_offset, f->file_size);
-	const uint64_t data_size = f->file_size - f->data_offset;
+	/* a file without tensor data may end before the padding; any data must fit */
+	const uint64_t data_size =
+	    f->data_offset < f->file_size ? f->file_size - f->data_offset : 0;
 	for (uint64_t i = 0; i < n_tensors; i++) {
 		struct gguf_tensor *t = &f->tensors[i];
 		if (t->rel_offset % f->alignment)
