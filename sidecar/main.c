@@ -13,6 +13,7 @@ struct command {
 
 static const struct command commands[] = {
 	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+	{"inspect", cmd_inspect, "show what a model holds: architecture, experts, formats, bytes"},
 	{"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
 };
 
