@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define EXPERT_MAX_EXTENTS 8u
+#define EXPERT_MAX_EXTENTS 12u
 #define EXPERT_MAX_FILES 4096u
 
 struct expert_extent {
