@@ -100,10 +100,13 @@ int residency_warm_pinned(struct residency *r, char *err, size_t err_len);
 #define RESIDENCY_NOWAIT 1u /* return -EINPROGRESS / -EAGAIN instead of waiting */
 #define RESIDENCY_RETRY 2u  /* follow-up to a NOWAIT call that was counted: not counted again */
 
-/* Demands an expert. 0: `ref` holds it (release it). Otherwise: -EINPROGRESS (NOWAIT: loading,
- * call again to wait), -EAGAIN (NOWAIT: no slot could be freed now), -EIO and other read
- * errors, -EPERM (GPU-masked), -EINVAL (out of range), -ESHUTDOWN. `score` is the router
- * probability × top_k (1.0 = average), or -1. */
+/* Demands an expert. 0: `ref` holds it (release it). Otherwise: -EINPROGRESS (NOWAIT:
+ * loading; call again with RESIDENCY_RETRY to wait), -EAGAIN (NOWAIT: no slot can be freed
+ * now), -EIO, -ETIMEDOUT, -ENODATA and other read errors, -EPERM (GPU-masked), -EINVAL (out
+ * of range), -ESHUTDOWN. A waiting demand sleeps until a slot can be freed: a thread that
+ * already holds references should use RESIDENCY_NOWAIT, or it may wait forever once every
+ * slot is referenced (capacity must exceed the references held at once). `score` is the
+ * router probability × top_k (1.0 = average), or -1. */
 int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
                       unsigned flags, struct expert_ref *ref);
 void residency_release(struct residency *r, struct expert_ref *ref);

@@ -323,6 +323,31 @@ Test(residency_faults, transient_eio_and_eagain_recover)
 	fixture_destroy(&f);
 }
 
+/* A read cancelled by its linked timeout completes with -ECANCELED: retried, then the expert
+ * fails as -ETIMEDOUT. */
+Test(residency_faults, timed_out_reads_retried_then_etimedout)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	struct faults fl = {.fail_first = 1000, .fail_with = -ECANCELED};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.max_retries = 1;
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -ETIMEDOUT);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.retries, 1);
+	cr_assert_eq(c.reads, 2);
+	char msg[512];
+	residency_error_message(r, 0, 0, msg, sizeof(msg));
+	cr_assert(strstr(msg, "timed out"), "%s", msg);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
 Test(residency_faults, short_reads_continue_byte_exact)
 {
 	struct fixture f;
