@@ -468,9 +468,7 @@ int cmd_simulate(int argc, char **argv)
 		rates[n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
 	}
 	if (json) {
-		printf("{\"trace\": {\"n_layers\": %u, \"n_experts\": %u, \"top_k\": %u, "
-		       "\"lines\": %u, \"refs\": %u}, \"capacities\": [",
-		       t.n_layers, t.n_experts, t.top_k, t.n_lines, t.n_refs);
+		printf("{\"capacities\": [");
 		for (int ci = 0; ci < n_caps; ci++)
 			printf("%s%u", ci ? ", " : "", caps[ci]);
 		printf("], \"policies\": {");
