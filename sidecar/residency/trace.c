@@ -164,8 +164,14 @@ static int parse_header(struct cursor *c, struct routing_trace *t)
 	return 0;
 }
 
-static int parse_body_line(struct cursor *c, struct routing_trace *t, const char *name,
-                           uint64_t line_no, char *err, size_t err_len)
+/* layer_epoch[l] = epoch of the last step that had a line for layer l (epochs count steps). */
+struct step_layers {
+	uint32_t *layer_epoch;
+	uint32_t epoch;
+};
+
+static int parse_body_line(struct cursor *c, struct routing_trace *t, struct step_layers *seen,
+                           const char *name, uint64_t line_no, char *err, size_t err_len)
 {
 	uint32_t step, layer;
 	if (parse_u32(c, &step))
@@ -181,6 +187,13 @@ static int parse_body_line(struct cursor *c, struct routing_trace *t, const char
 	if (layer >= t->n_layers)
 		return parse_err(err, err_len, name, line_no, "layer %u out of range (n_layers %u)",
 		                 layer, t->n_layers);
+	if (!t->n_lines || step != t->lines[t->n_lines - 1].step)
+		seen->epoch++;
+	if (seen->layer_epoch[layer] == seen->epoch)
+		return parse_err(err, err_len, name, line_no,
+		                 "step %u layer %u listed twice (one line per step and layer)",
+		                 step, layer);
+	seen->layer_epoch[layer] = seen->epoch;
 	skip_blanks(c);
 	if (trace_append_line(t, step, layer))
 		return parse_err(err, err_len, name, line_no, "out of memory");
@@ -234,6 +247,7 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
                 char *err, size_t err_len)
 {
 	struct routing_trace t = {0};
+	struct step_layers seen = {0};
 	const char *p = text, *end = text + len;
 	uint64_t line_no = 0;
 	bool have_header = false;
@@ -265,9 +279,14 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 				goto fail;
 			}
 			have_header = true;
+			seen.layer_epoch = calloc(t.n_layers, sizeof(uint32_t));
+			if (!seen.layer_epoch) {
+				rc = parse_err(err, err_len, name, line_no, "out of memory");
+				goto fail;
+			}
 			continue;
 		}
-		rc = parse_body_line(&c, &t, name, line_no, err, err_len);
+		rc = parse_body_line(&c, &t, &seen, name, line_no, err, err_len);
 		if (rc)
 			goto fail;
 	}
@@ -279,9 +298,11 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 		rc = parse_err(err, err_len, name, line_no, "trace has a header but no lines");
 		goto fail;
 	}
+	free(seen.layer_epoch);
 	*out = t;
 	return 0;
 fail:
+	free(seen.layer_epoch);
 	trace_free(&t);
 	return rc;
 }

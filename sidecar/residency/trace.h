@@ -12,7 +12,8 @@
  * First non-comment line: the header. Then one line per (step, layer): the decimal step, the
  * layer, and a comma-separated list of expert ids, each optionally followed by ':' and its
  * router score (a probability in [0, 1]). Fields are separated by spaces or tabs. Steps never
- * decrease; a line holds 1..top_k distinct ids, each below n_experts; layer < n_layers.
+ * decrease; a (step, layer) has at most one line; a line holds 1..top_k distinct ids, each
+ * below n_experts; layer < n_layers.
  * Either every id has a score or none does (a whole trace is scored or not).
  *
  * Ownership: a routing_trace owns its arrays; trace_free releases them.

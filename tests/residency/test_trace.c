@@ -65,6 +65,7 @@ Test(trace, rejects_bad_input_with_line_and_reason)
 	    {"L2 x 1\n", "expected a layer"},
 	    {"L-1 0 1\n", "expected a step"},
 	    {"L2 0 1\n1 0 1\n", "step 1 after step 2"},
+	    {"L0 0 1\n0 1 2\n0 0 3\n", "t.trace:4: step 0 layer 0 listed twice"},
 	    {"L99999999999 0 1\n", "expected a step"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
