@@ -5,6 +5,7 @@
 #include "policy.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,7 @@ static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve
 
 int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len)
 {
-	struct policy_spec s = {.heat_alpha = 0.3f, .heat_keep = 1.0f};
+	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
 	char buf[96];
 	if (strlen(text) >= sizeof(buf)) {
 		snprintf(err, err_len, "policy '%.40s…': name too long", text);
@@ -101,8 +102,9 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	p->in_queue = calloc(p->n_ids, 1);
 	p->visited = calloc(p->n_ids, 1);
 	p->heat = calloc(p->n_ids, sizeof(*p->heat));
-	if (!p->quota || !p->count || !p->queues || !p->prev || !p->next || !p->in_queue ||
-	    !p->visited || !p->heat) {
+	p->heat_at = calloc(p->n_ids, sizeof(*p->heat_at));
+	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
+	    !p->in_queue || !p->visited || !p->heat) {
 		policy_destroy(p);
 		snprintf(err, err_len, "policy: out of memory for %u experts",
 		         n_layers * n_experts);
@@ -111,6 +113,8 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	for (uint32_t i = 0; i < p->n_partitions; i++)
 		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};
 	/* Equal shares over the unpinned layers; the remainder goes to the first ones. */
+	p->half_life = spec->heat_half_life > 0 ? spec->heat_half_life
+	                                        : (float)(p->capacity ? p->capacity : 1);
 	if (spec->per_layer) {
 		uint32_t free_layers = n_layers - spec->pin_layers;
 		for (uint32_t l = spec->pin_layers; l < n_layers; l++) {
@@ -133,6 +137,7 @@ void policy_destroy(struct residency_policy *p)
 	free(p->in_queue);
 	free(p->visited);
 	free(p->heat);
+	free(p->heat_at);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -162,11 +167,36 @@ void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uin
 		q->tail = newer;
 }
 
+float policy_heat_now(const struct residency_policy *p, uint32_t id)
+{
+	uint64_t age = p->now - p->heat_at[id];
+	if (!age || p->heat[id] == 0)
+		return p->heat[id];
+	return p->heat[id] * exp2f(-(float)age / p->half_life);
+}
+
+static void heat_settle(struct residency_policy *p, uint32_t id)
+{
+	p->heat[id] = policy_heat_now(p, id);
+	p->heat_at[id] = p->now;
+}
+
+void policy_heat_halve(struct residency_policy *p, uint32_t id)
+{
+	heat_settle(p, id);
+	p->heat[id] *= 0.5f;
+}
+
+/* Heat = Σ score · 2^(-age / half_life): an exponentially decayed average of the router
+ * scores an expert received (up to the constant half_life / ln 2), so it grows with both how
+ * often and how strongly the router picks it, and fades when it stops being picked. */
 static void update_heat(struct residency_policy *p, uint32_t id, float score)
 {
 	if (!(score >= 0))
 		return; /* no score (prefetch), or NaN */
-	float h = p->spec.heat_alpha * score + (1 - p->spec.heat_alpha) * p->heat[id];
+	p->now++;
+	heat_settle(p, id);
+	float h = p->heat[id] + score;
 	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
 	p->heat[id] = h < max ? h : max;
 }
@@ -212,13 +242,13 @@ void policy_remove(struct residency_policy *p, uint32_t id)
 
 void policy_hint(struct residency_policy *p, uint32_t id, float score)
 {
-	if (id >= p->n_ids || !(score >= 0))
+	if (id >= p->n_ids || !(score >= 0) || p->spec.kind != POLICY_SIEVE_HEAT)
 		return;
-	/* A hinted expert is worth keeping until the hand has passed it at least once. */
-	float s = score < POLICY_HEAT_MAX - 1 ? score : POLICY_HEAT_MAX - 1;
-	float h = p->spec.heat_keep * (1 + s);
-	if (p->heat[id] < h)
-		p->heat[id] = h;
+	/* "Needed soon" is what the visited bit means to the hand: a resident hinted expert
+	 * survives the next pass once. The score joins its heat like a router score. */
+	if (p->in_queue[id])
+		p->visited[id] = 1;
+	update_heat(p, id, score);
 }
 
 bool policy_needs_eviction(const struct residency_policy *p, uint32_t incoming)

@@ -11,8 +11,8 @@
  * Policies (name as accepted by policy_spec_parse):
  *   lru          one recency list
  *   sieve        SIEVE (NSDI'24): FIFO queue, a visited bit, a hand moving tail → head
- *   sieve-heat   SIEVE whose hand also spares experts with high heat: an EMA of router
- *                scores and lookahead hints
+ *   sieve-heat   SIEVE whose hand also spares experts with high heat: an exponentially
+ *                decayed average of router scores over time, raised by lookahead hints
  * Modifiers, appended with '+':
  *   +layer       layer-aware capacity: one queue and an equal share of the capacity per
  *                layer (a single global queue is a known trap: layers are visited cyclically)
@@ -35,10 +35,11 @@ enum policy_kind { POLICY_LRU = 0, POLICY_SIEVE = 1, POLICY_SIEVE_HEAT = 2, POLI
 
 struct policy_spec {
 	enum policy_kind kind;
-	bool per_layer;      /* +layer: one partition per layer */
-	uint32_t pin_layers; /* +pinN: layers [0, N) fully resident */
-	float heat_alpha;    /* sieve-heat: EMA weight of a new score (default 0.3) */
-	float heat_keep;     /* sieve-heat: heat at or above which the hand spares (default 0.25) */
+	bool per_layer;       /* +layer: one partition per layer */
+	uint32_t pin_layers;  /* +pinN: layers [0, N) fully resident */
+	float heat_half_life; /* sieve-heat: accesses for a score to lose half its weight
+	                         (0, the default: the policy's capacity) */
+	float heat_keep;      /* sieve-heat: heat at or above which the hand spares (default 2) */
 };
 
 /* Parses "lru", "sieve+layer+pin2", …; on error writes a message naming the bad part. */
@@ -64,7 +65,10 @@ struct residency_policy {
 	/* Per id: intrusive doubly-linked queue, visited bit, heat. */
 	uint32_t *prev, *next;
 	uint8_t *in_queue, *visited;
-	float *heat;
+	float *heat;       /* as of heat_at[id] */
+	uint64_t *heat_at; /* policy clock (accesses + insertions with a score) */
+	uint64_t now;
+	float half_life; /* resolved heat_half_life */
 };
 
 /* Creates a policy for n_layers × n_experts over `capacity` slots in total. Pinned layers
@@ -92,7 +96,9 @@ static inline bool policy_is_pinned(const struct residency_policy *p, uint32_t i
 void policy_insert(struct residency_policy *p, uint32_t id, float score); /* admitted (miss) */
 void policy_access(struct residency_policy *p, uint32_t id, float score); /* used (hit) */
 void policy_remove(struct residency_policy *p, uint32_t id); /* left the resident set */
-/* Lookahead hint: the expert is likely needed soon with this router score (sieve-heat). */
+/* Lookahead hint: the expert is likely needed soon with this router score. sieve-heat only:
+ * a resident expert gets its visited bit (survives the hand's next pass) and the score joins
+ * its heat; other policies ignore hints. */
 void policy_hint(struct residency_policy *p, uint32_t id, float score);
 
 /* Does admitting `incoming` need an eviction first? (total or its partition full) */

@@ -20,6 +20,10 @@ static inline uint32_t policy_partition(const struct residency_policy *p, uint32
 	return p->spec.per_layer ? id / p->n_experts : 0;
 }
 
+/* Heat decayed to the policy's clock; and halving it (the SIEVE+heat hand sparing). */
+float policy_heat_now(const struct residency_policy *p, uint32_t id);
+void policy_heat_halve(struct residency_policy *p, uint32_t id);
+
 void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id);
 void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id);
 

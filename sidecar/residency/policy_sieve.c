@@ -6,9 +6,9 @@
  * (wrapping to the tail): a visited expert has its bit cleared and survives, the first
  * unvisited one is the victim, and the hand stays at its newer neighbour.
  *
- * SIEVE+heat: the hand also spares an unvisited expert whose heat (EMA of router scores,
- * raised by lookahead hints) is at least heat_keep, halving the heat as it passes, so a hot or
- * hinted expert survives a pass or two more and every expert is eventually evictable.
+ * SIEVE+heat: the hand also spares an unvisited expert whose heat (decayed average of router
+ * scores, raised by lookahead hints) is at least heat_keep, halving the heat as it passes, so a hot
+ * or hinted expert survives a pass or two more and every expert is eventually evictable.
  *
  * Experts the caller may not evict now (referenced, loading, needed by the current step) are
  * skipped without touching their state. The walk is bounded: after the bits and heats met on
@@ -38,8 +38,8 @@ uint32_t sieve_victim(struct residency_policy *p, struct policy_queue *q, uint32
 			p->visited[id] = 0;
 			continue;
 		}
-		if (heat && p->heat[id] >= keep) {
-			p->heat[id] *= 0.5f;
+		if (heat && policy_heat_now(p, id) >= keep) {
+			policy_heat_halve(p, id);
 			continue;
 		}
 		q->hand = id; /* policy_remove moves the hand on to the newer neighbour */
@@ -55,7 +55,8 @@ uint32_t sieve_prefetch_victim(struct residency_policy *p, struct policy_queue *
 	uint32_t start = q->hand != POLICY_NONE ? q->hand : q->tail;
 	uint32_t id = start;
 	do {
-		if ((!can || can(arg, id)) && !p->visited[id] && (!heat || p->heat[id] < priority))
+		if ((!can || can(arg, id)) && !p->visited[id] &&
+		    (!heat || policy_heat_now(p, id) < priority))
 			return id;
 		id = step_toward_head(p, q, id);
 	} while (id != start);

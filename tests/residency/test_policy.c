@@ -4,6 +4,7 @@
  * partitions, pinning, and random operation sequences checked against the invariants. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 
 #include "policy.h"
@@ -136,35 +137,48 @@ Test(policy_sieve, prefetch_never_clears_visited_bits)
 	policy_destroy(&p);
 }
 
-Test(policy_sieve_heat, spares_hinted_expert_once)
+Test(policy_sieve_heat, hint_gives_one_pass_and_heat_guards_prefetch)
 {
 	struct residency_policy p = make("sieve-heat", 1, 8, 3);
 	admit(&p, 0);
 	admit(&p, 1);
 	admit(&p, 2);
-	/* Plain SIEVE would evict 0 (oldest, unvisited). A hint protects it. */
 	for (uint32_t id = 0; id < 3; id++)
 		p.heat[id] = 0; /* as if never scored */
+	/* Plain SIEVE would evict 0 (oldest, unvisited). A lookahead hint marks it needed. */
 	policy_hint(&p, 0, 1.0f);
-	cr_assert_geq(p.heat[0], p.spec.heat_keep);
+	cr_assert_eq(p.visited[0], 1);
+	cr_assert_float_eq(policy_heat_now(&p, 0), 1.0f, 1e-6);
 	cr_assert_eq(policy_victim(&p, 3, NULL, NULL), 1);
-	/* A prefetch of priority 0.5 may not evict the hinted expert, may evict a cold one. */
-	cr_assert_eq(policy_prefetch_victim(&p, 4, 0.5f, NULL, NULL), 1);
+	cr_assert_eq(p.visited[0], 0, "the hand used up the hint");
 	policy_remove(&p, 1);
-	policy_insert(&p, 3, -1);
-	p.heat[2] = 0.9f; /* cold-ish but above the prefetch's priority */
-	p.heat[3] = 0.9f;
+	policy_insert(&p, 3, -1); /* a prefetch: no score, no heat */
+	/* Hot experts: heat 3 at the current clock. A prefetch of priority 0.5 takes none. */
+	p.heat[2] = p.heat[3] = 3.0f;
+	p.heat_at[2] = p.heat_at[3] = p.now;
 	cr_assert_eq(policy_prefetch_victim(&p, 4, 0.5f, NULL, NULL), POLICY_NONE);
+	/* Priority 5 outweighs them: the first unvisited one from the hand (2) may go. */
+	cr_assert_eq(policy_prefetch_victim(&p, 4, 5.0f, NULL, NULL), 2);
+	/* Heat makes the demand hand spare an unvisited expert once, halving it. */
+	cr_assert_eq(policy_victim(&p, 4, NULL, NULL), 0, "0: heat 1 < keep 2, unvisited");
+	cr_assert_float_eq(policy_heat_now(&p, 2), 1.5f, 1e-5, "2 was spared, its heat halved");
+	cr_assert_float_eq(policy_heat_now(&p, 3), 1.5f, 1e-5, "3 was spared, its heat halved");
 	policy_destroy(&p);
 }
 
-Test(policy_heat, ema_of_scores)
+Test(policy_heat, decayed_sum_of_scores)
 {
-	struct residency_policy p = make("sieve-heat", 1, 4, 4);
+	struct residency_policy p = make("sieve-heat", 1, 4, 4); /* half-life = 4 accesses */
+	cr_assert_float_eq(p.half_life, 4.0f, 1e-6);
 	policy_insert(&p, 0, 1.0f);
-	cr_assert_float_eq(p.heat[0], 0.3f, 1e-6);
-	policy_access(&p, 0, 2.0f);
-	cr_assert_float_eq(p.heat[0], 0.3f * 2 + 0.7f * 0.3f, 1e-6);
+	cr_assert_float_eq(policy_heat_now(&p, 0), 1.0f, 1e-6);
+	policy_access(&p, 0, 2.0f); /* one access later */
+	float expect = 1.0f * exp2f(-1.0f / 4) + 2.0f;
+	cr_assert_float_eq(policy_heat_now(&p, 0), expect, 1e-5);
+	policy_insert(&p, 1, 0.0f);
+	for (int i = 0; i < 3; i++)
+		policy_access(&p, 1, 0.0f); /* four ticks of the clock in all */
+	cr_assert_float_eq(policy_heat_now(&p, 0), expect / 2, 1e-5, "half-life of 4 accesses");
 	policy_destroy(&p);
 }
 
