@@ -81,6 +81,7 @@ struct loader {
 	struct expert_load *loads; /* [n_slots] */
 	struct slot_fifo issue_demand, issue_prefetch;
 	bool buffers_registered, files_registered;
+	uint32_t slots_per_buffer; /* fixed buffer b holds slots [b·n, (b+1)·n) */
 	struct __kernel_timespec timeout;
 	uint64_t seq;
 	uint32_t in_flight;
@@ -142,7 +143,8 @@ static void submit_read(struct loader *l, struct read_op *op)
 	int fd = l->files_registered ? (int)op->file : r->fds[op->file];
 	unsigned len = (unsigned)op->remaining;
 	if (l->buffers_registered) {
-		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset, (int)op->slot);
+		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
+		                         (int)(op->slot / l->slots_per_buffer));
 		stat_add(&r->stats.fixed_reads, 1);
 	} else {
 		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
@@ -496,22 +498,34 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	if (rc < 0)
 		log_info("loader", "registering %u files failed (%s): using plain descriptors",
 		         r->map->n_files, strerror(-rc));
-	if (!r->config.no_register_buffers && n_slots <= MAX_REGISTERED_BUFFERS &&
-	    r->pool.slot_bytes <= (1u << 30)) {
-		struct iovec *iov = malloc(n_slots * sizeof(*iov));
+	/* Fixed buffers of whole slots, each at most 1 GiB (the kernel's limit per buffer), at
+	 * most MAX_REGISTERED_BUFFERS of them: slot s is in buffer s / slots_per_buffer. */
+	uint64_t per = r->pool.slot_bytes ? (UINT64_C(1) << 30) / r->pool.slot_bytes : 0;
+	if (per > n_slots)
+		per = n_slots;
+	uint64_t n_bufs = per ? (n_slots + per - 1) / per : 0;
+	if (!r->config.no_register_buffers && per && n_bufs <= MAX_REGISTERED_BUFFERS) {
+		l->slots_per_buffer = (uint32_t)per;
+		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
 		if (!iov) {
 			snprintf(err, err_len, "loader: out of memory");
 			return -ENOMEM;
 		}
-		slot_pool_iovecs(&r->pool, iov);
-		rc = io_uring_register_buffers(&l->ring, iov, n_slots);
+		for (uint64_t b = 0; b < n_bufs; b++) {
+			uint64_t first = b * per,
+			         count = n_slots - first < per ? n_slots - first : per;
+			iov[b] = (struct iovec){slot_pool_addr(&r->pool, (uint32_t)first),
+			                        count * r->pool.slot_bytes};
+		}
+		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
 		if (rc < 0)
-			log_warn("loader",
-			         "registering %u slots as fixed buffers failed (%s): "
-			         "plain reads (counted as plain_reads)",
-			         n_slots, strerror(-rc));
+			log_warn(
+			    "loader",
+			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
+			    "(counted as plain_reads)",
+			    n_slots, (unsigned long long)n_bufs, strerror(-rc));
 	}
 	rc = pthread_create(&l->thread, NULL, loader_main, l);
 	if (rc) {

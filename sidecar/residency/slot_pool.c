@@ -124,9 +124,3 @@ void slot_pool_put(struct slot_pool *pool, uint32_t slot)
 	assert(slot < pool->n_slots && pool->n_free < pool->n_slots); /* no double put */
 	pool->free_slots[pool->n_free++] = slot;
 }
-
-void slot_pool_iovecs(const struct slot_pool *pool, struct iovec *iov)
-{
-	for (uint32_t i = 0; i < pool->n_slots; i++)
-		iov[i] = (struct iovec){slot_pool_addr(pool, i), pool->slot_bytes};
-}

@@ -5,7 +5,7 @@
  * Memory: MAP_HUGETLB when the huge-page pool has room for the whole region, otherwise
  * ordinary pages advised MADV_HUGEPAGE (transparent huge pages); bound to the node with
  * mbind (libnuma) when NUMA is available; pre-faulted so the first load never page-faults.
- * Registering the slots with io_uring (read_fixed) is the loader's job: slot_pool_iovecs.
+ * Registering the slots with io_uring (read_fixed) is the loader's job (loader.c).
  *
  * Threading: the free list is not locked; the owner (residency.c) calls get/put under its
  * lock. Addresses and sizes are immutable after create.
@@ -16,7 +16,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/uio.h>
 
 #define SLOT_ALIGN 4096u
 #define SLOT_NONE UINT32_MAX
@@ -49,8 +48,5 @@ static inline uint8_t *slot_pool_addr(const struct slot_pool *pool, uint32_t slo
 /* A free slot, or SLOT_NONE. */
 uint32_t slot_pool_get(struct slot_pool *pool);
 void slot_pool_put(struct slot_pool *pool, uint32_t slot);
-
-/* Fills iov[0..n_slots) with the slots, for io_uring_register_buffers. */
-void slot_pool_iovecs(const struct slot_pool *pool, struct iovec *iov);
 
 #endif
