@@ -73,8 +73,10 @@ static void expected_bias(const struct moe_proj_ref *pr, enum moe_proj p, uint32
 		                                           : MOE_GEN_GATE_BIAS;
 		uint64_t src = r;
 		if (p == MOE_PROJ_GATE_UP) {
-			w = r % 2 ? MOE_GEN_UP_BIAS : MOE_GEN_GATE_BIAS;
-			src = r / 2;
+			bool inter = pr->order == MOE_GATE_UP_INTERLEAVED;
+			bool up = inter ? r % 2 : r >= pr->rows / 2;
+			w = up ? MOE_GEN_UP_BIAS : MOE_GEN_GATE_BIAS;
+			src = inter ? r / 2 : r % (pr->rows / 2);
 		}
 		moe_gen_floats(SEED, L, e, w, 1, src, 1, out + r);
 	}
@@ -112,6 +114,7 @@ struct case_spec {
 	bool per_expert;
 	uint32_t experts, layers;
 	uint64_t hidden, ffn;
+	bool fused;
 };
 
 static void check_model(const struct case_spec *c)
@@ -285,4 +288,12 @@ Test(roundtrip, real_expert_counts)
 		check_model(&(struct case_spec){
 		    p->name, p->arch == MOE_ARCH_GPT_OSS ? MOEK_MXFP4 : MOEK_Q4_0, true, 1, false,
 		    p->n_experts, p->leading_dense + 1, 64, 32});
+}
+
+Test(roundtrip, gguf_fused_gate_up_halves)
+{
+	check_model(
+	    &(struct case_spec){"qwen3-30b-a3b", MOEK_Q4_K, true, 1, false, 4, 2, 256, 256, true});
+	check_model(
+	    &(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, true, 2, false, 4, 2, 64, 96, true});
 }
