@@ -61,11 +61,24 @@ void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen
 		scale = 0.1f;
 	else
 		scale = 1.0f / sqrtf((float)(cols ? cols : 1));
-	for (size_t i = 0; i < n; i++) {
-		uint64_t h = mix64(key + (first + i) * 0x9e3779b97f4a7c15ull);
-		/* 24 random bits → [-1, 1) exactly representable */
-		float u = (float)(int32_t)((h >> 40) - (1u << 23)) * 0x1p-23f;
-		out[i] = u * scale;
+	/* element idx takes 24 bits of hash(idx / 2): the low-middle bits for even idx, the
+	 * top bits for odd idx, so one hash feeds two elements; values in [-1, 1) exactly */
+	const float unit = 0x1p-23f * scale;
+	size_t i = 0;
+	uint64_t idx = first;
+	if (n && (idx & 1)) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i++] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+		idx++;
+	}
+	for (; i + 1 < n; i += 2, idx += 2) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
+		out[i + 1] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+	}
+	if (i < n) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
 	}
 }
 

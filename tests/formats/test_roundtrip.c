@@ -297,3 +297,24 @@ Test(roundtrip, gguf_fused_gate_up_halves)
 	check_model(
 	    &(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, true, 2, false, 4, 2, 64, 96, true});
 }
+
+Test(generator, floats_are_a_pure_function_of_the_index)
+{
+	float whole[64], part[64], other[64];
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, 0, 64, whole);
+	for (uint64_t first = 0; first < 8; first++) {
+		moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, first, 64 - first, part);
+		cr_assert_arr_eq(part, whole + first, (64 - first) * sizeof(float),
+		                 "slice from %" PRIu64 " differs", first);
+	}
+	double sq = 0;
+	for (int i = 0; i < 64; i++) {
+		cr_assert(whole[i] >= -0.125f && whole[i] < 0.125f, "out of range: %g", whole[i]);
+		sq += whole[i] * whole[i];
+	}
+	cr_assert_gt(sq, 64 * 0.125 * 0.125 / 3 * 0.5, "values are not spread over the range");
+	moe_gen_floats(SEED + 1, 3, 5, MOE_GEN_UP, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "the seed does not change the weights");
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_GATE, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "gate and up are the same");
+}
