@@ -61,11 +61,24 @@ void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen
 		scale = 0.1f;
 	else
 		scale = 1.0f / sqrtf((float)(cols ? cols : 1));
-	for (size_t i = 0; i < n; i++) {
-		uint64_t h = mix64(key + (first + i) * 0x9e3779b97f4a7c15ull);
-		/* 24 random bits → [-1, 1) exactly representable */
-		float u = (float)(int32_t)((h >> 40) - (1u << 23)) * 0x1p-23f;
-		out[i] = u * scale;
+	/* element idx takes 24 bits of hash(idx / 2): the low-middle bits for even idx, the
+	 * top bits for odd idx, so one hash feeds two elements; values in [-1, 1) exactly */
+	const float unit = 0x1p-23f * scale;
+	size_t i = 0;
+	uint64_t idx = first;
+	if (n && (idx & 1)) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i++] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+		idx++;
+	}
+	for (; i + 1 < n; i += 2, idx += 2) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
+		out[i + 1] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+	}
+	if (i < n) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
 	}
 }
 
@@ -80,6 +93,7 @@ struct gen_tensor {
 	int32_t expert; /* -1: all experts, merged along the slowest axis */
 	enum moe_gen_tensor which;
 	bool interleaved;    /* HF gpt-oss gate_up: even rows gate, odd rows up */
+	bool halves;         /* GGUF ffn_gate_up_exps: rows [0, ffn) gate, [ffn, 2 ffn) up */
 	uint64_t rows, cols; /* per-expert matrix (vectors: rows x 1) */
 	uint32_t format;     /* moek format of the stored values */
 	int st_dtype;        /* safetensors dtype */
@@ -98,6 +112,7 @@ struct gen {
 	uint32_t n_layers, n_experts, leading_dense;
 	uint64_t hidden, ffn;
 	uint32_t format;
+	uint32_t alignment; /* GGUF general.alignment */
 	struct gen_tensor *t;
 	size_t n_t, cap_t;
 	uint32_t n_files;
@@ -239,20 +254,26 @@ static int plan_layer(struct gen *g, uint32_t L)
 		return 0;
 	}
 	if (g->gguf && !g->opt->per_expert) {
-		for (int p = 0; p < 3; p++) {
-			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
-			if (!(t = plan_add(g, GK_WEIGHT, L, -1, mats[p], rows, cols, g->format)))
+		const bool fused = g->opt->fused_gate_up;
+		for (int p = fused ? 1 : 0; p < 3; p++) {
+			const bool gate_up = fused && p == 1;
+			const char *pname = gate_up ? "gate_up" : gguf_proj[p];
+			uint64_t rows = p == 2 ? H : gate_up ? 2 * F : F, cols = p == 2 ? F : H;
+			if (!(t = plan_add(g, GK_WEIGHT, L, -1, gate_up ? MOE_GEN_GATE : mats[p],
+			                   rows, cols, g->format)))
 				return plan_fail(g);
-			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.weight", L,
-			         gguf_proj[p]);
+			t->halves = gate_up;
+			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.weight", L, pname);
 			set_shape(g, t, 3, (uint64_t[]){E, rows, cols});
 			t->nbytes = E * fmt_bytes(g->format, rows, cols);
 			if (!bias)
 				continue;
-			if (!(t = plan_add(g, GK_BIAS, L, -1, biases[p], rows, 1, MOEK_F32)))
+			if (!(t = plan_add(g, GK_BIAS, L, -1,
+			                   gate_up ? MOE_GEN_GATE_BIAS : biases[p], rows, 1,
+			                   MOEK_F32)))
 				return plan_fail(g);
-			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.bias", L,
-			         gguf_proj[p]);
+			t->halves = gate_up;
+			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.bias", L, pname);
 			set_shape(g, t, 2, (uint64_t[]){E, rows});
 			t->nbytes = E * rows * 4;
 		}
@@ -379,17 +400,21 @@ static int fill_rows(struct gen *g, const struct gen_tensor *t, uint32_t e, uint
 		return -1;
 	g->scratch_cap = cap_bytes / sizeof(float);
 	const uint64_t seed = g->opt->seed;
-	if (!t->interleaved) {
+	if (!t->interleaved && !t->halves) {
 		moe_gen_floats(seed, t->layer, e, t->which, t->cols, r0 * t->cols, nr * t->cols,
 		               g->scratch);
 		return 0;
 	}
-	/* interleaved gate/up: row 2i = gate row i, row 2i+1 = up row i (biases alike) */
-	bool is_bias = t->which == MOE_GEN_GATE_BIAS;
+	/* fused gate/up, row by row: interleaved (row 2i = gate row i, 2i+1 = up row i) or
+	 * halves (gate rows, then up rows); biases alike */
+	const bool is_bias = t->which == MOE_GEN_GATE_BIAS;
+	const uint64_t half = t->rows / 2;
 	for (uint64_t r = r0; r < r0 + nr; r++) {
-		enum moe_gen_tensor w = (r % 2 == 0) ? (is_bias ? MOE_GEN_GATE_BIAS : MOE_GEN_GATE)
-		                                     : (is_bias ? MOE_GEN_UP_BIAS : MOE_GEN_UP);
-		moe_gen_floats(seed, t->layer, e, w, t->cols, (r / 2) * t->cols, t->cols,
+		bool up = t->halves ? r >= half : r % 2 == 1;
+		uint64_t src = t->halves ? r % half : r / 2;
+		enum moe_gen_tensor w = up ? (is_bias ? MOE_GEN_UP_BIAS : MOE_GEN_UP)
+		                           : (is_bias ? MOE_GEN_GATE_BIAS : MOE_GEN_GATE);
+		moe_gen_floats(seed, t->layer, e, w, t->cols, src * t->cols, t->cols,
 		               g->scratch + (r - r0) * t->cols);
 	}
 	return 0;
@@ -466,7 +491,7 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 		if (ensure((void **)&g->scratch, &cap_bytes, k * sizeof(float), g))
 			return -1;
 		g->scratch_cap = cap_bytes / sizeof(float);
-		if (t->interleaved) {
+		if (t->interleaved || t->halves) {
 			struct gen_tensor row = *t; /* a bias vector: one element per "row" */
 			row.cols = 1;
 			if (fill_rows(g, &row, e, i0, k))
@@ -648,7 +673,7 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
 	kv_str(m, n, "general.name", p->name);
-	kv_u32(m, n, "general.alignment", GGUF_DEFAULT_ALIGNMENT);
+	kv_u32(m, n, "general.alignment", g->alignment);
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
 	kv_u32(m, n, KEY("block_count"), g->n_layers);
 	kv_u32(m, n, KEY("embedding_length"), (uint32_t)g->hidden);
@@ -725,9 +750,8 @@ static int write_gguf_file(struct gen *g, uint32_t f)
 		mb_u32(&m, t->format);
 		mb_u64(&m, t->offset);
 	}
-	static const char zeros[GGUF_DEFAULT_ALIGNMENT];
-	mb_put(&m, zeros,
-	       (GGUF_DEFAULT_ALIGNMENT - m.len % GGUF_DEFAULT_ALIGNMENT) % GGUF_DEFAULT_ALIGNMENT);
+	while (m.len % g->alignment && !m.oom)
+		mb_put(&m, "", 1); /* zero padding up to the data section */
 	if (m.oom) {
 		free(m.p);
 		return model_fail(g->err, "out of memory");
@@ -931,11 +955,18 @@ static int check_options(struct gen *g)
 		if (o->per_expert && p->arch == MOE_ARCH_GPT_OSS)
 			return model_fail(g->err, "gpt-oss checkpoints have no per-expert tensors");
 	}
+	if (o->fused_gate_up && (!g->gguf || o->per_expert))
+		return model_fail(g->err, "a fused gate_up tensor exists only as GGUF "
+		                          "blk.N.ffn_gate_up_exps.weight (merged experts)");
 	if (!moek_row_bytes(g->format, g->hidden) || !moek_row_bytes(g->format, g->ffn))
 		return model_fail(g->err,
 		                  "hidden %" PRIu64 " and ffn %" PRIu64
 		                  " must be multiples of the %s block (%u)",
 		                  g->hidden, g->ffn, fi->name, fi->block_elems);
+	g->alignment = o->alignment ? o->alignment : GGUF_DEFAULT_ALIGNMENT;
+	if (g->alignment & (g->alignment - 1) || g->alignment > (1u << 20))
+		return model_fail(g->err, "alignment %u is not a power of two up to 1 MiB",
+		                  g->alignment);
 	if (o->shards > 999)
 		return model_fail(g->err, "at most 999 shards");
 	return 0;
@@ -959,8 +990,7 @@ static void layout(struct gen *g)
 		}
 		t->file = f;
 		if (g->gguf)
-			at = (at + GGUF_DEFAULT_ALIGNMENT - 1) / GGUF_DEFAULT_ALIGNMENT *
-			     GGUF_DEFAULT_ALIGNMENT;
+			at = (at + g->alignment - 1) / g->alignment * g->alignment;
 		t->offset = at;
 		at += t->nbytes;
 		acc += t->nbytes;

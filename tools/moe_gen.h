@@ -43,12 +43,14 @@ struct moe_gen_options {
 	uint64_t seed;
 	uint32_t layers; /* 0: preset default (full_layers with `full`) */
 	bool full;
-	uint64_t hidden;  /* 0: preset value */
-	uint64_t ffn;     /* 0: preset value */
-	uint32_t experts; /* 0: preset value */
-	uint32_t shards;  /* 0 or 1: one file */
-	bool per_expert;  /* GGUF: legacy 2-D tensors blk.N.ffn_gate.E.weight */
-	bool progress;    /* draw a progress bar on stderr */
+	uint64_t hidden;    /* 0: preset value */
+	uint64_t ffn;       /* 0: preset value */
+	uint32_t experts;   /* 0: preset value */
+	uint32_t shards;    /* 0 or 1: one file */
+	bool per_expert;    /* GGUF: legacy 2-D tensors blk.N.ffn_gate.E.weight */
+	bool fused_gate_up; /* GGUF: blk.N.ffn_gate_up_exps.weight (gate rows, then up rows) */
+	bool progress;      /* draw a progress bar on stderr */
+	uint32_t alignment; /* GGUF general.alignment (power of two); 0: 32, ggml's default */
 };
 
 /* Generates the model. Returns 0, or -1 with err naming what was wrong (bad option, format

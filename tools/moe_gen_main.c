@@ -76,6 +76,8 @@ int main(int argc, char **argv)
 			o.full = true;
 		} else if (!strcmp(a, "--per-expert")) {
 			o.per_expert = true;
+		} else if (!strcmp(a, "--fused")) {
+			o.fused_gate_up = true;
 		} else if (!strcmp(a, "--quiet")) {
 			o.progress = false;
 		} else if (!v) {
@@ -102,6 +104,8 @@ int main(int argc, char **argv)
 				o.layers = (uint32_t)n;
 			else if (!strcmp(a, "--experts") && n <= UINT32_MAX)
 				o.experts = (uint32_t)n;
+			else if (!strcmp(a, "--alignment") && n <= UINT32_MAX)
+				o.alignment = (uint32_t)n;
 			else if (!strcmp(a, "--shards") && n <= UINT32_MAX)
 				o.shards = (uint32_t)n;
 			else {

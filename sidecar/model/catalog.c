@@ -364,10 +364,22 @@ static int gguf_read_info(struct builder *b)
 	return 0;
 }
 
+/* The expert array of a layer, allocated only once the file has shown tensors for all
+ * n_experts experts, so that an absurd expert_count in hostile metadata never sizes an
+ * allocation by itself. */
+static struct moe_expert *alloc_experts(struct builder *b, struct moe_layer *layer)
+{
+	layer->experts = calloc(b->cat->info.n_experts, sizeof(*layer->experts));
+	if (!layer->experts)
+		model_fail(b->err, "out of memory");
+	return layer->experts;
+}
+
 /* Fills layer L's experts from GGUF tensors; returns 1 if the layer has experts, 0 if it
  * has none (dense), -1 on error. */
-static int gguf_layer(struct builder *b, uint32_t L, struct moe_expert *ex)
+static int gguf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
+	struct moe_expert *ex;
 	const struct moe_model_info *in = &b->cat->info;
 	static const char *const merged_names[MOE_PROJ_COUNT] = {
 	    "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"};
@@ -388,6 +400,13 @@ static int gguf_layer(struct builder *b, uint32_t L, struct moe_expert *ex)
 			                  "ffn_gate_exps+ffn_up_exps or ffn_gate_up_exps, and "
 			                  "ffn_down_exps)",
 			                  b->path, L);
+		const struct tview *down = &tv[MOE_PROJ_DOWN];
+		if (down->n_dims != 3 || down->ne[2] != in->n_experts)
+			return model_fail(b->err,
+			                  "%s: tensor %s: %" PRIu64 " experts, metadata says %u",
+			                  b->path, down->name, down->ne[2], in->n_experts);
+		if (!(ex = alloc_experts(b, layer)))
+			return -1;
 		for (uint32_t e = 0; e < in->n_experts; e++) {
 			for (int p = 0; p < MOE_PROJ_COUNT; p++) {
 				if (!have[p])
@@ -412,6 +431,12 @@ static int gguf_layer(struct builder *b, uint32_t L, struct moe_expert *ex)
 	struct tview one;
 	if (!find_tensor(b, name, &one))
 		return 0;
+	snprintf(name, sizeof(name), "blk.%u.ffn_down.%u.weight", L, in->n_experts - 1);
+	if (!find_tensor(b, name, &one))
+		return model_fail(b->err, "%s: blk.%u: expert tensor %s is missing", b->path, L,
+		                  name);
+	if (!(ex = alloc_experts(b, layer)))
+		return -1;
 	for (uint32_t e = 0; e < in->n_experts; e++) {
 		for (int p = 0; p < 3; p++) {
 			snprintf(name, sizeof(name), "blk.%u.%s.%u.weight", L, single_names[p], e);
@@ -574,8 +599,9 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 
 /* gpt-oss checkpoint: merged tensors mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}
  * with MXFP4 weights in the Hugging Face split layout and interleaved gate/up rows. */
-static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_expert *ex)
+static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
+	struct moe_expert *ex = layer->experts;
 	const struct moe_model_info *in = &b->cat->info;
 	static const char *const stems[2] = {"gate_up_proj", "down_proj"};
 	char name[256];
@@ -618,6 +644,8 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_expert *ex
 			                  "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
 			                  "] MXFP4 scales",
 			                  b->path, name, in->n_experts, rows, nb);
+		if (!ex && !(ex = alloc_experts(b, layer)))
+			return -1;
 		uint64_t blen = rows * nb * 16, slen = rows * nb;
 		for (uint32_t e = 0; e < in->n_experts; e++) {
 			struct moe_proj_ref *pr = &ex[e].proj[p];
@@ -640,16 +668,33 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_expert *ex
 }
 
 /* Per-expert 2-D tensors (Mixtral w1/w3/w2, others {gate,up,down}_proj). */
-static int hf_layer(struct builder *b, uint32_t L, struct moe_expert *ex)
+static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
 	const struct moe_model_info *in = &b->cat->info;
 	if (in->arch == MOE_ARCH_GPT_OSS)
-		return hf_gpt_oss_layer(b, L, ex);
+		return hf_gpt_oss_layer(b, L, layer);
 	bool mixtral = in->arch == MOE_ARCH_MIXTRAL;
 	static const char *const mixtral_names[3] = {"w1", "w3", "w2"};
 	static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 	char name[256];
 	struct tview tv;
+	/* the last expert's down projection first: it must exist before anything is sized */
+	for (int pass = 0; pass < 2; pass++) {
+		uint32_t e = pass ? 0 : in->n_experts - 1;
+		if (mixtral)
+			snprintf(name, sizeof(name),
+			         "model.layers.%u.block_sparse_moe.experts.%u.w2.weight", L, e);
+		else
+			snprintf(name, sizeof(name),
+			         "model.layers.%u.mlp.experts.%u.down_proj.weight", L, e);
+		if (!find_tensor(b, name, &tv))
+			return model_fail(
+			    b->err, "%s: layer %u is an MoE layer (%s) but tensor %s is missing",
+			    b->path, L, b->config_path, name);
+	}
+	struct moe_expert *ex = alloc_experts(b, layer);
+	if (!ex)
+		return -1;
 	for (uint32_t e = 0; e < in->n_experts; e++) {
 		for (int p = 0; p < 3; p++) {
 			if (mixtral)
@@ -763,11 +808,8 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 		bool want = hf_moe ? hf_moe[L] : L >= b->first_dense_layers;
 		if (!want)
 			continue;
-		struct moe_expert *ex = calloc(in->n_experts, sizeof(*ex));
-		if (!ex)
-			return model_fail(b->err, "out of memory");
-		cat->layers[L].experts = ex;
-		int rc = b->gguf ? gguf_layer(b, L, ex) : hf_layer(b, L, ex);
+		struct moe_layer *layer = &cat->layers[L];
+		int rc = b->gguf ? gguf_layer(b, L, layer) : hf_layer(b, L, layer);
 		if (rc < 0)
 			return -1;
 		if (rc == 0) {
@@ -777,10 +819,9 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 				                  "blk.%u.ffn_gate_exps.weight or "
 				                  "blk.%u.ffn_gate.0.weight)",
 				                  b->path, L, L, L);
-			free(ex);
-			cat->layers[L].experts = NULL;
 			continue;
 		}
+		struct moe_expert *ex = layer->experts;
 		cat->layers[L].moe = true;
 		in->n_moe_layers++;
 		for (uint32_t e = 0; e < in->n_experts; e++)

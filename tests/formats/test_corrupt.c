@@ -327,9 +327,12 @@ Test(corrupt, gguf_unsupported_expert_type)
 	const char *name = "blk.1.ffn_up_exps.weight";
 	char *at = memmem(buf, len, name, strlen(name));
 	cr_assert_not_null(at);
-	uint32_t *type = (uint32_t *)(void *)(at + strlen(name) + 4 + 3 * 8);
-	cr_assert_eq(*type, MOEK_F16);
-	*type = 25; /* I16 */
+	char *type_at = at + strlen(name) + 4 + 3 * 8; /* after n_dims and ne[3] */
+	uint32_t type;
+	memcpy(&type, type_at, 4);
+	cr_assert_eq(type, MOEK_F16);
+	type = 25; /* I16 */
+	memcpy(type_at, &type, 4);
 	write_file(p, buf, len);
 	free(buf);
 	catalog_rejects(p, "tensor blk.1.ffn_up_exps.weight: type I16 is not supported", NULL);
@@ -344,9 +347,12 @@ Test(corrupt, gguf_shape_disagrees_with_metadata)
 	const char *key = "qwen3moe.expert_feed_forward_length";
 	char *at = memmem(buf, len, key, strlen(key));
 	cr_assert_not_null(at);
-	uint32_t *v = (uint32_t *)(void *)(at + strlen(key) + 4);
-	cr_assert_eq(*v, 64);
-	*v = 96;
+	char *value_at = at + strlen(key) + 4; /* after the u32 value type */
+	uint32_t v;
+	memcpy(&v, value_at, 4);
+	cr_assert_eq(v, 64);
+	v = 96;
+	memcpy(value_at, &v, 4);
 	write_file(p, buf, len);
 	free(buf);
 	catalog_rejects(p,

@@ -73,8 +73,10 @@ static void expected_bias(const struct moe_proj_ref *pr, enum moe_proj p, uint32
 		                                           : MOE_GEN_GATE_BIAS;
 		uint64_t src = r;
 		if (p == MOE_PROJ_GATE_UP) {
-			w = r % 2 ? MOE_GEN_UP_BIAS : MOE_GEN_GATE_BIAS;
-			src = r / 2;
+			bool inter = pr->order == MOE_GATE_UP_INTERLEAVED;
+			bool up = inter ? r % 2 : r >= pr->rows / 2;
+			w = up ? MOE_GEN_UP_BIAS : MOE_GEN_GATE_BIAS;
+			src = inter ? r / 2 : r % (pr->rows / 2);
 		}
 		moe_gen_floats(SEED, L, e, w, 1, src, 1, out + r);
 	}
@@ -112,6 +114,7 @@ struct case_spec {
 	bool per_expert;
 	uint32_t experts, layers;
 	uint64_t hidden, ffn;
+	bool fused;
 };
 
 static void check_model(const struct case_spec *c)
@@ -285,4 +288,33 @@ Test(roundtrip, real_expert_counts)
 		check_model(&(struct case_spec){
 		    p->name, p->arch == MOE_ARCH_GPT_OSS ? MOEK_MXFP4 : MOEK_Q4_0, true, 1, false,
 		    p->n_experts, p->leading_dense + 1, 64, 32});
+}
+
+Test(roundtrip, gguf_fused_gate_up_halves)
+{
+	check_model(
+	    &(struct case_spec){"qwen3-30b-a3b", MOEK_Q4_K, true, 1, false, 4, 2, 256, 256, true});
+	check_model(
+	    &(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, true, 2, false, 4, 2, 64, 96, true});
+}
+
+Test(generator, floats_are_a_pure_function_of_the_index)
+{
+	float whole[64], part[64], other[64];
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, 0, 64, whole);
+	for (uint64_t first = 0; first < 8; first++) {
+		moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, first, 64 - first, part);
+		cr_assert_arr_eq(part, whole + first, (64 - first) * sizeof(float),
+		                 "slice from %" PRIu64 " differs", first);
+	}
+	double sq = 0;
+	for (int i = 0; i < 64; i++) {
+		cr_assert(whole[i] >= -0.125f && whole[i] < 0.125f, "out of range: %g", whole[i]);
+		sq += whole[i] * whole[i];
+	}
+	cr_assert_gt(sq, 64 * 0.125 * 0.125 / 3 * 0.5, "values are not spread over the range");
+	moe_gen_floats(SEED + 1, 3, 5, MOE_GEN_UP, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "the seed does not change the weights");
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_GATE, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "gate and up are the same");
 }
