@@ -4,6 +4,8 @@
 #define MOE_SIDECAR_COMMANDS_H
 
 int cmd_serve(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_simulate(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 
 #endif

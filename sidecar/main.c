@@ -13,6 +13,8 @@ struct command {
 
 static const struct command commands[] = {
 	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+	{"inspect", cmd_inspect, "show what a model holds: architecture, experts, formats, bytes"},
+	{"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
 	{"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
 };
 

@@ -56,11 +56,11 @@ size_t moek_fp8_scale_bytes(size_t rows, size_t cols);
  * as DeepSeek stores them) and must be NULL for every other format. Returns 0, or -1 if the
  * format is unknown or cols is not a multiple of its block. */
 int moek_quantize(uint32_t format, const float *src, size_t rows, size_t cols, void *dst,
-		  float *scales);
+                  float *scales);
 
 /* Reference dequantizer: the inverse, into f32. Same contract. */
-int moek_dequantize(uint32_t format, const void *src, const float *scales, size_t rows,
-		    size_t cols, float *dst);
+int moek_dequantize(uint32_t format, const void *src, const float *scales, size_t rows, size_t cols,
+                    float *dst);
 
 /* MXFP4 layout converters (n elements, n % 32 == 0). Hugging Face / OCP checkpoints store
  * `_blocks` (16 bytes per 32 elements, low nibble = even element) and `_scales` (one E8M0
@@ -68,6 +68,22 @@ int moek_dequantize(uint32_t format, const void *src, const float *scales, size_
  * holding elements (j, j+16). */
 void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf);
 void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales);
+
+/* Element codecs of the small float formats (exact; no rounding on decode).
+ * FP8 E4M3 is the "fn" variant (DeepSeek-V3, OCP): bias 7, no infinities, S.1111.111 is NaN,
+ * largest finite 448, subnormals m * 2^-9. Encoding rounds to nearest even and saturates to
+ * +-448 (Inf included); NaN encodes as 0x7f with the sign kept. */
+#define MOEK_FP8_E4M3_MAX 448.0f
+#define MOEK_FP8_BLOCK 128 /* FP8 scales: one f32 per MOEK_FP8_BLOCK x MOEK_FP8_BLOCK block */
+float moek_fp8_e4m3_to_f32(uint8_t v);
+uint8_t moek_f32_to_fp8_e4m3(float f);
+/* OCP E8M0 shared exponent: 2^(e-127); e = 255 is NaN (e = 0 is 2^-127, a float subnormal). */
+float moek_e8m0_to_f32(uint8_t e);
+
+/* Quantizes one row of n elements (n a multiple of the block) with the same reference
+ * quantizer as moek_quantize; also accepts MOEK_Q8_K (the K-quant activation format).
+ * Not for FP8 (its scales span 128 rows). Returns 0 or -1 (unknown format, bad n). */
+int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst);
 
 /* ---- Activations ------------------------------------------------------------------------
  * Activation dtypes use the wire protocol's numbering (proto/moe_proto.h enum moe_dtype). */

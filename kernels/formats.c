@@ -1,0 +1,755 @@
+/* formats.c — the weight-format table and the scalar reference of every format.
+ *
+ * One row per format (block size, bytes, reference quantizer, reference dequantizer), as in
+ * ggml's type traits. The quantizers reproduce ggml's quantize_row_*_ref layout and rounding
+ * (Q8_0/Q4_0 from the block's extreme, Q4_K/Q5_K by make_qkx2-style weighted scale/min search,
+ * Q6_K by make_qx-style scale search, Q8_K from the signed extreme, MXFP4 with an E8M0 shared
+ * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32
+ * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv).
+ *
+ * Everything here is the oracle the SIMD paths are tested against: readable first, never fast.
+ * Pure functions; no allocation; thread-safe.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+const int8_t moek_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+static inline float f16(uint16_t h)
+{
+	return moek_f16_to_f32(h);
+}
+
+/* Round to nearest, ties to even, as ggml's nearest_int (for |v| < 2^22, the only range the
+ * quantizers produce; out-of-range and NaN inputs are clamped first so no conversion is UB). */
+static inline int nearest_int(float v)
+{
+	if (!(v > -4194303.f))
+		return -4194303;
+	if (v > 4194303.f)
+		return 4194303;
+	return (int)lrintf(v);
+}
+
+static inline int clampi(int v, int lo, int hi)
+{
+	return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* ---- Element codecs --------------------------------------------------------------------- */
+
+float moek_fp8_e4m3_to_f32(uint8_t v)
+{
+	const unsigned exp = (v >> 3) & 15u, mant = v & 7u;
+	float mag;
+	if (exp == 15 && mant == 7)
+		mag = NAN;
+	else if (exp == 0)
+		mag = ldexpf((float)mant, -9); /* subnormal: m * 2^-9 */
+	else
+		mag = ldexpf(1.0f + (float)mant / 8.0f, (int)exp - 7);
+	return (v & 0x80) ? -mag : mag;
+}
+
+uint8_t moek_f32_to_fp8_e4m3(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	const uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
+	const uint32_t abs = u & 0x7fffffffu;
+	if (abs > 0x7f800000u)
+		return sign | 0x7f;
+	const float a = fabsf(f);
+	if (a >= 464.0f) /* 464 is the midpoint of 448 and the non-existent 480: saturate */
+		return sign | 0x7e;
+	if (a < 0x1p-6f) { /* subnormal range: m * 2^-9, m rounded to nearest even */
+		const int m = (int)lrintf(a * 0x1p9f); /* 0..8; 8 is the smallest normal, 0x08 */
+		return (uint8_t)(sign | m);
+	}
+	/* normal: drop 20 mantissa bits with round to nearest even, rebias 127 -> 7 */
+	const uint32_t r = abs + 0x7ffffu + ((abs >> 20) & 1u);
+	const uint32_t exp = (r >> 23) - 120u;
+	return (uint8_t)(sign | (exp << 3) | ((r >> 20) & 7u));
+}
+
+float moek_e8m0_to_f32(uint8_t e)
+{
+	return e == 255 ? NAN : ldexpf(1.0f, (int)e - 127);
+}
+
+/* ---- Q8_0 / Q4_0 / MXFP4 (32-element blocks) -------------------------------------------- */
+
+static void quantize_q8_0(const float *x, void *dst, size_t n)
+{
+	struct block_q8_0 *y = dst;
+	for (size_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
+		float amax = 0.0f;
+		for (int j = 0; j < QK8_0; j++)
+			amax = fmaxf(amax, fabsf(x[j]));
+		const float d = amax / 127.0f;
+		const float id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = moek_f32_to_f16(d);
+		for (int j = 0; j < QK8_0; j++) /* roundf: ties away from zero, as ggml */
+			y[i].qs[j] = (int8_t)clampi(
+			    (int)roundf(fmaxf(-127.f, fminf(127.f, x[j] * id))), -127, 127);
+	}
+}
+
+static void dequantize_q8_0(const void *src, float *y, size_t n)
+{
+	const struct block_q8_0 *b = src;
+	for (size_t i = 0; i < n / QK8_0; i++) {
+		const float d = f16(b[i].d);
+		for (int j = 0; j < QK8_0; j++)
+			*y++ = d * (float)b[i].qs[j];
+	}
+}
+
+static void quantize_q4_0(const float *x, void *dst, size_t n)
+{
+	struct block_q4_0 *y = dst;
+	for (size_t i = 0; i < n / QK4_0; i++, x += QK4_0) {
+		float amax = 0.0f, max = 0.0f; /* max: the signed value of largest magnitude */
+		for (int j = 0; j < QK4_0; j++) {
+			if (amax < fabsf(x[j])) {
+				amax = fabsf(x[j]);
+				max = x[j];
+			}
+		}
+		const float d = max / -8.0f;
+		const float id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = moek_f32_to_f16(d);
+		for (int j = 0; j < QK4_0 / 2; j++) {
+			/* ggml: MIN(15, (int8_t)(x*id + 8.5f)), i.e. truncation after +8.5 */
+			float v0 = x[j] * id + 8.5f, v1 = x[j + QK4_0 / 2] * id + 8.5f;
+			const int q0 = v0 >= 0.0f ? (v0 < 15.0f ? (int)v0 : 15) : 0;
+			const int q1 = v1 >= 0.0f ? (v1 < 15.0f ? (int)v1 : 15) : 0;
+			y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+		}
+	}
+}
+
+static void dequantize_q4_0(const void *src, float *y, size_t n)
+{
+	const struct block_q4_0 *b = src;
+	for (size_t i = 0; i < n / QK4_0; i++, y += QK4_0) {
+		const float d = f16(b[i].d);
+		for (int j = 0; j < QK4_0 / 2; j++) {
+			y[j] = d * (float)((b[i].qs[j] & 15) - 8);
+			y[j + QK4_0 / 2] = d * (float)((b[i].qs[j] >> 4) - 8);
+		}
+	}
+}
+
+/* Code of the E2M1 value (doubled, times scale e) nearest to x; ties to the lower code. */
+static int mxfp4_best_code(float x, float e)
+{
+	int best = 0;
+	float best_err = fabsf((float)moek_mxfp4_kvalues[0] * e - x);
+	for (int c = 1; c < 16; c++) {
+		const float err = fabsf((float)moek_mxfp4_kvalues[c] * e - x);
+		if (err < best_err) {
+			best = c;
+			best_err = err;
+		}
+	}
+	return best;
+}
+
+static void quantize_mxfp4(const float *x, void *dst, size_t n)
+{
+	struct block_mxfp4 *y = dst;
+	for (size_t i = 0; i < n / QK_MXFP4; i++, x += QK_MXFP4) {
+		float amax = 0.0f;
+		for (int j = 0; j < QK_MXFP4; j++)
+			amax = fmaxf(amax, fabsf(x[j]));
+		/* ggml: e = floor(log2(amax)) - 2 + 127, so amax / 2^(e-127) lands in [4, 8) and
+		 * the largest code (6) sits near the top. Clamped to the finite E8M0 range. */
+		int e = 0;
+		if (amax > 0.0f && isfinite(amax))
+			e = clampi((int)floorf(log2f(amax)) - 2 + 127, 0, 254);
+		else if (amax > 0.0f)
+			e = 254;
+		const float half_scale = ldexpf(1.0f, e - 128); /* kvalues are doubled */
+		y[i].e = (uint8_t)e;
+		for (int j = 0; j < QK_MXFP4 / 2; j++) {
+			const int lo = mxfp4_best_code(x[j], half_scale);
+			const int hi = mxfp4_best_code(x[j + QK_MXFP4 / 2], half_scale);
+			y[i].qs[j] = (uint8_t)(lo | (hi << 4));
+		}
+	}
+}
+
+static void dequantize_mxfp4(const void *src, float *y, size_t n)
+{
+	const struct block_mxfp4 *b = src;
+	for (size_t i = 0; i < n / QK_MXFP4; i++, y += QK_MXFP4) {
+		const float s = b[i].e == 255 ? NAN : ldexpf(1.0f, (int)b[i].e - 128);
+		for (int j = 0; j < QK_MXFP4 / 2; j++) {
+			y[j] = (float)moek_mxfp4_kvalues[b[i].qs[j] & 15] * s;
+			y[j + QK_MXFP4 / 2] = (float)moek_mxfp4_kvalues[b[i].qs[j] >> 4] * s;
+		}
+	}
+}
+
+/* ---- K-quants ---------------------------------------------------------------------------- */
+
+/* Asymmetric search (ggml's make_qkx2_quants): x ~ scale * L + min with L in 0..nmax, min <= 0,
+ * minimising the weighted squared error over nstep+1 candidate scales. Returns the scale;
+ * *neg_min receives -min (>= 0). */
+static float search_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                              float *neg_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+{
+	float min = x[0], max = x[0];
+	float sum_w = w[0], sum_x = w[0] * x[0];
+	for (int i = 1; i < n; i++) {
+		if (x[i] < min)
+			min = x[i];
+		if (x[i] > max)
+			max = x[i];
+		sum_w += w[i];
+		sum_x += w[i] * x[i];
+	}
+	if (min > 0)
+		min = 0;
+	if (max == min) {
+		memset(L, 0, (size_t)n);
+		*neg_min = -min;
+		return 0.0f;
+	}
+	float iscale = (float)nmax / (max - min);
+	float scale = 1.0f / iscale;
+	float best_error = 0;
+	for (int i = 0; i < n; i++) {
+		const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+		L[i] = (uint8_t)l;
+		const float diff = scale * (float)l + min - x[i];
+		best_error += w[i] * diff * diff;
+	}
+	for (int is = 0; is <= nstep; is++) {
+		iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
+		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+		for (int i = 0; i < n; i++) {
+			const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+			Laux[i] = (uint8_t)l;
+			sum_l += w[i] * (float)l;
+			sum_l2 += w[i] * (float)l * (float)l;
+			sum_xl += w[i] * (float)l * x[i];
+		}
+		const float D = sum_w * sum_l2 - sum_l * sum_l;
+		if (D > 0) {
+			float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+			float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+			if (this_min > 0) {
+				this_min = 0;
+				this_scale = sum_xl / sum_l2;
+			}
+			float cur_error = 0;
+			for (int i = 0; i < n; i++) {
+				const float diff = this_scale * (float)Laux[i] + this_min - x[i];
+				cur_error += w[i] * diff * diff;
+			}
+			if (cur_error < best_error) {
+				memcpy(L, Laux, (size_t)n);
+				best_error = cur_error;
+				scale = this_scale;
+				min = this_min;
+			}
+		}
+	}
+	*neg_min = -min;
+	return scale;
+}
+
+/* Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per 32-element sub-block scale/min search,
+ * 6-bit quantization of scales and mins against the super-block's d/dmin, then the final
+ * levels L (0..nmax) against the rounded scales. Fills d, dmin, scales; returns L. */
+static void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep, uint16_t *d,
+                                  uint16_t *dmin, uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
+{
+	uint8_t Laux[32];
+	float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+	float max_scale = 0, max_min = 0;
+	for (int j = 0; j < QK_K / 32; j++) {
+		float sum_x2 = 0;
+		for (int l = 0; l < 32; l++)
+			sum_x2 += x[32 * j + l] * x[32 * j + l];
+		const float av_x = sqrtf(sum_x2 / 32);
+		for (int l = 0; l < 32; l++)
+			weights[l] = av_x + fabsf(x[32 * j + l]);
+		scales[j] = search_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
+		                             Laux, rmin, 0.1f, nstep);
+		if (scales[j] > max_scale)
+			max_scale = scales[j];
+		if (mins[j] > max_min)
+			max_min = mins[j];
+	}
+	const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+	const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+	memset(packed, 0, K_SCALE_SIZE);
+	for (int j = 0; j < QK_K / 32; j++) {
+		const uint8_t ls = (uint8_t)clampi(nearest_int(inv_scale * scales[j]), 0, 63);
+		const uint8_t lm = (uint8_t)clampi(nearest_int(inv_min * mins[j]), 0, 63);
+		if (j < 4) {
+			packed[j] |= ls;
+			packed[j + 4] |= lm;
+		} else {
+			packed[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+			packed[j - 4] |= (uint8_t)((ls >> 4) << 6);
+			packed[j] |= (uint8_t)((lm >> 4) << 6);
+		}
+	}
+	*d = moek_f32_to_f16(max_scale / 63.f);
+	*dmin = moek_f32_to_f16(max_min / 63.f);
+	for (int j = 0; j < QK_K / 32; j++) {
+		uint8_t sc, m;
+		moek_k4_scale_min(j, packed, &sc, &m);
+		const float dj = f16(*d) * (float)sc;
+		if (dj == 0.0f)
+			continue;
+		const float dm = f16(*dmin) * (float)m;
+		for (int ii = 0; ii < 32; ii++)
+			L[32 * j + ii] =
+			    (uint8_t)clampi(nearest_int((x[32 * j + ii] + dm) / dj), 0, nmax);
+	}
+}
+
+static void quantize_q4_K(const float *x, void *dst, size_t n)
+{
+	struct block_q4_K *y = dst;
+	uint8_t L[QK_K];
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		quantize_k_superblock(x, 15, -1.0f, 20, &y[i].d, &y[i].dmin, y[i].scales, L);
+		for (int j = 0; j < QK_K; j += 64)
+			for (int l = 0; l < 32; l++)
+				y[i].qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
+	}
+}
+
+static void dequantize_q4_K(const void *src, float *y, size_t n)
+{
+	const struct block_q4_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+		for (int c = 0; c < 4;
+		     c++) { /* 32-byte chunk c: sub-blocks 2c (low), 2c+1 (high) */
+			const uint8_t *q = b[i].qs + 32 * c;
+			uint8_t sc, m;
+			moek_k4_scale_min(2 * c, b[i].scales, &sc, &m);
+			const float d1 = d * (float)sc, m1 = dmin * (float)m;
+			moek_k4_scale_min(2 * c + 1, b[i].scales, &sc, &m);
+			const float d2 = d * (float)sc, m2 = dmin * (float)m;
+			for (int l = 0; l < 32; l++)
+				*y++ = d1 * (float)(q[l] & 0xF) - m1;
+			for (int l = 0; l < 32; l++)
+				*y++ = d2 * (float)(q[l] >> 4) - m2;
+		}
+	}
+}
+
+static void quantize_q5_K(const float *x, void *dst, size_t n)
+{
+	struct block_q5_K *y = dst;
+	uint8_t L[QK_K];
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		quantize_k_superblock(x, 31, -0.5f, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+		memset(y[i].qh, 0, sizeof(y[i].qh));
+		uint8_t m1 = 1, m2 = 2;
+		for (int c = 0; c < 4; c++, m1 <<= 2, m2 <<= 2) {
+			for (int j = 0; j < 32; j++) {
+				int l1 = L[64 * c + j], l2 = L[64 * c + j + 32];
+				if (l1 > 15) {
+					l1 -= 16;
+					y[i].qh[j] |= m1;
+				}
+				if (l2 > 15) {
+					l2 -= 16;
+					y[i].qh[j] |= m2;
+				}
+				y[i].qs[32 * c + j] = (uint8_t)(l1 | (l2 << 4));
+			}
+		}
+	}
+}
+
+static void dequantize_q5_K(const void *src, float *y, size_t n)
+{
+	const struct block_q5_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+		for (int c = 0; c < 4; c++) {
+			const uint8_t *q = b[i].qs + 32 * c;
+			const uint8_t u1 = (uint8_t)(1u << (2 * c)), u2 = (uint8_t)(2u << (2 * c));
+			uint8_t sc, m;
+			moek_k4_scale_min(2 * c, b[i].scales, &sc, &m);
+			const float d1 = d * (float)sc, m1 = dmin * (float)m;
+			moek_k4_scale_min(2 * c + 1, b[i].scales, &sc, &m);
+			const float d2 = d * (float)sc, m2 = dmin * (float)m;
+			for (int l = 0; l < 32; l++)
+				*y++ = d1 * (float)((q[l] & 0xF) + (b[i].qh[l] & u1 ? 16 : 0)) - m1;
+			for (int l = 0; l < 32; l++)
+				*y++ = d2 * (float)((q[l] >> 4) + (b[i].qh[l] & u2 ? 16 : 0)) - m2;
+		}
+	}
+}
+
+/* Symmetric search (ggml's make_qx_quants, rmse_type 1: weights x^2): x ~ scale * (L - nmax)
+ * with L in 0..2*nmax-1. Returns the scale (signed). */
+static float search_scale_sym(int n, int nmax, const float *x, int8_t *L)
+{
+	float max = 0, amax = 0;
+	for (int i = 0; i < n; i++) {
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			max = x[i];
+		}
+	}
+	if (amax < 1e-15f) { /* ggml's GROUP_MAX_EPS */
+		memset(L, 0, (size_t)n);
+		return 0.0f;
+	}
+	float iscale = -(float)nmax / max;
+	float sumlx = 0, suml2 = 0;
+	for (int i = 0; i < n; i++) {
+		const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+		L[i] = (int8_t)(l + nmax);
+		const float w = x[i] * x[i];
+		sumlx += w * x[i] * (float)l;
+		suml2 += w * (float)l * (float)l;
+	}
+	float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+	float best = scale * sumlx;
+	for (int is = -9; is <= 9; is++) {
+		if (is == 0)
+			continue;
+		iscale = -((float)nmax + 0.1f * (float)is) / max;
+		sumlx = suml2 = 0;
+		for (int i = 0; i < n; i++) {
+			const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+			const float w = x[i] * x[i];
+			sumlx += w * x[i] * (float)l;
+			suml2 += w * (float)l * (float)l;
+		}
+		if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+			for (int i = 0; i < n; i++)
+				L[i] = (int8_t)(nmax + clampi(nearest_int(iscale * x[i]), -nmax,
+				                              nmax - 1));
+			scale = sumlx / suml2;
+			best = scale * sumlx;
+		}
+	}
+	return scale;
+}
+
+static void quantize_q6_K(const float *x, void *dst, size_t n)
+{
+	struct block_q6_K *y = dst;
+	int8_t L[QK_K];
+	float scales[QK_K / 16];
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		float max_scale = 0, max_abs_scale = 0;
+		for (int ib = 0; ib < QK_K / 16; ib++) {
+			scales[ib] = search_scale_sym(16, 32, x + 16 * ib, L + 16 * ib);
+			if (fabsf(scales[ib]) > max_abs_scale) {
+				max_abs_scale = fabsf(scales[ib]);
+				max_scale = scales[ib];
+			}
+		}
+		if (max_abs_scale < 1e-15f) {
+			memset(&y[i], 0, sizeof(y[i]));
+			continue;
+		}
+		const float iscale = -128.f / max_scale;
+		y[i].d = moek_f32_to_f16(1.0f / iscale);
+		for (int ib = 0; ib < QK_K / 16; ib++)
+			y[i].scales[ib] =
+			    (int8_t)clampi(nearest_int(iscale * scales[ib]), -128, 127);
+		for (int j = 0; j < QK_K / 16; j++) {
+			const float d = f16(y[i].d) * (float)y[i].scales[j];
+			if (d == 0.0f)
+				continue;
+			for (int ii = 0; ii < 16; ii++)
+				L[16 * j + ii] =
+				    (int8_t)(clampi(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+		}
+		for (int h = 0; h < 2; h++) { /* two halves of 128 elements */
+			uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+			const int8_t *Lh = L + 128 * h;
+			for (int l = 0; l < 32; l++) {
+				const int q1 = Lh[l], q2 = Lh[l + 32], q3 = Lh[l + 64],
+				          q4 = Lh[l + 96];
+				ql[l] = (uint8_t)((q1 & 0xF) | ((q3 & 0xF) << 4));
+				ql[l + 32] = (uint8_t)((q2 & 0xF) | ((q4 & 0xF) << 4));
+				qh[l] = (uint8_t)((q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) |
+				                  ((q4 >> 4) << 6));
+			}
+		}
+	}
+}
+
+static void dequantize_q6_K(const void *src, float *y, size_t n)
+{
+	const struct block_q6_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d);
+		for (int h = 0; h < 2; h++, y += 128) {
+			const uint8_t *ql = b[i].ql + 64 * h, *qh = b[i].qh + 32 * h;
+			const int8_t *sc = b[i].scales + 8 * h;
+			for (int l = 0; l < 32; l++) {
+				const int is = l / 16;
+				const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+				const int q2 =
+				    ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+				const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+				const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+				y[l] = d * (float)sc[is + 0] * (float)q1;
+				y[l + 32] = d * (float)sc[is + 2] * (float)q2;
+				y[l + 64] = d * (float)sc[is + 4] * (float)q3;
+				y[l + 96] = d * (float)sc[is + 6] * (float)q4;
+			}
+		}
+	}
+}
+
+static void quantize_q8_K(const float *x, void *dst, size_t n)
+{
+	struct block_q8_K *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		float max = 0, amax = 0;
+		for (int j = 0; j < QK_K; j++) {
+			if (fabsf(x[j]) > amax) {
+				amax = fabsf(x[j]);
+				max = x[j];
+			}
+		}
+		memset(&y[i], 0, sizeof(y[i]));
+		if (amax == 0.0f)
+			continue;
+		const float iscale = -127.f / max;
+		for (int j = 0; j < QK_K; j++)
+			y[i].qs[j] = (int8_t)clampi(nearest_int(iscale * x[j]), -127, 127);
+		for (int j = 0; j < QK_K / 16; j++) {
+			int sum = 0;
+			for (int ii = 0; ii < 16; ii++)
+				sum += y[i].qs[16 * j + ii];
+			y[i].bsums[j] = (int16_t)sum;
+		}
+		y[i].d = 1.0f / iscale;
+	}
+}
+
+static void dequantize_q8_K(const void *src, float *y, size_t n)
+{
+	const struct block_q8_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++)
+		for (int j = 0; j < QK_K; j++)
+			*y++ = b[i].d * (float)b[i].qs[j];
+}
+
+/* ---- Plain floats ------------------------------------------------------------------------ */
+
+static void quantize_f32(const float *x, void *dst, size_t n)
+{
+	memcpy(dst, x, n * sizeof(float));
+}
+static void dequantize_f32(const void *src, float *y, size_t n)
+{
+	memcpy(y, src, n * sizeof(float));
+}
+static void quantize_f16(const float *x, void *dst, size_t n)
+{
+	moek_convert(MOEK_ACT_F16, dst, MOEK_ACT_F32, x, n);
+}
+static void dequantize_f16(const void *src, float *y, size_t n)
+{
+	moek_convert(MOEK_ACT_F32, y, MOEK_ACT_F16, src, n);
+}
+static void quantize_bf16(const float *x, void *dst, size_t n)
+{
+	moek_convert(MOEK_ACT_BF16, dst, MOEK_ACT_F32, x, n);
+}
+static void dequantize_bf16(const void *src, float *y, size_t n)
+{
+	moek_convert(MOEK_ACT_F32, y, MOEK_ACT_BF16, src, n);
+}
+
+/* ---- The table --------------------------------------------------------------------------- */
+
+struct format_row {
+	struct moek_format_info info;
+	uint32_t vec_dot_format; /* activation format of its integer/float dot product */
+	void (*quantize_row)(const float *x, void *dst, size_t n);     /* NULL: FP8 */
+	void (*dequantize_row)(const void *src, float *dst, size_t n); /* NULL: FP8 */
+};
+
+static const struct format_row format_table[] = {
+    {{MOEK_F32, "F32", 1, 4, true}, MOEK_F32, quantize_f32, dequantize_f32},
+    {{MOEK_F16, "F16", 1, 2, true}, MOEK_F32, quantize_f16, dequantize_f16},
+    {{MOEK_Q4_0, "Q4_0", 32, 18, true}, MOEK_Q8_0, quantize_q4_0, dequantize_q4_0},
+    {{MOEK_Q8_0, "Q8_0", 32, 34, true}, MOEK_Q8_0, quantize_q8_0, dequantize_q8_0},
+    {{MOEK_Q4_K, "Q4_K", 256, 144, true}, MOEK_Q8_K, quantize_q4_K, dequantize_q4_K},
+    {{MOEK_Q5_K, "Q5_K", 256, 176, true}, MOEK_Q8_K, quantize_q5_K, dequantize_q5_K},
+    {{MOEK_Q6_K, "Q6_K", 256, 210, true}, MOEK_Q8_K, quantize_q6_K, dequantize_q6_K},
+    {{MOEK_Q8_K, "Q8_K", 256, 292, false}, MOEK_Q8_K, quantize_q8_K, dequantize_q8_K},
+    {{MOEK_BF16, "BF16", 1, 2, true}, MOEK_F32, quantize_bf16, dequantize_bf16},
+    {{MOEK_MXFP4, "MXFP4", 32, 17, true}, MOEK_Q8_0, quantize_mxfp4, dequantize_mxfp4},
+    {{MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true}, MOEK_F32, NULL, NULL},
+};
+
+static const struct format_row *format_row(uint32_t format)
+{
+	for (size_t i = 0; i < sizeof(format_table) / sizeof(format_table[0]); i++)
+		if (format_table[i].info.format == format)
+			return &format_table[i];
+	return NULL;
+}
+
+const struct moek_format_info *moek_format_lookup(uint32_t format)
+{
+	const struct format_row *row = format_row(format);
+	return row ? &row->info : NULL;
+}
+
+uint32_t moek_vec_dot_format(uint32_t weight_format)
+{
+	const struct format_row *row = format_row(weight_format);
+	return row ? row->vec_dot_format : MOEK_F32;
+}
+
+size_t moek_row_bytes(uint32_t format, size_t n)
+{
+	const struct format_row *row = format_row(format);
+	if (!row || n % row->info.block_elems != 0)
+		return 0;
+	return n / row->info.block_elems * row->info.block_bytes;
+}
+
+static size_t fp8_blocks(size_t n)
+{
+	return (n + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+}
+
+size_t moek_fp8_scale_bytes(size_t rows, size_t cols)
+{
+	return fp8_blocks(rows) * fp8_blocks(cols) * sizeof(float);
+}
+
+int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst)
+{
+	const struct format_row *row = format_row(format);
+	if (!row || !row->quantize_row || n % row->info.block_elems != 0)
+		return -1;
+	row->quantize_row(src, dst, n);
+	return 0;
+}
+
+void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
+                             size_t n)
+{
+	if (format == MOEK_FP8_E4M3_B128) {
+		const uint8_t *q = src;
+		for (size_t c = 0; c < n; c++)
+			dst[c] = moek_fp8_e4m3_to_f32(q[c]) * scale_row[c / MOEK_FP8_BLOCK];
+		return;
+	}
+	const struct format_row *row = format_row(format);
+	assert(row && row->dequantize_row && n % row->info.block_elems == 0);
+	row->dequantize_row(src, dst, n);
+}
+
+/* FP8: one scale_inv per 128x128 block = the block's amax / 448 (1 for an all-zero block, so
+ * that stored = weight / scale_inv is never 0/0); partial edge blocks are allowed. */
+static void quantize_fp8(const float *src, size_t rows, size_t cols, uint8_t *dst, float *scales)
+{
+	const size_t ncb = fp8_blocks(cols);
+	for (size_t br = 0; br < fp8_blocks(rows); br++) {
+		const size_t r0 = br * MOEK_FP8_BLOCK;
+		const size_t r1 = r0 + MOEK_FP8_BLOCK < rows ? r0 + MOEK_FP8_BLOCK : rows;
+		for (size_t bc = 0; bc < ncb; bc++) {
+			const size_t c0 = bc * MOEK_FP8_BLOCK;
+			const size_t c1 = c0 + MOEK_FP8_BLOCK < cols ? c0 + MOEK_FP8_BLOCK : cols;
+			float amax = 0.0f;
+			for (size_t r = r0; r < r1; r++)
+				for (size_t c = c0; c < c1; c++)
+					amax = fmaxf(amax, fabsf(src[r * cols + c]));
+			const float scale_inv = amax > 0.0f ? amax / MOEK_FP8_E4M3_MAX : 1.0f;
+			scales[br * ncb + bc] = scale_inv;
+			for (size_t r = r0; r < r1; r++)
+				for (size_t c = c0; c < c1; c++)
+					dst[r * cols + c] =
+					    moek_f32_to_fp8_e4m3(src[r * cols + c] / scale_inv);
+		}
+	}
+}
+
+int moek_quantize(uint32_t format, const float *src, size_t rows, size_t cols, void *dst,
+                  float *scales)
+{
+	const struct format_row *row = format_row(format);
+	if (!row || cols % row->info.block_elems != 0)
+		return -1;
+	if ((format == MOEK_FP8_E4M3_B128) != (scales != NULL))
+		return -1;
+	if (format == MOEK_FP8_E4M3_B128) {
+		quantize_fp8(src, rows, cols, dst, scales);
+		return 0;
+	}
+	const size_t rb = moek_row_bytes(format, cols);
+	for (size_t r = 0; r < rows; r++)
+		row->quantize_row(src + r * cols, (uint8_t *)dst + r * rb, cols);
+	return 0;
+}
+
+int moek_dequantize(uint32_t format, const void *src, const float *scales, size_t rows, size_t cols,
+                    float *dst)
+{
+	const struct format_row *row = format_row(format);
+	if (!row || cols % row->info.block_elems != 0)
+		return -1;
+	if ((format == MOEK_FP8_E4M3_B128) != (scales != NULL))
+		return -1;
+	const size_t rb = moek_row_bytes(format, cols);
+	for (size_t r = 0; r < rows; r++) {
+		const float *scale_row =
+		    scales ? scales + r / MOEK_FP8_BLOCK * fp8_blocks(cols) : NULL;
+		moek_ref_dequantize_row(format, (const uint8_t *)src + r * rb, scale_row,
+		                        dst + r * cols, cols);
+	}
+	return 0;
+}
+
+/* ---- MXFP4 layout converters -------------------------------------------------------------- */
+
+/* Nibble of element i in the Hugging Face / OCP packing: byte i/2, low nibble for even i. */
+static inline uint8_t hf_nibble(const uint8_t *blocks, size_t i)
+{
+	return (uint8_t)((blocks[i / 2] >> ((i & 1) * 4)) & 0xF);
+}
+
+void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf)
+{
+	struct block_mxfp4 *y = gguf;
+	for (size_t b = 0; b < n / QK_MXFP4; b++) {
+		const uint8_t *src = blocks + b * (QK_MXFP4 / 2);
+		y[b].e = scales[b];
+		for (size_t j = 0; j < QK_MXFP4 / 2; j++)
+			y[b].qs[j] = (uint8_t)(hf_nibble(src, j) | (hf_nibble(src, j + 16) << 4));
+	}
+}
+
+void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales)
+{
+	const struct block_mxfp4 *x = gguf;
+	for (size_t b = 0; b < n / QK_MXFP4; b++) {
+		uint8_t *dst = blocks + b * (QK_MXFP4 / 2);
+		scales[b] = x[b].e;
+		for (size_t k = 0; k < QK_MXFP4 / 2; k++) { /* HF byte k: elements 2k, 2k+1 */
+			const size_t e0 = 2 * k, e1 = 2 * k + 1;
+			const uint8_t n0 = e0 < 16 ? x[b].qs[e0] & 0xF : x[b].qs[e0 - 16] >> 4;
+			const uint8_t n1 = e1 < 16 ? x[b].qs[e1] & 0xF : x[b].qs[e1 - 16] >> 4;
+			dst[k] = (uint8_t)(n0 | (n1 << 4));
+		}
+	}
+}

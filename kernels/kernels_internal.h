@@ -1,0 +1,133 @@
+/* kernels_internal.h — private to libmoe_kernels: block layouts and the per-ISA function table.
+ *
+ * Block structs mirror ggml's ggml-common.h byte for byte (static_asserts below). Weight data
+ * handed to the kernels must be 2-byte aligned (4 for Q8_K); moek_ffn_prepare checks it, so
+ * reading a block's fp16 scale through the struct is never a misaligned access.
+ *
+ * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths; ffn.c
+ * the expert FFN that drives either through struct moek_isa_ops.
+ */
+#ifndef MOE_KERNELS_INTERNAL_H
+#define MOE_KERNELS_INTERNAL_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe_kernels.h"
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_MXFP4 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+struct block_q4_0 {
+	uint16_t d;            /* f16 scale */
+	uint8_t qs[QK4_0 / 2]; /* elem j low nibble, elem j+16 high nibble; value q-8 */
+};
+struct block_q8_0 {
+	uint16_t d; /* f16 scale */
+	int8_t qs[QK8_0];
+};
+struct block_mxfp4 {
+	uint8_t e;                /* E8M0 shared exponent */
+	uint8_t qs[QK_MXFP4 / 2]; /* elem j low nibble, elem j+16 high nibble; E2M1 codes */
+};
+struct block_q4_K {
+	uint16_t d;                   /* f16 super-block scale of the 6-bit scales */
+	uint16_t dmin;                /* f16 super-block scale of the 6-bit mins */
+	uint8_t scales[K_SCALE_SIZE]; /* 8 x (6-bit scale, 6-bit min), packed */
+	uint8_t qs[QK_K / 2];         /* 4 chunks of 32 bytes: sub-block 2c low, 2c+1 high */
+};
+struct block_q5_K {
+	uint16_t d;
+	uint16_t dmin;
+	uint8_t scales[K_SCALE_SIZE];
+	uint8_t qh[QK_K / 8]; /* bit 2c of qh[l]: 5th bit of sub-block 2c elem l; 2c+1: bit 2c+1 */
+	uint8_t qs[QK_K / 2];
+};
+struct block_q6_K {
+	uint8_t ql[QK_K / 2];     /* low 4 bits */
+	uint8_t qh[QK_K / 4];     /* high 2 bits */
+	int8_t scales[QK_K / 16]; /* one per 16 elements */
+	uint16_t d;               /* f16 super-block scale */
+};
+struct block_q8_K {
+	float d; /* may be negative (scale from the signed extreme) */
+	int8_t qs[QK_K];
+	int16_t bsums[QK_K / 16]; /* sums of 16 consecutive qs */
+};
+
+static_assert(sizeof(struct block_q4_0) == 18, "Q4_0 block");
+static_assert(sizeof(struct block_q8_0) == 34, "Q8_0 block");
+static_assert(sizeof(struct block_mxfp4) == 17, "MXFP4 block");
+static_assert(sizeof(struct block_q4_K) == 144, "Q4_K block");
+static_assert(sizeof(struct block_q5_K) == 176, "Q5_K block");
+static_assert(sizeof(struct block_q6_K) == 210, "Q6_K block");
+static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
+
+/* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
+extern const int8_t moek_mxfp4_kvalues[16];
+
+/* Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
+static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+	if (j < 4) {
+		*sc = q[j] & 63;
+		*m = q[j + 4] & 63;
+	} else {
+		*sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+		*m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+	}
+}
+
+/* Reference row codecs (formats.c). n is a multiple of the format's block. FP8 rows take
+ * their per-128-column scales: scale_row[c / 128] multiplies column c. */
+void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
+                             size_t n);
+
+/* The activation format a weight format's integer dot product consumes: MOEK_Q8_0,
+ * MOEK_Q8_K, or MOEK_F32 (float formats: activations stay f32). */
+uint32_t moek_vec_dot_format(uint32_t weight_format);
+
+/* ---- Per-ISA kernels -------------------------------------------------------------------
+ * dot: one weight row (k columns) against one quantized/f32 activation row; scale_row is
+ * the FP8 scales of this row's 128-row band (NULL otherwise). The result for a (row, token)
+ * pair must depend only on those inputs, never on which range or group the row is in:
+ * this is what makes the FFN bit-identical for any split of rows across threads.
+ * dequantize_row: as the reference, possibly vectorised (bit-identical results required). */
+typedef float (*moek_dot_fn)(const void *w, const float *scale_row, const void *act, size_t k);
+typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
+                                size_t k);
+/* Prefill micro-kernel: c[r * ldc + t] += sum_k w[r * ldw + k] * x[t * ldx + k] for
+ * r < nr, t < nt; k is a multiple of 8 (operands zero-padded). The sum for each (r, t) is
+ * computed in an order independent of nr, nt (determinism, as above). */
+typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *x, size_t ldx,
+                             size_t nt, size_t k, float *c, size_t ldc);
+
+struct moek_isa_ops {
+	const char *name;
+	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
+	moek_dequant_fn dequantize_row;
+	moek_tile_fn tile;
+	bool prefill; /* use the dequantized-tile path for n >= MOEK_PREFILL_MIN_TOKENS */
+};
+
+/* Dense slot of a weight format in moek_isa_ops.dot (FP8's id 1000 maps to 63). */
+static inline unsigned moek_fmt_slot(uint32_t format)
+{
+	return format == MOEK_FP8_E4M3_B128 ? 63u : (format < 63 ? format : 62u);
+}
+
+extern const struct moek_isa_ops moek_scalar_ops;
+#if defined(__x86_64__)
+extern const struct moek_isa_ops moek_avx2_ops;
+#endif
+
+/* Token count from which the AVX2 path switches from row dot products (memory-bound decode)
+ * to dequantized weight tiles reused across tokens (compute-bound prefill). */
+#define MOEK_PREFILL_MIN_TOKENS 16
+
+#endif /* MOE_KERNELS_INTERNAL_H */

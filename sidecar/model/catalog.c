@@ -1,0 +1,922 @@
+/* catalog.c — see catalog.h. Builds the expert table from a GGUF model (metadata keys and
+ * llama.cpp tensor names) or a Hugging Face checkpoint (config.json and transformers tensor
+ * names), through one view of "a tensor in a file" so the slab arithmetic and every check
+ * exist once for both containers. */
+#include "catalog.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gguf.h"
+#include "json.h"
+#include "moe_kernels.h"
+#include "safetensors.h"
+
+#define SLAB_ALIGN 4096u
+#define FP8_BLOCK 128u
+#define MXFP4_BLOCK 32u
+
+static const char *const arch_names[MOE_ARCH_COUNT] = {
+    [MOE_ARCH_QWEN2MOE] = "qwen2moe", [MOE_ARCH_QWEN3MOE] = "qwen3moe",
+    [MOE_ARCH_MIXTRAL] = "mixtral",   [MOE_ARCH_DEEPSEEK] = "deepseek",
+    [MOE_ARCH_GPT_OSS] = "gpt-oss",   [MOE_ARCH_OLMOE] = "olmoe",
+};
+
+const char *moe_arch_name(enum moe_arch a)
+{
+	return (unsigned)a < MOE_ARCH_COUNT ? arch_names[a] : "?";
+}
+
+const char *moe_proj_name(enum moe_proj p)
+{
+	static const char *const n[MOE_PROJ_COUNT] = {"gate", "up", "down", "gate_up"};
+	return (unsigned)p < MOE_PROJ_COUNT ? n[p] : "?";
+}
+
+const char *moe_gating_name(enum moe_gating g)
+{
+	switch (g) {
+	case MOE_GATING_SOFTMAX: return "softmax";
+	case MOE_GATING_SIGMOID: return "sigmoid";
+	case MOE_GATING_SOFTMAX_TOPK: return "softmax_topk";
+	}
+	return "?";
+}
+
+const char *moe_format_name(uint32_t format)
+{
+	const struct moek_format_info *fi = moek_format_lookup(format);
+	const char *n = fi ? fi->name : gguf_type_name(format);
+	return n ? n : "?";
+}
+
+/* Formats the kernels compute expert FFNs in (one place: the kernels' format table). */
+static bool weight_format_supported(uint32_t f)
+{
+	const struct moek_format_info *fi = moek_format_lookup(f);
+	return fi && fi->weight_format;
+}
+
+/* Bytes of one row of n weights; 0 if n does not fit the format's block. */
+static uint64_t row_bytes(uint32_t format, uint64_t n)
+{
+	return moek_row_bytes(format, (size_t)n);
+}
+
+/* ---- one view of a tensor in either container ---------------------------------------- */
+
+#define FMT_NONE UINT32_MAX /* a safetensors dtype that is not a weight format (e.g. U8) */
+
+struct tview {
+	const char *name;
+	uint32_t file;
+	uint64_t offset, nbytes;
+	uint32_t n_dims;
+	uint64_t ne[8];   /* innermost first, as ggml: ne[0] = contiguous row length */
+	uint32_t format;  /* weight format id, or FMT_NONE */
+	const char *type; /* the container's name for the type */
+	int st_dtype;     /* safetensors dtype, -1 for GGUF */
+};
+
+struct builder {
+	const char *path;
+	struct moe_catalog *cat;
+	struct model_error *err;
+	/* GGUF */
+	struct gguf_file **gguf;
+	uint32_t n_gguf;
+	const char *arch_key; /* GGUF general.architecture */
+	/* safetensors */
+	struct st_model *st;
+	struct json_doc *config;
+	const char *config_path;
+	uint32_t first_dense_layers; /* GGUF leading_dense_block_count */
+};
+
+static int find_tensor(struct builder *b, const char *name, struct tview *tv)
+{
+	memset(tv, 0, sizeof(*tv));
+	if (b->gguf) {
+		for (uint32_t i = 0; i < b->n_gguf; i++) {
+			const struct gguf_tensor *t = gguf_find_tensor(b->gguf[i], name);
+			if (!t)
+				continue;
+			tv->name = t->name;
+			tv->file = i;
+			tv->offset = t->offset;
+			tv->nbytes = t->nbytes;
+			tv->n_dims = t->n_dims;
+			for (int d = 0; d < 8; d++)
+				tv->ne[d] = d < GGUF_MAX_DIMS ? t->ne[d] : 1;
+			tv->format = t->type;
+			tv->type = gguf_type_name(t->type);
+			tv->st_dtype = -1;
+			return 1;
+		}
+		return 0;
+	}
+	const struct st_tensor_ref *r = st_find(b->st, name);
+	if (!r)
+		return 0;
+	const struct st_tensor *t = r->tensor;
+	tv->name = t->name;
+	tv->file = r->file;
+	tv->offset = t->offset;
+	tv->nbytes = t->nbytes;
+	tv->n_dims = t->n_dims;
+	for (int d = 0; d < 8; d++)
+		tv->ne[d] = d < (int)t->n_dims ? t->shape[t->n_dims - 1 - d] : 1;
+	tv->st_dtype = (int)t->dtype;
+	tv->type = st_dtype_name(t->dtype);
+	switch (t->dtype) {
+	case ST_F32: tv->format = MOEK_F32; break;
+	case ST_F16: tv->format = MOEK_F16; break;
+	case ST_BF16: tv->format = MOEK_BF16; break;
+	case ST_F8_E4M3: tv->format = MOEK_FP8_E4M3_B128; break;
+	default: tv->format = FMT_NONE; break;
+	}
+	return 1;
+}
+
+static const char *model_file_name(const struct builder *b)
+{
+	return b->config_path ? b->config_path : b->path;
+}
+
+/* The slab of expert e (or the whole tensor if it is a per-expert 2-D tensor) of a weight
+ * tensor whose matrix is rows x cols. */
+static int take_weight(struct builder *b, const struct tview *tv, bool merged, uint32_t e,
+                       uint64_t rows, uint64_t cols, struct moe_proj_ref *p)
+{
+	const struct moe_model_info *in = &b->cat->info;
+	if (tv->format == FMT_NONE || !weight_format_supported(tv->format))
+		return model_fail(b->err,
+		                  "%s: tensor %s: type %s is not supported for expert "
+		                  "weights (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4 "
+		                  "FP8_E4M3)",
+		                  b->path, tv->name, tv->type ? tv->type : "?");
+	uint32_t want_dims = merged ? 3 : 2;
+	bool shape_ok = tv->n_dims == want_dims && tv->ne[0] == cols && tv->ne[1] == rows &&
+	                (!merged || tv->ne[2] == in->n_experts);
+	if (!shape_ok)
+		return model_fail(
+		    b->err,
+		    "%s: tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64
+		    "] (innermost first) disagrees with %s: expected [%" PRIu64 ", %" PRIu64
+		    "%s] (hidden %" PRIu64 ", expert ffn %" PRIu64 ", %u experts)",
+		    b->path, tv->name, tv->ne[0], tv->ne[1], tv->ne[2], model_file_name(b), cols,
+		    rows, merged ? ", n_experts" : "", in->hidden, in->expert_ffn, in->n_experts);
+	uint64_t rb = row_bytes(tv->format, cols);
+	if (!rb)
+		return model_fail(b->err,
+		                  "%s: tensor %s: row length %" PRIu64
+		                  " is not a multiple of the %s block size",
+		                  b->path, tv->name, cols, moe_format_name(tv->format));
+	uint64_t slab = rb * rows;
+	if (slab * (merged ? in->n_experts : 1) != tv->nbytes)
+		return model_fail(b->err,
+		                  "%s: tensor %s: holds %" PRIu64 " bytes, %s needs %" PRIu64,
+		                  b->path, tv->name, tv->nbytes, moe_format_name(tv->format),
+		                  slab * (merged ? in->n_experts : 1));
+	p->present = true;
+	p->format = tv->format;
+	p->layout = MOE_LAYOUT_BLOCKS;
+	p->rows = rows;
+	p->cols = cols;
+	p->data = (struct moe_extent){tv->file, tv->offset + (merged ? e * slab : 0), slab};
+	return 0;
+}
+
+/* FP8 scale_inv tensor for a rows x cols weight: F32 [ceil(rows/128), ceil(cols/128)]
+ * (with a leading n_experts axis when merged). */
+static int take_fp8_scale(struct builder *b, const char *weight_name, bool merged, uint32_t e,
+                          struct moe_proj_ref *p)
+{
+	char name[512];
+	struct tview tv;
+	const char *dot = strrchr(weight_name, '.');
+	size_t stem = dot ? (size_t)(dot - weight_name) : strlen(weight_name);
+	snprintf(name, sizeof(name), "%.*s.weight_scale_inv", (int)stem, weight_name);
+	if (!find_tensor(b, name, &tv))
+		return model_fail(b->err, "%s: tensor %s is FP8 E4M3 but %s is missing", b->path,
+		                  weight_name, name);
+	uint64_t br = (p->rows + FP8_BLOCK - 1) / FP8_BLOCK;
+	uint64_t bc = (p->cols + FP8_BLOCK - 1) / FP8_BLOCK;
+	if (tv.format != MOEK_F32 || tv.n_dims != (merged ? 3u : 2u) || tv.ne[0] != bc ||
+	    tv.ne[1] != br || (merged && tv.ne[2] != b->cat->info.n_experts))
+		return model_fail(b->err,
+		                  "%s: tensor %s: expected F32 block scales [%" PRIu64 ", %" PRIu64
+		                  "] for 128x128 blocks, found %s [%" PRIu64 ", %" PRIu64 "]",
+		                  b->path, name, br, bc, tv.type, tv.ne[1], tv.ne[0]);
+	uint64_t len = moek_fp8_scale_bytes(p->rows, p->cols);
+	p->scale = (struct moe_extent){tv.file, tv.offset + (merged ? e * len : 0), len};
+	return 0;
+}
+
+/* A bias vector of `rows` values: [n_experts, rows] merged or [rows] per expert. */
+static int take_bias(struct builder *b, const char *name, bool merged, uint32_t e,
+                     struct moe_proj_ref *p)
+{
+	struct tview tv;
+	if (!find_tensor(b, name, &tv))
+		return 0; /* biases are optional */
+	if (tv.format != MOEK_F32 && tv.format != MOEK_F16 && tv.format != MOEK_BF16)
+		return model_fail(b->err, "%s: tensor %s: bias type %s (F32, F16 or BF16 expected)",
+		                  b->path, name, tv.type);
+	if (tv.n_dims != (merged ? 2u : 1u) || tv.ne[0] != p->rows ||
+	    (merged && tv.ne[1] != b->cat->info.n_experts))
+		return model_fail(b->err,
+		                  "%s: tensor %s: bias shape [%" PRIu64 ", %" PRIu64
+		                  "] does not match %" PRIu64 " rows x %u experts",
+		                  b->path, name, tv.ne[1], tv.ne[0], p->rows,
+		                  b->cat->info.n_experts);
+	uint64_t len = p->rows * (tv.format == MOEK_F32 ? 4 : 2);
+	p->bias = (struct moe_extent){tv.file, tv.offset + (merged ? e * len : 0), len};
+	p->bias_format = tv.format;
+	b->cat->info.has_bias = true;
+	return 0;
+}
+
+/* ---- GGUF ------------------------------------------------------------------------------ */
+
+static int gguf_key_u64(struct builder *b, const char *suffix, uint64_t *out, bool required)
+{
+	char key[128];
+	snprintf(key, sizeof(key), "%s.%s", b->arch_key, suffix);
+	int rc = gguf_get_u64(b->gguf[0], key, out);
+	if (rc < 0)
+		return model_fail(b->err, "%s: metadata %s is not an unsigned integer", b->path,
+		                  key);
+	if (rc == 0 && required)
+		return model_fail(b->err, "%s: metadata %s is missing", b->path, key);
+	return rc;
+}
+
+static int gguf_read_info(struct builder *b)
+{
+	struct moe_model_info *in = &b->cat->info;
+	const char *arch = gguf_get_str(b->gguf[0], "general.architecture");
+	if (!arch)
+		return model_fail(b->err, "%s: metadata general.architecture is missing", b->path);
+	b->arch_key = arch;
+	if (!strcmp(arch, "qwen2moe"))
+		in->arch = MOE_ARCH_QWEN2MOE;
+	else if (!strcmp(arch, "qwen3moe"))
+		in->arch = MOE_ARCH_QWEN3MOE;
+	else if (!strcmp(arch, "llama"))
+		in->arch = MOE_ARCH_MIXTRAL;
+	else if (!strcmp(arch, "deepseek2"))
+		in->arch = MOE_ARCH_DEEPSEEK;
+	else if (!strcmp(arch, "gpt-oss"))
+		in->arch = MOE_ARCH_GPT_OSS;
+	else if (!strcmp(arch, "olmoe"))
+		in->arch = MOE_ARCH_OLMOE;
+	else
+		return model_fail(b->err,
+		                  "%s: architecture %.64s is not a supported MoE "
+		                  "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe)",
+		                  b->path, arch);
+	uint64_t v;
+	if (gguf_key_u64(b, "block_count", &v, true) < 1)
+		return -1;
+	if (v == 0 || v > 4096)
+		return model_fail(b->err, "%s: %s.block_count %" PRIu64 " is out of range", b->path,
+		                  arch, v);
+	in->n_layers = (uint32_t)v;
+	if (gguf_key_u64(b, "embedding_length", &in->hidden, true) < 1)
+		return -1;
+	if (gguf_key_u64(b, "expert_count", &v, true) < 1)
+		return -1;
+	if (v == 0 || v > 65536)
+		return model_fail(
+		    b->err, "%s: %s.expert_count %" PRIu64 " (not an MoE model, or out of range)",
+		    b->path, arch, v);
+	in->n_experts = (uint32_t)v;
+	if (gguf_key_u64(b, "expert_used_count", &v, true) < 1)
+		return -1;
+	if (v == 0 || v > in->n_experts)
+		return model_fail(b->err,
+		                  "%s: %s.expert_used_count %" PRIu64 " is not in 1..expert_count",
+		                  b->path, arch, v);
+	in->top_k = (uint32_t)v;
+	int rc = gguf_key_u64(b, "expert_feed_forward_length", &in->expert_ffn, false);
+	if (rc < 0)
+		return -1;
+	if (rc == 0 && gguf_key_u64(b, "feed_forward_length", &in->expert_ffn, true) < 1)
+		return -1; /* Mixtral: the FFN size is the expert size */
+	v = 0;
+	if (gguf_key_u64(b, "expert_shared_count", &v, false) < 0)
+		return -1;
+	in->n_shared_experts = (uint32_t)(v > 1024 ? 1024 : v);
+	v = 0;
+	if (gguf_key_u64(b, "leading_dense_block_count", &v, false) < 0)
+		return -1;
+	if (v > in->n_layers)
+		return model_fail(
+		    b->err, "%s: %s.leading_dense_block_count %" PRIu64 " exceeds block_count %u",
+		    b->path, arch, v, in->n_layers);
+	b->first_dense_layers = (uint32_t)v;
+
+	char key[128];
+	double f;
+	bool flag;
+	in->routed_scaling = 1.0f;
+	snprintf(key, sizeof(key), "%s.expert_weights_scale", arch);
+	if (gguf_get_f64(b->gguf[0], key, &f) == 1 && f > 0)
+		in->routed_scaling = (float)f;
+	in->norm_topk_prob = in->arch == MOE_ARCH_QWEN3MOE || in->arch == MOE_ARCH_MIXTRAL ||
+	                     in->arch == MOE_ARCH_GPT_OSS;
+	snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);
+	if (gguf_get_bool(b->gguf[0], key, &flag) == 1)
+		in->norm_topk_prob = flag;
+	in->gating = in->arch == MOE_ARCH_GPT_OSS ? MOE_GATING_SOFTMAX_TOPK : MOE_GATING_SOFTMAX;
+	snprintf(key, sizeof(key), "%s.expert_gating_func", arch);
+	if (gguf_get_u64(b->gguf[0], key, &v) == 1) {
+		if (v == 2)
+			in->gating = MOE_GATING_SIGMOID;
+		else if (v == 3)
+			in->gating = MOE_GATING_SOFTMAX_TOPK;
+		else if (v == 1)
+			in->gating = MOE_GATING_SOFTMAX;
+		else if (v != 0)
+			return model_fail(b->err,
+			                  "%s: %s = %" PRIu64 " is not a known gating "
+			                  "function",
+			                  b->path, key, v);
+	}
+	/* gpt-oss clamps at 7 (llama.cpp builds it in); newer files may carry the per-layer
+	 * swiglu_clamp_exp array */
+	in->swiglu_limit = in->arch == MOE_ARCH_GPT_OSS ? 7.0f : 0.0f;
+	snprintf(key, sizeof(key), "%s.swiglu_clamp_exp", arch);
+	const struct gguf_kv *clamp = gguf_find_kv(b->gguf[0], key);
+	if (clamp && clamp->value.type == GGUF_ARRAY) {
+		for (uint64_t i = 0; i < clamp->value.arr.count; i++)
+			if (gguf_array_f64(&clamp->value, i, &f) == 0 && f > 0) {
+				in->swiglu_limit = (float)f;
+				break;
+			}
+	} else if (clamp && gguf_get_f64(b->gguf[0], key, &f) == 1 && f > 0) {
+		in->swiglu_limit = (float)f;
+	}
+	return 0;
+}
+
+/* The expert array of a layer, allocated only once the file has shown tensors for all
+ * n_experts experts, so that an absurd expert_count in hostile metadata never sizes an
+ * allocation by itself. */
+static struct moe_expert *alloc_experts(struct builder *b, struct moe_layer *layer)
+{
+	layer->experts = calloc(b->cat->info.n_experts, sizeof(*layer->experts));
+	if (!layer->experts)
+		model_fail(b->err, "out of memory");
+	return layer->experts;
+}
+
+/* Fills layer L's experts from GGUF tensors; returns 1 if the layer has experts, 0 if it
+ * has none (dense), -1 on error. */
+static int gguf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
+{
+	struct moe_expert *ex;
+	const struct moe_model_info *in = &b->cat->info;
+	static const char *const merged_names[MOE_PROJ_COUNT] = {
+	    "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"};
+	static const char *const single_names[3] = {"ffn_gate", "ffn_up", "ffn_down"};
+	char name[128];
+	struct tview tv[MOE_PROJ_COUNT];
+	bool have[MOE_PROJ_COUNT];
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		snprintf(name, sizeof(name), "blk.%u.%s.weight", L, merged_names[p]);
+		have[p] = find_tensor(b, name, &tv[p]);
+	}
+	bool any_merged = have[0] || have[1] || have[2] || have[3];
+	if (any_merged) {
+		bool fused = have[MOE_PROJ_GATE_UP];
+		if (!have[MOE_PROJ_DOWN] || (fused ? have[0] || have[1] : !have[0] || !have[1]))
+			return model_fail(b->err,
+			                  "%s: blk.%u: incomplete expert tensors (need "
+			                  "ffn_gate_exps+ffn_up_exps or ffn_gate_up_exps, and "
+			                  "ffn_down_exps)",
+			                  b->path, L);
+		const struct tview *down = &tv[MOE_PROJ_DOWN];
+		if (down->n_dims != 3 || down->ne[2] != in->n_experts)
+			return model_fail(b->err,
+			                  "%s: tensor %s: %" PRIu64 " experts, metadata says %u",
+			                  b->path, down->name, down->ne[2], in->n_experts);
+		if (!(ex = alloc_experts(b, layer)))
+			return -1;
+		for (uint32_t e = 0; e < in->n_experts; e++) {
+			for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+				if (!have[p])
+					continue;
+				uint64_t rows = p == MOE_PROJ_DOWN      ? in->hidden
+				                : p == MOE_PROJ_GATE_UP ? 2 * in->expert_ffn
+				                                        : in->expert_ffn;
+				uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
+				struct moe_proj_ref *pr = &ex[e].proj[p];
+				if (take_weight(b, &tv[p], true, e, rows, cols, pr))
+					return -1;
+				pr->order = MOE_GATE_UP_HALVES;
+				snprintf(name, sizeof(name), "blk.%u.%s.bias", L, merged_names[p]);
+				if (take_bias(b, name, true, e, pr))
+					return -1;
+			}
+		}
+		return 1;
+	}
+	/* legacy per-expert 2-D tensors: blk.L.ffn_gate.E.weight */
+	snprintf(name, sizeof(name), "blk.%u.ffn_gate.0.weight", L);
+	struct tview one;
+	if (!find_tensor(b, name, &one))
+		return 0;
+	snprintf(name, sizeof(name), "blk.%u.ffn_down.%u.weight", L, in->n_experts - 1);
+	if (!find_tensor(b, name, &one))
+		return model_fail(b->err, "%s: blk.%u: expert tensor %s is missing", b->path, L,
+		                  name);
+	if (!(ex = alloc_experts(b, layer)))
+		return -1;
+	for (uint32_t e = 0; e < in->n_experts; e++) {
+		for (int p = 0; p < 3; p++) {
+			snprintf(name, sizeof(name), "blk.%u.%s.%u.weight", L, single_names[p], e);
+			if (!find_tensor(b, name, &one))
+				return model_fail(b->err, "%s: blk.%u: expert tensor %s is missing",
+				                  b->path, L, name);
+			uint64_t rows = p == MOE_PROJ_DOWN ? in->hidden : in->expert_ffn;
+			uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
+			if (take_weight(b, &one, false, e, rows, cols, &ex[e].proj[p]))
+				return -1;
+			snprintf(name, sizeof(name), "blk.%u.%s.%u.bias", L, single_names[p], e);
+			if (take_bias(b, name, false, e, &ex[e].proj[p]))
+				return -1;
+		}
+	}
+	return 1;
+}
+
+static bool gguf_layer_has_dense_ffn(struct builder *b, uint32_t L)
+{
+	char name[128];
+	struct tview tv;
+	snprintf(name, sizeof(name), "blk.%u.ffn_up.weight", L);
+	return find_tensor(b, name, &tv);
+}
+
+/* ---- Hugging Face ---------------------------------------------------------------------- */
+
+static int cfg_u64(struct builder *b, const char *key, uint64_t *out, bool required)
+{
+	int rc = json_get_u64(b->config, json_root(b->config), key, out);
+	if (rc < 0)
+		return model_fail(b->err, "%s: %s is not an unsigned integer", b->config_path, key);
+	if (rc == 0 && required)
+		return model_fail(b->err, "%s: %s is missing", b->config_path, key);
+	return rc;
+}
+
+static int hf_read_info(struct builder *b, bool **moe_layers)
+{
+	struct moe_model_info *in = &b->cat->info;
+	const struct json_doc *c = b->config;
+	json_ref root = json_root(c);
+	if (json_type_of(c, root) != JSON_OBJECT)
+		return model_fail(b->err, "%s: not a JSON object", b->config_path);
+	const char *mt = json_string(c, json_object_get(c, root, "model_type"), NULL);
+	if (!mt)
+		return model_fail(b->err, "%s: model_type is missing", b->config_path);
+	if (!strcmp(mt, "qwen2_moe"))
+		in->arch = MOE_ARCH_QWEN2MOE;
+	else if (!strcmp(mt, "qwen3_moe"))
+		in->arch = MOE_ARCH_QWEN3MOE;
+	else if (!strcmp(mt, "mixtral"))
+		in->arch = MOE_ARCH_MIXTRAL;
+	else if (!strcmp(mt, "deepseek_v2") || !strcmp(mt, "deepseek_v3"))
+		in->arch = MOE_ARCH_DEEPSEEK;
+	else if (!strcmp(mt, "gpt_oss"))
+		in->arch = MOE_ARCH_GPT_OSS;
+	else if (!strcmp(mt, "olmoe"))
+		in->arch = MOE_ARCH_OLMOE;
+	else
+		return model_fail(b->err,
+		                  "%s: model_type %.64s is not a supported MoE "
+		                  "(qwen2_moe qwen3_moe mixtral deepseek_v2 deepseek_v3 gpt_oss "
+		                  "olmoe)",
+		                  b->config_path, mt);
+	uint64_t v;
+	if (cfg_u64(b, "num_hidden_layers", &v, true) < 1)
+		return -1;
+	if (v == 0 || v > 4096)
+		return model_fail(b->err, "%s: num_hidden_layers %" PRIu64 " is out of range",
+		                  b->config_path, v);
+	in->n_layers = (uint32_t)v;
+	if (cfg_u64(b, "hidden_size", &in->hidden, true) < 1)
+		return -1;
+	const char *experts_key = in->arch == MOE_ARCH_DEEPSEEK ? "n_routed_experts"
+	                          : (in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_GPT_OSS)
+	                              ? "num_local_experts"
+	                              : "num_experts";
+	if (cfg_u64(b, experts_key, &v, true) < 1)
+		return -1;
+	if (v == 0 || v > 65536)
+		return model_fail(b->err, "%s: %s %" PRIu64 " is out of range", b->config_path,
+		                  experts_key, v);
+	in->n_experts = (uint32_t)v;
+	int rc = cfg_u64(b, "num_experts_per_tok", &v, false);
+	if (rc == 0)
+		rc = cfg_u64(b, "experts_per_token", &v, true); /* gpt-oss spelling */
+	if (rc < 1)
+		return -1;
+	if (v == 0 || v > in->n_experts)
+		return model_fail(b->err, "%s: num_experts_per_tok %" PRIu64 " is not in 1..%u",
+		                  b->config_path, v, in->n_experts);
+	in->top_k = (uint32_t)v;
+	rc = cfg_u64(b, "moe_intermediate_size", &in->expert_ffn, false);
+	if (rc == 0)
+		rc = cfg_u64(b, "intermediate_size", &in->expert_ffn, true);
+	if (rc < 1)
+		return -1;
+	if (in->hidden == 0 || in->expert_ffn == 0 || in->hidden > (1u << 20) ||
+	    in->expert_ffn > (1u << 20))
+		return model_fail(b->err, "%s: hidden_size/intermediate size out of range",
+		                  b->config_path);
+	v = 0;
+	if (cfg_u64(b, "n_shared_experts", &v, false) < 0)
+		return -1;
+	uint64_t shared_ffn = 0;
+	if (cfg_u64(b, "shared_expert_intermediate_size", &shared_ffn, false) < 0)
+		return -1;
+	in->n_shared_experts = (uint32_t)(v ? (v > 1024 ? 1024 : v) : shared_ffn ? 1 : 0);
+
+	/* which layers are MoE */
+	bool *moe = calloc(in->n_layers, sizeof(*moe));
+	if (!moe)
+		return model_fail(b->err, "out of memory");
+	*moe_layers = moe;
+	uint64_t first_dense = 0, freq = 1, sparse_step = 1;
+	if (cfg_u64(b, "first_k_dense_replace", &first_dense, false) < 0 ||
+	    cfg_u64(b, "moe_layer_freq", &freq, false) < 0 ||
+	    cfg_u64(b, "decoder_sparse_step", &sparse_step, false) < 0)
+		return -1;
+	if (freq == 0 || sparse_step == 0)
+		return model_fail(b->err, "%s: moe_layer_freq/decoder_sparse_step must be >= 1",
+		                  b->config_path);
+	for (uint32_t L = 0; L < in->n_layers; L++)
+		moe[L] = L >= first_dense && L % freq == 0 && (L + 1) % sparse_step == 0;
+	json_ref only = json_object_get(c, root, "mlp_only_layers");
+	if (only != JSON_NONE && json_type_of(c, only) == JSON_ARRAY) {
+		for (json_ref it = json_first(c, only); it != JSON_NONE; it = json_next(c, it)) {
+			if (json_u64(c, it, &v) || v >= in->n_layers)
+				return model_fail(b->err,
+				                  "%s: mlp_only_layers holds a bad layer index",
+				                  b->config_path);
+			moe[v] = false;
+		}
+	}
+
+	double f;
+	bool flag;
+	in->norm_topk_prob = in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_GPT_OSS;
+	if ((rc = json_get_bool(c, root, "norm_topk_prob", &flag)) < 0)
+		return model_fail(b->err, "%s: norm_topk_prob is not a bool", b->config_path);
+	if (rc == 1)
+		in->norm_topk_prob = flag;
+	in->routed_scaling = 1.0f;
+	if (json_get_double(c, root, "routed_scaling_factor", &f) == 1 && f > 0)
+		in->routed_scaling = (float)f;
+	in->gating = in->arch == MOE_ARCH_GPT_OSS ? MOE_GATING_SOFTMAX_TOPK : MOE_GATING_SOFTMAX;
+	const char *scoring = json_string(c, json_object_get(c, root, "scoring_func"), NULL);
+	if (scoring && !strcmp(scoring, "sigmoid"))
+		in->gating = MOE_GATING_SIGMOID;
+	else if (scoring && strcmp(scoring, "softmax"))
+		return model_fail(b->err, "%s: scoring_func %.32s is not softmax or sigmoid",
+		                  b->config_path, scoring);
+	in->swiglu_limit = in->arch == MOE_ARCH_GPT_OSS ? 7.0f : 0.0f;
+	if (json_get_double(c, root, "swiglu_limit", &f) == 1 && f > 0)
+		in->swiglu_limit = (float)f;
+	return 0;
+}
+
+/* gpt-oss checkpoint: merged tensors mlp.experts.{gate_up_proj,down_proj}_{blocks,scales,bias}
+ * with MXFP4 weights in the Hugging Face split layout and interleaved gate/up rows. */
+static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
+{
+	struct moe_expert *ex = layer->experts;
+	const struct moe_model_info *in = &b->cat->info;
+	static const char *const stems[2] = {"gate_up_proj", "down_proj"};
+	char name[256];
+	struct tview blocks, scales;
+	for (int k = 0; k < 2; k++) {
+		enum moe_proj p = k == 0 ? MOE_PROJ_GATE_UP : MOE_PROJ_DOWN;
+		uint64_t rows = k == 0 ? 2 * in->expert_ffn : in->hidden;
+		uint64_t cols = k == 0 ? in->hidden : in->expert_ffn;
+		snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s_blocks", L, stems[k]);
+		if (!find_tensor(b, name, &blocks)) {
+			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s", L, stems[k]);
+			if (find_tensor(b, name, &blocks))
+				return model_fail(
+				    b->err,
+				    "%s: tensor %s: the dequantized gpt-oss "
+				    "layout ([experts, in, out]) is not supported; use the "
+				    "MXFP4 checkpoint or GGUF",
+				    b->path, name);
+			return model_fail(b->err, "%s: %s is missing", b->path, name);
+		}
+		if (cols % MXFP4_BLOCK)
+			return model_fail(b->err,
+			                  "%s: %s: %" PRIu64 " columns is not a multiple of 32",
+			                  b->path, name, cols);
+		uint64_t nb = cols / MXFP4_BLOCK;
+		if (blocks.st_dtype != ST_U8 || blocks.n_dims != 4 || blocks.ne[0] != 16 ||
+		    blocks.ne[1] != nb || blocks.ne[2] != rows || blocks.ne[3] != in->n_experts)
+			return model_fail(b->err,
+			                  "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
+			                  ", 16] MXFP4 blocks (config.json), found %s "
+			                  "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+			                  b->path, name, in->n_experts, rows, nb, blocks.type,
+			                  blocks.ne[3], blocks.ne[2], blocks.ne[1], blocks.ne[0]);
+		snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s_scales", L, stems[k]);
+		if (!find_tensor(b, name, &scales))
+			return model_fail(b->err, "%s: %s is missing", b->path, name);
+		if (scales.st_dtype != ST_U8 || scales.n_dims != 3 || scales.ne[0] != nb ||
+		    scales.ne[1] != rows || scales.ne[2] != in->n_experts)
+			return model_fail(b->err,
+			                  "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
+			                  "] MXFP4 scales",
+			                  b->path, name, in->n_experts, rows, nb);
+		if (!ex && !(ex = alloc_experts(b, layer)))
+			return -1;
+		uint64_t blen = rows * nb * 16, slen = rows * nb;
+		for (uint32_t e = 0; e < in->n_experts; e++) {
+			struct moe_proj_ref *pr = &ex[e].proj[p];
+			pr->present = true;
+			pr->format = MOEK_MXFP4;
+			pr->layout = MOE_LAYOUT_MXFP4_HF;
+			pr->order = MOE_GATE_UP_INTERLEAVED;
+			pr->rows = rows;
+			pr->cols = cols;
+			pr->data = (struct moe_extent){blocks.file, blocks.offset + e * blen, blen};
+			pr->scale =
+			    (struct moe_extent){scales.file, scales.offset + e * slen, slen};
+			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s_bias", L,
+			         stems[k]);
+			if (take_bias(b, name, true, e, pr))
+				return -1;
+		}
+	}
+	return 1;
+}
+
+/* Per-expert 2-D tensors (Mixtral w1/w3/w2, others {gate,up,down}_proj). */
+static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
+{
+	const struct moe_model_info *in = &b->cat->info;
+	if (in->arch == MOE_ARCH_GPT_OSS)
+		return hf_gpt_oss_layer(b, L, layer);
+	bool mixtral = in->arch == MOE_ARCH_MIXTRAL;
+	static const char *const mixtral_names[3] = {"w1", "w3", "w2"};
+	static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
+	char name[256];
+	struct tview tv;
+	/* the last expert's down projection first: it must exist before anything is sized */
+	for (int pass = 0; pass < 2; pass++) {
+		uint32_t e = pass ? 0 : in->n_experts - 1;
+		if (mixtral)
+			snprintf(name, sizeof(name),
+			         "model.layers.%u.block_sparse_moe.experts.%u.w2.weight", L, e);
+		else
+			snprintf(name, sizeof(name),
+			         "model.layers.%u.mlp.experts.%u.down_proj.weight", L, e);
+		if (!find_tensor(b, name, &tv))
+			return model_fail(
+			    b->err, "%s: layer %u is an MoE layer (%s) but tensor %s is missing",
+			    b->path, L, b->config_path, name);
+	}
+	struct moe_expert *ex = alloc_experts(b, layer);
+	if (!ex)
+		return -1;
+	for (uint32_t e = 0; e < in->n_experts; e++) {
+		for (int p = 0; p < 3; p++) {
+			if (mixtral)
+				snprintf(name, sizeof(name),
+				         "model.layers.%u.block_sparse_moe.experts.%u.%s.weight", L,
+				         e, mixtral_names[p]);
+			else
+				snprintf(name, sizeof(name),
+				         "model.layers.%u.mlp.experts.%u.%s.weight", L, e,
+				         proj_names[p]);
+			if (!find_tensor(b, name, &tv))
+				return model_fail(b->err,
+				                  "%s: layer %u is an MoE layer (%s) but tensor "
+				                  "%s is missing",
+				                  b->path, L, b->config_path, name);
+			uint64_t rows = p == MOE_PROJ_DOWN ? in->hidden : in->expert_ffn;
+			uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
+			struct moe_proj_ref *pr = &ex[e].proj[p];
+			if (take_weight(b, &tv, false, e, rows, cols, pr))
+				return -1;
+			if (pr->format == MOEK_FP8_E4M3_B128 &&
+			    take_fp8_scale(b, name, false, e, pr))
+				return -1;
+			char bias[264];
+			snprintf(bias, sizeof(bias), "%.*s.bias", (int)(strlen(name) - 7), name);
+			if (take_bias(b, bias, false, e, pr))
+				return -1;
+		}
+	}
+	return 1;
+}
+
+/* ---- assembling the catalog --------------------------------------------------------------- */
+
+void moe_catalog_close(struct moe_catalog *cat)
+{
+	if (!cat)
+		return;
+	if (cat->layers)
+		for (uint32_t L = 0; L < cat->info.n_layers; L++)
+			free(cat->layers[L].experts);
+	free(cat->layers);
+	for (uint32_t i = 0; i < cat->n_files; i++)
+		free(cat->files[i].path);
+	free(cat->files);
+	free(cat);
+}
+
+const struct moe_expert *moe_catalog_expert(const struct moe_catalog *cat, uint32_t layer,
+                                            uint32_t expert)
+{
+	if (layer >= cat->info.n_layers || expert >= cat->info.n_experts || !cat->layers[layer].moe)
+		return NULL;
+	return &cat->layers[layer].experts[expert];
+}
+
+static int add_files(struct builder *b)
+{
+	struct moe_catalog *cat = b->cat;
+	uint32_t n = b->gguf ? b->n_gguf : b->st->n_files;
+	cat->files = calloc(n, sizeof(*cat->files));
+	if (!cat->files)
+		return model_fail(b->err, "out of memory");
+	for (uint32_t i = 0; i < n; i++) {
+		const char *p = b->gguf ? b->gguf[i]->path : b->st->files[i]->path;
+		cat->files[i].size = b->gguf ? b->gguf[i]->file_size : b->st->files[i]->file_size;
+		if (!(cat->files[i].path = strdup(p)))
+			return model_fail(b->err, "out of memory");
+		cat->n_files = i + 1;
+	}
+	return 0;
+}
+
+static void account_expert(struct moe_catalog *cat, struct moe_expert *ex)
+{
+	ex->bytes = 0;
+	ex->aligned_4k = true;
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		const struct moe_proj_ref *pr = &ex->proj[p];
+		if (!pr->present)
+			continue;
+		const struct moe_extent *xs[3] = {&pr->data, &pr->scale, &pr->bias};
+		for (int k = 0; k < 3; k++) {
+			if (!xs[k]->length)
+				continue;
+			ex->bytes += xs[k]->length;
+			if (xs[k]->offset % SLAB_ALIGN)
+				ex->aligned_4k = false;
+		}
+		uint32_t i = 0;
+		while (i < cat->n_formats && cat->formats[i] != pr->format)
+			i++;
+		if (i == cat->n_formats && i < sizeof(cat->formats) / sizeof(cat->formats[0]))
+			cat->formats[cat->n_formats++] = pr->format;
+	}
+	cat->expert_bytes_total += ex->bytes;
+	cat->n_experts_aligned_4k += ex->aligned_4k;
+}
+
+static int build_layers(struct builder *b, const bool *hf_moe)
+{
+	struct moe_catalog *cat = b->cat;
+	struct moe_model_info *in = &cat->info;
+	if (in->hidden == 0 || in->expert_ffn == 0)
+		return model_fail(b->err, "%s: hidden size and expert FFN size must be non-zero",
+		                  b->path);
+	cat->layers = calloc(in->n_layers, sizeof(*cat->layers));
+	if (!cat->layers)
+		return model_fail(b->err, "out of memory");
+	for (uint32_t L = 0; L < in->n_layers; L++) {
+		bool want = hf_moe ? hf_moe[L] : L >= b->first_dense_layers;
+		if (!want)
+			continue;
+		struct moe_layer *layer = &cat->layers[L];
+		int rc = b->gguf ? gguf_layer(b, L, layer) : hf_layer(b, L, layer);
+		if (rc < 0)
+			return -1;
+		if (rc == 0) {
+			if (b->gguf && !gguf_layer_has_dense_ffn(b, L))
+				return model_fail(b->err,
+				                  "%s: blk.%u: no expert tensors (expected "
+				                  "blk.%u.ffn_gate_exps.weight or "
+				                  "blk.%u.ffn_gate.0.weight)",
+				                  b->path, L, L, L);
+			continue;
+		}
+		struct moe_expert *ex = layer->experts;
+		cat->layers[L].moe = true;
+		in->n_moe_layers++;
+		for (uint32_t e = 0; e < in->n_experts; e++)
+			account_expert(cat, &ex[e]);
+	}
+	if (in->n_moe_layers == 0)
+		return model_fail(b->err, "%s: no MoE layer found", b->path);
+	return 0;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), c = strlen(suffix);
+	return a >= c && !strcmp(s + a - c, suffix);
+}
+
+static int open_hf(struct builder *b, char **config_path_out)
+{
+	struct stat st;
+	if (stat(b->path, &st))
+		return model_fail(b->err, "%s: cannot open: no such file or directory", b->path);
+	/* config.json lives in the model directory */
+	size_t n = strlen(b->path);
+	char *cfg = malloc(n + 16);
+	if (!cfg)
+		return model_fail(b->err, "out of memory");
+	*config_path_out = cfg;
+	if (S_ISDIR(st.st_mode)) {
+		snprintf(cfg, n + 16, "%s/config.json", b->path);
+	} else {
+		memcpy(cfg, b->path, n + 1);
+		char *slash = strrchr(cfg, '/');
+		if (slash)
+			strcpy(slash + 1, "config.json");
+		else
+			strcpy(cfg, "config.json");
+	}
+	b->config_path = cfg;
+	FILE *f = fopen(cfg, "rb");
+	if (!f)
+		return model_fail(b->err,
+		                  "%s: config.json is required next to safetensors files "
+		                  "(cannot open %s)",
+		                  b->path, cfg);
+	char *text = malloc(1u << 20);
+	size_t len = text ? fread(text, 1, 1u << 20, f) : 0;
+	int too_big = text && len == 1u << 20;
+	fclose(f);
+	if (!text || too_big) {
+		free(text);
+		return model_fail(b->err, "%s: %s", cfg,
+		                  text ? "larger than 1 MiB" : "out of memory");
+	}
+	int rc = json_parse(text, len, &b->config, b->err);
+	free(text);
+	if (rc)
+		return model_fail_prefix(b->err, cfg);
+	return st_open_model(b->path, &b->st, b->err);
+}
+
+int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err)
+{
+	*out = NULL;
+	struct builder b = {.path = path, .err = err};
+	struct moe_catalog *cat = calloc(1, sizeof(*cat));
+	if (!cat)
+		return model_fail(err, "out of memory");
+	b.cat = cat;
+	bool *hf_moe = NULL;
+	char *config_path = NULL;
+	int rc;
+	if (ends_with(path, ".gguf")) {
+		cat->info.container = MOE_CONTAINER_GGUF;
+		rc = gguf_open_splits(path, &b.gguf, &b.n_gguf, err);
+		if (!rc)
+			rc = gguf_read_info(&b);
+	} else {
+		cat->info.container = MOE_CONTAINER_SAFETENSORS;
+		rc = open_hf(&b, &config_path);
+		if (!rc)
+			rc = hf_read_info(&b, &hf_moe);
+	}
+	if (!rc)
+		rc = add_files(&b);
+	if (!rc)
+		rc = build_layers(&b, hf_moe);
+	free(hf_moe);
+	gguf_close_splits(b.gguf, b.n_gguf);
+	st_close_model(b.st);
+	json_free(b.config);
+	free(config_path);
+	if (rc) {
+		moe_catalog_close(cat);
+		return -1;
+	}
+	*out = cat;
+	return 0;
+}

@@ -1,0 +1,151 @@
+/* catalog.h — the expert catalog: where every routed expert's weights live on disk.
+ *
+ * moe_catalog_open() takes a model path — a .gguf file (or the first of its splits), a
+ * .safetensors file, or a directory with config.json and *.safetensors (single, shards, or
+ * model.safetensors.index.json) — and returns an immutable table:
+ *
+ *   files:  path and size of every file that holds weights (the loader opens these);
+ *   model:  architecture and hyperparameters (layers, experts, top-k, dims, gating hints);
+ *   layers: for every layer, whether it is an MoE layer (dense layers are skipped through
+ *           leading_dense_block_count / first_k_dense_replace / mlp_only_layers /
+ *           decoder_sparse_step) and, for MoE layers, one `moe_expert` per routed expert;
+ *   expert: per projection (gate, up, down, or fused gate_up) the file, byte offset and
+ *           length of its weights, their format (a moek_format id, see moe_kernels.h) and
+ *           shape rows x cols, plus the scale and bias extents where the format or the
+ *           architecture has them.
+ *
+ * Units: offsets and lengths are bytes within the named file. Shapes are those of the
+ * matrix the kernel multiplies: `rows` outputs, each a contiguous row of `cols` inputs
+ * (gate/up: rows = expert_ffn, cols = hidden; down: rows = hidden, cols = expert_ffn; fused
+ * gate_up: rows = 2·expert_ffn). Shared experts and dense FFNs are not in the catalog (they
+ * stay with the engine).
+ *
+ * Everything is validated on open (formats, shapes against the hyperparameters, extents
+ * inside their files); a model the catalog accepts can be loaded by offset alone. Any
+ * tensor in an unsupported format is an error naming it. The catalog is immutable after
+ * open; read it from any thread. Close with moe_catalog_close.
+ */
+#ifndef MOE_CATALOG_H
+#define MOE_CATALOG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model_error.h"
+
+enum moe_arch {
+	MOE_ARCH_QWEN2MOE,
+	MOE_ARCH_QWEN3MOE,
+	MOE_ARCH_MIXTRAL,
+	MOE_ARCH_DEEPSEEK, /* DeepSeek-V2 and V3 (GGUF "deepseek2") */
+	MOE_ARCH_GPT_OSS,
+	MOE_ARCH_OLMOE,
+	MOE_ARCH_COUNT
+};
+
+const char *moe_arch_name(enum moe_arch a);
+
+enum moe_proj { MOE_PROJ_GATE, MOE_PROJ_UP, MOE_PROJ_DOWN, MOE_PROJ_GATE_UP, MOE_PROJ_COUNT };
+
+const char *moe_proj_name(enum moe_proj p);
+
+/* How the rows of a fused gate_up projection are ordered. */
+enum moe_gate_up_order {
+	MOE_GATE_UP_HALVES,      /* rows [0, ffn) gate, [ffn, 2ffn) up (GGUF ffn_gate_up_exps) */
+	MOE_GATE_UP_INTERLEAVED, /* even rows gate, odd rows up (gpt-oss Hugging Face) */
+};
+
+/* Where a weight's bytes are stored. */
+enum moe_weight_layout {
+	MOE_LAYOUT_BLOCKS,   /* the format's own block layout, as moek_row_bytes describes */
+	MOE_LAYOUT_MXFP4_HF, /* MXFP4 split: `data` = _blocks (16 B per 32 weights, low nibble
+	                        = even element), `scale` = _scales (1 E8M0 byte per 32) */
+};
+
+/* A byte range in one of the catalog's files. length 0 = absent. */
+struct moe_extent {
+	uint32_t file;
+	uint64_t offset;
+	uint64_t length;
+};
+
+/* One projection of one expert. */
+struct moe_proj_ref {
+	bool present;
+	uint32_t format; /* enum moek_format */
+	enum moe_weight_layout layout;
+	enum moe_gate_up_order order; /* MOE_PROJ_GATE_UP only */
+	uint64_t rows, cols;
+	struct moe_extent data;  /* the weights */
+	struct moe_extent scale; /* FP8_E4M3_B128: f32 scale_inv per 128x128 block, row-major
+	                            ceil(rows/128) x ceil(cols/128); MXFP4_HF: E8M0 bytes */
+	struct moe_extent bias;  /* gpt-oss: `rows` values of format bias_format */
+	uint32_t bias_format;    /* MOEK_F32 / MOEK_BF16 / MOEK_F16 */
+};
+
+struct moe_expert {
+	struct moe_proj_ref proj[MOE_PROJ_COUNT]; /* gate+up+down, or gate_up+down */
+	uint64_t bytes;                           /* all extents of this expert together */
+	bool aligned_4k; /* every extent starts on a 4096-byte boundary of its file */
+};
+
+struct moe_layer {
+	bool moe;                   /* false: dense FFN layer, no experts */
+	struct moe_expert *experts; /* n_experts entries when moe */
+};
+
+struct moe_file {
+	char *path;
+	uint64_t size;
+};
+
+enum moe_container { MOE_CONTAINER_GGUF, MOE_CONTAINER_SAFETENSORS };
+
+enum moe_gating {
+	MOE_GATING_SOFTMAX,      /* softmax over all experts, then top-k */
+	MOE_GATING_SIGMOID,      /* sigmoid scores (DeepSeek-V3) */
+	MOE_GATING_SOFTMAX_TOPK, /* top-k logits, softmax over the selected (gpt-oss) */
+};
+
+const char *moe_gating_name(enum moe_gating g);
+
+struct moe_model_info {
+	enum moe_arch arch;
+	enum moe_container container;
+	uint32_t n_layers;     /* all transformer blocks */
+	uint32_t n_moe_layers; /* blocks with routed experts */
+	uint32_t n_experts;    /* routed experts per MoE layer */
+	uint32_t top_k;        /* experts per token */
+	uint32_t n_shared_experts;
+	uint64_t hidden;     /* model (embedding) width */
+	uint64_t expert_ffn; /* intermediate size of one routed expert */
+	enum moe_gating gating;
+	bool norm_topk_prob;  /* renormalise the selected weights to sum to 1 */
+	float routed_scaling; /* applied by the engine; 1 if the model has none */
+	float swiglu_limit;   /* gpt-oss clamp; 0 = plain SwiGLU */
+	bool has_bias;        /* experts carry biases (gpt-oss) */
+};
+
+struct moe_catalog {
+	struct moe_model_info info;
+	uint32_t n_files;
+	struct moe_file *files;
+	struct moe_layer *layers;    /* info.n_layers entries */
+	uint64_t expert_bytes_total; /* sum of moe_expert.bytes over all experts */
+	uint32_t n_formats;          /* distinct weight formats of the experts … */
+	uint32_t formats[8];         /* … (moek_format ids), in first-seen order */
+	uint64_t n_experts_aligned_4k;
+};
+
+int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err);
+void moe_catalog_close(struct moe_catalog *cat);
+
+/* Expert `expert` of layer `layer`, or NULL if the layer is dense or either is out of
+ * range. */
+const struct moe_expert *moe_catalog_expert(const struct moe_catalog *cat, uint32_t layer,
+                                            uint32_t expert);
+
+/* Display name of a catalog format id ("Q4_K", "MXFP4", "FP8_E4M3_B128" …). */
+const char *moe_format_name(uint32_t format);
+
+#endif

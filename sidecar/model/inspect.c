@@ -1,0 +1,170 @@
+/* inspect.c — `moe-sidecar inspect MODEL [--json]`: what the catalog sees in a model —
+ * architecture, layers, experts, formats, bytes per expert and in total, slab alignment —
+ * so an operator can check a model before serving it. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "catalog.h"
+#include "commands.h"
+
+static void json_str(FILE *o, const char *s)
+{
+	fputc('"', o);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(o, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(o, "\\u%04x", *p);
+		else
+			fputc(*p, o);
+	}
+	fputc('"', o);
+}
+
+static const struct moe_expert *first_expert(const struct moe_catalog *cat)
+{
+	for (uint32_t L = 0; L < cat->info.n_layers; L++)
+		if (cat->layers[L].moe)
+			return &cat->layers[L].experts[0];
+	return NULL;
+}
+
+static void print_json(FILE *o, const struct moe_catalog *cat)
+{
+	const struct moe_model_info *in = &cat->info;
+	const struct moe_expert *ex = first_expert(cat);
+	uint64_t n_experts_total = (uint64_t)in->n_moe_layers * in->n_experts;
+	fprintf(o, "{\"architecture\":");
+	json_str(o, moe_arch_name(in->arch));
+	fprintf(o, ",\"container\":\"%s\"",
+	        in->container == MOE_CONTAINER_GGUF ? "gguf" : "safetensors");
+	fprintf(o, ",\"n_layers\":%u,\"n_moe_layers\":%u,\"n_experts\":%u,\"top_k\":%u",
+	        in->n_layers, in->n_moe_layers, in->n_experts, in->top_k);
+	fprintf(o, ",\"n_shared_experts\":%u,\"hidden\":%" PRIu64 ",\"expert_ffn\":%" PRIu64,
+	        in->n_shared_experts, in->hidden, in->expert_ffn);
+	fprintf(o, ",\"gating\":\"%s\",\"norm_topk_prob\":%s,\"routed_scaling\":%g",
+	        moe_gating_name(in->gating), in->norm_topk_prob ? "true" : "false",
+	        (double)in->routed_scaling);
+	fprintf(o, ",\"swiglu_limit\":%g,\"expert_bias\":%s", (double)in->swiglu_limit,
+	        in->has_bias ? "true" : "false");
+	fprintf(o, ",\"formats\":[");
+	for (uint32_t i = 0; i < cat->n_formats; i++)
+		fprintf(o, "%s\"%s\"", i ? "," : "", moe_format_name(cat->formats[i]));
+	fprintf(o, "],\"expert_bytes\":%" PRIu64 ",\"expert_bytes_total\":%" PRIu64,
+	        ex ? ex->bytes : 0, cat->expert_bytes_total);
+	fprintf(o, ",\"experts_total\":%" PRIu64 ",\"experts_aligned_4k\":%" PRIu64,
+	        n_experts_total, cat->n_experts_aligned_4k);
+	fprintf(o, ",\"moe_layers\":[");
+	for (uint32_t L = 0, k = 0; L < in->n_layers; L++)
+		if (cat->layers[L].moe)
+			fprintf(o, "%s%u", k++ ? "," : "", L);
+	fprintf(o, "],\"files\":[");
+	for (uint32_t i = 0; i < cat->n_files; i++) {
+		fprintf(o, "%s{\"path\":", i ? "," : "");
+		json_str(o, cat->files[i].path);
+		fprintf(o, ",\"size\":%" PRIu64 "}", cat->files[i].size);
+	}
+	fprintf(o, "]}\n");
+}
+
+static void print_bytes(FILE *o, uint64_t v)
+{
+	const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double d = (double)v;
+	int i = 0;
+	while (d >= 1024 && i < 4) {
+		d /= 1024;
+		i++;
+	}
+	fprintf(o, "%" PRIu64 " bytes (%.2f %s)", v, d, u[i]);
+}
+
+static void print_text(FILE *o, const struct moe_catalog *cat)
+{
+	const struct moe_model_info *in = &cat->info;
+	const struct moe_expert *ex = first_expert(cat);
+	fprintf(o, "architecture    %s (%s)\n", moe_arch_name(in->arch),
+	        in->container == MOE_CONTAINER_GGUF ? "GGUF" : "safetensors");
+	fprintf(o, "layers          %u (%u MoE:", in->n_layers, in->n_moe_layers);
+	uint32_t shown = 0;
+	for (uint32_t L = 0; L < in->n_layers; L++)
+		if (cat->layers[L].moe && shown++ < 8)
+			fprintf(o, " %u", L);
+	fprintf(o, "%s)\n", in->n_moe_layers > 8 ? " …" : "");
+	fprintf(o, "experts         %u routed, top-%u, %u shared\n", in->n_experts, in->top_k,
+	        in->n_shared_experts);
+	fprintf(o, "dims            hidden %" PRIu64 ", expert ffn %" PRIu64 "\n", in->hidden,
+	        in->expert_ffn);
+	fprintf(o, "gating          %s, norm_topk_prob %s, routed scaling %g",
+	        moe_gating_name(in->gating), in->norm_topk_prob ? "yes" : "no",
+	        (double)in->routed_scaling);
+	if (in->swiglu_limit > 0)
+		fprintf(o, ", swiglu limit %g", (double)in->swiglu_limit);
+	fprintf(o, "%s\n", in->has_bias ? ", expert biases" : "");
+	fprintf(o, "formats        ");
+	for (uint32_t i = 0; i < cat->n_formats; i++)
+		fprintf(o, " %s", moe_format_name(cat->formats[i]));
+	fprintf(o, "\n");
+	if (ex) {
+		fprintf(o, "per expert      ");
+		print_bytes(o, ex->bytes);
+		fprintf(o, ":");
+		for (int p = 0; p < MOE_PROJ_COUNT; p++)
+			if (ex->proj[p].present)
+				fprintf(o, " %s %s %" PRIu64 "x%" PRIu64,
+				        moe_proj_name((enum moe_proj)p),
+				        moe_format_name(ex->proj[p].format), ex->proj[p].rows,
+				        ex->proj[p].cols);
+		fprintf(o, "\n");
+	}
+	fprintf(o, "all experts     ");
+	print_bytes(o, cat->expert_bytes_total);
+	fprintf(o, " in %" PRIu64 " experts\n", (uint64_t)in->n_moe_layers * in->n_experts);
+	fprintf(o, "4 KiB aligned   %" PRIu64 " of %" PRIu64 " expert slabs%s\n",
+	        cat->n_experts_aligned_4k, (uint64_t)in->n_moe_layers * in->n_experts,
+	        cat->n_experts_aligned_4k ? "" : " (the loader reads aligned supersets)");
+	fprintf(o, "files           %u\n", cat->n_files);
+	for (uint32_t i = 0; i < cat->n_files; i++) {
+		fprintf(o, "  %s  ", cat->files[i].path);
+		print_bytes(o, cat->files[i].size);
+		fprintf(o, "\n");
+	}
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+	const char *model = NULL;
+	int json = 0;
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--json")) {
+			json = 1;
+		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			printf("usage: moe-sidecar inspect MODEL [--json]\n"
+			       "  MODEL: a .gguf file (first split), a .safetensors file, or a "
+			       "directory with config.json\n");
+			return 0;
+		} else if (argv[i][0] == '-' || model) {
+			fprintf(stderr, "moe-sidecar inspect: unexpected argument '%s'\n", argv[i]);
+			return 2;
+		} else {
+			model = argv[i];
+		}
+	}
+	if (!model) {
+		fprintf(stderr, "usage: moe-sidecar inspect MODEL [--json]\n");
+		return 2;
+	}
+	struct model_error err;
+	struct moe_catalog *cat;
+	if (moe_catalog_open(model, &cat, &err)) {
+		fprintf(stderr, "moe-sidecar inspect: %s\n", err.msg);
+		return 1;
+	}
+	if (json)
+		print_json(stdout, cat);
+	else
+		print_text(stdout, cat);
+	moe_catalog_close(cat);
+	return fflush(stdout) ? 1 : 0;
+}

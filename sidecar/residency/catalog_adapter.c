@@ -1,0 +1,106 @@
+/* catalog_adapter.c — see catalog_adapter.h. */
+#include "catalog_adapter.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int add(struct expert_map *map, uint32_t layer, uint32_t expert, const struct moe_extent *e,
+               int8_t *role, uint32_t *count, char *err, size_t err_len)
+{
+	if (!e->length)
+		return 0;
+	int rc = expert_map_add(map, layer, expert, e->file, e->offset, e->length, err, err_len);
+	if (rc)
+		return rc;
+	if (role)
+		*role = (int8_t)*count;
+	(*count)++;
+	return 0;
+}
+
+int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *map,
+                            struct expert_extent_roles *roles, uint32_t *model_layer, char *err,
+                            size_t err_len)
+{
+	const struct moe_model_info *info = &cat->info;
+	if (!info->n_moe_layers || !info->n_experts) {
+		snprintf(err, err_len, "catalog: the model has no routed experts");
+		return -EINVAL;
+	}
+	const char **paths = malloc(cat->n_files * sizeof(char *));
+	if (!paths) {
+		snprintf(err, err_len, "catalog adapter: out of memory");
+		return -ENOMEM;
+	}
+	for (uint32_t f = 0; f < cat->n_files; f++)
+		paths[f] = cat->files[f].path;
+	int rc = expert_map_init(map, info->n_moe_layers, info->n_experts, cat->n_files, paths, err,
+	                         err_len);
+	free(paths);
+	if (rc)
+		return rc;
+	struct expert_extent_roles first;
+	uint32_t moe = 0;
+	for (uint32_t l = 0; l < info->n_layers && rc == 0; l++) {
+		if (!cat->layers[l].moe)
+			continue;
+		if (moe >= info->n_moe_layers) {
+			snprintf(err, err_len, "catalog: more MoE layers than n_moe_layers=%u",
+			         info->n_moe_layers);
+			rc = -EINVAL;
+			break;
+		}
+		if (model_layer)
+			model_layer[moe] = l;
+		for (uint32_t x = 0; x < info->n_experts && rc == 0; x++) {
+			const struct moe_expert *e = moe_catalog_expert(cat, l, x);
+			struct expert_extent_roles here;
+			memset(&here, -1, sizeof(here));
+			uint32_t count = 0;
+			for (int p = 0; p < MOE_PROJ_COUNT && rc == 0; p++) {
+				const struct moe_proj_ref *pr = &e->proj[p];
+				if (!pr->present)
+					continue;
+				rc = add(map, moe, x, &pr->data, &here.data[p], &count, err,
+				         err_len);
+				if (!rc)
+					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,
+					         err, err_len);
+				if (!rc)
+					rc = add(map, moe, x, &pr->bias, &here.bias[p], &count, err,
+					         err_len);
+			}
+			if (rc)
+				break;
+			if (!count) {
+				snprintf(err, err_len, "catalog: layer %u expert %u has no weights",
+				         l, x);
+				rc = -EINVAL;
+			} else if (moe == 0 && x == 0) {
+				first = here;
+			} else if (memcmp(&first, &here, sizeof(here)) != 0) {
+				snprintf(
+				    err, err_len,
+				    "catalog: layer %u expert %u is stored differently from layer "
+				    "%u expert 0 (projections, scales or biases differ)",
+				    l, x, model_layer ? model_layer[0] : 0);
+				rc = -EINVAL;
+			}
+		}
+		moe++;
+	}
+	if (rc == 0 && moe != info->n_moe_layers) {
+		snprintf(err, err_len, "catalog: %u MoE layers found, n_moe_layers says %u", moe,
+		         info->n_moe_layers);
+		rc = -EINVAL;
+	}
+	if (rc) {
+		expert_map_free(map);
+		return rc;
+	}
+	if (roles)
+		*roles = first;
+	return 0;
+}

@@ -1,0 +1,28 @@
+/* catalog_adapter.h — the expert catalog (sidecar/model/catalog.h) as an expert_map.
+ *
+ * Residency layers are MoE layers numbered 0..n_moe_layers-1 in model order (dense blocks
+ * have no experts and are skipped); model_layer[] maps them back. Each expert's extents are,
+ * per present projection in the order gate, up, down, gate_up: data, then scale (FP8 block
+ * scales, MXFP4 _scales), then bias. Every expert of a catalog has the same structure, so
+ * one `expert_extent_roles` says which extent index holds what (-1: absent).
+ */
+#ifndef MOE_RESIDENCY_CATALOG_ADAPTER_H
+#define MOE_RESIDENCY_CATALOG_ADAPTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "expert_map.h"
+
+struct expert_extent_roles {
+	int8_t data[MOE_PROJ_COUNT], scale[MOE_PROJ_COUNT], bias[MOE_PROJ_COUNT];
+};
+
+/* Fills `map` (expert_map_free releases it). model_layer, if not NULL, receives
+ * cat->info.n_moe_layers entries. */
+int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *map,
+                            struct expert_extent_roles *roles, uint32_t *model_layer, char *err,
+                            size_t err_len);
+
+#endif

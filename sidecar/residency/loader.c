@@ -1,0 +1,559 @@
+/* loader.c — one node's expert loader: a thread owning an io_uring, reading experts from the
+ * model files into their slots.
+ *
+ * Threading: only the loader thread touches the ring. Producers (residency.c) queue expert
+ * ids under the residency lock and poke an eventfd that the ring always has a read pending
+ * on; the loader takes the lock only to pick up ids and to publish finished loads, never
+ * across I/O.
+ *
+ * Reads: each extent's aligned superset (alignment from statx DIOALIGN, at least 4096) is
+ * split into chunks of chunk_bytes; at most queue_depth chunks are in flight, each linked to
+ * a timeout (IORING_OP_LINK_TIMEOUT). Demand loads are issued before prefetch loads. Slots
+ * are registered buffers (read_fixed) when the kernel allows, plain reads otherwise; files
+ * are registered too. A short read continues from where it stopped (rounded down to the
+ * alignment for O_DIRECT); bytes past the expert's data at the end of the file may be
+ * missing. EIO, EAGAIN, EINTR and timeouts are retried up to max_retries times per read;
+ * then the expert fails with that error and every waiter gets it.
+ *
+ * Shutdown: the thread cancels everything in flight (IORING_ASYNC_CANCEL_ANY), waits a
+ * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "progress.h"
+#include "residency_internal.h"
+
+#define TAG_WAKE 1u
+#define TAG_TIMEOUT 2u
+#define TAG_CANCEL 3u
+#define MAX_REGISTERED_BUFFERS 16384u
+
+/* One read in flight (a chunk of an extent's aligned range). */
+struct read_op {
+	uint32_t slot; /* the load (loads[] is indexed by slot) */
+	uint32_t file;
+	uint64_t offset;    /* next file byte to read */
+	uint8_t *buf;       /* where it goes */
+	uint64_t remaining; /* bytes of the chunk still to read */
+	uint64_t needed;    /* of which must arrive (the rest is alignment past EOF) */
+	uint32_t attempts;  /* retries so far */
+	uint64_t submit_ns;
+};
+
+/* One expert being loaded into its slot. */
+struct expert_load {
+	uint32_t id;
+	uint32_t extent;   /* issuing cursor: extent index … */
+	uint64_t position; /* … and byte within its aligned range */
+	uint32_t in_flight;
+	bool issued_all;
+	int error; /* first error; stops further issuing */
+	uint32_t error_file, error_attempts;
+	uint64_t error_offset;
+};
+
+/* FIFO of slots with chunks left to issue. */
+struct slot_fifo {
+	uint32_t *slots;
+	uint32_t cap, head, count;
+};
+
+struct loader {
+	struct residency *r;
+	struct io_uring ring;
+	bool ring_ready;
+	pthread_t thread;
+	bool thread_started;
+	int wake_fd;
+	uint64_t wake_value;
+	bool wake_armed;
+	struct read_op *ops;
+	uint32_t *free_ops, n_free_ops, depth;
+	struct expert_load *loads; /* [n_slots] */
+	struct slot_fifo issue_demand, issue_prefetch;
+	bool buffers_registered, files_registered;
+	uint32_t slots_per_buffer; /* fixed buffer b holds slots [b·n, (b+1)·n) */
+	struct __kernel_timespec timeout;
+	uint64_t seq;
+	uint32_t in_flight;
+};
+
+static void fifo_push(struct slot_fifo *q, uint32_t s)
+{
+	assert(q->count < q->cap);
+	q->slots[(q->head + q->count++) % q->cap] = s;
+}
+
+static uint32_t fifo_front(const struct slot_fifo *q)
+{
+	return q->count ? q->slots[q->head] : SLOT_NONE;
+}
+
+static void fifo_pop(struct slot_fifo *q)
+{
+	q->head = (q->head + 1) % q->cap;
+	q->count--;
+}
+
+bool loader_buffers_registered(const struct residency *r)
+{
+	return r->loader && r->loader->buffers_registered;
+}
+
+void loader_wake(struct residency *r)
+{
+	uint64_t one = 1;
+	/* A full counter (EAGAIN) still wakes the reader; nothing else can fail here. */
+	ssize_t n = write(r->loader->wake_fd, &one, sizeof(one));
+	(void)n;
+}
+
+static struct io_uring_sqe *get_sqe(struct loader *l)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&l->ring);
+	if (!sqe) {
+		io_uring_submit(&l->ring);
+		sqe = io_uring_get_sqe(&l->ring);
+	}
+	assert(sqe); /* the SQ is sized for every read, its timeout and the control entries */
+	return sqe;
+}
+
+static void arm_wake(struct loader *l)
+{
+	struct io_uring_sqe *sqe = get_sqe(l);
+	io_uring_prep_read(sqe, l->wake_fd, &l->wake_value, sizeof(l->wake_value), 0);
+	io_uring_sqe_set_data64(sqe, TAG_WAKE);
+	l->wake_armed = true;
+}
+
+static void submit_read(struct loader *l, struct read_op *op)
+{
+	struct residency *r = l->r;
+	struct io_uring_sqe *sqe = get_sqe(l);
+	int fd = l->files_registered ? (int)op->file : r->fds[op->file];
+	unsigned len = (unsigned)op->remaining;
+	if (l->buffers_registered) {
+		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
+		                         (int)(op->slot / l->slots_per_buffer));
+		stat_add(&r->stats.fixed_reads, 1);
+	} else {
+		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
+		stat_add(&r->stats.plain_reads, 1);
+	}
+	if (l->files_registered)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	sqe->flags |= IOSQE_IO_LINK;
+	io_uring_sqe_set_data(sqe, op);
+	struct io_uring_sqe *t = get_sqe(l);
+	io_uring_prep_link_timeout(t, &l->timeout, 0);
+	io_uring_sqe_set_data64(t, TAG_TIMEOUT);
+	op->submit_ns = monotonic_ns();
+	stat_add(&r->stats.reads, 1);
+	l->in_flight++;
+}
+
+/* Issues the next chunk of the load in `slot`; false when it has nothing left to issue. */
+static bool issue_chunk(struct loader *l, uint32_t slot)
+{
+	struct residency *r = l->r;
+	struct expert_load *ld = &l->loads[slot];
+	uint32_t n;
+	const struct expert_extent *ext = expert_map_extents(r->map, ld->id, &n);
+	if (ld->error || ld->extent >= n) {
+		ld->issued_all = true;
+		return false;
+	}
+	const struct extent_layout *lay =
+	    &r->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + ld->extent];
+	uint64_t len = lay->read_length - ld->position;
+	if (len > r->config.chunk_bytes)
+		len = r->config.chunk_bytes;
+	uint64_t data_end = lay->data_skip + ext[ld->extent].length; /* within the range */
+	uint64_t needed = data_end > ld->position ? data_end - ld->position : 0;
+	struct read_op *op = &l->ops[l->free_ops[--l->n_free_ops]];
+	*op = (struct read_op){
+	    .slot = slot,
+	    .file = ext[ld->extent].file,
+	    .offset = lay->read_offset + ld->position,
+	    .buf = slot_pool_addr(&r->pool, slot) + lay->slot_offset + ld->position,
+	    .remaining = len,
+	    .needed = needed < len ? needed : len,
+	};
+	ld->in_flight++;
+	ld->position += len;
+	if (ld->position >= lay->read_length) {
+		ld->extent++;
+		ld->position = 0;
+	}
+	if (ld->extent >= n)
+		ld->issued_all = true;
+	submit_read(l, op);
+	return !ld->issued_all;
+}
+
+/* Publishes a load once nothing of it is in flight and nothing more will be issued (a
+ * failed load stops issuing when it reaches the front of its FIFO). */
+static void finish_if_done(struct loader *l, uint32_t slot)
+{
+	struct expert_load *ld = &l->loads[slot];
+	if (ld->id == UINT32_MAX || ld->in_flight || !ld->issued_all)
+		return;
+	struct residency *r = l->r;
+	pthread_mutex_lock(&r->lock);
+	residency_load_done(r, ld->id, ld->error, ld->error_file, ld->error_offset,
+	                    ld->error_attempts);
+	pthread_mutex_unlock(&r->lock);
+	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
+}
+
+static void record_latency(struct residency *r, uint64_t ns)
+{
+	uint64_t us = ns / 1000;
+	int b = us < 2 ? 0 : 63 - __builtin_clzll(us);
+	if (b >= RESIDENCY_LAT_BUCKETS)
+		b = RESIDENCY_LAT_BUCKETS - 1;
+	stat_add(&r->stats.latency_us_log2[b], 1);
+}
+
+static bool retryable(int res)
+{
+	return res == -EIO || res == -EAGAIN || res == -EINTR || res == -ECANCELED || res == -ETIME;
+}
+
+static void fail_op(struct loader *l, struct read_op *op, int error)
+{
+	struct expert_load *ld = &l->loads[op->slot];
+	if (!ld->error) {
+		ld->error = error;
+		ld->error_file = op->file;
+		ld->error_offset = op->offset;
+		ld->error_attempts = op->attempts + 1;
+	}
+}
+
+static void release_op(struct loader *l, struct read_op *op)
+{
+	l->free_ops[l->n_free_ops++] = (uint32_t)(op - l->ops);
+	l->in_flight--;
+	struct expert_load *ld = &l->loads[op->slot];
+	ld->in_flight--;
+	finish_if_done(l, op->slot);
+}
+
+static void handle_read(struct loader *l, struct read_op *op, int res, bool stopping)
+{
+	struct residency *r = l->r;
+	record_latency(r, monotonic_ns() - op->submit_ns);
+	if (r->config.fault_hook) {
+		struct expert_load *ld = &l->loads[op->slot];
+		struct loader_read_info info = {
+		    .layer = ld->id / r->n_experts,
+		    .expert = ld->id % r->n_experts,
+		    .file = op->file,
+		    .offset = op->offset,
+		    .length = op->remaining,
+		    .attempt = op->attempts,
+		    .seq = l->seq,
+		};
+		res = r->config.fault_hook(r->config.fault_arg, &info, res);
+	}
+	l->seq++;
+	if (l->loads[op->slot].error) { /* the expert already failed: drop the rest */
+		release_op(l, op);
+		return;
+	}
+	if (res >= 0 && (uint64_t)res > op->remaining)
+		res = (int)op->remaining; /* a hook cannot make a read longer than asked */
+	if (res > 0)
+		stat_add(&r->stats.bytes_read, (uint64_t)res);
+	if (res >= 0 && (uint64_t)res >= op->needed) {
+		release_op(l, op);
+		return;
+	}
+	if (stopping) {
+		fail_op(l, op, -ESHUTDOWN);
+		release_op(l, op);
+		return;
+	}
+	if (res == 0) {
+		fail_op(l, op, -ENODATA); /* end of file inside the expert's data */
+		release_op(l, op);
+		return;
+	}
+	if (res > 0) {
+		stat_add(&r->stats.short_reads, 1);
+		uint64_t advance = (uint64_t)res;
+		if (!r->buffered[op->file])
+			advance = advance / r->alignment * r->alignment;
+		if (advance == 0 && ++op->attempts > r->config.max_retries) {
+			fail_op(l, op, -EIO);
+			release_op(l, op);
+			return;
+		}
+		op->offset += advance;
+		op->buf += advance;
+		op->remaining -= advance;
+		op->needed -= advance;
+		l->in_flight--;
+		submit_read(l, op);
+		return;
+	}
+	if (retryable(res) && op->attempts < r->config.max_retries) {
+		op->attempts++;
+		stat_add(&r->stats.retries, 1);
+		l->in_flight--;
+		submit_read(l, op);
+		return;
+	}
+	fail_op(l, op, res == -ECANCELED || res == -ETIME ? -ETIMEDOUT : res);
+	release_op(l, op);
+}
+
+/* Under the lock: moves queued ids into the issue FIFOs, demand first. */
+static void pick_up_work(struct loader *l)
+{
+	struct residency *r = l->r;
+	struct id_queue *queues[2] = {&r->demand, &r->prefetch};
+	struct slot_fifo *fifos[2] = {&l->issue_demand, &l->issue_prefetch};
+	for (int q = 0; q < 2; q++) {
+		uint32_t id;
+		while (id_queue_pop(queues[q], &id)) {
+			struct expert_entry *e = &r->entries[id];
+			if (!e->queued || e->state != EXPERT_LOADING)
+				continue; /* picked up already (a promoted prefetch) */
+			e->queued = 0;
+			struct expert_load *ld = &l->loads[e->slot];
+			assert(ld->id == UINT32_MAX);
+			*ld = (struct expert_load){.id = id};
+			fifo_push(fifos[q], e->slot);
+		}
+	}
+}
+
+static void issue_reads(struct loader *l)
+{
+	struct slot_fifo *fifos[2] = {&l->issue_demand, &l->issue_prefetch};
+	for (int q = 0; q < 2; q++) {
+		while (l->n_free_ops) {
+			uint32_t slot = fifo_front(fifos[q]);
+			if (slot == SLOT_NONE)
+				break;
+			if (!issue_chunk(l, slot)) {
+				fifo_pop(fifos[q]);
+				finish_if_done(l, slot); /* a load that failed before issuing all */
+			}
+		}
+	}
+}
+
+static void reap(struct loader *l, bool stopping)
+{
+	struct io_uring_cqe *cqe;
+	while (io_uring_peek_cqe(&l->ring, &cqe) == 0) {
+		uint64_t tag = io_uring_cqe_get_data64(cqe);
+		int res = cqe->res;
+		io_uring_cqe_seen(&l->ring, cqe);
+		if (tag == TAG_WAKE) {
+			l->wake_armed = false;
+			continue;
+		}
+		if (tag == TAG_TIMEOUT) {
+			if (res == -ETIME)
+				stat_add(&l->r->stats.timeouts, 1);
+			continue;
+		}
+		if (tag == TAG_CANCEL)
+			continue;
+		handle_read(l, (struct read_op *)(uintptr_t)tag, res, stopping);
+	}
+}
+
+/* Fails every load that is queued, waiting to issue, or issued but abandoned. */
+static void fail_pending(struct loader *l)
+{
+	struct residency *r = l->r;
+	for (uint32_t s = 0; s < r->pool.n_slots; s++) {
+		struct expert_load *ld = &l->loads[s];
+		if (ld->id == UINT32_MAX)
+			continue;
+		if (!ld->error)
+			ld->error = -ESHUTDOWN;
+		ld->in_flight = 0;
+		ld->issued_all = true;
+		finish_if_done(l, s);
+	}
+	pthread_mutex_lock(&r->lock);
+	uint32_t id;
+	while (id_queue_pop(&r->demand, &id) || id_queue_pop(&r->prefetch, &id)) {
+		struct expert_entry *e = &r->entries[id];
+		if (e->queued && e->state == EXPERT_LOADING)
+			residency_load_done(r, id, -ESHUTDOWN, 0, 0, 0);
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void *loader_main(void *arg)
+{
+	struct loader *l = arg;
+	struct residency *r = l->r;
+	for (;;) {
+		pthread_mutex_lock(&r->lock);
+		bool stopping = r->stopping;
+		if (!stopping)
+			pick_up_work(l);
+		pthread_mutex_unlock(&r->lock);
+		if (stopping)
+			break;
+		issue_reads(l);
+		if (!l->wake_armed)
+			arm_wake(l);
+		int rc = io_uring_submit_and_wait(&l->ring, 1);
+		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+			log_error("loader", "io_uring_submit_and_wait: %s; loader stops",
+			          strerror(-rc));
+			break;
+		}
+		reap(l, false);
+	}
+	/* Shutdown: cancel everything in flight, wait (bounded) for the cancellations. */
+	struct io_uring_sqe *sqe = get_sqe(l);
+	io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+	io_uring_sqe_set_data64(sqe, TAG_CANCEL);
+	io_uring_submit(&l->ring);
+	for (int i = 0; i < 50 && l->in_flight; i++) {
+		struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
+		struct io_uring_cqe *cqe;
+		int rc = io_uring_wait_cqe_timeout(&l->ring, &cqe, &ts);
+		if (rc < 0 && rc != -ETIME && rc != -EINTR)
+			break;
+		reap(l, true);
+	}
+	if (l->in_flight)
+		log_warn("loader", "%u reads still in flight at shutdown; abandoning them",
+		         l->in_flight);
+	fail_pending(l);
+	return NULL;
+}
+
+int loader_start(struct residency *r, char *err, size_t err_len)
+{
+	struct loader *l = calloc(1, sizeof(*l));
+	if (!l) {
+		snprintf(err, err_len, "loader: out of memory");
+		return -ENOMEM;
+	}
+	r->loader = l;
+	l->r = r;
+	l->wake_fd = -1;
+	l->depth = r->config.queue_depth;
+	const uint32_t n_slots = r->pool.n_slots;
+	l->ops = calloc(l->depth, sizeof(*l->ops));
+	l->free_ops = malloc(l->depth * sizeof(uint32_t));
+	l->loads = calloc(n_slots, sizeof(*l->loads));
+	l->issue_demand =
+	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
+	l->issue_prefetch =
+	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
+	if (!l->ops || !l->free_ops || !l->loads || !l->issue_demand.slots ||
+	    !l->issue_prefetch.slots) {
+		snprintf(err, err_len, "loader: out of memory for %u reads, %u slots", l->depth,
+		         n_slots);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < l->depth; i++)
+		l->free_ops[i] = l->depth - 1 - i;
+	l->n_free_ops = l->depth;
+	for (uint32_t s = 0; s < n_slots; s++)
+		l->loads[s].id = UINT32_MAX;
+	l->timeout.tv_sec = r->config.read_timeout_ms / 1000;
+	l->timeout.tv_nsec = (long long)(r->config.read_timeout_ms % 1000) * 1000000;
+
+	l->wake_fd = eventfd(0, EFD_CLOEXEC);
+	if (l->wake_fd < 0) {
+		int e = errno;
+		snprintf(err, err_len, "loader: eventfd: %s", strerror(e));
+		return -e;
+	}
+	/* Two entries per read (read + linked timeout), plus wake, cancel and slack. */
+	unsigned entries = 2 * l->depth + 8;
+	int rc = io_uring_queue_init(entries, &l->ring, 0);
+	if (rc < 0) {
+		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s", entries,
+		         strerror(-rc));
+		return rc;
+	}
+	l->ring_ready = true;
+	rc = io_uring_register_files(&l->ring, r->fds, r->map->n_files);
+	l->files_registered = rc == 0;
+	if (rc < 0)
+		log_info("loader", "registering %u files failed (%s): using plain descriptors",
+		         r->map->n_files, strerror(-rc));
+	/* Fixed buffers of whole slots, each at most 1 GiB (the kernel's limit per buffer), at
+	 * most MAX_REGISTERED_BUFFERS of them: slot s is in buffer s / slots_per_buffer. */
+	uint64_t per = r->pool.slot_bytes ? (UINT64_C(1) << 30) / r->pool.slot_bytes : 0;
+	if (per > n_slots)
+		per = n_slots;
+	uint64_t n_bufs = per ? (n_slots + per - 1) / per : 0;
+	if (!r->config.no_register_buffers && per && n_bufs <= MAX_REGISTERED_BUFFERS) {
+		l->slots_per_buffer = (uint32_t)per;
+		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
+		if (!iov) {
+			snprintf(err, err_len, "loader: out of memory");
+			return -ENOMEM;
+		}
+		for (uint64_t b = 0; b < n_bufs; b++) {
+			uint64_t first = b * per,
+			         count = n_slots - first < per ? n_slots - first : per;
+			iov[b] = (struct iovec){slot_pool_addr(&r->pool, (uint32_t)first),
+			                        count * r->pool.slot_bytes};
+		}
+		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
+		free(iov);
+		l->buffers_registered = rc == 0;
+		if (rc < 0)
+			log_warn(
+			    "loader",
+			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
+			    "(counted as plain_reads)",
+			    n_slots, (unsigned long long)n_bufs, strerror(-rc));
+	}
+	rc = pthread_create(&l->thread, NULL, loader_main, l);
+	if (rc) {
+		snprintf(err, err_len, "loader: pthread_create: %s", strerror(rc));
+		return -rc;
+	}
+	l->thread_started = true;
+	return 0;
+}
+
+void loader_stop(struct residency *r)
+{
+	struct loader *l = r->loader;
+	if (!l)
+		return;
+	if (l->thread_started) {
+		loader_wake(r);
+		pthread_join(l->thread, NULL);
+	}
+	if (l->ring_ready)
+		io_uring_queue_exit(&l->ring);
+	if (l->wake_fd >= 0)
+		close(l->wake_fd);
+	free(l->ops);
+	free(l->free_ops);
+	free(l->loads);
+	free(l->issue_demand.slots);
+	free(l->issue_prefetch.slots);
+	free(l);
+	r->loader = NULL;
+}

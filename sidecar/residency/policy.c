@@ -1,0 +1,346 @@
+/* policy.c — the policy interface (policy.h): spec parsing, partitions (layer-aware capacity),
+ * pinning, the shared queue, and dispatch to the algorithms in policy_lru.c and
+ * policy_sieve.c. Partition bookkeeping lives here so every algorithm gets +layer and +pinN
+ * the same way. */
+#include "policy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy_internal.h"
+
+static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat"};
+
+int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len)
+{
+	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
+	char buf[96];
+	if (strlen(text) >= sizeof(buf)) {
+		snprintf(err, err_len, "policy '%.40s…': name too long", text);
+		return -EINVAL;
+	}
+	strcpy(buf, text);
+	char *save = NULL;
+	char *base = strtok_r(buf, "+", &save);
+	int kind = -1;
+	for (int k = 0; base && k < POLICY_KIND_COUNT; k++)
+		if (!strcmp(base, kind_names[k]))
+			kind = k;
+	if (kind < 0) {
+		snprintf(err, err_len,
+		         "policy '%s': unknown algorithm '%s' (lru, sieve, sieve-heat)", text,
+		         base ? base : "");
+		return -EINVAL;
+	}
+	s.kind = (enum policy_kind)kind;
+	for (char *mod = strtok_r(NULL, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
+		if (!strcmp(mod, "layer")) {
+			s.per_layer = true;
+		} else if (!strncmp(mod, "pin", 3) && mod[3] >= '0' && mod[3] <= '9') {
+			char *end;
+			errno = 0;
+			unsigned long n = strtoul(mod + 3, &end, 10);
+			if (*end || errno || n > 100000) {
+				snprintf(err, err_len, "policy '%s': bad pin count '%s'", text,
+				         mod);
+				return -EINVAL;
+			}
+			s.pin_layers = (uint32_t)n;
+		} else {
+			snprintf(err, err_len,
+			         "policy '%s': unknown modifier '+%s' (+layer, +pinN)", text, mod);
+			return -EINVAL;
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s%s", kind_names[spec->kind], spec->per_layer ? "+layer" : "");
+	if (spec->pin_layers && n >= 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, "+pin%u", spec->pin_layers);
+}
+
+int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned, char *err,
+                  size_t err_len)
+{
+	memset(p, 0, sizeof(*p));
+	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_NONE) {
+		snprintf(err, err_len, "policy: bad model shape %u layers × %u experts", n_layers,
+		         n_experts);
+		return -EINVAL;
+	}
+	if (spec->pin_layers > n_layers) {
+		snprintf(err, err_len, "policy: +pin%u but the model has %u layers",
+		         spec->pin_layers, n_layers);
+		return -EINVAL;
+	}
+	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
+	if (pinned > capacity) {
+		snprintf(err, err_len,
+		         "policy: %u pinned layers need %llu slots but the capacity is %u slots",
+		         spec->pin_layers, (unsigned long long)pinned, capacity);
+		return -ENOSPC;
+	}
+	p->spec = *spec;
+	p->n_layers = n_layers;
+	p->n_experts = n_experts;
+	p->n_ids = n_layers * n_experts;
+	p->capacity = capacity - (uint32_t)pinned;
+	p->n_partitions = spec->per_layer ? n_layers : 1;
+	p->quota = calloc(p->n_partitions, sizeof(*p->quota));
+	p->count = calloc(p->n_partitions, sizeof(*p->count));
+	p->queues = calloc(p->n_partitions, sizeof(*p->queues));
+	p->prev = malloc(p->n_ids * sizeof(*p->prev));
+	p->next = malloc(p->n_ids * sizeof(*p->next));
+	p->in_queue = calloc(p->n_ids, 1);
+	p->visited = calloc(p->n_ids, 1);
+	p->heat = calloc(p->n_ids, sizeof(*p->heat));
+	p->heat_at = calloc(p->n_ids, sizeof(*p->heat_at));
+	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
+	    !p->in_queue || !p->visited || !p->heat) {
+		policy_destroy(p);
+		snprintf(err, err_len, "policy: out of memory for %u experts",
+		         n_layers * n_experts);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < p->n_partitions; i++)
+		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};
+	/* Equal shares over the unpinned layers; the remainder goes to the first ones. */
+	p->half_life = spec->heat_half_life > 0 ? spec->heat_half_life
+	                                        : (float)(p->capacity ? p->capacity : 1);
+	if (spec->per_layer) {
+		uint32_t free_layers = n_layers - spec->pin_layers;
+		for (uint32_t l = spec->pin_layers; l < n_layers; l++) {
+			uint32_t i = l - spec->pin_layers;
+			p->quota[l] = p->capacity / free_layers + (i < p->capacity % free_layers);
+		}
+	} else {
+		p->quota[0] = p->capacity;
+	}
+	return 0;
+}
+
+void policy_destroy(struct residency_policy *p)
+{
+	free(p->quota);
+	free(p->count);
+	free(p->queues);
+	free(p->prev);
+	free(p->next);
+	free(p->in_queue);
+	free(p->visited);
+	free(p->heat);
+	free(p->heat_at);
+	memset(p, 0, sizeof(*p));
+}
+
+void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+{
+	p->prev[id] = POLICY_NONE;
+	p->next[id] = q->head;
+	if (q->head != POLICY_NONE)
+		p->prev[q->head] = id;
+	q->head = id;
+	if (q->tail == POLICY_NONE)
+		q->tail = id;
+}
+
+void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+{
+	uint32_t newer = p->prev[id], older = p->next[id];
+	if (q->hand == id)
+		q->hand = newer; /* SIEVE: the hand keeps moving toward the head */
+	if (newer != POLICY_NONE)
+		p->next[newer] = older;
+	else
+		q->head = older;
+	if (older != POLICY_NONE)
+		p->prev[older] = newer;
+	else
+		q->tail = newer;
+}
+
+float policy_heat_now(const struct residency_policy *p, uint32_t id)
+{
+	uint64_t age = p->now - p->heat_at[id];
+	if (!age || p->heat[id] == 0)
+		return p->heat[id];
+	return p->heat[id] * exp2f(-(float)age / p->half_life);
+}
+
+static void heat_settle(struct residency_policy *p, uint32_t id)
+{
+	p->heat[id] = policy_heat_now(p, id);
+	p->heat_at[id] = p->now;
+}
+
+void policy_heat_halve(struct residency_policy *p, uint32_t id)
+{
+	heat_settle(p, id);
+	p->heat[id] *= 0.5f;
+}
+
+/* Heat = Σ score · 2^(-age / half_life): an exponentially decayed average of the router
+ * scores an expert received (up to the constant half_life / ln 2), so it grows with both how
+ * often and how strongly the router picks it, and fades when it stops being picked. */
+static void update_heat(struct residency_policy *p, uint32_t id, float score)
+{
+	if (!(score >= 0))
+		return; /* no score (prefetch), or NaN */
+	p->now++;
+	heat_settle(p, id);
+	float h = p->heat[id] + score;
+	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
+	p->heat[id] = h < max ? h : max;
+}
+
+void policy_insert(struct residency_policy *p, uint32_t id, float score)
+{
+	if (id >= p->n_ids || policy_is_pinned(p, id) || p->in_queue[id])
+		return;
+	uint32_t part = policy_partition(p, id);
+	policy_queue_push_head(p, &p->queues[part], id);
+	p->in_queue[id] = 1;
+	p->visited[id] = 0;
+	update_heat(p, id, score);
+	p->count[part]++;
+	p->resident++;
+}
+
+void policy_access(struct residency_policy *p, uint32_t id, float score)
+{
+	if (id >= p->n_ids || !p->in_queue[id])
+		return;
+	update_heat(p, id, score);
+	if (p->spec.kind == POLICY_LRU) {
+		struct policy_queue *q = &p->queues[policy_partition(p, id)];
+		policy_queue_unlink(p, q, id);
+		policy_queue_push_head(p, q, id);
+	} else {
+		p->visited[id] = 1;
+	}
+}
+
+void policy_remove(struct residency_policy *p, uint32_t id)
+{
+	if (id >= p->n_ids || !p->in_queue[id])
+		return;
+	uint32_t part = policy_partition(p, id);
+	policy_queue_unlink(p, &p->queues[part], id);
+	p->in_queue[id] = 0;
+	p->visited[id] = 0;
+	p->count[part]--;
+	p->resident--;
+}
+
+void policy_hint(struct residency_policy *p, uint32_t id, float score)
+{
+	if (id >= p->n_ids || !(score >= 0) || p->spec.kind != POLICY_SIEVE_HEAT)
+		return;
+	/* "Needed soon" is what the visited bit means to the hand: a resident hinted expert
+	 * survives the next pass once. The score joins its heat like a router score. */
+	if (p->in_queue[id])
+		p->visited[id] = 1;
+	update_heat(p, id, score);
+}
+
+bool policy_needs_eviction(const struct residency_policy *p, uint32_t incoming)
+{
+	if (incoming >= p->n_ids || policy_is_pinned(p, incoming) || p->in_queue[incoming])
+		return false;
+	uint32_t part = policy_partition(p, incoming);
+	return p->resident >= p->capacity || p->count[part] >= p->quota[part];
+}
+
+/* The partition to take from when the incoming one cannot give: the one most over its share
+ * that still holds something, skipping `skip` and partitions already tried (tried[]). */
+static uint32_t most_over_quota(const struct residency_policy *p, uint32_t skip,
+                                const uint8_t *tried)
+{
+	uint32_t best = POLICY_NONE;
+	int64_t best_over = INT64_MIN;
+	for (uint32_t i = 0; i < p->n_partitions; i++) {
+		if (i == skip || !p->count[i] || (tried && tried[i]))
+			continue;
+		int64_t over = (int64_t)p->count[i] - (int64_t)p->quota[i];
+		if (over > best_over) {
+			best_over = over;
+			best = i;
+		}
+	}
+	return best;
+}
+
+static uint32_t victim_in(struct residency_policy *p, uint32_t part, bool prefetch, float priority,
+                          policy_can_evict_fn can, void *arg)
+{
+	struct policy_queue *q = &p->queues[part];
+	if (q->tail == POLICY_NONE)
+		return POLICY_NONE;
+	if (p->spec.kind == POLICY_LRU)
+		return lru_victim(p, q, can, arg);
+	if (prefetch)
+		return sieve_prefetch_victim(p, q, priority, can, arg);
+	return sieve_victim(p, q, p->count[part], can, arg);
+}
+
+static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool prefetch,
+                            float priority, policy_can_evict_fn can, void *arg)
+{
+	if (incoming >= p->n_ids)
+		return POLICY_NONE;
+	uint32_t own = policy_partition(p, incoming);
+	if (p->n_partitions == 1)
+		return victim_in(p, 0, prefetch, priority, can, arg);
+	/* Layer-aware: a full layer evicts its own; otherwise (or if nothing of its own may go)
+	 * the layer most over its share gives, then the next, … */
+	if (p->count[own] >= p->quota[own]) {
+		uint32_t v = victim_in(p, own, prefetch, priority, can, arg);
+		if (v != POLICY_NONE || prefetch)
+			return v; /* a prefetch never takes from another layer's share */
+	} else if (prefetch && p->resident >= p->capacity) {
+		uint32_t other = most_over_quota(p, own, NULL);
+		if (other == POLICY_NONE || p->count[other] <= p->quota[other])
+			return POLICY_NONE;
+		return victim_in(p, other, prefetch, priority, can, arg);
+	}
+	if (prefetch)
+		return POLICY_NONE;
+	/* Demand: try other partitions, most over quota first. Bounded by n_partitions. */
+	uint8_t tried_small[256];
+	uint8_t *tried = p->n_partitions <= sizeof(tried_small) ? tried_small : NULL;
+	if (tried)
+		memset(tried, 0, p->n_partitions);
+	for (uint32_t round = 0; round < p->n_partitions; round++) {
+		uint32_t part =
+		    tried ? most_over_quota(p, own, tried) : most_over_quota(p, own, NULL);
+		if (part == POLICY_NONE)
+			break;
+		uint32_t v = victim_in(p, part, false, 0, can, arg);
+		if (v != POLICY_NONE)
+			return v;
+		if (!tried)
+			break; /* very many layers: one try beyond the own partition */
+		tried[part] = 1;
+	}
+	return POLICY_NONE;
+}
+
+uint32_t policy_victim(struct residency_policy *p, uint32_t incoming, policy_can_evict_fn can,
+                       void *arg)
+{
+	return find_victim(p, incoming, false, 0, can, arg);
+}
+
+uint32_t policy_prefetch_victim(struct residency_policy *p, uint32_t incoming, float priority,
+                                policy_can_evict_fn can, void *arg)
+{
+	return find_victim(p, incoming, true, priority, can, arg);
+}

@@ -1,0 +1,120 @@
+/* policy.h — residency policies: which resident expert to evict, behind one interface.
+ *
+ * The same policy code runs live (residency.c, under the residency lock) and offline in the
+ * simulator (simulate.c). A policy only orders experts; it never touches memory or I/O. The
+ * caller owns the resident set and tells the policy what happened (insert, access, remove,
+ * hint); the policy answers one question: "which expert goes to make room for this one?".
+ *
+ * Experts are named by a dense id, layer * n_experts + expert. Capacity is counted in slots
+ * (one expert per slot: slots are sized for the largest expert of the model).
+ *
+ * Policies (name as accepted by policy_spec_parse):
+ *   lru          one recency list
+ *   sieve        SIEVE (NSDI'24): FIFO queue, a visited bit, a hand moving tail → head
+ *   sieve-heat   SIEVE whose hand also spares experts with high heat: an exponentially
+ *                decayed average of router scores over time, raised by lookahead hints
+ * Modifiers, appended with '+':
+ *   +layer       layer-aware capacity: one queue and an equal share of the capacity per
+ *                layer (a single global queue is a known trap: layers are visited cyclically)
+ *   +pinN        the first N layers are pinned: fully resident, never offered to the policy
+ * e.g. "sieve+layer+pin2". Without +layer every policy keeps one global queue.
+ *
+ * Threading: none of its own; the caller serialises every call on one policy.
+ * Allocation: only in policy_create; every other call is allocation-free.
+ */
+#ifndef MOE_RESIDENCY_POLICY_H
+#define MOE_RESIDENCY_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define POLICY_NONE UINT32_MAX
+
+enum policy_kind { POLICY_LRU = 0, POLICY_SIEVE = 1, POLICY_SIEVE_HEAT = 2, POLICY_KIND_COUNT };
+
+struct policy_spec {
+	enum policy_kind kind;
+	bool per_layer;       /* +layer: one partition per layer */
+	uint32_t pin_layers;  /* +pinN: layers [0, N) fully resident */
+	float heat_half_life; /* sieve-heat: accesses for a score to lose half its weight
+	                         (0, the default: the policy's capacity) */
+	float heat_keep;      /* sieve-heat: heat at or above which the hand spares (default 2) */
+};
+
+/* Parses "lru", "sieve+layer+pin2", …; on error writes a message naming the bad part. */
+int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len);
+/* Canonical name of a spec ("sieve-heat+layer+pin2") into buf. */
+void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len);
+
+/* Asked by the policy before it names a victim: may this resident expert go now? (Live: not
+ * referenced and not loading. Simulator: not needed by the step being served.) */
+typedef bool (*policy_can_evict_fn)(void *arg, uint32_t id);
+
+struct policy_queue; /* one per partition (policy.c) */
+
+struct residency_policy {
+	struct policy_spec spec;
+	uint32_t n_layers, n_experts, n_ids;
+	uint32_t capacity;           /* slots offered to the policy (pinned ones excluded) */
+	uint32_t n_partitions;       /* n_layers with +layer, else 1 */
+	uint32_t *quota;             /* [n_partitions] slots each partition may hold */
+	uint32_t *count;             /* [n_partitions] experts each partition holds now */
+	uint32_t resident;           /* experts the policy holds (sum of count) */
+	struct policy_queue *queues; /* [n_partitions] */
+	/* Per id: intrusive doubly-linked queue, visited bit, heat. */
+	uint32_t *prev, *next;
+	uint8_t *in_queue, *visited;
+	float *heat;       /* as of heat_at[id] */
+	uint64_t *heat_at; /* policy clock (accesses + insertions with a score) */
+	uint64_t now;
+	float half_life; /* resolved heat_half_life */
+};
+
+/* Creates a policy for n_layers × n_experts over `capacity` slots in total. Pinned layers
+ * (spec->pin_layers) take n_experts slots each out of the capacity, minus `n_masked_pinned`
+ * (pinned experts that are GPU-masked and so never held). Fails with a message when the
+ * pinned layers do not fit. */
+int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned, char *err,
+                  size_t err_len);
+void policy_destroy(struct residency_policy *p);
+
+static inline uint32_t policy_id(const struct residency_policy *p, uint32_t layer, uint32_t expert)
+{
+	return layer * p->n_experts + expert;
+}
+
+static inline bool policy_is_pinned(const struct residency_policy *p, uint32_t id)
+{
+	return id / p->n_experts < p->spec.pin_layers;
+}
+
+/* Events. Pinned ids are accepted and ignored (they are never in a queue). */
+/* Scores are router probabilities scaled by top_k (1.0 = an average selected expert); a
+ * negative score means "no score" (a prefetch: nothing was used). */
+void policy_insert(struct residency_policy *p, uint32_t id, float score); /* admitted (miss) */
+void policy_access(struct residency_policy *p, uint32_t id, float score); /* used (hit) */
+void policy_remove(struct residency_policy *p, uint32_t id); /* left the resident set */
+/* Lookahead hint: the expert is likely needed soon with this router score. sieve-heat only:
+ * a resident expert gets its visited bit (survives the hand's next pass) and the score joins
+ * its heat; other policies ignore hints. */
+void policy_hint(struct residency_policy *p, uint32_t id, float score);
+
+/* Does admitting `incoming` need an eviction first? (total or its partition full) */
+bool policy_needs_eviction(const struct residency_policy *p, uint32_t incoming);
+
+/* Names the expert to evict to admit `incoming`, or POLICY_NONE if nothing may go. Demand
+ * eviction moves the policy's state (LRU: none; SIEVE: the hand, clearing visited bits).
+ * The victim stays in the policy until the caller calls policy_remove. */
+uint32_t policy_victim(struct residency_policy *p, uint32_t incoming, policy_can_evict_fn can,
+                       void *arg);
+
+/* Victim for a prefetch of `incoming` with priority in [0, 1]: only an expert the policy
+ * values less than what the prefetch brings, found without changing any state (a prefetch
+ * never clears a visited bit or moves the hand). LRU: the least recent expert. SIEVE: an
+ * unvisited expert. SIEVE-heat: an unvisited expert whose heat is below `priority`. */
+uint32_t policy_prefetch_victim(struct residency_policy *p, uint32_t incoming, float priority,
+                                policy_can_evict_fn can, void *arg);
+
+#endif

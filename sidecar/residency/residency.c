@@ -1,0 +1,621 @@
+/* residency.c — the expert state machine (see residency.h): demands, prefetches, eviction
+ * through the policy, waiting on loads in flight, counters. The I/O itself is loader.c's.
+ *
+ * Invariants (asserted): an expert with readers is RESIDENT; a slot belongs to exactly one
+ * LOADING or RESIDENT expert; the policy holds exactly the LOADING and RESIDENT experts that
+ * are not pinned; slots in use ≤ pool slots, so bytes ≤ the budget.
+ */
+#include "residency.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "residency_internal.h"
+
+void id_queue_push(struct id_queue *q, uint32_t id)
+{
+	assert(q->count < q->cap);
+	q->ids[(q->head + q->count++) % q->cap] = id;
+}
+
+bool id_queue_pop(struct id_queue *q, uint32_t *id)
+{
+	if (!q->count)
+		return false;
+	*id = q->ids[q->head];
+	q->head = (q->head + 1) % q->cap;
+	q->count--;
+	return true;
+}
+
+static bool may_evict(void *arg, uint32_t id)
+{
+	const struct residency *r = arg;
+	const struct expert_entry *e = &r->entries[id];
+	return e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0;
+}
+
+/* Under lock: RESIDENT, unreferenced → COLD. */
+static void evict(struct residency *r, uint32_t id)
+{
+	struct expert_entry *e = &r->entries[id];
+	assert(e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0);
+	policy_remove(&r->policy, id);
+	slot_pool_put(&r->pool, e->slot);
+	e->slot = SLOT_NONE;
+	e->state = EXPERT_COLD;
+	if (e->prefetched)
+		stat_add(&r->stats.prefetch_wasted, 1);
+	e->prefetched = 0;
+	stat_add(&r->stats.evictions, 1);
+}
+
+/* Under lock: frees room by the policy's choice, takes a slot, COLD → LOADING, queues the
+ * load. -EAGAIN when nothing may be evicted now. */
+static int start_load(struct residency *r, uint32_t id, float score, bool prefetch, float priority)
+{
+	struct expert_entry *e = &r->entries[id];
+	assert(e->state == EXPERT_COLD);
+	if (prefetch && r->prefetch.count >= r->prefetch.cap)
+		return -EAGAIN;
+	while (policy_needs_eviction(&r->policy, id)) {
+		uint32_t v = prefetch
+		                 ? policy_prefetch_victim(&r->policy, id, priority, may_evict, r)
+		                 : policy_victim(&r->policy, id, may_evict, r);
+		if (v == POLICY_NONE)
+			return -EAGAIN;
+		evict(r, v);
+	}
+	uint32_t slot = slot_pool_get(&r->pool);
+	if (slot == SLOT_NONE)
+		return -EAGAIN; /* pinned experts beyond their reservation: cannot happen */
+	e->slot = slot;
+	e->state = EXPERT_LOADING;
+	e->queued = 1;
+	e->prefetched = prefetch;
+	e->error = 0;
+	policy_insert(&r->policy, id, prefetch ? -1.0f : score);
+	if (prefetch) {
+		policy_hint(&r->policy, id, priority);
+		id_queue_push(&r->prefetch, id);
+	} else {
+		id_queue_push(&r->demand, id);
+	}
+	return 0;
+}
+
+void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
+                         uint64_t offset, uint32_t attempts)
+{
+	struct expert_entry *e = &r->entries[id];
+	assert(e->state == EXPERT_LOADING && e->refs == 0);
+	if (error) {
+		policy_remove(&r->policy, id);
+		slot_pool_put(&r->pool, e->slot);
+		e->slot = SLOT_NONE;
+		e->state = EXPERT_FAILED;
+		e->error = error;
+		e->error_file = file;
+		e->error_offset = offset;
+		e->error_attempts = attempts;
+		e->prefetched = 0;
+		stat_add(&r->stats.failures, 1);
+	} else {
+		e->state = EXPERT_RESIDENT;
+		stat_add(&r->stats.loads, 1);
+	}
+	e->queued = 0;
+	pthread_cond_broadcast(&r->changed);
+}
+
+static void fill_ref(const struct residency *r, uint32_t id, struct expert_ref *ref)
+{
+	const struct expert_entry *e = &r->entries[id];
+	uint32_t n;
+	const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+	const uint8_t *slot = slot_pool_addr(&r->pool, e->slot);
+	ref->layer = id / r->n_experts;
+	ref->expert = id % r->n_experts;
+	ref->slot = e->slot;
+	ref->n_extents = n;
+	for (uint32_t i = 0; i < n; i++) {
+		const struct extent_layout *l = &r->layout[(size_t)id * EXPERT_MAX_EXTENTS + i];
+		ref->data[i] = slot + l->slot_offset + l->data_skip;
+		ref->length[i] = ext[i].length;
+	}
+}
+
+int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
+                      unsigned flags, struct expert_ref *ref)
+{
+	if (layer >= r->n_layers || expert >= r->n_experts)
+		return -EINVAL;
+	const uint32_t id = residency_id(r, layer, expert);
+	struct expert_entry *e = &r->entries[id];
+	bool counted = (flags & RESIDENCY_RETRY) != 0, wake = false;
+	int rc;
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		if (r->stopping) {
+			rc = -ESHUTDOWN;
+			break;
+		}
+		if (wake) { /* poke the loader without the lock; the waiter count pins the expert */
+			e->waiters++;
+			pthread_mutex_unlock(&r->lock);
+			loader_wake(r);
+			pthread_mutex_lock(&r->lock);
+			e->waiters--;
+			wake = false;
+			continue;
+		}
+		if (e->masked) {
+			rc = -EPERM;
+			break;
+		}
+		if (e->state == EXPERT_RESIDENT) {
+			e->refs++;
+			if (!counted)
+				stat_add(&r->stats.hits, 1);
+			if (e->prefetched) {
+				stat_add(&r->stats.prefetch_hits, 1);
+				e->prefetched = 0;
+			}
+			if (!counted)
+				policy_access(&r->policy, id, score);
+			fill_ref(r, id, ref);
+			rc = 0;
+			break;
+		}
+		if (e->state == EXPERT_FAILED) {
+			rc = e->error;
+			break;
+		}
+		if (e->state == EXPERT_LOADING) {
+			if (!counted) {
+				stat_add(&r->stats.inflight_misses, 1);
+				counted = true;
+				policy_access(&r->policy, id, score);
+			}
+			if (e->prefetched) {
+				stat_add(&r->stats.prefetch_hits, 1);
+				e->prefetched = 0;
+				if (e->queued) { /* not picked up yet: demand it, ahead of
+					            prefetches */
+					id_queue_push(&r->demand, id);
+					wake = true;
+					continue;
+				}
+			}
+			if (flags & RESIDENCY_NOWAIT) {
+				rc = -EINPROGRESS;
+				break;
+			}
+			e->waiters++; /* keeps it from eviction between load and our reference */
+			pthread_cond_wait(&r->changed, &r->lock);
+			e->waiters--;
+			continue;
+		}
+		/* COLD */
+		rc = start_load(r, id, score, false, 0);
+		if (rc == 0) {
+			if (!counted)
+				stat_add(&r->stats.cold_misses, 1);
+			counted = true;
+			wake = true;
+			continue;
+		}
+		if (flags & RESIDENCY_NOWAIT)
+			break; /* -EAGAIN: every slot is in use */
+		r->slot_waiters++;
+		pthread_cond_wait(&r->changed, &r->lock);
+		r->slot_waiters--;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+void residency_release(struct residency *r, struct expert_ref *ref)
+{
+	const uint32_t id = residency_id(r, ref->layer, ref->expert);
+	pthread_mutex_lock(&r->lock);
+	struct expert_entry *e = &r->entries[id];
+	assert(e->state == EXPERT_RESIDENT && e->refs > 0 && e->slot == ref->slot);
+	e->refs--;
+	if (e->refs == 0 && e->waiters == 0 && e->masked)
+		evict(r, id);
+	if (e->refs == 0 && r->slot_waiters)
+		pthread_cond_broadcast(&r->changed);
+	pthread_mutex_unlock(&r->lock);
+	memset(ref, 0, sizeof(*ref));
+}
+
+int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
+                       float priority)
+{
+	if (layer >= r->n_layers)
+		return -EINVAL;
+	int started = 0;
+	pthread_mutex_lock(&r->lock);
+	for (uint32_t i = 0; i < n && !r->stopping; i++) {
+		if (experts[i] >= r->n_experts)
+			continue;
+		uint32_t id = residency_id(r, layer, experts[i]);
+		struct expert_entry *e = &r->entries[id];
+		if (e->masked || e->state != EXPERT_COLD || policy_is_pinned(&r->policy, id))
+			continue;
+		if (start_load(r, id, -1.0f, true, priority) == 0) {
+			stat_add(&r->stats.prefetches, 1);
+			started++;
+		} else {
+			stat_add(&r->stats.prefetch_dropped, 1);
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	if (started)
+		loader_wake(r);
+	return started;
+}
+
+void residency_hint(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
+                    float score)
+{
+	if (layer >= r->n_layers)
+		return;
+	pthread_mutex_lock(&r->lock);
+	for (uint32_t i = 0; i < n; i++)
+		if (experts[i] < r->n_experts)
+			policy_hint(&r->policy, residency_id(r, layer, experts[i]), score);
+	pthread_mutex_unlock(&r->lock);
+}
+
+int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask)
+{
+	if (layer >= r->n_layers)
+		return -EINVAL;
+	pthread_mutex_lock(&r->lock);
+	for (uint32_t x = 0; x < r->n_experts; x++) {
+		uint32_t id = residency_id(r, layer, x);
+		struct expert_entry *e = &r->entries[id];
+		e->masked = mask[x] != 0;
+		if (e->masked && may_evict(r, id))
+			evict(r, id);
+	}
+	pthread_mutex_unlock(&r->lock);
+	return 0;
+}
+
+int residency_warm_pinned(struct residency *r, char *err, size_t err_len)
+{
+	const uint32_t pinned = r->policy.spec.pin_layers;
+	struct expert_ref ref;
+	/* Start every load first (they run at the loader's full depth), then wait for each. */
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t l = 0; l < pinned; l++)
+			for (uint32_t x = 0; x < r->n_experts; x++) {
+				int rc = residency_acquire(r, l, x, -1.0f,
+				                           pass ? 0 : RESIDENCY_NOWAIT, &ref);
+				if (rc == 0) {
+					residency_release(r, &ref);
+				} else if (rc == -EPERM || (pass == 0 && rc == -EINPROGRESS)) {
+					continue;
+				} else {
+					residency_error_message(r, l, x, err, err_len);
+					return rc;
+				}
+			}
+	return 0;
+}
+
+enum expert_state residency_state(struct residency *r, uint32_t layer, uint32_t expert)
+{
+	if (layer >= r->n_layers || expert >= r->n_experts)
+		return EXPERT_COLD;
+	pthread_mutex_lock(&r->lock);
+	enum expert_state s = r->entries[residency_id(r, layer, expert)].state;
+	pthread_mutex_unlock(&r->lock);
+	return s;
+}
+
+void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert)
+{
+	if (layer >= r->n_layers || expert >= r->n_experts)
+		return;
+	pthread_mutex_lock(&r->lock);
+	struct expert_entry *e = &r->entries[residency_id(r, layer, expert)];
+	if (e->state == EXPERT_FAILED) {
+		e->state = EXPERT_COLD;
+		e->error = 0;
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+void residency_error_message(struct residency *r, uint32_t layer, uint32_t expert, char *buf,
+                             size_t len)
+{
+	if (layer >= r->n_layers || expert >= r->n_experts) {
+		snprintf(buf, len, "layer %u expert %u: out of range (%u layers × %u experts)",
+		         layer, expert, r->n_layers, r->n_experts);
+		return;
+	}
+	pthread_mutex_lock(&r->lock);
+	const struct expert_entry *e = &r->entries[residency_id(r, layer, expert)];
+	if (e->masked)
+		snprintf(buf, len, "layer %u expert %u: on the GPU (masked), never loaded here",
+		         layer, expert);
+	else if (e->state != EXPERT_FAILED)
+		snprintf(buf, len, "layer %u expert %u: no error", layer, expert);
+	else if (e->error == -ESHUTDOWN)
+		snprintf(buf, len, "layer %u expert %u: load cancelled by shutdown", layer, expert);
+	else
+		snprintf(buf, len,
+		         "%s: layer %u expert %u: read at offset %llu failed after %u "
+		         "attempt(s): %s",
+		         r->map->paths[e->error_file], layer, expert,
+		         (unsigned long long)e->error_offset, e->error_attempts,
+		         e->error == -ENODATA ? "file ends before the expert's data"
+		                              : strerror(-e->error));
+	pthread_mutex_unlock(&r->lock);
+}
+
+void residency_counters(struct residency *r, struct residency_counters *out)
+{
+	memset(out, 0, sizeof(*out));
+#define LOAD(f) out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed)
+	LOAD(hits);
+	LOAD(cold_misses);
+	LOAD(inflight_misses);
+	LOAD(prefetches);
+	LOAD(prefetch_hits);
+	LOAD(prefetch_wasted);
+	LOAD(prefetch_dropped);
+	LOAD(evictions);
+	LOAD(loads);
+	LOAD(failures);
+	LOAD(reads);
+	LOAD(bytes_read);
+	LOAD(short_reads);
+	LOAD(retries);
+	LOAD(timeouts);
+	LOAD(fixed_reads);
+	LOAD(plain_reads);
+	LOAD(buffered_files);
+#undef LOAD
+	for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
+		out->latency_us_log2[i] =
+		    atomic_load_explicit(&r->stats.latency_us_log2[i], memory_order_relaxed);
+	pthread_mutex_lock(&r->lock);
+	out->slots = r->pool.n_slots;
+	out->slots_used = r->pool.n_slots - r->pool.n_free;
+	pthread_mutex_unlock(&r->lock);
+	out->slot_bytes = r->pool.slot_bytes;
+	out->budget_bytes = r->pool.budget;
+	out->buffers_registered = loader_buffers_registered(r);
+	out->hugetlb = r->pool.hugetlb;
+	out->thp = r->pool.thp_advised;
+}
+
+/* ---- creation ---- */
+
+static int open_model_files(struct residency *r, char *err, size_t err_len)
+{
+	const struct expert_map *m = r->map;
+	r->alignment = SLOT_ALIGN;
+	for (uint32_t f = 0; f < m->n_files; f++) {
+		const char *path = m->paths[f];
+		int fd = -1;
+		if (!r->config.no_direct)
+			fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0 && (r->config.no_direct || errno == EINVAL)) {
+			int why = r->config.no_direct ? EINVAL : errno;
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+			if (fd >= 0) {
+				r->buffered[f] = true;
+				stat_add(&r->stats.buffered_files, 1);
+				log_warn("residency",
+				         "%s: O_DIRECT not supported here (%s): reading it "
+				         "BUFFERED through the page cache",
+				         path, strerror(why));
+			}
+		}
+		if (fd < 0) {
+			int e = errno;
+			snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+			return -e;
+		}
+		r->fds[f] = fd;
+		struct statx stx;
+		if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE, &stx) == 0 &&
+		    (stx.stx_mask & STATX_DIOALIGN) && !r->buffered[f]) {
+			uint32_t a = stx.stx_dio_offset_align > stx.stx_dio_mem_align
+			                 ? stx.stx_dio_offset_align
+			                 : stx.stx_dio_mem_align;
+			if (a > r->alignment) {
+				if (a & (a - 1) || a > (1u << 21)) {
+					snprintf(err, err_len,
+					         "%s: unusable direct-I/O alignment %u bytes", path,
+					         a);
+					return -EINVAL;
+				}
+				r->alignment = a;
+			}
+		}
+	}
+	/* Every extent inside its file. */
+	for (uint32_t f = 0; f < m->n_files; f++) {
+		struct stat st;
+		if (fstat(r->fds[f], &st) != 0) {
+			int e = errno;
+			snprintf(err, err_len, "%s: fstat: %s", m->paths[f], strerror(e));
+			return -e;
+		}
+		for (uint32_t id = 0; id < r->n_ids; id++) {
+			uint32_t n;
+			const struct expert_extent *ext = expert_map_extents(m, id, &n);
+			for (uint32_t i = 0; i < n; i++)
+				if (ext[i].file == f &&
+				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
+					snprintf(
+					    err, err_len,
+					    "%s: layer %u expert %u: extent [%llu, +%llu) beyond "
+					    "the end of the file (%llu bytes)",
+					    m->paths[f], id / r->n_experts, id % r->n_experts,
+					    (unsigned long long)ext[i].offset,
+					    (unsigned long long)ext[i].length,
+					    (unsigned long long)st.st_size);
+					return -EINVAL;
+				}
+		}
+	}
+	return 0;
+}
+
+/* Lays every expert's extents out in a slot; returns the largest expert's slot bytes. */
+static uint64_t compute_layout(struct residency *r)
+{
+	const uint64_t a = r->alignment;
+	uint64_t largest = 0;
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		uint32_t n;
+		const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+		uint64_t at = 0;
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t start = ext[i].offset / a * a;
+			uint64_t end = (ext[i].offset + ext[i].length + a - 1) / a * a;
+			r->layout[(size_t)id * EXPERT_MAX_EXTENTS + i] = (struct extent_layout){
+			    .slot_offset = at,
+			    .read_offset = start,
+			    .read_length = end - start,
+			    .data_skip = ext[i].offset - start,
+			};
+			at += end - start;
+		}
+		if (at > largest)
+			largest = at;
+	}
+	return largest;
+}
+
+int residency_create(struct residency **out, const struct expert_map *map,
+                     const struct residency_config *config, char *err, size_t err_len)
+{
+	*out = NULL;
+	struct residency *r = calloc(1, sizeof(*r));
+	if (!r) {
+		snprintf(err, err_len, "residency: out of memory");
+		return -ENOMEM;
+	}
+	r->map = map;
+	r->config = *config;
+	if (!r->config.policy)
+		r->config.policy = "sieve+layer";
+	if (!r->config.chunk_bytes)
+		r->config.chunk_bytes = 1u << 20;
+	if (!r->config.queue_depth)
+		r->config.queue_depth = 32;
+	if (!r->config.read_timeout_ms)
+		r->config.read_timeout_ms = 10000;
+	if (r->config.queue_depth > 4096 || r->config.max_retries > 1000) {
+		snprintf(err, err_len,
+		         "residency: queue depth %u (max 4096) or retries %u (max "
+		         "1000) out of range",
+		         r->config.queue_depth, r->config.max_retries);
+		free(r);
+		return -EINVAL;
+	}
+	r->n_layers = map->n_layers;
+	r->n_experts = map->n_experts;
+	r->n_ids = map->n_layers * map->n_experts;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->changed, NULL);
+	int rc = -ENOMEM;
+	r->entries = calloc(r->n_ids, sizeof(*r->entries));
+	r->layout = calloc((size_t)r->n_ids * EXPERT_MAX_EXTENTS, sizeof(*r->layout));
+	r->fds = malloc(map->n_files * sizeof(int));
+	r->buffered = calloc(map->n_files, sizeof(bool));
+	if (!r->entries || !r->layout || !r->fds || !r->buffered) {
+		snprintf(err, err_len, "residency: out of memory for %u experts", r->n_ids);
+		goto fail;
+	}
+	for (uint32_t f = 0; f < map->n_files; f++)
+		r->fds[f] = -1;
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		r->entries[id].slot = SLOT_NONE;
+		if (!map->n_extents[id]) {
+			snprintf(err, err_len,
+			         "residency: layer %u expert %u has no bytes in the map",
+			         id / r->n_experts, id % r->n_experts);
+			rc = -EINVAL;
+			goto fail;
+		}
+	}
+	rc = open_model_files(r, err, err_len);
+	if (rc)
+		goto fail;
+	if (r->config.chunk_bytes % r->alignment)
+		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
+	uint64_t slot_bytes = compute_layout(r);
+	rc = slot_pool_create(&r->pool, config->numa_node, config->mem_budget, slot_bytes, err,
+	                      err_len);
+	if (rc)
+		goto fail;
+	struct policy_spec spec;
+	rc = policy_spec_parse(r->config.policy, &spec, err, err_len);
+	if (rc)
+		goto fail;
+	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err,
+	                   err_len);
+	if (rc)
+		goto fail;
+	r->demand.cap = r->n_ids;
+	r->prefetch.cap = r->pool.n_slots;
+	r->demand.ids = malloc(r->demand.cap * sizeof(uint32_t));
+	r->prefetch.ids = malloc(r->prefetch.cap * sizeof(uint32_t));
+	if (!r->demand.ids || !r->prefetch.ids) {
+		snprintf(err, err_len, "residency: out of memory for the load queues");
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = loader_start(r, err, err_len);
+	if (rc)
+		goto fail;
+	*out = r;
+	return 0;
+fail:
+	residency_destroy(r);
+	return rc;
+}
+
+void residency_destroy(struct residency *r)
+{
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->lock);
+	r->stopping = true;
+	pthread_cond_broadcast(&r->changed);
+	pthread_mutex_unlock(&r->lock);
+	if (r->loader)
+		loader_stop(r);
+	if (r->fds)
+		for (uint32_t f = 0; f < r->map->n_files; f++)
+			if (r->fds[f] >= 0)
+				close(r->fds[f]);
+	free(r->fds);
+	free(r->buffered);
+	free(r->demand.ids);
+	free(r->prefetch.ids);
+	policy_destroy(&r->policy);
+	slot_pool_destroy(&r->pool);
+	free(r->entries);
+	free(r->layout);
+	pthread_cond_destroy(&r->changed);
+	pthread_mutex_destroy(&r->lock);
+	free(r);
+}

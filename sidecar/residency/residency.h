@@ -1,0 +1,130 @@
+/* residency.h — which experts are in memory on one NUMA node, and getting the others there.
+ *
+ * One `struct residency` per NUMA node: a slot pool under the node's byte budget, a policy,
+ * and one loader thread owning that node's io_uring (loader.c). With several nodes the
+ * sidecar creates one residency per node, each serving the experts (or the slices of each
+ * expert, tensor-parallel) that node computes.
+ *
+ * Expert states:  COLD → LOADING → RESIDENT → COLD (evicted), LOADING → FAILED.
+ *  - RESIDENT experts carry a reader count; one with readers is never evicted.
+ *  - Demands for a LOADING expert wait on the same I/O (no duplicate reads).
+ *  - FAILED is sticky: every later demand gets the same error at once (no I/O storm on a
+ *    bad disk) until residency_retry_failed.
+ *  - GPU-masked experts are never loaded nor counted; demanding one is an error (-EPERM).
+ *  - Pinned layers (policy +pinN) are loaded by residency_warm_pinned and never evicted.
+ *
+ * Threading: every function may be called from any thread. One mutex guards the expert
+ * table; it is never held across I/O or a syscall other than futex. The loader thread
+ * submits and reaps I/O without the lock and takes it only to pick up work and publish
+ * results; waiters sleep on a condition variable.
+ *
+ * Errors: negative errno values; residency_error_message formats a failed expert's error
+ * with its file, offset and retry count.
+ */
+#ifndef MOE_RESIDENCY_H
+#define MOE_RESIDENCY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "expert_map.h"
+
+enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
+
+/* Test hook, called by the loader thread for every read completion before it is handled:
+ * returns the result to use instead of `res` (a shorter count: short read; -EIO: error). */
+struct loader_read_info {
+	uint32_t layer, expert, file;
+	uint64_t offset, length; /* of this read */
+	uint32_t attempt;        /* 0 for the first submission of this read */
+	uint64_t seq;            /* completions seen by this loader so far */
+};
+typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
+
+struct residency_config {
+	int numa_node;              /* -1: do not bind */
+	uint64_t mem_budget;        /* bytes of slots on this node */
+	const char *policy;         /* policy spec (policy.h), default "sieve+layer" */
+	uint32_t chunk_bytes;       /* reads are split into chunks of this size (default 1 MiB) */
+	uint32_t queue_depth;       /* reads in flight (default 32) */
+	uint32_t max_retries;       /* per read, for EIO/EAGAIN/timeouts (default 3) */
+	uint32_t read_timeout_ms;   /* per read (default 10000) */
+	bool no_register_buffers;   /* force plain reads (tests, benchmarks) */
+	bool no_direct;             /* behave as if O_DIRECT were refused (tests, --no-direct) */
+	loader_fault_fn fault_hook; /* tests only */
+	void *fault_arg;
+};
+
+/* A reader's hold on a resident expert: valid until residency_release. */
+struct expert_ref {
+	uint32_t layer, expert, slot;
+	uint32_t n_extents;
+	const uint8_t *data[EXPERT_MAX_EXTENTS]; /* extent i's bytes, in map order */
+	uint64_t length[EXPERT_MAX_EXTENTS];
+};
+
+#define RESIDENCY_LAT_BUCKETS 32 /* bucket b: read latency in [2^b, 2^(b+1)) µs; 0: < 2 µs */
+
+struct residency_counters {
+	uint64_t hits, cold_misses, inflight_misses;
+	uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
+	uint64_t evictions, loads, failures;
+	uint64_t reads, bytes_read, short_reads, retries, timeouts;
+	uint64_t fixed_reads, plain_reads; /* read_fixed into registered slots vs plain reads */
+	uint64_t buffered_files;           /* files where O_DIRECT was impossible */
+	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
+	uint32_t slots, slots_used;
+	uint64_t slot_bytes, budget_bytes;
+	bool buffers_registered, hugetlb, thp;
+};
+
+struct residency;
+
+/* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
+ * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
+ * must outlive the residency. */
+int residency_create(struct residency **out, const struct expert_map *map,
+                     const struct residency_config *config, char *err, size_t err_len);
+/* Stops the loader (cancelling reads in flight; waiters get -ESHUTDOWN), frees everything.
+ * No reference may be held. */
+void residency_destroy(struct residency *r);
+
+/* Marks experts of `layer` as living on the GPU (mask[e] != 0): never loaded from now on;
+ * unreferenced resident ones are evicted. */
+int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask);
+
+/* Loads every expert of the pinned layers and waits; the first failure is returned. */
+int residency_warm_pinned(struct residency *r, char *err, size_t err_len);
+
+#define RESIDENCY_NOWAIT 1u /* return -EINPROGRESS / -EAGAIN instead of waiting */
+#define RESIDENCY_RETRY 2u  /* follow-up to a NOWAIT call that was counted: not counted again */
+
+/* Demands an expert. 0: `ref` holds it (release it). Otherwise: -EINPROGRESS (NOWAIT:
+ * loading; call again with RESIDENCY_RETRY to wait), -EAGAIN (NOWAIT: no slot can be freed
+ * now), -EIO, -ETIMEDOUT, -ENODATA and other read errors, -EPERM (GPU-masked), -EINVAL (out
+ * of range), -ESHUTDOWN. A waiting demand sleeps until a slot can be freed: a thread that
+ * already holds references should use RESIDENCY_NOWAIT, or it may wait forever once every
+ * slot is referenced (capacity must exceed the references held at once). `score` is the
+ * router probability × top_k (1.0 = average), or -1. */
+int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
+                      unsigned flags, struct expert_ref *ref);
+void residency_release(struct residency *r, struct expert_ref *ref);
+
+/* Starts loading experts likely needed soon, behind every demand read. Never evicts what the
+ * policy values more than `priority` (same units as scores) and never waits. Returns how many
+ * loads were started. */
+int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
+                       float priority);
+/* Lookahead hint without loading: raises the experts' heat (sieve-heat). */
+void residency_hint(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
+                    float score);
+
+enum expert_state residency_state(struct residency *r, uint32_t layer, uint32_t expert);
+/* FAILED → COLD, so the next demand reads again. */
+void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert);
+void residency_error_message(struct residency *r, uint32_t layer, uint32_t expert, char *buf,
+                             size_t len);
+void residency_counters(struct residency *r, struct residency_counters *out);
+
+#endif

@@ -1,0 +1,102 @@
+/* residency_internal.h — what residency.c (the state machine) and loader.c (the io_uring
+ * thread) share: the expert table, the work queues, the counters. Not a public interface.
+ *
+ * Locking: `lock` guards entries[], the queues, the policy and the pool's free list.
+ * Counters are atomics, bumped without the lock (relaxed: they are statistics).
+ */
+#ifndef MOE_RESIDENCY_INTERNAL_H
+#define MOE_RESIDENCY_INTERNAL_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "policy.h"
+#include "residency.h"
+#include "slot_pool.h"
+
+struct expert_entry {
+	uint8_t state;      /* enum expert_state */
+	uint8_t masked;     /* on the GPU */
+	uint8_t queued;     /* in a loader queue, not yet picked up */
+	uint8_t prefetched; /* loaded by a prefetch and not used since */
+	uint32_t refs;      /* readers (RESIDENT only) */
+	uint32_t waiters; /* demands sleeping on this LOADING expert: it stays until they hold it */
+	uint32_t slot;    /* LOADING/RESIDENT */
+	int error;        /* FAILED: negative errno */
+	uint32_t error_file;
+	uint64_t error_offset;
+	uint32_t error_attempts;
+};
+
+/* Where extent i of an expert lands in its slot: the aligned superset of the extent is
+ * read at slot_offset; the data starts data_skip bytes into it. */
+struct extent_layout {
+	uint64_t slot_offset, read_offset, read_length, data_skip;
+};
+
+/* A bounded FIFO of expert ids (capacity = number of experts, so it never overflows:
+ * an id is queued at most once per queue while `queued` is set... see residency.c). */
+struct id_queue {
+	uint32_t *ids;
+	uint32_t cap, head, count;
+};
+
+struct residency_stats {
+	_Atomic uint64_t hits, cold_misses, inflight_misses;
+	_Atomic uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
+	_Atomic uint64_t evictions, loads, failures;
+	_Atomic uint64_t reads, bytes_read, short_reads, retries, timeouts;
+	_Atomic uint64_t fixed_reads, plain_reads, buffered_files;
+	_Atomic uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
+};
+
+struct loader; /* loader.c */
+
+struct residency {
+	const struct expert_map *map;
+	struct residency_config config;
+	uint32_t n_layers, n_experts, n_ids;
+	uint32_t alignment; /* O_DIRECT alignment used for every file: ≥ 4096 */
+
+	pthread_mutex_t lock;
+	pthread_cond_t changed; /* an expert left LOADING, or a slot/reference was freed */
+	struct expert_entry *entries;
+	struct residency_policy policy;
+	struct slot_pool pool;
+	struct id_queue demand, prefetch;
+	uint32_t slot_waiters; /* demands waiting for an evictable slot */
+	bool stopping;
+
+	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
+	struct residency_stats stats;
+	struct loader *loader;
+	int *fds;       /* [n_files] */
+	bool *buffered; /* [n_files] O_DIRECT impossible */
+};
+
+static inline uint32_t residency_id(const struct residency *r, uint32_t layer, uint32_t expert)
+{
+	return layer * r->n_experts + expert;
+}
+
+static inline void stat_add(_Atomic uint64_t *c, uint64_t v)
+{
+	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
+}
+
+/* Queues (under lock). */
+void id_queue_push(struct id_queue *q, uint32_t id);
+bool id_queue_pop(struct id_queue *q, uint32_t *id);
+
+/* Called by the loader under the lock when an expert's load ends: error 0 → RESIDENT. */
+void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
+                         uint64_t offset, uint32_t attempts);
+
+/* loader.c */
+int loader_start(struct residency *r, char *err, size_t err_len);
+void loader_wake(struct residency *r); /* new work queued (call without the lock) */
+void loader_stop(struct residency *r); /* cancel in-flight reads, join the thread */
+bool loader_buffers_registered(const struct residency *r);
+
+#endif

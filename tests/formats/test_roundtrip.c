@@ -1,0 +1,320 @@
+/* test_roundtrip.c — generator → catalog round trips: for every preset × format × container
+ * (merged and per-expert, sharded and not), the catalog's extents are read back, dequantized
+ * with the kernels' reference dequantizer and compared with the floats the generator
+ * regenerates for (seed, layer, expert, projection). A wrong offset, a swapped projection,
+ * a wrong nibble order or a wrong gate/up interleave shows up as a large error. */
+#include <inttypes.h>
+#include <math.h>
+
+#include "model_files.h"
+#include "moe_gen.h"
+#include "moe_kernels.h"
+
+#define SEED 20260521u
+
+/* Normalised MSE within which each format must reproduce uniform random weights.
+ * Measured at 256x256: F16 3.4e-8, BF16 2.2e-6, Q8_0 1.4e-5, Q6_K 1.8e-4, Q5_K 7.6e-4,
+ * Q4_K 3.0e-3, Q4_0 4.2e-3, MXFP4 1.0e-2..2.1e-2, FP8 6.5e-4; bounds leave 2-5x. */
+static double tolerance(uint32_t format)
+{
+	switch (format) {
+	case MOEK_F32: return 1e-14;
+	case MOEK_F16: return 2e-7;
+	case MOEK_BF16: return 1e-5;
+	case MOEK_Q8_0: return 5e-5;
+	case MOEK_Q6_K: return 5e-4;
+	case MOEK_Q5_K: return 2e-3;
+	case MOEK_Q4_K: return 8e-3;
+	case MOEK_Q4_0: return 1e-2;
+	case MOEK_MXFP4: return 4e-2;
+	case MOEK_FP8_E4M3_B128: return 2e-3;
+	}
+	return 0;
+}
+
+static double nmse(const float *got, const float *want, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		double d = (double)got[i] - want[i];
+		num += d * d;
+		den += (double)want[i] * want[i];
+	}
+	return den > 0 ? num / den : num;
+}
+
+/* The generator's floats for row-major matrix `p` of expert e (gate_up interleaved or as
+ * halves is reassembled from gate and up). */
+static void expected_matrix(const struct moe_proj_ref *pr, enum moe_proj p, uint32_t L, uint32_t e,
+                            float *out)
+{
+	const uint64_t rows = pr->rows, cols = pr->cols;
+	if (p != MOE_PROJ_GATE_UP) {
+		enum moe_gen_tensor w = p == MOE_PROJ_GATE ? MOE_GEN_GATE
+		                        : p == MOE_PROJ_UP ? MOE_GEN_UP
+		                                           : MOE_GEN_DOWN;
+		moe_gen_floats(SEED, L, e, w, cols, 0, rows * cols, out);
+		return;
+	}
+	for (uint64_t r = 0; r < rows; r++) {
+		bool up = pr->order == MOE_GATE_UP_INTERLEAVED ? r % 2 : r >= rows / 2;
+		uint64_t src = pr->order == MOE_GATE_UP_INTERLEAVED ? r / 2 : r % (rows / 2);
+		moe_gen_floats(SEED, L, e, up ? MOE_GEN_UP : MOE_GEN_GATE, cols, src * cols, cols,
+		               out + r * cols);
+	}
+}
+
+static void expected_bias(const struct moe_proj_ref *pr, enum moe_proj p, uint32_t L, uint32_t e,
+                          float *out)
+{
+	for (uint64_t r = 0; r < pr->rows; r++) {
+		enum moe_gen_tensor w = p == MOE_PROJ_DOWN ? MOE_GEN_DOWN_BIAS
+		                        : p == MOE_PROJ_UP ? MOE_GEN_UP_BIAS
+		                                           : MOE_GEN_GATE_BIAS;
+		uint64_t src = r;
+		if (p == MOE_PROJ_GATE_UP) {
+			bool inter = pr->order == MOE_GATE_UP_INTERLEAVED;
+			bool up = inter ? r % 2 : r >= pr->rows / 2;
+			w = up ? MOE_GEN_UP_BIAS : MOE_GEN_GATE_BIAS;
+			src = inter ? r / 2 : r % (pr->rows / 2);
+		}
+		moe_gen_floats(SEED, L, e, w, 1, src, 1, out + r);
+	}
+}
+
+/* Dequantizes the weights of one projection into out (rows x cols floats). */
+static void load_matrix(const struct moe_catalog *cat, const struct moe_proj_ref *pr, float *out)
+{
+	void *data = read_extent(cat, &pr->data);
+	void *scales = pr->scale.length ? read_extent(cat, &pr->scale) : NULL;
+	const size_t n = pr->rows * pr->cols;
+	if (pr->layout == MOE_LAYOUT_MXFP4_HF) {
+		cr_assert_eq(pr->data.length, n / 2);
+		cr_assert_eq(pr->scale.length, n / 32);
+		void *gguf = malloc(moek_row_bytes(MOEK_MXFP4, n));
+		moek_mxfp4_from_hf(data, scales, n, gguf);
+		cr_assert_eq(moek_dequantize(MOEK_MXFP4, gguf, NULL, pr->rows, pr->cols, out), 0);
+		free(gguf);
+	} else {
+		cr_assert_eq(pr->data.length, pr->rows * moek_row_bytes(pr->format, pr->cols));
+		cr_assert_eq(moek_dequantize(pr->format, data,
+		                             pr->format == MOEK_FP8_E4M3_B128 ? scales : NULL,
+		                             pr->rows, pr->cols, out),
+		             0);
+	}
+	free(data);
+	free(scales);
+}
+
+struct case_spec {
+	const char *preset;
+	uint32_t format;
+	bool gguf;
+	uint32_t shards;
+	bool per_expert;
+	uint32_t experts, layers;
+	uint64_t hidden, ffn;
+	bool fused;
+};
+
+static void check_model(const struct case_spec *c)
+{
+	char *dir = scratch_dir();
+	char out[512];
+	snprintf(out, sizeof(out), c->gguf ? "%s/model.gguf" : "%s/hf", dir);
+	struct moe_gen_options o = {.preset = c->preset,
+	                            .out = out,
+	                            .format = c->format,
+	                            .seed = SEED,
+	                            .layers = c->layers,
+	                            .hidden = c->hidden,
+	                            .ffn = c->ffn,
+	                            .experts = c->experts,
+	                            .shards = c->shards,
+	                            .per_expert = c->per_expert};
+	struct model_error err;
+	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s %s: moe_gen_write: %s", c->preset,
+	             moe_format_name(c->format), err.msg);
+	char open_path[600];
+	if (c->gguf && c->shards > 1)
+		snprintf(open_path, sizeof(open_path), "%s/model-00001-of-%05u.gguf", dir,
+		         c->shards);
+	else
+		snprintf(open_path, sizeof(open_path), "%s", out);
+	struct moe_catalog *cat;
+	cr_assert_eq(moe_catalog_open(open_path, &cat, &err), 0, "%s %s: catalog: %s", c->preset,
+	             moe_format_name(c->format), err.msg);
+	const struct moe_gen_preset *p = moe_gen_preset_find(c->preset);
+	const struct moe_model_info *in = &cat->info;
+	cr_assert_eq(in->arch, p->arch);
+	cr_assert_eq(in->n_layers, c->layers);
+	uint32_t dense = p->leading_dense < c->layers ? p->leading_dense : c->layers - 1;
+	cr_assert_eq(in->n_moe_layers, c->layers - dense);
+	cr_assert_eq(in->n_experts, c->experts);
+	cr_assert_eq(in->top_k, p->top_k < c->experts ? p->top_k : c->experts);
+	cr_assert_eq(in->hidden, c->hidden);
+	cr_assert_eq(in->expert_ffn, c->ffn);
+	cr_assert_eq(cat->n_files, c->shards > 1 ? c->shards : 1);
+	cr_assert_eq(cat->n_formats, 1);
+	cr_assert_eq(cat->formats[0], c->format);
+	cr_assert_eq(in->has_bias, p->arch == MOE_ARCH_GPT_OSS);
+	if (p->arch == MOE_ARCH_DEEPSEEK) {
+		cr_assert_eq(in->gating, MOE_GATING_SIGMOID);
+		cr_assert_float_eq(in->routed_scaling, 2.5f, 1e-6);
+		cr_assert_eq(in->n_shared_experts, 1);
+	}
+	if (p->arch == MOE_ARCH_GPT_OSS)
+		cr_assert_float_eq(in->swiglu_limit, 7.0f, 1e-6);
+
+	const size_t max_n = 2 * c->hidden * c->ffn;
+	float *got = malloc(max_n * sizeof(float)), *want = malloc(max_n * sizeof(float));
+	uint64_t total = 0;
+	for (uint32_t L = 0; L < in->n_layers; L++) {
+		cr_assert_eq(cat->layers[L].moe, L >= dense, "layer %u", L);
+		if (!cat->layers[L].moe) {
+			cr_assert_null(moe_catalog_expert(cat, L, 0));
+			continue;
+		}
+		for (uint32_t e = 0; e < in->n_experts; e++) {
+			const struct moe_expert *ex = moe_catalog_expert(cat, L, e);
+			cr_assert_not_null(ex);
+			uint64_t bytes = 0;
+			for (int pj = 0; pj < MOE_PROJ_COUNT; pj++) {
+				const struct moe_proj_ref *pr = &ex->proj[pj];
+				if (!pr->present)
+					continue;
+				size_t n = pr->rows * pr->cols;
+				load_matrix(cat, pr, got);
+				expected_matrix(pr, (enum moe_proj)pj, L, e, want);
+				double err_right = nmse(got, want, n);
+				cr_assert_leq(err_right, tolerance(c->format),
+				              "%s %s L%u e%u %s: nmse %g", c->preset,
+				              moe_format_name(c->format), L, e,
+				              moe_proj_name((enum moe_proj)pj), err_right);
+				/* the same comparison against the neighbouring expert must fail */
+				if (in->n_experts > 1 && e < 2) {
+					expected_matrix(pr, (enum moe_proj)pj, L, e ^ 1, want);
+					cr_assert_gt(nmse(got, want, n), 0.5,
+					             "expert %u looks like %u", e, e ^ 1);
+				}
+				if (pr->bias.length) {
+					uint16_t *raw = read_extent(cat, &pr->bias);
+					expected_bias(pr, (enum moe_proj)pj, L, e, want);
+					for (uint64_t r = 0; r < pr->rows; r++) {
+						float v = pr->bias_format == MOEK_F32
+						              ? ((float *)(void *)raw)[r]
+						              : moek_bf16_to_f32(raw[r]);
+						cr_assert_float_eq(v, want[r], 1e-3,
+						                   "bias row %" PRIu64, r);
+					}
+					free(raw);
+				}
+				bytes += pr->data.length + pr->scale.length + pr->bias.length;
+			}
+			cr_assert_eq(ex->bytes, bytes);
+			total += bytes;
+		}
+	}
+	cr_assert_eq(cat->expert_bytes_total, total);
+	free(got);
+	free(want);
+	moe_catalog_close(cat);
+	remove_tree(dir);
+}
+
+static const char *const presets[] = {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "olmoe"};
+static const uint32_t gguf_formats[] = {MOEK_F32,  MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,
+                                        MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_MXFP4};
+static const uint32_t st_formats[] = {MOEK_F32, MOEK_F16, MOEK_BF16, MOEK_FP8_E4M3_B128};
+
+#define N(a) (sizeof(a) / sizeof((a)[0]))
+
+Test(roundtrip, gguf_merged_every_preset_and_format)
+{
+	for (size_t i = 0; i < N(presets); i++)
+		for (size_t f = 0; f < N(gguf_formats); f++)
+			check_model(&(struct case_spec){presets[i], gguf_formats[f], true, 1, false,
+			                                4, 4, 256, 512});
+}
+
+Test(roundtrip, gguf_per_expert_and_split)
+{
+	for (size_t i = 0; i < N(presets); i++) {
+		check_model(
+		    &(struct case_spec){presets[i], MOEK_Q4_K, true, 1, true, 4, 2, 256, 256});
+		check_model(
+		    &(struct case_spec){presets[i], MOEK_Q8_0, true, 3, false, 4, 4, 256, 256});
+		check_model(
+		    &(struct case_spec){presets[i], MOEK_Q6_K, true, 2, true, 4, 2, 256, 256});
+	}
+}
+
+Test(roundtrip, gpt_oss_gguf_every_format_with_biases)
+{
+	for (size_t f = 0; f < N(gguf_formats); f++)
+		check_model(&(struct case_spec){"gpt-oss-20b", gguf_formats[f], true, 1, false, 4,
+		                                2, 256, 256});
+	check_model(&(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, true, 2, true, 4, 2, 64, 96});
+}
+
+Test(roundtrip, safetensors_every_preset_and_format)
+{
+	for (size_t i = 0; i < N(presets); i++)
+		for (size_t f = 0; f < N(st_formats); f++)
+			check_model(&(struct case_spec){presets[i], st_formats[f], false, 1, false,
+			                                4, 4, 256, 384});
+}
+
+Test(roundtrip, safetensors_sharded_with_index)
+{
+	for (size_t i = 0; i < N(presets); i++)
+		check_model(
+		    &(struct case_spec){presets[i], MOEK_BF16, false, 3, false, 4, 4, 128, 256});
+	check_model(&(struct case_spec){"deepseek-v3", MOEK_FP8_E4M3_B128, false, 4, false, 4, 5,
+	                                200, 136}); /* partial 128x128 scale blocks */
+}
+
+Test(roundtrip, gpt_oss_safetensors_mxfp4_interleaved)
+{
+	check_model(
+	    &(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, false, 1, false, 4, 2, 256, 256});
+	check_model(&(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, false, 3, false, 4, 3, 96, 160});
+}
+
+Test(roundtrip, real_expert_counts)
+{
+	/* the presets' own expert counts (128, 8, 256, 32, 64) with small dims */
+	for (const struct moe_gen_preset *p = moe_gen_presets; p->name; p++)
+		check_model(&(struct case_spec){
+		    p->name, p->arch == MOE_ARCH_GPT_OSS ? MOEK_MXFP4 : MOEK_Q4_0, true, 1, false,
+		    p->n_experts, p->leading_dense + 1, 64, 32});
+}
+
+Test(roundtrip, gguf_fused_gate_up_halves)
+{
+	check_model(
+	    &(struct case_spec){"qwen3-30b-a3b", MOEK_Q4_K, true, 1, false, 4, 2, 256, 256, true});
+	check_model(
+	    &(struct case_spec){"gpt-oss-20b", MOEK_MXFP4, true, 2, false, 4, 2, 64, 96, true});
+}
+
+Test(generator, floats_are_a_pure_function_of_the_index)
+{
+	float whole[64], part[64], other[64];
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, 0, 64, whole);
+	for (uint64_t first = 0; first < 8; first++) {
+		moe_gen_floats(SEED, 3, 5, MOE_GEN_UP, 64, first, 64 - first, part);
+		cr_assert_arr_eq(part, whole + first, (64 - first) * sizeof(float),
+		                 "slice from %" PRIu64 " differs", first);
+	}
+	double sq = 0;
+	for (int i = 0; i < 64; i++) {
+		cr_assert(whole[i] >= -0.125f && whole[i] < 0.125f, "out of range: %g", whole[i]);
+		sq += whole[i] * whole[i];
+	}
+	cr_assert_gt(sq, 64 * 0.125 * 0.125 / 3 * 0.5, "values are not spread over the range");
+	moe_gen_floats(SEED + 1, 3, 5, MOE_GEN_UP, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "the seed does not change the weights");
+	moe_gen_floats(SEED, 3, 5, MOE_GEN_GATE, 64, 0, 64, other);
+	cr_assert_gt(nmse(other, whole, 64), 0.5, "gate and up are the same");
+}

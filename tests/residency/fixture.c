@@ -1,0 +1,105 @@
+/* fixture.c — see fixture.h. Set-up failures abort with a message: the fixture serves both
+ * the Criterion tests and the standalone TSan stress program (stress_race.c). */
+#include "fixture.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...)
+{
+	if (ok)
+		return;
+	int e = errno;
+	va_list ap;
+	va_start(ap, fmt);
+	fprintf(stderr, "fixture: ");
+	vfprintf(stderr, fmt, ap);
+	fprintf(stderr, " (errno: %s)\n", strerror(e));
+	va_end(ap);
+	abort();
+}
+
+void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint32_t experts,
+                    uint32_t extents_per_expert, uint32_t extent_len)
+{
+	memset(f, 0, sizeof(*f));
+	snprintf(f->dir, sizeof(f->dir), "%s/moe-residency-test.XXXXXX", parent);
+	check(mkdtemp(f->dir) != NULL, "mkdtemp %s", f->dir);
+	snprintf(f->path, sizeof(f->path), "%s/model.bin", f->dir);
+	const char *paths[] = {f->path};
+	char err[256];
+	check(expert_map_init(&f->map, layers, experts, 1, paths, err, sizeof(err)) == 0, "%s",
+	      err);
+	uint64_t at = 37; /* not aligned to anything */
+	for (uint32_t l = 0; l < layers; l++)
+		for (uint32_t x = 0; x < experts; x++)
+			for (uint32_t i = 0; i < extents_per_expert; i++) {
+				uint64_t len =
+				    extent_len + ((l * 7919u + x * 131u + i * 17u) % 997u);
+				check(expert_map_add(&f->map, l, x, 0, at, len, err, sizeof(err)) ==
+				          0,
+				      "%s", err);
+				at += len + (i % 2 ? 13 : 0);
+			}
+	f->file_size = at; /* the last extent ends at EOF */
+	f->bytes = malloc(f->file_size);
+	check(f->bytes != NULL, "out of memory");
+	uint64_t s = 0x1234567;
+	for (uint64_t i = 0; i < f->file_size; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		f->bytes[i] = (uint8_t)(s >> 56);
+	}
+	int fd = open(f->path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	check(fd >= 0, "%s: create", f->path);
+	check(write(fd, f->bytes, f->file_size) == (ssize_t)f->file_size, "%s: write", f->path);
+	check(fsync(fd) == 0, "%s: fsync", f->path);
+	close(fd);
+}
+
+void fixture_destroy(struct fixture *f)
+{
+	unlink(f->path);
+	rmdir(f->dir);
+	expert_map_free(&f->map);
+	free(f->bytes);
+}
+
+bool fixture_ref_matches(const struct fixture *f, const struct expert_ref *ref)
+{
+	uint32_t n;
+	uint32_t id = ref->layer * f->map.n_experts + ref->expert;
+	const struct expert_extent *ext = expert_map_extents(&f->map, id, &n);
+	if (n != ref->n_extents)
+		return false;
+	/* Against pread of the file itself, not only what the fixture meant to write. */
+	int fd = open(f->path, O_RDONLY);
+	check(fd >= 0, "%s: open", f->path);
+	bool same = true;
+	for (uint32_t i = 0; i < n && same; i++) {
+		uint8_t *buf = malloc(ext[i].length);
+		check(buf != NULL, "out of memory");
+		check(pread(fd, buf, ext[i].length, (off_t)ext[i].offset) == (ssize_t)ext[i].length,
+		      "%s: pread", f->path);
+		same = ref->length[i] == ext[i].length &&
+		       memcmp(ref->data[i], buf, ext[i].length) == 0 &&
+		       memcmp(buf, f->bytes + ext[i].offset, ext[i].length) == 0;
+		free(buf);
+	}
+	close(fd);
+	return same;
+}
+
+struct residency *fixture_residency(struct fixture *f, struct residency_config *cfg)
+{
+	struct residency *r;
+	char err[512];
+	int rc = residency_create(&r, &f->map, cfg, err, sizeof(err));
+	check(rc == 0, "residency_create: %s", err);
+	return r;
+}

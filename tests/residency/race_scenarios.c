@@ -1,0 +1,199 @@
+/* race_scenarios.c — see race_scenarios.h. Many threads demand overlapping experts while
+ * eviction runs (bytes checked while held, so an eviction under a reader would show);
+ * concurrent demands for one expert share one read; a failure reaches every waiter. Threads
+ * synchronise on counters and joins, never on sleeps. */
+#include "race_scenarios.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fixture.h"
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: failed: %s: ", __FILE__, __LINE__, #cond);         \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fprintf(stderr, "\n");                                                     \
+			return -1;                                                                 \
+		}                                                                                  \
+	} while (0)
+
+#define RACE_THREADS 6
+
+struct race {
+	struct residency *r;
+	struct fixture *f;
+	uint32_t seed;
+	atomic_int *bad;
+	atomic_ullong *acquires;
+};
+
+static void *demand_loop(void *arg)
+{
+	struct race *a = arg;
+	uint64_t s = a->seed;
+	for (int i = 0; i < 600; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		uint32_t l = (uint32_t)(s >> 60) % 2, x = (uint32_t)(s >> 40) % 12;
+		struct expert_ref ref;
+		int rc = residency_acquire(a->r, l, x, 1.0f, 0, &ref);
+		if (rc != 0) {
+			atomic_fetch_add(a->bad, 1);
+			continue;
+		}
+		atomic_fetch_add(a->acquires, 1);
+		if (!fixture_ref_matches(a->f, &ref))
+			atomic_fetch_add(a->bad, 1);
+		sched_yield(); /* let eviction run while this reader holds the expert */
+		if (!fixture_ref_matches(a->f, &ref))
+			atomic_fetch_add(a->bad, 1);
+		residency_release(a->r, &ref);
+		if (i % 50 == 0) {
+			uint32_t ids[] = {(x + 1) % 12, (x + 2) % 12};
+			residency_prefetch(a->r, l, ids, 2, 0.5f);
+		}
+	}
+	return NULL;
+}
+
+int race_overlapping_demands(const char *policy)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 12, 2, 3000);
+	struct residency_config cfg = {
+	    .numa_node = 0,
+	    .mem_budget = 8 * 16384, /* 8 slots for 24 experts, 6 threads */
+	    .policy = policy,
+	    .queue_depth = 4,
+	    .chunk_bytes = 4096,
+	};
+	struct residency *r = fixture_residency(&f, &cfg);
+	atomic_int bad = 0;
+	atomic_ullong acquires = 0;
+	pthread_t t[RACE_THREADS];
+	struct race args[RACE_THREADS];
+	for (int i = 0; i < RACE_THREADS; i++) {
+		args[i] = (struct race){r, &f, (uint32_t)(i * 7 + 1), &bad, &acquires};
+		CHECK(pthread_create(&t[i], NULL, demand_loop, &args[i]) == 0, "pthread_create");
+	}
+	for (int i = 0; i < RACE_THREADS; i++)
+		pthread_join(t[i], NULL);
+	struct residency_counters c;
+	residency_counters(r, &c);
+	int rc = 0;
+	if (atomic_load(&bad) != 0 ||
+	    c.hits + c.cold_misses + c.inflight_misses != atomic_load(&acquires) ||
+	    c.loads < c.cold_misses || c.loads > c.cold_misses + c.prefetches || c.failures ||
+	    !c.evictions || c.slots_used > c.slots) {
+		fprintf(stderr,
+		        "%s: bad %d, acquires %llu, hits %llu cold %llu inflight %llu, loads %llu, "
+		        "prefetches %llu, failures %llu, evictions %llu, slots %u/%u\n",
+		        policy, atomic_load(&bad), (unsigned long long)atomic_load(&acquires),
+		        (unsigned long long)c.hits, (unsigned long long)c.cold_misses,
+		        (unsigned long long)c.inflight_misses, (unsigned long long)c.loads,
+		        (unsigned long long)c.prefetches, (unsigned long long)c.failures,
+		        (unsigned long long)c.evictions, c.slots_used, c.slots);
+		rc = -1;
+	}
+	residency_destroy(r);
+	fixture_destroy(&f);
+	return rc;
+}
+
+#define WAITERS 5
+
+struct held_gate {
+	struct residency *_Atomic r;
+	atomic_int released;
+	int fail_with; /* 0: pass through */
+};
+
+/* Holds the first completion until all WAITERS threads wait on the load (1 cold miss +
+ * WAITERS-1 in-flight misses): a condition on counters, not a delay. */
+static int hold_until_all_wait(void *arg, const struct loader_read_info *info, int res)
+{
+	struct held_gate *g = arg;
+	(void)info;
+	while (!atomic_load(&g->released)) {
+		struct residency_counters c;
+		residency_counters(atomic_load(&g->r), &c);
+		if (c.inflight_misses >= WAITERS - 1)
+			atomic_store(&g->released, 1);
+		else
+			sched_yield();
+	}
+	return g->fail_with ? g->fail_with : res;
+}
+
+struct waiter {
+	struct residency *r;
+	struct fixture *f;
+	int rc;
+	bool exact;
+};
+
+static void *wait_for_expert(void *arg)
+{
+	struct waiter *w = arg;
+	struct expert_ref ref;
+	w->rc = residency_acquire(w->r, 0, 1, 1.0f, 0, &ref);
+	if (w->rc == 0) {
+		w->exact = fixture_ref_matches(w->f, &ref);
+		residency_release(w->r, &ref);
+	}
+	return NULL;
+}
+
+int race_shared_load(int fail_with)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000); /* one expert = one 4 KiB-aligned read */
+	struct held_gate g = {.fail_with = fail_with};
+	struct residency_config cfg = {
+	    .numa_node = 0,
+	    .mem_budget = 1 << 20,
+	    .policy = "lru",
+	    .max_retries = 2,
+	    .fault_hook = hold_until_all_wait,
+	    .fault_arg = &g,
+	};
+	struct residency *r = fixture_residency(&f, &cfg);
+	atomic_store(&g.r, r);
+	pthread_t t[WAITERS];
+	struct waiter w[WAITERS];
+	for (int i = 0; i < WAITERS; i++) {
+		w[i] = (struct waiter){r, &f, 1, false};
+		CHECK(pthread_create(&t[i], NULL, wait_for_expert, &w[i]) == 0, "pthread_create");
+	}
+	for (int i = 0; i < WAITERS; i++)
+		pthread_join(t[i], NULL);
+	struct residency_counters c;
+	residency_counters(r, &c);
+	residency_destroy(r);
+	fixture_destroy(&f);
+	CHECK(c.cold_misses == 1, "%llu cold misses", (unsigned long long)c.cold_misses);
+	CHECK(c.inflight_misses == WAITERS - 1, "%llu in-flight misses",
+	      (unsigned long long)c.inflight_misses);
+	for (int i = 0; i < WAITERS; i++) {
+		if (fail_with) {
+			CHECK(w[i].rc == fail_with, "waiter %d got %d", i, w[i].rc);
+		} else {
+			CHECK(w[i].rc == 0 && w[i].exact, "waiter %d: rc %d, exact %d", i, w[i].rc,
+			      w[i].exact);
+		}
+	}
+	if (fail_with) {
+		CHECK(c.reads == 3, "%llu reads: want one, retried twice, for all waiters",
+		      (unsigned long long)c.reads);
+		CHECK(c.failures == 1, "%llu failures", (unsigned long long)c.failures);
+	} else {
+		CHECK(c.reads == 1 && c.loads == 1, "%llu reads, %llu loads for %d demands",
+		      (unsigned long long)c.reads, (unsigned long long)c.loads, WAITERS);
+	}
+	return 0;
+}

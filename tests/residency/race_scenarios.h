@@ -1,0 +1,13 @@
+/* race_scenarios.h — the residency concurrency scenarios, shared by the Criterion test
+ * (test_residency_race.c) and the standalone TSan program (stress_race.c). Each returns 0,
+ * or prints what went wrong and returns -1. */
+#ifndef MOE_TEST_RESIDENCY_RACE_SCENARIOS_H
+#define MOE_TEST_RESIDENCY_RACE_SCENARIOS_H
+
+/* Threads demand overlapping experts under `policy` while eviction runs. */
+int race_overlapping_demands(const char *policy);
+/* Concurrent demands for one cold expert: exactly one read; with fail_with (< 0) injected
+ * on every attempt, every waiter gets that error. */
+int race_shared_load(int fail_with);
+
+#endif

@@ -1,0 +1,159 @@
+/* test_belady.c — Belady's OPT: the textbook reference string, an exhaustive search on tiny
+ * random traces (OPT must equal the best of all eviction choices under the same rules), and
+ * every live policy never beating it. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim.h"
+
+static struct routing_trace parse(const char *text)
+{
+	struct routing_trace t;
+	char err[256];
+	cr_assert_eq(trace_parse(text, strlen(text), "test", &t, err, sizeof(err)), 0, "%s", err);
+	return t;
+}
+
+/* 7 0 1 2 0 3 0 4 2 3 0 3 2 1 2 0 1 7 0 1 with 3 frames: OPT has 9 faults. */
+Test(belady, textbook_reference_string)
+{
+	const int refs[] = {7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2, 1, 2, 0, 1, 7, 0, 1};
+	char text[1024];
+	int n = snprintf(text, sizeof(text), "moe-trace 1 n_layers=1 n_experts=8 top_k=1\n");
+	for (int i = 0; i < 20; i++)
+		n += snprintf(text + n, sizeof(text) - (size_t)n, "%d 0 %d\n", i, refs[i]);
+	struct routing_trace t = parse(text);
+	struct sim_result r;
+	char err[256];
+	cr_assert_eq(sim_run_belady(&t, 3, 0, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(r.refs, 20);
+	cr_assert_eq(r.refs - r.hits, 9);
+	/* LRU on the same string has 12 faults (textbook). */
+	struct policy_spec lru;
+	cr_assert_eq(policy_spec_parse("lru", &lru, err, sizeof(err)), 0);
+	cr_assert_eq(sim_run_policy(&t, &lru, 3, false, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(r.refs - r.hits, 12);
+	trace_free(&t);
+}
+
+/* Exhaustive: best hits from reference j with resident set `mask`, under sim.h's rules. */
+struct brute {
+	const struct routing_trace *t;
+	uint32_t cap;
+	uint32_t *ref_line; /* line of each reference */
+	int *memo;          /* [(n_refs+1) << n_ids], -1 = unknown */
+	uint32_t n_ids;
+};
+
+static uint32_t ref_id(const struct brute *b, uint32_t j)
+{
+	return b->t->lines[b->ref_line[j]].layer * b->t->n_experts + b->t->ids[j];
+}
+
+static int best(struct brute *b, uint32_t j, uint32_t mask)
+{
+	if (j == b->t->n_refs)
+		return 0;
+	int *m = &b->memo[((size_t)j << b->n_ids) | mask];
+	if (*m >= 0)
+		return *m;
+	uint32_t id = ref_id(b, j);
+	int result;
+	if (mask & (1u << id)) {
+		result = 1 + best(b, j + 1, mask);
+	} else if ((uint32_t)__builtin_popcount(mask) < b->cap) {
+		result = best(b, j + 1, mask | (1u << id));
+	} else {
+		const struct trace_line *l = &b->t->lines[b->ref_line[j]];
+		uint32_t in_use = 0;
+		for (uint32_t k = l->first; k < l->first + l->count; k++)
+			in_use |= 1u << ref_id(b, k);
+		result = -1;
+		for (uint32_t v = 0; v < b->n_ids; v++) {
+			if (!(mask & (1u << v)) || (in_use & (1u << v)))
+				continue;
+			int r = best(b, j + 1, (mask & ~(1u << v)) | (1u << id));
+			if (r > result)
+				result = r;
+		}
+		if (result < 0)
+			result = best(b, j + 1, mask); /* nothing evictable: not admitted */
+	}
+	*m = result;
+	return result;
+}
+
+Test(belady, equals_exhaustive_search_on_tiny_traces)
+{
+	uint64_t s = 99;
+	const char *policies[] = {"lru",         "lru+layer",  "sieve",
+	                          "sieve+layer", "sieve-heat", "sieve-heat+layer"};
+	for (int trial = 0; trial < 300; trial++) {
+		char text[4096];
+		uint32_t layers = 1 + trial % 2, experts = layers == 1 ? 6 : 4, top_k = 2;
+		int n =
+		    snprintf(text, sizeof(text), "moe-trace 1 n_layers=%u n_experts=%u top_k=%u\n",
+		             layers, experts, top_k);
+		uint32_t lines = 4 + trial % 9;
+		for (uint32_t li = 0; li < lines; li++) {
+			s = s * 6364136223846793005ull + 1442695040888963407ull;
+			uint32_t a = (uint32_t)(s >> 33) % experts,
+			         b = (uint32_t)(s >> 45) % experts;
+			bool two = (s >> 20) & 1 && a != b;
+			n += snprintf(text + n, sizeof(text) - (size_t)n, "%u %u %u%s", li / layers,
+			              li % layers, a, two ? "," : "\n");
+			if (two)
+				n += snprintf(text + n, sizeof(text) - (size_t)n, "%u\n", b);
+		}
+		struct routing_trace t = parse(text);
+		struct brute b = {.t = &t, .n_ids = layers * experts};
+		b.ref_line = malloc(t.n_refs * sizeof(uint32_t));
+		for (uint32_t li = 0; li < t.n_lines; li++)
+			for (uint32_t j = 0; j < t.lines[li].count; j++)
+				b.ref_line[t.lines[li].first + j] = li;
+		b.memo = malloc(((size_t)t.n_refs + 1) * ((size_t)1 << b.n_ids) * sizeof(int));
+		for (uint32_t cap = 1; cap <= 4; cap++) {
+			b.cap = cap;
+			memset(b.memo, 0xff,
+			       ((size_t)t.n_refs + 1) * ((size_t)1 << b.n_ids) * sizeof(int));
+			int opt = best(&b, 0, 0);
+			struct sim_result r;
+			char err[256];
+			cr_assert_eq(sim_run_belady(&t, cap, 0, &r, err, sizeof(err)), 0, "%s",
+			             err);
+			cr_assert_eq((int)r.hits, opt,
+			             "trial %d cap %u: belady %llu, exhaustive %d\n%s", trial, cap,
+			             (unsigned long long)r.hits, opt, text);
+			for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
+				struct policy_spec spec;
+				cr_assert_eq(
+				    policy_spec_parse(policies[p], &spec, err, sizeof(err)), 0);
+				struct sim_result pr;
+				cr_assert_eq(
+				    sim_run_policy(&t, &spec, cap, true, &pr, err, sizeof(err)), 0,
+				    "%s", err);
+				cr_assert_leq(pr.hits, r.hits, "%s beat OPT (trial %d cap %u)",
+				              policies[p], trial, cap);
+			}
+		}
+		free(b.memo);
+		free(b.ref_line);
+		trace_free(&t);
+	}
+}
+
+Test(belady, pinned_layers_are_hits)
+{
+	struct routing_trace t = parse("moe-trace 1 n_layers=2 n_experts=4 top_k=2\n"
+	                               "0 0 0,1\n0 1 0\n1 0 2,3\n1 1 1\n");
+	struct sim_result r;
+	char err[256];
+	cr_assert_eq(sim_run_belady(&t, 5, 1, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(r.refs, 6);
+	cr_assert_eq(r.hits, 4, "layer 0's four references are pinned hits");
+	cr_assert_eq(sim_run_belady(&t, 3, 1, &r, err, sizeof(err)), -ENOSPC);
+	trace_free(&t);
+}

@@ -1,0 +1,322 @@
+/* test_policy.c — residency policies against hand-computed sequences: LRU order, SIEVE's
+ * hand and visited bits (a worked example in the style of the NSDI'24 paper's figure),
+ * SIEVE+heat sparing hot and hinted experts, prefetch never clearing state, layer-aware
+ * partitions, pinning, and random operation sequences checked against the invariants. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "policy.h"
+#include "policy_internal.h"
+
+static struct residency_policy make(const char *spec_text, uint32_t layers, uint32_t experts,
+                                    uint32_t capacity)
+{
+	struct policy_spec spec;
+	char err[256];
+	cr_assert_eq(policy_spec_parse(spec_text, &spec, err, sizeof(err)), 0, "%s", err);
+	struct residency_policy p;
+	cr_assert_eq(policy_create(&p, &spec, layers, experts, capacity, 0, err, sizeof(err)), 0,
+	             "%s", err);
+	return p;
+}
+
+/* Admit id the way the live cache does: evict while needed, then insert. Returns the victim
+ * of the last eviction or POLICY_NONE. */
+static uint32_t admit(struct residency_policy *p, uint32_t id)
+{
+	uint32_t last = POLICY_NONE;
+	while (policy_needs_eviction(p, id)) {
+		uint32_t v = policy_victim(p, id, NULL, NULL);
+		cr_assert_neq(v, POLICY_NONE, "no victim to admit %u", id);
+		policy_remove(p, v);
+		last = v;
+	}
+	policy_insert(p, id, 1.0f);
+	return last;
+}
+
+Test(policy_lru, evicts_least_recent)
+{
+	struct residency_policy p = make("lru", 1, 8, 3);
+	cr_assert_eq(admit(&p, 0), POLICY_NONE);
+	cr_assert_eq(admit(&p, 1), POLICY_NONE);
+	cr_assert_eq(admit(&p, 2), POLICY_NONE);
+	policy_access(&p, 0, 1);       /* order (old→new): 1 2 0 */
+	cr_assert_eq(admit(&p, 3), 1); /* 2 0 3 */
+	policy_access(&p, 2, 1);       /* 0 3 2 */
+	cr_assert_eq(admit(&p, 4), 0); /* 3 2 4 */
+	cr_assert_eq(admit(&p, 5), 3); /* 2 4 5 */
+	cr_assert_eq(p.resident, 3);
+	policy_destroy(&p);
+}
+
+static bool not_id(void *arg, uint32_t id)
+{
+	return id != *(uint32_t *)arg;
+}
+
+Test(policy_lru, skips_what_may_not_go)
+{
+	struct residency_policy p = make("lru", 1, 8, 2);
+	admit(&p, 0);
+	admit(&p, 1);
+	uint32_t busy = 0;
+	cr_assert_eq(policy_victim(&p, 2, not_id, &busy), 1);
+	policy_destroy(&p);
+}
+
+enum { A, B, C, D, E, F, G, H, I, J, K, L };
+
+/* Seven slots hold A..G (A oldest); A, B and G were hit. The hand starts at the tail. */
+Test(policy_sieve, paper_style_example)
+{
+	struct residency_policy p = make("sieve", 1, 16, 7);
+	for (uint32_t id = A; id <= G; id++)
+		admit(&p, id);
+	policy_access(&p, A, 1);
+	policy_access(&p, B, 1);
+	policy_access(&p, G, 1);
+	/* H: A and B are visited (bits cleared, kept in place), C is the victim. */
+	cr_assert_eq(admit(&p, H), C);
+	cr_assert_eq(p.visited[A], 0);
+	cr_assert_eq(p.visited[B], 0);
+	cr_assert_eq(p.visited[G], 1);
+	/* Hits on A and D; I: the hand is at D (visited → cleared), E goes. */
+	policy_access(&p, A, 1);
+	policy_access(&p, D, 1);
+	cr_assert_eq(admit(&p, I), E);
+	/* J: the hand moved on to F, unvisited. */
+	cr_assert_eq(admit(&p, J), F);
+	/* K: G is visited (cleared); next toward the head is H, new and unvisited. */
+	cr_assert_eq(admit(&p, K), H);
+	/* L: the hand is at I (unvisited) — new objects are not spared. */
+	cr_assert_eq(admit(&p, L), I);
+	/* Queue now (old→new): A B D G J K L, the hand at J; only A is visited. Hits on J, K
+	 * and L: the hand clears them, reaches the head, wraps to the tail, clears A and
+	 * evicts B. */
+	policy_access(&p, J, 1);
+	policy_access(&p, K, 1);
+	policy_access(&p, L, 1);
+	cr_assert_eq(admit(&p, 12), B);
+	cr_assert_eq(p.visited[A], 0);
+	cr_assert_eq(p.visited[J] + p.visited[K] + p.visited[L], 0);
+	/* The hand stopped at D (B's newer neighbour), unvisited. */
+	cr_assert_eq(admit(&p, 13), D);
+	cr_assert_eq(p.resident, 7);
+	policy_destroy(&p);
+}
+
+Test(policy_sieve, skips_busy_without_clearing_them)
+{
+	struct residency_policy p = make("sieve", 1, 8, 3);
+	admit(&p, 0);
+	admit(&p, 1);
+	admit(&p, 2);
+	policy_access(&p, 0, 1);
+	uint32_t busy = 1;
+	/* 0 visited → cleared; 1 busy → skipped; 2 unvisited → victim. */
+	cr_assert_eq(policy_victim(&p, 5, not_id, &busy), 2);
+	cr_assert_eq(p.visited[0], 0);
+	policy_destroy(&p);
+}
+
+Test(policy_sieve, prefetch_never_clears_visited_bits)
+{
+	struct residency_policy p = make("sieve", 1, 8, 2);
+	admit(&p, 0);
+	admit(&p, 1);
+	policy_access(&p, 0, 1);
+	policy_access(&p, 1, 1);
+	cr_assert_eq(policy_prefetch_victim(&p, 2, 1.0f, NULL, NULL), POLICY_NONE);
+	cr_assert_eq(p.visited[0], 1);
+	cr_assert_eq(p.visited[1], 1);
+	/* Demand does clear them, and evicts the oldest. */
+	cr_assert_eq(policy_victim(&p, 2, NULL, NULL), 0);
+	policy_destroy(&p);
+}
+
+Test(policy_sieve_heat, hint_gives_one_pass_and_heat_guards_prefetch)
+{
+	struct residency_policy p = make("sieve-heat", 1, 8, 3);
+	admit(&p, 0);
+	admit(&p, 1);
+	admit(&p, 2);
+	for (uint32_t id = 0; id < 3; id++)
+		p.heat[id] = 0; /* as if never scored */
+	/* Plain SIEVE would evict 0 (oldest, unvisited). A lookahead hint marks it needed. */
+	policy_hint(&p, 0, 1.0f);
+	cr_assert_eq(p.visited[0], 1);
+	cr_assert_float_eq(policy_heat_now(&p, 0), 1.0f, 1e-6);
+	cr_assert_eq(policy_victim(&p, 3, NULL, NULL), 1);
+	cr_assert_eq(p.visited[0], 0, "the hand used up the hint");
+	policy_remove(&p, 1);
+	policy_insert(&p, 3, -1); /* a prefetch: no score, no heat */
+	/* Hot experts: heat 3 at the current clock. A prefetch of priority 0.5 takes none. */
+	p.heat[2] = p.heat[3] = 3.0f;
+	p.heat_at[2] = p.heat_at[3] = p.now;
+	cr_assert_eq(policy_prefetch_victim(&p, 4, 0.5f, NULL, NULL), POLICY_NONE);
+	/* Priority 5 outweighs them: the first unvisited one from the hand (2) may go. */
+	cr_assert_eq(policy_prefetch_victim(&p, 4, 5.0f, NULL, NULL), 2);
+	/* Heat makes the demand hand spare an unvisited expert once, halving it. */
+	cr_assert_eq(policy_victim(&p, 4, NULL, NULL), 0, "0: heat 1 < keep 2, unvisited");
+	cr_assert_float_eq(policy_heat_now(&p, 2), 1.5f, 1e-5, "2 was spared, its heat halved");
+	cr_assert_float_eq(policy_heat_now(&p, 3), 1.5f, 1e-5, "3 was spared, its heat halved");
+	policy_destroy(&p);
+}
+
+Test(policy_heat, decayed_sum_of_scores)
+{
+	struct residency_policy p = make("sieve-heat", 1, 4, 4); /* half-life = 4 accesses */
+	cr_assert_float_eq(p.half_life, 4.0f, 1e-6);
+	policy_insert(&p, 0, 1.0f);
+	cr_assert_float_eq(policy_heat_now(&p, 0), 1.0f, 1e-6);
+	policy_access(&p, 0, 2.0f); /* one access later */
+	float expect = 1.0f * exp2f(-1.0f / 4) + 2.0f;
+	cr_assert_float_eq(policy_heat_now(&p, 0), expect, 1e-5);
+	policy_insert(&p, 1, 0.0f);
+	for (int i = 0; i < 3; i++)
+		policy_access(&p, 1, 0.0f); /* four ticks of the clock in all */
+	cr_assert_float_eq(policy_heat_now(&p, 0), expect / 2, 1e-5, "half-life of 4 accesses");
+	policy_destroy(&p);
+}
+
+Test(policy_layer, partitions_evict_within_layer)
+{
+	struct residency_policy p = make("lru+layer", 2, 4, 4);
+	cr_assert_eq(p.quota[0], 2);
+	cr_assert_eq(p.quota[1], 2);
+	admit(&p, policy_id(&p, 0, 0));
+	admit(&p, policy_id(&p, 0, 1));
+	admit(&p, policy_id(&p, 1, 0));
+	/* Layer 0 is at its share although one slot is free: it evicts its own LRU. */
+	cr_assert(policy_needs_eviction(&p, policy_id(&p, 0, 2)));
+	cr_assert_eq(admit(&p, policy_id(&p, 0, 2)), policy_id(&p, 0, 0));
+	cr_assert_not(policy_needs_eviction(&p, policy_id(&p, 1, 1)));
+	/* A global LRU would have taken layer 1's expert 0 (older than layer 0's). */
+	struct residency_policy g = make("lru", 2, 4, 3);
+	admit(&g, policy_id(&g, 1, 0));
+	admit(&g, policy_id(&g, 0, 0));
+	admit(&g, policy_id(&g, 0, 1));
+	cr_assert_eq(admit(&g, policy_id(&g, 0, 2)), policy_id(&g, 1, 0));
+	policy_destroy(&g);
+	policy_destroy(&p);
+}
+
+Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
+{
+	struct residency_policy p = make("sieve+pin1", 3, 4, 6);
+	cr_assert_eq(p.capacity, 2);
+	policy_insert(&p, policy_id(&p, 0, 1), 1);
+	cr_assert_eq(p.resident, 0, "a pinned expert entered the queue");
+	cr_assert_not(policy_needs_eviction(&p, policy_id(&p, 0, 3)));
+	policy_destroy(&p);
+
+	struct policy_spec spec;
+	char err[256];
+	cr_assert_eq(policy_spec_parse("lru+pin2", &spec, err, sizeof(err)), 0);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, err, sizeof(err)), -ENOSPC);
+	cr_assert(strstr(err, "pinned") != NULL, "%s", err);
+	/* Masked (GPU) experts of pinned layers need no slot. */
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(p.capacity, 0);
+	policy_destroy(&p);
+}
+
+Test(policy_spec, parse_and_name)
+{
+	struct policy_spec s;
+	char err[256], name[64];
+	cr_assert_eq(policy_spec_parse("sieve-heat+layer+pin3", &s, err, sizeof(err)), 0, "%s",
+	             err);
+	cr_assert_eq(s.kind, POLICY_SIEVE_HEAT);
+	cr_assert(s.per_layer);
+	cr_assert_eq(s.pin_layers, 3);
+	policy_spec_name(&s, name, sizeof(name));
+	cr_assert_str_eq(name, "sieve-heat+layer+pin3");
+	cr_assert_neq(policy_spec_parse("arc", &s, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "unknown algorithm 'arc'") != NULL, "%s", err);
+	cr_assert_neq(policy_spec_parse("lru+layr", &s, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "+layr") != NULL, "%s", err);
+	cr_assert_neq(policy_spec_parse("lru+pin", &s, err, sizeof(err)), 0);
+	cr_assert_neq(policy_spec_parse("lru+pin1x", &s, err, sizeof(err)), 0);
+	cr_assert_neq(policy_spec_parse("", &s, err, sizeof(err)), 0);
+}
+
+/* Random admissions/hits/removals under every policy: the policy never holds more than its
+ * capacity (nor a partition more than its share when the owner could give), never names a
+ * pinned, absent or busy expert, and its counts match its queues. */
+static bool not_busy(void *arg, uint32_t id)
+{
+	const uint8_t *busy = arg;
+	return !busy[id];
+}
+
+Test(policy_random, invariants_hold)
+{
+	const char *specs[] = {"lru",
+	                       "lru+layer",
+	                       "sieve",
+	                       "sieve+layer",
+	                       "sieve-heat",
+	                       "sieve-heat+layer",
+	                       "sieve+layer+pin1",
+	                       "lru+pin2"};
+	uint64_t s = 12345;
+	for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
+		struct residency_policy p = make(specs[k], 4, 6, 13);
+		uint8_t resident[24] = {0}, busy[24] = {0};
+		for (int step = 0; step < 20000; step++) {
+			s = s * 6364136223846793005ull + 1442695040888963407ull;
+			uint32_t id = (uint32_t)(s >> 33) % 24;
+			uint32_t op = (uint32_t)(s >> 20) % 8;
+			busy[(s >> 40) % 24] ^= 1;
+			if (policy_is_pinned(&p, id))
+				continue;
+			if (op == 0 && resident[id]) {
+				policy_remove(&p, id);
+				resident[id] = 0;
+			} else if (resident[id]) {
+				policy_access(&p, id, (float)(op % 3));
+			} else {
+				bool ok = true;
+				while (policy_needs_eviction(&p, id)) {
+					uint32_t v = op == 7
+					                 ? policy_prefetch_victim(&p, id, 0.5f,
+					                                          not_busy, busy)
+					                 : policy_victim(&p, id, not_busy, busy);
+					if (v == POLICY_NONE) {
+						ok = false;
+						break;
+					}
+					cr_assert_lt(v, 24);
+					cr_assert(resident[v], "%s: victim %u not resident",
+					          specs[k], v);
+					cr_assert_not(busy[v], "%s: busy victim %u", specs[k], v);
+					cr_assert_not(policy_is_pinned(&p, v));
+					policy_remove(&p, v);
+					resident[v] = 0;
+				}
+				if (ok) {
+					policy_insert(&p, id, op == 7 ? -1.0f : 1.0f);
+					resident[id] = 1;
+				}
+			}
+			uint32_t n = 0;
+			for (uint32_t i = 0; i < 24; i++)
+				n += resident[i];
+			cr_assert_eq(n, p.resident, "%s: count drift", specs[k]);
+			cr_assert_leq(p.resident, p.capacity, "%s: over capacity", specs[k]);
+			/* Walk every queue: its length matches its count. */
+			for (uint32_t q = 0; q < p.n_partitions; q++) {
+				uint32_t len = 0;
+				for (uint32_t it = p.queues[q].head; it != POLICY_NONE;
+				     it = p.next[it])
+					len++;
+				cr_assert_eq(len, p.count[q], "%s: queue %u length", specs[k], q);
+			}
+		}
+		policy_destroy(&p);
+	}
+}

@@ -1,0 +1,513 @@
+/* test_residency.c — the state machine and loader against a real file on /tmp (O_DIRECT) and
+ * on /dev/shm (tmpfs: buffered fallback): unaligned extents byte-exact against pread,
+ * chunking, the byte budget after every operation, pinned and referenced experts never
+ * evicted, GPU mask, prefetch accounting and ordering, and faults injected through the
+ * loader hook (EIO retried then failed, short reads continued). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "fixture.h"
+
+static struct residency_config base_config(uint64_t budget)
+{
+	return (struct residency_config){
+	    .numa_node = 0,
+	    .mem_budget = budget,
+	    .policy = "lru",
+	    .max_retries = 3,
+	};
+}
+
+static void counters(struct residency *r, struct residency_counters *c)
+{
+	residency_counters(r, c);
+	cr_assert_leq(c->slots_used, c->slots);
+	cr_assert_leq((uint64_t)c->slots * c->slot_bytes, c->budget_bytes, "budget exceeded");
+}
+
+static void acquire_ok(struct residency *r, struct fixture *f, uint32_t l, uint32_t x,
+                       struct expert_ref *ref)
+{
+	int rc = residency_acquire(r, l, x, 1.0f, 0, ref);
+	char msg[256];
+	residency_error_message(r, l, x, msg, sizeof(msg));
+	cr_assert_eq(rc, 0, "acquire %u/%u: %d (%s)", l, x, rc, msg);
+	cr_assert(fixture_ref_matches(f, ref), "layer %u expert %u: bytes differ from pread", l, x);
+}
+
+Test(residency, unaligned_extents_byte_exact_and_hits_after)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 4, 3, 5000);
+	struct residency_config cfg = base_config(64u << 20);
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.buffered_files, 0, "/tmp should take O_DIRECT");
+	for (int round = 0; round < 2; round++)
+		for (uint32_t l = 0; l < 2; l++)
+			for (uint32_t x = 0; x < 4; x++) {
+				struct expert_ref ref;
+				acquire_ok(r, &f, l, x, &ref);
+				residency_release(r, &ref);
+			}
+	counters(r, &c);
+	cr_assert_eq(c.cold_misses, 8);
+	cr_assert_eq(c.hits, 8);
+	cr_assert_eq(c.loads, 8);
+	cr_assert_eq(c.failures, 0);
+	cr_assert_eq(c.fixed_reads + c.plain_reads, c.reads);
+	if (c.buffers_registered)
+		cr_assert_eq(c.fixed_reads, c.reads, "registered slots must use read_fixed");
+	uint64_t hist = 0;
+	for (int b = 0; b < RESIDENCY_LAT_BUCKETS; b++)
+		hist += c.latency_us_log2[b];
+	cr_assert_eq(hist, c.reads, "every read lands in the latency histogram");
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, chunked_reads_at_small_depth)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 3, 2, 20000);
+	struct residency_config cfg = base_config(64u << 20);
+	cfg.chunk_bytes = 4096;
+	cfg.queue_depth = 2;
+	struct residency *r = fixture_residency(&f, &cfg);
+	uint64_t expect_reads = 0;
+	for (uint32_t id = 0; id < 3; id++) {
+		uint32_t n;
+		const struct expert_extent *e = expert_map_extents(&f.map, id, &n);
+		for (uint32_t i = 0; i < n; i++) {
+			uint64_t start = e[i].offset / 4096 * 4096;
+			uint64_t end = (e[i].offset + e[i].length + 4095) / 4096 * 4096;
+			expect_reads += (end - start) / 4096;
+		}
+	}
+	for (uint32_t x = 0; x < 3; x++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, 0, x, &ref);
+		residency_release(r, &ref);
+	}
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.reads, expect_reads, "one read per 4 KiB chunk");
+	cr_assert_eq(c.retries, 0);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, budget_and_referenced_experts)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 8, 1, 3000);
+	/* Three slots: every expert is one 4 KiB or 8 KiB aligned read. */
+	struct residency_config cfg = base_config(3 * 8192 + 100);
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.slots, 3);
+	struct expert_ref held;
+	acquire_ok(r, &f, 0, 0, &held);
+	for (int i = 0; i < 40; i++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, (uint32_t)(i % 2), (uint32_t)(1 + i % 7), &ref);
+		counters(r, &c);
+		residency_release(r, &ref);
+		counters(r, &c);
+		cr_assert_eq(residency_state(r, 0, 0), EXPERT_RESIDENT, "held expert evicted");
+		cr_assert(fixture_ref_matches(&f, &held), "held expert's bytes changed");
+	}
+	cr_assert_gt(c.evictions, 30);
+	/* Every slot referenced: a NOWAIT demand cannot get one. */
+	struct expert_ref b, d, x;
+	acquire_ok(r, &f, 1, 1, &b);
+	acquire_ok(r, &f, 1, 2, &d);
+	cr_assert_eq(residency_acquire(r, 1, 3, 1.0f, RESIDENCY_NOWAIT, &x), -EAGAIN);
+	residency_release(r, &d);
+	acquire_ok(r, &f, 1, 3, &x);
+	residency_release(r, &x);
+	residency_release(r, &b);
+	residency_release(r, &held);
+	counters(r, &c);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, pinned_layers_stay)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 3, 4, 1, 3000);
+	struct residency_config cfg = base_config(7 * 8192);
+	cfg.policy = "lru+pin1";
+	struct residency *r = fixture_residency(&f, &cfg);
+	char err[256];
+	cr_assert_eq(residency_warm_pinned(r, err, sizeof(err)), 0, "%s", err);
+	struct residency_counters c0, c;
+	counters(r, &c0);
+	cr_assert_eq(c0.loads, 4);
+	for (int i = 0; i < 50; i++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, 1 + (uint32_t)(i % 2), (uint32_t)(i * 3 % 4), &ref);
+		residency_release(r, &ref);
+		for (uint32_t x = 0; x < 4; x++)
+			cr_assert_eq(residency_state(r, 0, x), EXPERT_RESIDENT, "pinned evicted");
+	}
+	counters(r, &c);
+	cr_assert_gt(c.evictions, 0);
+	uint64_t bytes = c.bytes_read;
+	for (uint32_t x = 0; x < 4; x++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, 0, x, &ref);
+		residency_release(r, &ref);
+	}
+	counters(r, &c);
+	cr_assert_eq(c.bytes_read, bytes, "pinned experts were read again");
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, gpu_masked_never_loaded)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 4, 1, 3000);
+	struct residency_config cfg = base_config(1 << 20);
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	acquire_ok(r, &f, 0, 2, &ref);
+	residency_release(r, &ref);
+	uint8_t mask[4] = {0, 1, 1, 0};
+	cr_assert_eq(residency_set_gpu_mask(r, 0, mask), 0);
+	cr_assert_eq(residency_state(r, 0, 2), EXPERT_COLD, "masked resident expert kept");
+	cr_assert_eq(residency_acquire(r, 0, 1, 1.0f, 0, &ref), -EPERM);
+	uint32_t ids[] = {1, 2};
+	cr_assert_eq(residency_prefetch(r, 0, ids, 2, 1.0f), 0);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.loads, 1);
+	cr_assert_eq(c.cold_misses, 1);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, prefetch_hits_and_waste)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 6, 1, 3000);
+	struct residency_config cfg = base_config(2 * 8192);
+	struct residency *r = fixture_residency(&f, &cfg);
+	uint32_t ids[] = {0, 1};
+	cr_assert_eq(residency_prefetch(r, 0, ids, 2, 1.0f), 2);
+	struct expert_ref a, b;
+	acquire_ok(r, &f, 0, 0, &a); /* prefetched, then used */
+	residency_release(r, &a);
+	/* LRU: expert 1 (prefetched, unused) is the least recent: demands evict it. */
+	acquire_ok(r, &f, 0, 2, &a);
+	residency_release(r, &a);
+	acquire_ok(r, &f, 0, 3, &b);
+	residency_release(r, &b);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.prefetches, 2);
+	cr_assert_eq(c.prefetch_hits, 1);
+	cr_assert_eq(c.prefetch_wasted, 1);
+	cr_assert_eq(c.cold_misses, 2);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, prefetch_never_evicts_more_valuable)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 6, 1, 3000);
+	struct residency_config cfg = base_config(2 * 8192);
+	cfg.policy = "sieve";
+	struct residency *r = fixture_residency(&f, &cfg);
+	for (int i = 0; i < 2; i++)
+		for (uint32_t x = 0; x < 2; x++) {
+			struct expert_ref ref;
+			acquire_ok(r, &f, 0, x, &ref); /* second round: hits set visited bits */
+			residency_release(r, &ref);
+		}
+	uint32_t ids[] = {4};
+	cr_assert_eq(residency_prefetch(r, 0, ids, 1, 1.0f), 0);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.prefetch_dropped, 1);
+	cr_assert_eq(c.evictions, 0);
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_RESIDENT);
+	cr_assert_eq(residency_state(r, 0, 1), EXPERT_RESIDENT);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+/* ---- fault injection ---- */
+
+struct faults {
+	atomic_int fail_first; /* fail this many completions with fail_with */
+	int fail_with;
+	atomic_int truncate_first; /* cut this many completions to half (rounded to 4 KiB) */
+	atomic_int seen;
+};
+
+static int inject(void *arg, const struct loader_read_info *info, int res)
+{
+	struct faults *fl = arg;
+	(void)info;
+	atomic_fetch_add(&fl->seen, 1);
+	if (atomic_fetch_sub(&fl->fail_first, 1) > 0)
+		return fl->fail_with;
+	if (res > 8192 && atomic_fetch_sub(&fl->truncate_first, 1) > 0)
+		return res / 2 / 4096 * 4096;
+	return res;
+}
+
+Test(residency_faults, eio_retried_then_failed_with_context)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	struct faults fl = {.fail_first = 1000, .fail_with = -EIO};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.max_retries = 2;
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 1, 1.0f, 0, &ref), -EIO);
+	cr_assert_eq(residency_state(r, 0, 1), EXPERT_FAILED);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.retries, 2);
+	cr_assert_eq(c.reads, 3, "first attempt + 2 retries");
+	cr_assert_eq(c.failures, 1);
+	cr_assert_eq(c.slots_used, 0, "a failed load gives its slot back");
+	char msg[512];
+	residency_error_message(r, 0, 1, msg, sizeof(msg));
+	cr_assert(strstr(msg, f.path) && strstr(msg, "layer 0 expert 1") &&
+	              strstr(msg, "3 attempt") && strstr(msg, "Input/output error"),
+	          "%s", msg);
+	/* Sticky: the next demand fails at once, without I/O. */
+	cr_assert_eq(residency_acquire(r, 0, 1, 1.0f, 0, &ref), -EIO);
+	counters(r, &c);
+	cr_assert_eq(c.reads, 3);
+	/* Once retried with a healthy disk, it loads. */
+	atomic_store(&fl.fail_first, 0);
+	residency_retry_failed(r, 0, 1);
+	acquire_ok(r, &f, 0, 1, &ref);
+	residency_release(r, &ref);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_faults, transient_eio_and_eagain_recover)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 2, 3000);
+	struct faults fl = {.fail_first = 2, .fail_with = -EAGAIN};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	acquire_ok(r, &f, 0, 0, &ref);
+	residency_release(r, &ref);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.retries, 2);
+	cr_assert_eq(c.failures, 0);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+/* A read cancelled by its linked timeout completes with -ECANCELED: retried, then the expert
+ * fails as -ETIMEDOUT. */
+Test(residency_faults, timed_out_reads_retried_then_etimedout)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	struct faults fl = {.fail_first = 1000, .fail_with = -ECANCELED};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.max_retries = 1;
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -ETIMEDOUT);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.retries, 1);
+	cr_assert_eq(c.reads, 2);
+	char msg[512];
+	residency_error_message(r, 0, 0, msg, sizeof(msg));
+	cr_assert(strstr(msg, "timed out"), "%s", msg);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_faults, short_reads_continue_byte_exact)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 3, 2, 30000);
+	struct faults fl = {.truncate_first = 3};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	for (uint32_t x = 0; x < 3; x++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, 0, x, &ref);
+		residency_release(r, &ref);
+	}
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.short_reads, 3);
+	cr_assert_eq(c.reads, 6 + 3, "six extents, three continuations");
+	cr_assert_eq(c.retries, 0);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_faults, end_of_file_inside_data_fails)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	struct faults fl = {.fail_first = 1, .fail_with = 0}; /* a read that returns 0 bytes */
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.fault_hook = inject;
+	cfg.fault_arg = &fl;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -ENODATA);
+	char msg[512];
+	residency_error_message(r, 0, 0, msg, sizeof(msg));
+	cr_assert(strstr(msg, "file ends before the expert's data"), "%s", msg);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_files, extent_beyond_eof_rejected_at_create)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	cr_assert_eq(expert_map_add(&f.map, 0, 1, 0, f.file_size - 10, 11, NULL, 0), 0);
+	struct residency_config cfg = base_config(1 << 20);
+	struct residency *r;
+	char err[512];
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, err, sizeof(err)), -EINVAL);
+	cr_assert(strstr(err, "layer 0 expert 1") && strstr(err, "beyond the end of the file") &&
+	              strstr(err, f.path),
+	          "%s", err);
+	cfg.mem_budget = 100; /* not even one slot */
+	expert_map_free(&f.map);
+	const char *paths[] = {f.path};
+	cr_assert_eq(expert_map_init(&f.map, 1, 1, 1, paths, err, sizeof(err)), 0);
+	cr_assert_eq(expert_map_add(&f.map, 0, 0, 0, 10, 100, err, sizeof(err)), 0);
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, err, sizeof(err)), -ENOSPC);
+	cr_assert(strstr(err, "holds no slot"), "%s", err);
+	fixture_destroy(&f);
+}
+
+/* Linux ≥ 6.6 gives tmpfs O_DIRECT, so the refusal is simulated (no_direct takes the same
+ * path as open(O_DIRECT) failing with EINVAL); /dev/shm is still used for its page cache. */
+Test(residency_files, refused_direct_io_falls_back_to_buffered_loudly)
+{
+	struct fixture f;
+	fixture_create(&f, "/dev/shm", 1, 3, 2, 5000);
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.no_direct = true;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.buffered_files, 1, "buffered fallback must be counted");
+	for (uint32_t x = 0; x < 3; x++) {
+		struct expert_ref ref;
+		acquire_ok(r, &f, 0, x, &ref);
+		residency_release(r, &ref);
+	}
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+/* ---- demand before prefetch ---- */
+
+struct gate {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool entered, open;
+	uint32_t order[16];
+	int n;
+};
+
+static int gate_hook(void *arg, const struct loader_read_info *info, int res)
+{
+	struct gate *g = arg;
+	pthread_mutex_lock(&g->lock);
+	if (g->n < 16)
+		g->order[g->n++] = info->expert;
+	g->entered = true;
+	pthread_cond_broadcast(&g->cond);
+	while (!g->open)
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+	return res;
+}
+
+Test(residency_order, demand_reads_go_before_prefetches)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 6, 1, 3000);
+	struct gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.queue_depth = 1; /* one read at a time: the order is the loader's choice */
+	cfg.fault_hook = gate_hook;
+	cfg.fault_arg = &g;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, RESIDENCY_NOWAIT, &ref), -EINPROGRESS);
+	pthread_mutex_lock(&g.lock);
+	while (!g.entered) /* the loader holds expert 0's completion at the gate */
+		pthread_cond_wait(&g.cond, &g.lock);
+	pthread_mutex_unlock(&g.lock);
+	uint32_t pre[] = {1, 2};
+	cr_assert_eq(residency_prefetch(r, 0, pre, 2, 1.0f), 2);
+	cr_assert_eq(residency_acquire(r, 0, 3, 1.0f, RESIDENCY_NOWAIT, &ref), -EINPROGRESS);
+	pthread_mutex_lock(&g.lock);
+	g.open = true;
+	pthread_cond_broadcast(&g.cond);
+	pthread_mutex_unlock(&g.lock);
+	for (uint32_t x = 0; x < 4; x++) {
+		acquire_ok(r, &f, 0, x, &ref);
+		residency_release(r, &ref);
+	}
+	cr_assert_eq(g.n, 4);
+	cr_assert_eq(g.order[0], 0);
+	cr_assert_eq(g.order[1], 3, "the demand for expert 3 waited behind prefetches");
+	cr_assert_eq(g.order[2], 1);
+	cr_assert_eq(g.order[3], 2);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_order, shutdown_with_loads_queued_and_in_flight)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 8, 2, 20000);
+	struct residency_config cfg = base_config(16u << 20);
+	cfg.queue_depth = 2;
+	cfg.chunk_bytes = 4096;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	for (uint32_t l = 0; l < 2; l++)
+		for (uint32_t x = 0; x < 8; x++) {
+			int rc = residency_acquire(r, l, x, 1.0f, RESIDENCY_NOWAIT, &ref);
+			cr_assert(rc == -EINPROGRESS || rc == 0, "%d", rc);
+			if (rc == 0)
+				residency_release(r, &ref);
+		}
+	residency_destroy(r); /* must return; ASan checks nothing leaks */
+	fixture_destroy(&f);
+}

@@ -1,0 +1,167 @@
+/* test_trace.c — the trace format: valid input parsed to the right values, every kind of bad
+ * input rejected with a message naming the line and the problem, writer/parser round trip,
+ * and the generator's shape and determinism. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trace.h"
+
+static int parse(const char *text, struct routing_trace *t, char *err)
+{
+	return trace_parse(text, strlen(text), "t.trace", t, err, 256);
+}
+
+Test(trace, parses_scored_trace)
+{
+	struct routing_trace t;
+	char err[256];
+	cr_assert_eq(parse("# a comment\nmoe-trace 1 n_layers=2 n_experts=8 top_k=2\n\n"
+	                   "0 0 3:0.75,5:0.25\n0 1\t7:1\n1 0 3:0.5,4:.5\r\n",
+	                   &t, err),
+	             0, "%s", err);
+	cr_assert_eq(t.n_layers, 2);
+	cr_assert_eq(t.n_experts, 8);
+	cr_assert_eq(t.top_k, 2);
+	cr_assert(t.scored);
+	cr_assert_eq(t.n_lines, 3);
+	cr_assert_eq(t.n_refs, 5);
+	cr_assert_eq(t.lines[1].layer, 1);
+	cr_assert_eq(t.lines[1].count, 1);
+	cr_assert_eq(t.ids[t.lines[2].first + 1], 4);
+	cr_assert_float_eq(t.scores[0], 0.75f, 1e-6);
+	cr_assert_float_eq(t.scores[4], 0.5f, 1e-6);
+	trace_free(&t);
+}
+
+struct bad_case {
+	const char *text, *message;
+};
+
+Test(trace, rejects_bad_input_with_line_and_reason)
+{
+	const char *h = "moe-trace 1 n_layers=2 n_experts=8 top_k=2\n";
+	struct bad_case cases[] = {
+	    {"", "no 'moe-trace' header"},
+	    {"hello\n", "not a trace"},
+	    {"moe-trace 2 n_layers=2 n_experts=8 top_k=2\n0 0 1\n", "version"},
+	    {"moe-trace 1 n_layers=0 n_experts=8 top_k=2\n", "bad header"},
+	    {"moe-trace 1 n_layers=2 n_experts=8 top_k=9\n", "top_k above"},
+	    {"moe-trace 1 n_layers=2 n_experts=8\n", "bad header"},
+	    {"moe-trace 1 n_layers=4096 n_experts=65536 top_k=2\n", "too many"},
+	    {"moe-trace 1 n_layers=2 n_experts=8 top_k=2\n", "no lines"},
+	    {"L0 0 9\n", "t.trace:2: expert id 9 out of range (n_experts 8)"},
+	    {"L2 2 1\n", "t.trace:2: layer 2 out of range"},
+	    {"L2 0 1,1\n", "expert 1 listed twice"},
+	    {"L2 0 1,2,3\n", "more than top_k=2"},
+	    {"L2 0 1:0.5,2\n", "missing score"},
+	    {"L2 0 1,2:0.5\n", "unexpected score"},
+	    {"L2 0 1:1.5\n", "not a number in [0, 1]"},
+	    {"L2 0 1:x\n", "not a number"},
+	    {"L2 0 1 junk\n", "unexpected 'j'"},
+	    {"L2 0 \n", "expected an expert id"},
+	    {"L2 0 1,\n", "expected an expert id"},
+	    {"L2 x 1\n", "expected a layer"},
+	    {"L-1 0 1\n", "expected a step"},
+	    {"L2 0 1\n1 0 1\n", "step 1 after step 2"},
+	    {"L0 0 1\n0 1 2\n0 0 3\n", "t.trace:4: step 0 layer 0 listed twice"},
+	    {"L99999999999 0 1\n", "expected a step"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[512], err[256];
+		const char *body = cases[i].text;
+		if (body[0] == 'L')
+			snprintf(text, sizeof(text), "%s%s", h, body + 1);
+		else
+			snprintf(text, sizeof(text), "%s", body);
+		struct routing_trace t;
+		err[0] = '\0';
+		cr_assert_neq(parse(text, &t, err), 0, "case %zu accepted: %s", i, text);
+		cr_assert(strstr(err, cases[i].message) != NULL, "case %zu: '%s' lacks '%s'", i,
+		          err, cases[i].message);
+	}
+	/* An embedded NUL is refused, not read past. */
+	const char nul[] = "moe-trace 1 n_layers=1 n_experts=2 top_k=1\n0 0 1\0\n";
+	struct routing_trace t;
+	char err[256];
+	cr_assert_neq(trace_parse(nul, sizeof(nul) - 1, "t", &t, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "NUL") != NULL, "%s", err);
+}
+
+Test(trace, generator_round_trips_and_is_deterministic)
+{
+	char err[256];
+	struct trace_gen_params g;
+	cr_assert_eq(trace_gen_preset("qwen3-30b-a3b", &g, err, sizeof(err)), 0, "%s", err);
+	g.steps = 20;
+	struct routing_trace a, b, c;
+	cr_assert_eq(trace_generate(&g, &a, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_generate(&g, &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(a.n_lines, 20 * 48);
+	cr_assert_eq(a.n_refs, 20 * 48 * 8);
+	cr_assert_eq(memcmp(a.ids, b.ids, a.n_refs * sizeof(uint32_t)), 0, "same seed differs");
+	for (uint32_t li = 0; li < a.n_lines; li++) {
+		const struct trace_line *l = &a.lines[li];
+		cr_assert_eq(l->layer, li % 48);
+		float sum = 0;
+		for (uint32_t j = 0; j < l->count; j++) {
+			cr_assert_lt(a.ids[l->first + j], 128);
+			sum += a.scores[l->first + j];
+			for (uint32_t k = 0; k < j; k++)
+				cr_assert_neq(a.ids[l->first + j], a.ids[l->first + k]);
+		}
+		cr_assert_float_eq(sum, 1.0f, 1e-4);
+	}
+	/* Writer → parser gives the same trace (scores to 4 decimals). */
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	cr_assert_eq(trace_write(f, &a), 0);
+	fclose(f);
+	cr_assert_eq(trace_parse(buf, len, "mem", &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(c.n_refs, a.n_refs);
+	cr_assert_eq(memcmp(c.ids, a.ids, a.n_refs * sizeof(uint32_t)), 0);
+	cr_assert_float_eq(c.scores[7], a.scores[7], 1e-4);
+	free(buf);
+	/* Another seed gives another trace. */
+	g.seed = 2;
+	trace_free(&b);
+	cr_assert_eq(trace_generate(&g, &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_neq(memcmp(a.ids, b.ids, a.n_refs * sizeof(uint32_t)), 0);
+	trace_free(&a);
+	trace_free(&b);
+	trace_free(&c);
+}
+
+Test(trace, generator_reuse_raises_repeats)
+{
+	char err[256];
+	struct trace_gen_params g;
+	cr_assert_eq(trace_gen_preset("deepseek-v3", &g, err, sizeof(err)), 0);
+	g.steps = 40;
+	uint64_t repeats[2];
+	for (int k = 0; k < 2; k++) {
+		g.reuse = k ? 0.8 : 0.0;
+		g.layer_corr = 0;
+		struct routing_trace t;
+		cr_assert_eq(trace_generate(&g, &t, err, sizeof(err)), 0, "%s", err);
+		repeats[k] = 0;
+		/* Experts shared with the previous step's line of the same layer. */
+		for (uint32_t li = g.n_layers; li < t.n_lines; li++) {
+			const struct trace_line *l = &t.lines[li], *p = &t.lines[li - g.n_layers];
+			for (uint32_t j = 0; j < l->count; j++)
+				for (uint32_t k2 = 0; k2 < p->count; k2++)
+					repeats[k] += t.ids[l->first + j] == t.ids[p->first + k2];
+		}
+		trace_free(&t);
+	}
+	cr_assert_gt(repeats[1], repeats[0] * 2, "reuse 0.8: %llu repeats, reuse 0: %llu",
+	             (unsigned long long)repeats[1], (unsigned long long)repeats[0]);
+	struct trace_gen_params bad;
+	cr_assert_neq(trace_gen_preset("gpt-5", &bad, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "gpt-5") != NULL);
+	g.reuse = 1.5;
+	struct routing_trace t;
+	cr_assert_neq(trace_generate(&g, &t, err, sizeof(err)), 0);
+}

@@ -1,0 +1,1069 @@
+/* gen.c — see moe_gen.h. A model is first planned as a list of tensors (name, shape, type,
+ * which file, offset), then each file is written in one sequential pass: header, then tensor
+ * data produced chunk by chunk (floats → moek_quantize → an 8 MiB write buffer), so memory
+ * stays small whatever the model size and every write(2) is large. */
+#include "moe_gen.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gguf.h"
+#include "moe_kernels.h"
+#include "progress.h"
+#include "safetensors.h"
+
+const struct moe_gen_preset moe_gen_presets[] = {
+    /* name, arch, full layers, default layers, experts, top-k, shared, hidden, expert ffn,
+     * dense ffn, leading dense blocks — from each model's published config.json */
+    {"qwen3-30b-a3b", MOE_ARCH_QWEN3MOE, 48, 2, 128, 8, 0, 2048, 768, 6144, 0},
+    {"mixtral-8x7b", MOE_ARCH_MIXTRAL, 32, 2, 8, 2, 0, 4096, 14336, 14336, 0},
+    {"deepseek-v3", MOE_ARCH_DEEPSEEK, 61, 2, 256, 8, 1, 7168, 2048, 18432, 3},
+    {"gpt-oss-20b", MOE_ARCH_GPT_OSS, 24, 2, 32, 4, 0, 2880, 2880, 2880, 0},
+    {"olmoe", MOE_ARCH_OLMOE, 16, 2, 64, 8, 0, 2048, 1024, 1024, 0},
+    {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+};
+
+const struct moe_gen_preset *moe_gen_preset_find(const char *name)
+{
+	for (const struct moe_gen_preset *p = moe_gen_presets; p->name; p++)
+		if (!strcmp(p->name, name))
+			return p;
+	return NULL;
+}
+
+/* ---- deterministic floats ------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	x ^= x >> 31;
+	return x;
+}
+
+void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen_tensor which,
+                    uint64_t cols, uint64_t first, size_t n, float *out)
+{
+	const uint64_t key =
+	    mix64(mix64(seed) ^ ((uint64_t)layer << 40 | (uint64_t)expert << 8 | (uint64_t)which));
+	float scale;
+	if (which == MOE_GEN_GATE_BIAS || which == MOE_GEN_UP_BIAS || which == MOE_GEN_DOWN_BIAS)
+		scale = 0.1f;
+	else
+		scale = 1.0f / sqrtf((float)(cols ? cols : 1));
+	/* element idx takes 24 bits of hash(idx / 2): the low-middle bits for even idx, the
+	 * top bits for odd idx, so one hash feeds two elements; values in [-1, 1) exactly */
+	const float unit = 0x1p-23f * scale;
+	size_t i = 0;
+	uint64_t idx = first;
+	if (n && (idx & 1)) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i++] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+		idx++;
+	}
+	for (; i + 1 < n; i += 2, idx += 2) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
+		out[i + 1] = (float)((int32_t)(h >> 40) - (1 << 23)) * unit;
+	}
+	if (i < n) {
+		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
+		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
+	}
+}
+
+/* ---- plan ------------------------------------------------------------------------------ */
+
+enum gen_kind { GK_WEIGHT, GK_FP8_SCALE, GK_BIAS, GK_ROUTER, GK_MXFP4_BLOCKS, GK_MXFP4_SCALES };
+
+struct gen_tensor {
+	char name[112];
+	enum gen_kind kind;
+	uint32_t layer;
+	int32_t expert; /* -1: all experts, merged along the slowest axis */
+	enum moe_gen_tensor which;
+	bool interleaved;    /* HF gpt-oss gate_up: even rows gate, odd rows up */
+	bool halves;         /* GGUF ffn_gate_up_exps: rows [0, ffn) gate, [ffn, 2 ffn) up */
+	uint64_t rows, cols; /* per-expert matrix (vectors: rows x 1) */
+	uint32_t format;     /* moek format of the stored values */
+	int st_dtype;        /* safetensors dtype */
+	uint32_t n_dims;
+	uint64_t shape[4]; /* GGUF: ne innermost first; safetensors: outermost first */
+	uint64_t nbytes;
+	uint32_t file;
+	uint64_t offset; /* relative to the file's data section */
+};
+
+struct gen {
+	const struct moe_gen_options *opt;
+	const struct moe_gen_preset *preset;
+	struct model_error *err;
+	bool gguf;
+	uint32_t n_layers, n_experts, leading_dense;
+	uint64_t hidden, ffn;
+	uint32_t format;
+	uint32_t alignment; /* GGUF general.alignment */
+	struct gen_tensor *t;
+	size_t n_t, cap_t;
+	uint32_t n_files;
+	char **paths;
+	/* writing */
+	int fd;
+	const char *path;
+	unsigned char *buf;
+	size_t buf_len;
+	float *scratch;
+	size_t scratch_cap;
+	void *qtmp;
+	size_t qtmp_cap;
+	float *fp8_scales; /* scales of the last FP8 weight written, for its _scale_inv tensor */
+	size_t fp8_scales_n;
+	uint8_t *mx_scales; /* E8M0 scales of the last MXFP4 _blocks tensor, for _scales */
+	size_t mx_scales_n;
+	struct progress prog;
+	uint64_t done, total;
+};
+
+#define WRITE_BUF (8u << 20)
+
+static struct gen_tensor *plan_add(struct gen *g, enum gen_kind kind, uint32_t layer,
+                                   int32_t expert, enum moe_gen_tensor which, uint64_t rows,
+                                   uint64_t cols, uint32_t format)
+{
+	if (g->n_t == g->cap_t) {
+		size_t nc = g->cap_t ? g->cap_t * 2 : 256;
+		struct gen_tensor *nt = realloc(g->t, nc * sizeof(*nt));
+		if (!nt)
+			return NULL;
+		g->t = nt;
+		g->cap_t = nc;
+	}
+	struct gen_tensor *t = &g->t[g->n_t++];
+	memset(t, 0, sizeof(*t));
+	t->kind = kind;
+	t->layer = layer;
+	t->expert = expert;
+	t->which = which;
+	t->rows = rows;
+	t->cols = cols;
+	t->format = format;
+	return t;
+}
+
+static int st_dtype_of(uint32_t format)
+{
+	switch (format) {
+	case MOEK_F32: return ST_F32;
+	case MOEK_F16: return ST_F16;
+	case MOEK_BF16: return ST_BF16;
+	case MOEK_FP8_E4M3_B128: return ST_F8_E4M3;
+	default: return -1;
+	}
+}
+
+/* Shape helpers: a matrix of rows x cols, optionally with n experts as the slowest axis. */
+static void set_shape(struct gen *g, struct gen_tensor *t, uint32_t n, const uint64_t *outer_first)
+{
+	t->n_dims = n;
+	for (uint32_t i = 0; i < n; i++)
+		t->shape[i] = g->gguf ? outer_first[n - 1 - i] : outer_first[i];
+}
+
+static uint64_t fmt_bytes(uint32_t format, uint64_t rows, uint64_t cols)
+{
+	return rows * moek_row_bytes(format, (size_t)cols);
+}
+
+static int plan_fail(struct gen *g)
+{
+	return model_fail(g->err, "out of memory");
+}
+
+static int plan_layer(struct gen *g, uint32_t L)
+{
+	const enum moe_arch arch = g->preset->arch;
+	const uint32_t E = g->n_experts;
+	const uint64_t H = g->hidden, F = g->ffn;
+	const uint32_t vec_format = g->gguf || g->format == MOEK_F32 ? MOEK_F32 : MOEK_BF16;
+	struct gen_tensor *t;
+	/* router: [E, hidden] */
+	if (!(t = plan_add(g, GK_ROUTER, L, 0, MOE_GEN_ROUTER, E, H, vec_format)))
+		return plan_fail(g);
+	if (g->gguf)
+		snprintf(t->name, sizeof(t->name), "blk.%u.ffn_gate_inp.weight", L);
+	else
+		snprintf(t->name, sizeof(t->name),
+		         arch == MOE_ARCH_MIXTRAL   ? "model.layers.%u.block_sparse_moe.gate.weight"
+		         : arch == MOE_ARCH_GPT_OSS ? "model.layers.%u.mlp.router.weight"
+		                                    : "model.layers.%u.mlp.gate.weight",
+		         L);
+	set_shape(g, t, 2, (uint64_t[]){E, H});
+	t->st_dtype = st_dtype_of(vec_format);
+	t->nbytes = fmt_bytes(vec_format, E, H);
+
+	static const enum moe_gen_tensor mats[3] = {MOE_GEN_GATE, MOE_GEN_UP, MOE_GEN_DOWN};
+	static const enum moe_gen_tensor biases[3] = {MOE_GEN_GATE_BIAS, MOE_GEN_UP_BIAS,
+	                                              MOE_GEN_DOWN_BIAS};
+	static const char *const gguf_proj[3] = {"gate", "up", "down"};
+	const bool bias = arch == MOE_ARCH_GPT_OSS;
+
+	if (!g->gguf && arch == MOE_ARCH_GPT_OSS) {
+		/* gate_up_proj_{blocks,scales,bias}, down_proj_{blocks,scales,bias} */
+		for (int k = 0; k < 2; k++) {
+			const char *stem = k ? "down_proj" : "gate_up_proj";
+			uint64_t rows = k ? H : 2 * F, cols = k ? F : H, nb = cols / 32;
+			if (!(t = plan_add(g, GK_MXFP4_BLOCKS, L, -1,
+			                   k ? MOE_GEN_DOWN : MOE_GEN_GATE, rows, cols,
+			                   MOEK_MXFP4)))
+				return plan_fail(g);
+			t->interleaved = !k;
+			snprintf(t->name, sizeof(t->name), "model.layers.%u.mlp.experts.%s_blocks",
+			         L, stem);
+			set_shape(g, t, 4, (uint64_t[]){E, rows, nb, 16});
+			t->st_dtype = ST_U8;
+			t->nbytes = E * rows * nb * 16;
+			if (!(t = plan_add(g, GK_MXFP4_SCALES, L, -1, MOE_GEN_GATE, rows, cols,
+			                   MOEK_MXFP4)))
+				return plan_fail(g);
+			snprintf(t->name, sizeof(t->name), "model.layers.%u.mlp.experts.%s_scales",
+			         L, stem);
+			set_shape(g, t, 3, (uint64_t[]){E, rows, nb});
+			t->st_dtype = ST_U8;
+			t->nbytes = E * rows * nb;
+			if (!(t = plan_add(g, GK_BIAS, L, -1,
+			                   k ? MOE_GEN_DOWN_BIAS : MOE_GEN_GATE_BIAS, rows, 1,
+			                   MOEK_BF16)))
+				return plan_fail(g);
+			t->interleaved = !k;
+			snprintf(t->name, sizeof(t->name), "model.layers.%u.mlp.experts.%s_bias", L,
+			         stem);
+			set_shape(g, t, 2, (uint64_t[]){E, rows});
+			t->st_dtype = ST_BF16;
+			t->nbytes = E * rows * 2;
+		}
+		return 0;
+	}
+	if (g->gguf && !g->opt->per_expert) {
+		const bool fused = g->opt->fused_gate_up;
+		for (int p = fused ? 1 : 0; p < 3; p++) {
+			const bool gate_up = fused && p == 1;
+			const char *pname = gate_up ? "gate_up" : gguf_proj[p];
+			uint64_t rows = p == 2 ? H : gate_up ? 2 * F : F, cols = p == 2 ? F : H;
+			if (!(t = plan_add(g, GK_WEIGHT, L, -1, gate_up ? MOE_GEN_GATE : mats[p],
+			                   rows, cols, g->format)))
+				return plan_fail(g);
+			t->halves = gate_up;
+			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.weight", L, pname);
+			set_shape(g, t, 3, (uint64_t[]){E, rows, cols});
+			t->nbytes = E * fmt_bytes(g->format, rows, cols);
+			if (!bias)
+				continue;
+			if (!(t = plan_add(g, GK_BIAS, L, -1,
+			                   gate_up ? MOE_GEN_GATE_BIAS : biases[p], rows, 1,
+			                   MOEK_F32)))
+				return plan_fail(g);
+			t->halves = gate_up;
+			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.bias", L, pname);
+			set_shape(g, t, 2, (uint64_t[]){E, rows});
+			t->nbytes = E * rows * 4;
+		}
+		return 0;
+	}
+	static const char *const mixtral_proj[3] = {"w1", "w3", "w2"};
+	static const char *const hf_proj[3] = {"gate_proj", "up_proj", "down_proj"};
+	for (uint32_t e = 0; e < E; e++) {
+		for (int p = 0; p < 3; p++) {
+			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
+			if (!(t = plan_add(g, GK_WEIGHT, L, (int32_t)e, mats[p], rows, cols,
+			                   g->format)))
+				return plan_fail(g);
+			if (g->gguf)
+				snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s.%u.weight", L,
+				         gguf_proj[p], e);
+			else if (arch == MOE_ARCH_MIXTRAL)
+				snprintf(t->name, sizeof(t->name),
+				         "model.layers.%u.block_sparse_moe.experts.%u.%s.weight", L,
+				         e, mixtral_proj[p]);
+			else
+				snprintf(t->name, sizeof(t->name),
+				         "model.layers.%u.mlp.experts.%u.%s.weight", L, e,
+				         hf_proj[p]);
+			set_shape(g, t, 2, (uint64_t[]){rows, cols});
+			t->st_dtype = st_dtype_of(g->format);
+			t->nbytes = fmt_bytes(g->format, rows, cols);
+			char stem[88]; /* t->name without ".weight"; names here are < 80 bytes */
+			snprintf(stem, sizeof(stem), "%.*s", (int)(strlen(t->name) - 7), t->name);
+			if (g->format == MOEK_FP8_E4M3_B128) {
+				struct gen_tensor *s = plan_add(g, GK_FP8_SCALE, L, (int32_t)e,
+				                                mats[p], rows, cols, MOEK_F32);
+				if (!s)
+					return plan_fail(g);
+				snprintf(s->name, sizeof(s->name), "%.87s.weight_scale_inv", stem);
+				set_shape(g, s, 2,
+				          (uint64_t[]){(rows + 127) / 128, (cols + 127) / 128});
+				s->st_dtype = ST_F32;
+				s->nbytes = moek_fp8_scale_bytes(rows, cols);
+			}
+			if (bias) {
+				struct gen_tensor *b = plan_add(g, GK_BIAS, L, (int32_t)e,
+				                                biases[p], rows, 1, MOEK_F32);
+				if (!b)
+					return plan_fail(g);
+				snprintf(b->name, sizeof(b->name), "%.87s.bias", stem);
+				set_shape(g, b, 1, (uint64_t[]){rows});
+				b->st_dtype = ST_F32;
+				b->nbytes = rows * 4;
+			}
+		}
+	}
+	return 0;
+}
+
+/* ---- writing ----------------------------------------------------------------------------- */
+
+static int flush_buf(struct gen *g)
+{
+	size_t off = 0;
+	while (off < g->buf_len) {
+		ssize_t w = write(g->fd, g->buf + off, g->buf_len - off);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return model_fail(g->err, "%s: write: %s", g->path,
+			                  w < 0 ? strerror(errno) : "no progress");
+		off += (size_t)w;
+	}
+	g->done += g->buf_len;
+	g->buf_len = 0;
+	if (g->opt->progress && g->done <= g->total)
+		progress_update(&g->prog, g->done);
+	return 0;
+}
+
+/* n bytes of the write buffer to fill (n <= WRITE_BUF). */
+static void *reserve(struct gen *g, size_t n)
+{
+	if (g->buf_len + n > WRITE_BUF && flush_buf(g))
+		return NULL;
+	void *p = g->buf + g->buf_len;
+	g->buf_len += n;
+	return p;
+}
+
+static int put_bytes(struct gen *g, const void *src, size_t n)
+{
+	const unsigned char *s = src;
+	while (n) {
+		size_t k = n < WRITE_BUF ? n : WRITE_BUF;
+		void *d = reserve(g, k);
+		if (!d)
+			return -1;
+		if (s)
+			memcpy(d, s, k);
+		else
+			memset(d, 0, k);
+		if (s)
+			s += k;
+		n -= k;
+	}
+	return 0;
+}
+
+static int ensure(void **p, size_t *cap, size_t need, struct gen *g)
+{
+	if (need <= *cap)
+		return 0;
+	void *n = realloc(*p, need);
+	if (!n)
+		return model_fail(g->err, "out of memory (%zu bytes)", need);
+	*p = n;
+	*cap = need;
+	return 0;
+}
+
+/* Rows [r0, r0+nr) of expert e's matrix as floats in g->scratch. */
+static int fill_rows(struct gen *g, const struct gen_tensor *t, uint32_t e, uint64_t r0,
+                     uint64_t nr)
+{
+	size_t cap_bytes = g->scratch_cap * sizeof(float);
+	if (ensure((void **)&g->scratch, &cap_bytes, nr * t->cols * sizeof(float), g))
+		return -1;
+	g->scratch_cap = cap_bytes / sizeof(float);
+	const uint64_t seed = g->opt->seed;
+	if (!t->interleaved && !t->halves) {
+		moe_gen_floats(seed, t->layer, e, t->which, t->cols, r0 * t->cols, nr * t->cols,
+		               g->scratch);
+		return 0;
+	}
+	/* fused gate/up, row by row: interleaved (row 2i = gate row i, 2i+1 = up row i) or
+	 * halves (gate rows, then up rows); biases alike */
+	const bool is_bias = t->which == MOE_GEN_GATE_BIAS;
+	const uint64_t half = t->rows / 2;
+	for (uint64_t r = r0; r < r0 + nr; r++) {
+		bool up = t->halves ? r >= half : r % 2 == 1;
+		uint64_t src = t->halves ? r % half : r / 2;
+		enum moe_gen_tensor w = up ? (is_bias ? MOE_GEN_UP_BIAS : MOE_GEN_UP)
+		                           : (is_bias ? MOE_GEN_GATE_BIAS : MOE_GEN_GATE);
+		moe_gen_floats(seed, t->layer, e, w, t->cols, src * t->cols, t->cols,
+		               g->scratch + (r - r0) * t->cols);
+	}
+	return 0;
+}
+
+static uint64_t chunk_rows(const struct gen_tensor *t)
+{
+	if (t->format == MOEK_FP8_E4M3_B128)
+		return 128; /* one row of scale blocks */
+	uint64_t r = (1u << 18) / (t->cols ? t->cols : 1);
+	return r ? r : 1;
+}
+
+static int emit_matrix(struct gen *g, const struct gen_tensor *t, uint32_t e)
+{
+	const uint64_t rb = moek_row_bytes(t->format, (size_t)t->cols);
+	const uint64_t step = chunk_rows(t);
+	if (t->format == MOEK_FP8_E4M3_B128) {
+		size_t need = moek_fp8_scale_bytes(t->rows, t->cols), cap = g->fp8_scales_n * 4;
+		if (ensure((void **)&g->fp8_scales, &cap, need, g))
+			return -1;
+		g->fp8_scales_n = cap / 4;
+	}
+	for (uint64_t r0 = 0; r0 < t->rows; r0 += step) {
+		uint64_t nr = t->rows - r0 < step ? t->rows - r0 : step;
+		if (fill_rows(g, t, e, r0, nr))
+			return -1;
+		void *dst = reserve(g, nr * rb);
+		if (!dst)
+			return -1;
+		float *scales = NULL;
+		if (t->format == MOEK_FP8_E4M3_B128)
+			scales = g->fp8_scales + (r0 / 128) * ((t->cols + 127) / 128);
+		if (moek_quantize(t->format, g->scratch, nr, t->cols, dst, scales))
+			return model_fail(g->err, "%s: moek_quantize(%s, %" PRIu64 " cols) failed",
+			                  t->name, moe_format_name(t->format), t->cols);
+	}
+	return 0;
+}
+
+static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t e)
+{
+	const uint64_t nb = t->cols / 32, step = chunk_rows(t);
+	size_t need = (size_t)g->n_experts * t->rows * nb, cap = g->mx_scales_n;
+	if (ensure((void **)&g->mx_scales, &cap, need, g))
+		return -1;
+	g->mx_scales_n = cap;
+	for (uint64_t r0 = 0; r0 < t->rows; r0 += step) {
+		uint64_t nr = t->rows - r0 < step ? t->rows - r0 : step;
+		if (fill_rows(g, t, e, r0, nr))
+			return -1;
+		size_t q = nr * moek_row_bytes(MOEK_MXFP4, (size_t)t->cols);
+		if (ensure(&g->qtmp, &g->qtmp_cap, q, g))
+			return -1;
+		if (moek_quantize(MOEK_MXFP4, g->scratch, nr, t->cols, g->qtmp, NULL))
+			return model_fail(g->err, "%s: moek_quantize(MXFP4) failed", t->name);
+		uint8_t *blocks = reserve(g, nr * nb * 16);
+		if (!blocks)
+			return -1;
+		moek_mxfp4_to_hf(g->qtmp, nr * t->cols, blocks,
+		                 g->mx_scales + ((uint64_t)e * t->rows + r0) * nb);
+	}
+	return 0;
+}
+
+static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
+{
+	/* rows x cols floats (biases: cols = 1), converted to the stored float format */
+	const uint64_t n = t->rows * t->cols;
+	const uint64_t step = 1u << 16;
+	for (uint64_t i0 = 0; i0 < n; i0 += step) {
+		uint64_t k = n - i0 < step ? n - i0 : step;
+		size_t cap_bytes = g->scratch_cap * sizeof(float);
+		if (ensure((void **)&g->scratch, &cap_bytes, k * sizeof(float), g))
+			return -1;
+		g->scratch_cap = cap_bytes / sizeof(float);
+		if (t->interleaved || t->halves) {
+			struct gen_tensor row = *t; /* a bias vector: one element per "row" */
+			row.cols = 1;
+			if (fill_rows(g, &row, e, i0, k))
+				return -1;
+		} else {
+			moe_gen_floats(g->opt->seed, t->layer, e, t->which, t->cols, i0, k,
+			               g->scratch);
+		}
+		void *dst = reserve(g, k * (t->format == MOEK_F32 ? 4 : 2));
+		if (!dst)
+			return -1;
+		if (moek_quantize(t->format, g->scratch, 1, k, dst, NULL))
+			return model_fail(g->err, "%s: conversion failed", t->name);
+	}
+	return 0;
+}
+
+static int emit_tensor(struct gen *g, const struct gen_tensor *t)
+{
+	uint32_t e0 = t->expert < 0 ? 0 : (uint32_t)t->expert;
+	uint32_t e1 = t->expert < 0 ? g->n_experts : e0 + 1;
+	switch (t->kind) {
+	case GK_ROUTER: return emit_vector(g, t, 0);
+	case GK_WEIGHT:
+		for (uint32_t e = e0; e < e1; e++)
+			if (emit_matrix(g, t, e))
+				return -1;
+		return 0;
+	case GK_FP8_SCALE: return put_bytes(g, g->fp8_scales, t->nbytes);
+	case GK_BIAS:
+		for (uint32_t e = e0; e < e1; e++)
+			if (emit_vector(g, t, e))
+				return -1;
+		return 0;
+	case GK_MXFP4_BLOCKS:
+		for (uint32_t e = e0; e < e1; e++)
+			if (emit_mxfp4_blocks(g, t, e))
+				return -1;
+		return 0;
+	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
+	}
+	return 0;
+}
+
+/* ---- headers -------------------------------------------------------------------------- */
+
+struct membuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+static void mb_put(struct membuf *m, const void *src, size_t n)
+{
+	if (m->oom)
+		return;
+	if (m->len + n > m->cap) {
+		size_t nc = m->cap ? m->cap * 2 : 4096;
+		while (nc < m->len + n)
+			nc *= 2;
+		char *np = realloc(m->p, nc);
+		if (!np) {
+			m->oom = true;
+			return;
+		}
+		m->p = np;
+		m->cap = nc;
+	}
+	memcpy(m->p + m->len, src, n);
+	m->len += n;
+}
+
+static void mb_u32(struct membuf *m, uint32_t v)
+{
+	unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+	                      (unsigned char)(v >> 24)};
+	mb_put(m, b, 4);
+}
+
+static void mb_u64(struct membuf *m, uint64_t v)
+{
+	unsigned char b[8];
+	for (int i = 0; i < 8; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+	mb_put(m, b, 8);
+}
+
+static void mb_str(struct membuf *m, const char *s)
+{
+	mb_u64(m, strlen(s));
+	mb_put(m, s, strlen(s));
+}
+
+static void mb_printf(struct membuf *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mb_printf(struct membuf *m, const char *fmt, ...)
+{
+	char tmp[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(tmp)) {
+		m->oom = true;
+		return;
+	}
+	mb_put(m, tmp, (size_t)n);
+}
+
+static void kv_u32(struct membuf *m, uint32_t *n, const char *key, uint32_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_UINT32);
+	mb_u32(m, v);
+	(*n)++;
+}
+
+static void kv_u16(struct membuf *m, uint32_t *n, const char *key, uint16_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_UINT16);
+	unsigned char b[2] = {(unsigned char)v, (unsigned char)(v >> 8)};
+	mb_put(m, b, 2);
+	(*n)++;
+}
+
+static void kv_i32(struct membuf *m, uint32_t *n, const char *key, int32_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_INT32);
+	mb_u32(m, (uint32_t)v);
+	(*n)++;
+}
+
+static void kv_f32(struct membuf *m, uint32_t *n, const char *key, float v)
+{
+	uint32_t u;
+	memcpy(&u, &v, 4);
+	mb_str(m, key);
+	mb_u32(m, GGUF_FLOAT32);
+	mb_u32(m, u);
+	(*n)++;
+}
+
+static void kv_bool(struct membuf *m, uint32_t *n, const char *key, bool v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_BOOL);
+	unsigned char b = v;
+	mb_put(m, &b, 1);
+	(*n)++;
+}
+
+static void kv_str(struct membuf *m, uint32_t *n, const char *key, const char *v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_STRING);
+	mb_str(m, v);
+	(*n)++;
+}
+
+static const char *gguf_arch_key(enum moe_arch a)
+{
+	switch (a) {
+	case MOE_ARCH_QWEN2MOE: return "qwen2moe";
+	case MOE_ARCH_QWEN3MOE: return "qwen3moe";
+	case MOE_ARCH_MIXTRAL: return "llama";
+	case MOE_ARCH_DEEPSEEK: return "deepseek2";
+	case MOE_ARCH_GPT_OSS: return "gpt-oss";
+	case MOE_ARCH_OLMOE: return "olmoe";
+	default: return "?";
+	}
+}
+
+/* The architecture's llama.cpp hyperparameter keys (first split only). */
+static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
+{
+	const struct moe_gen_preset *p = g->preset;
+	const char *a = gguf_arch_key(p->arch);
+	char k[128];
+	kv_str(m, n, "general.architecture", a);
+	kv_str(m, n, "general.name", p->name);
+	kv_u32(m, n, "general.alignment", g->alignment);
+#define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
+	kv_u32(m, n, KEY("block_count"), g->n_layers);
+	kv_u32(m, n, KEY("embedding_length"), (uint32_t)g->hidden);
+	kv_u32(m, n, KEY("feed_forward_length"),
+	       (uint32_t)(p->arch == MOE_ARCH_MIXTRAL ? g->ffn : p->dense_ffn));
+	kv_u32(m, n, KEY("expert_count"), g->n_experts);
+	kv_u32(m, n, KEY("expert_used_count"), p->top_k < g->n_experts ? p->top_k : g->n_experts);
+	if (p->arch != MOE_ARCH_MIXTRAL)
+		kv_u32(m, n, KEY("expert_feed_forward_length"), (uint32_t)g->ffn);
+	if (p->arch == MOE_ARCH_DEEPSEEK) {
+		kv_u32(m, n, KEY("leading_dense_block_count"), g->leading_dense);
+		kv_u32(m, n, KEY("expert_shared_count"), p->n_shared);
+		kv_f32(m, n, KEY("expert_weights_scale"), 2.5f);
+		kv_bool(m, n, KEY("expert_weights_norm"), true);
+		kv_u32(m, n, KEY("expert_gating_func"), 2); /* sigmoid */
+	}
+	if (p->arch == MOE_ARCH_QWEN3MOE)
+		kv_bool(m, n, KEY("expert_weights_norm"), true);
+#undef KEY
+}
+
+static int write_all(struct gen *g, const void *p, size_t n)
+{
+	return put_bytes(g, p, n);
+}
+
+static int open_out(struct gen *g, const char *path)
+{
+	g->path = path;
+	g->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (g->fd < 0)
+		return model_fail(g->err, "%s: %s", path, strerror(errno));
+	return 0;
+}
+
+static int close_out(struct gen *g)
+{
+	int rc = flush_buf(g);
+	if (close(g->fd) && !rc)
+		rc = model_fail(g->err, "%s: close: %s", g->path, strerror(errno));
+	g->fd = -1;
+	return rc;
+}
+
+static int write_gguf_file(struct gen *g, uint32_t f)
+{
+	struct membuf m = {0};
+	struct membuf kvs = {0};
+	uint32_t n_kv = 0, n_t = 0;
+	if (f == 0)
+		gguf_arch_kvs(g, &kvs, &n_kv);
+	if (g->n_files > 1) {
+		kv_u16(&kvs, &n_kv, "split.no", (uint16_t)f);
+		kv_u16(&kvs, &n_kv, "split.count", (uint16_t)g->n_files);
+		kv_i32(&kvs, &n_kv, "split.tensors.count", (int32_t)g->n_t);
+	}
+	for (size_t i = 0; i < g->n_t; i++)
+		n_t += g->t[i].file == f;
+	mb_put(&m, "GGUF", 4);
+	mb_u32(&m, 3);
+	mb_u64(&m, n_t);
+	mb_u64(&m, n_kv);
+	if (kvs.p)
+		mb_put(&m, kvs.p, kvs.len);
+	free(kvs.p);
+	for (size_t i = 0; i < g->n_t; i++) {
+		const struct gen_tensor *t = &g->t[i];
+		if (t->file != f)
+			continue;
+		mb_str(&m, t->name);
+		mb_u32(&m, t->n_dims);
+		for (uint32_t d = 0; d < t->n_dims; d++)
+			mb_u64(&m, t->shape[d]);
+		mb_u32(&m, t->format);
+		mb_u64(&m, t->offset);
+	}
+	while (m.len % g->alignment && !m.oom)
+		mb_put(&m, "", 1); /* zero padding up to the data section */
+	if (m.oom) {
+		free(m.p);
+		return model_fail(g->err, "out of memory");
+	}
+	int rc = open_out(g, g->paths[f]);
+	if (!rc)
+		rc = write_all(g, m.p, m.len);
+	free(m.p);
+	uint64_t at = 0;
+	for (size_t i = 0; i < g->n_t && !rc; i++) {
+		const struct gen_tensor *t = &g->t[i];
+		if (t->file != f)
+			continue;
+		if (t->offset > at)
+			rc = put_bytes(g, NULL, t->offset - at);
+		if (!rc)
+			rc = emit_tensor(g, t);
+		at = t->offset + t->nbytes;
+	}
+	if (g->fd >= 0 && close_out(g) && !rc)
+		rc = -1;
+	return rc;
+}
+
+static int write_st_file(struct gen *g, uint32_t f)
+{
+	struct membuf m = {0};
+	mb_printf(&m, "{\"__metadata__\":{\"format\":\"pt\"}");
+	for (size_t i = 0; i < g->n_t; i++) {
+		const struct gen_tensor *t = &g->t[i];
+		if (t->file != f)
+			continue;
+		mb_printf(&m, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
+		          st_dtype_name((enum st_dtype)t->st_dtype));
+		for (uint32_t d = 0; d < t->n_dims; d++)
+			mb_printf(&m, "%s%" PRIu64, d ? "," : "", t->shape[d]);
+		mb_printf(&m, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", t->offset,
+		          t->offset + t->nbytes);
+	}
+	mb_printf(&m, "}");
+	while (m.len % 8)
+		mb_put(&m, " ", 1); /* pad as the reference writer does */
+	if (m.oom) {
+		free(m.p);
+		return model_fail(g->err, "out of memory");
+	}
+	unsigned char lenb[8];
+	for (int i = 0; i < 8; i++)
+		lenb[i] = (unsigned char)((uint64_t)m.len >> (8 * i));
+	int rc = open_out(g, g->paths[f]);
+	if (!rc)
+		rc = write_all(g, lenb, 8);
+	if (!rc)
+		rc = write_all(g, m.p, m.len);
+	free(m.p);
+	for (size_t i = 0; i < g->n_t && !rc; i++)
+		if (g->t[i].file == f)
+			rc = emit_tensor(g, &g->t[i]);
+	if (g->fd >= 0 && close_out(g) && !rc)
+		rc = -1;
+	return rc;
+}
+
+static int write_text(struct gen *g, const char *path, const struct membuf *m)
+{
+	if (m->oom)
+		return model_fail(g->err, "out of memory");
+	if (open_out(g, path))
+		return -1;
+	int rc = write_all(g, m->p, m->len);
+	if (close_out(g) && !rc)
+		rc = -1;
+	return rc;
+}
+
+static int write_config(struct gen *g)
+{
+	const struct moe_gen_preset *p = g->preset;
+	struct membuf m = {0};
+	static const char *const model_type[MOE_ARCH_COUNT] = {
+	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
+	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
+	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
+	uint32_t top_k = p->top_k < g->n_experts ? p->top_k : g->n_experts;
+	mb_printf(&m,
+	          "{\n  \"model_type\": \"%s\",\n  \"hidden_size\": %" PRIu64
+	          ",\n  \"num_hidden_layers\": %u,\n  \"num_experts_per_tok\": %u,\n",
+	          model_type[p->arch], g->hidden, g->n_layers, top_k);
+	switch (p->arch) {
+	case MOE_ARCH_MIXTRAL:
+		mb_printf(&m,
+		          "  \"architectures\": [\"MixtralForCausalLM\"],\n"
+		          "  \"num_local_experts\": %u,\n  \"intermediate_size\": %" PRIu64 ",\n",
+		          g->n_experts, g->ffn);
+		break;
+	case MOE_ARCH_DEEPSEEK:
+		mb_printf(&m,
+		          "  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n"
+		          "  \"n_routed_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
+		          ",\n  \"intermediate_size\": %" PRIu64 ",\n"
+		          "  \"n_shared_experts\": %u,\n  \"first_k_dense_replace\": %u,\n"
+		          "  \"moe_layer_freq\": 1,\n  \"norm_topk_prob\": true,\n"
+		          "  \"routed_scaling_factor\": 2.5,\n  \"scoring_func\": \"sigmoid\",\n"
+		          "  \"topk_method\": \"noaux_tc\",\n",
+		          g->n_experts, g->ffn, p->dense_ffn, p->n_shared, g->leading_dense);
+		if (g->format == MOEK_FP8_E4M3_B128)
+			mb_printf(&m, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
+			              "\"weight_block_size\": [128, 128]},\n");
+		break;
+	case MOE_ARCH_GPT_OSS:
+		mb_printf(&m,
+		          "  \"architectures\": [\"GptOssForCausalLM\"],\n"
+		          "  \"num_local_experts\": %u,\n  \"experts_per_token\": %u,\n"
+		          "  \"intermediate_size\": %" PRIu64 ",\n  \"swiglu_limit\": 7.0,\n"
+		          "  \"quantization_config\": {\"quant_method\": \"mxfp4\"},\n",
+		          g->n_experts, top_k, g->ffn);
+		break;
+	case MOE_ARCH_OLMOE:
+		mb_printf(&m,
+		          "  \"architectures\": [\"OlmoeForCausalLM\"],\n"
+		          "  \"num_experts\": %u,\n  \"intermediate_size\": %" PRIu64
+		          ",\n  \"norm_topk_prob\": false,\n",
+		          g->n_experts, g->ffn);
+		break;
+	default: /* Qwen3-MoE (and Qwen2-MoE) */
+		mb_printf(&m,
+		          "  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n"
+		          "  \"num_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
+		          ",\n  \"intermediate_size\": %" PRIu64 ",\n  \"norm_topk_prob\": true,\n"
+		          "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+		          g->n_experts, g->ffn, p->dense_ffn);
+		break;
+	}
+	mb_printf(&m,
+	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
+	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
+	          g->opt->seed, p->name);
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/config.json", g->opt->out);
+	int rc = write_text(g, path, &m);
+	free(m.p);
+	return rc;
+}
+
+static int write_index(struct gen *g)
+{
+	struct membuf m = {0};
+	uint64_t total = 0;
+	for (size_t i = 0; i < g->n_t; i++)
+		total += g->t[i].nbytes;
+	mb_printf(&m, "{\n  \"metadata\": {\"total_size\": %" PRIu64 "},\n  \"weight_map\": {",
+	          total);
+	for (size_t i = 0; i < g->n_t; i++) {
+		const char *base = strrchr(g->paths[g->t[i].file], '/');
+		mb_printf(&m, "%s\n    \"%s\": \"%s\"", i ? "," : "", g->t[i].name,
+		          base ? base + 1 : g->paths[g->t[i].file]);
+	}
+	mb_printf(&m, "\n  }\n}\n");
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/model.safetensors.index.json", g->opt->out);
+	int rc = write_text(g, path, &m);
+	free(m.p);
+	return rc;
+}
+
+/* ---- options, layout, driver ------------------------------------------------------------ */
+
+static int check_options(struct gen *g)
+{
+	const struct moe_gen_options *o = g->opt;
+	const struct moe_gen_preset *p = g->preset;
+	g->gguf = strlen(o->out) > 5 && !strcmp(o->out + strlen(o->out) - 5, ".gguf");
+	g->format = o->format;
+	g->hidden = o->hidden ? o->hidden : p->hidden;
+	g->ffn = o->ffn ? o->ffn : p->expert_ffn;
+	g->n_experts = o->experts ? o->experts : p->n_experts;
+	g->n_layers = o->layers ? o->layers : o->full ? p->full_layers : p->default_layers;
+	if (g->n_layers == 0 || g->n_layers > 4096 || g->n_experts == 0 || g->n_experts > 65536 ||
+	    g->hidden == 0 || g->ffn == 0 || g->hidden > (1u << 20) || g->ffn > (1u << 20))
+		return model_fail(g->err, "layers, experts, hidden and ffn must be positive and "
+		                          "reasonable");
+	g->leading_dense = p->leading_dense < g->n_layers ? p->leading_dense : g->n_layers - 1;
+	const struct moek_format_info *fi = moek_format_lookup(g->format);
+	if (!fi || !fi->weight_format)
+		return model_fail(g->err, "format %u is not an expert weight format", g->format);
+	if (g->gguf && g->format == MOEK_FP8_E4M3_B128)
+		return model_fail(g->err, "FP8 E4M3 has no GGUF type; write safetensors (an output "
+		                          "directory) instead");
+	if (!g->gguf) {
+		bool ok = g->format == MOEK_F32 || g->format == MOEK_F16 ||
+		          g->format == MOEK_BF16 || g->format == MOEK_FP8_E4M3_B128;
+		if (p->arch == MOE_ARCH_GPT_OSS)
+			ok = g->format == MOEK_MXFP4;
+		if (!ok)
+			return model_fail(
+			    g->err,
+			    "%s safetensors checkpoints cannot hold %s experts "
+			    "(safetensors: F32 F16 BF16 FP8_E4M3_B128; gpt-oss: MXFP4 only)",
+			    p->name, fi->name);
+		if (o->per_expert && p->arch == MOE_ARCH_GPT_OSS)
+			return model_fail(g->err, "gpt-oss checkpoints have no per-expert tensors");
+	}
+	if (o->fused_gate_up && (!g->gguf || o->per_expert))
+		return model_fail(g->err, "a fused gate_up tensor exists only as GGUF "
+		                          "blk.N.ffn_gate_up_exps.weight (merged experts)");
+	if (!moek_row_bytes(g->format, g->hidden) || !moek_row_bytes(g->format, g->ffn))
+		return model_fail(g->err,
+		                  "hidden %" PRIu64 " and ffn %" PRIu64
+		                  " must be multiples of the %s block (%u)",
+		                  g->hidden, g->ffn, fi->name, fi->block_elems);
+	g->alignment = o->alignment ? o->alignment : GGUF_DEFAULT_ALIGNMENT;
+	if (g->alignment & (g->alignment - 1) || g->alignment > (1u << 20))
+		return model_fail(g->err, "alignment %u is not a power of two up to 1 MiB",
+		                  g->alignment);
+	if (o->shards > 999)
+		return model_fail(g->err, "at most 999 shards");
+	return 0;
+}
+
+/* Assigns tensors to files in order (about equal bytes each) and computes offsets. */
+static void layout(struct gen *g)
+{
+	uint64_t total = 0;
+	for (size_t i = 0; i < g->n_t; i++)
+		total += g->t[i].nbytes;
+	g->total = total;
+	uint64_t acc = 0, at = 0;
+	uint32_t f = 0;
+	for (size_t i = 0; i < g->n_t; i++) {
+		struct gen_tensor *t = &g->t[i];
+		/* move to the next file once this one holds its share */
+		while (f + 1 < g->n_files && acc >= total / g->n_files * (f + 1)) {
+			f++;
+			at = 0;
+		}
+		t->file = f;
+		if (g->gguf)
+			at = (at + g->alignment - 1) / g->alignment * g->alignment;
+		t->offset = at;
+		at += t->nbytes;
+		acc += t->nbytes;
+	}
+}
+
+static int make_paths(struct gen *g)
+{
+	const char *out = g->opt->out;
+	g->paths = calloc(g->n_files, sizeof(*g->paths));
+	if (!g->paths)
+		return model_fail(g->err, "out of memory");
+	for (uint32_t f = 0; f < g->n_files; f++) {
+		size_t n = strlen(out) + 64;
+		if (!(g->paths[f] = malloc(n)))
+			return model_fail(g->err, "out of memory");
+		if (g->gguf && g->n_files == 1)
+			snprintf(g->paths[f], n, "%s", out);
+		else if (g->gguf)
+			snprintf(g->paths[f], n, "%.*s-%05u-of-%05u.gguf", (int)(strlen(out) - 5),
+			         out, f + 1, g->n_files);
+		else if (g->n_files == 1)
+			snprintf(g->paths[f], n, "%s/model.safetensors", out);
+		else
+			snprintf(g->paths[f], n, "%s/model-%05u-of-%05u.safetensors", out, f + 1,
+			         g->n_files);
+	}
+	if (!g->gguf && mkdir(out, 0755) && errno != EEXIST)
+		return model_fail(g->err, "%s: mkdir: %s", out, strerror(errno));
+	return 0;
+}
+
+int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
+{
+	struct gen g = {.opt = opt, .err = err, .fd = -1};
+	if (!opt->out || !opt->preset)
+		return model_fail(err, "an output path and a preset are required");
+	if (!(g.preset = moe_gen_preset_find(opt->preset)))
+		return model_fail(err,
+		                  "unknown preset '%s' (qwen3-30b-a3b mixtral-8x7b deepseek-v3 "
+		                  "gpt-oss-20b olmoe)",
+		                  opt->preset);
+	int rc = check_options(&g);
+	g.n_files = opt->shards ? opt->shards : 1;
+	for (uint32_t L = g.leading_dense; L < g.n_layers && !rc; L++)
+		rc = plan_layer(&g, L);
+	if (!rc) {
+		layout(&g);
+		rc = make_paths(&g);
+	}
+	if (!rc && !(g.buf = malloc(WRITE_BUF)))
+		rc = model_fail(err, "out of memory");
+	if (!rc && opt->progress)
+		progress_begin(&g.prog, "moe-gen", g.total, "B");
+	for (uint32_t f = 0; f < g.n_files && !rc; f++)
+		rc = g.gguf ? write_gguf_file(&g, f) : write_st_file(&g, f);
+	if (!rc && opt->progress)
+		progress_end(&g.prog);
+	if (!rc && !g.gguf)
+		rc = write_config(&g);
+	if (!rc && !g.gguf && g.n_files > 1)
+		rc = write_index(&g);
+	if (g.fd >= 0)
+		close(g.fd);
+	if (g.paths)
+		for (uint32_t f = 0; f < g.n_files; f++)
+			free(g.paths[f]);
+	free(g.paths);
+	free(g.t);
+	free(g.buf);
+	free(g.scratch);
+	free(g.qtmp);
+	free(g.fp8_scales);
+	free(g.mx_scales);
+	return rc;
+}

@@ -1,0 +1,79 @@
+/* moe_gen.h — the test-model generator (libmoe_gen; CLI tools/moe_gen_main.c, `moe-gen`).
+ *
+ * Writes Mixture-of-Experts models as real GGUF files (the architecture's llama.cpp metadata
+ * keys and tensor names) or real Hugging Face checkpoints (config.json + safetensors,
+ * optionally sharded with model.safetensors.index.json), with expert shapes from a preset of
+ * a real model. Weights are deterministic from (seed, layer, expert, tensor): quantized
+ * formats are produced by the kernels' reference quantizer (moek_quantize) from the floats
+ * moe_gen_floats() regenerates, so readers and kernels can be checked against the originals.
+ *
+ * Which container: `out` ending in ".gguf" → GGUF (with shards: PREFIX-0000i-of-0000N.gguf);
+ * anything else is a directory that receives config.json and the safetensors files.
+ * Formats by container: GGUF takes F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4; safetensors
+ * takes F32 F16 BF16 FP8_E4M3_B128 (weight_scale_inv) and, for gpt-oss only, MXFP4 in the
+ * _blocks/_scales layout (gpt-oss checkpoints ship only that). Other pairs are an error.
+ */
+#ifndef MOE_GEN_H
+#define MOE_GEN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "model_error.h"
+
+struct moe_gen_preset {
+	const char *name; /* "qwen3-30b-a3b", … */
+	enum moe_arch arch;
+	uint32_t full_layers, default_layers;
+	uint32_t n_experts, top_k, n_shared;
+	uint64_t hidden, expert_ffn, dense_ffn;
+	uint32_t leading_dense; /* dense blocks before the first MoE block (DeepSeek: 3) */
+};
+
+/* Preset by name, or NULL. moe_gen_presets lists them all (NULL-terminated names). */
+const struct moe_gen_preset *moe_gen_preset_find(const char *name);
+extern const struct moe_gen_preset moe_gen_presets[];
+
+struct moe_gen_options {
+	const char *preset;
+	const char *out;
+	uint32_t format; /* moek_format id */
+	uint64_t seed;
+	uint32_t layers; /* 0: preset default (full_layers with `full`) */
+	bool full;
+	uint64_t hidden;    /* 0: preset value */
+	uint64_t ffn;       /* 0: preset value */
+	uint32_t experts;   /* 0: preset value */
+	uint32_t shards;    /* 0 or 1: one file */
+	bool per_expert;    /* GGUF: legacy 2-D tensors blk.N.ffn_gate.E.weight */
+	bool fused_gate_up; /* GGUF: blk.N.ffn_gate_up_exps.weight (gate rows, then up rows) */
+	bool progress;      /* draw a progress bar on stderr */
+	uint32_t alignment; /* GGUF general.alignment (power of two); 0: 32, ggml's default */
+};
+
+/* Generates the model. Returns 0, or -1 with err naming what was wrong (bad option, format
+ * not representable in the container, shapes not fitting the format's block, I/O error). */
+int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err);
+
+/* What a generated value belongs to. */
+enum moe_gen_tensor {
+	MOE_GEN_GATE,
+	MOE_GEN_UP,
+	MOE_GEN_DOWN,
+	MOE_GEN_GATE_BIAS,
+	MOE_GEN_UP_BIAS,
+	MOE_GEN_DOWN_BIAS,
+	MOE_GEN_ROUTER,
+};
+
+/* The float originals: elements [first, first+n) of the row-major matrix (gate/up: ffn x
+ * hidden, down: hidden x ffn; biases: a vector; router: n_experts x hidden, expert = 0) of
+ * `which` for (seed, layer, expert). Values lie in [-1, 1) scaled by 1/sqrt(cols) for
+ * matrices (so expert outputs stay O(1)), 0.1 for biases. Pure and thread-safe. `cols` is
+ * the matrix's row length (for the scale); pass 1 for vectors. */
+void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen_tensor which,
+                    uint64_t cols, uint64_t first, size_t n, float *out);
+
+#endif

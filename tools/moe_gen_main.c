@@ -1,0 +1,143 @@
+/* moe_gen_main.c — `moe-gen`: command-line front end of libmoe_gen (see moe_gen.h). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "moe_gen.h"
+#include "moe_kernels.h"
+
+static void usage(FILE *o)
+{
+	fprintf(
+	    o,
+	    "usage: moe-gen --preset NAME --out PATH [options]\n"
+	    "  --out PATH       PATH.gguf writes GGUF; any other PATH is a directory that gets\n"
+	    "                   config.json + safetensors\n"
+	    "  --preset NAME    qwen3-30b-a3b | mixtral-8x7b | deepseek-v3 | gpt-oss-20b | olmoe\n"
+	    "  --format F       f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4 fp8 (default: q8_0 "
+	    "for\n"
+	    "                   GGUF, bf16 for safetensors, fp8 for deepseek-v3 safetensors,\n"
+	    "                   mxfp4 for gpt-oss)\n"
+	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
+	    "  --layers N       number of blocks (default: 2; --full: the real count)\n"
+	    "  --hidden N --ffn N --experts N   shrink dims (default: the real model's)\n"
+	    "  --shards N       split into N files (GGUF splits / safetensors shards + index)\n"
+	    "  --per-expert     GGUF: legacy per-expert 2-D tensors blk.N.ffn_gate.E.weight\n"
+	    "  --quiet          no progress bar\n");
+}
+
+static int parse_format(const char *s, uint32_t *out)
+{
+	static const uint32_t ids[] = {MOEK_F32,  MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,
+	                               MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_MXFP4};
+	if (!strcasecmp(s, "fp8") || !strcasecmp(s, "fp8_e4m3") ||
+	    !strcasecmp(s, "fp8_e4m3_b128")) {
+		*out = MOEK_FP8_E4M3_B128;
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+		const struct moek_format_info *fi = moek_format_lookup(ids[i]);
+		if (fi && !strcasecmp(s, fi->name)) {
+			*out = ids[i];
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static int parse_u64(const char *flag, const char *s, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 0);
+	if (errno || *end || !*s || s[0] == '-') {
+		fprintf(stderr, "moe-gen: %s: '%s' is not an unsigned integer\n", flag, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct moe_gen_options o = {.seed = 1, .progress = true};
+	const char *format = NULL;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+		uint64_t n;
+		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--full")) {
+			o.full = true;
+		} else if (!strcmp(a, "--per-expert")) {
+			o.per_expert = true;
+		} else if (!strcmp(a, "--fused")) {
+			o.fused_gate_up = true;
+		} else if (!strcmp(a, "--quiet")) {
+			o.progress = false;
+		} else if (!v) {
+			fprintf(stderr, "moe-gen: unknown option or missing value: %s\n\n", a);
+			usage(stderr);
+			return 2;
+		} else if (!strcmp(a, "--out")) {
+			o.out = v, i++;
+		} else if (!strcmp(a, "--preset")) {
+			o.preset = v, i++;
+		} else if (!strcmp(a, "--format")) {
+			format = v, i++;
+		} else {
+			if (parse_u64(a, v, &n))
+				return 2;
+			i++;
+			if (!strcmp(a, "--seed"))
+				o.seed = n;
+			else if (!strcmp(a, "--hidden"))
+				o.hidden = n;
+			else if (!strcmp(a, "--ffn"))
+				o.ffn = n;
+			else if (!strcmp(a, "--layers") && n <= UINT32_MAX)
+				o.layers = (uint32_t)n;
+			else if (!strcmp(a, "--experts") && n <= UINT32_MAX)
+				o.experts = (uint32_t)n;
+			else if (!strcmp(a, "--alignment") && n <= UINT32_MAX)
+				o.alignment = (uint32_t)n;
+			else if (!strcmp(a, "--shards") && n <= UINT32_MAX)
+				o.shards = (uint32_t)n;
+			else {
+				fprintf(stderr, "moe-gen: unknown option %s\n\n", a);
+				usage(stderr);
+				return 2;
+			}
+		}
+	}
+	if (!o.out || !o.preset) {
+		usage(stderr);
+		return 2;
+	}
+	const struct moe_gen_preset *p = moe_gen_preset_find(o.preset);
+	size_t ol = strlen(o.out);
+	int gguf = ol > 5 && !strcmp(o.out + ol - 5, ".gguf");
+	if (format) {
+		if (parse_format(format, &o.format)) {
+			fprintf(stderr, "moe-gen: unknown format '%s'\n", format);
+			return 2;
+		}
+	} else if (p && p->arch == MOE_ARCH_GPT_OSS) {
+		o.format = MOEK_MXFP4;
+	} else if (gguf) {
+		o.format = MOEK_Q8_0;
+	} else {
+		o.format = p && p->arch == MOE_ARCH_DEEPSEEK ? MOEK_FP8_E4M3_B128 : MOEK_BF16;
+	}
+	struct model_error err;
+	if (moe_gen_write(&o, &err)) {
+		fprintf(stderr, "moe-gen: %s\n", err.msg);
+		return 1;
+	}
+	return 0;
+}
