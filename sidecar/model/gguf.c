@@ -492,7 +492,13 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	f->n_tensors = n_tensors;
 	uint64_t pad = (f->alignment - r->pos % f->alignment) % f->alignment;
 	f->data_offset = r->pos + pad;
-	/* a file without tensor data may end before the padding; any data must fit */
+	/* a file without tensors may end before the padding; with tensors, the data section
+	 * (even for zero-sized ones) must start inside the file */
+	if (f->data_offset > f->file_size && n_tensors > 0)
+		return model_fail(r->err,
+		                  "%s: truncated: data section would start at %" PRIu64
+		                  ", file is %" PRIu64 " bytes",
+		                  r->path, f->data_offset, f->file_size);
 	const uint64_t data_size =
 	    f->data_offset < f->file_size ? f->file_size - f->data_offset : 0;
 	for (uint64_t i = 0; i < n_tensors; i++) {
