@@ -572,7 +572,7 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 		if (ready == 0 && !closed && now < deadline) {
 			uint64_t slice =
 			    deadline - now < WAIT_SLICE_NS ? deadline - now : WAIT_SLICE_NS;
-			moe_futex_wait(&c->cq.ctrl->consumer_sleeping, 1, (int64_t)slice);
+			moe_ring_consumer_wait(&c->cq, (int64_t)slice);
 		}
 		moe_ring_unannounce(&c->cq);
 		rc = take_completion(c, out);

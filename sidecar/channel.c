@@ -168,7 +168,7 @@ void channel_set_state(struct sidecar_channel *ch, enum moe_channel_state state)
 void channel_wake_client(struct sidecar_channel *ch)
 {
 	atomic_thread_fence(memory_order_seq_cst);
-	moe_futex_wake(&ch->cq.ctrl->consumer_sleeping, 1);
+	moe_futex_wake(&ch->cq.ctrl->tail, 1);
 }
 
 /* Copies one submission out of shared memory exactly once: the barrier stops the compiler

@@ -91,7 +91,7 @@ void channel_set_state(struct sidecar_channel *ch, enum moe_channel_state state)
 /* Wakes a client sleeping on its CQ regardless of whether it announced sleep (shutdown). */
 void channel_wake_client(struct sidecar_channel *ch);
 
-/* The word the dispatcher sleeps on for this channel's submissions. */
+/* The sidecar's own sleep announcement for this channel's submissions (only it writes it). */
 static inline _Atomic uint32_t *channel_sq_sleep_word(struct sidecar_channel *ch)
 {
 	return &ch->sq.ctrl->consumer_sleeping;

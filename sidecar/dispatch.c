@@ -1,11 +1,15 @@
 /* dispatch.c — the dispatcher thread (see dispatch.h for the contract).
  *
  * Loop: apply channel-set changes when the control word moved; drain every channel; write
- * heartbeats; after `spin_ns` without work, sleep on all SQ words at once. The sleep is the
- * ring's Dekker protocol widened to N rings: announce on every word, full fence (inside
- * moe_ring_announce_sleep), re-check every ring and the control word, then futex_waitv with
- * each word expected to still be 1. Only the dispatcher writes those words, so EAGAIN with an
- * unchanged control word means a client scribbled on one: that client is dropped.
+ * heartbeats; after `spin_ns` without work, sleep on all channels at once. The sleep is the
+ * ring's protocol (moe_ring.h) widened to N rings: announce on every channel's
+ * consumer_sleeping word, full fence (inside moe_ring_announce_sleep), re-check every ring
+ * and the control word, then futex_waitv on every channel's SQ tail (expected: still our
+ * head, i.e. empty) plus the control word. A client that publishes wakes us, or makes the
+ * wait return at once with EAGAIN if it published just before.
+ *
+ * Only the dispatcher writes the consumer_sleeping words; after every wake-up it checks that
+ * each still holds 1, and drops a client that scribbled on its word.
  */
 #include "dispatch.h"
 
@@ -133,8 +137,13 @@ static void sleep_on_all(struct dispatcher *d, uint32_t gen, uint64_t now)
 	for (uint32_t i = 0; i < n; i++) {
 		struct sidecar_channel *ch = d->active[i].ch;
 		moe_ring_announce_sleep(&ch->sq);
-		w[i + 1].val = 1;
-		w[i + 1].uaddr = (uint64_t)(uintptr_t)channel_sq_sleep_word(ch);
+		/* Empty ring: wait for the tail to leave our head. A channel whose client does
+		 * not drain its CQ has submissions waiting: wait for the tail to move on from
+		 * where it is now, or for the client's wake-up after it drains. */
+		w[i + 1].val = ch->cq_blocked ? atomic_load_explicit(moe_ring_wait_word(&ch->sq),
+		                                                     memory_order_acquire)
+		                              : moe_ring_wait_value(&ch->sq);
+		w[i + 1].uaddr = (uint64_t)(uintptr_t)moe_ring_wait_word(&ch->sq);
 		w[i + 1].flags = FUTEX_32; /* shared: the word lives in the client's mapping too */
 	}
 	bool work = atomic_load_explicit(&d->control_word, memory_order_acquire) != gen;
@@ -145,31 +154,24 @@ static void sleep_on_all(struct dispatcher *d, uint32_t gen, uint64_t now)
 		struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
 		                      .tv_nsec = (long)(deadline % 1000000000u)};
 		long rc = syscall(SYS_futex_waitv, w, n + 1, 0, &ts, CLOCK_MONOTONIC);
-		if (rc < 0 && errno == EAGAIN &&
-		    atomic_load_explicit(&d->control_word, memory_order_acquire) == gen) {
-			for (uint32_t i = n; i-- > 0;) {
-				struct sidecar_channel *ch = d->active[i].ch;
-				uint32_t v = atomic_load_explicit(channel_sq_sleep_word(ch),
-				                                  memory_order_relaxed);
-				if (v != 1) {
-					snprintf(ch->violation, sizeof(ch->violation),
-					         "client wrote the sidecar's SQ consumer_sleeping "
-					         "word (found %u)",
-					         v);
-					moe_ring_unannounce(&ch->sq);
-					log_warn("dispatch",
-					         "protocol violation, dropping client: %s",
-					         ch->violation);
-					drop_channel(d, i);
-				}
-			}
-		} else if (rc < 0 && errno != ETIMEDOUT && errno != EINTR && errno != EAGAIN) {
+		if (rc < 0 && errno != ETIMEDOUT && errno != EINTR && errno != EAGAIN)
 			log_error("dispatch", "futex_waitv on %u words: %s", n + 1,
 			          strerror(errno));
+	}
+	/* Our sleep words must still say what we wrote: a client that wrote one is broken. */
+	for (uint32_t i = n; i-- > 0;) {
+		struct sidecar_channel *ch = d->active[i].ch;
+		uint32_t v = atomic_load_explicit(channel_sq_sleep_word(ch), memory_order_relaxed);
+		moe_ring_unannounce(&ch->sq);
+		if (v != 1) {
+			snprintf(ch->violation, sizeof(ch->violation),
+			         "client wrote the sidecar's SQ consumer_sleeping word (found %u)",
+			         v);
+			log_warn("dispatch", "protocol violation, dropping client: %s",
+			         ch->violation);
+			drop_channel(d, i);
 		}
 	}
-	for (uint32_t i = 0; i < d->n_active; i++)
-		moe_ring_unannounce(&d->active[i].ch->sq);
 }
 
 static void shutdown_channels(struct dispatcher *d)
@@ -263,6 +265,21 @@ void dispatcher_remove(struct dispatcher *d, struct sidecar_channel *ch)
 		control_bump(d);
 		while (attached_has_locked(d, ch) && d->running)
 			pthread_cond_wait(&d->detached, &d->lock);
+	}
+	/* Detached now, by us or by a drop racing with us. Withdraw a removal request the
+	 * dispatcher has not applied yet and any drop report: neither may outlive the channel
+	 * (its address may be reused by the next channel, its connection by the next client). */
+	for (uint32_t i = 0; i < d->n_pending_remove;) {
+		if (d->pending_remove[i] == ch)
+			d->pending_remove[i] = d->pending_remove[--d->n_pending_remove];
+		else
+			i++;
+	}
+	for (uint32_t i = 0; i < d->n_dropped;) {
+		if (d->dropped[i].ch == ch)
+			d->dropped[i] = d->dropped[--d->n_dropped];
+		else
+			i++;
 	}
 	pthread_mutex_unlock(&d->lock);
 }

@@ -65,8 +65,8 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_
 /* Hands a channel to the dispatcher (it starts serving it at once). */
 void dispatcher_add(struct dispatcher *d, struct sidecar_channel *ch, void *owner);
 
-/* Takes a channel back; on return the dispatcher no longer touches it. No-op for a channel
- * the dispatcher already dropped. */
+/* Takes a channel back; on return the dispatcher no longer touches it and will not report
+ * it through dispatcher_take_dropped (if it dropped it already, the report is withdrawn). */
 void dispatcher_remove(struct dispatcher *d, struct sidecar_channel *ch);
 
 /* Moves up to max channels the dispatcher dropped into out; returns how many. */

@@ -12,7 +12,7 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+    {"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
 };
 
 static void usage(FILE *to)

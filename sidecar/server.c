@@ -227,25 +227,30 @@ static bool uid_allowed(const struct server_config *cfg, uid_t uid)
 
 static void conn_close(struct server *s, struct conn *c, const char *why)
 {
-	if (c->state == CONN_SERVING) {
+	const bool serving = c->state == CONN_SERVING;
+	uint64_t requests = 0, errors = 0;
+	if (serving) {
 		if (!s->dispatcher_stopped)
 			dispatcher_remove(&s->dispatcher, c->ch);
-		log_info("server",
-		         "client disconnected id=%u pid=%d uid=%u name=%s requests=%llu "
-		         "errors=%llu reason=\"%s\"",
-		         c->id, (int)c->pid, (unsigned)c->uid, c->name,
-		         (unsigned long long)c->ch->n_requests, (unsigned long long)c->ch->n_errors,
-		         why);
+		requests = c->ch->n_requests;
+		errors = c->ch->n_errors;
 		channel_destroy(c->ch);
 		c->ch = NULL;
 		s->n_serving--;
-	} else {
-		log_debug("server", "connection closed during handshake id=%u pid=%d reason=\"%s\"",
-		          c->id, (int)c->pid, why);
 	}
 	if (epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL) != 0)
 		log_warn("server", "epoll_ctl DEL client fd: %s", strerror(errno));
 	close(c->fd);
+	/* Logged once everything is released: the line means "reclaimed". */
+	if (serving)
+		log_info("server",
+		         "client disconnected id=%u pid=%d uid=%u name=%s requests=%llu "
+		         "errors=%llu reason=\"%s\"",
+		         c->id, (int)c->pid, (unsigned)c->uid, c->name,
+		         (unsigned long long)requests, (unsigned long long)errors, why);
+	else
+		log_debug("server", "connection closed during handshake id=%u pid=%d reason=\"%s\"",
+		          c->id, (int)c->pid, why);
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
 }
@@ -531,6 +536,8 @@ static void handle_dropped(struct server *s)
 	uint32_t n = dispatcher_take_dropped(&s->dispatcher, e, DISPATCH_MAX_CHANNELS);
 	for (uint32_t i = 0; i < n; i++) {
 		struct conn *c = e[i].owner;
+		if (c->state != CONN_SERVING || c->ch != e[i].ch)
+			continue; /* already reclaimed (withdrawn reports make this rare) */
 		char why[sizeof(c->ch->violation) + 32];
 		snprintf(why, sizeof(why), "protocol violation: %s", c->ch->violation);
 		conn_close(s, c, why);
