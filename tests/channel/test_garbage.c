@@ -5,6 +5,7 @@
  * sidecar never dies. */
 #include <criterion/criterion.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -237,5 +238,37 @@ Test(garbage, hostile_clients_never_hurt_the_sidecar, .timeout = 300)
 	          WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	cr_assert(log_count(&sp, "protocol violation") >= 1, "violations are logged");
 	cr_assert_eq(sidecar_stop(&sp, SIGTERM), 0, "the sidecar exits cleanly afterwards");
+	sidecar_cleanup(&sp);
+}
+
+/* Only the sidecar writes its SQ consumer_sleeping word: a client that overwrites it while
+ * the sidecar sleeps is disconnected at the next wake-up, and the log names the word. */
+Test(garbage, writing_the_sidecars_sleep_word_disconnects, .timeout = 60)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
+	struct moe_connect_opts o = {.socket_path = sp.socket, .max_tokens = 2, .hidden = 16};
+	struct moe_client *c;
+	cr_assert_eq(moe_connect(&o, &c), MOE_OK, "%s", moe_connect_error());
+	cr_assert_eq(moe_ping(c, 5000), MOE_OK);
+	struct moe_client_raw raw;
+	moe_client_raw(c, &raw);
+	struct moe_ring_ctrl *sqc = (struct moe_ring_ctrl *)(raw.base + raw.layout.sq_ctrl);
+	/* Wait for the event "the sidecar announced sleep on our ring" (it spins ~50 µs
+	 * after the last request first). */
+	while (atomic_load(&sqc->consumer_sleeping) != 1)
+		sched_yield();
+	atomic_store(&sqc->consumer_sleeping, 0);
+	moe_futex_wake(&sqc->tail, 1); /* wake it up so it looks */
+	struct pollfd pf = {.fd = moe_socket_fd(c), .events = POLLRDHUP};
+	cr_assert_eq(poll(&pf, 1, 10000), 1, "disconnected");
+	cr_assert(log_wait(&sp, "consumer_sleeping", 1, 5000), "the log names the word");
+	moe_close(c);
+	struct moe_client *other;
+	cr_assert_eq(moe_connect(&o, &other), MOE_OK);
+	cr_assert_eq(moe_ping(other, 5000), MOE_OK, "the sidecar serves on");
+	moe_close(other);
+	cr_assert_eq(sidecar_stop(&sp, SIGTERM), 0);
 	sidecar_cleanup(&sp);
 }
