@@ -36,7 +36,7 @@ static const struct serve_option {
      "Unix socket (default $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else "
      "/run/moe-sidecar/sidecar.sock)"},
     {{"allow-uid", required_argument, NULL, OPT_ALLOW_UID},
-     "UID[,UID…]",
+     "UID[,UID...]",
      "also accept these uids (SO_PEERCRED); socket dir 0711, socket 0666"},
     {{"ready-fd", required_argument, NULL, OPT_READY_FD},
      "FD",
@@ -127,7 +127,7 @@ int cmd_serve(int argc, char **argv)
 			if (parse_uid_list(optarg, &cfg) != 0) {
 				fprintf(stderr,
 				        "moe-sidecar serve: --allow-uid '%s': expected "
-				        "UID[,UID…] (at most %u)\n",
+				        "UID[,UID...] (at most %u)\n",
 				        optarg, SERVER_MAX_ALLOWED_UIDS);
 				return 2;
 			}
