@@ -5,7 +5,8 @@
  *   ping    PING round trip: real libmoe_client (CPU 1) and a real moe-sidecar (CPU 0)
  *   echo    ECHO round trips of 4 KiB, 64 KiB, 1 MiB, 16 MiB (f32 -> f32)
  *   unix    a Unix-socket round trip between two pinned processes
- *   memcpy  16 MiB in process (the bandwidth an ECHO cannot beat)
+ *   memcpy  16 MiB in process (the bandwidth an ECHO cannot beat), timed interleaved
+ *           with the 16 MiB ECHO so that both see the same machine load
  *
  * Prints p50/p99 and the ratios the design aims at (ping <= 2x floor, unix >= 30x ping,
  * echo 16 MiB >= 0.7x memcpy); --json prints one object. Not a test: figures only.
@@ -149,24 +150,32 @@ static struct stats bench_unix(size_t iters, uint64_t *lat)
 
 /* ---- (5) memcpy ------------------------------------------------------------------------- */
 
-static double bench_memcpy_gbps(size_t bytes, int reps)
+/* Two 16 MiB buffers copied back and forth in this process. Timed interleaved with the
+ * 16 MiB ECHO (one copy, one ECHO, …) so both see the same machine at the same moments. */
+struct copy_baseline {
+	uint8_t *a, *b;
+	size_t bytes;
+	unsigned turn;
+};
+
+static void copy_baseline_init(struct copy_baseline *cb, size_t bytes)
 {
-	uint8_t *a = aligned_alloc(4096, bytes), *b = aligned_alloc(4096, bytes);
-	if (!a || !b)
+	cb->bytes = bytes;
+	cb->a = aligned_alloc(4096, bytes);
+	cb->b = aligned_alloc(4096, bytes);
+	if (!cb->a || !cb->b)
 		die("out of memory");
-	memset(a, 1, bytes);
-	memset(b, 2, bytes);
-	uint64_t *t = calloc((size_t)reps, sizeof(*t));
-	for (int r = 0; r < reps; r++) {
-		uint64_t t0 = now_ns();
-		memcpy(r & 1 ? a : b, r & 1 ? b : a, bytes);
-		t[r] = now_ns() - t0;
-	}
-	struct stats s = summarize(t, (size_t)reps);
-	free(a);
-	free(b);
-	free(t);
-	return (double)bytes / (double)s.p50;
+	memset(cb->a, 1, bytes);
+	memset(cb->b, 2, bytes);
+	cb->turn = 0;
+}
+
+static uint64_t copy_baseline_once(struct copy_baseline *cb)
+{
+	const bool fwd = (cb->turn++ & 1) == 0;
+	uint64_t t0 = now_ns();
+	memcpy(fwd ? cb->b : cb->a, fwd ? cb->a : cb->b, cb->bytes);
+	return now_ns() - t0;
 }
 
 /* ---- (2, 3) the real channel ------------------------------------------------------------- */
@@ -210,12 +219,19 @@ static void sidecar_stop(struct sidecar *sc)
 	rmdir(sc->dir);
 }
 
+/* Round trips of one request; if cb is given, one baseline memcpy before each, timed into
+ * copy_lat. */
 static struct stats round_trips(struct moe_client *c, const struct moe_request *r, size_t iters,
-                                uint64_t *lat)
+                                uint64_t *lat, struct copy_baseline *cb, uint64_t *copy_lat)
 {
 	const size_t warm = iters / 10 + 1;
 	struct moe_completion d;
 	for (size_t i = 0; i < iters + warm; i++) {
+		if (cb) {
+			uint64_t t = copy_baseline_once(cb);
+			if (i >= warm)
+				copy_lat[i - warm] = t;
+		}
 		uint64_t t0 = now_ns();
 		int rc = moe_submit(c, r);
 		if (rc == MOE_OK)
@@ -255,7 +271,6 @@ int main(int argc, char **argv)
 
 	struct stats floor = bench_floor(n_floor, lat);
 	struct stats unix_rt = bench_unix(n_unix, lat);
-	const double memcpy_gbps = bench_memcpy_gbps(16u << 20, quick ? 5 : 21);
 
 	struct sidecar sc;
 	sidecar_start(&sc, bin);
@@ -276,7 +291,7 @@ int main(int argc, char **argv)
 	struct moe_slot s;
 	moe_slot_acquire(c, &s);
 	struct moe_request ping = {.op = MOE_OP_PING, .slot = s.index};
-	struct stats ping_rt = round_trips(c, &ping, n_ping, lat);
+	struct stats ping_rt = round_trips(c, &ping, n_ping, lat, NULL, NULL);
 
 	static const struct {
 		const char *name;
@@ -284,7 +299,12 @@ int main(int argc, char **argv)
 		size_t iters;
 	} sizes[] = {{"4k", 1, 20000}, {"64k", 16, 5000}, {"1m", 256, 1000}, {"16m", 4096, 100}};
 	struct stats echo[4];
-	double echo_gbps[4];
+	double echo_gbps[4], memcpy_gbps = 0;
+	struct copy_baseline cb;
+	copy_baseline_init(&cb, (size_t)16 << 20);
+	uint64_t *copy_lat = malloc(sizeof(uint64_t) * n_floor);
+	if (!copy_lat)
+		die("out of memory");
 	memset(s.input, 0x3c, (size_t)4096 * hidden * 4);
 	for (int i = 0; i < 4; i++) {
 		struct moe_request r = {.op = MOE_OP_ECHO,
@@ -293,8 +313,11 @@ int main(int argc, char **argv)
 		                        .in_dtype = MOE_DTYPE_F32,
 		                        .out_dtype = MOE_DTYPE_F32};
 		size_t iters = sizes[i].iters / scale + 5;
-		echo[i] = round_trips(c, &r, iters, lat);
+		const bool last = i == 3; /* 16 MiB: interleaved with the memcpy baseline */
+		echo[i] = round_trips(c, &r, iters, lat, last ? &cb : NULL, copy_lat);
 		echo_gbps[i] = (double)sizes[i].tokens * hidden * 4 / (double)echo[i].p50;
+		if (last)
+			memcpy_gbps = (double)cb.bytes / (double)summarize(copy_lat, iters).p50;
 	}
 	moe_slot_release(c, s.index);
 	moe_close(c);
