@@ -1,7 +1,623 @@
-/* client.c — placeholder until libmoe_client lands (issue: foundation). */
+/* client.c — libmoe_client (the whole API and its contracts are in moe_client.h).
+ *
+ * Owns the client side of one channel: connecting and the handshake, checking the memfd
+ * (seals, size) and the header against its own moe_layout_compute before trusting a byte,
+ * the private slot free list, submission, and waiting for completions. No threads, no
+ * signals, no global state except the thread-local connect error.
+ *
+ * Waiting: spin ~30 µs, then sleep on the CQ futex in slices of at most 50 ms; between slices
+ * look at the socket (hang-up = sidecar gone) and at header.state (CLOSED = shut down), so a
+ * dead sidecar is noticed within a slice and never causes a hang.
+ */
 #include "moe_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client_internal.h"
+#include "moe_proto.h"
+#include "moe_ring.h"
+
+#define WAIT_SPIN_NS 30000u
+#define WAIT_SLICE_NS 50000000u
+#define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+enum slot_state { SLOT_FREE = 0, SLOT_OWNED, SLOT_SUBMITTED };
+
+struct moe_client {
+	int sock;
+	uint8_t *base;
+	uint64_t bytes;
+	uint64_t epoch;
+	struct moe_limits limits;
+	struct moe_layout layout;
+	const struct moe_channel_header *header;
+	struct moe_ring_prod sq;
+	struct moe_ring_cons cq;
+	struct moe_sqe *sqes;
+	const struct moe_cqe *cqes;
+	struct moe_info info;
+	bool dead; /* sidecar gone: every later call fails fast */
+	uint32_t n_free;
+	uint32_t free_list[MOE_MAX_SLOTS_LIMIT];
+	uint8_t slot_state[MOE_MAX_SLOTS_LIMIT];
+	char last_error[256];
+};
+
+static _Thread_local char connect_error[256];
 
 const char *moe_strerror(int status)
 {
 	return moe_status_str(status);
+}
+
+const char *moe_connect_error(void)
+{
+	return connect_error;
+}
+
+const char *moe_last_error(const struct moe_client *c)
+{
+	return c ? c->last_error : "";
+}
+
+int moe_socket_fd(const struct moe_client *c)
+{
+	return c ? c->sock : -1;
+}
+
+const struct moe_info *moe_info(const struct moe_client *c)
+{
+	return &c->info;
+}
+
+static int fail_to(char *buf, size_t len, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail_to(char *buf, size_t len, int status, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, len, fmt, ap);
+	va_end(ap);
+	return status;
+}
+
+#define conn_fail(status, ...) fail_to(connect_error, sizeof(connect_error), status, __VA_ARGS__)
+#define client_fail(c, status, ...)                                                                \
+	fail_to((c)->last_error, sizeof((c)->last_error), status, __VA_ARGS__)
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- Connect --------------------------------------------------------------------------- */
+
+static int resolve_path(const struct moe_connect_opts *o, char *buf, size_t len)
+{
+	const char *p = o && o->socket_path ? o->socket_path : getenv("MOE_SIDECAR_SOCKET");
+	int n;
+	if (p && *p) {
+		n = snprintf(buf, len, "%s", p);
+	} else {
+		const char *xdg = getenv("XDG_RUNTIME_DIR");
+		if (xdg && xdg[0] == '/')
+			n = snprintf(buf, len, "%s/moe-sidecar/sidecar.sock", xdg);
+		else
+			n = snprintf(buf, len, "/run/moe-sidecar/sidecar.sock");
+	}
+	if (n < 0 || (size_t)n >= len)
+		return conn_fail(MOE_EINVAL, "socket path is longer than %zu bytes", len - 1);
+	return MOE_OK;
+}
+
+/* Receives the welcome (its size is in its frozen prefix) and the fd that rides with it. */
+static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fd)
+{
+	size_t have = 0, need = MOE_WELCOME_FROZEN;
+	*fd = -1;
+	while (have < need) {
+		struct iovec iov = {.iov_base = buf + have, .iov_len = need - have};
+		union {
+			char b[CMSG_SPACE(sizeof(int) * 4)];
+			struct cmsghdr align;
+		} u;
+		struct msghdr msg = {.msg_iov = &iov,
+		                     .msg_iovlen = 1,
+		                     .msg_control = u.b,
+		                     .msg_controllen = sizeof(u.b)};
+		ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			int e = errno;
+			return conn_fail(e == EAGAIN ? MOE_ETIMEDOUT : MOE_ECONNECT,
+			                 "%s: waiting for the welcome: %s", path,
+			                 e == EAGAIN ? "timed out" : strerror(e));
+		}
+		for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+			if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < nfd; i++) {
+				int f;
+				memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+				if (*fd < 0)
+					*fd = f;
+				else
+					close(f); /* one channel per welcome; extras are dropped */
+			}
+		}
+		if (n == 0)
+			return conn_fail(MOE_ECONNECT,
+			                 "%s: the sidecar hung up during the handshake "
+			                 "(%zu of %zu welcome bytes)",
+			                 path, have, need);
+		have += (size_t)n;
+		if (need == MOE_WELCOME_FROZEN && have >= MOE_WELCOME_FROZEN) {
+			uint32_t size;
+			memcpy(&size, buf + offsetof(struct moe_welcome, size), sizeof(size));
+			if (size < MOE_WELCOME_FROZEN || size > cap)
+				return conn_fail(MOE_EPROTO, "%s: welcome size %u not in %u..%zu",
+				                 path, size, MOE_WELCOME_FROZEN, cap);
+			need = size;
+		}
+	}
+	*len = have;
+	return MOE_OK;
+}
+
+/* Checks the memfd before mapping it: sealed so it can never shrink under us (SIGBUS). */
+static int check_memfd(int fd, uint64_t expect_bytes)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0)
+		return conn_fail(MOE_EPROTO, "channel fd: F_GET_SEALS: %s (not a sealable memfd)",
+		                 strerror(errno));
+	if ((seals & REQUIRED_SEALS) != REQUIRED_SEALS)
+		return conn_fail(MOE_EPROTO, "channel fd: seals 0x%x lack shrink/grow/seal (0x%x)",
+		                 (unsigned)seals, (unsigned)REQUIRED_SEALS);
+	struct stat st;
+	if (fstat(fd, &st) != 0)
+		return conn_fail(MOE_ESYS, "channel fd: fstat: %s", strerror(errno));
+	if ((uint64_t)st.st_size != expect_bytes)
+		return conn_fail(MOE_EPROTO, "channel fd: %lld bytes, the welcome says %llu",
+		                 (long long)st.st_size, (unsigned long long)expect_bytes);
+	return MOE_OK;
+}
+
+/* Verifies the header the sidecar wrote against what this client computes itself. */
+static int check_header(const struct moe_client *c, const struct moe_welcome *w)
+{
+	struct moe_channel_header h;
+	memcpy(&h, c->base, offsetof(struct moe_channel_header, heartbeat_ns));
+	if (h.magic != MOE_CHANNEL_MAGIC)
+		return conn_fail(MOE_EPROTO, "channel header: bad magic 0x%016llx",
+		                 (unsigned long long)h.magic);
+	if (h.abi_major != MOE_ABI_MAJOR || h.abi_minor != w->abi_minor)
+		return conn_fail(MOE_EPROTO, "channel header: ABI %u.%u, welcome said %u.%u",
+		                 h.abi_major, h.abi_minor, w->abi_major, w->abi_minor);
+	if (h.header_size < sizeof(struct moe_channel_header))
+		return conn_fail(MOE_EPROTO, "channel header: header_size %u < %zu", h.header_size,
+		                 sizeof(struct moe_channel_header));
+	if (h.channel_bytes != c->bytes || h.epoch != c->epoch)
+		return conn_fail(MOE_EPROTO, "channel header: size/epoch differ from the welcome");
+	if (memcmp(&h.limits, &c->limits, sizeof(h.limits)) != 0)
+		return conn_fail(MOE_EPROTO, "channel header: limits differ from the welcome");
+	if (memcmp(&h.layout, &c->layout, sizeof(h.layout)) != 0)
+		return conn_fail(MOE_EPROTO, "channel header: layout differs from the one this "
+		                             "client computes for the granted limits");
+	return MOE_OK;
+}
+
+static int handshake(struct moe_client *c, const struct moe_connect_opts *o, const char *path)
+{
+	struct moe_hello h;
+	memset(&h, 0, sizeof(h));
+	h.magic = MOE_HELLO_MAGIC;
+	h.abi_major = MOE_ABI_MAJOR;
+	h.abi_minor = MOE_ABI_MINOR;
+	h.size = sizeof(h);
+	if (o) {
+		h.want.max_tokens = o->max_tokens;
+		h.want.hidden = o->hidden;
+		h.want.top_k = o->top_k;
+		h.want.n_slots = o->n_slots;
+	}
+	snprintf(h.client_name, sizeof(h.client_name), "%s",
+	         o && o->client_name ? o->client_name : "moe-client");
+	if (send(c->sock, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) && errno != EPIPE &&
+	    errno != ECONNRESET)
+		return conn_fail(MOE_ECONNECT, "%s: sending the hello: %s", path, strerror(errno));
+	/* On EPIPE the sidecar may still have left a refusal to read: fall through. */
+
+	uint8_t buf[4096];
+	size_t len = 0;
+	int fd = -1;
+	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd);
+	if (rc != MOE_OK)
+		goto out;
+	struct moe_welcome w;
+	char why[224];
+	rc = moe_welcome_parse(buf, len, &w, why, sizeof(why));
+	if (rc != MOE_OK) {
+		rc = conn_fail(rc, "%s: %s", path, why);
+		goto out;
+	}
+	if (w.status != MOE_OK) {
+		rc =
+		    conn_fail(w.status == MOE_EVERSION ? MOE_EVERSION
+		              : w.status == MOE_EPROTO ? MOE_EPROTO
+		                                       : MOE_EREFUSED,
+		              "%s: the sidecar refused this client (%s): %s", path,
+		              moe_status_str(w.status), w.reason[0] ? w.reason : "no reason given");
+		goto out;
+	}
+	if (fd < 0) {
+		rc = conn_fail(MOE_EPROTO, "%s: accepting welcome without a channel fd", path);
+		goto out;
+	}
+	if (moe_limits_check(&w.limits, why, sizeof(why)) != MOE_OK) {
+		rc = conn_fail(MOE_EPROTO, "%s: granted limits: %s", path, why);
+		goto out;
+	}
+	if (o && ((o->max_tokens && o->max_tokens != w.limits.max_tokens) ||
+	          (o->hidden && o->hidden != w.limits.hidden) ||
+	          (o->top_k && o->top_k != w.limits.top_k) ||
+	          (o->n_slots && o->n_slots != w.limits.n_slots))) {
+		rc = conn_fail(MOE_EPROTO, "%s: granted limits differ from the requested ones",
+		               path);
+		goto out;
+	}
+	c->limits = w.limits;
+	moe_layout_compute(&c->limits, &c->layout);
+	c->epoch = w.epoch;
+	c->bytes = w.channel_bytes;
+	if (c->bytes != c->layout.total) {
+		rc = conn_fail(MOE_EPROTO,
+		               "%s: channel is %llu bytes, the granted limits need %llu", path,
+		               (unsigned long long)c->bytes, (unsigned long long)c->layout.total);
+		goto out;
+	}
+	if ((rc = check_memfd(fd, c->bytes)) != MOE_OK)
+		goto out;
+	void *map = mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		rc = conn_fail(MOE_ESYS, "channel: mmap %llu bytes: %s",
+		               (unsigned long long)c->bytes, strerror(errno));
+		goto out;
+	}
+	c->base = map;
+	atomic_thread_fence(memory_order_acquire);
+	if ((rc = check_header(c, &w)) != MOE_OK)
+		goto out;
+
+	c->header = (const struct moe_channel_header *)c->base;
+	const uint32_t start = moe_channel_ring_start(c->epoch);
+	moe_ring_prod_attach(&c->sq, (struct moe_ring_ctrl *)(c->base + c->layout.sq_ctrl),
+	                     c->layout.ring_entries, start);
+	moe_ring_cons_attach(&c->cq, (struct moe_ring_ctrl *)(c->base + c->layout.cq_ctrl),
+	                     c->layout.ring_entries, start);
+	c->sqes = (struct moe_sqe *)(c->base + c->layout.sq_entries);
+	c->cqes = (const struct moe_cqe *)(c->base + c->layout.cq_entries);
+
+	struct moe_info *i = &c->info;
+	i->max_tokens = c->limits.max_tokens;
+	i->hidden = c->limits.hidden;
+	i->top_k = c->limits.top_k;
+	i->n_slots = c->limits.n_slots;
+	i->dtype_mask = c->limits.dtype_mask;
+	i->sidecar_pid = w.sidecar_pid;
+	i->abi_major = w.abi_major;
+	i->abi_minor = w.abi_minor;
+	i->channel_bytes = c->bytes;
+	i->n_layers = w.model.n_layers;
+	i->n_moe_layers = w.model.n_moe_layers;
+	i->first_moe_layer = w.model.first_moe_layer;
+	i->n_experts = w.model.n_experts;
+	i->model_top_k = w.model.top_k;
+	i->model_hidden = w.model.hidden;
+	i->expert_ffn = w.model.expert_ffn;
+	memcpy(i->model_name, w.model.name, sizeof(i->model_name));
+
+	for (uint32_t s = c->limits.n_slots; s-- > 0;)
+		c->free_list[c->n_free++] = s;
+	rc = MOE_OK;
+out:
+	if (fd >= 0)
+		close(fd); /* the mapping keeps the memfd alive */
+	return rc;
+}
+
+int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
+{
+	connect_error[0] = '\0';
+	if (!out)
+		return conn_fail(MOE_EINVAL, "moe_connect: out is NULL");
+	*out = NULL;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	int rc = resolve_path(opts, addr.sun_path, sizeof(addr.sun_path));
+	if (rc != MOE_OK)
+		return rc;
+	struct moe_client *c = calloc(1, sizeof(*c));
+	if (!c)
+		return conn_fail(MOE_ENOMEM, "moe_connect: out of memory");
+	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (c->sock < 0) {
+		rc = conn_fail(MOE_ESYS, "socket(AF_UNIX): %s", strerror(errno));
+		goto fail;
+	}
+	int timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 5000;
+	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+	if (setsockopt(c->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+	    setsockopt(c->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+		rc = conn_fail(MOE_ESYS, "setsockopt timeouts: %s", strerror(errno));
+		goto fail;
+	}
+	if (connect(c->sock, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		int e = errno;
+		rc = conn_fail(MOE_ECONNECT, "%s: connect: %s%s", addr.sun_path, strerror(e),
+		               e == ENOENT || e == ECONNREFUSED ? " (is moe-sidecar serve running?)"
+		               : e == EACCES ? " (the socket or its directory is not accessible "
+		                               "to this user)"
+		                             : "");
+		goto fail;
+	}
+	rc = handshake(c, opts, addr.sun_path);
+	if (rc != MOE_OK)
+		goto fail;
+	/* After the handshake the socket only carries hang-up: no timeouts needed. */
+	*out = c;
+	return MOE_OK;
+fail:
+	moe_close(c);
+	return rc;
+}
+
+void moe_close(struct moe_client *c)
+{
+	if (!c)
+		return;
+	if (c->base)
+		munmap(c->base, c->bytes);
+	if (c->sock >= 0)
+		close(c->sock);
+	free(c);
+}
+
+void moe_client_raw(struct moe_client *c, struct moe_client_raw *out)
+{
+	out->base = c->base;
+	out->bytes = c->bytes;
+	out->layout = c->layout;
+	out->limits = c->limits;
+	out->epoch = c->epoch;
+	out->sq = &c->sq;
+	out->cq = &c->cq;
+}
+
+/* ---- Slots ----------------------------------------------------------------------------- */
+
+int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot)
+{
+	if (!c || !slot)
+		return MOE_EINVAL;
+	if (c->n_free == 0)
+		return client_fail(c, MOE_EAGAIN, "all %u slots are in use", c->limits.n_slots);
+	uint32_t s = c->free_list[--c->n_free];
+	c->slot_state[s] = SLOT_OWNED;
+	uint8_t *base = c->base + c->layout.slots + (uint64_t)s * c->layout.slot_stride;
+	slot->index = s;
+	slot->input = base + c->layout.in_off;
+	slot->expert_ids = (int32_t *)(void *)(base + c->layout.ids_off);
+	slot->expert_weights = (float *)(void *)(base + c->layout.wts_off);
+	slot->output = base + c->layout.out_off;
+	slot->input_bytes = c->layout.in_bytes;
+	slot->ids_bytes = c->layout.ids_bytes;
+	slot->weights_bytes = c->layout.wts_bytes;
+	slot->output_bytes = c->layout.out_bytes;
+	return MOE_OK;
+}
+
+int moe_slot_release(struct moe_client *c, uint32_t slot)
+{
+	if (!c || slot >= c->limits.n_slots)
+		return MOE_EINVAL;
+	if (c->slot_state[slot] != SLOT_OWNED)
+		return client_fail(c, MOE_EINVAL, "slot %u is %s", slot,
+		                   c->slot_state[slot] == SLOT_FREE ? "not acquired"
+		                                                    : "still in flight");
+	c->slot_state[slot] = SLOT_FREE;
+	c->free_list[c->n_free++] = slot;
+	return MOE_OK;
+}
+
+/* ---- Requests -------------------------------------------------------------------------- */
+
+static bool sidecar_closed(const struct moe_client *c)
+{
+	return atomic_load_explicit(&((struct moe_channel_header *)c->header)->state,
+	                            memory_order_acquire) == MOE_CHANNEL_CLOSED;
+}
+
+static bool socket_hung_up(const struct moe_client *c)
+{
+	struct pollfd p = {.fd = c->sock, .events = POLLIN | POLLRDHUP};
+	if (poll(&p, 1, 0) <= 0)
+		return false;
+	/* The sidecar never sends after the welcome: readable means EOF or garbage. */
+	return (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN)) != 0;
+}
+
+int moe_submit(struct moe_client *c, const struct moe_request *req)
+{
+	if (!c || !req)
+		return MOE_EINVAL;
+	if (c->dead)
+		return client_fail(c, MOE_EPEERDEAD, "the sidecar is gone");
+	if (req->slot >= c->limits.n_slots || c->slot_state[req->slot] != SLOT_OWNED)
+		return client_fail(c, MOE_EINVAL, "slot %u is %s", req->slot,
+		                   req->slot >= c->limits.n_slots          ? "out of range"
+		                   : c->slot_state[req->slot] == SLOT_FREE ? "not acquired"
+		                                                           : "already submitted");
+	uint32_t state = atomic_load_explicit(&((struct moe_channel_header *)c->header)->state,
+	                                      memory_order_acquire);
+	if (state != MOE_CHANNEL_RUNNING) {
+		c->dead = true;
+		return client_fail(c, MOE_EPEERDEAD, "the sidecar is shutting down (channel %s)",
+		                   state == MOE_CHANNEL_CLOSING ? "closing" : "closed");
+	}
+	int64_t room = moe_ring_space(&c->sq);
+	if (room == MOE_RING_BROKEN)
+		return client_fail(c, MOE_EPROTO,
+		                   "SQ head is impossible: the sidecar broke the "
+		                   "ring");
+	if (room == 0)
+		return client_fail(c, MOE_EAGAIN, "submission ring full");
+	struct moe_sqe *e = &c->sqes[moe_ring_prod_pos(&c->sq, 0)];
+	struct moe_sqe sqe;
+	memset(&sqe, 0, sizeof(sqe));
+	sqe.user_data = req->user_data;
+	sqe.slot = req->slot;
+	sqe.op = req->op;
+	sqe.flags = req->flags;
+	sqe.n_tokens = req->n_tokens;
+	sqe.in_dtype = req->in_dtype;
+	sqe.out_dtype = req->out_dtype;
+	sqe.ids_per_token = req->ids_per_token;
+	sqe.layer = req->layer;
+	sqe.arg = req->arg;
+	*e = sqe;
+	c->slot_state[req->slot] = SLOT_SUBMITTED;
+	moe_ring_publish(&c->sq, 1);
+	moe_ring_wake_consumer(&c->sq);
+	return MOE_OK;
+}
+
+/* Takes one completion if one is ready: MOE_OK, MOE_EAGAIN, or MOE_EPROTO. */
+static int take_completion(struct moe_client *c, struct moe_completion *out)
+{
+	int64_t ready = moe_ring_ready(&c->cq);
+	if (ready == MOE_RING_BROKEN)
+		return client_fail(c, MOE_EPROTO,
+		                   "CQ tail is impossible: the sidecar broke the "
+		                   "ring");
+	if (ready == 0)
+		return MOE_EAGAIN;
+	struct moe_cqe e = c->cqes[moe_ring_cons_pos(&c->cq, 0)];
+	moe_ring_consume(&c->cq, 1);
+	/* A completely full CQ may have stopped the sidecar from taking submissions: now that
+	 * there is room, make sure it looks again. */
+	if ((uint32_t)ready == c->cq.entries)
+		moe_ring_wake_consumer(&c->sq);
+	out->user_data = e.user_data;
+	out->slot = e.slot;
+	out->status = e.status;
+	out->value = e.value;
+	out->index = e.index;
+	/* Errors about the slot itself are not that slot's completion. */
+	if (e.slot < c->limits.n_slots && c->slot_state[e.slot] == SLOT_SUBMITTED &&
+	    e.status != MOE_ESLOTBUSY && e.status != MOE_EBADSLOT)
+		c->slot_state[e.slot] = SLOT_OWNED;
+	return MOE_OK;
+}
+
+int moe_poll(struct moe_client *c, struct moe_completion *out)
+{
+	if (!c || !out)
+		return MOE_EINVAL;
+	return take_completion(c, out);
+}
+
+int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
+{
+	if (!c || !out)
+		return MOE_EINVAL;
+	int rc = take_completion(c, out);
+	if (rc != MOE_EAGAIN)
+		return rc;
+	if (c->dead)
+		return client_fail(c, MOE_EPEERDEAD, "the sidecar is gone");
+	const uint64_t start = now_ns();
+	const uint64_t deadline =
+	    timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
+	uint64_t now = start;
+	while (now - start < WAIT_SPIN_NS && now < deadline) {
+		for (int i = 0; i < 64; i++) {
+			if (moe_ring_ready(&c->cq) != 0)
+				return take_completion(c, out);
+			moe_cpu_relax();
+		}
+		now = now_ns();
+	}
+	for (;;) {
+		moe_ring_announce_sleep(&c->cq);
+		int64_t ready = moe_ring_ready(&c->cq);
+		bool closed = sidecar_closed(c);
+		if (ready == 0 && !closed && now < deadline) {
+			uint64_t slice =
+			    deadline - now < WAIT_SLICE_NS ? deadline - now : WAIT_SLICE_NS;
+			moe_ring_consumer_wait(&c->cq, (int64_t)slice);
+		}
+		moe_ring_unannounce(&c->cq);
+		rc = take_completion(c, out);
+		if (rc != MOE_EAGAIN)
+			return rc;
+		if (closed || sidecar_closed(c)) {
+			c->dead = true;
+			return client_fail(c, MOE_EPEERDEAD,
+			                   "the sidecar shut down (channel closed)");
+		}
+		if (socket_hung_up(c)) {
+			c->dead = true;
+			return client_fail(c, MOE_EPEERDEAD,
+			                   "the sidecar is gone (socket hang-up)");
+		}
+		now = now_ns();
+		if (now >= deadline)
+			return client_fail(c, MOE_ETIMEDOUT, "no completion within %d ms",
+			                   timeout_ms);
+	}
+}
+
+int moe_ping(struct moe_client *c, int timeout_ms)
+{
+	struct moe_slot s;
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	static const uint64_t ping_tag = 0x50494e47u; /* "PING" */
+	struct moe_request r = {.op = MOE_OP_PING, .slot = s.index, .user_data = ping_tag};
+	rc = moe_submit(c, &r);
+	if (rc != MOE_OK) {
+		moe_slot_release(c, s.index);
+		return rc;
+	}
+	struct moe_completion done;
+	for (;;) {
+		rc = moe_wait(c, &done, timeout_ms);
+		if (rc != MOE_OK)
+			return rc; /* the slot stays in flight: the sidecar may still answer */
+		if (done.slot == s.index && done.user_data == ping_tag)
+			break;
+		/* Someone else's completion: moe_ping is for idle clients; not lost, but
+		 * not ours either. */
+	}
+	moe_slot_release(c, s.index);
+	return done.status;
 }

@@ -129,7 +129,8 @@ int moe_poll(struct moe_client *c, struct moe_completion *out);
  * death is seen (socket hang-up), so a dead sidecar never causes a hang. */
 int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms);
 
-/* Convenience: PING round trip on a fresh slot; MOE_OK or why not. */
+/* Convenience: PING round trip on a fresh slot; MOE_OK or why not. For an otherwise idle
+ * client: a completion of another request that arrives meanwhile is consumed and lost. */
 int moe_ping(struct moe_client *c, int timeout_ms);
 
 /* Name of a status code; never NULL. */

@@ -189,6 +189,15 @@ struct moe_channel_header {
 static_assert(offsetof(struct moe_channel_header, heartbeat_ns) == 192, "header is ABI");
 static_assert(sizeof(struct moe_channel_header) <= MOE_CHANNEL_ALIGN, "header fits a page");
 
+/* Both rings of a channel start at this index (head = tail = start), derived from the
+ * random epoch so that real channels exercise the 32-bit wrap-around too. Each side computes
+ * it from the epoch it knows privately (the sidecar from its own copy, the client from the
+ * welcome); nobody reads the initial indices back from shared memory. */
+static inline uint32_t moe_channel_ring_start(uint64_t epoch)
+{
+	return (uint32_t)(epoch >> 32);
+}
+
 /* Submission record: 64 bytes, copied by the sidecar into private memory before any check. */
 struct moe_sqe {
 	uint64_t user_data; /* opaque, echoed in the completion */

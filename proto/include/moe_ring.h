@@ -16,10 +16,15 @@
  * back from shared memory.
  *
  * Sleeping: the consumer spins briefly, then stores 1 to consumer_sleeping, issues a full
- * fence, re-checks the ring, and only then FUTEX_WAITs on that word (shared futex). The
- * producer, after publishing, issues a full fence and calls FUTEX_WAKE only if it sees the
- * word set. The two fences make a lost wake-up impossible (Dekker). Only the consumer writes
- * consumer_sleeping.
+ * fence, re-checks the ring, and only then FUTEX_WAITs on the producer's TAIL word, expecting
+ * the (empty-ring) value it just saw (shared futex). The producer, after publishing, issues a
+ * full fence and calls FUTEX_WAKE on its tail only if it sees consumer_sleeping set. The two
+ * fences (Dekker) guarantee that either the producer sees the announcement or the consumer's
+ * re-check sees the new entries; waiting on the tail closes the remaining window, a wake
+ * issued between the re-check and the FUTEX_WAIT: the tail has moved by then, so the wait
+ * returns at once. (Waiting on consumer_sleeping itself, which the producer never changes,
+ * would lose that wake-up.) Only the consumer writes consumer_sleeping; a peer that does is
+ * broken, and the owner of the word may check it after waking.
  */
 #ifndef MOE_RING_H
 #define MOE_RING_H
@@ -172,19 +177,39 @@ static inline bool moe_ring_wake_consumer(struct moe_ring_prod *p)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&p->ctrl->consumer_sleeping, memory_order_relaxed) != 0) {
-		moe_futex_wake(&p->ctrl->consumer_sleeping, 1);
+		moe_futex_wake(&p->ctrl->tail, 1);
 		return true;
 	}
 	return false;
 }
 
-/* Consumer side: announce sleep. Afterwards the caller MUST re-check moe_ring_ready before
- * waiting on consumer_sleeping with moe_futex_wait(…, 1, …), and clear the word with
+/* Consumer side: announce sleep. Afterwards the caller MUST re-check moe_ring_ready; if it
+ * is still 0, sleep with moe_ring_consumer_wait, and clear the word with
  * moe_ring_unannounce when it resumes. */
 static inline void moe_ring_announce_sleep(struct moe_ring_cons *c)
 {
 	atomic_store_explicit(&c->ctrl->consumer_sleeping, 1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* The futex word and value a sleeping consumer waits on: the producer's tail, expected to
+ * still equal the consumer's head (what the re-check saw: empty). For futex_waitv users. */
+static inline _Atomic uint32_t *moe_ring_wait_word(struct moe_ring_cons *c)
+{
+	return &c->ctrl->tail;
+}
+
+static inline uint32_t moe_ring_wait_value(const struct moe_ring_cons *c)
+{
+	return c->head;
+}
+
+/* Sleeps until the producer publishes (or timeout_ns, < 0: forever). Call only after
+ * moe_ring_announce_sleep and a re-check that found the ring empty. Returns 0 or
+ * -ETIMEDOUT / -EINTR; a spurious return is possible, so re-check. */
+static inline int moe_ring_consumer_wait(struct moe_ring_cons *c, int64_t timeout_ns)
+{
+	return moe_futex_wait(moe_ring_wait_word(c), moe_ring_wait_value(c), timeout_ns);
 }
 
 static inline void moe_ring_unannounce(struct moe_ring_cons *c)

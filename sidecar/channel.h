@@ -1,0 +1,100 @@
+/* channel.h — one client's shared-memory channel, as the sidecar sees it.
+ *
+ * Owns: the memfd (created, sized, sealed, mapped here), the sidecar's PRIVATE copy of
+ * everything that describes the channel (limits, layout, epoch, ring cursors, which slots
+ * are in flight), and the ring-draining code that turns submissions into completions.
+ *
+ * Trust: the client can write any byte of the mapping at any time. Nothing the sidecar owns
+ * is ever read back from it: the layout and limits live here, the SQ head and CQ tail live in
+ * the private cursors, and each submission is copied out once before it is looked at.
+ *
+ * Threading: a channel is driven by exactly one thread at a time (the dispatcher); the
+ * control thread creates it before handing it over and destroys it after taking it back.
+ * channel_drain works on any mapping, including a plain buffer (the fuzzer uses that).
+ */
+#ifndef MOE_SIDECAR_CHANNEL_H
+#define MOE_SIDECAR_CHANNEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "moe_proto.h"
+#include "moe_ring.h"
+
+struct sidecar_channel {
+	uint8_t *base; /* mapping of the memfd (or a caller's buffer) */
+	uint64_t bytes;
+	int memfd;     /* -1 when attached to a caller's buffer */
+	bool owns_map; /* munmap on destroy */
+	uint64_t epoch;
+	struct moe_limits limits;               /* granted; private */
+	struct moe_layout layout;               /* computed from limits; private */
+	struct moe_channel_header *header;      /* written (heartbeat, state), never read */
+	struct moe_ring_cons sq;                /* the sidecar consumes submissions */
+	struct moe_ring_prod cq;                /* and produces completions */
+	uint8_t slot_busy[MOE_MAX_SLOTS_LIMIT]; /* 1 while a request owns the slot */
+	bool cq_blocked; /* last drain stopped because the client does not drain its CQ */
+
+	/* Counters, for logs and tests (dispatcher thread only). */
+	uint64_t n_requests, n_errors;
+
+	/* Why channel_drain gave up on this client (set when it returns < 0). */
+	char violation[192];
+};
+
+/* Creates a memfd channel for granted limits (moe_limits_check must pass): memfd_create
+ * (MFD_CLOEXEC|MFD_ALLOW_SEALING), sized, sealed F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL,
+ * mapped, header and rings initialised with a random epoch. Returns 0, or -1 with a sentence
+ * in err. The caller owns *out (channel_destroy). */
+int channel_create(const struct moe_limits *granted, struct sidecar_channel **out, char *err,
+                   size_t err_len);
+
+/* Attaches a channel to an existing writable buffer of `bytes` (no memfd): initialises the
+ * header and rings exactly as channel_create does. For the fuzzer and unit tests. */
+int channel_attach_buffer(void *buf, uint64_t bytes, const struct moe_limits *granted,
+                          uint64_t epoch, struct sidecar_channel **out, char *err, size_t err_len);
+
+/* Unmaps (if owned) and closes the memfd. The channel must no longer be driven. */
+void channel_destroy(struct sidecar_channel *ch);
+
+/* Addresses of one slot's areas, from the private layout. */
+struct slot_areas {
+	void *input;
+	int32_t *expert_ids;
+	float *expert_weights;
+	void *output;
+};
+void channel_slot_areas(const struct sidecar_channel *ch, uint32_t slot, struct slot_areas *out);
+
+/* Result of channel_drain. */
+enum drain_result {
+	DRAIN_BROKEN = -1, /* impossible ring index: drop the client (ch->violation says why) */
+};
+
+/* Takes at most `budget` submissions: copies each out of shared memory once, validates it
+ * (moe_sqe_check, op checks, slot not in flight), runs it through the op table and posts one
+ * completion per submission, then wakes the client if it sleeps. Never takes more
+ * submissions than the CQ has room for; if the CQ is full it takes none and sets cq_blocked.
+ * If `shutting_down`, every submission completes with MOE_ESHUTDOWN instead of running.
+ * Returns the number of submissions handled (0 = nothing to do), or DRAIN_BROKEN. */
+int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down);
+
+/* True if channel_drain would do something now (submissions waiting and CQ room, or a broken
+ * ring index it must report). Used for the re-check after announcing sleep. */
+bool channel_has_work(struct sidecar_channel *ch);
+
+/* Sidecar-owned header words. */
+void channel_set_heartbeat(struct sidecar_channel *ch, uint64_t now_ns);
+void channel_set_state(struct sidecar_channel *ch, enum moe_channel_state state);
+/* Wakes a client sleeping on its CQ regardless of whether it announced sleep (shutdown). */
+void channel_wake_client(struct sidecar_channel *ch);
+
+/* The sidecar's own sleep announcement for this channel's submissions (only it writes it). */
+static inline _Atomic uint32_t *channel_sq_sleep_word(struct sidecar_channel *ch)
+{
+	return &ch->sq.ctrl->consumer_sleeping;
+}
+
+#endif

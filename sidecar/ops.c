@@ -1,0 +1,44 @@
+/* ops.c — the op table rows this sidecar serves today: PING and ECHO.
+ *
+ * ECHO is the channel's self-test: it reads n_tokens rows of `hidden` elements from the
+ * slot's input area and writes them, converted from in_dtype to out_dtype, to its output
+ * area. Both areas are sized for max_tokens f32 rows, so any accepted request fits; the
+ * client may scribble on the input meanwhile — it only gets garbage back.
+ */
+#include "ops.h"
+
+#include "moe_kernels.h"
+
+static void op_ping(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done)
+{
+	(void)ch;
+	(void)sqe;
+	done->status = MOE_OK;
+}
+
+static void op_echo(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done)
+{
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	const size_t n = (size_t)sqe->n_tokens * ch->limits.hidden;
+	moek_convert(sqe->out_dtype, a.output, sqe->in_dtype, a.input, n);
+	done->status = MOE_OK;
+	done->value = sqe->n_tokens;
+}
+
+static const struct op_desc op_table[MOE_OP_MAX] = {
+    [MOE_OP_PING] = {.name = "ping", .execute = op_ping},
+    [MOE_OP_ECHO] = {.name = "echo", .execute = op_echo},
+    [MOE_OP_FORWARD] = {.name = "forward", .unsupported_status = MOE_ENOMODEL},
+    [MOE_OP_PREFETCH] = {.name = "prefetch", .unsupported_status = MOE_ENOMODEL},
+    [MOE_OP_STATS] = {.name = "stats", .unsupported_status = MOE_EBADOP},
+};
+
+const struct op_desc *op_lookup(uint32_t op)
+{
+	if (op == 0 || op >= MOE_OP_MAX || !op_table[op].name)
+		return NULL;
+	return &op_table[op];
+}

@@ -1,0 +1,715 @@
+/* server.c — listening socket, peer checks, handshakes and client lifetimes (see server.h).
+ *
+ * Everything here runs on the control thread, driven by one epoll set: the listening socket,
+ * a signalfd (SIGINT/SIGTERM), an eventfd the dispatcher writes when it drops a client, and
+ * every client socket. Client sockets are non-blocking; a handshake that stalls cannot stall
+ * anyone else. A client socket stays open for its channel's lifetime: hang-up means gone.
+ *
+ * Reclaim order for a departed client: take the channel away from the dispatcher (it never
+ * touches it again), then unmap it and close the memfd, then close the socket.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "dispatch.h"
+#include "log.h"
+
+#define HELLO_MAX_BYTES 4096u
+#define HANDSHAKING_MAX 16u /* connections still in the handshake, beyond max_clients */
+
+enum { TAG_LISTEN = 1, TAG_SIGNAL, TAG_DROPPED, TAG_CONN_BASE = 16 };
+
+enum conn_state { CONN_FREE = 0, CONN_HELLO, CONN_SERVING };
+
+struct conn {
+	enum conn_state state;
+	int fd;
+	uint32_t id;
+	pid_t pid;
+	uid_t uid;
+	uint64_t since_ns;
+	size_t have;
+	uint8_t hello[HELLO_MAX_BYTES];
+	char name[32];
+	struct sidecar_channel *ch;
+};
+
+struct server {
+	const struct server_config *cfg;
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char lock_path[PATH_MAX];
+	int listen_fd, lock_fd, signal_fd, dropped_fd, epoll_fd;
+	struct dispatcher dispatcher;
+	bool dispatcher_stopped;
+	struct conn *conns;
+	uint32_t n_conns_cap, n_serving, next_id;
+};
+
+static uint64_t conn_tag(uint32_t id, uint32_t index)
+{
+	return ((uint64_t)id << 32) | (TAG_CONN_BASE + index);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int server_default_socket_path(char *buf, size_t len)
+{
+	const char *xdg = getenv("XDG_RUNTIME_DIR");
+	int n;
+	if (xdg && xdg[0] == '/')
+		n = snprintf(buf, len, "%s/moe-sidecar/sidecar.sock", xdg);
+	else
+		n = snprintf(buf, len, "/run/moe-sidecar/sidecar.sock");
+	return n < 0 || (size_t)n >= len ? -1 : 0;
+}
+
+/* ---- Listening socket ------------------------------------------------------------------ */
+
+/* Creates (or checks) the socket's directory. Mode 0700, or 0711 with an allow-list so that
+ * other uids can reach the socket (SO_PEERCRED then decides). An existing directory is not
+ * changed; it must be ours (or root's) and not writable by others unless sticky. */
+static int socket_dir_prepare(const struct server *s)
+{
+	char dir[sizeof(s->path)];
+	snprintf(dir, sizeof(dir), "%s", s->path);
+	char *slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == dir)
+		dir[1] = '\0';
+	else
+		*slash = '\0';
+	const mode_t mode = s->cfg->allow_list ? 0711 : 0700;
+	if (mkdir(dir, mode) == 0) {
+		if (chmod(dir, mode) != 0) {
+			log_error("server", "%s: chmod %o: %s", dir, (unsigned)mode,
+			          strerror(errno));
+			return -1;
+		}
+		return 0;
+	}
+	if (errno != EEXIST) {
+		log_error("server", "socket directory %s: mkdir: %s", dir, strerror(errno));
+		return -1;
+	}
+	struct stat st;
+	if (stat(dir, &st) != 0) {
+		log_error("server", "socket directory %s: stat: %s", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		log_error("server", "socket directory %s: not a directory", dir);
+		return -1;
+	}
+	if (st.st_uid != geteuid() && st.st_uid != 0) {
+		log_error("server", "socket directory %s: owned by uid %u, not by us (%u) or root",
+		          dir, (unsigned)st.st_uid, (unsigned)geteuid());
+		return -1;
+	}
+	if ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)) {
+		log_error("server", "socket directory %s: mode %o lets others replace the socket",
+		          dir, (unsigned)(st.st_mode & 07777));
+		return -1;
+	}
+	return 0;
+}
+
+/* Takes the lock file next to the socket: a second sidecar on the same path refuses. */
+static int lock_take(struct server *s)
+{
+	snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
+	s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (s->lock_fd < 0) {
+		log_error("server", "%s: open: %s", s->lock_path, strerror(errno));
+		return -1;
+	}
+	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+		int e = errno;
+		char pid[32] = "";
+		ssize_t n = pread(s->lock_fd, pid, sizeof(pid) - 1, 0);
+		if (n > 0)
+			pid[strcspn(pid, "\n")] = '\0';
+		if (e == EWOULDBLOCK)
+			log_error("server",
+			          "another moe-sidecar (pid %s) is serving %s; refusing to "
+			          "start",
+			          n > 0 ? pid : "?", s->path);
+		else
+			log_error("server", "%s: flock: %s", s->lock_path, strerror(e));
+		close(s->lock_fd);
+		s->lock_fd = -1;
+		return -1;
+	}
+	char pid[32];
+	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len)
+		log_warn("server", "%s: could not record our pid: %s", s->lock_path,
+		         strerror(errno));
+	return 0;
+}
+
+static int listener_open(struct server *s)
+{
+	if (socket_dir_prepare(s) != 0 || lock_take(s) != 0)
+		return -1;
+	struct stat st;
+	if (lstat(s->path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode)) {
+			log_error("server", "%s exists and is not a socket; refusing to replace it",
+			          s->path);
+			return -1;
+		}
+		/* We hold the lock, so whoever made it is gone. */
+		if (unlink(s->path) != 0) {
+			log_error("server", "%s: removing stale socket: %s", s->path,
+			          strerror(errno));
+			return -1;
+		}
+		log_info("server", "replaced a stale socket path=%s", s->path);
+	}
+	s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s->listen_fd < 0) {
+		log_error("server", "socket(AF_UNIX): %s", strerror(errno));
+		return -1;
+	}
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	memcpy(addr.sun_path, s->path, strlen(s->path) + 1);
+	if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		log_error("server", "%s: bind: %s", s->path, strerror(errno));
+		return -1;
+	}
+	const mode_t mode = s->cfg->allow_list ? 0666 : 0600;
+	if (chmod(s->path, mode) != 0) {
+		log_error("server", "%s: chmod %o: %s", s->path, (unsigned)mode, strerror(errno));
+		return -1;
+	}
+	if (listen(s->listen_fd, 64) != 0) {
+		log_error("server", "%s: listen: %s", s->path, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- Connections ----------------------------------------------------------------------- */
+
+static bool uid_allowed(const struct server_config *cfg, uid_t uid)
+{
+	if (uid == geteuid())
+		return true;
+	if (cfg->allow_list)
+		for (uint32_t i = 0; i < cfg->n_allowed_uids; i++)
+			if (cfg->allowed_uids[i] == uid)
+				return true;
+	return false;
+}
+
+static void conn_close(struct server *s, struct conn *c, const char *why)
+{
+	const bool serving = c->state == CONN_SERVING;
+	uint64_t requests = 0, errors = 0;
+	if (serving) {
+		if (!s->dispatcher_stopped)
+			dispatcher_remove(&s->dispatcher, c->ch);
+		requests = c->ch->n_requests;
+		errors = c->ch->n_errors;
+		channel_destroy(c->ch);
+		c->ch = NULL;
+		s->n_serving--;
+	}
+	if (epoll_ctl(s->epoll_fd, EPOLL_CTL_DEL, c->fd, NULL) != 0)
+		log_warn("server", "epoll_ctl DEL client fd: %s", strerror(errno));
+	close(c->fd);
+	/* Logged once everything is released: the line means "reclaimed". */
+	if (serving)
+		log_info("server",
+		         "client disconnected id=%u pid=%d uid=%u name=%s requests=%llu "
+		         "errors=%llu reason=\"%s\"",
+		         c->id, (int)c->pid, (unsigned)c->uid, c->name,
+		         (unsigned long long)requests, (unsigned long long)errors, why);
+	else
+		log_debug("server", "connection closed during handshake id=%u pid=%d reason=\"%s\"",
+		          c->id, (int)c->pid, why);
+	memset(c, 0, sizeof(*c));
+	c->fd = -1;
+}
+
+static void welcome_base(struct moe_welcome *w, int status)
+{
+	memset(w, 0, sizeof(*w));
+	w->magic = MOE_WELCOME_MAGIC;
+	w->abi_major = MOE_ABI_MAJOR;
+	w->abi_minor = MOE_ABI_MINOR;
+	w->size = sizeof(*w);
+	w->status = status;
+	w->sidecar_pid = (uint32_t)getpid();
+}
+
+static void refuse(struct server *s, struct conn *c, int status, const char *reason)
+{
+	struct moe_welcome w;
+	welcome_base(&w, status);
+	snprintf(w.reason, sizeof(w.reason), "%s", reason);
+	log_warn("server", "refused client pid=%d uid=%u name=%s status=%s reason=\"%s\"",
+	         (int)c->pid, (unsigned)c->uid, c->name[0] ? c->name : "?", moe_status_str(status),
+	         reason);
+	if (send(c->fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w))
+		log_debug("server", "refusal to pid=%d not delivered: %s", (int)c->pid,
+		          strerror(errno));
+	conn_close(s, c, "refused");
+}
+
+static int send_welcome(int fd, const struct moe_welcome *w, int memfd)
+{
+	struct iovec iov = {.iov_base = (void *)w, .iov_len = sizeof(*w)};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	memset(&u, 0, sizeof(u));
+	struct msghdr msg = {.msg_iov = &iov,
+	                     .msg_iovlen = 1,
+	                     .msg_control = u.buf,
+	                     .msg_controllen = sizeof(u.buf)};
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+	ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+	return n == (ssize_t)sizeof(*w) ? 0 : -1;
+}
+
+/* Fills granted limits from a hello; 0 or -1 with a reason. */
+static int negotiate(const struct server *s, const struct moe_hello *h, struct moe_limits *g,
+                     char *why, size_t why_len)
+{
+	const struct moe_limits *d = &s->cfg->defaults;
+	*g = h->want;
+	if (!g->max_tokens)
+		g->max_tokens = d->max_tokens;
+	if (!g->hidden)
+		g->hidden = d->hidden;
+	if (!g->top_k)
+		g->top_k = d->top_k;
+	if (!g->n_slots)
+		g->n_slots = d->n_slots;
+	if (!g->dtype_mask)
+		g->dtype_mask = d->dtype_mask;
+	g->ring_entries = g->n_slots <= MOE_MAX_SLOTS_LIMIT ? moe_pow2_ceil(g->n_slots) : 0;
+	char lim_why[120];
+	if (moe_limits_check(g, lim_why, sizeof(lim_why)) != MOE_OK) {
+		snprintf(why, why_len, "requested limits: %s", lim_why);
+		return -1;
+	}
+	struct moe_layout l;
+	moe_layout_compute(g, &l);
+	if (l.total > s->cfg->max_channel_bytes) {
+		snprintf(why, why_len,
+		         "channel would be %llu MiB, above this sidecar's limit of "
+		         "%llu MiB (--max-channel-mib)",
+		         (unsigned long long)(l.total >> 20),
+		         (unsigned long long)(s->cfg->max_channel_bytes >> 20));
+		return -1;
+	}
+	return 0;
+}
+
+static void handle_hello(struct server *s, struct conn *c, size_t len)
+{
+	char why[MOE_REASON_LEN];
+	struct moe_hello h;
+	int rc = moe_hello_parse(c->hello, len, &h, why, sizeof(why));
+	if (rc == MOE_OK)
+		snprintf(c->name, sizeof(c->name), "%s", h.client_name);
+	if (!uid_allowed(s->cfg, c->uid)) {
+		snprintf(why, sizeof(why),
+		         "uid %u is not allowed to use this sidecar (it serves "
+		         "uid %u%s)",
+		         (unsigned)c->uid, (unsigned)geteuid(),
+		         s->cfg->allow_list ? " and its --allow-uid list" : "");
+		refuse(s, c, MOE_EREFUSED, why);
+		return;
+	}
+	if (rc != MOE_OK) {
+		refuse(s, c, rc, why);
+		return;
+	}
+	if (h.flags != 0) {
+		snprintf(why, sizeof(why), "hello flags 0x%x: no flags are defined", h.flags);
+		refuse(s, c, MOE_EPROTO, why);
+		return;
+	}
+	if (s->n_serving >= s->cfg->max_clients) {
+		snprintf(why, sizeof(why), "this sidecar already serves its maximum of %u clients",
+		         s->cfg->max_clients);
+		refuse(s, c, MOE_EREFUSED, why);
+		return;
+	}
+	struct moe_limits g;
+	if (negotiate(s, &h, &g, why, sizeof(why)) != 0) {
+		refuse(s, c, MOE_EREFUSED, why);
+		return;
+	}
+	char err[256];
+	struct sidecar_channel *ch;
+	if (channel_create(&g, &ch, err, sizeof(err)) != 0) {
+		log_error("server", "client pid=%d: %s", (int)c->pid, err);
+		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
+		return;
+	}
+	struct moe_welcome w;
+	welcome_base(&w, MOE_OK);
+	w.channel_bytes = ch->bytes;
+	w.epoch = ch->epoch;
+	w.limits = g;
+	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
+		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
+		         strerror(errno));
+		channel_destroy(ch);
+		conn_close(s, c, "welcome not delivered");
+		return;
+	}
+	c->ch = ch;
+	c->state = CONN_SERVING;
+	s->n_serving++;
+	dispatcher_add(&s->dispatcher, ch, c);
+	log_info("server",
+	         "client connected id=%u pid=%d uid=%u name=%s abi=%u.%u tokens=%u "
+	         "hidden=%u top_k=%u slots=%u channel_bytes=%llu",
+	         c->id, (int)c->pid, (unsigned)c->uid, c->name, h.abi_major, h.abi_minor,
+	         g.max_tokens, g.hidden, g.top_k, g.n_slots, (unsigned long long)ch->bytes);
+}
+
+/* Reads the hello in pieces: first the frozen 16-byte prefix (which says the size), then
+ * exactly `size` bytes. */
+static void conn_readable_hello(struct server *s, struct conn *c)
+{
+	for (;;) {
+		size_t need = MOE_HELLO_MIN_SIZE;
+		if (c->have >= MOE_HELLO_MIN_SIZE) {
+			uint32_t size;
+			memcpy(&size, c->hello + offsetof(struct moe_hello, size), sizeof(size));
+			if (size < MOE_HELLO_MIN_SIZE || size > HELLO_MAX_BYTES) {
+				char why[MOE_REASON_LEN];
+				uint32_t magic;
+				memcpy(&magic, c->hello, sizeof(magic));
+				if (magic != MOE_HELLO_MAGIC)
+					snprintf(why, sizeof(why),
+					         "not a moe-sidecar hello (magic "
+					         "0x%08x)",
+					         magic);
+				else
+					snprintf(why, sizeof(why), "hello size %u not in %u..%u",
+					         size, MOE_HELLO_MIN_SIZE, HELLO_MAX_BYTES);
+				refuse(s, c, MOE_EPROTO, why);
+				return;
+			}
+			need = size;
+		}
+		if (c->have >= need) {
+			handle_hello(s, c, need);
+			return;
+		}
+		ssize_t n = recv(c->fd, c->hello + c->have, need - c->have, MSG_DONTWAIT);
+		if (n > 0) {
+			c->have += (size_t)n;
+			continue;
+		}
+		if (n == 0) {
+			conn_close(s, c, "hung up before a complete hello");
+			return;
+		}
+		if (errno == EAGAIN || errno == EINTR)
+			return;
+		conn_close(s, c, strerror(errno));
+		return;
+	}
+}
+
+static void conn_event(struct server *s, struct conn *c, uint32_t events)
+{
+	if (c->state == CONN_HELLO) {
+		if (events & EPOLLIN)
+			conn_readable_hello(s, c);
+		else if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR))
+			conn_close(s, c, "hung up before a complete hello");
+		return;
+	}
+	if (events & (EPOLLHUP | EPOLLRDHUP | EPOLLERR)) {
+		conn_close(s, c, "client hung up");
+		return;
+	}
+	if (events & EPOLLIN) {
+		char b;
+		ssize_t n = recv(c->fd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+		if (n == 0) {
+			conn_close(s, c, "client hung up");
+		} else if (n > 0) {
+			log_warn("server",
+			         "protocol violation by client id=%u pid=%d: bytes on the "
+			         "socket after the handshake",
+			         c->id, (int)c->pid);
+			conn_close(s, c, "protocol violation: bytes after the handshake");
+		} else if (errno != EAGAIN && errno != EINTR) {
+			conn_close(s, c, strerror(errno));
+		}
+	}
+}
+
+static void accept_all(struct server *s)
+{
+	for (;;) {
+		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("server", "accept: %s", strerror(errno));
+			return;
+		}
+		struct ucred cred;
+		socklen_t cl = sizeof(cred);
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+			log_warn("server", "SO_PEERCRED: %s; dropping the connection",
+			         strerror(errno));
+			close(fd);
+			continue;
+		}
+		struct conn *c = NULL;
+		uint32_t handshaking = 0;
+		for (uint32_t i = 0; i < s->n_conns_cap; i++) {
+			if (s->conns[i].state == CONN_HELLO)
+				handshaking++;
+			if (!c && s->conns[i].state == CONN_FREE)
+				c = &s->conns[i];
+		}
+		if (!c || handshaking >= HANDSHAKING_MAX) {
+			log_warn("server", "too many connections; dropping pid=%d uid=%u",
+			         (int)cred.pid, (unsigned)cred.uid);
+			close(fd);
+			continue;
+		}
+		memset(c, 0, sizeof(*c));
+		c->fd = fd;
+		c->state = CONN_HELLO;
+		c->id = ++s->next_id;
+		c->pid = cred.pid;
+		c->uid = cred.uid;
+		c->since_ns = now_ns();
+		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP,
+		                         .data.u64 = conn_tag(c->id, (uint32_t)(c - s->conns))};
+		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+			log_error("server", "epoll_ctl ADD client: %s", strerror(errno));
+			close(fd);
+			memset(c, 0, sizeof(*c));
+			c->fd = -1;
+		}
+	}
+}
+
+static void handle_dropped(struct server *s)
+{
+	uint64_t count;
+	if (read(s->dropped_fd, &count, sizeof(count)) < 0 && errno != EAGAIN)
+		log_warn("server", "eventfd read: %s", strerror(errno));
+	struct dispatcher_entry e[DISPATCH_MAX_CHANNELS];
+	uint32_t n = dispatcher_take_dropped(&s->dispatcher, e, DISPATCH_MAX_CHANNELS);
+	for (uint32_t i = 0; i < n; i++) {
+		struct conn *c = e[i].owner;
+		if (c->state != CONN_SERVING || c->ch != e[i].ch)
+			continue; /* already reclaimed (withdrawn reports make this rare) */
+		char why[sizeof(c->ch->violation) + 32];
+		snprintf(why, sizeof(why), "protocol violation: %s", c->ch->violation);
+		conn_close(s, c, why);
+	}
+}
+
+static void sweep_handshakes(struct server *s)
+{
+	const uint64_t limit = (uint64_t)s->cfg->handshake_timeout_ms * 1000000u;
+	const uint64_t now = now_ns();
+	for (uint32_t i = 0; i < s->n_conns_cap; i++) {
+		struct conn *c = &s->conns[i];
+		if (c->state == CONN_HELLO && now - c->since_ns > limit)
+			conn_close(s, c, "no complete hello in time");
+	}
+}
+
+/* ---- Life cycle ------------------------------------------------------------------------- */
+
+static int server_setup(struct server *s)
+{
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	/* Blocked before the dispatcher thread exists, so it inherits the mask. */
+	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
+		log_error("server", "pthread_sigmask failed");
+		return -1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	s->signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+	s->dropped_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
+	if (s->signal_fd < 0 || s->dropped_fd < 0 || s->epoll_fd < 0) {
+		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
+		return -1;
+	}
+	if (listener_open(s) != 0)
+		return -1;
+	const struct {
+		int fd;
+		uint64_t tag;
+	} fixed[] = {
+	    {s->listen_fd, TAG_LISTEN}, {s->signal_fd, TAG_SIGNAL}, {s->dropped_fd, TAG_DROPPED}};
+	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
+		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = fixed[i].tag};
+		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0) {
+			log_error("server", "epoll_ctl ADD: %s", strerror(errno));
+			return -1;
+		}
+	}
+	s->n_conns_cap = s->cfg->max_clients + HANDSHAKING_MAX;
+	s->conns = calloc(s->n_conns_cap, sizeof(*s->conns));
+	if (!s->conns) {
+		log_error("server", "out of memory for %u connections", s->n_conns_cap);
+		return -1;
+	}
+	for (uint32_t i = 0; i < s->n_conns_cap; i++)
+		s->conns[i].fd = -1;
+	char err[256];
+	s->dispatcher.spin_ns = s->cfg->spin_ns;
+	if (dispatcher_start(&s->dispatcher, s->dropped_fd, err, sizeof(err)) != 0) {
+		log_error("server", "%s", err);
+		return -1;
+	}
+	return 0;
+}
+
+static void announce_ready(struct server *s)
+{
+	int fd = s->cfg->ready_fd;
+	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->path,
+	         (int)getpid(), s->cfg->max_clients, s->cfg->allow_list ? "uid+allow-list" : "uid");
+	if (fd < 0)
+		return;
+	char line[sizeof(s->path) + 16];
+	int n = snprintf(line, sizeof(line), "READY %s\n", s->path);
+	if (write(fd, line, (size_t)n) != n)
+		log_warn("server", "--ready-fd %d: write: %s", fd, strerror(errno));
+	close(fd);
+}
+
+static void server_teardown(struct server *s)
+{
+	if (s->listen_fd >= 0) {
+		close(s->listen_fd);
+		unlink(s->path);
+	}
+	if (s->dispatcher.running)
+		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
+	s->dispatcher_stopped = true;
+	for (uint32_t i = 0; s->conns && i < s->n_conns_cap; i++)
+		if (s->conns[i].state != CONN_FREE)
+			conn_close(s, &s->conns[i], "sidecar shutting down");
+	free(s->conns);
+	if (s->lock_fd >= 0) {
+		unlink(s->lock_path);
+		close(s->lock_fd);
+	}
+	if (s->epoll_fd >= 0)
+		close(s->epoll_fd);
+	if (s->signal_fd >= 0)
+		close(s->signal_fd);
+	if (s->dropped_fd >= 0)
+		close(s->dropped_fd);
+}
+
+int server_run(const struct server_config *cfg)
+{
+	struct server s;
+	memset(&s, 0, sizeof(s));
+	s.cfg = cfg;
+	s.listen_fd = s.lock_fd = s.signal_fd = s.dropped_fd = s.epoll_fd = -1;
+	if (cfg->socket_path) {
+		if (strlen(cfg->socket_path) >= sizeof(s.path)) {
+			log_error("server", "socket path is %zu bytes; at most %zu fit in sun_path",
+			          strlen(cfg->socket_path), sizeof(s.path) - 1);
+			return 1;
+		}
+		snprintf(s.path, sizeof(s.path), "%s", cfg->socket_path);
+	} else if (server_default_socket_path(s.path, sizeof(s.path)) != 0) {
+		log_error("server", "default socket path does not fit in sun_path");
+		return 1;
+	}
+	if (server_setup(&s) != 0) {
+		/* The socket exists only once the lock is ours: teardown never unlinks a path
+		 * another sidecar owns. */
+		server_teardown(&s);
+		return 1;
+	}
+	announce_ready(&s);
+
+	int status = 0;
+	for (bool stop = false; !stop;) {
+		bool handshaking = false;
+		for (uint32_t i = 0; i < s.n_conns_cap; i++)
+			handshaking |= s.conns[i].state == CONN_HELLO;
+		struct epoll_event ev[32];
+		int n = epoll_wait(s.epoll_fd, ev, 32, handshaking ? 250 : -1);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			log_error("server", "epoll_wait: %s", strerror(errno));
+			status = 1;
+			break;
+		}
+		for (int i = 0; i < n && !stop; i++) {
+			uint64_t tag = ev[i].data.u64;
+			if (tag == TAG_LISTEN) {
+				accept_all(&s);
+			} else if (tag == TAG_SIGNAL) {
+				struct signalfd_siginfo si;
+				if (read(s.signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+					log_info("server", "shutting down on %s",
+					         strsignal((int)si.ssi_signo));
+					stop = true;
+				}
+			} else if (tag == TAG_DROPPED) {
+				handle_dropped(&s);
+			} else {
+				/* The id guards against a stale event for a slot reused in this
+				 * same batch. */
+				struct conn *c = &s.conns[(uint32_t)tag - TAG_CONN_BASE];
+				if (c->state != CONN_FREE && c->id == (uint32_t)(tag >> 32))
+					conn_event(&s, c, ev[i].events);
+			}
+		}
+		if (handshaking)
+			sweep_handshakes(&s);
+	}
+	server_teardown(&s);
+	log_info("server", "stopped");
+	return status;
+}

@@ -1,0 +1,44 @@
+/* server.h — the control side of `moe-sidecar serve`: socket, peers, handshakes, lifetimes.
+ *
+ * Owns: the listening Unix socket and its lock file, the table of connected clients, the
+ * handshake (hello → limits → memfd channel → welcome with SCM_RIGHTS), reclaiming a
+ * channel when its client hangs up or breaks the protocol, and the clean shutdown on
+ * SIGINT/SIGTERM. It runs on the calling thread (the control thread) and starts the
+ * dispatcher thread (dispatch.h), which alone touches the rings.
+ */
+#ifndef MOE_SIDECAR_SERVER_H
+#define MOE_SIDECAR_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "moe_proto.h"
+
+#define SERVER_MAX_ALLOWED_UIDS 64u
+
+struct server_config {
+	const char *socket_path; /* NULL: server_default_socket_path() */
+	/* Peers must run as our own uid, or as one of these when allow_list is set. With an
+	 * allow-list the socket directory is 0711 and the socket 0666: SO_PEERCRED is the gate. */
+	bool allow_list;
+	uid_t allowed_uids[SERVER_MAX_ALLOWED_UIDS];
+	uint32_t n_allowed_uids;
+	uint32_t max_clients;       /* connected channels at once (<= 127) */
+	uint64_t max_channel_bytes; /* refuse a hello whose channel would be larger */
+	struct moe_limits defaults; /* used for the zero fields of a hello */
+	int ready_fd;               /* >= 0: write "READY <path>\n" once listening, then close */
+	uint64_t spin_ns;           /* dispatcher spin after work; 0 = default */
+	int handshake_timeout_ms;   /* a peer that sends no complete hello is dropped */
+};
+
+/* $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else /run/moe-sidecar/sidecar.sock. Returns 0,
+ * or -1 if it does not fit in len. */
+int server_default_socket_path(char *buf, size_t len);
+
+/* Serves until SIGINT or SIGTERM. Returns 0 after a clean shutdown, 1 on a start-up or fatal
+ * error (already logged). Blocks SIGINT/SIGTERM/SIGPIPE on the calling thread. */
+int server_run(const struct server_config *cfg);
+
+#endif
