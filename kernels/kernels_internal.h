@@ -111,6 +111,7 @@ struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
 	moek_dequant_fn dequantize_row;
+	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* use the dequantized-tile path for n >= MOEK_PREFILL_MIN_TOKENS */
 };
