@@ -488,12 +488,19 @@ static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t
 		const uint8_t *wg = matrix_row(&e->gate, f), *wu = matrix_row(&e->up, f);
 		const float *sg = matrix_scale_row(&e->gate, f), *su = matrix_scale_row(&e->up, f);
 		if (dot) { /* direct: integer dot on quantized x, or float weights on f32 x */
-			for (size_t t = 0; t < c->n_tokens; t++) {
-				const void *xa =
-				    quantized ? xq_row(c, t) : (const void *)x32_row(c, t);
-				const float g = dot(wg, sg, xa, hidden);
-				const float u = dot(wu, su, xa, hidden);
-				h32_row(c, t)[f] = activate(e, g + bg, u + bu);
+			const size_t as =
+			    quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
+			const uint8_t *xa = quantized ? (const uint8_t *)xq_row(c, 0)
+			                              : (const uint8_t *)x32_row(c, 0);
+			for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+				const size_t nt = c->n_tokens - t0 < MOEK_DOT_TOKENS
+				                      ? c->n_tokens - t0
+				                      : MOEK_DOT_TOKENS;
+				float g[MOEK_DOT_TOKENS], u[MOEK_DOT_TOKENS];
+				dot(wg, sg, xa + t0 * as, as, nt, hidden, g);
+				dot(wu, su, xa + t0 * as, as, nt, hidden, u);
+				for (size_t t = 0; t < nt; t++)
+					h32_row(c, t0 + t)[f] = activate(e, g[t] + bg, u[t] + bu);
 			}
 			continue;
 		}
@@ -569,10 +576,18 @@ static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o
 		const uint8_t *w = matrix_row(&e->down, o);
 		const float *s = matrix_scale_row(&e->down, o);
 		if (dot) {
-			for (size_t t = 0; t < c->n_tokens; t++) {
-				const void *ha =
-				    quantized ? hq_row(c, t) : (const void *)h32_row(c, t);
-				accumulate(c, t, o, dot(w, s, ha, ffn));
+			const size_t as =
+			    quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
+			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, 0)
+			                              : (const uint8_t *)h32_row(c, 0);
+			for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+				const size_t nt = c->n_tokens - t0 < MOEK_DOT_TOKENS
+				                      ? c->n_tokens - t0
+				                      : MOEK_DOT_TOKENS;
+				float y[MOEK_DOT_TOKENS];
+				dot(w, s, ha + t0 * as, as, nt, ffn, y);
+				for (size_t t = 0; t < nt; t++)
+					accumulate(c, t0 + t, o, y[t]);
 			}
 			continue;
 		}

@@ -88,17 +88,21 @@ static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n);
 
-/* The activation format a weight format's integer dot product consumes: MOEK_Q8_0,
- * MOEK_Q8_K, or MOEK_F32 (float formats: activations stay f32). */
+/* The activation format a weight format's SIMD dot product consumes: MOEK_Q8_0, MOEK_Q8_K,
+ * MOEK_BF16 (F16/BF16 weights) or MOEK_F32 (F32 and FP8 weights). */
 uint32_t moek_vec_dot_format(uint32_t weight_format);
 
 /* ---- Per-ISA kernels -------------------------------------------------------------------
- * dot: one weight row (k columns) against one quantized/f32 activation row; scale_row is
- * the FP8 scales of this row's 128-row band (NULL otherwise). The result for a (row, token)
- * pair must depend only on those inputs, never on which range or group the row is in:
- * this is what makes the FFN bit-identical for any split of rows across threads.
- * dequantize_row: as the reference, possibly vectorised (bit-identical results required). */
-typedef float (*moek_dot_fn)(const void *w, const float *scale_row, const void *act, size_t k);
+ * dot: one weight row (k columns) against nt (1..MOEK_DOT_TOKENS) activation rows, row t at
+ * act + t * act_stride bytes, in the format moek_vec_dot_format(weight format) (f32 for float
+ * formats); out[t] receives row · token t. Weights are decoded once for all nt tokens.
+ * scale_row is the FP8 scales of this row's 128-row band (NULL otherwise). The result for a
+ * (row, token) pair depends only on the row, the token and nt — never on which range the row
+ * is in: the FFN's split determinism rests on it (token groups are fixed by token index).
+ * dequantize_row: as the reference, possibly vectorised. */
+#define MOEK_DOT_TOKENS 8
+typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *act,
+                            size_t act_stride, size_t nt, size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
                                 size_t k);
 /* Prefill micro-kernel: c[r * ldc + t] += sum_k w[r * ldw + k] * x[t * ldx + k] for

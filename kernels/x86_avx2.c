@@ -33,6 +33,33 @@ static inline float f16(uint16_t h)
 	return _cvtsh_ss(h);
 }
 
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* A dot entry point specialised on a constant token count (1..8), so that the per-token
+ * accumulators of `body` live in registers. */
+#define DOT_ENTRY(name, body, ...)                                                                 \
+	static void name(const void *w, const float *sr, const void *act, size_t as, size_t nt,    \
+	                 size_t k, float *out)                                                     \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: body(w, sr, act, as, 1, k, out, __VA_ARGS__); break;                       \
+		case 2: body(w, sr, act, as, 2, k, out, __VA_ARGS__); break;                       \
+		case 3: body(w, sr, act, as, 3, k, out, __VA_ARGS__); break;                       \
+		case 4: body(w, sr, act, as, 4, k, out, __VA_ARGS__); break;                       \
+		case 5: body(w, sr, act, as, 5, k, out, __VA_ARGS__); break;                       \
+		case 6: body(w, sr, act, as, 6, k, out, __VA_ARGS__); break;                       \
+		case 7: body(w, sr, act, as, 7, k, out, __VA_ARGS__); break;                       \
+		default: body(w, sr, act, as, 8, k, out, __VA_ARGS__); break;                      \
+		}                                                                                  \
+	}
+
+static inline int hsum_i32x4(__m128i v)
+{
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(v);
+}
+
 /* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
 static inline __m256i nibbles_32(const uint8_t *p)
 {
@@ -42,42 +69,11 @@ static inline __m256i nibbles_32(const uint8_t *p)
 	return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
 }
 
-/* Σ x·y over 32 signed bytes as 8 f32 lanes (|x|, |y| <= 128: no int16 saturation). */
-static inline __m256 dot_i8_32(__m256i x, __m256i y)
+/* Σ |x|·sign(y, x) pairs -> 8 f32 lanes (|x|, |y| <= 128: no int16 saturation). */
+static inline __m256 dot_u8s8_32(__m256i abs_x, __m256i y_signed_by_x)
 {
-	const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+	const __m256i p16 = _mm256_maddubs_epi16(abs_x, y_signed_by_x);
 	return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-/* ---- Q8_0-activation formats --------------------------------------------------------------- */
-
-static float dot_q8_0(const void *w, const float *scale_row, const void *act, size_t k)
-{
-	(void)scale_row;
-	const struct block_q8_0 *x = w, *y = act;
-	__m256 acc = _mm256_setzero_ps();
-	for (size_t i = 0; i < k / QK8_0; i++) {
-		const __m256 d = _mm256_set1_ps(f16(x[i].d) * f16(y[i].d));
-		const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-		const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-		acc = _mm256_fmadd_ps(d, dot_i8_32(qx, qy), acc);
-	}
-	return hsum(acc);
-}
-
-static float dot_q4_0(const void *w, const float *scale_row, const void *act, size_t k)
-{
-	(void)scale_row;
-	const struct block_q4_0 *x = w;
-	const struct block_q8_0 *y = act;
-	__m256 acc = _mm256_setzero_ps();
-	for (size_t i = 0; i < k / QK4_0; i++) {
-		const __m256 d = _mm256_set1_ps(f16(x[i].d) * f16(y[i].d));
-		const __m256i qx = _mm256_sub_epi8(nibbles_32(x[i].qs), _mm256_set1_epi8(8));
-		const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-		acc = _mm256_fmadd_ps(d, dot_i8_32(qx, qy), acc);
-	}
-	return hsum(acc);
 }
 
 /* 2^(e-128) (the scale of doubled E2M1 values), NaN for e = 255, as the reference. */
@@ -91,179 +87,444 @@ static inline float e8m0_half(uint8_t e)
 	return f;
 }
 
-static float dot_mxfp4(const void *w, const float *scale_row, const void *act, size_t k)
+/* ---- Q8_0-activation formats (32-element blocks) --------------------------------------------- */
+
+enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
+
+ALWAYS_INLINE __m256i q32_values(enum q32_kind kind, const uint8_t *blk, __m256i mx_values)
 {
-	(void)scale_row;
-	const struct block_mxfp4 *x = w;
-	const struct block_q8_0 *y = act;
-	const __m256i values =
-	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
-	__m256 acc = _mm256_setzero_ps();
-	for (size_t i = 0; i < k / QK_MXFP4; i++) {
-		const __m256 d = _mm256_set1_ps(e8m0_half(x[i].e) * f16(y[i].d));
-		const __m256i qx = _mm256_shuffle_epi8(values, nibbles_32(x[i].qs));
-		const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-		acc = _mm256_fmadd_ps(d, dot_i8_32(qx, qy), acc);
+	switch (kind) {
+	case Q32_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
+	case Q32_Q4_0: return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
+	default: return _mm256_shuffle_epi8(mx_values, nibbles_32(blk + 1));
 	}
-	return hsum(acc);
 }
+
+ALWAYS_INLINE float q32_scale(enum q32_kind kind, const uint8_t *blk)
+{
+	if (kind == Q32_MXFP4)
+		return e8m0_half(blk[0]);
+	uint16_t d;
+	memcpy(&d, blk, sizeof(d));
+	return f16(d);
+}
+
+ALWAYS_INLINE __m256 q32_block(enum q32_kind kind, const uint8_t *blk, const struct block_q8_0 *y,
+                               __m256i mx_values, __m256 acc)
+{
+	const __m256i qx = q32_values(kind, blk, mx_values);
+	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+	const __m256 d = _mm256_set1_ps(q32_scale(kind, blk) * f16(y->d));
+	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
+	                       acc);
+}
+
+/* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
+ * 256-bit and/shift — low nibbles give elements 0-15 of both blocks, high nibbles elements
+ * 16-31 — against activations gathered in the same order; lanes 0-3 of the integer sums
+ * belong to block i, 4-7 to block i+1, scaled by a per-half scale vector. */
+ALWAYS_INLINE __m256i nib_pair_values(enum q32_kind kind, __m256i nib, __m256i mx_values)
+{
+	return kind == Q32_Q4_0 ? _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+	                        : _mm256_shuffle_epi8(mx_values, nib);
+}
+
+ALWAYS_INLINE __m256i pair_load(const int8_t *a, const int8_t *b)
+{
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+	                               _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_0 *y, float dx0,
+                                  float dx1)
+{
+	const __m256i ylo = pair_load(y[0].qs, y[1].qs);
+	const __m256i yhi = pair_load(y[0].qs + 16, y[1].qs + 16);
+	const __m256i p = _mm256_add_epi16(
+	    _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ylo, lo)),
+	    _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yhi, hi)));
+	const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+	const __m256 d =
+	    _mm256_set_m128(_mm_set1_ps(dx1 * f16(y[1].d)), _mm_set1_ps(dx0 * f16(y[0].d)));
+	return _mm256_mul_ps(d, s);
+}
+
+ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, enum q32_kind kind)
+{
+	(void)sr;
+	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
+	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
+	const uint8_t *x = w;
+	const __m256i mx_values =
+	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+	__m256 acc[8], acc1 = _mm256_setzero_ps();
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	size_t i = 0;
+	if (kind != Q32_Q8_0) {
+		const __m256i low4 = _mm256_set1_epi8(0x0F);
+		for (; i + 2 <= nb; i += 2) {
+			const uint8_t *b0 = x + i * bb, *b1 = b0 + bb;
+			const __m256i q = _mm256_inserti128_si256(
+			    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),
+			    _mm_loadu_si128((const __m128i *)(b1 + qoff)), 1);
+			const __m256i lo =
+			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
+			const __m256i hi = nib_pair_values(
+			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
+			const float dx0 = q32_scale(kind, b0), dx1 = q32_scale(kind, b1);
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_0 *y =
+				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
+				acc[t] = _mm256_add_ps(acc[t], q32_pair_dot(lo, hi, y, dx0, dx1));
+			}
+		}
+	} else if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
+		const struct block_q8_0 *y = act;
+		for (; i + 2 <= nb; i += 2) {
+			acc[0] = q32_block(kind, x + i * bb, y + i, mx_values, acc[0]);
+			acc1 = q32_block(kind, x + (i + 1) * bb, y + i + 1, mx_values, acc1);
+		}
+	}
+	for (; i < nb; i++) { /* Q8_0 with several tokens, and any odd last block */
+		const uint8_t *blk = x + i * bb;
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0 *y =
+			    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
+			acc[t] = q32_block(kind, blk, y, mx_values, acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+}
+
+DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0)
+DOT_ENTRY(dot_q4_0, q32_body, Q32_Q4_0)
+DOT_ENTRY(dot_mxfp4, q32_body, Q32_MXFP4)
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
-/* Σ_j m_j · (sum of the 32 activations of sub-block j), from Q8_K's 16-element bsums. */
-static inline int k4_min_dot(const uint8_t *scales, const int16_t *bsums)
+/* The 12 packed bytes of Q4_K/Q5_K as 8 scale bytes (sc) and 8 min bytes (m), 6 bits each. */
+static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8])
 {
-	int s = 0;
-	for (int j = 0; j < 8; j++) {
-		uint8_t sc, m;
-		moek_k4_scale_min(j, scales, &sc, &m);
-		s += m * (bsums[2 * j] + bsums[2 * j + 1]);
-	}
-	return s;
+	uint32_t u[3], s[2], n[2];
+	memcpy(u, q, 12);
+	s[0] = u[0] & 0x3f3f3f3fu;                                        /* sc 0-3: q[j] & 63 */
+	n[0] = u[1] & 0x3f3f3f3fu;                                        /* m 0-3: q[j+4] & 63 */
+	s[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4); /* sc 4-7 */
+	n[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m 4-7 */
+	memcpy(sc, s, 8);
+	memcpy(m, n, 8);
 }
 
-static inline void k4_scales(const uint8_t *packed, int16_t sc[8])
+/* Σ_j m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums. */
+static inline int k4_min_dot(const uint8_t m[8], const int16_t *bsums)
 {
-	for (int j = 0; j < 8; j++) {
-		uint8_t s, m;
-		moek_k4_scale_min(j, packed, &s, &m);
-		sc[j] = s;
-	}
+	const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+	                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
+	const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+	return hsum_i32x4(_mm_madd_epi16(pairs, mins));
 }
 
-static float dot_q4_K(const void *w, const float *scale_row, const void *act, size_t k)
+static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
 {
-	(void)scale_row;
-	const struct block_q4_K *x = w;
-	const struct block_q8_K *y = act;
-	const __m256i low4 = _mm256_set1_epi8(0x0F);
-	__m256 acc = _mm256_setzero_ps();
-	float acc_min = 0.0f;
-	for (size_t i = 0; i < k / QK_K; i++) {
-		int16_t sc[8];
-		k4_scales(x[i].scales, sc);
-		__m256i sumi = _mm256_setzero_si256();
-		for (int c = 0; c < 4; c++) {
-			const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-			const __m256i lo = _mm256_and_si256(q, low4);
-			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-			const __m256i ylo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
-			const __m256i yhi =
-			    _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-			const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo),
-			                                      _mm256_set1_epi16(sc[2 * c]));
-			const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi),
-			                                      _mm256_set1_epi16(sc[2 * c + 1]));
-			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
-		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * y[i].d),
-		                      _mm256_cvtepi32_ps(sumi), acc);
-		acc_min += f16(x[i].dmin) * y[i].d * (float)k4_min_dot(x[i].scales, y[i].bsums);
-	}
-	return hsum(acc) - acc_min;
+	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
 }
 
-static float dot_q5_K(const void *w, const float *scale_row, const void *act, size_t k)
+ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, size_t as,
+                             const int NT, size_t k, float *out, const int five_bit)
 {
-	(void)scale_row;
-	const struct block_q5_K *x = w;
-	const struct block_q8_K *y = act;
+	(void)sr;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-	__m256 acc = _mm256_setzero_ps();
-	float acc_min = 0.0f;
+	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+	__m256 acc[8];
+	float acc_min[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps(), acc_min[t] = 0.0f;
 	for (size_t i = 0; i < k / QK_K; i++) {
-		int16_t sc[8];
-		k4_scales(x[i].scales, sc);
-		const __m256i qh = _mm256_loadu_si256((const __m256i *)x[i].qh);
-		__m256i sumi = _mm256_setzero_si256();
+		const uint8_t *blk = (const uint8_t *)w + i * bb;
+		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
+		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
+		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
+		uint8_t sc[8], m[8];
+		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
+		const __m256i qh =
+		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256();
 		for (int c = 0; c < 4; c++) {
-			const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
-			/* bit 2c / 2c+1 of qh[l]: the 5th bit of element l of sub-block 2c / 2c+1
-			 */
-			const __m256i hlo =
-			    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
-			const __m256i hhi = _mm256_and_si256(
-			    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
-			const __m256i lo =
-			    _mm256_or_si256(_mm256_and_si256(q, low4), _mm256_slli_epi16(hlo, 4));
-			const __m256i hi =
-			    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low4),
-			                    _mm256_slli_epi16(hhi, 4));
-			const __m256i ylo = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
-			const __m256i yhi =
-			    _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
-			const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo),
-			                                      _mm256_set1_epi16(sc[2 * c]));
-			const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi),
-			                                      _mm256_set1_epi16(sc[2 * c + 1]));
-			sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(plo, phi));
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+			__m256i lo = _mm256_and_si256(q, low4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+			if (five_bit) { /* bit 2c / 2c+1 of qh[l]: 5th bit of sub-block 2c / 2c+1 */
+				const __m256i hl = _mm256_and_si256(
+				    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
+				const __m256i hh = _mm256_and_si256(
+				    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+				lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
+				hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
+			}
+			const __m256i slo = _mm256_set1_epi16(sc[2 * c]);
+			const __m256i shi = _mm256_set1_epi16(sc[2 * c + 1]);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
+				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
+				const __m256i yhi = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				const __m256i plo =
+				    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
+				const __m256i phi =
+				    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), shi);
+				sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+			}
 		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * y[i].d),
-		                      _mm256_cvtepi32_ps(sumi), acc);
-		acc_min += f16(x[i].dmin) * y[i].d * (float)k4_min_dot(x[i].scales, y[i].bsums);
+		const float d = f16(x4->d), dmin = f16(x4->dmin); /* same offsets in Q5_K */
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *y = q8k_token(act, as, t, i);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc_min[t] += dmin * y->d * (float)k4_min_dot(m, y->bsums);
+		}
 	}
-	return hsum(acc) - acc_min;
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]) - acc_min[t];
 }
 
-/* Σ (q - 32)·y over 32 elements with 6-bit q, scaled per 16 elements by s0 (first 16) and
- * s1 (last 16), as 8 int32 lanes. */
-static inline __m256i q6_part(__m256i q, __m256i yv, int8_t s0, int8_t s1)
+DOT_ENTRY(dot_q4_K, q45k_body, 0)
+DOT_ENTRY(dot_q5_K, q45k_body, 1)
+
+/* Σ q·y over 32 elements (q 6-bit unsigned, y signed), scaled per 16 elements by the int16
+ * scale vector s (first 16 elements: low half, last 16: high half), as 8 int32 lanes. */
+static inline __m256i q6_scaled(__m256i q, __m256i y, __m256i s)
 {
-	const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, yv),
-	                                   _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv));
-	const __m256i s = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s0)),
-	                                          _mm_set1_epi16(s1), 1);
-	return _mm256_madd_epi16(p, s);
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s);
 }
 
-static float dot_q6_K(const void *w, const float *scale_row, const void *act, size_t k)
+static inline __m256i scale_pair(int8_t s0, int8_t s1)
 {
-	(void)scale_row;
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s0)),
+	                               _mm_set1_epi16(s1), 1);
+}
+
+ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
 	const struct block_q6_K *x = w;
-	const struct block_q8_K *y = act;
-	const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-	__m256 acc = _mm256_setzero_ps();
+	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
-		__m256i sumi = _mm256_setzero_si256();
+		__m256i sumi[8];
+		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
+		const __m256i sc16 =
+		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+		for (int t = 0; t < NT; t++) {
+			const __m256i bs =
+			    _mm256_loadu_si256((const __m256i *)q8k_token(act, as, t, i)->bsums);
+			sumi[t] =
+			    _mm256_sub_epi32(_mm256_setzero_si256(),
+			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+		}
 		for (int h = 0; h < 2; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h;
 			const int8_t *sc = x[i].scales + 8 * h;
-			const int8_t *yq = y[i].qs + 128 * h;
 			const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
 			const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
 			const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
 			const __m256i q1 =
 			    _mm256_or_si256(_mm256_and_si256(l0, low4),
-			                    _mm256_slli_epi16(_mm256_and_si256(qh, two), 4));
+			                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
 			const __m256i q2 = _mm256_or_si256(
 			    _mm256_and_si256(l1, low4),
-			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4));
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
+			                      4));
 			const __m256i q3 = _mm256_or_si256(
 			    _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4));
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
+			                      4));
 			const __m256i q4 = _mm256_or_si256(
 			    _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4));
-			sumi = _mm256_add_epi32(
-			    sumi,
-			    q6_part(q1, _mm256_loadu_si256((const __m256i *)yq), sc[0], sc[1]));
-			sumi = _mm256_add_epi32(
-			    sumi, q6_part(q2, _mm256_loadu_si256((const __m256i *)(yq + 32)), sc[2],
-			                  sc[3]));
-			sumi = _mm256_add_epi32(
-			    sumi, q6_part(q3, _mm256_loadu_si256((const __m256i *)(yq + 64)), sc[4],
-			                  sc[5]));
-			sumi = _mm256_add_epi32(
-			    sumi, q6_part(q4, _mm256_loadu_si256((const __m256i *)(yq + 96)), sc[6],
-			                  sc[7]));
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three),
+			                      4));
+			const __m256i s1 = scale_pair(sc[0], sc[1]), s2 = scale_pair(sc[2], sc[3]);
+			const __m256i s3 = scale_pair(sc[4], sc[5]), s4 = scale_pair(sc[6], sc[7]);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *yq = q8k_token(act, as, t, i)->qs + 128 * h;
+				__m256i p =
+				    q6_scaled(q1, _mm256_loadu_si256((const __m256i *)yq), s1);
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q2, _mm256_loadu_si256((const __m256i *)(yq + 32)),
+				                 s2));
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q3, _mm256_loadu_si256((const __m256i *)(yq + 64)),
+				                 s3));
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q4, _mm256_loadu_si256((const __m256i *)(yq + 96)),
+				                 s4));
+				sumi[t] = _mm256_add_epi32(sumi[t], p);
+			}
 		}
-		acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(x[i].d) * y[i].d),
-		                      _mm256_cvtepi32_ps(sumi), acc);
+		const float d = f16(x[i].d);
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
 	}
-	return hsum(acc);
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]);
 }
 
+DOT_ENTRY(dot_q6_K, q6k_body, 0)
+
 /* ---- Float formats against f32 activations ------------------------------------------------ */
+
+/* F32 weights against f32 activations. */
+ALWAYS_INLINE const float *f32_token(const void *act, size_t as, int t)
+{
+	return (const float *)((const uint8_t *)act + (size_t)t * as);
+}
+
+ALWAYS_INLINE void f32_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
+	const float *a = w;
+	size_t i = 0;
+	if (NT == 1) { /* four accumulators over 32 elements to cover the FMA latency */
+		const float *x = act;
+		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+		for (; i + 32 <= k; i += 32) {
+			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+			s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8),
+			                     s1);
+			s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16),
+			                     _mm256_loadu_ps(x + i + 16), s2);
+			s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24),
+			                     _mm256_loadu_ps(x + i + 24), s3);
+		}
+		for (; i + 8 <= k; i += 8)
+			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+		float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+		for (; i < k; i++)
+			s += a[i] * x[i];
+		out[0] = s;
+		return;
+	}
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (; i + 8 <= k; i += 8) {
+		const __m256 v = _mm256_loadu_ps(a + i);
+		for (int t = 0; t < NT; t++)
+			acc[t] =
+			    _mm256_fmadd_ps(v, _mm256_loadu_ps(f32_token(act, as, t) + i), acc[t]);
+	}
+	for (int t = 0; t < NT; t++) {
+		float s = hsum(acc[t]);
+		for (size_t j = i; j < k; j++)
+			s += a[j] * f32_token(act, as, t)[j];
+		out[t] = s;
+	}
+}
+
+DOT_ENTRY(dot_f32w, f32_body, 0)
+
+/* 16 bf16 values as f32: even elements (low halves of the 32-bit lanes) and odd elements.
+ * Pairing even with even and odd with odd needs no permutation of either operand. */
+static inline void bf16x16(const uint16_t *p, __m256 *even, __m256 *odd)
+{
+	const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+	*even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+	*odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 f16 values as f32, split the same way (even / odd elements). */
+static inline void f16x16(const uint16_t *p, __m256 *even, __m256 *odd)
+{
+	const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+	const __m256i ev = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+	const __m256i od = _mm256_srli_epi32(v, 16);
+	/* pack each lane's f16 into the low 16 bits of 8 consecutive halves, then widen */
+	const __m256i shuf =
+	    _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5,
+	                     8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+	const __m256i pe = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(ev, shuf), 0x08);
+	const __m256i po = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(od, shuf), 0x08);
+	*even = _mm256_cvtph_ps(_mm256_castsi256_si128(pe));
+	*odd = _mm256_cvtph_ps(_mm256_castsi256_si128(po));
+}
+
+ALWAYS_INLINE const uint16_t *bf16_token(const void *act, size_t as, int t)
+{
+	return (const uint16_t *)((const uint8_t *)act + (size_t)t * as);
+}
+
+/* BF16 / F16 weights against bf16 activations: 16 columns per step as even/odd f32 halves,
+ * one accumulator pair per token (two pairs over 32 columns for a single token). */
+ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, size_t as,
+                             const int NT, size_t k, float *out, const int is_f16)
+{
+	(void)sr;
+	const uint16_t *a = w;
+	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
+	for (int t = 0; t < NT; t++)
+		e0[t] = o0[t] = _mm256_setzero_ps();
+	size_t i = 0;
+	if (NT == 1) {
+		for (; i + 32 <= k; i += 32) {
+			__m256 we, wo, xe, xo;
+			if (is_f16)
+				f16x16(a + i, &we, &wo);
+			else
+				bf16x16(a + i, &we, &wo);
+			bf16x16(bf16_token(act, as, 0) + i, &xe, &xo);
+			e0[0] = _mm256_fmadd_ps(we, xe, e0[0]);
+			o0[0] = _mm256_fmadd_ps(wo, xo, o0[0]);
+			if (is_f16)
+				f16x16(a + i + 16, &we, &wo);
+			else
+				bf16x16(a + i + 16, &we, &wo);
+			bf16x16(bf16_token(act, as, 0) + i + 16, &xe, &xo);
+			e1 = _mm256_fmadd_ps(we, xe, e1);
+			o1 = _mm256_fmadd_ps(wo, xo, o1);
+		}
+	}
+	for (; i + 16 <= k; i += 16) {
+		__m256 we, wo;
+		if (is_f16)
+			f16x16(a + i, &we, &wo);
+		else
+			bf16x16(a + i, &we, &wo);
+		for (int t = 0; t < NT; t++) {
+			__m256 xe, xo;
+			bf16x16(bf16_token(act, as, t) + i, &xe, &xo);
+			e0[t] = _mm256_fmadd_ps(we, xe, e0[t]);
+			o0[t] = _mm256_fmadd_ps(wo, xo, o0[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++) {
+		__m256 s = _mm256_add_ps(e0[t], o0[t]);
+		if (NT == 1)
+			s = _mm256_add_ps(s, _mm256_add_ps(e1, o1));
+		float r = hsum(s);
+		for (size_t j = i; j < k; j++)
+			r += (is_f16 ? f16(a[j]) : moek_bf16_to_f32(a[j])) *
+			     moek_bf16_to_f32(bf16_token(act, as, t)[j]);
+		out[t] = r;
+	}
+}
+
+DOT_ENTRY(dot_f16, half_body, 1)
+DOT_ENTRY(dot_bf16, half_body, 0)
+
+static float dot_f32(const float *a, const float *b, size_t k)
+{
+	float r;
+	dot_f32w(a, NULL, b, 0, 1, k, &r);
+	return r;
+}
 
 static inline __m256 load_bf16(const uint16_t *p)
 {
@@ -273,52 +534,6 @@ static inline __m256 load_bf16(const uint16_t *p)
 static inline __m256 load_f16(const uint16_t *p)
 {
 	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-static inline __m256 load_f32(const float *p)
-{
-	return _mm256_loadu_ps(p);
-}
-
-/* Four independent accumulators over 32-element steps (to cover FMA latency), then 8-element
- * steps into the first, then a scalar tail; combined in a fixed order. */
-#define FLOAT_DOT(name, wtype, load, to_f32)                                                       \
-	static float name(const void *w, const float *scale_row, const void *act, size_t k)        \
-	{                                                                                          \
-		(void)scale_row;                                                                   \
-		const wtype *a = w;                                                                \
-		const float *x = act;                                                              \
-		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;                        \
-		size_t i = 0;                                                                      \
-		for (; i + 32 <= k; i += 32) {                                                     \
-			s0 = _mm256_fmadd_ps(load(a + i), _mm256_loadu_ps(x + i), s0);             \
-			s1 = _mm256_fmadd_ps(load(a + i + 8), _mm256_loadu_ps(x + i + 8), s1);     \
-			s2 = _mm256_fmadd_ps(load(a + i + 16), _mm256_loadu_ps(x + i + 16), s2);   \
-			s3 = _mm256_fmadd_ps(load(a + i + 24), _mm256_loadu_ps(x + i + 24), s3);   \
-		}                                                                                  \
-		for (; i + 8 <= k; i += 8)                                                         \
-			s0 = _mm256_fmadd_ps(load(a + i), _mm256_loadu_ps(x + i), s0);             \
-		float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));       \
-		for (; i < k; i++)                                                                 \
-			s += to_f32(a[i]) * x[i];                                                  \
-		return s;                                                                          \
-	}
-
-static inline float bf16_scalar(uint16_t h)
-{
-	return moek_bf16_to_f32(h);
-}
-static inline float f32_scalar(float f)
-{
-	return f;
-}
-
-FLOAT_DOT(dot_bf16, uint16_t, load_bf16, bf16_scalar)
-FLOAT_DOT(dot_f16, uint16_t, load_f16, f16)
-FLOAT_DOT(dot_f32w, float, load_f32, f32_scalar)
-
-static float dot_f32(const float *a, const float *b, size_t k)
-{
-	return dot_f32w(a, NULL, b, k);
 }
 
 /* 16 E4M3 codes as two vectors of f32 each 2^-8 times the code's value: the code's 7
@@ -337,29 +552,43 @@ static inline void fp8x16_scaled(const uint8_t *p, __m256 *lo, __m256 *hi)
 	*hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-static float dot_fp8(const void *w, const float *scale_row, const void *act, size_t k)
+/* FP8: weights decoded 16 at a time and multiplied by their block's scale once, then FMA'd
+ * into each token's two accumulators; columns past the last multiple of 16 in scalar. */
+ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
 {
+	(void)unused;
 	const uint8_t *q = w;
-	const float *x = act;
-	__m256 acc = _mm256_setzero_ps();
-	float tail = 0.0f;
+	__m256 a0[8], a1[8];
+	float tail[8];
+	for (int t = 0; t < NT; t++)
+		a0[t] = a1[t] = _mm256_setzero_ps(), tail[t] = 0.0f;
 	for (size_t b0 = 0; b0 < k; b0 += MOEK_FP8_BLOCK) {
 		const size_t b1 = b0 + MOEK_FP8_BLOCK < k ? b0 + MOEK_FP8_BLOCK : k;
-		const float s = scale_row[b0 / MOEK_FP8_BLOCK];
-		__m256 s0 = _mm256_setzero_ps(), s1 = s0;
+		const float s = sr[b0 / MOEK_FP8_BLOCK];
+		const __m256 sv = _mm256_set1_ps(s * 256.0f);
 		size_t i = b0;
 		for (; i + 16 <= b1; i += 16) {
 			__m256 lo, hi;
 			fp8x16_scaled(q + i, &lo, &hi);
-			s0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), s0);
-			s1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), s1);
+			lo = _mm256_mul_ps(lo, sv);
+			hi = _mm256_mul_ps(hi, sv);
+			for (int t = 0; t < NT; t++) {
+				const float *x = f32_token(act, as, t);
+				a0[t] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0[t]);
+				a1[t] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1[t]);
+			}
 		}
-		acc = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), _mm256_set1_ps(s * 256.0f), acc);
 		for (; i < b1; i++)
-			tail += moek_fp8_e4m3_to_f32(q[i]) * s * x[i];
+			for (int t = 0; t < NT; t++)
+				tail[t] +=
+				    moek_fp8_e4m3_to_f32(q[i]) * s * f32_token(act, as, t)[i];
 	}
-	return hsum(acc) + tail;
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(_mm256_add_ps(a0[t], a1[t])) + tail[t];
 }
+
+DOT_ENTRY(dot_fp8, fp8_body, 0)
 
 /* ---- Dequantization for prefill tiles -------------------------------------------------------- */
 

@@ -93,8 +93,9 @@ static void check_case(const struct fmt_case *fc)
 	}
 
 FMT_TEST(f32, {MOEK_F32, 0, 320, 200, MOEK_SWIGLU, 0, 1e-5, 1e-10})
-FMT_TEST(f16, {MOEK_F16, 0, 320, 200, MOEK_SWIGLU, 0, 2e-3, 1e-10})
-FMT_TEST(bf16, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU, 0, 0.02, 1e-10})
+/* F16/BF16 weights: the AVX2 decode path rounds activations to bf16 once (2^-9 relative) */
+FMT_TEST(f16, {MOEK_F16, 0, 320, 200, MOEK_SWIGLU, 0, 6e-3, 3e-5})
+FMT_TEST(bf16, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU, 0, 0.02, 1e-5})
 FMT_TEST(q8_0, {MOEK_Q8_0, 0, 320, 224, MOEK_SWIGLU, 0, 0.03, 5e-4})
 FMT_TEST(q4_0, {MOEK_Q4_0, 0, 320, 224, MOEK_SWIGLU, 0, 0.2, 5e-4})
 /* K-quants: two Q8_K activation quantizations in sequence (x, then the heavy-tailed SwiGLU h
@@ -107,7 +108,7 @@ FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
 FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10})
-FMT_TEST(bf16_gpt_oss, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU_OAI, 1, 0.02, 1e-10})
+FMT_TEST(bf16_gpt_oss, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU_OAI, 1, 0.02, 1e-5})
 
 /* The clamped activation really clamps: with limit 7, gate values of +-100 saturate. */
 Test(ffn_api, gpt_oss_activation_clamps)
@@ -332,7 +333,8 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		double num = 0, den = 0;
 		for (size_t r = 0; r < ROWS; r++) {
 			const size_t rb = moek_row_bytes(fmt, K);
-			const float got = dot(wq + r * rb, sc ? sc + r / 128 * 8 : NULL, xq, K);
+			float got;
+			dot(wq + r * rb, sc ? sc + r / 128 * 8 : NULL, xq, 0, 1, K, &got);
 			double exact = 0, vs_float = 0;
 			for (size_t k = 0; k < K; k++) {
 				exact += (double)wd[r * K + k] * xd[k];
