@@ -28,7 +28,7 @@
 
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (4 groups of the 3-row micro-kernel) */
-	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
+	KC = 512,       /* prefill tile columns: a multiple of every block size (and of 128) */
 	TC = 128,       /* prefill token chunk */
 };
 

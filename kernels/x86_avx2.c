@@ -16,6 +16,7 @@
  * processed together: the FFN's split determinism rests on it.
  */
 #include <immintrin.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -592,9 +593,39 @@ DOT_ENTRY(dot_fp8, fp8_body, 0)
 
 /* ---- Dequantization for prefill tiles -------------------------------------------------------- */
 
+/* 32 signed bytes times a scale, as 32 floats (scale * q, rounded once, as the reference). */
+static inline void store_i8x32(__m256i q, __m256 d, float *dst)
+{
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	_mm256_storeu_ps(dst, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+	_mm256_storeu_ps(
+	    dst + 8,
+	    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+	_mm256_storeu_ps(dst + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+	_mm256_storeu_ps(
+	    dst + 24,
+	    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+/* 32 unsigned 4/5-bit levels q as d * q - m (two roundings, as the reference). */
+static inline void store_k4x32(__m256i q, float d, float m, float *dst)
+{
+	const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+	for (int p = 0; p < 4; p++)
+		_mm256_storeu_ps(
+		    dst + 8 * p,
+		    _mm256_sub_ps(
+		        _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p]))), mv));
+}
+
+/* Dequantization for prefill tiles; bit-identical to the reference for every format
+ * (same products, same single roundings). */
 static void dequantize_row(uint32_t format, const void *w, const float *scale_row, float *dst,
                            size_t k)
 {
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
 	size_t i = 0;
 	switch (format) {
 	case MOEK_BF16:
@@ -614,23 +645,119 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 			_mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, s));
 		}
 		break;
-	case MOEK_Q8_0: {
-		const struct block_q8_0 *b = w;
-		for (; i < k; i += QK8_0) {
-			const struct block_q8_0 *blk = &b[i / QK8_0];
-			const __m256 d = _mm256_set1_ps(f16(blk->d));
-			for (int j = 0; j < QK8_0; j += 8) {
-				const __m128i q = _mm_loadl_epi64((const __m128i *)(blk->qs + j));
-				_mm256_storeu_ps(
-				    dst + i + j,
-				    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+	case MOEK_Q8_0:
+		for (const struct block_q8_0 *b = w; i < k; i += QK8_0, b++)
+			store_i8x32(_mm256_loadu_si256((const __m256i *)b->qs),
+			            _mm256_set1_ps(f16(b->d)), dst + i);
+		break;
+	case MOEK_Q4_0:
+		for (const struct block_q4_0 *b = w; i < k; i += QK4_0, b++)
+			store_i8x32(_mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8)),
+			            _mm256_set1_ps(f16(b->d)), dst + i);
+		break;
+	case MOEK_MXFP4: {
+		const __m256i values = _mm256_broadcastsi128_si256(
+		    _mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+		for (const struct block_mxfp4 *b = w; i < k; i += QK_MXFP4, b++)
+			store_i8x32(_mm256_shuffle_epi8(values, nibbles_32(b->qs)),
+			            _mm256_set1_ps(e8m0_half(b->e)), dst + i);
+		break;
+	}
+	case MOEK_Q4_K:
+	case MOEK_Q5_K: {
+		const bool five = format == MOEK_Q5_K;
+		const size_t bb = five ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+		for (; i < k; i += QK_K) {
+			const uint8_t *blk = (const uint8_t *)w + i / QK_K * bb;
+			const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
+			const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
+			uint8_t sc[8], m[8];
+			k4_unpack(five ? x5->scales : x4->scales, sc, m);
+			const float d = f16(x4->d), dmin = f16(x4->dmin);
+			const uint8_t *qs = five ? x5->qs : x4->qs;
+			const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)x5->qh)
+			                        : _mm256_setzero_si256();
+			for (int c = 0; c < 4; c++) {
+				const __m256i q =
+				    _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+				__m256i lo = _mm256_and_si256(q, low4);
+				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+				if (five) {
+					const __m256i one = _mm256_set1_epi8(1);
+					lo = _mm256_or_si256(
+					    lo,
+					    _mm256_slli_epi16(
+					        _mm256_and_si256(
+					            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)),
+					            one),
+					        4));
+					hi = _mm256_or_si256(
+					    hi, _mm256_slli_epi16(
+					            _mm256_and_si256(
+					                _mm256_srl_epi16(
+					                    qh, _mm_cvtsi32_si128(2 * c + 1)),
+					                one),
+					            4));
+				}
+				store_k4x32(lo, d * (float)sc[2 * c], dmin * (float)m[2 * c],
+				            dst + i + 64 * c);
+				store_k4x32(hi, d * (float)sc[2 * c + 1],
+				            dmin * (float)m[2 * c + 1], dst + i + 64 * c + 32);
 			}
 		}
 		break;
 	}
+	case MOEK_Q6_K:
+		for (const struct block_q6_K *x = w; i < k; i += QK_K, x++) {
+			const float d = f16(x->d);
+			const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+			for (int h = 0; h < 2; h++) {
+				const uint8_t *ql = x->ql + 64 * h;
+				const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+				const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+				const __m256i qh =
+				    _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+				const __m256i q[4] = {
+				    _mm256_or_si256(
+				        _mm256_and_si256(l0, low4),
+				        _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(l1, low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
+				};
+				for (int j = 0; j < 4;
+				     j++) { /* 32 elements, scales sc[2j], sc[2j+1] */
+					const __m256i v = _mm256_sub_epi8(q[j], m32);
+					float tmp[32];
+					store_i8x32(v, _mm256_set1_ps(1.0f), tmp);
+					const int8_t *sc = x->scales + 8 * h + 2 * j;
+					float *o = dst + i + 128 * h + 32 * j;
+					const __m256 d0 = _mm256_set1_ps(d * (float)sc[0]);
+					const __m256 d1 = _mm256_set1_ps(d * (float)sc[1]);
+					_mm256_storeu_ps(o,
+					                 _mm256_mul_ps(d0, _mm256_loadu_ps(tmp)));
+					_mm256_storeu_ps(
+					    o + 8, _mm256_mul_ps(d0, _mm256_loadu_ps(tmp + 8)));
+					_mm256_storeu_ps(
+					    o + 16, _mm256_mul_ps(d1, _mm256_loadu_ps(tmp + 16)));
+					_mm256_storeu_ps(
+					    o + 24, _mm256_mul_ps(d1, _mm256_loadu_ps(tmp + 24)));
+				}
+			}
+		}
+		break;
 	default: break;
 	}
-	if (i < k) /* everything else (and tails) through the reference */
+	if (i < k) /* F32 and any tail through the reference */
 		moek_ref_dequantize_row(format, (const uint8_t *)w + moek_row_bytes(format, i),
 		                        scale_row ? scale_row + i / MOEK_FP8_BLOCK : NULL, dst + i,
 		                        k - i);

@@ -353,3 +353,37 @@ Test(ffn_dot, simd_dot_products_match_reference)
 	cr_skip_test("x86-64 only");
 #endif
 }
+
+/* The SIMD dequantizer (prefill tiles) is bit-identical to the reference, for whole rows and
+ * for the column sub-ranges the tiles use. */
+Test(ffn_dot, simd_dequantize_matches_reference_bits)
+{
+#if defined(__x86_64__)
+	if (!have_avx2()) {
+		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
+		return;
+	}
+	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0, MOEK_MXFP4, MOEK_Q4_K,
+	                                MOEK_Q5_K,          MOEK_Q6_K, MOEK_BF16,  MOEK_F16,
+	                                MOEK_FP8_E4M3_B128, MOEK_F32};
+	enum { K = 1536 };
+	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
+	uint8_t q[K * 4];
+	float scales[12];
+	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
+		float *sc = fmts[f] == MOEK_FP8_E4M3_B128 ? scales : NULL;
+		cr_assert_eq(moek_quantize(fmts[f], w, 1, K, q, sc), 0);
+		const size_t k0 = 512, kn = 768; /* a tile's column range */
+		moek_ref_dequantize_row(fmts[f], q, sc, ref, K);
+		moek_avx2_ops.dequantize_row(fmts[f], q, sc, got, K);
+		cr_expect_arr_eq(got, ref, sizeof(ref), "%s", moek_format_lookup(fmts[f])->name);
+		moek_avx2_ops.dequantize_row(fmts[f], q + moek_row_bytes(fmts[f], k0),
+		                             sc ? sc + k0 / 128 : NULL, got, kn);
+		cr_expect_arr_eq(got, ref + k0, kn * sizeof(float), "%s range",
+		                 moek_format_lookup(fmts[f])->name);
+	}
+	free(w);
+#else
+	cr_skip_test("x86-64 only");
+#endif
+}
