@@ -136,8 +136,34 @@ ALWAYS_INLINE __m256i pair_load(const int8_t *a, const int8_t *b)
 	                               _mm_loadu_si128((const __m128i *)b), 1);
 }
 
-ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_0 *y, float dx0,
-                                  float dx1)
+/* Scales of blocks i, i+1 as f32 lanes 0 and 1: E8M0 (2^(e-128), doubled E2M1 values) by
+ * integer exponent arithmetic — exact for 2 <= e <= 254, the rest (subnormal 2^-128, 2^-127,
+ * NaN) through the scalar reference — or f16 through F16C. */
+ALWAYS_INLINE __m128 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
+{
+	if (kind == Q32_MXFP4) {
+		const unsigned e0 = b0[0], e1 = b1[0];
+		if (__builtin_expect(e0 - 2u > 252u || e1 - 2u > 252u, 0))
+			return _mm_setr_ps(e8m0_half((uint8_t)e0), e8m0_half((uint8_t)e1), 0, 0);
+		const __m128i e = _mm_setr_epi32((int)e0, (int)e1, 0, 0);
+		return _mm_castsi128_ps(_mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23));
+	}
+	uint16_t d0, d1;
+	memcpy(&d0, b0, 2);
+	memcpy(&d1, b1, 2);
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+}
+
+/* [s0 s0 s0 s0 s1 s1 s1 s1] from lanes 0, 1 of dw * dy (the two blocks' combined scales). */
+ALWAYS_INLINE __m256 pair_scales(__m128 dw, const struct block_q8_0 *y)
+{
+	const __m128 dy =
+	    _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)y[0].d | (uint32_t)y[1].d << 16)));
+	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(dw, dy)),
+	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_0 *y, __m128 dw)
 {
 	const __m256i ylo = pair_load(y[0].qs, y[1].qs);
 	const __m256i yhi = pair_load(y[0].qs + 16, y[1].qs + 16);
@@ -145,9 +171,7 @@ ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_
 	    _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ylo, lo)),
 	    _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yhi, hi)));
 	const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-	const __m256 d =
-	    _mm256_set_m128(_mm_set1_ps(dx1 * f16(y[1].d)), _mm_set1_ps(dx0 * f16(y[0].d)));
-	return _mm256_mul_ps(d, s);
+	return _mm256_mul_ps(pair_scales(dw, y), s);
 }
 
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
@@ -174,11 +198,11 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
 			const __m256i hi = nib_pair_values(
 			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
-			const float dx0 = q32_scale(kind, b0), dx1 = q32_scale(kind, b1);
+			const __m128 dw = pair_weight_scales(kind, b0, b1);
 			for (int t = 0; t < NT; t++) {
 				const struct block_q8_0 *y =
 				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
-				acc[t] = _mm256_add_ps(acc[t], q32_pair_dot(lo, hi, y, dx0, dx1));
+				acc[t] = _mm256_add_ps(acc[t], q32_pair_dot(lo, hi, y, dw));
 			}
 		}
 	} else if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
