@@ -13,7 +13,8 @@
  * Two compute shapes: decode (few tokens) takes one weight row at a time through the ISA's
  * dot product — memory-bound, weights stream once; prefill (n >= MOEK_PREFILL_MIN_TOKENS on
  * an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight tile to f32 once and runs it
- * against a chunk of TC tokens — compute-bound, weights reused from L1.
+ * against a chunk of TC tokens kept as panels of PANEL tokens ([k][PANEL]: an outer-product
+ * micro-kernel, weights broadcast, tokens in vector lanes) — compute-bound, no horizontal sums.
  *
  * No allocation, no locks, no getenv outside the one-time ISA choice.
  */
@@ -27,9 +28,10 @@
 #include "kernels_internal.h"
 
 enum {
-	TILE_ROWS = 12, /* prefill weight-tile rows (4 groups of the 3-row micro-kernel) */
-	KC = 512,       /* prefill tile columns: a multiple of every block size (and of 128) */
-	TC = 128,       /* prefill token chunk */
+	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
+	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
+	TC = 128,       /* prefill token chunk: TC / PANEL panels */
+	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
 };
 
 /* ---- Scalar reference ops ----------------------------------------------------------------- */
@@ -42,19 +44,11 @@ static float scalar_dot_f32(const float *a, const float *b, size_t k)
 	return s;
 }
 
-static void scalar_tile(const float *w, size_t ldw, size_t nr, const float *x, size_t ldx,
-                        size_t nt, size_t k, float *c, size_t ldc)
-{
-	for (size_t r = 0; r < nr; r++)
-		for (size_t t = 0; t < nt; t++)
-			c[r * ldc + t] += scalar_dot_f32(w + r * ldw, x + t * ldx, k);
-}
-
 const struct moek_isa_ops moek_scalar_ops = {
     .name = "scalar",
     .dequantize_row = moek_ref_dequantize_row,
     .dot_f32 = scalar_dot_f32,
-    .tile = scalar_tile,
+    .tile = NULL, /* no prefill path: the reference stays row by row */
     .prefill = false,
 };
 
@@ -300,11 +294,13 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.hq_row = c->plan.hq_format == MOEK_F32
 	                     ? 0
 	                     : round_up(moek_row_bytes(c->plan.hq_format, c->plan.ffn), 64);
-	size_t off = round_up(n * c->plan.x_pad * sizeof(float), 64);
+	/* prefill keeps x and h as panels of PANEL tokens ([k][PANEL], padded with zero tokens) */
+	const size_t n_rows = c->plan.prefill ? round_up(n, PANEL) : n;
+	size_t off = round_up(n_rows * c->plan.x_pad * sizeof(float), 64);
 	c->plan.xq_off = off;
 	off += n * c->plan.xq_row;
 	c->plan.hf_off = off;
-	off += round_up(n * c->plan.h_pad * sizeof(float), 64);
+	off += round_up(n_rows * c->plan.h_pad * sizeof(float), 64);
 	c->plan.hq_off = off;
 	off += n * c->plan.hq_row;
 	c->plan.worker_off = off;
@@ -322,6 +318,8 @@ size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsi
 	struct moek_ffn_call c;
 	return layout(e, n_tokens, n_workers, current_isa(), &c);
 }
+
+static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
 
 int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 {
@@ -346,6 +344,9 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
 		            c->scratch ? c->scratch_bytes : 0, need);
 	c->plan.base = (char *)round_up((uintptr_t)c->scratch, 64);
+	if (c->plan.prefill) /* the padding tokens of the last panel: zero, never written */
+		for (size_t t = c->n_tokens; t < round_up(c->n_tokens, PANEL); t++)
+			clear_panel_token(c, t);
 	return 0;
 }
 
@@ -366,6 +367,23 @@ static inline void *xq_row(const struct moek_ffn_call *c, size_t t)
 static inline float *h32_row(const struct moek_ffn_call *c, size_t t)
 {
 	return (float *)(c->plan.base + c->plan.hf_off) + t * c->plan.h_pad;
+}
+/* Prefill panels: token t's element k at panel(t / PANEL)[k * PANEL + t % PANEL]. */
+static inline float *x_panel(const struct moek_ffn_call *c, size_t p)
+{
+	return (float *)c->plan.base + p * c->plan.x_pad * PANEL;
+}
+static inline float *h_panel(const struct moek_ffn_call *c, size_t p)
+{
+	return (float *)(c->plan.base + c->plan.hf_off) + p * c->plan.h_pad * PANEL;
+}
+static void clear_panel_token(const struct moek_ffn_call *c, size_t t)
+{
+	float *xp = x_panel(c, t / PANEL) + t % PANEL, *hp = h_panel(c, t / PANEL) + t % PANEL;
+	for (size_t k = 0; k < c->plan.x_pad; k++)
+		xp[k * PANEL] = 0.0f;
+	for (size_t k = 0; k < c->plan.h_pad; k++)
+		hp[k * PANEL] = 0.0f;
 }
 static inline void *hq_row(const struct moek_ffn_call *c, size_t t)
 {
@@ -403,13 +421,23 @@ static inline float activate(const struct moek_expert *e, float g, float u)
 
 void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end)
 {
-	(void)worker;
 	const size_t hidden = c->plan.hidden;
 	const size_t x_stride = c->x_stride ? c->x_stride : hidden;
 	const size_t esize = c->x_dtype == MOEK_ACT_F32 ? 4 : 2;
 	for (size_t t = t_begin; t < t_end; t++) {
-		float *x32 = x32_row(c, t);
 		const char *src = (const char *)c->x + token_row(c, t) * x_stride * esize;
+		if (c->plan.prefill) { /* into lane t % PANEL of its panel; padding columns zero */
+			float *row = worker_area(c, worker);
+			moek_convert(MOEK_ACT_F32, row, c->x_dtype, src, hidden);
+			float *xp = x_panel(c, t / PANEL) + t % PANEL;
+			for (size_t k = 0; k < c->plan.x_pad; k++)
+				xp[k * PANEL] = k < hidden ? row[k] : 0.0f;
+			float *hp = h_panel(c, t / PANEL) + t % PANEL;
+			for (size_t k = c->plan.ffn; k < c->plan.h_pad; k++)
+				hp[k * PANEL] = 0.0f;
+			continue;
+		}
+		float *x32 = x32_row(c, t);
 		moek_convert(MOEK_ACT_F32, x32, c->x_dtype, src, hidden);
 		memset(x32 + hidden, 0, (c->plan.x_pad - hidden) * sizeof(float));
 		if (c->plan.xq_format != MOEK_F32)
@@ -434,41 +462,52 @@ static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_ma
 	}
 }
 
-/* c_out[r * TC + t] = m[r0 + r] · act[t0 + t] for a row tile and a token chunk, K blocked by
- * KC from column 0 (fixed order: chunk partial sums added in K order). */
+/* c_out[r * TC + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
+ * KC chunks from column 0; each (row, token) sum is one FMA chain in K order. */
 static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix *m,
-                         const float *act, size_t act_ld, size_t r0, size_t nr, size_t t0,
-                         size_t nt, float *tile, float *c_out)
+                         float *(*panel)(const struct moek_ffn_call *, size_t), size_t r0,
+                         size_t nr, size_t p0, size_t np, float *tile, float *c_out)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	memset(c_out, 0, sizeof(float) * TILE_ROWS * TC);
 	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
 		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
 		dequantize_tile(ops, m, r0, nr, k0, kn, tile);
-		ops->tile(tile, KC, nr, act + t0 * act_ld + k0, act_ld, nt, round_up(kn, 8), c_out,
-		          TC);
+		for (size_t p = 0; p < np; p++)
+			ops->tile(tile, KC, nr, panel(c, p0 + p) + k0 * PANEL, round_up(kn, 8),
+			          c_out + p * PANEL, TC);
 	}
+}
+
+static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
+{
+	return worker_area(c, worker) +
+	       (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
 }
 
 static void hidden_prefill(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
 {
 	const struct moek_expert *e = c->expert;
-	float *tile = worker_area(c, worker) +
-	              (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
+	float *tile = prefill_tile(c, worker);
 	float *cg = tile + TILE_ROWS * KC, *cu = cg + TILE_ROWS * TC;
-	const float *x32 = x32_row(c, 0);
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
 		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
+		const size_t np = (nt + PANEL - 1) / PANEL;
 		for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
 			const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
-			tile_product(c, &e->gate, x32, c->plan.x_pad, r0, nr, t0, nt, tile, cg);
-			tile_product(c, &e->up, x32, c->plan.x_pad, r0, nr, t0, nt, tile, cu);
+			tile_product(c, &e->gate, x_panel, r0, nr, t0 / PANEL, np, tile, cg);
+			tile_product(c, &e->up, x_panel, r0, nr, t0 / PANEL, np, tile, cu);
 			for (size_t r = 0; r < nr; r++) {
 				const float bg = e->gate.bias ? e->gate.bias[r0 + r] : 0.0f;
 				const float bu = e->up.bias ? e->up.bias[r0 + r] : 0.0f;
-				for (size_t t = 0; t < nt; t++)
-					h32_row(c, t0 + t)[r0 + r] =
-					    activate(e, cg[r * TC + t] + bg, cu[r * TC + t] + bu);
+				for (size_t p = 0; p < np;
+				     p++) { /* padding lanes too: finite, unused */
+					float *hp = h_panel(c, t0 / PANEL + p) + (r0 + r) * PANEL;
+					const float *g = cg + r * TC + p * PANEL,
+					            *u = cu + r * TC + p * PANEL;
+					for (size_t j = 0; j < PANEL; j++)
+						hp[j] = activate(e, g[j] + bg, u[j] + bu);
+				}
 			}
 		}
 	}
@@ -547,16 +586,14 @@ static inline void accumulate(const struct moek_ffn_call *c, size_t t, size_t o,
 
 static void down_prefill(const struct moek_ffn_call *c, unsigned worker, size_t o0, size_t o1)
 {
-	const struct moek_expert *e = c->expert;
-	float *tile = worker_area(c, worker) +
-	              (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
-	float *acc = tile + TILE_ROWS * KC;
-	const float *h32 = h32_row(c, 0);
+	float *tile = prefill_tile(c, worker), *acc = tile + TILE_ROWS * KC;
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
 		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
+		const size_t np = (nt + PANEL - 1) / PANEL;
 		for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
 			const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
-			tile_product(c, &e->down, h32, c->plan.h_pad, r0, nr, t0, nt, tile, acc);
+			tile_product(c, &c->expert->down, h_panel, r0, nr, t0 / PANEL, np, tile,
+			             acc);
 			for (size_t t = 0; t < nt; t++)
 				for (size_t r = 0; r < nr; r++)
 					accumulate(c, t0 + t, r0 + r, acc[r * TC + t]);

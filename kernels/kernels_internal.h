@@ -105,11 +105,11 @@ typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *a
                             size_t act_stride, size_t nt, size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
                                 size_t k);
-/* Prefill micro-kernel: c[r * ldc + t] += sum_k w[r * ldw + k] * x[t * ldx + k] for
- * r < nr, t < nt; k is a multiple of 8 (operands zero-padded). The sum for each (r, t) is
- * computed in an order independent of nr, nt (determinism, as above). */
-typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *x, size_t ldx,
-                             size_t nt, size_t k, float *c, size_t ldc);
+/* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
+ * xp[k * 16 + j] for r < nr, j < 16; k a multiple of 8 (operands zero-padded). Each (r, j) is
+ * one FMA chain in k order whatever nr is (determinism, as above). */
+typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *xp, size_t k,
+                             float *c, size_t ldc);
 
 struct moek_isa_ops {
 	const char *name;

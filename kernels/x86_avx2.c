@@ -617,18 +617,23 @@ DOT_ENTRY(dot_fp8, fp8_body, 0)
 
 /* ---- Dequantization for prefill tiles -------------------------------------------------------- */
 
-/* 32 signed bytes times a scale, as 32 floats (scale * q, rounded once, as the reference). */
-static inline void store_i8x32(__m256i q, __m256 d, float *dst)
+/* 32 signed bytes as floats: elements 0-15 times d0, 16-31 times d1 (one rounding each). */
+static inline void store_i8x32_2(__m256i q, __m256 d0, __m256 d1, float *dst)
 {
 	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-	_mm256_storeu_ps(dst, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+	_mm256_storeu_ps(dst, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
 	_mm256_storeu_ps(
 	    dst + 8,
-	    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
-	_mm256_storeu_ps(dst + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+	    _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+	_mm256_storeu_ps(dst + 16, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
 	_mm256_storeu_ps(
 	    dst + 24,
-	    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+	    _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+static inline void store_i8x32(__m256i q, __m256 d, float *dst)
+{
+	store_i8x32_2(q, d, d, dst);
 }
 
 /* 32 unsigned 4/5-bit levels q as d * q - m (two roundings, as the reference). */
@@ -760,21 +765,11 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 				};
 				for (int j = 0; j < 4;
 				     j++) { /* 32 elements, scales sc[2j], sc[2j+1] */
-					const __m256i v = _mm256_sub_epi8(q[j], m32);
-					float tmp[32];
-					store_i8x32(v, _mm256_set1_ps(1.0f), tmp);
 					const int8_t *sc = x->scales + 8 * h + 2 * j;
-					float *o = dst + i + 128 * h + 32 * j;
-					const __m256 d0 = _mm256_set1_ps(d * (float)sc[0]);
-					const __m256 d1 = _mm256_set1_ps(d * (float)sc[1]);
-					_mm256_storeu_ps(o,
-					                 _mm256_mul_ps(d0, _mm256_loadu_ps(tmp)));
-					_mm256_storeu_ps(
-					    o + 8, _mm256_mul_ps(d0, _mm256_loadu_ps(tmp + 8)));
-					_mm256_storeu_ps(
-					    o + 16, _mm256_mul_ps(d1, _mm256_loadu_ps(tmp + 16)));
-					_mm256_storeu_ps(
-					    o + 24, _mm256_mul_ps(d1, _mm256_loadu_ps(tmp + 24)));
+					store_i8x32_2(_mm256_sub_epi8(q[j], m32),
+					              _mm256_set1_ps(d * (float)sc[0]),
+					              _mm256_set1_ps(d * (float)sc[1]),
+					              dst + i + 128 * h + 32 * j);
 				}
 			}
 		}
@@ -787,81 +782,62 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 		                        k - i);
 }
 
-/* ---- Prefill micro-kernels -------------------------------------------------------------------
- * c[r][t] += w_r · x_t with one 8-lane accumulator per (r, t), k in steps of 8, then hsum: the
- * same sequence in every kernel shape, so grouping never changes a result. */
+/* ---- Prefill micro-kernel ------------------------------------------------------------------
+ * Outer products: for each k, 16 tokens' activations (two vectors of the panel) times each
+ * row's broadcast weight. 6 rows x 16 tokens = 12 accumulators; 8 loads per 12 FMAs. Every
+ * (row, token) lane is its own FMA chain over k, so the row grouping never changes a result. */
 
-static void kernel_3x4(const float *w, size_t ldw, const float *x, size_t ldx, size_t k, float *c,
-                       size_t ldc)
+static void kernel_6x16(const float *w, size_t ldw, const float *xp, size_t k, float *c, size_t ldc)
 {
-	__m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-	__m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-	__m256 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
-	const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw;
-	const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
-	for (size_t i = 0; i < k; i += 8) {
-		const __m256 v0 = _mm256_loadu_ps(w0 + i), v1 = _mm256_loadu_ps(w1 + i),
-		             v2 = _mm256_loadu_ps(w2 + i);
-		__m256 t = _mm256_loadu_ps(x0 + i);
-		a00 = _mm256_fmadd_ps(v0, t, a00);
-		a10 = _mm256_fmadd_ps(v1, t, a10);
-		a20 = _mm256_fmadd_ps(v2, t, a20);
-		t = _mm256_loadu_ps(x1 + i);
-		a01 = _mm256_fmadd_ps(v0, t, a01);
-		a11 = _mm256_fmadd_ps(v1, t, a11);
-		a21 = _mm256_fmadd_ps(v2, t, a21);
-		t = _mm256_loadu_ps(x2 + i);
-		a02 = _mm256_fmadd_ps(v0, t, a02);
-		a12 = _mm256_fmadd_ps(v1, t, a12);
-		a22 = _mm256_fmadd_ps(v2, t, a22);
-		t = _mm256_loadu_ps(x3 + i);
-		a03 = _mm256_fmadd_ps(v0, t, a03);
-		a13 = _mm256_fmadd_ps(v1, t, a13);
-		a23 = _mm256_fmadd_ps(v2, t, a23);
+	__m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+	__m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+	__m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+	__m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+	__m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+	__m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+	for (size_t i = 0; i < k; i++) {
+		const __m256 x0 = _mm256_loadu_ps(xp + 16 * i),
+		             x1 = _mm256_loadu_ps(xp + 16 * i + 8);
+		__m256 b = _mm256_broadcast_ss(w + i);
+		c00 = _mm256_fmadd_ps(b, x0, c00), c01 = _mm256_fmadd_ps(b, x1, c01);
+		b = _mm256_broadcast_ss(w + ldw + i);
+		c10 = _mm256_fmadd_ps(b, x0, c10), c11 = _mm256_fmadd_ps(b, x1, c11);
+		b = _mm256_broadcast_ss(w + 2 * ldw + i);
+		c20 = _mm256_fmadd_ps(b, x0, c20), c21 = _mm256_fmadd_ps(b, x1, c21);
+		b = _mm256_broadcast_ss(w + 3 * ldw + i);
+		c30 = _mm256_fmadd_ps(b, x0, c30), c31 = _mm256_fmadd_ps(b, x1, c31);
+		b = _mm256_broadcast_ss(w + 4 * ldw + i);
+		c40 = _mm256_fmadd_ps(b, x0, c40), c41 = _mm256_fmadd_ps(b, x1, c41);
+		b = _mm256_broadcast_ss(w + 5 * ldw + i);
+		c50 = _mm256_fmadd_ps(b, x0, c50), c51 = _mm256_fmadd_ps(b, x1, c51);
 	}
-	c[0] += hsum(a00), c[1] += hsum(a01), c[2] += hsum(a02), c[3] += hsum(a03);
-	c += ldc;
-	c[0] += hsum(a10), c[1] += hsum(a11), c[2] += hsum(a12), c[3] += hsum(a13);
-	c += ldc;
-	c[0] += hsum(a20), c[1] += hsum(a21), c[2] += hsum(a22), c[3] += hsum(a23);
+	_mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + 8, c01);
+	_mm256_storeu_ps(c + ldc, c10), _mm256_storeu_ps(c + ldc + 8, c11);
+	_mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+	_mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+	_mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+	_mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
 }
 
-static void kernel_1x4(const float *w, const float *x, size_t ldx, size_t k, float *c)
+static void kernel_1x16(const float *w, const float *xp, size_t k, float *c)
 {
-	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-	for (size_t i = 0; i < k; i += 8) {
-		const __m256 v = _mm256_loadu_ps(w + i);
-		a0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + i), a0);
-		a1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + ldx + i), a1);
-		a2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 2 * ldx + i), a2);
-		a3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + 3 * ldx + i), a3);
+	__m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+	for (size_t i = 0; i < k; i++) {
+		const __m256 b = _mm256_broadcast_ss(w + i);
+		c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(xp + 16 * i), c0);
+		c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(xp + 16 * i + 8), c1);
 	}
-	c[0] += hsum(a0), c[1] += hsum(a1), c[2] += hsum(a2), c[3] += hsum(a3);
+	_mm256_storeu_ps(c, c0), _mm256_storeu_ps(c + 8, c1);
 }
 
-static void kernel_1x1(const float *w, const float *x, size_t k, float *c)
+static void tile(const float *w, size_t ldw, size_t nr, const float *xp, size_t k, float *c,
+                 size_t ldc)
 {
-	__m256 a = _mm256_setzero_ps();
-	for (size_t i = 0; i < k; i += 8)
-		a = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a);
-	*c += hsum(a);
-}
-
-static void tile(const float *w, size_t ldw, size_t nr, const float *x, size_t ldx, size_t nt,
-                 size_t k, float *c, size_t ldc)
-{
-	assert(k % 8 == 0);
-	size_t t = 0;
-	for (; t + 4 <= nt; t += 4) {
-		size_t r = 0;
-		for (; r + 3 <= nr; r += 3)
-			kernel_3x4(w + r * ldw, ldw, x + t * ldx, ldx, k, c + r * ldc + t, ldc);
-		for (; r < nr; r++)
-			kernel_1x4(w + r * ldw, x + t * ldx, ldx, k, c + r * ldc + t);
-	}
-	for (; t < nt; t++)
-		for (size_t r = 0; r < nr; r++)
-			kernel_1x1(w + r * ldw, x + t * ldx, k, c + r * ldc + t);
+	size_t r = 0;
+	for (; r + 6 <= nr; r += 6)
+		kernel_6x16(w + r * ldw, ldw, xp, k, c + r * ldc, ldc);
+	for (; r < nr; r++)
+		kernel_1x16(w + r * ldw, xp, k, c + r * ldc);
 }
 
 const struct moek_isa_ops moek_avx2_ops = {
