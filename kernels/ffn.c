@@ -11,10 +11,11 @@
  * the split, with a fixed summation order, so results are bit-identical for any split.
  *
  * Two compute shapes: decode (few tokens) takes one weight row at a time through the ISA's
- * dot product — memory-bound, weights stream once; prefill (n >= MOEK_PREFILL_MIN_TOKENS on
- * an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight tile to f32 once and runs it
- * against a chunk of TC tokens kept as panels of PANEL tokens ([k][PANEL]: an outer-product
- * micro-kernel, weights broadcast, tokens in vector lanes) — compute-bound, no horizontal sums.
+ * dot product — memory-bound, weights stream once; prefill (n >= MOEK_PREFILL_MIN_TOKENS, 8
+ * for float weights, on an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight tile to f32
+ * once and runs it against a chunk of TC tokens kept as panels of PANEL tokens ([k][PANEL]: an
+ * outer-product micro-kernel, weights broadcast, tokens in vector lanes) — compute-bound, no
+ * horizontal sums.
  *
  * No allocation, no locks, no getenv outside the one-time ISA choice.
  */
@@ -285,7 +286,10 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.ffn = e->gate.rows;
 	c->plan.x_pad = round_up(c->plan.hidden, 8);
 	c->plan.h_pad = round_up(c->plan.ffn, 8);
-	c->plan.prefill = ops->prefill && n >= MOEK_PREFILL_MIN_TOKENS;
+	const uint32_t gate_act = moek_vec_dot_format(e->gate.format);
+	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
+	c->plan.prefill = ops->prefill && n >= (integer_dot ? MOEK_PREFILL_MIN_TOKENS
+	                                                    : MOEK_PREFILL_MIN_TOKENS_FLOAT);
 	c->plan.xq_format = act_format(ops, e->gate.format, c->plan.prefill);
 	c->plan.hq_format = act_format(ops, e->down.format, c->plan.prefill);
 	c->plan.xq_row = c->plan.xq_format == MOEK_F32

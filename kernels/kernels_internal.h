@@ -117,7 +117,7 @@ struct moek_isa_ops {
 	moek_dequant_fn dequantize_row;
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
-	bool prefill; /* use the dequantized-tile path for n >= MOEK_PREFILL_MIN_TOKENS */
+	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
 };
 
 /* Dense slot of a weight format in moek_isa_ops.dot (FP8's id 1000 maps to 63). */
@@ -131,8 +131,11 @@ extern const struct moek_isa_ops moek_scalar_ops;
 extern const struct moek_isa_ops moek_avx2_ops;
 #endif
 
-/* Token count from which the AVX2 path switches from row dot products (memory-bound decode)
- * to dequantized weight tiles reused across tokens (compute-bound prefill). */
+/* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)
+ * to dequantized weight tiles reused across tokens (compute-bound prefill): integer dot
+ * products stay ahead longer than float ones, whose per-token FMAs are no cheaper than a
+ * tile's. */
 #define MOEK_PREFILL_MIN_TOKENS 16
+#define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
 
 #endif /* MOE_KERNELS_INTERNAL_H */

@@ -114,7 +114,8 @@ enum moek_activation {
 struct moek_matrix {
 	uint32_t format;     /* enum moek_format, a weight format */
 	uint32_t rows, cols; /* output features x input features */
-	const void *data;    /* rows rows of row_stride bytes; 2-byte aligned (Q8_K: never) */
+	const void *data;    /* rows of row_stride bytes; 4-byte aligned for F32, 2 for formats
+	                        with f16 fields, any for MXFP4/FP8 */
 	size_t row_stride;   /* bytes between rows; 0 = moek_row_bytes(format, cols) */
 	const float *scales; /* FP8 only: scale_inv of each 128x128 block, block-row-major */
 	size_t scale_stride; /* floats between block rows of scales; 0 = ceil(cols / 128) */
@@ -142,7 +143,9 @@ size_t moek_expert_split_align(const struct moek_expert *e);
 
 /* One FFN invocation for n tokens. Filled by the caller; `plan` by moek_ffn_prepare.
  * Token t of this call reads x row token_ids[t] (or t when token_ids is NULL) and adds into
- * out row token_ids[t] (or t), scaled by weights[t]. */
+ * out row token_ids[t] (or t), scaled by weights[t]. token_ids are trusted: the caller has
+ * bounded them by its own buffers. x, weights, the expert and the scratch must not change
+ * between prepare and the last phase; out rows are written only by the down phase. */
 struct moek_ffn_call {
 	const struct moek_expert *expert;
 	size_t n_tokens;
@@ -169,14 +172,17 @@ struct moek_ffn_call {
 /* Scratch bytes for an expert at n tokens run by n_workers workers (64-byte aligned use). */
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers);
 
-/* Validates the call (formats, shapes, alignment, scratch size) and lays out its scratch.
- * Returns 0, or -1 with a message naming what was wrong. Not on the hot path's inner loop:
- * once per (expert, batch). */
+/* Validates the call (formats, shapes, alignment, scratch size), lays out its scratch and
+ * clears the padding in it. Returns 0, or -1 with a message naming what was wrong. Once per
+ * (expert, batch), single-threaded, before the phases. */
 int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
 
 /* The three phases of a prepared call. Each phase's ranges may be split over workers that run
  * concurrently; the caller orders the phases (a barrier between them). Worker w uses only its
- * own part of the scratch. Results are bit-identical for any split of any phase.
+ * own part of the scratch. For a given ISA and n_tokens, results are bit-identical for any
+ * split of any phase (each output element has one writer and a fixed summation order); the
+ * path (row dot products for few tokens, dequantized tiles from 16 tokens — 8 for float
+ * weights) and the ISA may change the last bits.
  *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
  *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
  *           moek_expert_split_align, or the end);
