@@ -28,6 +28,10 @@
 
 #include "kernels_internal.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
 	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
@@ -57,12 +61,15 @@ const struct moek_isa_ops moek_scalar_ops = {
 
 static _Atomic(const struct moek_isa_ops *) active_isa;
 
+/* AVX2 + FMA (with the OS saving YMM state, which __builtin_cpu_supports checks) + F16C (CPUID
+ * leaf 1 ECX bit 29; not every compiler's __builtin_cpu_supports knows "f16c"). */
 static bool cpu_has_avx2(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 	__builtin_cpu_init();
+	unsigned a, b, c, d;
 	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __builtin_cpu_supports("f16c");
+	       __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
 #else
 	return false;
 #endif
