@@ -290,8 +290,10 @@ static int make_matrix(uint32_t format, size_t rows, size_t cols, struct bench_m
 	if (format == MOEK_FP8_E4M3_B128) {
 		const size_t nsc = moek_fp8_scale_bytes(rows, cols) / sizeof(float);
 		m->scales = malloc(nsc * sizeof(float));
-		float sc[DISTINCT];
-		if (!m->scales || moek_quantize(format, src, DISTINCT, cols, m->data, sc))
+		float *sc = malloc(moek_fp8_scale_bytes(DISTINCT, cols));
+		const int rc = !sc || moek_quantize(format, src, DISTINCT, cols, m->data, sc);
+		free(sc);
+		if (!m->scales || rc)
 			return -1;
 		for (size_t i = 0; i < nsc; i++)
 			m->scales[i] = 0.05f / 448.0f;
