@@ -161,16 +161,9 @@ __attribute__((target("avx2"))) static void stream_part(struct pool *p, unsigned
 	j->sums[w] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
 }
 
-static double dram_read_gbps(struct pool *p, size_t bytes)
+/* The probe buffer is allocated and written once (first touch) by the caller. */
+static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes)
 {
-	float *buf = aligned_alloc(64, bytes);
-	if (!buf) {
-		fprintf(stderr, "bench_kernels: cannot allocate %zu MiB for the bandwidth probe\n",
-		        bytes >> 20);
-		exit(1);
-	}
-	for (size_t i = 0; i < bytes / 4; i++)
-		buf[i] = (float)(i & 1023);
 	struct stream_job j = {.buf = buf, .n = bytes / 4};
 	double best = 0;
 	for (int rep = 0; rep < 4; rep++) {
@@ -179,7 +172,6 @@ static double dram_read_gbps(struct pool *p, size_t bytes)
 		const double gbps = (double)bytes / (now_s() - t0) * 1e-9;
 		best = gbps > best ? gbps : best;
 	}
-	free(buf);
 	return best;
 }
 
@@ -198,7 +190,7 @@ __attribute__((target("avx2,fma"))) static void fma_part(struct pool *p, unsigne
 	       a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
 	       a9 = _mm256_set1_ps(10);
 	const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-	const long iters = 50 * 1000 * 1000;
+	const long iters = 20 * 1000 * 1000;
 	const double t0 = now_s();
 	for (long it = 0; it < iters; it++) {
 		a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
@@ -501,6 +493,14 @@ int main(int argc, char **argv)
 	const size_t set_bytes =
 	    set_mb ? set_mb << 20 : (8 * llc > (256u << 20) ? 8 * llc : 256u << 20);
 
+	float *probe = aligned_alloc(64, set_bytes);
+	if (!probe) {
+		fprintf(stderr, "bench_kernels: cannot allocate %zu MiB for the bandwidth probe\n",
+		        set_bytes >> 20);
+		return 1;
+	}
+	for (size_t i = 0; i < set_bytes / 4; i++)
+		probe[i] = (float)(i & 1023);
 	double dram[MAX_THREADS + 1] = {0}, peak[MAX_THREADS + 1] = {0};
 	bool want_threads[MAX_THREADS + 1] = {false};
 	for (unsigned t = 1; t <= MAX_THREADS; t++) {
@@ -509,7 +509,7 @@ int main(int argc, char **argv)
 		want_threads[t] = in_list(thread_list, name);
 		struct pool p;
 		pool_init(&p, t);
-		dram[t] = dram_read_gbps(&p, set_bytes);
+		dram[t] = dram_read_gbps(&p, probe, set_bytes);
 		peak[t] = fma_peak_gflops(&p);
 		pool_destroy(&p);
 	}
@@ -586,6 +586,10 @@ int main(int argc, char **argv)
 					continue;
 				struct pool p;
 				pool_init(&p, t);
+				/* re-calibrate next to the rows that use it: a shared machine's
+				 * load drifts over a run of minutes */
+				const double dram_now = dram_read_gbps(&p, probe, set_bytes);
+				const double peak_now = fma_peak_gflops(&p);
 				for (int phase = 0; phase < 2; phase++) {
 					const size_t *toks = phase ? prefill_tokens : decode_tokens;
 					const size_t nt = phase ? 2 : 3;
@@ -605,8 +609,8 @@ int main(int argc, char **argv)
 							        fname, s->name);
 							return 1;
 						}
-						r.bw_fraction = r.weight_gbps / dram[t];
-						r.peak_fraction = r.gflops / peak[t];
+						r.bw_fraction = r.weight_gbps / dram_now;
+						r.peak_fraction = r.gflops / peak_now;
 						if (json)
 							printf("%s\n  {\"format\": \"%s\", "
 							       "\"shape\": \"%s\", "
@@ -615,11 +619,14 @@ int main(int argc, char **argv)
 							       "\"bw_fraction\": %.3f, "
 							       "\"gflops\": %.1f, "
 							       "\"peak_fraction\": %.3f, "
-							       "\"tokens_per_s\": %.1f}",
+							       "\"tokens_per_s\": %.1f, "
+							       "\"dram_read_gbps\": %.2f, "
+							       "\"fma_peak_gflops\": %.1f}",
 							       first_row ? "" : ",", fname, s->name,
 							       r.tokens, t, r.weight_gbps,
 							       r.bw_fraction, r.gflops,
-							       r.peak_fraction, r.tokens_per_s);
+							       r.peak_fraction, r.tokens_per_s,
+							       dram_now, peak_now);
 						else
 							printf("%-14s %-14s %6zu %3u %9.2f %6.2f "
 							       "%9.1f %6.2f "
@@ -641,5 +648,6 @@ int main(int argc, char **argv)
 	}
 	if (json)
 		printf("\n]}\n");
+	free(probe);
 	return 0;
 }

@@ -3,8 +3,9 @@
  * out[t] += w[t] * (down · act(gate · x[t] + b_g, up · x[t] + b_u) + b_d)
  *
  * Phases (the caller may split each across workers, with a barrier between phases):
- *   load   — tokens' activations to f32 (zero-padded to 8) and, where the ISA has an integer
- *            dot product for the weights, quantized once per token (Q8_0 or Q8_K);
+ *   load   — tokens' activations to f32 (zero-padded to 8; prefill: into 16-token panels) and,
+ *            for the ISA's decode dot products, converted once per token into their activation
+ *            format (Q8_0, Q8_K, or bf16 for 16-bit float weights);
  *   hidden — rows of gate/up: h[t][f] for every token, then h quantized for down;
  *   down   — rows of down: out[t][o] += w[t] * (down[o] · h[t] + b_d[o]).
  * Every output element is produced by exactly one worker from inputs that do not depend on
@@ -275,8 +276,9 @@ static size_t round_up(size_t v, size_t a)
 	return (v + a - 1) / a * a;
 }
 
-/* Activation format a weight format is fed with on this ISA in this shape: quantized when the
- * ISA has an integer dot product for it (decode only), otherwise f32. */
+/* Activation format a weight format is fed with on this ISA in this shape: the format of the
+ * ISA's dot product for it in decode (Q8_0, Q8_K, bf16), f32 otherwise (prefill tiles, and the
+ * scalar reference). */
 static uint32_t act_format(const struct moek_isa_ops *ops, uint32_t weight_format, bool prefill)
 {
 	if (prefill || !ops->dot[moek_fmt_slot(weight_format)])
