@@ -88,31 +88,36 @@ static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n);
 
-/* The activation format a weight format's integer dot product consumes: MOEK_Q8_0,
- * MOEK_Q8_K, or MOEK_F32 (float formats: activations stay f32). */
+/* The activation format a weight format's SIMD dot product consumes: MOEK_Q8_0, MOEK_Q8_K,
+ * MOEK_BF16 (F16/BF16 weights) or MOEK_F32 (F32 and FP8 weights). */
 uint32_t moek_vec_dot_format(uint32_t weight_format);
 
 /* ---- Per-ISA kernels -------------------------------------------------------------------
- * dot: one weight row (k columns) against one quantized/f32 activation row; scale_row is
- * the FP8 scales of this row's 128-row band (NULL otherwise). The result for a (row, token)
- * pair must depend only on those inputs, never on which range or group the row is in:
- * this is what makes the FFN bit-identical for any split of rows across threads.
- * dequantize_row: as the reference, possibly vectorised (bit-identical results required). */
-typedef float (*moek_dot_fn)(const void *w, const float *scale_row, const void *act, size_t k);
+ * dot: one weight row (k columns) against nt (1..MOEK_DOT_TOKENS) activation rows, row t at
+ * act + t * act_stride bytes, in the format moek_vec_dot_format(weight format) (f32 for float
+ * formats); out[t] receives row · token t. Weights are decoded once for all nt tokens.
+ * scale_row is the FP8 scales of this row's 128-row band (NULL otherwise). The result for a
+ * (row, token) pair depends only on the row, the token and nt — never on which range the row
+ * is in: the FFN's split determinism rests on it (token groups are fixed by token index).
+ * dequantize_row: as the reference, possibly vectorised. */
+#define MOEK_DOT_TOKENS 8
+typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *act,
+                            size_t act_stride, size_t nt, size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
                                 size_t k);
-/* Prefill micro-kernel: c[r * ldc + t] += sum_k w[r * ldw + k] * x[t * ldx + k] for
- * r < nr, t < nt; k is a multiple of 8 (operands zero-padded). The sum for each (r, t) is
- * computed in an order independent of nr, nt (determinism, as above). */
-typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *x, size_t ldx,
-                             size_t nt, size_t k, float *c, size_t ldc);
+/* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
+ * xp[k * 16 + j] for r < nr, j < 16; k a multiple of 8 (operands zero-padded). Each (r, j) is
+ * one FMA chain in k order whatever nr is (determinism, as above). */
+typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *xp, size_t k,
+                             float *c, size_t ldc);
 
 struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
 	moek_dequant_fn dequantize_row;
+	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
-	bool prefill; /* use the dequantized-tile path for n >= MOEK_PREFILL_MIN_TOKENS */
+	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
 };
 
 /* Dense slot of a weight format in moek_isa_ops.dot (FP8's id 1000 maps to 63). */
@@ -126,8 +131,11 @@ extern const struct moek_isa_ops moek_scalar_ops;
 extern const struct moek_isa_ops moek_avx2_ops;
 #endif
 
-/* Token count from which the AVX2 path switches from row dot products (memory-bound decode)
- * to dequantized weight tiles reused across tokens (compute-bound prefill). */
+/* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)
+ * to dequantized weight tiles reused across tokens (compute-bound prefill): integer dot
+ * products stay ahead longer than float ones, whose per-token FMAs are no cheaper than a
+ * tile's. */
 #define MOEK_PREFILL_MIN_TOKENS 16
+#define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
 
 #endif /* MOE_KERNELS_INTERNAL_H */

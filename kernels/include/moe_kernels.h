@@ -98,6 +98,110 @@ uint16_t moek_f32_to_bf16(float f);
 float moek_f16_to_f32(uint16_t h);
 uint16_t moek_f32_to_f16(float f);
 
+/* ---- Expert FFN ---------------------------------------------------------------------------
+ * out[t] += w[t] * down( act(gate x[t] + b_g) * (up x[t] + b_u) ) + w[t] * b_d, in f32.
+ *
+ * A matrix is rows x cols, row-major, cols contiguous (GGUF ne[0] = cols). gate and up are
+ * ffn x hidden, down is hidden x ffn. row_stride lets a descriptor view a column slice of a
+ * larger matrix (moek_expert_slice), so splitting the intermediate dimension across NUMA
+ * nodes needs no copy of the weights. */
+enum moek_activation {
+	MOEK_SWIGLU = 0,     /* silu(g) * u */
+	MOEK_SWIGLU_OAI = 1, /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
+	                        g * sigmoid(alpha * g) * (u + 1) */
+};
+
+struct moek_matrix {
+	uint32_t format;     /* enum moek_format, a weight format */
+	uint32_t rows, cols; /* output features x input features */
+	const void *data;    /* rows of row_stride bytes; 4-byte aligned for F32, 2 for formats
+	                        with f16 fields, any for MXFP4/FP8 */
+	size_t row_stride;   /* bytes between rows; 0 = moek_row_bytes(format, cols) */
+	const float *scales; /* FP8 only: scale_inv of each 128x128 block, block-row-major */
+	size_t scale_stride; /* floats between block rows of scales; 0 = ceil(cols / 128) */
+	const float *bias;   /* optional, rows floats (gpt-oss) */
+};
+
+struct moek_expert {
+	struct moek_matrix gate, up, down; /* gate and up: same format and shape */
+	enum moek_activation activation;
+	float limit; /* MOEK_SWIGLU_OAI: swiglu_limit (gpt-oss 7.0) */
+	float alpha; /* MOEK_SWIGLU_OAI: 1.702 */
+};
+
+/* The part of `full` that owns intermediate features [f_begin, f_end): rows of gate/up (and
+ * their biases), columns of down; views into the same weights. f_begin must be a multiple of
+ * moek_expert_split_align(full) (f_end too, unless it is the end). The slice keeps down.bias:
+ * set it to NULL in all slices but one so the bias is added once. Returns 0 or -1 with a
+ * message in err. */
+int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_end,
+                      struct moek_expert *slice, char *err, size_t err_len);
+
+/* Granularity of intermediate-dimension splits (hidden-phase row ranges, slices): the block
+ * of down's format and of its activation quantization (1..256). */
+size_t moek_expert_split_align(const struct moek_expert *e);
+
+/* One FFN invocation for n tokens. Filled by the caller; `plan` by moek_ffn_prepare.
+ * Token t of this call reads x row token_ids[t] (or t when token_ids is NULL) and adds into
+ * out row token_ids[t] (or t), scaled by weights[t]. token_ids are trusted: the caller has
+ * bounded them by its own buffers. x, weights, the expert and the scratch must not change
+ * between prepare and the last phase; out rows are written only by the down phase. */
+struct moek_ffn_call {
+	const struct moek_expert *expert;
+	size_t n_tokens;
+	const void *x; /* activations, dtype x_dtype (enum moek_act_dtype) */
+	unsigned x_dtype;
+	size_t x_stride;           /* elements between token rows of x; 0 = hidden */
+	const uint32_t *token_ids; /* optional: row of x / out of each token */
+	const float *weights;      /* n_tokens routing weights (NULL: all 1) */
+	float *out;                /* f32, accumulated into */
+	size_t out_stride;         /* elements between token rows of out; 0 = hidden */
+	void *scratch;             /* moek_ffn_scratch_bytes(expert, n_tokens, n_workers) */
+	size_t scratch_bytes;
+	unsigned n_workers; /* workers that will run the phases concurrently (>= 1) */
+	struct {            /* private: filled by moek_ffn_prepare */
+		const void *isa;
+		char *base; /* scratch, 64-byte aligned */
+		size_t hidden, ffn, x_pad, h_pad;
+		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes;
+		uint32_t xq_format, hq_format;
+		bool prefill;
+	} plan;
+};
+
+/* Scratch bytes for an expert at n tokens run by n_workers workers (64-byte aligned use). */
+size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers);
+
+/* Validates the call (formats, shapes, alignment, scratch size), lays out its scratch and
+ * clears the padding in it. Returns 0, or -1 with a message naming what was wrong. Once per
+ * (expert, batch), single-threaded, before the phases. */
+int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
+
+/* The three phases of a prepared call. Each phase's ranges may be split over workers that run
+ * concurrently; the caller orders the phases (a barrier between them). Worker w uses only its
+ * own part of the scratch. For a given ISA and n_tokens, results are bit-identical for any
+ * split of any phase (each output element has one writer and a fixed summation order); the
+ * path (row dot products for few tokens, dequantized tiles from 16 tokens — 8 for float
+ * weights) and the ISA may change the last bits.
+ *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
+ *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
+ *           moek_expert_split_align, or the end);
+ *   down:   output features [o_begin, o_end) of every token, added into out. */
+void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end);
+void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end);
+void moek_ffn_down(const struct moek_ffn_call *c, unsigned worker, size_t o_begin, size_t o_end);
+
+/* prepare + all three phases on the calling thread. Returns 0 or -1 (message in err). */
+int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
+
+/* ---- Instruction-set dispatch -------------------------------------------------------------
+ * Chosen once from CPUID (__builtin_cpu_supports); MOEK_ISA=scalar in the environment (read on
+ * first use) or moek_set_isa forces a path. Not thread-safe against running kernels: set it
+ * before any call is prepared. */
+enum moek_isa { MOEK_ISA_AUTO = 0, MOEK_ISA_SCALAR = 1, MOEK_ISA_AVX2 = 2 };
+int moek_set_isa(enum moek_isa isa); /* -1 if this CPU cannot run it */
+const char *moek_isa_name(void);     /* "scalar", "avx2" */
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,653 @@
+/* bench_kernels — expert FFN throughput against the machine's own limits, measured in the same
+ * run: DRAM streaming-read bandwidth (AVX2 read-sum over a buffer >> LLC, 1 and 2 threads)
+ * for decode, and FMA peak (independent FMA chains) for prefill.
+ *
+ * For each format and real expert shape (Qwen3-30B-A3B 2048x768, Mixtral 4096x14336,
+ * DeepSeek-V3 7168x2048, gpt-oss 2880x2880): decode with 1, 4, 8 tokens cycling through a set
+ * of distinct experts larger than the LLC (weights stream from DRAM), prefill with 128 and 512
+ * tokens; 1 and 2 threads splitting rows (a pthread pool with a spin barrier between phases).
+ * Rows report GB/s of weights streamed, the fraction of the measured DRAM bandwidth, GFLOP/s
+ * and its fraction of the measured FMA peak, tokens/s.
+ *
+ *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
+ *                 [--threads 1,2] [--min-time S] [--set-mb MB]
+ * Never a test: it prints figures, it asserts nothing about speed.
+ */
+#include <errno.h>
+#include <immintrin.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "moe_kernels.h"
+
+#define MAX_THREADS 2
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- Thread pool with a spin barrier ---------------------------------------------------- */
+
+struct barrier {
+	atomic_uint count, phase;
+	unsigned n;
+};
+
+static void barrier_wait(struct barrier *b)
+{
+	const unsigned phase = atomic_load_explicit(&b->phase, memory_order_acquire);
+	if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) + 1 == b->n) {
+		atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+		atomic_store_explicit(&b->phase, phase + 1, memory_order_release);
+		return;
+	}
+	for (unsigned spins = 0; atomic_load_explicit(&b->phase, memory_order_acquire) == phase;
+	     spins++) {
+		if (spins < 4000)
+			_mm_pause();
+		else
+			sched_yield(); /* shared machine: never burn a core another thread needs */
+	}
+}
+
+struct pool;
+typedef void (*job_fn)(struct pool *p, unsigned worker);
+
+struct pool {
+	unsigned n;
+	pthread_t threads[MAX_THREADS];
+	struct barrier start, done, phase;
+	job_fn job;
+	void *arg;
+	atomic_bool quit;
+};
+
+struct worker_arg {
+	struct pool *pool;
+	unsigned id;
+};
+
+static void pin(unsigned cpu)
+{
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	pthread_setaffinity_np(pthread_self(), sizeof(set), &set); /* best effort */
+}
+
+static void *worker_main(void *p)
+{
+	struct worker_arg *a = p;
+	pin(a->id);
+	for (;;) {
+		barrier_wait(&a->pool->start);
+		if (atomic_load(&a->pool->quit))
+			break;
+		a->pool->job(a->pool, a->id);
+		barrier_wait(&a->pool->done);
+	}
+	free(a);
+	return NULL;
+}
+
+static void pool_init(struct pool *p, unsigned n)
+{
+	memset(p, 0, sizeof(*p));
+	p->n = n;
+	p->start.n = p->done.n = p->phase.n = n;
+	pin(0);
+	for (unsigned i = 1; i < n; i++) {
+		struct worker_arg *a = malloc(sizeof(*a));
+		if (!a)
+			abort();
+		*a = (struct worker_arg){p, i};
+		if (pthread_create(&p->threads[i], NULL, worker_main, a) != 0) {
+			perror("pthread_create");
+			exit(1);
+		}
+	}
+}
+
+/* Runs job on all workers (the caller is worker 0). */
+static void pool_run(struct pool *p, job_fn job, void *arg)
+{
+	p->job = job;
+	p->arg = arg;
+	barrier_wait(&p->start);
+	job(p, 0);
+	barrier_wait(&p->done);
+}
+
+static void pool_destroy(struct pool *p)
+{
+	atomic_store(&p->quit, true);
+	barrier_wait(&p->start);
+	for (unsigned i = 1; i < p->n; i++)
+		pthread_join(p->threads[i], NULL);
+}
+
+/* ---- Machine limits ---------------------------------------------------------------------- */
+
+struct stream_job {
+	const float *buf;
+	size_t n;
+	double sums[MAX_THREADS];
+};
+
+__attribute__((target("avx2"))) static void stream_part(struct pool *p, unsigned w)
+{
+	struct stream_job *j = p->arg;
+	const size_t b = j->n * w / p->n, e = j->n * (w + 1) / p->n;
+	__m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+	for (size_t i = b; i + 32 <= e; i += 32) {
+		a0 = _mm256_add_ps(a0, _mm256_load_ps(j->buf + i));
+		a1 = _mm256_add_ps(a1, _mm256_load_ps(j->buf + i + 8));
+		a2 = _mm256_add_ps(a2, _mm256_load_ps(j->buf + i + 16));
+		a3 = _mm256_add_ps(a3, _mm256_load_ps(j->buf + i + 24));
+	}
+	float t[8];
+	_mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+	j->sums[w] = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+}
+
+/* The probe buffer is allocated and written once (first touch) by the caller. */
+static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes)
+{
+	struct stream_job j = {.buf = buf, .n = bytes / 4};
+	double best = 0;
+	for (int rep = 0; rep < 4; rep++) {
+		const double t0 = now_s();
+		pool_run(p, stream_part, &j);
+		const double gbps = (double)bytes / (now_s() - t0) * 1e-9;
+		best = gbps > best ? gbps : best;
+	}
+	return best;
+}
+
+struct fma_job {
+	double gflops_part[MAX_THREADS];
+	float sink[MAX_THREADS];
+};
+
+/* 10 independent FMA chains per thread (covers latency x throughput on current x86), kept in
+ * named registers; the results are consumed so nothing is optimised away. */
+__attribute__((target("avx2,fma"))) static void fma_part(struct pool *p, unsigned w)
+{
+	struct fma_job *j = p->arg;
+	__m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3),
+	       a3 = _mm256_set1_ps(4), a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6),
+	       a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
+	       a9 = _mm256_set1_ps(10);
+	const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+	const long iters = 20 * 1000 * 1000;
+	const double t0 = now_s();
+	for (long it = 0; it < iters; it++) {
+		a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
+		a2 = _mm256_fmadd_ps(a2, m, c), a3 = _mm256_fmadd_ps(a3, m, c);
+		a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
+		a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c);
+		a8 = _mm256_fmadd_ps(a8, m, c), a9 = _mm256_fmadd_ps(a9, m, c);
+	}
+	const double dt = now_s() - t0;
+	__m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+	                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+	s = _mm256_add_ps(s, _mm256_add_ps(a8, a9));
+	float t[8];
+	_mm256_storeu_ps(t, s);
+	j->sink[w] = t[0];
+	j->gflops_part[w] = (double)iters * 10 * 16 / dt * 1e-9;
+}
+
+static double fma_peak_gflops(struct pool *p)
+{
+	struct fma_job j = {{0}, {0}};
+	double best = 0;
+	for (int rep = 0; rep < 2; rep++) {
+		pool_run(p, fma_part, &j);
+		double sum = 0;
+		for (unsigned w = 0; w < p->n; w++)
+			sum += j.gflops_part[w];
+		best = sum > best ? sum : best;
+	}
+	return best;
+}
+
+static size_t llc_bytes(void)
+{
+	size_t bytes = 32u << 20;
+	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+	if (f) {
+		unsigned long kib;
+		if (fscanf(f, "%luK", &kib) == 1 && kib > 0)
+			bytes = kib << 10;
+		fclose(f);
+	}
+	return bytes;
+}
+
+/* ---- Experts ------------------------------------------------------------------------------ */
+
+struct shape {
+	const char *name;
+	size_t hidden, ffn;
+};
+
+static const struct shape shapes[] = {
+    {"qwen3-30b-a3b", 2048, 768},
+    {"mixtral", 4096, 14336},
+    {"deepseek-v3", 7168, 2048},
+    {"gpt-oss", 2880, 2880},
+};
+
+static const uint32_t all_formats[] = {MOEK_Q4_K, MOEK_Q8_0,         MOEK_MXFP4, MOEK_BF16,
+                                       MOEK_Q4_0, MOEK_Q5_K,         MOEK_Q6_K,  MOEK_F16,
+                                       MOEK_F32,  MOEK_FP8_E4M3_B128};
+
+struct bench_matrix {
+	uint8_t *data;
+	float *scales;
+	size_t bytes;
+};
+
+/* A rows x cols matrix: 16 distinct rows quantized from random floats, then repeated (the
+ * content does not change the speed; quantizing 100M weights with the reference would). */
+static int make_matrix(uint32_t format, size_t rows, size_t cols, struct bench_matrix *m,
+                       unsigned seed)
+{
+	const size_t rb = moek_row_bytes(format, cols);
+	if (rb == 0)
+		return -1;
+	enum { DISTINCT = 16 };
+	float *src = malloc(DISTINCT * cols * sizeof(float));
+	m->bytes = rb * rows;
+	m->data = aligned_alloc(64, (m->bytes + 63) / 64 * 64);
+	m->scales = NULL;
+	if (!src || !m->data)
+		return -1;
+	for (size_t i = 0; i < DISTINCT * cols; i++) {
+		seed = seed * 1103515245u + 12345u;
+		src[i] = ((float)(seed >> 8) * 0x1p-24f - 0.5f) * 0.1f;
+	}
+	if (format == MOEK_FP8_E4M3_B128) {
+		const size_t nsc = moek_fp8_scale_bytes(rows, cols) / sizeof(float);
+		m->scales = malloc(nsc * sizeof(float));
+		float *sc = malloc(moek_fp8_scale_bytes(DISTINCT, cols));
+		const int rc = !sc || moek_quantize(format, src, DISTINCT, cols, m->data, sc);
+		free(sc);
+		if (!m->scales || rc)
+			return -1;
+		for (size_t i = 0; i < nsc; i++)
+			m->scales[i] = 0.05f / 448.0f;
+	} else if (moek_quantize(format, src, DISTINCT, cols, m->data, NULL)) {
+		return -1;
+	}
+	for (size_t r = DISTINCT; r < rows; r++)
+		memcpy(m->data + r * rb, m->data + (r % DISTINCT) * rb, rb);
+	free(src);
+	return 0;
+}
+
+struct bench_expert {
+	struct bench_matrix gate, up, down;
+	struct moek_expert e;
+	size_t bytes;
+};
+
+static int make_expert(uint32_t format, const struct shape *s, struct bench_expert *x,
+                       unsigned seed)
+{
+	if (make_matrix(format, s->ffn, s->hidden, &x->gate, seed) ||
+	    make_matrix(format, s->ffn, s->hidden, &x->up, seed + 1) ||
+	    make_matrix(format, s->hidden, s->ffn, &x->down, seed + 2))
+		return -1;
+	memset(&x->e, 0, sizeof(x->e));
+	x->e.gate = (struct moek_matrix){
+	    format, (uint32_t)s->ffn, (uint32_t)s->hidden, x->gate.data, 0, x->gate.scales, 0,
+	    NULL};
+	x->e.up = (struct moek_matrix){
+	    format, (uint32_t)s->ffn, (uint32_t)s->hidden, x->up.data, 0, x->up.scales, 0, NULL};
+	x->e.down = (struct moek_matrix){
+	    format, (uint32_t)s->hidden, (uint32_t)s->ffn, x->down.data, 0, x->down.scales, 0,
+	    NULL};
+	x->e.activation = MOEK_SWIGLU;
+	x->bytes = x->gate.bytes + x->up.bytes + x->down.bytes;
+	return 0;
+}
+
+static void free_expert(struct bench_expert *x)
+{
+	free(x->gate.data), free(x->gate.scales);
+	free(x->up.data), free(x->up.scales);
+	free(x->down.data), free(x->down.scales);
+}
+
+/* ---- One measurement ------------------------------------------------------------------------ */
+
+struct ffn_job {
+	struct moek_ffn_call *calls; /* one per expert in the cycle (scratch alternates) */
+	size_t n_calls, first, count; /* run calls first, first+1, … (mod n_calls), count of them */
+	size_t align;
+};
+
+static void ffn_part(struct pool *p, unsigned w)
+{
+	struct ffn_job *j = p->arg;
+	for (size_t i = 0; i < j->count; i++) {
+		const struct moek_ffn_call *c = &j->calls[(j->first + i) % j->n_calls];
+		const size_t n = c->n_tokens, ffn = c->expert->gate.rows,
+		             hidden = c->expert->gate.cols;
+		const size_t units = (ffn + j->align - 1) / j->align;
+		moek_ffn_load(c, w, n * w / p->n, n * (w + 1) / p->n);
+		barrier_wait(&p->phase);
+		size_t fb = units * w / p->n * j->align, fe = units * (w + 1) / p->n * j->align;
+		moek_ffn_hidden(c, w, fb, fe < ffn ? fe : ffn);
+		barrier_wait(&p->phase);
+		/* down rows split into equal halves; the next expert's load writes the other
+		 * scratch, so no barrier is needed after down */
+		moek_ffn_down(c, w, hidden * w / p->n, hidden * (w + 1) / p->n);
+	}
+}
+
+struct row {
+	uint32_t format;
+	const char *shape;
+	size_t tokens;
+	unsigned threads;
+	double weight_gbps, bw_fraction, gflops, peak_fraction, tokens_per_s;
+};
+
+static int measure(struct pool *p, struct bench_expert *experts, size_t n_experts,
+                   const struct shape *s, size_t tokens, double min_time, struct row *r)
+{
+	const size_t hidden = s->hidden;
+	float *x = malloc(tokens * hidden * sizeof(float));
+	float *out = calloc(tokens * hidden, sizeof(float));
+	float *weights = malloc(tokens * sizeof(float));
+	struct moek_ffn_call *calls = calloc(n_experts, sizeof(*calls));
+	const size_t scratch_bytes = moek_ffn_scratch_bytes(&experts[0].e, tokens, p->n);
+	void *scratch[2] = {malloc(scratch_bytes), malloc(scratch_bytes)};
+	if (!x || !out || !weights || !calls || !scratch[0] || !scratch[1] || !scratch_bytes)
+		return -1;
+	for (size_t i = 0; i < tokens * hidden; i++)
+		x[i] = sinf((float)i);
+	for (size_t t = 0; t < tokens; t++)
+		weights[t] = 0.125f;
+	for (size_t i = 0; i < n_experts; i++) {
+		calls[i] = (struct moek_ffn_call){.expert = &experts[i].e,
+		                                  .n_tokens = tokens,
+		                                  .x = x,
+		                                  .x_dtype = MOEK_ACT_F32,
+		                                  .weights = weights,
+		                                  .out = out,
+		                                  .scratch = scratch[i % 2],
+		                                  .scratch_bytes = scratch_bytes,
+		                                  .n_workers = p->n};
+		char err[256];
+		if (moek_ffn_prepare(&calls[i], err, sizeof(err))) {
+			fprintf(stderr, "bench_kernels: %s\n", err);
+			return -1;
+		}
+	}
+	if (n_experts % 2) /* alternate scratch across the cycle's wrap-around too */
+		n_experts -= n_experts > 1;
+	struct ffn_job j = {calls, n_experts, 0, 1, moek_expert_split_align(&experts[0].e)};
+	pool_run(p, ffn_part, &j); /* warm-up: page faults, code */
+	size_t done = 0;
+	j.first = 1;
+	const double t0 = now_s();
+	double dt = 0;
+	do {
+		/* batches small enough to stop near min_time, large enough to hide the pool
+		 * hand-off */
+		j.count = done == 0 ? 1 : (done < n_experts ? done : n_experts);
+		pool_run(p, ffn_part, &j);
+		j.first = (j.first + j.count) % n_experts;
+		done += j.count;
+		dt = now_s() - t0;
+	} while (dt < min_time);
+	const double flops = 2.0 * 3.0 * (double)hidden * (double)s->ffn * (double)tokens;
+	r->weight_gbps = (double)experts[0].bytes * (double)done / dt * 1e-9;
+	r->gflops = flops * (double)done / dt * 1e-9;
+	r->tokens_per_s = (double)tokens * (double)done / dt;
+	free(x), free(out), free(weights), free(calls), free(scratch[0]), free(scratch[1]);
+	return 0;
+}
+
+/* ---- CLI ----------------------------------------------------------------------------------- */
+
+static bool in_list(const char *list, const char *name)
+{
+	if (!list)
+		return true;
+	const size_t n = strlen(name);
+	for (const char *p = list; *p;) {
+		const char *comma = strchr(p, ',');
+		const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+		if (len > 0 && strncasecmp(p, name, len) == 0 && (len == n || name[len] == '-'))
+			return true;
+		p += len + (comma ? 1 : 0);
+	}
+	return false;
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
+	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
+	                "[--min-time S] [--set-mb MB]\n");
+}
+
+int main(int argc, char **argv)
+{
+	__builtin_cpu_init();
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+		fprintf(stderr,
+		        "bench_kernels: needs AVX2+FMA for its bandwidth and peak probes\n");
+		return 1;
+	}
+	bool json = false, quick = false;
+	const char *formats = NULL, *shape_list = NULL, *thread_list = "1,2";
+	double min_time = 0.5;
+	size_t set_mb = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		const bool has_val = i + 1 < argc;
+		if (!strcmp(a, "--json"))
+			json = true;
+		else if (!strcmp(a, "--quick"))
+			quick = true;
+		else if (!strcmp(a, "--formats") && has_val)
+			formats = argv[++i];
+		else if (!strcmp(a, "--shapes") && has_val)
+			shape_list = argv[++i];
+		else if (!strcmp(a, "--threads") && has_val)
+			thread_list = argv[++i];
+		else if (!strcmp(a, "--min-time") && has_val)
+			min_time = atof(argv[++i]);
+		else if (!strcmp(a, "--set-mb") && has_val)
+			set_mb = (size_t)atol(argv[++i]);
+		else {
+			usage();
+			return 2;
+		}
+	}
+	if (quick) {
+		if (!formats)
+			formats = "Q4_K,Q8_0,MXFP4,BF16";
+		if (!shape_list)
+			shape_list = "qwen3,deepseek";
+		min_time = 0.2;
+	}
+	const size_t llc = llc_bytes();
+	const size_t set_bytes =
+	    set_mb ? set_mb << 20 : (8 * llc > (256u << 20) ? 8 * llc : 256u << 20);
+
+	float *probe = aligned_alloc(64, set_bytes);
+	if (!probe) {
+		fprintf(stderr, "bench_kernels: cannot allocate %zu MiB for the bandwidth probe\n",
+		        set_bytes >> 20);
+		return 1;
+	}
+	for (size_t i = 0; i < set_bytes / 4; i++)
+		probe[i] = (float)(i & 1023);
+	double dram[MAX_THREADS + 1] = {0}, peak[MAX_THREADS + 1] = {0};
+	bool want_threads[MAX_THREADS + 1] = {false};
+	for (unsigned t = 1; t <= MAX_THREADS; t++) {
+		char name[8];
+		snprintf(name, sizeof(name), "%u", t);
+		want_threads[t] = in_list(thread_list, name);
+		struct pool p;
+		pool_init(&p, t);
+		dram[t] = dram_read_gbps(&p, probe, set_bytes);
+		peak[t] = fma_peak_gflops(&p);
+		pool_destroy(&p);
+	}
+	if (!json) {
+		printf("isa %s, LLC %zu MiB, expert set >= %zu MiB\n", moek_isa_name(), llc >> 20,
+		       set_bytes >> 20);
+		printf("DRAM read: %.1f GB/s (1 thread), %.1f GB/s (2 threads); FMA peak: %.1f / "
+		       "%.1f GFLOP/s\n",
+		       dram[1], dram[2], peak[1], peak[2]);
+		printf("%-14s %-14s %6s %3s %9s %6s %9s %6s %10s\n", "format", "shape", "tokens",
+		       "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "tokens/s");
+	} else {
+		printf("{\"isa\": \"%s\", \"dram_read_gbps\": %.2f, \"dram_read_gbps_1t\": %.2f, "
+		       "\"fma_peak_gflops_1t\": %.1f, \"fma_peak_gflops_2t\": %.1f, \"rows\": [",
+		       moek_isa_name(), dram[2], dram[1], peak[1], peak[2]);
+	}
+	static const size_t decode_tokens[] = {1, 4, 8}, prefill_tokens[] = {128, 512};
+	bool first_row = true;
+	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+		const struct shape *s = &shapes[si];
+		if (!in_list(shape_list, s->name))
+			continue;
+		for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
+			const uint32_t fmt = all_formats[fi];
+			const char *fname = moek_format_lookup(fmt)->name;
+			if (!in_list(formats, fname))
+				continue;
+			if (moek_row_bytes(fmt, s->hidden) == 0 || moek_row_bytes(fmt, s->ffn) == 0)
+				continue; /* e.g. K-quants on gpt-oss's 2880 */
+			struct bench_expert one;
+			if (make_expert(fmt, s, &one, 1)) {
+				fprintf(stderr, "bench_kernels: cannot build %s %s\n", fname,
+				        s->name);
+				return 1;
+			}
+			size_t n_experts = (set_bytes + one.bytes - 1) / one.bytes;
+			n_experts = n_experts < 2 ? 2 : n_experts;
+			struct bench_expert *ex = calloc(n_experts, sizeof(*ex));
+			if (!ex)
+				return 1;
+			ex[0] = one;
+			for (size_t i = 1; i < n_experts; i++) {
+				ex[i] = one;
+				struct bench_matrix *ms[3] = {&ex[i].gate, &ex[i].up, &ex[i].down};
+				for (int m = 0; m < 3; m++) {
+					uint8_t *d =
+					    aligned_alloc(64, (ms[m]->bytes + 63) / 64 * 64);
+					if (!d) {
+						fprintf(stderr, "bench_kernels: out of memory\n");
+						return 1;
+					}
+					memcpy(d, ms[m]->data, ms[m]->bytes);
+					ms[m]->data = d;
+					if (ms[m]->scales) {
+						const size_t sb = moek_fp8_scale_bytes(
+						    m == 2 ? s->hidden : s->ffn,
+						    m == 2 ? s->ffn : s->hidden);
+						float *sc = malloc(sb);
+						if (!sc)
+							return 1;
+						memcpy(sc, ms[m]->scales, sb);
+						ms[m]->scales = sc;
+					}
+				}
+				ex[i].e.gate.data = ex[i].gate.data,
+				ex[i].e.gate.scales = ex[i].gate.scales;
+				ex[i].e.up.data = ex[i].up.data,
+				ex[i].e.up.scales = ex[i].up.scales;
+				ex[i].e.down.data = ex[i].down.data,
+				ex[i].e.down.scales = ex[i].down.scales;
+			}
+			for (unsigned t = 1; t <= MAX_THREADS; t++) {
+				if (!want_threads[t])
+					continue;
+				struct pool p;
+				pool_init(&p, t);
+				/* re-calibrate next to the rows that use it: a shared machine's
+				 * load drifts over a run of minutes */
+				const double dram_now = dram_read_gbps(&p, probe, set_bytes);
+				const double peak_now = fma_peak_gflops(&p);
+				for (int phase = 0; phase < 2; phase++) {
+					const size_t *toks = phase ? prefill_tokens : decode_tokens;
+					const size_t nt = phase ? 2 : 3;
+					for (size_t k = 0; k < nt; k++) {
+						if (quick && phase && toks[k] != 512)
+							continue;
+						if (quick && !phase && toks[k] == 4)
+							continue;
+						struct row r = {fmt, s->name, toks[k], t, 0,
+						                0,   0,       0,       0};
+						/* prefill is compute-bound: cycling a couple of
+						 * experts is enough and keeps the memory small */
+						const size_t ne = phase ? 2 : n_experts;
+						if (measure(&p, ex, ne, s, toks[k], min_time, &r)) {
+							fprintf(stderr,
+							        "bench_kernels: %s %s failed\n",
+							        fname, s->name);
+							return 1;
+						}
+						r.bw_fraction = r.weight_gbps / dram_now;
+						r.peak_fraction = r.gflops / peak_now;
+						if (json)
+							printf("%s\n  {\"format\": \"%s\", "
+							       "\"shape\": \"%s\", "
+							       "\"tokens\": %zu, \"threads\": %u, "
+							       "\"weight_gbps\": %.2f, "
+							       "\"bw_fraction\": %.3f, "
+							       "\"gflops\": %.1f, "
+							       "\"peak_fraction\": %.3f, "
+							       "\"tokens_per_s\": %.1f, "
+							       "\"dram_read_gbps\": %.2f, "
+							       "\"fma_peak_gflops\": %.1f}",
+							       first_row ? "" : ",", fname, s->name,
+							       r.tokens, t, r.weight_gbps,
+							       r.bw_fraction, r.gflops,
+							       r.peak_fraction, r.tokens_per_s,
+							       dram_now, peak_now);
+						else
+							printf("%-14s %-14s %6zu %3u %9.2f %6.2f "
+							       "%9.1f %6.2f "
+							       "%10.1f\n",
+							       fname, s->name, r.tokens, t,
+							       r.weight_gbps, r.bw_fraction,
+							       r.gflops, r.peak_fraction,
+							       r.tokens_per_s);
+						fflush(stdout);
+						first_row = false;
+					}
+				}
+				pool_destroy(&p);
+			}
+			for (size_t i = 0; i < n_experts; i++)
+				free_expert(&ex[i]);
+			free(ex);
+		}
+	}
+	if (json)
+		printf("\n]}\n");
+	free(probe);
+	return 0;
+}

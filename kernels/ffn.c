@@ -1,0 +1,669 @@
+/* ffn.c — the expert FFN: validation, scratch layout, the three phases, ISA dispatch.
+ *
+ * out[t] += w[t] * (down · act(gate · x[t] + b_g, up · x[t] + b_u) + b_d)
+ *
+ * Phases (the caller may split each across workers, with a barrier between phases):
+ *   load   — tokens' activations to f32 (zero-padded to 8; prefill: into 16-token panels) and,
+ *            for the ISA's decode dot products, converted once per token into their activation
+ *            format (Q8_0, Q8_K, or bf16 for 16-bit float weights);
+ *   hidden — rows of gate/up: h[t][f] for every token, then h quantized for down;
+ *   down   — rows of down: out[t][o] += w[t] * (down[o] · h[t] + b_d[o]).
+ * Every output element is produced by exactly one worker from inputs that do not depend on
+ * the split, with a fixed summation order, so results are bit-identical for any split.
+ *
+ * Two compute shapes: decode (few tokens) takes one weight row at a time through the ISA's
+ * dot product — memory-bound, weights stream once; prefill (n >= MOEK_PREFILL_MIN_TOKENS, 8
+ * for float weights, on an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight tile to f32
+ * once and runs it against a chunk of TC tokens kept as panels of PANEL tokens ([k][PANEL]: an
+ * outer-product micro-kernel, weights broadcast, tokens in vector lanes) — compute-bound, no
+ * horizontal sums.
+ *
+ * No allocation, no locks, no getenv outside the one-time ISA choice.
+ */
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+enum {
+	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
+	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
+	TC = 128,       /* prefill token chunk: TC / PANEL panels */
+	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
+};
+
+/* ---- Scalar reference ops ----------------------------------------------------------------- */
+
+static float scalar_dot_f32(const float *a, const float *b, size_t k)
+{
+	float s = 0.0f;
+	for (size_t i = 0; i < k; i++)
+		s += a[i] * b[i];
+	return s;
+}
+
+const struct moek_isa_ops moek_scalar_ops = {
+    .name = "scalar",
+    .dequantize_row = moek_ref_dequantize_row,
+    .dot_f32 = scalar_dot_f32,
+    .tile = NULL, /* no prefill path: the reference stays row by row */
+    .prefill = false,
+};
+
+/* ---- Dispatch ----------------------------------------------------------------------------- */
+
+static _Atomic(const struct moek_isa_ops *) active_isa;
+
+/* AVX2 + FMA (with the OS saving YMM state, which __builtin_cpu_supports checks) + F16C (CPUID
+ * leaf 1 ECX bit 29; not every compiler's __builtin_cpu_supports knows "f16c"). */
+static bool cpu_has_avx2(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+	__builtin_cpu_init();
+	unsigned a, b, c, d;
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+	       __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+#else
+	return false;
+#endif
+}
+
+static const struct moek_isa_ops *isa_ops(enum moek_isa isa)
+{
+	switch (isa) {
+	case MOEK_ISA_SCALAR: return &moek_scalar_ops;
+	case MOEK_ISA_AVX2:
+#if defined(__x86_64__)
+		return cpu_has_avx2() ? &moek_avx2_ops : NULL;
+#else
+		return NULL;
+#endif
+	case MOEK_ISA_AUTO: return isa_ops(cpu_has_avx2() ? MOEK_ISA_AVX2 : MOEK_ISA_SCALAR);
+	}
+	return NULL;
+}
+
+static const struct moek_isa_ops *current_isa(void)
+{
+	const struct moek_isa_ops *ops = atomic_load_explicit(&active_isa, memory_order_acquire);
+	if (ops)
+		return ops;
+	const char *env = getenv("MOEK_ISA"); /* once: later calls see active_isa set */
+	ops = env && strcmp(env, "scalar") == 0 ? &moek_scalar_ops : isa_ops(MOEK_ISA_AUTO);
+	atomic_store_explicit(&active_isa, ops, memory_order_release);
+	return ops;
+}
+
+int moek_set_isa(enum moek_isa isa)
+{
+	const struct moek_isa_ops *ops = isa_ops(isa);
+	if (!ops)
+		return -1;
+	atomic_store_explicit(&active_isa, ops, memory_order_release);
+	return 0;
+}
+
+const char *moek_isa_name(void)
+{
+	return current_isa()->name;
+}
+
+/* ---- Validation ----------------------------------------------------------------------------- */
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t len, const char *fmt, ...)
+{
+	if (err && len) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(err, len, fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+static size_t format_alignment(uint32_t format)
+{
+	switch (format) {
+	case MOEK_F32: return 4;
+	case MOEK_MXFP4:
+	case MOEK_FP8_E4M3_B128: return 1;
+	default: return 2;
+	}
+}
+
+static size_t fp8_blocks(size_t n)
+{
+	return (n + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+}
+
+static size_t row_stride(const struct moek_matrix *m)
+{
+	return m->row_stride ? m->row_stride : moek_row_bytes(m->format, m->cols);
+}
+
+static size_t scale_stride(const struct moek_matrix *m)
+{
+	return m->scale_stride ? m->scale_stride : fp8_blocks(m->cols);
+}
+
+static int check_matrix(const struct moek_matrix *m, const char *name, char *err, size_t len)
+{
+	const struct moek_format_info *f = moek_format_lookup(m->format);
+	if (!f || !f->weight_format)
+		return fail(err, len, "expert %s: format %u is not a weight format", name,
+		            m->format);
+	if (m->rows == 0 || m->cols == 0)
+		return fail(err, len, "expert %s: empty matrix %u x %u", name, m->rows, m->cols);
+	if (m->cols % f->block_elems)
+		return fail(err, len, "expert %s: %u columns not a multiple of the %s block (%u)",
+		            name, m->cols, f->name, f->block_elems);
+	if (!m->data)
+		return fail(err, len, "expert %s: no weight data", name);
+	const size_t align = format_alignment(m->format);
+	if ((uintptr_t)m->data % align || row_stride(m) % align)
+		return fail(err, len, "expert %s: data or row stride not %zu-byte aligned", name,
+		            align);
+	if (row_stride(m) < moek_row_bytes(m->format, m->cols))
+		return fail(err, len, "expert %s: row stride %zu < row bytes %zu", name,
+		            row_stride(m), moek_row_bytes(m->format, m->cols));
+	if (m->format == MOEK_FP8_E4M3_B128) {
+		if (!m->scales)
+			return fail(err, len, "expert %s: FP8 weights without block scales", name);
+		if (scale_stride(m) < fp8_blocks(m->cols))
+			return fail(err, len, "expert %s: scale stride %zu < %zu blocks", name,
+			            scale_stride(m), fp8_blocks(m->cols));
+	} else if (m->scales) {
+		return fail(err, len, "expert %s: block scales given for a non-FP8 format", name);
+	}
+	return 0;
+}
+
+static int check_expert(const struct moek_expert *e, char *err, size_t len)
+{
+	if (!e)
+		return fail(err, len, "expert: NULL");
+	if (check_matrix(&e->gate, "gate", err, len) || check_matrix(&e->up, "up", err, len) ||
+	    check_matrix(&e->down, "down", err, len))
+		return -1;
+	if (e->gate.format != e->up.format || e->gate.rows != e->up.rows ||
+	    e->gate.cols != e->up.cols)
+		return fail(err, len,
+		            "expert: gate and up differ in format or shape (%ux%u vs %ux%u)",
+		            e->gate.rows, e->gate.cols, e->up.rows, e->up.cols);
+	if (e->down.cols != e->gate.rows)
+		return fail(err, len, "expert: down has %u columns, gate has %u rows", e->down.cols,
+		            e->gate.rows);
+	if (e->down.rows != e->gate.cols)
+		return fail(err, len, "expert: down has %u rows, hidden size is %u", e->down.rows,
+		            e->gate.cols);
+	if (e->activation == MOEK_SWIGLU_OAI) {
+		if (!(e->limit > 0.0f) || !isfinite(e->limit) || !isfinite(e->alpha))
+			return fail(
+			    err, len,
+			    "expert: clamped SwiGLU needs finite limit > 0 and alpha (%g, %g)",
+			    (double)e->limit, (double)e->alpha);
+	} else if (e->activation != MOEK_SWIGLU) {
+		return fail(err, len, "expert: activation %d unknown", (int)e->activation);
+	}
+	return 0;
+}
+
+size_t moek_expert_split_align(const struct moek_expert *e)
+{
+	size_t align = 1;
+	const struct moek_format_info *down = moek_format_lookup(e->down.format);
+	const struct moek_format_info *act =
+	    moek_format_lookup(moek_vec_dot_format(e->down.format));
+	if (down && down->block_elems > align)
+		align = down->block_elems;
+	if (act && act->block_elems > align)
+		align = act->block_elems;
+	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
+	    align < MOEK_FP8_BLOCK)
+		align = MOEK_FP8_BLOCK;
+	return align;
+}
+
+int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_end,
+                      struct moek_expert *slice, char *err, size_t len)
+{
+	if (check_expert(full, err, len))
+		return -1;
+	const size_t ffn = full->gate.rows, align = moek_expert_split_align(full);
+	if (f_begin >= f_end || f_end > ffn)
+		return fail(err, len, "expert slice: range [%zu, %zu) outside the %zu features",
+		            f_begin, f_end, ffn);
+	if (f_begin % align || (f_end % align && f_end != ffn))
+		return fail(err, len, "expert slice: range [%zu, %zu) not aligned to %zu", f_begin,
+		            f_end, align);
+	*slice = *full;
+	struct moek_matrix *mats[2] = {&slice->gate, &slice->up};
+	for (int i = 0; i < 2; i++) {
+		struct moek_matrix *m = mats[i];
+		m->row_stride = row_stride(m);
+		m->data = (const uint8_t *)m->data + f_begin * m->row_stride;
+		m->rows = (uint32_t)(f_end - f_begin);
+		if (m->scales) {
+			m->scale_stride = scale_stride(m);
+			m->scales += f_begin / MOEK_FP8_BLOCK * m->scale_stride;
+		}
+		if (m->bias)
+			m->bias += f_begin;
+	}
+	struct moek_matrix *d = &slice->down; /* strides first: they depend on the full cols */
+	d->row_stride = row_stride(d);
+	if (d->scales) {
+		d->scale_stride = scale_stride(d);
+		d->scales += f_begin / MOEK_FP8_BLOCK;
+	}
+	d->data = (const uint8_t *)d->data + moek_row_bytes(d->format, f_begin);
+	d->cols = (uint32_t)(f_end - f_begin);
+	return 0;
+}
+
+/* ---- Scratch layout ------------------------------------------------------------------------- */
+
+static size_t round_up(size_t v, size_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+/* Activation format a weight format is fed with on this ISA in this shape: the format of the
+ * ISA's dot product for it in decode (Q8_0, Q8_K, bf16), f32 otherwise (prefill tiles, and the
+ * scalar reference). */
+static uint32_t act_format(const struct moek_isa_ops *ops, uint32_t weight_format, bool prefill)
+{
+	if (prefill || !ops->dot[moek_fmt_slot(weight_format)])
+		return MOEK_F32;
+	return moek_vec_dot_format(weight_format);
+}
+
+/* Fills c->plan (except base) and returns the scratch bytes needed. */
+static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
+                     const struct moek_isa_ops *ops, struct moek_ffn_call *c)
+{
+	c->plan.isa = ops;
+	c->plan.hidden = e->gate.cols;
+	c->plan.ffn = e->gate.rows;
+	c->plan.x_pad = round_up(c->plan.hidden, 8);
+	c->plan.h_pad = round_up(c->plan.ffn, 8);
+	const uint32_t gate_act = moek_vec_dot_format(e->gate.format);
+	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
+	c->plan.prefill = ops->prefill && n >= (integer_dot ? MOEK_PREFILL_MIN_TOKENS
+	                                                    : MOEK_PREFILL_MIN_TOKENS_FLOAT);
+	c->plan.xq_format = act_format(ops, e->gate.format, c->plan.prefill);
+	c->plan.hq_format = act_format(ops, e->down.format, c->plan.prefill);
+	c->plan.xq_row = c->plan.xq_format == MOEK_F32
+	                     ? 0
+	                     : round_up(moek_row_bytes(c->plan.xq_format, c->plan.hidden), 64);
+	c->plan.hq_row = c->plan.hq_format == MOEK_F32
+	                     ? 0
+	                     : round_up(moek_row_bytes(c->plan.hq_format, c->plan.ffn), 64);
+	/* prefill keeps x and h as panels of PANEL tokens ([k][PANEL], padded with zero tokens) */
+	const size_t n_rows = c->plan.prefill ? round_up(n, PANEL) : n;
+	size_t off = round_up(n_rows * c->plan.x_pad * sizeof(float), 64);
+	c->plan.xq_off = off;
+	off += n * c->plan.xq_row;
+	c->plan.hf_off = off;
+	off += round_up(n_rows * c->plan.h_pad * sizeof(float), 64);
+	c->plan.hq_off = off;
+	off += n * c->plan.hq_row;
+	c->plan.worker_off = off;
+	const size_t row_buf = (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
+	const size_t worker = row_buf + TILE_ROWS * KC + 2 * TILE_ROWS * TC;
+	c->plan.worker_bytes = round_up(worker * sizeof(float), 64);
+	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
+	return off + 64; /* room to align the caller's pointer */
+}
+
+size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers)
+{
+	if (check_expert(e, NULL, 0))
+		return 0;
+	struct moek_ffn_call c;
+	return layout(e, n_tokens, n_workers, current_isa(), &c);
+}
+
+static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
+
+int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
+{
+	if (check_expert(c->expert, err, len))
+		return -1;
+	const struct moek_expert *e = c->expert;
+	const size_t hidden = e->gate.cols;
+	if (c->n_tokens && (!c->x || !c->out))
+		return fail(err, len, "ffn call: missing activations or output");
+	if (c->x_dtype > MOEK_ACT_BF16)
+		return fail(err, len, "ffn call: activation dtype %u unknown", c->x_dtype);
+	if (c->x_stride && c->x_stride < hidden)
+		return fail(err, len, "ffn call: x stride %zu < hidden size %zu", c->x_stride,
+		            hidden);
+	if (c->out_stride && c->out_stride < hidden)
+		return fail(err, len, "ffn call: out stride %zu < hidden size %zu", c->out_stride,
+		            hidden);
+	if (c->n_workers == 0)
+		return fail(err, len, "ffn call: n_workers must be >= 1");
+	const size_t need = layout(e, c->n_tokens, c->n_workers, current_isa(), c);
+	if (!c->scratch || c->scratch_bytes < need)
+		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
+		            c->scratch ? c->scratch_bytes : 0, need);
+	c->plan.base = (char *)round_up((uintptr_t)c->scratch, 64);
+	if (c->plan.prefill) /* the padding tokens of the last panel: zero, never written */
+		for (size_t t = c->n_tokens; t < round_up(c->n_tokens, PANEL); t++)
+			clear_panel_token(c, t);
+	return 0;
+}
+
+/* ---- Phase helpers ------------------------------------------------------------------------ */
+
+static inline const struct moek_isa_ops *plan_ops(const struct moek_ffn_call *c)
+{
+	return c->plan.isa;
+}
+static inline float *x32_row(const struct moek_ffn_call *c, size_t t)
+{
+	return (float *)c->plan.base + t * c->plan.x_pad;
+}
+static inline void *xq_row(const struct moek_ffn_call *c, size_t t)
+{
+	return c->plan.base + c->plan.xq_off + t * c->plan.xq_row;
+}
+static inline float *h32_row(const struct moek_ffn_call *c, size_t t)
+{
+	return (float *)(c->plan.base + c->plan.hf_off) + t * c->plan.h_pad;
+}
+/* Prefill panels: token t's element k at panel(t / PANEL)[k * PANEL + t % PANEL]. */
+static inline float *x_panel(const struct moek_ffn_call *c, size_t p)
+{
+	return (float *)c->plan.base + p * c->plan.x_pad * PANEL;
+}
+static inline float *h_panel(const struct moek_ffn_call *c, size_t p)
+{
+	return (float *)(c->plan.base + c->plan.hf_off) + p * c->plan.h_pad * PANEL;
+}
+static void clear_panel_token(const struct moek_ffn_call *c, size_t t)
+{
+	float *xp = x_panel(c, t / PANEL) + t % PANEL, *hp = h_panel(c, t / PANEL) + t % PANEL;
+	for (size_t k = 0; k < c->plan.x_pad; k++)
+		xp[k * PANEL] = 0.0f;
+	for (size_t k = 0; k < c->plan.h_pad; k++)
+		hp[k * PANEL] = 0.0f;
+}
+static inline void *hq_row(const struct moek_ffn_call *c, size_t t)
+{
+	return c->plan.base + c->plan.hq_off + t * c->plan.hq_row;
+}
+static inline float *worker_area(const struct moek_ffn_call *c, unsigned worker)
+{
+	assert(worker < c->n_workers);
+	return (float *)(c->plan.base + c->plan.worker_off + worker * c->plan.worker_bytes);
+}
+static inline size_t token_row(const struct moek_ffn_call *c, size_t t)
+{
+	return c->token_ids ? c->token_ids[t] : t;
+}
+static inline const uint8_t *matrix_row(const struct moek_matrix *m, size_t r)
+{
+	return (const uint8_t *)m->data + r * row_stride(m);
+}
+static inline const float *matrix_scale_row(const struct moek_matrix *m, size_t r)
+{
+	return m->scales ? m->scales + r / MOEK_FP8_BLOCK * scale_stride(m) : NULL;
+}
+
+static inline float activate(const struct moek_expert *e, float g, float u)
+{
+	if (e->activation == MOEK_SWIGLU_OAI) {
+		g = fminf(g, e->limit);
+		u = fmaxf(fminf(u, e->limit), -e->limit);
+		return g / (1.0f + expf(-e->alpha * g)) * (u + 1.0f);
+	}
+	return g / (1.0f + expf(-g)) * u;
+}
+
+/* ---- Phases ------------------------------------------------------------------------------- */
+
+void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end)
+{
+	const size_t hidden = c->plan.hidden;
+	const size_t x_stride = c->x_stride ? c->x_stride : hidden;
+	const size_t esize = c->x_dtype == MOEK_ACT_F32 ? 4 : 2;
+	for (size_t t = t_begin; t < t_end; t++) {
+		const char *src = (const char *)c->x + token_row(c, t) * x_stride * esize;
+		if (c->plan.prefill) { /* into lane t % PANEL of its panel; padding columns zero */
+			float *row = worker_area(c, worker);
+			moek_convert(MOEK_ACT_F32, row, c->x_dtype, src, hidden);
+			float *xp = x_panel(c, t / PANEL) + t % PANEL;
+			for (size_t k = 0; k < c->plan.x_pad; k++)
+				xp[k * PANEL] = k < hidden ? row[k] : 0.0f;
+			float *hp = h_panel(c, t / PANEL) + t % PANEL;
+			for (size_t k = c->plan.ffn; k < c->plan.h_pad; k++)
+				hp[k * PANEL] = 0.0f;
+			continue;
+		}
+		float *x32 = x32_row(c, t);
+		moek_convert(MOEK_ACT_F32, x32, c->x_dtype, src, hidden);
+		memset(x32 + hidden, 0, (c->plan.x_pad - hidden) * sizeof(float));
+		if (c->plan.xq_format != MOEK_F32)
+			moek_quantize_row(c->plan.xq_format, x32, hidden, xq_row(c, t));
+		float *h32 = h32_row(c, t); /* the padding columns of h stay zero */
+		memset(h32 + c->plan.ffn, 0, (c->plan.h_pad - c->plan.ffn) * sizeof(float));
+	}
+}
+
+/* Rows [r0, r0 + nr) x columns [k0, k0 + kn) of m, dequantized into tile (ld KC), columns
+ * past kn zeroed up to the next multiple of 8. */
+static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_matrix *m, size_t r0,
+                            size_t nr, size_t k0, size_t kn, float *tile)
+{
+	const size_t kn8 = round_up(kn, 8);
+	for (size_t r = 0; r < nr; r++) {
+		const float *sr = matrix_scale_row(m, r0 + r);
+		ops->dequantize_row(m->format,
+		                    matrix_row(m, r0 + r) + moek_row_bytes(m->format, k0),
+		                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, tile + r * KC, kn);
+		memset(tile + r * KC + kn, 0, (kn8 - kn) * sizeof(float));
+	}
+}
+
+/* c_out[r * TC + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
+ * KC chunks from column 0; each (row, token) sum is one FMA chain in K order. */
+static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix *m,
+                         float *(*panel)(const struct moek_ffn_call *, size_t), size_t r0,
+                         size_t nr, size_t p0, size_t np, float *tile, float *c_out)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	memset(c_out, 0, sizeof(float) * TILE_ROWS * TC);
+	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
+		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
+		dequantize_tile(ops, m, r0, nr, k0, kn, tile);
+		for (size_t p = 0; p < np; p++)
+			ops->tile(tile, KC, nr, panel(c, p0 + p) + k0 * PANEL, round_up(kn, 8),
+			          c_out + p * PANEL, TC);
+	}
+}
+
+static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
+{
+	return worker_area(c, worker) +
+	       (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
+}
+
+static void hidden_prefill(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
+{
+	const struct moek_expert *e = c->expert;
+	float *tile = prefill_tile(c, worker);
+	float *cg = tile + TILE_ROWS * KC, *cu = cg + TILE_ROWS * TC;
+	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
+		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
+		const size_t np = (nt + PANEL - 1) / PANEL;
+		for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
+			const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
+			tile_product(c, &e->gate, x_panel, r0, nr, t0 / PANEL, np, tile, cg);
+			tile_product(c, &e->up, x_panel, r0, nr, t0 / PANEL, np, tile, cu);
+			for (size_t r = 0; r < nr; r++) {
+				const float bg = e->gate.bias ? e->gate.bias[r0 + r] : 0.0f;
+				const float bu = e->up.bias ? e->up.bias[r0 + r] : 0.0f;
+				for (size_t p = 0; p < np;
+				     p++) { /* padding lanes too: finite, unused */
+					float *hp = h_panel(c, t0 / PANEL + p) + (r0 + r) * PANEL;
+					const float *g = cg + r * TC + p * PANEL,
+					            *u = cu + r * TC + p * PANEL;
+					for (size_t j = 0; j < PANEL; j++)
+						hp[j] = activate(e, g[j] + bg, u[j] + bu);
+				}
+			}
+		}
+	}
+}
+
+static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
+{
+	const struct moek_expert *e = c->expert;
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const size_t hidden = c->plan.hidden;
+	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->gate.format)];
+	const bool quantized = c->plan.xq_format != MOEK_F32;
+	float *row = worker_area(c, worker);
+	for (size_t f = f0; f < f1; f++) {
+		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
+		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
+		const uint8_t *wg = matrix_row(&e->gate, f), *wu = matrix_row(&e->up, f);
+		const float *sg = matrix_scale_row(&e->gate, f), *su = matrix_scale_row(&e->up, f);
+		if (dot) { /* direct: integer dot on quantized x, or float weights on f32 x */
+			const size_t as =
+			    quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
+			const uint8_t *xa = quantized ? (const uint8_t *)xq_row(c, 0)
+			                              : (const uint8_t *)x32_row(c, 0);
+			for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+				const size_t nt = c->n_tokens - t0 < MOEK_DOT_TOKENS
+				                      ? c->n_tokens - t0
+				                      : MOEK_DOT_TOKENS;
+				float g[MOEK_DOT_TOKENS], u[MOEK_DOT_TOKENS];
+				dot(wg, sg, xa + t0 * as, as, nt, hidden, g);
+				dot(wu, su, xa + t0 * as, as, nt, hidden, u);
+				for (size_t t = 0; t < nt; t++)
+					h32_row(c, t0 + t)[f] = activate(e, g[t] + bg, u[t] + bu);
+			}
+			continue;
+		}
+		/* generic: dequantize the row once, f32 dot per token (the scalar reference) */
+		ops->dequantize_row(e->gate.format, wg, sg, row, hidden);
+		for (size_t t = 0; t < c->n_tokens; t++)
+			h32_row(c, t)[f] = ops->dot_f32(row, x32_row(c, t), hidden);
+		ops->dequantize_row(e->up.format, wu, su, row, hidden);
+		for (size_t t = 0; t < c->n_tokens; t++) {
+			const float u = ops->dot_f32(row, x32_row(c, t), hidden);
+			h32_row(c, t)[f] = activate(e, h32_row(c, t)[f] + bg, u + bu);
+		}
+	}
+}
+
+void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end)
+{
+	assert(f_begin <= f_end && f_end <= c->plan.ffn);
+	if (f_begin >= f_end || c->n_tokens == 0)
+		return;
+	if (c->plan.prefill)
+		hidden_prefill(c, worker, f_begin, f_end);
+	else
+		hidden_decode(c, worker, f_begin, f_end);
+	if (c->plan.hq_format == MOEK_F32)
+		return;
+	/* quantize this range of h for down's integer dot product: whole blocks, because the
+	 * range is a multiple of moek_expert_split_align (or ends at ffn) */
+	const size_t hq_block = moek_format_lookup(c->plan.hq_format)->block_elems;
+	assert(f_begin % hq_block == 0 && (f_end % hq_block == 0 || f_end == c->plan.ffn));
+	for (size_t t = 0; t < c->n_tokens; t++)
+		moek_quantize_row(c->plan.hq_format, h32_row(c, t) + f_begin, f_end - f_begin,
+		                  (uint8_t *)hq_row(c, t) +
+		                      moek_row_bytes(c->plan.hq_format, f_begin));
+}
+
+static inline void accumulate(const struct moek_ffn_call *c, size_t t, size_t o, float y)
+{
+	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
+	const float w = c->weights ? c->weights[t] : 1.0f;
+	const float b = c->expert->down.bias ? c->expert->down.bias[o] : 0.0f;
+	c->out[token_row(c, t) * out_stride + o] += w * (y + b);
+}
+
+static void down_prefill(const struct moek_ffn_call *c, unsigned worker, size_t o0, size_t o1)
+{
+	float *tile = prefill_tile(c, worker), *acc = tile + TILE_ROWS * KC;
+	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
+		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
+		const size_t np = (nt + PANEL - 1) / PANEL;
+		for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
+			const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
+			tile_product(c, &c->expert->down, h_panel, r0, nr, t0 / PANEL, np, tile,
+			             acc);
+			for (size_t t = 0; t < nt; t++)
+				for (size_t r = 0; r < nr; r++)
+					accumulate(c, t0 + t, r0 + r, acc[r * TC + t]);
+		}
+	}
+}
+
+static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o0, size_t o1)
+{
+	const struct moek_expert *e = c->expert;
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const size_t ffn = c->plan.ffn;
+	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->down.format)];
+	const bool quantized = c->plan.hq_format != MOEK_F32;
+	float *row = worker_area(c, worker);
+	for (size_t o = o0; o < o1; o++) {
+		const uint8_t *w = matrix_row(&e->down, o);
+		const float *s = matrix_scale_row(&e->down, o);
+		if (dot) {
+			const size_t as =
+			    quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
+			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, 0)
+			                              : (const uint8_t *)h32_row(c, 0);
+			for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+				const size_t nt = c->n_tokens - t0 < MOEK_DOT_TOKENS
+				                      ? c->n_tokens - t0
+				                      : MOEK_DOT_TOKENS;
+				float y[MOEK_DOT_TOKENS];
+				dot(w, s, ha + t0 * as, as, nt, ffn, y);
+				for (size_t t = 0; t < nt; t++)
+					accumulate(c, t0 + t, o, y[t]);
+			}
+			continue;
+		}
+		ops->dequantize_row(e->down.format, w, s, row, ffn);
+		for (size_t t = 0; t < c->n_tokens; t++)
+			accumulate(c, t, o, ops->dot_f32(row, h32_row(c, t), ffn));
+	}
+}
+
+void moek_ffn_down(const struct moek_ffn_call *c, unsigned worker, size_t o_begin, size_t o_end)
+{
+	assert(o_begin <= o_end && o_end <= c->plan.hidden);
+	if (o_begin >= o_end || c->n_tokens == 0)
+		return;
+	if (c->plan.prefill)
+		down_prefill(c, worker, o_begin, o_end);
+	else
+		down_decode(c, worker, o_begin, o_end);
+}
+
+int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t len)
+{
+	if (moek_ffn_prepare(c, err, len))
+		return -1;
+	moek_ffn_load(c, 0, 0, c->n_tokens);
+	moek_ffn_hidden(c, 0, 0, c->plan.ffn);
+	moek_ffn_down(c, 0, 0, c->plan.hidden);
+	return 0;
+}

@@ -1,0 +1,862 @@
+/* x86_avx2.c — AVX2+FMA(+F16C) paths of the expert kernels, picked at run time.
+ *
+ * This file alone is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt); nothing in it
+ * runs unless ffn.c's CPUID check chose moek_avx2_ops, so the library itself never requires
+ * AVX2.
+ *
+ * Decode dot products (one weight row · one token):
+ *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations —
+ *   integer products (maddubs/madd) per block, one f32 FMA per block (K-quants: per
+ *   256-element super-block, with the 6-bit sub-block scales applied in integers and the mins
+ *   through Q8_K's bsums);
+ *   BF16, F16, F32, FP8 E4M3 against f32 activations — converted in registers and FMA'd.
+ * Prefill: a 3-row x 4-token register-blocked f32 micro-kernel over dequantized weight tiles.
+ *
+ * Every function's summation order depends only on k, never on which rows or tokens are
+ * processed together: the FFN's split determinism rests on it.
+ */
+#include <immintrin.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+static inline float hsum(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+static inline float f16(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* A dot entry point specialised on a constant token count (1..8), so that the per-token
+ * accumulators of `body` live in registers. */
+#define DOT_ENTRY(name, body, ...)                                                                 \
+	static void name(const void *w, const float *sr, const void *act, size_t as, size_t nt,    \
+	                 size_t k, float *out)                                                     \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: body(w, sr, act, as, 1, k, out, __VA_ARGS__); break;                       \
+		case 2: body(w, sr, act, as, 2, k, out, __VA_ARGS__); break;                       \
+		case 3: body(w, sr, act, as, 3, k, out, __VA_ARGS__); break;                       \
+		case 4: body(w, sr, act, as, 4, k, out, __VA_ARGS__); break;                       \
+		case 5: body(w, sr, act, as, 5, k, out, __VA_ARGS__); break;                       \
+		case 6: body(w, sr, act, as, 6, k, out, __VA_ARGS__); break;                       \
+		case 7: body(w, sr, act, as, 7, k, out, __VA_ARGS__); break;                       \
+		default: body(w, sr, act, as, 8, k, out, __VA_ARGS__); break;                      \
+		}                                                                                  \
+	}
+
+static inline int hsum_i32x4(__m128i v)
+{
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
+	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(v);
+}
+
+/* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
+static inline __m256i nibbles_32(const uint8_t *p)
+{
+	const __m128i q = _mm_loadu_si128((const __m128i *)p);
+	const __m256i both =
+	    _mm256_inserti128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
+	return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Σ |x|·sign(y, x) pairs -> 8 f32 lanes (|x|, |y| <= 128: no int16 saturation). */
+static inline __m256 dot_u8s8_32(__m256i abs_x, __m256i y_signed_by_x)
+{
+	const __m256i p16 = _mm256_maddubs_epi16(abs_x, y_signed_by_x);
+	return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* 2^(e-128) (the scale of doubled E2M1 values), NaN for e = 255, as the reference. */
+static inline float e8m0_half(uint8_t e)
+{
+	uint32_t bits = e == 255 ? 0x7fc00000u
+	                : e >= 2 ? (uint32_t)(e - 1) << 23
+	                         : 0x00200000u << e;
+	float f;
+	memcpy(&f, &bits, sizeof(f));
+	return f;
+}
+
+/* ---- Q8_0-activation formats (32-element blocks) --------------------------------------------- */
+
+enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
+
+ALWAYS_INLINE __m256i q32_values(enum q32_kind kind, const uint8_t *blk, __m256i mx_values)
+{
+	switch (kind) {
+	case Q32_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
+	case Q32_Q4_0: return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
+	default: return _mm256_shuffle_epi8(mx_values, nibbles_32(blk + 1));
+	}
+}
+
+ALWAYS_INLINE float q32_scale(enum q32_kind kind, const uint8_t *blk)
+{
+	if (kind == Q32_MXFP4)
+		return e8m0_half(blk[0]);
+	uint16_t d;
+	memcpy(&d, blk, sizeof(d));
+	return f16(d);
+}
+
+ALWAYS_INLINE __m256 q32_block(enum q32_kind kind, const uint8_t *blk, const struct block_q8_0 *y,
+                               __m256i mx_values, __m256 acc)
+{
+	const __m256i qx = q32_values(kind, blk, mx_values);
+	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
+	const __m256 d = _mm256_set1_ps(q32_scale(kind, blk) * f16(y->d));
+	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
+	                       acc);
+}
+
+/* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
+ * 256-bit and/shift — low nibbles give elements 0-15 of both blocks, high nibbles elements
+ * 16-31 — against activations gathered in the same order; lanes 0-3 of the integer sums
+ * belong to block i, 4-7 to block i+1, scaled by a per-half scale vector. */
+ALWAYS_INLINE __m256i nib_pair_values(enum q32_kind kind, __m256i nib, __m256i mx_values)
+{
+	return kind == Q32_Q4_0 ? _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
+	                        : _mm256_shuffle_epi8(mx_values, nib);
+}
+
+ALWAYS_INLINE __m256i pair_load(const int8_t *a, const int8_t *b)
+{
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+	                               _mm_loadu_si128((const __m128i *)b), 1);
+}
+
+/* Scales of blocks i, i+1 as f32 lanes 0 and 1: E8M0 (2^(e-128), doubled E2M1 values) by
+ * integer exponent arithmetic — exact for 2 <= e <= 254, the rest (subnormal 2^-128, 2^-127,
+ * NaN) through the scalar reference — or f16 through F16C. */
+ALWAYS_INLINE __m128 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
+{
+	if (kind == Q32_MXFP4) {
+		const unsigned e0 = b0[0], e1 = b1[0];
+		if (__builtin_expect(e0 - 2u > 252u || e1 - 2u > 252u, 0))
+			return _mm_setr_ps(e8m0_half((uint8_t)e0), e8m0_half((uint8_t)e1), 0, 0);
+		const __m128i e = _mm_setr_epi32((int)e0, (int)e1, 0, 0);
+		return _mm_castsi128_ps(_mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23));
+	}
+	uint16_t d0, d1;
+	memcpy(&d0, b0, 2);
+	memcpy(&d1, b1, 2);
+	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+}
+
+/* [s0 s0 s0 s0 s1 s1 s1 s1] from lanes 0, 1 of dw * dy (the two blocks' combined scales). */
+ALWAYS_INLINE __m256 pair_scales(__m128 dw, const struct block_q8_0 *y)
+{
+	const __m128 dy =
+	    _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)y[0].d | (uint32_t)y[1].d << 16)));
+	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(dw, dy)),
+	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_0 *y, __m128 dw)
+{
+	const __m256i ylo = pair_load(y[0].qs, y[1].qs);
+	const __m256i yhi = pair_load(y[0].qs + 16, y[1].qs + 16);
+	const __m256i p = _mm256_add_epi16(
+	    _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ylo, lo)),
+	    _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yhi, hi)));
+	const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+	return _mm256_mul_ps(pair_scales(dw, y), s);
+}
+
+ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, enum q32_kind kind)
+{
+	(void)sr;
+	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
+	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
+	const uint8_t *x = w;
+	const __m256i mx_values =
+	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+	__m256 acc[8], acc1 = _mm256_setzero_ps();
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	size_t i = 0;
+	if (kind != Q32_Q8_0) {
+		const __m256i low4 = _mm256_set1_epi8(0x0F);
+		for (; i + 2 <= nb; i += 2) {
+			const uint8_t *b0 = x + i * bb, *b1 = b0 + bb;
+			const __m256i q = _mm256_inserti128_si256(
+			    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),
+			    _mm_loadu_si128((const __m128i *)(b1 + qoff)), 1);
+			const __m256i lo =
+			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
+			const __m256i hi = nib_pair_values(
+			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
+			const __m128 dw = pair_weight_scales(kind, b0, b1);
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_0 *y =
+				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
+				acc[t] = _mm256_add_ps(acc[t], q32_pair_dot(lo, hi, y, dw));
+			}
+		}
+	} else if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
+		const struct block_q8_0 *y = act;
+		for (; i + 2 <= nb; i += 2) {
+			acc[0] = q32_block(kind, x + i * bb, y + i, mx_values, acc[0]);
+			acc1 = q32_block(kind, x + (i + 1) * bb, y + i + 1, mx_values, acc1);
+		}
+	}
+	for (; i < nb; i++) { /* Q8_0 with several tokens, and any odd last block */
+		const uint8_t *blk = x + i * bb;
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0 *y =
+			    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
+			acc[t] = q32_block(kind, blk, y, mx_values, acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+}
+
+DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0)
+DOT_ENTRY(dot_q4_0, q32_body, Q32_Q4_0)
+DOT_ENTRY(dot_mxfp4, q32_body, Q32_MXFP4)
+
+/* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
+
+/* The 12 packed bytes of Q4_K/Q5_K as 8 scale bytes (sc) and 8 min bytes (m), 6 bits each. */
+static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8])
+{
+	uint32_t u[3], s[2], n[2];
+	memcpy(u, q, 12);
+	s[0] = u[0] & 0x3f3f3f3fu;                                        /* sc 0-3: q[j] & 63 */
+	n[0] = u[1] & 0x3f3f3f3fu;                                        /* m 0-3: q[j+4] & 63 */
+	s[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4); /* sc 4-7 */
+	n[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* m 4-7 */
+	memcpy(sc, s, 8);
+	memcpy(m, n, 8);
+}
+
+/* Σ_j m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums. */
+static inline int k4_min_dot(const uint8_t m[8], const int16_t *bsums)
+{
+	const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
+	                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
+	const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
+	return hsum_i32x4(_mm_madd_epi16(pairs, mins));
+}
+
+static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
+{
+	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
+}
+
+ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, size_t as,
+                             const int NT, size_t k, float *out, const int five_bit)
+{
+	(void)sr;
+	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+	__m256 acc[8];
+	float acc_min[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps(), acc_min[t] = 0.0f;
+	for (size_t i = 0; i < k / QK_K; i++) {
+		const uint8_t *blk = (const uint8_t *)w + i * bb;
+		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
+		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
+		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
+		uint8_t sc[8], m[8];
+		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
+		const __m256i qh =
+		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int c = 0; c < 4; c++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+			__m256i lo = _mm256_and_si256(q, low4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+			if (five_bit) { /* bit 2c / 2c+1 of qh[l]: 5th bit of sub-block 2c / 2c+1 */
+				const __m256i hl = _mm256_and_si256(
+				    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
+				const __m256i hh = _mm256_and_si256(
+				    _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+				lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
+				hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
+			}
+			const __m256i slo = _mm256_set1_epi16(sc[2 * c]);
+			const __m256i shi = _mm256_set1_epi16(sc[2 * c + 1]);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
+				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
+				const __m256i yhi = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				const __m256i plo =
+				    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
+				const __m256i phi =
+				    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), shi);
+				sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(plo, phi));
+			}
+		}
+		const float d = f16(x4->d), dmin = f16(x4->dmin); /* same offsets in Q5_K */
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *y = q8k_token(act, as, t, i);
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc_min[t] += dmin * y->d * (float)k4_min_dot(m, y->bsums);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]) - acc_min[t];
+}
+
+DOT_ENTRY(dot_q4_K, q45k_body, 0)
+DOT_ENTRY(dot_q5_K, q45k_body, 1)
+
+/* Σ q·y over 32 elements (q 6-bit unsigned, y signed), scaled per 16 elements by the int16
+ * scale vector s (first 16 elements: low half, last 16: high half), as 8 int32 lanes. */
+static inline __m256i q6_scaled(__m256i q, __m256i y, __m256i s)
+{
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), s);
+}
+
+static inline __m256i scale_pair(int8_t s0, int8_t s1)
+{
+	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(s0)),
+	                               _mm_set1_epi16(s1), 1);
+}
+
+ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
+	const struct block_q6_K *x = w;
+	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		__m256i sumi[8];
+		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
+		const __m256i sc16 =
+		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+		for (int t = 0; t < NT; t++) {
+			const __m256i bs =
+			    _mm256_loadu_si256((const __m256i *)q8k_token(act, as, t, i)->bsums);
+			sumi[t] =
+			    _mm256_sub_epi32(_mm256_setzero_si256(),
+			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+		}
+		for (int h = 0; h < 2; h++) {
+			const uint8_t *ql = x[i].ql + 64 * h;
+			const int8_t *sc = x[i].scales + 8 * h;
+			const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+			const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+			const __m256i qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+			const __m256i q1 =
+			    _mm256_or_si256(_mm256_and_si256(l0, low4),
+			                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4));
+			const __m256i q2 = _mm256_or_si256(
+			    _mm256_and_si256(l1, low4),
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
+			                      4));
+			const __m256i q3 = _mm256_or_si256(
+			    _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
+			                      4));
+			const __m256i q4 = _mm256_or_si256(
+			    _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+			    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three),
+			                      4));
+			const __m256i s1 = scale_pair(sc[0], sc[1]), s2 = scale_pair(sc[2], sc[3]);
+			const __m256i s3 = scale_pair(sc[4], sc[5]), s4 = scale_pair(sc[6], sc[7]);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *yq = q8k_token(act, as, t, i)->qs + 128 * h;
+				__m256i p =
+				    q6_scaled(q1, _mm256_loadu_si256((const __m256i *)yq), s1);
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q2, _mm256_loadu_si256((const __m256i *)(yq + 32)),
+				                 s2));
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q3, _mm256_loadu_si256((const __m256i *)(yq + 64)),
+				                 s3));
+				p = _mm256_add_epi32(
+				    p, q6_scaled(q4, _mm256_loadu_si256((const __m256i *)(yq + 96)),
+				                 s4));
+				sumi[t] = _mm256_add_epi32(sumi[t], p);
+			}
+		}
+		const float d = f16(x[i].d);
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]);
+}
+
+DOT_ENTRY(dot_q6_K, q6k_body, 0)
+
+/* ---- Float formats against f32 activations ------------------------------------------------ */
+
+/* F32 weights against f32 activations. */
+ALWAYS_INLINE const float *f32_token(const void *act, size_t as, int t)
+{
+	return (const float *)((const uint8_t *)act + (size_t)t * as);
+}
+
+ALWAYS_INLINE void f32_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
+	const float *a = w;
+	size_t i = 0;
+	if (NT == 1) { /* four accumulators over 32 elements to cover the FMA latency */
+		const float *x = act;
+		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+		for (; i + 32 <= k; i += 32) {
+			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+			s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8),
+			                     s1);
+			s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16),
+			                     _mm256_loadu_ps(x + i + 16), s2);
+			s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24),
+			                     _mm256_loadu_ps(x + i + 24), s3);
+		}
+		for (; i + 8 <= k; i += 8)
+			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
+		float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+		for (; i < k; i++)
+			s += a[i] * x[i];
+		out[0] = s;
+		return;
+	}
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (; i + 8 <= k; i += 8) {
+		const __m256 v = _mm256_loadu_ps(a + i);
+		for (int t = 0; t < NT; t++)
+			acc[t] =
+			    _mm256_fmadd_ps(v, _mm256_loadu_ps(f32_token(act, as, t) + i), acc[t]);
+	}
+	for (int t = 0; t < NT; t++) {
+		float s = hsum(acc[t]);
+		for (size_t j = i; j < k; j++)
+			s += a[j] * f32_token(act, as, t)[j];
+		out[t] = s;
+	}
+}
+
+DOT_ENTRY(dot_f32w, f32_body, 0)
+
+/* 16 bf16 values as f32: even elements (low halves of the 32-bit lanes) and odd elements.
+ * Pairing even with even and odd with odd needs no permutation of either operand. */
+static inline void bf16x16(const uint16_t *p, __m256 *even, __m256 *odd)
+{
+	const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+	*even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+	*odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* 16 f16 values as f32, split the same way (even / odd elements). */
+static inline void f16x16(const uint16_t *p, __m256 *even, __m256 *odd)
+{
+	const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+	const __m256i ev = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+	const __m256i od = _mm256_srli_epi32(v, 16);
+	/* pack each lane's f16 into the low 16 bits of 8 consecutive halves, then widen */
+	const __m256i shuf =
+	    _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5,
+	                     8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+	const __m256i pe = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(ev, shuf), 0x08);
+	const __m256i po = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(od, shuf), 0x08);
+	*even = _mm256_cvtph_ps(_mm256_castsi256_si128(pe));
+	*odd = _mm256_cvtph_ps(_mm256_castsi256_si128(po));
+}
+
+ALWAYS_INLINE const uint16_t *bf16_token(const void *act, size_t as, int t)
+{
+	return (const uint16_t *)((const uint8_t *)act + (size_t)t * as);
+}
+
+/* BF16 / F16 weights against bf16 activations: 16 columns per step as even/odd f32 halves,
+ * one accumulator pair per token (two pairs over 32 columns for a single token). */
+ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, size_t as,
+                             const int NT, size_t k, float *out, const int is_f16)
+{
+	(void)sr;
+	const uint16_t *a = w;
+	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
+	for (int t = 0; t < NT; t++)
+		e0[t] = o0[t] = _mm256_setzero_ps();
+	size_t i = 0;
+	if (NT == 1) {
+		for (; i + 32 <= k; i += 32) {
+			__m256 we, wo, xe, xo;
+			if (is_f16)
+				f16x16(a + i, &we, &wo);
+			else
+				bf16x16(a + i, &we, &wo);
+			bf16x16(bf16_token(act, as, 0) + i, &xe, &xo);
+			e0[0] = _mm256_fmadd_ps(we, xe, e0[0]);
+			o0[0] = _mm256_fmadd_ps(wo, xo, o0[0]);
+			if (is_f16)
+				f16x16(a + i + 16, &we, &wo);
+			else
+				bf16x16(a + i + 16, &we, &wo);
+			bf16x16(bf16_token(act, as, 0) + i + 16, &xe, &xo);
+			e1 = _mm256_fmadd_ps(we, xe, e1);
+			o1 = _mm256_fmadd_ps(wo, xo, o1);
+		}
+	}
+	for (; i + 16 <= k; i += 16) {
+		__m256 we, wo;
+		if (is_f16)
+			f16x16(a + i, &we, &wo);
+		else
+			bf16x16(a + i, &we, &wo);
+		for (int t = 0; t < NT; t++) {
+			__m256 xe, xo;
+			bf16x16(bf16_token(act, as, t) + i, &xe, &xo);
+			e0[t] = _mm256_fmadd_ps(we, xe, e0[t]);
+			o0[t] = _mm256_fmadd_ps(wo, xo, o0[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++) {
+		__m256 s = _mm256_add_ps(e0[t], o0[t]);
+		if (NT == 1)
+			s = _mm256_add_ps(s, _mm256_add_ps(e1, o1));
+		float r = hsum(s);
+		for (size_t j = i; j < k; j++)
+			r += (is_f16 ? f16(a[j]) : moek_bf16_to_f32(a[j])) *
+			     moek_bf16_to_f32(bf16_token(act, as, t)[j]);
+		out[t] = r;
+	}
+}
+
+DOT_ENTRY(dot_f16, half_body, 1)
+DOT_ENTRY(dot_bf16, half_body, 0)
+
+static float dot_f32(const float *a, const float *b, size_t k)
+{
+	float r;
+	dot_f32w(a, NULL, b, 0, 1, k, &r);
+	return r;
+}
+
+static inline __m256 load_bf16(const uint16_t *p)
+{
+	const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+	return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+static inline __m256 load_f16(const uint16_t *p)
+{
+	return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+/* 16 E4M3 codes as two vectors of f32 each 2^-8 times the code's value: the code's 7
+ * magnitude bits placed under an f16 exponent (bias 15 vs 7) and widened exactly by F16C
+ * (E4M3 subnormals become f16 subnormals); 0x7f / 0xff become NaN. */
+static inline void fp8x16_scaled(const uint8_t *p, __m256 *lo, __m256 *hi)
+{
+	const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
+	const __m256i mag = _mm256_and_si256(v, _mm256_set1_epi16(0x7f));
+	__m256i h =
+	    _mm256_or_si256(_mm256_slli_epi16(mag, 7),
+	                    _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+	const __m256i nan = _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x7f));
+	h = _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x7e00)));
+	*lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+	*hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+/* FP8: weights decoded 16 at a time and multiplied by their block's scale once, then FMA'd
+ * into each token's two accumulators; columns past the last multiple of 16 in scalar. */
+ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)unused;
+	const uint8_t *q = w;
+	__m256 a0[8], a1[8];
+	float tail[8];
+	for (int t = 0; t < NT; t++)
+		a0[t] = a1[t] = _mm256_setzero_ps(), tail[t] = 0.0f;
+	for (size_t b0 = 0; b0 < k; b0 += MOEK_FP8_BLOCK) {
+		const size_t b1 = b0 + MOEK_FP8_BLOCK < k ? b0 + MOEK_FP8_BLOCK : k;
+		const float s = sr[b0 / MOEK_FP8_BLOCK];
+		const __m256 sv = _mm256_set1_ps(s * 256.0f);
+		size_t i = b0;
+		for (; i + 16 <= b1; i += 16) {
+			__m256 lo, hi;
+			fp8x16_scaled(q + i, &lo, &hi);
+			lo = _mm256_mul_ps(lo, sv);
+			hi = _mm256_mul_ps(hi, sv);
+			for (int t = 0; t < NT; t++) {
+				const float *x = f32_token(act, as, t);
+				a0[t] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0[t]);
+				a1[t] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1[t]);
+			}
+		}
+		for (; i < b1; i++)
+			for (int t = 0; t < NT; t++)
+				tail[t] +=
+				    moek_fp8_e4m3_to_f32(q[i]) * s * f32_token(act, as, t)[i];
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(_mm256_add_ps(a0[t], a1[t])) + tail[t];
+}
+
+DOT_ENTRY(dot_fp8, fp8_body, 0)
+
+/* ---- Dequantization for prefill tiles -------------------------------------------------------- */
+
+/* 32 signed bytes as floats: elements 0-15 times d0, 16-31 times d1 (one rounding each). */
+static inline void store_i8x32_2(__m256i q, __m256 d0, __m256 d1, float *dst)
+{
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	_mm256_storeu_ps(dst, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo))));
+	_mm256_storeu_ps(
+	    dst + 8,
+	    _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)))));
+	_mm256_storeu_ps(dst + 16, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi))));
+	_mm256_storeu_ps(
+	    dst + 24,
+	    _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)))));
+}
+
+static inline void store_i8x32(__m256i q, __m256 d, float *dst)
+{
+	store_i8x32_2(q, d, d, dst);
+}
+
+/* 32 unsigned 4/5-bit levels q as d * q - m (two roundings, as the reference). */
+static inline void store_k4x32(__m256i q, float d, float m, float *dst)
+{
+	const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+	for (int p = 0; p < 4; p++)
+		_mm256_storeu_ps(
+		    dst + 8 * p,
+		    _mm256_sub_ps(
+		        _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p]))), mv));
+}
+
+/* Dequantization for prefill tiles; bit-identical to the reference for every format
+ * (same products, same single roundings). */
+static void dequantize_row(uint32_t format, const void *w, const float *scale_row, float *dst,
+                           size_t k)
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	size_t i = 0;
+	switch (format) {
+	case MOEK_BF16:
+		for (; i + 8 <= k; i += 8)
+			_mm256_storeu_ps(dst + i, load_bf16((const uint16_t *)w + i));
+		break;
+	case MOEK_F16:
+		for (; i + 8 <= k; i += 8)
+			_mm256_storeu_ps(dst + i, load_f16((const uint16_t *)w + i));
+		break;
+	case MOEK_FP8_E4M3_B128:
+		for (; i + 16 <= k; i += 16) {
+			__m256 lo, hi;
+			const __m256 s = _mm256_set1_ps(scale_row[i / MOEK_FP8_BLOCK] * 256.0f);
+			fp8x16_scaled((const uint8_t *)w + i, &lo, &hi);
+			_mm256_storeu_ps(dst + i, _mm256_mul_ps(lo, s));
+			_mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, s));
+		}
+		break;
+	case MOEK_Q8_0:
+		for (const struct block_q8_0 *b = w; i < k; i += QK8_0, b++)
+			store_i8x32(_mm256_loadu_si256((const __m256i *)b->qs),
+			            _mm256_set1_ps(f16(b->d)), dst + i);
+		break;
+	case MOEK_Q4_0:
+		for (const struct block_q4_0 *b = w; i < k; i += QK4_0, b++)
+			store_i8x32(_mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8)),
+			            _mm256_set1_ps(f16(b->d)), dst + i);
+		break;
+	case MOEK_MXFP4: {
+		const __m256i values = _mm256_broadcastsi128_si256(
+		    _mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+		for (const struct block_mxfp4 *b = w; i < k; i += QK_MXFP4, b++)
+			store_i8x32(_mm256_shuffle_epi8(values, nibbles_32(b->qs)),
+			            _mm256_set1_ps(e8m0_half(b->e)), dst + i);
+		break;
+	}
+	case MOEK_Q4_K:
+	case MOEK_Q5_K: {
+		const bool five = format == MOEK_Q5_K;
+		const size_t bb = five ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+		for (; i < k; i += QK_K) {
+			const uint8_t *blk = (const uint8_t *)w + i / QK_K * bb;
+			const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
+			const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
+			uint8_t sc[8], m[8];
+			k4_unpack(five ? x5->scales : x4->scales, sc, m);
+			const float d = f16(x4->d), dmin = f16(x4->dmin);
+			const uint8_t *qs = five ? x5->qs : x4->qs;
+			const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)x5->qh)
+			                        : _mm256_setzero_si256();
+			for (int c = 0; c < 4; c++) {
+				const __m256i q =
+				    _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+				__m256i lo = _mm256_and_si256(q, low4);
+				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+				if (five) {
+					const __m256i one = _mm256_set1_epi8(1);
+					lo = _mm256_or_si256(
+					    lo,
+					    _mm256_slli_epi16(
+					        _mm256_and_si256(
+					            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)),
+					            one),
+					        4));
+					hi = _mm256_or_si256(
+					    hi, _mm256_slli_epi16(
+					            _mm256_and_si256(
+					                _mm256_srl_epi16(
+					                    qh, _mm_cvtsi32_si128(2 * c + 1)),
+					                one),
+					            4));
+				}
+				store_k4x32(lo, d * (float)sc[2 * c], dmin * (float)m[2 * c],
+				            dst + i + 64 * c);
+				store_k4x32(hi, d * (float)sc[2 * c + 1],
+				            dmin * (float)m[2 * c + 1], dst + i + 64 * c + 32);
+			}
+		}
+		break;
+	}
+	case MOEK_Q6_K:
+		for (const struct block_q6_K *x = w; i < k; i += QK_K, x++) {
+			const float d = f16(x->d);
+			const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+			for (int h = 0; h < 2; h++) {
+				const uint8_t *ql = x->ql + 64 * h;
+				const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+				const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+				const __m256i qh =
+				    _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+				const __m256i q[4] = {
+				    _mm256_or_si256(
+				        _mm256_and_si256(l0, low4),
+				        _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(l1, low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
+				    _mm256_or_si256(
+				        _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+				        _mm256_slli_epi16(
+				            _mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
+				};
+				for (int j = 0; j < 4;
+				     j++) { /* 32 elements, scales sc[2j], sc[2j+1] */
+					const int8_t *sc = x->scales + 8 * h + 2 * j;
+					store_i8x32_2(_mm256_sub_epi8(q[j], m32),
+					              _mm256_set1_ps(d * (float)sc[0]),
+					              _mm256_set1_ps(d * (float)sc[1]),
+					              dst + i + 128 * h + 32 * j);
+				}
+			}
+		}
+		break;
+	default: break;
+	}
+	if (i < k) /* F32 and any tail through the reference */
+		moek_ref_dequantize_row(format, (const uint8_t *)w + moek_row_bytes(format, i),
+		                        scale_row ? scale_row + i / MOEK_FP8_BLOCK : NULL, dst + i,
+		                        k - i);
+}
+
+/* ---- Prefill micro-kernel ------------------------------------------------------------------
+ * Outer products: for each k, 16 tokens' activations (two vectors of the panel) times each
+ * row's broadcast weight. 6 rows x 16 tokens = 12 accumulators; 8 loads per 12 FMAs. Every
+ * (row, token) lane is its own FMA chain over k, so the row grouping never changes a result. */
+
+static void kernel_6x16(const float *w, size_t ldw, const float *xp, size_t k, float *c, size_t ldc)
+{
+	__m256 c00 = _mm256_loadu_ps(c), c01 = _mm256_loadu_ps(c + 8);
+	__m256 c10 = _mm256_loadu_ps(c + ldc), c11 = _mm256_loadu_ps(c + ldc + 8);
+	__m256 c20 = _mm256_loadu_ps(c + 2 * ldc), c21 = _mm256_loadu_ps(c + 2 * ldc + 8);
+	__m256 c30 = _mm256_loadu_ps(c + 3 * ldc), c31 = _mm256_loadu_ps(c + 3 * ldc + 8);
+	__m256 c40 = _mm256_loadu_ps(c + 4 * ldc), c41 = _mm256_loadu_ps(c + 4 * ldc + 8);
+	__m256 c50 = _mm256_loadu_ps(c + 5 * ldc), c51 = _mm256_loadu_ps(c + 5 * ldc + 8);
+	for (size_t i = 0; i < k; i++) {
+		const __m256 x0 = _mm256_loadu_ps(xp + 16 * i),
+		             x1 = _mm256_loadu_ps(xp + 16 * i + 8);
+		__m256 b = _mm256_broadcast_ss(w + i);
+		c00 = _mm256_fmadd_ps(b, x0, c00), c01 = _mm256_fmadd_ps(b, x1, c01);
+		b = _mm256_broadcast_ss(w + ldw + i);
+		c10 = _mm256_fmadd_ps(b, x0, c10), c11 = _mm256_fmadd_ps(b, x1, c11);
+		b = _mm256_broadcast_ss(w + 2 * ldw + i);
+		c20 = _mm256_fmadd_ps(b, x0, c20), c21 = _mm256_fmadd_ps(b, x1, c21);
+		b = _mm256_broadcast_ss(w + 3 * ldw + i);
+		c30 = _mm256_fmadd_ps(b, x0, c30), c31 = _mm256_fmadd_ps(b, x1, c31);
+		b = _mm256_broadcast_ss(w + 4 * ldw + i);
+		c40 = _mm256_fmadd_ps(b, x0, c40), c41 = _mm256_fmadd_ps(b, x1, c41);
+		b = _mm256_broadcast_ss(w + 5 * ldw + i);
+		c50 = _mm256_fmadd_ps(b, x0, c50), c51 = _mm256_fmadd_ps(b, x1, c51);
+	}
+	_mm256_storeu_ps(c, c00), _mm256_storeu_ps(c + 8, c01);
+	_mm256_storeu_ps(c + ldc, c10), _mm256_storeu_ps(c + ldc + 8, c11);
+	_mm256_storeu_ps(c + 2 * ldc, c20), _mm256_storeu_ps(c + 2 * ldc + 8, c21);
+	_mm256_storeu_ps(c + 3 * ldc, c30), _mm256_storeu_ps(c + 3 * ldc + 8, c31);
+	_mm256_storeu_ps(c + 4 * ldc, c40), _mm256_storeu_ps(c + 4 * ldc + 8, c41);
+	_mm256_storeu_ps(c + 5 * ldc, c50), _mm256_storeu_ps(c + 5 * ldc + 8, c51);
+}
+
+static void kernel_1x16(const float *w, const float *xp, size_t k, float *c)
+{
+	__m256 c0 = _mm256_loadu_ps(c), c1 = _mm256_loadu_ps(c + 8);
+	for (size_t i = 0; i < k; i++) {
+		const __m256 b = _mm256_broadcast_ss(w + i);
+		c0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(xp + 16 * i), c0);
+		c1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(xp + 16 * i + 8), c1);
+	}
+	_mm256_storeu_ps(c, c0), _mm256_storeu_ps(c + 8, c1);
+}
+
+static void tile(const float *w, size_t ldw, size_t nr, const float *xp, size_t k, float *c,
+                 size_t ldc)
+{
+	size_t r = 0;
+	for (; r + 6 <= nr; r += 6)
+		kernel_6x16(w + r * ldw, ldw, xp, k, c + r * ldc, ldc);
+	for (; r < nr; r++)
+		kernel_1x16(w + r * ldw, xp, k, c + r * ldc);
+}
+
+const struct moek_isa_ops moek_avx2_ops = {
+    .name = "avx2",
+    .dot =
+        {
+            [MOEK_F32] = dot_f32w,
+            [MOEK_F16] = dot_f16,
+            [MOEK_BF16] = dot_bf16,
+            [MOEK_Q8_0] = dot_q8_0,
+            [MOEK_Q4_0] = dot_q4_0,
+            [MOEK_MXFP4] = dot_mxfp4,
+            [MOEK_Q4_K] = dot_q4_K,
+            [MOEK_Q5_K] = dot_q5_K,
+            [MOEK_Q6_K] = dot_q6_K,
+            [63] = dot_fp8,
+        },
+    .dequantize_row = dequantize_row,
+    .dot_f32 = dot_f32,
+    .tile = tile,
+    .prefill = true,
+};

@@ -1,0 +1,71 @@
+/* fuzz_kernel_formats — arbitrary bytes as one weight row of any format (byte 0 picks the
+ * format, byte 1 the length). Weight files are input the sidecar does not control: decoding
+ * them must never crash or trip a sanitizer, the SIMD dequantizer must agree with the
+ * reference bit for bit (NaN payloads aside), and the SIMD dot product must agree with the
+ * reference dot of the dequantized row wherever that is finite.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const uint32_t formats[] = {MOEK_F32,  MOEK_F16,  MOEK_BF16, MOEK_Q8_0,  MOEK_Q4_0,
+                                   MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_MXFP4, MOEK_FP8_E4M3_B128};
+
+static int same_bits_or_both_nan(float a, float b)
+{
+	return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	enum { MAX_K = 2048 };
+	static float ref[MAX_K], simd[MAX_K], x[MAX_K];
+	static uint8_t act[MAX_K * 4], row[MAX_K * 4];
+	if (size < 2)
+		return 0;
+	const uint32_t format = formats[data[0] % (sizeof(formats) / sizeof(formats[0]))];
+	const struct moek_format_info *f = moek_format_lookup(format);
+	size_t k = f->block_elems * (1 + data[1] % 8);
+	if (f->block_elems == 1)
+		k = 16 * (1 + data[1] % 64);
+	const size_t bytes = moek_row_bytes(format, k);
+	if (size - 2 < bytes)
+		return 0;
+	memcpy(row, data + 2, bytes); /* aligned copy, as the sidecar's slots are */
+	float scales[MAX_K / 128 + 1];
+	for (size_t i = 0; i < sizeof(scales) / sizeof(scales[0]); i++)
+		scales[i] = 0.01f * (float)(i + 1);
+	const float *sr = format == MOEK_FP8_E4M3_B128 ? scales : NULL;
+	moek_ref_dequantize_row(format, row, sr, ref, k);
+#if defined(__x86_64__)
+	if (moek_set_isa(MOEK_ISA_AVX2) != 0)
+		return 0;
+	moek_avx2_ops.dequantize_row(format, row, sr, simd, k);
+	for (size_t i = 0; i < k; i++)
+		if (!same_bits_or_both_nan(ref[i], simd[i]))
+			abort();
+	for (size_t i = 0; i < k; i++)
+		x[i] = (float)((int)(i * 37 % 19) - 9) * 0.125f;
+	const uint32_t act_format = moek_vec_dot_format(format);
+	if (act_format == MOEK_F32)
+		memcpy(act, x, k * sizeof(float));
+	else if (moek_quantize_row(act_format, x, k, act) != 0)
+		abort();
+	float xd[MAX_K], got;
+	moek_dequantize(act_format, act, NULL, 1, k, xd);
+	moek_avx2_ops.dot[moek_fmt_slot(format)](row, sr, act, 0, 1, k, &got);
+	double want = 0, mag = 0;
+	for (size_t i = 0; i < k; i++) {
+		want += (double)ref[i] * xd[i];
+		mag += fabs((double)ref[i] * xd[i]);
+	}
+	if (isfinite(mag) && mag < 1e30 && isfinite(got) && fabs(got - want) > 1e-4 * mag + 1e-30)
+		abort();
+#endif
+	return 0;
+}
