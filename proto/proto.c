@@ -198,6 +198,8 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 			return sqe_fail(sqe, err, MOE_EBADTOKENS, sqe->n_tokens, 0);
 		return check_dtypes(sqe, lim, err);
 	case MOE_OP_FORWARD:
+		if (sqe->flags & ~MOE_FWD_FLAGS_ALL)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, sqe->flags, 0);
 		if (sqe->n_tokens == 0 || sqe->n_tokens > lim->max_tokens)
 			return sqe_fail(sqe, err, MOE_EBADTOKENS, sqe->n_tokens, 0);
 		if (sqe->ids_per_token == 0 || sqe->ids_per_token > lim->top_k)
@@ -207,8 +209,30 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 		if (sqe->layer < 0)
 			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
 		return check_dtypes(sqe, lim, err);
-	default:
-		/* PREFETCH and STATS: checked by their executors. */
+	case MOE_OP_PREFETCH:
+		/* Entries must fit the ids/weights areas: max_tokens * top_k of each. */
+		if (sqe->flags & ~MOE_PREFETCH_FLAGS_ALL)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, sqe->flags, 0);
+		if (sqe->in_dtype || sqe->out_dtype || sqe->ids_per_token || sqe->arg)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
+		if (sqe->n_tokens == 0 ||
+		    (uint64_t)sqe->n_tokens > (uint64_t)lim->max_tokens * lim->top_k)
+			return sqe_fail(sqe, err, MOE_EBADTOKENS, sqe->n_tokens, 0);
+		if (sqe->layer < 0)
+			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
+		return MOE_OK;
+	case MOE_OP_STATS:
+		if (sqe->flags || sqe->n_tokens || sqe->in_dtype || sqe->out_dtype ||
+		    sqe->ids_per_token || sqe->layer || sqe->arg)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
+		return MOE_OK;
+	case MOE_OP_MASK:
+		if (sqe->flags || sqe->n_tokens || sqe->in_dtype || sqe->out_dtype ||
+		    sqe->ids_per_token || sqe->arg)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
+		if (sqe->layer < -1)
+			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
 		return MOE_OK;
 	}
+	return sqe_fail(sqe, err, MOE_EBADOP, sqe->op, 0);
 }

@@ -69,15 +69,58 @@ static inline const char *moe_dtype_name(unsigned dtype)
 	return "?";
 }
 
-/* Operations. Numbers are ABI. */
+/* Operations. Numbers are ABI. Payload conventions per op (all areas of the request's slot):
+ *
+ * PING     nothing.
+ * ECHO     input: n_tokens rows of `hidden` in_dtype → output: the same rows in out_dtype.
+ * FORWARD  one MoE layer for n_tokens tokens.
+ *            sqe.layer          transformer block index (must be an MoE layer)
+ *            sqe.ids_per_token  k: ids and weights per token row (≤ limits.top_k)
+ *            sqe.arg            k_defer: at most this many of each token's ids may be deferred
+ *                               (0 = none; must be 0 on the model's last MoE layer)
+ *            input              n_tokens rows of `hidden` in_dtype activations
+ *            expert_ids         n_tokens × k int32 (−1 = skip this entry)
+ *            expert_weights     n_tokens × k f32 (finite)
+ *            output             n_tokens rows of `hidden` out_dtype:
+ *                               Σ_immediate w·expert(x)  [+ deferred part owed by the previous
+ *                               FORWARD on this channel, see MOE_FWD_* below]
+ *          Deferred experts (kt-kernel): of each token's ids, the sidecar may defer up to
+ *          k_defer (by default the lowest-weighted; it may prefer non-resident ones to hide
+ *          their I/O). Their contribution is not in this output: it is added to the output of
+ *          the NEXT FORWARD on the same channel, which must be the next MoE layer with the same
+ *          n_tokens (else that request fails with MOE_EDEFERRED, unless it carries
+ *          MOE_FWD_DROP_DEFERRED). The sidecar never completes that next request before the
+ *          owed contribution is merged. Completion value = number of experts deferred.
+ * PREFETCH hints for an upcoming layer; completes at once (value = experts queued).
+ *            sqe.layer          the layer the hint is for
+ *            sqe.n_tokens       number of entries in expert_ids / expert_weights
+ *            expert_ids         expert ids; expert_weights their scores (higher = sooner)
+ *            flags              MOE_PREFETCH_SCORES: instead, expert_weights holds one router
+ *                               score per expert of the layer (n_tokens = n_experts), ids unused
+ * STATS    output: a NUL-terminated JSON object (see docs/protocol.md); value = its length
+ *          without the NUL; MOE_ETOOSMALL if it does not fit.
+ * MASK     sets this client's GPU expert mask: input holds one bit per (layer, expert),
+ *          layer-major, bit e of byte (layer * ceil(n_experts/8) + e/8) set = on the GPU.
+ *            sqe.layer          −1: the whole model; else just that layer's bytes
+ *          Masked experts are never loaded for this client; a FORWARD naming one fails with
+ *          MOE_EMASKED. An expert is left out of residency only while every attached client
+ *          masks it. */
 enum moe_op {
-	MOE_OP_PING = 1,     /* no payload; completes with status 0 */
-	MOE_OP_ECHO = 2,     /* output[t][h] = convert(input[t][h]) for n_tokens rows of hidden */
-	MOE_OP_FORWARD = 3,  /* MoE forward of one layer (serve with a model) */
-	MOE_OP_PREFETCH = 4, /* lookahead hints for upcoming layers */
-	MOE_OP_STATS = 5,    /* counters snapshot into the output area */
+	MOE_OP_PING = 1,
+	MOE_OP_ECHO = 2,
+	MOE_OP_FORWARD = 3,
+	MOE_OP_PREFETCH = 4,
+	MOE_OP_STATS = 5,
+	MOE_OP_MASK = 6,
 	MOE_OP_MAX
 };
+
+/* FORWARD flags. */
+#define MOE_FWD_DROP_DEFERRED 0x0001u /* discard a deferred contribution still owed (abort) */
+#define MOE_FWD_FLAGS_ALL MOE_FWD_DROP_DEFERRED
+/* PREFETCH flags. */
+#define MOE_PREFETCH_SCORES 0x0001u
+#define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES
 
 /* Limits negotiated at the handshake. Areas are sized for the largest dtype (f32), so a
  * request may use any dtype in dtype_mask without renegotiating. */

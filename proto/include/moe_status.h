@@ -37,6 +37,9 @@ enum moe_status {
 	MOE_EBADFIELD = -43,  /* reserved field non-zero, or bad flags */
 	MOE_ENOMODEL = -44,   /* operation needs a model; the sidecar serves none */
 	MOE_EBADTOPK = -45,   /* ids per token is 0 or above the negotiated top-k */
+	MOE_EMASKED = -46,    /* expert is on the GPU (masked) for this client */
+	MOE_ETOOSMALL = -47,  /* result does not fit the slot's output area */
+	MOE_EDEFERRED = -48,  /* a deferred contribution is owed to another layer/batch */
 };
 
 /* A short, static description of a status code; never NULL. */
@@ -68,6 +71,9 @@ static inline const char *moe_status_str(int status)
 	case MOE_EBADFIELD: return "reserved field or flags invalid";
 	case MOE_ENOMODEL: return "no model loaded";
 	case MOE_EBADTOPK: return "ids per token out of range";
+	case MOE_EMASKED: return "expert is GPU-masked";
+	case MOE_ETOOSMALL: return "output area too small";
+	case MOE_EDEFERRED: return "deferred contribution pending for another layer";
 	}
 	return "unknown status";
 }
