@@ -1018,8 +1018,26 @@ static int make_paths(struct gen *g)
 			snprintf(g->paths[f], n, "%s/model-%05u-of-%05u.safetensors", out, f + 1,
 			         g->n_files);
 	}
-	if (!g->gguf && mkdir(out, 0755) && errno != EEXIST)
-		return model_fail(g->err, "%s: mkdir: %s", out, strerror(errno));
+	/* Like `mkdir -p`: the GGUF file's folder, or the safetensors folder itself. */
+	char dir[4096];
+	size_t len = strlen(out);
+	if (g->gguf) {
+		const char *slash = strrchr(out, '/');
+		len = slash ? (size_t)(slash - out) : 0;
+	}
+	if (len >= sizeof(dir))
+		return model_fail(g->err, "%s: path too long", out);
+	memcpy(dir, out, len);
+	dir[len] = '\0';
+	for (size_t i = 1; i <= len; i++) {
+		if (dir[i] != '/' && dir[i] != '\0')
+			continue;
+		char c = dir[i];
+		dir[i] = '\0';
+		if (mkdir(dir, 0755) && errno != EEXIST)
+			return model_fail(g->err, "%s: mkdir: %s", dir, strerror(errno));
+		dir[i] = c;
+	}
 	return 0;
 }
 
