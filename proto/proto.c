@@ -12,7 +12,7 @@
 #include <string.h>
 
 static int fail(int status, char *why, size_t why_len, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
+    __attribute__((format(printf, 4, 5)));
 
 static int fail(int status, char *why, size_t why_len, const char *fmt, ...)
 {
@@ -42,24 +42,26 @@ int moe_limits_check(const struct moe_limits *lim, char *why, size_t why_len)
 {
 	if (lim->max_tokens == 0 || lim->max_tokens > MOE_MAX_TOKENS_LIMIT)
 		return fail(MOE_EINVAL, why, why_len, "max_tokens %u not in 1..%u", lim->max_tokens,
-			    MOE_MAX_TOKENS_LIMIT);
+		            MOE_MAX_TOKENS_LIMIT);
 	if (lim->hidden == 0 || lim->hidden > MOE_MAX_HIDDEN_LIMIT)
 		return fail(MOE_EINVAL, why, why_len, "hidden %u not in 1..%u", lim->hidden,
-			    MOE_MAX_HIDDEN_LIMIT);
+		            MOE_MAX_HIDDEN_LIMIT);
 	if (lim->top_k == 0 || lim->top_k > MOE_MAX_TOPK_LIMIT)
 		return fail(MOE_EINVAL, why, why_len, "top_k %u not in 1..%u", lim->top_k,
-			    MOE_MAX_TOPK_LIMIT);
+		            MOE_MAX_TOPK_LIMIT);
 	if (lim->n_slots == 0 || lim->n_slots > MOE_MAX_SLOTS_LIMIT)
 		return fail(MOE_EINVAL, why, why_len, "n_slots %u not in 1..%u", lim->n_slots,
-			    MOE_MAX_SLOTS_LIMIT);
+		            MOE_MAX_SLOTS_LIMIT);
 	if (lim->ring_entries < lim->n_slots || (lim->ring_entries & (lim->ring_entries - 1)) ||
 	    lim->ring_entries > 2 * MOE_MAX_SLOTS_LIMIT)
 		return fail(MOE_EINVAL, why, why_len,
-			    "ring_entries %u is not a power of two >= n_slots %u", lim->ring_entries,
-			    lim->n_slots);
+		            "ring_entries %u is not a power of two >= n_slots %u",
+		            lim->ring_entries, lim->n_slots);
 	if ((lim->dtype_mask & MOE_DTYPE_MASK_ALL) == 0 || (lim->dtype_mask & ~MOE_DTYPE_MASK_ALL))
-		return fail(MOE_EINVAL, why, why_len, "dtype_mask 0x%x names no known dtype or an "
-			    "unknown one", lim->dtype_mask);
+		return fail(MOE_EINVAL, why, why_len,
+		            "dtype_mask 0x%x names no known dtype or an "
+		            "unknown one",
+		            lim->dtype_mask);
 	return MOE_OK;
 }
 
@@ -94,28 +96,29 @@ int moe_layout_compute(const struct moe_limits *lim, struct moe_layout *out)
 	return MOE_OK;
 }
 
-int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why,
-		    size_t why_len)
+int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why, size_t why_len)
 {
 	struct moe_hello h;
 	if (len < MOE_HELLO_MIN_SIZE)
 		return fail(MOE_EPROTO, why, why_len, "hello is %zu bytes, shorter than %u", len,
-			    MOE_HELLO_MIN_SIZE);
+		            MOE_HELLO_MIN_SIZE);
 	memset(&h, 0, sizeof(h));
 	memcpy(&h, buf, len < sizeof(h) ? len : sizeof(h));
 	if (h.magic != MOE_HELLO_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar hello (magic 0x%08x)",
-			    h.magic);
+		            h.magic);
 	if (h.abi_major != MOE_ABI_MAJOR)
 		return fail(MOE_EVERSION, why, why_len,
-			    "client speaks protocol %u.%u, this sidecar speaks %u.%u", h.abi_major,
-			    h.abi_minor, MOE_ABI_MAJOR, MOE_ABI_MINOR);
+		            "client speaks protocol %u.%u, this sidecar speaks %u.%u", h.abi_major,
+		            h.abi_minor, MOE_ABI_MAJOR, MOE_ABI_MINOR);
 	if (h.size != len)
 		return fail(MOE_EPROTO, why, why_len, "hello says it is %u bytes but %zu arrived",
-			    h.size, len);
+		            h.size, len);
 	if (h.want.ring_entries != 0)
-		return fail(MOE_EPROTO, why, why_len, "hello asks for ring_entries %u; the "
-			    "sidecar sets it", h.want.ring_entries);
+		return fail(MOE_EPROTO, why, why_len,
+		            "hello asks for ring_entries %u; the "
+		            "sidecar sets it",
+		            h.want.ring_entries);
 	/* Fields a newer minor added beyond our struct were not copied: ignored by rule. */
 	h.client_name[sizeof(h.client_name) - 1] = '\0';
 	*out = h;
@@ -123,38 +126,39 @@ int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *wh
 }
 
 int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char *why,
-		      size_t why_len)
+                      size_t why_len)
 {
 	struct moe_welcome w;
 	if (len < MOE_WELCOME_FROZEN)
 		return fail(MOE_EPROTO, why, why_len, "welcome is %zu bytes, shorter than %u", len,
-			    MOE_WELCOME_FROZEN);
+		            MOE_WELCOME_FROZEN);
 	memset(&w, 0, sizeof(w));
 	memcpy(&w, buf, len < sizeof(w) ? len : sizeof(w));
 	w.reason[MOE_REASON_LEN - 1] = '\0';
 	if (w.magic != MOE_WELCOME_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar welcome (magic 0x%08x)",
-			    w.magic);
+		            w.magic);
 	if (w.abi_major != MOE_ABI_MAJOR)
 		return fail(MOE_EVERSION, why, why_len,
-			    "sidecar speaks protocol %u.%u, this client speaks %u.%u%s%s",
-			    w.abi_major, w.abi_minor, MOE_ABI_MAJOR, MOE_ABI_MINOR,
-			    w.reason[0] ? ": " : "", w.reason);
+		            "sidecar speaks protocol %u.%u, this client speaks %u.%u%s%s",
+		            w.abi_major, w.abi_minor, MOE_ABI_MAJOR, MOE_ABI_MINOR,
+		            w.reason[0] ? ": " : "", w.reason);
 	if (w.size != len)
 		return fail(MOE_EPROTO, why, why_len, "welcome says it is %u bytes but %zu arrived",
-			    w.size, len);
+		            w.size, len);
 	if (w.status == MOE_OK && len < sizeof(w))
 		return fail(MOE_EPROTO, why, why_len, "accepting welcome is %zu bytes, need %zu",
-			    len, sizeof(w));
+		            len, sizeof(w));
 	if (w.status > 0)
-		return fail(MOE_EPROTO, why, why_len, "welcome status %d is not a status", w.status);
+		return fail(MOE_EPROTO, why, why_len, "welcome status %d is not a status",
+		            w.status);
 	w.model.name[sizeof(w.model.name) - 1] = '\0';
 	*out = w;
 	return MOE_OK;
 }
 
 static int sqe_fail(const struct moe_sqe *sqe, struct moe_cqe *err, int status, uint32_t value,
-		    uint32_t index)
+                    uint32_t index)
 {
 	memset(err, 0, sizeof(*err));
 	err->user_data = sqe->user_data;
@@ -166,7 +170,7 @@ static int sqe_fail(const struct moe_sqe *sqe, struct moe_cqe *err, int status, 
 }
 
 static int check_dtypes(const struct moe_sqe *sqe, const struct moe_limits *lim,
-			struct moe_cqe *err)
+                        struct moe_cqe *err)
 {
 	if (sqe->in_dtype >= MOE_DTYPE_COUNT || !(lim->dtype_mask & (1u << sqe->in_dtype)))
 		return sqe_fail(sqe, err, MOE_EBADDTYPE, sqe->in_dtype, 0);

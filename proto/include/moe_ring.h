@@ -43,8 +43,8 @@
 #define MOE_RING_BROKEN (-1)
 
 struct moe_ring_ctrl {
-	alignas(128) _Atomic uint32_t head;           /* consumer's index */
-	alignas(128) _Atomic uint32_t tail;           /* producer's index */
+	alignas(128) _Atomic uint32_t head;              /* consumer's index */
+	alignas(128) _Atomic uint32_t tail;              /* producer's index */
 	alignas(128) _Atomic uint32_t consumer_sleeping; /* 1 while the consumer may sleep */
 };
 static_assert(sizeof(struct moe_ring_ctrl) == 384, "moe_ring_ctrl is ABI");
@@ -77,7 +77,7 @@ static inline void moe_ring_ctrl_init(struct moe_ring_ctrl *ctrl, uint32_t start
 /* Attaches a cursor to a control block whose indices are both `start` (the value passed to
  * moe_ring_ctrl_init, known privately to both sides). */
 static inline void moe_ring_prod_attach(struct moe_ring_prod *p, struct moe_ring_ctrl *ctrl,
-					uint32_t entries, uint32_t start)
+                                        uint32_t entries, uint32_t start)
 {
 	assert(entries && (entries & (entries - 1)) == 0);
 	p->ctrl = ctrl;
@@ -87,7 +87,7 @@ static inline void moe_ring_prod_attach(struct moe_ring_prod *p, struct moe_ring
 }
 
 static inline void moe_ring_cons_attach(struct moe_ring_cons *c, struct moe_ring_ctrl *ctrl,
-					uint32_t entries, uint32_t start)
+                                        uint32_t entries, uint32_t start)
 {
 	assert(entries && (entries & (entries - 1)) == 0);
 	c->ctrl = ctrl;

@@ -72,11 +72,13 @@ void log_event(enum log_level level, const char *subsystem, const char *fmt, ...
 	if (atomic_load_explicit(&as_json, memory_order_relaxed)) {
 		char esc[900];
 		json_escape(esc, sizeof(esc), msg);
-		n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"sub\":\"%s\","
-			     "\"msg\":\"%s\"}\n", when, level_names[level], subsystem, esc);
+		n = snprintf(line, sizeof(line),
+		             "{\"ts\":\"%s\",\"level\":\"%s\",\"sub\":\"%s\","
+		             "\"msg\":\"%s\"}\n",
+		             when, level_names[level], subsystem, esc);
 	} else {
 		n = snprintf(line, sizeof(line), "%s %-5s %-8s %s\n", when, level_names[level],
-			     subsystem, msg);
+		             subsystem, msg);
 	}
 	if (n < 0)
 		return;

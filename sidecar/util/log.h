@@ -16,7 +16,7 @@ void log_set_json(int json);
 int log_level_parse(const char *name);
 
 void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 #define log_debug(sub, ...) log_event(LOG_DEBUG, sub, __VA_ARGS__)
 #define log_info(sub, ...) log_event(LOG_INFO, sub, __VA_ARGS__)

@@ -54,11 +54,11 @@ static void draw(struct progress *p, uint64_t done, uint64_t now, int final)
 		for (int i = 0; i < 30; i++)
 			bar[i] = i < filled ? '#' : '.';
 		bar[30] = '\0';
-		fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s, %s/s%s", p->label, bar, frac * 100, amount,
-			total, rate, final ? "\n" : "");
+		fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s, %s/s%s", p->label, bar, frac * 100,
+		        amount, total, rate, final ? "\n" : "");
 	} else {
 		fprintf(stderr, "%s: %3.0f%% %s / %s, %s/s\n", p->label, frac * 100, amount, total,
-			rate);
+		        rate);
 	}
 	fflush(stderr);
 }

@@ -11,8 +11,8 @@
 
 struct progress {
 	const char *label;
-	uint64_t total;     /* units of work (bytes, experts, …) */
-	const char *unit;   /* "B" formats as bytes with MiB/s; anything else as counts */
+	uint64_t total;   /* units of work (bytes, experts, …) */
+	const char *unit; /* "B" formats as bytes with MiB/s; anything else as counts */
 	uint64_t start_ns, last_draw_ns;
 	int last_decile;
 	int tty;
