@@ -4,13 +4,15 @@
  * runs unless ffn.c's CPUID check chose moek_avx2_ops, so the library itself never requires
  * AVX2.
  *
- * Decode dot products (one weight row · one token):
+ * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
  *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations —
- *   integer products (maddubs/madd) per block, one f32 FMA per block (K-quants: per
- *   256-element super-block, with the 6-bit sub-block scales applied in integers and the mins
- *   through Q8_K's bsums);
- *   BF16, F16, F32, FP8 E4M3 against f32 activations — converted in registers and FMA'd.
- * Prefill: a 3-row x 4-token register-blocked f32 micro-kernel over dequantized weight tiles.
+ *   integer products (maddubs/madd), one f32 FMA per block (Q4_0/MXFP4: per pair of blocks,
+ *   unpacked by one 256-bit shift/mask; K-quants: per 256-element super-block, the 6-bit
+ *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
+ *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
+ *   and FMA'd.
+ * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
+ * outer-product f32 micro-kernel over activation panels.
  *
  * Every function's summation order depends only on k, never on which rows or tokens are
  * processed together: the FFN's split determinism rests on it.
