@@ -60,8 +60,10 @@ Test(formats, quantize_rejects_bad_arguments)
 	float x[256] = {0};
 	uint8_t out[1024];
 	float scales[4];
-	cr_expect_eq(moek_quantize(MOEK_Q4_K, x, 1, 100, out, NULL), -1, "cols not a multiple of 256");
-	cr_expect_eq(moek_quantize(MOEK_Q8_0, x, 1, 40, out, NULL), -1, "cols not a multiple of 32");
+	cr_expect_eq(moek_quantize(MOEK_Q4_K, x, 1, 100, out, NULL), -1,
+	             "cols not a multiple of 256");
+	cr_expect_eq(moek_quantize(MOEK_Q8_0, x, 1, 40, out, NULL), -1,
+	             "cols not a multiple of 32");
 	cr_expect_eq(moek_quantize(77, x, 1, 32, out, NULL), -1, "unknown format");
 	cr_expect_eq(moek_quantize(MOEK_FP8_E4M3_B128, x, 1, 32, out, NULL), -1, "fp8 no scales");
 	cr_expect_eq(moek_quantize(MOEK_Q8_0, x, 1, 32, out, scales), -1, "scales on Q8_0");
