@@ -321,13 +321,13 @@ Test(ffn_dot, simd_dot_products_match_reference)
 	float scales[8];
 	cr_assert(wd && xd && wq && xq);
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
-		const uint32_t fmt = fmts[f], act = moek_vec_dot_format(fmt);
+		const uint32_t fmt = fmts[f], act = moek_isa_act_format(&moek_avx2_ops, fmt);
 		const char *name = moek_format_lookup(fmt)->name;
 		float *sc = fmt == MOEK_FP8_E4M3_B128 ? scales : NULL;
 		cr_assert_eq(moek_quantize(fmt, w, ROWS, K, wq, sc), 0);
 		cr_assert_eq(moek_dequantize(fmt, wq, sc, ROWS, K, wd), 0);
-		cr_assert_eq(moek_quantize_row(act, x, K, xq), 0);
-		cr_assert_eq(moek_dequantize(act, xq, NULL, 1, K, xd), 0);
+		moek_isa_quantize_act(&moek_avx2_ops, act, x, K, xq);
+		moek_isa_dequantize_act(&moek_avx2_ops, act, xq, K, xd);
 		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_slot(fmt)];
 		cr_assert_not_null(dot, "%s has no AVX2 dot", name);
 		double num = 0, den = 0;
