@@ -331,7 +331,7 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers)
 {
-	if (check_expert(e, NULL, 0))
+	if (check_expert(e, NULL, 0) || n_tokens > MOEK_MAX_TOKENS || n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
 	return layout(e, n_tokens, n_workers, current_isa(), &c);
@@ -357,6 +357,10 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		            hidden);
 	if (c->n_workers == 0)
 		return fail(err, len, "ffn call: n_workers must be >= 1");
+	if (c->n_tokens > MOEK_MAX_TOKENS || c->n_workers > MOEK_MAX_WORKERS)
+		return fail(err, len,
+		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
+		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
 	const size_t need = layout(e, c->n_tokens, c->n_workers, current_isa(), c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",

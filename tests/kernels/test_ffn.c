@@ -257,6 +257,9 @@ Test(ffn_api, prepare_rejects_bad_calls_with_a_reason)
 	expect_prepare_error(&c, "dtype");
 	c = good, c.x_stride = 100;
 	expect_prepare_error(&c, "x stride");
+	c = good, c.n_tokens = MOEK_MAX_TOKENS + 1;
+	expect_prepare_error(&c, "beyond the limits");
+	cr_expect_eq(moek_ffn_scratch_bytes(&f.expert, (size_t)MOEK_MAX_TOKENS + 1, 1), 0);
 
 	e = f.expert, e.up.rows = 32;
 	expect_prepare_error(&good, "gate and up");
