@@ -136,36 +136,43 @@ Test(ffn_api, gpt_oss_activation_clamps)
 	fixture_free(&f);
 }
 
+/* 16-bit activations enter exactly: a bf16/f16 call equals the f32 call on the same values,
+ * through the decode path (3 tokens) and the prefill panels (20 tokens). */
 Test(ffn_api, bf16_and_f16_activations_equal_their_f32_values)
 {
+	enum { H = 256, NMAX = 20 };
 	struct fixture f;
-	fixture_init(&f, MOEK_Q8_0, 0, 256, 64, MOEK_SWIGLU, 0, 5);
-	const size_t n = 3;
-	float *x = fixture_tokens(n, 256, 9);
-	uint16_t xb[3 * 256];
-	for (unsigned dtype = MOEK_ACT_F16; dtype <= MOEK_ACT_BF16; dtype++) {
-		moek_convert(dtype, xb, MOEK_ACT_F32, x, n * 256);
-		float xr[3 * 256];
-		moek_convert(MOEK_ACT_F32, xr, dtype, xb, n * 256);
-		float *want = fixture_run(&f, xr, n, NULL);
-		float got[3 * 256] = {0};
-		const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
-		void *scratch = malloc(bytes);
-		struct moek_ffn_call c = {.expert = &f.expert,
-		                          .n_tokens = n,
-		                          .x = xb,
-		                          .x_dtype = dtype,
-		                          .out = got,
-		                          .scratch = scratch,
-		                          .scratch_bytes = bytes,
-		                          .n_workers = 1};
-		char err[200];
-		cr_assert_eq(moek_ffn_run(&c, err, sizeof(err)), 0, "%s", err);
-		cr_expect_arr_eq(got, want, sizeof(got), "dtype %u", dtype);
-		free(want);
-		free(scratch);
+	fixture_init(&f, MOEK_Q8_0, 0, H, 64, MOEK_SWIGLU, 0, 5);
+	static const size_t counts[] = {3, NMAX};
+	for (size_t i = 0; i < 2; i++) {
+		const size_t n = counts[i];
+		float *x = fixture_tokens(n, H, 9);
+		static uint16_t xb[NMAX * H];
+		static float xr[NMAX * H], got[NMAX * H];
+		for (unsigned dtype = MOEK_ACT_F16; dtype <= MOEK_ACT_BF16; dtype++) {
+			moek_convert(dtype, xb, MOEK_ACT_F32, x, n * H);
+			moek_convert(MOEK_ACT_F32, xr, dtype, xb, n * H);
+			float *want = fixture_run(&f, xr, n, NULL);
+			memset(got, 0, sizeof(got));
+			const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
+			void *scratch = malloc(bytes);
+			struct moek_ffn_call c = {.expert = &f.expert,
+			                          .n_tokens = n,
+			                          .x = xb,
+			                          .x_dtype = dtype,
+			                          .out = got,
+			                          .scratch = scratch,
+			                          .scratch_bytes = bytes,
+			                          .n_workers = 1};
+			char err[200];
+			cr_assert_eq(moek_ffn_run(&c, err, sizeof(err)), 0, "%s", err);
+			cr_expect_arr_eq(got, want, n * H * sizeof(float), "dtype %u, %zu tokens",
+			                 dtype, n);
+			free(want);
+			free(scratch);
+		}
+		free(x);
 	}
-	free(x);
 	fixture_free(&f);
 }
 
