@@ -397,3 +397,34 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 	cr_skip_test("x86-64 only");
 #endif
 }
+
+/* gpt-oss stores gate and up interleaved row by row in one tensor (GGUF's fused gate_up keeps
+ * them as halves): row_stride views both without a copy, and the result is the same bits as
+ * separate matrices, decode and prefill. */
+Test(ffn_api, interleaved_gate_up_rows_are_a_strided_view)
+{
+	struct fixture f;
+	fixture_init(&f, MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU_OAI, 1, 12);
+	const size_t rb = moek_row_bytes(MOEK_MXFP4, 320);
+	uint8_t *fused = malloc(2 * 224 * rb);
+	cr_assert(fused);
+	for (size_t r = 0; r < 224; r++) {
+		memcpy(fused + (2 * r) * rb, (const uint8_t *)f.gate.data + r * rb, rb);
+		memcpy(fused + (2 * r + 1) * rb, (const uint8_t *)f.up.data + r * rb, rb);
+	}
+	struct fixture view = f;
+	view.expert.gate.data = fused;
+	view.expert.gate.row_stride = 2 * rb;
+	view.expert.up.data = fused + rb;
+	view.expert.up.row_stride = 2 * rb;
+	for (size_t n = 2; n <= 34; n += 32) {
+		float *x = fixture_tokens(n, 320, 13);
+		float *want = fixture_run(&f, x, n, NULL), *got = fixture_run(&view, x, n, NULL);
+		cr_expect_arr_eq(got, want, n * 320 * sizeof(float), "%zu tokens", n);
+		free(want);
+		free(got);
+		free(x);
+	}
+	free(fused);
+	fixture_free(&f);
+}
