@@ -108,6 +108,10 @@ FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
 FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10})
+/* float formats accept any width: columns not a multiple of 8 (SIMD tails, zero-padded tiles) */
+FMT_TEST(bf16_odd_shape, {MOEK_BF16, 0, 100, 36, MOEK_SWIGLU, 1, 0.02, 1e-5})
+FMT_TEST(fp8_odd_shape, {MOEK_FP8_E4M3_B128, 0, 100, 140, MOEK_SWIGLU, 0, 0.08, 1e-10})
+FMT_TEST(f32_odd_shape, {MOEK_F32, 0, 52, 18, MOEK_SWIGLU_OAI, 1, 1e-5, 1e-10})
 FMT_TEST(bf16_gpt_oss, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU_OAI, 1, 0.02, 1e-5})
 
 /* The clamped activation really clamps: with limit 7, gate values of +-100 saturate. */
