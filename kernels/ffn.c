@@ -229,6 +229,9 @@ size_t moek_expert_split_align(const struct moek_expert *e)
 	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
 	    align < MOEK_FP8_BLOCK)
 		align = MOEK_FP8_BLOCK;
+	/* Q4_0/MXFP4 down: SIMD activations come in pairs of 32-blocks (MOEK_ACT_Q8_0X2) */
+	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4) && align < 64)
+		align = 64;
 	return align;
 }
 
@@ -283,7 +286,7 @@ static uint32_t act_format(const struct moek_isa_ops *ops, uint32_t weight_forma
 {
 	if (prefill || !ops->dot[moek_fmt_slot(weight_format)])
 		return MOEK_F32;
-	return moek_vec_dot_format(weight_format);
+	return moek_isa_act_format(ops, weight_format);
 }
 
 /* Fills c->plan (except base) and returns the scratch bytes needed. */
@@ -301,12 +304,14 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	                                                    : MOEK_PREFILL_MIN_TOKENS_FLOAT);
 	c->plan.xq_format = act_format(ops, e->gate.format, c->plan.prefill);
 	c->plan.hq_format = act_format(ops, e->down.format, c->plan.prefill);
-	c->plan.xq_row = c->plan.xq_format == MOEK_F32
-	                     ? 0
-	                     : round_up(moek_row_bytes(c->plan.xq_format, c->plan.hidden), 64);
-	c->plan.hq_row = c->plan.hq_format == MOEK_F32
-	                     ? 0
-	                     : round_up(moek_row_bytes(c->plan.hq_format, c->plan.ffn), 64);
+	c->plan.xq_row =
+	    c->plan.xq_format == MOEK_F32
+	        ? 0
+	        : round_up(moek_isa_act_row_bytes(ops, c->plan.xq_format, c->plan.hidden), 64);
+	c->plan.hq_row =
+	    c->plan.hq_format == MOEK_F32
+	        ? 0
+	        : round_up(moek_isa_act_row_bytes(ops, c->plan.hq_format, c->plan.ffn), 64);
 	/* prefill keeps x and h as panels of PANEL tokens ([k][PANEL], padded with zero tokens) */
 	const size_t n_rows = c->plan.prefill ? round_up(n, PANEL) : n;
 	size_t off = round_up(n_rows * c->plan.x_pad * sizeof(float), 64);
@@ -326,7 +331,7 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers)
 {
-	if (check_expert(e, NULL, 0))
+	if (check_expert(e, NULL, 0) || n_tokens > MOEK_MAX_TOKENS || n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
 	return layout(e, n_tokens, n_workers, current_isa(), &c);
@@ -352,6 +357,10 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		            hidden);
 	if (c->n_workers == 0)
 		return fail(err, len, "ffn call: n_workers must be >= 1");
+	if (c->n_tokens > MOEK_MAX_TOKENS || c->n_workers > MOEK_MAX_WORKERS)
+		return fail(err, len,
+		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
+		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
 	const size_t need = layout(e, c->n_tokens, c->n_workers, current_isa(), c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
@@ -454,7 +463,8 @@ void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begi
 		moek_convert(MOEK_ACT_F32, x32, c->x_dtype, src, hidden);
 		memset(x32 + hidden, 0, (c->plan.x_pad - hidden) * sizeof(float));
 		if (c->plan.xq_format != MOEK_F32)
-			moek_quantize_row(c->plan.xq_format, x32, hidden, xq_row(c, t));
+			moek_isa_quantize_act(plan_ops(c), c->plan.xq_format, x32, hidden,
+			                      xq_row(c, t));
 		float *h32 = h32_row(c, t); /* the padding columns of h stay zero */
 		memset(h32 + c->plan.ffn, 0, (c->plan.h_pad - c->plan.ffn) * sizeof(float));
 	}
@@ -579,14 +589,18 @@ void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_be
 		hidden_decode(c, worker, f_begin, f_end);
 	if (c->plan.hq_format == MOEK_F32)
 		return;
-	/* quantize this range of h for down's integer dot product: whole blocks, because the
-	 * range is a multiple of moek_expert_split_align (or ends at ffn) */
-	const size_t hq_block = moek_format_lookup(c->plan.hq_format)->block_elems;
+	/* quantize this range of h for down's dot product: whole blocks (pairs of blocks for
+	 * MOEK_ACT_Q8_0X2), because the range is a multiple of moek_expert_split_align or ends
+	 * at ffn */
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const uint32_t hq = c->plan.hq_format;
+	const size_t hq_block = hq == MOEK_ACT_Q8_0X2 ? 64 : moek_format_lookup(hq)->block_elems;
 	assert(f_begin % hq_block == 0 && (f_end % hq_block == 0 || f_end == c->plan.ffn));
+	(void)hq_block;
 	for (size_t t = 0; t < c->n_tokens; t++)
-		moek_quantize_row(c->plan.hq_format, h32_row(c, t) + f_begin, f_end - f_begin,
-		                  (uint8_t *)hq_row(c, t) +
-		                      moek_row_bytes(c->plan.hq_format, f_begin));
+		moek_isa_quantize_act(ops, hq, h32_row(c, t) + f_begin, f_end - f_begin,
+		                      (uint8_t *)hq_row(c, t) +
+		                          moek_isa_act_row_bytes(ops, hq, f_begin));
 }
 
 static inline void accumulate(const struct moek_ffn_call *c, size_t t, size_t o, float y)

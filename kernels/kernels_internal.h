@@ -111,14 +111,63 @@ typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *sca
 typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *xp, size_t k,
                              float *c, size_t ldc);
 
+/* ISA-private activation formats: layouts an ISA's dot products prefer over the ggml ones.
+ * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0 and MXFP4 weights): Q8_0 quantization (d = amax/127 per 32
+ * elements, f32 d) stored per pair of blocks in the lane order of a 256-bit nibble unpack, so
+ * the dot product loads activations and scales without shuffles. A row of k elements (k a
+ * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. */
+#define MOEK_ACT_Q8_0X2 2001u
+struct block_q8_0x2 {
+	float d[8];    /* d of block 2p in lanes 0-3, of block 2p+1 in lanes 4-7 */
+	int8_t lo[32]; /* elements 0-15 of block 2p, then 0-15 of block 2p+1 */
+	int8_t hi[32]; /* elements 16-31 of block 2p, then 16-31 of block 2p+1 */
+};
+static_assert(sizeof(struct block_q8_0x2) == 96, "Q8_0x2 pair");
+
 struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
+	/* private activation formats (all NULL when the ISA has none): the format a weight
+	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
+	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary) */
+	uint32_t (*private_act)(uint32_t weight_format);
+	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
+	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
+	void (*dequantize_act)(uint32_t act_format, const void *src, size_t k, float *dst);
 	moek_dequant_fn dequantize_row;
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
 };
+
+/* The activation format `ops` feeds a weight format's dot product with, its row size, and its
+ * quantizer: the ISA's private one where it has one, else the ggml format. */
+static inline uint32_t moek_isa_act_format(const struct moek_isa_ops *ops, uint32_t weight_format)
+{
+	const uint32_t p = ops->private_act ? ops->private_act(weight_format) : 0;
+	return p ? p : moek_vec_dot_format(weight_format);
+}
+static inline size_t moek_isa_act_row_bytes(const struct moek_isa_ops *ops, uint32_t act, size_t k)
+{
+	return act == MOEK_ACT_Q8_0X2 ? ops->act_row_bytes(act, k) : moek_row_bytes(act, k);
+}
+static inline void moek_isa_quantize_act(const struct moek_isa_ops *ops, uint32_t act,
+                                         const float *x, size_t k, void *dst)
+{
+	if (act == MOEK_ACT_Q8_0X2)
+		ops->quantize_act(act, x, k, dst);
+	else
+		moek_quantize_row(act, x, k, dst);
+}
+
+static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint32_t act,
+                                           const void *src, size_t k, float *dst)
+{
+	if (act == MOEK_ACT_Q8_0X2)
+		ops->dequantize_act(act, src, k, dst);
+	else
+		moek_dequantize(act, src, NULL, 1, k, dst);
+}
 
 /* Dense slot of a weight format in moek_isa_ops.dot (FP8's id 1000 maps to 63). */
 static inline unsigned moek_fmt_slot(uint32_t format)

@@ -4,18 +4,21 @@
  * runs unless ffn.c's CPUID check chose moek_avx2_ops, so the library itself never requires
  * AVX2.
  *
- * Decode dot products (one weight row · one token):
+ * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
  *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations —
- *   integer products (maddubs/madd) per block, one f32 FMA per block (K-quants: per
- *   256-element super-block, with the 6-bit sub-block scales applied in integers and the mins
- *   through Q8_K's bsums);
- *   BF16, F16, F32, FP8 E4M3 against f32 activations — converted in registers and FMA'd.
- * Prefill: a 3-row x 4-token register-blocked f32 micro-kernel over dequantized weight tiles.
+ *   integer products (maddubs/madd), one f32 FMA per block (Q4_0/MXFP4: per pair of blocks,
+ *   unpacked by one 256-bit shift/mask; K-quants: per 256-element super-block, the 6-bit
+ *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
+ *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
+ *   and FMA'd.
+ * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
+ * outer-product f32 micro-kernel over activation panels.
  *
  * Every function's summation order depends only on k, never on which rows or tokens are
  * processed together: the FFN's split determinism rests on it.
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -130,12 +133,6 @@ ALWAYS_INLINE __m256i nib_pair_values(enum q32_kind kind, __m256i nib, __m256i m
 	                        : _mm256_shuffle_epi8(mx_values, nib);
 }
 
-ALWAYS_INLINE __m256i pair_load(const int8_t *a, const int8_t *b)
-{
-	return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
-	                               _mm_loadu_si128((const __m128i *)b), 1);
-}
-
 /* Scales of blocks i, i+1 as f32 lanes 0 and 1: E8M0 (2^(e-128), doubled E2M1 values) by
  * integer exponent arithmetic — exact for 2 <= e <= 254, the rest (subnormal 2^-128, 2^-127,
  * NaN) through the scalar reference — or f16 through F16C. */
@@ -154,26 +151,6 @@ ALWAYS_INLINE __m128 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, c
 	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
 }
 
-/* [s0 s0 s0 s0 s1 s1 s1 s1] from lanes 0, 1 of dw * dy (the two blocks' combined scales). */
-ALWAYS_INLINE __m256 pair_scales(__m128 dw, const struct block_q8_0 *y)
-{
-	const __m128 dy =
-	    _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)y[0].d | (uint32_t)y[1].d << 16)));
-	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(dw, dy)),
-	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-}
-
-ALWAYS_INLINE __m256 q32_pair_dot(__m256i lo, __m256i hi, const struct block_q8_0 *y, __m128 dw)
-{
-	const __m256i ylo = pair_load(y[0].qs, y[1].qs);
-	const __m256i yhi = pair_load(y[0].qs + 16, y[1].qs + 16);
-	const __m256i p = _mm256_add_epi16(
-	    _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ylo, lo)),
-	    _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yhi, hi)));
-	const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-	return _mm256_mul_ps(pair_scales(dw, y), s);
-}
-
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
                             const int NT, size_t k, float *out, enum q32_kind kind)
 {
@@ -186,33 +163,56 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	__m256 acc[8], acc1 = _mm256_setzero_ps();
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	size_t i = 0;
-	if (kind != Q32_Q8_0) {
-		const __m256i low4 = _mm256_set1_epi8(0x0F);
-		for (; i + 2 <= nb; i += 2) {
-			const uint8_t *b0 = x + i * bb, *b1 = b0 + bb;
+	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
+		const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+		const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+		for (size_t p = 0; 2 * p < nb; p++) {
+			const uint8_t *b0 = x + 2 * p * bb, *b1 = b0 + bb;
+			const bool two =
+			    2 * p + 1 < nb; /* else: the odd last block, zeros beside */
+			const __m128i q0 = _mm_loadu_si128((const __m128i *)(b0 + qoff));
 			const __m256i q = _mm256_inserti128_si256(
-			    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),
-			    _mm_loadu_si128((const __m128i *)(b1 + qoff)), 1);
+			    _mm256_castsi128_si256(q0),
+			    two ? _mm_loadu_si128((const __m128i *)(b1 + qoff))
+			        : _mm_setzero_si128(),
+			    1);
 			const __m256i lo =
 			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
 			const __m256i hi = nib_pair_values(
 			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
-			const __m128 dw = pair_weight_scales(kind, b0, b1);
+			const __m256i alo = _mm256_sign_epi8(lo, lo),
+			              ahi = _mm256_sign_epi8(hi, hi);
+			const __m128 dw = two ? pair_weight_scales(kind, b0, b1)
+			                      : _mm_setr_ps(q32_scale(kind, b0), 0.0f, 0.0f, 0.0f);
+			const __m256 w8 =
+			    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dw), spread);
 			for (int t = 0; t < NT; t++) {
-				const struct block_q8_0 *y =
-				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
-				acc[t] = _mm256_add_ps(acc[t], q32_pair_dot(lo, hi, y, dw));
+				const struct block_q8_0x2 *y =
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				    p;
+				const __m256i ylo = _mm256_loadu_si256((const __m256i *)y->lo);
+				const __m256i yhi = _mm256_loadu_si256((const __m256i *)y->hi);
+				const __m256i p16 = _mm256_add_epi16(
+				    _mm256_maddubs_epi16(alo, _mm256_sign_epi8(ylo, lo)),
+				    _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(yhi, hi)));
+				const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+				acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)),
+				                         sum, acc[t]);
 			}
 		}
-	} else if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
+		for (int t = 0; t < NT; t++)
+			out[t] = hsum(acc[t]);
+		return;
+	}
+	size_t i = 0;
+	if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
 		const struct block_q8_0 *y = act;
 		for (; i + 2 <= nb; i += 2) {
 			acc[0] = q32_block(kind, x + i * bb, y + i, mx_values, acc[0]);
 			acc1 = q32_block(kind, x + (i + 1) * bb, y + i + 1, mx_values, acc1);
 		}
 	}
-	for (; i < nb; i++) { /* Q8_0 with several tokens, and any odd last block */
+	for (; i < nb; i++) { /* several tokens, and an odd last block */
 		const uint8_t *blk = x + i * bb;
 		for (int t = 0; t < NT; t++) {
 			const struct block_q8_0 *y =
@@ -222,6 +222,56 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+}
+
+/* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 dot products ---------------------- */
+
+static uint32_t private_act(uint32_t weight_format)
+{
+	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0X2 : 0;
+}
+
+static size_t act_row_bytes(uint32_t act_format, size_t k)
+{
+	(void)act_format;
+	return (k + 63) / 64 * sizeof(struct block_q8_0x2);
+}
+
+/* Q8_0's rounding (d = amax / 127, q = round-half-away(x / d)) with d kept in f32. */
+static void quantize_act(uint32_t act_format, const float *x, size_t k, void *dst)
+{
+	(void)act_format;
+	struct block_q8_0x2 *y = dst;
+	for (size_t p = 0; 64 * p < k; p++) {
+		memset(&y[p], 0, sizeof(y[p]));
+		for (size_t b = 0; b < 2 && 64 * p + 32 * b < k; b++) {
+			const float *xb = x + 64 * p + 32 * b;
+			float amax = 0.0f;
+			for (int j = 0; j < 32; j++)
+				amax = fmaxf(amax, fabsf(xb[j]));
+			const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+			for (int j = 0; j < 4; j++)
+				y[p].d[4 * b + j] = d;
+			for (int j = 0; j < 32; j++) {
+				const float v = fmaxf(-127.0f, fminf(127.0f, xb[j] * id));
+				int8_t *slot =
+				    j < 16 ? &y[p].lo[16 * b + j] : &y[p].hi[16 * b + j - 16];
+				*slot = (int8_t)roundf(v);
+			}
+		}
+	}
+}
+
+static void dequantize_act(uint32_t act_format, const void *src, size_t k, float *dst)
+{
+	(void)act_format;
+	const struct block_q8_0x2 *y = src;
+	for (size_t i = 0; i < k; i++) {
+		const struct block_q8_0x2 *pb = &y[i / 64];
+		const size_t b = (i % 64) / 32, j = i % 32;
+		dst[i] =
+		    pb->d[4 * b] * (float)(j < 16 ? pb->lo[16 * b + j] : pb->hi[16 * b + j - 16]);
+	}
 }
 
 DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0)
@@ -841,6 +891,10 @@ static void tile(const float *w, size_t ldw, size_t nr, const float *xp, size_t 
 }
 
 const struct moek_isa_ops moek_avx2_ops = {
+    .private_act = private_act,
+    .act_row_bytes = act_row_bytes,
+    .quantize_act = quantize_act,
+    .dequantize_act = dequantize_act,
     .name = "avx2",
     .dot =
         {

@@ -169,7 +169,12 @@ struct moek_ffn_call {
 	} plan;
 };
 
-/* Scratch bytes for an expert at n tokens run by n_workers workers (64-byte aligned use). */
+/* Limits of one call (far above any batch; they keep every size computation in range). */
+#define MOEK_MAX_TOKENS (1u << 20)
+#define MOEK_MAX_WORKERS 1024u
+
+/* Scratch bytes for an expert at n tokens run by n_workers workers (64-byte aligned use), or 0
+ * if the expert is invalid or the counts exceed the limits. */
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers);
 
 /* Validates the call (formats, shapes, alignment, scratch size), lays out its scratch and

@@ -51,13 +51,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	for (size_t i = 0; i < k; i++)
 		x[i] = (float)((int)(i * 37 % 19) - 9) * 0.125f;
-	const uint32_t act_format = moek_vec_dot_format(format);
+	const uint32_t act_format = moek_isa_act_format(&moek_avx2_ops, format);
 	if (act_format == MOEK_F32)
 		memcpy(act, x, k * sizeof(float));
-	else if (moek_quantize_row(act_format, x, k, act) != 0)
-		abort();
+	else
+		moek_isa_quantize_act(&moek_avx2_ops, act_format, x, k, act);
 	float xd[MAX_K], got;
-	moek_dequantize(act_format, act, NULL, 1, k, xd);
+	if (act_format == MOEK_F32)
+		memcpy(xd, x, k * sizeof(float));
+	else
+		moek_isa_dequantize_act(&moek_avx2_ops, act_format, act, k, xd);
 	moek_avx2_ops.dot[moek_fmt_slot(format)](row, sr, act, 0, 1, k, &got);
 	double want = 0, mag = 0;
 	for (size_t i = 0; i < k; i++) {

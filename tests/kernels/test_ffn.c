@@ -108,6 +108,10 @@ FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
 FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10})
+/* float formats accept any width: columns not a multiple of 8 (SIMD tails, zero-padded tiles) */
+FMT_TEST(bf16_odd_shape, {MOEK_BF16, 0, 100, 36, MOEK_SWIGLU, 1, 0.02, 1e-5})
+FMT_TEST(fp8_odd_shape, {MOEK_FP8_E4M3_B128, 0, 100, 140, MOEK_SWIGLU, 0, 0.08, 1e-10})
+FMT_TEST(f32_odd_shape, {MOEK_F32, 0, 52, 18, MOEK_SWIGLU_OAI, 1, 1e-5, 1e-10})
 FMT_TEST(bf16_gpt_oss, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU_OAI, 1, 0.02, 1e-5})
 
 /* The clamped activation really clamps: with limit 7, gate values of +-100 saturate. */
@@ -136,36 +140,43 @@ Test(ffn_api, gpt_oss_activation_clamps)
 	fixture_free(&f);
 }
 
+/* 16-bit activations enter exactly: a bf16/f16 call equals the f32 call on the same values,
+ * through the decode path (3 tokens) and the prefill panels (20 tokens). */
 Test(ffn_api, bf16_and_f16_activations_equal_their_f32_values)
 {
+	enum { H = 256, NMAX = 20 };
 	struct fixture f;
-	fixture_init(&f, MOEK_Q8_0, 0, 256, 64, MOEK_SWIGLU, 0, 5);
-	const size_t n = 3;
-	float *x = fixture_tokens(n, 256, 9);
-	uint16_t xb[3 * 256];
-	for (unsigned dtype = MOEK_ACT_F16; dtype <= MOEK_ACT_BF16; dtype++) {
-		moek_convert(dtype, xb, MOEK_ACT_F32, x, n * 256);
-		float xr[3 * 256];
-		moek_convert(MOEK_ACT_F32, xr, dtype, xb, n * 256);
-		float *want = fixture_run(&f, xr, n, NULL);
-		float got[3 * 256] = {0};
-		const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
-		void *scratch = malloc(bytes);
-		struct moek_ffn_call c = {.expert = &f.expert,
-		                          .n_tokens = n,
-		                          .x = xb,
-		                          .x_dtype = dtype,
-		                          .out = got,
-		                          .scratch = scratch,
-		                          .scratch_bytes = bytes,
-		                          .n_workers = 1};
-		char err[200];
-		cr_assert_eq(moek_ffn_run(&c, err, sizeof(err)), 0, "%s", err);
-		cr_expect_arr_eq(got, want, sizeof(got), "dtype %u", dtype);
-		free(want);
-		free(scratch);
+	fixture_init(&f, MOEK_Q8_0, 0, H, 64, MOEK_SWIGLU, 0, 5);
+	static const size_t counts[] = {3, NMAX};
+	for (size_t i = 0; i < 2; i++) {
+		const size_t n = counts[i];
+		float *x = fixture_tokens(n, H, 9);
+		static uint16_t xb[NMAX * H];
+		static float xr[NMAX * H], got[NMAX * H];
+		for (unsigned dtype = MOEK_ACT_F16; dtype <= MOEK_ACT_BF16; dtype++) {
+			moek_convert(dtype, xb, MOEK_ACT_F32, x, n * H);
+			moek_convert(MOEK_ACT_F32, xr, dtype, xb, n * H);
+			float *want = fixture_run(&f, xr, n, NULL);
+			memset(got, 0, sizeof(got));
+			const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
+			void *scratch = malloc(bytes);
+			struct moek_ffn_call c = {.expert = &f.expert,
+			                          .n_tokens = n,
+			                          .x = xb,
+			                          .x_dtype = dtype,
+			                          .out = got,
+			                          .scratch = scratch,
+			                          .scratch_bytes = bytes,
+			                          .n_workers = 1};
+			char err[200];
+			cr_assert_eq(moek_ffn_run(&c, err, sizeof(err)), 0, "%s", err);
+			cr_expect_arr_eq(got, want, n * H * sizeof(float), "dtype %u, %zu tokens",
+			                 dtype, n);
+			free(want);
+			free(scratch);
+		}
+		free(x);
 	}
-	free(x);
 	fixture_free(&f);
 }
 
@@ -257,6 +268,9 @@ Test(ffn_api, prepare_rejects_bad_calls_with_a_reason)
 	expect_prepare_error(&c, "dtype");
 	c = good, c.x_stride = 100;
 	expect_prepare_error(&c, "x stride");
+	c = good, c.n_tokens = MOEK_MAX_TOKENS + 1;
+	expect_prepare_error(&c, "beyond the limits");
+	cr_expect_eq(moek_ffn_scratch_bytes(&f.expert, (size_t)MOEK_MAX_TOKENS + 1, 1), 0);
 
 	e = f.expert, e.up.rows = 32;
 	expect_prepare_error(&good, "gate and up");
@@ -321,13 +335,13 @@ Test(ffn_dot, simd_dot_products_match_reference)
 	float scales[8];
 	cr_assert(wd && xd && wq && xq);
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
-		const uint32_t fmt = fmts[f], act = moek_vec_dot_format(fmt);
+		const uint32_t fmt = fmts[f], act = moek_isa_act_format(&moek_avx2_ops, fmt);
 		const char *name = moek_format_lookup(fmt)->name;
 		float *sc = fmt == MOEK_FP8_E4M3_B128 ? scales : NULL;
 		cr_assert_eq(moek_quantize(fmt, w, ROWS, K, wq, sc), 0);
 		cr_assert_eq(moek_dequantize(fmt, wq, sc, ROWS, K, wd), 0);
-		cr_assert_eq(moek_quantize_row(act, x, K, xq), 0);
-		cr_assert_eq(moek_dequantize(act, xq, NULL, 1, K, xd), 0);
+		moek_isa_quantize_act(&moek_avx2_ops, act, x, K, xq);
+		moek_isa_dequantize_act(&moek_avx2_ops, act, xq, K, xd);
 		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_slot(fmt)];
 		cr_assert_not_null(dot, "%s has no AVX2 dot", name);
 		double num = 0, den = 0;
@@ -386,4 +400,35 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 #else
 	cr_skip_test("x86-64 only");
 #endif
+}
+
+/* gpt-oss stores gate and up interleaved row by row in one tensor (GGUF's fused gate_up keeps
+ * them as halves): row_stride views both without a copy, and the result is the same bits as
+ * separate matrices, decode and prefill. */
+Test(ffn_api, interleaved_gate_up_rows_are_a_strided_view)
+{
+	struct fixture f;
+	fixture_init(&f, MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU_OAI, 1, 12);
+	const size_t rb = moek_row_bytes(MOEK_MXFP4, 320);
+	uint8_t *fused = malloc(2 * 224 * rb);
+	cr_assert(fused);
+	for (size_t r = 0; r < 224; r++) {
+		memcpy(fused + (2 * r) * rb, (const uint8_t *)f.gate.data + r * rb, rb);
+		memcpy(fused + (2 * r + 1) * rb, (const uint8_t *)f.up.data + r * rb, rb);
+	}
+	struct fixture view = f;
+	view.expert.gate.data = fused;
+	view.expert.gate.row_stride = 2 * rb;
+	view.expert.up.data = fused + rb;
+	view.expert.up.row_stride = 2 * rb;
+	for (size_t n = 2; n <= 34; n += 32) {
+		float *x = fixture_tokens(n, 320, 13);
+		float *want = fixture_run(&f, x, n, NULL), *got = fixture_run(&view, x, n, NULL);
+		cr_expect_arr_eq(got, want, n * 320 * sizeof(float), "%zu tokens", n);
+		free(want);
+		free(got);
+		free(x);
+	}
+	free(fused);
+	fixture_free(&f);
 }
