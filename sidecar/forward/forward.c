@@ -57,12 +57,13 @@ struct forward_engine {
 	pthread_mutex_t run_lock;
 	/* Request plan, sized for max_tokens x max_k pairs (guarded by run_lock). */
 	uint32_t max_pairs, max_groups;
-	uint8_t *pos_kind;     /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
-	uint32_t *pos_slot;    /* [position]: gathered slot */
-	uint16_t *tok_order;   /* [t*k + r]: position j of the r-th entry by weight */
-	uint32_t *tok_n_valid; /* [t] */
-	uint32_t *tok_n_imm;   /* [t] */
-	uint32_t *key_count;   /* [2 * n_experts + 1] */
+	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
+	uint32_t *pos_slot;            /* [position]: gathered slot */
+	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry by weight */
+	uint32_t *tok_n_valid;         /* [t] */
+	uint32_t *tok_n_imm;           /* [t] */
+	uint32_t *key_count;           /* [n_experts + 1] */
+	uint8_t *expert_has_immediate; /* [n_experts] */
 	struct req_group *groups;
 	struct wave_group *wave;
 	uint32_t *wave_group_of; /* wave index → request group */
@@ -133,13 +134,14 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	const uint32_t n_experts = e->cat->info.n_experts;
 	const size_t P = (size_t)e->max_tokens * e->max_k;
 	e->max_pairs = (uint32_t)P;
-	e->max_groups = 2 * (uint32_t)(P < n_experts ? P : n_experts);
+	e->max_groups = (uint32_t)(P < n_experts ? P : n_experts);
 	e->pos_kind = calloc(P, 1);
 	e->pos_slot = calloc(P, sizeof(uint32_t));
 	e->tok_order = calloc(P, sizeof(uint16_t));
 	e->tok_n_valid = calloc(e->max_tokens, sizeof(uint32_t));
 	e->tok_n_imm = calloc(e->max_tokens, sizeof(uint32_t));
-	e->key_count = calloc(2 * (size_t)n_experts + 1, sizeof(uint32_t));
+	e->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
+	e->expert_has_immediate = calloc(n_experts, 1);
 	e->groups = calloc(e->max_groups, sizeof(*e->groups));
 	e->wave = calloc(e->max_groups, sizeof(*e->wave));
 	e->wave_group_of = calloc(e->max_groups, sizeof(uint32_t));
@@ -150,8 +152,8 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	e->scratch_bytes = 2 * full + ((size_t)8 << 20);
 	e->scratch = aligned_alloc(64, align_up_64(e->scratch_bytes));
 	if (!e->pos_kind || !e->pos_slot || !e->tok_order || !e->tok_n_valid || !e->tok_n_imm ||
-	    !e->key_count || !e->groups || !e->wave || !e->wave_group_of || !e->xg || !e->yg ||
-	    !e->wg || !e->scratch || full == 0) {
+	    !e->key_count || !e->expert_has_immediate || !e->groups || !e->wave ||
+	    !e->wave_group_of || !e->xg || !e->yg || !e->wg || !e->scratch || full == 0) {
 		snprintf(err, err_len, "forward engine: request buffers for %u tokens x %u ids: %s",
 		         e->max_tokens, e->max_k, full ? "out of memory" : "no usable expert");
 		return -1;
@@ -246,6 +248,7 @@ void forward_destroy(struct forward_engine *e)
 	free(e->tok_n_valid);
 	free(e->tok_n_imm);
 	free(e->key_count);
+	free(e->expert_has_immediate);
 	free(e->groups);
 	free(e->wave);
 	free(e->wave_group_of);
@@ -384,7 +387,7 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 /* ---- planning -------------------------------------------------------------------------- */
 
 /* Orders each token's valid entries by weight descending (ties: earlier position first),
- * marks the last min(k_defer, valid) deferred, and groups the pairs per (kind, expert). Returns
+ * marks the last min(k_defer, valid) deferred, and groups the pairs per expert. Returns
  * the number of groups. */
 static uint32_t plan_request(struct forward_engine *e, const struct forward_request *q)
 {
@@ -413,32 +416,39 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 		for (uint32_t r = 0; r < n; r++)
 			e->pos_kind[(size_t)t * k + order[r]] = r < n - n_def ? 1 : 2;
 	}
-	/* Counting sort on key = deferred * n_experts + expert, stable in (t, j) order. */
-	const uint32_t n_keys = 2 * n_experts;
-	memset(e->key_count, 0, (n_keys + 1) * sizeof(uint32_t));
+	/* Counting sort on the expert, stable in (t, j) order. An expert's immediate and deferred
+	 * pairs share one group: the kernels' per-token results depend on the batch they are
+	 * computed in (multi-token dot products), so deferral must not change the batches —
+	 * that is what makes immediate + deferred equal the undeferred output. Groups with an
+	 * immediate pair come first; deferred-only groups after them. */
+	memset(e->key_count, 0, (n_experts + 1) * sizeof(uint32_t));
+	memset(e->expert_has_immediate, 0, n_experts);
 	const size_t n_pos = (size_t)q->n_tokens * k;
 	for (size_t p = 0; p < n_pos; p++)
-		if (e->pos_kind[p])
-			e->key_count[(e->pos_kind[p] - 1u) * n_experts + (uint32_t)q->ids[p] + 1]++;
+		if (e->pos_kind[p]) {
+			e->key_count[(uint32_t)q->ids[p] + 1]++;
+			e->expert_has_immediate[q->ids[p]] |= e->pos_kind[p] == 1;
+		}
+	for (uint32_t x = 0; x < n_experts; x++)
+		e->key_count[x + 1] += e->key_count[x];
 	uint32_t n_groups = 0;
-	for (uint32_t key = 0; key < n_keys; key++) {
-		const uint32_t c = e->key_count[key + 1];
-		e->key_count[key + 1] += e->key_count[key];
-		if (c == 0)
-			continue;
-		struct req_group *g = &e->groups[n_groups++];
-		memset(g, 0, sizeof(*g));
-		g->expert = key % n_experts;
-		g->deferred = key >= n_experts;
-		g->first = e->key_count[key];
-		g->count = c;
-	}
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t x = 0; x < n_experts; x++) {
+			const uint32_t c = e->key_count[x + 1] - e->key_count[x];
+			if (c == 0 || e->expert_has_immediate[x] != (pass == 0))
+				continue;
+			struct req_group *g = &e->groups[n_groups++];
+			memset(g, 0, sizeof(*g));
+			g->expert = x;
+			g->deferred = pass == 1;
+			g->first = e->key_count[x];
+			g->count = c;
+		}
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	for (size_t p = 0; p < n_pos; p++) {
 		if (!e->pos_kind[p])
 			continue;
-		const uint32_t key = (e->pos_kind[p] - 1u) * n_experts + (uint32_t)q->ids[p];
-		const uint32_t s = e->key_count[key]++;
+		const uint32_t s = e->key_count[q->ids[p]]++;
 		e->pos_slot[p] = s;
 		memcpy(e->xg + s * row, (const uint8_t *)q->x + (p / k) * row, row);
 		e->wg[s] = q->weights[p];
@@ -725,8 +735,9 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 
 /* ---- reference ------------------------------------------------------------------------- */
 
-/* Independent of the scheduler's planning code on purpose: ranks by counting, groups by a scan
- * per expert, one moek_ffn_run per group on this thread. */
+/* Independent of the scheduler's planning code on purpose: ranks by counting, batches by a scan
+ * per expert (every entry naming the expert, in (token, position) order), one moek_ffn_run per
+ * batch on this thread. */
 int forward_reference(struct forward_engine *e, const struct forward_request *q,
                       float *out_immediate, float *out_deferred, struct forward_result *res)
 {
@@ -767,67 +778,61 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 			deferred[t * k + j] = r >= valid - n_def;
 		}
 	}
-	for (int kind = 0; kind < 2 && rc == MOE_OK; kind++)
-		for (uint32_t x = 0; x < e->cat->info.n_experts && rc == MOE_OK; x++) {
-			size_t m = 0;
-			for (size_t p = 0; p < n * k; p++)
-				if (q->ids[p] == (int32_t)x && deferred[p] == kind) {
-					members[m] = (uint32_t)p;
-					memcpy(xbuf + m * row,
-					       (const uint8_t *)q->x + (p / k) * row, row);
-					wbuf[m++] = q->weights[p];
-				}
-			if (m == 0)
-				continue;
-			struct held_expert held = {0};
-			char err[128];
-			if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-				int a =
-				    residency_acquire(e->w.res, moe_layer, x, -1.0f, 0, &held.ref);
-				if (a != 0) {
-					struct req_group g = {.expert = x};
-					rc = demand_failed(e, q, &g, a, res);
-					break;
-				}
-				held.has_ref = true;
-				a = weights_ref_view(&e->w, &held.ref, &held.view, err,
-				                     sizeof(err));
-				if (a != 0)
-					rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-			} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err,
-			                               sizeof(err)) != 0) {
+	for (uint32_t x = 0; x < e->cat->info.n_experts && rc == MOE_OK; x++) {
+		size_t m = 0; /* one batch per expert, deferred entries included (forward.h) */
+		for (size_t p = 0; p < n * k; p++)
+			if (q->ids[p] == (int32_t)x) {
+				members[m] = (uint32_t)p;
+				memcpy(xbuf + m * row, (const uint8_t *)q->x + (p / k) * row, row);
+				wbuf[m++] = q->weights[p];
+			}
+		if (m == 0)
+			continue;
+		struct held_expert held = {0};
+		char err[128];
+		if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
+			int a = residency_acquire(e->w.res, moe_layer, x, -1.0f, 0, &held.ref);
+			if (a != 0) {
+				struct req_group g = {.expert = x};
+				rc = demand_failed(e, q, &g, a, res);
+				break;
+			}
+			held.has_ref = true;
+			a = weights_ref_view(&e->w, &held.ref, &held.view, err, sizeof(err));
+			if (a != 0)
 				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-			}
-			void *scratch = NULL;
-			if (rc == MOE_OK) {
-				const size_t sb = moek_ffn_scratch_bytes(&held.view, m, 1);
-				scratch = malloc(sb);
-				memset(ybuf, 0, m * h * sizeof(float));
-				struct moek_ffn_call c = {
-				    .expert = &held.view,
-				    .n_tokens = m,
-				    .x = xbuf,
-				    .x_dtype = q->x_dtype,
-				    .weights = wbuf,
-				    .out = ybuf,
-				    .scratch = scratch,
-				    .scratch_bytes = sb,
-				    .n_workers = 1,
-				};
-				if (!scratch)
-					rc = fail(res, MOE_ENOMEM, -1, -1, -1,
-					          "reference: out of memory");
-				else if (moek_ffn_run(&c, err, sizeof(err)) != 0)
-					rc = fail(res, MOE_EIO, -1, -1, (int32_t)x,
-					          "layer %d expert %u: %s", q->layer, x, err);
-				for (size_t i = 0; i < m && rc == MOE_OK; i++)
-					memcpy(contrib + members[i] * h, ybuf + i * h,
-					       h * sizeof(float));
-			}
-			free(scratch);
-			if (held.has_ref)
-				residency_release(e->w.res, &held.ref);
+		} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) !=
+		           0) {
+			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
 		}
+		void *scratch = NULL;
+		if (rc == MOE_OK) {
+			const size_t sb = moek_ffn_scratch_bytes(&held.view, m, 1);
+			scratch = malloc(sb);
+			memset(ybuf, 0, m * h * sizeof(float));
+			struct moek_ffn_call c = {
+			    .expert = &held.view,
+			    .n_tokens = m,
+			    .x = xbuf,
+			    .x_dtype = q->x_dtype,
+			    .weights = wbuf,
+			    .out = ybuf,
+			    .scratch = scratch,
+			    .scratch_bytes = sb,
+			    .n_workers = 1,
+			};
+			if (!scratch)
+				rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
+			else if (moek_ffn_run(&c, err, sizeof(err)) != 0)
+				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x,
+				          "layer %d expert %u: %s", q->layer, x, err);
+			for (size_t i = 0; i < m && rc == MOE_OK; i++)
+				memcpy(contrib + members[i] * h, ybuf + i * h, h * sizeof(float));
+		}
+		free(scratch);
+		if (held.has_ref)
+			residency_release(e->w.res, &held.ref);
+	}
 	if (rc != MOE_OK)
 		goto out;
 	for (size_t t = 0; t < n; t++) {
@@ -863,7 +868,8 @@ out:
 	return rc;
 }
 
-/* ---- prefetch, masks ------------------------------------------------------------------- */
+/* ---- prefetch, masks -------------------------------------------------------------------
+ */
 
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert)
@@ -878,7 +884,8 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 	if (scores_per_expert) {
 		if (!scores || n != info->n_experts)
 			return MOE_EINVAL;
-		/* The top_k highest finite scores, best first (k is small: selection by scans). */
+		/* The top_k highest positive finite scores, best first (k is small:
+		 * selection by scans). */
 		uint32_t top = info->top_k ? info->top_k : 1;
 		float last = INFINITY;
 		int32_t last_id = -1;
@@ -886,7 +893,7 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 			int32_t best = -1;
 			for (uint32_t x = 0; x < n; x++) {
 				const float s = scores[x];
-				if (!isfinite(s) || s > last ||
+				if (!isfinite(s) || s <= 0.0f || s > last ||
 				    (s == last && (int32_t)x <= last_id))
 					continue;
 				if (best < 0 || s > scores[best])
@@ -984,7 +991,8 @@ void forward_client_detach(struct forward_engine *e, uint32_t client)
 	set_attached(e, client, false);
 }
 
-/* ---- statistics ------------------------------------------------------------------------ */
+/* ---- statistics ------------------------------------------------------------------------
+ */
 
 uint32_t forward_stats_layers(const struct forward_engine *e)
 {
