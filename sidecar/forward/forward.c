@@ -483,7 +483,7 @@ static void sum_outputs(struct forward_engine *e, const struct forward_request *
 
 /* ---- execution ------------------------------------------------------------------------- */
 
-static void split_range(size_t total, size_t align, uint32_t parts, size_t *split)
+void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split)
 {
 	const size_t units = (total + align - 1) / align;
 	for (uint32_t n = 0; n < parts; n++) {
@@ -523,8 +523,9 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 		            q->layer, rg->expert, err);
 	*scratch_at = align_up_64(*scratch_at + need);
 	wg->f_align = moek_expert_split_align(&rg->held.view);
-	split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
-	split_range(rg->held.view.down.rows, 8, e->topo.n_nodes, wg->o_split);
+	forward_split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
+	forward_split_range(rg->held.view.down.rows, FORWARD_DOWN_ALIGN, e->topo.n_nodes,
+	                    wg->o_split);
 	e->wave_group_of[slot] = g;
 	return 0;
 }
