@@ -33,6 +33,10 @@
  * worker of node 0. prefetch, masks and stats may be called from any thread at any time,
  * concurrently with forward_run.
  *
+ * Shutdown: forward_run never waits forever: a cold read gives up after the loader's read
+ * timeout and retries (RESIDENCY), so a forward thread finishes its current request in bounded
+ * time; stop feeding it, join it, then forward_destroy.
+ *
  * Allocation: everything is sized at create from max_tokens and max_ids_per_token;
  * forward_run allocates nothing, takes no lock across I/O and logs nothing per token.
  */

@@ -549,3 +549,40 @@ Test(forward_stats, per_layer_counts)
 	forward_destroy(e);
 	fwd_model_free(&m);
 }
+
+/* Topology choices: a synthetic 2-node machine splits work but binds nothing; a node list
+ * naming a node that does not exist and a malformed synthetic spec are errors that say so. */
+Test(forward_topology, synthetic_and_bad_choices)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	struct forward_config cfg = {
+	    .source = FORWARD_SOURCE_MMAP,
+	    .numa = FORWARD_NUMA_SYNTHETIC,
+	    .numa_synthetic = "pack:1 numa:2 core:2 pu:1",
+	    .max_tokens = 2,
+	};
+	struct forward_engine *e;
+	char err[256];
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	struct forward_topology_info ti;
+	forward_topology(e, &ti);
+	cr_assert_eq(ti.n_nodes, 2);
+	cr_assert(ti.synthetic);
+	cr_assert_not(ti.memory_bound);
+	cr_assert_eq(ti.threads[0], 2, "threads default to the node's PUs");
+	forward_destroy(e);
+	cfg.numa_synthetic = "numa:banana";
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "banana") != NULL, "%s", err);
+	cfg.numa = FORWARD_NUMA_LIST;
+	cfg.numa_list[0] = 7;
+	cfg.numa_list_len = 1;
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
+	cr_assert(strstr(err, "--numa") != NULL, "%s", err);
+	cfg.numa_list[0] = 0;
+	cfg.threads_per_node = 1;
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
