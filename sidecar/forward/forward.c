@@ -1065,3 +1065,55 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		out->budget_bytes = e->w.budget_bytes;
 	}
 }
+
+/* Appends to buf like snprintf, tracking the length the whole output needs. */
+__attribute__((format(printf, 4, 5))) static void put(char *buf, size_t len, size_t *at,
+                                                      const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	const int n = vsnprintf(*at < len ? buf + *at : NULL, *at < len ? len - *at : 0, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*at += (size_t)n;
+}
+
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
+{
+	size_t at = 0;
+	if (len)
+		buf[0] = 0;
+	put(buf, len, &at,
+	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
+	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
+	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,\"layers\":[",
+	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
+	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
+	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
+	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
+	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions);
+	bool first = true;
+	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
+		const struct forward_layer_stats *s = &st->layers[l];
+		if (s->requests == 0)
+			continue;
+		put(buf, len, &at,
+		    "%s{\"layer\":%u,\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,"
+		    "\"cold_misses\":%llu,\"inflight_misses\":%llu,\"bytes_read\":%llu,"
+		    "\"failures\":%llu,\"queue_us\":{\"p50\":%llu,\"p99\":%llu},"
+		    "\"io_us\":{\"p50\":%llu,\"p99\":%llu},\"compute_us\":{\"p50\":%llu,\"p99\":%"
+		    "llu},"
+		    "\"total_us\":{\"p50\":%llu,\"p99\":%llu}}",
+		    first ? "" : ",", s->layer, (unsigned long long)s->requests,
+		    (unsigned long long)s->tokens, (unsigned long long)s->hits,
+		    (unsigned long long)s->cold_misses, (unsigned long long)s->inflight_misses,
+		    (unsigned long long)s->bytes_read, (unsigned long long)s->failures,
+		    (unsigned long long)s->queue_p50_us, (unsigned long long)s->queue_p99_us,
+		    (unsigned long long)s->io_p50_us, (unsigned long long)s->io_p99_us,
+		    (unsigned long long)s->compute_p50_us, (unsigned long long)s->compute_p99_us,
+		    (unsigned long long)s->total_p50_us, (unsigned long long)s->total_p99_us);
+		first = false;
+	}
+	put(buf, len, &at, "]}");
+	return at;
+}

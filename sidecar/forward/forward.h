@@ -201,4 +201,15 @@ uint32_t forward_stats_layers(const struct forward_engine *e);
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
 
+/* Writes `st` as one JSON object (no trailing newline):
+ *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
+ *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
+ *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
+ *               "inflight_misses":…, "bytes_read":…, "failures":…,
+ *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},
+ *               "total_us":{…}}, …]}
+ * Layers with no request are left out. Returns the length it needs (without the NUL), like
+ * snprintf: the output is complete only when that is < len. */
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len);
+
 #endif /* MOE_FORWARD_H */

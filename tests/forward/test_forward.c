@@ -546,6 +546,29 @@ Test(forward_stats, per_layer_counts)
 	cr_assert_geq(layers[1].total_p99_us, layers[1].total_p50_us);
 	cr_assert_gt(st.resident_bytes, 0);
 	cr_assert_leq(st.resident_bytes, st.budget_bytes);
+	/* JSON: the keys the STATS op and `moe-sidecar stats` promise, the numbers above. */
+	char json[2048], small[16];
+	size_t need = forward_stats_json(&st, json, sizeof(json));
+	cr_assert_lt(need, sizeof(json));
+	cr_assert_eq(strlen(json), need);
+	char want[64];
+	snprintf(want, sizeof(want), "{\"requests\":5,\"tokens\":15,");
+	cr_assert_eq(strncmp(json, want, strlen(want)), 0, "%s", json);
+	const char *keys[] = {"\"hits\":",
+	                      "\"cold_misses\":",
+	                      "\"inflight_misses\":",
+	                      "\"bytes_read\":",
+	                      "\"resident_bytes\":",
+	                      "\"budget_bytes\":",
+	                      "\"layers\":[{\"layer\":1,",
+	                      "\"io_us\":{\"p50\":"};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		cr_assert(strstr(json, keys[i]) != NULL, "%s missing in %s", keys[i], json);
+	cr_assert_eq(strstr(json, "\"layer\":0,"), NULL, "idle layers are left out: %s", json);
+	cr_assert_eq(json[need - 1], '}');
+	cr_assert_eq(forward_stats_json(&st, small, sizeof(small)), need,
+	             "truncation reports need");
+	cr_assert_eq(strlen(small), sizeof(small) - 1);
 	forward_destroy(e);
 	fwd_model_free(&m);
 }
