@@ -215,11 +215,13 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 		snprintf(err, err_len, "out of memory");
 		goto fail;
 	}
-	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u",
+	/* The kernels pick their ISA (and read MOEK_ISA) on first use: do it here, not on the
+	 * request path. */
+	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u isa=%s",
 	         config->source == FORWARD_SOURCE_RESIDENCY      ? "residency"
 	         : config->source == FORWARD_SOURCE_ALL_RESIDENT ? "all-resident"
 	                                                         : "mmap",
-	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k);
+	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k, moek_isa_name());
 	*out = e;
 	return 0;
 fail:
