@@ -38,7 +38,9 @@
  * time; stop feeding it, join it, then forward_destroy.
  *
  * Allocation: everything is sized at create from max_tokens and max_ids_per_token;
- * forward_run allocates nothing, takes no lock across I/O and logs nothing per token.
+ * forward_run allocates nothing and logs nothing per token. The locks prefetch, masks and stats
+ * take are never held across I/O; requests themselves are serialised on the engine, so one
+ * waiting for a cold expert (with nothing left to compute) delays the next request.
  */
 #ifndef MOE_FORWARD_H
 #define MOE_FORWARD_H
