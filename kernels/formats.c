@@ -81,19 +81,29 @@ float moek_e8m0_to_f32(uint8_t e)
 
 /* ---- Q8_0 / Q4_0 / MXFP4 (32-element blocks) -------------------------------------------- */
 
+/* roundf(v) (ties away from zero, as ggml's Q8_0) after clamping v to [-127, 127]; NaN gives
+ * 127 like fminf. Inline: v - trunc(v) is exact here, so no libm call per element. */
+static inline int round_away_127(float v)
+{
+	v = v < 127.f ? v : 127.f;
+	v = v > -127.f ? v : -127.f;
+	const int i = (int)v;
+	const float frac = v - (float)i;
+	return i + (frac >= 0.5f) - (frac <= -0.5f); /* branch-free: random data mispredicts */
+}
+
 static void quantize_q8_0(const float *x, void *dst, size_t n)
 {
 	struct block_q8_0 *y = dst;
 	for (size_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
 		float amax = 0.0f;
-		for (int j = 0; j < QK8_0; j++)
-			amax = fmaxf(amax, fabsf(x[j]));
+		for (int j = 0; j < QK8_0; j++) /* NaN never wins, as with fmaxf */
+			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
 		const float d = amax / 127.0f;
 		const float id = d != 0.0f ? 1.0f / d : 0.0f;
 		y[i].d = moek_f32_to_f16(d);
-		for (int j = 0; j < QK8_0; j++) /* roundf: ties away from zero, as ggml */
-			y[i].qs[j] = (int8_t)clampi(
-			    (int)roundf(fmaxf(-127.f, fminf(127.f, x[j] * id))), -127, 127);
+		for (int j = 0; j < QK8_0; j++)
+			y[i].qs[j] = (int8_t)round_away_127(x[j] * id);
 	}
 }
 
@@ -196,71 +206,151 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
 
 /* ---- K-quants ---------------------------------------------------------------------------- */
 
-/* Asymmetric search (ggml's make_qkx2_quants): x ~ scale * L + min with L in 0..nmax, min <= 0,
- * minimising the weighted squared error over nstep+1 candidate scales. Returns the scale;
- * *neg_min receives -min (>= 0). */
-static float search_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                              float *neg_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+/* The K-quant searches run many candidate scales over the same 16 or 32 values, so they work
+ * on 8-lane float vectors (GCC/Clang vector extensions: one AVX register, or two SSE ones on
+ * a baseline x86-64 build). Lane sums are reduced in a fixed order, so results do not depend
+ * on the instruction set. Rounding adds and subtracts 1.5 * 2^23: round to nearest even, as
+ * ggml's nearest_int, exact for |v| < 2^22; clamps are written `v > lo ? v : lo` so NaN
+ * lands on lo and no float-to-int conversion ever sees an out-of-range value. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
+typedef float f32x8 __attribute__((vector_size(32)));
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+enum { LANES = 8 };
+
+static inline __attribute__((always_inline)) f32x8 splat8(float v)
 {
-	float min = x[0], max = x[0];
-	float sum_w = w[0], sum_x = w[0] * x[0];
-	for (int i = 1; i < n; i++) {
-		if (x[i] < min)
-			min = x[i];
-		if (x[i] > max)
-			max = x[i];
-		sum_w += w[i];
-		sum_x += w[i] * x[i];
+	return (f32x8){v, v, v, v, v, v, v, v};
+}
+
+static inline __attribute__((always_inline)) f32x8 load8(const float *p)
+{
+	f32x8 v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline __attribute__((always_inline)) f32x8 select8(i32x8 mask, f32x8 yes, f32x8 no)
+{
+	return (f32x8)(((i32x8)yes & mask) | ((i32x8)no & ~mask));
+}
+
+/* round(v) clamped to [lo, hi]; NaN gives lo */
+static inline __attribute__((always_inline)) f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
+{
+	const f32x8 magic = splat8(12582912.0f);
+	v = select8(v > lo, v, lo);
+	v = select8(v < hi, v, hi);
+	return (v + magic) - magic;
+}
+
+static inline __attribute__((always_inline)) float sum8(f32x8 v)
+{
+	return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+/* Asymmetric search over one 32-element sub-block (ggml's make_qkx2_quants): x ~ scale * L +
+ * min with L in 0..nmax, min <= 0, minimising the weighted squared error over the start
+ * scale nmax / (max - min) and nstep+1 candidates (rmin + rdelta * is + nmax) / (max - min),
+ * each refitted by weighted least squares; min is the best fit's so far. Returns the scale;
+ * *neg_min receives -min (>= 0). */
+enum { KQ_SUB = 32, KQ_VECS = KQ_SUB / LANES };
+static float search_scale_min(int nmax, const float *x, const float *w, uint8_t L[KQ_SUB],
+                              float *neg_min, float rmin, float rdelta, int nstep)
+{
+	f32x8 xv[KQ_VECS], wv[KQ_VECS], wxv[KQ_VECS];
+	f32x8 vmin = load8(x), vmax = vmin, vsw = splat8(0), vsx = vsw;
+	for (int k = 0; k < KQ_VECS; k++) {
+		xv[k] = load8(x + LANES * k);
+		wv[k] = load8(w + LANES * k);
+		wxv[k] = wv[k] * xv[k];
+		vmin = select8(xv[k] < vmin, xv[k], vmin);
+		vmax = select8(xv[k] > vmax, xv[k], vmax);
+		vsw += wv[k];
+		vsx += wxv[k];
 	}
+	float min = vmin[0], max = vmax[0];
+	for (int j = 1; j < LANES; j++) {
+		min = vmin[j] < min ? vmin[j] : min;
+		max = vmax[j] > max ? vmax[j] : max;
+	}
+	const float sum_w = sum8(vsw), sum_x = sum8(vsx);
 	if (min > 0)
 		min = 0;
-	if (max == min) {
-		memset(L, 0, (size_t)n);
+	if (!(max > min)) { /* constant block (or NaN) */
+		memset(L, 0, KQ_SUB);
 		*neg_min = -min;
 		return 0.0f;
 	}
-	float iscale = (float)nmax / (max - min);
-	float scale = 1.0f / iscale;
-	float best_error = 0;
-	for (int i = 0; i < n; i++) {
-		const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
-		L[i] = (uint8_t)l;
-		const float diff = scale * (float)l + min - x[i];
-		best_error += w[i] * diff * diff;
-	}
-	for (int is = 0; is <= nstep; is++) {
-		iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-		for (int i = 0; i < n; i++) {
-			const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
-			Laux[i] = (uint8_t)l;
-			sum_l += w[i] * (float)l;
-			sum_l2 += w[i] * (float)l * (float)l;
-			sum_xl += w[i] * (float)l * x[i];
+	const f32x8 lo = splat8(0.0f), hi = splat8((float)nmax);
+	f32x8 xm[KQ_VECS], best_l[KQ_VECS];
+	for (int k = 0; k < KQ_VECS; k++)
+		xm[k] = xv[k] - splat8(min);
+	/* candidate -1: the plain min/max grid; then the refitted candidates */
+	float scale = 0, best_error = 0;
+	for (int is = -1; is <= nstep; is++) {
+		const float iscale =
+		    ((is < 0 ? 0.0f : rmin + rdelta * (float)is) + (float)nmax) / (max - min);
+		const f32x8 vis = splat8(iscale);
+		f32x8 l[KQ_VECS], vsl = splat8(0), vsl2 = vsl, vsxl = vsl;
+		for (int k = 0; k < KQ_VECS; k++) {
+			l[k] = round_clamp8(vis * xm[k], lo, hi);
+			const f32x8 wl = wv[k] * l[k];
+			vsl += wl;
+			vsl2 += wl * l[k];
+			vsxl += wxv[k] * l[k];
 		}
-		const float D = sum_w * sum_l2 - sum_l * sum_l;
-		if (D > 0) {
-			float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-			float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+		const float sum_l = sum8(vsl), sum_l2 = sum8(vsl2), sum_xl = sum8(vsxl);
+		float this_scale, this_min;
+		if (is < 0) {
+			this_scale = 1.0f / iscale;
+			this_min = min;
+		} else {
+			const float D = sum_w * sum_l2 - sum_l * sum_l;
+			if (!(D > 0))
+				continue;
+			this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+			this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
 			if (this_min > 0) {
 				this_min = 0;
 				this_scale = sum_xl / sum_l2;
 			}
-			float cur_error = 0;
-			for (int i = 0; i < n; i++) {
-				const float diff = this_scale * (float)Laux[i] + this_min - x[i];
-				cur_error += w[i] * diff * diff;
-			}
-			if (cur_error < best_error) {
-				memcpy(L, Laux, (size_t)n);
-				best_error = cur_error;
-				scale = this_scale;
+		}
+		const f32x8 vs = splat8(this_scale), vm = splat8(this_min);
+		f32x8 verr = splat8(0);
+		for (int k = 0; k < KQ_VECS; k++) {
+			const f32x8 diff = vs * l[k] + vm - xv[k];
+			verr += wv[k] * diff * diff;
+		}
+		const float err = sum8(verr);
+		if (is < 0 || err < best_error) {
+			memcpy(best_l, l, sizeof(best_l));
+			best_error = err;
+			scale = this_scale;
+			if (this_min != min) { /* as ggml: later candidates grid from the new min */
 				min = this_min;
+				for (int k = 0; k < KQ_VECS; k++)
+					xm[k] = xv[k] - splat8(min);
 			}
 		}
 	}
+	for (int k = 0; k < KQ_VECS; k++)
+		for (int j = 0; j < LANES; j++)
+			L[LANES * k + j] = (uint8_t)best_l[k][j];
 	*neg_min = -min;
 	return scale;
+}
+
+/* L[i] = round((x[i] + dm) / d) clamped to [lo, hi] + offset, for n (a multiple of 8)
+ * elements: the final levels against a sub-block's rounded scale (and min). */
+static void quantize_levels(const float *x, size_t n, float d, float dm, float lo, float hi,
+                            int offset, uint8_t *L)
+{
+	const f32x8 vd = splat8(d), vdm = splat8(dm), vlo = splat8(lo), vhi = splat8(hi);
+	for (size_t i = 0; i < n; i += LANES) {
+		const f32x8 l = round_clamp8((load8(x + i) + vdm) / vd, vlo, vhi);
+		for (int j = 0; j < LANES; j++)
+			L[i + (size_t)j] = (uint8_t)((int)l[j] + offset);
+	}
 }
 
 /* Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per 32-element sub-block scale/min search,
@@ -269,18 +359,19 @@ static float search_scale_min(int n, int nmax, const float *x, const float *w, u
 static void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep, uint16_t *d,
                                   uint16_t *dmin, uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
 {
-	uint8_t Laux[32];
 	float weights[32], mins[QK_K / 32], scales[QK_K / 32];
 	float max_scale = 0, max_min = 0;
 	for (int j = 0; j < QK_K / 32; j++) {
-		float sum_x2 = 0;
-		for (int l = 0; l < 32; l++)
-			sum_x2 += x[32 * j + l] * x[32 * j + l];
-		const float av_x = sqrtf(sum_x2 / 32);
+		f32x8 vx2 = splat8(0);
+		for (int k = 0; k < 32; k += LANES) {
+			const f32x8 v = load8(x + 32 * j + k);
+			vx2 += v * v;
+		}
+		const float av_x = sqrtf(sum8(vx2) / 32);
 		for (int l = 0; l < 32; l++)
 			weights[l] = av_x + fabsf(x[32 * j + l]);
-		scales[j] = search_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
-		                             Laux, rmin, 0.1f, nstep);
+		scales[j] = search_scale_min(nmax, x + 32 * j, weights, L + 32 * j, &mins[j], rmin,
+		                             0.1f, nstep);
 		if (scales[j] > max_scale)
 			max_scale = scales[j];
 		if (mins[j] > max_min)
@@ -310,9 +401,7 @@ static void quantize_k_superblock(const float *x, int nmax, float rmin, int nste
 		if (dj == 0.0f)
 			continue;
 		const float dm = f16(*dmin) * (float)m;
-		for (int ii = 0; ii < 32; ii++)
-			L[32 * j + ii] =
-			    (uint8_t)clampi(nearest_int((x[32 * j + ii] + dm) / dj), 0, nmax);
+		quantize_levels(x + 32 * j, 32, dj, dm, 0.0f, (float)nmax, 0, L + 32 * j);
 	}
 }
 
@@ -395,51 +484,59 @@ static void dequantize_q5_K(const void *src, float *y, size_t n)
 	}
 }
 
-/* Symmetric search (ggml's make_qx_quants, rmse_type 1: weights x^2): x ~ scale * (L - nmax)
- * with L in 0..2*nmax-1. Returns the scale (signed). */
-static float search_scale_sym(int n, int nmax, const float *x, int8_t *L)
+/* Symmetric search over one 16-element sub-block (ggml's make_qx_quants, rmse_type 1:
+ * weights x^2): x ~ scale * (L - nmax) with L in 0..2*nmax-1, over the start scale -nmax / max
+ * and 18 candidates -(nmax + 0.1 is) / max, each refitted by least squares. Returns the
+ * scale (signed). */
+enum { KQ_SYM = 16, KQ_SYM_VECS = KQ_SYM / LANES };
+static float search_scale_sym(int nmax, const float *x, int8_t L[KQ_SYM])
 {
 	float max = 0, amax = 0;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < KQ_SYM; i++) {
 		if (fabsf(x[i]) > amax) {
 			amax = fabsf(x[i]);
 			max = x[i];
 		}
 	}
-	if (amax < 1e-15f) { /* ggml's GROUP_MAX_EPS */
-		memset(L, 0, (size_t)n);
+	if (!(amax >= 1e-15f)) { /* ggml's GROUP_MAX_EPS (and NaN) */
+		memset(L, 0, KQ_SYM);
 		return 0.0f;
 	}
-	float iscale = -(float)nmax / max;
-	float sumlx = 0, suml2 = 0;
-	for (int i = 0; i < n; i++) {
-		const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-		L[i] = (int8_t)(l + nmax);
-		const float w = x[i] * x[i];
-		sumlx += w * x[i] * (float)l;
-		suml2 += w * (float)l * (float)l;
+	f32x8 xv[KQ_SYM_VECS], wxv[KQ_SYM_VECS], wv[KQ_SYM_VECS], best_l[KQ_SYM_VECS];
+	for (int k = 0; k < KQ_SYM_VECS; k++) {
+		xv[k] = load8(x + LANES * k);
+		wv[k] = xv[k] * xv[k];
+		wxv[k] = wv[k] * xv[k];
 	}
-	float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-	float best = scale * sumlx;
-	for (int is = -9; is <= 9; is++) {
+	const f32x8 lo = splat8((float)-nmax), hi = splat8((float)(nmax - 1));
+	float scale = 0, best = 0;
+	for (int is = -10; is <= 9; is++) {
 		if (is == 0)
 			continue;
-		iscale = -((float)nmax + 0.1f * (float)is) / max;
-		sumlx = suml2 = 0;
-		for (int i = 0; i < n; i++) {
-			const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-			const float w = x[i] * x[i];
-			sumlx += w * x[i] * (float)l;
-			suml2 += w * (float)l * (float)l;
+		/* is = -10 stands for the start scale (offset 0) */
+		const float iscale = -((float)nmax + (is == -10 ? 0.0f : 0.1f * (float)is)) / max;
+		const f32x8 vis = splat8(iscale);
+		f32x8 l[KQ_SYM_VECS], vlx = splat8(0), vl2 = vlx;
+		for (int k = 0; k < KQ_SYM_VECS; k++) {
+			l[k] = round_clamp8(vis * xv[k], lo, hi);
+			vlx += wxv[k] * l[k];
+			vl2 += wv[k] * l[k] * l[k];
 		}
-		if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-			for (int i = 0; i < n; i++)
-				L[i] = (int8_t)(nmax + clampi(nearest_int(iscale * x[i]), -nmax,
-				                              nmax - 1));
+		const float sumlx = sum8(vlx), suml2 = sum8(vl2);
+		if (is == -10) {
+			scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
+			best = scale * sumlx;
+		} else if (!(suml2 > 0 && sumlx * sumlx > best * suml2)) {
+			continue;
+		} else {
 			scale = sumlx / suml2;
 			best = scale * sumlx;
 		}
+		memcpy(best_l, l, sizeof(best_l));
 	}
+	for (int k = 0; k < KQ_SYM_VECS; k++)
+		for (int j = 0; j < LANES; j++)
+			L[LANES * k + j] = (int8_t)((int)best_l[k][j] + nmax);
 	return scale;
 }
 
@@ -451,7 +548,7 @@ static void quantize_q6_K(const float *x, void *dst, size_t n)
 	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
 		float max_scale = 0, max_abs_scale = 0;
 		for (int ib = 0; ib < QK_K / 16; ib++) {
-			scales[ib] = search_scale_sym(16, 32, x + 16 * ib, L + 16 * ib);
+			scales[ib] = search_scale_sym(32, x + 16 * ib, L + 16 * ib);
 			if (fabsf(scales[ib]) > max_abs_scale) {
 				max_abs_scale = fabsf(scales[ib]);
 				max_scale = scales[ib];
@@ -470,9 +567,8 @@ static void quantize_q6_K(const float *x, void *dst, size_t n)
 			const float d = f16(y[i].d) * (float)y[i].scales[j];
 			if (d == 0.0f)
 				continue;
-			for (int ii = 0; ii < 16; ii++)
-				L[16 * j + ii] =
-				    (int8_t)(clampi(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+			quantize_levels(x + 16 * j, 16, d, 0.0f, -32.0f, 31.0f, 32,
+			                (uint8_t *)L + 16 * j);
 		}
 		for (int h = 0; h < 2; h++) { /* two halves of 128 elements */
 			uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
