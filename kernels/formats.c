@@ -214,28 +214,37 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
  * lands on lo and no float-to-int conversion ever sees an out-of-range value. */
 #pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
 typedef float f32x8 __attribute__((vector_size(32)));
+/* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2 (picked once
+ * at load time); everything they call is inlined into each copy. No FMA in either (ISO C
+ * mode: no contraction), so both give the same bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(MOE_NO_TARGET_CLONES)
+#define KQ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KQ_CLONES
+#endif
+#define KQ_INLINE __attribute__((always_inline))
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 enum { LANES = 8 };
 
-static inline __attribute__((always_inline)) f32x8 splat8(float v)
+static inline KQ_INLINE f32x8 splat8(float v)
 {
 	return (f32x8){v, v, v, v, v, v, v, v};
 }
 
-static inline __attribute__((always_inline)) f32x8 load8(const float *p)
+static inline KQ_INLINE f32x8 load8(const float *p)
 {
 	f32x8 v;
 	memcpy(&v, p, sizeof(v));
 	return v;
 }
 
-static inline __attribute__((always_inline)) f32x8 select8(i32x8 mask, f32x8 yes, f32x8 no)
+static inline KQ_INLINE f32x8 select8(i32x8 mask, f32x8 yes, f32x8 no)
 {
 	return (f32x8)(((i32x8)yes & mask) | ((i32x8)no & ~mask));
 }
 
 /* round(v) clamped to [lo, hi]; NaN gives lo */
-static inline __attribute__((always_inline)) f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
+static inline KQ_INLINE f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
 {
 	const f32x8 magic = splat8(12582912.0f);
 	v = select8(v > lo, v, lo);
@@ -243,7 +252,7 @@ static inline __attribute__((always_inline)) f32x8 round_clamp8(f32x8 v, f32x8 l
 	return (v + magic) - magic;
 }
 
-static inline __attribute__((always_inline)) float sum8(f32x8 v)
+static inline KQ_INLINE float sum8(f32x8 v)
 {
 	return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
@@ -254,8 +263,9 @@ static inline __attribute__((always_inline)) float sum8(f32x8 v)
  * each refitted by weighted least squares; min is the best fit's so far. Returns the scale;
  * *neg_min receives -min (>= 0). */
 enum { KQ_SUB = 32, KQ_VECS = KQ_SUB / LANES };
-static float search_scale_min(int nmax, const float *x, const float *w, uint8_t L[KQ_SUB],
-                              float *neg_min, float rmin, float rdelta, int nstep)
+static inline KQ_INLINE float search_scale_min(int nmax, const float *x, const float *w,
+                                               uint8_t L[KQ_SUB], float *neg_min, float rmin,
+                                               float rdelta, int nstep)
 {
 	f32x8 xv[KQ_VECS], wv[KQ_VECS], wxv[KQ_VECS];
 	f32x8 vmin = load8(x), vmax = vmin, vsw = splat8(0), vsx = vsw;
@@ -342,8 +352,8 @@ static float search_scale_min(int nmax, const float *x, const float *w, uint8_t 
 
 /* L[i] = round((x[i] + dm) / d) clamped to [lo, hi] + offset, for n (a multiple of 8)
  * elements: the final levels against a sub-block's rounded scale (and min). */
-static void quantize_levels(const float *x, size_t n, float d, float dm, float lo, float hi,
-                            int offset, uint8_t *L)
+static inline KQ_INLINE void quantize_levels(const float *x, size_t n, float d, float dm, float lo,
+                                             float hi, int offset, uint8_t *L)
 {
 	const f32x8 vd = splat8(d), vdm = splat8(dm), vlo = splat8(lo), vhi = splat8(hi);
 	for (size_t i = 0; i < n; i += LANES) {
@@ -356,8 +366,9 @@ static void quantize_levels(const float *x, size_t n, float d, float dm, float l
 /* Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per 32-element sub-block scale/min search,
  * 6-bit quantization of scales and mins against the super-block's d/dmin, then the final
  * levels L (0..nmax) against the rounded scales. Fills d, dmin, scales; returns L. */
-static void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep, uint16_t *d,
-                                  uint16_t *dmin, uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
+static inline KQ_INLINE void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep,
+                                                   uint16_t *d, uint16_t *dmin,
+                                                   uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
 {
 	float weights[32], mins[QK_K / 32], scales[QK_K / 32];
 	float max_scale = 0, max_min = 0;
@@ -405,7 +416,7 @@ static void quantize_k_superblock(const float *x, int nmax, float rmin, int nste
 	}
 }
 
-static void quantize_q4_K(const float *x, void *dst, size_t n)
+KQ_CLONES static void quantize_q4_K(const float *x, void *dst, size_t n)
 {
 	struct block_q4_K *y = dst;
 	uint8_t L[QK_K];
@@ -438,7 +449,7 @@ static void dequantize_q4_K(const void *src, float *y, size_t n)
 	}
 }
 
-static void quantize_q5_K(const float *x, void *dst, size_t n)
+KQ_CLONES static void quantize_q5_K(const float *x, void *dst, size_t n)
 {
 	struct block_q5_K *y = dst;
 	uint8_t L[QK_K];
@@ -489,7 +500,7 @@ static void dequantize_q5_K(const void *src, float *y, size_t n)
  * and 18 candidates -(nmax + 0.1 is) / max, each refitted by least squares. Returns the
  * scale (signed). */
 enum { KQ_SYM = 16, KQ_SYM_VECS = KQ_SYM / LANES };
-static float search_scale_sym(int nmax, const float *x, int8_t L[KQ_SYM])
+static inline KQ_INLINE float search_scale_sym(int nmax, const float *x, int8_t L[KQ_SYM])
 {
 	float max = 0, amax = 0;
 	for (int i = 0; i < KQ_SYM; i++) {
@@ -540,7 +551,7 @@ static float search_scale_sym(int nmax, const float *x, int8_t L[KQ_SYM])
 	return scale;
 }
 
-static void quantize_q6_K(const float *x, void *dst, size_t n)
+KQ_CLONES static void quantize_q6_K(const float *x, void *dst, size_t n)
 {
 	struct block_q6_K *y = dst;
 	int8_t L[QK_K];
