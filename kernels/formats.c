@@ -237,13 +237,34 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
  * lands on lo and no float-to-int conversion ever sees an out-of-range value. */
 #pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
 typedef float f32x8 __attribute__((vector_size(32)));
-/* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2 (picked once
- * at load time); everything they call is inlined into each copy. No FMA in either (ISO C
- * mode: no contraction), so both give the same bits. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(MOE_NO_TARGET_CLONES)
-#define KQ_CLONES __attribute__((target_clones("avx2", "default")))
+/* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2, and picked
+ * per call by the CPU (KQ_DISPATCH); everything they call is inlined into each copy. No FMA
+ * in either (ISO C mode: no contraction), so both give the same bits. Not target_clones: its
+ * ifunc resolver runs before the sanitizer runtimes start and crashes TSan builds. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KQ_DISPATCH(name)                                                                          \
+	__attribute__((target("avx2"))) static void name##_avx2(const float *x, void *dst,         \
+	                                                        size_t n)                          \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	static void name##_base(const float *x, void *dst, size_t n)                               \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	static void name(const float *x, void *dst, size_t n)                                      \
+	{                                                                                          \
+		if (__builtin_cpu_supports("avx2"))                                                \
+			name##_avx2(x, dst, n);                                                    \
+		else                                                                               \
+			name##_base(x, dst, n);                                                    \
+	}
 #else
-#define KQ_CLONES
+#define KQ_DISPATCH(name)                                                                          \
+	static void name(const float *x, void *dst, size_t n)                                      \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}
 #endif
 #define KQ_INLINE __attribute__((always_inline))
 typedef int32_t i32x8 __attribute__((vector_size(32)));
@@ -439,7 +460,7 @@ static inline KQ_INLINE void quantize_k_superblock(const float *x, int nmax, flo
 	}
 }
 
-KQ_CLONES static void quantize_q4_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q4_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q4_K *y = dst;
 	uint8_t L[QK_K];
@@ -450,6 +471,7 @@ KQ_CLONES static void quantize_q4_K(const float *x, void *dst, size_t n)
 				y[i].qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
 	}
 }
+KQ_DISPATCH(quantize_q4_K)
 
 static void dequantize_q4_K(const void *src, float *y, size_t n)
 {
@@ -472,7 +494,7 @@ static void dequantize_q4_K(const void *src, float *y, size_t n)
 	}
 }
 
-KQ_CLONES static void quantize_q5_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q5_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q5_K *y = dst;
 	uint8_t L[QK_K];
@@ -496,6 +518,7 @@ KQ_CLONES static void quantize_q5_K(const float *x, void *dst, size_t n)
 		}
 	}
 }
+KQ_DISPATCH(quantize_q5_K)
 
 static void dequantize_q5_K(const void *src, float *y, size_t n)
 {
@@ -574,7 +597,7 @@ static inline KQ_INLINE float search_scale_sym(int nmax, const float *x, int8_t 
 	return scale;
 }
 
-KQ_CLONES static void quantize_q6_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q6_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q6_K *y = dst;
 	int8_t L[QK_K];
@@ -618,6 +641,7 @@ KQ_CLONES static void quantize_q6_K(const float *x, void *dst, size_t n)
 		}
 	}
 }
+KQ_DISPATCH(quantize_q6_K)
 
 static void dequantize_q6_K(const void *src, float *y, size_t n)
 {
