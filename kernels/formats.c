@@ -7,7 +7,10 @@
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32
  * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv).
  *
- * Everything here is the oracle the SIMD paths are tested against: readable first, never fast.
+ * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
+ * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
+ * while doing, lane by lane, exactly the scalar reference's arithmetic (same bits as the
+ * plain loops they replaced); MXFP4 and Q8_0 avoid per-element libm calls the same way.
  * Pure functions; no allocation; thread-safe.
  */
 #include <math.h>
@@ -229,12 +232,13 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
 
 /* ---- K-quants ---------------------------------------------------------------------------- */
 
-/* The K-quant searches run many candidate scales over the same 16 or 32 values, so they work
- * on 8-lane float vectors (GCC/Clang vector extensions: one AVX register, or two SSE ones on
- * a baseline x86-64 build). Lane sums are reduced in a fixed order, so results do not depend
- * on the instruction set. Rounding adds and subtracts 1.5 * 2^23: round to nearest even, as
- * ggml's nearest_int, exact for |v| < 2^22; clamps are written `v > lo ? v : lo` so NaN
- * lands on lo and no float-to-int conversion ever sees an out-of-range value. */
+/* The K-quant searches run many candidate scales over the same values, so they work on 8-lane
+ * float vectors (GCC/Clang vector extensions: one AVX register, or two SSE ones on a baseline
+ * x86-64 build), one sub-block per lane. Lane arithmetic is plain IEEE single precision in
+ * the reference's order, so the results do not depend on the instruction set. Rounding adds
+ * and subtracts 1.5 * 2^23: round to nearest even, as ggml's nearest_int, exact for
+ * |v| < 2^22; clamps are `v > lo ? v : lo` so NaN lands on lo and no float-to-int
+ * conversion ever sees an out-of-range value. */
 #pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
 typedef float f32x8 __attribute__((vector_size(32)));
 /* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2, and picked
@@ -287,6 +291,11 @@ static inline KQ_INLINE f32x8 select8(i32x8 mask, f32x8 yes, f32x8 no)
 	return (f32x8)(((i32x8)yes & mask) | ((i32x8)no & ~mask));
 }
 
+static inline KQ_INLINE i32x8 splat8_bits(int32_t v)
+{
+	return (i32x8){v, v, v, v, v, v, v, v};
+}
+
 /* round(v) clamped to [lo, hi]; NaN gives lo */
 static inline KQ_INLINE f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
 {
@@ -296,102 +305,75 @@ static inline KQ_INLINE f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
 	return (v + magic) - magic;
 }
 
-static inline KQ_INLINE float sum8(f32x8 v)
-{
-	return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-/* Asymmetric search over one 32-element sub-block (ggml's make_qkx2_quants): x ~ scale * L +
- * min with L in 0..nmax, min <= 0, minimising the weighted squared error over the start
- * scale nmax / (max - min) and nstep+1 candidates (rmin + rdelta * is + nmax) / (max - min),
- * each refitted by weighted least squares; min is the best fit's so far. Returns the scale;
- * *neg_min receives -min (>= 0). */
-enum { KQ_SUB = 32, KQ_VECS = KQ_SUB / LANES };
-static inline KQ_INLINE float search_scale_min(int nmax, const float *x, const float *w,
-                                               uint8_t L[KQ_SUB], float *neg_min, float rmin,
+/* Asymmetric search (ggml's make_qkx2_quants) of the 8 sub-blocks of a super-block at once,
+ * one per vector lane, each exactly as the scalar reference does it: x ~ scale * L + min with
+ * L in 0..nmax, min <= 0, minimising the weighted squared error over the start grid
+ * nmax / (max - min) and nstep+1 candidates (rmin + rdelta * is + nmax) / (max - min), each
+ * refitted by weighted least squares and kept if its error is lower; min is the best fit's so
+ * far (later candidates grid from it, as ggml). Lanes run the candidates in lock-step and
+ * keep improvements by mask, so there are no branches and no horizontal sums, and each lane
+ * sums in the reference's order: the result is the scalar reference's, bit for bit.
+ * xt[i], wt[i]: element i of each sub-block (transposed). Outputs: L (transposed back),
+ * the scales and -min (>= 0) of the 8 sub-blocks. */
+enum { KQ_SUB = 32 };
+static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
+                                               const f32x8 wt[KQ_SUB], uint8_t L[8 * KQ_SUB],
+                                               float scales[8], float neg_mins[8], float rmin,
                                                float rdelta, int nstep)
 {
-	f32x8 xv[KQ_VECS], wv[KQ_VECS], wxv[KQ_VECS];
-	f32x8 vmin = load8(x), vmax = vmin, vsw = splat8(0), vsx = vsw;
-	for (int k = 0; k < KQ_VECS; k++) {
-		xv[k] = load8(x + LANES * k);
-		wv[k] = load8(w + LANES * k);
-		wxv[k] = wv[k] * xv[k];
-		vmin = select8(xv[k] < vmin, xv[k], vmin);
-		vmax = select8(xv[k] > vmax, xv[k], vmax);
-		vsw += wv[k];
-		vsx += wxv[k];
+	f32x8 min = xt[0], max = xt[0], sum_w = wt[0], sum_x = wt[0] * xt[0];
+	for (int i = 1; i < KQ_SUB; i++) {
+		min = select8(xt[i] < min, xt[i], min);
+		max = select8(xt[i] > max, xt[i], max);
+		sum_w += wt[i];
+		sum_x += wt[i] * xt[i];
 	}
-	float min = vmin[0], max = vmax[0];
-	for (int j = 1; j < LANES; j++) {
-		min = vmin[j] < min ? vmin[j] : min;
-		max = vmax[j] > max ? vmax[j] : max;
+	const f32x8 zero = splat8(0.0f), hi = splat8((float)nmax);
+	min = select8(min > zero, zero, min);
+	const i32x8 flat = max == min; /* the reference returns scale 0, L 0 */
+	f32x8 iscale = hi / (max - min);
+	f32x8 scale = splat8(1.0f) / iscale, best_error = zero;
+	f32x8 best_l[KQ_SUB], l[KQ_SUB];
+	for (int i = 0; i < KQ_SUB; i++) {
+		best_l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
+		const f32x8 diff = scale * best_l[i] + min - xt[i];
+		best_error += wt[i] * diff * diff;
 	}
-	const float sum_w = sum8(vsw), sum_x = sum8(vsx);
-	if (min > 0)
-		min = 0;
-	if (!(max > min)) { /* constant block (or NaN) */
-		memset(L, 0, KQ_SUB);
-		*neg_min = -min;
-		return 0.0f;
+	for (int is = 0; is <= nstep; is++) {
+		iscale = (splat8(rmin + rdelta * (float)is) + hi) / (max - min);
+		f32x8 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+		for (int i = 0; i < KQ_SUB; i++) {
+			l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
+			const f32x8 wl = wt[i] * l[i];
+			sum_l += wl;
+			sum_l2 += wl * l[i];
+			sum_xl += wl * xt[i];
+		}
+		const f32x8 D = sum_w * sum_l2 - sum_l * sum_l;
+		f32x8 this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+		f32x8 this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+		const i32x8 min_positive = this_min > zero;
+		this_min = select8(min_positive, zero, this_min);
+		this_scale = select8(min_positive, sum_xl / sum_l2, this_scale);
+		f32x8 cur_error = zero;
+		for (int i = 0; i < KQ_SUB; i++) {
+			const f32x8 diff = this_scale * l[i] + this_min - xt[i];
+			cur_error += wt[i] * diff * diff;
+		}
+		const i32x8 better = (D > zero) & (cur_error < best_error);
+		for (int i = 0; i < KQ_SUB; i++)
+			best_l[i] = select8(better, l[i], best_l[i]);
+		best_error = select8(better, cur_error, best_error);
+		scale = select8(better, this_scale, scale);
+		min = select8(better, this_min, min);
 	}
-	const f32x8 lo = splat8(0.0f), hi = splat8((float)nmax);
-	f32x8 xm[KQ_VECS], best_l[KQ_VECS];
-	for (int k = 0; k < KQ_VECS; k++)
-		xm[k] = xv[k] - splat8(min);
-	/* candidate -1: the plain min/max grid; then the refitted candidates */
-	float scale = 0, best_error = 0;
-	for (int is = -1; is <= nstep; is++) {
-		const float iscale =
-		    ((is < 0 ? 0.0f : rmin + rdelta * (float)is) + (float)nmax) / (max - min);
-		const f32x8 vis = splat8(iscale);
-		f32x8 l[KQ_VECS], vsl = splat8(0), vsl2 = vsl, vsxl = vsl;
-		for (int k = 0; k < KQ_VECS; k++) {
-			l[k] = round_clamp8(vis * xm[k], lo, hi);
-			const f32x8 wl = wv[k] * l[k];
-			vsl += wl;
-			vsl2 += wl * l[k];
-			vsxl += wxv[k] * l[k];
-		}
-		const float sum_l = sum8(vsl), sum_l2 = sum8(vsl2), sum_xl = sum8(vsxl);
-		float this_scale, this_min;
-		if (is < 0) {
-			this_scale = 1.0f / iscale;
-			this_min = min;
-		} else {
-			const float D = sum_w * sum_l2 - sum_l * sum_l;
-			if (!(D > 0))
-				continue;
-			this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-			this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-			if (this_min > 0) {
-				this_min = 0;
-				this_scale = sum_xl / sum_l2;
-			}
-		}
-		const f32x8 vs = splat8(this_scale), vm = splat8(this_min);
-		f32x8 verr = splat8(0);
-		for (int k = 0; k < KQ_VECS; k++) {
-			const f32x8 diff = vs * l[k] + vm - xv[k];
-			verr += wv[k] * diff * diff;
-		}
-		const float err = sum8(verr);
-		if (is < 0 || err < best_error) {
-			memcpy(best_l, l, sizeof(best_l));
-			best_error = err;
-			scale = this_scale;
-			if (this_min != min) { /* as ggml: later candidates grid from the new min */
-				min = this_min;
-				for (int k = 0; k < KQ_VECS; k++)
-					xm[k] = xv[k] - splat8(min);
-			}
-		}
+	scale = select8(flat, zero, scale);
+	for (int j = 0; j < LANES; j++) {
+		scales[j] = scale[j];
+		neg_mins[j] = -min[j];
+		for (int i = 0; i < KQ_SUB; i++)
+			L[KQ_SUB * j + i] = flat[j] ? 0 : (uint8_t)best_l[i][j];
 	}
-	for (int k = 0; k < KQ_VECS; k++)
-		for (int j = 0; j < LANES; j++)
-			L[LANES * k + j] = (uint8_t)best_l[k][j];
-	*neg_min = -min;
-	return scale;
 }
 
 /* L[i] = round((x[i] + dm) / d) clamped to [lo, hi] + offset, for n (a multiple of 8)
@@ -414,19 +396,23 @@ static inline KQ_INLINE void quantize_k_superblock(const float *x, int nmax, flo
                                                    uint16_t *d, uint16_t *dmin,
                                                    uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
 {
-	float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+	f32x8 xt[KQ_SUB], wt[KQ_SUB], sum_x2 = splat8(0);
+	for (int i = 0; i < KQ_SUB; i++) {
+		for (int j = 0; j < LANES; j++)
+			xt[i][j] = x[KQ_SUB * j + i];
+		sum_x2 += xt[i] * xt[i];
+	}
+	f32x8 av_x;
+	for (int j = 0; j < LANES; j++)
+		av_x[j] = sqrtf(sum_x2[j] / 32);
+	for (int i = 0; i < KQ_SUB; i++) {
+		const i32x8 abs_bits = (i32x8)xt[i] & splat8_bits(0x7fffffff);
+		wt[i] = av_x + (f32x8)abs_bits; /* av_x + fabsf(x) */
+	}
+	float mins[QK_K / 32], scales[QK_K / 32];
+	search_scale_min8(nmax, xt, wt, L, scales, mins, rmin, 0.1f, nstep);
 	float max_scale = 0, max_min = 0;
 	for (int j = 0; j < QK_K / 32; j++) {
-		f32x8 vx2 = splat8(0);
-		for (int k = 0; k < 32; k += LANES) {
-			const f32x8 v = load8(x + 32 * j + k);
-			vx2 += v * v;
-		}
-		const float av_x = sqrtf(sum8(vx2) / 32);
-		for (int l = 0; l < 32; l++)
-			weights[l] = av_x + fabsf(x[32 * j + l]);
-		scales[j] = search_scale_min(nmax, x + 32 * j, weights, L + 32 * j, &mins[j], rmin,
-		                             0.1f, nstep);
 		if (scales[j] > max_scale)
 			max_scale = scales[j];
 		if (mins[j] > max_min)
@@ -541,60 +527,62 @@ static void dequantize_q5_K(const void *src, float *y, size_t n)
 	}
 }
 
-/* Symmetric search over one 16-element sub-block (ggml's make_qx_quants, rmse_type 1:
- * weights x^2): x ~ scale * (L - nmax) with L in 0..2*nmax-1, over the start scale -nmax / max
- * and 18 candidates -(nmax + 0.1 is) / max, each refitted by least squares. Returns the
- * scale (signed). */
-enum { KQ_SYM = 16, KQ_SYM_VECS = KQ_SYM / LANES };
-static inline KQ_INLINE float search_scale_sym(int nmax, const float *x, int8_t L[KQ_SYM])
+/* Symmetric search (ggml's make_qx_quants, rmse_type 1: weights x^2) of 8 consecutive
+ * 16-element sub-blocks at once, one per lane, each exactly as the scalar reference: x ~ scale
+ * * (L - nmax) with L in 0..2*nmax-1, over the start grid -nmax / max and 18 candidates
+ * -(nmax + 0.1 is) / max, each refitted by least squares and kept if better. Lock-step with
+ * masks as search_scale_min8, summing in the reference's order: the same bits. x: 128
+ * values; fills L[128] and the 8 (signed) scales. */
+enum { KQ_SYM = 16 };
+static inline KQ_INLINE void search_scale_sym8(int nmax, const float *x, int8_t L[8 * KQ_SYM],
+                                               float scales[8])
 {
-	float max = 0, amax = 0;
+	const f32x8 zero = splat8(0.0f);
+	f32x8 xt[KQ_SYM], w[KQ_SYM], wx[KQ_SYM], best_l[KQ_SYM], l[KQ_SYM];
+	f32x8 amax = zero, max = zero;
 	for (int i = 0; i < KQ_SYM; i++) {
-		if (fabsf(x[i]) > amax) {
-			amax = fabsf(x[i]);
-			max = x[i];
-		}
+		for (int j = 0; j < LANES; j++)
+			xt[i][j] = x[KQ_SYM * j + i];
+		const f32x8 ax = (f32x8)((i32x8)xt[i] & splat8_bits(0x7fffffff));
+		const i32x8 larger = ax > amax; /* the first largest |x| */
+		amax = select8(larger, ax, amax);
+		max = select8(larger, xt[i], max);
+		w[i] = xt[i] * xt[i];
+		wx[i] = w[i] * xt[i];
 	}
-	if (!(amax >= 1e-15f)) { /* ggml's GROUP_MAX_EPS (and NaN) */
-		memset(L, 0, KQ_SYM);
-		return 0.0f;
-	}
-	f32x8 xv[KQ_SYM_VECS], wxv[KQ_SYM_VECS], wv[KQ_SYM_VECS], best_l[KQ_SYM_VECS];
-	for (int k = 0; k < KQ_SYM_VECS; k++) {
-		xv[k] = load8(x + LANES * k);
-		wv[k] = xv[k] * xv[k];
-		wxv[k] = wv[k] * xv[k];
-	}
+	const i32x8 tiny = amax < splat8(1e-15f); /* ggml's GROUP_MAX_EPS: L 0, scale 0 */
 	const f32x8 lo = splat8((float)-nmax), hi = splat8((float)(nmax - 1));
-	float scale = 0, best = 0;
-	for (int is = -10; is <= 9; is++) {
+	f32x8 iscale = splat8((float)-nmax) / max, sumlx = zero, suml2 = zero;
+	for (int i = 0; i < KQ_SYM; i++) {
+		best_l[i] = round_clamp8(iscale * xt[i], lo, hi);
+		sumlx += wx[i] * best_l[i];
+		suml2 += w[i] * best_l[i] * best_l[i];
+	}
+	f32x8 scale = select8(suml2 != zero, sumlx / suml2, zero);
+	f32x8 best = scale * sumlx;
+	for (int is = -9; is <= 9; is++) {
 		if (is == 0)
 			continue;
-		/* is = -10 stands for the start scale (offset 0) */
-		const float iscale = -((float)nmax + (is == -10 ? 0.0f : 0.1f * (float)is)) / max;
-		const f32x8 vis = splat8(iscale);
-		f32x8 l[KQ_SYM_VECS], vlx = splat8(0), vl2 = vlx;
-		for (int k = 0; k < KQ_SYM_VECS; k++) {
-			l[k] = round_clamp8(vis * xv[k], lo, hi);
-			vlx += wxv[k] * l[k];
-			vl2 += wv[k] * l[k] * l[k];
+		iscale = splat8(-((float)nmax + 0.1f * (float)is)) / max;
+		sumlx = suml2 = zero;
+		for (int i = 0; i < KQ_SYM; i++) {
+			l[i] = round_clamp8(iscale * xt[i], lo, hi);
+			sumlx += wx[i] * l[i];
+			suml2 += w[i] * l[i] * l[i];
 		}
-		const float sumlx = sum8(vlx), suml2 = sum8(vl2);
-		if (is == -10) {
-			scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-			best = scale * sumlx;
-		} else if (!(suml2 > 0 && sumlx * sumlx > best * suml2)) {
-			continue;
-		} else {
-			scale = sumlx / suml2;
-			best = scale * sumlx;
-		}
-		memcpy(best_l, l, sizeof(best_l));
+		const i32x8 better = (suml2 > zero) & (sumlx * sumlx > best * suml2);
+		for (int i = 0; i < KQ_SYM; i++)
+			best_l[i] = select8(better, l[i], best_l[i]);
+		const f32x8 this_scale = sumlx / suml2;
+		scale = select8(better, this_scale, scale);
+		best = select8(better, this_scale * sumlx, best);
 	}
-	for (int k = 0; k < KQ_SYM_VECS; k++)
-		for (int j = 0; j < LANES; j++)
-			L[LANES * k + j] = (int8_t)((int)best_l[k][j] + nmax);
-	return scale;
+	scale = select8(tiny, zero, scale);
+	for (int j = 0; j < LANES; j++) {
+		scales[j] = scale[j];
+		for (int i = 0; i < KQ_SYM; i++)
+			L[KQ_SYM * j + i] = (int8_t)(tiny[j] ? 0 : (int)best_l[i][j] + nmax);
+	}
 }
 
 static inline KQ_INLINE void quantize_q6_K_rows(const float *x, void *dst, size_t n)
@@ -604,8 +592,9 @@ static inline KQ_INLINE void quantize_q6_K_rows(const float *x, void *dst, size_
 	float scales[QK_K / 16];
 	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
 		float max_scale = 0, max_abs_scale = 0;
+		search_scale_sym8(32, x, L, scales);
+		search_scale_sym8(32, x + 128, L + 128, scales + 8);
 		for (int ib = 0; ib < QK_K / 16; ib++) {
-			scales[ib] = search_scale_sym(32, x + 16 * ib, L + 16 * ib);
 			if (fabsf(scales[ib]) > max_abs_scale) {
 				max_abs_scale = fabsf(scales[ib]);
 				max_scale = scales[ib];

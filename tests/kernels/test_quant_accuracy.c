@@ -3,9 +3,9 @@
  *
  * Normalised error sum (y - x)^2 / sum x^2 of quantize -> dequantize over 16 x 4096 values,
  * for uniform [-1, 1) data and a bell-shaped sum of four uniforms (heavier centre, like real
- * weights). Bounds: the values of the scalar reference before its vectorisation (commit
- * 077ba1b), rounded up in the third significant digit; the vectorised K-quant searches sum
- * in a different order and land within 0.05% of them, either side.
+ * weights). Bounds: the values of the plain scalar reference before the quantizers were
+ * vectorised (commit 077ba1b), rounded up in the third significant digit. (The vectorised
+ * quantizers give that reference's exact bytes: test_quant_reference.)
  */
 #include <criterion/criterion.h>
 #include <math.h>
