@@ -333,10 +333,11 @@ static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
 	const i32x8 flat = max == min; /* the reference returns scale 0, L 0 */
 	f32x8 iscale = hi / (max - min);
 	f32x8 scale = splat8(1.0f) / iscale, best_error = zero;
-	f32x8 best_l[KQ_SUB], l[KQ_SUB];
+	/* the best levels are kept as the grid that gave them, and recomputed at the end */
+	f32x8 best_iscale = iscale, best_grid_min = min, l[KQ_SUB];
 	for (int i = 0; i < KQ_SUB; i++) {
-		best_l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
-		const f32x8 diff = scale * best_l[i] + min - xt[i];
+		l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
+		const f32x8 diff = scale * l[i] + min - xt[i];
 		best_error += wt[i] * diff * diff;
 	}
 	for (int is = 0; is <= nstep; is++) {
@@ -361,18 +362,20 @@ static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
 			cur_error += wt[i] * diff * diff;
 		}
 		const i32x8 better = (D > zero) & (cur_error < best_error);
-		for (int i = 0; i < KQ_SUB; i++)
-			best_l[i] = select8(better, l[i], best_l[i]);
+		best_iscale = select8(better, iscale, best_iscale);
+		best_grid_min = select8(better, min, best_grid_min);
 		best_error = select8(better, cur_error, best_error);
 		scale = select8(better, this_scale, scale);
 		min = select8(better, this_min, min);
 	}
 	scale = select8(flat, zero, scale);
+	for (int i = 0; i < KQ_SUB; i++)
+		l[i] = round_clamp8(best_iscale * (xt[i] - best_grid_min), zero, hi);
 	for (int j = 0; j < LANES; j++) {
 		scales[j] = scale[j];
 		neg_mins[j] = -min[j];
 		for (int i = 0; i < KQ_SUB; i++)
-			L[KQ_SUB * j + i] = flat[j] ? 0 : (uint8_t)best_l[i][j];
+			L[KQ_SUB * j + i] = flat[j] ? 0 : (uint8_t)l[i][j];
 	}
 }
 
@@ -538,7 +541,7 @@ static inline KQ_INLINE void search_scale_sym8(int nmax, const float *x, int8_t 
                                                float scales[8])
 {
 	const f32x8 zero = splat8(0.0f);
-	f32x8 xt[KQ_SYM], w[KQ_SYM], wx[KQ_SYM], best_l[KQ_SYM], l[KQ_SYM];
+	f32x8 xt[KQ_SYM], w[KQ_SYM], wx[KQ_SYM], l[KQ_SYM];
 	f32x8 amax = zero, max = zero;
 	for (int i = 0; i < KQ_SYM; i++) {
 		for (int j = 0; j < LANES; j++)
@@ -554,10 +557,11 @@ static inline KQ_INLINE void search_scale_sym8(int nmax, const float *x, int8_t 
 	const f32x8 lo = splat8((float)-nmax), hi = splat8((float)(nmax - 1));
 	f32x8 iscale = splat8((float)-nmax) / max, sumlx = zero, suml2 = zero;
 	for (int i = 0; i < KQ_SYM; i++) {
-		best_l[i] = round_clamp8(iscale * xt[i], lo, hi);
-		sumlx += wx[i] * best_l[i];
-		suml2 += w[i] * best_l[i] * best_l[i];
+		l[i] = round_clamp8(iscale * xt[i], lo, hi);
+		sumlx += wx[i] * l[i];
+		suml2 += w[i] * l[i] * l[i];
 	}
+	f32x8 best_iscale = iscale; /* the best levels' grid; they are recomputed at the end */
 	f32x8 scale = select8(suml2 != zero, sumlx / suml2, zero);
 	f32x8 best = scale * sumlx;
 	for (int is = -9; is <= 9; is++) {
@@ -571,17 +575,18 @@ static inline KQ_INLINE void search_scale_sym8(int nmax, const float *x, int8_t 
 			suml2 += w[i] * l[i] * l[i];
 		}
 		const i32x8 better = (suml2 > zero) & (sumlx * sumlx > best * suml2);
-		for (int i = 0; i < KQ_SYM; i++)
-			best_l[i] = select8(better, l[i], best_l[i]);
+		best_iscale = select8(better, iscale, best_iscale);
 		const f32x8 this_scale = sumlx / suml2;
 		scale = select8(better, this_scale, scale);
 		best = select8(better, this_scale * sumlx, best);
 	}
 	scale = select8(tiny, zero, scale);
+	for (int i = 0; i < KQ_SYM; i++)
+		l[i] = round_clamp8(best_iscale * xt[i], lo, hi);
 	for (int j = 0; j < LANES; j++) {
 		scales[j] = scale[j];
 		for (int i = 0; i < KQ_SYM; i++)
-			L[KQ_SYM * j + i] = (int8_t)(tiny[j] ? 0 : (int)best_l[i][j] + nmax);
+			L[KQ_SYM * j + i] = (int8_t)(tiny[j] ? 0 : (int)l[i][j] + nmax);
 	}
 }
 
