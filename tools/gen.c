@@ -605,18 +605,26 @@ static int run_batch(struct gen *g)
 	return 0;
 }
 
-/* Waits until the writer is idle; reports its last write's error. */
-static int writer_wait(struct gen *g)
+/* Waits until the writer is idle. Returns its last write's errno (0: none) and byte count. */
+static int writer_drain(struct gen *g, size_t *len)
 {
 	struct gen_writer *w = &g->writer;
 	pthread_mutex_lock(&w->lock);
 	while (w->busy)
 		pthread_cond_wait(&w->idle, &w->lock);
 	const int error = w->error;
-	const size_t len = w->len;
+	*len = w->len;
 	w->error = 0;
 	w->len = 0;
 	pthread_mutex_unlock(&w->lock);
+	return error;
+}
+
+/* Waits until the writer is idle; reports its last write's error, or counts its bytes. */
+static int writer_wait(struct gen *g)
+{
+	size_t len;
+	const int error = writer_drain(g, &len);
 	if (error)
 		return model_fail(g->err, "%s: write: %s", g->path, strerror(error));
 	g->done += len;
@@ -980,8 +988,11 @@ static int open_out(struct gen *g, const char *path)
 static int close_out(struct gen *g)
 {
 	int rc = flush_buf(g);
-	if (writer_wait(g) && !rc) /* the file's last write */
-		rc = -1;
+	if (!rc)
+		rc = writer_wait(g); /* the file's last write */
+	else
+		writer_drain(g,
+		             &(size_t){0}); /* keep the first error; still never close under it */
 	if (close(g->fd) && !rc)
 		rc = model_fail(g->err, "%s: close: %s", g->path, strerror(errno));
 	g->fd = -1;
