@@ -240,6 +240,10 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
  * |v| < 2^22; clamps are `v > lo ? v : lo` so NaN lands on lo and no float-to-int
  * conversion ever sees an out-of-range value. */
 #pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF /* clang contracts a * b + c by default where FMA exists; GCC         \
+                                does not in ISO C mode (and ignores this pragma) */
+#endif
 typedef float f32x8 __attribute__((vector_size(32)));
 /* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2, and picked
  * per call by the CPU (KQ_DISPATCH); everything they call is inlined into each copy. No FMA
