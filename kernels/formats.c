@@ -7,7 +7,10 @@
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32
  * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv).
  *
- * Everything here is the oracle the SIMD paths are tested against: readable first, never fast.
+ * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
+ * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
+ * while doing, lane by lane, exactly the scalar reference's arithmetic (same bits as the
+ * plain loops they replaced); MXFP4 and Q8_0 avoid per-element libm calls the same way.
  * Pure functions; no allocation; thread-safe.
  */
 #include <math.h>
@@ -81,19 +84,29 @@ float moek_e8m0_to_f32(uint8_t e)
 
 /* ---- Q8_0 / Q4_0 / MXFP4 (32-element blocks) -------------------------------------------- */
 
+/* roundf(v) (ties away from zero, as ggml's Q8_0) after clamping v to [-127, 127]; NaN gives
+ * 127 like fminf. Inline: v - trunc(v) is exact here, so no libm call per element. */
+static inline int round_away_127(float v)
+{
+	v = v < 127.f ? v : 127.f;
+	v = v > -127.f ? v : -127.f;
+	const int i = (int)v;
+	const float frac = v - (float)i;
+	return i + (frac >= 0.5f) - (frac <= -0.5f); /* branch-free: random data mispredicts */
+}
+
 static void quantize_q8_0(const float *x, void *dst, size_t n)
 {
 	struct block_q8_0 *y = dst;
 	for (size_t i = 0; i < n / QK8_0; i++, x += QK8_0) {
 		float amax = 0.0f;
-		for (int j = 0; j < QK8_0; j++)
-			amax = fmaxf(amax, fabsf(x[j]));
+		for (int j = 0; j < QK8_0; j++) /* NaN never wins, as with fmaxf */
+			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
 		const float d = amax / 127.0f;
 		const float id = d != 0.0f ? 1.0f / d : 0.0f;
 		y[i].d = moek_f32_to_f16(d);
-		for (int j = 0; j < QK8_0; j++) /* roundf: ties away from zero, as ggml */
-			y[i].qs[j] = (int8_t)clampi(
-			    (int)roundf(fmaxf(-127.f, fminf(127.f, x[j] * id))), -127, 127);
+		for (int j = 0; j < QK8_0; j++)
+			y[i].qs[j] = (int8_t)round_away_127(x[j] * id);
 	}
 }
 
@@ -158,13 +171,26 @@ static int mxfp4_best_code(float x, float e)
 	return best;
 }
 
+/* mxfp4_best_code(x, half_scale) for v = x / half_scale when every kvalue * half_scale is a
+ * finite normal float (both scalings exact): the magnitude index counts the midpoints of
+ * 0 1 2 3 4 6 8 12 strictly below |v| (a tie keeps the lower code), and zero is code 0, never
+ * 8 (-0). Checked equal to the exhaustive search on every float within 3000 ulps of each
+ * midpoint and on random floats, for every such scale. NaN gives 0 as there. */
+static inline int mxfp4_code_of_scaled(float v)
+{
+	const float a = fabsf(v);
+	const int k = (a > 0.5f) + (a > 1.5f) + (a > 2.5f) + (a > 3.5f) + (a > 5.0f) + (a > 7.0f) +
+	              (a > 10.0f);
+	return k == 0 ? 0 : v < 0 ? 8 + k : k;
+}
+
 static void quantize_mxfp4(const float *x, void *dst, size_t n)
 {
 	struct block_mxfp4 *y = dst;
 	for (size_t i = 0; i < n / QK_MXFP4; i++, x += QK_MXFP4) {
 		float amax = 0.0f;
 		for (int j = 0; j < QK_MXFP4; j++)
-			amax = fmaxf(amax, fabsf(x[j]));
+			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax; /* fmaxf: NaN never wins */
 		/* ggml: e = floor(log2(amax)) - 2 + 127, so amax / 2^(e-127) lands in [4, 8) and
 		 * the largest code (6) sits near the top. Clamped to the finite E8M0 range. */
 		int e = 0;
@@ -174,6 +200,16 @@ static void quantize_mxfp4(const float *x, void *dst, size_t n)
 			e = 254;
 		const float half_scale = ldexpf(1.0f, e - 128); /* kvalues are doubled */
 		y[i].e = (uint8_t)e;
+		if (e >= 1 && e <= 251) { /* every kvalue * half_scale normal and finite */
+			const float inv_half_scale = ldexpf(1.0f, 128 - e);
+			for (int j = 0; j < QK_MXFP4 / 2; j++) {
+				const int lo = mxfp4_code_of_scaled(x[j] * inv_half_scale);
+				const int hi =
+				    mxfp4_code_of_scaled(x[j + QK_MXFP4 / 2] * inv_half_scale);
+				y[i].qs[j] = (uint8_t)(lo | (hi << 4));
+			}
+			continue;
+		}
 		for (int j = 0; j < QK_MXFP4 / 2; j++) {
 			const int lo = mxfp4_best_code(x[j], half_scale);
 			const int hi = mxfp4_best_code(x[j + QK_MXFP4 / 2], half_scale);
@@ -196,91 +232,194 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
 
 /* ---- K-quants ---------------------------------------------------------------------------- */
 
-/* Asymmetric search (ggml's make_qkx2_quants): x ~ scale * L + min with L in 0..nmax, min <= 0,
- * minimising the weighted squared error over nstep+1 candidate scales. Returns the scale;
- * *neg_min receives -min (>= 0). */
-static float search_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                              float *neg_min, uint8_t *Laux, float rmin, float rdelta, int nstep)
+/* The K-quant searches run many candidate scales over the same values, so they work on 8-lane
+ * float vectors (GCC/Clang vector extensions: one AVX register, or two SSE ones on a baseline
+ * x86-64 build), one sub-block per lane. Lane arithmetic is plain IEEE single precision in
+ * the reference's order, so the results do not depend on the instruction set. Rounding adds
+ * and subtracts 1.5 * 2^23: round to nearest even, as ggml's nearest_int, exact for
+ * |v| < 2^22; clamps are `v > lo ? v : lo` so NaN lands on lo and no float-to-int
+ * conversion ever sees an out-of-range value. */
+#pragma GCC diagnostic ignored "-Wpsabi" /* 32-byte vectors never cross this file's ABI */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF /* clang contracts a * b + c by default where FMA exists; GCC         \
+                                does not in ISO C mode (and ignores this pragma) */
+#endif
+typedef float f32x8 __attribute__((vector_size(32)));
+/* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2, and picked
+ * per call by the CPU (KQ_DISPATCH); everything they call is inlined into each copy. No FMA
+ * in either (ISO C mode: no contraction), so both give the same bits. Not target_clones: its
+ * ifunc resolver runs before the sanitizer runtimes start and crashes TSan builds. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KQ_DISPATCH(name)                                                                          \
+	__attribute__((target("avx2"))) static void name##_avx2(const float *x, void *dst,         \
+	                                                        size_t n)                          \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	static void name##_base(const float *x, void *dst, size_t n)                               \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	static void name(const float *x, void *dst, size_t n)                                      \
+	{                                                                                          \
+		if (__builtin_cpu_supports("avx2"))                                                \
+			name##_avx2(x, dst, n);                                                    \
+		else                                                                               \
+			name##_base(x, dst, n);                                                    \
+	}
+#else
+#define KQ_DISPATCH(name)                                                                          \
+	static void name(const float *x, void *dst, size_t n)                                      \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}
+#endif
+#define KQ_INLINE __attribute__((always_inline))
+typedef int32_t i32x8 __attribute__((vector_size(32)));
+enum { LANES = 8 };
+
+static inline KQ_INLINE f32x8 splat8(float v)
 {
-	float min = x[0], max = x[0];
-	float sum_w = w[0], sum_x = w[0] * x[0];
-	for (int i = 1; i < n; i++) {
-		if (x[i] < min)
-			min = x[i];
-		if (x[i] > max)
-			max = x[i];
-		sum_w += w[i];
-		sum_x += w[i] * x[i];
+	return (f32x8){v, v, v, v, v, v, v, v};
+}
+
+static inline KQ_INLINE f32x8 load8(const float *p)
+{
+	f32x8 v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline KQ_INLINE f32x8 select8(i32x8 mask, f32x8 yes, f32x8 no)
+{
+	return (f32x8)(((i32x8)yes & mask) | ((i32x8)no & ~mask));
+}
+
+static inline KQ_INLINE i32x8 splat8_bits(int32_t v)
+{
+	return (i32x8){v, v, v, v, v, v, v, v};
+}
+
+/* round(v) clamped to [lo, hi]; NaN gives lo */
+static inline KQ_INLINE f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
+{
+	const f32x8 magic = splat8(12582912.0f);
+	v = select8(v > lo, v, lo);
+	v = select8(v < hi, v, hi);
+	return (v + magic) - magic;
+}
+
+/* Asymmetric search (ggml's make_qkx2_quants) of the 8 sub-blocks of a super-block at once,
+ * one per vector lane, each exactly as the scalar reference does it: x ~ scale * L + min with
+ * L in 0..nmax, min <= 0, minimising the weighted squared error over the start grid
+ * nmax / (max - min) and nstep+1 candidates (rmin + rdelta * is + nmax) / (max - min), each
+ * refitted by weighted least squares and kept if its error is lower; min is the best fit's so
+ * far (later candidates grid from it, as ggml). Lanes run the candidates in lock-step and
+ * keep improvements by mask, so there are no branches and no horizontal sums, and each lane
+ * sums in the reference's order: the result is the scalar reference's, bit for bit.
+ * xt[i], wt[i]: element i of each sub-block (transposed). Outputs: L (transposed back),
+ * the scales and -min (>= 0) of the 8 sub-blocks. */
+enum { KQ_SUB = 32 };
+static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
+                                               const f32x8 wt[KQ_SUB], uint8_t L[8 * KQ_SUB],
+                                               float scales[8], float neg_mins[8], float rmin,
+                                               float rdelta, int nstep)
+{
+	f32x8 min = xt[0], max = xt[0], sum_w = wt[0], sum_x = wt[0] * xt[0];
+	for (int i = 1; i < KQ_SUB; i++) {
+		min = select8(xt[i] < min, xt[i], min);
+		max = select8(xt[i] > max, xt[i], max);
+		sum_w += wt[i];
+		sum_x += wt[i] * xt[i];
 	}
-	if (min > 0)
-		min = 0;
-	if (max == min) {
-		memset(L, 0, (size_t)n);
-		*neg_min = -min;
-		return 0.0f;
-	}
-	float iscale = (float)nmax / (max - min);
-	float scale = 1.0f / iscale;
-	float best_error = 0;
-	for (int i = 0; i < n; i++) {
-		const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
-		L[i] = (uint8_t)l;
-		const float diff = scale * (float)l + min - x[i];
-		best_error += w[i] * diff * diff;
+	const f32x8 zero = splat8(0.0f), hi = splat8((float)nmax);
+	min = select8(min > zero, zero, min);
+	const i32x8 flat = max == min; /* the reference returns scale 0, L 0 */
+	f32x8 iscale = hi / (max - min);
+	f32x8 scale = splat8(1.0f) / iscale, best_error = zero;
+	/* the best levels are kept as the grid that gave them, and recomputed at the end */
+	f32x8 best_iscale = iscale, best_grid_min = min, l[KQ_SUB];
+	for (int i = 0; i < KQ_SUB; i++) {
+		l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
+		const f32x8 diff = scale * l[i] + min - xt[i];
+		best_error += wt[i] * diff * diff;
 	}
 	for (int is = 0; is <= nstep; is++) {
-		iscale = (rmin + rdelta * (float)is + (float)nmax) / (max - min);
-		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-		for (int i = 0; i < n; i++) {
-			const int l = clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
-			Laux[i] = (uint8_t)l;
-			sum_l += w[i] * (float)l;
-			sum_l2 += w[i] * (float)l * (float)l;
-			sum_xl += w[i] * (float)l * x[i];
+		iscale = (splat8(rmin + rdelta * (float)is) + hi) / (max - min);
+		f32x8 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+		for (int i = 0; i < KQ_SUB; i++) {
+			l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
+			const f32x8 wl = wt[i] * l[i];
+			sum_l += wl;
+			sum_l2 += wl * l[i];
+			sum_xl += wl * xt[i];
 		}
-		const float D = sum_w * sum_l2 - sum_l * sum_l;
-		if (D > 0) {
-			float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-			float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-			if (this_min > 0) {
-				this_min = 0;
-				this_scale = sum_xl / sum_l2;
-			}
-			float cur_error = 0;
-			for (int i = 0; i < n; i++) {
-				const float diff = this_scale * (float)Laux[i] + this_min - x[i];
-				cur_error += w[i] * diff * diff;
-			}
-			if (cur_error < best_error) {
-				memcpy(L, Laux, (size_t)n);
-				best_error = cur_error;
-				scale = this_scale;
-				min = this_min;
-			}
+		const f32x8 D = sum_w * sum_l2 - sum_l * sum_l;
+		f32x8 this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+		f32x8 this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+		const i32x8 min_positive = this_min > zero;
+		this_min = select8(min_positive, zero, this_min);
+		this_scale = select8(min_positive, sum_xl / sum_l2, this_scale);
+		f32x8 cur_error = zero;
+		for (int i = 0; i < KQ_SUB; i++) {
+			const f32x8 diff = this_scale * l[i] + this_min - xt[i];
+			cur_error += wt[i] * diff * diff;
 		}
+		const i32x8 better = (D > zero) & (cur_error < best_error);
+		best_iscale = select8(better, iscale, best_iscale);
+		best_grid_min = select8(better, min, best_grid_min);
+		best_error = select8(better, cur_error, best_error);
+		scale = select8(better, this_scale, scale);
+		min = select8(better, this_min, min);
 	}
-	*neg_min = -min;
-	return scale;
+	scale = select8(flat, zero, scale);
+	for (int i = 0; i < KQ_SUB; i++)
+		l[i] = round_clamp8(best_iscale * (xt[i] - best_grid_min), zero, hi);
+	for (int j = 0; j < LANES; j++) {
+		scales[j] = scale[j];
+		neg_mins[j] = -min[j];
+		for (int i = 0; i < KQ_SUB; i++)
+			L[KQ_SUB * j + i] = flat[j] ? 0 : (uint8_t)l[i][j];
+	}
+}
+
+/* L[i] = round((x[i] + dm) / d) clamped to [lo, hi] + offset, for n (a multiple of 8)
+ * elements: the final levels against a sub-block's rounded scale (and min). */
+static inline KQ_INLINE void quantize_levels(const float *x, size_t n, float d, float dm, float lo,
+                                             float hi, int offset, uint8_t *L)
+{
+	const f32x8 vd = splat8(d), vdm = splat8(dm), vlo = splat8(lo), vhi = splat8(hi);
+	for (size_t i = 0; i < n; i += LANES) {
+		const f32x8 l = round_clamp8((load8(x + i) + vdm) / vd, vlo, vhi);
+		for (int j = 0; j < LANES; j++)
+			L[i + (size_t)j] = (uint8_t)((int)l[j] + offset);
+	}
 }
 
 /* Shared by Q4_K (nmax 15) and Q5_K (nmax 31): per 32-element sub-block scale/min search,
  * 6-bit quantization of scales and mins against the super-block's d/dmin, then the final
  * levels L (0..nmax) against the rounded scales. Fills d, dmin, scales; returns L. */
-static void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep, uint16_t *d,
-                                  uint16_t *dmin, uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
+static inline KQ_INLINE void quantize_k_superblock(const float *x, int nmax, float rmin, int nstep,
+                                                   uint16_t *d, uint16_t *dmin,
+                                                   uint8_t packed[K_SCALE_SIZE], uint8_t L[QK_K])
 {
-	uint8_t Laux[32];
-	float weights[32], mins[QK_K / 32], scales[QK_K / 32];
+	f32x8 xt[KQ_SUB], wt[KQ_SUB], sum_x2 = splat8(0);
+	for (int i = 0; i < KQ_SUB; i++) {
+		for (int j = 0; j < LANES; j++)
+			xt[i][j] = x[KQ_SUB * j + i];
+		sum_x2 += xt[i] * xt[i];
+	}
+	f32x8 av_x;
+	for (int j = 0; j < LANES; j++)
+		av_x[j] = sqrtf(sum_x2[j] / 32);
+	for (int i = 0; i < KQ_SUB; i++) {
+		const i32x8 abs_bits = (i32x8)xt[i] & splat8_bits(0x7fffffff);
+		wt[i] = av_x + (f32x8)abs_bits; /* av_x + fabsf(x) */
+	}
+	float mins[QK_K / 32], scales[QK_K / 32];
+	search_scale_min8(nmax, xt, wt, L, scales, mins, rmin, 0.1f, nstep);
 	float max_scale = 0, max_min = 0;
 	for (int j = 0; j < QK_K / 32; j++) {
-		float sum_x2 = 0;
-		for (int l = 0; l < 32; l++)
-			sum_x2 += x[32 * j + l] * x[32 * j + l];
-		const float av_x = sqrtf(sum_x2 / 32);
-		for (int l = 0; l < 32; l++)
-			weights[l] = av_x + fabsf(x[32 * j + l]);
-		scales[j] = search_scale_min(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
-		                             Laux, rmin, 0.1f, nstep);
 		if (scales[j] > max_scale)
 			max_scale = scales[j];
 		if (mins[j] > max_min)
@@ -310,13 +449,11 @@ static void quantize_k_superblock(const float *x, int nmax, float rmin, int nste
 		if (dj == 0.0f)
 			continue;
 		const float dm = f16(*dmin) * (float)m;
-		for (int ii = 0; ii < 32; ii++)
-			L[32 * j + ii] =
-			    (uint8_t)clampi(nearest_int((x[32 * j + ii] + dm) / dj), 0, nmax);
+		quantize_levels(x + 32 * j, 32, dj, dm, 0.0f, (float)nmax, 0, L + 32 * j);
 	}
 }
 
-static void quantize_q4_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q4_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q4_K *y = dst;
 	uint8_t L[QK_K];
@@ -327,6 +464,7 @@ static void quantize_q4_K(const float *x, void *dst, size_t n)
 				y[i].qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
 	}
 }
+KQ_DISPATCH(quantize_q4_K)
 
 static void dequantize_q4_K(const void *src, float *y, size_t n)
 {
@@ -349,7 +487,7 @@ static void dequantize_q4_K(const void *src, float *y, size_t n)
 	}
 }
 
-static void quantize_q5_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q5_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q5_K *y = dst;
 	uint8_t L[QK_K];
@@ -373,6 +511,7 @@ static void quantize_q5_K(const float *x, void *dst, size_t n)
 		}
 	}
 }
+KQ_DISPATCH(quantize_q5_K)
 
 static void dequantize_q5_K(const void *src, float *y, size_t n)
 {
@@ -395,63 +534,76 @@ static void dequantize_q5_K(const void *src, float *y, size_t n)
 	}
 }
 
-/* Symmetric search (ggml's make_qx_quants, rmse_type 1: weights x^2): x ~ scale * (L - nmax)
- * with L in 0..2*nmax-1. Returns the scale (signed). */
-static float search_scale_sym(int n, int nmax, const float *x, int8_t *L)
+/* Symmetric search (ggml's make_qx_quants, rmse_type 1: weights x^2) of 8 consecutive
+ * 16-element sub-blocks at once, one per lane, each exactly as the scalar reference: x ~ scale
+ * * (L - nmax) with L in 0..2*nmax-1, over the start grid -nmax / max and 18 candidates
+ * -(nmax + 0.1 is) / max, each refitted by least squares and kept if better. Lock-step with
+ * masks as search_scale_min8, summing in the reference's order: the same bits. x: 128
+ * values; fills L[128] and the 8 (signed) scales. */
+enum { KQ_SYM = 16 };
+static inline KQ_INLINE void search_scale_sym8(int nmax, const float *x, int8_t L[8 * KQ_SYM],
+                                               float scales[8])
 {
-	float max = 0, amax = 0;
-	for (int i = 0; i < n; i++) {
-		if (fabsf(x[i]) > amax) {
-			amax = fabsf(x[i]);
-			max = x[i];
-		}
+	const f32x8 zero = splat8(0.0f);
+	f32x8 xt[KQ_SYM], w[KQ_SYM], wx[KQ_SYM], l[KQ_SYM];
+	f32x8 amax = zero, max = zero;
+	for (int i = 0; i < KQ_SYM; i++) {
+		for (int j = 0; j < LANES; j++)
+			xt[i][j] = x[KQ_SYM * j + i];
+		const f32x8 ax = (f32x8)((i32x8)xt[i] & splat8_bits(0x7fffffff));
+		const i32x8 larger = ax > amax; /* the first largest |x| */
+		amax = select8(larger, ax, amax);
+		max = select8(larger, xt[i], max);
+		w[i] = xt[i] * xt[i];
+		wx[i] = w[i] * xt[i];
 	}
-	if (amax < 1e-15f) { /* ggml's GROUP_MAX_EPS */
-		memset(L, 0, (size_t)n);
-		return 0.0f;
+	const i32x8 tiny = amax < splat8(1e-15f); /* ggml's GROUP_MAX_EPS: L 0, scale 0 */
+	const f32x8 lo = splat8((float)-nmax), hi = splat8((float)(nmax - 1));
+	f32x8 iscale = splat8((float)-nmax) / max, sumlx = zero, suml2 = zero;
+	for (int i = 0; i < KQ_SYM; i++) {
+		l[i] = round_clamp8(iscale * xt[i], lo, hi);
+		sumlx += wx[i] * l[i];
+		suml2 += w[i] * l[i] * l[i];
 	}
-	float iscale = -(float)nmax / max;
-	float sumlx = 0, suml2 = 0;
-	for (int i = 0; i < n; i++) {
-		const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-		L[i] = (int8_t)(l + nmax);
-		const float w = x[i] * x[i];
-		sumlx += w * x[i] * (float)l;
-		suml2 += w * (float)l * (float)l;
-	}
-	float scale = suml2 != 0.0f ? sumlx / suml2 : 0.0f;
-	float best = scale * sumlx;
+	f32x8 best_iscale = iscale; /* the best levels' grid; they are recomputed at the end */
+	f32x8 scale = select8(suml2 != zero, sumlx / suml2, zero);
+	f32x8 best = scale * sumlx;
 	for (int is = -9; is <= 9; is++) {
 		if (is == 0)
 			continue;
-		iscale = -((float)nmax + 0.1f * (float)is) / max;
-		sumlx = suml2 = 0;
-		for (int i = 0; i < n; i++) {
-			const int l = clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
-			const float w = x[i] * x[i];
-			sumlx += w * x[i] * (float)l;
-			suml2 += w * (float)l * (float)l;
+		iscale = splat8(-((float)nmax + 0.1f * (float)is)) / max;
+		sumlx = suml2 = zero;
+		for (int i = 0; i < KQ_SYM; i++) {
+			l[i] = round_clamp8(iscale * xt[i], lo, hi);
+			sumlx += wx[i] * l[i];
+			suml2 += w[i] * l[i] * l[i];
 		}
-		if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-			for (int i = 0; i < n; i++)
-				L[i] = (int8_t)(nmax + clampi(nearest_int(iscale * x[i]), -nmax,
-				                              nmax - 1));
-			scale = sumlx / suml2;
-			best = scale * sumlx;
-		}
+		const i32x8 better = (suml2 > zero) & (sumlx * sumlx > best * suml2);
+		best_iscale = select8(better, iscale, best_iscale);
+		const f32x8 this_scale = sumlx / suml2;
+		scale = select8(better, this_scale, scale);
+		best = select8(better, this_scale * sumlx, best);
 	}
-	return scale;
+	scale = select8(tiny, zero, scale);
+	for (int i = 0; i < KQ_SYM; i++)
+		l[i] = round_clamp8(best_iscale * xt[i], lo, hi);
+	for (int j = 0; j < LANES; j++) {
+		scales[j] = scale[j];
+		for (int i = 0; i < KQ_SYM; i++)
+			L[KQ_SYM * j + i] = (int8_t)(tiny[j] ? 0 : (int)l[i][j] + nmax);
+	}
 }
 
-static void quantize_q6_K(const float *x, void *dst, size_t n)
+static inline KQ_INLINE void quantize_q6_K_rows(const float *x, void *dst, size_t n)
 {
 	struct block_q6_K *y = dst;
 	int8_t L[QK_K];
 	float scales[QK_K / 16];
 	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
 		float max_scale = 0, max_abs_scale = 0;
+		search_scale_sym8(32, x, L, scales);
+		search_scale_sym8(32, x + 128, L + 128, scales + 8);
 		for (int ib = 0; ib < QK_K / 16; ib++) {
-			scales[ib] = search_scale_sym(16, 32, x + 16 * ib, L + 16 * ib);
 			if (fabsf(scales[ib]) > max_abs_scale) {
 				max_abs_scale = fabsf(scales[ib]);
 				max_scale = scales[ib];
@@ -470,9 +622,8 @@ static void quantize_q6_K(const float *x, void *dst, size_t n)
 			const float d = f16(y[i].d) * (float)y[i].scales[j];
 			if (d == 0.0f)
 				continue;
-			for (int ii = 0; ii < 16; ii++)
-				L[16 * j + ii] =
-				    (int8_t)(clampi(nearest_int(x[16 * j + ii] / d), -32, 31) + 32);
+			quantize_levels(x + 16 * j, 16, d, 0.0f, -32.0f, 31.0f, 32,
+			                (uint8_t *)L + 16 * j);
 		}
 		for (int h = 0; h < 2; h++) { /* two halves of 128 elements */
 			uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
@@ -488,6 +639,7 @@ static void quantize_q6_K(const float *x, void *dst, size_t n)
 		}
 	}
 }
+KQ_DISPATCH(quantize_q6_K)
 
 static void dequantize_q6_K(const void *src, float *y, size_t n)
 {
@@ -676,7 +828,9 @@ static void quantize_fp8(const float *src, size_t rows, size_t cols, uint8_t *ds
 			float amax = 0.0f;
 			for (size_t r = r0; r < r1; r++)
 				for (size_t c = c0; c < c1; c++)
-					amax = fmaxf(amax, fabsf(src[r * cols + c]));
+					amax = fabsf(src[r * cols + c]) > amax
+					           ? fabsf(src[r * cols + c])
+					           : amax; /* fmaxf: NaN never wins */
 			const float scale_inv = amax > 0.0f ? amax / MOEK_FP8_E4M3_MAX : 1.0f;
 			scales[br * ncb + bc] = scale_inv;
 			for (size_t r = r0; r < r1; r++)

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,6 +105,56 @@ struct gen_tensor {
 	uint64_t offset; /* relative to the file's data section */
 };
 
+/* Rows [r0, r0+nr) of expert e of tensor t quantized into dst (inside a write buffer). FP8
+ * weights also fill their 128x128 scale blocks (fp8_scales, the rows' block row), MXFP4
+ * _blocks their E8M0 scales (mx_scales). Jobs of one batch touch disjoint bytes. */
+struct gen_job {
+	const struct gen_tensor *t;
+	uint32_t e;
+	uint64_t r0, nr;
+	void *dst;
+	float *fp8_scales;
+	uint8_t *mx_scales;
+};
+
+/* One thread's reusable buffers: a job's floats and (MXFP4 _blocks) its GGUF-layout blocks. */
+struct gen_scratch {
+	void *floats, *blocks;
+	size_t floats_cap, blocks_cap; /* bytes */
+};
+
+struct gen_worker {
+	struct gen_pool *pool;
+	pthread_t thread;
+	struct gen_scratch scratch;
+};
+
+struct gen_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t start, finished;
+	uint64_t seed;
+	const struct gen_job *jobs; /* the running batch; valid while next_job < n_jobs */
+	size_t n_jobs, next_job, jobs_done;
+	uint64_t batch; /* incremented when a batch starts */
+	bool quit;
+	const struct gen_job *failed; /* a job that could not run (out of memory, bad shape) */
+	unsigned n_workers;
+	struct gen_worker workers[MOE_GEN_MAX_THREADS - 1];
+};
+
+/* The write in flight (busy) on the writer thread; error: errno of a failed write, EIO for
+ * a write that made no progress. */
+struct gen_writer {
+	pthread_mutex_t lock;
+	pthread_cond_t wake, idle;
+	pthread_t thread;
+	int fd;
+	const unsigned char *buf;
+	size_t len;
+	bool busy, quit;
+	int error;
+};
+
 struct gen {
 	const struct moe_gen_options *opt;
 	const struct moe_gen_preset *preset;
@@ -117,24 +168,28 @@ struct gen {
 	size_t n_t, cap_t;
 	uint32_t n_files;
 	char **paths;
-	/* writing */
+	/* writing (calling thread only) */
 	int fd;
 	const char *path;
-	unsigned char *buf;
+	unsigned char *bufs[2], *buf; /* buf: bufs[buf_index], being filled */
+	unsigned buf_index;
 	size_t buf_len;
-	float *scratch;
-	size_t scratch_cap;
-	void *qtmp;
-	size_t qtmp_cap;
+	struct gen_job *pending; /* jobs producing bytes of buf, run by run_batch */
+	size_t n_pending;
+	struct gen_scratch scratch; /* the calling thread's */
 	float *fp8_scales; /* scales of the last FP8 weight written, for its _scale_inv tensor */
-	size_t fp8_scales_n;
+	size_t fp8_scales_cap;
 	uint8_t *mx_scales; /* E8M0 scales of the last MXFP4 _blocks tensor, for _scales */
-	size_t mx_scales_n;
+	size_t mx_scales_cap;
+	struct gen_pool pool;
+	struct gen_writer writer;
+	bool sync_ready, writer_started;
 	struct progress prog;
-	uint64_t done, total;
+	uint64_t done, total; /* bytes written by the writer thread / to write */
 };
 
 #define WRITE_BUF (8u << 20)
+#define MAX_PENDING_JOBS 256
 
 static struct gen_tensor *plan_add(struct gen *g, enum gen_kind kind, uint32_t layer,
                                    int32_t expert, enum moe_gen_tensor which, uint64_t rows,
@@ -329,24 +384,274 @@ static int plan_layer(struct gen *g, uint32_t L)
 	return 0;
 }
 
-/* ---- writing ----------------------------------------------------------------------------- */
+/* ---- writing: quantizing threads and a write-behind thread ----------------------------
+ *
+ * Tensor data is produced into one of two WRITE_BUF buffers as a batch of jobs (row ranges
+ * of one expert's matrix, each quantized straight into its final place in the buffer). When
+ * the buffer is full its batch runs on the pool (the calling thread takes jobs too), then the
+ * buffer goes to the writer thread and filling continues in the other one, so computing
+ * overlaps the large sequential write(2)s. A job's bytes depend only on (seed, tensor,
+ * expert, rows), never on which thread ran it: the output is the same for any --threads.
+ * Threading: everything but gen_job execution runs on the calling thread; pool and writer
+ * state is shared only under their locks. */
 
+static int ensure(void **p, size_t *cap, size_t need)
+{
+	if (need <= *cap)
+		return 0;
+	void *n = realloc(*p, need);
+	if (!n)
+		return -1;
+	*p = n;
+	*cap = need;
+	return 0;
+}
+
+/* Rows [r0, r0+nr) of expert e's matrix as floats in out. Pure: any thread. */
+static void fill_rows(uint64_t seed, const struct gen_tensor *t, uint32_t e, uint64_t r0,
+                      uint64_t nr, float *out)
+{
+	if (!t->interleaved && !t->halves) {
+		moe_gen_floats(seed, t->layer, e, t->which, t->cols, r0 * t->cols, nr * t->cols,
+		               out);
+		return;
+	}
+	/* fused gate/up, row by row: interleaved (row 2i = gate row i, 2i+1 = up row i) or
+	 * halves (gate rows, then up rows); biases alike */
+	const bool is_bias = t->which == MOE_GEN_GATE_BIAS;
+	const uint64_t half = t->rows / 2;
+	for (uint64_t r = r0; r < r0 + nr; r++) {
+		bool up = t->halves ? r >= half : r % 2 == 1;
+		uint64_t src = t->halves ? r % half : r / 2;
+		enum moe_gen_tensor w = up ? (is_bias ? MOE_GEN_UP_BIAS : MOE_GEN_UP)
+		                           : (is_bias ? MOE_GEN_GATE_BIAS : MOE_GEN_GATE);
+		moe_gen_floats(seed, t->layer, e, w, t->cols, src * t->cols, t->cols,
+		               out + (r - r0) * t->cols);
+	}
+}
+
+/* Runs one job on the calling thread with its scratch. Returns 0, or -1 (out of memory, or
+ * the quantizer rejected the shape; planning makes both unexpected). */
+static int run_job(uint64_t seed, const struct gen_job *j, struct gen_scratch *s)
+{
+	const struct gen_tensor *t = j->t;
+	const size_t n = (size_t)(j->nr * t->cols);
+	if (ensure(&s->floats, &s->floats_cap, n * sizeof(float)))
+		return -1;
+	fill_rows(seed, t, j->e, j->r0, j->nr, s->floats);
+	if (t->kind != GK_MXFP4_BLOCKS)
+		return moek_quantize(t->format, s->floats, j->nr, t->cols, j->dst, j->fp8_scales);
+	if (ensure(&s->blocks, &s->blocks_cap, moek_row_bytes(MOEK_MXFP4, n)) ||
+	    moek_quantize(MOEK_MXFP4, s->floats, j->nr, t->cols, s->blocks, NULL))
+		return -1;
+	moek_mxfp4_to_hf(s->blocks, n, j->dst, j->mx_scales);
+	return 0;
+}
+
+/* Takes and runs jobs of the current batch until none is left. */
+static void pool_take_jobs(struct gen_pool *p, struct gen_scratch *s)
+{
+	pthread_mutex_lock(&p->lock);
+	while (p->next_job < p->n_jobs) {
+		const struct gen_job *j = &p->jobs[p->next_job++];
+		pthread_mutex_unlock(&p->lock);
+		const int rc = run_job(p->seed, j, s);
+		pthread_mutex_lock(&p->lock);
+		if (rc && !p->failed)
+			p->failed = j;
+		if (++p->jobs_done == p->n_jobs)
+			pthread_cond_signal(&p->finished);
+	}
+	pthread_mutex_unlock(&p->lock);
+}
+
+static void *pool_worker(void *arg)
+{
+	struct gen_worker *w = arg;
+	struct gen_pool *p = w->pool;
+	uint64_t seen = 0;
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		while (!p->quit && p->batch == seen)
+			pthread_cond_wait(&p->start, &p->lock);
+		if (p->quit)
+			break;
+		seen = p->batch;
+		pthread_mutex_unlock(&p->lock);
+		pool_take_jobs(p, &w->scratch);
+		pthread_mutex_lock(&p->lock);
+	}
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+static void *writer_thread(void *arg)
+{
+	struct gen_writer *w = arg;
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		while (!w->busy && !w->quit)
+			pthread_cond_wait(&w->wake, &w->lock);
+		if (!w->busy)
+			break;
+		const int fd = w->fd;
+		const unsigned char *buf = w->buf;
+		const size_t len = w->len;
+		pthread_mutex_unlock(&w->lock);
+		int error = 0;
+		for (size_t off = 0; off < len && !error;) {
+			ssize_t n = write(fd, buf + off, len - off);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0)
+				error = n < 0 ? errno : EIO;
+			else
+				off += (size_t)n;
+		}
+		pthread_mutex_lock(&w->lock);
+		w->error = error;
+		w->busy = false;
+		pthread_cond_signal(&w->idle);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* Starts n_threads - 1 pool workers and the writer thread. */
+static int threads_start(struct gen *g, unsigned n_threads)
+{
+	struct gen_pool *p = &g->pool;
+	struct gen_writer *w = &g->writer;
+	p->seed = g->opt->seed;
+	if (pthread_mutex_init(&p->lock, NULL) || pthread_cond_init(&p->start, NULL) ||
+	    pthread_cond_init(&p->finished, NULL) || pthread_mutex_init(&w->lock, NULL) ||
+	    pthread_cond_init(&w->wake, NULL) || pthread_cond_init(&w->idle, NULL))
+		return model_fail(g->err, "pthread mutex/condition init failed");
+	g->sync_ready = true;
+	int rc = pthread_create(&w->thread, NULL, writer_thread, w);
+	if (rc)
+		return model_fail(g->err, "starting the writer thread: %s", strerror(rc));
+	g->writer_started = true;
+	for (unsigned i = 0; i + 1 < n_threads; i++) {
+		p->workers[i].pool = p;
+		rc = pthread_create(&p->workers[i].thread, NULL, pool_worker, &p->workers[i]);
+		if (rc)
+			return model_fail(g->err, "starting quantizing thread %u of %u: %s", i + 2,
+			                  n_threads, strerror(rc));
+		p->n_workers++;
+	}
+	return 0;
+}
+
+/* Stops and joins every thread started (the writer finishes its write first). */
+static void threads_stop(struct gen *g)
+{
+	struct gen_pool *p = &g->pool;
+	struct gen_writer *w = &g->writer;
+	if (!g->sync_ready)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->quit = true;
+	pthread_cond_broadcast(&p->start);
+	pthread_mutex_unlock(&p->lock);
+	for (unsigned i = 0; i < p->n_workers; i++) {
+		pthread_join(p->workers[i].thread, NULL);
+		free(p->workers[i].scratch.floats);
+		free(p->workers[i].scratch.blocks);
+	}
+	if (g->writer_started) {
+		pthread_mutex_lock(&w->lock);
+		w->quit = true;
+		pthread_cond_signal(&w->wake);
+		pthread_mutex_unlock(&w->lock);
+		pthread_join(w->thread, NULL);
+	}
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->start);
+	pthread_cond_destroy(&p->finished);
+	pthread_mutex_destroy(&w->lock);
+	pthread_cond_destroy(&w->wake);
+	pthread_cond_destroy(&w->idle);
+}
+
+/* Runs the pending jobs (the current buffer's tensor rows) on the pool and waits for them. */
+static int run_batch(struct gen *g)
+{
+	struct gen_pool *p = &g->pool;
+	if (!g->n_pending)
+		return 0;
+	pthread_mutex_lock(&p->lock);
+	p->jobs = g->pending;
+	p->n_jobs = g->n_pending;
+	p->next_job = p->jobs_done = 0;
+	p->failed = NULL;
+	p->batch++;
+	pthread_cond_broadcast(&p->start);
+	pthread_mutex_unlock(&p->lock);
+	pool_take_jobs(p, &g->scratch);
+	pthread_mutex_lock(&p->lock);
+	while (p->jobs_done < p->n_jobs)
+		pthread_cond_wait(&p->finished, &p->lock);
+	const struct gen_job *failed = p->failed;
+	pthread_mutex_unlock(&p->lock);
+	g->n_pending = 0;
+	if (failed)
+		return model_fail(g->err,
+		                  "%s: expert %u rows %" PRIu64 "..%" PRIu64
+		                  ": out of memory or moek_quantize(%s, %" PRIu64 " cols) failed",
+		                  failed->t->name, failed->e, failed->r0,
+		                  failed->r0 + failed->nr - 1, moe_format_name(failed->t->format),
+		                  failed->t->cols);
+	return 0;
+}
+
+/* Waits until the writer is idle. Returns its last write's errno (0: none) and byte count. */
+static int writer_drain(struct gen *g, size_t *len)
+{
+	struct gen_writer *w = &g->writer;
+	pthread_mutex_lock(&w->lock);
+	while (w->busy)
+		pthread_cond_wait(&w->idle, &w->lock);
+	const int error = w->error;
+	*len = w->len;
+	w->error = 0;
+	w->len = 0;
+	pthread_mutex_unlock(&w->lock);
+	return error;
+}
+
+/* Waits until the writer is idle; reports its last write's error, or counts its bytes. */
+static int writer_wait(struct gen *g)
+{
+	size_t len;
+	const int error = writer_drain(g, &len);
+	if (error)
+		return model_fail(g->err, "%s: write: %s", g->path, strerror(error));
+	g->done += len;
+	if (len && g->opt->progress && g->done <= g->total)
+		progress_update(&g->prog, g->done);
+	return 0;
+}
+
+/* Completes the current buffer (runs its jobs) and hands it to the writer once the previous
+ * write is done; filling continues in the other buffer. */
 static int flush_buf(struct gen *g)
 {
-	size_t off = 0;
-	while (off < g->buf_len) {
-		ssize_t w = write(g->fd, g->buf + off, g->buf_len - off);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return model_fail(g->err, "%s: write: %s", g->path,
-			                  w < 0 ? strerror(errno) : "no progress");
-		off += (size_t)w;
-	}
-	g->done += g->buf_len;
+	if (run_batch(g) || writer_wait(g))
+		return -1;
+	if (!g->buf_len)
+		return 0;
+	struct gen_writer *w = &g->writer;
+	pthread_mutex_lock(&w->lock);
+	w->fd = g->fd;
+	w->buf = g->buf;
+	w->len = g->buf_len;
+	w->busy = true;
+	pthread_cond_signal(&w->wake);
+	pthread_mutex_unlock(&w->lock);
+	g->buf_index ^= 1;
+	g->buf = g->bufs[g->buf_index];
 	g->buf_len = 0;
-	if (g->opt->progress && g->done <= g->total)
-		progress_update(&g->prog, g->done);
 	return 0;
 }
 
@@ -379,44 +684,11 @@ static int put_bytes(struct gen *g, const void *src, size_t n)
 	return 0;
 }
 
-static int ensure(void **p, size_t *cap, size_t need, struct gen *g)
+static int add_job(struct gen *g, const struct gen_job *j)
 {
-	if (need <= *cap)
-		return 0;
-	void *n = realloc(*p, need);
-	if (!n)
-		return model_fail(g->err, "out of memory (%zu bytes)", need);
-	*p = n;
-	*cap = need;
-	return 0;
-}
-
-/* Rows [r0, r0+nr) of expert e's matrix as floats in g->scratch. */
-static int fill_rows(struct gen *g, const struct gen_tensor *t, uint32_t e, uint64_t r0,
-                     uint64_t nr)
-{
-	size_t cap_bytes = g->scratch_cap * sizeof(float);
-	if (ensure((void **)&g->scratch, &cap_bytes, nr * t->cols * sizeof(float), g))
+	if (g->n_pending == MAX_PENDING_JOBS && run_batch(g))
 		return -1;
-	g->scratch_cap = cap_bytes / sizeof(float);
-	const uint64_t seed = g->opt->seed;
-	if (!t->interleaved && !t->halves) {
-		moe_gen_floats(seed, t->layer, e, t->which, t->cols, r0 * t->cols, nr * t->cols,
-		               g->scratch);
-		return 0;
-	}
-	/* fused gate/up, row by row: interleaved (row 2i = gate row i, 2i+1 = up row i) or
-	 * halves (gate rows, then up rows); biases alike */
-	const bool is_bias = t->which == MOE_GEN_GATE_BIAS;
-	const uint64_t half = t->rows / 2;
-	for (uint64_t r = r0; r < r0 + nr; r++) {
-		bool up = t->halves ? r >= half : r % 2 == 1;
-		uint64_t src = t->halves ? r % half : r / 2;
-		enum moe_gen_tensor w = up ? (is_bias ? MOE_GEN_UP_BIAS : MOE_GEN_UP)
-		                           : (is_bias ? MOE_GEN_GATE_BIAS : MOE_GEN_GATE);
-		moe_gen_floats(seed, t->layer, e, w, t->cols, src * t->cols, t->cols,
-		               g->scratch + (r - r0) * t->cols);
-	}
+	g->pending[g->n_pending++] = *j;
 	return 0;
 }
 
@@ -428,29 +700,35 @@ static uint64_t chunk_rows(const struct gen_tensor *t)
 	return r ? r : 1;
 }
 
+/* Grows a buffer that pending jobs may point into: runs them first. */
+static int ensure_shared(struct gen *g, void **p, size_t *cap, size_t need)
+{
+	if (need <= *cap)
+		return 0;
+	if (run_batch(g))
+		return -1;
+	if (ensure(p, cap, need))
+		return model_fail(g->err, "out of memory (%zu bytes)", need);
+	return 0;
+}
+
 static int emit_matrix(struct gen *g, const struct gen_tensor *t, uint32_t e)
 {
 	const uint64_t rb = moek_row_bytes(t->format, (size_t)t->cols);
 	const uint64_t step = chunk_rows(t);
-	if (t->format == MOEK_FP8_E4M3_B128) {
-		size_t need = moek_fp8_scale_bytes(t->rows, t->cols), cap = g->fp8_scales_n * 4;
-		if (ensure((void **)&g->fp8_scales, &cap, need, g))
-			return -1;
-		g->fp8_scales_n = cap / 4;
-	}
+	if (t->format == MOEK_FP8_E4M3_B128 &&
+	    ensure_shared(g, (void **)&g->fp8_scales, &g->fp8_scales_cap,
+	                  moek_fp8_scale_bytes(t->rows, t->cols)))
+		return -1;
 	for (uint64_t r0 = 0; r0 < t->rows; r0 += step) {
-		uint64_t nr = t->rows - r0 < step ? t->rows - r0 : step;
-		if (fill_rows(g, t, e, r0, nr))
+		struct gen_job j = {.t = t, .e = e, .r0 = r0};
+		j.nr = t->rows - r0 < step ? t->rows - r0 : step;
+		if (!(j.dst = reserve(g, j.nr * rb)))
 			return -1;
-		void *dst = reserve(g, nr * rb);
-		if (!dst)
-			return -1;
-		float *scales = NULL;
 		if (t->format == MOEK_FP8_E4M3_B128)
-			scales = g->fp8_scales + (r0 / 128) * ((t->cols + 127) / 128);
-		if (moek_quantize(t->format, g->scratch, nr, t->cols, dst, scales))
-			return model_fail(g->err, "%s: moek_quantize(%s, %" PRIu64 " cols) failed",
-			                  t->name, moe_format_name(t->format), t->cols);
+			j.fp8_scales = g->fp8_scales + (r0 / 128) * ((t->cols + 127) / 128);
+		if (add_job(g, &j))
+			return -1;
 	}
 	return 0;
 }
@@ -458,28 +736,22 @@ static int emit_matrix(struct gen *g, const struct gen_tensor *t, uint32_t e)
 static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t e)
 {
 	const uint64_t nb = t->cols / 32, step = chunk_rows(t);
-	size_t need = (size_t)g->n_experts * t->rows * nb, cap = g->mx_scales_n;
-	if (ensure((void **)&g->mx_scales, &cap, need, g))
+	if (ensure_shared(g, (void **)&g->mx_scales, &g->mx_scales_cap,
+	                  (size_t)g->n_experts * t->rows * nb))
 		return -1;
-	g->mx_scales_n = cap;
 	for (uint64_t r0 = 0; r0 < t->rows; r0 += step) {
-		uint64_t nr = t->rows - r0 < step ? t->rows - r0 : step;
-		if (fill_rows(g, t, e, r0, nr))
+		struct gen_job j = {.t = t, .e = e, .r0 = r0};
+		j.nr = t->rows - r0 < step ? t->rows - r0 : step;
+		if (!(j.dst = reserve(g, j.nr * nb * 16)))
 			return -1;
-		size_t q = nr * moek_row_bytes(MOEK_MXFP4, (size_t)t->cols);
-		if (ensure(&g->qtmp, &g->qtmp_cap, q, g))
+		j.mx_scales = g->mx_scales + ((uint64_t)e * t->rows + r0) * nb;
+		if (add_job(g, &j))
 			return -1;
-		if (moek_quantize(MOEK_MXFP4, g->scratch, nr, t->cols, g->qtmp, NULL))
-			return model_fail(g->err, "%s: moek_quantize(MXFP4) failed", t->name);
-		uint8_t *blocks = reserve(g, nr * nb * 16);
-		if (!blocks)
-			return -1;
-		moek_mxfp4_to_hf(g->qtmp, nr * t->cols, blocks,
-		                 g->mx_scales + ((uint64_t)e * t->rows + r0) * nb);
 	}
 	return 0;
 }
 
+/* Small tensors (routers, biases), on the calling thread. */
 static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 {
 	/* rows x cols floats (biases: cols = 1), converted to the stored float format */
@@ -487,29 +759,26 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 	const uint64_t step = 1u << 16;
 	for (uint64_t i0 = 0; i0 < n; i0 += step) {
 		uint64_t k = n - i0 < step ? n - i0 : step;
-		size_t cap_bytes = g->scratch_cap * sizeof(float);
-		if (ensure((void **)&g->scratch, &cap_bytes, k * sizeof(float), g))
-			return -1;
-		g->scratch_cap = cap_bytes / sizeof(float);
+		if (ensure(&g->scratch.floats, &g->scratch.floats_cap, k * sizeof(float)))
+			return model_fail(g->err, "out of memory");
+		float *floats = g->scratch.floats;
 		if (t->interleaved || t->halves) {
 			struct gen_tensor row = *t; /* a bias vector: one element per "row" */
 			row.cols = 1;
-			if (fill_rows(g, &row, e, i0, k))
-				return -1;
+			fill_rows(g->opt->seed, &row, e, i0, k, floats);
 		} else {
-			moe_gen_floats(g->opt->seed, t->layer, e, t->which, t->cols, i0, k,
-			               g->scratch);
+			moe_gen_floats(g->opt->seed, t->layer, e, t->which, t->cols, i0, k, floats);
 		}
 		void *dst = reserve(g, k * (t->format == MOEK_F32 ? 4 : 2));
 		if (!dst)
 			return -1;
-		if (moek_quantize(t->format, g->scratch, 1, k, dst, NULL))
+		if (moek_quantize(t->format, floats, 1, k, dst, NULL))
 			return model_fail(g->err, "%s: conversion failed", t->name);
 	}
 	return 0;
 }
 
-static int emit_tensor(struct gen *g, const struct gen_tensor *t)
+static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
 {
 	uint32_t e0 = t->expert < 0 ? 0 : (uint32_t)t->expert;
 	uint32_t e1 = t->expert < 0 ? g->n_experts : e0 + 1;
@@ -534,6 +803,13 @@ static int emit_tensor(struct gen *g, const struct gen_tensor *t)
 	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
 	}
 	return 0;
+}
+
+/* A tensor's bytes are all in the write buffer when this returns (its jobs have run), so
+ * the next tensor may read what it produced (FP8 and MXFP4 scales). */
+static int emit_tensor(struct gen *g, const struct gen_tensor *t)
+{
+	return emit_tensor_data(g, t) || run_batch(g) ? -1 : 0;
 }
 
 /* ---- headers -------------------------------------------------------------------------- */
@@ -712,6 +988,11 @@ static int open_out(struct gen *g, const char *path)
 static int close_out(struct gen *g)
 {
 	int rc = flush_buf(g);
+	if (!rc)
+		rc = writer_wait(g); /* the file's last write */
+	else
+		writer_drain(g,
+		             &(size_t){0}); /* keep the first error; still never close under it */
 	if (close(g->fd) && !rc)
 		rc = model_fail(g->err, "%s: close: %s", g->path, strerror(errno));
 	g->fd = -1;
@@ -967,6 +1248,9 @@ static int check_options(struct gen *g)
 	if (g->alignment & (g->alignment - 1) || g->alignment > (1u << 20))
 		return model_fail(g->err, "alignment %u is not a power of two up to 1 MiB",
 		                  g->alignment);
+	if (o->threads > MOE_GEN_MAX_THREADS)
+		return model_fail(g->err, "threads %u: at most %d", o->threads,
+		                  MOE_GEN_MAX_THREADS);
 	if (o->shards > 999)
 		return model_fail(g->err, "at most 999 shards");
 	return 0;
@@ -1059,8 +1343,16 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 		layout(&g);
 		rc = make_paths(&g);
 	}
-	if (!rc && !(g.buf = malloc(WRITE_BUF)))
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	unsigned n_threads = opt->threads ? opt->threads : online > 0 ? (unsigned)online : 1;
+	if (n_threads > MOE_GEN_MAX_THREADS)
+		n_threads = MOE_GEN_MAX_THREADS;
+	if (!rc && (!(g.bufs[0] = malloc(WRITE_BUF)) || !(g.bufs[1] = malloc(WRITE_BUF)) ||
+	            !(g.pending = malloc(MAX_PENDING_JOBS * sizeof(*g.pending)))))
 		rc = model_fail(err, "out of memory");
+	g.buf = g.bufs[0];
+	if (!rc)
+		rc = threads_start(&g, n_threads);
 	if (!rc && opt->progress)
 		progress_begin(&g.prog, "moe-gen", g.total, "B");
 	for (uint32_t f = 0; f < g.n_files && !rc; f++)
@@ -1071,6 +1363,7 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 		rc = write_config(&g);
 	if (!rc && !g.gguf && g.n_files > 1)
 		rc = write_index(&g);
+	threads_stop(&g); /* after an error the writer may still be writing to g.fd */
 	if (g.fd >= 0)
 		close(g.fd);
 	if (g.paths)
@@ -1078,9 +1371,11 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 			free(g.paths[f]);
 	free(g.paths);
 	free(g.t);
-	free(g.buf);
-	free(g.scratch);
-	free(g.qtmp);
+	free(g.bufs[0]);
+	free(g.bufs[1]);
+	free(g.pending);
+	free(g.scratch.floats);
+	free(g.scratch.blocks);
 	free(g.fp8_scales);
 	free(g.mx_scales);
 	return rc;

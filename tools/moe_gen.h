@@ -9,6 +9,8 @@
  *
  * Which container: `out` ending in ".gguf" → GGUF (with shards: PREFIX-0000i-of-0000N.gguf);
  * anything else is a directory that receives config.json and the safetensors files.
+ * Tensors are filled and quantized by a pool of threads while a writer thread writes the
+ * previous 8 MiB; the bytes written are the same for any thread count.
  * Formats by container: GGUF takes F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4; safetensors
  * takes F32 F16 BF16 FP8_E4M3_B128 (weight_scale_inv) and, for gpt-oss only, MXFP4 in the
  * _blocks/_scales layout (gpt-oss checkpoints ship only that). Other pairs are an error.
@@ -51,7 +53,11 @@ struct moe_gen_options {
 	bool fused_gate_up; /* GGUF: blk.N.ffn_gate_up_exps.weight (gate rows, then up rows) */
 	bool progress;      /* draw a progress bar on stderr */
 	uint32_t alignment; /* GGUF general.alignment (power of two); 0: 32, ggml's default */
+	uint32_t threads;   /* threads filling and quantizing tensors (the output does not depend
+	                     * on it); 0: the online CPUs, at most MOE_GEN_MAX_THREADS */
 };
+
+#define MOE_GEN_MAX_THREADS 64
 
 /* Generates the model. Returns 0, or -1 with err naming what was wrong (bad option, format
  * not representable in the container, shapes not fitting the format's block, I/O error). */

@@ -26,6 +26,8 @@ static void usage(FILE *o)
 	    "  --hidden N --ffn N --experts N   shrink dims (default: the real model's)\n"
 	    "  --shards N       split into N files (GGUF splits / safetensors shards + index)\n"
 	    "  --per-expert     GGUF: legacy per-expert 2-D tensors blk.N.ffn_gate.E.weight\n"
+	    "  --threads N      threads quantizing tensors (default: online CPUs; the output\n"
+	    "                   is the same for any N)\n"
 	    "  --quiet          no progress bar\n");
 }
 
@@ -108,6 +110,8 @@ int main(int argc, char **argv)
 				o.alignment = (uint32_t)n;
 			else if (!strcmp(a, "--shards") && n <= UINT32_MAX)
 				o.shards = (uint32_t)n;
+			else if (!strcmp(a, "--threads") && n <= UINT32_MAX)
+				o.threads = (uint32_t)n;
 			else {
 				fprintf(stderr, "moe-gen: unknown option %s\n\n", a);
 				usage(stderr);
