@@ -1,0 +1,198 @@
+/* forward.h — the in-process forward engine: one MoE layer for n tokens, computed by pinned
+ * worker pools over weights that are resident, loaded on demand, or mmapped.
+ *
+ * Owns: NUMA topology (hwloc, real or synthetic), one worker pool per node, the weights
+ * source (RESIDENCY: sidecar/residency/, ALL_RESIDENT: everything loaded at create, MMAP:
+ * pointers into the model files' mapping — the page-cache baseline), the per-request
+ * scheduler, per-client GPU masks, per-layer counters and latency histograms, and
+ * forward_reference (the plain single-threaded oracle every result is compared to).
+ *
+ * Layers are transformer block indices (the wire's sqe.layer); dense blocks are rejected with
+ * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry.
+ *
+ * Determinism contract: an output element's value depends only on the request (inputs, ids,
+ * weights, k_defer) and the ISA, never on thread count, node count, source or the order in
+ * which expert loads complete. Each (token, k) contribution is computed on its own (tokens
+ * grouped per expert, in token order) and a token's contributions are summed in a fixed order:
+ * by routing weight descending, ties by position k; immediate ones first, then — in the
+ * separate deferred buffer — the deferred ones in the same order. `deferred_in` (what the
+ * previous layer deferred) is added last.
+ *
+ * Deferral (kt-kernel): of each token's valid ids, the k_defer lowest-weighted (ties: the later
+ * position) are deferred. Because the order above puts them last, for k_defer = 1
+ * out_immediate + out_deferred equals the undeferred output bit for bit (f32); for k_defer > 1
+ * they agree within float rounding of the re-association.
+ *
+ * Threading: forward_run serialises requests on the engine (one runs at a time, using every
+ * worker of every node); call it from any thread. It blocks until the layer is done, so the
+ * sidecar's dispatcher must not call it directly: run requests on a thread of their own
+ * (e.g. one "forward thread" fed by a queue, taking immediate FORWARDs before PREFETCH work),
+ * and keep the dispatcher draining rings meanwhile. The calling thread participates as a
+ * worker of node 0. prefetch, masks and stats may be called from any thread at any time,
+ * concurrently with forward_run.
+ *
+ * Allocation: everything is sized at create from max_tokens and max_ids_per_token;
+ * forward_run allocates nothing, takes no lock across I/O and logs nothing per token.
+ */
+#ifndef MOE_FORWARD_H
+#define MOE_FORWARD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "residency.h"
+
+enum forward_source {
+	FORWARD_SOURCE_RESIDENCY = 0, /* slot pool under a budget; cold experts read on demand */
+	FORWARD_SOURCE_ALL_RESIDENT,  /* every expert read at create (compute floor) */
+	FORWARD_SOURCE_MMAP,          /* the model files mmapped; the page cache does residency */
+};
+
+enum forward_numa_mode {
+	FORWARD_NUMA_AUTO = 0,  /* every NUMA node of this machine (hwloc) */
+	FORWARD_NUMA_LIST,      /* the nodes in numa_list (OS indices) */
+	FORWARD_NUMA_SYNTHETIC, /* hwloc synthetic topology numa_synthetic, e.g.
+	                           "pack:1 numa:2 core:1 pu:1": threads are not pinned and memory
+	                           binding to nodes that do not exist degrades to a logged no-op */
+};
+
+#define FORWARD_MAX_NODES 8u
+#define FORWARD_MAX_CLIENTS 64u /* distinct client ids with their own GPU mask */
+
+/* Warming progress: done/total experts (or bytes); called from the creating thread. */
+typedef void (*forward_progress_fn)(void *arg, const char *what, uint64_t done, uint64_t total);
+
+struct forward_config {
+	enum forward_source source;
+	/* RESIDENCY */
+	uint64_t mem_budget;  /* bytes of expert slots over all nodes; 0 = every expert fits */
+	const char *policy;   /* residency policy spec (policy.h); NULL = "sieve+layer" */
+	uint32_t pin_layers;  /* first N MoE layers fully resident (appended as +pinN) */
+	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
+	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
+	bool no_direct;       /* buffered reads (tests, --no-direct) */
+	/* NUMA and threads */
+	enum forward_numa_mode numa;
+	uint32_t numa_list[FORWARD_MAX_NODES];
+	uint32_t numa_list_len;
+	const char *numa_synthetic;
+	uint32_t threads_per_node; /* 0 = the node's cores */
+	/* Request limits: size every preallocated buffer */
+	uint32_t max_tokens;        /* tokens per forward_run (>= 1) */
+	uint32_t max_ids_per_token; /* k (>= 1); 0 = the model's top_k */
+	/* Warming: ALL_RESIDENT load and RESIDENCY pinned layers */
+	forward_progress_fn progress;
+	void *progress_arg;
+	/* Tests only: passed to each residency's loader */
+	loader_fault_fn fault_hook;
+	void *fault_arg;
+};
+
+struct forward_engine;
+
+/* Creates the engine: topology, pools, weights source (loads everything for ALL_RESIDENT,
+ * warms pinned layers for RESIDENCY, maps the files for MMAP). The catalog must outlive it.
+ * Returns 0, or -1 with err naming what was wrong (unsupported layout, budget below one
+ * expert, hwloc failure …). */
+int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
+                   const struct forward_config *config, char *err, size_t err_len);
+/* Joins the workers and frees everything. No forward_run may be in progress. */
+void forward_destroy(struct forward_engine *e);
+
+/* Topology actually used, for logs and tests. */
+struct forward_topology_info {
+	uint32_t n_nodes;
+	uint32_t node_os_index[FORWARD_MAX_NODES];
+	uint32_t threads[FORWARD_MAX_NODES];
+	bool synthetic;
+	bool memory_bound; /* false: binding was a no-op (1 node, synthetic, or refused) */
+};
+void forward_topology(const struct forward_engine *e, struct forward_topology_info *out);
+
+/* One layer. Inputs are trusted to be readable for their sizes (the caller copied them out of
+ * shared memory); their *values* are not trusted. */
+struct forward_request {
+	uint32_t client; /* < FORWARD_MAX_CLIENTS: whose GPU mask applies */
+	int32_t layer;   /* transformer block index */
+	uint32_t n_tokens;
+	uint32_t k; /* ids per token */
+	uint32_t
+	    k_defer;   /* at most this many deferred per token; must be 0 on the last MoE layer */
+	const void *x; /* n_tokens x hidden activations of dtype x_dtype */
+	unsigned x_dtype;         /* enum moe_dtype / moek_act_dtype */
+	const int32_t *ids;       /* n_tokens x k, -1 = skip */
+	const float *weights;     /* n_tokens x k, finite */
+	const float *deferred_in; /* optional n_tokens x hidden f32 added last to out (what the
+	                             previous layer deferred); NULL = none */
+};
+
+struct forward_result {
+	int status;          /* MOE_OK or a negative enum moe_status */
+	int32_t bad_token;   /* token of the offending entry, or -1 */
+	int32_t bad_index;   /* position k of the offending id/weight, or -1 */
+	int32_t bad_expert;  /* the expert concerned (EBADEXPERT, EIO, EMASKED), or -1 */
+	char message[160];   /* "layer 3 expert 17: model.gguf offset 123: Input/output error" */
+	uint32_t n_deferred; /* (token, id) entries deferred into out_deferred */
+	uint32_t experts;    /* distinct experts computed */
+	uint32_t hits, cold_misses, inflight_misses;
+	uint64_t bytes_read; /* by cold misses of this request */
+	uint64_t queue_us;   /* waiting for the engine (another request running) */
+	uint64_t io_us;      /* waiting for expert loads with nothing to compute */
+	uint64_t compute_us; /* computing */
+};
+
+/* Computes out_immediate (n_tokens x hidden f32, overwritten) = Σ immediate w·expert(x)
+ * + deferred_in, and out_deferred (n_tokens x hidden f32, overwritten; may be NULL only when
+ * k_defer = 0) = Σ deferred w·expert(x). Returns res->status. On error the outputs are
+ * unspecified and res names the problem: MOE_EBADLAYER, MOE_EBADTOKENS, MOE_EBADTOPK,
+ * MOE_EBADDTYPE, MOE_EBADEXPERT (id >= n_experts or < -1), MOE_EBADWEIGHT, MOE_ENONFINITE,
+ * MOE_EMASKED, MOE_EIO (naming the expert and file), MOE_EBADFIELD (k_defer on the last
+ * layer), MOE_ESHUTDOWN. Every held expert is released on every path. */
+int forward_run(struct forward_engine *e, const struct forward_request *req, float *out_immediate,
+                float *out_deferred, struct forward_result *res);
+
+/* The oracle: same contract and summation order as forward_run, computed on the calling
+ * thread with moek_ffn_run per expert group, weights read from `e`'s source (ALL_RESIDENT or
+ * MMAP; with RESIDENCY each expert is acquired waiting). Not for the hot path. */
+int forward_reference(struct forward_engine *e, const struct forward_request *req,
+                      float *out_immediate, float *out_deferred, struct forward_result *res);
+
+/* Lookahead hints for `layer` (transformer block index). ids: n expert ids (invalid ones are
+ * ignored), scores (may be NULL) their router probabilities × top_k. With scores_per_expert
+ * set, `scores` holds n = n_experts router scores and ids is ignored: the top_k
+ * highest-scoring experts are prefetched. Never waits; returns loads started (0 for sources
+ * other than RESIDENCY), or a negative moe_status. */
+int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
+                     const float *scores, uint32_t n, bool scores_per_expert);
+
+/* Sets client's GPU mask: bits as the wire's MOE_OP_MASK (bit e of byte
+ * layer * ceil(n_experts/8) + e/8; layer = transformer block). layer = -1: `bits` covers every
+ * block; else just that block's bytes. A FORWARD of this client naming a masked expert fails
+ * with MOE_EMASKED; an expert is kept out of residency only while every attached client masks
+ * it. forward_client_detach forgets the client (its mask no longer counts). */
+int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, const uint8_t *bits,
+                     size_t n_bytes);
+void forward_client_attach(struct forward_engine *e, uint32_t client);
+void forward_client_detach(struct forward_engine *e, uint32_t client);
+
+/* Statistics. Latency percentiles come from log2 histograms (upper bound of the bucket). */
+struct forward_layer_stats {
+	uint32_t layer; /* transformer block */
+	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	uint64_t queue_p50_us, queue_p99_us, io_p50_us, io_p99_us, compute_p50_us, compute_p99_us;
+	uint64_t total_p50_us, total_p99_us;
+};
+struct forward_stats {
+	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	uint64_t resident_bytes, budget_bytes; /* slots in use / budget (ALL_RESIDENT: all) */
+	uint64_t evictions;
+	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
+	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
+};
+uint32_t forward_stats_layers(const struct forward_engine *e);
+/* Fills *out (out->layers must point at forward_stats_layers() entries). */
+void forward_stats(struct forward_engine *e, struct forward_stats *out);
+
+#endif /* MOE_FORWARD_H */
