@@ -221,6 +221,36 @@ static void cq_put(struct sidecar_channel *ch, struct moe_cqe *cqes, uint32_t n,
 	cqes[moe_ring_prod_pos(&ch->cq, n)] = *c;
 }
 
+/* Dispatcher thread: posts up to room finished asynchronous requests (slot order), frees
+ * their slots. Returns how many were posted at the CQ's current producer position. */
+static uint32_t post_async(struct sidecar_channel *ch, struct moe_cqe *cqes, uint32_t room)
+{
+	uint32_t posted = 0;
+	for (uint32_t s = 0; s < ch->limits.n_slots && posted < room; s++) {
+		if (!atomic_load_explicit(&ch->async_ready[s], memory_order_acquire))
+			continue;
+		struct moe_cqe c = ch->async_cqe[s];
+		atomic_store_explicit(&ch->async_ready[s], 0, memory_order_relaxed);
+		if (c.status != MOE_OK)
+			ch->n_errors++;
+		ch->slot_busy[s] = 0;
+		cq_put(ch, cqes, posted++, &c);
+	}
+	atomic_fetch_sub_explicit(&ch->async_n_ready, posted, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&ch->async_in_flight, posted, memory_order_release);
+	return posted;
+}
+
+void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
+{
+	uint32_t s = c->slot;
+	ch->async_cqe[s] = *c;
+	atomic_store_explicit(&ch->async_ready[s], 1, memory_order_release);
+	atomic_fetch_add_explicit(&ch->async_n_ready, 1, memory_order_release);
+	if (ch->wake_dispatcher)
+		ch->wake_dispatcher(ch->wake_arg);
+}
+
 int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
 {
 	int64_t room = moe_ring_space(&ch->cq);
@@ -237,23 +267,32 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 		         ch->sq.head, ch->sq.entries);
 		return DRAIN_BROKEN;
 	}
-	if (ready == 0)
+	uint32_t async_ready = atomic_load_explicit(&ch->async_n_ready, memory_order_acquire);
+	if (ready == 0 && async_ready == 0)
 		return 0;
 	if (room == 0) {
 		ch->cq_blocked = true;
 		return 0;
 	}
 	ch->cq_blocked = false;
+	struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+	uint32_t posted = async_ready ? post_async(ch, cqes, (uint32_t)room) : 0;
+	room -= posted;
 	uint32_t n = (uint32_t)(ready < room ? ready : room);
 	if (n > budget)
 		n = budget;
+	if (n == 0) {
+		moe_ring_publish(&ch->cq, posted);
+		moe_ring_wake_consumer(&ch->cq);
+		return (int)posted;
+	}
 
 	const struct moe_sqe *sqes = (const struct moe_sqe *)(ch->base + ch->layout.sq_entries);
-	struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
 
 	/* Accept phase: copy, validate, claim slots. Errors complete at once. */
 	struct moe_sqe accepted[2 * MOE_MAX_SLOTS_LIMIT];
-	uint32_t n_accepted = 0, posted = 0;
+	uint32_t n_accepted = 0;
+	const uint32_t posted_async = posted;
 	for (uint32_t i = 0; i < n; i++) {
 		struct moe_sqe sqe;
 		struct moe_cqe c;
@@ -279,7 +318,11 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 			c.status = MOE_ESHUTDOWN;
 			ch->n_errors++;
 		} else {
+			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			op_lookup(sqe->op)->execute(ch, sqe, &c);
+			if (c.status == OP_PENDING)
+				continue; /* the slot stays busy until channel_complete_async */
+			atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			if (c.status != MOE_OK)
 				ch->n_errors++;
 		}
@@ -288,7 +331,7 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 	}
 	moe_ring_publish(&ch->cq, posted);
 	moe_ring_wake_consumer(&ch->cq);
-	return (int)n;
+	return (int)(n + posted_async);
 }
 
 bool channel_has_work(struct sidecar_channel *ch)
@@ -296,7 +339,7 @@ bool channel_has_work(struct sidecar_channel *ch)
 	int64_t ready = moe_ring_ready(&ch->sq);
 	if (ready == MOE_RING_BROKEN)
 		return true;
-	if (ready == 0)
+	if (ready == 0 && atomic_load_explicit(&ch->async_n_ready, memory_order_acquire) == 0)
 		return false;
 	return moe_ring_space(&ch->cq) != 0; /* room, or broken (to be reported) */
 }
