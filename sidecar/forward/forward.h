@@ -12,8 +12,10 @@
  *
  * Determinism contract: an output element's value depends only on the request (inputs, ids,
  * weights, k_defer) and the ISA, never on thread count, node count, source or the order in
- * which expert loads complete. Each (token, k) contribution is computed on its own (tokens
- * grouped per expert, in token order) and a token's contributions are summed in a fixed order:
+ * which expert loads complete. Each (token, k) contribution is computed on its own, in one
+ * kernel batch per expert holding every entry that names it (immediate and deferred alike, in
+ * (token, position) order: the kernels' per-token bits depend on the batch), and a token's
+ * contributions are summed in a fixed order:
  * by routing weight descending, ties by position k; immediate ones first, then — in the
  * separate deferred buffer — the deferred ones in the same order. `deferred_in` (what the
  * previous layer deferred) is added last.
@@ -161,8 +163,8 @@ int forward_reference(struct forward_engine *e, const struct forward_request *re
 
 /* Lookahead hints for `layer` (transformer block index). ids: n expert ids (invalid ones are
  * ignored), scores (may be NULL) their router probabilities × top_k. With scores_per_expert
- * set, `scores` holds n = n_experts router scores and ids is ignored: the top_k
- * highest-scoring experts are prefetched. Never waits; returns loads started (0 for sources
+ * set, `scores` holds n = n_experts router scores and ids is ignored: the (at most top_k)
+ * highest positive finite scores are prefetched. Never waits; returns loads started (0 for sources
  * other than RESIDENCY), or a negative moe_status. */
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert);

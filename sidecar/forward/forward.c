@@ -1,0 +1,1066 @@
+/* forward.c — the forward engine: validation, the per-request scheduler, the reference,
+ * client masks, prefetch and statistics. Contracts are in forward.h.
+ *
+ * A request is planned once: each token's valid ids are ordered by weight (descending, ties
+ * by position), the last k_defer of them deferred; (token, position) pairs are grouped per
+ * (immediate|deferred, expert) by a stable counting sort, so a group lists its tokens in
+ * order. Each group is one kernel call over its gathered input rows into its own zeroed output
+ * rows; the per-token sums are taken at the end in the planned order. That fixes every
+ * output's summation order whatever the thread count, node split or load completion order.
+ *
+ * With the RESIDENCY source, every group's expert is demanded with RESIDENCY_NOWAIT first
+ * (all cold reads of the request are submitted before any compute); the groups that are
+ * resident are computed as one wave while the rest load; then each further wave takes what
+ * has arrived, and only when nothing has arrived does the engine wait for one expert (holding
+ * no reference, so a tiny budget cannot deadlock). References are released after each wave.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "forward_internal.h"
+#include "moe_status.h"
+#include "util/log.h"
+
+#define HIST_BUCKETS 32
+enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
+
+struct layer_counters {
+	atomic_uint_least64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read,
+	    failures;
+	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
+};
+
+enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_DONE };
+
+struct req_group {
+	uint32_t expert;
+	bool deferred;
+	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
+	enum group_state state;
+	bool counted; /* a NOWAIT demand was counted by residency: retry with RESIDENCY_RETRY */
+	bool started; /* demanded at least once */
+	struct held_expert held;
+};
+
+struct forward_engine {
+	const struct moe_catalog *cat;
+	struct forward_config cfg;
+	struct forward_topology topo;
+	struct forward_pool pool;
+	struct forward_weights w;
+	uint32_t max_tokens, max_k, hidden, last_moe_layer;
+	pthread_mutex_t run_lock;
+	/* Request plan, sized for max_tokens x max_k pairs (guarded by run_lock). */
+	uint32_t max_pairs, max_groups;
+	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
+	uint32_t *pos_slot;            /* [position]: gathered slot */
+	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry by weight */
+	uint32_t *tok_n_valid;         /* [t] */
+	uint32_t *tok_n_imm;           /* [t] */
+	uint32_t *key_count;           /* [n_experts + 1] */
+	uint8_t *expert_has_immediate; /* [n_experts] */
+	struct req_group *groups;
+	struct wave_group *wave;
+	uint32_t *wave_group_of; /* wave index → request group */
+	uint8_t *xg;             /* gathered input rows, max dtype size */
+	float *yg;               /* per-slot outputs */
+	float *wg;               /* per-slot weights */
+	uint8_t *scratch;
+	size_t scratch_bytes;
+	/* Masks (guarded by mask_lock). */
+	pthread_mutex_t mask_lock;
+	size_t mask_row; /* bytes per transformer block: ceil(n_experts / 8) */
+	uint8_t *masks;  /* [FORWARD_MAX_CLIENTS][n_layers * mask_row] */
+	bool attached[FORWARD_MAX_CLIENTS];
+	uint8_t *res_mask;               /* [n_experts] scratch for residency_set_gpu_mask */
+	struct layer_counters *counters; /* [n_moe_layers] */
+};
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Bytes per activation element (enum moek_act_dtype, the wire's moe_dtype numbering). */
+static size_t dtype_size(unsigned dtype)
+{
+	return dtype == MOEK_ACT_F32 ? 4 : 2;
+}
+
+static size_t align_up_64(size_t v)
+{
+	return (v + 63) & ~(size_t)63;
+}
+
+static unsigned hist_bucket(uint64_t us)
+{
+	unsigned b = 0;
+	while (us >= 2 && b < HIST_BUCKETS - 1) {
+		us >>= 1;
+		b++;
+	}
+	return b;
+}
+
+/* ---- create / destroy ----------------------------------------------------------------- */
+
+/* Largest scratch any expert needs for n tokens on `workers` workers. */
+static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
+{
+	static const uint8_t dummy[64];
+	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
+	size_t best = 0;
+	char err[160];
+	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
+		struct moek_expert v;
+		if (weights_view(&e->w, l, 0, data, &v, err, sizeof(err)) != 0)
+			continue;
+		size_t s = moek_ffn_scratch_bytes(&v, n, workers);
+		if (s > best)
+			best = s;
+	}
+	return best;
+}
+
+static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
+{
+	const uint32_t n_experts = e->cat->info.n_experts;
+	const size_t P = (size_t)e->max_tokens * e->max_k;
+	e->max_pairs = (uint32_t)P;
+	e->max_groups = (uint32_t)(P < n_experts ? P : n_experts);
+	e->pos_kind = calloc(P, 1);
+	e->pos_slot = calloc(P, sizeof(uint32_t));
+	e->tok_order = calloc(P, sizeof(uint16_t));
+	e->tok_n_valid = calloc(e->max_tokens, sizeof(uint32_t));
+	e->tok_n_imm = calloc(e->max_tokens, sizeof(uint32_t));
+	e->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
+	e->expert_has_immediate = calloc(n_experts, 1);
+	e->groups = calloc(e->max_groups, sizeof(*e->groups));
+	e->wave = calloc(e->max_groups, sizeof(*e->wave));
+	e->wave_group_of = calloc(e->max_groups, sizeof(uint32_t));
+	e->xg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
+	e->yg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
+	e->wg = calloc(P, sizeof(float));
+	const size_t full = max_scratch(e, P, e->pool.n_workers);
+	e->scratch_bytes = 2 * full + ((size_t)8 << 20);
+	e->scratch = aligned_alloc(64, align_up_64(e->scratch_bytes));
+	if (!e->pos_kind || !e->pos_slot || !e->tok_order || !e->tok_n_valid || !e->tok_n_imm ||
+	    !e->key_count || !e->expert_has_immediate || !e->groups || !e->wave ||
+	    !e->wave_group_of || !e->xg || !e->yg || !e->wg || !e->scratch || full == 0) {
+		snprintf(err, err_len, "forward engine: request buffers for %u tokens x %u ids: %s",
+		         e->max_tokens, e->max_k, full ? "out of memory" : "no usable expert");
+		return -1;
+	}
+	return 0;
+}
+
+int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
+                   const struct forward_config *config, char *err, size_t err_len)
+{
+	*out = NULL;
+	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0) {
+		snprintf(err, err_len, "model has no routed experts");
+		return -1;
+	}
+	if (config->max_tokens == 0) {
+		snprintf(err, err_len, "forward engine: max_tokens must be >= 1");
+		return -1;
+	}
+	struct forward_engine *e = calloc(1, sizeof(*e));
+	if (!e) {
+		snprintf(err, err_len, "out of memory");
+		return -1;
+	}
+	e->cat = cat;
+	e->cfg = *config;
+	e->max_tokens = config->max_tokens;
+	e->max_k = config->max_ids_per_token ? config->max_ids_per_token : cat->info.top_k;
+	if (e->max_k == 0 || e->max_k > 65535) {
+		snprintf(err, err_len, "forward engine: ids per token %u out of range", e->max_k);
+		free(e);
+		return -1;
+	}
+	e->hidden = (uint32_t)cat->info.hidden;
+	pthread_mutex_init(&e->run_lock, NULL);
+	pthread_mutex_init(&e->mask_lock, NULL);
+	bool topo_open = false, pool_open = false;
+	if (topology_open(&e->topo, config, err, err_len) != 0)
+		goto fail;
+	topo_open = true;
+	if (weights_open(&e->w, cat, config, &e->topo, err, err_len) != 0)
+		goto fail;
+	e->last_moe_layer = e->w.n_moe_layers - 1;
+	{
+		const size_t P = (size_t)e->max_tokens * e->max_k;
+		const uint32_t g =
+		    2 * (uint32_t)(P < cat->info.n_experts ? P : cat->info.n_experts);
+		if (pool_create(&e->pool, &e->topo, g, err, err_len) != 0)
+			goto fail;
+		pool_open = true;
+	}
+	if (alloc_plan(e, err, err_len) != 0)
+		goto fail;
+	e->mask_row = (cat->info.n_experts + 7) / 8;
+	e->masks = calloc(FORWARD_MAX_CLIENTS, cat->info.n_layers * e->mask_row);
+	e->res_mask = calloc(cat->info.n_experts, 1);
+	e->counters = calloc(e->w.n_moe_layers, sizeof(*e->counters));
+	if (!e->masks || !e->res_mask || !e->counters) {
+		snprintf(err, err_len, "out of memory");
+		goto fail;
+	}
+	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u",
+	         config->source == FORWARD_SOURCE_RESIDENCY      ? "residency"
+	         : config->source == FORWARD_SOURCE_ALL_RESIDENT ? "all-resident"
+	                                                         : "mmap",
+	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k);
+	*out = e;
+	return 0;
+fail:
+	if (pool_open)
+		pool_destroy(&e->pool);
+	weights_close(&e->w);
+	if (topo_open)
+		topology_close(&e->topo);
+	e->pool.n_workers = 0;
+	forward_destroy(e);
+	return -1;
+}
+
+void forward_destroy(struct forward_engine *e)
+{
+	if (!e)
+		return;
+	if (e->pool.n_workers) {
+		pool_destroy(&e->pool);
+		weights_close(&e->w);
+		topology_close(&e->topo);
+	}
+	free(e->pos_kind);
+	free(e->pos_slot);
+	free(e->tok_order);
+	free(e->tok_n_valid);
+	free(e->tok_n_imm);
+	free(e->key_count);
+	free(e->expert_has_immediate);
+	free(e->groups);
+	free(e->wave);
+	free(e->wave_group_of);
+	free(e->xg);
+	free(e->yg);
+	free(e->wg);
+	free(e->scratch);
+	free(e->masks);
+	free(e->res_mask);
+	free(e->counters);
+	pthread_mutex_destroy(&e->run_lock);
+	pthread_mutex_destroy(&e->mask_lock);
+	free(e);
+}
+
+void forward_topology(const struct forward_engine *e, struct forward_topology_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->n_nodes = e->topo.n_nodes;
+	out->synthetic = e->topo.synthetic;
+	out->memory_bound = e->topo.memory_bound;
+	for (uint32_t n = 0; n < e->topo.n_nodes; n++) {
+		out->node_os_index[n] = e->topo.nodes[n].os_index;
+		out->threads[n] = e->topo.nodes[n].threads;
+	}
+}
+
+/* ---- validation ------------------------------------------------------------------------ */
+
+__attribute__((format(printf, 6, 7))) static int fail(struct forward_result *res, int status,
+                                                      int32_t token, int32_t index, int32_t expert,
+                                                      const char *fmt, ...)
+{
+	res->status = status;
+	res->bad_token = token;
+	res->bad_index = index;
+	res->bad_expert = expert;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(res->message, sizeof(res->message), fmt, ap);
+	va_end(ap);
+	return status;
+}
+
+static bool row_finite(const void *x, unsigned dtype, size_t n)
+{
+	if (dtype == MOEK_ACT_F32) {
+		const uint32_t *v = x;
+		for (size_t i = 0; i < n; i++)
+			if ((v[i] & 0x7f800000u) == 0x7f800000u)
+				return false;
+		return true;
+	}
+	const uint16_t *v = x;
+	const uint16_t exp = dtype == MOEK_ACT_BF16 ? 0x7f80u : 0x7c00u;
+	for (size_t i = 0; i < n; i++)
+		if ((v[i] & exp) == exp)
+			return false;
+	return true;
+}
+
+static bool mask_bit(const struct forward_engine *e, uint32_t client, uint32_t layer,
+                     uint32_t expert)
+{
+	const uint8_t *row =
+	    e->masks + ((size_t)client * e->cat->info.n_layers + layer) * e->mask_row;
+	return (row[expert / 8] >> (expert % 8)) & 1u;
+}
+
+/* Checks everything the request's values could get wrong; *moe_layer receives the MoE layer. */
+static int validate(struct forward_engine *e, const struct forward_request *q,
+                    const float *out_deferred, struct forward_result *res, uint32_t *moe_layer)
+{
+	memset(res, 0, sizeof(*res));
+	res->bad_token = res->bad_index = res->bad_expert = -1;
+	const struct moe_model_info *info = &e->cat->info;
+	if (q->client >= FORWARD_MAX_CLIENTS)
+		return fail(res, MOE_EINVAL, -1, -1, -1, "client %u out of range", q->client);
+	if (q->layer < 0 || (uint32_t)q->layer >= info->n_layers || e->w.moe_index[q->layer] < 0)
+		return fail(res, MOE_EBADLAYER, -1, -1, -1,
+		            "layer %d is not an MoE layer (%u blocks)", q->layer, info->n_layers);
+	*moe_layer = (uint32_t)e->w.moe_index[q->layer];
+	if (q->n_tokens == 0 || q->n_tokens > e->max_tokens)
+		return fail(res, MOE_EBADTOKENS, -1, -1, -1, "%u tokens (1..%u)", q->n_tokens,
+		            e->max_tokens);
+	if (q->k == 0 || q->k > e->max_k)
+		return fail(res, MOE_EBADTOPK, -1, -1, -1, "%u ids per token (1..%u)", q->k,
+		            e->max_k);
+	if (q->x_dtype >= 3u /* f32, f16, bf16 */)
+		return fail(res, MOE_EBADDTYPE, -1, -1, -1, "activation dtype %u unknown",
+		            q->x_dtype);
+	if (q->k_defer > q->k)
+		return fail(res, MOE_EBADFIELD, -1, -1, -1, "k_defer %u > k %u", q->k_defer, q->k);
+	if (q->k_defer && *moe_layer == e->last_moe_layer)
+		return fail(res, MOE_EBADFIELD, -1, -1, -1,
+		            "layer %d is the last MoE layer: nothing may be deferred", q->layer);
+	if (q->k_defer && !out_deferred)
+		return fail(res, MOE_EINVAL, -1, -1, -1, "k_defer without a deferred output");
+	for (uint32_t t = 0; t < q->n_tokens; t++)
+		for (uint32_t j = 0; j < q->k; j++) {
+			const int32_t id = q->ids[(size_t)t * q->k + j];
+			const float w = q->weights[(size_t)t * q->k + j];
+			if (id == -1)
+				continue;
+			if (id < -1 || (uint32_t)id >= info->n_experts)
+				return fail(
+				    res, MOE_EBADEXPERT, (int32_t)t, (int32_t)j, id,
+				    "token %u id %u: expert %d out of range (0..%u, -1 = skip)", t,
+				    j, id, info->n_experts - 1);
+			if (!isfinite(w))
+				return fail(res, MOE_EBADWEIGHT, (int32_t)t, (int32_t)j, id,
+				            "token %u id %u: weight of expert %d not finite", t, j,
+				            id);
+		}
+	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
+	for (uint32_t t = 0; t < q->n_tokens; t++)
+		if (!row_finite((const uint8_t *)q->x + t * row, q->x_dtype, e->hidden))
+			return fail(res, MOE_ENONFINITE, (int32_t)t, -1, -1,
+			            "token %u: NaN or Inf in the activations", t);
+	pthread_mutex_lock(&e->mask_lock);
+	for (uint32_t t = 0; t < q->n_tokens; t++)
+		for (uint32_t j = 0; j < q->k; j++) {
+			const int32_t id = q->ids[(size_t)t * q->k + j];
+			if (id >= 0 && mask_bit(e, q->client, (uint32_t)q->layer, (uint32_t)id)) {
+				pthread_mutex_unlock(&e->mask_lock);
+				return fail(
+				    res, MOE_EMASKED, (int32_t)t, (int32_t)j, id,
+				    "token %u id %u: layer %d expert %d is on the GPU (masked)", t,
+				    j, q->layer, id);
+			}
+		}
+	pthread_mutex_unlock(&e->mask_lock);
+	return MOE_OK;
+}
+
+/* ---- planning -------------------------------------------------------------------------- */
+
+/* Orders each token's valid entries by weight descending (ties: earlier position first),
+ * marks the last min(k_defer, valid) deferred, and groups the pairs per expert. Returns
+ * the number of groups. */
+static uint32_t plan_request(struct forward_engine *e, const struct forward_request *q)
+{
+	const uint32_t n_experts = e->cat->info.n_experts, k = q->k;
+	for (uint32_t t = 0; t < q->n_tokens; t++) {
+		const int32_t *ids = &q->ids[(size_t)t * k];
+		const float *w = &q->weights[(size_t)t * k];
+		uint16_t *order = &e->tok_order[(size_t)t * k];
+		uint32_t n = 0;
+		for (uint32_t j = 0; j < k; j++) {
+			if (ids[j] < 0)
+				continue;
+			uint32_t i = n++;
+			while (i > 0 &&
+			       w[order[i - 1]] < w[j]) { /* stable: equal weights keep j order */
+				order[i] = order[i - 1];
+				i--;
+			}
+			order[i] = (uint16_t)j;
+		}
+		const uint32_t n_def = q->k_defer < n ? q->k_defer : n;
+		e->tok_n_valid[t] = n;
+		e->tok_n_imm[t] = n - n_def;
+		for (uint32_t j = 0; j < k; j++)
+			e->pos_kind[(size_t)t * k + j] = 0;
+		for (uint32_t r = 0; r < n; r++)
+			e->pos_kind[(size_t)t * k + order[r]] = r < n - n_def ? 1 : 2;
+	}
+	/* Counting sort on the expert, stable in (t, j) order. An expert's immediate and deferred
+	 * pairs share one group: the kernels' per-token results depend on the batch they are
+	 * computed in (multi-token dot products), so deferral must not change the batches —
+	 * that is what makes immediate + deferred equal the undeferred output. Groups with an
+	 * immediate pair come first; deferred-only groups after them. */
+	memset(e->key_count, 0, (n_experts + 1) * sizeof(uint32_t));
+	memset(e->expert_has_immediate, 0, n_experts);
+	const size_t n_pos = (size_t)q->n_tokens * k;
+	for (size_t p = 0; p < n_pos; p++)
+		if (e->pos_kind[p]) {
+			e->key_count[(uint32_t)q->ids[p] + 1]++;
+			e->expert_has_immediate[q->ids[p]] |= e->pos_kind[p] == 1;
+		}
+	for (uint32_t x = 0; x < n_experts; x++)
+		e->key_count[x + 1] += e->key_count[x];
+	uint32_t n_groups = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t x = 0; x < n_experts; x++) {
+			const uint32_t c = e->key_count[x + 1] - e->key_count[x];
+			if (c == 0 || e->expert_has_immediate[x] != (pass == 0))
+				continue;
+			struct req_group *g = &e->groups[n_groups++];
+			memset(g, 0, sizeof(*g));
+			g->expert = x;
+			g->deferred = pass == 1;
+			g->first = e->key_count[x];
+			g->count = c;
+		}
+	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
+	for (size_t p = 0; p < n_pos; p++) {
+		if (!e->pos_kind[p])
+			continue;
+		const uint32_t s = e->key_count[q->ids[p]]++;
+		e->pos_slot[p] = s;
+		memcpy(e->xg + s * row, (const uint8_t *)q->x + (p / k) * row, row);
+		e->wg[s] = q->weights[p];
+	}
+	return n_groups;
+}
+
+/* out_imm[t] = Σ immediate in planned order + deferred_in[t]; out_def[t] = Σ deferred. */
+static void sum_outputs(struct forward_engine *e, const struct forward_request *q, float *out_imm,
+                        float *out_def)
+{
+	const size_t h = e->hidden;
+	for (uint32_t t = 0; t < q->n_tokens; t++) {
+		float *oi = out_imm + t * h;
+		float *od = out_def ? out_def + t * h : NULL;
+		memset(oi, 0, h * sizeof(float));
+		if (od)
+			memset(od, 0, h * sizeof(float));
+		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
+		for (uint32_t r = 0; r < e->tok_n_valid[t]; r++) {
+			const size_t p = (size_t)t * q->k + order[r];
+			const float *y = e->yg + (size_t)e->pos_slot[p] * h;
+			float *o = r < e->tok_n_imm[t] ? oi : od;
+			for (size_t i = 0; i < h; i++)
+				o[i] += y[i];
+		}
+		if (q->deferred_in)
+			for (size_t i = 0; i < h; i++)
+				oi[i] += q->deferred_in[t * h + i];
+	}
+}
+
+/* ---- execution ------------------------------------------------------------------------- */
+
+static void split_range(size_t total, size_t align, uint32_t parts, size_t *split)
+{
+	const size_t units = (total + align - 1) / align;
+	for (uint32_t n = 0; n < parts; n++) {
+		size_t at = units * n / parts * align;
+		split[n] = at < total ? at : total;
+	}
+	split[parts] = total;
+}
+
+/* Prepares group g's call into wave slot `slot` using scratch from *scratch_at. Returns 0,
+ * 1 if the scratch arena is full (run the wave first), or a negative status (res filled). */
+static int add_to_wave(struct forward_engine *e, const struct forward_request *q, uint32_t g,
+                       uint32_t slot, size_t *scratch_at, struct forward_result *res)
+{
+	struct req_group *rg = &e->groups[g];
+	struct wave_group *wg = &e->wave[slot];
+	const unsigned W = e->pool.n_workers;
+	const size_t need = moek_ffn_scratch_bytes(&rg->held.view, rg->count, W);
+	if (*scratch_at + need > e->scratch_bytes)
+		return 1;
+	memset(wg, 0, sizeof(*wg));
+	struct moek_ffn_call *c = &wg->call;
+	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
+	c->expert = &rg->held.view;
+	c->n_tokens = rg->count;
+	c->x = e->xg + (size_t)rg->first * row;
+	c->x_dtype = q->x_dtype;
+	c->weights = e->wg + rg->first;
+	c->out = e->yg + (size_t)rg->first * e->hidden;
+	c->scratch = e->scratch + *scratch_at;
+	c->scratch_bytes = need;
+	c->n_workers = W;
+	memset(c->out, 0, (size_t)rg->count * e->hidden * sizeof(float));
+	char err[128];
+	if (moek_ffn_prepare(c, err, sizeof(err)) != 0)
+		return fail(res, MOE_EIO, -1, -1, (int32_t)rg->expert, "layer %d expert %u: %s",
+		            q->layer, rg->expert, err);
+	*scratch_at = align_up_64(*scratch_at + need);
+	wg->f_align = moek_expert_split_align(&rg->held.view);
+	split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
+	split_range(rg->held.view.down.rows, 8, e->topo.n_nodes, wg->o_split);
+	e->wave_group_of[slot] = g;
+	return 0;
+}
+
+static void release_group(struct forward_engine *e, struct req_group *g)
+{
+	if (g->held.has_ref) {
+		residency_release(e->w.res, &g->held.ref);
+		g->held.has_ref = false;
+	}
+}
+
+static void release_all(struct forward_engine *e, uint32_t n_groups)
+{
+	for (uint32_t g = 0; g < n_groups; g++)
+		release_group(e, &e->groups[g]);
+}
+
+static void finish_wave(struct forward_engine *e, uint32_t n_wave)
+{
+	pool_run_wave(&e->pool, e->wave, n_wave);
+	for (uint32_t i = 0; i < n_wave; i++) {
+		struct req_group *g = &e->groups[e->wave_group_of[i]];
+		g->state = GROUP_DONE;
+		release_group(e, g);
+	}
+}
+
+/* Computes every READY group, immediate ones first (they come first in the group order). */
+static int compute_ready(struct forward_engine *e, const struct forward_request *q,
+                         uint32_t n_groups, struct forward_result *res)
+{
+	const uint64_t t0 = now_us();
+	uint32_t n_wave = 0;
+	size_t at = 0;
+	for (uint32_t g = 0; g < n_groups; g++) {
+		if (e->groups[g].state != GROUP_READY)
+			continue;
+		int rc = add_to_wave(e, q, g, n_wave, &at, res);
+		if (rc == 1) {
+			finish_wave(e, n_wave);
+			n_wave = 0;
+			at = 0;
+			rc = add_to_wave(e, q, g, n_wave, &at, res);
+		}
+		if (rc != 0)
+			return rc < 0
+			           ? rc
+			           : fail(res, MOE_ENOMEM, -1, -1, -1, "scratch arena too small");
+		n_wave++;
+	}
+	if (n_wave)
+		finish_wave(e, n_wave);
+	res->compute_us += now_us() - t0;
+	return MOE_OK;
+}
+
+static int demand_failed(struct forward_engine *e, const struct forward_request *q,
+                         const struct req_group *g, int rc, struct forward_result *res)
+{
+	if (rc == -EPERM)
+		return fail(res, MOE_EMASKED, -1, -1, (int32_t)g->expert,
+		            "layer %d expert %u is GPU-masked", q->layer, g->expert);
+	if (rc == -ESHUTDOWN)
+		return fail(res, MOE_ESHUTDOWN, -1, -1, (int32_t)g->expert, "shutting down");
+	char why[120];
+	residency_error_message(e->w.res, (uint32_t)e->w.moe_index[q->layer], g->expert, why,
+	                        sizeof(why));
+	if (!why[0])
+		snprintf(why, sizeof(why), "%s", strerror(-rc));
+	return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "layer %d expert %u: %s", q->layer,
+	            g->expert, why);
+}
+
+/* One demand for group g; counts hit/cold/in-flight on its first counted demand. Returns 1 if
+ * the expert is now held (READY), 0 if still pending, or a negative status. */
+static int demand(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
+                  struct req_group *g, bool wait, struct forward_result *res)
+{
+	const enum expert_state pre = residency_state(e->w.res, moe_layer, g->expert);
+	unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) | (g->counted ? RESIDENCY_RETRY : 0u);
+	int rc = residency_acquire(e->w.res, moe_layer, g->expert, -1.0f, flags, &g->held.ref);
+	if (!g->counted && (rc == 0 || rc == -EINPROGRESS)) {
+		g->counted = true;
+		if (pre == EXPERT_RESIDENT) {
+			res->hits++;
+		} else if (pre == EXPERT_LOADING) {
+			res->inflight_misses++;
+		} else {
+			res->cold_misses++;
+			res->bytes_read +=
+			    moe_catalog_expert(e->cat, (uint32_t)q->layer, g->expert)->bytes;
+		}
+	}
+	if (rc == -EINPROGRESS || rc == -EAGAIN)
+		return 0;
+	if (rc != 0)
+		return demand_failed(e, q, g, rc, res);
+	g->held.has_ref = true;
+	char err[128];
+	if (weights_ref_view(&e->w, &g->held.ref, &g->held.view, err, sizeof(err)) != 0)
+		return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err);
+	g->state = GROUP_READY;
+	return 1;
+}
+
+static int execute(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
+                   uint32_t n_groups, struct forward_result *res)
+{
+	int rc;
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY) {
+		char err[128];
+		for (uint32_t g = 0; g < n_groups; g++) {
+			struct req_group *rg = &e->groups[g];
+			if (weights_static_view(&e->w, moe_layer, rg->expert, &rg->held.view, err,
+			                        sizeof(err)) != 0)
+				return fail(res, MOE_EIO, -1, -1, (int32_t)rg->expert, "%s", err);
+			rg->state = GROUP_READY;
+			res->hits++;
+		}
+		return compute_ready(e, q, n_groups, res);
+	}
+	uint32_t done = 0;
+	for (;;) {
+		/* Demand every pending expert without waiting: all cold reads go out first. */
+		uint32_t ready = 0;
+		for (uint32_t g = 0; g < n_groups; g++) {
+			if (e->groups[g].state != GROUP_PENDING)
+				continue;
+			rc = demand(e, q, moe_layer, &e->groups[g], false, res);
+			if (rc < 0)
+				goto failed;
+			ready += (uint32_t)rc;
+		}
+		if (ready == 0 && done < n_groups) {
+			/* Nothing arrived and nothing is held: wait for the first pending one. */
+			for (uint32_t g = 0; g < n_groups; g++) {
+				if (e->groups[g].state != GROUP_PENDING)
+					continue;
+				const uint64_t t0 = now_us();
+				rc = demand(e, q, moe_layer, &e->groups[g], true, res);
+				res->io_us += now_us() - t0;
+				if (rc < 0)
+					goto failed;
+				ready = 1;
+				break;
+			}
+		}
+		rc = compute_ready(e, q, n_groups, res);
+		if (rc < 0)
+			goto failed;
+		done += ready;
+		if (done >= n_groups)
+			return MOE_OK;
+	}
+failed:
+	release_all(e, n_groups);
+	return rc;
+}
+
+static void record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
+                   const struct forward_result *res, uint64_t total_us)
+{
+	struct layer_counters *c = &e->counters[moe_layer];
+	atomic_fetch_add_explicit(&c->requests, 1, memory_order_relaxed);
+	if (res->status != MOE_OK) {
+		atomic_fetch_add_explicit(&c->failures, 1, memory_order_relaxed);
+		return;
+	}
+	atomic_fetch_add_explicit(&c->tokens, q->n_tokens, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->hits, res->hits, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->cold_misses, res->cold_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->inflight_misses, res->inflight_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
+	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
+	for (int k = 0; k < LAT_KINDS; k++)
+		atomic_fetch_add_explicit(&c->hist[k][hist_bucket(lat[k])], 1,
+		                          memory_order_relaxed);
+}
+
+int forward_run(struct forward_engine *e, const struct forward_request *q, float *out_immediate,
+                float *out_deferred, struct forward_result *res)
+{
+	const uint64_t t0 = now_us();
+	pthread_mutex_lock(&e->run_lock);
+	const uint64_t t1 = now_us();
+	uint32_t moe_layer = 0;
+	int rc = validate(e, q, out_deferred, res, &moe_layer);
+	res->queue_us = t1 - t0;
+	if (rc == MOE_OK) {
+		const uint32_t n_groups = plan_request(e, q);
+		res->experts = n_groups;
+		rc = execute(e, q, moe_layer, n_groups, res);
+		if (rc == MOE_OK) {
+			const uint64_t t2 = now_us();
+			sum_outputs(e, q, out_immediate, out_deferred);
+			res->compute_us += now_us() - t2;
+			for (uint32_t t = 0; t < q->n_tokens; t++)
+				res->n_deferred += e->tok_n_valid[t] - e->tok_n_imm[t];
+		}
+		res->status = rc;
+	}
+	pthread_mutex_unlock(&e->run_lock);
+	if (rc != MOE_EBADLAYER && rc != MOE_EINVAL)
+		record(e, moe_layer, q, res, now_us() - t0);
+	return rc;
+}
+
+/* ---- reference ------------------------------------------------------------------------- */
+
+/* Independent of the scheduler's planning code on purpose: ranks by counting, batches by a scan
+ * per expert (every entry naming the expert, in (token, position) order), one moek_ffn_run per
+ * batch on this thread. */
+int forward_reference(struct forward_engine *e, const struct forward_request *q,
+                      float *out_immediate, float *out_deferred, struct forward_result *res)
+{
+	pthread_mutex_lock(&e->run_lock);
+	uint32_t moe_layer = 0;
+	int rc = validate(e, q, out_deferred, res, &moe_layer);
+	if (rc != MOE_OK) {
+		pthread_mutex_unlock(&e->run_lock);
+		return rc;
+	}
+	const size_t n = q->n_tokens, k = q->k, h = e->hidden;
+	const size_t row = h * dtype_size(q->x_dtype);
+	uint32_t *rank = calloc(n * k, sizeof(uint32_t));
+	uint8_t *deferred = calloc(n * k, 1);
+	uint32_t *members = calloc(n * k, sizeof(uint32_t));
+	float *contrib = calloc(n * k * h, sizeof(float));
+	uint8_t *xbuf = malloc(n * k * row);
+	float *wbuf = calloc(n * k, sizeof(float));
+	float *ybuf = calloc(n * k * h, sizeof(float));
+	if (!rank || !deferred || !members || !contrib || !xbuf || !wbuf || !ybuf) {
+		rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
+		goto out;
+	}
+	for (size_t t = 0; t < n; t++) {
+		const int32_t *ids = &q->ids[t * k];
+		const float *w = &q->weights[t * k];
+		uint32_t valid = 0;
+		for (size_t j = 0; j < k; j++)
+			valid += ids[j] >= 0;
+		const uint32_t n_def = q->k_defer < valid ? q->k_defer : valid;
+		for (size_t j = 0; j < k; j++) {
+			if (ids[j] < 0)
+				continue;
+			uint32_t r = 0;
+			for (size_t i = 0; i < k; i++)
+				r += ids[i] >= 0 && (w[i] > w[j] || (w[i] == w[j] && i < j));
+			rank[t * k + j] = r;
+			deferred[t * k + j] = r >= valid - n_def;
+		}
+	}
+	for (uint32_t x = 0; x < e->cat->info.n_experts && rc == MOE_OK; x++) {
+		size_t m = 0; /* one batch per expert, deferred entries included (forward.h) */
+		for (size_t p = 0; p < n * k; p++)
+			if (q->ids[p] == (int32_t)x) {
+				members[m] = (uint32_t)p;
+				memcpy(xbuf + m * row, (const uint8_t *)q->x + (p / k) * row, row);
+				wbuf[m++] = q->weights[p];
+			}
+		if (m == 0)
+			continue;
+		struct held_expert held = {0};
+		char err[128];
+		if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
+			int a = residency_acquire(e->w.res, moe_layer, x, -1.0f, 0, &held.ref);
+			if (a != 0) {
+				struct req_group g = {.expert = x};
+				rc = demand_failed(e, q, &g, a, res);
+				break;
+			}
+			held.has_ref = true;
+			a = weights_ref_view(&e->w, &held.ref, &held.view, err, sizeof(err));
+			if (a != 0)
+				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+		} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) !=
+		           0) {
+			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+		}
+		void *scratch = NULL;
+		if (rc == MOE_OK) {
+			const size_t sb = moek_ffn_scratch_bytes(&held.view, m, 1);
+			scratch = malloc(sb);
+			memset(ybuf, 0, m * h * sizeof(float));
+			struct moek_ffn_call c = {
+			    .expert = &held.view,
+			    .n_tokens = m,
+			    .x = xbuf,
+			    .x_dtype = q->x_dtype,
+			    .weights = wbuf,
+			    .out = ybuf,
+			    .scratch = scratch,
+			    .scratch_bytes = sb,
+			    .n_workers = 1,
+			};
+			if (!scratch)
+				rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
+			else if (moek_ffn_run(&c, err, sizeof(err)) != 0)
+				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x,
+				          "layer %d expert %u: %s", q->layer, x, err);
+			for (size_t i = 0; i < m && rc == MOE_OK; i++)
+				memcpy(contrib + members[i] * h, ybuf + i * h, h * sizeof(float));
+		}
+		free(scratch);
+		if (held.has_ref)
+			residency_release(e->w.res, &held.ref);
+	}
+	if (rc != MOE_OK)
+		goto out;
+	for (size_t t = 0; t < n; t++) {
+		float *oi = out_immediate + t * h;
+		float *od = out_deferred ? out_deferred + t * h : NULL;
+		memset(oi, 0, h * sizeof(float));
+		if (od)
+			memset(od, 0, h * sizeof(float));
+		for (uint32_t r = 0; r < k; r++)
+			for (size_t j = 0; j < k; j++) {
+				const size_t p = t * k + j;
+				if (q->ids[p] < 0 || rank[p] != r)
+					continue;
+				float *o = deferred[p] ? od : oi;
+				for (size_t i = 0; i < h; i++)
+					o[i] += contrib[p * h + i];
+				res->n_deferred += deferred[p];
+			}
+		if (q->deferred_in)
+			for (size_t i = 0; i < h; i++)
+				oi[i] += q->deferred_in[t * h + i];
+	}
+out:
+	res->status = rc;
+	pthread_mutex_unlock(&e->run_lock);
+	free(rank);
+	free(deferred);
+	free(members);
+	free(contrib);
+	free(xbuf);
+	free(wbuf);
+	free(ybuf);
+	return rc;
+}
+
+/* ---- prefetch, masks -------------------------------------------------------------------
+ */
+
+int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
+                     const float *scores, uint32_t n, bool scores_per_expert)
+{
+	const struct moe_model_info *info = &e->cat->info;
+	if (layer < 0 || (uint32_t)layer >= info->n_layers || e->w.moe_index[layer] < 0)
+		return MOE_EBADLAYER;
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
+		return 0;
+	const uint32_t l = (uint32_t)e->w.moe_index[layer];
+	int started = 0;
+	if (scores_per_expert) {
+		if (!scores || n != info->n_experts)
+			return MOE_EINVAL;
+		/* The top_k highest positive finite scores, best first (k is small:
+		 * selection by scans). */
+		uint32_t top = info->top_k ? info->top_k : 1;
+		float last = INFINITY;
+		int32_t last_id = -1;
+		for (uint32_t r = 0; r < top; r++) {
+			int32_t best = -1;
+			for (uint32_t x = 0; x < n; x++) {
+				const float s = scores[x];
+				if (!isfinite(s) || s <= 0.0f || s > last ||
+				    (s == last && (int32_t)x <= last_id))
+					continue;
+				if (best < 0 || s > scores[best])
+					best = (int32_t)x;
+			}
+			if (best < 0)
+				break;
+			uint32_t id = (uint32_t)best;
+			const float pri = scores[best] * (float)top;
+			residency_hint(e->w.res, l, &id, 1, pri);
+			started += residency_prefetch(e->w.res, l, &id, 1, pri);
+			last = scores[best];
+			last_id = best;
+		}
+		return started;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (ids[i] < 0 || (uint32_t)ids[i] >= info->n_experts)
+			continue;
+		uint32_t id = (uint32_t)ids[i];
+		const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
+		residency_hint(e->w.res, l, &id, 1, pri);
+		started += residency_prefetch(e->w.res, l, &id, 1, pri);
+	}
+	return started;
+}
+
+/* Pushes the all-clients intersection of masks of transformer block `layer` into residency
+ * (mask_lock held). */
+static void sync_residency_mask(struct forward_engine *e, uint32_t layer)
+{
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY || e->w.moe_index[layer] < 0)
+		return;
+	bool any = false;
+	for (uint32_t c = 0; c < FORWARD_MAX_CLIENTS; c++)
+		any |= e->attached[c];
+	for (uint32_t x = 0; x < e->cat->info.n_experts; x++) {
+		bool all = any;
+		for (uint32_t c = 0; c < FORWARD_MAX_CLIENTS && all; c++)
+			if (e->attached[c])
+				all = mask_bit(e, c, layer, x);
+		e->res_mask[x] = all;
+	}
+	residency_set_gpu_mask(e->w.res, (uint32_t)e->w.moe_index[layer], e->res_mask);
+}
+
+int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, const uint8_t *bits,
+                     size_t n_bytes)
+{
+	const uint32_t n_layers = e->cat->info.n_layers;
+	if (client >= FORWARD_MAX_CLIENTS)
+		return MOE_EINVAL;
+	if (layer < -1 || layer >= (int32_t)n_layers)
+		return MOE_EBADLAYER;
+	const size_t need = layer < 0 ? n_layers * e->mask_row : e->mask_row;
+	if (n_bytes < need)
+		return MOE_ETOOSMALL;
+	pthread_mutex_lock(&e->mask_lock);
+	e->attached[client] = true;
+	uint8_t *mine = e->masks + (size_t)client * n_layers * e->mask_row;
+	const uint32_t first = layer < 0 ? 0 : (uint32_t)layer;
+	memcpy(mine + first * e->mask_row, bits, need);
+	for (uint32_t l = first; l < (layer < 0 ? n_layers : first + 1); l++) {
+		/* Bits past n_experts in the last byte are ignored: clear them. */
+		if (e->cat->info.n_experts % 8)
+			mine[l * e->mask_row + e->mask_row - 1] &=
+			    (uint8_t)((1u << (e->cat->info.n_experts % 8)) - 1u);
+		sync_residency_mask(e, l);
+	}
+	pthread_mutex_unlock(&e->mask_lock);
+	return MOE_OK;
+}
+
+static void set_attached(struct forward_engine *e, uint32_t client, bool attached)
+{
+	if (client >= FORWARD_MAX_CLIENTS)
+		return;
+	pthread_mutex_lock(&e->mask_lock);
+	e->attached[client] = attached;
+	if (!attached)
+		memset(e->masks + (size_t)client * e->cat->info.n_layers * e->mask_row, 0,
+		       e->cat->info.n_layers * e->mask_row);
+	for (uint32_t l = 0; l < e->cat->info.n_layers; l++)
+		sync_residency_mask(e, l);
+	pthread_mutex_unlock(&e->mask_lock);
+}
+
+void forward_client_attach(struct forward_engine *e, uint32_t client)
+{
+	set_attached(e, client, true);
+}
+
+void forward_client_detach(struct forward_engine *e, uint32_t client)
+{
+	set_attached(e, client, false);
+}
+
+/* ---- statistics ------------------------------------------------------------------------
+ */
+
+uint32_t forward_stats_layers(const struct forward_engine *e)
+{
+	return e->w.n_moe_layers;
+}
+
+static uint64_t percentile(const atomic_uint_least64_t *hist, double q)
+{
+	uint64_t total = 0, counts[HIST_BUCKETS];
+	for (int b = 0; b < HIST_BUCKETS; b++)
+		total += counts[b] = atomic_load_explicit(&hist[b], memory_order_relaxed);
+	if (total == 0)
+		return 0;
+	const uint64_t want = (uint64_t)ceil(q * (double)total);
+	uint64_t seen = 0;
+	for (int b = 0; b < HIST_BUCKETS; b++) {
+		seen += counts[b];
+		if (seen >= want)
+			return (uint64_t)2 << b; /* bucket b holds [2^b, 2^(b+1)) µs; 0: < 2 */
+	}
+	return (uint64_t)2 << (HIST_BUCKETS - 1);
+}
+
+void forward_stats(struct forward_engine *e, struct forward_stats *out)
+{
+	struct forward_layer_stats *layers = out->layers;
+	memset(out, 0, sizeof(*out));
+	out->layers = layers;
+	out->n_layers = e->w.n_moe_layers;
+	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
+		const struct layer_counters *c = &e->counters[l];
+		struct forward_layer_stats s = {.layer = e->w.model_layer[l]};
+#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed)
+		LOAD(requests);
+		LOAD(tokens);
+		LOAD(hits);
+		LOAD(cold_misses);
+		LOAD(inflight_misses);
+		LOAD(bytes_read);
+		LOAD(failures);
+#undef LOAD
+		s.queue_p50_us = percentile(c->hist[LAT_QUEUE], 0.5);
+		s.queue_p99_us = percentile(c->hist[LAT_QUEUE], 0.99);
+		s.io_p50_us = percentile(c->hist[LAT_IO], 0.5);
+		s.io_p99_us = percentile(c->hist[LAT_IO], 0.99);
+		s.compute_p50_us = percentile(c->hist[LAT_COMPUTE], 0.5);
+		s.compute_p99_us = percentile(c->hist[LAT_COMPUTE], 0.99);
+		s.total_p50_us = percentile(c->hist[LAT_TOTAL], 0.5);
+		s.total_p99_us = percentile(c->hist[LAT_TOTAL], 0.99);
+		out->requests += s.requests;
+		out->tokens += s.tokens;
+		out->hits += s.hits;
+		out->cold_misses += s.cold_misses;
+		out->inflight_misses += s.inflight_misses;
+		out->bytes_read += s.bytes_read;
+		out->failures += s.failures;
+		if (layers)
+			layers[l] = s;
+	}
+	if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
+		struct residency_counters rc;
+		residency_counters(e->w.res, &rc);
+		out->resident_bytes = (uint64_t)rc.slots_used * rc.slot_bytes;
+		out->budget_bytes = rc.budget_bytes;
+		out->evictions = rc.evictions;
+	} else {
+		out->resident_bytes =
+		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
+		out->budget_bytes = e->w.budget_bytes;
+	}
+}

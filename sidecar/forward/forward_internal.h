@@ -1,0 +1,128 @@
+/* forward_internal.h — what the forward engine's files share: topology, worker pool, weights
+ * sources and the engine struct. Not an API: forward.h is.
+ *
+ * Threading: the engine's run_lock serialises forward_run/forward_reference; mask_lock guards
+ * the client masks; counters are atomics. The pool's job fields are written by the thread
+ * holding run_lock before it starts a wave and read by workers after the start barrier.
+ */
+#ifndef MOE_FORWARD_INTERNAL_H
+#define MOE_FORWARD_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "catalog_adapter.h"
+#include "forward.h"
+#include "moe_kernels.h"
+
+/* ---- topology.c ---- */
+struct forward_node {
+	uint32_t os_index;
+	void *cpuset; /* hwloc_bitmap_t of the node's PUs (NULL when synthetic: not pinned) */
+	uint32_t threads;
+};
+struct forward_topology {
+	void *topo; /* hwloc_topology_t */
+	bool synthetic;
+	bool memory_bound;
+	uint32_t n_nodes;
+	struct forward_node nodes[FORWARD_MAX_NODES];
+};
+int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
+                  size_t err_len);
+void topology_close(struct forward_topology *t);
+/* Pins the calling thread to node n's PUs (no-op when synthetic). */
+void topology_pin_thread(struct forward_topology *t, uint32_t node);
+/* Binds [addr, addr+len) to node n; a refused binding is logged once and ignored. */
+void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, size_t len);
+
+/* ---- pool.c ---- */
+/* One expert group of a wave: a prepared moek_ffn_call and the node split of its ranges. */
+struct wave_group {
+	struct moek_ffn_call call;
+	size_t f_split[FORWARD_MAX_NODES + 1]; /* node n owns intermediate rows [f_split[n], …) */
+	size_t o_split[FORWARD_MAX_NODES + 1]; /* and output rows [o_split[n], o_split[n+1]) */
+	size_t f_align;
+};
+struct pool_item {
+	uint32_t group;
+	uint32_t begin, end;
+};
+struct pool_worker {
+	struct forward_pool *pool;
+	pthread_t thread;
+	uint32_t node, index; /* index: global worker number (call scratch slot) */
+	bool started;
+};
+struct forward_pool {
+	struct forward_topology *topo;
+	uint32_t n_workers;
+	struct pool_worker *workers; /* n_workers; [0] is the thread calling pool_run_wave */
+	pthread_barrier_t barrier;
+	bool barrier_ready;
+	pthread_mutex_t lock;
+	pthread_cond_t start;
+	uint64_t generation; /* guarded by lock */
+	bool stopping;       /* guarded by lock */
+	/* The current wave (written before the start, read after it). */
+	struct wave_group *groups;
+	uint32_t n_groups;
+	struct pool_item *items[3][FORWARD_MAX_NODES]; /* per phase, per node */
+	uint32_t n_items[3][FORWARD_MAX_NODES];
+	atomic_uint next[3][FORWARD_MAX_NODES];
+	uint32_t item_capacity;
+};
+int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
+                char *err, size_t err_len);
+void pool_destroy(struct forward_pool *p);
+/* Runs load, hidden and down of every group (calls already prepared with n_workers =
+ * p->n_workers) on every worker, the caller included, with a barrier between phases. */
+void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups);
+
+/* ---- weights.c ---- */
+/* f32 side data of one expert: biases and FP8 block scales (converted from the files at
+ * create; small). Offsets in floats into weights.aux, UINT64_MAX = absent. */
+struct expert_aux {
+	uint64_t bias[3];  /* gate, up, down */
+	uint64_t scale[3]; /* gate, up, down */
+};
+struct forward_weights {
+	enum forward_source source;
+	const struct moe_catalog *cat;
+	uint32_t n_moe_layers, n_experts;
+	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */
+	int32_t *moe_index;    /* [cat n_layers] MoE layer of each block, -1 dense */
+	struct expert_map map; /* RESIDENCY */
+	struct expert_extent_roles roles;
+	struct residency *res; /* RESIDENCY */
+	void **file_map;       /* MMAP: one mapping per file */
+	size_t *file_map_len;
+	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */
+	size_t resident_len;
+	const uint8_t **data; /* MMAP/ALL_RESIDENT: [moe_layer][expert][proj] data pointer */
+	float *aux;
+	struct expert_aux *aux_index; /* [moe_layer][expert] */
+	uint64_t budget_bytes;
+};
+/* A held expert: its kernel view and (RESIDENCY) the reference to release. */
+struct held_expert {
+	struct moek_expert view;
+	struct expert_ref ref;
+	bool has_ref;
+};
+int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
+                 const struct forward_config *cfg, struct forward_topology *topo, char *err,
+                 size_t err_len);
+void weights_close(struct forward_weights *w);
+/* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
+int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view, char *err,
+                 size_t err_len);
+/* For ALL_RESIDENT and MMAP: the view at once. */
+int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                        struct moek_expert *view, char *err, size_t err_len);
+/* For RESIDENCY: the view of an acquired reference. */
+int weights_ref_view(const struct forward_weights *w, const struct expert_ref *ref,
+                     struct moek_expert *view, char *err, size_t err_len);
+
+#endif

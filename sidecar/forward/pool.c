@@ -1,0 +1,193 @@
+/* pool.c — the worker pools: one set of pinned threads per NUMA node, running the three
+ * kernel phases of a wave of expert groups with a barrier between phases.
+ *
+ * Work split: the load phase (activation conversion) is split over every worker; the hidden
+ * phase of each group over its node's intermediate rows, the down phase over its node's output
+ * rows, so each node touches only its part of every weight matrix (the NUMA split of
+ * docs/architecture.md). Inside a node, workers claim items from an atomic counter: no worker
+ * idles while its node has work. The kernels give the same bits for any split, so claiming
+ * order never shows in results.
+ *
+ * Threading: pool_run_wave is called by one thread at a time (the engine's run_lock), which
+ * is worker 0. Workers sleep on a condition variable between waves; no allocation per wave.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_internal.h"
+
+enum { PHASE_LOAD = 0, PHASE_HIDDEN = 1, PHASE_DOWN = 2 };
+
+static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_worker *w)
+{
+	const uint32_t node = phase == PHASE_LOAD ? 0 : w->node;
+	const uint32_t n = p->n_items[phase][node];
+	for (;;) {
+		uint32_t i =
+		    atomic_fetch_add_explicit(&p->next[phase][node], 1, memory_order_relaxed);
+		if (i >= n)
+			break;
+		const struct pool_item *it = &p->items[phase][node][i];
+		const struct moek_ffn_call *c = &p->groups[it->group].call;
+		if (phase == PHASE_LOAD)
+			moek_ffn_load(c, w->index, it->begin, it->end);
+		else if (phase == PHASE_HIDDEN)
+			moek_ffn_hidden(c, w->index, it->begin, it->end);
+		else
+			moek_ffn_down(c, w->index, it->begin, it->end);
+	}
+}
+
+static void run_wave_as(struct forward_pool *p, const struct pool_worker *w)
+{
+	for (unsigned phase = 0; phase < 3; phase++) {
+		run_phase(p, phase, w);
+		pthread_barrier_wait(&p->barrier);
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct pool_worker *w = arg;
+	struct forward_pool *p = w->pool;
+	topology_pin_thread(p->topo, w->node);
+	uint64_t seen = 0;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		while (p->generation == seen && !p->stopping)
+			pthread_cond_wait(&p->start, &p->lock);
+		bool stop = p->stopping;
+		seen = p->generation;
+		pthread_mutex_unlock(&p->lock);
+		if (stop)
+			return NULL;
+		run_wave_as(p, w);
+	}
+}
+
+int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
+                char *err, size_t err_len)
+{
+	memset(p, 0, sizeof(*p));
+	p->topo = topo;
+	for (uint32_t n = 0; n < topo->n_nodes; n++)
+		p->n_workers += topo->nodes[n].threads;
+	p->workers = calloc(p->n_workers, sizeof(*p->workers));
+	/* Items per phase and node: each group is cut into at most one chunk per worker. */
+	p->item_capacity = max_groups * p->n_workers;
+	bool ok = p->workers != NULL;
+	for (unsigned ph = 0; ph < 3 && ok; ph++)
+		for (uint32_t n = 0; n < topo->n_nodes && ok; n++)
+			ok = (p->items[ph][n] =
+			          calloc(p->item_capacity, sizeof(struct pool_item))) != NULL;
+	if (!ok) {
+		snprintf(err, err_len, "worker pool: out of memory");
+		pool_destroy(p);
+		return -1;
+	}
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->start, NULL);
+	int rc = pthread_barrier_init(&p->barrier, NULL, p->n_workers);
+	if (rc != 0) {
+		snprintf(err, err_len, "worker pool: barrier: %s", strerror(rc));
+		pool_destroy(p);
+		return -1;
+	}
+	p->barrier_ready = true;
+	uint32_t index = 0;
+	for (uint32_t n = 0; n < topo->n_nodes; n++)
+		for (uint32_t i = 0; i < topo->nodes[n].threads; i++, index++) {
+			struct pool_worker *w = &p->workers[index];
+			w->pool = p;
+			w->node = n;
+			w->index = index;
+			if (index == 0)
+				continue; /* the caller of pool_run_wave */
+			rc = pthread_create(&w->thread, NULL, worker_main, w);
+			if (rc != 0) {
+				snprintf(err, err_len, "worker pool: starting worker %u: %s", index,
+				         strerror(rc));
+				pool_destroy(p);
+				return -1;
+			}
+			w->started = true;
+		}
+	return 0;
+}
+
+void pool_destroy(struct forward_pool *p)
+{
+	if (p->barrier_ready) {
+		pthread_mutex_lock(&p->lock);
+		p->stopping = true;
+		pthread_cond_broadcast(&p->start);
+		pthread_mutex_unlock(&p->lock);
+	}
+	for (uint32_t i = 0; p->workers && i < p->n_workers; i++)
+		if (p->workers[i].started)
+			pthread_join(p->workers[i].thread, NULL);
+	if (p->barrier_ready) {
+		pthread_barrier_destroy(&p->barrier);
+		pthread_cond_destroy(&p->start);
+		pthread_mutex_destroy(&p->lock);
+	}
+	for (unsigned ph = 0; ph < 3; ph++)
+		for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+			free(p->items[ph][n]);
+	free(p->workers);
+	memset(p, 0, sizeof(*p));
+}
+
+/* Cuts [begin, end) into at most `chunks` pieces on multiples of `align` (the last piece
+ * takes the remainder) and appends them as items of group g. */
+static void add_items(struct forward_pool *p, unsigned phase, uint32_t node, uint32_t g,
+                      size_t begin, size_t end, size_t align, uint32_t chunks)
+{
+	if (end <= begin)
+		return;
+	size_t units = (end - begin + align - 1) / align;
+	if (chunks > units)
+		chunks = (uint32_t)units;
+	size_t per = units / chunks, extra = units % chunks, at = begin;
+	for (uint32_t c = 0; c < chunks; c++) {
+		size_t len = (per + (c < extra)) * align;
+		size_t stop = at + len < end ? at + len : end;
+		struct pool_item *it = &p->items[phase][node][p->n_items[phase][node]++];
+		it->group = g;
+		it->begin = (uint32_t)at;
+		it->end = (uint32_t)stop;
+		at = stop;
+	}
+}
+
+void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups)
+{
+	p->groups = groups;
+	p->n_groups = n_groups;
+	for (unsigned ph = 0; ph < 3; ph++)
+		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
+			p->n_items[ph][n] = 0;
+			atomic_store_explicit(&p->next[ph][n], 0, memory_order_relaxed);
+		}
+	for (uint32_t g = 0; g < n_groups; g++) {
+		const struct wave_group *wg = &groups[g];
+		add_items(p, PHASE_LOAD, 0, g, 0, wg->call.n_tokens, 1, p->n_workers);
+		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
+			uint32_t threads = p->topo->nodes[n].threads;
+			add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
+			          wg->f_align, threads);
+			add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1], 8,
+			          threads);
+		}
+	}
+	/* The load phase is shared by every node: each node's workers claim from list 0. */
+	if (p->n_workers > 1) {
+		pthread_mutex_lock(&p->lock);
+		p->generation++;
+		pthread_cond_broadcast(&p->start);
+		pthread_mutex_unlock(&p->lock);
+	}
+	run_wave_as(p, &p->workers[0]);
+}

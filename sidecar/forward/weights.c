@@ -1,0 +1,499 @@
+/* weights.c — where the forward engine's expert weights come from, and their kernel views.
+ *
+ * Three sources behind one view builder:
+ *   RESIDENCY     sidecar/residency/ slot pool: cold experts read with io_uring on demand;
+ *   ALL_RESIDENT  every expert's matrices read into one buffer at create (the compute floor);
+ *   MMAP          pointers into a read-only mapping of each model file (the page cache decides
+ *                 what is in memory, as llama.cpp does: the baseline).
+ * Biases and FP8 block scales are small; they are read once at create, converted to f32 and
+ * kept in `aux` (so views never point at misaligned or non-f32 side data). The big matrices
+ * are never copied or duplicated per node: views point into the source's bytes.
+ *
+ * Not supported (refused at create with a message): MXFP4 in the Hugging Face _blocks/_scales
+ * layout (the kernels take GGUF blocks; a repack at load time would be needed) and FP8 in a
+ * fused gate_up tensor.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "forward_internal.h"
+#include "util/log.h"
+
+#define AUX_NONE UINT64_MAX
+
+static int read_exact(int fd, const char *path, void *buf, uint64_t len, uint64_t off, char *err,
+                      size_t err_len)
+{
+	uint8_t *p = buf;
+	while (len > 0) {
+		ssize_t n = pread(fd, p, len, (off_t)off);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			snprintf(err, err_len, "%s: read at offset %llu: %s", path,
+			         (unsigned long long)off,
+			         n < 0 ? strerror(errno) : "unexpected end of file");
+			return -1;
+		}
+		p += n;
+		off += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+static size_t bias_elem_bytes(uint32_t format)
+{
+	return format == MOEK_F32 ? 4 : 2;
+}
+
+/* Floats of side data an expert needs. */
+static uint64_t aux_floats(const struct moe_expert *x)
+{
+	uint64_t n = 0;
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		const struct moe_proj_ref *r = &x->proj[p];
+		if (!r->present)
+			continue;
+		if (r->bias.length)
+			n += r->rows;
+		if (r->format == MOEK_FP8_E4M3_B128)
+			n += r->scale.length / 4;
+	}
+	return n;
+}
+
+static int check_supported(const struct moe_catalog *cat, char *err, size_t err_len)
+{
+	for (uint32_t l = 0; l < cat->info.n_layers; l++) {
+		if (!cat->layers[l].moe)
+			continue;
+		const struct moe_expert *x = &cat->layers[l].experts[0];
+		for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+			const struct moe_proj_ref *r = &x->proj[p];
+			if (!r->present)
+				continue;
+			if (r->layout == MOE_LAYOUT_MXFP4_HF) {
+				snprintf(
+				    err, err_len,
+				    "layer %u %s: MXFP4 in the Hugging Face _blocks/_scales layout "
+				    "is not supported by the forward engine (convert to GGUF)",
+				    l, moe_proj_name((enum moe_proj)p));
+				return -1;
+			}
+			if (p == MOE_PROJ_GATE_UP && r->format == MOEK_FP8_E4M3_B128) {
+				snprintf(err, err_len,
+				         "layer %u: FP8 in a fused gate_up tensor is not supported",
+				         l);
+				return -1;
+			}
+		}
+	}
+	return 0;
+}
+
+/* Reads biases and FP8 scales of every expert into w->aux as f32. */
+static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t err_len)
+{
+	const struct moe_catalog *cat = w->cat;
+	const size_t n_ids = (size_t)w->n_moe_layers * w->n_experts;
+	w->aux_index = calloc(n_ids ? n_ids : 1, sizeof(*w->aux_index));
+	uint64_t total = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++)
+			total += aux_floats(moe_catalog_expert(cat, w->model_layer[l], e));
+	w->aux = malloc((total ? total : 1) * sizeof(float));
+	uint16_t *tmp =
+	    malloc(cat->info.expert_ffn * 2 * sizeof(float) + cat->info.hidden * 4 + 64);
+	if (!w->aux_index || !w->aux || !tmp) {
+		free(tmp);
+		snprintf(err, err_len, "expert side data (%llu floats): out of memory",
+		         (unsigned long long)total);
+		return -1;
+	}
+	uint64_t at = 0;
+	int rc = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
+		for (uint32_t e = 0; e < w->n_experts && rc == 0; e++) {
+			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
+			struct expert_aux *a = &w->aux_index[(size_t)l * w->n_experts + e];
+			for (int i = 0; i < 3; i++)
+				a->bias[i] = a->scale[i] = AUX_NONE;
+			for (int p = 0; p < MOE_PROJ_COUNT && rc == 0; p++) {
+				const struct moe_proj_ref *r = &x->proj[p];
+				if (!r->present)
+					continue;
+				const char *path = cat->files[r->data.file].path;
+				if (r->format == MOEK_FP8_E4M3_B128 && r->scale.length) {
+					rc = read_exact(fds[r->scale.file],
+					                cat->files[r->scale.file].path, &w->aux[at],
+					                r->scale.length, r->scale.offset, err,
+					                err_len);
+					a->scale[p] = at; /* FP8 is never fused: p < 3 */
+					at += r->scale.length / 4;
+				}
+				if (rc || !r->bias.length)
+					continue;
+				size_t eb = bias_elem_bytes(r->bias_format);
+				if (r->bias.length != r->rows * eb) {
+					snprintf(err, err_len,
+					         "%s: layer %u expert %u %s bias: %llu bytes, "
+					         "expected %llu",
+					         path, w->model_layer[l], e,
+					         moe_proj_name((enum moe_proj)p),
+					         (unsigned long long)r->bias.length,
+					         (unsigned long long)(r->rows * eb));
+					rc = -1;
+					break;
+				}
+				rc = read_exact(fds[r->bias.file], cat->files[r->bias.file].path,
+				                tmp, r->bias.length, r->bias.offset, err, err_len);
+				if (rc)
+					break;
+				float *dst = &w->aux[at];
+				for (uint64_t i = 0; i < r->rows; i++)
+					dst[i] = eb == 4 ? ((float *)(void *)tmp)[i]
+					         : r->bias_format == MOEK_BF16
+					             ? moek_bf16_to_f32(tmp[i])
+					             : moek_f16_to_f32(tmp[i]);
+				if (p == MOE_PROJ_GATE_UP) {
+					uint64_t ffn = r->rows / 2;
+					if (r->order ==
+					    MOE_GATE_UP_INTERLEAVED) { /* even gate, odd up */
+						float *t = (float *)(void *)tmp;
+						for (uint64_t i = 0; i < r->rows; i++)
+							t[i] = dst[i];
+						for (uint64_t i = 0; i < ffn; i++) {
+							dst[i] = t[2 * i];
+							dst[ffn + i] = t[2 * i + 1];
+						}
+					}
+					a->bias[MOE_PROJ_GATE] = at;
+					a->bias[MOE_PROJ_UP] = at + ffn;
+				} else {
+					a->bias[p] = at;
+				}
+				at += r->rows;
+			}
+		}
+	free(tmp);
+	return rc;
+}
+
+static int open_files(const struct moe_catalog *cat, int **fds_out, char *err, size_t err_len)
+{
+	int *fds = malloc(cat->n_files * sizeof(int));
+	if (!fds) {
+		snprintf(err, err_len, "out of memory");
+		return -1;
+	}
+	for (uint32_t i = 0; i < cat->n_files; i++) {
+		fds[i] = open(cat->files[i].path, O_RDONLY | O_CLOEXEC);
+		if (fds[i] < 0) {
+			snprintf(err, err_len, "%s: %s", cat->files[i].path, strerror(errno));
+			while (i-- > 0)
+				close(fds[i]);
+			free(fds);
+			return -1;
+		}
+	}
+	*fds_out = fds;
+	return 0;
+}
+
+static void close_files(const struct moe_catalog *cat, int *fds)
+{
+	for (uint32_t i = 0; fds && i < cat->n_files; i++)
+		close(fds[i]);
+	free(fds);
+}
+
+static size_t align64(size_t v)
+{
+	return (v + 63) & ~(size_t)63;
+}
+
+static int load_all_resident(struct forward_weights *w, const int *fds,
+                             const struct forward_config *cfg, char *err, size_t err_len)
+{
+	const struct moe_catalog *cat = w->cat;
+	size_t total = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++)
+				if (x->proj[p].present)
+					total += align64(x->proj[p].data.length);
+		}
+	w->resident_len = total ? total : 64;
+	void *buf =
+	    mmap(NULL, w->resident_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (buf == MAP_FAILED) {
+		snprintf(err, err_len, "all-resident weights: %zu bytes: %s", w->resident_len,
+		         strerror(errno));
+		return -1;
+	}
+	w->resident = buf;
+	size_t at = 0;
+	const uint64_t n_ids = (uint64_t)w->n_moe_layers * w->n_experts;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+				const struct moe_proj_ref *r = &x->proj[p];
+				if (!r->present)
+					continue;
+				if (read_exact(fds[r->data.file], cat->files[r->data.file].path,
+				               w->resident + at, r->data.length, r->data.offset,
+				               err, err_len))
+					return -1;
+				w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT + p] =
+				    w->resident + at;
+				at += align64(r->data.length);
+			}
+			if (cfg->progress)
+				cfg->progress(cfg->progress_arg, "loading experts",
+				              (uint64_t)l * w->n_experts + e + 1, n_ids);
+		}
+	w->budget_bytes = total;
+	return 0;
+}
+
+static int map_files(struct forward_weights *w, char *err, size_t err_len)
+{
+	const struct moe_catalog *cat = w->cat;
+	w->file_map = calloc(cat->n_files, sizeof(void *));
+	w->file_map_len = calloc(cat->n_files, sizeof(size_t));
+	if (!w->file_map || !w->file_map_len) {
+		snprintf(err, err_len, "out of memory");
+		return -1;
+	}
+	for (uint32_t i = 0; i < cat->n_files; i++) {
+		int fd = open(cat->files[i].path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0) {
+			snprintf(err, err_len, "%s: %s", cat->files[i].path, strerror(errno));
+			return -1;
+		}
+		size_t len = cat->files[i].size ? cat->files[i].size : 1;
+		void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+		int saved = errno;
+		close(fd);
+		if (m == MAP_FAILED) {
+			snprintf(err, err_len, "%s: mmap: %s", cat->files[i].path, strerror(saved));
+			return -1;
+		}
+		w->file_map[i] = m;
+		w->file_map_len[i] = len;
+	}
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++)
+				if (x->proj[p].present)
+					w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT +
+					        p] =
+					    (const uint8_t *)w->file_map[x->proj[p].data.file] +
+					    x->proj[p].data.offset;
+		}
+	w->budget_bytes = cat->expert_bytes_total;
+	return 0;
+}
+
+/* Slot bytes for "every expert fits": each extent's aligned superset may add up to two
+ * 4 KiB blocks. */
+static uint64_t budget_all_fit(const struct forward_weights *w)
+{
+	uint64_t total = 0;
+	for (uint32_t id = 0; id < w->n_moe_layers * w->n_experts; id++)
+		total += (uint64_t)w->map.n_extents[id] * 8192u;
+	return total + w->cat->expert_bytes_total;
+}
+
+static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
+                          struct forward_topology *topo, char *err, size_t err_len)
+{
+	char policy[128];
+	const char *base = cfg->policy ? cfg->policy : "sieve+layer";
+	if (cfg->pin_layers && !strstr(base, "+pin"))
+		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
+	else
+		snprintf(policy, sizeof(policy), "%s", base);
+	struct residency_config rc = {
+	    /* One slot pool for all nodes; with several nodes it is not node-bound (see
+	       docs/architecture.md: per-node pools of slices are future work). */
+	    .numa_node = topo->n_nodes == 1 && !topo->synthetic ? (int)topo->nodes[0].os_index : -1,
+	    .mem_budget = cfg->mem_budget ? cfg->mem_budget : budget_all_fit(w),
+	    .policy = policy,
+	    .chunk_bytes = cfg->chunk_bytes,
+	    .queue_depth = cfg->queue_depth,
+	    .no_direct = cfg->no_direct,
+	    .fault_hook = cfg->fault_hook,
+	    .fault_arg = cfg->fault_arg,
+	};
+	if (residency_create(&w->res, &w->map, &rc, err, err_len) != 0)
+		return -1;
+	w->budget_bytes = rc.mem_budget;
+	if (cfg->pin_layers) {
+		if (cfg->progress)
+			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
+			              cfg->pin_layers);
+		if (residency_warm_pinned(w->res, err, err_len) != 0)
+			return -1;
+		if (cfg->progress)
+			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
+			              cfg->pin_layers);
+	}
+	return 0;
+}
+
+int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
+                 const struct forward_config *cfg, struct forward_topology *topo, char *err,
+                 size_t err_len)
+{
+	memset(w, 0, sizeof(*w));
+	w->source = cfg->source;
+	w->cat = cat;
+	w->n_moe_layers = cat->info.n_moe_layers;
+	w->n_experts = cat->info.n_experts;
+	if (check_supported(cat, err, err_len))
+		return -1;
+	w->model_layer = calloc(w->n_moe_layers ? w->n_moe_layers : 1, sizeof(uint32_t));
+	w->moe_index = calloc(cat->info.n_layers ? cat->info.n_layers : 1, sizeof(int32_t));
+	if (!w->model_layer || !w->moe_index) {
+		snprintf(err, err_len, "out of memory");
+		return -1;
+	}
+	uint32_t m = 0;
+	for (uint32_t l = 0; l < cat->info.n_layers; l++) {
+		w->moe_index[l] = cat->layers[l].moe && m < w->n_moe_layers ? (int32_t)m : -1;
+		if (w->moe_index[l] >= 0)
+			w->model_layer[m++] = l;
+	}
+	int *fds = NULL;
+	if (open_files(cat, &fds, err, err_len))
+		return -1;
+	int rc = load_aux(w, fds, err, err_len);
+	if (rc == 0 && cfg->source != FORWARD_SOURCE_RESIDENCY) {
+		size_t n = (size_t)w->n_moe_layers * w->n_experts * MOE_PROJ_COUNT;
+		w->data = calloc(n ? n : 1, sizeof(*w->data));
+		if (!w->data) {
+			snprintf(err, err_len, "out of memory");
+			rc = -1;
+		}
+	}
+	if (rc == 0 && cfg->source == FORWARD_SOURCE_ALL_RESIDENT)
+		rc = load_all_resident(w, fds, cfg, err, err_len);
+	close_files(cat, fds);
+	if (rc)
+		return -1;
+	if (cfg->source == FORWARD_SOURCE_MMAP)
+		return map_files(w, err, err_len);
+	if (cfg->source == FORWARD_SOURCE_RESIDENCY) {
+		if (expert_map_from_catalog(cat, &w->map, &w->roles, NULL, err, err_len) != 0)
+			return -1;
+		return open_residency(w, cfg, topo, err, err_len);
+	}
+	return 0;
+}
+
+void weights_close(struct forward_weights *w)
+{
+	if (w->res)
+		residency_destroy(w->res);
+	if (w->map.n_extents)
+		expert_map_free(&w->map);
+	if (w->resident)
+		munmap(w->resident, w->resident_len);
+	for (uint32_t i = 0; w->file_map && i < w->cat->n_files; i++)
+		if (w->file_map[i])
+			munmap(w->file_map[i], w->file_map_len[i]);
+	free(w->file_map);
+	free(w->file_map_len);
+	free(w->data);
+	free(w->aux);
+	free(w->aux_index);
+	free(w->model_layer);
+	free(w->moe_index);
+	memset(w, 0, sizeof(*w));
+}
+
+static void matrix_of(const struct moe_proj_ref *r, const uint8_t *data, struct moek_matrix *m)
+{
+	m->format = r->format;
+	m->rows = (uint32_t)r->rows;
+	m->cols = (uint32_t)r->cols;
+	m->data = data;
+	m->row_stride = 0;
+}
+
+int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *v, char *err,
+                 size_t err_len)
+{
+	const struct moe_catalog *cat = w->cat;
+	const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[moe_layer], expert);
+	const struct expert_aux *a = &w->aux_index[(size_t)moe_layer * w->n_experts + expert];
+	memset(v, 0, sizeof(*v));
+	if (cat->info.swiglu_limit > 0) {
+		v->activation = MOEK_SWIGLU_OAI;
+		v->limit = cat->info.swiglu_limit;
+		v->alpha = 1.702f;
+	}
+	const struct moe_proj_ref *fused = &x->proj[MOE_PROJ_GATE_UP];
+	if (fused->present) {
+		size_t rb = moek_row_bytes(fused->format, fused->cols);
+		uint64_t ffn = fused->rows / 2;
+		matrix_of(fused, data[MOE_PROJ_GATE_UP], &v->gate);
+		matrix_of(fused, data[MOE_PROJ_GATE_UP], &v->up);
+		v->gate.rows = v->up.rows = (uint32_t)ffn;
+		if (fused->order == MOE_GATE_UP_INTERLEAVED) {
+			v->up.data = data[MOE_PROJ_GATE_UP] + rb;
+			v->gate.row_stride = v->up.row_stride = 2 * rb;
+		} else {
+			v->up.data = data[MOE_PROJ_GATE_UP] + ffn * rb;
+		}
+	} else {
+		matrix_of(&x->proj[MOE_PROJ_GATE], data[MOE_PROJ_GATE], &v->gate);
+		matrix_of(&x->proj[MOE_PROJ_UP], data[MOE_PROJ_UP], &v->up);
+	}
+	matrix_of(&x->proj[MOE_PROJ_DOWN], data[MOE_PROJ_DOWN], &v->down);
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++) {
+		if (!mats[i]->data) {
+			snprintf(err, err_len, "layer %u expert %u: %s weights missing",
+			         w->model_layer[moe_layer], expert,
+			         moe_proj_name((enum moe_proj)i));
+			return -1;
+		}
+		if (a->scale[i] != AUX_NONE)
+			mats[i]->scales = &w->aux[a->scale[i]];
+		if (a->bias[i] != AUX_NONE)
+			mats[i]->bias = &w->aux[a->bias[i]];
+	}
+	return 0;
+}
+
+int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                        struct moek_expert *v, char *err, size_t err_len)
+{
+	return weights_view(w, moe_layer, expert,
+	                    &w->data[((size_t)moe_layer * w->n_experts + expert) * MOE_PROJ_COUNT],
+	                    v, err, err_len);
+}
+
+int weights_ref_view(const struct forward_weights *w, const struct expert_ref *ref,
+                     struct moek_expert *v, char *err, size_t err_len)
+{
+	const uint8_t *data[MOE_PROJ_COUNT] = {0};
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		int8_t i = w->roles.data[p];
+		if (i >= 0 && (uint32_t)i < ref->n_extents)
+			data[p] = ref->data[i];
+	}
+	return weights_view(w, ref->layer, ref->expert, data, v, err, err_len);
+}

@@ -1,0 +1,56 @@
+/* fixture.h — forward-engine test fixture: a generated model (libmoe_gen) in a temporary
+ * directory, its catalog, deterministic requests, and bit comparison helpers. Used by the
+ * Criterion suite and by the plain (TSan-capable) thread program. */
+#ifndef MOE_TESTS_FORWARD_FIXTURE_H
+#define MOE_TESTS_FORWARD_FIXTURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "catalog.h"
+#include "forward.h"
+
+struct fwd_model {
+	char dir[64];
+	char path[128];
+	struct moe_catalog *cat;
+};
+
+struct fwd_model_spec {
+	const char *preset;
+	uint32_t format;
+	bool gguf;
+	uint32_t layers, experts;
+	uint64_t hidden, ffn;
+	bool fused_gate_up;
+};
+
+/* Writes and opens the model; returns 0 or -1 with err. */
+int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *spec, char *err,
+                   size_t err_len);
+void fwd_model_free(struct fwd_model *m);
+
+/* A request with its own buffers: f32 activations in [-1, 1), k distinct ids per token (some
+ * -1 when holes is set), positive weights; deterministic from seed. */
+struct fwd_req {
+	struct forward_request q;
+	void *x;
+	int32_t *ids;
+	float *weights;
+	float *out, *out_def, *ref, *ref_def;
+};
+void fwd_req_make(struct fwd_req *r, const struct moe_catalog *cat, int32_t layer,
+                  uint32_t n_tokens, uint32_t k, uint32_t k_defer, unsigned x_dtype, uint64_t seed,
+                  bool holes);
+void fwd_req_free(struct fwd_req *r);
+
+/* Transformer block index of MoE layer i. */
+int32_t fwd_moe_block(const struct moe_catalog *cat, uint32_t i);
+
+/* Index of the first differing float (bit compare) or -1. */
+long fwd_first_diff(const float *a, const float *b, size_t n);
+
+uint64_t fwd_rss_bytes(void);
+
+#endif

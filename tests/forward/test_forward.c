@@ -1,0 +1,547 @@
+/* test_forward.c — the forward engine against its reference and against float math:
+ * every format, 1 and many tokens, the three weights sources, deferral, bad requests, a
+ * budget of 10%, an injected I/O failure, masks, prefetch and stats. Multi-threaded and
+ * multi-node (synthetic) runs are in forward_threads.c (a plain program, so TSan can run it). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+#include "moe_gen.h"
+#include "moe_kernels.h"
+#include "moe_status.h"
+
+static struct forward_engine *engine(const struct fwd_model *m, enum forward_source src,
+                                     uint64_t budget, uint32_t max_tokens)
+{
+	struct forward_config cfg = {
+	    .source = src,
+	    .mem_budget = budget,
+	    .threads_per_node = 1,
+	    .max_tokens = max_tokens,
+	    .chunk_bytes = 64 * 1024,
+	};
+	struct forward_engine *e;
+	char err[256];
+	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
+	             err);
+	return e;
+}
+
+/* Runs r through e and through the reference; asserts both succeed with equal bits. */
+static void run_equal(struct forward_engine *e, struct fwd_req *r, const char *what)
+{
+	struct forward_result res, ref;
+	int rc = forward_run(e, &r->q, r->out, r->out_def, &res);
+	cr_assert_eq(rc, MOE_OK, "%s: forward_run: %d %s", what, rc, res.message);
+	rc = forward_reference(e, &r->q, r->ref, r->ref_def, &ref);
+	cr_assert_eq(rc, MOE_OK, "%s: reference: %d %s", what, rc, ref.message);
+	cr_assert_eq(res.n_deferred, ref.n_deferred, "%s", what);
+}
+
+static void assert_bits(const float *a, const float *b, size_t n, const char *what)
+{
+	long d = fwd_first_diff(a, b, n);
+	cr_assert_eq(d, -1, "%s: element %ld differs: %.9g vs %.9g", what, d, d >= 0 ? a[d] : 0.0,
+	             d >= 0 ? b[d] : 0.0);
+}
+
+static void format_case(const char *preset, uint32_t format, bool gguf, bool fused)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {preset, format, gguf, 2, 8, 256, 256, fused};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	const size_t h = m.cat->info.hidden;
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 24);
+	const uint32_t k = m.cat->info.top_k < 4 ? m.cat->info.top_k : 4;
+	const uint32_t tokens[] = {1, 3, 24};
+	for (unsigned i = 0; i < 3; i++)
+		for (unsigned dt = 0; dt < 3; dt++) {
+			struct fwd_req r;
+			fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, 0), tokens[i], k, 0, dt,
+			             100 + i * 3 + dt, i == 1);
+			char what[96];
+			snprintf(what, sizeof(what), "%s %s %u tokens dtype %u",
+			         moe_format_name(format), gguf ? "gguf" : "safetensors", tokens[i],
+			         dt);
+			run_equal(e, &r, what);
+			assert_bits(r.out, r.ref, tokens[i] * h, what);
+			/* Not all zero: the experts were really computed. */
+			double sum = 0;
+			for (size_t j = 0; j < tokens[i] * h; j++)
+				sum += fabs(r.out[j]);
+			cr_assert_gt(sum, 0.0, "%s: output is all zero", what);
+			fwd_req_free(&r);
+		}
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+Test(forward_formats, gguf_f32)
+{
+	format_case("qwen3-30b-a3b", MOEK_F32, true, false);
+}
+Test(forward_formats, gguf_f16)
+{
+	format_case("qwen3-30b-a3b", MOEK_F16, true, false);
+}
+Test(forward_formats, gguf_bf16)
+{
+	format_case("qwen3-30b-a3b", MOEK_BF16, true, false);
+}
+Test(forward_formats, gguf_q8_0)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q8_0, true, false);
+}
+Test(forward_formats, gguf_q4_0)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q4_0, true, false);
+}
+Test(forward_formats, gguf_q4_k)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q4_K, true, false);
+}
+Test(forward_formats, gguf_q5_k)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q5_K, true, false);
+}
+Test(forward_formats, gguf_q6_k_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q6_K, true, true);
+}
+Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
+{
+	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);
+}
+Test(forward_formats, safetensors_fp8_deepseek)
+{
+	format_case("deepseek-v3", MOEK_FP8_E4M3_B128, false, false);
+}
+Test(forward_formats, safetensors_bf16_mixtral)
+{
+	format_case("mixtral-8x7b", MOEK_BF16, false, false);
+}
+
+/* The engine's views against the generator's float originals (F32 weights): catches a wrong
+ * projection, a swapped gate/up, a wrong expert or layer — which the reference would share. */
+Test(forward_accuracy, f32_matches_float_math)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {"qwen3-30b-a3b", MOEK_F32, true, 3, 8, 64, 96, false};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	const size_t h = 64, f = 96;
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
+	const int32_t block = fwd_moe_block(m.cat, 1);
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, block, 2, 3, 0, MOEK_ACT_F32, 5, false);
+	struct forward_result res;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+	float *g = malloc(f * h * 4), *u = malloc(f * h * 4), *d = malloc(h * f * 4);
+	const float *x = r.x;
+	for (uint32_t t = 0; t < 2; t++) {
+		double want[64] = {0};
+		for (uint32_t j = 0; j < 3; j++) {
+			const uint32_t id = (uint32_t)r.ids[t * 3 + j];
+			moe_gen_floats(11, (uint32_t)block, id, MOE_GEN_GATE, h, 0, f * h, g);
+			moe_gen_floats(11, (uint32_t)block, id, MOE_GEN_UP, h, 0, f * h, u);
+			moe_gen_floats(11, (uint32_t)block, id, MOE_GEN_DOWN, f, 0, h * f, d);
+			double hid[96];
+			for (size_t i = 0; i < f; i++) {
+				double a = 0, b = 0;
+				for (size_t c = 0; c < h; c++) {
+					a += (double)g[i * h + c] * x[t * h + c];
+					b += (double)u[i * h + c] * x[t * h + c];
+				}
+				hid[i] = a / (1.0 + exp(-a)) * b;
+			}
+			for (size_t o = 0; o < h; o++) {
+				double s = 0;
+				for (size_t i = 0; i < f; i++)
+					s += (double)d[o * f + i] * hid[i];
+				want[o] += r.weights[t * 3 + j] * s;
+			}
+		}
+		for (size_t o = 0; o < h; o++)
+			cr_assert(fabs(r.out[t * h + o] - want[o]) <= 1e-4 + 1e-3 * fabs(want[o]),
+			          "token %u out[%zu] = %g, float math %g", t, o, r.out[t * h + o],
+			          want[o]);
+	}
+	free(g);
+	free(u);
+	free(d);
+	fwd_req_free(&r);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+static void make_model(struct fwd_model *m, uint32_t format, uint32_t layers, uint32_t experts,
+                       uint64_t hidden, uint64_t ffn)
+{
+	char err[256];
+	struct fwd_model_spec spec = {"qwen3-30b-a3b", format, true, layers,
+	                              experts,         hidden, ffn,  false};
+	cr_assert_eq(fwd_model_make(m, &spec, err, sizeof(err)), 0, "%s", err);
+}
+
+/* ALL_RESIDENT, MMAP and RESIDENCY give the same bits. */
+Test(forward_sources, all_sources_same_bits)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q4_K, 2, 16, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	struct forward_engine *e[3] = {
+	    engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 8),
+	    engine(&m, FORWARD_SOURCE_MMAP, 0, 8),
+	    engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 8),
+	};
+	for (uint32_t i = 0; i < 6; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i, 8, 0, MOEK_ACT_BF16,
+		             40 + i, i % 3 == 0);
+		struct forward_result res;
+		cr_assert_eq(forward_run(e[0], &r.q, r.ref, NULL, &res), MOE_OK, "%s", res.message);
+		for (int s = 1; s < 3; s++) {
+			memset(r.out, 0xff, (1 + i) * h * sizeof(float));
+			cr_assert_eq(forward_run(e[s], &r.q, r.out, NULL, &res), MOE_OK, "%s",
+			             res.message);
+			assert_bits(r.out, r.ref, (1 + i) * h, s == 1 ? "mmap" : "residency");
+		}
+		fwd_req_free(&r);
+	}
+	struct forward_stats st = {0};
+	forward_stats(e[2], &st);
+	cr_assert_gt(st.cold_misses, 0);
+	cr_assert_eq(st.requests, 6);
+	for (int s = 0; s < 3; s++)
+		forward_destroy(e[s]);
+	fwd_model_free(&m);
+}
+
+/* A budget of 10% of the expert bytes: still correct, evictions happen, resident bytes never
+ * above the budget, and the process does not grow by the model's size. */
+Test(forward_budget, ten_percent)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_F16, 4, 16, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	const uint64_t budget = m.cat->expert_bytes_total / 10;
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, budget, 4);
+	const uint64_t rss0 = fwd_rss_bytes();
+	struct forward_stats st = {0};
+	for (uint32_t i = 0; i < 40; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 4), 1 + i % 4, 4, 0, MOEK_ACT_F32,
+		             900 + i, false);
+		run_equal(e, &r, "10% budget");
+		assert_bits(r.out, r.ref, r.q.n_tokens * h, "10% budget");
+		forward_stats(e, &st);
+		cr_assert_leq(
+		    st.resident_bytes, st.budget_bytes, "request %u: %llu resident > %llu", i,
+		    (unsigned long long)st.resident_bytes, (unsigned long long)st.budget_bytes);
+		fwd_req_free(&r);
+	}
+	const uint64_t rss1 = fwd_rss_bytes();
+	cr_assert_eq(st.budget_bytes, budget);
+	cr_assert_gt(st.evictions, 0, "a 10%% budget must evict");
+	cr_assert_gt(st.cold_misses, 0);
+	cr_assert_lt(rss1 - (rss1 > rss0 ? rss0 : rss1), budget + (4u << 20),
+	             "RSS grew by %llu bytes with a budget of %llu",
+	             (unsigned long long)(rss1 - rss0), (unsigned long long)budget);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+static int fail_expert_3(void *arg, const struct loader_read_info *info, int res)
+{
+	atomic_int *hits = arg;
+	if (info->layer == 1 && info->expert == 3) {
+		atomic_fetch_add(hits, 1);
+		return -EIO;
+	}
+	return res;
+}
+
+/* An I/O error in one expert's region fails exactly the requests that need it. */
+Test(forward_io, failed_expert_fails_only_its_requests)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	atomic_int hits = 0;
+	struct forward_config cfg = {
+	    .source = FORWARD_SOURCE_RESIDENCY,
+	    .threads_per_node = 1,
+	    .max_tokens = 4,
+	    .fault_hook = fail_expert_3,
+	    .fault_arg = &hits,
+	};
+	struct forward_engine *e;
+	char err[256];
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
+	uint32_t failed = 0, passed = 0;
+	for (uint32_t i = 0; i < 24; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i % 2, 2, 0, MOEK_ACT_F32,
+		             300 + i, false);
+		bool needs = false;
+		for (uint32_t j = 0; j < r.q.n_tokens * 2; j++)
+			needs |= i % 2 == 1 && r.ids[j] == 3;
+		struct forward_result res;
+		int rc = forward_run(e, &r.q, r.out, NULL, &res);
+		if (needs) {
+			cr_assert_eq(rc, MOE_EIO, "request %u needs expert 3: %d %s", i, rc,
+			             res.message);
+			cr_assert_eq(res.bad_expert, 3);
+			cr_assert(strstr(res.message, "expert 3") != NULL, "message: %s",
+			          res.message);
+			failed++;
+		} else {
+			cr_assert_eq(rc, MOE_OK, "request %u: %d %s", i, rc, res.message);
+			cr_assert_eq(forward_run(ok, &r.q, r.ref, NULL, &res), MOE_OK);
+			assert_bits(r.out, r.ref, r.q.n_tokens * h, "unaffected request");
+			passed++;
+		}
+		fwd_req_free(&r);
+	}
+	cr_assert_gt(failed, 0);
+	cr_assert_gt(passed, 0);
+	cr_assert_gt(atomic_load(&hits), 0);
+	forward_destroy(ok);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+/* Deferral: immediate + deferred equals the undeferred output (bits for one deferred id; a
+ * float re-association for more), deferred_in lands in the next layer's output, the last layer
+ * cannot defer. */
+Test(forward_defer, immediate_plus_deferred_is_undeferred)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 3, 8, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 24);
+	const uint32_t tokens[] = {1, 4, 24};
+	for (uint32_t kd = 1; kd <= 2; kd++)
+		for (int i = 0; i < 3; i++) {
+			const uint32_t n = tokens[i];
+			struct fwd_req d, u;
+			fwd_req_make(&d, m.cat, fwd_moe_block(m.cat, 0), n, 4, kd, MOEK_ACT_F32,
+			             70 + (uint64_t)i, i == 1);
+			fwd_req_make(&u, m.cat, fwd_moe_block(m.cat, 0), n, 4, 0, MOEK_ACT_F32,
+			             70 + (uint64_t)i, i == 1);
+			run_equal(e, &d, "deferred");
+			assert_bits(d.out, d.ref, n * h, "deferred: immediate vs reference");
+			assert_bits(d.out_def, d.ref_def, n * h, "deferred: deferred vs reference");
+			struct forward_result res;
+			cr_assert_eq(forward_run(e, &u.q, u.out, NULL, &res), MOE_OK);
+			cr_assert_eq(res.n_deferred, 0);
+			for (size_t j = 0; j < n * h; j++)
+				d.out[j] += d.out_def[j];
+			if (kd == 1) {
+				assert_bits(d.out, u.out, n * h,
+				            "k_defer 1: imm + def vs undeferred");
+			} else {
+				for (size_t j = 0; j < n * h; j++)
+					cr_assert(fabsf(d.out[j] - u.out[j]) <=
+					              1e-5f + 1e-5f * fabsf(u.out[j]),
+					          "k_defer %u, %u tokens: %g vs %g", kd, n,
+					          d.out[j], u.out[j]);
+			}
+			fwd_req_free(&d);
+			fwd_req_free(&u);
+		}
+	/* Layer L's deferred part arrives in layer L+1's output, added last. */
+	struct fwd_req a, b;
+	fwd_req_make(&a, m.cat, fwd_moe_block(m.cat, 0), 2, 4, 2, MOEK_ACT_F32, 5, false);
+	fwd_req_make(&b, m.cat, fwd_moe_block(m.cat, 1), 2, 4, 0, MOEK_ACT_F32, 6, false);
+	struct forward_result res;
+	cr_assert_eq(forward_run(e, &a.q, a.out, a.out_def, &res), MOE_OK);
+	cr_assert_eq(res.n_deferred, 4);
+	cr_assert_eq(forward_run(e, &b.q, b.ref, NULL, &res), MOE_OK);
+	b.q.deferred_in = a.out_def;
+	cr_assert_eq(forward_run(e, &b.q, b.out, NULL, &res), MOE_OK);
+	for (size_t j = 0; j < 2 * h; j++)
+		b.ref[j] += a.out_def[j];
+	assert_bits(b.out, b.ref, 2 * h, "deferred_in");
+	/* The last MoE layer never defers. */
+	b.q.layer = fwd_moe_block(m.cat, 2);
+	b.q.k_defer = 1;
+	cr_assert_eq(forward_run(e, &b.q, b.out, b.out_def, &res), MOE_EBADFIELD);
+	fwd_req_free(&a);
+	fwd_req_free(&b);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+/* Every bad request gets an error naming the problem; the engine keeps serving. */
+Test(forward_errors, bad_requests)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q4_0, 2, 8, 64, 64);
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 4);
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, 0, 2, 2, 0, MOEK_ACT_F32, 1, false);
+	struct forward_result res;
+	struct forward_request q = r.q;
+#define EXPECT(want, field, value)                                                                 \
+	do {                                                                                       \
+		q = r.q;                                                                           \
+		q.field = value;                                                                   \
+		cr_assert_eq(forward_run(e, &q, r.out, r.out_def, &res), want, #field ": %s",      \
+		             res.message);                                                         \
+		cr_assert_eq(res.status, want);                                                    \
+		cr_assert_neq(res.message[0], 0);                                                  \
+	} while (0)
+	EXPECT(MOE_EBADLAYER, layer, -1);
+	EXPECT(MOE_EBADLAYER, layer, 2);
+	EXPECT(MOE_EBADTOKENS, n_tokens, 0);
+	EXPECT(MOE_EBADTOKENS, n_tokens, 5);
+	EXPECT(MOE_EBADTOPK, k, 0);
+	EXPECT(MOE_EBADTOPK, k, 9);
+	EXPECT(MOE_EBADDTYPE, x_dtype, 3);
+	EXPECT(MOE_EBADFIELD, k_defer, 3);
+	EXPECT(MOE_EINVAL, client, FORWARD_MAX_CLIENTS);
+	r.ids[3] = 8;
+	EXPECT(MOE_EBADEXPERT, client, 0);
+	cr_assert_eq(res.bad_token, 1);
+	cr_assert_eq(res.bad_index, 1);
+	cr_assert_eq(res.bad_expert, 8);
+	cr_assert(strstr(res.message, "expert 8") != NULL, "%s", res.message);
+	r.ids[3] = -2;
+	EXPECT(MOE_EBADEXPERT, client, 0);
+	r.ids[3] = -1;
+	r.weights[2] = NAN;
+	EXPECT(MOE_EBADWEIGHT, client, 0);
+	cr_assert_eq(res.bad_index, 0);
+	r.weights[2] = 0.5f;
+	((float *)r.x)[64 + 7] = INFINITY;
+	EXPECT(MOE_ENONFINITE, client, 0);
+	cr_assert_eq(res.bad_token, 1);
+	((float *)r.x)[64 + 7] = NAN;
+	EXPECT(MOE_ENONFINITE, client, 0);
+	((float *)r.x)[64 + 7] = 0.25f;
+	/* bf16 activations with an Inf */
+	uint16_t xb[128];
+	moek_convert(MOEK_ACT_BF16, xb, MOEK_ACT_F32, r.x, 128);
+	xb[5] = 0x7f80;
+	EXPECT(MOE_ENONFINITE, x, xb);
+	/* Still serving, and right. */
+	run_equal(e, &r, "after bad requests");
+	assert_bits(r.out, r.ref, 2 * 64, "after bad requests");
+	struct forward_stats st = {0};
+	forward_stats(e, &st);
+	cr_assert_geq(st.failures, 10);
+	fwd_req_free(&r);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+/* Masks are per client; residency leaves an expert out only while every attached client
+ * masks it. */
+Test(forward_mask, per_client_and_intersection)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 4);
+	const int32_t L = fwd_moe_block(m.cat, 1);
+	uint8_t bits[1] = {1u << 2}; /* expert 2 */
+	forward_client_attach(e, 0);
+	forward_client_attach(e, 1);
+	cr_assert_eq(forward_set_mask(e, 0, L, bits, 1), MOE_OK);
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, L, 1, 2, 0, MOEK_ACT_F32, 3, false);
+	r.ids[0] = 2;
+	r.ids[1] = 5;
+	struct forward_result res;
+	r.q.client = 0;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_EMASKED, "%s", res.message);
+	cr_assert_eq(res.bad_expert, 2);
+	r.q.client = 1;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+	/* Both clients mask expert 2: it is evicted and never loaded (prefetch starts nothing);
+	 * an unmasked cold expert still prefetches. */
+	cr_assert_eq(forward_set_mask(e, 1, L, bits, 1), MOE_OK);
+	int32_t two = 2, seven = 7;
+	cr_assert_eq(forward_prefetch(e, L, &two, NULL, 1, false), 0);
+	cr_assert_eq(forward_prefetch(e, L, &seven, NULL, 1, false), 1);
+	/* Client 1 leaves: client 0 alone still masks it. */
+	forward_client_detach(e, 1);
+	cr_assert_eq(forward_prefetch(e, L, &two, NULL, 1, false), 0);
+	/* Whole-model mask of client 0 cleared: expert 2 loads again. */
+	uint8_t none[2] = {0, 0};
+	cr_assert_eq(forward_set_mask(e, 0, -1, none, 1), MOE_ETOOSMALL);
+	cr_assert_eq(forward_set_mask(e, 0, -1, none, 2), MOE_OK);
+	cr_assert_eq(forward_prefetch(e, L, &two, NULL, 1, false), 1);
+	r.q.client = 0;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+	fwd_req_free(&r);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+/* Prefetched experts are not cold misses when the request comes; router scores pick top_k. */
+Test(forward_prefetch, hints_load_ahead)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 4);
+	const int32_t L = fwd_moe_block(m.cat, 0);
+	int32_t ids[3] = {1, 4, 99};
+	cr_assert_eq(forward_prefetch(e, L, ids, NULL, 3, false), 2);
+	cr_assert_eq(forward_prefetch(e, 5, ids, NULL, 3, false), MOE_EBADLAYER);
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, L, 1, 2, 0, MOEK_ACT_F32, 3, false);
+	r.ids[0] = 1;
+	r.ids[1] = 4;
+	struct forward_result res;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+	cr_assert_eq(res.cold_misses, 0);
+	cr_assert_eq(res.hits + res.inflight_misses, 2);
+	float scores[8] = {0.1f, 0.0f, 0.9f, 0.0f, 0.0f, 0.0f, 0.8f, NAN};
+	const int32_t L1 = fwd_moe_block(m.cat, 1);
+	int started = forward_prefetch(e, L1, NULL, scores, 8, true);
+	cr_assert_eq(started, (int)(m.cat->info.top_k < 3 ? m.cat->info.top_k : 3));
+	cr_assert_eq(forward_prefetch(e, L1, NULL, scores, 7, true), MOE_EINVAL);
+	fwd_req_free(&r);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+Test(forward_stats, per_layer_counts)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 4);
+	for (uint32_t i = 0; i < 5; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, 1), 3, 2, 0, MOEK_ACT_F32, i, false);
+		struct forward_result res;
+		cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK);
+		fwd_req_free(&r);
+	}
+	cr_assert_eq(forward_stats_layers(e), 2);
+	struct forward_layer_stats layers[2];
+	struct forward_stats st = {.layers = layers};
+	forward_stats(e, &st);
+	cr_assert_eq(st.requests, 5);
+	cr_assert_eq(st.tokens, 15);
+	cr_assert_eq(layers[0].requests, 0);
+	cr_assert_eq(layers[1].requests, 5);
+	cr_assert_eq(layers[1].layer, (uint32_t)fwd_moe_block(m.cat, 1));
+	cr_assert_gt(layers[1].cold_misses, 0);
+	cr_assert_gt(layers[1].hits, 0, "5 requests over 8 experts must hit");
+	cr_assert_gt(layers[1].bytes_read, 0);
+	cr_assert_gt(layers[1].total_p50_us, 0);
+	cr_assert_geq(layers[1].total_p99_us, layers[1].total_p50_us);
+	cr_assert_gt(st.resident_bytes, 0);
+	cr_assert_leq(st.resident_bytes, st.budget_bytes);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
