@@ -710,6 +710,20 @@ int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const 
 	return rc;
 }
 
+int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n,
+                      uint16_t flags)
+{
+	if (!c || !slot)
+		return MOE_EINVAL;
+	struct moe_request r = {.op = MOE_OP_PREFETCH,
+	                        .flags = flags,
+	                        .slot = slot->index,
+	                        .n_tokens = n,
+	                        .layer = layer,
+	                        .user_data = ((uint64_t)MOE_OP_PREFETCH << 56) | ++c->call_seq};
+	return moe_submit(c, &r);
+}
+
 int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
                      int timeout_ms)
 {

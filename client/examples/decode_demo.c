@@ -108,7 +108,7 @@ int main(int argc, char **argv)
 
 	struct moe_connect_opts o = {.socket_path = socket_path,
 	                             .max_tokens = (uint32_t)n_seq,
-	                             .n_slots = 2,
+	                             .n_slots = 4,
 	                             .client_name = "moe-decode-demo"};
 	struct moe_client *cl;
 	int rc = moe_connect(&o, &cl);
@@ -167,9 +167,7 @@ int main(int argc, char **argv)
 	uint32_t *line_of = malloc((size_t)n_tokens_total * n_layers * sizeof(uint32_t));
 	uint64_t *lat = malloc((size_t)steps * n_layers * sizeof(uint64_t));
 	float *x = malloc((size_t)n_seq * hidden * sizeof(float));
-	int32_t *hint_ids = malloc((size_t)n_seq * top_k * sizeof(int32_t));
-	float *hint_scores = malloc((size_t)n_seq * top_k * sizeof(float));
-	if (!line_of || !lat || !x || !hint_ids || !hint_scores) {
+	if (!line_of || !lat || !x) {
 		fprintf(stderr, "moe-decode-demo: out of memory\n");
 		return 1;
 	}
@@ -179,8 +177,9 @@ int main(int argc, char **argv)
 			line_of[(size_t)tr.lines[i].step * n_layers + tr.lines[i].layer] = i;
 
 	uint64_t rng = seed * 2654435761u + 7;
-	struct moe_slot slot;
+	struct moe_slot slot, hint_slot;
 	moe_slot_acquire(cl, &slot);
+	moe_slot_acquire(cl, &hint_slot);
 	uint64_t t_start = now_ns(), deferred = 0, failures = 0;
 	for (long step = 0; step < steps && !failures; step++) {
 		for (uint32_t li = 0; li < n_layers && !failures; li++) {
@@ -214,14 +213,15 @@ int main(int argc, char **argv)
 					for (uint32_t j = 0;
 					     ln != UINT32_MAX && j < tr.lines[ln].count; j++) {
 						uint32_t r = tr.lines[ln].first + j;
-						hint_ids[nh] = (int32_t)tr.ids[r];
-						hint_scores[nh++] =
+						hint_slot.expert_ids[nh] = (int32_t)tr.ids[r];
+						hint_slot.expert_weights[nh++] =
 						    tr.scores ? tr.scores[r] * (float)top_k : 1.0f;
 					}
 				}
-				if (nh && (rc = moe_prefetch(cl, (int32_t)(first + li + 1),
-				                             hint_ids, hint_scores, nh, NULL,
-				                             TIMEOUT_MS)) != MOE_OK) {
+				/* Posted, not awaited: moe_forward consumes its completion. */
+				if (nh && (rc = moe_prefetch_post(cl, &hint_slot,
+				                                  (int32_t)(first + li + 1), nh,
+				                                  0)) != MOE_OK) {
 					fprintf(
 					    stderr, "moe-decode-demo: PREFETCH layer %u: %s: %s\n",
 					    first + li + 1, moe_strerror(rc), moe_last_error(cl));
@@ -248,6 +248,7 @@ int main(int argc, char **argv)
 	}
 	uint64_t t_end = now_ns();
 	moe_slot_release(cl, slot.index);
+	moe_slot_release(cl, hint_slot.index);
 
 	char *stats = malloc(1u << 20);
 	rc = stats ? moe_stats_json(cl, stats, 1u << 20, TIMEOUT_MS) : MOE_ENOMEM;
@@ -309,8 +310,6 @@ int main(int argc, char **argv)
 	free(line_of);
 	free(lat);
 	free(x);
-	free(hint_ids);
-	free(hint_scores);
 	trace_free(&tr);
 	moe_close(cl);
 	return failures ? 1 : 0;

@@ -155,6 +155,12 @@ int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer
 int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const float *scores,
                  uint32_t n, uint32_t *queued, int timeout_ms);
 
+/* The same hint without waiting, from a slot the caller acquired and filled (expert_ids and
+ * expert_weights, n entries): post it, then the layer's FORWARD. Its completion arrives like
+ * any other (moe_call consumes it on the way), after which the slot can be posted again. */
+int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n,
+                      uint16_t flags);
+
 /* GPU expert mask: layer −1 = the whole model (n_layers × ceil(n_experts/8) bytes, layer-
  * major), else one layer's ceil(n_experts/8) bytes; bit e set = expert e is on the GPU. */
 int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
