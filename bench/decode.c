@@ -480,7 +480,8 @@ static void plot(const char *png, const struct result *side, const struct result
 	        "set title 'Decode through moe-sidecar vs in-process baselines'\n"
 	        "set xlabel 'expert budget (fraction of expert bytes)'\n"
 	        "set ylabel 'tokens/s (relative to the all-resident floor)'\n"
-	        "set key top left\nset grid\nset yrange [0:*]\nset xrange [0.2:1.05]\n"
+	        "set key bottom right\nset grid\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, "
+	        "0\nset xrange [0.2:1.05]\n"
 	        "plot '-' with linespoints lw 2 title 'sidecar', "
 	        "'-' with linespoints lw 2 title 'mmap + page cache (same limit)', "
 	        "'-' with lines dt 2 title 'in-process, all resident (floor)'\n",

@@ -106,10 +106,12 @@ static void drop_channel(struct dispatcher *d, uint32_t i)
 		log_error("dispatch", "eventfd write failed: %s", strerror(errno));
 }
 
-/* Returns submissions handled across all channels; drops broken ones. */
-static uint32_t drain_all(struct dispatcher *d, bool shutting_down)
+/* Returns submissions handled across all channels; drops broken ones. *async_pending: some
+ * request runs elsewhere (its completion will wake us). */
+static uint32_t drain_all(struct dispatcher *d, bool shutting_down, bool *async_pending)
 {
 	uint32_t work = 0;
+	*async_pending = false;
 	for (uint32_t i = 0; i < d->n_active;) {
 		int r = channel_drain(d->active[i].ch, DRAIN_BUDGET, shutting_down);
 		if (r < 0) {
@@ -119,6 +121,7 @@ static uint32_t drain_all(struct dispatcher *d, bool shutting_down)
 			continue; /* active[i] is now another channel */
 		}
 		work += (uint32_t)r;
+		*async_pending |= channel_async_in_flight(d->active[i].ch) != 0;
 		i++;
 	}
 	return work;
@@ -231,7 +234,8 @@ static void *dispatcher_main(void *arg)
 				break;
 			last_beat = 0; /* new channels get a heartbeat at once */
 		}
-		uint32_t work = drain_all(d, false);
+		bool async_pending;
+		uint32_t work = drain_all(d, false, &async_pending);
 		uint64_t now = now_ns();
 		if (now - last_beat >= d->heartbeat_ns) {
 			write_heartbeats(d, now);
@@ -241,7 +245,9 @@ static void *dispatcher_main(void *arg)
 			last_work = now;
 			continue;
 		}
-		if (now - last_work < d->spin_ns) {
+		/* While a request computes elsewhere, spinning would take a core from the workers
+		 * computing it; its completion wakes us through the control word. */
+		if (now - last_work < d->spin_ns && !async_pending) {
 			moe_cpu_relax();
 			continue;
 		}
