@@ -64,8 +64,15 @@ static struct sidecar_channel *channel_alloc(const struct moe_limits *granted, c
 	}
 	ch->memfd = -1;
 	ch->limits = *granted;
+	int rc = pthread_mutex_init(&ch->cq_lock, NULL);
+	if (rc != 0) {
+		snprintf(err, err_len, "channel: CQ lock: %s", strerror(rc));
+		free(ch);
+		return NULL;
+	}
 	if (moe_layout_compute(granted, &ch->layout) != MOE_OK) {
 		snprintf(err, err_len, "channel: layout of valid limits failed");
+		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return NULL;
 	}
@@ -124,6 +131,7 @@ int channel_attach_buffer(void *buf, uint64_t bytes, const struct moe_limits *gr
 	if (bytes < ch->bytes) {
 		snprintf(err, err_len, "channel buffer: %llu bytes, layout needs %llu",
 		         (unsigned long long)bytes, (unsigned long long)ch->bytes);
+		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return -1;
 	}
@@ -142,6 +150,7 @@ void channel_destroy(struct sidecar_channel *ch)
 		munmap(ch->base, ch->bytes);
 	if (ch->memfd >= 0)
 		close(ch->memfd);
+	pthread_mutex_destroy(&ch->cq_lock);
 	free(ch);
 }
 
@@ -244,6 +253,23 @@ static uint32_t post_async(struct sidecar_channel *ch, struct moe_cqe *cqes, uin
 void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 {
 	uint32_t s = c->slot;
+	pthread_mutex_lock(&ch->cq_lock);
+	int64_t room = moe_ring_space(&ch->cq);
+	if (room > 0) { /* broken: the dispatcher reports it; full: it posts later */
+		struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+		atomic_store_explicit(&ch->slot_busy[s], 0, memory_order_relaxed);
+		cq_put(ch, cqes, 0, c);
+		moe_ring_publish(&ch->cq, 1);
+		moe_ring_wake_consumer(&ch->cq);
+		atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_release);
+		pthread_mutex_unlock(&ch->cq_lock);
+		/* The dispatcher slept while this ran; waking it now, in parallel with the
+		 * client reading its output, has it spinning when the next request comes. */
+		if (ch->wake_dispatcher)
+			ch->wake_dispatcher(ch->wake_arg);
+		return;
+	}
+	pthread_mutex_unlock(&ch->cq_lock);
 	ch->async_cqe[s] = *c;
 	atomic_store_explicit(&ch->async_ready[s], 1, memory_order_release);
 	atomic_fetch_add_explicit(&ch->async_n_ready, 1, memory_order_release);
@@ -251,7 +277,7 @@ void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 		ch->wake_dispatcher(ch->wake_arg);
 }
 
-int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
+static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
 {
 	int64_t room = moe_ring_space(&ch->cq);
 	if (room == MOE_RING_BROKEN) {
@@ -334,6 +360,14 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 	return (int)(n + posted_async);
 }
 
+int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
+{
+	pthread_mutex_lock(&ch->cq_lock);
+	int r = drain_locked(ch, budget, shutting_down);
+	pthread_mutex_unlock(&ch->cq_lock);
+	return r;
+}
+
 bool channel_has_work(struct sidecar_channel *ch)
 {
 	int64_t ready = moe_ring_ready(&ch->sq);
@@ -341,5 +375,8 @@ bool channel_has_work(struct sidecar_channel *ch)
 		return true;
 	if (ready == 0 && atomic_load_explicit(&ch->async_n_ready, memory_order_acquire) == 0)
 		return false;
-	return moe_ring_space(&ch->cq) != 0; /* room, or broken (to be reported) */
+	pthread_mutex_lock(&ch->cq_lock);
+	bool room = moe_ring_space(&ch->cq) != 0; /* room, or broken (to be reported) */
+	pthread_mutex_unlock(&ch->cq_lock);
+	return room;
 }

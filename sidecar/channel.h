@@ -15,6 +15,7 @@
 #ifndef MOE_SIDECAR_CHANNEL_H
 #define MOE_SIDECAR_CHANNEL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -30,12 +31,18 @@ struct sidecar_channel {
 	int memfd;     /* -1 when attached to a caller's buffer */
 	bool owns_map; /* munmap on destroy */
 	uint64_t epoch;
-	struct moe_limits limits;               /* granted; private */
-	struct moe_layout layout;               /* computed from limits; private */
-	struct moe_channel_header *header;      /* written (heartbeat, state), never read */
-	struct moe_ring_cons sq;                /* the sidecar consumes submissions */
-	struct moe_ring_prod cq;                /* and produces completions */
-	uint8_t slot_busy[MOE_MAX_SLOTS_LIMIT]; /* 1 while a request owns the slot */
+	struct moe_limits limits;          /* granted; private */
+	struct moe_layout layout;          /* computed from limits; private */
+	struct moe_channel_header *header; /* written (heartbeat, state), never read */
+	struct moe_ring_cons sq;           /* the sidecar consumes submissions */
+	struct moe_ring_prod cq;           /* and produces completions */
+	/* 1 while a request owns the slot. Set by the dispatcher; cleared by whoever posts the
+	 * completion, before posting it (so a resubmission after it sees the slot free). */
+	_Atomic uint8_t slot_busy[MOE_MAX_SLOTS_LIMIT];
+	/* The CQ has two producers — the dispatcher, and the forward thread posting a FORWARD's
+	 * completion itself (one hop less than going back through the dispatcher) — so every
+	 * use of `cq` is under this lock. */
+	pthread_mutex_t cq_lock;
 	bool cq_blocked; /* last drain stopped because the client does not drain its CQ */
 
 	/* Model serving (model_ops.h): per-channel state, NULL when the sidecar serves none.
@@ -104,8 +111,9 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
  * announcing sleep. */
 bool channel_has_work(struct sidecar_channel *ch);
 
-/* Finishes a request its executor left OP_PENDING (any thread, once per such request): the
- * completion is posted by the dispatcher, which is woken. c->slot names the slot. */
+/* Finishes a request its executor left OP_PENDING (any thread, once per such request): posted
+ * at once if the CQ has room, else handed to the dispatcher (woken) to post when the client
+ * drains. c->slot names the slot. */
 void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c);
 
 /* Requests accepted as OP_PENDING whose completion is not posted yet. */

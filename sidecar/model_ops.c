@@ -16,9 +16,11 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
 #include "moe_kernels.h"
@@ -51,7 +53,8 @@ struct model_ops {
 	pthread_cond_t work, idle;
 	bool stop, shutting_down;
 	struct model_channel *rr_head, *rr_tail;
-	uint64_t client_ids; /* bit c set: client id c in use */
+	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
+	uint64_t client_ids;     /* bit c set: client id c in use */
 	uint32_t n_clients;
 
 	/* Forward thread's private copies of one request, sized for the engine's limits. */
@@ -154,6 +157,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 	if (mc->q_len)
 		log_info("model", "client %u gone: dropping %u queued FORWARDs", mc->client,
 		         mc->q_len);
+	atomic_fetch_sub_explicit(&o->queued, mc->q_len, memory_order_relaxed);
 	mc->q_len = 0;
 	while (mc->running)
 		pthread_cond_wait(&o->idle, &o->lock);
@@ -259,11 +263,29 @@ done:
 	channel_complete_async(ch, &c);
 }
 
+/* How long the forward thread polls for the next FORWARD before sleeping: in a decode loop the
+ * next layer's request follows the completion within a client round trip. */
+#define FORWARD_SPIN_NS 50000u
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void *forward_thread_main(void *arg)
 {
 	struct model_ops *o = arg;
 	pthread_mutex_lock(&o->lock);
 	for (;;) {
+		if (!o->stop && !o->rr_head) {
+			pthread_mutex_unlock(&o->lock);
+			for (uint64_t t0 = now_ns(); now_ns() - t0 < FORWARD_SPIN_NS;)
+				if (atomic_load_explicit(&o->queued, memory_order_acquire))
+					break;
+			pthread_mutex_lock(&o->lock);
+		}
 		while (!o->stop && !o->rr_head)
 			pthread_cond_wait(&o->work, &o->lock);
 		if (o->stop)
@@ -273,6 +295,7 @@ static void *forward_thread_main(void *arg)
 		struct moe_sqe sqe = mc->queue[mc->q_head];
 		mc->q_head = (mc->q_head + 1) % MOE_MAX_SLOTS_LIMIT;
 		mc->q_len--;
+		atomic_fetch_sub_explicit(&o->queued, 1, memory_order_relaxed);
 		if (mc->q_len)
 			rr_append_locked(o, mc); /* one request per channel per turn */
 		mc->running = true;
@@ -301,6 +324,7 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 	}
 	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
 	mc->q_len++;
+	atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
 	if (!mc->listed)
 		rr_append_locked(o, mc);
 	pthread_cond_signal(&o->work);
@@ -468,19 +492,25 @@ void model_ops_shutdown(struct model_ops *o)
 {
 	if (!o)
 		return;
+	/* Lock order is cq_lock → o->lock (the dispatcher executes ops under its CQ lock), so
+	 * each failed request is taken out under o->lock and completed after releasing it. */
 	pthread_mutex_lock(&o->lock);
 	o->shutting_down = true;
-	while (o->rr_head) {
+	for (;;) {
 		struct model_channel *mc = o->rr_head;
-		rr_unlink_locked(o, mc);
-		for (; mc->q_len; mc->q_len--) {
-			const struct moe_sqe *sqe = &mc->queue[mc->q_head];
-			mc->q_head = (mc->q_head + 1) % MOE_MAX_SLOTS_LIMIT;
-			struct moe_cqe c = {.user_data = sqe->user_data,
-			                    .slot = sqe->slot,
-			                    .status = MOE_ESHUTDOWN};
-			channel_complete_async(mc->ch, &c);
-		}
+		if (!mc)
+			break;
+		struct moe_sqe sqe = mc->queue[mc->q_head];
+		mc->q_head = (mc->q_head + 1) % MOE_MAX_SLOTS_LIMIT;
+		mc->q_len--;
+		atomic_fetch_sub_explicit(&o->queued, 1, memory_order_relaxed);
+		if (!mc->q_len)
+			rr_unlink_locked(o, mc);
+		pthread_mutex_unlock(&o->lock);
+		struct moe_cqe c = {
+		    .user_data = sqe.user_data, .slot = sqe.slot, .status = MOE_ESHUTDOWN};
+		channel_complete_async(mc->ch, &c); /* mc lives: only this thread closes channels */
+		pthread_mutex_lock(&o->lock);
 	}
 	pthread_mutex_unlock(&o->lock);
 }
