@@ -215,11 +215,13 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 		snprintf(err, err_len, "out of memory");
 		goto fail;
 	}
-	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u",
+	/* The kernels pick their ISA (and read MOEK_ISA) on first use: do it here, not on the
+	 * request path. */
+	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u isa=%s",
 	         config->source == FORWARD_SOURCE_RESIDENCY      ? "residency"
 	         : config->source == FORWARD_SOURCE_ALL_RESIDENT ? "all-resident"
 	                                                         : "mmap",
-	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k);
+	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k, moek_isa_name());
 	*out = e;
 	return 0;
 fail:
@@ -483,7 +485,7 @@ static void sum_outputs(struct forward_engine *e, const struct forward_request *
 
 /* ---- execution ------------------------------------------------------------------------- */
 
-static void split_range(size_t total, size_t align, uint32_t parts, size_t *split)
+void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split)
 {
 	const size_t units = (total + align - 1) / align;
 	for (uint32_t n = 0; n < parts; n++) {
@@ -523,8 +525,9 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 		            q->layer, rg->expert, err);
 	*scratch_at = align_up_64(*scratch_at + need);
 	wg->f_align = moek_expert_split_align(&rg->held.view);
-	split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
-	split_range(rg->held.view.down.rows, 8, e->topo.n_nodes, wg->o_split);
+	forward_split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
+	forward_split_range(rg->held.view.down.rows, FORWARD_DOWN_ALIGN, e->topo.n_nodes,
+	                    wg->o_split);
 	e->wave_group_of[slot] = g;
 	return 0;
 }
@@ -1063,4 +1066,56 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
 		out->budget_bytes = e->w.budget_bytes;
 	}
+}
+
+/* Appends to buf like snprintf, tracking the length the whole output needs. */
+__attribute__((format(printf, 4, 5))) static void put(char *buf, size_t len, size_t *at,
+                                                      const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	const int n = vsnprintf(*at < len ? buf + *at : NULL, *at < len ? len - *at : 0, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*at += (size_t)n;
+}
+
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
+{
+	size_t at = 0;
+	if (len)
+		buf[0] = 0;
+	put(buf, len, &at,
+	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
+	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
+	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,\"layers\":[",
+	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
+	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
+	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
+	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
+	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions);
+	bool first = true;
+	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
+		const struct forward_layer_stats *s = &st->layers[l];
+		if (s->requests == 0)
+			continue;
+		put(buf, len, &at,
+		    "%s{\"layer\":%u,\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,"
+		    "\"cold_misses\":%llu,\"inflight_misses\":%llu,\"bytes_read\":%llu,"
+		    "\"failures\":%llu,\"queue_us\":{\"p50\":%llu,\"p99\":%llu},"
+		    "\"io_us\":{\"p50\":%llu,\"p99\":%llu},\"compute_us\":{\"p50\":%llu,\"p99\":%"
+		    "llu},"
+		    "\"total_us\":{\"p50\":%llu,\"p99\":%llu}}",
+		    first ? "" : ",", s->layer, (unsigned long long)s->requests,
+		    (unsigned long long)s->tokens, (unsigned long long)s->hits,
+		    (unsigned long long)s->cold_misses, (unsigned long long)s->inflight_misses,
+		    (unsigned long long)s->bytes_read, (unsigned long long)s->failures,
+		    (unsigned long long)s->queue_p50_us, (unsigned long long)s->queue_p99_us,
+		    (unsigned long long)s->io_p50_us, (unsigned long long)s->io_p99_us,
+		    (unsigned long long)s->compute_p50_us, (unsigned long long)s->compute_p99_us,
+		    (unsigned long long)s->total_p50_us, (unsigned long long)s->total_p99_us);
+		first = false;
+	}
+	put(buf, len, &at, "]}");
+	return at;
 }

@@ -33,8 +33,14 @@
  * worker of node 0. prefetch, masks and stats may be called from any thread at any time,
  * concurrently with forward_run.
  *
+ * Shutdown: forward_run never waits forever: a cold read gives up after the loader's read
+ * timeout and retries (RESIDENCY), so a forward thread finishes its current request in bounded
+ * time; stop feeding it, join it, then forward_destroy.
+ *
  * Allocation: everything is sized at create from max_tokens and max_ids_per_token;
- * forward_run allocates nothing, takes no lock across I/O and logs nothing per token.
+ * forward_run allocates nothing and logs nothing per token. The locks prefetch, masks and stats
+ * take are never held across I/O; requests themselves are serialised on the engine, so one
+ * waiting for a cold expert (with nothing left to compute) delays the next request.
  */
 #ifndef MOE_FORWARD_H
 #define MOE_FORWARD_H
@@ -196,5 +202,16 @@ struct forward_stats {
 uint32_t forward_stats_layers(const struct forward_engine *e);
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
+
+/* Writes `st` as one JSON object (no trailing newline):
+ *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
+ *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
+ *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
+ *               "inflight_misses":…, "bytes_read":…, "failures":…,
+ *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},
+ *               "total_us":{…}}, …]}
+ * Layers with no request are left out. Returns the length it needs (without the NUL), like
+ * snprintf: the output is complete only when that is < len. */
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len);
 
 #endif /* MOE_FORWARD_H */

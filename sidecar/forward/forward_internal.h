@@ -36,6 +36,11 @@ void topology_pin_thread(struct forward_topology *t, uint32_t node);
 /* Binds [addr, addr+len) to node n; a refused binding is logged once and ignored. */
 void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, size_t len);
 
+/* The node split both the pool and memory binding use: [0, total) cut into `parts` ranges on
+ * multiples of `align` (the last ends at total); split[n]..split[n+1] is node n's. */
+void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split);
+#define FORWARD_DOWN_ALIGN 8 /* output rows per down-phase unit */
+
 /* ---- pool.c ---- */
 /* One expert group of a wave: a prepared moek_ffn_call and the node split of its ranges. */
 struct wave_group {

@@ -178,8 +178,8 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 			uint32_t threads = p->topo->nodes[n].threads;
 			add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
 			          wg->f_align, threads);
-			add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1], 8,
-			          threads);
+			add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1],
+			          FORWARD_DOWN_ALIGN, threads);
 		}
 	}
 	/* The load phase is shared by every node: each node's workers claim from list 0. */

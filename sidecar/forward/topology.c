@@ -124,9 +124,8 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
 	hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(t->topo, t->nodes[node].os_index);
 	if (!obj || hwloc_set_area_membind(t->topo, addr, len, obj->nodeset, HWLOC_MEMBIND_BIND,
 	                                   HWLOC_MEMBIND_BYNODESET) != 0) {
-		if (t->memory_bound)
-			log_warn("forward", "memory binding to node %u refused (%s): not bound",
-			         t->nodes[node].os_index, strerror(errno));
+		log_warn("forward", "memory binding to node %u refused (%s): weights not bound",
+		         t->nodes[node].os_index, strerror(errno));
 		t->memory_bound = false;
 	}
 }

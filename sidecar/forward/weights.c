@@ -218,8 +218,43 @@ static size_t align64(size_t v)
 	return (v + 63) & ~(size_t)63;
 }
 
+/* Binds the pages of each node's rows of (moe_layer, expert) to that node: gate/up rows of its
+ * intermediate range, down rows of its output range, the same split the pool runs (pages
+ * straddling two nodes' rows stay with the first toucher). */
+static void bind_rows(struct forward_topology *topo, uint32_t node, const struct moek_matrix *m,
+                      size_t r0, size_t r1)
+{
+	const size_t page = 4096;
+	const size_t stride = m->row_stride ? m->row_stride : moek_row_bytes(m->format, m->cols);
+	uintptr_t a = (uintptr_t)m->data + r0 * stride, b = (uintptr_t)m->data + r1 * stride;
+	a = (a + page - 1) & ~(uintptr_t)(page - 1);
+	b &= ~(uintptr_t)(page - 1);
+	if (b > a)
+		topology_bind_area(topo, node, (void *)a, b - a);
+}
+
+static void bind_expert(struct forward_weights *w, struct forward_topology *topo, uint32_t l,
+                        uint32_t e)
+{
+	struct moek_expert v;
+	char err[128];
+	if (weights_static_view(w, l, e, &v, err, sizeof(err)) != 0)
+		return;
+	const size_t align = moek_expert_split_align(&v);
+	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
+	forward_split_range(v.gate.rows, align, topo->n_nodes, f);
+	forward_split_range(v.down.rows, FORWARD_DOWN_ALIGN, topo->n_nodes, o);
+	for (uint32_t n = 0; n < topo->n_nodes; n++) {
+		bind_rows(topo, n, &v.gate, f[n], f[n + 1]);
+		if (v.up.data != v.gate.data)
+			bind_rows(topo, n, &v.up, f[n], f[n + 1]);
+		bind_rows(topo, n, &v.down, o[n], o[n + 1]);
+	}
+}
+
 static int load_all_resident(struct forward_weights *w, const int *fds,
-                             const struct forward_config *cfg, char *err, size_t err_len)
+                             const struct forward_config *cfg, struct forward_topology *topo,
+                             char *err, size_t err_len)
 {
 	const struct moe_catalog *cat = w->cat;
 	size_t total = 0;
@@ -239,7 +274,23 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 		return -1;
 	}
 	w->resident = buf;
+	/* Lay every projection out first, so the node split can bind pages before they are
+	 * touched; then read. */
 	size_t at = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++)
+				if (x->proj[p].present) {
+					w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT +
+					        p] = w->resident + at;
+					at += align64(x->proj[p].data.length);
+				}
+		}
+	if (topo->memory_bound)
+		for (uint32_t l = 0; l < w->n_moe_layers; l++)
+			for (uint32_t e = 0; e < w->n_experts; e++)
+				bind_expert(w, topo, l, e);
 	const uint64_t n_ids = (uint64_t)w->n_moe_layers * w->n_experts;
 	for (uint32_t l = 0; l < w->n_moe_layers; l++)
 		for (uint32_t e = 0; e < w->n_experts; e++) {
@@ -248,13 +299,12 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 				const struct moe_proj_ref *r = &x->proj[p];
 				if (!r->present)
 					continue;
+				uint8_t *dst =
+				    (uint8_t *)w
+				        ->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT + p];
 				if (read_exact(fds[r->data.file], cat->files[r->data.file].path,
-				               w->resident + at, r->data.length, r->data.offset,
-				               err, err_len))
+				               dst, r->data.length, r->data.offset, err, err_len))
 					return -1;
-				w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT + p] =
-				    w->resident + at;
-				at += align64(r->data.length);
 			}
 			if (cfg->progress)
 				cfg->progress(cfg->progress_arg, "loading experts",
@@ -387,7 +437,7 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 		}
 	}
 	if (rc == 0 && cfg->source == FORWARD_SOURCE_ALL_RESIDENT)
-		rc = load_all_resident(w, fds, cfg, err, err_len);
+		rc = load_all_resident(w, fds, cfg, topo, err, err_len);
 	close_files(cat, fds);
 	if (rc)
 		return -1;

@@ -1,4 +1,230 @@
+/* forward_threads.c — bits identical for any thread count and NUMA node count (synthetic
+ * 2- and 3-node hwloc topologies), for every source, and the engine under concurrent callers
+ * (runs, prefetch, masks, stats from several threads). A plain program, not Criterion, so the
+ * TSan variant can run it (Criterion cannot start under TSan here). Exit 0 = pass. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fixture.h"
+#include "moe_kernels.h"
+#include "moe_status.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                       \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fputc('\n', stderr);                                                       \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+struct setup {
+	const char *name;
+	enum forward_source source;
+	enum forward_numa_mode numa;
+	const char *synthetic;
+	uint32_t threads;
+	uint32_t budget_percent; /* RESIDENCY: 0 = all fit */
+};
+
+static const struct setup setups[] = {
+    {"1 node, 1 thread", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_AUTO, NULL, 1, 0},
+    {"1 node, 2 threads", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_AUTO, NULL, 2, 0},
+    {"1 node, 3 threads", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_AUTO, NULL, 3, 0},
+    {"2 nodes, 1 thread", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_SYNTHETIC,
+     "pack:1 numa:2 core:1 pu:1", 1, 0},
+    {"2 nodes, 2 threads", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_SYNTHETIC,
+     "pack:1 numa:2 core:1 pu:1", 2, 0},
+    {"3 nodes, 1 thread", FORWARD_SOURCE_MMAP, FORWARD_NUMA_SYNTHETIC, "pack:1 numa:3 core:1 pu:1",
+     1, 0},
+    {"2 nodes, 2 threads, residency 30%", FORWARD_SOURCE_RESIDENCY, FORWARD_NUMA_SYNTHETIC,
+     "pack:1 numa:2 core:1 pu:1", 2, 30},
+    {"1 node, 2 threads, residency 100%", FORWARD_SOURCE_RESIDENCY, FORWARD_NUMA_AUTO, NULL, 2, 0},
+};
+
+static struct forward_engine *make_engine(const struct fwd_model *m, const struct setup *s,
+                                          uint32_t max_tokens)
+{
+	struct forward_config cfg = {
+	    .source = s->source,
+	    .numa = s->numa,
+	    .numa_synthetic = s->synthetic,
+	    .threads_per_node = s->threads,
+	    .max_tokens = max_tokens,
+	    .mem_budget = m->cat->expert_bytes_total * s->budget_percent / 100,
+	    .chunk_bytes = 64 * 1024,
+	};
+	struct forward_engine *e = NULL;
+	char err[256];
+	if (forward_create(&e, m->cat, &cfg, err, sizeof(err)) != 0) {
+		CHECK(0, "%s: forward_create: %s", s->name, err);
+		return NULL;
+	}
+	struct forward_topology_info ti;
+	forward_topology(e, &ti);
+	const uint32_t want_nodes =
+	    s->synthetic ? (uint32_t)(strstr(s->synthetic, "numa:")[5] - '0') : ti.n_nodes;
+	CHECK(ti.n_nodes == want_nodes, "%s: %u nodes, expected %u", s->name, ti.n_nodes,
+	      want_nodes);
+	CHECK(!s->synthetic || !ti.memory_bound, "%s: synthetic nodes cannot be bound", s->name);
+	return e;
+}
+
+static void check_model(uint32_t format, uint64_t hidden, uint64_t ffn)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {"qwen3-30b-a3b", format, true, 3, 16, hidden, ffn, false};
+	if (fwd_model_make(&m, &spec, err, sizeof(err)) != 0) {
+		CHECK(0, "model: %s", err);
+		return;
+	}
+	const uint32_t tokens[] = {1, 5, 24};
+	struct fwd_req reqs[3];
+	for (int i = 0; i < 3; i++)
+		fwd_req_make(&reqs[i], m.cat, fwd_moe_block(m.cat, (uint32_t)i % 2), tokens[i], 8,
+		             i == 2 ? 0 : 2, MOEK_ACT_BF16, 17 + (uint64_t)i, i == 1);
+	/* The oracle: single-threaded reference over all-resident weights. */
+	struct forward_engine *oracle = make_engine(&m, &setups[0], 24);
+	if (!oracle)
+		goto out;
+	for (int i = 0; i < 3; i++) {
+		struct forward_result res;
+		int rc = forward_reference(oracle, &reqs[i].q, reqs[i].ref, reqs[i].ref_def, &res);
+		CHECK(rc == MOE_OK, "reference: %s", res.message);
+	}
+	forward_destroy(oracle);
+	for (size_t s = 0; s < sizeof(setups) / sizeof(setups[0]); s++) {
+		struct forward_engine *e = make_engine(&m, &setups[s], 24);
+		if (!e)
+			continue;
+		for (int round = 0; round < 2; round++)
+			for (int i = 0; i < 3; i++) {
+				struct fwd_req *r = &reqs[i];
+				const size_t n = (size_t)r->q.n_tokens * hidden;
+				memset(r->out, 0xff, n * sizeof(float));
+				memset(r->out_def, 0xff, n * sizeof(float));
+				struct forward_result res;
+				int rc = forward_run(e, &r->q, r->out, r->out_def, &res);
+				CHECK(rc == MOE_OK, "%s: %s", setups[s].name, res.message);
+				long d = fwd_first_diff(r->out, r->ref, n);
+				CHECK(d < 0, "%s, %s, %u tokens: immediate element %ld differs",
+				      setups[s].name, moe_format_name(format), r->q.n_tokens, d);
+				if (r->q.k_defer) {
+					d = fwd_first_diff(r->out_def, r->ref_def, n);
+					CHECK(d < 0,
+					      "%s, %s, %u tokens: deferred element %ld differs",
+					      setups[s].name, moe_format_name(format),
+					      r->q.n_tokens, d);
+				}
+			}
+		if (setups[s].budget_percent) {
+			struct forward_stats st = {0};
+			forward_stats(e, &st);
+			CHECK(st.resident_bytes <= st.budget_bytes, "%s: over budget",
+			      setups[s].name);
+			CHECK(st.evictions > 0, "%s: a 30%% budget must evict", setups[s].name);
+		}
+		forward_destroy(e);
+	}
+out:
+	for (int i = 0; i < 3; i++)
+		fwd_req_free(&reqs[i]);
+	fwd_model_free(&m);
+}
+
+/* ---- concurrent callers ---- */
+struct caller {
+	struct forward_engine *e;
+	const struct fwd_model *m;
+	uint32_t id;
+	int bad;
+};
+
+static void *run_requests(void *arg)
+{
+	struct caller *c = arg;
+	for (uint32_t i = 0; i < 30; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, c->m->cat, fwd_moe_block(c->m->cat, i % 2), 1 + i % 3, 4, 0,
+		             MOEK_ACT_F32, c->id * 1000 + i, false);
+		r.q.client = c->id;
+		struct forward_result res, ref;
+		if (forward_run(c->e, &r.q, r.out, NULL, &res) != MOE_OK ||
+		    forward_reference(c->e, &r.q, r.ref, NULL, &ref) != MOE_OK ||
+		    fwd_first_diff(r.out, r.ref, r.q.n_tokens * c->m->cat->info.hidden) >= 0)
+			c->bad++;
+		fwd_req_free(&r);
+	}
+	return NULL;
+}
+
+static void *poke(void *arg)
+{
+	struct caller *c = arg;
+	struct forward_layer_stats layers[2];
+	for (uint32_t i = 0; i < 200; i++) {
+		int32_t ids[2] = {(int32_t)(i % 16), (int32_t)((i * 7) % 16)};
+		forward_prefetch(c->e, fwd_moe_block(c->m->cat, i % 2), ids, NULL, 2, false);
+		uint8_t bits[2] = {0, (uint8_t)(i & 0x80)}; /* expert 15 sometimes, client 9 only */
+		forward_set_mask(c->e, 9, fwd_moe_block(c->m->cat, 0), bits, 2);
+		struct forward_stats st = {.layers = layers};
+		forward_stats(c->e, &st);
+	}
+	forward_client_detach(c->e, 9);
+	return NULL;
+}
+
+static void check_concurrent(void)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {"qwen3-30b-a3b", MOEK_Q8_0, true, 2, 16, 64, 64, false};
+	if (fwd_model_make(&m, &spec, err, sizeof(err)) != 0) {
+		CHECK(0, "model: %s", err);
+		return;
+	}
+	const struct setup s = {"concurrent, residency 40%",
+	                        FORWARD_SOURCE_RESIDENCY,
+	                        FORWARD_NUMA_SYNTHETIC,
+	                        "pack:1 numa:2 core:1 pu:1",
+	                        1,
+	                        40};
+	struct forward_engine *e = make_engine(&m, &s, 4);
+	if (e) {
+		struct caller c[3] = {{e, &m, 0, 0}, {e, &m, 1, 0}, {e, &m, 2, 0}};
+		pthread_t t[3];
+		pthread_create(&t[0], NULL, run_requests, &c[0]);
+		pthread_create(&t[1], NULL, run_requests, &c[1]);
+		pthread_create(&t[2], NULL, poke, &c[2]);
+		for (int i = 0; i < 3; i++)
+			pthread_join(t[i], NULL);
+		CHECK(c[0].bad == 0 && c[1].bad == 0, "concurrent callers: %d + %d bad results",
+		      c[0].bad, c[1].bad);
+		struct forward_stats st = {0};
+		forward_stats(e, &st);
+		CHECK(st.requests == 60, "concurrent: %llu requests counted, expected 60",
+		      (unsigned long long)st.requests);
+		CHECK(st.resident_bytes <= st.budget_bytes, "concurrent: over budget");
+		forward_destroy(e);
+	}
+	fwd_model_free(&m);
+}
+
 int main(void)
 {
+	check_model(MOEK_Q4_K, 256, 512);
+	check_model(MOEK_F32, 64, 128);
+	check_concurrent();
+	if (failures) {
+		fprintf(stderr, "forward_threads: %d failures\n", failures);
+		return 1;
+	}
+	printf("forward_threads: pass\n");
 	return 0;
 }
