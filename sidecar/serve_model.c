@@ -374,17 +374,12 @@ size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf
 	memset(&st, 0, sizeof(st));
 	st.layers = m->layer_stats;
 	forward_stats(m->engine, &st);
+	/* What the sidecar adds (model, clients, probes), then the engine's own object
+	 * (forward_stats_json: counters and per-layer latency) spliced in without its '{'. */
 	struct json_out j = {.buf = buf, .len = len};
 	jprintf(&j, "{\"model\":");
 	jstring(&j, m->desc.name);
-	jprintf(&j,
-	        ",\"clients\":%u,\"requests\":%" PRIu64 ",\"tokens\":%" PRIu64 ",\"hits\":%" PRIu64
-	        ",\"cold_misses\":%" PRIu64 ",\"inflight_misses\":%" PRIu64
-	        ",\"bytes_read\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"evictions\":%" PRIu64
-	        ",\"resident_bytes\":%" PRIu64 ",\"budget_bytes\":%" PRIu64
-	        ",\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u",
-	        clients, st.requests, st.tokens, st.hits, st.cold_misses, st.inflight_misses,
-	        st.bytes_read, st.failures, st.evictions, st.resident_bytes, st.budget_bytes,
+	jprintf(&j, ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u", clients,
 	        m->desc.expert_bytes, m->desc.n_nodes);
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
@@ -408,23 +403,12 @@ size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf
 		jprintf(&j, ",\"probes\":");
 		jstring(&j, why);
 	}
-	jprintf(&j, ",\"layers\":[");
-	uint32_t n = st.n_layers < m->n_layer_stats ? st.n_layers : m->n_layer_stats;
-	for (uint32_t i = 0; i < n; i++) {
-		const struct forward_layer_stats *l = &st.layers[i];
-		jprintf(
-		    &j,
-		    "%s{\"layer\":%u,\"requests\":%" PRIu64 ",\"tokens\":%" PRIu64
-		    ",\"hits\":%" PRIu64 ",\"cold_misses\":%" PRIu64 ",\"inflight_misses\":%" PRIu64
-		    ",\"bytes_read\":%" PRIu64 ",\"failures\":%" PRIu64 ",\"queue_p50_us\":%" PRIu64
-		    ",\"queue_p99_us\":%" PRIu64 ",\"io_p50_us\":%" PRIu64 ",\"io_p99_us\":%" PRIu64
-		    ",\"compute_p50_us\":%" PRIu64 ",\"compute_p99_us\":%" PRIu64
-		    ",\"p50_us\":%" PRIu64 ",\"p99_us\":%" PRIu64 "}",
-		    i ? "," : "", l->layer, l->requests, l->tokens, l->hits, l->cold_misses,
-		    l->inflight_misses, l->bytes_read, l->failures, l->queue_p50_us,
-		    l->queue_p99_us, l->io_p50_us, l->io_p99_us, l->compute_p50_us,
-		    l->compute_p99_us, l->total_p50_us, l->total_p99_us);
-	}
-	jprintf(&j, "]}");
-	return j.used;
+	jprintf(&j, ",");
+	/* The engine's object goes where its '{' replaces our ','. */
+	const size_t at = j.used - 1;
+	const size_t engine =
+	    forward_stats_json(&st, at < len ? buf + at : NULL, at < len ? len - at : 0);
+	if (at < len && at + engine < len)
+		buf[at] = ',';
+	return at + engine;
 }

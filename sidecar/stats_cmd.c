@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,20 +91,31 @@ static const char *const summary_keys[] = {"requests",       "tokens",          
                                            "resident_bytes", "budget_bytes"};
 #define N_SUMMARY (sizeof(summary_keys) / sizeof(summary_keys[0]))
 
+/* Per layer: counts, then latency percentiles as "<name>":{"p50":…,"p99":…} objects. */
 static const char *const layer_keys[] = {
     "layer",           "requests",       "tokens",         "hits",         "cold_misses",
-    "inflight_misses", "bytes_read",     "queue_p50_us",   "queue_p99_us", "io_p50_us",
-    "io_p99_us",       "compute_p50_us", "compute_p99_us", "p50_us",       "p99_us"};
+    "inflight_misses", "bytes_read",     "queue_us.p50",   "queue_us.p99", "io_us.p50",
+    "io_us.p99",       "compute_us.p50", "compute_us.p99", "total_us.p50", "total_us.p99"};
 #define N_LAYER (sizeof(layer_keys) / sizeof(layer_keys[0]))
 
 struct layer_row {
 	uint64_t v[N_LAYER];
 };
 
+/* key, or "object.member" one level down. */
 static int get_u64(const struct json_doc *d, json_ref obj, const char *key, uint64_t *out,
                    const char *where)
 {
-	if (json_get_u64(d, obj, key, out) != 1) {
+	const char *dot = strchr(key, '.');
+	int found;
+	if (dot) {
+		char outer[32];
+		snprintf(outer, sizeof(outer), "%.*s", (int)(dot - key), key);
+		found = json_get_u64(d, json_object_get(d, obj, outer), dot + 1, out);
+	} else {
+		found = json_get_u64(d, obj, key, out);
+	}
+	if (found != 1) {
 		fprintf(stderr, "moe-sidecar stats: reply%s: key \"%s\" missing or not a count\n",
 		        where, key);
 		return -1;
@@ -113,9 +123,13 @@ static int get_u64(const struct json_doc *d, json_ref obj, const char *key, uint
 	return 0;
 }
 
-static double ratio(uint64_t a, uint64_t b) /* NaN prints as "nan": callers show "-" */
+/* a/b in percent, or "-" when b is 0. */
+static const char *percent(uint64_t a, uint64_t b, char *buf, size_t len)
 {
-	return b ? (double)a / (double)b : NAN;
+	if (!b)
+		return "-";
+	snprintf(buf, len, "%.1f%%", 100.0 * (double)a / (double)b);
+	return buf;
 }
 
 /* Prints the table; prev (same shape, may be NULL) turns counts into interval deltas. */
@@ -159,12 +173,13 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	if (delta && interval_s > 0)
 		printf("  (%.1f tokens/s over %.1f s)", (double)(sum[1] - prev_sum[1]) / interval_s,
 		       interval_s);
+	char p1[16], p2[16];
 	printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
-	       "  hit rate %.1f%%  read %.1f MiB\n",
-	       sum[2], sum[3], sum[4], 100.0 * ratio(sum[2], sum[2] + sum[3] + sum[4]),
+	       "  hit rate %s  read %.1f MiB\n",
+	       sum[2], sum[3], sum[4], percent(sum[2], sum[2] + sum[3] + sum[4], p1, sizeof(p1)),
 	       (double)sum[5] / 1048576.0);
-	printf("resident %.1f MiB of %.1f MiB budget (%.0f%%)\n", (double)sum[6] / 1048576.0,
-	       (double)sum[7] / 1048576.0, 100.0 * ratio(sum[6], sum[7]));
+	printf("resident %.1f MiB of %.1f MiB budget (%s)\n", (double)sum[6] / 1048576.0,
+	       (double)sum[7] / 1048576.0, percent(sum[6], sum[7], p2, sizeof(p2)));
 	json_ref probes = json_object_get(d, root, "probes");
 	const char *pstatus = json_string(d, probes, NULL);
 	uint64_t fill, direct, buffered;
@@ -189,14 +204,14 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	for (i = 0; i < n; i++) {
 		uint64_t v[N_LAYER];
 		memcpy(v, rows[i].v, sizeof(v));
-		if (delta)
+		if (delta && (*prev_rows)[i].v[0] == v[0]) /* same layer as last time */
 			for (size_t k = 1; k <= 6; k++)
 				v[k] -= (*prev_rows)[i].v[k] <= v[k] ? (*prev_rows)[i].v[k] : v[k];
-		printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %6.1f%% %8" PRIu64 " %8" PRIu64
+		printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %7s %8" PRIu64 " %8" PRIu64
 		       " %9.1f | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64
 		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
-		       v[0], v[1], v[2], 100.0 * ratio(v[3], v[3] + v[4] + v[5]), v[4], v[5],
-		       (double)v[6] / 1048576.0, v[7], v[8], v[9], v[10], v[11], v[12], v[13],
+		       v[0], v[1], v[2], percent(v[3], v[3] + v[4] + v[5], p1, sizeof(p1)), v[4],
+		       v[5], (double)v[6] / 1048576.0, v[7], v[8], v[9], v[10], v[11], v[12], v[13],
 		       v[14]);
 	}
 	if (prev_sum) {

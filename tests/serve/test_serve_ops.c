@@ -117,7 +117,16 @@ Test(serve_ops, stats_too_small_and_the_stats_command)
 {
 	struct served s;
 	served_start(&s, "q8_0", NULL);
-	/* One token of 256 f32 = a 1 KiB output area: the JSON does not fit. */
+	/* Requests on every layer make the JSON list them all (well over 1 KiB)... */
+	for (int32_t l = 0; l < (int32_t)ref_n_layers(s.ref); l++) {
+		struct fwd_case fc;
+		fwd_case_make(&fc, 50 + (uint64_t)l, l, 2, 4, ref_n_experts(s.ref),
+		              ref_hidden(s.ref), false);
+		struct moe_completion d;
+		cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+		fwd_case_free(&fc);
+	}
+	/* ...and one token of 256 f32 is a 1 KiB output area: the JSON does not fit. */
 	struct moe_connect_opts o = {.socket_path = s.sp.socket, .max_tokens = 1};
 	struct moe_client *tiny;
 	cr_assert_eq(moe_connect(&o, &tiny), MOE_OK);
