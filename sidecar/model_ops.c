@@ -284,6 +284,8 @@ static void *forward_thread_main(void *arg)
 			for (uint64_t t0 = now_ns(); now_ns() - t0 < FORWARD_SPIN_NS;)
 				if (atomic_load_explicit(&o->queued, memory_order_acquire))
 					break;
+				else
+					moe_cpu_relax();
 			pthread_mutex_lock(&o->lock);
 		}
 		while (!o->stop && !o->rr_head)
