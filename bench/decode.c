@@ -400,10 +400,20 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 {
 	struct moe_connect_opts o = {
 	    .socket_path = sock, .max_tokens = 1, .n_slots = 4, .client_name = "bench_decode"};
-	struct moe_client *c;
+	struct moe_client *c, *sc;
 	int rc = moe_connect(&o, &c);
 	if (rc != MOE_OK) {
 		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
+		return -1;
+	}
+	/* STATS on a connection of its own, with an output area the JSON fits in. */
+	o.max_tokens = (256u << 10) / (w->hidden * 4u) + 1;
+	o.max_tokens = o.max_tokens > 256 ? 256 : o.max_tokens;
+	o.n_slots = 1;
+	rc = moe_connect(&o, &sc);
+	if (rc != MOE_OK) {
+		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
+		moe_close(c);
 		return -1;
 	}
 	const uint32_t h = w->hidden, k = w->top_k;
@@ -433,7 +443,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	double h0 = 0, m0 = 0, b0 = 0;
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
 		if (step == w->warm_steps) {
-			if (moe_stats_json(c, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
+			if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
 				h0 = stat_of(js, "hits");
 				m0 = stat_of(js, "cold_misses") + stat_of(js, "inflight_misses");
 				b0 = stat_of(js, "bytes_read");
@@ -476,7 +486,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	uint64_t t1 = now_ns();
 	if (rc == MOE_OK) {
 		summarise(w, lat, t1 - t0, r);
-		if (moe_stats_json(c, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
+		if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
 			double hits = stat_of(js, "hits") - h0;
 			double miss =
 			    stat_of(js, "cold_misses") + stat_of(js, "inflight_misses") - m0;
@@ -487,6 +497,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	moe_slot_release(c, slot.index);
 	moe_slot_release(c, hint_slot.index);
 	moe_close(c);
+	moe_close(sc);
 	free(wts);
 	free(x);
 	free(ids);
