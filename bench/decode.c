@@ -439,6 +439,15 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			rc = moe_prefetch(c, (int32_t)(w->first_layer + li), hint, hint_w, nh, NULL,
 			                  TIMEOUT_MS);
 		}
+	/* The hinted loads run in the background: let them finish before anything is timed. */
+	double last = -1;
+	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 1500; polls++) {
+		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
+		double now_resident = stat_of(js, "resident_bytes");
+		stable = now_resident == last ? stable + 1 : 0;
+		last = now_resident;
+		nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+	}
 	uint64_t t0 = 0;
 	double h0 = 0, m0 = 0, b0 = 0;
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
@@ -684,6 +693,16 @@ int main(int argc, char **argv)
 				forward_prefetch(e, (int32_t)(w.first_layer + li), &id, NULL, 1,
 				                 false);
 			}
+		/* Let the hinted loads finish before anything is timed. */
+		uint64_t last = UINT64_MAX;
+		for (int stable = 0, polls = 0; stable < 3 && polls < 1500; polls++) {
+			struct forward_stats fst;
+			memset(&fst, 0, sizeof(fst));
+			forward_stats(e, &fst);
+			stable = fst.resident_bytes == last ? stable + 1 : 0;
+			last = fst.resident_bytes;
+			nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+		}
 		if (run_inprocess(&w, e, &resid_r) != 0)
 			return 1;
 		forward_destroy(e);
