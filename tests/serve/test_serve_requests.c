@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -356,5 +357,61 @@ Test(serve_requests, stats_keys_agree_with_what_was_done)
 	          "no probe report: %s", js);
 	cr_assert(strstr(js, "\"layers\":[{\"layer\":0,"), "per-layer stats: %s", js);
 	free(js);
+	served_stop(&s);
+}
+
+/* Fairness: the forward thread takes one FORWARD per channel in turn. A client that fills its
+ * eight slots with 64-token FORWARDs cannot keep a second client's one request waiting behind
+ * all of them: round-robin runs it after at most two of the first client's (a FIFO, or a
+ * scheduler that drains one channel first, after all eight — checked: that fails here). The
+ * assertion only requires that it does not wait for all eight. */
+Test(serve_requests, a_flooding_client_does_not_starve_another)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	const uint32_t h = ref_hidden(s.ref);
+	struct moe_connect_opts o = {
+	    .socket_path = s.sp.socket, .max_tokens = 64, .n_slots = 8, .client_name = "flood"};
+	struct moe_client *flood;
+	cr_assert_eq(moe_connect(&o, &flood), MOE_OK);
+	/* The dispatcher drains channels in attach order: reattach the second client after the
+	 * flood, so that the flood's eight are queued before the second client's one. */
+	moe_close(s.c);
+	cr_assert(log_wait(&s.sp, "client disconnected", 1, 10000));
+	struct moe_connect_opts o2 = {.socket_path = s.sp.socket, .max_tokens = 64};
+	cr_assert_eq(moe_connect(&o2, &s.c), MOE_OK);
+	for (uint32_t i = 0; i < 8; i++) {
+		struct moe_slot sl;
+		cr_assert_eq(moe_slot_acquire(flood, &sl), MOE_OK);
+		memset(sl.input, 0, (size_t)64 * h * 4);
+		for (uint32_t j = 0; j < 64 * 8; j++) {
+			sl.expert_ids[j] = (int32_t)((j * 7 + i) % REF_EXPERTS);
+			sl.expert_weights[j] = 1.0f;
+		}
+		struct moe_request r = {.op = MOE_OP_FORWARD,
+		                        .slot = sl.index,
+		                        .n_tokens = 64,
+		                        .ids_per_token = 8,
+		                        .layer = 0,
+		                        .user_data = i};
+		cr_assert_eq(moe_submit(flood, &r), MOE_OK);
+	}
+	struct fwd_case fc;
+	fwd_case_make(&fc, 500, 1, 1, 4, REF_EXPERTS, h, false);
+	struct moe_completion done;
+	cr_assert_eq(served_forward(&s, &fc, NULL, &done), MOE_OK);
+	/* The small request is back: the flood must not all be done by now. */
+	uint32_t flood_done = 0;
+	struct moe_completion fd;
+	while (moe_poll(flood, &fd) == MOE_OK)
+		flood_done++;
+	cr_assert(flood_done < 8, "the second client waited for all %u of the first", flood_done);
+	while (flood_done < 8) {
+		cr_assert_eq(moe_wait(flood, &fd, 30000), MOE_OK);
+		cr_assert_eq(fd.status, MOE_OK);
+		flood_done++;
+	}
+	fwd_case_free(&fc);
+	moe_close(flood);
 	served_stop(&s);
 }
