@@ -94,7 +94,7 @@ void serve_model_client_detach(struct serve_model *m, uint32_t client);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
- * or the length it would need (>= len) when it does not fit. extra_clients: attached now. */
+ * or the length it would need (>= len) when it does not fit. clients: channels attached now. */
 size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf, size_t len);
 
 #endif
