@@ -519,6 +519,22 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 
 /* ---- Main ------------------------------------------------------------------------------- */
 
+static char tmp_dir[] = "/tmp/bench-decode.XXXXXX";
+
+/* atexit: the generated model and the socket directory. Only the process that made it. */
+static pid_t tmp_owner;
+static void remove_tmp_dir(void)
+{
+	if (getpid() != tmp_owner)
+		return;
+	char path[sizeof(tmp_dir) + 16];
+	snprintf(path, sizeof(path), "%s/model.gguf", tmp_dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/s.sock", tmp_dir);
+	unlink(path);
+	rmdir(tmp_dir);
+}
+
 static void plot(const char *png, const struct result *side, const struct result *floor_r,
                  const struct result *mm)
 {
@@ -588,12 +604,15 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	/* The model: given, or generated (the run.sh shape; --quick: a quarter of it). */
-	char dir[] = "/tmp/bench-decode.XXXXXX", model[128], sock[160];
+	/* The model: given, or generated (the run.sh shape; --quick: a quarter of it). The
+	 * temporary directory goes on every exit path (atexit), model and all. */
+	char *dir = tmp_dir, model[128], sock[160];
 	if (!mkdtemp(dir)) {
 		perror("bench_decode: mkdtemp");
 		return 1;
 	}
+	tmp_owner = getpid();
+	atexit(remove_tmp_dir);
 	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
 	if (model_arg) {
 		snprintf(model, sizeof(model), "%s", model_arg);
@@ -792,9 +811,5 @@ int main(int argc, char **argv)
 	free(w.line_of);
 	trace_free(&w.tr);
 	moe_catalog_close(cat);
-	if (!model_arg) {
-		unlink(model);
-	}
-	rmdir(dir);
 	return 0;
 }
