@@ -49,7 +49,8 @@ struct moe_client {
 	struct moe_sqe *sqes;
 	const struct moe_cqe *cqes;
 	struct moe_info info;
-	bool dead; /* sidecar gone: every later call fails fast */
+	uint64_t call_seq; /* user_data of the synchronous helpers' requests */
+	bool dead;         /* sidecar gone: every later call fails fast */
 	uint32_t n_free;
 	uint32_t free_list[MOE_MAX_SLOTS_LIMIT];
 	uint8_t slot_state[MOE_MAX_SLOTS_LIMIT];
@@ -620,4 +621,154 @@ int moe_ping(struct moe_client *c, int timeout_ms)
 	}
 	moe_slot_release(c, s.index);
 	return done.status;
+}
+
+/* ---- Model operations ------------------------------------------------------------------ */
+
+int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_completion *done,
+             int timeout_ms)
+{
+	if (!c || !req)
+		return MOE_EINVAL;
+	int rc = moe_submit(c, req);
+	if (rc != MOE_OK)
+		return rc;
+	struct moe_completion d;
+	for (;;) {
+		rc = moe_wait(c, &d, timeout_ms);
+		if (rc != MOE_OK)
+			return rc; /* the slot stays in flight: the sidecar may still answer */
+		/* Errors about the slot itself carry the slot but are not its completion. */
+		if (d.slot == req->slot && d.user_data == req->user_data)
+			break;
+	}
+	if (done)
+		*done = d;
+	if (d.status != MOE_OK)
+		client_fail(c, d.status, "%s (value %u, index %u)", moe_status_str(d.status),
+		            d.value, d.index);
+	return d.status;
+}
+
+int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n_tokens,
+                uint16_t k, uint32_t k_defer, uint8_t in_dtype, uint8_t out_dtype, uint16_t flags,
+                struct moe_completion *done, int timeout_ms)
+{
+	if (!c || !slot)
+		return MOE_EINVAL;
+	struct moe_request r = {.op = MOE_OP_FORWARD,
+	                        .flags = flags,
+	                        .slot = slot->index,
+	                        .n_tokens = n_tokens,
+	                        .in_dtype = in_dtype,
+	                        .out_dtype = out_dtype,
+	                        .ids_per_token = k,
+	                        .layer = layer,
+	                        .arg = k_defer,
+	                        .user_data = ((uint64_t)MOE_OP_FORWARD << 56) | ++c->call_seq};
+	return moe_call(c, &r, done, timeout_ms);
+}
+
+/* Runs r on the fresh slot s, then returns s unless its request is still in flight (a
+ * timeout: the sidecar may still write it, so it stays taken). */
+static int call_on_fresh_slot(struct moe_client *c, struct moe_request *r, struct moe_slot *s,
+                              struct moe_completion *done, int timeout_ms)
+{
+	r->slot = s->index;
+	r->user_data = ((uint64_t)r->op << 56) | ++c->call_seq;
+	int rc = moe_call(c, r, done, timeout_ms);
+	if (c->slot_state[s->index] == SLOT_OWNED)
+		moe_slot_release(c, s->index);
+	return rc;
+}
+
+int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const float *scores,
+                 uint32_t n, uint32_t *queued, int timeout_ms)
+{
+	if (!c || !scores || n == 0)
+		return MOE_EINVAL;
+	struct moe_slot s;
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	if ((size_t)n * sizeof(float) > s.weights_bytes) {
+		moe_slot_release(c, s.index);
+		return client_fail(c, MOE_EINVAL, "%u prefetch entries exceed the slot's %zu", n,
+		                   s.weights_bytes / sizeof(float));
+	}
+	if (ids)
+		memcpy(s.expert_ids, ids, (size_t)n * sizeof(*ids));
+	memcpy(s.expert_weights, scores, (size_t)n * sizeof(*scores));
+	struct moe_request r = {.op = MOE_OP_PREFETCH,
+	                        .flags = ids ? 0 : MOE_PREFETCH_SCORES,
+	                        .n_tokens = n,
+	                        .layer = layer};
+	struct moe_completion d;
+	rc = call_on_fresh_slot(c, &r, &s, &d, timeout_ms);
+	if (rc == MOE_OK && queued)
+		*queued = d.value;
+	return rc;
+}
+
+int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n,
+                      uint16_t flags)
+{
+	if (!c || !slot)
+		return MOE_EINVAL;
+	struct moe_request r = {.op = MOE_OP_PREFETCH,
+	                        .flags = flags,
+	                        .slot = slot->index,
+	                        .n_tokens = n,
+	                        .layer = layer,
+	                        .user_data = ((uint64_t)MOE_OP_PREFETCH << 56) | ++c->call_seq};
+	return moe_submit(c, &r);
+}
+
+int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
+                     int timeout_ms)
+{
+	if (!c || !bits || n_bytes == 0)
+		return MOE_EINVAL;
+	struct moe_slot s;
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	if (n_bytes > s.input_bytes) {
+		moe_slot_release(c, s.index);
+		return client_fail(c, MOE_EINVAL, "mask of %zu bytes exceeds the input area (%zu)",
+		                   n_bytes, s.input_bytes);
+	}
+	memcpy(s.input, bits, n_bytes);
+	struct moe_request r = {.op = MOE_OP_MASK, .layer = layer};
+	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+}
+
+int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms)
+{
+	if (!c || !buf || len == 0)
+		return MOE_EINVAL;
+	struct moe_slot s;
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	struct moe_request r = {.op = MOE_OP_STATS};
+	struct moe_completion d;
+	r.slot = s.index;
+	r.user_data = ((uint64_t)MOE_OP_STATS << 56) | ++c->call_seq;
+	rc = moe_call(c, &r, &d, timeout_ms);
+	if (rc == MOE_OK) { /* the JSON is read before the slot goes back */
+		size_t n = d.value;
+		if (n >= s.output_bytes || ((const char *)s.output)[n] != '\0') {
+			rc = client_fail(c, MOE_EPROTO,
+			                 "STATS reply of %zu bytes is not terminated", n);
+		} else if (n + 1 > len) {
+			rc = client_fail(c, MOE_ETOOSMALL, "STATS reply is %zu bytes, buffer %zu",
+			                 n + 1, len);
+		} else {
+			memcpy(buf, s.output, n + 1);
+		}
+	}
+	if (c->slot_state[s.index] == SLOT_OWNED)
+		moe_slot_release(c, s.index);
+	return rc;
 }

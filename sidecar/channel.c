@@ -64,8 +64,15 @@ static struct sidecar_channel *channel_alloc(const struct moe_limits *granted, c
 	}
 	ch->memfd = -1;
 	ch->limits = *granted;
+	int rc = pthread_mutex_init(&ch->cq_lock, NULL);
+	if (rc != 0) {
+		snprintf(err, err_len, "channel: CQ lock: %s", strerror(rc));
+		free(ch);
+		return NULL;
+	}
 	if (moe_layout_compute(granted, &ch->layout) != MOE_OK) {
 		snprintf(err, err_len, "channel: layout of valid limits failed");
+		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return NULL;
 	}
@@ -124,6 +131,7 @@ int channel_attach_buffer(void *buf, uint64_t bytes, const struct moe_limits *gr
 	if (bytes < ch->bytes) {
 		snprintf(err, err_len, "channel buffer: %llu bytes, layout needs %llu",
 		         (unsigned long long)bytes, (unsigned long long)ch->bytes);
+		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return -1;
 	}
@@ -142,6 +150,7 @@ void channel_destroy(struct sidecar_channel *ch)
 		munmap(ch->base, ch->bytes);
 	if (ch->memfd >= 0)
 		close(ch->memfd);
+	pthread_mutex_destroy(&ch->cq_lock);
 	free(ch);
 }
 
@@ -221,7 +230,54 @@ static void cq_put(struct sidecar_channel *ch, struct moe_cqe *cqes, uint32_t n,
 	cqes[moe_ring_prod_pos(&ch->cq, n)] = *c;
 }
 
-int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
+/* Dispatcher thread: posts up to room finished asynchronous requests (slot order), frees
+ * their slots. Returns how many were posted at the CQ's current producer position. */
+static uint32_t post_async(struct sidecar_channel *ch, struct moe_cqe *cqes, uint32_t room)
+{
+	uint32_t posted = 0;
+	for (uint32_t s = 0; s < ch->limits.n_slots && posted < room; s++) {
+		if (!atomic_load_explicit(&ch->async_ready[s], memory_order_acquire))
+			continue;
+		struct moe_cqe c = ch->async_cqe[s];
+		atomic_store_explicit(&ch->async_ready[s], 0, memory_order_relaxed);
+		if (c.status != MOE_OK)
+			ch->n_errors++;
+		ch->slot_busy[s] = 0;
+		cq_put(ch, cqes, posted++, &c);
+	}
+	atomic_fetch_sub_explicit(&ch->async_n_ready, posted, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&ch->async_in_flight, posted, memory_order_release);
+	return posted;
+}
+
+void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
+{
+	uint32_t s = c->slot;
+	pthread_mutex_lock(&ch->cq_lock);
+	int64_t room = moe_ring_space(&ch->cq);
+	if (room > 0) { /* broken: the dispatcher reports it; full: it posts later */
+		struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+		atomic_store_explicit(&ch->slot_busy[s], 0, memory_order_relaxed);
+		cq_put(ch, cqes, 0, c);
+		moe_ring_publish(&ch->cq, 1);
+		moe_ring_wake_consumer(&ch->cq);
+		atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_release);
+		pthread_mutex_unlock(&ch->cq_lock);
+		/* The dispatcher slept while this ran; waking it now, in parallel with the
+		 * client reading its output, has it spinning when the next request comes. */
+		if (ch->wake_dispatcher)
+			ch->wake_dispatcher(ch->wake_arg);
+		return;
+	}
+	pthread_mutex_unlock(&ch->cq_lock);
+	ch->async_cqe[s] = *c;
+	atomic_store_explicit(&ch->async_ready[s], 1, memory_order_release);
+	atomic_fetch_add_explicit(&ch->async_n_ready, 1, memory_order_release);
+	if (ch->wake_dispatcher)
+		ch->wake_dispatcher(ch->wake_arg);
+}
+
+static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
 {
 	int64_t room = moe_ring_space(&ch->cq);
 	if (room == MOE_RING_BROKEN) {
@@ -237,23 +293,32 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 		         ch->sq.head, ch->sq.entries);
 		return DRAIN_BROKEN;
 	}
-	if (ready == 0)
+	uint32_t async_ready = atomic_load_explicit(&ch->async_n_ready, memory_order_acquire);
+	if (ready == 0 && async_ready == 0)
 		return 0;
 	if (room == 0) {
 		ch->cq_blocked = true;
 		return 0;
 	}
 	ch->cq_blocked = false;
+	struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+	uint32_t posted = async_ready ? post_async(ch, cqes, (uint32_t)room) : 0;
+	room -= posted;
 	uint32_t n = (uint32_t)(ready < room ? ready : room);
 	if (n > budget)
 		n = budget;
+	if (n == 0) {
+		moe_ring_publish(&ch->cq, posted);
+		moe_ring_wake_consumer(&ch->cq);
+		return (int)posted;
+	}
 
 	const struct moe_sqe *sqes = (const struct moe_sqe *)(ch->base + ch->layout.sq_entries);
-	struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
 
 	/* Accept phase: copy, validate, claim slots. Errors complete at once. */
 	struct moe_sqe accepted[2 * MOE_MAX_SLOTS_LIMIT];
-	uint32_t n_accepted = 0, posted = 0;
+	uint32_t n_accepted = 0;
+	const uint32_t posted_async = posted;
 	for (uint32_t i = 0; i < n; i++) {
 		struct moe_sqe sqe;
 		struct moe_cqe c;
@@ -279,7 +344,11 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 			c.status = MOE_ESHUTDOWN;
 			ch->n_errors++;
 		} else {
+			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			op_lookup(sqe->op)->execute(ch, sqe, &c);
+			if (c.status == OP_PENDING)
+				continue; /* the slot stays busy until channel_complete_async */
+			atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			if (c.status != MOE_OK)
 				ch->n_errors++;
 		}
@@ -288,7 +357,15 @@ int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_dow
 	}
 	moe_ring_publish(&ch->cq, posted);
 	moe_ring_wake_consumer(&ch->cq);
-	return (int)n;
+	return (int)(n + posted_async);
+}
+
+int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
+{
+	pthread_mutex_lock(&ch->cq_lock);
+	int r = drain_locked(ch, budget, shutting_down);
+	pthread_mutex_unlock(&ch->cq_lock);
+	return r;
 }
 
 bool channel_has_work(struct sidecar_channel *ch)
@@ -296,7 +373,10 @@ bool channel_has_work(struct sidecar_channel *ch)
 	int64_t ready = moe_ring_ready(&ch->sq);
 	if (ready == MOE_RING_BROKEN)
 		return true;
-	if (ready == 0)
+	if (ready == 0 && atomic_load_explicit(&ch->async_n_ready, memory_order_acquire) == 0)
 		return false;
-	return moe_ring_space(&ch->cq) != 0; /* room, or broken (to be reported) */
+	pthread_mutex_lock(&ch->cq_lock);
+	bool room = moe_ring_space(&ch->cq) != 0; /* room, or broken (to be reported) */
+	pthread_mutex_unlock(&ch->cq_lock);
+	return room;
 }

@@ -15,6 +15,8 @@
 #ifndef MOE_SIDECAR_CHANNEL_H
 #define MOE_SIDECAR_CHANNEL_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,13 +31,34 @@ struct sidecar_channel {
 	int memfd;     /* -1 when attached to a caller's buffer */
 	bool owns_map; /* munmap on destroy */
 	uint64_t epoch;
-	struct moe_limits limits;               /* granted; private */
-	struct moe_layout layout;               /* computed from limits; private */
-	struct moe_channel_header *header;      /* written (heartbeat, state), never read */
-	struct moe_ring_cons sq;                /* the sidecar consumes submissions */
-	struct moe_ring_prod cq;                /* and produces completions */
-	uint8_t slot_busy[MOE_MAX_SLOTS_LIMIT]; /* 1 while a request owns the slot */
+	struct moe_limits limits;          /* granted; private */
+	struct moe_layout layout;          /* computed from limits; private */
+	struct moe_channel_header *header; /* written (heartbeat, state), never read */
+	struct moe_ring_cons sq;           /* the sidecar consumes submissions */
+	struct moe_ring_prod cq;           /* and produces completions */
+	/* 1 while a request owns the slot. Set by the dispatcher; cleared by whoever posts the
+	 * completion, before posting it (so a resubmission after it sees the slot free). */
+	_Atomic uint8_t slot_busy[MOE_MAX_SLOTS_LIMIT];
+	/* The CQ has two producers — the dispatcher, and the forward thread posting a FORWARD's
+	 * completion itself (one hop less than going back through the dispatcher) — so every
+	 * use of `cq` is under this lock. */
+	pthread_mutex_t cq_lock;
 	bool cq_blocked; /* last drain stopped because the client does not drain its CQ */
+
+	/* Model serving (model_ops.h): per-channel state, NULL when the sidecar serves none.
+	 * Set by the control thread before the channel is handed to the dispatcher. */
+	struct model_ops *model_ops;
+	struct model_channel *model;
+
+	/* Asynchronous completions. An executor that returns OP_PENDING keeps its slot busy;
+	 * another thread later finishes it with channel_complete_async, and the dispatcher
+	 * posts it on its next drain (it is the CQ's only producer). */
+	struct moe_cqe async_cqe[MOE_MAX_SLOTS_LIMIT];
+	_Atomic uint8_t async_ready[MOE_MAX_SLOTS_LIMIT];
+	_Atomic uint32_t async_n_ready;     /* finished, not yet posted */
+	_Atomic uint32_t async_in_flight;   /* accepted as OP_PENDING, not yet posted */
+	void (*wake_dispatcher)(void *arg); /* set by dispatcher_add */
+	void *wake_arg;
 
 	/* Counters, for logs and tests (dispatcher thread only). */
 	uint64_t n_requests, n_errors;
@@ -78,12 +101,26 @@ enum drain_result {
  * completion per submission, then wakes the client if it sleeps. Never takes more
  * submissions than the CQ has room for; if the CQ is full it takes none and sets cq_blocked.
  * If `shutting_down`, every submission completes with MOE_ESHUTDOWN instead of running.
- * Returns the number of submissions handled (0 = nothing to do), or DRAIN_BROKEN. */
+ * Asynchronous completions that are ready are posted first.
+ * Returns the number of submissions and completions handled (0 = nothing to do), or
+ * DRAIN_BROKEN. */
 int channel_drain(struct sidecar_channel *ch, uint32_t budget, bool shutting_down);
 
-/* True if channel_drain would do something now (submissions waiting and CQ room, or a broken
- * ring index it must report). Used for the re-check after announcing sleep. */
+/* True if channel_drain would do something now (submissions or asynchronous completions
+ * waiting and CQ room, or a broken ring index it must report). Used for the re-check after
+ * announcing sleep. */
 bool channel_has_work(struct sidecar_channel *ch);
+
+/* Finishes a request its executor left OP_PENDING (any thread, once per such request): posted
+ * at once if the CQ has room, else handed to the dispatcher (woken) to post when the client
+ * drains. c->slot names the slot. */
+void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c);
+
+/* Requests accepted as OP_PENDING whose completion is not posted yet. */
+static inline uint32_t channel_async_in_flight(struct sidecar_channel *ch)
+{
+	return atomic_load_explicit(&ch->async_in_flight, memory_order_acquire);
+}
 
 /* Sidecar-owned header words. */
 void channel_set_heartbeat(struct sidecar_channel *ch, uint64_t now_ns);

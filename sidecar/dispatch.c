@@ -43,6 +43,12 @@ static void control_bump(struct dispatcher *d)
 	syscall(SYS_futex, (uint32_t *)&d->control_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
+/* channel_complete_async's wake-up: any thread. */
+static void dispatcher_wake(void *arg)
+{
+	control_bump(arg);
+}
+
 static void attached_remove_locked(struct dispatcher *d, struct sidecar_channel *ch)
 {
 	for (uint32_t i = 0; i < d->n_attached; i++) {
@@ -100,10 +106,12 @@ static void drop_channel(struct dispatcher *d, uint32_t i)
 		log_error("dispatch", "eventfd write failed: %s", strerror(errno));
 }
 
-/* Returns submissions handled across all channels; drops broken ones. */
-static uint32_t drain_all(struct dispatcher *d, bool shutting_down)
+/* Returns submissions handled across all channels; drops broken ones. *async_pending: some
+ * request runs elsewhere (its completion will wake us). */
+static uint32_t drain_all(struct dispatcher *d, bool shutting_down, bool *async_pending)
 {
 	uint32_t work = 0;
+	*async_pending = false;
 	for (uint32_t i = 0; i < d->n_active;) {
 		int r = channel_drain(d->active[i].ch, DRAIN_BUDGET, shutting_down);
 		if (r < 0) {
@@ -113,6 +121,7 @@ static uint32_t drain_all(struct dispatcher *d, bool shutting_down)
 			continue; /* active[i] is now another channel */
 		}
 		work += (uint32_t)r;
+		*async_pending |= channel_async_in_flight(d->active[i].ch) != 0;
 		i++;
 	}
 	return work;
@@ -187,6 +196,25 @@ static void shutdown_channels(struct dispatcher *d)
 		}
 		i++;
 	}
+	/* Requests still running elsewhere (model_ops has failed the queued ones) finish and
+	 * are posted before the channel closes: nothing in flight is left unanswered. */
+	for (;;) {
+		bool in_flight = false;
+		uint32_t gen = atomic_load_explicit(&d->control_word, memory_order_acquire);
+		for (uint32_t i = 0; i < d->n_active;) {
+			if (channel_drain(d->active[i].ch, 2 * MOE_MAX_SLOTS_LIMIT, true) < 0) {
+				drop_channel(d, i);
+				continue;
+			}
+			in_flight |= channel_async_in_flight(d->active[i].ch) != 0;
+			i++;
+		}
+		if (!in_flight)
+			break;
+		struct timespec ts = {.tv_sec = 0, .tv_nsec = 10000000};
+		syscall(SYS_futex, (uint32_t *)&d->control_word, FUTEX_WAIT_PRIVATE, gen, &ts, NULL,
+		        0);
+	}
 	for (uint32_t i = 0; i < d->n_active; i++) {
 		channel_set_state(d->active[i].ch, MOE_CHANNEL_CLOSED);
 		channel_wake_client(d->active[i].ch);
@@ -206,7 +234,8 @@ static void *dispatcher_main(void *arg)
 				break;
 			last_beat = 0; /* new channels get a heartbeat at once */
 		}
-		uint32_t work = drain_all(d, false);
+		bool async_pending;
+		uint32_t work = drain_all(d, false, &async_pending);
 		uint64_t now = now_ns();
 		if (now - last_beat >= d->heartbeat_ns) {
 			write_heartbeats(d, now);
@@ -216,7 +245,9 @@ static void *dispatcher_main(void *arg)
 			last_work = now;
 			continue;
 		}
-		if (now - last_work < d->spin_ns) {
+		/* While a request computes elsewhere, spinning would take a core from the workers
+		 * computing it; its completion wakes us through the control word. */
+		if (now - last_work < d->spin_ns && !async_pending) {
 			moe_cpu_relax();
 			continue;
 		}
@@ -250,6 +281,8 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_
 
 void dispatcher_add(struct dispatcher *d, struct sidecar_channel *ch, void *owner)
 {
+	ch->wake_dispatcher = dispatcher_wake;
+	ch->wake_arg = d;
 	pthread_mutex_lock(&d->lock);
 	d->pending_add[d->n_pending_add++] = (struct dispatcher_entry){.ch = ch, .owner = owner};
 	d->attached[d->n_attached++] = ch;

@@ -2,7 +2,9 @@
  *
  * Owns: the set of channels being served and the sleep/wake protocol on the sidecar side.
  * It drains channels round-robin while there is work, keeps spinning briefly after the last
- * request (so a tight request loop never pays a futex wake), then announces sleep on every
+ * request (so a tight request loop never pays a futex wake) unless a request is running
+ * elsewhere (the forward thread: its completion wakes the dispatcher through the control word,
+ * and a spinning dispatcher would take a core from the workers), then announces sleep on every
  * channel's SQ word, re-checks, and sleeps on all of them at once with futex_waitv, plus one
  * private word the control thread bumps when the channel set changes or at shutdown. It also
  * writes each channel's heartbeat.

@@ -16,6 +16,7 @@ static const struct command commands[] = {
 	{"inspect", cmd_inspect, "show what a model holds: architecture, experts, formats, bytes"},
 	{"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
 	{"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
+	{"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
 };
 
 static void usage(FILE *to)

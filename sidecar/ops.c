@@ -1,4 +1,5 @@
-/* ops.c — the op table rows this sidecar serves today: PING and ECHO.
+/* ops.c — the op table: PING and ECHO here; FORWARD, PREFETCH, STATS and MASK in
+ * model_ops.c (they answer MOE_ENOMODEL on a sidecar started without a model).
  *
  * ECHO is the channel's self-test: it reads n_tokens rows of `hidden` elements from the
  * slot's input area and writes them, converted from in_dtype to out_dtype, to its output
@@ -7,6 +8,7 @@
  */
 #include "ops.h"
 
+#include "model_ops.h"
 #include "moe_kernels.h"
 
 static void op_ping(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
@@ -31,9 +33,10 @@ static void op_echo(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 static const struct op_desc op_table[MOE_OP_MAX] = {
     [MOE_OP_PING] = {.name = "ping", .execute = op_ping},
     [MOE_OP_ECHO] = {.name = "echo", .execute = op_echo},
-    [MOE_OP_FORWARD] = {.name = "forward", .unsupported_status = MOE_ENOMODEL},
-    [MOE_OP_PREFETCH] = {.name = "prefetch", .unsupported_status = MOE_ENOMODEL},
-    [MOE_OP_STATS] = {.name = "stats", .unsupported_status = MOE_EBADOP},
+    [MOE_OP_FORWARD] = {.name = "forward", .check = model_op_check, .execute = model_op_forward},
+    [MOE_OP_PREFETCH] = {.name = "prefetch", .check = model_op_check, .execute = model_op_prefetch},
+    [MOE_OP_STATS] = {.name = "stats", .check = model_op_check, .execute = model_op_stats},
+    [MOE_OP_MASK] = {.name = "mask", .check = model_op_check, .execute = model_op_mask},
 };
 
 const struct op_desc *op_lookup(uint32_t op)

@@ -3,14 +3,19 @@
  * Owns: per-op validation beyond moe_sqe_check, and execution. Ring handling (channel.c)
  * never knows what an op does; it looks the op up here, so MOE_OP_FORWARD, PREFETCH and STATS
  * plug in as rows. Executors run on a private copy of the submission and write only inside
- * the slot's areas; today they run synchronously on the dispatcher thread, later behind
- * per-NUMA-node worker pools (execution is already separate from ring handling).
+ * the slot's areas. PING, ECHO, PREFETCH, MASK and STATS run synchronously on the dispatcher
+ * thread; FORWARD is handed to the forward thread (model_ops.h) and completes asynchronously
+ * (OP_PENDING), so the dispatcher keeps draining every ring meanwhile.
  */
 #ifndef MOE_SIDECAR_OPS_H
 #define MOE_SIDECAR_OPS_H
 
 #include "channel.h"
 #include "moe_proto.h"
+
+/* Status an executor sets when the request finishes later, on another thread, through
+ * channel_complete_async: the slot stays busy until then. Positive, so never a wire status. */
+#define OP_PENDING 1
 
 struct op_desc {
 	const char *name;

@@ -1,11 +1,15 @@
-/* serve.c — `moe-sidecar serve`: options, then the server (server.h) until SIGINT/SIGTERM.
+/* serve.c — `moe-sidecar serve [MODEL]`: options, the model (serve_model.h, model_ops.h),
+ * then the server (server.h) until SIGINT/SIGTERM.
  *
- * Options are one table (name, argument, help) plus one switch, so later issues add
- * `serve MODEL` and more flags by adding rows. Only this file exits with a status.
+ * Options are one table (name, argument, help) plus one switch. Without MODEL the sidecar is
+ * the PING/ECHO channel server; with it, it opens the catalog, attaches the page-cache probes,
+ * warms the engine and serves FORWARD/PREFETCH/STATS/MASK. Only this file exits with a status.
  */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +17,8 @@
 #include "commands.h"
 #include "dispatch.h"
 #include "log.h"
+#include "model_ops.h"
+#include "serve_model.h"
 #include "server.h"
 
 enum {
@@ -25,6 +31,16 @@ enum {
 	OPT_LOG_JSON,
 	OPT_MAX_CHANNEL_MIB,
 	OPT_SPIN_US,
+	OPT_MEM_BUDGET,
+	OPT_NUMA,
+	OPT_THREADS,
+	OPT_PIN_LAYERS,
+	OPT_POLICY,
+	OPT_REQUIRE_PROBES,
+	OPT_PROBES_INSTANCE,
+	OPT_MAX_TOKENS,
+	OPT_NO_DIRECT,
+	OPT_FAIL_EXPERT,
 };
 
 static const struct serve_option {
@@ -50,6 +66,35 @@ static const struct serve_option {
     {{"spin-us", required_argument, NULL, OPT_SPIN_US},
      "US",
      "dispatcher keeps polling this long after the last request (default 50)"},
+    {{"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
+     "BYTES|PCT%",
+     "expert memory: bytes (K/M/G suffix) or a percentage of the model's expert bytes "
+     "(default: every expert if it fits in 3/4 of MemAvailable, else that)"},
+    {{"numa", required_argument, NULL, OPT_NUMA},
+     "auto|LIST",
+     "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
+    {{"threads", required_argument, NULL, OPT_THREADS},
+     "N",
+     "worker threads per NUMA node (default: the node's cores)"},
+    {{"pin-layers", required_argument, NULL, OPT_PIN_LAYERS},
+     "N",
+     "keep the first N MoE layers always resident"},
+    {{"policy", required_argument, NULL, OPT_POLICY},
+     "NAME",
+     "residency policy (lru, sieve, sieve+layer, sieve+heat …; default sieve+layer)"},
+    {{"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
+     "N",
+     "tokens per FORWARD a client may negotiate (default 256)"},
+    {{"require-probes", no_argument, NULL, OPT_REQUIRE_PROBES},
+     NULL,
+     "refuse to start when the eBPF page-cache probes are unavailable"},
+    {{"probes-instance", required_argument, NULL, OPT_PROBES_INSTANCE},
+     "NAME",
+     "pins under /sys/fs/bpf/moe-sidecar/NAME (default: default)"},
+    {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
+    {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
+     "LAYER:EXPERT",
+     "testing: every read of this expert fails with EIO"},
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "this text"},
@@ -58,13 +103,15 @@ static const struct serve_option {
 
 static void serve_usage(FILE *to)
 {
-	fprintf(to, "usage: moe-sidecar serve [options]\n\n");
+	fprintf(to, "usage: moe-sidecar serve [MODEL] [options]\n\n"
+	            "MODEL: a .gguf file, a .safetensors file or a checkpoint directory. Without\n"
+	            "it the sidecar serves PING and ECHO only (channel self-test).\n\n");
 	for (size_t i = 0; i < N_SERVE_OPTIONS; i++) {
-		char left[48];
+		char left[56];
 		snprintf(left, sizeof(left), "--%s%s%s", serve_options[i].opt.name,
 		         serve_options[i].arg ? " " : "",
 		         serve_options[i].arg ? serve_options[i].arg : "");
-		fprintf(to, "  %-26s %s\n", left, serve_options[i].help);
+		fprintf(to, "  %-32s %s\n", left, serve_options[i].help);
 	}
 }
 
@@ -79,6 +126,50 @@ static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	if (errno || *end || v < min || v > max)
 		return -1;
 	*out = v;
+	return 0;
+}
+
+/* BYTES with an optional K/M/G/T suffix (powers of 1024), or PCT% in (0, 100]. */
+static int parse_budget(const char *s, struct serve_model_config *mc)
+{
+	char *end;
+	errno = 0;
+	if (!s || !*s || *s == '-')
+		return -1;
+	if (s[strlen(s) - 1] == '%') {
+		double pct = strtod(s, &end);
+		if (errno || end != s + strlen(s) - 1 || !(pct > 0 && pct <= 100))
+			return -1;
+		mc->mem_budget_percent = pct;
+		return 0;
+	}
+	unsigned long long v = strtoull(s, &end, 10);
+	unsigned shift = 0;
+	switch (*end) {
+	case 'K':
+	case 'k':
+		shift = 10;
+		end++;
+		break;
+	case 'M':
+	case 'm':
+		shift = 20;
+		end++;
+		break;
+	case 'G':
+	case 'g':
+		shift = 30;
+		end++;
+		break;
+	case 'T':
+	case 't':
+		shift = 40;
+		end++;
+		break;
+	}
+	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
+		return -1;
+	mc->mem_budget_bytes = (uint64_t)v << shift;
 	return 0;
 }
 
@@ -117,6 +208,13 @@ int cmd_serve(int argc, char **argv)
 		longopts[i] = serve_options[i].opt;
 	memset(&longopts[N_SERVE_OPTIONS], 0, sizeof(longopts[0]));
 
+	struct serve_model_config mcfg = {
+	    .numa = "auto",
+	    .max_tokens = 256,
+	    .probes_instance = NULL,
+	    .fail_layer = -1,
+	    .fail_expert = -1,
+	};
 	uint64_t v;
 	int c;
 	optind = 1;
@@ -184,15 +282,101 @@ int cmd_serve(int argc, char **argv)
 			log_set_level((enum log_level)l);
 			break;
 		}
+		case OPT_MEM_BUDGET:
+			if (parse_budget(optarg, &mcfg) != 0) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --mem-budget '%s': expected BYTES "
+				        "(K/M/G/T suffix allowed) or a percentage like 50%%\n",
+				        optarg);
+				return 2;
+			}
+			break;
+		case OPT_NUMA: mcfg.numa = optarg; break;
+		case OPT_THREADS:
+		case OPT_PIN_LAYERS:
+		case OPT_MAX_TOKENS:
+			if (parse_u64(optarg, c == OPT_PIN_LAYERS ? 0 : 1,
+			              c == OPT_MAX_TOKENS ? MOE_MAX_TOKENS_LIMIT : 4096, &v) != 0) {
+				fprintf(stderr, "moe-sidecar serve: --%s '%s': expected %s\n",
+				        c == OPT_THREADS      ? "threads"
+				        : c == OPT_PIN_LAYERS ? "pin-layers"
+				                              : "max-tokens",
+				        optarg,
+				        c == OPT_MAX_TOKENS ? "1..65536"
+				        : c == OPT_THREADS  ? "1..4096"
+				                            : "0..4096");
+				return 2;
+			}
+			if (c == OPT_THREADS)
+				mcfg.threads = (uint32_t)v;
+			else if (c == OPT_PIN_LAYERS)
+				mcfg.pin_layers = (uint32_t)v;
+			else
+				mcfg.max_tokens = (uint32_t)v;
+			break;
+		case OPT_POLICY: mcfg.policy = optarg; break;
+		case OPT_REQUIRE_PROBES: mcfg.require_probes = true; break;
+		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
+		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
+		case OPT_FAIL_EXPERT: {
+			int layer, expert, n = 0;
+			if (sscanf(optarg, "%d:%d%n", &layer, &expert, &n) != 2 ||
+			    optarg[n] != '\0' || layer < 0 || expert < 0) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --debug-fail-expert '%s': expected "
+				        "LAYER:EXPERT\n",
+				        optarg);
+				return 2;
+			}
+			mcfg.fail_layer = layer;
+			mcfg.fail_expert = expert;
+			break;
+		}
 		case OPT_LOG_JSON: log_set_json(1); break;
 		case OPT_HELP: serve_usage(stdout); return 0;
 		default: serve_usage(stderr); return 2;
 		}
 	}
-	if (optind < argc) {
-		fprintf(stderr, "moe-sidecar serve: unexpected argument '%s' (no model yet)\n",
-		        argv[optind]);
+	if (optind + 1 < argc) {
+		fprintf(stderr, "moe-sidecar serve: unexpected argument '%s' (one MODEL only)\n",
+		        argv[optind + 1]);
 		return 2;
 	}
-	return server_run(&cfg);
+	if (optind == argc)
+		return server_run(&cfg);
+
+	/* Every thread the model starts must inherit SIGINT/SIGTERM blocked, or a signal
+	 * would kill the process instead of reaching the server's signalfd. A signal during
+	 * warm-up stays pending and stops the server as soon as it runs. */
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGTERM);
+	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
+		log_error("serve", "pthread_sigmask failed");
+		return 1;
+	}
+	mcfg.path = argv[optind];
+	char err[512];
+	struct serve_model *model;
+	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
+		log_error("serve", "%s", err);
+		return 1;
+	}
+	struct model_ops *ops;
+	if (model_ops_create(model, &ops, err, sizeof(err)) != 0) {
+		log_error("serve", "%s", err);
+		serve_model_close(model);
+		return 1;
+	}
+	const struct serve_model_desc *d = serve_model_desc(model);
+	cfg.model_ops = ops;
+	cfg.defaults.hidden = d->hidden;
+	cfg.defaults.top_k = d->max_top_k;
+	if (cfg.defaults.max_tokens > d->max_tokens)
+		cfg.defaults.max_tokens = d->max_tokens;
+	int status = server_run(&cfg);
+	model_ops_destroy(ops);
+	serve_model_close(model);
+	return status;
 }

@@ -30,6 +30,7 @@
 #include "channel.h"
 #include "dispatch.h"
 #include "log.h"
+#include "model_ops.h"
 
 #define HELLO_MAX_BYTES 4096u
 #define HANDSHAKING_MAX 16u /* connections still in the handshake, beyond max_clients */
@@ -232,6 +233,8 @@ static void conn_close(struct server *s, struct conn *c, const char *why)
 	if (serving) {
 		if (!s->dispatcher_stopped)
 			dispatcher_remove(&s->dispatcher, c->ch);
+		model_ops_channel_close(s->cfg->model_ops,
+		                        c->ch); /* waits for its running FORWARD */
 		requests = c->ch->n_requests;
 		errors = c->ch->n_errors;
 		channel_destroy(c->ch);
@@ -323,6 +326,22 @@ static int negotiate(const struct server *s, const struct moe_hello *h, struct m
 		snprintf(why, why_len, "requested limits: %s", lim_why);
 		return -1;
 	}
+	if (s->cfg->model_ops) {
+		/* The engine's buffers are sized for these: nothing larger may be granted. */
+		const struct serve_model_desc *m = model_ops_desc(s->cfg->model_ops);
+		if (g->hidden != m->hidden) {
+			snprintf(why, why_len, "hidden %u: this sidecar serves %s with hidden %u",
+			         g->hidden, m->name, m->hidden);
+			return -1;
+		}
+		if (g->max_tokens > m->max_tokens || g->top_k > m->max_top_k) {
+			snprintf(why, why_len,
+			         "max_tokens %u / top_k %u above this sidecar's %u / %u "
+			         "(serve --max-tokens)",
+			         g->max_tokens, g->top_k, m->max_tokens, m->max_top_k);
+			return -1;
+		}
+	}
 	struct moe_layout l;
 	moe_layout_compute(g, &l);
 	if (l.total > s->cfg->max_channel_bytes) {
@@ -379,14 +398,24 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
 		return;
 	}
+	if (s->cfg->model_ops &&
+	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
+		log_warn("server", "client pid=%d: %s", (int)c->pid, err);
+		channel_destroy(ch);
+		refuse(s, c, MOE_EREFUSED, err);
+		return;
+	}
 	struct moe_welcome w;
 	welcome_base(&w, MOE_OK);
 	w.channel_bytes = ch->bytes;
 	w.epoch = ch->epoch;
 	w.limits = g;
+	if (s->cfg->model_ops)
+		model_ops_model_info(s->cfg->model_ops, &w.model);
 	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
+		model_ops_channel_close(s->cfg->model_ops, ch);
 		channel_destroy(ch);
 		conn_close(s, c, "welcome not delivered");
 		return;
@@ -627,6 +656,7 @@ static void server_teardown(struct server *s)
 		close(s->listen_fd);
 		unlink(s->path);
 	}
+	model_ops_shutdown(s->cfg->model_ops); /* queued FORWARDs fail with MOE_ESHUTDOWN */
 	if (s->dispatcher.running)
 		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
 	s->dispatcher_stopped = true;

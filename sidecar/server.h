@@ -18,6 +18,8 @@
 
 #define SERVER_MAX_ALLOWED_UIDS 64u
 
+struct model_ops;
+
 struct server_config {
 	const char *socket_path; /* NULL: server_default_socket_path() */
 	/* Peers must run as our own uid, or as one of these when allow_list is set. With an
@@ -25,12 +27,13 @@ struct server_config {
 	bool allow_list;
 	uid_t allowed_uids[SERVER_MAX_ALLOWED_UIDS];
 	uint32_t n_allowed_uids;
-	uint32_t max_clients;       /* connected channels at once (<= 127) */
-	uint64_t max_channel_bytes; /* refuse a hello whose channel would be larger */
-	struct moe_limits defaults; /* used for the zero fields of a hello */
-	int ready_fd;               /* >= 0: write "READY <path>\n" once listening, then close */
-	uint64_t spin_ns;           /* dispatcher spin after work; 0 = default */
-	int handshake_timeout_ms;   /* a peer that sends no complete hello is dropped */
+	uint32_t max_clients;        /* connected channels at once (<= 127) */
+	uint64_t max_channel_bytes;  /* refuse a hello whose channel would be larger */
+	struct moe_limits defaults;  /* used for the zero fields of a hello */
+	int ready_fd;                /* >= 0: write "READY <path>\n" once listening, then close */
+	uint64_t spin_ns;            /* dispatcher spin after work; 0 = default */
+	int handshake_timeout_ms;    /* a peer that sends no complete hello is dropped */
+	struct model_ops *model_ops; /* the model served (model_ops.h); NULL: PING/ECHO only */
 };
 
 /* $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else /run/moe-sidecar/sidecar.sock. Returns 0,

@@ -41,8 +41,8 @@ struct moe_client;
 /* Connection options. Zero means "default" for every field. */
 struct moe_connect_opts {
 	const char *socket_path; /* NULL: $MOE_SIDECAR_SOCKET, else
-				    $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else
-				    /run/moe-sidecar/sidecar.sock */
+	                            $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else
+	                            /run/moe-sidecar/sidecar.sock */
 	uint32_t max_tokens;     /* tokens per request */
 	uint32_t hidden;         /* elements per row (default: the model's hidden size) */
 	uint32_t top_k;          /* expert ids per token */
@@ -64,13 +64,13 @@ void moe_close(struct moe_client *c);
 /* What was negotiated and what the sidecar serves. Valid until moe_close. */
 struct moe_info {
 	uint32_t max_tokens, hidden, top_k, n_slots;
-	uint32_t dtype_mask;  /* bit (1 << MOE_DTYPE_*) per accepted dtype */
+	uint32_t dtype_mask; /* bit (1 << MOE_DTYPE_*) per accepted dtype */
 	uint32_t sidecar_pid;
-	uint16_t abi_major, abi_minor;  /* the sidecar's protocol version */
+	uint16_t abi_major, abi_minor; /* the sidecar's protocol version */
 	uint64_t channel_bytes;
 	/* Model (all zero when the sidecar runs without one). */
 	uint32_t n_layers, n_moe_layers, first_moe_layer, n_experts, model_top_k, model_hidden,
-		expert_ffn;
+	    expert_ffn;
 	char model_name[64];
 };
 const struct moe_info *moe_info(const struct moe_client *c);
@@ -80,10 +80,10 @@ const struct moe_info *moe_info(const struct moe_client *c);
  * the completion and release. Sizes are capacities in bytes. */
 struct moe_slot {
 	uint32_t index;
-	void *input;            /* max_tokens rows of hidden elements, any accepted dtype */
-	int32_t *expert_ids;    /* max_tokens * top_k ids (−1 = skip) */
-	float *expert_weights;  /* max_tokens * top_k weights */
-	void *output;           /* max_tokens rows of hidden elements */
+	void *input;           /* max_tokens rows of hidden elements, any accepted dtype */
+	int32_t *expert_ids;   /* max_tokens * top_k ids (−1 = skip) */
+	float *expert_weights; /* max_tokens * top_k weights */
+	void *output;          /* max_tokens rows of hidden elements */
 	size_t input_bytes, ids_bytes, weights_bytes, output_bytes;
 };
 
@@ -96,15 +96,15 @@ int moe_slot_release(struct moe_client *c, uint32_t slot);
 
 /* One request. Fields a given op does not use must be zero. */
 struct moe_request {
-	uint16_t op;            /* MOE_OP_* (moe_proto.h); PING and ECHO in this version */
+	uint16_t op; /* MOE_OP_* (moe_proto.h) */
 	uint16_t flags;
-	uint32_t slot;          /* from moe_slot_acquire */
-	uint32_t n_tokens;      /* rows in slot.input */
-	uint8_t in_dtype, out_dtype;  /* MOE_DTYPE_* */
-	uint16_t ids_per_token; /* FORWARD */
-	int32_t layer;          /* FORWARD / PREFETCH */
-	uint32_t arg;           /* per-op argument */
-	uint64_t user_data;     /* returned in the completion */
+	uint32_t slot;               /* from moe_slot_acquire */
+	uint32_t n_tokens;           /* rows in slot.input */
+	uint8_t in_dtype, out_dtype; /* MOE_DTYPE_* */
+	uint16_t ids_per_token;      /* FORWARD */
+	int32_t layer;               /* FORWARD / PREFETCH */
+	uint32_t arg;                /* per-op argument */
+	uint64_t user_data;          /* returned in the completion */
 };
 
 /* Publishes a request and wakes the sidecar if it sleeps. MOE_EINVAL if the slot is not
@@ -132,6 +132,43 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms);
 /* Convenience: PING round trip on a fresh slot; MOE_OK or why not. For an otherwise idle
  * client: a completion of another request that arrives meanwhile is consumed and lost. */
 int moe_ping(struct moe_client *c, int timeout_ms);
+
+/* ---- Model operations (a sidecar started with `serve MODEL`) -----------------------------
+ * Synchronous helpers: each submits one request on a slot the caller acquired (FORWARD) or
+ * on a fresh slot it takes and returns itself (the others), then waits for THAT completion.
+ * For an otherwise idle client only: a completion of another request that arrives meanwhile
+ * is consumed and lost. The request's own status (MOE_EBAD*, MOE_EIO, …) is returned; its
+ * detail stays in *done when done != NULL. */
+
+/* Submits req (its slot acquired and filled) and waits for its completion (any status). */
+int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_completion *done,
+             int timeout_ms);
+
+/* One MoE layer: slot.input holds n_tokens rows, expert_ids/expert_weights n_tokens × k.
+ * k_defer: ids per token the sidecar may defer into the NEXT FORWARD (0 on the last layer). */
+int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n_tokens,
+                uint16_t k, uint32_t k_defer, uint8_t in_dtype, uint8_t out_dtype, uint16_t flags,
+                struct moe_completion *done, int timeout_ms);
+
+/* Lookahead hint for `layer`: n expert ids with scores (higher = sooner), or, with ids NULL,
+ * n = n_experts router scores (MOE_PREFETCH_SCORES). On success *queued = loads started. */
+int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const float *scores,
+                 uint32_t n, uint32_t *queued, int timeout_ms);
+
+/* The same hint without waiting, from a slot the caller acquired and filled (expert_ids and
+ * expert_weights, n entries): post it, then the layer's FORWARD. Its completion arrives like
+ * any other (moe_call consumes it on the way), after which the slot can be posted again. */
+int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n,
+                      uint16_t flags);
+
+/* GPU expert mask: layer −1 = the whole model (n_layers × ceil(n_experts/8) bytes, layer-
+ * major), else one layer's ceil(n_experts/8) bytes; bit e set = expert e is on the GPU. */
+int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
+                     int timeout_ms);
+
+/* The sidecar's STATS as a NUL-terminated JSON object copied into buf (len bytes).
+ * MOE_ETOOSMALL if it does not fit buf or the channel's output area. */
+int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms);
 
 /* Name of a status code; never NULL. */
 const char *moe_strerror(int status);

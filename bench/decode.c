@@ -1,0 +1,815 @@
+/* decode.c — bench_decode: a decode trace through the full path (client → channel → sidecar
+ * → residency → kernels) at expert budgets of 100%, 50% and 25%, against two baselines
+ * measured in the same run on the same requests:
+ *
+ *   floor  the forward engine in this process with every expert resident (ALL_RESIDENT):
+ *          what the computation costs without a channel and without I/O;
+ *   mmap   the forward engine in a child process over an mmap of the model files (MMAP: the
+ *          page cache does residency, as llama.cpp does), under the same memory limit as the
+ *          sidecar's budget: a cgroup v2 memory.max, else a cgroup v1 memory.limit_in_bytes
+ *          (the output says which), else no limit (said loudly).
+ *
+ * Every mode replays the same requests: per step and MoE layer, the trace's top-k experts with
+ * its router scores as weights, k_defer of them deferred into the next layer (none on the last),
+ * random activations from a fixed seed; the sidecar also gets the next layer's experts as a
+ * PREFETCH hint before each FORWARD (an oracle lookahead, the best a predictor can do). A
+ * warm-up pass (a quarter of the steps) precedes the timed steps in every mode; the sidecar's
+ * starts with a hint naming every expert once (the floor starts with every expert loaded). Figures
+ * are ratios against the floor and the mmap baseline; absolute numbers depend on the machine.
+ *
+ *   bench_decode [--quick] [--json] [--model PATH] [--steps N] [--plot FILE.png]
+ *                [--sidecar-threads N]   (serve --threads; default: serve's, the node's cores)
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "forward.h"
+#include "moe_client.h"
+#include "moe_gen.h"
+#include "moe_kernels.h"
+#include "trace.h"
+
+#define N_FRACTIONS 3
+static const double fractions[N_FRACTIONS] = {1.0, 0.5, 0.25};
+#define K_DEFER 1u
+#define TIMEOUT_MS 60000
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static double pct_us(uint64_t *v, size_t n, double p)
+{
+	if (!n)
+		return 0;
+	qsort(v, n, sizeof(*v), cmp_u64);
+	return (double)v[(size_t)(p * (double)(n - 1) + 0.5)] / 1e3;
+}
+
+/* ---- The workload ----------------------------------------------------------------------- */
+
+struct workload {
+	uint32_t n_layers, first_layer, n_experts, top_k, hidden;
+	uint32_t warm_steps, steps; /* replayed: warm_steps, then steps timed */
+	struct routing_trace tr;
+	uint32_t *line_of; /* (step, layer) → trace line */
+};
+
+/* The request of (step, layer): ids, weights and x. */
+static void workload_request(const struct workload *w, uint32_t step, uint32_t li, int32_t *ids,
+                             float *weights, float *x)
+{
+	uint32_t ln = w->line_of[(size_t)step * w->n_layers + li];
+	for (uint32_t j = 0; j < w->top_k; j++) {
+		bool have = ln != UINT32_MAX && j < w->tr.lines[ln].count;
+		uint32_t r = have ? w->tr.lines[ln].first + j : 0;
+		ids[j] = have ? (int32_t)w->tr.ids[r] : -1;
+		weights[j] = have && w->tr.scores ? w->tr.scores[r] : 1.0f / (float)(j + 1);
+	}
+	uint64_t s = ((uint64_t)step << 20 | li) * 0x9e3779b97f4a7c15ull + 1;
+	for (uint32_t i = 0; i < w->hidden; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		x[i] = (float)((double)(s >> 40) / 16777216.0 - 0.5);
+	}
+}
+
+/* Timing of one mode. */
+struct result {
+	double tokens_per_s;
+	double hit_rate;   /* sidecar only, over the timed steps; NAN otherwise */
+	double bytes_read; /* sidecar only, over the timed steps */
+	double p50_us[64], p99_us[64];
+	double p99_all_us;
+	int ok;
+};
+
+static void summarise(const struct workload *w, uint64_t *lat, uint64_t t_ns, struct result *r)
+{
+	r->tokens_per_s = (double)w->steps / ((double)t_ns / 1e9);
+	for (uint32_t li = 0; li < w->n_layers && li < 64; li++) {
+		uint64_t *v = malloc((size_t)w->steps * sizeof(uint64_t));
+		if (!v)
+			return;
+		memcpy(v, &lat[(size_t)li * w->steps], (size_t)w->steps * sizeof(uint64_t));
+		r->p50_us[li] = pct_us(v, w->steps, 0.5);
+		r->p99_us[li] = pct_us(v, w->steps, 0.99);
+		free(v);
+	}
+	r->p99_all_us = pct_us(lat, (size_t)w->steps * w->n_layers, 0.99);
+	r->ok = 1;
+}
+
+/* ---- In process (floor and mmap) -------------------------------------------------------- */
+
+static int run_inprocess(const struct workload *w, struct forward_engine *e, struct result *r)
+{
+	const uint32_t h = w->hidden, k = w->top_k;
+	float *x = malloc(h * sizeof(float)), *wts = malloc(k * sizeof(float));
+	int32_t *ids = malloc(k * sizeof(int32_t));
+	float *out = malloc(h * sizeof(float)), *def[2] = {calloc(h, 4), calloc(h, 4)};
+	uint64_t *lat = malloc((size_t)w->steps * w->n_layers * sizeof(uint64_t));
+	if (!x || !wts || !ids || !out || !def[0] || !def[1] || !lat)
+		return -1;
+	uint64_t t0 = 0;
+	int rc = 0;
+	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == 0; step++) {
+		if (step == w->warm_steps)
+			t0 = now_ns();
+		bool owed = false;
+		uint32_t cur = 0;
+		for (uint32_t li = 0; li < w->n_layers; li++) {
+			workload_request(w, step, li, ids, wts, x);
+			uint32_t kd = li + 1 < w->n_layers ? K_DEFER : 0;
+			struct forward_request req = {.layer = (int32_t)(w->first_layer + li),
+			                              .n_tokens = 1,
+			                              .k = k,
+			                              .k_defer = kd,
+			                              .x = x,
+			                              .x_dtype = MOEK_ACT_F32,
+			                              .ids = ids,
+			                              .weights = wts,
+			                              .deferred_in = owed ? def[cur] : NULL};
+			struct forward_result res;
+			uint64_t a = now_ns();
+			rc = forward_run(e, &req, out, kd ? def[1 - cur] : NULL, &res);
+			uint64_t b = now_ns();
+			if (rc != 0) {
+				fprintf(stderr, "bench_decode: in-process layer %u: %s\n", li,
+				        res.message);
+				break;
+			}
+			owed = kd && res.n_deferred;
+			cur = 1 - cur;
+			if (step >= w->warm_steps)
+				lat[(size_t)li * w->steps + (step - w->warm_steps)] = b - a;
+		}
+	}
+	if (rc == 0)
+		summarise(w, lat, now_ns() - t0, r);
+	r->hit_rate = NAN;
+	free(x);
+	free(wts);
+	free(ids);
+	free(out);
+	free(def[0]);
+	free(def[1]);
+	free(lat);
+	return rc;
+}
+
+/* ---- Memory limit for the mmap baseline -------------------------------------------------- */
+
+struct mem_limit {
+	char dir[256];
+	char what[512]; /* what was used, for the output */
+	int version;    /* 2, 1, or 0 = none */
+};
+
+static int write_file(const char *dir, const char *name, const char *text)
+{
+	char path[320];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t n = write(fd, text, strlen(text));
+	int saved = errno;
+	close(fd);
+	errno = saved;
+	return n == (ssize_t)strlen(text) ? 0 : -1;
+}
+
+static uint64_t read_u64_file(const char *dir, const char *name)
+{
+	char path[320];
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	FILE *f = fopen(path, "r");
+	unsigned long long v = 0;
+	if (f) {
+		if (fscanf(f, "%llu", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	return v;
+}
+
+/* Creates a memory cgroup for this run: v2 (memory in the root's subtree_control), else v1. */
+static void mem_limit_create(struct mem_limit *m, const char *tag)
+{
+	memset(m, 0, sizeof(*m));
+	char ctl[256] = "";
+	FILE *f = fopen("/sys/fs/cgroup/cgroup.subtree_control", "r");
+	if (f) {
+		if (!fgets(ctl, sizeof(ctl), f))
+			ctl[0] = '\0';
+		fclose(f);
+	}
+	if (strstr(ctl, "memory")) {
+		snprintf(m->dir, sizeof(m->dir), "/sys/fs/cgroup/moe-bench-%s", tag);
+		if (mkdir(m->dir, 0755) == 0 || errno == EEXIST) {
+			m->version = 2;
+			snprintf(m->what, sizeof(m->what), "cgroup v2 memory.max (%s)", m->dir);
+			return;
+		}
+	}
+	snprintf(m->dir, sizeof(m->dir), "/sys/fs/cgroup/memory/moe-bench-%s", tag);
+	if (mkdir(m->dir, 0755) == 0 || errno == EEXIST) {
+		m->version = 1;
+		snprintf(
+		    m->what, sizeof(m->what),
+		    "cgroup v1 memory.limit_in_bytes (%s; no cgroup v2 memory controller here)",
+		    m->dir);
+		return;
+	}
+	snprintf(m->what, sizeof(m->what),
+	         "NO MEMORY LIMIT: neither a cgroup v2 memory controller nor a writable cgroup v1 "
+	         "memory hierarchy (%s); the mmap baseline is optimistic",
+	         strerror(errno));
+	m->dir[0] = '\0';
+}
+
+static void mem_limit_destroy(struct mem_limit *m)
+{
+	if (m->version)
+		rmdir(m->dir);
+}
+
+/* In the child: join the cgroup; returns 0 or -1. */
+static int mem_limit_join(const struct mem_limit *m)
+{
+	if (!m->version)
+		return 0;
+	char pid[32];
+	snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+	return write_file(m->dir, "cgroup.procs", pid);
+}
+
+/* In the child, after its own allocations: limit = what it uses now + budget. */
+static int mem_limit_set(const struct mem_limit *m, uint64_t budget)
+{
+	if (!m->version)
+		return 0;
+	uint64_t base =
+	    read_u64_file(m->dir, m->version == 2 ? "memory.current" : "memory.usage_in_bytes");
+	char v[32];
+	snprintf(v, sizeof(v), "%llu\n", (unsigned long long)(base + budget));
+	return write_file(m->dir, m->version == 2 ? "memory.max" : "memory.limit_in_bytes", v);
+}
+
+static void drop_page_cache(const struct moe_catalog *cat)
+{
+	for (uint32_t i = 0; i < cat->n_files; i++) {
+		int fd = open(cat->files[i].path, O_RDONLY | O_CLOEXEC);
+		if (fd >= 0) {
+			fdatasync(fd);
+			posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+			close(fd);
+		}
+	}
+}
+
+/* The mmap baseline in a child inside the memory limit; the result comes back over a pipe. */
+static int run_mmap_limited(const struct workload *w, const struct moe_catalog *cat,
+                            const struct mem_limit *m, uint64_t budget, struct result *r)
+{
+	int p[2];
+	if (pipe(p) != 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		close(p[0]);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		struct result cr;
+		memset(&cr, 0, sizeof(cr));
+		if (mem_limit_join(m) != 0) {
+			fprintf(stderr, "bench_decode: joining %s: %s\n", m->dir, strerror(errno));
+			_exit(1);
+		}
+		struct forward_config fc = {.source = FORWARD_SOURCE_MMAP, .max_tokens = 1};
+		struct forward_engine *e;
+		char err[256];
+		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
+			fprintf(stderr, "bench_decode: mmap engine: %s\n", err);
+			_exit(1);
+		}
+		drop_page_cache(cat);
+		if (mem_limit_set(m, budget) != 0) {
+			fprintf(stderr, "bench_decode: setting the limit in %s: %s\n", m->dir,
+			        strerror(errno));
+			_exit(1);
+		}
+		if (run_inprocess(w, e, &cr) != 0)
+			_exit(1);
+		if (write(p[1], &cr, sizeof(cr)) != (ssize_t)sizeof(cr))
+			_exit(1);
+		_exit(0); /* no teardown: the kernel reclaims faster than munmap under a limit */
+	}
+	close(p[1]);
+	ssize_t n = read(p[0], r, sizeof(*r));
+	close(p[0]);
+	int st;
+	waitpid(pid, &st, 0);
+	return n == (ssize_t)sizeof(*r) && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* ---- Through the sidecar ---------------------------------------------------------------- */
+
+static double stat_of(const char *json, const char *key)
+{
+	char pat[64];
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	const char *layers = strstr(json, "\"layers\":");
+	const char *p = strstr(json, pat);
+	if (!p || (layers && p > layers))
+		return NAN;
+	return strtod(p + strlen(pat), NULL);
+}
+
+static const char *sidecar_threads = "0"; /* --sidecar-threads; "0" = serve's default */
+
+static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		return -1;
+	pid_t pid = fork();
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		int ready = dup(p[1]);
+		char fd[16], budget[32], inst[48];
+		snprintf(fd, sizeof(fd), "%d", ready);
+		snprintf(budget, sizeof(budget), "%.2f%%", fraction * 100.0);
+		snprintf(inst, sizeof(inst), "bench-decode-%d", (int)getppid());
+		const char *argv[20] = {MOE_SIDECAR_BIN,
+		                        "serve",
+		                        model,
+		                        "--mem-budget",
+		                        budget,
+		                        "--socket",
+		                        sock,
+		                        "--ready-fd",
+		                        fd,
+		                        "--log-level",
+		                        "warn",
+		                        "--probes-instance",
+		                        inst,
+		                        NULL};
+		if (strcmp(sidecar_threads, "0") != 0) {
+			argv[13] = "--threads";
+			argv[14] = sidecar_threads;
+		}
+		execv(MOE_SIDECAR_BIN, (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	char line[512];
+	ssize_t n = read(p[0], line, sizeof(line) - 1);
+	close(p[0]);
+	if (n < 6 || strncmp(line, "READY ", 6) != 0) {
+		waitpid(pid, NULL, 0);
+		return -1;
+	}
+	return pid;
+}
+
+static int run_sidecar(const struct workload *w, const char *sock, struct result *r)
+{
+	struct moe_connect_opts o = {
+	    .socket_path = sock, .max_tokens = 1, .n_slots = 4, .client_name = "bench_decode"};
+	struct moe_client *c, *sc;
+	int rc = moe_connect(&o, &c);
+	if (rc != MOE_OK) {
+		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
+		return -1;
+	}
+	/* STATS on a connection of its own, with an output area the JSON fits in. */
+	o.max_tokens = (256u << 10) / (w->hidden * 4u) + 1;
+	o.max_tokens = o.max_tokens > 256 ? 256 : o.max_tokens;
+	o.n_slots = 1;
+	rc = moe_connect(&o, &sc);
+	if (rc != MOE_OK) {
+		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
+		moe_close(c);
+		return -1;
+	}
+	const uint32_t h = w->hidden, k = w->top_k;
+	float *wts = malloc(k * sizeof(float)), *x = malloc(h * sizeof(float));
+	int32_t *ids = malloc(k * sizeof(int32_t)), *hint = malloc(k * sizeof(int32_t));
+	float *hint_w = malloc(k * sizeof(float));
+	uint64_t *lat = malloc((size_t)w->steps * w->n_layers * sizeof(uint64_t));
+	char *js = malloc(1u << 20);
+	if (!wts || !x || !ids || !hint || !hint_w || !lat || !js)
+		return -1;
+	struct moe_slot slot, hint_slot;
+	moe_slot_acquire(c, &slot);
+	moe_slot_acquire(c, &hint_slot);
+	/* Warm-up, part 1: hint every expert once (what fits stays: at 100% all of them, as in
+	 * the floor); part 2 is the warm-up steps below. */
+	for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++)
+		for (uint32_t e0 = 0; e0 < w->n_experts && rc == MOE_OK; e0 += k) {
+			uint32_t nh = 0;
+			for (uint32_t e = e0; e < w->n_experts && nh < k; e++, nh++) {
+				hint[nh] = (int32_t)e;
+				hint_w[nh] = 1.0f;
+			}
+			rc = moe_prefetch(c, (int32_t)(w->first_layer + li), hint, hint_w, nh, NULL,
+			                  TIMEOUT_MS);
+		}
+	/* The hinted loads run in the background: let them finish before anything is timed. */
+	double last = -1;
+	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 1500; polls++) {
+		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
+		double now_resident = stat_of(js, "resident_bytes");
+		stable = now_resident == last ? stable + 1 : 0;
+		last = now_resident;
+		nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+	}
+	uint64_t t0 = 0;
+	double h0 = 0, m0 = 0, b0 = 0;
+	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
+		if (step == w->warm_steps) {
+			if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
+				h0 = stat_of(js, "hits");
+				m0 = stat_of(js, "cold_misses") + stat_of(js, "inflight_misses");
+				b0 = stat_of(js, "bytes_read");
+			}
+			t0 = now_ns();
+		}
+		for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++) {
+			workload_request(w, step, li, ids, wts, x);
+			uint64_t a = now_ns();
+			if (li + 1 < w->n_layers) {
+				workload_request(w, step, li + 1, hint, hint_w,
+				                 (float *)slot.output);
+				uint32_t nh = 0;
+				for (uint32_t j = 0; j < k; j++)
+					if (hint[j] >= 0) {
+						hint[nh] = hint[j];
+						hint_w[nh++] = hint_w[j] * (float)k;
+					}
+				if (nh)
+					rc = moe_prefetch(c, (int32_t)(w->first_layer + li + 1),
+					                  hint, hint_w, nh, NULL, TIMEOUT_MS);
+			}
+			memcpy(slot.input, x, h * sizeof(float));
+			memcpy(slot.expert_ids, ids, k * sizeof(int32_t));
+			memcpy(slot.expert_weights, wts, k * sizeof(float));
+			uint32_t kd = li + 1 < w->n_layers ? K_DEFER : 0;
+			struct moe_completion done;
+			if (rc == MOE_OK)
+				rc = moe_forward(c, &slot, (int32_t)(w->first_layer + li), 1,
+				                 (uint16_t)k, kd, MOEK_ACT_F32, MOEK_ACT_F32, 0,
+				                 &done, TIMEOUT_MS);
+			uint64_t b = now_ns();
+			if (rc != MOE_OK)
+				fprintf(stderr, "bench_decode: sidecar layer %u: %s: %s\n", li,
+				        moe_strerror(rc), moe_last_error(c));
+			if (step >= w->warm_steps)
+				lat[(size_t)li * w->steps + (step - w->warm_steps)] = b - a;
+		}
+	}
+	uint64_t t1 = now_ns();
+	if (rc == MOE_OK) {
+		summarise(w, lat, t1 - t0, r);
+		if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
+			double hits = stat_of(js, "hits") - h0;
+			double miss =
+			    stat_of(js, "cold_misses") + stat_of(js, "inflight_misses") - m0;
+			r->hit_rate = hits / (hits + miss);
+			r->bytes_read = stat_of(js, "bytes_read") - b0;
+		}
+	}
+	moe_slot_release(c, slot.index);
+	moe_slot_release(c, hint_slot.index);
+	moe_close(c);
+	moe_close(sc);
+	free(wts);
+	free(x);
+	free(ids);
+	free(hint);
+	free(hint_w);
+	free(lat);
+	free(js);
+	return rc == MOE_OK ? 0 : -1;
+}
+
+/* ---- Main ------------------------------------------------------------------------------- */
+
+static char tmp_dir[] = "/tmp/bench-decode.XXXXXX";
+
+/* atexit: the generated model and the socket directory. Only the process that made it. */
+static pid_t tmp_owner;
+static void remove_tmp_dir(void)
+{
+	if (getpid() != tmp_owner)
+		return;
+	char path[sizeof(tmp_dir) + 16];
+	snprintf(path, sizeof(path), "%s/model.gguf", tmp_dir);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/s.sock", tmp_dir);
+	unlink(path);
+	rmdir(tmp_dir);
+}
+
+static void plot(const char *png, const struct result *side, const struct result *floor_r,
+                 const struct result *mm)
+{
+	FILE *g = popen("gnuplot", "w");
+	if (!g) {
+		fprintf(stderr, "bench_decode: gnuplot: %s (no plot)\n", strerror(errno));
+		return;
+	}
+	fprintf(g,
+	        "set terminal png size 800,480\nset output '%s'\n"
+	        "set title 'Decode through moe-sidecar vs in-process baselines'\n"
+	        "set xlabel 'expert budget (fraction of expert bytes)'\n"
+	        "set ylabel 'tokens/s (relative to the all-resident floor)'\n"
+	        "set key bottom right\nset grid\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, "
+	        "0\nset xrange [0.2:1.05]\n"
+	        "plot '-' with linespoints lw 2 title 'sidecar', "
+	        "'-' with linespoints lw 2 title 'mmap + page cache (same limit)', "
+	        "'-' with lines dt 2 title 'in-process, all resident (floor)'\n",
+	        png);
+	for (int s = 0; s < 3; s++) {
+		for (int i = N_FRACTIONS - 1; i >= 0; i--) {
+			double v = s == 0   ? side[i].tokens_per_s
+			           : s == 1 ? mm[i].tokens_per_s
+			                    : floor_r->tokens_per_s;
+			fprintf(g, "%g %g\n", fractions[i], v / floor_r->tokens_per_s);
+		}
+		fprintf(g, "e\n");
+	}
+	if (pclose(g) != 0)
+		fprintf(stderr, "bench_decode: gnuplot failed (no plot)\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+	    {"quick", no_argument, NULL, 'q'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"model", required_argument, NULL, 'm'},
+	    {"steps", required_argument, NULL, 'n'},
+	    {"plot", required_argument, NULL, 'p'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"sidecar-threads", required_argument, NULL, 't'},
+	    {NULL, 0, NULL, 0},
+	};
+	int quick = 0, json = 0, c;
+	const char *model_arg = NULL, *png = NULL;
+	long steps = 0;
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'q': quick = 1; break;
+		case 'j': json = 1; break;
+		case 'm': model_arg = optarg; break;
+		case 'n': steps = strtol(optarg, NULL, 10); break;
+		case 'p': png = optarg; break;
+		case 't': sidecar_threads = optarg; break;
+		default:
+			fprintf(c == 'h' ? stdout : stderr,
+			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
+			        "[--plot FILE.png] [--sidecar-threads N]\n");
+			return c == 'h' ? 0 : 2;
+		}
+	}
+	if (!steps)
+		steps = quick ? 24 : 128;
+	if (steps < 4 || steps > 100000) {
+		fprintf(stderr, "bench_decode: --steps %ld: expected 4..100000\n", steps);
+		return 2;
+	}
+
+	/* The model: given, or generated (the run.sh shape; --quick: a quarter of it). The
+	 * temporary directory goes on every exit path (atexit), model and all. */
+	char *dir = tmp_dir, model[128], sock[160];
+	if (!mkdtemp(dir)) {
+		perror("bench_decode: mkdtemp");
+		return 1;
+	}
+	tmp_owner = getpid();
+	atexit(remove_tmp_dir);
+	snprintf(sock, sizeof(sock), "%s/s.sock", dir);
+	if (model_arg) {
+		snprintf(model, sizeof(model), "%s", model_arg);
+	} else {
+		snprintf(model, sizeof(model), "%s/model.gguf", dir);
+		struct moe_gen_options go = {.preset = "qwen3-30b-a3b",
+		                             .out = model,
+		                             .format = MOEK_Q8_0,
+		                             .seed = 3,
+		                             .layers = quick ? 4 : 8,
+		                             .experts = quick ? 32 : 64,
+		                             .hidden = quick ? 512 : 768,
+		                             .ffn = 256};
+		struct model_error merr;
+		if (moe_gen_write(&go, &merr) != 0) {
+			fprintf(stderr, "bench_decode: generating the model: %s\n", merr.msg);
+			return 1;
+		}
+	}
+	struct moe_catalog *cat;
+	struct model_error merr;
+	if (moe_catalog_open(model, &cat, &merr) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", merr.msg);
+		return 1;
+	}
+	struct workload w = {.n_experts = cat->info.n_experts,
+	                     .top_k = cat->info.top_k,
+	                     .hidden = (uint32_t)cat->info.hidden,
+	                     .steps = (uint32_t)steps,
+	                     .warm_steps = (uint32_t)(steps / 4)};
+	bool first = true;
+	for (uint32_t l = 0; l < cat->info.n_layers; l++)
+		if (cat->layers[l].moe) {
+			if (first)
+				w.first_layer = l;
+			first = false;
+			w.n_layers++;
+		}
+	if (w.n_layers != cat->info.n_layers - w.first_layer || w.n_layers > 64) {
+		fprintf(stderr, "bench_decode: needs contiguous MoE layers (at most 64)\n");
+		return 1;
+	}
+	struct trace_gen_params gp;
+	char err[256];
+	if (trace_gen_preset("qwen3-30b-a3b", &gp, err, sizeof(err)) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", err);
+		return 1;
+	}
+	gp.n_layers = w.n_layers;
+	gp.n_experts = w.n_experts;
+	gp.top_k = w.top_k;
+	gp.steps = w.warm_steps + w.steps;
+	gp.seed = 11;
+	if (trace_generate(&gp, &w.tr, err, sizeof(err)) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", err);
+		return 1;
+	}
+	w.line_of = malloc((size_t)gp.steps * w.n_layers * sizeof(uint32_t));
+	if (!w.line_of)
+		return 1;
+	memset(w.line_of, 0xff, (size_t)gp.steps * w.n_layers * sizeof(uint32_t));
+	for (uint32_t i = 0; i < w.tr.n_lines; i++)
+		if (w.tr.lines[i].step < gp.steps && w.tr.lines[i].layer < w.n_layers)
+			w.line_of[(size_t)w.tr.lines[i].step * w.n_layers + w.tr.lines[i].layer] =
+			    i;
+
+	/* (a) The floor. */
+	struct result floor_r, side[N_FRACTIONS], mm[N_FRACTIONS];
+	memset(&floor_r, 0, sizeof(floor_r));
+	memset(side, 0, sizeof(side));
+	memset(mm, 0, sizeof(mm));
+	{
+		struct forward_config fc = {.source = FORWARD_SOURCE_ALL_RESIDENT, .max_tokens = 1};
+		struct forward_engine *e;
+		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
+			fprintf(stderr, "bench_decode: floor engine: %s\n", err);
+			return 1;
+		}
+		if (run_inprocess(&w, e, &floor_r) != 0)
+			return 1;
+		forward_destroy(e);
+	}
+	/* Diagnostic: the same engine over the residency source with every expert fitting, in
+	 * process: separates what the channel costs from what residency bookkeeping costs. */
+	struct result resid_r;
+	memset(&resid_r, 0, sizeof(resid_r));
+	{
+		struct forward_config fc = {.source = FORWARD_SOURCE_RESIDENCY, .max_tokens = 1};
+		struct forward_engine *e;
+		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
+			fprintf(stderr, "bench_decode: residency engine: %s\n", err);
+			return 1;
+		}
+		for (uint32_t li = 0; li < w.n_layers; li++)
+			for (uint32_t e0 = 0; e0 < w.n_experts; e0++) {
+				int32_t id = (int32_t)e0;
+				forward_prefetch(e, (int32_t)(w.first_layer + li), &id, NULL, 1,
+				                 false);
+			}
+		/* Let the hinted loads finish before anything is timed. */
+		uint64_t last = UINT64_MAX;
+		for (int stable = 0, polls = 0; stable < 3 && polls < 1500; polls++) {
+			struct forward_stats fst;
+			memset(&fst, 0, sizeof(fst));
+			forward_stats(e, &fst);
+			stable = fst.resident_bytes == last ? stable + 1 : 0;
+			last = fst.resident_bytes;
+			nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+		}
+		if (run_inprocess(&w, e, &resid_r) != 0)
+			return 1;
+		forward_destroy(e);
+	}
+	struct mem_limit lim;
+	char tag[32];
+	snprintf(tag, sizeof(tag), "%d", (int)getpid());
+	mem_limit_create(&lim, tag);
+	if (!lim.version)
+		fprintf(stderr, "bench_decode: WARNING: %s\n", lim.what);
+
+	for (int i = 0; i < N_FRACTIONS; i++) {
+		const uint64_t budget = (uint64_t)((double)cat->expert_bytes_total * fractions[i]);
+		pid_t sp = sidecar_spawn(model, fractions[i], sock);
+		if (sp < 0) {
+			fprintf(stderr, "bench_decode: the sidecar did not start at %.0f%%\n",
+			        fractions[i] * 100);
+			return 1;
+		}
+		int rc = run_sidecar(&w, sock, &side[i]);
+		kill(sp, SIGTERM);
+		waitpid(sp, NULL, 0);
+		if (rc != 0)
+			return 1;
+		if (run_mmap_limited(&w, cat, &lim, budget, &mm[i]) != 0)
+			fprintf(stderr, "bench_decode: mmap baseline at %.0f%% failed\n",
+			        fractions[i] * 100);
+	}
+	mem_limit_destroy(&lim);
+
+	if (json) {
+		printf("{\"model\":\"%s\",\"layers\":%u,\"experts\":%u,\"top_k\":%u,\"hidden\":%u,"
+		       "\"expert_bytes\":%llu,\"steps\":%u,\"k_defer\":%u,\"mmap_limit\":\"%s\","
+		       "\"inprocess_residency_tokens_per_s\":%.3f,\"rows\":[",
+		       model_arg ? model : "generated", w.n_layers, w.n_experts, w.top_k, w.hidden,
+		       (unsigned long long)cat->expert_bytes_total, w.steps, K_DEFER, lim.what,
+		       resid_r.tokens_per_s);
+		for (int i = 0; i < N_FRACTIONS; i++)
+			printf("%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
+			       "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%.3f,"
+			       "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
+			       "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%.4f}",
+			       i ? "," : "", fractions[i], side[i].tokens_per_s,
+			       floor_r.tokens_per_s, mm[i].tokens_per_s, side[i].hit_rate,
+			       side[i].p99_all_us, side[i].p50_us[0], side[i].bytes_read,
+			       side[i].tokens_per_s / floor_r.tokens_per_s,
+			       mm[i].ok ? side[i].tokens_per_s / mm[i].tokens_per_s : 0.0);
+		printf("]}\n");
+	} else {
+		printf("bench_decode: %u MoE layers x %u experts (top-%u), hidden %u, %.1f MiB of "
+		       "experts; %u timed decode steps after %u warm-up, k_defer %u\n",
+		       w.n_layers, w.n_experts, w.top_k, w.hidden,
+		       (double)cat->expert_bytes_total / 1048576.0, w.steps, w.warm_steps, K_DEFER);
+		printf("mmap baseline limit: %s\n\n", lim.what);
+		printf("in-process floor (all resident): %.1f tokens/s; in-process over residency, "
+		       "everything fitting (diagnostic): %.1f tokens/s (%.2fx)\n\n",
+		       floor_r.tokens_per_s, resid_r.tokens_per_s,
+		       resid_r.tokens_per_s / floor_r.tokens_per_s);
+		printf("%7s %10s %9s %10s %9s %8s %10s %10s %10s\n", "budget", "sidecar",
+		       "vs floor", "mmap", "vs mmap", "hit%", "p99 us", "MiB read", "");
+		for (int i = 0; i < N_FRACTIONS; i++)
+			printf("%6.0f%% %10.1f %8.2fx %10.1f %8.2fx %7.1f%% %10.1f %10.1f\n",
+			       fractions[i] * 100, side[i].tokens_per_s,
+			       side[i].tokens_per_s / floor_r.tokens_per_s, mm[i].tokens_per_s,
+			       mm[i].ok ? side[i].tokens_per_s / mm[i].tokens_per_s : 0.0,
+			       100 * side[i].hit_rate, side[i].p99_all_us,
+			       side[i].bytes_read / 1048576.0);
+		printf("\nper-layer FORWARD latency through the sidecar, p50 / p99 us:\n%6s",
+		       "layer");
+		for (int i = 0; i < N_FRACTIONS; i++)
+			printf("   %9.0f%% budget", fractions[i] * 100);
+		printf("\n");
+		for (uint32_t li = 0; li < w.n_layers; li++) {
+			printf("%6u", w.first_layer + li);
+			for (int i = 0; i < N_FRACTIONS; i++)
+				printf("   %8.0f / %7.0f", side[i].p50_us[li], side[i].p99_us[li]);
+			printf("\n");
+		}
+		printf("\ntargets: 50%% budget >= 2x mmap (%.2fx); 100%% budget within 10%% of the "
+		       "floor (%.2fx)\n",
+		       mm[1].ok ? side[1].tokens_per_s / mm[1].tokens_per_s : 0.0,
+		       side[0].tokens_per_s / floor_r.tokens_per_s);
+	}
+	if (png)
+		plot(png, side, &floor_r, mm);
+
+	free(w.line_of);
+	trace_free(&w.tr);
+	moe_catalog_close(cat);
+	return 0;
+}

@@ -1,0 +1,562 @@
+/* model_ops.c — FORWARD on the forward thread; PREFETCH, STATS, MASK on the dispatcher
+ * (see model_ops.h for the contract).
+ *
+ * Deferred state, per channel, touched by the forward thread only: `owed` says whether the
+ * previous FORWARD deferred experts; their sum lives in deferred[owed_buf]. The next FORWARD
+ * must be the next MoE layer with the same n_tokens: it reads deferred[owed_buf] as the
+ * engine's deferred_in and writes its own deferred sum into the other buffer, so the two
+ * never alias. A failed request leaves the state as it was (the client may retry or abort
+ * with MOE_FWD_DROP_DEFERRED).
+ *
+ * Ordering: FORWARDs of one channel run in submission order (a FIFO per channel), which is
+ * what makes "deferred(L) arrives in L+1" well defined even when the client pipelines them.
+ */
+#include "model_ops.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "moe_kernels.h"
+#include "ops.h"
+
+struct model_channel {
+	struct sidecar_channel *ch;
+	uint32_t client;
+	/* Accepted FORWARDs not started yet (each holds its own slot: at most n_slots). Under
+	 * model_ops.lock. */
+	struct moe_sqe queue[MOE_MAX_SLOTS_LIMIT];
+	uint32_t q_head, q_len;
+	bool listed;  /* in the round-robin list */
+	bool running; /* the forward thread is executing one of its requests */
+	bool closing;
+	struct model_channel *rr_next;
+	/* Forward thread only. */
+	float *deferred[2]; /* max_tokens x hidden f32 each */
+	bool owed;
+	uint32_t owed_buf, owed_tokens;
+	int32_t owed_layer;
+};
+
+struct model_ops {
+	struct serve_model *model;
+	const struct serve_model_desc *desc;
+	pthread_t thread;
+	bool thread_started;
+	pthread_mutex_t lock;
+	pthread_cond_t work, idle;
+	bool stop, shutting_down;
+	struct model_channel *rr_head, *rr_tail;
+	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
+	uint64_t client_ids;     /* bit c set: client id c in use */
+	uint32_t n_clients;
+
+	/* Forward thread's private copies of one request, sized for the engine's limits. */
+	uint8_t *x;
+	int32_t *ids;
+	float *weights;
+	float *out_immediate;
+	/* Dispatcher's private buffers. */
+	int32_t *hint_ids;
+	float *hint_scores;
+	uint32_t hint_cap;
+	uint8_t *mask;
+	size_t mask_bytes; /* the whole model's mask */
+	char *stats;
+	size_t stats_cap;
+};
+
+static size_t mask_layer_bytes(const struct serve_model_desc *d)
+{
+	return (d->n_experts + 7u) / 8u;
+}
+
+/* ---- Channels ---------------------------------------------------------------------------- */
+
+int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
+                           size_t err_len)
+{
+	struct model_channel *mc = calloc(1, sizeof(*mc));
+	size_t n = (size_t)ch->limits.max_tokens * o->desc->hidden;
+	if (mc) {
+		mc->deferred[0] = calloc(n, sizeof(float));
+		mc->deferred[1] = calloc(n, sizeof(float));
+	}
+	if (!mc || !mc->deferred[0] || !mc->deferred[1]) {
+		snprintf(err, err_len, "out of memory for %zu bytes of deferred state",
+		         2 * n * sizeof(float));
+		goto fail;
+	}
+	mc->ch = ch;
+	pthread_mutex_lock(&o->lock);
+	if (o->client_ids == UINT64_MAX) {
+		pthread_mutex_unlock(&o->lock);
+		snprintf(err, err_len, "this sidecar already serves %u model clients",
+		         SERVE_MODEL_MAX_CLIENTS);
+		goto fail;
+	}
+	mc->client = (uint32_t)__builtin_ctzll(~o->client_ids);
+	o->client_ids |= UINT64_C(1) << mc->client;
+	o->n_clients++;
+	pthread_mutex_unlock(&o->lock);
+	serve_model_client_attach(o->model, mc->client);
+	ch->model = mc;
+	ch->model_ops = o;
+	return 0;
+fail:
+	if (mc) {
+		free(mc->deferred[0]);
+		free(mc->deferred[1]);
+	}
+	free(mc);
+	return -1;
+}
+
+static void rr_unlink_locked(struct model_ops *o, struct model_channel *mc)
+{
+	struct model_channel **p = &o->rr_head, *prev = NULL;
+	while (*p && *p != mc) {
+		prev = *p;
+		p = &(*p)->rr_next;
+	}
+	if (!*p)
+		return;
+	*p = mc->rr_next;
+	if (o->rr_tail == mc)
+		o->rr_tail = prev;
+	mc->rr_next = NULL;
+	mc->listed = false;
+}
+
+static void rr_append_locked(struct model_ops *o, struct model_channel *mc)
+{
+	mc->rr_next = NULL;
+	if (o->rr_tail)
+		o->rr_tail->rr_next = mc;
+	else
+		o->rr_head = mc;
+	o->rr_tail = mc;
+	mc->listed = true;
+}
+
+void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
+{
+	struct model_channel *mc = ch->model;
+	if (!o || !mc)
+		return;
+	pthread_mutex_lock(&o->lock);
+	mc->closing = true;
+	if (mc->listed)
+		rr_unlink_locked(o, mc);
+	if (mc->q_len)
+		log_info("model", "client %u gone: dropping %u queued FORWARDs", mc->client,
+		         mc->q_len);
+	atomic_fetch_sub_explicit(&o->queued, mc->q_len, memory_order_relaxed);
+	mc->q_len = 0;
+	while (mc->running)
+		pthread_cond_wait(&o->idle, &o->lock);
+	o->client_ids &= ~(UINT64_C(1) << mc->client);
+	o->n_clients--;
+	pthread_mutex_unlock(&o->lock);
+	serve_model_client_detach(o->model, mc->client);
+	ch->model = NULL;
+	ch->model_ops = NULL;
+	free(mc->deferred[0]);
+	free(mc->deferred[1]);
+	free(mc);
+}
+
+/* ---- FORWARD on the forward thread ------------------------------------------------------- */
+
+static void forward_fail(struct moe_cqe *c, int status, uint32_t value, uint32_t index)
+{
+	c->status = status;
+	c->value = value;
+	c->index = index;
+}
+
+/* Runs one FORWARD of mc. No lock held; mc stays alive (running is set). */
+static void run_forward(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe)
+{
+	struct sidecar_channel *ch = mc->ch;
+	const struct serve_model_desc *d = o->desc;
+	struct moe_cqe c;
+	memset(&c, 0, sizeof(c));
+	c.user_data = sqe->user_data;
+	c.slot = sqe->slot;
+
+	const float *deferred_in = NULL;
+	if (sqe->flags & MOE_FWD_DROP_DEFERRED)
+		mc->owed = false; /* the client aborted the batch the contribution belonged to */
+	if (mc->owed) {
+		if (sqe->layer != mc->owed_layer || sqe->n_tokens != mc->owed_tokens) {
+			forward_fail(&c, MOE_EDEFERRED, (uint32_t)mc->owed_layer, mc->owed_tokens);
+			goto done;
+		}
+		deferred_in = mc->deferred[mc->owed_buf];
+	}
+	const uint32_t target = 1u - mc->owed_buf;
+
+	/* Private copies: the engine validates values (ids, weights, NaN/Inf) on these, never
+	 * on shared memory the client can still change. */
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	const size_t rows = (size_t)sqe->n_tokens * d->hidden;
+	const size_t n_ids = (size_t)sqe->n_tokens * sqe->ids_per_token;
+	memcpy(o->x, a.input, rows * moe_dtype_size(sqe->in_dtype));
+	memcpy(o->ids, a.expert_ids, n_ids * sizeof(int32_t));
+	memcpy(o->weights, a.expert_weights, n_ids * sizeof(float));
+	__asm__ __volatile__("" ::: "memory");
+
+	struct serve_forward req = {
+	    .client = mc->client,
+	    .layer = sqe->layer,
+	    .n_tokens = sqe->n_tokens,
+	    .k = sqe->ids_per_token,
+	    .k_defer = sqe->arg,
+	    .x = o->x,
+	    .x_dtype = sqe->in_dtype,
+	    .ids = o->ids,
+	    .weights = o->weights,
+	    .deferred_in = deferred_in,
+	};
+	struct serve_forward_result res;
+	int rc = serve_model_forward(o->model, &req, o->out_immediate,
+	                             sqe->arg ? mc->deferred[target] : NULL, &res);
+	if (rc != MOE_OK) {
+		uint32_t where = res.bad_token >= 0
+		                     ? (uint32_t)res.bad_token * sqe->ids_per_token +
+		                           (uint32_t)(res.bad_index >= 0 ? res.bad_index : 0)
+		                     : 0;
+		uint32_t value = res.bad_expert >= 0 ? (uint32_t)res.bad_expert : 0;
+		if (rc == MOE_EBADLAYER)
+			value = (uint32_t)sqe->layer;
+		else if (rc == MOE_ENONFINITE && res.bad_token >= 0)
+			where = (uint32_t)res.bad_token;
+		forward_fail(&c, rc, value, where);
+		if (rc == MOE_EIO)
+			log_warn("model", "client %u FORWARD layer %d failed: %s", mc->client,
+			         sqe->layer, res.message);
+		else
+			log_debug("model", "client %u FORWARD layer %d: %s: %s", mc->client,
+			          sqe->layer, moe_status_str(rc), res.message);
+		goto done;
+	}
+	moek_convert(sqe->out_dtype, a.output, MOEK_ACT_F32, o->out_immediate, rows);
+	if (res.n_deferred) {
+		mc->owed = true;
+		mc->owed_buf = target;
+		mc->owed_layer = serve_model_next_moe_layer(o->model, sqe->layer);
+		mc->owed_tokens = sqe->n_tokens;
+	} else {
+		mc->owed = false;
+	}
+	c.status = MOE_OK;
+	c.value = res.n_deferred;
+done:
+	channel_complete_async(ch, &c);
+}
+
+/* How long the forward thread polls for the next FORWARD before sleeping: in a decode loop the
+ * next layer's request follows the completion within a client round trip. */
+#define FORWARD_SPIN_NS 50000u
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void *forward_thread_main(void *arg)
+{
+	struct model_ops *o = arg;
+	pthread_mutex_lock(&o->lock);
+	for (;;) {
+		if (!o->stop && !o->rr_head) {
+			pthread_mutex_unlock(&o->lock);
+			for (uint64_t t0 = now_ns(); now_ns() - t0 < FORWARD_SPIN_NS;)
+				if (atomic_load_explicit(&o->queued, memory_order_acquire))
+					break;
+				else
+					moe_cpu_relax();
+			pthread_mutex_lock(&o->lock);
+		}
+		while (!o->stop && !o->rr_head)
+			pthread_cond_wait(&o->work, &o->lock);
+		if (o->stop)
+			break;
+		struct model_channel *mc = o->rr_head;
+		rr_unlink_locked(o, mc);
+		struct moe_sqe sqe = mc->queue[mc->q_head];
+		mc->q_head = (mc->q_head + 1) % MOE_MAX_SLOTS_LIMIT;
+		mc->q_len--;
+		atomic_fetch_sub_explicit(&o->queued, 1, memory_order_relaxed);
+		if (mc->q_len)
+			rr_append_locked(o, mc); /* one request per channel per turn */
+		mc->running = true;
+		pthread_mutex_unlock(&o->lock);
+
+		run_forward(o, mc, &sqe);
+
+		pthread_mutex_lock(&o->lock);
+		mc->running = false;
+		pthread_cond_broadcast(&o->idle);
+	}
+	pthread_mutex_unlock(&o->lock);
+	return NULL;
+}
+
+void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                      struct moe_cqe *done)
+{
+	struct model_ops *o = ch->model_ops;
+	struct model_channel *mc = ch->model;
+	pthread_mutex_lock(&o->lock);
+	if (o->shutting_down || mc->closing) {
+		pthread_mutex_unlock(&o->lock);
+		done->status = MOE_ESHUTDOWN;
+		return;
+	}
+	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
+	mc->q_len++;
+	atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
+	if (!mc->listed)
+		rr_append_locked(o, mc);
+	pthread_cond_signal(&o->work);
+	pthread_mutex_unlock(&o->lock);
+	done->status = OP_PENDING;
+}
+
+/* ---- The dispatcher's synchronous ops ---------------------------------------------------- */
+
+int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe, struct moe_cqe *err)
+{
+	const struct model_ops *o = ch->model_ops;
+	if (!o || !ch->model) {
+		err->status = MOE_ENOMODEL;
+		err->value = sqe->op;
+		return err->status;
+	}
+	if ((sqe->op == MOE_OP_FORWARD || sqe->op == MOE_OP_PREFETCH) &&
+	    !serve_model_is_moe_layer(o->model, sqe->layer)) {
+		err->status = MOE_EBADLAYER;
+		err->value = (uint32_t)sqe->layer;
+		return err->status;
+	}
+	if (sqe->op == MOE_OP_MASK && sqe->layer >= 0 &&
+	    (uint32_t)sqe->layer >= o->desc->n_layers) {
+		err->status = MOE_EBADLAYER;
+		err->value = (uint32_t)sqe->layer;
+		return err->status;
+	}
+	return MOE_OK;
+}
+
+void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                       struct moe_cqe *done)
+{
+	struct model_ops *o = ch->model_ops;
+	const bool per_expert = sqe->flags & MOE_PREFETCH_SCORES;
+	const uint32_t n = sqe->n_tokens;
+	if ((per_expert && n != o->desc->n_experts) || n > o->hint_cap) {
+		done->status = MOE_EBADTOKENS;
+		done->value = n;
+		return;
+	}
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	if (!per_expert)
+		memcpy(o->hint_ids, a.expert_ids, n * sizeof(int32_t));
+	memcpy(o->hint_scores, a.expert_weights, n * sizeof(float));
+	__asm__ __volatile__("" ::: "memory");
+	for (uint32_t i = 0; i < n; i++) {
+		if (!isfinite(o->hint_scores[i])) {
+			done->status = MOE_EBADWEIGHT;
+			done->index = i;
+			return;
+		}
+		if (!per_expert &&
+		    (o->hint_ids[i] < -1 ||
+		     (o->hint_ids[i] >= 0 && (uint32_t)o->hint_ids[i] >= o->desc->n_experts))) {
+			done->status = MOE_EBADEXPERT;
+			done->value = (uint32_t)o->hint_ids[i];
+			done->index = i;
+			return;
+		}
+	}
+	int rc = serve_model_prefetch(o->model, sqe->layer, per_expert ? NULL : o->hint_ids,
+	                              o->hint_scores, n, per_expert);
+	if (rc < 0) {
+		done->status = rc;
+		return;
+	}
+	done->status = MOE_OK;
+	done->value = (uint32_t)rc;
+}
+
+void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                   struct moe_cqe *done)
+{
+	struct model_ops *o = ch->model_ops;
+	const size_t per_layer = mask_layer_bytes(o->desc);
+	const size_t n = sqe->layer < 0 ? o->mask_bytes : per_layer;
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	if (n > ch->layout.in_bytes) {
+		done->status = MOE_ETOOSMALL;
+		done->value = (uint32_t)n;
+		return;
+	}
+	memcpy(o->mask, a.input, n);
+	__asm__ __volatile__("" ::: "memory");
+	int rc = serve_model_set_mask(o->model, ch->model->client, sqe->layer, o->mask, n);
+	done->status = rc < 0 ? rc : MOE_OK;
+	done->value = rc < 0 ? (uint32_t)sqe->layer : (uint32_t)n;
+}
+
+void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done)
+{
+	struct model_ops *o = ch->model_ops;
+	pthread_mutex_lock(&o->lock);
+	uint32_t clients = o->n_clients;
+	pthread_mutex_unlock(&o->lock);
+	size_t len = serve_model_stats_json(o->model, clients, o->stats, o->stats_cap);
+	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
+		done->status = MOE_ETOOSMALL;
+		done->value = (uint32_t)(len + 1);
+		return;
+	}
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	memcpy(a.output, o->stats, len + 1);
+	done->status = MOE_OK;
+	done->value = (uint32_t)len;
+}
+
+/* ---- Life cycle ------------------------------------------------------------------------ */
+
+int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, size_t err_len)
+{
+	*out = NULL;
+	struct model_ops *o = calloc(1, sizeof(*o));
+	if (!o) {
+		snprintf(err, err_len, "out of memory");
+		return -1;
+	}
+	o->model = m;
+	o->desc = serve_model_desc(m);
+	const struct serve_model_desc *d = o->desc;
+	const size_t rows = (size_t)d->max_tokens * d->hidden;
+	const size_t ids = (size_t)d->max_tokens * d->max_top_k;
+	o->hint_cap = (uint32_t)(ids > d->n_experts ? ids : d->n_experts);
+	o->mask_bytes = (size_t)d->n_layers * mask_layer_bytes(d);
+	o->stats_cap = 4096 + (size_t)d->n_moe_layers * 768;
+	o->x = malloc(rows * sizeof(float));
+	o->ids = malloc(ids * sizeof(int32_t));
+	o->weights = malloc(ids * sizeof(float));
+	o->out_immediate = malloc(rows * sizeof(float));
+	o->hint_ids = malloc((size_t)o->hint_cap * sizeof(int32_t));
+	o->hint_scores = malloc((size_t)o->hint_cap * sizeof(float));
+	o->mask = malloc(o->mask_bytes);
+	o->stats = malloc(o->stats_cap);
+	if (!o->x || !o->ids || !o->weights || !o->out_immediate || !o->hint_ids ||
+	    !o->hint_scores || !o->mask || !o->stats) {
+		snprintf(err, err_len, "out of memory for the request buffers");
+		model_ops_destroy(o);
+		return -1;
+	}
+	int rc = pthread_mutex_init(&o->lock, NULL);
+	if (rc == 0)
+		rc = pthread_cond_init(&o->work, NULL);
+	if (rc == 0)
+		rc = pthread_cond_init(&o->idle, NULL);
+	if (rc == 0)
+		rc = pthread_create(&o->thread, NULL, forward_thread_main, o);
+	if (rc != 0) {
+		snprintf(err, err_len, "forward thread: %s", strerror(rc));
+		model_ops_destroy(o);
+		return -1;
+	}
+	o->thread_started = true;
+	*out = o;
+	return 0;
+}
+
+void model_ops_shutdown(struct model_ops *o)
+{
+	if (!o)
+		return;
+	/* Lock order is cq_lock → o->lock (the dispatcher executes ops under its CQ lock), so
+	 * each failed request is taken out under o->lock and completed after releasing it. */
+	pthread_mutex_lock(&o->lock);
+	o->shutting_down = true;
+	for (;;) {
+		struct model_channel *mc = o->rr_head;
+		if (!mc)
+			break;
+		struct moe_sqe sqe = mc->queue[mc->q_head];
+		mc->q_head = (mc->q_head + 1) % MOE_MAX_SLOTS_LIMIT;
+		mc->q_len--;
+		atomic_fetch_sub_explicit(&o->queued, 1, memory_order_relaxed);
+		if (!mc->q_len)
+			rr_unlink_locked(o, mc);
+		pthread_mutex_unlock(&o->lock);
+		struct moe_cqe c = {
+		    .user_data = sqe.user_data, .slot = sqe.slot, .status = MOE_ESHUTDOWN};
+		channel_complete_async(mc->ch, &c); /* mc lives: only this thread closes channels */
+		pthread_mutex_lock(&o->lock);
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
+void model_ops_destroy(struct model_ops *o)
+{
+	if (!o)
+		return;
+	if (o->thread_started) {
+		pthread_mutex_lock(&o->lock);
+		o->stop = true;
+		pthread_cond_signal(&o->work);
+		pthread_mutex_unlock(&o->lock);
+		pthread_join(o->thread, NULL);
+		pthread_mutex_destroy(&o->lock);
+		pthread_cond_destroy(&o->work);
+		pthread_cond_destroy(&o->idle);
+	}
+	free(o->x);
+	free(o->ids);
+	free(o->weights);
+	free(o->out_immediate);
+	free(o->hint_ids);
+	free(o->hint_scores);
+	free(o->mask);
+	free(o->stats);
+	free(o);
+}
+
+const struct serve_model_desc *model_ops_desc(const struct model_ops *o)
+{
+	return o->desc;
+}
+
+void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out)
+{
+	const struct serve_model_desc *d = o->desc;
+	memset(out, 0, sizeof(*out));
+	out->n_layers = d->n_layers;
+	out->n_moe_layers = d->n_moe_layers;
+	out->first_moe_layer = d->first_moe_layer;
+	out->n_experts = d->n_experts;
+	out->top_k = d->top_k;
+	out->hidden = d->hidden;
+	out->expert_ffn = d->expert_ffn;
+	snprintf(out->name, sizeof(out->name), "%s", d->name);
+}

@@ -1,0 +1,60 @@
+/* model_ops.h — FORWARD, PREFETCH, STATS and MASK: the wire semantics of serving a model.
+ *
+ * Owns: the forward thread (the engine's forward_run blocks for a whole layer, so it never runs
+ * on the dispatcher), the per-channel queues of accepted FORWARDs served round-robin across
+ * channels (one request per channel per turn: a client that floods its ring cannot starve
+ * another), each channel's deferred state (the contribution owed to its next FORWARD, double
+ * buffered), the forward thread's private copies of inputs (copied out of shared memory once,
+ * then validated by the engine), and each channel's client id for GPU masks.
+ *
+ * Threading: create/destroy/shutdown and channel_open/close on the control thread; the op
+ * executors on the dispatcher; the forward thread finishes FORWARDs through
+ * channel_complete_async. Nothing on the request path allocates.
+ *
+ * Life of a channel: model_ops_channel_open before dispatcher_add; after dispatcher_remove,
+ * model_ops_channel_close drops its queued FORWARDs, waits for the one running (bounded by
+ * one layer) and frees its deferred state — a dead client's work never reaches another.
+ */
+#ifndef MOE_SIDECAR_MODEL_OPS_H
+#define MOE_SIDECAR_MODEL_OPS_H
+
+#include <stddef.h>
+
+#include "channel.h"
+#include "moe_proto.h"
+#include "serve_model.h"
+
+struct model_ops;
+
+/* Starts the forward thread over an open model (which must outlive it). 0 or -1 + err. */
+int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, size_t err_len);
+/* Shutdown, step 1: queued FORWARDs complete with MOE_ESHUTDOWN, new ones are refused the
+ * same way; the one running finishes normally. */
+void model_ops_shutdown(struct model_ops *o);
+/* Joins the forward thread and frees. Every channel must be closed. NULL is a no-op. */
+void model_ops_destroy(struct model_ops *o);
+
+const struct serve_model_desc *model_ops_desc(const struct model_ops *o);
+/* The welcome's model description. */
+void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out);
+
+/* Gives ch a client id and deferred buffers sized for its granted limits. 0, or -1 + err
+ * (more than SERVE_MODEL_MAX_CLIENTS model clients, out of memory). */
+int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
+                           size_t err_len);
+/* The channel must no longer be driven by the dispatcher. No-op if it was never opened. */
+void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch);
+
+/* Op table rows (ops.c). Each check answers MOE_ENOMODEL on a channel without a model. */
+int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                   struct moe_cqe *err);
+void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                      struct moe_cqe *done);
+void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                       struct moe_cqe *done);
+void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done);
+void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                   struct moe_cqe *done);
+
+#endif

@@ -1,0 +1,414 @@
+/* serve_model.c — catalog + probes + forward engine for `serve MODEL` (see serve_model.h).
+ *
+ * The budget rule: an explicit --mem-budget wins (bytes, or a percentage of the expert bytes);
+ * otherwise every expert when they fit in 3/4 of MemAvailable, else 3/4 of MemAvailable. The
+ * quarter left over is headroom for the channels, the engine's scratch and the rest of the
+ * machine.
+ */
+#include "serve_model.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "catalog.h"
+#include "forward.h"
+#include "log.h"
+#include "moe_status.h"
+#include "pagecache.h"
+#include "progress.h"
+
+struct serve_model {
+	struct serve_model_desc desc;
+	struct moe_catalog *cat;
+	struct forward_engine *engine;
+	struct pagecache_probes *probes;
+	struct forward_layer_stats *layer_stats; /* forward_stats_layers() entries */
+	uint32_t n_layer_stats;
+	int32_t fail_layer, fail_expert;
+	struct progress warm;
+	bool warm_started;
+};
+
+static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(char *err, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* MemAvailable from /proc/meminfo in bytes, or 0 if unreadable. */
+static uint64_t mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	if (!f)
+		return 0;
+	char line[256];
+	uint64_t kib = 0;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
+			break;
+	fclose(f);
+	return kib * 1024u;
+}
+
+static int parse_numa(const char *spec, struct forward_config *fc, char *err, size_t len)
+{
+	if (!spec || !strcmp(spec, "auto")) {
+		fc->numa = FORWARD_NUMA_AUTO;
+		return 0;
+	}
+	if (!strncmp(spec, "synthetic:", 10)) {
+		fc->numa = FORWARD_NUMA_SYNTHETIC;
+		fc->numa_synthetic = spec + 10;
+		return 0;
+	}
+	fc->numa = FORWARD_NUMA_LIST;
+	const char *p = spec;
+	while (*p) {
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(p, &end, 10);
+		if (end == p || errno || v > 4095 || (*end && *end != ',') ||
+		    fc->numa_list_len >= FORWARD_MAX_NODES)
+			return fail(err, len,
+			            "--numa '%s': expected auto, a list of at most %u node numbers "
+			            "(0,1) or synthetic:<hwloc spec>",
+			            spec, FORWARD_MAX_NODES);
+		fc->numa_list[fc->numa_list_len++] = (uint32_t)v;
+		p = *end ? end + 1 : end;
+	}
+	if (!fc->numa_list_len)
+		return fail(err, len, "--numa '%s': empty node list", spec);
+	return 0;
+}
+
+static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t total)
+{
+	struct serve_model *m = arg;
+	if (!m->warm_started) {
+		progress_begin(&m->warm, what, total, "");
+		m->warm_started = true;
+	}
+	progress_update(&m->warm, done);
+	if (done >= total) {
+		progress_end(&m->warm);
+		m->warm_started = false;
+	}
+}
+
+/* Test hook: every read of the chosen expert fails with EIO. */
+static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, int res)
+{
+	const struct serve_model *m = arg;
+	if ((int32_t)info->layer == m->fail_layer && (int32_t)info->expert == m->fail_expert)
+		return -EIO;
+	return res;
+}
+
+static void describe(struct serve_model *m, const struct serve_model_config *cfg)
+{
+	const struct moe_catalog *cat = m->cat;
+	struct serve_model_desc *d = &m->desc;
+	d->n_layers = cat->info.n_layers;
+	d->n_moe_layers = cat->info.n_moe_layers;
+	d->n_experts = cat->info.n_experts;
+	d->top_k = cat->info.top_k;
+	d->hidden = (uint32_t)cat->info.hidden;
+	d->expert_ffn = (uint32_t)cat->info.expert_ffn;
+	d->expert_bytes = cat->expert_bytes_total;
+	d->max_tokens = cfg->max_tokens;
+	d->max_top_k = cfg->max_top_k ? cfg->max_top_k : cat->info.top_k;
+	bool first = true;
+	for (uint32_t l = 0; l < cat->info.n_layers; l++) {
+		if (!cat->layers[l].moe)
+			continue;
+		if (first)
+			d->first_moe_layer = l;
+		first = false;
+		d->last_moe_layer = l;
+	}
+	snprintf(d->name, sizeof(d->name), "%s", moe_arch_name(cat->info.arch));
+}
+
+int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out, char *err,
+                     size_t err_len)
+{
+	*out = NULL;
+	struct serve_model *m = calloc(1, sizeof(*m));
+	if (!m)
+		return fail(err, err_len, "out of memory");
+	m->fail_layer = cfg->fail_layer;
+	m->fail_expert = cfg->fail_expert;
+
+	struct model_error merr;
+	memset(&merr, 0, sizeof(merr));
+	if (moe_catalog_open(cfg->path, &m->cat, &merr) != 0) {
+		fail(err, err_len, "%s", merr.msg);
+		goto fail;
+	}
+	describe(m, cfg);
+	if (m->desc.n_moe_layers == 0) {
+		fail(err, err_len, "%s: no layer has routed experts", cfg->path);
+		goto fail;
+	}
+	if (m->desc.hidden > 65536) {
+		fail(err, err_len, "%s: hidden size %u is above the protocol's 65536", cfg->path,
+		     m->desc.hidden);
+		goto fail;
+	}
+
+	/* Probes first: every model file is watched before the first expert read. */
+	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = false};
+	char perr[256] = "";
+	int prc = pagecache_open(&popt, &m->probes, perr, sizeof(perr));
+	if (prc < 0) {
+		fail(err, err_len, "probes: %s", perr[0] ? perr : strerror(-prc));
+		goto fail;
+	}
+	if (cfg->require_probes && !pagecache_available(m->probes)) {
+		fail(err, err_len, "--require-probes: probes %s", pagecache_status(m->probes));
+		goto fail;
+	}
+	for (uint32_t i = 0; i < m->cat->n_files; i++) {
+		int rc = pagecache_watch(m->probes, m->cat->files[i].path);
+		if (rc < 0 && pagecache_available(m->probes))
+			log_warn("serve", "probes: watching %s: %s", m->cat->files[i].path,
+			         pagecache_last_error(m->probes));
+	}
+
+	/* Budget. */
+	uint64_t expert_bytes = m->cat->expert_bytes_total, budget;
+	const char *why;
+	if (cfg->mem_budget_bytes) {
+		budget = cfg->mem_budget_bytes;
+		why = "--mem-budget";
+	} else if (cfg->mem_budget_percent > 0) {
+		budget = (uint64_t)((double)expert_bytes * cfg->mem_budget_percent / 100.0);
+		why = "--mem-budget percent of the expert bytes";
+	} else {
+		uint64_t usable = mem_available() / 4 * 3;
+		budget = usable && usable < expert_bytes ? usable : expert_bytes;
+		why = budget == expert_bytes ? "every expert (fits in 3/4 of MemAvailable)"
+		                             : "3/4 of MemAvailable";
+	}
+	m->desc.budget_bytes = budget;
+
+	struct forward_config fc = {
+	    .source = FORWARD_SOURCE_RESIDENCY,
+	    .mem_budget = budget >= expert_bytes ? 0 : budget,
+	    .policy = cfg->policy,
+	    .pin_layers = cfg->pin_layers,
+	    .no_direct = cfg->no_direct,
+	    .threads_per_node = cfg->threads,
+	    .max_tokens = cfg->max_tokens,
+	    .max_ids_per_token = m->desc.max_top_k,
+	    .progress = warm_progress,
+	    .progress_arg = m,
+	};
+	if (cfg->fail_layer >= 0) {
+		fc.fault_hook = fail_reads_of_expert;
+		fc.fault_arg = m;
+		log_warn("serve", "testing: every read of layer %d expert %d will fail with EIO",
+		         cfg->fail_layer, cfg->fail_expert);
+	}
+	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
+		goto fail;
+	log_info("serve",
+	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
+	         "ffn=%u expert_bytes=%" PRIu64 " budget_bytes=%" PRIu64 " budget_from=\"%s\"",
+	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
+	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, expert_bytes, budget, why);
+	char ferr[256];
+	if (forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr)) != 0) {
+		fail(err, err_len, "%s: %s", cfg->path, ferr);
+		goto fail;
+	}
+	struct forward_topology_info topo;
+	forward_topology(m->engine, &topo);
+	m->desc.n_nodes = topo.n_nodes;
+	for (uint32_t i = 0; i < topo.n_nodes; i++)
+		log_info("serve",
+		         "numa node=%u os_index=%u threads=%u synthetic=%d memory_bound=%d", i,
+		         topo.node_os_index[i], topo.threads[i], topo.synthetic, topo.memory_bound);
+	m->n_layer_stats = forward_stats_layers(m->engine);
+	m->layer_stats = calloc(m->n_layer_stats ? m->n_layer_stats : 1, sizeof(*m->layer_stats));
+	if (!m->layer_stats) {
+		fail(err, err_len, "out of memory");
+		goto fail;
+	}
+	log_info("serve", "probes %s", pagecache_status(m->probes));
+	*out = m;
+	return 0;
+fail:
+	serve_model_close(m);
+	return -1;
+}
+
+void serve_model_close(struct serve_model *m)
+{
+	if (!m)
+		return;
+	if (m->engine)
+		forward_destroy(m->engine);
+	if (m->probes)
+		pagecache_close(m->probes);
+	if (m->cat)
+		moe_catalog_close(m->cat);
+	free(m->layer_stats);
+	free(m);
+}
+
+const struct serve_model_desc *serve_model_desc(const struct serve_model *m)
+{
+	return &m->desc;
+}
+
+bool serve_model_is_moe_layer(const struct serve_model *m, int32_t layer)
+{
+	return layer >= 0 && (uint32_t)layer < m->cat->info.n_layers && m->cat->layers[layer].moe;
+}
+
+int32_t serve_model_next_moe_layer(const struct serve_model *m, int32_t layer)
+{
+	for (int32_t l = layer + 1; l >= 0 && (uint32_t)l < m->cat->info.n_layers; l++)
+		if (m->cat->layers[l].moe)
+			return l;
+	return -1;
+}
+
+int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
+                        float *out_immediate, float *out_deferred, struct serve_forward_result *res)
+{
+	struct forward_request fr = {
+	    .client = req->client,
+	    .layer = req->layer,
+	    .n_tokens = req->n_tokens,
+	    .k = req->k,
+	    .k_defer = req->k_defer,
+	    .x = req->x,
+	    .x_dtype = req->x_dtype,
+	    .ids = req->ids,
+	    .weights = req->weights,
+	    .deferred_in = req->deferred_in,
+	};
+	struct forward_result r;
+	forward_run(m->engine, &fr, out_immediate, out_deferred, &r);
+	res->status = r.status;
+	res->bad_token = r.bad_token;
+	res->bad_index = r.bad_index;
+	res->bad_expert = r.bad_expert;
+	res->n_deferred = r.n_deferred;
+	memcpy(res->message, r.message, sizeof(res->message));
+	res->message[sizeof(res->message) - 1] = '\0';
+	return r.status;
+}
+
+int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
+                         const float *scores, uint32_t n, bool scores_per_expert)
+{
+	return forward_prefetch(m->engine, layer, ids, scores, n, scores_per_expert);
+}
+
+int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, const uint8_t *bits,
+                         size_t n_bytes)
+{
+	return forward_set_mask(m->engine, client, layer, bits, n_bytes);
+}
+
+void serve_model_client_attach(struct serve_model *m, uint32_t client)
+{
+	forward_client_attach(m->engine, client);
+}
+
+void serve_model_client_detach(struct serve_model *m, uint32_t client)
+{
+	forward_client_detach(m->engine, client);
+}
+
+/* ---- STATS JSON ------------------------------------------------------------------------- */
+
+struct json_out {
+	char *buf;
+	size_t len, used; /* used may exceed len: then only the size is being computed */
+};
+
+static void jprintf(struct json_out *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void jprintf(struct json_out *j, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	size_t room = j->used < j->len ? j->len - j->used : 0;
+	int n = vsnprintf(room ? j->buf + j->used : NULL, room, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		j->used += (size_t)n;
+}
+
+/* A JSON string without quotes or control characters (reasons come from strerror & co). */
+static void jstring(struct json_out *j, const char *s)
+{
+	jprintf(j, "\"");
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		if (c == '"' || c == '\\')
+			jprintf(j, "\\%c", c);
+		else if (c < 0x20)
+			jprintf(j, "\\u%04x", c);
+		else
+			jprintf(j, "%c", c);
+	}
+	jprintf(j, "\"");
+}
+
+size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf, size_t len)
+{
+	struct forward_stats st;
+	memset(&st, 0, sizeof(st));
+	st.layers = m->layer_stats;
+	forward_stats(m->engine, &st);
+	/* What the sidecar adds (model, clients, probes), then the engine's own object
+	 * (forward_stats_json: counters and per-layer latency) spliced in without its '{'. */
+	struct json_out j = {.buf = buf, .len = len};
+	jprintf(&j, "{\"model\":");
+	jstring(&j, m->desc.name);
+	jprintf(&j, ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u", clients,
+	        m->desc.expert_bytes, m->desc.n_nodes);
+	struct pagecache_stats ps;
+	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
+		jprintf(
+		    &j,
+		    ",\"probes\":\"active\",\"pagecache_fill_bytes\":%llu,\"direct_bytes\":%llu,"
+		    "\"buffered_bytes\":%llu,\"fault_bytes\":%llu,\"bypass_ratio\":",
+		    (unsigned long long)ps.raw.pagecache_fill_bytes,
+		    (unsigned long long)ps.raw.direct_bytes,
+		    (unsigned long long)ps.raw.buffered_bytes, (unsigned long long)ps.fault_bytes);
+		if (isfinite(ps.bypass_ratio))
+			jprintf(&j, "%.6f", ps.bypass_ratio);
+		else
+			jprintf(&j, "null");
+	} else {
+		char why[300];
+		const char *status = pagecache_status(m->probes);
+		if (!strncmp(status, "unavailable: ", 13))
+			status += 13;
+		snprintf(why, sizeof(why), "probes unavailable: %s", status);
+		jprintf(&j, ",\"probes\":");
+		jstring(&j, why);
+	}
+	jprintf(&j, ",");
+	/* The engine's object goes where its '{' replaces our ','. */
+	const size_t at = j.used - 1;
+	const size_t engine =
+	    forward_stats_json(&st, at < len ? buf + at : NULL, at < len ? len - at : 0);
+	if (at < len && at + engine < len)
+		buf[at] = ',';
+	return at + engine;
+}

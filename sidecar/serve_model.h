@@ -1,0 +1,100 @@
+/* serve_model.h — the model `serve MODEL` serves: catalog, eBPF probes and forward engine.
+ *
+ * Owns: opening the catalog, sizing the memory budget, attaching the page-cache probes to the
+ * model files, creating the forward engine (sidecar/forward/forward.h) with its worker pools,
+ * and the STATS JSON document. It is the one place that includes both the catalog and the
+ * engine; the serving core (ops, channels, server) sees only the plain types below, because
+ * the catalog's `struct moe_model_info` and the wire's (moe_proto.h) share a name.
+ *
+ * Threading: open/close on the control thread. serve_model_forward from one thread at a time
+ * (the forward thread, model_ops.c); prefetch/mask/client calls from any thread;
+ * serve_model_stats_json from one thread at a time (it owns the probes handle: the
+ * dispatcher, which executes STATS).
+ */
+#ifndef MOE_SIDECAR_SERVE_MODEL_H
+#define MOE_SIDECAR_SERVE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct serve_model_config {
+	const char *path; /* .gguf, .safetensors or a checkpoint directory */
+	/* Expert budget: mem_budget_bytes if non-zero, else mem_budget_percent of the expert
+	 * bytes if non-zero, else every expert when that fits in MemAvailable with headroom,
+	 * else what fits. */
+	uint64_t mem_budget_bytes;
+	double mem_budget_percent;
+	const char *numa;    /* "auto", "0,1", or "synthetic:<hwloc synthetic spec>" */
+	uint32_t threads;    /* per node; 0 = the node's cores */
+	uint32_t pin_layers; /* first N MoE layers always resident */
+	const char *policy;  /* residency policy spec; NULL = the engine's default */
+	uint32_t max_tokens; /* per request */
+	uint32_t max_top_k;  /* ids per token; 0 = the model's top_k */
+	bool no_direct;      /* buffered reads */
+	bool require_probes; /* probes unavailable = fatal */
+	const char *probes_instance;
+	/* Testing: every read of this (layer, expert) fails with EIO (layer -1: none). */
+	int32_t fail_layer, fail_expert;
+};
+
+/* What is served, in wire-neutral types. */
+struct serve_model_desc {
+	uint32_t n_layers, n_moe_layers, first_moe_layer, last_moe_layer;
+	uint32_t n_experts, top_k, hidden, expert_ffn;
+	uint32_t max_tokens, max_top_k; /* request limits the engine was sized for */
+	uint64_t expert_bytes, budget_bytes;
+	uint32_t n_nodes;
+	char name[64];
+};
+
+struct serve_model;
+
+/* Opens everything; logs progress while warming. Returns 0, or -1 with err naming what went
+ * wrong ("model.gguf: tensor blk.3.ffn_up_exps: offset beyond end of file"). */
+int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out, char *err,
+                     size_t err_len);
+/* Destroys the engine, detaches the probes, closes the catalog. No call may be running. */
+void serve_model_close(struct serve_model *m);
+
+const struct serve_model_desc *serve_model_desc(const struct serve_model *m);
+/* True if layer is a transformer block with routed experts. */
+bool serve_model_is_moe_layer(const struct serve_model *m, int32_t layer);
+/* The next MoE block after layer, or -1 if layer is the last. */
+int32_t serve_model_next_moe_layer(const struct serve_model *m, int32_t layer);
+
+/* One layer (mirrors forward.h's forward_request/forward_result; see there). */
+struct serve_forward {
+	uint32_t client;
+	int32_t layer;
+	uint32_t n_tokens, k, k_defer;
+	const void *x;
+	unsigned x_dtype;
+	const int32_t *ids;
+	const float *weights;
+	const float *deferred_in;
+};
+struct serve_forward_result {
+	int status;
+	int32_t bad_token, bad_index, bad_expert;
+	uint32_t n_deferred;
+	char message[160];
+};
+int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
+                        float *out_immediate, float *out_deferred,
+                        struct serve_forward_result *res);
+
+/* Hints, masks and clients: see forward_prefetch / forward_set_mask / forward_client_*. */
+int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
+                         const float *scores, uint32_t n, bool scores_per_expert);
+int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, const uint8_t *bits,
+                         size_t n_bytes);
+void serve_model_client_attach(struct serve_model *m, uint32_t client);
+void serve_model_client_detach(struct serve_model *m, uint32_t client);
+#define SERVE_MODEL_MAX_CLIENTS 64u
+
+/* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
+ * or the length it would need (>= len) when it does not fit. clients: channels attached now. */
+size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf, size_t len);
+
+#endif

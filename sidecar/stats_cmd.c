@@ -1,0 +1,313 @@
+/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--watch S]`: a running sidecar's
+ * counters, asked for over the channel like any client (a STATS request).
+ *
+ * --json prints the sidecar's document as it came (keys: docs/protocol.md, STATS); otherwise a
+ * summary and a per-layer table. --watch S repeats every S seconds until interrupted; the
+ * table then shows the rates over the last interval. The reply is checked as hostile input:
+ * it is parsed strictly and a missing key is an error naming it.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "json.h"
+#include "moe_client.h"
+
+#define STATS_TIMEOUT_MS 5000
+
+static void stats_usage(FILE *to)
+{
+	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--watch SECONDS]\n\n"
+	            "  --socket PATH   the sidecar's socket (default as for serve)\n"
+	            "  --json          print the STATS JSON object as the sidecar sent it\n"
+	            "  --watch S       repeat every S seconds (table: rates over the interval)\n");
+}
+
+/* Connects with an output area of at least need bytes. */
+static int connect_for_stats(const char *path, size_t need, struct moe_client **c)
+{
+	struct moe_connect_opts o = {
+	    .socket_path = path, .n_slots = 1, .client_name = "moe-sidecar stats"};
+	int rc = moe_connect(&o, c);
+	if (rc != MOE_OK)
+		return rc;
+	const struct moe_info *inf = moe_info(*c);
+	size_t row = (size_t)inf->hidden * 4u;
+	size_t have = (size_t)inf->max_tokens * row;
+	if (have >= need || row == 0)
+		return MOE_OK;
+	moe_close(*c);
+	o.max_tokens = (uint32_t)((need + row - 1) / row);
+	return moe_connect(&o, c);
+}
+
+/* Fetches the JSON into *buf (grown as needed). */
+static int fetch(const char *path, char **buf, size_t *cap)
+{
+	size_t need = 64u << 10;
+	for (int attempt = 0; attempt < 3; attempt++) {
+		struct moe_client *c;
+		int rc = connect_for_stats(path, need, &c);
+		if (rc != MOE_OK) {
+			fprintf(stderr, "moe-sidecar stats: %s: %s\n", moe_strerror(rc),
+			        moe_connect_error());
+			return -1;
+		}
+		if (*cap < need) {
+			char *nb = realloc(*buf, need);
+			if (!nb) {
+				moe_close(c);
+				fprintf(stderr, "moe-sidecar stats: out of memory\n");
+				return -1;
+			}
+			*buf = nb;
+			*cap = need;
+		}
+		rc = moe_stats_json(c, *buf, *cap, STATS_TIMEOUT_MS);
+		if (rc == MOE_OK) {
+			moe_close(c);
+			return 0;
+		}
+		if (rc != MOE_ETOOSMALL) {
+			fprintf(stderr, "moe-sidecar stats: %s: %s\n", moe_strerror(rc),
+			        moe_last_error(c));
+			moe_close(c);
+			return -1;
+		}
+		moe_close(c);
+		need *= 4;
+	}
+	fprintf(stderr, "moe-sidecar stats: the STATS reply does not fit %zu bytes\n", need);
+	return -1;
+}
+
+static const char *const summary_keys[] = {"requests",       "tokens",          "hits",
+                                           "cold_misses",    "inflight_misses", "bytes_read",
+                                           "resident_bytes", "budget_bytes"};
+#define N_SUMMARY (sizeof(summary_keys) / sizeof(summary_keys[0]))
+
+/* Per layer: counts, then latency percentiles as "<name>":{"p50":…,"p99":…} objects. */
+static const char *const layer_keys[] = {
+    "layer",           "requests",       "tokens",         "hits",         "cold_misses",
+    "inflight_misses", "bytes_read",     "queue_us.p50",   "queue_us.p99", "io_us.p50",
+    "io_us.p99",       "compute_us.p50", "compute_us.p99", "total_us.p50", "total_us.p99"};
+#define N_LAYER (sizeof(layer_keys) / sizeof(layer_keys[0]))
+
+struct layer_row {
+	uint64_t v[N_LAYER];
+};
+
+/* key, or "object.member" one level down. */
+static int get_u64(const struct json_doc *d, json_ref obj, const char *key, uint64_t *out,
+                   const char *where)
+{
+	const char *dot = strchr(key, '.');
+	int found;
+	if (dot) {
+		char outer[32];
+		snprintf(outer, sizeof(outer), "%.*s", (int)(dot - key), key);
+		found = json_get_u64(d, json_object_get(d, obj, outer), dot + 1, out);
+	} else {
+		found = json_get_u64(d, obj, key, out);
+	}
+	if (found != 1) {
+		fprintf(stderr, "moe-sidecar stats: reply%s: key \"%s\" missing or not a count\n",
+		        where, key);
+		return -1;
+	}
+	return 0;
+}
+
+/* a/b in percent, or "-" when b is 0. */
+static const char *percent(uint64_t a, uint64_t b, char *buf, size_t len)
+{
+	if (!b)
+		return "-";
+	snprintf(buf, len, "%.1f%%", 100.0 * (double)a / (double)b);
+	return buf;
+}
+
+/* Prints the table; prev (same shape, may be NULL) turns counts into interval deltas. */
+static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **prev_rows,
+                       uint32_t *prev_n, double interval_s)
+{
+	struct model_error err;
+	struct json_doc *d;
+	if (json_parse(json, strlen(json), &d, &err) != 0) {
+		fprintf(stderr, "moe-sidecar stats: reply is not JSON: %s\n", err.msg);
+		return -1;
+	}
+	json_ref root = json_root(d);
+	uint64_t sum[N_SUMMARY];
+	for (size_t i = 0; i < N_SUMMARY; i++)
+		if (get_u64(d, root, summary_keys[i], &sum[i], "") != 0)
+			goto bad;
+	json_ref layers = json_object_get(d, root, "layers");
+	if (json_type_of(d, layers) != JSON_ARRAY) {
+		fprintf(stderr,
+		        "moe-sidecar stats: reply: key \"layers\" missing or not an array\n");
+		goto bad;
+	}
+	uint32_t n = json_count(d, layers);
+	struct layer_row *rows = calloc(n ? n : 1, sizeof(*rows));
+	if (!rows)
+		goto bad;
+	uint32_t i = 0;
+	for (json_ref l = json_first(d, layers); l != JSON_NONE; l = json_next(d, l), i++)
+		for (size_t k = 0; k < N_LAYER; k++)
+			if (get_u64(d, l, layer_keys[k], &rows[i].v[k], " layers[]") != 0) {
+				free(rows);
+				goto bad;
+			}
+
+	const bool delta = prev_sum && *prev_rows && *prev_n == n;
+	json_ref model = json_object_get(d, root, "model");
+	const char *name = json_string(d, model, NULL);
+	printf("model %s  requests %" PRIu64 "  tokens %" PRIu64, name ? name : "?", sum[0],
+	       sum[1]);
+	if (delta && interval_s > 0)
+		printf("  (%.1f tokens/s over %.1f s)", (double)(sum[1] - prev_sum[1]) / interval_s,
+		       interval_s);
+	char p1[16], p2[16];
+	printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
+	       "  hit rate %s  read %.1f MiB\n",
+	       sum[2], sum[3], sum[4], percent(sum[2], sum[2] + sum[3] + sum[4], p1, sizeof(p1)),
+	       (double)sum[5] / 1048576.0);
+	printf("resident %.1f MiB of %.1f MiB budget (%s)\n", (double)sum[6] / 1048576.0,
+	       (double)sum[7] / 1048576.0, percent(sum[6], sum[7], p2, sizeof(p2)));
+	json_ref probes = json_object_get(d, root, "probes");
+	const char *pstatus = json_string(d, probes, NULL);
+	uint64_t fill, direct, buffered;
+	double bypass;
+	if (pstatus && !strcmp(pstatus, "active") &&
+	    json_get_u64(d, root, "pagecache_fill_bytes", &fill) == 1 &&
+	    json_get_u64(d, root, "direct_bytes", &direct) == 1 &&
+	    json_get_u64(d, root, "buffered_bytes", &buffered) == 1) {
+		printf("page cache: filled %.1f MiB, direct %.1f MiB, buffered %.1f MiB, bypass ",
+		       (double)fill / 1048576.0, (double)direct / 1048576.0,
+		       (double)buffered / 1048576.0);
+		if (json_get_double(d, root, "bypass_ratio", &bypass) == 1)
+			printf("%.4f\n", bypass);
+		else
+			printf("-\n");
+	} else {
+		printf("page cache: %s\n", pstatus ? pstatus : "probes unavailable: no report");
+	}
+	printf("\n%5s %9s %9s %7s %8s %8s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n", "layer",
+	       "requests", "tokens", "hit%", "cold", "inflight", "MiB read", "queue50", "queue99",
+	       "io50", "io99", "comp50", "comp99", "p50us", "p99us");
+	for (i = 0; i < n; i++) {
+		uint64_t v[N_LAYER];
+		memcpy(v, rows[i].v, sizeof(v));
+		if (delta && (*prev_rows)[i].v[0] == v[0]) /* same layer as last time */
+			for (size_t k = 1; k <= 6; k++)
+				v[k] -= (*prev_rows)[i].v[k] <= v[k] ? (*prev_rows)[i].v[k] : v[k];
+		printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %7s %8" PRIu64 " %8" PRIu64
+		       " %9.1f | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64
+		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
+		       v[0], v[1], v[2], percent(v[3], v[3] + v[4] + v[5], p1, sizeof(p1)), v[4],
+		       v[5], (double)v[6] / 1048576.0, v[7], v[8], v[9], v[10], v[11], v[12], v[13],
+		       v[14]);
+	}
+	if (prev_sum) {
+		memcpy(prev_sum, sum, sizeof(sum));
+		free(*prev_rows);
+		*prev_rows = rows;
+		*prev_n = n;
+	} else {
+		free(rows);
+	}
+	json_free(d);
+	return 0;
+bad:
+	json_free(d);
+	return -1;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int cmd_stats(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+	    {"socket", required_argument, NULL, 's'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"watch", required_argument, NULL, 'w'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
+	};
+	const char *path = NULL;
+	bool json = false;
+	double watch = 0;
+	int c;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "s:jw:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 's': path = optarg; break;
+		case 'j': json = true; break;
+		case 'w': {
+			char *end;
+			errno = 0;
+			watch = strtod(optarg, &end);
+			if (errno || *end || !(watch >= 0.1 && watch <= 86400)) {
+				fprintf(stderr,
+				        "moe-sidecar stats: --watch '%s': expected seconds in "
+				        "0.1..86400\n",
+				        optarg);
+				return 2;
+			}
+			break;
+		}
+		case 'h': stats_usage(stdout); return 0;
+		default: stats_usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "moe-sidecar stats: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	char *buf = NULL;
+	size_t cap = 0;
+	uint64_t prev_sum[N_SUMMARY];
+	struct layer_row *prev_rows = NULL;
+	uint32_t prev_n = 0;
+	double last = 0;
+	int status = 0;
+	for (;;) {
+		if (fetch(path, &buf, &cap) != 0) {
+			status = 1;
+			break;
+		}
+		double t = now_s();
+		if (json) {
+			printf("%s\n", buf);
+		} else {
+			if (watch > 0 && last > 0)
+				printf("\n");
+			if (print_table(buf, watch > 0 ? prev_sum : NULL, &prev_rows, &prev_n,
+			                last > 0 ? t - last : 0) != 0) {
+				status = 1;
+				break;
+			}
+		}
+		fflush(stdout);
+		last = t;
+		if (watch <= 0)
+			break;
+		struct timespec ts = {.tv_sec = (time_t)watch,
+		                      .tv_nsec = (long)((watch - (double)(time_t)watch) * 1e9)};
+		nanosleep(&ts, NULL);
+	}
+	free(prev_rows);
+	free(buf);
+	return status;
+}

@@ -1,0 +1,126 @@
+/* reference.c — see reference.h. */
+#include "reference.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "forward.h"
+#include "moe_gen.h"
+#include "moe_kernels.h"
+
+struct ref_engine {
+	struct moe_catalog *cat;
+	struct forward_engine *engine;
+};
+
+static int format_id(const char *name, uint32_t *out)
+{
+	if (!strcasecmp(name, "fp8")) {
+		*out = MOEK_FP8_E4M3_B128;
+		return 0;
+	}
+	for (uint32_t f = 0; f <= MOEK_FP8_E4M3_B128; f++) {
+		const struct moek_format_info *fi = moek_format_lookup(f);
+		if (fi && fi->weight_format && !strcasecmp(name, fi->name)) {
+			*out = f;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+int ref_generate(const char *path, const char *format, uint64_t seed)
+{
+	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	                            .out = path,
+	                            .seed = seed,
+	                            .layers = REF_LAYERS,
+	                            .hidden = REF_HIDDEN,
+	                            .ffn = REF_FFN,
+	                            .experts = REF_EXPERTS};
+	if (format_id(format, &o.format) != 0) {
+		fprintf(stderr, "ref_generate: unknown format %s\n", format);
+		return -1;
+	}
+	struct model_error err;
+	if (moe_gen_write(&o, &err) != 0) {
+		fprintf(stderr, "ref_generate %s %s: %s\n", path, format, err.msg);
+		return -1;
+	}
+	return 0;
+}
+
+struct ref_engine *ref_open(const char *path)
+{
+	struct ref_engine *r = calloc(1, sizeof(*r));
+	struct model_error merr;
+	if (!r || moe_catalog_open(path, &r->cat, &merr) != 0) {
+		fprintf(stderr, "ref_open %s: %s\n", path, r ? merr.msg : "out of memory");
+		free(r);
+		return NULL;
+	}
+	struct forward_config fc = {
+	    .source = FORWARD_SOURCE_ALL_RESIDENT, .threads_per_node = 1, .max_tokens = 64};
+	char err[256];
+	if (forward_create(&r->engine, r->cat, &fc, err, sizeof(err)) != 0) {
+		fprintf(stderr, "ref_open %s: %s\n", path, err);
+		moe_catalog_close(r->cat);
+		free(r);
+		return NULL;
+	}
+	return r;
+}
+
+void ref_close(struct ref_engine *r)
+{
+	if (!r)
+		return;
+	forward_destroy(r->engine);
+	moe_catalog_close(r->cat);
+	free(r);
+}
+
+uint32_t ref_n_experts(const struct ref_engine *r)
+{
+	return r->cat->info.n_experts;
+}
+
+uint32_t ref_top_k(const struct ref_engine *r)
+{
+	return r->cat->info.top_k;
+}
+
+uint32_t ref_hidden(const struct ref_engine *r)
+{
+	return (uint32_t)r->cat->info.hidden;
+}
+
+uint32_t ref_n_layers(const struct ref_engine *r)
+{
+	return r->cat->info.n_layers;
+}
+
+uint64_t ref_expert_bytes(const struct ref_engine *r)
+{
+	return r->cat->expert_bytes_total;
+}
+
+int ref_forward(struct ref_engine *r, int32_t layer, uint32_t n_tokens, uint32_t k,
+                uint32_t k_defer, const void *x, unsigned x_dtype, const int32_t *ids,
+                const float *weights, const float *deferred_in, float *out_immediate,
+                float *out_deferred)
+{
+	struct forward_request req = {.layer = layer,
+	                              .n_tokens = n_tokens,
+	                              .k = k,
+	                              .k_defer = k_defer,
+	                              .x = x,
+	                              .x_dtype = x_dtype,
+	                              .ids = ids,
+	                              .weights = weights,
+	                              .deferred_in = deferred_in};
+	struct forward_result res;
+	return forward_reference(r->engine, &req, out_immediate, out_deferred, &res);
+}

@@ -1,0 +1,43 @@
+/* reference.h — the in-process side of the serve tests: generating small models and computing
+ * what the sidecar must answer with the forward engine's oracle (forward_reference).
+ *
+ * Kept apart from the test files because the catalog and the wire both define a
+ * `struct moe_model_info`: this file's users see plain types only.
+ */
+#ifndef MOE_TEST_SERVE_REFERENCE_H
+#define MOE_TEST_SERVE_REFERENCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Shapes every serve test uses: small enough for 2 shared cores, rows a multiple of 256
+ * so every K-quant works. */
+#define REF_HIDDEN 256u
+#define REF_FFN 256u
+#define REF_EXPERTS 16u
+#define REF_LAYERS 3u
+
+/* Writes a qwen3-30b-a3b-shaped model in `format` ("q8_0", "q4_k", "bf16", "fp8", …) to
+ * path (".gguf" → GGUF, else a safetensors directory). Returns 0 or -1 (printed). */
+int ref_generate(const char *path, const char *format, uint64_t seed);
+
+struct ref_engine;
+
+/* An ALL_RESIDENT engine over the model at path (one thread). NULL on error (printed). */
+struct ref_engine *ref_open(const char *path);
+void ref_close(struct ref_engine *r);
+uint32_t ref_n_experts(const struct ref_engine *r);
+uint32_t ref_top_k(const struct ref_engine *r);
+uint32_t ref_hidden(const struct ref_engine *r);
+uint32_t ref_n_layers(const struct ref_engine *r);
+uint64_t ref_expert_bytes(const struct ref_engine *r);
+
+/* forward_reference: out_immediate and (k_defer > 0) out_deferred, n_tokens x hidden f32.
+ * Returns the status (MOE_OK or an error). */
+int ref_forward(struct ref_engine *r, int32_t layer, uint32_t n_tokens, uint32_t k,
+                uint32_t k_defer, const void *x, unsigned x_dtype, const int32_t *ids,
+                const float *weights, const float *deferred_in, float *out_immediate,
+                float *out_deferred);
+
+#endif

@@ -1,0 +1,204 @@
+/* test_serve_ops.c — MASK, PREFETCH and STATS through a real sidecar, the model ops on a
+ * sidecar without a model, the handshake's model checks, and `moe-sidecar stats`.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "serve_fixture.h"
+
+/* Runs one model op on a fresh slot; returns the completion. */
+static struct moe_completion run_op(struct moe_client *c, uint16_t op, uint16_t flags,
+                                    int32_t layer, uint32_t n, const int32_t *ids, const float *wts,
+                                    const void *input, size_t input_bytes)
+{
+	struct moe_slot s;
+	cr_assert_eq(moe_slot_acquire(c, &s), MOE_OK);
+	if (ids)
+		memcpy(s.expert_ids, ids, n * sizeof(int32_t));
+	if (wts)
+		memcpy(s.expert_weights, wts, n * sizeof(float));
+	if (input)
+		memcpy(s.input, input, input_bytes);
+	struct moe_request r = {.op = op,
+	                        .flags = flags,
+	                        .slot = s.index,
+	                        .n_tokens = n,
+	                        .layer = layer,
+	                        .user_data = 77};
+	struct moe_completion d;
+	int rc = moe_call(c, &r, &d, 10000);
+	cr_assert(rc == d.status, "transport: %s", moe_strerror(rc));
+	cr_assert_eq(moe_slot_release(c, s.index), MOE_OK);
+	return d;
+}
+
+Test(serve_ops, gpu_mask_refuses_masked_experts_for_that_client_only)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	const size_t per_layer = (ne + 7) / 8;
+	uint8_t bits[64] = {0};
+	bits[1 * per_layer + 0] = 1u << 5; /* layer 1, expert 5 */
+	cr_assert_eq(moe_set_gpu_mask(s.c, -1, bits, ref_n_layers(s.ref) * per_layer, 5000), MOE_OK,
+	             "%s", moe_last_error(s.c));
+	struct fwd_case fc;
+	fwd_case_make(&fc, 7, 1, 2, 4, ne, h, false);
+	for (int j = 0; j < 8; j++)
+		fc.ids[j] = j < 4 ? j : 8 + j; /* 0..3, 12..15 */
+	fc.ids[6] = 5;
+	struct moe_completion done;
+	cr_assert_eq(served_forward(&s, &fc, NULL, &done), MOE_EMASKED);
+	cr_assert_eq(done.value, 5);
+	fc.layer = 2; /* not masked there */
+	float *out = calloc((size_t)2 * h, sizeof(float));
+	cr_assert_eq(served_forward(&s, &fc, out, &done), MOE_OK, "%s", moe_strerror(done.status));
+	/* Another client does not share the mask. */
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .max_tokens = 8};
+	struct moe_client *other, *first = s.c;
+	cr_assert_eq(moe_connect(&o, &other), MOE_OK);
+	fc.layer = 1;
+	s.c = other;
+	cr_assert_eq(served_forward(&s, &fc, out, &done), MOE_OK, "%s", moe_strerror(done.status));
+	moe_close(other);
+	s.c = first;
+	/* Clearing one layer's bits lifts it. */
+	memset(bits, 0, sizeof(bits));
+	cr_assert_eq(moe_set_gpu_mask(s.c, 1, bits, per_layer, 5000), MOE_OK);
+	cr_assert_eq(served_forward(&s, &fc, out, &done), MOE_OK, "%s", moe_strerror(done.status));
+	/* A mask for a layer that does not exist. */
+	done = run_op(s.c, MOE_OP_MASK, 0, (int32_t)ref_n_layers(s.ref), 0, NULL, NULL, bits,
+	              per_layer);
+	cr_assert_eq(done.status, MOE_EBADLAYER);
+	free(out);
+	fwd_case_free(&fc);
+	served_stop(&s);
+}
+
+Test(serve_ops, prefetch_checks_its_entries_and_starts_loads)
+{
+	const char *extra[] = {"--mem-budget", "50%", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	const uint32_t ne = ref_n_experts(s.ref);
+	int32_t ids[4] = {1, 2, 3, -1};
+	float sc[4] = {1.0f, 0.5f, 0.25f, 1.0f};
+	uint32_t queued = 99;
+	cr_assert_eq(moe_prefetch(s.c, 2, ids, sc, 4, &queued, 5000), MOE_OK, "%s",
+	             moe_last_error(s.c));
+	cr_assert(queued <= 3, "queued %u of 3 valid ids", queued);
+	ids[1] = (int32_t)ne;
+	struct moe_completion d = run_op(s.c, MOE_OP_PREFETCH, 0, 2, 4, ids, sc, NULL, 0);
+	cr_assert_eq(d.status, MOE_EBADEXPERT);
+	cr_assert_eq(d.value, ne);
+	cr_assert_eq(d.index, 1);
+	ids[1] = 2;
+	sc[2] = 1.0f / 0.0f;
+	d = run_op(s.c, MOE_OP_PREFETCH, 0, 2, 4, ids, sc, NULL, 0);
+	cr_assert_eq(d.status, MOE_EBADWEIGHT);
+	cr_assert_eq(d.index, 2);
+	/* Router scores: exactly n_experts of them. */
+	float scores[64];
+	for (uint32_t e = 0; e < ne; e++)
+		scores[e] = (float)e / (float)ne;
+	cr_assert_eq(moe_prefetch(s.c, 1, NULL, scores, ne, &queued, 5000), MOE_OK, "%s",
+	             moe_last_error(s.c));
+	d = run_op(s.c, MOE_OP_PREFETCH, MOE_PREFETCH_SCORES, 1, ne - 1, NULL, scores, NULL, 0);
+	cr_assert_eq(d.status, MOE_EBADTOKENS);
+	d = run_op(s.c, MOE_OP_PREFETCH, 0, (int32_t)ref_n_layers(s.ref), 1, ids, sc, NULL, 0);
+	cr_assert_eq(d.status, MOE_EBADLAYER);
+	served_stop(&s);
+}
+
+Test(serve_ops, stats_too_small_and_the_stats_command)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	/* Requests on every layer make the JSON list them all (well over 1 KiB)... */
+	for (int32_t l = 0; l < (int32_t)ref_n_layers(s.ref); l++) {
+		struct fwd_case fc;
+		fwd_case_make(&fc, 50 + (uint64_t)l, l, 2, 4, ref_n_experts(s.ref),
+		              ref_hidden(s.ref), false);
+		struct moe_completion d;
+		cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+		fwd_case_free(&fc);
+	}
+	/* ...and one token of 256 f32 is a 1 KiB output area: the JSON does not fit. */
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .max_tokens = 1};
+	struct moe_client *tiny;
+	cr_assert_eq(moe_connect(&o, &tiny), MOE_OK);
+	char buf[4096];
+	cr_assert_eq(moe_stats_json(tiny, buf, sizeof(buf), 5000), MOE_ETOOSMALL);
+	moe_close(tiny);
+	/* The welcome describes the model. */
+	const struct moe_info *inf = moe_info(s.c);
+	cr_assert_eq(inf->n_layers, ref_n_layers(s.ref));
+	cr_assert_eq(inf->n_experts, ref_n_experts(s.ref));
+	cr_assert_eq(inf->model_hidden, ref_hidden(s.ref));
+	cr_assert_eq(inf->hidden, ref_hidden(s.ref));
+	cr_assert_str_eq(inf->model_name, "qwen3moe");
+	/* A client asking for another hidden size is refused with a reason. */
+	o.hidden = 128;
+	cr_assert_eq(moe_connect(&o, &tiny), MOE_EREFUSED);
+	cr_assert(strstr(moe_connect_error(), "hidden"), "%s", moe_connect_error());
+	/* `moe-sidecar stats --json` prints the document (once the tiny client is reclaimed). */
+	cr_assert(log_wait(&s.sp, "client disconnected", 1, 10000));
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "%s stats --socket %s --json", MOE_SIDECAR_BIN, s.sp.socket);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t n = fread(buf, 1, sizeof(buf) - 1, p);
+	buf[n] = '\0';
+	cr_assert_eq(pclose(p), 0, "stats --json failed: %s", buf);
+	cr_assert(json_top_u64(buf, "budget_bytes") > 0, "%s", buf);
+	cr_assert_eq(json_top_u64(buf, "clients"), 2, "the stats client and ours: %s", buf);
+	snprintf(cmd, sizeof(cmd), "%s stats --socket %s", MOE_SIDECAR_BIN, s.sp.socket);
+	p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	n = fread(buf, 1, sizeof(buf) - 1, p);
+	buf[n] = '\0';
+	cr_assert_eq(pclose(p), 0, "stats failed: %s", buf);
+	cr_assert(strstr(buf, "model qwen3moe") && strstr(buf, "layer  requests"), "%s", buf);
+	served_stop(&s);
+}
+
+Test(serve_ops, model_ops_without_a_model_say_so)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
+	struct moe_connect_opts o = {.socket_path = sp.socket, .max_tokens = 4, .hidden = 64};
+	struct moe_client *c;
+	cr_assert_eq(moe_connect(&o, &c), MOE_OK);
+	cr_assert_eq(moe_info(c)->n_experts, 0);
+	static const uint16_t ops[] = {MOE_OP_PREFETCH, MOE_OP_STATS, MOE_OP_MASK};
+	int32_t id = 0;
+	float w = 1;
+	for (size_t i = 0; i < 3; i++) {
+		struct moe_completion d =
+		    run_op(c, ops[i], 0, 0, ops[i] == MOE_OP_PREFETCH ? 1 : 0, &id, &w, NULL, 0);
+		cr_assert_eq(d.status, MOE_ENOMODEL, "op %u: %s", ops[i], moe_strerror(d.status));
+	}
+	cr_assert_eq(moe_ping(c, 5000), MOE_OK);
+	moe_close(c);
+	int st = sidecar_stop(&sp, SIGTERM);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	sidecar_cleanup(&sp);
+}
+
+Test(serve_ops, a_model_that_does_not_open_is_a_clear_start_up_error)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char bad[128];
+	snprintf(bad, sizeof(bad), "%s/missing.gguf", sp.dir);
+	const char *extra[] = {bad, NULL};
+	int st = 0;
+	cr_assert_neq(sidecar_start(&sp, extra, &st), 0);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x", st);
+	cr_assert(log_count(&sp, "missing.gguf") >= 1, "the error names the file");
+	sidecar_cleanup(&sp);
+}
