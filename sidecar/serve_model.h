@@ -3,8 +3,8 @@
  * Owns: opening the catalog, sizing the memory budget, attaching the page-cache probes to the
  * model files, creating the forward engine (sidecar/forward/forward.h) with its worker pools,
  * and the STATS JSON document. It is the one place that includes both the catalog and the
- * engine; the serving core (ops, channels, server) sees only the plain types below, because
- * the catalog's `struct moe_model_info` and the wire's (moe_proto.h) share a name.
+ * engine; the serving core (ops, channels, server) sees only the plain types below, so the
+ * wire contract and the model's internals stay apart.
  *
  * Threading: open/close on the control thread. serve_model_forward from one thread at a time
  * (the forward thread, model_ops.c); prefetch/mask/client calls from any thread;

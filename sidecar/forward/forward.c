@@ -326,7 +326,7 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 {
 	memset(res, 0, sizeof(*res));
 	res->bad_token = res->bad_index = res->bad_expert = -1;
-	const struct moe_model_info *info = &e->cat->info;
+	const struct moe_model_hparams *info = &e->cat->info;
 	if (q->client >= FORWARD_MAX_CLIENTS)
 		return fail(res, MOE_EINVAL, -1, -1, -1, "client %u out of range", q->client);
 	if (q->layer < 0 || (uint32_t)q->layer >= info->n_layers || e->w.moe_index[q->layer] < 0)
@@ -877,7 +877,7 @@ out:
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert)
 {
-	const struct moe_model_info *info = &e->cat->info;
+	const struct moe_model_hparams *info = &e->cat->info;
 	if (layer < 0 || (uint32_t)layer >= info->n_layers || e->w.moe_index[layer] < 0)
 		return MOE_EBADLAYER;
 	if (e->w.source != FORWARD_SOURCE_RESIDENCY)

@@ -151,7 +151,7 @@ static const char *model_file_name(const struct builder *b)
 static int take_weight(struct builder *b, const struct tview *tv, bool merged, uint32_t e,
                        uint64_t rows, uint64_t cols, struct moe_proj_ref *p)
 {
-	const struct moe_model_info *in = &b->cat->info;
+	const struct moe_model_hparams *in = &b->cat->info;
 	if (tv->format == FMT_NONE || !weight_format_supported(tv->format))
 		return model_fail(b->err,
 		                  "%s: tensor %s: type %s is not supported for expert "
@@ -257,7 +257,7 @@ static int gguf_key_u64(struct builder *b, const char *suffix, uint64_t *out, bo
 
 static int gguf_read_info(struct builder *b)
 {
-	struct moe_model_info *in = &b->cat->info;
+	struct moe_model_hparams *in = &b->cat->info;
 	const char *arch = gguf_get_str(b->gguf[0], "general.architecture");
 	if (!arch)
 		return model_fail(b->err, "%s: metadata general.architecture is missing", b->path);
@@ -380,7 +380,7 @@ static struct moe_expert *alloc_experts(struct builder *b, struct moe_layer *lay
 static int gguf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
 	struct moe_expert *ex;
-	const struct moe_model_info *in = &b->cat->info;
+	const struct moe_model_hparams *in = &b->cat->info;
 	static const char *const merged_names[MOE_PROJ_COUNT] = {
 	    "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"};
 	static const char *const single_names[3] = {"ffn_gate", "ffn_up", "ffn_down"};
@@ -477,7 +477,7 @@ static int cfg_u64(struct builder *b, const char *key, uint64_t *out, bool requi
 
 static int hf_read_info(struct builder *b, bool **moe_layers)
 {
-	struct moe_model_info *in = &b->cat->info;
+	struct moe_model_hparams *in = &b->cat->info;
 	const struct json_doc *c = b->config;
 	json_ref root = json_root(c);
 	if (json_type_of(c, root) != JSON_OBJECT)
@@ -602,7 +602,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
 	struct moe_expert *ex = layer->experts;
-	const struct moe_model_info *in = &b->cat->info;
+	const struct moe_model_hparams *in = &b->cat->info;
 	static const char *const stems[2] = {"gate_up_proj", "down_proj"};
 	char name[256];
 	struct tview blocks, scales;
@@ -670,7 +670,7 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *lay
 /* Per-expert 2-D tensors (Mixtral w1/w3/w2, others {gate,up,down}_proj). */
 static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
-	const struct moe_model_info *in = &b->cat->info;
+	const struct moe_model_hparams *in = &b->cat->info;
 	if (in->arch == MOE_ARCH_GPT_OSS)
 		return hf_gpt_oss_layer(b, L, layer);
 	bool mixtral = in->arch == MOE_ARCH_MIXTRAL;
@@ -797,7 +797,7 @@ static void account_expert(struct moe_catalog *cat, struct moe_expert *ex)
 static int build_layers(struct builder *b, const bool *hf_moe)
 {
 	struct moe_catalog *cat = b->cat;
-	struct moe_model_info *in = &cat->info;
+	struct moe_model_hparams *in = &cat->info;
 	if (in->hidden == 0 || in->expert_ffn == 0)
 		return model_fail(b->err, "%s: hidden size and expert FFN size must be non-zero",
 		                  b->path);

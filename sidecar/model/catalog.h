@@ -109,7 +109,7 @@ enum moe_gating {
 
 const char *moe_gating_name(enum moe_gating g);
 
-struct moe_model_info {
+struct moe_model_hparams {
 	enum moe_arch arch;
 	enum moe_container container;
 	uint32_t n_layers;     /* all transformer blocks */
@@ -127,7 +127,7 @@ struct moe_model_info {
 };
 
 struct moe_catalog {
-	struct moe_model_info info;
+	struct moe_model_hparams info;
 	uint32_t n_files;
 	struct moe_file *files;
 	struct moe_layer *layers;    /* info.n_layers entries */

@@ -32,7 +32,7 @@ static const struct moe_expert *first_expert(const struct moe_catalog *cat)
 
 static void print_json(FILE *o, const struct moe_catalog *cat)
 {
-	const struct moe_model_info *in = &cat->info;
+	const struct moe_model_hparams *in = &cat->info;
 	const struct moe_expert *ex = first_expert(cat);
 	uint64_t n_experts_total = (uint64_t)in->n_moe_layers * in->n_experts;
 	fprintf(o, "{\"architecture\":");
@@ -82,7 +82,7 @@ static void print_bytes(FILE *o, uint64_t v)
 
 static void print_text(FILE *o, const struct moe_catalog *cat)
 {
-	const struct moe_model_info *in = &cat->info;
+	const struct moe_model_hparams *in = &cat->info;
 	const struct moe_expert *ex = first_expert(cat);
 	fprintf(o, "architecture    %s (%s)\n", moe_arch_name(in->arch),
 	        in->container == MOE_CONTAINER_GGUF ? "GGUF" : "safetensors");

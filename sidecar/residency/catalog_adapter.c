@@ -24,7 +24,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
                             struct expert_extent_roles *roles, uint32_t *model_layer, char *err,
                             size_t err_len)
 {
-	const struct moe_model_info *info = &cat->info;
+	const struct moe_model_hparams *info = &cat->info;
 	if (!info->n_moe_layers || !info->n_experts) {
 		snprintf(err, err_len, "catalog: the model has no routed experts");
 		return -EINVAL;

@@ -145,7 +145,7 @@ static void check_model(const struct case_spec *c)
 	cr_assert_eq(moe_catalog_open(open_path, &cat, &err), 0, "%s %s: catalog: %s", c->preset,
 	             moe_format_name(c->format), err.msg);
 	const struct moe_gen_preset *p = moe_gen_preset_find(c->preset);
-	const struct moe_model_info *in = &cat->info;
+	const struct moe_model_hparams *in = &cat->info;
 	cr_assert_eq(in->arch, p->arch);
 	cr_assert_eq(in->n_layers, c->layers);
 	uint32_t dense = p->leading_dense < c->layers ? p->leading_dense : c->layers - 1;

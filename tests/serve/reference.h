@@ -1,8 +1,8 @@
 /* reference.h — the in-process side of the serve tests: generating small models and computing
  * what the sidecar must answer with the forward engine's oracle (forward_reference).
  *
- * Kept apart from the test files because the catalog and the wire both define a
- * `struct moe_model_info`: this file's users see plain types only.
+ * Kept apart from the test files so they see plain types only, not the catalog's or the
+ * engine's headers.
  */
 #ifndef MOE_TEST_SERVE_REFERENCE_H
 #define MOE_TEST_SERVE_REFERENCE_H
