@@ -12,11 +12,11 @@ struct command {
 };
 
 static const struct command commands[] = {
-	{"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
-	{"inspect", cmd_inspect, "show what a model holds: architecture, experts, formats, bytes"},
-	{"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
-	{"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
-	{"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
+    {"serve", cmd_serve, "serve engine clients over the shared-memory channel"},
+    {"inspect", cmd_inspect, "show what a model holds: architecture, experts, formats, bytes"},
+    {"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
+    {"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
+    {"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
 };
 
 static void usage(FILE *to)

@@ -32,8 +32,8 @@ extern "C" {
 #define MOE_ABI_MAJOR 1
 #define MOE_ABI_MINOR 0
 
-#define MOE_HELLO_MAGIC 0x484f454du   /* "MOEH" little-endian */
-#define MOE_WELCOME_MAGIC 0x574f454du /* "MOEW" */
+#define MOE_HELLO_MAGIC 0x484f454du                    /* "MOEH" little-endian */
+#define MOE_WELCOME_MAGIC 0x574f454du                  /* "MOEW" */
 #define MOE_CHANNEL_MAGIC UINT64_C(0x314e414843454f4d) /* "MOECHAN1" */
 
 /* Hard bounds on negotiable limits: the sidecar's own configuration may be lower. They keep
@@ -46,12 +46,7 @@ extern "C" {
 #define MOE_AREA_ALIGN 64u
 
 /* Activation dtypes. */
-enum moe_dtype {
-	MOE_DTYPE_F32 = 0,
-	MOE_DTYPE_F16 = 1,
-	MOE_DTYPE_BF16 = 2,
-	MOE_DTYPE_COUNT
-};
+enum moe_dtype { MOE_DTYPE_F32 = 0, MOE_DTYPE_F16 = 1, MOE_DTYPE_BF16 = 2, MOE_DTYPE_COUNT };
 #define MOE_DTYPE_MASK_ALL ((1u << MOE_DTYPE_COUNT) - 1u)
 
 static inline unsigned moe_dtype_size(unsigned dtype)
@@ -136,15 +131,15 @@ static_assert(sizeof(struct moe_limits) == 24, "moe_limits is ABI");
 
 /* What the sidecar serves; all zero when it runs without a model. */
 struct moe_model_info {
-	uint32_t n_layers;      /* transformer blocks */
-	uint32_t n_moe_layers;  /* blocks with routed experts */
+	uint32_t n_layers;     /* transformer blocks */
+	uint32_t n_moe_layers; /* blocks with routed experts */
 	uint32_t first_moe_layer;
-	uint32_t n_experts;     /* routed experts per MoE layer */
-	uint32_t top_k;         /* experts per token the model routes to */
-	uint32_t hidden;        /* model hidden size */
-	uint32_t expert_ffn;    /* expert intermediate size */
+	uint32_t n_experts;  /* routed experts per MoE layer */
+	uint32_t top_k;      /* experts per token the model routes to */
+	uint32_t hidden;     /* model hidden size */
+	uint32_t expert_ffn; /* expert intermediate size */
 	uint32_t reserved0;
-	char name[64];          /* architecture / model name, NUL-terminated */
+	char name[64]; /* architecture / model name, NUL-terminated */
 	uint32_t reserved[8];
 };
 static_assert(sizeof(struct moe_model_info) == 128, "moe_model_info is ABI");
@@ -158,8 +153,8 @@ struct moe_hello {
 	uint32_t magic;     /* MOE_HELLO_MAGIC */
 	uint16_t abi_major; /* MOE_ABI_MAJOR of the client */
 	uint16_t abi_minor;
-	uint32_t size;      /* sizeof(struct moe_hello) as the client knows it */
-	uint32_t flags;     /* none defined: must be 0 */
+	uint32_t size;          /* sizeof(struct moe_hello) as the client knows it */
+	uint32_t flags;         /* none defined: must be 0 */
 	struct moe_limits want; /* 0 in a field = the sidecar's default; ring_entries must be 0 */
 	char client_name[32];   /* for logs, NUL-terminated */
 	uint32_t reserved[14];
@@ -172,12 +167,12 @@ struct moe_welcome {
 	uint32_t magic;     /* MOE_WELCOME_MAGIC */
 	uint16_t abi_major; /* MOE_ABI_MAJOR of the sidecar */
 	uint16_t abi_minor;
-	uint32_t size;      /* sizeof(struct moe_welcome) as the sidecar knows it */
-	int32_t status;     /* MOE_OK, or why the client is refused */
+	uint32_t size;               /* sizeof(struct moe_welcome) as the sidecar knows it */
+	int32_t status;              /* MOE_OK, or why the client is refused */
 	char reason[MOE_REASON_LEN]; /* human-readable, NUL-terminated; set on refusal */
 	/* --- end of the frozen prefix (176 bytes) --- */
-	uint64_t channel_bytes; /* size of the memfd that comes with this message */
-	uint64_t epoch;         /* random; equals the channel header's epoch */
+	uint64_t channel_bytes;   /* size of the memfd that comes with this message */
+	uint64_t epoch;           /* random; equals the channel header's epoch */
 	struct moe_limits limits; /* granted */
 	uint32_t sidecar_pid;
 	uint32_t reserved0;
@@ -243,16 +238,16 @@ static inline uint32_t moe_channel_ring_start(uint64_t epoch)
 
 /* Submission record: 64 bytes, copied by the sidecar into private memory before any check. */
 struct moe_sqe {
-	uint64_t user_data; /* opaque, echoed in the completion */
-	uint32_t slot;      /* request slot holding the payload */
-	uint16_t op;        /* enum moe_op */
-	uint16_t flags;     /* per-op flags (MOE_FWD_*); 0 for PING/ECHO */
-	uint32_t n_tokens;  /* rows in the input area */
-	uint8_t in_dtype;   /* enum moe_dtype of the input rows */
-	uint8_t out_dtype;  /* enum moe_dtype of the output rows */
+	uint64_t user_data;     /* opaque, echoed in the completion */
+	uint32_t slot;          /* request slot holding the payload */
+	uint16_t op;            /* enum moe_op */
+	uint16_t flags;         /* per-op flags (MOE_FWD_*); 0 for PING/ECHO */
+	uint32_t n_tokens;      /* rows in the input area */
+	uint8_t in_dtype;       /* enum moe_dtype of the input rows */
+	uint8_t out_dtype;      /* enum moe_dtype of the output rows */
 	uint16_t ids_per_token; /* expert ids per token row (FORWARD); 0 otherwise */
-	int32_t layer;      /* FORWARD/PREFETCH: transformer block index */
-	uint32_t arg;       /* per-op argument (FORWARD: n deferred ids per token) */
+	int32_t layer;          /* FORWARD/PREFETCH: transformer block index */
+	uint32_t arg;           /* per-op argument (FORWARD: n deferred ids per token) */
 	uint32_t reserved[8];
 };
 static_assert(sizeof(struct moe_sqe) == 64, "moe_sqe is ABI");
@@ -262,9 +257,9 @@ static_assert(sizeof(struct moe_sqe) == 64, "moe_sqe is ABI");
 struct moe_cqe {
 	uint64_t user_data;
 	uint32_t slot;
-	int32_t status;   /* MOE_OK or a request error */
-	uint32_t value;   /* offending value on error; op-specific result on success */
-	uint32_t index;   /* where the offending value was */
+	int32_t status; /* MOE_OK or a request error */
+	uint32_t value; /* offending value on error; op-specific result on success */
+	uint32_t index; /* where the offending value was */
 	uint64_t reserved;
 };
 static_assert(sizeof(struct moe_cqe) == 32, "moe_cqe is ABI");
@@ -284,14 +279,13 @@ uint32_t moe_pow2_ceil(uint32_t n);
 /* Parses a hello received from an untrusted peer (len bytes at buf). On MOE_OK, *out holds
  * the hello (shorter, older hellos are zero-extended). On error returns MOE_EPROTO (not a
  * hello) or MOE_EVERSION, with a sentence in why. Never reads past len. */
-int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why,
-		    size_t why_len);
+int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why, size_t why_len);
 
 /* Parses a welcome from an untrusted sidecar. MOE_OK: *out filled, status may still be a
  * refusal (copied into *out). MOE_EPROTO / MOE_EVERSION with why on a malformed or
  * incompatible message. */
 int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char *why,
-		      size_t why_len);
+                      size_t why_len);
 
 /* Generic checks of a private copy of a submission against the channel limits: slot range,
  * known op, dtypes (for ops that carry rows), n_tokens, reserved fields. Op-specific checks
