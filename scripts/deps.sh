@@ -5,6 +5,7 @@ set -euo pipefail
 
 pkgs=(
 	build-essential cmake pkg-config git        # toolchain
+	clang-format                                # the formatting check in scripts/test.sh
 	liburing-dev libhwloc-dev libnuma-dev       # io_uring loader, topology, NUMA memory
 	libbpf-dev bpftool clang llvm               # eBPF probes (CO-RE, skeletons)
 	libclang-rt-dev                             # libFuzzer and clang sanitizer runtimes

@@ -3,7 +3,8 @@
 #   1. the default build (optimised, assertions on): every test;
 #   2. ASan+UBSan: every test not labelled "slow";
 #   3. TSan: the tests labelled "concurrent";
-#   4. libFuzzer targets (clang), each for FUZZ_SECONDS (default 20) from its seed corpus.
+#   4. libFuzzer targets (clang), each for FUZZ_SECONDS (default 20) from its seed corpus;
+# and before them a check that every C file follows .clang-format.
 # Ends with one line "suite: N passed, M failed". Exit status 0 only if everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +55,20 @@ build_or_fail() { # name dir [cmake args…]
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+# Formatting is part of the build contract (.clang-format at the root).
+echo "== format"
+unformatted=$(git ls-files '*.c' '*.h' | grep -v '^tests/fuzz/corpus/' |
+	while read -r f; do clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
+if [ -z "$unformatted" ]; then
+	echo "format: ok"
+	passed=$((passed + 1))
+else
+	echo "format: these files differ from .clang-format (run clang-format -i):"
+	echo "$unformatted"
+	failed=$((failed + 1))
+	failures+=("format")
+fi
 
 build_or_fail default build && run_ctest default build
 build_or_fail asan+ubsan build-asan -DMOE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug &&
