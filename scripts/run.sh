@@ -20,7 +20,7 @@ budget=${MOE_RUN_BUDGET:-50%}
 
 # The model is kept between runs (build/models/, keyed by the generator arguments).
 mkdir -p build/models
-model=build/models/$(echo "$gen_args" | tr -c 'A-Za-z0-9_.-' '_' | sed 's/__*/_/g').gguf
+model=build/models/$(echo "$gen_args" | sed 's/--preset //; s/ --/_/g; s/ //g' | tr -c 'A-Za-z0-9_.-' '_' | sed 's/_*$//').gguf
 if [ ! -s "$model" ]; then
 	echo "run: generating $model ($gen_args)"
 	# shellcheck disable=SC2086
