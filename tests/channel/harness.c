@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -32,6 +33,11 @@ void harness_tempdir(struct sidecar_proc *sp)
 
 int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_status)
 {
+	return sidecar_start_as(sp, extra, exit_status, (uid_t)-1);
+}
+
+int sidecar_start_as(struct sidecar_proc *sp, const char *const *extra, int *exit_status, uid_t uid)
+{
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) != 0)
 		return -1;
@@ -44,6 +50,9 @@ int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_s
 		int logfd = open(sp->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (logfd >= 0)
 			dup2(logfd, 2);
+		if (uid != (uid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
+		                         setresuid(uid, uid, uid) != 0))
+			_exit(126);
 		int ready = dup(p[1]); /* without O_CLOEXEC */
 		char fdbuf[16];
 		snprintf(fdbuf, sizeof(fdbuf), "%d", ready);

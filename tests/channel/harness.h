@@ -27,6 +27,11 @@ void harness_tempdir(struct sidecar_proc *sp);
  * (then *exit_status holds its waitpid status when non-NULL). */
 int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_status);
 
+/* The same, with the sidecar running as uid (and gid = uid, no supplementary groups);
+ * (uid_t)-1 keeps the caller's. Needs root for another uid. */
+int sidecar_start_as(struct sidecar_proc *sp, const char *const *extra, int *exit_status,
+                     uid_t uid);
+
 /* SIGTERM (or sig) and waitpid; returns the wait status. */
 int sidecar_stop(struct sidecar_proc *sp, int sig);
 
