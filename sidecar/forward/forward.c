@@ -652,16 +652,22 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 	}
 	uint32_t done = 0;
 	for (;;) {
-		/* Demand every pending expert without waiting: all cold reads go out first. */
+		/* Demand every pending expert without waiting: all cold reads go out first. The
+		 * ones already resident or loading are taken first, so a cold read of this request
+		 * never evicts an expert the same request is about to use. */
 		uint32_t ready = 0;
-		for (uint32_t g = 0; g < n_groups; g++) {
-			if (e->groups[g].state != GROUP_PENDING)
-				continue;
-			rc = demand(e, q, moe_layer, &e->groups[g], false, res);
-			if (rc < 0)
-				goto failed;
-			ready += (uint32_t)rc;
-		}
+		for (int pass = 0; pass < 2; pass++)
+			for (uint32_t g = 0; g < n_groups; g++) {
+				struct req_group *rg = &e->groups[g];
+				if (rg->state != GROUP_PENDING ||
+				    (pass == 0 && residency_state(e->w.res, moe_layer,
+				                                  rg->expert) == EXPERT_COLD))
+					continue;
+				rc = demand(e, q, moe_layer, rg, false, res);
+				if (rc < 0)
+					goto failed;
+				ready += (uint32_t)rc;
+			}
 		if (ready == 0 && done < n_groups) {
 			/* Nothing arrived and nothing is held: wait for the first pending one. */
 			for (uint32_t g = 0; g < n_groups; g++) {
@@ -913,14 +919,19 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 		}
 		return started;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		if (ids[i] < 0 || (uint32_t)ids[i] >= info->n_experts)
-			continue;
-		uint32_t id = (uint32_t)ids[i];
-		const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
-		residency_hint(e->w.res, l, &id, 1, pri);
-		started += residency_prefetch(e->w.res, l, &id, 1, pri);
-	}
+	/* Every hint first, then the loads: a hinted resident expert is marked needed before
+	 * any of the hint's prefetches looks for a victim. */
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t i = 0; i < n; i++) {
+			if (ids[i] < 0 || (uint32_t)ids[i] >= info->n_experts)
+				continue;
+			uint32_t id = (uint32_t)ids[i];
+			const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
+			if (pass == 0)
+				residency_hint(e->w.res, l, &id, 1, pri);
+			else
+				started += residency_prefetch(e->w.res, l, &id, 1, pri);
+		}
 	return started;
 }
 

@@ -81,6 +81,8 @@ struct forward_config {
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
 	bool no_direct;       /* buffered reads (tests, --no-direct) */
+	bool lazy_load; /* mem_budget 0: skip the warm-up that loads every expert at create, so
+	                   each is read on its first demand (tests of the demand path) */
 	/* NUMA and threads */
 	enum forward_numa_mode numa;
 	uint32_t numa_list[FORWARD_MAX_NODES];
@@ -101,7 +103,9 @@ struct forward_config {
 struct forward_engine;
 
 /* Creates the engine: topology, pools, weights source (loads everything for ALL_RESIDENT,
- * warms pinned layers for RESIDENCY, maps the files for MMAP). The catalog must outlive it.
+ * warms pinned layers for RESIDENCY — and every expert when mem_budget is 0, unless
+ * lazy_load: an expert that fails to load there is logged and left to be read on demand —
+ * maps the files for MMAP). The catalog must outlive it.
  * Returns 0, or -1 with err naming what was wrong (unsupported layout, budget below one
  * expert, hwloc failure …). */
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,

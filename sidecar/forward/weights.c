@@ -364,6 +364,55 @@ static uint64_t budget_all_fit(const struct forward_weights *w)
 	return total + w->cat->expert_bytes_total;
 }
 
+/* With a budget that holds every expert, loads them all before the engine serves: at 100%
+ * budget the first touch of each expert would otherwise be a cold read inside a request (and
+ * the loader's I/O and completions would compete with compute for the cores for as long as
+ * the trace keeps naming new experts). Every load is started first (the loader runs them at
+ * full depth), then each is waited for. Not counted as demand (RESIDENCY_RETRY): hits, misses
+ * and the policy's access history start with the first request. A failed read is logged and
+ * put back to COLD, so only requests that name that expert see the error (read again on
+ * demand). */
+static void warm_all(struct forward_weights *w, const struct forward_config *cfg)
+{
+	const uint32_t total = w->n_moe_layers * w->n_experts;
+	uint32_t done = 0, failed = 0;
+	if (cfg->progress)
+		cfg->progress(cfg->progress_arg, "warming every expert", 0, total);
+	struct expert_ref ref;
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t l = 0; l < w->n_moe_layers; l++)
+			for (uint32_t x = 0; x < w->n_experts; x++) {
+				const unsigned flags =
+				    RESIDENCY_RETRY | (pass == 0 ? RESIDENCY_NOWAIT : 0u);
+				int rc = residency_acquire(w->res, l, x, -1.0f, flags, &ref);
+				if (rc == 0) {
+					residency_release(w->res, &ref);
+					if (pass == 1 && cfg->progress)
+						cfg->progress(cfg->progress_arg,
+						              "warming every expert", ++done,
+						              total);
+					continue;
+				}
+				if (pass == 0 && (rc == -EINPROGRESS || rc == -EAGAIN))
+					continue;
+				if (pass == 0 || rc == -ESHUTDOWN || rc == -EPERM)
+					continue; /* pass 1 reports it */
+				char why[160];
+				residency_error_message(w->res, l, x, why, sizeof(why));
+				if (failed++ < 8)
+					log_warn(
+					    "forward",
+					    "warming layer %u expert %u: %s (left cold: read again "
+					    "on demand)",
+					    w->model_layer[l], x, why[0] ? why : strerror(-rc));
+				residency_retry_failed(w->res, l, x);
+			}
+	if (failed)
+		log_warn("forward", "warming: %u of %u experts failed to load", failed, total);
+	if (cfg->progress && done != total)
+		cfg->progress(cfg->progress_arg, "warming every expert", total, total);
+}
+
 static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
                           struct forward_topology *topo, char *err, size_t err_len)
 {
@@ -398,6 +447,8 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);
 	}
+	if (!cfg->mem_budget && !cfg->lazy_load)
+		warm_all(w, cfg);
 	return 0;
 }
 

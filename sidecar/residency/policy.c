@@ -242,13 +242,15 @@ void policy_remove(struct residency_policy *p, uint32_t id)
 
 void policy_hint(struct residency_policy *p, uint32_t id, float score)
 {
-	if (id >= p->n_ids || !(score >= 0) || p->spec.kind != POLICY_SIEVE_HEAT)
+	if (id >= p->n_ids || !(score >= 0) || p->spec.kind == POLICY_LRU)
 		return;
 	/* "Needed soon" is what the visited bit means to the hand: a resident hinted expert
-	 * survives the next pass once. The score joins its heat like a router score. */
+	 * survives the next pass once (SIEVE and SIEVE-heat), so the hint's own prefetches and
+	 * demands do not evict it. SIEVE-heat: the score joins its heat like a router score. */
 	if (p->in_queue[id])
 		p->visited[id] = 1;
-	update_heat(p, id, score);
+	if (p->spec.kind == POLICY_SIEVE_HEAT)
+		update_heat(p, id, score);
 }
 
 bool policy_needs_eviction(const struct residency_policy *p, uint32_t incoming)

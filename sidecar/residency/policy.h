@@ -96,9 +96,9 @@ static inline bool policy_is_pinned(const struct residency_policy *p, uint32_t i
 void policy_insert(struct residency_policy *p, uint32_t id, float score); /* admitted (miss) */
 void policy_access(struct residency_policy *p, uint32_t id, float score); /* used (hit) */
 void policy_remove(struct residency_policy *p, uint32_t id); /* left the resident set */
-/* Lookahead hint: the expert is likely needed soon with this router score. sieve-heat only:
- * a resident expert gets its visited bit (survives the hand's next pass) and the score joins
- * its heat; other policies ignore hints. */
+/* Lookahead hint: the expert is likely needed soon with this router score. SIEVE and
+ * sieve-heat: a resident expert gets its visited bit (survives the hand's next pass, and no
+ * prefetch takes it); sieve-heat also adds the score to its heat. LRU ignores hints. */
 void policy_hint(struct residency_policy *p, uint32_t id, float score);
 
 /* Does admitting `incoming` need an eviction first? (total or its partition full) */

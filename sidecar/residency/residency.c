@@ -42,6 +42,15 @@ static bool may_evict(void *arg, uint32_t id)
 	return e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0;
 }
 
+/* A prefetched expert not used yet was hinted for an upcoming layer: it is worth at least what
+ * another prefetch brings, so no prefetch evicts it (prefetches of one hint evicting each other
+ * waste both reads). Demands may: the policy ages a wrong hint out like any other expert. */
+static bool may_evict_unhinted(void *arg, uint32_t id)
+{
+	const struct residency *r = arg;
+	return may_evict(arg, id) && !r->entries[id].prefetched;
+}
+
 /* Under lock: RESIDENT, unreferenced → COLD. */
 static void evict(struct residency *r, uint32_t id)
 {
@@ -66,9 +75,9 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 	if (prefetch && r->prefetch.count >= r->prefetch.cap)
 		return -EAGAIN;
 	while (policy_needs_eviction(&r->policy, id)) {
-		uint32_t v = prefetch
-		                 ? policy_prefetch_victim(&r->policy, id, priority, may_evict, r)
-		                 : policy_victim(&r->policy, id, may_evict, r);
+		uint32_t v = prefetch ? policy_prefetch_victim(&r->policy, id, priority,
+		                                               may_evict_unhinted, r)
+		                      : policy_victim(&r->policy, id, may_evict, r);
 		if (v == POLICY_NONE)
 			return -EAGAIN;
 		evict(r, v);

@@ -24,6 +24,7 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .threads_per_node = 1,
 	    .max_tokens = max_tokens,
 	    .chunk_bytes = 64 * 1024,
+	    .lazy_load = true, /* these tests exercise demand loads */
 	};
 	struct forward_engine *e;
 	char err[256];
@@ -220,6 +221,67 @@ Test(forward_sources, all_sources_same_bits)
 	cr_assert_eq(st.requests, 6);
 	for (int s = 0; s < 3; s++)
 		forward_destroy(e[s]);
+	fwd_model_free(&m);
+}
+
+struct warm_seen {
+	uint64_t done, total, calls;
+};
+static void record_warm(void *arg, const char *what, uint64_t done, uint64_t total)
+{
+	struct warm_seen *w = arg;
+	if (strcmp(what, "warming every expert") != 0)
+		return;
+	cr_assert_leq(done, total);
+	cr_assert_geq(done, w->done, "progress never goes back");
+	w->done = done;
+	w->total = total;
+	w->calls++;
+}
+
+/* A budget that holds every expert (0): all of them are loaded at create, with progress, so
+ * requests never wait for a read — no cold or in-flight misses, nothing read, same bits. */
+Test(forward_warm, every_expert_loaded_at_create_when_all_fit)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	struct warm_seen seen = {0};
+	struct forward_config cfg = {
+	    .source = FORWARD_SOURCE_RESIDENCY,
+	    .threads_per_node = 1,
+	    .max_tokens = 4,
+	    .chunk_bytes = 64 * 1024,
+	    .progress = record_warm,
+	    .progress_arg = &seen,
+	};
+	struct forward_engine *e;
+	char err[256];
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	const uint64_t n = (uint64_t)m.cat->info.n_moe_layers * m.cat->info.n_experts;
+	cr_assert_eq(seen.total, n);
+	cr_assert_eq(seen.done, n, "every expert loaded");
+	cr_assert_gt(seen.calls, 1);
+	struct forward_engine *ref = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
+	for (uint32_t i = 0; i < 8; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i % 4, 4, 0, MOEK_ACT_F32,
+		             700 + i, false);
+		struct forward_result res;
+		cr_assert_eq(forward_run(ref, &r.q, r.ref, NULL, &res), MOE_OK, "%s", res.message);
+		cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+		cr_assert_eq(res.cold_misses + res.inflight_misses, 0, "request %u waited", i);
+		cr_assert_eq(res.hits, res.experts);
+		assert_bits(r.out, r.ref, r.q.n_tokens * h, "warmed residency");
+		fwd_req_free(&r);
+	}
+	struct forward_stats st = {0};
+	forward_stats(e, &st);
+	cr_assert_eq(st.cold_misses, 0);
+	cr_assert_eq(st.bytes_read, 0);
+	cr_assert_gt(st.hits, 0);
+	forward_destroy(ref);
+	forward_destroy(e);
 	fwd_model_free(&m);
 }
 

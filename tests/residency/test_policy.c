@@ -137,6 +137,28 @@ Test(policy_sieve, prefetch_never_clears_visited_bits)
 	policy_destroy(&p);
 }
 
+/* Plain SIEVE takes a lookahead hint as one visited bit (no heat); LRU ignores hints. */
+Test(policy_sieve, hint_gives_one_pass)
+{
+	struct residency_policy p = make("sieve", 1, 8, 3);
+	admit(&p, 0);
+	admit(&p, 1);
+	admit(&p, 2);
+	policy_hint(&p, 0, 1.0f);
+	cr_assert_eq(p.visited[0], 1);
+	cr_assert_eq(policy_prefetch_victim(&p, 3, 1.0f, NULL, NULL), 1, "a prefetch spares it");
+	cr_assert_eq(policy_victim(&p, 3, NULL, NULL), 1, "the demand hand spares it once");
+	cr_assert_eq(p.visited[0], 0, "the hand used up the hint");
+	policy_destroy(&p);
+	struct residency_policy l = make("lru", 1, 8, 3);
+	admit(&l, 0);
+	admit(&l, 1);
+	admit(&l, 2);
+	policy_hint(&l, 0, 1.0f);
+	cr_assert_eq(policy_victim(&l, 3, NULL, NULL), 0, "LRU: hints do not count");
+	policy_destroy(&l);
+}
+
 Test(policy_sieve_heat, hint_gives_one_pass_and_heat_guards_prefetch)
 {
 	struct residency_policy p = make("sieve-heat", 1, 8, 3);

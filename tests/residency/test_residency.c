@@ -5,9 +5,11 @@
  * loader hook (EIO retried then failed, short reads continued). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "fixture.h"
 
@@ -190,6 +192,46 @@ Test(residency, gpu_masked_never_loaded)
 	counters(r, &c);
 	cr_assert_eq(c.loads, 1);
 	cr_assert_eq(c.cold_misses, 1);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+/* Waits (bounded) until the loader has finished `n` loads: prefetches complete in the
+ * background and nothing else signals them without consuming them. */
+static void wait_loads(struct residency *r, uint64_t n)
+{
+	struct residency_counters c;
+	for (int i = 0; i < 5000; i++) {
+		counters(r, &c);
+		if (c.loads + c.failures >= n)
+			return;
+		nanosleep(&(struct timespec){.tv_nsec = 1000000}, NULL);
+	}
+	cr_assert_fail("%" PRIu64 " loads not done after 5 s", n);
+}
+
+/* A prefetched expert that was not used yet is never a prefetch's victim (the two would waste
+ * each other's reads); a demand may still evict it. */
+Test(residency, prefetch_never_evicts_an_unused_prefetch)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 6, 1, 3000);
+	struct residency_config cfg = base_config(2 * 8192);
+	struct residency *r = fixture_residency(&f, &cfg);
+	uint32_t ids[] = {0, 1}, three = 3;
+	cr_assert_eq(residency_prefetch(r, 0, ids, 2, 1.0f), 2);
+	wait_loads(r, 2);
+	cr_assert_eq(residency_prefetch(r, 0, &three, 1, 1.0f), 0, "evicted an unused prefetch");
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_RESIDENT);
+	cr_assert_eq(residency_state(r, 0, 1), EXPERT_RESIDENT);
+	struct expert_ref a;
+	acquire_ok(r, &f, 0, 3, &a); /* a demand: LRU takes 0 */
+	residency_release(r, &a);
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_COLD);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.prefetch_dropped, 1);
+	cr_assert_eq(c.prefetch_wasted, 1);
 	residency_destroy(r);
 	fixture_destroy(&f);
 }
