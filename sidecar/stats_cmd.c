@@ -178,6 +178,14 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	       "  hit rate %s  read %.1f MiB\n",
 	       sum[2], sum[3], sum[4], percent(sum[2], sum[2] + sum[3] + sum[4], p1, sizeof(p1)),
 	       (double)sum[5] / 1048576.0);
+	uint64_t loader_read, prefetches, prefetch_hits, prefetch_wasted;
+	if (json_get_u64(d, root, "loader_bytes_read", &loader_read) == 1 &&
+	    json_get_u64(d, root, "prefetches", &prefetches) == 1 &&
+	    json_get_u64(d, root, "prefetch_hits", &prefetch_hits) == 1 &&
+	    json_get_u64(d, root, "prefetch_wasted", &prefetch_wasted) == 1)
+		printf("loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
+		       ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
+		       (double)loader_read / 1048576.0, prefetches, prefetch_hits, prefetch_wasted);
 	printf("resident %.1f MiB of %.1f MiB budget (%s)\n", (double)sum[6] / 1048576.0,
 	       (double)sum[7] / 1048576.0, percent(sum[6], sum[7], p2, sizeof(p2)));
 	json_ref probes = json_object_get(d, root, "probes");

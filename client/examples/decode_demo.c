@@ -305,8 +305,11 @@ int main(int argc, char **argv)
 			       (double)percentile(v, (size_t)steps, 0.99) / 1e3);
 		}
 		printf("\nsidecar: hits %.0f, cold misses %.0f, in-flight misses %.0f: hit rate "
-		       "%.1f%%; read %.1f MiB; resident %.1f of %.1f MiB\n",
+		       "%.1f%%; read %.1f MiB on demand, %.1f MiB in all (prefetches %.0f, used "
+		       "%.0f); resident %.1f of %.1f MiB\n",
 		       hits, cold, infl, 100.0 * hit_rate, stat_of(stats, "bytes_read") / 1048576.0,
+		       stat_of(stats, "loader_bytes_read") / 1048576.0,
+		       stat_of(stats, "prefetches"), stat_of(stats, "prefetch_hits"),
 		       stat_of(stats, "resident_bytes") / 1048576.0,
 		       stat_of(stats, "budget_bytes") / 1048576.0);
 		const char *un = stats ? strstr(stats, "probes unavailable: ") : NULL;

@@ -1072,6 +1072,10 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		out->resident_bytes = (uint64_t)rc.slots_used * rc.slot_bytes;
 		out->budget_bytes = rc.budget_bytes;
 		out->evictions = rc.evictions;
+		out->loader_bytes_read = rc.bytes_read;
+		out->prefetches = rc.prefetches;
+		out->prefetch_hits = rc.prefetch_hits;
+		out->prefetch_wasted = rc.prefetch_wasted;
 	} else {
 		out->resident_bytes =
 		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
@@ -1099,12 +1103,16 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	put(buf, len, &at,
 	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
 	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
-	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,\"layers\":[",
+	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,"
+	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
+	    "\"prefetch_wasted\":%llu,\"layers\":[",
 	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
 	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
 	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
 	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
-	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions);
+	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions,
+	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
+	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted);
 	bool first = true;
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];

@@ -200,6 +200,9 @@ struct forward_stats {
 	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
 	uint64_t resident_bytes, budget_bytes; /* slots in use / budget (ALL_RESIDENT: all) */
 	uint64_t evictions;
+	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
+	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
+	uint64_t loader_bytes_read, prefetches, prefetch_hits, prefetch_wasted;
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
@@ -210,6 +213,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
 /* Writes `st` as one JSON object (no trailing newline):
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
  *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
+ *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
  *               "inflight_misses":…, "bytes_read":…, "failures":…,
  *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},
