@@ -125,30 +125,59 @@ ALWAYS_INLINE __m256 q32_block(enum q32_kind kind, const uint8_t *blk, const str
 
 /* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
  * 256-bit and/shift — low nibbles give elements 0-15 of both blocks, high nibbles elements
- * 16-31 — against activations gathered in the same order; lanes 0-3 of the integer sums
- * belong to block i, 4-7 to block i+1, scaled by a per-half scale vector. */
-ALWAYS_INLINE __m256i nib_pair_values(enum q32_kind kind, __m256i nib, __m256i mx_values)
-{
-	return kind == Q32_Q4_0 ? _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-	                        : _mm256_shuffle_epi8(mx_values, nib);
-}
+ * 16-31 — against activations gathered in the same order (MOEK_ACT_Q8_0X2); lanes 0-3 of the
+ * integer sums belong to block i, 4-7 to block i+1, scaled by a per-half scale vector.
+ * Weights enter maddubs as unsigned bytes with an offset of 8 (Q4_0's raw codes) or 16
+ * (MXFP4: doubled E2M1 value + 16, one vpshufb) and the activations' sum16 takes the offset
+ * back out in int32 — exact, so no sign juggling per element. */
+#define E8M0_HALF(e)                                                                               \
+	((e) == 255 ? 0x7fc00000u : (e) >= 2 ? (uint32_t)((e)-1) << 23 : 0x00200000u << (e))
+#define E8M0_4(e) E8M0_HALF(e), E8M0_HALF((e) + 1), E8M0_HALF((e) + 2), E8M0_HALF((e) + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
+#define E8M0_64(e) E8M0_16(e), E8M0_16((e) + 16), E8M0_16((e) + 32), E8M0_16((e) + 48)
 
-/* Scales of blocks i, i+1 as f32 lanes 0 and 1: E8M0 (2^(e-128), doubled E2M1 values) by
- * integer exponent arithmetic — exact for 2 <= e <= 254, the rest (subnormal 2^-128, 2^-127,
- * NaN) through the scalar reference — or f16 through F16C. */
-ALWAYS_INLINE __m128 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
+/* e8m0_half of every E8M0 byte, so that a block's scale is one broadcast load. */
+static const union {
+	uint32_t bits[256];
+	float f[256];
+} e8m0_half_lut = {{E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)}};
+
+/* MXFP4 codes as doubled E2M1 value + 16 (4..28), the unsigned operand of maddubs. */
+static const int8_t mxfp4_values_plus16[16] = {16, 17, 18, 19, 20, 22, 24, 28,
+                                               16, 15, 14, 13, 12, 10, 8,  4};
+
+/* Scales of blocks b0 (lanes 0-3) and b1 (lanes 4-7; 0 when b1 is NULL). */
+ALWAYS_INLINE __m256 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
 {
 	if (kind == Q32_MXFP4) {
-		const unsigned e0 = b0[0], e1 = b1[0];
-		if (__builtin_expect(e0 - 2u > 252u || e1 - 2u > 252u, 0))
-			return _mm_setr_ps(e8m0_half((uint8_t)e0), e8m0_half((uint8_t)e1), 0, 0);
-		const __m128i e = _mm_setr_epi32((int)e0, (int)e1, 0, 0);
-		return _mm_castsi128_ps(_mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23));
+		const __m256 s0 = _mm256_broadcast_ss(&e8m0_half_lut.f[b0[0]]);
+		const __m256 s1 =
+		    b1 ? _mm256_broadcast_ss(&e8m0_half_lut.f[b1[0]]) : _mm256_setzero_ps();
+		return _mm256_blend_ps(s0, s1, 0xF0);
 	}
-	uint16_t d0, d1;
+	uint16_t d0, d1 = 0;
 	memcpy(&d0, b0, 2);
-	memcpy(&d1, b1, 2);
-	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+	if (b1)
+		memcpy(&d1, b1, 2);
+	const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d),
+	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* Σ w·y of one pair against one token's activations, as scale-weighted f32 lanes folded into
+ * acc. ulo / uhi: the pair's unsigned weight bytes (offset 8 or 16). */
+ALWAYS_INLINE __m256 pair_dot(enum q32_kind kind, __m256i ulo, __m256i uhi, __m256 w8,
+                              const struct block_q8_0x2 *y, __m256 acc)
+{
+	const __m256i p16 =
+	    _mm256_add_epi16(_mm256_maddubs_epi16(ulo, _mm256_loadu_si256((const __m256i *)y->lo)),
+	                     _mm256_maddubs_epi16(uhi, _mm256_loadu_si256((const __m256i *)y->hi)));
+	__m256i off = _mm256_loadu_si256((const __m256i *)y->sum16);
+	if (kind == Q32_Q4_0)
+		off = _mm256_srai_epi32(off, 1); /* 8 · Σy */
+	const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)), off);
+	return _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)), _mm256_cvtepi32_ps(s32),
+	                       acc);
 }
 
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
@@ -164,44 +193,49 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
-		const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-		const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-		for (size_t p = 0; 2 * p < nb; p++) {
-			const uint8_t *b0 = x + 2 * p * bb, *b1 = b0 + bb;
-			const bool two =
-			    2 * p + 1 < nb; /* else: the odd last block, zeros beside */
-			const __m128i q0 = _mm_loadu_si128((const __m128i *)(b0 + qoff));
-			const __m256i q = _mm256_inserti128_si256(
-			    _mm256_castsi128_si256(q0),
-			    two ? _mm_loadu_si128((const __m128i *)(b1 + qoff))
-			        : _mm_setzero_si128(),
-			    1);
-			const __m256i lo =
-			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
-			const __m256i hi = nib_pair_values(
-			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
-			const __m256i alo = _mm256_sign_epi8(lo, lo),
-			              ahi = _mm256_sign_epi8(hi, hi);
-			const __m128 dw = two ? pair_weight_scales(kind, b0, b1)
-			                      : _mm_setr_ps(q32_scale(kind, b0), 0.0f, 0.0f, 0.0f);
-			const __m256 w8 =
-			    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dw), spread);
-			for (int t = 0; t < NT; t++) {
-				const struct block_q8_0x2 *y =
-				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
-				    p;
-				const __m256i ylo = _mm256_loadu_si256((const __m256i *)y->lo);
-				const __m256i yhi = _mm256_loadu_si256((const __m256i *)y->hi);
-				const __m256i p16 = _mm256_add_epi16(
-				    _mm256_maddubs_epi16(alo, _mm256_sign_epi8(ylo, lo)),
-				    _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(yhi, hi)));
-				const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-				acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)),
-				                         sum, acc[t]);
+		const __m256i low4 = _mm256_set1_epi8(0x0F);
+		const __m256i values16 = _mm256_broadcastsi128_si256(
+		    _mm_loadu_si128((const __m128i *)mxfp4_values_plus16));
+		const size_t np = (nb + 1) / 2;
+		size_t p = 0;
+#define PAIR_UNPACK(P, HAS_TWO)                                                                    \
+	const uint8_t *b0 = x + 2 * (P)*bb, *b1 = (HAS_TWO) ? b0 + bb : NULL;                      \
+	const __m256i q = _mm256_inserti128_si256(                                                 \
+	    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),                 \
+	    (HAS_TWO) ? _mm_loadu_si128((const __m128i *)(b0 + bb + qoff)) : _mm_setzero_si128(),  \
+	    1);                                                                                    \
+	__m256i ulo = _mm256_and_si256(q, low4);                                                   \
+	__m256i uhi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);                             \
+	if (kind == Q32_MXFP4) {                                                                   \
+		ulo = _mm256_shuffle_epi8(values16, ulo);                                          \
+		uhi = _mm256_shuffle_epi8(values16, uhi);                                          \
+	}                                                                                          \
+	const __m256 w8 = pair_weight_scales(kind, b0, b1)
+		const struct block_q8_0x2 *y0 = act;
+		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
+			for (; p + 2 <= nb / 2; p += 2) {
+				{
+					PAIR_UNPACK(p, true);
+					acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
+				}
+				{
+					PAIR_UNPACK(p + 1, true);
+					acc1 = pair_dot(kind, ulo, uhi, w8, y0 + p + 1, acc1);
+				}
 			}
 		}
+		for (; p < np; p++) {
+			PAIR_UNPACK(p, 2 * p + 1 < nb);
+			for (int t = 0; t < NT; t++)
+				acc[t] = pair_dot(
+				    kind, ulo, uhi, w8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p,
+				    acc[t]);
+		}
+#undef PAIR_UNPACK
 		for (int t = 0; t < NT; t++)
-			out[t] = hsum(acc[t]);
+			out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
 		return;
 	}
 	size_t i = 0;
@@ -258,6 +292,12 @@ static void quantize_act(uint32_t act_format, const float *x, size_t k, void *ds
 				    j < 16 ? &y[p].lo[16 * b + j] : &y[p].hi[16 * b + j - 16];
 				*slot = (int8_t)roundf(v);
 			}
+		}
+		for (int j = 0; j < 8; j++) {
+			int32_t sum = 0;
+			for (int b = 0; b < 4; b++)
+				sum += y[p].lo[4 * j + b] + y[p].hi[4 * j + b];
+			y[p].sum16[j] = 16 * sum;
 		}
 	}
 }
