@@ -134,7 +134,8 @@ struct moek_isa_ops {
 	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
-	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary) */
+	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary). The
+	 * quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to the reference. */
 	uint32_t (*private_act)(uint32_t weight_format);
 	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
 	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
@@ -159,7 +160,7 @@ static inline size_t moek_isa_act_row_bytes(const struct moek_isa_ops *ops, uint
 static inline void moek_isa_quantize_act(const struct moek_isa_ops *ops, uint32_t act,
                                          const float *x, size_t k, void *dst)
 {
-	if (act == MOEK_ACT_Q8_0X2)
+	if (act == MOEK_ACT_Q8_0X2 || (act == MOEK_Q8_K && ops->quantize_act))
 		ops->quantize_act(act, x, k, dst);
 	else
 		moek_quantize_row(act, x, k, dst);

@@ -271,34 +271,129 @@ static size_t act_row_bytes(uint32_t act_format, size_t k)
 	return (k + 63) / 64 * sizeof(struct block_q8_0x2);
 }
 
-/* Q8_0's rounding (d = amax / 127, q = round-half-away(x / d)) with d kept in f32. */
+/* 8 f32 lanes -> the largest |x| (NaN lanes ignored, as fmaxf does). */
+static inline float amax_f32x8(__m256 m)
+{
+	__m128 v = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+	v = _mm_max_ps(_mm_movehl_ps(v, v), v);
+	v = _mm_max_ss(_mm_movehdup_ps(v), v);
+	return _mm_cvtss_f32(v);
+}
+
+static inline __m256 abs_ps(__m256 v)
+{
+	return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+/* 32 int32 lanes (four vectors, in element order) -> 32 int8 in element order. The values
+ * are already within [-127, 127] or saturate there. */
+static inline __m256i pack_i32x32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+	const __m256i q = _mm256_packs_epi16(ab, cd); /* lanes: a0 b0 c0 d0 | a1 b1 c1 d1 */
+	return _mm256_max_epi8(
+	    _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+	    _mm256_set1_epi8(-127));
+}
+
+/* Q8_0's rounding (d = amax / 127, q = round-half-away(clamp(x / d, ±127)), NaN -> 127 as
+ * fminf) with d kept in f32; 32 elements at b into lo[0..15] / hi[0..15]. */
+static void quantize_q8_0_block(const float *xb, float *d_out, int8_t *lo, int8_t *hi)
+{
+	__m256 v[4], m = _mm256_setzero_ps();
+	for (int j = 0; j < 4; j++) {
+		v[j] = _mm256_loadu_ps(xb + 8 * j);
+		m = _mm256_max_ps(abs_ps(v[j]), m); /* NaN in the first operand: keeps m */
+	}
+	const float amax = amax_f32x8(m);
+	const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+	*d_out = d;
+	const __m256 idv = _mm256_set1_ps(id), lim = _mm256_set1_ps(127.0f);
+	const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+	__m256i q[4];
+	for (int j = 0; j < 4; j++) {
+		__m256 t = _mm256_min_ps(_mm256_mul_ps(v[j], idv), lim); /* NaN -> 127 */
+		t = _mm256_max_ps(t, _mm256_sub_ps(_mm256_setzero_ps(), lim));
+		const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+		const __m256 away =
+		    _mm256_and_ps(_mm256_cmp_ps(abs_ps(_mm256_sub_ps(t, tr)), half, _CMP_GE_OQ),
+		                  _mm256_or_ps(one, _mm256_and_ps(t, _mm256_set1_ps(-0.0f))));
+		q[j] = _mm256_cvttps_epi32(_mm256_add_ps(tr, away));
+	}
+	const __m256i q8 = pack_i32x32(q[0], q[1], q[2], q[3]);
+	_mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(q8));
+	_mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(q8, 1));
+}
+
+/* Q8_K exactly as the reference (formats.c): the first element of largest |x| sets
+ * iscale = -127 / max, q = clamp(nearest-even(iscale * x), ±127), bsums of 16, d = 1 / iscale.
+ * A block holding a non-finite value takes the reference itself. */
+static void quantize_q8_K_avx2(const float *x, size_t k, struct block_q8_K *y)
+{
+	for (size_t i = 0; i < k / QK_K; i++, x += QK_K) {
+		__m256 m = _mm256_setzero_ps();
+		for (int j = 0; j < QK_K; j += 8)
+			m = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + j)), m);
+		const float amax = amax_f32x8(m);
+		bool finite = isfinite(amax);
+		for (int j = 0; finite && j < QK_K; j += 8) /* NaN lanes were skipped by max */
+			finite =
+			    _mm256_movemask_ps(_mm256_cmp_ps(
+			        _mm256_loadu_ps(x + j), _mm256_loadu_ps(x + j), _CMP_UNORD_Q)) == 0;
+		if (!finite || amax == 0.0f) {
+			moek_quantize_row(MOEK_Q8_K, x, QK_K, &y[i]);
+			continue;
+		}
+		int first = 0;
+		while (fabsf(x[first]) != amax)
+			first++;
+		const float iscale = -127.f / x[first];
+		const __m256 isv = _mm256_set1_ps(iscale);
+		const __m256i ones = _mm256_set1_epi8(1);
+		for (int j = 0; j < QK_K; j += 32) {
+			__m256i q[4];
+			for (int p = 0; p < 4; p++)
+				q[p] = _mm256_cvtps_epi32(
+				    _mm256_mul_ps(isv, _mm256_loadu_ps(x + j + 8 * p)));
+			const __m256i q8 = pack_i32x32(q[0], q[1], q[2], q[3]);
+			_mm256_storeu_si256((__m256i *)(y[i].qs + j), q8);
+			/* sums of 16: maddubs(1, q) gives pair sums, madd(1) quads, hadd */
+			const __m256i s32 =
+			    _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q8), _mm256_set1_epi16(1));
+			const __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s32),
+			                                 _mm256_extracti128_si256(s32, 1));
+			const __m128i s2 = _mm_hadd_epi32(s, s); /* 16-sums: elements 0-15, 16-31 */
+			y[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(s2);
+			y[i].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(s2, 1);
+		}
+		y[i].d = 1.0f / iscale;
+	}
+}
+
 static void quantize_act(uint32_t act_format, const float *x, size_t k, void *dst)
 {
-	(void)act_format;
+	if (act_format == MOEK_Q8_K) {
+		quantize_q8_K_avx2(x, k, dst);
+		return;
+	}
 	struct block_q8_0x2 *y = dst;
 	for (size_t p = 0; 64 * p < k; p++) {
 		memset(&y[p], 0, sizeof(y[p]));
 		for (size_t b = 0; b < 2 && 64 * p + 32 * b < k; b++) {
-			const float *xb = x + 64 * p + 32 * b;
-			float amax = 0.0f;
-			for (int j = 0; j < 32; j++)
-				amax = fmaxf(amax, fabsf(xb[j]));
-			const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+			float d;
+			quantize_q8_0_block(x + 64 * p + 32 * b, &d, y[p].lo + 16 * b,
+			                    y[p].hi + 16 * b);
 			for (int j = 0; j < 4; j++)
 				y[p].d[4 * b + j] = d;
-			for (int j = 0; j < 32; j++) {
-				const float v = fmaxf(-127.0f, fminf(127.0f, xb[j] * id));
-				int8_t *slot =
-				    j < 16 ? &y[p].lo[16 * b + j] : &y[p].hi[16 * b + j - 16];
-				*slot = (int8_t)roundf(v);
-			}
 		}
-		for (int j = 0; j < 8; j++) {
-			int32_t sum = 0;
-			for (int b = 0; b < 4; b++)
-				sum += y[p].lo[4 * j + b] + y[p].hi[4 * j + b];
-			y[p].sum16[j] = 16 * sum;
-		}
+		const __m256i sum = _mm256_add_epi16(
+		    _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+		                         _mm256_loadu_si256((const __m256i *)y[p].lo)),
+		    _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+		                         _mm256_loadu_si256((const __m256i *)y[p].hi)));
+		_mm256_storeu_si256(
+		    (__m256i *)y[p].sum16,
+		    _mm256_slli_epi32(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)), 4));
 	}
 }
 
