@@ -428,13 +428,13 @@ static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8])
 	memcpy(m, n, 8);
 }
 
-/* Σ_j m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums. */
-static inline int k4_min_dot(const uint8_t m[8], const int16_t *bsums)
+/* m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums, summed in
+ * pairs of sub-blocks: 4 int32 lanes whose total is Σ_j. mins: the 8 m_j as int16. */
+static inline __m128i k4_min_lanes(__m128i mins, const int16_t *bsums)
 {
 	const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
 	                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
-	const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
-	return hsum_i32x4(_mm_madd_epi16(pairs, mins));
+	return _mm_madd_epi16(pairs, mins);
 }
 
 static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
@@ -449,9 +449,14 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
 	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
 	__m256 acc[8];
-	float acc_min[8];
+	__m128 acc_min[8]; /* Σ dmin·d_y·(m_j · sub-block sums), 4 partial lanes */
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps(), acc_min[t] = 0.0f;
+		acc[t] = _mm256_setzero_ps(), acc_min[t] = _mm_setzero_ps();
+	/* word 2c (low nibbles of chunk c) and 2c+1 (high nibbles) of the 8 scales, broadcast */
+	const __m256i pick_lo[4] = {_mm256_set1_epi16(0x0100), _mm256_set1_epi16(0x0504),
+	                            _mm256_set1_epi16(0x0908), _mm256_set1_epi16(0x0d0c)};
+	const __m256i pick_hi[4] = {_mm256_set1_epi16(0x0302), _mm256_set1_epi16(0x0706),
+	                            _mm256_set1_epi16(0x0b0a), _mm256_set1_epi16(0x0f0e)};
 	for (size_t i = 0; i < k / QK_K; i++) {
 		const uint8_t *blk = (const uint8_t *)w + i * bb;
 		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
@@ -459,6 +464,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
 		uint8_t sc[8], m[8];
 		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
+		const __m256i sc16 = _mm256_broadcastsi128_si256(
+		    _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+		const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
 		const __m256i qh =
 		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
 		__m256i sumi[8];
@@ -476,8 +484,8 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 				lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
 				hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
 			}
-			const __m256i slo = _mm256_set1_epi16(sc[2 * c]);
-			const __m256i shi = _mm256_set1_epi16(sc[2 * c + 1]);
+			const __m256i slo = _mm256_shuffle_epi8(sc16, pick_lo[c]);
+			const __m256i shi = _mm256_shuffle_epi8(sc16, pick_hi[c]);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
 				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
@@ -494,11 +502,16 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
 			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-			acc_min[t] += dmin * y->d * (float)k4_min_dot(m, y->bsums);
+			acc_min[t] =
+			    _mm_fmadd_ps(_mm_set1_ps(dmin * y->d),
+			                 _mm_cvtepi32_ps(k4_min_lanes(mins, y->bsums)), acc_min[t]);
 		}
 	}
-	for (int t = 0; t < NT; t++)
-		out[t] = hsum(acc[t]) - acc_min[t];
+	for (int t = 0; t < NT; t++) {
+		__m128 mn = _mm_add_ps(acc_min[t], _mm_movehl_ps(acc_min[t], acc_min[t]));
+		mn = _mm_add_ss(mn, _mm_movehdup_ps(mn));
+		out[t] = hsum(acc[t]) - _mm_cvtss_f32(mn);
+	}
 }
 
 DOT_ENTRY(dot_q4_K, q45k_body, 0)
