@@ -57,13 +57,6 @@ static inline float f16(uint16_t h)
 		}                                                                                  \
 	}
 
-static inline int hsum_i32x4(__m128i v)
-{
-	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-	return _mm_cvtsi128_si32(v);
-}
-
 /* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
 static inline __m256i nibbles_32(const uint8_t *p)
 {
@@ -95,30 +88,12 @@ static inline float e8m0_half(uint8_t e)
 
 enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
 
-ALWAYS_INLINE __m256i q32_values(enum q32_kind kind, const uint8_t *blk, __m256i mx_values)
+/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x). */
+ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc)
 {
-	switch (kind) {
-	case Q32_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
-	case Q32_Q4_0: return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
-	default: return _mm256_shuffle_epi8(mx_values, nibbles_32(blk + 1));
-	}
-}
-
-ALWAYS_INLINE float q32_scale(enum q32_kind kind, const uint8_t *blk)
-{
-	if (kind == Q32_MXFP4)
-		return e8m0_half(blk[0]);
-	uint16_t d;
-	memcpy(&d, blk, sizeof(d));
-	return f16(d);
-}
-
-ALWAYS_INLINE __m256 q32_block(enum q32_kind kind, const uint8_t *blk, const struct block_q8_0 *y,
-                               __m256i mx_values, __m256 acc)
-{
-	const __m256i qx = q32_values(kind, blk, mx_values);
+	const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
 	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-	const __m256 d = _mm256_set1_ps(q32_scale(kind, blk) * f16(y->d));
+	const __m256 d = _mm256_set1_ps(f16(x->d) * f16(y->d));
 	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
 	                       acc);
 }
@@ -180,52 +155,51 @@ ALWAYS_INLINE __m256 pair_dot(enum q32_kind kind, __m256i ulo, __m256i uhi, __m2
 	                       acc);
 }
 
+/* The unsigned weight bytes (offset 8 / 16) and lane scales of the pair of blocks at b0 (bb
+ * bytes each); without has_two the second block is absent: zero bytes, zero scale. */
+ALWAYS_INLINE void pair_unpack(enum q32_kind kind, const uint8_t *b0, size_t bb, bool has_two,
+                               __m256i *ulo, __m256i *uhi, __m256 *w8)
+{
+	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	const __m256i q = _mm256_inserti128_si256(
+	    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),
+	    has_two ? _mm_loadu_si128((const __m128i *)(b0 + bb + qoff)) : _mm_setzero_si128(), 1);
+	*ulo = _mm256_and_si256(q, low4);
+	*uhi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+	if (kind == Q32_MXFP4) {
+		const __m256i values16 = _mm256_broadcastsi128_si256(
+		    _mm_loadu_si128((const __m128i *)mxfp4_values_plus16));
+		*ulo = _mm256_shuffle_epi8(values16, *ulo);
+		*uhi = _mm256_shuffle_epi8(values16, *uhi);
+	}
+	*w8 = pair_weight_scales(kind, b0, has_two ? b0 + bb : NULL);
+}
+
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
                             const int NT, size_t k, float *out, enum q32_kind kind)
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
-	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
 	const uint8_t *x = w;
-	const __m256i mx_values =
-	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
 	__m256 acc[8], acc1 = _mm256_setzero_ps();
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
-		const __m256i low4 = _mm256_set1_epi8(0x0F);
-		const __m256i values16 = _mm256_broadcastsi128_si256(
-		    _mm_loadu_si128((const __m128i *)mxfp4_values_plus16));
-		const size_t np = (nb + 1) / 2;
-		size_t p = 0;
-#define PAIR_UNPACK(P, HAS_TWO)                                                                    \
-	const uint8_t *b0 = x + 2 * (P)*bb, *b1 = (HAS_TWO) ? b0 + bb : NULL;                      \
-	const __m256i q = _mm256_inserti128_si256(                                                 \
-	    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),                 \
-	    (HAS_TWO) ? _mm_loadu_si128((const __m128i *)(b0 + bb + qoff)) : _mm_setzero_si128(),  \
-	    1);                                                                                    \
-	__m256i ulo = _mm256_and_si256(q, low4);                                                   \
-	__m256i uhi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);                             \
-	if (kind == Q32_MXFP4) {                                                                   \
-		ulo = _mm256_shuffle_epi8(values16, ulo);                                          \
-		uhi = _mm256_shuffle_epi8(values16, uhi);                                          \
-	}                                                                                          \
-	const __m256 w8 = pair_weight_scales(kind, b0, b1)
 		const struct block_q8_0x2 *y0 = act;
+		size_t p = 0;
+		__m256i ulo, uhi;
+		__m256 w8;
 		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
-				{
-					PAIR_UNPACK(p, true);
-					acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
-				}
-				{
-					PAIR_UNPACK(p + 1, true);
-					acc1 = pair_dot(kind, ulo, uhi, w8, y0 + p + 1, acc1);
-				}
+				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
+				acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
+				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
+				acc1 = pair_dot(kind, ulo, uhi, w8, y0 + p + 1, acc1);
 			}
 		}
-		for (; p < np; p++) {
-			PAIR_UNPACK(p, 2 * p + 1 < nb);
+		for (; 2 * p < nb; p++) {
+			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
 			for (int t = 0; t < NT; t++)
 				acc[t] = pair_dot(
 				    kind, ulo, uhi, w8,
@@ -233,26 +207,22 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 				        p,
 				    acc[t]);
 		}
-#undef PAIR_UNPACK
-		for (int t = 0; t < NT; t++)
-			out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
-		return;
-	}
-	size_t i = 0;
-	if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
-		const struct block_q8_0 *y = act;
-		for (; i + 2 <= nb; i += 2) {
-			acc[0] = q32_block(kind, x + i * bb, y + i, mx_values, acc[0]);
-			acc1 = q32_block(kind, x + (i + 1) * bb, y + i + 1, mx_values, acc1);
+	} else {
+		const struct block_q8_0 *xb = w;
+		size_t i = 0;
+		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
+			const struct block_q8_0 *y = act;
+			for (; i + 2 <= nb; i += 2) {
+				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
+				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
+			}
 		}
-	}
-	for (; i < nb; i++) { /* several tokens, and an odd last block */
-		const uint8_t *blk = x + i * bb;
-		for (int t = 0; t < NT; t++) {
-			const struct block_q8_0 *y =
-			    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
-			acc[t] = q32_block(kind, blk, y, mx_values, acc[t]);
-		}
+		for (; i < nb; i++) /* several tokens, and an odd last block */
+			for (int t = 0; t < NT; t++)
+				acc[t] = q8_0_block(
+				    xb + i,
+				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i,
+				    acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
