@@ -105,8 +105,10 @@ ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q
  * Weights enter maddubs as unsigned bytes with an offset of 8 (Q4_0's raw codes) or 16
  * (MXFP4: doubled E2M1 value + 16, one vpshufb) and the activations' sum16 takes the offset
  * back out in int32 — exact, so no sign juggling per element. */
+/* e8m0_half as a constant expression (the `& 1`: only e = 0, 1 reach that branch; it keeps
+ * the shift in range for every e the table instantiates). */
 #define E8M0_HALF(e)                                                                               \
-	((e) == 255 ? 0x7fc00000u : (e) >= 2 ? (uint32_t)((e)-1) << 23 : 0x00200000u << (e))
+	((e) == 255 ? 0x7fc00000u : (e) >= 2 ? (uint32_t)((e)-1) << 23 : 0x00200000u << ((e)&1))
 #define E8M0_4(e) E8M0_HALF(e), E8M0_HALF((e) + 1), E8M0_HALF((e) + 2), E8M0_HALF((e) + 3)
 #define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
 #define E8M0_64(e) E8M0_16(e), E8M0_16((e) + 16), E8M0_16((e) + 32), E8M0_16((e) + 48)
