@@ -6,8 +6,10 @@
  *   load   — tokens' activations to f32 (zero-padded to 8; prefill: into 16-token panels) and,
  *            for the ISA's decode dot products, converted once per token into their activation
  *            format (Q8_0, Q8_K, or bf16 for 16-bit float weights);
- *   hidden — rows of gate/up: h[t][f] for every token, then h quantized for down;
- *   down   — rows of down: out[t][o] += w[t] * (down[o] · h[t] + b_d[o]).
+ *   hidden — rows of gate/up: h[t][f] for every token (any split: moek_ffn_hidden_align);
+ *   down   — rows of down: out[t][o] += w[t] * (down[o] · h[t] + b_d[o]); in decode each
+ *            worker first quantizes all of h for its dot products into its own scratch (a
+ *            few thousand elements per token, against ffn x hidden weights).
  * Every output element is produced by exactly one worker from inputs that do not depend on
  * the split, with a fixed summation order, so results are bit-identical for any split.
  *
@@ -319,12 +321,14 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	off += n * c->plan.xq_row;
 	c->plan.hf_off = off;
 	off += round_up(n_rows * c->plan.h_pad * sizeof(float), 64);
-	c->plan.hq_off = off;
-	off += n * c->plan.hq_row;
 	c->plan.worker_off = off;
+	/* worker area: a row buffer, then the prefill tiles or (decode) the worker's own copy of
+	 * h quantized for down (hq_off: bytes into the area) */
 	const size_t row_buf = (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
-	const size_t worker = row_buf + TILE_ROWS * KC + 2 * TILE_ROWS * TC;
-	c->plan.worker_bytes = round_up(worker * sizeof(float), 64);
+	c->plan.hq_off = round_up(row_buf * sizeof(float), 64);
+	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC) * sizeof(float);
+	const size_t hq = n * c->plan.hq_row;
+	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
 	return off + 64; /* room to align the caller's pointer */
 }
@@ -407,14 +411,15 @@ static void clear_panel_token(const struct moek_ffn_call *c, size_t t)
 	for (size_t k = 0; k < c->plan.h_pad; k++)
 		hp[k * PANEL] = 0.0f;
 }
-static inline void *hq_row(const struct moek_ffn_call *c, size_t t)
-{
-	return c->plan.base + c->plan.hq_off + t * c->plan.hq_row;
-}
 static inline float *worker_area(const struct moek_ffn_call *c, unsigned worker)
 {
 	assert(worker < c->n_workers);
 	return (float *)(c->plan.base + c->plan.worker_off + worker * c->plan.worker_bytes);
+}
+/* Token t's h in down's activation format: each down worker's own copy (decode only). */
+static inline void *hq_row(const struct moek_ffn_call *c, unsigned worker, size_t t)
+{
+	return (char *)worker_area(c, worker) + c->plan.hq_off + t * c->plan.hq_row;
 }
 static inline size_t token_row(const struct moek_ffn_call *c, size_t t)
 {
@@ -504,8 +509,7 @@ static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix
 
 static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
 {
-	return worker_area(c, worker) +
-	       (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
+	return (float *)((char *)worker_area(c, worker) + c->plan.hq_off);
 }
 
 static void hidden_prefill(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
@@ -544,11 +548,15 @@ static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t
 	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->gate.format)];
 	const bool quantized = c->plan.xq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
+	/* per-row invariants hoisted: with Qwen3-sized rows the loop's own cost is not small */
+	const size_t gate_stride = row_stride(&e->gate), up_stride = row_stride(&e->up);
+	const uint8_t *gate_data = e->gate.data, *up_data = e->up.data;
 	for (size_t f = f0; f < f1; f++) {
 		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
-		const uint8_t *wg = matrix_row(&e->gate, f), *wu = matrix_row(&e->up, f);
-		const float *sg = matrix_scale_row(&e->gate, f), *su = matrix_scale_row(&e->up, f);
+		const uint8_t *wg = gate_data + f * gate_stride, *wu = up_data + f * up_stride;
+		const float *sg = e->gate.scales ? matrix_scale_row(&e->gate, f) : NULL;
+		const float *su = e->up.scales ? matrix_scale_row(&e->up, f) : NULL;
 		if (dot) { /* direct: integer dot on quantized x, or float weights on f32 x */
 			const size_t as =
 			    quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
@@ -587,20 +595,12 @@ void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_be
 		hidden_prefill(c, worker, f_begin, f_end);
 	else
 		hidden_decode(c, worker, f_begin, f_end);
-	if (c->plan.hq_format == MOEK_F32)
-		return;
-	/* quantize this range of h for down's dot product: whole blocks (pairs of blocks for
-	 * MOEK_ACT_Q8_0X2), because the range is a multiple of moek_expert_split_align or ends
-	 * at ffn */
-	const struct moek_isa_ops *ops = plan_ops(c);
-	const uint32_t hq = c->plan.hq_format;
-	const size_t hq_block = hq == MOEK_ACT_Q8_0X2 ? 64 : moek_format_lookup(hq)->block_elems;
-	assert(f_begin % hq_block == 0 && (f_end % hq_block == 0 || f_end == c->plan.ffn));
-	(void)hq_block;
-	for (size_t t = 0; t < c->n_tokens; t++)
-		moek_isa_quantize_act(ops, hq, h32_row(c, t) + f_begin, f_end - f_begin,
-		                      (uint8_t *)hq_row(c, t) +
-		                          moek_isa_act_row_bytes(ops, hq, f_begin));
+}
+
+size_t moek_ffn_hidden_align(const struct moek_expert *e)
+{
+	(void)e;   /* down's activations are quantized by each down worker: no block constraint */
+	return 16; /* 64 bytes of f32 h per token: workers never share a cache line of h */
 }
 
 static inline void accumulate(const struct moek_ffn_call *c, size_t t, size_t o, float y)
@@ -636,22 +636,36 @@ static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o
 	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->down.format)];
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
+	/* h of every token in down's activation format, this worker's own copy: the hidden phase
+	 * may have been split anywhere, so no worker's range held whole quantization blocks */
+	if (dot && quantized)
+		for (size_t t = 0; t < c->n_tokens; t++)
+			moek_isa_quantize_act(ops, c->plan.hq_format, h32_row(c, t), ffn,
+			                      hq_row(c, worker, t));
+	/* per-row invariants hoisted (2048 rows of 768 columns in Qwen3: the loop's own cost
+	 * is not small); the sum is accumulate()'s, w * (y + b) */
+	const size_t stride = row_stride(&e->down);
+	const uint8_t *data = e->down.data;
+	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
+	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
+	const uint8_t *ha =
+	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
 	for (size_t o = o0; o < o1; o++) {
-		const uint8_t *w = matrix_row(&e->down, o);
-		const float *s = matrix_scale_row(&e->down, o);
+		const uint8_t *w = data + o * stride;
+		const float *s = e->down.scales ? matrix_scale_row(&e->down, o) : NULL;
 		if (dot) {
-			const size_t as =
-			    quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
-			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, 0)
-			                              : (const uint8_t *)h32_row(c, 0);
+			const float b = e->down.bias ? e->down.bias[o] : 0.0f;
 			for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
 				const size_t nt = c->n_tokens - t0 < MOEK_DOT_TOKENS
 				                      ? c->n_tokens - t0
 				                      : MOEK_DOT_TOKENS;
 				float y[MOEK_DOT_TOKENS];
 				dot(w, s, ha + t0 * as, as, nt, ffn, y);
-				for (size_t t = 0; t < nt; t++)
-					accumulate(c, t0 + t, o, y[t]);
+				for (size_t t = 0; t < nt; t++) {
+					const float wt = c->weights ? c->weights[t0 + t] : 1.0f;
+					c->out[token_row(c, t0 + t) * out_stride + o] +=
+					    wt * (y[t] + b);
+				}
 			}
 			continue;
 		}

@@ -115,21 +115,27 @@ typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float 
  * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0 and MXFP4 weights): Q8_0 quantization (d = amax/127 per 32
  * elements, f32 d) stored per pair of blocks in the lane order of a 256-bit nibble unpack, so
  * the dot product loads activations and scales without shuffles. A row of k elements (k a
- * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. */
+ * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. sum16 lets the dot
+ * product feed weights as unsigned bytes with a constant offset (Q4_0 codes 0..15 = value + 8,
+ * MXFP4 doubled E2M1 values + 16) and subtract offset · Σy per lane afterwards. */
 #define MOEK_ACT_Q8_0X2 2001u
 struct block_q8_0x2 {
 	float d[8];    /* d of block 2p in lanes 0-3, of block 2p+1 in lanes 4-7 */
 	int8_t lo[32]; /* elements 0-15 of block 2p, then 0-15 of block 2p+1 */
 	int8_t hi[32]; /* elements 16-31 of block 2p, then 16-31 of block 2p+1 */
+	/* 16 · (lo[4j..4j+3] + hi[4j..4j+3]): lane j of maddubs(lo) + maddubs(hi) summed by
+	 * madd(1) covers exactly those 8 activations */
+	int32_t sum16[8];
 };
-static_assert(sizeof(struct block_q8_0x2) == 96, "Q8_0x2 pair");
+static_assert(sizeof(struct block_q8_0x2) == 128, "Q8_0x2 pair");
 
 struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
-	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary) */
+	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary). The
+	 * quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to the reference. */
 	uint32_t (*private_act)(uint32_t weight_format);
 	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
 	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
@@ -154,7 +160,7 @@ static inline size_t moek_isa_act_row_bytes(const struct moek_isa_ops *ops, uint
 static inline void moek_isa_quantize_act(const struct moek_isa_ops *ops, uint32_t act,
                                          const float *x, size_t k, void *dst)
 {
-	if (act == MOEK_ACT_Q8_0X2)
+	if (act == MOEK_ACT_Q8_0X2 || (act == MOEK_Q8_K && ops->quantize_act))
 		ops->quantize_act(act, x, k, dst);
 	else
 		moek_quantize_row(act, x, k, dst);

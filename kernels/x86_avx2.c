@@ -57,13 +57,6 @@ static inline float f16(uint16_t h)
 		}                                                                                  \
 	}
 
-static inline int hsum_i32x4(__m128i v)
-{
-	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 0, 3, 2)));
-	v = _mm_add_epi32(v, _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 3, 0, 1)));
-	return _mm_cvtsi128_si32(v);
-}
-
 /* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
 static inline __m256i nibbles_32(const uint8_t *p)
 {
@@ -95,60 +88,94 @@ static inline float e8m0_half(uint8_t e)
 
 enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
 
-ALWAYS_INLINE __m256i q32_values(enum q32_kind kind, const uint8_t *blk, __m256i mx_values)
+/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x). */
+ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc)
 {
-	switch (kind) {
-	case Q32_Q8_0: return _mm256_loadu_si256((const __m256i *)(blk + 2));
-	case Q32_Q4_0: return _mm256_sub_epi8(nibbles_32(blk + 2), _mm256_set1_epi8(8));
-	default: return _mm256_shuffle_epi8(mx_values, nibbles_32(blk + 1));
-	}
-}
-
-ALWAYS_INLINE float q32_scale(enum q32_kind kind, const uint8_t *blk)
-{
-	if (kind == Q32_MXFP4)
-		return e8m0_half(blk[0]);
-	uint16_t d;
-	memcpy(&d, blk, sizeof(d));
-	return f16(d);
-}
-
-ALWAYS_INLINE __m256 q32_block(enum q32_kind kind, const uint8_t *blk, const struct block_q8_0 *y,
-                               __m256i mx_values, __m256 acc)
-{
-	const __m256i qx = q32_values(kind, blk, mx_values);
+	const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
 	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
-	const __m256 d = _mm256_set1_ps(q32_scale(kind, blk) * f16(y->d));
+	const __m256 d = _mm256_set1_ps(f16(x->d) * f16(y->d));
 	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
 	                       acc);
 }
 
 /* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
  * 256-bit and/shift — low nibbles give elements 0-15 of both blocks, high nibbles elements
- * 16-31 — against activations gathered in the same order; lanes 0-3 of the integer sums
- * belong to block i, 4-7 to block i+1, scaled by a per-half scale vector. */
-ALWAYS_INLINE __m256i nib_pair_values(enum q32_kind kind, __m256i nib, __m256i mx_values)
-{
-	return kind == Q32_Q4_0 ? _mm256_sub_epi8(nib, _mm256_set1_epi8(8))
-	                        : _mm256_shuffle_epi8(mx_values, nib);
-}
+ * 16-31 — against activations gathered in the same order (MOEK_ACT_Q8_0X2); lanes 0-3 of the
+ * integer sums belong to block i, 4-7 to block i+1, scaled by a per-half scale vector.
+ * Weights enter maddubs as unsigned bytes with an offset of 8 (Q4_0's raw codes) or 16
+ * (MXFP4: doubled E2M1 value + 16, one vpshufb) and the activations' sum16 takes the offset
+ * back out in int32 — exact, so no sign juggling per element. */
+/* e8m0_half as a constant expression (the `& 1`: only e = 0, 1 reach that branch; it keeps
+ * the shift in range for every e the table instantiates). */
+#define E8M0_HALF(e)                                                                               \
+	((e) == 255 ? 0x7fc00000u : (e) >= 2 ? (uint32_t)((e)-1) << 23 : 0x00200000u << ((e)&1))
+#define E8M0_4(e) E8M0_HALF(e), E8M0_HALF((e) + 1), E8M0_HALF((e) + 2), E8M0_HALF((e) + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
+#define E8M0_64(e) E8M0_16(e), E8M0_16((e) + 16), E8M0_16((e) + 32), E8M0_16((e) + 48)
 
-/* Scales of blocks i, i+1 as f32 lanes 0 and 1: E8M0 (2^(e-128), doubled E2M1 values) by
- * integer exponent arithmetic — exact for 2 <= e <= 254, the rest (subnormal 2^-128, 2^-127,
- * NaN) through the scalar reference — or f16 through F16C. */
-ALWAYS_INLINE __m128 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
+/* e8m0_half of every E8M0 byte, so that a block's scale is one broadcast load. */
+static const union {
+	uint32_t bits[256];
+	float f[256];
+} e8m0_half_lut = {{E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)}};
+
+/* MXFP4 codes as doubled E2M1 value + 16 (4..28), the unsigned operand of maddubs. */
+static const int8_t mxfp4_values_plus16[16] = {16, 17, 18, 19, 20, 22, 24, 28,
+                                               16, 15, 14, 13, 12, 10, 8,  4};
+
+/* Scales of blocks b0 (lanes 0-3) and b1 (lanes 4-7; 0 when b1 is NULL). */
+ALWAYS_INLINE __m256 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, const uint8_t *b1)
 {
 	if (kind == Q32_MXFP4) {
-		const unsigned e0 = b0[0], e1 = b1[0];
-		if (__builtin_expect(e0 - 2u > 252u || e1 - 2u > 252u, 0))
-			return _mm_setr_ps(e8m0_half((uint8_t)e0), e8m0_half((uint8_t)e1), 0, 0);
-		const __m128i e = _mm_setr_epi32((int)e0, (int)e1, 0, 0);
-		return _mm_castsi128_ps(_mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23));
+		const __m256 s0 = _mm256_broadcast_ss(&e8m0_half_lut.f[b0[0]]);
+		const __m256 s1 =
+		    b1 ? _mm256_broadcast_ss(&e8m0_half_lut.f[b1[0]]) : _mm256_setzero_ps();
+		return _mm256_blend_ps(s0, s1, 0xF0);
 	}
-	uint16_t d0, d1;
+	uint16_t d0, d1 = 0;
 	memcpy(&d0, b0, 2);
-	memcpy(&d1, b1, 2);
-	return _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+	if (b1)
+		memcpy(&d1, b1, 2);
+	const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
+	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d),
+	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* Σ w·y of one pair against one token's activations, as scale-weighted f32 lanes folded into
+ * acc. ulo / uhi: the pair's unsigned weight bytes (offset 8 or 16). */
+ALWAYS_INLINE __m256 pair_dot(enum q32_kind kind, __m256i ulo, __m256i uhi, __m256 w8,
+                              const struct block_q8_0x2 *y, __m256 acc)
+{
+	const __m256i p16 =
+	    _mm256_add_epi16(_mm256_maddubs_epi16(ulo, _mm256_loadu_si256((const __m256i *)y->lo)),
+	                     _mm256_maddubs_epi16(uhi, _mm256_loadu_si256((const __m256i *)y->hi)));
+	__m256i off = _mm256_loadu_si256((const __m256i *)y->sum16);
+	if (kind == Q32_Q4_0)
+		off = _mm256_srai_epi32(off, 1); /* 8 · Σy */
+	const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)), off);
+	return _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)), _mm256_cvtepi32_ps(s32),
+	                       acc);
+}
+
+/* The unsigned weight bytes (offset 8 / 16) and lane scales of the pair of blocks at b0 (bb
+ * bytes each); without has_two the second block is absent: zero bytes, zero scale. */
+ALWAYS_INLINE void pair_unpack(enum q32_kind kind, const uint8_t *b0, size_t bb, bool has_two,
+                               __m256i *ulo, __m256i *uhi, __m256 *w8)
+{
+	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	const __m256i q = _mm256_inserti128_si256(
+	    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b0 + qoff))),
+	    has_two ? _mm_loadu_si128((const __m128i *)(b0 + bb + qoff)) : _mm_setzero_si128(), 1);
+	*ulo = _mm256_and_si256(q, low4);
+	*uhi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+	if (kind == Q32_MXFP4) {
+		const __m256i values16 = _mm256_broadcastsi128_si256(
+		    _mm_loadu_si128((const __m128i *)mxfp4_values_plus16));
+		*ulo = _mm256_shuffle_epi8(values16, *ulo);
+		*uhi = _mm256_shuffle_epi8(values16, *uhi);
+	}
+	*w8 = pair_weight_scales(kind, b0, has_two ? b0 + bb : NULL);
 }
 
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
@@ -156,69 +183,48 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
-	const size_t qoff = kind == Q32_MXFP4 ? 1 : 2;
 	const uint8_t *x = w;
-	const __m256i mx_values =
-	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
 	__m256 acc[8], acc1 = _mm256_setzero_ps();
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
-		const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-		const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-		for (size_t p = 0; 2 * p < nb; p++) {
-			const uint8_t *b0 = x + 2 * p * bb, *b1 = b0 + bb;
-			const bool two =
-			    2 * p + 1 < nb; /* else: the odd last block, zeros beside */
-			const __m128i q0 = _mm_loadu_si128((const __m128i *)(b0 + qoff));
-			const __m256i q = _mm256_inserti128_si256(
-			    _mm256_castsi128_si256(q0),
-			    two ? _mm_loadu_si128((const __m128i *)(b1 + qoff))
-			        : _mm_setzero_si128(),
-			    1);
-			const __m256i lo =
-			    nib_pair_values(kind, _mm256_and_si256(q, low4), mx_values);
-			const __m256i hi = nib_pair_values(
-			    kind, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), mx_values);
-			const __m256i alo = _mm256_sign_epi8(lo, lo),
-			              ahi = _mm256_sign_epi8(hi, hi);
-			const __m128 dw = two ? pair_weight_scales(kind, b0, b1)
-			                      : _mm_setr_ps(q32_scale(kind, b0), 0.0f, 0.0f, 0.0f);
-			const __m256 w8 =
-			    _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dw), spread);
-			for (int t = 0; t < NT; t++) {
-				const struct block_q8_0x2 *y =
-				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
-				    p;
-				const __m256i ylo = _mm256_loadu_si256((const __m256i *)y->lo);
-				const __m256i yhi = _mm256_loadu_si256((const __m256i *)y->hi);
-				const __m256i p16 = _mm256_add_epi16(
-				    _mm256_maddubs_epi16(alo, _mm256_sign_epi8(ylo, lo)),
-				    _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(yhi, hi)));
-				const __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
-				acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)),
-				                         sum, acc[t]);
+		const struct block_q8_0x2 *y0 = act;
+		size_t p = 0;
+		__m256i ulo, uhi;
+		__m256 w8;
+		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
+			for (; p + 2 <= nb / 2; p += 2) {
+				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
+				acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
+				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
+				acc1 = pair_dot(kind, ulo, uhi, w8, y0 + p + 1, acc1);
 			}
 		}
-		for (int t = 0; t < NT; t++)
-			out[t] = hsum(acc[t]);
-		return;
-	}
-	size_t i = 0;
-	if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
-		const struct block_q8_0 *y = act;
-		for (; i + 2 <= nb; i += 2) {
-			acc[0] = q32_block(kind, x + i * bb, y + i, mx_values, acc[0]);
-			acc1 = q32_block(kind, x + (i + 1) * bb, y + i + 1, mx_values, acc1);
+		for (; 2 * p < nb; p++) {
+			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
+			for (int t = 0; t < NT; t++)
+				acc[t] = pair_dot(
+				    kind, ulo, uhi, w8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p,
+				    acc[t]);
 		}
-	}
-	for (; i < nb; i++) { /* several tokens, and an odd last block */
-		const uint8_t *blk = x + i * bb;
-		for (int t = 0; t < NT; t++) {
-			const struct block_q8_0 *y =
-			    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i;
-			acc[t] = q32_block(kind, blk, y, mx_values, acc[t]);
+	} else {
+		const struct block_q8_0 *xb = w;
+		size_t i = 0;
+		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
+			const struct block_q8_0 *y = act;
+			for (; i + 2 <= nb; i += 2) {
+				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
+				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
+			}
 		}
+		for (; i < nb; i++) /* several tokens, and an odd last block */
+			for (int t = 0; t < NT; t++)
+				acc[t] = q8_0_block(
+				    xb + i,
+				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i,
+				    acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
@@ -237,28 +243,129 @@ static size_t act_row_bytes(uint32_t act_format, size_t k)
 	return (k + 63) / 64 * sizeof(struct block_q8_0x2);
 }
 
-/* Q8_0's rounding (d = amax / 127, q = round-half-away(x / d)) with d kept in f32. */
+/* 8 f32 lanes -> the largest |x| (NaN lanes ignored, as fmaxf does). */
+static inline float amax_f32x8(__m256 m)
+{
+	__m128 v = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+	v = _mm_max_ps(_mm_movehl_ps(v, v), v);
+	v = _mm_max_ss(_mm_movehdup_ps(v), v);
+	return _mm_cvtss_f32(v);
+}
+
+static inline __m256 abs_ps(__m256 v)
+{
+	return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v);
+}
+
+/* 32 int32 lanes (four vectors, in element order) -> 32 int8 in element order. The values
+ * are already within [-127, 127] or saturate there. */
+static inline __m256i pack_i32x32(__m256i a, __m256i b, __m256i c, __m256i d)
+{
+	const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+	const __m256i q = _mm256_packs_epi16(ab, cd); /* lanes: a0 b0 c0 d0 | a1 b1 c1 d1 */
+	return _mm256_max_epi8(
+	    _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)),
+	    _mm256_set1_epi8(-127));
+}
+
+/* Q8_0's rounding (d = amax / 127, q = round-half-away(clamp(x / d, ±127)), NaN -> 127 as
+ * fminf) with d kept in f32; 32 elements at b into lo[0..15] / hi[0..15]. */
+static void quantize_q8_0_block(const float *xb, float *d_out, int8_t *lo, int8_t *hi)
+{
+	__m256 v[4], m = _mm256_setzero_ps();
+	for (int j = 0; j < 4; j++) {
+		v[j] = _mm256_loadu_ps(xb + 8 * j);
+		m = _mm256_max_ps(abs_ps(v[j]), m); /* NaN in the first operand: keeps m */
+	}
+	const float amax = amax_f32x8(m);
+	const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+	*d_out = d;
+	const __m256 idv = _mm256_set1_ps(id), lim = _mm256_set1_ps(127.0f);
+	const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+	__m256i q[4];
+	for (int j = 0; j < 4; j++) {
+		__m256 t = _mm256_min_ps(_mm256_mul_ps(v[j], idv), lim); /* NaN -> 127 */
+		t = _mm256_max_ps(t, _mm256_sub_ps(_mm256_setzero_ps(), lim));
+		const __m256 tr = _mm256_round_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+		const __m256 away =
+		    _mm256_and_ps(_mm256_cmp_ps(abs_ps(_mm256_sub_ps(t, tr)), half, _CMP_GE_OQ),
+		                  _mm256_or_ps(one, _mm256_and_ps(t, _mm256_set1_ps(-0.0f))));
+		q[j] = _mm256_cvttps_epi32(_mm256_add_ps(tr, away));
+	}
+	const __m256i q8 = pack_i32x32(q[0], q[1], q[2], q[3]);
+	_mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(q8));
+	_mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(q8, 1));
+}
+
+/* Q8_K exactly as the reference (formats.c): the first element of largest |x| sets
+ * iscale = -127 / max, q = clamp(nearest-even(iscale * x), ±127), bsums of 16, d = 1 / iscale.
+ * A block holding a non-finite value takes the reference itself. */
+static void quantize_q8_K_avx2(const float *x, size_t k, struct block_q8_K *y)
+{
+	for (size_t i = 0; i < k / QK_K; i++, x += QK_K) {
+		__m256 m = _mm256_setzero_ps();
+		for (int j = 0; j < QK_K; j += 8)
+			m = _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + j)), m);
+		const float amax = amax_f32x8(m);
+		bool finite = isfinite(amax);
+		for (int j = 0; finite && j < QK_K; j += 8) /* NaN lanes were skipped by max */
+			finite =
+			    _mm256_movemask_ps(_mm256_cmp_ps(
+			        _mm256_loadu_ps(x + j), _mm256_loadu_ps(x + j), _CMP_UNORD_Q)) == 0;
+		if (!finite || amax == 0.0f) {
+			moek_quantize_row(MOEK_Q8_K, x, QK_K, &y[i]);
+			continue;
+		}
+		int first = 0;
+		while (fabsf(x[first]) != amax)
+			first++;
+		const float iscale = -127.f / x[first];
+		const __m256 isv = _mm256_set1_ps(iscale);
+		const __m256i ones = _mm256_set1_epi8(1);
+		for (int j = 0; j < QK_K; j += 32) {
+			__m256i q[4];
+			for (int p = 0; p < 4; p++)
+				q[p] = _mm256_cvtps_epi32(
+				    _mm256_mul_ps(isv, _mm256_loadu_ps(x + j + 8 * p)));
+			const __m256i q8 = pack_i32x32(q[0], q[1], q[2], q[3]);
+			_mm256_storeu_si256((__m256i *)(y[i].qs + j), q8);
+			/* sums of 16: maddubs(1, q) gives pair sums, madd(1) quads, hadd */
+			const __m256i s32 =
+			    _mm256_madd_epi16(_mm256_maddubs_epi16(ones, q8), _mm256_set1_epi16(1));
+			const __m128i s = _mm_hadd_epi32(_mm256_castsi256_si128(s32),
+			                                 _mm256_extracti128_si256(s32, 1));
+			const __m128i s2 = _mm_hadd_epi32(s, s); /* 16-sums: elements 0-15, 16-31 */
+			y[i].bsums[j / 16] = (int16_t)_mm_cvtsi128_si32(s2);
+			y[i].bsums[j / 16 + 1] = (int16_t)_mm_extract_epi32(s2, 1);
+		}
+		y[i].d = 1.0f / iscale;
+	}
+}
+
 static void quantize_act(uint32_t act_format, const float *x, size_t k, void *dst)
 {
-	(void)act_format;
+	if (act_format == MOEK_Q8_K) {
+		quantize_q8_K_avx2(x, k, dst);
+		return;
+	}
 	struct block_q8_0x2 *y = dst;
 	for (size_t p = 0; 64 * p < k; p++) {
 		memset(&y[p], 0, sizeof(y[p]));
 		for (size_t b = 0; b < 2 && 64 * p + 32 * b < k; b++) {
-			const float *xb = x + 64 * p + 32 * b;
-			float amax = 0.0f;
-			for (int j = 0; j < 32; j++)
-				amax = fmaxf(amax, fabsf(xb[j]));
-			const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+			float d;
+			quantize_q8_0_block(x + 64 * p + 32 * b, &d, y[p].lo + 16 * b,
+			                    y[p].hi + 16 * b);
 			for (int j = 0; j < 4; j++)
 				y[p].d[4 * b + j] = d;
-			for (int j = 0; j < 32; j++) {
-				const float v = fmaxf(-127.0f, fminf(127.0f, xb[j] * id));
-				int8_t *slot =
-				    j < 16 ? &y[p].lo[16 * b + j] : &y[p].hi[16 * b + j - 16];
-				*slot = (int8_t)roundf(v);
-			}
 		}
+		const __m256i sum = _mm256_add_epi16(
+		    _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+		                         _mm256_loadu_si256((const __m256i *)y[p].lo)),
+		    _mm256_maddubs_epi16(_mm256_set1_epi8(1),
+		                         _mm256_loadu_si256((const __m256i *)y[p].hi)));
+		_mm256_storeu_si256(
+		    (__m256i *)y[p].sum16,
+		    _mm256_slli_epi32(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)), 4));
 	}
 }
 
@@ -293,13 +400,13 @@ static inline void k4_unpack(const uint8_t *q, uint8_t sc[8], uint8_t m[8])
 	memcpy(m, n, 8);
 }
 
-/* Σ_j m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums. */
-static inline int k4_min_dot(const uint8_t m[8], const int16_t *bsums)
+/* m_j · (activation sum of 32-element sub-block j) from Q8_K's 16-element bsums, summed in
+ * pairs of sub-blocks: 4 int32 lanes whose total is Σ_j. mins: the 8 m_j as int16. */
+static inline __m128i k4_min_lanes(__m128i mins, const int16_t *bsums)
 {
 	const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
 	                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
-	const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
-	return hsum_i32x4(_mm_madd_epi16(pairs, mins));
+	return _mm_madd_epi16(pairs, mins);
 }
 
 static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
@@ -314,9 +421,14 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
 	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
 	__m256 acc[8];
-	float acc_min[8];
+	__m128 acc_min[8]; /* Σ dmin·d_y·(m_j · sub-block sums), 4 partial lanes */
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps(), acc_min[t] = 0.0f;
+		acc[t] = _mm256_setzero_ps(), acc_min[t] = _mm_setzero_ps();
+	/* word 2c (low nibbles of chunk c) and 2c+1 (high nibbles) of the 8 scales, broadcast */
+	const __m256i pick_lo[4] = {_mm256_set1_epi16(0x0100), _mm256_set1_epi16(0x0504),
+	                            _mm256_set1_epi16(0x0908), _mm256_set1_epi16(0x0d0c)};
+	const __m256i pick_hi[4] = {_mm256_set1_epi16(0x0302), _mm256_set1_epi16(0x0706),
+	                            _mm256_set1_epi16(0x0b0a), _mm256_set1_epi16(0x0f0e)};
 	for (size_t i = 0; i < k / QK_K; i++) {
 		const uint8_t *blk = (const uint8_t *)w + i * bb;
 		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
@@ -324,6 +436,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
 		uint8_t sc[8], m[8];
 		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
+		const __m256i sc16 = _mm256_broadcastsi128_si256(
+		    _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+		const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
 		const __m256i qh =
 		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
 		__m256i sumi[8];
@@ -341,8 +456,8 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 				lo = _mm256_or_si256(lo, _mm256_slli_epi16(hl, 4));
 				hi = _mm256_or_si256(hi, _mm256_slli_epi16(hh, 4));
 			}
-			const __m256i slo = _mm256_set1_epi16(sc[2 * c]);
-			const __m256i shi = _mm256_set1_epi16(sc[2 * c + 1]);
+			const __m256i slo = _mm256_shuffle_epi8(sc16, pick_lo[c]);
+			const __m256i shi = _mm256_shuffle_epi8(sc16, pick_hi[c]);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
 				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
@@ -359,11 +474,16 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
 			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-			acc_min[t] += dmin * y->d * (float)k4_min_dot(m, y->bsums);
+			acc_min[t] =
+			    _mm_fmadd_ps(_mm_set1_ps(dmin * y->d),
+			                 _mm_cvtepi32_ps(k4_min_lanes(mins, y->bsums)), acc_min[t]);
 		}
 	}
-	for (int t = 0; t < NT; t++)
-		out[t] = hsum(acc[t]) - acc_min[t];
+	for (int t = 0; t < NT; t++) {
+		__m128 mn = _mm_add_ps(acc_min[t], _mm_movehl_ps(acc_min[t], acc_min[t]));
+		mn = _mm_add_ss(mn, _mm_movehdup_ps(mn));
+		out[t] = hsum(acc[t]) - _mm_cvtss_f32(mn);
+	}
 }
 
 DOT_ENTRY(dot_q4_K, q45k_body, 0)

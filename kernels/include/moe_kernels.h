@@ -141,6 +141,11 @@ int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_e
  * of down's format and of its activation quantization (1..256). */
 size_t moek_expert_split_align(const struct moek_expert *e);
 
+/* Granularity of hidden-phase row ranges alone (moek_ffn_hidden; slices still need
+ * moek_expert_split_align): finer than down's block, so
+ * that small experts (Qwen3's 768 features in 256-element Q4_K blocks) split evenly. */
+size_t moek_ffn_hidden_align(const struct moek_expert *e);
+
 /* One FFN invocation for n tokens. Filled by the caller; `plan` by moek_ffn_prepare.
  * Token t of this call reads x row token_ids[t] (or t when token_ids is NULL) and adds into
  * out row token_ids[t] (or t), scaled by weights[t]. token_ids are trusted: the caller has
@@ -190,7 +195,7 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
  * weights) and the ISA may change the last bits.
  *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
  *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
- *           moek_expert_split_align, or the end);
+ *           moek_expert_split_align or of moek_ffn_hidden_align, or the end);
  *   down:   output features [o_begin, o_end) of every token, added into out. */
 void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end);
 void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end);
