@@ -401,7 +401,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 	}
 	if (n_experts % 2) /* alternate scratch across the cycle's wrap-around too */
 		n_experts -= n_experts > 1;
-	struct ffn_job j = {calls, n_experts, 0, 1, moek_expert_split_align(&experts[0].e)};
+	struct ffn_job j = {calls, n_experts, 0, 1, moek_ffn_hidden_align(&experts[0].e)};
 	pool_run(p, ffn_part, &j); /* warm-up: page faults, code */
 	size_t done = 0;
 	j.first = 1;

@@ -525,6 +525,7 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 		            q->layer, rg->expert, err);
 	*scratch_at = align_up_64(*scratch_at + need);
 	wg->f_align = moek_expert_split_align(&rg->held.view);
+	wg->h_align = moek_ffn_hidden_align(&rg->held.view);
 	forward_split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
 	forward_split_range(rg->held.view.down.rows, FORWARD_DOWN_ALIGN, e->topo.n_nodes,
 	                    wg->o_split);

@@ -47,7 +47,8 @@ struct wave_group {
 	struct moek_ffn_call call;
 	size_t f_split[FORWARD_MAX_NODES + 1]; /* node n owns intermediate rows [f_split[n], …) */
 	size_t o_split[FORWARD_MAX_NODES + 1]; /* and output rows [o_split[n], o_split[n+1]) */
-	size_t f_align;
+	size_t f_align; /* node split of the intermediate rows (weights are bound along it) */
+	size_t h_align; /* finer split of a node's hidden phase among its threads */
 };
 struct pool_item {
 	uint32_t group;

@@ -177,7 +177,7 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
 			uint32_t threads = p->topo->nodes[n].threads;
 			add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
-			          wg->f_align, threads);
+			          wg->h_align, threads);
 			add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1],
 			          FORWARD_DOWN_ALIGN, threads);
 		}
