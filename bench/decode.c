@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "forward.h"
+#include "latency.h"
 #include "moe_client.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
@@ -45,25 +46,9 @@ static const double fractions[N_FRACTIONS] = {1.0, 0.5, 0.25};
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 static double pct_us(uint64_t *v, size_t n, double p)
 {
-	if (!n)
-		return 0;
-	qsort(v, n, sizeof(*v), cmp_u64);
-	return (double)v[(size_t)(p * (double)(n - 1) + 0.5)] / 1e3;
+	return (double)percentile_u64(v, n, p) / 1e3;
 }
 
 /* ---- The workload ----------------------------------------------------------------------- */

@@ -28,19 +28,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "latency.h"
 #include "moe_client.h"
 #include "moe_proto.h"
 #include "moe_ring.h"
 
 #define CPU_SIDECAR 0
 #define CPU_CLIENT 1
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void pin(int cpu)
 {
@@ -52,20 +46,14 @@ static void pin(int cpu)
 		        strerror(errno));
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
 struct stats {
 	uint64_t p50, p99;
 };
 
 static struct stats summarize(uint64_t *v, size_t n)
 {
-	qsort(v, n, sizeof(*v), cmp_u64);
-	return (struct stats){v[n / 2], v[(size_t)((double)(n - 1) * 0.99)]};
+	const uint64_t p50 = percentile_u64(v, n, 0.5); /* sorts v */
+	return (struct stats){p50, v[(size_t)((double)(n - 1) * 0.99 + 0.5)]};
 }
 
 static void die(const char *what)

@@ -18,32 +18,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "latency.h"
 #include "moe_client.h"
 #include "moe_proto.h"
 #include "trace.h"
 
 #define TIMEOUT_MS 30000
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static uint64_t percentile(uint64_t *v, size_t n, double p)
-{
-	if (!n)
-		return 0;
-	qsort(v, n, sizeof(*v), cmp_u64);
-	return v[(size_t)(p * (double)(n - 1) + 0.5)];
-}
 
 /* A top-level number of the sidecar's STATS object ("key":N before "layers"), or NAN. */
 static double stat_of(const char *json, const char *key)
@@ -284,8 +264,8 @@ int main(int argc, char **argv)
 		for (uint32_t li = 0; li < n_layers; li++) {
 			uint64_t *v = &lat[(size_t)li * steps];
 			printf("%s{\"layer\":%u,\"p50_us\":%.1f,\"p99_us\":%.1f}", li ? "," : "",
-			       first + li, (double)percentile(v, (size_t)steps, 0.5) / 1e3,
-			       (double)percentile(v, (size_t)steps, 0.99) / 1e3);
+			       first + li, (double)percentile_u64(v, (size_t)steps, 0.5) / 1e3,
+			       (double)percentile_u64(v, (size_t)steps, 0.99) / 1e3);
 		}
 		printf("],\"stats\":%s}\n", stats ? stats : "{}");
 	} else {
@@ -301,8 +281,8 @@ int main(int argc, char **argv)
 		for (uint32_t li = 0; li < n_layers; li++) {
 			uint64_t *v = &lat[(size_t)li * steps];
 			printf("%6u %10.1f %10.1f\n", first + li,
-			       (double)percentile(v, (size_t)steps, 0.5) / 1e3,
-			       (double)percentile(v, (size_t)steps, 0.99) / 1e3);
+			       (double)percentile_u64(v, (size_t)steps, 0.5) / 1e3,
+			       (double)percentile_u64(v, (size_t)steps, 0.99) / 1e3);
 		}
 		printf("\nsidecar: hits %.0f, cold misses %.0f, in-flight misses %.0f: hit rate "
 		       "%.1f%%; read %.1f MiB on demand, %.1f MiB in all (prefetches %.0f, used "

@@ -11,29 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "latency.h"
 #include "moe_client.h"
 #include "moe_kernels.h"
 #include "moe_proto.h"
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-	return x < y ? -1 : x > y;
-}
-
-static uint64_t percentile(uint64_t *v, size_t n, double p)
-{
-	qsort(v, n, sizeof(*v), cmp_u64);
-	size_t i = (size_t)(p * (double)(n - 1) + 0.5);
-	return v[i];
-}
 
 /* One request through the channel; returns its latency or 0 on error (printed). */
 static uint64_t round_trip(struct moe_client *c, const struct moe_request *r)
@@ -66,8 +47,8 @@ static void print_row(const char *what, size_t trips, uint64_t *lat, double byte
 		total += lat[i];
 	double gbps = bytes_per_trip > 0 ? bytes_per_trip * (double)trips / (double)total : 0;
 	printf("%-26s %8zu %10.2f %10.2f %8.2f\n", what, trips,
-	       (double)percentile(lat, trips, 0.50) / 1000.0,
-	       (double)percentile(lat, trips, 0.99) / 1000.0, gbps);
+	       (double)percentile_u64(lat, trips, 0.50) / 1000.0,
+	       (double)percentile_u64(lat, trips, 0.99) / 1000.0, gbps);
 }
 
 int main(int argc, char **argv)
