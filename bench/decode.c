@@ -453,12 +453,17 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 				uint32_t nh = 0;
 				for (uint32_t j = 0; j < k; j++)
 					if (hint[j] >= 0) {
-						hint[nh] = hint[j];
-						hint_w[nh++] = hint_w[j] * (float)k;
+						hint_slot.expert_ids[nh] = hint[j];
+						hint_slot.expert_weights[nh++] =
+						    hint_w[j] * (float)k;
 					}
+				/* Posted, not awaited, as an engine would: the FORWARD's wait
+				 * consumes its completion (moe_call), so the slot is free again
+				 * by the next layer. */
 				if (nh)
-					rc = moe_prefetch(c, (int32_t)(w->first_layer + li + 1),
-					                  hint, hint_w, nh, NULL, TIMEOUT_MS);
+					rc = moe_prefetch_post(c, &hint_slot,
+					                       (int32_t)(w->first_layer + li + 1),
+					                       nh, 0);
 			}
 			memcpy(slot.input, x, h * sizeof(float));
 			memcpy(slot.expert_ids, ids, k * sizeof(int32_t));
