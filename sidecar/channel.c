@@ -263,10 +263,10 @@ void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 		moe_ring_wake_consumer(&ch->cq);
 		atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_release);
 		pthread_mutex_unlock(&ch->cq_lock);
-		/* The dispatcher slept while this ran; waking it now, in parallel with the
-		 * client reading its output, has it spinning when the next request comes. */
-		if (ch->wake_dispatcher)
-			ch->wake_dispatcher(ch->wake_arg);
+		/* Posted: the dispatcher has nothing to do for it. It is not woken: a dispatcher
+		 * spinning now would compete for a core with the client this completion just
+		 * woke; the client's next submission wakes it through the SQ. (Shutdown waits
+		 * for in-flight requests with a bounded sleep of its own.) */
 		return;
 	}
 	pthread_mutex_unlock(&ch->cq_lock);
@@ -345,6 +345,7 @@ static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutti
 			ch->n_errors++;
 		} else {
 			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
+			ch->exec_last_of_batch = i + 1 == n_accepted;
 			op_lookup(sqe->op)->execute(ch, sqe, &c);
 			if (c.status == OP_PENDING)
 				continue; /* the slot stays busy until channel_complete_async */

@@ -246,7 +246,9 @@ static void *dispatcher_main(void *arg)
 			continue;
 		}
 		/* While a request computes elsewhere, spinning would take a core from the workers
-		 * computing it; its completion wakes us through the control word. */
+		 * computing it. Its completion is posted without us (a completion the full CQ
+		 * held back wakes us through the control word); the client's next submission
+		 * wakes us through its SQ. */
 		if (now - last_work < d->spin_ns && !async_pending) {
 			moe_cpu_relax();
 			continue;
