@@ -44,6 +44,10 @@ struct sidecar_channel {
 	 * use of `cq` is under this lock. */
 	pthread_mutex_t cq_lock;
 	bool cq_blocked; /* last drain stopped because the client does not drain its CQ */
+	/* Set by channel_drain around each execute: the request is the last one accepted in
+	 * this drain, so no completion of this channel waits behind it (model_ops may then
+	 * run a FORWARD on the dispatcher thread). */
+	bool exec_last_of_batch;
 
 	/* Model serving (model_ops.h): per-channel state, NULL when the sidecar serves none.
 	 * Set by the control thread before the channel is handed to the dispatcher. */

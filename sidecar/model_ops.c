@@ -1,7 +1,19 @@
 /* model_ops.c — FORWARD on the forward thread; PREFETCH, STATS, MASK on the dispatcher
  * (see model_ops.h for the contract).
  *
- * Deferred state, per channel, touched by the forward thread only: `owed` says whether the
+ * Who runs a FORWARD: the dispatcher itself, inline, when it can finish without waiting —
+ * nothing queued or running, every expert it names resident now, at most INLINE_MAX_TOKENS
+ * tokens, and it is the last submission of its drained batch (nothing behind it waits for
+ * its compute). That is a decode step at full budget, and it saves the hand-off to another
+ * thread, a futex wake-up on the critical path of every layer (tens of µs on a VM; the
+ * dispatcher is awake anyway, having just taken the request). Everything else — a request
+ * that must wait for NVMe, a prefill, one arriving while another runs — goes to the forward
+ * thread, so the dispatcher stays responsive to other clients while loads are in flight.
+ * `executing` (under lock) makes the two mutually exclusive, so requests still run one at a
+ * time, and per channel in submission order.
+ *
+ * Deferred state, per channel, touched by whichever thread executes the channel's FORWARD
+ * (never two at once: `executing`; o->lock orders their accesses): `owed` says whether the
  * previous FORWARD deferred experts; their sum lives in deferred[owed_buf]. The next FORWARD
  * must be the next MoE layer with the same n_tokens: it reads deferred[owed_buf] as the
  * engine's deferred_in and writes its own deferred sum into the other buffer, so the two
@@ -52,12 +64,14 @@ struct model_ops {
 	pthread_mutex_t lock;
 	pthread_cond_t work, idle;
 	bool stop, shutting_down;
+	bool executing;           /* a FORWARD runs (forward thread or inline); under lock */
+	uint64_t forwards_inline; /* run on the dispatcher (STATS); dispatcher thread only */
 	struct model_channel *rr_head, *rr_tail;
 	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
 	uint64_t client_ids;     /* bit c set: client id c in use */
 	uint32_t n_clients;
 
-	/* Forward thread's private copies of one request, sized for the engine's limits. */
+	/* The executing thread's private copies of one request, sized for the engine's limits. */
 	uint8_t *x;
 	int32_t *ids;
 	float *weights;
@@ -181,8 +195,10 @@ static void forward_fail(struct moe_cqe *c, int status, uint32_t value, uint32_t
 	c->index = index;
 }
 
-/* Runs one FORWARD of mc. No lock held; mc stays alive (running is set). */
-static void run_forward(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe)
+/* Runs one FORWARD of mc and fills its completion *cq. No lock held; mc stays alive (running
+ * is set) and this thread is the executor (executing is set). */
+static void run_forward(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe,
+                        struct moe_cqe *cq)
 {
 	struct sidecar_channel *ch = mc->ch;
 	const struct serve_model_desc *d = o->desc;
@@ -260,8 +276,12 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	c.status = MOE_OK;
 	c.value = res.n_deferred;
 done:
-	channel_complete_async(ch, &c);
+	*cq = c;
 }
+
+/* A FORWARD the dispatcher may run inline (see the top of the file): more tokens than this
+ * go to the forward thread even when resident. */
+#define INLINE_MAX_TOKENS 16u
 
 /* How long the forward thread polls for the next FORWARD before sleeping: in a decode loop the
  * next layer's request follows the completion within a client round trip. */
@@ -288,7 +308,7 @@ static void *forward_thread_main(void *arg)
 					moe_cpu_relax();
 			pthread_mutex_lock(&o->lock);
 		}
-		while (!o->stop && !o->rr_head)
+		while (!o->stop && (!o->rr_head || o->executing))
 			pthread_cond_wait(&o->work, &o->lock);
 		if (o->stop)
 			break;
@@ -301,12 +321,16 @@ static void *forward_thread_main(void *arg)
 		if (mc->q_len)
 			rr_append_locked(o, mc); /* one request per channel per turn */
 		mc->running = true;
+		o->executing = true;
 		pthread_mutex_unlock(&o->lock);
 
-		run_forward(o, mc, &sqe);
+		struct moe_cqe c;
+		run_forward(o, mc, &sqe, &c);
+		channel_complete_async(mc->ch, &c);
 
 		pthread_mutex_lock(&o->lock);
 		mc->running = false;
+		o->executing = false;
 		pthread_cond_broadcast(&o->idle);
 	}
 	pthread_mutex_unlock(&o->lock);
@@ -323,6 +347,29 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 		pthread_mutex_unlock(&o->lock);
 		done->status = MOE_ESHUTDOWN;
 		return;
+	}
+	if (!o->executing && !o->rr_head && ch->exec_last_of_batch &&
+	    sqe->n_tokens <= INLINE_MAX_TOKENS) {
+		/* Resident? Asked on the shared ids: a hint only (run_forward validates its
+		 * private copy); a client changing them now only changes which thread runs. */
+		struct slot_areas a;
+		channel_slot_areas(ch, sqe->slot, &a);
+		if (serve_model_would_run_now(o->model, sqe->layer, a.expert_ids,
+		                              (size_t)sqe->n_tokens * sqe->ids_per_token)) {
+			o->executing = true;
+			mc->running = true;
+			pthread_mutex_unlock(&o->lock);
+			o->forwards_inline++;
+			run_forward(o, mc, sqe, done);
+			pthread_mutex_lock(&o->lock);
+			o->executing = false;
+			mc->running = false;
+			pthread_cond_broadcast(&o->idle);
+			if (o->rr_head)
+				pthread_cond_signal(&o->work);
+			pthread_mutex_unlock(&o->lock);
+			return;
+		}
 	}
 	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
 	mc->q_len++;
@@ -428,7 +475,8 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_lock(&o->lock);
 	uint32_t clients = o->n_clients;
 	pthread_mutex_unlock(&o->lock);
-	size_t len = serve_model_stats_json(o->model, clients, o->stats, o->stats_cap);
+	size_t len =
+	    serve_model_stats_json(o->model, clients, o->forwards_inline, o->stats, o->stats_cap);
 	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);

@@ -1,15 +1,18 @@
 /* model_ops.h — FORWARD, PREFETCH, STATS and MASK: the wire semantics of serving a model.
  *
- * Owns: the forward thread (the engine's forward_run blocks for a whole layer, so it never runs
- * on the dispatcher), the per-channel queues of accepted FORWARDs served round-robin across
- * channels (one request per channel per turn: a client that floods its ring cannot starve
- * another), each channel's deferred state (the contribution owed to its next FORWARD, double
- * buffered), the forward thread's private copies of inputs (copied out of shared memory once,
- * then validated by the engine), and each channel's client id for GPU masks.
+ * Owns: the forward thread (the engine's forward_run blocks for a whole layer, and for NVMe
+ * reads of cold experts: those run here, never on the dispatcher; a FORWARD that can finish
+ * at once — nothing ahead of it, every expert resident, a few tokens — the dispatcher runs
+ * inline, saving a thread hand-off per layer), the per-channel queues of accepted FORWARDs served
+ * round-robin across channels (one request per channel per turn: a client that floods its ring
+ * cannot starve another), each channel's deferred state (the contribution owed to its next FORWARD,
+ * double buffered), the forward thread's private copies of inputs (copied out of shared memory
+ * once, then validated by the engine), and each channel's client id for GPU masks.
  *
  * Threading: create/destroy/shutdown and channel_open/close on the control thread; the op
  * executors on the dispatcher; the forward thread finishes FORWARDs through
- * channel_complete_async. Nothing on the request path allocates.
+ * channel_complete_async (inline ones complete like any synchronous op). Nothing on the
+ * request path allocates.
  *
  * Life of a channel: model_ops_channel_open before dispatcher_add; after dispatcher_remove,
  * model_ops_channel_close drops its queued FORWARDs, waits for the one running (bounded by

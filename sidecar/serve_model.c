@@ -311,6 +311,11 @@ int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
 	return r.status;
 }
 
+bool serve_model_would_run_now(struct serve_model *m, int32_t layer, const int32_t *ids, size_t n)
+{
+	return forward_would_run_now(m->engine, layer, ids, n);
+}
+
 int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
                          const float *scores, uint32_t n, bool scores_per_expert)
 {
@@ -368,7 +373,8 @@ static void jstring(struct json_out *j, const char *s)
 	jprintf(j, "\"");
 }
 
-size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf, size_t len)
+size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
+                              char *buf, size_t len)
 {
 	struct forward_stats st;
 	memset(&st, 0, sizeof(st));
@@ -379,8 +385,10 @@ size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf
 	struct json_out j = {.buf = buf, .len = len};
 	jprintf(&j, "{\"model\":");
 	jstring(&j, m->desc.name);
-	jprintf(&j, ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u", clients,
-	        m->desc.expert_bytes, m->desc.n_nodes);
+	jprintf(&j,
+	        ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u,"
+	        "\"forwards_inline\":%" PRIu64,
+	        clients, m->desc.expert_bytes, m->desc.n_nodes, forwards_inline);
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
 		jprintf(

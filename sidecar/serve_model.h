@@ -7,9 +7,9 @@
  * wire contract and the model's internals stay apart.
  *
  * Threading: open/close on the control thread. serve_model_forward from one thread at a time
- * (the forward thread, model_ops.c); prefetch/mask/client calls from any thread;
- * serve_model_stats_json from one thread at a time (it owns the probes handle: the
- * dispatcher, which executes STATS).
+ * (the forward thread, or the dispatcher running one inline: model_ops.c); prefetch/mask/client
+ * calls from any thread; serve_model_stats_json from one thread at a time (it owns the probes
+ * handle: the dispatcher, which executes STATS).
  */
 #ifndef MOE_SIDECAR_SERVE_MODEL_H
 #define MOE_SIDECAR_SERVE_MODEL_H
@@ -84,6 +84,9 @@ int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
                         float *out_immediate, float *out_deferred,
                         struct serve_forward_result *res);
 
+/* forward_would_run_now: would this FORWARD compute without waiting for a load? */
+bool serve_model_would_run_now(struct serve_model *m, int32_t layer, const int32_t *ids, size_t n);
+
 /* Hints, masks and clients: see forward_prefetch / forward_set_mask / forward_client_*. */
 int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
                          const float *scores, uint32_t n, bool scores_per_expert);
@@ -95,6 +98,7 @@ void serve_model_client_detach(struct serve_model *m, uint32_t client);
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
  * or the length it would need (>= len) when it does not fit. clients: channels attached now. */
-size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, char *buf, size_t len);
+size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
+                              char *buf, size_t len);
 
 #endif

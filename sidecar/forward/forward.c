@@ -715,6 +715,25 @@ static void record(struct forward_engine *e, uint32_t moe_layer, const struct fo
 		                          memory_order_relaxed);
 }
 
+bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_t *ids, size_t n)
+{
+	if (e->w.source == FORWARD_SOURCE_ALL_RESIDENT)
+		return true;
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
+		return false;
+	if (layer < 0 || (uint32_t)layer >= e->cat->info.n_layers || e->w.moe_index[layer] < 0)
+		return true; /* fails validation at once */
+	const uint32_t moe_layer = (uint32_t)e->w.moe_index[layer];
+	for (size_t i = 0; i < n; i++) {
+		const int32_t id = ((const volatile int32_t *)ids)[i];
+		if (id < 0 || (uint32_t)id >= e->cat->info.n_experts)
+			continue;
+		if (residency_state(e->w.res, moe_layer, (uint32_t)id) != EXPERT_RESIDENT)
+			return false;
+	}
+	return true;
+}
+
 int forward_run(struct forward_engine *e, const struct forward_request *q, float *out_immediate,
                 float *out_deferred, struct forward_result *res)
 {

@@ -171,6 +171,13 @@ int forward_run(struct forward_engine *e, const struct forward_request *req, flo
 int forward_reference(struct forward_engine *e, const struct forward_request *req,
                       float *out_immediate, float *out_deferred, struct forward_result *res);
 
+/* True if forward_run of these ids (n entries, -1 = skip; out-of-range ids count as "no
+ * wait": validation fails them at once) would compute without waiting for a load: every
+ * named expert is resident now (RESIDENCY), or the source keeps everything in memory
+ * (ALL_RESIDENT). MMAP answers false (page faults). A hint for choosing a thread, not a
+ * promise: an expert may be evicted right after. Reads ids once each; any thread. */
+bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_t *ids, size_t n);
+
 /* Lookahead hints for `layer` (transformer block index). ids: n expert ids (invalid ones are
  * ignored), scores (may be NULL) their router probabilities × top_k. With scores_per_expert
  * set, `scores` holds n = n_experts router scores and ids is ignored: the (at most top_k)

@@ -202,3 +202,51 @@ Test(serve_ops, a_model_that_does_not_open_is_a_clear_start_up_error)
 	cr_assert(log_count(&sp, "missing.gguf") >= 1, "the error names the file");
 	sidecar_cleanup(&sp);
 }
+
+/* Which thread runs a FORWARD is visible in STATS (forwards_inline): at full budget every
+ * expert is resident from the start, so a client running one FORWARD at a time gets every one
+ * run by the dispatcher inline; at a small budget the first FORWARD names experts that are not
+ * resident and must go to the forward thread (the dispatcher never waits for NVMe). Both ways
+ * the bits equal the reference. */
+Test(serve_ops, resident_forwards_run_inline_and_cold_ones_on_the_forward_thread)
+{
+	const char *budgets[2] = {"100%", "10%"};
+	for (int b = 0; b < 2; b++) {
+		const char *extra[] = {"--mem-budget", budgets[b], NULL};
+		struct served s;
+		served_start(&s, "q8_0", extra);
+		const uint32_t ne = ref_n_experts(s.ref), h = ref_hidden(s.ref);
+		const uint32_t n_fwd = 6;
+		for (uint32_t i = 0; i < n_fwd; i++) {
+			struct fwd_case fc;
+			fwd_case_make(&fc, 40 + i, 0, 1 + i % 3, 4, ne, h, false);
+			float *got = malloc((size_t)fc.n_tokens * h * sizeof(float));
+			float *want = malloc((size_t)fc.n_tokens * h * sizeof(float));
+			struct moe_completion d;
+			cr_assert_eq(served_forward(&s, &fc, got, &d), MOE_OK, "%s",
+			             moe_last_error(s.c));
+			cr_assert_eq(ref_forward(s.ref, fc.layer, fc.n_tokens, fc.k, fc.k_defer,
+			                         fc.x_wire, fc.in_dtype, fc.ids, fc.weights, NULL,
+			                         want, NULL),
+			             MOE_OK);
+			cr_assert(memcmp(got, want, (size_t)fc.n_tokens * h * sizeof(float)) == 0,
+			          "budget %s forward %u: bits differ from the reference",
+			          budgets[b], i);
+			free(got);
+			free(want);
+			fwd_case_free(&fc);
+		}
+		char *js = served_stats(&s);
+		const int64_t inl = json_top_u64(js, "forwards_inline");
+		cr_assert_eq(json_top_u64(js, "requests"), n_fwd, "%s", js);
+		if (b == 0)
+			cr_assert_eq(inl, n_fwd, "full budget: %lld of %u inline", (long long)inl,
+			             n_fwd);
+		else
+			cr_assert(inl >= 0 && inl < (int64_t)n_fwd,
+			          "10%% budget: %lld of %u inline (a cold one must be queued)",
+			          (long long)inl, n_fwd);
+		free(js);
+		served_stop(&s);
+	}
+}
