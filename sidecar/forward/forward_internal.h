@@ -64,12 +64,15 @@ struct forward_pool {
 	struct forward_topology *topo;
 	uint32_t n_workers;
 	struct pool_worker *workers; /* n_workers; [0] is the thread calling pool_run_wave */
-	pthread_barrier_t barrier;
-	bool barrier_ready;
-	pthread_mutex_t lock;
-	pthread_cond_t start;
-	uint64_t generation; /* guarded by lock */
-	bool stopping;       /* guarded by lock */
+	/* Wave start: wave_seq moves on for each wave (and once at stop); a worker spins on it
+	 * briefly, then sleeps on it as a futex, counted in wave_sleepers so the caller makes the
+	 * wake-up system call only when someone sleeps. */
+	_Atomic uint32_t wave_seq, wave_sleepers;
+	atomic_bool stopping;
+	/* The phase barrier: bar_count arrivals, bar_seq moves on when the last arrives (spin,
+	 * then futex, as above). */
+	_Atomic uint32_t bar_count, bar_seq, bar_sleepers;
+	bool ready; /* threads may have started (pool_destroy stops them) */
 	/* The current wave (written before the start, read after it). */
 	struct wave_group *groups;
 	uint32_t n_groups;

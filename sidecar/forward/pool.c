@@ -9,14 +9,83 @@
  * order never shows in results.
  *
  * Threading: pool_run_wave is called by one thread at a time (the engine's run_lock), which
- * is worker 0. Workers sleep on a condition variable between waves; no allocation per wave.
+ * is worker 0. No allocation per wave.
+ *
+ * Waiting (between waves, and at the barrier between phases): spin up to POOL_SPIN_NS, then
+ * sleep on a private futex. In decode the next wave follows within a client round trip and a
+ * phase ends within microseconds of the other workers', so a sleeping worker would pay a
+ * wake-up per wave and per phase — on a VM whose idle vCPUs halt, tens of µs each, comparable
+ * to a whole phase — while a short spin costs only an otherwise idle core. After the spin
+ * bound a worker sleeps, so an idle pool uses no CPU.
  */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "forward_internal.h"
+
+#define POOL_SPIN_NS 50000u
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* Waits until *word != seen: spins up to POOL_SPIN_NS, then sleeps on it, counted in
+ * *sleepers (the waker's side: change the word, then wake if *sleepers; seq_cst on both sides
+ * so one of the two sees the other). */
+static void wait_for_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint32_t *sleepers)
+{
+	if (atomic_load_explicit(word, memory_order_acquire) != seen)
+		return;
+	const uint64_t t0 = mono_ns();
+	for (unsigned i = 1;; i++) {
+		if (atomic_load_explicit(word, memory_order_acquire) != seen)
+			return;
+		cpu_relax();
+		if ((i & 63) == 0 && mono_ns() - t0 >= POOL_SPIN_NS)
+			break;
+	}
+	atomic_fetch_add(sleepers, 1);
+	while (atomic_load(word) == seen)
+		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+	atomic_fetch_sub(sleepers, 1);
+}
+
+static void wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers)
+{
+	if (atomic_load(sleepers))
+		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Every worker's writes before the barrier are visible to every worker after it: arrivals are
+ * acq_rel read-modify-writes on bar_count; the last one publishes bar_seq with release. */
+static void barrier_wait(struct forward_pool *p)
+{
+	const uint32_t seq = atomic_load_explicit(&p->bar_seq, memory_order_acquire);
+	if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) + 1 == p->n_workers) {
+		atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
+		atomic_store(&p->bar_seq, seq + 1);
+		wake_all(&p->bar_seq, &p->bar_sleepers);
+		return;
+	}
+	wait_for_change(&p->bar_seq, seq, &p->bar_sleepers);
+}
 
 enum { PHASE_LOAD = 0, PHASE_HIDDEN = 1, PHASE_DOWN = 2 };
 
@@ -44,7 +113,8 @@ static void run_wave_as(struct forward_pool *p, const struct pool_worker *w)
 {
 	for (unsigned phase = 0; phase < 3; phase++) {
 		run_phase(p, phase, w);
-		pthread_barrier_wait(&p->barrier);
+		if (p->n_workers > 1)
+			barrier_wait(p);
 	}
 }
 
@@ -53,15 +123,11 @@ static void *worker_main(void *arg)
 	struct pool_worker *w = arg;
 	struct forward_pool *p = w->pool;
 	topology_pin_thread(p->topo, w->node);
-	uint64_t seen = 0;
+	uint32_t seen = 0; /* wave_seq starts at 0 */
 	for (;;) {
-		pthread_mutex_lock(&p->lock);
-		while (p->generation == seen && !p->stopping)
-			pthread_cond_wait(&p->start, &p->lock);
-		bool stop = p->stopping;
-		seen = p->generation;
-		pthread_mutex_unlock(&p->lock);
-		if (stop)
+		wait_for_change(&p->wave_seq, seen, &p->wave_sleepers);
+		seen = atomic_load_explicit(&p->wave_seq, memory_order_acquire);
+		if (atomic_load_explicit(&p->stopping, memory_order_acquire))
 			return NULL;
 		run_wave_as(p, w);
 	}
@@ -87,15 +153,8 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 		pool_destroy(p);
 		return -1;
 	}
-	pthread_mutex_init(&p->lock, NULL);
-	pthread_cond_init(&p->start, NULL);
-	int rc = pthread_barrier_init(&p->barrier, NULL, p->n_workers);
-	if (rc != 0) {
-		snprintf(err, err_len, "worker pool: barrier: %s", strerror(rc));
-		pool_destroy(p);
-		return -1;
-	}
-	p->barrier_ready = true;
+	p->ready = true;
+	int rc;
 	uint32_t index = 0;
 	for (uint32_t n = 0; n < topo->n_nodes; n++)
 		for (uint32_t i = 0; i < topo->nodes[n].threads; i++, index++) {
@@ -119,20 +178,14 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 
 void pool_destroy(struct forward_pool *p)
 {
-	if (p->barrier_ready) {
-		pthread_mutex_lock(&p->lock);
-		p->stopping = true;
-		pthread_cond_broadcast(&p->start);
-		pthread_mutex_unlock(&p->lock);
+	if (p->ready) {
+		atomic_store(&p->stopping, true);
+		atomic_fetch_add(&p->wave_seq, 1);
+		wake_all(&p->wave_seq, &p->wave_sleepers);
 	}
 	for (uint32_t i = 0; p->workers && i < p->n_workers; i++)
 		if (p->workers[i].started)
 			pthread_join(p->workers[i].thread, NULL);
-	if (p->barrier_ready) {
-		pthread_barrier_destroy(&p->barrier);
-		pthread_cond_destroy(&p->start);
-		pthread_mutex_destroy(&p->lock);
-	}
 	for (unsigned ph = 0; ph < 3; ph++)
 		for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
 			free(p->items[ph][n]);
@@ -184,10 +237,8 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 	}
 	/* The load phase is shared by every node: each node's workers claim from list 0. */
 	if (p->n_workers > 1) {
-		pthread_mutex_lock(&p->lock);
-		p->generation++;
-		pthread_cond_broadcast(&p->start);
-		pthread_mutex_unlock(&p->lock);
+		atomic_fetch_add(&p->wave_seq, 1); /* releases the wave's description above */
+		wake_all(&p->wave_seq, &p->wave_sleepers);
 	}
 	run_wave_as(p, &p->workers[0]);
 }
