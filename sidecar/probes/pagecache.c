@@ -32,6 +32,7 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -67,6 +68,7 @@ struct pagecache_probes {
 	bool per_pid;
 	bool quiet;
 	int replaced_stale_pid;
+	int stale_grace_s; /* < 0: never sweep */
 	__u64 page_size;
 	char instance[INSTANCE_NAME_MAX + 1];
 	char pin_dir[128]; /* PIN_ROOT/<instance> */
@@ -395,6 +397,63 @@ static int claim_instance(struct pagecache_probes *p)
 	return 0;
 }
 
+/* Removes the pin directories of other instances whose owner is dead (their lock is free and
+ * the recorded owner is not alive, or nothing is recorded) and that have not changed for
+ * stale_grace_s seconds. Unlinking a pinned link detaches its program: a crashed sidecar's
+ * probes stop counting here, not at the next start of that very instance name. Best effort:
+ * a directory that cannot be removed is logged and left. */
+static void sweep_stale_instances(struct pagecache_probes *p)
+{
+	if (p->stale_grace_s < 0)
+		return;
+	DIR *d = opendir(PIN_ROOT);
+	if (!d)
+		return;
+	const time_t now = time(NULL);
+	char saved_error[sizeof(p->error)];
+	memcpy(saved_error, p->error, sizeof(saved_error));
+	for (struct dirent *de; (de = readdir(d));) {
+		if (de->d_type != DT_DIR || !instance_name_valid(de->d_name) ||
+		    !strcmp(de->d_name, p->instance))
+			continue;
+		char dir[sizeof(((struct pagecache_probes *)0)->pin_dir)];
+		if (snprintf(dir, sizeof(dir), "%s/%s", PIN_ROOT, de->d_name) >= (int)sizeof(dir))
+			continue;
+		int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		struct stat st;
+		if (fstat(fd, &st) != 0 || now - st.st_mtime < (time_t)p->stale_grace_s ||
+		    flock(fd, LOCK_EX | LOCK_NB) != 0) { /* recent, or its owner holds the lock */
+			close(fd);
+			continue;
+		}
+		struct pagecache_instance_info info;
+		const bool has_info = read_pinned_info(dir, &info);
+		if (has_info && info.owner_start_ticks &&
+		    process_start_ticks((pid_t)info.owner_pid) == info.owner_start_ticks) {
+			close(fd); /* alive, without its lock: not ours to judge */
+			continue;
+		}
+		if (remove_pins(p, dir, 0) == 0 && rmdir(dir) == 0) {
+			if (has_info)
+				log_info(
+				    "probes",
+				    "removed stale pins of instance '%s' (owner pid %u is gone)",
+				    de->d_name, info.owner_pid);
+			else
+				log_info("probes", "removed stale pins of instance '%s' (no owner)",
+				         de->d_name);
+		} else {
+			log_warn("probes", "stale instance '%s' left in place: %s", de->d_name,
+			         p->error[0] ? p->error : strerror(errno));
+		}
+		close(fd);
+	}
+	closedir(d);
+	memcpy(p->error, saved_error, sizeof(saved_error));
+}
+
 /* Is the tracepoint behind prog present on this kernel? name gets its short name. */
 static bool tracepoint_present(const struct bpf_program *prog, const char **name)
 {
@@ -560,6 +619,8 @@ static int attach(struct pagecache_probes *p)
 		rc = ensure_mounted(p, TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER);
 	if (rc == 0)
 		rc = claim_instance(p);
+	if (rc == 0)
+		sweep_stale_instances(p);
 	char missing[256];
 	if (rc == 0)
 		rc = load_and_pin(p, missing, sizeof(missing));
@@ -723,6 +784,8 @@ int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes 
 	snprintf(p->pin_dir, sizeof(p->pin_dir), "%s/%s", PIN_ROOT, instance);
 	p->per_pid = opt && opt->per_pid;
 	p->quiet = opt && opt->quiet;
+	p->stale_grace_s =
+	    !opt || opt->stale_grace_s == 0 ? PAGECACHE_STALE_GRACE_S : opt->stale_grace_s;
 	long page = sysconf(_SC_PAGESIZE);
 	p->page_size = page > 0 ? (__u64)page : 4096;
 	p->counters_fd = p->pid_counters_fd = -1;

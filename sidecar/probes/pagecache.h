@@ -83,7 +83,14 @@ struct pagecache_options {
 	                       * [A-Za-z0-9_.-]{1,64}, not "." or "..". */
 	bool per_pid;         /* also fill pid_counters, keyed by (file, tgid) */
 	bool quiet;           /* no warning line when unavailable (the caller reports it) */
+	/* Other instances' stale pins (owner dead, directory unchanged for this many seconds)
+	 * are removed at open: a crashed sidecar's pinned links keep its programs attached, and
+	 * counting, until then. 0 = PAGECACHE_STALE_GRACE_S; < 0 = never sweep. The grace
+	 * period leaves alone an instance whose owner was just killed and is being restarted
+	 * under the same name (that open replaces the pins itself). */
+	int stale_grace_s;
 };
+#define PAGECACHE_STALE_GRACE_S 60
 
 /* Totals or one file's counters, with what is derived from them. */
 struct pagecache_stats {

@@ -640,6 +640,72 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 	cr_expect_not(exists(dir, "info"));
 }
 
+/* A child opens an instance, reports, and is killed without closing (its pins stay). */
+static pid_t leave_stale_instance(const char *name)
+{
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct pagecache_probes *p;
+		struct pagecache_options opt = {
+		    .instance = name, .quiet = true, .stale_grace_s = -1};
+		char ok =
+		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
+		if (write(ready[1], &ok, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	close(ready[0]);
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	cr_assert_eq(ok, 'y', "the child could not open the probes");
+	return child;
+}
+
+/* Another instance's open removes a crashed instance's pins once they are older than the
+ * grace period (here aged by setting the directory's mtime back), and leaves a fresh one. */
+Test(probes, other_instances_stale_pins_are_swept_after_the_grace_period)
+{
+	struct pagecache_probes *probe = probes_or_skip("sweep-check", false);
+	pagecache_close(probe);
+	char old_name[64], fresh_name[64], dir_old[256], dir_fresh[256], err[256];
+	instance_name(old_name, sizeof(old_name), "sweep-old");
+	instance_name(fresh_name, sizeof(fresh_name), "sweep-fresh");
+	snprintf(dir_old, sizeof(dir_old), "/sys/fs/bpf/moe-sidecar/%s", old_name);
+	snprintf(dir_fresh, sizeof(dir_fresh), "/sys/fs/bpf/moe-sidecar/%s", fresh_name);
+	leave_stale_instance(old_name);
+	leave_stale_instance(fresh_name);
+	cr_assert(exists(dir_old, "links/page_cache_fill") && exists(dir_fresh, "info"));
+	const struct timespec aged[2] = {{.tv_sec = time(NULL) - 3600, .tv_nsec = 0},
+	                                 {.tv_sec = time(NULL) - 3600, .tv_nsec = 0}};
+	cr_assert_eq(utimensat(AT_FDCWD, dir_old, aged, 0), 0, "%s: %s", dir_old, strerror(errno));
+
+	struct pagecache_probes *p;
+	char name[64];
+	instance_name(name, sizeof(name), "sweeper");
+	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = 600};
+	cr_assert_eq(pagecache_open(&opt, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert(pagecache_available(p), "%s", pagecache_status(p));
+	struct stat st;
+	cr_expect_neq(stat(dir_old, &st), 0, "%s survived the sweep", dir_old);
+	cr_expect(exists(dir_fresh, "info"), "a stale instance inside the grace period was swept");
+	pagecache_close(p);
+
+	/* The fresh one is still replaced by its own name's next open, as before. */
+	struct pagecache_options again = {
+	    .instance = fresh_name, .quiet = true, .stale_grace_s = -1};
+	cr_assert_eq(pagecache_open(&again, &p, err, sizeof(err)), 0, "%s", err);
+	cr_expect(pagecache_available(p), "%s", pagecache_status(p));
+	pagecache_close(p);
+	cr_expect_neq(stat(dir_fresh, &st), 0, "%s left after its owner closed", dir_fresh);
+}
+
 Test(probes, watch_unwatch_and_totals, .fini = remove_test_file)
 {
 	struct pagecache_probes *p = probes_or_skip("watch", false);
