@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -245,12 +246,15 @@ static void *dispatcher_main(void *arg)
 			last_work = now;
 			continue;
 		}
+		/* The spin yields: on a machine with fewer cores than runnable threads the
+		 * client this sidecar just answered may be queued on this very core, and its
+		 * next request is what the spin waits for. */
 		/* While a request computes elsewhere, spinning would take a core from the workers
 		 * computing it. Its completion is posted without us (a completion the full CQ
 		 * held back wakes us through the control word); the client's next submission
 		 * wakes us through its SQ. */
 		if (now - last_work < d->spin_ns && !async_pending) {
-			moe_cpu_relax();
+			sched_yield();
 			continue;
 		}
 		sleep_on_all(d, gen, now);

@@ -16,11 +16,14 @@
  * phase ends within microseconds of the other workers', so a sleeping worker would pay a
  * wake-up per wave and per phase — on a VM whose idle vCPUs halt, tens of µs each, comparable
  * to a whole phase — while a short spin costs only an otherwise idle core. After the spin
- * bound a worker sleeps, so an idle pool uses no CPU.
+ * bound a worker sleeps, so an idle pool uses no CPU. The spin yields (sched_yield) rather
+ * than pausing: when threads outnumber cores — the sidecar's client, woken by a completion,
+ * waiting for this very core — a spinning worker must not hold the core it needs.
  */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,13 +42,6 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#endif
-}
-
 /* Waits until *word != seen: spins up to POOL_SPIN_NS, then sleeps on it, counted in
  * *sleepers (the waker's side: change the word, then wake if *sleepers; seq_cst on both sides
  * so one of the two sees the other). */
@@ -57,8 +53,8 @@ static void wait_for_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint3
 	for (unsigned i = 1;; i++) {
 		if (atomic_load_explicit(word, memory_order_acquire) != seen)
 			return;
-		cpu_relax();
-		if ((i & 63) == 0 && mono_ns() - t0 >= POOL_SPIN_NS)
+		sched_yield();
+		if ((i & 7) == 0 && mono_ns() - t0 >= POOL_SPIN_NS)
 			break;
 	}
 	atomic_fetch_add(sleepers, 1);
