@@ -891,9 +891,11 @@ int main(int argc, char **argv)
 			printf("\n100%% budget, sidecar / floor per alternating round:");
 			for (long r = 0; r < n_rounds; r++)
 				printf(" %.3f", round_ratio[r]);
-			printf(" (the median round is reported)\nin-process over residency / "
-			       "floor, same "
-			       "rounds:");
+			printf(" (the median round is reported)\n");
+			printf("per-layer p50 in that round (layer 0): floor %.1f us, in-process "
+			       "residency %.1f us, sidecar %.1f us\n",
+			       floor_r.p50_us[0], resid_r.p50_us[0], side[0].p50_us[0]);
+			printf("in-process over residency / floor, same rounds:");
 			for (long r = 0; r < n_rounds; r++)
 				printf(" %.3f", round_resid[r]);
 			printf("\n");
