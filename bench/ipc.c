@@ -3,7 +3,8 @@
  *
  *   floor   raw shared-memory spin ping-pong between two processes pinned to CPUs 0 and 1
  *   ping    PING round trip: real libmoe_client (CPU 1) and a real moe-sidecar (CPU 0)
- *   echo    ECHO round trips of 4 KiB, 64 KiB, 1 MiB, 16 MiB (f32 -> f32)
+ *   echo    ECHO round trips of 4 KiB, 64 KiB, 1 MiB, 16 MiB (f32 -> f32), and 1 MiB
+ *           f32 -> bf16 (the conversion a FORWARD's output goes through for a bf16 engine)
  *   unix    a Unix-socket round trip between two pinned processes
  *   memcpy  16 MiB in process (the bandwidth an ECHO cannot beat), timed interleaved
  *           with the 16 MiB ECHO so that both see the same machine load
@@ -307,6 +308,14 @@ int main(int argc, char **argv)
 		if (last)
 			memcpy_gbps = (double)cb.bytes / (double)summarize(copy_lat, iters).p50;
 	}
+	struct moe_request to_bf16 = {.op = MOE_OP_ECHO,
+	                              .slot = s.index,
+	                              .n_tokens = sizes[2].tokens,
+	                              .in_dtype = MOE_DTYPE_F32,
+	                              .out_dtype = MOE_DTYPE_BF16};
+	struct stats echo_bf16 =
+	    round_trips(c, &to_bf16, sizes[2].iters / scale + 5, lat, NULL, NULL);
+	const double echo_bf16_gbps = (double)sizes[2].tokens * hidden * 4 / (double)echo_bf16.p50;
 	moe_slot_release(c, s.index);
 	moe_close(c);
 	sidecar_stop(&sc);
@@ -325,6 +334,8 @@ int main(int argc, char **argv)
 			       "3f,",
 			       sizes[i].name, (unsigned long long)echo[i].p50, sizes[i].name,
 			       (unsigned long long)echo[i].p99, sizes[i].name, echo_gbps[i]);
+		printf("\"echo_1m_bf16_p50_ns\":%llu,\"echo_1m_bf16_gbps\":%.3f,",
+		       (unsigned long long)echo_bf16.p50, echo_bf16_gbps);
 		printf("\"memcpy_gbps\":%.3f,\"ping_over_floor\":%.3f,\"unix_over_ping\":%.3f,"
 		       "\"echo_16m_over_memcpy\":%.3f,\"quick\":%s}\n",
 		       memcpy_gbps, ping_vs_floor, unix_vs_ping, echo_vs_memcpy,
@@ -342,6 +353,9 @@ int main(int argc, char **argv)
 		printf("%-28s %10llu %10llu %9.2f\n", name, (unsigned long long)echo[i].p50,
 		       (unsigned long long)echo[i].p99, echo_gbps[i]);
 	}
+	printf("%-28s %10llu %10llu %9.2f\n", "ECHO 1m f32->bf16",
+	       (unsigned long long)echo_bf16.p50, (unsigned long long)echo_bf16.p99,
+	       echo_bf16_gbps);
 	printf("%-28s %10llu %10llu\n", "Unix socket round trip", (unsigned long long)unix_rt.p50,
 	       (unsigned long long)unix_rt.p99);
 	printf("%-28s %10s %10s %9.2f\n", "memcpy 16 MiB", "", "", memcpy_gbps);
@@ -349,5 +363,7 @@ int main(int argc, char **argv)
 	printf("  ping / floor          %6.2f   (design target <= 2)\n", ping_vs_floor);
 	printf("  unix / ping           %6.1f   (design target >= 30)\n", unix_vs_ping);
 	printf("  echo 16 MiB / memcpy  %6.2f   (design target >= 0.7)\n", echo_vs_memcpy);
+	printf("  echo 1 MiB f32->bf16 / f32->f32  %6.2f   (GB/s of f32 input)\n",
+	       echo_bf16_gbps / echo_gbps[2]);
 	return 0;
 }
