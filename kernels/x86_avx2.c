@@ -39,6 +39,18 @@ static inline float f16(uint16_t h)
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* Software prefetch distance of the decode dot products, in bytes of weights ahead of the one
+ * being decoded. Decode streams each weight row once from DRAM; the hardware prefetcher alone
+ * leaves a core that also decodes nibbles stalled on misses (MXFP4 from DRAM: 8.8 GB/s on one
+ * core with the row in flight, 12.3 GB/s with this distance; 20 GB/s in L1). Prefetches past
+ * the end of a row run into the next row of the matrix, which the caller reads next; a
+ * prefetch never faults. */
+#define PREFETCH_AHEAD 1536
+ALWAYS_INLINE void prefetch_ahead(const void *p)
+{
+	_mm_prefetch((const char *)p + PREFETCH_AHEAD, _MM_HINT_T0);
+}
+
 /* A dot entry point specialised on a constant token count (1..8), so that the per-token
  * accumulators of `body` live in registers. */
 #define DOT_ENTRY(name, body, ...)                                                                 \
@@ -194,6 +206,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		__m256 w8;
 		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
+				prefetch_ahead(x + 2 * p * bb);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
 				acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
@@ -201,6 +214,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			}
 		}
 		for (; 2 * p < nb; p++) {
+			prefetch_ahead(x + 2 * p * bb);
 			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
 			for (int t = 0; t < NT; t++)
 				acc[t] = pair_dot(
@@ -215,16 +229,20 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
 			const struct block_q8_0 *y = act;
 			for (; i + 2 <= nb; i += 2) {
+				prefetch_ahead(xb + i);
 				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
 				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
 			}
 		}
-		for (; i < nb; i++) /* several tokens, and an odd last block */
+		for (; i < nb; i++) { /* several tokens, and an odd last block */
+			if (i % 2 == 0)
+				prefetch_ahead(xb + i);
 			for (int t = 0; t < NT; t++)
 				acc[t] = q8_0_block(
 				    xb + i,
 				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i,
 				    acc[t]);
+		}
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
@@ -434,6 +452,7 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
 		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
 		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
+		prefetch_ahead(blk), prefetch_ahead(blk + 64), prefetch_ahead(blk + 128);
 		uint8_t sc[8], m[8];
 		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
 		const __m256i sc16 = _mm256_broadcastsi128_si256(
@@ -513,6 +532,8 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
 		__m256i sumi[8];
+		for (int l = 0; l < 4; l++)
+			prefetch_ahead((const uint8_t *)(x + i) + 64 * l);
 		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
 		const __m256i sc16 =
 		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
@@ -591,6 +612,7 @@ ALWAYS_INLINE void f32_body(const void *w, const float *sr, const void *act, siz
 		const float *x = act;
 		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
 		for (; i + 32 <= k; i += 32) {
+			prefetch_ahead(a + i), prefetch_ahead(a + i + 16);
 			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
 			s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8),
 			                     s1);
@@ -670,6 +692,7 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	if (NT == 1) {
 		for (; i + 32 <= k; i += 32) {
 			__m256 we, wo, xe, xo;
+			prefetch_ahead(a + i);
 			if (is_f16)
 				f16x16(a + i, &we, &wo);
 			else
@@ -762,6 +785,7 @@ ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, siz
 		const size_t b1 = b0 + MOEK_FP8_BLOCK < k ? b0 + MOEK_FP8_BLOCK : k;
 		const float s = sr[b0 / MOEK_FP8_BLOCK];
 		const __m256 sv = _mm256_set1_ps(s * 256.0f);
+		prefetch_ahead(q + b0), prefetch_ahead(q + b0 + 64);
 		size_t i = b0;
 		for (; i + 16 <= b1; i += 16) {
 			__m256 lo, hi;
