@@ -19,6 +19,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -153,18 +154,35 @@ ALWAYS_INLINE __m256 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, c
 	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 
+/* acc + Σ u·s over each int32 lane's 4 bytes (u unsigned, s signed): AVX512-VNNI's vpdpbusd on
+ * 256-bit registers (EVEX, AVX512VL), as inline assembly so that this file keeps its AVX2 flags;
+ * executed only where moek_avx2_set_vnni found the CPU and OS support it. */
+ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
+{
+	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+	return acc;
+}
+
 /* Σ w·y of one pair against one token's activations, as scale-weighted f32 lanes folded into
- * acc. ulo / uhi: the pair's unsigned weight bytes (offset 8 or 16). */
-ALWAYS_INLINE __m256 pair_dot(enum q32_kind kind, __m256i ulo, __m256i uhi, __m256 w8,
+ * acc. ulo / uhi: the pair's unsigned weight bytes (offset 8 or 16). The integer lane sums
+ * are exact either way (maddubs cannot saturate: |4 · 28 · 127| < 2^15), so the VNNI form
+ * gives the same bits as maddubs + madd. */
+ALWAYS_INLINE __m256 pair_dot(enum q32_kind kind, bool vnni, __m256i ulo, __m256i uhi, __m256 w8,
                               const struct block_q8_0x2 *y, __m256 acc)
 {
-	const __m256i p16 =
-	    _mm256_add_epi16(_mm256_maddubs_epi16(ulo, _mm256_loadu_si256((const __m256i *)y->lo)),
-	                     _mm256_maddubs_epi16(uhi, _mm256_loadu_si256((const __m256i *)y->hi)));
-	__m256i off = _mm256_loadu_si256((const __m256i *)y->sum16);
+	const __m256i ylo = _mm256_loadu_si256((const __m256i *)y->lo);
+	const __m256i yhi = _mm256_loadu_si256((const __m256i *)y->hi);
+	__m256i off = _mm256_loadu_si256((const __m256i *)y->neg_sum16);
 	if (kind == Q32_Q4_0)
-		off = _mm256_srai_epi32(off, 1); /* 8 · Σy */
-	const __m256i s32 = _mm256_sub_epi32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)), off);
+		off = _mm256_srai_epi32(off, 1); /* -8 · Σy */
+	__m256i s32;
+	if (vnni) {
+		s32 = dpbusd(dpbusd(off, ulo, ylo), uhi, yhi);
+	} else {
+		const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(ulo, ylo),
+		                                     _mm256_maddubs_epi16(uhi, yhi));
+		s32 = _mm256_add_epi32(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)), off);
+	}
 	return _mm256_fmadd_ps(_mm256_mul_ps(w8, _mm256_loadu_ps(y->d)), _mm256_cvtepi32_ps(s32),
 	                       acc);
 }
@@ -191,7 +209,7 @@ ALWAYS_INLINE void pair_unpack(enum q32_kind kind, const uint8_t *b0, size_t bb,
 }
 
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, enum q32_kind kind)
+                            const int NT, size_t k, float *out, enum q32_kind kind, bool vnni)
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
@@ -208,9 +226,9 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			for (; p + 2 <= nb / 2; p += 2) {
 				prefetch_ahead(x + 2 * p * bb);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
-				acc[0] = pair_dot(kind, ulo, uhi, w8, y0 + p, acc[0]);
+				acc[0] = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p, acc[0]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
-				acc1 = pair_dot(kind, ulo, uhi, w8, y0 + p + 1, acc1);
+				acc1 = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p + 1, acc1);
 			}
 		}
 		for (; 2 * p < nb; p++) {
@@ -218,7 +236,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
 			for (int t = 0; t < NT; t++)
 				acc[t] = pair_dot(
-				    kind, ulo, uhi, w8,
+				    kind, vnni, ulo, uhi, w8,
 				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
 				        p,
 				    acc[t]);
@@ -382,8 +400,10 @@ static void quantize_act(uint32_t act_format, const float *x, size_t k, void *ds
 		    _mm256_maddubs_epi16(_mm256_set1_epi8(1),
 		                         _mm256_loadu_si256((const __m256i *)y[p].hi)));
 		_mm256_storeu_si256(
-		    (__m256i *)y[p].sum16,
-		    _mm256_slli_epi32(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)), 4));
+		    (__m256i *)y[p].neg_sum16,
+		    _mm256_sub_epi32(
+		        _mm256_setzero_si256(),
+		        _mm256_slli_epi32(_mm256_madd_epi16(sum, _mm256_set1_epi16(1)), 4)));
 	}
 }
 
@@ -399,9 +419,47 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 	}
 }
 
-DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0)
-DOT_ENTRY(dot_q4_0, q32_body, Q32_Q4_0)
-DOT_ENTRY(dot_mxfp4, q32_body, Q32_MXFP4)
+DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0, false)
+DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
+DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
+DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+
+/* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
+ * before kernels run (the ISA choice), so relaxed ordering is enough. */
+static atomic_bool vnni_dots;
+
+static bool cpu_has_avx512_vnni(void)
+{
+	__builtin_cpu_init(); /* also checks that the OS saves the AVX-512 state */
+	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
+bool moek_avx2_set_vnni(bool on)
+{
+	if (on && !cpu_has_avx512_vnni())
+		return false;
+	atomic_store_explicit(&vnni_dots, on, memory_order_relaxed);
+	return true;
+}
+
+static void dot_q4_0(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_q4_0_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q4_0_avx2(w, sr, act, as, nt, k, out);
+}
+
+static void dot_mxfp4(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                      size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_mxfp4_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_mxfp4_avx2(w, sr, act, as, nt, k, out);
+}
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
