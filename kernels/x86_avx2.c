@@ -11,6 +11,9 @@
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
+ *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd on 256-bit
+ *   registers (inline assembly; same bits; moek_avx2_set_vnni). Every dot prefetches its row
+ *   PREFETCH_AHEAD bytes ahead.
  * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
  * outer-product f32 micro-kernel over activation panels.
  *
@@ -86,17 +89,6 @@ static inline __m256 dot_u8s8_32(__m256i abs_x, __m256i y_signed_by_x)
 	return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
-/* 2^(e-128) (the scale of doubled E2M1 values), NaN for e = 255, as the reference. */
-static inline float e8m0_half(uint8_t e)
-{
-	uint32_t bits = e == 255 ? 0x7fc00000u
-	                : e >= 2 ? (uint32_t)(e - 1) << 23
-	                         : 0x00200000u << e;
-	float f;
-	memcpy(&f, &bits, sizeof(f));
-	return f;
-}
-
 /* ---- Q8_0-activation formats (32-element blocks) --------------------------------------------- */
 
 enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
@@ -116,9 +108,10 @@ ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q
  * 16-31 — against activations gathered in the same order (MOEK_ACT_Q8_0X2); lanes 0-3 of the
  * integer sums belong to block i, 4-7 to block i+1, scaled by a per-half scale vector.
  * Weights enter maddubs as unsigned bytes with an offset of 8 (Q4_0's raw codes) or 16
- * (MXFP4: doubled E2M1 value + 16, one vpshufb) and the activations' sum16 takes the offset
- * back out in int32 — exact, so no sign juggling per element. */
-/* e8m0_half as a constant expression (the `& 1`: only e = 0, 1 reach that branch; it keeps
+ * (MXFP4: doubled E2M1 value + 16, one vpshufb) and the activations' neg_sum16 takes the
+ * offset back out in int32 — exact, so no sign juggling per element. */
+/* The bits of 2^(e-128) (the scale of doubled E2M1 values; NaN for e = 255, as the reference)
+ * as a constant expression (the `& 1`: only e = 0, 1 reach that branch; it keeps
  * the shift in range for every e the table instantiates). */
 #define E8M0_HALF(e)                                                                               \
 	((e) == 255 ? 0x7fc00000u : (e) >= 2 ? (uint32_t)((e)-1) << 23 : 0x00200000u << ((e)&1))
@@ -126,7 +119,7 @@ ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q
 #define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
 #define E8M0_64(e) E8M0_16(e), E8M0_16((e) + 16), E8M0_16((e) + 32), E8M0_16((e) + 48)
 
-/* e8m0_half of every E8M0 byte, so that a block's scale is one broadcast load. */
+/* E8M0_HALF of every E8M0 byte, so that a block's scale is one broadcast load. */
 static const union {
 	uint32_t bits[256];
 	float f[256];
