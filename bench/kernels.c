@@ -10,7 +10,7 @@
  * and its fraction of the measured FMA peak, tokens/s.
  *
  *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
- *                 [--threads 1,2] [--min-time S] [--set-mb MB]
+ *                 [--threads 1,2] [--tokens 1,512] [--min-time S] [--set-mb MB]
  * Never a test: it prints figures, it asserts nothing about speed.
  */
 #include <errno.h>
@@ -445,7 +445,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
 	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
-	                "[--min-time S] [--set-mb MB]\n");
+	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB]\n");
 }
 
 int main(int argc, char **argv)
@@ -458,6 +458,7 @@ int main(int argc, char **argv)
 	}
 	bool json = false, quick = false;
 	const char *formats = NULL, *shape_list = NULL, *thread_list = "1,2";
+	const char *token_list = NULL; /* NULL: every token count */
 	double min_time = 0.5;
 	size_t set_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -473,6 +474,8 @@ int main(int argc, char **argv)
 			shape_list = argv[++i];
 		else if (!strcmp(a, "--threads") && has_val)
 			thread_list = argv[++i];
+		else if (!strcmp(a, "--tokens") && has_val)
+			token_list = argv[++i];
 		else if (!strcmp(a, "--min-time") && has_val)
 			min_time = atof(argv[++i]);
 		else if (!strcmp(a, "--set-mb") && has_val)
@@ -597,6 +600,10 @@ int main(int argc, char **argv)
 						if (quick && phase && toks[k] != 512)
 							continue;
 						if (quick && !phase && toks[k] == 4)
+							continue;
+						char tname[24];
+						snprintf(tname, sizeof(tname), "%zu", toks[k]);
+						if (!in_list(token_list, tname))
 							continue;
 						struct row r = {fmt, s->name, toks[k], t, 0,
 						                0,   0,       0,       0};

@@ -84,7 +84,10 @@ static const struct moek_isa_ops *isa_ops(enum moek_isa isa)
 	case MOEK_ISA_SCALAR: return &moek_scalar_ops;
 	case MOEK_ISA_AVX2:
 #if defined(__x86_64__)
-		return cpu_has_avx2() ? &moek_avx2_ops : NULL;
+		if (!cpu_has_avx2())
+			return NULL;
+		(void)moek_avx2_set_vnni(true); /* where the CPU has it; same bits either way */
+		return &moek_avx2_ops;
 #else
 		return NULL;
 #endif

@@ -115,17 +115,18 @@ typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float 
  * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0 and MXFP4 weights): Q8_0 quantization (d = amax/127 per 32
  * elements, f32 d) stored per pair of blocks in the lane order of a 256-bit nibble unpack, so
  * the dot product loads activations and scales without shuffles. A row of k elements (k a
- * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. sum16 lets the dot
- * product feed weights as unsigned bytes with a constant offset (Q4_0 codes 0..15 = value + 8,
- * MXFP4 doubled E2M1 values + 16) and subtract offset · Σy per lane afterwards. */
+ * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. neg_sum16 lets the
+ * dot product feed weights as unsigned bytes with a constant offset (Q4_0 codes 0..15 = value
+ * + 8, MXFP4 doubled E2M1 values + 16) and take offset · Σy per lane back out — negated, so
+ * that it is the starting value of a vpdpbusd accumulation. */
 #define MOEK_ACT_Q8_0X2 2001u
 struct block_q8_0x2 {
 	float d[8];    /* d of block 2p in lanes 0-3, of block 2p+1 in lanes 4-7 */
 	int8_t lo[32]; /* elements 0-15 of block 2p, then 0-15 of block 2p+1 */
 	int8_t hi[32]; /* elements 16-31 of block 2p, then 16-31 of block 2p+1 */
-	/* 16 · (lo[4j..4j+3] + hi[4j..4j+3]): lane j of maddubs(lo) + maddubs(hi) summed by
-	 * madd(1) covers exactly those 8 activations */
-	int32_t sum16[8];
+	/* -16 · (lo[4j..4j+3] + hi[4j..4j+3]): lane j of maddubs(lo) + maddubs(hi) summed by
+	 * madd(1) (or of two vpdpbusd) covers exactly those 8 activations */
+	int32_t neg_sum16[8];
 };
 static_assert(sizeof(struct block_q8_0x2) == 128, "Q8_0x2 pair");
 
@@ -184,6 +185,12 @@ static inline unsigned moek_fmt_slot(uint32_t format)
 extern const struct moek_isa_ops moek_scalar_ops;
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
+/* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
+ * instead of maddubs + madd: same bits, fewer instructions. Off until enabled; enabling fails
+ * (returns false, nothing changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA
+ * choice (ffn.c) enables it; tests switch it to compare both forms. Not thread-safe against
+ * running kernels, like moek_set_isa. */
+bool moek_avx2_set_vnni(bool on);
 #endif
 
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)
