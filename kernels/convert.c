@@ -186,26 +186,19 @@ static void load_f32(unsigned dtype, const void *src, float *dst, size_t n)
 	const uint16_t *s16 = src;
 	switch (dtype) {
 	case MOEK_ACT_F32: memcpy(dst, src, n * sizeof(float)); break;
-	case MOEK_ACT_F16: {
-		size_t i = 0;
-#ifdef CONVERT_X86
-		if (use_simd())
-			i = f16_to_f32_avx2(s16, dst, n);
-#endif
-		for (; i < n; i++)
-			dst[i] = moek_f16_to_f32(s16[i]);
-		break;
-	}
+	case MOEK_ACT_F16:
 	case MOEK_ACT_BF16: {
+		const bool f16 = dtype == MOEK_ACT_F16;
 		size_t i = 0;
 #ifdef CONVERT_X86
 		if (use_simd())
-			i = bf16_to_f32_avx2(s16, dst, n);
+			i = f16 ? f16_to_f32_avx2(s16, dst, n) : bf16_to_f32_avx2(s16, dst, n);
 #endif
 		for (; i < n; i++)
-			dst[i] = moek_bf16_to_f32(s16[i]);
+			dst[i] = f16 ? moek_f16_to_f32(s16[i]) : moek_bf16_to_f32(s16[i]);
 		break;
 	}
+	default: memset(dst, 0, n * sizeof(float)); break; /* callers validate dtypes */
 	}
 }
 

@@ -588,19 +588,17 @@ Test(probes, live_instance_is_not_taken_over)
 	pagecache_close(owner);
 }
 
-Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_file)
+/* A child opens an instance, reports, and is killed without closing (its pins stay). */
+static pid_t leave_stale_instance(const char *name)
 {
-	struct pagecache_probes *probe = probes_or_skip("stale-check", false);
-	pagecache_close(probe); /* BPF works here; now the real test */
-	char name[64], err[256];
-	instance_name(name, sizeof(name), "stale");
 	int ready[2];
 	cr_assert_eq(pipe(ready), 0);
 	pid_t child = fork();
 	cr_assert_geq(child, 0);
 	if (child == 0) {
 		struct pagecache_probes *p;
-		struct pagecache_options opt = {.instance = name, .quiet = true};
+		struct pagecache_options opt = {
+		    .instance = name, .quiet = true, .stale_grace_s = -1};
 		char ok =
 		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
 		if (write(ready[1], &ok, 1) != 1)
@@ -615,6 +613,16 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 	kill(child, SIGKILL);
 	waitpid(child, NULL, 0);
 	cr_assert_eq(ok, 'y', "the child could not open the probes");
+	return child;
+}
+
+Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_file)
+{
+	struct pagecache_probes *probe = probes_or_skip("stale-check", false);
+	pagecache_close(probe); /* BPF works here; now the real test */
+	char name[64], err[256];
+	instance_name(name, sizeof(name), "stale");
+	const pid_t child = leave_stale_instance(name);
 	char dir[256];
 	snprintf(dir, sizeof(dir), "/sys/fs/bpf/moe-sidecar/%s", name);
 	cr_assert(exists(dir, "info") && exists(dir, "links/page_cache_fill"),
@@ -638,34 +646,6 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 	cr_expect_eq(s.raw.pagecache_fill_bytes, FILE_SIZE / 8);
 	pagecache_close(p);
 	cr_expect_not(exists(dir, "info"));
-}
-
-/* A child opens an instance, reports, and is killed without closing (its pins stay). */
-static pid_t leave_stale_instance(const char *name)
-{
-	int ready[2];
-	cr_assert_eq(pipe(ready), 0);
-	pid_t child = fork();
-	cr_assert_geq(child, 0);
-	if (child == 0) {
-		struct pagecache_probes *p;
-		struct pagecache_options opt = {
-		    .instance = name, .quiet = true, .stale_grace_s = -1};
-		char ok =
-		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
-		if (write(ready[1], &ok, 1) != 1)
-			_exit(1);
-		pause();
-		_exit(0);
-	}
-	close(ready[1]);
-	char ok = 0;
-	cr_assert_eq(read(ready[0], &ok, 1), 1);
-	close(ready[0]);
-	kill(child, SIGKILL);
-	waitpid(child, NULL, 0);
-	cr_assert_eq(ok, 'y', "the child could not open the probes");
-	return child;
 }
 
 /* Another instance's open removes a crashed instance's pins once they are older than the
