@@ -152,14 +152,13 @@ __attribute__((target("avx2,f16c"))) static size_t f32_to_f16_avx2(const float *
 }
 #endif
 
-/* The SIMD path, when this CPU has it and the kernels' ISA choice is not the scalar one. */
+/* The SIMD path: when the kernels run their AVX2 ISA, which is only chosen on a CPU with
+ * AVX2, FMA and F16C (ffn.c's CPUID check) and which MOEK_ISA=scalar / moek_set_isa can turn
+ * off. */
 static bool use_simd(void)
 {
 #ifdef CONVERT_X86
-	static int cpu = -1; /* benign race: every thread computes the same value */
-	if (cpu < 0)
-		cpu = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-	return cpu && strcmp(moek_isa_name(), "scalar") != 0;
+	return strcmp(moek_isa_name(), "avx2") == 0;
 #else
 	return false;
 #endif
