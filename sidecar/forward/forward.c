@@ -26,7 +26,7 @@
 #include "moe_status.h"
 #include "util/log.h"
 
-#define HIST_BUCKETS 32
+#define HIST_BUCKETS LAT_HIST_BUCKETS
 enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
 
 struct layer_counters {
@@ -99,14 +99,23 @@ static size_t align_up_64(size_t v)
 	return (v + 63) & ~(size_t)63;
 }
 
-static unsigned hist_bucket(uint64_t us)
+unsigned lat_hist_bucket(uint64_t us)
 {
-	unsigned b = 0;
-	while (us >= 2 && b < HIST_BUCKETS - 1) {
-		us >>= 1;
-		b++;
-	}
-	return b;
+	if (us < LAT_HIST_SUB)
+		return (unsigned)us;
+	const unsigned e = 63u - (unsigned)__builtin_clzll(us); /* >= 3 */
+	const unsigned b = LAT_HIST_SUB + (e - 3) * LAT_HIST_SUB +
+	                   (unsigned)((us >> (e - 3)) & (LAT_HIST_SUB - 1));
+	return b < LAT_HIST_BUCKETS ? b : LAT_HIST_BUCKETS - 1;
+}
+
+uint64_t lat_hist_upper(unsigned b)
+{
+	if (b < LAT_HIST_SUB)
+		return b;
+	const unsigned e = 3 + (b - LAT_HIST_SUB) / LAT_HIST_SUB;
+	const uint64_t sub = (b - LAT_HIST_SUB) % LAT_HIST_SUB;
+	return ((LAT_HIST_SUB + sub + 1) << (e - 3)) - 1;
 }
 
 /* ---- create / destroy ----------------------------------------------------------------- */
@@ -711,7 +720,7 @@ static void record(struct forward_engine *e, uint32_t moe_layer, const struct fo
 	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
 	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
 	for (int k = 0; k < LAT_KINDS; k++)
-		atomic_fetch_add_explicit(&c->hist[k][hist_bucket(lat[k])], 1,
+		atomic_fetch_add_explicit(&c->hist[k][lat_hist_bucket(lat[k])], 1,
 		                          memory_order_relaxed);
 }
 
@@ -1036,18 +1045,18 @@ uint32_t forward_stats_layers(const struct forward_engine *e)
 static uint64_t percentile(const atomic_uint_least64_t *hist, double q)
 {
 	uint64_t total = 0, counts[HIST_BUCKETS];
-	for (int b = 0; b < HIST_BUCKETS; b++)
+	for (unsigned b = 0; b < HIST_BUCKETS; b++)
 		total += counts[b] = atomic_load_explicit(&hist[b], memory_order_relaxed);
 	if (total == 0)
 		return 0;
 	const uint64_t want = (uint64_t)ceil(q * (double)total);
 	uint64_t seen = 0;
-	for (int b = 0; b < HIST_BUCKETS; b++) {
+	for (unsigned b = 0; b < HIST_BUCKETS; b++) {
 		seen += counts[b];
 		if (seen >= want)
-			return (uint64_t)2 << b; /* bucket b holds [2^b, 2^(b+1)) µs; 0: < 2 */
+			return lat_hist_upper(b);
 	}
-	return (uint64_t)2 << (HIST_BUCKETS - 1);
+	return lat_hist_upper(HIST_BUCKETS - 1);
 }
 
 void forward_stats(struct forward_engine *e, struct forward_stats *out)

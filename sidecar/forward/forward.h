@@ -196,7 +196,8 @@ int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, c
 void forward_client_attach(struct forward_engine *e, uint32_t client);
 void forward_client_detach(struct forward_engine *e, uint32_t client);
 
-/* Statistics. Latency percentiles come from log2 histograms (upper bound of the bucket). */
+/* Statistics. Latency percentiles come from log-linear histograms (lat_hist_bucket: the upper
+ * bound of the bucket, at most 12.5% above the true value). */
 struct forward_layer_stats {
 	uint32_t layer; /* transformer block */
 	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;

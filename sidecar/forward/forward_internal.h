@@ -88,6 +88,15 @@ void pool_destroy(struct forward_pool *p);
  * p->n_workers) on every worker, the caller included, with a barrier between phases. */
 void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups);
 
+/* ---- forward.c: latency histograms ---- */
+/* Buckets in µs: one per value below 8, then 8 per power of two up to 2^26 µs (67 s; longer
+ * lands in the last), so a bucket's upper bound is at most 12.5% above any value in it —
+ * percentiles good to one significant figure and a bit, in 1.6 KiB per histogram. */
+#define LAT_HIST_SUB 8u
+#define LAT_HIST_BUCKETS (LAT_HIST_SUB + 24u * LAT_HIST_SUB)
+unsigned lat_hist_bucket(uint64_t us);
+uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
+
 /* ---- weights.c ---- */
 /* f32 side data of one expert: biases and FP8 block scales (converted from the files at
  * create; small). Offsets in floats into weights.aux, UINT64_MAX = absent. */

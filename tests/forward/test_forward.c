@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "fixture.h"
+#include "forward_internal.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
 #include "moe_status.h"
@@ -670,4 +671,29 @@ Test(forward_topology, synthetic_and_bad_choices)
 	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
 	forward_destroy(e);
 	fwd_model_free(&m);
+}
+
+/* STATS percentiles come from log-linear buckets: every value lands in a bucket whose upper
+ * bound is >= it and at most 12.5% (or 1 µs) above it, buckets are ordered, and values past the
+ * range land in the last bucket. */
+Test(forward_stats_hist, buckets_bound_each_value_within_one_eighth)
+{
+	unsigned prev = 0;
+	for (uint64_t us = 0; us < (UINT64_C(1) << 27); us = us < 64 ? us + 1 : us + us / 37) {
+		const unsigned b = lat_hist_bucket(us);
+		cr_assert_lt(b, LAT_HIST_BUCKETS);
+		cr_assert_geq(b, prev, "bucket of %llu went down", (unsigned long long)us);
+		prev = b;
+		const uint64_t up = lat_hist_upper(b);
+		cr_assert_geq(up, us, "%llu above its bucket's bound %llu", (unsigned long long)us,
+		              (unsigned long long)up);
+		cr_assert_leq(up, us + us / 8 + 1, "bound %llu too far above %llu",
+		              (unsigned long long)up, (unsigned long long)us);
+		if (b > 0)
+			cr_assert_lt(lat_hist_upper(b - 1), us, "%llu also fits bucket %u",
+			             (unsigned long long)us, b - 1);
+	}
+	cr_assert_eq(lat_hist_bucket(UINT64_C(1) << 40), LAT_HIST_BUCKETS - 1);
+	cr_assert_eq(lat_hist_bucket(7), 7);
+	cr_assert_eq(lat_hist_upper(lat_hist_bucket(1000)), 1023);
 }
