@@ -173,6 +173,9 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	if (delta && interval_s > 0)
 		printf("  (%.1f tokens/s over %.1f s)", (double)(sum[1] - prev_sum[1]) / interval_s,
 		       interval_s);
+	uint64_t inline_fwd;
+	if (json_get_u64(d, root, "forwards_inline", &inline_fwd) == 1)
+		printf("  run inline %" PRIu64, inline_fwd);
 	char p1[16], p2[16];
 	printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
 	       "  hit rate %s  read %.1f MiB\n",
