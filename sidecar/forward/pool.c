@@ -5,9 +5,9 @@
  * phase of each group over its node's intermediate rows, the down phase over its node's output
  * rows, so each node touches only its part of every weight matrix (the NUMA split of
  * docs/architecture.md), through the node's own view of the expert (wave_group.node_expert:
- * with the sliced residency, the node's rows live in a slot of the node's own pool). Inside a node,
- * workers claim items from an atomic counter: no worker idles while its node has work. The kernels
- * give the same bits for any split, so claiming order never shows in results.
+ * with the sliced residency, the node's rows live in a slot of the node's own pool). Inside a
+ * node, workers claim items from an atomic counter: no worker idles while its node has work.
+ * The kernels give the same bits for any split, so claiming order never shows in results.
  *
  * Threading: pool_run_wave is called by one thread at a time (the engine's run_lock), which
  * is worker 0. No allocation per wave.
