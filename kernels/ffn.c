@@ -172,6 +172,9 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 		            name, m->cols, f->name, f->block_elems);
 	if (!m->data)
 		return fail(err, len, "expert %s: no weight data", name);
+	if (m->row0 >= m->rows)
+		return fail(err, len, "expert %s: first present row %u beyond the %u rows", name,
+		            m->row0, m->rows);
 	const size_t align = format_alignment(m->format);
 	if ((uintptr_t)m->data % align || row_stride(m) % align)
 		return fail(err, len, "expert %s: data or row stride not %zu-byte aligned", name,
@@ -245,6 +248,10 @@ int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_e
 {
 	if (check_expert(full, err, len))
 		return -1;
+	if (full->gate.row0 || full->up.row0 || full->down.row0)
+		return fail(err, len,
+		            "expert slice: a partial matrix (first row %u/%u/%u) cannot be sliced",
+		            full->gate.row0, full->up.row0, full->down.row0);
 	const size_t ffn = full->gate.rows, align = moek_expert_split_align(full);
 	if (f_begin >= f_end || f_end > ffn)
 		return fail(err, len, "expert slice: range [%zu, %zu) outside the %zu features",
@@ -428,9 +435,11 @@ static inline size_t token_row(const struct moek_ffn_call *c, size_t t)
 {
 	return c->token_ids ? c->token_ids[t] : t;
 }
+/* Global row r of m (present: r >= m->row0). */
 static inline const uint8_t *matrix_row(const struct moek_matrix *m, size_t r)
 {
-	return (const uint8_t *)m->data + r * row_stride(m);
+	assert(r >= m->row0 && r < m->rows);
+	return (const uint8_t *)m->data + (r - m->row0) * row_stride(m);
 }
 static inline const float *matrix_scale_row(const struct moek_matrix *m, size_t r)
 {
@@ -515,9 +524,9 @@ static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
 	return (float *)((char *)worker_area(c, worker) + c->plan.hq_off);
 }
 
-static void hidden_prefill(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
+static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
+                           unsigned worker, size_t f0, size_t f1)
 {
-	const struct moek_expert *e = c->expert;
 	float *tile = prefill_tile(c, worker);
 	float *cg = tile + TILE_ROWS * KC, *cu = cg + TILE_ROWS * TC;
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
@@ -543,9 +552,9 @@ static void hidden_prefill(const struct moek_ffn_call *c, unsigned worker, size_
 	}
 }
 
-static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t f0, size_t f1)
+static void hidden_decode(const struct moek_ffn_call *c, const struct moek_expert *e,
+                          unsigned worker, size_t f0, size_t f1)
 {
-	const struct moek_expert *e = c->expert;
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t hidden = c->plan.hidden;
 	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->gate.format)];
@@ -554,10 +563,13 @@ static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t
 	/* per-row invariants hoisted: with Qwen3-sized rows the loop's own cost is not small */
 	const size_t gate_stride = row_stride(&e->gate), up_stride = row_stride(&e->up);
 	const uint8_t *gate_data = e->gate.data, *up_data = e->up.data;
+	const size_t gate_row0 = e->gate.row0, up_row0 = e->up.row0;
+	assert(f0 >= gate_row0 && f0 >= up_row0);
 	for (size_t f = f0; f < f1; f++) {
 		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
-		const uint8_t *wg = gate_data + f * gate_stride, *wu = up_data + f * up_stride;
+		const uint8_t *wg = gate_data + (f - gate_row0) * gate_stride,
+		              *wu = up_data + (f - up_row0) * up_stride;
 		const float *sg = e->gate.scales ? matrix_scale_row(&e->gate, f) : NULL;
 		const float *su = e->up.scales ? matrix_scale_row(&e->up, f) : NULL;
 		if (dot) { /* direct: integer dot on quantized x, or float weights on f32 x */
@@ -589,15 +601,38 @@ static void hidden_decode(const struct moek_ffn_call *c, unsigned worker, size_t
 	}
 }
 
-void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end)
+#ifndef NDEBUG
+static bool same_matrix_shape(const struct moek_matrix *a, const struct moek_matrix *b)
+{
+	return a->format == b->format && a->rows == b->rows && a->cols == b->cols &&
+	       (a->scales == NULL) == (b->scales == NULL) && (a->bias == NULL) == (b->bias == NULL);
+}
+
+/* w may stand in for c->expert: same formats, shapes, activation and side data. */
+static bool same_expert_shape(const struct moek_expert *a, const struct moek_expert *b)
+{
+	return same_matrix_shape(&a->gate, &b->gate) && same_matrix_shape(&a->up, &b->up) &&
+	       same_matrix_shape(&a->down, &b->down) && a->activation == b->activation &&
+	       a->limit == b->limit && a->alpha == b->alpha;
+}
+#endif
+
+void moek_ffn_hidden_rows(const struct moek_ffn_call *c, const struct moek_expert *w,
+                          unsigned worker, size_t f_begin, size_t f_end)
 {
 	assert(f_begin <= f_end && f_end <= c->plan.ffn);
+	assert(same_expert_shape(c->expert, w));
 	if (f_begin >= f_end || c->n_tokens == 0)
 		return;
 	if (c->plan.prefill)
-		hidden_prefill(c, worker, f_begin, f_end);
+		hidden_prefill(c, w, worker, f_begin, f_end);
 	else
-		hidden_decode(c, worker, f_begin, f_end);
+		hidden_decode(c, w, worker, f_begin, f_end);
+}
+
+void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end)
+{
+	moek_ffn_hidden_rows(c, c->expert, worker, f_begin, f_end);
 }
 
 size_t moek_ffn_hidden_align(const struct moek_expert *e)
@@ -606,15 +641,17 @@ size_t moek_ffn_hidden_align(const struct moek_expert *e)
 	return 16; /* 64 bytes of f32 h per token: workers never share a cache line of h */
 }
 
-static inline void accumulate(const struct moek_ffn_call *c, size_t t, size_t o, float y)
+static inline void accumulate(const struct moek_ffn_call *c, const struct moek_expert *e, size_t t,
+                              size_t o, float y)
 {
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
 	const float w = c->weights ? c->weights[t] : 1.0f;
-	const float b = c->expert->down.bias ? c->expert->down.bias[o] : 0.0f;
+	const float b = e->down.bias ? e->down.bias[o] : 0.0f;
 	c->out[token_row(c, t) * out_stride + o] += w * (y + b);
 }
 
-static void down_prefill(const struct moek_ffn_call *c, unsigned worker, size_t o0, size_t o1)
+static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
+                         unsigned worker, size_t o0, size_t o1)
 {
 	float *tile = prefill_tile(c, worker), *acc = tile + TILE_ROWS * KC;
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
@@ -622,18 +659,17 @@ static void down_prefill(const struct moek_ffn_call *c, unsigned worker, size_t 
 		const size_t np = (nt + PANEL - 1) / PANEL;
 		for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
 			const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
-			tile_product(c, &c->expert->down, h_panel, r0, nr, t0 / PANEL, np, tile,
-			             acc);
+			tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile, acc);
 			for (size_t t = 0; t < nt; t++)
 				for (size_t r = 0; r < nr; r++)
-					accumulate(c, t0 + t, r0 + r, acc[r * TC + t]);
+					accumulate(c, e, t0 + t, r0 + r, acc[r * TC + t]);
 		}
 	}
 }
 
-static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o0, size_t o1)
+static void down_decode(const struct moek_ffn_call *c, const struct moek_expert *e, unsigned worker,
+                        size_t o0, size_t o1)
 {
-	const struct moek_expert *e = c->expert;
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t ffn = c->plan.ffn;
 	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->down.format)];
@@ -649,12 +685,14 @@ static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o
 	 * is not small); the sum is accumulate()'s, w * (y + b) */
 	const size_t stride = row_stride(&e->down);
 	const uint8_t *data = e->down.data;
+	const size_t row0 = e->down.row0;
+	assert(o0 >= row0);
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
 	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
 	const uint8_t *ha =
 	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
 	for (size_t o = o0; o < o1; o++) {
-		const uint8_t *w = data + o * stride;
+		const uint8_t *w = data + (o - row0) * stride;
 		const float *s = e->down.scales ? matrix_scale_row(&e->down, o) : NULL;
 		if (dot) {
 			const float b = e->down.bias ? e->down.bias[o] : 0.0f;
@@ -674,19 +712,26 @@ static void down_decode(const struct moek_ffn_call *c, unsigned worker, size_t o
 		}
 		ops->dequantize_row(e->down.format, w, s, row, ffn);
 		for (size_t t = 0; t < c->n_tokens; t++)
-			accumulate(c, t, o, ops->dot_f32(row, h32_row(c, t), ffn));
+			accumulate(c, e, t, o, ops->dot_f32(row, h32_row(c, t), ffn));
 	}
+}
+
+void moek_ffn_down_rows(const struct moek_ffn_call *c, const struct moek_expert *w, unsigned worker,
+                        size_t o_begin, size_t o_end)
+{
+	assert(o_begin <= o_end && o_end <= c->plan.hidden);
+	assert(same_expert_shape(c->expert, w));
+	if (o_begin >= o_end || c->n_tokens == 0)
+		return;
+	if (c->plan.prefill)
+		down_prefill(c, w, worker, o_begin, o_end);
+	else
+		down_decode(c, w, worker, o_begin, o_end);
 }
 
 void moek_ffn_down(const struct moek_ffn_call *c, unsigned worker, size_t o_begin, size_t o_end)
 {
-	assert(o_begin <= o_end && o_end <= c->plan.hidden);
-	if (o_begin >= o_end || c->n_tokens == 0)
-		return;
-	if (c->plan.prefill)
-		down_prefill(c, worker, o_begin, o_end);
-	else
-		down_decode(c, worker, o_begin, o_end);
+	moek_ffn_down_rows(c, c->expert, worker, o_begin, o_end);
 }
 
 int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t len)

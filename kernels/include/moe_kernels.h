@@ -120,6 +120,11 @@ struct moek_matrix {
 	const float *scales; /* FP8 only: scale_inv of each 128x128 block, block-row-major */
 	size_t scale_stride; /* floats between block rows of scales; 0 = ceil(cols / 128) */
 	const float *bias;   /* optional, rows floats (gpt-oss) */
+	/* Partial matrices (one NUMA node's rows of an expert, in memory of their own): rows
+	 * [row0, rows) are present, row r is at data + (r - row0) * row_stride; callers ask the
+	 * phases only for rows they have. Scales and bias stay indexed by the global row.
+	 * 0 = every row present (moek_expert_slice accepts only that). */
+	uint32_t row0;
 };
 
 struct moek_expert {
@@ -200,6 +205,16 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
 void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end);
 void moek_ffn_hidden(const struct moek_ffn_call *c, unsigned worker, size_t f_begin, size_t f_end);
 void moek_ffn_down(const struct moek_ffn_call *c, unsigned worker, size_t o_begin, size_t o_end);
+
+/* The hidden and down phases with the weight rows taken from `w` instead of c->expert: same
+ * formats, shapes and activation as c->expert (checked in debug builds); data, row_stride and
+ * row0 may differ (per-node partial copies of an expert's rows). c keeps the plan and the
+ * shared scratch (x converted once, h shared by every caller). Rows asked for must be
+ * present in w: [f_begin, f_end) of gate and up, [o_begin, o_end) of down. */
+void moek_ffn_hidden_rows(const struct moek_ffn_call *c, const struct moek_expert *w,
+                          unsigned worker, size_t f_begin, size_t f_end);
+void moek_ffn_down_rows(const struct moek_ffn_call *c, const struct moek_expert *w, unsigned worker,
+                        size_t o_begin, size_t o_end);
 
 /* prepare + all three phases on the calling thread. Returns 0 or -1 (message in err). */
 int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);

@@ -13,6 +13,8 @@
  * resident are computed as one wave while the rest load; then each further wave takes what
  * has arrived, and only when nothing has arrived does the engine wait for one expert (holding
  * no reference, so a tiny budget cannot deadlock). References are released after each wave.
+ * With one residency per NUMA node (weights.c), an expert is demanded from every node's and
+ * is ready when every node holds its slice; counted once (cold if any node read).
  */
 #include <errno.h>
 #include <math.h>
@@ -42,8 +44,10 @@ struct req_group {
 	bool deferred;
 	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
 	enum group_state state;
-	bool counted; /* a NOWAIT demand was counted by residency: retry with RESIDENCY_RETRY */
-	bool started; /* demanded at least once */
+	uint32_t counted_nodes; /* bit n: a NOWAIT demand was counted by res[n]: retry with
+	                           RESIDENCY_RETRY */
+	uint8_t worst;          /* of the counted demands: 0 hit, 1 in flight, 2 cold */
+	uint64_t cold_bytes;    /* bytes the cold nodes read */
 	struct held_expert held;
 };
 
@@ -226,11 +230,13 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	}
 	/* The kernels pick their ISA (and read MOEK_ISA) on first use: do it here, not on the
 	 * request path. */
-	log_info("forward", "engine ready: source=%s nodes=%u workers=%u max_tokens=%u k=%u isa=%s",
+	log_info("forward",
+	         "engine ready: source=%s%s nodes=%u workers=%u max_tokens=%u k=%u isa=%s",
 	         config->source == FORWARD_SOURCE_RESIDENCY      ? "residency"
 	         : config->source == FORWARD_SOURCE_ALL_RESIDENT ? "all-resident"
 	                                                         : "mmap",
-	         e->topo.n_nodes, e->pool.n_workers, e->max_tokens, e->max_k, moek_isa_name());
+	         e->w.sliced ? " (one pool of slices per node)" : "", e->topo.n_nodes,
+	         e->pool.n_workers, e->max_tokens, e->max_k, moek_isa_name());
 	*out = e;
 	return 0;
 fail:
@@ -535,19 +541,17 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 	*scratch_at = align_up_64(*scratch_at + need);
 	wg->f_align = moek_expert_split_align(&rg->held.view);
 	wg->h_align = moek_ffn_hidden_align(&rg->held.view);
-	forward_split_range(rg->held.view.gate.rows, wg->f_align, e->topo.n_nodes, wg->f_split);
-	forward_split_range(rg->held.view.down.rows, FORWARD_DOWN_ALIGN, e->topo.n_nodes,
-	                    wg->o_split);
+	forward_expert_split(&rg->held.view, e->topo.n_nodes, wg->f_split, wg->o_split);
+	for (uint32_t n = 0; n < e->topo.n_nodes; n++)
+		wg->node_expert[n] = e->w.sliced ? &rg->held.node_view[n] : &rg->held.view;
 	e->wave_group_of[slot] = g;
 	return 0;
 }
 
 static void release_group(struct forward_engine *e, struct req_group *g)
 {
-	if (g->held.has_ref) {
-		residency_release(e->w.res, &g->held.ref);
-		g->held.has_ref = false;
-	}
+	if (g->held.held_nodes)
+		weights_release(&e->w, &g->held);
 }
 
 static void release_all(struct forward_engine *e, uint32_t n_groups)
@@ -596,7 +600,8 @@ static int compute_ready(struct forward_engine *e, const struct forward_request 
 }
 
 static int demand_failed(struct forward_engine *e, const struct forward_request *q,
-                         const struct req_group *g, int rc, struct forward_result *res)
+                         const struct req_group *g, uint32_t node, int rc,
+                         struct forward_result *res)
 {
 	if (rc == -EPERM)
 		return fail(res, MOE_EMASKED, -1, -1, (int32_t)g->expert,
@@ -604,7 +609,7 @@ static int demand_failed(struct forward_engine *e, const struct forward_request 
 	if (rc == -ESHUTDOWN)
 		return fail(res, MOE_ESHUTDOWN, -1, -1, (int32_t)g->expert, "shutting down");
 	char why[120];
-	residency_error_message(e->w.res, (uint32_t)e->w.moe_index[q->layer], g->expert, why,
+	residency_error_message(e->w.res[node], (uint32_t)e->w.moe_index[q->layer], g->expert, why,
 	                        sizeof(why));
 	if (!why[0])
 		snprintf(why, sizeof(why), "%s", strerror(-rc));
@@ -612,36 +617,69 @@ static int demand_failed(struct forward_engine *e, const struct forward_request 
 	            g->expert, why);
 }
 
-/* One demand for group g; counts hit/cold/in-flight on its first counted demand. Returns 1 if
- * the expert is now held (READY), 0 if still pending, or a negative status. */
+/* One demand for group g on every residency that does not hold it yet; counts hit/cold/
+ * in-flight once per expert, when every residency has counted its demand (cold if any node
+ * had to read, else in flight if any was loading). Returns 1 if the expert is now held
+ * everywhere (READY), 0 if still pending, or a negative status. */
 static int demand(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
                   struct req_group *g, bool wait, struct forward_result *res)
 {
-	const enum expert_state pre = residency_state(e->w.res, moe_layer, g->expert);
-	unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) | (g->counted ? RESIDENCY_RETRY : 0u);
-	int rc = residency_acquire(e->w.res, moe_layer, g->expert, -1.0f, flags, &g->held.ref);
-	if (!g->counted && (rc == 0 || rc == -EINPROGRESS)) {
-		g->counted = true;
-		if (pre == EXPERT_RESIDENT) {
-			res->hits++;
-		} else if (pre == EXPERT_LOADING) {
-			res->inflight_misses++;
-		} else {
-			res->cold_misses++;
-			res->bytes_read +=
-			    moe_catalog_expert(e->cat, (uint32_t)q->layer, g->expert)->bytes;
+	const uint32_t all = (1u << e->w.n_res) - 1u;
+	for (uint32_t n = 0; n < e->w.n_res; n++) {
+		const uint32_t bit = 1u << n;
+		if (g->held.held_nodes & bit)
+			continue;
+		struct residency *r = e->w.res[n];
+		const enum expert_state pre = residency_state(r, moe_layer, g->expert);
+		const unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) |
+		                       (g->counted_nodes & bit ? RESIDENCY_RETRY : 0u);
+		int rc = residency_acquire(r, moe_layer, g->expert, -1.0f, flags, &g->held.ref[n]);
+		if (!(g->counted_nodes & bit) && (rc == 0 || rc == -EINPROGRESS)) {
+			g->counted_nodes |= bit;
+			const uint8_t rank = pre == EXPERT_RESIDENT  ? 0
+			                     : pre == EXPERT_LOADING ? 1
+			                                             : 2;
+			if (rank > g->worst)
+				g->worst = rank;
+			if (rank == 2)
+				g->cold_bytes +=
+				    e->w.sliced
+				        ? weights_res_bytes(&e->w, n, moe_layer, g->expert)
+				        : moe_catalog_expert(e->cat, (uint32_t)q->layer, g->expert)
+				              ->bytes;
+			if (g->counted_nodes == all) {
+				if (g->worst == 0) {
+					res->hits++;
+				} else if (g->worst == 1) {
+					res->inflight_misses++;
+				} else {
+					res->cold_misses++;
+					res->bytes_read += g->cold_bytes;
+				}
+			}
 		}
+		if (rc == -EINPROGRESS || rc == -EAGAIN)
+			continue;
+		if (rc != 0)
+			return demand_failed(e, q, g, n, rc, res);
+		g->held.held_nodes |= bit;
 	}
-	if (rc == -EINPROGRESS || rc == -EAGAIN)
+	if (g->held.held_nodes != all)
 		return 0;
-	if (rc != 0)
-		return demand_failed(e, q, g, rc, res);
-	g->held.has_ref = true;
 	char err[128];
-	if (weights_ref_view(&e->w, &g->held.ref, &g->held.view, err, sizeof(err)) != 0)
+	if (weights_held_view(&e->w, &g->held, err, sizeof(err)) != 0)
 		return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err);
 	g->state = GROUP_READY;
 	return 1;
+}
+
+/* True if some residency has (layer, expert) cold: its demand would start a read. */
+static bool any_cold(struct forward_engine *e, uint32_t moe_layer, uint32_t expert)
+{
+	for (uint32_t n = 0; n < e->w.n_res; n++)
+		if (residency_state(e->w.res[n], moe_layer, expert) == EXPERT_COLD)
+			return true;
+	return false;
 }
 
 static int execute(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
@@ -670,8 +708,7 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 			for (uint32_t g = 0; g < n_groups; g++) {
 				struct req_group *rg = &e->groups[g];
 				if (rg->state != GROUP_PENDING ||
-				    (pass == 0 && residency_state(e->w.res, moe_layer,
-				                                  rg->expert) == EXPERT_COLD))
+				    (pass == 0 && any_cold(e, moe_layer, rg->expert)))
 					continue;
 				rc = demand(e, q, moe_layer, rg, false, res);
 				if (rc < 0)
@@ -679,7 +716,12 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 				ready += (uint32_t)rc;
 			}
 		if (ready == 0 && done < n_groups) {
-			/* Nothing arrived and nothing is held: wait for the first pending one. */
+			/* Nothing arrived: wait for the first pending one, holding nothing (the
+			 * slices that pending groups hold on some nodes are let go, so a small
+			 * budget cannot deadlock; they are demanded again, not counted again). */
+			for (uint32_t g = 0; g < n_groups; g++)
+				if (e->groups[g].state == GROUP_PENDING)
+					release_group(e, &e->groups[g]);
 			for (uint32_t g = 0; g < n_groups; g++) {
 				if (e->groups[g].state != GROUP_PENDING)
 					continue;
@@ -737,8 +779,10 @@ bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_
 		const int32_t id = ((const volatile int32_t *)ids)[i];
 		if (id < 0 || (uint32_t)id >= e->cat->info.n_experts)
 			continue;
-		if (residency_state(e->w.res, moe_layer, (uint32_t)id) != EXPERT_RESIDENT)
-			return false;
+		for (uint32_t r = 0; r < e->w.n_res; r++)
+			if (residency_state(e->w.res[r], moe_layer, (uint32_t)id) !=
+			    EXPERT_RESIDENT)
+				return false;
 	}
 	return true;
 }
@@ -772,6 +816,23 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 }
 
 /* ---- reference ------------------------------------------------------------------------- */
+
+/* moek_ffn_run from per-node slices (the sliced residency): each node's rows through its own
+ * view, on the calling thread. Returns 0 or -1 (err). */
+static int run_slices(struct moek_ffn_call *c, const struct held_expert *h, uint32_t n_nodes,
+                      char *err, size_t err_len)
+{
+	if (moek_ffn_prepare(c, err, err_len) != 0)
+		return -1;
+	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
+	forward_expert_split(&h->view, n_nodes, f, o);
+	moek_ffn_load(c, 0, 0, c->n_tokens);
+	for (uint32_t n = 0; n < n_nodes; n++)
+		moek_ffn_hidden_rows(c, &h->node_view[n], 0, f[n], f[n + 1]);
+	for (uint32_t n = 0; n < n_nodes; n++)
+		moek_ffn_down_rows(c, &h->node_view[n], 0, o[n], o[n + 1]);
+	return 0;
+}
 
 /* Independent of the scheduler's planning code on purpose: ranks by counting, batches by a scan
  * per expert (every entry naming the expert, in (token, position) order), one moek_ffn_run per
@@ -829,14 +890,22 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 		struct held_expert held = {0};
 		char err[128];
 		if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-			int a = residency_acquire(e->w.res, moe_layer, x, -1.0f, 0, &held.ref);
+			int a = 0;
+			for (uint32_t r = 0; r < e->w.n_res && a == 0; r++) {
+				a = residency_acquire(e->w.res[r], moe_layer, x, -1.0f, 0,
+				                      &held.ref[r]);
+				if (a != 0) {
+					struct req_group g = {.expert = x};
+					rc = demand_failed(e, q, &g, r, a, res);
+				} else {
+					held.held_nodes |= 1u << r;
+				}
+			}
 			if (a != 0) {
-				struct req_group g = {.expert = x};
-				rc = demand_failed(e, q, &g, a, res);
+				weights_release(&e->w, &held);
 				break;
 			}
-			held.has_ref = true;
-			a = weights_ref_view(&e->w, &held.ref, &held.view, err, sizeof(err));
+			a = weights_held_view(&e->w, &held, err, sizeof(err));
 			if (a != 0)
 				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
 		} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) !=
@@ -861,15 +930,16 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 			};
 			if (!scratch)
 				rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
-			else if (moek_ffn_run(&c, err, sizeof(err)) != 0)
+			else if ((e->w.sliced
+			              ? run_slices(&c, &held, e->w.n_nodes, err, sizeof(err))
+			              : moek_ffn_run(&c, err, sizeof(err))) != 0)
 				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x,
 				          "layer %d expert %u: %s", q->layer, x, err);
 			for (size_t i = 0; i < m && rc == MOE_OK; i++)
 				memcpy(contrib + members[i] * h, ybuf + i * h, h * sizeof(float));
 		}
 		free(scratch);
-		if (held.has_ref)
-			residency_release(e->w.res, &held.ref);
+		weights_release(&e->w, &held);
 	}
 	if (rc != MOE_OK)
 		goto out;
@@ -941,8 +1011,12 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 				break;
 			uint32_t id = (uint32_t)best;
 			const float pri = scores[best] * (float)top;
-			residency_hint(e->w.res, l, &id, 1, pri);
-			started += residency_prefetch(e->w.res, l, &id, 1, pri);
+			int any = 0;
+			for (uint32_t node = 0; node < e->w.n_res; node++) {
+				residency_hint(e->w.res[node], l, &id, 1, pri);
+				any |= residency_prefetch(e->w.res[node], l, &id, 1, pri) > 0;
+			}
+			started += any;
 			last = scores[best];
 			last_id = best;
 		}
@@ -956,10 +1030,13 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 				continue;
 			uint32_t id = (uint32_t)ids[i];
 			const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
-			if (pass == 0)
-				residency_hint(e->w.res, l, &id, 1, pri);
-			else
-				started += residency_prefetch(e->w.res, l, &id, 1, pri);
+			int any = 0;
+			for (uint32_t r = 0; r < e->w.n_res; r++)
+				if (pass == 0)
+					residency_hint(e->w.res[r], l, &id, 1, pri);
+				else
+					any |= residency_prefetch(e->w.res[r], l, &id, 1, pri) > 0;
+			started += any;
 		}
 	return started;
 }
@@ -980,7 +1057,8 @@ static void sync_residency_mask(struct forward_engine *e, uint32_t layer)
 				all = mask_bit(e, c, layer, x);
 		e->res_mask[x] = all;
 	}
-	residency_set_gpu_mask(e->w.res, (uint32_t)e->w.moe_index[layer], e->res_mask);
+	for (uint32_t r = 0; r < e->w.n_res; r++)
+		residency_set_gpu_mask(e->w.res[r], (uint32_t)e->w.moe_index[layer], e->res_mask);
 }
 
 int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, const uint8_t *bits,
@@ -1036,6 +1114,14 @@ void forward_client_detach(struct forward_engine *e, uint32_t client)
 
 /* ---- statistics ------------------------------------------------------------------------
  */
+
+int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out)
+{
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY || node >= e->w.n_res)
+		return -1;
+	residency_counters(e->w.res[node], out);
+	return 0;
+}
 
 uint32_t forward_stats_layers(const struct forward_engine *e)
 {
@@ -1096,15 +1182,17 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 			layers[l] = s;
 	}
 	if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-		struct residency_counters rc;
-		residency_counters(e->w.res, &rc);
-		out->resident_bytes = (uint64_t)rc.slots_used * rc.slot_bytes;
-		out->budget_bytes = rc.budget_bytes;
-		out->evictions = rc.evictions;
-		out->loader_bytes_read = rc.bytes_read;
-		out->prefetches = rc.prefetches;
-		out->prefetch_hits = rc.prefetch_hits;
-		out->prefetch_wasted = rc.prefetch_wasted;
+		for (uint32_t r = 0; r < e->w.n_res; r++) {
+			struct residency_counters rc;
+			residency_counters(e->w.res[r], &rc);
+			out->resident_bytes += (uint64_t)rc.slots_used * rc.slot_bytes;
+			out->budget_bytes += rc.budget_bytes;
+			out->evictions += rc.evictions;
+			out->loader_bytes_read += rc.bytes_read;
+			out->prefetches += rc.prefetches;
+			out->prefetch_hits += rc.prefetch_hits;
+			out->prefetch_wasted += rc.prefetch_wasted;
+		}
 	} else {
 		out->resident_bytes =
 		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;

@@ -215,6 +215,10 @@ struct forward_stats {
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
 uint32_t forward_stats_layers(const struct forward_engine *e);
+/* Tests and debugging: the counters of node `node`'s residency (RESIDENCY with several nodes
+ * and a layout that slices: each node's own pool of its slices; otherwise node 0 names the
+ * one pool). Returns 0, or -1 if there is no such residency. Any thread. */
+int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out);
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
 

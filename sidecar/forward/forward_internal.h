@@ -45,6 +45,9 @@ void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *spl
 /* One expert group of a wave: a prepared moek_ffn_call and the node split of its ranges. */
 struct wave_group {
 	struct moek_ffn_call call;
+	/* Node n's weight rows for the hidden and down phases (call.expert's shape; a per-node
+	 * partial view with the sliced residency, else call.expert itself). */
+	const struct moek_expert *node_expert[FORWARD_MAX_NODES];
 	size_t f_split[FORWARD_MAX_NODES + 1]; /* node n owns intermediate rows [f_split[n], …) */
 	size_t o_split[FORWARD_MAX_NODES + 1]; /* and output rows [o_split[n], o_split[n+1]) */
 	size_t f_align; /* node split of the intermediate rows (weights are bound along it) */
@@ -110,10 +113,18 @@ struct forward_weights {
 	uint32_t n_moe_layers, n_experts;
 	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */
 	int32_t *moe_index;    /* [cat n_layers] MoE layer of each block, -1 dense */
-	struct expert_map map; /* RESIDENCY */
+	struct expert_map map; /* RESIDENCY, one residency: whole experts */
 	struct expert_extent_roles roles;
-	struct residency *res; /* RESIDENCY */
-	void **file_map;       /* MMAP: one mapping per file */
+	/* RESIDENCY: n_res residencies. sliced (several NUMA nodes, a layout that slices): one
+	 * per node, res[n] over node_map[n], node n's rows of every expert (gate/up rows
+	 * [f_n, f_n+1), down rows [o_n, o_n+1), the split forward_expert_split computes), bound
+	 * to the node when memory binding is real. Otherwise one residency (res[0] over map). */
+	uint32_t n_res;
+	bool sliced;
+	uint32_t n_nodes; /* the topology's nodes (the split of every expert) */
+	struct residency *res[FORWARD_MAX_NODES];
+	struct expert_map node_map[FORWARD_MAX_NODES];
+	void **file_map; /* MMAP: one mapping per file */
 	size_t *file_map_len;
 	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */
 	size_t resident_len;
@@ -122,11 +133,13 @@ struct forward_weights {
 	struct expert_aux *aux_index; /* [moe_layer][expert] */
 	uint64_t budget_bytes;
 };
-/* A held expert: its kernel view and (RESIDENCY) the reference to release. */
+/* A held expert: its kernel views and (RESIDENCY) the references to release. */
 struct held_expert {
-	struct moek_expert view;
-	struct expert_ref ref;
-	bool has_ref;
+	struct moek_expert view; /* the whole expert, or (sliced) node 0's view: the call's
+	                            plan template (same formats and shapes as every node's) */
+	struct moek_expert node_view[FORWARD_MAX_NODES]; /* sliced: node n's rows (row0 set) */
+	struct expert_ref ref[FORWARD_MAX_NODES];        /* ref[n] of res[n], held if bit n */
+	uint32_t held_nodes;                             /* bit n: ref[n] is held */
 };
 int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
                  const struct forward_config *cfg, struct forward_topology *topo, char *err,
@@ -139,8 +152,17 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 /* For ALL_RESIDENT and MMAP: the view at once. */
 int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                         struct moek_expert *view, char *err, size_t err_len);
-/* For RESIDENCY: the view of an acquired reference. */
-int weights_ref_view(const struct forward_weights *w, const struct expert_ref *ref,
-                     struct moek_expert *view, char *err, size_t err_len);
+/* For RESIDENCY: the views of an expert whose every residency's reference is held
+ * (h->held_nodes covers res[0..n_res)): h->view and, sliced, h->node_view[]. */
+int weights_held_view(const struct forward_weights *w, struct held_expert *h, char *err,
+                      size_t err_len);
+/* Releases every reference h holds. */
+void weights_release(const struct forward_weights *w, struct held_expert *h);
+/* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
+ * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
+void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
+/* Bytes of (moe_layer, expert) in residency `node`'s map. */
+uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
+                           uint32_t expert);
 
 #endif

@@ -4,9 +4,10 @@
  * Work split: the load phase (activation conversion) is split over every worker; the hidden
  * phase of each group over its node's intermediate rows, the down phase over its node's output
  * rows, so each node touches only its part of every weight matrix (the NUMA split of
- * docs/architecture.md). Inside a node, workers claim items from an atomic counter: no worker
- * idles while its node has work. The kernels give the same bits for any split, so claiming
- * order never shows in results.
+ * docs/architecture.md), through the node's own view of the expert (wave_group.node_expert:
+ * with the sliced residency, the node's rows live in a slot of the node's own pool). Inside a
+ * node, workers claim items from an atomic counter: no worker idles while its node has work.
+ * The kernels give the same bits for any split, so claiming order never shows in results.
  *
  * Threading: pool_run_wave is called by one thread at a time (the engine's run_lock), which
  * is worker 0. No allocation per wave.
@@ -95,13 +96,14 @@ static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_
 		if (i >= n)
 			break;
 		const struct pool_item *it = &p->items[phase][node][i];
-		const struct moek_ffn_call *c = &p->groups[it->group].call;
+		const struct wave_group *g = &p->groups[it->group];
+		const struct moek_ffn_call *c = &g->call;
 		if (phase == PHASE_LOAD)
 			moek_ffn_load(c, w->index, it->begin, it->end);
 		else if (phase == PHASE_HIDDEN)
-			moek_ffn_hidden(c, w->index, it->begin, it->end);
+			moek_ffn_hidden_rows(c, g->node_expert[node], w->index, it->begin, it->end);
 		else
-			moek_ffn_down(c, w->index, it->begin, it->end);
+			moek_ffn_down_rows(c, g->node_expert[node], w->index, it->begin, it->end);
 	}
 }
 

@@ -9,6 +9,12 @@
  * kept in `aux` (so views never point at misaligned or non-f32 side data). The big matrices
  * are never copied or duplicated per node: views point into the source's bytes.
  *
+ * RESIDENCY with several NUMA nodes: one residency per node, holding only that node's rows of
+ * every expert (sub-extents of the files: gate/up rows [f_n, f_n+1), down rows [o_n, o_n+1),
+ * the pool's split), in memory bound to the node; weights are never duplicated. A layout that
+ * cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps one unbound
+ * pool of whole experts, logged at create.
+ *
  * Not supported (refused at create with a message): MXFP4 in the Hugging Face _blocks/_scales
  * layout (the kernels take GGUF blocks; a repack at load time would be needed) and FP8 in a
  * fused gate_up tensor.
@@ -359,14 +365,30 @@ static int map_files(struct forward_weights *w, char *err, size_t err_len)
 	return 0;
 }
 
-/* Slot bytes for "every expert fits": each extent's aligned superset may add up to two
- * 4 KiB blocks. */
-static uint64_t budget_all_fit(const struct forward_weights *w)
+/* Slot bytes for "every expert fits" in a map: each extent's aligned superset may add up to
+ * two 4 KiB blocks. */
+static uint64_t budget_all_fit(const struct expert_map *map)
 {
 	uint64_t total = 0;
-	for (uint32_t id = 0; id < w->n_moe_layers * w->n_experts; id++)
-		total += (uint64_t)w->map.n_extents[id] * 8192u;
-	return total + w->cat->expert_bytes_total;
+	for (uint32_t id = 0; id < map->n_layers * map->n_experts; id++) {
+		uint32_t n;
+		const struct expert_extent *x = expert_map_extents(map, id, &n);
+		for (uint32_t i = 0; i < n; i++)
+			total += x[i].length + 8192u;
+	}
+	return total;
+}
+
+static uint64_t map_bytes(const struct expert_map *map)
+{
+	uint64_t total = 0;
+	for (uint32_t id = 0; id < map->n_layers * map->n_experts; id++) {
+		uint32_t n;
+		const struct expert_extent *x = expert_map_extents(map, id, &n);
+		for (uint32_t i = 0; i < n; i++)
+			total += x[i].length;
+	}
+	return total;
 }
 
 /* With a budget that holds every expert, loads them all before the engine serves: at 100%
@@ -389,33 +411,160 @@ static void warm_all(struct forward_weights *w, const struct forward_config *cfg
 			for (uint32_t x = 0; x < w->n_experts; x++) {
 				const unsigned flags =
 				    RESIDENCY_RETRY | (pass == 0 ? RESIDENCY_NOWAIT : 0u);
-				int rc = residency_acquire(w->res, l, x, -1.0f, flags, &ref);
-				if (rc == 0) {
-					residency_release(w->res, &ref);
-					if (pass == 1 && cfg->progress)
-						cfg->progress(cfg->progress_arg,
-						              "warming every expert", ++done,
-						              total);
-					continue;
+				bool ok = true;
+				for (uint32_t n = 0; n < w->n_res; n++) {
+					struct residency *res = w->res[n];
+					int rc = residency_acquire(res, l, x, -1.0f, flags, &ref);
+					if (rc == 0) {
+						residency_release(res, &ref);
+						continue;
+					}
+					ok = false;
+					if (pass == 0 || rc == -ESHUTDOWN || rc == -EPERM)
+						continue; /* pass 1 reports it */
+					char why[160];
+					residency_error_message(res, l, x, why, sizeof(why));
+					if (failed++ < 8)
+						log_warn(
+						    "forward",
+						    "warming layer %u expert %u: %s (left cold: "
+						    "read again on demand)",
+						    w->model_layer[l], x,
+						    why[0] ? why : strerror(-rc));
+					residency_retry_failed(res, l, x);
 				}
-				if (pass == 0 && (rc == -EINPROGRESS || rc == -EAGAIN))
-					continue;
-				if (pass == 0 || rc == -ESHUTDOWN || rc == -EPERM)
-					continue; /* pass 1 reports it */
-				char why[160];
-				residency_error_message(w->res, l, x, why, sizeof(why));
-				if (failed++ < 8)
-					log_warn(
-					    "forward",
-					    "warming layer %u expert %u: %s (left cold: read again "
-					    "on demand)",
-					    w->model_layer[l], x, why[0] ? why : strerror(-rc));
-				residency_retry_failed(w->res, l, x);
+				if (ok && pass == 1 && cfg->progress)
+					cfg->progress(cfg->progress_arg, "warming every expert",
+					              ++done, total);
 			}
 	if (failed)
-		log_warn("forward", "warming: %u of %u experts failed to load", failed, total);
+		log_warn("forward", "warming: %u of %u expert loads failed", failed, total);
 	if (cfg->progress && done != total)
 		cfg->progress(cfg->progress_arg, "warming every expert", total, total);
+}
+
+void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o)
+{
+	forward_split_range(v->gate.rows, moek_expert_split_align(v), n_nodes, f);
+	forward_split_range(v->down.rows, FORWARD_DOWN_ALIGN, n_nodes, o);
+}
+
+/* The whole-expert view of (l, x) with placeholder data (shapes, formats and split only). */
+static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
+                      struct moek_expert *v, char *err, size_t err_len)
+{
+	static const uint8_t dummy[64];
+	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
+	return weights_view(w, l, x, data, v, err, err_len);
+}
+
+/* Appends rows [r0, r1) of projection r (rows of rb bytes) to node `n`'s map. */
+static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_proj_ref *r,
+                    size_t rb, uint64_t r0, uint64_t r1, char *err, size_t err_len)
+{
+	return expert_map_add(map, l, x, r->data.file, r->data.offset + r0 * rb, (r1 - r0) * rb,
+	                      err, err_len);
+}
+
+/* Builds node_map[0..n_nodes): each node's rows of every expert, extents in the order
+ * weights_held_view reads them: separate gate, up, down; fused interleaved gate_up rows
+ * [2 f_n, 2 f_n+1), down; fused concatenated gate rows, up rows, down. Biases and FP8 scales
+ * are in aux (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why
+ * says why), or -1 (err). */
+static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *why, size_t why_len,
+                           char *err, size_t err_len)
+{
+	const struct moe_catalog *cat = w->cat;
+	const char **paths = malloc(cat->n_files * sizeof(char *));
+	if (!paths) {
+		snprintf(err, err_len, "node maps: out of memory");
+		return -1;
+	}
+	for (uint32_t f = 0; f < cat->n_files; f++)
+		paths[f] = cat->files[f].path;
+	int rc = 0;
+	for (uint32_t n = 0; n < n_nodes && rc == 0; n++)
+		rc = expert_map_init(&w->node_map[n], w->n_moe_layers, w->n_experts, cat->n_files,
+		                     paths, err, err_len)
+		         ? -1
+		         : 0;
+	free(paths);
+	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
+		for (uint32_t x = 0; x < w->n_experts && rc == 0; x++) {
+			const struct moe_expert *ce = moe_catalog_expert(cat, w->model_layer[l], x);
+			struct moek_expert v;
+			if (shape_view(w, l, x, &v, err, err_len) != 0)
+				return -1;
+			size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
+			forward_expert_split(&v, n_nodes, f, o);
+			for (uint32_t n = 0; n < n_nodes; n++)
+				if (f[n] == f[n + 1] || o[n] == o[n + 1]) {
+					snprintf(
+					    why, why_len,
+					    "layer %u: %u intermediate / %u output rows do not "
+					    "split over %u nodes (%zu-row units)",
+					    w->model_layer[l], v.gate.rows, v.down.rows, n_nodes,
+					    moek_expert_split_align(&v));
+					return 1;
+				}
+			const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+			const struct moe_proj_ref *parts[3] = {&ce->proj[MOE_PROJ_GATE],
+			                                       &ce->proj[MOE_PROJ_UP],
+			                                       &ce->proj[MOE_PROJ_DOWN]};
+			for (int p = gu->present ? 2 : 0; p < 3; p++) {
+				const struct moe_proj_ref *r = parts[p];
+				if (r->data.length !=
+				    r->rows * moek_row_bytes(r->format, r->cols)) {
+					snprintf(why, why_len,
+					         "layer %u %s: rows are not contiguous in the file",
+					         w->model_layer[l],
+					         moe_proj_name((enum moe_proj)p));
+					return 1;
+				}
+			}
+			const size_t gu_rb = gu->present ? moek_row_bytes(gu->format, gu->cols) : 0;
+			if (gu->present && gu->data.length != gu->rows * gu_rb) {
+				snprintf(why, why_len,
+				         "layer %u gate_up: rows are not contiguous in the file",
+				         w->model_layer[l]);
+				return 1;
+			}
+			const uint64_t ffn = v.gate.rows;
+			for (uint32_t n = 0; n < n_nodes && rc == 0; n++) {
+				struct expert_map *m = &w->node_map[n];
+				if (!gu->present) {
+					for (int p = 0; p < 2 && rc == 0; p++)
+						rc = add_rows(m, l, x, parts[p],
+						              moek_row_bytes(parts[p]->format,
+						                             parts[p]->cols),
+						              f[n], f[n + 1], err, err_len);
+				} else if (gu->order == MOE_GATE_UP_INTERLEAVED) {
+					rc = add_rows(m, l, x, gu, gu_rb, 2 * f[n], 2 * f[n + 1],
+					              err, err_len);
+				} else {
+					rc = add_rows(m, l, x, gu, gu_rb, f[n], f[n + 1], err,
+					              err_len);
+					if (rc == 0)
+						rc = add_rows(m, l, x, gu, gu_rb, ffn + f[n],
+						              ffn + f[n + 1], err, err_len);
+				}
+				if (rc == 0)
+					rc = add_rows(
+					    m, l, x, parts[2],
+					    moek_row_bytes(parts[2]->format, parts[2]->cols), o[n],
+					    o[n + 1], err, err_len);
+			}
+			if (rc)
+				return -1;
+		}
+	return rc;
+}
+
+static void free_node_maps(struct forward_weights *w)
+{
+	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+		if (w->node_map[n].n_extents)
+			expert_map_free(&w->node_map[n]);
 }
 
 static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
@@ -427,27 +576,75 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
 	else
 		snprintf(policy, sizeof(policy), "%s", base);
-	struct residency_config rc = {
-	    /* One slot pool for all nodes; with several nodes it is not node-bound (see
-	       docs/architecture.md: per-node pools of slices are future work). */
-	    .numa_node = topo->n_nodes == 1 && !topo->synthetic ? (int)topo->nodes[0].os_index : -1,
-	    .mem_budget = cfg->mem_budget ? cfg->mem_budget : budget_all_fit(w),
-	    .policy = policy,
-	    .chunk_bytes = cfg->chunk_bytes,
-	    .queue_depth = cfg->queue_depth,
-	    .no_direct = cfg->no_direct,
-	    .fault_hook = cfg->fault_hook,
-	    .fault_arg = cfg->fault_arg,
-	};
-	if (residency_create(&w->res, &w->map, &rc, err, err_len) != 0)
+	w->n_nodes = topo->n_nodes;
+	w->n_res = 1;
+	if (topo->n_nodes > 1) {
+		char why[200] = "";
+		int rc = build_node_maps(w, topo->n_nodes, why, sizeof(why), err, err_len);
+		if (rc < 0)
+			return -1;
+		if (rc == 0) {
+			w->sliced = true;
+			w->n_res = topo->n_nodes;
+		} else {
+			free_node_maps(w);
+			log_warn("forward",
+			         "residency: one slot pool for all %u nodes, not bound to any "
+			         "(each node's slices cannot be cut: %s)",
+			         topo->n_nodes, why);
+		}
+	}
+	if (!w->sliced &&
+	    expert_map_from_catalog(w->cat, &w->map, &w->roles, NULL, err, err_len) != 0)
 		return -1;
-	w->budget_bytes = rc.mem_budget;
+	/* The budget over the nodes in proportion to each node's share of the bytes. */
+	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
+	for (uint32_t n = 0; n < w->n_res; n++)
+		share_total += share[n] = w->sliced ? map_bytes(&w->node_map[n]) : 1;
+	uint64_t budget_left = cfg->mem_budget;
+	w->budget_bytes = 0;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		const struct expert_map *map = w->sliced ? &w->node_map[n] : &w->map;
+		uint64_t budget = budget_all_fit(map);
+		if (cfg->mem_budget) {
+			budget = n + 1 == w->n_res
+			             ? budget_left
+			             : (uint64_t)((double)cfg->mem_budget * (double)share[n] /
+			                          (double)share_total);
+			budget_left -= budget;
+		}
+		int node = -1; /* one pool for several nodes: not bound */
+		if (w->sliced)
+			node = topo->memory_bound ? (int)topo->nodes[n].os_index : -1;
+		else if (topo->n_nodes == 1 && !topo->synthetic)
+			node = (int)topo->nodes[0].os_index;
+		struct residency_config rc = {
+		    .numa_node = node,
+		    .mem_budget = budget,
+		    .policy = policy,
+		    .chunk_bytes = cfg->chunk_bytes,
+		    .queue_depth = cfg->queue_depth,
+		    .no_direct = cfg->no_direct,
+		    .fault_hook = cfg->fault_hook,
+		    .fault_arg = cfg->fault_arg,
+		};
+		char why[200];
+		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
+			if (w->sliced)
+				snprintf(err, err_len, "node %u's residency: %s", n, why);
+			else
+				snprintf(err, err_len, "%s", why);
+			return -1;
+		}
+		w->budget_bytes += budget;
+	}
 	if (cfg->pin_layers) {
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
 			              cfg->pin_layers);
-		if (residency_warm_pinned(w->res, err, err_len) != 0)
-			return -1;
+		for (uint32_t n = 0; n < w->n_res; n++)
+			if (residency_warm_pinned(w->res[n], err, err_len) != 0)
+				return -1;
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);
@@ -500,8 +697,6 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	if (cfg->source == FORWARD_SOURCE_MMAP)
 		return map_files(w, err, err_len);
 	if (cfg->source == FORWARD_SOURCE_RESIDENCY) {
-		if (expert_map_from_catalog(cat, &w->map, &w->roles, NULL, err, err_len) != 0)
-			return -1;
 		return open_residency(w, cfg, topo, err, err_len);
 	}
 	return 0;
@@ -509,8 +704,10 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 
 void weights_close(struct forward_weights *w)
 {
-	if (w->res)
-		residency_destroy(w->res);
+	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+		if (w->res[n])
+			residency_destroy(w->res[n]);
+	free_node_maps(w);
 	if (w->map.n_extents)
 		expert_map_free(&w->map);
 	if (w->resident)
@@ -592,14 +789,74 @@ int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uin
 	                    v, err, err_len);
 }
 
-int weights_ref_view(const struct forward_weights *w, const struct expert_ref *ref,
+/* The view of node n's slices (extents in build_node_maps order): weights_view's shapes,
+ * formats and side data, with the data of node n's rows and row0 = f_n / o_n. */
+static int node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
                      struct moek_expert *v, char *err, size_t err_len)
 {
+	const struct moe_proj_ref *gu =
+	    &moe_catalog_expert(w->cat, w->model_layer[ref->layer], ref->expert)
+	         ->proj[MOE_PROJ_GATE_UP];
+	const uint32_t want = gu->present && gu->order == MOE_GATE_UP_INTERLEAVED ? 2 : 3;
+	if (ref->n_extents != want) {
+		snprintf(err, err_len, "layer %u expert %u: node %u holds %u extents, expected %u",
+		         w->model_layer[ref->layer], ref->expert, n, ref->n_extents, want);
+		return -1;
+	}
+	if (shape_view(w, ref->layer, ref->expert, v, err, err_len) != 0)
+		return -1;
+	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
+	forward_expert_split(v, w->n_nodes, f, o);
+	if (want == 2) { /* interleaved gate_up: gate rows even, up rows odd (stride 2 rows) */
+		v->gate.data = ref->data[0];
+		v->up.data = ref->data[0] + moek_row_bytes(gu->format, gu->cols);
+	} else {
+		v->gate.data = ref->data[0];
+		v->up.data = ref->data[1];
+	}
+	v->down.data = ref->data[want - 1];
+	v->gate.row0 = v->up.row0 = (uint32_t)f[n];
+	v->down.row0 = (uint32_t)o[n];
+	return 0;
+}
+
+int weights_held_view(const struct forward_weights *w, struct held_expert *h, char *err,
+                      size_t err_len)
+{
+	if (w->sliced) {
+		for (uint32_t n = 0; n < w->n_res; n++)
+			if (node_view(w, n, &h->ref[n], &h->node_view[n], err, err_len) != 0)
+				return -1;
+		h->view = h->node_view[0];
+		return 0;
+	}
+	const struct expert_ref *ref = &h->ref[0];
 	const uint8_t *data[MOE_PROJ_COUNT] = {0};
 	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
 		int8_t i = w->roles.data[p];
 		if (i >= 0 && (uint32_t)i < ref->n_extents)
 			data[p] = ref->data[i];
 	}
-	return weights_view(w, ref->layer, ref->expert, data, v, err, err_len);
+	return weights_view(w, ref->layer, ref->expert, data, &h->view, err, err_len);
+}
+
+void weights_release(const struct forward_weights *w, struct held_expert *h)
+{
+	for (uint32_t n = 0; n < w->n_res; n++)
+		if (h->held_nodes & (1u << n))
+			residency_release(w->res[n], &h->ref[n]);
+	h->held_nodes = 0;
+}
+
+uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
+                           uint32_t expert)
+{
+	const struct expert_map *map = w->sliced ? &w->node_map[node] : &w->map;
+	uint32_t n;
+	const struct expert_extent *x =
+	    expert_map_extents(map, moe_layer * w->n_experts + expert, &n);
+	uint64_t total = 0;
+	for (uint32_t i = 0; i < n; i++)
+		total += x[i].length;
+	return total;
 }
