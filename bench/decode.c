@@ -100,7 +100,7 @@ struct workload {
 	uint32_t *line_of; /* (step, layer) → trace line */
 };
 
-/* The request of (step, layer): ids, weights and x. */
+/* The request of (step, layer): ids, weights and (unless x is NULL: a hint needs none) x. */
 static void workload_request(const struct workload *w, uint32_t step, uint32_t li, int32_t *ids,
                              float *weights, float *x)
 {
@@ -112,7 +112,7 @@ static void workload_request(const struct workload *w, uint32_t step, uint32_t l
 		weights[j] = have && w->tr.scores ? w->tr.scores[r] : 1.0f / (float)(j + 1);
 	}
 	uint64_t s = ((uint64_t)step << 20 | li) * 0x9e3779b97f4a7c15ull + 1;
-	for (uint32_t i = 0; i < w->hidden; i++) {
+	for (uint32_t i = 0; x && i < w->hidden; i++) {
 		s = s * 6364136223846793005ull + 1442695040888963407ull;
 		x[i] = (float)((double)(s >> 40) / 16777216.0 - 0.5);
 	}
@@ -488,8 +488,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			workload_request(w, step, li, ids, wts, x);
 			uint64_t a = now_ns();
 			if (li + 1 < w->n_layers) {
-				workload_request(w, step, li + 1, hint, hint_w,
-				                 (float *)slot.output);
+				workload_request(w, step, li + 1, hint, hint_w, NULL);
 				uint32_t nh = 0;
 				for (uint32_t j = 0; j < k; j++)
 					if (hint[j] >= 0) {
