@@ -9,6 +9,7 @@
 
 #include "moe_gen.h"
 #include "moe_kernels.h"
+#include "moe_status.h"
 
 int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *s, char *err, size_t err_len)
 {
@@ -139,6 +140,48 @@ long fwd_first_diff(const float *a, const float *b, size_t n)
 		if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
 			return (long)i;
 	return -1;
+}
+
+int fwd_replay_expert3_failure(struct forward_engine *e, struct forward_engine *ok,
+                               const struct moe_catalog *cat, uint32_t tokens_mod, uint64_t seed,
+                               uint32_t *failed, uint32_t *passed, char *why, size_t why_len)
+{
+	const size_t h = cat->info.hidden;
+	*failed = *passed = 0;
+	int bad = 0;
+	for (uint32_t i = 0; i < 24 && !bad; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, cat, fwd_moe_block(cat, i % 2), 1 + i % tokens_mod, 2, 0,
+		             MOEK_ACT_F32, seed + i, false);
+		bool needs = false;
+		for (uint32_t j = 0; j < r.q.n_tokens * 2; j++)
+			needs |= i % 2 == 1 && r.ids[j] == 3;
+		struct forward_result res;
+		int rc = forward_run(e, &r.q, r.out, NULL, &res);
+		if (needs) {
+			if (rc != MOE_EIO || res.bad_expert != 3 ||
+			    !strstr(res.message, "expert 3")) {
+				snprintf(why, why_len,
+				         "request %u needs expert 3: status %d, expert %d, \"%s\"",
+				         i, rc, res.bad_expert, res.message);
+				bad = 1;
+			}
+			++*failed;
+		} else {
+			long d = -2;
+			if (rc == MOE_OK && forward_run(ok, &r.q, r.ref, NULL, &res) == MOE_OK)
+				d = fwd_first_diff(r.out, r.ref, r.q.n_tokens * h);
+			if (d != -1) {
+				snprintf(why, why_len,
+				         "request %u: status %d, first differing element %ld", i,
+				         rc, d);
+				bad = 1;
+			}
+			++*passed;
+		}
+		fwd_req_free(&r);
+	}
+	return bad ? -1 : 0;
 }
 
 uint64_t fwd_rss_bytes(void)

@@ -53,4 +53,13 @@ long fwd_first_diff(const float *a, const float *b, size_t n);
 
 uint64_t fwd_rss_bytes(void);
 
+/* The I/O-failure replay: 24 requests of 2 ids per token alternating MoE layers 0 and 1
+ * (1 + i % tokens_mod tokens, seeds seed + i) through `e`, whose loads of layer 1 expert 3
+ * fail. Those naming it must fail with MOE_EIO naming expert 3; every other one must equal
+ * `ok`'s output bit for bit. Counts both kinds; returns 0, or -1 with the first violation in
+ * why. */
+int fwd_replay_expert3_failure(struct forward_engine *e, struct forward_engine *ok,
+                               const struct moe_catalog *cat, uint32_t tokens_mod, uint64_t seed,
+                               uint32_t *failed, uint32_t *passed, char *why, size_t why_len);
+
 #endif

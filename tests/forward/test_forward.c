@@ -339,7 +339,6 @@ Test(forward_io, failed_expert_fails_only_its_requests)
 {
 	struct fwd_model m;
 	make_model(&m, MOEK_Q8_0, 2, 8, 256, 256);
-	const size_t h = m.cat->info.hidden;
 	atomic_int hits = 0;
 	struct forward_config cfg = {
 	    .source = FORWARD_SOURCE_RESIDENCY,
@@ -352,31 +351,11 @@ Test(forward_io, failed_expert_fails_only_its_requests)
 	char err[256];
 	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
 	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
-	uint32_t failed = 0, passed = 0;
-	for (uint32_t i = 0; i < 24; i++) {
-		struct fwd_req r;
-		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i % 2, 2, 0, MOEK_ACT_F32,
-		             300 + i, false);
-		bool needs = false;
-		for (uint32_t j = 0; j < r.q.n_tokens * 2; j++)
-			needs |= i % 2 == 1 && r.ids[j] == 3;
-		struct forward_result res;
-		int rc = forward_run(e, &r.q, r.out, NULL, &res);
-		if (needs) {
-			cr_assert_eq(rc, MOE_EIO, "request %u needs expert 3: %d %s", i, rc,
-			             res.message);
-			cr_assert_eq(res.bad_expert, 3);
-			cr_assert(strstr(res.message, "expert 3") != NULL, "message: %s",
-			          res.message);
-			failed++;
-		} else {
-			cr_assert_eq(rc, MOE_OK, "request %u: %d %s", i, rc, res.message);
-			cr_assert_eq(forward_run(ok, &r.q, r.ref, NULL, &res), MOE_OK);
-			assert_bits(r.out, r.ref, r.q.n_tokens * h, "unaffected request");
-			passed++;
-		}
-		fwd_req_free(&r);
-	}
+	uint32_t failed, passed;
+	char why[256];
+	cr_assert_eq(
+	    fwd_replay_expert3_failure(e, ok, m.cat, 2, 300, &failed, &passed, why, sizeof(why)), 0,
+	    "%s", why);
 	cr_assert_gt(failed, 0);
 	cr_assert_gt(passed, 0);
 	cr_assert_gt(atomic_load(&hits), 0);

@@ -200,7 +200,6 @@ Test(forward_numa, failed_slice_fails_only_its_requests)
 {
 	struct fwd_model m;
 	make_model(&m, MOEK_Q8_0, 8, 256, 256, false);
-	const size_t h = m.cat->info.hidden;
 	const struct moe_proj_ref *down =
 	    &moe_catalog_expert(m.cat, (uint32_t)fwd_moe_block(m.cat, 1), 3)->proj[MOE_PROJ_DOWN];
 	const uint64_t rb = moek_row_bytes(down->format, down->cols);
@@ -212,32 +211,11 @@ Test(forward_numa, failed_slice_fails_only_its_requests)
 	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, TWO_NODES,
 	                                  m.cat->expert_bytes_total / 2, fail_node1_slice, &fault);
 	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, NULL, 0, NULL, NULL);
-	uint32_t failed = 0, passed = 0;
-	for (uint32_t i = 0; i < 24; i++) {
-		struct fwd_req r;
-		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i % 3, 2, 0, MOEK_ACT_F32,
-		             700 + i, false);
-		bool needs = false;
-		for (uint32_t j = 0; j < r.q.n_tokens * 2; j++)
-			needs |= i % 2 == 1 && r.ids[j] == 3;
-		struct forward_result res;
-		int rc = forward_run(e, &r.q, r.out, NULL, &res);
-		if (needs) {
-			cr_assert_eq(rc, MOE_EIO, "request %u needs expert 3: %d %s", i, rc,
-			             res.message);
-			cr_assert_eq(res.bad_expert, 3);
-			cr_assert(strstr(res.message, "expert 3") != NULL, "message: %s",
-			          res.message);
-			failed++;
-		} else {
-			cr_assert_eq(rc, MOE_OK, "request %u: %d %s", i, rc, res.message);
-			cr_assert_eq(forward_run(ok, &r.q, r.ref, NULL, &res), MOE_OK);
-			cr_assert_eq(fwd_first_diff(r.out, r.ref, r.q.n_tokens * h), -1,
-			             "request %u: bits differ", i);
-			passed++;
-		}
-		fwd_req_free(&r);
-	}
+	uint32_t failed, passed;
+	char why[256];
+	cr_assert_eq(
+	    fwd_replay_expert3_failure(e, ok, m.cat, 3, 700, &failed, &passed, why, sizeof(why)), 0,
+	    "%s", why);
 	cr_assert_gt(failed, 0);
 	cr_assert_gt(passed, 0);
 	cr_assert_gt(atomic_load(&fault.hits), 0);
