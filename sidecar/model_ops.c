@@ -342,34 +342,37 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 {
 	struct model_ops *o = ch->model_ops;
 	struct model_channel *mc = ch->model;
+	/* Resident? Asked before taking o->lock (the residency has locks of its own, never
+	 * nested inside it), on the shared ids: a hint only (run_forward validates its private
+	 * copy); a client changing them now only changes which thread runs. */
+	bool resident = false;
+	if (ch->exec_last_of_batch && sqe->n_tokens <= INLINE_MAX_TOKENS &&
+	    atomic_load_explicit(&o->queued, memory_order_relaxed) == 0) {
+		struct slot_areas a;
+		channel_slot_areas(ch, sqe->slot, &a);
+		resident = serve_model_would_run_now(o->model, sqe->layer, a.expert_ids,
+		                                     (size_t)sqe->n_tokens * sqe->ids_per_token);
+	}
 	pthread_mutex_lock(&o->lock);
 	if (o->shutting_down || mc->closing) {
 		pthread_mutex_unlock(&o->lock);
 		done->status = MOE_ESHUTDOWN;
 		return;
 	}
-	if (!o->executing && !o->rr_head && ch->exec_last_of_batch &&
-	    sqe->n_tokens <= INLINE_MAX_TOKENS) {
-		/* Resident? Asked on the shared ids: a hint only (run_forward validates its
-		 * private copy); a client changing them now only changes which thread runs. */
-		struct slot_areas a;
-		channel_slot_areas(ch, sqe->slot, &a);
-		if (serve_model_would_run_now(o->model, sqe->layer, a.expert_ids,
-		                              (size_t)sqe->n_tokens * sqe->ids_per_token)) {
-			o->executing = true;
-			mc->running = true;
-			pthread_mutex_unlock(&o->lock);
-			o->forwards_inline++;
-			run_forward(o, mc, sqe, done);
-			pthread_mutex_lock(&o->lock);
-			o->executing = false;
-			mc->running = false;
-			pthread_cond_broadcast(&o->idle);
-			if (o->rr_head)
-				pthread_cond_signal(&o->work);
-			pthread_mutex_unlock(&o->lock);
-			return;
-		}
+	if (resident && !o->executing && !o->rr_head) {
+		o->executing = true;
+		mc->running = true;
+		pthread_mutex_unlock(&o->lock);
+		o->forwards_inline++;
+		run_forward(o, mc, sqe, done);
+		pthread_mutex_lock(&o->lock);
+		o->executing = false;
+		mc->running = false;
+		pthread_cond_broadcast(&o->idle);
+		if (o->rr_head)
+			pthread_cond_signal(&o->work);
+		pthread_mutex_unlock(&o->lock);
+		return;
 	}
 	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
 	mc->q_len++;
