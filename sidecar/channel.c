@@ -277,6 +277,19 @@ void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 		ch->wake_dispatcher(ch->wake_arg);
 }
 
+void channel_post_now(struct sidecar_channel *ch, const struct moe_cqe *c)
+{
+	struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+	if (c->status != MOE_OK)
+		ch->n_errors++;
+	/* The drain reserved room for every accepted request's completion, this one included. */
+	atomic_store_explicit(&ch->slot_busy[c->slot], 0, memory_order_relaxed);
+	cq_put(ch, cqes, ch->exec_unpublished, c);
+	moe_ring_publish(&ch->cq, ch->exec_unpublished + 1);
+	moe_ring_wake_consumer(&ch->cq);
+	ch->exec_unpublished = 0;
+}
+
 static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutting_down)
 {
 	int64_t room = moe_ring_space(&ch->cq);
@@ -346,18 +359,25 @@ static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutti
 		} else {
 			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			ch->exec_last_of_batch = i + 1 == n_accepted;
+			ch->exec_unpublished = posted;
 			op_lookup(sqe->op)->execute(ch, sqe, &c);
+			posted =
+			    ch->exec_unpublished; /* 0 if the op published (channel_post_now) */
 			if (c.status == OP_PENDING)
 				continue; /* the slot stays busy until channel_complete_async */
 			atomic_fetch_sub_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
+			if (c.status == OP_POSTED)
+				continue;
 			if (c.status != MOE_OK)
 				ch->n_errors++;
 		}
 		ch->slot_busy[sqe->slot] = 0;
 		cq_put(ch, cqes, posted++, &c);
 	}
-	moe_ring_publish(&ch->cq, posted);
-	moe_ring_wake_consumer(&ch->cq);
+	if (posted) { /* nothing new (all pending, or posted early): no wake-up for nothing */
+		moe_ring_publish(&ch->cq, posted);
+		moe_ring_wake_consumer(&ch->cq);
+	}
 	return (int)(n + posted_async);
 }
 

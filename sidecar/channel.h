@@ -48,6 +48,9 @@ struct sidecar_channel {
 	 * this drain, so no completion of this channel waits behind it (model_ops may then
 	 * run a FORWARD on the dispatcher thread). */
 	bool exec_last_of_batch;
+	/* Completions channel_drain has written but not yet published, at the CQ's producer
+	 * position (dispatcher thread; meaningful during an execute, see channel_post_now). */
+	uint32_t exec_unpublished;
 
 	/* Model serving (model_ops.h): per-channel state, NULL when the sidecar serves none.
 	 * Set by the control thread before the channel is handed to the dispatcher. */
@@ -119,6 +122,12 @@ bool channel_has_work(struct sidecar_channel *ch);
  * at once if the CQ has room, else handed to the dispatcher (woken) to post when the client
  * drains. c->slot names the slot. */
 void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c);
+
+/* Posts c now, from inside an executor running on the dispatcher thread (under the drain's CQ
+ * lock): publishes the completions the drain has written so far and this one, and wakes the
+ * client. The executor then returns OP_POSTED. For work that goes on after its result is
+ * delivered (deferred experts). */
+void channel_post_now(struct sidecar_channel *ch, const struct moe_cqe *c);
 
 /* Requests accepted as OP_PENDING whose completion is not posted yet. */
 static inline uint32_t channel_async_in_flight(struct sidecar_channel *ch)

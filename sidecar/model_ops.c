@@ -22,6 +22,16 @@
  *
  * Ordering: FORWARDs of one channel run in submission order (a FIFO per channel), which is
  * what makes "deferred(L) arrives in L+1" well defined even when the client pipelines them.
+ *
+ * Early completion: a FORWARD that defers posts its completion from inside the engine as soon
+ * as the immediate part is final (forward_request.immediate_ready) — through the drain when
+ * inline (channel_post_now), channel_complete_async on the forward thread — and its executor
+ * then computes the deferred experts while the client runs on. The executor is still busy
+ * (`executing`), so the channel's next FORWARD waits for the deferred sum it must merge. A
+ * deferred expert failing after the completion leaves a lost contribution (owed_fail_*).
+ * Lock order stays cq_lock → o->lock: the engine holds no lock while it runs the callback,
+ * and an inline FORWARD (under the dispatcher's cq_lock) only starts when the forward thread
+ * is idle, so the forward thread never posts while the dispatcher waits for the engine.
  */
 #include "model_ops.h"
 
@@ -54,6 +64,12 @@ struct model_channel {
 	bool owed;
 	uint32_t owed_buf, owed_tokens;
 	int32_t owed_layer;
+	/* The owed contribution was lost after its FORWARD had completed (a deferred expert's
+	 * read failed): every FORWARD that would merge it fails with owed_fail_status, value =
+	 * the expert, index = the layer that deferred it, until MOE_FWD_DROP_DEFERRED. */
+	int owed_fail_status;
+	uint32_t owed_fail_expert;
+	int32_t owed_fail_layer;
 };
 
 struct model_ops {
@@ -195,10 +211,39 @@ static void forward_fail(struct moe_cqe *c, int status, uint32_t value, uint32_t
 	c->index = index;
 }
 
-/* Runs one FORWARD of mc and fills its completion *cq. No lock held; mc stays alive (running
- * is set) and this thread is the executor (executing is set). */
+/* The early delivery of one FORWARD: its output written, its completion posted before the
+ * deferred experts are computed (forward_request.immediate_ready). */
+struct early_delivery {
+	struct model_channel *mc;
+	const struct moe_sqe *sqe;
+	const struct slot_areas *areas;
+	const float *out_immediate;
+	size_t elements;    /* n_tokens x hidden */
+	bool on_dispatcher; /* inline: post through the drain (channel_post_now) */
+	bool posted;
+};
+
+static void deliver_immediate(void *arg, uint32_t n_deferred)
+{
+	struct early_delivery *d = arg;
+	const struct moe_sqe *sqe = d->sqe;
+	moek_convert(sqe->out_dtype, d->areas->output, MOEK_ACT_F32, d->out_immediate, d->elements);
+	const struct moe_cqe c = {
+	    .user_data = sqe->user_data, .slot = sqe->slot, .status = MOE_OK, .value = n_deferred};
+	if (d->on_dispatcher)
+		channel_post_now(d->mc->ch, &c);
+	else
+		channel_complete_async(d->mc->ch, &c);
+	d->posted = true;
+}
+
+/* Runs one FORWARD of mc and fills its completion *cq, or posts it itself as soon as the
+ * immediate part is ready and sets cq->status = OP_POSTED (the deferred experts are computed
+ * after; the channel's next FORWARD cannot start before, since this thread is its executor).
+ * on_dispatcher: running inline inside the dispatcher's drain. No lock held; mc stays alive
+ * (running is set) and this thread is the executor (executing is set). */
 static void run_forward(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe,
-                        struct moe_cqe *cq)
+                        struct moe_cqe *cq, bool on_dispatcher)
 {
 	struct sidecar_channel *ch = mc->ch;
 	const struct serve_model_desc *d = o->desc;
@@ -208,11 +253,18 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	c.slot = sqe->slot;
 
 	const float *deferred_in = NULL;
-	if (sqe->flags & MOE_FWD_DROP_DEFERRED)
+	if (sqe->flags & MOE_FWD_DROP_DEFERRED) {
 		mc->owed = false; /* the client aborted the batch the contribution belonged to */
+		mc->owed_fail_status = MOE_OK;
+	}
 	if (mc->owed) {
 		if (sqe->layer != mc->owed_layer || sqe->n_tokens != mc->owed_tokens) {
 			forward_fail(&c, MOE_EDEFERRED, (uint32_t)mc->owed_layer, mc->owed_tokens);
+			goto done;
+		}
+		if (mc->owed_fail_status != MOE_OK) {
+			forward_fail(&c, mc->owed_fail_status, mc->owed_fail_expert,
+			             (uint32_t)mc->owed_fail_layer);
 			goto done;
 		}
 		deferred_in = mc->deferred[mc->owed_buf];
@@ -242,9 +294,36 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	    .weights = o->weights,
 	    .deferred_in = deferred_in,
 	};
+	struct early_delivery early = {.mc = mc,
+	                               .sqe = sqe,
+	                               .areas = &a,
+	                               .out_immediate = o->out_immediate,
+	                               .elements = rows,
+	                               .on_dispatcher = on_dispatcher};
+	if (sqe->arg) { /* something may be deferred: deliver the rest before computing it */
+		req.immediate_ready = deliver_immediate;
+		req.immediate_arg = &early;
+	}
 	struct serve_forward_result res;
 	int rc = serve_model_forward(o->model, &req, o->out_immediate,
 	                             sqe->arg ? mc->deferred[target] : NULL, &res);
+	if (rc != MOE_OK && early.posted) {
+		/* Completed already: the deferred part is what failed. The next FORWARD owes it. */
+		log_warn("model",
+		         "client %u FORWARD layer %d: its deferred experts failed after it "
+		         "completed: %s; the next FORWARD fails until the client drops the "
+		         "deferred part",
+		         mc->client, sqe->layer, res.message);
+		mc->owed = true;
+		mc->owed_buf = target;
+		mc->owed_layer = serve_model_next_moe_layer(o->model, sqe->layer);
+		mc->owed_tokens = sqe->n_tokens;
+		mc->owed_fail_status = rc;
+		mc->owed_fail_expert = res.bad_expert >= 0 ? (uint32_t)res.bad_expert : 0;
+		mc->owed_fail_layer = sqe->layer;
+		c.status = OP_POSTED;
+		goto done;
+	}
 	if (rc != MOE_OK) {
 		uint32_t where = res.bad_token >= 0
 		                     ? (uint32_t)res.bad_token * sqe->ids_per_token +
@@ -264,7 +343,8 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 			          sqe->layer, moe_status_str(rc), res.message);
 		goto done;
 	}
-	moek_convert(sqe->out_dtype, a.output, MOEK_ACT_F32, o->out_immediate, rows);
+	if (!early.posted)
+		moek_convert(sqe->out_dtype, a.output, MOEK_ACT_F32, o->out_immediate, rows);
 	if (res.n_deferred) {
 		mc->owed = true;
 		mc->owed_buf = target;
@@ -273,7 +353,7 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	} else {
 		mc->owed = false;
 	}
-	c.status = MOE_OK;
+	c.status = early.posted ? OP_POSTED : MOE_OK;
 	c.value = res.n_deferred;
 done:
 	*cq = c;
@@ -325,8 +405,9 @@ static void *forward_thread_main(void *arg)
 		pthread_mutex_unlock(&o->lock);
 
 		struct moe_cqe c;
-		run_forward(o, mc, &sqe, &c);
-		channel_complete_async(mc->ch, &c);
+		run_forward(o, mc, &sqe, &c, false);
+		if (c.status != OP_POSTED)
+			channel_complete_async(mc->ch, &c);
 
 		pthread_mutex_lock(&o->lock);
 		mc->running = false;
@@ -364,7 +445,7 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 		mc->running = true;
 		pthread_mutex_unlock(&o->lock);
 		o->forwards_inline++;
-		run_forward(o, mc, sqe, done);
+		run_forward(o, mc, sqe, done, true);
 		pthread_mutex_lock(&o->lock);
 		o->executing = false;
 		mc->running = false;

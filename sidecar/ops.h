@@ -16,6 +16,10 @@
 /* Status an executor sets when the request finishes later, on another thread, through
  * channel_complete_async: the slot stays busy until then. Positive, so never a wire status. */
 #define OP_PENDING 1
+/* Status an executor sets when it has already posted its completion itself, on the dispatcher
+ * thread, with channel_post_now (a FORWARD run inline that delivered its immediate part before
+ * computing its deferred experts). Positive, so never a wire status. */
+#define OP_POSTED 2
 
 struct op_desc {
 	const char *name;

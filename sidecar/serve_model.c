@@ -284,10 +284,18 @@ int32_t serve_model_next_moe_layer(const struct serve_model *m, int32_t layer)
 	return -1;
 }
 
+static void deliver_immediate(void *arg, const struct forward_result *r)
+{
+	const struct serve_forward *req = arg;
+	req->immediate_ready(req->immediate_arg, r->n_deferred);
+}
+
 int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
                         float *out_immediate, float *out_deferred, struct serve_forward_result *res)
 {
 	struct forward_request fr = {
+	    .immediate_ready = req->immediate_ready ? deliver_immediate : NULL,
+	    .immediate_arg = (void *)req,
 	    .client = req->client,
 	    .layer = req->layer,
 	    .n_tokens = req->n_tokens,
@@ -306,6 +314,7 @@ int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
 	res->bad_index = r.bad_index;
 	res->bad_expert = r.bad_expert;
 	res->n_deferred = r.n_deferred;
+	res->immediate_delivered = r.immediate_delivered;
 	memcpy(res->message, r.message, sizeof(res->message));
 	res->message[sizeof(res->message) - 1] = '\0';
 	return r.status;

@@ -73,11 +73,17 @@ struct serve_forward {
 	const int32_t *ids;
 	const float *weights;
 	const float *deferred_in;
+	/* Optional early delivery (forward_request.immediate_ready): called once, as soon as
+	 * out_immediate is final, before the deferred experts are computed. */
+	void (*immediate_ready)(void *arg, uint32_t n_deferred);
+	void *immediate_arg;
 };
 struct serve_forward_result {
 	int status;
 	int32_t bad_token, bad_index, bad_expert;
 	uint32_t n_deferred;
+	bool immediate_delivered; /* immediate_ready was called: a failure concerns the deferred
+	                             part */
 	char message[160];
 };
 int serve_model_forward(struct serve_model *m, const struct serve_forward *req,

@@ -85,7 +85,10 @@ static inline const char *moe_dtype_name(unsigned dtype)
  *          the NEXT FORWARD on the same channel, which must be the next MoE layer with the same
  *          n_tokens (else that request fails with MOE_EDEFERRED, unless it carries
  *          MOE_FWD_DROP_DEFERRED). The sidecar never completes that next request before the
- *          owed contribution is merged. Completion value = number of experts deferred.
+ *          owed contribution is merged. Completion value = number of experts deferred. The
+ *          completion is posted when the immediate part is ready, before the deferred experts
+ *          are computed; if one of them then fails, the next FORWARD fails with MOE_EIO
+ *          (value = the expert, index = the deferring layer) until MOE_FWD_DROP_DEFERRED.
  * PREFETCH hints for an upcoming layer; completes at once (value = experts queued).
  *            sqe.layer          the layer the hint is for
  *            sqe.n_tokens       number of entries in expert_ids / expert_weights

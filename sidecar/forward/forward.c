@@ -15,6 +15,12 @@
  * no reference, so a tiny budget cannot deadlock). References are released after each wave.
  * With one residency per NUMA node (weights.c), an expert is demanded from every node's and
  * is ready when every node holds its slice; counted once (cold if any node read).
+ *
+ * Early delivery (forward_request.immediate_ready): waves then take the immediate groups
+ * before the deferred ones, and the immediate output is summed and handed to the caller as
+ * soon as the last immediate group is done — the server posts it while the deferred experts
+ * compute (or still load), which is what deferral is for. Without it, one wave takes every
+ * ready group (no extra wave), and both sums are taken at the end.
  */
 #include <errno.h>
 #include <math.h>
@@ -37,7 +43,7 @@ struct layer_counters {
 	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
 };
 
-enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_DONE };
+enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_DONE, GROUP_FAILED };
 
 struct req_group {
 	uint32_t expert;
@@ -58,8 +64,13 @@ struct forward_engine {
 	struct forward_pool pool;
 	struct forward_weights w;
 	uint32_t max_tokens, max_k, hidden, last_moe_layer;
+	/* One request at a time: `running` under run_lock, waited for on run_free. The lock is
+	 * held only to take or give back the engine, never across compute, I/O or the
+	 * immediate_ready callback. */
 	pthread_mutex_t run_lock;
-	/* Request plan, sized for max_tokens x max_k pairs (guarded by run_lock). */
+	pthread_cond_t run_free;
+	bool running;
+	/* Request plan, sized for max_tokens x max_k pairs (owned by the running request). */
 	uint32_t max_pairs, max_groups;
 	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
 	uint32_t *pos_slot;            /* [position]: gathered slot */
@@ -202,6 +213,7 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	}
 	e->hidden = (uint32_t)cat->info.hidden;
 	pthread_mutex_init(&e->run_lock, NULL);
+	pthread_cond_init(&e->run_free, NULL);
 	pthread_mutex_init(&e->mask_lock, NULL);
 	bool topo_open = false, pool_open = false;
 	if (topology_open(&e->topo, config, err, err_len) != 0)
@@ -277,6 +289,7 @@ void forward_destroy(struct forward_engine *e)
 	free(e->res_mask);
 	free(e->counters);
 	pthread_mutex_destroy(&e->run_lock);
+	pthread_cond_destroy(&e->run_free);
 	pthread_mutex_destroy(&e->mask_lock);
 	free(e);
 }
@@ -473,28 +486,41 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 	return n_groups;
 }
 
-/* out_imm[t] = Σ immediate in planned order + deferred_in[t]; out_def[t] = Σ deferred. */
-static void sum_outputs(struct forward_engine *e, const struct forward_request *q, float *out_imm,
-                        float *out_def)
+/* out_imm[t] = Σ immediate in planned order + deferred_in[t]. Needs only the groups with an
+ * immediate entry (they come first in the plan). */
+static void sum_immediate(struct forward_engine *e, const struct forward_request *q, float *out_imm)
 {
 	const size_t h = e->hidden;
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
 		float *oi = out_imm + t * h;
-		float *od = out_def ? out_def + t * h : NULL;
 		memset(oi, 0, h * sizeof(float));
-		if (od)
-			memset(od, 0, h * sizeof(float));
 		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
-		for (uint32_t r = 0; r < e->tok_n_valid[t]; r++) {
-			const size_t p = (size_t)t * q->k + order[r];
-			const float *y = e->yg + (size_t)e->pos_slot[p] * h;
-			float *o = r < e->tok_n_imm[t] ? oi : od;
+		for (uint32_t r = 0; r < e->tok_n_imm[t]; r++) {
+			const float *y =
+			    e->yg + (size_t)e->pos_slot[(size_t)t * q->k + order[r]] * h;
 			for (size_t i = 0; i < h; i++)
-				o[i] += y[i];
+				oi[i] += y[i];
 		}
 		if (q->deferred_in)
 			for (size_t i = 0; i < h; i++)
 				oi[i] += q->deferred_in[t * h + i];
+	}
+}
+
+/* out_def[t] = Σ deferred in planned order. */
+static void sum_deferred(struct forward_engine *e, const struct forward_request *q, float *out_def)
+{
+	const size_t h = e->hidden;
+	for (uint32_t t = 0; t < q->n_tokens; t++) {
+		float *od = out_def + t * h;
+		memset(od, 0, h * sizeof(float));
+		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
+		for (uint32_t r = e->tok_n_imm[t]; r < e->tok_n_valid[t]; r++) {
+			const float *y =
+			    e->yg + (size_t)e->pos_slot[(size_t)t * q->k + order[r]] * h;
+			for (size_t i = 0; i < h; i++)
+				od[i] += y[i];
+		}
 	}
 }
 
@@ -570,15 +596,20 @@ static void finish_wave(struct forward_engine *e, uint32_t n_wave)
 	}
 }
 
-/* Computes every READY group, immediate ones first (they come first in the group order). */
+/* Which READY groups a wave takes: all of them (immediate ones first: they come first in the
+ * group order), or one kind, so the immediate part can be delivered before deferred work. */
+enum wave_filter { WAVE_ALL, WAVE_IMMEDIATE, WAVE_DEFERRED };
+
 static int compute_ready(struct forward_engine *e, const struct forward_request *q,
-                         uint32_t n_groups, struct forward_result *res)
+                         uint32_t n_groups, enum wave_filter filter, struct forward_result *res)
 {
 	const uint64_t t0 = now_us();
 	uint32_t n_wave = 0;
 	size_t at = 0;
 	for (uint32_t g = 0; g < n_groups; g++) {
-		if (e->groups[g].state != GROUP_READY)
+		if (e->groups[g].state != GROUP_READY ||
+		    (filter == WAVE_IMMEDIATE && e->groups[g].deferred) ||
+		    (filter == WAVE_DEFERRED && !e->groups[g].deferred))
 			continue;
 		int rc = add_to_wave(e, q, g, n_wave, &at, res);
 		if (rc == 1) {
@@ -682,10 +713,57 @@ static bool any_cold(struct forward_engine *e, uint32_t moe_layer, uint32_t expe
 	return false;
 }
 
-static int execute(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
-                   uint32_t n_groups, struct forward_result *res)
+/* With q->immediate_ready: once every group with an immediate entry is done (at once when
+ * there is none), sums the immediate output and hands it over — before any deferred-only
+ * group is read or computed after this point. */
+static void deliver_if_done(struct forward_engine *e, const struct forward_request *q,
+                            uint32_t n_groups, float *out_imm, struct forward_result *res)
 {
-	int rc;
+	if (!q->immediate_ready || res->immediate_delivered)
+		return;
+	for (uint32_t g = 0; g < n_groups && !e->groups[g].deferred; g++)
+		if (e->groups[g].state != GROUP_DONE)
+			return;
+	const uint64_t t0 = now_us();
+	sum_immediate(e, q, out_imm);
+	res->compute_us += now_us() - t0;
+	res->immediate_delivered = true;
+	q->immediate_ready(q->immediate_arg, res);
+}
+
+/* The waves of one request: everything READY (WAVE_ALL), or with early delivery the
+ * immediate groups, the delivery when they are all done, then the deferred ones. */
+static int compute_waves(struct forward_engine *e, const struct forward_request *q,
+                         uint32_t n_groups, float *out_imm, struct forward_result *res)
+{
+	if (!q->immediate_ready)
+		return compute_ready(e, q, n_groups, WAVE_ALL, res);
+	int rc = compute_ready(e, q, n_groups, WAVE_IMMEDIATE, res);
+	if (rc < 0)
+		return rc;
+	deliver_if_done(e, q, n_groups, out_imm, res);
+	return compute_ready(e, q, n_groups, WAVE_DEFERRED, res);
+}
+
+/* A demand of group g failed with rc (res filled). With early delivery a deferred-only group's
+ * failure does not cost the immediate part: the group is settled as FAILED, *deferred_rc
+ * keeps the status for forward_run to return after the delivery, and this returns 1 (one more
+ * group settled). Otherwise returns rc: the request fails. */
+static int settle_failure(struct forward_engine *e, const struct forward_request *q,
+                          struct req_group *g, int rc, int *deferred_rc)
+{
+	if (!q->immediate_ready || !g->deferred)
+		return rc;
+	release_group(e, g);
+	g->state = GROUP_FAILED;
+	*deferred_rc = rc;
+	return 1;
+}
+
+static int execute(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
+                   uint32_t n_groups, float *out_imm, struct forward_result *res)
+{
+	int rc, deferred_rc = MOE_OK;
 	if (e->w.source != FORWARD_SOURCE_RESIDENCY) {
 		char err[128];
 		for (uint32_t g = 0; g < n_groups; g++) {
@@ -696,7 +774,7 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 			rg->state = GROUP_READY;
 			res->hits++;
 		}
-		return compute_ready(e, q, n_groups, res);
+		return compute_waves(e, q, n_groups, out_imm, res);
 	}
 	uint32_t done = 0;
 	for (;;) {
@@ -711,6 +789,8 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 				    (pass == 0 && any_cold(e, moe_layer, rg->expert)))
 					continue;
 				rc = demand(e, q, moe_layer, rg, false, res);
+				if (rc < 0)
+					rc = settle_failure(e, q, rg, rc, &deferred_rc);
 				if (rc < 0)
 					goto failed;
 				ready += (uint32_t)rc;
@@ -729,17 +809,20 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 				rc = demand(e, q, moe_layer, &e->groups[g], true, res);
 				res->io_us += now_us() - t0;
 				if (rc < 0)
+					rc = settle_failure(e, q, &e->groups[g], rc, &deferred_rc);
+				if (rc < 0)
 					goto failed;
 				ready = 1;
 				break;
 			}
 		}
-		rc = compute_ready(e, q, n_groups, res);
+		rc = compute_waves(e, q, n_groups, out_imm, res);
 		if (rc < 0)
 			goto failed;
 		done += ready;
 		if (done >= n_groups)
-			return MOE_OK;
+			return deferred_rc; /* MOE_OK, or a deferred expert's failure after delivery
+			                     */
 	}
 failed:
 	release_all(e, n_groups);
@@ -787,11 +870,28 @@ bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_
 	return true;
 }
 
+static void engine_take(struct forward_engine *e)
+{
+	pthread_mutex_lock(&e->run_lock);
+	while (e->running)
+		pthread_cond_wait(&e->run_free, &e->run_lock);
+	e->running = true;
+	pthread_mutex_unlock(&e->run_lock);
+}
+
+static void engine_give_back(struct forward_engine *e)
+{
+	pthread_mutex_lock(&e->run_lock);
+	e->running = false;
+	pthread_cond_signal(&e->run_free);
+	pthread_mutex_unlock(&e->run_lock);
+}
+
 int forward_run(struct forward_engine *e, const struct forward_request *q, float *out_immediate,
                 float *out_deferred, struct forward_result *res)
 {
 	const uint64_t t0 = now_us();
-	pthread_mutex_lock(&e->run_lock);
+	engine_take(e);
 	const uint64_t t1 = now_us();
 	uint32_t moe_layer = 0;
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
@@ -799,17 +899,20 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	if (rc == MOE_OK) {
 		const uint32_t n_groups = plan_request(e, q);
 		res->experts = n_groups;
-		rc = execute(e, q, moe_layer, n_groups, res);
+		for (uint32_t t = 0; t < q->n_tokens; t++)
+			res->n_deferred += e->tok_n_valid[t] - e->tok_n_imm[t];
+		rc = execute(e, q, moe_layer, n_groups, out_immediate, res);
 		if (rc == MOE_OK) {
 			const uint64_t t2 = now_us();
-			sum_outputs(e, q, out_immediate, out_deferred);
+			if (!res->immediate_delivered)
+				sum_immediate(e, q, out_immediate);
+			if (out_deferred)
+				sum_deferred(e, q, out_deferred);
 			res->compute_us += now_us() - t2;
-			for (uint32_t t = 0; t < q->n_tokens; t++)
-				res->n_deferred += e->tok_n_valid[t] - e->tok_n_imm[t];
 		}
 		res->status = rc;
 	}
-	pthread_mutex_unlock(&e->run_lock);
+	engine_give_back(e);
 	if (rc != MOE_EBADLAYER && rc != MOE_EINVAL)
 		record(e, moe_layer, q, res, now_us() - t0);
 	return rc;
@@ -840,11 +943,11 @@ static int run_slices(struct moek_ffn_call *c, const struct held_expert *h, uint
 int forward_reference(struct forward_engine *e, const struct forward_request *q,
                       float *out_immediate, float *out_deferred, struct forward_result *res)
 {
-	pthread_mutex_lock(&e->run_lock);
+	engine_take(e);
 	uint32_t moe_layer = 0;
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	if (rc != MOE_OK) {
-		pthread_mutex_unlock(&e->run_lock);
+		engine_give_back(e);
 		return rc;
 	}
 	const size_t n = q->n_tokens, k = q->k, h = e->hidden;
@@ -965,7 +1068,7 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 	}
 out:
 	res->status = rc;
-	pthread_mutex_unlock(&e->run_lock);
+	engine_give_back(e);
 	free(rank);
 	free(deferred);
 	free(members);

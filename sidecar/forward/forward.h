@@ -125,6 +125,8 @@ void forward_topology(const struct forward_engine *e, struct forward_topology_in
 
 /* One layer. Inputs are trusted to be readable for their sizes (the caller copied them out of
  * shared memory); their *values* are not trusted. */
+struct forward_result;
+
 struct forward_request {
 	uint32_t client; /* < FORWARD_MAX_CLIENTS: whose GPU mask applies */
 	int32_t layer;   /* transformer block index */
@@ -138,6 +140,17 @@ struct forward_request {
 	const float *weights;     /* n_tokens x k, finite */
 	const float *deferred_in; /* optional n_tokens x hidden f32 added last to out (what the
 	                             previous layer deferred); NULL = none */
+	/* Optional early delivery (forward_run only; the reference ignores it): called once, on
+	 * the calling thread, as soon as out_immediate is final — every expert with an immediate
+	 * entry computed, deferred_in added — and before the deferred-only experts still to be
+	 * computed are; res has n_deferred and the counts so far. The engine is still taken
+	 * (another forward_run waits), no lock is held. forward_run then finishes out_deferred.
+	 * A deferred-only expert that fails (its read, at any point) does not fail the immediate
+	 * part: it is still delivered, and forward_run returns the failure (res names the expert)
+	 * with res->immediate_delivered set — the deferred part is lost. Lets a server post the
+	 * result while the deferred experts compute or load — the point of deferral. */
+	void (*immediate_ready)(void *arg, const struct forward_result *res);
+	void *immediate_arg;
 };
 
 struct forward_result {
@@ -149,10 +162,11 @@ struct forward_result {
 	uint32_t n_deferred; /* (token, id) entries deferred into out_deferred */
 	uint32_t experts;    /* distinct experts computed */
 	uint32_t hits, cold_misses, inflight_misses;
-	uint64_t bytes_read; /* by cold misses of this request */
-	uint64_t queue_us;   /* waiting for the engine (another request running) */
-	uint64_t io_us;      /* waiting for expert loads with nothing to compute */
-	uint64_t compute_us; /* computing */
+	uint64_t bytes_read;      /* by cold misses of this request */
+	uint64_t queue_us;        /* waiting for the engine (another request running) */
+	uint64_t io_us;           /* waiting for expert loads with nothing to compute */
+	uint64_t compute_us;      /* computing */
+	bool immediate_delivered; /* immediate_ready was called (out_immediate final then) */
 };
 
 /* Computes out_immediate (n_tokens x hidden f32, overwritten) = Σ immediate w·expert(x)

@@ -1,9 +1,10 @@
 /* forward_internal.h — what the forward engine's files share: topology, worker pool, weights
  * sources and the engine struct. Not an API: forward.h is.
  *
- * Threading: the engine's run_lock serialises forward_run/forward_reference; mask_lock guards
- * the client masks; counters are atomics. The pool's job fields are written by the thread
- * holding run_lock before it starts a wave and read by workers after the start barrier.
+ * Threading: forward_run/forward_reference take the engine one at a time (`running` under
+ * run_lock, never held across compute or I/O); mask_lock guards the client masks; counters
+ * are atomics. The pool's job fields are written by the thread running the request before it
+ * starts a wave and read by workers after the start barrier.
  */
 #ifndef MOE_FORWARD_INTERNAL_H
 #define MOE_FORWARD_INTERNAL_H

@@ -9,8 +9,8 @@
  * node, workers claim items from an atomic counter: no worker idles while its node has work.
  * The kernels give the same bits for any split, so claiming order never shows in results.
  *
- * Threading: pool_run_wave is called by one thread at a time (the engine's run_lock), which
- * is worker 0. No allocation per wave.
+ * Threading: pool_run_wave is called by one thread at a time (the one running the engine's
+ * request), which is worker 0. No allocation per wave.
  *
  * Waiting (between waves, and at the barrier between phases): spin up to POOL_SPIN_NS, then
  * sleep on a private futex. In decode the next wave follows within a client round trip and a

@@ -229,6 +229,65 @@ Test(serve_requests, io_failure_fails_exactly_the_requests_that_need_the_expert)
 	served_stop(&s);
 }
 
+/* A FORWARD completes as soon as its immediate part is ready; its deferred experts are computed
+ * after. So a deferred expert whose read fails cannot fail that FORWARD: it completes with the
+ * exact immediate part, and the loss is reported by the next FORWARD, the one the deferred part
+ * was owed to — until the client drops it. (Before early delivery the whole FORWARD failed.) */
+Test(serve_requests, a_deferred_expert_failing_fails_the_layer_it_was_owed_to)
+{
+	const char *extra[] = {"--debug-fail-expert", "1:3", "--no-direct",
+	                       "--mem-budget",        "50%", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case l1, l2;
+	fwd_case_make(&l1, 41, 1, 1, 4, ne, h, false);
+	fwd_case_make(&l2, 42, 2, 1, 4, ne, h, false);
+	const int32_t ids[4] = {5, 3, 6, 7};
+	const float w[4] = {0.4f, 0.1f, 0.3f, 0.2f}; /* expert 3 the lowest: the deferred one */
+	memcpy(l1.ids, ids, sizeof(ids));
+	memcpy(l1.weights, w, sizeof(w));
+	l1.k_defer = 1;
+	for (int round = 0; round < 2; round++) { /* the read is in flight, then sticky FAILED */
+		float *got = alloc_rows(1, h), *want = alloc_rows(1, h), *def = alloc_rows(1, h);
+		struct moe_completion done;
+		int st = served_forward(&s, &l1, got, &done);
+		cr_assert_eq(st, MOE_OK, "round %d: layer 1 with expert 3 deferred: %s", round,
+		             moe_strerror(st));
+		cr_assert_eq(done.value, 1, "entries deferred: %u", done.value);
+		cr_assert_eq(ref_forward(s.ref, 1, 1, 4, 1, l1.x_wire, l1.in_dtype, l1.ids,
+		                         l1.weights, NULL, want, def),
+		             MOE_OK);
+		cr_assert_eq(memcmp(got, want, h * sizeof(float)), 0,
+		             "round %d: the immediate part differs from the oracle", round);
+		/* Owed to layer 2, lost: named (expert 3, deferred by layer 1), sticky. */
+		expect_error(&s, &l2, MOE_EIO, 3, 1, "layer 2 owed a failed deferred part");
+		expect_error(&s, &l2, MOE_EIO, 3, 1, "layer 2 again");
+		l2.flags = MOE_FWD_DROP_DEFERRED;
+		expect_exact(&s, &l2, NULL, NULL, "layer 2 dropping the lost part");
+		l2.flags = 0;
+		expect_exact(&s, &l2, NULL, NULL, "layer 2 with nothing owed");
+		free(got);
+		free(want);
+		free(def);
+	}
+	/* Immediate for the first token, deferred for the second: one batch, needed now. */
+	struct fwd_case mixed;
+	fwd_case_make(&mixed, 43, 1, 2, 4, ne, h, false);
+	const int32_t ids2[8] = {3, 5, 6, 7, 5, 3, 6, 7};
+	const float w2[8] = {0.4f, 0.3f, 0.2f, 0.1f, 0.4f, 0.1f, 0.3f, 0.2f};
+	memcpy(mixed.ids, ids2, sizeof(ids2));
+	memcpy(mixed.weights, w2, sizeof(w2));
+	mixed.k_defer = 1;
+	expect_error(&s, &mixed, MOE_EIO, 3, -1, "expert 3 immediate for one token");
+	l2.flags = MOE_FWD_DROP_DEFERRED; /* whatever is owed now (nothing): still fine */
+	expect_exact(&s, &l2, NULL, NULL, "still serving");
+	fwd_case_free(&mixed);
+	fwd_case_free(&l1);
+	fwd_case_free(&l2);
+	served_stop(&s);
+}
+
 Test(serve_requests, budget_of_ten_percent_is_correct_and_respected)
 {
 	const char *extra[] = {"--mem-budget", "10%", NULL};
