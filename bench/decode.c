@@ -18,13 +18,13 @@
  * are ratios against the floor and the mmap baseline; absolute numbers depend on the machine.
  *
  * The full-budget row is the one compared with the floor, on a machine whose load drifts: it
- * alternates floor and sidecar for --rounds rounds (default 5) and reports the round with the
+ * alternates floor and sidecar for --rounds rounds (default 7) and reports the round with the
  * median ratio, so each ratio compares two runs taken seconds apart.
  *
  *   bench_decode [--quick] [--json] [--model PATH] [--steps N] [--plot FILE.png]
  *                [--sidecar-threads N]   (serve --threads; default: serve's, the node's cores)
  *                [--budgets P,P,...]     (percentages of expert bytes; default 100,50,25)
- *                [--rounds N]            (floor/sidecar alternations at 100%; default 5)
+ *                [--rounds N]            (floor/sidecar alternations at 100%; default 7)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -612,7 +612,7 @@ int main(int argc, char **argv)
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
-	long steps = 0, rounds = 5;
+	long steps = 0, rounds = 7;
 	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
