@@ -486,41 +486,28 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 	return n_groups;
 }
 
-/* out_imm[t] = Σ immediate in planned order + deferred_in[t]. Needs only the groups with an
- * immediate entry (they come first in the plan). */
-static void sum_immediate(struct forward_engine *e, const struct forward_request *q, float *out_imm)
+/* One part of the output in the planned order: out[t] = Σ immediate entries + deferred_in[t]
+ * (needs only the groups with an immediate entry: they come first in the plan), or
+ * Σ deferred entries. */
+static void sum_part(struct forward_engine *e, const struct forward_request *q, float *out,
+                     bool deferred_part)
 {
 	const size_t h = e->hidden;
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
-		float *oi = out_imm + t * h;
-		memset(oi, 0, h * sizeof(float));
+		float *o = out + t * h;
+		memset(o, 0, h * sizeof(float));
 		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
-		for (uint32_t r = 0; r < e->tok_n_imm[t]; r++) {
+		const uint32_t r0 = deferred_part ? e->tok_n_imm[t] : 0;
+		const uint32_t r1 = deferred_part ? e->tok_n_valid[t] : e->tok_n_imm[t];
+		for (uint32_t r = r0; r < r1; r++) {
 			const float *y =
 			    e->yg + (size_t)e->pos_slot[(size_t)t * q->k + order[r]] * h;
 			for (size_t i = 0; i < h; i++)
-				oi[i] += y[i];
+				o[i] += y[i];
 		}
-		if (q->deferred_in)
+		if (!deferred_part && q->deferred_in)
 			for (size_t i = 0; i < h; i++)
-				oi[i] += q->deferred_in[t * h + i];
-	}
-}
-
-/* out_def[t] = Σ deferred in planned order. */
-static void sum_deferred(struct forward_engine *e, const struct forward_request *q, float *out_def)
-{
-	const size_t h = e->hidden;
-	for (uint32_t t = 0; t < q->n_tokens; t++) {
-		float *od = out_def + t * h;
-		memset(od, 0, h * sizeof(float));
-		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
-		for (uint32_t r = e->tok_n_imm[t]; r < e->tok_n_valid[t]; r++) {
-			const float *y =
-			    e->yg + (size_t)e->pos_slot[(size_t)t * q->k + order[r]] * h;
-			for (size_t i = 0; i < h; i++)
-				od[i] += y[i];
-		}
+				o[i] += q->deferred_in[t * h + i];
 	}
 }
 
@@ -725,7 +712,7 @@ static void deliver_if_done(struct forward_engine *e, const struct forward_reque
 		if (e->groups[g].state != GROUP_DONE)
 			return;
 	const uint64_t t0 = now_us();
-	sum_immediate(e, q, out_imm);
+	sum_part(e, q, out_imm, false);
 	res->compute_us += now_us() - t0;
 	res->immediate_delivered = true;
 	q->immediate_ready(q->immediate_arg, res);
@@ -905,9 +892,9 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 		if (rc == MOE_OK) {
 			const uint64_t t2 = now_us();
 			if (!res->immediate_delivered)
-				sum_immediate(e, q, out_immediate);
+				sum_part(e, q, out_immediate, false);
 			if (out_deferred)
-				sum_deferred(e, q, out_deferred);
+				sum_part(e, q, out_deferred, true);
 			res->compute_us += now_us() - t2;
 		}
 		res->status = rc;
