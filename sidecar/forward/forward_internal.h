@@ -113,7 +113,6 @@ struct expert_aux {
  * ALL_RESIDENT, at create. One converter per residency, used only by its loader thread. */
 #define MXFP4_HF_CHUNK_BLOCKS 1024u /* blocks converted per step (16 KiB of input) */
 struct mxfp4_hf_converter {
-	const struct forward_weights *w;
 	uint32_t n_pairs;
 	uint8_t blocks[EXPERT_MAX_EXTENTS], scales[EXPERT_MAX_EXTENTS]; /* extent indices */
 	uint8_t *scratch; /* a copy of one matrix's scales + one chunk of its blocks */

@@ -267,10 +267,9 @@ static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
 	return (size_t)most + (size_t)MXFP4_HF_CHUNK_BLOCKS * 16;
 }
 
-static int converter_init(struct forward_weights *w, struct mxfp4_hf_converter *c, char *err,
+static int converter_init(const struct forward_weights *w, struct mxfp4_hf_converter *c, char *err,
                           size_t err_len)
 {
-	c->w = w;
 	c->scratch_len = mxfp4_hf_scratch_bytes(w);
 	c->scratch = malloc(c->scratch_len);
 	if (!c->scratch) {
@@ -285,24 +284,20 @@ static int converter_init(struct forward_weights *w, struct mxfp4_hf_converter *
 static int mxfp4_hf_after_load(void *arg, const struct residency_loaded *x, char *msg,
                                size_t msg_len)
 {
-	struct mxfp4_hf_converter *c = arg;
-	const uint32_t layer = x->layer < c->w->n_moe_layers ? c->w->model_layer[x->layer] : 0;
+	const struct mxfp4_hf_converter *c = arg;
 	for (uint32_t i = 0; i < c->n_pairs; i++) {
 		const uint32_t b = c->blocks[i], s = c->scales[i];
 		if (b >= x->n_extents || s >= x->n_extents ||
 		    x->data[s] + x->length[s] > x->slot + x->slot_bytes) {
 			snprintf(msg, msg_len,
-			         "layer %u expert %u: MXFP4 extents %u/%u not in the slot (%u "
+			         "MXFP4 conversion: extents %u and %u are not in the slot (%u "
 			         "extents)",
-			         layer, x->expert, b, s, x->n_extents);
+			         b, s, x->n_extents);
 			return -EINVAL;
 		}
-		char why[128];
 		if (mxfp4_hf_convert(x->data[b], x->length[b], x->data[s], x->length[s], c->scratch,
-		                     c->scratch_len, why, sizeof(why)) != 0) {
-			snprintf(msg, msg_len, "layer %u expert %u: %s", layer, x->expert, why);
+		                     c->scratch_len, msg, msg_len) != 0)
 			return -EINVAL;
-		}
 	}
 	return 0;
 }
