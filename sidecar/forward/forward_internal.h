@@ -108,6 +108,16 @@ struct expert_aux {
 	uint64_t bias[3];  /* gate, up, down */
 	uint64_t scale[3]; /* gate, up, down */
 };
+/* MXFP4 in the Hugging Face layout (_blocks + _scales extents) is converted to GGUF 17-byte
+ * blocks in place, once per load: by each residency's loader thread (post-load hook) or, for
+ * ALL_RESIDENT, at create. One converter per residency, used only by its loader thread. */
+#define MXFP4_HF_CHUNK_BLOCKS 1024u /* blocks converted per step (16 KiB of input) */
+struct mxfp4_hf_converter {
+	uint32_t n_pairs;
+	uint8_t blocks[EXPERT_MAX_EXTENTS], scales[EXPERT_MAX_EXTENTS]; /* extent indices */
+	uint8_t *scratch; /* a copy of one matrix's scales + one chunk of its blocks */
+	size_t scratch_len;
+};
 struct forward_weights {
 	enum forward_source source;
 	const struct moe_catalog *cat;
@@ -125,7 +135,13 @@ struct forward_weights {
 	uint32_t n_nodes; /* the topology's nodes (the split of every expert) */
 	struct residency *res[FORWARD_MAX_NODES];
 	struct expert_map node_map[FORWARD_MAX_NODES];
-	void **file_map; /* MMAP: one mapping per file */
+	/* Sliced: node maps hold per piece (gate, up, down; gate_up, down; or gate_up's gate
+	 * rows, its up rows, down) its data extent, then (Hugging Face MXFP4) its scales. */
+	uint32_t node_pieces, node_extents;
+	uint8_t piece_data[3]; /* extent index of each piece's data */
+	bool mxfp4_hf;         /* some projection is MXFP4 in the Hugging Face layout */
+	struct mxfp4_hf_converter hf_conv[FORWARD_MAX_NODES]; /* one per residency */
+	void **file_map;                                      /* MMAP: one mapping per file */
 	size_t *file_map_len;
 	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */
 	size_t resident_len;

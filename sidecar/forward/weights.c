@@ -15,9 +15,15 @@
  * cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps one unbound
  * pool of whole experts, logged at create.
  *
- * Not supported (refused at create with a message): MXFP4 in the Hugging Face _blocks/_scales
- * layout (the kernels take GGUF blocks; a repack at load time would be needed) and FP8 in a
- * fused gate_up tensor.
+ * MXFP4 in the Hugging Face layout (gpt-oss checkpoints: _blocks and _scales tensors) is
+ * converted to the GGUF 17-byte blocks the kernels take, once per load, in the memory the
+ * bytes were read into: RESIDENCY by a post-load hook on each residency's loader thread,
+ * before the expert becomes RESIDENT (blocks and scales are adjacent extents of the slot, and
+ * the GGUF bytes are exactly their sum); ALL_RESIDENT at create. The MMAP source is refused
+ * for it (a read-only page-cache mapping cannot be converted, and a private copy would
+ * defeat what that baseline measures).
+ *
+ * Not supported (refused at create with a message): FP8 in a fused gate_up tensor.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -74,7 +80,8 @@ static uint64_t aux_floats(const struct moe_expert *x)
 	return n;
 }
 
-static int check_supported(const struct moe_catalog *cat, char *err, size_t err_len)
+static int check_supported(struct forward_weights *w, const struct moe_catalog *cat,
+                           enum forward_source source, char *err, size_t err_len)
 {
 	for (uint32_t l = 0; l < cat->info.n_layers; l++) {
 		if (!cat->layers[l].moe)
@@ -85,12 +92,18 @@ static int check_supported(const struct moe_catalog *cat, char *err, size_t err_
 			if (!r->present)
 				continue;
 			if (r->layout == MOE_LAYOUT_MXFP4_HF) {
-				snprintf(
-				    err, err_len,
-				    "layer %u %s: MXFP4 in the Hugging Face _blocks/_scales layout "
-				    "is not supported by the forward engine (convert to GGUF)",
-				    l, moe_proj_name((enum moe_proj)p));
-				return -1;
+				w->mxfp4_hf = true;
+				if (source == FORWARD_SOURCE_MMAP) {
+					snprintf(err, err_len,
+					         "layer %u %s: MXFP4 in the Hugging Face "
+					         "_blocks/_scales layout cannot be served from the "
+					         "mmap source (the kernels take GGUF blocks, and a "
+					         "read-only page-cache mapping cannot be converted "
+					         "in place): use the residency or all-resident "
+					         "source, or convert the model to GGUF",
+					         l, moe_proj_name((enum moe_proj)p));
+					return -1;
+				}
 			}
 			if (p == MOE_PROJ_GATE_UP && r->format == MOEK_FP8_E4M3_B128) {
 				snprintf(err, err_len,
@@ -191,6 +204,104 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
 	return rc;
 }
 
+/* ---- MXFP4, Hugging Face layout → GGUF blocks ---- */
+
+/* Converts one matrix in place: `blocks` (16 bytes per 32 elements, blocks_len) and `scales`
+ * (one E8M0 byte per 32 elements, scales_len) become GGUF 17-byte blocks starting at
+ * `blocks`. The scales must lie at or after the end of the blocks; the output
+ * (blocks_len + scales_len bytes) then ends at or before the end of the scales, so only the
+ * two extents and the gap between them are written. Output block b overlaps input blocks
+ * b and b+1 and possibly scales of earlier blocks: the scales are copied to scratch first,
+ * then the blocks are converted from the last chunk backwards, each chunk through scratch
+ * (see mxfp4_hf_scratch_bytes). Returns 0 or -1 (err). */
+static int mxfp4_hf_convert(uint8_t *blocks, uint64_t blocks_len, const uint8_t *scales,
+                            uint64_t scales_len, uint8_t *scratch, size_t scratch_len, char *err,
+                            size_t err_len)
+{
+	const uint64_t nb = scales_len;
+	if (blocks_len != nb * 16 || nb == 0) {
+		snprintf(err, err_len,
+		         "MXFP4 (Hugging Face layout): %llu bytes of blocks for %llu scales "
+		         "(16 per scale expected)",
+		         (unsigned long long)blocks_len, (unsigned long long)scales_len);
+		return -1;
+	}
+	if (scales < blocks + blocks_len) {
+		snprintf(err, err_len,
+		         "MXFP4 (Hugging Face layout): the scales do not follow the blocks in "
+		         "memory (cannot convert in place)");
+		return -1;
+	}
+	if (scratch_len < nb + (uint64_t)MXFP4_HF_CHUNK_BLOCKS * 16) {
+		snprintf(err, err_len,
+		         "MXFP4 (Hugging Face layout): %llu scales exceed the converter's "
+		         "scratch (%zu bytes)",
+		         (unsigned long long)nb, scratch_len);
+		return -1;
+	}
+	uint8_t *sc = scratch, *chunk = scratch + nb;
+	memcpy(sc, scales, nb);
+	for (uint64_t b1 = nb; b1 > 0;) {
+		const uint64_t b0 = b1 > MXFP4_HF_CHUNK_BLOCKS ? b1 - MXFP4_HF_CHUNK_BLOCKS : 0;
+		memcpy(chunk, blocks + 16 * b0, 16 * (b1 - b0));
+		moek_mxfp4_from_hf(chunk, sc + b0, 32 * (b1 - b0), blocks + 17 * b0);
+		b1 = b0;
+	}
+	return 0;
+}
+
+/* Scratch bytes a converter needs for any MXFP4 matrix (or slice of one) of the catalog. */
+static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
+{
+	uint64_t most = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x =
+			    moe_catalog_expert(w->cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++)
+				if (x->proj[p].present &&
+				    x->proj[p].layout == MOE_LAYOUT_MXFP4_HF &&
+				    x->proj[p].scale.length > most)
+					most = x->proj[p].scale.length;
+		}
+	return (size_t)most + (size_t)MXFP4_HF_CHUNK_BLOCKS * 16;
+}
+
+static int converter_init(const struct forward_weights *w, struct mxfp4_hf_converter *c, char *err,
+                          size_t err_len)
+{
+	c->scratch_len = mxfp4_hf_scratch_bytes(w);
+	c->scratch = malloc(c->scratch_len);
+	if (!c->scratch) {
+		snprintf(err, err_len, "MXFP4 conversion scratch (%zu bytes): out of memory",
+		         c->scratch_len);
+		return -1;
+	}
+	return 0;
+}
+
+/* The residency's post-load hook: converts every (blocks, scales) pair of the expert. */
+static int mxfp4_hf_after_load(void *arg, const struct residency_loaded *x, char *msg,
+                               size_t msg_len)
+{
+	const struct mxfp4_hf_converter *c = arg;
+	for (uint32_t i = 0; i < c->n_pairs; i++) {
+		const uint32_t b = c->blocks[i], s = c->scales[i];
+		if (b >= x->n_extents || s >= x->n_extents ||
+		    x->data[s] + x->length[s] > x->slot + x->slot_bytes) {
+			snprintf(msg, msg_len,
+			         "MXFP4 conversion: extents %u and %u are not in the slot (%u "
+			         "extents)",
+			         b, s, x->n_extents);
+			return -EINVAL;
+		}
+		if (mxfp4_hf_convert(x->data[b], x->length[b], x->data[s], x->length[s], c->scratch,
+		                     c->scratch_len, msg, msg_len) != 0)
+			return -EINVAL;
+	}
+	return 0;
+}
+
 static int open_files(const struct moe_catalog *cat, int **fds_out, char *err, size_t err_len)
 {
 	int *fds = malloc(cat->n_files * sizeof(int));
@@ -258,6 +369,13 @@ static void bind_expert(struct forward_weights *w, struct forward_topology *topo
 	}
 }
 
+/* Bytes a projection's matrix takes in memory in the layout the kernels read: Hugging Face
+ * MXFP4 becomes GGUF blocks, as many bytes as its blocks and scales together. */
+static uint64_t kernel_bytes(const struct moe_proj_ref *r)
+{
+	return r->data.length + (r->layout == MOE_LAYOUT_MXFP4_HF ? r->scale.length : 0);
+}
+
 static int load_all_resident(struct forward_weights *w, const int *fds,
                              const struct forward_config *cfg, struct forward_topology *topo,
                              char *err, size_t err_len)
@@ -269,7 +387,7 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
 			for (int p = 0; p < MOE_PROJ_COUNT; p++)
 				if (x->proj[p].present)
-					total += align64(x->proj[p].data.length);
+					total += align64(kernel_bytes(&x->proj[p]));
 		}
 	w->resident_len = total ? total : 64;
 	void *buf =
@@ -295,7 +413,7 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 				if (x->proj[p].present) {
 					w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT +
 					        p] = w->resident + at;
-					at += align64(x->proj[p].data.length);
+					at += align64(kernel_bytes(&x->proj[p]));
 				}
 		}
 	if (topo->memory_bound)
@@ -303,26 +421,47 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 			for (uint32_t e = 0; e < w->n_experts; e++)
 				bind_expert(w, topo, l, e);
 	const uint64_t n_ids = (uint64_t)w->n_moe_layers * w->n_experts;
-	for (uint32_t l = 0; l < w->n_moe_layers; l++)
-		for (uint32_t e = 0; e < w->n_experts; e++) {
+	struct mxfp4_hf_converter conv = {0};
+	if (w->mxfp4_hf && converter_init(w, &conv, err, err_len) != 0)
+		return -1;
+	int rc = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
+		for (uint32_t e = 0; e < w->n_experts && rc == 0; e++) {
 			const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[l], e);
-			for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+			for (int p = 0; p < MOE_PROJ_COUNT && rc == 0; p++) {
 				const struct moe_proj_ref *r = &x->proj[p];
 				if (!r->present)
 					continue;
 				uint8_t *dst =
 				    (uint8_t *)w
 				        ->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT + p];
-				if (read_exact(fds[r->data.file], cat->files[r->data.file].path,
-				               dst, r->data.length, r->data.offset, err, err_len))
-					return -1;
+				rc = read_exact(fds[r->data.file], cat->files[r->data.file].path,
+				                dst, r->data.length, r->data.offset, err, err_len);
+				if (rc || r->layout != MOE_LAYOUT_MXFP4_HF)
+					continue;
+				/* the scales right behind the blocks, then both become GGUF blocks
+				 */
+				uint8_t *sc = dst + r->data.length;
+				rc = read_exact(fds[r->scale.file], cat->files[r->scale.file].path,
+				                sc, r->scale.length, r->scale.offset, err, err_len);
+				char why[160];
+				if (rc == 0 &&
+				    mxfp4_hf_convert(dst, r->data.length, sc, r->scale.length,
+				                     conv.scratch, conv.scratch_len, why,
+				                     sizeof(why))) {
+					snprintf(err, err_len, "layer %u expert %u %s: %s",
+					         w->model_layer[l], e,
+					         moe_proj_name((enum moe_proj)p), why);
+					rc = -1;
+				}
 			}
-			if (cfg->progress)
+			if (rc == 0 && cfg->progress)
 				cfg->progress(cfg->progress_arg, "loading experts",
 				              (uint64_t)l * w->n_experts + e + 1, n_ids);
 		}
+	free(conv.scratch);
 	w->budget_bytes = total;
-	return 0;
+	return rc;
 }
 
 static int map_files(struct forward_weights *w, char *err, size_t err_len)
@@ -458,19 +597,77 @@ static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
 	return weights_view(w, l, x, data, v, err, err_len);
 }
 
-/* Appends rows [r0, r1) of projection r (rows of rb bytes) to node `n`'s map. */
-static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_proj_ref *r,
-                    size_t rb, uint64_t r0, uint64_t r1, char *err, size_t err_len)
+/* File bytes per row of projection r's data and (Hugging Face MXFP4) scales extents. */
+static uint64_t data_row_bytes(const struct moe_proj_ref *r)
 {
-	return expert_map_add(map, l, x, r->data.file, r->data.offset + r0 * rb, (r1 - r0) * rb,
-	                      err, err_len);
+	return r->layout == MOE_LAYOUT_MXFP4_HF ? r->cols / 2
+	                                        : moek_row_bytes(r->format, (size_t)r->cols);
+}
+static uint64_t scale_row_bytes(const struct moe_proj_ref *r)
+{
+	return r->layout == MOE_LAYOUT_MXFP4_HF ? r->cols / 32 : 0;
+}
+
+/* Whether every row of r lies in one run of its data (and scales) extent, row after row. */
+static bool rows_contiguous(const struct moe_proj_ref *r)
+{
+	return r->data.length == r->rows * data_row_bytes(r) &&
+	       (r->layout != MOE_LAYOUT_MXFP4_HF ||
+	        r->scale.length == r->rows * scale_row_bytes(r));
+}
+
+/* Appends rows [r0, r1) of projection r to a node's map: the data rows, then (Hugging Face
+ * MXFP4) the same rows of the scales, so the post-load conversion finds them adjacent. */
+static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_proj_ref *r,
+                    uint64_t r0, uint64_t r1, char *err, size_t err_len)
+{
+	const uint64_t rb = data_row_bytes(r), sb = scale_row_bytes(r);
+	int rc = expert_map_add(map, l, x, r->data.file, r->data.offset + r0 * rb, (r1 - r0) * rb,
+	                        err, err_len);
+	if (rc == 0 && sb)
+		rc = expert_map_add(map, l, x, r->scale.file, r->scale.offset + r0 * sb,
+		                    (r1 - r0) * sb, err, err_len);
+	return rc;
+}
+
+/* The pieces every node holds of an expert shaped like ce, in map order: separate gate, up,
+ * down; fused interleaved gate_up, down; fused concatenated gate_up (its gate rows, its up
+ * rows), down. Records where each piece's data (and scales) extent is. */
+static void node_layout(struct forward_weights *w, const struct moe_expert *ce)
+{
+	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+	const struct moe_proj_ref *pieces[3] = {&ce->proj[MOE_PROJ_GATE], &ce->proj[MOE_PROJ_UP],
+	                                        &ce->proj[MOE_PROJ_DOWN]};
+	w->node_pieces = 3;
+	if (gu->present) {
+		pieces[0] = pieces[1] = gu;
+		if (gu->order == MOE_GATE_UP_INTERLEAVED) {
+			pieces[1] = pieces[2];
+			w->node_pieces = 2;
+		}
+	}
+	uint32_t at = 0, pairs = 0;
+	for (uint32_t i = 0; i < w->node_pieces; i++) {
+		w->piece_data[i] = (uint8_t)at++;
+		if (pieces[i]->layout == MOE_LAYOUT_MXFP4_HF) {
+			for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++) {
+				w->hf_conv[n].blocks[pairs] = (uint8_t)(at - 1);
+				w->hf_conv[n].scales[pairs] = (uint8_t)at;
+			}
+			pairs++;
+			at++;
+		}
+	}
+	w->node_extents = at;
+	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+		w->hf_conv[n].n_pairs = pairs;
 }
 
 /* Builds node_map[0..n_nodes): each node's rows of every expert, extents in the order
- * weights_held_view reads them: separate gate, up, down; fused interleaved gate_up rows
- * [2 f_n, 2 f_n+1), down; fused concatenated gate rows, up rows, down. Biases and FP8 scales
- * are in aux (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why
- * says why), or -1 (err). */
+ * node_layout says (each data extent followed by its Hugging Face MXFP4 scales, if any);
+ * interleaved gate_up rows are [2 f_n, 2 f_n+1). Biases and FP8 scales are in aux
+ * (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why says why),
+ * or -1 (err). */
 static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *why, size_t why_len,
                            char *err, size_t err_len)
 {
@@ -511,10 +708,11 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 			const struct moe_proj_ref *parts[3] = {&ce->proj[MOE_PROJ_GATE],
 			                                       &ce->proj[MOE_PROJ_UP],
 			                                       &ce->proj[MOE_PROJ_DOWN]};
+			if (l == 0 && x == 0)
+				node_layout(w, ce);
 			for (int p = gu->present ? 2 : 0; p < 3; p++) {
 				const struct moe_proj_ref *r = parts[p];
-				if (r->data.length !=
-				    r->rows * moek_row_bytes(r->format, r->cols)) {
+				if (!rows_contiguous(r)) {
 					snprintf(why, why_len,
 					         "layer %u %s: rows are not contiguous in the file",
 					         w->model_layer[l],
@@ -522,8 +720,7 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 					return 1;
 				}
 			}
-			const size_t gu_rb = gu->present ? moek_row_bytes(gu->format, gu->cols) : 0;
-			if (gu->present && gu->data.length != gu->rows * gu_rb) {
+			if (gu->present && !rows_contiguous(gu)) {
 				snprintf(why, why_len,
 				         "layer %u gate_up: rows are not contiguous in the file",
 				         w->model_layer[l]);
@@ -534,25 +731,20 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 				struct expert_map *m = &w->node_map[n];
 				if (!gu->present) {
 					for (int p = 0; p < 2 && rc == 0; p++)
-						rc = add_rows(m, l, x, parts[p],
-						              moek_row_bytes(parts[p]->format,
-						                             parts[p]->cols),
-						              f[n], f[n + 1], err, err_len);
+						rc = add_rows(m, l, x, parts[p], f[n], f[n + 1],
+						              err, err_len);
 				} else if (gu->order == MOE_GATE_UP_INTERLEAVED) {
-					rc = add_rows(m, l, x, gu, gu_rb, 2 * f[n], 2 * f[n + 1],
-					              err, err_len);
-				} else {
-					rc = add_rows(m, l, x, gu, gu_rb, f[n], f[n + 1], err,
+					rc = add_rows(m, l, x, gu, 2 * f[n], 2 * f[n + 1], err,
 					              err_len);
+				} else {
+					rc = add_rows(m, l, x, gu, f[n], f[n + 1], err, err_len);
 					if (rc == 0)
-						rc = add_rows(m, l, x, gu, gu_rb, ffn + f[n],
+						rc = add_rows(m, l, x, gu, ffn + f[n],
 						              ffn + f[n + 1], err, err_len);
 				}
 				if (rc == 0)
-					rc = add_rows(
-					    m, l, x, parts[2],
-					    moek_row_bytes(parts[2]->format, parts[2]->cols), o[n],
-					    o[n + 1], err, err_len);
+					rc = add_rows(m, l, x, parts[2], o[n], o[n + 1], err,
+					              err_len);
 			}
 			if (rc)
 				return -1;
@@ -565,6 +757,30 @@ static void free_node_maps(struct forward_weights *w)
 	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
 		if (w->node_map[n].n_extents)
 			expert_map_free(&w->node_map[n]);
+}
+
+/* The whole-expert map (catalog order: per projection data, scales, bias): which extents the
+ * post-load conversion pairs up. The scales must directly follow the blocks. */
+static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
+{
+	const struct moe_expert *x = moe_catalog_expert(w->cat, w->model_layer[0], 0);
+	struct mxfp4_hf_converter *c = &w->hf_conv[0];
+	c->n_pairs = 0;
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		if (!x->proj[p].present || x->proj[p].layout != MOE_LAYOUT_MXFP4_HF)
+			continue;
+		const int8_t b = w->roles.data[p], s = w->roles.scale[p];
+		if (b < 0 || s != b + 1) {
+			snprintf(err, err_len,
+			         "%s: MXFP4 blocks and scales are not adjacent in the expert map "
+			         "(extents %d and %d)",
+			         moe_proj_name((enum moe_proj)p), b, s);
+			return -1;
+		}
+		c->blocks[c->n_pairs] = (uint8_t)b;
+		c->scales[c->n_pairs++] = (uint8_t)s;
+	}
+	return 0;
 }
 
 static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
@@ -597,6 +813,11 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 	if (!w->sliced &&
 	    expert_map_from_catalog(w->cat, &w->map, &w->roles, NULL, err, err_len) != 0)
 		return -1;
+	if (w->mxfp4_hf && !w->sliced && whole_map_pairs(w, err, err_len) != 0)
+		return -1;
+	for (uint32_t n = 0; w->mxfp4_hf && n < w->n_res; n++)
+		if (converter_init(w, &w->hf_conv[n], err, err_len) != 0)
+			return -1;
 	/* The budget over the nodes in proportion to each node's share of the bytes. */
 	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
 	for (uint32_t n = 0; n < w->n_res; n++)
@@ -627,6 +848,8 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		    .no_direct = cfg->no_direct,
 		    .fault_hook = cfg->fault_hook,
 		    .fault_arg = cfg->fault_arg,
+		    .post_load = w->mxfp4_hf ? mxfp4_hf_after_load : NULL,
+		    .post_load_arg = &w->hf_conv[n],
 		};
 		char why[200];
 		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
@@ -663,7 +886,7 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	w->cat = cat;
 	w->n_moe_layers = cat->info.n_moe_layers;
 	w->n_experts = cat->info.n_experts;
-	if (check_supported(cat, err, err_len))
+	if (check_supported(w, cat, cfg->source, err, err_len))
 		return -1;
 	w->model_layer = calloc(w->n_moe_layers ? w->n_moe_layers : 1, sizeof(uint32_t));
 	w->moe_index = calloc(cat->info.n_layers ? cat->info.n_layers : 1, sizeof(int32_t));
@@ -710,6 +933,8 @@ void weights_close(struct forward_weights *w)
 	free_node_maps(w);
 	if (w->map.n_extents)
 		expert_map_free(&w->map);
+	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+		free(w->hf_conv[n].scratch);
 	if (w->resident)
 		munmap(w->resident, w->resident_len);
 	for (uint32_t i = 0; w->file_map && i < w->cat->n_files; i++)
@@ -797,24 +1022,25 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	const struct moe_proj_ref *gu =
 	    &moe_catalog_expert(w->cat, w->model_layer[ref->layer], ref->expert)
 	         ->proj[MOE_PROJ_GATE_UP];
-	const uint32_t want = gu->present && gu->order == MOE_GATE_UP_INTERLEAVED ? 2 : 3;
-	if (ref->n_extents != want) {
+	if (ref->n_extents != w->node_extents) {
 		snprintf(err, err_len, "layer %u expert %u: node %u holds %u extents, expected %u",
-		         w->model_layer[ref->layer], ref->expert, n, ref->n_extents, want);
+		         w->model_layer[ref->layer], ref->expert, n, ref->n_extents,
+		         w->node_extents);
 		return -1;
 	}
 	if (shape_view(w, ref->layer, ref->expert, v, err, err_len) != 0)
 		return -1;
 	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 	forward_expert_split(v, w->n_nodes, f, o);
-	if (want == 2) { /* interleaved gate_up: gate rows even, up rows odd (stride 2 rows) */
-		v->gate.data = ref->data[0];
-		v->up.data = ref->data[0] + moek_row_bytes(gu->format, gu->cols);
+	const uint8_t *const *d = ref->data;
+	if (w->node_pieces == 2) { /* interleaved gate_up: gate rows even, up odd (2-row stride) */
+		v->gate.data = d[w->piece_data[0]];
+		v->up.data = d[w->piece_data[0]] + moek_row_bytes(gu->format, gu->cols);
 	} else {
-		v->gate.data = ref->data[0];
-		v->up.data = ref->data[1];
+		v->gate.data = d[w->piece_data[0]];
+		v->up.data = d[w->piece_data[1]];
 	}
-	v->down.data = ref->data[want - 1];
+	v->down.data = d[w->piece_data[w->node_pieces - 1]];
 	v->gate.row0 = v->up.row0 = (uint32_t)f[n];
 	v->down.row0 = (uint32_t)o[n];
 	return 0;

@@ -13,7 +13,10 @@
  * are registered too. A short read continues from where it stopped (rounded down to the
  * alignment for O_DIRECT); bytes past the expert's data at the end of the file may be
  * missing. EIO, EAGAIN, EINTR and timeouts are retried up to max_retries times per read;
- * then the expert fails with that error and every waiter gets it.
+ * then the expert fails with that error and every waiter gets it. When every read of an
+ * expert has landed, the config's post-load hook (if any) runs here, on this thread, before
+ * the expert is published RESIDENT (e.g. a layout conversion in the slot); its failure fails
+ * the expert like a read error, with the hook's message.
  *
  * Shutdown: the thread cancels everything in flight (IORING_ASYNC_CANCEL_ANY), waits a
  * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN.
@@ -85,6 +88,7 @@ struct loader {
 	struct __kernel_timespec timeout;
 	uint64_t seq;
 	uint32_t in_flight;
+	char post_load_msg[RESIDENCY_POST_LOAD_MSG]; /* the last post-load failure's message */
 };
 
 static void fifo_push(struct slot_fifo *q, uint32_t s)
@@ -209,9 +213,40 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 	if (ld->id == UINT32_MAX || ld->in_flight || !ld->issued_all)
 		return;
 	struct residency *r = l->r;
+	const char *post_load_msg = NULL;
+	if (!ld->error && r->config.post_load) { /* no reader yet: the slot is the loader's */
+		uint32_t n;
+		const struct expert_extent *ext = expert_map_extents(r->map, ld->id, &n);
+		struct residency_loaded x = {
+		    .layer = ld->id / r->n_experts,
+		    .expert = ld->id % r->n_experts,
+		    .n_extents = n,
+		    .slot = slot_pool_addr(&r->pool, slot),
+		    .slot_bytes = r->pool.slot_bytes,
+		};
+		for (uint32_t i = 0; i < n; i++) {
+			const struct extent_layout *lay =
+			    &r->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
+			x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
+			x.length[i] = ext[i].length;
+		}
+		l->post_load_msg[0] = '\0';
+		int rc = r->config.post_load(r->config.post_load_arg, &x, l->post_load_msg,
+		                             sizeof(l->post_load_msg));
+		if (rc) {
+			ld->error = rc < 0 ? rc : -EINVAL;
+			ld->error_file = ext[0].file;
+			ld->error_offset = ext[0].offset;
+			ld->error_attempts = 1;
+			if (!l->post_load_msg[0])
+				snprintf(l->post_load_msg, sizeof(l->post_load_msg), "%s",
+				         strerror(-ld->error));
+			post_load_msg = l->post_load_msg;
+		}
+	}
 	pthread_mutex_lock(&r->lock);
 	residency_load_done(r, ld->id, ld->error, ld->error_file, ld->error_offset,
-	                    ld->error_attempts);
+	                    ld->error_attempts, post_load_msg);
 	pthread_mutex_unlock(&r->lock);
 	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
 }
@@ -397,7 +432,7 @@ static void fail_pending(struct loader *l)
 	while (id_queue_pop(&r->demand, &id) || id_queue_pop(&r->prefetch, &id)) {
 		struct expert_entry *e = &r->entries[id];
 		if (e->queued && e->state == EXPERT_LOADING)
-			residency_load_done(r, id, -ESHUTDOWN, 0, 0, 0);
+			residency_load_done(r, id, -ESHUTDOWN, 0, 0, 0, NULL);
 	}
 	pthread_mutex_unlock(&r->lock);
 }

@@ -101,10 +101,15 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 }
 
 void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
-                         uint64_t offset, uint32_t attempts)
+                         uint64_t offset, uint32_t attempts, const char *post_load_msg)
 {
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_LOADING && e->refs == 0);
+	e->post_load_failed = 0;
+	if (error && post_load_msg && r->post_load_msg) {
+		snprintf(r->post_load_msg[id], sizeof(r->post_load_msg[id]), "%s", post_load_msg);
+		e->post_load_failed = 1;
+	}
 	if (error) {
 		policy_remove(&r->policy, id);
 		slot_pool_put(&r->pool, e->slot);
@@ -342,6 +347,7 @@ void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert
 	if (e->state == EXPERT_FAILED) {
 		e->state = EXPERT_COLD;
 		e->error = 0;
+		e->post_load_failed = 0;
 	}
 	pthread_mutex_unlock(&r->lock);
 }
@@ -361,6 +367,9 @@ void residency_error_message(struct residency *r, uint32_t layer, uint32_t exper
 		         layer, expert);
 	else if (e->state != EXPERT_FAILED)
 		snprintf(buf, len, "layer %u expert %u: no error", layer, expert);
+	else if (e->post_load_failed)
+		snprintf(buf, len, "layer %u expert %u: after loading: %s", layer, expert,
+		         r->post_load_msg[residency_id(r, layer, expert)]);
 	else if (e->error == -ESHUTDOWN)
 		snprintf(buf, len, "layer %u expert %u: load cancelled by shutdown", layer, expert);
 	else
@@ -549,7 +558,10 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	r->layout = calloc((size_t)r->n_ids * EXPERT_MAX_EXTENTS, sizeof(*r->layout));
 	r->fds = malloc(map->n_files * sizeof(int));
 	r->buffered = calloc(map->n_files, sizeof(bool));
-	if (!r->entries || !r->layout || !r->fds || !r->buffered) {
+	if (config->post_load)
+		r->post_load_msg = calloc(r->n_ids, sizeof(*r->post_load_msg));
+	if (!r->entries || !r->layout || !r->fds || !r->buffered ||
+	    (config->post_load && !r->post_load_msg)) {
 		snprintf(err, err_len, "residency: out of memory for %u experts", r->n_ids);
 		goto fail;
 	}
@@ -618,6 +630,7 @@ void residency_destroy(struct residency *r)
 				close(r->fds[f]);
 	free(r->fds);
 	free(r->buffered);
+	free(r->post_load_msg);
 	free(r->demand.ids);
 	free(r->prefetch.ids);
 	policy_destroy(&r->policy);

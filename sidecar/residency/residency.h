@@ -42,6 +42,25 @@ struct loader_read_info {
 };
 typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
 
+/* An expert whose every read has completed, in its slot, as a post-load hook sees it. The
+ * hook owns the whole slot until it returns: it may rewrite any of slot[0, slot_bytes) (e.g.
+ * convert the bytes to another layout in place); data[i] is where expert_ref will point. */
+#define RESIDENCY_POST_LOAD_MSG 160 /* bytes kept of a post-load failure's message */
+struct residency_loaded {
+	uint32_t layer, expert;
+	uint32_t n_extents;
+	uint8_t *data[EXPERT_MAX_EXTENTS]; /* extent i's bytes, in map order */
+	uint64_t length[EXPERT_MAX_EXTENTS];
+	uint8_t *slot;
+	size_t slot_bytes;
+};
+/* Post-load hook: called on the loader thread (one call at a time per residency) after an
+ * expert's reads, before it becomes RESIDENT; never on the request path. Returns 0, or a
+ * negative errno with a message in msg: the expert becomes FAILED with that message
+ * (residency_error_message) and its slot is freed, as for a read error. */
+typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x, char *msg,
+                                      size_t msg_len);
+
 struct residency_config {
 	int numa_node;              /* -1: do not bind */
 	uint64_t mem_budget;        /* bytes of slots on this node */
@@ -54,6 +73,8 @@ struct residency_config {
 	bool no_direct;             /* behave as if O_DIRECT were refused (tests, --no-direct) */
 	loader_fault_fn fault_hook; /* tests only */
 	void *fault_arg;
+	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
+	void *post_load_arg;
 };
 
 /* A reader's hold on a resident expert: valid until residency_release. */

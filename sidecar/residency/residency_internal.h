@@ -23,7 +23,8 @@ struct expert_entry {
 	uint32_t refs;      /* readers (RESIDENT only) */
 	uint32_t waiters; /* demands sleeping on this LOADING expert: it stays until they hold it */
 	uint32_t slot;    /* LOADING/RESIDENT */
-	int error;        /* FAILED: negative errno */
+	uint8_t post_load_failed; /* FAILED by the post-load hook: post_load_msg[id] says why */
+	int error;                /* FAILED: negative errno */
 	uint32_t error_file;
 	uint64_t error_offset;
 	uint32_t error_attempts;
@@ -71,8 +72,9 @@ struct residency {
 	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
 	struct residency_stats stats;
 	struct loader *loader;
-	int *fds;       /* [n_files] */
-	bool *buffered; /* [n_files] O_DIRECT impossible */
+	char (*post_load_msg)[RESIDENCY_POST_LOAD_MSG]; /* [n_ids] with a post-load hook */
+	int *fds;                                       /* [n_files] */
+	bool *buffered;                                 /* [n_files] O_DIRECT impossible */
 };
 
 static inline uint32_t residency_id(const struct residency *r, uint32_t layer, uint32_t expert)
@@ -89,9 +91,10 @@ static inline void stat_add(_Atomic uint64_t *c, uint64_t v)
 void id_queue_push(struct id_queue *q, uint32_t id);
 bool id_queue_pop(struct id_queue *q, uint32_t *id);
 
-/* Called by the loader under the lock when an expert's load ends: error 0 → RESIDENT. */
+/* Called by the loader under the lock when an expert's load ends: error 0 → RESIDENT.
+ * post_load_msg (NULL for read errors): the post-load hook failed with this message. */
 void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
-                         uint64_t offset, uint32_t attempts);
+                         uint64_t offset, uint32_t attempts, const char *post_load_msg);
 
 /* loader.c */
 int loader_start(struct residency *r, char *err, size_t err_len);

@@ -42,13 +42,18 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	return e;
 }
 
+static void make_model_of(struct fwd_model *m, const char *preset, uint32_t format, bool gguf,
+                          uint32_t experts, uint64_t hidden, uint64_t ffn, bool fused)
+{
+	char err[256];
+	struct fwd_model_spec spec = {preset, format, gguf, 3, experts, hidden, ffn, fused};
+	cr_assert_eq(fwd_model_make(m, &spec, err, sizeof(err)), 0, "%s", err);
+}
+
 static void make_model(struct fwd_model *m, uint32_t format, uint32_t experts, uint64_t hidden,
                        uint64_t ffn, bool fused)
 {
-	char err[256];
-	struct fwd_model_spec spec = {"qwen3-30b-a3b", format, true, 3,
-	                              experts,         hidden, ffn,  fused};
-	cr_assert_eq(fwd_model_make(m, &spec, err, sizeof(err)), 0, "%s", err);
+	make_model_of(m, "qwen3-30b-a3b", format, true, experts, hidden, ffn, fused);
 }
 
 /* Largest expert of the model (whole, every projection). */
@@ -64,10 +69,10 @@ static uint64_t largest_expert(const struct moe_catalog *cat)
 	return best;
 }
 
-static void budget_case(uint32_t format, bool fused)
+static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool fused)
 {
 	struct fwd_model m;
-	make_model(&m, format, 16, 256, 512, fused);
+	make_model_of(&m, preset, format, gguf, 16, 256, 512, fused);
 	const size_t h = m.cat->info.hidden;
 	const uint64_t budget = m.cat->expert_bytes_total * 3 / 10;
 	struct forward_engine *e =
@@ -130,12 +135,28 @@ static void budget_case(uint32_t format, bool fused)
 
 Test(forward_numa, budget_q8_0)
 {
-	budget_case(MOEK_Q8_0, false);
+	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false);
 }
 
 Test(forward_numa, budget_q4_k_fused_gate_up)
 {
-	budget_case(MOEK_Q4_K, true);
+	budget_case_of("qwen3-30b-a3b", MOEK_Q4_K, true, true);
+}
+
+/* gpt-oss as Hugging Face ships it: MXFP4 blocks and E8M0 scales in separate tensors, gate
+ * and up fused with their rows interleaved (a node's slice is every other row pair of its
+ * range), biases, the clamped SwiGLU. */
+Test(forward_numa, budget_gpt_oss_hf_interleaved_gate_up)
+{
+	struct fwd_model probe;
+	make_model_of(&probe, "gpt-oss-20b", MOEK_MXFP4, false, 16, 256, 512, false);
+	const struct moe_proj_ref *gu =
+	    &moe_catalog_expert(probe.cat, (uint32_t)fwd_moe_block(probe.cat, 0), 0)
+	         ->proj[MOE_PROJ_GATE_UP];
+	cr_assert(gu->present && gu->order == MOE_GATE_UP_INTERLEAVED,
+	          "the generator's gpt-oss checkpoint has no interleaved gate_up");
+	fwd_model_free(&probe);
+	budget_case_of("gpt-oss-20b", MOEK_MXFP4, false, false);
 }
 
 /* One node: exactly one residency (node 0 names it), whole experts in its slots. */

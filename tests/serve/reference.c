@@ -33,7 +33,12 @@ static int format_id(const char *name, uint32_t *out)
 
 int ref_generate(const char *path, const char *format, uint64_t seed)
 {
-	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	return ref_generate_preset(path, "qwen3-30b-a3b", format, seed);
+}
+
+int ref_generate_preset(const char *path, const char *preset, const char *format, uint64_t seed)
+{
+	struct moe_gen_options o = {.preset = preset,
 	                            .out = path,
 	                            .seed = seed,
 	                            .layers = REF_LAYERS,

@@ -21,6 +21,9 @@
 /* Writes a qwen3-30b-a3b-shaped model in `format` ("q8_0", "q4_k", "bf16", "fp8", …) to
  * path (".gguf" → GGUF, else a safetensors directory). Returns 0 or -1 (printed). */
 int ref_generate(const char *path, const char *format, uint64_t seed);
+/* The same with another preset's architecture (e.g. "gpt-oss-20b": a directory path gives
+ * the Hugging Face checkpoint, MXFP4 _blocks/_scales). */
+int ref_generate_preset(const char *path, const char *preset, const char *format, uint64_t seed);
 
 struct ref_engine;
 
