@@ -588,7 +588,10 @@ static void plot(const char *png, const struct result *side, const struct result
 			double v = s == 0   ? side[i].tokens_per_s
 			           : s == 1 ? mm[i].tokens_per_s
 			                    : floor_r->tokens_per_s;
-			fprintf(g, "%g %g\n", fractions[i], v / floor_r->tokens_per_s);
+			if (s == 1 && !mm[i].ok) /* no mmap baseline: a gap, not a zero */
+				fprintf(g, "%g NaN\n", fractions[i]);
+			else
+				fprintf(g, "%g %g\n", fractions[i], v / floor_r->tokens_per_s);
 		}
 		fprintf(g, "e\n");
 	}
@@ -845,16 +848,23 @@ int main(int argc, char **argv)
 		for (long r = 0; r < n_rounds; r++)
 			printf("%s%.4f", r ? "," : "", round_ratio[r]);
 		printf("],\"rows\":[");
-		for (int i = 0; i < N_FRACTIONS; i++)
+		for (int i = 0; i < N_FRACTIONS; i++) {
+			/* No mmap baseline (the model cannot be served from a mapping): null. */
+			char mm_tps[32] = "null", vs_mm[32] = "null";
+			if (mm[i].ok) {
+				snprintf(mm_tps, sizeof(mm_tps), "%.3f", mm[i].tokens_per_s);
+				snprintf(vs_mm, sizeof(vs_mm), "%.4f",
+				         side[i].tokens_per_s / mm[i].tokens_per_s);
+			}
 			printf("%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
-			       "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%.3f,"
+			       "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%s,"
 			       "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
-			       "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%.4f}",
+			       "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%s}",
 			       i ? "," : "", fractions[i], side[i].tokens_per_s,
-			       floor_r.tokens_per_s, mm[i].tokens_per_s, side[i].hit_rate,
-			       side[i].p99_all_us, side[i].p50_us[0], side[i].bytes_read,
-			       side[i].tokens_per_s / floor_r.tokens_per_s,
-			       mm[i].ok ? side[i].tokens_per_s / mm[i].tokens_per_s : 0.0);
+			       floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
+			       side[i].p50_us[0], side[i].bytes_read,
+			       side[i].tokens_per_s / floor_r.tokens_per_s, vs_mm);
+		}
 		printf("]}\n");
 	} else {
 		printf("bench_decode: %u MoE layers x %u experts (top-%u), hidden %u, %.1f MiB of "
@@ -868,13 +878,19 @@ int main(int argc, char **argv)
 		       resid_r.tokens_per_s / floor_r.tokens_per_s);
 		printf("%7s %10s %9s %10s %9s %8s %10s %10s %10s\n", "budget", "sidecar",
 		       "vs floor", "mmap", "vs mmap", "hit%", "p99 us", "MiB read", "");
-		for (int i = 0; i < N_FRACTIONS; i++)
-			printf("%6.0f%% %10.1f %8.2fx %10.1f %8.2fx %7.1f%% %10.1f %10.1f\n",
+		for (int i = 0; i < N_FRACTIONS; i++) {
+			char mm_tps[16] = "n/a", vs_mm[16] = "n/a";
+			if (mm[i].ok) {
+				snprintf(mm_tps, sizeof(mm_tps), "%.1f", mm[i].tokens_per_s);
+				snprintf(vs_mm, sizeof(vs_mm), "%.2fx",
+				         side[i].tokens_per_s / mm[i].tokens_per_s);
+			}
+			printf("%6.0f%% %10.1f %8.2fx %10s %9s %7.1f%% %10.1f %10.1f\n",
 			       fractions[i] * 100, side[i].tokens_per_s,
-			       side[i].tokens_per_s / floor_r.tokens_per_s, mm[i].tokens_per_s,
-			       mm[i].ok ? side[i].tokens_per_s / mm[i].tokens_per_s : 0.0,
+			       side[i].tokens_per_s / floor_r.tokens_per_s, mm_tps, vs_mm,
 			       100 * side[i].hit_rate, side[i].p99_all_us,
 			       side[i].bytes_read / 1048576.0);
+		}
 		printf("\nper-layer FORWARD latency through the sidecar, p50 / p99 us:\n%6s",
 		       "layer");
 		for (int i = 0; i < N_FRACTIONS; i++)
@@ -901,9 +917,12 @@ int main(int argc, char **argv)
 		}
 		printf("\ntargets:");
 		for (int i = 0; i < N_FRACTIONS; i++) {
-			if (fractions[i] == 0.5)
+			if (fractions[i] == 0.5 && mm[i].ok)
 				printf(" 50%% budget >= 2x mmap (%.2fx);",
-				       mm[i].ok ? side[i].tokens_per_s / mm[i].tokens_per_s : 0.0);
+				       side[i].tokens_per_s / mm[i].tokens_per_s);
+			else if (fractions[i] == 0.5)
+				printf(
+				    " 50%% budget >= 2x mmap (no mmap baseline for this model);");
 			if (fractions[i] == 1.0)
 				printf(" 100%% budget within 10%% of the floor (%.2fx);",
 				       side[i].tokens_per_s / floor_r.tokens_per_s);
