@@ -2,7 +2,9 @@
  * ids per token, k_defer, dtype, client, ids, weights, activations) from fuzz bytes, against a
  * small generated model with the residency source. The engine must answer every request with
  * a known status and a message on error, and a valid request must equal the reference bit for
- * bit. The model is generated once, in LLVMFuzzerInitialize. */
+ * bit. With early delivery (a flag bit), the callback runs exactly once on success, and the
+ * immediate output it sees then is already the final one. The model is generated once, in
+ * LLVMFuzzerInitialize. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +24,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static struct fwd_model model;
 static struct forward_engine *engine;
 static int32_t *ids;
-static float *weights, *out, *out_def, *ref, *ref_def;
+static float *weights, *out, *out_def, *ref, *ref_def, *seen;
 static uint8_t *x;
+
+/* Early delivery: what the callback saw. */
+static struct {
+	unsigned calls;
+	size_t n;
+} delivered;
+
+static void on_immediate(void *arg, const struct forward_result *res)
+{
+	(void)res;
+	delivered.calls++;
+	memcpy(seen, arg, delivered.n * sizeof(float));
+}
 
 static void cleanup(void)
 {
@@ -60,7 +75,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	out_def = calloc(255u * 64u, sizeof(float));
 	ref = calloc(255u * 64u, sizeof(float));
 	ref_def = calloc(255u * 64u, sizeof(float));
-	if (!ids || !weights || !x || !out || !out_def || !ref || !ref_def)
+	seen = calloc(255u * 64u, sizeof(float));
+	if (!ids || !weights || !x || !out || !out_def || !ref || !ref_def || !seen)
 		abort();
 	return 0;
 }
@@ -88,7 +104,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	    .weights = weights,
 	    .x = x,
 	};
-	const bool small_ids = data[6] & 1, tame = data[6] & 2;
+	const bool small_ids = data[6] & 1, tame = data[6] & 2, early = data[6] & 4;
+	if (early) {
+		q.immediate_ready = on_immediate;
+		q.immediate_arg = out;
+	}
+	delivered.calls = 0;
+	delivered.n = (size_t)q.n_tokens * 64;
 	const uint8_t *rest = data + HEADER;
 	const size_t len = size - HEADER;
 	size_t at = 0;
@@ -109,11 +131,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int rc = forward_run(engine, &q, out, out_def, &res);
 	if (rc != res.status || rc > 0 || strcmp(moe_status_str(rc), "unknown status") == 0)
 		abort();
+	if (delivered.calls != (res.immediate_delivered ? 1u : 0u) || (!early && delivered.calls))
+		abort();
 	if (rc != MOE_OK) {
 		if (res.message[0] == 0 || memchr(res.message, 0, sizeof(res.message)) == NULL)
 			abort();
 		return 0;
 	}
+	if (early && (delivered.calls != 1 || fwd_first_diff(seen, out, delivered.n) >= 0))
+		abort();
 	struct forward_result rr;
 	if (forward_reference(engine, &q, ref, ref_def, &rr) != MOE_OK)
 		abort();
