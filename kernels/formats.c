@@ -15,6 +15,9 @@
  */
 #include <math.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kernels_internal.h"
 
@@ -885,10 +888,31 @@ static inline uint8_t hf_nibble(const uint8_t *blocks, size_t i)
 	return (uint8_t)((blocks[i / 2] >> ((i & 1) * 4)) & 0xF);
 }
 
+/* The load-time conversion of gpt-oss checkpoints (the residency's loader runs it on every
+ * expert it reads), so it is vectorised: per block, split the 16 HF bytes into even and odd
+ * elements, interleave them back into element order and pack elements (j, j + 16) into byte
+ * j. SSE2 is in every x86-64, so there is nothing to dispatch; the scalar loop is the
+ * definition and the path elsewhere. */
 void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf)
 {
 	struct block_mxfp4 *y = gguf;
-	for (size_t b = 0; b < n / QK_MXFP4; b++) {
+	size_t b = 0;
+#if defined(__SSE2__)
+	const __m128i low4 = _mm_set1_epi8(0x0F);
+	for (; b < n / QK_MXFP4; b++) {
+		const __m128i v = _mm_loadu_si128((const __m128i *)(blocks + b * (QK_MXFP4 / 2)));
+		const __m128i even = _mm_and_si128(v, low4);
+		const __m128i odd = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+		const __m128i first = _mm_unpacklo_epi8(even, odd);  /* elements 0..15 */
+		const __m128i second = _mm_unpackhi_epi8(even, odd); /* elements 16..31 */
+		/* Each byte of `second` is < 16: shifting 16-bit lanes by 4 keeps it in its byte.
+		 */
+		const __m128i q = _mm_or_si128(first, _mm_slli_epi16(second, 4));
+		y[b].e = scales[b];
+		_mm_storeu_si128((__m128i *)y[b].qs, q);
+	}
+#endif
+	for (; b < n / QK_MXFP4; b++) {
 		const uint8_t *src = blocks + b * (QK_MXFP4 / 2);
 		y[b].e = scales[b];
 		for (size_t j = 0; j < QK_MXFP4 / 2; j++)

@@ -310,6 +310,32 @@ Test(formats, mxfp4_hf_converter_pairs_j_with_j_plus_16)
 	cr_expect_arr_eq(back_scales, scales, sizeof(scales));
 }
 
+/* The vectorised converter against the definition (GGUF byte j = element j | element j+16 << 4,
+ * HF byte k = element 2k | element 2k+1 << 4) on every byte value in every position. */
+Test(formats, mxfp4_from_hf_matches_the_definition_on_random_blocks)
+{
+	enum { BLOCKS = 1024 };
+	static uint8_t blocks[BLOCKS * 16], scales[BLOCKS], got[BLOCKS * 17];
+	uint32_t seed = 12345;
+	for (size_t i = 0; i < sizeof(blocks); i++) {
+		seed = seed * 1664525u + 1013904223u;
+		blocks[i] =
+		    (uint8_t)(i < 256 * 16 ? i / 16 : seed >> 24); /* all bytes, then random */
+	}
+	for (size_t b = 0; b < BLOCKS; b++)
+		scales[b] = (uint8_t)(b * 7);
+	moek_mxfp4_from_hf(blocks, scales, BLOCKS * 32, got);
+	for (size_t b = 0; b < BLOCKS; b++) {
+		const uint8_t *src = blocks + 16 * b;
+		cr_assert_eq(got[17 * b], scales[b], "block %zu scale", b);
+		for (int j = 0; j < 16; j++) {
+			const int lo = (src[j / 2] >> (4 * (j % 2))) & 0xF;
+			const int hi = (src[(j + 16) / 2] >> (4 * ((j + 16) % 2))) & 0xF;
+			cr_assert_eq(got[17 * b + 1 + j], lo | hi << 4, "block %zu byte %d", b, j);
+		}
+	}
+}
+
 Test(formats, fp8_e4m3_decode_golden)
 {
 	cr_expect_eq(moek_fp8_e4m3_to_f32(0x00), 0.0f);
