@@ -25,6 +25,8 @@
  *                [--sidecar-threads N]   (serve --threads; default: serve's, the node's cores)
  *                [--budgets P,P,...]     (percentages of expert bytes; default 100,50,25)
  *                [--rounds N]            (floor/sidecar alternations at 100%; default 7)
+ *                [--defer-cold]          (the sidecar's FORWARDs carry MOE_FWD_DEFER_COLD: the
+ *                                         non-resident experts are the deferred ones)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +47,7 @@
 #include "moe_client.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
+#include "moe_proto.h"
 #include "trace.h"
 
 #define MAX_FRACTIONS 8
@@ -373,6 +376,7 @@ static double stat_of(const char *json, const char *key)
 }
 
 static const char *sidecar_threads = "0"; /* --sidecar-threads; "0" = serve's default */
+static uint16_t forward_flags; /* --defer-cold: MOE_FWD_DEFER_COLD on the sidecar's FORWARDs */
 
 static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
 {
@@ -511,8 +515,8 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			struct moe_completion done;
 			if (rc == MOE_OK)
 				rc = moe_forward(c, &slot, (int32_t)(w->first_layer + li), 1,
-				                 (uint16_t)k, kd, MOEK_ACT_F32, MOEK_ACT_F32, 0,
-				                 &done, TIMEOUT_MS);
+				                 (uint16_t)k, kd, MOEK_ACT_F32, MOEK_ACT_F32,
+				                 forward_flags, &done, TIMEOUT_MS);
 			uint64_t b = now_ns();
 			if (rc != MOE_OK)
 				fprintf(stderr, "bench_decode: sidecar layer %u: %s: %s\n", li,
@@ -611,12 +615,13 @@ int main(int argc, char **argv)
 	    {"sidecar-threads", required_argument, NULL, 't'},
 	    {"budgets", required_argument, NULL, 'b'},
 	    {"rounds", required_argument, NULL, 'r'},
+	    {"defer-cold", no_argument, NULL, 'd'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:dh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -625,6 +630,7 @@ int main(int argc, char **argv)
 		case 'p': png = optarg; break;
 		case 't': sidecar_threads = optarg; break;
 		case 'r': rounds = strtol(optarg, NULL, 10); break;
+		case 'd': forward_flags = MOE_FWD_DEFER_COLD; break;
 		case 'b':
 			if (parse_budgets(optarg) != 0)
 				return 2;
@@ -633,7 +639,7 @@ int main(int argc, char **argv)
 			fprintf(c == 'h' ? stdout : stderr,
 			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
 			        "[--plot FILE.png] [--sidecar-threads N] [--budgets P,P,...] "
-			        "[--rounds N]\n");
+			        "[--rounds N] [--defer-cold]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}

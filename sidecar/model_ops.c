@@ -293,6 +293,7 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	    .ids = o->ids,
 	    .weights = o->weights,
 	    .deferred_in = deferred_in,
+	    .defer_cold = (sqe->flags & MOE_FWD_DEFER_COLD) != 0,
 	};
 	struct early_delivery early = {.mc = mc,
 	                               .sqe = sqe,

@@ -296,6 +296,7 @@ int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
 	struct forward_request fr = {
 	    .immediate_ready = req->immediate_ready ? deliver_immediate : NULL,
 	    .immediate_arg = (void *)req,
+	    .defer_cold = req->defer_cold,
 	    .client = req->client,
 	    .layer = req->layer,
 	    .n_tokens = req->n_tokens,

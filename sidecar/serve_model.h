@@ -77,6 +77,7 @@ struct serve_forward {
 	 * out_immediate is final, before the deferred experts are computed. */
 	void (*immediate_ready)(void *arg, uint32_t n_deferred);
 	void *immediate_arg;
+	bool defer_cold; /* forward_request.defer_cold */
 };
 struct serve_forward_result {
 	int status;

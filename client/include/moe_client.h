@@ -145,7 +145,8 @@ int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_com
              int timeout_ms);
 
 /* One MoE layer: slot.input holds n_tokens rows, expert_ids/expert_weights n_tokens × k.
- * k_defer: ids per token the sidecar may defer into the NEXT FORWARD (0 on the last layer). */
+ * k_defer: ids per token the sidecar may defer into the NEXT FORWARD (0 on the last layer).
+ * flags: MOE_FWD_* (moe_proto.h): MOE_FWD_DROP_DEFERRED, MOE_FWD_DEFER_COLD. */
 int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n_tokens,
                 uint16_t k, uint32_t k_defer, uint8_t in_dtype, uint8_t out_dtype, uint16_t flags,
                 struct moe_completion *done, int timeout_ms);

@@ -115,7 +115,12 @@ enum moe_op {
 
 /* FORWARD flags. */
 #define MOE_FWD_DROP_DEFERRED 0x0001u /* discard a deferred contribution still owed (abort) */
-#define MOE_FWD_FLAGS_ALL MOE_FWD_DROP_DEFERRED
+/* Defer the experts that are not resident first (then the lowest-weighted), so the completion
+ * does not wait for their reads: still k_defer entries per token, but which ones depends on
+ * the sidecar's residency, so results are no longer bit-reproducible across runs (immediate +
+ * deferred = the undeferred sum up to float re-association). */
+#define MOE_FWD_DEFER_COLD 0x0002u
+#define MOE_FWD_FLAGS_ALL (MOE_FWD_DROP_DEFERRED | MOE_FWD_DEFER_COLD)
 /* PREFETCH flags. */
 #define MOE_PREFETCH_SCORES 0x0001u
 #define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES

@@ -74,7 +74,9 @@ struct forward_engine {
 	uint32_t max_pairs, max_groups;
 	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
 	uint32_t *pos_slot;            /* [position]: gathered slot */
-	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry by weight */
+	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry: immediate ones by
+	                                  weight, then deferred ones by weight */
+	uint16_t *order_tmp;           /* [max_k]: defer_cold's partition */
 	uint32_t *tok_n_valid;         /* [t] */
 	uint32_t *tok_n_imm;           /* [t] */
 	uint32_t *key_count;           /* [n_experts + 1] */
@@ -162,6 +164,7 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	e->pos_kind = calloc(P, 1);
 	e->pos_slot = calloc(P, sizeof(uint32_t));
 	e->tok_order = calloc(P, sizeof(uint16_t));
+	e->order_tmp = calloc(e->max_k, sizeof(uint16_t));
 	e->tok_n_valid = calloc(e->max_tokens, sizeof(uint32_t));
 	e->tok_n_imm = calloc(e->max_tokens, sizeof(uint32_t));
 	e->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
@@ -175,8 +178,8 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	const size_t full = max_scratch(e, P, e->pool.n_workers);
 	e->scratch_bytes = 2 * full + ((size_t)8 << 20);
 	e->scratch = aligned_alloc(64, align_up_64(e->scratch_bytes));
-	if (!e->pos_kind || !e->pos_slot || !e->tok_order || !e->tok_n_valid || !e->tok_n_imm ||
-	    !e->key_count || !e->expert_has_immediate || !e->groups || !e->wave ||
+	if (!e->pos_kind || !e->pos_slot || !e->tok_order || !e->order_tmp || !e->tok_n_valid ||
+	    !e->tok_n_imm || !e->key_count || !e->expert_has_immediate || !e->groups || !e->wave ||
 	    !e->wave_group_of || !e->xg || !e->yg || !e->wg || !e->scratch || full == 0) {
 		snprintf(err, err_len, "forward engine: request buffers for %u tokens x %u ids: %s",
 		         e->max_tokens, e->max_k, full ? "out of memory" : "no usable expert");
@@ -274,6 +277,7 @@ void forward_destroy(struct forward_engine *e)
 	free(e->pos_kind);
 	free(e->pos_slot);
 	free(e->tok_order);
+	free(e->order_tmp);
 	free(e->tok_n_valid);
 	free(e->tok_n_imm);
 	free(e->key_count);
@@ -416,10 +420,45 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 
 /* ---- planning -------------------------------------------------------------------------- */
 
+/* True if some node's residency does not hold (layer, expert) now. */
+static bool expert_cold_now(struct forward_engine *e, uint32_t moe_layer, uint32_t expert)
+{
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
+		return false;
+	for (uint32_t n = 0; n < e->w.n_res; n++)
+		if (residency_state(e->w.res[n], moe_layer, expert) != EXPERT_RESIDENT)
+			return true;
+	return false;
+}
+
+/* defer_cold: of a token's n valid entries (order[] by weight), defers n_def — the lowest-
+ * weighted of those not resident first, then the lowest-weighted others — and rewrites
+ * order[] as the immediate entries by weight, then the deferred ones by weight. */
+static void defer_cold_first(struct forward_engine *e, uint32_t moe_layer, const int32_t *ids,
+                             uint16_t *order, uint8_t *kind, uint32_t n, uint32_t n_def)
+{
+	uint32_t picked = 0;
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t r = n; r-- > 0 && picked < n_def;) {
+			if (kind[order[r]] == 2 ||
+			    (pass == 0 && !expert_cold_now(e, moe_layer, (uint32_t)ids[order[r]])))
+				continue;
+			kind[order[r]] = 2;
+			picked++;
+		}
+	uint32_t at = 0;
+	for (int want = 1; want <= 2; want++)
+		for (uint32_t r = 0; r < n; r++)
+			if (kind[order[r]] == want)
+				e->order_tmp[at++] = order[r];
+	memcpy(order, e->order_tmp, n * sizeof(uint16_t));
+}
+
 /* Orders each token's valid entries by weight descending (ties: earlier position first),
- * marks the last min(k_defer, valid) deferred, and groups the pairs per expert. Returns
- * the number of groups. */
-static uint32_t plan_request(struct forward_engine *e, const struct forward_request *q)
+ * marks the last min(k_defer, valid) deferred (with q->defer_cold: non-resident experts
+ * first), and groups the pairs per expert. Returns the number of groups. */
+static uint32_t plan_request(struct forward_engine *e, const struct forward_request *q,
+                             uint32_t moe_layer)
 {
 	const uint32_t n_experts = e->cat->info.n_experts, k = q->k;
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
@@ -441,10 +480,17 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 		const uint32_t n_def = q->k_defer < n ? q->k_defer : n;
 		e->tok_n_valid[t] = n;
 		e->tok_n_imm[t] = n - n_def;
+		uint8_t *kind = &e->pos_kind[(size_t)t * k];
 		for (uint32_t j = 0; j < k; j++)
-			e->pos_kind[(size_t)t * k + j] = 0;
-		for (uint32_t r = 0; r < n; r++)
-			e->pos_kind[(size_t)t * k + order[r]] = r < n - n_def ? 1 : 2;
+			kind[j] = 0;
+		if (q->defer_cold && n_def) {
+			for (uint32_t r = 0; r < n; r++)
+				kind[order[r]] = 1;
+			defer_cold_first(e, moe_layer, ids, order, kind, n, n_def);
+		} else {
+			for (uint32_t r = 0; r < n; r++)
+				kind[order[r]] = r < n - n_def ? 1 : 2;
+		}
 	}
 	/* Counting sort on the expert, stable in (t, j) order. An expert's immediate and deferred
 	 * pairs share one group: the kernels' per-token results depend on the batch they are
@@ -884,7 +930,7 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	res->queue_us = t1 - t0;
 	if (rc == MOE_OK) {
-		const uint32_t n_groups = plan_request(e, q);
+		const uint32_t n_groups = plan_request(e, q, moe_layer);
 		res->experts = n_groups;
 		for (uint32_t t = 0; t < q->n_tokens; t++)
 			res->n_deferred += e->tok_n_valid[t] - e->tok_n_imm[t];

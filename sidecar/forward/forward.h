@@ -151,6 +151,12 @@ struct forward_request {
 	 * result while the deferred experts compute or load — the point of deferral. */
 	void (*immediate_ready)(void *arg, const struct forward_result *res);
 	void *immediate_arg;
+	/* Defer non-resident experts first (RESIDENCY source; DESIGN: deferral hides cold I/O):
+	 * of each token's entries, still min(k_defer, valid) are deferred, but those whose expert
+	 * is not resident on every node at planning time go first (lowest weight first), then
+	 * the lowest-weighted. Results then depend on what is resident (immediate + deferred is
+	 * the undeferred sum up to float re-association); forward_reference ignores it. */
+	bool defer_cold;
 };
 
 struct forward_result {

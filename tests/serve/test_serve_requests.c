@@ -288,6 +288,65 @@ Test(serve_requests, a_deferred_expert_failing_fails_the_layer_it_was_owed_to)
 	served_stop(&s);
 }
 
+/* MOE_FWD_DEFER_COLD: the expert that is not resident is the one deferred (its read does not
+ * hold up the completion), whatever its weight; once everything is resident, the lowest-
+ * weighted is deferred as without the flag. Bits are checked against the oracle run on the
+ * split the sidecar must have made. */
+Test(serve_requests, defer_cold_defers_the_expert_that_is_not_resident)
+{
+	const char *extra[] = {"--mem-budget", "50%", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case warm, l1, l2;
+	fwd_case_make(&warm, 51, 1, 1, 3, ne, h, false);
+	const int32_t warm_ids[3] = {5, 6, 7};
+	memcpy(warm.ids, warm_ids, sizeof(warm_ids));
+	expect_exact(&s, &warm, NULL, NULL, "layer 1 with experts 5, 6, 7: now resident");
+	fwd_case_make(&l1, 52, 1, 1, 4, ne, h, false);
+	fwd_case_make(&l2, 53, 2, 1, 4, ne, h, false);
+	const int32_t ids[4] = {5, 3, 6, 7}; /* expert 3 never used: cold */
+	const float w[4] = {0.4f, 0.3f, 0.2f, 0.1f};
+	memcpy(l1.ids, ids, sizeof(ids));
+	memcpy(l1.weights, w, sizeof(w));
+	l1.k_defer = 1;
+	l1.flags = MOE_FWD_DEFER_COLD;
+
+	float *got = alloc_rows(1, h), *want = alloc_rows(1, h), *def = alloc_rows(1, h);
+	struct moe_completion done;
+	cr_assert_eq(served_forward(&s, &l1, got, &done), MOE_OK);
+	cr_assert_eq(done.value, 1, "entries deferred: %u", done.value);
+	/* Immediate = 5, 6, 7 in weight order; deferred = expert 3 alone. */
+	const int32_t imm_ids[3] = {5, 6, 7}, def_ids[1] = {3};
+	const float imm_w[3] = {0.4f, 0.2f, 0.1f}, def_w[1] = {0.3f};
+	cr_assert_eq(ref_forward(s.ref, 1, 1, 3, 0, l1.x_wire, l1.in_dtype, imm_ids, imm_w, NULL,
+	                         want, NULL),
+	             MOE_OK);
+	cr_assert_eq(memcmp(got, want, h * sizeof(float)), 0,
+	             "the immediate part is not experts 5, 6, 7: the cold expert was not deferred");
+	cr_assert_eq(
+	    ref_forward(s.ref, 1, 1, 1, 0, l1.x_wire, l1.in_dtype, def_ids, def_w, NULL, def, NULL),
+	    MOE_OK);
+	expect_exact(&s, &l2, def, NULL, "layer 2 with expert 3's contribution");
+
+	/* Everything resident now: the lowest-weighted (7) is deferred, as without the flag. */
+	float *def7 = alloc_rows(1, h);
+	cr_assert_eq(served_forward(&s, &l1, got, &done), MOE_OK);
+	cr_assert_eq(ref_forward(s.ref, 1, 1, 4, 1, l1.x_wire, l1.in_dtype, l1.ids, l1.weights,
+	                         NULL, want, def7),
+	             MOE_OK);
+	cr_assert_eq(memcmp(got, want, h * sizeof(float)), 0, "all resident: lowest deferred");
+	expect_exact(&s, &l2, def7, NULL, "layer 2 with expert 7's contribution");
+	free(def7);
+	free(got);
+	free(want);
+	free(def);
+	fwd_case_free(&warm);
+	fwd_case_free(&l1);
+	fwd_case_free(&l2);
+	served_stop(&s);
+}
+
 Test(serve_requests, budget_of_ten_percent_is_correct_and_respected)
 {
 	const char *extra[] = {"--mem-budget", "10%", NULL};
