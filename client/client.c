@@ -10,13 +10,14 @@
  * so a dead sidecar is noticed within a slice and never causes a hang.
  *
  * The spin is adaptive: it is skipped while the waits that had to wait have recently been
- * longer than the spin itself (a moving average above WAIT_SPIN_NS). A decode FORWARD takes
- * tens to hundreds of µs; a client that spins through the first 30 µs of each one takes that
- * core time from the sidecar's workers whenever they share cores — on a small model, from
- * the deferred experts the sidecar computes right after posting the completion — and gains
- * nothing, since the completion comes after the spin ended. Short requests (PING, STATS,
- * MASK) keep the spin. The average is updated on every wait, spun or slept, so it follows
- * the workload both ways.
+ * well beyond the spin (a moving average above WAIT_SPIN_SKIP_NS, twice the spin). A decode
+ * FORWARD takes tens to hundreds of µs; a client that spins through the first 30 µs of each
+ * one takes that core time from the sidecar's workers whenever they share cores — on a small
+ * model, from the deferred experts the sidecar computes right after posting the completion —
+ * and gains nothing, since the completion comes after the spin ended. Short requests (PING,
+ * STATS, MASK, a 1 MiB ECHO) keep the spin; the margin keeps a workload whose waits scatter
+ * around the spin length spinning. The average is updated on every wait, spun or slept, so
+ * it follows the workload both ways.
  */
 #include "moe_client.h"
 
@@ -40,6 +41,7 @@
 #include "moe_ring.h"
 
 #define WAIT_SPIN_NS 30000u
+#define WAIT_SPIN_SKIP_NS (2u * WAIT_SPIN_NS)
 #define WAIT_SLICE_NS 50000000u
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -573,7 +575,7 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 	const uint64_t deadline =
 	    timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
 	uint64_t now = start;
-	const bool spin = c->wait_avg_ns < WAIT_SPIN_NS;
+	const bool spin = c->wait_avg_ns < WAIT_SPIN_SKIP_NS;
 	while (spin && now - start < WAIT_SPIN_NS && now < deadline) {
 		for (int i = 0; i < 64; i++) {
 			if (moe_ring_ready(&c->cq) != 0) {
