@@ -48,11 +48,31 @@ static inline float f16(uint16_t h)
  * leaves a core that also decodes nibbles stalled on misses (MXFP4 from DRAM: 8.8 GB/s on one
  * core with the row in flight, 12.3 GB/s with this distance; 20 GB/s in L1). Prefetches past
  * the end of a row run into the next row of the matrix, which the caller reads next; a
- * prefetch never faults. */
+ * prefetch never faults.
+ *
+ * Rows whose activation row does not fit in half of L1d next to the weight stream (Mixtral's
+ * down projection: 14336 columns, 28 KiB of Q8_0x2 or bf16 activations) reload it from L2
+ * for every row, and those L1 misses queue behind the weight prefetches waiting on DRAM. For
+ * them a second prefetch, into L2 and PREFETCH_FAR bytes ahead, brings the weights close
+ * enough that the near one completes quickly (one core from DRAM, 14336 columns: MXFP4 11 ->
+ * 14.2 GB/s, BF16 14.4 -> 21.4, Q4_K 15.1 -> 18.6; two cores: MXFP4 24.6 -> 30.6-34.2, Q4_K
+ * 32 -> 39, BF16 32 -> 42). On narrower rows it costs (MXFP4, 2048-7168 columns, two cores:
+ * 39-43 -> 33-35 GB/s; Q8_0 at 14336 columns no gain), so it is only issued past
+ * WIDE_ACT_BYTES of activations. 8, 12 and 16 KiB ahead measured alike. */
 #define PREFETCH_AHEAD 1536
-ALWAYS_INLINE void prefetch_ahead(const void *p)
+#define PREFETCH_FAR 8192
+#define WIDE_ACT_BYTES 16000 /* Q8_K of 14336 columns (16352) is past it, Q8_0 (15232) not */
+ALWAYS_INLINE void prefetch_ahead(const void *p, bool far)
 {
 	_mm_prefetch((const char *)p + PREFETCH_AHEAD, _MM_HINT_T0);
+	if (far)
+		_mm_prefetch((const char *)p + PREFETCH_FAR, _MM_HINT_T1);
+}
+
+/* Whether a dot product whose activation row takes act_bytes needs the far prefetch. */
+ALWAYS_INLINE bool wide_activation(size_t act_bytes)
+{
+	return act_bytes > WIDE_ACT_BYTES;
 }
 
 /* A dot entry point specialised on a constant token count (1..8), so that the per-token
@@ -206,6 +226,9 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
+	const bool far =
+	    wide_activation(kind == Q32_Q8_0 ? nb * sizeof(struct block_q8_0)
+	                                     : (nb + 1) / 2 * sizeof(struct block_q8_0x2));
 	const uint8_t *x = w;
 	__m256 acc[8], acc1 = _mm256_setzero_ps();
 	for (int t = 0; t < NT; t++)
@@ -217,7 +240,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		__m256 w8;
 		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
-				prefetch_ahead(x + 2 * p * bb);
+				prefetch_ahead(x + 2 * p * bb, far);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
 				acc[0] = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p, acc[0]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
@@ -225,7 +248,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			}
 		}
 		for (; 2 * p < nb; p++) {
-			prefetch_ahead(x + 2 * p * bb);
+			prefetch_ahead(x + 2 * p * bb, far);
 			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
 			for (int t = 0; t < NT; t++)
 				acc[t] = pair_dot(
@@ -240,14 +263,14 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
 			const struct block_q8_0 *y = act;
 			for (; i + 2 <= nb; i += 2) {
-				prefetch_ahead(xb + i);
+				prefetch_ahead(xb + i, far);
 				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
 				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
 			if (i % 2 == 0)
-				prefetch_ahead(xb + i);
+				prefetch_ahead(xb + i, far);
 			for (int t = 0; t < NT; t++)
 				acc[t] = q8_0_block(
 				    xb + i,
@@ -489,6 +512,7 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 	(void)sr;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
 	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m256 acc[8];
 	__m128 acc_min[8]; /* Σ dmin·d_y·(m_j · sub-block sums), 4 partial lanes */
 	for (int t = 0; t < NT; t++)
@@ -503,7 +527,8 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
 		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
 		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
-		prefetch_ahead(blk), prefetch_ahead(blk + 64), prefetch_ahead(blk + 128);
+		prefetch_ahead(blk, far), prefetch_ahead(blk + 64, far),
+		    prefetch_ahead(blk + 128, far);
 		uint8_t sc[8], m[8];
 		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
 		const __m256i sc16 = _mm256_broadcastsi128_si256(
@@ -578,13 +603,14 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 	(void)sr, (void)unused;
 	const struct block_q6_K *x = w;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
 		__m256i sumi[8];
 		for (int l = 0; l < 4; l++)
-			prefetch_ahead((const uint8_t *)(x + i) + 64 * l);
+			prefetch_ahead((const uint8_t *)(x + i) + 64 * l, far);
 		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
 		const __m256i sc16 =
 		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
@@ -658,12 +684,13 @@ ALWAYS_INLINE void f32_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)sr, (void)unused;
 	const float *a = w;
+	const bool far = wide_activation(k * sizeof(float));
 	size_t i = 0;
 	if (NT == 1) { /* four accumulators over 32 elements to cover the FMA latency */
 		const float *x = act;
 		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
 		for (; i + 32 <= k; i += 32) {
-			prefetch_ahead(a + i), prefetch_ahead(a + i + 16);
+			prefetch_ahead(a + i, far), prefetch_ahead(a + i + 16, far);
 			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
 			s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8),
 			                     s1);
@@ -736,6 +763,7 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 {
 	(void)sr;
 	const uint16_t *a = w;
+	const bool far = wide_activation(k * sizeof(uint16_t));
 	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
 	for (int t = 0; t < NT; t++)
 		e0[t] = o0[t] = _mm256_setzero_ps();
@@ -743,7 +771,7 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	if (NT == 1) {
 		for (; i + 32 <= k; i += 32) {
 			__m256 we, wo, xe, xo;
-			prefetch_ahead(a + i);
+			prefetch_ahead(a + i, far);
 			if (is_f16)
 				f16x16(a + i, &we, &wo);
 			else
@@ -828,6 +856,7 @@ ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)unused;
 	const uint8_t *q = w;
+	const bool far = wide_activation(k * sizeof(float));
 	__m256 a0[8], a1[8];
 	float tail[8];
 	for (int t = 0; t < NT; t++)
@@ -836,7 +865,7 @@ ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, siz
 		const size_t b1 = b0 + MOEK_FP8_BLOCK < k ? b0 + MOEK_FP8_BLOCK : k;
 		const float s = sr[b0 / MOEK_FP8_BLOCK];
 		const __m256 sv = _mm256_set1_ps(s * 256.0f);
-		prefetch_ahead(q + b0), prefetch_ahead(q + b0 + 64);
+		prefetch_ahead(q + b0, far), prefetch_ahead(q + b0 + 64, far);
 		size_t i = b0;
 		for (; i + 16 <= b1; i += 16) {
 			__m256 lo, hi;
