@@ -11,9 +11,10 @@
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
- *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd on 256-bit
- *   registers (inline assembly; same bits; moek_avx2_set_vnni). Every dot prefetches its row
- *   PREFETCH_AHEAD bytes ahead.
+ *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
+ *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
+ *   moek_avx2_set_vnni). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
+ *   wide activations also PREFETCH_FAR ahead into L2).
  * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
  * outer-product f32 micro-kernel over activation panels.
  *
@@ -506,8 +507,16 @@ static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int
 	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
 }
 
+/* acc + the int16 pair products of a and b summed per int32 lane (madd + add in one):
+ * AVX512-VNNI's vpdpwssd on 256-bit registers, as dpbusd above. */
+ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
+{
+	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+	return acc;
+}
+
 ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, size_t as,
-                             const int NT, size_t k, float *out, const int five_bit)
+                             const int NT, size_t k, float *out, const int five_bit, bool vnni)
 {
 	(void)sr;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -536,9 +545,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
 		const __m256i qh =
 		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
-		__m256i sumi[8];
+		__m256i sumi[8], sumi_hi[8]; /* VNNI: two chains (low / high nibbles) */
 		for (int t = 0; t < NT; t++)
-			sumi[t] = _mm256_setzero_si256();
+			sumi[t] = sumi_hi[t] = _mm256_setzero_si256();
 		for (int c = 0; c < 4; c++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
 			__m256i lo = _mm256_and_si256(q, low4);
@@ -557,6 +566,13 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
 				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
 				const __m256i yhi = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				if (vnni) { /* same int32 sums (exact either way) */
+					sumi[t] =
+					    dpwssd(sumi[t], _mm256_maddubs_epi16(lo, ylo), slo);
+					sumi_hi[t] =
+					    dpwssd(sumi_hi[t], _mm256_maddubs_epi16(hi, yhi), shi);
+					continue;
+				}
 				const __m256i plo =
 				    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
 				const __m256i phi =
@@ -565,6 +581,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 			}
 		}
 		const float d = f16(x4->d), dmin = f16(x4->dmin); /* same offsets in Q5_K */
+		if (vnni)
+			for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_add_epi32(sumi[t], sumi_hi[t]);
 		for (int t = 0; t < NT; t++) {
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
@@ -581,8 +600,28 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 	}
 }
 
-DOT_ENTRY(dot_q4_K, q45k_body, 0)
-DOT_ENTRY(dot_q5_K, q45k_body, 1)
+DOT_ENTRY(dot_q4_K_avx2, q45k_body, 0, false)
+DOT_ENTRY(dot_q5_K_avx2, q45k_body, 1, false)
+DOT_ENTRY(dot_q4_K_vnni, q45k_body, 0, true)
+DOT_ENTRY(dot_q5_K_vnni, q45k_body, 1, true)
+
+static void dot_q4_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_q4_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q4_K_avx2(w, sr, act, as, nt, k, out);
+}
+
+static void dot_q5_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_q5_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q5_K_avx2(w, sr, act, as, nt, k, out);
+}
 
 /* Σ q·y over 32 elements (q 6-bit unsigned, y signed), scaled per 16 elements by the int16
  * scale vector s (first 16 elements: low half, last 16: high half), as 8 int32 lanes. */
