@@ -94,6 +94,17 @@ ALWAYS_INLINE bool wide_activation(size_t act_bytes)
 		}                                                                                  \
 	}
 
+/* A one-token, many-row entry point (moek_dot_rows_fn) around the same body with NT = 1: each
+ * row gets the operations (and bits) of the single-row entry. */
+#define ROWS_ENTRY(name, body, ...)                                                                \
+	static void name(const void *w, size_t stride, size_t nr, const void *act, size_t k,       \
+	                 float *out)                                                               \
+	{                                                                                          \
+		for (size_t r = 0; r < nr; r++)                                                    \
+			body((const uint8_t *)w + r * stride, NULL, act, 0, 1, k, out + r,         \
+			     __VA_ARGS__);                                                         \
+	}
+
 /* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
 static inline __m256i nibbles_32(const uint8_t *p)
 {
@@ -441,6 +452,11 @@ DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
 DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+ROWS_ENTRY(rows_q8_0, q32_body, Q32_Q8_0, false)
+ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
+ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
+ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
 /* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
  * before kernels run (the ISA choice), so relaxed ordering is enough. */
@@ -476,6 +492,24 @@ static void dot_mxfp4(const void *w, const float *sr, const void *act, size_t as
 		dot_mxfp4_vnni(w, sr, act, as, nt, k, out);
 	else
 		dot_mxfp4_avx2(w, sr, act, as, nt, k, out);
+}
+
+static void rows_q4_0(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q4_0_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q4_0_avx2(w, stride, nr, act, k, out);
+}
+
+static void rows_mxfp4(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                       float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_mxfp4_vnni(w, stride, nr, act, k, out);
+	else
+		rows_mxfp4_avx2(w, stride, nr, act, k, out);
 }
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
@@ -604,6 +638,28 @@ DOT_ENTRY(dot_q4_K_avx2, q45k_body, 0, false)
 DOT_ENTRY(dot_q5_K_avx2, q45k_body, 1, false)
 DOT_ENTRY(dot_q4_K_vnni, q45k_body, 0, true)
 DOT_ENTRY(dot_q5_K_vnni, q45k_body, 1, true)
+ROWS_ENTRY(rows_q4_K_avx2, q45k_body, 0, false)
+ROWS_ENTRY(rows_q5_K_avx2, q45k_body, 1, false)
+ROWS_ENTRY(rows_q4_K_vnni, q45k_body, 0, true)
+ROWS_ENTRY(rows_q5_K_vnni, q45k_body, 1, true)
+
+static void rows_q4_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q4_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q4_K_avx2(w, stride, nr, act, k, out);
+}
+
+static void rows_q5_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q5_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q5_K_avx2(w, stride, nr, act, k, out);
+}
 
 static void dot_q4_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                      size_t k, float *out)
@@ -709,6 +765,7 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 }
 
 DOT_ENTRY(dot_q6_K, q6k_body, 0)
+ROWS_ENTRY(rows_q6_K, q6k_body, 0)
 
 /* ---- Float formats against f32 activations ------------------------------------------------ */
 
@@ -854,6 +911,8 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 
 DOT_ENTRY(dot_f16, half_body, 1)
 DOT_ENTRY(dot_bf16, half_body, 0)
+ROWS_ENTRY(rows_f16, half_body, 1)
+ROWS_ENTRY(rows_bf16, half_body, 0)
 
 static float dot_f32(const float *a, const float *b, size_t k)
 {
@@ -1208,6 +1267,17 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q5_K] = dot_q5_K,
             [MOEK_Q6_K] = dot_q6_K,
             [63] = dot_fp8,
+        },
+    .dot_rows =
+        {
+            [MOEK_F16] = rows_f16,
+            [MOEK_BF16] = rows_bf16,
+            [MOEK_Q8_0] = rows_q8_0,
+            [MOEK_Q4_0] = rows_q4_0,
+            [MOEK_MXFP4] = rows_mxfp4,
+            [MOEK_Q4_K] = rows_q4_K,
+            [MOEK_Q5_K] = rows_q5_K,
+            [MOEK_Q6_K] = rows_q6_K,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

@@ -5,6 +5,8 @@
  *   bits for every token count (1..MOEK_DOT_TOKENS), one super-block and odd super-block
  *   counts, rows narrower and wider than the far-prefetch threshold; exact against the double
  *   dot of the dequantized operands.
+ * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
+ *   every format that has one, both forms, several widths and row counts.
  * - Whole expert FFN, decode and prefill, every weight format, Qwen3-like and wide (14336-
  *   column down rows, the far-prefetch path) shapes: the AVX2 path forced to its plain form
  *   gives the same output bits as with every form the CPU allows, and stays within the
@@ -121,6 +123,58 @@ Test(dot_forms, q5_K_vnni_same_bits_as_madd)
 		cr_skip_test("no AVX512-VNNI + AVX512VL here");
 	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
 		check_kquant(MOEK_Q5_K, kquant_widths[i]);
+}
+
+/* dot_rows over nr rows of k columns against one token = dot row by row, bit for bit. */
+static void check_rows(uint32_t fmt, size_t k, size_t nr)
+{
+	const struct moek_isa_ops *ops = &moek_avx2_ops;
+	const moek_dot_rows_fn rows = ops->dot_rows[moek_fmt_slot(fmt)];
+	const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+	const char *name = moek_format_lookup(fmt)->name;
+	cr_assert(rows && dot, "%s: no many-row dot", name);
+	const uint32_t act = moek_isa_act_format(ops, fmt);
+	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
+	float *w = malloc(sizeof(float) * nr * k), *x = malloc(sizeof(float) * k);
+	uint8_t *wq = malloc(rb * nr), *xq = aligned_alloc(64, (ab + 63) / 64 * 64);
+	float *got = malloc(sizeof(float) * nr), *want = malloc(sizeof(float) * nr);
+	cr_assert(w && x && wq && xq && got && want);
+	for (size_t i = 0; i < nr * k; i++)
+		w[i] = uniform(-1.0f, 1.0f) * (i % 61 == 0 ? 20.0f : 1.0f);
+	for (size_t i = 0; i < k; i++)
+		x[i] = uniform(-2.0f, 2.0f);
+	cr_assert_eq(moek_quantize(fmt, w, nr, k, wq, NULL), 0);
+	moek_isa_quantize_act(ops, act, x, k, xq);
+	const bool forms = vnni_available();
+	for (int vnni = 0; vnni <= (int)forms; vnni++) {
+		cr_assert(moek_avx2_set_vnni(vnni));
+		rows(wq, rb, nr, xq, k, got);
+		for (size_t r = 0; r < nr; r++)
+			dot(wq + r * rb, NULL, xq, ab, 1, k, &want[r]);
+		for (size_t r = 0; r < nr; r++)
+			cr_assert(memcmp(&got[r], &want[r], sizeof(float)) == 0,
+			          "%s k=%zu row %zu/%zu vnni=%d: %.9g (rows) vs %.9g (dot)", name,
+			          k, r, nr, vnni, (double)got[r], (double)want[r]);
+	}
+	moek_avx2_set_vnni(false);
+	free(w), free(x), free(wq), free(xq), free(got), free(want);
+}
+
+Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
+{
+	if (!have_avx2())
+		cr_skip_test("no AVX2 here");
+	static const uint32_t fmts[] = {MOEK_F16,   MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,
+	                                MOEK_MXFP4, MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K};
+	static const size_t widths[] = {256, 768, 2304, 14336}; /* K-quant multiples; 14336 wide */
+	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++)
+		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+			check_rows(fmts[f], widths[i], 1);
+			check_rows(fmts[f], widths[i], 7);
+		}
+	/* formats without one: FP8 (its scale rows), F32 */
+	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_slot(MOEK_FP8_E4M3_B128)]);
+	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_slot(MOEK_F32)]);
 }
 
 /* The FFN through moek_set_isa(MOEK_ISA_AVX2) (every form the CPU allows), then with the
