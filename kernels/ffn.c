@@ -669,9 +669,9 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
 }
 
 /* Rows per call of the ISA's many-row dot in the down phase (one token; results in a stack
- * array). The hidden phase keeps alternating gate and up rows one call each: their two
- * streams run faster than 4, 8 or 16 rows of each in turn (Qwen3, MXFP4, two threads:
- * 30.9 / 29.3 / 27.1 GB/s against 30.9-31.0). */
+ * array). The hidden phase keeps alternating gate and up rows one call each: 4 rows of each in
+ * turn were no faster, 8 or 16 slower (Qwen3, MXFP4, two threads: 30.9 / 29.3 / 27.1 GB/s
+ * against 30.9-31.0 alternating). */
 enum { ROWS_CHUNK = 64 };
 
 static void down_decode(const struct moek_ffn_call *c, const struct moek_expert *e, unsigned worker,

@@ -194,10 +194,10 @@ extern const struct moek_isa_ops moek_scalar_ops;
 extern const struct moek_isa_ops moek_avx2_ops;
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
  * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
- * same bits, fewer instructions. Off until enabled; enabling fails
- * (returns false, nothing changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA
- * choice (ffn.c) enables it; tests switch it to compare both forms. Not thread-safe against
- * running kernels, like moek_set_isa. */
+ * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing
+ * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (ffn.c) enables
+ * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
+ * moek_set_isa. */
 bool moek_avx2_set_vnni(bool on);
 #endif
 
