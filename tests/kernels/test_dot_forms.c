@@ -8,9 +8,10 @@
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
  *   every format that has one, both forms, several widths and row counts.
  * - Whole expert FFN, decode (1 and 3 tokens) and prefill (20), Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
- *   MXFP4, BF16, F16, small and wide (14336-column down rows, the far-prefetch path) shapes: the AVX2 path forced to its plain form
- *   gives the same output bits as with every form the CPU allows, and stays within the
- *   accuracy bound of the float originals (so the plain form is checked on its own, too).
+ *   MXFP4, BF16, F16, small and wide (14336-column down rows, the far-prefetch path) shapes:
+ *   the AVX2 path forced to its plain form gives the same output bits as with every form the
+ *   CPU allows, and stays within the accuracy bound of the float originals (so the plain form
+ *   is checked on its own, too).
  * The comparisons are skipped where the CPU lacks AVX512-VNNI + AVX512VL (the plain form is the
  * only one there, and test_kernel_ffn covers it); the forced-plain accuracy check always runs.
  */
