@@ -103,6 +103,12 @@ uint32_t moek_vec_dot_format(uint32_t weight_format);
 #define MOEK_DOT_TOKENS 8
 typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *act,
                             size_t act_stride, size_t nt, size_t k, float *out);
+/* dot_rows: nr weight rows (row r at w + r * row_stride) against one token's activation row,
+ * out[r] = row r · token — exactly the bits dot gives for that row with nt = 1 (the same
+ * operations per row), so a row range may be split between the two anywhere. It saves the
+ * per-row call and set-up that weigh on short rows (Qwen3's 768 columns). Not for FP8. */
+typedef void (*moek_dot_rows_fn)(const void *w, size_t row_stride, size_t nr, const void *act,
+                                 size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
                                 size_t k);
 /* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
@@ -132,7 +138,8 @@ static_assert(sizeof(struct block_q8_0x2) == 128, "Q8_0x2 pair");
 
 struct moek_isa_ops {
 	const char *name;
-	moek_dot_fn dot[64]; /* indexed by moek_fmt_slot() */
+	moek_dot_fn dot[64];           /* indexed by moek_fmt_slot() */
+	moek_dot_rows_fn dot_rows[64]; /* the same, one token, many rows (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
 	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary). The
@@ -186,10 +193,11 @@ extern const struct moek_isa_ops moek_scalar_ops;
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
- * instead of maddubs + madd: same bits, fewer instructions. Off until enabled; enabling fails
- * (returns false, nothing changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA
- * choice (ffn.c) enables it; tests switch it to compare both forms. Not thread-safe against
- * running kernels, like moek_set_isa. */
+ * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
+ * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing
+ * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (ffn.c) enables
+ * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
+ * moek_set_isa. */
 bool moek_avx2_set_vnni(bool on);
 #endif
 

@@ -11,9 +11,10 @@
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
- *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd on 256-bit
- *   registers (inline assembly; same bits; moek_avx2_set_vnni). Every dot prefetches its row
- *   PREFETCH_AHEAD bytes ahead.
+ *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
+ *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
+ *   moek_avx2_set_vnni). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
+ *   wide activations also PREFETCH_FAR ahead into L2).
  * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
  * outer-product f32 micro-kernel over activation panels.
  *
@@ -48,11 +49,32 @@ static inline float f16(uint16_t h)
  * leaves a core that also decodes nibbles stalled on misses (MXFP4 from DRAM: 8.8 GB/s on one
  * core with the row in flight, 12.3 GB/s with this distance; 20 GB/s in L1). Prefetches past
  * the end of a row run into the next row of the matrix, which the caller reads next; a
- * prefetch never faults. */
+ * prefetch never faults.
+ *
+ * Rows whose activation row does not fit in half of L1d next to the weight stream (Mixtral's
+ * down projection: 14336 columns, 28 KiB of Q8_0x2 or bf16 activations) reload it from L2
+ * for every row, and those L1 misses queue behind the weight prefetches waiting on DRAM. For
+ * them a second prefetch, into L2 and PREFETCH_FAR bytes ahead, brings the weights close
+ * enough that the near one completes quickly (one core from DRAM, 14336 columns: MXFP4 11 ->
+ * 14.2 GB/s, BF16 14.4 -> 21.4, Q4_K 15.1 -> 18.6; two cores: MXFP4 19.8-20.8 -> 26.2-27.7,
+ * Q4_K 26.6-26.8 -> 30.5-31.7, BF16 26.4 -> 31.2-31.5). On narrower rows it costs (MXFP4, two
+ * cores, 2048 / 4096 columns: 27.8-28.5 / 29.6-32.3 -> 22.6-26.6 / 23.3-26.9 GB/s; Q8_0 at
+ * 14336 columns no gain), so it is only issued past WIDE_ACT_BYTES of activations. 8, 12 and
+ * 16 KiB ahead measured alike. */
 #define PREFETCH_AHEAD 1536
-ALWAYS_INLINE void prefetch_ahead(const void *p)
+#define PREFETCH_FAR 8192
+#define WIDE_ACT_BYTES 16000 /* Q8_K of 14336 columns (16352) is past it, Q8_0 (15232) not */
+ALWAYS_INLINE void prefetch_ahead(const void *p, bool far)
 {
 	_mm_prefetch((const char *)p + PREFETCH_AHEAD, _MM_HINT_T0);
+	if (far)
+		_mm_prefetch((const char *)p + PREFETCH_FAR, _MM_HINT_T1);
+}
+
+/* Whether a dot product whose activation row takes act_bytes needs the far prefetch. */
+ALWAYS_INLINE bool wide_activation(size_t act_bytes)
+{
+	return act_bytes > WIDE_ACT_BYTES;
 }
 
 /* A dot entry point specialised on a constant token count (1..8), so that the per-token
@@ -71,6 +93,17 @@ ALWAYS_INLINE void prefetch_ahead(const void *p)
 		case 7: body(w, sr, act, as, 7, k, out, __VA_ARGS__); break;                       \
 		default: body(w, sr, act, as, 8, k, out, __VA_ARGS__); break;                      \
 		}                                                                                  \
+	}
+
+/* A one-token, many-row entry point (moek_dot_rows_fn) around the same body with NT = 1: each
+ * row gets the operations (and bits) of the single-row entry. */
+#define ROWS_ENTRY(name, body, ...)                                                                \
+	static void name(const void *w, size_t stride, size_t nr, const void *act, size_t k,       \
+	                 float *out)                                                               \
+	{                                                                                          \
+		for (size_t r = 0; r < nr; r++)                                                    \
+			body((const uint8_t *)w + r * stride, NULL, act, 0, 1, k, out + r,         \
+			     __VA_ARGS__);                                                         \
 	}
 
 /* 32 nibbles of 16 bytes: bytes 0-15 = low nibbles (elements 0-15), 16-31 = high nibbles. */
@@ -206,6 +239,9 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
+	const bool far =
+	    wide_activation(kind == Q32_Q8_0 ? nb * sizeof(struct block_q8_0)
+	                                     : (nb + 1) / 2 * sizeof(struct block_q8_0x2));
 	const uint8_t *x = w;
 	__m256 acc[8], acc1 = _mm256_setzero_ps();
 	for (int t = 0; t < NT; t++)
@@ -217,7 +253,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		__m256 w8;
 		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
-				prefetch_ahead(x + 2 * p * bb);
+				prefetch_ahead(x + 2 * p * bb, far);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
 				acc[0] = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p, acc[0]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
@@ -225,7 +261,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			}
 		}
 		for (; 2 * p < nb; p++) {
-			prefetch_ahead(x + 2 * p * bb);
+			prefetch_ahead(x + 2 * p * bb, far);
 			pair_unpack(kind, x + 2 * p * bb, bb, 2 * p + 1 < nb, &ulo, &uhi, &w8);
 			for (int t = 0; t < NT; t++)
 				acc[t] = pair_dot(
@@ -240,14 +276,14 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
 			const struct block_q8_0 *y = act;
 			for (; i + 2 <= nb; i += 2) {
-				prefetch_ahead(xb + i);
+				prefetch_ahead(xb + i, far);
 				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
 				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
 			if (i % 2 == 0)
-				prefetch_ahead(xb + i);
+				prefetch_ahead(xb + i, far);
 			for (int t = 0; t < NT; t++)
 				acc[t] = q8_0_block(
 				    xb + i,
@@ -417,6 +453,11 @@ DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
 DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+ROWS_ENTRY(rows_q8_0, q32_body, Q32_Q8_0, false)
+ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
+ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
+ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
 /* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
  * before kernels run (the ISA choice), so relaxed ordering is enough. */
@@ -454,6 +495,24 @@ static void dot_mxfp4(const void *w, const float *sr, const void *act, size_t as
 		dot_mxfp4_avx2(w, sr, act, as, nt, k, out);
 }
 
+static void rows_q4_0(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q4_0_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q4_0_avx2(w, stride, nr, act, k, out);
+}
+
+static void rows_mxfp4(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                       float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_mxfp4_vnni(w, stride, nr, act, k, out);
+	else
+		rows_mxfp4_avx2(w, stride, nr, act, k, out);
+}
+
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
 /* The 12 packed bytes of Q4_K/Q5_K as 8 scale bytes (sc) and 8 min bytes (m), 6 bits each. */
@@ -483,12 +542,21 @@ static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int
 	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
 }
 
+/* acc + the int16 pair products of a and b summed per int32 lane (madd + add in one):
+ * AVX512-VNNI's vpdpwssd on 256-bit registers, as dpbusd above. */
+ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
+{
+	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+	return acc;
+}
+
 ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, size_t as,
-                             const int NT, size_t k, float *out, const int five_bit)
+                             const int NT, size_t k, float *out, const int five_bit, bool vnni)
 {
 	(void)sr;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
 	const size_t bb = five_bit ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m256 acc[8];
 	__m128 acc_min[8]; /* Σ dmin·d_y·(m_j · sub-block sums), 4 partial lanes */
 	for (int t = 0; t < NT; t++)
@@ -503,7 +571,8 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
 		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
 		const uint8_t *qs = five_bit ? x5->qs : x4->qs;
-		prefetch_ahead(blk), prefetch_ahead(blk + 64), prefetch_ahead(blk + 128);
+		prefetch_ahead(blk, far), prefetch_ahead(blk + 64, far),
+		    prefetch_ahead(blk + 128, far);
 		uint8_t sc[8], m[8];
 		k4_unpack(five_bit ? x5->scales : x4->scales, sc, m);
 		const __m256i sc16 = _mm256_broadcastsi128_si256(
@@ -511,9 +580,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 		const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)m));
 		const __m256i qh =
 		    five_bit ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
-		__m256i sumi[8];
+		__m256i sumi[8], sumi_hi[8]; /* VNNI: two chains (low / high nibbles) */
 		for (int t = 0; t < NT; t++)
-			sumi[t] = _mm256_setzero_si256();
+			sumi[t] = sumi_hi[t] = _mm256_setzero_si256();
 		for (int c = 0; c < 4; c++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
 			__m256i lo = _mm256_and_si256(q, low4);
@@ -532,6 +601,13 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 64 * c;
 				const __m256i ylo = _mm256_loadu_si256((const __m256i *)yq);
 				const __m256i yhi = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				if (vnni) { /* same int32 sums (exact either way) */
+					sumi[t] =
+					    dpwssd(sumi[t], _mm256_maddubs_epi16(lo, ylo), slo);
+					sumi_hi[t] =
+					    dpwssd(sumi_hi[t], _mm256_maddubs_epi16(hi, yhi), shi);
+					continue;
+				}
 				const __m256i plo =
 				    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
 				const __m256i phi =
@@ -540,6 +616,9 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 			}
 		}
 		const float d = f16(x4->d), dmin = f16(x4->dmin); /* same offsets in Q5_K */
+		if (vnni)
+			for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_add_epi32(sumi[t], sumi_hi[t]);
 		for (int t = 0; t < NT; t++) {
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
@@ -556,8 +635,50 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 	}
 }
 
-DOT_ENTRY(dot_q4_K, q45k_body, 0)
-DOT_ENTRY(dot_q5_K, q45k_body, 1)
+DOT_ENTRY(dot_q4_K_avx2, q45k_body, 0, false)
+DOT_ENTRY(dot_q5_K_avx2, q45k_body, 1, false)
+DOT_ENTRY(dot_q4_K_vnni, q45k_body, 0, true)
+DOT_ENTRY(dot_q5_K_vnni, q45k_body, 1, true)
+ROWS_ENTRY(rows_q4_K_avx2, q45k_body, 0, false)
+ROWS_ENTRY(rows_q5_K_avx2, q45k_body, 1, false)
+ROWS_ENTRY(rows_q4_K_vnni, q45k_body, 0, true)
+ROWS_ENTRY(rows_q5_K_vnni, q45k_body, 1, true)
+
+static void rows_q4_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q4_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q4_K_avx2(w, stride, nr, act, k, out);
+}
+
+static void rows_q5_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		rows_q5_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q5_K_avx2(w, stride, nr, act, k, out);
+}
+
+static void dot_q4_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_q4_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q4_K_avx2(w, sr, act, as, nt, k, out);
+}
+
+static void dot_q5_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_q5_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q5_K_avx2(w, sr, act, as, nt, k, out);
+}
 
 /* Σ q·y over 32 elements (q 6-bit unsigned, y signed), scaled per 16 elements by the int16
  * scale vector s (first 16 elements: low half, last 16: high half), as 8 int32 lanes. */
@@ -578,13 +699,14 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 	(void)sr, (void)unused;
 	const struct block_q6_K *x = w;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
 		__m256i sumi[8];
 		for (int l = 0; l < 4; l++)
-			prefetch_ahead((const uint8_t *)(x + i) + 64 * l);
+			prefetch_ahead((const uint8_t *)(x + i) + 64 * l, far);
 		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
 		const __m256i sc16 =
 		    _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
@@ -644,6 +766,7 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 }
 
 DOT_ENTRY(dot_q6_K, q6k_body, 0)
+ROWS_ENTRY(rows_q6_K, q6k_body, 0)
 
 /* ---- Float formats against f32 activations ------------------------------------------------ */
 
@@ -658,12 +781,13 @@ ALWAYS_INLINE void f32_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)sr, (void)unused;
 	const float *a = w;
+	const bool far = wide_activation(k * sizeof(float));
 	size_t i = 0;
 	if (NT == 1) { /* four accumulators over 32 elements to cover the FMA latency */
 		const float *x = act;
 		__m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
 		for (; i + 32 <= k; i += 32) {
-			prefetch_ahead(a + i), prefetch_ahead(a + i + 16);
+			prefetch_ahead(a + i, far), prefetch_ahead(a + i + 16, far);
 			s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(x + i), s0);
 			s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(x + i + 8),
 			                     s1);
@@ -736,6 +860,7 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 {
 	(void)sr;
 	const uint16_t *a = w;
+	const bool far = wide_activation(k * sizeof(uint16_t));
 	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
 	for (int t = 0; t < NT; t++)
 		e0[t] = o0[t] = _mm256_setzero_ps();
@@ -743,7 +868,7 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	if (NT == 1) {
 		for (; i + 32 <= k; i += 32) {
 			__m256 we, wo, xe, xo;
-			prefetch_ahead(a + i);
+			prefetch_ahead(a + i, far);
 			if (is_f16)
 				f16x16(a + i, &we, &wo);
 			else
@@ -787,6 +912,8 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 
 DOT_ENTRY(dot_f16, half_body, 1)
 DOT_ENTRY(dot_bf16, half_body, 0)
+ROWS_ENTRY(rows_f16, half_body, 1)
+ROWS_ENTRY(rows_bf16, half_body, 0)
 
 static float dot_f32(const float *a, const float *b, size_t k)
 {
@@ -828,6 +955,7 @@ ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, siz
 {
 	(void)unused;
 	const uint8_t *q = w;
+	const bool far = wide_activation(k * sizeof(float));
 	__m256 a0[8], a1[8];
 	float tail[8];
 	for (int t = 0; t < NT; t++)
@@ -836,7 +964,7 @@ ALWAYS_INLINE void fp8_body(const void *w, const float *sr, const void *act, siz
 		const size_t b1 = b0 + MOEK_FP8_BLOCK < k ? b0 + MOEK_FP8_BLOCK : k;
 		const float s = sr[b0 / MOEK_FP8_BLOCK];
 		const __m256 sv = _mm256_set1_ps(s * 256.0f);
-		prefetch_ahead(q + b0), prefetch_ahead(q + b0 + 64);
+		prefetch_ahead(q + b0, far), prefetch_ahead(q + b0 + 64, far);
 		size_t i = b0;
 		for (; i + 16 <= b1; i += 16) {
 			__m256 lo, hi;
@@ -1140,6 +1268,17 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q5_K] = dot_q5_K,
             [MOEK_Q6_K] = dot_q6_K,
             [63] = dot_fp8,
+        },
+    .dot_rows =
+        {
+            [MOEK_F16] = rows_f16,
+            [MOEK_BF16] = rows_bf16,
+            [MOEK_Q8_0] = rows_q8_0,
+            [MOEK_Q4_0] = rows_q4_0,
+            [MOEK_MXFP4] = rows_mxfp4,
+            [MOEK_Q4_K] = rows_q4_K,
+            [MOEK_Q5_K] = rows_q5_K,
+            [MOEK_Q6_K] = rows_q6_K,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,
