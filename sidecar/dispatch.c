@@ -128,7 +128,10 @@ static uint32_t drain_all(struct dispatcher *d, bool shutting_down, bool *async_
 	return work;
 }
 
-/* Polls between yields of the idle spin (see dispatcher_main). */
+/* The idle spin (see dispatcher_main): pure polling for the first DISPATCH_POLL_NS after the
+ * last work (a client in a request/response loop answers within that), then polls with a
+ * yield of the core every DISPATCH_POLLS_PER_YIELD looks. */
+#define DISPATCH_POLL_NS 5000u
 #define DISPATCH_POLLS_PER_YIELD 32
 
 /* A lock-free look at every ring and the control word: is there something to drain? */
@@ -275,7 +278,7 @@ static void *dispatcher_main(void *arg)
 			 * look would add its cost to every short request (PING: ~0.1 µs). */
 			for (int i = 0; i < DISPATCH_POLLS_PER_YIELD && !work_visible(d, gen); i++)
 				moe_cpu_relax();
-			if (!work_visible(d, gen))
+			if (now - last_work >= DISPATCH_POLL_NS && !work_visible(d, gen))
 				sched_yield();
 			continue;
 		}
