@@ -477,41 +477,33 @@ bool moek_avx2_set_vnni(bool on)
 	return true;
 }
 
-static void dot_q4_0(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                     size_t k, float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		dot_q4_0_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_q4_0_avx2(w, sr, act, as, nt, k, out);
-}
+/* The entry points of the formats that have a VNNI form: each picks its form per call. */
+#define VNNI_DISPATCH_DOT(fmt)                                                                     \
+	static void dot_##fmt(const void *w, const float *sr, const void *act, size_t as,          \
+	                      size_t nt, size_t k, float *out)                                     \
+	{                                                                                          \
+		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+			dot_##fmt##_vnni(w, sr, act, as, nt, k, out);                              \
+		else                                                                               \
+			dot_##fmt##_avx2(w, sr, act, as, nt, k, out);                              \
+	}
+#define VNNI_DISPATCH_ROWS(fmt)                                                                    \
+	static void rows_##fmt(const void *w, size_t stride, size_t nr, const void *act, size_t k, \
+	                       float *out)                                                         \
+	{                                                                                          \
+		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+			rows_##fmt##_vnni(w, stride, nr, act, k, out);                             \
+		else                                                                               \
+			rows_##fmt##_avx2(w, stride, nr, act, k, out);                             \
+	}
 
-static void dot_mxfp4(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                      size_t k, float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		dot_mxfp4_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_mxfp4_avx2(w, sr, act, as, nt, k, out);
-}
+VNNI_DISPATCH_DOT(q4_0)
 
-static void rows_q4_0(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                      float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		rows_q4_0_vnni(w, stride, nr, act, k, out);
-	else
-		rows_q4_0_avx2(w, stride, nr, act, k, out);
-}
+VNNI_DISPATCH_DOT(mxfp4)
 
-static void rows_mxfp4(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                       float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		rows_mxfp4_vnni(w, stride, nr, act, k, out);
-	else
-		rows_mxfp4_avx2(w, stride, nr, act, k, out);
-}
+VNNI_DISPATCH_ROWS(q4_0)
+
+VNNI_DISPATCH_ROWS(mxfp4)
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
@@ -644,41 +636,13 @@ ROWS_ENTRY(rows_q5_K_avx2, q45k_body, 1, false)
 ROWS_ENTRY(rows_q4_K_vnni, q45k_body, 0, true)
 ROWS_ENTRY(rows_q5_K_vnni, q45k_body, 1, true)
 
-static void rows_q4_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                      float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		rows_q4_K_vnni(w, stride, nr, act, k, out);
-	else
-		rows_q4_K_avx2(w, stride, nr, act, k, out);
-}
+VNNI_DISPATCH_ROWS(q4_K)
 
-static void rows_q5_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                      float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		rows_q5_K_vnni(w, stride, nr, act, k, out);
-	else
-		rows_q5_K_avx2(w, stride, nr, act, k, out);
-}
+VNNI_DISPATCH_ROWS(q5_K)
 
-static void dot_q4_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                     size_t k, float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		dot_q4_K_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_q4_K_avx2(w, sr, act, as, nt, k, out);
-}
+VNNI_DISPATCH_DOT(q4_K)
 
-static void dot_q5_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                     size_t k, float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		dot_q5_K_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_q5_K_avx2(w, sr, act, as, nt, k, out);
-}
+VNNI_DISPATCH_DOT(q5_K)
 
 /* Σ q·y over 32 elements (q 6-bit unsigned, y signed), scaled per 16 elements by the int16
  * scale vector s (first 16 elements: low half, last 16: high half), as 8 int32 lanes. */

@@ -14,11 +14,17 @@
 
 void served_start(struct served *s, const char *format, const char *const *extra)
 {
+	served_start_preset(s, "qwen3-30b-a3b", format, !strcmp(format, "fp8"), extra);
+}
+
+void served_start_preset(struct served *s, const char *preset, const char *format, bool safetensors,
+                         const char *const *extra)
+{
 	memset(s, 0, sizeof(*s));
 	harness_tempdir(&s->sp);
-	const bool safetensors = !strcmp(format, "fp8");
 	snprintf(s->model, sizeof(s->model), "%s/model%s", s->sp.dir, safetensors ? "" : ".gguf");
-	cr_assert_eq(ref_generate(s->model, format, 7), 0, "generating a %s model", format);
+	cr_assert_eq(ref_generate_preset(s->model, preset, format, 7), 0,
+	             "generating a %s %s model", preset, format);
 	char instance[64];
 	snprintf(instance, sizeof(instance), "test-serve-%d", (int)getpid());
 	const char *argv[24] = {s->model, "--probes-instance", instance};

@@ -24,6 +24,9 @@ struct served {
 /* Generates a model in `format`, starts the sidecar on it with extra options (NULL-terminated,
  * may be NULL), connects a client and opens the reference. Asserts on failure. */
 void served_start(struct served *s, const char *format, const char *const *extra);
+/* The same for another preset; safetensors: a checkpoint directory instead of a GGUF file. */
+void served_start_preset(struct served *s, const char *preset, const char *format, bool safetensors,
+                         const char *const *extra);
 /* Closes the client, stops the sidecar (SIGTERM; asserts a clean exit), cleans up. */
 void served_stop(struct served *s);
 

@@ -128,39 +128,9 @@ Test(serve_bits, fp8)
 	run_format("fp8");
 }
 
-/* served_start for a gpt-oss Hugging Face checkpoint (a directory: config.json and
- * safetensors with MXFP4 _blocks/_scales), which the sidecar converts to GGUF blocks as each
- * expert is loaded; the reference engine (all-resident) converts at create. */
-static void served_start_gpt_oss_hf(struct served *s, const char *const *extra)
-{
-	memset(s, 0, sizeof(*s));
-	harness_tempdir(&s->sp);
-	snprintf(s->model, sizeof(s->model), "%s/gpt-oss-hf", s->sp.dir);
-	cr_assert_eq(ref_generate_preset(s->model, "gpt-oss-20b", "mxfp4", 7), 0,
-	             "generating a gpt-oss checkpoint");
-	char instance[64];
-	snprintf(instance, sizeof(instance), "test-serve-%d", (int)getpid());
-	const char *argv[24] = {s->model, "--probes-instance", instance};
-	int n = 3;
-	for (int i = 0; extra && extra[i] && n < 23; i++)
-		argv[n++] = extra[i];
-	argv[n] = NULL;
-	int st = 0;
-	if (sidecar_start(&s->sp, argv, &st) != 0) {
-		char *log = slurp(s->sp.log);
-		cr_assert_fail("sidecar on a gpt-oss checkpoint did not start (status 0x%x): %s",
-		               st, log ? log : "(no log)");
-	}
-	struct moe_connect_opts o = {.socket_path = s->sp.socket,
-	                             .max_tokens = 64,
-	                             .n_slots = 4,
-	                             .client_name = "test_serve"};
-	cr_assert_eq(moe_connect(&o, &s->c), MOE_OK, "connect: %s", moe_connect_error());
-	s->ref = ref_open(s->model);
-	cr_assert_not_null(s->ref);
-}
-
-/* gpt-oss as Hugging Face ships it: one node, two synthetic nodes (each converts its slices),
+/* gpt-oss as Hugging Face ships it (a directory: config.json and safetensors with MXFP4
+ * _blocks/_scales, converted to GGUF blocks as each expert is loaded; the reference engine,
+ * all-resident, converts at create): one node, two synthetic nodes (each converts its slices),
  * and a budget below the model (experts evicted and converted again on reload). */
 Test(serve_bits, mxfp4_gpt_oss_hugging_face)
 {
@@ -172,7 +142,7 @@ Test(serve_bits, mxfp4_gpt_oss_hugging_face)
 	static const char *const names[] = {"1 thread", "2 synthetic nodes x2", "30% budget"};
 	for (size_t c = 0; c < sizeof(configs) / sizeof(configs[0]); c++) {
 		struct served s;
-		served_start_gpt_oss_hf(&s, configs[c]);
+		served_start_preset(&s, "gpt-oss-20b", "mxfp4", true, configs[c]);
 		char what[96];
 		snprintf(what, sizeof(what), "gpt-oss HF %s", names[c]);
 		check_requests(&s, what);
