@@ -15,24 +15,8 @@
 
 #if defined(__x86_64__)
 
-static uint32_t rng_state = 12345u;
-
-static uint32_t rng(void)
-{
-	rng_state = rng_state * 1664525u + 1013904223u;
-	return rng_state >> 8;
-}
-
-static float uniform(float lo, float hi)
-{
-	return lo + (hi - lo) * (float)(rng() & 0xffffff) * 0x1p-24f;
-}
-
-static bool have_avx2(void)
-{
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
+#define DOT_TEST_SEED 12345u
+#include "dot_test_util.h"
 
 /* One format, k columns, ROWS rows against MOEK_DOT_TOKENS token rows: both forms, all nt. */
 static void check_format(uint32_t fmt, size_t k, bool hostile_scales)
