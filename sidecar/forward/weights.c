@@ -504,28 +504,17 @@ static int map_files(struct forward_weights *w, char *err, size_t err_len)
 	return 0;
 }
 
-/* Slot bytes for "every expert fits" in a map: each extent's aligned superset may add up to
- * two 4 KiB blocks. */
-static uint64_t budget_all_fit(const struct expert_map *map)
+/* Bytes of every extent in a map, plus pad_per_extent each: 0 for the map's share of the
+ * model, 8192 for the slot bytes "every expert fits" needs (an extent's aligned superset may
+ * add up to two 4 KiB blocks). */
+static uint64_t map_bytes(const struct expert_map *map, uint64_t pad_per_extent)
 {
 	uint64_t total = 0;
 	for (uint32_t id = 0; id < map->n_layers * map->n_experts; id++) {
 		uint32_t n;
 		const struct expert_extent *x = expert_map_extents(map, id, &n);
 		for (uint32_t i = 0; i < n; i++)
-			total += x[i].length + 8192u;
-	}
-	return total;
-}
-
-static uint64_t map_bytes(const struct expert_map *map)
-{
-	uint64_t total = 0;
-	for (uint32_t id = 0; id < map->n_layers * map->n_experts; id++) {
-		uint32_t n;
-		const struct expert_extent *x = expert_map_extents(map, id, &n);
-		for (uint32_t i = 0; i < n; i++)
-			total += x[i].length;
+			total += x[i].length + pad_per_extent;
 	}
 	return total;
 }
@@ -821,12 +810,12 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 	/* The budget over the nodes in proportion to each node's share of the bytes. */
 	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
 	for (uint32_t n = 0; n < w->n_res; n++)
-		share_total += share[n] = w->sliced ? map_bytes(&w->node_map[n]) : 1;
+		share_total += share[n] = w->sliced ? map_bytes(&w->node_map[n], 0) : 1;
 	uint64_t budget_left = cfg->mem_budget;
 	w->budget_bytes = 0;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		const struct expert_map *map = w->sliced ? &w->node_map[n] : &w->map;
-		uint64_t budget = budget_all_fit(map);
+		uint64_t budget = map_bytes(map, 8192u);
 		if (cfg->mem_budget) {
 			budget = n + 1 == w->n_res
 			             ? budget_left
