@@ -6,8 +6,9 @@
  * DeepSeek-V3 7168x2048, gpt-oss 2880x2880): decode with 1, 4, 8 tokens cycling through a set
  * of distinct experts larger than the LLC (weights stream from DRAM), prefill with 128 and 512
  * tokens; 1 and 2 threads splitting rows (a pthread pool with a spin barrier between phases).
- * Rows report GB/s of weights streamed, the fraction of the measured DRAM bandwidth, GFLOP/s
- * and its fraction of the measured FMA peak, tokens/s.
+ * Rows report GB/s of weights streamed, the fraction of the measured DRAM bandwidth (decode:
+ * the median over slices each with its own probe, two-thread slices only where the two
+ * threads really had two cores), GFLOP/s and its fraction of the measured FMA peak, tokens/s.
  *
  *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
  *                 [--threads 1,2] [--tokens 1,512] [--min-time S] [--set-mb MB]
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "moe_kernels.h"
@@ -35,6 +37,18 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Weights and the probe buffer live where the sidecar keeps resident experts: 2 MiB-aligned
+ * memory advised MADV_HUGEPAGE (sidecar/residency/slot_pool.c), so that the kernels stream
+ * through the TLB reach the product gets and the probe reads the same kind of memory. */
+static void *big_alloc(size_t bytes)
+{
+	const size_t huge = 2u << 20, len = (bytes + huge - 1) / huge * huge;
+	void *p = aligned_alloc(huge, len);
+	if (p)
+		(void)madvise(p, len, MADV_HUGEPAGE); /* best effort: THP may be off */
+	return p;
 }
 
 /* ---- Thread pool with a spin barrier ---------------------------------------------------- */
@@ -170,14 +184,14 @@ __attribute__((target("avx2"))) static void stream_part(struct pool *p, unsigned
  * 8 KiB ahead, 3 passes each: the bandwidth a read loop can get, not just what the hardware
  * prefetcher alone gives (which the kernels' own prefetching beat by 5-20%). The prefetches
  * past the end of a thread's part stay inside the buffer (the tail is not read). */
-static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes)
+static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes, int reps)
 {
 	static const size_t ahead_bytes[] = {0, 1536, 8192};
 	double best = 0;
 	for (size_t v = 0; v < sizeof(ahead_bytes) / sizeof(ahead_bytes[0]); v++) {
 		const size_t ahead = ahead_bytes[v] / sizeof(float);
 		struct stream_job j = {.buf = buf, .n = bytes / 4 - ahead, .prefetch = ahead};
-		for (int rep = 0; rep < 3; rep++) {
+		for (int rep = 0; rep < reps; rep++) {
 			const double t0 = now_s();
 			pool_run(p, stream_part, &j);
 			const double gbps = (double)(j.n * 4) / (now_s() - t0) * 1e-9;
@@ -190,6 +204,7 @@ static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes)
 struct fma_job {
 	double gflops_part[MAX_THREADS];
 	float sink[MAX_THREADS];
+	long iters;
 };
 
 /* 10 independent FMA chains per thread (covers latency x throughput on current x86), kept in
@@ -202,7 +217,7 @@ __attribute__((target("avx2,fma"))) static void fma_part(struct pool *p, unsigne
 	       a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
 	       a9 = _mm256_set1_ps(10);
 	const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-	const long iters = 20 * 1000 * 1000;
+	const long iters = j->iters;
 	const double t0 = now_s();
 	for (long it = 0; it < iters; it++) {
 		a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
@@ -221,11 +236,11 @@ __attribute__((target("avx2,fma"))) static void fma_part(struct pool *p, unsigne
 	j->gflops_part[w] = (double)iters * 10 * 16 / dt * 1e-9;
 }
 
-static double fma_peak_gflops(struct pool *p)
+static double fma_gflops(struct pool *p, long iters, int reps)
 {
-	struct fma_job j = {{0}, {0}};
+	struct fma_job j = {{0}, {0}, iters};
 	double best = 0;
-	for (int rep = 0; rep < 2; rep++) {
+	for (int rep = 0; rep < reps; rep++) {
 		pool_run(p, fma_part, &j);
 		double sum = 0;
 		for (unsigned w = 0; w < p->n; w++)
@@ -233,6 +248,11 @@ static double fma_peak_gflops(struct pool *p)
 		best = sum > best ? sum : best;
 	}
 	return best;
+}
+
+static double fma_peak_gflops(struct pool *p)
+{
+	return fma_gflops(p, 20 * 1000 * 1000, 2);
 }
 
 static size_t llc_bytes(void)
@@ -283,7 +303,7 @@ static int make_matrix(uint32_t format, size_t rows, size_t cols, struct bench_m
 	enum { DISTINCT = 16 };
 	float *src = malloc(DISTINCT * cols * sizeof(float));
 	m->bytes = rb * rows;
-	m->data = aligned_alloc(64, (m->bytes + 63) / 64 * 64);
+	m->data = big_alloc(m->bytes);
 	m->scales = NULL;
 	if (!src || !m->data)
 		return -1;
@@ -377,10 +397,60 @@ struct row {
 	size_t tokens;
 	unsigned threads;
 	double weight_gbps, bw_fraction, gflops, peak_fraction, tokens_per_s;
+	double dram_gbps;  /* the probe the row is divided by */
+	double cores;      /* cores' worth of FMA throughput around the slices used */
+	int shared_slices; /* slices redone: the machine gave two threads one core */
 };
 
+/* Median of n values (n <= SLICES; v is reordered). */
+static double median(double *v, size_t n)
+{
+	for (size_t i = 1; i < n; i++)
+		for (size_t j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			const double t = v[j];
+			v[j] = v[j - 1], v[j - 1] = t;
+		}
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
+
+/* This VM sometimes runs its two vCPUs as one core for minutes at a time (two threads of
+ * independent FMAs then get one thread's throughput, while a streaming read barely changes:
+ * one core nearly saturates its memory). A two-thread decode slice measured then says nothing
+ * about two threads against DRAM; slices whose surrounding checks see fewer than TWO_CORES
+ * cores' worth of FMA throughput are redone (up to MAX_ATTEMPTS) and counted. */
+#define TWO_CORES 1.6
+
+struct probe_ctx {
+	const float *buf;
+	size_t bytes;
+	double fma_1t; /* one thread's FMA GFLOP/s, measured at start */
+};
+
+/* Cores' worth of FMA throughput the pool gets now (a few ms): all threads' FMAs over the
+ * wall time of the whole run, so two threads taking turns on one core count as one. */
+static double cores_now(struct pool *p, const struct probe_ctx *pc)
+{
+	if (p->n == 1)
+		return 1.0;
+	const long iters = 2000000;
+	struct fma_job j = {{0}, {0}, iters};
+	const double t0 = now_s();
+	pool_run(p, fma_part, &j);
+	const double gflops = (double)iters * 10 * 16 * p->n / (now_s() - t0) * 1e-9;
+	return gflops / pc->fma_1t;
+}
+
+/* Runs the calls for min_time. With a probe (decode rows) the time is cut into SLICES slices,
+ * each preceded by a DRAM probe (one pass of each prefetch variant, the best): this VM's
+ * memory bandwidth moves within minutes, and a probe taken seconds away from the row it
+ * divides measured the drift more than the kernel. bw_fraction is the median of the slices'
+ * ratios (NAN when no slice had two cores), r->dram_gbps the median probe; weight_gbps and
+ * the rest cover the slices used. */
 static int measure(struct pool *p, struct bench_expert *experts, size_t n_experts,
-                   const struct shape *s, size_t tokens, double min_time, struct row *r)
+                   const struct shape *s, size_t tokens, double min_time,
+                   const struct probe_ctx *pc, struct row *r)
 {
 	const size_t hidden = s->hidden;
 	float *x = malloc(tokens * hidden * sizeof(float));
@@ -415,25 +485,88 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		n_experts -= n_experts > 1;
 	struct ffn_job j = {calls, n_experts, 0, 1, moek_ffn_hidden_align(&experts[0].e)};
 	pool_run(p, ffn_part, &j); /* warm-up: page faults, code */
-	size_t done = 0;
 	j.first = 1;
-	const double t0 = now_s();
-	double dt = 0;
-	do {
-		/* batches small enough to stop near min_time, large enough to hide the pool
-		 * hand-off */
-		j.count = done == 0 ? 1 : (done < n_experts ? done : n_experts);
-		pool_run(p, ffn_part, &j);
-		j.first = (j.first + j.count) % n_experts;
-		done += j.count;
-		dt = now_s() - t0;
-	} while (dt < min_time);
+	const int slices = pc ? SLICES : 1;
+	double ratio[SLICES], dram[SLICES], cores[SLICES], total_dt = 0;
+	size_t total_done = 0;
+	int used = 0;
+	r->shared_slices = 0;
+	for (int attempt = 0; used < slices && attempt < (pc ? MAX_ATTEMPTS : 1); attempt++) {
+		double c = 1.0, d = 0;
+		if (pc) {
+			c = cores_now(p, pc);
+			d = dram_read_gbps(p, pc->buf, pc->bytes, 1);
+		}
+		size_t done = 0;
+		const double t0 = now_s();
+		double dt = 0;
+		do {
+			/* batches small enough to stop near the slice's end, large enough to
+			 * hide the pool hand-off */
+			j.count = done == 0 ? 1 : (done < n_experts ? done : n_experts);
+			pool_run(p, ffn_part, &j);
+			j.first = (j.first + j.count) % n_experts;
+			done += j.count;
+			dt = now_s() - t0;
+		} while (dt < min_time / slices);
+		if (pc) {
+			const double c1 = cores_now(p, pc);
+			c = c1 < c ? c1 : c;
+			if (p->n > 1 && c < TWO_CORES) {
+				r->shared_slices++;
+				continue;
+			}
+			ratio[used] = (double)experts[0].bytes * (double)done / dt * 1e-9 / d;
+			dram[used] = d, cores[used] = c;
+		}
+		used++;
+		total_done += done, total_dt += dt;
+	}
 	const double flops = 2.0 * 3.0 * (double)hidden * (double)s->ffn * (double)tokens;
-	r->weight_gbps = (double)experts[0].bytes * (double)done / dt * 1e-9;
-	r->gflops = flops * (double)done / dt * 1e-9;
-	r->tokens_per_s = (double)tokens * (double)done / dt;
+	const double rate = total_dt > 0 ? (double)total_done / total_dt : NAN;
+	r->weight_gbps = (double)experts[0].bytes * rate * 1e-9;
+	r->gflops = flops * rate * 1e-9;
+	r->tokens_per_s = (double)tokens * rate;
+	r->cores = (double)p->n;
+	if (pc) {
+		r->bw_fraction = used ? median(ratio, (size_t)used) : NAN;
+		r->dram_gbps = used ? median(dram, (size_t)used) : NAN;
+		r->cores = used ? median(cores, (size_t)used) : NAN;
+	}
 	free(x), free(out), free(weights), free(calls), free(scratch[0]), free(scratch[1]);
 	return 0;
+}
+
+/* A JSON number, or null for NAN (a decode row with no two-core slice). */
+static void json_num(const char *key, double v, int prec)
+{
+	if (isnan(v))
+		printf(", \"%s\": null", key);
+	else
+		printf(", \"%s\": %.*f", key, prec, v);
+}
+
+static void print_row(const struct row *r, bool json, bool first, double peak_now)
+{
+	const char *fname = moek_format_lookup(r->format)->name;
+	if (json) {
+		printf("%s\n  {\"format\": \"%s\", \"shape\": \"%s\", \"tokens\": %zu, "
+		       "\"threads\": %u",
+		       first ? "" : ",", fname, r->shape, r->tokens, r->threads);
+		json_num("weight_gbps", r->weight_gbps, 2);
+		json_num("bw_fraction", r->bw_fraction, 3);
+		json_num("gflops", r->gflops, 1);
+		json_num("peak_fraction", r->peak_fraction, 3);
+		json_num("tokens_per_s", r->tokens_per_s, 1);
+		json_num("dram_read_gbps", r->dram_gbps, 2);
+		json_num("fma_peak_gflops", peak_now, 1);
+		json_num("cores", r->cores, 2);
+		printf(", \"shared_slices\": %d}", r->shared_slices);
+		return;
+	}
+	printf("%-14s %-14s %6zu %3u %9.2f %6.2f %9.1f %6.2f %10.1f %6.2f %5d\n", fname, r->shape,
+	       r->tokens, r->threads, r->weight_gbps, r->bw_fraction, r->gflops, r->peak_fraction,
+	       r->tokens_per_s, r->cores, r->shared_slices);
 }
 
 /* ---- CLI ----------------------------------------------------------------------------------- */
@@ -508,7 +641,7 @@ int main(int argc, char **argv)
 	const size_t set_bytes =
 	    set_mb ? set_mb << 20 : (8 * llc > (256u << 20) ? 8 * llc : 256u << 20);
 
-	float *probe = aligned_alloc(64, set_bytes);
+	float *probe = big_alloc(set_bytes);
 	if (!probe) {
 		fprintf(stderr, "bench_kernels: cannot allocate %zu MiB for the bandwidth probe\n",
 		        set_bytes >> 20);
@@ -524,7 +657,7 @@ int main(int argc, char **argv)
 		want_threads[t] = in_list(thread_list, name);
 		struct pool p;
 		pool_init(&p, t);
-		dram[t] = dram_read_gbps(&p, probe, set_bytes);
+		dram[t] = dram_read_gbps(&p, probe, set_bytes, 3);
 		peak[t] = fma_peak_gflops(&p);
 		pool_destroy(&p);
 	}
@@ -534,8 +667,9 @@ int main(int argc, char **argv)
 		printf("DRAM read: %.1f GB/s (1 thread), %.1f GB/s (2 threads); FMA peak: %.1f / "
 		       "%.1f GFLOP/s\n",
 		       dram[1], dram[2], peak[1], peak[2]);
-		printf("%-14s %-14s %6s %3s %9s %6s %9s %6s %10s\n", "format", "shape", "tokens",
-		       "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "tokens/s");
+		printf("%-14s %-14s %6s %3s %9s %6s %9s %6s %10s %6s %5s\n", "format", "shape",
+		       "tokens", "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "tokens/s", "cores",
+		       "redo");
 	} else {
 		printf("{\"isa\": \"%s\", \"dram_read_gbps\": %.2f, \"dram_read_gbps_1t\": %.2f, "
 		       "\"fma_peak_gflops_1t\": %.1f, \"fma_peak_gflops_2t\": %.1f, \"rows\": [",
@@ -570,8 +704,7 @@ int main(int argc, char **argv)
 				ex[i] = one;
 				struct bench_matrix *ms[3] = {&ex[i].gate, &ex[i].up, &ex[i].down};
 				for (int m = 0; m < 3; m++) {
-					uint8_t *d =
-					    aligned_alloc(64, (ms[m]->bytes + 63) / 64 * 64);
+					uint8_t *d = big_alloc(ms[m]->bytes);
 					if (!d) {
 						fprintf(stderr, "bench_kernels: out of memory\n");
 						return 1;
@@ -602,8 +735,8 @@ int main(int argc, char **argv)
 				struct pool p;
 				pool_init(&p, t);
 				/* re-calibrate next to the rows that use it: a shared machine's
-				 * load drifts over a run of minutes */
-				const double dram_now = dram_read_gbps(&p, probe, set_bytes);
+				 * load drifts over a run of minutes (decode rows probe DRAM
+				 * inside their own measurement) */
 				const double peak_now = fma_peak_gflops(&p);
 				for (int phase = 0; phase < 2; phase++) {
 					const size_t *toks = phase ? prefill_tokens : decode_tokens;
@@ -622,39 +755,21 @@ int main(int argc, char **argv)
 						/* prefill is compute-bound: cycling a couple of
 						 * experts is enough and keeps the memory small */
 						const size_t ne = phase ? 2 : n_experts;
-						if (measure(&p, ex, ne, s, toks[k], min_time, &r)) {
+						const struct probe_ctx pc = {probe, set_bytes,
+						                             peak[1]};
+						if (measure(&p, ex, ne, s, toks[k], min_time,
+						            phase ? NULL : &pc, &r)) {
 							fprintf(stderr,
 							        "bench_kernels: %s %s failed\n",
 							        fname, s->name);
 							return 1;
 						}
-						r.bw_fraction = r.weight_gbps / dram_now;
+						if (phase) {
+							r.dram_gbps = dram[t];
+							r.bw_fraction = r.weight_gbps / dram[t];
+						}
 						r.peak_fraction = r.gflops / peak_now;
-						if (json)
-							printf("%s\n  {\"format\": \"%s\", "
-							       "\"shape\": \"%s\", "
-							       "\"tokens\": %zu, \"threads\": %u, "
-							       "\"weight_gbps\": %.2f, "
-							       "\"bw_fraction\": %.3f, "
-							       "\"gflops\": %.1f, "
-							       "\"peak_fraction\": %.3f, "
-							       "\"tokens_per_s\": %.1f, "
-							       "\"dram_read_gbps\": %.2f, "
-							       "\"fma_peak_gflops\": %.1f}",
-							       first_row ? "" : ",", fname, s->name,
-							       r.tokens, t, r.weight_gbps,
-							       r.bw_fraction, r.gflops,
-							       r.peak_fraction, r.tokens_per_s,
-							       dram_now, peak_now);
-						else
-							printf("%-14s %-14s %6zu %3u %9.2f %6.2f "
-							       "%9.1f %6.2f "
-							       "%10.1f\n",
-							       fname, s->name, r.tokens, t,
-							       r.weight_gbps, r.bw_fraction,
-							       r.gflops, r.peak_fraction,
-							       r.tokens_per_s);
-						fflush(stdout);
+						print_row(&r, json, first_row, peak_now);
 						first_row = false;
 					}
 				}
