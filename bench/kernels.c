@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "cores.h"
 #include "moe_kernels.h"
 
 #define MAX_THREADS 2
@@ -207,33 +208,13 @@ struct fma_job {
 	long iters;
 };
 
-/* 10 independent FMA chains per thread (covers latency x throughput on current x86), kept in
- * named registers; the results are consumed so nothing is optimised away. */
-__attribute__((target("avx2,fma"))) static void fma_part(struct pool *p, unsigned w)
+/* The FMA chains of cores.h, timed per thread. */
+static void fma_part(struct pool *p, unsigned w)
 {
 	struct fma_job *j = p->arg;
-	__m256 a0 = _mm256_set1_ps(1), a1 = _mm256_set1_ps(2), a2 = _mm256_set1_ps(3),
-	       a3 = _mm256_set1_ps(4), a4 = _mm256_set1_ps(5), a5 = _mm256_set1_ps(6),
-	       a6 = _mm256_set1_ps(7), a7 = _mm256_set1_ps(8), a8 = _mm256_set1_ps(9),
-	       a9 = _mm256_set1_ps(10);
-	const __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
-	const long iters = j->iters;
 	const double t0 = now_s();
-	for (long it = 0; it < iters; it++) {
-		a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
-		a2 = _mm256_fmadd_ps(a2, m, c), a3 = _mm256_fmadd_ps(a3, m, c);
-		a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
-		a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c);
-		a8 = _mm256_fmadd_ps(a8, m, c), a9 = _mm256_fmadd_ps(a9, m, c);
-	}
-	const double dt = now_s() - t0;
-	__m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-	                         _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-	s = _mm256_add_ps(s, _mm256_add_ps(a8, a9));
-	float t[8];
-	_mm256_storeu_ps(t, s);
-	j->sink[w] = t[0];
-	j->gflops_part[w] = (double)iters * 10 * 16 / dt * 1e-9;
+	j->sink[w] = bench_fma_chains(j->iters);
+	j->gflops_part[w] = (double)j->iters * 10 * 16 / (now_s() - t0) * 1e-9;
 }
 
 static double fma_gflops(struct pool *p, long iters, int reps)
@@ -415,12 +396,10 @@ static double median(double *v, size_t n)
 
 enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
 
-/* This VM sometimes runs its two vCPUs as one core for minutes at a time (two threads of
- * independent FMAs then get one thread's throughput, while a streaming read barely changes:
- * one core nearly saturates its memory). A two-thread decode slice measured then says nothing
- * about two threads against DRAM; slices whose surrounding checks see fewer than TWO_CORES
- * cores' worth of FMA throughput are redone (up to MAX_ATTEMPTS) and counted. */
-#define TWO_CORES 1.6
+/* A two-thread decode slice measured while the VM ran its vCPUs as one core (cores.h) says
+ * nothing about two threads against DRAM (one core nearly saturates the memory): slices whose
+ * bracketing checks see fewer than BENCH_TWO_CORES cores' worth of FMA throughput are redone
+ * (up to MAX_ATTEMPTS) and counted. */
 
 struct probe_ctx {
 	const float *buf;
@@ -434,7 +413,7 @@ static double cores_now(struct pool *p, const struct probe_ctx *pc)
 {
 	if (p->n == 1)
 		return 1.0;
-	const long iters = 2000000;
+	const long iters = BENCH_CORES_ITERS;
 	struct fma_job j = {{0}, {0}, iters};
 	const double t0 = now_s();
 	pool_run(p, fma_part, &j);
@@ -512,7 +491,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		if (pc) {
 			const double c1 = cores_now(p, pc);
 			c = c1 < c ? c1 : c;
-			if (p->n > 1 && c < TWO_CORES) {
+			if (p->n > 1 && c < BENCH_TWO_CORES) {
 				r->shared_slices++;
 				continue;
 			}
