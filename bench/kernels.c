@@ -394,12 +394,11 @@ static double median(double *v, size_t n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
-
 /* A two-thread decode slice measured while the VM ran its vCPUs as one core (cores.h) says
  * nothing about two threads against DRAM (one core nearly saturates the memory): slices whose
  * bracketing checks see fewer than BENCH_TWO_CORES cores' worth of FMA throughput are redone
  * (up to MAX_ATTEMPTS) and counted. */
+enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
 
 struct probe_ctx {
 	const float *buf;
