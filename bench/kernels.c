@@ -12,6 +12,7 @@
  *
  *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
  *                 [--threads 1,2] [--tokens 1,512] [--min-time S] [--set-mb MB]
+ *   bench_kernels --dots [--json] [--formats ...] [--shapes ...]   (the dots' in-core ceiling)
  * Never a test: it prints figures, it asserts nothing about speed.
  */
 #include <errno.h>
@@ -29,6 +30,7 @@
 #include <time.h>
 
 #include "cores.h"
+#include "kernels_internal.h" /* --dots: the ISA's dot entry points */
 #include "moe_kernels.h"
 
 #define MAX_THREADS 2
@@ -564,11 +566,101 @@ static bool in_list(const char *list, const char *name)
 	return false;
 }
 
+/* ---- --dots: the decode dots' in-core ceiling --------------------------------------------- */
+
+/* One thread, the AVX2 ISA's one-token dot (its many-row form where it has one, VNNI forms
+ * where the CPU has them) over about 24 KiB of rows that stay in L1/L2, best of 30 passes:
+ * the rate at which the dot can consume weights when memory is not the limit. Against the
+ * one-thread DRAM probe of the same run: below ~1.2 the decode rows of that format are
+ * compute-bound on this machine, however the memory behaves. */
+static int dots_table(const char *formats, const char *shape_list, double dram_1t, bool json)
+{
+	const struct moek_isa_ops *ops = &moek_avx2_ops;
+	(void)moek_isa_name(); /* the ISA choice enables the VNNI forms where present */
+	bool first = true;
+	if (!json)
+		printf("%-8s %6s %10s %10s %12s\n", "format", "k", "ns/row", "GB/s", "vs DRAM 1t");
+	else
+		printf("{\"dram_read_gbps_1t\": %.2f, \"dots\": [", dram_1t);
+	for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
+		const uint32_t fmt = all_formats[fi];
+		const char *fname = moek_format_lookup(fmt)->name;
+		if (!in_list(formats, fname) || fmt == MOEK_FP8_E4M3_B128)
+			continue; /* FP8 has no one-token many-row form and carries scale rows */
+		size_t ks[2 * sizeof(shapes) / sizeof(shapes[0])], nk = 0;
+		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+			if (!in_list(shape_list, shapes[si].name))
+				continue;
+			const size_t cand[2] = {shapes[si].hidden, shapes[si].ffn};
+			for (int c = 0; c < 2; c++) {
+				bool seen = false;
+				for (size_t i = 0; i < nk; i++)
+					seen |= ks[i] == cand[c];
+				if (!seen && moek_row_bytes(fmt, cand[c]))
+					ks[nk++] = cand[c];
+			}
+		}
+		for (size_t ki = 0; ki < nk; ki++) {
+			const size_t k = ks[ki], rb = moek_row_bytes(fmt, k);
+			size_t rows = (24u << 10) / rb;
+			rows = rows < 1 ? 1 : rows > 64 ? 64 : rows;
+			struct bench_matrix m;
+			if (make_matrix(fmt, rows, k, &m, 7))
+				return -1;
+			const uint32_t af = moek_isa_act_format(ops, fmt);
+			const size_t ab =
+			    af == MOEK_F32 ? k * sizeof(float) : moek_isa_act_row_bytes(ops, af, k);
+			float *x = malloc(k * sizeof(float)), out[64];
+			void *xa = aligned_alloc(64, (ab + 63) / 64 * 64);
+			if (!x || !xa)
+				return -1;
+			for (size_t i = 0; i < k; i++)
+				x[i] = cosf((float)i * 0.11f);
+			if (af == MOEK_F32)
+				memcpy(xa, x, k * sizeof(float));
+			else
+				moek_isa_quantize_act(ops, af, x, k, xa);
+			const moek_dot_rows_fn many = ops->dot_rows[moek_fmt_slot(fmt)];
+			const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+			const int passes = 200;
+			double best = 1e30;
+			for (int rep = 0; rep < 30; rep++) {
+				const double t0 = now_s();
+				for (int it = 0; it < passes; it++) {
+					if (many)
+						many(m.data, rb, rows, xa, k, out);
+					else
+						for (size_t r = 0; r < rows; r++)
+							dot(m.data + r * rb, NULL, xa, ab, 1, k,
+							    out + r);
+				}
+				const double dt = now_s() - t0;
+				best = dt < best ? dt : best;
+			}
+			const double ns_row = best / (passes * (double)rows) * 1e9;
+			const double gbps = (double)rb / ns_row;
+			if (json)
+				printf(
+				    "%s\n  {\"format\": \"%s\", \"k\": %zu, \"ns_per_row\": %.2f, "
+				    "\"gbps\": %.2f, \"vs_dram_1t\": %.3f}",
+				    first ? "" : ",", fname, k, ns_row, gbps, gbps / dram_1t);
+			else
+				printf("%-8s %6zu %10.1f %10.2f %12.2f\n", fname, k, ns_row, gbps,
+				       gbps / dram_1t);
+			first = false;
+			free(x), free(xa), free(m.data), free(m.scales);
+		}
+	}
+	if (json)
+		printf("\n]}\n");
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
 	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
-	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB]\n");
+	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] [--dots]\n");
 }
 
 int main(int argc, char **argv)
@@ -579,7 +671,7 @@ int main(int argc, char **argv)
 		        "bench_kernels: needs AVX2+FMA for its bandwidth and peak probes\n");
 		return 1;
 	}
-	bool json = false, quick = false;
+	bool json = false, quick = false, dots = false;
 	const char *formats = NULL, *shape_list = NULL, *thread_list = "1,2";
 	const char *token_list = NULL; /* NULL: every token count */
 	double min_time = 0.5;
@@ -591,6 +683,8 @@ int main(int argc, char **argv)
 			json = true;
 		else if (!strcmp(a, "--quick"))
 			quick = true;
+		else if (!strcmp(a, "--dots"))
+			dots = true;
 		else if (!strcmp(a, "--formats") && has_val)
 			formats = argv[++i];
 		else if (!strcmp(a, "--shapes") && has_val)
@@ -629,6 +723,20 @@ int main(int argc, char **argv)
 		probe[i] = (float)(i & 1023);
 	double dram[MAX_THREADS + 1] = {0}, peak[MAX_THREADS + 1] = {0};
 	bool want_threads[MAX_THREADS + 1] = {false};
+	if (dots) {
+		struct pool p;
+		pool_init(&p, 1);
+		const double dram_1t = dram_read_gbps(&p, probe, set_bytes, 3);
+		pool_destroy(&p);
+		if (!json)
+			printf("isa %s; DRAM read %.1f GB/s (1 thread)\n", moek_isa_name(),
+			       dram_1t);
+		const int rc = dots_table(
+		    formats ? formats : "Q4_K,Q8_0,MXFP4,BF16",
+		    shape_list ? shape_list : "qwen3,mixtral,deepseek,gpt-oss", dram_1t, json);
+		free(probe);
+		return rc ? 1 : 0;
+	}
 	for (unsigned t = 1; t <= MAX_THREADS; t++) {
 		char name[8];
 		snprintf(name, sizeof(name), "%u", t);
