@@ -265,9 +265,23 @@ static const struct shape shapes[] = {
     {"gpt-oss", 2880, 2880},
 };
 
-static const uint32_t all_formats[] = {MOEK_Q4_K, MOEK_Q8_0,         MOEK_MXFP4, MOEK_BF16,
-                                       MOEK_Q4_0, MOEK_Q5_K,         MOEK_Q6_K,  MOEK_F16,
-                                       MOEK_F32,  MOEK_FP8_E4M3_B128};
+/* MXFP4 with its rows interleaved in groups of 8 (moek_mxfp4_interleave): a layout of MXFP4,
+ * benchmarked as a format of its own ("MXFP4x8"). */
+#define BENCH_MXFP4_X8 (0x10000u | MOEK_MXFP4)
+
+static const uint32_t all_formats[] = {MOEK_Q4_K, MOEK_Q8_0, MOEK_MXFP4,        BENCH_MXFP4_X8,
+                                       MOEK_BF16, MOEK_Q4_0, MOEK_Q5_K,         MOEK_Q6_K,
+                                       MOEK_F16,  MOEK_F32,  MOEK_FP8_E4M3_B128};
+
+static uint32_t weight_format(uint32_t f)
+{
+	return f & 0xFFFFu;
+}
+
+static const char *format_name(uint32_t f)
+{
+	return f == BENCH_MXFP4_X8 ? "MXFP4x8" : moek_format_lookup(f)->name;
+}
 
 struct bench_matrix {
 	uint8_t *data;
@@ -337,6 +351,19 @@ static int make_expert(uint32_t format, const struct shape *s, struct bench_expe
 	    NULL};
 	x->e.activation = MOEK_SWIGLU;
 	x->bytes = x->gate.bytes + x->up.bytes + x->down.bytes;
+	return 0;
+}
+
+/* Rewrites an MXFP4 matrix's rows interleaved in groups of 8. */
+static int interleave_matrix(struct bench_matrix *m, struct moek_matrix *d)
+{
+	uint8_t *x8 = big_alloc(m->bytes);
+	if (!x8 || moek_mxfp4_interleave(m->data, 0, d->rows, d->cols, x8))
+		return -1;
+	free(m->data);
+	m->data = x8;
+	d->data = x8;
+	d->interleave = MOEK_INTERLEAVE;
 	return 0;
 }
 
@@ -528,7 +555,7 @@ static void json_num(const char *key, double v, int prec)
 
 static void print_row(const struct row *r, bool json, bool first, double peak_now)
 {
-	const char *fname = moek_format_lookup(r->format)->name;
+	const char *fname = format_name(r->format);
 	if (json) {
 		printf("%s\n  {\"format\": \"%s\", \"shape\": \"%s\", \"tokens\": %zu, "
 		       "\"threads\": %u",
@@ -583,8 +610,9 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 	else
 		printf("{\"dram_read_gbps_1t\": %.2f, \"dots\": [", dram_1t);
 	for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
-		const uint32_t fmt = all_formats[fi];
-		const char *fname = moek_format_lookup(fmt)->name;
+		const uint32_t tag = all_formats[fi], fmt = weight_format(tag);
+		const bool x8 = tag == BENCH_MXFP4_X8;
+		const char *fname = format_name(tag);
 		if (!in_list(formats, fname) || fmt == MOEK_FP8_E4M3_B128)
 			continue; /* FP8 has no one-token many-row form and carries scale rows */
 		size_t ks[2 * sizeof(shapes) / sizeof(shapes[0])], nk = 0;
@@ -604,8 +632,12 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 			const size_t k = ks[ki], rb = moek_row_bytes(fmt, k);
 			size_t rows = (24u << 10) / rb;
 			rows = rows < 1 ? 1 : rows > 64 ? 64 : rows;
+			if (x8) /* whole groups of 8 */
+				rows = (rows + 7) / 8 * 8;
 			struct bench_matrix m;
-			if (make_matrix(fmt, rows, k, &m, 7))
+			struct moek_matrix d = {fmt, (uint32_t)rows, (uint32_t)k, NULL, 0, NULL,
+			                        0,   NULL,           0,           0};
+			if (make_matrix(fmt, rows, k, &m, 7) || (x8 && interleave_matrix(&m, &d)))
 				return -1;
 			const uint32_t af = moek_isa_act_format(ops, fmt);
 			const size_t ab =
@@ -627,7 +659,11 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 			for (int rep = 0; rep < 30; rep++) {
 				const double t0 = now_s();
 				for (int it = 0; it < passes; it++) {
-					if (many)
+					if (x8)
+						for (size_t g = 0; g < rows; g += 8)
+							ops->dot_x8(m.data + g * rb, xa, ab, 1, k,
+							            out + g);
+					else if (many)
 						many(m.data, rb, rows, xa, k, out);
 					else
 						for (size_t r = 0; r < rows; r++)
@@ -704,7 +740,7 @@ int main(int argc, char **argv)
 	}
 	if (quick) {
 		if (!formats)
-			formats = "Q4_K,Q8_0,MXFP4,BF16";
+			formats = "Q4_K,Q8_0,MXFP4,MXFP4x8,BF16";
 		if (!shape_list)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
@@ -732,7 +768,7 @@ int main(int argc, char **argv)
 			printf("isa %s; DRAM read %.1f GB/s (1 thread)\n", moek_isa_name(),
 			       dram_1t);
 		const int rc = dots_table(
-		    formats ? formats : "Q4_K,Q8_0,MXFP4,BF16",
+		    formats ? formats : "Q4_K,Q8_0,MXFP4,MXFP4x8,BF16",
 		    shape_list ? shape_list : "qwen3,mixtral,deepseek,gpt-oss", dram_1t, json);
 		free(probe);
 		return rc ? 1 : 0;
@@ -768,14 +804,18 @@ int main(int argc, char **argv)
 		if (!in_list(shape_list, s->name))
 			continue;
 		for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
-			const uint32_t fmt = all_formats[fi];
-			const char *fname = moek_format_lookup(fmt)->name;
+			const uint32_t tag = all_formats[fi], fmt = weight_format(tag);
+			const char *fname = format_name(tag);
 			if (!in_list(formats, fname))
 				continue;
 			if (moek_row_bytes(fmt, s->hidden) == 0 || moek_row_bytes(fmt, s->ffn) == 0)
 				continue; /* e.g. K-quants on gpt-oss's 2880 */
 			struct bench_expert one;
-			if (make_expert(fmt, s, &one, 1)) {
+			if (make_expert(fmt, s, &one, 1) ||
+			    (tag == BENCH_MXFP4_X8 &&
+			     (interleave_matrix(&one.gate, &one.e.gate) ||
+			      interleave_matrix(&one.up, &one.e.up) ||
+			      interleave_matrix(&one.down, &one.e.down)))) {
 				fprintf(stderr, "bench_kernels: cannot build %s %s\n", fname,
 				        s->name);
 				return 1;
@@ -836,7 +876,7 @@ int main(int argc, char **argv)
 						snprintf(tname, sizeof(tname), "%zu", toks[k]);
 						if (!in_list(token_list, tname))
 							continue;
-						struct row r = {fmt, s->name, toks[k], t, 0,
+						struct row r = {tag, s->name, toks[k], t, 0,
 						                0,   0,       0,       0};
 						/* prefill is compute-bound: cycling a couple of
 						 * experts is enough and keeps the memory small */

@@ -183,6 +183,13 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (row_stride(m) < moek_row_bytes(m->format, m->cols))
 		return fail(err, len, "expert %s: row stride %zu < row bytes %zu", name,
 		            row_stride(m), moek_row_bytes(m->format, m->cols));
+	if (m->interleave && (m->interleave != MOEK_INTERLEAVE || m->format != MOEK_MXFP4 ||
+	                      m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
+		return fail(
+		    err, len,
+		    "expert %s: interleave %u needs MXFP4 with rows and first row multiples "
+		    "of %u (format %u, %u rows from %u)",
+		    name, m->interleave, MOEK_INTERLEAVE, m->format, m->rows, m->row0);
 	if (m->format == MOEK_FP8_E4M3_B128) {
 		if (!m->scales)
 			return fail(err, len, "expert %s: FP8 weights without block scales", name);
@@ -280,7 +287,9 @@ int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_e
 		d->scale_stride = scale_stride(d);
 		d->scales += f_begin / MOEK_FP8_BLOCK;
 	}
-	d->data = (const uint8_t *)d->data + moek_row_bytes(d->format, f_begin);
+	/* an interleaved group stores its 8 rows' column blocks together */
+	d->data = (const uint8_t *)d->data +
+	          moek_row_bytes(d->format, f_begin) * (d->interleave ? d->interleave : 1);
 	d->cols = (uint32_t)(f_end - f_begin);
 	return 0;
 }
@@ -446,6 +455,25 @@ static inline const float *matrix_scale_row(const struct moek_matrix *m, size_t 
 {
 	return m->scales ? m->scales + r / MOEK_FP8_BLOCK * scale_stride(m) : NULL;
 }
+/* The group of interleaved rows holding global row r (present). */
+static inline const uint8_t *matrix_group(const struct moek_matrix *m, size_t r)
+{
+	assert(m->interleave && r >= m->row0 && r < m->rows);
+	return (const uint8_t *)m->data +
+	       (r - m->row0) / MOEK_INTERLEAVE * MOEK_INTERLEAVE * row_stride(m);
+}
+/* Columns [k0, k0 + n) of global row r of m as f32, whatever its layout. */
+static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct moek_matrix *m,
+                                  size_t r, size_t k0, size_t n, float *dst)
+{
+	if (m->interleave) {
+		moek_mxfp4_x8_dequantize_row(matrix_group(m, r), r % MOEK_INTERLEAVE, k0, n, dst);
+		return;
+	}
+	const float *sr = matrix_scale_row(m, r);
+	ops->dequantize_row(m->format, matrix_row(m, r) + moek_row_bytes(m->format, k0),
+	                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, dst, n);
+}
 
 static inline float activate(const struct moek_expert *e, float g, float u)
 {
@@ -495,10 +523,7 @@ static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_ma
 {
 	const size_t kn8 = round_up(kn, 8);
 	for (size_t r = 0; r < nr; r++) {
-		const float *sr = matrix_scale_row(m, r0 + r);
-		ops->dequantize_row(m->format,
-		                    matrix_row(m, r0 + r) + moek_row_bytes(m->format, k0),
-		                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, tile + r * KC, kn);
+		dequantize_matrix_row(ops, m, r0 + r, k0, kn, tile + r * KC);
 		memset(tile + r * KC + kn, 0, (kn8 - kn) * sizeof(float));
 	}
 }
@@ -553,14 +578,50 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
+/* Interleaved gate/up: whole groups of 8 rows through the ISA's group dot; a range that
+ * starts or ends inside a group computes the group and keeps its own rows (each row's value
+ * does not depend on the call, so the split does not change the bits). */
+static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e, size_t f0,
+                             size_t f1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
+	const uint8_t *xa = xq_row(c, 0);
+	for (size_t g0 = f0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE; g0 < f1; g0 += MOEK_INTERLEAVE) {
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
+			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
+			ops->dot_x8(matrix_group(&e->gate, g0), xa + t0 * as, as, nt, hidden, g);
+			ops->dot_x8(matrix_group(&e->up, g0), xa + t0 * as, as, nt, hidden, u);
+			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
+				const size_t f = g0 + r;
+				if (f < f0 || f >= f1)
+					continue;
+				const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
+				const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
+				for (size_t t = 0; t < nt; t++)
+					h32_row(c, t0 + t)[f] =
+					    activate(e, g[t * MOEK_INTERLEAVE + r] + bg,
+					             u[t * MOEK_INTERLEAVE + r] + bu);
+			}
+		}
+	}
+}
+
 static void hidden_decode(const struct moek_ffn_call *c, const struct moek_expert *e,
                           unsigned worker, size_t f0, size_t f1)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t hidden = c->plan.hidden;
-	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->gate.format)];
+	const moek_dot_fn dot = e->gate.interleave ? NULL : ops->dot[moek_fmt_slot(e->gate.format)];
 	const bool quantized = c->plan.xq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
+	if (e->gate.interleave && ops->dot_x8 && quantized) {
+		hidden_decode_x8(c, e, f0, f1);
+		return;
+	}
 	/* per-row invariants hoisted: with Qwen3-sized rows the loop's own cost is not small */
 	const size_t gate_stride = row_stride(&e->gate), up_stride = row_stride(&e->up);
 	const uint8_t *gate_data = e->gate.data, *up_data = e->up.data;
@@ -591,10 +652,11 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 			continue;
 		}
 		/* generic: dequantize the row once, f32 dot per token (the scalar reference) */
-		ops->dequantize_row(e->gate.format, wg, sg, row, hidden);
+		(void)sg, (void)su;
+		dequantize_matrix_row(ops, &e->gate, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++)
 			h32_row(c, t)[f] = ops->dot_f32(row, x32_row(c, t), hidden);
-		ops->dequantize_row(e->up.format, wu, su, row, hidden);
+		dequantize_matrix_row(ops, &e->up, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++) {
 			const float u = ops->dot_f32(row, x32_row(c, t), hidden);
 			h32_row(c, t)[f] = activate(e, h32_row(c, t)[f] + bg, u + bu);
@@ -606,7 +668,8 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 static bool same_matrix_shape(const struct moek_matrix *a, const struct moek_matrix *b)
 {
 	return a->format == b->format && a->rows == b->rows && a->cols == b->cols &&
-	       (a->scales == NULL) == (b->scales == NULL) && (a->bias == NULL) == (b->bias == NULL);
+	       a->interleave == b->interleave && (a->scales == NULL) == (b->scales == NULL) &&
+	       (a->bias == NULL) == (b->bias == NULL);
 }
 
 /* w may stand in for c->expert: same formats, shapes, activation and side data. */
@@ -674,20 +737,55 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
  * against 30.9-31.0 alternating). */
 enum { ROWS_CHUNK = 64 };
 
+/* Interleaved down: as hidden_decode_x8, groups of 8 output rows, partial groups at the edges
+ * of the range computed whole and kept in part. h is already in the worker's scratch. */
+static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e,
+                           unsigned worker, size_t o0, size_t o1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
+	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
+	const uint8_t *ha = hq_row(c, worker, 0);
+	for (size_t g0 = o0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE; g0 < o1; g0 += MOEK_INTERLEAVE) {
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
+			ops->dot_x8(matrix_group(&e->down, g0), ha + t0 * as, as, nt, ffn, y);
+			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
+				const size_t o = g0 + r;
+				if (o < o0 || o >= o1)
+					continue;
+				const float b = e->down.bias ? e->down.bias[o] : 0.0f;
+				for (size_t t = 0; t < nt; t++) {
+					const float wt = c->weights ? c->weights[t0 + t] : 1.0f;
+					c->out[token_row(c, t0 + t) * out_stride + o] +=
+					    wt * (y[t * MOEK_INTERLEAVE + r] + b);
+				}
+			}
+		}
+	}
+}
+
 static void down_decode(const struct moek_ffn_call *c, const struct moek_expert *e, unsigned worker,
                         size_t o0, size_t o1)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t ffn = c->plan.ffn;
-	const moek_dot_fn dot = ops->dot[moek_fmt_slot(e->down.format)];
+	const bool x8 = e->down.interleave && ops->dot_x8;
+	const moek_dot_fn dot = e->down.interleave ? NULL : ops->dot[moek_fmt_slot(e->down.format)];
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
 	/* h of every token in down's activation format, this worker's own copy: the hidden phase
 	 * may have been split anywhere, so no worker's range held whole quantization blocks */
-	if (dot && quantized)
+	if ((dot || x8) && quantized)
 		for (size_t t = 0; t < c->n_tokens; t++)
 			moek_isa_quantize_act(ops, c->plan.hq_format, h32_row(c, t), ffn,
 			                      hq_row(c, worker, t));
+	if (x8 && quantized) {
+		down_decode_x8(c, e, worker, o0, o1);
+		return;
+	}
 	/* per-row invariants hoisted (2048 rows of 768 columns in Qwen3: the loop's own cost
 	 * is not small); the sum is accumulate()'s, w * (y + b) */
 	const size_t stride = row_stride(&e->down);
@@ -732,7 +830,8 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 			}
 			continue;
 		}
-		ops->dequantize_row(e->down.format, w, s, row, ffn);
+		(void)w, (void)s;
+		dequantize_matrix_row(ops, &e->down, o, 0, ffn, row);
 		for (size_t t = 0; t < c->n_tokens; t++)
 			accumulate(c, e, t, o, ops->dot_f32(row, h32_row(c, t), ffn));
 	}

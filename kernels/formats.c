@@ -934,3 +934,61 @@ void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scal
 		}
 	}
 }
+
+/* ---- MXFP4 rows interleaved in groups of 8 ------------------------------------------------ */
+
+enum { X8_ROWS = 8, X8_COLUMN = X8_ROWS * 17 }; /* 128 nibble bytes + 8 E8M0 bytes */
+
+int moek_mxfp4_interleave(const void *src, size_t row_stride, size_t rows, size_t cols, void *dst)
+{
+	if (rows % X8_ROWS || cols % QK_MXFP4 || !rows || !cols)
+		return -1;
+	const size_t nb = cols / QK_MXFP4, rb = nb * sizeof(struct block_mxfp4);
+	const size_t stride = row_stride ? row_stride : rb;
+	for (size_t g = 0; g < rows / X8_ROWS; g++) {
+		const uint8_t *in = (const uint8_t *)src + g * X8_ROWS * stride;
+		uint8_t *out = (uint8_t *)dst + g * X8_ROWS * rb;
+		for (size_t b = 0; b < nb; b++, out += X8_COLUMN)
+			for (size_t r = 0; r < X8_ROWS; r++) {
+				const struct block_mxfp4 *x =
+				    (const struct block_mxfp4 *)(in + r * stride) + b;
+				for (size_t v = 0; v < 4; v++)
+					memcpy(out + 32 * v + 4 * r, x->qs + 4 * v, 4);
+				out[128 + r] = x->e;
+			}
+	}
+	return 0;
+}
+
+int moek_mxfp4_deinterleave(const void *src, size_t rows, size_t cols, void *dst)
+{
+	if (rows % X8_ROWS || cols % QK_MXFP4 || !rows || !cols)
+		return -1;
+	const size_t nb = cols / QK_MXFP4, rb = nb * sizeof(struct block_mxfp4);
+	for (size_t g = 0; g < rows / X8_ROWS; g++) {
+		const uint8_t *in = (const uint8_t *)src + g * X8_ROWS * rb;
+		for (size_t b = 0; b < nb; b++, in += X8_COLUMN)
+			for (size_t r = 0; r < X8_ROWS; r++) {
+				struct block_mxfp4 *y =
+				    (struct block_mxfp4 *)((uint8_t *)dst +
+				                           (g * X8_ROWS + r) * rb) +
+				    b;
+				for (size_t v = 0; v < 4; v++)
+					memcpy(y->qs + 4 * v, in + 32 * v + 4 * r, 4);
+				y->e = in[128 + r];
+			}
+	}
+	return 0;
+}
+
+void moek_mxfp4_x8_dequantize_row(const void *group, size_t lane, size_t k0, size_t n, float *dst)
+{
+	const uint8_t *col = (const uint8_t *)group + k0 / QK_MXFP4 * X8_COLUMN;
+	for (size_t b = 0; b < n / QK_MXFP4; b++, col += X8_COLUMN) {
+		struct block_mxfp4 x;
+		for (size_t v = 0; v < 4; v++)
+			memcpy(x.qs + 4 * v, col + 32 * v + 4 * lane, 4);
+		x.e = col[128 + lane];
+		dequantize_mxfp4(&x, dst + b * QK_MXFP4, QK_MXFP4);
+	}
+}

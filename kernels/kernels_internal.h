@@ -70,6 +70,9 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
+/* Columns [k0, k0 + n) of row `lane` (0..7) of an interleaved MXFP4 group (moe_kernels.h,
+ * moek_mxfp4_interleave) as f32: the same values moek_dequantize gives the GGUF row. */
+void moek_mxfp4_x8_dequantize_row(const void *group, size_t lane, size_t k0, size_t n, float *dst);
 
 /* Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
 static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
@@ -109,6 +112,10 @@ typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *a
  * per-row call and set-up that weigh on short rows (Qwen3's 768 columns). Not for FP8. */
 typedef void (*moek_dot_rows_fn)(const void *w, size_t row_stride, size_t nr, const void *act,
                                  size_t k, float *out);
+/* dot_x8: the 8 rows of an interleaved MXFP4 group (k columns) against nt (1..MOEK_DOT_TOKENS)
+ * tokens' activation rows (act_stride bytes apart): out[t * 8 + r]. */
+typedef void (*moek_dot_x8_fn)(const void *group, const void *act, size_t act_stride, size_t nt,
+                               size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
                                 size_t k);
 /* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
@@ -140,6 +147,7 @@ struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64];           /* indexed by moek_fmt_slot() */
 	moek_dot_rows_fn dot_rows[64]; /* the same, one token, many rows (NULL: none) */
+	moek_dot_x8_fn dot_x8;         /* interleaved MXFP4 groups (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
 	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary). The

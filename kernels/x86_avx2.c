@@ -505,6 +505,130 @@ VNNI_DISPATCH_ROWS(q4_0)
 
 VNNI_DISPATCH_ROWS(mxfp4)
 
+/* ---- MXFP4, rows interleaved in groups of 8 (moek_mxfp4_interleave) ------------------------
+ *
+ * Per 32-element block column of a group: four 32-byte vectors whose int32 lane r holds 4
+ * nibble bytes of row r (elements 4v..4v+3 low, 16+4v..19+4v high), then the 8 rows' E8M0
+ * bytes. Each vector gives two vpdpbusd (or maddubs + madd) against 4 activation bytes
+ * broadcast to every lane, so one block's integer dot of all 8 rows lands in 8 lanes with no
+ * horizontal sum; the 8 scales are one load converted in register. Against the GGUF-row dots
+ * in L1 (one thread): 1.44-1.52x; streaming from DRAM 1.3x with X8_PREFETCH (docs).
+ *
+ * The scale of block b of row r is 2^(e-127) * d_b / 2 (d_b: the activation block's scale),
+ * computed as bits(e << 23 | (e in {0, 255} ? 1 << 22 : 0)) * (d_b * 0.5): e = 0 gives 2^-127
+ * (the subnormal the reference gives), e = 255 a NaN, the others the exact power of two. The
+ * integer sums are exact, so the VNNI form gives the same bits as the AVX2 one. */
+
+/* Bytes ahead of the column being read: a column of 8 rows is consumed several times faster
+ * than a GGUF row's 17 bytes, and 1.5 KiB left it waiting on DRAM (one core, 100 MB of
+ * 2880-column rows: 1536 -> 25.0, 3072 -> 25.3-27.0, 6144 -> 27.8 GB/s). */
+#define X8_PREFETCH 6144
+#define X8_COLUMN 136
+
+ALWAYS_INLINE __m256 x8_scales(const uint8_t *col)
+{
+	const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(col + 128)));
+	const __m256i edge = _mm256_cmpgt_epi32(
+	    _mm256_set1_epi32(2),
+	    _mm256_and_si256(_mm256_add_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(255)));
+	return _mm256_castsi256_ps(_mm256_or_si256(
+	    _mm256_slli_epi32(e, 23), _mm256_and_si256(edge, _mm256_set1_epi32(1 << 22))));
+}
+
+/* acc + Σ over each lane's 4 bytes of u (unsigned) · s (signed), exact in int32. */
+ALWAYS_INLINE __m256i x8_dot4(bool vnni, __m256i acc, __m256i u, __m256i s)
+{
+	if (vnni)
+		return dpbusd(acc, u, s);
+	return _mm256_add_epi32(
+	    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+}
+
+static inline int32_t load_i32(const int8_t *p)
+{
+	int32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+ALWAYS_INLINE void x8_body(const void *group, const void *act, size_t as, const int NT, size_t k,
+                           float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	const __m256i values16 =
+	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)mxfp4_values_plus16));
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8_COLUMN) {
+		_mm_prefetch((const char *)col + X8_PREFETCH, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + X8_PREFETCH + 64, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + X8_PREFETCH + 128, _MM_HINT_T0);
+		const size_t h = b & 1; /* which half of the activation pair */
+		__m256i sum[8];
+		for (int t = 0; t < NT; t++) { /* the +16 offset of the weight codes, taken out */
+			const int32_t *o =
+			    ((const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + b / 2)
+			        ->neg_sum16 +
+			    4 * h;
+			sum[t] = _mm256_set1_epi32(o[0] + o[1] + o[2] + o[3]);
+		}
+		for (int v = 0; v < 4; v++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+			const __m256i lo = _mm256_shuffle_epi8(values16, _mm256_and_si256(q, low4));
+			const __m256i hi = _mm256_shuffle_epi8(
+			    values16, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_0x2 *y =
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				    b / 2;
+				sum[t] =
+				    x8_dot4(vnni, sum[t], lo,
+				            _mm256_set1_epi32(load_i32(y->lo + 16 * h + 4 * v)));
+				sum[t] =
+				    x8_dot4(vnni, sum[t], hi,
+				            _mm256_set1_epi32(load_i32(y->hi + 16 * h + 4 * v)));
+			}
+		}
+		const __m256 sc = x8_scales(col);
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0x2 *y =
+			    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + b / 2;
+			const __m256 f = _mm256_mul_ps(sc, _mm256_set1_ps(y->d[4 * h] * 0.5f));
+			acc[t] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(sum[t]), acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+#define X8_ENTRY(name, vnni)                                                                       \
+	static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,           \
+	                 float *out)                                                               \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: x8_body(g, act, as, 1, k, out, vnni); break;                               \
+		case 2: x8_body(g, act, as, 2, k, out, vnni); break;                               \
+		case 3: x8_body(g, act, as, 3, k, out, vnni); break;                               \
+		case 4: x8_body(g, act, as, 4, k, out, vnni); break;                               \
+		case 5: x8_body(g, act, as, 5, k, out, vnni); break;                               \
+		case 6: x8_body(g, act, as, 6, k, out, vnni); break;                               \
+		case 7: x8_body(g, act, as, 7, k, out, vnni); break;                               \
+		default: x8_body(g, act, as, 8, k, out, vnni); break;                              \
+		}                                                                                  \
+	}
+X8_ENTRY(dot_x8_avx2, false)
+X8_ENTRY(dot_x8_vnni, true)
+
+static void dot_x8(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)
+{
+	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		dot_x8_vnni(g, act, as, nt, k, out);
+	else
+		dot_x8_avx2(g, act, as, nt, k, out);
+}
+
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
 /* The 12 packed bytes of Q4_K/Q5_K as 8 scale bytes (sc) and 8 min bytes (m), 6 bits each. */
@@ -1244,6 +1368,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q5_K] = rows_q5_K,
             [MOEK_Q6_K] = rows_q6_K,
         },
+    .dot_x8 = dot_x8,
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,
     .tile = tile,

@@ -69,6 +69,17 @@ int moek_dequantize(uint32_t format, const void *src, const float *scales, size_
 void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf);
 void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales);
 
+/* MXFP4 rows interleaved in groups of 8 (struct moek_matrix.interleave): the same bytes,
+ * permuted. For each group of 8 rows and each 32-element block column b, 136 bytes: four
+ * 32-byte vectors (vector v holds bytes 4v..4v+3 of the 16 nibble bytes of row r at bytes
+ * 4r..4r+3 — elements 4v..4v+3 and 16+4v..19+4v of each row) then the 8 rows' E8M0 bytes.
+ * One SIMD multiply then covers 4 elements of 8 rows against 4 activations, and the 8 scales
+ * are one load. moek_mxfp4_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes
+ * apart; 0 = packed) into dst (rows * cols / 32 * 17 bytes); rows % 8 == 0, cols % 32 == 0,
+ * no overlap. Returns 0 or -1 (bad shape). moek_mxfp4_deinterleave is the inverse. */
+int moek_mxfp4_interleave(const void *src, size_t row_stride, size_t rows, size_t cols, void *dst);
+int moek_mxfp4_deinterleave(const void *src, size_t rows, size_t cols, void *dst);
+
 /* Element codecs of the small float formats (exact; no rounding on decode).
  * FP8 E4M3 is the "fn" variant (DeepSeek-V3, OCP): bias 7, no infinities, S.1111.111 is NaN,
  * largest finite 448, subnormals m * 2^-9. Encoding rounds to nearest even and saturates to
@@ -125,7 +136,14 @@ struct moek_matrix {
 	 * phases only for rows they have. Scales and bias stay indexed by the global row.
 	 * 0 = every row present (moek_expert_slice accepts only that). */
 	uint32_t row0;
+	/* MXFP4 only: 0 = GGUF rows as above; MOEK_INTERLEAVE (8) = rows interleaved in groups
+	 * of 8 by moek_mxfp4_interleave, the layout the decode dots read fastest. Then rows and
+	 * row0 are multiples of 8, group g (rows 8g..8g+7) is at data + (g - row0 / 8) * 8 *
+	 * row_stride, and column block b of a group at + b * 136 (a column slice moves data). */
+	uint32_t interleave;
 };
+
+#define MOEK_INTERLEAVE 8u
 
 struct moek_expert {
 	struct moek_matrix gate, up, down; /* gate and up: same format and shape */
