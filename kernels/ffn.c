@@ -466,8 +466,14 @@ static inline const uint8_t *matrix_group(const struct moek_matrix *m, size_t r)
 static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct moek_matrix *m,
                                   size_t r, size_t k0, size_t n, float *dst)
 {
-	if (m->interleave) {
-		moek_mxfp4_x8_dequantize_row(matrix_group(m, r), r % MOEK_INTERLEAVE, k0, n, dst);
+	if (m->interleave) { /* through GGUF blocks on the stack, KC columns at a time */
+		uint8_t blocks[KC / 32 * 17];
+		for (size_t at = 0; at < n; at += KC) {
+			const size_t kn = n - at < KC ? n - at : KC;
+			moek_mxfp4_x8_gather(matrix_group(m, r), r % MOEK_INTERLEAVE,
+			                     (k0 + at) / 32, kn / 32, blocks);
+			ops->dequantize_row(MOEK_MXFP4, blocks, NULL, dst + at, kn);
+		}
 		return;
 	}
 	const float *sr = matrix_scale_row(m, r);

@@ -981,14 +981,13 @@ int moek_mxfp4_deinterleave(const void *src, size_t rows, size_t cols, void *dst
 	return 0;
 }
 
-void moek_mxfp4_x8_dequantize_row(const void *group, size_t lane, size_t k0, size_t n, float *dst)
+void moek_mxfp4_x8_gather(const void *group, size_t lane, size_t b0, size_t nb, void *gguf)
 {
-	const uint8_t *col = (const uint8_t *)group + k0 / QK_MXFP4 * X8_COLUMN;
-	for (size_t b = 0; b < n / QK_MXFP4; b++, col += X8_COLUMN) {
-		struct block_mxfp4 x;
+	const uint8_t *col = (const uint8_t *)group + b0 * X8_COLUMN;
+	struct block_mxfp4 *x = gguf;
+	for (size_t b = 0; b < nb; b++, col += X8_COLUMN) {
 		for (size_t v = 0; v < 4; v++)
-			memcpy(x.qs + 4 * v, col + 32 * v + 4 * lane, 4);
-		x.e = col[128 + lane];
-		dequantize_mxfp4(&x, dst + b * QK_MXFP4, QK_MXFP4);
+			memcpy(x[b].qs + 4 * v, col + 32 * v + 4 * lane, 4);
+		x[b].e = col[128 + lane];
 	}
 }

@@ -70,9 +70,9 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
-/* Columns [k0, k0 + n) of row `lane` (0..7) of an interleaved MXFP4 group (moe_kernels.h,
- * moek_mxfp4_interleave) as f32: the same values moek_dequantize gives the GGUF row. */
-void moek_mxfp4_x8_dequantize_row(const void *group, size_t lane, size_t k0, size_t n, float *dst);
+/* Blocks [b0, b0 + nb) of row `lane` (0..7) of an interleaved MXFP4 group (moe_kernels.h,
+ * moek_mxfp4_interleave) back as GGUF blocks. */
+void moek_mxfp4_x8_gather(const void *group, size_t lane, size_t b0, size_t nb, void *gguf);
 
 /* Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
 static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)

@@ -132,6 +132,7 @@ Test(interleave, rows_dequantize_to_the_gguf_rows)
 	const size_t rows = 16, cols = 128, rb = moek_row_bytes(MOEK_MXFP4, cols);
 	uint8_t *src = malloc(rows * rb), *x8 = malloc(rows * rb);
 	float *want = malloc(rows * cols * sizeof(float)), got[128];
+	uint8_t blocks[4 * 17];
 	cr_assert(src && x8 && want);
 	uint32_t s = 11;
 	for (size_t i = 0; i < rows * rb; i++)
@@ -141,11 +142,13 @@ Test(interleave, rows_dequantize_to_the_gguf_rows)
 	cr_assert_eq(moek_mxfp4_interleave(src, 0, rows, cols, x8), 0);
 	cr_assert_eq(moek_dequantize(MOEK_MXFP4, src, NULL, rows, cols, want), 0);
 	for (size_t r = 0; r < rows; r++) {
-		moek_mxfp4_x8_dequantize_row(x8 + r / 8 * 8 * rb, r % 8, 0, cols, got);
+		moek_mxfp4_x8_gather(x8 + r / 8 * 8 * rb, r % 8, 0, 4, blocks);
+		cr_assert_eq(memcmp(blocks, src + r * rb, rb), 0, "row %zu's blocks differ", r);
+		cr_assert_eq(moek_dequantize(MOEK_MXFP4, blocks, NULL, 1, cols, got), 0);
 		cr_assert_eq(memcmp(got, want + r * cols, sizeof(got)), 0, "row %zu differs", r);
-		moek_mxfp4_x8_dequantize_row(x8 + r / 8 * 8 * rb, r % 8, 64, 64, got);
-		cr_assert_eq(memcmp(got, want + r * cols + 64, 64 * sizeof(float)), 0,
-		             "row %zu from column 64 differs", r);
+		moek_mxfp4_x8_gather(x8 + r / 8 * 8 * rb, r % 8, 2, 2, blocks);
+		cr_assert_eq(memcmp(blocks, src + r * rb + 34, 34), 0,
+		             "row %zu from block 2 differs", r);
 	}
 	free(src), free(x8), free(want);
 }
