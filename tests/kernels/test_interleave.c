@@ -310,5 +310,17 @@ Test(interleave, descriptors_the_kernels_refuse)
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
 	cr_assert(strstr(err, "MXFP4"), "%s", err);
 	fixture_free(&q);
+	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
+	struct fixture b;
+	fixture_init(&b, MOEK_BF16, 0, 128, 64, MOEK_SWIGLU, 0, 1);
+	e = b.expert;
+	cr_assert_lt(moek_expert_split_align(&e), MOEK_INTERLEAVE, "BF16 alone allows finer cuts");
+	e.gate = t.x8.gate, e.up = t.x8.up; /* interleaved MXFP4 gate/up over a BF16 down */
+	cr_assert_eq(moek_expert_split_align(&e) % MOEK_INTERLEAVE, 0);
+	cr_assert_eq(moek_ffn_prepare(&(struct moek_ffn_call){.expert = &e, .n_workers = 1}, err,
+	                              sizeof(err)),
+	             -1, "no scratch: must fail after the expert checks pass");
+	cr_assert(strstr(err, "scratch"), "the mixed expert was refused: %s", err);
+	fixture_free(&b);
 	twin_free(&t);
 }
