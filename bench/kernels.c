@@ -265,22 +265,36 @@ static const struct shape shapes[] = {
     {"gpt-oss", 2880, 2880},
 };
 
-/* MXFP4 with its rows interleaved in groups of 8 (moek_mxfp4_interleave): a layout of MXFP4,
- * benchmarked as a format of its own ("MXFP4x8"). */
-#define BENCH_MXFP4_X8 (0x10000u | MOEK_MXFP4)
+/* A format with its rows interleaved in groups of 8 (moek_interleave, the decode layout of
+ * Q4_K, Q8_0 and MXFP4) is benchmarked as a format of its own: "Q4_Kx8", … */
+#define BENCH_X8 0x10000u
 
-static const uint32_t all_formats[] = {MOEK_Q4_K, MOEK_Q8_0, MOEK_MXFP4,        BENCH_MXFP4_X8,
-                                       MOEK_BF16, MOEK_Q4_0, MOEK_Q5_K,         MOEK_Q6_K,
-                                       MOEK_F16,  MOEK_F32,  MOEK_FP8_E4M3_B128};
+static const uint32_t all_formats[] = {MOEK_Q4_K,         BENCH_X8 | MOEK_Q4_K,
+                                       MOEK_Q8_0,         BENCH_X8 | MOEK_Q8_0,
+                                       MOEK_MXFP4,        BENCH_X8 | MOEK_MXFP4,
+                                       MOEK_BF16,         MOEK_Q4_0,
+                                       MOEK_Q5_K,         MOEK_Q6_K,
+                                       MOEK_F16,          MOEK_F32,
+                                       MOEK_FP8_E4M3_B128};
 
 static uint32_t weight_format(uint32_t f)
 {
 	return f & 0xFFFFu;
 }
 
+static bool interleaved(uint32_t f)
+{
+	return (f & BENCH_X8) != 0;
+}
+
 static const char *format_name(uint32_t f)
 {
-	return f == BENCH_MXFP4_X8 ? "MXFP4x8" : moek_format_lookup(f)->name;
+	switch (f) {
+	case BENCH_X8 | MOEK_Q4_K: return "Q4_Kx8";
+	case BENCH_X8 | MOEK_Q8_0: return "Q8_0x8";
+	case BENCH_X8 | MOEK_MXFP4: return "MXFP4x8";
+	default: return moek_format_lookup(f)->name;
+	}
 }
 
 struct bench_matrix {
@@ -327,38 +341,63 @@ static int make_matrix(uint32_t format, size_t rows, size_t cols, struct bench_m
 	return 0;
 }
 
+/* An expert in the layout the kernels read fastest (moek_expert_pack: gate and up rows
+ * alternating in one buffer, interleaved in groups of 8 for the "x8" formats), as the
+ * sidecar's slots hold them. */
 struct bench_expert {
-	struct bench_matrix gate, up, down;
+	uint8_t *data;    /* the packed weights */
+	float *scales[3]; /* FP8 block scales of gate, up, down: the first expert's, shared */
 	struct moek_expert e;
 	size_t bytes;
 };
 
-static int make_expert(uint32_t format, const struct shape *s, struct bench_expert *x,
-                       unsigned seed)
+static int make_expert(uint32_t tag, const struct shape *s, struct bench_expert *x, unsigned seed)
 {
-	if (make_matrix(format, s->ffn, s->hidden, &x->gate, seed) ||
-	    make_matrix(format, s->ffn, s->hidden, &x->up, seed + 1) ||
-	    make_matrix(format, s->hidden, s->ffn, &x->down, seed + 2))
+	const uint32_t format = weight_format(tag);
+	struct bench_matrix g, u, d;
+	if (make_matrix(format, s->ffn, s->hidden, &g, seed) ||
+	    make_matrix(format, s->ffn, s->hidden, &u, seed + 1) ||
+	    make_matrix(format, s->hidden, s->ffn, &d, seed + 2))
 		return -1;
-	memset(&x->e, 0, sizeof(x->e));
-	x->e.gate = (struct moek_matrix){
-	    format, (uint32_t)s->ffn, (uint32_t)s->hidden, x->gate.data, 0, x->gate.scales, 0,
-	    NULL};
-	x->e.up = (struct moek_matrix){
-	    format, (uint32_t)s->ffn, (uint32_t)s->hidden, x->up.data, 0, x->up.scales, 0, NULL};
-	x->e.down = (struct moek_matrix){
-	    format, (uint32_t)s->hidden, (uint32_t)s->ffn, x->down.data, 0, x->down.scales, 0,
-	    NULL};
-	x->e.activation = MOEK_SWIGLU;
-	x->bytes = x->gate.bytes + x->up.bytes + x->down.bytes;
+	struct moek_expert src = {.gate = {format, (uint32_t)s->ffn, (uint32_t)s->hidden, g.data, 0,
+	                                   g.scales, 0, NULL, 0, 0},
+	                          .up = {format, (uint32_t)s->ffn, (uint32_t)s->hidden, u.data, 0,
+	                                 u.scales, 0, NULL, 0, 0},
+	                          .down = {format, (uint32_t)s->hidden, (uint32_t)s->ffn, d.data, 0,
+	                                   d.scales, 0, NULL, 0, 0},
+	                          .activation = MOEK_SWIGLU};
+	x->bytes = moek_expert_packed_bytes(&src);
+	x->data = big_alloc(x->bytes);
+	char err[256];
+	if (!x->data ||
+	    moek_expert_pack(&src, interleaved(tag), x->data, x->bytes, &x->e, err, sizeof(err))) {
+		fprintf(stderr, "bench_kernels: %s\n", x->data ? err : "out of memory");
+		return -1;
+	}
+	free(g.data), free(u.data), free(d.data);
+	x->scales[0] = g.scales, x->scales[1] = u.scales, x->scales[2] = d.scales;
 	return 0;
 }
 
-/* Rewrites an MXFP4 matrix's rows interleaved in groups of 8. */
+/* Another copy of x's weights in memory of its own (the FP8 scales stay shared). */
+static int clone_expert(const struct bench_expert *x, struct bench_expert *y)
+{
+	*y = *x;
+	y->data = big_alloc(x->bytes);
+	if (!y->data)
+		return -1;
+	memcpy(y->data, x->data, x->bytes);
+	struct moek_matrix *ms[3] = {&y->e.gate, &y->e.up, &y->e.down};
+	for (int m = 0; m < 3; m++)
+		ms[m]->data = y->data + ((const uint8_t *)ms[m]->data - x->data);
+	return 0;
+}
+
+/* Rewrites a matrix's rows interleaved in groups of 8. */
 static int interleave_matrix(struct bench_matrix *m, struct moek_matrix *d)
 {
 	uint8_t *x8 = big_alloc(m->bytes);
-	if (!x8 || moek_mxfp4_interleave(m->data, 0, d->rows, d->cols, x8))
+	if (!x8 || moek_interleave(d->format, m->data, 0, d->rows, d->cols, x8))
 		return -1;
 	free(m->data);
 	m->data = x8;
@@ -367,37 +406,67 @@ static int interleave_matrix(struct bench_matrix *m, struct moek_matrix *d)
 	return 0;
 }
 
-static void free_expert(struct bench_expert *x)
-{
-	free(x->gate.data), free(x->gate.scales);
-	free(x->up.data), free(x->up.scales);
-	free(x->down.data), free(x->down.scales);
-}
+/* --verbose: each decode slice's probe and weight rate on stderr. */
+static bool verbose;
 
 /* ---- One measurement ------------------------------------------------------------------------ */
 
+/* The calls run in waves of `wave` experts, as the sidecar's pool runs the routed experts of
+ * a layer: every call of the wave loads, then every call's hidden rows, then every call's down
+ * rows, a barrier between the phases; within a phase the workers claim items (one per worker
+ * and call: a contiguous range of rows) from a counter, so a worker that is ahead takes the
+ * next expert's rows instead of waiting at the barrier. */
 struct ffn_job {
-	struct moek_ffn_call *calls; /* one per expert in the cycle (scratch alternates) */
+	struct moek_ffn_call *calls; /* one per expert in the cycle (scratch per wave slot) */
 	size_t n_calls, first, count; /* run calls first, first+1, … (mod n_calls), count of them */
+	size_t wave;                  /* calls per wave; count is a multiple of it */
 	size_t align;
+	atomic_size_t tickets[2];        /* hidden, down items claimed so far (never reset) */
+	size_t base[MAX_THREADS + 1][2]; /* each worker's view of where this phase starts */
 };
+
+/* Claims the next of the `items` of phase ph; false when none is left. Every worker makes
+ * exactly one failing claim per phase, so all of them know where the next phase's tickets
+ * start. */
+static bool claim(struct ffn_job *j, unsigned w, size_t n_workers, int ph, size_t items,
+                  size_t *item)
+{
+	const size_t t = atomic_fetch_add_explicit(&j->tickets[ph], 1, memory_order_relaxed);
+	if (t - j->base[w][ph] < items) {
+		*item = t - j->base[w][ph];
+		return true;
+	}
+	j->base[w][ph] += items + n_workers;
+	return false;
+}
 
 static void ffn_part(struct pool *p, unsigned w)
 {
 	struct ffn_job *j = p->arg;
-	for (size_t i = 0; i < j->count; i++) {
+	const size_t n = p->n;
+	for (size_t i = 0; i < j->count; i += j->wave) {
 		const struct moek_ffn_call *c = &j->calls[(j->first + i) % j->n_calls];
-		const size_t n = c->n_tokens, ffn = c->expert->gate.rows,
-		             hidden = c->expert->gate.cols;
-		const size_t units = (ffn + j->align - 1) / j->align;
-		moek_ffn_load(c, w, n * w / p->n, n * (w + 1) / p->n);
+		for (size_t q = w; q < j->wave; q += n)
+			moek_ffn_load(&c[q], w, 0, c[q].n_tokens);
 		barrier_wait(&p->phase);
-		size_t fb = units * w / p->n * j->align, fe = units * (w + 1) / p->n * j->align;
-		moek_ffn_hidden(c, w, fb, fe < ffn ? fe : ffn);
+		size_t it;
+		while (claim(j, w, n, 0, j->wave * n, &it)) {
+			const struct moek_ffn_call *ci = &c[it / n];
+			const size_t ffn = ci->expert->gate.rows;
+			const size_t units = (ffn + j->align - 1) / j->align, part = it % n;
+			const size_t fb = units * part / n * j->align,
+			             fe = units * (part + 1) / n * j->align;
+			moek_ffn_hidden(ci, w, fb, fe < ffn ? fe : ffn);
+		}
 		barrier_wait(&p->phase);
-		/* down rows split into equal halves; the next expert's load writes the other
-		 * scratch, so no barrier is needed after down */
-		moek_ffn_down(c, w, hidden * w / p->n, hidden * (w + 1) / p->n);
+		/* the next wave's load writes other scratch: no barrier after down */
+		while (claim(j, w, n, 1, j->wave * n, &it)) {
+			const struct moek_ffn_call *ci = &c[it / n];
+			const size_t hidden = ci->expert->gate.cols, part = it % n;
+			const size_t ob = hidden * part / n / 8 * 8,
+			             oe = part + 1 == n ? hidden : hidden * (part + 1) / n / 8 * 8;
+			moek_ffn_down(ci, w, ob, oe);
+		}
 	}
 }
 
@@ -428,6 +497,7 @@ static double median(double *v, size_t n)
  * bracketing checks see fewer than BENCH_TWO_CORES cores' worth of FMA throughput are redone
  * (up to MAX_ATTEMPTS) and counted. */
 enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
+static double median(double *v, size_t n);
 
 struct probe_ctx {
 	const float *buf;
@@ -460,14 +530,25 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
                    const struct probe_ctx *pc, struct row *r)
 {
 	const size_t hidden = s->hidden;
+	/* decode runs waves of up to WAVE experts (a layer's routed experts); prefill one at a
+	 * time. Each of the 2 · wave slots has its own scratch and output. */
+	enum { WAVE = 8 };
+	const size_t wave = pc ? (n_experts / 2 < WAVE ? n_experts / 2 : WAVE) : 1;
+	n_experts = n_experts / (2 * wave) * (2 * wave);
 	float *x = malloc(tokens * hidden * sizeof(float));
-	float *out = calloc(tokens * hidden, sizeof(float));
 	float *weights = malloc(tokens * sizeof(float));
 	struct moek_ffn_call *calls = calloc(n_experts, sizeof(*calls));
 	const size_t scratch_bytes = moek_ffn_scratch_bytes(&experts[0].e, tokens, p->n);
-	void *scratch[2] = {malloc(scratch_bytes), malloc(scratch_bytes)};
-	if (!x || !out || !weights || !calls || !scratch[0] || !scratch[1] || !scratch_bytes)
+	void *scratch[2 * WAVE] = {0};
+	float *out[2 * WAVE] = {0};
+	if (!x || !weights || !calls || !scratch_bytes)
 		return -1;
+	for (size_t i = 0; i < 2 * wave; i++) {
+		scratch[i] = malloc(scratch_bytes);
+		out[i] = calloc(tokens * hidden, sizeof(float));
+		if (!scratch[i] || !out[i])
+			return -1;
+	}
 	for (size_t i = 0; i < tokens * hidden; i++)
 		x[i] = sinf((float)i);
 	for (size_t t = 0; t < tokens; t++)
@@ -478,8 +559,8 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		                                  .x = x,
 		                                  .x_dtype = MOEK_ACT_F32,
 		                                  .weights = weights,
-		                                  .out = out,
-		                                  .scratch = scratch[i % 2],
+		                                  .out = out[i % (2 * wave)],
+		                                  .scratch = scratch[i % (2 * wave)],
 		                                  .scratch_bytes = scratch_bytes,
 		                                  .n_workers = p->n};
 		char err[256];
@@ -488,11 +569,13 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			return -1;
 		}
 	}
-	if (n_experts % 2) /* alternate scratch across the cycle's wrap-around too */
-		n_experts -= n_experts > 1;
-	struct ffn_job j = {calls, n_experts, 0, 1, moek_ffn_hidden_align(&experts[0].e)};
+	struct ffn_job j = {.calls = calls,
+	                    .n_calls = n_experts,
+	                    .count = wave,
+	                    .wave = wave,
+	                    .align = moek_ffn_hidden_align(&experts[0].e)};
 	pool_run(p, ffn_part, &j); /* warm-up: page faults, code */
-	j.first = 1;
+	j.first = wave;
 	const int slices = pc ? SLICES : 1;
 	double ratio[SLICES], dram[SLICES], cores[SLICES], total_dt = 0;
 	size_t total_done = 0;
@@ -509,8 +592,8 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		double dt = 0;
 		do {
 			/* batches small enough to stop near the slice's end, large enough to
-			 * hide the pool hand-off */
-			j.count = done == 0 ? 1 : (done < n_experts ? done : n_experts);
+			 * hide the pool hand-off; whole waves */
+			j.count = done == 0 ? wave : (done < n_experts ? done : n_experts);
 			pool_run(p, ffn_part, &j);
 			j.first = (j.first + j.count) % n_experts;
 			done += j.count;
@@ -525,6 +608,10 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			}
 			ratio[used] = (double)experts[0].bytes * (double)done / dt * 1e-9 / d;
 			dram[used] = d, cores[used] = c;
+			if (verbose)
+				fprintf(stderr,
+				        "  slice: probe %.1f GB/s, weights %.1f GB/s, cores %.2f\n",
+				        d, ratio[used] * d, c);
 		}
 		used++;
 		total_done += done, total_dt += dt;
@@ -540,7 +627,9 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		r->dram_gbps = used ? median(dram, (size_t)used) : NAN;
 		r->cores = used ? median(cores, (size_t)used) : NAN;
 	}
-	free(x), free(out), free(weights), free(calls), free(scratch[0]), free(scratch[1]);
+	for (size_t i = 0; i < 2 * wave; i++)
+		free(scratch[i]), free(out[i]);
+	free(x), free(weights), free(calls);
 	return 0;
 }
 
@@ -611,7 +700,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 		printf("{\"dram_read_gbps_1t\": %.2f, \"dots\": [", dram_1t);
 	for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
 		const uint32_t tag = all_formats[fi], fmt = weight_format(tag);
-		const bool x8 = tag == BENCH_MXFP4_X8;
+		const bool x8 = interleaved(tag);
 		const char *fname = format_name(tag);
 		if (!in_list(formats, fname) || fmt == MOEK_FP8_E4M3_B128)
 			continue; /* FP8 has no one-token many-row form and carries scale rows */
@@ -639,7 +728,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 			                        0,   NULL,           0,           0};
 			if (make_matrix(fmt, rows, k, &m, 7) || (x8 && interleave_matrix(&m, &d)))
 				return -1;
-			const uint32_t af = moek_isa_act_format(ops, fmt);
+			const uint32_t af = moek_isa_act_format(ops, fmt, x8);
 			const size_t ab =
 			    af == MOEK_F32 ? k * sizeof(float) : moek_isa_act_row_bytes(ops, af, k);
 			float *x = malloc(k * sizeof(float)), out[64];
@@ -661,8 +750,8 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 				for (int it = 0; it < passes; it++) {
 					if (x8)
 						for (size_t g = 0; g < rows; g += 8)
-							ops->dot_x8(m.data + g * rb, xa, ab, 1, k,
-							            out + g);
+							ops->dot_x8[moek_fmt_slot(fmt)](
+							    m.data + g * rb, xa, ab, 1, k, out + g);
 					else if (many)
 						many(m.data, rb, rows, xa, k, out);
 					else
@@ -694,9 +783,10 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
-	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
-	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] [--dots]\n");
+	fprintf(stderr,
+	        "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
+	        "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
+	        "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] [--dots] [--verbose]\n");
 }
 
 int main(int argc, char **argv)
@@ -719,6 +809,8 @@ int main(int argc, char **argv)
 			json = true;
 		else if (!strcmp(a, "--quick"))
 			quick = true;
+		else if (!strcmp(a, "--verbose"))
+			verbose = true;
 		else if (!strcmp(a, "--dots"))
 			dots = true;
 		else if (!strcmp(a, "--formats") && has_val)
@@ -740,7 +832,7 @@ int main(int argc, char **argv)
 	}
 	if (quick) {
 		if (!formats)
-			formats = "Q4_K,Q8_0,MXFP4,MXFP4x8,BF16";
+			formats = "Q4_Kx8,Q8_0x8,MXFP4x8,BF16";
 		if (!shape_list)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
@@ -768,7 +860,7 @@ int main(int argc, char **argv)
 			printf("isa %s; DRAM read %.1f GB/s (1 thread)\n", moek_isa_name(),
 			       dram_1t);
 		const int rc = dots_table(
-		    formats ? formats : "Q4_K,Q8_0,MXFP4,MXFP4x8,BF16",
+		    formats ? formats : "Q4_K,Q4_Kx8,Q8_0,Q8_0x8,MXFP4,MXFP4x8,BF16",
 		    shape_list ? shape_list : "qwen3,mixtral,deepseek,gpt-oss", dram_1t, json);
 		free(probe);
 		return rc ? 1 : 0;
@@ -811,11 +903,7 @@ int main(int argc, char **argv)
 			if (moek_row_bytes(fmt, s->hidden) == 0 || moek_row_bytes(fmt, s->ffn) == 0)
 				continue; /* e.g. K-quants on gpt-oss's 2880 */
 			struct bench_expert one;
-			if (make_expert(fmt, s, &one, 1) ||
-			    (tag == BENCH_MXFP4_X8 &&
-			     (interleave_matrix(&one.gate, &one.e.gate) ||
-			      interleave_matrix(&one.up, &one.e.up) ||
-			      interleave_matrix(&one.down, &one.e.down)))) {
+			if (make_expert(tag, s, &one, 1)) {
 				fprintf(stderr, "bench_kernels: cannot build %s %s\n", fname,
 				        s->name);
 				return 1;
@@ -826,35 +914,11 @@ int main(int argc, char **argv)
 			if (!ex)
 				return 1;
 			ex[0] = one;
-			for (size_t i = 1; i < n_experts; i++) {
-				ex[i] = one;
-				struct bench_matrix *ms[3] = {&ex[i].gate, &ex[i].up, &ex[i].down};
-				for (int m = 0; m < 3; m++) {
-					uint8_t *d = big_alloc(ms[m]->bytes);
-					if (!d) {
-						fprintf(stderr, "bench_kernels: out of memory\n");
-						return 1;
-					}
-					memcpy(d, ms[m]->data, ms[m]->bytes);
-					ms[m]->data = d;
-					if (ms[m]->scales) {
-						const size_t sb = moek_fp8_scale_bytes(
-						    m == 2 ? s->hidden : s->ffn,
-						    m == 2 ? s->ffn : s->hidden);
-						float *sc = malloc(sb);
-						if (!sc)
-							return 1;
-						memcpy(sc, ms[m]->scales, sb);
-						ms[m]->scales = sc;
-					}
+			for (size_t i = 1; i < n_experts; i++)
+				if (clone_expert(&one, &ex[i])) {
+					fprintf(stderr, "bench_kernels: out of memory\n");
+					return 1;
 				}
-				ex[i].e.gate.data = ex[i].gate.data,
-				ex[i].e.gate.scales = ex[i].gate.scales;
-				ex[i].e.up.data = ex[i].up.data,
-				ex[i].e.up.scales = ex[i].up.scales;
-				ex[i].e.down.data = ex[i].down.data,
-				ex[i].e.down.scales = ex[i].down.scales;
-			}
 			for (unsigned t = 1; t <= MAX_THREADS; t++) {
 				if (!want_threads[t])
 					continue;
@@ -902,7 +966,8 @@ int main(int argc, char **argv)
 				pool_destroy(&p);
 			}
 			for (size_t i = 0; i < n_experts; i++)
-				free_expert(&ex[i]);
+				free(ex[i].data);
+			free(one.scales[0]), free(one.scales[1]), free(one.scales[2]);
 			free(ex);
 		}
 	}

@@ -183,13 +183,13 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (row_stride(m) < moek_row_bytes(m->format, m->cols))
 		return fail(err, len, "expert %s: row stride %zu < row bytes %zu", name,
 		            row_stride(m), moek_row_bytes(m->format, m->cols));
-	if (m->interleave && (m->interleave != MOEK_INTERLEAVE || m->format != MOEK_MXFP4 ||
-	                      m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
-		return fail(
-		    err, len,
-		    "expert %s: interleave %u needs MXFP4 with rows and first row multiples "
-		    "of %u (format %u, %u rows from %u)",
-		    name, m->interleave, MOEK_INTERLEAVE, m->format, m->rows, m->row0);
+	if (m->interleave &&
+	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
+	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
+		return fail(err, len,
+		            "expert %s: interleave %u needs MXFP4, Q8_0 or Q4_K with rows and "
+		            "first row multiples of %u (format %s, %u rows from %u)",
+		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->format == MOEK_FP8_E4M3_B128) {
 		if (!m->scales)
 			return fail(err, len, "expert %s: FP8 weights without block scales", name);
@@ -202,7 +202,7 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	return 0;
 }
 
-static int check_expert(const struct moek_expert *e, char *err, size_t len)
+int moek_expert_check(const struct moek_expert *e, char *err, size_t len)
 {
 	if (!e)
 		return fail(err, len, "expert: NULL");
@@ -210,10 +210,12 @@ static int check_expert(const struct moek_expert *e, char *err, size_t len)
 	    check_matrix(&e->down, "down", err, len))
 		return -1;
 	if (e->gate.format != e->up.format || e->gate.rows != e->up.rows ||
-	    e->gate.cols != e->up.cols)
+	    e->gate.cols != e->up.cols || e->gate.interleave != e->up.interleave)
 		return fail(err, len,
-		            "expert: gate and up differ in format or shape (%ux%u vs %ux%u)",
-		            e->gate.rows, e->gate.cols, e->up.rows, e->up.cols);
+		            "expert: gate and up differ in format, shape or layout (%ux%u vs "
+		            "%ux%u, interleave %u vs %u)",
+		            e->gate.rows, e->gate.cols, e->up.rows, e->up.cols, e->gate.interleave,
+		            e->up.interleave);
 	if (e->down.cols != e->gate.rows)
 		return fail(err, len, "expert: down has %u columns, gate has %u rows", e->down.cols,
 		            e->gate.rows);
@@ -258,7 +260,7 @@ size_t moek_expert_split_align(const struct moek_expert *e)
 int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_end,
                       struct moek_expert *slice, char *err, size_t len)
 {
-	if (check_expert(full, err, len))
+	if (moek_expert_check(full, err, len))
 		return -1;
 	if (full->gate.row0 || full->up.row0 || full->down.row0)
 		return fail(err, len,
@@ -305,14 +307,17 @@ static size_t round_up(size_t v, size_t a)
 	return (v + a - 1) / a * a;
 }
 
-/* Activation format a weight format is fed with on this ISA in this shape: the format of the
- * ISA's dot product for it in decode (Q8_0, Q8_K, bf16), f32 otherwise (prefill tiles, and the
- * scalar reference). */
-static uint32_t act_format(const struct moek_isa_ops *ops, uint32_t weight_format, bool prefill)
+/* Activation format a matrix is fed with on this ISA in this shape: the format of the ISA's
+ * dot product for it in decode (Q8_0, Q8_K, bf16, or a private one; interleaved rows: the
+ * group dot's), f32 otherwise (prefill tiles, and the scalar reference). */
+static uint32_t act_format(const struct moek_isa_ops *ops, const struct moek_matrix *m,
+                           bool prefill)
 {
-	if (prefill || !ops->dot[moek_fmt_slot(weight_format)])
+	const unsigned slot = moek_fmt_slot(m->format);
+	const bool has_dot = m->interleave ? ops->dot_x8[slot] != NULL : ops->dot[slot] != NULL;
+	if (prefill || !has_dot)
 		return MOEK_F32;
-	return moek_isa_act_format(ops, weight_format);
+	return moek_isa_act_format(ops, m->format, m->interleave != 0);
 }
 
 /* Fills c->plan (except base) and returns the scratch bytes needed. */
@@ -328,8 +333,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
 	c->plan.prefill = ops->prefill && n >= (integer_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                    : MOEK_PREFILL_MIN_TOKENS_FLOAT);
-	c->plan.xq_format = act_format(ops, e->gate.format, c->plan.prefill);
-	c->plan.hq_format = act_format(ops, e->down.format, c->plan.prefill);
+	c->plan.xq_format = act_format(ops, &e->gate, c->plan.prefill);
+	c->plan.hq_format = act_format(ops, &e->down, c->plan.prefill);
 	c->plan.xq_row =
 	    c->plan.xq_format == MOEK_F32
 	        ? 0
@@ -359,7 +364,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers)
 {
-	if (check_expert(e, NULL, 0) || n_tokens > MOEK_MAX_TOKENS || n_workers > MOEK_MAX_WORKERS)
+	if (moek_expert_check(e, NULL, 0) || n_tokens > MOEK_MAX_TOKENS ||
+	    n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
 	return layout(e, n_tokens, n_workers, current_isa(), &c);
@@ -369,7 +375,7 @@ static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
 
 int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 {
-	if (check_expert(c->expert, err, len))
+	if (moek_expert_check(c->expert, err, len))
 		return -1;
 	const struct moek_expert *e = c->expert;
 	const size_t hidden = e->gate.cols;
@@ -471,12 +477,13 @@ static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct m
                                   size_t r, size_t k0, size_t n, float *dst)
 {
 	if (m->interleave) { /* through GGUF blocks on the stack, KC columns at a time */
-		uint8_t blocks[KC / 32 * 17];
+		uint8_t blocks[KC / 32 * 34]; /* the largest: Q8_0 */
+		const size_t be = moek_format_lookup(m->format)->block_elems;
 		for (size_t at = 0; at < n; at += KC) {
 			const size_t kn = n - at < KC ? n - at : KC;
-			moek_mxfp4_x8_gather(matrix_group(m, r), r % MOEK_INTERLEAVE,
-			                     (k0 + at) / 32, kn / 32, blocks);
-			ops->dequantize_row(MOEK_MXFP4, blocks, NULL, dst + at, kn);
+			moek_x8_gather(m->format, matrix_group(m, r), r % MOEK_INTERLEAVE,
+			               (k0 + at) / be, kn / be, blocks);
+			ops->dequantize_row(m->format, blocks, NULL, dst + at, kn);
 		}
 		return;
 	}
@@ -594,7 +601,7 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e, size_t f0,
                              size_t f1)
 {
-	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->gate.format)];
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
 	for (size_t g0 = f0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE; g0 < f1; g0 += MOEK_INTERLEAVE) {
@@ -603,8 +610,8 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
 			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
 			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			ops->dot_x8(matrix_group(&e->gate, g0), xa + t0 * as, as, nt, hidden, g);
-			ops->dot_x8(matrix_group(&e->up, g0), xa + t0 * as, as, nt, hidden, u);
+			dot_x8(matrix_group(&e->gate, g0), xa + t0 * as, as, nt, hidden, g);
+			dot_x8(matrix_group(&e->up, g0), xa + t0 * as, as, nt, hidden, u);
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 				const size_t f = g0 + r;
 				if (f < f0 || f >= f1)
@@ -628,7 +635,7 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 	const moek_dot_fn dot = e->gate.interleave ? NULL : ops->dot[moek_fmt_slot(e->gate.format)];
 	const bool quantized = c->plan.xq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
-	if (e->gate.interleave && ops->dot_x8 && quantized) {
+	if (e->gate.interleave && ops->dot_x8[moek_fmt_slot(e->gate.format)] && quantized) {
 		hidden_decode_x8(c, e, f0, f1);
 		return;
 	}
@@ -752,7 +759,7 @@ enum { ROWS_CHUNK = 64 };
 static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e,
                            unsigned worker, size_t o0, size_t o1)
 {
-	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->down.format)];
 	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
 	const uint8_t *ha = hq_row(c, worker, 0);
@@ -761,7 +768,7 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
 			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			ops->dot_x8(matrix_group(&e->down, g0), ha + t0 * as, as, nt, ffn, y);
+			dot_x8(matrix_group(&e->down, g0), ha + t0 * as, as, nt, ffn, y);
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 				const size_t o = g0 + r;
 				if (o < o0 || o >= o1)
@@ -782,7 +789,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t ffn = c->plan.ffn;
-	const bool x8 = e->down.interleave && ops->dot_x8;
+	const bool x8 = e->down.interleave && ops->dot_x8[moek_fmt_slot(e->down.format)];
 	const moek_dot_fn dot = e->down.interleave ? NULL : ops->dot[moek_fmt_slot(e->down.format)];
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	float *row = worker_area(c, worker);

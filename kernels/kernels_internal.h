@@ -70,9 +70,14 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
-/* Blocks [b0, b0 + nb) of row `lane` (0..7) of an interleaved MXFP4 group (moe_kernels.h,
- * moek_mxfp4_interleave) back as GGUF blocks. */
-void moek_mxfp4_x8_gather(const void *group, size_t lane, size_t b0, size_t nb, void *gguf);
+/* Blocks [b0, b0 + nb) of row `lane` (0..7) of an interleaved group of `format` (moe_kernels.h,
+ * moek_interleave) back as GGUF blocks. */
+void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, size_t nb,
+                    void *blocks);
+
+/* Whether e is a valid expert (formats, shapes, alignment, layout): 0, or -1 with a message
+ * in err (ffn.c). */
+int moek_expert_check(const struct moek_expert *e, char *err, size_t len);
 
 /* Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes. */
 static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
@@ -112,8 +117,9 @@ typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *a
  * per-row call and set-up that weigh on short rows (Qwen3's 768 columns). Not for FP8. */
 typedef void (*moek_dot_rows_fn)(const void *w, size_t row_stride, size_t nr, const void *act,
                                  size_t k, float *out);
-/* dot_x8: the 8 rows of an interleaved MXFP4 group (k columns) against nt (1..MOEK_DOT_TOKENS)
- * tokens' activation rows (act_stride bytes apart): out[t * 8 + r]. */
+/* dot_x8: the 8 rows of an interleaved group (moek_interleave; k columns) against nt
+ * (1..MOEK_DOT_TOKENS) tokens' activation rows (act_stride bytes apart), in the activation
+ * format moek_isa_act_format(ops, format, true) gives: out[t * 8 + r]. */
 typedef void (*moek_dot_x8_fn)(const void *group, const void *act, size_t act_stride, size_t nt,
                                size_t k, float *out);
 typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
@@ -143,16 +149,30 @@ struct block_q8_0x2 {
 };
 static_assert(sizeof(struct block_q8_0x2) == 128, "Q8_0x2 pair");
 
+/* MOEK_ACT_Q8_0S (AVX2, for interleaved Q8_0 and MXFP4 weights): the same Q8_0 quantization
+ * (f32 d = amax/127, unrounded) per 32-element block, elements in order, with the sum of the
+ * block's 32 values: the interleaved dots broadcast 4 activations at a time and take a weight
+ * offset (Q8_0 weights xor 0x80 = value + 128, MXFP4 codes = doubled value + 16) back out of
+ * the int32 sum as offset · sum. */
+#define MOEK_ACT_Q8_0S 2002u
+struct block_q8_0s {
+	float d;
+	int32_t sum;
+	int8_t qs[32];
+};
+static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");
+
 struct moek_isa_ops {
 	const char *name;
 	moek_dot_fn dot[64];           /* indexed by moek_fmt_slot() */
 	moek_dot_rows_fn dot_rows[64]; /* the same, one token, many rows (NULL: none) */
-	moek_dot_x8_fn dot_x8;         /* interleaved MXFP4 groups (NULL: none) */
+	moek_dot_x8_fn dot_x8[64];     /* interleaved groups, by moek_fmt_slot() (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
-	 * format's dot consumes (0: moek_vec_dot_format's), bytes of a k-element row, the
-	 * quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary). The
-	 * quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to the reference. */
-	uint32_t (*private_act)(uint32_t weight_format);
+	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
+	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair
+	 * boundary). The quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to
+	 * the reference. */
+	uint32_t (*private_act)(uint32_t weight_format, bool interleaved);
 	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
 	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
 	void (*dequantize_act)(uint32_t act_format, const void *src, size_t k, float *dst);
@@ -164,19 +184,24 @@ struct moek_isa_ops {
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its
  * quantizer: the ISA's private one where it has one, else the ggml format. */
-static inline uint32_t moek_isa_act_format(const struct moek_isa_ops *ops, uint32_t weight_format)
+static inline uint32_t moek_isa_act_format(const struct moek_isa_ops *ops, uint32_t weight_format,
+                                           bool interleaved)
 {
-	const uint32_t p = ops->private_act ? ops->private_act(weight_format) : 0;
+	const uint32_t p = ops->private_act ? ops->private_act(weight_format, interleaved) : 0;
 	return p ? p : moek_vec_dot_format(weight_format);
+}
+static inline bool moek_isa_private_act(uint32_t act)
+{
+	return act == MOEK_ACT_Q8_0X2 || act == MOEK_ACT_Q8_0S;
 }
 static inline size_t moek_isa_act_row_bytes(const struct moek_isa_ops *ops, uint32_t act, size_t k)
 {
-	return act == MOEK_ACT_Q8_0X2 ? ops->act_row_bytes(act, k) : moek_row_bytes(act, k);
+	return moek_isa_private_act(act) ? ops->act_row_bytes(act, k) : moek_row_bytes(act, k);
 }
 static inline void moek_isa_quantize_act(const struct moek_isa_ops *ops, uint32_t act,
                                          const float *x, size_t k, void *dst)
 {
-	if (act == MOEK_ACT_Q8_0X2 || (act == MOEK_Q8_K && ops->quantize_act))
+	if (moek_isa_private_act(act) || (act == MOEK_Q8_K && ops->quantize_act))
 		ops->quantize_act(act, x, k, dst);
 	else
 		moek_quantize_row(act, x, k, dst);
@@ -185,7 +210,7 @@ static inline void moek_isa_quantize_act(const struct moek_isa_ops *ops, uint32_
 static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint32_t act,
                                            const void *src, size_t k, float *dst)
 {
-	if (act == MOEK_ACT_Q8_0X2)
+	if (moek_isa_private_act(act))
 		ops->dequantize_act(act, src, k, dst);
 	else
 		moek_dequantize(act, src, NULL, 1, k, dst);

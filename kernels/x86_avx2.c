@@ -15,6 +15,8 @@
  *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
  *   moek_avx2_set_vnni). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
+ * Interleaved decode (rows in groups of 8, moek_interleave): MXFP4, Q8_0 and Q4_K, 4 weights
+ *   of 8 rows per multiply against 4 broadcast activations, the 8 rows' sums in 8 lanes.
  * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
  * outer-product f32 micro-kernel over activation panels.
  *
@@ -297,14 +299,18 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 
 /* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 dot products ---------------------- */
 
-static uint32_t private_act(uint32_t weight_format)
+static uint32_t private_act(uint32_t weight_format, bool interleaved)
 {
+	if (interleaved)
+		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0S
+		                                                                 : 0;
 	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0X2 : 0;
 }
 
 static size_t act_row_bytes(uint32_t act_format, size_t k)
 {
-	(void)act_format;
+	if (act_format == MOEK_ACT_Q8_0S)
+		return (k + 31) / 32 * sizeof(struct block_q8_0s);
 	return (k + 63) / 64 * sizeof(struct block_q8_0x2);
 }
 
@@ -413,6 +419,22 @@ static void quantize_act(uint32_t act_format, const float *x, size_t k, void *ds
 		quantize_q8_K_avx2(x, k, dst);
 		return;
 	}
+	if (act_format == MOEK_ACT_Q8_0S) {
+		struct block_q8_0s *y = dst;
+		for (size_t b = 0; 32 * b < k; b++) {
+			quantize_q8_0_block(x + 32 * b, &y[b].d, y[b].qs, y[b].qs + 16);
+			/* maddubs(1, q) pairs, madd(1) quads, then the 8 quads */
+			const __m256i q = _mm256_loadu_si256((const __m256i *)y[b].qs);
+			const __m256i s32 = _mm256_madd_epi16(
+			    _mm256_maddubs_epi16(_mm256_set1_epi8(1), q), _mm256_set1_epi16(1));
+			__m128i s = _mm_add_epi32(_mm256_castsi256_si128(s32),
+			                          _mm256_extracti128_si256(s32, 1));
+			s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+			s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+			y[b].sum = _mm_cvtsi128_si32(s);
+		}
+		return;
+	}
 	struct block_q8_0x2 *y = dst;
 	for (size_t p = 0; 64 * p < k; p++) {
 		memset(&y[p], 0, sizeof(y[p]));
@@ -438,7 +460,12 @@ static void quantize_act(uint32_t act_format, const float *x, size_t k, void *ds
 
 static void dequantize_act(uint32_t act_format, const void *src, size_t k, float *dst)
 {
-	(void)act_format;
+	if (act_format == MOEK_ACT_Q8_0S) {
+		const struct block_q8_0s *y = src;
+		for (size_t i = 0; i < k; i++)
+			dst[i] = y[i / 32].d * (float)y[i / 32].qs[i % 32];
+		return;
+	}
 	const struct block_q8_0x2 *y = src;
 	for (size_t i = 0; i < k; i++) {
 		const struct block_q8_0x2 *pb = &y[i / 64];
@@ -505,44 +532,31 @@ VNNI_DISPATCH_ROWS(q4_0)
 
 VNNI_DISPATCH_ROWS(mxfp4)
 
-/* ---- MXFP4, rows interleaved in groups of 8 (moek_mxfp4_interleave) ------------------------
+/* ---- Interleaved rows (moek_interleave): 8 rows per SIMD multiply ---------------------------
  *
- * Per 32-element block column of a group: four 32-byte vectors whose int32 lane r holds 4
- * nibble bytes of row r (elements 4v..4v+3 low, 16+4v..19+4v high), then the 8 rows' E8M0
- * bytes. Each vector gives two vpdpbusd (or maddubs + madd) against 4 activation bytes
- * broadcast to every lane, so one block's integer dot of all 8 rows lands in 8 lanes with no
- * horizontal sum; the 8 scales are one load converted in register. Against the GGUF-row dots
- * in L1 (one thread): 1.44-1.52x; streaming from DRAM 1.3x with X8_PREFETCH (docs).
+ * A column of an interleaved group holds one block of each of 8 rows; each of its 32-byte
+ * vectors carries 4 bytes of every row (lane r = row r). One vector times 4 activations
+ * broadcast to all lanes (vpdpbusd with an embedded broadcast, or maddubs + madd) adds 4
+ * weights of each of the 8 rows into 8 int32 lanes; the 8 rows' scales are one load; nothing
+ * is summed horizontally. A GGUF-row dot instead reloads the activation block, converts a
+ * scale and folds a vector per row and block — most of its work is not spent on weights
+ * (in L1, one core: MXFP4 22, Q8_0 32, Q4_K 25 GB/s of weights against 2-3x that here; figures
+ * in docs/performance.md). The integer sums are exact, so the VNNI and the AVX2 forms give the
+ * same bits; against the GGUF-row dots only the float reassociation differs.
  *
- * The scale of block b of row r is 2^(e-127) * d_b / 2 (d_b: the activation block's scale),
- * computed as bits(e << 23 | (e in {0, 255} ? 1 << 22 : 0)) * (d_b * 0.5): e = 0 gives 2^-127
- * (the subnormal the reference gives), e = 255 a NaN, the others the exact power of two. The
- * integer sums are exact, so the VNNI form gives the same bits as the AVX2 one. */
+ * No software prefetch: the hardware prefetcher keeps up with one column stream, and a
+ * prefetch 6 KiB ahead (what the MXFP4 form used to issue) lost 3-19% of the FFN's weight
+ * bandwidth in 9 of 11 (format, shape) rows measured alternately on two cores.
+ *
+ * Activations: Q8_0 and MXFP4 take MOEK_ACT_Q8_0S (the block's d and the sum of its values
+ * next to them, elements in order), Q4_K takes Q8_K as its row dot does. */
 
-/* Bytes ahead of the column being read: a column of 8 rows is consumed several times faster
- * than a GGUF row's 17 bytes, and 1.5 KiB left it waiting on DRAM (one core, 100 MB of
- * 2880-column rows: 1536 -> 25.0, 3072 -> 25.3-27.0, 6144 -> 27.8 GB/s). */
-#define X8_PREFETCH 6144
-#define X8_COLUMN 136
+/* Four activation bytes, read as one broadcast operand. */
+struct act4 {
+	int8_t b[4];
+};
 
-ALWAYS_INLINE __m256 x8_scales(const uint8_t *col)
-{
-	const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(col + 128)));
-	const __m256i edge = _mm256_cmpgt_epi32(
-	    _mm256_set1_epi32(2),
-	    _mm256_and_si256(_mm256_add_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(255)));
-	return _mm256_castsi256_ps(_mm256_or_si256(
-	    _mm256_slli_epi32(e, 23), _mm256_and_si256(edge, _mm256_set1_epi32(1 << 22))));
-}
-
-/* acc + Σ over each lane's 4 bytes of u (unsigned) · s (signed), exact in int32. */
-ALWAYS_INLINE __m256i x8_dot4(bool vnni, __m256i acc, __m256i u, __m256i s)
-{
-	if (vnni)
-		return dpbusd(acc, u, s);
-	return _mm256_add_epi32(
-	    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
+#define X8 MOEK_INTERLEAVE
 
 static inline int32_t load_i32(const int8_t *p)
 {
@@ -551,8 +565,55 @@ static inline int32_t load_i32(const int8_t *p)
 	return v;
 }
 
-ALWAYS_INLINE void x8_body(const void *group, const void *act, size_t as, const int NT, size_t k,
-                           float *out, bool vnni)
+/* acc + Σ over each lane's 4 bytes of u (unsigned) · the 4 signed bytes at s (the same for
+ * every lane), exact in int32. The AVX2 form needs every u·s pair sum within int16: callers
+ * pass u <= 28 (MXFP4 codes + 16, Q4_K nibbles); Q8_0 uses x8_dot4_sign. */
+ALWAYS_INLINE __m256i x8_dot4(bool vnni, __m256i acc, __m256i u, const int8_t *s)
+{
+	if (vnni) {
+		__asm__("vpdpbusd %2%{1to8%}, %1, %0"
+		        : "+v"(acc)
+		        : "v"(u), "m"(*(const struct act4 *)s));
+		return acc;
+	}
+	return _mm256_add_epi32(
+	    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_set1_epi32(load_i32(s))),
+	                           _mm256_set1_epi16(1)));
+}
+
+ALWAYS_INLINE const struct block_q8_0s *x8_q8_0s(const void *act, size_t as, int t, size_t b)
+{
+	return (const struct block_q8_0s *)((const uint8_t *)act + (size_t)t * as) + b;
+}
+
+ALWAYS_INLINE const struct block_q8_K *x8_q8_K(const void *act, size_t as, int t, size_t i)
+{
+	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
+}
+
+ALWAYS_INLINE void x8_store(const __m256 *acc, int NT, float *out)
+{
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+/* MXFP4: per column four vectors of nibble bytes (vector v: elements 4v..4v+3 low,
+ * 16+4v..19+4v high) and the 8 E8M0 bytes. The scale of row r is 2^(e-127) · d / 2 (d: the
+ * activation block's), computed as bits(e << 23 | (e in {0, 255} ? 1 << 22 : 0)) · (d · 0.5):
+ * e = 0 gives 2^-127 (the subnormal the reference gives), e = 255 a NaN, the others the exact
+ * power of two. Codes enter as doubled E2M1 values + 16; -16 · Σy takes the offset back out. */
+ALWAYS_INLINE __m256 x8_e8m0_scales(const uint8_t *e8)
+{
+	const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e8));
+	const __m256i edge = _mm256_cmpgt_epi32(
+	    _mm256_set1_epi32(2),
+	    _mm256_and_si256(_mm256_add_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(255)));
+	return _mm256_castsi256_ps(_mm256_or_si256(
+	    _mm256_slli_epi32(e, 23), _mm256_and_si256(edge, _mm256_set1_epi32(1 << 22))));
+}
+
+ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, const int NT,
+                                 size_t k, float *out, bool vnni)
 {
 	const uint8_t *col = group;
 	const __m256i low4 = _mm256_set1_epi8(0x0F);
@@ -561,73 +622,236 @@ ALWAYS_INLINE void x8_body(const void *group, const void *act, size_t as, const 
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8_COLUMN) {
-		_mm_prefetch((const char *)col + X8_PREFETCH, _MM_HINT_T0);
-		_mm_prefetch((const char *)col + X8_PREFETCH + 64, _MM_HINT_T0);
-		_mm_prefetch((const char *)col + X8_PREFETCH + 128, _MM_HINT_T0);
-		const size_t h = b & 1; /* which half of the activation pair */
-		__m256i sum[8];
-		for (int t = 0; t < NT; t++) { /* the +16 offset of the weight codes, taken out */
-			const int32_t *o =
-			    ((const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + b / 2)
-			        ->neg_sum16 +
-			    4 * h;
-			sum[t] = _mm256_set1_epi32(o[0] + o[1] + o[2] + o[3]);
-		}
+	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8 * 17) {
+		__m256i sum[8], sum1 = _mm256_setzero_si256(); /* sum1: a second chain, one token */
+		for (int t = 0; t < NT; t++)
+			sum[t] = _mm256_set1_epi32(-16 * x8_q8_0s(act, as, t, b)->sum);
 		for (int v = 0; v < 4; v++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
 			const __m256i lo = _mm256_shuffle_epi8(values16, _mm256_and_si256(q, low4));
 			const __m256i hi = _mm256_shuffle_epi8(
 			    values16, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
 			for (int t = 0; t < NT; t++) {
-				const struct block_q8_0x2 *y =
-				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
-				    b / 2;
-				sum[t] =
-				    x8_dot4(vnni, sum[t], lo,
-				            _mm256_set1_epi32(load_i32(y->lo + 16 * h + 4 * v)));
-				sum[t] =
-				    x8_dot4(vnni, sum[t], hi,
-				            _mm256_set1_epi32(load_i32(y->hi + 16 * h + 4 * v)));
+				const int8_t *y = x8_q8_0s(act, as, t, b)->qs;
+				sum[t] = x8_dot4(vnni, sum[t], lo, y + 4 * v);
+				if (NT == 1)
+					sum1 = x8_dot4(vnni, sum1, hi, y + 16 + 4 * v);
+				else
+					sum[t] = x8_dot4(vnni, sum[t], hi, y + 16 + 4 * v);
 			}
 		}
-		const __m256 sc = x8_scales(col);
+		if (NT == 1)
+			sum[0] = _mm256_add_epi32(sum[0], sum1);
+		const __m256 sc = x8_e8m0_scales(col + 128);
 		for (int t = 0; t < NT; t++) {
-			const struct block_q8_0x2 *y =
-			    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + b / 2;
-			const __m256 f = _mm256_mul_ps(sc, _mm256_set1_ps(y->d[4 * h] * 0.5f));
+			const __m256 f =
+			    _mm256_mul_ps(sc, _mm256_set1_ps(x8_q8_0s(act, as, t, b)->d * 0.5f));
 			acc[t] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(sum[t]), acc[t]);
 		}
 	}
-	for (int t = 0; t < NT; t++)
-		_mm256_storeu_ps(out + 8 * t, acc[t]);
+	x8_store(acc, NT, out);
 }
 
-#define X8_ENTRY(name, vnni)                                                                       \
+/* Q8_0: per column eight vectors of int8 weights (vector v: elements 4v..4v+3) and the 8 f16
+ * scales. VNNI: weights xor 0x80 are the values + 128 as unsigned bytes, -128 · Σy takes the
+ * offset out. AVX2: |w| against y signed by w (maddubs cannot saturate: 2 · 128 · 127). */
+ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, const int NT,
+                                size_t k, float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i flip = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t b = 0; b < k / QK8_0; b++, col += X8 * 34) {
+		__m256i sum[8], sum1 = _mm256_setzero_si256(); /* sum1: a second chain, one token */
+		for (int t = 0; t < NT; t++)
+			sum[t] = vnni ? _mm256_set1_epi32(-128 * x8_q8_0s(act, as, t, b)->sum)
+			              : _mm256_setzero_si256();
+		for (int v = 0; v < 8; v++) {
+			const __m256i w = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+			const __m256i u = vnni ? _mm256_xor_si256(w, flip) : _mm256_sign_epi8(w, w);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *y = x8_q8_0s(act, as, t, b)->qs + 4 * v;
+				__m256i *s = NT == 1 && v % 2 ? &sum1 : &sum[t];
+				if (vnni) {
+					*s = x8_dot4(true, *s, u, y);
+				} else {
+					const __m256i ys =
+					    _mm256_sign_epi8(_mm256_set1_epi32(load_i32(y)), w);
+					*s = _mm256_add_epi32(
+					    *s,
+					    _mm256_madd_epi16(_mm256_maddubs_epi16(u, ys), ones));
+				}
+			}
+		}
+		if (NT == 1)
+			sum[0] = _mm256_add_epi32(sum[0], sum1);
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(col + 256)));
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm256_fmadd_ps(
+			    _mm256_mul_ps(d, _mm256_set1_ps(x8_q8_0s(act, as, t, b)->d)),
+			    _mm256_cvtepi32_ps(sum[t]), acc[t]);
+	}
+	x8_store(acc, NT, out);
+}
+
+/* Q4_K: per super-block column 8 f16 d, 8 f16 dmin, three vectors of the packed 6-bit scales
+ * (vector g: bytes 4g..4g+3 of each row's 12) and 32 vectors of nibble bytes (chunk c =
+ * vectors 8c..8c+7: low nibbles sub-block 2c, high nibbles 2c+1, elements 64c + 4v.. and
+ * 64c + 32 + 4v..). The 8 rows' scales and mins are unpacked in vector lanes (byte j of a
+ * lane = sub-block j or j + 4); sub-block sums are scaled in integers — AVX2: the 8 vectors'
+ * maddubs pairs summed in int16 (8 · 2 · 15 · 127 < 2^15), then one madd by the scale; VNNI:
+ * vpdpbusd sums, then one multiply — and the mins go through Q8_K's bsums. */
+/* Byte b of each int32 lane of v, zero-extended to the lane — or, as_int16_pairs, to both of
+ * its int16 words (the madd operand form). */
+ALWAYS_INLINE __m256i x8_k_byte(__m256i v, int b, bool as_int16_pairs)
+{
+	const __m256i at = as_int16_pairs ? _mm256_setr_epi32(0, 0x40004, 0x80008, 0xc000c, 0,
+	                                                      0x40004, 0x80008, 0xc000c)
+	                                  : _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
+	const uint32_t pick = as_int16_pairs ? 0x80008000u | (uint32_t)b | (uint32_t)b << 16
+	                                     : 0x80808000u | (uint32_t)b;
+	return _mm256_shuffle_epi8(v, _mm256_add_epi32(_mm256_set1_epi32((int32_t)pick), at));
+}
+
+ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, const int NT,
+                                size_t k, float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(0x3F),
+	              m30 = _mm256_set1_epi8(0x30), low_bytes = _mm256_set1_epi16(0x00FF);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++, col += X8 * 144) {
+		const __m256i v0 = _mm256_loadu_si256((const __m256i *)(col + 32));
+		const __m256i v1 = _mm256_loadu_si256((const __m256i *)(col + 64));
+		const __m256i v2 = _mm256_loadu_si256((const __m256i *)(col + 96));
+		const __m256i sc[2] = {
+		    _mm256_and_si256(v0, m6),
+		    _mm256_or_si256(_mm256_and_si256(v2, m4),
+		                    _mm256_and_si256(_mm256_srli_epi16(v0, 2), m30))};
+		const __m256i mn[2] = {
+		    _mm256_and_si256(v1, m6),
+		    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v2, 4), m4),
+		                    _mm256_and_si256(_mm256_srli_epi16(v1, 2), m30))};
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)col));
+		const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(col + 16)));
+		__m256i isum[8];
+		for (int t = 0; t < NT; t++) {
+			/* Σ_j m_j · (Σy over sub-block j), the 16-element bsums taken in pairs:
+			 * int16 words (m_j, m_j+2) of a lane against (ys_j, ys_j+2) */
+			const int16_t *bs = x8_q8_K(act, as, t, i)->bsums;
+			int32_t ys[8];
+			for (int j = 0; j < 8; j++)
+				ys[j] = bs[2 * j] + bs[2 * j + 1];
+			__m256i msum = _mm256_setzero_si256();
+			for (int h = 0; h < 2; h++) {
+				const int32_t *y4 = ys + 4 * h;
+				const __m256i even = _mm256_and_si256(mn[h], low_bytes);
+				const __m256i odd = _mm256_srli_epi16(mn[h], 8);
+				msum = _mm256_add_epi32(
+				    msum,
+				    _mm256_madd_epi16(even, _mm256_set1_epi32((
+				                                int32_t)((uint32_t)(uint16_t)y4[0] |
+				                                         (uint32_t)y4[2] << 16))));
+				msum = _mm256_add_epi32(
+				    msum,
+				    _mm256_madd_epi16(
+				        odd, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)y4[1] |
+				                                         (uint32_t)y4[3] << 16))));
+			}
+			const __m256 yd = _mm256_set1_ps(x8_q8_K(act, as, t, i)->d);
+			acc[t] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, yd), _mm256_cvtepi32_ps(msum),
+			                          acc[t]);
+			isum[t] = _mm256_setzero_si256();
+		}
+		for (int c = 0; c < 4; c++) {
+			const uint8_t *qc = col + 128 + 32 * 8 * c;
+			__m256i slo[8], shi[8];
+			for (int t = 0; t < NT; t++)
+				slo[t] = shi[t] = _mm256_setzero_si256();
+			for (int v = 0; v < 8; v++) {
+				const __m256i q =
+				    _mm256_loadu_si256((const __m256i *)(qc + 32 * v));
+				const __m256i lo = _mm256_and_si256(q, m4);
+				const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *y =
+					    x8_q8_K(act, as, t, i)->qs + 64 * c + 4 * v;
+					if (vnni) {
+						slo[t] = x8_dot4(true, slo[t], lo, y);
+						shi[t] = x8_dot4(true, shi[t], hi, y + 32);
+					} else {
+						slo[t] = _mm256_add_epi16(
+						    slo[t],
+						    _mm256_maddubs_epi16(
+						        lo, _mm256_set1_epi32(load_i32(y))));
+						shi[t] = _mm256_add_epi16(
+						    shi[t],
+						    _mm256_maddubs_epi16(
+						        hi, _mm256_set1_epi32(load_i32(y + 32))));
+					}
+				}
+			}
+			/* scales of sub-blocks 2c and 2c + 1: bytes (2c) % 4 and (2c+1) % 4 of
+			 * the lanes of sc[c / 2] */
+			const __m256i s_lo = x8_k_byte(sc[c / 2], (2 * c) % 4, !vnni);
+			const __m256i s_hi = x8_k_byte(sc[c / 2], (2 * c + 1) % 4, !vnni);
+			for (int t = 0; t < NT; t++) {
+				if (vnni)
+					isum[t] = _mm256_add_epi32(
+					    isum[t],
+					    _mm256_add_epi32(_mm256_mullo_epi32(slo[t], s_lo),
+					                     _mm256_mullo_epi32(shi[t], s_hi)));
+				else
+					isum[t] = _mm256_add_epi32(
+					    isum[t],
+					    _mm256_add_epi32(_mm256_madd_epi16(slo[t], s_lo),
+					                     _mm256_madd_epi16(shi[t], s_hi)));
+			}
+		}
+		for (int t = 0; t < NT; t++) {
+			const __m256 yd = _mm256_set1_ps(x8_q8_K(act, as, t, i)->d);
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, yd), _mm256_cvtepi32_ps(isum[t]),
+			                         acc[t]);
+		}
+	}
+	x8_store(acc, NT, out);
+}
+
+/* An interleaved-group entry point per format and form, specialised on the token count. */
+#define X8_ENTRY(name, body, vnni)                                                                 \
 	static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,           \
 	                 float *out)                                                               \
 	{                                                                                          \
 		switch (nt) {                                                                      \
-		case 1: x8_body(g, act, as, 1, k, out, vnni); break;                               \
-		case 2: x8_body(g, act, as, 2, k, out, vnni); break;                               \
-		case 3: x8_body(g, act, as, 3, k, out, vnni); break;                               \
-		case 4: x8_body(g, act, as, 4, k, out, vnni); break;                               \
-		case 5: x8_body(g, act, as, 5, k, out, vnni); break;                               \
-		case 6: x8_body(g, act, as, 6, k, out, vnni); break;                               \
-		case 7: x8_body(g, act, as, 7, k, out, vnni); break;                               \
-		default: x8_body(g, act, as, 8, k, out, vnni); break;                              \
+		case 1: body(g, act, as, 1, k, out, vnni); break;                                  \
+		case 2: body(g, act, as, 2, k, out, vnni); break;                                  \
+		case 3: body(g, act, as, 3, k, out, vnni); break;                                  \
+		case 4: body(g, act, as, 4, k, out, vnni); break;                                  \
+		case 5: body(g, act, as, 5, k, out, vnni); break;                                  \
+		case 6: body(g, act, as, 6, k, out, vnni); break;                                  \
+		case 7: body(g, act, as, 7, k, out, vnni); break;                                  \
+		default: body(g, act, as, 8, k, out, vnni); break;                                 \
 		}                                                                                  \
 	}
-X8_ENTRY(dot_x8_avx2, false)
-X8_ENTRY(dot_x8_vnni, true)
+#define X8_DISPATCH(fmt)                                                                           \
+	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false)                                          \
+	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true)                                           \
+	static void x8_##fmt(const void *g, const void *act, size_t as, size_t nt, size_t k,       \
+	                     float *out)                                                           \
+	{                                                                                          \
+		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+			x8_##fmt##_vnni(g, act, as, nt, k, out);                                   \
+		else                                                                               \
+			x8_##fmt##_avx2(g, act, as, nt, k, out);                                   \
+	}
 
-static void dot_x8(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)
-{
-	if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))
-		dot_x8_vnni(g, act, as, nt, k, out);
-	else
-		dot_x8_avx2(g, act, as, nt, k, out);
-}
+X8_DISPATCH(mxfp4)
+X8_DISPATCH(q8_0)
+X8_DISPATCH(q4_K)
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
@@ -1368,7 +1592,12 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q5_K] = rows_q5_K,
             [MOEK_Q6_K] = rows_q6_K,
         },
-    .dot_x8 = dot_x8,
+    .dot_x8 =
+        {
+            [MOEK_Q8_0] = x8_q8_0,
+            [MOEK_MXFP4] = x8_mxfp4,
+            [MOEK_Q4_K] = x8_q4_K,
+        },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,
     .tile = tile,

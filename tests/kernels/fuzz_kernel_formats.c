@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	for (size_t i = 0; i < k; i++)
 		x[i] = (float)((int)(i * 37 % 19) - 9) * 0.125f;
-	const uint32_t act_format = moek_isa_act_format(&moek_avx2_ops, format);
+	const uint32_t act_format = moek_isa_act_format(&moek_avx2_ops, format, false);
 	if (act_format == MOEK_F32)
 		memcpy(act, x, k * sizeof(float));
 	else

@@ -42,7 +42,7 @@ static void check_kquant(uint32_t fmt, size_t k)
 {
 	enum { ROWS = 5 };
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
-	const uint32_t act = moek_isa_act_format(ops, fmt);
+	const uint32_t act = moek_isa_act_format(ops, fmt, false);
 	cr_assert_eq(act, MOEK_Q8_K);
 	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
 	float *w = malloc(sizeof(float) * ROWS * k), *wd = malloc(sizeof(float) * ROWS * k);
@@ -118,7 +118,7 @@ static void check_rows(uint32_t fmt, size_t k, size_t nr)
 	const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
 	const char *name = moek_format_lookup(fmt)->name;
 	cr_assert(rows && dot, "%s: no many-row dot", name);
-	const uint32_t act = moek_isa_act_format(ops, fmt);
+	const uint32_t act = moek_isa_act_format(ops, fmt, false);
 	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
 	float *w = malloc(sizeof(float) * nr * k), *x = malloc(sizeof(float) * k);
 	uint8_t *wq = malloc(rb * nr), *xq = aligned_alloc(64, (ab + 63) / 64 * 64);

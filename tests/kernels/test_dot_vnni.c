@@ -23,7 +23,7 @@ static void check_format(uint32_t fmt, size_t k, bool hostile_scales)
 {
 	enum { ROWS = 6 };
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
-	const uint32_t act = moek_isa_act_format(ops, fmt);
+	const uint32_t act = moek_isa_act_format(ops, fmt, false);
 	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
 	float *w = malloc(sizeof(float) * ROWS * k), *wd = malloc(sizeof(float) * ROWS * k);
 	float *x = malloc(sizeof(float) * k * MOEK_DOT_TOKENS);

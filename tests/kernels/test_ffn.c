@@ -335,7 +335,7 @@ Test(ffn_dot, simd_dot_products_match_reference)
 	float scales[8];
 	cr_assert(wd && xd && wq && xq);
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++) {
-		const uint32_t fmt = fmts[f], act = moek_isa_act_format(&moek_avx2_ops, fmt);
+		const uint32_t fmt = fmts[f], act = moek_isa_act_format(&moek_avx2_ops, fmt, false);
 		const char *name = moek_format_lookup(fmt)->name;
 		float *sc = fmt == MOEK_FP8_E4M3_B128 ? scales : NULL;
 		cr_assert_eq(moek_quantize(fmt, w, ROWS, K, wq, sc), 0);

@@ -1,9 +1,11 @@
-/* test_interleave.c — MXFP4 rows interleaved in groups of 8 (moek_mxfp4_interleave, struct
- * moek_matrix.interleave): the permutation and its inverse, the rows it dequantizes to, the
- * FFN over it against the same expert in GGUF rows (prefill and the scalar path bit for bit,
- * the decode dots within float reassociation), bit-identical results for any split of rows
- * (ranges cutting groups included), the VNNI form against the AVX2 one, slices, scales at the
- * E8M0 edges, and descriptors the kernels must refuse.
+/* test_interleave.c — rows interleaved in groups of 8 (moek_interleave, struct
+ * moek_matrix.interleave) for MXFP4, Q8_0 and Q4_K, and whole experts in their decode layout
+ * (moek_expert_pack): the permutation and its inverse, byte positions the layout promises,
+ * the rows it dequantizes to, the FFN over it against the same expert in GGUF rows (prefill
+ * and the scalar path bit for bit, the decode dots within float reassociation — and, for
+ * Q8_0, the activations' unrounded scale), bit-identical results for any split of rows
+ * (ranges cutting groups included), the VNNI form against the AVX2 one, slices, E8M0 scales
+ * at their edges, and descriptors the kernels must refuse.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -13,19 +15,35 @@
 #include "expert_fixture.h"
 #include "kernels_internal.h"
 
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K};
+#define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
+
+static const char *fname(uint32_t format)
+{
+	return moek_format_lookup(format)->name;
+}
+
+/* Decode against the GGUF-row dots: MXFP4 and Q4_K see the same quantized activations (only
+ * the float sums are reassociated); interleaved Q8_0 takes Q8_0 activations with their scale
+ * unrounded instead of rounded to f16. */
+static double decode_nmse_bound(uint32_t format)
+{
+	return format == MOEK_Q8_0 ? 1e-5 : 1e-11;
+}
+
 static uint32_t lcg(uint32_t *s)
 {
 	*s = *s * 1664525u + 1013904223u;
 	return *s >> 8;
 }
 
-/* An interleaved copy of m (GGUF MXFP4 rows); the buffer is returned in *owner. */
+/* An interleaved copy of m (GGUF rows); the buffer is returned in *owner. */
 static struct moek_matrix interleaved_copy(const struct moek_matrix *m, void **owner)
 {
-	const size_t bytes = moek_row_bytes(MOEK_MXFP4, m->cols) * m->rows;
+	const size_t bytes = moek_row_bytes(m->format, m->cols) * m->rows;
 	void *buf = malloc(bytes);
 	cr_assert(buf);
-	cr_assert_eq(moek_mxfp4_interleave(m->data, m->row_stride, m->rows, m->cols, buf), 0);
+	cr_assert_eq(moek_interleave(m->format, m->data, m->row_stride, m->rows, m->cols, buf), 0);
 	*owner = buf;
 	struct moek_matrix x = *m;
 	x.data = buf;
@@ -40,10 +58,10 @@ struct twin {
 	void *owner[3];
 };
 
-static void twin_init(struct twin *t, size_t hidden, size_t ffn, enum moek_activation act, int bias,
-                      uint32_t seed)
+static void twin_init(struct twin *t, uint32_t format, size_t hidden, size_t ffn,
+                      enum moek_activation act, int bias, uint32_t seed)
 {
-	fixture_init(&t->f, MOEK_MXFP4, 0, hidden, ffn, act, bias, seed);
+	fixture_init(&t->f, format, 0, hidden, ffn, act, bias, seed);
 	t->x8 = t->f.expert;
 	t->x8.gate = interleaved_copy(&t->f.expert.gate, &t->owner[0]);
 	t->x8.up = interleaved_copy(&t->f.expert.up, &t->owner[1]);
@@ -95,120 +113,189 @@ static float *run_split(const struct moek_expert *e, const float *x, size_t n, c
 	return out;
 }
 
-Test(interleave, round_trip_and_shape_checks)
+/* Random bytes for `rows` GGUF rows of `format`, with every f16 scale field made finite (the
+ * FFN tests don't need them; the permutation tests only compare bytes). */
+static uint8_t *random_rows(size_t bytes, uint32_t seed)
 {
-	const size_t rows = 24, cols = 96, rb = moek_row_bytes(MOEK_MXFP4, cols);
-	uint8_t *src = malloc(rows * rb), *x8 = malloc(rows * rb), *back = malloc(rows * rb);
-	cr_assert(src && x8 && back);
-	uint32_t s = 7;
-	for (size_t i = 0; i < rows * rb; i++)
-		src[i] = (uint8_t)lcg(&s);
-	cr_assert_eq(moek_mxfp4_interleave(src, 0, rows, cols, x8), 0);
-	cr_assert_neq(memcmp(src, x8, rows * rb), 0, "interleaving changed nothing");
-	cr_assert_eq(moek_mxfp4_deinterleave(x8, rows, cols, back), 0);
-	cr_assert_eq(memcmp(src, back, rows * rb), 0, "deinterleave is not the inverse");
-	/* row 11's block 2 as the layout says: group 1, lane 3, column 2 */
-	const uint8_t *col = x8 + 1 * 8 * rb + 2 * 136;
-	for (int v = 0; v < 4; v++)
-		cr_assert_eq(memcmp(col + 32 * v + 4 * 3, src + 11 * rb + 2 * 17 + 1 + 4 * v, 4),
-		             0);
-	cr_assert_eq(col[128 + 3], src[11 * rb + 2 * 17]);
-	/* a strided source (rows of a wider matrix) */
-	uint8_t *wide = calloc(rows, rb + 40);
-	cr_assert(wide);
-	for (size_t r = 0; r < rows; r++)
-		memcpy(wide + r * (rb + 40), src + r * rb, rb);
-	memset(back, 0, rows * rb);
-	cr_assert_eq(moek_mxfp4_interleave(wide, rb + 40, rows, cols, back), 0);
-	cr_assert_eq(memcmp(x8, back, rows * rb), 0);
-	cr_assert_eq(moek_mxfp4_interleave(src, 0, 12, cols, x8), -1, "12 rows accepted");
-	cr_assert_eq(moek_mxfp4_interleave(src, 0, rows, 48, x8), -1, "48 columns accepted");
-	cr_assert_eq(moek_mxfp4_deinterleave(x8, 4, cols, back), -1);
-	free(src), free(x8), free(back), free(wide);
+	uint8_t *p = malloc(bytes);
+	cr_assert(p);
+	for (size_t i = 0; i < bytes; i++)
+		p[i] = (uint8_t)lcg(&seed);
+	return p;
+}
+
+/* Where the layout (moe_kernels.h) puts byte `at` of block b of row r, within the group. */
+static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, size_t at)
+{
+	const struct moek_format_info *f = moek_format_lookup(format);
+	const size_t column = b * 8 * f->block_bytes;
+	switch (format) {
+	case MOEK_MXFP4: /* 4 vectors of qs, 8 E8M0 */
+		return column + (at == 0 ? 128 + r : 32 * ((at - 1) / 4) + 4 * r + (at - 1) % 4);
+	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
+		return column +
+		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
+	default: /* Q4_K: 8 d, 8 dmin, 3 vectors of scales, 32 vectors of qs */
+		(void)cols;
+		if (at < 4)
+			return column + 16 * (at / 2) + 2 * r + at % 2;
+		return column + 32 + 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4;
+	}
+}
+
+Test(interleave, round_trip_and_layout)
+{
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		const size_t rows = 24, cols = format == MOEK_Q4_K ? 768 : 96;
+		const size_t rb = moek_row_bytes(format, cols),
+		             bb = moek_format_lookup(format)->block_bytes;
+		uint8_t *src = random_rows(rows * rb, 7), *x8 = malloc(rows * rb),
+		        *back = malloc(rows * rb);
+		cr_assert(x8 && back);
+		cr_assert_eq(moek_interleave(format, src, 0, rows, cols, x8), 0);
+		cr_assert_neq(memcmp(src, x8, rows * rb), 0, "%s: interleaving changed nothing",
+		              fname(format));
+		cr_assert_eq(moek_deinterleave(format, x8, rows, cols, back), 0);
+		cr_assert_eq(memcmp(src, back, rows * rb), 0, "%s: deinterleave is not the inverse",
+		             fname(format));
+		/* every byte of row 11's block 2 where the layout says: group 1, lane 3 */
+		const uint8_t *group = x8 + 8 * rb;
+		for (size_t at = 0; at < bb; at++)
+			cr_assert_eq(group[layout_offset(format, cols, 3, 2, at)],
+			             src[11 * rb + 2 * bb + at],
+			             "%s: byte %zu of the block misplaced", fname(format), at);
+		/* a strided source (rows of a wider matrix) */
+		uint8_t *wide = calloc(rows, rb + 40);
+		cr_assert(wide);
+		for (size_t r = 0; r < rows; r++)
+			memcpy(wide + r * (rb + 40), src + r * rb, rb);
+		cr_assert_eq(moek_interleave(format, wide, rb + 40, rows, cols, back), 0);
+		cr_assert_eq(memcmp(x8, back, rows * rb), 0);
+		cr_assert_eq(moek_interleave(format, src, 0, 12, cols, x8), -1, "12 rows accepted");
+		cr_assert_eq(moek_interleave(format, src, 0, rows, cols + 16, x8), -1,
+		             "a partial block accepted");
+		cr_assert_eq(moek_deinterleave(format, x8, 4, cols, back), -1);
+		free(src), free(x8), free(back), free(wide);
+	}
+	cr_assert(!moek_interleave_supported(MOEK_Q4_0) && !moek_interleave_supported(MOEK_BF16));
+	uint8_t buf[8 * 18];
+	cr_assert_eq(moek_interleave(MOEK_Q4_0, buf, 0, 8, 32, buf + 1), -1, "Q4_0 has no layout");
 }
 
 Test(interleave, rows_dequantize_to_the_gguf_rows)
 {
-	const size_t rows = 16, cols = 128, rb = moek_row_bytes(MOEK_MXFP4, cols);
-	uint8_t *src = malloc(rows * rb), *x8 = malloc(rows * rb);
-	float *want = malloc(rows * cols * sizeof(float)), got[128];
-	uint8_t blocks[4 * 17];
-	cr_assert(src && x8 && want);
-	uint32_t s = 11;
-	for (size_t i = 0; i < rows * rb; i++)
-		src[i] = (uint8_t)lcg(&s);
-	/* the E8M0 edges: 0 (2^-127, subnormal), 1, 254, 255 (NaN) */
-	src[0 * rb] = 0, src[1 * rb + 17] = 1, src[2 * rb + 34] = 254, src[3 * rb] = 255;
-	cr_assert_eq(moek_mxfp4_interleave(src, 0, rows, cols, x8), 0);
-	cr_assert_eq(moek_dequantize(MOEK_MXFP4, src, NULL, rows, cols, want), 0);
-	for (size_t r = 0; r < rows; r++) {
-		moek_mxfp4_x8_gather(x8 + r / 8 * 8 * rb, r % 8, 0, 4, blocks);
-		cr_assert_eq(memcmp(blocks, src + r * rb, rb), 0, "row %zu's blocks differ", r);
-		cr_assert_eq(moek_dequantize(MOEK_MXFP4, blocks, NULL, 1, cols, got), 0);
-		cr_assert_eq(memcmp(got, want + r * cols, sizeof(got)), 0, "row %zu differs", r);
-		moek_mxfp4_x8_gather(x8 + r / 8 * 8 * rb, r % 8, 2, 2, blocks);
-		cr_assert_eq(memcmp(blocks, src + r * rb + 34, 34), 0,
-		             "row %zu from block 2 differs", r);
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct fixture f; /* real blocks (finite scales) */
+		fixture_init(&f, format, 0, 512, 256, MOEK_SWIGLU, 0, 11);
+		const struct moek_matrix *m = &f.expert.gate; /* the first 16 of its rows of 512 */
+		const size_t rows = 16, cols = m->cols, rb = moek_row_bytes(format, cols);
+		const size_t be = moek_format_lookup(format)->block_elems,
+		             bb = moek_format_lookup(format)->block_bytes, nb = cols / be;
+		uint8_t *src = malloc(rows * rb), *x8 = malloc(rows * rb), *blocks = malloc(rb);
+		float *want = malloc(rows * cols * sizeof(float)),
+		      *got = malloc(cols * sizeof(float));
+		cr_assert(src && x8 && blocks && want && got);
+		memcpy(src, m->data, rows * rb);
+		if (format == MOEK_MXFP4) /* E8M0 edges: 0 (2^-127), 1, 254, 255 (NaN) */
+			src[0 * rb] = 0, src[1 * rb + 17] = 1, src[2 * rb + 34] = 254,
+			        src[3 * rb] = 255;
+		cr_assert_eq(moek_interleave(format, src, 0, rows, cols, x8), 0);
+		cr_assert_eq(moek_dequantize(format, src, NULL, rows, cols, want), 0);
+		for (size_t r = 0; r < rows; r++) {
+			moek_x8_gather(format, x8 + r / 8 * 8 * rb, r % 8, 0, nb, blocks);
+			cr_assert_eq(memcmp(blocks, src + r * rb, rb), 0,
+			             "%s: row %zu's blocks differ", fname(format), r);
+			cr_assert_eq(moek_dequantize(format, blocks, NULL, 1, cols, got), 0);
+			cr_assert_eq(memcmp(got, want + r * cols, cols * sizeof(float)), 0,
+			             "%s: row %zu differs", fname(format), r);
+			moek_x8_gather(format, x8 + r / 8 * 8 * rb, r % 8, 1, nb - 1, blocks);
+			cr_assert_eq(memcmp(blocks, src + r * rb + bb, rb - bb), 0,
+			             "%s: row %zu from block 1 differs", fname(format), r);
+		}
+		free(src), free(x8), free(blocks), free(want), free(got);
+		fixture_free(&f);
 	}
-	free(src), free(x8), free(want);
 }
 
 /* Decode (1, 3, 8, 13 tokens) within float reassociation of the GGUF-row dots; prefill (the
- * same dequantized tiles) and the scalar path (the same dequantized rows) bit for bit. */
+ * same dequantized tiles) and the scalar path (the same dequantized rows) bit for bit; and
+ * both as close to the float originals as the format allows (test_ffn's bounds). */
 Test(interleave, ffn_equals_the_gguf_rows)
 {
-	struct twin t;
-	twin_init(&t, 256, 192, MOEK_SWIGLU_OAI, 1, 5);
-	const size_t counts[] = {1, 3, 8, 13, 40};
-	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
-		const size_t n = counts[i];
-		float *x = fixture_tokens(n, t.f.hidden, 100 + (uint32_t)n);
-		float *w = malloc(n * sizeof(float));
-		cr_assert(w);
-		for (size_t k = 0; k < n; k++)
-			w[k] = 0.25f + 0.5f * (float)k / (float)n;
-		float *ref = fixture_run(&t.f, x, n, w);
-		struct fixture fx = t.f;
-		fx.expert = t.x8;
-		float *got = fixture_run(&fx, x, n, w);
-		const size_t m = n * t.f.hidden;
-		if (n >= MOEK_PREFILL_MIN_TOKENS) {
-			cr_assert_eq(memcmp(got, ref, m * sizeof(float)), 0,
-			             "prefill, %zu tokens: bits differ from the GGUF rows", n);
-		} else {
-			const double e = nmse_f(got, ref, m);
-			cr_assert_lt(e, 1e-11, "decode, %zu tokens: nmse %g against the GGUF rows",
-			             n, e);
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct twin t;
+		twin_init(&t, format, 256, 256, MOEK_SWIGLU_OAI, 1, 5);
+		const size_t counts[] = {1, 3, 8, 13, 40};
+		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+			const size_t n = counts[i];
+			float *x = fixture_tokens(n, t.f.hidden, 100 + (uint32_t)n);
+			float *w = malloc(n * sizeof(float));
+			double *orig = calloc(n * t.f.hidden, sizeof(double));
+			cr_assert(w && orig);
+			for (size_t k = 0; k < n; k++)
+				w[k] = 0.25f + 0.5f * (float)k / (float)n;
+			float *ref = fixture_run(&t.f, x, n, w);
+			struct fixture fx = t.f;
+			fx.expert = t.x8;
+			float *got = fixture_run(&fx, x, n, w);
+			const size_t m = n * t.f.hidden;
+			if (n >= MOEK_PREFILL_MIN_TOKENS) {
+				cr_assert_eq(
+				    memcmp(got, ref, m * sizeof(float)), 0,
+				    "%s prefill, %zu tokens: bits differ from the GGUF rows",
+				    fname(format), n);
+			} else {
+				const double e = nmse_f(got, ref, m);
+				cr_assert_lt(e, decode_nmse_bound(format),
+				             "%s decode, %zu tokens: nmse %g against the GGUF rows",
+				             fname(format), n, e);
+			}
+			fixture_oracle(&t.f, 1, x, n, w, orig);
+			const double rel = mean_rel_abs(got, orig, m);
+			cr_assert_lt(rel,
+			             format == MOEK_Q8_0   ? 0.03
+			             : format == MOEK_Q4_K ? 0.15
+			                                   : 0.3,
+			             "%s, %zu tokens: %g from the float originals", fname(format),
+			             n, rel);
+			cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
+			float *sref = fixture_run(&t.f, x, n, w), *sgot = fixture_run(&fx, x, n, w);
+			cr_assert_eq(memcmp(sgot, sref, m * sizeof(float)), 0,
+			             "%s scalar path, %zu tokens: bits differ", fname(format), n);
+			cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+			free(x), free(w), free(orig), free(ref), free(got), free(sref), free(sgot);
 		}
-		cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
-		float *sref = fixture_run(&t.f, x, n, w), *sgot = fixture_run(&fx, x, n, w);
-		cr_assert_eq(memcmp(sgot, sref, m * sizeof(float)), 0,
-		             "scalar path, %zu tokens: bits differ", n);
-		cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
-		free(x), free(w), free(ref), free(got), free(sref), free(sgot);
+		twin_free(&t);
 	}
-	twin_free(&t);
 }
 
 /* Any split of the hidden and down rows, cuts inside groups included, gives the same bits. */
 Test(interleave, splits_cutting_groups_give_the_same_bits)
 {
-	struct twin t;
-	twin_init(&t, 320, 256, MOEK_SWIGLU, 0, 9);
-	const size_t counts[] = {1, 5, 8};
-	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
-		const size_t n = counts[i];
-		float *x = fixture_tokens(n, t.f.hidden, 7);
-		float *whole = run_split(&t.x8, x, n, NULL, 1, t.f.ffn, NULL, 0);
-		const size_t cuts_a[] = {3, 8, 13, 101, 319}, cuts_b[] = {160};
-		float *a = run_split(&t.x8, x, n, NULL, 3, 16, cuts_a, 5);
-		float *b = run_split(&t.x8, x, n, NULL, 2, 48, cuts_b, 1);
-		const size_t bytes = n * t.f.hidden * sizeof(float);
-		cr_assert_eq(memcmp(a, whole, bytes), 0, "%zu tokens: split A differs", n);
-		cr_assert_eq(memcmp(b, whole, bytes), 0, "%zu tokens: split B differs", n);
-		free(x), free(whole), free(a), free(b);
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct twin t;
+		twin_init(&t, format, format == MOEK_Q4_K ? 512 : 320, 256, MOEK_SWIGLU, 0, 9);
+		const size_t counts[] = {1, 5, 8};
+		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+			const size_t n = counts[i];
+			float *x = fixture_tokens(n, t.f.hidden, 7);
+			float *whole = run_split(&t.x8, x, n, NULL, 1, t.f.ffn, NULL, 0);
+			const size_t cuts_a[] = {3, 8, 13, 101, 319}, cuts_b[] = {160};
+			float *a = run_split(&t.x8, x, n, NULL, 3, 16, cuts_a, 5);
+			float *b = run_split(&t.x8, x, n, NULL, 2, 48, cuts_b, 1);
+			const size_t bytes = n * t.f.hidden * sizeof(float);
+			cr_assert_eq(memcmp(a, whole, bytes), 0, "%s, %zu tokens: split A differs",
+			             fname(format), n);
+			cr_assert_eq(memcmp(b, whole, bytes), 0, "%s, %zu tokens: split B differs",
+			             fname(format), n);
+			free(x), free(whole), free(a), free(b);
+		}
+		twin_free(&t);
 	}
-	twin_free(&t);
 }
 
 Test(interleave, vnni_form_gives_the_avx2_bits)
@@ -217,29 +304,82 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 		cr_log_info("no AVX512-VNNI here: the plain AVX2 form is the only one");
 		return;
 	}
-	struct twin t;
-	twin_init(&t, 256, 128, MOEK_SWIGLU, 0, 21);
-	for (size_t n = 1; n <= 8; n += 3) {
-		float *x = fixture_tokens(n, t.f.hidden, 3);
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct twin t;
+		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 21);
+		for (size_t n = 1; n <= 8; n++) {
+			float *x = fixture_tokens(n, t.f.hidden, 3);
+			struct fixture fx = t.f;
+			fx.expert = t.x8;
+			cr_assert(moek_avx2_set_vnni(true));
+			float *v = fixture_run(&fx, x, n, NULL);
+			cr_assert(moek_avx2_set_vnni(false));
+			float *p = fixture_run(&fx, x, n, NULL);
+			cr_assert(moek_avx2_set_vnni(true));
+			cr_assert_eq(memcmp(v, p, n * t.f.hidden * sizeof(float)), 0,
+			             "%s, %zu tokens: VNNI and AVX2 forms differ", fname(format),
+			             n);
+			free(x), free(v), free(p);
+		}
+		twin_free(&t);
+	}
+}
+
+/* Extreme weights: Q8_0's -128 (|w| = 128 in the sign form, 0 after the 0x80 flip) and
+ * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, against
+ * activations at +-127 — the corners of the integer sums. Both forms give the same bits
+ * (maddubs would saturate silently), within reassociation of the GGUF-row dot. */
+Test(interleave, integer_corners)
+{
+	for (size_t fi = 1; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct twin t;
+		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 31);
+		uint8_t *g = (uint8_t *)t.f.gate.data;
+		const size_t rb = moek_row_bytes(format, 256);
+		for (size_t r = 0; r < 8; r++) { /* rows 0-7 of gate: every weight at a corner */
+			uint8_t *row = g + r * rb;
+			if (format == MOEK_Q8_0) {
+				for (size_t b = 0; b < 8; b++)
+					memset(row + b * 34 + 2, r % 2 ? 0x80 : 0x7f, 32);
+			} else {
+				memset(row + 4, 0xff, 12); /* scales and mins 63 */
+				memset(row + 16, r % 2 ? 0xff : 0x00, 128);
+			}
+		}
+		free(t.owner[0]);
+		t.x8.gate = interleaved_copy(&t.f.expert.gate, &t.owner[0]);
+		float *x = fixture_tokens(1, t.f.hidden, 5);
+		for (size_t k = 0; k < t.f.hidden; k++)
+			x[k] = k % 3 ? 1.0f : -1.0f; /* quantizes to +-127 */
 		struct fixture fx = t.f;
 		fx.expert = t.x8;
-		cr_assert(moek_avx2_set_vnni(true));
-		float *v = fixture_run(&fx, x, n, NULL);
-		cr_assert(moek_avx2_set_vnni(false));
-		float *p = fixture_run(&fx, x, n, NULL);
-		cr_assert(moek_avx2_set_vnni(true));
-		cr_assert_eq(memcmp(v, p, n * t.f.hidden * sizeof(float)), 0,
-		             "%zu tokens: VNNI and AVX2 forms differ", n);
-		free(x), free(v), free(p);
+		float *rows = fixture_run(&t.f, x, 1, NULL);
+		float *got[2] = {NULL, NULL};
+		for (int vnni = 0; vnni < 2; vnni++) {
+			if (!moek_avx2_set_vnni(vnni))
+				break;
+			got[vnni] = fixture_run(&fx, x, 1, NULL);
+			const double e = nmse_f(got[vnni], rows, t.f.hidden);
+			cr_assert_lt(e, decode_nmse_bound(format),
+			             "%s %s: nmse %g against GGUF rows", fname(format),
+			             vnni ? "VNNI" : "AVX2", e);
+		}
+		if (got[1])
+			cr_assert_eq(memcmp(got[0], got[1], t.f.hidden * sizeof(float)), 0,
+			             "%s: the forms differ at the corners", fname(format));
+		moek_avx2_set_vnni(true);
+		free(x), free(rows), free(got[0]), free(got[1]);
+		twin_free(&t);
 	}
-	twin_free(&t);
 }
 
 /* NaN and subnormal scales flow through the interleaved dots as through the GGUF ones. */
 Test(interleave, e8m0_edges_in_the_decode_dot)
 {
 	struct twin t;
-	twin_init(&t, 128, 64, MOEK_SWIGLU, 0, 13);
+	twin_init(&t, MOEK_MXFP4, 128, 64, MOEK_SWIGLU, 0, 13);
 	uint8_t *down = (uint8_t *)t.owner[2];
 	/* row 5 of down: block 1's scale NaN; row 6: every block at the smallest scale */
 	down[1 * 136 + 128 + 5] = 255;
@@ -263,35 +403,119 @@ Test(interleave, e8m0_edges_in_the_decode_dot)
  * slice of the GGUF rows does (scalar path: bit for bit). */
 Test(interleave, slices_of_an_interleaved_expert)
 {
-	struct twin t;
-	twin_init(&t, 192, 256, MOEK_SWIGLU, 0, 17);
-	const size_t at = 128;
-	cr_assert_eq(at % moek_expert_split_align(&t.x8), 0);
-	float *x = fixture_tokens(2, t.f.hidden, 2);
-	cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
-	for (int part = 0; part < 2; part++) {
-		struct moek_expert sg, sx;
-		char err[256];
-		const size_t b = part ? at : 0, e = part ? t.f.ffn : at;
-		cr_assert_eq(moek_expert_slice(&t.f.expert, b, e, &sg, err, sizeof(err)), 0, "%s",
-		             err);
-		cr_assert_eq(moek_expert_slice(&t.x8, b, e, &sx, err, sizeof(err)), 0, "%s", err);
-		struct fixture fg = t.f, fx = t.f;
-		fg.expert = sg, fx.expert = sx;
-		float *want = fixture_run(&fg, x, 2, NULL), *got = fixture_run(&fx, x, 2, NULL);
-		cr_assert_eq(memcmp(got, want, 2 * t.f.hidden * sizeof(float)), 0,
-		             "slice [%zu, %zu) differs", b, e);
-		free(want), free(got);
+	for (size_t fi = 0; fi < N_X8; fi++) {
+		const uint32_t format = x8_formats[fi];
+		struct twin t;
+		twin_init(&t, format, 256, 512, MOEK_SWIGLU, 0, 17);
+		const size_t at = 256;
+		cr_assert_eq(at % moek_expert_split_align(&t.x8), 0);
+		float *x = fixture_tokens(2, t.f.hidden, 2);
+		cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
+		for (int part = 0; part < 2; part++) {
+			struct moek_expert sg, sx;
+			char err[256];
+			const size_t b = part ? at : 0, e = part ? t.f.ffn : at;
+			cr_assert_eq(moek_expert_slice(&t.f.expert, b, e, &sg, err, sizeof(err)), 0,
+			             "%s", err);
+			cr_assert_eq(moek_expert_slice(&t.x8, b, e, &sx, err, sizeof(err)), 0, "%s",
+			             err);
+			struct fixture fg = t.f, fx = t.f;
+			fg.expert = sg, fx.expert = sx;
+			float *want = fixture_run(&fg, x, 2, NULL),
+			      *got = fixture_run(&fx, x, 2, NULL);
+			cr_assert_eq(memcmp(got, want, 2 * t.f.hidden * sizeof(float)), 0,
+			             "%s: slice [%zu, %zu) differs", fname(format), b, e);
+			free(want), free(got);
+		}
+		cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+		free(x);
+		twin_free(&t);
 	}
-	cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
-	free(x);
-	twin_free(&t);
+}
+
+/* moek_expert_pack: gate and up alternate in one buffer (a row, or a group of 8 of each),
+ * down follows; the packed expert computes the bits of the separate one with the same
+ * interleaving, at every token count and on the scalar path. */
+Test(interleave, packed_experts)
+{
+	const uint32_t formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_Q6_K};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		const uint32_t format = formats[fi];
+		struct twin t;
+		if (moek_interleave_supported(format)) {
+			twin_init(&t, format, 256, 256, MOEK_SWIGLU_OAI, 1, 41);
+		} else {
+			memset(&t, 0, sizeof(t));
+			fixture_init(&t.f, format, 0, 256, 256, MOEK_SWIGLU_OAI, 1, 41);
+			t.x8 = t.f.expert;
+		}
+		const size_t rb = moek_row_bytes(format, 256),
+		             bytes = moek_expert_packed_bytes(&t.f.expert);
+		cr_assert_eq(bytes, 3 * 256 * rb);
+		uint8_t *buf = malloc(bytes);
+		cr_assert(buf);
+		for (int x8 = 0; x8 < 2; x8++) {
+			struct moek_expert pk;
+			char err[256];
+			cr_assert_eq(
+			    moek_expert_pack(&t.f.expert, x8, buf, bytes, &pk, err, sizeof(err)), 0,
+			    "%s: %s", fname(format), err);
+			const bool grouped = x8 && moek_interleave_supported(format);
+			const size_t unit = grouped ? 8 : 1;
+			cr_assert_eq(pk.gate.data, buf);
+			cr_assert_eq((const uint8_t *)pk.up.data - buf, (ptrdiff_t)(unit * rb));
+			cr_assert_eq(pk.gate.row_stride, 2 * rb);
+			cr_assert_eq((const uint8_t *)pk.down.data - buf,
+			             (ptrdiff_t)(2 * 256 * rb));
+			cr_assert_eq(pk.gate.interleave, grouped ? MOEK_INTERLEAVE : 0u);
+			/* up's row 9 sits right after gate's rows of its unit */
+			const uint8_t *up9 = (const uint8_t *)t.f.up.data + 9 * rb;
+			if (!grouped)
+				cr_assert_eq(memcmp(buf + (2 * 9 + 1) * rb, up9, rb), 0);
+			const struct moek_expert *same = grouped ? &t.x8 : &t.f.expert;
+			for (int scalar = 0; scalar < 2; scalar++) {
+				cr_assert_eq(moek_set_isa(scalar ? MOEK_ISA_SCALAR : MOEK_ISA_AUTO),
+				             0);
+				for (size_t n = 1; n <= 20; n += 19) {
+					float *x = fixture_tokens(n, 256, 9);
+					struct fixture fa = t.f, fb = t.f;
+					fa.expert = *same, fb.expert = pk;
+					float *want = fixture_run(&fa, x, n, NULL),
+					      *got = fixture_run(&fb, x, n, NULL);
+					cr_assert_eq(memcmp(got, want, n * 256 * sizeof(float)), 0,
+					             "%s %s, %zu tokens: the packed expert differs",
+					             fname(format), x8 ? "x8" : "rows", n);
+					free(x), free(want), free(got);
+				}
+			}
+			cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+		}
+		char err[256];
+		struct moek_expert pk;
+		cr_assert_eq(
+		    moek_expert_pack(&t.f.expert, true, buf, bytes - 1, &pk, err, sizeof(err)), -1);
+		cr_assert(strstr(err, "needed"), "%s", err);
+		cr_assert_eq(
+		    moek_expert_pack(&t.f.expert, true, t.f.up.data, bytes, &pk, err, sizeof(err)),
+		    -1, "an overlapping destination was accepted");
+		cr_assert(strstr(err, "overlap"), "%s", err);
+		if (moek_interleave_supported(format)) {
+			cr_assert_eq(
+			    moek_expert_pack(&t.x8, true, buf, bytes, &pk, err, sizeof(err)), -1,
+			    "an interleaved source was accepted");
+			cr_assert(strstr(err, "GGUF rows"), "%s", err);
+			twin_free(&t);
+		} else {
+			fixture_free(&t.f);
+		}
+		free(buf);
+	}
 }
 
 Test(interleave, descriptors_the_kernels_refuse)
 {
 	struct twin t;
-	twin_init(&t, 128, 64, MOEK_SWIGLU, 0, 3);
+	twin_init(&t, MOEK_MXFP4, 128, 64, MOEK_SWIGLU, 0, 3);
 	char err[256];
 	struct moek_expert e = t.x8;
 	e.gate.interleave = e.up.interleave = 4;
@@ -303,12 +527,16 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e.down.row0 = 4; /* a partial matrix must start on a group */
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
 	cr_assert(strstr(err, "interleave") && strstr(err, "down"), "%s", err);
+	e = t.x8;
+	e.up.interleave = 0; /* gate and up share their activations: one layout */
+	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "layout"), "%s", err);
 	struct fixture q;
 	fixture_init(&q, MOEK_Q4_0, 0, 64, 64, MOEK_SWIGLU, 0, 1);
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4"), "%s", err);
+	cr_assert(strstr(err, "MXFP4, Q8_0 or Q4_K") && strstr(err, "Q4_0"), "%s", err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;

@@ -1,0 +1,230 @@
+/* interleave.c — weight rows interleaved in groups of 8 (struct moek_matrix.interleave).
+ *
+ * Owns the byte layout of the interleaved formats and the permutations into and out of it.
+ * A one-token decode dot over GGUF rows spends most of its work per row and per block, not per
+ * weight: it reloads the activation block, converts the block's scale and folds a vector into
+ * one row's sum. With the blocks of 8 rows stored side by side, one SIMD multiply covers
+ * 4 weights of each of the 8 rows against 4 activations broadcast to every lane, the 8 scales
+ * are one load, and the 8 results land in 8 lanes with no horizontal sum (x86_avx2.c).
+ *
+ * The layout is described per format as a list of segments of a block, in the order they are
+ * stored in a column (the 8 rows' blocks of one block index): a "vector" segment of L bytes
+ * becomes L/4 32-byte vectors, vector v holding bytes 4v..4v+3 of the segment of row r at
+ * bytes 4r..4r+3; a "scalar" segment of s bytes becomes 8 consecutive copies, row r's at r·s.
+ * Nothing is added or dropped: an interleaved matrix has exactly the bytes of the GGUF one.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+
+struct x8_segment {
+	uint8_t offset, bytes; /* within the GGUF block */
+	bool vector;
+};
+
+struct x8_layout {
+	uint32_t format;
+	uint8_t n;
+	struct x8_segment seg[4];
+};
+
+static const struct x8_layout layouts[] = {
+    /* 4 vectors of nibble bytes (elements 4v..4v+3 low, 16+4v.. high), then 8 E8M0 bytes */
+    {MOEK_MXFP4, 2, {{1, 16, true}, {0, 1, false}}},
+    /* 8 vectors of int8 weights (elements 4v..4v+3), then 8 f16 scales */
+    {MOEK_Q8_0, 2, {{2, 32, true}, {0, 2, false}}},
+    /* 8 f16 d, 8 f16 dmin, 3 vectors of packed 6-bit scales (bytes 4g..4g+3 of the 12),
+     * 32 vectors of nibble bytes (chunk c = vectors 8c..8c+7: sub-block 2c low, 2c+1 high) */
+    {MOEK_Q4_K, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}},
+};
+
+static const struct x8_layout *layout_of(uint32_t format)
+{
+	for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
+		if (layouts[i].format == format)
+			return &layouts[i];
+	return NULL;
+}
+
+bool moek_interleave_supported(uint32_t format)
+{
+	return layout_of(format) != NULL;
+}
+
+/* Copies one block between row r of a GGUF block and its place in an interleaved column, in
+ * the direction `to_column` says. */
+static void move_block(const struct x8_layout *l, uint8_t *column, size_t r, uint8_t *block,
+                       bool to_column)
+{
+	size_t at = 0; /* the segment's start in the column */
+	for (size_t i = 0; i < l->n; i++) {
+		const struct x8_segment *s = &l->seg[i];
+		if (s->vector) {
+			for (size_t v = 0; v < s->bytes / 4u; v++) {
+				uint8_t *c = column + at + 32 * v + 4 * r,
+				        *b = block + s->offset + 4 * v;
+				memcpy(to_column ? c : b, to_column ? b : c, 4);
+			}
+		} else {
+			uint8_t *c = column + at + r * s->bytes, *b = block + s->offset;
+			memcpy(to_column ? c : b, to_column ? b : c, s->bytes);
+		}
+		at += (size_t)MOEK_INTERLEAVE * s->bytes;
+	}
+}
+
+/* Rows of a whole number of groups: checks the shape, gives the layout and block sizes. */
+static const struct x8_layout *shape(uint32_t format, size_t rows, size_t cols, size_t *nb,
+                                     size_t *bb)
+{
+	const struct x8_layout *l = layout_of(format);
+	const struct moek_format_info *f = moek_format_lookup(format);
+	if (!l || !f || !rows || !cols || rows % MOEK_INTERLEAVE || cols % f->block_elems)
+		return NULL;
+	*nb = cols / f->block_elems;
+	*bb = f->block_bytes;
+	return l;
+}
+
+int moek_interleave(uint32_t format, const void *src, size_t row_stride, size_t rows, size_t cols,
+                    void *dst)
+{
+	size_t nb, bb;
+	const struct x8_layout *l = shape(format, rows, cols, &nb, &bb);
+	if (!l)
+		return -1;
+	const size_t rb = nb * bb, stride = row_stride ? row_stride : rb;
+	for (size_t g = 0; g < rows / MOEK_INTERLEAVE; g++) {
+		const uint8_t *in = (const uint8_t *)src + g * MOEK_INTERLEAVE * stride;
+		uint8_t *column = (uint8_t *)dst + g * MOEK_INTERLEAVE * rb;
+		for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
+			for (size_t r = 0; r < MOEK_INTERLEAVE; r++)
+				move_block(l, column, r, (uint8_t *)(in + r * stride + b * bb),
+				           true);
+	}
+	return 0;
+}
+
+int moek_deinterleave(uint32_t format, const void *src, size_t rows, size_t cols, void *dst)
+{
+	size_t nb, bb;
+	const struct x8_layout *l = shape(format, rows, cols, &nb, &bb);
+	if (!l)
+		return -1;
+	const size_t rb = nb * bb;
+	for (size_t g = 0; g < rows / MOEK_INTERLEAVE; g++) {
+		uint8_t *column = (uint8_t *)src + g * MOEK_INTERLEAVE * rb;
+		uint8_t *out = (uint8_t *)dst + g * MOEK_INTERLEAVE * rb;
+		for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
+			for (size_t r = 0; r < MOEK_INTERLEAVE; r++)
+				move_block(l, column, r, out + r * rb + b * bb, false);
+	}
+	return 0;
+}
+
+void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, size_t nb,
+                    void *blocks)
+{
+	const struct x8_layout *l = layout_of(format);
+	const size_t bb = moek_format_lookup(format)->block_bytes;
+	uint8_t *column = (uint8_t *)group + b0 * MOEK_INTERLEAVE * bb;
+	for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
+		move_block(l, column, lane, (uint8_t *)blocks + b * bb, false);
+}
+
+/* ---- A whole expert in its decode layout ---------------------------------------------------- */
+
+static size_t matrix_bytes(const struct moek_matrix *m)
+{
+	return moek_row_bytes(m->format, m->cols) * m->rows;
+}
+
+size_t moek_expert_packed_bytes(const struct moek_expert *src)
+{
+	return 2 * matrix_bytes(&src->gate) + matrix_bytes(&src->down);
+}
+
+static bool overlaps(const void *a, size_t na, const void *b, size_t nb)
+{
+	const uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+	return x < y + nb && y < x + na;
+}
+
+static size_t src_stride(const struct moek_matrix *m)
+{
+	return m->row_stride ? m->row_stride : moek_row_bytes(m->format, m->cols);
+}
+
+/* Rows [r0, r0 + n) of m to dst, packed (interleaved when x8: n is then 8). */
+static void copy_rows(const struct moek_matrix *m, size_t r0, size_t n, bool x8, uint8_t *dst)
+{
+	const size_t rb = moek_row_bytes(m->format, m->cols), stride = src_stride(m);
+	const uint8_t *src = (const uint8_t *)m->data + r0 * stride;
+	if (x8) {
+		(void)moek_interleave(m->format, src, stride, n, m->cols, dst); /* shape checked */
+		return;
+	}
+	for (size_t r = 0; r < n; r++)
+		memcpy(dst + r * rb, src + r * stride, rb);
+}
+
+static bool use_x8(const struct moek_matrix *m, bool interleave)
+{
+	return interleave && moek_interleave_supported(m->format) && m->rows % MOEK_INTERLEAVE == 0;
+}
+
+int moek_expert_pack(const struct moek_expert *src, bool interleave, void *dst, size_t dst_bytes,
+                     struct moek_expert *packed, char *err, size_t len)
+{
+	if (moek_expert_check(src, err, len))
+		return -1;
+	const struct moek_matrix *mats[3] = {&src->gate, &src->up, &src->down};
+	for (int i = 0; i < 3; i++) {
+		const struct moek_matrix *m = mats[i];
+		if (m->row0 || m->interleave) {
+			if (err && len)
+				snprintf(err, len,
+				         "expert pack: the source must be whole matrices in "
+				         "GGUF rows (first row %u, interleave %u)",
+				         m->row0, m->interleave);
+			return -1;
+		}
+		if (overlaps(m->data, (m->rows - 1) * src_stride(m) + matrix_bytes(m) / m->rows,
+		             dst, dst_bytes)) {
+			if (err && len)
+				snprintf(err, len, "expert pack: destination overlaps the source");
+			return -1;
+		}
+	}
+	const size_t need = moek_expert_packed_bytes(src);
+	if (!dst || dst_bytes < need) {
+		if (err && len)
+			snprintf(err, len, "expert pack: %zu bytes of destination, %zu needed",
+			         dst ? dst_bytes : 0, need);
+		return -1;
+	}
+	const bool x8_gu = use_x8(&src->gate, interleave), x8_d = use_x8(&src->down, interleave);
+	const size_t rb = moek_row_bytes(src->gate.format, src->gate.cols);
+	const size_t unit = x8_gu ? MOEK_INTERLEAVE : 1, ffn = src->gate.rows;
+	uint8_t *out = dst;
+	for (size_t r = 0; r < ffn; r += unit, out += 2 * unit * rb) {
+		copy_rows(&src->gate, r, unit, x8_gu, out);
+		copy_rows(&src->up, r, unit, x8_gu, out + unit * rb);
+	}
+	if (x8_d)
+		(void)moek_interleave(src->down.format, src->down.data, src_stride(&src->down),
+		                      src->down.rows, src->down.cols, out);
+	else
+		copy_rows(&src->down, 0, src->down.rows, false, out);
+	*packed = *src;
+	packed->gate.data = dst;
+	packed->up.data = (const uint8_t *)dst + unit * rb;
+	packed->gate.row_stride = packed->up.row_stride = 2 * rb;
+	packed->gate.interleave = packed->up.interleave = x8_gu ? MOEK_INTERLEAVE : 0;
+	packed->down.data = out;
+	packed->down.row_stride = 0;
+	packed->down.interleave = x8_d ? MOEK_INTERLEAVE : 0;
+	return 0;
+}
