@@ -623,7 +623,10 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8 * 17) {
-		__m256i sum[8], sum1 = _mm256_setzero_si256(); /* sum1: a second chain, one token */
+		/* one token: four chains (low/high nibbles, even/odd vector), the multiply's
+		 * latency would bound a single one; more tokens are chains of their own */
+		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+		                            _mm256_setzero_si256()};
 		for (int t = 0; t < NT; t++)
 			sum[t] = _mm256_set1_epi32(-16 * x8_q8_0s(act, as, t, b)->sum);
 		for (int v = 0; v < 4; v++) {
@@ -633,15 +636,15 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 			    values16, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
 			for (int t = 0; t < NT; t++) {
 				const int8_t *y = x8_q8_0s(act, as, t, b)->qs;
-				sum[t] = x8_dot4(vnni, sum[t], lo, y + 4 * v);
-				if (NT == 1)
-					sum1 = x8_dot4(vnni, sum1, hi, y + 16 + 4 * v);
-				else
-					sum[t] = x8_dot4(vnni, sum[t], hi, y + 16 + 4 * v);
+				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
+				__m256i *s_hi = NT == 1 ? &chain[1 + v % 2] : &sum[t];
+				*s_lo = x8_dot4(vnni, *s_lo, lo, y + 4 * v);
+				*s_hi = x8_dot4(vnni, *s_hi, hi, y + 16 + 4 * v);
 			}
 		}
 		if (NT == 1)
-			sum[0] = _mm256_add_epi32(sum[0], sum1);
+			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
+			                          _mm256_add_epi32(chain[1], chain[2]));
 		const __m256 sc = x8_e8m0_scales(col + 128);
 		for (int t = 0; t < NT; t++) {
 			const __m256 f =
@@ -664,7 +667,9 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t b = 0; b < k / QK8_0; b++, col += X8 * 34) {
-		__m256i sum[8], sum1 = _mm256_setzero_si256(); /* sum1: a second chain, one token */
+		/* one token: four chains (vector v % 4), as in x8_mxfp4_body */
+		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+		                            _mm256_setzero_si256()};
 		for (int t = 0; t < NT; t++)
 			sum[t] = vnni ? _mm256_set1_epi32(-128 * x8_q8_0s(act, as, t, b)->sum)
 			              : _mm256_setzero_si256();
@@ -673,7 +678,7 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 			const __m256i u = vnni ? _mm256_xor_si256(w, flip) : _mm256_sign_epi8(w, w);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *y = x8_q8_0s(act, as, t, b)->qs + 4 * v;
-				__m256i *s = NT == 1 && v % 2 ? &sum1 : &sum[t];
+				__m256i *s = NT == 1 && v % 4 ? &chain[v % 4 - 1] : &sum[t];
 				if (vnni) {
 					*s = x8_dot4(true, *s, u, y);
 				} else {
@@ -686,7 +691,8 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 			}
 		}
 		if (NT == 1)
-			sum[0] = _mm256_add_epi32(sum[0], sum1);
+			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
+			                          _mm256_add_epi32(chain[1], chain[2]));
 		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(col + 256)));
 		for (int t = 0; t < NT; t++)
 			acc[t] = _mm256_fmadd_ps(
@@ -769,31 +775,43 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 		}
 		for (int c = 0; c < 4; c++) {
 			const uint8_t *qc = col + 128 + 32 * 8 * c;
-			__m256i slo[8], shi[8];
+			/* one token: two chains each (even/odd vector), as in x8_mxfp4_body */
+			__m256i slo[8], shi[8], slo1 = _mm256_setzero_si256(), shi1 = slo1;
 			for (int t = 0; t < NT; t++)
 				slo[t] = shi[t] = _mm256_setzero_si256();
 			for (int v = 0; v < 8; v++) {
 				const __m256i q =
 				    _mm256_loadu_si256((const __m256i *)(qc + 32 * v));
 				const __m256i lo = _mm256_and_si256(q, m4);
-				const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+				/* VNNI: the high nibbles in place, 16 times their value (the sum is
+				 * shifted back once per chunk, exactly) */
+				const __m256i hi =
+				    vnni ? _mm256_andnot_si256(m4, q)
+				         : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
 				for (int t = 0; t < NT; t++) {
 					const int8_t *y =
 					    x8_q8_K(act, as, t, i)->qs + 64 * c + 4 * v;
+					__m256i *pl = NT == 1 && v % 2 ? &slo1 : &slo[t];
+					__m256i *ph = NT == 1 && v % 2 ? &shi1 : &shi[t];
 					if (vnni) {
-						slo[t] = x8_dot4(true, slo[t], lo, y);
-						shi[t] = x8_dot4(true, shi[t], hi, y + 32);
+						*pl = x8_dot4(true, *pl, lo, y);
+						*ph = x8_dot4(true, *ph, hi, y + 32);
 					} else {
-						slo[t] = _mm256_add_epi16(
-						    slo[t],
-						    _mm256_maddubs_epi16(
-						        lo, _mm256_set1_epi32(load_i32(y))));
-						shi[t] = _mm256_add_epi16(
-						    shi[t],
+						*pl = _mm256_add_epi16(
+						    *pl, _mm256_maddubs_epi16(
+						             lo, _mm256_set1_epi32(load_i32(y))));
+						*ph = _mm256_add_epi16(
+						    *ph,
 						    _mm256_maddubs_epi16(
 						        hi, _mm256_set1_epi32(load_i32(y + 32))));
 					}
 				}
+			}
+			if (NT == 1) {
+				slo[0] = vnni ? _mm256_add_epi32(slo[0], slo1)
+				              : _mm256_add_epi16(slo[0], slo1);
+				shi[0] = vnni ? _mm256_add_epi32(shi[0], shi1)
+				              : _mm256_add_epi16(shi[0], shi1);
 			}
 			/* scales of sub-blocks 2c and 2c + 1: bytes (2c) % 4 and (2c+1) % 4 of
 			 * the lanes of sc[c / 2] */
@@ -802,9 +820,10 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 			for (int t = 0; t < NT; t++) {
 				if (vnni)
 					isum[t] = _mm256_add_epi32(
-					    isum[t],
-					    _mm256_add_epi32(_mm256_mullo_epi32(slo[t], s_lo),
-					                     _mm256_mullo_epi32(shi[t], s_hi)));
+					    isum[t], _mm256_add_epi32(
+					                 _mm256_mullo_epi32(slo[t], s_lo),
+					                 _mm256_mullo_epi32(
+					                     _mm256_srai_epi32(shi[t], 4), s_hi)));
 				else
 					isum[t] = _mm256_add_epi32(
 					    isum[t],
