@@ -476,9 +476,10 @@ struct row {
 	size_t tokens;
 	unsigned threads;
 	double weight_gbps, bw_fraction, gflops, peak_fraction, tokens_per_s;
-	double dram_gbps;  /* the probe the row is divided by */
-	double cores;      /* cores' worth of FMA throughput around the slices used */
-	int shared_slices; /* slices redone: the machine gave two threads one core */
+	double dram_gbps;    /* the probe the row is divided by */
+	double cores;        /* cores' worth of FMA throughput around the slices used */
+	int shared_slices;   /* slices redone: the machine gave two threads one core */
+	int unsteady_slices; /* slices redone: the memory bandwidth moved during the slice */
 };
 
 /* Median of n values (n <= SLICES; v is reordered). */
@@ -495,9 +496,12 @@ static double median(double *v, size_t n)
 /* A two-thread decode slice measured while the VM ran its vCPUs as one core (cores.h) says
  * nothing about two threads against DRAM (one core nearly saturates the memory): slices whose
  * bracketing checks see fewer than BENCH_TWO_CORES cores' worth of FMA throughput are redone
- * (up to MAX_ATTEMPTS) and counted. */
+ * (up to MAX_ATTEMPTS) and counted. So are slices whose DRAM probes before and after differ by
+ * more than UNSTEADY: this VM's memory moves between two levels (about 33 and 60 GB/s for two
+ * threads) within seconds, and a slice that straddles a change has no probe to compare with
+ * (ratios of 0.6 or 1.14 for the same kernel). */
 enum { SLICES = 5, MAX_ATTEMPTS = 3 * SLICES };
-static double median(double *v, size_t n);
+#define UNSTEADY 0.15
 
 struct probe_ctx {
 	const float *buf;
@@ -520,11 +524,11 @@ static double cores_now(struct pool *p, const struct probe_ctx *pc)
 }
 
 /* Runs the calls for min_time. With a probe (decode rows) the time is cut into SLICES slices,
- * each preceded by a DRAM probe (one pass of each prefetch variant, the best): this VM's
- * memory bandwidth moves within minutes, and a probe taken seconds away from the row it
- * divides measured the drift more than the kernel. bw_fraction is the median of the slices'
- * ratios (NAN when no slice had two cores), r->dram_gbps the median probe; weight_gbps and
- * the rest cover the slices used. */
+ * each bracketed by DRAM probes (one pass of each prefetch variant, the best): this VM's
+ * memory bandwidth moves within seconds, and a probe taken away from the row it divides
+ * measured the drift more than the kernel. A slice's ratio is its weight rate over the mean
+ * of its two probes; bw_fraction is the median of the slices' ratios (NAN when no slice was
+ * usable), r->dram_gbps the median probe; weight_gbps and the rest cover the slices used. */
 static int measure(struct pool *p, struct bench_expert *experts, size_t n_experts,
                    const struct shape *s, size_t tokens, double min_time,
                    const struct probe_ctx *pc, struct row *r)
@@ -580,7 +584,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 	double ratio[SLICES], dram[SLICES], cores[SLICES], total_dt = 0;
 	size_t total_done = 0;
 	int used = 0;
-	r->shared_slices = 0;
+	r->shared_slices = r->unsteady_slices = 0;
 	for (int attempt = 0; used < slices && attempt < (pc ? MAX_ATTEMPTS : 1); attempt++) {
 		double c = 1.0, d = 0;
 		if (pc) {
@@ -600,12 +604,18 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			dt = now_s() - t0;
 		} while (dt < min_time / slices);
 		if (pc) {
+			const double d1 = dram_read_gbps(p, pc->buf, pc->bytes, 1);
 			const double c1 = cores_now(p, pc);
 			c = c1 < c ? c1 : c;
 			if (p->n > 1 && c < BENCH_TWO_CORES) {
 				r->shared_slices++;
 				continue;
 			}
+			if (fabs(d1 - d) > UNSTEADY * (d1 > d ? d1 : d)) {
+				r->unsteady_slices++;
+				continue;
+			}
+			d = 0.5 * (d + d1);
 			ratio[used] = (double)experts[0].bytes * (double)done / dt * 1e-9 / d;
 			dram[used] = d, cores[used] = c;
 			if (verbose)
@@ -657,12 +667,13 @@ static void print_row(const struct row *r, bool json, bool first, double peak_no
 		json_num("dram_read_gbps", r->dram_gbps, 2);
 		json_num("fma_peak_gflops", peak_now, 1);
 		json_num("cores", r->cores, 2);
-		printf(", \"shared_slices\": %d}", r->shared_slices);
+		printf(", \"shared_slices\": %d, \"unsteady_slices\": %d}", r->shared_slices,
+		       r->unsteady_slices);
 		return;
 	}
 	printf("%-14s %-14s %6zu %3u %9.2f %6.2f %9.1f %6.2f %10.1f %6.2f %5d\n", fname, r->shape,
 	       r->tokens, r->threads, r->weight_gbps, r->bw_fraction, r->gflops, r->peak_fraction,
-	       r->tokens_per_s, r->cores, r->shared_slices);
+	       r->tokens_per_s, r->cores, r->shared_slices + r->unsteady_slices);
 }
 
 /* ---- CLI ----------------------------------------------------------------------------------- */
