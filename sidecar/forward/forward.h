@@ -83,6 +83,10 @@ struct forward_config {
 	bool no_direct;       /* buffered reads (tests, --no-direct) */
 	bool lazy_load; /* mem_budget 0: skip the warm-up that loads every expert at create, so
 	                   each is read on its first demand (tests of the demand path) */
+	/* RESIDENCY and ALL_RESIDENT: serve the files' rows as they are instead of the decode
+	 * layout (gate/up alternating, rows interleaved by 8: decode_layout.c) — the bits the
+	 * MMAP source gives, which cannot rearrange a read-only mapping (tests compare them) */
+	bool file_layout;
 	/* NUMA and threads */
 	enum forward_numa_mode numa;
 	uint32_t numa_list[FORWARD_MAX_NODES];

@@ -101,6 +101,45 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 unsigned lat_hist_bucket(uint64_t us);
 uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
 
+/* ---- decode_layout.c ---- */
+/* How resident experts are rearranged for the decode kernels (decode_layout.c): off for the
+ * MMAP source and forward_config.file_layout. The same for every expert of a model. */
+struct decode_layout {
+	bool on;
+	bool x8_gate_up, x8_down; /* groups of 8 rows interleaved (the format has the layout) */
+	bool rows_interleaved;    /* the file's gate_up alternates rows (gpt-oss) */
+};
+/* One thread's scratch: one unit (a group of 8 of the widest rows) and a bitmap. */
+struct decode_scratch {
+	uint8_t *unit;
+	size_t unit_len;
+	uint64_t *visited;
+	size_t visited_units;
+};
+/* An expert's (or a node slice's) bytes as read: gate rows at gate, up rows at up (separate
+ * extents in ascending order, or gate + rows · row bytes in a fused tensor; rows_interleaved:
+ * one fused range at gate, up unused), down rows at down. */
+struct decode_piece {
+	uint8_t *gate, *up, *down;
+	size_t rows, cols;           /* gate/up rows held here, hidden size */
+	size_t down_rows, down_cols; /* down rows held here, intermediate size */
+	size_t down_bytes;
+	uint32_t gate_up_format, down_format;
+};
+/* ce: any expert of the model (the catalog's layout); shape: its kernel view. */
+void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
+                        const struct moek_expert *shape, bool on);
+int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
+                        size_t err_len);
+void decode_scratch_free(struct decode_scratch *s);
+/* Rearranges one piece in place; 0, or -1 with err (extents out of order, rows off the
+ * groups). */
+int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
+                        const struct decode_piece *p, char *err, size_t err_len);
+/* Turns a view whose gate.data is the start of the rearranged range (up and down as built
+ * from the files) into the view of the rearranged expert. */
+void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);
+
 /* ---- weights.c ---- */
 /* f32 side data of one expert: biases and FP8 block scales (converted from the files at
  * create; small). Offsets in floats into weights.aux, UINT64_MAX = absent. */
@@ -117,6 +156,14 @@ struct mxfp4_hf_converter {
 	uint8_t blocks[EXPERT_MAX_EXTENTS], scales[EXPERT_MAX_EXTENTS]; /* extent indices */
 	uint8_t *scratch; /* a copy of one matrix's scales + one chunk of its blocks */
 	size_t scratch_len;
+};
+/* What a residency's loader does to an expert after reading it (post-load hook): the
+ * Hugging Face MXFP4 conversion, then the decode layout. One per residency. */
+struct load_transform {
+	const struct forward_weights *w;
+	uint32_t node; /* the residency's index (its node slices when sliced) */
+	struct mxfp4_hf_converter *hf;
+	struct decode_scratch decode;
 };
 struct forward_weights {
 	enum forward_source source;
@@ -141,6 +188,8 @@ struct forward_weights {
 	uint8_t piece_data[3]; /* extent index of each piece's data */
 	bool mxfp4_hf;         /* some projection is MXFP4 in the Hugging Face layout */
 	struct mxfp4_hf_converter hf_conv[FORWARD_MAX_NODES]; /* one per residency */
+	struct decode_layout decode;                          /* RESIDENCY, ALL_RESIDENT */
+	struct load_transform transform[FORWARD_MAX_NODES];   /* one per residency */
 	void **file_map;                                      /* MMAP: one mapping per file */
 	size_t *file_map_len;
 	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */

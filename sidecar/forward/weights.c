@@ -23,6 +23,11 @@
  * for it (a read-only page-cache mapping cannot be converted, and a private copy would
  * defeat what that baseline measures).
  *
+ * RESIDENCY and ALL_RESIDENT then rearrange each expert, in the same memory, into the layout the
+ * decode kernels read fastest (decode_layout.c: gate and up alternating, groups of 8 rows
+ * interleaved where the format has the layout); every view is built for that layout. The
+ * MMAP source (and forward_config.file_layout) keeps the files' rows.
+ *
  * Not supported (refused at create with a message): FP8 in a fused gate_up tensor.
  */
 #include <errno.h>
@@ -280,11 +285,10 @@ static int converter_init(const struct forward_weights *w, struct mxfp4_hf_conve
 	return 0;
 }
 
-/* The residency's post-load hook: converts every (blocks, scales) pair of the expert. */
-static int mxfp4_hf_after_load(void *arg, const struct residency_loaded *x, char *msg,
-                               size_t msg_len)
+/* Converts every (blocks, scales) pair of a loaded expert. */
+static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct residency_loaded *x,
+                               char *msg, size_t msg_len)
 {
-	const struct mxfp4_hf_converter *c = arg;
 	for (uint32_t i = 0; i < c->n_pairs; i++) {
 		const uint32_t b = c->blocks[i], s = c->scales[i];
 		if (b >= x->n_extents || s >= x->n_extents ||
@@ -300,6 +304,63 @@ static int mxfp4_hf_after_load(void *arg, const struct residency_loaded *x, char
 			return -EINVAL;
 	}
 	return 0;
+}
+
+static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
+                      struct moek_expert *v, char *err, size_t err_len);
+
+/* The decode-layout piece of a loaded expert (or of node n's slices of it). */
+static void loaded_piece(const struct forward_weights *w, uint32_t node,
+                         const struct residency_loaded *x, const struct moek_expert *shape,
+                         struct decode_piece *p)
+{
+	const size_t rb = moek_row_bytes(shape->gate.format, shape->gate.cols);
+	*p = (struct decode_piece){.cols = shape->gate.cols,
+	                           .down_cols = shape->down.cols,
+	                           .gate_up_format = shape->gate.format,
+	                           .down_format = shape->down.format};
+	if (w->sliced) {
+		size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
+		forward_expert_split(shape, w->n_nodes, f, o);
+		p->rows = f[node + 1] - f[node];
+		p->down_rows = o[node + 1] - o[node];
+		const uint8_t last = w->piece_data[w->node_pieces - 1];
+		p->gate = x->data[w->piece_data[0]];
+		p->up = w->node_pieces == 3 ? x->data[w->piece_data[1]] : NULL;
+		p->down = x->data[last];
+		p->down_bytes = x->length[last];
+		return;
+	}
+	p->rows = shape->gate.rows;
+	p->down_rows = shape->down.rows;
+	const int8_t gu = w->roles.data[MOE_PROJ_GATE_UP], down = w->roles.data[MOE_PROJ_DOWN];
+	if (gu >= 0) {
+		p->gate = x->data[gu];
+		p->up = p->gate + p->rows * rb; /* unused when its rows alternate */
+	} else {
+		p->gate = x->data[w->roles.data[MOE_PROJ_GATE]];
+		p->up = x->data[w->roles.data[MOE_PROJ_UP]];
+	}
+	p->down = x->data[down];
+	p->down_bytes = x->length[down];
+}
+
+/* The residency's post-load hook: the Hugging Face MXFP4 conversion, then the decode layout. */
+static int transform_after_load(void *arg, const struct residency_loaded *x, char *msg,
+                                size_t msg_len)
+{
+	struct load_transform *t = arg;
+	const struct forward_weights *w = t->w;
+	if (w->mxfp4_hf && mxfp4_hf_after_load(t->hf, x, msg, msg_len) != 0)
+		return -EINVAL;
+	if (!w->decode.on)
+		return 0;
+	struct moek_expert shape;
+	struct decode_piece p;
+	if (shape_view(w, x->layer, x->expert, &shape, msg, msg_len) != 0)
+		return -EINVAL;
+	loaded_piece(w, t->node, x, &shape, &p);
+	return decode_layout_apply(&w->decode, &t->decode, &p, msg, msg_len) ? -EINVAL : 0;
 }
 
 static int open_files(const struct moe_catalog *cat, int **fds_out, char *err, size_t err_len)
@@ -376,6 +437,39 @@ static uint64_t kernel_bytes(const struct moe_proj_ref *r)
 	return r->data.length + (r->layout == MOE_LAYOUT_MXFP4_HF ? r->scale.length : 0);
 }
 
+/* Rearranges the all-resident copy of (l, e) into the decode layout. */
+static int decode_all_resident(struct forward_weights *w, struct decode_scratch *scratch,
+                               uint32_t l, uint32_t e, char *err, size_t err_len)
+{
+	const struct moe_expert *x = moe_catalog_expert(w->cat, w->model_layer[l], e);
+	uint8_t **d = (uint8_t **)&w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT];
+	struct moek_expert shape;
+	if (shape_view(w, l, e, &shape, err, err_len) != 0)
+		return -1;
+	const size_t rb = moek_row_bytes(shape.gate.format, shape.gate.cols);
+	struct decode_piece p = {.rows = shape.gate.rows,
+	                         .cols = shape.gate.cols,
+	                         .down = d[MOE_PROJ_DOWN],
+	                         .down_rows = shape.down.rows,
+	                         .down_cols = shape.down.cols,
+	                         .down_bytes = kernel_bytes(&x->proj[MOE_PROJ_DOWN]),
+	                         .gate_up_format = shape.gate.format,
+	                         .down_format = shape.down.format};
+	if (x->proj[MOE_PROJ_GATE_UP].present) {
+		p.gate = d[MOE_PROJ_GATE_UP];
+		p.up = p.gate + p.rows * rb;
+	} else {
+		p.gate = d[MOE_PROJ_GATE];
+		p.up = d[MOE_PROJ_UP];
+	}
+	char why[200];
+	if (decode_layout_apply(&w->decode, scratch, &p, why, sizeof(why)) != 0) {
+		snprintf(err, err_len, "layer %u expert %u: %s", w->model_layer[l], e, why);
+		return -1;
+	}
+	return 0;
+}
+
 static int load_all_resident(struct forward_weights *w, const int *fds,
                              const struct forward_config *cfg, struct forward_topology *topo,
                              char *err, size_t err_len)
@@ -424,6 +518,13 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 	struct mxfp4_hf_converter conv = {0};
 	if (w->mxfp4_hf && converter_init(w, &conv, err, err_len) != 0)
 		return -1;
+	struct decode_scratch scratch = {0};
+	struct moek_expert shape;
+	if (w->decode.on && (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
+	                     decode_scratch_init(&scratch, &shape, err, err_len) != 0)) {
+		free(conv.scratch);
+		return -1;
+	}
 	int rc = 0;
 	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
 		for (uint32_t e = 0; e < w->n_experts && rc == 0; e++) {
@@ -455,11 +556,14 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 					rc = -1;
 				}
 			}
+			if (rc == 0 && w->decode.on)
+				rc = decode_all_resident(w, &scratch, l, e, err, err_len);
 			if (rc == 0 && cfg->progress)
 				cfg->progress(cfg->progress_arg, "loading experts",
 				              (uint64_t)l * w->n_experts + e + 1, n_ids);
 		}
 	free(conv.scratch);
+	decode_scratch_free(&scratch);
 	w->budget_bytes = total;
 	return rc;
 }
@@ -807,6 +911,14 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 	for (uint32_t n = 0; w->mxfp4_hf && n < w->n_res; n++)
 		if (converter_init(w, &w->hf_conv[n], err, err_len) != 0)
 			return -1;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		w->transform[n] = (struct load_transform){.w = w, .node = n, .hf = &w->hf_conv[n]};
+		struct moek_expert shape;
+		if (w->decode.on &&
+		    (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
+		     decode_scratch_init(&w->transform[n].decode, &shape, err, err_len) != 0))
+			return -1;
+	}
 	/* The budget over the nodes in proportion to each node's share of the bytes. */
 	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
 	for (uint32_t n = 0; n < w->n_res; n++)
@@ -837,8 +949,8 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		    .no_direct = cfg->no_direct,
 		    .fault_hook = cfg->fault_hook,
 		    .fault_arg = cfg->fault_arg,
-		    .post_load = w->mxfp4_hf ? mxfp4_hf_after_load : NULL,
-		    .post_load_arg = &w->hf_conv[n],
+		    .post_load = w->mxfp4_hf || w->decode.on ? transform_after_load : NULL,
+		    .post_load_arg = &w->transform[n],
 		};
 		char why[200];
 		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
@@ -893,6 +1005,14 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	if (open_files(cat, &fds, err, err_len))
 		return -1;
 	int rc = load_aux(w, fds, err, err_len);
+	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
+		struct moek_expert shape;
+		rc = shape_view(w, 0, 0, &shape, err, err_len);
+		if (rc == 0)
+			decode_layout_plan(&w->decode,
+			                   moe_catalog_expert(cat, w->model_layer[0], 0), &shape,
+			                   !cfg->file_layout && cfg->source != FORWARD_SOURCE_MMAP);
+	}
 	if (rc == 0 && cfg->source != FORWARD_SOURCE_RESIDENCY) {
 		size_t n = (size_t)w->n_moe_layers * w->n_experts * MOE_PROJ_COUNT;
 		w->data = calloc(n ? n : 1, sizeof(*w->data));
@@ -922,8 +1042,10 @@ void weights_close(struct forward_weights *w)
 	free_node_maps(w);
 	if (w->map.n_extents)
 		expert_map_free(&w->map);
-	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
+	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++) {
 		free(w->hf_conv[n].scratch);
+		decode_scratch_free(&w->transform[n].decode);
+	}
 	if (w->resident)
 		munmap(w->resident, w->resident_len);
 	for (uint32_t i = 0; w->file_map && i < w->cat->n_files; i++)
@@ -992,6 +1114,7 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 		if (a->bias[i] != AUX_NONE)
 			mats[i]->bias = &w->aux[a->bias[i]];
 	}
+	decode_layout_view(&w->decode, v);
 	return 0;
 }
 
@@ -1032,6 +1155,7 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	v->down.data = d[w->piece_data[w->node_pieces - 1]];
 	v->gate.row0 = v->up.row0 = (uint32_t)f[n];
 	v->down.row0 = (uint32_t)o[n];
+	decode_layout_view(&w->decode, v);
 	return 0;
 }
 

@@ -31,6 +31,7 @@ struct setup {
 	const char *synthetic;
 	uint32_t threads;
 	uint32_t budget_percent; /* RESIDENCY: 0 = all fit */
+	bool files;              /* the files' rows (forward_config.file_layout; MMAP always) */
 };
 
 static const struct setup setups[] = {
@@ -42,7 +43,11 @@ static const struct setup setups[] = {
     {"2 nodes, 2 threads", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_SYNTHETIC,
      "pack:1 numa:2 core:1 pu:1", 2, 0},
     {"3 nodes, 1 thread", FORWARD_SOURCE_MMAP, FORWARD_NUMA_SYNTHETIC, "pack:1 numa:3 core:1 pu:1",
-     1, 0},
+     1, 0, true},
+    {"2 nodes, 2 threads, files' rows", FORWARD_SOURCE_ALL_RESIDENT, FORWARD_NUMA_SYNTHETIC,
+     "pack:1 numa:2 core:1 pu:1", 2, 0, true},
+    {"2 nodes, 1 thread, residency 30%, files' rows", FORWARD_SOURCE_RESIDENCY,
+     FORWARD_NUMA_SYNTHETIC, "pack:1 numa:2 core:1 pu:1", 1, 30, true},
     {"2 nodes, 2 threads, residency 30%", FORWARD_SOURCE_RESIDENCY, FORWARD_NUMA_SYNTHETIC,
      "pack:1 numa:2 core:1 pu:1", 2, 30},
     {"1 node, 2 threads, residency 100%", FORWARD_SOURCE_RESIDENCY, FORWARD_NUMA_AUTO, NULL, 2, 0},
@@ -59,6 +64,7 @@ static struct forward_engine *make_engine(const struct fwd_model *m, const struc
 	    .max_tokens = max_tokens,
 	    .mem_budget = m->cat->expert_bytes_total * s->budget_percent / 100,
 	    .chunk_bytes = 64 * 1024,
+	    .file_layout = s->files,
 	};
 	struct forward_engine *e = NULL;
 	char err[256];
@@ -90,20 +96,27 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 	}
 	const uint32_t tokens[] = {1, 5, 24};
 	const uint32_t k = m.cat->info.top_k < 8 ? m.cat->info.top_k : 8;
-	struct fwd_req reqs[3];
-	for (int i = 0; i < 3; i++)
-		fwd_req_make(&reqs[i], m.cat, fwd_moe_block(m.cat, (uint32_t)i % 2), tokens[i], k,
-		             i == 2 ? 0 : 2, MOEK_ACT_BF16, 17 + (uint64_t)i, i == 1);
-	/* The oracle: single-threaded reference over all-resident weights. */
-	struct forward_engine *oracle = make_engine(&m, &setups[0], 24);
-	if (!oracle)
-		goto out;
-	for (int i = 0; i < 3; i++) {
-		struct forward_result res;
-		int rc = forward_reference(oracle, &reqs[i].q, reqs[i].ref, reqs[i].ref_def, &res);
-		CHECK(rc == MOE_OK, "reference: %s", res.message);
+	struct fwd_req reqs[2][3]; /* [files' rows][request] */
+	for (int f = 0; f < 2; f++)
+		for (int i = 0; i < 3; i++)
+			fwd_req_make(&reqs[f][i], m.cat, fwd_moe_block(m.cat, (uint32_t)i % 2),
+			             tokens[i], k, i == 2 ? 0 : 2, MOEK_ACT_BF16, 17 + (uint64_t)i,
+			             i == 1);
+	/* The oracles: single-threaded reference over all-resident weights, one per layout. */
+	for (int f = 0; f < 2; f++) {
+		struct setup os = setups[0];
+		os.files = f;
+		struct forward_engine *oracle = make_engine(&m, &os, 24);
+		if (!oracle)
+			goto out;
+		for (int i = 0; i < 3; i++) {
+			struct forward_result res;
+			int rc = forward_reference(oracle, &reqs[f][i].q, reqs[f][i].ref,
+			                           reqs[f][i].ref_def, &res);
+			CHECK(rc == MOE_OK, "reference: %s", res.message);
+		}
+		forward_destroy(oracle);
 	}
-	forward_destroy(oracle);
 	for (size_t s = 0; s < sizeof(setups) / sizeof(setups[0]); s++) {
 		if (!gguf && setups[s].source == FORWARD_SOURCE_MMAP)
 			continue;
@@ -112,7 +125,7 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 			continue;
 		for (int round = 0; round < 2; round++)
 			for (int i = 0; i < 3; i++) {
-				struct fwd_req *r = &reqs[i];
+				struct fwd_req *r = &reqs[setups[s].files][i];
 				const size_t n = (size_t)r->q.n_tokens * hidden;
 				memset(r->out, 0xff, n * sizeof(float));
 				memset(r->out_def, 0xff, n * sizeof(float));
@@ -140,8 +153,9 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 		forward_destroy(e);
 	}
 out:
-	for (int i = 0; i < 3; i++)
-		fwd_req_free(&reqs[i]);
+	for (int f = 0; f < 2; f++)
+		for (int i = 0; i < 3; i++)
+			fwd_req_free(&reqs[f][i]);
 	fwd_model_free(&m);
 }
 

@@ -16,8 +16,8 @@
 #include "moe_kernels.h"
 #include "moe_status.h"
 
-static struct forward_engine *engine(const struct fwd_model *m, enum forward_source src,
-                                     uint64_t budget, uint32_t max_tokens)
+static struct forward_engine *engine_layout(const struct fwd_model *m, enum forward_source src,
+                                            uint64_t budget, uint32_t max_tokens, bool files)
 {
 	struct forward_config cfg = {
 	    .source = src,
@@ -26,12 +26,20 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .max_tokens = max_tokens,
 	    .chunk_bytes = 64 * 1024,
 	    .lazy_load = true, /* these tests exercise demand loads */
+	    .file_layout = files,
 	};
 	struct forward_engine *e;
 	char err[256];
 	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
 	             err);
 	return e;
+}
+
+/* An engine over the decode layout (RESIDENCY, ALL_RESIDENT) or the files' rows (MMAP). */
+static struct forward_engine *engine(const struct fwd_model *m, enum forward_source src,
+                                     uint64_t budget, uint32_t max_tokens)
+{
+	return engine_layout(m, src, budget, max_tokens, false);
 }
 
 /* Runs r through e and through the reference; asserts both succeed with equal bits. */
@@ -191,38 +199,133 @@ static void make_model(struct fwd_model *m, uint32_t format, uint32_t layers, ui
 	cr_assert_eq(fwd_model_make(m, &spec, err, sizeof(err)), 0, "%s", err);
 }
 
-/* ALL_RESIDENT, MMAP and RESIDENCY give the same bits. */
+/* ALL_RESIDENT and RESIDENCY give the same bits in the decode layout; MMAP, and both of them
+ * over the files' rows (file_layout), give the same bits as each other. */
 Test(forward_sources, all_sources_same_bits)
 {
 	struct fwd_model m;
 	make_model(&m, MOEK_Q4_K, 2, 16, 256, 256);
 	const size_t h = m.cat->info.hidden;
-	struct forward_engine *e[3] = {
+	struct forward_engine *e[5] = {
 	    engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 8),
-	    engine(&m, FORWARD_SOURCE_MMAP, 0, 8),
 	    engine(&m, FORWARD_SOURCE_RESIDENCY, 0, 8),
+	    engine(&m, FORWARD_SOURCE_MMAP, 0, 8),
+	    engine_layout(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 8, true),
+	    engine_layout(&m, FORWARD_SOURCE_RESIDENCY, 0, 8, true),
 	};
+	const char *name[5] = {"", "residency", "", "all-resident, files' rows",
+	                       "residency, files' rows"};
 	for (uint32_t i = 0; i < 6; i++) {
 		struct fwd_req r;
 		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 2), 1 + i, 8, 0, MOEK_ACT_BF16,
 		             40 + i, i % 3 == 0);
+		const size_t n = (1 + i) * h;
+		float *files = malloc(n * sizeof(float));
+		cr_assert(files);
 		struct forward_result res;
 		cr_assert_eq(forward_run(e[0], &r.q, r.ref, NULL, &res), MOE_OK, "%s", res.message);
-		for (int s = 1; s < 3; s++) {
-			memset(r.out, 0xff, (1 + i) * h * sizeof(float));
+		cr_assert_eq(forward_run(e[2], &r.q, files, NULL, &res), MOE_OK, "%s", res.message);
+		for (int s = 1; s < 5; s++) {
+			if (s == 2)
+				continue;
+			memset(r.out, 0xff, n * sizeof(float));
 			cr_assert_eq(forward_run(e[s], &r.q, r.out, NULL, &res), MOE_OK, "%s",
 			             res.message);
-			assert_bits(r.out, r.ref, (1 + i) * h, s == 1 ? "mmap" : "residency");
+			assert_bits(r.out, s < 2 ? r.ref : files, n, name[s]);
+		}
+		fwd_req_free(&r);
+		free(files);
+	}
+	struct forward_stats st = {0};
+	forward_stats(e[1], &st);
+	cr_assert_gt(st.cold_misses, 0);
+	cr_assert_eq(st.requests, 6);
+	for (int s = 0; s < 5; s++)
+		forward_destroy(e[s]);
+	fwd_model_free(&m);
+}
+
+/* The decode layout (gate/up alternating, groups of 8 interleaved where the format has the
+ * layout) against the files' rows, for every container and gate/up arrangement: the same
+ * bits where only rows move (no interleaved layout for the format), the interleaved group
+ * dots' reassociation (and Q8_0's unrounded activation scale) otherwise. RESIDENCY runs with a
+ * budget that evicts, so the rearrangement is redone on reloads. */
+static double nmse_ff(const float *a, const float *b, size_t n)
+{
+	double num = 0, den = 0;
+	for (size_t i = 0; i < n; i++) {
+		num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+		den += (double)b[i] * b[i];
+	}
+	return den > 0 ? num / den : num;
+}
+
+static void layout_case(const char *preset, uint32_t format, bool gguf, bool fused)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {preset, format, gguf, 3, 8, 256, 256, fused};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	const size_t h = m.cat->info.hidden;
+	const bool moved_only = !moek_interleave_supported(format);
+	struct forward_engine *files = engine_layout(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 8, true);
+	struct forward_engine *res =
+	    engine(&m, FORWARD_SOURCE_RESIDENCY, m.cat->expert_bytes_total * 3 / 10, 8);
+	const uint32_t k = m.cat->info.top_k < 4 ? m.cat->info.top_k : 4;
+	for (uint32_t i = 0; i < 6; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % m.cat->info.n_moe_layers),
+		             1 + i % 3, k, 0, MOEK_ACT_F32, 60 + i, false);
+		const size_t n = r.q.n_tokens * h;
+		struct forward_result a, b;
+		cr_assert_eq(forward_run(files, &r.q, r.ref, NULL, &a), MOE_OK, "%s", a.message);
+		cr_assert_eq(forward_run(res, &r.q, r.out, NULL, &b), MOE_OK, "%s", b.message);
+		char what[96];
+		snprintf(what, sizeof(what), "%s %s, request %u", moe_format_name(format),
+		         gguf ? "gguf" : "safetensors", i);
+		if (moved_only) {
+			assert_bits(r.out, r.ref, n, what);
+		} else {
+			const double e = nmse_ff(r.out, r.ref, n);
+			cr_assert_lt(e, format == MOEK_Q8_0 ? 1e-5 : 1e-9, "%s: nmse %g", what, e);
 		}
 		fwd_req_free(&r);
 	}
 	struct forward_stats st = {0};
-	forward_stats(e[2], &st);
-	cr_assert_gt(st.cold_misses, 0);
-	cr_assert_eq(st.requests, 6);
-	for (int s = 0; s < 3; s++)
-		forward_destroy(e[s]);
+	forward_stats(res, &st);
+	cr_assert_gt(st.evictions, 0, "a 30%% budget must evict");
+	forward_destroy(files);
+	forward_destroy(res);
 	fwd_model_free(&m);
+}
+
+Test(forward_layout, q8_0_gguf)
+{
+	layout_case("qwen3-30b-a3b", MOEK_Q8_0, true, false);
+}
+Test(forward_layout, q4_k_gguf_fused_gate_up)
+{
+	layout_case("qwen3-30b-a3b", MOEK_Q4_K, true, true);
+}
+Test(forward_layout, mxfp4_gpt_oss_hf_rows_interleaved_gate_up)
+{
+	layout_case("gpt-oss-20b", MOEK_MXFP4, false, false);
+}
+Test(forward_layout, mxfp4_gpt_oss_gguf_biases)
+{
+	layout_case("gpt-oss-20b", MOEK_MXFP4, true, false);
+}
+Test(forward_layout, bf16_safetensors_mixtral)
+{
+	layout_case("mixtral-8x7b", MOEK_BF16, false, false);
+}
+Test(forward_layout, q6_k_gguf_fused_gate_up)
+{
+	layout_case("qwen3-30b-a3b", MOEK_Q6_K, true, true);
+}
+Test(forward_layout, fp8_safetensors_deepseek)
+{
+	layout_case("deepseek-v3", MOEK_FP8_E4M3_B128, false, false);
 }
 
 struct warm_seen {

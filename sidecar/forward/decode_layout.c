@@ -1,0 +1,176 @@
+/* decode_layout.c — resident experts in the layout the decode kernels read fastest.
+ *
+ * The RESIDENCY and ALL_RESIDENT sources rearrange each expert once, in the memory its bytes
+ * were read into (a slot, or the all-resident buffer), before it is used; the MMAP source
+ * serves the files' rows as they are. The arrangement is moek_expert_pack's, done in place:
+ *   - gate and up units alternate in one range that starts at the gate's bytes — a unit is a
+ *     group of 8 rows where the format has the interleaved layout (moek_interleave: MXFP4,
+ *     Q8_0, Q4_K), else one row — so the hidden phase reads one ascending range instead of
+ *     two (two interleaved streams lose 5-13% of a core's DRAM bandwidth);
+ *   - each group of 8 rows of gate, up and down is interleaved where the format has the
+ *     layout (2.8x / 1.9x / 1.5x the GGUF-row dot for Q8_0 / Q4_K / MXFP4 in L1).
+ * Nothing grows: the expert takes exactly its files' bytes. The result equals the kernels'
+ * output over moek_expert_pack of the same expert bit for bit, so every source that
+ * rearranges gives the same bits, and serve's results equal the all-resident reference's.
+ *
+ * The units are moved by following the permutation's cycles with one unit of scratch (each
+ * unit is copied once), then each group is interleaved through the same scratch: a few
+ * hundred KiB per loader whatever the expert's size, no second copy of an expert.
+ *
+ * Threading: a decode_scratch belongs to one thread (a residency's loader, or the creating
+ * thread for ALL_RESIDENT).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_internal.h"
+
+void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
+                        const struct moek_expert *shape, bool on)
+{
+	memset(dl, 0, sizeof(*dl));
+	dl->on = on;
+	if (!on)
+		return;
+	dl->x8_gate_up = moek_interleave_supported(shape->gate.format) &&
+	                 shape->gate.rows % MOEK_INTERLEAVE == 0;
+	dl->x8_down = moek_interleave_supported(shape->down.format) &&
+	              shape->down.rows % MOEK_INTERLEAVE == 0;
+	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+	dl->rows_interleaved = gu->present && gu->order == MOE_GATE_UP_INTERLEAVED;
+}
+
+void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v)
+{
+	if (!dl->on)
+		return;
+	const size_t rb = moek_row_bytes(v->gate.format, v->gate.cols);
+	const size_t unit = dl->x8_gate_up ? MOEK_INTERLEAVE : 1;
+	v->gate.row_stride = v->up.row_stride = 2 * rb;
+	v->up.data = (const uint8_t *)v->gate.data + unit * rb;
+	v->gate.interleave = v->up.interleave = dl->x8_gate_up ? MOEK_INTERLEAVE : 0;
+	v->down.row_stride = 0;
+	v->down.interleave = dl->x8_down ? MOEK_INTERLEAVE : 0;
+}
+
+int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
+                        size_t err_len)
+{
+	const size_t rb_gu = moek_row_bytes(shape->gate.format, shape->gate.cols);
+	const size_t rb_down = moek_row_bytes(shape->down.format, shape->down.cols);
+	const size_t most = MOEK_INTERLEAVE * (rb_gu > rb_down ? rb_gu : rb_down);
+	const size_t units = 2 * (size_t)shape->gate.rows; /* the most units a range holds */
+	s->unit_len = most;
+	s->visited_units = units;
+	s->unit = malloc(most);
+	s->visited = calloc((units + 63) / 64, sizeof(uint64_t));
+	if (!s->unit || !s->visited) {
+		decode_scratch_free(s);
+		snprintf(err, err_len, "decode layout scratch (%zu bytes): out of memory", most);
+		return -1;
+	}
+	return 0;
+}
+
+void decode_scratch_free(struct decode_scratch *s)
+{
+	free(s->unit);
+	free(s->visited);
+	memset(s, 0, sizeof(*s));
+}
+
+/* Where the unit that belongs at position j of the alternating range is now, for n units of
+ * each matrix: gate then up ([G | U]: gate unit i at i, up unit i at n + i), or, rows
+ * interleaved (one-row units: gate row r at 2r, up row r at 2r + 1) regrouped by 8. */
+static size_t unit_source(bool rows_interleaved, size_t j, size_t n)
+{
+	if (!rows_interleaved)
+		return j % 2 ? n + j / 2 : j / 2;
+	const size_t g = j / (2 * MOEK_INTERLEAVE), q = j % (2 * MOEK_INTERLEAVE);
+	return q < MOEK_INTERLEAVE ? 2 * (MOEK_INTERLEAVE * g + q)
+	                           : 2 * (MOEK_INTERLEAVE * g + q - MOEK_INTERLEAVE) + 1;
+}
+
+/* Moves the n_units units (unit_bytes each) of base so that position j holds what
+ * unit_source says: each cycle of the permutation followed once, through one unit. */
+static void permute_units(struct decode_scratch *s, uint8_t *base, size_t n_units,
+                          size_t unit_bytes, bool rows_interleaved)
+{
+	const size_t half = n_units / 2;
+	memset(s->visited, 0, (n_units + 63) / 64 * sizeof(uint64_t));
+	for (size_t start = 0; start < n_units; start++) {
+		if (s->visited[start / 64] >> (start % 64) & 1)
+			continue;
+		if (unit_source(rows_interleaved, start, half) == start) {
+			s->visited[start / 64] |= 1ull << (start % 64);
+			continue;
+		}
+		memcpy(s->unit, base + start * unit_bytes, unit_bytes);
+		for (size_t j = start;;) {
+			s->visited[j / 64] |= 1ull << (j % 64);
+			const size_t from = unit_source(rows_interleaved, j, half);
+			if (from == start) {
+				memcpy(base + j * unit_bytes, s->unit, unit_bytes);
+				break;
+			}
+			memcpy(base + j * unit_bytes, base + from * unit_bytes, unit_bytes);
+			j = from;
+		}
+	}
+}
+
+/* Interleaves `groups` consecutive groups of 8 rows in place, through the scratch. */
+static void interleave_groups(struct decode_scratch *s, uint32_t format, uint8_t *base,
+                              size_t groups, size_t cols)
+{
+	const size_t gb = MOEK_INTERLEAVE * moek_row_bytes(format, cols);
+	for (size_t g = 0; g < groups; g++) {
+		memcpy(s->unit, base + g * gb, gb);
+		(void)moek_interleave(format, s->unit, 0, MOEK_INTERLEAVE, cols, base + g * gb);
+	}
+}
+
+int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
+                        const struct decode_piece *p, char *err, size_t err_len)
+{
+	if (!dl->on)
+		return 0;
+	const size_t rb = moek_row_bytes(p->gate_up_format, p->cols);
+	const size_t m = p->rows * rb; /* one matrix's rows here */
+	const size_t unit = dl->x8_gate_up ? MOEK_INTERLEAVE : 1;
+	if ((dl->x8_gate_up && p->rows % MOEK_INTERLEAVE) ||
+	    (dl->x8_down && p->down_rows % MOEK_INTERLEAVE) || 2 * p->rows > s->visited_units ||
+	    unit * rb > s->unit_len) {
+		snprintf(err, err_len,
+		         "decode layout: %zu gate/up rows, %zu down rows do not fit the layout's "
+		         "groups or its scratch",
+		         p->rows, p->down_rows);
+		return -1;
+	}
+	uint8_t *base = p->gate;
+	if (!dl->rows_interleaved && p->up != base + m) {
+		/* separate extents: up moves down to follow gate (the range then is
+		 * [gate, gate + 2m), which ends at or before up's end) */
+		if (p->up < base + m || (p->down < p->up + m && p->down + p->down_bytes > base)) {
+			snprintf(err, err_len,
+			         "decode layout: gate, up and down are not in ascending, disjoint "
+			         "extents");
+			return -1;
+		}
+		memmove(base + m, p->up, m);
+	}
+	if (dl->rows_interleaved) {
+		if (unit > 1)
+			permute_units(s, base, 2 * p->rows, rb, true);
+	} else {
+		permute_units(s, base, 2 * p->rows / unit, unit * rb, false);
+	}
+	if (dl->x8_gate_up)
+		interleave_groups(s, p->gate_up_format, base, 2 * p->rows / MOEK_INTERLEAVE,
+		                  p->cols);
+	if (dl->x8_down)
+		interleave_groups(s, p->down_format, p->down, p->down_rows / MOEK_INTERLEAVE,
+		                  p->down_cols);
+	return 0;
+}
