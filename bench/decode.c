@@ -29,6 +29,8 @@
  *                [--rounds N]            (floor/sidecar alternations at 100%; default 7)
  *                [--defer-cold]          (the sidecar's FORWARDs carry MOE_FWD_DEFER_COLD: the
  *                                         non-resident experts are the deferred ones)
+ *                [--file-layout]         (every engine keeps the files' rows: serve
+ *                                         --file-layout, forward_config.file_layout)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -380,6 +382,7 @@ static double stat_of(const char *json, const char *key)
 
 static const char *sidecar_threads = "0"; /* --sidecar-threads; "0" = serve's default */
 static uint16_t forward_flags; /* --defer-cold: MOE_FWD_DEFER_COLD on the sidecar's FORWARDs */
+static bool file_layout;       /* --file-layout: every engine keeps the files' rows */
 
 static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
 {
@@ -410,10 +413,13 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
 		                        "--probes-instance",
 		                        inst,
 		                        NULL};
+		int at = 13;
 		if (strcmp(sidecar_threads, "0") != 0) {
-			argv[13] = "--threads";
-			argv[14] = sidecar_threads;
+			argv[at++] = "--threads";
+			argv[at++] = sidecar_threads;
 		}
+		if (file_layout)
+			argv[at++] = "--file-layout";
 		execv(MOE_SIDECAR_BIN, (char *const *)argv);
 		_exit(127);
 	}
@@ -619,12 +625,13 @@ int main(int argc, char **argv)
 	    {"budgets", required_argument, NULL, 'b'},
 	    {"rounds", required_argument, NULL, 'r'},
 	    {"defer-cold", no_argument, NULL, 'd'},
+	    {"file-layout", no_argument, NULL, 'F'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:dh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:dFh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -634,6 +641,7 @@ int main(int argc, char **argv)
 		case 't': sidecar_threads = optarg; break;
 		case 'r': rounds = strtol(optarg, NULL, 10); break;
 		case 'd': forward_flags = MOE_FWD_DEFER_COLD; break;
+		case 'F': file_layout = true; break;
 		case 'b':
 			if (parse_budgets(optarg) != 0)
 				return 2;
@@ -642,7 +650,7 @@ int main(int argc, char **argv)
 			fprintf(c == 'h' ? stdout : stderr,
 			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
 			        "[--plot FILE.png] [--sidecar-threads N] [--budgets P,P,...] "
-			        "[--rounds N] [--defer-cold]\n");
+			        "[--rounds N] [--defer-cold] [--file-layout]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}
@@ -739,7 +747,9 @@ int main(int argc, char **argv)
 	memset(mm, 0, sizeof(mm));
 	struct forward_engine *floor_e;
 	{
-		struct forward_config fc = {.source = FORWARD_SOURCE_ALL_RESIDENT, .max_tokens = 1};
+		struct forward_config fc = {.source = FORWARD_SOURCE_ALL_RESIDENT,
+		                            .max_tokens = 1,
+		                            .file_layout = file_layout};
 		if (forward_create(&floor_e, cat, &fc, err, sizeof(err)) != 0) {
 			fprintf(stderr, "bench_decode: floor engine: %s\n", err);
 			return 1;
@@ -753,7 +763,9 @@ int main(int argc, char **argv)
 	memset(&resid_r, 0, sizeof(resid_r));
 	struct forward_engine *resid_e;
 	{
-		struct forward_config fc = {.source = FORWARD_SOURCE_RESIDENCY, .max_tokens = 1};
+		struct forward_config fc = {.source = FORWARD_SOURCE_RESIDENCY,
+		                            .max_tokens = 1,
+		                            .file_layout = file_layout};
 		struct forward_engine *e;
 		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
 			fprintf(stderr, "bench_decode: residency engine: %s\n", err);

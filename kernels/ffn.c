@@ -108,6 +108,11 @@ static const struct moek_isa_ops *current_isa(void)
 	return ops;
 }
 
+const struct moek_isa_ops *moek_isa_current(void)
+{
+	return current_isa();
+}
+
 int moek_set_isa(enum moek_isa isa)
 {
 	const struct moek_isa_ops *ops = isa_ops(isa);

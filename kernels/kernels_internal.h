@@ -180,6 +180,9 @@ struct moek_isa_ops {
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
+	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
+	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
+	void (*x8_transpose)(const uint8_t *rows, size_t stride, size_t words, uint8_t *out);
 };
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its
@@ -223,6 +226,8 @@ static inline unsigned moek_fmt_slot(uint32_t format)
 }
 
 extern const struct moek_isa_ops moek_scalar_ops;
+/* The ISA the kernels run on now (ffn.c: chosen once, or by moek_set_isa). */
+const struct moek_isa_ops *moek_isa_current(void);
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)

@@ -1581,6 +1581,54 @@ static void tile(const float *w, size_t ldw, size_t nr, const float *xp, size_t 
 		kernel_1x16(w + r * ldw, xp, k, c + r * ldc);
 }
 
+/* ---- moek_interleave's word transpose ------------------------------------------------------- */
+
+/* 8 x 8 words: r[i] holds words 0-7 of row i; afterwards r[w] holds word w of every row. */
+static inline void transpose_8x8(__m256i r[8])
+{
+	__m256i t[8], u[8];
+	for (int i = 0; i < 8; i += 2) {
+		t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);     /* a0 b0 a1 b1 | a4 b4 a5 b5 */
+		t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]); /* a2 b2 a3 b3 | a6 b6 a7 b7 */
+	}
+	for (int i = 0; i < 8; i += 4) {
+		u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);     /* word 0 | 4 of 4 rows */
+		u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]); /* word 1 | 5 */
+		u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+		u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+	}
+	for (int w = 0; w < 4; w++) {
+		r[w] = _mm256_permute2x128_si256(u[w], u[w + 4], 0x20);
+		r[w + 4] = _mm256_permute2x128_si256(u[w], u[w + 4], 0x31);
+	}
+}
+
+static void x8_transpose(const uint8_t *rows, size_t stride, size_t words, uint8_t *out)
+{
+	size_t w = 0;
+	for (; w + 8 <= words; w += 8) {
+		__m256i r[8];
+		for (int i = 0; i < 8; i++)
+			r[i] = _mm256_loadu_si256((const __m256i *)(rows + i * stride + 4 * w));
+		transpose_8x8(r);
+		for (int i = 0; i < 8; i++)
+			_mm256_storeu_si256((__m256i *)(out + 32 * (w + i)), r[i]);
+	}
+	if (w + 4 <= words) { /* 4 words of each row, the upper half of every register unused */
+		__m256i r[8];
+		for (int i = 0; i < 8; i++)
+			r[i] = _mm256_castsi128_si256(
+			    _mm_loadu_si128((const __m128i *)(rows + i * stride + 4 * w)));
+		transpose_8x8(r);
+		for (int i = 0; i < 4; i++)
+			_mm256_storeu_si256((__m256i *)(out + 32 * (w + i)), r[i]);
+		w += 4;
+	}
+	for (; w < words; w++)
+		for (size_t i = 0; i < 8; i++)
+			memcpy(out + 32 * w + 4 * i, rows + i * stride + 4 * w, 4);
+}
+
 const struct moek_isa_ops moek_avx2_ops = {
     .private_act = private_act,
     .act_row_bytes = act_row_bytes,
@@ -1621,4 +1669,5 @@ const struct moek_isa_ops moek_avx2_ops = {
     .dot_f32 = dot_f32,
     .tile = tile,
     .prefill = true,
+    .x8_transpose = x8_transpose,
 };

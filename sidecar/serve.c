@@ -40,6 +40,7 @@ enum {
 	OPT_PROBES_INSTANCE,
 	OPT_MAX_TOKENS,
 	OPT_NO_DIRECT,
+	OPT_FILE_LAYOUT,
 	OPT_FAIL_EXPERT,
 };
 
@@ -92,6 +93,9 @@ static const struct serve_option {
      "NAME",
      "pins under /sys/fs/bpf/moe-sidecar/NAME (default: default)"},
     {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
+    {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
+     NULL,
+     "keep resident experts in the files' rows (no decode layout: comparisons)"},
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
      "LAYER:EXPERT",
      "testing: every read of this expert fails with EIO"},
@@ -318,6 +322,7 @@ int cmd_serve(int argc, char **argv)
 		case OPT_REQUIRE_PROBES: mcfg.require_probes = true; break;
 		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
+		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
 		case OPT_FAIL_EXPERT: {
 			int layer, expert, n = 0;
 			if (sscanf(optarg, "%d:%d%n", &layer, &expert, &n) != 2 ||

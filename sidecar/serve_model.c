@@ -207,6 +207,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	    .policy = cfg->policy,
 	    .pin_layers = cfg->pin_layers,
 	    .no_direct = cfg->no_direct,
+	    .file_layout = cfg->file_layout,
 	    .threads_per_node = cfg->threads,
 	    .max_tokens = cfg->max_tokens,
 	    .max_ids_per_token = m->desc.max_top_k,

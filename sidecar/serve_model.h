@@ -32,6 +32,7 @@ struct serve_model_config {
 	uint32_t max_tokens; /* per request */
 	uint32_t max_top_k;  /* ids per token; 0 = the model's top_k */
 	bool no_direct;      /* buffered reads */
+	bool file_layout;    /* the files' rows, not the decode layout (forward_config) */
 	bool require_probes; /* probes unavailable = fatal */
 	const char *probes_instance;
 	/* Testing: every read of this (layer, expert) fails with EIO (layer -1: none). */

@@ -13,9 +13,10 @@
  * output over moek_expert_pack of the same expert bit for bit, so every source that
  * rearranges gives the same bits, and serve's results equal the all-resident reference's.
  *
- * The units are moved by following the permutation's cycles with one unit of scratch (each
- * unit is copied once), then each group is interleaved through the same scratch: a few
- * hundred KiB per loader whatever the expert's size, no second copy of an expert.
+ * The units are moved by following the permutation's cycles with one unit of scratch, each
+ * group interleaved as it moves (one pass over gate and up; down's groups go through the
+ * scratch in place): a few hundred KiB per loader whatever the expert's size, no second copy
+ * of an expert.
  *
  * Threading: a decode_scratch belongs to one thread (a residency's loader, or the creating
  * thread for ALL_RESIDENT).
@@ -92,29 +93,49 @@ static size_t unit_source(bool rows_interleaved, size_t j, size_t n)
 	                           : 2 * (MOEK_INTERLEAVE * g + q - MOEK_INTERLEAVE) + 1;
 }
 
-/* Moves the n_units units (unit_bytes each) of base so that position j holds what
- * unit_source says: each cycle of the permutation followed once, through one unit. */
-static void permute_units(struct decode_scratch *s, uint8_t *base, size_t n_units,
-                          size_t unit_bytes, bool rows_interleaved)
+/* A unit's move: a copy, or (group units of an interleaved format) the group interleaved on
+ * the way, so that the permutation and the interleaving are one pass over the bytes. */
+struct unit_move {
+	size_t bytes;
+	uint32_t x8_format; /* 0: plain copy */
+	size_t cols;
+};
+
+static void move_unit(const struct unit_move *m, uint8_t *dst, const uint8_t *src)
 {
-	const size_t half = n_units / 2;
+	if (m->x8_format)
+		(void)moek_interleave(m->x8_format, src, 0, MOEK_INTERLEAVE, m->cols, dst);
+	else
+		memcpy(dst, src, m->bytes);
+}
+
+/* Moves the n_units units of base so that position j holds what unit_source says: each cycle
+ * of the permutation followed once, through one unit of scratch. */
+static void permute_units(struct decode_scratch *s, uint8_t *base, size_t n_units,
+                          const struct unit_move *m, bool rows_interleaved)
+{
+	const size_t half = n_units / 2, b = m->bytes;
 	memset(s->visited, 0, (n_units + 63) / 64 * sizeof(uint64_t));
 	for (size_t start = 0; start < n_units; start++) {
 		if (s->visited[start / 64] >> (start % 64) & 1)
 			continue;
-		if (unit_source(rows_interleaved, start, half) == start) {
+		if (unit_source(rows_interleaved, start, half) == start) { /* stays */
 			s->visited[start / 64] |= 1ull << (start % 64);
+			if (m->x8_format) { /* interleaved in place */
+				memcpy(s->unit, base + start * b, b);
+				move_unit(m, base + start * b, s->unit);
+			}
 			continue;
 		}
-		memcpy(s->unit, base + start * unit_bytes, unit_bytes);
+		memcpy(s->unit, base + start * b, b);
 		for (size_t j = start;;) {
 			s->visited[j / 64] |= 1ull << (j % 64);
 			const size_t from = unit_source(rows_interleaved, j, half);
 			if (from == start) {
-				memcpy(base + j * unit_bytes, s->unit, unit_bytes);
+				move_unit(m, base + j * b, s->unit);
 				break;
 			}
-			memcpy(base + j * unit_bytes, base + from * unit_bytes, unit_bytes);
+			move_unit(m, base + j * b, base + from * b);
 			j = from;
 		}
 	}
@@ -160,15 +181,17 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 		}
 		memmove(base + m, p->up, m);
 	}
-	if (dl->rows_interleaved) {
-		if (unit > 1)
-			permute_units(s, base, 2 * p->rows, rb, true);
-	} else {
-		permute_units(s, base, 2 * p->rows / unit, unit * rb, false);
+	if (dl->rows_interleaved) { /* one-row units into groups, then the groups interleaved */
+		if (unit > 1) {
+			const struct unit_move row = {rb, 0, 0};
+			permute_units(s, base, 2 * p->rows, &row, true);
+			interleave_groups(s, p->gate_up_format, base, 2 * p->rows / unit, p->cols);
+		}
+	} else { /* [gate | up] to alternating units, each group interleaved as it moves */
+		const struct unit_move group = {unit * rb, dl->x8_gate_up ? p->gate_up_format : 0u,
+		                                p->cols};
+		permute_units(s, base, 2 * p->rows / unit, &group, false);
 	}
-	if (dl->x8_gate_up)
-		interleave_groups(s, p->gate_up_format, base, 2 * p->rows / MOEK_INTERLEAVE,
-		                  p->cols);
 	if (dl->x8_down)
 		interleave_groups(s, p->down_format, p->down, p->down_rows / MOEK_INTERLEAVE,
 		                  p->down_cols);
