@@ -53,24 +53,21 @@ bool moek_interleave_supported(uint32_t format)
 	return layout_of(format) != NULL;
 }
 
-/* Copies one block between row r of a GGUF block and its place in an interleaved column, in
- * the direction `to_column` says. */
-static void move_block(const struct x8_layout *l, uint8_t *column, size_t r, uint8_t *block,
-                       bool to_column)
+/* Row r's block of an interleaved column, back as a GGUF block (constant-size copies: this
+ * runs for every row the prefill path dequantizes). */
+static void gather_block(const struct x8_layout *l, const uint8_t *column, size_t r, uint8_t *block)
 {
 	size_t at = 0; /* the segment's start in the column */
 	for (size_t i = 0; i < l->n; i++) {
 		const struct x8_segment *s = &l->seg[i];
-		if (s->vector) {
-			for (size_t v = 0; v < s->bytes / 4u; v++) {
-				uint8_t *c = column + at + 32 * v + 4 * r,
-				        *b = block + s->offset + 4 * v;
-				memcpy(to_column ? c : b, to_column ? b : c, 4);
-			}
-		} else {
-			uint8_t *c = column + at + r * s->bytes, *b = block + s->offset;
-			memcpy(to_column ? c : b, to_column ? b : c, s->bytes);
-		}
+		uint8_t *b = block + s->offset;
+		if (s->vector)
+			for (size_t v = 0; v < s->bytes / 4u; v++)
+				memcpy(b + 4 * v, column + at + 32 * v + 4 * r, 4);
+		else if (s->bytes == 1)
+			*b = column[at + r];
+		else
+			memcpy(b, column + at + 2 * r, 2);
 		at += (size_t)MOEK_INTERLEAVE * s->bytes;
 	}
 }
@@ -146,11 +143,11 @@ int moek_deinterleave(uint32_t format, const void *src, size_t rows, size_t cols
 		return -1;
 	const size_t rb = nb * bb;
 	for (size_t g = 0; g < rows / MOEK_INTERLEAVE; g++) {
-		uint8_t *column = (uint8_t *)src + g * MOEK_INTERLEAVE * rb;
+		const uint8_t *column = (const uint8_t *)src + g * MOEK_INTERLEAVE * rb;
 		uint8_t *out = (uint8_t *)dst + g * MOEK_INTERLEAVE * rb;
 		for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++)
-				move_block(l, column, r, out + r * rb + b * bb, false);
+				gather_block(l, column, r, out + r * rb + b * bb);
 	}
 	return 0;
 }
@@ -160,9 +157,9 @@ void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, 
 {
 	const struct x8_layout *l = layout_of(format);
 	const size_t bb = moek_format_lookup(format)->block_bytes;
-	uint8_t *column = (uint8_t *)group + b0 * MOEK_INTERLEAVE * bb;
+	const uint8_t *column = (const uint8_t *)group + b0 * MOEK_INTERLEAVE * bb;
 	for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
-		move_block(l, column, lane, (uint8_t *)blocks + b * bb, false);
+		gather_block(l, column, lane, (uint8_t *)blocks + b * bb);
 }
 
 /* ---- A whole expert in its decode layout ---------------------------------------------------- */
