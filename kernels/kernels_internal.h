@@ -150,14 +150,15 @@ struct block_q8_0x2 {
 static_assert(sizeof(struct block_q8_0x2) == 128, "Q8_0x2 pair");
 
 /* MOEK_ACT_Q8_0S (AVX2, for interleaved Q8_0 and MXFP4 weights): the same Q8_0 quantization
- * (f32 d = amax/127, unrounded) per 32-element block, elements in order, with the sum of the
- * block's 32 values: the interleaved dots broadcast 4 activations at a time and take a weight
- * offset (Q8_0 weights xor 0x80 = value + 128, MXFP4 codes = doubled value + 16) back out of
- * the int32 sum as offset · sum. */
+ * (f32 d = amax/127, unrounded) per 32-element block, elements in order, with -16 times the
+ * sum of the block's 32 values: the interleaved dots broadcast 4 activations at a time and
+ * take a weight offset back out of the int32 sum — MXFP4 codes enter as doubled value + 16
+ * (the field is their accumulator's start), Q8_0 weights xor 0x80 as value + 128 (8 times
+ * the field). */
 #define MOEK_ACT_Q8_0S 2002u
 struct block_q8_0s {
 	float d;
-	int32_t sum;
+	int32_t neg16_sum;
 	int8_t qs[32];
 };
 static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");

@@ -431,7 +431,7 @@ static void quantize_act(uint32_t act_format, const float *x, size_t k, void *ds
 			                          _mm256_extracti128_si256(s32, 1));
 			s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
 			s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-			y[b].sum = _mm_cvtsi128_si32(s);
+			y[b].neg16_sum = -16 * _mm_cvtsi128_si32(s);
 		}
 		return;
 	}
@@ -548,8 +548,8 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * prefetch 6 KiB ahead (what the MXFP4 form used to issue) lost 3-19% of the FFN's weight
  * bandwidth in 9 of 11 (format, shape) rows measured alternately on two cores.
  *
- * Activations: Q8_0 and MXFP4 take MOEK_ACT_Q8_0S (the block's d and the sum of its values
- * next to them, elements in order), Q4_K takes Q8_K as its row dot does. */
+ * Activations: Q8_0 and MXFP4 take MOEK_ACT_Q8_0S (the block's d and -16 times the sum of its
+ * values next to them, elements in order), Q4_K takes Q8_K as its row dot does. */
 
 /* Four activation bytes, read as one broadcast operand. */
 struct act4 {
@@ -628,7 +628,7 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
 		                            _mm256_setzero_si256()};
 		for (int t = 0; t < NT; t++)
-			sum[t] = _mm256_set1_epi32(-16 * x8_q8_0s(act, as, t, b)->sum);
+			sum[t] = _mm256_set1_epi32(x8_q8_0s(act, as, t, b)->neg16_sum);
 		for (int v = 0; v < 4; v++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
 			const __m256i lo = _mm256_shuffle_epi8(values16, _mm256_and_si256(q, low4));
@@ -671,7 +671,7 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
 		                            _mm256_setzero_si256()};
 		for (int t = 0; t < NT; t++)
-			sum[t] = vnni ? _mm256_set1_epi32(-128 * x8_q8_0s(act, as, t, b)->sum)
+			sum[t] = vnni ? _mm256_set1_epi32(8 * x8_q8_0s(act, as, t, b)->neg16_sum)
 			              : _mm256_setzero_si256();
 		for (int v = 0; v < 8; v++) {
 			const __m256i w = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
