@@ -309,40 +309,46 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
                       struct moek_expert *v, char *err, size_t err_len);
 
+/* The decode-layout piece of a whole expert (shape: its view) read into memory: gate and up
+ * from tensors of their own, or from a fused gate_up (up's rows then follow gate's; unused
+ * when the rows alternate), down. */
+static struct decode_piece whole_piece(const struct moek_expert *shape, uint8_t *gate, uint8_t *up,
+                                       uint8_t *fused, uint8_t *down, size_t down_bytes)
+{
+	const size_t rb = moek_row_bytes(shape->gate.format, shape->gate.cols);
+	return (struct decode_piece){.gate = fused ? fused : gate,
+	                             .up = fused ? fused + shape->gate.rows * rb : up,
+	                             .down = down,
+	                             .rows = shape->gate.rows,
+	                             .cols = shape->gate.cols,
+	                             .down_rows = shape->down.rows,
+	                             .down_cols = shape->down.cols,
+	                             .down_bytes = down_bytes,
+	                             .gate_up_format = shape->gate.format,
+	                             .down_format = shape->down.format};
+}
+
 /* The decode-layout piece of a loaded expert (or of node n's slices of it). */
 static void loaded_piece(const struct forward_weights *w, uint32_t node,
                          const struct residency_loaded *x, const struct moek_expert *shape,
                          struct decode_piece *p)
 {
-	const size_t rb = moek_row_bytes(shape->gate.format, shape->gate.cols);
-	*p = (struct decode_piece){.cols = shape->gate.cols,
-	                           .down_cols = shape->down.cols,
-	                           .gate_up_format = shape->gate.format,
-	                           .down_format = shape->down.format};
 	if (w->sliced) {
 		size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 		forward_expert_split(shape, w->n_nodes, f, o);
-		p->rows = f[node + 1] - f[node];
-		p->down_rows = o[node + 1] - o[node];
 		const uint8_t last = w->piece_data[w->node_pieces - 1];
-		p->gate = x->data[w->piece_data[0]];
-		p->up = w->node_pieces == 3 ? x->data[w->piece_data[1]] : NULL;
-		p->down = x->data[last];
-		p->down_bytes = x->length[last];
+		*p = whole_piece(shape, x->data[w->piece_data[0]],
+		                 w->node_pieces == 3 ? x->data[w->piece_data[1]] : NULL, NULL,
+		                 x->data[last], x->length[last]);
+		p->rows = f[node + 1] - f[node]; /* the node's rows of the expert */
+		p->down_rows = o[node + 1] - o[node];
 		return;
 	}
-	p->rows = shape->gate.rows;
-	p->down_rows = shape->down.rows;
 	const int8_t gu = w->roles.data[MOE_PROJ_GATE_UP], down = w->roles.data[MOE_PROJ_DOWN];
-	if (gu >= 0) {
-		p->gate = x->data[gu];
-		p->up = p->gate + p->rows * rb; /* unused when its rows alternate */
-	} else {
-		p->gate = x->data[w->roles.data[MOE_PROJ_GATE]];
-		p->up = x->data[w->roles.data[MOE_PROJ_UP]];
-	}
-	p->down = x->data[down];
-	p->down_bytes = x->length[down];
+	*p = gu >= 0 ? whole_piece(shape, NULL, NULL, x->data[gu], x->data[down], x->length[down])
+	             : whole_piece(shape, x->data[w->roles.data[MOE_PROJ_GATE]],
+	                           x->data[w->roles.data[MOE_PROJ_UP]], NULL, x->data[down],
+	                           x->length[down]);
 }
 
 /* The residency's post-load hook: the Hugging Face MXFP4 conversion, then the decode layout. */
@@ -446,22 +452,10 @@ static int decode_all_resident(struct forward_weights *w, struct decode_scratch 
 	struct moek_expert shape;
 	if (shape_view(w, l, e, &shape, err, err_len) != 0)
 		return -1;
-	const size_t rb = moek_row_bytes(shape.gate.format, shape.gate.cols);
-	struct decode_piece p = {.rows = shape.gate.rows,
-	                         .cols = shape.gate.cols,
-	                         .down = d[MOE_PROJ_DOWN],
-	                         .down_rows = shape.down.rows,
-	                         .down_cols = shape.down.cols,
-	                         .down_bytes = kernel_bytes(&x->proj[MOE_PROJ_DOWN]),
-	                         .gate_up_format = shape.gate.format,
-	                         .down_format = shape.down.format};
-	if (x->proj[MOE_PROJ_GATE_UP].present) {
-		p.gate = d[MOE_PROJ_GATE_UP];
-		p.up = p.gate + p.rows * rb;
-	} else {
-		p.gate = d[MOE_PROJ_GATE];
-		p.up = d[MOE_PROJ_UP];
-	}
+	const struct decode_piece p =
+	    whole_piece(&shape, d[MOE_PROJ_GATE], d[MOE_PROJ_UP],
+	                x->proj[MOE_PROJ_GATE_UP].present ? d[MOE_PROJ_GATE_UP] : NULL,
+	                d[MOE_PROJ_DOWN], kernel_bytes(&x->proj[MOE_PROJ_DOWN]));
 	char why[200];
 	if (decode_layout_apply(&w->decode, scratch, &p, why, sizeof(why)) != 0) {
 		snprintf(err, err_len, "layer %u expert %u: %s", w->model_layer[l], e, why);
