@@ -600,8 +600,8 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
-/* The interleaved decode paths keep a core's work between group dots to the dots: a group's
- * results go straight where they belong (one token, a group wholly inside the range), and
+/* The decode paths keep a core's work between dots to the dots: a group's (or, one token, a
+ * row's) results go straight where they belong (one token, a group wholly inside the range), and
  * the per-row work — bias, SwiGLU, the weighted sum into out — runs once per chunk of
  * X8_CHUNK rows. Done per group between the dots (8 scalar loads, expf and divides, stores
  * after every 60 KB of weights), it cost 15-20% of a core's DRAM stream where that stream is
@@ -688,6 +688,25 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 	const uint8_t *gate_data = e->gate.data, *up_data = e->up.data;
 	const size_t gate_row0 = e->gate.row0, up_row0 = e->up.row0;
 	assert(f0 >= gate_row0 && f0 >= up_row0);
+	if (dot && c->n_tokens == 1) { /* one token: sums in place, the rest per chunk (X8_CHUNK) */
+		const size_t as = quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
+		const uint8_t *xa =
+		    quantized ? (const uint8_t *)xq_row(c, 0) : (const uint8_t *)x32_row(c, 0);
+		float ub[X8_CHUNK], *h = h32_row(c, 0);
+		for (size_t c0 = f0; c0 < f1; c0 += X8_CHUNK) {
+			const size_t c1 = c0 + X8_CHUNK < f1 ? c0 + X8_CHUNK : f1;
+			for (size_t f = c0; f < c1; f++) {
+				dot(gate_data + (f - gate_row0) * gate_stride,
+				    e->gate.scales ? matrix_scale_row(&e->gate, f) : NULL, xa, as,
+				    1, hidden, h + f);
+				dot(up_data + (f - up_row0) * up_stride,
+				    e->up.scales ? matrix_scale_row(&e->up, f) : NULL, xa, as, 1,
+				    hidden, ub + (f - c0));
+			}
+			activate_chunk(c, e, 0, 1, c0, c0, c1, ub);
+		}
+		return;
+	}
 	for (size_t f = f0; f < f1; f++) {
 		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
@@ -880,6 +899,22 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 			for (size_t i = 0; i < nr; i++) {
 				const float b = e->down.bias ? e->down.bias[r0 + i] : 0.0f;
 				out[r0 + i] += wt * (y[i] + b);
+			}
+		}
+		return;
+	}
+	if (dot && c->n_tokens == 1) { /* sums in place, the weighted sum per chunk (X8_CHUNK) */
+		const float wt = c->weights ? c->weights[0] : 1.0f;
+		float *out = c->out + token_row(c, 0) * out_stride, yb[X8_CHUNK];
+		for (size_t c0 = o0; c0 < o1; c0 += X8_CHUNK) {
+			const size_t c1 = c0 + X8_CHUNK < o1 ? c0 + X8_CHUNK : o1;
+			for (size_t o = c0; o < c1; o++)
+				dot(data + (o - row0) * stride,
+				    e->down.scales ? matrix_scale_row(&e->down, o) : NULL, ha, as,
+				    1, ffn, yb + (o - c0));
+			for (size_t o = c0; o < c1; o++) {
+				const float b = e->down.bias ? e->down.bias[o] : 0.0f;
+				out[o] += wt * (yb[o - c0] + b);
 			}
 		}
 		return;
