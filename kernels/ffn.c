@@ -600,15 +600,15 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
-/* The decode paths keep a core's work between dots to the dots: a group's (or, one token, a
- * row's) results go straight where they belong (one token, a group wholly inside the range), and
- * the per-row work — bias, SwiGLU, the weighted sum into out — runs once per chunk of
- * X8_CHUNK rows. Done per group between the dots (8 scalar loads, expf and divides, stores
- * after every 60 KB of weights), it cost 15-20% of a core's DRAM stream where that stream is
- * the limit: two threads at ~60 GB/s, MXFP4, 7168 columns, moek_ffn_hidden ran at 44 GB/s
- * against 53 for the same dots back to back (0.72 / 0.85 of the read probe); at ~33 GB/s it
- * matters less (0.80 / 0.88). The arithmetic per row is unchanged, only later: same bits. */
-#define X8_CHUNK 128
+/* The decode paths keep a core's work between dots to the dots: a dot's results go straight
+ * where they belong (one token; for groups, one wholly inside the range), and the per-row
+ * work — bias, SwiGLU, the weighted sum into out — runs once per chunk of DECODE_CHUNK rows
+ * (ROWS_CHUNK in the one-token row down path). Done per group between the dots (8 scalar loads,
+ * expf and divides, stores after every 60 KB of weights), it cost 15-20% of a core's DRAM stream
+ * where that stream is the limit: two threads at ~60 GB/s, MXFP4, 7168 columns, moek_ffn_hidden ran
+ * at 44 GB/s against 53 for the same dots back to back (0.72 / 0.85 of the read probe); at ~33 GB/s
+ * it matters less (0.80 / 0.88). The arithmetic per row is unchanged, only later: same bits. */
+#define DECODE_CHUNK 128
 
 /* Rows [a, b) of the chunk at c0: h (gate) and ub (up, [t][f - c0]) hold the raw sums of
  * tokens t0 .. t0 + nt; h becomes the activation. */
@@ -617,7 +617,7 @@ static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expe
 {
 	for (size_t t = 0; t < nt; t++) {
 		float *h = h32_row(c, t0 + t);
-		const float *u = ub + t * X8_CHUNK - c0;
+		const float *u = ub + t * DECODE_CHUNK - c0;
 		for (size_t f = a; f < b; f++) {
 			const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 			const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
@@ -635,10 +635,10 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->gate.format)];
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
-	float ub[MOEK_DOT_TOKENS * X8_CHUNK];
+	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
 	const size_t first = f0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE;
-	for (size_t c0 = first; c0 < f1; c0 += X8_CHUNK) {
-		const size_t c1 = c0 + X8_CHUNK < f1 ? c0 + X8_CHUNK : f1;
+	for (size_t c0 = first; c0 < f1; c0 += DECODE_CHUNK) {
+		const size_t c1 = c0 + DECODE_CHUNK < f1 ? c0 + DECODE_CHUNK : f1;
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
@@ -661,7 +661,7 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 						continue;
 					for (size_t t = 0; t < nt; t++) {
 						h32_row(c, t0 + t)[f] = g[t * MOEK_INTERLEAVE + r];
-						ub[t * X8_CHUNK + (f - c0)] =
+						ub[t * DECODE_CHUNK + (f - c0)] =
 						    u[t * MOEK_INTERLEAVE + r];
 					}
 				}
@@ -688,13 +688,14 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 	const uint8_t *gate_data = e->gate.data, *up_data = e->up.data;
 	const size_t gate_row0 = e->gate.row0, up_row0 = e->up.row0;
 	assert(f0 >= gate_row0 && f0 >= up_row0);
-	if (dot && c->n_tokens == 1) { /* one token: sums in place, the rest per chunk (X8_CHUNK) */
+	if (dot &&
+	    c->n_tokens == 1) { /* one token: sums in place, the rest per chunk (DECODE_CHUNK) */
 		const size_t as = quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
 		const uint8_t *xa =
 		    quantized ? (const uint8_t *)xq_row(c, 0) : (const uint8_t *)x32_row(c, 0);
-		float ub[X8_CHUNK], *h = h32_row(c, 0);
-		for (size_t c0 = f0; c0 < f1; c0 += X8_CHUNK) {
-			const size_t c1 = c0 + X8_CHUNK < f1 ? c0 + X8_CHUNK : f1;
+		float ub[DECODE_CHUNK], *h = h32_row(c, 0);
+		for (size_t c0 = f0; c0 < f1; c0 += DECODE_CHUNK) {
+			const size_t c1 = c0 + DECODE_CHUNK < f1 ? c0 + DECODE_CHUNK : f1;
 			for (size_t f = c0; f < c1; f++) {
 				dot(gate_data + (f - gate_row0) * gate_stride,
 				    e->gate.scales ? matrix_scale_row(&e->gate, f) : NULL, xa, as,
@@ -824,12 +825,12 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 {
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->down.format)];
 	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
-	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
 	const uint8_t *ha = hq_row(c, worker, 0);
-	float yb[MOEK_DOT_TOKENS * X8_CHUNK]; /* [t][o - c0]: the chunk's sums (see X8_CHUNK) */
+	float yb[MOEK_DOT_TOKENS *
+	         DECODE_CHUNK]; /* [t][o - c0]: the chunk's sums (see DECODE_CHUNK) */
 	const size_t first = o0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE;
-	for (size_t c0 = first; c0 < o1; c0 += X8_CHUNK) {
-		const size_t c1 = c0 + X8_CHUNK < o1 ? c0 + X8_CHUNK : o1;
+	for (size_t c0 = first; c0 < o1; c0 += DECODE_CHUNK) {
+		const size_t c1 = c0 + DECODE_CHUNK < o1 ? c0 + DECODE_CHUNK : o1;
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
@@ -843,18 +844,13 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 				dot_x8(down, ha + t0 * as, as, nt, ffn, y);
 				for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
 					for (size_t t = 0; t < nt; t++)
-						yb[t * X8_CHUNK + (g0 + r - c0)] =
+						yb[t * DECODE_CHUNK + (g0 + r - c0)] =
 						    y[t * MOEK_INTERLEAVE + r];
 			}
-			for (size_t t = 0; t < nt; t++) {
-				const float wt = c->weights ? c->weights[t0 + t] : 1.0f;
-				float *out = c->out + token_row(c, t0 + t) * out_stride;
-				const float *y = yb + t * X8_CHUNK - c0;
-				for (size_t o = c0 > o0 ? c0 : o0; o < c1; o++) {
-					const float b = e->down.bias ? e->down.bias[o] : 0.0f;
-					out[o] += wt * (y[o] + b);
-				}
-			}
+			for (size_t t = 0; t < nt; t++)
+				for (size_t o = c0 > o0 ? c0 : o0; o < c1; o++)
+					accumulate(c, e, t0 + t, o,
+					           yb[t * DECODE_CHUNK + (o - c0)]);
 		}
 	}
 }
@@ -889,32 +885,26 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 	const uint8_t *ha =
 	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
 	const moek_dot_rows_fn rows = ops->dot_rows[moek_fmt_slot(e->down.format)];
-	if (dot && rows && quantized && c->n_tokens == 1) { /* same sum as below, row by row */
+	if (dot && c->n_tokens == 1) {
+		/* one token: a chunk's sums in place — the ISA's many-row dot where it has one,
+		 * else a dot per row (the same sum) — then their weighted sums (see DECODE_CHUNK)
+		 */
 		const float wt = c->weights ? c->weights[0] : 1.0f;
 		float *out = c->out + token_row(c, 0) * out_stride;
 		for (size_t r0 = o0; r0 < o1; r0 += ROWS_CHUNK) {
 			const size_t nr = o1 - r0 < ROWS_CHUNK ? o1 - r0 : ROWS_CHUNK;
 			float y[ROWS_CHUNK];
-			rows(data + (r0 - row0) * stride, stride, nr, ha, ffn, y);
+			if (rows && quantized)
+				rows(data + (r0 - row0) * stride, stride, nr, ha, ffn, y);
+			else
+				for (size_t i = 0; i < nr; i++)
+					dot(data + (r0 + i - row0) * stride,
+					    e->down.scales ? matrix_scale_row(&e->down, r0 + i)
+					                   : NULL,
+					    ha, as, 1, ffn, y + i);
 			for (size_t i = 0; i < nr; i++) {
 				const float b = e->down.bias ? e->down.bias[r0 + i] : 0.0f;
 				out[r0 + i] += wt * (y[i] + b);
-			}
-		}
-		return;
-	}
-	if (dot && c->n_tokens == 1) { /* sums in place, the weighted sum per chunk (X8_CHUNK) */
-		const float wt = c->weights ? c->weights[0] : 1.0f;
-		float *out = c->out + token_row(c, 0) * out_stride, yb[X8_CHUNK];
-		for (size_t c0 = o0; c0 < o1; c0 += X8_CHUNK) {
-			const size_t c1 = c0 + X8_CHUNK < o1 ? c0 + X8_CHUNK : o1;
-			for (size_t o = c0; o < c1; o++)
-				dot(data + (o - row0) * stride,
-				    e->down.scales ? matrix_scale_row(&e->down, o) : NULL, ha, as,
-				    1, ffn, yb + (o - c0));
-			for (size_t o = c0; o < c1; o++) {
-				const float b = e->down.bias ? e->down.bias[o] : 0.0f;
-				out[o] += wt * (yb[o - c0] + b);
 			}
 		}
 		return;
