@@ -266,16 +266,16 @@ static const struct shape shapes[] = {
 };
 
 /* A format with its rows interleaved in groups of 8 (moek_interleave, the decode layout of
- * Q4_K, Q8_0 and MXFP4) is benchmarked as a format of its own: "Q4_Kx8", … */
+ * Q4_K, Q8_0, MXFP4 and BF16) is benchmarked as a format of its own: "Q4_Kx8", … */
 #define BENCH_X8 0x10000u
 
-static const uint32_t all_formats[] = {MOEK_Q4_K,         BENCH_X8 | MOEK_Q4_K,
-                                       MOEK_Q8_0,         BENCH_X8 | MOEK_Q8_0,
-                                       MOEK_MXFP4,        BENCH_X8 | MOEK_MXFP4,
-                                       MOEK_BF16,         MOEK_Q4_0,
-                                       MOEK_Q5_K,         MOEK_Q6_K,
-                                       MOEK_F16,          MOEK_F32,
-                                       MOEK_FP8_E4M3_B128};
+static const uint32_t all_formats[] = {MOEK_Q4_K,  BENCH_X8 | MOEK_Q4_K,
+                                       MOEK_Q8_0,  BENCH_X8 | MOEK_Q8_0,
+                                       MOEK_MXFP4, BENCH_X8 | MOEK_MXFP4,
+                                       MOEK_BF16,  BENCH_X8 | MOEK_BF16,
+                                       MOEK_Q4_0,  MOEK_Q5_K,
+                                       MOEK_Q6_K,  MOEK_F16,
+                                       MOEK_F32,   MOEK_FP8_E4M3_B128};
 
 static uint32_t weight_format(uint32_t f)
 {
@@ -293,6 +293,7 @@ static const char *format_name(uint32_t f)
 	case BENCH_X8 | MOEK_Q4_K: return "Q4_Kx8";
 	case BENCH_X8 | MOEK_Q8_0: return "Q8_0x8";
 	case BENCH_X8 | MOEK_MXFP4: return "MXFP4x8";
+	case BENCH_X8 | MOEK_BF16: return "BF16x8";
 	default: return moek_format_lookup(f)->name;
 	}
 }
@@ -843,7 +844,7 @@ int main(int argc, char **argv)
 	}
 	if (quick) {
 		if (!formats)
-			formats = "Q4_Kx8,Q8_0x8,MXFP4x8,BF16";
+			formats = "Q4_Kx8,Q8_0x8,MXFP4x8,BF16x8";
 		if (!shape_list)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
@@ -871,7 +872,7 @@ int main(int argc, char **argv)
 			printf("isa %s; DRAM read %.1f GB/s (1 thread)\n", moek_isa_name(),
 			       dram_1t);
 		const int rc = dots_table(
-		    formats ? formats : "Q4_K,Q4_Kx8,Q8_0,Q8_0x8,MXFP4,MXFP4x8,BF16",
+		    formats ? formats : "Q4_K,Q4_Kx8,Q8_0,Q8_0x8,MXFP4,MXFP4x8,BF16,BF16x8",
 		    shape_list ? shape_list : "qwen3,mixtral,deepseek,gpt-oss", dram_1t, json);
 		free(probe);
 		return rc ? 1 : 0;

@@ -16,10 +16,10 @@
  *
  * Two compute shapes: decode (few tokens) takes one weight row at a time through the ISA's
  * dot product — memory-bound, weights stream once; prefill (n >= MOEK_PREFILL_MIN_TOKENS, 8
- * for float weights, on an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight tile to f32
- * once and runs it against a chunk of TC tokens kept as panels of PANEL tokens ([k][PANEL]: an
- * outer-product micro-kernel, weights broadcast, tokens in vector lanes) — compute-bound, no
- * horizontal sums.
+ * for float weights in GGUF rows, on an ISA with a tile kernel) dequantizes a TILE_ROWS x KC weight
+ * tile to f32 once and runs it against a chunk of TC tokens kept as panels of PANEL tokens
+ * ([k][PANEL]: an outer-product micro-kernel, weights broadcast, tokens in vector lanes) —
+ * compute-bound, no horizontal sums.
  *
  * No allocation, no locks, no getenv outside the one-time ISA choice.
  */
@@ -192,9 +192,13 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
 		return fail(err, len,
-		            "expert %s: interleave %u needs MXFP4, Q8_0 or Q4_K with rows and "
-		            "first row multiples of %u (format %s, %u rows from %u)",
+		            "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K or BF16 with rows "
+		            "and first row multiples of %u (format %s, %u rows from %u)",
 		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
+	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))
+		return fail(err, len,
+		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
+		            f->name, moek_x8_block(m->format, NULL), m->cols);
 	if (m->format == MOEK_FP8_E4M3_B128) {
 		if (!m->scales)
 			return fail(err, len, "expert %s: FP8 weights without block scales", name);
@@ -259,6 +263,9 @@ size_t moek_expert_split_align(const struct moek_expert *e)
 	 * of two, so one of at least 8 is a multiple of 8) */
 	if (e->gate.interleave && align < MOEK_INTERLEAVE)
 		align = MOEK_INTERLEAVE;
+	/* interleaved down: a column slice starts on a unit of the layout (BF16: 16 columns) */
+	if (e->down.interleave && align < moek_x8_block(e->down.format, NULL))
+		align = moek_x8_block(e->down.format, NULL);
 	return align;
 }
 
@@ -336,8 +343,12 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.h_pad = round_up(c->plan.ffn, 8);
 	const uint32_t gate_act = moek_vec_dot_format(e->gate.format);
 	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
-	c->plan.prefill = ops->prefill && n >= (integer_dot ? MOEK_PREFILL_MIN_TOKENS
-	                                                    : MOEK_PREFILL_MIN_TOKENS_FLOAT);
+	/* interleaved float rows have a group dot that keeps 8 tokens' sums in registers: below
+	 * 16 tokens it beats dequantizing tiles, as the integer dots do */
+	const bool group_dot = e->gate.interleave && ops->dot_x8[moek_fmt_slot(e->gate.format)];
+	c->plan.prefill =
+	    ops->prefill && n >= (integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
+	                                                   : MOEK_PREFILL_MIN_TOKENS_FLOAT);
 	c->plan.xq_format = act_format(ops, &e->gate, c->plan.prefill);
 	c->plan.hq_format = act_format(ops, &e->down, c->plan.prefill);
 	c->plan.xq_row =
@@ -481,9 +492,20 @@ static inline const uint8_t *matrix_group(const struct moek_matrix *m, size_t r)
 static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct moek_matrix *m,
                                   size_t r, size_t k0, size_t n, float *dst)
 {
-	if (m->interleave) { /* through GGUF blocks on the stack, KC columns at a time */
-		uint8_t blocks[KC / 32 * 34]; /* the largest: Q8_0 */
-		const size_t be = moek_format_lookup(m->format)->block_elems;
+	if (m->interleave && m->format == MOEK_BF16) { /* straight from the pairs (interleave.c) */
+		const uint8_t *lane = matrix_group(m, r) + 4 * (r % MOEK_INTERLEAVE);
+		for (size_t p = k0 / 2; p < (k0 + n) / 2; p++) {
+			uint32_t pair, ev, od;
+			memcpy(&pair, lane + 32 * p, 4);
+			ev = pair << 16, od = pair & 0xffff0000u;
+			memcpy(dst + 2 * p - k0, &ev, 4);
+			memcpy(dst + 2 * p + 1 - k0, &od, 4);
+		}
+		return;
+	}
+	if (m->interleave) {            /* through GGUF blocks on the stack, KC columns at a time */
+		uint8_t blocks[KC * 2]; /* the largest: BF16 (Q8_0: KC / 32 * 34) */
+		const size_t be = moek_x8_block(m->format, NULL);
 		for (size_t at = 0; at < n; at += KC) {
 			const size_t kn = n - at < KC ? n - at : KC;
 			moek_x8_gather(m->format, matrix_group(m, r), r % MOEK_INTERLEAVE,

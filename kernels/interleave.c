@@ -28,6 +28,9 @@ struct x8_layout {
 	uint32_t format;
 	uint8_t n;
 	struct x8_segment seg[4];
+	/* the unit interleaved as one block, where it is not the format's own block (BF16's
+	 * is one element: 16 of them make the one vector segment a group dot reads per step) */
+	uint16_t block_elems, block_bytes;
 };
 
 static const struct x8_layout layouts[] = {
@@ -38,6 +41,8 @@ static const struct x8_layout layouts[] = {
     /* 8 f16 d, 8 f16 dmin, 3 vectors of packed 6-bit scales (bytes 4g..4g+3 of the 12),
      * 32 vectors of nibble bytes (chunk c = vectors 8c..8c+7: sub-block 2c low, 2c+1 high) */
     {MOEK_Q4_K, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}},
+    /* 16 elements: 8 vectors of bf16 pairs (elements 2v, 2v+1) */
+    {MOEK_BF16, 1, {{0, 32, true}}, 16, 32},
 };
 
 static const struct x8_layout *layout_of(uint32_t format)
@@ -51,6 +56,17 @@ static const struct x8_layout *layout_of(uint32_t format)
 bool moek_interleave_supported(uint32_t format)
 {
 	return layout_of(format) != NULL;
+}
+
+size_t moek_x8_block(uint32_t format, size_t *block_bytes)
+{
+	const struct x8_layout *l = layout_of(format);
+	const struct moek_format_info *f = moek_format_lookup(format);
+	if (!l || !f)
+		return 0;
+	if (block_bytes)
+		*block_bytes = l->block_elems ? l->block_bytes : f->block_bytes;
+	return l->block_elems ? l->block_elems : f->block_elems;
 }
 
 /* Row r's block of an interleaved column, back as a GGUF block (constant-size copies: this
@@ -77,11 +93,10 @@ static const struct x8_layout *shape(uint32_t format, size_t rows, size_t cols, 
                                      size_t *bb)
 {
 	const struct x8_layout *l = layout_of(format);
-	const struct moek_format_info *f = moek_format_lookup(format);
-	if (!l || !f || !rows || !cols || rows % MOEK_INTERLEAVE || cols % f->block_elems)
+	const size_t be = moek_x8_block(format, bb);
+	if (!l || !be || !rows || !cols || rows % MOEK_INTERLEAVE || cols % be)
 		return NULL;
-	*nb = cols / f->block_elems;
-	*bb = f->block_bytes;
+	*nb = cols / be;
 	return l;
 }
 
@@ -156,7 +171,8 @@ void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, 
                     void *blocks)
 {
 	const struct x8_layout *l = layout_of(format);
-	const size_t bb = moek_format_lookup(format)->block_bytes;
+	size_t bb;
+	(void)moek_x8_block(format, &bb);
 	const uint8_t *column = (const uint8_t *)group + b0 * MOEK_INTERLEAVE * bb;
 	for (size_t b = 0; b < nb; b++, column += MOEK_INTERLEAVE * bb)
 		gather_block(l, column, lane, (uint8_t *)blocks + b * bb);

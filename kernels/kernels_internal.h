@@ -70,8 +70,13 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
+/* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
+ * elements (0: no interleaved layout) and, in *block_bytes when not NULL, its bytes. The
+ * format's own block, except BF16's: 16 elements. Interleaved columns, offsets and slices
+ * come in these units. */
+size_t moek_x8_block(uint32_t format, size_t *block_bytes);
 /* Blocks [b0, b0 + nb) of row `lane` (0..7) of an interleaved group of `format` (moe_kernels.h,
- * moek_interleave) back as GGUF blocks. */
+ * moek_interleave) back as GGUF blocks (units of moek_x8_block). */
 void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, size_t nb,
                     void *blocks);
 
@@ -243,7 +248,8 @@ bool moek_avx2_set_vnni(bool on);
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)
  * to dequantized weight tiles reused across tokens (compute-bound prefill): integer dot
  * products stay ahead longer than float ones, whose per-token FMAs are no cheaper than a
- * tile's. */
+ * tile's — except interleaved float rows (BF16), whose group dot reuses each weight vector
+ * for up to 8 tokens and takes the integer dots' count. */
 #define MOEK_PREFILL_MIN_TOKENS 16
 #define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
 

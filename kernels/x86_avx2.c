@@ -16,7 +16,8 @@
  *   moek_avx2_set_vnni). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
  * Interleaved decode (rows in groups of 8, moek_interleave): MXFP4, Q8_0 and Q4_K, 4 weights
- *   of 8 rows per multiply against 4 broadcast activations, the 8 rows' sums in 8 lanes.
+ *   of 8 rows per multiply against 4 broadcast activations, the 8 rows' sums in 8 lanes; BF16,
+ *   2 weights of 8 rows per pair of FMAs against one broadcast activation pair.
  * Prefill: dequantization of weight tiles (bit-identical to formats.c) and a 6-row x 16-token
  * outer-product f32 micro-kernel over activation panels.
  *
@@ -840,6 +841,66 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 	x8_store(acc, NT, out);
 }
 
+/* BF16: per unit of 16 columns eight vectors of bf16 pairs (vector v: elements 2v and 2v+1 of
+ * row r in lane r) against bf16 activations. A pair's even element shifted up 16 bits is its
+ * f32 value, its odd element masked in place is; the activation pair is one 32-bit broadcast
+ * split the same way. A GGUF-row BF16 dot loads as many activation bytes as weight bytes —
+ * at 7168 columns a 14 KiB activation row that the weight stream evicts from L1 before every
+ * row comes back from L2, and those reloads cost a quarter of a core's DRAM stream at
+ * ~60 GB/s (docs/performance.md); here each activation pair serves 8 rows. One token: four
+ * vectors per step, even and odd sums of each in chains of their own (eight). */
+ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, const int NT,
+                                size_t k, float *out, bool vnni)
+{
+	(void)vnni; /* no integer products */
+	const uint8_t *col = group;
+	const __m256i odd_mask = _mm256_set1_epi32((int)0xffff0000u);
+	if (NT == 1) {
+		const uint8_t *x = act;
+		__m256 ev[4], od[4];
+		for (int j = 0; j < 4; j++)
+			ev[j] = od[j] = _mm256_setzero_ps();
+		for (size_t p = 0; p < k / 2; p += 4, col += 4 * 32) {
+			for (int j = 0; j < 4; j++) {
+				const __m256i w =
+				    _mm256_loadu_si256((const __m256i *)(col + 32 * j));
+				const __m256i y =
+				    _mm256_set1_epi32(load_i32((const int8_t *)x + 4 * (p + j)));
+				ev[j] = _mm256_fmadd_ps(
+				    _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+				    _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)), ev[j]);
+				od[j] = _mm256_fmadd_ps(
+				    _mm256_castsi256_ps(_mm256_and_si256(w, odd_mask)),
+				    _mm256_castsi256_ps(_mm256_and_si256(y, odd_mask)), od[j]);
+			}
+		}
+		const __m256 s01 =
+		    _mm256_add_ps(_mm256_add_ps(ev[0], od[0]), _mm256_add_ps(ev[1], od[1]));
+		const __m256 s23 =
+		    _mm256_add_ps(_mm256_add_ps(ev[2], od[2]), _mm256_add_ps(ev[3], od[3]));
+		_mm256_storeu_ps(out, _mm256_add_ps(s01, s23));
+		return;
+	}
+	__m256 ev[8], od[8];
+	for (int t = 0; t < NT; t++)
+		ev[t] = od[t] = _mm256_setzero_ps();
+	for (size_t p = 0; p < k / 2; p++, col += 32) {
+		const __m256i w = _mm256_loadu_si256((const __m256i *)col);
+		const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+		             wo = _mm256_castsi256_ps(_mm256_and_si256(w, odd_mask));
+		for (int t = 0; t < NT; t++) {
+			const __m256i y = _mm256_set1_epi32(
+			    load_i32((const int8_t *)act + (size_t)t * as + 4 * p));
+			ev[t] = _mm256_fmadd_ps(we, _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)),
+			                        ev[t]);
+			od[t] = _mm256_fmadd_ps(
+			    wo, _mm256_castsi256_ps(_mm256_and_si256(y, odd_mask)), od[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, _mm256_add_ps(ev[t], od[t]));
+}
+
 /* An interleaved-group entry point per format and form, specialised on the token count. */
 #define X8_ENTRY(name, body, vnni)                                                                 \
 	static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,           \
@@ -871,6 +932,7 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 X8_DISPATCH(mxfp4)
 X8_DISPATCH(q8_0)
 X8_DISPATCH(q4_K)
+X8_ENTRY(x8_bf16, x8_bf16_body, false)
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
@@ -1664,6 +1726,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q8_0] = x8_q8_0,
             [MOEK_MXFP4] = x8_mxfp4,
             [MOEK_Q4_K] = x8_q4_K,
+            [MOEK_BF16] = x8_bf16,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

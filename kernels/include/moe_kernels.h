@@ -70,14 +70,16 @@ void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, 
 void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales);
 
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
- * Q8_0 and Q4_K — the same bytes as GGUF rows, permuted so that one SIMD multiply covers 4
- * weights of 8 rows and the 8 rows' block scales are one load. Per group of 8 rows and block
- * column b (8 blocks, 8 · block_bytes bytes), the blocks' fields in this order, where "vectors"
+ * Q8_0, Q4_K and BF16 — the same bytes as GGUF rows, permuted so that one SIMD multiply covers
+ * 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
+ * block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 · block_bytes
+ * bytes; BF16's block here is 16 elements), the blocks' fields in this order, where "vectors"
  * means 32-byte vectors whose bytes 4r..4r+3 come from row r:
  *   MXFP4: 4 vectors of the 16 nibble bytes (bytes 4v..4v+3 of row r in vector v), 8 E8M0;
  *   Q8_0:  8 vectors of the 32 int8 weights, 8 f16 d;
  *   Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors of the
- *          128 nibble bytes.
+ *          128 nibble bytes;
+ *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1).
  * moek_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes apart; 0 = packed)
  * into dst (rows · row bytes); rows % 8 == 0, no overlap. moek_deinterleave is the inverse.
  * Both return 0, or -1 for a format without the layout or a bad shape. */
@@ -143,10 +145,10 @@ struct moek_matrix {
 	 * 0 = every row present (moek_expert_slice accepts only that). */
 	uint32_t row0;
 	/* 0 = GGUF rows as above; MOEK_INTERLEAVE (8) = rows interleaved in groups of 8 by
-	 * moek_interleave (MXFP4, Q8_0, Q4_K), the layout the decode dots read fastest. Then rows
-	 * and row0 are multiples of 8, group g (rows 8g..8g+7) is at data + (g - row0 / 8) * 8 *
-	 * row_stride, and column block b of a group at + b * 8 * block bytes (a column slice
-	 * moves data). */
+	 * moek_interleave (MXFP4, Q8_0, Q4_K, BF16), the layout the decode dots read fastest.
+	 * Then rows and row0 are multiples of 8, group g (rows 8g..8g+7) is at data + (g - row0
+	 * / 8) * 8 * row_stride, and column block b of a group at + b * 8 * block bytes (BF16:
+	 * blocks of 16 columns; a column slice moves data). */
 	uint32_t interleave;
 };
 
@@ -236,7 +238,7 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
  * own part of the scratch. For a given ISA and n_tokens, results are bit-identical for any
  * split of any phase (each output element has one writer and a fixed summation order); the
  * path (row dot products for few tokens, dequantized tiles from 16 tokens — 8 for float
- * weights) and the ISA may change the last bits.
+ * weights in GGUF rows) and the ISA may change the last bits.
  *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
  *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
  *           moek_expert_split_align or of moek_ffn_hidden_align, or the end);
