@@ -494,7 +494,8 @@ static atomic_bool vnni_dots;
 static bool cpu_has_avx512_vnni(void)
 {
 	__builtin_cpu_init(); /* also checks that the OS saves the AVX-512 state */
-	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+	       __builtin_cpu_supports("avx512bw"); /* VNNI_CODE's subset */
 }
 
 bool moek_avx2_set_vnni(bool on)
@@ -901,10 +902,18 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		_mm256_storeu_ps(out + 8 * t, _mm256_add_ps(ev[t], od[t]));
 }
 
+/* The VNNI form of a group dot is compiled for the AVX-512 subset moek_avx2_set_vnni checks
+ * for: the compiler may then fold a weight vector's load into the EVEX shift that splits its
+ * nibbles and merge and/or into vpternlog — about one instruction in ten fewer per block, and
+ * where a core's DRAM stream is the limit (~60 GB/s for two) that is what the streaming rate
+ * follows (MXFP4 at 7168 columns, two threads: +3-5%; docs/performance.md). The integer sums
+ * are exact and the float steps the same, so the bits are the AVX2 form's. */
+#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+
 /* An interleaved-group entry point per format and form, specialised on the token count. */
-#define X8_ENTRY(name, body, vnni)                                                                 \
-	static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,           \
-	                 float *out)                                                               \
+#define X8_ENTRY(name, body, vnni, attr)                                                           \
+	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
+	                      float *out)                                                          \
 	{                                                                                          \
 		switch (nt) {                                                                      \
 		case 1: body(g, act, as, 1, k, out, vnni); break;                                  \
@@ -918,8 +927,8 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		}                                                                                  \
 	}
 #define X8_DISPATCH(fmt)                                                                           \
-	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false)                                          \
-	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true)                                           \
+	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false, )                                        \
+	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true, VNNI_CODE)                                \
 	static void x8_##fmt(const void *g, const void *act, size_t as, size_t nt, size_t k,       \
 	                     float *out)                                                           \
 	{                                                                                          \
@@ -932,7 +941,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 X8_DISPATCH(mxfp4)
 X8_DISPATCH(q8_0)
 X8_DISPATCH(q4_K)
-X8_ENTRY(x8_bf16, x8_bf16_body, false)
+X8_ENTRY(x8_bf16, x8_bf16_body, false, )
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
