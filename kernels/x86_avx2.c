@@ -479,13 +479,24 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0, false)
 DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
-DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
-DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+
+/* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
+ * subset moek_avx2_set_vnni checks for: the compiler may then fold a weight vector's load into the
+ * EVEX shift that splits its nibbles and merge and/or into vpternlog — about one instruction in ten
+ * fewer per block, and where a core's DRAM stream is the limit (~60 GB/s for two) that is what the
+ * streaming rate follows (MXFP4 at 7168 columns, two threads: +3-5%; docs/performance.md). The
+ * integer sums are exact and the float steps the same, so the bits are the AVX2 form's. */
+#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
+#define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
+
+VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
+VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 ROWS_ENTRY(rows_q8_0, q32_body, Q32_Q8_0, false)
 ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
 ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
-ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
-ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
+VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
 /* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
  * before kernels run (the ISA choice), so relaxed ordering is enough. */
@@ -902,14 +913,6 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		_mm256_storeu_ps(out + 8 * t, _mm256_add_ps(ev[t], od[t]));
 }
 
-/* The VNNI form of a group dot is compiled for the AVX-512 subset moek_avx2_set_vnni checks
- * for: the compiler may then fold a weight vector's load into the EVEX shift that splits its
- * nibbles and merge and/or into vpternlog — about one instruction in ten fewer per block, and
- * where a core's DRAM stream is the limit (~60 GB/s for two) that is what the streaming rate
- * follows (MXFP4 at 7168 columns, two threads: +3-5%; docs/performance.md). The integer sums
- * are exact and the float steps the same, so the bits are the AVX2 form's. */
-#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-
 /* An interleaved-group entry point per format and form, specialised on the token count. */
 #define X8_ENTRY(name, body, vnni, attr)                                                           \
 	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
@@ -1067,12 +1070,12 @@ ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, si
 
 DOT_ENTRY(dot_q4_K_avx2, q45k_body, 0, false)
 DOT_ENTRY(dot_q5_K_avx2, q45k_body, 1, false)
-DOT_ENTRY(dot_q4_K_vnni, q45k_body, 0, true)
-DOT_ENTRY(dot_q5_K_vnni, q45k_body, 1, true)
+VNNI_DOT_ENTRY(dot_q4_K_vnni, q45k_body, 0, true)
+VNNI_DOT_ENTRY(dot_q5_K_vnni, q45k_body, 1, true)
 ROWS_ENTRY(rows_q4_K_avx2, q45k_body, 0, false)
 ROWS_ENTRY(rows_q5_K_avx2, q45k_body, 1, false)
-ROWS_ENTRY(rows_q4_K_vnni, q45k_body, 0, true)
-ROWS_ENTRY(rows_q5_K_vnni, q45k_body, 1, true)
+VNNI_ROWS_ENTRY(rows_q4_K_vnni, q45k_body, 0, true)
+VNNI_ROWS_ENTRY(rows_q5_K_vnni, q45k_body, 1, true)
 
 VNNI_DISPATCH_ROWS(q4_K)
 
