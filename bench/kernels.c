@@ -844,7 +844,7 @@ int main(int argc, char **argv)
 	}
 	if (quick) {
 		if (!formats)
-			formats = "Q4_Kx8,Q8_0x8,MXFP4x8,BF16x8";
+			formats = "Q4_Kx8,Q8_0x8,MXFP4x8,BF16x8,BF16";
 		if (!shape_list)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
