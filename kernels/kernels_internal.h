@@ -243,6 +243,10 @@ extern const struct moek_isa_ops moek_avx2_ops;
  * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
  * moek_set_isa. */
 bool moek_avx2_set_vnni(bool on);
+/* Within the VNNI forms, MXFP4's group dot with vpermb (AVX512-VBMI): on with
+ * moek_avx2_set_vnni(true) where the CPU has it; tests switch it off to reach the plain VNNI
+ * form. Fails (false) without VNNI on or without VBMI. Same bits. */
+bool moek_avx2_set_vbmi(bool on);
 #endif
 
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)

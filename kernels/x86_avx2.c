@@ -501,6 +501,9 @@ VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 /* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
  * before kernels run (the ISA choice), so relaxed ordering is enough. */
 static atomic_bool vnni_dots;
+/* Within the VNNI forms, MXFP4's group dot looks its nibbles up with vpermb (AVX512-VBMI),
+ * which ignores the index bits above the table, where the CPU has it (moek_avx2_set_vbmi). */
+static atomic_bool vbmi_dots;
 
 static bool cpu_has_avx512_vnni(void)
 {
@@ -514,6 +517,17 @@ bool moek_avx2_set_vnni(bool on)
 	if (on && !cpu_has_avx512_vnni())
 		return false;
 	atomic_store_explicit(&vnni_dots, on, memory_order_relaxed);
+	atomic_store_explicit(&vbmi_dots, on && __builtin_cpu_supports("avx512vbmi"),
+	                      memory_order_relaxed);
+	return true;
+}
+
+bool moek_avx2_set_vbmi(bool on)
+{
+	if (on && (!atomic_load_explicit(&vnni_dots, memory_order_relaxed) ||
+	           !__builtin_cpu_supports("avx512vbmi")))
+		return false;
+	atomic_store_explicit(&vbmi_dots, on, memory_order_relaxed);
 	return true;
 }
 
@@ -636,8 +650,9 @@ ALWAYS_INLINE __m256 x8_e8m0_scales(const uint8_t *e8)
 }
 
 ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, const int NT,
-                                 size_t k, float *out, bool vnni)
+                                 size_t k, float *out, int form) /* 0 AVX2, 1 VNNI, 2 + VBMI */
 {
+	const bool vnni = form != 0;
 	const uint8_t *col = group;
 	const __m256i low4 = _mm256_set1_epi8(0x0F);
 	const __m256i values16 =
@@ -654,9 +669,17 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 			sum[t] = _mm256_set1_epi32(x8_q8_0s(act, as, t, b)->neg16_sum);
 		for (int v = 0; v < 4; v++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
-			const __m256i lo = _mm256_shuffle_epi8(values16, _mm256_and_si256(q, low4));
-			const __m256i hi = _mm256_shuffle_epi8(
-			    values16, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			__m256i lo, hi;
+			if (form == 2) { /* vpermb reads 5 index bits: values16 holds the 16 codes
+				            twice, so the high nibble's bit 4 needs no mask */
+				const __m256i qh = _mm256_srli_epi16(q, 4);
+				__asm__("vpermb %1, %2, %0" : "=v"(lo) : "v"(values16), "v"(q));
+				__asm__("vpermb %1, %2, %0" : "=v"(hi) : "v"(values16), "v"(qh));
+			} else {
+				lo = _mm256_shuffle_epi8(values16, _mm256_and_si256(q, low4));
+				hi = _mm256_shuffle_epi8(
+				    values16, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			}
 			for (int t = 0; t < NT; t++) {
 				const int8_t *y = x8_q8_0s(act, as, t, b)->qs;
 				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
@@ -951,7 +974,18 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 			x8_##fmt##_avx2(g, act, as, nt, k, out);                                   \
 	}
 
-X8_DISPATCH(mxfp4)
+X8_ENTRY(x8_mxfp4_avx2, x8_mxfp4_body, 0, )
+X8_ENTRY(x8_mxfp4_vnni, x8_mxfp4_body, 1, VNNI_CODE)
+X8_ENTRY(x8_mxfp4_vbmi, x8_mxfp4_body, 2, VNNI_CODE)
+static void x8_mxfp4(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)
+{
+	if (!atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+		x8_mxfp4_avx2(g, act, as, nt, k, out);
+	else if (atomic_load_explicit(&vbmi_dots, memory_order_relaxed))
+		x8_mxfp4_vbmi(g, act, as, nt, k, out);
+	else
+		x8_mxfp4_vnni(g, act, as, nt, k, out);
+}
 X8_DISPATCH(q8_0)
 X8_DISPATCH(q4_K)
 X8_ENTRY(x8_bf16, x8_bf16_body, false, )

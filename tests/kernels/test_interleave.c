@@ -4,7 +4,8 @@
  * the rows it dequantizes to, the FFN over it against the same expert in GGUF rows (prefill
  * and the scalar path bit for bit, the decode dots within float reassociation — and, for
  * Q8_0, the activations' unrounded scale), bit-identical results for any split of rows
- * (ranges cutting groups included), the VNNI form against the AVX2 one, slices, E8M0 scales
+ * (ranges cutting groups included), the VNNI forms (MXFP4: with and without VBMI) against
+ * the AVX2 one, slices, E8M0 scales
  * at their edges, and descriptors the kernels must refuse.
  */
 #include <criterion/criterion.h>
@@ -323,13 +324,21 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 			fx.expert = t.x8;
 			cr_assert(moek_avx2_set_vnni(true));
 			float *v = fixture_run(&fx, x, n, NULL);
+			/* MXFP4's VBMI lookup off: the plain VNNI form (where VBMI is on by
+			 * default) */
+			const bool vbmi = moek_avx2_set_vbmi(false);
+			float *nv = fixture_run(&fx, x, n, NULL);
 			cr_assert(moek_avx2_set_vnni(false));
+			cr_assert(!moek_avx2_set_vbmi(true), "VBMI form without VNNI");
 			float *p = fixture_run(&fx, x, n, NULL);
 			cr_assert(moek_avx2_set_vnni(true));
 			cr_assert_eq(memcmp(v, p, n * t.f.hidden * sizeof(float)), 0,
-			             "%s, %zu tokens: VNNI and AVX2 forms differ", fname(format),
-			             n);
-			free(x), free(v), free(p);
+			             "%s, %zu tokens: VNNI%s and AVX2 forms differ", fname(format),
+			             n, vbmi ? " (VBMI)" : "");
+			cr_assert_eq(memcmp(nv, p, n * t.f.hidden * sizeof(float)), 0,
+			             "%s, %zu tokens: VNNI without VBMI and AVX2 forms differ",
+			             fname(format), n);
+			free(x), free(v), free(nv), free(p);
 		}
 		twin_free(&t);
 	}
