@@ -492,19 +492,12 @@ static inline const uint8_t *matrix_group(const struct moek_matrix *m, size_t r)
 static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct moek_matrix *m,
                                   size_t r, size_t k0, size_t n, float *dst)
 {
-	if (m->interleave && m->format == MOEK_BF16) { /* straight from the pairs (interleave.c) */
-		const uint8_t *lane = matrix_group(m, r) + 4 * (r % MOEK_INTERLEAVE);
-		for (size_t p = k0 / 2; p < (k0 + n) / 2; p++) {
-			uint32_t pair, ev, od;
-			memcpy(&pair, lane + 32 * p, 4);
-			ev = pair << 16, od = pair & 0xffff0000u;
-			memcpy(dst + 2 * p - k0, &ev, 4);
-			memcpy(dst + 2 * p + 1 - k0, &od, 4);
-		}
+	if (m->interleave && m->format == MOEK_BF16) { /* its pairs hold the values themselves */
+		moek_x8_bf16_row(matrix_group(m, r), r % MOEK_INTERLEAVE, k0, n, dst);
 		return;
 	}
-	if (m->interleave) {            /* through GGUF blocks on the stack, KC columns at a time */
-		uint8_t blocks[KC * 2]; /* the largest: BF16 (Q8_0: KC / 32 * 34) */
+	if (m->interleave) { /* through GGUF blocks on the stack, KC columns at a time */
+		uint8_t blocks[KC / 32 * 34]; /* the largest gathered: Q8_0 */
 		const size_t be = moek_x8_block(m->format, NULL);
 		for (size_t at = 0; at < n; at += KC) {
 			const size_t kn = n - at < KC ? n - at : KC;

@@ -178,6 +178,18 @@ void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, 
 		gather_block(l, column, lane, (uint8_t *)blocks + b * bb);
 }
 
+void moek_x8_bf16_row(const void *group, size_t lane, size_t k0, size_t n, float *dst)
+{
+	const uint8_t *at = (const uint8_t *)group + 4 * lane; /* vector p, lane's 4 bytes */
+	for (size_t p = k0 / 2; p < (k0 + n) / 2; p++) {
+		uint32_t pair, even, odd;
+		memcpy(&pair, at + 32 * p, 4);
+		even = pair << 16, odd = pair & 0xffff0000u;
+		memcpy(dst + 2 * p - k0, &even, 4);
+		memcpy(dst + 2 * p + 1 - k0, &odd, 4);
+	}
+}
+
 /* ---- A whole expert in its decode layout ---------------------------------------------------- */
 
 static size_t matrix_bytes(const struct moek_matrix *m)
