@@ -12,6 +12,8 @@
  *
  *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
  *                 [--threads 1,2] [--tokens 1,512] [--min-time S] [--set-mb MB]
+ *                 [--group-prefetch NEAR,GAP]   (the group dots' software prefetch, bytes;
+ *                                                0,0 none; default: the CPU's own)
  *   bench_kernels --dots [--json] [--formats ...] [--shapes ...]   (the dots' in-core ceiling)
  * Never a test: it prints figures, it asserts nothing about speed.
  */
@@ -795,10 +797,10 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 
 static void usage(void)
 {
-	fprintf(stderr,
-	        "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
-	        "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
-	        "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] [--dots] [--verbose]\n");
+	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
+	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
+	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] "
+	                "[--group-prefetch NEAR,GAP] [--dots] [--verbose]\n");
 }
 
 int main(int argc, char **argv)
@@ -837,7 +839,14 @@ int main(int argc, char **argv)
 			min_time = atof(argv[++i]);
 		else if (!strcmp(a, "--set-mb") && has_val)
 			set_mb = (size_t)atol(argv[++i]);
-		else {
+		else if (!strcmp(a, "--group-prefetch") && has_val) {
+			unsigned near, gap;
+			if (sscanf(argv[++i], "%u,%u", &near, &gap) != 2) {
+				usage();
+				return 2;
+			}
+			moek_avx2_set_group_prefetch(near, gap);
+		} else {
 			usage();
 			return 2;
 		}
@@ -849,6 +858,9 @@ int main(int argc, char **argv)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
 	}
+	(void)moek_isa_name(); /* the ISA choice, which takes the prefetch default if unset */
+	unsigned pf_near, pf_gap;
+	moek_avx2_group_prefetch(&pf_near, &pf_gap);
 	const size_t llc = llc_bytes();
 	const size_t set_bytes =
 	    set_mb ? set_mb << 20 : (8 * llc > (256u << 20) ? 8 * llc : 256u << 20);
@@ -888,8 +900,8 @@ int main(int argc, char **argv)
 		pool_destroy(&p);
 	}
 	if (!json) {
-		printf("isa %s, LLC %zu MiB, expert set >= %zu MiB\n", moek_isa_name(), llc >> 20,
-		       set_bytes >> 20);
+		printf("isa %s, LLC %zu MiB, expert set >= %zu MiB, group-dot prefetch %u,%u\n",
+		       moek_isa_name(), llc >> 20, set_bytes >> 20, pf_near, pf_gap);
 		printf("DRAM read: %.1f GB/s (1 thread), %.1f GB/s (2 threads); FMA peak: %.1f / "
 		       "%.1f GFLOP/s\n",
 		       dram[1], dram[2], peak[1], peak[2]);
@@ -897,9 +909,10 @@ int main(int argc, char **argv)
 		       "tokens", "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "tokens/s", "cores",
 		       "redo");
 	} else {
-		printf("{\"isa\": \"%s\", \"dram_read_gbps\": %.2f, \"dram_read_gbps_1t\": %.2f, "
-		       "\"fma_peak_gflops_1t\": %.1f, \"fma_peak_gflops_2t\": %.1f, \"rows\": [",
-		       moek_isa_name(), dram[2], dram[1], peak[1], peak[2]);
+		printf("{\"isa\": \"%s\", \"group_prefetch\": [%u, %u], \"dram_read_gbps\": %.2f, "
+		       "\"dram_read_gbps_1t\": %.2f, \"fma_peak_gflops_1t\": %.1f, "
+		       "\"fma_peak_gflops_2t\": %.1f, \"rows\": [",
+		       moek_isa_name(), pf_near, pf_gap, dram[2], dram[1], peak[1], peak[2]);
 	}
 	static const size_t decode_tokens[] = {1, 4, 8}, prefill_tokens[] = {128, 512};
 	bool first_row = true;

@@ -88,6 +88,8 @@ static const struct moek_isa_ops *isa_ops(enum moek_isa isa)
 		if (!cpu_has_avx2())
 			return NULL;
 		(void)moek_avx2_set_vnni(true); /* where the CPU has it; same bits either way */
+		unsigned near, gap; /* the group dots' prefetch: the CPU's default unless set */
+		moek_avx2_group_prefetch(&near, &gap);
 		return &moek_avx2_ops;
 #else
 		return NULL;

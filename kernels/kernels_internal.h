@@ -251,6 +251,12 @@ bool moek_avx2_set_vnni(bool on);
  * moek_avx2_set_vnni(true) where the CPU has it; tests switch it off to reach the plain VNNI
  * form. Fails (false) without VNNI on or without VBMI. Same bits. */
 bool moek_avx2_set_vbmi(bool on);
+/* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
+ * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. The default, taken at the
+ * ISA choice unless set before, depends on the CPU (Intel: 1536 / 3072, others: none). For
+ * benchmarks; same bits either way. */
+void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
+void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
 #endif
 
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)

@@ -571,12 +571,67 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * in docs/performance.md). The integer sums are exact, so the VNNI and the AVX2 forms give the
  * same bits; against the GGUF-row dots only the float reassociation differs.
  *
- * No software prefetch: the hardware prefetcher keeps up with one column stream, and a
- * prefetch 6 KiB ahead (what the MXFP4 form used to issue) lost 3-19% of the FFN's weight
- * bandwidth in 9 of 11 (format, shape) rows measured alternately on two cores.
+ * Software prefetch where it pays, which depends on the CPU (x8_prefetch below).
  *
  * Activations: Q8_0 and MXFP4 take MOEK_ACT_Q8_0S (the block's d and -16 times the sum of its
  * values next to them, elements in order), Q4_K takes Q8_K as its row dot does. */
+
+/* Software prefetch of the group dots' weight stream: every line `near` bytes ahead into L1
+ * and `near + gap` bytes ahead into L2, issued as the dot moves on (a cursor per call, so each
+ * line is asked for once). Past the end of a group it runs into the next group of the same
+ * matrix, which the caller reads next; a prefetch never faults.
+ *
+ * Whether it pays depends on the core (docs/performance.md, "Group dots and software
+ * prefetch"). On the Intel Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s,
+ * and with the hardware prefetcher alone a group dot lost most of its compute time on top of
+ * the memory time — one token, two threads, MXFP4x8 0.60-0.66 of the DRAM probe; with 1536 /
+ * 1536 + 3072 bytes 0.80-0.88 (Q4_Kx8 0.67-0.74 -> 0.81-0.88, BF16x8 0.74-0.81 -> 0.90-0.94,
+ * Q8_0x8 0.77-0.85 -> 0.87-0.92); 4 KiB into L1 alone was worse than none. On the AMD EPYC
+ * (Zen 4) VMs a prefetch 6 KiB ahead lost 3-19% of the FFN's weight bandwidth in 9 of 11
+ * (format, shape) rows, so there the hardware prefetcher works alone. */
+static atomic_uint x8_pf_near, x8_pf_gap;
+static atomic_bool x8_pf_set;
+
+void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
+{
+	atomic_store_explicit(&x8_pf_near, near, memory_order_relaxed);
+	atomic_store_explicit(&x8_pf_gap, near ? gap : 0, memory_order_relaxed);
+	atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
+}
+
+void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
+{
+	if (!atomic_load_explicit(&x8_pf_set, memory_order_relaxed)) {
+		__builtin_cpu_init();
+		const bool intel = __builtin_cpu_is("intel");
+		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
+	}
+	*near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
+	*gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
+}
+
+struct x8_stream {
+	uintptr_t next; /* the next line to prefetch; UINTPTR_MAX: none */
+	size_t near, gap;
+};
+
+ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group)
+{
+	const size_t near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
+	const size_t gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
+	const uintptr_t first = ((uintptr_t)group + near) & ~(uintptr_t)63;
+	return (struct x8_stream){near ? first : UINTPTR_MAX, near, gap};
+}
+
+/* The lines up to `near` bytes past `end` (the end of what the dot reads next). */
+ALWAYS_INLINE void x8_prefetch(struct x8_stream *s, const void *end)
+{
+	for (; s->next < (uintptr_t)end + s->near; s->next += 64) {
+		_mm_prefetch((const char *)s->next, _MM_HINT_T0);
+		if (s->gap)
+			_mm_prefetch((const char *)s->next + s->gap, _MM_HINT_T1);
+	}
+}
 
 /* Four activation bytes, read as one broadcast operand. */
 struct act4 {
@@ -660,7 +715,9 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col);
 	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8 * 17) {
+		x8_prefetch(&pf, col + X8 * 17);
 		/* one token: four chains (low/high nibbles, even/odd vector), the multiply's
 		 * latency would bound a single one; more tokens are chains of their own */
 		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
@@ -712,7 +769,9 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col);
 	for (size_t b = 0; b < k / QK8_0; b++, col += X8 * 34) {
+		x8_prefetch(&pf, col + X8 * 34);
 		/* one token: four chains (vector v % 4), as in x8_mxfp4_body */
 		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
 		                            _mm256_setzero_si256()};
@@ -776,6 +835,7 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col);
 	for (size_t i = 0; i < k / QK_K; i++, col += X8 * 144) {
 		const __m256i v0 = _mm256_loadu_si256((const __m256i *)(col + 32));
 		const __m256i v1 = _mm256_loadu_si256((const __m256i *)(col + 64));
@@ -821,6 +881,7 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 		}
 		for (int c = 0; c < 4; c++) {
 			const uint8_t *qc = col + 128 + 32 * 8 * c;
+			x8_prefetch(&pf, qc + 32 * 8);
 			/* one token: two chains each (even/odd vector), as in x8_mxfp4_body */
 			__m256i slo[8], shi[8], slo1 = _mm256_setzero_si256(), shi1 = slo1;
 			for (int t = 0; t < NT; t++)
@@ -905,7 +966,9 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		__m256 ev[4], od[4];
 		for (int j = 0; j < 4; j++)
 			ev[j] = od[j] = _mm256_setzero_ps();
+		struct x8_stream pf = x8_stream_at(col);
 		for (size_t p = 0; p < k / 2; p += 4, col += 4 * 32) {
+			x8_prefetch(&pf, col + 4 * 32);
 			for (int j = 0; j < 4; j++) {
 				const __m256i w =
 				    _mm256_loadu_si256((const __m256i *)(col + 32 * j));
@@ -929,7 +992,9 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 	__m256 ev[8], od[8];
 	for (int t = 0; t < NT; t++)
 		ev[t] = od[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col);
 	for (size_t p = 0; p < k / 2; p++, col += 32) {
+		x8_prefetch(&pf, col + 32);
 		const __m256i w = _mm256_loadu_si256((const __m256i *)col);
 		const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
 		             wo = _mm256_castsi256_ps(_mm256_and_si256(w, odd_mask));
