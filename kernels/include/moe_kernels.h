@@ -238,7 +238,8 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
  * own part of the scratch. For a given ISA and n_tokens, results are bit-identical for any
  * split of any phase (each output element has one writer and a fixed summation order); the
  * path (row dot products for few tokens, dequantized tiles from 16 tokens — 8 for float
- * weights in GGUF rows) and the ISA may change the last bits.
+ * weights in GGUF rows; interleaved Q8_0, Q4_K and MXFP4 keep their group dots at any count,
+ * bit for bit the same as in calls of 8 tokens) and the ISA may change the last bits.
  *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
  *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
  *           moek_expert_split_align or of moek_ffn_hidden_align, or the end);
