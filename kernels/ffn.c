@@ -658,6 +658,47 @@ static size_t token_block(size_t act_row_bytes)
 	return b < MOEK_DOT_TOKENS ? MOEK_DOT_TOKENS : b;
 }
 
+/* The steps of a group-dot phase over rows [r0, r1) of a matrix, in the order above: token
+ * blocks, row chunks within a block (the first one starting on r0's group), 8 tokens at a
+ * time within a chunk. The current step covers tokens [t0, t0 + nt) and rows [c0, c1). */
+struct x8_steps {
+	size_t n, first, end, ch, tb;
+	size_t b0, b1, c0, c1, t0, nt;
+	bool started;
+};
+
+static struct x8_steps x8_steps(size_t n_tokens, size_t r0, size_t r1, size_t weight_row_bytes,
+                                size_t act_row_bytes)
+{
+	return (struct x8_steps){.n = n_tokens,
+	                         .first = r0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE,
+	                         .end = r1,
+	                         .ch = chunk_rows(n_tokens, weight_row_bytes),
+	                         .tb = token_block(act_row_bytes)};
+}
+
+/* Moves to the next step; false after the last. */
+static bool x8_next(struct x8_steps *s)
+{
+	if (!s->started) {
+		s->started = true;
+		s->b0 = s->t0 = 0;
+		s->c0 = s->first;
+	} else if ((s->t0 += MOEK_DOT_TOKENS) >= s->b1) { /* the block's next chunk */
+		s->t0 = s->b0;
+		if ((s->c0 += s->ch) >= s->end) { /* the next block */
+			s->c0 = s->first;
+			s->t0 = s->b0 += s->tb;
+		}
+	}
+	if (s->b0 >= s->n || s->first >= s->end)
+		return false;
+	s->b1 = s->n - s->b0 < s->tb ? s->n : s->b0 + s->tb;
+	s->c1 = s->c0 + s->ch < s->end ? s->c0 + s->ch : s->end;
+	s->nt = s->b1 - s->t0 < MOEK_DOT_TOKENS ? s->b1 - s->t0 : MOEK_DOT_TOKENS;
+	return true;
+}
+
 /* Rows [a, b) of the chunk at c0: h (gate) and ub (up, [t][f - c0]) hold the raw sums of
  * tokens t0 .. t0 + nt; h becomes the activation. */
 static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expert *e, size_t t0,
@@ -684,45 +725,34 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
 	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
-	const size_t first = f0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE;
-	const size_t ch = chunk_rows(c->n_tokens, 2 * moek_row_bytes(e->gate.format, hidden));
-	const size_t tb = token_block(as);
-	for (size_t b0 = 0; b0 < c->n_tokens; b0 += tb) {
-		const size_t b1 = c->n_tokens - b0 < tb ? c->n_tokens : b0 + tb;
-		for (size_t c0 = first; c0 < f1; c0 += ch) {
-			const size_t c1 = c0 + ch < f1 ? c0 + ch : f1;
-			for (size_t t0 = b0; t0 < b1; t0 += MOEK_DOT_TOKENS) {
-				const size_t nt =
-				    b1 - t0 < MOEK_DOT_TOKENS ? b1 - t0 : MOEK_DOT_TOKENS;
-				for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
-					const uint8_t *gate = matrix_group(&e->gate, g0),
-					              *up = matrix_group(&e->up, g0);
-					if (nt == 1 && g0 >= f0 && g0 + MOEK_INTERLEAVE <= f1) {
-						dot_x8(gate, xa + t0 * as, as, 1, hidden,
-						       h32_row(c, t0) + g0);
-						dot_x8(up, xa + t0 * as, as, 1, hidden,
-						       ub + (g0 - c0));
-						continue;
-					}
-					float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
-					    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-					dot_x8(gate, xa + t0 * as, as, nt, hidden, g);
-					dot_x8(up, xa + t0 * as, as, nt, hidden, u);
-					for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
-						const size_t f = g0 + r;
-						if (f < f0 || f >= f1)
-							continue;
-						for (size_t t = 0; t < nt; t++) {
-							h32_row(c, t0 + t)[f] =
-							    g[t * MOEK_INTERLEAVE + r];
-							ub[t * DECODE_CHUNK + (f - c0)] =
-							    u[t * MOEK_INTERLEAVE + r];
-						}
-					}
+	for (struct x8_steps s =
+	         x8_steps(c->n_tokens, f0, f1, 2 * moek_row_bytes(e->gate.format, hidden), as);
+	     x8_next(&s);) {
+		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
+		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
+			const uint8_t *gate = matrix_group(&e->gate, g0),
+			              *up = matrix_group(&e->up, g0);
+			if (nt == 1 && g0 >= f0 && g0 + MOEK_INTERLEAVE <= f1) {
+				dot_x8(gate, xa + t0 * as, as, 1, hidden, h32_row(c, t0) + g0);
+				dot_x8(up, xa + t0 * as, as, 1, hidden, ub + (g0 - c0));
+				continue;
+			}
+			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
+			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
+			dot_x8(gate, xa + t0 * as, as, nt, hidden, g);
+			dot_x8(up, xa + t0 * as, as, nt, hidden, u);
+			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
+				const size_t f = g0 + r;
+				if (f < f0 || f >= f1)
+					continue;
+				for (size_t t = 0; t < nt; t++) {
+					h32_row(c, t0 + t)[f] = g[t * MOEK_INTERLEAVE + r];
+					ub[t * DECODE_CHUNK + (f - c0)] =
+					    u[t * MOEK_INTERLEAVE + r];
 				}
-				activate_chunk(c, e, t0, nt, c0, c0 > f0 ? c0 : f0, c1, ub);
 			}
 		}
+		activate_chunk(c, e, t0, nt, c0, c0 > f0 ? c0 : f0, c1, ub);
 	}
 }
 
@@ -883,37 +913,26 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 	const uint8_t *ha = hq_row(c, worker, 0);
 	float yb[MOEK_DOT_TOKENS *
 	         DECODE_CHUNK]; /* [t][o - c0]: the chunk's sums (see DECODE_CHUNK) */
-	const size_t first = o0 / MOEK_INTERLEAVE * MOEK_INTERLEAVE;
-	const size_t ch = chunk_rows(c->n_tokens, moek_row_bytes(e->down.format, ffn));
-	const size_t tb = token_block(as);
-	for (size_t b0 = 0; b0 < c->n_tokens; b0 += tb) {
-		const size_t b1 = c->n_tokens - b0 < tb ? c->n_tokens : b0 + tb;
-		for (size_t c0 = first; c0 < o1; c0 += ch) {
-			const size_t c1 = c0 + ch < o1 ? c0 + ch : o1;
-			for (size_t t0 = b0; t0 < b1; t0 += MOEK_DOT_TOKENS) {
-				const size_t nt =
-				    b1 - t0 < MOEK_DOT_TOKENS ? b1 - t0 : MOEK_DOT_TOKENS;
-				for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
-					const uint8_t *down = matrix_group(&e->down, g0);
-					if (nt ==
-					    1) { /* rows outside the range are computed, not used */
-						dot_x8(down, ha + t0 * as, as, 1, ffn,
-						       yb + (g0 - c0));
-						continue;
-					}
-					float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-					dot_x8(down, ha + t0 * as, as, nt, ffn, y);
-					for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
-						for (size_t t = 0; t < nt; t++)
-							yb[t * DECODE_CHUNK + (g0 + r - c0)] =
-							    y[t * MOEK_INTERLEAVE + r];
-				}
-				for (size_t t = 0; t < nt; t++)
-					for (size_t o = c0 > o0 ? c0 : o0; o < c1; o++)
-						accumulate(c, e, t0 + t, o,
-						           yb[t * DECODE_CHUNK + (o - c0)]);
+	for (struct x8_steps s =
+	         x8_steps(c->n_tokens, o0, o1, moek_row_bytes(e->down.format, ffn), as);
+	     x8_next(&s);) {
+		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
+		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
+			const uint8_t *down = matrix_group(&e->down, g0);
+			if (nt == 1) { /* rows outside the range are computed, not used */
+				dot_x8(down, ha + t0 * as, as, 1, ffn, yb + (g0 - c0));
+				continue;
 			}
+			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
+			dot_x8(down, ha + t0 * as, as, nt, ffn, y);
+			for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
+				for (size_t t = 0; t < nt; t++)
+					yb[t * DECODE_CHUNK + (g0 + r - c0)] =
+					    y[t * MOEK_INTERLEAVE + r];
 		}
+		for (size_t t = 0; t < nt; t++)
+			for (size_t o = c0 > o0 ? c0 : o0; o < c1; o++)
+				accumulate(c, e, t0 + t, o, yb[t * DECODE_CHUNK + (o - c0)]);
 	}
 }
 

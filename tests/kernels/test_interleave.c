@@ -307,6 +307,37 @@ Test(interleave, ffn_equals_the_gguf_rows)
 	}
 }
 
+/* Many tokens: the integer formats' group dots walk tokens in blocks of about 256 KiB of
+ * activations (here 816 tokens of 256 columns: 1000 tokens make two blocks, the second
+ * partial) and rows in chunks; the result is still, bit for bit, the same expert run in calls
+ * of 8 tokens. */
+Test(interleave, many_tokens_in_blocks)
+{
+	const uint32_t formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		struct twin t;
+		twin_init(&t, formats[fi], 256, 256, MOEK_SWIGLU, 1, 11);
+		const size_t n = 1000, h = t.f.hidden;
+		float *x = fixture_tokens(n, h, 21), *w = malloc(n * sizeof(float));
+		cr_assert(w);
+		for (size_t k = 0; k < n; k++)
+			w[k] = 0.5f + (float)(k % 7) / 8.0f;
+		struct fixture fx = t.f;
+		fx.expert = t.x8;
+		float *got = fixture_run(&fx, x, n, w);
+		for (size_t t0 = 0; t0 < n; t0 += 8) {
+			const size_t nt = n - t0 < 8 ? n - t0 : 8;
+			float *part = fixture_run(&fx, x + t0 * h, nt, w + t0);
+			cr_assert_eq(memcmp(part, got + t0 * h, nt * h * sizeof(float)), 0,
+			             "%s, %zu tokens: tokens %zu.. differ from a call of 8",
+			             fname(formats[fi]), n, t0);
+			free(part);
+		}
+		free(x), free(w), free(got);
+		twin_free(&t);
+	}
+}
+
 /* Any split of the hidden and down rows, cuts inside groups included, gives the same bits. */
 Test(interleave, splits_cutting_groups_give_the_same_bits)
 {
