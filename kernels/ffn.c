@@ -880,6 +880,23 @@ static inline void accumulate(const struct moek_ffn_call *c, const struct moek_e
 	c->out[token_row(c, t) * out_stride + o] += w * (y + b);
 }
 
+/* accumulate() for output rows [a, b) of token t, y[o - a] their sums: the same operations
+ * per element, in a loop the compiler vectorizes (per-token invariants hoisted). */
+static void accumulate_rows(const struct moek_ffn_call *c, const struct moek_expert *e, size_t t,
+                            size_t a, size_t b, const float *restrict y)
+{
+	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
+	const float w = c->weights ? c->weights[t] : 1.0f;
+	float *restrict out = c->out + token_row(c, t) * out_stride;
+	const float *restrict bias = e->down.bias;
+	if (bias)
+		for (size_t o = a; o < b; o++)
+			out[o] += w * (y[o - a] + bias[o]);
+	else
+		for (size_t o = a; o < b; o++)
+			out[o] += w * (y[o - a] + 0.0f);
+}
+
 static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
                          unsigned worker, size_t o0, size_t o1)
 {
@@ -930,9 +947,9 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 					yb[t * DECODE_CHUNK + (g0 + r - c0)] =
 					    y[t * MOEK_INTERLEAVE + r];
 		}
+		const size_t a = c0 > o0 ? c0 : o0;
 		for (size_t t = 0; t < nt; t++)
-			for (size_t o = c0 > o0 ? c0 : o0; o < c1; o++)
-				accumulate(c, e, t0 + t, o, yb[t * DECODE_CHUNK + (o - c0)]);
+			accumulate_rows(c, e, t0 + t, a, c1, yb + t * DECODE_CHUNK + (a - c0));
 	}
 }
 
