@@ -704,9 +704,16 @@ static bool x8_next(struct x8_steps *s)
 static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expert *e, size_t t0,
                            size_t nt, size_t c0, size_t a, size_t b, const float *ub)
 {
+	const struct moek_isa_ops *ops = plan_ops(c);
 	for (size_t t = 0; t < nt; t++) {
 		float *h = h32_row(c, t0 + t);
 		const float *u = ub + t * DECODE_CHUNK - c0;
+		if (ops->swiglu) {
+			ops->swiglu(h + a, u + a, e->gate.bias ? e->gate.bias + a : NULL,
+			            e->up.bias ? e->up.bias + a : NULL, b - a,
+			            e->activation == MOEK_SWIGLU_OAI, e->limit, e->alpha);
+			continue;
+		}
 		for (size_t f = a; f < b; f++) {
 			const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 			const float bu = e->up.bias ? e->up.bias[f] : 0.0f;

@@ -193,6 +193,12 @@ struct moek_isa_ops {
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
 	void (*x8_transpose)(const uint8_t *rows, size_t stride, size_t words, uint8_t *out);
+	/* The decode chunks' activation (NULL: ffn.c's scalar one, libm expf): for i < n,
+	 * h[i] = act(h[i] + bg[i], u[i] + bu[i]) (bg, bu NULL: no bias) — SwiGLU, or with oai
+	 * gpt-oss's clamped form (limit, alpha). An element gets the same bits wherever it falls
+	 * in a call, so splits of the rows do not show. */
+	void (*swiglu)(float *h, const float *u, const float *bg, const float *bu, size_t n,
+	               bool oai, float limit, float alpha);
 };
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its

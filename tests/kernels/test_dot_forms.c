@@ -225,6 +225,82 @@ Test(dot_forms, ffn_plain_avx2_same_bits_wide_down_rows)
 		check_ffn_forms(ffn_formats[i].format, 256, 14336, 1, ffn_formats[i].bound);
 }
 
+/* The decode chunks' vector SwiGLU (moek_avx2_ops.swiglu) against the formula in double:
+ * within a few float roundings over the range activations take, saturating ends exact or
+ * negligible, a NaN as ffn.c's activate() treats it, and the same bits for an element
+ * whatever the call's range (main loop or tail, with or without bias). */
+static double swiglu_ref(double g, double u, bool oai, double limit, float alpha)
+{
+	if (oai) { /* e^'s argument rounded to float as the kernels' (and activate()'s) is */
+		g = g < limit ? g : limit;
+		u = u > limit ? limit : u < -limit ? -limit : u;
+		return g / (1.0 + exp((double)(-alpha * (float)g))) * (u + 1.0);
+	}
+	return g / (1.0 + exp(-g)) * u;
+}
+
+Test(dot_forms, swiglu_vector)
+{
+	if (!have_avx2())
+		cr_skip_test("no AVX2 here");
+	enum { N = 4099 };
+	float *g = malloc(N * sizeof(float)), *u = malloc(N * sizeof(float));
+	float *bg = malloc(N * sizeof(float)), *h = malloc(N * sizeof(float));
+	float *parts = malloc(N * sizeof(float));
+	cr_assert(g && u && bg && h && parts);
+	uint32_t seed = 12345;
+	for (size_t i = 0; i < N; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		g[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 60.0f; /* -30 .. 30 */
+		seed = seed * 1664525u + 1013904223u;
+		u[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 8.0f;
+		bg[i] = (float)(i % 13) * 0.125f - 0.75f;
+	}
+	for (int oai = 0; oai < 2; oai++)
+		for (int bias = 0; bias < 2; bias++) {
+			memcpy(h, g, N * sizeof(float));
+			moek_avx2_ops.swiglu(h, u, bias ? bg : NULL, NULL, N, oai, 7.0f, 1.702f);
+			double worst = 0;
+			for (size_t i = 0; i < N; i++) {
+				const double gi = (double)g[i] + (bias ? (double)bg[i] : 0.0);
+				const double want =
+				    swiglu_ref((double)(float)gi, u[i], oai, 7.0, 1.702);
+				const double err = fabs(h[i] - want) / (fabs(want) + 1e-30);
+				if (fabs(want) > 1e-30 && err > worst)
+					worst = err;
+			}
+			cr_assert_lt(worst, 2e-6, "oai %d bias %d: relative error %g", oai, bias,
+			             worst);
+			/* pieces of 1, 3, 8, 13 ... elements: the same bits */
+			memcpy(parts, g, N * sizeof(float));
+			for (size_t i = 0, len = 1; i < N; i += len, len = len * 3 % 17 + 1) {
+				const size_t n = N - i < len ? N - i : len;
+				moek_avx2_ops.swiglu(parts + i, u + i, bias ? bg + i : NULL, NULL,
+				                     n, oai, 7.0f, 1.702f);
+			}
+			cr_assert_eq(memcmp(parts, h, N * sizeof(float)), 0,
+			             "oai %d bias %d: split calls differ", oai, bias);
+		}
+	/* the ends: g -> +inf gives g u, g -> -inf gives (-)0; NaN stays NaN (plain) or
+	 * becomes the limit (gpt-oss, as fminf does) */
+	float e[8] = {100.0f, -100.0f, 1e30f, -1e30f, NAN, 0.0f, -0.0f, 88.5f};
+	const float one[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+	moek_avx2_ops.swiglu(e, one, NULL, NULL, 8, false, 0, 0);
+	cr_assert_eq(e[0], 100.0f);
+	cr_assert_lt(fabsf(e[1]), 1e-30f);
+	cr_assert_eq(e[2], 1e30f);
+	cr_assert_lt(fabsf(e[3]), 1e-30f, "%g", e[3]);
+	cr_assert(isnan(e[4]));
+	cr_assert_eq(e[5], 0.0f);
+	cr_assert_eq(e[7], 88.5f);
+	float o[2] = {NAN, 3.0f};
+	const float uo[2] = {NAN, 100.0f};
+	moek_avx2_ops.swiglu(o, uo, NULL, NULL, 2, true, 7.0f, 1.702f);
+	cr_assert_float_eq(o[0], (float)swiglu_ref(7.0, 7.0, true, 7.0, 1.702f), 1e-5);
+	cr_assert_float_eq(o[1], (float)swiglu_ref(3.0, 7.0, true, 7.0, 1.702f), 1e-5);
+	free(g), free(u), free(bg), free(h), free(parts);
+}
+
 #else
 Test(dot_forms, x86_only)
 {
