@@ -581,10 +581,10 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * line is asked for once). Past the end of a group it runs into the next group of the same
  * matrix, which the caller reads next; a prefetch never faults.
  *
- * Whether it pays depends on the core (docs/performance.md, "Group dots and software
- * prefetch"). On the Intel Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s,
- * and with the hardware prefetcher alone a group dot lost most of its compute time on top of
- * the memory time — one token, two threads, MXFP4x8 0.60-0.66 of the DRAM probe; with 1536 /
+ * Whether it pays depends on the core (docs/performance.md, "An Intel Xeon VM"). On the Intel
+ * Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s, and with the hardware
+ * prefetcher alone a group dot's compute time added to its memory time instead of hiding
+ * behind it — one token, two threads, MXFP4x8 0.60-0.66 of the DRAM probe; with 1536 /
  * 1536 + 3072 bytes 0.80-0.88 (Q4_Kx8 0.67-0.74 -> 0.81-0.88, BF16x8 0.74-0.81 -> 0.90-0.94,
  * Q8_0x8 0.77-0.85 -> 0.87-0.92); 4 KiB into L1 alone was worse than none. On the AMD EPYC
  * (Zen 4) VMs a prefetch 6 KiB ahead lost 3-19% of the FFN's weight bandwidth in 9 of 11
