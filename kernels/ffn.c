@@ -994,8 +994,6 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 		/* one token: a chunk's sums in place — the ISA's many-row dot where it has one,
 		 * else a dot per row (the same sum) — then their weighted sums (see DECODE_CHUNK)
 		 */
-		const float wt = c->weights ? c->weights[0] : 1.0f;
-		float *out = c->out + token_row(c, 0) * out_stride;
 		for (size_t r0 = o0; r0 < o1; r0 += ROWS_CHUNK) {
 			const size_t nr = o1 - r0 < ROWS_CHUNK ? o1 - r0 : ROWS_CHUNK;
 			float y[ROWS_CHUNK];
@@ -1007,10 +1005,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 					    e->down.scales ? matrix_scale_row(&e->down, r0 + i)
 					                   : NULL,
 					    ha, as, 1, ffn, y + i);
-			for (size_t i = 0; i < nr; i++) {
-				const float b = e->down.bias ? e->down.bias[r0 + i] : 0.0f;
-				out[r0 + i] += wt * (y[i] + b);
-			}
+			accumulate_rows(c, e, 0, r0, r0 + nr, y);
 		}
 		return;
 	}
