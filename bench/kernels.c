@@ -416,9 +416,11 @@ static bool verbose;
 
 /* The calls run in waves of `wave` experts, as the sidecar's pool runs the routed experts of
  * a layer: every call of the wave loads, then every call's hidden rows, then every call's down
- * rows, a barrier between the phases; within a phase the workers claim items (one per worker
- * and call: a contiguous range of rows) from a counter, so a worker that is ahead takes the
- * next expert's rows instead of waiting at the barrier. */
+ * rows, a barrier between the phases; within a phase the workers claim items from a counter,
+ * so a worker that is ahead takes the next item instead of waiting at the barrier. An item is
+ * a whole expert's rows where the wave shares out evenly, else one worker's contiguous range
+ * of them — the sidecar's rule (pool_whole_groups): decode waves of 8 run whole experts on 1
+ * or 2 threads, prefill (one expert per wave) splits it. */
 struct ffn_job {
 	struct moek_ffn_call *calls; /* one per expert in the cycle (scratch per wave slot) */
 	size_t n_calls, first, count; /* run calls first, first+1, … (mod n_calls), count of them */
@@ -443,32 +445,46 @@ static bool claim(struct ffn_job *j, unsigned w, size_t n_workers, int ph, size_
 	return false;
 }
 
+/* Item `it` of a phase: its call and the part of `parts` it covers. */
+static void item_of(const struct ffn_job *j, size_t it, size_t n, size_t *call, size_t *part,
+                    size_t *parts)
+{
+	const size_t whole = j->wave - j->wave % n;
+	if (it < whole) {
+		*call = it, *part = 0, *parts = 1;
+		return;
+	}
+	*call = whole + (it - whole) / n, *part = (it - whole) % n, *parts = n;
+}
+
 static void ffn_part(struct pool *p, unsigned w)
 {
 	struct ffn_job *j = p->arg;
-	const size_t n = p->n;
+	const size_t n = p->n, whole = j->wave - j->wave % n;
+	const size_t items = whole + (j->wave - whole) * n;
 	for (size_t i = 0; i < j->count; i += j->wave) {
 		const struct moek_ffn_call *c = &j->calls[(j->first + i) % j->n_calls];
 		for (size_t q = w; q < j->wave; q += n)
 			moek_ffn_load(&c[q], w, 0, c[q].n_tokens);
 		barrier_wait(&p->phase);
-		size_t it;
-		while (claim(j, w, n, 0, j->wave * n, &it)) {
-			const struct moek_ffn_call *ci = &c[it / n];
-			const size_t ffn = ci->expert->gate.rows;
-			const size_t units = (ffn + j->align - 1) / j->align, part = it % n;
-			const size_t fb = units * part / n * j->align,
-			             fe = units * (part + 1) / n * j->align;
-			moek_ffn_hidden(ci, w, fb, fe < ffn ? fe : ffn);
+		size_t it, q, part, parts;
+		while (claim(j, w, n, 0, items, &it)) {
+			item_of(j, it, n, &q, &part, &parts);
+			const size_t ffn = c[q].expert->gate.rows;
+			const size_t units = (ffn + j->align - 1) / j->align;
+			const size_t fb = units * part / parts * j->align,
+			             fe = units * (part + 1) / parts * j->align;
+			moek_ffn_hidden(&c[q], w, fb, fe < ffn ? fe : ffn);
 		}
 		barrier_wait(&p->phase);
 		/* the next wave's load writes other scratch: no barrier after down */
-		while (claim(j, w, n, 1, j->wave * n, &it)) {
-			const struct moek_ffn_call *ci = &c[it / n];
-			const size_t hidden = ci->expert->gate.cols, part = it % n;
-			const size_t ob = hidden * part / n / 8 * 8,
-			             oe = part + 1 == n ? hidden : hidden * (part + 1) / n / 8 * 8;
-			moek_ffn_down(ci, w, ob, oe);
+		while (claim(j, w, n, 1, items, &it)) {
+			item_of(j, it, n, &q, &part, &parts);
+			const size_t hidden = c[q].expert->gate.cols;
+			const size_t ob = hidden * part / parts / 8 * 8,
+			             oe = part + 1 == parts ? hidden
+			                                    : hidden * (part + 1) / parts / 8 * 8;
+			moek_ffn_down(&c[q], w, ob, oe);
 		}
 	}
 }

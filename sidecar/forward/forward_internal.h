@@ -91,6 +91,14 @@ void pool_destroy(struct forward_pool *p);
 /* Runs load, hidden and down of every group (calls already prepared with n_workers =
  * p->n_workers) on every worker, the caller included, with a barrier between phases. */
 void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups);
+/* How many of the wave's groups (the first ones) a node of `threads` workers runs whole, one
+ * worker each for the group's hidden and down rows; the others are cut into one chunk per
+ * worker. Groups of equal token counts cost the same, so the first n_groups - n_groups %
+ * threads give every worker the same share whole and the rest is split evenly; with unequal
+ * counts every group is split (no worker waits for another's large group). Two workers
+ * streaming halves of the same small expert lose to each running its own (Qwen3-sized
+ * experts, one token: 0.82-0.85 against 0.87-0.90 of the DRAM read; docs/performance.md). */
+uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
 /* ---- forward.c: latency histograms ---- */
 /* Buckets in µs: one per value below 8, then 8 per power of two up to 2^26 µs (67 s; longer

@@ -7,6 +7,8 @@
  * docs/architecture.md), through the node's own view of the expert (wave_group.node_expert:
  * with the sliced residency, the node's rows live in a slot of the node's own pool). Inside a
  * node, workers claim items from an atomic counter: no worker idles while its node has work.
+ * An item is a whole group's node rows where the groups share out evenly (decode: every
+ * routed expert one token), else one worker's chunk of them (pool_whole_groups).
  * The kernels give the same bits for any split, so claiming order never shows in results.
  *
  * Threading: pool_run_wave is called by one thread at a time (the one running the engine's
@@ -213,6 +215,16 @@ static void add_items(struct forward_pool *p, unsigned phase, uint32_t node, uin
 	}
 }
 
+uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads)
+{
+	if (threads <= 1)
+		return n_groups;
+	for (uint32_t g = 1; g < n_groups; g++)
+		if (groups[g].call.n_tokens != groups[0].call.n_tokens)
+			return 0;
+	return n_groups - n_groups % threads;
+}
+
 void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups)
 {
 	p->groups = groups;
@@ -222,16 +234,21 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 			p->n_items[ph][n] = 0;
 			atomic_store_explicit(&p->next[ph][n], 0, memory_order_relaxed);
 		}
-	for (uint32_t g = 0; g < n_groups; g++) {
-		const struct wave_group *wg = &groups[g];
-		add_items(p, PHASE_LOAD, 0, g, 0, wg->call.n_tokens, 1, p->n_workers);
-		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
-			uint32_t threads = p->topo->nodes[n].threads;
-			add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
-			          wg->h_align, threads);
-			add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1],
-			          FORWARD_DOWN_ALIGN, threads);
-		}
+	for (uint32_t g = 0; g < n_groups; g++)
+		add_items(p, PHASE_LOAD, 0, g, 0, groups[g].call.n_tokens, 1, p->n_workers);
+	for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
+		/* the whole groups' items first, so the split ones are the wave's tail */
+		const uint32_t threads = p->topo->nodes[n].threads;
+		const uint32_t whole = pool_whole_groups(groups, n_groups, threads);
+		for (uint32_t pass = 0; pass < 2; pass++)
+			for (uint32_t g = pass ? whole : 0; g < (pass ? n_groups : whole); g++) {
+				const struct wave_group *wg = &groups[g];
+				const uint32_t chunks = pass ? threads : 1;
+				add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
+				          wg->h_align, chunks);
+				add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1],
+				          FORWARD_DOWN_ALIGN, chunks);
+			}
 	}
 	/* The load phase is shared by every node: each node's workers claim from list 0. */
 	if (p->n_workers > 1) {

@@ -94,13 +94,16 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 		CHECK(0, "model: %s", err);
 		return;
 	}
-	const uint32_t tokens[] = {1, 5, 24};
+	/* the last: one token, nothing deferred — one wave of k groups, which 2 and 3 workers
+	 * run partly whole and partly split (pool_whole_groups) */
+	enum { N_REQ = 4 };
+	const uint32_t tokens[N_REQ] = {1, 5, 24, 1};
 	const uint32_t k = m.cat->info.top_k < 8 ? m.cat->info.top_k : 8;
-	struct fwd_req reqs[2][3]; /* [files' rows][request] */
+	struct fwd_req reqs[2][N_REQ]; /* [files' rows][request] */
 	for (int f = 0; f < 2; f++)
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < N_REQ; i++)
 			fwd_req_make(&reqs[f][i], m.cat, fwd_moe_block(m.cat, (uint32_t)i % 2),
-			             tokens[i], k, i == 2 ? 0 : 2, MOEK_ACT_BF16, 17 + (uint64_t)i,
+			             tokens[i], k, i >= 2 ? 0 : 2, MOEK_ACT_BF16, 17 + (uint64_t)i,
 			             i == 1);
 	/* The oracles: single-threaded reference over all-resident weights, one per layout. */
 	for (int f = 0; f < 2; f++) {
@@ -109,7 +112,7 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 		struct forward_engine *oracle = make_engine(&m, &os, 24);
 		if (!oracle)
 			goto out;
-		for (int i = 0; i < 3; i++) {
+		for (int i = 0; i < N_REQ; i++) {
 			struct forward_result res;
 			int rc = forward_reference(oracle, &reqs[f][i].q, reqs[f][i].ref,
 			                           reqs[f][i].ref_def, &res);
@@ -124,7 +127,7 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 		if (!e)
 			continue;
 		for (int round = 0; round < 2; round++)
-			for (int i = 0; i < 3; i++) {
+			for (int i = 0; i < N_REQ; i++) {
 				struct fwd_req *r = &reqs[setups[s].files][i];
 				const size_t n = (size_t)r->q.n_tokens * hidden;
 				memset(r->out, 0xff, n * sizeof(float));
@@ -154,7 +157,7 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 	}
 out:
 	for (int f = 0; f < 2; f++)
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < N_REQ; i++)
 			fwd_req_free(&reqs[f][i]);
 	fwd_model_free(&m);
 }

@@ -779,3 +779,22 @@ Test(forward_stats_hist, buckets_bound_each_value_within_one_eighth)
 	cr_assert_eq(lat_hist_bucket(7), 7);
 	cr_assert_eq(lat_hist_upper(lat_hist_bucket(1000)), 1023);
 }
+
+/* The pool's item plan: groups of one token count are run whole as far as they share out
+ * evenly, the remainder cut one chunk per worker; unequal token counts cut every group. */
+Test(forward_pool, whole_groups_where_they_share_out_evenly)
+{
+	struct wave_group g[8];
+	memset(g, 0, sizeof(g));
+	for (int i = 0; i < 8; i++)
+		g[i].call.n_tokens = 1;
+	cr_assert_eq(pool_whole_groups(g, 8, 2), 8);
+	cr_assert_eq(pool_whole_groups(g, 8, 3), 6);
+	cr_assert_eq(pool_whole_groups(g, 7, 2), 6);
+	cr_assert_eq(pool_whole_groups(g, 1, 2), 0, "one group, two workers: split");
+	cr_assert_eq(pool_whole_groups(g, 3, 1), 3, "one worker runs everything whole");
+	g[5].call.n_tokens = 4;
+	cr_assert_eq(pool_whole_groups(g, 8, 2), 0, "unequal token counts: all split");
+	cr_assert_eq(pool_whole_groups(g, 5, 2), 4, "the unequal group is not in this wave");
+	cr_assert_eq(pool_whole_groups(g, 8, 1), 8);
+}
