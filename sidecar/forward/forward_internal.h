@@ -97,7 +97,8 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
  * threads give every worker the same share whole and the rest is split evenly; with unequal
  * counts every group is split (no worker waits for another's large group). Two workers
  * streaming halves of the same small expert lose to each running its own (Qwen3-sized
- * experts, one token: 0.82-0.85 against 0.87-0.90 of the DRAM read; docs/performance.md). */
+ * experts, one token, MXFP4 and Q4_K: 0.84-0.86 of the DRAM read -> 0.86-0.89 in
+ * bench_kernels; docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
 /* ---- forward.c: latency histograms ---- */
