@@ -245,13 +245,22 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	}
 	/* The kernels pick their ISA (and read MOEK_ISA) on first use: do it here, not on the
 	 * request path. */
+	bool per_pu = true;
+	for (uint32_t n = 0; n < e->topo.n_nodes; n++)
+		per_pu &= e->topo.nodes[n].pin_per_pu;
 	log_info("forward",
-	         "engine ready: source=%s%s nodes=%u workers=%u max_tokens=%u k=%u isa=%s",
+	         "engine ready: source=%s%s nodes=%u workers=%u pinned=%s max_tokens=%u k=%u "
+	         "isa=%s",
 	         config->source == FORWARD_SOURCE_RESIDENCY      ? "residency"
 	         : config->source == FORWARD_SOURCE_ALL_RESIDENT ? "all-resident"
 	                                                         : "mmap",
 	         e->w.sliced ? " (one pool of slices per node)" : "", e->topo.n_nodes,
-	         e->pool.n_workers, e->max_tokens, e->max_k, moek_isa_name());
+	         e->pool.n_workers,
+	         e->topo.synthetic     ? "no"
+	         : per_pu              ? "one-pu-each"
+	         : e->topo.n_nodes > 1 ? "node"
+	                               : "no",
+	         e->max_tokens, e->max_k, moek_isa_name());
 	*out = e;
 	return 0;
 fail:
@@ -307,6 +316,7 @@ void forward_topology(const struct forward_engine *e, struct forward_topology_in
 	for (uint32_t n = 0; n < e->topo.n_nodes; n++) {
 		out->node_os_index[n] = e->topo.nodes[n].os_index;
 		out->threads[n] = e->topo.nodes[n].threads;
+		out->pinned_per_pu[n] = e->topo.nodes[n].pin_per_pu;
 	}
 }
 

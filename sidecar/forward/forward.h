@@ -124,6 +124,7 @@ struct forward_topology_info {
 	uint32_t threads[FORWARD_MAX_NODES];
 	bool synthetic;
 	bool memory_bound; /* false: binding was a no-op (1 node, synthetic, or refused) */
+	bool pinned_per_pu[FORWARD_MAX_NODES]; /* node n's workers each on a PU of their own */
 };
 void forward_topology(const struct forward_engine *e, struct forward_topology_info *out);
 

@@ -21,6 +21,10 @@ struct forward_node {
 	uint32_t os_index;
 	void *cpuset; /* hwloc_bitmap_t of the node's PUs (NULL when synthetic: not pinned) */
 	uint32_t threads;
+	/* The node's PUs (OS indices), one per core first, then each core's second PU, …: worker
+	 * i of the node runs on pus[i] when the node has a PU per worker (pin_per_pu). */
+	uint32_t *pus, n_pus;
+	bool pin_per_pu;
 };
 struct forward_topology {
 	void *topo; /* hwloc_topology_t */
@@ -32,8 +36,11 @@ struct forward_topology {
 int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
                   size_t err_len);
 void topology_close(struct forward_topology *t);
-/* Pins the calling thread to node n's PUs (no-op when synthetic). */
-void topology_pin_thread(struct forward_topology *t, uint32_t node);
+/* Pins the calling thread, worker `local` of node n: to its own PU (pus[local]) when the node
+ * has one per worker, else to the node's PUs when there are several nodes; nothing when
+ * synthetic. Worker 0 of node 0 is the caller of pool_run_wave, whose affinity is the
+ * caller's own: it is never pinned, and pus[0] is left to it. */
+void topology_pin_worker(struct forward_topology *t, uint32_t node, uint32_t local);
 /* Binds [addr, addr+len) to node n; a refused binding is logged once and ignored. */
 void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, size_t len);
 
@@ -62,6 +69,7 @@ struct pool_worker {
 	struct forward_pool *pool;
 	pthread_t thread;
 	uint32_t node, index; /* index: global worker number (call scratch slot) */
+	uint32_t local;       /* worker number within its node */
 	bool started;
 };
 struct forward_pool {

@@ -122,7 +122,10 @@ static void *worker_main(void *arg)
 {
 	struct pool_worker *w = arg;
 	struct forward_pool *p = w->pool;
-	topology_pin_thread(p->topo, w->node);
+	topology_pin_worker(p->topo, w->node, w->local);
+	char name[16]; /* top -H, perf: which worker is which */
+	snprintf(name, sizeof(name), "moe-w%u.%u", w->node, w->local);
+	pthread_setname_np(pthread_self(), name);
 	uint32_t seen = 0; /* wave_seq starts at 0 */
 	for (;;) {
 		wait_for_change(&p->wave_seq, seen, &p->wave_sleepers);
@@ -162,6 +165,7 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 			w->pool = p;
 			w->node = n;
 			w->index = index;
+			w->local = i;
 			if (index == 0)
 				continue; /* the caller of pool_run_wave */
 			rc = pthread_create(&w->thread, NULL, worker_main, w);

@@ -3,12 +3,14 @@
  * budget of 10%, an injected I/O failure, masks, prefetch and stats. Multi-threaded and
  * multi-node (synthetic) runs are in forward_threads.c (a plain program, so TSan can run it). */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fixture.h"
 #include "forward_internal.h"
@@ -752,6 +754,100 @@ Test(forward_topology, synthetic_and_bad_choices)
 	cfg.threads_per_node = 1;
 	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
 	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
+/* The CPUs thread `tid` of this process may run on, from /proc (e.g. "1" or "0-1"). */
+static bool task_cpus(const char *tid, char *out, size_t len)
+{
+	char path[320], line[256];
+	snprintf(path, sizeof(path), "/proc/self/task/%s/status", tid);
+	FILE *f = fopen(path, "r");
+	bool found = false;
+	while (f && !found && fgets(line, sizeof(line), f))
+		if (sscanf(line, "Cpus_allowed_list: %63s", out) == 1 && len >= 64)
+			found = true;
+	if (f)
+		fclose(f);
+	return found;
+}
+
+/* Counts this process's worker threads of node 0 ("moe-w0.N") and checks their CPU sets:
+ * each a single CPU, all different (one_each), or each the whole process's set. */
+static int check_worker_cpus(bool one_each, const char *process_cpus)
+{
+	char seen[16][64];
+	int n = 0;
+	DIR *d = opendir("/proc/self/task");
+	cr_assert_not_null(d);
+	for (struct dirent *de; (de = readdir(d)) != NULL;) {
+		if (de->d_name[0] == '.')
+			continue;
+		char path[320], comm[32] = "", cpus[64];
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", de->d_name);
+		FILE *f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (!fgets(comm, sizeof(comm), f))
+			comm[0] = '\0';
+		fclose(f);
+		if (strncmp(comm, "moe-w0.", 7) != 0 || !task_cpus(de->d_name, cpus, sizeof(cpus)))
+			continue;
+		if (one_each) {
+			cr_assert(strchr(cpus, ',') == NULL && strchr(cpus, '-') == NULL,
+			          "worker %s may run on %s, not on one CPU", comm, cpus);
+			for (int i = 0; i < n && i < 16; i++)
+				cr_assert_str_neq(seen[i], cpus, "two workers on CPU %s", cpus);
+		} else {
+			cr_assert_str_eq(cpus, process_cpus, "worker %s pinned to %s", comm, cpus);
+		}
+		if (n < 16)
+			snprintf(seen[n], sizeof(seen[n]), "%s", cpus);
+		n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/* On the real topology, workers get a PU each when the node has one per worker (after a
+ * request, so every worker has started); with more workers than PUs nothing is pinned on a
+ * one-node machine. Worker 0 is the caller and keeps its own affinity. */
+Test(forward_topology, workers_pinned_one_pu_each)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	char process_cpus[64], self[16];
+	snprintf(self, sizeof(self), "%d", (int)gettid());
+	cr_assert(task_cpus(self, process_cpus, sizeof(process_cpus)));
+	for (int over = 0; over < 2; over++) {
+		struct forward_config cfg = {.source = FORWARD_SOURCE_ALL_RESIDENT,
+		                             .max_tokens = 2};
+		struct forward_engine *e;
+		char err[256];
+		cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+		struct forward_topology_info ti;
+		forward_topology(e, &ti);
+		const uint32_t pus = ti.threads[0]; /* the default: one worker per PU */
+		forward_destroy(e);
+		if (ti.n_nodes != 1)
+			cr_skip_test("a one-node machine is needed (%u nodes here)", ti.n_nodes);
+		cfg.threads_per_node = over ? pus + 1 : pus;
+		cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+		forward_topology(e, &ti);
+		cr_assert_eq(ti.pinned_per_pu[0], !over, "%u workers on %u PUs", ti.threads[0],
+		             pus);
+		struct fwd_req r;
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, 0), 2, 4, 0, MOEK_ACT_F32, 3, false);
+		struct forward_result res;
+		cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+		const int workers = check_worker_cpus(!over, process_cpus);
+		cr_assert_eq(workers, (int)ti.threads[0] - 1, "worker threads named moe-w0.N");
+		fwd_req_free(&r);
+		forward_destroy(e);
+	}
+	char self_after[64];
+	cr_assert(task_cpus(self, self_after, sizeof(self_after)));
+	cr_assert_str_eq(self_after, process_cpus, "the caller's affinity is left alone");
 	fwd_model_free(&m);
 }
 
