@@ -7,13 +7,12 @@
  *
  * Pinning: when a node has at least as many PUs as workers, each worker gets a PU of its own,
  * distinct cores first (the second PUs of SMT cores only after every core has one), so two
- * workers never share a core while another is idle and each keeps its caches. On the 2-vCPU
- * VM this changed bench_decode's 100% medians by no more than the noise; rounds that fell to
- * 0.63-0.73 of the floor went from 7 to 0 of 28 in one set of runs and from 2 to 1 in another
- * (docs/performance.md). With more workers than PUs the node's PUs are shared (several nodes)
- * or nothing is pinned (one node). The hwloc topology holds only the PUs this process may
- * use, so a cpuset set by the launcher (taskset, cgroups) is honoured — the way to keep the
- * workers off cores other processes need.
+ * workers never share a core while another is idle and each keeps its caches (on the 2-vCPU
+ * VM bench_decode's 100% row was the same within its noise, docs/performance.md). With more
+ * workers than PUs the node's PUs are shared (several nodes) or nothing is pinned (one node).
+ * The hwloc topology holds only the PUs this process may use, so a cpuset set by the launcher
+ * (taskset, cgroups) is honoured — the way to keep the workers off cores other processes
+ * need.
  */
 #include <errno.h>
 #include <hwloc.h>
