@@ -25,6 +25,12 @@
  *
  *   bench_decode [--quick] [--json] [--model PATH] [--steps N] [--plot FILE.png]
  *                [--sidecar-threads N]   (serve --threads; default: serve's, the node's cores)
+ *                [--threads N]           (every engine, the floor's and mmap's included, and
+ *                                         the sidecar unless --sidecar-threads says otherwise,
+ *                                         with N workers per node: --threads 1 on a 2-core
+ *                                         machine leaves the replaying client a core of its
+ *                                         own, which separates the hand-off from the cores
+ *                                         the client takes from the workers)
  *                [--budgets P,P,...]     (percentages of expert bytes; default 100,50,25)
  *                [--rounds N]            (floor/sidecar alternations at 100%; default 7)
  *                [--defer-cold]          (the sidecar's FORWARDs carry MOE_FWD_DEFER_COLD: the
@@ -59,6 +65,7 @@
 #define MAX_ROUNDS 15
 static double fractions[MAX_FRACTIONS] = {1.0, 0.5, 0.25};
 static int N_FRACTIONS = 3;
+static uint32_t engine_threads; /* --threads; 0 = each engine's default */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -340,7 +347,9 @@ static int run_mmap_limited(const struct workload *w, const struct moe_catalog *
 			fprintf(stderr, "bench_decode: joining %s: %s\n", m->dir, strerror(errno));
 			_exit(1);
 		}
-		struct forward_config fc = {.source = FORWARD_SOURCE_MMAP, .max_tokens = 1};
+		struct forward_config fc = {.source = FORWARD_SOURCE_MMAP,
+		                            .max_tokens = 1,
+		                            .threads_per_node = engine_threads};
 		struct forward_engine *e;
 		char err[256];
 		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
@@ -622,6 +631,7 @@ int main(int argc, char **argv)
 	    {"plot", required_argument, NULL, 'p'},
 	    {"help", no_argument, NULL, 'h'},
 	    {"sidecar-threads", required_argument, NULL, 't'},
+	    {"threads", required_argument, NULL, 'T'},
 	    {"budgets", required_argument, NULL, 'b'},
 	    {"rounds", required_argument, NULL, 'r'},
 	    {"defer-cold", no_argument, NULL, 'd'},
@@ -631,7 +641,7 @@ int main(int argc, char **argv)
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:b:r:dFh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -639,6 +649,19 @@ int main(int argc, char **argv)
 		case 'n': steps = strtol(optarg, NULL, 10); break;
 		case 'p': png = optarg; break;
 		case 't': sidecar_threads = optarg; break;
+		case 'T': {
+			char *end;
+			const long v = strtol(optarg, &end, 10);
+			if (*end || v < 1 || v > 1024) {
+				fprintf(stderr, "bench_decode: --threads %s: expected 1..1024\n",
+				        optarg);
+				return 2;
+			}
+			engine_threads = (uint32_t)v;
+			if (strcmp(sidecar_threads, "0") == 0)
+				sidecar_threads = optarg;
+			break;
+		}
 		case 'r': rounds = strtol(optarg, NULL, 10); break;
 		case 'd': forward_flags = MOE_FWD_DEFER_COLD; break;
 		case 'F': file_layout = true; break;
@@ -649,7 +672,8 @@ int main(int argc, char **argv)
 		default:
 			fprintf(c == 'h' ? stdout : stderr,
 			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
-			        "[--plot FILE.png] [--sidecar-threads N] [--budgets P,P,...] "
+			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
+			        "[--budgets P,P,...] "
 			        "[--rounds N] [--defer-cold] [--file-layout]\n");
 			return c == 'h' ? 0 : 2;
 		}
@@ -749,6 +773,7 @@ int main(int argc, char **argv)
 	{
 		struct forward_config fc = {.source = FORWARD_SOURCE_ALL_RESIDENT,
 		                            .max_tokens = 1,
+		                            .threads_per_node = engine_threads,
 		                            .file_layout = file_layout};
 		if (forward_create(&floor_e, cat, &fc, err, sizeof(err)) != 0) {
 			fprintf(stderr, "bench_decode: floor engine: %s\n", err);
@@ -765,6 +790,7 @@ int main(int argc, char **argv)
 	{
 		struct forward_config fc = {.source = FORWARD_SOURCE_RESIDENCY,
 		                            .max_tokens = 1,
+		                            .threads_per_node = engine_threads,
 		                            .file_layout = file_layout};
 		struct forward_engine *e;
 		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
