@@ -31,6 +31,10 @@
  *                                         machine leaves the replaying client a core of its
  *                                         own, which separates the hand-off from the cores
  *                                         the client takes from the workers)
+ *                [--client-spin]         (the replaying client waits with MOE_WAIT_SPIN: for
+ *                                         a client with a core of its own, e.g. --threads 1
+ *                                         on a 2-core machine; on shared cores it halves the
+ *                                         sidecar's rate)
  *                [--budgets P,P,...]     (percentages of expert bytes; default 100,50,25)
  *                [--rounds N]            (floor/sidecar alternations at 100%; default 7)
  *                [--defer-cold]          (the sidecar's FORWARDs carry MOE_FWD_DEFER_COLD: the
@@ -66,6 +70,7 @@
 static double fractions[MAX_FRACTIONS] = {1.0, 0.5, 0.25};
 static int N_FRACTIONS = 3;
 static uint32_t engine_threads; /* --threads; 0 = each engine's default */
+static bool client_spin;        /* --client-spin: the replaying client's MOE_WAIT_SPIN */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -453,6 +458,8 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
 		return -1;
 	}
+	if (client_spin)
+		moe_set_wait_policy(c, MOE_WAIT_SPIN);
 	/* STATS on a connection of its own, with an output area the JSON fits in. */
 	o.max_tokens = (256u << 10) / (w->hidden * 4u) + 1;
 	o.max_tokens = o.max_tokens > 256 ? 256 : o.max_tokens;
@@ -632,6 +639,7 @@ int main(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {"sidecar-threads", required_argument, NULL, 't'},
 	    {"threads", required_argument, NULL, 'T'},
+	    {"client-spin", no_argument, NULL, 'S'},
 	    {"budgets", required_argument, NULL, 'b'},
 	    {"rounds", required_argument, NULL, 'r'},
 	    {"defer-cold", no_argument, NULL, 'd'},
@@ -641,7 +649,7 @@ int main(int argc, char **argv)
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -665,6 +673,7 @@ int main(int argc, char **argv)
 		case 'r': rounds = strtol(optarg, NULL, 10); break;
 		case 'd': forward_flags = MOE_FWD_DEFER_COLD; break;
 		case 'F': file_layout = true; break;
+		case 'S': client_spin = true; break;
 		case 'b':
 			if (parse_budgets(optarg) != 0)
 				return 2;
@@ -673,7 +682,7 @@ int main(int argc, char **argv)
 			fprintf(c == 'h' ? stdout : stderr,
 			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
 			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
-			        "[--budgets P,P,...] "
+			        "[--client-spin] [--budgets P,P,...] "
 			        "[--rounds N] [--defer-cold] [--file-layout]\n");
 			return c == 'h' ? 0 : 2;
 		}

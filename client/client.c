@@ -17,7 +17,8 @@
  * and gains nothing, since the completion comes after the spin ended. Short requests (PING,
  * STATS, MASK, a 1 MiB ECHO) keep the spin; the margin keeps a workload whose waits scatter
  * around the spin length spinning. The average is updated on every wait, spun or slept, so
- * it follows the workload both ways.
+ * it follows the workload both ways. moe_set_wait_policy picks pure spinning (a caller with a
+ * core of its own) or pure sleeping instead.
  */
 #include "moe_client.h"
 
@@ -62,7 +63,8 @@ struct moe_client {
 	struct moe_info info;
 	uint64_t call_seq;    /* user_data of the synchronous helpers' requests */
 	uint64_t wait_avg_ns; /* moving average (1/8) of waits that found no completion ready */
-	bool dead;            /* sidecar gone: every later call fails fast */
+	enum moe_wait_policy wait_policy;
+	bool dead; /* sidecar gone: every later call fails fast */
 	uint32_t n_free;
 	uint32_t free_list[MOE_MAX_SLOTS_LIMIT];
 	uint8_t slot_state[MOE_MAX_SLOTS_LIMIT];
@@ -562,6 +564,26 @@ static void wait_account(struct moe_client *c, uint64_t waited_ns)
 	c->wait_avg_ns = c->wait_avg_ns - c->wait_avg_ns / 8 + waited_ns / 8;
 }
 
+int moe_set_wait_policy(struct moe_client *c, enum moe_wait_policy policy)
+{
+	if (!c ||
+	    (policy != MOE_WAIT_ADAPTIVE && policy != MOE_WAIT_SPIN && policy != MOE_WAIT_SLEEP))
+		return MOE_EINVAL;
+	c->wait_policy = policy;
+	return MOE_OK;
+}
+
+/* MOE_WAIT_SPIN's slice: polls the CQ until something is ready or `until` (ns) passes. */
+static void spin_until(struct moe_client *c, uint64_t until)
+{
+	for (uint64_t now = now_ns(); now < until; now = now_ns())
+		for (int i = 0; i < 64; i++) {
+			if (moe_ring_ready(&c->cq) != 0)
+				return;
+			moe_cpu_relax();
+		}
+}
+
 int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 {
 	if (!c || !out)
@@ -575,7 +597,7 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 	const uint64_t deadline =
 	    timeout_ms < 0 ? UINT64_MAX : start + (uint64_t)timeout_ms * 1000000u;
 	uint64_t now = start;
-	const bool spin = c->wait_avg_ns < WAIT_SPIN_SKIP_NS;
+	const bool spin = c->wait_policy == MOE_WAIT_ADAPTIVE && c->wait_avg_ns < WAIT_SPIN_SKIP_NS;
 	while (spin && now - start < WAIT_SPIN_NS && now < deadline) {
 		for (int i = 0; i < 64; i++) {
 			if (moe_ring_ready(&c->cq) != 0) {
@@ -587,15 +609,21 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 		now = now_ns();
 	}
 	for (;;) {
-		moe_ring_announce_sleep(&c->cq);
+		const bool spinning = c->wait_policy == MOE_WAIT_SPIN;
+		if (!spinning)
+			moe_ring_announce_sleep(&c->cq);
 		int64_t ready = moe_ring_ready(&c->cq);
 		bool closed = sidecar_closed(c);
 		if (ready == 0 && !closed && now < deadline) {
 			uint64_t slice =
 			    deadline - now < WAIT_SLICE_NS ? deadline - now : WAIT_SLICE_NS;
-			moe_ring_consumer_wait(&c->cq, (int64_t)slice);
+			if (spinning)
+				spin_until(c, now + slice);
+			else
+				moe_ring_consumer_wait(&c->cq, (int64_t)slice);
 		}
-		moe_ring_unannounce(&c->cq);
+		if (!spinning)
+			moe_ring_unannounce(&c->cq);
 		rc = take_completion(c, out);
 		if (rc != MOE_EAGAIN) {
 			wait_account(c, now_ns() - start);

@@ -125,9 +125,22 @@ struct moe_completion {
 int moe_poll(struct moe_client *c, struct moe_completion *out);
 
 /* Takes one completion, waiting at most timeout_ms (< 0: no limit). Spins briefly, then
- * sleeps on a futex. MOE_ETIMEDOUT on timeout; MOE_EPEERDEAD as soon as the sidecar's
- * death is seen (socket hang-up), so a dead sidecar never causes a hang. */
+ * sleeps on a futex (see moe_set_wait_policy). MOE_ETIMEDOUT on timeout; MOE_EPEERDEAD as
+ * soon as the sidecar's death is seen (socket hang-up), so a dead sidecar never causes a
+ * hang. */
 int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms);
+
+/* How moe_wait waits. ADAPTIVE (the default): spin up to 30 µs, skipped while recent waits
+ * were much longer, then sleep on the completion futex — right when the calling thread shares
+ * cores with the sidecar's workers, where a spinning caller takes a core from them. SPIN: poll
+ * until the completion, the timeout or the sidecar's death (looked at every 50 ms, as the
+ * sleeping wait does) — for a caller with a core of its own, such as an engine's thread
+ * pinned beside the sidecar's cores: no wake-up to pay per completion (on a 2-vCPU VM with one
+ * worker and the client on the other vCPU, bench_decode at 100% went from 0.83x to 0.98x of
+ * the floor; with the client sharing the workers' cores, 0.90x to 0.51x —
+ * docs/performance.md). SLEEP: never spin. MOE_EINVAL for anything else. */
+enum moe_wait_policy { MOE_WAIT_ADAPTIVE = 0, MOE_WAIT_SPIN = 1, MOE_WAIT_SLEEP = 2 };
+int moe_set_wait_policy(struct moe_client *c, enum moe_wait_policy policy);
 
 /* Convenience: PING round trip on a fresh slot; MOE_OK or why not. For an otherwise idle
  * client: a completion of another request that arrives meanwhile is consumed and lost. */

@@ -94,13 +94,16 @@ Test(liveness, kill9_clients_mid_request_repeatedly, .timeout = 240)
 	sidecar_cleanup(&sp);
 }
 
-/* Child: connects, says ready, then waits with no limit; exits with -status. */
-static int waiting_child(const char *path, int ready)
+/* Child: connects, says ready, then waits (with `policy`) with no limit; exits with
+ * -status. */
+static int waiting_child(const char *path, int ready, enum moe_wait_policy policy)
 {
 	struct moe_client *c;
 	struct moe_connect_opts o = {.socket_path = path, .max_tokens = 4, .hidden = 64};
 	if (moe_connect(&o, &c) != MOE_OK)
 		return 100;
+	if (moe_set_wait_policy(c, policy) != MOE_OK)
+		return 103;
 	struct moe_completion d;
 	if (write(ready, "x", 1) != 1)
 		return 101;
@@ -115,7 +118,7 @@ static int waiting_child(const char *path, int ready)
 	return -rc;
 }
 
-static void sidecar_dies_under_a_waiting_client(int sig)
+static void sidecar_dies_under_a_waiting_client(int sig, enum moe_wait_policy policy)
 {
 	struct sidecar_proc sp;
 	harness_tempdir(&sp);
@@ -125,7 +128,7 @@ static void sidecar_dies_under_a_waiting_client(int sig)
 	pid_t kid = fork();
 	if (kid == 0) {
 		close(p[0]);
-		_exit(waiting_child(sp.socket, p[1]));
+		_exit(waiting_child(sp.socket, p[1], policy));
 	}
 	close(p[1]);
 	char b;
@@ -143,12 +146,41 @@ static void sidecar_dies_under_a_waiting_client(int sig)
 
 Test(liveness, sidecar_kill9_wakes_a_waiting_client_with_peerdead, .timeout = 60)
 {
-	sidecar_dies_under_a_waiting_client(SIGKILL);
+	sidecar_dies_under_a_waiting_client(SIGKILL, MOE_WAIT_ADAPTIVE);
 }
 
 Test(liveness, sidecar_sigterm_wakes_a_waiting_client_with_peerdead, .timeout = 60)
 {
-	sidecar_dies_under_a_waiting_client(SIGTERM);
+	sidecar_dies_under_a_waiting_client(SIGTERM, MOE_WAIT_ADAPTIVE);
+}
+
+/* A client that polls instead of sleeping (MOE_WAIT_SPIN) still sees the sidecar's death. */
+Test(liveness, sidecar_kill9_ends_a_spinning_wait_with_peerdead, .timeout = 60)
+{
+	sidecar_dies_under_a_waiting_client(SIGKILL, MOE_WAIT_SPIN);
+}
+
+/* The other policies: SPIN and SLEEP still time out, take completions and answer PING; an
+ * unknown policy is refused. */
+Test(liveness, wait_policies_time_out_and_complete)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
+	struct moe_client *c = connect_or_die(sp.socket, 4, 64);
+	cr_assert_eq(moe_set_wait_policy(c, (enum moe_wait_policy)7), MOE_EINVAL);
+	cr_assert_eq(moe_set_wait_policy(NULL, MOE_WAIT_SPIN), MOE_EINVAL);
+	const enum moe_wait_policy policies[] = {MOE_WAIT_SPIN, MOE_WAIT_SLEEP};
+	for (int i = 0; i < 2; i++) {
+		cr_assert_eq(moe_set_wait_policy(c, policies[i]), MOE_OK);
+		struct moe_completion d;
+		cr_assert_eq(moe_wait(c, &d, 60), MOE_ETIMEDOUT, "policy %d", (int)policies[i]);
+		for (int j = 0; j < 20; j++)
+			cr_assert_eq(moe_ping(c, 5000), MOE_OK, "policy %d, ping %d",
+			             (int)policies[i], j);
+	}
+	moe_close(c);
+	sidecar_cleanup(&sp);
 }
 
 Test(liveness, nothing_completes_means_timeout)
