@@ -63,8 +63,8 @@ struct moe_client {
 	struct moe_info info;
 	uint64_t call_seq;    /* user_data of the synchronous helpers' requests */
 	uint64_t wait_avg_ns; /* moving average (1/8) of waits that found no completion ready */
-	enum moe_wait_policy wait_policy;
-	bool dead; /* sidecar gone: every later call fails fast */
+	enum moe_wait_policy wait_policy; /* moe_set_wait_policy; ADAPTIVE (0) from calloc */
+	bool dead;                        /* sidecar gone: every later call fails fast */
 	uint32_t n_free;
 	uint32_t free_list[MOE_MAX_SLOTS_LIMIT];
 	uint8_t slot_state[MOE_MAX_SLOTS_LIMIT];
