@@ -629,9 +629,10 @@ static void release_all(struct forward_engine *e, uint32_t n_groups)
 		release_group(e, &e->groups[g]);
 }
 
-static void finish_wave(struct forward_engine *e, uint32_t n_wave)
+/* The wave of e->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
+ * started behind the caller): its groups are done and their experts let go. */
+static void wave_done(struct forward_engine *e, uint32_t n_wave)
 {
-	pool_run_wave(&e->pool, e->wave, n_wave);
 	for (uint32_t i = 0; i < n_wave; i++) {
 		struct req_group *g = &e->groups[e->wave_group_of[i]];
 		g->state = GROUP_DONE;
@@ -643,34 +644,42 @@ static void finish_wave(struct forward_engine *e, uint32_t n_wave)
  * group order), or one kind, so the immediate part can be delivered before deferred work. */
 enum wave_filter { WAVE_ALL, WAVE_IMMEDIATE, WAVE_DEFERRED };
 
-static int compute_ready(struct forward_engine *e, const struct forward_request *q,
-                         uint32_t n_groups, enum wave_filter filter, struct forward_result *res)
+/* Fills e->wave with the READY groups the filter takes, in group order, until the scratch
+ * arena is full (the rest wait for the next wave). *n_wave = 0: none left. */
+static int build_wave(struct forward_engine *e, const struct forward_request *q, uint32_t n_groups,
+                      enum wave_filter filter, struct forward_result *res, uint32_t *n_wave)
 {
-	const uint64_t t0 = now_us();
-	uint32_t n_wave = 0;
+	*n_wave = 0;
 	size_t at = 0;
 	for (uint32_t g = 0; g < n_groups; g++) {
 		if (e->groups[g].state != GROUP_READY ||
 		    (filter == WAVE_IMMEDIATE && e->groups[g].deferred) ||
 		    (filter == WAVE_DEFERRED && !e->groups[g].deferred))
 			continue;
-		int rc = add_to_wave(e, q, g, n_wave, &at, res);
-		if (rc == 1) {
-			finish_wave(e, n_wave);
-			n_wave = 0;
-			at = 0;
-			rc = add_to_wave(e, q, g, n_wave, &at, res);
-		}
+		int rc = add_to_wave(e, q, g, *n_wave, &at, res);
+		if (rc == 1 && *n_wave > 0)
+			return MOE_OK;
 		if (rc != 0)
 			return rc < 0
 			           ? rc
 			           : fail(res, MOE_ENOMEM, -1, -1, -1, "scratch arena too small");
-		n_wave++;
+		(*n_wave)++;
 	}
-	if (n_wave)
-		finish_wave(e, n_wave);
-	res->compute_us += now_us() - t0;
 	return MOE_OK;
+}
+
+static int compute_ready(struct forward_engine *e, const struct forward_request *q,
+                         uint32_t n_groups, enum wave_filter filter, struct forward_result *res)
+{
+	const uint64_t t0 = now_us();
+	uint32_t n_wave;
+	int rc;
+	while ((rc = build_wave(e, q, n_groups, filter, res, &n_wave)) == MOE_OK && n_wave) {
+		pool_run_wave(&e->pool, e->wave, n_wave);
+		wave_done(e, n_wave);
+	}
+	res->compute_us += now_us() - t0;
+	return rc;
 }
 
 static int demand_failed(struct forward_engine *e, const struct forward_request *q,
@@ -756,22 +765,48 @@ static bool any_cold(struct forward_engine *e, uint32_t moe_layer, uint32_t expe
 	return false;
 }
 
-/* With q->immediate_ready: once every group with an immediate entry is done (at once when
- * there is none), sums the immediate output and hands it over — before any deferred-only
- * group is read or computed after this point. */
-static void deliver_if_done(struct forward_engine *e, const struct forward_request *q,
-                            uint32_t n_groups, float *out_imm, struct forward_result *res)
+/* Every group with an immediate entry is done (groups with one come first). */
+static bool immediate_done(const struct forward_engine *e, uint32_t n_groups)
 {
-	if (!q->immediate_ready || res->immediate_delivered)
-		return;
 	for (uint32_t g = 0; g < n_groups && !e->groups[g].deferred; g++)
 		if (e->groups[g].state != GROUP_DONE)
-			return;
-	const uint64_t t0 = now_us();
+			return false;
+	return true;
+}
+
+/* With q->immediate_ready, once immediate_done (at once when no group has an immediate
+ * entry): sums the immediate output and hands it over. Deferred groups already resident start
+ * first, as a wave behind this thread (pool_runs_behind): the other workers compute them while
+ * this thread sums, hands over — the server posts and wakes its client — and, where workers
+ * fill every core, yields its core to that client, whose next request is the critical path.
+ * The wave is over before this returns. Nothing deferred is read or computed before the
+ * immediate part is done. */
+static int deliver_when_done(struct forward_engine *e, const struct forward_request *q,
+                             uint32_t n_groups, float *out_imm, struct forward_result *res)
+{
+	if (!q->immediate_ready || res->immediate_delivered || !immediate_done(e, n_groups))
+		return MOE_OK;
+	uint64_t t0 = now_us();
+	uint32_t behind = 0;
+	int rc = MOE_OK;
+	if (pool_runs_behind(&e->pool)) {
+		rc = build_wave(e, q, n_groups, WAVE_DEFERRED, res, &behind);
+		if (rc == MOE_OK && behind)
+			pool_start_wave(&e->pool, e->wave, behind, POOL_WAVE_BEHIND);
+		else
+			behind = 0;
+	}
 	sum_part(e, q, out_imm, false);
 	res->compute_us += now_us() - t0;
 	res->immediate_delivered = true;
 	q->immediate_ready(q->immediate_arg, res);
+	if (behind) {
+		t0 = now_us();
+		pool_wait_wave(&e->pool);
+		wave_done(e, behind);
+		res->compute_us += now_us() - t0;
+	}
+	return rc; /* a deferred group that could not be prepared fails after the delivery */
 }
 
 /* The waves of one request: everything READY (WAVE_ALL), or with early delivery the
@@ -782,9 +817,10 @@ static int compute_waves(struct forward_engine *e, const struct forward_request 
 	if (!q->immediate_ready)
 		return compute_ready(e, q, n_groups, WAVE_ALL, res);
 	int rc = compute_ready(e, q, n_groups, WAVE_IMMEDIATE, res);
+	if (rc == MOE_OK)
+		rc = deliver_when_done(e, q, n_groups, out_imm, res);
 	if (rc < 0)
 		return rc;
-	deliver_if_done(e, q, n_groups, out_imm, res);
 	return compute_ready(e, q, n_groups, WAVE_DEFERRED, res);
 }
 

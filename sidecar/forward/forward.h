@@ -147,13 +147,15 @@ struct forward_request {
 	                             previous layer deferred); NULL = none */
 	/* Optional early delivery (forward_run only; the reference ignores it): called once, on
 	 * the calling thread, as soon as out_immediate is final — every expert with an immediate
-	 * entry computed, deferred_in added — and before the deferred-only experts still to be
-	 * computed are; res has n_deferred and the counts so far. The engine is still taken
-	 * (another forward_run waits), no lock is held. forward_run then finishes out_deferred.
-	 * A deferred-only expert that fails (its read, at any point) does not fail the immediate
-	 * part: it is still delivered, and forward_run returns the failure (res names the expert)
-	 * with res->immediate_delivered set — the deferred part is lost. Lets a server post the
-	 * result while the deferred experts compute or load — the point of deferral. */
+	 * entry computed, deferred_in added — and before this thread computes the deferred-only
+	 * experts (those already resident may be computing on the pool's other workers during
+	 * the call: they start just before it); res has n_deferred and the counts so far. The
+	 * engine is still taken (another forward_run waits), no lock is held. forward_run then
+	 * finishes out_deferred. A deferred-only expert that fails (its read, at any point) does
+	 * not fail the immediate part: it is still delivered, and forward_run returns the failure
+	 * (res names the expert) with res->immediate_delivered set — the deferred part is lost.
+	 * Lets a server post the result while the deferred experts compute or load — the point of
+	 * deferral. */
 	void (*immediate_ready)(void *arg, const struct forward_result *res);
 	void *immediate_arg;
 	/* Defer non-resident experts first (RESIDENCY source; DESIGN: deferral hides cold I/O):

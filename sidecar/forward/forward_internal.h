@@ -76,15 +76,23 @@ struct forward_pool {
 	struct forward_topology *topo;
 	uint32_t n_workers;
 	struct pool_worker *workers; /* n_workers; [0] is the thread calling pool_run_wave */
-	/* Wave start: wave_seq moves on for each wave (and once at stop); a worker spins on it
+	/* Wave start: wave_seq moves on by two for each wave (odd while the caller writes the
+	 * wave's description, even once it is published) and at stop; a worker spins on it
 	 * briefly, then sleeps on it as a futex, counted in wave_sleepers so the caller makes the
 	 * wake-up system call only when someone sleeps. */
 	_Atomic uint32_t wave_seq, wave_sleepers;
 	atomic_bool stopping;
-	/* The phase barrier: bar_count arrivals, bar_seq moves on when the last arrives (spin,
-	 * then futex, as above). */
-	_Atomic uint32_t bar_count, bar_seq, bar_sleepers;
-	bool ready; /* threads may have started (pool_destroy stops them) */
+	/* Phase ends: done[ph] counts finished items (all waves, wrapping); a wave's phase is over
+	 * when it reaches target[ph]. Waiters spin, then sleep on it (done_sleepers). */
+	_Atomic uint32_t done[3], done_sleepers;
+	uint32_t target[3];
+	/* Workers inside a wave; wave_seq is odd while the caller rewrites the wave, which waits
+	 * for active to drop to 0 first. */
+	_Atomic uint32_t active;
+	/* Workers started: pool_create waits for all (counted in wave_sleepers meanwhile). */
+	_Atomic uint32_t checked_in;
+	bool in_flight; /* a wave started behind the caller, not yet joined */
+	bool ready;     /* threads may have started (pool_destroy stops them) */
 	/* The current wave (written before the start, read after it). */
 	struct wave_group *groups;
 	uint32_t n_groups;
@@ -97,8 +105,16 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
                 char *err, size_t err_len);
 void pool_destroy(struct forward_pool *p);
 /* Runs load, hidden and down of every group (calls already prepared with n_workers =
- * p->n_workers) on every worker, the caller included, with a barrier between phases. */
+ * p->n_workers) on the workers, the caller included, each phase over before the next. */
 void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups);
+/* The same, but with POOL_WAVE_BEHIND and pool_runs_behind (node 0 has a worker besides the
+ * caller) the caller takes no part: the wave runs on the other workers while the caller goes
+ * on, until pool_wait_wave (which the next start also does). Without, as pool_run_wave. */
+enum { POOL_WAVE_BEHIND = 1u };
+void pool_start_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups,
+                     unsigned flags);
+void pool_wait_wave(struct forward_pool *p);
+bool pool_runs_behind(const struct forward_pool *p);
 /* How many of the wave's groups (the first ones) a node of `threads` workers runs whole, one
  * worker each for the group's hidden and down rows; the others are cut into one chunk per
  * worker. Groups of equal token counts cost the same, so the first n_groups - n_groups %

@@ -1,5 +1,5 @@
 /* pool.c — the worker pools: one set of pinned threads per NUMA node, running the three
- * kernel phases of a wave of expert groups with a barrier between phases.
+ * kernel phases of a wave of expert groups, each phase over before the next starts.
  *
  * Work split: the load phase (activation conversion) is split over every worker; the hidden
  * phase of each group over its node's intermediate rows, the down phase over its node's output
@@ -11,10 +11,17 @@
  * routed expert one token), else one worker's chunk of them (pool_whole_groups).
  * The kernels give the same bits for any split, so claiming order never shows in results.
  *
- * Threading: pool_run_wave is called by one thread at a time (the one running the engine's
- * request), which is worker 0. No allocation per wave.
+ * Phase ends are counted per item, not per worker: a phase is over when done[phase] has moved
+ * on by its items, whoever ran them. So no worker has to take part in a wave — one that is
+ * preempted holds up only the item it holds — and a worker may join a wave at any point: the
+ * caller after a wave started behind it (pool_start_wave), or a worker woken late. Between
+ * waves the caller marks wave_seq odd and waits for the workers still inside the last wave
+ * (`active`) to leave before it rewrites the description.
  *
- * Waiting (between waves, and at the barrier between phases): spin up to POOL_SPIN_NS, then
+ * Threading: pool_run_wave / pool_start_wave are called by one thread at a time (the one
+ * running the engine's request), which is worker 0. No allocation per wave.
+ *
+ * Waiting (between waves, and for the end of a phase): spin up to POOL_SPIN_NS, then
  * sleep on a private futex. In decode the next wave follows within a client round trip and a
  * phase ends within microseconds of the other workers', so a sleeping worker would pay a
  * wake-up per wave and per phase — on a VM whose idle vCPUs halt, tens of µs each, comparable
@@ -72,21 +79,24 @@ static void wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers)
 		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Every worker's writes before the barrier are visible to every worker after it: arrivals are
- * acq_rel read-modify-writes on bar_count; the last one publishes bar_seq with release. */
-static void barrier_wait(struct forward_pool *p)
+enum { PHASE_LOAD = 0, PHASE_HIDDEN = 1, PHASE_DOWN = 2 };
+
+static bool phase_over(struct forward_pool *p, unsigned phase)
 {
-	const uint32_t seq = atomic_load_explicit(&p->bar_seq, memory_order_acquire);
-	if (atomic_fetch_add_explicit(&p->bar_count, 1, memory_order_acq_rel) + 1 == p->n_workers) {
-		atomic_store_explicit(&p->bar_count, 0, memory_order_relaxed);
-		atomic_store(&p->bar_seq, seq + 1);
-		wake_all(&p->bar_seq, &p->bar_sleepers);
-		return;
-	}
-	wait_for_change(&p->bar_seq, seq, &p->bar_sleepers);
+	return (int32_t)(atomic_load_explicit(&p->done[phase], memory_order_acquire) -
+	                 p->target[phase]) >= 0;
 }
 
-enum { PHASE_LOAD = 0, PHASE_HIDDEN = 1, PHASE_DOWN = 2 };
+/* Waits until every item of the phase is done, whoever ran them: each completion is a release
+ * increment of done[phase], so every item's output is visible after this. */
+static void phase_wait(struct forward_pool *p, unsigned phase)
+{
+	for (uint32_t v; !phase_over(p, phase);) {
+		v = atomic_load_explicit(&p->done[phase], memory_order_relaxed);
+		if ((int32_t)(v - p->target[phase]) < 0)
+			wait_for_change(&p->done[phase], v, &p->done_sleepers);
+	}
+}
 
 static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_worker *w)
 {
@@ -106,15 +116,20 @@ static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_
 			moek_ffn_hidden_rows(c, g->node_expert[node], w->index, it->begin, it->end);
 		else
 			moek_ffn_down_rows(c, g->node_expert[node], w->index, it->begin, it->end);
+		/* seq_cst: the last completion and a sleeper's count see each other (wake_all) */
+		if (atomic_fetch_add(&p->done[phase], 1) + 1 == p->target[phase])
+			wake_all(&p->done[phase], &p->done_sleepers);
 	}
 }
 
+/* Whatever is left of the wave: from its first phase not over, claim items, then wait for the
+ * phase's end (items others hold), and on. A worker may join at any point — the caller after
+ * a wave started behind it — and finds the finished phases over at once. */
 static void run_wave_as(struct forward_pool *p, const struct pool_worker *w)
 {
 	for (unsigned phase = 0; phase < 3; phase++) {
 		run_phase(p, phase, w);
-		if (p->n_workers > 1)
-			barrier_wait(p);
+		phase_wait(p, phase);
 	}
 }
 
@@ -126,13 +141,27 @@ static void *worker_main(void *arg)
 	char name[16]; /* top -H, perf: which worker is which */
 	snprintf(name, sizeof(name), "moe-w%u.%u", w->node, w->local);
 	pthread_setname_np(pthread_self(), name);
+	atomic_fetch_add(&p->checked_in, 1);
+	wake_all(&p->checked_in, &p->wave_sleepers);
 	uint32_t seen = 0; /* wave_seq starts at 0 */
 	for (;;) {
 		wait_for_change(&p->wave_seq, seen, &p->wave_sleepers);
-		seen = atomic_load_explicit(&p->wave_seq, memory_order_acquire);
-		if (atomic_load_explicit(&p->stopping, memory_order_acquire))
-			return NULL;
-		run_wave_as(p, w);
+		const uint32_t seq = atomic_load(&p->wave_seq);
+		seen = seq;
+		if (seq & 1u)
+			continue; /* being rewritten: wait for it to be published */
+		/* Enter, then look again (seq_cst both; the starter marks, then looks at
+		 * `active`): either the starter waits for this worker to leave before it rewrites
+		 * the wave, or this worker sees that it moved on and goes round again. */
+		atomic_fetch_add(&p->active, 1);
+		if (atomic_load(&p->wave_seq) == seq) {
+			if (atomic_load_explicit(&p->stopping, memory_order_acquire)) {
+				atomic_fetch_sub(&p->active, 1);
+				return NULL;
+			}
+			run_wave_as(p, w); /* a wave already over leaves at once */
+		}
+		atomic_fetch_sub(&p->active, 1);
 	}
 }
 
@@ -144,8 +173,9 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 	for (uint32_t n = 0; n < topo->n_nodes; n++)
 		p->n_workers += topo->nodes[n].threads;
 	p->workers = calloc(p->n_workers, sizeof(*p->workers));
-	/* Items per phase and node: each group is cut into at most one chunk per worker. */
-	p->item_capacity = max_groups * p->n_workers;
+	/* Items per phase and node: each group is cut into at most two chunks per worker (two
+	 * behind the caller). */
+	p->item_capacity = max_groups * p->n_workers * 2;
 	bool ok = p->workers != NULL;
 	for (unsigned ph = 0; ph < 3 && ok; ph++)
 		for (uint32_t n = 0; n < topo->n_nodes && ok; n++)
@@ -177,14 +207,19 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 			}
 			w->started = true;
 		}
+	/* Every worker pinned and named before the first wave: a wave may end before a worker
+	 * that has not yet run takes any part in it. */
+	for (uint32_t v; (v = atomic_load(&p->checked_in)) != p->n_workers - 1;)
+		wait_for_change(&p->checked_in, v, &p->wave_sleepers);
 	return 0;
 }
 
 void pool_destroy(struct forward_pool *p)
 {
 	if (p->ready) {
+		pool_wait_wave(p);
 		atomic_store(&p->stopping, true);
-		atomic_fetch_add(&p->wave_seq, 1);
+		atomic_fetch_add(&p->wave_seq, 2);
 		wake_all(&p->wave_seq, &p->wave_sleepers);
 	}
 	for (uint32_t i = 0; p->workers && i < p->n_workers; i++)
@@ -229,8 +264,22 @@ uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, u
 	return n_groups - n_groups % threads;
 }
 
-void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups)
+bool pool_runs_behind(const struct forward_pool *p)
 {
+	return p->topo->nodes[0].threads > 1;
+}
+
+void pool_start_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups,
+                     unsigned flags)
+{
+	pool_wait_wave(p);
+	const bool behind = (flags & POOL_WAVE_BEHIND) != 0 && pool_runs_behind(p);
+	/* Mark the wave being rewritten (odd), then wait for workers still inside the last one
+	 * (past its end, on their way out) to leave: seq_cst, against the workers' enter, then
+	 * look (worker_main). */
+	atomic_fetch_add(&p->wave_seq, 1);
+	while (atomic_load(&p->active) != 0)
+		sched_yield();
 	p->groups = groups;
 	p->n_groups = n_groups;
 	for (unsigned ph = 0; ph < 3; ph++)
@@ -240,6 +289,9 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 		}
 	for (uint32_t g = 0; g < n_groups; g++)
 		add_items(p, PHASE_LOAD, 0, g, 0, groups[g].call.n_tokens, 1, p->n_workers);
+	/* Behind its caller a wave is cut finer: the caller joins when it is back, and finds
+	 * items left only if they are smaller than what one worker runs meanwhile. */
+	const uint32_t finer = behind ? 2 : 1;
 	for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
 		/* the whole groups' items first, so the split ones are the wave's tail */
 		const uint32_t threads = p->topo->nodes[n].threads;
@@ -247,17 +299,38 @@ void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n
 		for (uint32_t pass = 0; pass < 2; pass++)
 			for (uint32_t g = pass ? whole : 0; g < (pass ? n_groups : whole); g++) {
 				const struct wave_group *wg = &groups[g];
-				const uint32_t chunks = pass ? threads : 1;
+				const uint32_t chunks = pass ? threads * finer : 1;
 				add_items(p, PHASE_HIDDEN, n, g, wg->f_split[n], wg->f_split[n + 1],
 				          wg->h_align, chunks);
 				add_items(p, PHASE_DOWN, n, g, wg->o_split[n], wg->o_split[n + 1],
 				          FORWARD_DOWN_ALIGN, chunks);
 			}
 	}
-	/* The load phase is shared by every node: each node's workers claim from list 0. */
-	if (p->n_workers > 1) {
-		atomic_fetch_add(&p->wave_seq, 1); /* releases the wave's description above */
-		wake_all(&p->wave_seq, &p->wave_sleepers);
+	/* No item is in flight between waves: done[] stands still, and each phase is over
+	 * when it has moved on by the phase's items (all nodes: the load phase is shared, and
+	 * every node's down phase reads every node's hidden rows). */
+	for (unsigned ph = 0; ph < 3; ph++) {
+		uint32_t total = 0;
+		for (uint32_t n = 0; n < p->topo->n_nodes; n++)
+			total += p->n_items[ph][n];
+		p->target[ph] = atomic_load_explicit(&p->done[ph], memory_order_relaxed) + total;
 	}
-	run_wave_as(p, &p->workers[0]);
+	p->in_flight = behind;
+	atomic_fetch_add(&p->wave_seq, 1); /* even again: releases the wave's description */
+	wake_all(&p->wave_seq, &p->wave_sleepers);
+	if (!behind)
+		run_wave_as(p, &p->workers[0]);
+}
+
+void pool_wait_wave(struct forward_pool *p)
+{
+	if (!p->in_flight)
+		return;
+	run_wave_as(p, &p->workers[0]); /* joins: helps with what is left, waits for the rest */
+	p->in_flight = false;
+}
+
+void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups)
+{
+	pool_start_wave(p, groups, n_groups, 0);
 }

@@ -82,6 +82,23 @@ static struct forward_engine *make_engine(const struct fwd_model *m, const struc
 	return e;
 }
 
+/* Early delivery: the immediate output must be final when the callback runs, while the
+ * deferred experts compute behind it on the other workers (pool_start_wave). */
+struct delivery {
+	const float *out, *ref;
+	size_t n;
+	int calls;
+	long diff;
+};
+
+static void on_immediate(void *arg, const struct forward_result *res)
+{
+	(void)res;
+	struct delivery *d = arg;
+	d->calls++;
+	d->diff = fwd_first_diff(d->out, d->ref, d->n);
+}
+
 /* gguf false: a Hugging Face checkpoint (gpt-oss: MXFP4 converted at load by the loader
  * threads while workers compute; the MMAP source refuses it, so it is skipped). */
 static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t hidden,
@@ -132,9 +149,21 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 				const size_t n = (size_t)r->q.n_tokens * hidden;
 				memset(r->out, 0xff, n * sizeof(float));
 				memset(r->out_def, 0xff, n * sizeof(float));
+				/* the second round delivers early, as the server does */
+				struct delivery dl = {
+				    .out = r->out, .ref = r->ref, .n = n, .diff = -1};
+				r->q.immediate_ready = round ? on_immediate : NULL;
+				r->q.immediate_arg = &dl;
 				struct forward_result res;
 				int rc = forward_run(e, &r->q, r->out, r->out_def, &res);
+				r->q.immediate_ready = NULL;
 				CHECK(rc == MOE_OK, "%s: %s", setups[s].name, res.message);
+				CHECK(dl.calls == round, "%s: delivered %d times in round %d",
+				      setups[s].name, dl.calls, round);
+				CHECK(dl.diff < 0,
+				      "%s, %u tokens: immediate element %ld not final when "
+				      "delivered",
+				      setups[s].name, r->q.n_tokens, dl.diff);
 				long d = fwd_first_diff(r->out, r->ref, n);
 				CHECK(d < 0, "%s, %s, %u tokens: immediate element %ld differs",
 				      setups[s].name, moe_format_name(format), r->q.n_tokens, d);
