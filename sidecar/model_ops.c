@@ -26,8 +26,11 @@
  * Early completion: a FORWARD that defers posts its completion from inside the engine as soon
  * as the immediate part is final (forward_request.immediate_ready) — through the drain when
  * inline (channel_post_now), channel_complete_async on the forward thread — and its executor
- * then computes the deferred experts while the client runs on. The executor is still busy
- * (`executing`), so the channel's next FORWARD waits for the deferred sum it must merge. A
+ * then computes the deferred experts while the client runs on. When they are all resident
+ * the executor returns while they still compute on the pool's other workers
+ * (forward_request.settle_later): the engine plans the next FORWARD meanwhile and finishes
+ * them, writing deferred[target], before that FORWARD's first wave — so the next FORWARD
+ * still merges a complete sum; a channel going away settles first (serve_model_settle). A
  * deferred expert failing after the completion leaves a lost contribution (owed_fail_*).
  * Lock order stays cq_lock → o->lock: the engine holds no lock while it runs the callback,
  * and an inline FORWARD (under the dispatcher's cq_lock) only starts when the forward thread
@@ -195,6 +198,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 	o->n_clients--;
 	pthread_mutex_unlock(&o->lock);
 	serve_model_client_detach(o->model, mc->client);
+	serve_model_settle(o->model); /* a deferred sum may still be on its way into mc->deferred */
 	ch->model = NULL;
 	ch->model_ops = NULL;
 	free(mc->deferred[0]);

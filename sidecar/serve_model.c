@@ -297,6 +297,7 @@ int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
 	struct forward_request fr = {
 	    .immediate_ready = req->immediate_ready ? deliver_immediate : NULL,
 	    .immediate_arg = (void *)req,
+	    .settle_later = req->immediate_ready != NULL,
 	    .defer_cold = req->defer_cold,
 	    .client = req->client,
 	    .layer = req->layer,
@@ -347,6 +348,11 @@ void serve_model_client_attach(struct serve_model *m, uint32_t client)
 void serve_model_client_detach(struct serve_model *m, uint32_t client)
 {
 	forward_client_detach(m->engine, client);
+}
+
+void serve_model_settle(struct serve_model *m)
+{
+	forward_settle(m->engine);
 }
 
 /* ---- STATS JSON ------------------------------------------------------------------------- */

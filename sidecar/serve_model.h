@@ -75,7 +75,10 @@ struct serve_forward {
 	const float *weights;
 	const float *deferred_in;
 	/* Optional early delivery (forward_request.immediate_ready): called once, as soon as
-	 * out_immediate is final, before the deferred experts are computed. */
+	 * out_immediate is final, before the deferred experts are computed. With it, the
+	 * deferred experts may still be computing when serve_model_forward returns
+	 * (forward_request.settle_later): out_deferred is final once the next
+	 * serve_model_forward has started computing, or after serve_model_settle. */
 	void (*immediate_ready)(void *arg, uint32_t n_deferred);
 	void *immediate_arg;
 	bool defer_cold; /* forward_request.defer_cold */
@@ -102,6 +105,9 @@ int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, 
                          size_t n_bytes);
 void serve_model_client_attach(struct serve_model *m, uint32_t client);
 void serve_model_client_detach(struct serve_model *m, uint32_t client);
+/* forward_settle: a deferred part still computing is finished and written (before the buffer
+ * it writes to is freed). */
+void serve_model_settle(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,

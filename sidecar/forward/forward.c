@@ -43,7 +43,7 @@ struct layer_counters {
 	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
 };
 
-enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_DONE, GROUP_FAILED };
+enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_RUNNING, GROUP_DONE, GROUP_FAILED };
 
 struct req_group {
 	uint32_t expert;
@@ -57,21 +57,9 @@ struct req_group {
 	struct held_expert held;
 };
 
-struct forward_engine {
-	const struct moe_catalog *cat;
-	struct forward_config cfg;
-	struct forward_topology topo;
-	struct forward_pool pool;
-	struct forward_weights w;
-	uint32_t max_tokens, max_k, hidden, last_moe_layer;
-	/* One request at a time: `running` under run_lock, waited for on run_free. The lock is
-	 * held only to take or give back the engine, never across compute, I/O or the
-	 * immediate_ready callback. */
-	pthread_mutex_t run_lock;
-	pthread_cond_t run_free;
-	bool running;
-	/* Request plan, sized for max_tokens x max_k pairs (owned by the running request). */
-	uint32_t max_pairs, max_groups;
+/* One request's plan and gathered rows (forward_engine.ctx). */
+struct req_ctx {
+	uint32_t max_tokens, max_pairs, max_groups;
 	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
 	uint32_t *pos_slot;            /* [position]: gathered slot */
 	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry: immediate ones by
@@ -89,6 +77,39 @@ struct forward_engine {
 	float *wg;               /* per-slot weights */
 	uint8_t *scratch;
 	size_t scratch_bytes;
+};
+
+/* A request's deferred wave left running on the pool after forward_run returned
+ * (forward_request.settle_later): settled — joined, its experts let go, its sum written to
+ * out_deferred — before the pool's next wave, by forward_settle, or at destroy. */
+struct deferred_tail {
+	bool pending;
+	struct req_ctx *ctx;
+	uint32_t n_wave, n_tokens, k;
+	float *out_deferred;
+};
+
+struct forward_engine {
+	const struct moe_catalog *cat;
+	struct forward_config cfg;
+	struct forward_topology topo;
+	struct forward_pool pool;
+	struct forward_weights w;
+	uint32_t max_tokens, max_k, hidden, last_moe_layer;
+	/* One request at a time: `running` under run_lock, waited for on run_free. The lock is
+	 * held only to take or give back the engine, never across compute, I/O or the
+	 * immediate_ready callback. */
+	pthread_mutex_t run_lock;
+	pthread_cond_t run_free;
+	bool running;
+	/* Request plans: ctx[0] for max_tokens x max_k pairs, ctx[1] for decode-sized requests
+	 * (ASYNC_MAX_TOKENS). rq is the running request's; a request whose deferred wave is left
+	 * running behind it (tail) keeps its ctx until settled, and the next request plans in
+	 * the other one meanwhile. */
+	uint32_t max_pairs, max_groups; /* ctx[0]'s */
+	struct req_ctx ctx[2];
+	struct req_ctx *rq;
+	struct deferred_tail tail;
 	/* Masks (guarded by mask_lock). */
 	pthread_mutex_t mask_lock;
 	size_t mask_row; /* bytes per transformer block: ceil(n_experts / 8) */
@@ -137,6 +158,8 @@ uint64_t lat_hist_upper(unsigned b)
 
 /* ---- create / destroy ----------------------------------------------------------------- */
 
+static void settle(struct forward_engine *e, bool sum);
+
 /* Largest scratch any expert needs for n tokens on `workers` workers. */
 static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
 {
@@ -155,36 +178,77 @@ static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
 	return best;
 }
 
-static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
+/* Decode-sized requests (at most this many tokens) may leave their deferred wave running
+ * behind them: the second plan, for the request after, is sized for them. */
+#define ASYNC_MAX_TOKENS 16u
+
+static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t tokens, char *err,
+                     size_t err_len)
 {
 	const uint32_t n_experts = e->cat->info.n_experts;
-	const size_t P = (size_t)e->max_tokens * e->max_k;
-	e->max_pairs = (uint32_t)P;
-	e->max_groups = (uint32_t)(P < n_experts ? P : n_experts);
-	e->pos_kind = calloc(P, 1);
-	e->pos_slot = calloc(P, sizeof(uint32_t));
-	e->tok_order = calloc(P, sizeof(uint16_t));
-	e->order_tmp = calloc(e->max_k, sizeof(uint16_t));
-	e->tok_n_valid = calloc(e->max_tokens, sizeof(uint32_t));
-	e->tok_n_imm = calloc(e->max_tokens, sizeof(uint32_t));
-	e->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
-	e->expert_has_immediate = calloc(n_experts, 1);
-	e->groups = calloc(e->max_groups, sizeof(*e->groups));
-	e->wave = calloc(e->max_groups, sizeof(*e->wave));
-	e->wave_group_of = calloc(e->max_groups, sizeof(uint32_t));
-	e->xg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
-	e->yg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
-	e->wg = calloc(P, sizeof(float));
+	const size_t P = (size_t)tokens * e->max_k;
+	c->max_tokens = tokens;
+	c->max_pairs = (uint32_t)P;
+	c->max_groups = (uint32_t)(P < n_experts ? P : n_experts);
+	c->pos_kind = calloc(P, 1);
+	c->pos_slot = calloc(P, sizeof(uint32_t));
+	c->tok_order = calloc(P, sizeof(uint16_t));
+	c->order_tmp = calloc(e->max_k, sizeof(uint16_t));
+	c->tok_n_valid = calloc(tokens, sizeof(uint32_t));
+	c->tok_n_imm = calloc(tokens, sizeof(uint32_t));
+	c->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
+	c->expert_has_immediate = calloc(n_experts, 1);
+	c->groups = calloc(c->max_groups, sizeof(*c->groups));
+	c->wave = calloc(c->max_groups, sizeof(*c->wave));
+	c->wave_group_of = calloc(c->max_groups, sizeof(uint32_t));
+	c->xg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
+	c->yg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
+	c->wg = calloc(P, sizeof(float));
 	const size_t full = max_scratch(e, P, e->pool.n_workers);
-	e->scratch_bytes = 2 * full + ((size_t)8 << 20);
-	e->scratch = aligned_alloc(64, align_up_64(e->scratch_bytes));
-	if (!e->pos_kind || !e->pos_slot || !e->tok_order || !e->order_tmp || !e->tok_n_valid ||
-	    !e->tok_n_imm || !e->key_count || !e->expert_has_immediate || !e->groups || !e->wave ||
-	    !e->wave_group_of || !e->xg || !e->yg || !e->wg || !e->scratch || full == 0) {
+	c->scratch_bytes = 2 * full + ((size_t)8 << 20);
+	c->scratch = aligned_alloc(64, align_up_64(c->scratch_bytes));
+	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
+	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
+	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
 		snprintf(err, err_len, "forward engine: request buffers for %u tokens x %u ids: %s",
-		         e->max_tokens, e->max_k, full ? "out of memory" : "no usable expert");
+		         tokens, e->max_k, full ? "out of memory" : "no usable expert");
 		return -1;
 	}
+	return 0;
+}
+
+static void free_ctx(struct req_ctx *c)
+{
+	free(c->pos_kind);
+	free(c->pos_slot);
+	free(c->tok_order);
+	free(c->order_tmp);
+	free(c->tok_n_valid);
+	free(c->tok_n_imm);
+	free(c->key_count);
+	free(c->expert_has_immediate);
+	free(c->groups);
+	free(c->wave);
+	free(c->wave_group_of);
+	free(c->xg);
+	free(c->yg);
+	free(c->wg);
+	free(c->scratch);
+}
+
+static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
+{
+	if (alloc_ctx(e, &e->ctx[0], e->max_tokens, err, err_len) != 0)
+		return -1;
+	e->max_pairs = e->ctx[0].max_pairs;
+	e->max_groups = e->ctx[0].max_groups;
+	e->rq = &e->ctx[0];
+	/* no second plan for one worker: nothing runs behind the caller */
+	if (e->pool.n_workers > 1 &&
+	    alloc_ctx(e, &e->ctx[1],
+	              e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS, err,
+	              err_len) != 0)
+		return -1;
 	return 0;
 }
 
@@ -279,25 +343,13 @@ void forward_destroy(struct forward_engine *e)
 	if (!e)
 		return;
 	if (e->pool.n_workers) {
+		settle(e, false); /* its out_deferred may be gone: the caller settles before */
 		pool_destroy(&e->pool);
 		weights_close(&e->w);
 		topology_close(&e->topo);
 	}
-	free(e->pos_kind);
-	free(e->pos_slot);
-	free(e->tok_order);
-	free(e->order_tmp);
-	free(e->tok_n_valid);
-	free(e->tok_n_imm);
-	free(e->key_count);
-	free(e->expert_has_immediate);
-	free(e->groups);
-	free(e->wave);
-	free(e->wave_group_of);
-	free(e->xg);
-	free(e->yg);
-	free(e->wg);
-	free(e->scratch);
+	free_ctx(&e->ctx[0]);
+	free_ctx(&e->ctx[1]);
 	free(e->masks);
 	free(e->res_mask);
 	free(e->counters);
@@ -460,8 +512,8 @@ static void defer_cold_first(struct forward_engine *e, uint32_t moe_layer, const
 	for (int want = 1; want <= 2; want++)
 		for (uint32_t r = 0; r < n; r++)
 			if (kind[order[r]] == want)
-				e->order_tmp[at++] = order[r];
-	memcpy(order, e->order_tmp, n * sizeof(uint16_t));
+				e->rq->order_tmp[at++] = order[r];
+	memcpy(order, e->rq->order_tmp, n * sizeof(uint16_t));
 }
 
 /* Orders each token's valid entries by weight descending (ties: earlier position first),
@@ -474,7 +526,7 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
 		const int32_t *ids = &q->ids[(size_t)t * k];
 		const float *w = &q->weights[(size_t)t * k];
-		uint16_t *order = &e->tok_order[(size_t)t * k];
+		uint16_t *order = &e->rq->tok_order[(size_t)t * k];
 		uint32_t n = 0;
 		for (uint32_t j = 0; j < k; j++) {
 			if (ids[j] < 0)
@@ -488,9 +540,9 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 			order[i] = (uint16_t)j;
 		}
 		const uint32_t n_def = q->k_defer < n ? q->k_defer : n;
-		e->tok_n_valid[t] = n;
-		e->tok_n_imm[t] = n - n_def;
-		uint8_t *kind = &e->pos_kind[(size_t)t * k];
+		e->rq->tok_n_valid[t] = n;
+		e->rq->tok_n_imm[t] = n - n_def;
+		uint8_t *kind = &e->rq->pos_kind[(size_t)t * k];
 		for (uint32_t j = 0; j < k; j++)
 			kind[j] = 0;
 		if (q->defer_cold && n_def) {
@@ -507,37 +559,37 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 	 * computed in (multi-token dot products), so deferral must not change the batches —
 	 * that is what makes immediate + deferred equal the undeferred output. Groups with an
 	 * immediate pair come first; deferred-only groups after them. */
-	memset(e->key_count, 0, (n_experts + 1) * sizeof(uint32_t));
-	memset(e->expert_has_immediate, 0, n_experts);
+	memset(e->rq->key_count, 0, (n_experts + 1) * sizeof(uint32_t));
+	memset(e->rq->expert_has_immediate, 0, n_experts);
 	const size_t n_pos = (size_t)q->n_tokens * k;
 	for (size_t p = 0; p < n_pos; p++)
-		if (e->pos_kind[p]) {
-			e->key_count[(uint32_t)q->ids[p] + 1]++;
-			e->expert_has_immediate[q->ids[p]] |= e->pos_kind[p] == 1;
+		if (e->rq->pos_kind[p]) {
+			e->rq->key_count[(uint32_t)q->ids[p] + 1]++;
+			e->rq->expert_has_immediate[q->ids[p]] |= e->rq->pos_kind[p] == 1;
 		}
 	for (uint32_t x = 0; x < n_experts; x++)
-		e->key_count[x + 1] += e->key_count[x];
+		e->rq->key_count[x + 1] += e->rq->key_count[x];
 	uint32_t n_groups = 0;
 	for (int pass = 0; pass < 2; pass++)
 		for (uint32_t x = 0; x < n_experts; x++) {
-			const uint32_t c = e->key_count[x + 1] - e->key_count[x];
-			if (c == 0 || e->expert_has_immediate[x] != (pass == 0))
+			const uint32_t c = e->rq->key_count[x + 1] - e->rq->key_count[x];
+			if (c == 0 || e->rq->expert_has_immediate[x] != (pass == 0))
 				continue;
-			struct req_group *g = &e->groups[n_groups++];
+			struct req_group *g = &e->rq->groups[n_groups++];
 			memset(g, 0, sizeof(*g));
 			g->expert = x;
 			g->deferred = pass == 1;
-			g->first = e->key_count[x];
+			g->first = e->rq->key_count[x];
 			g->count = c;
 		}
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	for (size_t p = 0; p < n_pos; p++) {
-		if (!e->pos_kind[p])
+		if (!e->rq->pos_kind[p])
 			continue;
-		const uint32_t s = e->key_count[q->ids[p]]++;
-		e->pos_slot[p] = s;
-		memcpy(e->xg + s * row, (const uint8_t *)q->x + (p / k) * row, row);
-		e->wg[s] = q->weights[p];
+		const uint32_t s = e->rq->key_count[q->ids[p]]++;
+		e->rq->pos_slot[p] = s;
+		memcpy(e->rq->xg + s * row, (const uint8_t *)q->x + (p / k) * row, row);
+		e->rq->wg[s] = q->weights[p];
 	}
 	return n_groups;
 }
@@ -552,12 +604,12 @@ static void sum_part(struct forward_engine *e, const struct forward_request *q, 
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
 		float *o = out + t * h;
 		memset(o, 0, h * sizeof(float));
-		const uint16_t *order = &e->tok_order[(size_t)t * q->k];
-		const uint32_t r0 = deferred_part ? e->tok_n_imm[t] : 0;
-		const uint32_t r1 = deferred_part ? e->tok_n_valid[t] : e->tok_n_imm[t];
+		const uint16_t *order = &e->rq->tok_order[(size_t)t * q->k];
+		const uint32_t r0 = deferred_part ? e->rq->tok_n_imm[t] : 0;
+		const uint32_t r1 = deferred_part ? e->rq->tok_n_valid[t] : e->rq->tok_n_imm[t];
 		for (uint32_t r = r0; r < r1; r++) {
 			const float *y =
-			    e->yg + (size_t)e->pos_slot[(size_t)t * q->k + order[r]] * h;
+			    e->rq->yg + (size_t)e->rq->pos_slot[(size_t)t * q->k + order[r]] * h;
 			for (size_t i = 0; i < h; i++)
 				o[i] += y[i];
 		}
@@ -584,22 +636,22 @@ void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *spl
 static int add_to_wave(struct forward_engine *e, const struct forward_request *q, uint32_t g,
                        uint32_t slot, size_t *scratch_at, struct forward_result *res)
 {
-	struct req_group *rg = &e->groups[g];
-	struct wave_group *wg = &e->wave[slot];
+	struct req_group *rg = &e->rq->groups[g];
+	struct wave_group *wg = &e->rq->wave[slot];
 	const unsigned W = e->pool.n_workers;
 	const size_t need = moek_ffn_scratch_bytes(&rg->held.view, rg->count, W);
-	if (*scratch_at + need > e->scratch_bytes)
+	if (*scratch_at + need > e->rq->scratch_bytes)
 		return 1;
 	memset(wg, 0, sizeof(*wg));
 	struct moek_ffn_call *c = &wg->call;
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	c->expert = &rg->held.view;
 	c->n_tokens = rg->count;
-	c->x = e->xg + (size_t)rg->first * row;
+	c->x = e->rq->xg + (size_t)rg->first * row;
 	c->x_dtype = q->x_dtype;
-	c->weights = e->wg + rg->first;
-	c->out = e->yg + (size_t)rg->first * e->hidden;
-	c->scratch = e->scratch + *scratch_at;
+	c->weights = e->rq->wg + rg->first;
+	c->out = e->rq->yg + (size_t)rg->first * e->hidden;
+	c->scratch = e->rq->scratch + *scratch_at;
 	c->scratch_bytes = need;
 	c->n_workers = W;
 	memset(c->out, 0, (size_t)rg->count * e->hidden * sizeof(float));
@@ -613,7 +665,7 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 	forward_expert_split(&rg->held.view, e->topo.n_nodes, wg->f_split, wg->o_split);
 	for (uint32_t n = 0; n < e->topo.n_nodes; n++)
 		wg->node_expert[n] = e->w.sliced ? &rg->held.node_view[n] : &rg->held.view;
-	e->wave_group_of[slot] = g;
+	e->rq->wave_group_of[slot] = g;
 	return 0;
 }
 
@@ -626,15 +678,15 @@ static void release_group(struct forward_engine *e, struct req_group *g)
 static void release_all(struct forward_engine *e, uint32_t n_groups)
 {
 	for (uint32_t g = 0; g < n_groups; g++)
-		release_group(e, &e->groups[g]);
+		release_group(e, &e->rq->groups[g]);
 }
 
-/* The wave of e->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
+/* The wave of e->rq->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
  * started behind the caller): its groups are done and their experts let go. */
 static void wave_done(struct forward_engine *e, uint32_t n_wave)
 {
 	for (uint32_t i = 0; i < n_wave; i++) {
-		struct req_group *g = &e->groups[e->wave_group_of[i]];
+		struct req_group *g = &e->rq->groups[e->rq->wave_group_of[i]];
 		g->state = GROUP_DONE;
 		release_group(e, g);
 	}
@@ -644,7 +696,7 @@ static void wave_done(struct forward_engine *e, uint32_t n_wave)
  * group order), or one kind, so the immediate part can be delivered before deferred work. */
 enum wave_filter { WAVE_ALL, WAVE_IMMEDIATE, WAVE_DEFERRED };
 
-/* Fills e->wave with the READY groups the filter takes, in group order, until the scratch
+/* Fills e->rq->wave with the READY groups the filter takes, in group order, until the scratch
  * arena is full (the rest wait for the next wave). *n_wave = 0: none left. */
 static int build_wave(struct forward_engine *e, const struct forward_request *q, uint32_t n_groups,
                       enum wave_filter filter, struct forward_result *res, uint32_t *n_wave)
@@ -652,9 +704,9 @@ static int build_wave(struct forward_engine *e, const struct forward_request *q,
 	*n_wave = 0;
 	size_t at = 0;
 	for (uint32_t g = 0; g < n_groups; g++) {
-		if (e->groups[g].state != GROUP_READY ||
-		    (filter == WAVE_IMMEDIATE && e->groups[g].deferred) ||
-		    (filter == WAVE_DEFERRED && !e->groups[g].deferred))
+		if (e->rq->groups[g].state != GROUP_READY ||
+		    (filter == WAVE_IMMEDIATE && e->rq->groups[g].deferred) ||
+		    (filter == WAVE_DEFERRED && !e->rq->groups[g].deferred))
 			continue;
 		int rc = add_to_wave(e, q, g, *n_wave, &at, res);
 		if (rc == 1 && *n_wave > 0)
@@ -668,6 +720,25 @@ static int build_wave(struct forward_engine *e, const struct forward_request *q,
 	return MOE_OK;
 }
 
+/* The tail (struct deferred_tail) of the request before: its wave joined, its experts let go,
+ * its deferred sum written (sum = false: not, at destroy). */
+static void settle(struct forward_engine *e, bool sum)
+{
+	struct deferred_tail *t = &e->tail;
+	if (!t->pending)
+		return;
+	pool_wait_wave(&e->pool);
+	struct req_ctx *running = e->rq;
+	e->rq = t->ctx;
+	wave_done(e, t->n_wave);
+	if (sum && t->out_deferred) {
+		const struct forward_request q = {.n_tokens = t->n_tokens, .k = t->k};
+		sum_part(e, &q, t->out_deferred, true);
+	}
+	e->rq = running;
+	t->pending = false;
+}
+
 static int compute_ready(struct forward_engine *e, const struct forward_request *q,
                          uint32_t n_groups, enum wave_filter filter, struct forward_result *res)
 {
@@ -675,7 +746,8 @@ static int compute_ready(struct forward_engine *e, const struct forward_request 
 	uint32_t n_wave;
 	int rc;
 	while ((rc = build_wave(e, q, n_groups, filter, res, &n_wave)) == MOE_OK && n_wave) {
-		pool_run_wave(&e->pool, e->wave, n_wave);
+		settle(e, true); /* planned and prepared while the last tail ran */
+		pool_run_wave(&e->pool, e->rq->wave, n_wave);
 		wave_done(e, n_wave);
 	}
 	res->compute_us += now_us() - t0;
@@ -765,11 +837,20 @@ static bool any_cold(struct forward_engine *e, uint32_t moe_layer, uint32_t expe
 	return false;
 }
 
+/* Every deferred-only group is in the wave running behind (none pending, ready or failed). */
+static bool deferred_all_running(const struct forward_engine *e, uint32_t n_groups)
+{
+	for (uint32_t g = 0; g < n_groups; g++)
+		if (e->rq->groups[g].deferred && e->rq->groups[g].state != GROUP_RUNNING)
+			return false;
+	return true;
+}
+
 /* Every group with an immediate entry is done (groups with one come first). */
 static bool immediate_done(const struct forward_engine *e, uint32_t n_groups)
 {
-	for (uint32_t g = 0; g < n_groups && !e->groups[g].deferred; g++)
-		if (e->groups[g].state != GROUP_DONE)
+	for (uint32_t g = 0; g < n_groups && !e->rq->groups[g].deferred; g++)
+		if (e->rq->groups[g].state != GROUP_DONE)
 			return false;
 	return true;
 }
@@ -791,15 +872,30 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 	int rc = MOE_OK;
 	if (pool_runs_behind(&e->pool)) {
 		rc = build_wave(e, q, n_groups, WAVE_DEFERRED, res, &behind);
-		if (rc == MOE_OK && behind)
-			pool_start_wave(&e->pool, e->wave, behind, POOL_WAVE_BEHIND);
-		else
+		if (rc == MOE_OK && behind) {
+			settle(e, true);
+			pool_start_wave(&e->pool, e->rq->wave, behind, POOL_WAVE_BEHIND);
+			for (uint32_t i = 0; i < behind; i++)
+				e->rq->groups[e->rq->wave_group_of[i]].state = GROUP_RUNNING;
+		} else {
 			behind = 0;
+		}
 	}
 	sum_part(e, q, out_imm, false);
 	res->compute_us += now_us() - t0;
 	res->immediate_delivered = true;
 	q->immediate_ready(q->immediate_arg, res);
+	if (behind && q->settle_later && rc == MOE_OK && deferred_all_running(e, n_groups)) {
+		/* Nothing else deferred is left: forward_run returns now, the next planning runs
+		 * while this wave does, and the wave is settled before the pool's next one. */
+		e->tail = (struct deferred_tail){.pending = true,
+		                                 .ctx = e->rq,
+		                                 .n_wave = behind,
+		                                 .n_tokens = q->n_tokens,
+		                                 .k = q->k};
+		res->deferred_pending = true;
+		return MOE_OK;
+	}
 	if (behind) {
 		t0 = now_us();
 		pool_wait_wave(&e->pool);
@@ -846,7 +942,7 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 	if (e->w.source != FORWARD_SOURCE_RESIDENCY) {
 		char err[128];
 		for (uint32_t g = 0; g < n_groups; g++) {
-			struct req_group *rg = &e->groups[g];
+			struct req_group *rg = &e->rq->groups[g];
 			if (weights_static_view(&e->w, moe_layer, rg->expert, &rg->held.view, err,
 			                        sizeof(err)) != 0)
 				return fail(res, MOE_EIO, -1, -1, (int32_t)rg->expert, "%s", err);
@@ -863,7 +959,7 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 		uint32_t ready = 0;
 		for (int pass = 0; pass < 2; pass++)
 			for (uint32_t g = 0; g < n_groups; g++) {
-				struct req_group *rg = &e->groups[g];
+				struct req_group *rg = &e->rq->groups[g];
 				if (rg->state != GROUP_PENDING ||
 				    (pass == 0 && any_cold(e, moe_layer, rg->expert)))
 					continue;
@@ -879,16 +975,17 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 			 * slices that pending groups hold on some nodes are let go, so a small
 			 * budget cannot deadlock; they are demanded again, not counted again). */
 			for (uint32_t g = 0; g < n_groups; g++)
-				if (e->groups[g].state == GROUP_PENDING)
-					release_group(e, &e->groups[g]);
+				if (e->rq->groups[g].state == GROUP_PENDING)
+					release_group(e, &e->rq->groups[g]);
 			for (uint32_t g = 0; g < n_groups; g++) {
-				if (e->groups[g].state != GROUP_PENDING)
+				if (e->rq->groups[g].state != GROUP_PENDING)
 					continue;
 				const uint64_t t0 = now_us();
-				rc = demand(e, q, moe_layer, &e->groups[g], true, res);
+				rc = demand(e, q, moe_layer, &e->rq->groups[g], true, res);
 				res->io_us += now_us() - t0;
 				if (rc < 0)
-					rc = settle_failure(e, q, &e->groups[g], rc, &deferred_rc);
+					rc = settle_failure(e, q, &e->rq->groups[g], rc,
+					                    &deferred_rc);
 				if (rc < 0)
 					goto failed;
 				ready = 1;
@@ -976,16 +1073,29 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	res->queue_us = t1 - t0;
 	if (rc == MOE_OK) {
+		/* Plan in the ctx the last request's tail does not hold, if the request fits it;
+		 * else the tail is settled first. */
+		struct req_ctx *c = &e->ctx[0];
+		if (e->tail.pending) {
+			struct req_ctx *other = e->tail.ctx == &e->ctx[0] ? &e->ctx[1] : &e->ctx[0];
+			if (q->n_tokens <= other->max_tokens)
+				c = other;
+			else
+				settle(e, true);
+		}
+		e->rq = c;
 		const uint32_t n_groups = plan_request(e, q, moe_layer);
 		res->experts = n_groups;
 		for (uint32_t t = 0; t < q->n_tokens; t++)
-			res->n_deferred += e->tok_n_valid[t] - e->tok_n_imm[t];
+			res->n_deferred += e->rq->tok_n_valid[t] - e->rq->tok_n_imm[t];
 		rc = execute(e, q, moe_layer, n_groups, out_immediate, res);
 		if (rc == MOE_OK) {
 			const uint64_t t2 = now_us();
 			if (!res->immediate_delivered)
 				sum_part(e, q, out_immediate, false);
-			if (out_deferred)
+			if (res->deferred_pending)
+				e->tail.out_deferred = out_deferred;
+			else if (out_deferred)
 				sum_part(e, q, out_deferred, true);
 			res->compute_us += now_us() - t2;
 		}
@@ -995,6 +1105,13 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	if (rc != MOE_EBADLAYER && rc != MOE_EINVAL)
 		record(e, moe_layer, q, res, now_us() - t0);
 	return rc;
+}
+
+void forward_settle(struct forward_engine *e)
+{
+	engine_take(e);
+	settle(e, true);
+	engine_give_back(e);
 }
 
 /* ---- reference ------------------------------------------------------------------------- */

@@ -164,6 +164,13 @@ struct forward_request {
 	 * the lowest-weighted. Results then depend on what is resident (immediate + deferred is
 	 * the undeferred sum up to float re-association); forward_reference ignores it. */
 	bool defer_cold;
+	/* With immediate_ready: forward_run may return once the immediate part is delivered and
+	 * every deferred-only expert is computing on the pool's other workers (none left to load
+	 * or failed), with res->deferred_pending set. out_deferred is then final only after
+	 * forward_settle or once the engine's next forward_run has started its first wave — which
+	 * it plans while the deferred experts still compute: that overlap is the point. The
+	 * caller keeps out_deferred alive until then (forward_destroy does not write it). */
+	bool settle_later;
 };
 
 struct forward_result {
@@ -180,6 +187,7 @@ struct forward_result {
 	uint64_t io_us;           /* waiting for expert loads with nothing to compute */
 	uint64_t compute_us;      /* computing */
 	bool immediate_delivered; /* immediate_ready was called (out_immediate final then) */
+	bool deferred_pending;    /* settle_later took effect: out_deferred not yet written */
 };
 
 /* Computes out_immediate (n_tokens x hidden f32, overwritten) = Σ immediate w·expert(x)
@@ -191,6 +199,11 @@ struct forward_result {
  * layer), MOE_ESHUTDOWN. Every held expert is released on every path. */
 int forward_run(struct forward_engine *e, const struct forward_request *req, float *out_immediate,
                 float *out_deferred, struct forward_result *res);
+
+/* Finishes a deferred part left running by forward_run (forward_request.settle_later): waits
+ * for it (helping), writes its out_deferred, lets its experts go. Nothing pending: returns at
+ * once. Takes the engine like forward_run. */
+void forward_settle(struct forward_engine *e);
 
 /* The oracle: same contract and summation order as forward_run, computed on the calling
  * thread with moek_ffn_run per expert group, weights read from `e`'s source (ALL_RESIDENT or
