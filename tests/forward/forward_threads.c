@@ -234,6 +234,7 @@ struct caller {
 	const struct fwd_model *m;
 	uint32_t id;
 	int bad;
+	int pending; /* deferred parts left running (run_deferring) */
 };
 
 static void *run_requests(void *arg)
@@ -248,6 +249,42 @@ static void *run_requests(void *arg)
 		if (forward_run(c->e, &r.q, r.out, NULL, &res) != MOE_OK ||
 		    forward_reference(c->e, &r.q, r.ref, NULL, &ref) != MOE_OK ||
 		    fwd_first_diff(r.out, r.ref, r.q.n_tokens * c->m->cat->info.hidden) >= 0)
+			c->bad++;
+		fwd_req_free(&r);
+	}
+	return NULL;
+}
+
+static void no_delivery(void *arg, const struct forward_result *res)
+{
+	(void)arg;
+	(void)res;
+}
+
+/* Deferring requests left running (settle_later) from two threads at once: a caller's tail is
+ * settled by the other caller's next request or by this caller's forward_settle, and its
+ * out_deferred is final after that either way. */
+static void *run_deferring(void *arg)
+{
+	struct caller *c = arg;
+	const size_t h = c->m->cat->info.hidden;
+	for (uint32_t i = 0; i < 30; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, c->m->cat, fwd_moe_block(c->m->cat, 0), 1 + i % 3, 4, 2,
+		             MOEK_ACT_F32, c->id * 1000 + i, false);
+		r.q.client = c->id;
+		r.q.immediate_ready = no_delivery;
+		r.q.settle_later = true;
+		struct forward_result res, ref;
+		const int rc = forward_run(c->e, &r.q, r.out, r.out_def, &res);
+		c->pending += res.deferred_pending;
+		forward_settle(c->e);
+		r.q.immediate_ready = NULL;
+		r.q.settle_later = false;
+		if (rc != MOE_OK ||
+		    forward_reference(c->e, &r.q, r.ref, r.ref_def, &ref) != MOE_OK ||
+		    fwd_first_diff(r.out, r.ref, r.q.n_tokens * h) >= 0 ||
+		    fwd_first_diff(r.out_def, r.ref_def, r.q.n_tokens * h) >= 0)
 			c->bad++;
 		fwd_req_free(&r);
 	}
@@ -287,7 +324,7 @@ static void check_concurrent(void)
 	                        40};
 	struct forward_engine *e = make_engine(&m, &s, 4);
 	if (e) {
-		struct caller c[3] = {{e, &m, 0, 0}, {e, &m, 1, 0}, {e, &m, 2, 0}};
+		struct caller c[3] = {{e, &m, 0, 0, 0}, {e, &m, 1, 0, 0}, {e, &m, 2, 0, 0}};
 		pthread_t t[3];
 		pthread_create(&t[0], NULL, run_requests, &c[0]);
 		pthread_create(&t[1], NULL, run_requests, &c[1]);
@@ -301,6 +338,29 @@ static void check_concurrent(void)
 		CHECK(st.requests == 60, "concurrent: %llu requests counted, expected 60",
 		      (unsigned long long)st.requests);
 		CHECK(st.resident_bytes <= st.budget_bytes, "concurrent: over budget");
+		forward_destroy(e);
+	}
+	/* Two workers on one node, every expert fitting: deferred parts are left running (not
+	 * every one: a request whose deferred experts are all also immediate for another token,
+	 * or not yet resident, has nothing to leave running). */
+	const struct setup d = {"concurrent deferring, 1 node, 2 threads",
+	                        FORWARD_SOURCE_RESIDENCY,
+	                        FORWARD_NUMA_AUTO,
+	                        NULL,
+	                        2,
+	                        0};
+	e = make_engine(&m, &d, 4);
+	if (e) {
+		/* no poke: its GPU masks would fail some of these requests' experts at random */
+		struct caller c[2] = {{e, &m, 0, 0, 0}, {e, &m, 1, 0, 0}};
+		pthread_t t[2];
+		pthread_create(&t[0], NULL, run_deferring, &c[0]);
+		pthread_create(&t[1], NULL, run_deferring, &c[1]);
+		for (int i = 0; i < 2; i++)
+			pthread_join(t[i], NULL);
+		CHECK(c[0].bad == 0 && c[1].bad == 0, "%s: %d + %d bad results", d.name, c[0].bad,
+		      c[1].bad);
+		CHECK(c[0].pending + c[1].pending > 0, "%s: no deferred part left running", d.name);
 		forward_destroy(e);
 	}
 	fwd_model_free(&m);
