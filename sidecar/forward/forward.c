@@ -597,19 +597,19 @@ static uint32_t plan_request(struct forward_engine *e, const struct forward_requ
 /* One part of the output in the planned order: out[t] = Σ immediate entries + deferred_in[t]
  * (needs only the groups with an immediate entry: they come first in the plan), or
  * Σ deferred entries. */
-static void sum_part(struct forward_engine *e, const struct forward_request *q, float *out,
-                     bool deferred_part)
+static void sum_part(const struct forward_engine *e, const struct req_ctx *c,
+                     const struct forward_request *q, float *out, bool deferred_part)
 {
 	const size_t h = e->hidden;
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
 		float *o = out + t * h;
 		memset(o, 0, h * sizeof(float));
-		const uint16_t *order = &e->rq->tok_order[(size_t)t * q->k];
-		const uint32_t r0 = deferred_part ? e->rq->tok_n_imm[t] : 0;
-		const uint32_t r1 = deferred_part ? e->rq->tok_n_valid[t] : e->rq->tok_n_imm[t];
+		const uint16_t *order = &c->tok_order[(size_t)t * q->k];
+		const uint32_t r0 = deferred_part ? c->tok_n_imm[t] : 0;
+		const uint32_t r1 = deferred_part ? c->tok_n_valid[t] : c->tok_n_imm[t];
 		for (uint32_t r = r0; r < r1; r++) {
 			const float *y =
-			    e->rq->yg + (size_t)e->rq->pos_slot[(size_t)t * q->k + order[r]] * h;
+			    c->yg + (size_t)c->pos_slot[(size_t)t * q->k + order[r]] * h;
 			for (size_t i = 0; i < h; i++)
 				o[i] += y[i];
 		}
@@ -681,12 +681,12 @@ static void release_all(struct forward_engine *e, uint32_t n_groups)
 		release_group(e, &e->rq->groups[g]);
 }
 
-/* The wave of e->rq->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
+/* The wave of c->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
  * started behind the caller): its groups are done and their experts let go. */
-static void wave_done(struct forward_engine *e, uint32_t n_wave)
+static void wave_done(struct forward_engine *e, struct req_ctx *c, uint32_t n_wave)
 {
 	for (uint32_t i = 0; i < n_wave; i++) {
-		struct req_group *g = &e->rq->groups[e->rq->wave_group_of[i]];
+		struct req_group *g = &c->groups[c->wave_group_of[i]];
 		g->state = GROUP_DONE;
 		release_group(e, g);
 	}
@@ -728,14 +728,11 @@ static void settle(struct forward_engine *e, bool sum)
 	if (!t->pending)
 		return;
 	pool_wait_wave(&e->pool);
-	struct req_ctx *running = e->rq;
-	e->rq = t->ctx;
-	wave_done(e, t->n_wave);
+	wave_done(e, t->ctx, t->n_wave);
 	if (sum && t->out_deferred) {
 		const struct forward_request q = {.n_tokens = t->n_tokens, .k = t->k};
-		sum_part(e, &q, t->out_deferred, true);
+		sum_part(e, t->ctx, &q, t->out_deferred, true);
 	}
-	e->rq = running;
 	t->pending = false;
 }
 
@@ -748,7 +745,7 @@ static int compute_ready(struct forward_engine *e, const struct forward_request 
 	while ((rc = build_wave(e, q, n_groups, filter, res, &n_wave)) == MOE_OK && n_wave) {
 		settle(e, true); /* planned and prepared while the last tail ran */
 		pool_run_wave(&e->pool, e->rq->wave, n_wave);
-		wave_done(e, n_wave);
+		wave_done(e, e->rq, n_wave);
 	}
 	res->compute_us += now_us() - t0;
 	return rc;
@@ -860,8 +857,9 @@ static bool immediate_done(const struct forward_engine *e, uint32_t n_groups)
  * first, as a wave behind this thread (pool_runs_behind): the other workers compute them while
  * this thread sums, hands over — the server posts and wakes its client — and, where workers
  * fill every core, yields its core to that client, whose next request is the critical path.
- * The wave is over before this returns. Nothing deferred is read or computed before the
- * immediate part is done. */
+ * The wave is over before this returns, unless it holds every deferred group and the caller
+ * asked for settle_later: then it is left running as the engine's tail. Nothing deferred is
+ * read or computed before the immediate part is done. */
 static int deliver_when_done(struct forward_engine *e, const struct forward_request *q,
                              uint32_t n_groups, float *out_imm, struct forward_result *res)
 {
@@ -881,7 +879,7 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 			behind = 0;
 		}
 	}
-	sum_part(e, q, out_imm, false);
+	sum_part(e, e->rq, q, out_imm, false);
 	res->compute_us += now_us() - t0;
 	res->immediate_delivered = true;
 	q->immediate_ready(q->immediate_arg, res);
@@ -899,7 +897,7 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 	if (behind) {
 		t0 = now_us();
 		pool_wait_wave(&e->pool);
-		wave_done(e, behind);
+		wave_done(e, e->rq, behind);
 		res->compute_us += now_us() - t0;
 	}
 	return rc; /* a deferred group that could not be prepared fails after the delivery */
@@ -1092,11 +1090,11 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 		if (rc == MOE_OK) {
 			const uint64_t t2 = now_us();
 			if (!res->immediate_delivered)
-				sum_part(e, q, out_immediate, false);
+				sum_part(e, e->rq, q, out_immediate, false);
 			if (res->deferred_pending)
 				e->tail.out_deferred = out_deferred;
 			else if (out_deferred)
-				sum_part(e, q, out_deferred, true);
+				sum_part(e, e->rq, q, out_deferred, true);
 			res->compute_us += now_us() - t2;
 		}
 		res->status = rc;

@@ -117,11 +117,11 @@ void pool_wait_wave(struct forward_pool *p);
 bool pool_runs_behind(const struct forward_pool *p);
 /* How many of the wave's groups (the first ones) a node of `threads` workers runs whole, one
  * worker each for the group's hidden and down rows; the others are cut into one chunk per
- * worker. Groups of equal token counts cost the same, so the first n_groups - n_groups %
- * threads give every worker the same share whole and the rest is split evenly; with unequal
- * counts every group is split (no worker waits for another's large group). Two workers
- * streaming halves of the same small expert lose to each running its own (Qwen3-sized
- * experts, one token, MXFP4 and Q4_K: 0.84-0.86 of the DRAM read -> 0.86-0.89 in
+ * worker (two in a wave started behind its caller). Groups of equal token counts cost the same, so
+ * the first n_groups - n_groups % threads give every worker the same share whole and the rest is
+ * split evenly; with unequal counts every group is split (no worker waits for another's large
+ * group). Two workers streaming halves of the same small expert lose to each running its own
+ * (Qwen3-sized experts, one token, MXFP4 and Q4_K: 0.84-0.86 of the DRAM read -> 0.86-0.89 in
  * bench_kernels; docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
