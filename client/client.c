@@ -19,9 +19,17 @@
  * around the spin length spinning. The average is updated on every wait, spun or slept, so
  * it follows the workload both ways. moe_set_wait_policy picks pure spinning (a caller with a
  * core of its own) or pure sleeping instead.
+ *
+ * Completions arrive in the order the sidecar finishes requests, not the order they were
+ * submitted. A wait for one slot's request (moe_forward_wait) keeps every other completion it
+ * meets in a private FIFO, the stash, which moe_poll/moe_wait and later slot waits take from
+ * first; a slot's completion is at most once in it, so it never holds more than n_slots
+ * entries plus the rare error about a slot that is not its completion (MOE_ESLOTBUSY). An
+ * abandoned slot's completion is dropped as it is taken, and frees the slot.
  */
 #include "moe_client.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -30,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -46,7 +55,9 @@
 #define WAIT_SLICE_NS 50000000u
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
-enum slot_state { SLOT_FREE = 0, SLOT_OWNED, SLOT_SUBMITTED };
+enum slot_state { SLOT_FREE = 0, SLOT_OWNED, SLOT_SUBMITTED, SLOT_ABANDONED };
+
+#define STASH_CAP (MOE_MAX_SLOTS_LIMIT + 16u)
 
 struct moe_client {
 	int sock;
@@ -68,7 +79,14 @@ struct moe_client {
 	uint32_t n_free;
 	uint32_t free_list[MOE_MAX_SLOTS_LIMIT];
 	uint8_t slot_state[MOE_MAX_SLOTS_LIMIT];
-	char last_error[256];
+	uint8_t slot_stashed[MOE_MAX_SLOTS_LIMIT]; /* its own completion waits in the stash */
+	uint16_t slot_op[MOE_MAX_SLOTS_LIMIT];     /* op of its last submission, for sentences */
+	uint8_t moe_layers[MOE_LAYER_BITMAP_LAYERS / 8];
+	uint32_t model_flags;
+	uint32_t n_stash;
+	struct moe_completion stash[STASH_CAP];
+	char slot_message[MOE_MAX_SLOTS_LIMIT][MOE_MESSAGE_MAX]; /* private copies of sentences */
+	char last_error[320];
 };
 
 static _Thread_local char connect_error[256];
@@ -349,6 +367,31 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 	i->model_hidden = w.model.hidden;
 	i->expert_ffn = w.model.expert_ffn;
 	memcpy(i->model_name, w.model.name, sizeof(i->model_name));
+	/* ABI 1.1 fields; a 1.0 sidecar left them zero (reserved). */
+	c->model_flags = w.abi_minor >= 1 ? w.model.flags : 0;
+	if (c->model_flags & MOE_MODEL_FINGERPRINT)
+		moe_fingerprint_hex(w.fingerprint, i->fingerprint);
+	if (c->model_flags & MOE_MODEL_LAYER_BITMAP)
+		memcpy(c->moe_layers, w.model.moe_layers, sizeof(c->moe_layers));
+	if (o && o->expect_model) {
+		if (!i->fingerprint[0]) {
+			rc =
+			    conn_fail(MOE_EREFUSED,
+			              "%s: this client expects model %s, but the sidecar (protocol "
+			              "%u.%u) reports no model fingerprint%s",
+			              path, o->expect_model, w.abi_major, w.abi_minor,
+			              i->n_layers ? "" : " (it serves no model)");
+			goto out;
+		}
+		if (strcasecmp(o->expect_model, i->fingerprint) != 0) {
+			rc = conn_fail(MOE_EREFUSED,
+			               "%s: the sidecar serves %s model %s, this client expects %s "
+			               "(another checkpoint, or another copy of its files)",
+			               path, i->model_name[0] ? i->model_name : "a", i->fingerprint,
+			               o->expect_model);
+			goto out;
+		}
+	}
 
 	for (uint32_t s = c->limits.n_slots; s-- > 0;)
 		c->free_list[c->n_free++] = s;
@@ -365,6 +408,24 @@ int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
 	if (!out)
 		return conn_fail(MOE_EINVAL, "moe_connect: out is NULL");
 	*out = NULL;
+	if (opts) {
+		for (size_t i = 0; i < sizeof(opts->reserved) / sizeof(opts->reserved[0]); i++)
+			if (opts->reserved[i])
+				return conn_fail(MOE_EINVAL,
+				                 "moe_connect: opts.reserved[%zu] is not NULL", i);
+		if (opts->expect_model) {
+			size_t n = strlen(opts->expect_model);
+			bool hex = n == 32;
+			for (size_t i = 0; hex && i < n; i++)
+				hex = isxdigit((unsigned char)opts->expect_model[i]) != 0;
+			if (!hex)
+				return conn_fail(
+				    MOE_EINVAL,
+				    "moe_connect: expect_model \"%.40s\" is not a fingerprint "
+				    "(32 hex digits, from moe_model_fingerprint)",
+				    opts->expect_model);
+		}
+	}
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	int rc = resolve_path(opts, addr.sun_path, sizeof(addr.sun_path));
 	if (rc != MOE_OK)
@@ -426,17 +487,61 @@ void moe_client_raw(struct moe_client *c, struct moe_client_raw *out)
 	out->cq = &c->cq;
 }
 
+int moe_model_fingerprint(const char *path, char hex[33])
+{
+	connect_error[0] = '\0';
+	if (!path || !hex)
+		return conn_fail(MOE_EINVAL, "moe_model_fingerprint: path or hex is NULL");
+	uint8_t fp[MOE_FINGERPRINT_BYTES];
+	int rc = moe_fingerprint_path(path, fp, connect_error, sizeof(connect_error));
+	if (rc == MOE_OK)
+		moe_fingerprint_hex(fp, hex);
+	return rc;
+}
+
+int moe_model_layers(const struct moe_client *c, int32_t *layers, uint32_t cap)
+{
+	if (!c || (cap && !layers))
+		return MOE_EINVAL;
+	const struct moe_info *i = &c->info;
+	if (i->n_moe_layers == 0)
+		return MOE_ENOMODEL;
+	uint32_t n = 0;
+	if (c->model_flags & MOE_MODEL_LAYER_BITMAP) {
+		for (uint32_t l = 0; l < i->n_layers && l < MOE_LAYER_BITMAP_LAYERS; l++)
+			if ((c->moe_layers[l / 8] >> (l % 8)) & 1u) {
+				if (n < cap)
+					layers[n] = (int32_t)l;
+				n++;
+			}
+		if (n != i->n_moe_layers)
+			return MOE_EPROTO; /* the sidecar's bitmap and count disagree */
+		return (int)n;
+	}
+	if (i->abi_minor >= 1)
+		return MOE_EPROTO; /* more blocks than the bitmap describes */
+	/* A 1.0 sidecar describes them as a contiguous run. */
+	for (; n < i->n_moe_layers; n++)
+		if (n < cap)
+			layers[n] = (int32_t)(i->first_moe_layer + n);
+	return (int)n;
+}
+
+int moe_channel_region(const struct moe_client *c, void **base, size_t *bytes)
+{
+	if (!c || !base || !bytes)
+		return MOE_EINVAL;
+	*base = c->base;
+	*bytes = (size_t)c->bytes;
+	return MOE_OK;
+}
+
 /* ---- Slots ----------------------------------------------------------------------------- */
 
-int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot)
+static void slot_fill(const struct moe_client *c, uint32_t s, struct moe_slot *slot)
 {
-	if (!c || !slot)
-		return MOE_EINVAL;
-	if (c->n_free == 0)
-		return client_fail(c, MOE_EAGAIN, "all %u slots are in use", c->limits.n_slots);
-	uint32_t s = c->free_list[--c->n_free];
-	c->slot_state[s] = SLOT_OWNED;
-	uint8_t *base = c->base + c->layout.slots + (uint64_t)s * c->layout.slot_stride;
+	const uint64_t off = c->layout.slots + (uint64_t)s * c->layout.slot_stride;
+	uint8_t *base = c->base + off;
 	slot->index = s;
 	slot->input = base + c->layout.in_off;
 	slot->expert_ids = (int32_t *)(void *)(base + c->layout.ids_off);
@@ -446,23 +551,11 @@ int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot)
 	slot->ids_bytes = c->layout.ids_bytes;
 	slot->weights_bytes = c->layout.wts_bytes;
 	slot->output_bytes = c->layout.out_bytes;
-	return MOE_OK;
+	slot->input_off = off + c->layout.in_off;
+	slot->ids_off = off + c->layout.ids_off;
+	slot->weights_off = off + c->layout.wts_off;
+	slot->output_off = off + c->layout.out_off;
 }
-
-int moe_slot_release(struct moe_client *c, uint32_t slot)
-{
-	if (!c || slot >= c->limits.n_slots)
-		return MOE_EINVAL;
-	if (c->slot_state[slot] != SLOT_OWNED)
-		return client_fail(c, MOE_EINVAL, "slot %u is %s", slot,
-		                   c->slot_state[slot] == SLOT_FREE ? "not acquired"
-		                                                    : "still in flight");
-	c->slot_state[slot] = SLOT_FREE;
-	c->free_list[c->n_free++] = slot;
-	return MOE_OK;
-}
-
-/* ---- Requests -------------------------------------------------------------------------- */
 
 static bool sidecar_closed(const struct moe_client *c)
 {
@@ -478,6 +571,104 @@ static bool socket_hung_up(const struct moe_client *c)
 	/* The sidecar never sends after the welcome: readable means EOF or garbage. */
 	return (p.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN)) != 0;
 }
+
+int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot)
+{
+	if (!c || !slot)
+		return MOE_EINVAL;
+	if (c->dead)
+		return client_fail(c, MOE_EPEERDEAD, "the sidecar is gone");
+	if (c->n_free == 0) {
+		/* Every slot in flight may mean the sidecar died with them: look before saying
+		 * "try again" (a poll, on this path only). */
+		if (sidecar_closed(c) || socket_hung_up(c)) {
+			c->dead = true;
+			return client_fail(c, MOE_EPEERDEAD,
+			                   "the sidecar is gone (all %u slots were in flight)",
+			                   c->limits.n_slots);
+		}
+		return client_fail(c, MOE_EAGAIN, "all %u slots are in use", c->limits.n_slots);
+	}
+	uint32_t s = c->free_list[--c->n_free];
+	c->slot_state[s] = SLOT_OWNED;
+	slot_fill(c, s, slot);
+	return MOE_OK;
+}
+
+int moe_slot_view(const struct moe_client *c, uint32_t index, struct moe_slot *slot)
+{
+	if (!c || !slot || index >= c->limits.n_slots)
+		return MOE_EINVAL;
+	slot_fill(c, index, slot);
+	return MOE_OK;
+}
+
+static void slot_free(struct moe_client *c, uint32_t slot)
+{
+	c->slot_state[slot] = SLOT_FREE;
+	c->free_list[c->n_free++] = slot;
+}
+
+/* Removes stash entry i, keeping the order of the others. */
+static struct moe_completion stash_take(struct moe_client *c, uint32_t i)
+{
+	struct moe_completion e = c->stash[i];
+	memmove(&c->stash[i], &c->stash[i + 1], (c->n_stash - i - 1) * sizeof(c->stash[0]));
+	c->n_stash--;
+	return e;
+}
+
+/* True if e is the completion of its slot's request (not an error about the slot). */
+static bool is_own_completion(const struct moe_client *c, const struct moe_completion *e)
+{
+	return e->slot < c->limits.n_slots && e->status != MOE_ESLOTBUSY &&
+	       e->status != MOE_EBADSLOT;
+}
+
+/* Drops slot's completion from the stash, if it waits there. */
+static void stash_drop_slot(struct moe_client *c, uint32_t slot)
+{
+	if (!c->slot_stashed[slot])
+		return;
+	for (uint32_t i = 0; i < c->n_stash; i++)
+		if (c->stash[i].slot == slot && is_own_completion(c, &c->stash[i])) {
+			stash_take(c, i);
+			break;
+		}
+	c->slot_stashed[slot] = 0;
+}
+
+int moe_slot_release(struct moe_client *c, uint32_t slot)
+{
+	if (!c || slot >= c->limits.n_slots)
+		return MOE_EINVAL;
+	if (c->slot_state[slot] != SLOT_OWNED)
+		return client_fail(c, MOE_EINVAL, "slot %u is %s", slot,
+		                   c->slot_state[slot] == SLOT_FREE ? "not acquired"
+		                                                    : "still in flight");
+	stash_drop_slot(c, slot);
+	slot_free(c, slot);
+	return MOE_OK;
+}
+
+int moe_slot_abandon(struct moe_client *c, uint32_t slot)
+{
+	if (!c || slot >= c->limits.n_slots)
+		return MOE_EINVAL;
+	switch (c->slot_state[slot]) {
+	case SLOT_OWNED:
+		stash_drop_slot(c, slot);
+		slot_free(c, slot);
+		return MOE_OK;
+	case SLOT_SUBMITTED:
+		c->slot_state[slot] = SLOT_ABANDONED; /* freed when its completion is taken */
+		return MOE_OK;
+	case SLOT_ABANDONED: return MOE_OK;
+	}
+	return client_fail(c, MOE_EINVAL, "slot %u is not acquired", slot);
+}
+
+/* ---- Requests -------------------------------------------------------------------------- */
 
 int moe_submit(struct moe_client *c, const struct moe_request *req)
 {
@@ -504,6 +695,9 @@ int moe_submit(struct moe_client *c, const struct moe_request *req)
 		                   "ring");
 	if (room == 0)
 		return client_fail(c, MOE_EAGAIN, "submission ring full");
+	/* Submitting the slot again gives up its uncollected completion, if any. */
+	if (c->slot_stashed[req->slot])
+		stash_drop_slot(c, req->slot);
 	struct moe_sqe *e = &c->sqes[moe_ring_prod_pos(&c->sq, 0)];
 	struct moe_sqe sqe;
 	memset(&sqe, 0, sizeof(sqe));
@@ -519,44 +713,117 @@ int moe_submit(struct moe_client *c, const struct moe_request *req)
 	sqe.arg = req->arg;
 	*e = sqe;
 	c->slot_state[req->slot] = SLOT_SUBMITTED;
+	c->slot_op[req->slot] = req->op;
 	moe_ring_publish(&c->sq, 1);
 	moe_ring_wake_consumer(&c->sq);
 	return MOE_OK;
 }
 
-/* Takes one completion if one is ready: MOE_OK, MOE_EAGAIN, or MOE_EPROTO. */
-static int take_completion(struct moe_client *c, struct moe_completion *out)
+/* Copies the sentence an error completion left in its slot's output area (read once into
+ * private memory, then made a printable, terminated string). */
+static const char *copy_message(struct moe_client *c, uint32_t slot)
 {
-	int64_t ready = moe_ring_ready(&c->cq);
-	if (ready == MOE_RING_BROKEN)
-		return client_fail(c, MOE_EPROTO,
-		                   "CQ tail is impossible: the sidecar broke the "
-		                   "ring");
-	if (ready == 0)
-		return MOE_EAGAIN;
-	struct moe_cqe e = c->cqes[moe_ring_cons_pos(&c->cq, 0)];
-	moe_ring_consume(&c->cq, 1);
-	/* A completely full CQ may have stopped the sidecar from taking submissions: now that
-	 * there is room, make sure it looks again. */
-	if ((uint32_t)ready == c->cq.entries)
-		moe_ring_wake_consumer(&c->sq);
-	out->user_data = e.user_data;
-	out->slot = e.slot;
-	out->status = e.status;
-	out->value = e.value;
-	out->index = e.index;
-	/* Errors about the slot itself are not that slot's completion. */
-	if (e.slot < c->limits.n_slots && c->slot_state[e.slot] == SLOT_SUBMITTED &&
-	    e.status != MOE_ESLOTBUSY && e.status != MOE_EBADSLOT)
+	char *dst = c->slot_message[slot];
+	const size_t n =
+	    c->layout.out_bytes < MOE_MESSAGE_MAX ? (size_t)c->layout.out_bytes : MOE_MESSAGE_MAX;
+	const uint8_t *src =
+	    c->base + c->layout.slots + (uint64_t)slot * c->layout.slot_stride + c->layout.out_off;
+	memcpy(dst, src, n);
+	__asm__ __volatile__("" ::: "memory");
+	dst[n - 1] = '\0';
+	for (char *p = dst; *p; p++)
+		if ((unsigned char)*p < 0x20 || (unsigned char)*p == 0x7f)
+			*p = '?';
+	return dst[0] ? dst : NULL;
+}
+
+/* Takes one completion off the CQ that someone should see: MOE_OK, MOE_EAGAIN (none), or
+ * MOE_EPROTO. Completions of abandoned slots are dropped here, freeing their slots. */
+static int ring_take(struct moe_client *c, struct moe_completion *out)
+{
+	for (;;) {
+		int64_t ready = moe_ring_ready(&c->cq);
+		if (ready == MOE_RING_BROKEN)
+			return client_fail(c, MOE_EPROTO,
+			                   "CQ tail is impossible: the sidecar broke the "
+			                   "ring");
+		if (ready == 0)
+			return MOE_EAGAIN;
+		struct moe_cqe e = c->cqes[moe_ring_cons_pos(&c->cq, 0)];
+		moe_ring_consume(&c->cq, 1);
+		/* A completely full CQ may have stopped the sidecar from taking submissions:
+		 * now that there is room, make sure it looks again. */
+		if ((uint32_t)ready == c->cq.entries)
+			moe_ring_wake_consumer(&c->sq);
+		out->user_data = e.user_data;
+		out->slot = e.slot;
+		out->status = e.status;
+		out->value = e.value;
+		out->index = e.index;
+		out->message = NULL;
+		if (!is_own_completion(c, out))
+			return MOE_OK;
+		const uint8_t state = c->slot_state[e.slot];
+		if (state == SLOT_ABANDONED) {
+			slot_free(c, e.slot);
+			continue;
+		}
+		if (state != SLOT_SUBMITTED)
+			return MOE_OK; /* not a request of ours: shown as it is */
 		c->slot_state[e.slot] = SLOT_OWNED;
-	return MOE_OK;
+		if (e.status < 0 && (e.flags & MOE_CQE_MESSAGE))
+			out->message = copy_message(c, e.slot);
+		return MOE_OK;
+	}
+}
+
+static void stash_push(struct moe_client *c, const struct moe_completion *e)
+{
+	if (c->n_stash == STASH_CAP) { /* only errors about slots can get here: drop the oldest */
+		stash_take(c, 0);
+	}
+	c->stash[c->n_stash++] = *e;
+	if (is_own_completion(c, e) && c->slot_state[e->slot] == SLOT_OWNED)
+		c->slot_stashed[e->slot] = 1;
+}
+
+/* The next completion for `want` (a slot, or -1 for any) without waiting: from the stash
+ * first, then the CQ, stashing what belongs to others. MOE_OK, MOE_EAGAIN or MOE_EPROTO. */
+static int collect(struct moe_client *c, int64_t want, struct moe_completion *out)
+{
+	if (want < 0 && c->n_stash) {
+		*out = stash_take(c, 0);
+		if (is_own_completion(c, out))
+			c->slot_stashed[out->slot] = 0;
+		return MOE_OK;
+	}
+	if (want >= 0 && c->slot_stashed[want]) {
+		c->slot_stashed[want] = 0;
+		for (uint32_t i = 0; i < c->n_stash; i++)
+			if (c->stash[i].slot == (uint32_t)want &&
+			    is_own_completion(c, &c->stash[i])) {
+				*out = stash_take(c, i);
+				return MOE_OK;
+			}
+	}
+	for (;;) {
+		struct moe_completion e;
+		int rc = ring_take(c, &e);
+		if (rc != MOE_OK)
+			return rc;
+		if (want < 0 || (e.slot == (uint32_t)want && is_own_completion(c, &e))) {
+			*out = e;
+			return MOE_OK;
+		}
+		stash_push(c, &e);
+	}
 }
 
 int moe_poll(struct moe_client *c, struct moe_completion *out)
 {
 	if (!c || !out)
 		return MOE_EINVAL;
-	return take_completion(c, out);
+	return collect(c, -1, out);
 }
 
 static void wait_account(struct moe_client *c, uint64_t waited_ns)
@@ -584,11 +851,10 @@ static void spin_until(struct moe_client *c, uint64_t until)
 		}
 }
 
-int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
+/* Waits for the next completion for `want` (collect's meaning), at most timeout_ms. */
+static int wait_for(struct moe_client *c, int64_t want, struct moe_completion *out, int timeout_ms)
 {
-	if (!c || !out)
-		return MOE_EINVAL;
-	int rc = take_completion(c, out);
+	int rc = collect(c, want, out);
 	if (rc != MOE_EAGAIN)
 		return rc;
 	if (c->dead)
@@ -601,8 +867,11 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 	while (spin && now - start < WAIT_SPIN_NS && now < deadline) {
 		for (int i = 0; i < 64; i++) {
 			if (moe_ring_ready(&c->cq) != 0) {
-				wait_account(c, now_ns() - start);
-				return take_completion(c, out);
+				rc = collect(c, want, out);
+				if (rc != MOE_EAGAIN) {
+					wait_account(c, now_ns() - start);
+					return rc;
+				}
 			}
 			moe_cpu_relax();
 		}
@@ -624,7 +893,7 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 		}
 		if (!spinning)
 			moe_ring_unannounce(&c->cq);
-		rc = take_completion(c, out);
+		rc = collect(c, want, out);
 		if (rc != MOE_EAGAIN) {
 			wait_account(c, now_ns() - start);
 			return rc;
@@ -646,34 +915,87 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 	}
 }
 
-int moe_ping(struct moe_client *c, int timeout_ms)
+int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 {
-	struct moe_slot s;
-	int rc = moe_slot_acquire(c, &s);
-	if (rc != MOE_OK)
-		return rc;
-	static const uint64_t ping_tag = 0x50494e47u; /* "PING" */
-	struct moe_request r = {.op = MOE_OP_PING, .slot = s.index, .user_data = ping_tag};
-	rc = moe_submit(c, &r);
-	if (rc != MOE_OK) {
-		moe_slot_release(c, s.index);
-		return rc;
-	}
-	struct moe_completion done;
-	for (;;) {
-		rc = moe_wait(c, &done, timeout_ms);
-		if (rc != MOE_OK)
-			return rc; /* the slot stays in flight: the sidecar may still answer */
-		if (done.slot == s.index && done.user_data == ping_tag)
-			break;
-		/* Someone else's completion: moe_ping is for idle clients; not lost, but
-		 * not ours either. */
-	}
-	moe_slot_release(c, s.index);
-	return done.status;
+	if (!c || !out)
+		return MOE_EINVAL;
+	return wait_for(c, -1, out, timeout_ms);
 }
 
-/* ---- Model operations ------------------------------------------------------------------ */
+static const char *op_name(uint16_t op)
+{
+	switch (op) {
+	case MOE_OP_PING: return "PING";
+	case MOE_OP_ECHO: return "ECHO";
+	case MOE_OP_FORWARD: return "FORWARD";
+	case MOE_OP_PREFETCH: return "PREFETCH";
+	case MOE_OP_STATS: return "STATS";
+	case MOE_OP_MASK: return "MASK";
+	}
+	return "request";
+}
+
+/* A request's status as the call's result, its sentence in last_error. */
+static int request_status(struct moe_client *c, const struct moe_completion *d)
+{
+	if (d->status == MOE_OK)
+		return MOE_OK;
+	const char *op = op_name(c->slot_op[d->slot]);
+	if (d->message)
+		return client_fail(c, d->status, "%s: %s (%s)", op, d->message,
+		                   moe_status_str(d->status));
+	return client_fail(c, d->status, "%s: %s (value %u, index %u)", op,
+	                   moe_status_str(d->status), d->value, d->index);
+}
+
+/* Waits for the request in flight on slot. */
+static int slot_wait(struct moe_client *c, uint32_t slot, struct moe_completion *done,
+                     int timeout_ms, bool poll_only)
+{
+	if (!c || slot >= c->limits.n_slots)
+		return MOE_EINVAL;
+	if (c->slot_state[slot] != SLOT_SUBMITTED && !c->slot_stashed[slot])
+		return client_fail(c, MOE_EINVAL, "slot %u has no request in flight", slot);
+	struct moe_completion d;
+	int rc = poll_only ? collect(c, slot, &d) : wait_for(c, slot, &d, timeout_ms);
+	if (rc != MOE_OK)
+		return rc;
+	if (done)
+		*done = d;
+	return request_status(c, &d);
+}
+
+int moe_forward_wait(struct moe_client *c, uint32_t slot, struct moe_completion *done,
+                     int timeout_ms)
+{
+	return slot_wait(c, slot, done, timeout_ms, false);
+}
+
+int moe_forward_poll(struct moe_client *c, uint32_t slot, struct moe_completion *done)
+{
+	return slot_wait(c, slot, done, 0, true);
+}
+
+int moe_forward_submit(struct moe_client *c, uint32_t slot, int32_t layer, uint32_t n_tokens,
+                       uint16_t k, uint32_t k_defer, uint8_t in_dtype, uint8_t out_dtype,
+                       uint16_t flags)
+{
+	if (!c)
+		return MOE_EINVAL;
+	struct moe_request r = {.op = MOE_OP_FORWARD,
+	                        .flags = flags,
+	                        .slot = slot,
+	                        .n_tokens = n_tokens,
+	                        .in_dtype = in_dtype,
+	                        .out_dtype = out_dtype,
+	                        .ids_per_token = k,
+	                        .layer = layer,
+	                        .arg = k_defer,
+	                        .user_data = ((uint64_t)MOE_OP_FORWARD << 56) | ++c->call_seq};
+	return moe_submit(c, &r);
+}
+
+/* ---- Synchronous helpers --------------------------------------------------------------- */
 
 int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_completion *done,
              int timeout_ms)
@@ -683,21 +1005,7 @@ int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_com
 	int rc = moe_submit(c, req);
 	if (rc != MOE_OK)
 		return rc;
-	struct moe_completion d;
-	for (;;) {
-		rc = moe_wait(c, &d, timeout_ms);
-		if (rc != MOE_OK)
-			return rc; /* the slot stays in flight: the sidecar may still answer */
-		/* Errors about the slot itself carry the slot but are not its completion. */
-		if (d.slot == req->slot && d.user_data == req->user_data)
-			break;
-	}
-	if (done)
-		*done = d;
-	if (d.status != MOE_OK)
-		client_fail(c, d.status, "%s (value %u, index %u)", moe_status_str(d.status),
-		            d.value, d.index);
-	return d.status;
+	return slot_wait(c, req->slot, done, timeout_ms, false);
 }
 
 int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n_tokens,
@@ -706,30 +1014,35 @@ int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer
 {
 	if (!c || !slot)
 		return MOE_EINVAL;
-	struct moe_request r = {.op = MOE_OP_FORWARD,
-	                        .flags = flags,
-	                        .slot = slot->index,
-	                        .n_tokens = n_tokens,
-	                        .in_dtype = in_dtype,
-	                        .out_dtype = out_dtype,
-	                        .ids_per_token = k,
-	                        .layer = layer,
-	                        .arg = k_defer,
-	                        .user_data = ((uint64_t)MOE_OP_FORWARD << 56) | ++c->call_seq};
-	return moe_call(c, &r, done, timeout_ms);
+	int rc = moe_forward_submit(c, slot->index, layer, n_tokens, k, k_defer, in_dtype,
+	                            out_dtype, flags);
+	if (rc != MOE_OK)
+		return rc;
+	return slot_wait(c, slot->index, done, timeout_ms, false);
 }
 
-/* Runs r on the fresh slot s, then returns s unless its request is still in flight (a
- * timeout: the sidecar may still write it, so it stays taken). */
+/* Runs r on the fresh slot s, then gives s back: released when its request completed,
+ * abandoned when it is still in flight (a timeout: the sidecar may still write it). */
 static int call_on_fresh_slot(struct moe_client *c, struct moe_request *r, struct moe_slot *s,
                               struct moe_completion *done, int timeout_ms)
 {
 	r->slot = s->index;
 	r->user_data = ((uint64_t)r->op << 56) | ++c->call_seq;
 	int rc = moe_call(c, r, done, timeout_ms);
-	if (c->slot_state[s->index] == SLOT_OWNED)
-		moe_slot_release(c, s->index);
+	moe_slot_abandon(c, s->index);
 	return rc;
+}
+
+int moe_ping(struct moe_client *c, int timeout_ms)
+{
+	if (!c)
+		return MOE_EINVAL;
+	struct moe_slot s;
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	struct moe_request r = {.op = MOE_OP_PING};
+	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
 }
 
 int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const float *scores,
@@ -777,8 +1090,22 @@ int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t
 int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
                      int timeout_ms)
 {
-	if (!c || !bits || n_bytes == 0)
+	if (!c || !bits)
 		return MOE_EINVAL;
+	const struct moe_info *i = &c->info;
+	if (i->n_experts == 0)
+		return client_fail(c, MOE_ENOMODEL, "the sidecar serves no model: no GPU mask");
+	const size_t row = (i->n_experts + 7u) / 8u;
+	if (layer < -1 || (layer >= 0 && (uint32_t)layer >= i->n_layers))
+		return client_fail(c, MOE_EINVAL, "mask layer %d: -1 (all) or 0..%u", layer,
+		                   i->n_layers - 1);
+	const size_t want = layer < 0 ? row * i->n_layers : row;
+	if (n_bytes != want)
+		return client_fail(c, MOE_EINVAL,
+		                   "mask of %zu bytes; layer %d needs exactly %zu "
+		                   "(%s%zu bytes of %u experts)",
+		                   n_bytes, layer, want, layer < 0 ? "every block's " : "", row,
+		                   i->n_experts);
 	struct moe_slot s;
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
@@ -818,7 +1145,6 @@ int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms)
 			memcpy(buf, s.output, n + 1);
 		}
 	}
-	if (c->slot_state[s.index] == SLOT_OWNED)
-		moe_slot_release(c, s.index);
+	moe_slot_abandon(c, s.index);
 	return rc;
 }

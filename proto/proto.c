@@ -8,6 +8,7 @@
 #include "moe_ring.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -239,4 +240,86 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 		return MOE_OK;
 	}
 	return sqe_fail(sqe, err, MOE_EBADOP, sqe->op, 0);
+}
+
+static const char *op_label(uint16_t op)
+{
+	switch (op) {
+	case MOE_OP_PING: return "PING";
+	case MOE_OP_ECHO: return "ECHO";
+	case MOE_OP_FORWARD: return "FORWARD";
+	case MOE_OP_PREFETCH: return "PREFETCH";
+	case MOE_OP_STATS: return "STATS";
+	case MOE_OP_MASK: return "MASK";
+	}
+	return "request";
+}
+
+int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
+                    const struct moe_cqe *err, char *buf, size_t len)
+{
+	const char *op = op_label(sqe->op);
+	int n;
+	switch (err->status) {
+	case MOE_EBADSLOT:
+		n = snprintf(buf, len, "slot %u out of range (0..%u)", sqe->slot, lim->n_slots - 1);
+		break;
+	case MOE_EBADOP:
+		n = snprintf(buf, len, "op %u is not an operation this sidecar knows (1..%u)",
+		             sqe->op, MOE_OP_MAX - 1);
+		break;
+	case MOE_ESLOTBUSY:
+		n = snprintf(buf, len, "%s on slot %u while its previous request is in flight", op,
+		             sqe->slot);
+		break;
+	case MOE_EBADTOKENS:
+		n = snprintf(buf, len, "%s: n_tokens %u not in 1..%u", op, sqe->n_tokens,
+		             sqe->op == MOE_OP_PREFETCH ? lim->max_tokens * lim->top_k
+		                                        : lim->max_tokens);
+		break;
+	case MOE_EBADTOPK:
+		n = snprintf(buf, len, "%s: ids_per_token %u not in 1..%u (the channel's top_k)",
+		             op, sqe->ids_per_token, lim->top_k);
+		break;
+	case MOE_EBADDTYPE:
+		n = snprintf(buf, len,
+		             "%s: %s dtype %u is not one this channel accepts (mask 0x%x)", op,
+		             err->index ? "output" : "input", err->value, lim->dtype_mask);
+		break;
+	case MOE_EBADLAYER:
+		n = snprintf(buf, len, "%s: layer %d is not %s of the served model", op, sqe->layer,
+		             sqe->op == MOE_OP_MASK ? "-1 or a block" : "an MoE layer");
+		break;
+	case MOE_ENOMODEL:
+		n = snprintf(buf, len, "%s needs a model; this sidecar was started without one",
+		             op);
+		break;
+	case MOE_EBADFIELD: {
+		const uint32_t n_res = sizeof(sqe->reserved) / sizeof(sqe->reserved[0]);
+		bool reserved = false;
+		for (uint32_t i = 0; i < n_res; i++)
+			reserved |= sqe->reserved[i] != 0;
+		if (reserved)
+			n = snprintf(buf, len,
+			             "%s: reserved word %u is 0x%x; reserved words must be 0", op,
+			             err->index, err->value);
+		else if (sqe->op == MOE_OP_FORWARD && sqe->arg > sqe->ids_per_token)
+			n = snprintf(buf, len, "FORWARD: k_defer %u > ids_per_token %u", sqe->arg,
+			             sqe->ids_per_token);
+		else if (sqe->op == MOE_OP_FORWARD || sqe->op == MOE_OP_PREFETCH)
+			n = snprintf(buf, len, "%s: flags 0x%x include unknown bits (known 0x%x)",
+			             op, sqe->flags,
+			             sqe->op == MOE_OP_FORWARD ? MOE_FWD_FLAGS_ALL
+			                                       : MOE_PREFETCH_FLAGS_ALL);
+		else
+			n = snprintf(buf, len, "%s: a field this op does not use is not zero", op);
+		break;
+	}
+	case MOE_ESHUTDOWN: n = snprintf(buf, len, "%s: the sidecar is shutting down", op); break;
+	default:
+		n = snprintf(buf, len, "%s: %s (value %u, index %u)", op,
+		             moe_status_str(err->status), err->value, err->index);
+		break;
+	}
+	return n < 0 ? 0 : n;
 }

@@ -10,14 +10,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "ops.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
@@ -224,6 +227,59 @@ static int sqe_validate(const struct sidecar_channel *ch, const struct moe_sqe *
 	return MOE_OK;
 }
 
+static uint64_t monotonic_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void channel_request_error(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                           struct moe_cqe *c, bool slot_is_this_requests, const char *fmt, ...)
+{
+	/* The executors see the channel const; the log's rate limit is the one thing this
+	 * changes in it, through atomics. */
+	struct sidecar_channel *rl = (struct sidecar_channel *)ch;
+	char msg[MOE_MESSAGE_MAX];
+	if (fmt) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+	} else {
+		moe_sqe_explain(sqe, &ch->limits, c, msg, sizeof(msg));
+	}
+	if (slot_is_this_requests && c->slot < ch->limits.n_slots && c->status != MOE_EBADSLOT &&
+	    c->status != MOE_ESLOTBUSY) {
+		struct slot_areas a;
+		channel_slot_areas(ch, c->slot, &a);
+		size_t n = strlen(msg) + 1;
+		if (n > ch->layout.out_bytes)
+			n = (size_t)ch->layout.out_bytes;
+		memcpy(a.output, msg, n - 1);
+		((char *)a.output)[n - 1] = '\0';
+		c->flags |= MOE_CQE_MESSAGE;
+	}
+	if (c->status == MOE_ESHUTDOWN) {
+		log_debug("channel", "client id=%u: %s", ch->log_id, msg);
+		return;
+	}
+	const uint64_t now = monotonic_ns();
+	uint64_t next = atomic_load_explicit(&rl->error_log_next_ns, memory_order_relaxed);
+	if (now < next ||
+	    !atomic_compare_exchange_strong(&rl->error_log_next_ns, &next, now + 1000000000u)) {
+		atomic_fetch_add_explicit(&rl->error_log_suppressed, 1, memory_order_relaxed);
+		return;
+	}
+	uint32_t left_out =
+	    atomic_exchange_explicit(&rl->error_log_suppressed, 0, memory_order_relaxed);
+	char more[64] = "";
+	if (left_out)
+		snprintf(more, sizeof(more), " (%u more in the last second not logged)", left_out);
+	log_warn("channel", "client id=%u: bad request: %s status=%s%s", ch->log_id, msg,
+	         moe_status_str(c->status), more);
+}
+
 static void cq_put(struct sidecar_channel *ch, struct moe_cqe *cqes, uint32_t n,
                    const struct moe_cqe *c)
 {
@@ -340,6 +396,10 @@ static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutti
 		ch->n_requests++;
 		if (sqe_validate(ch, &sqe, &op, &c) != MOE_OK) {
 			ch->n_errors++;
+			/* The output area is this request's only if no other holds the slot. */
+			channel_request_error(ch, &sqe, &c,
+			                      c.slot < ch->limits.n_slots && !ch->slot_busy[c.slot],
+			                      NULL);
 			cq_put(ch, cqes, posted++, &c);
 			continue;
 		}
@@ -355,6 +415,7 @@ static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutti
 		cqe_preset(&c, sqe);
 		if (shutting_down) {
 			c.status = MOE_ESHUTDOWN;
+			channel_request_error(ch, sqe, &c, true, NULL);
 			ch->n_errors++;
 		} else {
 			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);

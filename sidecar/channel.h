@@ -69,6 +69,12 @@ struct sidecar_channel {
 
 	/* Counters, for logs and tests (dispatcher thread only). */
 	uint64_t n_requests, n_errors;
+	/* The client's id in the server's log lines (id=N); set before the channel is driven. */
+	uint32_t log_id;
+	/* Rate limit of the warn lines about bad requests (any thread): one per second, and the
+	 * count of those left out. */
+	_Atomic uint64_t error_log_next_ns;
+	_Atomic uint32_t error_log_suppressed;
 
 	/* Why channel_drain gave up on this client (set when it returns < 0). */
 	char violation[192];
@@ -134,6 +140,16 @@ static inline uint32_t channel_async_in_flight(struct sidecar_channel *ch)
 {
 	return atomic_load_explicit(&ch->async_in_flight, memory_order_acquire);
 }
+
+/* An error completion c of sqe gets its sentence: written at the start of the slot's output
+ * area (bounded by it and MOE_MESSAGE_MAX, NUL-terminated) with MOE_CQE_MESSAGE set in
+ * c->flags — only when slot_is_this_requests (the slot is claimed by this request: an
+ * executor's own, never a slot another request holds) — and logged at warn, at most one line
+ * per second per channel (ESHUTDOWN at debug). fmt NULL: the sentence is moe_sqe_explain's.
+ * Any thread; error paths only. */
+void channel_request_error(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                           struct moe_cqe *c, bool slot_is_this_requests, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 /* Sidecar-owned header words. */
 void channel_set_heartbeat(struct sidecar_channel *ch, uint64_t now_ns);

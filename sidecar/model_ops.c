@@ -264,11 +264,22 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	if (mc->owed) {
 		if (sqe->layer != mc->owed_layer || sqe->n_tokens != mc->owed_tokens) {
 			forward_fail(&c, MOE_EDEFERRED, (uint32_t)mc->owed_layer, mc->owed_tokens);
+			channel_request_error(
+			    ch, sqe, &c, true,
+			    "layer %d, %u tokens: the previous FORWARD deferred "
+			    "experts owed to layer %d with %u tokens (send that, or "
+			    "MOE_FWD_DROP_DEFERRED)",
+			    sqe->layer, sqe->n_tokens, mc->owed_layer, mc->owed_tokens);
 			goto done;
 		}
 		if (mc->owed_fail_status != MOE_OK) {
 			forward_fail(&c, mc->owed_fail_status, mc->owed_fail_expert,
 			             (uint32_t)mc->owed_fail_layer);
+			channel_request_error(
+			    ch, sqe, &c, true,
+			    "layer %d: the deferred experts of layer %d failed after "
+			    "it completed (%s); resend with MOE_FWD_DROP_DEFERRED",
+			    sqe->layer, mc->owed_fail_layer, moe_status_str(mc->owed_fail_status));
 			goto done;
 		}
 		deferred_in = mc->deferred[mc->owed_buf];
@@ -334,18 +345,16 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 		                     ? (uint32_t)res.bad_token * sqe->ids_per_token +
 		                           (uint32_t)(res.bad_index >= 0 ? res.bad_index : 0)
 		                     : 0;
-		uint32_t value = res.bad_expert >= 0 ? (uint32_t)res.bad_expert : 0;
+		/* The offending value as it was: a negative expert id stays negative. */
+		uint32_t value =
+		    res.bad_token >= 0 || res.bad_expert >= 0 ? (uint32_t)res.bad_expert : 0;
 		if (rc == MOE_EBADLAYER)
 			value = (uint32_t)sqe->layer;
 		else if (rc == MOE_ENONFINITE && res.bad_token >= 0)
 			where = (uint32_t)res.bad_token;
 		forward_fail(&c, rc, value, where);
-		if (rc == MOE_EIO)
-			log_warn("model", "client %u FORWARD layer %d failed: %s", mc->client,
-			         sqe->layer, res.message);
-		else
-			log_debug("model", "client %u FORWARD layer %d: %s: %s", mc->client,
-			          sqe->layer, moe_status_str(rc), res.message);
+		channel_request_error(ch, sqe, &c, true, "FORWARD layer %d: %s", sqe->layer,
+		                      res.message);
 		goto done;
 	}
 	if (!early.posted)
@@ -443,6 +452,7 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 	if (o->shutting_down || mc->closing) {
 		pthread_mutex_unlock(&o->lock);
 		done->status = MOE_ESHUTDOWN;
+		channel_request_error(ch, sqe, done, true, NULL);
 		return;
 	}
 	if (resident && !o->executing && !o->rr_head) {
@@ -504,6 +514,16 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 	if ((per_expert && n != o->desc->n_experts) || n > o->hint_cap) {
 		done->status = MOE_EBADTOKENS;
 		done->value = n;
+		if (per_expert && n != o->desc->n_experts)
+			channel_request_error(
+			    ch, sqe, done, true,
+			    "PREFETCH layer %d: %u router scores, the model has %u "
+			    "experts",
+			    sqe->layer, n, o->desc->n_experts);
+		else
+			channel_request_error(ch, sqe, done, true,
+			                      "PREFETCH layer %d: %u hints, at most %u", sqe->layer,
+			                      n, o->hint_cap);
 		return;
 	}
 	struct slot_areas a;
@@ -516,6 +536,9 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 		if (!isfinite(o->hint_scores[i])) {
 			done->status = MOE_EBADWEIGHT;
 			done->index = i;
+			channel_request_error(ch, sqe, done, true,
+			                      "PREFETCH layer %d: score %u is not finite",
+			                      sqe->layer, i);
 			return;
 		}
 		if (!per_expert &&
@@ -524,6 +547,11 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 			done->status = MOE_EBADEXPERT;
 			done->value = (uint32_t)o->hint_ids[i];
 			done->index = i;
+			channel_request_error(ch, sqe, done, true,
+			                      "PREFETCH layer %d: hint %u: expert %d out of range "
+			                      "(0..%u, -1 = skip)",
+			                      sqe->layer, i, o->hint_ids[i],
+			                      o->desc->n_experts - 1);
 			return;
 		}
 	}
@@ -531,6 +559,8 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 	                              o->hint_scores, n, per_expert);
 	if (rc < 0) {
 		done->status = rc;
+		channel_request_error(ch, sqe, done, true, "PREFETCH layer %d: %s", sqe->layer,
+		                      moe_status_str(rc));
 		return;
 	}
 	done->status = MOE_OK;
@@ -548,6 +578,10 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	if (n > ch->layout.in_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)n;
+		channel_request_error(ch, sqe, done, true,
+		                      "MASK layer %d: %zu bytes do not fit the input area (%llu); "
+		                      "connect with more max_tokens or hidden",
+		                      sqe->layer, n, (unsigned long long)ch->layout.in_bytes);
 		return;
 	}
 	memcpy(o->mask, a.input, n);
@@ -555,6 +589,9 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	int rc = serve_model_set_mask(o->model, ch->model->client, sqe->layer, o->mask, n);
 	done->status = rc < 0 ? rc : MOE_OK;
 	done->value = rc < 0 ? (uint32_t)sqe->layer : (uint32_t)n;
+	if (rc < 0)
+		channel_request_error(ch, sqe, done, true, "MASK layer %d: %s", sqe->layer,
+		                      moe_status_str(rc));
 }
 
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
@@ -569,6 +606,9 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);
+		channel_request_error(ch, sqe, done, true,
+		                      "STATS: the JSON is %zu bytes, the output area %llu", len + 1,
+		                      (unsigned long long)ch->layout.out_bytes);
 		return;
 	}
 	struct slot_areas a;
@@ -648,6 +688,7 @@ void model_ops_shutdown(struct model_ops *o)
 		pthread_mutex_unlock(&o->lock);
 		struct moe_cqe c = {
 		    .user_data = sqe.user_data, .slot = sqe.slot, .status = MOE_ESHUTDOWN};
+		channel_request_error(mc->ch, &sqe, &c, true, NULL);
 		channel_complete_async(mc->ch, &c); /* mc lives: only this thread closes channels */
 		pthread_mutex_lock(&o->lock);
 	}
@@ -684,10 +725,17 @@ const struct serve_model_desc *model_ops_desc(const struct model_ops *o)
 	return o->desc;
 }
 
-void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out)
+void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
+                          uint8_t fingerprint[MOE_FINGERPRINT_BYTES])
 {
 	const struct serve_model_desc *d = o->desc;
 	memset(out, 0, sizeof(*out));
+	out->flags = MOE_MODEL_FINGERPRINT;
+	memcpy(fingerprint, d->fingerprint, MOE_FINGERPRINT_BYTES);
+	if (d->n_layers <= MOE_LAYER_BITMAP_LAYERS) {
+		out->flags |= MOE_MODEL_LAYER_BITMAP;
+		memcpy(out->moe_layers, d->moe_layers, sizeof(out->moe_layers));
+	}
 	out->n_layers = d->n_layers;
 	out->n_moe_layers = d->n_moe_layers;
 	out->first_moe_layer = d->first_moe_layer;

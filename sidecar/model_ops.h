@@ -38,8 +38,9 @@ void model_ops_shutdown(struct model_ops *o);
 void model_ops_destroy(struct model_ops *o);
 
 const struct serve_model_desc *model_ops_desc(const struct model_ops *o);
-/* The welcome's model description. */
-void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out);
+/* The welcome's model description and the model's fingerprint. */
+void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
+                          uint8_t fingerprint[MOE_FINGERPRINT_BYTES]);
 
 /* Gives ch a client id and deferred buffers sized for its granted limits. 0, or -1 + err
  * (more than SERVE_MODEL_MAX_CLIENTS model clients, out of memory). */

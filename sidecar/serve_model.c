@@ -18,7 +18,7 @@
 #include "catalog.h"
 #include "forward.h"
 #include "log.h"
-#include "moe_status.h"
+#include "moe_proto.h"
 #include "pagecache.h"
 #include "progress.h"
 
@@ -134,6 +134,8 @@ static void describe(struct serve_model *m, const struct serve_model_config *cfg
 			d->first_moe_layer = l;
 		first = false;
 		d->last_moe_layer = l;
+		if (l < MOE_LAYER_BITMAP_LAYERS)
+			d->moe_layers[l / 8] |= (uint8_t)(1u << (l % 8));
 	}
 	snprintf(d->name, sizeof(d->name), "%s", moe_arch_name(cat->info.arch));
 }
@@ -164,6 +166,15 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		     m->desc.hidden);
 		goto fail;
 	}
+	/* Before the probes attach: its few O_DIRECT reads are no loader's. */
+	char fwhy[256];
+	if (moe_fingerprint_path(cfg->path, m->desc.fingerprint, fwhy, sizeof(fwhy)) != MOE_OK) {
+		fail(err, err_len, "model fingerprint: %s", fwhy);
+		goto fail;
+	}
+	moe_fingerprint_hex(m->desc.fingerprint, m->desc.fingerprint_hex);
+	log_info("serve", "model fingerprint=%s files=%u", m->desc.fingerprint_hex,
+	         m->cat->n_files);
 
 	/* Probes first: every model file is watched before the first expert read. */
 	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = false};
@@ -402,6 +413,7 @@ size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t 
 	struct json_out j = {.buf = buf, .len = len};
 	jprintf(&j, "{\"model\":");
 	jstring(&j, m->desc.name);
+	jprintf(&j, ",\"fingerprint\":\"%s\"", m->desc.fingerprint_hex);
 	jprintf(&j,
 	        ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u,"
 	        "\"forwards_inline\":%" PRIu64,

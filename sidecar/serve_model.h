@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe_abi.h"
+
 struct serve_model_config {
 	const char *path; /* .gguf, .safetensors or a checkpoint directory */
 	/* Expert budget: mem_budget_bytes if non-zero, else mem_budget_percent of the expert
@@ -47,6 +49,9 @@ struct serve_model_desc {
 	uint64_t expert_bytes, budget_bytes;
 	uint32_t n_nodes;
 	char name[64];
+	uint8_t fingerprint[MOE_FINGERPRINT_BYTES]; /* moe_fingerprint_path of the model path */
+	char fingerprint_hex[33];
+	uint8_t moe_layers[MOE_LAYER_BITMAP_LAYERS / 8]; /* bit l: block l is an MoE layer */
 };
 
 struct serve_model;

@@ -398,6 +398,7 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
 		return;
 	}
+	ch->log_id = c->id;
 	if (s->cfg->model_ops &&
 	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
 		log_warn("server", "client pid=%d: %s", (int)c->pid, err);
@@ -411,7 +412,7 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.epoch = ch->epoch;
 	w.limits = g;
 	if (s->cfg->model_ops)
-		model_ops_model_info(s->cfg->model_ops, &w.model);
+		model_ops_model_info(s->cfg->model_ops, &w.model, w.fingerprint);
 	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));

@@ -1,28 +1,40 @@
 /* moe_client.h — libmoe_client, the engine's side of the moe-sidecar channel.
  *
- * This header is the whole API. A client connects to a running moe-sidecar over its Unix
- * socket, receives a private shared-memory channel, and then moves requests through it
- * without system calls on the fast path:
+ * This header (with moe_abi.h, which it includes: status codes, dtypes, ops, flags) is the
+ * whole API. It compiles as C11 and as C++. A client connects to a running moe-sidecar over
+ * its Unix socket, receives a private shared-memory channel, and then moves requests through
+ * it without system calls on the fast path:
  *
  *     struct moe_client *c;
  *     if (moe_connect(NULL, &c) != MOE_OK) …               // default socket, default limits
  *     struct moe_slot s;
  *     moe_slot_acquire(c, &s);                              // zero-copy areas of one slot
- *     fill s.input …; struct moe_request r = {.op = MOE_OP_ECHO, .slot = s.index, …};
- *     moe_submit(c, &r);
+ *     fill s.input, s.expert_ids, s.expert_weights …
+ *     moe_forward_submit(c, s.index, layer, n, k, 0, MOE_DTYPE_BF16, MOE_DTYPE_BF16, 0);
  *     struct moe_completion done;
- *     moe_wait(c, &done, 1000);                             // spin briefly, then sleep
+ *     moe_forward_wait(c, s.index, &done, 1000);            // spin briefly, then sleep
  *     read s.output …; moe_slot_release(c, s.index);
  *     moe_close(c);
  *
+ * Linking: `pkg-config --cflags --libs moe-client`, or in CMake
+ * `find_package(MoeClient)` and `target_link_libraries(app MoeClient::moe_client)`
+ * (MoeClient::moe_client_static for the static library). Nothing else to link.
+ *
  * Thread-safety: a struct moe_client is NOT thread-safe. All calls on one client must be
- * serialised by the caller (one engine thread, or a lock around them). Different clients are
- * independent and may be used from different threads. The library starts no threads, installs
- * no signal handlers and keeps no global state; it sends with MSG_NOSIGNAL, so a dead sidecar
- * never raises SIGPIPE.
+ * serialised by the caller (one engine thread, a lock, or one CUDA stream's host functions).
+ * Different clients are independent. The library starts no threads, installs no signal
+ * handlers and keeps no global state; it sends with MSG_NOSIGNAL, so a dead sidecar never
+ * raises SIGPIPE.
  *
  * Errors: every call returns MOE_OK (0) or a negative enum moe_status; moe_strerror() names
- * it, moe_last_error() gives the sentence behind the last failure on a client.
+ * it, moe_last_error() gives the sentence behind the last failure on a client. Request errors
+ * (MOE_EBAD*, MOE_EIO, …, all <= -32) come from the sidecar with its own sentence; the others
+ * are the library's.
+ *
+ * Compatibility: the library's ABI is its soname (libmoe_client.so.1): structs only grow
+ * into their reserved fields, functions are only added. The wire protocol is versioned apart
+ * (MOE_ABI_MAJOR.MOE_ABI_MINOR): this library talks to any sidecar of the same major, using
+ * what both minors know (a 1.0 sidecar sends no error sentences and no model fingerprint).
  */
 #ifndef MOE_CLIENT_H
 #define MOE_CLIENT_H
@@ -30,7 +42,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "moe_status.h"
+#include "moe_abi.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MOE_API __attribute__((visibility("default")))
+#else
+#define MOE_API
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -38,7 +56,9 @@ extern "C" {
 
 struct moe_client;
 
-/* Connection options. Zero means "default" for every field. */
+/* ---- Connecting --------------------------------------------------------------------------- */
+
+/* Connection options. Zero (NULL) means "default" for every field. */
 struct moe_connect_opts {
 	const char *socket_path; /* NULL: $MOE_SIDECAR_SOCKET, else
 	                            $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else
@@ -49,17 +69,28 @@ struct moe_connect_opts {
 	uint32_t n_slots;        /* request slots (= requests in flight at once) */
 	int timeout_ms;          /* connect + handshake; 0: 5000 */
 	const char *client_name; /* shown in the sidecar's logs */
+	/* The fingerprint (32 hex digits, moe_model_fingerprint) the served model must have:
+	 * another model, or a sidecar that reports none, is MOE_EREFUSED with both named. */
+	const char *expect_model;
+	void *reserved[4]; /* must be NULL */
 };
 
 /* Connects and maps the channel. opts may be NULL. On failure *out is NULL and the return
  * value says why (MOE_ECONNECT, MOE_EVERSION, MOE_EREFUSED, …); the sentence is in
- * moe_connect_error() (thread-local, valid until the next moe_connect on this thread). */
-int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out);
-const char *moe_connect_error(void);
+ * moe_connect_error() (thread-local, valid until the next failing call on this thread). */
+MOE_API int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out);
+MOE_API const char *moe_connect_error(void);
 
 /* Unmaps the channel and closes the socket. Requests still in flight are abandoned (the
  * sidecar reclaims their slots). NULL is a no-op. */
-void moe_close(struct moe_client *c);
+MOE_API void moe_close(struct moe_client *c);
+
+/* Fingerprint of the model at path (a .gguf file or its first split, a .safetensors file, a
+ * checkpoint directory) into hex (32 hex digits and a NUL): the value the sidecar serving
+ * that model reports in moe_info()->fingerprint. Reads the files' names, sizes, headers and
+ * a few sampled blocks (well under 1 MiB per file). On failure the sentence is in
+ * moe_connect_error(). */
+MOE_API int moe_model_fingerprint(const char *path, char hex[33]);
 
 /* What was negotiated and what the sidecar serves. Valid until moe_close. */
 struct moe_info {
@@ -68,35 +99,67 @@ struct moe_info {
 	uint32_t sidecar_pid;
 	uint16_t abi_major, abi_minor; /* the sidecar's protocol version */
 	uint64_t channel_bytes;
-	/* Model (all zero when the sidecar runs without one). */
+	/* Model (all zero when the sidecar runs without one). Layers are transformer blocks,
+	 * numbered from 0; MoE layers are the blocks with routed experts (moe_model_layers). */
 	uint32_t n_layers, n_moe_layers, first_moe_layer, n_experts, model_top_k, model_hidden,
 	    expert_ffn;
 	char model_name[64];
+	char fingerprint[33]; /* 32 hex digits; "" when the sidecar reports none */
 };
-const struct moe_info *moe_info(const struct moe_client *c);
+MOE_API const struct moe_info *moe_info(const struct moe_client *c);
 
-/* Direct pointers into one request slot of the shared channel (zero-copy). The areas stay
- * valid until moe_close; the caller owns them between acquire and submit, and again between
- * the completion and release. Sizes are capacities in bytes. */
+/* The MoE layers' block indices, ascending: writes min(n, cap) of them to layers (may be
+ * NULL with cap 0) and returns n = moe_info()->n_moe_layers, or a negative status
+ * (MOE_ENOMODEL without a model). The layers need not be contiguous. */
+MOE_API int moe_model_layers(const struct moe_client *c, int32_t *layers, uint32_t cap);
+
+/* ---- The channel's memory ----------------------------------------------------------------
+ * One shared mapping, page aligned, alive until moe_close. An engine may register it once
+ * with its GPU runtime (cudaHostRegister(base, bytes, cudaHostRegisterDefault)) and copy
+ * activations straight into slots and results straight out. A client writes only the input,
+ * expert_ids and expert_weights areas of slots it owns, and reads only their output areas;
+ * everything else in the mapping (header page, rings, other slots) is the protocol's, and
+ * writing it is a protocol violation the sidecar drops the client for. */
+MOE_API int moe_channel_region(const struct moe_client *c, void **base, size_t *bytes);
+
+/* Direct pointers into one request slot of the shared channel (zero-copy). The areas stay at
+ * the same addresses until moe_close, so they can be captured (a CUDA graph). The caller
+ * owns them between acquire and submit, and again between the completion and the next
+ * submit or release. Sizes are capacities in bytes; *_off are the same areas as offsets from
+ * the channel base (moe_channel_region). */
 struct moe_slot {
 	uint32_t index;
-	void *input;           /* max_tokens rows of hidden elements, any accepted dtype */
-	int32_t *expert_ids;   /* max_tokens * top_k ids (−1 = skip) */
-	float *expert_weights; /* max_tokens * top_k weights */
-	void *output;          /* max_tokens rows of hidden elements */
+	void *input;         /* max_tokens rows of `hidden` elements, any accepted dtype */
+	int32_t *expert_ids; /* n_tokens rows of k ids (the request's ids_per_token, −1 = skip) */
+	float *expert_weights; /* n_tokens rows of k weights, same positions as the ids */
+	void *output;          /* max_tokens rows of `hidden` elements */
 	size_t input_bytes, ids_bytes, weights_bytes, output_bytes;
+	size_t input_off, ids_off, weights_off, output_off;
 };
 
-/* Takes a free slot. MOE_EAGAIN when all n_slots are in use. */
-int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot);
+/* Takes a free slot. MOE_EAGAIN when all n_slots are in use; MOE_EPEERDEAD when they are
+ * because the sidecar died with them. */
+MOE_API int moe_slot_acquire(struct moe_client *c, struct moe_slot *slot);
 
-/* Returns a slot taken with moe_slot_acquire. Releasing a slot whose request has not
- * completed is MOE_EINVAL (the sidecar may still be writing it). */
-int moe_slot_release(struct moe_client *c, uint32_t slot);
+/* The areas of slot `index` (< n_slots) whatever its state, without taking it: for fixing
+ * addresses ahead of time. Writing a slot one does not own is still forbidden. */
+MOE_API int moe_slot_view(const struct moe_client *c, uint32_t index, struct moe_slot *slot);
+
+/* Returns a slot taken with moe_slot_acquire. MOE_EINVAL for a slot whose request has not
+ * completed (the sidecar may still be writing it): moe_slot_abandon is for that. */
+MOE_API int moe_slot_release(struct moe_client *c, uint32_t slot);
+
+/* Gives up a slot whatever its state: owned, it is released; in flight, its completion will
+ * be discarded when it arrives and the slot becomes free then (not before: the sidecar may
+ * still write it). A FORWARD abandoned after deferring experts still owes them to the next
+ * FORWARD, which fails with MOE_EDEFERRED unless it carries MOE_FWD_DROP_DEFERRED. */
+MOE_API int moe_slot_abandon(struct moe_client *c, uint32_t slot);
+
+/* ---- Requests ----------------------------------------------------------------------------- */
 
 /* One request. Fields a given op does not use must be zero. */
 struct moe_request {
-	uint16_t op; /* MOE_OP_* (moe_proto.h) */
+	uint16_t op; /* MOE_OP_* */
 	uint16_t flags;
 	uint32_t slot;               /* from moe_slot_acquire */
 	uint32_t n_tokens;           /* rows in slot.input */
@@ -108,91 +171,118 @@ struct moe_request {
 };
 
 /* Publishes a request and wakes the sidecar if it sleeps. MOE_EINVAL if the slot is not
- * acquired or already submitted; MOE_EPEERDEAD if the sidecar is gone. Never blocks. */
-int moe_submit(struct moe_client *c, const struct moe_request *req);
+ * acquired or already submitted; MOE_EPEERDEAD if the sidecar is gone; MOE_EAGAIN if the
+ * submission ring is full. Never blocks, allocates or takes a lock. */
+MOE_API int moe_submit(struct moe_client *c, const struct moe_request *req);
 
-/* A finished request. status is MOE_OK or a request error (MOE_EBAD*, MOE_EIO, …);
- * value/index locate the offending field (see moe_proto.h, struct moe_cqe). */
+/* A finished request. status is MOE_OK or a request error (MOE_EBAD*, MOE_EIO, …); on error
+ * value/index locate the offending field (MOE_EBADEXPERT: value = the id, read back as
+ * (int32_t)value, so −5 stays −5; index = token * k + position) and message is the sidecar's
+ * sentence ("token 3 id 1: expert 70 out of range (0..63, -1 = skip)"), or NULL from a 1.0
+ * sidecar. message stays valid until the slot is submitted again, abandoned or closed. */
 struct moe_completion {
 	uint64_t user_data;
 	uint32_t slot;
 	int32_t status;
 	uint32_t value;
 	uint32_t index;
+	const char *message;
 };
 
-/* Takes one completion if there is one: MOE_OK, or MOE_EAGAIN. Never blocks. */
-int moe_poll(struct moe_client *c, struct moe_completion *out);
+/* Takes the oldest completion not yet taken, if there is one: MOE_OK, or MOE_EAGAIN. Never
+ * blocks. */
+MOE_API int moe_poll(struct moe_client *c, struct moe_completion *out);
 
-/* Takes one completion, waiting at most timeout_ms (< 0: no limit). Spins briefly, then
- * sleeps on a futex (see moe_set_wait_policy). MOE_ETIMEDOUT on timeout; MOE_EPEERDEAD as
- * soon as the sidecar's death is seen (socket hang-up), so a dead sidecar never causes a
+/* Takes the oldest completion, waiting at most timeout_ms (< 0: no limit). Spins briefly,
+ * then sleeps on a futex (see moe_set_wait_policy). MOE_ETIMEDOUT on timeout; MOE_EPEERDEAD
+ * as soon as the sidecar's death is seen (socket hang-up), so a dead sidecar never causes a
  * hang. */
-int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms);
+MOE_API int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms);
 
 /* How moe_wait waits. ADAPTIVE (the default): spin up to 30 µs, skipped while recent waits
  * were much longer, then sleep on the completion futex — right when the calling thread shares
- * cores with the sidecar's workers, where a spinning caller takes a core from them. SPIN: poll
- * until the completion, the timeout or the sidecar's death (looked at every 50 ms, as the
- * sleeping wait does) — for a caller with a core of its own, such as an engine's thread
- * pinned beside the sidecar's cores: no wake-up to pay per completion (on a 2-vCPU VM with one
- * worker and the client on the other vCPU, bench_decode at 100% went from 0.83x to 0.98x of
- * the floor; with the client sharing the workers' cores, 0.90x to 0.51x —
- * docs/performance.md). SLEEP: never spin. MOE_EINVAL for anything else. */
+ * cores with the sidecar's workers. SPIN: poll until the completion, the timeout or the
+ * sidecar's death (looked at every 50 ms) — for a caller with a core of its own
+ * (docs/performance.md). SLEEP: never spin. MOE_EINVAL for anything else. */
 enum moe_wait_policy { MOE_WAIT_ADAPTIVE = 0, MOE_WAIT_SPIN = 1, MOE_WAIT_SLEEP = 2 };
-int moe_set_wait_policy(struct moe_client *c, enum moe_wait_policy policy);
+MOE_API int moe_set_wait_policy(struct moe_client *c, enum moe_wait_policy policy);
 
-/* Convenience: PING round trip on a fresh slot; MOE_OK or why not. For an otherwise idle
- * client: a completion of another request that arrives meanwhile is consumed and lost. */
-int moe_ping(struct moe_client *c, int timeout_ms);
+/* ---- One slot's request: submit now, collect later ----------------------------------------
+ * The pair an engine's submit/sync step maps onto. Completions of other slots met while
+ * waiting are kept for their own wait (or moe_poll/moe_wait), never lost. */
 
-/* ---- Model operations (a sidecar started with `serve MODEL`) -----------------------------
- * Synchronous helpers: each submits one request on a slot the caller acquired (FORWARD) or
- * on a fresh slot it takes and returns itself (the others), then waits for THAT completion.
- * For an otherwise idle client only: a completion of another request that arrives meanwhile
- * is consumed and lost. The request's own status (MOE_EBAD*, MOE_EIO, …) is returned; its
- * detail stays in *done when done != NULL. */
+/* One MoE layer, asynchronously: slot (acquired, filled) holds n_tokens rows of activations
+ * and n_tokens rows of k ids/weights (row stride k, even when k < the negotiated top_k).
+ * k_defer: ids per token the sidecar may defer into the NEXT FORWARD on this channel (0 on
+ * the last MoE layer). flags: MOE_FWD_*. Returns at once (moe_submit's errors); never
+ * blocks, allocates or takes a lock, so a stream host function may call it. */
+MOE_API int moe_forward_submit(struct moe_client *c, uint32_t slot, int32_t layer,
+                               uint32_t n_tokens, uint16_t k, uint32_t k_defer, uint8_t in_dtype,
+                               uint8_t out_dtype, uint16_t flags);
+
+/* The completion of the request in flight on `slot` (any op), waiting at most timeout_ms
+ * (< 0: no limit). Returns the request's status (its sentence in moe_last_error() on error),
+ * MOE_ETIMEDOUT (the request stays in flight: wait again, or abandon the slot),
+ * MOE_EPEERDEAD, or MOE_EINVAL when nothing is in flight on the slot. */
+MOE_API int moe_forward_wait(struct moe_client *c, uint32_t slot, struct moe_completion *done,
+                             int timeout_ms);
+
+/* moe_forward_wait without waiting: MOE_EAGAIN while the request is still in flight. */
+MOE_API int moe_forward_poll(struct moe_client *c, uint32_t slot, struct moe_completion *done);
+
+/* ---- Synchronous helpers ------------------------------------------------------------------
+ * Each submits one request and waits for THAT completion (others are kept, as above). The
+ * request's own status is returned; on a timeout the helper's request stays in flight (on a
+ * slot the helper took itself, that slot is abandoned). */
 
 /* Submits req (its slot acquired and filled) and waits for its completion (any status). */
-int moe_call(struct moe_client *c, const struct moe_request *req, struct moe_completion *done,
-             int timeout_ms);
+MOE_API int moe_call(struct moe_client *c, const struct moe_request *req,
+                     struct moe_completion *done, int timeout_ms);
 
-/* One MoE layer: slot.input holds n_tokens rows, expert_ids/expert_weights n_tokens × k.
- * k_defer: ids per token the sidecar may defer into the NEXT FORWARD (0 on the last layer).
- * flags: MOE_FWD_* (moe_proto.h): MOE_FWD_DROP_DEFERRED, MOE_FWD_DEFER_COLD. */
-int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n_tokens,
-                uint16_t k, uint32_t k_defer, uint8_t in_dtype, uint8_t out_dtype, uint16_t flags,
-                struct moe_completion *done, int timeout_ms);
+/* moe_forward_submit + moe_forward_wait. */
+MOE_API int moe_forward(struct moe_client *c, const struct moe_slot *slot, int32_t layer,
+                        uint32_t n_tokens, uint16_t k, uint32_t k_defer, uint8_t in_dtype,
+                        uint8_t out_dtype, uint16_t flags, struct moe_completion *done,
+                        int timeout_ms);
+
+/* PING round trip on a fresh slot; MOE_OK or why not. */
+MOE_API int moe_ping(struct moe_client *c, int timeout_ms);
 
 /* Lookahead hint for `layer`: n expert ids with scores (higher = sooner), or, with ids NULL,
  * n = n_experts router scores (MOE_PREFETCH_SCORES). On success *queued = loads started. */
-int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const float *scores,
-                 uint32_t n, uint32_t *queued, int timeout_ms);
+MOE_API int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids,
+                         const float *scores, uint32_t n, uint32_t *queued, int timeout_ms);
 
 /* The same hint without waiting, from a slot the caller acquired and filled (expert_ids and
  * expert_weights, n entries): post it, then the layer's FORWARD. Its completion arrives like
- * any other (moe_call consumes it on the way), after which the slot can be posted again. */
-int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer, uint32_t n,
-                      uint16_t flags);
+ * any other, after which the slot can be posted again. */
+MOE_API int moe_prefetch_post(struct moe_client *c, const struct moe_slot *slot, int32_t layer,
+                              uint32_t n, uint16_t flags);
 
-/* GPU expert mask: layer −1 = the whole model (n_layers × ceil(n_experts/8) bytes, layer-
- * major), else one layer's ceil(n_experts/8) bytes; bit e set = expert e is on the GPU. */
-int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, size_t n_bytes,
-                     int timeout_ms);
+/* GPU expert mask: the experts this client computes itself. One bit per (layer, expert):
+ * bit e % 8 (least significant first) of byte e / 8 of a layer's row of ceil(n_experts / 8)
+ * bytes; set = on the GPU: the sidecar never loads it for this client and a FORWARD naming it
+ * fails with MOE_EMASKED. layer −1: every transformer block, n_layers rows in block order
+ * (rows of dense blocks are ignored); else one block's row. n_bytes must be exactly that size
+ * (MOE_EINVAL otherwise; MOE_ENOMODEL without a model). */
+MOE_API int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits,
+                             size_t n_bytes, int timeout_ms);
 
 /* The sidecar's STATS as a NUL-terminated JSON object copied into buf (len bytes).
  * MOE_ETOOSMALL if it does not fit buf or the channel's output area. */
-int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms);
+MOE_API int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms);
+
+/* ---- Diagnostics -------------------------------------------------------------------------- */
 
 /* Name of a status code; never NULL. */
-const char *moe_strerror(int status);
+MOE_API const char *moe_strerror(int status);
 
 /* The sentence behind the last error returned on this client ("" if none). */
-const char *moe_last_error(const struct moe_client *c);
+MOE_API const char *moe_last_error(const struct moe_client *c);
 
-/* Socket and channel file descriptors, for an event loop that wants to watch for hang-up
+/* The socket's file descriptor, for an event loop that wants to watch for hang-up
  * (readable = sidecar gone). */
-int moe_socket_fd(const struct moe_client *c);
+MOE_API int moe_socket_fd(const struct moe_client *c);
 
 #ifdef __cplusplus
 }

@@ -21,16 +21,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "moe_status.h"
+#include "moe_abi.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ABI: a different major is refused by both sides; minors only add (new ops, new fields
- * carved out of reserved space) and are accepted in either direction. */
-#define MOE_ABI_MAJOR 1
-#define MOE_ABI_MINOR 0
 
 #define MOE_HELLO_MAGIC 0x484f454du                    /* "MOEH" little-endian */
 #define MOE_WELCOME_MAGIC 0x574f454du                  /* "MOEW" */
@@ -45,26 +40,7 @@ extern "C" {
 #define MOE_CHANNEL_ALIGN 4096u /* slots and areas are page aligned (cudaHostRegister) */
 #define MOE_AREA_ALIGN 64u
 
-/* Activation dtypes. */
-enum moe_dtype { MOE_DTYPE_F32 = 0, MOE_DTYPE_F16 = 1, MOE_DTYPE_BF16 = 2, MOE_DTYPE_COUNT };
-#define MOE_DTYPE_MASK_ALL ((1u << MOE_DTYPE_COUNT) - 1u)
-
-static inline unsigned moe_dtype_size(unsigned dtype)
-{
-	return dtype == MOE_DTYPE_F32 ? 4u : dtype < MOE_DTYPE_COUNT ? 2u : 0u;
-}
-
-static inline const char *moe_dtype_name(unsigned dtype)
-{
-	switch (dtype) {
-	case MOE_DTYPE_F32: return "f32";
-	case MOE_DTYPE_F16: return "f16";
-	case MOE_DTYPE_BF16: return "bf16";
-	}
-	return "?";
-}
-
-/* Operations. Numbers are ABI. Payload conventions per op (all areas of the request's slot):
+/* Operations (moe_abi.h). Payload conventions per op (all areas of the request's slot):
  *
  * PING     nothing.
  * ECHO     input: n_tokens rows of `hidden` in_dtype → output: the same rows in out_dtype.
@@ -102,28 +78,13 @@ static inline const char *moe_dtype_name(unsigned dtype)
  *            sqe.layer          −1: the whole model; else just that layer's bytes
  *          Masked experts are never loaded for this client; a FORWARD naming one fails with
  *          MOE_EMASKED. An expert is left out of residency only while every attached client
- *          masks it. */
-enum moe_op {
-	MOE_OP_PING = 1,
-	MOE_OP_ECHO = 2,
-	MOE_OP_FORWARD = 3,
-	MOE_OP_PREFETCH = 4,
-	MOE_OP_STATS = 5,
-	MOE_OP_MASK = 6,
-	MOE_OP_MAX
-};
-
-/* FORWARD flags. */
-#define MOE_FWD_DROP_DEFERRED 0x0001u /* discard a deferred contribution still owed (abort) */
-/* Defer the experts that are not resident first (then the lowest-weighted), so the completion
- * does not wait for their reads: still k_defer entries per token, but which ones depends on
- * the sidecar's residency, so results are no longer bit-reproducible across runs (immediate +
- * deferred = the undeferred sum up to float re-association). */
-#define MOE_FWD_DEFER_COLD 0x0002u
-#define MOE_FWD_FLAGS_ALL (MOE_FWD_DROP_DEFERRED | MOE_FWD_DEFER_COLD)
-/* PREFETCH flags. */
-#define MOE_PREFETCH_SCORES 0x0001u
-#define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES
+ *          masks it.
+ *
+ * Errors (ABI 1.1): a completion with status < 0 and MOE_CQE_MESSAGE in cqe.flags carries a
+ * NUL-terminated sentence of at most MOE_MESSAGE_MAX bytes (NUL included, never more than the
+ * output area) at the start of its slot's output area — "token 3 id 1: expert 70 out of range
+ * (0..63, -1 = skip)". Never set on MOE_EBADSLOT or MOE_ESLOTBUSY (the slot is not this
+ * request's). */
 
 /* Limits negotiated at the handshake. Areas are sized for the largest dtype (f32), so a
  * request may use any dtype in dtype_mask without renegotiating. */
@@ -146,11 +107,16 @@ struct moe_model_info {
 	uint32_t top_k;      /* experts per token the model routes to */
 	uint32_t hidden;     /* model hidden size */
 	uint32_t expert_ffn; /* expert intermediate size */
-	uint32_t reserved0;
-	char name[64]; /* architecture / model name, NUL-terminated */
-	uint32_t reserved[8];
+	uint32_t flags;      /* MOE_MODEL_* (ABI 1.1; 0 from a 1.0 sidecar) */
+	char name[64];       /* architecture / model name, NUL-terminated */
+	/* Bit l set (byte l / 8, bit l % 8) = block l has routed experts, for l < min(n_layers,
+	 * MOE_LAYER_BITMAP_LAYERS). Valid with MOE_MODEL_LAYER_BITMAP. */
+	uint8_t moe_layers[MOE_LAYER_BITMAP_LAYERS / 8];
 };
+#define MOE_MODEL_FINGERPRINT 0x1u  /* moe_welcome.fingerprint is set */
+#define MOE_MODEL_LAYER_BITMAP 0x2u /* moe_layers describes every block (n_layers <= 256) */
 static_assert(sizeof(struct moe_model_info) == 128, "moe_model_info is ABI");
+static_assert(offsetof(struct moe_model_info, moe_layers) == 96, "moe_model_info is ABI");
 
 /* ---- Handshake over the Unix stream socket --------------------------------------------
  * client → sidecar: struct moe_hello (exactly `size` bytes; size >= MOE_HELLO_MIN_SIZE).
@@ -185,11 +151,15 @@ struct moe_welcome {
 	uint32_t sidecar_pid;
 	uint32_t reserved0;
 	struct moe_model_info model;
-	uint32_t reserved[16];
+	/* ABI 1.1: the served model's fingerprint (moe_fingerprint_path), with
+	 * MOE_MODEL_FINGERPRINT in model.flags; zero otherwise. */
+	uint8_t fingerprint[MOE_FINGERPRINT_BYTES];
+	uint32_t reserved[12];
 };
 #define MOE_WELCOME_FROZEN 176u
 static_assert(offsetof(struct moe_welcome, channel_bytes) == MOE_WELCOME_FROZEN, "frozen prefix");
 static_assert(sizeof(struct moe_welcome) == 416, "moe_welcome is ABI");
+static_assert(offsetof(struct moe_welcome, fingerprint) == 352, "moe_welcome is ABI");
 
 /* ---- Channel layout ------------------------------------------------------------------- */
 
@@ -268,9 +238,11 @@ struct moe_cqe {
 	int32_t status; /* MOE_OK or a request error */
 	uint32_t value; /* offending value on error; op-specific result on success */
 	uint32_t index; /* where the offending value was */
-	uint64_t reserved;
+	uint32_t flags; /* MOE_CQE_* (ABI 1.1; 0 from a 1.0 sidecar) */
+	uint32_t reserved;
 };
 static_assert(sizeof(struct moe_cqe) == 32, "moe_cqe is ABI");
+static_assert(offsetof(struct moe_cqe, flags) == 24, "moe_cqe is ABI");
 
 /* ---- Helpers (proto/proto.c) ------------------------------------------------------------ */
 
@@ -300,6 +272,22 @@ int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char
  * (layer, ids, weights) are the executor's. Returns MOE_OK, or an error with *err filled
  * (status/value/index; user_data and slot copied). */
 int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struct moe_cqe *err);
+
+/* The sentence for an error completion err of sqe (from moe_sqe_check, or an op check with
+ * the same conventions) into buf: "FORWARD: ids_per_token 9 not in 1..8 (the channel's
+ * top_k)". Returns snprintf's count. */
+int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
+                    const struct moe_cqe *err, char *buf, size_t len);
+
+/* ---- Model fingerprint (proto/fingerprint.c) ------------------------------------------- */
+
+/* Fingerprint of the model at path (a .gguf file or split, a .safetensors file, a checkpoint
+ * directory): names, sizes and sampled contents of its files (the file's comment says which).
+ * MOE_OK, or MOE_ESYS / MOE_EINVAL / MOE_ENOMEM with a sentence in why. */
+int moe_fingerprint_path(const char *path, uint8_t out[MOE_FINGERPRINT_BYTES], char *why,
+                         size_t why_len);
+/* 32 lowercase hex digits and a NUL. */
+void moe_fingerprint_hex(const uint8_t fp[MOE_FINGERPRINT_BYTES], char hex[33]);
 
 #ifdef __cplusplus
 }

@@ -31,7 +31,7 @@
 #include <time.h>
 
 #include "forward_internal.h"
-#include "moe_status.h"
+#include "moe_abi.h"
 #include "util/log.h"
 
 #define HIST_BUCKETS LAT_HIST_BUCKETS

@@ -7,9 +7,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "moe_abi.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 
 int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *s, char *err, size_t err_len)
 {

@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "fixture.h"
+#include "moe_abi.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 
 static int failures;
 

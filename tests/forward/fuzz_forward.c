@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "fixture.h"
+#include "moe_abi.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

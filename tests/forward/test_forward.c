@@ -14,9 +14,9 @@
 
 #include "fixture.h"
 #include "forward_internal.h"
+#include "moe_abi.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 
 static struct forward_engine *engine_layout(const struct fwd_model *m, enum forward_source src,
                                             uint64_t budget, uint32_t max_tokens, bool files)

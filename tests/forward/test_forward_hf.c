@@ -24,8 +24,8 @@
 
 #include "catalog.h"
 #include "fixture.h"
+#include "moe_abi.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 #include "residency.h"
 
 #define HIDDEN 256u

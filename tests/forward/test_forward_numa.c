@@ -14,8 +14,8 @@
 
 #include "catalog.h"
 #include "fixture.h"
+#include "moe_abi.h"
 #include "moe_kernels.h"
-#include "moe_status.h"
 
 #define TWO_NODES "pack:1 numa:2 core:1 pu:1"
 

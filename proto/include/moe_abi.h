@@ -1,12 +1,27 @@
-/* moe_status.h — status codes shared by the wire protocol and the client API.
+/* moe_abi.h — the numbers libmoe_client and moe-sidecar agree on: the protocol version,
+ * status codes, activation dtypes, operations and their flags.
  *
- * One numbering for both: a completion record carries one of these in its `status`
- * field, and every libmoe_client function returns one. 0 is success; errors are negative.
- * Values are part of the ABI: never renumber, only append.
+ * Public: installed beside moe_client.h, which includes it; compiles as C11 and C++. Values
+ * are ABI: never renumber, only append. The wire structs themselves (rings, channel layout,
+ * handshake messages) are in moe_proto.h, which is private to the library and the sidecar.
  */
-#ifndef MOE_STATUS_H
-#define MOE_STATUS_H
+#ifndef MOE_ABI_H
+#define MOE_ABI_H
 
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Protocol version. A different major is refused by both sides; a minor only adds (new ops,
+ * new fields carved out of reserved space) and peers of any two minors of one major work
+ * together, each using what both know (docs/protocol.md §3). */
+#define MOE_ABI_MAJOR 1
+#define MOE_ABI_MINOR 1
+
+/* Status codes: one numbering for the client API's return values and a completion's status.
+ * 0 is success; errors are negative. */
 enum moe_status {
 	MOE_OK = 0,
 
@@ -16,7 +31,7 @@ enum moe_status {
 	MOE_ESYS = -3,      /* a system call failed; errno holds the cause */
 	MOE_ECONNECT = -4,  /* cannot reach the sidecar socket */
 	MOE_EVERSION = -5,  /* incompatible protocol version */
-	MOE_EREFUSED = -6,  /* the sidecar refused this client (peer check, limits) */
+	MOE_EREFUSED = -6,  /* the sidecar refused this client (peer check, limits, model) */
 	MOE_EPROTO = -7,    /* the peer broke the protocol */
 	MOE_EPEERDEAD = -8, /* the sidecar is gone (socket hang-up) */
 	MOE_ETIMEDOUT = -9, /* nothing completed within the timeout */
@@ -29,7 +44,7 @@ enum moe_status {
 	MOE_EBADTOKENS = -35, /* n_tokens is 0 or above the negotiated maximum */
 	MOE_EBADDTYPE = -36,  /* unknown or unsupported dtype */
 	MOE_EBADLAYER = -37,  /* layer out of range or not an MoE layer */
-	MOE_EBADEXPERT = -38, /* expert id out of range */
+	MOE_EBADEXPERT = -38, /* expert id out of range, or twice in one token */
 	MOE_EBADWEIGHT = -39, /* expert weight not finite */
 	MOE_ENONFINITE = -40, /* NaN or Inf in the activations */
 	MOE_EIO = -41,        /* reading an expert from the model files failed */
@@ -63,7 +78,7 @@ static inline const char *moe_status_str(int status)
 	case MOE_EBADTOKENS: return "token count out of range";
 	case MOE_EBADDTYPE: return "unsupported dtype";
 	case MOE_EBADLAYER: return "layer out of range";
-	case MOE_EBADEXPERT: return "expert id out of range";
+	case MOE_EBADEXPERT: return "bad expert id";
 	case MOE_EBADWEIGHT: return "expert weight not finite";
 	case MOE_ENONFINITE: return "non-finite activation";
 	case MOE_EIO: return "expert read failed";
@@ -78,4 +93,61 @@ static inline const char *moe_status_str(int status)
 	return "unknown status";
 }
 
-#endif /* MOE_STATUS_H */
+/* Activation dtypes (rows of hidden elements in a slot's input and output areas). */
+enum moe_dtype { MOE_DTYPE_F32 = 0, MOE_DTYPE_F16 = 1, MOE_DTYPE_BF16 = 2, MOE_DTYPE_COUNT };
+#define MOE_DTYPE_MASK_ALL ((1u << MOE_DTYPE_COUNT) - 1u)
+
+/* Bytes per element of a dtype; 0 for an unknown one. */
+static inline unsigned moe_dtype_size(unsigned dtype)
+{
+	return dtype == MOE_DTYPE_F32 ? 4u : dtype < MOE_DTYPE_COUNT ? 2u : 0u;
+}
+
+static inline const char *moe_dtype_name(unsigned dtype)
+{
+	switch (dtype) {
+	case MOE_DTYPE_F32: return "f32";
+	case MOE_DTYPE_F16: return "f16";
+	case MOE_DTYPE_BF16: return "bf16";
+	}
+	return "?";
+}
+
+/* Operations (the payload of each: moe_client.h and docs/protocol.md §10). */
+enum moe_op {
+	MOE_OP_PING = 1,
+	MOE_OP_ECHO = 2,
+	MOE_OP_FORWARD = 3,
+	MOE_OP_PREFETCH = 4,
+	MOE_OP_STATS = 5,
+	MOE_OP_MASK = 6,
+	MOE_OP_MAX
+};
+
+/* FORWARD flags. */
+#define MOE_FWD_DROP_DEFERRED 0x0001u /* discard a deferred contribution still owed (abort) */
+/* Defer the experts that are not resident first (then the lowest-weighted), so the completion
+ * does not wait for their reads: still k_defer entries per token, but which ones depends on
+ * the sidecar's residency, so results are no longer bit-reproducible across runs (immediate +
+ * deferred = the undeferred sum up to float re-association). */
+#define MOE_FWD_DEFER_COLD 0x0002u
+#define MOE_FWD_FLAGS_ALL (MOE_FWD_DROP_DEFERRED | MOE_FWD_DEFER_COLD)
+/* PREFETCH flags. */
+#define MOE_PREFETCH_SCORES 0x0001u /* expert_weights holds one router score per expert */
+#define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES
+
+/* Completion flags (struct moe_cqe.flags, ABI 1.1). */
+#define MOE_CQE_MESSAGE 0x0001u /* error: a sentence is at the start of the output area */
+/* Longest sentence a completion carries, NUL included. */
+#define MOE_MESSAGE_MAX 256u
+
+/* Model fingerprint: 16 bytes, shown as 32 lowercase hex digits (moe_client.h). */
+#define MOE_FINGERPRINT_BYTES 16u
+/* MoE layers the handshake describes one by one (a bitmap); larger models report their
+ * first MoE layer and count only. */
+#define MOE_LAYER_BITMAP_LAYERS 256u
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOE_ABI_H */
