@@ -16,20 +16,100 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gen_internal.h"
 #include "gguf.h"
 #include "moe_kernels.h"
 #include "progress.h"
 #include "safetensors.h"
 
+/* From each model's published config.json (DeepSeek-V3's head_dim is its qk_nope_head_dim
+ * = v_head_dim, its rope_dim qk_rope_head_dim). */
 const struct moe_gen_preset moe_gen_presets[] = {
-    /* name, arch, full layers, default layers, experts, top-k, shared, hidden, expert ffn,
-     * dense ffn, leading dense blocks — from each model's published config.json */
-    {"qwen3-30b-a3b", MOE_ARCH_QWEN3MOE, 48, 2, 128, 8, 0, 2048, 768, 6144, 0},
-    {"mixtral-8x7b", MOE_ARCH_MIXTRAL, 32, 2, 8, 2, 0, 4096, 14336, 14336, 0},
-    {"deepseek-v3", MOE_ARCH_DEEPSEEK, 61, 2, 256, 8, 1, 7168, 2048, 18432, 3},
-    {"gpt-oss-20b", MOE_ARCH_GPT_OSS, 24, 2, 32, 4, 0, 2880, 2880, 2880, 0},
-    {"olmoe", MOE_ARCH_OLMOE, 16, 2, 64, 8, 0, 2048, 1024, 1024, 0},
-    {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {.name = "qwen3-30b-a3b",
+     .arch = MOE_ARCH_QWEN3MOE,
+     .full_layers = 48,
+     .default_layers = 2,
+     .n_experts = 128,
+     .top_k = 8,
+     .hidden = 2048,
+     .expert_ffn = 768,
+     .dense_ffn = 6144,
+     .heads = 32,
+     .kv_heads = 4,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 40960,
+     .rope_theta = 1e6,
+     .rms_eps = 1e-6},
+    {.name = "mixtral-8x7b",
+     .arch = MOE_ARCH_MIXTRAL,
+     .full_layers = 32,
+     .default_layers = 2,
+     .n_experts = 8,
+     .top_k = 2,
+     .hidden = 4096,
+     .expert_ffn = 14336,
+     .dense_ffn = 14336,
+     .heads = 32,
+     .kv_heads = 8,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 32768,
+     .rope_theta = 1e6,
+     .rms_eps = 1e-5},
+    {.name = "deepseek-v3",
+     .arch = MOE_ARCH_DEEPSEEK,
+     .full_layers = 61,
+     .default_layers = 2,
+     .n_experts = 256,
+     .top_k = 8,
+     .n_shared = 1,
+     .hidden = 7168,
+     .expert_ffn = 2048,
+     .dense_ffn = 18432,
+     .leading_dense = 3,
+     .heads = 128,
+     .kv_heads = 128,
+     .head_dim = 128,
+     .q_lora_rank = 1536,
+     .kv_lora_rank = 512,
+     .rope_dim = 64,
+     .max_positions = 163840,
+     .rope_theta = 10000,
+     .rms_eps = 1e-6},
+    {.name = "gpt-oss-20b",
+     .arch = MOE_ARCH_GPT_OSS,
+     .full_layers = 24,
+     .default_layers = 2,
+     .n_experts = 32,
+     .top_k = 4,
+     .hidden = 2880,
+     .expert_ffn = 2880,
+     .dense_ffn = 2880,
+     .heads = 64,
+     .kv_heads = 8,
+     .head_dim = 64,
+     .rope_dim = 64,
+     .max_positions = 131072,
+     .rope_theta = 150000,
+     .rms_eps = 1e-5},
+    {.name = "olmoe",
+     .arch = MOE_ARCH_OLMOE,
+     .full_layers = 16,
+     .default_layers = 2,
+     .n_experts = 64,
+     .top_k = 8,
+     .hidden = 2048,
+     .expert_ffn = 1024,
+     .dense_ffn = 1024,
+     .heads = 16,
+     .kv_heads = 16,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 4096,
+     .rope_theta = 10000,
+     .rms_eps = 1e-5},
+    {.name = NULL},
 };
 
 const struct moe_gen_preset *moe_gen_preset_find(const char *name)
@@ -57,11 +137,30 @@ void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen
 {
 	const uint64_t key =
 	    mix64(mix64(seed) ^ ((uint64_t)layer << 40 | (uint64_t)expert << 8 | (uint64_t)which));
-	float scale;
-	if (which == MOE_GEN_GATE_BIAS || which == MOE_GEN_UP_BIAS || which == MOE_GEN_DOWN_BIAS)
-		scale = 0.1f;
-	else
-		scale = 1.0f / sqrtf((float)(cols ? cols : 1));
+	float scale, offset = 0.0f;
+	switch (which) {
+	case MOE_GEN_GATE_BIAS:
+	case MOE_GEN_UP_BIAS:
+	case MOE_GEN_DOWN_BIAS:
+	case MOE_GEN_ATTN_Q_BIAS:
+	case MOE_GEN_ATTN_K_BIAS:
+	case MOE_GEN_ATTN_V_BIAS:
+	case MOE_GEN_ATTN_O_BIAS:
+	case MOE_GEN_ROUTER_BIAS: scale = 0.1f; break;
+	case MOE_GEN_EMBED:
+	case MOE_GEN_ATTN_SINKS: scale = 1.0f; break;
+	case MOE_GEN_NORM_ATTN:
+	case MOE_GEN_NORM_FFN:
+	case MOE_GEN_NORM_FINAL:
+	case MOE_GEN_NORM_Q:
+	case MOE_GEN_NORM_K:
+	case MOE_GEN_NORM_Q_A:
+	case MOE_GEN_NORM_KV_A:
+		scale = 1.0f / 16;
+		offset = 1.0f; /* a norm's gain: about 1, so activations keep their scale */
+		break;
+	default: scale = 1.0f / sqrtf((float)(cols ? cols : 1)); break;
+	}
 	/* element idx takes 24 bits of hash(idx / 2): the low-middle bits for even idx, the
 	 * top bits for odd idx, so one hash feeds two elements; values in [-1, 1) exactly */
 	const float unit = 0x1p-23f * scale;
@@ -81,11 +180,22 @@ void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen
 		uint64_t h = mix64(key + (idx >> 1) * 0x9e3779b97f4a7c15ull);
 		out[i] = (float)((int32_t)((h >> 8) & 0xffffffu) - (1 << 23)) * unit;
 	}
+	if (offset != 0.0f)
+		for (size_t j = 0; j < n; j++)
+			out[j] += offset;
 }
 
 /* ---- plan ------------------------------------------------------------------------------ */
 
-enum gen_kind { GK_WEIGHT, GK_FP8_SCALE, GK_BIAS, GK_ROUTER, GK_MXFP4_BLOCKS, GK_MXFP4_SCALES };
+enum gen_kind {
+	GK_WEIGHT,
+	GK_FP8_SCALE,
+	GK_BIAS,
+	GK_ROUTER,
+	GK_MXFP4_BLOCKS,
+	GK_MXFP4_SCALES,
+	GK_VECTOR, /* a norm, bias or sink vector outside the experts (--full-model) */
+};
 
 struct gen_tensor {
 	char name[112];
@@ -157,13 +267,8 @@ struct gen_writer {
 
 struct gen {
 	const struct moe_gen_options *opt;
-	const struct moe_gen_preset *preset;
+	struct gen_model m; /* what the options describe */
 	struct model_error *err;
-	bool gguf;
-	uint32_t n_layers, n_experts, leading_dense;
-	uint64_t hidden, ffn;
-	uint32_t format;
-	uint32_t alignment; /* GGUF general.alignment */
 	struct gen_tensor *t;
 	size_t n_t, cap_t;
 	uint32_t n_files;
@@ -231,7 +336,7 @@ static void set_shape(struct gen *g, struct gen_tensor *t, uint32_t n, const uin
 {
 	t->n_dims = n;
 	for (uint32_t i = 0; i < n; i++)
-		t->shape[i] = g->gguf ? outer_first[n - 1 - i] : outer_first[i];
+		t->shape[i] = g->m.gguf ? outer_first[n - 1 - i] : outer_first[i];
 }
 
 static uint64_t fmt_bytes(uint32_t format, uint64_t rows, uint64_t cols)
@@ -246,15 +351,15 @@ static int plan_fail(struct gen *g)
 
 static int plan_layer(struct gen *g, uint32_t L)
 {
-	const enum moe_arch arch = g->preset->arch;
-	const uint32_t E = g->n_experts;
-	const uint64_t H = g->hidden, F = g->ffn;
-	const uint32_t vec_format = g->gguf || g->format == MOEK_F32 ? MOEK_F32 : MOEK_BF16;
+	const enum moe_arch arch = g->m.preset->arch;
+	const uint32_t E = g->m.n_experts;
+	const uint64_t H = g->m.hidden, F = g->m.ffn;
+	const uint32_t vec_format = g->m.gguf || g->m.format == MOEK_F32 ? MOEK_F32 : MOEK_BF16;
 	struct gen_tensor *t;
 	/* router: [E, hidden] */
 	if (!(t = plan_add(g, GK_ROUTER, L, 0, MOE_GEN_ROUTER, E, H, vec_format)))
 		return plan_fail(g);
-	if (g->gguf)
+	if (g->m.gguf)
 		snprintf(t->name, sizeof(t->name), "blk.%u.ffn_gate_inp.weight", L);
 	else
 		snprintf(t->name, sizeof(t->name),
@@ -272,7 +377,7 @@ static int plan_layer(struct gen *g, uint32_t L)
 	static const char *const gguf_proj[3] = {"gate", "up", "down"};
 	const bool bias = arch == MOE_ARCH_GPT_OSS;
 
-	if (!g->gguf && arch == MOE_ARCH_GPT_OSS) {
+	if (!g->m.gguf && arch == MOE_ARCH_GPT_OSS) {
 		/* gate_up_proj_{blocks,scales,bias}, down_proj_{blocks,scales,bias} */
 		for (int k = 0; k < 2; k++) {
 			const char *stem = k ? "down_proj" : "gate_up_proj";
@@ -308,19 +413,19 @@ static int plan_layer(struct gen *g, uint32_t L)
 		}
 		return 0;
 	}
-	if (g->gguf && !g->opt->per_expert) {
+	if (g->m.gguf && !g->opt->per_expert) {
 		const bool fused = g->opt->fused_gate_up;
 		for (int p = fused ? 1 : 0; p < 3; p++) {
 			const bool gate_up = fused && p == 1;
 			const char *pname = gate_up ? "gate_up" : gguf_proj[p];
 			uint64_t rows = p == 2 ? H : gate_up ? 2 * F : F, cols = p == 2 ? F : H;
 			if (!(t = plan_add(g, GK_WEIGHT, L, -1, gate_up ? MOE_GEN_GATE : mats[p],
-			                   rows, cols, g->format)))
+			                   rows, cols, g->m.format)))
 				return plan_fail(g);
 			t->halves = gate_up;
 			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.weight", L, pname);
 			set_shape(g, t, 3, (uint64_t[]){E, rows, cols});
-			t->nbytes = E * fmt_bytes(g->format, rows, cols);
+			t->nbytes = E * fmt_bytes(g->m.format, rows, cols);
 			if (!bias)
 				continue;
 			if (!(t = plan_add(g, GK_BIAS, L, -1,
@@ -340,9 +445,9 @@ static int plan_layer(struct gen *g, uint32_t L)
 		for (int p = 0; p < 3; p++) {
 			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
 			if (!(t = plan_add(g, GK_WEIGHT, L, (int32_t)e, mats[p], rows, cols,
-			                   g->format)))
+			                   g->m.format)))
 				return plan_fail(g);
-			if (g->gguf)
+			if (g->m.gguf)
 				snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s.%u.weight", L,
 				         gguf_proj[p], e);
 			else if (arch == MOE_ARCH_MIXTRAL)
@@ -354,11 +459,11 @@ static int plan_layer(struct gen *g, uint32_t L)
 				         "model.layers.%u.mlp.experts.%u.%s.weight", L, e,
 				         hf_proj[p]);
 			set_shape(g, t, 2, (uint64_t[]){rows, cols});
-			t->st_dtype = st_dtype_of(g->format);
-			t->nbytes = fmt_bytes(g->format, rows, cols);
+			t->st_dtype = st_dtype_of(g->m.format);
+			t->nbytes = fmt_bytes(g->m.format, rows, cols);
 			char stem[88]; /* t->name without ".weight"; names here are < 80 bytes */
 			snprintf(stem, sizeof(stem), "%.*s", (int)(strlen(t->name) - 7), t->name);
-			if (g->format == MOEK_FP8_E4M3_B128) {
+			if (g->m.format == MOEK_FP8_E4M3_B128) {
 				struct gen_tensor *s = plan_add(g, GK_FP8_SCALE, L, (int32_t)e,
 				                                mats[p], rows, cols, MOEK_F32);
 				if (!s)
@@ -382,6 +487,62 @@ static int plan_layer(struct gen *g, uint32_t L)
 		}
 	}
 	return 0;
+}
+
+int gen_plan_matrix(struct gen *g, const char *name, uint32_t layer, enum moe_gen_tensor which,
+                    uint64_t rows, uint64_t cols, uint32_t format)
+{
+	struct gen_tensor *t = plan_add(g, GK_WEIGHT, layer, 0, which, rows, cols, format);
+	if (!t)
+		return plan_fail(g);
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	set_shape(g, t, 2, (uint64_t[]){rows, cols});
+	t->st_dtype = st_dtype_of(format);
+	t->nbytes = fmt_bytes(format, rows, cols);
+	if (format != MOEK_FP8_E4M3_B128)
+		return 0;
+	/* t may move: plan_add reallocates */
+	struct gen_tensor *s = plan_add(g, GK_FP8_SCALE, layer, 0, which, rows, cols, MOEK_F32);
+	if (!s)
+		return plan_fail(g);
+	const char *dot = strrchr(name, '.');
+	int stem = dot ? (int)(dot - name) : (int)strlen(name);
+	snprintf(s->name, sizeof(s->name), "%.*s.weight_scale_inv", stem, name);
+	set_shape(g, s, 2, (uint64_t[]){(rows + 127) / 128, (cols + 127) / 128});
+	s->st_dtype = ST_F32;
+	s->nbytes = moek_fp8_scale_bytes(rows, cols);
+	return 0;
+}
+
+int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_gen_tensor which,
+                    uint64_t n, uint32_t format)
+{
+	struct gen_tensor *t = plan_add(g, GK_VECTOR, layer, 0, which, n, 1, format);
+	if (!t)
+		return plan_fail(g);
+	snprintf(t->name, sizeof(t->name), "%s", name);
+	set_shape(g, t, 1, (uint64_t[]){n});
+	t->st_dtype = st_dtype_of(format);
+	t->nbytes = n * (format == MOEK_F32 ? 4 : 2);
+	return 0;
+}
+
+/* Every tensor, in file order: per layer, a whole model's attention before the router and
+ * routed experts, and its shared experts or dense FFN after them. */
+static int plan_model(struct gen *g)
+{
+	const struct gen_model *m = &g->m;
+	if (m->full && gen_full_plan_head(g, m))
+		return -1;
+	for (uint32_t L = m->full ? 0 : m->leading_dense; L < m->n_layers; L++) {
+		if (m->full && gen_full_plan_layer_attention(g, m, L))
+			return -1;
+		if (L >= m->leading_dense && plan_layer(g, L))
+			return -1;
+		if (m->full && gen_full_plan_layer_ffn(g, m, L))
+			return -1;
+	}
+	return m->full ? gen_full_plan_tail(g, m) : 0;
 }
 
 /* ---- writing: quantizing threads and a write-behind thread ----------------------------
@@ -737,7 +898,7 @@ static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t
 {
 	const uint64_t nb = t->cols / 32, step = chunk_rows(t);
 	if (ensure_shared(g, (void **)&g->mx_scales, &g->mx_scales_cap,
-	                  (size_t)g->n_experts * t->rows * nb))
+	                  (size_t)g->m.n_experts * t->rows * nb))
 		return -1;
 	for (uint64_t r0 = 0; r0 < t->rows; r0 += step) {
 		struct gen_job j = {.t = t, .e = e, .r0 = r0};
@@ -751,7 +912,7 @@ static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t
 	return 0;
 }
 
-/* Small tensors (routers, biases), on the calling thread. */
+/* Small tensors (routers, biases, norms), on the calling thread. */
 static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 {
 	/* rows x cols floats (biases: cols = 1), converted to the stored float format */
@@ -781,7 +942,7 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
 {
 	uint32_t e0 = t->expert < 0 ? 0 : (uint32_t)t->expert;
-	uint32_t e1 = t->expert < 0 ? g->n_experts : e0 + 1;
+	uint32_t e1 = t->expert < 0 ? g->m.n_experts : e0 + 1;
 	switch (t->kind) {
 	case GK_ROUTER: return emit_vector(g, t, 0);
 	case GK_WEIGHT:
@@ -791,6 +952,7 @@ static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
 		return 0;
 	case GK_FP8_SCALE: return put_bytes(g, g->fp8_scales, t->nbytes);
 	case GK_BIAS:
+	case GK_VECTOR:
 		for (uint32_t e = e0; e < e1; e++)
 			if (emit_vector(g, t, e))
 				return -1;
@@ -814,121 +976,7 @@ static int emit_tensor(struct gen *g, const struct gen_tensor *t)
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-struct membuf {
-	char *p;
-	size_t len, cap;
-	bool oom;
-};
-
-static void mb_put(struct membuf *m, const void *src, size_t n)
-{
-	if (m->oom)
-		return;
-	if (m->len + n > m->cap) {
-		size_t nc = m->cap ? m->cap * 2 : 4096;
-		while (nc < m->len + n)
-			nc *= 2;
-		char *np = realloc(m->p, nc);
-		if (!np) {
-			m->oom = true;
-			return;
-		}
-		m->p = np;
-		m->cap = nc;
-	}
-	memcpy(m->p + m->len, src, n);
-	m->len += n;
-}
-
-static void mb_u32(struct membuf *m, uint32_t v)
-{
-	unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-	                      (unsigned char)(v >> 24)};
-	mb_put(m, b, 4);
-}
-
-static void mb_u64(struct membuf *m, uint64_t v)
-{
-	unsigned char b[8];
-	for (int i = 0; i < 8; i++)
-		b[i] = (unsigned char)(v >> (8 * i));
-	mb_put(m, b, 8);
-}
-
-static void mb_str(struct membuf *m, const char *s)
-{
-	mb_u64(m, strlen(s));
-	mb_put(m, s, strlen(s));
-}
-
-static void mb_printf(struct membuf *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mb_printf(struct membuf *m, const char *fmt, ...)
-{
-	char tmp[512];
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-	va_end(ap);
-	if (n < 0 || (size_t)n >= sizeof(tmp)) {
-		m->oom = true;
-		return;
-	}
-	mb_put(m, tmp, (size_t)n);
-}
-
-static void kv_u32(struct membuf *m, uint32_t *n, const char *key, uint32_t v)
-{
-	mb_str(m, key);
-	mb_u32(m, GGUF_UINT32);
-	mb_u32(m, v);
-	(*n)++;
-}
-
-static void kv_u16(struct membuf *m, uint32_t *n, const char *key, uint16_t v)
-{
-	mb_str(m, key);
-	mb_u32(m, GGUF_UINT16);
-	unsigned char b[2] = {(unsigned char)v, (unsigned char)(v >> 8)};
-	mb_put(m, b, 2);
-	(*n)++;
-}
-
-static void kv_i32(struct membuf *m, uint32_t *n, const char *key, int32_t v)
-{
-	mb_str(m, key);
-	mb_u32(m, GGUF_INT32);
-	mb_u32(m, (uint32_t)v);
-	(*n)++;
-}
-
-static void kv_f32(struct membuf *m, uint32_t *n, const char *key, float v)
-{
-	uint32_t u;
-	memcpy(&u, &v, 4);
-	mb_str(m, key);
-	mb_u32(m, GGUF_FLOAT32);
-	mb_u32(m, u);
-	(*n)++;
-}
-
-static void kv_bool(struct membuf *m, uint32_t *n, const char *key, bool v)
-{
-	mb_str(m, key);
-	mb_u32(m, GGUF_BOOL);
-	unsigned char b = v;
-	mb_put(m, &b, 1);
-	(*n)++;
-}
-
-static void kv_str(struct membuf *m, uint32_t *n, const char *key, const char *v)
-{
-	mb_str(m, key);
-	mb_u32(m, GGUF_STRING);
-	mb_str(m, v);
-	(*n)++;
-}
-
-static const char *gguf_arch_key(enum moe_arch a)
+const char *gen_gguf_arch(enum moe_arch a)
 {
 	switch (a) {
 	case MOE_ARCH_QWEN2MOE: return "qwen2moe";
@@ -944,23 +992,23 @@ static const char *gguf_arch_key(enum moe_arch a)
 /* The architecture's llama.cpp hyperparameter keys (first split only). */
 static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 {
-	const struct moe_gen_preset *p = g->preset;
-	const char *a = gguf_arch_key(p->arch);
+	const struct moe_gen_preset *p = g->m.preset;
+	const char *a = gen_gguf_arch(p->arch);
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
 	kv_str(m, n, "general.name", p->name);
-	kv_u32(m, n, "general.alignment", g->alignment);
+	kv_u32(m, n, "general.alignment", g->m.alignment);
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
-	kv_u32(m, n, KEY("block_count"), g->n_layers);
-	kv_u32(m, n, KEY("embedding_length"), (uint32_t)g->hidden);
+	kv_u32(m, n, KEY("block_count"), g->m.n_layers);
+	kv_u32(m, n, KEY("embedding_length"), (uint32_t)g->m.hidden);
 	kv_u32(m, n, KEY("feed_forward_length"),
-	       (uint32_t)(p->arch == MOE_ARCH_MIXTRAL ? g->ffn : p->dense_ffn));
-	kv_u32(m, n, KEY("expert_count"), g->n_experts);
-	kv_u32(m, n, KEY("expert_used_count"), p->top_k < g->n_experts ? p->top_k : g->n_experts);
+	       (uint32_t)(p->arch == MOE_ARCH_MIXTRAL ? g->m.ffn : g->m.dense_ffn));
+	kv_u32(m, n, KEY("expert_count"), g->m.n_experts);
+	kv_u32(m, n, KEY("expert_used_count"), g->m.top_k);
 	if (p->arch != MOE_ARCH_MIXTRAL)
-		kv_u32(m, n, KEY("expert_feed_forward_length"), (uint32_t)g->ffn);
+		kv_u32(m, n, KEY("expert_feed_forward_length"), (uint32_t)g->m.ffn);
 	if (p->arch == MOE_ARCH_DEEPSEEK) {
-		kv_u32(m, n, KEY("leading_dense_block_count"), g->leading_dense);
+		kv_u32(m, n, KEY("leading_dense_block_count"), g->m.leading_dense);
 		kv_u32(m, n, KEY("expert_shared_count"), p->n_shared);
 		kv_f32(m, n, KEY("expert_weights_scale"), 2.5f);
 		kv_bool(m, n, KEY("expert_weights_norm"), true);
@@ -969,6 +1017,8 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 	if (p->arch == MOE_ARCH_QWEN3MOE)
 		kv_bool(m, n, KEY("expert_weights_norm"), true);
 #undef KEY
+	if (g->m.full)
+		gen_full_gguf_kvs(&g->m, m, n);
 }
 
 static int write_all(struct gen *g, const void *p, size_t n)
@@ -1031,7 +1081,7 @@ static int write_gguf_file(struct gen *g, uint32_t f)
 		mb_u32(&m, t->format);
 		mb_u64(&m, t->offset);
 	}
-	while (m.len % g->alignment && !m.oom)
+	while (m.len % g->m.alignment && !m.oom)
 		mb_put(&m, "", 1); /* zero padding up to the data section */
 	if (m.oom) {
 		free(m.p);
@@ -1108,28 +1158,28 @@ static int write_text(struct gen *g, const char *path, const struct membuf *m)
 	return rc;
 }
 
-static int write_config(struct gen *g)
+/* config.json of an experts-only checkpoint: the keys the catalog reads. */
+static void config_experts_only(const struct gen *g, struct membuf *mb)
 {
-	const struct moe_gen_preset *p = g->preset;
-	struct membuf m = {0};
+	const struct moe_gen_preset *p = g->m.preset;
 	static const char *const model_type[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
 	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
 	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
-	uint32_t top_k = p->top_k < g->n_experts ? p->top_k : g->n_experts;
-	mb_printf(&m,
+	const uint32_t top_k = g->m.top_k;
+	mb_printf(mb,
 	          "{\n  \"model_type\": \"%s\",\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_experts_per_tok\": %u,\n",
-	          model_type[p->arch], g->hidden, g->n_layers, top_k);
+	          model_type[p->arch], g->m.hidden, g->m.n_layers, top_k);
 	switch (p->arch) {
 	case MOE_ARCH_MIXTRAL:
-		mb_printf(&m,
+		mb_printf(mb,
 		          "  \"architectures\": [\"MixtralForCausalLM\"],\n"
 		          "  \"num_local_experts\": %u,\n  \"intermediate_size\": %" PRIu64 ",\n",
-		          g->n_experts, g->ffn);
+		          g->m.n_experts, g->m.ffn);
 		break;
 	case MOE_ARCH_DEEPSEEK:
-		mb_printf(&m,
+		mb_printf(mb,
 		          "  \"architectures\": [\"DeepseekV3ForCausalLM\"],\n"
 		          "  \"n_routed_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
 		          ",\n  \"intermediate_size\": %" PRIu64 ",\n"
@@ -1137,43 +1187,60 @@ static int write_config(struct gen *g)
 		          "  \"moe_layer_freq\": 1,\n  \"norm_topk_prob\": true,\n"
 		          "  \"routed_scaling_factor\": 2.5,\n  \"scoring_func\": \"sigmoid\",\n"
 		          "  \"topk_method\": \"noaux_tc\",\n",
-		          g->n_experts, g->ffn, p->dense_ffn, p->n_shared, g->leading_dense);
-		if (g->format == MOEK_FP8_E4M3_B128)
-			mb_printf(&m, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+		          g->m.n_experts, g->m.ffn, p->dense_ffn, p->n_shared, g->m.leading_dense);
+		if (g->m.format == MOEK_FP8_E4M3_B128)
+			mb_printf(mb, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
 			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
 			              "\"weight_block_size\": [128, 128]},\n");
 		break;
 	case MOE_ARCH_GPT_OSS:
-		mb_printf(&m,
+		mb_printf(mb,
 		          "  \"architectures\": [\"GptOssForCausalLM\"],\n"
 		          "  \"num_local_experts\": %u,\n  \"experts_per_token\": %u,\n"
 		          "  \"intermediate_size\": %" PRIu64 ",\n  \"swiglu_limit\": 7.0,\n"
 		          "  \"quantization_config\": {\"quant_method\": \"mxfp4\"},\n",
-		          g->n_experts, top_k, g->ffn);
+		          g->m.n_experts, top_k, g->m.ffn);
 		break;
 	case MOE_ARCH_OLMOE:
-		mb_printf(&m,
+		mb_printf(mb,
 		          "  \"architectures\": [\"OlmoeForCausalLM\"],\n"
 		          "  \"num_experts\": %u,\n  \"intermediate_size\": %" PRIu64
 		          ",\n  \"norm_topk_prob\": false,\n",
-		          g->n_experts, g->ffn);
+		          g->m.n_experts, g->m.ffn);
 		break;
 	default: /* Qwen3-MoE (and Qwen2-MoE) */
-		mb_printf(&m,
+		mb_printf(mb,
 		          "  \"architectures\": [\"Qwen3MoeForCausalLM\"],\n"
 		          "  \"num_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
 		          ",\n  \"intermediate_size\": %" PRIu64 ",\n  \"norm_topk_prob\": true,\n"
 		          "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
-		          g->n_experts, g->ffn, p->dense_ffn);
+		          g->m.n_experts, g->m.ffn, p->dense_ffn);
 		break;
 	}
-	mb_printf(&m,
+	mb_printf(mb,
 	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
 	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
 	          g->opt->seed, p->name);
+}
+
+/* config.json (and, for a whole model, generation_config.json). */
+static int write_config(struct gen *g)
+{
+	struct membuf m = {0};
+	if (g->m.full)
+		gen_full_config(&g->m, &m);
+	else
+		config_experts_only(g, &m);
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/config.json", g->opt->out);
 	int rc = write_text(g, path, &m);
+	free(m.p);
+	if (rc || !g->m.full)
+		return rc;
+	m = (struct membuf){0};
+	gen_full_generation_config(&g->m, &m);
+	snprintf(path, sizeof(path), "%s/generation_config.json", g->opt->out);
+	rc = write_text(g, path, &m);
 	free(m.p);
 	return rc;
 }
@@ -1204,29 +1271,33 @@ static int write_index(struct gen *g)
 static int check_options(struct gen *g)
 {
 	const struct moe_gen_options *o = g->opt;
-	const struct moe_gen_preset *p = g->preset;
-	g->gguf = strlen(o->out) > 5 && !strcmp(o->out + strlen(o->out) - 5, ".gguf");
-	g->format = o->format;
-	g->hidden = o->hidden ? o->hidden : p->hidden;
-	g->ffn = o->ffn ? o->ffn : p->expert_ffn;
-	g->n_experts = o->experts ? o->experts : p->n_experts;
-	g->n_layers = o->layers ? o->layers : o->full ? p->full_layers : p->default_layers;
-	if (g->n_layers == 0 || g->n_layers > 4096 || g->n_experts == 0 || g->n_experts > 65536 ||
-	    g->hidden == 0 || g->ffn == 0 || g->hidden > (1u << 20) || g->ffn > (1u << 20))
+	const struct moe_gen_preset *p = g->m.preset;
+	g->m.gguf = strlen(o->out) > 5 && !strcmp(o->out + strlen(o->out) - 5, ".gguf");
+	g->m.format = o->format;
+	g->m.hidden = o->hidden ? o->hidden : p->hidden;
+	g->m.ffn = o->ffn ? o->ffn : p->expert_ffn;
+	g->m.n_experts = o->experts ? o->experts : p->n_experts;
+	g->m.n_layers = o->layers ? o->layers : o->full ? p->full_layers : p->default_layers;
+	if (g->m.n_layers == 0 || g->m.n_layers > 4096 || g->m.n_experts == 0 ||
+	    g->m.n_experts > 65536 || g->m.hidden == 0 || g->m.ffn == 0 ||
+	    g->m.hidden > (1u << 20) || g->m.ffn > (1u << 20))
 		return model_fail(g->err, "layers, experts, hidden and ffn must be positive and "
 		                          "reasonable");
-	g->leading_dense = p->leading_dense < g->n_layers ? p->leading_dense : g->n_layers - 1;
-	const struct moek_format_info *fi = moek_format_lookup(g->format);
+	g->m.leading_dense =
+	    p->leading_dense < g->m.n_layers ? p->leading_dense : g->m.n_layers - 1;
+	g->m.top_k = p->top_k < g->m.n_experts ? p->top_k : g->m.n_experts;
+	g->m.dense_ffn = p->dense_ffn;
+	const struct moek_format_info *fi = moek_format_lookup(g->m.format);
 	if (!fi || !fi->weight_format)
-		return model_fail(g->err, "format %u is not an expert weight format", g->format);
-	if (g->gguf && g->format == MOEK_FP8_E4M3_B128)
+		return model_fail(g->err, "format %u is not an expert weight format", g->m.format);
+	if (g->m.gguf && g->m.format == MOEK_FP8_E4M3_B128)
 		return model_fail(g->err, "FP8 E4M3 has no GGUF type; write safetensors (an output "
 		                          "directory) instead");
-	if (!g->gguf) {
-		bool ok = g->format == MOEK_F32 || g->format == MOEK_F16 ||
-		          g->format == MOEK_BF16 || g->format == MOEK_FP8_E4M3_B128;
+	if (!g->m.gguf) {
+		bool ok = g->m.format == MOEK_F32 || g->m.format == MOEK_F16 ||
+		          g->m.format == MOEK_BF16 || g->m.format == MOEK_FP8_E4M3_B128;
 		if (p->arch == MOE_ARCH_GPT_OSS)
-			ok = g->format == MOEK_MXFP4;
+			ok = g->m.format == MOEK_MXFP4;
 		if (!ok)
 			return model_fail(
 			    g->err,
@@ -1236,23 +1307,31 @@ static int check_options(struct gen *g)
 		if (o->per_expert && p->arch == MOE_ARCH_GPT_OSS)
 			return model_fail(g->err, "gpt-oss checkpoints have no per-expert tensors");
 	}
-	if (o->fused_gate_up && (!g->gguf || o->per_expert))
+	if (o->fused_gate_up && (!g->m.gguf || o->per_expert))
 		return model_fail(g->err, "a fused gate_up tensor exists only as GGUF "
 		                          "blk.N.ffn_gate_up_exps.weight (merged experts)");
-	if (!moek_row_bytes(g->format, g->hidden) || !moek_row_bytes(g->format, g->ffn))
+	if (!moek_row_bytes(g->m.format, g->m.hidden) || !moek_row_bytes(g->m.format, g->m.ffn))
 		return model_fail(g->err,
 		                  "hidden %" PRIu64 " and ffn %" PRIu64
 		                  " must be multiples of the %s block (%u)",
-		                  g->hidden, g->ffn, fi->name, fi->block_elems);
-	g->alignment = o->alignment ? o->alignment : GGUF_DEFAULT_ALIGNMENT;
-	if (g->alignment & (g->alignment - 1) || g->alignment > (1u << 20))
+		                  g->m.hidden, g->m.ffn, fi->name, fi->block_elems);
+	g->m.alignment = o->alignment ? o->alignment : GGUF_DEFAULT_ALIGNMENT;
+	if (g->m.alignment & (g->m.alignment - 1) || g->m.alignment > (1u << 20))
 		return model_fail(g->err, "alignment %u is not a power of two up to 1 MiB",
-		                  g->alignment);
+		                  g->m.alignment);
 	if (o->threads > MOE_GEN_MAX_THREADS)
 		return model_fail(g->err, "threads %u: at most %d", o->threads,
 		                  MOE_GEN_MAX_THREADS);
 	if (o->shards > 999)
 		return model_fail(g->err, "at most 999 shards");
+	g->m.opt = o;
+	g->m.full = o->full_model;
+	if (g->m.full)
+		return gen_full_resolve(&g->m, g->err);
+	if (o->vocab || o->heads || o->kv_heads || o->head_dim)
+		return model_fail(g->err,
+		                  "--vocab, --heads, --kv-heads and --head-dim describe the "
+		                  "non-expert tensors: they need --full-model");
 	return 0;
 }
 
@@ -1273,8 +1352,8 @@ static void layout(struct gen *g)
 			at = 0;
 		}
 		t->file = f;
-		if (g->gguf)
-			at = (at + g->alignment - 1) / g->alignment * g->alignment;
+		if (g->m.gguf)
+			at = (at + g->m.alignment - 1) / g->m.alignment * g->m.alignment;
 		t->offset = at;
 		at += t->nbytes;
 		acc += t->nbytes;
@@ -1291,9 +1370,9 @@ static int make_paths(struct gen *g)
 		size_t n = strlen(out) + 64;
 		if (!(g->paths[f] = malloc(n)))
 			return model_fail(g->err, "out of memory");
-		if (g->gguf && g->n_files == 1)
+		if (g->m.gguf && g->n_files == 1)
 			snprintf(g->paths[f], n, "%s", out);
-		else if (g->gguf)
+		else if (g->m.gguf)
 			snprintf(g->paths[f], n, "%.*s-%05u-of-%05u.gguf", (int)(strlen(out) - 5),
 			         out, f + 1, g->n_files);
 		else if (g->n_files == 1)
@@ -1305,7 +1384,7 @@ static int make_paths(struct gen *g)
 	/* Like `mkdir -p`: the GGUF file's folder, or the safetensors folder itself. */
 	char dir[4096];
 	size_t len = strlen(out);
-	if (g->gguf) {
+	if (g->m.gguf) {
 		const char *slash = strrchr(out, '/');
 		len = slash ? (size_t)(slash - out) : 0;
 	}
@@ -1330,15 +1409,15 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 	struct gen g = {.opt = opt, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
 		return model_fail(err, "an output path and a preset are required");
-	if (!(g.preset = moe_gen_preset_find(opt->preset)))
+	if (!(g.m.preset = moe_gen_preset_find(opt->preset)))
 		return model_fail(err,
 		                  "unknown preset '%s' (qwen3-30b-a3b mixtral-8x7b deepseek-v3 "
 		                  "gpt-oss-20b olmoe)",
 		                  opt->preset);
 	int rc = check_options(&g);
 	g.n_files = opt->shards ? opt->shards : 1;
-	for (uint32_t L = g.leading_dense; L < g.n_layers && !rc; L++)
-		rc = plan_layer(&g, L);
+	if (!rc)
+		rc = plan_model(&g);
 	if (!rc) {
 		layout(&g);
 		rc = make_paths(&g);
@@ -1356,12 +1435,12 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 	if (!rc && opt->progress)
 		progress_begin(&g.prog, "moe-gen", g.total, "B");
 	for (uint32_t f = 0; f < g.n_files && !rc; f++)
-		rc = g.gguf ? write_gguf_file(&g, f) : write_st_file(&g, f);
+		rc = g.m.gguf ? write_gguf_file(&g, f) : write_st_file(&g, f);
 	if (!rc && opt->progress)
 		progress_end(&g.prog);
-	if (!rc && !g.gguf)
+	if (!rc && !g.m.gguf)
 		rc = write_config(&g);
-	if (!rc && !g.gguf && g.n_files > 1)
+	if (!rc && !g.m.gguf && g.n_files > 1)
 		rc = write_index(&g);
 	threads_stop(&g); /* after an error the writer may still be writing to g.fd */
 	if (g.fd >= 0)

@@ -32,6 +32,11 @@ struct moe_gen_preset {
 	uint32_t n_experts, top_k, n_shared;
 	uint64_t hidden, expert_ffn, dense_ffn;
 	uint32_t leading_dense; /* dense blocks before the first MoE block (DeepSeek: 3) */
+	/* the rest of the architecture (--full-model), from the same config.json */
+	uint32_t heads, kv_heads, head_dim; /* DeepSeek: head_dim = qk_nope = v_head_dim */
+	uint32_t q_lora_rank, kv_lora_rank, rope_dim; /* MLA ranks (DeepSeek only), RoPE dims */
+	uint32_t max_positions;
+	double rope_theta, rms_eps;
 };
 
 /* Preset by name, or NULL. moe_gen_presets lists them all (NULL-terminated names). */
@@ -55,6 +60,15 @@ struct moe_gen_options {
 	uint32_t alignment; /* GGUF general.alignment (power of two); 0: 32, ggml's default */
 	uint32_t threads;   /* threads filling and quantizing tensors (the output does not depend
 	                     * on it); 0: the online CPUs, at most MOE_GEN_MAX_THREADS */
+	/* --full-model: also every non-expert tensor under the architecture's real names
+	 * (embeddings, attention, norms, router biases, shared experts, dense layers, lm_head),
+	 * with a whole config.json or the llama.cpp keys and a byte-level tokenizer. The
+	 * experts are the same bytes as without it. 0 below: scaled from the preset. */
+	bool full_model;
+	uint32_t vocab;    /* 0: 4096 (at least 257: 256 byte tokens + <|endoftext|>) */
+	uint32_t heads;    /* attention heads */
+	uint32_t kv_heads; /* key/value heads (a divisor of heads) */
+	uint32_t head_dim; /* per head (DeepSeek: qk_nope = v_head_dim) */
 };
 
 #define MOE_GEN_MAX_THREADS 64
@@ -72,13 +86,41 @@ enum moe_gen_tensor {
 	MOE_GEN_UP_BIAS,
 	MOE_GEN_DOWN_BIAS,
 	MOE_GEN_ROUTER,
+	/* --full-model (expert = 0; the global tensors use layer = 0) */
+	MOE_GEN_EMBED,      /* vocab x hidden */
+	MOE_GEN_LM_HEAD,    /* vocab x hidden */
+	MOE_GEN_NORM_ATTN,  /* the layer's input norm */
+	MOE_GEN_NORM_FFN,   /* the norm before the MoE block (post_attention_layernorm) */
+	MOE_GEN_NORM_FINAL, /* model.norm / output_norm */
+	MOE_GEN_NORM_Q,     /* q_norm (Qwen3: per head, OLMoE: whole q) */
+	MOE_GEN_NORM_K,
+	MOE_GEN_NORM_Q_A, /* DeepSeek q_a_layernorm */
+	MOE_GEN_NORM_KV_A,
+	MOE_GEN_ATTN_Q, /* out x in, as the Linear layer's weight */
+	MOE_GEN_ATTN_K,
+	MOE_GEN_ATTN_V,
+	MOE_GEN_ATTN_O,
+	MOE_GEN_ATTN_Q_A, /* DeepSeek MLA */
+	MOE_GEN_ATTN_Q_B,
+	MOE_GEN_ATTN_KV_A,
+	MOE_GEN_ATTN_KV_B,
+	MOE_GEN_ATTN_Q_BIAS, /* gpt-oss */
+	MOE_GEN_ATTN_K_BIAS,
+	MOE_GEN_ATTN_V_BIAS,
+	MOE_GEN_ATTN_O_BIAS,
+	MOE_GEN_ATTN_SINKS,
+	MOE_GEN_ROUTER_BIAS, /* gpt-oss router.bias, DeepSeek e_score_correction_bias */
+	MOE_GEN_FFN_GATE,    /* a dense layer's FFN, or the layer's shared experts */
+	MOE_GEN_FFN_UP,
+	MOE_GEN_FFN_DOWN,
 };
 
 /* The float originals: elements [first, first+n) of the row-major matrix (gate/up: ffn x
  * hidden, down: hidden x ffn; biases: a vector; router: n_experts x hidden, expert = 0) of
  * `which` for (seed, layer, expert). Values lie in [-1, 1) scaled by 1/sqrt(cols) for
- * matrices (so expert outputs stay O(1)), 0.1 for biases. Pure and thread-safe. `cols` is
- * the matrix's row length (for the scale); pass 1 for vectors. */
+ * matrices (so each output of x·W keeps x's scale), by 0.1 for biases, by 1 for embeddings
+ * and attention sinks; norm weights lie in [1 - 1/16, 1 + 1/16). Pure and thread-safe.
+ * `cols` is the matrix's row length (for the scale); pass 1 for vectors. */
 void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen_tensor which,
                     uint64_t cols, uint64_t first, size_t n, float *out);
 

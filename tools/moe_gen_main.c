@@ -26,6 +26,12 @@ static void usage(FILE *o)
 	    "  --hidden N --ffn N --experts N   shrink dims (default: the real model's)\n"
 	    "  --shards N       split into N files (GGUF splits / safetensors shards + index)\n"
 	    "  --per-expert     GGUF: legacy per-expert 2-D tensors blk.N.ffn_gate.E.weight\n"
+	    "  --full-model     every tensor of the architecture (embeddings, attention, norms,\n"
+	    "                   shared experts, lm_head; random weights) with a config that\n"
+	    "                   transformers and llama.cpp load; the experts are unchanged\n"
+	    "  --vocab N --heads N --kv-heads N --head-dim N\n"
+	    "                   its dimensions (default: vocab 4096, the others scaled from\n"
+	    "                   the preset to --hidden)\n"
 	    "  --threads N      threads quantizing tensors (default: online CPUs; the output\n"
 	    "                   is the same for any N)\n"
 	    "  --quiet          no progress bar\n");
@@ -76,6 +82,8 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(a, "--full")) {
 			o.full = true;
+		} else if (!strcmp(a, "--full-model")) {
+			o.full_model = true;
 		} else if (!strcmp(a, "--per-expert")) {
 			o.per_expert = true;
 		} else if (!strcmp(a, "--fused")) {
@@ -112,6 +120,14 @@ int main(int argc, char **argv)
 				o.shards = (uint32_t)n;
 			else if (!strcmp(a, "--threads") && n <= UINT32_MAX)
 				o.threads = (uint32_t)n;
+			else if (!strcmp(a, "--vocab") && n <= UINT32_MAX)
+				o.vocab = (uint32_t)n;
+			else if (!strcmp(a, "--heads") && n <= UINT32_MAX)
+				o.heads = (uint32_t)n;
+			else if (!strcmp(a, "--kv-heads") && n <= UINT32_MAX)
+				o.kv_heads = (uint32_t)n;
+			else if (!strcmp(a, "--head-dim") && n <= UINT32_MAX)
+				o.head_dim = (uint32_t)n;
 			else {
 				fprintf(stderr, "moe-gen: unknown option %s\n\n", a);
 				usage(stderr);

@@ -1,0 +1,203 @@
+/* gen_internal.h — what the generator's two halves share (private to libmoe_gen).
+ *
+ * gen.c owns planning the expert tensors and writing the files (threads, buffers, headers);
+ * gen_full.c owns the rest of a whole model (--full-model: embeddings, attention, norms,
+ * shared experts, lm_head, the architecture's config.json and llama.cpp metadata). gen.c
+ * resolves the options into a `struct gen_model` once; gen_full.c reads it and adds tensors
+ * through gen_plan_matrix / gen_plan_vector. Header buffers are `struct membuf` (in memory,
+ * a sticky out-of-memory flag checked once when the buffer is written).
+ * Threading: everything here runs on the thread that called moe_gen_write.
+ */
+#ifndef MOE_GEN_INTERNAL_H
+#define MOE_GEN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "moe_gen.h"
+
+/* The model the options describe, resolved once (defaults applied, limits checked). */
+struct gen_model {
+	const struct moe_gen_options *opt;
+	const struct moe_gen_preset *preset;
+	bool gguf;       /* GGUF file(s); otherwise a Hugging Face directory */
+	bool full;       /* --full-model: every tensor of the architecture */
+	uint32_t format; /* moek format of the routed experts */
+	uint32_t n_layers, n_experts, top_k, leading_dense;
+	uint64_t hidden, ffn;
+	uint64_t dense_ffn; /* GGUF feed_forward_length, HF intermediate_size; full models: the
+	                     * dense layers' FFN (DeepSeek) */
+	uint32_t alignment; /* GGUF general.alignment */
+	/* --full-model only (0 otherwise) */
+	uint32_t vocab, heads, kv_heads, head_dim;
+	uint32_t q_lora_rank, kv_lora_rank, rope_dim; /* DeepSeek MLA; rope_dim: all archs */
+	uint32_t nonexpert_format; /* attention, embeddings, dense FFNs (FP8: weights only) */
+	uint32_t vector_format;    /* norms, biases, sinks */
+};
+
+struct gen; /* the writer (gen.c) */
+
+/* GGUF general.architecture of an architecture ("qwen3moe", "llama" for Mixtral, …). */
+const char *gen_gguf_arch(enum moe_arch a);
+
+/* Plans a rows x cols matrix (rows outputs, each a row of cols inputs) named `name`, stored
+ * in `format`, values moe_gen_floats(seed, layer, 0, which, …). Safetensors FP8 weights get
+ * their `NAME_scale_inv` block scales too. Returns 0 or -1 (out of memory, err set). */
+int gen_plan_matrix(struct gen *g, const char *name, uint32_t layer, enum moe_gen_tensor which,
+                    uint64_t rows, uint64_t cols, uint32_t format);
+/* Plans a vector of n values (F32, F16 or BF16). */
+int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_gen_tensor which,
+                    uint64_t n, uint32_t format);
+
+/* gen_full.c: resolves the --full-model dimensions (defaults scaled from the preset to the
+ * hidden size given) and checks the options; 0 or -1 with err set. */
+int gen_full_resolve(struct gen_model *m, struct model_error *err);
+/* Tensors before the first layer (embeddings), of layer L before its routed experts
+ * (norms, attention) and after them (router bias, shared experts, or the dense FFN of a
+ * dense layer), and after the last layer (final norm, lm_head). */
+int gen_full_plan_head(struct gen *g, const struct gen_model *m);
+int gen_full_plan_layer_attention(struct gen *g, const struct gen_model *m, uint32_t L);
+int gen_full_plan_layer_ffn(struct gen *g, const struct gen_model *m, uint32_t L);
+int gen_full_plan_tail(struct gen *g, const struct gen_model *m);
+
+/* ---- header buffers ------------------------------------------------------------------- */
+
+struct membuf {
+	char *p;
+	size_t len, cap;
+	bool oom;
+};
+
+static inline void mb_put(struct membuf *m, const void *src, size_t n)
+{
+	if (m->oom)
+		return;
+	if (m->len + n > m->cap) {
+		size_t nc = m->cap ? m->cap * 2 : 4096;
+		while (nc < m->len + n)
+			nc *= 2;
+		char *np = realloc(m->p, nc);
+		if (!np) {
+			m->oom = true;
+			return;
+		}
+		m->p = np;
+		m->cap = nc;
+	}
+	memcpy(m->p + m->len, src, n);
+	m->len += n;
+}
+
+static inline void mb_u32(struct membuf *m, uint32_t v)
+{
+	unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+	                      (unsigned char)(v >> 24)};
+	mb_put(m, b, 4);
+}
+
+static inline void mb_u64(struct membuf *m, uint64_t v)
+{
+	unsigned char b[8];
+	for (int i = 0; i < 8; i++)
+		b[i] = (unsigned char)(v >> (8 * i));
+	mb_put(m, b, 8);
+}
+
+static inline void mb_str(struct membuf *m, const char *s)
+{
+	mb_u64(m, strlen(s));
+	mb_put(m, s, strlen(s));
+}
+
+static inline void mb_printf(struct membuf *m, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static inline void mb_printf(struct membuf *m, const char *fmt, ...)
+{
+	char tmp[512];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	if (n < 0 || (size_t)n >= sizeof(tmp)) {
+		m->oom = true;
+		return;
+	}
+	mb_put(m, tmp, (size_t)n);
+}
+
+/* GGUF metadata pairs; *n counts them. */
+static inline void kv_u32(struct membuf *m, uint32_t *n, const char *key, uint32_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_UINT32);
+	mb_u32(m, v);
+	(*n)++;
+}
+
+static inline void kv_u16(struct membuf *m, uint32_t *n, const char *key, uint16_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_UINT16);
+	unsigned char b[2] = {(unsigned char)v, (unsigned char)(v >> 8)};
+	mb_put(m, b, 2);
+	(*n)++;
+}
+
+static inline void kv_i32(struct membuf *m, uint32_t *n, const char *key, int32_t v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_INT32);
+	mb_u32(m, (uint32_t)v);
+	(*n)++;
+}
+
+static inline void kv_f32(struct membuf *m, uint32_t *n, const char *key, float v)
+{
+	uint32_t u;
+	memcpy(&u, &v, 4);
+	mb_str(m, key);
+	mb_u32(m, GGUF_FLOAT32);
+	mb_u32(m, u);
+	(*n)++;
+}
+
+static inline void kv_bool(struct membuf *m, uint32_t *n, const char *key, bool v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_BOOL);
+	unsigned char b = v;
+	mb_put(m, &b, 1);
+	(*n)++;
+}
+
+static inline void kv_str(struct membuf *m, uint32_t *n, const char *key, const char *v)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_STRING);
+	mb_str(m, v);
+	(*n)++;
+}
+
+/* The start of an array pair: the caller then puts `count` elements of elem_type. */
+static inline void kv_array(struct membuf *m, uint32_t *n, const char *key, uint32_t elem_type,
+                            uint64_t count)
+{
+	mb_str(m, key);
+	mb_u32(m, GGUF_ARRAY);
+	mb_u32(m, elem_type);
+	mb_u64(m, count);
+	(*n)++;
+}
+
+/* gen_full.c: the architecture's remaining llama.cpp keys and the tokenizer (first split),
+ * config.json for a whole model, and generation_config.json. */
+void gen_full_gguf_kvs(const struct gen_model *m, struct membuf *mb, uint32_t *n);
+void gen_full_config(const struct gen_model *m, struct membuf *mb);
+void gen_full_generation_config(const struct gen_model *m, struct membuf *mb);
+
+#endif
