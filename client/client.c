@@ -941,9 +941,8 @@ static int request_status(struct moe_client *c, const struct moe_completion *d)
 	if (d->status == MOE_OK)
 		return MOE_OK;
 	const char *op = op_name(c->slot_op[d->slot]);
-	if (d->message)
-		return client_fail(c, d->status, "%s: %s (%s)", op, d->message,
-		                   moe_status_str(d->status));
+	if (d->message) /* the sidecar's sentence names the op and what was wrong */
+		return client_fail(c, d->status, "%s", d->message);
 	return client_fail(c, d->status, "%s: %s (value %u, index %u)", op,
 	                   moe_status_str(d->status), d->value, d->index);
 }
@@ -1037,7 +1036,7 @@ int moe_ping(struct moe_client *c, int timeout_ms)
 {
 	if (!c)
 		return MOE_EINVAL;
-	struct moe_slot s;
+	struct moe_slot s = {0};
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
 		return rc;
@@ -1050,7 +1049,7 @@ int moe_prefetch(struct moe_client *c, int32_t layer, const int32_t *ids, const 
 {
 	if (!c || !scores || n == 0)
 		return MOE_EINVAL;
-	struct moe_slot s;
+	struct moe_slot s = {0};
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
 		return rc;
@@ -1106,7 +1105,7 @@ int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, s
 		                   "(%s%zu bytes of %u experts)",
 		                   n_bytes, layer, want, layer < 0 ? "every block's " : "", row,
 		                   i->n_experts);
-	struct moe_slot s;
+	struct moe_slot s = {0};
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
 		return rc;
@@ -1124,7 +1123,7 @@ int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms)
 {
 	if (!c || !buf || len == 0)
 		return MOE_EINVAL;
-	struct moe_slot s;
+	struct moe_slot s = {0};
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
 		return rc;

@@ -44,10 +44,12 @@
 
 #include "moe_abi.h"
 
+#ifndef MOE_API /* a build that compiles libmoe_client into itself may define it empty */
 #if defined(__GNUC__) || defined(__clang__)
 #define MOE_API __attribute__((visibility("default")))
 #else
 #define MOE_API
+#endif
 #endif
 
 #ifdef __cplusplus

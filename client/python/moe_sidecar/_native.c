@@ -1,0 +1,803 @@
+/* _native.c — moe_sidecar's C extension: libmoe_client for Python, and the two CUDA host
+ * functions of the stream path.
+ *
+ * Built against CPython's limited API (3.11, abi3), so one build loads on every Python from
+ * 3.11 up; it needs nothing at build time beyond Python's headers and libmoe_client's sources
+ * (compiled in). numpy, torch and CUDA are the Python layer's business (the package's Python files).
+ *
+ * Owns: one `Channel` per libmoe_client connection, with a mutex that serialises every call
+ * on it — the Python thread's and the CUDA driver threads' running the host functions (a
+ * struct moe_client is not thread-safe). Blocking calls release the GIL first, then take the
+ * mutex, so a host function never waits for the GIL and the GIL is never held while waiting
+ * for the mutex. `Area` objects export a range of the channel's mapping through the buffer
+ * protocol (numpy.frombuffer and torch.frombuffer views, zero-copy); each holds a reference to
+ * its Channel, and close() refuses while any view is exported (as mmap.close does), so no
+ * view outlives the mapping.
+ *
+ * Stream ops: a `stream_op` is a small C struct the Python layer fills once per (wrapper,
+ * batch size) and passes, by address, to cudaLaunchHostFunc with host_submit or host_wait.
+ * The host functions run on a CUDA driver thread: they call no CUDA API, no Python, never
+ * allocate; host_submit never blocks (moe_forward_submit, under the channel mutex), host_wait
+ * waits for the completion (up to the op's timeout) and records the outcome in the op, which
+ * the Python layer raises at its next call (a host function cannot raise). On error the output
+ * rows are zeroed, so a failed layer adds nothing rather than garbage.
+ *
+ * Errors: every failure raises an exception made by the factory the Python layer registered
+ * (_set_error_factory(callable(status, message, value, index))), falling back to RuntimeError.
+ */
+#define PY_SSIZE_T_CLEAN
+#define Py_LIMITED_API 0x030B0000
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe_client.h"
+
+static PyObject *error_factory; /* callable(status, message, value, index) -> exception */
+
+static PyObject *raise_status(int status, const char *message, uint32_t value, uint32_t index)
+{
+	if (error_factory) {
+		PyObject *exc = PyObject_CallFunction(error_factory, "isII", status,
+		                                      message ? message : "", value, index);
+		if (exc) {
+			PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+			Py_DECREF(exc);
+		}
+		return NULL;
+	}
+	PyErr_Format(PyExc_RuntimeError, "%s: %s", moe_strerror(status), message ? message : "");
+	return NULL;
+}
+
+/* ---- Channel ------------------------------------------------------------------------------ */
+
+struct stream_op;
+
+typedef struct {
+	PyObject_HEAD
+	struct moe_client *c;
+	pthread_mutex_t lock;
+	Py_ssize_t exports; /* Area buffers alive */
+	struct stream_op *ops;
+	char socket[108];
+} Channel;
+
+/* One FORWARD issued from a CUDA stream: filled by the Python layer (stream_op_set) before
+ * the host functions are enqueued, read by them on the driver thread. */
+struct stream_op {
+	struct stream_op *next;
+	Channel *ch; /* borrowed: the Channel frees its ops */
+	uint32_t slot;
+	int32_t layer;
+	uint32_t n_tokens;
+	uint16_t k;
+	uint32_t k_defer;
+	uint8_t in_dtype, out_dtype;
+	uint16_t flags;
+	int timeout_ms;
+	/* Outcome, written by the host functions, read and cleared by stream_op_take. */
+	_Atomic int status;
+	uint32_t value, index;
+	char message[MOE_MESSAGE_MAX + 64];
+	uint64_t completions; /* host_wait calls that collected a completion */
+};
+
+static void op_fail(struct stream_op *op, int status, const char *msg)
+{
+	snprintf(op->message, sizeof(op->message), "%s", msg ? msg : moe_strerror(status));
+	atomic_store_explicit(&op->status, status, memory_order_release);
+}
+
+/* The host functions: cudaHostFn_t, void (*)(void *). */
+static void host_submit(void *arg)
+{
+	struct stream_op *op = arg;
+	if (atomic_load_explicit(&op->status, memory_order_acquire) != MOE_OK)
+		return; /* an earlier failure not yet reported: nothing more is submitted */
+	Channel *ch = op->ch;
+	pthread_mutex_lock(&ch->lock);
+	int rc = ch->c ? moe_forward_submit(ch->c, op->slot, op->layer, op->n_tokens, op->k,
+	                                    op->k_defer, op->in_dtype, op->out_dtype, op->flags)
+	               : MOE_EPEERDEAD;
+	if (rc != MOE_OK)
+		op_fail(op, rc, ch->c ? moe_last_error(ch->c) : "the channel is closed");
+	pthread_mutex_unlock(&ch->lock);
+}
+
+static void host_wait(void *arg)
+{
+	struct stream_op *op = arg;
+	Channel *ch = op->ch;
+	struct moe_slot s;
+	pthread_mutex_lock(&ch->lock);
+	if (!ch->c) {
+		pthread_mutex_unlock(&ch->lock);
+		op_fail(op, MOE_EPEERDEAD, "the channel is closed");
+		return;
+	}
+	moe_slot_view(ch->c, op->slot, &s);
+	if (atomic_load_explicit(&op->status, memory_order_acquire) == MOE_OK) {
+		struct moe_completion d;
+		int rc = moe_forward_wait(ch->c, op->slot, &d, op->timeout_ms);
+		if (rc == MOE_ETIMEDOUT)
+			moe_slot_abandon(ch->c, op->slot); /* never reused while the sidecar may write */
+		if (rc != MOE_OK) {
+			op->value = d.value;
+			op->index = d.index;
+			op_fail(op, rc, moe_last_error(ch->c));
+		} else {
+			op->completions++;
+		}
+	}
+	if (atomic_load_explicit(&op->status, memory_order_acquire) != MOE_OK)
+		memset(s.output, 0, (size_t)op->n_tokens * moe_info(ch->c)->hidden *
+		                        moe_dtype_size(op->out_dtype));
+	pthread_mutex_unlock(&ch->lock);
+}
+
+static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = {"socket",     "max_tokens",  "hidden",       "top_k", "n_slots",
+	                         "timeout_ms", "client_name", "expect_model", NULL};
+	const char *socket = NULL, *name = NULL, *expect = NULL;
+	unsigned max_tokens = 0, hidden = 0, top_k = 0, n_slots = 0;
+	int timeout_ms = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zIIIIizz", kwlist, &socket, &max_tokens,
+	                                 &hidden, &top_k, &n_slots, &timeout_ms, &name, &expect))
+		return -1;
+	if (self->c) {
+		PyErr_SetString(PyExc_RuntimeError, "Channel already connected");
+		return -1;
+	}
+	struct moe_connect_opts o;
+	memset(&o, 0, sizeof(o));
+	o.socket_path = socket;
+	o.max_tokens = max_tokens;
+	o.hidden = hidden;
+	o.top_k = top_k;
+	o.n_slots = n_slots;
+	o.timeout_ms = timeout_ms;
+	o.client_name = name;
+	o.expect_model = expect;
+	struct moe_client *c = NULL;
+	int rc;
+	char why[256];
+	Py_BEGIN_ALLOW_THREADS rc = moe_connect(&o, &c);
+	snprintf(why, sizeof(why), "%s", moe_connect_error());
+	Py_END_ALLOW_THREADS if (rc != MOE_OK)
+	{
+		raise_status(rc, why, 0, 0);
+		return -1;
+	}
+	pthread_mutex_init(&self->lock, NULL);
+	self->c = c;
+	snprintf(self->socket, sizeof(self->socket), "%s", socket ? socket : "");
+	return 0;
+}
+
+static void Channel_dealloc(Channel *self)
+{
+	if (self->c)
+		moe_close(self->c);
+	self->c = NULL;
+	struct stream_op *op = self->ops;
+	while (op) {
+		struct stream_op *next = op->next;
+		free(op);
+		op = next;
+	}
+	PyTypeObject *tp = Py_TYPE((PyObject *)self);
+	freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+	tp_free(self);
+	Py_DECREF(tp);
+}
+
+static struct moe_client *live(Channel *self)
+{
+	if (!self->c)
+		raise_status(MOE_EINVAL, "the channel is closed", 0, 0);
+	return self->c;
+}
+
+static PyObject *Channel_close(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	if (self->exports > 0) {
+		PyErr_Format(PyExc_BufferError,
+		             "cannot close the channel: %zd slot views still exported", self->exports);
+		return NULL;
+	}
+	struct moe_client *c = self->c;
+	Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->lock);
+	self->c = NULL;
+	pthread_mutex_unlock(&self->lock);
+	Py_END_ALLOW_THREADS if (c) moe_close(c);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Channel_closed(Channel *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(self->c == NULL);
+}
+
+static PyObject *Channel_info(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	struct moe_client *c = live(self);
+	if (!c)
+		return NULL;
+	const struct moe_info *i = moe_info(c);
+	PyObject *layers = PyList_New(0);
+	if (!layers)
+		return NULL;
+	int32_t ids[1024];
+	int n = i->n_moe_layers ? moe_model_layers(c, ids, 1024) : 0;
+	for (int l = 0; l < n && l < 1024; l++) {
+		PyObject *v = PyLong_FromLong(ids[l]);
+		if (!v || PyList_Append(layers, v) < 0) {
+			Py_XDECREF(v);
+			Py_DECREF(layers);
+			return NULL;
+		}
+		Py_DECREF(v);
+	}
+	return Py_BuildValue(
+	    "{sIsIsIsIsIsIs(II)sKsIsIsIsNsIsIsIsIsssssI}", "max_tokens", i->max_tokens, "hidden",
+	    i->hidden, "top_k", i->top_k, "n_slots", i->n_slots, "dtype_mask", i->dtype_mask,
+	    "sidecar_pid", i->sidecar_pid, "abi", (unsigned)i->abi_major, (unsigned)i->abi_minor,
+	    "channel_bytes", (unsigned long long)i->channel_bytes, "n_layers", i->n_layers,
+	    "n_moe_layers", i->n_moe_layers, "first_moe_layer", i->first_moe_layer, "moe_layers",
+	    layers, "n_experts", i->n_experts, "model_top_k", i->model_top_k, "model_hidden",
+	    i->model_hidden, "expert_ffn", i->expert_ffn, "model_name", i->model_name, "fingerprint",
+	    i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX);
+}
+
+static PyObject *Channel_region(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	struct moe_client *c = live(self);
+	if (!c)
+		return NULL;
+	void *base;
+	size_t bytes;
+	moe_channel_region(c, &base, &bytes);
+	return Py_BuildValue("(Kn)", (unsigned long long)(uintptr_t)base, (Py_ssize_t)bytes);
+}
+
+static PyObject *Channel_slot_layout(Channel *self, PyObject *args)
+{
+	unsigned index;
+	if (!PyArg_ParseTuple(args, "I", &index))
+		return NULL;
+	struct moe_client *c = live(self);
+	if (!c)
+		return NULL;
+	struct moe_slot s;
+	if (moe_slot_view(c, index, &s) != MOE_OK) {
+		PyErr_Format(PyExc_ValueError, "slot %u out of range (0..%u)", index,
+		             moe_info(c)->n_slots - 1);
+		return NULL;
+	}
+	return Py_BuildValue("{s(nn)s(nn)s(nn)s(nn)}", "input", (Py_ssize_t)s.input_off,
+	                     (Py_ssize_t)s.input_bytes, "ids", (Py_ssize_t)s.ids_off,
+	                     (Py_ssize_t)s.ids_bytes, "weights", (Py_ssize_t)s.weights_off,
+	                     (Py_ssize_t)s.weights_bytes, "output", (Py_ssize_t)s.output_off,
+	                     (Py_ssize_t)s.output_bytes);
+}
+
+/* Runs call(c, a) under the mutex with the GIL released; its status, and the sentence copied
+ * under the mutex. */
+#define LOCKED_CALL(self, rc, why, expr)                                                           \
+	do {                                                                                       \
+		Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&(self)->lock);                          \
+		if ((self)->c) {                                                                   \
+			struct moe_client *c_ = (self)->c;                                         \
+			(rc) = (expr);                                                             \
+			snprintf((why), sizeof(why), "%s", moe_last_error(c_));                    \
+		} else {                                                                           \
+			(rc) = MOE_EINVAL;                                                         \
+			snprintf((why), sizeof(why), "the channel is closed");                     \
+		}                                                                                  \
+		pthread_mutex_unlock(&(self)->lock);                                               \
+		Py_END_ALLOW_THREADS                                                               \
+	} while (0)
+
+static PyObject *Channel_acquire(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	struct moe_slot s;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_slot_acquire(c_, &s));
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	return PyLong_FromUnsignedLong(s.index);
+}
+
+static PyObject *Channel_release(Channel *self, PyObject *args)
+{
+	unsigned slot;
+	int abandon = 0;
+	if (!PyArg_ParseTuple(args, "I|p", &slot, &abandon))
+		return NULL;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why,
+	            abandon ? moe_slot_abandon(c_, slot) : moe_slot_release(c_, slot));
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Channel_submit(Channel *self, PyObject *args)
+{
+	unsigned slot, n_tokens, k, k_defer, in_dt, out_dt, flags;
+	int layer;
+	if (!PyArg_ParseTuple(args, "IiIIIIII", &slot, &layer, &n_tokens, &k, &k_defer, &in_dt,
+	                      &out_dt, &flags))
+		return NULL;
+	if (k > 0xffff || in_dt > 0xff || out_dt > 0xff || flags > 0xffff) {
+		PyErr_SetString(PyExc_ValueError, "k, dtype or flags out of range");
+		return NULL;
+	}
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why,
+	            moe_forward_submit(c_, slot, layer, n_tokens, (uint16_t)k, k_defer,
+	                               (uint8_t)in_dt, (uint8_t)out_dt, (uint16_t)flags));
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	Py_RETURN_NONE;
+}
+
+/* wait(slot, timeout_ms, poll=False) -> completion value (FORWARD: experts deferred), or None
+ * when polling and not done. */
+static PyObject *Channel_wait(Channel *self, PyObject *args)
+{
+	unsigned slot;
+	int timeout_ms, poll = 0;
+	if (!PyArg_ParseTuple(args, "Ii|p", &slot, &timeout_ms, &poll))
+		return NULL;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	struct moe_completion d;
+	memset(&d, 0, sizeof(d));
+	LOCKED_CALL(self, rc, why,
+	            poll ? moe_forward_poll(c_, slot, &d) : moe_forward_wait(c_, slot, &d, timeout_ms));
+	if (poll && rc == MOE_EAGAIN)
+		Py_RETURN_NONE;
+	if (rc != MOE_OK)
+		return raise_status(rc, why, d.value, d.index);
+	return PyLong_FromUnsignedLong(d.value);
+}
+
+static PyObject *Channel_ping(Channel *self, PyObject *args)
+{
+	int timeout_ms;
+	if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+		return NULL;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_ping(c_, timeout_ms));
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	Py_RETURN_NONE;
+}
+
+/* Copies a contiguous buffer argument (bytes-like) for the duration of a call. */
+static int get_buffer(PyObject *o, Py_buffer *b, const char *what)
+{
+	if (PyObject_GetBuffer(o, b, PyBUF_SIMPLE) < 0) {
+		PyErr_Format(PyExc_TypeError, "%s must be a contiguous bytes-like object", what);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *Channel_prefetch(Channel *self, PyObject *args)
+{
+	int layer, timeout_ms;
+	PyObject *ids_o, *scores_o;
+	if (!PyArg_ParseTuple(args, "iOOi", &layer, &ids_o, &scores_o, &timeout_ms))
+		return NULL;
+	Py_buffer ids = {0}, scores;
+	if (ids_o != Py_None && get_buffer(ids_o, &ids, "ids") < 0)
+		return NULL;
+	if (get_buffer(scores_o, &scores, "scores") < 0) {
+		if (ids.obj)
+			PyBuffer_Release(&ids);
+		return NULL;
+	}
+	const uint32_t n = (uint32_t)(scores.len / 4);
+	if (ids.obj && ids.len != scores.len) {
+		PyBuffer_Release(&ids);
+		PyBuffer_Release(&scores);
+		PyErr_SetString(PyExc_ValueError, "ids and scores differ in length");
+		return NULL;
+	}
+	int rc;
+	uint32_t queued = 0;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why,
+	            moe_prefetch(c_, layer, ids.obj ? (const int32_t *)ids.buf : NULL,
+	                         (const float *)scores.buf, n, &queued, timeout_ms));
+	if (ids.obj)
+		PyBuffer_Release(&ids);
+	PyBuffer_Release(&scores);
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	return PyLong_FromUnsignedLong(queued);
+}
+
+static PyObject *Channel_set_gpu_mask(Channel *self, PyObject *args)
+{
+	int layer, timeout_ms;
+	PyObject *bits_o;
+	if (!PyArg_ParseTuple(args, "iOi", &layer, &bits_o, &timeout_ms))
+		return NULL;
+	Py_buffer bits;
+	if (get_buffer(bits_o, &bits, "mask") < 0)
+		return NULL;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why,
+	            moe_set_gpu_mask(c_, layer, bits.buf, (size_t)bits.len, timeout_ms));
+	PyBuffer_Release(&bits);
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	Py_RETURN_NONE;
+}
+
+static PyObject *Channel_stats_json(Channel *self, PyObject *args)
+{
+	int timeout_ms;
+	if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+		return NULL;
+	size_t cap = 1u << 20;
+	char *buf = malloc(cap);
+	if (!buf)
+		return PyErr_NoMemory();
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_stats_json(c_, buf, cap, timeout_ms));
+	PyObject *r = rc == MOE_OK ? PyUnicode_FromString(buf) : raise_status(rc, why, 0, 0);
+	free(buf);
+	return r;
+}
+
+/* ---- Stream ops ----------------------------------------------------------------------- */
+
+static PyObject *Channel_stream_op(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	if (!live(self))
+		return NULL;
+	struct stream_op *op = calloc(1, sizeof(*op));
+	if (!op)
+		return PyErr_NoMemory();
+	op->ch = self;
+	op->next = self->ops;
+	self->ops = op;
+	return PyLong_FromVoidPtr(op);
+}
+
+static struct stream_op *find_op(Channel *self, PyObject *addr)
+{
+	void *p = PyLong_AsVoidPtr(addr);
+	if (!p && PyErr_Occurred())
+		return NULL;
+	for (struct stream_op *op = self->ops; op; op = op->next)
+		if (op == p)
+			return op;
+	PyErr_SetString(PyExc_ValueError, "not a stream op of this channel");
+	return NULL;
+}
+
+static PyObject *Channel_stream_op_set(Channel *self, PyObject *args)
+{
+	PyObject *addr;
+	unsigned slot, n_tokens, k, k_defer, in_dt, out_dt, flags;
+	int layer, timeout_ms;
+	if (!PyArg_ParseTuple(args, "OIiIIIIIIi", &addr, &slot, &layer, &n_tokens, &k, &k_defer,
+	                      &in_dt, &out_dt, &flags, &timeout_ms))
+		return NULL;
+	struct stream_op *op = find_op(self, addr);
+	if (!op)
+		return NULL;
+	if (k > 0xffff || in_dt >= MOE_DTYPE_COUNT || out_dt >= MOE_DTYPE_COUNT || flags > 0xffff) {
+		PyErr_SetString(PyExc_ValueError, "k, dtype or flags out of range");
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->lock); /* not while a host fn reads it */
+	op->slot = slot;
+	op->layer = layer;
+	op->n_tokens = n_tokens;
+	op->k = (uint16_t)k;
+	op->k_defer = k_defer;
+	op->in_dtype = (uint8_t)in_dt;
+	op->out_dtype = (uint8_t)out_dt;
+	op->flags = (uint16_t)flags;
+	op->timeout_ms = timeout_ms;
+	pthread_mutex_unlock(&self->lock);
+	Py_END_ALLOW_THREADS Py_RETURN_NONE;
+}
+
+/* stream_op_take(addr) -> (status, message, value, index, completions); resets the status. */
+static PyObject *Channel_stream_op_take(Channel *self, PyObject *args)
+{
+	PyObject *addr;
+	if (!PyArg_ParseTuple(args, "O", &addr))
+		return NULL;
+	struct stream_op *op = find_op(self, addr);
+	if (!op)
+		return NULL;
+	int status;
+	char message[sizeof(op->message)];
+	uint32_t value, index;
+	unsigned long long completions;
+	Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->lock);
+	status = atomic_load_explicit(&op->status, memory_order_acquire);
+	memcpy(message, op->message, sizeof(message));
+	value = op->value;
+	index = op->index;
+	completions = op->completions;
+	atomic_store_explicit(&op->status, MOE_OK, memory_order_release);
+	op->message[0] = '\0';
+	pthread_mutex_unlock(&self->lock);
+	Py_END_ALLOW_THREADS return Py_BuildValue("(isIIK)", status, message, value, index,
+	                                          completions);
+}
+
+/* ---- Area: a writable range of the mapping, through the buffer protocol -------------------- */
+
+typedef struct {
+	PyObject_HEAD
+	Channel *ch;
+	Py_ssize_t offset, length;
+} Area;
+
+static PyObject *Channel_area(Channel *self, PyObject *args);
+
+static int Area_getbuffer(Area *self, Py_buffer *view, int flags)
+{
+	if (!self->ch->c) {
+		PyErr_SetString(PyExc_BufferError, "the channel is closed");
+		return -1;
+	}
+	void *base;
+	size_t bytes;
+	moe_channel_region(self->ch->c, &base, &bytes);
+	if (PyBuffer_FillInfo(view, (PyObject *)self, (char *)base + self->offset, self->length, 0,
+	                      flags) < 0)
+		return -1;
+	self->ch->exports++;
+	return 0;
+}
+
+static void Area_releasebuffer(Area *self, Py_buffer *view)
+{
+	(void)view;
+	self->ch->exports--;
+}
+
+static void Area_dealloc(Area *self)
+{
+	Py_XDECREF((PyObject *)self->ch);
+	PyTypeObject *tp = Py_TYPE((PyObject *)self);
+	freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+	tp_free(self);
+	Py_DECREF(tp);
+}
+
+static PyType_Slot area_slots[] = {
+    {Py_bf_getbuffer, Area_getbuffer},
+    {Py_bf_releasebuffer, Area_releasebuffer},
+    {Py_tp_dealloc, Area_dealloc},
+    {Py_tp_doc, "A writable range of a channel's shared mapping (buffer protocol)."},
+    {0, NULL},
+};
+static PyType_Spec area_spec = {"moe_sidecar._native.Area", sizeof(Area), 0, Py_TPFLAGS_DEFAULT,
+                                area_slots};
+static PyObject *area_type;
+
+static PyObject *Channel_area(Channel *self, PyObject *args)
+{
+	Py_ssize_t offset, length;
+	if (!PyArg_ParseTuple(args, "nn", &offset, &length))
+		return NULL;
+	struct moe_client *c = live(self);
+	if (!c)
+		return NULL;
+	void *base;
+	size_t bytes;
+	moe_channel_region(c, &base, &bytes);
+	if (offset < 0 || length < 0 || (size_t)offset > bytes || (size_t)length > bytes - offset) {
+		PyErr_Format(PyExc_ValueError, "range [%zd, +%zd) is outside the %zu-byte channel",
+		             offset, length, bytes);
+		return NULL;
+	}
+	PyTypeObject *tp = (PyTypeObject *)area_type;
+	allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+	Area *a = (Area *)alloc(tp, 0);
+	if (!a)
+		return NULL;
+	Py_INCREF((PyObject *)self);
+	a->ch = self;
+	a->offset = offset;
+	a->length = length;
+	return (PyObject *)a;
+}
+
+/* ---- module --------------------------------------------------------------------------- */
+
+static PyMethodDef channel_methods[] = {
+    {"close", (PyCFunction)Channel_close, METH_NOARGS, "Unmap and disconnect."},
+    {"info", (PyCFunction)Channel_info, METH_NOARGS, "What was negotiated and what is served."},
+    {"region", (PyCFunction)Channel_region, METH_NOARGS, "(address, bytes) of the mapping."},
+    {"slot_layout", (PyCFunction)Channel_slot_layout, METH_VARARGS,
+     "slot_layout(i) -> {area: (offset, bytes)}."},
+    {"area", (PyCFunction)Channel_area, METH_VARARGS, "area(offset, length) -> Area."},
+    {"acquire", (PyCFunction)Channel_acquire, METH_NOARGS, "Take a free slot."},
+    {"release", (PyCFunction)Channel_release, METH_VARARGS,
+     "release(slot, abandon=False): give a slot back (abandon: even in flight)."},
+    {"submit", (PyCFunction)Channel_submit, METH_VARARGS,
+     "submit(slot, layer, n_tokens, k, k_defer, in_dtype, out_dtype, flags)."},
+    {"wait", (PyCFunction)Channel_wait, METH_VARARGS,
+     "wait(slot, timeout_ms, poll=False) -> value (None: polling, not done)."},
+    {"ping", (PyCFunction)Channel_ping, METH_VARARGS, "ping(timeout_ms)."},
+    {"prefetch", (PyCFunction)Channel_prefetch, METH_VARARGS,
+     "prefetch(layer, ids|None, scores, timeout_ms) -> loads started."},
+    {"set_gpu_mask", (PyCFunction)Channel_set_gpu_mask, METH_VARARGS,
+     "set_gpu_mask(layer, bits, timeout_ms)."},
+    {"stats_json", (PyCFunction)Channel_stats_json, METH_VARARGS, "stats_json(timeout_ms)."},
+    {"stream_op", (PyCFunction)Channel_stream_op, METH_NOARGS,
+     "A new stream op (its address, for cudaLaunchHostFunc's userData)."},
+    {"stream_op_set", (PyCFunction)Channel_stream_op_set, METH_VARARGS,
+     "stream_op_set(op, slot, layer, n_tokens, k, k_defer, in_dtype, out_dtype, flags, "
+     "timeout_ms)."},
+    {"stream_op_take", (PyCFunction)Channel_stream_op_take, METH_VARARGS,
+     "stream_op_take(op) -> (status, message, value, index, completions), status reset."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef channel_getset[] = {
+    {"closed", (getter)Channel_closed, NULL, "True after close().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot channel_slots[] = {
+    {Py_tp_init, Channel_init},
+    {Py_tp_dealloc, Channel_dealloc},
+    {Py_tp_methods, channel_methods},
+    {Py_tp_getset, channel_getset},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_doc, "Channel(socket=None, max_tokens=0, hidden=0, top_k=0, n_slots=0, "
+                "timeout_ms=0, client_name=None, expect_model=None): one libmoe_client "
+                "connection."},
+    {0, NULL},
+};
+static PyType_Spec channel_spec = {"moe_sidecar._native.Channel", sizeof(Channel), 0,
+                                   Py_TPFLAGS_DEFAULT, channel_slots};
+
+static PyObject *mod_set_error_factory(PyObject *mod, PyObject *f)
+{
+	(void)mod;
+	if (!PyCallable_Check(f)) {
+		PyErr_SetString(PyExc_TypeError, "the error factory must be callable");
+		return NULL;
+	}
+	PyObject *old = error_factory;
+	Py_INCREF(f);
+	error_factory = f;
+	Py_XDECREF(old);
+	Py_RETURN_NONE;
+}
+
+static PyObject *mod_fingerprint(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	const char *path;
+	if (!PyArg_ParseTuple(args, "s", &path))
+		return NULL;
+	char hex[33], why[320];
+	int rc;
+	Py_BEGIN_ALLOW_THREADS rc = moe_model_fingerprint(path, hex);
+	snprintf(why, sizeof(why), "%s", moe_connect_error());
+	Py_END_ALLOW_THREADS if (rc != MOE_OK) return raise_status(rc, why, 0, 0);
+	return PyUnicode_FromString(hex);
+}
+
+static PyObject *mod_strerror(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	int status;
+	if (!PyArg_ParseTuple(args, "i", &status))
+		return NULL;
+	return PyUnicode_FromString(moe_strerror(status));
+}
+
+static PyObject *mod_host_functions(PyObject *mod, PyObject *noargs)
+{
+	(void)mod;
+	(void)noargs;
+	return Py_BuildValue("(NN)", PyLong_FromVoidPtr((void *)(uintptr_t)host_submit),
+	                     PyLong_FromVoidPtr((void *)(uintptr_t)host_wait));
+}
+
+static PyMethodDef module_methods[] = {
+    {"_set_error_factory", mod_set_error_factory, METH_O, NULL},
+    {"fingerprint", mod_fingerprint, METH_VARARGS,
+     "fingerprint(path) -> the model fingerprint (32 hex digits) of a model path."},
+    {"strerror", mod_strerror, METH_VARARGS, "strerror(status) -> name."},
+    {"host_functions", mod_host_functions, METH_NOARGS,
+     "(host_submit, host_wait) addresses, for cudaLaunchHostFunc."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int module_exec(PyObject *m)
+{
+	PyObject *ct = PyType_FromSpec(&channel_spec);
+	if (!ct || PyModule_AddObject(m, "Channel", ct) < 0) {
+		Py_XDECREF(ct);
+		return -1;
+	}
+	area_type = PyType_FromSpec(&area_spec);
+	if (!area_type)
+		return -1;
+	Py_INCREF(area_type);
+	if (PyModule_AddObject(m, "Area", area_type) < 0) {
+		Py_DECREF(area_type);
+		return -1;
+	}
+	struct {
+		const char *name;
+		long v;
+	} consts[] = {
+	    {"ABI_MAJOR", MOE_ABI_MAJOR},
+	    {"ABI_MINOR", MOE_ABI_MINOR},
+	    {"DTYPE_F32", MOE_DTYPE_F32},
+	    {"DTYPE_F16", MOE_DTYPE_F16},
+	    {"DTYPE_BF16", MOE_DTYPE_BF16},
+	    {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
+	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
+	};
+	for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++)
+		if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)
+			return -1;
+	PyObject *statuses = PyDict_New();
+	if (!statuses)
+		return -1;
+	for (int s = 0; s >= -64; s--) {
+		const char *name = moe_strerror(s);
+		if (strcmp(name, "unknown status") == 0)
+			continue;
+		PyObject *k = PyLong_FromLong(s), *v = PyUnicode_FromString(name);
+		if (!k || !v || PyDict_SetItem(statuses, k, v) < 0) {
+			Py_XDECREF(k);
+			Py_XDECREF(v);
+			Py_DECREF(statuses);
+			return -1;
+		}
+		Py_DECREF(k);
+		Py_DECREF(v);
+	}
+	return PyModule_AddObject(m, "STATUS_TEXT", statuses);
+}
+
+static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "moe_sidecar._native", "libmoe_client for Python (moe_sidecar).", 0,
+    module_methods,        module_slots,          NULL,
+    NULL,                  NULL};
+
+PyMODINIT_FUNC PyInit__native(void)
+{
+	return PyModuleDef_Init(&module_def);
+}

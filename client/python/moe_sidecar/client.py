@@ -1,0 +1,416 @@
+"""moe_sidecar.Client: one channel to a running `moe-sidecar serve`, for numpy and torch.
+
+Hidden states are [n_tokens, hidden] rows of float32, float16 or bfloat16 — numpy arrays
+(bfloat16 through ml_dtypes, when installed) or torch tensors on any device (CUDA tensors are
+copied through the channel synchronously here; KTMoEWrapper has the stream-ordered path).
+Expert ids are [n_tokens, k] integers (-1 = skip), weights [n_tokens, k] floats. Results come
+back in the input's type, dtype and device.
+
+The slot areas are exposed without copies: Client.slot(i).input(...) and friends are numpy or
+torch views of the shared mapping. close() refuses while such views are alive (as mmap does).
+
+Not thread-safe beyond what the C extension serialises: one Client per engine thread, or a
+lock around it.
+"""
+
+import json
+
+from . import _native
+from .errors import InvalidError, PeerDeadError, TimeoutError, make_error
+
+_native._set_error_factory(make_error)
+
+DTYPE_F32, DTYPE_F16, DTYPE_BF16 = _native.DTYPE_F32, _native.DTYPE_F16, _native.DTYPE_BF16
+FWD_DROP_DEFERRED = _native.FWD_DROP_DEFERRED
+FWD_DEFER_COLD = _native.FWD_DEFER_COLD
+_ITEMSIZE = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
+
+
+def fingerprint(path):
+    """The model fingerprint (32 hex digits) of a model path, as a sidecar serving it reports."""
+    return _native.fingerprint(str(path))
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def _is_torch(x):
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _dtype_code(x, what):
+    """The wire dtype of an array or tensor of activations."""
+    if _is_torch(x):
+        t = _torch()
+        table = {t.float32: DTYPE_F32, t.float16: DTYPE_F16, t.bfloat16: DTYPE_BF16}
+        code = table.get(x.dtype)
+    else:
+        name = getattr(getattr(x, "dtype", None), "name", None)
+        code = {"float32": DTYPE_F32, "float16": DTYPE_F16, "bfloat16": DTYPE_BF16}.get(name)
+    if code is None:
+        raise ValueError(
+            f"{what}: dtype {getattr(x, 'dtype', type(x).__name__)} is not one of "
+            "float32, float16, bfloat16"
+        )
+    return code
+
+
+def _shape(x):
+    return tuple(int(d) for d in x.shape)
+
+
+class Pending:
+    """A FORWARD in flight on one slot: wait() or poll() for its output."""
+
+    def __init__(self, client, slot, n_tokens, like, out):
+        self._client, self.slot, self.n_tokens = client, slot, n_tokens
+        self._like, self._out = like, out
+        self.n_deferred = None
+
+    def wait(self, timeout_ms=None):
+        """The output, waiting at most timeout_ms (default: the client's). A TimeoutError
+        leaves the request in flight: wait again, or abandon()."""
+        c = self._client
+        t = c.timeout_ms if timeout_ms is None else timeout_ms
+        try:
+            self.n_deferred = c._ch.wait(self.slot, int(t))
+        except Exception as e:
+            if not isinstance(e, TimeoutError):  # a timeout leaves it collectable
+                c._give_back(self.slot)
+            raise
+        return self._finish()
+
+    def poll(self):
+        """The output if the request completed, else None."""
+        try:
+            v = self._client._ch.wait(self.slot, 0, True)
+        except Exception:
+            self._client._give_back(self.slot)
+            raise
+        if v is None:
+            return None
+        self.n_deferred = v
+        return self._finish()
+
+    def abandon(self):
+        """Gives the request up; its slot comes back when its completion arrives."""
+        self._client._ch.release(self.slot, True)
+
+    def _finish(self):
+        c = self._client
+        try:
+            return c._read_output(self.slot, self.n_tokens, self._like, self._out)
+        finally:
+            c._ch.release(self.slot)
+
+
+class SlotView:
+    """Zero-copy views of one slot's areas (numpy, or torch with torch=True)."""
+
+    def __init__(self, client, index):
+        self._c, self.index = client, index
+        self.layout = client._layout[index]
+
+    def _view(self, area, dtype, torch):
+        off, nbytes = self.layout[area]
+        buf = self._c._ch.area(off, nbytes)
+        if torch:
+            t = _torch()
+            tdt = {"float32": t.float32, "float16": t.float16, "bfloat16": t.bfloat16,
+                   "int32": t.int32}[dtype]
+            return t.frombuffer(buf, dtype=tdt)
+        import numpy as np
+
+        if dtype == "bfloat16":
+            import ml_dtypes
+
+            return np.frombuffer(buf, dtype=ml_dtypes.bfloat16)
+        return np.frombuffer(buf, dtype=dtype)
+
+    def input(self, dtype="float32", torch=False):
+        return self._view("input", dtype, torch)
+
+    def output(self, dtype="float32", torch=False):
+        return self._view("output", dtype, torch)
+
+    def expert_ids(self, torch=False):
+        return self._view("ids", "int32", torch)
+
+    def expert_weights(self, torch=False):
+        return self._view("weights", "float32", torch)
+
+
+class Client:
+    """A connection to `moe-sidecar serve`. See the module's docstring.
+
+    socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...).
+    max_tokens/top_k/n_slots: channel limits (0: the sidecar's defaults). timeout_ms: default
+    wait for each request. expect_model: a fingerprint (or, with model_path, computed from it)
+    the served model must have.
+    """
+
+    def __init__(self, socket=None, *, max_tokens=0, top_k=0, n_slots=4, timeout_ms=30000,
+                 connect_timeout_ms=5000, name="moe_sidecar.py", expect_model=None,
+                 model_path=None):
+        if model_path is not None:
+            expect_model = fingerprint(model_path)
+        self.socket = socket
+        self.timeout_ms = int(timeout_ms)
+        self._ch = _native.Channel(socket, int(max_tokens), 0, int(top_k), int(n_slots),
+                                   int(connect_timeout_ms), name, expect_model)
+        self.info = self._ch.info()
+        self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
+        self._cuda_registered = None
+
+    # ---- what is served ------------------------------------------------------------------
+    @property
+    def hidden(self):
+        return self.info["hidden"]
+
+    @property
+    def max_tokens(self):
+        return self.info["max_tokens"]
+
+    @property
+    def top_k(self):
+        return self.info["top_k"]
+
+    @property
+    def n_experts(self):
+        return self.info["n_experts"]
+
+    @property
+    def moe_layers(self):
+        return list(self.info["moe_layers"])
+
+    @property
+    def fingerprint(self):
+        return self.info["fingerprint"]
+
+    @property
+    def closed(self):
+        return self._ch.closed
+
+    def region(self):
+        """(address, bytes) of the channel's shared mapping (for cudaHostRegister)."""
+        return self._ch.region()
+
+    def slot(self, index):
+        """Zero-copy views of slot `index` (see SlotView)."""
+        if not 0 <= index < len(self._layout):
+            raise ValueError(f"slot {index} out of range (0..{len(self._layout) - 1})")
+        return SlotView(self, index)
+
+    # ---- requests --------------------------------------------------------------------------
+    def _check_forward_args(self, layer, hidden, ids, weights, k_defer):
+        if not isinstance(layer, int) or layer < 0:
+            raise ValueError(f"layer: {layer!r} is not a block index")
+        if layer not in self.info["moe_layers"]:
+            raise ValueError(
+                f"layer: {layer} is not an MoE layer of the served model "
+                f"({self.info['model_name']}: {self.info['moe_layers'][:8]}...)"
+            )
+        hs, is_, ws = _shape(hidden), _shape(ids), _shape(weights)
+        if len(hs) != 2 or hs[1] != self.hidden:
+            raise ValueError(f"hidden: shape {hs}, want [n_tokens, {self.hidden}]")
+        n = hs[0]
+        if n == 0:
+            raise ValueError("hidden: no tokens")
+        if len(is_) != 2 or is_[0] != n:
+            raise ValueError(f"ids: shape {is_}, want [{n}, k]")
+        k = is_[1]
+        if not 1 <= k <= self.top_k:
+            raise ValueError(f"ids: k = {k} ids per token, the channel takes 1..{self.top_k}")
+        if ws != is_:
+            raise ValueError(f"weights: shape {ws}, want {is_} like ids")
+        if not 0 <= k_defer <= k:
+            raise ValueError(f"k_defer: {k_defer} not in 0..{k}")
+        return n, k
+
+    def _write_inputs(self, slot, hidden, ids, weights, n, k):
+        v = SlotView(self, slot)
+        code = _dtype_code(hidden, "hidden")
+        dname = {DTYPE_F32: "float32", DTYPE_F16: "float16", DTYPE_BF16: "bfloat16"}[code]
+        H = self.hidden
+        if _is_torch(hidden):
+            t = _torch()
+            v.input(dname, torch=True)[: n * H].view(n, H).copy_(hidden)
+            v.expert_ids(torch=True)[: n * k].view(n, k).copy_(t.as_tensor(ids).to(t.int32))
+            v.expert_weights(torch=True)[: n * k].view(n, k).copy_(
+                t.as_tensor(weights).to(t.float32))
+        else:
+            import numpy as np
+
+            v.input(dname)[: n * H].reshape(n, H)[...] = hidden
+            v.expert_ids()[: n * k].reshape(n, k)[...] = np.asarray(ids).astype(np.int32)
+            v.expert_weights()[: n * k].reshape(n, k)[...] = np.asarray(weights, np.float32)
+        return code
+
+    def _read_output(self, slot, n, like, out):
+        v = SlotView(self, slot)
+        code = _dtype_code(like, "hidden")
+        dname = {DTYPE_F32: "float32", DTYPE_F16: "float16", DTYPE_BF16: "bfloat16"}[code]
+        H = self.hidden
+        if _is_torch(like):
+            src = v.output(dname, torch=True)[: n * H].view(n, H)
+            if out is None:
+                return src.to(like.device, copy=True)
+            out.copy_(src)
+            return out
+        src = v.output(dname)[: n * H].reshape(n, H)
+        if out is None:
+            return src.copy()
+        out[...] = src
+        return out
+
+    def _give_back(self, slot):
+        try:
+            self._ch.release(slot, True)
+        except Exception:
+            pass
+
+    def forward_submit(self, layer, hidden, ids, weights, k_defer=0, flags=0, out=None):
+        """Starts one MoE layer (at most max_tokens tokens) and returns a Pending at once."""
+        n, k = self._check_forward_args(layer, hidden, ids, weights, k_defer)
+        if n > self.max_tokens:
+            raise ValueError(f"hidden: {n} tokens, a request takes at most {self.max_tokens} "
+                             "(forward() splits bigger batches)")
+        slot = self._ch.acquire()
+        try:
+            code = self._write_inputs(slot, hidden, ids, weights, n, k)
+            self._ch.submit(slot, layer, n, k, k_defer, code, code, flags)
+        except BaseException:
+            self._give_back(slot)
+            raise
+        return Pending(self, slot, n, hidden, out)
+
+    def forward(self, layer, hidden, ids, weights, k_defer=0, flags=0, out=None,
+                timeout_ms=None):
+        """One MoE layer: Σ w·expert(x) over each token's ids, in hidden's type and dtype.
+        Batches above max_tokens are split (only without k_defer). k_defer: ids per token the
+        sidecar may defer into the NEXT forward on this client (0 on the last MoE layer)."""
+        n, k = self._check_forward_args(layer, hidden, ids, weights, k_defer)
+        if n <= self.max_tokens:
+            p = self.forward_submit(layer, hidden, ids, weights, k_defer, flags, out)
+            r = p.wait(timeout_ms)
+            self.last_deferred = p.n_deferred
+            return r
+        if k_defer:
+            raise ValueError(f"k_defer: {n} tokens are split into requests of "
+                             f"{self.max_tokens}; deferral needs one request per layer")
+        if out is None:
+            if _is_torch(hidden):
+                out = _torch().empty_like(hidden)
+            else:
+                import numpy as np
+
+                out = np.empty_like(hidden)
+        for s in range(0, n, self.max_tokens):
+            e = min(n, s + self.max_tokens)
+            self.forward_submit(layer, hidden[s:e], ids[s:e], weights[s:e], 0, flags,
+                                out[s:e]).wait(timeout_ms)
+        self.last_deferred = 0
+        return out
+
+    def prefetch(self, layer, ids=None, scores=None, timeout_ms=None):
+        """Lookahead hint: expert ids with scores (higher = sooner), or scores alone = one
+        router score per expert. Returns the loads started."""
+        import array
+
+        if scores is None:
+            if ids is None:
+                raise ValueError("prefetch: give ids, scores, or both")
+            scores = [1.0] * len(ids)
+        s = array.array("f", [float(x) for x in (scores.tolist() if hasattr(scores, "tolist")
+                                                  else scores)])
+        i = None
+        if ids is not None:
+            i = array.array("i", [int(x) for x in (ids.tolist() if hasattr(ids, "tolist")
+                                                    else ids)])
+            if len(i) != len(s):
+                raise ValueError(f"prefetch: {len(i)} ids but {len(s)} scores")
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        return self._ch.prefetch(int(layer), i, s, int(t))
+
+    def set_gpu_mask(self, mask, layer=-1, timeout_ms=None):
+        """The experts this client computes itself (the sidecar never loads them for it and a
+        forward naming one fails with MaskedError). mask: truth values [n_layers][n_experts]
+        for layer=-1, or [n_experts] for one block; or the packed bytes moe_set_gpu_mask takes
+        (bit e%8 of byte e//8 per block row)."""
+        E = self.n_experts
+        row = (E + 7) // 8
+        if isinstance(mask, (bytes, bytearray, memoryview)):
+            packed = bytes(mask)
+        else:
+            rows = mask.tolist() if hasattr(mask, "tolist") else list(mask)
+            if layer != -1:
+                rows = [rows]
+            packed = bytearray()
+            for r, bits in enumerate(rows):
+                bits = list(bits)
+                if len(bits) != E:
+                    raise ValueError(f"mask: row {r} has {len(bits)} entries, the model "
+                                     f"{E} experts")
+                b = bytearray(row)
+                for e, on in enumerate(bits):
+                    if on:
+                        b[e // 8] |= 1 << (e % 8)
+                packed += b
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._ch.set_gpu_mask(int(layer), bytes(packed), int(t))
+
+    def stats(self, timeout_ms=None):
+        """The sidecar's STATS as a dict."""
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        return json.loads(self._ch.stats_json(int(t)))
+
+    def ping(self, timeout_ms=None):
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._ch.ping(int(t))
+
+    # ---- CUDA ------------------------------------------------------------------------------
+    def cuda_register(self):
+        """Registers the channel's mapping with CUDA once (page-locked, device-visible), so
+        stream copies go straight into and out of the slots. Returns the runtime wrapper."""
+        from . import _cuda
+
+        rt = _cuda.runtime()
+        if self._cuda_registered is None:
+            addr, size = self.region()
+            rt.host_register(addr, size)
+            self._cuda_registered = (rt, addr)
+        return rt
+
+    # ---- life ------------------------------------------------------------------------------
+    def close(self):
+        """Disconnects. Raises BufferError while slot views are alive."""
+        if self._ch.closed:
+            return
+        if self._cuda_registered is not None:
+            rt, addr = self._cuda_registered
+            rt.host_unregister(addr)
+            self._cuda_registered = None
+        self._ch.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        i = self.info
+        return (f"<moe_sidecar.Client {i['model_name']} {i['fingerprint'][:12]} "
+                f"layers={i['n_moe_layers']} experts={i['n_experts']} hidden={i['hidden']} "
+                f"pid={i['sidecar_pid']}{' closed' if self.closed else ''}>")
+
+
+__all__ = ["Client", "Pending", "SlotView", "fingerprint", "DTYPE_F32", "DTYPE_F16",
+           "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "PeerDeadError",
+           "InvalidError"]

@@ -1,0 +1,324 @@
+"""KTMoEWrapper: a drop-in for kt-kernel's KTMoEWrapper, backed by a moe-sidecar process.
+
+An engine that offloads experts with kt-kernel creates one wrapper per MoE layer and calls
+submit_forward(hidden, topk_ids, topk_weights, cuda_stream) / sync_forward(hidden,
+cuda_stream) (or forward). This class takes the same constructor keywords and calls, and sends
+the work to the sidecar serving the same model instead of computing in the engine's process.
+
+- All wrappers of one process share one channel (per socket), as kt's share one CPUInfer: a
+  layer's deferred experts (max_deferred_experts_per_token) arrive in the next layer's output.
+- Experts in the GPU mask (gpu_experts_mask, or the first num_gpu_experts) are the engine's:
+  they are declared to the sidecar (never loaded for this client) and contribute nothing here.
+- CUDA tensors take the stream path: the channel is registered with CUDA once; submit_forward
+  copies activations, ids and weights device→slot on the given stream and enqueues a host
+  function that submits; sync_forward enqueues one that waits, then copies slot→device on the
+  stream. No host synchronisation, fixed addresses per batch size: CUDA-graph capturable.
+  A failure inside a host function (which cannot raise) zeroes that layer's output and is
+  raised by this wrapper's next call, or by check().
+- Tensor parallelism: only TP rank 0 talks to the sidecar; other ranks' sync_forward returns
+  zeros, so the engine's all-reduce sums the CPU part once (as SGLang's kt wrapper does).
+- Accepted and documented without effect (the sidecar owns them: `moe-sidecar serve`):
+  cpuinfer_threads, threadpool_count, numa_nodes, cpu_save, method.
+"""
+
+import os
+
+from .client import DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DROP_DEFERRED, Client, fingerprint
+from .errors import RefusedError, make_error
+
+_SHARED = {}
+
+
+def shared_client(socket=None, timeout_ms=30000):
+    """The process's one Client per socket (created on first use, reconnected after a fork)."""
+    key = (socket, os.getpid())
+    c = _SHARED.get(key)
+    if c is None or c.closed:
+        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}")
+        _SHARED[key] = c
+    return c
+
+
+def _tp_rank(tp_rank):
+    if tp_rank is not None:
+        return int(tp_rank)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except ImportError:
+        pass
+    return 0
+
+
+class _StreamPath:
+    """Per-channel state of the CUDA stream path: one slot kept for stream requests (stream
+    order serialises them), its views as CUDA-registered tensors, and the host functions."""
+
+    def __init__(self, client):
+        import torch
+
+        from . import _native
+
+        self.client = client
+        self.rt = client.cuda_register()
+        self.slot = client._ch.acquire()
+        v = client.slot(self.slot)
+        self.views = {
+            "input": {d: v.input(n, torch=True) for d, n in
+                      ((DTYPE_F32, "float32"), (DTYPE_F16, "float16"), (DTYPE_BF16, "bfloat16"))},
+            "output": {d: v.output(n, torch=True) for d, n in
+                       ((DTYPE_F32, "float32"), (DTYPE_F16, "float16"),
+                        (DTYPE_BF16, "bfloat16"))},
+            "ids": v.expert_ids(torch=True),
+            "weights": v.expert_weights(torch=True),
+        }
+        self.host_submit, self.host_wait = _native.host_functions()
+        self.streams = {}
+        self.torch = torch
+
+    def stream(self, handle):
+        s = self.streams.get(handle)
+        if s is None:
+            s = self.torch.cuda.ExternalStream(handle) if handle else \
+                self.torch.cuda.current_stream()
+            self.streams[handle] = s
+        return s
+
+
+_STREAM = {}
+
+
+def _stream_path(client):
+    sp = _STREAM.get(id(client))
+    if sp is None or sp.client is not client:
+        sp = _StreamPath(client)
+        _STREAM[id(client)] = sp
+    return sp
+
+
+class KTMoEWrapper:
+    """kt-kernel's KTMoEWrapper interface over a moe-sidecar. See the module's docstring."""
+
+    _capture_batch_sizes = []
+
+    def __init__(self, layer_idx, num_experts, num_experts_per_tok, hidden_size,
+                 moe_intermediate_size, gpu_experts_mask=None, num_gpu_experts=None,
+                 cpuinfer_threads=None, threadpool_count=None, weight_path=None,
+                 chunked_prefill_size=None, cpu_save=False, max_deferred_experts_per_token=0,
+                 method=None, numa_nodes=None, swiglu_limit=None, *, socket=None,
+                 tp_rank=None, timeout_ms=30000, **ignored):
+        self.layer_idx = int(layer_idx)
+        self.num_experts = int(num_experts)
+        self.num_experts_per_tok = int(num_experts_per_tok)
+        self.hidden_size = int(hidden_size)
+        self.moe_intermediate_size = int(moe_intermediate_size)
+        self.weight_path = weight_path
+        self.chunked_prefill_size = chunked_prefill_size
+        self.timeout_ms = int(timeout_ms)
+        self.ignored = dict(cpuinfer_threads=cpuinfer_threads, threadpool_count=threadpool_count,
+                            cpu_save=cpu_save, method=method, numa_nodes=numa_nodes,
+                            swiglu_limit=swiglu_limit, **ignored)
+        self.tp_rank = _tp_rank(tp_rank)
+        self.active = self.tp_rank == 0
+        self._pending = None
+        self._ops = {}
+        self._gpu_mask = self._mask_from(gpu_experts_mask, num_gpu_experts)
+        if not self.active:
+            self.client = None
+            self.k_defer = 0
+            return
+        self.client = c = shared_client(socket, self.timeout_ms)
+        i = c.info
+        for field, want, have in (("num_experts", self.num_experts, i["n_experts"]),
+                                  ("hidden_size", self.hidden_size, i["model_hidden"]),
+                                  ("moe_intermediate_size", self.moe_intermediate_size,
+                                   i["expert_ffn"]),
+                                  ("num_experts_per_tok", self.num_experts_per_tok,
+                                   i["model_top_k"])):
+            if want != have:
+                raise ValueError(f"{field}={want}, but the sidecar serves {i['model_name']} "
+                                 f"with {have} ({c.socket or 'default socket'})")
+        if self.layer_idx not in i["moe_layers"]:
+            raise ValueError(f"layer_idx={self.layer_idx} is not an MoE layer of the served "
+                             f"model (MoE layers {i['moe_layers'][0]}..{i['moe_layers'][-1]})")
+        last = self.layer_idx == i["moe_layers"][-1]
+        self.k_defer = 0 if last else int(max_deferred_experts_per_token or 0)
+        if self.k_defer > self.num_experts_per_tok:
+            raise ValueError(f"max_deferred_experts_per_token={self.k_defer} > "
+                             f"num_experts_per_tok={self.num_experts_per_tok}")
+        if self._gpu_mask is not None:
+            c.set_gpu_mask(self._gpu_mask, layer=self.layer_idx)
+
+    def _mask_from(self, gpu_experts_mask, num_gpu_experts):
+        if gpu_experts_mask is not None:
+            m = gpu_experts_mask.tolist() if hasattr(gpu_experts_mask, "tolist") else \
+                list(gpu_experts_mask)
+            if len(m) != self.num_experts:
+                raise ValueError(f"gpu_experts_mask: {len(m)} entries for {self.num_experts} "
+                                 "experts")
+            return [bool(x) for x in m]
+        if num_gpu_experts:
+            n = int(num_gpu_experts)
+            if not 0 <= n <= self.num_experts:
+                raise ValueError(f"num_gpu_experts={n} not in 0..{self.num_experts}")
+            return [e < n for e in range(self.num_experts)]
+        return None
+
+    # ---- kt-kernel's class-level API ------------------------------------------------------
+    @classmethod
+    def set_capture_batch_sizes(cls, sizes):
+        cls._capture_batch_sizes = sorted(int(s) for s in sizes)
+
+    @classmethod
+    def get_capture_batch_sizes(cls):
+        return list(cls._capture_batch_sizes)
+
+    @classmethod
+    def clear_buffer_cache(cls):
+        pass
+
+    def load_weights(self, *args, **kwargs):
+        """Loads nothing (the sidecar serves the weights): checks that the sidecar serves the
+        model at weight_path, by fingerprint. Refuses another model with RefusedError."""
+        if not self.active or not self.weight_path:
+            return
+        want = fingerprint(self.weight_path)
+        have = self.client.fingerprint
+        if want != have:
+            raise RefusedError(-6, f"weight_path {self.weight_path} is model {want}, but the "
+                                   f"sidecar serves {self.client.info['model_name']} {have}")
+
+    def load_weights_from_tensors(self, *args, **kwargs):
+        raise NotImplementedError("moe-sidecar reads the model's files itself: start "
+                                  "`moe-sidecar serve MODEL` and call load_weights()")
+
+    # ---- forward ------------------------------------------------------------------------
+    def _cpu_ids(self, topk_ids):
+        """ids with this layer's GPU experts (and anything negative) set to -1, int32."""
+        import torch
+
+        ids = topk_ids.to(torch.int32)
+        if self._gpu_mask is not None:
+            if getattr(self, "_mask_t", None) is None or self._mask_t.device != ids.device:
+                self._mask_t = torch.tensor(self._gpu_mask, dtype=torch.bool, device=ids.device)
+            on_gpu = self._mask_t[ids.clamp(min=0).long()] & (ids >= 0)
+            ids = torch.where(on_gpu, torch.full_like(ids, -1), ids)
+        return ids
+
+    def check(self):
+        """Raises the first failure a stream host function recorded (after the stream ran)."""
+        if not self.active:
+            return
+        for op in self._ops.values():
+            status, message, value, index, _ = self.client._ch.stream_op_take(op)
+            if status != 0:
+                raise make_error(status, f"layer {self.layer_idx}: {message}", value, index)
+
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
+        if not self.active:
+            return
+        if self._pending is not None:
+            raise RuntimeError(f"layer {self.layer_idx}: submit_forward twice without "
+                               "sync_forward")
+        n = int(hidden_states.shape[0])
+        if hidden_states.is_cuda:
+            self._submit_stream(hidden_states, topk_ids, topk_weights, cuda_stream, n)
+            return
+        ids = self._cpu_ids(topk_ids)
+        if n > self.client.max_tokens:
+            self._pending = ("chunks", self.client.forward(self.layer_idx, hidden_states, ids,
+                                                           topk_weights, 0))
+            return
+        self._pending = ("cpu", self.client.forward_submit(
+            self.layer_idx, hidden_states, ids, topk_weights, self.k_defer))
+
+    def sync_forward(self, hidden_states, cuda_stream=None):
+        import torch
+
+        if not self.active:
+            return torch.zeros_like(hidden_states)
+        p, self._pending = self._pending, None
+        if p is None:
+            raise RuntimeError(f"layer {self.layer_idx}: sync_forward without submit_forward")
+        if p[0] == "cpu":
+            return p[1].wait(self.timeout_ms)
+        if p[0] == "chunks":
+            return p[1]
+        return self._sync_stream(hidden_states, cuda_stream, p)
+
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
+        self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self.sync_forward(hidden_states, cuda_stream)
+
+    # ---- the CUDA stream path ----------------------------------------------------------------
+    def _op(self, sp, n, k, k_defer, dtype, flags):
+        key = (n, k, k_defer, dtype, flags)
+        op = self._ops.get(key)
+        if op is None:
+            op = self.client._ch.stream_op()
+            self.client._ch.stream_op_set(op, sp.slot, self.layer_idx, n, k, k_defer, dtype,
+                                          dtype, flags, self.timeout_ms)
+            self._ops[key] = op
+        return op
+
+    def _submit_stream(self, hidden_states, topk_ids, topk_weights, cuda_stream, n):
+        import torch
+
+        from .client import _dtype_code
+
+        self.check()  # an earlier layer's failure surfaces here
+        sp = _stream_path(self.client)
+        H = self.client.hidden
+        if int(hidden_states.shape[1]) != H:
+            raise ValueError(f"hidden_states: shape {tuple(hidden_states.shape)}, want "
+                             f"[n_tokens, {H}]")
+        dtype = _dtype_code(hidden_states, "hidden_states")
+        k = int(topk_ids.shape[1])
+        stream = sp.stream(cuda_stream if cuda_stream is not None else
+                           torch.cuda.current_stream(hidden_states.device).cuda_stream)
+        chunk = self.client.max_tokens
+        k_defer = self.k_defer if n <= chunk else 0
+        parts = []
+        with torch.cuda.stream(stream):
+            ids = self._cpu_ids(topk_ids)
+            w = topk_weights.to(torch.float32)
+            for s in range(0, n, chunk):
+                e = min(n, s + chunk)
+                m = e - s
+                op = self._op(sp, m, k, k_defer, dtype, 0)
+                # Each chunk is copied in, submitted, waited and copied out in stream order;
+                # only the last chunk's wait is left to sync_forward.
+                sp.views["input"][dtype][: m * H].view(m, H).copy_(hidden_states[s:e],
+                                                                   non_blocking=True)
+                sp.views["ids"][: m * k].view(m, k).copy_(ids[s:e], non_blocking=True)
+                sp.views["weights"][: m * k].view(m, k).copy_(w[s:e], non_blocking=True)
+                sp.rt.launch_host_func(stream.cuda_stream, sp.host_submit, op)
+                if e < n:
+                    out = self._collect_stream(sp, stream, op, m, dtype, hidden_states.device)
+                    parts.append(out)
+                else:
+                    last = (op, m, dtype)
+        self._pending = ("stream", parts, last, stream)
+
+    def _collect_stream(self, sp, stream, op, m, dtype, device):
+        import torch
+
+        sp.rt.launch_host_func(stream.cuda_stream, sp.host_wait, op)
+        H = self.client.hidden
+        out = torch.empty((m, H), dtype=sp.views["output"][dtype].dtype, device=device)
+        out.copy_(sp.views["output"][dtype][: m * H].view(m, H), non_blocking=True)
+        return out
+
+    def _sync_stream(self, hidden_states, cuda_stream, p):
+        import torch
+
+        _, parts, (op, m, dtype), stream = p
+        sp = _stream_path(self.client)
+        with torch.cuda.stream(stream):
+            parts.append(self._collect_stream(sp, stream, op, m, dtype, hidden_states.device))
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+__all__ = ["KTMoEWrapper", "shared_client"]
