@@ -26,7 +26,9 @@
  * (_set_error_factory(callable(status, message, value, index))), falling back to RuntimeError.
  */
 #define PY_SSIZE_T_CLEAN
+#ifndef Py_LIMITED_API
 #define Py_LIMITED_API 0x030B0000
+#endif
 #include <Python.h>
 
 #include <pthread.h>

@@ -61,6 +61,18 @@ def _dtype_code(x, what):
     return code
 
 
+def _is_integer(x):
+    if _is_torch(x):
+        return not x.is_floating_point() and not x.is_complex() and x.dtype != _torch().bool
+    return getattr(getattr(x, "dtype", None), "kind", "") in "iu"
+
+
+def _is_floating(x):
+    if _is_torch(x):
+        return x.is_floating_point()
+    return getattr(getattr(x, "dtype", None), "kind", "") == "f"
+
+
 def _shape(x):
     return tuple(int(d) for d in x.shape)
 
@@ -229,6 +241,10 @@ class Client:
             raise ValueError(f"ids: k = {k} ids per token, the channel takes 1..{self.top_k}")
         if ws != is_:
             raise ValueError(f"weights: shape {ws}, want {is_} like ids")
+        if not _is_integer(ids):
+            raise ValueError(f"ids: dtype {ids.dtype} is not an integer type")
+        if not _is_floating(weights):
+            raise ValueError(f"weights: dtype {weights.dtype} is not a floating type")
         if not 0 <= k_defer <= k:
             raise ValueError(f"k_defer: {k_defer} not in 0..{k}")
         return n, k

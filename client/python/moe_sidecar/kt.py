@@ -148,8 +148,8 @@ class KTMoEWrapper:
         if self.k_defer > self.num_experts_per_tok:
             raise ValueError(f"max_deferred_experts_per_token={self.k_defer} > "
                              f"num_experts_per_tok={self.num_experts_per_tok}")
-        if self._gpu_mask is not None:
-            c.set_gpu_mask(self._gpu_mask, layer=self.layer_idx)
+        # This layer's row of the channel's mask is this wrapper's (none: every expert here).
+        c.set_gpu_mask(self._gpu_mask or [False] * self.num_experts, layer=self.layer_idx)
 
     def _mask_from(self, gpu_experts_mask, num_gpu_experts):
         if gpu_experts_mask is not None:
