@@ -3,7 +3,8 @@
  *
  * Built against CPython's limited API (3.11, abi3), so one build loads on every Python from
  * 3.11 up; it needs nothing at build time beyond Python's headers and libmoe_client's sources
- * (compiled in). numpy, torch and CUDA are the Python layer's business (the package's Python files).
+ * (compiled in). numpy, torch and CUDA are the Python layer's business (the package's Python
+ * files).
  *
  * Owns: one `Channel` per libmoe_client connection, with a mutex that serialises every call
  * on it — the Python thread's and the CUDA driver threads' running the host functions (a
@@ -62,8 +63,7 @@ static PyObject *raise_status(int status, const char *message, uint32_t value, u
 struct stream_op;
 
 typedef struct {
-	PyObject_HEAD
-	struct moe_client *c;
+	PyObject_HEAD struct moe_client *c;
 	pthread_mutex_t lock;
 	Py_ssize_t exports; /* Area buffers alive */
 	struct stream_op *ops;
@@ -128,7 +128,8 @@ static void host_wait(void *arg)
 		struct moe_completion d;
 		int rc = moe_forward_wait(ch->c, op->slot, &d, op->timeout_ms);
 		if (rc == MOE_ETIMEDOUT)
-			moe_slot_abandon(ch->c, op->slot); /* never reused while the sidecar may write */
+			moe_slot_abandon(ch->c,
+			                 op->slot); /* never reused while the sidecar may write */
 		if (rc != MOE_OK) {
 			op->value = d.value;
 			op->index = d.index;
@@ -138,8 +139,9 @@ static void host_wait(void *arg)
 		}
 	}
 	if (atomic_load_explicit(&op->status, memory_order_acquire) != MOE_OK)
-		memset(s.output, 0, (size_t)op->n_tokens * moe_info(ch->c)->hidden *
-		                        moe_dtype_size(op->out_dtype));
+		memset(s.output, 0,
+		       (size_t)op->n_tokens * moe_info(ch->c)->hidden *
+		           moe_dtype_size(op->out_dtype));
 	pthread_mutex_unlock(&ch->lock);
 }
 
@@ -212,7 +214,8 @@ static PyObject *Channel_close(Channel *self, PyObject *noargs)
 	(void)noargs;
 	if (self->exports > 0) {
 		PyErr_Format(PyExc_BufferError,
-		             "cannot close the channel: %zd slot views still exported", self->exports);
+		             "cannot close the channel: %zd slot views still exported",
+		             self->exports);
 		return NULL;
 	}
 	struct moe_client *c = self->c;
@@ -257,8 +260,8 @@ static PyObject *Channel_info(Channel *self, PyObject *noargs)
 	    "channel_bytes", (unsigned long long)i->channel_bytes, "n_layers", i->n_layers,
 	    "n_moe_layers", i->n_moe_layers, "first_moe_layer", i->first_moe_layer, "moe_layers",
 	    layers, "n_experts", i->n_experts, "model_top_k", i->model_top_k, "model_hidden",
-	    i->model_hidden, "expert_ffn", i->expert_ffn, "model_name", i->model_name, "fingerprint",
-	    i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX);
+	    i->model_hidden, "expert_ffn", i->expert_ffn, "model_name", i->model_name,
+	    "fingerprint", i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX);
 }
 
 static PyObject *Channel_region(Channel *self, PyObject *noargs)
@@ -372,7 +375,8 @@ static PyObject *Channel_wait(Channel *self, PyObject *args)
 	struct moe_completion d;
 	memset(&d, 0, sizeof(d));
 	LOCKED_CALL(self, rc, why,
-	            poll ? moe_forward_poll(c_, slot, &d) : moe_forward_wait(c_, slot, &d, timeout_ms));
+	            poll ? moe_forward_poll(c_, slot, &d)
+	                 : moe_forward_wait(c_, slot, &d, timeout_ms));
 	if (poll && rc == MOE_EAGAIN)
 		Py_RETURN_NONE;
 	if (rc != MOE_OK)
@@ -560,8 +564,7 @@ static PyObject *Channel_stream_op_take(Channel *self, PyObject *args)
 /* ---- Area: a writable range of the mapping, through the buffer protocol -------------------- */
 
 typedef struct {
-	PyObject_HEAD
-	Channel *ch;
+	PyObject_HEAD Channel *ch;
 	Py_ssize_t offset, length;
 } Area;
 
@@ -762,12 +765,9 @@ static int module_exec(PyObject *m)
 		const char *name;
 		long v;
 	} consts[] = {
-	    {"ABI_MAJOR", MOE_ABI_MAJOR},
-	    {"ABI_MINOR", MOE_ABI_MINOR},
-	    {"DTYPE_F32", MOE_DTYPE_F32},
-	    {"DTYPE_F16", MOE_DTYPE_F16},
-	    {"DTYPE_BF16", MOE_DTYPE_BF16},
-	    {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
+	    {"ABI_MAJOR", MOE_ABI_MAJOR},           {"ABI_MINOR", MOE_ABI_MINOR},
+	    {"DTYPE_F32", MOE_DTYPE_F32},           {"DTYPE_F16", MOE_DTYPE_F16},
+	    {"DTYPE_BF16", MOE_DTYPE_BF16},         {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
 	};
 	for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++)
@@ -794,10 +794,15 @@ static int module_exec(PyObject *m)
 }
 
 static PyModuleDef_Slot module_slots[] = {{Py_mod_exec, module_exec}, {0, NULL}};
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "moe_sidecar._native", "libmoe_client for Python (moe_sidecar).", 0,
-    module_methods,        module_slots,          NULL,
-    NULL,                  NULL};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT,
+                                        "moe_sidecar._native",
+                                        "libmoe_client for Python (moe_sidecar).",
+                                        0,
+                                        module_methods,
+                                        module_slots,
+                                        NULL,
+                                        NULL,
+                                        NULL};
 
 PyMODINIT_FUNC PyInit__native(void)
 {
