@@ -21,25 +21,6 @@
 #include "progress.h"
 #include "safetensors.h"
 
-const struct moe_gen_preset moe_gen_presets[] = {
-    /* name, arch, full layers, default layers, experts, top-k, shared, hidden, expert ffn,
-     * dense ffn, leading dense blocks — from each model's published config.json */
-    {"qwen3-30b-a3b", MOE_ARCH_QWEN3MOE, 48, 2, 128, 8, 0, 2048, 768, 6144, 0},
-    {"mixtral-8x7b", MOE_ARCH_MIXTRAL, 32, 2, 8, 2, 0, 4096, 14336, 14336, 0},
-    {"deepseek-v3", MOE_ARCH_DEEPSEEK, 61, 2, 256, 8, 1, 7168, 2048, 18432, 3},
-    {"gpt-oss-20b", MOE_ARCH_GPT_OSS, 24, 2, 32, 4, 0, 2880, 2880, 2880, 0},
-    {"olmoe", MOE_ARCH_OLMOE, 16, 2, 64, 8, 0, 2048, 1024, 1024, 0},
-    {NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-};
-
-const struct moe_gen_preset *moe_gen_preset_find(const char *name)
-{
-	for (const struct moe_gen_preset *p = moe_gen_presets; p->name; p++)
-		if (!strcmp(p->name, name))
-			return p;
-	return NULL;
-}
-
 /* ---- deterministic floats ------------------------------------------------------------- */
 
 static uint64_t mix64(uint64_t x)
@@ -157,7 +138,7 @@ struct gen_writer {
 
 struct gen {
 	const struct moe_gen_options *opt;
-	const struct moe_gen_preset *preset;
+	const struct moe_model_preset *preset;
 	struct model_error *err;
 	bool gguf;
 	uint32_t n_layers, n_experts, leading_dense;
@@ -944,7 +925,7 @@ static const char *gguf_arch_key(enum moe_arch a)
 /* The architecture's llama.cpp hyperparameter keys (first split only). */
 static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 {
-	const struct moe_gen_preset *p = g->preset;
+	const struct moe_model_preset *p = g->preset;
 	const char *a = gguf_arch_key(p->arch);
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
@@ -1110,7 +1091,7 @@ static int write_text(struct gen *g, const char *path, const struct membuf *m)
 
 static int write_config(struct gen *g)
 {
-	const struct moe_gen_preset *p = g->preset;
+	const struct moe_model_preset *p = g->preset;
 	struct membuf m = {0};
 	static const char *const model_type[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
@@ -1204,13 +1185,13 @@ static int write_index(struct gen *g)
 static int check_options(struct gen *g)
 {
 	const struct moe_gen_options *o = g->opt;
-	const struct moe_gen_preset *p = g->preset;
+	const struct moe_model_preset *p = g->preset;
 	g->gguf = strlen(o->out) > 5 && !strcmp(o->out + strlen(o->out) - 5, ".gguf");
 	g->format = o->format;
 	g->hidden = o->hidden ? o->hidden : p->hidden;
 	g->ffn = o->ffn ? o->ffn : p->expert_ffn;
 	g->n_experts = o->experts ? o->experts : p->n_experts;
-	g->n_layers = o->layers ? o->layers : o->full ? p->full_layers : p->default_layers;
+	g->n_layers = o->layers ? o->layers : o->full ? p->full_layers : MOE_GEN_DEFAULT_LAYERS;
 	if (g->n_layers == 0 || g->n_layers > 4096 || g->n_experts == 0 || g->n_experts > 65536 ||
 	    g->hidden == 0 || g->ffn == 0 || g->hidden > (1u << 20) || g->ffn > (1u << 20))
 		return model_fail(g->err, "layers, experts, hidden and ffn must be positive and "
@@ -1330,11 +1311,11 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 	struct gen g = {.opt = opt, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
 		return model_fail(err, "an output path and a preset are required");
-	if (!(g.preset = moe_gen_preset_find(opt->preset)))
-		return model_fail(err,
-		                  "unknown preset '%s' (qwen3-30b-a3b mixtral-8x7b deepseek-v3 "
-		                  "gpt-oss-20b olmoe)",
-		                  opt->preset);
+	if (!(g.preset = moe_model_preset_find(opt->preset))) {
+		char names[256];
+		moe_model_preset_names(names, sizeof(names), ", ");
+		return model_fail(err, "unknown preset '%s' (%s)", opt->preset, names);
+	}
 	int rc = check_options(&g);
 	g.n_files = opt->shards ? opt->shards : 1;
 	for (uint32_t L = g.leading_dense; L < g.n_layers && !rc; L++)
