@@ -76,7 +76,7 @@ struct forward_config {
 	enum forward_source source;
 	/* RESIDENCY */
 	uint64_t mem_budget;  /* bytes of expert slots over all nodes; 0 = every expert fits */
-	const char *policy;   /* residency policy spec (policy.h); NULL = "sieve+layer" */
+	const char *policy;   /* residency policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t pin_layers;  /* first N MoE layers fully resident (appended as +pinN) */
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */

@@ -533,7 +533,7 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	r->map = map;
 	r->config = *config;
 	if (!r->config.policy)
-		r->config.policy = "sieve+layer";
+		r->config.policy = POLICY_DEFAULT_SPEC;
 	if (!r->config.chunk_bytes)
 		r->config.chunk_bytes = 1u << 20;
 	if (!r->config.queue_depth)

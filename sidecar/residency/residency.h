@@ -64,7 +64,7 @@ typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *
 struct residency_config {
 	int numa_node;              /* -1: do not bind */
 	uint64_t mem_budget;        /* bytes of slots on this node */
-	const char *policy;         /* policy spec (policy.h), default "sieve+layer" */
+	const char *policy;         /* policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t chunk_bytes;       /* reads are split into chunks of this size (default 1 MiB) */
 	uint32_t queue_depth;       /* reads in flight (default 32) */
 	uint32_t max_retries;       /* per read, for EIO/EAGAIN/timeouts (default 3) */

@@ -106,8 +106,9 @@ static const char default_policies[] =
 
 static void usage(FILE *to)
 {
-	char presets[256];
+	char presets[256], policies[160];
 	moe_model_preset_names(presets, sizeof(presets), ", ");
+	policy_spec_help(policies, sizeof(policies));
 	fprintf(to,
 	        "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
 	        "                            [--plot FILE.png] [--no-lookahead]\n"
@@ -117,11 +118,11 @@ static void usage(FILE *to)
 	        "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
 	        "N%% of all experts) and prints hit rates next to Belady's OPT.\n"
 	        "  --policies      comma-separated; default %s\n"
-	        "                  algorithms lru, sieve, sieve-heat; modifiers +layer, +pinN\n"
+	        "                  algorithms %s\n"
 	        "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
 	        "  --generate      MODEL: one of moe-gen's presets (docs/residency.md)\n"
 	        "                  %s\n",
-	        default_policies, presets);
+	        default_policies, policies, presets);
 }
 
 static int parse_double_arg(const char *opt, const char *s, double *out)

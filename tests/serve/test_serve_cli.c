@@ -1,0 +1,71 @@
+/* test_serve_cli.c — what the command line prints to someone who has not read the code: every
+ * help lists exactly what its parser accepts, every binary says its version, and the error
+ * paths a new user meets name the problem and the way out. */
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "policy.h"
+
+/* Runs argv (NULL-terminated) with stdout and stderr into one buffer; returns the exit
+ * status, or -1 if it did not exit. */
+static int run_capture(const char *const *argv, char *out, size_t cap)
+{
+	int p[2];
+	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		dup2(p[1], 1);
+		dup2(p[1], 2);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	size_t have = 0;
+	for (ssize_t n; (n = read(p[0], out + have, cap - 1 - have)) > 0;)
+		have += (size_t)n;
+	out[have] = '\0';
+	close(p[0]);
+	int st;
+	cr_assert_eq(waitpid(kid, &st, 0), kid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs of white space become one space: help texts wrap where they like. */
+static void squeeze_spaces(char *s)
+{
+	char *w = s;
+	for (const char *r = s; *r; r++)
+		if (!isspace((unsigned char)*r) || (w > s && w[-1] != ' '))
+			*w++ = isspace((unsigned char)*r) ? ' ' : *r;
+	*w = '\0';
+}
+
+Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
+{
+	static char out[16384];
+	const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
+	cr_assert_eq(run_capture(argv, out, sizeof(out)), 0, "%s", out);
+	squeeze_spaces(out);
+	char accepted[256];
+	policy_spec_help(accepted, sizeof(accepted));
+	cr_expect(strstr(out, accepted), "serve --help does not list '%s': %s", accepted, out);
+	cr_expect_not(strstr(out, "sieve+heat"), "serve --help advertises sieve+heat: %s", out);
+	char want[64];
+	snprintf(want, sizeof(want), "(default %s)", POLICY_DEFAULT_SPEC);
+	cr_expect(strstr(out, want), "%s", out);
+	/* Everything the list names parses, with every modifier. */
+	const char *const specs[] = {"lru", "sieve", "sieve-heat", "sieve-heat+layer+pin2"};
+	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+		struct policy_spec s;
+		char err[160];
+		cr_expect(strstr(accepted, specs[i]) || strchr(specs[i], '+'), "%s", specs[i]);
+		cr_expect_eq(policy_spec_parse(specs[i], &s, err, sizeof(err)), 0, "%s", err);
+	}
+}
