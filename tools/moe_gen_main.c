@@ -16,6 +16,7 @@ static void usage(FILE *o)
 	fprintf(
 	    o,
 	    "usage: moe-gen --preset NAME --out PATH [options]\n"
+	    "       moe-gen --version\n"
 	    "  --out PATH       PATH.gguf writes GGUF; any other PATH is a directory that gets\n"
 	    "                   config.json + safetensors\n"
 	    "  --preset NAME    %s\n",
@@ -76,6 +77,9 @@ int main(int argc, char **argv)
 		uint64_t n;
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--version")) {
+			printf("moe-gen %s\n", MOE_VERSION);
 			return 0;
 		} else if (!strcmp(a, "--full")) {
 			o.full = true;

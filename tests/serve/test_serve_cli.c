@@ -69,3 +69,23 @@ Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
 		cr_expect_eq(policy_spec_parse(specs[i], &s, err, sizeof(err)), 0, "%s", err);
 	}
 }
+
+Test(serve_cli, every_binary_says_its_version)
+{
+	static char out[4096];
+	const struct {
+		const char *bin, *name;
+	} bins[] = {{MOE_SIDECAR_BIN, "moe-sidecar"},
+	            {MOE_GEN_BIN, "moe-gen"},
+	            {MOE_ECHO_DEMO_BIN, "moe-echo-demo"},
+	            {MOE_DECODE_DEMO_BIN, "moe-decode-demo"}};
+	for (size_t i = 0; i < sizeof(bins) / sizeof(bins[0]); i++) {
+		const char *argv[] = {bins[i].bin, "--version", NULL};
+		cr_expect_eq(run_capture(argv, out, sizeof(out)), 0, "%s --version: %s",
+		             bins[i].name, out);
+		char want[64];
+		snprintf(want, sizeof(want), "%s %s", bins[i].name, MOE_VERSION);
+		cr_expect_eq(strncmp(out, want, strlen(want)), 0, "%s --version printed '%s'",
+		             bins[i].name, out);
+	}
+}
