@@ -70,7 +70,7 @@ struct residency_config {
 	uint32_t max_retries;       /* per read, for EIO/EAGAIN/timeouts (default 3) */
 	uint32_t read_timeout_ms;   /* per read (default 10000) */
 	bool no_register_buffers;   /* force plain reads (tests, benchmarks) */
-	bool no_direct;             /* behave as if O_DIRECT were refused (tests, --no-direct) */
+	bool no_direct;             /* buffered reads, as asked (--no-direct, tests) */
 	loader_fault_fn fault_hook; /* tests only */
 	void *fault_arg;
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
