@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -480,6 +481,23 @@ static void *loader_main(void *arg)
 	return NULL;
 }
 
+/* Registered buffers are pinned memory, charged to RLIMIT_MEMLOCK for a process without
+ * CAP_IPC_LOCK (non-root): ENOMEM there usually means that limit (8 MiB by default), not a
+ * machine out of memory. hint gets "; …" or "". */
+static void memlock_hint(int rc, uint64_t bytes, char *hint, size_t len)
+{
+	struct rlimit lim;
+	hint[0] = '\0';
+	if (rc != -ENOMEM || getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
+	    lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= bytes)
+		return;
+	snprintf(hint, len,
+	         "; the %.1f MiB of slots exceed this process's locked-memory limit "
+	         "(RLIMIT_MEMLOCK, %llu KiB): raise it with `ulimit -l unlimited` or "
+	         "LimitMEMLOCK=infinity",
+	         (double)bytes / (1 << 20), (unsigned long long)(lim.rlim_cur >> 10));
+}
+
 int loader_start(struct residency *r, char *err, size_t err_len)
 {
 	struct loader *l = calloc(1, sizeof(*l));
@@ -555,12 +573,16 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
-		if (rc < 0)
+		if (rc < 0) {
+			char hint[200];
+			memlock_hint(rc, (uint64_t)n_slots * r->pool.slot_bytes, hint,
+			             sizeof(hint));
 			log_warn(
 			    "loader",
 			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
-			    "(counted as plain_reads)",
-			    n_slots, (unsigned long long)n_bufs, strerror(-rc));
+			    "(counted as plain_reads)%s",
+			    n_slots, (unsigned long long)n_bufs, strerror(-rc), hint);
+		}
 	}
 	rc = pthread_create(&l->thread, NULL, loader_main, l);
 	if (rc) {

@@ -4,13 +4,18 @@
  * goes to stderr: each test sends it to a file for the duration and reads it back. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "fixture.h"
+
+#define NOBODY 65534
 
 /* stderr into a fresh file; returns the saved stderr for stderr_restore. */
 static int stderr_to(const char *path)
@@ -58,6 +63,50 @@ Test(residency_messages, no_direct_is_logged_as_asked_not_as_unsupported)
 	const char *text = slurp_file(log);
 	cr_expect(strstr(text, "as asked (--no-direct)"), "%s", text);
 	cr_expect_not(strstr(text, "not supported"), "%s", text);
+	unlink(log);
+	fixture_destroy(&f);
+}
+
+/* A child drops to nobody under a 64 KiB RLIMIT_MEMLOCK and registers 1 MiB of slots. */
+Test(residency_messages, memlock_limit_is_named_when_registering_buffers_fails)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root to run the residency as another uid (65534)");
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 4, 2, 5000);
+	cr_assert_eq(chmod(f.dir, 0755), 0);
+	cr_assert_eq(chmod(f.path, 0644), 0);
+	char log[300];
+	snprintf(log, sizeof(log), "%s/log", f.dir);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		const struct rlimit lim = {64 << 10, 64 << 10};
+		int saved = stderr_to(log);
+		(void)saved;
+		if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0 || setgroups(0, NULL) != 0 ||
+		    setresgid(NOBODY, NOBODY, NOBODY) != 0 ||
+		    setresuid(NOBODY, NOBODY, NOBODY) != 0)
+			_exit(200);
+		struct residency_config cfg = {.numa_node = -1, .mem_budget = 1 << 20};
+		struct residency *r;
+		char err[256];
+		if (residency_create(&r, &f.map, &cfg, err, sizeof(err)) != 0) {
+			fprintf(stderr, "residency_create: %s\n", err);
+			_exit(201);
+		}
+		residency_destroy(r);
+		_exit(0);
+	}
+	int st;
+	cr_assert_eq(waitpid(kid, &st, 0), kid);
+	const char *text = slurp_file(log);
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 200, "could not drop privileges");
+	if (WEXITSTATUS(st) == 201 && strstr(text, "io_uring"))
+		cr_skip_test("io_uring refused to an unprivileged process here: %s", text);
+	cr_assert_eq(WEXITSTATUS(st), 0, "%s", text);
+	cr_expect(strstr(text, "fixed buffers failed (Cannot allocate memory)"), "%s", text);
+	cr_expect(strstr(text, "RLIMIT_MEMLOCK, 64 KiB") && strstr(text, "ulimit -l"), "%s", text);
 	unlink(log);
 	fixture_destroy(&f);
 }
