@@ -1283,26 +1283,31 @@ static int make_paths(struct gen *g)
 			snprintf(g->paths[f], n, "%s/model-%05u-of-%05u.safetensors", out, f + 1,
 			         g->n_files);
 	}
-	/* Like `mkdir -p`: the GGUF file's folder, or the safetensors folder itself. */
-	char dir[4096];
+	/* The folder that receives the output must exist: a typo in --out must not become a
+	 * tree of directories. Only a safetensors checkpoint's own directory is created. */
+	char parent[4096];
 	size_t len = strlen(out);
-	if (g->gguf) {
-		const char *slash = strrchr(out, '/');
-		len = slash ? (size_t)(slash - out) : 0;
-	}
-	if (len >= sizeof(dir))
+	while (len > 1 && out[len - 1] == '/')
+		len--; /* "ckpt/" names the directory ckpt */
+	const char *slash = memrchr(out, '/', len);
+	size_t plen = slash ? (slash == out ? 1 : (size_t)(slash - out)) : 1;
+	if (plen >= sizeof(parent))
 		return model_fail(g->err, "%s: path too long", out);
-	memcpy(dir, out, len);
-	dir[len] = '\0';
-	for (size_t i = 1; i <= len; i++) {
-		if (dir[i] != '/' && dir[i] != '\0')
-			continue;
-		char c = dir[i];
-		dir[i] = '\0';
-		if (mkdir(dir, 0755) && errno != EEXIST)
-			return model_fail(g->err, "%s: mkdir: %s", dir, strerror(errno));
-		dir[i] = c;
-	}
+	if (slash)
+		memcpy(parent, out, plen);
+	else
+		parent[0] = '.';
+	parent[plen] = '\0';
+	struct stat st;
+	if (stat(parent, &st) != 0)
+		return model_fail(g->err,
+		                  "%s: directory %s: %s; create it first (moe-gen makes no parent "
+		                  "directories)",
+		                  out, parent, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return model_fail(g->err, "%s: %s is not a directory", out, parent);
+	if (!g->gguf && mkdir(out, 0755) != 0 && errno != EEXIST)
+		return model_fail(g->err, "%s: mkdir: %s", out, strerror(errno));
 	return 0;
 }
 

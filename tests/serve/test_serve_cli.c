@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -88,4 +89,34 @@ Test(serve_cli, every_binary_says_its_version)
 		cr_expect_eq(strncmp(out, want, strlen(want)), 0, "%s --version printed '%s'",
 		             bins[i].name, out);
 	}
+}
+
+Test(serve_cli, moe_gen_makes_no_parent_directories)
+{
+	static char out[4096];
+	char dir[] = "/tmp/moe-cli-XXXXXX", target[192], missing[64];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(missing, sizeof(missing), "%s/typo", dir);
+	snprintf(target, sizeof(target), "%s/deeper/model.gguf", missing);
+	const char *gguf[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers", "1",
+	                      "--hidden",  "64",       "--ffn", "32",       "--experts",
+	                      "4",         "--quiet",  "--out", target,     NULL};
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect(strstr(out, "No such file or directory") &&
+	              strstr(out, "makes no parent directories"),
+	          "%s", out);
+	struct stat st;
+	cr_expect_neq(stat(missing, &st), 0, "moe-gen created %s", missing);
+	/* A checkpoint directory itself is created, its parent is not. */
+	snprintf(target, sizeof(target), "%s/checkpoint", missing);
+	gguf[13] = target;
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect_neq(stat(missing, &st), 0, "moe-gen created %s", missing);
+	snprintf(target, sizeof(target), "%s/checkpoint", dir);
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 0, "%s", out);
+	snprintf(target, sizeof(target), "%s/checkpoint/config.json", dir);
+	cr_expect_eq(stat(target, &st), 0, "%s", target);
+	char rm[160];
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	cr_expect_eq(system(rm), 0);
 }
