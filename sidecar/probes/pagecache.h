@@ -91,6 +91,9 @@ struct pagecache_options {
 	int stale_grace_s;
 };
 #define PAGECACHE_STALE_GRACE_S 60
+/* How long open waits for an instance's exiting owner (a sidecar killed a moment ago that is
+ * still freeing its memory) to release the instance, before calling it in use. */
+#define PAGECACHE_EXITING_OWNER_WAIT_MS 30000
 
 /* Totals or one file's counters, with what is derived from them. */
 struct pagecache_stats {
