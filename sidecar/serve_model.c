@@ -165,17 +165,30 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		goto fail;
 	}
 
-	/* Probes first: every model file is watched before the first expert read. */
-	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = false};
+	/* Probes first: every model file is watched before the first expert read. Quiet: the
+	 * one warning when they are unavailable is ours, with a hint when another sidecar owns
+	 * the instance name (two sidecars on one host need one name each). */
+	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
 	char perr[256] = "";
 	int prc = pagecache_open(&popt, &m->probes, perr, sizeof(perr));
 	if (prc < 0) {
 		fail(err, err_len, "probes: %s", perr[0] ? perr : strerror(-prc));
 		goto fail;
 	}
-	if (cfg->require_probes && !pagecache_available(m->probes)) {
-		fail(err, err_len, "--require-probes: probes %s", pagecache_status(m->probes));
-		goto fail;
+	if (!pagecache_available(m->probes)) {
+		char hint[200] = "";
+		if (pagecache_busy_owner(m->probes))
+			snprintf(
+			    hint, sizeof(hint),
+			    "; another sidecar owns probe instance '%s': give this one its own "
+			    "with --probes-instance NAME",
+			    cfg->probes_instance ? cfg->probes_instance : "default");
+		if (cfg->require_probes) {
+			fail(err, err_len, "--require-probes: page-cache probes %s%s",
+			     pagecache_status(m->probes), hint);
+			goto fail;
+		}
+		log_warn("probes", "page-cache probes %s%s", pagecache_status(m->probes), hint);
 	}
 	for (uint32_t i = 0; i < m->cat->n_files; i++) {
 		int rc = pagecache_watch(m->probes, m->cat->files[i].path);

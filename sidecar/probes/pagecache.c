@@ -69,6 +69,7 @@ struct pagecache_probes {
 	bool per_pid;
 	bool quiet;
 	int replaced_stale_pid;
+	int busy_owner;    /* pagecache_busy_owner() */
 	int stale_grace_s; /* < 0: never sweep */
 	__u64 page_size;
 	char instance[INSTANCE_NAME_MAX + 1];
@@ -421,14 +422,15 @@ static int claim_instance(struct pagecache_probes *p)
 		return fail(p, errno, "%s: %s", p->pin_dir, strerror(errno));
 	struct pagecache_instance_info info;
 	bool has_info = read_pinned_info(p->pin_dir, &info);
-	int locked = flock(p->lock_fd, LOCK_EX | LOCK_NB);
-	if (locked < 0 && errno == EWOULDBLOCK && has_info && owner_exiting(&info) &&
+	int e = flock(p->lock_fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+	if (e == EWOULDBLOCK && has_info && owner_exiting(&info) &&
 	    wait_for_exiting_owner(p, &info) == 0)
-		locked = flock(p->lock_fd, LOCK_EX | LOCK_NB);
-	if (locked < 0) {
-		int e = errno;
+		e = flock(p->lock_fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+	if (e) {
 		close(p->lock_fd);
 		p->lock_fd = -1;
+		if (e == EWOULDBLOCK)
+			p->busy_owner = has_info ? (int)info.owner_pid : -1;
 		if (e == EWOULDBLOCK && has_info)
 			return fail(p, EBUSY, "instance '%s' is in use by pid %u (%s)", p->instance,
 			            info.owner_pid, p->pin_dir);
@@ -444,9 +446,11 @@ static int claim_instance(struct pagecache_probes *p)
 		return fail(p, EAGAIN, "%s was removed while opening (a concurrent close); retry",
 		            p->pin_dir);
 	/* A live owner that somehow lost its lock still owns the pins. */
-	if (has_info && info.owner_pid != (__u32)getpid() && owner_alive(&info))
+	if (has_info && info.owner_pid != (__u32)getpid() && owner_alive(&info)) {
+		p->busy_owner = (int)info.owner_pid;
 		return fail(p, EBUSY, "instance '%s' is in use by live pid %u (%s)", p->instance,
 		            info.owner_pid, p->pin_dir);
+	}
 
 	DIR *d = opendir(p->pin_dir);
 	if (!d)
@@ -910,6 +914,11 @@ const char *pagecache_pin_dir(const struct pagecache_probes *p)
 int pagecache_replaced_stale_pid(const struct pagecache_probes *p)
 {
 	return p->replaced_stale_pid;
+}
+
+int pagecache_busy_owner(const struct pagecache_probes *p)
+{
+	return p->busy_owner;
 }
 
 const char *pagecache_last_error(const struct pagecache_probes *p)

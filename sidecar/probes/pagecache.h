@@ -122,6 +122,9 @@ const char *pagecache_status(const struct pagecache_probes *p);
 const char *pagecache_pin_dir(const struct pagecache_probes *p);
 /* The pid whose stale pins open replaced, or 0 if none were found. */
 int pagecache_replaced_stale_pid(const struct pagecache_probes *p);
+/* When the probes are unavailable because another live process owns the instance: its pid,
+ * or -1 if unknown; else 0. (The caller can then suggest another instance name.) */
+int pagecache_busy_owner(const struct pagecache_probes *p);
 /* The sentence behind the last error returned on p ("" if none). */
 const char *pagecache_last_error(const struct pagecache_probes *p);
 
