@@ -12,23 +12,20 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "channel.h"
 #include "dispatch.h"
+#include "listener.h"
 #include "log.h"
 #include "model_ops.h"
 
@@ -54,9 +51,8 @@ struct conn {
 
 struct server {
 	const struct server_config *cfg;
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	char lock_path[PATH_MAX];
-	int listen_fd, lock_fd, signal_fd, dropped_fd, epoll_fd;
+	struct listener listener;
+	int signal_fd, dropped_fd, epoll_fd;
 	struct dispatcher dispatcher;
 	bool dispatcher_stopped;
 	struct conn *conns;
@@ -84,133 +80,6 @@ int server_default_socket_path(char *buf, size_t len)
 	else
 		n = snprintf(buf, len, "/run/moe-sidecar/sidecar.sock");
 	return n < 0 || (size_t)n >= len ? -1 : 0;
-}
-
-/* ---- Listening socket ------------------------------------------------------------------ */
-
-/* Creates (or checks) the socket's directory. Mode 0700, or 0711 with an allow-list so that
- * other uids can reach the socket (SO_PEERCRED then decides). An existing directory is not
- * changed; it must be ours (or root's) and not writable by others unless sticky. */
-static int socket_dir_prepare(const struct server *s)
-{
-	char dir[sizeof(s->path)];
-	snprintf(dir, sizeof(dir), "%s", s->path);
-	char *slash = strrchr(dir, '/');
-	if (!slash)
-		snprintf(dir, sizeof(dir), ".");
-	else if (slash == dir)
-		dir[1] = '\0';
-	else
-		*slash = '\0';
-	const mode_t mode = s->cfg->allow_list ? 0711 : 0700;
-	if (mkdir(dir, mode) == 0) {
-		if (chmod(dir, mode) != 0) {
-			log_error("server", "%s: chmod %o: %s", dir, (unsigned)mode,
-			          strerror(errno));
-			return -1;
-		}
-		return 0;
-	}
-	if (errno != EEXIST) {
-		log_error("server", "socket directory %s: mkdir: %s", dir, strerror(errno));
-		return -1;
-	}
-	struct stat st;
-	if (stat(dir, &st) != 0) {
-		log_error("server", "socket directory %s: stat: %s", dir, strerror(errno));
-		return -1;
-	}
-	if (!S_ISDIR(st.st_mode)) {
-		log_error("server", "socket directory %s: not a directory", dir);
-		return -1;
-	}
-	if (st.st_uid != geteuid() && st.st_uid != 0) {
-		log_error("server", "socket directory %s: owned by uid %u, not by us (%u) or root",
-		          dir, (unsigned)st.st_uid, (unsigned)geteuid());
-		return -1;
-	}
-	if ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)) {
-		log_error("server", "socket directory %s: mode %o lets others replace the socket",
-		          dir, (unsigned)(st.st_mode & 07777));
-		return -1;
-	}
-	return 0;
-}
-
-/* Takes the lock file next to the socket: a second sidecar on the same path refuses. */
-static int lock_take(struct server *s)
-{
-	snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
-	s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (s->lock_fd < 0) {
-		log_error("server", "%s: open: %s", s->lock_path, strerror(errno));
-		return -1;
-	}
-	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-		int e = errno;
-		char pid[32] = "";
-		ssize_t n = pread(s->lock_fd, pid, sizeof(pid) - 1, 0);
-		if (n > 0)
-			pid[strcspn(pid, "\n")] = '\0';
-		if (e == EWOULDBLOCK)
-			log_error("server",
-			          "another moe-sidecar (pid %s) is serving %s; refusing to "
-			          "start",
-			          n > 0 ? pid : "?", s->path);
-		else
-			log_error("server", "%s: flock: %s", s->lock_path, strerror(e));
-		close(s->lock_fd);
-		s->lock_fd = -1;
-		return -1;
-	}
-	char pid[32];
-	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-	if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len)
-		log_warn("server", "%s: could not record our pid: %s", s->lock_path,
-		         strerror(errno));
-	return 0;
-}
-
-static int listener_open(struct server *s)
-{
-	if (socket_dir_prepare(s) != 0 || lock_take(s) != 0)
-		return -1;
-	struct stat st;
-	if (lstat(s->path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode)) {
-			log_error("server", "%s exists and is not a socket; refusing to replace it",
-			          s->path);
-			return -1;
-		}
-		/* We hold the lock, so whoever made it is gone. */
-		if (unlink(s->path) != 0) {
-			log_error("server", "%s: removing stale socket: %s", s->path,
-			          strerror(errno));
-			return -1;
-		}
-		log_info("server", "replaced a stale socket path=%s", s->path);
-	}
-	s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (s->listen_fd < 0) {
-		log_error("server", "socket(AF_UNIX): %s", strerror(errno));
-		return -1;
-	}
-	struct sockaddr_un addr = {.sun_family = AF_UNIX};
-	memcpy(addr.sun_path, s->path, strlen(s->path) + 1);
-	if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-		log_error("server", "%s: bind: %s", s->path, strerror(errno));
-		return -1;
-	}
-	const mode_t mode = s->cfg->allow_list ? 0666 : 0600;
-	if (chmod(s->path, mode) != 0) {
-		log_error("server", "%s: chmod %o: %s", s->path, (unsigned)mode, strerror(errno));
-		return -1;
-	}
-	if (listen(s->listen_fd, 64) != 0) {
-		log_error("server", "%s: listen: %s", s->path, strerror(errno));
-		return -1;
-	}
-	return 0;
 }
 
 /* ---- Connections ----------------------------------------------------------------------- */
@@ -510,7 +379,7 @@ static void conn_event(struct server *s, struct conn *c, uint32_t events)
 static void accept_all(struct server *s)
 {
 	for (;;) {
-		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		int fd = accept4(s->listener.sock_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warn("server", "accept: %s", strerror(errno));
@@ -586,7 +455,7 @@ static void sweep_handshakes(struct server *s)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-static int server_setup(struct server *s)
+static int server_setup(struct server *s, const char *path)
 {
 	sigset_t set;
 	sigemptyset(&set);
@@ -605,13 +474,20 @@ static int server_setup(struct server *s)
 		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
 		return -1;
 	}
-	if (listener_open(s) != 0)
+	char err[512];
+	/* The socket and its lock exist only once the lock is ours: teardown never unlinks a
+	 * path another sidecar owns. */
+	if (listener_open(&s->listener, path, s->cfg->allow_list, err, sizeof(err)) != 0 ||
+	    listener_listen(&s->listener, 64, err, sizeof(err)) != 0) {
+		log_error("server", "%s", err);
 		return -1;
+	}
 	const struct {
 		int fd;
 		uint64_t tag;
-	} fixed[] = {
-	    {s->listen_fd, TAG_LISTEN}, {s->signal_fd, TAG_SIGNAL}, {s->dropped_fd, TAG_DROPPED}};
+	} fixed[] = {{s->listener.sock_fd, TAG_LISTEN},
+	             {s->signal_fd, TAG_SIGNAL},
+	             {s->dropped_fd, TAG_DROPPED}};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = fixed[i].tag};
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0) {
@@ -627,7 +503,6 @@ static int server_setup(struct server *s)
 	}
 	for (uint32_t i = 0; i < s->n_conns_cap; i++)
 		s->conns[i].fd = -1;
-	char err[256];
 	s->dispatcher.spin_ns = s->cfg->spin_ns;
 	if (dispatcher_start(&s->dispatcher, s->dropped_fd, err, sizeof(err)) != 0) {
 		log_error("server", "%s", err);
@@ -639,12 +514,12 @@ static int server_setup(struct server *s)
 static void announce_ready(struct server *s)
 {
 	int fd = s->cfg->ready_fd;
-	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->path,
+	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->listener.path,
 	         (int)getpid(), s->cfg->max_clients, s->cfg->allow_list ? "uid+allow-list" : "uid");
 	if (fd < 0)
 		return;
-	char line[sizeof(s->path) + 16];
-	int n = snprintf(line, sizeof(line), "READY %s\n", s->path);
+	char line[sizeof(s->listener.path) + 16];
+	int n = snprintf(line, sizeof(line), "READY %s\n", s->listener.path);
 	if (write(fd, line, (size_t)n) != n)
 		log_warn("server", "--ready-fd %d: write: %s", fd, strerror(errno));
 	close(fd);
@@ -652,10 +527,7 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
-	if (s->listen_fd >= 0) {
-		close(s->listen_fd);
-		unlink(s->path);
-	}
+	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
 	model_ops_shutdown(s->cfg->model_ops); /* queued FORWARDs fail with MOE_ESHUTDOWN */
 	if (s->dispatcher.running)
 		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
@@ -664,10 +536,6 @@ static void server_teardown(struct server *s)
 		if (s->conns[i].state != CONN_FREE)
 			conn_close(s, &s->conns[i], "sidecar shutting down");
 	free(s->conns);
-	if (s->lock_fd >= 0) {
-		unlink(s->lock_path);
-		close(s->lock_fd);
-	}
 	if (s->epoll_fd >= 0)
 		close(s->epoll_fd);
 	if (s->signal_fd >= 0)
@@ -681,21 +549,21 @@ int server_run(const struct server_config *cfg)
 	struct server s;
 	memset(&s, 0, sizeof(s));
 	s.cfg = cfg;
-	s.listen_fd = s.lock_fd = s.signal_fd = s.dropped_fd = s.epoll_fd = -1;
+	s.signal_fd = s.dropped_fd = s.epoll_fd = -1;
+	s.listener.dir_fd = s.listener.lock_fd = s.listener.sock_fd = -1;
+	char path[sizeof(s.listener.path)];
 	if (cfg->socket_path) {
-		if (strlen(cfg->socket_path) >= sizeof(s.path)) {
+		if (strlen(cfg->socket_path) >= sizeof(path)) {
 			log_error("server", "socket path is %zu bytes; at most %zu fit in sun_path",
-			          strlen(cfg->socket_path), sizeof(s.path) - 1);
+			          strlen(cfg->socket_path), sizeof(path) - 1);
 			return 1;
 		}
-		snprintf(s.path, sizeof(s.path), "%s", cfg->socket_path);
-	} else if (server_default_socket_path(s.path, sizeof(s.path)) != 0) {
+		snprintf(path, sizeof(path), "%s", cfg->socket_path);
+	} else if (server_default_socket_path(path, sizeof(path)) != 0) {
 		log_error("server", "default socket path does not fit in sun_path");
 		return 1;
 	}
-	if (server_setup(&s) != 0) {
-		/* The socket exists only once the lock is ours: teardown never unlinks a path
-		 * another sidecar owns. */
+	if (server_setup(&s, path) != 0) {
 		server_teardown(&s);
 		return 1;
 	}

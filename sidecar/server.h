@@ -1,9 +1,9 @@
 /* server.h — the control side of `moe-sidecar serve`: socket, peers, handshakes, lifetimes.
  *
- * Owns: the listening Unix socket and its lock file, the table of connected clients, the
- * handshake (hello → limits → memfd channel → welcome with SCM_RIGHTS), reclaiming a
- * channel when its client hangs up or breaks the protocol, and the clean shutdown on
- * SIGINT/SIGTERM. It runs on the calling thread (the control thread) and starts the
+ * Owns: the listening Unix socket and its lock file (listener.h), the table of connected
+ * clients, the handshake (hello → limits → memfd channel → welcome with SCM_RIGHTS),
+ * reclaiming a channel when its client hangs up or breaks the protocol, and the clean
+ * shutdown on SIGINT/SIGTERM. It runs on the calling thread (the control thread) and starts the
  * dispatcher thread (dispatch.h), which alone touches the rings.
  */
 #ifndef MOE_SIDECAR_SERVER_H
