@@ -385,12 +385,16 @@ int cmd_serve(int argc, char **argv)
 		        argv[optind + 1]);
 		return 2;
 	}
-	if (optind == argc)
-		return server_run(&cfg);
-
-	/* Every thread the model starts must inherit SIGINT/SIGTERM blocked, or a signal
-	 * would kill the process instead of reaching the server's signalfd. A signal during
-	 * warm-up stays pending and stops the server as soon as it runs. */
+	/* Whatever needs no model is checked before the model is read (warming a large one
+	 * takes minutes): the options, then the socket, its directory and the one-sidecar lock. */
+	char err[512];
+	if (serve_model_check_config(&mcfg, err, sizeof(err)) != 0) {
+		fprintf(stderr, "moe-sidecar serve: %s\n", err);
+		return 2;
+	}
+	/* Blocked before any thread exists (every thread the model starts inherits it), or a
+	 * signal would kill the process instead of reaching the server's signalfd. A signal
+	 * during warm-up stays pending and stops the server as soon as it runs. */
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -399,17 +403,24 @@ int cmd_serve(int argc, char **argv)
 		log_error("serve", "pthread_sigmask failed");
 		return 1;
 	}
+	struct server *server;
+	if (server_open(&cfg, &server) != 0)
+		return 1;
+	if (optind == argc)
+		return server_run(server);
+
 	mcfg.path = argv[optind];
-	char err[512];
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
+		server_close(server);
 		return 1;
 	}
 	struct model_ops *ops;
 	if (model_ops_create(model, &ops, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
 		serve_model_close(model);
+		server_close(server);
 		return 1;
 	}
 	const struct serve_model_desc *d = serve_model_desc(model);
@@ -418,7 +429,7 @@ int cmd_serve(int argc, char **argv)
 	cfg.defaults.top_k = d->max_top_k;
 	if (cfg.defaults.max_tokens > d->max_tokens)
 		cfg.defaults.max_tokens = d->max_tokens;
-	int status = server_run(&cfg);
+	int status = server_run(server);
 	model_ops_destroy(ops);
 	serve_model_close(model);
 	return status;

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "moe_status.h"
 #include "pagecache.h"
+#include "policy.h"
 #include "progress.h"
 
 struct serve_model {
@@ -87,6 +88,25 @@ static int parse_numa(const char *spec, struct forward_config *fc, char *err, si
 	}
 	if (!fc->numa_list_len)
 		return fail(err, len, "--numa '%s': empty node list", spec);
+	return 0;
+}
+
+int serve_model_check_config(const struct serve_model_config *cfg, char *err, size_t err_len)
+{
+	struct forward_config fc = {.threads_per_node = cfg->threads};
+	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
+		return -1;
+	char why[256];
+	if (fc.numa != FORWARD_NUMA_AUTO && forward_check_topology(&fc, why, sizeof(why)) != 0)
+		return strncmp(why, "--numa", 6)
+		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why)
+		           : fail(err, err_len, "%s", why);
+	struct policy_spec spec;
+	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, why, sizeof(why)) != 0)
+		return fail(err, err_len, "--%s", why); /* "--policy 'x': unknown …" */
+	if (cfg->probes_instance &&
+	    pagecache_check_instance_name(cfg->probes_instance, why, sizeof(why)) != 0)
+		return fail(err, err_len, "--probes-instance: %s", why);
 	return 0;
 }
 

@@ -455,7 +455,7 @@ static void sweep_handshakes(struct server *s)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-static int server_setup(struct server *s, const char *path)
+static int server_setup(struct server *s)
 {
 	sigset_t set;
 	sigemptyset(&set);
@@ -474,11 +474,8 @@ static int server_setup(struct server *s, const char *path)
 		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
 		return -1;
 	}
-	char err[512];
-	/* The socket and its lock exist only once the lock is ours: teardown never unlinks a
-	 * path another sidecar owns. */
-	if (listener_open(&s->listener, path, s->cfg->allow_list, err, sizeof(err)) != 0 ||
-	    listener_listen(&s->listener, 64, err, sizeof(err)) != 0) {
+	char err[256];
+	if (listener_listen(&s->listener, 64, err, sizeof(err)) != 0) {
 		log_error("server", "%s", err);
 		return -1;
 	}
@@ -544,38 +541,66 @@ static void server_teardown(struct server *s)
 		close(s->dropped_fd);
 }
 
-int server_run(const struct server_config *cfg)
+int server_open(const struct server_config *cfg, struct server **out)
 {
-	struct server s;
-	memset(&s, 0, sizeof(s));
-	s.cfg = cfg;
-	s.signal_fd = s.dropped_fd = s.epoll_fd = -1;
-	s.listener.dir_fd = s.listener.lock_fd = s.listener.sock_fd = -1;
-	char path[sizeof(s.listener.path)];
+	*out = NULL;
+	struct server *s = calloc(1, sizeof(*s));
+	if (!s) {
+		log_error("server", "out of memory");
+		return 1;
+	}
+	s->cfg = cfg;
+	s->signal_fd = s->dropped_fd = s->epoll_fd = -1;
+	s->listener.dir_fd = s->listener.lock_fd = s->listener.sock_fd = -1;
+	char path[sizeof(s->listener.path)], err[512];
 	if (cfg->socket_path) {
 		if (strlen(cfg->socket_path) >= sizeof(path)) {
 			log_error("server", "socket path is %zu bytes; at most %zu fit in sun_path",
 			          strlen(cfg->socket_path), sizeof(path) - 1);
+			server_close(s);
 			return 1;
 		}
 		snprintf(path, sizeof(path), "%s", cfg->socket_path);
 	} else if (server_default_socket_path(path, sizeof(path)) != 0) {
 		log_error("server", "default socket path does not fit in sun_path");
+		server_close(s);
 		return 1;
 	}
-	if (server_setup(&s, path) != 0) {
-		server_teardown(&s);
+	/* The socket and its lock exist only once the lock is ours: closing never unlinks a
+	 * path another sidecar owns. */
+	if (listener_open(&s->listener, path, cfg->allow_list, err, sizeof(err)) != 0) {
+		log_error("server", "%s", err);
+		server_close(s);
 		return 1;
 	}
-	announce_ready(&s);
+	*out = s;
+	return 0;
+}
+
+void server_close(struct server *s)
+{
+	if (!s)
+		return;
+	listener_close(&s->listener);
+	free(s);
+}
+
+int server_run(struct server *s)
+{
+	if (server_setup(s) != 0) {
+		server_teardown(s);
+		free(s);
+		return 1;
+	}
+	announce_ready(s);
 
 	int status = 0;
 	for (bool stop = false; !stop;) {
 		bool handshaking = false;
-		for (uint32_t i = 0; i < s.n_conns_cap; i++)
-			handshaking |= s.conns[i].state == CONN_HELLO;
+		for (uint32_t i = 0; i < s->n_conns_cap; i++)
+			handshaking |= s->conns[i].state == CONN_HELLO;
 		struct epoll_event ev[32];
-		int n = epoll_wait(s.epoll_fd, ev, 32, handshaking ? 250 : -1);
+		int n = epoll_wait(s->epoll_fd, ev, 32, handshaking ? 250 : -1);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -586,28 +611,29 @@ int server_run(const struct server_config *cfg)
 		for (int i = 0; i < n && !stop; i++) {
 			uint64_t tag = ev[i].data.u64;
 			if (tag == TAG_LISTEN) {
-				accept_all(&s);
+				accept_all(s);
 			} else if (tag == TAG_SIGNAL) {
 				struct signalfd_siginfo si;
-				if (read(s.signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+				if (read(s->signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
 					log_info("server", "shutting down on %s",
 					         strsignal((int)si.ssi_signo));
 					stop = true;
 				}
 			} else if (tag == TAG_DROPPED) {
-				handle_dropped(&s);
+				handle_dropped(s);
 			} else {
 				/* The id guards against a stale event for a slot reused in this
 				 * same batch. */
-				struct conn *c = &s.conns[(uint32_t)tag - TAG_CONN_BASE];
+				struct conn *c = &s->conns[(uint32_t)tag - TAG_CONN_BASE];
 				if (c->state != CONN_FREE && c->id == (uint32_t)(tag >> 32))
-					conn_event(&s, c, ev[i].events);
+					conn_event(s, c, ev[i].events);
 			}
 		}
 		if (handshaking)
-			sweep_handshakes(&s);
+			sweep_handshakes(s);
 	}
-	server_teardown(&s);
+	server_teardown(s);
+	free(s);
 	log_info("server", "stopped");
 	return status;
 }

@@ -106,6 +106,11 @@ struct forward_config {
 
 struct forward_engine;
 
+/* Checks the NUMA part of config (numa, numa_list, numa_synthetic, threads_per_node) against
+ * this machine the way forward_create would, without a model: a start-up can refuse a bad
+ * --numa before reading anything. 0, or -1 with err. */
+int forward_check_topology(const struct forward_config *config, char *err, size_t err_len);
+
 /* Creates the engine: topology, pools, weights source (loads everything for ALL_RESIDENT,
  * warms pinned layers for RESIDENCY — and every expert when mem_budget is 0, unless
  * lazy_load: an expert that fails to load there is logged and left to be read on demand —

@@ -840,18 +840,25 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 #endif /* MOE_PROBES_ENABLED */
 /* ---------------------------------------------------------------------------------------- */
 
+int pagecache_check_instance_name(const char *name, char *err, size_t err_len)
+{
+	if (instance_name_valid(name))
+		return 0;
+	set_err(err, err_len,
+	        "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not '.' or "
+	        "'..'",
+	        name, INSTANCE_NAME_MAX);
+	return -EINVAL;
+}
+
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
                    size_t err_len)
 {
 	*out = NULL;
 	const char *instance = opt && opt->instance ? opt->instance : "default";
-	if (!instance_name_valid(instance)) {
-		set_err(err, err_len,
-		        "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not "
-		        "'.' or '..'",
-		        instance, INSTANCE_NAME_MAX);
-		return -EINVAL;
-	}
+	int rc = pagecache_check_instance_name(instance, err, err_len);
+	if (rc)
+		return rc;
 	struct pagecache_probes *p = calloc(1, sizeof(*p));
 	if (!p) {
 		set_err(err, err_len, "probes: out of memory");

@@ -112,6 +112,10 @@ struct pagecache_stats {
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
                    size_t err_len);
 
+/* 0 if pagecache_open would accept name as an instance name, else -EINVAL with the sentence
+ * it would give (err may be NULL). Needs no privilege: callers check it before any work. */
+int pagecache_check_instance_name(const char *name, char *err, size_t err_len);
+
 /* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
 void pagecache_close(struct pagecache_probes *p);
 
