@@ -30,7 +30,12 @@
 #include "model_ops.h"
 
 #define HELLO_MAX_BYTES 4096u
-#define HANDSHAKING_MAX 16u /* connections still in the handshake, beyond max_clients */
+/* Connections of one uid still in the handshake (accepted, no complete hello yet). The table
+ * holds max_clients plus this many per uid that may connect, so a uid that floods the
+ * handshake (connecting and sending nothing, each held up to handshake_timeout_ms) fills only
+ * its own share: every other allowed uid always finds an entry. Uids that may not connect are
+ * refused at accept and take none. */
+#define HANDSHAKES_PER_UID 16u
 
 enum { TAG_LISTEN = 1, TAG_SIGNAL, TAG_DROPPED, TAG_CONN_BASE = 16 };
 
@@ -44,7 +49,7 @@ struct conn {
 	uid_t uid;
 	uint64_t since_ns;
 	size_t have;
-	uint8_t hello[HELLO_MAX_BYTES];
+	uint8_t *hello; /* HELLO_MAX_BYTES while in the handshake, else NULL */
 	char name[32];
 	struct sidecar_channel *ch;
 };
@@ -57,6 +62,8 @@ struct server {
 	bool dispatcher_stopped;
 	struct conn *conns;
 	uint32_t n_conns_cap, n_serving, next_id;
+	/* Lines about connections refused or dropped at accept: peers can repeat them at will. */
+	struct log_ratelimit refused_log, dropped_log;
 };
 
 static uint64_t conn_tag(uint32_t id, uint32_t index)
@@ -95,6 +102,19 @@ static bool uid_allowed(const struct server_config *cfg, uid_t uid)
 	return false;
 }
 
+/* Our own uid, plus the distinct other uids of the allow-list. */
+static uint32_t uids_that_may_connect(const struct server_config *cfg)
+{
+	uint32_t n = 1;
+	for (uint32_t i = 0; cfg->allow_list && i < cfg->n_allowed_uids; i++) {
+		bool seen = cfg->allowed_uids[i] == geteuid();
+		for (uint32_t j = 0; j < i && !seen; j++)
+			seen = cfg->allowed_uids[j] == cfg->allowed_uids[i];
+		n += !seen;
+	}
+	return n;
+}
+
 static void conn_close(struct server *s, struct conn *c, const char *why)
 {
 	const bool serving = c->state == CONN_SERVING;
@@ -123,6 +143,7 @@ static void conn_close(struct server *s, struct conn *c, const char *why)
 	else
 		log_debug("server", "connection closed during handshake id=%u pid=%d reason=\"%s\"",
 		          c->id, (int)c->pid, why);
+	free(c->hello);
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
 }
@@ -231,15 +252,6 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	int rc = moe_hello_parse(c->hello, len, &h, why, sizeof(why));
 	if (rc == MOE_OK)
 		snprintf(c->name, sizeof(c->name), "%s", h.client_name);
-	if (!uid_allowed(s->cfg, c->uid)) {
-		snprintf(why, sizeof(why),
-		         "uid %u is not allowed to use this sidecar (it serves "
-		         "uid %u%s)",
-		         (unsigned)c->uid, (unsigned)geteuid(),
-		         s->cfg->allow_list ? " and its --allow-uid list" : "");
-		refuse(s, c, MOE_EREFUSED, why);
-		return;
-	}
 	if (rc != MOE_OK) {
 		refuse(s, c, rc, why);
 		return;
@@ -291,6 +303,8 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	}
 	c->ch = ch;
 	c->state = CONN_SERVING;
+	free(c->hello); /* the handshake is over */
+	c->hello = NULL;
 	s->n_serving++;
 	dispatcher_add(&s->dispatcher, ch, c);
 	log_info("server",
@@ -376,6 +390,41 @@ static void conn_event(struct server *s, struct conn *c, uint32_t events)
 	}
 }
 
+/* A peer whose uid may not use this sidecar is refused as soon as it connects, from
+ * SO_PEERCRED, before it takes a handshake entry: it gets the refusal welcome (MOE_EREFUSED
+ * with the reason; the client reads it even if its hello then hits a closed socket) and the
+ * connection is closed. Logged at most LOG_RATELIMIT_BURST times a second. */
+static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
+{
+	struct moe_welcome w;
+	welcome_base(&w, MOE_EREFUSED);
+	snprintf(w.reason, sizeof(w.reason),
+	         "uid %u is not allowed to use this sidecar (it serves uid %u%s)",
+	         (unsigned)cred->uid, (unsigned)geteuid(),
+	         s->cfg->allow_list ? " and its --allow-uid list" : "");
+	uint32_t more;
+	if (log_ratelimit_allow(&s->refused_log, now_ns(), &more))
+		log_warn("server", "refused client pid=%d uid=%u status=%s reason=\"%s\"%s",
+		         (int)cred->pid, (unsigned)cred->uid, moe_status_str(MOE_EREFUSED),
+		         w.reason,
+		         more ? " (more refusals since the last line were not logged)" : "");
+	if (send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w))
+		log_debug("server", "refusal to pid=%d not delivered: %s", (int)cred->pid,
+		          strerror(errno));
+	close(fd);
+}
+
+static void drop_at_accept(struct server *s, int fd, const struct ucred *cred, const char *why)
+{
+	uint32_t more;
+	if (log_ratelimit_allow(&s->dropped_log, now_ns(), &more))
+		log_warn("server", "dropped a connection of pid=%d uid=%u: %s%s", (int)cred->pid,
+		         (unsigned)cred->uid, why,
+		         more ? " (more connections dropped since the last line were not logged)"
+		              : "");
+	close(fd);
+}
+
 static void accept_all(struct server *s)
 {
 	for (;;) {
@@ -393,21 +442,31 @@ static void accept_all(struct server *s)
 			close(fd);
 			continue;
 		}
+		if (!uid_allowed(s->cfg, cred.uid)) {
+			refuse_at_accept(s, fd, &cred);
+			continue;
+		}
 		struct conn *c = NULL;
-		uint32_t handshaking = 0;
+		uint32_t handshaking_of_uid = 0;
 		for (uint32_t i = 0; i < s->n_conns_cap; i++) {
-			if (s->conns[i].state == CONN_HELLO)
-				handshaking++;
+			if (s->conns[i].state == CONN_HELLO && s->conns[i].uid == cred.uid)
+				handshaking_of_uid++;
 			if (!c && s->conns[i].state == CONN_FREE)
 				c = &s->conns[i];
 		}
-		if (!c || handshaking >= HANDSHAKING_MAX) {
-			log_warn("server", "too many connections; dropping pid=%d uid=%u",
-			         (int)cred.pid, (unsigned)cred.uid);
-			close(fd);
+		/* !c cannot happen below the uid's share (see HANDSHAKES_PER_UID). */
+		const char *why = NULL;
+		if (handshaking_of_uid >= HANDSHAKES_PER_UID || !c)
+			why = "that uid already has its share of connections in the handshake";
+		uint8_t *hello = why ? NULL : malloc(HELLO_MAX_BYTES);
+		if (!why && !hello)
+			why = "out of memory for its hello";
+		if (why) {
+			drop_at_accept(s, fd, &cred, why);
 			continue;
 		}
 		memset(c, 0, sizeof(*c));
+		c->hello = hello;
 		c->fd = fd;
 		c->state = CONN_HELLO;
 		c->id = ++s->next_id;
@@ -419,6 +478,7 @@ static void accept_all(struct server *s)
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
 			log_error("server", "epoll_ctl ADD client: %s", strerror(errno));
 			close(fd);
+			free(c->hello);
 			memset(c, 0, sizeof(*c));
 			c->fd = -1;
 		}
@@ -492,7 +552,7 @@ static int server_setup(struct server *s)
 			return -1;
 		}
 	}
-	s->n_conns_cap = s->cfg->max_clients + HANDSHAKING_MAX;
+	s->n_conns_cap = s->cfg->max_clients + HANDSHAKES_PER_UID * uids_that_may_connect(s->cfg);
 	s->conns = calloc(s->n_conns_cap, sizeof(*s->conns));
 	if (!s->conns) {
 		log_error("server", "out of memory for %u connections", s->n_conns_cap);
