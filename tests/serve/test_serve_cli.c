@@ -120,3 +120,31 @@ Test(serve_cli, moe_gen_makes_no_parent_directories)
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	cr_expect_eq(system(rm), 0);
 }
+
+/* The model-path errors a newcomer meets, as the command line prints them. */
+Test(serve_cli, a_path_that_is_not_a_model_says_so)
+{
+	static char out[4096];
+	const char *passwd[] = {MOE_SIDECAR_BIN, "inspect", "/etc/passwd", NULL};
+	cr_expect_eq(run_capture(passwd, out, sizeof(out)), 1, "%s", out);
+	cr_expect(strstr(out, "/etc/passwd: not a model: neither a GGUF file"), "%s", out);
+	cr_expect_not(strstr(out, "config.json"), "%s", out);
+
+	char dir[] = "/tmp/moe-cli-XXXXXX", ck[64], shard[128];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	const char *gen[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers",  "1", "--hidden",
+	                     "64",        "--ffn",    "32",    "--experts", "4", "--shards",
+	                     "2",         "--quiet",  "--out", ck,          NULL};
+	cr_assert_eq(run_capture(gen, out, sizeof(out)), 0, "%s", out);
+	snprintf(shard, sizeof(shard), "%s/model-00001-of-00002.safetensors", ck);
+	const char *one_shard[] = {MOE_SIDECAR_BIN, "inspect", shard, NULL};
+	cr_expect_eq(run_capture(one_shard, out, sizeof(out)), 1, "%s", out);
+	char want[160];
+	snprintf(want, sizeof(want), "is shard 1 of 2 of a checkpoint: open its directory (%s)",
+	         ck);
+	cr_expect(strstr(out, want), "%s", out);
+	char rm[160];
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	cr_expect_eq(system(rm), 0);
+}
