@@ -481,21 +481,22 @@ static void *loader_main(void *arg)
 	return NULL;
 }
 
-/* Registered buffers are pinned memory, charged to RLIMIT_MEMLOCK for a process without
- * CAP_IPC_LOCK (non-root): ENOMEM there usually means that limit (8 MiB by default), not a
- * machine out of memory. hint gets "; …" or "". */
-static void memlock_hint(int rc, uint64_t bytes, char *hint, size_t len)
+/* io_uring's rings and registered buffers are pinned memory, charged to RLIMIT_MEMLOCK for a
+ * process without CAP_IPC_LOCK (non-root): ENOMEM there usually means that limit (8 MiB by
+ * default), not a machine out of memory. `what` is what was being pinned ("the rings", "the
+ * 12.0 MiB of slots"); bytes, when known, must exceed the limit for the hint to apply. hint
+ * gets "; …" or "". */
+static void memlock_hint(int rc, const char *what, uint64_t bytes, char *hint, size_t len)
 {
 	struct rlimit lim;
 	hint[0] = '\0';
 	if (rc != -ENOMEM || getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
-	    lim.rlim_cur == RLIM_INFINITY || lim.rlim_cur >= bytes)
+	    lim.rlim_cur == RLIM_INFINITY || (bytes && lim.rlim_cur >= bytes))
 		return;
 	snprintf(hint, len,
-	         "; the %.1f MiB of slots exceed this process's locked-memory limit "
-	         "(RLIMIT_MEMLOCK, %llu KiB): raise it with `ulimit -l unlimited` or "
-	         "LimitMEMLOCK=infinity",
-	         (double)bytes / (1 << 20), (unsigned long long)(lim.rlim_cur >> 10));
+	         "; %s count against RLIMIT_MEMLOCK (%llu KiB here): raise it (ulimit -l; "
+	         "systemd: LimitMEMLOCK=)",
+	         what, (unsigned long long)(lim.rlim_cur >> 10));
 }
 
 int loader_start(struct residency *r, char *err, size_t err_len)
@@ -541,8 +542,10 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	unsigned entries = 2 * l->depth + 8;
 	int rc = io_uring_queue_init(entries, &l->ring, 0);
 	if (rc < 0) {
-		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s", entries,
-		         strerror(-rc));
+		char hint[320];
+		memlock_hint(rc, "its rings", 0, hint, sizeof(hint));
+		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s%s", entries,
+		         strerror(-rc), hint);
 		return rc;
 	}
 	l->ring_ready = true;
@@ -574,9 +577,11 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		free(iov);
 		l->buffers_registered = rc == 0;
 		if (rc < 0) {
-			char hint[200];
-			memlock_hint(rc, (uint64_t)n_slots * r->pool.slot_bytes, hint,
-			             sizeof(hint));
+			const uint64_t bytes = (uint64_t)n_slots * r->pool.slot_bytes;
+			char what[64], hint[320];
+			snprintf(what, sizeof(what), "the %.1f MiB of slots",
+			         (double)bytes / (1 << 20));
+			memlock_hint(rc, what, bytes, hint, sizeof(hint));
 			log_warn(
 			    "loader",
 			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
