@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "moe_proto.h"
 
 struct command {
 	const char *name;
@@ -21,7 +22,8 @@ static const struct command commands[] = {
 
 static void usage(FILE *to)
 {
-	fprintf(to, "usage: moe-sidecar COMMAND [options]   (COMMAND --help for its options)\n\n");
+	fprintf(to, "usage: moe-sidecar COMMAND [options]   (COMMAND --help for its options)\n"
+	            "       moe-sidecar --version\n\n");
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
 		fprintf(to, "  %-10s %s\n", commands[i].name, commands[i].summary);
 }
@@ -34,6 +36,11 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
 		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version")) {
+		printf("moe-sidecar %s (protocol ABI %u.%u)\n", MOE_VERSION, MOE_ABI_MAJOR,
+		       MOE_ABI_MINOR);
 		return 0;
 	}
 	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

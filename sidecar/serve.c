@@ -18,6 +18,7 @@
 #include "dispatch.h"
 #include "log.h"
 #include "model_ops.h"
+#include "policy.h"
 #include "serve_model.h"
 #include "server.h"
 
@@ -44,9 +45,12 @@ enum {
 	OPT_FAIL_EXPERT,
 };
 
+/* A help that lists what a parser accepts takes the list from that parser's own table:
+ * help_arg fills the help's one %s. */
 static const struct serve_option {
 	struct option opt;
 	const char *arg, *help;
+	void (*help_arg)(char *buf, size_t len);
 } serve_options[] = {
     {{"socket", required_argument, NULL, OPT_SOCKET},
      "PATH",
@@ -82,7 +86,8 @@ static const struct serve_option {
      "keep the first N MoE layers always resident"},
     {{"policy", required_argument, NULL, OPT_POLICY},
      "NAME",
-     "residency policy (lru, sieve, sieve+layer, sieve+heat …; default sieve+layer)"},
+     "residency policy: %s (default " POLICY_DEFAULT_SPEC ")",
+     policy_spec_help},
     {{"max-tokens", required_argument, NULL, OPT_MAX_TOKENS},
      "N",
      "tokens per FORWARD a client may negotiate (default 256)"},
@@ -105,6 +110,31 @@ static const struct serve_option {
 };
 #define N_SERVE_OPTIONS (sizeof(serve_options) / sizeof(serve_options[0]))
 
+/* "  --name ARG   help…" with the help wrapped at word boundaries into an 80-column text,
+ * continuation lines under its first word. */
+static void print_wrapped(FILE *to, const char *left, const char *help)
+{
+	enum { INDENT = 35, WIDTH = 80 };
+	fprintf(to, "  %-32s", left);
+	int col = (int)strlen(left) > 32 ? 2 + (int)strlen(left) : INDENT - 1;
+	if (col >= INDENT) {
+		fprintf(to, "\n%*s", INDENT - 1, "");
+		col = INDENT - 1;
+	}
+	for (const char *w = help; *w;) {
+		size_t n = strcspn(w, " ");
+		if (col > INDENT - 1 && col + 1 + (int)n > WIDTH) {
+			fprintf(to, "\n%*s", INDENT - 1, "");
+			col = INDENT - 1;
+		}
+		fprintf(to, " %.*s", (int)n, w);
+		col += 1 + (int)n;
+		w += n;
+		w += strspn(w, " ");
+	}
+	fputc('\n', to);
+}
+
 static void serve_usage(FILE *to)
 {
 	fprintf(to, "usage: moe-sidecar serve [MODEL] [options]\n\n"
@@ -115,7 +145,15 @@ static void serve_usage(FILE *to)
 		snprintf(left, sizeof(left), "--%s%s%s", serve_options[i].opt.name,
 		         serve_options[i].arg ? " " : "",
 		         serve_options[i].arg ? serve_options[i].arg : "");
-		fprintf(to, "  %-32s %s\n", left, serve_options[i].help);
+		char help[256];
+		if (serve_options[i].help_arg) {
+			char arg[160];
+			serve_options[i].help_arg(arg, sizeof(arg));
+			snprintf(help, sizeof(help), serve_options[i].help, arg);
+		} else {
+			snprintf(help, sizeof(help), "%s", serve_options[i].help);
+		}
+		print_wrapped(to, left, help);
 	}
 }
 
@@ -347,12 +385,16 @@ int cmd_serve(int argc, char **argv)
 		        argv[optind + 1]);
 		return 2;
 	}
-	if (optind == argc)
-		return server_run(&cfg);
-
-	/* Every thread the model starts must inherit SIGINT/SIGTERM blocked, or a signal
-	 * would kill the process instead of reaching the server's signalfd. A signal during
-	 * warm-up stays pending and stops the server as soon as it runs. */
+	/* Whatever needs no model is checked before the model is read (warming a large one
+	 * takes minutes): the options, then the socket, its directory and the one-sidecar lock. */
+	char err[512];
+	if (serve_model_check_config(&mcfg, err, sizeof(err)) != 0) {
+		fprintf(stderr, "moe-sidecar serve: %s\n", err);
+		return 2;
+	}
+	/* Blocked before any thread exists (every thread the model starts inherits it), or a
+	 * signal would kill the process instead of reaching the server's signalfd. A signal
+	 * during warm-up stays pending and stops the server as soon as it runs. */
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -361,17 +403,24 @@ int cmd_serve(int argc, char **argv)
 		log_error("serve", "pthread_sigmask failed");
 		return 1;
 	}
+	struct server *server;
+	if (server_open(&cfg, &server) != 0)
+		return 1;
+	if (optind == argc)
+		return server_run(server);
+
 	mcfg.path = argv[optind];
-	char err[512];
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
+		server_close(server);
 		return 1;
 	}
 	struct model_ops *ops;
 	if (model_ops_create(model, &ops, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
 		serve_model_close(model);
+		server_close(server);
 		return 1;
 	}
 	const struct serve_model_desc *d = serve_model_desc(model);
@@ -380,7 +429,7 @@ int cmd_serve(int argc, char **argv)
 	cfg.defaults.top_k = d->max_top_k;
 	if (cfg.defaults.max_tokens > d->max_tokens)
 		cfg.defaults.max_tokens = d->max_tokens;
-	int status = server_run(&cfg);
+	int status = server_run(server);
 	model_ops_destroy(ops);
 	serve_model_close(model);
 	return status;

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "moe_proto.h"
 #include "pagecache.h"
+#include "policy.h"
 #include "progress.h"
 
 struct serve_model {
@@ -87,6 +88,25 @@ static int parse_numa(const char *spec, struct forward_config *fc, char *err, si
 	}
 	if (!fc->numa_list_len)
 		return fail(err, len, "--numa '%s': empty node list", spec);
+	return 0;
+}
+
+int serve_model_check_config(const struct serve_model_config *cfg, char *err, size_t err_len)
+{
+	struct forward_config fc = {.threads_per_node = cfg->threads};
+	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
+		return -1;
+	char why[256];
+	if (fc.numa != FORWARD_NUMA_AUTO && forward_check_topology(&fc, why, sizeof(why)) != 0)
+		return strncmp(why, "--numa", 6)
+		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why)
+		           : fail(err, err_len, "%s", why);
+	struct policy_spec spec;
+	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, why, sizeof(why)) != 0)
+		return fail(err, err_len, "--%s", why); /* "--policy 'x': unknown …" */
+	if (cfg->probes_instance &&
+	    pagecache_check_instance_name(cfg->probes_instance, why, sizeof(why)) != 0)
+		return fail(err, err_len, "--probes-instance: %s", why);
 	return 0;
 }
 
@@ -176,17 +196,30 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	log_info("serve", "model fingerprint=%s files=%u", m->desc.fingerprint_hex,
 	         m->cat->n_files);
 
-	/* Probes first: every model file is watched before the first expert read. */
-	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = false};
+	/* Probes first: every model file is watched before the first expert read. Quiet: the
+	 * one warning when they are unavailable is ours, with a hint when another sidecar owns
+	 * the instance name (two sidecars on one host need one name each). */
+	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
 	char perr[256] = "";
 	int prc = pagecache_open(&popt, &m->probes, perr, sizeof(perr));
 	if (prc < 0) {
 		fail(err, err_len, "probes: %s", perr[0] ? perr : strerror(-prc));
 		goto fail;
 	}
-	if (cfg->require_probes && !pagecache_available(m->probes)) {
-		fail(err, err_len, "--require-probes: probes %s", pagecache_status(m->probes));
-		goto fail;
+	if (!pagecache_available(m->probes)) {
+		char hint[200] = "";
+		if (pagecache_busy_owner(m->probes))
+			snprintf(
+			    hint, sizeof(hint),
+			    "; another sidecar owns probe instance '%s': give this one its own "
+			    "with --probes-instance NAME",
+			    cfg->probes_instance ? cfg->probes_instance : "default");
+		if (cfg->require_probes) {
+			fail(err, err_len, "--require-probes: page-cache probes %s%s",
+			     pagecache_status(m->probes), hint);
+			goto fail;
+		}
+		log_warn("probes", "page-cache probes %s%s", pagecache_status(m->probes), hint);
 	}
 	for (uint32_t i = 0; i < m->cat->n_files; i++) {
 		int rc = pagecache_watch(m->probes, m->cat->files[i].path);

@@ -56,6 +56,11 @@ struct serve_model_desc {
 
 struct serve_model;
 
+/* Checks everything in cfg that needs no model (--numa against this machine's topology,
+ * --policy, --probes-instance), so that a start-up refuses them before reading the model.
+ * 0, or -1 with err ("--numa 7: none of the listed nodes exists on this machine"). */
+int serve_model_check_config(const struct serve_model_config *cfg, char *err, size_t err_len);
+
 /* Opens everything; logs progress while warming. Returns 0, or -1 with err naming what went
  * wrong ("model.gguf: tensor blk.3.ffn_up_exps: offset beyond end of file"). */
 int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out, char *err,

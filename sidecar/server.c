@@ -12,28 +12,30 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/file.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "channel.h"
 #include "dispatch.h"
+#include "listener.h"
 #include "log.h"
 #include "model_ops.h"
 
 #define HELLO_MAX_BYTES 4096u
-#define HANDSHAKING_MAX 16u /* connections still in the handshake, beyond max_clients */
+/* Connections of one uid still in the handshake (accepted, no complete hello yet). The table
+ * holds max_clients plus this many per uid that may connect, so a uid that floods the
+ * handshake (connecting and sending nothing, each held up to handshake_timeout_ms) fills only
+ * its own share: every other allowed uid always finds an entry. Uids that may not connect are
+ * refused at accept and take none. */
+#define HANDSHAKES_PER_UID 16u
 
 enum { TAG_LISTEN = 1, TAG_SIGNAL, TAG_DROPPED, TAG_CONN_BASE = 16 };
 
@@ -47,20 +49,21 @@ struct conn {
 	uid_t uid;
 	uint64_t since_ns;
 	size_t have;
-	uint8_t hello[HELLO_MAX_BYTES];
+	uint8_t *hello; /* HELLO_MAX_BYTES while in the handshake, else NULL */
 	char name[32];
 	struct sidecar_channel *ch;
 };
 
 struct server {
 	const struct server_config *cfg;
-	char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-	char lock_path[PATH_MAX];
-	int listen_fd, lock_fd, signal_fd, dropped_fd, epoll_fd;
+	struct listener listener;
+	int signal_fd, dropped_fd, epoll_fd;
 	struct dispatcher dispatcher;
 	bool dispatcher_stopped;
 	struct conn *conns;
 	uint32_t n_conns_cap, n_serving, next_id;
+	/* Lines about connections refused or dropped at accept: peers can repeat them at will. */
+	struct log_ratelimit refused_log, dropped_log;
 };
 
 static uint64_t conn_tag(uint32_t id, uint32_t index)
@@ -86,133 +89,6 @@ int server_default_socket_path(char *buf, size_t len)
 	return n < 0 || (size_t)n >= len ? -1 : 0;
 }
 
-/* ---- Listening socket ------------------------------------------------------------------ */
-
-/* Creates (or checks) the socket's directory. Mode 0700, or 0711 with an allow-list so that
- * other uids can reach the socket (SO_PEERCRED then decides). An existing directory is not
- * changed; it must be ours (or root's) and not writable by others unless sticky. */
-static int socket_dir_prepare(const struct server *s)
-{
-	char dir[sizeof(s->path)];
-	snprintf(dir, sizeof(dir), "%s", s->path);
-	char *slash = strrchr(dir, '/');
-	if (!slash)
-		snprintf(dir, sizeof(dir), ".");
-	else if (slash == dir)
-		dir[1] = '\0';
-	else
-		*slash = '\0';
-	const mode_t mode = s->cfg->allow_list ? 0711 : 0700;
-	if (mkdir(dir, mode) == 0) {
-		if (chmod(dir, mode) != 0) {
-			log_error("server", "%s: chmod %o: %s", dir, (unsigned)mode,
-			          strerror(errno));
-			return -1;
-		}
-		return 0;
-	}
-	if (errno != EEXIST) {
-		log_error("server", "socket directory %s: mkdir: %s", dir, strerror(errno));
-		return -1;
-	}
-	struct stat st;
-	if (stat(dir, &st) != 0) {
-		log_error("server", "socket directory %s: stat: %s", dir, strerror(errno));
-		return -1;
-	}
-	if (!S_ISDIR(st.st_mode)) {
-		log_error("server", "socket directory %s: not a directory", dir);
-		return -1;
-	}
-	if (st.st_uid != geteuid() && st.st_uid != 0) {
-		log_error("server", "socket directory %s: owned by uid %u, not by us (%u) or root",
-		          dir, (unsigned)st.st_uid, (unsigned)geteuid());
-		return -1;
-	}
-	if ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)) {
-		log_error("server", "socket directory %s: mode %o lets others replace the socket",
-		          dir, (unsigned)(st.st_mode & 07777));
-		return -1;
-	}
-	return 0;
-}
-
-/* Takes the lock file next to the socket: a second sidecar on the same path refuses. */
-static int lock_take(struct server *s)
-{
-	snprintf(s->lock_path, sizeof(s->lock_path), "%s.lock", s->path);
-	s->lock_fd = open(s->lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (s->lock_fd < 0) {
-		log_error("server", "%s: open: %s", s->lock_path, strerror(errno));
-		return -1;
-	}
-	if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-		int e = errno;
-		char pid[32] = "";
-		ssize_t n = pread(s->lock_fd, pid, sizeof(pid) - 1, 0);
-		if (n > 0)
-			pid[strcspn(pid, "\n")] = '\0';
-		if (e == EWOULDBLOCK)
-			log_error("server",
-			          "another moe-sidecar (pid %s) is serving %s; refusing to "
-			          "start",
-			          n > 0 ? pid : "?", s->path);
-		else
-			log_error("server", "%s: flock: %s", s->lock_path, strerror(e));
-		close(s->lock_fd);
-		s->lock_fd = -1;
-		return -1;
-	}
-	char pid[32];
-	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-	if (ftruncate(s->lock_fd, 0) != 0 || pwrite(s->lock_fd, pid, (size_t)len, 0) != len)
-		log_warn("server", "%s: could not record our pid: %s", s->lock_path,
-		         strerror(errno));
-	return 0;
-}
-
-static int listener_open(struct server *s)
-{
-	if (socket_dir_prepare(s) != 0 || lock_take(s) != 0)
-		return -1;
-	struct stat st;
-	if (lstat(s->path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode)) {
-			log_error("server", "%s exists and is not a socket; refusing to replace it",
-			          s->path);
-			return -1;
-		}
-		/* We hold the lock, so whoever made it is gone. */
-		if (unlink(s->path) != 0) {
-			log_error("server", "%s: removing stale socket: %s", s->path,
-			          strerror(errno));
-			return -1;
-		}
-		log_info("server", "replaced a stale socket path=%s", s->path);
-	}
-	s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (s->listen_fd < 0) {
-		log_error("server", "socket(AF_UNIX): %s", strerror(errno));
-		return -1;
-	}
-	struct sockaddr_un addr = {.sun_family = AF_UNIX};
-	memcpy(addr.sun_path, s->path, strlen(s->path) + 1);
-	if (bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-		log_error("server", "%s: bind: %s", s->path, strerror(errno));
-		return -1;
-	}
-	const mode_t mode = s->cfg->allow_list ? 0666 : 0600;
-	if (chmod(s->path, mode) != 0) {
-		log_error("server", "%s: chmod %o: %s", s->path, (unsigned)mode, strerror(errno));
-		return -1;
-	}
-	if (listen(s->listen_fd, 64) != 0) {
-		log_error("server", "%s: listen: %s", s->path, strerror(errno));
-		return -1;
-	}
-	return 0;
-}
-
 /* ---- Connections ----------------------------------------------------------------------- */
 
 static bool uid_allowed(const struct server_config *cfg, uid_t uid)
@@ -224,6 +100,19 @@ static bool uid_allowed(const struct server_config *cfg, uid_t uid)
 			if (cfg->allowed_uids[i] == uid)
 				return true;
 	return false;
+}
+
+/* Our own uid, plus the distinct other uids of the allow-list. */
+static uint32_t uids_that_may_connect(const struct server_config *cfg)
+{
+	uint32_t n = 1;
+	for (uint32_t i = 0; cfg->allow_list && i < cfg->n_allowed_uids; i++) {
+		bool seen = cfg->allowed_uids[i] == geteuid();
+		for (uint32_t j = 0; j < i && !seen; j++)
+			seen = cfg->allowed_uids[j] == cfg->allowed_uids[i];
+		n += !seen;
+	}
+	return n;
 }
 
 static void conn_close(struct server *s, struct conn *c, const char *why)
@@ -254,6 +143,7 @@ static void conn_close(struct server *s, struct conn *c, const char *why)
 	else
 		log_debug("server", "connection closed during handshake id=%u pid=%d reason=\"%s\"",
 		          c->id, (int)c->pid, why);
+	free(c->hello);
 	memset(c, 0, sizeof(*c));
 	c->fd = -1;
 }
@@ -362,15 +252,6 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	int rc = moe_hello_parse(c->hello, len, &h, why, sizeof(why));
 	if (rc == MOE_OK)
 		snprintf(c->name, sizeof(c->name), "%s", h.client_name);
-	if (!uid_allowed(s->cfg, c->uid)) {
-		snprintf(why, sizeof(why),
-		         "uid %u is not allowed to use this sidecar (it serves "
-		         "uid %u%s)",
-		         (unsigned)c->uid, (unsigned)geteuid(),
-		         s->cfg->allow_list ? " and its --allow-uid list" : "");
-		refuse(s, c, MOE_EREFUSED, why);
-		return;
-	}
 	if (rc != MOE_OK) {
 		refuse(s, c, rc, why);
 		return;
@@ -423,6 +304,8 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	}
 	c->ch = ch;
 	c->state = CONN_SERVING;
+	free(c->hello); /* the handshake is over */
+	c->hello = NULL;
 	s->n_serving++;
 	dispatcher_add(&s->dispatcher, ch, c);
 	log_info("server",
@@ -508,10 +391,45 @@ static void conn_event(struct server *s, struct conn *c, uint32_t events)
 	}
 }
 
+/* A peer whose uid may not use this sidecar is refused as soon as it connects, from
+ * SO_PEERCRED, before it takes a handshake entry: it gets the refusal welcome (MOE_EREFUSED
+ * with the reason; the client reads it even if its hello then hits a closed socket) and the
+ * connection is closed. Logged at most LOG_RATELIMIT_BURST times a second. */
+static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
+{
+	struct moe_welcome w;
+	welcome_base(&w, MOE_EREFUSED);
+	snprintf(w.reason, sizeof(w.reason),
+	         "uid %u is not allowed to use this sidecar (it serves uid %u%s)",
+	         (unsigned)cred->uid, (unsigned)geteuid(),
+	         s->cfg->allow_list ? " and its --allow-uid list" : "");
+	uint32_t more;
+	if (log_ratelimit_allow(&s->refused_log, now_ns(), &more))
+		log_warn("server", "refused client pid=%d uid=%u status=%s reason=\"%s\"%s",
+		         (int)cred->pid, (unsigned)cred->uid, moe_status_str(MOE_EREFUSED),
+		         w.reason,
+		         more ? " (more refusals since the last line were not logged)" : "");
+	if (send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w))
+		log_debug("server", "refusal to pid=%d not delivered: %s", (int)cred->pid,
+		          strerror(errno));
+	close(fd);
+}
+
+static void drop_at_accept(struct server *s, int fd, const struct ucred *cred, const char *why)
+{
+	uint32_t more;
+	if (log_ratelimit_allow(&s->dropped_log, now_ns(), &more))
+		log_warn("server", "dropped a connection of pid=%d uid=%u: %s%s", (int)cred->pid,
+		         (unsigned)cred->uid, why,
+		         more ? " (more connections dropped since the last line were not logged)"
+		              : "");
+	close(fd);
+}
+
 static void accept_all(struct server *s)
 {
 	for (;;) {
-		int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		int fd = accept4(s->listener.sock_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (fd < 0) {
 			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
 				log_warn("server", "accept: %s", strerror(errno));
@@ -525,21 +443,31 @@ static void accept_all(struct server *s)
 			close(fd);
 			continue;
 		}
+		if (!uid_allowed(s->cfg, cred.uid)) {
+			refuse_at_accept(s, fd, &cred);
+			continue;
+		}
 		struct conn *c = NULL;
-		uint32_t handshaking = 0;
+		uint32_t handshaking_of_uid = 0;
 		for (uint32_t i = 0; i < s->n_conns_cap; i++) {
-			if (s->conns[i].state == CONN_HELLO)
-				handshaking++;
+			if (s->conns[i].state == CONN_HELLO && s->conns[i].uid == cred.uid)
+				handshaking_of_uid++;
 			if (!c && s->conns[i].state == CONN_FREE)
 				c = &s->conns[i];
 		}
-		if (!c || handshaking >= HANDSHAKING_MAX) {
-			log_warn("server", "too many connections; dropping pid=%d uid=%u",
-			         (int)cred.pid, (unsigned)cred.uid);
-			close(fd);
+		/* !c cannot happen below the uid's share (see HANDSHAKES_PER_UID). */
+		const char *why = NULL;
+		if (handshaking_of_uid >= HANDSHAKES_PER_UID || !c)
+			why = "that uid already has its share of connections in the handshake";
+		uint8_t *hello = why ? NULL : malloc(HELLO_MAX_BYTES);
+		if (!why && !hello)
+			why = "out of memory for its hello";
+		if (why) {
+			drop_at_accept(s, fd, &cred, why);
 			continue;
 		}
 		memset(c, 0, sizeof(*c));
+		c->hello = hello;
 		c->fd = fd;
 		c->state = CONN_HELLO;
 		c->id = ++s->next_id;
@@ -551,6 +479,7 @@ static void accept_all(struct server *s)
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
 			log_error("server", "epoll_ctl ADD client: %s", strerror(errno));
 			close(fd);
+			free(c->hello);
 			memset(c, 0, sizeof(*c));
 			c->fd = -1;
 		}
@@ -606,13 +535,17 @@ static int server_setup(struct server *s)
 		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
 		return -1;
 	}
-	if (listener_open(s) != 0)
+	char err[256];
+	if (listener_listen(&s->listener, 64, err, sizeof(err)) != 0) {
+		log_error("server", "%s", err);
 		return -1;
+	}
 	const struct {
 		int fd;
 		uint64_t tag;
-	} fixed[] = {
-	    {s->listen_fd, TAG_LISTEN}, {s->signal_fd, TAG_SIGNAL}, {s->dropped_fd, TAG_DROPPED}};
+	} fixed[] = {{s->listener.sock_fd, TAG_LISTEN},
+	             {s->signal_fd, TAG_SIGNAL},
+	             {s->dropped_fd, TAG_DROPPED}};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = fixed[i].tag};
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0) {
@@ -620,7 +553,7 @@ static int server_setup(struct server *s)
 			return -1;
 		}
 	}
-	s->n_conns_cap = s->cfg->max_clients + HANDSHAKING_MAX;
+	s->n_conns_cap = s->cfg->max_clients + HANDSHAKES_PER_UID * uids_that_may_connect(s->cfg);
 	s->conns = calloc(s->n_conns_cap, sizeof(*s->conns));
 	if (!s->conns) {
 		log_error("server", "out of memory for %u connections", s->n_conns_cap);
@@ -628,7 +561,6 @@ static int server_setup(struct server *s)
 	}
 	for (uint32_t i = 0; i < s->n_conns_cap; i++)
 		s->conns[i].fd = -1;
-	char err[256];
 	s->dispatcher.spin_ns = s->cfg->spin_ns;
 	if (dispatcher_start(&s->dispatcher, s->dropped_fd, err, sizeof(err)) != 0) {
 		log_error("server", "%s", err);
@@ -640,12 +572,12 @@ static int server_setup(struct server *s)
 static void announce_ready(struct server *s)
 {
 	int fd = s->cfg->ready_fd;
-	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->path,
+	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->listener.path,
 	         (int)getpid(), s->cfg->max_clients, s->cfg->allow_list ? "uid+allow-list" : "uid");
 	if (fd < 0)
 		return;
-	char line[sizeof(s->path) + 16];
-	int n = snprintf(line, sizeof(line), "READY %s\n", s->path);
+	char line[sizeof(s->listener.path) + 16];
+	int n = snprintf(line, sizeof(line), "READY %s\n", s->listener.path);
 	if (write(fd, line, (size_t)n) != n)
 		log_warn("server", "--ready-fd %d: write: %s", fd, strerror(errno));
 	close(fd);
@@ -653,10 +585,7 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
-	if (s->listen_fd >= 0) {
-		close(s->listen_fd);
-		unlink(s->path);
-	}
+	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
 	model_ops_shutdown(s->cfg->model_ops); /* queued FORWARDs fail with MOE_ESHUTDOWN */
 	if (s->dispatcher.running)
 		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
@@ -665,10 +594,6 @@ static void server_teardown(struct server *s)
 		if (s->conns[i].state != CONN_FREE)
 			conn_close(s, &s->conns[i], "sidecar shutting down");
 	free(s->conns);
-	if (s->lock_fd >= 0) {
-		unlink(s->lock_path);
-		close(s->lock_fd);
-	}
 	if (s->epoll_fd >= 0)
 		close(s->epoll_fd);
 	if (s->signal_fd >= 0)
@@ -677,38 +602,66 @@ static void server_teardown(struct server *s)
 		close(s->dropped_fd);
 }
 
-int server_run(const struct server_config *cfg)
+int server_open(const struct server_config *cfg, struct server **out)
 {
-	struct server s;
-	memset(&s, 0, sizeof(s));
-	s.cfg = cfg;
-	s.listen_fd = s.lock_fd = s.signal_fd = s.dropped_fd = s.epoll_fd = -1;
+	*out = NULL;
+	struct server *s = calloc(1, sizeof(*s));
+	if (!s) {
+		log_error("server", "out of memory");
+		return 1;
+	}
+	s->cfg = cfg;
+	s->signal_fd = s->dropped_fd = s->epoll_fd = -1;
+	s->listener.dir_fd = s->listener.lock_fd = s->listener.sock_fd = -1;
+	char path[sizeof(s->listener.path)], err[512];
 	if (cfg->socket_path) {
-		if (strlen(cfg->socket_path) >= sizeof(s.path)) {
+		if (strlen(cfg->socket_path) >= sizeof(path)) {
 			log_error("server", "socket path is %zu bytes; at most %zu fit in sun_path",
-			          strlen(cfg->socket_path), sizeof(s.path) - 1);
+			          strlen(cfg->socket_path), sizeof(path) - 1);
+			server_close(s);
 			return 1;
 		}
-		snprintf(s.path, sizeof(s.path), "%s", cfg->socket_path);
-	} else if (server_default_socket_path(s.path, sizeof(s.path)) != 0) {
+		snprintf(path, sizeof(path), "%s", cfg->socket_path);
+	} else if (server_default_socket_path(path, sizeof(path)) != 0) {
 		log_error("server", "default socket path does not fit in sun_path");
+		server_close(s);
 		return 1;
 	}
-	if (server_setup(&s) != 0) {
-		/* The socket exists only once the lock is ours: teardown never unlinks a path
-		 * another sidecar owns. */
-		server_teardown(&s);
+	/* The socket and its lock exist only once the lock is ours: closing never unlinks a
+	 * path another sidecar owns. */
+	if (listener_open(&s->listener, path, cfg->allow_list, err, sizeof(err)) != 0) {
+		log_error("server", "%s", err);
+		server_close(s);
 		return 1;
 	}
-	announce_ready(&s);
+	*out = s;
+	return 0;
+}
+
+void server_close(struct server *s)
+{
+	if (!s)
+		return;
+	listener_close(&s->listener);
+	free(s);
+}
+
+int server_run(struct server *s)
+{
+	if (server_setup(s) != 0) {
+		server_teardown(s);
+		free(s);
+		return 1;
+	}
+	announce_ready(s);
 
 	int status = 0;
 	for (bool stop = false; !stop;) {
 		bool handshaking = false;
-		for (uint32_t i = 0; i < s.n_conns_cap; i++)
-			handshaking |= s.conns[i].state == CONN_HELLO;
+		for (uint32_t i = 0; i < s->n_conns_cap; i++)
+			handshaking |= s->conns[i].state == CONN_HELLO;
 		struct epoll_event ev[32];
-		int n = epoll_wait(s.epoll_fd, ev, 32, handshaking ? 250 : -1);
+		int n = epoll_wait(s->epoll_fd, ev, 32, handshaking ? 250 : -1);
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -719,28 +672,29 @@ int server_run(const struct server_config *cfg)
 		for (int i = 0; i < n && !stop; i++) {
 			uint64_t tag = ev[i].data.u64;
 			if (tag == TAG_LISTEN) {
-				accept_all(&s);
+				accept_all(s);
 			} else if (tag == TAG_SIGNAL) {
 				struct signalfd_siginfo si;
-				if (read(s.signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
+				if (read(s->signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
 					log_info("server", "shutting down on %s",
 					         strsignal((int)si.ssi_signo));
 					stop = true;
 				}
 			} else if (tag == TAG_DROPPED) {
-				handle_dropped(&s);
+				handle_dropped(s);
 			} else {
 				/* The id guards against a stale event for a slot reused in this
 				 * same batch. */
-				struct conn *c = &s.conns[(uint32_t)tag - TAG_CONN_BASE];
+				struct conn *c = &s->conns[(uint32_t)tag - TAG_CONN_BASE];
 				if (c->state != CONN_FREE && c->id == (uint32_t)(tag >> 32))
-					conn_event(&s, c, ev[i].events);
+					conn_event(s, c, ev[i].events);
 			}
 		}
 		if (handshaking)
-			sweep_handshakes(&s);
+			sweep_handshakes(s);
 	}
-	server_teardown(&s);
+	server_teardown(s);
+	free(s);
 	log_info("server", "stopped");
 	return status;
 }

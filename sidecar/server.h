@@ -1,10 +1,14 @@
 /* server.h — the control side of `moe-sidecar serve`: socket, peers, handshakes, lifetimes.
  *
- * Owns: the listening Unix socket and its lock file, the table of connected clients, the
- * handshake (hello → limits → memfd channel → welcome with SCM_RIGHTS), reclaiming a
- * channel when its client hangs up or breaks the protocol, and the clean shutdown on
- * SIGINT/SIGTERM. It runs on the calling thread (the control thread) and starts the
- * dispatcher thread (dispatch.h), which alone touches the rings.
+ * Owns: the listening Unix socket and its lock file (listener.h), the table of connected
+ * clients, the handshake (hello → limits → memfd channel → welcome with SCM_RIGHTS),
+ * reclaiming a channel when its client hangs up or breaks the protocol, and the clean
+ * shutdown on SIGINT/SIGTERM. It runs on the calling thread (the control thread) and starts
+ * the dispatcher thread (dispatch.h), which alone touches the rings.
+ *
+ * Two steps, so that everything that can be checked without the model is checked before the
+ * model is read: server_open (socket directory, the one-sidecar lock, bind) runs first and
+ * fails in milliseconds; server_run listens and serves once the model is ready.
  */
 #ifndef MOE_SIDECAR_SERVER_H
 #define MOE_SIDECAR_SERVER_H
@@ -40,8 +44,20 @@ struct server_config {
  * or -1 if it does not fit in len. */
 int server_default_socket_path(char *buf, size_t len);
 
-/* Serves until SIGINT or SIGTERM. Returns 0 after a clean shutdown, 1 on a start-up or fatal
- * error (already logged). Blocks SIGINT/SIGTERM/SIGPIPE on the calling thread. */
-int server_run(const struct server_config *cfg);
+struct server;
+
+/* Step 1: resolves the socket path, checks or creates its directory, takes the lock (a second
+ * sidecar on the same path fails here, naming the first) and binds; nothing listens yet.
+ * Reads only the socket fields of cfg (socket_path, allow_list); cfg must outlive the server
+ * and be complete (model_ops, defaults, …) by server_run. Returns 0, or 1 with the error
+ * logged. */
+int server_open(const struct server_config *cfg, struct server **out);
+/* Step 2: listens and serves until SIGINT or SIGTERM; then tears everything down and frees s.
+ * Returns 0 after a clean shutdown, 1 on a start-up or fatal error (already logged). Blocks
+ * SIGINT/SIGTERM/SIGPIPE on the calling thread. */
+int server_run(struct server *s);
+/* Instead of server_run (start-up failed elsewhere): removes the socket and lock, frees s.
+ * NULL is a no-op. */
+void server_close(struct server *s);
 
 #endif

@@ -22,104 +22,6 @@
 #include "progress.h"
 #include "safetensors.h"
 
-/* From each model's published config.json (DeepSeek-V3's head_dim is its qk_nope_head_dim
- * = v_head_dim, its rope_dim qk_rope_head_dim). */
-const struct moe_gen_preset moe_gen_presets[] = {
-    {.name = "qwen3-30b-a3b",
-     .arch = MOE_ARCH_QWEN3MOE,
-     .full_layers = 48,
-     .default_layers = 2,
-     .n_experts = 128,
-     .top_k = 8,
-     .hidden = 2048,
-     .expert_ffn = 768,
-     .dense_ffn = 6144,
-     .heads = 32,
-     .kv_heads = 4,
-     .head_dim = 128,
-     .rope_dim = 128,
-     .max_positions = 40960,
-     .rope_theta = 1e6,
-     .rms_eps = 1e-6},
-    {.name = "mixtral-8x7b",
-     .arch = MOE_ARCH_MIXTRAL,
-     .full_layers = 32,
-     .default_layers = 2,
-     .n_experts = 8,
-     .top_k = 2,
-     .hidden = 4096,
-     .expert_ffn = 14336,
-     .dense_ffn = 14336,
-     .heads = 32,
-     .kv_heads = 8,
-     .head_dim = 128,
-     .rope_dim = 128,
-     .max_positions = 32768,
-     .rope_theta = 1e6,
-     .rms_eps = 1e-5},
-    {.name = "deepseek-v3",
-     .arch = MOE_ARCH_DEEPSEEK,
-     .full_layers = 61,
-     .default_layers = 2,
-     .n_experts = 256,
-     .top_k = 8,
-     .n_shared = 1,
-     .hidden = 7168,
-     .expert_ffn = 2048,
-     .dense_ffn = 18432,
-     .leading_dense = 3,
-     .heads = 128,
-     .kv_heads = 128,
-     .head_dim = 128,
-     .q_lora_rank = 1536,
-     .kv_lora_rank = 512,
-     .rope_dim = 64,
-     .max_positions = 163840,
-     .rope_theta = 10000,
-     .rms_eps = 1e-6},
-    {.name = "gpt-oss-20b",
-     .arch = MOE_ARCH_GPT_OSS,
-     .full_layers = 24,
-     .default_layers = 2,
-     .n_experts = 32,
-     .top_k = 4,
-     .hidden = 2880,
-     .expert_ffn = 2880,
-     .dense_ffn = 2880,
-     .heads = 64,
-     .kv_heads = 8,
-     .head_dim = 64,
-     .rope_dim = 64,
-     .max_positions = 131072,
-     .rope_theta = 150000,
-     .rms_eps = 1e-5},
-    {.name = "olmoe",
-     .arch = MOE_ARCH_OLMOE,
-     .full_layers = 16,
-     .default_layers = 2,
-     .n_experts = 64,
-     .top_k = 8,
-     .hidden = 2048,
-     .expert_ffn = 1024,
-     .dense_ffn = 1024,
-     .heads = 16,
-     .kv_heads = 16,
-     .head_dim = 128,
-     .rope_dim = 128,
-     .max_positions = 4096,
-     .rope_theta = 10000,
-     .rms_eps = 1e-5},
-    {.name = NULL},
-};
-
-const struct moe_gen_preset *moe_gen_preset_find(const char *name)
-{
-	for (const struct moe_gen_preset *p = moe_gen_presets; p->name; p++)
-		if (!strcmp(p->name, name))
-			return p;
-	return NULL;
-}
-
 /* ---- deterministic floats ------------------------------------------------------------- */
 
 static uint64_t mix64(uint64_t x)
@@ -992,7 +894,7 @@ const char *gen_gguf_arch(enum moe_arch a)
 /* The architecture's llama.cpp hyperparameter keys (first split only). */
 static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 {
-	const struct moe_gen_preset *p = g->m.preset;
+	const struct moe_model_preset *p = g->m.preset;
 	const char *a = gen_gguf_arch(p->arch);
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
@@ -1161,7 +1063,7 @@ static int write_text(struct gen *g, const char *path, const struct membuf *m)
 /* config.json of an experts-only checkpoint: the keys the catalog reads. */
 static void config_experts_only(const struct gen *g, struct membuf *mb)
 {
-	const struct moe_gen_preset *p = g->m.preset;
+	const struct moe_model_preset *p = g->m.preset;
 	static const char *const model_type[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
 	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
@@ -1271,13 +1173,13 @@ static int write_index(struct gen *g)
 static int check_options(struct gen *g)
 {
 	const struct moe_gen_options *o = g->opt;
-	const struct moe_gen_preset *p = g->m.preset;
+	const struct moe_model_preset *p = g->m.preset;
 	g->m.gguf = strlen(o->out) > 5 && !strcmp(o->out + strlen(o->out) - 5, ".gguf");
 	g->m.format = o->format;
 	g->m.hidden = o->hidden ? o->hidden : p->hidden;
 	g->m.ffn = o->ffn ? o->ffn : p->expert_ffn;
 	g->m.n_experts = o->experts ? o->experts : p->n_experts;
-	g->m.n_layers = o->layers ? o->layers : o->full ? p->full_layers : p->default_layers;
+	g->m.n_layers = o->layers ? o->layers : o->full ? p->full_layers : MOE_GEN_DEFAULT_LAYERS;
 	if (g->m.n_layers == 0 || g->m.n_layers > 4096 || g->m.n_experts == 0 ||
 	    g->m.n_experts > 65536 || g->m.hidden == 0 || g->m.ffn == 0 ||
 	    g->m.hidden > (1u << 20) || g->m.ffn > (1u << 20))
@@ -1381,26 +1283,31 @@ static int make_paths(struct gen *g)
 			snprintf(g->paths[f], n, "%s/model-%05u-of-%05u.safetensors", out, f + 1,
 			         g->n_files);
 	}
-	/* Like `mkdir -p`: the GGUF file's folder, or the safetensors folder itself. */
-	char dir[4096];
+	/* The folder that receives the output must exist: a typo in --out must not become a
+	 * tree of directories. Only a safetensors checkpoint's own directory is created. */
+	char parent[4096];
 	size_t len = strlen(out);
-	if (g->m.gguf) {
-		const char *slash = strrchr(out, '/');
-		len = slash ? (size_t)(slash - out) : 0;
-	}
-	if (len >= sizeof(dir))
+	while (len > 1 && out[len - 1] == '/')
+		len--; /* "ckpt/" names the directory ckpt */
+	const char *slash = memrchr(out, '/', len);
+	size_t plen = slash ? (slash == out ? 1 : (size_t)(slash - out)) : 1;
+	if (plen >= sizeof(parent))
 		return model_fail(g->err, "%s: path too long", out);
-	memcpy(dir, out, len);
-	dir[len] = '\0';
-	for (size_t i = 1; i <= len; i++) {
-		if (dir[i] != '/' && dir[i] != '\0')
-			continue;
-		char c = dir[i];
-		dir[i] = '\0';
-		if (mkdir(dir, 0755) && errno != EEXIST)
-			return model_fail(g->err, "%s: mkdir: %s", dir, strerror(errno));
-		dir[i] = c;
-	}
+	if (slash)
+		memcpy(parent, out, plen);
+	else
+		parent[0] = '.';
+	parent[plen] = '\0';
+	struct stat st;
+	if (stat(parent, &st) != 0)
+		return model_fail(g->err,
+		                  "%s: directory %s: %s; create it first (moe-gen makes no parent "
+		                  "directories)",
+		                  out, parent, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return model_fail(g->err, "%s: %s is not a directory", out, parent);
+	if (!g->m.gguf && mkdir(out, 0755) != 0 && errno != EEXIST)
+		return model_fail(g->err, "%s: mkdir: %s", out, strerror(errno));
 	return 0;
 }
 
@@ -1409,11 +1316,11 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 	struct gen g = {.opt = opt, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
 		return model_fail(err, "an output path and a preset are required");
-	if (!(g.m.preset = moe_gen_preset_find(opt->preset)))
-		return model_fail(err,
-		                  "unknown preset '%s' (qwen3-30b-a3b mixtral-8x7b deepseek-v3 "
-		                  "gpt-oss-20b olmoe)",
-		                  opt->preset);
+	if (!(g.m.preset = moe_model_preset_find(opt->preset))) {
+		char names[256];
+		moe_model_preset_names(names, sizeof(names), ", ");
+		return model_fail(err, "unknown preset '%s' (%s)", opt->preset, names);
+	}
 	int rc = check_options(&g);
 	g.n_files = opt->shards ? opt->shards : 1;
 	if (!rc)

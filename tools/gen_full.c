@@ -36,7 +36,7 @@ static uint32_t scaled_count(const struct gen_model *m, uint32_t v)
 int gen_full_resolve(struct gen_model *m, struct model_error *err)
 {
 	const struct moe_gen_options *o = m->opt;
-	const struct moe_gen_preset *p = m->preset;
+	const struct moe_model_preset *p = m->preset;
 	const enum moe_arch arch = p->arch;
 	m->vocab = o->vocab ? o->vocab : DEFAULT_VOCAB;
 	if (m->vocab < MIN_VOCAB || m->vocab > MAX_VOCAB)
@@ -348,7 +348,7 @@ static const char *torch_dtype(uint32_t format)
 
 void gen_full_config(const struct gen_model *m, struct membuf *mb)
 {
-	const struct moe_gen_preset *p = m->preset;
+	const struct moe_model_preset *p = m->preset;
 	const enum moe_arch arch = p->arch;
 	static const char *const model_type[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",

@@ -24,7 +24,7 @@
 /* The model the options describe, resolved once (defaults applied, limits checked). */
 struct gen_model {
 	const struct moe_gen_options *opt;
-	const struct moe_gen_preset *preset;
+	const struct moe_model_preset *preset;
 	bool gguf;       /* GGUF file(s); otherwise a Hugging Face directory */
 	bool full;       /* --full-model: every tensor of the architecture */
 	uint32_t format; /* moek format of the routed experts */

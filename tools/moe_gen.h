@@ -3,9 +3,10 @@
  * Writes Mixture-of-Experts models as real GGUF files (the architecture's llama.cpp metadata
  * keys and tensor names) or real Hugging Face checkpoints (config.json + safetensors,
  * optionally sharded with model.safetensors.index.json), with expert shapes from a preset of
- * a real model. Weights are deterministic from (seed, layer, expert, tensor): quantized
- * formats are produced by the kernels' reference quantizer (moek_quantize) from the floats
- * moe_gen_floats() regenerates, so readers and kernels can be checked against the originals.
+ * a real model (sidecar/model/presets.h, the table `simulate --generate` shares). Weights are
+ * deterministic from (seed, layer, expert, tensor): quantized formats are produced by the
+ * kernels' reference quantizer (moek_quantize) from the floats moe_gen_floats() regenerates,
+ * so readers and kernels can be checked against the originals.
  *
  * Which container: `out` ending in ".gguf" → GGUF (with shards: PREFIX-0000i-of-0000N.gguf);
  * anything else is a directory that receives config.json and the safetensors files.
@@ -24,31 +25,17 @@
 
 #include "catalog.h"
 #include "model_error.h"
+#include "presets.h"
 
-struct moe_gen_preset {
-	const char *name; /* "qwen3-30b-a3b", … */
-	enum moe_arch arch;
-	uint32_t full_layers, default_layers;
-	uint32_t n_experts, top_k, n_shared;
-	uint64_t hidden, expert_ffn, dense_ffn;
-	uint32_t leading_dense; /* dense blocks before the first MoE block (DeepSeek: 3) */
-	/* the rest of the architecture (--full-model), from the same config.json */
-	uint32_t heads, kv_heads, head_dim; /* DeepSeek: head_dim = qk_nope = v_head_dim */
-	uint32_t q_lora_rank, kv_lora_rank, rope_dim; /* MLA ranks (DeepSeek only), RoPE dims */
-	uint32_t max_positions;
-	double rope_theta, rms_eps;
-};
-
-/* Preset by name, or NULL. moe_gen_presets lists them all (NULL-terminated names). */
-const struct moe_gen_preset *moe_gen_preset_find(const char *name);
-extern const struct moe_gen_preset moe_gen_presets[];
+/* Blocks generated when neither --layers nor --full says otherwise. */
+#define MOE_GEN_DEFAULT_LAYERS 2u
 
 struct moe_gen_options {
-	const char *preset;
+	const char *preset; /* a name or alias from presets.h */
 	const char *out;
 	uint32_t format; /* moek_format id */
 	uint64_t seed;
-	uint32_t layers; /* 0: preset default (full_layers with `full`) */
+	uint32_t layers; /* 0: MOE_GEN_DEFAULT_LAYERS (full_layers with `full`) */
 	bool full;
 	uint64_t hidden;    /* 0: preset value */
 	uint64_t ffn;       /* 0: preset value */

@@ -11,16 +11,21 @@
 
 static void usage(FILE *o)
 {
+	char presets[256];
+	moe_model_preset_names(presets, sizeof(presets), " | ");
 	fprintf(
 	    o,
 	    "usage: moe-gen --preset NAME --out PATH [options]\n"
+	    "       moe-gen --version\n"
 	    "  --out PATH       PATH.gguf writes GGUF; any other PATH is a directory that gets\n"
 	    "                   config.json + safetensors\n"
-	    "  --preset NAME    qwen3-30b-a3b | mixtral-8x7b | deepseek-v3 | gpt-oss-20b | olmoe\n"
-	    "  --format F       f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4 fp8 (default: q8_0 "
-	    "for\n"
-	    "                   GGUF, bf16 for safetensors, fp8 for deepseek-v3 safetensors,\n"
-	    "                   mxfp4 for gpt-oss)\n"
+	    "  --preset NAME    %s\n",
+	    presets);
+	fprintf(
+	    o,
+	    "  --format F       f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4 fp8 (default:\n"
+	    "                   q8_0 for GGUF, bf16 for safetensors, fp8 for deepseek-v3\n"
+	    "                   safetensors, mxfp4 for gpt-oss)\n"
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
 	    "  --layers N       number of blocks (default: 2; --full: the real count)\n"
 	    "  --hidden N --ffn N --experts N   shrink dims (default: the real model's)\n"
@@ -79,6 +84,9 @@ int main(int argc, char **argv)
 		uint64_t n;
 		if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
 			usage(stdout);
+			return 0;
+		} else if (!strcmp(a, "--version")) {
+			printf("moe-gen %s\n", MOE_VERSION);
 			return 0;
 		} else if (!strcmp(a, "--full")) {
 			o.full = true;
@@ -139,7 +147,7 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	const struct moe_gen_preset *p = moe_gen_preset_find(o.preset);
+	const struct moe_model_preset *p = moe_model_preset_find(o.preset);
 	size_t ol = strlen(o.out);
 	int gguf = ol > 5 && !strcmp(o.out + ol - 5, ".gguf");
 	if (format) {

@@ -50,17 +50,24 @@ static void usage(FILE *to)
 	        "  --trace FILE   routing trace (moe-trace text format) instead of the generator\n"
 	        "  --seed S       generator seed (default 1)\n"
 	        "  --no-prefetch  do not post lookahead hints\n"
-	        "  --json         one JSON object instead of the table\n");
+	        "  --json         one JSON object instead of the table\n"
+	        "  --version      this program's and its protocol's versions\n");
 }
 
 int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'}, {"steps", required_argument, NULL, 'n'},
-	    {"tokens", required_argument, NULL, 't'}, {"k-defer", required_argument, NULL, 'd'},
-	    {"trace", required_argument, NULL, 'f'},  {"seed", required_argument, NULL, 'r'},
-	    {"no-prefetch", no_argument, NULL, 'p'},  {"json", no_argument, NULL, 'j'},
-	    {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'},
+	    {"steps", required_argument, NULL, 'n'},
+	    {"tokens", required_argument, NULL, 't'},
+	    {"k-defer", required_argument, NULL, 'd'},
+	    {"trace", required_argument, NULL, 'f'},
+	    {"seed", required_argument, NULL, 'r'},
+	    {"no-prefetch", no_argument, NULL, 'p'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"help", no_argument, NULL, 'h'},
+	    {"version", no_argument, NULL, 'V'},
+	    {NULL, 0, NULL, 0},
 	};
 	const char *socket_path = NULL, *trace_path = NULL;
 	long steps = 64, n_seq = 1, k_defer = 1;
@@ -77,6 +84,10 @@ int main(int argc, char **argv)
 		case 'p': prefetch = 0; break;
 		case 'j': json = 1; break;
 		case 'h': usage(stdout); return 0;
+		case 'V':
+			printf("moe-decode-demo %s (protocol ABI %u.%u)\n", MOE_VERSION,
+			       MOE_ABI_MAJOR, MOE_ABI_MINOR);
+			return 0;
 		default: usage(stderr); return 2;
 		}
 	}

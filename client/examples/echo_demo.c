@@ -58,13 +58,20 @@ int main(int argc, char **argv)
 	static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
 	                                     {"pings", required_argument, NULL, 'p'},
 	                                     {"help", no_argument, NULL, 'h'},
+	                                     {"version", no_argument, NULL, 'V'},
 	                                     {0}};
 	int o;
 	while ((o = getopt_long(argc, argv, "s:p:h", opts, NULL)) != -1) {
 		switch (o) {
 		case 's': socket_path = optarg; break;
 		case 'p': pings = strtol(optarg, NULL, 10); break;
-		case 'h': printf("usage: moe-echo-demo [--socket PATH] [--pings N]\n"); return 0;
+		case 'h':
+			printf("usage: moe-echo-demo [--socket PATH] [--pings N] [--version]\n");
+			return 0;
+		case 'V':
+			printf("moe-echo-demo %s (protocol ABI %u.%u)\n", MOE_VERSION,
+			       MOE_ABI_MAJOR, MOE_ABI_MINOR);
+			return 0;
 		default: return 2;
 		}
 	}

@@ -76,7 +76,7 @@ struct forward_config {
 	enum forward_source source;
 	/* RESIDENCY */
 	uint64_t mem_budget;  /* bytes of expert slots over all nodes; 0 = every expert fits */
-	const char *policy;   /* residency policy spec (policy.h); NULL = "sieve+layer" */
+	const char *policy;   /* residency policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t pin_layers;  /* first N MoE layers fully resident (appended as +pinN) */
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
@@ -105,6 +105,11 @@ struct forward_config {
 };
 
 struct forward_engine;
+
+/* Checks the NUMA part of config (numa, numa_list, numa_synthetic, threads_per_node) against
+ * this machine the way forward_create would, without a model: a start-up can refuse a bad
+ * --numa before reading anything. 0, or -1 with err. */
+int forward_check_topology(const struct forward_config *config, char *err, size_t err_len);
 
 /* Creates the engine: topology, pools, weights source (loads everything for ALL_RESIDENT,
  * warms pinned layers for RESIDENCY — and every expert when mem_budget is 0, unless

@@ -68,8 +68,9 @@ static int order_pus(hwloc_topology_t topo, hwloc_const_bitmap_t set, struct for
 	return 0;
 }
 
-int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
-                  size_t err_len)
+/* topology_open without its log line (forward_check_topology runs it once more). */
+static int topology_build(struct forward_topology *t, const struct forward_config *cfg, char *err,
+                          size_t err_len)
 {
 	memset(t, 0, sizeof(*t));
 	hwloc_topology_t topo;
@@ -144,11 +145,28 @@ int topology_open(struct forward_topology *t, const struct forward_config *cfg, 
 		return -1;
 	}
 	t->memory_bound = !t->synthetic && t->n_nodes > 1;
+	return 0;
+}
+
+int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
+                  size_t err_len)
+{
+	if (topology_build(t, cfg, err, err_len) != 0)
+		return -1;
 	if (t->synthetic)
 		log_info(
 		    "forward",
 		    "synthetic topology \"%s\": %u nodes; threads not pinned, memory not bound",
 		    cfg->numa_synthetic, t->n_nodes);
+	return 0;
+}
+
+int forward_check_topology(const struct forward_config *cfg, char *err, size_t err_len)
+{
+	struct forward_topology t;
+	if (topology_build(&t, cfg, err, err_len) != 0)
+		return -1;
+	topology_close(&t);
 	return 0;
 }
 

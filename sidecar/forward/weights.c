@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "forward_internal.h"
+#include "policy.h"
 #include "util/log.h"
 
 #define AUX_NONE UINT64_MAX
@@ -874,7 +875,7 @@ static int open_residency(struct forward_weights *w, const struct forward_config
                           struct forward_topology *topo, char *err, size_t err_len)
 {
 	char policy[128];
-	const char *base = cfg->policy ? cfg->policy : "sieve+layer";
+	const char *base = cfg->policy ? cfg->policy : POLICY_DEFAULT_SPEC;
 	if (cfg->pin_layers && !strstr(base, "+pin"))
 		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
 	else

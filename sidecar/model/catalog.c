@@ -4,11 +4,14 @@
  * exist once for both containers. */
 #include "catalog.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "gguf.h"
 #include "json.h"
@@ -861,11 +864,16 @@ static int open_hf(struct builder *b, char **config_path_out)
 	}
 	b->config_path = cfg;
 	FILE *f = fopen(cfg, "rb");
+	if (!f && S_ISDIR(st.st_mode))
+		return model_fail(b->err,
+		                  "%s: not a model: a checkpoint directory holds config.json and "
+		                  "safetensors files (cannot open %s: %s)",
+		                  b->path, cfg, strerror(errno));
 	if (!f)
 		return model_fail(b->err,
 		                  "%s: config.json is required next to safetensors files "
-		                  "(cannot open %s)",
-		                  b->path, cfg);
+		                  "(cannot open %s: %s)",
+		                  b->path, cfg, strerror(errno));
 	char *text = malloc(1u << 20);
 	size_t len = text ? fread(text, 1, 1u << 20, f) : 0;
 	int too_big = text && len == 1u << 20;
@@ -882,6 +890,83 @@ static int open_hf(struct builder *b, char **config_path_out)
 	return st_open_model(b->path, &b->st, b->err);
 }
 
+/* What a path holds. A .gguf name goes to the GGUF reader (whose errors are precise:
+ * truncated, wrong magic); any other file is judged by its first bytes, so that /etc/passwd
+ * or a PNG is "not a model" rather than a safetensors file without config.json. */
+enum model_path_kind { PATH_GGUF, PATH_HF };
+
+static int classify_path(const char *path, enum model_path_kind *kind, struct model_error *err)
+{
+	struct stat st;
+	if (stat(path, &st) != 0)
+		return model_fail(err, "%s: %s", path, strerror(errno));
+	if (ends_with(path, ".gguf")) {
+		*kind = PATH_GGUF;
+		return 0;
+	}
+	if (S_ISDIR(st.st_mode) || ends_with(path, ".json")) {
+		*kind = PATH_HF; /* a checkpoint directory, or its index */
+		return 0;
+	}
+	if (!S_ISREG(st.st_mode))
+		return model_fail(err, "%s: not a regular file or a directory", path);
+	unsigned char head[9] = {0};
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return model_fail(err, "%s: cannot open: %s", path, strerror(errno));
+	ssize_t n = pread(fd, head, sizeof(head), 0);
+	int e = errno;
+	close(fd);
+	if (n < 0)
+		return model_fail(err, "%s: read: %s", path, strerror(e));
+	if (n >= 4 && !memcmp(head, "GGUF", 4)) {
+		*kind = PATH_GGUF;
+		return 0;
+	}
+	/* safetensors: a little-endian u64 header length, then the JSON header's '{'. */
+	if (n == (ssize_t)sizeof(head) && head[8] == '{') {
+		*kind = PATH_HF;
+		return 0;
+	}
+	return model_fail(err,
+	                  "%s: not a model: neither a GGUF file (no \"GGUF\" magic) nor a "
+	                  "safetensors file (no JSON header after the first 8 bytes); give a "
+	                  ".gguf file, a .safetensors file or a checkpoint directory",
+	                  path);
+}
+
+/* A single shard of a sharded checkpoint is never the whole model: say which directory to
+ * open instead of failing later on a missing tensor. Hugging Face names shards
+ * PREFIX-0000K-of-0000N.safetensors and lists them in model.safetensors.index.json. */
+static int refuse_one_shard(const char *path, struct model_error *err)
+{
+	struct stat st;
+	if (stat(path, &st) != 0 || S_ISDIR(st.st_mode) || ends_with(path, ".json"))
+		return 0;
+	const char *slash = strrchr(path, '/');
+	const char *base = slash ? slash + 1 : path;
+	const int dir_len = slash ? (int)(slash - path) : 1;
+	const char *dir = slash ? path : ".";
+	const char *of = strstr(base, "-of-");
+	unsigned k = 0, n = 0;
+	int used = 0;
+	if (of && of - base >= 6 &&
+	    sscanf(of - 5, "%5u-of-%5u.safetensors%n", &k, &n, &used) == 2 && of[-6] == '-' &&
+	    (size_t)used == strlen(of - 5) && n > 1)
+		return model_fail(err,
+		                  "%s is shard %u of %u of a checkpoint: open its directory "
+		                  "(%.*s) instead",
+		                  path, k, n, dir_len, dir);
+	char index[4096];
+	snprintf(index, sizeof(index), "%.*s/model.safetensors.index.json", dir_len, dir);
+	if (stat(index, &st) == 0)
+		return model_fail(err,
+		                  "%s: %s says this checkpoint is sharded: open its directory "
+		                  "(%.*s) instead of one file",
+		                  path, index, dir_len, dir);
+	return 0;
+}
+
 int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err)
 {
 	*out = NULL;
@@ -892,15 +977,22 @@ int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_er
 	b.cat = cat;
 	bool *hf_moe = NULL;
 	char *config_path = NULL;
-	int rc;
-	if (ends_with(path, ".gguf")) {
+	enum model_path_kind kind;
+	int rc = classify_path(path, &kind, err);
+	if (rc) {
+		moe_catalog_close(cat);
+		return -1;
+	}
+	if (kind == PATH_GGUF) {
 		cat->info.container = MOE_CONTAINER_GGUF;
 		rc = gguf_open_splits(path, &b.gguf, &b.n_gguf, err);
 		if (!rc)
 			rc = gguf_read_info(&b);
 	} else {
 		cat->info.container = MOE_CONTAINER_SAFETENSORS;
-		rc = open_hf(&b, &config_path);
+		rc = refuse_one_shard(path, err);
+		if (!rc)
+			rc = open_hf(&b, &config_path);
 		if (!rc)
 			rc = hf_read_info(&b, &hf_moe);
 	}

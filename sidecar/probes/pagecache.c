@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,7 @@ struct pagecache_probes {
 	bool per_pid;
 	bool quiet;
 	int replaced_stale_pid;
+	int busy_owner;    /* pagecache_busy_owner() */
 	int stale_grace_s; /* < 0: never sweep */
 	__u64 page_size;
 	char instance[INSTANCE_NAME_MAX + 1];
@@ -273,27 +275,97 @@ static int make_dir(struct pagecache_probes *p, const char *dir)
 	return 0;
 }
 
-/* /proc/<pid>/stat field 22 (starttime), or 0 if the process does not exist. */
-static __u64 process_start_ticks(pid_t pid)
+/* What /proc/<pid>/stat says of a process: field 3 (state), 9 (flags), 22 (starttime). */
+struct proc_stat {
+	char state;
+	unsigned long flags;
+	__u64 start_ticks;
+};
+
+/* 0, or -1 if the process does not exist (or its stat cannot be read). */
+static int read_proc_stat(pid_t pid, struct proc_stat *out)
 {
 	char path[64], buf[1024];
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return 0;
+		return -1;
 	ssize_t n = read(fd, buf, sizeof(buf) - 1);
 	close(fd);
 	if (n <= 0)
-		return 0;
+		return -1;
 	buf[n] = '\0';
 	char *s = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
-	if (!s)
-		return 0;
+	if (!s || s[1] != ' ' || !s[2])
+		return -1;
+	memset(out, 0, sizeof(*out));
+	out->state = s[2];
 	s++;
 	for (int field = 3; field < 22 && s; field++) { /* s: the space before field */
+		if (field == 9)
+			out->flags = strtoul(s + 1, NULL, 10);
 		s = strchr(s + 1, ' ');
 	}
-	return s ? strtoull(s + 1, NULL, 10) : 0;
+	out->start_ticks = s ? strtoull(s + 1, NULL, 10) : 0;
+	return 0;
+}
+
+static __u64 process_start_ticks(pid_t pid)
+{
+	struct proc_stat st;
+	return read_proc_stat(pid, &st) == 0 ? st.start_ticks : 0;
+}
+
+#define PF_EXITING 0x00000004u /* include/linux/sched.h: the task is in do_exit() */
+
+/* Is the recorded owner of an instance still running? Not if its pid is gone or reused (other
+ * start time), nor if it is a zombie (Z), dead (X) or exiting: a sidecar killed with -9 stays
+ * a zombie until its parent reaps it, with its start time unchanged, and its files (so its
+ * flock) are released before that. Its successor must be able to take the instance back. */
+static bool owner_alive(const struct pagecache_instance_info *info)
+{
+	struct proc_stat st;
+	if (!info->owner_start_ticks || read_proc_stat((pid_t)info->owner_pid, &st) != 0)
+		return false;
+	if (st.start_ticks != info->owner_start_ticks)
+		return false;
+	return st.state != 'Z' && st.state != 'X' && st.state != 'x' && !(st.flags & PF_EXITING);
+}
+
+/* The recorded owner still exists but is on its way out (see owner_alive). */
+static bool owner_exiting(const struct pagecache_instance_info *info)
+{
+	struct proc_stat st;
+	return info->owner_start_ticks && read_proc_stat((pid_t)info->owner_pid, &st) == 0 &&
+	       st.start_ticks == info->owner_start_ticks && !owner_alive(info);
+}
+
+/* An exiting process holds its files, so its flock, until late in its exit: after its memory
+ * is unmapped, which for a sidecar with a large slot pool takes seconds. Waits for the owner
+ * to finish exiting (its pidfd becomes readable once it has released its files), at most
+ * PAGECACHE_EXITING_OWNER_WAIT_MS. 0 if it is gone now, -1 if it is still there. */
+static int wait_for_exiting_owner(const struct pagecache_probes *p,
+                                  const struct pagecache_instance_info *info)
+{
+	int fd = (int)syscall(SYS_pidfd_open, (pid_t)info->owner_pid, 0);
+	if (fd < 0)
+		return errno == ESRCH ? 0 : -1;
+	/* The pidfd pins the pid: if it still names the owner, it names it until it is read. */
+	if (!owner_exiting(info)) {
+		close(fd);
+		return 0;
+	}
+	log_info("probes",
+	         "instance '%s' is held by pid %u, which is exiting: waiting for it to let go "
+	         "(at most %d s)",
+	         p->instance, info->owner_pid, PAGECACHE_EXITING_OWNER_WAIT_MS / 1000);
+	struct pollfd pfd = {.fd = fd, .events = POLLIN};
+	int rc;
+	do
+		rc = poll(&pfd, 1, PAGECACHE_EXITING_OWNER_WAIT_MS);
+	while (rc < 0 && errno == EINTR);
+	close(fd);
+	return rc > 0 ? 0 : -1;
 }
 
 static bool read_pinned_info(const char *pin_dir, struct pagecache_instance_info *info)
@@ -350,10 +422,15 @@ static int claim_instance(struct pagecache_probes *p)
 		return fail(p, errno, "%s: %s", p->pin_dir, strerror(errno));
 	struct pagecache_instance_info info;
 	bool has_info = read_pinned_info(p->pin_dir, &info);
-	if (flock(p->lock_fd, LOCK_EX | LOCK_NB) < 0) {
-		int e = errno;
+	int e = flock(p->lock_fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+	if (e == EWOULDBLOCK && has_info && owner_exiting(&info) &&
+	    wait_for_exiting_owner(p, &info) == 0)
+		e = flock(p->lock_fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+	if (e) {
 		close(p->lock_fd);
 		p->lock_fd = -1;
+		if (e == EWOULDBLOCK)
+			p->busy_owner = has_info ? (int)info.owner_pid : -1;
 		if (e == EWOULDBLOCK && has_info)
 			return fail(p, EBUSY, "instance '%s' is in use by pid %u (%s)", p->instance,
 			            info.owner_pid, p->pin_dir);
@@ -369,10 +446,11 @@ static int claim_instance(struct pagecache_probes *p)
 		return fail(p, EAGAIN, "%s was removed while opening (a concurrent close); retry",
 		            p->pin_dir);
 	/* A live owner that somehow lost its lock still owns the pins. */
-	if (has_info && info.owner_pid != (__u32)getpid() && info.owner_start_ticks &&
-	    process_start_ticks((pid_t)info.owner_pid) == info.owner_start_ticks)
+	if (has_info && info.owner_pid != (__u32)getpid() && owner_alive(&info)) {
+		p->busy_owner = (int)info.owner_pid;
 		return fail(p, EBUSY, "instance '%s' is in use by live pid %u (%s)", p->instance,
 		            info.owner_pid, p->pin_dir);
+	}
 
 	DIR *d = opendir(p->pin_dir);
 	if (!d)
@@ -430,8 +508,7 @@ static void sweep_stale_instances(struct pagecache_probes *p)
 		}
 		struct pagecache_instance_info info;
 		const bool has_info = read_pinned_info(dir, &info);
-		if (has_info && info.owner_start_ticks &&
-		    process_start_ticks((pid_t)info.owner_pid) == info.owner_start_ticks) {
+		if (has_info && owner_alive(&info)) {
 			close(fd); /* alive, without its lock: not ours to judge */
 			continue;
 		}
@@ -763,18 +840,25 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 #endif /* MOE_PROBES_ENABLED */
 /* ---------------------------------------------------------------------------------------- */
 
+int pagecache_check_instance_name(const char *name, char *err, size_t err_len)
+{
+	if (instance_name_valid(name))
+		return 0;
+	set_err(err, err_len,
+	        "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not '.' or "
+	        "'..'",
+	        name, INSTANCE_NAME_MAX);
+	return -EINVAL;
+}
+
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
                    size_t err_len)
 {
 	*out = NULL;
 	const char *instance = opt && opt->instance ? opt->instance : "default";
-	if (!instance_name_valid(instance)) {
-		set_err(err, err_len,
-		        "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not "
-		        "'.' or '..'",
-		        instance, INSTANCE_NAME_MAX);
-		return -EINVAL;
-	}
+	int rc = pagecache_check_instance_name(instance, err, err_len);
+	if (rc)
+		return rc;
 	struct pagecache_probes *p = calloc(1, sizeof(*p));
 	if (!p) {
 		set_err(err, err_len, "probes: out of memory");
@@ -837,6 +921,11 @@ const char *pagecache_pin_dir(const struct pagecache_probes *p)
 int pagecache_replaced_stale_pid(const struct pagecache_probes *p)
 {
 	return p->replaced_stale_pid;
+}
+
+int pagecache_busy_owner(const struct pagecache_probes *p)
+{
+	return p->busy_owner;
 }
 
 const char *pagecache_last_error(const struct pagecache_probes *p)

@@ -91,6 +91,9 @@ struct pagecache_options {
 	int stale_grace_s;
 };
 #define PAGECACHE_STALE_GRACE_S 60
+/* How long open waits for an instance's exiting owner (a sidecar killed a moment ago that is
+ * still freeing its memory) to release the instance, before calling it in use. */
+#define PAGECACHE_EXITING_OWNER_WAIT_MS 30000
 
 /* Totals or one file's counters, with what is derived from them. */
 struct pagecache_stats {
@@ -109,6 +112,10 @@ struct pagecache_stats {
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
                    size_t err_len);
 
+/* 0 if pagecache_open would accept name as an instance name, else -EINVAL with the sentence
+ * it would give (err may be NULL). Needs no privilege: callers check it before any work. */
+int pagecache_check_instance_name(const char *name, char *err, size_t err_len);
+
 /* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
 void pagecache_close(struct pagecache_probes *p);
 
@@ -119,6 +126,9 @@ const char *pagecache_status(const struct pagecache_probes *p);
 const char *pagecache_pin_dir(const struct pagecache_probes *p);
 /* The pid whose stale pins open replaced, or 0 if none were found. */
 int pagecache_replaced_stale_pid(const struct pagecache_probes *p);
+/* When the probes are unavailable because another live process owns the instance: its pid,
+ * or -1 if unknown; else 0. (The caller can then suggest another instance name.) */
+int pagecache_busy_owner(const struct pagecache_probes *p);
 /* The sentence behind the last error returned on p ("" if none). */
 const char *pagecache_last_error(const struct pagecache_probes *p);
 

@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -480,6 +481,24 @@ static void *loader_main(void *arg)
 	return NULL;
 }
 
+/* io_uring's rings and registered buffers are pinned memory, charged to RLIMIT_MEMLOCK for a
+ * process without CAP_IPC_LOCK (non-root): ENOMEM there usually means that limit (8 MiB by
+ * default), not a machine out of memory. `what` is what was being pinned ("the rings", "the
+ * 12.0 MiB of slots"); bytes, when known, must exceed the limit for the hint to apply. hint
+ * gets "; …" or "". */
+static void memlock_hint(int rc, const char *what, uint64_t bytes, char *hint, size_t len)
+{
+	struct rlimit lim;
+	hint[0] = '\0';
+	if (rc != -ENOMEM || getrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
+	    lim.rlim_cur == RLIM_INFINITY || (bytes && lim.rlim_cur >= bytes))
+		return;
+	snprintf(hint, len,
+	         "; %s count against RLIMIT_MEMLOCK (%llu KiB here): raise it (ulimit -l; "
+	         "systemd: LimitMEMLOCK=)",
+	         what, (unsigned long long)(lim.rlim_cur >> 10));
+}
+
 int loader_start(struct residency *r, char *err, size_t err_len)
 {
 	struct loader *l = calloc(1, sizeof(*l));
@@ -523,8 +542,10 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	unsigned entries = 2 * l->depth + 8;
 	int rc = io_uring_queue_init(entries, &l->ring, 0);
 	if (rc < 0) {
-		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s", entries,
-		         strerror(-rc));
+		char hint[320];
+		memlock_hint(rc, "its rings", 0, hint, sizeof(hint));
+		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s%s", entries,
+		         strerror(-rc), hint);
 		return rc;
 	}
 	l->ring_ready = true;
@@ -555,12 +576,18 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
-		if (rc < 0)
+		if (rc < 0) {
+			const uint64_t bytes = (uint64_t)n_slots * r->pool.slot_bytes;
+			char what[64], hint[320];
+			snprintf(what, sizeof(what), "the %.1f MiB of slots",
+			         (double)bytes / (1 << 20));
+			memlock_hint(rc, what, bytes, hint, sizeof(hint));
 			log_warn(
 			    "loader",
 			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
-			    "(counted as plain_reads)",
-			    n_slots, (unsigned long long)n_bufs, strerror(-rc));
+			    "(counted as plain_reads)%s",
+			    n_slots, (unsigned long long)n_bufs, strerror(-rc), hint);
+		}
 	}
 	rc = pthread_create(&l->thread, NULL, loader_main, l);
 	if (rc) {

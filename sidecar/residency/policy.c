@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,63 @@
 #include "policy_internal.h"
 
 static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat"};
+
+/* The modifiers policy_spec_parse accepts, as help shows them. */
+enum policy_modifier { MOD_LAYER, MOD_PIN, MOD_COUNT };
+static const struct {
+	const char *name; /* after the '+' */
+	bool counted;     /* followed by a number: +pinN */
+} modifiers[MOD_COUNT] = {{"layer", false}, {"pin", true}};
+
+/* "lru, sieve, sieve-heat" (sep ", ") or "+layer, +pinN" into buf. */
+static void list_kinds(char *buf, size_t len)
+{
+	size_t used = 0;
+	for (int k = 0; k < POLICY_KIND_COUNT && used < len; k++) {
+		int n = snprintf(buf + used, len - used, "%s%s", k ? ", " : "", kind_names[k]);
+		used += n > 0 ? (size_t)n : 0;
+	}
+}
+
+static void list_modifiers(char *buf, size_t len)
+{
+	size_t used = 0;
+	for (int m = 0; m < MOD_COUNT && used < len; m++) {
+		int n = snprintf(buf + used, len - used, "%s+%s%s", m ? ", " : "",
+		                 modifiers[m].name, modifiers[m].counted ? "N" : "");
+		used += n > 0 ? (size_t)n : 0;
+	}
+}
+
+void policy_spec_help(char *buf, size_t len)
+{
+	char kinds[96], mods[96];
+	list_kinds(kinds, sizeof(kinds));
+	list_modifiers(mods, sizeof(mods));
+	snprintf(buf, len, "%s; modifiers %s", kinds, mods);
+}
+
+/* Which modifier `mod` (the text after a '+') is, or -1; *count gets +pinN's N. */
+static int parse_modifier(const char *mod, uint32_t *count)
+{
+	for (int m = 0; m < MOD_COUNT; m++) {
+		size_t n = strlen(modifiers[m].name);
+		if (strncmp(mod, modifiers[m].name, n))
+			continue;
+		if (!modifiers[m].counted)
+			return mod[n] ? -1 : m;
+		if (mod[n] < '0' || mod[n] > '9')
+			return -1;
+		char *end;
+		errno = 0;
+		unsigned long v = strtoul(mod + n, &end, 10);
+		if (*end || errno || v > 100000)
+			return -1;
+		*count = (uint32_t)v;
+		return m;
+	}
+	return -1;
+}
 
 int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len)
 {
@@ -30,29 +88,25 @@ int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size
 		if (!strcmp(base, kind_names[k]))
 			kind = k;
 	if (kind < 0) {
-		snprintf(err, err_len,
-		         "policy '%s': unknown algorithm '%s' (lru, sieve, sieve-heat)", text,
-		         base ? base : "");
+		char kinds[96];
+		list_kinds(kinds, sizeof(kinds));
+		snprintf(err, err_len, "policy '%s': unknown algorithm '%s' (%s)", text,
+		         base ? base : "", kinds);
 		return -EINVAL;
 	}
 	s.kind = (enum policy_kind)kind;
 	for (char *mod = strtok_r(NULL, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
-		if (!strcmp(mod, "layer")) {
-			s.per_layer = true;
-		} else if (!strncmp(mod, "pin", 3) && mod[3] >= '0' && mod[3] <= '9') {
-			char *end;
-			errno = 0;
-			unsigned long n = strtoul(mod + 3, &end, 10);
-			if (*end || errno || n > 100000) {
-				snprintf(err, err_len, "policy '%s': bad pin count '%s'", text,
-				         mod);
-				return -EINVAL;
-			}
-			s.pin_layers = (uint32_t)n;
-		} else {
-			snprintf(err, err_len,
-			         "policy '%s': unknown modifier '+%s' (+layer, +pinN)", text, mod);
+		uint32_t count = 0;
+		switch (parse_modifier(mod, &count)) {
+		case MOD_LAYER: s.per_layer = true; break;
+		case MOD_PIN: s.pin_layers = count; break;
+		default: {
+			char mods[96];
+			list_modifiers(mods, sizeof(mods));
+			snprintf(err, err_len, "policy '%s': unknown modifier '+%s' (%s)", text,
+			         mod, mods);
 			return -EINVAL;
+		}
 		}
 	}
 	*out = s;

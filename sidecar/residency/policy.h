@@ -42,8 +42,14 @@ struct policy_spec {
 	float heat_keep;      /* sieve-heat: heat at or above which the hand spares (default 2) */
 };
 
+/* The policy a residency gets when its configuration names none. */
+#define POLICY_DEFAULT_SPEC "sieve+layer"
+
 /* Parses "lru", "sieve+layer+pin2", …; on error writes a message naming the bad part. */
 int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len);
+/* What policy_spec_parse accepts, from the same tables, for help texts:
+ * "lru, sieve, sieve-heat; modifiers +layer, +pinN". */
+void policy_spec_help(char *buf, size_t len);
 /* Canonical name of a spec ("sieve-heat+layer+pin2") into buf. */
 void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len);
 

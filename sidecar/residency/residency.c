@@ -428,20 +428,20 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 	r->alignment = SLOT_ALIGN;
 	for (uint32_t f = 0; f < m->n_files; f++) {
 		const char *path = m->paths[f];
-		int fd = -1;
-		if (!r->config.no_direct)
-			fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0 && (r->config.no_direct || errno == EINVAL)) {
-			int why = r->config.no_direct ? EINVAL : errno;
+		bool buffered = r->config.no_direct; /* asked for: logged once below */
+		int fd = buffered ? -1 : open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+		if (fd < 0 && !buffered && errno == EINVAL) {
+			log_warn("residency",
+			         "%s: O_DIRECT not supported here (%s): reading it BUFFERED "
+			         "through the page cache",
+			         path, strerror(EINVAL));
+			buffered = true;
+		}
+		if (buffered) {
 			fd = open(path, O_RDONLY | O_CLOEXEC);
-			if (fd >= 0) {
-				r->buffered[f] = true;
+			r->buffered[f] = fd >= 0;
+			if (fd >= 0)
 				stat_add(&r->stats.buffered_files, 1);
-				log_warn("residency",
-				         "%s: O_DIRECT not supported here (%s): reading it "
-				         "BUFFERED through the page cache",
-				         path, strerror(why));
-			}
 		}
 		if (fd < 0) {
 			int e = errno;
@@ -466,6 +466,11 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 			}
 		}
 	}
+	if (r->config.no_direct)
+		log_info("residency",
+		         "reading %u model file%s buffered, through the page cache, as asked "
+		         "(--no-direct)",
+		         m->n_files, m->n_files == 1 ? "" : "s");
 	/* Every extent inside its file. */
 	for (uint32_t f = 0; f < m->n_files; f++) {
 		struct stat st;
@@ -533,7 +538,7 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	r->map = map;
 	r->config = *config;
 	if (!r->config.policy)
-		r->config.policy = "sieve+layer";
+		r->config.policy = POLICY_DEFAULT_SPEC;
 	if (!r->config.chunk_bytes)
 		r->config.chunk_bytes = 1u << 20;
 	if (!r->config.queue_depth)

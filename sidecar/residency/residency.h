@@ -64,13 +64,13 @@ typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *
 struct residency_config {
 	int numa_node;              /* -1: do not bind */
 	uint64_t mem_budget;        /* bytes of slots on this node */
-	const char *policy;         /* policy spec (policy.h), default "sieve+layer" */
+	const char *policy;         /* policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t chunk_bytes;       /* reads are split into chunks of this size (default 1 MiB) */
 	uint32_t queue_depth;       /* reads in flight (default 32) */
 	uint32_t max_retries;       /* per read, for EIO/EAGAIN/timeouts (default 3) */
 	uint32_t read_timeout_ms;   /* per read (default 10000) */
 	bool no_register_buffers;   /* force plain reads (tests, benchmarks) */
-	bool no_direct;             /* behave as if O_DIRECT were refused (tests, --no-direct) */
+	bool no_direct;             /* buffered reads, as asked (--no-direct, tests) */
 	loader_fault_fn fault_hook; /* tests only */
 	void *fault_arg;
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */

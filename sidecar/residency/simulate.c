@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "commands.h"
+#include "presets.h"
 #include "sim.h"
 
 struct sim_state {
@@ -105,20 +106,24 @@ static const char default_policies[] =
 
 static void usage(FILE *to)
 {
-	fprintf(
-	    to,
-	    "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
-	    "                            [--plot FILE.png] [--no-lookahead]\n"
-	    "       moe-sidecar simulate --generate MODEL [-o FILE] [--steps N] [--zipf S]\n"
-	    "                            [--reuse P] [--layer-corr P] [--drift F]\n"
-	    "                            [--drift-period N] [--seed N]\n\n"
-	    "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
-	    "N%% of all experts) and prints hit rates next to Belady's OPT.\n"
-	    "  --policies      comma-separated; default %s\n"
-	    "                  algorithms lru, sieve, sieve-heat; modifiers +layer, +pinN\n"
-	    "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
-	    "  --generate      models: mixtral, qwen3-30b-a3b, deepseek-v3 (docs/residency.md)\n",
-	    default_policies);
+	char presets[256], policies[160];
+	moe_model_preset_names(presets, sizeof(presets), ", ");
+	policy_spec_help(policies, sizeof(policies));
+	fprintf(to,
+	        "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
+	        "                            [--plot FILE.png] [--no-lookahead]\n"
+	        "       moe-sidecar simulate --generate MODEL [-o FILE] [--steps N] [--zipf S]\n"
+	        "                            [--reuse P] [--layer-corr P] [--drift F]\n"
+	        "                            [--drift-period N] [--seed N]\n\n"
+	        "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
+	        "N%% of all experts) and prints hit rates next to Belady's OPT.\n"
+	        "  --policies      comma-separated; default\n"
+	        "                  %s\n"
+	        "                  algorithms %s\n"
+	        "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
+	        "  --generate      MODEL: one of moe-gen's presets (docs/residency.md)\n"
+	        "                  %s\n",
+	        default_policies, policies, presets);
 }
 
 static int parse_double_arg(const char *opt, const char *s, double *out)

@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "presets.h"
+
 void trace_free(struct routing_trace *t)
 {
 	free(t->lines);
@@ -380,39 +382,28 @@ int trace_write(FILE *f, const struct routing_trace *t)
 
 /* ---- generator ---- */
 
-struct gen_model {
-	const char *name;
-	uint32_t n_layers, n_experts, top_k;
-};
-
-static const struct gen_model gen_models[] = {
-    {"mixtral", 32, 8, 2},
-    {"qwen3-30b-a3b", 48, 128, 8},
-    {"deepseek-v3", 58, 256, 8},
-};
-
 int trace_gen_preset(const char *model, struct trace_gen_params *out, char *err, size_t err_len)
 {
-	for (size_t i = 0; i < sizeof(gen_models) / sizeof(gen_models[0]); i++) {
-		if (strcmp(model, gen_models[i].name))
-			continue;
-		*out = (struct trace_gen_params){
-		    .n_layers = gen_models[i].n_layers,
-		    .n_experts = gen_models[i].n_experts,
-		    .top_k = gen_models[i].top_k,
-		    .steps = 256,
-		    .zipf_s = 0.8,
-		    .reuse = 0.3,
-		    .layer_corr = 0.2,
-		    .drift = 0.1,
-		    .drift_period = 64,
-		    .seed = 1,
-		};
-		return 0;
+	const struct moe_model_preset *p = moe_model_preset_find(model);
+	if (!p) {
+		char names[256];
+		moe_model_preset_names(names, sizeof(names), ", ");
+		snprintf(err, err_len, "unknown model preset '%s' (%s)", model, names);
+		return -EINVAL;
 	}
-	snprintf(err, err_len, "unknown model preset '%s' (mixtral, qwen3-30b-a3b, deepseek-v3)",
-	         model);
-	return -EINVAL;
+	*out = (struct trace_gen_params){
+	    .n_layers = p->full_layers - p->leading_dense, /* the MoE layers are traced */
+	    .n_experts = p->n_experts,
+	    .top_k = p->top_k,
+	    .steps = 256,
+	    .zipf_s = 0.8,
+	    .reuse = 0.3,
+	    .layer_corr = 0.2,
+	    .drift = 0.1,
+	    .drift_period = 64,
+	    .seed = 1,
+	};
+	return 0;
 }
 
 /* splitmix64: small, fast, good enough for synthetic routing. */

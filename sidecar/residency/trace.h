@@ -70,8 +70,9 @@ struct trace_gen_params {
 	uint64_t seed;
 };
 
-/* Presets: "mixtral" (32 layers, 8 experts, top-2), "qwen3-30b-a3b" (48, 128, top-8),
- * "deepseek-v3" (58 MoE layers, 256, top-8), with the default skew/reuse/drift below. */
+/* A model preset's routing shape (sidecar/model/presets.h, the names moe-gen takes: its MoE
+ * layers, experts and top-k; e.g. deepseek-v3: 58 MoE layers, 256 experts, top-8) with the
+ * default skew/reuse/drift below. */
 int trace_gen_preset(const char *model, struct trace_gen_params *out, char *err, size_t err_len);
 int trace_generate(const struct trace_gen_params *params, struct routing_trace *out, char *err,
                    size_t err_len);

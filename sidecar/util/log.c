@@ -31,6 +31,22 @@ int log_level_parse(const char *name)
 	return -1;
 }
 
+bool log_ratelimit_allow(struct log_ratelimit *rl, uint64_t now_ns, uint32_t *suppressed)
+{
+	if (now_ns - rl->window_start_ns >= LOG_RATELIMIT_WINDOW_NS) {
+		rl->window_start_ns = now_ns;
+		rl->in_window = 0;
+	}
+	if (rl->in_window >= LOG_RATELIMIT_BURST) {
+		rl->suppressed++;
+		return false;
+	}
+	rl->in_window++;
+	*suppressed = rl->suppressed;
+	rl->suppressed = 0;
+	return true;
+}
+
 /* Appends s to buf as the inside of a JSON string. */
 static size_t json_escape(char *buf, size_t cap, const char *s)
 {

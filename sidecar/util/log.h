@@ -7,6 +7,9 @@
 #ifndef MOE_LOG_H
 #define MOE_LOG_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 enum log_level { LOG_DEBUG = 0, LOG_INFO = 1, LOG_WARN = 2, LOG_ERROR = 3 };
 
 /* Minimum level printed (default LOG_INFO); and whether lines are JSON objects. */
@@ -17,6 +20,21 @@ int log_level_parse(const char *name);
 
 void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* A budget of lines for one kind of event a peer can repeat at will (a refused connection, a
+ * bad request): at most LOG_RATELIMIT_BURST lines per LOG_RATELIMIT_WINDOW_NS, the rest
+ * counted, so that a flood neither fills the disk nor hides everything else. One per event
+ * kind, zero-initialised; not thread-safe (one owner thread). */
+#define LOG_RATELIMIT_BURST 5u
+#define LOG_RATELIMIT_WINDOW_NS 1000000000ull
+struct log_ratelimit {
+	uint64_t window_start_ns;
+	uint32_t in_window;  /* lines logged in the current window */
+	uint32_t suppressed; /* events not logged since the last line */
+};
+/* May a line be logged at now_ns (CLOCK_MONOTONIC)? If so, *suppressed gets the events that
+ * were not logged since the previous line (to say so in this one) and the count restarts. */
+bool log_ratelimit_allow(struct log_ratelimit *rl, uint64_t now_ns, uint32_t *suppressed);
 
 #define log_debug(sub, ...) log_event(LOG_DEBUG, sub, __VA_ARGS__)
 #define log_info(sub, ...) log_event(LOG_INFO, sub, __VA_ARGS__)

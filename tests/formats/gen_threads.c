@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "moe_gen.h"
@@ -72,6 +73,11 @@ static void check_case(const char *dir, const struct gen_case *c)
 	for (size_t t = 0; t < sizeof(thread_counts) / sizeof(thread_counts[0]); t++) {
 		struct moe_gen_options o = c->opt;
 		struct model_error err = {0};
+		snprintf(out, sizeof(out), "%s/t%u", dir, thread_counts[t]);
+		if (mkdir(out, 0755) != 0 && errno != EEXIST) {
+			CHECK(0, "mkdir %s: %s", out, strerror(errno));
+			return;
+		}
 		snprintf(out, sizeof(out), "%s/t%u/%s", dir, thread_counts[t], c->opt.out);
 		o.out = out;
 		o.threads = thread_counts[t];

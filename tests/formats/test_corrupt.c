@@ -509,3 +509,48 @@ Test(corrupt, not_a_model)
 	write_file(p, "GGU", 3);
 	catalog_rejects(p, "x.gguf: truncated", NULL);
 }
+
+/* A file that is neither container says so, whatever its name, instead of asking for a
+ * config.json next to it (issue 19). */
+Test(corrupt, neither_gguf_nor_safetensors_is_not_a_model)
+{
+	static const unsigned char png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n',
+	                                    0,    0,   0,   13,  'I',  'H',  'D',  'R'};
+	const char *const text = "root:x:0:0:root:/root:/bin/bash\n";
+	const struct {
+		const char *name;
+		const void *bytes;
+		size_t len;
+	} files[] = {{"passwd", text, strlen(text)},
+	             {"image.png", png, sizeof(png)},
+	             {"image.safetensors", png, sizeof(png)},
+	             {"tiny", "GG", 2}};
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		char *p = path_in(files[i].name);
+		write_file(p, files[i].bytes, files[i].len);
+		struct moe_catalog *cat;
+		struct model_error err;
+		cr_assert_eq(moe_catalog_open(p, &cat, &err), -1, "accepted %s", p);
+		cr_expect(strstr(err.msg, files[i].name) && strstr(err.msg, "not a model") &&
+		              strstr(err.msg, "neither a GGUF file") &&
+		              strstr(err.msg, "nor a safetensors file"),
+		          "%s: %s", files[i].name, err.msg);
+		cr_expect_not(strstr(err.msg, "config.json"), "%s: %s", files[i].name, err.msg);
+	}
+}
+
+Test(corrupt, one_shard_of_a_sharded_checkpoint_names_its_directory)
+{
+	char *d = path_in("hf");
+	generate("mixtral-8x7b", d, MOEK_BF16, 3, false);
+	char shard[600], want[700];
+	snprintf(shard, sizeof(shard), "%s/model-00002-of-00003.safetensors", d);
+	snprintf(want, sizeof(want), "open its directory (%s) instead", d);
+	catalog_rejects(shard, "is shard 2 of 3 of a checkpoint", want);
+	/* Shards named otherwise are found through the index next to them. */
+	char renamed[600];
+	snprintf(renamed, sizeof(renamed), "%s/part-b.safetensors", d);
+	cr_assert_eq(rename(shard, renamed), 0);
+	catalog_rejects(renamed, "model.safetensors.index.json says this checkpoint is sharded",
+	                want);
+}

@@ -144,7 +144,7 @@ static void check_model(const struct case_spec *c)
 	struct moe_catalog *cat;
 	cr_assert_eq(moe_catalog_open(open_path, &cat, &err), 0, "%s %s: catalog: %s", c->preset,
 	             moe_format_name(c->format), err.msg);
-	const struct moe_gen_preset *p = moe_gen_preset_find(c->preset);
+	const struct moe_model_preset *p = moe_model_preset_find(c->preset);
 	const struct moe_model_hparams *in = &cat->info;
 	cr_assert_eq(in->arch, p->arch);
 	cr_assert_eq(in->n_layers, c->layers);
@@ -284,7 +284,7 @@ Test(roundtrip, gpt_oss_safetensors_mxfp4_interleaved)
 Test(roundtrip, real_expert_counts)
 {
 	/* the presets' own expert counts (128, 8, 256, 32, 64) with small dims */
-	for (const struct moe_gen_preset *p = moe_gen_presets; p->name; p++)
+	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++)
 		check_model(&(struct case_spec){
 		    p->name, p->arch == MOE_ARCH_GPT_OSS ? MOEK_MXFP4 : MOEK_Q4_0, true, 1, false,
 		    p->n_experts, p->leading_dense + 1, 64, 32});

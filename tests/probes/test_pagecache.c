@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <liburing.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -646,6 +647,175 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 	cr_expect_eq(s.raw.pagecache_fill_bytes, FILE_SIZE / 8);
 	pagecache_close(p);
 	cr_expect_not(exists(dir, "info"));
+}
+
+/* A child opens an instance and is killed without closing; it is left a zombie (not reaped:
+ * waitid WNOWAIT returns once it has exited), as a sidecar killed with -9 is until its
+ * supervisor reaps it. Its flock is gone, its /proc/<pid>/stat (start time included) is not. */
+static pid_t leave_zombie_instance(const char *name)
+{
+	int ready[2];
+	cr_assert_eq(pipe(ready), 0);
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		struct pagecache_probes *p;
+		struct pagecache_options opt = {
+		    .instance = name, .quiet = true, .stale_grace_s = -1};
+		char ok =
+		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
+		if (write(ready[1], &ok, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	char ok = 0;
+	cr_assert_eq(read(ready[0], &ok, 1), 1);
+	close(ready[0]);
+	kill(child, SIGKILL);
+	siginfo_t si;
+	cr_assert_eq(waitid(P_PID, (id_t)child, &si, WEXITED | WNOWAIT), 0);
+	cr_assert_eq(ok, 'y', "the child could not open the probes");
+	return child;
+}
+
+Test(probes, a_zombie_owner_is_dead_and_its_instance_is_taken_back)
+{
+	struct pagecache_probes *probe = probes_or_skip("zombie-check", false);
+	pagecache_close(probe);
+	char name[64], err[256];
+	instance_name(name, sizeof(name), "zombie");
+	const pid_t child = leave_zombie_instance(name);
+	struct pagecache_probes *p;
+	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = -1};
+	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	waitpid(child, NULL, 0);
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_expect(pagecache_available(p), "a restart could not take back its probes: %s",
+	          pagecache_status(p));
+	cr_expect_eq(pagecache_replaced_stale_pid(p), child);
+	pagecache_close(p);
+}
+
+Test(probes, the_sweep_removes_pins_of_a_zombie_owner)
+{
+	struct pagecache_probes *probe = probes_or_skip("zombie-sweep-check", false);
+	pagecache_close(probe);
+	char old_name[64], dir_old[256], name[64], err[256];
+	instance_name(old_name, sizeof(old_name), "zombie-old");
+	snprintf(dir_old, sizeof(dir_old), "/sys/fs/bpf/moe-sidecar/%s", old_name);
+	const pid_t child = leave_zombie_instance(old_name);
+	const struct timespec aged[2] = {{.tv_sec = time(NULL) - 3600, .tv_nsec = 0},
+	                                 {.tv_sec = time(NULL) - 3600, .tv_nsec = 0}};
+	cr_assert_eq(utimensat(AT_FDCWD, dir_old, aged, 0), 0, "%s: %s", dir_old, strerror(errno));
+	struct pagecache_probes *p;
+	instance_name(name, sizeof(name), "zombie-sweeper");
+	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = 600};
+	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	waitpid(child, NULL, 0);
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert(pagecache_available(p), "%s", pagecache_status(p));
+	struct stat st;
+	cr_expect_neq(stat(dir_old, &st), 0, "pins of a zombie owner survived the sweep");
+	pagecache_close(p);
+}
+
+/* An owner still exiting holds its flock. Made deterministic: the child's main thread exits
+ * (the thread-group leader becomes a zombie, PF_EXITING) while a second thread keeps the
+ * files — and so the lock — until the test has seen the opener say it is waiting. */
+struct exiting_owner {
+	int ready[2], release[2];
+	pthread_t leader;
+};
+
+static void *keep_files_until_released(void *arg)
+{
+	struct exiting_owner *o = arg;
+	char c;
+	/* Joined: the leader is in do_exit (PF_EXITING) and past releasing its tid. */
+	if (pthread_join(o->leader, NULL) != 0 || write(o->ready[1], "R", 1) != 1)
+		_exit(1);
+	while (read(o->release[0], &c, 1) > 0)
+		;
+	_exit(0); /* the last thread: the process ends, its lock with it */
+}
+
+struct log_watch {
+	int fd; /* read end of the pipe stderr goes to */
+	int release_fd;
+	bool seen;
+};
+
+static void *release_when_waiting(void *arg)
+{
+	struct log_watch *w = arg;
+	static char text[16384];
+	size_t have = 0;
+	for (ssize_t n; (n = read(w->fd, text + have, sizeof(text) - 1 - have)) > 0;) {
+		have += (size_t)n;
+		text[have] = '\0';
+		if (!w->seen && strstr(text, "which is exiting: waiting")) {
+			w->seen = true;
+			close(w->release_fd); /* the owner's last thread may go now */
+		}
+	}
+	if (!w->seen)
+		close(w->release_fd);
+	return NULL;
+}
+
+Test(probes, an_exiting_owner_holding_the_lock_is_waited_for)
+{
+	struct pagecache_probes *probe = probes_or_skip("exiting-check", false);
+	pagecache_close(probe);
+	char name[64], err[256];
+	instance_name(name, sizeof(name), "exiting");
+	struct exiting_owner o;
+	cr_assert_eq(pipe(o.ready), 0);
+	cr_assert_eq(pipe(o.release), 0);
+	pid_t child = fork();
+	cr_assert_geq(child, 0);
+	if (child == 0) {
+		close(o.release[1]);
+		struct pagecache_probes *p;
+		struct pagecache_options opt = {
+		    .instance = name, .quiet = true, .stale_grace_s = -1};
+		if (pagecache_open(&opt, &p, NULL, 0) != 0 || !pagecache_available(p))
+			_exit(1);
+		pthread_t keeper;
+		o.leader = pthread_self();
+		if (pthread_create(&keeper, NULL, keep_files_until_released, &o) != 0)
+			_exit(1);
+		pthread_exit(NULL); /* the leader exits; the keeper holds the files */
+	}
+	close(o.release[0]);
+	close(o.ready[1]);
+	char r = 0;
+	cr_assert_eq(read(o.ready[0], &r, 1), 1, "the owner did not start");
+	close(o.ready[0]);
+
+	int logpipe[2];
+	cr_assert_eq(pipe(logpipe), 0);
+	struct log_watch w = {.fd = logpipe[0], .release_fd = o.release[1]};
+	pthread_t watcher;
+	cr_assert_eq(pthread_create(&watcher, NULL, release_when_waiting, &w), 0);
+	int saved = dup(2);
+	dup2(logpipe[1], 2);
+	close(logpipe[1]);
+	struct pagecache_probes *p;
+	struct pagecache_options opt = {.instance = name, .stale_grace_s = -1};
+	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	dup2(saved, 2); /* the watcher sees EOF */
+	close(saved);
+	pthread_join(watcher, NULL);
+	close(logpipe[0]);
+	int st;
+	waitpid(child, &st, 0);
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_expect(w.seen, "the opener did not say it waits for the exiting owner");
+	cr_expect(pagecache_available(p), "%s", pagecache_status(p));
+	pagecache_close(p);
 }
 
 /* Another instance's open removes a crashed instance's pins once they are older than the

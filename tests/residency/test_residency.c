@@ -453,8 +453,8 @@ Test(residency_files, extent_beyond_eof_rejected_at_create)
 	fixture_destroy(&f);
 }
 
-/* Linux ≥ 6.6 gives tmpfs O_DIRECT, so the refusal is simulated (no_direct takes the same
- * path as open(O_DIRECT) failing with EINVAL); /dev/shm is still used for its page cache. */
+/* Linux ≥ 6.6 gives tmpfs O_DIRECT, so the refusal is simulated (no_direct reads buffered and
+ * counts it as a refused O_DIRECT is); /dev/shm is still used for its page cache. */
 Test(residency_files, refused_direct_io_falls_back_to_buffered_loudly)
 {
 	struct fixture f;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "presets.h"
 #include "trace.h"
 
 static int parse(const char *text, struct routing_trace *t, char *err)
@@ -164,4 +165,27 @@ Test(trace, generator_reuse_raises_repeats)
 	g.reuse = 1.5;
 	struct routing_trace t;
 	cr_assert_neq(trace_generate(&g, &t, err, sizeof(err)), 0);
+}
+
+/* `simulate --generate` takes moe-gen's preset names (one table), the old short one too. */
+Test(trace, generator_presets_are_moe_gen_presets)
+{
+	char err[256];
+	uint32_t n = 0;
+	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++, n++) {
+		struct trace_gen_params g;
+		cr_assert_eq(trace_gen_preset(p->name, &g, err, sizeof(err)), 0, "%s: %s", p->name,
+		             err);
+		cr_expect_eq(g.n_layers, p->full_layers - p->leading_dense, "%s", p->name);
+		cr_expect_eq(g.n_experts, p->n_experts, "%s", p->name);
+		cr_expect_eq(g.top_k, p->top_k, "%s", p->name);
+	}
+	cr_assert_eq(n, 5, "qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, olmoe");
+	struct trace_gen_params a, b;
+	cr_assert_eq(trace_gen_preset("mixtral", &a, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_gen_preset("mixtral-8x7b", &b, err, sizeof(err)), 0, "%s", err);
+	cr_expect(a.n_layers == b.n_layers && a.n_experts == b.n_experts && a.top_k == b.top_k,
+	          "the alias is the same preset");
+	cr_assert_neq(trace_gen_preset("olmoe-1b-7b", &b, err, sizeof(err)), 0);
+	cr_expect(strstr(err, "gpt-oss-20b") && strstr(err, "olmoe"), "%s", err);
 }

@@ -1,0 +1,47 @@
+/* listener.h — the sidecar's socket on the file system: its directory, the one-sidecar lock
+ * file beside it, and the bound listening socket.
+ *
+ * Owns: a descriptor of the socket's directory, opened once with O_NOFOLLOW and checked with
+ * fstat (ours or root's; nobody else may write it unless it is sticky). Everything after that
+ * — the lock file, removing a stale socket, bind, chmod, and the unlinks at teardown — is done
+ * relative to that descriptor, never by path: a symlink planted at the directory's path is
+ * refused, and one swapped in later is never followed. Teardown unlinks the socket and the
+ * lock file only if the names still lead to the inodes it created.
+ *
+ * Threading: one thread (the control thread). Errors: -1 with a sentence in err.
+ */
+#ifndef MOE_SIDECAR_LISTENER_H
+#define MOE_SIDECAR_LISTENER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+#include <sys/un.h>
+
+struct listener {
+	char path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* what clients connect to */
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];  /* its directory, for messages */
+	char name[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* its last component */
+	char lock_name[sizeof(((struct sockaddr_un *)0)->sun_path) + 8]; /* name + ".lock" */
+	int dir_fd, lock_fd, sock_fd;                                    /* -1 when not open */
+	dev_t sock_dev; /* the socket inode bind created */
+	ino_t sock_ino;
+};
+
+/* Opens (or creates) the directory of path, takes the lock file next to the socket (a
+ * second sidecar on the same path fails here, naming the first one's pid), removes a stale
+ * socket, and binds. The socket is not listening yet: connects are refused until
+ * listener_listen. shared: other uids may connect (directory 0711, socket 0666; SO_PEERCRED
+ * decides), else directory 0700 and socket 0600. l is fully initialised even on failure;
+ * listener_close undoes whatever was done. */
+int listener_open(struct listener *l, const char *path, bool shared, char *err, size_t err_len);
+
+/* Starts accepting connections (non-blocking socket). */
+int listener_listen(struct listener *l, int backlog, char *err, size_t err_len);
+
+/* Closes the socket; unlinks the socket and the lock file if they are still the ones this
+ * listener made (a file renamed over either name is left alone, with a warning); releases
+ * the lock. Idempotent. */
+void listener_close(struct listener *l);
+
+#endif

@@ -1,0 +1,113 @@
+/* presets.c — the model preset table (see presets.h). */
+#include "presets.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* From each model's published config.json (DeepSeek-V3's head_dim is its qk_nope_head_dim
+ * = v_head_dim, its rope_dim qk_rope_head_dim). */
+const struct moe_model_preset moe_model_presets[] = {
+    {.name = "qwen3-30b-a3b",
+     .arch = MOE_ARCH_QWEN3MOE,
+     .full_layers = 48,
+     .n_experts = 128,
+     .top_k = 8,
+     .hidden = 2048,
+     .expert_ffn = 768,
+     .dense_ffn = 6144,
+     .heads = 32,
+     .kv_heads = 4,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 40960,
+     .rope_theta = 1e6,
+     .rms_eps = 1e-6},
+    {.name = "mixtral-8x7b",
+     .alias = "mixtral",
+     .arch = MOE_ARCH_MIXTRAL,
+     .full_layers = 32,
+     .n_experts = 8,
+     .top_k = 2,
+     .hidden = 4096,
+     .expert_ffn = 14336,
+     .dense_ffn = 14336,
+     .heads = 32,
+     .kv_heads = 8,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 32768,
+     .rope_theta = 1e6,
+     .rms_eps = 1e-5},
+    {.name = "deepseek-v3",
+     .arch = MOE_ARCH_DEEPSEEK,
+     .full_layers = 61,
+     .n_experts = 256,
+     .top_k = 8,
+     .n_shared = 1,
+     .hidden = 7168,
+     .expert_ffn = 2048,
+     .dense_ffn = 18432,
+     .leading_dense = 3,
+     .heads = 128,
+     .kv_heads = 128,
+     .head_dim = 128,
+     .q_lora_rank = 1536,
+     .kv_lora_rank = 512,
+     .rope_dim = 64,
+     .max_positions = 163840,
+     .rope_theta = 10000,
+     .rms_eps = 1e-6},
+    {.name = "gpt-oss-20b",
+     .arch = MOE_ARCH_GPT_OSS,
+     .full_layers = 24,
+     .n_experts = 32,
+     .top_k = 4,
+     .hidden = 2880,
+     .expert_ffn = 2880,
+     .dense_ffn = 2880,
+     .heads = 64,
+     .kv_heads = 8,
+     .head_dim = 64,
+     .rope_dim = 64,
+     .max_positions = 131072,
+     .rope_theta = 150000,
+     .rms_eps = 1e-5},
+    {.name = "olmoe",
+     .arch = MOE_ARCH_OLMOE,
+     .full_layers = 16,
+     .n_experts = 64,
+     .top_k = 8,
+     .hidden = 2048,
+     .expert_ffn = 1024,
+     .dense_ffn = 1024,
+     .heads = 16,
+     .kv_heads = 16,
+     .head_dim = 128,
+     .rope_dim = 128,
+     .max_positions = 4096,
+     .rope_theta = 10000,
+     .rms_eps = 1e-5},
+    {.name = NULL},
+};
+
+const struct moe_model_preset *moe_model_preset_find(const char *name)
+{
+	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++)
+		if (!strcmp(p->name, name) || (p->alias && !strcmp(p->alias, name)))
+			return p;
+	return NULL;
+}
+
+void moe_model_preset_names(char *buf, size_t len, const char *sep)
+{
+	size_t used = 0;
+	if (len)
+		buf[0] = '\0';
+	for (const struct moe_model_preset *p = moe_model_presets; p->name && used < len; p++) {
+		int n = snprintf(buf + used, len - used, "%s%s", p == moe_model_presets ? "" : sep,
+		                 p->name);
+		if (n < 0)
+			break;
+		used += (size_t)n;
+	}
+}

@@ -1,0 +1,150 @@
+/* test_serve_cli.c — what the command line prints to someone who has not read the code: every
+ * help lists exactly what its parser accepts, every binary says its version, and the error
+ * paths a new user meets name the problem and the way out. */
+#include <criterion/criterion.h>
+#include <ctype.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "policy.h"
+
+/* Runs argv (NULL-terminated) with stdout and stderr into one buffer; returns the exit
+ * status, or -1 if it did not exit. */
+static int run_capture(const char *const *argv, char *out, size_t cap)
+{
+	int p[2];
+	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
+	pid_t kid = fork();
+	cr_assert_geq(kid, 0);
+	if (kid == 0) {
+		dup2(p[1], 1);
+		dup2(p[1], 2);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	size_t have = 0;
+	for (ssize_t n; (n = read(p[0], out + have, cap - 1 - have)) > 0;)
+		have += (size_t)n;
+	out[have] = '\0';
+	close(p[0]);
+	int st;
+	cr_assert_eq(waitpid(kid, &st, 0), kid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Runs of white space become one space: help texts wrap where they like. */
+static void squeeze_spaces(char *s)
+{
+	char *w = s;
+	for (const char *r = s; *r; r++)
+		if (!isspace((unsigned char)*r) || (w > s && w[-1] != ' '))
+			*w++ = isspace((unsigned char)*r) ? ' ' : *r;
+	*w = '\0';
+}
+
+Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
+{
+	static char out[16384];
+	const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
+	cr_assert_eq(run_capture(argv, out, sizeof(out)), 0, "%s", out);
+	squeeze_spaces(out);
+	char accepted[256];
+	policy_spec_help(accepted, sizeof(accepted));
+	cr_expect(strstr(out, accepted), "serve --help does not list '%s': %s", accepted, out);
+	cr_expect_not(strstr(out, "sieve+heat"), "serve --help advertises sieve+heat: %s", out);
+	char want[64];
+	snprintf(want, sizeof(want), "(default %s)", POLICY_DEFAULT_SPEC);
+	cr_expect(strstr(out, want), "%s", out);
+	/* Everything the list names parses, with every modifier. */
+	const char *const specs[] = {"lru", "sieve", "sieve-heat", "sieve-heat+layer+pin2"};
+	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
+		struct policy_spec s;
+		char err[160];
+		cr_expect(strstr(accepted, specs[i]) || strchr(specs[i], '+'), "%s", specs[i]);
+		cr_expect_eq(policy_spec_parse(specs[i], &s, err, sizeof(err)), 0, "%s", err);
+	}
+}
+
+Test(serve_cli, every_binary_says_its_version)
+{
+	static char out[4096];
+	const struct {
+		const char *bin, *name;
+	} bins[] = {{MOE_SIDECAR_BIN, "moe-sidecar"},
+	            {MOE_GEN_BIN, "moe-gen"},
+	            {MOE_ECHO_DEMO_BIN, "moe-echo-demo"},
+	            {MOE_DECODE_DEMO_BIN, "moe-decode-demo"}};
+	for (size_t i = 0; i < sizeof(bins) / sizeof(bins[0]); i++) {
+		const char *argv[] = {bins[i].bin, "--version", NULL};
+		cr_expect_eq(run_capture(argv, out, sizeof(out)), 0, "%s --version: %s",
+		             bins[i].name, out);
+		char want[64];
+		snprintf(want, sizeof(want), "%s %s", bins[i].name, MOE_VERSION);
+		cr_expect_eq(strncmp(out, want, strlen(want)), 0, "%s --version printed '%s'",
+		             bins[i].name, out);
+	}
+}
+
+Test(serve_cli, moe_gen_makes_no_parent_directories)
+{
+	static char out[4096];
+	char dir[] = "/tmp/moe-cli-XXXXXX", target[192], missing[64];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(missing, sizeof(missing), "%s/typo", dir);
+	snprintf(target, sizeof(target), "%s/deeper/model.gguf", missing);
+	const char *gguf[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers", "1",
+	                      "--hidden",  "64",       "--ffn", "32",       "--experts",
+	                      "4",         "--quiet",  "--out", target,     NULL};
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect(strstr(out, "No such file or directory") &&
+	              strstr(out, "makes no parent directories"),
+	          "%s", out);
+	struct stat st;
+	cr_expect_neq(stat(missing, &st), 0, "moe-gen created %s", missing);
+	/* A checkpoint directory itself is created, its parent is not. */
+	snprintf(target, sizeof(target), "%s/checkpoint", missing);
+	gguf[13] = target;
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect_neq(stat(missing, &st), 0, "moe-gen created %s", missing);
+	snprintf(target, sizeof(target), "%s/checkpoint", dir);
+	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 0, "%s", out);
+	snprintf(target, sizeof(target), "%s/checkpoint/config.json", dir);
+	cr_expect_eq(stat(target, &st), 0, "%s", target);
+	char rm[160];
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	cr_expect_eq(system(rm), 0);
+}
+
+/* The model-path errors a newcomer meets, as the command line prints them. */
+Test(serve_cli, a_path_that_is_not_a_model_says_so)
+{
+	static char out[4096];
+	const char *passwd[] = {MOE_SIDECAR_BIN, "inspect", "/etc/passwd", NULL};
+	cr_expect_eq(run_capture(passwd, out, sizeof(out)), 1, "%s", out);
+	cr_expect(strstr(out, "/etc/passwd: not a model: neither a GGUF file"), "%s", out);
+	cr_expect_not(strstr(out, "config.json"), "%s", out);
+
+	char dir[] = "/tmp/moe-cli-XXXXXX", ck[64], shard[128];
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(ck, sizeof(ck), "%s/ck", dir);
+	const char *gen[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers",  "1", "--hidden",
+	                     "64",        "--ffn",    "32",    "--experts", "4", "--shards",
+	                     "2",         "--quiet",  "--out", ck,          NULL};
+	cr_assert_eq(run_capture(gen, out, sizeof(out)), 0, "%s", out);
+	snprintf(shard, sizeof(shard), "%s/model-00001-of-00002.safetensors", ck);
+	const char *one_shard[] = {MOE_SIDECAR_BIN, "inspect", shard, NULL};
+	cr_expect_eq(run_capture(one_shard, out, sizeof(out)), 1, "%s", out);
+	char want[160];
+	snprintf(want, sizeof(want), "is shard 1 of 2 of a checkpoint: open its directory (%s)",
+	         ck);
+	cr_expect(strstr(out, want), "%s", out);
+	char rm[160];
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	cr_expect_eq(system(rm), 0);
+}
