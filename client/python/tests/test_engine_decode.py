@@ -209,7 +209,9 @@ def test_cuda_graph_capture_and_replay(sidecar):
 def test_cuda_submit_and_sync_on_different_streams(sidecar):
     """sync_forward's stream gets the result in its own order (it waits for the submit
     stream), as an engine that submits on a side stream expects."""
-    c, w = _wrapper(sidecar, 3)
+    # The same GPU mask as above: a mask is per (channel, layer), and this process's wrappers
+    # share one channel.
+    c, w = _wrapper(sidecar, 3, num_gpu_experts=2)
     dev = torch.device("cuda")
     x, ids, wt = _inputs(c, 3, dev, 7)
     side, main = torch.cuda.Stream(), torch.cuda.current_stream()
