@@ -316,6 +316,15 @@ class KTMoEWrapper:
 
         _, parts, (op, m, dtype), stream = p
         sp = _stream_path(self.client)
+        # The wait and the copy out go on the stream sync_forward is given (kt's contract:
+        # the result is ready in that stream's order). When it is not the one submit_forward
+        # used, it first waits for that one (an event: no host sync, capturable).
+        if cuda_stream is not None and sp.stream(cuda_stream).cuda_stream != stream.cuda_stream:
+            target = sp.stream(cuda_stream)
+            target.wait_stream(stream)
+            for t in parts:  # made on the submit stream, used on the target's
+                t.record_stream(target)
+            stream = target
         with torch.cuda.stream(stream):
             parts.append(self._collect_stream(sp, stream, op, m, dtype, hidden_states.device))
             return parts[0] if len(parts) == 1 else torch.cat(parts)
