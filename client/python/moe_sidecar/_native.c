@@ -87,7 +87,7 @@ struct stream_op {
 	_Atomic int status;
 	uint32_t value, index;
 	char message[MOE_MESSAGE_MAX + 64];
-	uint64_t completions; /* host_wait calls that collected a completion */
+	_Atomic uint64_t completions; /* host_wait calls that collected a completion */
 };
 
 static void op_fail(struct stream_op *op, int status, const char *msg)
@@ -135,7 +135,7 @@ static void host_wait(void *arg)
 			op->index = d.index;
 			op_fail(op, rc, moe_last_error(ch->c));
 		} else {
-			op->completions++;
+			atomic_fetch_add_explicit(&op->completions, 1, memory_order_relaxed);
 		}
 	}
 	if (atomic_load_explicit(&op->status, memory_order_acquire) != MOE_OK)
@@ -535,7 +535,11 @@ static PyObject *Channel_stream_op_set(Channel *self, PyObject *args)
 	Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
-/* stream_op_take(addr) -> (status, message, value, index, completions); resets the status. */
+/* stream_op_take(addr) -> (status, message, value, index, completions); resets the status.
+ * Without the channel mutex: host_wait holds it while it waits for the sidecar, and the
+ * engine's launch thread calls this before each submit — it must not stall behind a layer's
+ * CPU work. The host functions write message, value and index before the release store of a
+ * failing status, so they are read complete after its acquire load. */
 static PyObject *Channel_stream_op_take(Channel *self, PyObject *args)
 {
 	PyObject *addr;
@@ -544,21 +548,19 @@ static PyObject *Channel_stream_op_take(Channel *self, PyObject *args)
 	struct stream_op *op = find_op(self, addr);
 	if (!op)
 		return NULL;
-	int status;
-	char message[sizeof(op->message)];
-	uint32_t value, index;
-	unsigned long long completions;
-	Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->lock);
-	status = atomic_load_explicit(&op->status, memory_order_acquire);
-	memcpy(message, op->message, sizeof(message));
-	value = op->value;
-	index = op->index;
-	completions = op->completions;
-	atomic_store_explicit(&op->status, MOE_OK, memory_order_release);
-	op->message[0] = '\0';
-	pthread_mutex_unlock(&self->lock);
-	Py_END_ALLOW_THREADS return Py_BuildValue("(isIIK)", status, message, value, index,
-	                                          completions);
+	char message[sizeof(op->message)] = "";
+	uint32_t value = 0, index = 0;
+	int status = atomic_load_explicit(&op->status, memory_order_acquire);
+	if (status != MOE_OK) {
+		memcpy(message, op->message, sizeof(message));
+		message[sizeof(message) - 1] = '\0';
+		value = op->value;
+		index = op->index;
+		atomic_store_explicit(&op->status, MOE_OK, memory_order_release);
+	}
+	return Py_BuildValue(
+	    "(isIIK)", status, message, value, index,
+	    (unsigned long long)atomic_load_explicit(&op->completions, memory_order_relaxed));
 }
 
 /* ---- Area: a writable range of the mapping, through the buffer protocol -------------------- */

@@ -63,8 +63,16 @@ class _StreamPath:
 
         self.client = client
         self.rt = client.cuda_register()
-        self.slot = client._ch.acquire()
-        v = client.slot(self.slot)
+        self.ops = {}  # op address -> its parameters after the slot (stream_op_set)
+        self._take_slot()
+        self.host_submit, self.host_wait = _native.host_functions()
+        self.streams = {}
+        self.torch = torch
+
+    def _take_slot(self):
+        c = self.client
+        self.slot = c._ch.acquire()
+        v = c.slot(self.slot)
         self.views = {
             "input": {d: v.input(n, torch=True) for d, n in
                       ((DTYPE_F32, "float32"), (DTYPE_F16, "float16"), (DTYPE_BF16, "bfloat16"))},
@@ -74,9 +82,14 @@ class _StreamPath:
             "ids": v.expert_ids(torch=True),
             "weights": v.expert_weights(torch=True),
         }
-        self.host_submit, self.host_wait = _native.host_functions()
-        self.streams = {}
-        self.torch = torch
+
+    def replace_slot(self):
+        """After a timeout host_wait abandoned the stream slot (the sidecar may still write
+        it): take another and point every stream op at it. Captured CUDA graphs keep the old
+        slot's addresses: recapture them."""
+        self._take_slot()
+        for op, params in self.ops.items():
+            self.client._ch.stream_op_set(op, self.slot, *params)
 
     def stream(self, handle):
         s = self.streams.get(handle)
@@ -214,6 +227,8 @@ class KTMoEWrapper:
         for op in self._ops.values():
             status, message, value, index, _ = self.client._ch.stream_op_take(op)
             if status != 0:
+                if status == -9:  # ETIMEDOUT: the stream slot was abandoned
+                    _stream_path(self.client).replace_slot()
                 raise make_error(status, f"layer {self.layer_idx}: {message}", value, index)
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
@@ -258,8 +273,9 @@ class KTMoEWrapper:
         op = self._ops.get(key)
         if op is None:
             op = self.client._ch.stream_op()
-            self.client._ch.stream_op_set(op, sp.slot, self.layer_idx, n, k, k_defer, dtype,
-                                          dtype, flags, self.timeout_ms)
+            params = (self.layer_idx, n, k, k_defer, dtype, dtype, flags, self.timeout_ms)
+            self.client._ch.stream_op_set(op, sp.slot, *params)
+            sp.ops[op] = params
             self._ops[key] = op
         return op
 

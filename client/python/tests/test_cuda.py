@@ -174,3 +174,32 @@ def test_block_equals_transformers_qwen3_moe_block(served_bf16, models):
     print(f"sidecar vs transformers {transformers.__version__} {type(block).__name__}: "
           f"mean|diff|/mean|ref| = {err:.2e}")
     assert err < 0.02  # kt-kernel's BF16 bound: the sidecar rounds activations to bf16
+
+
+def test_a_stream_timeout_gives_up_the_slot_and_the_next_call_works(models):
+    s = Sidecar(models["q8_0"])
+    try:
+        info = _info(s.socket)
+        wr = ms.KTMoEWrapper(info["moe_layers"][-1], info["n_experts"], info["model_top_k"],
+                             info["model_hidden"], info["expert_ffn"], socket=s.socket,
+                             timeout_ms=300)
+        x = torch.randn(1, info["hidden"], device="cuda").bfloat16()
+        ids = torch.tensor([[0, 1]], device="cuda")
+        w = torch.full((1, 2), 0.5, device="cuda")
+        stream = torch.cuda.current_stream().cuda_stream
+        want = wr.forward(x, ids, w, stream)
+        torch.cuda.synchronize()
+        os.kill(s.proc.pid, signal.SIGSTOP)
+        os.waitpid(s.proc.pid, os.WUNTRACED)
+        out = wr.forward(x, ids, w, stream)
+        torch.cuda.synchronize()  # host_wait gave up after 300 ms
+        assert not out.any()
+        os.kill(s.proc.pid, signal.SIGCONT)
+        with pytest.raises(ms.TimeoutError):
+            wr.check()
+        again = wr.forward(x, ids, w, stream)  # on a fresh slot
+        torch.cuda.synchronize()
+        wr.check()
+        assert torch.equal(again, want)
+    finally:
+        s.stop(signal.SIGKILL)
