@@ -74,14 +74,13 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 	assert(e->state == EXPERT_COLD);
 	if (prefetch && r->prefetch.count >= r->prefetch.cap)
 		return -EAGAIN;
-	while (policy_needs_eviction(&r->policy, id)) {
-		uint32_t v = prefetch ? policy_prefetch_victim(&r->policy, id, priority,
-		                                               may_evict_unhinted, r)
-		                      : policy_victim(&r->policy, id, may_evict, r);
-		if (v == POLICY_NONE)
-			return -EAGAIN;
+	const uint32_t v =
+	    prefetch ? policy_make_room_prefetch(&r->policy, id, priority, may_evict_unhinted, r)
+	             : policy_make_room(&r->policy, id, may_evict, r);
+	if (v == POLICY_FULL)
+		return -EAGAIN;
+	if (v != POLICY_NONE)
 		evict(r, v);
-	}
 	uint32_t slot = slot_pool_get(&r->pool);
 	if (slot == SLOT_NONE)
 		return -EAGAIN; /* pinned experts beyond their reservation: cannot happen */
@@ -127,6 +126,19 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 	}
 	e->queued = 0;
 	pthread_cond_broadcast(&r->changed);
+}
+
+/* Under lock: may a slot free up, or an expert become evictable, without the caller? Only
+ * while some expert is referenced, loading or awaited. When none is and the policy still
+ * names no victim, a demand that waited would wait forever: it fails instead (-ENOSPC). */
+static bool slot_may_free(const struct residency *r)
+{
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		const struct expert_entry *e = &r->entries[id];
+		if (e->refs || e->waiters || e->state == EXPERT_LOADING)
+			return true;
+	}
+	return false;
 }
 
 static void fill_ref(const struct residency *r, uint32_t id, struct expert_ref *ref)
@@ -228,6 +240,10 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 		}
 		if (flags & RESIDENCY_NOWAIT)
 			break; /* -EAGAIN: every slot is in use */
+		if (!slot_may_free(r)) {
+			rc = -ENOSPC; /* waiting would be forever */
+			break;
+		}
 		r->slot_waiters++;
 		pthread_cond_wait(&r->changed, &r->lock);
 		r->slot_waiters--;
@@ -302,6 +318,8 @@ int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *m
 		if (e->masked && may_evict(r, id))
 			evict(r, id);
 	}
+	if (r->slot_waiters)
+		pthread_cond_broadcast(&r->changed);
 	pthread_mutex_unlock(&r->lock);
 	return 0;
 }
@@ -593,6 +611,16 @@ int residency_create(struct residency **out, const struct expert_map *map,
 		goto fail;
 	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err,
 	                   err_len);
+	if (rc == -ENOSPC) {
+		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
+		                      (spec.pin_layers < r->n_layers ? 1 : 0);
+		const size_t used = strlen(err);
+		snprintf(err + used, err_len - used,
+		         " (a budget of %llu bytes: %u slots of %zu bytes); the smallest budget "
+		         "that serves this policy is %llu bytes",
+		         (unsigned long long)r->config.mem_budget, r->pool.n_slots,
+		         r->pool.slot_bytes, (unsigned long long)(need * r->pool.slot_bytes));
+	}
 	if (rc)
 		goto fail;
 	r->demand.cap = r->n_ids;

@@ -124,10 +124,11 @@ int residency_warm_pinned(struct residency *r, char *err, size_t err_len);
 /* Demands an expert. 0: `ref` holds it (release it). Otherwise: -EINPROGRESS (NOWAIT:
  * loading; call again with RESIDENCY_RETRY to wait), -EAGAIN (NOWAIT: no slot can be freed
  * now), -EIO, -ETIMEDOUT, -ENODATA and other read errors, -EPERM (GPU-masked), -EINVAL (out
- * of range), -ESHUTDOWN. A waiting demand sleeps until a slot can be freed: a thread that
- * already holds references should use RESIDENCY_NOWAIT, or it may wait forever once every
- * slot is referenced (capacity must exceed the references held at once). `score` is the
- * router probability × top_k (1.0 = average), or -1. */
+ * of range), -ESHUTDOWN, -ENOSPC (no slot can ever be freed for it: nothing is referenced,
+ * loading or awaited, yet nothing may be evicted). A waiting demand sleeps until a slot can
+ * be freed: a thread that already holds references should use RESIDENCY_NOWAIT, or it may
+ * wait forever once every slot is referenced (capacity must exceed the references held at
+ * once). `score` is the router probability × top_k (1.0 = average), or -1. */
 int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
                       unsigned flags, struct expert_ref *ref);
 void residency_release(struct residency *r, struct expert_ref *ref);

@@ -140,6 +140,44 @@ Test(residency, budget_and_referenced_experts)
 	fixture_destroy(&f);
 }
 
+/* Three slots for eight layers under the default sieve+layer: layers 3..7 have a share of 0
+ * slots, and each is still served (a demand that found no room used to wait forever). */
+Test(residency, fewer_slots_than_layers_serves_every_layer)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 8, 2, 1, 3000);
+	struct residency_config cfg = base_config(3 * 8192 + 100);
+	cfg.policy = "sieve+layer";
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.slots, 3);
+	struct expert_ref held;
+	acquire_ok(r, &f, 0, 0, &held); /* one slot in use throughout */
+	for (int round = 0; round < 3; round++)
+		for (uint32_t l = 0; l < 8; l++) {
+			struct expert_ref ref;
+			const uint32_t x = (uint32_t)(round + l) % 2;
+			if (l == 0 && x == 0)
+				continue;
+			/* Not waiting first: a refusal here is the old hang. */
+			int rc = residency_acquire(r, l, x, 1.0f, RESIDENCY_NOWAIT, &ref);
+			cr_assert(rc == 0 || rc == -EINPROGRESS,
+			          "layer %u expert %u: %d with one slot in use of three", l, x, rc);
+			if (rc == -EINPROGRESS) {
+				rc = residency_acquire(r, l, x, 1.0f, RESIDENCY_RETRY, &ref);
+				cr_assert_eq(rc, 0, "layer %u expert %u: %d", l, x, rc);
+			}
+			cr_assert(fixture_ref_matches(&f, &ref));
+			residency_release(r, &ref);
+			counters(r, &c);
+		}
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_RESIDENT, "held expert evicted");
+	residency_release(r, &held);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
 Test(residency, pinned_layers_stay)
 {
 	struct fixture f;
