@@ -760,6 +760,11 @@ static int demand_failed(struct forward_engine *e, const struct forward_request 
 		            "layer %d expert %u is GPU-masked", q->layer, g->expert);
 	if (rc == -ESHUTDOWN)
 		return fail(res, MOE_ESHUTDOWN, -1, -1, (int32_t)g->expert, "shutting down");
+	if (rc == -ENOSPC)
+		return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert,
+		            "layer %d expert %u: no slot can be freed for it (nothing in use, "
+		            "nothing the policy may evict)",
+		            q->layer, g->expert);
 	char why[120];
 	residency_error_message(e->w.res[node], (uint32_t)e->w.moe_index[q->layer], g->expert, why,
 	                        sizeof(why));
@@ -971,7 +976,10 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 		if (ready == 0 && done < n_groups) {
 			/* Nothing arrived: wait for the first pending one, holding nothing (the
 			 * slices that pending groups hold on some nodes are let go, so a small
-			 * budget cannot deadlock; they are demanded again, not counted again). */
+			 * budget cannot deadlock; they are demanded again, not counted again).
+			 * Nor may the last request's deferred wave hold its experts meanwhile:
+			 * only this thread lets them go, so it is settled first. */
+			settle(e, true);
 			for (uint32_t g = 0; g < n_groups; g++)
 				if (e->rq->groups[g].state == GROUP_PENDING)
 					release_group(e, &e->rq->groups[g]);
@@ -1138,6 +1146,7 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
                       float *out_immediate, float *out_deferred, struct forward_result *res)
 {
 	engine_take(e);
+	settle(e, true); /* its experts held would leave this one fewer slots to wait for */
 	uint32_t moe_layer = 0;
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	if (rc != MOE_OK) {
