@@ -117,6 +117,10 @@ struct forward_engine {
 	bool attached[FORWARD_MAX_CLIENTS];
 	uint8_t *res_mask;               /* [n_experts] scratch for residency_set_gpu_mask */
 	struct layer_counters *counters; /* [n_moe_layers] */
+	/* validate's duplicate check (engine taken): expert x was named in the token row being
+	 * checked iff row_mark[x] == row_stamp. */
+	uint32_t *row_mark; /* [n_experts] */
+	uint32_t row_stamp;
 };
 
 static uint64_t now_us(void)
@@ -303,7 +307,8 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	e->masks = calloc(FORWARD_MAX_CLIENTS, cat->info.n_layers * e->mask_row);
 	e->res_mask = calloc(cat->info.n_experts, 1);
 	e->counters = calloc(e->w.n_moe_layers, sizeof(*e->counters));
-	if (!e->masks || !e->res_mask || !e->counters) {
+	e->row_mark = calloc(cat->info.n_experts, sizeof(uint32_t));
+	if (!e->masks || !e->res_mask || !e->counters || !e->row_mark) {
 		snprintf(err, err_len, "out of memory");
 		goto fail;
 	}
@@ -353,6 +358,7 @@ void forward_destroy(struct forward_engine *e)
 	free(e->masks);
 	free(e->res_mask);
 	free(e->counters);
+	free(e->row_mark);
 	pthread_mutex_destroy(&e->run_lock);
 	pthread_cond_destroy(&e->run_free);
 	pthread_mutex_destroy(&e->mask_lock);
@@ -443,7 +449,11 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 		            "layer %d is the last MoE layer: nothing may be deferred", q->layer);
 	if (q->k_defer && !out_deferred)
 		return fail(res, MOE_EINVAL, -1, -1, -1, "k_defer without a deferred output");
-	for (uint32_t t = 0; t < q->n_tokens; t++)
+	for (uint32_t t = 0; t < q->n_tokens; t++) {
+		if (++e->row_stamp == 0) { /* wrapped: no stale mark may equal a new stamp */
+			memset(e->row_mark, 0, info->n_experts * sizeof(uint32_t));
+			e->row_stamp = 1;
+		}
 		for (uint32_t j = 0; j < q->k; j++) {
 			const int32_t id = q->ids[(size_t)t * q->k + j];
 			const float w = q->weights[(size_t)t * q->k + j];
@@ -454,11 +464,25 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 				    res, MOE_EBADEXPERT, (int32_t)t, (int32_t)j, id,
 				    "token %u id %u: expert %d out of range (0..%u, -1 = skip)", t,
 				    j, id, info->n_experts - 1);
+			if (e->row_mark[id] == e->row_stamp) {
+				/* A router picks each expert once per token: a repeat is a bug
+				 * upstream, and summing it twice would hide it. */
+				uint32_t first = 0;
+				while (q->ids[(size_t)t * q->k + first] != id)
+					first++;
+				return fail(
+				    res, MOE_EBADEXPERT, (int32_t)t, (int32_t)j, id,
+				    "token %u id %u: expert %d is named twice in the token's "
+				    "row (first as id %u)",
+				    t, j, id, first);
+			}
+			e->row_mark[id] = e->row_stamp;
 			if (!isfinite(w))
 				return fail(res, MOE_EBADWEIGHT, (int32_t)t, (int32_t)j, id,
 				            "token %u id %u: weight of expert %d not finite", t, j,
 				            id);
 		}
+	}
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	for (uint32_t t = 0; t < q->n_tokens; t++)
 		if (!row_finite((const uint8_t *)q->x + t * row, q->x_dtype, e->hidden))

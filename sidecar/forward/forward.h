@@ -8,7 +8,8 @@
  * forward_reference (the plain single-threaded oracle every result is compared to).
  *
  * Layers are transformer block indices (the wire's sqe.layer); dense blocks are rejected with
- * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry.
+ * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry, each expert at most once per
+ * token.
  *
  * Determinism contract: an output element's value depends only on the request (inputs, ids,
  * weights, k_defer) and the ISA, never on thread count, node count, source or the order in
@@ -194,7 +195,8 @@ struct forward_result {
  * + deferred_in, and out_deferred (n_tokens x hidden f32, overwritten; may be NULL only when
  * k_defer = 0) = Σ deferred w·expert(x). Returns res->status. On error the outputs are
  * unspecified and res names the problem: MOE_EBADLAYER, MOE_EBADTOKENS, MOE_EBADTOPK,
- * MOE_EBADDTYPE, MOE_EBADEXPERT (id >= n_experts or < -1), MOE_EBADWEIGHT, MOE_ENONFINITE,
+ * MOE_EBADDTYPE, MOE_EBADEXPERT (id >= n_experts or < -1, or an id repeated within a token's
+ * row: bad_index is the repeat's position), MOE_EBADWEIGHT, MOE_ENONFINITE,
  * MOE_EMASKED, MOE_EIO (naming the expert and file), MOE_EBADFIELD (k_defer on the last
  * layer), MOE_ESHUTDOWN. Every held expert is released on every path. */
 int forward_run(struct forward_engine *e, const struct forward_request *req, float *out_immediate,

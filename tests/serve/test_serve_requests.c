@@ -143,6 +143,29 @@ Test(serve_requests, bad_requests_are_named_and_the_sidecar_keeps_serving)
 	served_stop(&s);
 }
 
+/* The router names an expert at most once per token; a repeat is refused, naming the id and
+ * the repeat's position. The same expert in different tokens is ordinary. */
+Test(serve_requests, an_expert_named_twice_in_a_token_is_refused)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 16, 1, 3, 4, ne, h, false);
+	const int32_t dup = fc.ids[2 * 4 + 1];
+	fc.ids[2 * 4 + 3] = dup;
+	expect_error(&s, &fc, MOE_EBADEXPERT, dup, 2 * 4 + 3, "expert named twice in token 2");
+	fc.ids[2 * 4 + 3] = -1; /* a skipped entry is no repeat */
+	fc.ids[2 * 4 + 2] = -1;
+	fc.ids[0 * 4 + 0] = dup; /* and another token may name it */
+	for (uint32_t j = 1; j < 4; j++)
+		if (fc.ids[j] == dup)
+			fc.ids[j] = -1;
+	expect_exact(&s, &fc, NULL, NULL, "the same expert in two tokens");
+	fwd_case_free(&fc);
+	served_stop(&s);
+}
+
 Test(serve_requests, deferred_contribution_arrives_in_the_next_layer)
 {
 	struct served s;
