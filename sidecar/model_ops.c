@@ -684,6 +684,11 @@ const struct serve_model_desc *model_ops_desc(const struct model_ops *o)
 	return o->desc;
 }
 
+uint32_t model_ops_retry_failed(struct model_ops *o)
+{
+	return serve_model_retry_failed(o->model);
+}
+
 void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out)
 {
 	const struct serve_model_desc *d = o->desc;

@@ -38,6 +38,9 @@ void model_ops_shutdown(struct model_ops *o);
 void model_ops_destroy(struct model_ops *o);
 
 const struct serve_model_desc *model_ops_desc(const struct model_ops *o);
+/* The operator's retry (SIGHUP): every FAILED expert is read again by its next demand.
+ * Returns how many there were. Control thread. */
+uint32_t model_ops_retry_failed(struct model_ops *o);
 /* The welcome's model description. */
 void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out);
 

@@ -42,6 +42,7 @@ enum {
 	OPT_NO_DIRECT,
 	OPT_FILE_LAYOUT,
 	OPT_FAIL_EXPERT,
+	OPT_RETRY_BACKOFF,
 };
 
 static const struct serve_option {
@@ -96,9 +97,12 @@ static const struct serve_option {
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
      "keep resident experts in the files' rows (no decode layout: comparisons)"},
+    {{"retry-backoff", required_argument, NULL, OPT_RETRY_BACKOFF},
+     "MS[,MAX]",
+     "read a failed expert again after MS ms, doubling up to MAX (1000,60000; 0: at once)"},
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
-     "LAYER:EXPERT",
-     "testing: every read of this expert fails with EIO"},
+     "L:E[:N]",
+     "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "this text"},
@@ -324,17 +328,42 @@ int cmd_serve(int argc, char **argv)
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
 		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
 		case OPT_FAIL_EXPERT: {
-			int layer, expert, n = 0;
-			if (sscanf(optarg, "%d:%d%n", &layer, &expert, &n) != 2 ||
-			    optarg[n] != '\0' || layer < 0 || expert < 0) {
+			int layer, expert, loads = 0, n = 0, m = 0;
+			bool ok = sscanf(optarg, "%d:%d%n", &layer, &expert, &n) == 2 &&
+			          layer >= 0 && expert >= 0;
+			if (ok && optarg[n] == ':')
+				ok = sscanf(optarg + n, ":%d%n", &loads, &m) == 1 && loads > 0;
+			if (!ok || optarg[n + m] != '\0') {
 				fprintf(stderr,
 				        "moe-sidecar serve: --debug-fail-expert '%s': expected "
-				        "LAYER:EXPERT\n",
+				        "LAYER:EXPERT or LAYER:EXPERT:LOADS\n",
 				        optarg);
 				return 2;
 			}
 			mcfg.fail_layer = layer;
 			mcfg.fail_expert = expert;
+			mcfg.fail_loads = (uint32_t)loads;
+			break;
+		}
+		case OPT_RETRY_BACKOFF: {
+			char first[24] = "", max[24] = "";
+			const char *comma = strchr(optarg, ',');
+			snprintf(first, sizeof(first), "%.*s",
+			         (int)(comma ? (size_t)(comma - optarg) : strlen(optarg)), optarg);
+			if (comma)
+				snprintf(max, sizeof(max), "%s", comma + 1);
+			uint64_t f, mx = 0;
+			if (parse_u64(first, 0, 86400000, &f) != 0 ||
+			    (comma && (parse_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f)))) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --retry-backoff '%s': expected MS or "
+				        "MS,MAX in milliseconds (at most 86400000, MAX >= MS)\n",
+				        optarg);
+				return 2;
+			}
+			mcfg.retry_backoff_ms = (uint32_t)f;
+			mcfg.retry_without_backoff = f == 0;
+			mcfg.retry_backoff_max_ms = (uint32_t)mx;
 			break;
 		}
 		case OPT_LOG_JSON: log_set_json(1); break;
@@ -350,13 +379,14 @@ int cmd_serve(int argc, char **argv)
 	if (optind == argc)
 		return server_run(&cfg);
 
-	/* Every thread the model starts must inherit SIGINT/SIGTERM blocked, or a signal
+	/* Every thread the model starts must inherit SIGINT/SIGTERM/SIGHUP blocked, or a signal
 	 * would kill the process instead of reaching the server's signalfd. A signal during
 	 * warm-up stays pending and stops the server as soon as it runs. */
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
 		log_error("serve", "pthread_sigmask failed");
 		return 1;

@@ -30,6 +30,7 @@ struct serve_model {
 	struct forward_layer_stats *layer_stats; /* forward_stats_layers() entries */
 	uint32_t n_layer_stats;
 	int32_t fail_layer, fail_expert;
+	uint32_t fail_loads;
 	struct progress warm;
 	bool warm_started;
 };
@@ -104,11 +105,13 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 	}
 }
 
-/* Test hook: every read of the chosen expert fails with EIO. */
+/* Test hook: the reads of the chosen expert fail with EIO, in its first fail_loads loads (all
+ * when 0). info->layer is the MoE layer, as is fail_layer. */
 static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, int res)
 {
 	const struct serve_model *m = arg;
-	if ((int32_t)info->layer == m->fail_layer && (int32_t)info->expert == m->fail_expert)
+	if ((int32_t)info->layer == m->fail_layer && (int32_t)info->expert == m->fail_expert &&
+	    (m->fail_loads == 0 || info->failed_loads < m->fail_loads))
 		return -EIO;
 	return res;
 }
@@ -147,6 +150,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		return fail(err, err_len, "out of memory");
 	m->fail_layer = cfg->fail_layer;
 	m->fail_expert = cfg->fail_expert;
+	m->fail_loads = cfg->fail_loads;
 
 	struct model_error merr;
 	memset(&merr, 0, sizeof(merr));
@@ -207,6 +211,9 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	    .policy = cfg->policy,
 	    .pin_layers = cfg->pin_layers,
 	    .no_direct = cfg->no_direct,
+	    .retry_backoff_ms =
+	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
+	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 	    .file_layout = cfg->file_layout,
 	    .threads_per_node = cfg->threads,
 	    .max_tokens = cfg->max_tokens,
@@ -217,8 +224,15 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	if (cfg->fail_layer >= 0) {
 		fc.fault_hook = fail_reads_of_expert;
 		fc.fault_arg = m;
-		log_warn("serve", "testing: every read of layer %d expert %d will fail with EIO",
-		         cfg->fail_layer, cfg->fail_expert);
+		if (cfg->fail_loads)
+			log_warn("serve",
+			         "testing: the first %u load(s) of layer %d expert %d will fail "
+			         "with EIO",
+			         cfg->fail_loads, cfg->fail_layer, cfg->fail_expert);
+		else
+			log_warn("serve",
+			         "testing: every read of layer %d expert %d will fail with EIO",
+			         cfg->fail_layer, cfg->fail_expert);
 	}
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		goto fail;
@@ -353,6 +367,11 @@ void serve_model_client_detach(struct serve_model *m, uint32_t client)
 void serve_model_settle(struct serve_model *m)
 {
 	forward_settle(m->engine);
+}
+
+uint32_t serve_model_retry_failed(struct serve_model *m)
+{
+	return forward_retry_failed(m->engine);
 }
 
 /* ---- STATS JSON ------------------------------------------------------------------------- */

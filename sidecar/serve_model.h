@@ -35,8 +35,14 @@ struct serve_model_config {
 	bool file_layout;    /* the files' rows, not the decode layout (forward_config) */
 	bool require_probes; /* probes unavailable = fatal */
 	const char *probes_instance;
-	/* Testing: every read of this (layer, expert) fails with EIO (layer -1: none). */
+	/* FAILED experts: first backoff and its cap in ms (0 = defaults, 1 s and 60 s), or none
+	 * at all (every demand retries). */
+	uint32_t retry_backoff_ms, retry_backoff_max_ms;
+	bool retry_without_backoff;
+	/* Testing: the reads of this (layer, expert) fail with EIO (layer -1: none) — in its first
+	 * fail_loads loads, or every one when fail_loads is 0. */
 	int32_t fail_layer, fail_expert;
+	uint32_t fail_loads;
 };
 
 /* What is served, in wire-neutral types. */
@@ -108,6 +114,9 @@ void serve_model_client_detach(struct serve_model *m, uint32_t client);
 /* forward_settle: a deferred part still computing is finished and written (before the buffer
  * it writes to is freed). */
 void serve_model_settle(struct serve_model *m);
+/* forward_retry_failed: every FAILED expert is read again by its next demand. Returns how
+ * many there were. Any thread. */
+uint32_t serve_model_retry_failed(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,

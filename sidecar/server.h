@@ -40,8 +40,9 @@ struct server_config {
  * or -1 if it does not fit in len. */
 int server_default_socket_path(char *buf, size_t len);
 
-/* Serves until SIGINT or SIGTERM. Returns 0 after a clean shutdown, 1 on a start-up or fatal
- * error (already logged). Blocks SIGINT/SIGTERM/SIGPIPE on the calling thread. */
+/* Serves until SIGINT or SIGTERM; SIGHUP makes every FAILED expert of the model readable again
+ * (model_ops_retry_failed). Returns 0 after a clean shutdown, 1 on a start-up or fatal error
+ * (already logged). Blocks SIGINT/SIGTERM/SIGHUP/SIGPIPE on the calling thread. */
 int server_run(const struct server_config *cfg);
 
 #endif

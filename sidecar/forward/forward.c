@@ -1442,6 +1442,14 @@ void forward_client_detach(struct forward_engine *e, uint32_t client)
 	set_attached(e, client, false);
 }
 
+uint32_t forward_retry_failed(struct forward_engine *e)
+{
+	uint32_t n = 0;
+	for (uint32_t r = 0; e->w.source == FORWARD_SOURCE_RESIDENCY && r < e->w.n_res; r++)
+		n += residency_retry_all_failed(e->w.res[r]);
+	return n;
+}
+
 /* ---- statistics ------------------------------------------------------------------------
  */
 
@@ -1522,6 +1530,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 			out->prefetches += rc.prefetches;
 			out->prefetch_hits += rc.prefetch_hits;
 			out->prefetch_wasted += rc.prefetch_wasted;
+			out->failed_experts += rc.failed_now;
+			out->failed_retries += rc.failed_retries;
 		}
 	} else {
 		out->resident_bytes =
@@ -1552,14 +1562,16 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
 	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,"
 	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
-	    "\"prefetch_wasted\":%llu,\"layers\":[",
+	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
+	    "\"layers\":[",
 	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
 	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
 	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
 	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
 	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions,
 	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
-	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted);
+	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
+	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries);
 	bool first = true;
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];

@@ -82,6 +82,9 @@ struct forward_config {
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
 	bool no_direct;       /* buffered reads (tests, --no-direct) */
+	/* FAILED experts: backoff before a demand reads one again (residency_config's;
+	 * 0 = defaults) */
+	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool lazy_load; /* mem_budget 0: skip the warm-up that loads every expert at create, so
 	                   each is read on its first demand (tests of the demand path) */
 	/* RESIDENCY and ALL_RESIDENT: serve the files' rows as they are instead of the decode
@@ -238,6 +241,10 @@ int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, c
 void forward_client_attach(struct forward_engine *e, uint32_t client);
 void forward_client_detach(struct forward_engine *e, uint32_t client);
 
+/* Ends the backoff of every FAILED expert (residency_retry_all_failed on each node): each is
+ * read again by its next demand. Returns how many there were. Any thread. */
+uint32_t forward_retry_failed(struct forward_engine *e);
+
 /* Statistics. Latency percentiles come from log-linear histograms (lat_hist_bucket: the upper
  * bound of the bucket, at most 12.5% above the true value). */
 struct forward_layer_stats {
@@ -253,6 +260,9 @@ struct forward_stats {
 	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
 	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
 	uint64_t loader_bytes_read, prefetches, prefetch_hits, prefetch_wasted;
+	/* Experts FAILED now (counted once per node's residency) and loads started again for an
+	 * expert whose last load had failed (residency_counters). RESIDENCY only. */
+	uint64_t failed_experts, failed_retries;
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
@@ -268,6 +278,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
  *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
  *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
+ *    "failed_experts":…, "failed_retries":…,
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
  *               "inflight_misses":…, "bytes_read":…, "failures":…,
  *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},

@@ -941,6 +941,8 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		    .chunk_bytes = cfg->chunk_bytes,
 		    .queue_depth = cfg->queue_depth,
 		    .no_direct = cfg->no_direct,
+		    .retry_backoff_ms = cfg->retry_backoff_ms,
+		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 		    .fault_hook = cfg->fault_hook,
 		    .fault_arg = cfg->fault_arg,
 		    .post_load = w->mxfp4_hf || w->decode.on ? transform_after_load : NULL,

@@ -252,6 +252,58 @@ Test(serve_requests, io_failure_fails_exactly_the_requests_that_need_the_expert)
 	served_stop(&s);
 }
 
+/* A transient read error: the expert's first load fails, later ones would not. With no backoff
+ * the next FORWARD naming it reads it again and is served; with a long one every FORWARD within
+ * it fails at once, without I/O, until the operator's SIGHUP ends it. */
+Test(serve_requests, a_failed_expert_is_read_again_after_its_backoff_or_sighup)
+{
+	for (int sighup = 0; sighup < 2; sighup++) {
+		const char *extra[] = {"--debug-fail-expert",    "1:3:1", "--no-direct",
+		                       "--mem-budget",           "50%",   "--retry-backoff",
+		                       sighup ? "3600000" : "0", NULL};
+		struct served s;
+		served_start(&s, "q8_0", extra);
+		const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+		struct fwd_case fc;
+		fwd_case_make(&fc, 51, 1, 2, 4, ne, h, false);
+		fc.ids[1] = 3;
+		for (int j = 0; j < 8; j++)
+			if (j != 1 && fc.ids[j] == 3)
+				fc.ids[j] = -1;
+		expect_error(&s, &fc, MOE_EIO, 3, -1, "the expert's first load");
+		char *st = served_stats(&s);
+		cr_assert_eq(json_top_u64(st, "failed_experts"), 1, "%s", st);
+		const int64_t read_before = json_top_u64(st, "loader_bytes_read");
+		free(st);
+		if (sighup) {
+			expect_error(&s, &fc, MOE_EIO, 3, -1, "within the backoff");
+			st = served_stats(&s);
+			cr_assert_eq(json_top_u64(st, "loader_bytes_read"), read_before,
+			             "read within the backoff: %s", st);
+			cr_assert_eq(json_top_u64(st, "failed_retries"), 0, "%s", st);
+			free(st);
+			cr_assert_eq(kill(s.sp.pid, SIGHUP), 0);
+			cr_assert(log_wait(&s.sp, "SIGHUP: 1 failed expert(s) will be read again",
+			                   1, 10000),
+			          "no SIGHUP line in the log");
+		}
+		expect_exact(&s, &fc, NULL, NULL, "read again");
+		st = served_stats(&s);
+		cr_assert_eq(json_top_u64(st, "failed_experts"), 0, "%s", st);
+		cr_assert_eq(json_top_u64(st, "failed_retries"), 1, "%s", st);
+		free(st);
+		cr_assert_eq(log_count(&s.sp, sighup ? "FAILED: demands fail at once for the next "
+		                                       "3600000 ms"
+		                                     : "FAILED: the next demand reads it again"),
+		             1, "one warning for the failed load");
+		/* The retry a demand makes is logged; the operator's is the SIGHUP line. */
+		cr_assert_eq(log_count(&s.sp, "layer 1 expert 3: reading it again after 1 failed"),
+		             sighup ? 0 : 1, "one warning for the retry");
+		fwd_case_free(&fc);
+		served_stop(&s);
+	}
+}
+
 /* A FORWARD completes as soon as its immediate part is ready; its deferred experts are computed
  * after. So a deferred expert whose read fails cannot fail that FORWARD: it completes with the
  * exact immediate part, and the loss is reported by the next FORWARD, the one the deferred part
