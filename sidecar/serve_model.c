@@ -203,7 +203,6 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		why = budget == expert_bytes ? "every expert (fits in 3/4 of MemAvailable)"
 		                             : "3/4 of MemAvailable";
 	}
-	m->desc.budget_bytes = budget;
 
 	struct forward_config fc = {
 	    .source = FORWARD_SOURCE_RESIDENCY,
@@ -236,9 +235,11 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	}
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		goto fail;
+	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
+	 * STATS reports it); here, what it was asked for. */
 	log_info("serve",
 	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
-	         "ffn=%u expert_bytes=%" PRIu64 " budget_bytes=%" PRIu64 " budget_from=\"%s\"",
+	         "ffn=%u expert_bytes=%" PRIu64 " budget_asked=%" PRIu64 " budget_from=\"%s\"",
 	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
 	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, expert_bytes, budget, why);
 	char ferr[256];
@@ -246,6 +247,9 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		fail(err, err_len, "%s: %s", cfg->path, ferr);
 		goto fail;
 	}
+	struct forward_stats st = {0};
+	forward_stats(m->engine, &st);
+	m->desc.budget_bytes = st.budget_bytes;
 	struct forward_topology_info topo;
 	forward_topology(m->engine, &topo);
 	m->desc.n_nodes = topo.n_nodes;

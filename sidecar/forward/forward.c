@@ -1523,8 +1523,11 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		for (uint32_t r = 0; r < e->w.n_res; r++) {
 			struct residency_counters rc;
 			residency_counters(e->w.res[r], &rc);
-			out->resident_bytes += (uint64_t)rc.slots_used * rc.slot_bytes;
+			out->resident_bytes += rc.resident_bytes;
+			out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
+			out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
 			out->budget_bytes += rc.budget_bytes;
+			out->slots += rc.slots;
 			out->evictions += rc.evictions;
 			out->loader_bytes_read += rc.bytes_read;
 			out->prefetches += rc.prefetches;
@@ -1536,6 +1539,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	} else {
 		out->resident_bytes =
 		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
+		out->slot_bytes_used = out->pool_bytes = out->resident_bytes;
 		out->budget_bytes = e->w.budget_bytes;
 	}
 }
@@ -1560,7 +1564,8 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	put(buf, len, &at,
 	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
 	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
-	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,"
+	    "\"resident_bytes\":%llu,\"slot_bytes_used\":%llu,\"pool_bytes\":%llu,"
+	    "\"budget_bytes\":%llu,\"slots\":%u,\"evictions\":%llu,"
 	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
 	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
 	    "\"layers\":[",
@@ -1568,7 +1573,8 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
 	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
 	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
-	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions,
+	    (unsigned long long)st->slot_bytes_used, (unsigned long long)st->pool_bytes,
+	    (unsigned long long)st->budget_bytes, st->slots, (unsigned long long)st->evictions,
 	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
 	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
 	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries);

@@ -255,7 +255,13 @@ struct forward_layer_stats {
 };
 struct forward_stats {
 	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
-	uint64_t resident_bytes, budget_bytes; /* slots in use / budget (ALL_RESIDENT: all) */
+	/* resident_bytes: the file bytes of the experts resident now (never above the model's
+	 * expert bytes); slot_bytes_used: the memory their slots take (slots are sized for the
+	 * largest expert, with each extent's 4 KiB-aligned superset); pool_bytes: every slot;
+	 * budget_bytes: what the pools may take (pool_bytes <= budget_bytes). ALL_RESIDENT: every
+	 * expert, all four equal. */
+	uint64_t resident_bytes, slot_bytes_used, pool_bytes, budget_bytes;
+	uint32_t slots; /* slots of every node's pool */
 	uint64_t evictions;
 	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
 	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
@@ -276,7 +282,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
 
 /* Writes `st` as one JSON object (no trailing newline):
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
- *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
+ *    "bytes_read":…, "failures":…, "resident_bytes":…, "slot_bytes_used":…,
+ *    "pool_bytes":…, "budget_bytes":…, "slots":…, "evictions":…,
  *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
  *    "failed_experts":…, "failed_retries":…,
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,

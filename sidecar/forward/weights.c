@@ -958,6 +958,22 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		}
 		w->budget_bytes += budget;
 	}
+	/* The budget in force, as STATS reports it (every expert fitting: the pools' slot bytes,
+	 * a little above the experts' own), before any expert is read. */
+	uint64_t pool_bytes = 0, slot_bytes = 0;
+	uint32_t slots = 0;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		struct residency_counters c;
+		residency_counters(w->res[n], &c);
+		pool_bytes += (uint64_t)c.slots * c.slot_bytes;
+		slots += c.slots;
+		slot_bytes = c.slot_bytes > slot_bytes ? c.slot_bytes : slot_bytes;
+	}
+	log_info("forward",
+	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu pools=%u "
+	         "policy=%s",
+	         (unsigned long long)w->budget_bytes, slots, (unsigned long long)slot_bytes,
+	         (unsigned long long)pool_bytes, w->n_res, policy);
 	if (cfg->pin_layers) {
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,

@@ -85,11 +85,23 @@ static bool may_evict_unhinted(void *arg, uint32_t id)
 	return may_evict(arg, id) && !r->entries[id].prefetched;
 }
 
+/* The bytes of an expert's extents, as in the model files. */
+static uint64_t expert_bytes(const struct residency *r, uint32_t id)
+{
+	uint32_t n;
+	const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+	uint64_t bytes = 0;
+	for (uint32_t i = 0; i < n; i++)
+		bytes += ext[i].length;
+	return bytes;
+}
+
 /* Under lock: RESIDENT, unreferenced → COLD. */
 static void evict(struct residency *r, uint32_t id)
 {
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0);
+	r->resident_bytes -= expert_bytes(r, id);
 	policy_remove(&r->policy, id);
 	slot_pool_put(&r->pool, e->slot);
 	e->slot = SLOT_NONE;
@@ -164,6 +176,7 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 	} else {
 		e->state = EXPERT_RESIDENT;
 		e->failed_loads = 0;
+		r->resident_bytes += expert_bytes(r, id);
 		stat_add(&r->stats.loads, 1);
 	}
 	e->queued = 0;
@@ -530,6 +543,7 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 	out->slots = r->pool.n_slots;
 	out->slots_used = r->pool.n_slots - r->pool.n_free;
 	out->failed_now = r->failed_now;
+	out->resident_bytes = r->resident_bytes;
 	pthread_mutex_unlock(&r->lock);
 	out->slot_bytes = r->pool.slot_bytes;
 	out->budget_bytes = r->pool.budget;

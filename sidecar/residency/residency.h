@@ -109,6 +109,10 @@ struct residency_counters {
 	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
 	uint32_t slots, slots_used;
 	uint64_t slot_bytes, budget_bytes;
+	/* The file bytes of the RESIDENT experts (their extents; at most the map's whole size).
+	 * Memory taken is slots_used × slot_bytes: slots are sized for the largest expert and read
+	 * each extent's aligned superset, so they hold more than these bytes. */
+	uint64_t resident_bytes;
 	bool buffers_registered, hugetlb, thp;
 };
 

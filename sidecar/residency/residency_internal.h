@@ -68,8 +68,9 @@ struct residency {
 	struct residency_policy policy;
 	struct slot_pool pool;
 	struct id_queue demand, prefetch;
-	uint32_t slot_waiters; /* demands waiting for an evictable slot */
-	uint32_t failed_now;   /* experts FAILED */
+	uint32_t slot_waiters;   /* demands waiting for an evictable slot */
+	uint32_t failed_now;     /* experts FAILED */
+	uint64_t resident_bytes; /* extent bytes of the RESIDENT experts */
 	/* Warnings about failed loads [0] and their retries [1]: at most one of each per
 	 * FAILURE_LOG_NS, with the count of those left out (atomics: logged without the lock). */
 	_Atomic uint64_t failure_log_ns[2];

@@ -250,3 +250,52 @@ Test(serve_ops, resident_forwards_run_inline_and_cold_ones_on_the_forward_thread
 		served_stop(&s);
 	}
 }
+
+/* The log line $key=N's value, of the first line holding `needle`; -1 if absent. */
+static int64_t log_value(const struct sidecar_proc *sp, const char *needle, const char *key)
+{
+	char *log = slurp(sp->log);
+	int64_t v = -1;
+	const char *line = log ? strstr(log, needle) : NULL;
+	const char *at = line ? strstr(line, key) : NULL;
+	if (at && (!strchr(line, '\n') || at < strchr(line, '\n')))
+		v = (int64_t)strtoull(at + strlen(key), NULL, 10);
+	free(log);
+	return v;
+}
+
+/* The budget the start log names is STATS' budget_bytes, and resident bytes count the experts'
+ * own bytes: never above expert_bytes, equal to it once every expert is resident. */
+Test(serve_ops, budget_and_resident_bytes_agree_with_the_start_log)
+{
+	const char *budgets[2] = {NULL, "30%"};
+	for (int b = 0; b < 2; b++) {
+		const char *extra[] = {"--mem-budget", budgets[b], NULL};
+		struct served s;
+		served_start(&s, "q8_0", budgets[b] ? extra : NULL);
+		const int64_t logged = log_value(&s.sp, "residency budget_bytes=", "budget_bytes=");
+		const uint32_t ne = ref_n_experts(s.ref), h = ref_hidden(s.ref);
+		for (int32_t l = 0; l < (int32_t)ref_n_layers(s.ref); l++) {
+			struct fwd_case fc;
+			fwd_case_make(&fc, 60 + (uint64_t)l, l, 4, 8, ne, h, false);
+			struct moe_completion d;
+			cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+			fwd_case_free(&fc);
+		}
+		char *js = served_stats(&s);
+		const int64_t budget = json_top_u64(js, "budget_bytes"),
+		              resident = json_top_u64(js, "resident_bytes"),
+		              used = json_top_u64(js, "slot_bytes_used"),
+		              experts = json_top_u64(js, "expert_bytes");
+		cr_assert(logged > 0 && logged == budget, "start log budget_bytes=%lld, STATS %s",
+		          (long long)logged, js);
+		cr_assert(resident > 0 && resident <= experts && resident <= used && used <= budget,
+		          "resident %lld, slots %lld, budget %lld, experts %lld",
+		          (long long)resident, (long long)used, (long long)budget,
+		          (long long)experts);
+		if (!budgets[b])
+			cr_assert_eq(resident, experts, "every expert resident: %s", js);
+		free(js);
+		served_stop(&s);
+	}
+}
