@@ -257,6 +257,8 @@ void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 	int64_t room = moe_ring_space(&ch->cq);
 	if (room > 0) { /* broken: the dispatcher reports it; full: it posts later */
 		struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+		if (c->status != MOE_OK)
+			ch->n_errors++;
 		atomic_store_explicit(&ch->slot_busy[s], 0, memory_order_relaxed);
 		cq_put(ch, cqes, 0, c);
 		moe_ring_publish(&ch->cq, 1);

@@ -67,8 +67,11 @@ struct sidecar_channel {
 	void (*wake_dispatcher)(void *arg); /* set by dispatcher_add */
 	void *wake_arg;
 
-	/* Counters, for logs and tests (dispatcher thread only). */
+	/* Counters, for logs and tests, under cq_lock: submissions taken, and completions posted
+	 * with an error (checks, ops, FORWARDs that failed, shutdown). */
 	uint64_t n_requests, n_errors;
+	/* The server's id of the client (its log lines' id=N), for other lines about it. */
+	uint32_t id;
 
 	/* Why channel_drain gave up on this client (set when it returns < 0). */
 	char violation[192];

@@ -188,7 +188,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 	if (mc->listed)
 		rr_unlink_locked(o, mc);
 	if (mc->q_len)
-		log_info("model", "client %u gone: dropping %u queued FORWARDs", mc->client,
+		log_info("model", "client id=%u gone: dropping %u queued FORWARDs", ch->id,
 		         mc->q_len);
 	atomic_fetch_sub_explicit(&o->queued, mc->q_len, memory_order_relaxed);
 	mc->q_len = 0;
@@ -315,10 +315,10 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	if (rc != MOE_OK && early.posted) {
 		/* Completed already: the deferred part is what failed. The next FORWARD owes it. */
 		log_warn("model",
-		         "client %u FORWARD layer %d: its deferred experts failed after it "
+		         "client id=%u FORWARD layer %d: its deferred experts failed after it "
 		         "completed: %s; the next FORWARD fails until the client drops the "
 		         "deferred part",
-		         mc->client, sqe->layer, res.message);
+		         ch->id, sqe->layer, res.message);
 		mc->owed = true;
 		mc->owed_buf = target;
 		mc->owed_layer = serve_model_next_moe_layer(o->model, sqe->layer);
@@ -341,10 +341,10 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 			where = (uint32_t)res.bad_token;
 		forward_fail(&c, rc, value, where);
 		if (rc == MOE_EIO)
-			log_warn("model", "client %u FORWARD layer %d failed: %s", mc->client,
+			log_warn("model", "client id=%u FORWARD layer %d failed: %s", ch->id,
 			         sqe->layer, res.message);
 		else
-			log_debug("model", "client %u FORWARD layer %d: %s: %s", mc->client,
+			log_debug("model", "client id=%u FORWARD layer %d: %s: %s", ch->id,
 			          sqe->layer, moe_status_str(rc), res.message);
 		goto done;
 	}

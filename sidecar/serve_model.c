@@ -95,7 +95,8 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 {
 	struct serve_model *m = arg;
 	if (!m->warm_started) {
-		progress_begin(&m->warm, what, total, "");
+		progress_begin_log(&m->warm, "serve", what, total,
+		                   strstr(what, "layers") ? "layers" : "experts");
 		m->warm_started = true;
 	}
 	progress_update(&m->warm, done);

@@ -398,6 +398,7 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
 		return;
 	}
+	ch->id = c->id;
 	if (s->cfg->model_ops &&
 	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
 		log_warn("server", "client pid=%d: %s", (int)c->pid, err);
