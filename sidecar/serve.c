@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "dispatch.h"
 #include "log.h"
+#include "memlimit.h"
 #include "model_ops.h"
 #include "serve_model.h"
 #include "server.h"
@@ -43,6 +44,7 @@ enum {
 	OPT_FILE_LAYOUT,
 	OPT_FAIL_EXPERT,
 	OPT_RETRY_BACKOFF,
+	OPT_MEM_LIMIT,
 };
 
 static const struct serve_option {
@@ -71,7 +73,11 @@ static const struct serve_option {
     {{"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
      "BYTES|PCT%",
      "expert memory: bytes (K/M/G suffix) or a percentage of the model's expert bytes "
-     "(default: every expert if it fits in 3/4 of MemAvailable, else that)"},
+     "(default: every expert if it fits in 3/4 of the memory limit, else what does)"},
+    {{"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
+     "BYTES",
+     "memory the sidecar may use: experts, request buffers, channels (default: the lower "
+     "of the cgroup limit and MemAvailable)"},
     {{"numa", required_argument, NULL, OPT_NUMA},
      "auto|LIST",
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
@@ -137,20 +143,13 @@ static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-/* BYTES with an optional K/M/G/T suffix (powers of 1024), or PCT% in (0, 100]. */
-static int parse_budget(const char *s, struct serve_model_config *mc)
+/* BYTES with an optional K/M/G/T suffix (powers of 1024). */
+static int parse_bytes(const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	if (!s || !*s || *s == '-')
 		return -1;
-	if (s[strlen(s) - 1] == '%') {
-		double pct = strtod(s, &end);
-		if (errno || end != s + strlen(s) - 1 || !(pct > 0 && pct <= 100))
-			return -1;
-		mc->mem_budget_percent = pct;
-		return 0;
-	}
 	unsigned long long v = strtoull(s, &end, 10);
 	unsigned shift = 0;
 	switch (*end) {
@@ -177,8 +176,23 @@ static int parse_budget(const char *s, struct serve_model_config *mc)
 	}
 	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
 		return -1;
-	mc->mem_budget_bytes = (uint64_t)v << shift;
+	*out = (uint64_t)v << shift;
 	return 0;
+}
+
+/* BYTES (parse_bytes), or PCT% in (0, 100]. */
+static int parse_budget(const char *s, struct serve_model_config *mc)
+{
+	if (s && *s && s[strlen(s) - 1] == '%') {
+		char *end;
+		errno = 0;
+		double pct = strtod(s, &end);
+		if (errno || *s == '-' || end != s + strlen(s) - 1 || !(pct > 0 && pct <= 100))
+			return -1;
+		mc->mem_budget_percent = pct;
+		return 0;
+	}
+	return parse_bytes(s, &mc->mem_budget_bytes);
 }
 
 static int parse_uid_list(const char *list, struct server_config *cfg)
@@ -299,6 +313,16 @@ int cmd_serve(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case OPT_MEM_LIMIT:
+			if (parse_bytes(optarg, &mcfg.mem_limit) != 0) {
+				fprintf(
+				    stderr,
+				    "moe-sidecar serve: --mem-limit '%s': expected BYTES (K/M/G/T "
+				    "suffix allowed)\n",
+				    optarg);
+				return 2;
+			}
+			break;
 		case OPT_NUMA: mcfg.numa = optarg; break;
 		case OPT_THREADS:
 		case OPT_PIN_LAYERS:
@@ -392,6 +416,23 @@ int cmd_serve(int argc, char **argv)
 		return 1;
 	}
 	mcfg.path = argv[optind];
+	/* The memory limit, before anything large is allocated (memlimit.h). */
+	struct mem_limit ml;
+	mem_limit_read("", &ml);
+	if (mcfg.mem_limit) {
+		mcfg.mem_limit_from = "--mem-limit";
+	} else {
+		mcfg.mem_limit = ml.bytes;
+		mcfg.mem_limit_from = ml.from;
+	}
+	mcfg.mem_base = mem_rss_self();
+	log_info("serve",
+	         "memory limit_bytes=%llu from=\"%s\" cgroup_limit_bytes=%llu%s%s%s "
+	         "mem_available_bytes=%llu process_bytes=%llu",
+	         (unsigned long long)mcfg.mem_limit, mcfg.mem_limit_from,
+	         (unsigned long long)ml.cgroup_bytes, ml.cgroup_file[0] ? " (" : "", ml.cgroup_file,
+	         ml.cgroup_file[0] ? ")" : "", (unsigned long long)ml.available_bytes,
+	         (unsigned long long)mcfg.mem_base);
 	char err[512];
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {

@@ -25,6 +25,12 @@ struct serve_model_config {
 	 * else what fits. */
 	uint64_t mem_budget_bytes;
 	double mem_budget_percent;
+	/* The memory the whole sidecar may use (0: no limit): the engine's request buffers and
+	 * slot pools must fit in it less mem_base (what the process used before the model), and
+	 * a default budget takes at most 3/4 of that, leaving the rest to channels. mem_limit_from
+	 * says where the figure came from (logs, refusals). */
+	uint64_t mem_limit, mem_base;
+	const char *mem_limit_from;
 	const char *numa;    /* "auto", "0,1", or "synthetic:<hwloc synthetic spec>" */
 	uint32_t threads;    /* per node; 0 = the node's cores */
 	uint32_t pin_layers; /* first N MoE layers always resident */
@@ -51,6 +57,11 @@ struct serve_model_desc {
 	uint32_t n_experts, top_k, hidden, expert_ffn;
 	uint32_t max_tokens, max_top_k; /* request limits the engine was sized for */
 	uint64_t expert_bytes, budget_bytes;
+	/* Memory: the limit (0: none) and where it came from; what the process holds once the
+	 * model is open (its resident set, the slot pools included, plus the request buffers,
+	 * counted whole). Channels must fit in what is left (model_ops). */
+	uint64_t mem_limit_bytes, mem_fixed_bytes;
+	char mem_limit_from[64];
 	uint32_t n_nodes;
 	char name[64];
 };
@@ -120,8 +131,9 @@ uint32_t serve_model_retry_failed(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
- * or the length it would need (>= len) when it does not fit. clients: channels attached now. */
+ * or the length it would need (>= len) when it does not fit. clients: channels attached now;
+ * channel_bytes: the memory they are accounted for. */
 size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              char *buf, size_t len);
+                              uint64_t channel_bytes, char *buf, size_t len);
 
 #endif

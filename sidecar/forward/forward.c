@@ -77,6 +77,7 @@ struct req_ctx {
 	float *wg;               /* per-slot weights */
 	uint8_t *scratch;
 	size_t scratch_bytes;
+	uint64_t bytes; /* everything above, allocated (forward_stats.request_bytes) */
 };
 
 /* A request's deferred wave left running on the pool after forward_run returned
@@ -211,6 +212,11 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	const size_t full = max_scratch(e, P, e->pool.n_workers);
 	c->scratch_bytes = 2 * full + ((size_t)8 << 20);
 	c->scratch = aligned_alloc(64, align_up_64(c->scratch_bytes));
+	c->bytes = P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
+	           e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
+	           ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
+	           c->max_groups * (sizeof(*c->groups) + sizeof(*c->wave) + sizeof(uint32_t)) +
+	           2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(c->scratch_bytes);
 	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
 	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
 	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
@@ -253,6 +259,57 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	              e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS, err,
 	              err_len) != 0)
 		return -1;
+	return 0;
+}
+
+/* RESIDENCY under a memory limit: the request buffers (allocated) come first, the slot pools
+ * get what is left. An unset budget becomes every expert if they fit, else the rest; a budget
+ * given that does not fit is refused, saying what would. */
+static int fit_budget(struct forward_engine *e, struct forward_config *c, char *err, size_t err_len)
+{
+	if (!c->mem_limit)
+		return 0;
+	const uint64_t plan = e->ctx[0].bytes + e->ctx[1].bytes;
+	const uint64_t left = c->mem_limit > plan ? c->mem_limit - plan : 0;
+	const uint64_t every = weights_every_expert_bytes(&e->w);
+	if (c->mem_budget == 0) {
+		if (every <= left)
+			return 0;
+		if (left == 0 || c->keep_budget) {
+			if (left == 0)
+				snprintf(err, err_len,
+				         "the request buffers (%llu bytes for %u tokens x %u ids) "
+				         "alone exceed the memory limit of %llu bytes",
+				         (unsigned long long)plan, e->max_tokens, e->max_k,
+				         (unsigned long long)c->mem_limit);
+			else
+				snprintf(
+				    err, err_len,
+				    "every expert needs %llu bytes of slots and the request "
+				    "buffers %llu (%u tokens x %u ids): above the memory limit "
+				    "of %llu bytes; at most %llu bytes of budget fit",
+				    (unsigned long long)every, (unsigned long long)plan,
+				    e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
+				    (unsigned long long)left);
+			return -1;
+		}
+		c->mem_budget = left;
+		log_info("forward",
+		         "expert budget cut to %llu bytes by the memory limit of %llu bytes (less "
+		         "%llu bytes of request buffers); every expert would need %llu",
+		         (unsigned long long)left, (unsigned long long)c->mem_limit,
+		         (unsigned long long)plan, (unsigned long long)every);
+		return 0;
+	}
+	if (c->mem_budget > left) {
+		snprintf(err, err_len,
+		         "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
+		         "tokens x %u ids) exceed the memory limit of %llu bytes; at most %llu "
+		         "bytes of budget fit",
+		         (unsigned long long)c->mem_budget, (unsigned long long)plan, e->max_tokens,
+		         e->max_k, (unsigned long long)c->mem_limit, (unsigned long long)left);
+		return -1;
+	}
 	return 0;
 }
 
@@ -303,6 +360,25 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	}
 	if (alloc_plan(e, err, err_len) != 0)
 		goto fail;
+	if (config->source == FORWARD_SOURCE_RESIDENCY) {
+		struct forward_config rc = *config;
+		char why[256];
+		if (fit_budget(e, &rc, err, err_len) != 0)
+			goto fail;
+		if (weights_start_residency(&e->w, &rc, &e->topo, why, sizeof(why)) != 0) {
+			if (rc.mem_budget != config->mem_budget)
+				snprintf(
+				    err, err_len,
+				    "%s (the memory limit of %llu bytes leaves the expert slots "
+				    "%llu bytes after %llu bytes of request buffers)",
+				    why, (unsigned long long)rc.mem_limit,
+				    (unsigned long long)rc.mem_budget,
+				    (unsigned long long)(e->ctx[0].bytes + e->ctx[1].bytes));
+			else
+				snprintf(err, err_len, "%s", why);
+			goto fail;
+		}
+	}
 	e->mask_row = (cat->info.n_experts + 7) / 8;
 	e->masks = calloc(FORWARD_MAX_CLIENTS, cat->info.n_layers * e->mask_row);
 	e->res_mask = calloc(cat->info.n_experts, 1);
@@ -1542,6 +1618,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		out->slot_bytes_used = out->pool_bytes = out->resident_bytes;
 		out->budget_bytes = e->w.budget_bytes;
 	}
+	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
 /* Appends to buf like snprintf, tracking the length the whole output needs. */

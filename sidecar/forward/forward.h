@@ -76,8 +76,13 @@ typedef void (*forward_progress_fn)(void *arg, const char *what, uint64_t done, 
 struct forward_config {
 	enum forward_source source;
 	/* RESIDENCY */
-	uint64_t mem_budget;  /* bytes of expert slots over all nodes; 0 = every expert fits */
-	const char *policy;   /* residency policy spec (policy.h); NULL = "sieve+layer" */
+	uint64_t mem_budget; /* bytes of expert slots over all nodes; 0 = every expert fits */
+	/* Bytes the engine may take for its request buffers and slot pools together (0: no
+	 * limit). The request buffers are taken first; mem_budget 0 then means every expert if
+	 * they fit, else what is left; a mem_budget that does not fit is refused. */
+	uint64_t mem_limit;
+	bool keep_budget;   /* mem_budget 0 was asked for: refuse rather than cut it to the limit */
+	const char *policy; /* residency policy spec (policy.h); NULL = "sieve+layer" */
 	uint32_t pin_layers;  /* first N MoE layers fully resident (appended as +pinN) */
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
@@ -261,7 +266,8 @@ struct forward_stats {
 	 * budget_bytes: what the pools may take (pool_bytes <= budget_bytes). ALL_RESIDENT: every
 	 * expert, all four equal. */
 	uint64_t resident_bytes, slot_bytes_used, pool_bytes, budget_bytes;
-	uint32_t slots; /* slots of every node's pool */
+	uint32_t slots;         /* slots of every node's pool */
+	uint64_t request_bytes; /* the request plans' buffers, allocated at create */
 	uint64_t evictions;
 	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
 	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */

@@ -870,15 +870,12 @@ static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
 	return 0;
 }
 
-static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
-                          struct forward_topology *topo, char *err, size_t err_len)
+/* RESIDENCY, first part: the expert maps (whole, or each node's slices) and the per-residency
+ * load transforms. The pools come later (weights_start_residency), once the engine knows what
+ * memory its request buffers leave them. */
+static int open_residency_maps(struct forward_weights *w, struct forward_topology *topo, char *err,
+                               size_t err_len)
 {
-	char policy[128];
-	const char *base = cfg->policy ? cfg->policy : "sieve+layer";
-	if (cfg->pin_layers && !strstr(base, "+pin"))
-		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
-	else
-		snprintf(policy, sizeof(policy), "%s", base);
 	w->n_nodes = topo->n_nodes;
 	w->n_res = 1;
 	if (topo->n_nodes > 1) {
@@ -913,6 +910,26 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		     decode_scratch_init(&w->transform[n].decode, &shape, err, err_len) != 0))
 			return -1;
 	}
+	return 0;
+}
+
+uint64_t weights_every_expert_bytes(const struct forward_weights *w)
+{
+	uint64_t total = 0;
+	for (uint32_t n = 0; n < w->n_res; n++)
+		total += map_bytes(w->sliced ? &w->node_map[n] : &w->map, 8192u);
+	return total;
+}
+
+int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
+                            struct forward_topology *topo, char *err, size_t err_len)
+{
+	char policy[128];
+	const char *base = cfg->policy ? cfg->policy : "sieve+layer";
+	if (cfg->pin_layers && !strstr(base, "+pin"))
+		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
+	else
+		snprintf(policy, sizeof(policy), "%s", base);
 	/* The budget over the nodes in proportion to each node's share of the bytes. */
 	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
 	for (uint32_t n = 0; n < w->n_res; n++)
@@ -1040,9 +1057,8 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 		return -1;
 	if (cfg->source == FORWARD_SOURCE_MMAP)
 		return map_files(w, err, err_len);
-	if (cfg->source == FORWARD_SOURCE_RESIDENCY) {
-		return open_residency(w, cfg, topo, err, err_len);
-	}
+	if (cfg->source == FORWARD_SOURCE_RESIDENCY)
+		return open_residency_maps(w, topo, err, err_len);
 	return 0;
 }
 
