@@ -237,9 +237,24 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	         "ffn=%u expert_bytes=%" PRIu64 " budget_asked=%" PRIu64 " budget_from=\"%s\"",
 	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
 	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, expert_bytes, budget, why);
-	char ferr[256];
+	if (engine_limit)
+		log_info("serve",
+		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
+		         " less %" PRIu64 " held before the model%s)",
+		         engine_limit, cfg->mem_limit, cfg->mem_base,
+		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
+	char ferr[400];
 	if (forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr)) != 0) {
-		fail(err, err_len, "%s: %s", cfg->path, ferr);
+		if (engine_limit)
+			fail(err, err_len,
+			     "%s: %s; the engine may use the memory limit of %" PRIu64
+			     " bytes (%s) less %" PRIu64
+			     " held before the model%s: raise the limit "
+			     "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
+			     cfg->path, ferr, cfg->mem_limit, cfg->mem_limit_from, cfg->mem_base,
+			     asked ? "" : ", 3/4 of it");
+		else
+			fail(err, err_len, "%s: %s", cfg->path, ferr);
 		goto fail;
 	}
 	struct forward_stats st = {0};

@@ -279,15 +279,15 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 			if (left == 0)
 				snprintf(err, err_len,
 				         "the request buffers (%llu bytes for %u tokens x %u ids) "
-				         "alone exceed the memory limit of %llu bytes",
+				         "alone exceed the %llu bytes the engine may use",
 				         (unsigned long long)plan, e->max_tokens, e->max_k,
 				         (unsigned long long)c->mem_limit);
 			else
 				snprintf(
 				    err, err_len,
 				    "every expert needs %llu bytes of slots and the request "
-				    "buffers %llu (%u tokens x %u ids): above the memory limit "
-				    "of %llu bytes; at most %llu bytes of budget fit",
+				    "buffers %llu (%u tokens x %u ids): above the %llu bytes the "
+				    "engine may use; at most %llu bytes of budget fit",
 				    (unsigned long long)every, (unsigned long long)plan,
 				    e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
 				    (unsigned long long)left);
@@ -295,8 +295,8 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 		}
 		c->mem_budget = left;
 		log_info("forward",
-		         "expert budget cut to %llu bytes by the memory limit of %llu bytes (less "
-		         "%llu bytes of request buffers); every expert would need %llu",
+		         "expert budget cut to %llu bytes: the engine may use %llu bytes and its "
+		         "request buffers take %llu; every expert would need %llu",
 		         (unsigned long long)left, (unsigned long long)c->mem_limit,
 		         (unsigned long long)plan, (unsigned long long)every);
 		return 0;
@@ -304,7 +304,7 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 	if (c->mem_budget > left) {
 		snprintf(err, err_len,
 		         "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
-		         "tokens x %u ids) exceed the memory limit of %llu bytes; at most %llu "
+		         "tokens x %u ids) exceed the %llu bytes the engine may use; at most %llu "
 		         "bytes of budget fit",
 		         (unsigned long long)c->mem_budget, (unsigned long long)plan, e->max_tokens,
 		         e->max_k, (unsigned long long)c->mem_limit, (unsigned long long)left);
@@ -369,8 +369,8 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 			if (rc.mem_budget != config->mem_budget)
 				snprintf(
 				    err, err_len,
-				    "%s (the memory limit of %llu bytes leaves the expert slots "
-				    "%llu bytes after %llu bytes of request buffers)",
+				    "%s (of the %llu bytes the engine may use, its request buffers "
+				    "leave the expert slots %llu bytes after taking %llu)",
 				    why, (unsigned long long)rc.mem_limit,
 				    (unsigned long long)rc.mem_budget,
 				    (unsigned long long)(e->ctx[0].bytes + e->ctx[1].bytes));

@@ -266,10 +266,8 @@ Test(serve_requests, a_failed_expert_is_read_again_after_its_backoff_or_sighup)
 		const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
 		struct fwd_case fc;
 		fwd_case_make(&fc, 51, 1, 2, 4, ne, h, false);
-		fc.ids[1] = 3;
-		for (int j = 0; j < 8; j++)
-			if (j != 1 && fc.ids[j] == 3)
-				fc.ids[j] = -1;
+		for (int j = 0; j < 8; j++) /* expert 3 alone: no other load still running */
+			fc.ids[j] = j == 1 || j == 6 ? 3 : -1;
 		expect_error(&s, &fc, MOE_EIO, 3, -1, "the expert's first load");
 		char *st = served_stats(&s);
 		cr_assert_eq(json_top_u64(st, "failed_experts"), 1, "%s", st);
