@@ -244,8 +244,9 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		         engine_limit, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	char ferr[400];
-	if (forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr)) != 0) {
-		if (engine_limit)
+	const int frc = forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr));
+	if (frc != 0) {
+		if (frc == -ENOSPC)
 			fail(err, err_len,
 			     "%s: %s; the engine may use the memory limit of %" PRIu64
 			     " bytes (%s) less %" PRIu64

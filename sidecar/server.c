@@ -401,8 +401,7 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	ch->id = c->id;
 	if (s->cfg->model_ops &&
 	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
-		log_warn("server", "client pid=%d: %s", (int)c->pid, err);
-		channel_destroy(ch);
+		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err);
 		return;
 	}

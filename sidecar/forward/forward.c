@@ -344,6 +344,7 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	pthread_cond_init(&e->run_free, NULL);
 	pthread_mutex_init(&e->mask_lock, NULL);
 	bool topo_open = false, pool_open = false;
+	int status = -1;
 	if (topology_open(&e->topo, config, err, err_len) != 0)
 		goto fail;
 	topo_open = true;
@@ -362,11 +363,14 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 		goto fail;
 	if (config->source == FORWARD_SOURCE_RESIDENCY) {
 		struct forward_config rc = *config;
-		char why[256];
-		if (fit_budget(e, &rc, err, err_len) != 0)
+		char why[400];
+		if (fit_budget(e, &rc, err, err_len) != 0) {
+			status = -ENOSPC;
 			goto fail;
+		}
 		if (weights_start_residency(&e->w, &rc, &e->topo, why, sizeof(why)) != 0) {
-			if (rc.mem_budget != config->mem_budget)
+			if (rc.mem_budget != config->mem_budget) {
+				status = -ENOSPC; /* the pools the limit left hold no slot */
 				snprintf(
 				    err, err_len,
 				    "%s (of the %llu bytes the engine may use, its request buffers "
@@ -374,8 +378,9 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 				    why, (unsigned long long)rc.mem_limit,
 				    (unsigned long long)rc.mem_budget,
 				    (unsigned long long)(e->ctx[0].bytes + e->ctx[1].bytes));
-			else
+			} else {
 				snprintf(err, err_len, "%s", why);
+			}
 			goto fail;
 		}
 	}
@@ -416,7 +421,7 @@ fail:
 		topology_close(&e->topo);
 	e->pool.n_workers = 0;
 	forward_destroy(e);
-	return -1;
+	return status;
 }
 
 void forward_destroy(struct forward_engine *e)

@@ -120,7 +120,9 @@ struct forward_engine;
  * lazy_load: an expert that fails to load there is logged and left to be read on demand —
  * maps the files for MMAP). The catalog must outlive it.
  * Returns 0, or -1 with err naming what was wrong (unsupported layout, budget below one
- * expert, hwloc failure …). */
+ * expert, hwloc failure …); -ENOSPC when the memory the engine may use (mem_limit) cannot
+ * hold its request buffers and the slot pools asked for, or the pools it leaves hold no
+ * slot. */
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, char *err, size_t err_len);
 /* Joins the workers and frees everything. No forward_run may be in progress. */

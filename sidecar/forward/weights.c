@@ -965,7 +965,7 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		    .post_load = w->mxfp4_hf || w->decode.on ? transform_after_load : NULL,
 		    .post_load_arg = &w->transform[n],
 		};
-		char why[200];
+		char why[400];
 		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
 			if (w->sliced)
 				snprintf(err, err_len, "node %u's residency: %s", n, why);

@@ -133,7 +133,7 @@ Test(serve_limits, fewer_slots_than_layers_are_served)
 }
 
 /* Pinned layers that leave no slot for the others cannot serve: refused at start, saying the
- * smallest budget that can. */
+ * smallest budget that can; so is a budget the memory limit cannot hold, saying what fits. */
 Test(serve_limits, a_budget_that_cannot_serve_is_refused_with_the_minimum)
 {
 	struct sidecar_proc sp;
@@ -147,8 +147,25 @@ Test(serve_limits, a_budget_that_cannot_serve_is_refused_with_the_minimum)
 	cr_assert_neq(sidecar_start(&sp, argv, &st), 0, "a budget without a free slot started");
 	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status 0x%x", st);
 	char *log = slurp(sp.log);
-	cr_assert(log && strstr(log, "the other layers one more") &&
-	              strstr(log, "the smallest budget that serves this policy is"),
+	char smallest[96]; /* 16 slots for layer 0 and one for the others, as the pool sizes
+	                      them: the largest expert's extents, each 4 KiB-aligned */
+	snprintf(smallest, sizeof(smallest), "the smallest budget that serves this policy is %llu",
+	         (unsigned long long)(REF_EXPERTS + 1) * 221184);
+	cr_assert(log && strstr(log, "the other layers one more") && strstr(log, smallest) &&
+	              !strstr(log, "raise the limit"),
+	          "%s", log ? log : "(no log)");
+	free(log);
+	sidecar_cleanup(&sp);
+	/* A budget asked for that the memory limit cannot hold beside the request buffers. */
+	harness_tempdir(&sp);
+	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+	cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+	const char *argv2[] = {model, "--mem-limit", "40M", "--mem-budget", "100%", NULL};
+	cr_assert_neq(sidecar_start(&sp, argv2, &st), 0, "a budget past the limit started");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status 0x%x", st);
+	log = slurp(sp.log);
+	cr_assert(log && strstr(log, "every expert needs ") && strstr(log, "bytes of budget fit") &&
+	              strstr(log, "(--mem-limit)") && strstr(log, "raise the limit"),
 	          "%s", log ? log : "(no log)");
 	free(log);
 	sidecar_cleanup(&sp);
