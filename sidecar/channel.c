@@ -261,7 +261,7 @@ void channel_request_error(const struct sidecar_channel *ch, const struct moe_sq
 		c->flags |= MOE_CQE_MESSAGE;
 	}
 	if (c->status == MOE_ESHUTDOWN) {
-		log_debug("channel", "client id=%u: %s", ch->log_id, msg);
+		log_debug("channel", "client id=%u: %s", ch->id, msg);
 		return;
 	}
 	const uint64_t now = monotonic_ns();
@@ -276,7 +276,9 @@ void channel_request_error(const struct sidecar_channel *ch, const struct moe_sq
 	char more[64] = "";
 	if (left_out)
 		snprintf(more, sizeof(more), " (%u more in the last second not logged)", left_out);
-	log_warn("channel", "client id=%u: bad request: %s status=%s%s", ch->log_id, msg,
+	/* An expert that could not be read is the sidecar's failure, not the client's mistake. */
+	log_warn("channel", "client id=%u: %s: %s status=%s%s", ch->id,
+	         c->status == MOE_EIO ? "request failed" : "bad request", msg,
 	         moe_status_str(c->status), more);
 }
 
@@ -313,6 +315,8 @@ void channel_complete_async(struct sidecar_channel *ch, const struct moe_cqe *c)
 	int64_t room = moe_ring_space(&ch->cq);
 	if (room > 0) { /* broken: the dispatcher reports it; full: it posts later */
 		struct moe_cqe *cqes = (struct moe_cqe *)(ch->base + ch->layout.cq_entries);
+		if (c->status != MOE_OK)
+			ch->n_errors++;
 		atomic_store_explicit(&ch->slot_busy[s], 0, memory_order_relaxed);
 		cq_put(ch, cqes, 0, c);
 		moe_ring_publish(&ch->cq, 1);

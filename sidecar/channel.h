@@ -67,10 +67,12 @@ struct sidecar_channel {
 	void (*wake_dispatcher)(void *arg); /* set by dispatcher_add */
 	void *wake_arg;
 
-	/* Counters, for logs and tests (dispatcher thread only). */
+	/* Counters, for logs and tests, under cq_lock: submissions taken, and completions posted
+	 * with an error (checks, ops, FORWARDs that failed, shutdown). */
 	uint64_t n_requests, n_errors;
-	/* The client's id in the server's log lines (id=N); set before the channel is driven. */
-	uint32_t log_id;
+	/* The server's id of the client (its log lines' id=N), for other lines about it; set
+	 * before the channel is driven. */
+	uint32_t id;
 	/* Rate limit of the warn lines about bad requests (any thread): one per second, and the
 	 * count of those left out. */
 	_Atomic uint64_t error_log_next_ns;

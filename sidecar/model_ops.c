@@ -64,6 +64,7 @@ struct model_channel {
 	struct model_channel *rr_next;
 	/* Forward thread only. */
 	float *deferred[2]; /* max_tokens x hidden f32 each */
+	uint64_t mem_bytes; /* accounted: the channel's bytes and the deferred buffers */
 	bool owed;
 	uint32_t owed_buf, owed_tokens;
 	int32_t owed_layer;
@@ -89,6 +90,11 @@ struct model_ops {
 	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
 	uint64_t client_ids;     /* bit c set: client id c in use */
 	uint32_t n_clients;
+	/* Memory (model_ops.h): the limit (0: none), what the process holds without channels
+	 * (the model's, plus these buffers), and the channels' accounted bytes (control thread
+	 * writes under lock; STATS reads). */
+	uint64_t mem_limit, mem_fixed;
+	_Atomic uint64_t mem_channels;
 
 	/* The executing thread's private copies of one request, sized for the engine's limits. */
 	uint8_t *x;
@@ -112,11 +118,38 @@ static size_t mask_layer_bytes(const struct serve_model_desc *d)
 
 /* ---- Channels ---------------------------------------------------------------------------- */
 
+/* Whether a channel of `bytes` fits in what the memory limit leaves; else a refusal
+ * sentence (it goes into the welcome: at most MOE_REASON_LEN). Under o->lock. */
+static bool channel_fits(const struct model_ops *o, uint64_t bytes, uint64_t deferred, char *err,
+                         size_t err_len)
+{
+	const uint64_t used =
+	    o->mem_fixed + atomic_load_explicit(&o->mem_channels, memory_order_relaxed);
+	if (!o->mem_limit || used + bytes <= o->mem_limit)
+		return true;
+	const uint64_t mib = 1u << 20;
+	snprintf(err, err_len,
+	         "channel needs %llu MiB (%llu MiB deferred state); %llu of %llu MiB left under "
+	         "the memory limit (%s): ask for fewer slots or tokens",
+	         (unsigned long long)((bytes + mib - 1) / mib),
+	         (unsigned long long)((deferred + mib - 1) / mib),
+	         (unsigned long long)(used < o->mem_limit ? (o->mem_limit - used) / mib : 0),
+	         (unsigned long long)(o->mem_limit / mib), o->desc->mem_limit_from);
+	return false;
+}
+
 int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
                            size_t err_len)
 {
-	struct model_channel *mc = calloc(1, sizeof(*mc));
+	struct model_channel *mc = NULL;
 	size_t n = (size_t)ch->limits.max_tokens * o->desc->hidden;
+	const uint64_t cost = ch->bytes + 2 * n * sizeof(float);
+	pthread_mutex_lock(&o->lock);
+	const bool fits = channel_fits(o, cost, 2 * n * sizeof(float), err, err_len);
+	pthread_mutex_unlock(&o->lock);
+	if (!fits)
+		return -1;
+	mc = calloc(1, sizeof(*mc));
 	if (mc) {
 		mc->deferred[0] = calloc(n, sizeof(float));
 		mc->deferred[1] = calloc(n, sizeof(float));
@@ -137,6 +170,8 @@ int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char
 	mc->client = (uint32_t)__builtin_ctzll(~o->client_ids);
 	o->client_ids |= UINT64_C(1) << mc->client;
 	o->n_clients++;
+	mc->mem_bytes = cost;
+	atomic_fetch_add_explicit(&o->mem_channels, cost, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
 	serve_model_client_attach(o->model, mc->client);
 	ch->model = mc;
@@ -188,7 +223,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 	if (mc->listed)
 		rr_unlink_locked(o, mc);
 	if (mc->q_len)
-		log_info("model", "client %u gone: dropping %u queued FORWARDs", mc->client,
+		log_info("model", "client id=%u gone: dropping %u queued FORWARDs", ch->id,
 		         mc->q_len);
 	atomic_fetch_sub_explicit(&o->queued, mc->q_len, memory_order_relaxed);
 	mc->q_len = 0;
@@ -196,6 +231,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 		pthread_cond_wait(&o->idle, &o->lock);
 	o->client_ids &= ~(UINT64_C(1) << mc->client);
 	o->n_clients--;
+	atomic_fetch_sub_explicit(&o->mem_channels, mc->mem_bytes, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
 	serve_model_client_detach(o->model, mc->client);
 	serve_model_settle(o->model); /* a deferred sum may still be on its way into mc->deferred */
@@ -326,10 +362,10 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	if (rc != MOE_OK && early.posted) {
 		/* Completed already: the deferred part is what failed. The next FORWARD owes it. */
 		log_warn("model",
-		         "client %u FORWARD layer %d: its deferred experts failed after it "
+		         "client id=%u FORWARD layer %d: its deferred experts failed after it "
 		         "completed: %s; the next FORWARD fails until the client drops the "
 		         "deferred part",
-		         mc->client, sqe->layer, res.message);
+		         ch->id, sqe->layer, res.message);
 		mc->owed = true;
 		mc->owed_buf = target;
 		mc->owed_layer = serve_model_next_moe_layer(o->model, sqe->layer);
@@ -601,8 +637,9 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_lock(&o->lock);
 	uint32_t clients = o->n_clients;
 	pthread_mutex_unlock(&o->lock);
-	size_t len =
-	    serve_model_stats_json(o->model, clients, o->forwards_inline, o->stats, o->stats_cap);
+	size_t len = serve_model_stats_json(
+	    o->model, clients, o->forwards_inline,
+	    atomic_load_explicit(&o->mem_channels, memory_order_relaxed), o->stats, o->stats_cap);
 	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);
@@ -650,6 +687,11 @@ int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, s
 		model_ops_destroy(o);
 		return -1;
 	}
+	o->mem_limit = d->mem_limit_bytes;
+	o->mem_fixed = d->mem_fixed_bytes + 2 * rows * sizeof(float) +
+	               ids * (sizeof(int32_t) + sizeof(float)) +
+	               o->hint_cap * (sizeof(int32_t) + sizeof(float)) + o->mask_bytes +
+	               o->stats_cap;
 	int rc = pthread_mutex_init(&o->lock, NULL);
 	if (rc == 0)
 		rc = pthread_cond_init(&o->work, NULL);
@@ -723,6 +765,11 @@ void model_ops_destroy(struct model_ops *o)
 const struct serve_model_desc *model_ops_desc(const struct model_ops *o)
 {
 	return o->desc;
+}
+
+uint32_t model_ops_retry_failed(struct model_ops *o)
+{
+	return serve_model_retry_failed(o->model);
 }
 
 void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,

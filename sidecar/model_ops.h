@@ -38,12 +38,18 @@ void model_ops_shutdown(struct model_ops *o);
 void model_ops_destroy(struct model_ops *o);
 
 const struct serve_model_desc *model_ops_desc(const struct model_ops *o);
+/* The operator's retry (SIGHUP): every FAILED expert is read again by its next demand.
+ * Returns how many there were. Control thread. */
+uint32_t model_ops_retry_failed(struct model_ops *o);
 /* The welcome's model description and the model's fingerprint. */
 void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
                           uint8_t fingerprint[MOE_FINGERPRINT_BYTES]);
 
 /* Gives ch a client id and deferred buffers sized for its granted limits. 0, or -1 + err
- * (more than SERVE_MODEL_MAX_CLIENTS model clients, out of memory). */
+ * (more than SERVE_MODEL_MAX_CLIENTS model clients, out of memory, or a channel that would take
+ * the sidecar past its memory limit: the channel's bytes and its deferred buffers are
+ * accounted against what the model's fixed memory and the other channels leave, and err is
+ * the refusal's sentence). */
 int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
                            size_t err_len);
 /* The channel must no longer be driven by the dispatcher. No-op if it was never opened. */

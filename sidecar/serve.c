@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "dispatch.h"
 #include "log.h"
+#include "memlimit.h"
 #include "model_ops.h"
 #include "policy.h"
 #include "serve_model.h"
@@ -43,6 +44,8 @@ enum {
 	OPT_NO_DIRECT,
 	OPT_FILE_LAYOUT,
 	OPT_FAIL_EXPERT,
+	OPT_RETRY_BACKOFF,
+	OPT_MEM_LIMIT,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -74,7 +77,11 @@ static const struct serve_option {
     {{"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
      "BYTES|PCT%",
      "expert memory: bytes (K/M/G suffix) or a percentage of the model's expert bytes "
-     "(default: every expert if it fits in 3/4 of MemAvailable, else that)"},
+     "(default: every expert if it fits in 3/4 of the memory limit, else what does)"},
+    {{"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
+     "BYTES",
+     "memory the sidecar may use: experts, request buffers, channels (default: the lower "
+     "of the cgroup limit and MemAvailable)"},
     {{"numa", required_argument, NULL, OPT_NUMA},
      "auto|LIST",
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
@@ -101,9 +108,12 @@ static const struct serve_option {
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
      "keep resident experts in the files' rows (no decode layout: comparisons)"},
+    {{"retry-backoff", required_argument, NULL, OPT_RETRY_BACKOFF},
+     "MS[,MAX]",
+     "read a failed expert again after MS ms, doubling up to MAX (1000,60000; 0: at once)"},
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
-     "LAYER:EXPERT",
-     "testing: every read of this expert fails with EIO"},
+     "L:E[:N]",
+     "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "this text"},
@@ -171,20 +181,13 @@ static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
 	return 0;
 }
 
-/* BYTES with an optional K/M/G/T suffix (powers of 1024), or PCT% in (0, 100]. */
-static int parse_budget(const char *s, struct serve_model_config *mc)
+/* BYTES with an optional K/M/G/T suffix (powers of 1024). */
+static int parse_bytes(const char *s, uint64_t *out)
 {
 	char *end;
 	errno = 0;
 	if (!s || !*s || *s == '-')
 		return -1;
-	if (s[strlen(s) - 1] == '%') {
-		double pct = strtod(s, &end);
-		if (errno || end != s + strlen(s) - 1 || !(pct > 0 && pct <= 100))
-			return -1;
-		mc->mem_budget_percent = pct;
-		return 0;
-	}
 	unsigned long long v = strtoull(s, &end, 10);
 	unsigned shift = 0;
 	switch (*end) {
@@ -211,8 +214,23 @@ static int parse_budget(const char *s, struct serve_model_config *mc)
 	}
 	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
 		return -1;
-	mc->mem_budget_bytes = (uint64_t)v << shift;
+	*out = (uint64_t)v << shift;
 	return 0;
+}
+
+/* BYTES (parse_bytes), or PCT% in (0, 100]. */
+static int parse_budget(const char *s, struct serve_model_config *mc)
+{
+	if (s && *s && s[strlen(s) - 1] == '%') {
+		char *end;
+		errno = 0;
+		double pct = strtod(s, &end);
+		if (errno || *s == '-' || end != s + strlen(s) - 1 || !(pct > 0 && pct <= 100))
+			return -1;
+		mc->mem_budget_percent = pct;
+		return 0;
+	}
+	return parse_bytes(s, &mc->mem_budget_bytes);
 }
 
 static int parse_uid_list(const char *list, struct server_config *cfg)
@@ -333,6 +351,16 @@ int cmd_serve(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case OPT_MEM_LIMIT:
+			if (parse_bytes(optarg, &mcfg.mem_limit) != 0) {
+				fprintf(
+				    stderr,
+				    "moe-sidecar serve: --mem-limit '%s': expected BYTES (K/M/G/T "
+				    "suffix allowed)\n",
+				    optarg);
+				return 2;
+			}
+			break;
 		case OPT_NUMA: mcfg.numa = optarg; break;
 		case OPT_THREADS:
 		case OPT_PIN_LAYERS:
@@ -362,17 +390,42 @@ int cmd_serve(int argc, char **argv)
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
 		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
 		case OPT_FAIL_EXPERT: {
-			int layer, expert, n = 0;
-			if (sscanf(optarg, "%d:%d%n", &layer, &expert, &n) != 2 ||
-			    optarg[n] != '\0' || layer < 0 || expert < 0) {
+			int layer, expert, loads = 0, n = 0, m = 0;
+			bool ok = sscanf(optarg, "%d:%d%n", &layer, &expert, &n) == 2 &&
+			          layer >= 0 && expert >= 0;
+			if (ok && optarg[n] == ':')
+				ok = sscanf(optarg + n, ":%d%n", &loads, &m) == 1 && loads > 0;
+			if (!ok || optarg[n + m] != '\0') {
 				fprintf(stderr,
 				        "moe-sidecar serve: --debug-fail-expert '%s': expected "
-				        "LAYER:EXPERT\n",
+				        "LAYER:EXPERT or LAYER:EXPERT:LOADS\n",
 				        optarg);
 				return 2;
 			}
 			mcfg.fail_layer = layer;
 			mcfg.fail_expert = expert;
+			mcfg.fail_loads = (uint32_t)loads;
+			break;
+		}
+		case OPT_RETRY_BACKOFF: {
+			char first[24] = "", max[24] = "";
+			const char *comma = strchr(optarg, ',');
+			snprintf(first, sizeof(first), "%.*s",
+			         (int)(comma ? (size_t)(comma - optarg) : strlen(optarg)), optarg);
+			if (comma)
+				snprintf(max, sizeof(max), "%s", comma + 1);
+			uint64_t f, mx = 0;
+			if (parse_u64(first, 0, 86400000, &f) != 0 ||
+			    (comma && (parse_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f)))) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --retry-backoff '%s': expected MS or "
+				        "MS,MAX in milliseconds (at most 86400000, MAX >= MS)\n",
+				        optarg);
+				return 2;
+			}
+			mcfg.retry_backoff_ms = (uint32_t)f;
+			mcfg.retry_without_backoff = f == 0;
+			mcfg.retry_backoff_max_ms = (uint32_t)mx;
 			break;
 		}
 		case OPT_LOG_JSON: log_set_json(1); break;
@@ -394,11 +447,13 @@ int cmd_serve(int argc, char **argv)
 	}
 	/* Blocked before any thread exists (every thread the model starts inherits it), or a
 	 * signal would kill the process instead of reaching the server's signalfd. A signal
-	 * during warm-up stays pending and stops the server as soon as it runs. */
+	 * during warm-up stays pending and stops the server as soon as it runs (SIGHUP: the
+	 * operator's retry of failed experts). */
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP);
 	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
 		log_error("serve", "pthread_sigmask failed");
 		return 1;
@@ -410,6 +465,23 @@ int cmd_serve(int argc, char **argv)
 		return server_run(server);
 
 	mcfg.path = argv[optind];
+	/* The memory limit, before anything large is allocated (memlimit.h). */
+	struct mem_limit ml;
+	mem_limit_read("", &ml);
+	if (mcfg.mem_limit) {
+		mcfg.mem_limit_from = "--mem-limit";
+	} else {
+		mcfg.mem_limit = ml.bytes;
+		mcfg.mem_limit_from = ml.from;
+	}
+	mcfg.mem_base = mem_rss_self();
+	log_info("serve",
+	         "memory limit_bytes=%llu from=\"%s\" cgroup_limit_bytes=%llu%s%s%s "
+	         "mem_available_bytes=%llu process_bytes=%llu",
+	         (unsigned long long)mcfg.mem_limit, mcfg.mem_limit_from,
+	         (unsigned long long)ml.cgroup_bytes, ml.cgroup_file[0] ? " (" : "", ml.cgroup_file,
+	         ml.cgroup_file[0] ? ")" : "", (unsigned long long)ml.available_bytes,
+	         (unsigned long long)mcfg.mem_base);
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);

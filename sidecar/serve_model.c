@@ -1,9 +1,11 @@
 /* serve_model.c — catalog + probes + forward engine for `serve MODEL` (see serve_model.h).
  *
- * The budget rule: an explicit --mem-budget wins (bytes, or a percentage of the expert bytes);
- * otherwise every expert when they fit in 3/4 of MemAvailable, else 3/4 of MemAvailable. The
- * quarter left over is headroom for the channels, the engine's scratch and the rest of the
- * machine.
+ * The budget rule, under the memory limit (the lower of the cgroup's limit and MemAvailable,
+ * or --mem-limit: memlimit.h) less what the process held before the model: an explicit
+ * --mem-budget (bytes, or a percentage of the expert bytes) must fit there with the engine's
+ * request buffers, or the start is refused saying what fits; otherwise the engine gets 3/4 of
+ * it, its request buffers first, and its slot pools every expert when they fit, else the rest.
+ * The quarter left over is for the channels (accounted at each handshake: model_ops.c).
  */
 #include "serve_model.h"
 
@@ -18,6 +20,7 @@
 #include "catalog.h"
 #include "forward.h"
 #include "log.h"
+#include "memlimit.h"
 #include "moe_proto.h"
 #include "pagecache.h"
 #include "policy.h"
@@ -31,6 +34,7 @@ struct serve_model {
 	struct forward_layer_stats *layer_stats; /* forward_stats_layers() entries */
 	uint32_t n_layer_stats;
 	int32_t fail_layer, fail_expert;
+	uint32_t fail_loads;
 	struct progress warm;
 	bool warm_started;
 };
@@ -43,21 +47,6 @@ static int fail(char *err, size_t len, const char *fmt, ...)
 	vsnprintf(err, len, fmt, ap);
 	va_end(ap);
 	return -1;
-}
-
-/* MemAvailable from /proc/meminfo in bytes, or 0 if unreadable. */
-static uint64_t mem_available(void)
-{
-	FILE *f = fopen("/proc/meminfo", "r");
-	if (!f)
-		return 0;
-	char line[256];
-	uint64_t kib = 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib * 1024u;
 }
 
 static int parse_numa(const char *spec, struct forward_config *fc, char *err, size_t len)
@@ -114,7 +103,8 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 {
 	struct serve_model *m = arg;
 	if (!m->warm_started) {
-		progress_begin(&m->warm, what, total, "");
+		progress_begin_log(&m->warm, "serve", what, total,
+		                   strstr(what, "layers") ? "layers" : "experts");
 		m->warm_started = true;
 	}
 	progress_update(&m->warm, done);
@@ -124,11 +114,13 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 	}
 }
 
-/* Test hook: every read of the chosen expert fails with EIO. */
+/* Test hook: the reads of the chosen expert fail with EIO, in its first fail_loads loads (all
+ * when 0). info->layer is the MoE layer, as is fail_layer. */
 static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, int res)
 {
 	const struct serve_model *m = arg;
-	if ((int32_t)info->layer == m->fail_layer && (int32_t)info->expert == m->fail_expert)
+	if ((int32_t)info->layer == m->fail_layer && (int32_t)info->expert == m->fail_expert &&
+	    (m->fail_loads == 0 || info->failed_loads < m->fail_loads))
 		return -EIO;
 	return res;
 }
@@ -169,6 +161,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		return fail(err, err_len, "out of memory");
 	m->fail_layer = cfg->fail_layer;
 	m->fail_expert = cfg->fail_expert;
+	m->fail_loads = cfg->fail_loads;
 
 	struct model_error merr;
 	memset(&merr, 0, sizeof(merr));
@@ -228,29 +221,37 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         pagecache_last_error(m->probes));
 	}
 
-	/* Budget. */
-	uint64_t expert_bytes = m->cat->expert_bytes_total, budget;
-	const char *why;
+	/* Budget: asked for, or every expert if the engine fits them in 3/4 of the memory limit
+	 * (less what the process held before the model), else what fits (forward_config's
+	 * mem_limit). The quarter left is for channels and the rest of the process. */
+	uint64_t expert_bytes = m->cat->expert_bytes_total, budget = expert_bytes;
+	const char *why = "every expert if they fit in 3/4 of the memory limit, else what does";
+	const bool asked = cfg->mem_budget_bytes || cfg->mem_budget_percent > 0;
 	if (cfg->mem_budget_bytes) {
 		budget = cfg->mem_budget_bytes;
 		why = "--mem-budget";
 	} else if (cfg->mem_budget_percent > 0) {
 		budget = (uint64_t)((double)expert_bytes * cfg->mem_budget_percent / 100.0);
 		why = "--mem-budget percent of the expert bytes";
-	} else {
-		uint64_t usable = mem_available() / 4 * 3;
-		budget = usable && usable < expert_bytes ? usable : expert_bytes;
-		why = budget == expert_bytes ? "every expert (fits in 3/4 of MemAvailable)"
-		                             : "3/4 of MemAvailable";
 	}
-	m->desc.budget_bytes = budget;
+	uint64_t engine_limit = 0;
+	if (cfg->mem_limit) {
+		engine_limit = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 1;
+		if (!asked)
+			engine_limit = engine_limit / 4 * 3;
+	}
 
 	struct forward_config fc = {
 	    .source = FORWARD_SOURCE_RESIDENCY,
 	    .mem_budget = budget >= expert_bytes ? 0 : budget,
+	    .mem_limit = engine_limit,
+	    .keep_budget = asked,
 	    .policy = cfg->policy,
 	    .pin_layers = cfg->pin_layers,
 	    .no_direct = cfg->no_direct,
+	    .retry_backoff_ms =
+	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
+	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 	    .file_layout = cfg->file_layout,
 	    .threads_per_node = cfg->threads,
 	    .max_tokens = cfg->max_tokens,
@@ -261,21 +262,54 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	if (cfg->fail_layer >= 0) {
 		fc.fault_hook = fail_reads_of_expert;
 		fc.fault_arg = m;
-		log_warn("serve", "testing: every read of layer %d expert %d will fail with EIO",
-		         cfg->fail_layer, cfg->fail_expert);
+		if (cfg->fail_loads)
+			log_warn("serve",
+			         "testing: the first %u load(s) of layer %d expert %d will fail "
+			         "with EIO",
+			         cfg->fail_loads, cfg->fail_layer, cfg->fail_expert);
+		else
+			log_warn("serve",
+			         "testing: every read of layer %d expert %d will fail with EIO",
+			         cfg->fail_layer, cfg->fail_expert);
 	}
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		goto fail;
+	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
+	 * STATS reports it); here, what it was asked for. */
 	log_info("serve",
 	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
-	         "ffn=%u expert_bytes=%" PRIu64 " budget_bytes=%" PRIu64 " budget_from=\"%s\"",
+	         "ffn=%u expert_bytes=%" PRIu64 " budget_asked=%" PRIu64 " budget_from=\"%s\"",
 	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
 	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, expert_bytes, budget, why);
-	char ferr[256];
-	if (forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr)) != 0) {
-		fail(err, err_len, "%s: %s", cfg->path, ferr);
+	if (engine_limit)
+		log_info("serve",
+		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
+		         " less %" PRIu64 " held before the model%s)",
+		         engine_limit, cfg->mem_limit, cfg->mem_base,
+		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
+	char ferr[400];
+	const int frc = forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr));
+	if (frc != 0) {
+		if (frc == -ENOSPC)
+			fail(err, err_len,
+			     "%s: %s; the engine may use the memory limit of %" PRIu64
+			     " bytes (%s) less %" PRIu64
+			     " held before the model%s: raise the limit "
+			     "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
+			     cfg->path, ferr, cfg->mem_limit, cfg->mem_limit_from, cfg->mem_base,
+			     asked ? "" : ", 3/4 of it");
+		else
+			fail(err, err_len, "%s: %s", cfg->path, ferr);
 		goto fail;
 	}
+	struct forward_stats st = {0};
+	forward_stats(m->engine, &st);
+	m->desc.budget_bytes = st.budget_bytes;
+	m->desc.mem_limit_bytes = cfg->mem_limit;
+	snprintf(m->desc.mem_limit_from, sizeof(m->desc.mem_limit_from), "%s",
+	         cfg->mem_limit_from ? cfg->mem_limit_from : "");
+	const uint64_t rss = mem_rss_self();
+	m->desc.mem_fixed_bytes = rss + st.request_bytes;
 	struct forward_topology_info topo;
 	forward_topology(m->engine, &topo);
 	m->desc.n_nodes = topo.n_nodes;
@@ -290,6 +324,12 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		goto fail;
 	}
 	log_info("serve", "probes %s", pagecache_status(m->probes));
+	log_info("serve",
+	         "memory held_bytes=%" PRIu64 " (resident %" PRIu64 ", slot pools included, + "
+	         "request buffers %" PRIu64 ") limit_bytes=%" PRIu64 " left_for_channels=%" PRIu64,
+	         m->desc.mem_fixed_bytes, rss, st.request_bytes, cfg->mem_limit,
+	         cfg->mem_limit > m->desc.mem_fixed_bytes ? cfg->mem_limit - m->desc.mem_fixed_bytes
+	                                                  : 0);
 	*out = m;
 	return 0;
 fail:
@@ -399,6 +439,11 @@ void serve_model_settle(struct serve_model *m)
 	forward_settle(m->engine);
 }
 
+uint32_t serve_model_retry_failed(struct serve_model *m)
+{
+	return forward_retry_failed(m->engine);
+}
+
 /* ---- STATS JSON ------------------------------------------------------------------------- */
 
 struct json_out {
@@ -435,7 +480,7 @@ static void jstring(struct json_out *j, const char *s)
 }
 
 size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              char *buf, size_t len)
+                              uint64_t channel_bytes, char *buf, size_t len)
 {
 	struct forward_stats st;
 	memset(&st, 0, sizeof(st));
@@ -449,8 +494,10 @@ size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t 
 	jprintf(&j, ",\"fingerprint\":\"%s\"", m->desc.fingerprint_hex);
 	jprintf(&j,
 	        ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u,"
-	        "\"forwards_inline\":%" PRIu64,
-	        clients, m->desc.expert_bytes, m->desc.n_nodes, forwards_inline);
+	        "\"forwards_inline\":%" PRIu64 ",\"mem_limit_bytes\":%" PRIu64
+	        ",\"mem_fixed_bytes\":%" PRIu64 ",\"mem_channel_bytes\":%" PRIu64,
+	        clients, m->desc.expert_bytes, m->desc.n_nodes, forwards_inline,
+	        m->desc.mem_limit_bytes, m->desc.mem_fixed_bytes, channel_bytes);
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
 		jprintf(

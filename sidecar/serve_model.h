@@ -27,6 +27,12 @@ struct serve_model_config {
 	 * else what fits. */
 	uint64_t mem_budget_bytes;
 	double mem_budget_percent;
+	/* The memory the whole sidecar may use (0: no limit): the engine's request buffers and
+	 * slot pools must fit in it less mem_base (what the process used before the model), and
+	 * a default budget takes at most 3/4 of that, leaving the rest to channels. mem_limit_from
+	 * says where the figure came from (logs, refusals). */
+	uint64_t mem_limit, mem_base;
+	const char *mem_limit_from;
 	const char *numa;    /* "auto", "0,1", or "synthetic:<hwloc synthetic spec>" */
 	uint32_t threads;    /* per node; 0 = the node's cores */
 	uint32_t pin_layers; /* first N MoE layers always resident */
@@ -37,8 +43,14 @@ struct serve_model_config {
 	bool file_layout;    /* the files' rows, not the decode layout (forward_config) */
 	bool require_probes; /* probes unavailable = fatal */
 	const char *probes_instance;
-	/* Testing: every read of this (layer, expert) fails with EIO (layer -1: none). */
+	/* FAILED experts: first backoff and its cap in ms (0 = defaults, 1 s and 60 s), or none
+	 * at all (every demand retries). */
+	uint32_t retry_backoff_ms, retry_backoff_max_ms;
+	bool retry_without_backoff;
+	/* Testing: the reads of this (layer, expert) fail with EIO (layer -1: none) — in its first
+	 * fail_loads loads, or every one when fail_loads is 0. */
 	int32_t fail_layer, fail_expert;
+	uint32_t fail_loads;
 };
 
 /* What is served, in wire-neutral types. */
@@ -47,6 +59,11 @@ struct serve_model_desc {
 	uint32_t n_experts, top_k, hidden, expert_ffn;
 	uint32_t max_tokens, max_top_k; /* request limits the engine was sized for */
 	uint64_t expert_bytes, budget_bytes;
+	/* Memory: the limit (0: none) and where it came from; what the process holds once the
+	 * model is open (its resident set, the slot pools included, plus the request buffers,
+	 * counted whole). Channels must fit in what is left (model_ops). */
+	uint64_t mem_limit_bytes, mem_fixed_bytes;
+	char mem_limit_from[64];
 	uint32_t n_nodes;
 	char name[64];
 	uint8_t fingerprint[MOE_FINGERPRINT_BYTES]; /* moe_fingerprint_path of the model path */
@@ -118,11 +135,15 @@ void serve_model_client_detach(struct serve_model *m, uint32_t client);
 /* forward_settle: a deferred part still computing is finished and written (before the buffer
  * it writes to is freed). */
 void serve_model_settle(struct serve_model *m);
+/* forward_retry_failed: every FAILED expert is read again by its next demand. Returns how
+ * many there were. Any thread. */
+uint32_t serve_model_retry_failed(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
- * or the length it would need (>= len) when it does not fit. clients: channels attached now. */
+ * or the length it would need (>= len) when it does not fit. clients: channels attached now;
+ * channel_bytes: the memory they are accounted for. */
 size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              char *buf, size_t len);
+                              uint64_t channel_bytes, char *buf, size_t len);
 
 #endif

@@ -279,11 +279,10 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
 		return;
 	}
-	ch->log_id = c->id;
+	ch->id = c->id;
 	if (s->cfg->model_ops &&
 	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
-		log_warn("server", "client pid=%d: %s", (int)c->pid, err);
-		channel_destroy(ch);
+		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err);
 		return;
 	}
@@ -514,6 +513,20 @@ static void sweep_handshakes(struct server *s)
 	}
 }
 
+/* SIGHUP: the operator asks for every FAILED expert to be read again (docs/operations.md). */
+static void retry_failed(struct server *s)
+{
+	if (!s->cfg->model_ops) {
+		log_info("server", "SIGHUP: no model served, no expert to read again");
+		return;
+	}
+	const uint32_t n = model_ops_retry_failed(s->cfg->model_ops);
+	log_warn("server",
+	         "SIGHUP: %u failed expert(s) will be read again by their next demand (their "
+	         "backoff ended)",
+	         n);
+}
+
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
 static int server_setup(struct server *s)
@@ -522,6 +535,7 @@ static int server_setup(struct server *s)
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGHUP); /* the operator's "read failed experts again" */
 	/* Blocked before the dispatcher thread exists, so it inherits the mask. */
 	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
 		log_error("server", "pthread_sigmask failed");
@@ -675,11 +689,15 @@ int server_run(struct server *s)
 				accept_all(s);
 			} else if (tag == TAG_SIGNAL) {
 				struct signalfd_siginfo si;
-				if (read(s->signal_fd, &si, sizeof(si)) == (ssize_t)sizeof(si)) {
-					log_info("server", "shutting down on %s",
-					         strsignal((int)si.ssi_signo));
-					stop = true;
+				if (read(s->signal_fd, &si, sizeof(si)) != (ssize_t)sizeof(si))
+					continue;
+				if (si.ssi_signo == SIGHUP) {
+					retry_failed(s);
+					continue;
 				}
+				log_info("server", "shutting down on %s",
+				         strsignal((int)si.ssi_signo));
+				stop = true;
 			} else if (tag == TAG_DROPPED) {
 				handle_dropped(s);
 			} else {

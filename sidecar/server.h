@@ -52,9 +52,10 @@ struct server;
  * and be complete (model_ops, defaults, …) by server_run. Returns 0, or 1 with the error
  * logged. */
 int server_open(const struct server_config *cfg, struct server **out);
-/* Step 2: listens and serves until SIGINT or SIGTERM; then tears everything down and frees s.
+/* Step 2: listens and serves until SIGINT or SIGTERM; SIGHUP makes every FAILED expert of the
+ * model readable again (model_ops_retry_failed). Then tears everything down and frees s.
  * Returns 0 after a clean shutdown, 1 on a start-up or fatal error (already logged). Blocks
- * SIGINT/SIGTERM/SIGPIPE on the calling thread. */
+ * SIGINT/SIGTERM/SIGHUP/SIGPIPE on the calling thread. */
 int server_run(struct server *s);
 /* Instead of server_run (start-up failed elsewhere): removes the socket and lock, frees s.
  * NULL is a no-op. */

@@ -1,10 +1,12 @@
-/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--watch S]`: a running sidecar's
- * counters, asked for over the channel like any client (a STATS request).
+/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--watch S [--count N]]`: a running
+ * sidecar's counters, asked for over the channel like any client (a STATS request).
  *
  * --json prints the sidecar's document as it came (keys: docs/protocol.md, STATS); otherwise a
- * summary and a per-layer table. --watch S repeats every S seconds until interrupted; the
- * table then shows the rates over the last interval. The reply is checked as hostile input:
- * it is parsed strictly and a missing key is an error naming it.
+ * summary and a per-layer table, every figure labelled as a total since start, a rate over the
+ * last interval, or a value now. --watch S repeats every S seconds until interrupted (or N
+ * times); from the second sample on, counters are rates over the interval with their totals
+ * in brackets, and the layer table holds the interval's rates. The reply is checked as hostile
+ * input: it is parsed strictly and a missing key is an error naming it.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -22,10 +24,13 @@
 
 static void stats_usage(FILE *to)
 {
-	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--watch SECONDS]\n\n"
+	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--watch SECONDS [--count "
+	            "N]]\n\n"
 	            "  --socket PATH   the sidecar's socket (default as for serve)\n"
 	            "  --json          print the STATS JSON object as the sidecar sent it\n"
-	            "  --watch S       repeat every S seconds (table: rates over the interval)\n");
+	            "  --watch S       repeat every S seconds; from the second sample on, rates\n"
+	            "                  per second over the interval [totals since start]\n"
+	            "  --count N       with --watch: stop after N samples\n");
 }
 
 /* Connects with an output area of at least need bytes. */
@@ -86,10 +91,12 @@ static int fetch(const char *path, char **buf, size_t *cap)
 	return -1;
 }
 
+/* Counters every reply has; the summary's first lines. */
 static const char *const summary_keys[] = {"requests",       "tokens",          "hits",
                                            "cold_misses",    "inflight_misses", "bytes_read",
                                            "resident_bytes", "budget_bytes"};
 #define N_SUMMARY (sizeof(summary_keys) / sizeof(summary_keys[0]))
+enum { S_REQUESTS, S_TOKENS, S_HITS, S_COLD, S_INFLIGHT, S_READ, S_RESIDENT, S_BUDGET };
 
 /* Per layer: counts, then latency percentiles as "<name>":{"p50":…,"p99":…} objects. */
 static const char *const layer_keys[] = {
@@ -97,9 +104,18 @@ static const char *const layer_keys[] = {
     "inflight_misses", "bytes_read",     "queue_us.p50",   "queue_us.p99", "io_us.p50",
     "io_us.p99",       "compute_us.p50", "compute_us.p99", "total_us.p50", "total_us.p99"};
 #define N_LAYER (sizeof(layer_keys) / sizeof(layer_keys[0]))
+#define N_LAYER_COUNTS 7 /* layer_keys[1..6] are counts since start; the rest percentiles */
 
 struct layer_row {
 	uint64_t v[N_LAYER];
+};
+
+/* What --watch keeps of the last sample: its counters, to print the interval's rates. */
+struct watch_state {
+	bool have;
+	uint64_t sum[N_SUMMARY];
+	struct layer_row *rows;
+	uint32_t n;
 };
 
 /* key, or "object.member" one level down. */
@@ -132,9 +148,18 @@ static const char *percent(uint64_t a, uint64_t b, char *buf, size_t len)
 	return buf;
 }
 
-/* Prints the table; prev (same shape, may be NULL) turns counts into interval deltas. */
-static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **prev_rows,
-                       uint32_t *prev_n, double interval_s)
+/* A counter's growth since the last sample (0 if it went back: a restarted sidecar). */
+static uint64_t grown(uint64_t now, uint64_t before)
+{
+	return now >= before ? now - before : 0;
+}
+
+/* Prints one sample. With w->have (--watch, from the second sample on), every counter is
+ * shown as its rate over the interval, with its total since start in brackets, and the layer
+ * table holds the interval's rates; otherwise totals since start. Resident and budget bytes
+ * and the probes' figures are what they are now; latency percentiles are always over every
+ * request since start (the reply carries no histogram to take an interval's from). */
+static int print_sample(const char *json, struct watch_state *w, double interval_s)
 {
 	struct model_error err;
 	struct json_doc *d;
@@ -165,32 +190,68 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 				goto bad;
 			}
 
-	const bool delta = prev_sum && *prev_rows && *prev_n == n;
+	const bool rates = w && w->have && interval_s > 0;
 	json_ref model = json_object_get(d, root, "model");
 	const char *name = json_string(d, model, NULL);
-	printf("model %s  requests %" PRIu64 "  tokens %" PRIu64, name ? name : "?", sum[0],
-	       sum[1]);
-	if (delta && interval_s > 0)
-		printf("  (%.1f tokens/s over %.1f s)", (double)(sum[1] - prev_sum[1]) / interval_s,
-		       interval_s);
-	uint64_t inline_fwd;
-	if (json_get_u64(d, root, "forwards_inline", &inline_fwd) == 1)
-		printf("  run inline %" PRIu64, inline_fwd);
 	char p1[16], p2[16];
-	printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
-	       "  hit rate %s  read %.1f MiB\n",
-	       sum[2], sum[3], sum[4], percent(sum[2], sum[2] + sum[3] + sum[4], p1, sizeof(p1)),
-	       (double)sum[5] / 1048576.0);
-	uint64_t loader_read, prefetches, prefetch_hits, prefetch_wasted;
-	if (json_get_u64(d, root, "loader_bytes_read", &loader_read) == 1 &&
-	    json_get_u64(d, root, "prefetches", &prefetches) == 1 &&
-	    json_get_u64(d, root, "prefetch_hits", &prefetch_hits) == 1 &&
-	    json_get_u64(d, root, "prefetch_wasted", &prefetch_wasted) == 1)
-		printf("loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
-		       ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
-		       (double)loader_read / 1048576.0, prefetches, prefetch_hits, prefetch_wasted);
-	printf("resident %.1f MiB of %.1f MiB budget (%s)\n", (double)sum[6] / 1048576.0,
-	       (double)sum[7] / 1048576.0, percent(sum[6], sum[7], p2, sizeof(p2)));
+	if (rates) {
+		/* "X/s [total]" for each counter. */
+		double per[N_SUMMARY];
+		for (size_t k = 0; k < N_SUMMARY; k++)
+			per[k] = (double)grown(sum[k], w->sum[k]) / interval_s;
+		const uint64_t dh = grown(sum[S_HITS], w->sum[S_HITS]),
+		               dl = dh + grown(sum[S_COLD], w->sum[S_COLD]) +
+		                    grown(sum[S_INFLIGHT], w->sum[S_INFLIGHT]);
+		printf("model %s, last %.1f s: rates per second [totals since start]\n",
+		       name ? name : "?", interval_s);
+		printf("requests %.1f/s [%" PRIu64 "]  tokens %.1f/s [%" PRIu64 "]\n",
+		       per[S_REQUESTS], sum[S_REQUESTS], per[S_TOKENS], sum[S_TOKENS]);
+		printf("hits %.1f/s [%" PRIu64 "]  cold misses %.1f/s [%" PRIu64
+		       "]  in-flight misses %.1f/s [%" PRIu64 "]  hit rate %s [%s]  read %.1f "
+		       "MiB/s [%.1f MiB]\n",
+		       per[S_HITS], sum[S_HITS], per[S_COLD], sum[S_COLD], per[S_INFLIGHT],
+		       sum[S_INFLIGHT], percent(dh, dl, p1, sizeof(p1)),
+		       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p2,
+		               sizeof(p2)),
+		       per[S_READ] / 1048576.0, (double)sum[S_READ] / 1048576.0);
+	} else {
+		printf("model %s, totals since the sidecar started\n", name ? name : "?");
+		printf("requests %" PRIu64 "  tokens %" PRIu64, sum[S_REQUESTS], sum[S_TOKENS]);
+		uint64_t inline_fwd;
+		if (json_get_u64(d, root, "forwards_inline", &inline_fwd) == 1)
+			printf("  run inline %" PRIu64, inline_fwd);
+		printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
+		       "  hit rate %s  read %.1f MiB\n",
+		       sum[S_HITS], sum[S_COLD], sum[S_INFLIGHT],
+		       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p1,
+		               sizeof(p1)),
+		       (double)sum[S_READ] / 1048576.0);
+		uint64_t loader_read, prefetches, prefetch_hits, prefetch_wasted;
+		if (json_get_u64(d, root, "loader_bytes_read", &loader_read) == 1 &&
+		    json_get_u64(d, root, "prefetches", &prefetches) == 1 &&
+		    json_get_u64(d, root, "prefetch_hits", &prefetch_hits) == 1 &&
+		    json_get_u64(d, root, "prefetch_wasted", &prefetch_wasted) == 1)
+			printf(
+			    "loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
+			    ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
+			    (double)loader_read / 1048576.0, prefetches, prefetch_hits,
+			    prefetch_wasted);
+		uint64_t failed, retried;
+		if (json_get_u64(d, root, "failed_experts", &failed) == 1 &&
+		    json_get_u64(d, root, "failed_retries", &retried) == 1)
+			printf("experts read again after a failed load %" PRIu64 "\n", retried);
+	}
+	uint64_t slot_used, failed_now;
+	printf("now: resident %.1f MiB of experts", (double)sum[S_RESIDENT] / 1048576.0);
+	if (json_get_u64(d, root, "slot_bytes_used", &slot_used) == 1)
+		printf(" in %.1f MiB of slots", (double)slot_used / 1048576.0);
+	else
+		slot_used = sum[S_RESIDENT];
+	printf(" of a %.1f MiB budget (%s)", (double)sum[S_BUDGET] / 1048576.0,
+	       percent(slot_used, sum[S_BUDGET], p2, sizeof(p2)));
+	if (json_get_u64(d, root, "failed_experts", &failed_now) == 1)
+		printf("; failed experts %" PRIu64, failed_now);
+	printf("\n");
 	json_ref probes = json_object_get(d, root, "probes");
 	const char *pstatus = json_string(d, probes, NULL);
 	uint64_t fill, direct, buffered;
@@ -199,7 +260,8 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	    json_get_u64(d, root, "pagecache_fill_bytes", &fill) == 1 &&
 	    json_get_u64(d, root, "direct_bytes", &direct) == 1 &&
 	    json_get_u64(d, root, "buffered_bytes", &buffered) == 1) {
-		printf("page cache: filled %.1f MiB, direct %.1f MiB, buffered %.1f MiB, bypass ",
+		printf("page cache, totals since start: filled %.1f MiB, direct %.1f MiB, "
+		       "buffered %.1f MiB, bypass ",
 		       (double)fill / 1048576.0, (double)direct / 1048576.0,
 		       (double)buffered / 1048576.0);
 		if (json_get_double(d, root, "bypass_ratio", &bypass) == 1)
@@ -209,27 +271,50 @@ static int print_table(const char *json, uint64_t *prev_sum, struct layer_row **
 	} else {
 		printf("page cache: %s\n", pstatus ? pstatus : "probes unavailable: no report");
 	}
-	printf("\n%5s %9s %9s %7s %8s %8s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n", "layer",
-	       "requests", "tokens", "hit%", "cold", "inflight", "MiB read", "queue50", "queue99",
-	       "io50", "io99", "comp50", "comp99", "p50us", "p99us");
-	for (i = 0; i < n; i++) {
-		uint64_t v[N_LAYER];
-		memcpy(v, rows[i].v, sizeof(v));
-		if (delta && (*prev_rows)[i].v[0] == v[0]) /* same layer as last time */
-			for (size_t k = 1; k <= 6; k++)
-				v[k] -= (*prev_rows)[i].v[k] <= v[k] ? (*prev_rows)[i].v[k] : v[k];
-		printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %7s %8" PRIu64 " %8" PRIu64
-		       " %9.1f | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64
-		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
-		       v[0], v[1], v[2], percent(v[3], v[3] + v[4] + v[5], p1, sizeof(p1)), v[4],
-		       v[5], (double)v[6] / 1048576.0, v[7], v[8], v[9], v[10], v[11], v[12], v[13],
-		       v[14]);
+	if (rates) {
+		printf("\nper layer, last %.1f s (per second); latency percentiles since start "
+		       "(us):\n",
+		       interval_s);
+		printf("%5s %9s %9s %7s %8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n",
+		       "layer", "req/s", "tok/s", "hit%", "cold/s", "inflight/s", "MiB/s",
+		       "queue50", "queue99", "io50", "io99", "comp50", "comp99", "p50us", "p99us");
+	} else {
+		printf("\nper layer, totals since start; latency percentiles since start (us):\n");
+		printf("%5s %9s %9s %7s %8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n",
+		       "layer", "requests", "tokens", "hit%", "cold", "inflight", "MiB read",
+		       "queue50", "queue99", "io50", "io99", "comp50", "comp99", "p50us", "p99us");
 	}
-	if (prev_sum) {
-		memcpy(prev_sum, sum, sizeof(sum));
-		free(*prev_rows);
-		*prev_rows = rows;
-		*prev_n = n;
+	for (i = 0; i < n; i++) {
+		const uint64_t *v = rows[i].v;
+		if (rates) {
+			const uint64_t *before = NULL;
+			for (uint32_t j = 0; j < w->n && !before; j++)
+				if (w->rows[j].v[0] == v[0])
+					before = w->rows[j].v;
+			uint64_t dv[N_LAYER_COUNTS];
+			for (size_t k = 1; k < N_LAYER_COUNTS; k++)
+				dv[k] = grown(v[k], before ? before[k] : 0);
+			printf("%5" PRIu64 " %9.1f %9.1f %7s %8.1f %10.1f %9.2f", v[0],
+			       (double)dv[1] / interval_s, (double)dv[2] / interval_s,
+			       percent(dv[3], dv[3] + dv[4] + dv[5], p1, sizeof(p1)),
+			       (double)dv[4] / interval_s, (double)dv[5] / interval_s,
+			       (double)dv[6] / 1048576.0 / interval_s);
+		} else {
+			printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %7s %8" PRIu64 " %10" PRIu64
+			       " %9.1f",
+			       v[0], v[1], v[2], percent(v[3], v[3] + v[4] + v[5], p1, sizeof(p1)),
+			       v[4], v[5], (double)v[6] / 1048576.0);
+		}
+		printf(" | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64
+		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
+		       v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]);
+	}
+	if (w) {
+		memcpy(w->sum, sum, sizeof(sum));
+		free(w->rows);
+		w->rows = rows;
+		w->n = n;
+		w->have = true;
 	} else {
 		free(rows);
 	}
@@ -250,18 +335,17 @@ static double now_s(void)
 int cmd_stats(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"watch", required_argument, NULL, 'w'},
-	    {"help", no_argument, NULL, 'h'},
-	    {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+	    {"watch", required_argument, NULL, 'w'},  {"count", required_argument, NULL, 'n'},
+	    {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
 	};
 	const char *path = NULL;
 	bool json = false;
 	double watch = 0;
+	uint64_t count = 0;
 	int c;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "s:jw:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "s:jw:n:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's': path = optarg; break;
 		case 'j': json = true; break;
@@ -278,6 +362,20 @@ int cmd_stats(int argc, char **argv)
 			}
 			break;
 		}
+		case 'n': {
+			char *end;
+			errno = 0;
+			unsigned long long v = strtoull(optarg, &end, 10);
+			if (errno || *end || optarg[0] == '-' || v == 0) {
+				fprintf(stderr,
+				        "moe-sidecar stats: --count '%s': expected a number of "
+				        "samples (1 or more)\n",
+				        optarg);
+				return 2;
+			}
+			count = v;
+			break;
+		}
 		case 'h': stats_usage(stdout); return 0;
 		default: stats_usage(stderr); return 2;
 		}
@@ -286,14 +384,16 @@ int cmd_stats(int argc, char **argv)
 		fprintf(stderr, "moe-sidecar stats: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
+	if (count && watch <= 0) {
+		fprintf(stderr, "moe-sidecar stats: --count needs --watch\n");
+		return 2;
+	}
 	char *buf = NULL;
 	size_t cap = 0;
-	uint64_t prev_sum[N_SUMMARY];
-	struct layer_row *prev_rows = NULL;
-	uint32_t prev_n = 0;
+	struct watch_state w = {0};
 	double last = 0;
 	int status = 0;
-	for (;;) {
+	for (uint64_t sample = 1;; sample++) {
 		if (fetch(path, &buf, &cap) != 0) {
 			status = 1;
 			break;
@@ -304,21 +404,21 @@ int cmd_stats(int argc, char **argv)
 		} else {
 			if (watch > 0 && last > 0)
 				printf("\n");
-			if (print_table(buf, watch > 0 ? prev_sum : NULL, &prev_rows, &prev_n,
-			                last > 0 ? t - last : 0) != 0) {
+			if (print_sample(buf, watch > 0 ? &w : NULL, last > 0 ? t - last : 0) !=
+			    0) {
 				status = 1;
 				break;
 			}
 		}
 		fflush(stdout);
 		last = t;
-		if (watch <= 0)
+		if (watch <= 0 || (count && sample >= count))
 			break;
 		struct timespec ts = {.tv_sec = (time_t)watch,
 		                      .tv_nsec = (long)((watch - (double)(time_t)watch) * 1e9)};
 		nanosleep(&ts, NULL);
 	}
-	free(prev_rows);
+	free(w.rows);
 	free(buf);
 	return status;
 }

@@ -44,7 +44,7 @@ enum moe_status {
 	MOE_EBADTOKENS = -35, /* n_tokens is 0 or above the negotiated maximum */
 	MOE_EBADDTYPE = -36,  /* unknown or unsupported dtype */
 	MOE_EBADLAYER = -37,  /* layer out of range or not an MoE layer */
-	MOE_EBADEXPERT = -38, /* expert id out of range, or twice in one token */
+	MOE_EBADEXPERT = -38, /* expert id out of range, or named twice for one token */
 	MOE_EBADWEIGHT = -39, /* expert weight not finite */
 	MOE_ENONFINITE = -40, /* NaN or Inf in the activations */
 	MOE_EIO = -41,        /* reading an expert from the model files failed */
@@ -78,7 +78,7 @@ static inline const char *moe_status_str(int status)
 	case MOE_EBADTOKENS: return "token count out of range";
 	case MOE_EBADDTYPE: return "unsupported dtype";
 	case MOE_EBADLAYER: return "layer out of range";
-	case MOE_EBADEXPERT: return "bad expert id";
+	case MOE_EBADEXPERT: return "expert id out of range or repeated within a token";
 	case MOE_EBADWEIGHT: return "expert weight not finite";
 	case MOE_ENONFINITE: return "non-finite activation";
 	case MOE_EIO: return "expert read failed";

@@ -77,6 +77,7 @@ struct req_ctx {
 	float *wg;               /* per-slot weights */
 	uint8_t *scratch;
 	size_t scratch_bytes;
+	uint64_t bytes; /* everything above, allocated (forward_stats.request_bytes) */
 };
 
 /* A request's deferred wave left running on the pool after forward_run returned
@@ -117,6 +118,10 @@ struct forward_engine {
 	bool attached[FORWARD_MAX_CLIENTS];
 	uint8_t *res_mask;               /* [n_experts] scratch for residency_set_gpu_mask */
 	struct layer_counters *counters; /* [n_moe_layers] */
+	/* validate's duplicate check (engine taken): expert x was named in the token row being
+	 * checked iff row_mark[x] == row_stamp. */
+	uint32_t *row_mark; /* [n_experts] */
+	uint32_t row_stamp;
 };
 
 static uint64_t now_us(void)
@@ -207,6 +212,11 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	const size_t full = max_scratch(e, P, e->pool.n_workers);
 	c->scratch_bytes = 2 * full + ((size_t)8 << 20);
 	c->scratch = aligned_alloc(64, align_up_64(c->scratch_bytes));
+	c->bytes = P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
+	           e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
+	           ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
+	           c->max_groups * (sizeof(*c->groups) + sizeof(*c->wave) + sizeof(uint32_t)) +
+	           2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(c->scratch_bytes);
 	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
 	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
 	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
@@ -252,6 +262,57 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	return 0;
 }
 
+/* RESIDENCY under a memory limit: the request buffers (allocated) come first, the slot pools
+ * get what is left. An unset budget becomes every expert if they fit, else the rest; a budget
+ * given that does not fit is refused, saying what would. */
+static int fit_budget(struct forward_engine *e, struct forward_config *c, char *err, size_t err_len)
+{
+	if (!c->mem_limit)
+		return 0;
+	const uint64_t plan = e->ctx[0].bytes + e->ctx[1].bytes;
+	const uint64_t left = c->mem_limit > plan ? c->mem_limit - plan : 0;
+	const uint64_t every = weights_every_expert_bytes(&e->w);
+	if (c->mem_budget == 0) {
+		if (every <= left)
+			return 0;
+		if (left == 0 || c->keep_budget) {
+			if (left == 0)
+				snprintf(err, err_len,
+				         "the request buffers (%llu bytes for %u tokens x %u ids) "
+				         "alone exceed the %llu bytes the engine may use",
+				         (unsigned long long)plan, e->max_tokens, e->max_k,
+				         (unsigned long long)c->mem_limit);
+			else
+				snprintf(
+				    err, err_len,
+				    "every expert needs %llu bytes of slots and the request "
+				    "buffers %llu (%u tokens x %u ids): above the %llu bytes the "
+				    "engine may use; at most %llu bytes of budget fit",
+				    (unsigned long long)every, (unsigned long long)plan,
+				    e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
+				    (unsigned long long)left);
+			return -1;
+		}
+		c->mem_budget = left;
+		log_info("forward",
+		         "expert budget cut to %llu bytes: the engine may use %llu bytes and its "
+		         "request buffers take %llu; every expert would need %llu",
+		         (unsigned long long)left, (unsigned long long)c->mem_limit,
+		         (unsigned long long)plan, (unsigned long long)every);
+		return 0;
+	}
+	if (c->mem_budget > left) {
+		snprintf(err, err_len,
+		         "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
+		         "tokens x %u ids) exceed the %llu bytes the engine may use; at most %llu "
+		         "bytes of budget fit",
+		         (unsigned long long)c->mem_budget, (unsigned long long)plan, e->max_tokens,
+		         e->max_k, (unsigned long long)c->mem_limit, (unsigned long long)left);
+		return -1;
+	}
+	return 0;
+}
+
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, char *err, size_t err_len)
 {
@@ -283,6 +344,7 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	pthread_cond_init(&e->run_free, NULL);
 	pthread_mutex_init(&e->mask_lock, NULL);
 	bool topo_open = false, pool_open = false;
+	int status = -1;
 	if (topology_open(&e->topo, config, err, err_len) != 0)
 		goto fail;
 	topo_open = true;
@@ -299,11 +361,35 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	}
 	if (alloc_plan(e, err, err_len) != 0)
 		goto fail;
+	if (config->source == FORWARD_SOURCE_RESIDENCY) {
+		struct forward_config rc = *config;
+		char why[400];
+		if (fit_budget(e, &rc, err, err_len) != 0) {
+			status = -ENOSPC;
+			goto fail;
+		}
+		if (weights_start_residency(&e->w, &rc, &e->topo, why, sizeof(why)) != 0) {
+			if (rc.mem_budget != config->mem_budget) {
+				status = -ENOSPC; /* the pools the limit left hold no slot */
+				snprintf(
+				    err, err_len,
+				    "%s (of the %llu bytes the engine may use, its request buffers "
+				    "leave the expert slots %llu bytes after taking %llu)",
+				    why, (unsigned long long)rc.mem_limit,
+				    (unsigned long long)rc.mem_budget,
+				    (unsigned long long)(e->ctx[0].bytes + e->ctx[1].bytes));
+			} else {
+				snprintf(err, err_len, "%s", why);
+			}
+			goto fail;
+		}
+	}
 	e->mask_row = (cat->info.n_experts + 7) / 8;
 	e->masks = calloc(FORWARD_MAX_CLIENTS, cat->info.n_layers * e->mask_row);
 	e->res_mask = calloc(cat->info.n_experts, 1);
 	e->counters = calloc(e->w.n_moe_layers, sizeof(*e->counters));
-	if (!e->masks || !e->res_mask || !e->counters) {
+	e->row_mark = calloc(cat->info.n_experts, sizeof(uint32_t));
+	if (!e->masks || !e->res_mask || !e->counters || !e->row_mark) {
 		snprintf(err, err_len, "out of memory");
 		goto fail;
 	}
@@ -335,7 +421,7 @@ fail:
 		topology_close(&e->topo);
 	e->pool.n_workers = 0;
 	forward_destroy(e);
-	return -1;
+	return status;
 }
 
 void forward_destroy(struct forward_engine *e)
@@ -353,6 +439,7 @@ void forward_destroy(struct forward_engine *e)
 	free(e->masks);
 	free(e->res_mask);
 	free(e->counters);
+	free(e->row_mark);
 	pthread_mutex_destroy(&e->run_lock);
 	pthread_cond_destroy(&e->run_free);
 	pthread_mutex_destroy(&e->mask_lock);
@@ -443,7 +530,11 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 		            "layer %d is the last MoE layer: nothing may be deferred", q->layer);
 	if (q->k_defer && !out_deferred)
 		return fail(res, MOE_EINVAL, -1, -1, -1, "k_defer without a deferred output");
-	for (uint32_t t = 0; t < q->n_tokens; t++)
+	for (uint32_t t = 0; t < q->n_tokens; t++) {
+		if (++e->row_stamp == 0) { /* wrapped: no stale mark may equal a new stamp */
+			memset(e->row_mark, 0, info->n_experts * sizeof(uint32_t));
+			e->row_stamp = 1;
+		}
 		for (uint32_t j = 0; j < q->k; j++) {
 			const int32_t id = q->ids[(size_t)t * q->k + j];
 			const float w = q->weights[(size_t)t * q->k + j];
@@ -454,11 +545,25 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 				    res, MOE_EBADEXPERT, (int32_t)t, (int32_t)j, id,
 				    "token %u id %u: expert %d out of range (0..%u, -1 = skip)", t,
 				    j, id, info->n_experts - 1);
+			if (e->row_mark[id] == e->row_stamp) {
+				/* A router picks each expert once per token: a repeat is a bug
+				 * upstream, and summing it twice would hide it. */
+				uint32_t first = 0;
+				while (q->ids[(size_t)t * q->k + first] != id)
+					first++;
+				return fail(
+				    res, MOE_EBADEXPERT, (int32_t)t, (int32_t)j, id,
+				    "token %u id %u: expert %d is named twice in the token's "
+				    "row (first as id %u)",
+				    t, j, id, first);
+			}
+			e->row_mark[id] = e->row_stamp;
 			if (!isfinite(w))
 				return fail(res, MOE_EBADWEIGHT, (int32_t)t, (int32_t)j, id,
 				            "token %u id %u: weight of expert %d not finite", t, j,
 				            id);
 		}
+	}
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	for (uint32_t t = 0; t < q->n_tokens; t++)
 		if (!row_finite((const uint8_t *)q->x + t * row, q->x_dtype, e->hidden))
@@ -760,6 +865,11 @@ static int demand_failed(struct forward_engine *e, const struct forward_request 
 		            "layer %d expert %u is GPU-masked", q->layer, g->expert);
 	if (rc == -ESHUTDOWN)
 		return fail(res, MOE_ESHUTDOWN, -1, -1, (int32_t)g->expert, "shutting down");
+	if (rc == -ENOSPC)
+		return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert,
+		            "layer %d expert %u: no slot can be freed for it (nothing in use, "
+		            "nothing the policy may evict)",
+		            q->layer, g->expert);
 	char why[120];
 	residency_error_message(e->w.res[node], (uint32_t)e->w.moe_index[q->layer], g->expert, why,
 	                        sizeof(why));
@@ -971,7 +1081,10 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 		if (ready == 0 && done < n_groups) {
 			/* Nothing arrived: wait for the first pending one, holding nothing (the
 			 * slices that pending groups hold on some nodes are let go, so a small
-			 * budget cannot deadlock; they are demanded again, not counted again). */
+			 * budget cannot deadlock; they are demanded again, not counted again).
+			 * Nor may the last request's deferred wave hold its experts meanwhile:
+			 * only this thread lets them go, so it is settled first. */
+			settle(e, true);
 			for (uint32_t g = 0; g < n_groups; g++)
 				if (e->rq->groups[g].state == GROUP_PENDING)
 					release_group(e, &e->rq->groups[g]);
@@ -1138,6 +1251,7 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
                       float *out_immediate, float *out_deferred, struct forward_result *res)
 {
 	engine_take(e);
+	settle(e, true); /* its experts held would leave this one fewer slots to wait for */
 	uint32_t moe_layer = 0;
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	if (rc != MOE_OK) {
@@ -1409,6 +1523,14 @@ void forward_client_detach(struct forward_engine *e, uint32_t client)
 	set_attached(e, client, false);
 }
 
+uint32_t forward_retry_failed(struct forward_engine *e)
+{
+	uint32_t n = 0;
+	for (uint32_t r = 0; e->w.source == FORWARD_SOURCE_RESIDENCY && r < e->w.n_res; r++)
+		n += residency_retry_all_failed(e->w.res[r]);
+	return n;
+}
+
 /* ---- statistics ------------------------------------------------------------------------
  */
 
@@ -1482,19 +1604,26 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		for (uint32_t r = 0; r < e->w.n_res; r++) {
 			struct residency_counters rc;
 			residency_counters(e->w.res[r], &rc);
-			out->resident_bytes += (uint64_t)rc.slots_used * rc.slot_bytes;
+			out->resident_bytes += rc.resident_bytes;
+			out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
+			out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
 			out->budget_bytes += rc.budget_bytes;
+			out->slots += rc.slots;
 			out->evictions += rc.evictions;
 			out->loader_bytes_read += rc.bytes_read;
 			out->prefetches += rc.prefetches;
 			out->prefetch_hits += rc.prefetch_hits;
 			out->prefetch_wasted += rc.prefetch_wasted;
+			out->failed_experts += rc.failed_now;
+			out->failed_retries += rc.failed_retries;
 		}
 	} else {
 		out->resident_bytes =
 		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
+		out->slot_bytes_used = out->pool_bytes = out->resident_bytes;
 		out->budget_bytes = e->w.budget_bytes;
 	}
+	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
 /* Appends to buf like snprintf, tracking the length the whole output needs. */
@@ -1517,16 +1646,20 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	put(buf, len, &at,
 	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
 	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
-	    "\"resident_bytes\":%llu,\"budget_bytes\":%llu,\"evictions\":%llu,"
+	    "\"resident_bytes\":%llu,\"slot_bytes_used\":%llu,\"pool_bytes\":%llu,"
+	    "\"budget_bytes\":%llu,\"slots\":%u,\"evictions\":%llu,"
 	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
-	    "\"prefetch_wasted\":%llu,\"layers\":[",
+	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
+	    "\"layers\":[",
 	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
 	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
 	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
 	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
-	    (unsigned long long)st->budget_bytes, (unsigned long long)st->evictions,
+	    (unsigned long long)st->slot_bytes_used, (unsigned long long)st->pool_bytes,
+	    (unsigned long long)st->budget_bytes, st->slots, (unsigned long long)st->evictions,
 	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
-	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted);
+	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
+	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries);
 	bool first = true;
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];

@@ -8,7 +8,8 @@
  * forward_reference (the plain single-threaded oracle every result is compared to).
  *
  * Layers are transformer block indices (the wire's sqe.layer); dense blocks are rejected with
- * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry.
+ * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry, each expert at most once per
+ * token.
  *
  * Determinism contract: an output element's value depends only on the request (inputs, ids,
  * weights, k_defer) and the ISA, never on thread count, node count, source or the order in
@@ -75,12 +76,20 @@ typedef void (*forward_progress_fn)(void *arg, const char *what, uint64_t done, 
 struct forward_config {
 	enum forward_source source;
 	/* RESIDENCY */
-	uint64_t mem_budget;  /* bytes of expert slots over all nodes; 0 = every expert fits */
-	const char *policy;   /* residency policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
+	uint64_t mem_budget; /* bytes of expert slots over all nodes; 0 = every expert fits */
+	/* Bytes the engine may take for its request buffers and slot pools together (0: no
+	 * limit). The request buffers are taken first; mem_budget 0 then means every expert if
+	 * they fit, else what is left; a mem_budget that does not fit is refused. */
+	uint64_t mem_limit;
+	bool keep_budget;   /* mem_budget 0 was asked for: refuse rather than cut it to the limit */
+	const char *policy; /* residency policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t pin_layers;  /* first N MoE layers fully resident (appended as +pinN) */
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
 	bool no_direct;       /* buffered reads (tests, --no-direct) */
+	/* FAILED experts: backoff before a demand reads one again (residency_config's;
+	 * 0 = defaults) */
+	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool lazy_load; /* mem_budget 0: skip the warm-up that loads every expert at create, so
 	                   each is read on its first demand (tests of the demand path) */
 	/* RESIDENCY and ALL_RESIDENT: serve the files' rows as they are instead of the decode
@@ -116,7 +125,9 @@ int forward_check_topology(const struct forward_config *config, char *err, size_
  * lazy_load: an expert that fails to load there is logged and left to be read on demand —
  * maps the files for MMAP). The catalog must outlive it.
  * Returns 0, or -1 with err naming what was wrong (unsupported layout, budget below one
- * expert, hwloc failure …). */
+ * expert, hwloc failure …); -ENOSPC when the memory the engine may use (mem_limit) cannot
+ * hold its request buffers and the slot pools asked for, or the pools it leaves hold no
+ * slot. */
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, char *err, size_t err_len);
 /* Joins the workers and frees everything. No forward_run may be in progress. */
@@ -199,7 +210,8 @@ struct forward_result {
  * + deferred_in, and out_deferred (n_tokens x hidden f32, overwritten; may be NULL only when
  * k_defer = 0) = Σ deferred w·expert(x). Returns res->status. On error the outputs are
  * unspecified and res names the problem: MOE_EBADLAYER, MOE_EBADTOKENS, MOE_EBADTOPK,
- * MOE_EBADDTYPE, MOE_EBADEXPERT (id >= n_experts or < -1), MOE_EBADWEIGHT, MOE_ENONFINITE,
+ * MOE_EBADDTYPE, MOE_EBADEXPERT (id >= n_experts or < -1, or an id repeated within a token's
+ * row: bad_index is the repeat's position), MOE_EBADWEIGHT, MOE_ENONFINITE,
  * MOE_EMASKED, MOE_EIO (naming the expert and file), MOE_EBADFIELD (k_defer on the last
  * layer), MOE_ESHUTDOWN. Every held expert is released on every path. */
 int forward_run(struct forward_engine *e, const struct forward_request *req, float *out_immediate,
@@ -241,6 +253,10 @@ int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, c
 void forward_client_attach(struct forward_engine *e, uint32_t client);
 void forward_client_detach(struct forward_engine *e, uint32_t client);
 
+/* Ends the backoff of every FAILED expert (residency_retry_all_failed on each node): each is
+ * read again by its next demand. Returns how many there were. Any thread. */
+uint32_t forward_retry_failed(struct forward_engine *e);
+
 /* Statistics. Latency percentiles come from log-linear histograms (lat_hist_bucket: the upper
  * bound of the bucket, at most 12.5% above the true value). */
 struct forward_layer_stats {
@@ -251,11 +267,21 @@ struct forward_layer_stats {
 };
 struct forward_stats {
 	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
-	uint64_t resident_bytes, budget_bytes; /* slots in use / budget (ALL_RESIDENT: all) */
+	/* resident_bytes: the file bytes of the experts resident now (never above the model's
+	 * expert bytes); slot_bytes_used: the memory their slots take (slots are sized for the
+	 * largest expert, with each extent's 4 KiB-aligned superset); pool_bytes: every slot;
+	 * budget_bytes: what the pools may take (pool_bytes <= budget_bytes). ALL_RESIDENT: every
+	 * expert, all four equal. */
+	uint64_t resident_bytes, slot_bytes_used, pool_bytes, budget_bytes;
+	uint32_t slots;         /* slots of every node's pool */
+	uint64_t request_bytes; /* the request plans' buffers, allocated at create */
 	uint64_t evictions;
 	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
 	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
 	uint64_t loader_bytes_read, prefetches, prefetch_hits, prefetch_wasted;
+	/* Experts FAILED now (counted once per node's residency) and loads started again for an
+	 * expert whose last load had failed (residency_counters). RESIDENCY only. */
+	uint64_t failed_experts, failed_retries;
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
@@ -269,8 +295,10 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
 
 /* Writes `st` as one JSON object (no trailing newline):
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
- *    "bytes_read":…, "failures":…, "resident_bytes":…, "budget_bytes":…, "evictions":…,
+ *    "bytes_read":…, "failures":…, "resident_bytes":…, "slot_bytes_used":…,
+ *    "pool_bytes":…, "budget_bytes":…, "slots":…, "evictions":…,
  *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
+ *    "failed_experts":…, "failed_retries":…,
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
  *               "inflight_misses":…, "bytes_read":…, "failures":…,
  *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},

@@ -240,10 +240,18 @@ struct held_expert {
 	struct expert_ref ref[FORWARD_MAX_NODES];        /* ref[n] of res[n], held if bit n */
 	uint32_t held_nodes;                             /* bit n: ref[n] is held */
 };
+/* Opens a source: ALL_RESIDENT loads everything, MMAP maps the files, RESIDENCY builds the
+ * expert maps only — its pools are created and warmed by weights_start_residency. */
 int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
                  const struct forward_config *cfg, struct forward_topology *topo, char *err,
                  size_t err_len);
 void weights_close(struct forward_weights *w);
+/* RESIDENCY: creates each node's residency under cfg->mem_budget (0: every expert), then
+ * warms the pinned layers and (budget 0, not lazy) every expert. */
+int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
+                            struct forward_topology *topo, char *err, size_t err_len);
+/* RESIDENCY: the pools' bytes when every expert fits (their slots, aligned). */
+uint64_t weights_every_expert_bytes(const struct forward_weights *w);
 /* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                  const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view, char *err,

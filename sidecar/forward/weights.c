@@ -871,15 +871,12 @@ static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
 	return 0;
 }
 
-static int open_residency(struct forward_weights *w, const struct forward_config *cfg,
-                          struct forward_topology *topo, char *err, size_t err_len)
+/* RESIDENCY, first part: the expert maps (whole, or each node's slices) and the per-residency
+ * load transforms. The pools come later (weights_start_residency), once the engine knows what
+ * memory its request buffers leave them. */
+static int open_residency_maps(struct forward_weights *w, struct forward_topology *topo, char *err,
+                               size_t err_len)
 {
-	char policy[128];
-	const char *base = cfg->policy ? cfg->policy : POLICY_DEFAULT_SPEC;
-	if (cfg->pin_layers && !strstr(base, "+pin"))
-		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
-	else
-		snprintf(policy, sizeof(policy), "%s", base);
 	w->n_nodes = topo->n_nodes;
 	w->n_res = 1;
 	if (topo->n_nodes > 1) {
@@ -914,6 +911,26 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		     decode_scratch_init(&w->transform[n].decode, &shape, err, err_len) != 0))
 			return -1;
 	}
+	return 0;
+}
+
+uint64_t weights_every_expert_bytes(const struct forward_weights *w)
+{
+	uint64_t total = 0;
+	for (uint32_t n = 0; n < w->n_res; n++)
+		total += map_bytes(w->sliced ? &w->node_map[n] : &w->map, 8192u);
+	return total;
+}
+
+int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
+                            struct forward_topology *topo, char *err, size_t err_len)
+{
+	char policy[128];
+	const char *base = cfg->policy ? cfg->policy : POLICY_DEFAULT_SPEC;
+	if (cfg->pin_layers && !strstr(base, "+pin"))
+		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
+	else
+		snprintf(policy, sizeof(policy), "%s", base);
 	/* The budget over the nodes in proportion to each node's share of the bytes. */
 	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
 	for (uint32_t n = 0; n < w->n_res; n++)
@@ -942,12 +959,14 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		    .chunk_bytes = cfg->chunk_bytes,
 		    .queue_depth = cfg->queue_depth,
 		    .no_direct = cfg->no_direct,
+		    .retry_backoff_ms = cfg->retry_backoff_ms,
+		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 		    .fault_hook = cfg->fault_hook,
 		    .fault_arg = cfg->fault_arg,
 		    .post_load = w->mxfp4_hf || w->decode.on ? transform_after_load : NULL,
 		    .post_load_arg = &w->transform[n],
 		};
-		char why[200];
+		char why[400];
 		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
 			if (w->sliced)
 				snprintf(err, err_len, "node %u's residency: %s", n, why);
@@ -957,6 +976,22 @@ static int open_residency(struct forward_weights *w, const struct forward_config
 		}
 		w->budget_bytes += budget;
 	}
+	/* The budget in force, as STATS reports it (every expert fitting: the pools' slot bytes,
+	 * a little above the experts' own), before any expert is read. */
+	uint64_t pool_bytes = 0, slot_bytes = 0;
+	uint32_t slots = 0;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		struct residency_counters c;
+		residency_counters(w->res[n], &c);
+		pool_bytes += (uint64_t)c.slots * c.slot_bytes;
+		slots += c.slots;
+		slot_bytes = c.slot_bytes > slot_bytes ? c.slot_bytes : slot_bytes;
+	}
+	log_info("forward",
+	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu pools=%u "
+	         "policy=%s",
+	         (unsigned long long)w->budget_bytes, slots, (unsigned long long)slot_bytes,
+	         (unsigned long long)pool_bytes, w->n_res, policy);
 	if (cfg->pin_layers) {
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
@@ -1023,9 +1058,8 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 		return -1;
 	if (cfg->source == FORWARD_SOURCE_MMAP)
 		return map_files(w, err, err_len);
-	if (cfg->source == FORWARD_SOURCE_RESIDENCY) {
-		return open_residency(w, cfg, topo, err, err_len);
-	}
+	if (cfg->source == FORWARD_SOURCE_RESIDENCY)
+		return open_residency_maps(w, topo, err, err_len);
 	return 0;
 }
 

@@ -63,6 +63,7 @@ struct expert_load {
 	int error; /* first error; stops further issuing */
 	uint32_t error_file, error_attempts;
 	uint64_t error_offset;
+	uint32_t failed_loads; /* the expert's, when the load was picked up (fault hook) */
 };
 
 /* FIFO of slots with chunks left to issue. */
@@ -248,7 +249,10 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 	pthread_mutex_lock(&r->lock);
 	residency_load_done(r, ld->id, ld->error, ld->error_file, ld->error_offset,
 	                    ld->error_attempts, post_load_msg);
+	const uint32_t failed = r->entries[ld->id].failed_loads;
 	pthread_mutex_unlock(&r->lock);
+	if (ld->error && ld->error != -ESHUTDOWN)
+		residency_warn_failure(r, ld->id, false, failed);
 	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
 }
 
@@ -300,6 +304,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 		    .length = op->remaining,
 		    .attempt = op->attempts,
 		    .seq = l->seq,
+		    .failed_loads = ld->failed_loads,
 		};
 		res = r->config.fault_hook(r->config.fault_arg, &info, res);
 	}
@@ -370,7 +375,7 @@ static void pick_up_work(struct loader *l)
 			e->queued = 0;
 			struct expert_load *ld = &l->loads[e->slot];
 			assert(ld->id == UINT32_MAX);
-			*ld = (struct expert_load){.id = id};
+			*ld = (struct expert_load){.id = id, .failed_loads = e->failed_loads};
 			fifo_push(fifos[q], e->slot);
 		}
 	}

@@ -125,7 +125,7 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
                   size_t err_len)
 {
 	memset(p, 0, sizeof(*p));
-	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_NONE) {
+	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL) {
 		snprintf(err, err_len, "policy: bad model shape %u layers × %u experts", n_layers,
 		         n_experts);
 		return -EINVAL;
@@ -136,10 +136,14 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 		return -EINVAL;
 	}
 	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
-	if (pinned > capacity) {
+	/* The unpinned layers need one slot at least, or their first demand never loads. */
+	const uint64_t need = pinned + (spec->pin_layers < n_layers);
+	if (need > capacity) {
 		snprintf(err, err_len,
-		         "policy: %u pinned layers need %llu slots but the capacity is %u slots",
-		         spec->pin_layers, (unsigned long long)pinned, capacity);
+		         "policy: %u pinned layers need %llu slots%s but the capacity is %u slots",
+		         spec->pin_layers, (unsigned long long)pinned,
+		         spec->pin_layers < n_layers ? " and the other layers one more" : "",
+		         capacity);
 		return -ENOSPC;
 	}
 	p->spec = *spec;
@@ -356,7 +360,7 @@ static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool 
 	if (p->n_partitions == 1)
 		return victim_in(p, 0, prefetch, priority, can, arg);
 	/* Layer-aware: a full layer evicts its own; otherwise (or if nothing of its own may go)
-	 * the layer most over its share gives, then the next, … */
+	 * the layer most over its share gives, then the next, …, then (a demand) its own. */
 	if (p->count[own] >= p->quota[own]) {
 		uint32_t v = victim_in(p, own, prefetch, priority, can, arg);
 		if (v != POLICY_NONE || prefetch)
@@ -383,9 +387,20 @@ static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool 
 		if (v != POLICY_NONE)
 			return v;
 		if (!tried)
-			break; /* very many layers: one try beyond the own partition */
+			break; /* very many layers: the most over its share, then in order */
 		tried[part] = 1;
 	}
+	for (uint32_t part = 0; !tried && part < p->n_partitions; part++) {
+		uint32_t v = part == own || !p->count[part]
+		                 ? POLICY_NONE
+		                 : victim_in(p, part, false, 0, can, arg);
+		if (v != POLICY_NONE)
+			return v;
+	}
+	/* Nothing elsewhere may go: a layer under its share replaces one of its own rather than
+	 * be refused. */
+	if (p->count[own] < p->quota[own] && p->count[own])
+		return victim_in(p, own, false, 0, can, arg);
 	return POLICY_NONE;
 }
 
@@ -393,6 +408,32 @@ uint32_t policy_victim(struct residency_policy *p, uint32_t incoming, policy_can
                        void *arg)
 {
 	return find_victim(p, incoming, false, 0, can, arg);
+}
+
+uint32_t policy_make_room(struct residency_policy *p, uint32_t incoming, policy_can_evict_fn can,
+                          void *arg)
+{
+	if (!policy_needs_eviction(p, incoming))
+		return POLICY_NONE;
+	if (p->resident < p->capacity) {
+		/* Only the layer's share is reached: it gives one of its own or, when none may
+		 * go (all in use, or a share of 0 slots), takes a free slot over its share.
+		 * Evicting another layer's expert instead would only move the free slot, and
+		 * would not lower this layer's count: asked again, it would empty every other
+		 * layer and still be refused. */
+		return victim_in(p, policy_partition(p, incoming), false, 0, can, arg);
+	}
+	const uint32_t v = find_victim(p, incoming, false, 0, can, arg);
+	return v == POLICY_NONE ? POLICY_FULL : v;
+}
+
+uint32_t policy_make_room_prefetch(struct residency_policy *p, uint32_t incoming, float priority,
+                                   policy_can_evict_fn can, void *arg)
+{
+	if (!policy_needs_eviction(p, incoming))
+		return POLICY_NONE;
+	const uint32_t v = find_victim(p, incoming, true, priority, can, arg);
+	return v == POLICY_NONE ? POLICY_FULL : v;
 }
 
 uint32_t policy_prefetch_victim(struct residency_policy *p, uint32_t incoming, float priority,

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #define POLICY_NONE UINT32_MAX
+#define POLICY_FULL (UINT32_MAX - 1) /* policy_make_room: cannot admit now */
 
 enum policy_kind { POLICY_LRU = 0, POLICY_SIEVE = 1, POLICY_SIEVE_HEAT = 2, POLICY_KIND_COUNT };
 
@@ -79,8 +80,10 @@ struct residency_policy {
 
 /* Creates a policy for n_layers × n_experts over `capacity` slots in total. Pinned layers
  * (spec->pin_layers) take n_experts slots each out of the capacity, minus `n_masked_pinned`
- * (pinned experts that are GPU-masked and so never held). Fails with a message when the
- * pinned layers do not fit. */
+ * (pinned experts that are GPU-masked and so never held). Fails (-ENOSPC) with a message when
+ * the pinned layers do not fit with at least one slot left for the other layers. Any capacity
+ * of one slot or more serves every layer, also with +layer and fewer slots than layers (see
+ * policy_make_room). */
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
                   uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned, char *err,
                   size_t err_len);
@@ -107,8 +110,22 @@ void policy_remove(struct residency_policy *p, uint32_t id); /* left the residen
  * prefetch takes it); sieve-heat also adds the score to its heat. LRU ignores hints. */
 void policy_hint(struct residency_policy *p, uint32_t id, float score);
 
-/* Does admitting `incoming` need an eviction first? (total or its partition full) */
+/* Does admitting `incoming` want an eviction first? (total or its partition full) */
 bool policy_needs_eviction(const struct residency_policy *p, uint32_t incoming);
+
+/* The admission rule, the one every caller (residency, simulator) applies: what admitting
+ * `incoming` takes. POLICY_NONE: admit it as it is; an id: evict that expert first
+ * (policy_remove), then admit; POLICY_FULL: it cannot be admitted now (every slot holds an
+ * expert `can` refuses). At most one eviction per admission. With +layer a layer at its share
+ * evicts its own; when it cannot (its experts in use, or a share of 0 slots: fewer slots than
+ * layers) it takes a free slot over its share, or, every slot taken, an expert of the layer
+ * most over its share — so a demand is refused only when every slot is in use. */
+uint32_t policy_make_room(struct residency_policy *p, uint32_t incoming, policy_can_evict_fn can,
+                          void *arg);
+/* The same for a prefetch with priority in [0, 1] (policy_prefetch_victim's rules): never
+ * beyond a layer's share, never what the policy values more; POLICY_FULL: drop it. */
+uint32_t policy_make_room_prefetch(struct residency_policy *p, uint32_t incoming, float priority,
+                                   policy_can_evict_fn can, void *arg);
 
 /* Names the expert to evict to admit `incoming`, or POLICY_NONE if nothing may go. Demand
  * eviction moves the policy's state (LRU: none; SIEVE: the hand, clearing visited bits).

@@ -14,10 +14,44 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "residency_internal.h"
+
+#define DEFAULT_BACKOFF_MS 1000u
+#define DEFAULT_BACKOFF_MAX_MS 60000u
+#define FAILURE_LOG_NS 10000000000ull /* one warning about failed loads per 10 s at most */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t residency_backoff_ms(const struct residency_config *c, uint32_t failed_loads)
+{
+	if (c->retry_backoff_ms == RESIDENCY_NO_BACKOFF || failed_loads == 0)
+		return 0;
+	const uint64_t first = c->retry_backoff_ms ? c->retry_backoff_ms : DEFAULT_BACKOFF_MS;
+	const uint64_t max =
+	    c->retry_backoff_max_ms ? c->retry_backoff_max_ms : DEFAULT_BACKOFF_MAX_MS;
+	const uint32_t doublings = failed_loads - 1 < 32 ? failed_loads - 1 : 32;
+	const uint64_t b = first << doublings;
+	return b < max && b >> doublings == first ? b : (max > first ? max : first);
+}
+
+/* Under lock: FAILED → COLD. */
+static void leave_failed(struct residency *r, struct expert_entry *e)
+{
+	assert(e->state == EXPERT_FAILED && r->failed_now > 0);
+	e->state = EXPERT_COLD;
+	e->error = 0;
+	e->post_load_failed = 0;
+	r->failed_now--;
+}
 
 void id_queue_push(struct id_queue *q, uint32_t id)
 {
@@ -51,11 +85,23 @@ static bool may_evict_unhinted(void *arg, uint32_t id)
 	return may_evict(arg, id) && !r->entries[id].prefetched;
 }
 
+/* The bytes of an expert's extents, as in the model files. */
+static uint64_t expert_bytes(const struct residency *r, uint32_t id)
+{
+	uint32_t n;
+	const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+	uint64_t bytes = 0;
+	for (uint32_t i = 0; i < n; i++)
+		bytes += ext[i].length;
+	return bytes;
+}
+
 /* Under lock: RESIDENT, unreferenced → COLD. */
 static void evict(struct residency *r, uint32_t id)
 {
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0);
+	r->resident_bytes -= expert_bytes(r, id);
 	policy_remove(&r->policy, id);
 	slot_pool_put(&r->pool, e->slot);
 	e->slot = SLOT_NONE;
@@ -74,19 +120,20 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 	assert(e->state == EXPERT_COLD);
 	if (prefetch && r->prefetch.count >= r->prefetch.cap)
 		return -EAGAIN;
-	while (policy_needs_eviction(&r->policy, id)) {
-		uint32_t v = prefetch ? policy_prefetch_victim(&r->policy, id, priority,
-		                                               may_evict_unhinted, r)
-		                      : policy_victim(&r->policy, id, may_evict, r);
-		if (v == POLICY_NONE)
-			return -EAGAIN;
+	const uint32_t v =
+	    prefetch ? policy_make_room_prefetch(&r->policy, id, priority, may_evict_unhinted, r)
+	             : policy_make_room(&r->policy, id, may_evict, r);
+	if (v == POLICY_FULL)
+		return -EAGAIN;
+	if (v != POLICY_NONE)
 		evict(r, v);
-	}
 	uint32_t slot = slot_pool_get(&r->pool);
 	if (slot == SLOT_NONE)
 		return -EAGAIN; /* pinned experts beyond their reservation: cannot happen */
 	e->slot = slot;
 	e->state = EXPERT_LOADING;
+	if (e->failed_loads)
+		stat_add(&r->stats.failed_retries, 1);
 	e->queued = 1;
 	e->prefetched = prefetch;
 	e->error = 0;
@@ -120,13 +167,33 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 		e->error_offset = offset;
 		e->error_attempts = attempts;
 		e->prefetched = 0;
+		if (e->failed_loads < UINT32_MAX)
+			e->failed_loads++;
+		e->retry_at_ns =
+		    now_ns() + residency_backoff_ms(&r->config, e->failed_loads) * 1000000u;
+		r->failed_now++;
 		stat_add(&r->stats.failures, 1);
 	} else {
 		e->state = EXPERT_RESIDENT;
+		e->failed_loads = 0;
+		r->resident_bytes += expert_bytes(r, id);
 		stat_add(&r->stats.loads, 1);
 	}
 	e->queued = 0;
 	pthread_cond_broadcast(&r->changed);
+}
+
+/* Under lock: may a slot free up, or an expert become evictable, without the caller? Only
+ * while some expert is referenced, loading or awaited. When none is and the policy still
+ * names no victim, a demand that waited would wait forever: it fails instead (-ENOSPC). */
+static bool slot_may_free(const struct residency *r)
+{
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		const struct expert_entry *e = &r->entries[id];
+		if (e->refs || e->waiters || e->state == EXPERT_LOADING)
+			return true;
+	}
+	return false;
 }
 
 static void fill_ref(const struct residency *r, uint32_t id, struct expert_ref *ref)
@@ -154,6 +221,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 	const uint32_t id = residency_id(r, layer, expert);
 	struct expert_entry *e = &r->entries[id];
 	bool counted = (flags & RESIDENCY_RETRY) != 0, wake = false;
+	uint32_t retried = 0; /* the failures in a row of a FAILED expert this demand reads again */
 	int rc;
 	pthread_mutex_lock(&r->lock);
 	for (;;) {
@@ -189,8 +257,16 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 			break;
 		}
 		if (e->state == EXPERT_FAILED) {
-			rc = e->error;
-			break;
+			/* A demand reads a FAILED expert again once: when it is new (not the
+			 * follow-up of one that already started or awaited a load: RETRY) and
+			 * the backoff is over. Within the backoff, no I/O. */
+			if (counted || now_ns() < e->retry_at_ns) {
+				rc = e->error;
+				break;
+			}
+			leave_failed(r, e); /* the backoff is over: this demand reads again */
+			retried = e->failed_loads;
+			continue;
 		}
 		if (e->state == EXPERT_LOADING) {
 			if (!counted) {
@@ -228,11 +304,17 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 		}
 		if (flags & RESIDENCY_NOWAIT)
 			break; /* -EAGAIN: every slot is in use */
+		if (!slot_may_free(r)) {
+			rc = -ENOSPC; /* waiting would be forever */
+			break;
+		}
 		r->slot_waiters++;
 		pthread_cond_wait(&r->changed, &r->lock);
 		r->slot_waiters--;
 	}
 	pthread_mutex_unlock(&r->lock);
+	if (retried)
+		residency_warn_failure(r, id, true, retried);
 	return rc;
 }
 
@@ -302,6 +384,8 @@ int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *m
 		if (e->masked && may_evict(r, id))
 			evict(r, id);
 	}
+	if (r->slot_waiters)
+		pthread_cond_broadcast(&r->changed);
 	pthread_mutex_unlock(&r->lock);
 	return 0;
 }
@@ -344,12 +428,57 @@ void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert
 		return;
 	pthread_mutex_lock(&r->lock);
 	struct expert_entry *e = &r->entries[residency_id(r, layer, expert)];
-	if (e->state == EXPERT_FAILED) {
-		e->state = EXPERT_COLD;
-		e->error = 0;
-		e->post_load_failed = 0;
-	}
+	if (e->state == EXPERT_FAILED)
+		leave_failed(r, e);
 	pthread_mutex_unlock(&r->lock);
+}
+
+uint32_t residency_retry_all_failed(struct residency *r)
+{
+	uint32_t n = 0;
+	pthread_mutex_lock(&r->lock);
+	for (uint32_t id = 0; id < r->n_ids && r->failed_now; id++)
+		if (r->entries[id].state == EXPERT_FAILED) {
+			leave_failed(r, &r->entries[id]);
+			n++;
+		}
+	pthread_mutex_unlock(&r->lock);
+	return n;
+}
+
+void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed)
+{
+	const uint64_t now = now_ns();
+	uint64_t last = atomic_load_explicit(&r->failure_log_ns[retry], memory_order_relaxed);
+	if ((last && now - last < FAILURE_LOG_NS) ||
+	    !atomic_compare_exchange_strong(&r->failure_log_ns[retry], &last, now)) {
+		atomic_fetch_add_explicit(&r->failure_log_skipped[retry], 1, memory_order_relaxed);
+		return;
+	}
+	const uint32_t skipped = atomic_exchange(&r->failure_log_skipped[retry], 0);
+	char more[64] = "";
+	if (skipped)
+		snprintf(more, sizeof(more), " (%u more such line(s) left out)", skipped);
+	const uint32_t layer = id / r->n_experts, expert = id % r->n_experts;
+	if (retry) {
+		log_warn("residency",
+		         "layer %u expert %u: reading it again after %u failed load(s)%s", layer,
+		         expert, failed, more);
+		return;
+	}
+	char why[256];
+	residency_error_message(r, layer, expert, why, sizeof(why));
+	const uint64_t backoff = residency_backoff_ms(&r->config, failed);
+	if (backoff)
+		log_warn(
+		    "residency",
+		    "%s; FAILED: demands fail at once for the next %llu ms, then the first one "
+		    "reads it again (failure %u in a row; SIGHUP ends the wait)%s",
+		    why, (unsigned long long)backoff, failed, more);
+	else
+		log_warn("residency",
+		         "%s; FAILED: the next demand reads it again (failure %u in a row)%s", why,
+		         failed, more);
 }
 
 void residency_error_message(struct residency *r, uint32_t layer, uint32_t expert, char *buf,
@@ -397,6 +526,7 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 	LOAD(evictions);
 	LOAD(loads);
 	LOAD(failures);
+	LOAD(failed_retries);
 	LOAD(reads);
 	LOAD(bytes_read);
 	LOAD(short_reads);
@@ -412,6 +542,8 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 	pthread_mutex_lock(&r->lock);
 	out->slots = r->pool.n_slots;
 	out->slots_used = r->pool.n_slots - r->pool.n_free;
+	out->failed_now = r->failed_now;
+	out->resident_bytes = r->resident_bytes;
 	pthread_mutex_unlock(&r->lock);
 	out->slot_bytes = r->pool.slot_bytes;
 	out->budget_bytes = r->pool.budget;
@@ -598,6 +730,16 @@ int residency_create(struct residency **out, const struct expert_map *map,
 		goto fail;
 	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err,
 	                   err_len);
+	if (rc == -ENOSPC) {
+		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
+		                      (spec.pin_layers < r->n_layers ? 1 : 0);
+		const size_t used = strlen(err);
+		snprintf(err + used, err_len - used,
+		         " (a budget of %llu bytes: %u slots of %zu bytes); the smallest budget "
+		         "that serves this policy is %llu bytes",
+		         (unsigned long long)r->config.mem_budget, r->pool.n_slots,
+		         r->pool.slot_bytes, (unsigned long long)(need * r->pool.slot_bytes));
+	}
 	if (rc)
 		goto fail;
 	r->demand.cap = r->n_ids;

@@ -8,8 +8,11 @@
  * Expert states:  COLD → LOADING → RESIDENT → COLD (evicted), LOADING → FAILED.
  *  - RESIDENT experts carry a reader count; one with readers is never evicted.
  *  - Demands for a LOADING expert wait on the same I/O (no duplicate reads).
- *  - FAILED is sticky: every later demand gets the same error at once (no I/O storm on a
- *    bad disk) until residency_retry_failed.
+ *  - FAILED holds for a backoff: every demand within it gets the same error at once (no I/O
+ *    storm on a bad disk); the first demand after it reads again. The backoff starts at
+ *    retry_backoff_ms and doubles with each consecutive failed load of the expert, up to
+ *    retry_backoff_max_ms; a load that succeeds ends the series. residency_retry_failed and
+ *    residency_retry_all_failed end the backoff at once (operator, warm-up).
  *  - GPU-masked experts are never loaded nor counted; demanding one is an error (-EPERM).
  *  - Pinned layers (policy +pinN) are loaded by residency_warm_pinned and never evicted.
  *
@@ -39,6 +42,7 @@ struct loader_read_info {
 	uint64_t offset, length; /* of this read */
 	uint32_t attempt;        /* 0 for the first submission of this read */
 	uint64_t seq;            /* completions seen by this loader so far */
+	uint32_t failed_loads;   /* the expert's consecutive failed loads before this one */
 };
 typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
 
@@ -62,13 +66,17 @@ typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *
                                       size_t msg_len);
 
 struct residency_config {
-	int numa_node;              /* -1: do not bind */
-	uint64_t mem_budget;        /* bytes of slots on this node */
-	const char *policy;         /* policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
-	uint32_t chunk_bytes;       /* reads are split into chunks of this size (default 1 MiB) */
-	uint32_t queue_depth;       /* reads in flight (default 32) */
-	uint32_t max_retries;       /* per read, for EIO/EAGAIN/timeouts (default 3) */
-	uint32_t read_timeout_ms;   /* per read (default 10000) */
+	int numa_node;            /* -1: do not bind */
+	uint64_t mem_budget;      /* bytes of slots on this node */
+	const char *policy;       /* policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
+	uint32_t chunk_bytes;     /* reads are split into chunks of this size (default 1 MiB) */
+	uint32_t queue_depth;     /* reads in flight (default 32) */
+	uint32_t max_retries;     /* per read, for EIO/EAGAIN/timeouts (default 3) */
+	uint32_t read_timeout_ms; /* per read (default 10000) */
+	/* A FAILED expert is read again by the first demand after its backoff: retry_backoff_ms
+	 * after one failed load (default 1000; RESIDENCY_NO_BACKOFF: at once), doubling per
+	 * consecutive failure up to retry_backoff_max_ms (default 60000). */
+	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool no_register_buffers;   /* force plain reads (tests, benchmarks) */
 	bool no_direct;             /* buffered reads, as asked (--no-direct, tests) */
 	loader_fault_fn fault_hook; /* tests only */
@@ -85,18 +93,26 @@ struct expert_ref {
 	uint64_t length[EXPERT_MAX_EXTENTS];
 };
 
+#define RESIDENCY_NO_BACKOFF UINT32_MAX /* retry_backoff_ms: every demand retries (tests) */
+
 #define RESIDENCY_LAT_BUCKETS 32 /* bucket b: read latency in [2^b, 2^(b+1)) µs; 0: < 2 µs */
 
 struct residency_counters {
 	uint64_t hits, cold_misses, inflight_misses;
 	uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
 	uint64_t evictions, loads, failures;
+	uint64_t failed_retries; /* loads started for an expert whose last load failed */
+	uint32_t failed_now;     /* experts FAILED now */
 	uint64_t reads, bytes_read, short_reads, retries, timeouts;
 	uint64_t fixed_reads, plain_reads; /* read_fixed into registered slots vs plain reads */
 	uint64_t buffered_files;           /* files where O_DIRECT was impossible */
 	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
 	uint32_t slots, slots_used;
 	uint64_t slot_bytes, budget_bytes;
+	/* The file bytes of the RESIDENT experts (their extents; at most the map's whole size).
+	 * Memory taken is slots_used × slot_bytes: slots are sized for the largest expert and read
+	 * each extent's aligned superset, so they hold more than these bytes. */
+	uint64_t resident_bytes;
 	bool buffers_registered, hugetlb, thp;
 };
 
@@ -124,10 +140,11 @@ int residency_warm_pinned(struct residency *r, char *err, size_t err_len);
 /* Demands an expert. 0: `ref` holds it (release it). Otherwise: -EINPROGRESS (NOWAIT:
  * loading; call again with RESIDENCY_RETRY to wait), -EAGAIN (NOWAIT: no slot can be freed
  * now), -EIO, -ETIMEDOUT, -ENODATA and other read errors, -EPERM (GPU-masked), -EINVAL (out
- * of range), -ESHUTDOWN. A waiting demand sleeps until a slot can be freed: a thread that
- * already holds references should use RESIDENCY_NOWAIT, or it may wait forever once every
- * slot is referenced (capacity must exceed the references held at once). `score` is the
- * router probability × top_k (1.0 = average), or -1. */
+ * of range), -ESHUTDOWN, -ENOSPC (no slot can ever be freed for it: nothing is referenced,
+ * loading or awaited, yet nothing may be evicted). A waiting demand sleeps until a slot can
+ * be freed: a thread that already holds references should use RESIDENCY_NOWAIT, or it may
+ * wait forever once every slot is referenced (capacity must exceed the references held at
+ * once). `score` is the router probability × top_k (1.0 = average), or -1. */
 int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
                       unsigned flags, struct expert_ref *ref);
 void residency_release(struct residency *r, struct expert_ref *ref);
@@ -142,8 +159,13 @@ void residency_hint(struct residency *r, uint32_t layer, const uint32_t *experts
                     float score);
 
 enum expert_state residency_state(struct residency *r, uint32_t layer, uint32_t expert);
-/* FAILED → COLD, so the next demand reads again. */
+/* FAILED → COLD, so the next demand reads again (its backoff ends; the count of failed loads
+ * stays, so a new failure backs off longer). */
 void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert);
+/* The same for every FAILED expert; returns how many there were. */
+uint32_t residency_retry_all_failed(struct residency *r);
+/* The backoff after `failed_loads` consecutive failed loads under `config`, in ms. */
+uint64_t residency_backoff_ms(const struct residency_config *config, uint32_t failed_loads);
 void residency_error_message(struct residency *r, uint32_t layer, uint32_t expert, char *buf,
                              size_t len);
 void residency_counters(struct residency *r, struct residency_counters *out);

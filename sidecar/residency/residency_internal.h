@@ -25,6 +25,8 @@ struct expert_entry {
 	uint32_t slot;    /* LOADING/RESIDENT */
 	uint8_t post_load_failed; /* FAILED by the post-load hook: post_load_msg[id] says why */
 	int error;                /* FAILED: negative errno */
+	uint32_t failed_loads;    /* consecutive failed loads (0 after one that succeeded) */
+	uint64_t retry_at_ns;     /* FAILED: a demand from then on reads again (monotonic) */
 	uint32_t error_file;
 	uint64_t error_offset;
 	uint32_t error_attempts;
@@ -46,7 +48,7 @@ struct id_queue {
 struct residency_stats {
 	_Atomic uint64_t hits, cold_misses, inflight_misses;
 	_Atomic uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
-	_Atomic uint64_t evictions, loads, failures;
+	_Atomic uint64_t evictions, loads, failures, failed_retries;
 	_Atomic uint64_t reads, bytes_read, short_reads, retries, timeouts;
 	_Atomic uint64_t fixed_reads, plain_reads, buffered_files;
 	_Atomic uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
@@ -66,7 +68,13 @@ struct residency {
 	struct residency_policy policy;
 	struct slot_pool pool;
 	struct id_queue demand, prefetch;
-	uint32_t slot_waiters; /* demands waiting for an evictable slot */
+	uint32_t slot_waiters;   /* demands waiting for an evictable slot */
+	uint32_t failed_now;     /* experts FAILED */
+	uint64_t resident_bytes; /* extent bytes of the RESIDENT experts */
+	/* Warnings about failed loads [0] and their retries [1]: at most one of each per
+	 * FAILURE_LOG_NS, with the count of those left out (atomics: logged without the lock). */
+	_Atomic uint64_t failure_log_ns[2];
+	_Atomic uint32_t failure_log_skipped[2];
 	bool stopping;
 
 	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
@@ -95,6 +103,11 @@ bool id_queue_pop(struct id_queue *q, uint32_t *id);
  * post_load_msg (NULL for read errors): the post-load hook failed with this message. */
 void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
                          uint64_t offset, uint32_t attempts, const char *post_load_msg);
+
+/* After the lock is dropped: a warning (rate-limited) that (layer, expert)'s load failed and
+ * when it will be read again (retry = false), or that it is being read again (retry = true);
+ * failed_loads: the expert's failures in a row, as taken under the lock. */
+void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed_loads);
 
 /* loader.c */
 int loader_start(struct residency *r, char *err, size_t err_len);

@@ -71,17 +71,12 @@ int sim_run_policy(const struct routing_trace *t, const struct policy_spec *spec
 				policy_access(&p, id, score);
 				continue;
 			}
-			bool admit = true;
-			while (policy_needs_eviction(&p, id)) {
-				uint32_t v = policy_victim(&p, id, sim_can_evict, &st);
-				if (v == POLICY_NONE) {
-					admit = false;
-					break;
-				}
+			const uint32_t v = policy_make_room(&p, id, sim_can_evict, &st);
+			if (v != POLICY_NONE && v != POLICY_FULL) {
 				policy_remove(&p, v);
 				resident[v] = 0;
 			}
-			if (admit) {
+			if (v != POLICY_FULL) {
 				policy_insert(&p, id, score);
 				resident[id] = 1;
 			}

@@ -39,8 +39,8 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 	if (n == 0) {
 		snprintf(err, err_len,
 		         "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
-		         "expert, aligned)",
-		         (unsigned long long)budget, slot_bytes);
+		         "expert, aligned); the smallest budget that serves is %zu bytes",
+		         (unsigned long long)budget, slot_bytes, slot_bytes);
 		return -ENOSPC;
 	}
 	if (n >= SLOT_NONE)

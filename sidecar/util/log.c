@@ -23,6 +23,16 @@ void log_set_json(int json)
 	atomic_store(&as_json, json != 0);
 }
 
+int log_enabled(enum log_level level)
+{
+	return (int)level >= atomic_load_explicit(&min_level, memory_order_relaxed);
+}
+
+int log_is_json(void)
+{
+	return atomic_load_explicit(&as_json, memory_order_relaxed);
+}
+
 int log_level_parse(const char *name)
 {
 	for (int i = 0; i < 4; i++)

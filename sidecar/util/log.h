@@ -17,6 +17,10 @@ void log_set_level(enum log_level level);
 void log_set_json(int json);
 /* Parses "debug|info|warn|error"; returns -1 if unknown. */
 int log_level_parse(const char *name);
+/* Whether a line at `level` is printed; whether lines are JSON (for whoever writes progress
+ * to the same stream). */
+int log_enabled(enum log_level level);
+int log_is_json(void);
 
 void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -5,6 +5,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "log.h"
+
 uint64_t monotonic_ns(void)
 {
 	struct timespec ts;
@@ -36,6 +38,15 @@ void progress_begin(struct progress *p, const char *label, uint64_t total, const
 	p->last_draw_ns = 0;
 	p->last_decile = -1;
 	p->tty = isatty(STDERR_FILENO);
+	p->log_sub = NULL;
+}
+
+void progress_begin_log(struct progress *p, const char *subsystem, const char *label,
+                        uint64_t total, const char *unit)
+{
+	progress_begin(p, label, total, unit);
+	p->log_sub = subsystem;
+	p->tty = p->tty && !log_is_json() && log_enabled(LOG_INFO);
 }
 
 static void draw(struct progress *p, uint64_t done, uint64_t now, int final)
@@ -48,6 +59,11 @@ static void draw(struct progress *p, uint64_t done, uint64_t now, int final)
 	format_amount(amount, sizeof(amount), p->unit, (double)done);
 	format_amount(total, sizeof(total), p->unit, (double)p->total);
 	format_amount(rate, sizeof(rate), p->unit, secs > 0 ? (double)done / secs : 0);
+	if (p->log_sub && !p->tty) {
+		log_event(LOG_INFO, p->log_sub, "%s: %.0f%% %s / %s, %s/s", p->label, frac * 100,
+		          amount, total, rate);
+		return;
+	}
 	if (p->tty) {
 		char bar[31];
 		int filled = (int)(frac * 30);

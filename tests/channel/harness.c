@@ -36,7 +36,22 @@ int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_s
 	return sidecar_start_as(sp, extra, exit_status, (uid_t)-1);
 }
 
+static int start(struct sidecar_proc *sp, const char *const *extra, int *exit_status, uid_t uid,
+                 const char *cgroup_procs);
+
 int sidecar_start_as(struct sidecar_proc *sp, const char *const *extra, int *exit_status, uid_t uid)
+{
+	return start(sp, extra, exit_status, uid, NULL);
+}
+
+int sidecar_start_in_cgroup(struct sidecar_proc *sp, const char *const *extra, int *exit_status,
+                            const char *cgroup_procs)
+{
+	return start(sp, extra, exit_status, (uid_t)-1, cgroup_procs);
+}
+
+static int start(struct sidecar_proc *sp, const char *const *extra, int *exit_status, uid_t uid,
+                 const char *cgroup_procs)
 {
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) != 0)
@@ -50,6 +65,12 @@ int sidecar_start_as(struct sidecar_proc *sp, const char *const *extra, int *exi
 		int logfd = open(sp->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
 		if (logfd >= 0)
 			dup2(logfd, 2);
+		if (cgroup_procs) {
+			int cg = open(cgroup_procs, O_WRONLY | O_CLOEXEC);
+			if (cg < 0 || write(cg, "0", 1) != 1)
+				_exit(125);
+			close(cg);
+		}
 		if (uid != (uid_t)-1 && (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
 		                         setresuid(uid, uid, uid) != 0))
 			_exit(126);

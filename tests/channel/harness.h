@@ -32,6 +32,11 @@ int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_s
 int sidecar_start_as(struct sidecar_proc *sp, const char *const *extra, int *exit_status,
                      uid_t uid);
 
+/* The same, with the sidecar moved into a cgroup before it runs (it writes its pid to
+ * `cgroup_procs`, e.g. /sys/fs/cgroup/memory/x/cgroup.procs; exit status 125 if it cannot). */
+int sidecar_start_in_cgroup(struct sidecar_proc *sp, const char *const *extra, int *exit_status,
+                            const char *cgroup_procs);
+
 /* SIGTERM (or sig) and waitpid; returns the wait status. */
 int sidecar_stop(struct sidecar_proc *sp, int sig);
 

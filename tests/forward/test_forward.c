@@ -567,6 +567,17 @@ Test(forward_errors, bad_requests)
 	cr_assert(strstr(res.message, "expert 8") != NULL, "%s", res.message);
 	r.ids[3] = -2;
 	EXPECT(MOE_EBADEXPERT, client, 0);
+	/* An expert named twice in one token's row: the repeat is the offence. */
+	r.ids[3] = r.ids[2];
+	EXPECT(MOE_EBADEXPERT, client, 0);
+	cr_assert_eq(res.bad_token, 1);
+	cr_assert_eq(res.bad_index, 1);
+	cr_assert_eq(res.bad_expert, r.ids[2]);
+	cr_assert(strstr(res.message, "named twice") && strstr(res.message, "first as id 0"), "%s",
+	          res.message);
+	/* The same expert in two tokens' rows is fine. */
+	r.ids[3] = r.ids[0] != r.ids[2] ? r.ids[0] : -1;
+	run_equal(e, &r, "one expert in two tokens");
 	r.ids[3] = -1;
 	r.weights[2] = NAN;
 	EXPECT(MOE_EBADWEIGHT, client, 0);

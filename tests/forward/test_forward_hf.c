@@ -433,6 +433,7 @@ Test(forward_hf, residency_post_load_hook)
 	struct residency_config rc = {.numa_node = -1,
 	                              .mem_budget = 1u << 20,
 	                              .chunk_bytes = 4096,
+	                              .retry_backoff_ms = 3600000,
 	                              .post_load = invert_or_fail,
 	                              .post_load_arg = &seen};
 	struct residency *r;
@@ -458,7 +459,7 @@ Test(forward_hf, residency_post_load_hook)
 				cr_assert(strstr(why, "after loading") &&
 				              strstr(why, "bytes rejected by the test"),
 				          "%s", why);
-				/* sticky until retried: no new load, no new call */
+				/* FAILED for its backoff: no new load, no new call */
 				cr_assert_eq(residency_acquire(r, 0, 4, -1.0f, 0, &ref), -EILSEQ);
 				cr_assert_eq(atomic_load(&seen.calls), loads);
 				residency_retry_failed(r, 0, 4);

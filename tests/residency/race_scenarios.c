@@ -197,3 +197,95 @@ int race_shared_load(int fail_with)
 	}
 	return 0;
 }
+
+#define RETRY_THREADS 4
+
+/* Every third read completion of the residency fails. */
+static int fail_every_third(void *arg, const struct loader_read_info *info, int res)
+{
+	(void)arg;
+	return info->seq % 3 == 0 ? -EIO : res;
+}
+
+struct retrier {
+	struct residency *r;
+	struct fixture *f;
+	uint32_t seed;
+	atomic_int *bad;
+	atomic_int *done;
+};
+
+static void *demand_failing(void *arg)
+{
+	struct retrier *a = arg;
+	uint64_t s = a->seed;
+	for (int i = 0; i < 300; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		struct expert_ref ref;
+		int rc = residency_acquire(a->r, 0, (uint32_t)(s >> 33) % 4, 1.0f, 0, &ref);
+		if (rc == 0) {
+			if (!fixture_ref_matches(a->f, &ref))
+				atomic_fetch_add(a->bad, 1);
+			residency_release(a->r, &ref);
+		} else if (rc != -EIO) {
+			fprintf(stderr, "race_failed_retries: demand got %d\n", rc);
+			atomic_fetch_add(a->bad, 1);
+		}
+	}
+	atomic_fetch_add(a->done, 1);
+	return NULL;
+}
+
+static void *retry_all_loop(void *arg)
+{
+	struct retrier *a = arg;
+	while (atomic_load(a->done) < RETRY_THREADS) {
+		residency_retry_all_failed(a->r);
+		struct residency_counters c;
+		residency_counters(a->r, &c);
+		if (c.failed_now > 4)
+			atomic_fetch_add(a->bad, 1);
+		sched_yield();
+	}
+	return NULL;
+}
+
+int race_failed_retries(void)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 4, 1, 3000);
+	struct residency_config cfg = {
+	    .numa_node = 0,
+	    .mem_budget = 2 * 8192,
+	    .policy = "lru",
+	    .retry_backoff_ms = RESIDENCY_NO_BACKOFF,
+	    .fault_hook = fail_every_third,
+	};
+	struct residency *r = fixture_residency(&f, &cfg);
+	atomic_int bad = 0, done = 0;
+	pthread_t t[RETRY_THREADS + 1];
+	struct retrier a[RETRY_THREADS + 1];
+	for (int i = 0; i <= RETRY_THREADS; i++) {
+		a[i] = (struct retrier){r, &f, (uint32_t)(7 + i), &bad, &done};
+		CHECK(pthread_create(&t[i], NULL,
+		                     i < RETRY_THREADS ? demand_failing : retry_all_loop,
+		                     &a[i]) == 0,
+		      "pthread_create");
+	}
+	for (int i = 0; i <= RETRY_THREADS; i++)
+		pthread_join(t[i], NULL);
+	struct residency_counters c;
+	residency_counters(r, &c);
+	uint32_t failed = 0;
+	for (uint32_t x = 0; x < 4; x++)
+		failed += residency_state(r, 0, x) == EXPERT_FAILED;
+	residency_destroy(r);
+	fixture_destroy(&f);
+	CHECK(atomic_load(&bad) == 0, "%d wrong answers", atomic_load(&bad));
+	CHECK(c.failures > 0 && c.failed_retries > 0, "failures %llu, retries %llu",
+	      (unsigned long long)c.failures, (unsigned long long)c.failed_retries);
+	CHECK(c.failed_now == failed, "failed_now %u, FAILED experts %u", c.failed_now, failed);
+	CHECK(c.failed_retries <= c.loads + c.failures, "%llu retries of %llu loads started",
+	      (unsigned long long)c.failed_retries, (unsigned long long)(c.loads + c.failures));
+	return 0;
+}

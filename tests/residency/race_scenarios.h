@@ -9,5 +9,9 @@ int race_overlapping_demands(const char *policy);
 /* Concurrent demands for one cold expert: exactly one read; with fail_with (< 0) injected
  * on every attempt, every waiter gets that error. */
 int race_shared_load(int fail_with);
+/* Threads demand experts whose reads fail now and then (every demand after a failure reads
+ * again: no backoff) while another ends every backoff in a loop (the operator's SIGHUP) and
+ * reads the counters: each demand gets the bytes or -EIO, and the FAILED count adds up. */
+int race_failed_retries(void);
 
 #endif

@@ -14,6 +14,7 @@ int main(void)
 	failed += race_overlapping_demands("sieve-heat+layer") != 0;
 	failed += race_shared_load(0) != 0;
 	failed += race_shared_load(-EIO) != 0;
-	printf("stress_race: %d of 5 scenarios failed\n", failed);
+	failed += race_failed_retries() != 0;
+	printf("stress_race: %d of 6 scenarios failed\n", failed);
 	return failed ? 1 : 0;
 }

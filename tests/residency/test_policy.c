@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "policy.h"
 #include "policy_internal.h"
@@ -22,19 +23,22 @@ static struct residency_policy make(const char *spec_text, uint32_t layers, uint
 	return p;
 }
 
-/* Admit id the way the live cache does: evict while needed, then insert. Returns the victim
- * of the last eviction or POLICY_NONE. */
+/* Admit id the way the live cache does (policy_make_room, then insert). Returns the victim
+ * or POLICY_NONE. */
+static uint32_t admit_if(struct residency_policy *p, uint32_t id, policy_can_evict_fn can,
+                         void *arg)
+{
+	uint32_t v = policy_make_room(p, id, can, arg);
+	cr_assert_neq(v, POLICY_FULL, "no room to admit %u", id);
+	if (v != POLICY_NONE)
+		policy_remove(p, v);
+	policy_insert(p, id, 1.0f);
+	return v;
+}
+
 static uint32_t admit(struct residency_policy *p, uint32_t id)
 {
-	uint32_t last = POLICY_NONE;
-	while (policy_needs_eviction(p, id)) {
-		uint32_t v = policy_victim(p, id, NULL, NULL);
-		cr_assert_neq(v, POLICY_NONE, "no victim to admit %u", id);
-		policy_remove(p, v);
-		last = v;
-	}
-	policy_insert(p, id, 1.0f);
-	return last;
+	return admit_if(p, id, NULL, NULL);
 }
 
 Test(policy_lru, evicts_least_recent)
@@ -55,6 +59,18 @@ Test(policy_lru, evicts_least_recent)
 static bool not_id(void *arg, uint32_t id)
 {
 	return id != *(uint32_t *)arg;
+}
+
+static bool not_busy_id(void *arg, uint32_t id)
+{
+	return not_id(arg, id);
+}
+
+static bool never(void *arg, uint32_t id)
+{
+	(void)arg;
+	(void)id;
+	return false;
 }
 
 Test(policy_lru, skips_what_may_not_go)
@@ -240,10 +256,55 @@ Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
 	cr_assert_eq(policy_spec_parse("lru+pin2", &spec, err, sizeof(err)), 0);
 	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, err, sizeof(err)), -ENOSPC);
 	cr_assert(strstr(err, "pinned") != NULL, "%s", err);
+	/* The pinned layers fitting exactly leave layer 2 no slot: its first demand would
+	 * never load. One more slot serves it. */
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 0, err, sizeof(err)), -ENOSPC);
+	cr_assert(strstr(err, "the other layers one more") != NULL, "%s", err);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 9, 0, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(p.capacity, 1);
+	policy_destroy(&p);
 	/* Masked (GPU) experts of pinned layers need no slot. */
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(p.capacity, 1);
+	policy_destroy(&p);
+	/* Every layer pinned: nothing else needs a slot. */
+	cr_assert_eq(policy_spec_parse("lru+pin3", &spec, err, sizeof(err)), 0);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 12, 0, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(p.capacity, 0);
 	policy_destroy(&p);
+}
+
+/* Fewer slots than layers: layers past the first `capacity` have a share of 0 slots. They
+ * are still served — into a free slot, else in place of an expert of the layer most over its
+ * share — and one admission evicts at most one expert. */
+Test(policy_layer, fewer_slots_than_layers_serves_every_layer)
+{
+	const char *specs[] = {"lru+layer", "sieve+layer", "sieve-heat+layer"};
+	for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
+		struct residency_policy p = make(specs[k], 8, 4, 3);
+		cr_assert_eq(p.quota[3], 0, "%s", specs[k]);
+		/* A free slot: admitted as is, over its share. */
+		cr_assert_eq(policy_make_room(&p, policy_id(&p, 7, 0), NULL, NULL), POLICY_NONE,
+		             "%s", specs[k]);
+		policy_insert(&p, policy_id(&p, 7, 0), 1.0f);
+		admit(&p, policy_id(&p, 0, 0));
+		admit(&p, policy_id(&p, 1, 0));
+		cr_assert_eq(p.resident, 3);
+		/* Full: layer 5 (share 0) takes one expert of the layer most over its share
+		 * (layer 7: one over 0), not every resident expert. */
+		cr_assert_eq(admit(&p, policy_id(&p, 5, 1)), policy_id(&p, 7, 0), "%s", specs[k]);
+		cr_assert_eq(p.resident, 3);
+		/* Layer 5 full at its share with its expert in use: another layer gives. */
+		uint32_t busy = policy_id(&p, 5, 1);
+		uint32_t v = admit_if(&p, policy_id(&p, 5, 2), not_busy_id, &busy);
+		cr_assert_neq(v, busy, "%s", specs[k]);
+		cr_assert_eq(p.resident, 3);
+		/* Everything in use: refused, nothing evicted. */
+		cr_assert_eq(policy_make_room(&p, policy_id(&p, 6, 0), never, NULL), POLICY_FULL,
+		             "%s", specs[k]);
+		cr_assert_eq(p.resident, 3);
+		policy_destroy(&p);
+	}
 }
 
 Test(policy_spec, parse_and_name)
@@ -266,9 +327,10 @@ Test(policy_spec, parse_and_name)
 	cr_assert_neq(policy_spec_parse("", &s, err, sizeof(err)), 0);
 }
 
-/* Random admissions/hits/removals under every policy: the policy never holds more than its
- * capacity (nor a partition more than its share when the owner could give), never names a
- * pinned, absent or busy expert, and its counts match its queues. */
+/* Random admissions/hits/removals under every policy, with more slots than layers and with
+ * fewer: the policy never holds more than its capacity, never names a pinned, absent or busy
+ * expert, refuses a demand only when every resident expert is busy, and its counts match its
+ * queues. */
 static bool not_busy(void *arg, uint32_t id)
 {
 	const uint8_t *busy = arg;
@@ -286,8 +348,12 @@ Test(policy_random, invariants_hold)
 	                       "sieve+layer+pin1",
 	                       "lru+pin2"};
 	uint64_t s = 12345;
-	for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
-		struct residency_policy p = make(specs[k], 4, 6, 13);
+	for (size_t run = 0; run < 2 * sizeof(specs) / sizeof(specs[0]); run++) {
+		const size_t k = run / 2;
+		const uint32_t capacity = run % 2 ? 3 : 13; /* 3: fewer slots than layers */
+		if (capacity == 3 && strstr(specs[k], "+pin"))
+			continue;
+		struct residency_policy p = make(specs[k], 4, 6, capacity);
 		uint8_t resident[24] = {0}, busy[24] = {0};
 		for (int step = 0; step < 20000; step++) {
 			s = s * 6364136223846793005ull + 1442695040888963407ull;
@@ -303,15 +369,17 @@ Test(policy_random, invariants_hold)
 				policy_access(&p, id, (float)(op % 3));
 			} else {
 				bool ok = true;
-				while (policy_needs_eviction(&p, id)) {
-					uint32_t v = op == 7
-					                 ? policy_prefetch_victim(&p, id, 0.5f,
-					                                          not_busy, busy)
-					                 : policy_victim(&p, id, not_busy, busy);
-					if (v == POLICY_NONE) {
-						ok = false;
-						break;
-					}
+				uint32_t v = op == 7 ? policy_make_room_prefetch(&p, id, 0.5f,
+				                                                 not_busy, busy)
+				                     : policy_make_room(&p, id, not_busy, busy);
+				if (v == POLICY_FULL) {
+					ok = false;
+					for (uint32_t i = 0; i < 24 && op != 7; i++)
+						cr_assert(!resident[i] || busy[i],
+						          "%s (%u slots): demand for %u refused "
+						          "while %u may go",
+						          specs[k], capacity, id, i);
+				} else if (v != POLICY_NONE) {
 					cr_assert_lt(v, 24);
 					cr_assert(resident[v], "%s: victim %u not resident",
 					          specs[k], v);

@@ -140,6 +140,44 @@ Test(residency, budget_and_referenced_experts)
 	fixture_destroy(&f);
 }
 
+/* Three slots for eight layers under the default sieve+layer: layers 3..7 have a share of 0
+ * slots, and each is still served (a demand that found no room used to wait forever). */
+Test(residency, fewer_slots_than_layers_serves_every_layer)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 8, 2, 1, 3000);
+	struct residency_config cfg = base_config(3 * 8192 + 100);
+	cfg.policy = "sieve+layer";
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.slots, 3);
+	struct expert_ref held;
+	acquire_ok(r, &f, 0, 0, &held); /* one slot in use throughout */
+	for (int round = 0; round < 3; round++)
+		for (uint32_t l = 0; l < 8; l++) {
+			struct expert_ref ref;
+			const uint32_t x = (uint32_t)(round + l) % 2;
+			if (l == 0 && x == 0)
+				continue;
+			/* Not waiting first: a refusal here is the old hang. */
+			int rc = residency_acquire(r, l, x, 1.0f, RESIDENCY_NOWAIT, &ref);
+			cr_assert(rc == 0 || rc == -EINPROGRESS,
+			          "layer %u expert %u: %d with one slot in use of three", l, x, rc);
+			if (rc == -EINPROGRESS) {
+				rc = residency_acquire(r, l, x, 1.0f, RESIDENCY_RETRY, &ref);
+				cr_assert_eq(rc, 0, "layer %u expert %u: %d", l, x, rc);
+			}
+			cr_assert(fixture_ref_matches(&f, &ref));
+			residency_release(r, &ref);
+			counters(r, &c);
+		}
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_RESIDENT, "held expert evicted");
+	residency_release(r, &held);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
 Test(residency, pinned_layers_stay)
 {
 	struct fixture f;
@@ -315,6 +353,7 @@ Test(residency_faults, eio_retried_then_failed_with_context)
 	struct faults fl = {.fail_first = 1000, .fail_with = -EIO};
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.max_retries = 2;
+	cfg.retry_backoff_ms = 3600000; /* no demand of this test outlives it */
 	cfg.fault_hook = inject;
 	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
@@ -332,17 +371,113 @@ Test(residency_faults, eio_retried_then_failed_with_context)
 	cr_assert(strstr(msg, f.path) && strstr(msg, "layer 0 expert 1") &&
 	              strstr(msg, "3 attempt") && strstr(msg, "Input/output error"),
 	          "%s", msg);
-	/* Sticky: the next demand fails at once, without I/O. */
+	/* Within its backoff: the next demand fails at once, without I/O. */
 	cr_assert_eq(residency_acquire(r, 0, 1, 1.0f, 0, &ref), -EIO);
 	counters(r, &c);
 	cr_assert_eq(c.reads, 3);
+	cr_assert_eq(c.failed_now, 1);
+	cr_assert_eq(c.failed_retries, 0);
 	/* Once retried with a healthy disk, it loads. */
 	atomic_store(&fl.fail_first, 0);
 	residency_retry_failed(r, 0, 1);
 	acquire_ok(r, &f, 0, 1, &ref);
 	residency_release(r, &ref);
+	counters(r, &c);
+	cr_assert_eq(c.failed_now, 0);
+	cr_assert_eq(c.failed_retries, 1);
 	residency_destroy(r);
 	fixture_destroy(&f);
+}
+
+/* Fails every read of an expert's first `loads` loads. */
+static int fail_first_loads(void *arg, const struct loader_read_info *info, int res)
+{
+	const uint32_t *loads = arg;
+	return info->failed_loads < *loads ? -EIO : res;
+}
+
+/* A FAILED expert whose backoff is over is read again by the next demand: here the backoff is
+ * none, so each demand after a failure reads; the third load succeeds. */
+Test(residency_faults, failed_expert_read_again_after_its_backoff)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
+	uint32_t loads = 2;
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.max_retries = 0;
+	cfg.retry_backoff_ms = RESIDENCY_NO_BACKOFF;
+	cfg.fault_hook = fail_first_loads;
+	cfg.fault_arg = &loads;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -EIO);
+	cr_assert_eq(residency_state(r, 0, 0), EXPERT_FAILED);
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, RESIDENCY_NOWAIT, &ref), -EINPROGRESS,
+	             "a NOWAIT demand starts the retry too");
+	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, RESIDENCY_RETRY, &ref), -EIO);
+	acquire_ok(r, &f, 0, 0, &ref);
+	residency_release(r, &ref);
+	struct residency_counters c;
+	counters(r, &c);
+	cr_assert_eq(c.failures, 2);
+	cr_assert_eq(c.failed_retries, 2);
+	cr_assert_eq(c.failed_now, 0);
+	cr_assert_eq(c.loads, 1);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+/* Within a long backoff nothing is read; residency_retry_all_failed (the operator's SIGHUP)
+ * ends it for every FAILED expert at once. */
+Test(residency_faults, retry_all_failed_ends_the_backoff)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 2, 1, 3000);
+	uint32_t loads = 1;
+	struct residency_config cfg = base_config(1 << 20);
+	cfg.max_retries = 0;
+	cfg.retry_backoff_ms = 3600000;
+	cfg.fault_hook = fail_first_loads;
+	cfg.fault_arg = &loads;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct expert_ref ref;
+	for (uint32_t l = 0; l < 2; l++)
+		cr_assert_eq(residency_acquire(r, l, 1, 1.0f, 0, &ref), -EIO);
+	struct residency_counters c0, c;
+	counters(r, &c0);
+	cr_assert_eq(c0.failed_now, 2);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(residency_acquire(r, 1, 1, 1.0f, 0, &ref), -EIO);
+	counters(r, &c);
+	cr_assert_eq(c.reads, c0.reads, "read within the backoff");
+	cr_assert_eq(residency_retry_all_failed(r), 2);
+	cr_assert_eq(residency_retry_all_failed(r), 0);
+	for (uint32_t l = 0; l < 2; l++) {
+		acquire_ok(r, &f, l, 1, &ref);
+		residency_release(r, &ref);
+	}
+	counters(r, &c);
+	cr_assert_eq(c.failed_now, 0);
+	cr_assert_eq(c.failed_retries, 2);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency_faults, backoff_doubles_up_to_its_cap)
+{
+	struct residency_config cfg = {0};
+	const uint64_t want[] = {0, 1000, 2000, 4000, 8000, 16000, 32000, 60000, 60000};
+	for (uint32_t n = 0; n < sizeof(want) / sizeof(want[0]); n++)
+		cr_assert_eq(residency_backoff_ms(&cfg, n), want[n], "defaults, %u failures", n);
+	cr_assert_eq(residency_backoff_ms(&cfg, UINT32_MAX), 60000);
+	cfg.retry_backoff_ms = 300;
+	cfg.retry_backoff_max_ms = 1000;
+	cr_assert_eq(residency_backoff_ms(&cfg, 1), 300);
+	cr_assert_eq(residency_backoff_ms(&cfg, 2), 600);
+	cr_assert_eq(residency_backoff_ms(&cfg, 3), 1000);
+	cr_assert_eq(residency_backoff_ms(&cfg, 40), 1000);
+	cfg.retry_backoff_ms = RESIDENCY_NO_BACKOFF;
+	cr_assert_eq(residency_backoff_ms(&cfg, 5), 0);
 }
 
 Test(residency_faults, transient_eio_and_eagain_recover)

@@ -24,3 +24,8 @@ Test(residency_race, failure_reaches_every_waiter, .timeout = 120)
 {
 	cr_assert_eq(race_shared_load(-EIO), 0);
 }
+
+Test(residency_race, failed_experts_read_again_while_retried_by_the_operator, .timeout = 120)
+{
+	cr_assert_eq(race_failed_retries(), 0);
+}

@@ -250,3 +250,142 @@ Test(serve_ops, resident_forwards_run_inline_and_cold_ones_on_the_forward_thread
 		served_stop(&s);
 	}
 }
+
+/* Warming every expert at start reports progress through the log: under --log-json every line
+ * of the sidecar's stderr is a JSON object, progress included; under --log-level error there
+ * is no progress (nor any info line) at all. */
+Test(serve_ops, warming_progress_follows_the_log_level_and_json)
+{
+	for (int json = 1; json >= 0; json--) {
+		const char *with_json[] = {"--log-json", NULL};
+		const char *quiet[] = {"--log-level", "error", NULL};
+		struct served s;
+		served_start(&s, "q8_0", json ? with_json : quiet);
+		char *log = slurp(s.sp.log);
+		cr_assert_not_null(log);
+		if (json) {
+			cr_assert(strstr(log,
+			                 "\"msg\":\"warming every expert: 100% 48 experts / 48 "
+			                 "experts"),
+			          "no progress line in JSON: %s", log);
+			for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
+				cr_assert(line[0] == '{' && line[strlen(line) - 1] == '}',
+				          "not a JSON object: %s", line);
+		} else {
+			cr_assert_null(strstr(log, "warming"), "progress under error: %s", log);
+			cr_assert_null(strstr(log, " info "), "info under error: %s", log);
+		}
+		free(log);
+		served_stop(&s);
+	}
+}
+
+/* The log line $key=N's value, of the first line holding `needle`; -1 if absent. */
+static int64_t log_value(const struct sidecar_proc *sp, const char *needle, const char *key)
+{
+	char *log = slurp(sp->log);
+	int64_t v = -1;
+	const char *line = log ? strstr(log, needle) : NULL;
+	const char *at = line ? strstr(line, key) : NULL;
+	if (at && (!strchr(line, '\n') || at < strchr(line, '\n')))
+		v = (int64_t)strtoull(at + strlen(key), NULL, 10);
+	free(log);
+	return v;
+}
+
+/* The budget the start log names is STATS' budget_bytes, and resident bytes count the experts'
+ * own bytes: never above expert_bytes, equal to it once every expert is resident. */
+Test(serve_ops, budget_and_resident_bytes_agree_with_the_start_log)
+{
+	const char *budgets[2] = {NULL, "30%"};
+	for (int b = 0; b < 2; b++) {
+		const char *extra[] = {"--mem-budget", budgets[b], NULL};
+		struct served s;
+		served_start(&s, "q8_0", budgets[b] ? extra : NULL);
+		const int64_t logged = log_value(&s.sp, "residency budget_bytes=", "budget_bytes=");
+		const uint32_t ne = ref_n_experts(s.ref), h = ref_hidden(s.ref);
+		for (int32_t l = 0; l < (int32_t)ref_n_layers(s.ref); l++) {
+			struct fwd_case fc;
+			fwd_case_make(&fc, 60 + (uint64_t)l, l, 4, 8, ne, h, false);
+			struct moe_completion d;
+			cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+			fwd_case_free(&fc);
+		}
+		char *js = served_stats(&s);
+		const int64_t budget = json_top_u64(js, "budget_bytes"),
+		              resident = json_top_u64(js, "resident_bytes"),
+		              used = json_top_u64(js, "slot_bytes_used"),
+		              experts = json_top_u64(js, "expert_bytes");
+		cr_assert(logged > 0 && logged == budget, "start log budget_bytes=%lld, STATS %s",
+		          (long long)logged, js);
+		cr_assert(resident > 0 && resident <= experts && resident <= used && used <= budget,
+		          "resident %lld, slots %lld, budget %lld, experts %lld",
+		          (long long)resident, (long long)used, (long long)budget,
+		          (long long)experts);
+		if (!budgets[b])
+			cr_assert_eq(resident, experts, "every expert resident: %s", js);
+		free(js);
+		served_stop(&s);
+	}
+}
+
+/* A FORWARD that failed on a read counts in the disconnect line's errors=, and the warning
+ * about it names the client as the server's lines do (id=N). */
+Test(serve_ops, failed_forwards_count_as_errors_under_the_server_id)
+{
+	const char *extra[] = {"--debug-fail-expert", "1:3", "--no-direct", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 70, 1, 1, 4, ref_n_experts(s.ref), ref_hidden(s.ref), false);
+	fc.ids[0] = 3;
+	for (int j = 1; j < 4; j++)
+		if (fc.ids[j] == 3)
+			fc.ids[j] = -1;
+	struct moe_completion d;
+	cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_EIO);
+	fc.ids[0] = -1;
+	cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+	fwd_case_free(&fc);
+	moe_close(s.c);
+	s.c = NULL;
+	cr_assert(log_wait(&s.sp, "client disconnected id=1 ", 1, 10000));
+	cr_assert_eq(log_value(&s.sp, "client disconnected id=1 ", "requests="), 2);
+	cr_assert_eq(log_value(&s.sp, "client disconnected id=1 ", "errors="), 1);
+	cr_assert_eq(log_count(&s.sp, "client id=1: request failed: FORWARD layer 1: "), 1);
+	cr_assert_eq(log_count(&s.sp, "client 0"), 0);
+	served_stop(&s);
+}
+
+/* `stats --watch`: the first sample is totals since start, each later one rates over its
+ * interval with the totals in brackets, and the layer table says which it holds. Between the
+ * two samples nothing runs, so every rate is 0. */
+Test(serve_ops, stats_watch_labels_totals_and_rates)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	for (int32_t l = 0; l < 2; l++) {
+		struct fwd_case fc;
+		fwd_case_make(&fc, 80 + (uint64_t)l, l, 3, 4, ref_n_experts(s.ref),
+		              ref_hidden(s.ref), false);
+		struct moe_completion d;
+		cr_assert_eq(served_forward(&s, &fc, NULL, &d), MOE_OK);
+		fwd_case_free(&fc);
+	}
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "%s stats --socket %s --watch 0.1 --count 2", MOE_SIDECAR_BIN,
+	         s.sp.socket);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	char buf[8192];
+	size_t n = fread(buf, 1, sizeof(buf) - 1, p);
+	buf[n] = '\0';
+	cr_assert_eq(pclose(p), 0, "stats --watch failed: %s", buf);
+	char *second = strstr(buf, "rates per second [totals since start]");
+	cr_assert(strstr(buf, "totals since the sidecar started") && second, "%s", buf);
+	cr_assert(strstr(buf, "per layer, totals since start") < second, "%s", buf);
+	cr_assert(strstr(second, "requests 0.0/s [2]  tokens 0.0/s [6]"), "%s", second);
+	cr_assert(strstr(second, "per layer, last ") && strstr(second, "req/s"), "%s", second);
+	cr_assert(strstr(second, "latency percentiles since start"), "%s", second);
+	served_stop(&s);
+}

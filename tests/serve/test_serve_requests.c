@@ -143,6 +143,29 @@ Test(serve_requests, bad_requests_are_named_and_the_sidecar_keeps_serving)
 	served_stop(&s);
 }
 
+/* The router names an expert at most once per token; a repeat is refused, naming the id and
+ * the repeat's position. The same expert in different tokens is ordinary. */
+Test(serve_requests, an_expert_named_twice_in_a_token_is_refused)
+{
+	struct served s;
+	served_start(&s, "q8_0", NULL);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 16, 1, 3, 4, ne, h, false);
+	const int32_t dup = fc.ids[2 * 4 + 1];
+	fc.ids[2 * 4 + 3] = dup;
+	expect_error(&s, &fc, MOE_EBADEXPERT, dup, 2 * 4 + 3, "expert named twice in token 2");
+	fc.ids[2 * 4 + 3] = -1; /* a skipped entry is no repeat */
+	fc.ids[2 * 4 + 2] = -1;
+	fc.ids[0 * 4 + 0] = dup; /* and another token may name it */
+	for (uint32_t j = 1; j < 4; j++)
+		if (fc.ids[j] == dup)
+			fc.ids[j] = -1;
+	expect_exact(&s, &fc, NULL, NULL, "the same expert in two tokens");
+	fwd_case_free(&fc);
+	served_stop(&s);
+}
+
 Test(serve_requests, deferred_contribution_arrives_in_the_next_layer)
 {
 	struct served s;
@@ -227,6 +250,56 @@ Test(serve_requests, io_failure_fails_exactly_the_requests_that_need_the_expert)
 		fwd_case_free(&fc);
 	}
 	served_stop(&s);
+}
+
+/* A transient read error: the expert's first load fails, later ones would not. With no backoff
+ * the next FORWARD naming it reads it again and is served; with a long one every FORWARD within
+ * it fails at once, without I/O, until the operator's SIGHUP ends it. */
+Test(serve_requests, a_failed_expert_is_read_again_after_its_backoff_or_sighup)
+{
+	for (int sighup = 0; sighup < 2; sighup++) {
+		const char *extra[] = {"--debug-fail-expert",    "1:3:1", "--no-direct",
+		                       "--mem-budget",           "50%",   "--retry-backoff",
+		                       sighup ? "3600000" : "0", NULL};
+		struct served s;
+		served_start(&s, "q8_0", extra);
+		const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+		struct fwd_case fc;
+		fwd_case_make(&fc, 51, 1, 2, 4, ne, h, false);
+		for (int j = 0; j < 8; j++) /* expert 3 alone: no other load still running */
+			fc.ids[j] = j == 1 || j == 6 ? 3 : -1;
+		expect_error(&s, &fc, MOE_EIO, 3, -1, "the expert's first load");
+		char *st = served_stats(&s);
+		cr_assert_eq(json_top_u64(st, "failed_experts"), 1, "%s", st);
+		const int64_t read_before = json_top_u64(st, "loader_bytes_read");
+		free(st);
+		if (sighup) {
+			expect_error(&s, &fc, MOE_EIO, 3, -1, "within the backoff");
+			st = served_stats(&s);
+			cr_assert_eq(json_top_u64(st, "loader_bytes_read"), read_before,
+			             "read within the backoff: %s", st);
+			cr_assert_eq(json_top_u64(st, "failed_retries"), 0, "%s", st);
+			free(st);
+			cr_assert_eq(kill(s.sp.pid, SIGHUP), 0);
+			cr_assert(log_wait(&s.sp, "SIGHUP: 1 failed expert(s) will be read again",
+			                   1, 10000),
+			          "no SIGHUP line in the log");
+		}
+		expect_exact(&s, &fc, NULL, NULL, "read again");
+		st = served_stats(&s);
+		cr_assert_eq(json_top_u64(st, "failed_experts"), 0, "%s", st);
+		cr_assert_eq(json_top_u64(st, "failed_retries"), 1, "%s", st);
+		free(st);
+		cr_assert_eq(log_count(&s.sp, sighup ? "FAILED: demands fail at once for the next "
+		                                       "3600000 ms"
+		                                     : "FAILED: the next demand reads it again"),
+		             1, "one warning for the failed load");
+		/* The retry a demand makes is logged; the operator's is the SIGHUP line. */
+		cr_assert_eq(log_count(&s.sp, "layer 1 expert 3: reading it again after 1 failed"),
+		             sighup ? 0 : 1, "one warning for the retry");
+		fwd_case_free(&fc);
+		served_stop(&s);
+	}
 }
 
 /* A FORWARD completes as soon as its immediate part is ready; its deferred experts are computed
