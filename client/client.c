@@ -922,25 +922,12 @@ int moe_wait(struct moe_client *c, struct moe_completion *out, int timeout_ms)
 	return wait_for(c, -1, out, timeout_ms);
 }
 
-static const char *op_name(uint16_t op)
-{
-	switch (op) {
-	case MOE_OP_PING: return "PING";
-	case MOE_OP_ECHO: return "ECHO";
-	case MOE_OP_FORWARD: return "FORWARD";
-	case MOE_OP_PREFETCH: return "PREFETCH";
-	case MOE_OP_STATS: return "STATS";
-	case MOE_OP_MASK: return "MASK";
-	}
-	return "request";
-}
-
 /* A request's status as the call's result, its sentence in last_error. */
 static int request_status(struct moe_client *c, const struct moe_completion *d)
 {
 	if (d->status == MOE_OK)
 		return MOE_OK;
-	const char *op = op_name(c->slot_op[d->slot]);
+	const char *op = moe_op_name(c->slot_op[d->slot]);
 	if (d->message) /* the sidecar's sentence names the op and what was wrong */
 		return client_fail(c, d->status, "%s", d->message);
 	return client_fail(c, d->status, "%s: %s (value %u, index %u)", op,

@@ -40,19 +40,8 @@
 #define FP_SAMPLES 16u
 #define FP_MAX_FILES 4096u
 
-static int fp_fail(char *why, size_t why_len, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fp_fail(char *why, size_t why_len, int status, const char *fmt, ...)
-{
-	if (why && why_len) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(why, why_len, fmt, ap);
-		va_end(ap);
-	}
-	return status;
-}
+/* fp_fail(why, len, status, …): moe_fail_with with the buffer first, as the callers read. */
+#define fp_fail(why, why_len, status, ...) moe_fail_with(status, why, why_len, __VA_ARGS__)
 
 /* ---- 128-bit hash: two 64-bit lanes over 8-byte words, each segment length-terminated -- */
 

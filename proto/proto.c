@@ -12,10 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static int fail(int status, char *why, size_t why_len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int fail(int status, char *why, size_t why_len, const char *fmt, ...)
+int moe_fail_with(int status, char *why, size_t why_len, const char *fmt, ...)
 {
 	if (why && why_len) {
 		va_list ap;
@@ -25,6 +22,8 @@ static int fail(int status, char *why, size_t why_len, const char *fmt, ...)
 	}
 	return status;
 }
+
+#define fail moe_fail_with
 
 static uint64_t align_up(uint64_t v, uint64_t a)
 {
@@ -242,23 +241,10 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 	return sqe_fail(sqe, err, MOE_EBADOP, sqe->op, 0);
 }
 
-static const char *op_label(uint16_t op)
-{
-	switch (op) {
-	case MOE_OP_PING: return "PING";
-	case MOE_OP_ECHO: return "ECHO";
-	case MOE_OP_FORWARD: return "FORWARD";
-	case MOE_OP_PREFETCH: return "PREFETCH";
-	case MOE_OP_STATS: return "STATS";
-	case MOE_OP_MASK: return "MASK";
-	}
-	return "request";
-}
-
 int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
                     const struct moe_cqe *err, char *buf, size_t len)
 {
-	const char *op = op_label(sqe->op);
+	const char *op = moe_op_name(sqe->op);
 	int n;
 	switch (err->status) {
 	case MOE_EBADSLOT:

@@ -124,6 +124,20 @@ enum moe_op {
 	MOE_OP_MAX
 };
 
+/* Name of an op ("FORWARD"), or "request" for an unknown one; never NULL. */
+static inline const char *moe_op_name(unsigned op)
+{
+	switch (op) {
+	case MOE_OP_PING: return "PING";
+	case MOE_OP_ECHO: return "ECHO";
+	case MOE_OP_FORWARD: return "FORWARD";
+	case MOE_OP_PREFETCH: return "PREFETCH";
+	case MOE_OP_STATS: return "STATS";
+	case MOE_OP_MASK: return "MASK";
+	}
+	return "request";
+}
+
 /* FORWARD flags. */
 #define MOE_FWD_DROP_DEFERRED 0x0001u /* discard a deferred contribution still owed (abort) */
 /* Defer the experts that are not resident first (then the lowest-weighted), so the completion

@@ -279,6 +279,11 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
                     const struct moe_cqe *err, char *buf, size_t len);
 
+/* Writes the sentence (printf format) into why (may be NULL) and returns status: the one way
+ * the helpers here report an error. */
+int moe_fail_with(int status, char *why, size_t why_len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---- Model fingerprint (proto/fingerprint.c) ------------------------------------------- */
 
 /* Fingerprint of the model at path (a .gguf file or split, a .safetensors file, a checkpoint
