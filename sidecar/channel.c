@@ -237,9 +237,9 @@ static uint64_t monotonic_ns(void)
 void channel_request_error(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                            struct moe_cqe *c, bool slot_is_this_requests, const char *fmt, ...)
 {
-	/* The executors see the channel const; the log's rate limit is the one thing this
-	 * changes in it, through atomics. */
-	struct sidecar_channel *rl = (struct sidecar_channel *)ch;
+	/* The executors see the channel const; the log budget is the one thing this changes in
+	 * it, through atomics. */
+	struct log_ratelimit *budget = (struct log_ratelimit *)&ch->error_log;
 	char msg[MOE_MESSAGE_MAX];
 	if (fmt) {
 		va_list ap;
@@ -264,18 +264,12 @@ void channel_request_error(const struct sidecar_channel *ch, const struct moe_sq
 		log_debug("channel", "client id=%u: %s", ch->id, msg);
 		return;
 	}
-	const uint64_t now = monotonic_ns();
-	uint64_t next = atomic_load_explicit(&rl->error_log_next_ns, memory_order_relaxed);
-	if (now < next ||
-	    !atomic_compare_exchange_strong(&rl->error_log_next_ns, &next, now + 1000000000u)) {
-		atomic_fetch_add_explicit(&rl->error_log_suppressed, 1, memory_order_relaxed);
+	uint32_t left_out;
+	if (!log_ratelimit_allow(budget, monotonic_ns(), &left_out))
 		return;
-	}
-	uint32_t left_out =
-	    atomic_exchange_explicit(&rl->error_log_suppressed, 0, memory_order_relaxed);
 	char more[64] = "";
 	if (left_out)
-		snprintf(more, sizeof(more), " (%u more in the last second not logged)", left_out);
+		snprintf(more, sizeof(more), " (%u more since the last line not logged)", left_out);
 	/* An expert that could not be read is the sidecar's failure, not the client's mistake. */
 	log_warn("channel", "client id=%u: %s: %s status=%s%s", ch->id,
 	         c->status == MOE_EIO ? "request failed" : "bad request", msg,

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "log.h"
 #include "moe_proto.h"
 #include "moe_ring.h"
 
@@ -73,10 +74,8 @@ struct sidecar_channel {
 	/* The server's id of the client (its log lines' id=N), for other lines about it; set
 	 * before the channel is driven. */
 	uint32_t id;
-	/* Rate limit of the warn lines about bad requests (any thread): one per second, and the
-	 * count of those left out. */
-	_Atomic uint64_t error_log_next_ns;
-	_Atomic uint32_t error_log_suppressed;
+	/* The budget of warn lines about this client's bad requests (any thread). */
+	struct log_ratelimit error_log;
 
 	/* Why channel_drain gave up on this client (set when it returns < 0). */
 	char violation[192];
@@ -146,8 +145,8 @@ static inline uint32_t channel_async_in_flight(struct sidecar_channel *ch)
 /* An error completion c of sqe gets its sentence: written at the start of the slot's output
  * area (bounded by it and MOE_MESSAGE_MAX, NUL-terminated) with MOE_CQE_MESSAGE set in
  * c->flags — only when slot_is_this_requests (the slot is claimed by this request: an
- * executor's own, never a slot another request holds) — and logged at warn, at most one line
- * per second per channel (ESHUTDOWN at debug). fmt NULL: the sentence is moe_sqe_explain's.
+ * executor's own, never a slot another request holds) — and logged at warn within the
+ * channel's log_ratelimit budget (ESHUTDOWN at debug). fmt NULL: the sentence is moe_sqe_explain's.
  * Any thread; error paths only. */
 void channel_request_error(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                            struct moe_cqe *c, bool slot_is_this_requests, const char *fmt, ...)

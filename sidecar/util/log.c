@@ -43,17 +43,16 @@ int log_level_parse(const char *name)
 
 bool log_ratelimit_allow(struct log_ratelimit *rl, uint64_t now_ns, uint32_t *suppressed)
 {
-	if (now_ns - rl->window_start_ns >= LOG_RATELIMIT_WINDOW_NS) {
-		rl->window_start_ns = now_ns;
-		rl->in_window = 0;
-	}
-	if (rl->in_window >= LOG_RATELIMIT_BURST) {
-		rl->suppressed++;
+	uint64_t start = atomic_load_explicit(&rl->window_start_ns, memory_order_relaxed);
+	if (now_ns - start >= LOG_RATELIMIT_WINDOW_NS &&
+	    atomic_compare_exchange_strong(&rl->window_start_ns, &start, now_ns))
+		atomic_store_explicit(&rl->in_window, 0, memory_order_relaxed);
+	if (atomic_fetch_add_explicit(&rl->in_window, 1, memory_order_relaxed) >=
+	    LOG_RATELIMIT_BURST) {
+		atomic_fetch_add_explicit(&rl->suppressed, 1, memory_order_relaxed);
 		return false;
 	}
-	rl->in_window++;
-	*suppressed = rl->suppressed;
-	rl->suppressed = 0;
+	*suppressed = atomic_exchange_explicit(&rl->suppressed, 0, memory_order_relaxed);
 	return true;
 }
 

@@ -7,6 +7,7 @@
 #ifndef MOE_LOG_H
 #define MOE_LOG_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -28,13 +29,14 @@ void log_event(enum log_level level, const char *subsystem, const char *fmt, ...
 /* A budget of lines for one kind of event a peer can repeat at will (a refused connection, a
  * bad request): at most LOG_RATELIMIT_BURST lines per LOG_RATELIMIT_WINDOW_NS, the rest
  * counted, so that a flood neither fills the disk nor hides everything else. One per event
- * kind, zero-initialised; not thread-safe (one owner thread). */
+ * kind, zero-initialised; any thread (atomics: a line counted in a window that another thread
+ * is just restarting may be lost from the count — it is a log budget, not an account). */
 #define LOG_RATELIMIT_BURST 5u
 #define LOG_RATELIMIT_WINDOW_NS 1000000000ull
 struct log_ratelimit {
-	uint64_t window_start_ns;
-	uint32_t in_window;  /* lines logged in the current window */
-	uint32_t suppressed; /* events not logged since the last line */
+	_Atomic uint64_t window_start_ns;
+	_Atomic uint32_t in_window;  /* lines logged in the current window */
+	_Atomic uint32_t suppressed; /* events not logged since the last line */
 };
 /* May a line be logged at now_ns (CLOCK_MONOTONIC)? If so, *suppressed gets the events that
  * were not logged since the previous line (to say so in this one) and the count restarts. */
