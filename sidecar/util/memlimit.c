@@ -146,20 +146,27 @@ static bool cgroup_limit(const char *root, enum cgroup_version v, struct mem_lim
 	return any;
 }
 
-static uint64_t mem_available(const char *root)
+/* A "Key: N kB" line of a /proc file, in bytes; 0 if absent or unreadable. */
+static uint64_t proc_kib_field(const char *path, const char *key)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/proc/meminfo", root);
 	FILE *f = fopen(path, "r");
 	if (!f)
 		return 0;
 	char line[256];
+	const size_t n = strlen(key);
 	uint64_t kib = 0;
 	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
+		if (strncmp(line, key, n) == 0 && sscanf(line + n, " %" SCNu64 " kB", &kib) == 1)
 			break;
 	fclose(f);
 	return kib * 1024u;
+}
+
+static uint64_t mem_available(const char *root)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/proc/meminfo", root);
+	return proc_kib_field(path, "MemAvailable:");
 }
 
 void mem_limit_read(const char *root, struct mem_limit *out)
@@ -181,14 +188,5 @@ void mem_limit_read(const char *root, struct mem_limit *out)
 
 uint64_t mem_rss_self(void)
 {
-	FILE *f = fopen("/proc/self/status", "r");
-	if (!f)
-		return 0;
-	char line[256];
-	uint64_t kib = 0;
-	while (fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %" SCNu64 " kB", &kib) == 1)
-			break;
-	fclose(f);
-	return kib * 1024u;
+	return proc_kib_field("/proc/self/status", "VmRSS:");
 }

@@ -41,20 +41,26 @@ static size_t read_all(int fd, void *buf, size_t cap)
 	}
 }
 
+/* Sends a 128-byte hello of protocol major.minor, as a client of that version would. */
+static void send_hello(int fd, uint16_t major, uint16_t minor, const char *name)
+{
+	struct moe_hello h;
+	memset(&h, 0, sizeof(h));
+	h.magic = MOE_HELLO_MAGIC;
+	h.abi_major = major;
+	h.abi_minor = minor;
+	h.size = sizeof(h);
+	snprintf(h.client_name, sizeof(h.client_name), "%s", name);
+	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+}
+
 Test(handshake_proc, sidecar_refuses_a_newer_major_with_a_reason)
 {
 	struct sidecar_proc sp;
 	harness_tempdir(&sp);
 	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
 	int fd = raw_connect(sp.socket);
-	struct moe_hello h;
-	memset(&h, 0, sizeof(h));
-	h.magic = MOE_HELLO_MAGIC;
-	h.abi_major = 2;
-	h.abi_minor = 3;
-	h.size = sizeof(h);
-	strcpy(h.client_name, "from-the-future");
-	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	send_hello(fd, 2, 3, "from-the-future");
 	struct moe_welcome w;
 	size_t n = read_all(fd, &w, sizeof(w));
 	close(fd);
@@ -84,14 +90,7 @@ Test(handshake_proc, a_client_of_abi_1_0_is_served)
 	harness_tempdir(&sp);
 	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
 	int fd = raw_connect(sp.socket);
-	struct moe_hello h;
-	memset(&h, 0, sizeof(h));
-	h.magic = MOE_HELLO_MAGIC;
-	h.abi_major = 1;
-	h.abi_minor = 0;
-	h.size = 128;
-	strcpy(h.client_name, "abi-1.0");
-	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	send_hello(fd, 1, 0, "abi-1.0"); /* 1.0's hello was these 128 bytes too */
 	struct moe_welcome w;
 	union {
 		char b[CMSG_SPACE(sizeof(int))];

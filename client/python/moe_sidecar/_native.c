@@ -67,7 +67,6 @@ typedef struct {
 	pthread_mutex_t lock;
 	Py_ssize_t exports; /* Area buffers alive */
 	struct stream_op *ops;
-	char socket[108];
 } Channel;
 
 /* One FORWARD issued from a CUDA stream: filled by the Python layer (stream_op_set) before
@@ -87,7 +86,6 @@ struct stream_op {
 	_Atomic int status;
 	uint32_t value, index;
 	char message[MOE_MESSAGE_MAX + 64];
-	_Atomic uint64_t completions; /* host_wait calls that collected a completion */
 };
 
 static void op_fail(struct stream_op *op, int status, const char *msg)
@@ -127,15 +125,12 @@ static void host_wait(void *arg)
 	if (atomic_load_explicit(&op->status, memory_order_acquire) == MOE_OK) {
 		struct moe_completion d;
 		int rc = moe_forward_wait(ch->c, op->slot, &d, op->timeout_ms);
-		if (rc == MOE_ETIMEDOUT)
-			moe_slot_abandon(ch->c,
-			                 op->slot); /* never reused while the sidecar may write */
+		if (rc == MOE_ETIMEDOUT) /* never reused while the sidecar may still write it */
+			moe_slot_abandon(ch->c, op->slot);
 		if (rc != MOE_OK) {
 			op->value = d.value;
 			op->index = d.index;
 			op_fail(op, rc, moe_last_error(ch->c));
-		} else {
-			atomic_fetch_add_explicit(&op->completions, 1, memory_order_relaxed);
 		}
 	}
 	if (atomic_load_explicit(&op->status, memory_order_acquire) != MOE_OK)
@@ -181,7 +176,6 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 	}
 	pthread_mutex_init(&self->lock, NULL);
 	self->c = c;
-	snprintf(self->socket, sizeof(self->socket), "%s", socket ? socket : "");
 	return 0;
 }
 
@@ -535,7 +529,7 @@ static PyObject *Channel_stream_op_set(Channel *self, PyObject *args)
 	Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
 
-/* stream_op_take(addr) -> (status, message, value, index, completions); resets the status.
+/* stream_op_take(addr) -> (status, message, value, index); resets the status.
  * Without the channel mutex: host_wait holds it while it waits for the sidecar, and the
  * engine's launch thread calls this before each submit — it must not stall behind a layer's
  * CPU work. The host functions write message, value and index before the release store of a
@@ -558,9 +552,7 @@ static PyObject *Channel_stream_op_take(Channel *self, PyObject *args)
 		index = op->index;
 		atomic_store_explicit(&op->status, MOE_OK, memory_order_release);
 	}
-	return Py_BuildValue(
-	    "(isIIK)", status, message, value, index,
-	    (unsigned long long)atomic_load_explicit(&op->completions, memory_order_relaxed));
+	return Py_BuildValue("(isII)", status, message, value, index);
 }
 
 /* ---- Area: a writable range of the mapping, through the buffer protocol -------------------- */
@@ -670,7 +662,7 @@ static PyMethodDef channel_methods[] = {
      "stream_op_set(op, slot, layer, n_tokens, k, k_defer, in_dtype, out_dtype, flags, "
      "timeout_ms)."},
     {"stream_op_take", (PyCFunction)Channel_stream_op_take, METH_VARARGS,
-     "stream_op_take(op) -> (status, message, value, index, completions), status reset."},
+     "stream_op_take(op) -> (status, message, value, index), status reset."},
     {NULL, NULL, 0, NULL},
 };
 

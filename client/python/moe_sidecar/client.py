@@ -16,7 +16,7 @@ lock around it.
 import json
 
 from . import _native
-from .errors import InvalidError, PeerDeadError, TimeoutError, make_error
+from .errors import TimeoutError, make_error
 
 _native._set_error_factory(make_error)
 
@@ -428,5 +428,4 @@ class Client:
 
 
 __all__ = ["Client", "Pending", "SlotView", "fingerprint", "DTYPE_F32", "DTYPE_F16",
-           "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "PeerDeadError",
-           "InvalidError"]
+           "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD"]

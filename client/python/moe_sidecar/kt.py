@@ -225,7 +225,7 @@ class KTMoEWrapper:
         if not self.active:
             return
         for op in self._ops.values():
-            status, message, value, index, _ = self.client._ch.stream_op_take(op)
+            status, message, value, index = self.client._ch.stream_op_take(op)
             if status != 0:
                 if status == -9:  # ETIMEDOUT: the stream slot was abandoned
                     _stream_path(self.client).replace_slot()

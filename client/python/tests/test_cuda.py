@@ -126,16 +126,23 @@ def test_a_failure_in_a_host_function_surfaces_at_check(served_bf16):
     assert out.any()
 
 
+def _one_token_on_the_last_layer(socket, timeout_ms):
+    """A wrapper of the last MoE layer (nothing deferred, nothing owed) and one token's
+    inputs on the GPU."""
+    info = _info(socket)
+    wr = ms.KTMoEWrapper(info["moe_layers"][-1], info["n_experts"], info["model_top_k"],
+                         info["model_hidden"], info["expert_ffn"], socket=socket,
+                         timeout_ms=timeout_ms)
+    x = torch.randn(1, info["hidden"], device="cuda").bfloat16()
+    ids = torch.tensor([[0, 1]], device="cuda")
+    w = torch.full((1, 2), 0.5, device="cuda")
+    return wr, x, ids, w
+
+
 def test_a_killed_sidecar_never_hangs_the_stream(models):
     s = Sidecar(models["q8_0"])
     try:
-        info = _info(s.socket)
-        wr = ms.KTMoEWrapper(info["moe_layers"][-1], info["n_experts"], info["model_top_k"],
-                             info["model_hidden"], info["expert_ffn"], socket=s.socket,
-                             timeout_ms=20000)
-        x = torch.randn(1, info["hidden"], device="cuda").bfloat16()
-        ids = torch.tensor([[0, 1]], device="cuda")
-        w = torch.full((1, 2), 0.5, device="cuda")
+        wr, x, ids, w = _one_token_on_the_last_layer(s.socket, timeout_ms=20000)
         wr.forward(x, ids, w, torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
         os.kill(s.proc.pid, signal.SIGKILL)
@@ -179,13 +186,7 @@ def test_block_equals_transformers_qwen3_moe_block(served_bf16, models):
 def test_a_stream_timeout_gives_up_the_slot_and_the_next_call_works(models):
     s = Sidecar(models["q8_0"])
     try:
-        info = _info(s.socket)
-        wr = ms.KTMoEWrapper(info["moe_layers"][-1], info["n_experts"], info["model_top_k"],
-                             info["model_hidden"], info["expert_ffn"], socket=s.socket,
-                             timeout_ms=300)
-        x = torch.randn(1, info["hidden"], device="cuda").bfloat16()
-        ids = torch.tensor([[0, 1]], device="cuda")
-        w = torch.full((1, 2), 0.5, device="cuda")
+        wr, x, ids, w = _one_token_on_the_last_layer(s.socket, timeout_ms=300)
         stream = torch.cuda.current_stream().cuda_stream
         want = wr.forward(x, ids, w, stream)
         torch.cuda.synchronize()
