@@ -14,6 +14,7 @@
  * Pure functions; no allocation; thread-safe.
  */
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -768,6 +769,30 @@ const struct moek_format_info *moek_format_lookup(uint32_t format)
 {
 	const struct format_row *row = format_row(format);
 	return row ? &row->info : NULL;
+}
+
+const struct moek_format_info *moek_format_at(size_t i)
+{
+	return i < sizeof(format_table) / sizeof(format_table[0]) ? &format_table[i].info : NULL;
+}
+
+const char *moek_weight_format_names(char *buf, size_t len)
+{
+	size_t used = 0;
+	if (len)
+		buf[0] = '\0';
+	for (size_t i = 0; len; i++) {
+		const struct moek_format_info *fi = moek_format_at(i);
+		if (!fi)
+			break;
+		if (!fi->weight_format)
+			continue;
+		int n = snprintf(buf + used, len - used, "%s%s", used ? " " : "", fi->name);
+		if (n < 0 || (size_t)n >= len - used)
+			break;
+		used += (size_t)n;
+	}
+	return buf;
 }
 
 uint32_t moek_vec_dot_format(uint32_t weight_format)

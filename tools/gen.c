@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -251,6 +252,68 @@ static int plan_fail(struct gen *g)
 	return model_fail(g->err, "out of memory");
 }
 
+/* ---- K-quant mixes ------------------------------------------------------------------ */
+
+static const struct {
+	const char *name;
+	uint32_t file_type; /* llama.cpp LLAMA_FTYPE_MOSTLY_* */
+} mixes[] = {
+    [MOE_GEN_MIX_Q4_K_M] = {"Q4_K_M", 15},
+    [MOE_GEN_MIX_Q3_K_M] = {"Q3_K_M", 12},
+    [MOE_GEN_MIX_Q2_K] = {"Q2_K", 10},
+};
+
+const char *moe_gen_mix_name(enum moe_gen_mix mix)
+{
+	return mix > MOE_GEN_MIX_NONE && mix <= MOE_GEN_MIX_Q2_K ? mixes[mix].name : NULL;
+}
+
+uint32_t moe_gen_mix_file_type(enum moe_gen_mix mix)
+{
+	return moe_gen_mix_name(mix) ? mixes[mix].file_type : 0;
+}
+
+int moe_gen_mix_parse(const char *name, enum moe_gen_mix *out)
+{
+	for (enum moe_gen_mix m = MOE_GEN_MIX_Q4_K_M; m <= MOE_GEN_MIX_Q2_K; m++)
+		if (!strcasecmp(name, mixes[m].name)) {
+			*out = m;
+			return 0;
+		}
+	return -1;
+}
+
+/* llama.cpp's use_more_bits: the first and last eighths of the blocks and every third block
+ * in between get the larger type. */
+static bool more_bits(uint32_t i, uint32_t n)
+{
+	return i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+}
+
+uint32_t moe_gen_mix_format(enum moe_gen_mix mix, enum moe_gen_tensor which, uint32_t layer,
+                            uint32_t n_layers)
+{
+	const bool down = which == MOE_GEN_DOWN;
+	switch (mix) {
+	case MOE_GEN_MIX_Q4_K_M: return down && more_bits(layer, n_layers) ? MOEK_Q6_K : MOEK_Q4_K;
+	case MOE_GEN_MIX_Q3_K_M:
+		if (!down)
+			return MOEK_Q3_K;
+		return layer < n_layers / 16 ? MOEK_Q5_K : MOEK_Q4_K;
+	case MOE_GEN_MIX_Q2_K: return down ? MOEK_Q3_K : MOEK_Q2_K;
+	case MOE_GEN_MIX_NONE: break;
+	}
+	return MOEK_F32;
+}
+
+/* The format of expert projection p (0 gate, 1 up, 2 down) of block L. */
+static uint32_t expert_format(const struct gen *g, uint32_t L, int p)
+{
+	static const enum moe_gen_tensor mats[3] = {MOE_GEN_GATE, MOE_GEN_UP, MOE_GEN_DOWN};
+	const enum moe_gen_mix mix = g->opt->mix;
+	return mix ? moe_gen_mix_format(mix, mats[p], L, g->m.n_layers) : g->m.format;
+}
+
 static int plan_layer(struct gen *g, uint32_t L)
 {
 	const enum moe_arch arch = g->m.preset->arch;
@@ -321,13 +384,14 @@ static int plan_layer(struct gen *g, uint32_t L)
 			const bool gate_up = fused && p == 1;
 			const char *pname = gate_up ? "gate_up" : gguf_proj[p];
 			uint64_t rows = p == 2 ? H : gate_up ? 2 * F : F, cols = p == 2 ? F : H;
+			const uint32_t format = expert_format(g, L, p);
 			if (!(t = plan_add(g, GK_WEIGHT, L, -1, gate_up ? MOE_GEN_GATE : mats[p],
-			                   rows, cols, g->m.format)))
+			                   rows, cols, format)))
 				return plan_fail(g);
 			t->halves = gate_up;
 			snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s_exps.weight", L, pname);
 			set_shape(g, t, 3, (uint64_t[]){E, rows, cols});
-			t->nbytes = E * fmt_bytes(g->m.format, rows, cols);
+			t->nbytes = E * fmt_bytes(format, rows, cols);
 			if (!bias)
 				continue;
 			if (!(t = plan_add(g, GK_BIAS, L, -1,
@@ -346,8 +410,9 @@ static int plan_layer(struct gen *g, uint32_t L)
 	for (uint32_t e = 0; e < E; e++) {
 		for (int p = 0; p < 3; p++) {
 			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
+			const uint32_t format = expert_format(g, L, p);
 			if (!(t = plan_add(g, GK_WEIGHT, L, (int32_t)e, mats[p], rows, cols,
-			                   g->m.format)))
+			                   format)))
 				return plan_fail(g);
 			if (g->m.gguf)
 				snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s.%u.weight", L,
@@ -361,8 +426,8 @@ static int plan_layer(struct gen *g, uint32_t L)
 				         "model.layers.%u.mlp.experts.%u.%s.weight", L, e,
 				         hf_proj[p]);
 			set_shape(g, t, 2, (uint64_t[]){rows, cols});
-			t->st_dtype = st_dtype_of(g->m.format);
-			t->nbytes = fmt_bytes(g->m.format, rows, cols);
+			t->st_dtype = st_dtype_of(format);
+			t->nbytes = fmt_bytes(format, rows, cols);
 			char stem[88]; /* t->name without ".weight"; names here are < 80 bytes */
 			snprintf(stem, sizeof(stem), "%.*s", (int)(strlen(t->name) - 7), t->name);
 			if (g->m.format == MOEK_FP8_E4M3_B128) {
@@ -900,6 +965,8 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 	kv_str(m, n, "general.architecture", a);
 	kv_str(m, n, "general.name", p->name);
 	kv_u32(m, n, "general.alignment", g->m.alignment);
+	if (g->opt->mix)
+		kv_u32(m, n, "general.file_type", moe_gen_mix_file_type(g->opt->mix));
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
 	kv_u32(m, n, KEY("block_count"), g->m.n_layers);
 	kv_u32(m, n, KEY("embedding_length"), (uint32_t)g->m.hidden);
@@ -1189,6 +1256,29 @@ static int check_options(struct gen *g)
 	    p->leading_dense < g->m.n_layers ? p->leading_dense : g->m.n_layers - 1;
 	g->m.top_k = p->top_k < g->m.n_experts ? p->top_k : g->m.n_experts;
 	g->m.dense_ffn = p->dense_ffn;
+	if (o->mix) {
+		if (!moe_gen_mix_name(o->mix))
+			return model_fail(g->err, "mix %d is not a known mix", (int)o->mix);
+		if (!g->m.gguf)
+			return model_fail(g->err, "the %s mix is a GGUF mix: write a .gguf file",
+			                  moe_gen_mix_name(o->mix));
+		if (p->arch == MOE_ARCH_GPT_OSS)
+			return model_fail(g->err, "gpt-oss experts are MXFP4 only, not a %s mix",
+			                  moe_gen_mix_name(o->mix));
+		/* every format the mix uses; the base (gate of block 0) stands for the rest in
+		 * the block-size check below: all of them are 256-element K-quants */
+		for (uint32_t L = 0; L < g->m.n_layers; L++)
+			for (int which = MOE_GEN_GATE; which <= MOE_GEN_DOWN; which++) {
+				uint32_t f = moe_gen_mix_format(o->mix, which, L, g->m.n_layers);
+				const struct moek_format_info *mf = moek_format_lookup(f);
+				if (!mf || !mf->weight_format)
+					return model_fail(g->err,
+					                  "the %s mix needs format %u, which these "
+					                  "kernels do not have",
+					                  moe_gen_mix_name(o->mix), f);
+			}
+		g->m.format = moe_gen_mix_format(o->mix, MOE_GEN_GATE, 0, g->m.n_layers);
+	}
 	const struct moek_format_info *fi = moek_format_lookup(g->m.format);
 	if (!fi || !fi->weight_format)
 		return model_fail(g->err, "format %u is not an expert weight format", g->m.format);

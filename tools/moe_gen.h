@@ -12,7 +12,8 @@
  * anything else is a directory that receives config.json and the safetensors files.
  * Tensors are filled and quantized by a pool of threads while a writer thread writes the
  * previous 8 MiB; the bytes written are the same for any thread count.
- * Formats by container: GGUF takes F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4; safetensors
+ * Formats by container: GGUF takes every weight format of the kernels' table but FP8 (and
+ * the K-quant mixes, moe_gen_mix); safetensors
  * takes F32 F16 BF16 FP8_E4M3_B128 (weight_scale_inv) and, for gpt-oss only, MXFP4 in the
  * _blocks/_scales layout (gpt-oss checkpoints ship only that). Other pairs are an error.
  */
@@ -30,10 +31,20 @@
 /* Blocks generated when neither --layers nor --full says otherwise. */
 #define MOE_GEN_DEFAULT_LAYERS 2u
 
+/* llama.cpp's K-quant mixes, as its quantizer assigns types to expert tensors (the rule is
+ * moe_gen_mix_format's; docs/formats.md states it). GGUF only. */
+enum moe_gen_mix {
+	MOE_GEN_MIX_NONE = 0, /* every expert tensor in moe_gen_options.format */
+	MOE_GEN_MIX_Q4_K_M,
+	MOE_GEN_MIX_Q3_K_M,
+	MOE_GEN_MIX_Q2_K,
+};
+
 struct moe_gen_options {
 	const char *preset; /* a name or alias from presets.h */
 	const char *out;
-	uint32_t format; /* moek_format id */
+	uint32_t format;      /* moek_format id (ignored with a mix) */
+	enum moe_gen_mix mix; /* per-tensor formats instead of `format` */
 	uint64_t seed;
 	uint32_t layers; /* 0: MOE_GEN_DEFAULT_LAYERS (full_layers with `full`) */
 	bool full;
@@ -63,6 +74,13 @@ struct moe_gen_options {
 /* Generates the model. Returns 0, or -1 with err naming what was wrong (bad option, format
  * not representable in the container, shapes not fitting the format's block, I/O error). */
 int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err);
+
+/* The mix's name as llama.cpp spells its file type ("Q4_K_M"), or NULL for none/unknown. */
+const char *moe_gen_mix_name(enum moe_gen_mix mix);
+/* The mix named `name` (any case: "q4_k_m", "Q3_K_M", "q2_k"); 0, or -1 if none is. */
+int moe_gen_mix_parse(const char *name, enum moe_gen_mix *out);
+/* llama.cpp's general.file_type of the mix (LLAMA_FTYPE_MOSTLY_*), 0 for none. */
+uint32_t moe_gen_mix_file_type(enum moe_gen_mix mix);
 
 /* What a generated value belongs to. */
 enum moe_gen_tensor {
@@ -108,6 +126,11 @@ enum moe_gen_tensor {
  * matrices (so each output of x·W keeps x's scale), by 0.1 for biases, by 1 for embeddings
  * and attention sinks; norm weights lie in [1 - 1/16, 1 + 1/16). Pure and thread-safe.
  * `cols` is the matrix's row length (for the scale); pass 1 for vectors. */
+/* The format `mix` gives expert projection `which` (MOE_GEN_GATE, MOE_GEN_UP or MOE_GEN_DOWN)
+ * of transformer block `layer` of n_layers blocks. gate and up always share a format. */
+uint32_t moe_gen_mix_format(enum moe_gen_mix mix, enum moe_gen_tensor which, uint32_t layer,
+                            uint32_t n_layers);
+
 void moe_gen_floats(uint64_t seed, uint32_t layer, uint32_t expert, enum moe_gen_tensor which,
                     uint64_t cols, uint64_t first, size_t n, float *out);
 

@@ -1,4 +1,5 @@
 /* moe_gen_main.c — `moe-gen`: command-line front end of libmoe_gen (see moe_gen.h). */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,11 +22,20 @@ static void usage(FILE *o)
 	    "                   config.json + safetensors\n"
 	    "  --preset NAME    %s\n",
 	    presets);
+	char formats[256];
+	moek_weight_format_names(formats, sizeof(formats));
+	for (char *c = formats; *c; c++)
+		*c = (char)tolower((unsigned char)*c);
+	fprintf(o,
+	        "  --format F       %s\n"
+	        "                   (fp8 = fp8_e4m3_b128; default: q8_0 for GGUF, bf16 for\n"
+	        "                   safetensors, fp8 for deepseek-v3 safetensors, mxfp4 for\n"
+	        "                   gpt-oss)\n",
+	        formats);
+	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k: GGUF experts typed per tensor as\n"
+	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
 	    o,
-	    "  --format F       f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k mxfp4 fp8 (default:\n"
-	    "                   q8_0 for GGUF, bf16 for safetensors, fp8 for deepseek-v3\n"
-	    "                   safetensors, mxfp4 for gpt-oss)\n"
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
 	    "  --layers N       number of blocks (default: 2; --full: the real count)\n"
 	    "  --hidden N --ffn N --experts N   shrink dims (default: the real model's)\n"
@@ -42,19 +52,18 @@ static void usage(FILE *o)
 	    "  --quiet          no progress bar\n");
 }
 
+/* Any expert weight format of the kernels' table, by its name in any case; "fp8" and
+ * "fp8_e4m3" also name FP8_E4M3_B128. */
 static int parse_format(const char *s, uint32_t *out)
 {
-	static const uint32_t ids[] = {MOEK_F32,  MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,
-	                               MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_MXFP4};
-	if (!strcasecmp(s, "fp8") || !strcasecmp(s, "fp8_e4m3") ||
-	    !strcasecmp(s, "fp8_e4m3_b128")) {
+	if (!strcasecmp(s, "fp8") || !strcasecmp(s, "fp8_e4m3")) {
 		*out = MOEK_FP8_E4M3_B128;
 		return 0;
 	}
-	for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
-		const struct moek_format_info *fi = moek_format_lookup(ids[i]);
-		if (fi && !strcasecmp(s, fi->name)) {
-			*out = ids[i];
+	for (size_t i = 0; moek_format_at(i); i++) {
+		const struct moek_format_info *fi = moek_format_at(i);
+		if (fi->weight_format && !strcasecmp(s, fi->name)) {
+			*out = fi->format;
 			return 0;
 		}
 	}
@@ -108,6 +117,13 @@ int main(int argc, char **argv)
 			o.preset = v, i++;
 		} else if (!strcmp(a, "--format")) {
 			format = v, i++;
+		} else if (!strcmp(a, "--mix")) {
+			if (moe_gen_mix_parse(v, &o.mix)) {
+				fprintf(stderr, "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k)\n",
+				        v);
+				return 2;
+			}
+			i++;
 		} else {
 			if (parse_u64(a, v, &n))
 				return 2;
@@ -150,6 +166,10 @@ int main(int argc, char **argv)
 	const struct moe_model_preset *p = moe_model_preset_find(o.preset);
 	size_t ol = strlen(o.out);
 	int gguf = ol > 5 && !strcmp(o.out + ol - 5, ".gguf");
+	if (format && o.mix) {
+		fprintf(stderr, "moe-gen: --format and --mix exclude each other\n");
+		return 2;
+	}
 	if (format) {
 		if (parse_format(format, &o.format)) {
 			fprintf(stderr, "moe-gen: unknown format '%s'\n", format);

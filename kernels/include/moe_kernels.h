@@ -24,6 +24,8 @@ enum moek_format {
 	MOEK_F16 = 1,
 	MOEK_Q4_0 = 2,
 	MOEK_Q8_0 = 8,
+	MOEK_Q2_K = 10,
+	MOEK_Q3_K = 11,
 	MOEK_Q4_K = 12,
 	MOEK_Q5_K = 13,
 	MOEK_Q6_K = 14,
@@ -43,6 +45,14 @@ struct moek_format_info {
 
 /* Table row for a format, or NULL if the id is not a known format. */
 const struct moek_format_info *moek_format_lookup(uint32_t format);
+
+/* Row i of the format table (0, 1, … in table order), or NULL past its end: for listing what
+ * is supported (option parsers, error messages) without a second list to keep in step. */
+const struct moek_format_info *moek_format_at(size_t i);
+
+/* The expert weight formats' names, space-separated in table order ("F32 F16 … FP8_E4M3_B128"),
+ * into buf (always terminated; truncated if too small). Returns buf. */
+const char *moek_weight_format_names(char *buf, size_t len);
 
 /* Bytes of one row of n elements, or 0 if n is not a multiple of the block size or the
  * format is unknown. FP8: n bytes (scales are separate). */

@@ -155,12 +155,14 @@ static int take_weight(struct builder *b, const struct tview *tv, bool merged, u
                        uint64_t rows, uint64_t cols, struct moe_proj_ref *p)
 {
 	const struct moe_model_hparams *in = &b->cat->info;
-	if (tv->format == FMT_NONE || !weight_format_supported(tv->format))
+	if (tv->format == FMT_NONE || !weight_format_supported(tv->format)) {
+		char names[256];
 		return model_fail(b->err,
-		                  "%s: tensor %s: type %s is not supported for expert "
-		                  "weights (F32 F16 BF16 Q8_0 Q4_0 Q4_K Q5_K Q6_K MXFP4 "
-		                  "FP8_E4M3)",
-		                  b->path, tv->name, tv->type ? tv->type : "?");
+		                  "%s: tensor %s: type %s is not supported for expert weights "
+		                  "(supported: %s)",
+		                  b->path, tv->name, tv->type ? tv->type : "?",
+		                  moek_weight_format_names(names, sizeof(names)));
+	}
 	uint32_t want_dims = merged ? 3 : 2;
 	bool shape_ok = tv->n_dims == want_dims && tv->ne[0] == cols && tv->ne[1] == rows &&
 	                (!merged || tv->ne[2] == in->n_experts);

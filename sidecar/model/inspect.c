@@ -2,6 +2,7 @@
  * architecture, layers, experts, formats, bytes per expert and in total, slab alignment —
  * so an operator can check a model before serving it. */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -30,6 +31,42 @@ static const struct moe_expert *first_expert(const struct moe_catalog *cat)
 	return NULL;
 }
 
+/* Per-layer formats of projection p: up to 8 distinct formats, the MoE layers of each. A
+ * K-quant mix (Q4_K_M puts some layers' down in Q6_K) shows as more than one. */
+struct proj_formats {
+	uint32_t n;
+	uint32_t format[8];
+	uint32_t layers[8]; /* how many MoE layers use format[i] */
+};
+
+static void proj_formats(const struct moe_catalog *cat, int p, struct proj_formats *pf)
+{
+	memset(pf, 0, sizeof(*pf));
+	for (uint32_t L = 0; L < cat->info.n_layers; L++) {
+		const struct moe_layer *ly = &cat->layers[L];
+		if (!ly->moe || !ly->experts[0].proj[p].present)
+			continue;
+		uint32_t f = ly->experts[0].proj[p].format, i = 0;
+		while (i < pf->n && pf->format[i] != f)
+			i++;
+		if (i == pf->n && pf->n < 8)
+			pf->format[pf->n++] = f;
+		if (i < pf->n)
+			pf->layers[i]++;
+	}
+}
+
+static bool formats_vary(const struct moe_catalog *cat)
+{
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		struct proj_formats pf;
+		proj_formats(cat, p, &pf);
+		if (pf.n > 1)
+			return true;
+	}
+	return false;
+}
+
 static void print_json(FILE *o, const struct moe_catalog *cat)
 {
 	const struct moe_model_hparams *in = &cat->info;
@@ -51,7 +88,19 @@ static void print_json(FILE *o, const struct moe_catalog *cat)
 	fprintf(o, ",\"formats\":[");
 	for (uint32_t i = 0; i < cat->n_formats; i++)
 		fprintf(o, "%s\"%s\"", i ? "," : "", moe_format_name(cat->formats[i]));
-	fprintf(o, "],\"expert_bytes\":%" PRIu64 ",\"expert_bytes_total\":%" PRIu64,
+	fprintf(o, "],\"proj_formats\":{");
+	for (int p = 0, k = 0; p < MOE_PROJ_COUNT; p++) {
+		struct proj_formats pf;
+		proj_formats(cat, p, &pf);
+		if (!pf.n)
+			continue;
+		fprintf(o, "%s\"%s\":{", k++ ? "," : "", moe_proj_name((enum moe_proj)p));
+		for (uint32_t i = 0; i < pf.n; i++)
+			fprintf(o, "%s\"%s\":%u", i ? "," : "", moe_format_name(pf.format[i]),
+			        pf.layers[i]);
+		fprintf(o, "}");
+	}
+	fprintf(o, "},\"expert_bytes\":%" PRIu64 ",\"expert_bytes_total\":%" PRIu64,
 	        ex ? ex->bytes : 0, cat->expert_bytes_total);
 	fprintf(o, ",\"experts_total\":%" PRIu64 ",\"experts_aligned_4k\":%" PRIu64,
 	        n_experts_total, cat->n_experts_aligned_4k);
@@ -116,6 +165,20 @@ static void print_text(FILE *o, const struct moe_catalog *cat)
 				        moe_proj_name((enum moe_proj)p),
 				        moe_format_name(ex->proj[p].format), ex->proj[p].rows,
 				        ex->proj[p].cols);
+		fprintf(o, "%s\n", formats_vary(cat) ? " (first MoE layer)" : "");
+	}
+	if (formats_vary(cat)) {
+		fprintf(o, "per layer      ");
+		for (int p = 0, k = 0; p < MOE_PROJ_COUNT; p++) {
+			struct proj_formats pf;
+			proj_formats(cat, p, &pf);
+			if (!pf.n)
+				continue;
+			fprintf(o, "%s %s", k++ ? ";" : "", moe_proj_name((enum moe_proj)p));
+			for (uint32_t i = 0; i < pf.n; i++)
+				fprintf(o, "%s %s in %u layers", i ? "," : "",
+				        moe_format_name(pf.format[i]), pf.layers[i]);
+		}
 		fprintf(o, "\n");
 	}
 	fprintf(o, "all experts     ");

@@ -335,7 +335,13 @@ Test(corrupt, gguf_unsupported_expert_type)
 	memcpy(type_at, &type, 4);
 	write_file(p, buf, len);
 	free(buf);
-	catalog_rejects(p, "tensor blk.1.ffn_up_exps.weight: type I16 is not supported", NULL);
+	/* the list is the kernels' table: every weight format, Q8_K (activations only) not */
+	char names[256], list[300];
+	snprintf(list, sizeof(list), "(supported: %s)",
+	         moek_weight_format_names(names, sizeof(names)));
+	cr_assert_not_null(strstr(list, " Q4_K "));
+	cr_assert_null(strstr(list, "Q8_K"));
+	catalog_rejects(p, "tensor blk.1.ffn_up_exps.weight: type I16 is not supported", list);
 }
 
 Test(corrupt, gguf_shape_disagrees_with_metadata)

@@ -115,6 +115,7 @@ struct case_spec {
 	uint32_t experts, layers;
 	uint64_t hidden, ffn;
 	bool fused;
+	enum moe_gen_mix mix; /* instead of format */
 };
 
 static void check_model(const struct case_spec *c)
@@ -131,7 +132,8 @@ static void check_model(const struct case_spec *c)
 	                            .ffn = c->ffn,
 	                            .experts = c->experts,
 	                            .shards = c->shards,
-	                            .per_expert = c->per_expert};
+	                            .per_expert = c->per_expert,
+	                            .mix = c->mix};
 	struct model_error err;
 	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s %s: moe_gen_write: %s", c->preset,
 	             moe_format_name(c->format), err.msg);
@@ -155,8 +157,10 @@ static void check_model(const struct case_spec *c)
 	cr_assert_eq(in->hidden, c->hidden);
 	cr_assert_eq(in->expert_ffn, c->ffn);
 	cr_assert_eq(cat->n_files, c->shards > 1 ? c->shards : 1);
-	cr_assert_eq(cat->n_formats, 1);
-	cr_assert_eq(cat->formats[0], c->format);
+	if (!c->mix) {
+		cr_assert_eq(cat->n_formats, 1);
+		cr_assert_eq(cat->formats[0], c->format);
+	}
 	cr_assert_eq(in->has_bias, p->arch == MOE_ARCH_GPT_OSS);
 	if (p->arch == MOE_ARCH_DEEPSEEK) {
 		cr_assert_eq(in->gating, MOE_GATING_SIGMOID);
@@ -184,12 +188,23 @@ static void check_model(const struct case_spec *c)
 				if (!pr->present)
 					continue;
 				size_t n = pr->rows * pr->cols;
+				static const enum moe_gen_tensor mats[] = {
+				    [MOE_PROJ_GATE] = MOE_GEN_GATE,
+				    [MOE_PROJ_UP] = MOE_GEN_UP,
+				    [MOE_PROJ_DOWN] = MOE_GEN_DOWN};
+				if (c->mix)
+					cr_assert_eq(
+					    pr->format,
+					    moe_gen_mix_format(c->mix, mats[pj], L, c->layers),
+					    "%s L%u %s: %s", moe_gen_mix_name(c->mix), L,
+					    moe_proj_name((enum moe_proj)pj),
+					    moe_format_name(pr->format));
 				load_matrix(cat, pr, got);
 				expected_matrix(pr, (enum moe_proj)pj, L, e, want);
 				double err_right = nmse(got, want, n);
-				cr_assert_leq(err_right, tolerance(c->format),
+				cr_assert_leq(err_right, tolerance(pr->format),
 				              "%s %s L%u e%u %s: nmse %g", c->preset,
-				              moe_format_name(c->format), L, e,
+				              moe_format_name(pr->format), L, e,
 				              moe_proj_name((enum moe_proj)pj), err_right);
 				/* the same comparison against the neighbouring expert must fail */
 				if (in->n_experts > 1 && e < 2) {
@@ -317,4 +332,82 @@ Test(generator, floats_are_a_pure_function_of_the_index)
 	cr_assert_gt(nmse(other, whole, 64), 0.5, "the seed does not change the weights");
 	moe_gen_floats(SEED, 3, 5, MOE_GEN_GATE, 64, 0, 64, other);
 	cr_assert_gt(nmse(other, whole, 64), 0.5, "gate and up are the same");
+}
+
+/* llama.cpp's rule on a 48-block model (Qwen3-30B-A3B): Q4_K_M's down is Q6_K in the first
+ * and last sixth blocks (n/8 = 6) and every third block from 8 to 41; Q3_K_M's down is Q5_K
+ * in the first n/16 = 3 blocks, Q4_K after; Q2_K's down is Q3_K. gate and up never differ. */
+Test(generator, mix_rule_is_llama_cpps)
+{
+	uint32_t q6 = 0;
+	for (uint32_t L = 0; L < 48; L++) {
+		bool more = L < 6 || L >= 42 || (L >= 6 && (L - 6) % 3 == 2);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q4_K_M, MOE_GEN_DOWN, L, 48),
+		             more ? MOEK_Q6_K : MOEK_Q4_K, "Q4_K_M block %u", L);
+		q6 += more;
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q3_K_M, MOE_GEN_DOWN, L, 48),
+		             L < 3 ? MOEK_Q5_K : MOEK_Q4_K, "Q3_K_M block %u", L);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q2_K, MOE_GEN_DOWN, L, 48), MOEK_Q3_K);
+		for (enum moe_gen_tensor w = MOE_GEN_GATE; w <= MOE_GEN_UP; w++) {
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q4_K_M, w, L, 48), MOEK_Q4_K);
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q3_K_M, w, L, 48), MOEK_Q3_K);
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q2_K, w, L, 48), MOEK_Q2_K);
+		}
+	}
+	cr_assert_eq(q6, 24);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q4_K_M, MOE_GEN_DOWN, 8, 48), MOEK_Q6_K);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_Q4_K_M, MOE_GEN_DOWN, 9, 48), MOEK_Q4_K);
+	enum moe_gen_mix m;
+	cr_assert_eq(moe_gen_mix_parse("q4_k_m", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_Q4_K_M);
+	cr_assert_eq(moe_gen_mix_parse("Q2_K", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_Q2_K);
+	cr_assert_eq(moe_gen_mix_parse("q4_k_s", &m), -1);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_Q4_K_M), 15);
+}
+
+/* Every mix written, read back tensor by tensor: each projection of each block in the
+ * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
+ * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
+static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M};
+
+Test(roundtrip, gguf_k_quant_mixes)
+{
+	for (size_t m = 0; m < N(mixes); m++)
+		for (int per_expert = 0; per_expert < 2; per_expert++) {
+			const char *preset = per_expert ? "deepseek-v3" : "qwen3-30b-a3b";
+			struct case_spec c = {.preset = preset,
+			                      .gguf = true,
+			                      .shards = 1,
+			                      .per_expert = per_expert,
+			                      .experts = 2,
+			                      .layers = 17,
+			                      .hidden = 256,
+			                      .ffn = 256,
+			                      .mix = mixes[m]};
+			check_model(&c);
+		}
+}
+
+/* A mix is GGUF-only and needs K-quant blocks. */
+Test(generator, mix_refusals)
+{
+	char *dir = scratch_dir();
+	char out[512];
+	struct model_error err;
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	                            .out = out,
+	                            .seed = 1,
+	                            .hidden = 256,
+	                            .ffn = 256,
+	                            .experts = 2,
+	                            .mix = MOE_GEN_MIX_Q4_K_M};
+	cr_assert_eq(moe_gen_write(&o, &err), -1);
+	cr_assert_not_null(strstr(err.msg, "Q4_K_M mix is a GGUF mix"), "%s", err.msg);
+	snprintf(out, sizeof(out), "%s/m.gguf", dir);
+	o.ffn = 160;
+	cr_assert_eq(moe_gen_write(&o, &err), -1);
+	cr_assert_not_null(strstr(err.msg, "multiples of the Q4_K block (256)"), "%s", err.msg);
+	remove_tree(dir);
 }

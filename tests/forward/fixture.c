@@ -30,6 +30,7 @@ int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *s, char *er
 	    .ffn = s->ffn,
 	    .experts = s->experts,
 	    .fused_gate_up = s->fused_gate_up,
+	    .mix = s->mix,
 	};
 	struct model_error merr = {{0}};
 	if (moe_gen_write(&opt, &merr) != 0 || moe_catalog_open(m->path, &m->cat, &merr) != 0) {

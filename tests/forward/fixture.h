@@ -10,6 +10,7 @@
 
 #include "catalog.h"
 #include "forward.h"
+#include "moe_gen.h"
 
 struct fwd_model {
 	char dir[64];
@@ -24,6 +25,7 @@ struct fwd_model_spec {
 	uint32_t layers, experts;
 	uint64_t hidden, ffn;
 	bool fused_gate_up;
+	enum moe_gen_mix mix; /* a K-quant mix instead of `format` (GGUF) */
 };
 
 /* Writes and opens the model; returns 0 or -1 with err. */

@@ -247,6 +247,61 @@ Test(forward_sources, all_sources_same_bits)
 	fwd_model_free(&m);
 }
 
+/* A llama.cpp Q4_K_M mix (down in Q6_K on 5 of 9 blocks, Q4_K elsewhere; experts of two
+ * sizes): every source against the reference on every block, ALL_RESIDENT and RESIDENCY
+ * with a budget that evicts (slots serve experts of both sizes) giving the same bits. */
+Test(forward_formats, gguf_q4_k_m_mix_every_source)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {.preset = "qwen3-30b-a3b",
+	                              .gguf = true,
+	                              .layers = 9,
+	                              .experts = 8,
+	                              .hidden = 256,
+	                              .ffn = 256,
+	                              .mix = MOE_GEN_MIX_Q4_K_M};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(m.cat->n_formats, 2);
+	const size_t h = m.cat->info.hidden;
+	struct forward_engine *e[3] = {
+	    engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 24),
+	    engine(&m, FORWARD_SOURCE_RESIDENCY, m.cat->expert_bytes_total / 4, 24),
+	    engine(&m, FORWARD_SOURCE_MMAP, 0, 24),
+	};
+	uint32_t q6 = 0;
+	for (uint32_t L = 0; L < 9; L++) {
+		q6 += moe_catalog_expert(m.cat, L, 0)->proj[MOE_PROJ_DOWN].format == MOEK_Q6_K;
+		for (uint32_t n = 1; n <= 24; n += 23) {
+			struct fwd_req r;
+			fwd_req_make(&r, m.cat, (int32_t)L, n, 4, 0, MOEK_ACT_BF16, 70 + L, false);
+			float *resident = malloc(n * h * sizeof(float));
+			cr_assert(resident);
+			for (int s = 0; s < 3; s++) {
+				char what[64];
+				snprintf(what, sizeof(what),
+				         "Q4_K_M block %u, %u tokens, source %d", L, n, s);
+				memset(r.out, 0xff, n * h * sizeof(float));
+				run_equal(e[s], &r, what);
+				assert_bits(r.out, r.ref, n * h, what);
+				if (s == 0)
+					memcpy(resident, r.out, n * h * sizeof(float));
+				if (s == 1)
+					assert_bits(r.out, resident, n * h, what);
+			}
+			free(resident);
+			fwd_req_free(&r);
+		}
+	}
+	cr_assert_eq(q6, 5);
+	struct forward_stats st = {0};
+	forward_stats(e[1], &st);
+	cr_assert_gt(st.evictions, 0);
+	for (int s = 0; s < 3; s++)
+		forward_destroy(e[s]);
+	fwd_model_free(&m);
+}
+
 /* The decode layout (gate/up alternating, groups of 8 interleaved where the format has the
  * layout) against the files' rows, for every container and gate/up arrangement: the same
  * bits where only rows move (no interleaved layout for the format), the interleaved group
