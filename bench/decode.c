@@ -41,6 +41,20 @@
  *                                         non-resident experts are the deferred ones)
  *                [--file-layout]         (every engine keeps the files' rows: serve
  *                                         --file-layout, forward_config.file_layout)
+ *                [--sequential]          (one engine holds the model at a time: the floor is
+ *                                         destroyed before the sidecar starts and the 100%
+ *                                         rounds restart the sidecar; automatic when 2.5
+ *                                         copies of the experts exceed the RAM)
+ *                [--prefill N,N]         (rows of an N-token prompt through every MoE layer
+ *                                         at the 100% and 50% budgets, and in the floor)
+ *                [--json-file PATH]      (the --json object written there as well)
+ *
+ * Also reported per budget: hits that a hint had loaded, bytes read per token (demand misses
+ * and everything the loader read), the page cache the sidecar filled from the model files
+ * (its eBPF probes, cold start included), and the cold start — seconds from spawning `serve`
+ * to READY, to the first FORWARD answered and to the hinted set resident — with the loader's
+ * rate over that span against the disk's floor (odirect.h: the same bytes read once with
+ * O_DIRECT at the loader's chunk and depth, measured in the same run).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -56,6 +70,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "catalog_adapter.h"
 #include "cores.h"
 #include "forward.h"
 #include "latency.h"
@@ -63,6 +78,7 @@
 #include "moe_gen.h"
 #include "moe_kernels.h"
 #include "moe_proto.h"
+#include "odirect.h"
 #include "trace.h"
 
 #define MAX_FRACTIONS 8
@@ -71,6 +87,8 @@ static double fractions[MAX_FRACTIONS] = {1.0, 0.5, 0.25};
 static int N_FRACTIONS = 3;
 static uint32_t engine_threads; /* --threads; 0 = each engine's default */
 static bool client_spin;        /* --client-spin: the replaying client's MOE_WAIT_SPIN */
+static bool sequential;       /* --sequential (or a model too big for two copies): one at a time */
+static const char *json_file; /* --json-file: the JSON object there too, beside the table */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -141,8 +159,16 @@ static void workload_request(const struct workload *w, uint32_t step, uint32_t l
 /* Timing of one mode. */
 struct result {
 	double tokens_per_s;
-	double hit_rate;   /* sidecar only, over the timed steps; NAN otherwise */
-	double bytes_read; /* sidecar only, over the timed steps */
+	double hit_rate;       /* sidecar only, over the timed steps; NAN otherwise */
+	double prefetch_hits;  /* of the hits, experts a hint had loaded (sidecar only) */
+	double bytes_read;     /* sidecar only, over the timed steps (demand misses) */
+	double loader_bytes;   /* sidecar only: everything its loader read in the timed steps */
+	double pagecache_fill; /* sidecar only: page-cache bytes filled from the model files
+	                          while it served (probes), NAN without probes */
+	/* cold start (sidecar only), seconds from spawning `serve`: READY written, the first
+	 * FORWARD answered, the hinted set resident (what fits the budget); warm_bytes is the
+	 * expert bytes resident then */
+	double ready_s, first_s, warm_s, warm_bytes;
 	double p50_us[64], p99_us[64];
 	double p99_all_us;
 	int ok;
@@ -398,8 +424,15 @@ static const char *sidecar_threads = "0"; /* --sidecar-threads; "0" = serve's de
 static uint16_t forward_flags; /* --defer-cold: MOE_FWD_DEFER_COLD on the sidecar's FORWARDs */
 static bool file_layout;       /* --file-layout: every engine keeps the files' rows */
 
-static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
+static uint32_t max_prefill; /* --prefill's largest token count (0: no prefill rows) */
+
+static uint64_t spawned_ns; /* when the running sidecar was forked */
+
+/* Starts `serve`; *ready_s receives the seconds from fork to its READY line. */
+static pid_t sidecar_spawn(const char *model, double fraction, const char *sock, double *ready_s)
 {
+	const uint64_t t_spawn = now_ns();
+	spawned_ns = t_spawn;
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) != 0)
 		return -1;
@@ -434,6 +467,12 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
 		}
 		if (file_layout)
 			argv[at++] = "--file-layout";
+		char max_tokens[16];
+		if (max_prefill > 256) { /* serve's default, which the STATS connection needs */
+			snprintf(max_tokens, sizeof(max_tokens), "%u", max_prefill);
+			argv[at++] = "--max-tokens";
+			argv[at++] = max_tokens;
+		}
 		execv(MOE_SIDECAR_BIN, (char *const *)argv);
 		_exit(127);
 	}
@@ -445,6 +484,7 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock)
 		waitpid(pid, NULL, 0);
 		return -1;
 	}
+	*ready_s = (double)(now_ns() - t_spawn) / 1e9;
 	return pid;
 }
 
@@ -481,6 +521,18 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	struct moe_slot slot, hint_slot;
 	moe_slot_acquire(c, &slot);
 	moe_slot_acquire(c, &hint_slot);
+	/* Cold start: the first FORWARD (step 0, first layer) on a sidecar that has loaded
+	 * nothing yet. */
+	{
+		workload_request(w, 0, 0, ids, wts, x);
+		memcpy(slot.input, x, h * sizeof(float));
+		memcpy(slot.expert_ids, ids, k * sizeof(int32_t));
+		memcpy(slot.expert_weights, wts, k * sizeof(float));
+		struct moe_completion done;
+		rc = moe_forward(c, &slot, (int32_t)w->first_layer, 1, (uint16_t)k, 0, MOEK_ACT_F32,
+		                 MOEK_ACT_F32, forward_flags, &done, TIMEOUT_MS);
+		r->first_s = (double)(now_ns() - spawned_ns) / 1e9;
+	}
 	/* Warm-up, part 1: hint every expert once (what fits stays: at 100% all of them, as in
 	 * the floor); part 2 is the warm-up steps below. */
 	for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++)
@@ -495,21 +547,30 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		}
 	/* The hinted loads run in the background: let them finish before anything is timed. */
 	double last = -1;
-	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 1500; polls++) {
+	uint64_t changed = now_ns();
+	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 60000; polls++) {
 		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
 		double now_resident = stat_of(js, "resident_bytes");
+		if (now_resident != last) {
+			changed = now_ns();
+			r->warm_bytes = now_resident;
+		}
 		stable = now_resident == last ? stable + 1 : 0;
 		last = now_resident;
-		nanosleep(&(struct timespec){.tv_nsec = 20000000}, NULL);
+		nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
 	}
+	r->warm_s = (double)(changed - spawned_ns) / 1e9;
 	uint64_t t0 = 0;
-	double h0 = 0, m0 = 0, b0 = 0;
+	double h0 = 0, m0 = 0, b0 = 0, p0 = 0, l0 = 0, f0 = 0;
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
 		if (step == w->warm_steps) {
 			if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
 				h0 = stat_of(js, "hits");
 				m0 = stat_of(js, "cold_misses") + stat_of(js, "inflight_misses");
 				b0 = stat_of(js, "bytes_read");
+				p0 = stat_of(js, "prefetch_hits");
+				l0 = stat_of(js, "loader_bytes_read");
+				f0 = stat_of(js, "pagecache_fill_bytes");
 			}
 			t0 = now_ns();
 		}
@@ -558,7 +619,12 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			double miss =
 			    stat_of(js, "cold_misses") + stat_of(js, "inflight_misses") - m0;
 			r->hit_rate = hits / (hits + miss);
+			r->prefetch_hits = (stat_of(js, "prefetch_hits") - p0) / (hits + miss);
 			r->bytes_read = stat_of(js, "bytes_read") - b0;
+			r->loader_bytes = stat_of(js, "loader_bytes_read") - l0;
+			/* the probes count from the sidecar's start: cold start included */
+			r->pagecache_fill = stat_of(js, "pagecache_fill_bytes");
+			(void)f0;
 		}
 	}
 	moe_slot_release(c, slot.index);
@@ -573,6 +639,143 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	free(lat);
 	free(js);
 	return rc == MOE_OK ? 0 : -1;
+}
+
+/* ---- Prefill ----------------------------------------------------------------------------- */
+
+#define MAX_PREFILLS 4
+static uint32_t prefills[MAX_PREFILLS]; /* --prefill: token counts */
+static int n_prefills;
+
+/* A prompt of n tokens: token t is routed as trace step t % (warm + timed steps), its
+ * activations from the same seed as the decode's. */
+struct prompt {
+	float *x, *weights;
+	int32_t *ids;
+	float *out;
+};
+
+static int prompt_make(const struct workload *w, uint32_t li, uint32_t n, struct prompt *p)
+{
+	const size_t h = w->hidden, k = w->top_k;
+	p->x = malloc(n * h * sizeof(float));
+	p->out = calloc(n * h, sizeof(float));
+	p->weights = malloc(n * k * sizeof(float));
+	p->ids = malloc(n * k * sizeof(int32_t));
+	if (!p->x || !p->out || !p->weights || !p->ids)
+		return -1;
+	const uint32_t steps = w->warm_steps + w->steps;
+	for (uint32_t t = 0; t < n; t++)
+		workload_request(w, t % steps, li, p->ids + t * k, p->weights + t * k,
+		                 p->x + t * h);
+	return 0;
+}
+
+static void prompt_free(struct prompt *p)
+{
+	free(p->x);
+	free(p->out);
+	free(p->weights);
+	free(p->ids);
+}
+
+/* The n-token prompt through every MoE layer of an in-process engine: tokens/s. */
+static double prefill_inprocess(const struct workload *w, struct forward_engine *e, uint32_t n)
+{
+	uint64_t busy = 0;
+	for (uint32_t li = 0; li < w->n_layers; li++) {
+		struct prompt p;
+		if (prompt_make(w, li, n, &p) != 0)
+			return NAN;
+		struct forward_request req = {.layer = (int32_t)(w->first_layer + li),
+		                              .n_tokens = n,
+		                              .k = w->top_k,
+		                              .x = p.x,
+		                              .x_dtype = MOEK_ACT_F32,
+		                              .ids = p.ids,
+		                              .weights = p.weights};
+		struct forward_result res;
+		uint64_t a = now_ns();
+		int rc = forward_run(e, &req, p.out, NULL, &res);
+		busy += now_ns() - a;
+		prompt_free(&p);
+		if (rc != 0) {
+			fprintf(stderr, "bench_decode: prefill of %u tokens, layer %u: %s\n", n, li,
+			        res.message);
+			return NAN;
+		}
+	}
+	return (double)n / ((double)busy / 1e9);
+}
+
+/* The same through the sidecar (a connection of its own sized for n tokens). */
+static double prefill_sidecar(const struct workload *w, const char *sock, uint32_t n)
+{
+	struct moe_connect_opts o = {.socket_path = sock,
+	                             .max_tokens = n,
+	                             .top_k = w->top_k,
+	                             .n_slots = 1,
+	                             .client_name = "bench_decode prefill"};
+	struct moe_client *c;
+	if (moe_connect(&o, &c) != MOE_OK) {
+		fprintf(stderr, "bench_decode: %s\n", moe_connect_error());
+		return NAN;
+	}
+	struct moe_slot slot;
+	moe_slot_acquire(c, &slot);
+	const size_t h = w->hidden, k = w->top_k;
+	uint64_t busy = 0;
+	int rc = MOE_OK;
+	for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++) {
+		struct prompt p;
+		if (prompt_make(w, li, n, &p) != 0) {
+			rc = MOE_ENOMEM;
+			break;
+		}
+		memcpy(slot.input, p.x, n * h * sizeof(float));
+		memcpy(slot.expert_ids, p.ids, n * k * sizeof(int32_t));
+		memcpy(slot.expert_weights, p.weights, n * k * sizeof(float));
+		prompt_free(&p);
+		struct moe_completion done;
+		uint64_t a = now_ns();
+		rc = moe_forward(c, &slot, (int32_t)(w->first_layer + li), n, (uint16_t)k, 0,
+		                 MOEK_ACT_F32, MOEK_ACT_F32, 0, &done, 10 * TIMEOUT_MS);
+		busy += now_ns() - a;
+		if (rc != MOE_OK)
+			fprintf(stderr, "bench_decode: prefill of %u tokens, layer %u: %s: %s\n", n,
+			        li, moe_strerror(rc), moe_last_error(c));
+	}
+	moe_slot_release(c, slot.index);
+	moe_close(c);
+	return rc == MOE_OK ? (double)n / ((double)busy / 1e9) : NAN;
+}
+
+static int parse_prefill(const char *arg)
+{
+	n_prefills = 0;
+	for (const char *q = arg; *q;) {
+		char *end;
+		unsigned long v = strtoul(q, &end, 10);
+		if (end == q || v < 1 || v > 65536 || n_prefills == MAX_PREFILLS ||
+		    (*end != ',' && *end != '\0')) {
+			fprintf(stderr,
+			        "bench_decode: --prefill %s: expected up to %d token counts in "
+			        "1..65536, comma-separated\n",
+			        arg, MAX_PREFILLS);
+			return -1;
+		}
+		prefills[n_prefills++] = (uint32_t)v;
+		max_prefill = (uint32_t)v > max_prefill ? (uint32_t)v : max_prefill;
+		q = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
+/* The loader's rate over the cold start: the expert bytes resident once the hinted set was,
+ * over the seconds from READY to then. */
+static double cold_gbps(const struct result *r)
+{
+	return r->warm_s > r->ready_s ? r->warm_bytes / (r->warm_s - r->ready_s) / 1e9 : NAN;
 }
 
 /* ---- Main ------------------------------------------------------------------------------- */
@@ -644,12 +847,15 @@ int main(int argc, char **argv)
 	    {"rounds", required_argument, NULL, 'r'},
 	    {"defer-cold", no_argument, NULL, 'd'},
 	    {"file-layout", no_argument, NULL, 'F'},
+	    {"sequential", no_argument, NULL, 's'},
+	    {"prefill", required_argument, NULL, 'P'},
+	    {"json-file", required_argument, NULL, 'J'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSh", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -674,6 +880,12 @@ int main(int argc, char **argv)
 		case 'd': forward_flags = MOE_FWD_DEFER_COLD; break;
 		case 'F': file_layout = true; break;
 		case 'S': client_spin = true; break;
+		case 's': sequential = true; break;
+		case 'J': json_file = optarg; break;
+		case 'P':
+			if (parse_prefill(optarg) != 0)
+				return 2;
+			break;
 		case 'b':
 			if (parse_budgets(optarg) != 0)
 				return 2;
@@ -683,7 +895,8 @@ int main(int argc, char **argv)
 			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
 			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
 			        "[--client-spin] [--budgets P,P,...] "
-			        "[--rounds N] [--defer-cold] [--file-layout]\n");
+			        "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
+			        "[--prefill N,N] [--json-file PATH]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}
@@ -773,30 +986,48 @@ int main(int argc, char **argv)
 			w.line_of[(size_t)w.tr.lines[i].step * w.n_layers + w.tr.lines[i].layer] =
 			    i;
 
-	/* (a) The floor: its engine stays up for the alternating rounds of the 100% row. */
+	/* (a) The floor: its engine stays up for the alternating rounds of the 100% row, unless
+	 * the run is sequential (one engine holding the model in memory at a time). */
 	struct result floor_r, side[MAX_FRACTIONS], mm[MAX_FRACTIONS];
 	memset(&floor_r, 0, sizeof(floor_r));
 	memset(side, 0, sizeof(side));
 	memset(mm, 0, sizeof(mm));
+	double floor_prefill[MAX_PREFILLS], side_prefill[MAX_FRACTIONS][MAX_PREFILLS];
+	for (int i = 0; i < MAX_FRACTIONS; i++)
+		for (int j = 0; j < MAX_PREFILLS; j++)
+			side_prefill[i][j] = NAN;
+	if (!sequential) {
+		/* two copies of the experts (floor and sidecar at 100%) and the mmap child must
+		 * fit beside each other with room to spare, or engines take turns */
+		long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+		double ram = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+		sequential = ram > 0 && 2.5 * (double)cat->expert_bytes_total > ram;
+	}
+	const struct forward_config floor_cfg = {.source = FORWARD_SOURCE_ALL_RESIDENT,
+	                                         .max_tokens = max_prefill ? max_prefill : 1,
+	                                         .threads_per_node = engine_threads,
+	                                         .file_layout = file_layout};
 	struct forward_engine *floor_e;
-	{
-		struct forward_config fc = {.source = FORWARD_SOURCE_ALL_RESIDENT,
-		                            .max_tokens = 1,
-		                            .threads_per_node = engine_threads,
-		                            .file_layout = file_layout};
-		if (forward_create(&floor_e, cat, &fc, err, sizeof(err)) != 0) {
-			fprintf(stderr, "bench_decode: floor engine: %s\n", err);
-			return 1;
-		}
-		if (run_inprocess(&w, floor_e, &floor_r) != 0)
-			return 1;
+	if (forward_create(&floor_e, cat, &floor_cfg, err, sizeof(err)) != 0) {
+		fprintf(stderr, "bench_decode: floor engine: %s\n", err);
+		return 1;
+	}
+	if (run_inprocess(&w, floor_e, &floor_r) != 0)
+		return 1;
+	for (int j = 0; j < n_prefills; j++)
+		floor_prefill[j] = prefill_inprocess(&w, floor_e, prefills[j]);
+	if (sequential) {
+		forward_destroy(floor_e);
+		floor_e = NULL;
 	}
 	/* Diagnostic: the same engine over the residency source with every expert fitting, in
-	 * process: separates what the channel costs from what residency bookkeeping costs. */
+	 * process: separates what the channel costs from what residency bookkeeping costs.
+	 * Not in a sequential run (a third copy of the model). */
 	struct result resid_r;
 	memset(&resid_r, 0, sizeof(resid_r));
-	struct forward_engine *resid_e;
-	{
+	resid_r.tokens_per_s = NAN;
+	struct forward_engine *resid_e = NULL;
+	if (!sequential) {
 		struct forward_config fc = {.source = FORWARD_SOURCE_RESIDENCY,
 		                            .max_tokens = 1,
 		                            .threads_per_node = engine_threads,
@@ -826,6 +1057,39 @@ int main(int argc, char **argv)
 			return 1;
 		resid_e = e;
 	}
+	/* The disk's floor: the experts' bytes read once with O_DIRECT at the loader's chunk
+	 * (1 MiB) and depth (32), page cache dropped first. */
+	double disk_gbps = NAN;
+	{
+		struct expert_map map = {0};
+		if (expert_map_from_catalog(cat, &map, NULL, NULL, err, sizeof(err)) == 0) {
+			int *fds = malloc(map.n_files * sizeof(int));
+			bool open_ok = fds != NULL;
+			for (uint32_t f = 0; open_ok && f < map.n_files; f++) {
+				fds[f] = open(map.paths[f], O_RDONLY | O_DIRECT | O_CLOEXEC);
+				open_ok = fds[f] >= 0;
+			}
+			uint32_t n_ranges = 0;
+			uint64_t range_bytes = 0, got = 0;
+			struct bench_range *ranges =
+			    open_ok ? bench_expert_ranges(&map, fds, &n_ranges, &range_bytes)
+			            : NULL;
+			drop_page_cache(cat);
+			double secs =
+			    ranges ? bench_odirect_read(ranges, n_ranges, 1u << 20, 32, &got) : -1;
+			if (secs > 0)
+				disk_gbps = (double)got / secs / 1e9;
+			free(ranges);
+			for (uint32_t f = 0; fds && f < map.n_files; f++)
+				if (fds[f] >= 0)
+					close(fds[f]);
+			free(fds);
+			expert_map_free(&map);
+		}
+		if (isnan(disk_gbps))
+			fprintf(stderr, "bench_decode: no disk floor (%s)\n",
+			        err[0] ? err : "O_DIRECT read failed");
+	}
 	struct mem_limit lim;
 	char tag[32];
 	snprintf(tag, sizeof(tag), "%d", (int)getpid());
@@ -837,7 +1101,12 @@ int main(int argc, char **argv)
 	long n_rounds = 0, shared_rounds = 0;
 	for (int i = 0; i < N_FRACTIONS; i++) {
 		const uint64_t budget = (uint64_t)((double)cat->expert_bytes_total * fractions[i]);
-		pid_t sp = sidecar_spawn(model, fractions[i], sock);
+		if (!json)
+			fprintf(stderr, "bench_decode: %.0f%% budget%s\n", fractions[i] * 100,
+			        sequential ? " (engines one at a time)" : "");
+		drop_page_cache(cat);
+		double ready_s = 0;
+		pid_t sp = sidecar_spawn(model, fractions[i], sock, &ready_s);
 		if (sp < 0) {
 			fprintf(stderr, "bench_decode: the sidecar did not start at %.0f%%\n",
 			        fractions[i] * 100);
@@ -846,16 +1115,33 @@ int main(int argc, char **argv)
 		int rc = 0;
 		if (fractions[i] == 1.0) {
 			/* Floor and sidecar alternate; the round with the median ratio is
-			 * reported (its floor becomes the floor of every row). */
+			 * reported (its floor becomes the floor of every row). Sequential: the
+			 * sidecar is stopped while the floor runs and started again (a cold start
+			 * each round). */
 			struct result fl[MAX_ROUNDS], sd[MAX_ROUNDS], rs[MAX_ROUNDS];
 			for (long attempt = 0; n_rounds < rounds && rc == 0; attempt++) {
 				/* a round the VM ran on one core's worth (cores.h) is redone */
 				const double c0 = bench_cores_now();
 				memset(&fl[n_rounds], 0, sizeof(fl[0]));
 				memset(&sd[n_rounds], 0, sizeof(sd[0]));
+				memset(&rs[n_rounds], 0, sizeof(rs[0]));
+				rs[n_rounds].tokens_per_s = NAN;
 				if (attempt == 0) {
 					fl[0] = floor_r;
 					rs[0] = resid_r;
+				} else if (sequential) {
+					kill(sp, SIGTERM);
+					waitpid(sp, NULL, 0);
+					struct forward_engine *fe;
+					if (forward_create(&fe, cat, &floor_cfg, err,
+					                   sizeof(err)) != 0 ||
+					    run_inprocess(&w, fe, &fl[n_rounds]) != 0)
+						return 1;
+					forward_destroy(fe);
+					drop_page_cache(cat);
+					sp = sidecar_spawn(model, 1.0, sock, &ready_s);
+					if (sp < 0)
+						return 1;
 				} else if (run_inprocess(&w, floor_e, &fl[n_rounds]) != 0 ||
 				           run_inprocess(&w, resid_e, &rs[n_rounds]) != 0) {
 					return 1;
@@ -863,6 +1149,7 @@ int main(int argc, char **argv)
 				round_resid[n_rounds] =
 				    rs[n_rounds].tokens_per_s / fl[n_rounds].tokens_per_s;
 				rc = run_sidecar(&w, sock, &sd[n_rounds]);
+				sd[n_rounds].ready_s = ready_s;
 				round_ratio[n_rounds] =
 				    sd[n_rounds].tokens_per_s / fl[n_rounds].tokens_per_s;
 				const double c1 = bench_cores_now();
@@ -891,7 +1178,11 @@ int main(int argc, char **argv)
 			}
 		} else {
 			rc = run_sidecar(&w, sock, &side[i]);
+			side[i].ready_s = ready_s;
 		}
+		if (rc == 0 && (fractions[i] == 1.0 || fractions[i] == 0.5))
+			for (int j = 0; j < n_prefills; j++)
+				side_prefill[i][j] = prefill_sidecar(&w, sock, prefills[j]);
 		kill(sp, SIGTERM);
 		waitpid(sp, NULL, 0);
 		if (rc != 0)
@@ -901,22 +1192,28 @@ int main(int argc, char **argv)
 			        fractions[i] * 100);
 	}
 	mem_limit_destroy(&lim);
-	forward_destroy(floor_e);
-	forward_destroy(resid_e);
+	if (floor_e)
+		forward_destroy(floor_e);
+	if (resid_e)
+		forward_destroy(resid_e);
 
-	if (json) {
-		printf("{\"model\":\"%s\",\"layers\":%u,\"experts\":%u,\"top_k\":%u,\"hidden\":%u,"
-		       "\"expert_bytes\":%llu,\"steps\":%u,\"k_defer\":%u,\"mmap_limit\":\"%s\","
-		       "\"inprocess_residency_tokens_per_s\":%.3f,\"full_budget_round_ratios\":[",
-		       model_arg ? model : "generated", w.n_layers, w.n_experts, w.top_k, w.hidden,
-		       (unsigned long long)cat->expert_bytes_total, w.steps, K_DEFER, lim.what,
-		       resid_r.tokens_per_s);
+	FILE *jo = json ? stdout : json_file ? fopen(json_file, "w") : NULL;
+	if (json_file && !json && !jo)
+		fprintf(stderr, "bench_decode: %s: %s\n", json_file, strerror(errno));
+	if (jo) {
+		fprintf(jo,
+		        "{\"model\":\"%s\",\"layers\":%u,\"experts\":%u,\"top_k\":%u,\"hidden\":%u,"
+		        "\"expert_bytes\":%llu,\"steps\":%u,\"k_defer\":%u,\"mmap_limit\":\"%s\","
+		        "\"inprocess_residency_tokens_per_s\":%.3f,\"full_budget_round_ratios\":[",
+		        model_arg ? model : "generated", w.n_layers, w.n_experts, w.top_k, w.hidden,
+		        (unsigned long long)cat->expert_bytes_total, w.steps, K_DEFER, lim.what,
+		        resid_r.tokens_per_s);
 		for (long r = 0; r < n_rounds; r++)
-			printf("%s%.4f", r ? "," : "", round_ratio[r]);
-		printf("],\"full_budget_round_cores\":[");
+			fprintf(jo, "%s%.4f", r ? "," : "", round_ratio[r]);
+		fprintf(jo, "],\"full_budget_round_cores\":[");
 		for (long r = 0; r < n_rounds; r++)
-			printf("%s%.2f", r ? "," : "", round_cores[r]);
-		printf("],\"full_budget_shared_rounds\":%ld,\"rows\":[", shared_rounds);
+			fprintf(jo, "%s%.2f", r ? "," : "", round_cores[r]);
+		fprintf(jo, "],\"full_budget_shared_rounds\":%ld,\"rows\":[", shared_rounds);
 		for (int i = 0; i < N_FRACTIONS; i++) {
 			/* No mmap baseline (the model cannot be served from a mapping): null. */
 			char mm_tps[32] = "null", vs_mm[32] = "null";
@@ -925,17 +1222,39 @@ int main(int argc, char **argv)
 				snprintf(vs_mm, sizeof(vs_mm), "%.4f",
 				         side[i].tokens_per_s / mm[i].tokens_per_s);
 			}
-			printf("%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
-			       "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%s,"
-			       "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
-			       "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%s}",
-			       i ? "," : "", fractions[i], side[i].tokens_per_s,
-			       floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
-			       side[i].p50_us[0], side[i].bytes_read,
-			       side[i].tokens_per_s / floor_r.tokens_per_s, vs_mm);
+			fprintf(jo,
+			        "%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
+			        "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%s,"
+			        "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
+			        "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%s,"
+			        "\"prefetch_hit_rate\":%.4f,\"bytes_read_per_token\":%.0f,"
+			        "\"loader_bytes_per_token\":%.0f,\"pagecache_fill_bytes\":%.0f,"
+			        "\"ready_s\":%.3f,\"first_forward_s\":%.3f,\"warm_s\":%.3f,"
+			        "\"warm_bytes\":%.0f,\"cold_loader_gbps\":%.3f,\"prefill\":[",
+			        i ? "," : "", fractions[i], side[i].tokens_per_s,
+			        floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
+			        side[i].p50_us[0], side[i].bytes_read,
+			        side[i].tokens_per_s / floor_r.tokens_per_s, vs_mm,
+			        side[i].prefetch_hits, side[i].bytes_read / w.steps,
+			        side[i].loader_bytes / w.steps,
+			        isnan(side[i].pagecache_fill) ? -1.0 : side[i].pagecache_fill,
+			        side[i].ready_s, side[i].first_s, side[i].warm_s,
+			        side[i].warm_bytes, cold_gbps(&side[i]));
+			for (int j = 0; j < n_prefills; j++)
+				fprintf(jo,
+				        "%s{\"tokens\":%u,\"tokens_per_s\":%.1f,\"floor_tokens_per_"
+				        "s\":%.1f}",
+				        j ? "," : "", prefills[j],
+				        isnan(side_prefill[i][j]) ? -1.0 : side_prefill[i][j],
+				        floor_prefill[j]);
+			fprintf(jo, "]}");
 		}
-		printf("]}\n");
-	} else {
+		fprintf(jo, "],\"disk_floor_gbps\":%.3f,\"sequential\":%s}\n",
+		        isnan(disk_gbps) ? -1.0 : disk_gbps, sequential ? "true" : "false");
+		if (jo != stdout)
+			fclose(jo);
+	}
+	if (!json) {
 		printf("bench_decode: %u MoE layers x %u experts (top-%u), hidden %u, %.1f MiB of "
 		       "experts; %u timed decode steps after %u warm-up, k_defer %u\n",
 		       w.n_layers, w.n_experts, w.top_k, w.hidden,
@@ -959,6 +1278,43 @@ int main(int argc, char **argv)
 			       side[i].tokens_per_s / floor_r.tokens_per_s, mm_tps, vs_mm,
 			       100 * side[i].hit_rate, side[i].p99_all_us,
 			       side[i].bytes_read / 1048576.0);
+		}
+		printf("\n%7s %9s %11s %11s %12s %9s %9s %9s %10s %8s\n", "budget", "prefetch%",
+		       "read MiB/t", "load MiB/t", "pcache MiB", "ready s", "first s", "warm s",
+		       "load GB/s", "vs disk");
+		for (int i = 0; i < N_FRACTIONS; i++) {
+			char pc[16] = "n/a";
+			if (!isnan(side[i].pagecache_fill))
+				snprintf(pc, sizeof(pc), "%.1f",
+				         side[i].pagecache_fill / 1048576.0);
+			printf(
+			    "%6.0f%% %8.1f%% %11.2f %11.2f %12s %9.2f %9.2f %9.2f %10.2f %7.2fx\n",
+			    fractions[i] * 100, 100 * side[i].prefetch_hits,
+			    side[i].bytes_read / w.steps / 1048576.0,
+			    side[i].loader_bytes / w.steps / 1048576.0, pc, side[i].ready_s,
+			    side[i].first_s, side[i].warm_s, cold_gbps(&side[i]),
+			    cold_gbps(&side[i]) / disk_gbps);
+		}
+		printf("disk floor: %.2f GB/s (the experts' bytes read once with O_DIRECT, 1 MiB x "
+		       "32 in flight)%s\n",
+		       disk_gbps, sequential ? "; engines ran one at a time (sequential)" : "");
+		if (n_prefills) {
+			printf(
+			    "\nprefill through every MoE layer, tokens/s (floor: in-process, all "
+			    "resident):\n%7s",
+			    "tokens");
+			printf(" %10s", "floor");
+			for (int i = 0; i < N_FRACTIONS; i++)
+				if (fractions[i] == 1.0 || fractions[i] == 0.5)
+					printf("   sidecar %3.0f%%", fractions[i] * 100);
+			printf("\n");
+			for (int j = 0; j < n_prefills; j++) {
+				printf("%7u %10.1f", prefills[j], floor_prefill[j]);
+				for (int i = 0; i < N_FRACTIONS; i++)
+					if (fractions[i] == 1.0 || fractions[i] == 0.5)
+						printf(" %15.1f", side_prefill[i][j]);
+				printf("\n");
+			}
 		}
 		printf("\nper-layer FORWARD latency through the sidecar, p50 / p99 us:\n%6s",
 		       "layer");
@@ -992,11 +1348,11 @@ int main(int argc, char **argv)
 		printf("\ntargets:");
 		for (int i = 0; i < N_FRACTIONS; i++) {
 			if (fractions[i] == 0.5 && mm[i].ok)
-				printf(" 50%% budget >= 2x mmap (%.2fx);",
+				printf(" 50%% budget >= 3x mmap (%.2fx);",
 				       side[i].tokens_per_s / mm[i].tokens_per_s);
 			else if (fractions[i] == 0.5)
 				printf(
-				    " 50%% budget >= 2x mmap (no mmap baseline for this model);");
+				    " 50%% budget >= 3x mmap (no mmap baseline for this model);");
 			if (fractions[i] == 1.0)
 				printf(" 100%% budget within 10%% of the floor (%.2fx);",
 				       side[i].tokens_per_s / floor_r.tokens_per_s);
