@@ -75,13 +75,14 @@ static const struct serve_option {
      "US",
      "dispatcher keeps polling this long after the last request (default 50)"},
     {{"mem-budget", required_argument, NULL, OPT_MEM_BUDGET},
-     "BYTES|PCT%",
-     "expert memory: bytes (K/M/G suffix) or a percentage of the model's expert bytes "
-     "(default: every expert if it fits in 3/4 of the memory limit, else what does)"},
+     "auto|BYTES|PCT%",
+     "expert memory: bytes (K/M/G suffix) or a percentage of the model's expert bytes; auto "
+     "(the default): every expert if it fits in 3/4 of the memory limit, else what does"},
     {{"mem-limit", required_argument, NULL, OPT_MEM_LIMIT},
      "BYTES",
      "memory the sidecar may use: experts, request buffers, channels (default: the lower "
-     "of the cgroup limit and MemAvailable)"},
+     "of the cgroup limit and MemTotal less others' unreclaimable memory; never the page "
+     "cache)"},
     {{"numa", required_argument, NULL, OPT_NUMA},
      "auto|LIST",
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
@@ -218,9 +219,14 @@ static int parse_bytes(const char *s, uint64_t *out)
 	return 0;
 }
 
-/* BYTES (parse_bytes), or PCT% in (0, 100]. */
+/* auto (the default), BYTES (parse_bytes), or PCT% in (0, 100]. */
 static int parse_budget(const char *s, struct serve_model_config *mc)
 {
+	if (s && !strcmp(s, "auto")) {
+		mc->mem_budget_bytes = 0;
+		mc->mem_budget_percent = 0;
+		return 0;
+	}
 	if (s && *s && s[strlen(s) - 1] == '%') {
 		char *end;
 		errno = 0;
@@ -475,13 +481,18 @@ int cmd_serve(int argc, char **argv)
 		mcfg.mem_limit_from = ml.from;
 	}
 	mcfg.mem_base = mem_rss_self();
+	mcfg.mem_total = ml.total_bytes;
 	log_info("serve",
 	         "memory limit_bytes=%llu from=\"%s\" cgroup_limit_bytes=%llu%s%s%s "
-	         "mem_available_bytes=%llu process_bytes=%llu",
+	         "host_bytes=%llu (MemTotal %llu - others' anonymous/shared %llu - kernel %llu - "
+	         "headroom %llu) mem_available_bytes=%llu (not used: it moves with the page "
+	         "cache) process_bytes=%llu",
 	         (unsigned long long)mcfg.mem_limit, mcfg.mem_limit_from,
 	         (unsigned long long)ml.cgroup_bytes, ml.cgroup_file[0] ? " (" : "", ml.cgroup_file,
-	         ml.cgroup_file[0] ? ")" : "", (unsigned long long)ml.available_bytes,
-	         (unsigned long long)mcfg.mem_base);
+	         ml.cgroup_file[0] ? ")" : "", (unsigned long long)ml.host_bytes,
+	         (unsigned long long)ml.total_bytes, (unsigned long long)ml.others_bytes,
+	         (unsigned long long)ml.kernel_bytes, (unsigned long long)ml.headroom_bytes,
+	         (unsigned long long)ml.available_bytes, (unsigned long long)mcfg.mem_base);
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);

@@ -1,7 +1,8 @@
 /* serve_model.c — catalog + probes + forward engine for `serve MODEL` (see serve_model.h).
  *
- * The budget rule, under the memory limit (the lower of the cgroup's limit and MemAvailable,
- * or --mem-limit: memlimit.h) less what the process held before the model: an explicit
+ * The budget rule, under the memory limit (the lower of the cgroup's limit and the host's
+ * MemTotal less others' unreclaimable memory, or --mem-limit: memlimit.h) less what the process
+ * held before the model: an explicit
  * --mem-budget (bytes, or a percentage of the expert bytes) must fit there with the engine's
  * request buffers, or the start is refused saying what fits; otherwise the engine gets 3/4 of
  * it, its request buffers first, and its slot pools every expert when they fit, else the rest.
@@ -234,6 +235,15 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		budget = (uint64_t)((double)expert_bytes * cfg->mem_budget_percent / 100.0);
 		why = "--mem-budget percent of the expert bytes";
 	}
+	if (asked && cfg->mem_total && budget > cfg->mem_total) {
+		fail(err, err_len,
+		     "--mem-budget %" PRIu64 " bytes (%.1f GiB) is above this machine's physical "
+		     "memory, MemTotal %" PRIu64 " bytes (%.1f GiB): give at most what the sidecar "
+		     "can hold, or leave the budget to auto",
+		     budget, (double)budget / (1u << 30), cfg->mem_total,
+		     (double)cfg->mem_total / (1u << 30));
+		goto fail;
+	}
 	uint64_t engine_limit = 0;
 	if (cfg->mem_limit) {
 		engine_limit = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 1;
@@ -305,6 +315,26 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	struct forward_stats st = {0};
 	forward_stats(m->engine, &st);
 	m->desc.budget_bytes = st.budget_bytes;
+	/* One decode step routes every MoE layer's top-k: a pool of fewer slots evicts experts
+	 * the same step used, so no expert survives to the next step unless fewer distinct
+	 * ones were routed — at most slots / (layers x top-k) of a step's experts can hit. */
+	const uint64_t step_experts = (uint64_t)m->desc.n_moe_layers * m->desc.top_k;
+	const uint64_t all_experts = (uint64_t)m->desc.n_moe_layers * m->desc.n_experts;
+	if (st.slots && st.slots < all_experts && st.slots < step_experts)
+		log_warn("serve",
+		         "the budget holds %u expert slots, fewer than one decode step routes "
+		         "(%u MoE layers x top-%u = %" PRIu64 "): every step reloads experts it "
+		         "used, expect a hit rate of at most %.0f%%; a budget of %" PRIu64
+		         " bytes or more holds a step",
+		         st.slots, m->desc.n_moe_layers, m->desc.top_k, step_experts,
+		         100.0 * (double)st.slots / (double)step_experts,
+		         st.budget_bytes / st.slots * step_experts);
+	else if (st.slots && st.slots < all_experts)
+		log_info("serve",
+		         "the budget holds %u expert slots: %.1f%% of the model's %" PRIu64
+		         " experts, %.1f decode steps' worth (%" PRIu64 " experts a step)",
+		         st.slots, 100.0 * (double)st.slots / (double)all_experts, all_experts,
+		         (double)st.slots / (double)step_experts, step_experts);
 	m->desc.mem_limit_bytes = cfg->mem_limit;
 	snprintf(m->desc.mem_limit_from, sizeof(m->desc.mem_limit_from), "%s",
 	         cfg->mem_limit_from ? cfg->mem_limit_from : "");

@@ -23,10 +23,11 @@
 struct serve_model_config {
 	const char *path; /* .gguf, .safetensors or a checkpoint directory */
 	/* Expert budget: mem_budget_bytes if non-zero, else mem_budget_percent of the expert
-	 * bytes if non-zero, else every expert when that fits in MemAvailable with headroom,
-	 * else what fits. */
+	 * bytes if non-zero, else (auto) every expert when that fits in 3/4 of the memory limit,
+	 * else what fits. A budget above mem_total (MemTotal; 0: unknown) is refused. */
 	uint64_t mem_budget_bytes;
 	double mem_budget_percent;
+	uint64_t mem_total;
 	/* The memory the whole sidecar may use (0: no limit): the engine's request buffers and
 	 * slot pools must fit in it less mem_base (what the process used before the model), and
 	 * a default budget takes at most 3/4 of that, leaving the rest to channels. mem_limit_from

@@ -162,11 +162,26 @@ static uint64_t proc_kib_field(const char *path, const char *key)
 	return kib * 1024u;
 }
 
-static uint64_t mem_available(const char *root)
+static void host_limit(const char *root, struct mem_limit *out)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/proc/meminfo", root);
-	return proc_kib_field(path, "MemAvailable:");
+	char mi[512], st[512];
+	snprintf(mi, sizeof(mi), "%s/proc/meminfo", root);
+	snprintf(st, sizeof(st), "%s/proc/self/status", root);
+	out->available_bytes = proc_kib_field(mi, "MemAvailable:");
+	out->total_bytes = proc_kib_field(mi, "MemTotal:");
+	if (!out->total_bytes)
+		return;
+	const uint64_t anon = proc_kib_field(mi, "AnonPages:") + proc_kib_field(mi, "Shmem:");
+	const uint64_t own = proc_kib_field(st, "RssAnon:") + proc_kib_field(st, "RssShmem:");
+	out->others_bytes = anon > own ? anon - own : 0;
+	out->kernel_bytes = proc_kib_field(mi, "SUnreclaim:") + proc_kib_field(mi, "KernelStack:") +
+	                    proc_kib_field(mi, "PageTables:");
+	out->headroom_bytes = out->total_bytes / 50;
+	if (out->headroom_bytes < (UINT64_C(256) << 20))
+		out->headroom_bytes = UINT64_C(256) << 20;
+	const uint64_t held = out->others_bytes + out->kernel_bytes + out->headroom_bytes;
+	/* a host that holds more than it has still leaves this process something to report */
+	out->host_bytes = out->total_bytes > held ? out->total_bytes - held : 1;
 }
 
 void mem_limit_read(const char *root, struct mem_limit *out)
@@ -174,11 +189,11 @@ void mem_limit_read(const char *root, struct mem_limit *out)
 	memset(out, 0, sizeof(*out));
 	const bool v2 = cgroup_limit(root, CG_V2, out);
 	const bool v1 = !v2 && cgroup_limit(root, CG_V1, out);
-	out->available_bytes = mem_available(root);
+	host_limit(root, out);
 	out->from = "none found";
-	if (out->available_bytes) {
-		out->bytes = out->available_bytes;
-		out->from = "MemAvailable";
+	if (out->host_bytes) {
+		out->bytes = out->host_bytes;
+		out->from = "MemTotal less others' unreclaimable memory";
 	}
 	if ((v1 || v2) && (!out->bytes || out->cgroup_bytes <= out->bytes)) {
 		out->bytes = out->cgroup_bytes;

@@ -73,6 +73,14 @@ Test(serve_limits, fewer_slots_than_layers_are_served)
 		struct served s;
 		served_start(&s, "q8_0", extra);
 		cr_assert_eq(ref_expert_bytes(s.ref), Q8_0_EXPERT_BYTES * REF_LAYERS * REF_EXPERTS);
+		/* the start says the pool cannot hold a decode step, and what hit rate that
+		 * allows */
+		char *log = slurp(s.sp.log), bound[128];
+		snprintf(bound, sizeof(bound), "holds %u expert slots, fewer than one decode step",
+		         slots);
+		cr_assert(log && strstr(log, bound) && strstr(log, "expect a hit rate of at most"),
+		          "%s", log ? log : "(no log)");
+		free(log);
 		const uint32_t ne = ref_n_experts(s.ref), k = ref_top_k(s.ref);
 		for (int32_t layer = REF_LAYERS - 1; layer >= 0; layer--) {
 			struct fwd_case fc;
@@ -175,6 +183,19 @@ Test(serve_limits, a_budget_that_cannot_serve_is_refused_with_the_minimum)
 	          "%s", log ? log : "(no log)");
 	free(log);
 	sidecar_cleanup(&sp);
+	/* A budget above the machine's physical memory, named with MemTotal. */
+	harness_tempdir(&sp);
+	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+	cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+	const char *argv3[] = {model, "--mem-budget", "64T", "--probes-instance", instance, NULL};
+	cr_assert_neq(sidecar_start(&sp, argv3, &st), 0, "a budget above MemTotal started");
+	cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "exit status 0x%x", st);
+	log = slurp(sp.log);
+	cr_assert(log && strstr(log, "--mem-budget 70368744177664 bytes (65536.0 GiB) is above "
+	                             "this machine's physical memory, MemTotal"),
+	          "%s", log ? log : "(no log)");
+	free(log);
+	sidecar_cleanup(&sp);
 }
 
 /* ---- the memory limit ------------------------------------------------------------------ */
@@ -230,17 +251,43 @@ Test(serve_limits, memory_limit_from_cgroup_v1_v2_and_meminfo)
 	put_file(root, "sys/fs/cgroup/app/worker/memory.max", "max\n");
 	mem_limit_read(root, &ml);
 	cr_assert_eq(ml.cgroup_bytes, 200u << 20);
-	cr_assert_eq(ml.bytes, 30000ull * 1024, "MemAvailable is lower here");
-	cr_assert_str_eq(ml.from, "MemAvailable");
+	cr_assert_eq(ml.bytes, 200u << 20, "MemAvailable alone is no limit");
+	cr_assert_eq(ml.host_bytes, 0, "no MemTotal: the host's figure is unknown");
+	cr_assert_str_eq(ml.from, "cgroup v2 memory.max");
+
+	/* The host's figure: MemTotal less other processes' anonymous and shared memory, the
+	 * kernel's unreclaimable memory and 2% headroom — not MemAvailable, which a full page
+	 * cache (Cached 12 GiB here) holds down. */
+	snprintf(root, sizeof(root), "%s/host", sp.dir);
+	put_file(root, "proc/meminfo",
+	         "MemTotal: 16777216 kB\nMemFree: 300000 kB\nMemAvailable: 2097152 kB\n"
+	         "Cached: 12582912 kB\nAnonPages: 3145728 kB\nShmem: 1048576 kB\n"
+	         "SUnreclaim: 102400 kB\nKernelStack: 20480 kB\nPageTables: 81920 kB\n");
+	put_file(root, "proc/self/status", "Name: moe\nRssAnon: 1048576 kB\nRssShmem: 0 kB\n");
+	put_file(root, "proc/self/cgroup", "0::/\n");
+	put_file(root, "proc/self/mountinfo",
+	         "25 1 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+	mem_limit_read(root, &ml);
+	const uint64_t total = 16ull << 30, others = 3ull << 30,
+	               kernel = (102400ull + 20480 + 81920) * 1024, headroom = total / 50;
+	cr_assert_eq(ml.total_bytes, total);
+	cr_assert_eq(ml.others_bytes, others, "%llu", (unsigned long long)ml.others_bytes);
+	cr_assert_eq(ml.kernel_bytes, kernel);
+	cr_assert_eq(ml.headroom_bytes, headroom);
+	cr_assert_eq(ml.host_bytes, total - others - kernel - headroom);
+	cr_assert_eq(ml.bytes, ml.host_bytes);
+	cr_assert_gt(ml.bytes, ml.available_bytes);
+	cr_assert_str_eq(ml.from, "MemTotal less others' unreclaimable memory");
 
 	snprintf(root, sizeof(root), "%s/none", sp.dir);
-	put_file(root, "proc/meminfo", "MemAvailable: 1000 kB\n");
+	put_file(root, "proc/meminfo", "MemTotal: 1048576 kB\nMemAvailable: 1000 kB\n");
 	put_file(root, "proc/self/cgroup", "0::/\n");
 	put_file(root, "proc/self/mountinfo",
 	         "25 1 0:23 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
 	mem_limit_read(root, &ml);
 	cr_assert_eq(ml.cgroup_bytes, 0);
-	cr_assert_eq(ml.bytes, 1024000);
+	cr_assert_eq(ml.bytes, (1ull << 30) - (256ull << 20),
+	             "1 GiB less the 256 MiB floor of the headroom");
 	sidecar_cleanup(&sp);
 }
 
