@@ -235,10 +235,15 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 		moek_dequantize(act, src, NULL, 1, k, dst);
 }
 
-/* Dense slot of a weight format in moek_isa_ops.dot (FP8's id 1000 maps to 63). */
+/* Dense slot of a weight format in moek_isa_ops.dot: ggml ids are their own slot, FP8's id
+ * 1000 maps to 63 and INT4_G32's 1001 to 61 (62: none). */
 static inline unsigned moek_fmt_slot(uint32_t format)
 {
-	return format == MOEK_FP8_E4M3_B128 ? 63u : (format < 63 ? format : 62u);
+	if (format == MOEK_FP8_E4M3_B128)
+		return 63u;
+	if (format == MOEK_INT4_G32)
+		return 61u;
+	return format < 61 ? format : 62u;
 }
 
 extern const struct moek_isa_ops moek_scalar_ops;

@@ -30,9 +30,14 @@ enum moek_format {
 	MOEK_Q5_K = 13,
 	MOEK_Q6_K = 14,
 	MOEK_Q8_K = 15, /* activation format for K-quant dot products only */
+	MOEK_IQ4_NL = 20,
+	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */
 	MOEK_FP8_E4M3_B128 = 1000, /* 1 byte per weight + one f32 scale per 128x128 block */
+	/* symmetric or zero-point INT4 in 32-element groups: the sidecar's own layout, repacked
+	 * at load from compressed-tensors pack-quantized and GPTQ checkpoints (no GGUF id) */
+	MOEK_INT4_G32 = 1001,
 };
 
 struct moek_format_info {
