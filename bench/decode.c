@@ -171,6 +171,10 @@ struct result {
 	double ready_s, first_s, warm_s, warm_bytes;
 	double p50_us[64], p99_us[64];
 	double p99_all_us;
+	/* sidecar only, at the end of its run: registered buffers the slot pool is spread over,
+	 * the share of the loader's reads that were read_fixed, the pool's pages */
+	double fixed_buffers, fixed_share;
+	const char *pages;
 	int ok;
 };
 
@@ -625,6 +629,12 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			/* the probes count from the sidecar's start: cold start included */
 			r->pagecache_fill = stat_of(js, "pagecache_fill_bytes");
 			(void)f0;
+			const double fixed = stat_of(js, "fixed_reads");
+			r->fixed_buffers = stat_of(js, "fixed_buffers");
+			r->fixed_share = fixed / (fixed + stat_of(js, "plain_reads"));
+			r->pages = stat_of(js, "pool_hugetlb") == 1 ? "hugetlb"
+			           : stat_of(js, "pool_thp") == 1   ? "thp"
+			                                            : "4k";
 		}
 	}
 	moe_slot_release(c, slot.index);
@@ -805,11 +815,11 @@ static void plot(const char *png, const struct result *side, const struct result
 		return;
 	}
 	fprintf(g,
-	        "set terminal png size 800,480\nset output '%s'\n"
+	        "set terminal png size 1200,480\nset output '%s'\nset multiplot layout 1,2\n"
 	        "set title 'Decode through moe-sidecar vs in-process baselines'\n"
 	        "set xlabel 'expert budget (fraction of expert bytes)'\n"
 	        "set ylabel 'tokens/s (relative to the all-resident floor)'\n"
-	        "set key bottom right\nset grid\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, "
+	        "set key top left\nset grid\nset yrange [0:*]\nset offsets 0, 0, graph 0.15, "
 	        "0\nset xrange [0.2:1.05]\n"
 	        "plot '-' with linespoints lw 2 title 'sidecar', "
 	        "'-' with linespoints lw 2 title 'mmap + page cache (same limit)', "
@@ -827,6 +837,19 @@ static void plot(const char *png, const struct result *side, const struct result
 		}
 		fprintf(g, "e\n");
 	}
+	fprintf(g, "set title 'Expert hit rate of the sidecar'\n"
+	           "set ylabel 'share of routed experts found resident'\nset yrange [0:1.05]\n"
+	           "set key bottom right\n"
+	           "plot '-' with linespoints lw 2 title 'hit rate', "
+	           "'-' with linespoints lw 2 title 'of which a prefetch had loaded', "
+	           "x with lines dt 2 title 'budget fraction (uniform routing)'\n");
+	for (int s = 0; s < 2; s++) {
+		for (int i = N_FRACTIONS - 1; i >= 0; i--)
+			fprintf(g, "%g %g\n", fractions[i],
+			        s == 0 ? side[i].hit_rate : side[i].prefetch_hits);
+		fprintf(g, "e\n");
+	}
+	fprintf(g, "unset multiplot\n");
 	if (pclose(g) != 0)
 		fprintf(stderr, "bench_decode: gnuplot failed (no plot)\n");
 }
@@ -1222,24 +1245,27 @@ int main(int argc, char **argv)
 				snprintf(vs_mm, sizeof(vs_mm), "%.4f",
 				         side[i].tokens_per_s / mm[i].tokens_per_s);
 			}
-			fprintf(jo,
-			        "%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
-			        "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%s,"
-			        "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
-			        "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%s,"
-			        "\"prefetch_hit_rate\":%.4f,\"bytes_read_per_token\":%.0f,"
-			        "\"loader_bytes_per_token\":%.0f,\"pagecache_fill_bytes\":%.0f,"
-			        "\"ready_s\":%.3f,\"first_forward_s\":%.3f,\"warm_s\":%.3f,"
-			        "\"warm_bytes\":%.0f,\"cold_loader_gbps\":%.3f,\"prefill\":[",
-			        i ? "," : "", fractions[i], side[i].tokens_per_s,
-			        floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
-			        side[i].p50_us[0], side[i].bytes_read,
-			        side[i].tokens_per_s / floor_r.tokens_per_s, vs_mm,
-			        side[i].prefetch_hits, side[i].bytes_read / w.steps,
-			        side[i].loader_bytes / w.steps,
-			        isnan(side[i].pagecache_fill) ? -1.0 : side[i].pagecache_fill,
-			        side[i].ready_s, side[i].first_s, side[i].warm_s,
-			        side[i].warm_bytes, cold_gbps(&side[i]));
+			fprintf(
+			    jo,
+			    "%s{\"budget_fraction\":%.2f,\"tokens_per_s\":%.3f,"
+			    "\"inprocess_tokens_per_s\":%.3f,\"mmap_tokens_per_s\":%s,"
+			    "\"hit_rate\":%.4f,\"p99_layer_us\":%.1f,\"p50_layer_us\":%.1f,"
+			    "\"bytes_read\":%.0f,\"vs_floor\":%.4f,\"vs_mmap\":%s,"
+			    "\"prefetch_hit_rate\":%.4f,\"bytes_read_per_token\":%.0f,"
+			    "\"loader_bytes_per_token\":%.0f,\"pagecache_fill_bytes\":%.0f,"
+			    "\"ready_s\":%.3f,\"first_forward_s\":%.3f,\"warm_s\":%.3f,"
+			    "\"warm_bytes\":%.0f,\"cold_loader_gbps\":%.3f,\"fixed_buffers\":%.0f,"
+			    "\"fixed_read_share\":%.4f,\"pool_pages\":\"%s\",\"prefill\":[",
+			    i ? "," : "", fractions[i], side[i].tokens_per_s, floor_r.tokens_per_s,
+			    mm_tps, side[i].hit_rate, side[i].p99_all_us, side[i].p50_us[0],
+			    side[i].bytes_read, side[i].tokens_per_s / floor_r.tokens_per_s, vs_mm,
+			    side[i].prefetch_hits, side[i].bytes_read / w.steps,
+			    side[i].loader_bytes / w.steps,
+			    isnan(side[i].pagecache_fill) ? -1.0 : side[i].pagecache_fill,
+			    side[i].ready_s, side[i].first_s, side[i].warm_s, side[i].warm_bytes,
+			    cold_gbps(&side[i]), side[i].fixed_buffers,
+			    isnan(side[i].fixed_share) ? 0.0 : side[i].fixed_share,
+			    side[i].pages ? side[i].pages : "n/a");
 			for (int j = 0; j < n_prefills; j++)
 				fprintf(jo,
 				        "%s{\"tokens\":%u,\"tokens_per_s\":%.1f,\"floor_tokens_per_"
@@ -1279,21 +1305,22 @@ int main(int argc, char **argv)
 			       100 * side[i].hit_rate, side[i].p99_all_us,
 			       side[i].bytes_read / 1048576.0);
 		}
-		printf("\n%7s %9s %11s %11s %12s %9s %9s %9s %10s %8s\n", "budget", "prefetch%",
-		       "read MiB/t", "load MiB/t", "pcache MiB", "ready s", "first s", "warm s",
-		       "load GB/s", "vs disk");
+		printf("\n%7s %9s %11s %11s %12s %9s %9s %9s %10s %8s %9s %6s\n", "budget",
+		       "prefetch%", "read MiB/t", "load MiB/t", "pcache MiB", "ready s", "first s",
+		       "warm s", "load GB/s", "vs disk", "fixed buf", "pages");
 		for (int i = 0; i < N_FRACTIONS; i++) {
 			char pc[16] = "n/a";
 			if (!isnan(side[i].pagecache_fill))
 				snprintf(pc, sizeof(pc), "%.1f",
 				         side[i].pagecache_fill / 1048576.0);
-			printf(
-			    "%6.0f%% %8.1f%% %11.2f %11.2f %12s %9.2f %9.2f %9.2f %10.2f %7.2fx\n",
-			    fractions[i] * 100, 100 * side[i].prefetch_hits,
-			    side[i].bytes_read / w.steps / 1048576.0,
-			    side[i].loader_bytes / w.steps / 1048576.0, pc, side[i].ready_s,
-			    side[i].first_s, side[i].warm_s, cold_gbps(&side[i]),
-			    cold_gbps(&side[i]) / disk_gbps);
+			printf("%6.0f%% %8.1f%% %11.2f %11.2f %12s %9.2f %9.2f %9.2f %10.2f %7.2fx "
+			       "%9.0f %6s\n",
+			       fractions[i] * 100, 100 * side[i].prefetch_hits,
+			       side[i].bytes_read / w.steps / 1048576.0,
+			       side[i].loader_bytes / w.steps / 1048576.0, pc, side[i].ready_s,
+			       side[i].first_s, side[i].warm_s, cold_gbps(&side[i]),
+			       cold_gbps(&side[i]) / disk_gbps, side[i].fixed_buffers,
+			       side[i].pages ? side[i].pages : "n/a");
 		}
 		printf("disk floor: %.2f GB/s (the experts' bytes read once with O_DIRECT, 1 MiB x "
 		       "32 in flight)%s\n",

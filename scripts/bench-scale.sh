@@ -46,10 +46,8 @@ run() {
 	local name=$1 path=$2
 	echo "bench-scale: $name: $(build/sidecar/moe-sidecar inspect "$path" | grep -E '^(all experts|per layer)')" >&2
 	build/bench/bench_decode --model "$path" --sequential --budgets 100,75,50,25 \
-		--prefill 512,2048 --steps "$steps" --rounds "$rounds" --plot "$dir/$name.png" |
-		tee "$dir/$name.txt"
-	build/bench/bench_decode --model "$path" --sequential --budgets 100,75,50,25 \
-		--prefill 512,2048 --steps "$steps" --rounds 1 --json >"$dir/$name.json"
+		--prefill 512,2048 --steps "$steps" --rounds "$rounds" --plot "$dir/$name.png" \
+		--json-file "$dir/$name.json" | tee "$dir/$name.txt"
 }
 
 lscpu | grep -E '^Model name' >&2

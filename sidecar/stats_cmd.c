@@ -241,6 +241,19 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 		    json_get_u64(d, root, "failed_retries", &retried) == 1)
 			printf("experts read again after a failed load %" PRIu64 "\n", retried);
 	}
+	uint64_t fixed_reads, plain_reads, fixed_buffers, hugetlb, thp;
+	if (json_get_u64(d, root, "fixed_reads", &fixed_reads) == 1 &&
+	    json_get_u64(d, root, "plain_reads", &plain_reads) == 1 &&
+	    json_get_u64(d, root, "fixed_buffers", &fixed_buffers) == 1 &&
+	    json_get_u64(d, root, "pool_hugetlb", &hugetlb) == 1 &&
+	    json_get_u64(d, root, "pool_thp", &thp) == 1 &&
+	    fixed_reads + plain_reads + fixed_buffers)
+		printf("loader reads %" PRIu64 " into registered slots (%" PRIu64
+		       " fixed buffers), %" PRIu64 " plain; slot pages: %s\n",
+		       fixed_reads, fixed_buffers, plain_reads,
+		       hugetlb ? "hugetlb"
+		       : thp   ? "transparent huge pages"
+		               : "4 KiB");
 	uint64_t slot_used, failed_now;
 	printf("now: resident %.1f MiB of experts", (double)sum[S_RESIDENT] / 1048576.0);
 	if (json_get_u64(d, root, "slot_bytes_used", &slot_used) == 1)

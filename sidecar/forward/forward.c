@@ -1601,6 +1601,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 			layers[l] = s;
 	}
 	if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
+		out->pool_hugetlb = out->pool_thp = e->w.n_res > 0;
 		for (uint32_t r = 0; r < e->w.n_res; r++) {
 			struct residency_counters rc;
 			residency_counters(e->w.res[r], &rc);
@@ -1616,6 +1617,11 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 			out->prefetch_wasted += rc.prefetch_wasted;
 			out->failed_experts += rc.failed_now;
 			out->failed_retries += rc.failed_retries;
+			out->fixed_reads += rc.fixed_reads;
+			out->plain_reads += rc.plain_reads;
+			out->fixed_buffers += rc.fixed_buffers;
+			out->pool_hugetlb = out->pool_hugetlb && rc.hugetlb;
+			out->pool_thp = out->pool_thp && rc.thp;
 		}
 	} else {
 		out->resident_bytes =
@@ -1650,7 +1656,8 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	    "\"budget_bytes\":%llu,\"slots\":%u,\"evictions\":%llu,"
 	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
 	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
-	    "\"layers\":[",
+	    "\"fixed_reads\":%llu,\"plain_reads\":%llu,\"fixed_buffers\":%u,"
+	    "\"pool_hugetlb\":%d,\"pool_thp\":%d,\"layers\":[",
 	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
 	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
 	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
@@ -1659,7 +1666,9 @@ size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
 	    (unsigned long long)st->budget_bytes, st->slots, (unsigned long long)st->evictions,
 	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
 	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
-	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries);
+	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries,
+	    (unsigned long long)st->fixed_reads, (unsigned long long)st->plain_reads,
+	    st->fixed_buffers, st->pool_hugetlb ? 1 : 0, st->pool_thp ? 1 : 0);
 	bool first = true;
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];

@@ -282,6 +282,12 @@ struct forward_stats {
 	/* Experts FAILED now (counted once per node's residency) and loads started again for an
 	 * expert whose last load had failed (residency_counters). RESIDENCY only. */
 	uint64_t failed_experts, failed_retries;
+	/* The loader's reads into registered slots (read_fixed) and plain ones, the registered
+	 * buffers the pools are spread over (1 GiB each at most), and whether every pool is on
+	 * hugetlb pages / advised for transparent huge pages. RESIDENCY only. */
+	uint64_t fixed_reads, plain_reads;
+	uint32_t fixed_buffers;
+	bool pool_hugetlb, pool_thp;
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
@@ -298,7 +304,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
  *    "bytes_read":…, "failures":…, "resident_bytes":…, "slot_bytes_used":…,
  *    "pool_bytes":…, "budget_bytes":…, "slots":…, "evictions":…,
  *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
- *    "failed_experts":…, "failed_retries":…,
+ *    "failed_experts":…, "failed_retries":…, "fixed_reads":…, "plain_reads":…,
+ *    "fixed_buffers":…, "pool_hugetlb":0|1, "pool_thp":0|1,
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
  *               "inflight_misses":…, "bytes_read":…, "failures":…,
  *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},

@@ -87,6 +87,7 @@ struct loader {
 	struct slot_fifo issue_demand, issue_prefetch;
 	bool buffers_registered, files_registered;
 	uint32_t slots_per_buffer; /* fixed buffer b holds slots [b·n, (b+1)·n) */
+	uint32_t n_buffers;        /* registered fixed buffers (0: none) */
 	struct __kernel_timespec timeout;
 	uint64_t seq;
 	uint32_t in_flight;
@@ -113,6 +114,11 @@ static void fifo_pop(struct slot_fifo *q)
 bool loader_buffers_registered(const struct residency *r)
 {
 	return r->loader && r->loader->buffers_registered;
+}
+
+uint32_t loader_fixed_buffers(const struct residency *r)
+{
+	return r->loader ? r->loader->n_buffers : 0;
 }
 
 void loader_wake(struct residency *r)
@@ -561,7 +567,12 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		         r->map->n_files, strerror(-rc));
 	/* Fixed buffers of whole slots, each at most 1 GiB (the kernel's limit per buffer), at
 	 * most MAX_REGISTERED_BUFFERS of them: slot s is in buffer s / slots_per_buffer. */
-	uint64_t per = r->pool.slot_bytes ? (UINT64_C(1) << 30) / r->pool.slot_bytes : 0;
+	uint64_t cap = r->config.fixed_buffer_max;
+	if (cap == 0 || cap > (UINT64_C(1) << 30))
+		cap = UINT64_C(1) << 30;
+	uint64_t per = r->pool.slot_bytes ? cap / r->pool.slot_bytes : 0;
+	if (per == 0 && r->pool.slot_bytes && r->pool.slot_bytes <= (UINT64_C(1) << 30))
+		per = 1; /* a cap below one slot: one slot per buffer */
 	if (per > n_slots)
 		per = n_slots;
 	uint64_t n_bufs = per ? (n_slots + per - 1) / per : 0;
@@ -581,6 +592,7 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
+		l->n_buffers = rc == 0 ? (uint32_t)n_bufs : 0;
 		if (rc < 0) {
 			const uint64_t bytes = (uint64_t)n_slots * r->pool.slot_bytes;
 			char what[64], hint[320];

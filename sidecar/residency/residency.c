@@ -548,6 +548,7 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 	out->slot_bytes = r->pool.slot_bytes;
 	out->budget_bytes = r->pool.budget;
 	out->buffers_registered = loader_buffers_registered(r);
+	out->fixed_buffers = loader_fixed_buffers(r);
 	out->hugetlb = r->pool.hugetlb;
 	out->thp = r->pool.thp_advised;
 }

@@ -77,7 +77,12 @@ struct residency_config {
 	 * after one failed load (default 1000; RESIDENCY_NO_BACKOFF: at once), doubling per
 	 * consecutive failure up to retry_backoff_max_ms (default 60000). */
 	uint32_t retry_backoff_ms, retry_backoff_max_ms;
-	bool no_register_buffers;   /* force plain reads (tests, benchmarks) */
+	bool no_register_buffers; /* force plain reads (tests, benchmarks) */
+	/* Bytes of slots per registered (fixed) buffer, rounded down to whole slots (at least
+	 * one); 0 or above 1 GiB: 1 GiB, the kernel's limit per buffer. A pool of many GiB is
+	 * registered as several buffers; a smaller figure spreads a small pool over several
+	 * (tests). */
+	uint64_t fixed_buffer_max;
 	bool no_direct;             /* buffered reads, as asked (--no-direct, tests) */
 	loader_fault_fn fault_hook; /* tests only */
 	void *fault_arg;
@@ -113,6 +118,7 @@ struct residency_counters {
 	 * Memory taken is slots_used × slot_bytes: slots are sized for the largest expert and read
 	 * each extent's aligned superset, so they hold more than these bytes. */
 	uint64_t resident_bytes;
+	uint32_t fixed_buffers; /* registered buffers the slots are spread over (0: none) */
 	bool buffers_registered, hugetlb, thp;
 };
 

@@ -114,5 +114,6 @@ int loader_start(struct residency *r, char *err, size_t err_len);
 void loader_wake(struct residency *r); /* new work queued (call without the lock) */
 void loader_stop(struct residency *r); /* cancel in-flight reads, join the thread */
 bool loader_buffers_registered(const struct residency *r);
+uint32_t loader_fixed_buffers(const struct residency *r);
 
 #endif

@@ -59,9 +59,22 @@ static void draw(struct progress *p, uint64_t done, uint64_t now, int final)
 	format_amount(amount, sizeof(amount), p->unit, (double)done);
 	format_amount(total, sizeof(total), p->unit, (double)p->total);
 	format_amount(rate, sizeof(rate), p->unit, secs > 0 ? (double)done / secs : 0);
+	/* The time left at the rate so far, while there is some left and a rate to go by. */
+	char eta[32] = "";
+	if (!final && done > 0 && done < p->total && secs > 0) {
+		const double left = secs * (double)(p->total - done) / (double)done;
+		if (left < 90)
+			snprintf(eta, sizeof(eta), ", ETA %.0f s", left);
+		else if (left < 5400)
+			snprintf(eta, sizeof(eta), ", ETA %.0f min", left / 60);
+		else
+			snprintf(eta, sizeof(eta), ", ETA %.1f h", left / 3600);
+	} else if (final) {
+		snprintf(eta, sizeof(eta), " in %.1f s", secs);
+	}
 	if (p->log_sub && !p->tty) {
-		log_event(LOG_INFO, p->log_sub, "%s: %.0f%% %s / %s, %s/s", p->label, frac * 100,
-		          amount, total, rate);
+		log_event(LOG_INFO, p->log_sub, "%s: %.0f%% %s / %s, %s/s%s", p->label, frac * 100,
+		          amount, total, rate, eta);
 		return;
 	}
 	if (p->tty) {
@@ -70,11 +83,11 @@ static void draw(struct progress *p, uint64_t done, uint64_t now, int final)
 		for (int i = 0; i < 30; i++)
 			bar[i] = i < filled ? '#' : '.';
 		bar[30] = '\0';
-		fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s, %s/s%s", p->label, bar, frac * 100,
-		        amount, total, rate, final ? "\n" : "");
+		fprintf(stderr, "\r%s [%s] %5.1f%% %s / %s, %s/s%s%s\033[K", p->label, bar,
+		        frac * 100, amount, total, rate, eta, final ? "\n" : "");
 	} else {
-		fprintf(stderr, "%s: %3.0f%% %s / %s, %s/s\n", p->label, frac * 100, amount, total,
-		        rate);
+		fprintf(stderr, "%s: %3.0f%% %s / %s, %s/s%s\n", p->label, frac * 100, amount,
+		        total, rate, eta);
 	}
 	fflush(stderr);
 }

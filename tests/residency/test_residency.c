@@ -72,6 +72,68 @@ Test(residency, unaligned_extents_byte_exact_and_hits_after)
 	fixture_destroy(&f);
 }
 
+/* The slot size of the fixture's experts (the largest, aligned). */
+static uint64_t fixture_slot_bytes(void)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 4, 3, 5000);
+	struct residency_config cfg = base_config(64u << 20);
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	residency_destroy(r);
+	fixture_destroy(&f);
+	return c.slot_bytes;
+}
+
+/* A pool of 8 slots registered as several fixed buffers (as a pool of many GiB is, 1 GiB
+ * each): every read goes to its slot's buffer, whichever that is, byte-exact. */
+static void spread_over_buffers(uint64_t buffer_max, uint32_t slots_per_buffer)
+{
+	const uint64_t slot = fixture_slot_bytes();
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 4, 3, 5000);
+	struct residency_config cfg = base_config(8 * slot);
+	cfg.fixed_buffer_max = buffer_max;
+	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency_counters c;
+	counters(r, &c);
+	if (!c.buffers_registered) {
+		residency_destroy(r);
+		fixture_destroy(&f);
+		cr_skip_test("io_uring_register_buffers refused here (RLIMIT_MEMLOCK)");
+	}
+	cr_assert_eq(c.slots, 8, "the budget holds every expert");
+	cr_assert_eq(c.fixed_buffers, (c.slots + slots_per_buffer - 1) / slots_per_buffer);
+	for (int round = 0; round < 2; round++)
+		for (uint32_t l = 0; l < 2; l++)
+			for (uint32_t x = 0; x < 4; x++) {
+				struct expert_ref ref;
+				acquire_ok(r, &f, l, x, &ref);
+				residency_release(r, &ref);
+			}
+	counters(r, &c);
+	cr_assert_eq(c.loads, 8);
+	cr_assert_eq(c.slots_used, 8, "every slot, so every buffer, was read into");
+	cr_assert_eq(c.fixed_reads, c.reads, "registered slots must use read_fixed");
+	cr_assert_eq(c.failures, 0);
+	residency_destroy(r);
+	fixture_destroy(&f);
+}
+
+Test(residency, reads_into_every_fixed_buffer)
+{
+	spread_over_buffers(1, 1); /* below one slot: one slot per buffer */
+}
+
+Test(residency, fixed_buffers_of_whole_slots)
+{
+	/* 3 slots' bytes and a little more: rounded down to 3 slots per buffer, 3 buffers */
+	const uint64_t slot = fixture_slot_bytes();
+	spread_over_buffers(3 * slot + slot / 2, 3);
+	spread_over_buffers(0, 8); /* the default: 8 small slots fit one 1 GiB buffer */
+}
+
 Test(residency, chunked_reads_at_small_depth)
 {
 	struct fixture f;

@@ -251,9 +251,9 @@ Test(serve_ops, resident_forwards_run_inline_and_cold_ones_on_the_forward_thread
 	}
 }
 
-/* Warming every expert at start reports progress through the log: under --log-json every line
- * of the sidecar's stderr is a JSON object, progress included; under --log-level error there
- * is no progress (nor any info line) at all. */
+/* Warming every expert at start reports progress through the log, with the time left on the
+ * way: under --log-json every line of the sidecar's stderr is a JSON object, progress
+ * included; under --log-level error there is no progress (nor any info line) at all. */
 Test(serve_ops, warming_progress_follows_the_log_level_and_json)
 {
 	for (int json = 1; json >= 0; json--) {
@@ -268,6 +268,9 @@ Test(serve_ops, warming_progress_follows_the_log_level_and_json)
 			                 "\"msg\":\"warming every expert: 100% 48 experts / 48 "
 			                 "experts"),
 			          "no progress line in JSON: %s", log);
+			/* the lines on the way say how long is left; the last, how long it took */
+			cr_assert(strstr(log, "experts/s, ETA "), "no ETA on the way: %s", log);
+			cr_assert(strstr(log, "experts/s in "), "no duration at the end: %s", log);
 			for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n"))
 				cr_assert(line[0] == '{' && line[strlen(line) - 1] == '}',
 				          "not a JSON object: %s", line);
