@@ -581,8 +581,8 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * line is asked for once). Past the end of a group it runs into the next group of the same
  * matrix, which the caller reads next; a prefetch never faults.
  *
- * Whether it pays depends on the core (docs/performance.md, "An Intel Xeon VM"). On the Intel
- * Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s, and with the hardware
+ * Whether it pays depends on the core (docs/performance.md, "Today's figures: Intel Xeon VM"). On
+ * the Intel Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s, and with the hardware
  * prefetcher alone a group dot's compute time added to its memory time instead of hiding
  * behind it — one token, two threads, MXFP4x8 0.60-0.66 of the DRAM probe; with 1536 /
  * 1536 + 3072 bytes 0.80-0.88 (Q4_Kx8 0.67-0.74 -> 0.81-0.88, BF16x8 0.74-0.81 -> 0.90-0.94,
