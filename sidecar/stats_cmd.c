@@ -201,7 +201,7 @@ static int print_experts(const struct json_doc *d, json_ref root, uint32_t n)
 		uint32_t i = 0;
 		uint64_t sum = 0;
 		for (json_ref v = json_first(d, counts); v != JSON_NONE; v = json_next(d, v), i++)
-			if (json_u64(d, v, &c[i]) == 1)
+			if (json_u64(d, v, &c[i]) == 0)
 				sum += c[i];
 		i = 0;
 		for (json_ref v = json_first(d, heat); v != JSON_NONE; v = json_next(d, v), i++)
