@@ -1106,31 +1106,123 @@ int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, s
 	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
 }
 
-int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms)
+/* STATS flags need a 1.2 sidecar: an older one refuses them (MOE_EBADFIELD), so say why
+ * without asking. */
+static int stats_flags_supported(struct moe_client *c, uint16_t flags)
 {
-	if (!c || !buf || len == 0)
-		return MOE_EINVAL;
-	struct moe_slot s = {0};
-	int rc = moe_slot_acquire(c, &s);
+	if (flags && c->info.abi_minor < 2)
+		return client_fail(c, MOE_EVERSION,
+		                   "the sidecar speaks protocol %u.%u: per-expert statistics need "
+		                   "1.2",
+		                   c->info.abi_major, c->info.abi_minor);
+	return MOE_OK;
+}
+
+/* One STATS with flags on a fresh slot; on MOE_OK, take() reads the output area (its value
+ * bytes) before the slot goes back. */
+static int stats_call(struct moe_client *c, uint16_t flags,
+                      int (*take)(struct moe_client *c, const struct moe_slot *s, uint32_t value,
+                                  void *arg),
+                      void *arg, int timeout_ms)
+{
+	int rc = stats_flags_supported(c, flags);
 	if (rc != MOE_OK)
 		return rc;
-	struct moe_request r = {.op = MOE_OP_STATS};
+	struct moe_slot s = {0};
+	rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	struct moe_request r = {.op = MOE_OP_STATS, .flags = flags};
 	struct moe_completion d;
 	r.slot = s.index;
 	r.user_data = ((uint64_t)MOE_OP_STATS << 56) | ++c->call_seq;
 	rc = moe_call(c, &r, &d, timeout_ms);
-	if (rc == MOE_OK) { /* the JSON is read before the slot goes back */
-		size_t n = d.value;
-		if (n >= s.output_bytes || ((const char *)s.output)[n] != '\0') {
-			rc = client_fail(c, MOE_EPROTO,
-			                 "STATS reply of %zu bytes is not terminated", n);
-		} else if (n + 1 > len) {
-			rc = client_fail(c, MOE_ETOOSMALL, "STATS reply is %zu bytes, buffer %zu",
-			                 n + 1, len);
-		} else {
-			memcpy(buf, s.output, n + 1);
-		}
-	}
+	if (rc == MOE_OK)
+		rc = take(c, &s, d.value, arg);
 	moe_slot_abandon(c, s.index);
 	return rc;
+}
+
+struct json_dest {
+	char *buf;
+	size_t len;
+};
+
+static int take_json(struct moe_client *c, const struct moe_slot *s, uint32_t value, void *arg)
+{
+	const struct json_dest *j = arg;
+	size_t n = value;
+	if (n >= s->output_bytes || ((const char *)s->output)[n] != '\0')
+		return client_fail(c, MOE_EPROTO, "STATS reply of %zu bytes is not terminated", n);
+	if (n + 1 > j->len)
+		return client_fail(c, MOE_ETOOSMALL, "STATS reply is %zu bytes, buffer %zu", n + 1,
+		                   j->len);
+	memcpy(j->buf, s->output, n + 1);
+	return MOE_OK;
+}
+
+int moe_stats_json_flags(struct moe_client *c, uint16_t flags, char *buf, size_t len,
+                         int timeout_ms)
+{
+	if (!c || !buf || len == 0 || (flags & ~MOE_STATS_EXPERTS))
+		return MOE_EINVAL;
+	struct json_dest j = {buf, len};
+	return stats_call(c, flags, take_json, &j, timeout_ms);
+}
+
+int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms)
+{
+	return moe_stats_json_flags(c, 0, buf, len, timeout_ms);
+}
+
+struct table_dest {
+	uint64_t *counts;
+	float *heat;
+	uint32_t *half_life;
+};
+
+/* The expert table is the sidecar's output: checked against the model this client was told
+ * about and against its own size before anything is copied out. */
+static int take_table(struct moe_client *c, const struct moe_slot *s, uint32_t value, void *arg)
+{
+	const struct table_dest *t = arg;
+	struct moe_expert_table_header h;
+	if (value < sizeof(h) || value > s->output_bytes)
+		return client_fail(c, MOE_EPROTO, "expert table of %u bytes (area %zu)", value,
+		                   s->output_bytes);
+	memcpy(&h, s->output, sizeof(h));
+	const uint64_t cells = (uint64_t)c->info.n_moe_layers * c->info.n_experts;
+	if (h.magic != MOE_EXPERT_TABLE_MAGIC || h.total_bytes != value ||
+	    h.n_moe_layers != c->info.n_moe_layers || h.n_experts != c->info.n_experts ||
+	    h.counts_off < h.header_size || h.counts_off % 8 ||
+	    h.counts_off + cells * sizeof(uint64_t) > value || h.heat_off % 4 ||
+	    h.heat_off < h.counts_off + cells * sizeof(uint64_t) ||
+	    h.heat_off + cells * sizeof(float) > value)
+		return client_fail(c, MOE_EPROTO,
+		                   "expert table does not describe this model (%u x %u experts, "
+		                   "%u bytes)",
+		                   h.n_moe_layers, h.n_experts, value);
+	const uint8_t *base = s->output;
+	if (t->counts)
+		memcpy(t->counts, base + h.counts_off, cells * sizeof(uint64_t));
+	if (t->heat)
+		memcpy(t->heat, base + h.heat_off, cells * sizeof(float));
+	if (t->half_life)
+		*t->half_life = h.half_life_tokens;
+	return MOE_OK;
+}
+
+int moe_expert_stats(struct moe_client *c, uint64_t *counts, float *heat, size_t n,
+                     uint32_t *half_life, int timeout_ms)
+{
+	if (!c)
+		return MOE_EINVAL;
+	if (c->info.n_experts == 0)
+		return client_fail(c, MOE_ENOMODEL, "the sidecar serves no model: no expert stats");
+	const size_t cells = (size_t)c->info.n_moe_layers * c->info.n_experts;
+	if ((counts || heat) && n < cells)
+		return client_fail(c, MOE_EINVAL, "%zu entries; the model has %u x %u experts", n,
+		                   c->info.n_moe_layers, c->info.n_experts);
+	struct table_dest t = {counts, heat, half_life};
+	return stats_call(c, MOE_STATS_EXPERT_TABLE, take_table, &t, timeout_ms);
 }

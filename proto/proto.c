@@ -226,8 +226,10 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
 		return MOE_OK;
 	case MOE_OP_STATS:
-		if (sqe->flags || sqe->n_tokens || sqe->in_dtype || sqe->out_dtype ||
-		    sqe->ids_per_token || sqe->layer || sqe->arg)
+		if (sqe->flags & ~MOE_STATS_FLAGS_ALL)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, sqe->flags, 0);
+		if (sqe->n_tokens || sqe->in_dtype || sqe->out_dtype || sqe->ids_per_token ||
+		    sqe->layer || sqe->arg)
 			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
 		return MOE_OK;
 	case MOE_OP_MASK:
@@ -292,11 +294,14 @@ int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
 		else if (sqe->op == MOE_OP_FORWARD && sqe->arg > sqe->ids_per_token)
 			n = snprintf(buf, len, "FORWARD: k_defer %u > ids_per_token %u", sqe->arg,
 			             sqe->ids_per_token);
-		else if (sqe->op == MOE_OP_FORWARD || sqe->op == MOE_OP_PREFETCH)
+		else if ((sqe->op == MOE_OP_FORWARD && (sqe->flags & ~MOE_FWD_FLAGS_ALL)) ||
+		         (sqe->op == MOE_OP_PREFETCH && (sqe->flags & ~MOE_PREFETCH_FLAGS_ALL)) ||
+		         (sqe->op == MOE_OP_STATS && (sqe->flags & ~MOE_STATS_FLAGS_ALL)))
 			n = snprintf(buf, len, "%s: flags 0x%x include unknown bits (known 0x%x)",
 			             op, sqe->flags,
-			             sqe->op == MOE_OP_FORWARD ? MOE_FWD_FLAGS_ALL
-			                                       : MOE_PREFETCH_FLAGS_ALL);
+			             sqe->op == MOE_OP_FORWARD    ? MOE_FWD_FLAGS_ALL
+			             : sqe->op == MOE_OP_PREFETCH ? MOE_PREFETCH_FLAGS_ALL
+			                                          : MOE_STATS_FLAGS_ALL);
 		else
 			n = snprintf(buf, len, "%s: a field this op does not use is not zero", op);
 		break;

@@ -8,5 +8,6 @@ int cmd_inspect(int argc, char **argv);
 int cmd_simulate(int argc, char **argv);
 int cmd_probe(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
+int cmd_placement(int argc, char **argv);
 
 #endif

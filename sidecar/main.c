@@ -18,6 +18,7 @@ static const struct command commands[] = {
     {"simulate", cmd_simulate, "replay a routing trace through the residency policies"},
     {"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
     {"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
+    {"placement", cmd_placement, "which experts to keep on the GPU, from a trace or a sidecar"},
 };
 
 static void usage(FILE *to)

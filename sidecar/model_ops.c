@@ -50,12 +50,14 @@
 #include "log.h"
 #include "moe_kernels.h"
 #include "ops.h"
+#include "routing.h"
+#include "trace_recorder.h"
 
 struct model_channel {
 	struct sidecar_channel *ch;
 	uint32_t client;
-	/* Accepted FORWARDs not started yet (each holds its own slot: at most n_slots). Under
-	 * model_ops.lock. */
+	/* Accepted FORWARDs not started yet, and MASKs behind them (each holds its own slot:
+	 * at most n_slots). Under model_ops.lock. */
 	struct moe_sqe queue[MOE_MAX_SLOTS_LIMIT];
 	uint32_t q_head, q_len;
 	bool listed;  /* in the round-robin list */
@@ -109,6 +111,14 @@ struct model_ops {
 	size_t mask_bytes; /* the whole model's mask */
 	char *stats;
 	size_t stats_cap;
+	/* The forward thread's copy of a queued MASK's bits. */
+	uint8_t *queued_mask;
+	/* What the engine routes to the CPU side (routing.h), written by the executing thread;
+	 * the recorder (NULL: not recording). MoE layer index <-> block. */
+	struct routing *routing;
+	struct trace_recorder *recorder;
+	uint32_t *moe_of_block; /* [n_layers]: MoE index, UINT32_MAX for a dense block */
+	uint32_t *block_of_moe; /* [n_moe_layers] */
 };
 
 static size_t mask_layer_bytes(const struct serve_model_desc *d)
@@ -359,6 +369,12 @@ static void run_forward(struct model_ops *o, struct model_channel *mc, const str
 	struct serve_forward_result res;
 	int rc = serve_model_forward(o->model, &req, o->out_immediate,
 	                             sqe->arg ? mc->deferred[target] : NULL, &res);
+	if (rc == MOE_OK || early.posted) { /* validated: this is the routing served */
+		const uint32_t l = o->moe_of_block[sqe->layer];
+		routing_add(o->routing, l, sqe->n_tokens, sqe->ids_per_token, o->ids);
+		trace_recorder_add(o->recorder, l, sqe->n_tokens, sqe->ids_per_token, o->ids,
+		                   o->weights);
+	}
 	if (rc != MOE_OK && early.posted) {
 		/* Completed already: the deferred part is what failed. The next FORWARD owes it. */
 		log_warn("model",
@@ -424,6 +440,26 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Sets mc's client mask from the slot's input (n bytes checked by model_op_mask) through the
+ * private buffer `bits`, and fills *done. Runs on the dispatcher when nothing of mc's is
+ * queued or running, else on the forward thread in mc's submission order (model_op_mask). */
+static void run_mask(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe,
+                     uint8_t *bits, struct moe_cqe *done)
+{
+	const struct sidecar_channel *ch = mc->ch;
+	const size_t n = sqe->layer < 0 ? o->mask_bytes : mask_layer_bytes(o->desc);
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	memcpy(bits, a.input, n);
+	__asm__ __volatile__("" ::: "memory");
+	int rc = serve_model_set_mask(o->model, mc->client, sqe->layer, bits, n);
+	done->status = rc < 0 ? rc : MOE_OK;
+	done->value = rc < 0 ? (uint32_t)sqe->layer : (uint32_t)n;
+	if (rc < 0)
+		channel_request_error(ch, sqe, done, true, "MASK layer %d: %s", sqe->layer,
+		                      moe_status_str(rc));
+}
+
 static void *forward_thread_main(void *arg)
 {
 	struct model_ops *o = arg;
@@ -455,7 +491,12 @@ static void *forward_thread_main(void *arg)
 		pthread_mutex_unlock(&o->lock);
 
 		struct moe_cqe c;
-		run_forward(o, mc, &sqe, &c, false);
+		if (sqe.op == MOE_OP_MASK) {
+			c = (struct moe_cqe){.user_data = sqe.user_data, .slot = sqe.slot};
+			run_mask(o, mc, &sqe, o->queued_mask, &c);
+		} else {
+			run_forward(o, mc, &sqe, &c, false);
+		}
 		if (c.status != OP_POSTED)
 			channel_complete_async(mc->ch, &c);
 
@@ -609,8 +650,6 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	struct model_ops *o = ch->model_ops;
 	const size_t per_layer = mask_layer_bytes(o->desc);
 	const size_t n = sqe->layer < 0 ? o->mask_bytes : per_layer;
-	struct slot_areas a;
-	channel_slot_areas(ch, sqe->slot, &a);
 	if (n > ch->layout.in_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)n;
@@ -620,26 +659,134 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 		                      sqe->layer, n, (unsigned long long)ch->layout.in_bytes);
 		return;
 	}
-	memcpy(o->mask, a.input, n);
-	__asm__ __volatile__("" ::: "memory");
-	int rc = serve_model_set_mask(o->model, ch->model->client, sqe->layer, o->mask, n);
-	done->status = rc < 0 ? rc : MOE_OK;
-	done->value = rc < 0 ? (uint32_t)sqe->layer : (uint32_t)n;
-	if (rc < 0)
-		channel_request_error(ch, sqe, done, true, "MASK layer %d: %s", sqe->layer,
-		                      moe_status_str(rc));
+	/* A switch keeps every FORWARD on the mask it was sent under: with FORWARDs of this
+	 * channel queued or running, the MASK waits behind them in the channel's queue (the
+	 * forward thread runs it in submission order), so none of them is computed here for an
+	 * expert the engine now computes itself, nor refused for one it has handed back. Only
+	 * the channel's own order matters: another client's FORWARDs never name an expert its
+	 * own mask holds, and residency drops an expert only when every client masks it. */
+	struct model_channel *mc = ch->model;
+	pthread_mutex_lock(&o->lock);
+	if (!o->shutting_down && !mc->closing && (mc->q_len || mc->running)) {
+		mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
+		mc->q_len++;
+		atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
+		if (!mc->listed)
+			rr_append_locked(o, mc);
+		pthread_cond_signal(&o->work);
+		pthread_mutex_unlock(&o->lock);
+		done->status = OP_PENDING;
+		return;
+	}
+	pthread_mutex_unlock(&o->lock);
+	run_mask(o, mc, sqe, o->mask, done);
+}
+
+/* The binary expert table (moe_proto.h) into the output area; its bytes, or the bytes it
+ * needs when that is more than cap. */
+static size_t expert_table(struct model_ops *o, uint8_t *out, size_t cap)
+{
+	const uint32_t L = o->desc->n_moe_layers, E = o->desc->n_experts;
+	const size_t layers_off = sizeof(struct moe_expert_table_header);
+	const size_t counts_off = (layers_off + (size_t)L * sizeof(int32_t) + 7) & ~(size_t)7;
+	const size_t heat_off = counts_off + (size_t)L * E * sizeof(uint64_t);
+	const size_t total = heat_off + (size_t)L * E * sizeof(float);
+	if (total > cap)
+		return total;
+	uint64_t masked;
+	struct moe_expert_table_header h = {
+	    .magic = MOE_EXPERT_TABLE_MAGIC,
+	    .header_size = sizeof(h),
+	    .n_moe_layers = L,
+	    .n_experts = E,
+	    .half_life_tokens = routing_half_life(o->routing),
+	    .counts_off = counts_off,
+	    .heat_off = heat_off,
+	    .total_bytes = total,
+	};
+	serve_model_mask_info(o->model, &h.gpu_mask_switches, &masked);
+	memset(out, 0, counts_off);
+	memcpy(out, &h, sizeof(h));
+	for (uint32_t l = 0; l < L; l++) {
+		const int32_t b = (int32_t)o->block_of_moe[l];
+		memcpy(out + layers_off + l * sizeof(int32_t), &b, sizeof(b));
+	}
+	/* counts_off and heat_off are 8- and 4-aligned in a page-aligned area */
+	routing_read(o->routing, (uint64_t *)(void *)(out + counts_off),
+	             (float *)(void *)(out + heat_off));
+	return total;
+}
+
+/* The routing keys STATS adds to the engine's object (docs/protocol.md §10). snprintf-like. */
+static size_t routing_stats_json(struct model_ops *o, bool experts, char *buf, size_t len)
+{
+	uint64_t switches, masked;
+	serve_model_mask_info(o->model, &switches, &masked);
+	int n = snprintf(buf, len,
+	                 ",\"gpu_mask_switches\":%llu,\"gpu_masked_experts\":%llu,"
+	                 "\"heat_half_life_tokens\":%u",
+	                 (unsigned long long)switches, (unsigned long long)masked,
+	                 routing_half_life(o->routing));
+	size_t used = n > 0 ? (size_t)n : 0;
+	if (o->recorder) {
+		struct trace_recorder_stats ts;
+		trace_recorder_stats(o->recorder, &ts);
+		n = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
+		             ",\"trace_lines\":%llu,\"trace_bytes\":%llu,\"trace_dropped\":%llu,"
+		             "\"trace_stopped\":%s",
+		             (unsigned long long)ts.lines, (unsigned long long)ts.bytes,
+		             (unsigned long long)ts.dropped, ts.stopped ? "true" : "false");
+		used += n > 0 ? (size_t)n : 0;
+	}
+	if (experts) {
+		if (used < len)
+			buf[used] = ',';
+		used++;
+		used += routing_json(o->routing, o->block_of_moe, used < len ? buf + used : NULL,
+		                     used < len ? len - used : 0);
+	}
+	return used;
 }
 
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                     struct moe_cqe *done)
 {
 	struct model_ops *o = ch->model_ops;
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	if (sqe->flags & MOE_STATS_EXPERT_TABLE) {
+		const size_t need = expert_table(o, (uint8_t *)o->stats, o->stats_cap);
+		if (need > o->stats_cap || need > ch->layout.out_bytes) {
+			done->status = MOE_ETOOSMALL;
+			done->value = (uint32_t)need;
+			channel_request_error(ch, sqe, done, true,
+			                      "STATS: the expert table is %zu bytes, the output "
+			                      "area %llu",
+			                      need, (unsigned long long)ch->layout.out_bytes);
+			return;
+		}
+		memcpy(a.output, o->stats, need);
+		done->status = MOE_OK;
+		done->value = (uint32_t)need;
+		return;
+	}
 	pthread_mutex_lock(&o->lock);
 	uint32_t clients = o->n_clients;
 	pthread_mutex_unlock(&o->lock);
 	size_t len = serve_model_stats_json(
 	    o->model, clients, o->forwards_inline,
 	    atomic_load_explicit(&o->mem_channels, memory_order_relaxed), o->stats, o->stats_cap);
+	if (len < o->stats_cap) { /* the routing keys replace the closing brace */
+		len--;
+		len += routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, o->stats + len,
+		                          o->stats_cap - len);
+		if (len + 1 < o->stats_cap) {
+			o->stats[len++] = '}';
+			o->stats[len] = '\0';
+		} else {
+			len++;
+		}
+	}
 	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);
@@ -648,8 +795,6 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 		                      (unsigned long long)ch->layout.out_bytes);
 		return;
 	}
-	struct slot_areas a;
-	channel_slot_areas(ch, sqe->slot, &a);
 	memcpy(a.output, o->stats, len + 1);
 	done->status = MOE_OK;
 	done->value = (uint32_t)len;
@@ -657,7 +802,8 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 
 /* ---- Life cycle ------------------------------------------------------------------------ */
 
-int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, size_t err_len)
+int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
+                     struct model_ops **out, char *err, size_t err_len)
 {
 	*out = NULL;
 	struct model_ops *o = calloc(1, sizeof(*o));
@@ -672,7 +818,17 @@ int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, s
 	const size_t ids = (size_t)d->max_tokens * d->max_top_k;
 	o->hint_cap = (uint32_t)(ids > d->n_experts ? ids : d->n_experts);
 	o->mask_bytes = (size_t)d->n_layers * mask_layer_bytes(d);
-	o->stats_cap = 4096 + (size_t)d->n_moe_layers * 768;
+	o->routing = routing_create(d->n_moe_layers, d->n_experts, cfg->heat_half_life);
+	const size_t table = sizeof(struct moe_expert_table_header) + 8 +
+	                     (size_t)d->n_moe_layers * (4 + (size_t)d->n_experts * 12);
+	o->stats_cap =
+	    4096 + (size_t)d->n_moe_layers * 768 + (o->routing ? routing_json_max(o->routing) : 0);
+	if (o->stats_cap < table)
+		o->stats_cap = table;
+	o->moe_of_block = malloc((size_t)d->n_layers * sizeof(uint32_t));
+	o->block_of_moe =
+	    malloc((size_t)(d->n_moe_layers ? d->n_moe_layers : 1) * sizeof(uint32_t));
+	o->queued_mask = malloc((size_t)d->n_layers * mask_layer_bytes(d));
 	o->x = malloc(rows * sizeof(float));
 	o->ids = malloc(ids * sizeof(int32_t));
 	o->weights = malloc(ids * sizeof(float));
@@ -682,16 +838,45 @@ int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, s
 	o->mask = malloc(o->mask_bytes);
 	o->stats = malloc(o->stats_cap);
 	if (!o->x || !o->ids || !o->weights || !o->out_immediate || !o->hint_ids ||
-	    !o->hint_scores || !o->mask || !o->stats) {
+	    !o->hint_scores || !o->mask || !o->stats || !o->routing || !o->moe_of_block ||
+	    !o->block_of_moe || !o->queued_mask) {
 		snprintf(err, err_len, "out of memory for the request buffers");
 		model_ops_destroy(o);
 		return -1;
 	}
+	for (uint32_t b = 0, l = 0; b < d->n_layers; b++) {
+		o->moe_of_block[b] = UINT32_MAX;
+		if (serve_model_is_moe_layer(m, (int32_t)b) && l < d->n_moe_layers) {
+			o->moe_of_block[b] = l;
+			o->block_of_moe[l++] = b;
+		}
+	}
+	if (cfg->record_trace) {
+		const struct trace_recorder_config tc = {
+		    .path = cfg->record_trace,
+		    .max_bytes = cfg->record_trace_max_bytes
+		                     ? cfg->record_trace_max_bytes
+		                     : (uint64_t)TRACE_RECORD_MAX_MIB_DEFAULT << 20,
+		    .n_layers = d->n_moe_layers,
+		    .n_experts = d->n_experts,
+		    .top_k = d->max_top_k,
+		    .max_tokens = d->max_tokens,
+		};
+		if (trace_recorder_create(&tc, &o->recorder, err, err_len) != 0) {
+			model_ops_destroy(o);
+			return -1;
+		}
+	}
 	o->mem_limit = d->mem_limit_bytes;
 	o->mem_fixed = d->mem_fixed_bytes + 2 * rows * sizeof(float) +
 	               ids * (sizeof(int32_t) + sizeof(float)) +
-	               o->hint_cap * (sizeof(int32_t) + sizeof(float)) + o->mask_bytes +
-	               o->stats_cap;
+	               o->hint_cap * (sizeof(int32_t) + sizeof(float)) + 2 * o->mask_bytes +
+	               o->stats_cap + (uint64_t)d->n_moe_layers * d->n_experts * 16;
+	if (o->recorder) {
+		struct trace_recorder_stats ts;
+		trace_recorder_stats(o->recorder, &ts);
+		o->mem_fixed += ts.ring_bytes;
+	}
 	int rc = pthread_mutex_init(&o->lock, NULL);
 	if (rc == 0)
 		rc = pthread_cond_init(&o->work, NULL);
@@ -757,7 +942,12 @@ void model_ops_destroy(struct model_ops *o)
 	free(o->out_immediate);
 	free(o->hint_ids);
 	free(o->hint_scores);
+	trace_recorder_destroy(o->recorder); /* after the last FORWARD: drains the rest */
+	routing_destroy(o->routing);
 	free(o->mask);
+	free(o->queued_mask);
+	free(o->moe_of_block);
+	free(o->block_of_moe);
 	free(o->stats);
 	free(o);
 }

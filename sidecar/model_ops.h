@@ -7,7 +7,12 @@
  * round-robin across channels (one request per channel per turn: a client that floods its ring
  * cannot starve another), each channel's deferred state (the contribution owed to its next FORWARD,
  * double buffered), the forward thread's private copies of inputs (copied out of shared memory
- * once, then validated by the engine), and each channel's client id for GPU masks.
+ * once, then validated by the engine), each channel's client id for GPU masks, and what the
+ * FORWARDs served routed (routing.h: counts, heat; trace_recorder.h: `--record-trace`).
+ *
+ * GPU mask switches: a MASK runs on the dispatcher when its channel has no FORWARD queued or
+ * running, else behind them in the channel's queue on the forward thread, so every FORWARD
+ * is validated and computed under the mask in force when it was submitted.
  *
  * Threading: create/destroy/shutdown and channel_open/close on the control thread; the op
  * executors on the dispatcher; the forward thread finishes FORWARDs through
@@ -29,8 +34,18 @@
 
 struct model_ops;
 
-/* Starts the forward thread over an open model (which must outlive it). 0 or -1 + err. */
-int model_ops_create(struct serve_model *m, struct model_ops **out, char *err, size_t err_len);
+/* What the engine routes (routing.h) and its recording (trace_recorder.h). Zero: defaults,
+ * no recording. */
+struct model_ops_config {
+	uint32_t heat_half_life;         /* tokens per MoE layer; 0: ROUTING_HALF_LIFE_DEFAULT */
+	const char *record_trace;        /* trace file, or NULL */
+	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
+};
+
+/* Starts the forward thread over an open model (which must outlive it), and the trace
+ * recorder when asked. 0 or -1 + err. */
+int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
+                     struct model_ops **out, char *err, size_t err_len);
 /* Shutdown, step 1: queued FORWARDs complete with MOE_ESHUTDOWN, new ones are refused the
  * same way; the one running finishes normally. */
 void model_ops_shutdown(struct model_ops *o);

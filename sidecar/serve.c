@@ -20,6 +20,7 @@
 #include "memlimit.h"
 #include "model_ops.h"
 #include "policy.h"
+#include "routing.h"
 #include "serve_model.h"
 #include "server.h"
 
@@ -46,6 +47,9 @@ enum {
 	OPT_FAIL_EXPERT,
 	OPT_RETRY_BACKOFF,
 	OPT_MEM_LIMIT,
+	OPT_HEAT_HALF_LIFE,
+	OPT_RECORD_TRACE,
+	OPT_RECORD_TRACE_MAX_MIB,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -112,6 +116,15 @@ static const struct serve_option {
     {{"retry-backoff", required_argument, NULL, OPT_RETRY_BACKOFF},
      "MS[,MAX]",
      "read a failed expert again after MS ms, doubling up to MAX (1000,60000; 0: at once)"},
+    {{"heat-half-life", required_argument, NULL, OPT_HEAT_HALF_LIFE},
+     "N",
+     "per-expert heat halves every N tokens of its layer (default 1024; STATS, placement)"},
+    {{"record-trace", required_argument, NULL, OPT_RECORD_TRACE},
+     "FILE",
+     "write the routing served to FILE as a routing trace (moe-sidecar simulate replays it)"},
+    {{"record-trace-max-mib", required_argument, NULL, OPT_RECORD_TRACE_MAX_MIB},
+     "MIB",
+     "stop recording before the trace reaches MIB MiB (default 1024)"},
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
      "L:E[:N]",
      "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
@@ -281,6 +294,7 @@ int cmd_serve(int argc, char **argv)
 	    .fail_layer = -1,
 	    .fail_expert = -1,
 	};
+	struct model_ops_config ocfg = {0};
 	uint64_t v;
 	int c;
 	optind = 1;
@@ -391,6 +405,27 @@ int cmd_serve(int argc, char **argv)
 				mcfg.max_tokens = (uint32_t)v;
 			break;
 		case OPT_POLICY: mcfg.policy = optarg; break;
+		case OPT_HEAT_HALF_LIFE:
+			if (parse_u64(optarg, 1, ROUTING_HALF_LIFE_MAX, &v) != 0) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --heat-half-life '%s': expected 1..%u "
+				        "tokens\n",
+				        optarg, ROUTING_HALF_LIFE_MAX);
+				return 2;
+			}
+			ocfg.heat_half_life = (uint32_t)v;
+			break;
+		case OPT_RECORD_TRACE: ocfg.record_trace = optarg; break;
+		case OPT_RECORD_TRACE_MAX_MIB:
+			if (parse_u64(optarg, 1, 1u << 20, &v) != 0) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --record-trace-max-mib '%s': expected "
+				        "1..1048576\n",
+				        optarg);
+				return 2;
+			}
+			ocfg.record_trace_max_bytes = v << 20;
+			break;
 		case OPT_REQUIRE_PROBES: mcfg.require_probes = true; break;
 		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
@@ -464,6 +499,10 @@ int cmd_serve(int argc, char **argv)
 		log_error("serve", "pthread_sigmask failed");
 		return 1;
 	}
+	if (optind == argc && ocfg.record_trace) {
+		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
+		return 2;
+	}
 	struct server *server;
 	if (server_open(&cfg, &server) != 0)
 		return 1;
@@ -500,7 +539,7 @@ int cmd_serve(int argc, char **argv)
 		return 1;
 	}
 	struct model_ops *ops;
-	if (model_ops_create(model, &ops, err, sizeof(err)) != 0) {
+	if (model_ops_create(model, &ocfg, &ops, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
 		serve_model_close(model);
 		server_close(server);

@@ -454,6 +454,11 @@ int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, 
 	return forward_set_mask(m->engine, client, layer, bits, n_bytes);
 }
 
+void serve_model_mask_info(struct serve_model *m, uint64_t *switches, uint64_t *masked)
+{
+	forward_mask_info(m->engine, switches, masked);
+}
+
 void serve_model_client_attach(struct serve_model *m, uint32_t client)
 {
 	forward_client_attach(m->engine, client);

@@ -132,6 +132,8 @@ int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *id
 int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, const uint8_t *bits,
                          size_t n_bytes);
 void serve_model_client_attach(struct serve_model *m, uint32_t client);
+/* forward_mask_info. */
+void serve_model_mask_info(struct serve_model *m, uint64_t *switches, uint64_t *masked);
 void serve_model_client_detach(struct serve_model *m, uint32_t client);
 /* forward_settle: a deferred part still computing is finished and written (before the buffer
  * it writes to is freed). */

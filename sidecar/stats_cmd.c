@@ -1,5 +1,10 @@
-/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--watch S [--count N]]`: a running
- * sidecar's counters, asked for over the channel like any client (a STATS request).
+/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--experts[=N]] [--watch S [--count
+ * N]]`: a running sidecar's counters, asked for over the channel like any client (a STATS
+ * request).
+ *
+ * --experts[=N] adds each MoE layer's N hottest experts (default 8): tokens routed to them
+ * and their heat (STATS with MOE_STATS_EXPERTS); --json asks for the same keys, so the
+ * document it prints has "experts" too (from a 1.2 sidecar; an older one has none).
  *
  * --json prints the sidecar's document as it came (keys: docs/protocol.md, STATS); otherwise a
  * summary and a per-layer table, every figure labelled as a total since start, a rate over the
@@ -24,10 +29,12 @@
 
 static void stats_usage(FILE *to)
 {
-	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--watch SECONDS [--count "
-	            "N]]\n\n"
+	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--experts[=N]] [--watch "
+	            "SECONDS [--count N]]\n\n"
 	            "  --socket PATH   the sidecar's socket (default as for serve)\n"
-	            "  --json          print the STATS JSON object as the sidecar sent it\n"
+	            "  --json          print the STATS JSON object as the sidecar sent it (with\n"
+	            "                  per-expert counts and heat: \"experts\")\n"
+	            "  --experts[=N]   each MoE layer's N hottest experts (default 8)\n"
 	            "  --watch S       repeat every S seconds; from the second sample on, rates\n"
 	            "                  per second over the interval [totals since start]\n"
 	            "  --count N       with --watch: stop after N samples\n");
@@ -51,11 +58,12 @@ static int connect_for_stats(const char *path, size_t need, struct moe_client **
 	return moe_connect(&o, c);
 }
 
-/* Fetches the JSON into *buf (grown as needed). */
-static int fetch(const char *path, char **buf, size_t *cap)
+/* Fetches the JSON into *buf (grown as needed), with flags when the sidecar knows them
+ * (1.2). */
+static int fetch(const char *path, uint16_t flags, char **buf, size_t *cap)
 {
 	size_t need = 64u << 10;
-	for (int attempt = 0; attempt < 3; attempt++) {
+	for (int attempt = 0; attempt < 4; attempt++) {
 		struct moe_client *c;
 		int rc = connect_for_stats(path, need, &c);
 		if (rc != MOE_OK) {
@@ -73,7 +81,8 @@ static int fetch(const char *path, char **buf, size_t *cap)
 			*buf = nb;
 			*cap = need;
 		}
-		rc = moe_stats_json(c, *buf, *cap, STATS_TIMEOUT_MS);
+		rc = moe_stats_json_flags(c, moe_info(c)->abi_minor >= 2 ? flags : 0, *buf, *cap,
+		                          STATS_TIMEOUT_MS);
 		if (rc == MOE_OK) {
 			moe_close(c);
 			return 0;
@@ -154,12 +163,76 @@ static uint64_t grown(uint64_t now, uint64_t before)
 	return now >= before ? now - before : 0;
 }
 
+/* Each MoE layer's n hottest experts by tokens routed (ties: the lower id), with their heat.
+ * Absent "experts" (a 1.1 sidecar): says so. */
+static int print_experts(const struct json_doc *d, json_ref root, uint32_t n)
+{
+	json_ref ex = json_object_get(d, root, "experts");
+	if (json_type_of(d, ex) != JSON_ARRAY) {
+		printf("\nper expert: not reported by this sidecar (protocol 1.2 has it)\n");
+		return 0;
+	}
+	uint64_t half_life = 0;
+	json_get_u64(d, root, "heat_half_life_tokens", &half_life);
+	printf("\nhottest experts per layer, tokens routed since start (share of the layer's), "
+	       "heat (half-life %" PRIu64 " tokens):\n",
+	       half_life);
+	for (json_ref l = json_first(d, ex); l != JSON_NONE; l = json_next(d, l)) {
+		uint64_t layer, tokens;
+		json_ref counts = json_object_get(d, l, "counts"),
+		         heat = json_object_get(d, l, "heat");
+		if (get_u64(d, l, "layer", &layer, " experts[]") != 0 ||
+		    get_u64(d, l, "tokens", &tokens, " experts[]") != 0 ||
+		    json_type_of(d, counts) != JSON_ARRAY || json_type_of(d, heat) != JSON_ARRAY ||
+		    json_count(d, counts) != json_count(d, heat)) {
+			fprintf(stderr, "moe-sidecar stats: reply: experts[] malformed\n");
+			return -1;
+		}
+		const uint32_t ne = json_count(d, counts);
+		uint64_t *c = calloc(ne ? ne : 1, sizeof(*c));
+		double *h = calloc(ne ? ne : 1, sizeof(*h));
+		bool *shown = calloc(ne ? ne : 1, sizeof(*shown));
+		if (!c || !h || !shown) {
+			free(c);
+			free(h);
+			free(shown);
+			return -1;
+		}
+		uint32_t i = 0;
+		uint64_t sum = 0;
+		for (json_ref v = json_first(d, counts); v != JSON_NONE; v = json_next(d, v), i++)
+			if (json_u64(d, v, &c[i]) == 0)
+				sum += c[i];
+		i = 0;
+		for (json_ref v = json_first(d, heat); v != JSON_NONE; v = json_next(d, v), i++)
+			json_double(d, v, &h[i]);
+		printf("%5" PRIu64 " %8" PRIu64 " tok:", layer, tokens);
+		for (uint32_t r = 0; r < n && r < ne; r++) {
+			uint32_t best = UINT32_MAX;
+			for (uint32_t x = 0; x < ne; x++)
+				if (!shown[x] && (best == UINT32_MAX || c[x] > c[best]))
+					best = x;
+			if (c[best] == 0)
+				break;
+			shown[best] = true;
+			printf("  e%u %" PRIu64 " (%.1f%%) h%.1f", best, c[best],
+			       100.0 * (double)c[best] / (double)sum, h[best]);
+		}
+		printf("\n");
+		free(c);
+		free(h);
+		free(shown);
+	}
+	return 0;
+}
+
 /* Prints one sample. With w->have (--watch, from the second sample on), every counter is
  * shown as its rate over the interval, with its total since start in brackets, and the layer
  * table holds the interval's rates; otherwise totals since start. Resident and budget bytes
  * and the probes' figures are what they are now; latency percentiles are always over every
  * request since start (the reply carries no histogram to take an interval's from). */
-static int print_sample(const char *json, struct watch_state *w, double interval_s)
+static int print_sample(const char *json, struct watch_state *w, double interval_s,
+                        uint32_t experts)
 {
 	struct model_error err;
 	struct json_doc *d;
@@ -322,6 +395,10 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
 		       v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]);
 	}
+	if (experts && print_experts(d, root, experts) != 0) {
+		free(rows);
+		goto bad;
+	}
 	if (w) {
 		memcpy(w->sum, sum, sizeof(sum));
 		free(w->rows);
@@ -348,10 +425,15 @@ static double now_s(void)
 int cmd_stats(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-	    {"watch", required_argument, NULL, 'w'},  {"count", required_argument, NULL, 'n'},
-	    {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"watch", required_argument, NULL, 'w'},
+	    {"count", required_argument, NULL, 'n'},
+	    {"experts", optional_argument, NULL, 'e'},
+	    {"help", no_argument, NULL, 'h'},
+	    {NULL, 0, NULL, 0},
 	};
+	uint32_t experts = 0;
 	const char *path = NULL;
 	bool json = false;
 	double watch = 0;
@@ -389,6 +471,20 @@ int cmd_stats(int argc, char **argv)
 			count = v;
 			break;
 		}
+		case 'e': {
+			char *end;
+			errno = 0;
+			unsigned long long v = optarg ? strtoull(optarg, &end, 10) : 8;
+			if (optarg && (errno || *end || optarg[0] == '-' || v == 0 || v > 65536)) {
+				fprintf(stderr,
+				        "moe-sidecar stats: --experts '%s': expected experts per "
+				        "layer (1..65536)\n",
+				        optarg);
+				return 2;
+			}
+			experts = (uint32_t)v;
+			break;
+		}
 		case 'h': stats_usage(stdout); return 0;
 		default: stats_usage(stderr); return 2;
 		}
@@ -407,7 +503,7 @@ int cmd_stats(int argc, char **argv)
 	double last = 0;
 	int status = 0;
 	for (uint64_t sample = 1;; sample++) {
-		if (fetch(path, &buf, &cap) != 0) {
+		if (fetch(path, json || experts ? MOE_STATS_EXPERTS : 0, &buf, &cap) != 0) {
 			status = 1;
 			break;
 		}
@@ -417,8 +513,8 @@ int cmd_stats(int argc, char **argv)
 		} else {
 			if (watch > 0 && last > 0)
 				printf("\n");
-			if (print_sample(buf, watch > 0 ? &w : NULL, last > 0 ? t - last : 0) !=
-			    0) {
+			if (print_sample(buf, watch > 0 ? &w : NULL, last > 0 ? t - last : 0,
+			                 experts) != 0) {
 				status = 1;
 				break;
 			}

@@ -274,6 +274,52 @@ MOE_API int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t 
  * MOE_ETOOSMALL if it does not fit buf or the channel's output area. */
 MOE_API int moe_stats_json(struct moe_client *c, char *buf, size_t len, int timeout_ms);
 
+/* The same with STATS flags: MOE_STATS_EXPERTS adds "experts" (per MoE layer, every expert's
+ * routed-token count and heat; docs/protocol.md §10). Flags need a 1.2 sidecar
+ * (MOE_EVERSION from an older one, without asking it). */
+MOE_API int moe_stats_json_flags(struct moe_client *c, uint16_t flags, char *buf, size_t len,
+                                 int timeout_ms);
+
+/* Per-(MoE layer, expert) routing the sidecar served to this and every other client since it
+ * started, layer-major (layer i = the i-th of moe_model_layers): counts[i * n_experts + e] =
+ * tokens routed to expert e by CPU-side FORWARDs; heat[…] = the same decayed, halving every
+ * *half_life tokens of the layer (serve --heat-half-life). n = the arrays' entries, at least
+ * n_moe_layers * n_experts (MOE_EINVAL otherwise); counts, heat and half_life may be NULL.
+ * MOE_EVERSION from a sidecar older than 1.2; MOE_ETOOSMALL if the table does not fit the
+ * channel's output area (12 bytes per expert). */
+MOE_API int moe_expert_stats(struct moe_client *c, uint64_t *counts, float *heat, size_t n,
+                             uint32_t *half_life, int timeout_ms);
+
+/* ---- GPU expert placement ----------------------------------------------------------------
+ * Which experts an engine should keep on its GPU, from per-expert load (counts or heat from
+ * moe_expert_stats, or a routing trace's counts). Pure computation: no client needed. */
+enum moe_placement_strategy {
+	/* the N experts with the most load over all layers: the most routed pairs served */
+	MOE_PLACE_FREQUENCY = 0,
+	/* N / n_layers per layer (the remainder to the first layers), each layer's hottest */
+	MOE_PLACE_UNIFORM = 1,
+	/* whole layers from the first, each in order of load (kt-kernel's front-loading) */
+	MOE_PLACE_FRONT_LOADING = 2,
+	/* one at a time, the hottest expert left of the layer with the most CPU-side load:
+	 * evens out the CPU work per layer (a step waits for its slowest layer) */
+	MOE_PLACE_BALANCED = 3,
+	MOE_PLACE_COUNT
+};
+/* "frequency", "uniform", "front-loading", "balanced"; NULL for anything else. */
+MOE_API const char *moe_placement_name(int strategy);
+/* The strategy called name, or MOE_EINVAL. */
+MOE_API int moe_placement_parse(const char *name);
+
+/* Chooses gpu_experts (layer, expert) pairs for the GPU. load: [n_moe_layers][n_experts],
+ * non-negative. blocks: the transformer block of each MoE layer (moe_model_layers; NULL:
+ * layer i is block i). Writes the mask in moe_set_gpu_mask's layer −1 form: n_blocks rows
+ * of ceil(n_experts / 8) bytes (mask_bytes must be that), chosen bits set, every other bit
+ * clear. *covered (may be NULL) = the chosen experts' share of the total load (0 when there
+ * is none). Ties go to the lower layer, then the lower expert. MOE_OK or MOE_EINVAL. */
+MOE_API int moe_placement(const double *load, uint32_t n_moe_layers, uint32_t n_experts,
+                          const int32_t *blocks, uint32_t n_blocks, uint32_t gpu_experts,
+                          int strategy, uint8_t *mask, size_t mask_bytes, double *covered);
+
 /* ---- Diagnostics -------------------------------------------------------------------------- */
 
 /* Name of a status code; never NULL. */

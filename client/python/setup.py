@@ -20,7 +20,8 @@ setup(
         Extension(
             "moe_sidecar._native",
             sources=["moe_sidecar/_native.c", rel("client", "client.c"),
-                     rel("proto", "proto.c"), rel("proto", "fingerprint.c")],
+                     rel("client", "placement.c"), rel("proto", "proto.c"),
+                     rel("proto", "fingerprint.c")],
             include_dirs=[rel("client", "include"), rel("proto", "include")],
             define_macros=[("Py_LIMITED_API", "0x030B0000"), ("_GNU_SOURCE", None),
                            ("MOE_API", "")],

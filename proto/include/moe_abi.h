@@ -18,7 +18,7 @@ extern "C" {
  * new fields carved out of reserved space) and peers of any two minors of one major work
  * together, each using what both know (docs/protocol.md §3). */
 #define MOE_ABI_MAJOR 1
-#define MOE_ABI_MINOR 1
+#define MOE_ABI_MINOR 2
 
 /* Status codes: one numbering for the client API's return values and a completion's status.
  * 0 is success; errors are negative. */
@@ -149,6 +149,12 @@ static inline const char *moe_op_name(unsigned op)
 /* PREFETCH flags. */
 #define MOE_PREFETCH_SCORES 0x0001u /* expert_weights holds one router score per expert */
 #define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES
+/* STATS flags (ABI 1.2; a 1.1 sidecar refuses them with MOE_EBADFIELD). */
+#define MOE_STATS_EXPERTS 0x0001u /* the JSON gains "experts": per-(layer, expert) counts, heat */
+/* Instead of JSON, the output is a binary expert table (moe_proto.h: struct
+ * moe_expert_table_header, then the counts and heat; value = its bytes). */
+#define MOE_STATS_EXPERT_TABLE 0x0002u
+#define MOE_STATS_FLAGS_ALL (MOE_STATS_EXPERTS | MOE_STATS_EXPERT_TABLE)
 
 /* Completion flags (struct moe_cqe.flags, ABI 1.1). */
 #define MOE_CQE_MESSAGE 0x0001u /* error: a sentence is at the start of the output area */

@@ -73,6 +73,10 @@ extern "C" {
  *                               score per expert of the layer (n_tokens = n_experts), ids unused
  * STATS    output: a NUL-terminated JSON object (see docs/protocol.md); value = its length
  *          without the NUL; MOE_ETOOSMALL if it does not fit.
+ *            flags (ABI 1.2)    MOE_STATS_EXPERTS: the object gains "experts" (per MoE layer,
+ *                               every expert's routed-token count and heat);
+ *                               MOE_STATS_EXPERT_TABLE: the output is instead the binary
+ *                               expert table below (value = its bytes).
  * MASK     sets this client's GPU expert mask: input holds one bit per (layer, expert),
  *          layer-major, bit e of byte (layer * ceil(n_experts/8) + e/8) set = on the GPU.
  *            sqe.layer          −1: the whole model; else just that layer's bytes
@@ -243,6 +247,27 @@ struct moe_cqe {
 };
 static_assert(sizeof(struct moe_cqe) == 32, "moe_cqe is ABI");
 static_assert(offsetof(struct moe_cqe, flags) == 24, "moe_cqe is ABI");
+
+/* The binary expert table (STATS with MOE_STATS_EXPERT_TABLE, ABI 1.2), in the output area:
+ * this header, then int32 layer[n_moe_layers] (the MoE layers' block indices, ascending),
+ * then at counts_off uint64 counts[n_moe_layers][n_experts] (tokens the CPU side was asked
+ * to route to each expert since the sidecar started), then at heat_off float
+ * heat[n_moe_layers][n_experts] (the same, exponentially decayed: each token adds 1, halving
+ * every half_life_tokens tokens of its layer). Offsets from the start of the header. */
+#define MOE_EXPERT_TABLE_MAGIC 0x584f454du /* "MOEX" */
+struct moe_expert_table_header {
+	uint32_t magic;
+	uint32_t header_size; /* sizeof this struct as the sidecar knows it */
+	uint32_t n_moe_layers;
+	uint32_t n_experts;
+	uint32_t half_life_tokens;
+	uint32_t reserved0;
+	uint64_t counts_off, heat_off;
+	uint64_t total_bytes;       /* = the completion's value */
+	uint64_t gpu_mask_switches; /* MASK requests that changed a client's mask */
+	uint32_t reserved[4];
+};
+static_assert(sizeof(struct moe_expert_table_header) == 72, "moe_expert_table_header is ABI");
 
 /* ---- Helpers (proto/proto.c) ------------------------------------------------------------ */
 

@@ -117,6 +117,8 @@ struct forward_engine {
 	uint8_t *masks;  /* [FORWARD_MAX_CLIENTS][n_layers * mask_row] */
 	bool attached[FORWARD_MAX_CLIENTS];
 	uint8_t *res_mask;               /* [n_experts] scratch for residency_set_gpu_mask */
+	uint32_t *masked_now;            /* [n_layers]: experts every attached client masks */
+	uint64_t mask_switches;          /* forward_set_mask calls that changed a mask */
 	struct layer_counters *counters; /* [n_moe_layers] */
 	/* validate's duplicate check (engine taken): expert x was named in the token row being
 	 * checked iff row_mark[x] == row_stamp. */
@@ -387,9 +389,10 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	e->mask_row = (cat->info.n_experts + 7) / 8;
 	e->masks = calloc(FORWARD_MAX_CLIENTS, cat->info.n_layers * e->mask_row);
 	e->res_mask = calloc(cat->info.n_experts, 1);
+	e->masked_now = calloc(cat->info.n_layers, sizeof(uint32_t));
 	e->counters = calloc(e->w.n_moe_layers, sizeof(*e->counters));
 	e->row_mark = calloc(cat->info.n_experts, sizeof(uint32_t));
-	if (!e->masks || !e->res_mask || !e->counters || !e->row_mark) {
+	if (!e->masks || !e->res_mask || !e->masked_now || !e->counters || !e->row_mark) {
 		snprintf(err, err_len, "out of memory");
 		goto fail;
 	}
@@ -438,6 +441,7 @@ void forward_destroy(struct forward_engine *e)
 	free_ctx(&e->ctx[1]);
 	free(e->masks);
 	free(e->res_mask);
+	free(e->masked_now);
 	free(e->counters);
 	free(e->row_mark);
 	pthread_mutex_destroy(&e->run_lock);
@@ -1456,18 +1460,23 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
  * (mask_lock held). */
 static void sync_residency_mask(struct forward_engine *e, uint32_t layer)
 {
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY || e->w.moe_index[layer] < 0)
+	if (e->w.moe_index[layer] < 0)
 		return;
 	bool any = false;
 	for (uint32_t c = 0; c < FORWARD_MAX_CLIENTS; c++)
 		any |= e->attached[c];
+	uint32_t masked = 0;
 	for (uint32_t x = 0; x < e->cat->info.n_experts; x++) {
 		bool all = any;
 		for (uint32_t c = 0; c < FORWARD_MAX_CLIENTS && all; c++)
 			if (e->attached[c])
 				all = mask_bit(e, c, layer, x);
 		e->res_mask[x] = all;
+		masked += all;
 	}
+	e->masked_now[layer] = masked;
+	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
+		return;
 	for (uint32_t r = 0; r < e->w.n_res; r++)
 		residency_set_gpu_mask(e->w.res[r], (uint32_t)e->w.moe_index[layer], e->res_mask);
 }
@@ -1487,14 +1496,21 @@ int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, c
 	e->attached[client] = true;
 	uint8_t *mine = e->masks + (size_t)client * n_layers * e->mask_row;
 	const uint32_t first = layer < 0 ? 0 : (uint32_t)layer;
-	memcpy(mine + first * e->mask_row, bits, need);
+	bool changed = false;
 	for (uint32_t l = first; l < (layer < 0 ? n_layers : first + 1); l++) {
-		/* Bits past n_experts in the last byte are ignored: clear them. */
-		if (e->cat->info.n_experts % 8)
-			mine[l * e->mask_row + e->mask_row - 1] &=
-			    (uint8_t)((1u << (e->cat->info.n_experts % 8)) - 1u);
+		uint8_t *row = mine + l * e->mask_row;
+		const uint8_t *in = bits + (l - first) * e->mask_row;
+		for (size_t b = 0; b < e->mask_row; b++) {
+			uint8_t v = in[b];
+			/* Bits past n_experts in the last byte are ignored: clear them. */
+			if (b == e->mask_row - 1 && e->cat->info.n_experts % 8)
+				v &= (uint8_t)((1u << (e->cat->info.n_experts % 8)) - 1u);
+			changed |= row[b] != v;
+			row[b] = v;
+		}
 		sync_residency_mask(e, l);
 	}
+	e->mask_switches += changed;
 	pthread_mutex_unlock(&e->mask_lock);
 	return MOE_OK;
 }
@@ -1510,6 +1526,17 @@ static void set_attached(struct forward_engine *e, uint32_t client, bool attache
 		       e->cat->info.n_layers * e->mask_row);
 	for (uint32_t l = 0; l < e->cat->info.n_layers; l++)
 		sync_residency_mask(e, l);
+	pthread_mutex_unlock(&e->mask_lock);
+}
+
+void forward_mask_info(struct forward_engine *e, uint64_t *switches, uint64_t *masked)
+{
+	pthread_mutex_lock(&e->mask_lock);
+	*switches = e->mask_switches;
+	uint64_t n = 0;
+	for (uint32_t l = 0; l < e->cat->info.n_layers; l++)
+		n += e->masked_now[l];
+	*masked = n;
 	pthread_mutex_unlock(&e->mask_lock);
 }
 

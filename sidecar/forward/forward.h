@@ -251,6 +251,9 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, const uint8_t *bits,
                      size_t n_bytes);
 void forward_client_attach(struct forward_engine *e, uint32_t client);
+/* forward_set_mask calls that changed their client's mask (switches), and the experts every
+ * attached client masks now, which residency neither loads nor keeps (masked). */
+void forward_mask_info(struct forward_engine *e, uint64_t *switches, uint64_t *masked);
 void forward_client_detach(struct forward_engine *e, uint32_t client);
 
 /* Ends the backoff of every FAILED expert (residency_retry_all_failed on each node): each is

@@ -13,7 +13,7 @@
 
 #include "policy_internal.h"
 
-static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat"};
+static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat", "heat"};
 
 /* The modifiers policy_spec_parse accepts, as help shows them. */
 enum policy_modifier { MOD_LAYER, MOD_PIN, MOD_COUNT };
@@ -171,8 +171,10 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	for (uint32_t i = 0; i < p->n_partitions; i++)
 		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};
 	/* Equal shares over the unpinned layers; the remainder goes to the first ones. */
-	p->half_life = spec->heat_half_life > 0 ? spec->heat_half_life
-	                                        : (float)(p->capacity ? p->capacity : 1);
+	p->half_life = spec->heat_half_life > 0    ? spec->heat_half_life
+	               : spec->kind == POLICY_HEAT ? (float)(p->capacity ? p->capacity : 1) *
+	                                                 POLICY_HEAT_HALF_LIFE_CAPACITIES
+	                                           : (float)(p->capacity ? p->capacity : 1);
 	if (spec->per_layer) {
 		uint32_t free_layers = n_layers - spec->pin_layers;
 		for (uint32_t l = spec->pin_layers; l < n_layers; l++) {
@@ -256,7 +258,7 @@ static void update_heat(struct residency_policy *p, uint32_t id, float score)
 	heat_settle(p, id);
 	float h = p->heat[id] + score;
 	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
-	p->heat[id] = h < max ? h : max;
+	p->heat[id] = h < max || p->spec.kind == POLICY_HEAT ? h : max;
 }
 
 void policy_insert(struct residency_policy *p, uint32_t id, float score)
@@ -346,6 +348,8 @@ static uint32_t victim_in(struct residency_policy *p, uint32_t part, bool prefet
 		return POLICY_NONE;
 	if (p->spec.kind == POLICY_LRU)
 		return lru_victim(p, q, can, arg);
+	if (p->spec.kind == POLICY_HEAT)
+		return heat_victim(p, q, prefetch ? priority : INFINITY, can, arg);
 	if (prefetch)
 		return sieve_prefetch_victim(p, q, priority, can, arg);
 	return sieve_victim(p, q, p->count[part], can, arg);

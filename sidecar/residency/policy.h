@@ -13,6 +13,7 @@
  *   sieve        SIEVE (NSDI'24): FIFO queue, a visited bit, a hand moving tail → head
  *   sieve-heat   SIEVE whose hand also spares experts with high heat: an exponentially
  *                decayed average of router scores over time, raised by lookahead hints
+ *   heat         the coldest expert goes: heat with a long half-life (decayed frequency)
  * Modifiers, appended with '+':
  *   +layer       layer-aware capacity: one queue and an equal share of the capacity per
  *                layer (a single global queue is a known trap: layers are visited cyclically)
@@ -32,14 +33,21 @@
 #define POLICY_NONE UINT32_MAX
 #define POLICY_FULL (UINT32_MAX - 1) /* policy_make_room: cannot admit now */
 
-enum policy_kind { POLICY_LRU = 0, POLICY_SIEVE = 1, POLICY_SIEVE_HEAT = 2, POLICY_KIND_COUNT };
+enum policy_kind {
+	POLICY_LRU = 0,
+	POLICY_SIEVE = 1,
+	POLICY_SIEVE_HEAT = 2,
+	POLICY_HEAT = 3,
+	POLICY_KIND_COUNT
+};
 
 struct policy_spec {
 	enum policy_kind kind;
 	bool per_layer;       /* +layer: one partition per layer */
 	uint32_t pin_layers;  /* +pinN: layers [0, N) fully resident */
-	float heat_half_life; /* sieve-heat: accesses for a score to lose half its weight
-	                         (0, the default: the policy's capacity) */
+	float heat_half_life; /* sieve-heat, heat: accesses for a score to lose half its
+	                         weight (0, the default: the policy's capacity; heat:
+	                         POLICY_HEAT_HALF_LIFE_CAPACITIES times that) */
 	float heat_keep;      /* sieve-heat: heat at or above which the hand spares (default 2) */
 };
 

@@ -1,5 +1,6 @@
 /* policy_internal.h — what policy.c shares with the per-algorithm files (policy_lru.c,
- * policy_sieve.c): the partition queue and its list operations. Not a public interface. */
+ * policy_sieve.c, policy_heat.c): the partition queue and its list operations. Not a public
+ * interface. */
 #ifndef MOE_RESIDENCY_POLICY_INTERNAL_H
 #define MOE_RESIDENCY_POLICY_INTERNAL_H
 
@@ -7,6 +8,9 @@
 
 /* Heat is clamped to this multiple of heat_keep, which bounds SIEVE+heat's hand walk. */
 #define POLICY_HEAT_MAX 64.0f
+/* heat: the default half-life, in policy accesses, as a multiple of the capacity (the
+ * simulator's sweep: 64 and more gain alike, 1 to 4 lose to sieve+layer; docs/residency.md). */
+#define POLICY_HEAT_HALF_LIFE_CAPACITIES 256.0f
 
 /* One partition's queue: a doubly-linked list of ids, head = newest, tail = oldest.
  * next[id] points toward the tail (older), prev[id] toward the head (newer). */
@@ -32,6 +36,8 @@ uint32_t lru_victim(struct residency_policy *p, struct policy_queue *q, policy_c
                     void *arg);
 uint32_t sieve_victim(struct residency_policy *p, struct policy_queue *q, uint32_t n,
                       policy_can_evict_fn can, void *arg);
+uint32_t heat_victim(struct residency_policy *p, struct policy_queue *q, float below,
+                     policy_can_evict_fn can, void *arg);
 uint32_t sieve_prefetch_victim(struct residency_policy *p, struct policy_queue *q, float priority,
                                policy_can_evict_fn can, void *arg);
 

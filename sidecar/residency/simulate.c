@@ -97,7 +97,7 @@ out:
 #define MAX_POLICIES 16
 
 static const char default_policies[] =
-    "lru,lru+layer,sieve,sieve+layer,sieve-heat,sieve-heat+layer";
+    "lru,lru+layer,sieve,sieve+layer,sieve-heat,sieve-heat+layer,heat+layer";
 
 static void usage(FILE *to)
 {

@@ -357,24 +357,40 @@ int trace_load(const char *path, struct routing_trace *out, char *err, size_t er
 	return rc;
 }
 
+int trace_write_header(FILE *f, uint32_t n_layers, uint32_t n_experts, uint32_t top_k)
+{
+	return fprintf(f, "moe-trace 1 n_layers=%u n_experts=%u top_k=%u\n", n_layers, n_experts,
+	               top_k) < 0
+	           ? -EIO
+	           : 0;
+}
+
+int trace_write_line(FILE *f, uint32_t step, uint32_t layer, const uint32_t *ids,
+                     const float *scores, uint32_t count)
+{
+	int total = fprintf(f, "%u %u ", step, layer);
+	if (total < 0)
+		return -EIO;
+	for (uint32_t j = 0; j < count; j++) {
+		int n = scores ? fprintf(f, "%s%u:%.4f", j ? "," : "", ids[j], (double)scores[j])
+		               : fprintf(f, "%s%u", j ? "," : "", ids[j]);
+		if (n < 0)
+			return -EIO;
+		total += n;
+	}
+	if (fputc('\n', f) == EOF)
+		return -EIO;
+	return total + 1;
+}
+
 int trace_write(FILE *f, const struct routing_trace *t)
 {
-	if (fprintf(f, "moe-trace 1 n_layers=%u n_experts=%u top_k=%u\n", t->n_layers, t->n_experts,
-	            t->top_k) < 0)
+	if (trace_write_header(f, t->n_layers, t->n_experts, t->top_k) < 0)
 		return -EIO;
 	for (uint32_t i = 0; i < t->n_lines; i++) {
 		const struct trace_line *l = &t->lines[i];
-		if (fprintf(f, "%u %u ", l->step, l->layer) < 0)
-			return -EIO;
-		for (uint32_t j = 0; j < l->count; j++) {
-			int n = t->scored
-			            ? fprintf(f, "%s%u:%.4f", j ? "," : "", t->ids[l->first + j],
-			                      (double)t->scores[l->first + j])
-			            : fprintf(f, "%s%u", j ? "," : "", t->ids[l->first + j]);
-			if (n < 0)
-				return -EIO;
-		}
-		if (fputc('\n', f) == EOF)
+		if (trace_write_line(f, l->step, l->layer, t->ids + l->first,
+		                     t->scored ? t->scores + l->first : NULL, l->count) < 0)
 			return -EIO;
 	}
 	return ferror(f) ? -EIO : 0;

@@ -53,6 +53,12 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
                 char *err, size_t err_len);
 int trace_load(const char *path, struct routing_trace *out, char *err, size_t err_len);
 int trace_write(FILE *f, const struct routing_trace *t);
+/* The same format a line at a time (a recorder): the header; one (step, layer) line of count
+ * ids with their scores (NULL: unscored). trace_write_line returns the bytes written, or
+ * -EIO. */
+int trace_write_header(FILE *f, uint32_t n_layers, uint32_t n_experts, uint32_t top_k);
+int trace_write_line(FILE *f, uint32_t step, uint32_t layer, const uint32_t *ids,
+                     const float *scores, uint32_t count);
 void trace_free(struct routing_trace *t);
 
 /* Synthetic routing. Per layer, expert popularity follows Zipf(zipf_s) over a random

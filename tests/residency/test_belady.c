@@ -89,8 +89,8 @@ static int best(struct brute *b, uint32_t j, uint32_t mask)
 Test(belady, equals_exhaustive_search_on_tiny_traces)
 {
 	uint64_t s = 99;
-	const char *policies[] = {"lru",         "lru+layer",  "sieve",
-	                          "sieve+layer", "sieve-heat", "sieve-heat+layer"};
+	const char *policies[] = {"lru",        "lru+layer",        "sieve", "sieve+layer",
+	                          "sieve-heat", "sieve-heat+layer", "heat",  "heat+layer"};
 	for (int trial = 0; trial < 300; trial++) {
 		char text[4096];
 		uint32_t layers = 1 + trial % 2, experts = layers == 1 ? 6 : 4, top_k = 2;

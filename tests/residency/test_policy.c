@@ -220,6 +220,38 @@ Test(policy_heat, decayed_sum_of_scores)
 	policy_destroy(&p);
 }
 
+/* heat: the coldest goes (decayed sum of scores, uncapped), the oldest on a tie; a prefetch
+ * only takes one colder than its priority; the half-life defaults to 256 capacities. */
+Test(policy_heat, the_coldest_goes_and_prefetch_only_below_its_priority)
+{
+	struct residency_policy p = make("heat", 1, 8, 3);
+	cr_assert_float_eq(p.half_life, 3.0f * 256.0f, 1e-3);
+	admit(&p, 0); /* heats 1 */
+	admit(&p, 1);
+	admit(&p, 2);
+	for (int i = 0; i < 200; i++)
+		policy_access(&p, 0, 1.0f); /* far above sieve-heat's cap of 128 */
+	policy_access(&p, 2, 1.0f);
+	cr_assert_gt(policy_heat_now(&p, 0), 150.0f, "uncapped");
+	/* 1 is the coldest (one score, decayed the longest). */
+	cr_assert_eq(policy_victim(&p, 3, NULL, NULL), 1);
+	cr_assert_eq(policy_prefetch_victim(&p, 3, 0.5f, NULL, NULL), POLICY_NONE,
+	             "nothing colder than 0.5");
+	cr_assert_eq(policy_prefetch_victim(&p, 3, 1.5f, NULL, NULL), 1);
+	/* With 1 in use, 2 (two scores) goes before 0 (201). */
+	uint32_t busy = 1;
+	cr_assert_eq(policy_victim(&p, 3, not_busy_id, &busy), 2);
+	/* Equal heats: the oldest. */
+	struct residency_policy q = make("heat", 1, 8, 2);
+	admit(&q, 5);
+	admit(&q, 6);
+	q.heat[5] = q.heat[6] = 1.0f;
+	q.heat_at[5] = q.heat_at[6] = q.now;
+	cr_assert_eq(policy_victim(&q, 7, NULL, NULL), 5);
+	policy_destroy(&q);
+	policy_destroy(&p);
+}
+
 Test(policy_layer, partitions_evict_within_layer)
 {
 	struct residency_policy p = make("lru+layer", 2, 4, 4);
@@ -279,7 +311,7 @@ Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
  * share — and one admission evicts at most one expert. */
 Test(policy_layer, fewer_slots_than_layers_serves_every_layer)
 {
-	const char *specs[] = {"lru+layer", "sieve+layer", "sieve-heat+layer"};
+	const char *specs[] = {"lru+layer", "sieve+layer", "sieve-heat+layer", "heat+layer"};
 	for (size_t k = 0; k < sizeof(specs) / sizeof(specs[0]); k++) {
 		struct residency_policy p = make(specs[k], 8, 4, 3);
 		cr_assert_eq(p.quota[3], 0, "%s", specs[k]);
@@ -339,13 +371,9 @@ static bool not_busy(void *arg, uint32_t id)
 
 Test(policy_random, invariants_hold)
 {
-	const char *specs[] = {"lru",
-	                       "lru+layer",
-	                       "sieve",
-	                       "sieve+layer",
-	                       "sieve-heat",
-	                       "sieve-heat+layer",
-	                       "sieve+layer+pin1",
+	const char *specs[] = {"lru",         "lru+layer",  "sieve",
+	                       "sieve+layer", "sieve-heat", "sieve-heat+layer",
+	                       "heat",        "heat+layer", "sieve+layer+pin1",
 	                       "lru+pin2"};
 	uint64_t s = 12345;
 	for (size_t run = 0; run < 2 * sizeof(specs) / sizeof(specs[0]); run++) {

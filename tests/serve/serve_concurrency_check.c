@@ -8,6 +8,10 @@
  * with work in flight); the main thread asks STATS meanwhile. Then a last FORWARD is in flight
  * when SIGTERM arrives: it must complete (success or MOE_ESHUTDOWN) or report the sidecar gone,
  * never hang, and the sidecar must exit 0 — a race TSan finds in it makes it exit non-zero.
+ * Meanwhile a fourth client switches its GPU mask with FORWARDs in flight (each FORWARD valid
+ * under the mask in force when it was sent: it must succeed), the main thread also asks for
+ * the per-expert counts (JSON and table), and the sidecar records the routing to a trace,
+ * which must parse afterwards.
  * Exit status 0 = pass. Registered with ctest under the labels `concurrent` and `process`.
  */
 #include <pthread.h>
@@ -23,6 +27,7 @@
 #include "moe_client.h"
 #include "moe_kernels.h"
 #include "reference.h"
+#include "trace.h"
 
 #define CHECK(cond, ...)                                                                           \
 	do {                                                                                       \
@@ -92,6 +97,56 @@ static void *twin_main(void *arg)
 	return NULL;
 }
 
+/* Pipelines FORWARD (names X) · MASK (X on the GPU) · FORWARD (not X) · MASK (X back), 8
+ * times: every request must succeed. */
+static void *switcher_main(void *arg)
+{
+	(void)arg;
+	struct moe_connect_opts o = {.socket_path = sp.socket, .max_tokens = TOKENS, .n_slots = 4};
+	struct moe_client *c;
+	CHECK(moe_connect(&o, &c) == MOE_OK, "connect: %s", moe_connect_error());
+	const int32_t layer = 2, X = 5;
+	const size_t row = (REF_EXPERTS + 7) / 8;
+	for (int round = 0; round < 8; round++) {
+		struct moe_slot s[4];
+		for (int i = 0; i < 4; i++)
+			CHECK(moe_slot_acquire(c, &s[i]) == MOE_OK, "slot");
+		for (int i = 0; i < 4; i++) {
+			if (i % 2) {
+				memset(s[i].input, 0, row * REF_LAYERS);
+				if (i == 1)
+					((uint8_t *)s[i].input)[layer * row + X / 8] = 1u
+					                                               << (X % 8);
+				struct moe_request r = {
+				    .op = MOE_OP_MASK, .slot = s[i].index, .layer = -1};
+				CHECK(moe_submit(c, &r) == MOE_OK, "submit: %s", moe_last_error(c));
+				continue;
+			}
+			fill(&s[i], (uint32_t)round, (uint32_t)layer);
+			/* X + 1 + t + j (mod 16) never meets X for t + j < 15; the first FORWARD
+			 * names X in place of its first id. */
+			for (uint32_t t = 0; t < TOKENS; t++)
+				for (uint32_t j = 0; j < K; j++)
+					s[i].expert_ids[t * K + j] =
+					    i == 0 && j == 0
+					        ? X
+					        : (int32_t)((X + 1 + t + j) % REF_EXPERTS);
+			CHECK(moe_forward_submit(c, s[i].index, layer, TOKENS, K, 0, MOEK_ACT_F32,
+			                         MOEK_ACT_F32, 0) == MOE_OK,
+			      "submit: %s", moe_last_error(c));
+		}
+		for (int i = 0; i < 4; i++) {
+			struct moe_completion d;
+			int rc = moe_forward_wait(c, s[i].index, &d, 30000);
+			CHECK(rc == MOE_OK, "mask switch round %d request %d: %s: %s", round, i,
+			      moe_strerror(rc), moe_last_error(c));
+			CHECK(moe_slot_release(c, s[i].index) == MOE_OK, "release");
+		}
+	}
+	moe_close(c);
+	return NULL;
+}
+
 static void *dying_main(void *arg)
 {
 	(void)arg;
@@ -122,8 +177,11 @@ int main(void)
 	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
 	snprintf(instance, sizeof(instance), "serve-concurrency-%d", (int)getpid());
 	CHECK(ref_generate(model, "q8_0", 5) == 0, "generating the model");
-	const char *extra[] = {model, "--mem-budget",      "30%",    "--threads",
-	                       "2",   "--probes-instance", instance, NULL};
+	char trace_path[200];
+	snprintf(trace_path, sizeof(trace_path), "%s/served.trace", sp.dir);
+	const char *extra[] = {
+	    model,    "--mem-budget",   "30%",      "--threads", "2", "--probes-instance",
+	    instance, "--record-trace", trace_path, NULL};
 	int st = 0;
 	if (sidecar_start(&sp, extra, &st) != 0) {
 		char *log = slurp(sp.log);
@@ -133,7 +191,8 @@ int main(void)
 	const size_t n = (size_t)STEPS * REF_LAYERS * TOKENS * REF_HIDDEN;
 	struct twin a = {.out = calloc(n, sizeof(float))}, b = {.out = calloc(n, sizeof(float))};
 	CHECK(a.out && b.out, "out of memory");
-	pthread_t ta, tb, td;
+	pthread_t ta, tb, td, tm;
+	CHECK(pthread_create(&tm, NULL, switcher_main, NULL) == 0, "thread");
 	CHECK(pthread_create(&ta, NULL, twin_main, &a) == 0, "thread");
 	CHECK(pthread_create(&tb, NULL, twin_main, &b) == 0, "thread");
 	CHECK(pthread_create(&td, NULL, dying_main, NULL) == 0, "thread");
@@ -143,9 +202,16 @@ int main(void)
 	CHECK(moe_connect(&o, &c) == MOE_OK, "connect: %s", moe_connect_error());
 	char *js = malloc(1u << 20);
 	CHECK(js, "out of memory");
-	while (!atomic_load(&dying_done))
-		CHECK(moe_stats_json(c, js, 1u << 20, 30000) == MOE_OK, "STATS: %s",
-		      moe_last_error(c));
+	uint64_t counts[REF_LAYERS * REF_EXPERTS];
+	float heat[REF_LAYERS * REF_EXPERTS];
+	for (int i = 0; !atomic_load(&dying_done); i++)
+		CHECK((i % 3 == 0 ? moe_stats_json(c, js, 1u << 20, 30000)
+		       : i % 3 == 1
+		           ? moe_stats_json_flags(c, MOE_STATS_EXPERTS, js, 1u << 20, 30000)
+		           : moe_expert_stats(c, counts, heat, REF_LAYERS * REF_EXPERTS, NULL,
+		                              30000)) == MOE_OK,
+		      "STATS: %s", moe_last_error(c));
+	pthread_join(tm, NULL);
 	pthread_join(ta, NULL);
 	pthread_join(tb, NULL);
 	pthread_join(td, NULL);
@@ -175,6 +241,11 @@ int main(void)
 		fprintf(stderr, "sidecar exit status 0x%x; log:\n%s\n", st, log ? log : "");
 		return 1;
 	}
+	struct routing_trace t;
+	char err[256];
+	CHECK(trace_load(trace_path, &t, err, sizeof(err)) == 0, "recorded trace: %s", err);
+	CHECK(t.n_lines >= 2 * STEPS * REF_LAYERS * TOKENS, "recorded trace: %u lines", t.n_lines);
+	trace_free(&t);
 	sidecar_cleanup(&sp);
 	free(a.out);
 	free(b.out);

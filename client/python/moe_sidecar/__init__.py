@@ -12,7 +12,7 @@ field; the C API is client/include/moe_client.h.
 
 from . import _native
 from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DEFER_COLD, FWD_DROP_DEFERRED,
-                     Client, Pending, SlotView, fingerprint)
+                     PLACEMENT_STRATEGIES, Client, Pending, SlotView, fingerprint, placement)
 from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError,
                      BadTokensError, BadTopKError, BadWeightError, BusyError, ConnectError,
                      DeferredError, Error, ExpertReadError, InvalidError, MaskedError,
@@ -21,10 +21,11 @@ from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError
 from .kt import KTMoEWrapper
 
 ABI = (_native.ABI_MAJOR, _native.ABI_MINOR)
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 __all__ = [
-    "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "ABI", "DTYPE_F32",
+    "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "placement",
+    "PLACEMENT_STRATEGIES", "ABI", "DTYPE_F32",
     "DTYPE_F16", "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "Error", "RequestError",
     "ConnectError", "VersionError", "RefusedError", "ProtocolError", "PeerDeadError",
     "TimeoutError", "BusyError", "InvalidError", "BadExpertError", "BadLayerError",

@@ -457,8 +457,8 @@ static PyObject *Channel_set_gpu_mask(Channel *self, PyObject *args)
 
 static PyObject *Channel_stats_json(Channel *self, PyObject *args)
 {
-	int timeout_ms;
-	if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+	int timeout_ms, flags = 0;
+	if (!PyArg_ParseTuple(args, "i|i", &timeout_ms, &flags))
 		return NULL;
 	size_t cap = 1u << 20;
 	char *buf = malloc(cap);
@@ -466,9 +466,39 @@ static PyObject *Channel_stats_json(Channel *self, PyObject *args)
 		return PyErr_NoMemory();
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
-	LOCKED_CALL(self, rc, why, moe_stats_json(c_, buf, cap, timeout_ms));
+	LOCKED_CALL(self, rc, why, moe_stats_json_flags(c_, (uint16_t)flags, buf, cap, timeout_ms));
 	PyObject *r = rc == MOE_OK ? PyUnicode_FromString(buf) : raise_status(rc, why, 0, 0);
 	free(buf);
+	return r;
+}
+
+/* expert_stats(timeout_ms) -> (counts: bytes of uint64, heat: bytes of float32, half_life),
+ * layer-major [n_moe_layers][n_experts]. */
+static PyObject *Channel_expert_stats(Channel *self, PyObject *args)
+{
+	int timeout_ms;
+	if (!PyArg_ParseTuple(args, "i", &timeout_ms) || !live(self))
+		return NULL;
+	const struct moe_info *i = moe_info(self->c);
+	const size_t n = (size_t)i->n_moe_layers * i->n_experts;
+	uint64_t *counts = calloc(n ? n : 1, sizeof(*counts));
+	float *heat = calloc(n ? n : 1, sizeof(*heat));
+	if (!counts || !heat) {
+		free(counts);
+		free(heat);
+		return PyErr_NoMemory();
+	}
+	uint32_t half_life = 0;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_expert_stats(c_, counts, heat, n, &half_life, timeout_ms));
+	PyObject *r =
+	    rc == MOE_OK
+	        ? Py_BuildValue("(y#y#I)", (const char *)counts, (Py_ssize_t)(n * sizeof(*counts)),
+	                        (const char *)heat, (Py_ssize_t)(n * sizeof(*heat)), half_life)
+	        : raise_status(rc, why, 0, 0);
+	free(counts);
+	free(heat);
 	return r;
 }
 
@@ -655,7 +685,10 @@ static PyMethodDef channel_methods[] = {
      "prefetch(layer, ids|None, scores, timeout_ms) -> loads started."},
     {"set_gpu_mask", (PyCFunction)Channel_set_gpu_mask, METH_VARARGS,
      "set_gpu_mask(layer, bits, timeout_ms)."},
-    {"stats_json", (PyCFunction)Channel_stats_json, METH_VARARGS, "stats_json(timeout_ms)."},
+    {"stats_json", (PyCFunction)Channel_stats_json, METH_VARARGS,
+     "stats_json(timeout_ms, flags=0)."},
+    {"expert_stats", (PyCFunction)Channel_expert_stats, METH_VARARGS,
+     "expert_stats(timeout_ms) -> (counts uint64 bytes, heat float32 bytes, half_life)."},
     {"stream_op", (PyCFunction)Channel_stream_op, METH_NOARGS,
      "A new stream op (its address, for cudaLaunchHostFunc's userData)."},
     {"stream_op_set", (PyCFunction)Channel_stream_op_set, METH_VARARGS,
@@ -713,6 +746,55 @@ static PyObject *mod_fingerprint(PyObject *mod, PyObject *args)
 	return PyUnicode_FromString(hex);
 }
 
+/* placement(load: float64 buffer, n_moe_layers, n_experts, blocks: int32 buffer or None,
+ * n_blocks, gpu_experts, strategy) -> (mask bytes, covered). */
+static PyObject *mod_placement(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	PyObject *load_o, *blocks_o;
+	unsigned n_layers, n_experts, n_blocks, gpu_experts;
+	int strategy;
+	if (!PyArg_ParseTuple(args, "OIIOIIi", &load_o, &n_layers, &n_experts, &blocks_o, &n_blocks,
+	                      &gpu_experts, &strategy))
+		return NULL;
+	Py_buffer load, blocks = {0};
+	if (get_buffer(load_o, &load, "load") < 0)
+		return NULL;
+	if (blocks_o != Py_None && get_buffer(blocks_o, &blocks, "blocks") < 0) {
+		PyBuffer_Release(&load);
+		return NULL;
+	}
+	PyObject *r = NULL;
+	const size_t cells = (size_t)n_layers * n_experts;
+	const size_t mask_bytes = (size_t)(n_experts + 7u) / 8u * n_blocks;
+	if ((size_t)load.len != cells * sizeof(double) ||
+	    (blocks.buf && (size_t)blocks.len != (size_t)n_layers * sizeof(int32_t))) {
+		PyErr_SetString(PyExc_ValueError, "placement: load or blocks of the wrong size");
+		goto out;
+	}
+	uint8_t *mask = malloc(mask_bytes ? mask_bytes : 1);
+	if (!mask) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	double covered = 0;
+	int rc = moe_placement(load.buf, n_layers, n_experts, blocks.buf, n_blocks, gpu_experts,
+	                       strategy, mask, mask_bytes, &covered);
+	if (rc == MOE_OK)
+		r = Py_BuildValue("(y#d)", (const char *)mask, (Py_ssize_t)mask_bytes, covered);
+	else
+		PyErr_Format(PyExc_ValueError,
+		             "placement: %s (load must be non-negative, blocks ascending below "
+		             "n_blocks, strategy 0..%d)",
+		             moe_strerror(rc), MOE_PLACE_COUNT - 1);
+	free(mask);
+out:
+	PyBuffer_Release(&load);
+	if (blocks.buf)
+		PyBuffer_Release(&blocks);
+	return r;
+}
+
 static PyObject *mod_strerror(PyObject *mod, PyObject *args)
 {
 	(void)mod;
@@ -735,6 +817,9 @@ static PyMethodDef module_methods[] = {
     {"fingerprint", mod_fingerprint, METH_VARARGS,
      "fingerprint(path) -> the model fingerprint (32 hex digits) of a model path."},
     {"strerror", mod_strerror, METH_VARARGS, "strerror(status) -> name."},
+    {"placement", mod_placement, METH_VARARGS,
+     "placement(load, n_moe_layers, n_experts, blocks, n_blocks, gpu_experts, strategy) -> "
+     "(mask bytes, covered)."},
     {"host_functions", mod_host_functions, METH_NOARGS,
      "(host_submit, host_wait) addresses, for cudaLaunchHostFunc."},
     {NULL, NULL, 0, NULL},
@@ -759,10 +844,19 @@ static int module_exec(PyObject *m)
 		const char *name;
 		long v;
 	} consts[] = {
-	    {"ABI_MAJOR", MOE_ABI_MAJOR},           {"ABI_MINOR", MOE_ABI_MINOR},
-	    {"DTYPE_F32", MOE_DTYPE_F32},           {"DTYPE_F16", MOE_DTYPE_F16},
-	    {"DTYPE_BF16", MOE_DTYPE_BF16},         {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
+	    {"ABI_MAJOR", MOE_ABI_MAJOR},
+	    {"ABI_MINOR", MOE_ABI_MINOR},
+	    {"DTYPE_F32", MOE_DTYPE_F32},
+	    {"DTYPE_F16", MOE_DTYPE_F16},
+	    {"DTYPE_BF16", MOE_DTYPE_BF16},
+	    {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
+	    {"STATS_EXPERTS", MOE_STATS_EXPERTS},
+	    {"PLACE_FREQUENCY", MOE_PLACE_FREQUENCY},
+	    {"PLACE_UNIFORM", MOE_PLACE_UNIFORM},
+	    {"PLACE_FRONT_LOADING", MOE_PLACE_FRONT_LOADING},
+	    {"PLACE_BALANCED", MOE_PLACE_BALANCED},
+	    {"PLACE_COUNT", MOE_PLACE_COUNT},
 	};
 	for (size_t i = 0; i < sizeof(consts) / sizeof(consts[0]); i++)
 		if (PyModule_AddIntConstant(m, consts[i].name, consts[i].v) < 0)

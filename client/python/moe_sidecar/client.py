@@ -158,6 +158,51 @@ class SlotView:
         return self._view("weights", "float32", torch)
 
 
+PLACEMENT_STRATEGIES = ("frequency", "uniform", "front-loading", "balanced")
+
+
+def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=None):
+    """GPU expert placement (moe_placement in libmoe_client): load is [n_moe_layers][n_experts]
+    non-negative (counts or heat; a nested list, numpy array or torch tensor); gpu_experts the
+    budget; strategy one of PLACEMENT_STRATEGIES; blocks the transformer block of each MoE
+    layer (None: layer i = block i) and n_blocks the mask's rows (default: the last block + 1).
+    Returns {"strategy", "covered" (the chosen experts' share of the load), "coverage" (every
+    strategy's on the same load), "mask" (bytes for set_gpu_mask(mask, -1)),
+    "gpu_experts_mask" ([n_blocks][n_experts] bools: kt-kernel's shape)}."""
+    import array
+
+    if strategy not in PLACEMENT_STRATEGIES:
+        raise ValueError(f"placement: strategy {strategy!r}: one of "
+                         f"{', '.join(PLACEMENT_STRATEGIES)}")
+    rows = load.tolist() if hasattr(load, "tolist") else [list(r) for r in load]
+    if not rows or not rows[0]:
+        raise ValueError("placement: load is empty")
+    L, E = len(rows), len(rows[0])
+    if any(len(r) != E for r in rows):
+        raise ValueError("placement: load rows differ in length")
+    flat = array.array("d", [float(x) for r in rows for x in r])
+    b = None
+    if blocks is not None:
+        blocks = [int(x) for x in blocks]
+        if len(blocks) != L:
+            raise ValueError(f"placement: {len(blocks)} blocks for {L} layers")
+        b = array.array("i", blocks)
+    if n_blocks is None:
+        n_blocks = (blocks[-1] + 1) if blocks else L
+    coverage = {}
+    chosen = None
+    for i, name in enumerate(PLACEMENT_STRATEGIES):
+        mask, covered = _native.placement(flat, L, E, b, int(n_blocks), int(gpu_experts), i)
+        coverage[name] = covered
+        if name == strategy:
+            chosen = mask
+    row = (E + 7) // 8
+    bools = [[bool(chosen[r * row + e // 8] >> (e % 8) & 1) for e in range(E)]
+             for r in range(int(n_blocks))]
+    return {"strategy": strategy, "covered": coverage[strategy], "coverage": coverage,
+            "mask": bytes(chosen), "gpu_experts_mask": bools}
+
+
 class Client:
     """A connection to `moe-sidecar serve`. See the module's docstring.
 
@@ -381,10 +426,41 @@ class Client:
         t = self.timeout_ms if timeout_ms is None else timeout_ms
         self._ch.set_gpu_mask(int(layer), bytes(packed), int(t))
 
-    def stats(self, timeout_ms=None):
-        """The sidecar's STATS as a dict."""
+    def stats(self, timeout_ms=None, experts=False):
+        """The sidecar's STATS as a dict; experts=True adds "experts" (per MoE layer, every
+        expert's routed-token count and heat; a 1.2 sidecar)."""
         t = self.timeout_ms if timeout_ms is None else timeout_ms
-        return json.loads(self._ch.stats_json(int(t)))
+        flags = _native.STATS_EXPERTS if experts else 0
+        return json.loads(self._ch.stats_json(int(t), flags))
+
+    def expert_stats(self, timeout_ms=None):
+        """Per-(MoE layer, expert) routing the sidecar served since it started (every client's
+        CPU-side FORWARDs): {"layers": the MoE layers' blocks, "counts": [layer][expert]
+        tokens routed, "heat": [layer][expert] the same decayed, "half_life_tokens": its
+        half-life}. Raises VersionError from a sidecar older than 1.2."""
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        counts_b, heat_b, half_life = self._ch.expert_stats(int(t))
+        E = self.n_experts
+        counts = memoryview(counts_b).cast("Q").tolist()
+        heat = memoryview(heat_b).cast("f").tolist()
+        return {"layers": self.moe_layers, "half_life_tokens": half_life,
+                "counts": [counts[i:i + E] for i in range(0, len(counts), E)],
+                "heat": [heat[i:i + E] for i in range(0, len(heat), E)]}
+
+    def placement(self, gpu_experts, strategy="frequency", by="counts", apply=False,
+                  timeout_ms=None):
+        """Which experts to keep on the GPU, from this sidecar's per-expert load (by="counts":
+        tokens routed since start, or "heat"): placement() over expert_stats(), with the
+        model's blocks. apply=True also sets the result as this client's GPU mask. Returns
+        placement()'s dict."""
+        if by not in ("counts", "heat"):
+            raise ValueError(f"placement: by={by!r}: counts or heat")
+        st = self.expert_stats(timeout_ms)
+        p = placement(st[by], gpu_experts, strategy, blocks=st["layers"],
+                      n_blocks=self.info["n_layers"])
+        if apply:
+            self.set_gpu_mask(p["mask"], -1, timeout_ms)
+        return p
 
     def ping(self, timeout_ms=None):
         t = self.timeout_ms if timeout_ms is None else timeout_ms
@@ -427,5 +503,6 @@ class Client:
                 f"pid={i['sidecar_pid']}{' closed' if self.closed else ''}>")
 
 
-__all__ = ["Client", "Pending", "SlotView", "fingerprint", "DTYPE_F32", "DTYPE_F16",
+__all__ = ["Client", "Pending", "SlotView", "fingerprint", "placement", "PLACEMENT_STRATEGIES",
+           "DTYPE_F32", "DTYPE_F16",
            "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD"]

@@ -24,7 +24,7 @@ def test_pip_install_into_a_venv(tmp_path, served_bf16):
     for d in ("client/python", "client/include", "proto"):
         shutil.copytree(os.path.join(REPO, d), src / d,
                         ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-    for f in ("client.c", "client_internal.h"):
+    for f in ("client.c", "placement.c", "client_internal.h"):
         shutil.copy(os.path.join(REPO, "client", f), src / "client" / f)
     r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index",
                         str(src / "client" / "python")], capture_output=True, text=True)

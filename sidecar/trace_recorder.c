@@ -1,0 +1,345 @@
+/* trace_recorder.c — the routing served, into a trace file (contract in trace_recorder.h).
+ *
+ * The ring is single-producer (the thread executing FORWARDs) single-consumer (the writer):
+ * free-running 64-bit byte counters, the producer's tail published with release, the
+ * consumer's head with release, each side reading the other's with acquire. A record is a
+ * header and its ids and weights, copied in and out with wrap-around; a record with k = 0 is
+ * a drop marker (n_tokens = FORWARDs dropped before it).
+ */
+#include "trace_recorder.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "trace.h"
+
+#define RING_MIN_BYTES (4u << 20)
+#define RING_MAX_BYTES (256u << 20)
+#define WRITER_POLL_MS 50
+
+struct record_header {
+	uint32_t layer, n_tokens, k, reserved;
+};
+
+struct trace_recorder {
+	struct trace_recorder_config cfg;
+	FILE *f;
+	char path[256];
+	/* The ring. */
+	uint8_t *ring;
+	uint64_t cap;
+	_Atomic uint64_t head, tail;
+	uint64_t pending_drops; /* producer only: dropped since its last marker */
+	/* Writer. */
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t wake;
+	bool stop;
+	uint8_t *scratch; /* one record */
+	uint32_t *line_ids;
+	float *line_scores;
+	uint32_t step, last_layer;
+	bool started;
+	/* Stats (writer writes, anyone reads). */
+	_Atomic uint64_t lines, bytes, dropped;
+	_Atomic int stopped;
+};
+
+static uint64_t record_bytes(uint32_t n_tokens, uint32_t k)
+{
+	return sizeof(struct record_header) + (uint64_t)n_tokens * k * (sizeof(int32_t) + 4);
+}
+
+static void ring_put(struct trace_recorder *t, uint64_t at, const void *src, size_t n)
+{
+	const size_t off = (size_t)(at % t->cap);
+	const size_t first = n < t->cap - off ? n : (size_t)(t->cap - off);
+	memcpy(t->ring + off, src, first);
+	memcpy(t->ring, (const uint8_t *)src + first, n - first);
+}
+
+static void ring_get(const struct trace_recorder *t, uint64_t at, void *dst, size_t n)
+{
+	const size_t off = (size_t)(at % t->cap);
+	const size_t first = n < t->cap - off ? n : (size_t)(t->cap - off);
+	memcpy(dst, t->ring + off, first);
+	memcpy((uint8_t *)dst + first, t->ring, n - first);
+}
+
+void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
+                        const int32_t *ids, const float *weights)
+{
+	if (!t)
+		return;
+	if (atomic_load_explicit(&t->stopped, memory_order_relaxed)) {
+		atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
+		return;
+	}
+	const uint64_t size = record_bytes(n_tokens, k);
+	const uint64_t marker = t->pending_drops ? sizeof(struct record_header) : 0;
+	const uint64_t tail = atomic_load_explicit(&t->tail, memory_order_relaxed);
+	const uint64_t used = tail - atomic_load_explicit(&t->head, memory_order_acquire);
+	if (size + marker > t->cap - used) {
+		t->pending_drops++;
+		atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
+		return;
+	}
+	uint64_t at = tail;
+	if (marker) {
+		const struct record_header m = {.layer = 0, .n_tokens = (uint32_t)t->pending_drops};
+		ring_put(t, at, &m, sizeof(m));
+		at += sizeof(m);
+		t->pending_drops = 0;
+	}
+	const struct record_header h = {.layer = layer, .n_tokens = n_tokens, .k = k};
+	const size_t n = (size_t)n_tokens * k;
+	ring_put(t, at, &h, sizeof(h));
+	ring_put(t, at + sizeof(h), ids, n * sizeof(int32_t));
+	ring_put(t, at + sizeof(h) + n * sizeof(int32_t), weights, n * sizeof(float));
+	atomic_store_explicit(&t->tail, at + size, memory_order_release);
+	if (at + size - atomic_load_explicit(&t->head, memory_order_relaxed) > t->cap / 4)
+		pthread_cond_signal(&t->wake); /* the writer also polls: a lost signal only waits */
+}
+
+/* Stops recording with one log line. Writer thread. */
+static void stop_recording(struct trace_recorder *t, const char *why)
+{
+	if (atomic_exchange_explicit(&t->stopped, 1, memory_order_relaxed))
+		return;
+	log_warn("trace", "%s: %s: recording stopped after %llu lines (%llu bytes)", t->path, why,
+	         (unsigned long long)atomic_load_explicit(&t->lines, memory_order_relaxed),
+	         (unsigned long long)atomic_load_explicit(&t->bytes, memory_order_relaxed));
+}
+
+static void count_written(struct trace_recorder *t, int n, bool line)
+{
+	if (n < 0) {
+		char why[96];
+		snprintf(why, sizeof(why), "write failed (%s)", strerror(errno));
+		stop_recording(t, why);
+		return;
+	}
+	atomic_fetch_add_explicit(&t->bytes, (uint64_t)n, memory_order_relaxed);
+	if (line)
+		atomic_fetch_add_explicit(&t->lines, 1, memory_order_relaxed);
+}
+
+/* Whether `bound` more bytes stay under the cap; stops recording if not. */
+static bool room_for(struct trace_recorder *t, uint64_t bound)
+{
+	if (atomic_load_explicit(&t->stopped, memory_order_relaxed))
+		return false;
+	if (atomic_load_explicit(&t->bytes, memory_order_relaxed) + bound <= t->cfg.max_bytes)
+		return true;
+	char why[96];
+	snprintf(why, sizeof(why), "reached --record-trace-max-mib %llu MiB",
+	         (unsigned long long)(t->cfg.max_bytes >> 20));
+	stop_recording(t, why);
+	return false;
+}
+
+static void write_record(struct trace_recorder *t, const struct record_header *h)
+{
+	if (h->k == 0) {
+		if (room_for(t, 96))
+			count_written(t,
+			              fprintf(t->f,
+			                      "# %u FORWARD(s) not recorded here: the writer fell "
+			                      "behind\n",
+			                      h->n_tokens),
+			              false);
+		return;
+	}
+	const size_t n = (size_t)h->n_tokens * h->k;
+	const int32_t *ids = (const int32_t *)(t->scratch + sizeof(*h));
+	const float *w = (const float *)(t->scratch + sizeof(*h) + n * sizeof(int32_t));
+	uint32_t base;
+	if (h->n_tokens == 1 && t->started && h->layer > t->last_layer)
+		base = t->step;
+	else
+		base = t->started ? t->step + 1 : 0;
+	t->started = true;
+	t->step = base + h->n_tokens - 1;
+	t->last_layer = h->layer;
+	for (uint32_t r = 0; r < h->n_tokens; r++) {
+		uint32_t count = 0;
+		double sum = 0;
+		for (uint32_t j = 0; j < h->k; j++) {
+			const int32_t id = ids[(size_t)r * h->k + j];
+			if (id < 0 || (uint32_t)id >= t->cfg.n_experts || count >= t->cfg.top_k)
+				continue;
+			t->line_ids[count] = (uint32_t)id;
+			t->line_scores[count] = w[(size_t)r * h->k + j];
+			sum += isfinite(t->line_scores[count]) ? fabs(t->line_scores[count]) : 0;
+			count++;
+		}
+		if (!count)
+			continue;
+		for (uint32_t j = 0; j < count; j++) {
+			float s = sum > 0 && isfinite(t->line_scores[j])
+			              ? (float)(t->line_scores[j] / sum)
+			              : 1.0f / (float)count;
+			t->line_scores[j] = s < 0 ? 0 : s > 1 ? 1 : s;
+		}
+		/* step, layer, and per id up to 5 digits, ':', 0.xxxx, ',' */
+		if (!room_for(t, 24 + (uint64_t)count * 14))
+			return;
+		count_written(
+		    t,
+		    trace_write_line(t->f, base + r, h->layer, t->line_ids, t->line_scores, count),
+		    true);
+	}
+}
+
+/* Writes every record queued now. Writer thread. */
+static void drain(struct trace_recorder *t)
+{
+	uint64_t head = atomic_load_explicit(&t->head, memory_order_relaxed);
+	const uint64_t tail = atomic_load_explicit(&t->tail, memory_order_acquire);
+	while (head != tail) {
+		struct record_header h;
+		ring_get(t, head, &h, sizeof(h));
+		const uint64_t size = h.k ? record_bytes(h.n_tokens, h.k) : sizeof(h);
+		ring_get(t, head, t->scratch, (size_t)size);
+		head += size;
+		atomic_store_explicit(&t->head, head, memory_order_release);
+		if (!atomic_load_explicit(&t->stopped, memory_order_relaxed))
+			write_record(t, &h);
+	}
+	fflush(t->f);
+}
+
+static void *writer_main(void *arg)
+{
+	struct trace_recorder *t = arg;
+	pthread_mutex_lock(&t->lock);
+	while (!t->stop) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += WRITER_POLL_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (atomic_load_explicit(&t->head, memory_order_relaxed) ==
+		    atomic_load_explicit(&t->tail, memory_order_acquire))
+			pthread_cond_timedwait(&t->wake, &t->lock, &ts);
+		pthread_mutex_unlock(&t->lock);
+		drain(t);
+		pthread_mutex_lock(&t->lock);
+	}
+	pthread_mutex_unlock(&t->lock);
+	drain(t);
+	return NULL;
+}
+
+int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
+                          char *err, size_t err_len)
+{
+	*out = NULL;
+	if (!cfg->n_layers || !cfg->n_experts || !cfg->top_k || !cfg->max_tokens) {
+		snprintf(err, err_len, "--record-trace: the model has no MoE layers");
+		return -1;
+	}
+	struct trace_recorder *t = calloc(1, sizeof(*t));
+	if (!t) {
+		snprintf(err, err_len, "--record-trace: out of memory");
+		return -1;
+	}
+	t->cfg = *cfg;
+	snprintf(t->path, sizeof(t->path), "%s", cfg->path);
+	const uint64_t largest =
+	    record_bytes(cfg->max_tokens, cfg->top_k) + sizeof(struct record_header);
+	t->cap = 2 * largest > RING_MIN_BYTES ? 2 * largest : RING_MIN_BYTES;
+	if (t->cap > RING_MAX_BYTES)
+		t->cap = RING_MAX_BYTES; /* larger FORWARDs than half of it are dropped, counted */
+	t->ring = malloc(t->cap);
+	t->scratch = malloc(largest < t->cap ? largest : t->cap);
+	t->line_ids = malloc(cfg->top_k * sizeof(uint32_t));
+	t->line_scores = malloc(cfg->top_k * sizeof(float));
+	if (!t->ring || !t->scratch || !t->line_ids || !t->line_scores) {
+		snprintf(err, err_len, "--record-trace: out of memory for a %llu-byte buffer",
+		         (unsigned long long)t->cap);
+		goto fail;
+	}
+	t->f = fopen(cfg->path, "w");
+	if (!t->f) {
+		snprintf(err, err_len, "--record-trace %s: %s", cfg->path, strerror(errno));
+		goto fail;
+	}
+	if (trace_write_header(t->f, cfg->n_layers, cfg->n_experts, cfg->top_k) != 0 ||
+	    fprintf(t->f, "# recorded by moe-sidecar serve: steps in the order served, scores = "
+	                  "weight / the token's sum of weights\n") < 0 ||
+	    fflush(t->f) != 0) {
+		snprintf(err, err_len, "--record-trace %s: %s", cfg->path, strerror(errno));
+		goto fail;
+	}
+	atomic_store(&t->bytes, (uint64_t)ftell(t->f));
+	pthread_mutex_init(&t->lock, NULL);
+	pthread_cond_init(&t->wake, NULL);
+	int rc = pthread_create(&t->thread, NULL, writer_main, t);
+	if (rc != 0) {
+		snprintf(err, err_len, "--record-trace: writer thread: %s", strerror(rc));
+		pthread_mutex_destroy(&t->lock);
+		pthread_cond_destroy(&t->wake);
+		goto fail;
+	}
+	log_info("trace", "recording the routing served to %s (at most %llu MiB; buffer %llu KiB)",
+	         cfg->path, (unsigned long long)(cfg->max_bytes >> 20),
+	         (unsigned long long)(t->cap >> 10));
+	*out = t;
+	return 0;
+fail:
+	if (t->f)
+		fclose(t->f);
+	free(t->ring);
+	free(t->scratch);
+	free(t->line_ids);
+	free(t->line_scores);
+	free(t);
+	return -1;
+}
+
+void trace_recorder_destroy(struct trace_recorder *t)
+{
+	if (!t)
+		return;
+	pthread_mutex_lock(&t->lock);
+	t->stop = true;
+	pthread_cond_signal(&t->wake);
+	pthread_mutex_unlock(&t->lock);
+	pthread_join(t->thread, NULL);
+	if (fclose(t->f) != 0)
+		log_warn("trace", "%s: closing: %s", t->path, strerror(errno));
+	log_info("trace", "%s: %llu lines, %llu bytes, %llu FORWARDs not recorded", t->path,
+	         (unsigned long long)atomic_load(&t->lines),
+	         (unsigned long long)atomic_load(&t->bytes),
+	         (unsigned long long)atomic_load(&t->dropped));
+	pthread_mutex_destroy(&t->lock);
+	pthread_cond_destroy(&t->wake);
+	free(t->ring);
+	free(t->scratch);
+	free(t->line_ids);
+	free(t->line_scores);
+	free(t);
+}
+
+void trace_recorder_stats(const struct trace_recorder *t, struct trace_recorder_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (!t)
+		return;
+	out->lines = atomic_load_explicit(&t->lines, memory_order_relaxed);
+	out->bytes = atomic_load_explicit(&t->bytes, memory_order_relaxed);
+	out->dropped = atomic_load_explicit(&t->dropped, memory_order_relaxed);
+	out->ring_bytes = t->cap;
+	out->stopped = atomic_load_explicit(&t->stopped, memory_order_relaxed);
+}

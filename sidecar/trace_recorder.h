@@ -1,0 +1,59 @@
+/* trace_recorder.h — `serve --record-trace FILE`: the routing the sidecar serves, written as a
+ * routing trace (sidecar/residency/trace.h, docs/residency.md) that `moe-sidecar simulate`
+ * replays.
+ *
+ * Owns: a bounded byte ring of FORWARD records, the writer thread that drains it into the
+ * file, and the file. The request path only appends a record (a memcpy); formatting, stdio
+ * and the disk are the writer's. A record that does not fit the ring (the writer is behind)
+ * is dropped and counted, and the trace says so in a comment line where it happened — the
+ * request path never waits for the disk.
+ *
+ * Steps: a single-token FORWARD continues the current step while the layers rise (a decode
+ * pass over the model is one step); a FORWARD of n > 1 tokens, or one at a layer not above
+ * the previous, starts new steps — one per token row. So the replay sees references in the
+ * order the sidecar served them, and decode traces look like the generator's.
+ * Scores: each id's weight over its row's sum of weights, clamped to [0, 1] (a router's
+ * probability among the chosen), so traces are always scored.
+ *
+ * Size: the file stops growing before max_bytes (the header and whole lines only): the writer
+ * logs one line and drops every later record.
+ *
+ * Threading: trace_recorder_add from one thread at a time (FORWARDs are serialised); stats
+ * from any thread; destroy after the last add (drains, flushes, joins).
+ */
+#ifndef MOE_SIDECAR_TRACE_RECORDER_H
+#define MOE_SIDECAR_TRACE_RECORDER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TRACE_RECORD_MAX_MIB_DEFAULT 1024u
+
+struct trace_recorder_config {
+	const char *path;
+	uint64_t max_bytes;
+	uint32_t n_layers, n_experts, top_k; /* the header: MoE layers, experts, ids per token */
+	uint32_t max_tokens;                 /* rows per FORWARD at most */
+};
+
+struct trace_recorder;
+
+/* Creates the file (truncating it), writes the header, starts the writer. 0 or -1 + err. */
+int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
+                          char *err, size_t err_len);
+/* Drains what is queued, flushes, closes. NULL is a no-op. */
+void trace_recorder_destroy(struct trace_recorder *t);
+
+/* One FORWARD at MoE layer `layer`: n_tokens rows of k ids (-1 = skip) and their weights. */
+void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
+                        const int32_t *ids, const float *weights);
+
+struct trace_recorder_stats {
+	uint64_t lines, bytes; /* written so far */
+	uint64_t dropped;      /* FORWARDs dropped: ring full, or after the cap */
+	uint64_t ring_bytes;   /* memory the ring holds */
+	int stopped;           /* the cap was reached, or a write failed */
+};
+void trace_recorder_stats(const struct trace_recorder *t, struct trace_recorder_stats *out);
+
+#endif
