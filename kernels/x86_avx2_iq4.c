@@ -9,8 +9,9 @@
  * pair sum stays below 2^15) and madd per half. VNNI form: the levels + 128 as unsigned bytes
  * into vpdpbusd, started from −128 · Σy (8 × the activations' neg_sum16). Both integer sums
  * are exact, so the bits are the same.
- * IQ4_XS against Q8_K, per 32-element sub-block: the codes' levels by the sign trick, scaled by
- * the sub-block's 6-bit scale in madd (VNNI form: vpdpwssd, madd + add in one), one f32 FMA
+ * IQ4_XS against Q8_K, two 32-element sub-blocks per 256-bit unpack (xs_body): the sign trick
+ * and madd by the 6-bit scales (VNNI form: vpdpbusd of level + 128 and a multiply by the
+ * scales, the offset taken out through Q8_K's bsums), one exact int32 sum and one f32 FMA
  * per 256 elements.
  * Prefill: dequantization bit-identical to fmt_iq4.c (the same products, in the same order).
  *
@@ -49,12 +50,6 @@ ALWAYS_INLINE float hsum(__m256 v)
 ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
 {
 	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-	return acc;
-}
-
-ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
-{
-	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
 	return acc;
 }
 
@@ -170,10 +165,10 @@ ALWAYS_INLINE void nl_body(const void *w, const void *act, size_t as, const int 
 
 /* ---- IQ4_XS ------------------------------------------------------------------------------ */
 
-/* The 8 sub-block scales (ls - 32) of a super-block as int16, in both 128-bit lanes: scale j's
- * low 4 bits are bits 4j..4j+3 of scales_l read as one little-endian u32, its high 2 bits
- * bits 2j, 2j+1 of scales_h. */
-ALWAYS_INLINE __m256i xs_scales16(const struct block_iq4_xs *b)
+/* The 8 sub-block scales (ls - 32) of a super-block as int32 lanes: scale j's low 4 bits are
+ * bits 4j..4j+3 of scales_l read as one little-endian u32, its high 2 bits bits 2j, 2j+1 of
+ * scales_h. */
+ALWAYS_INLINE __m256i xs_scales32(const struct block_iq4_xs *b)
 {
 	uint32_t l;
 	memcpy(&l, b->scales_l, 4);
@@ -185,11 +180,8 @@ ALWAYS_INLINE __m256i xs_scales16(const struct block_iq4_xs *b)
 	    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h),
 	                                       _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
 	                     _mm256_set1_epi32(3));
-	const __m256i ls =
-	    _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-	const __m128i s16 =
-	    _mm_packs_epi32(_mm256_castsi256_si128(ls), _mm256_extracti128_si256(ls, 1));
-	return _mm256_broadcastsi128_si256(s16);
+	return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+	                        _mm256_set1_epi32(32));
 }
 
 ALWAYS_INLINE const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
@@ -197,50 +189,100 @@ ALWAYS_INLINE const struct block_q8_K *q8k_token(const void *act, size_t as, int
 	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
 }
 
+ALWAYS_INLINE int32_t hsum_i32(__m256i v)
+{
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+	return _mm_cvtsi128_si32(s);
+}
+
+/* Sub-blocks 2c and 2c+1 at once: one 256-bit load and shift/mask of their 32 code bytes gives
+ * elements 0-15 of both (lo: sub-block 2c in the low 128 bits, 2c+1 in the high) and 16-31
+ * (hi); the activations are loaded in that order. Each int32 lane of the products then holds
+ * one sub-block's elements, scaled by its 6-bit scale. The super-block's integer sum is
+ * exact in both forms and reduced to one int32 per token before the f32 step, so the AVX2
+ * and VNNI forms give the same bits:
+ *   AVX2: maddubs of |level| and y signed by the level, madd by the lane's scale (int16);
+ *   VNNI: vpdpbusd of level + 128 and y, times the lane's scale (int32), less
+ *         128 · Σ_j scale_j · (sum of sub-block j's activations, from Q8_K's bsums). */
 ALWAYS_INLINE void xs_body(const void *w, const void *act, size_t as, const int NT, size_t k,
                            float *out, bool vnni)
 {
 	const struct block_iq4_xs *x = w;
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
-	const __m256i table = iq4_table(false);
-	__m256 acc[8];
+	const __m256i table = iq4_table(vnni), low4 = _mm256_set1_epi8(0x0F);
+	__m128 acc[8];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = _mm_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
 		const uint8_t *blk = (const uint8_t *)(x + i);
 		prefetch_ahead(blk, far), prefetch_ahead(blk + 64, far),
 		    prefetch_ahead(blk + 128, far);
-		const __m256i sc16 = xs_scales16(x + i);
-		__m256i sumi[8], sumi2[8]; /* two chains: even / odd sub-blocks */
-		for (int t = 0; t < NT; t++)
-			sumi[t] = sumi2[t] = _mm256_setzero_si256();
-		for (int ib = 0; ib < QK_K / 32; ib++) {
-			const __m256i wq =
-			    _mm256_shuffle_epi8(table, nibbles_32(x[i].qs + 16 * ib));
-			const __m256i aw = _mm256_abs_epi8(wq);
-			/* scale ib in every int16 lane: bytes 2ib, 2ib+1 of each 128-bit lane */
-			const __m256i s16 = _mm256_shuffle_epi8(
-			    sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * ib)));
+		const __m256i ls32 = xs_scales32(x + i);
+		/* AVX2: the scales as int16 in both 128-bit lanes, scale j in word j */
+		const __m256i ls16 = _mm256_broadcastsi128_si256(_mm_packs_epi32(
+		    _mm256_castsi256_si128(ls32), _mm256_extracti128_si256(ls32, 1)));
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++) {
+			sumi[t] = _mm256_setzero_si256();
+			if (vnni) { /* -128 · Σ_j ls_j · (bsums[2j] + bsums[2j+1]) */
+				const __m256i pairs = _mm256_or_si256(
+				    _mm256_and_si256(ls32, _mm256_set1_epi32(0xFFFF)),
+				    _mm256_slli_epi32(ls32, 16)); /* ls_j in both words of lane j */
+				const __m256i b = _mm256_loadu_si256(
+				    (const __m256i *)q8k_token(act, as, t, i)->bsums);
+				sumi[t] = _mm256_sub_epi32(
+				    sumi[t], _mm256_slli_epi32(_mm256_madd_epi16(b, pairs), 7));
+			}
+		}
+		for (int c = 0; c < QK_K / 64; c++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+			const __m256i wlo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+			const __m256i whi = _mm256_shuffle_epi8(
+			    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			__m256i s, alo = wlo, ahi = whi;
+			if (vnni) { /* lanes 0-3: scale 2c, lanes 4-7: scale 2c+1 */
+				s = _mm256_permutevar8x32_epi32(
+				    ls32, _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c, 2 * c + 1,
+				                            2 * c + 1, 2 * c + 1, 2 * c + 1));
+			} else { /* words 2c (low 128 bits) and 2c+1 (high) of ls16, broadcast */
+				const char b0 = (char)(4 * c), b1 = (char)(4 * c + 1),
+				           b2 = (char)(4 * c + 2), b3 = (char)(4 * c + 3);
+				s = _mm256_shuffle_epi8(
+				    ls16,
+				    _mm256_setr_epi8(b0, b1, b0, b1, b0, b1, b0, b1, b0, b1, b0, b1,
+				                     b0, b1, b0, b1, b2, b3, b2, b3, b2, b3, b2, b3,
+				                     b2, b3, b2, b3, b2, b3, b2, b3));
+				alo = _mm256_abs_epi8(wlo), ahi = _mm256_abs_epi8(whi);
+			}
 			for (int t = 0; t < NT; t++) {
-				const __m256i y = _mm256_loadu_si256(
-				    (const __m256i *)(q8k_token(act, as, t, i)->qs + 32 * ib));
-				__m256i *s = ib % 2 ? &sumi2[t] : &sumi[t];
-				if (vnni)
-					*s = dpwssd(
-					    *s, _mm256_maddubs_epi16(aw, _mm256_sign_epi8(y, wq)),
-					    s16);
-				else
-					*s = _mm256_add_epi32(*s, signed_dot(wq, aw, y, s16));
+				const int8_t *y = q8k_token(act, as, t, i)->qs + 64 * c;
+				const __m256i ylo = _mm256_loadu2_m128i((const __m128i *)(y + 32),
+				                                        (const __m128i *)y);
+				const __m256i yhi = _mm256_loadu2_m128i((const __m128i *)(y + 48),
+				                                        (const __m128i *)(y + 16));
+				if (vnni) {
+					const __m256i d32 = dpbusd(
+					    dpbusd(_mm256_setzero_si256(), wlo, ylo), whi, yhi);
+					sumi[t] =
+					    _mm256_add_epi32(sumi[t], _mm256_mullo_epi32(d32, s));
+				} else {
+					sumi[t] = _mm256_add_epi32(
+					    sumi[t],
+					    _mm256_add_epi32(signed_dot(wlo, alo, ylo, s),
+					                     signed_dot(whi, ahi, yhi, s)));
+				}
 			}
 		}
 		const float d = _cvtsh_ss(x[i].d);
 		for (int t = 0; t < NT; t++)
-			acc[t] = _mm256_fmadd_ps(
-			    _mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
-			    _mm256_cvtepi32_ps(_mm256_add_epi32(sumi[t], sumi2[t])), acc[t]);
+			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * q8k_token(act, as, t, i)->d),
+			                      _mm_cvtsi32_ss(_mm_setzero_ps(), hsum_i32(sumi[t])),
+			                      acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
-		out[t] = hsum(acc[t]);
+		out[t] = _mm_cvtss_f32(acc[t]);
 }
 
 /* ---- Entry points -------------------------------------------------------------------------
