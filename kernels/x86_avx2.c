@@ -299,7 +299,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
 }
 
-/* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 dot products ---------------------- */
+/* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 / IQ4_NL dot products -------------- */
 
 static uint32_t private_act(uint32_t weight_format, bool interleaved)
 {
