@@ -5,7 +5,8 @@
  * (Q8_0/Q4_0 from the block's extreme, Q4_K/Q5_K by make_qkx2-style weighted scale/min search,
  * Q6_K by make_qx-style scale search, Q8_K from the signed extreme, MXFP4 with an E8M0 shared
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32
- * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv).
+ * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and
+ * IQ4_XS have their codecs in fmt_iq4.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -752,6 +753,14 @@ static const struct format_row format_table[] = {
     {{MOEK_Q5_K, "Q5_K", 256, 176, true}, MOEK_Q8_K, quantize_q5_K, dequantize_q5_K},
     {{MOEK_Q6_K, "Q6_K", 256, 210, true}, MOEK_Q8_K, quantize_q6_K, dequantize_q6_K},
     {{MOEK_Q8_K, "Q8_K", 256, 292, false}, MOEK_Q8_K, quantize_q8_K, dequantize_q8_K},
+    {{MOEK_IQ4_NL, "IQ4_NL", 32, 18, true},
+     MOEK_Q8_0,
+     moek_quantize_iq4_nl,
+     moek_dequantize_iq4_nl},
+    {{MOEK_IQ4_XS, "IQ4_XS", 256, 136, true},
+     MOEK_Q8_K,
+     moek_quantize_iq4_xs,
+     moek_dequantize_iq4_xs},
     {{MOEK_BF16, "BF16", 1, 2, true}, MOEK_BF16, quantize_bf16, dequantize_bf16},
     {{MOEK_MXFP4, "MXFP4", 32, 17, true}, MOEK_Q8_0, quantize_mxfp4, dequantize_mxfp4},
     {{MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true}, MOEK_F32, NULL, NULL},

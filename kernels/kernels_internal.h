@@ -22,6 +22,7 @@
 #define QK_MXFP4 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
+#define QK4_NL 32
 
 struct block_q4_0 {
 	uint16_t d;            /* f16 scale */
@@ -60,7 +61,24 @@ struct block_q8_K {
 	int16_t bsums[QK_K / 16]; /* sums of 16 consecutive qs */
 };
 
+/* IQ4_NL / IQ4_XS: 4-bit codes into the non-linear grid moek_iq4_kvalues, nibbles paired as
+ * Q4_0's (element j low, j+16 high, per 32 elements). */
+struct block_iq4_nl {
+	uint16_t d; /* f16 scale: value = d * kvalues[code] */
+	uint8_t qs[QK4_NL / 2];
+};
+struct block_iq4_xs {
+	uint16_t d;                  /* f16 super-block scale */
+	uint16_t scales_h;           /* bits 2j, 2j+1: high 2 bits of sub-block j's 6-bit scale */
+	uint8_t scales_l[QK_K / 64]; /* nibble j%2 of byte j/2: low 4 bits of sub-block j's */
+	uint8_t qs[QK_K / 2];        /* 16 bytes per 32-element sub-block, as IQ4_NL */
+};
+
 static_assert(sizeof(struct block_q4_0) == 18, "Q4_0 block");
+static_assert(sizeof(struct block_iq4_nl) == 18, "IQ4_NL block");
+static_assert(sizeof(struct block_iq4_xs) == 136, "IQ4_XS block");
+static_assert(offsetof(struct block_iq4_xs, scales_l) == 4, "IQ4_XS scales_l");
+static_assert(offsetof(struct block_iq4_xs, qs) == 8, "IQ4_XS qs");
 static_assert(sizeof(struct block_q8_0) == 34, "Q8_0 block");
 static_assert(sizeof(struct block_mxfp4) == 17, "MXFP4 block");
 static_assert(sizeof(struct block_q4_K) == 144, "Q4_K block");
@@ -70,6 +88,22 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
+/* The IQ4 grid (ggml's kvalues_iq4nl), ascending: code c means kvalues[c] times the scale. */
+extern const int8_t moek_iq4_kvalues[16];
+
+/* IQ4_XS: the 6-bit scale of sub-block j (0..7), ls - 32 in -32..31. */
+static inline int moek_iq4_xs_scale(const struct block_iq4_xs *b, int j)
+{
+	const int lo = (b->scales_l[j / 2] >> (4 * (j % 2))) & 15;
+	const int hi = (b->scales_h >> (2 * j)) & 3;
+	return (lo | hi << 4) - 32;
+}
+
+/* Reference codecs of IQ4_NL and IQ4_XS (fmt_iq4.c): n elements, a multiple of the block. */
+void moek_quantize_iq4_nl(const float *x, void *dst, size_t n);
+void moek_dequantize_iq4_nl(const void *src, float *y, size_t n);
+void moek_quantize_iq4_xs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
  * elements (0: no interleaved layout) and, in *block_bytes when not NULL, its bytes. The
  * format's own block, except BF16's: 16 elements. Interleaved columns, offsets and slices
@@ -140,13 +174,14 @@ typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float 
                              float *c, size_t ldc);
 
 /* ISA-private activation formats: layouts an ISA's dot products prefer over the ggml ones.
- * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0 and MXFP4 weights): Q8_0 quantization (d = amax/127 per 32
- * elements, f32 d) stored per pair of blocks in the lane order of a 256-bit nibble unpack, so
+ * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0, MXFP4 and IQ4_NL weights): Q8_0 quantization (d = amax/127 per
+ * 32 elements, f32 d) stored per pair of blocks in the lane order of a 256-bit nibble unpack, so
  * the dot product loads activations and scales without shuffles. A row of k elements (k a
  * multiple of 32) takes ceil(k / 64) pairs; a missing last block is zeros. neg_sum16 lets the
  * dot product feed weights as unsigned bytes with a constant offset (Q4_0 codes 0..15 = value
- * + 8, MXFP4 doubled E2M1 values + 16) and take offset · Σy per lane back out — negated, so
- * that it is the starting value of a vpdpbusd accumulation. */
+ * + 8, MXFP4 doubled E2M1 values + 16, IQ4_NL levels + 128 with 8 times it) and take
+ * offset · Σy per lane back out — negated, so that it is the starting value of a vpdpbusd
+ * accumulation. */
 #define MOEK_ACT_Q8_0X2 2001u
 struct block_q8_0x2 {
 	float d[8];    /* d of block 2p in lanes 0-3, of block 2p+1 in lanes 4-7 */
@@ -268,6 +303,20 @@ bool moek_avx2_set_vbmi(bool on);
  * benchmarks; same bits either way. */
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
+/* Whether moek_avx2_set_vnni turned the VNNI forms on (relaxed read, once per row). */
+bool moek_avx2_vnni_on(void);
+/* x86_avx2_iq4.c: moek_avx2_ops' IQ4_NL dots (MOEK_ACT_Q8_0X2 activations) and IQ4_XS dots
+ * (Q8_K), each picking its VNNI form per call; and their prefill dequantization, bit-identical
+ * to the reference: returns the elements of [0, k) it wrote (0 for other formats). */
+void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                          size_t k, float *out);
+void moek_avx2_rows_iq4_nl(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                           float *out);
+void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                          size_t k, float *out);
+void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                           float *out);
+size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k);
 #endif
 
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)

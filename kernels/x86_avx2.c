@@ -5,7 +5,8 @@
  * AVX2.
  *
  * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
- *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations —
+ *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations
+ *   (IQ4_NL and IQ4_XS likewise, in x86_avx2_iq4.c) —
  *   integer products (maddubs/madd), one f32 FMA per block (Q4_0/MXFP4: per pair of blocks,
  *   unpacked by one 256-bit shift/mask; K-quants: per 256-element super-block, the 6-bit
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
@@ -298,14 +299,17 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
 }
 
-/* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 dot products ---------------------- */
+/* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 / IQ4_NL dot products -------------- */
 
 static uint32_t private_act(uint32_t weight_format, bool interleaved)
 {
 	if (interleaved)
 		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0S
 		                                                                 : 0;
-	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0X2 : 0;
+	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ||
+	               weight_format == MOEK_IQ4_NL
+	           ? MOEK_ACT_Q8_0X2
+	           : 0;
 }
 
 static size_t act_row_bytes(uint32_t act_format, size_t k)
@@ -520,6 +524,11 @@ bool moek_avx2_set_vnni(bool on)
 	atomic_store_explicit(&vbmi_dots, on && __builtin_cpu_supports("avx512vbmi"),
 	                      memory_order_relaxed);
 	return true;
+}
+
+bool moek_avx2_vnni_on(void)
+{
+	return atomic_load_explicit(&vnni_dots, memory_order_relaxed);
 }
 
 bool moek_avx2_set_vbmi(bool on)
@@ -1698,6 +1707,8 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 			}
 		}
 		break;
+	case MOEK_IQ4_NL:
+	case MOEK_IQ4_XS: i = moek_avx2_dequantize_iq4(format, w, dst, k); break;
 	default: break;
 	}
 	if (i < k) /* F32 and any tail through the reference */
@@ -1901,6 +1912,8 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q4_K] = dot_q4_K,
             [MOEK_Q5_K] = dot_q5_K,
             [MOEK_Q6_K] = dot_q6_K,
+            [MOEK_IQ4_NL] = moek_avx2_dot_iq4_nl,
+            [MOEK_IQ4_XS] = moek_avx2_dot_iq4_xs,
             [63] = dot_fp8,
         },
     .dot_rows =
@@ -1913,6 +1926,8 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q4_K] = rows_q4_K,
             [MOEK_Q5_K] = rows_q5_K,
             [MOEK_Q6_K] = rows_q6_K,
+            [MOEK_IQ4_NL] = moek_avx2_rows_iq4_nl,
+            [MOEK_IQ4_XS] = moek_avx2_rows_iq4_xs,
         },
     .dot_x8 =
         {

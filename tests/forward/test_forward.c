@@ -126,6 +126,14 @@ Test(forward_formats, gguf_q6_k_fused_gate_up)
 {
 	format_case("qwen3-30b-a3b", MOEK_Q6_K, true, true);
 }
+Test(forward_formats, gguf_iq4_nl)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ4_NL, true, false);
+}
+Test(forward_formats, gguf_iq4_xs_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ4_XS, true, true);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);

@@ -107,6 +107,15 @@ Test(determinism, q6_K_q5_K_q4_0)
 	check_splits(MOEK_Q5_K, 256, 512, 18);
 	check_splits(MOEK_Q4_0, 256, 512, 18);
 }
+/* IQ4_NL: 416 intermediate features = 6.5 pairs of activation blocks (split align 64, the
+ * last range ends mid-pair) */
+Test(determinism, iq4_nl_and_iq4_xs)
+{
+	check_splits(MOEK_IQ4_NL, 320, 416, 4);
+	check_splits(MOEK_IQ4_NL, 320, 416, 20);
+	check_splits(MOEK_IQ4_XS, 256, 512, 3);
+	check_splits(MOEK_IQ4_XS, 256, 512, 18);
+}
 
 /* Two real threads splitting every phase, a barrier between phases, against one thread. */
 struct thread_arg {
@@ -190,8 +199,9 @@ Test(determinism, threads_match_single_thread)
  * down bias in one slice only, partials reduced by the caller. */
 Test(determinism, numa_slices_sum_to_the_whole)
 {
-	static const uint32_t fmts[] = {MOEK_Q4_K, MOEK_FP8_E4M3_B128, MOEK_MXFP4};
-	for (size_t i = 0; i < 3; i++) {
+	static const uint32_t fmts[] = {MOEK_Q4_K, MOEK_FP8_E4M3_B128, MOEK_MXFP4, MOEK_IQ4_NL,
+	                                MOEK_IQ4_XS};
+	for (size_t i = 0; i < sizeof(fmts) / sizeof(fmts[0]); i++) {
 		struct fixture f;
 		fixture_init(&f, fmts[i], 0, 256, 768, MOEK_SWIGLU_OAI, 1, 31);
 		const size_t n = 5, align = moek_expert_split_align(&f.expert);

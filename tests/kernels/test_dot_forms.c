@@ -1,17 +1,17 @@
 /* test_dot_forms.c — the faster forms of the AVX2 decode dots that some CPUs allow give the bits
  * of the plain AVX2 form, and the plain form stays covered on CPUs that have them.
  *
- * - Q4_K / Q5_K with AVX512-VNNI (vpdpwssd instead of madd + add, moek_avx2_set_vnni): same
- *   bits for every token count (1..MOEK_DOT_TOKENS), one super-block and odd super-block
- *   counts, rows narrower and wider than the far-prefetch threshold; exact against the double
- *   dot of the dequantized operands.
+ * - Q4_K / Q5_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
+ *   moek_avx2_set_vnni): same bits for every token count (1..MOEK_DOT_TOKENS), one super-block
+ *   and odd super-block counts, rows narrower and wider than the far-prefetch threshold; exact
+ *   against the double dot of the dequantized operands.
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
  *   every format that has one, both forms, several widths and row counts.
  * - Whole expert FFN, decode (1 and 3 tokens) and prefill (20), Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
- *   MXFP4, BF16, F16, small and wide (14336-column down rows, the far-prefetch path) shapes:
- *   the AVX2 path forced to its plain form gives the same output bits as with every form the
- *   CPU allows, and stays within the accuracy bound of the float originals (so the plain form
- *   is checked on its own, too).
+ *   MXFP4, IQ4_NL, IQ4_XS, BF16, F16, small and wide (14336-column down rows, the far-prefetch
+ *   path) shapes: the AVX2 path forced to its plain form gives the same output bits as with
+ *   every form the CPU allows, and stays within the accuracy bound of the float originals (so
+ *   the plain form is checked on its own, too).
  * The comparisons are skipped where the CPU lacks AVX512-VNNI + AVX512VL (the plain form is the
  * only one there, and test_kernel_ffn covers it); the forced-plain accuracy check always runs.
  */
@@ -43,7 +43,7 @@ static void check_kquant(uint32_t fmt, size_t k)
 	enum { ROWS = 5 };
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
 	const uint32_t act = moek_isa_act_format(ops, fmt, false);
-	cr_assert_eq(act, MOEK_Q8_K);
+	cr_assert_eq(act, MOEK_Q8_K, "%s", moek_format_lookup(fmt)->name);
 	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
 	float *w = malloc(sizeof(float) * ROWS * k), *wd = malloc(sizeof(float) * ROWS * k);
 	float *x = malloc(sizeof(float) * k * MOEK_DOT_TOKENS);
@@ -110,6 +110,14 @@ Test(dot_forms, q5_K_vnni_same_bits_as_madd)
 		check_kquant(MOEK_Q5_K, kquant_widths[i]);
 }
 
+Test(dot_forms, iq4_xs_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_IQ4_XS, kquant_widths[i]);
+}
+
 /* dot_rows over nr rows of k columns against one token = dot row by row, bit for bit. */
 static void check_rows(uint32_t fmt, size_t k, size_t nr)
 {
@@ -149,8 +157,8 @@ Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
 {
 	if (!have_avx2())
 		cr_skip_test("no AVX2 here");
-	static const uint32_t fmts[] = {MOEK_F16,   MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,
-	                                MOEK_MXFP4, MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K};
+	static const uint32_t fmts[] = {MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,   MOEK_MXFP4,
+	                                MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
 	static const size_t widths[] = {256, 768, 2304, 14336}; /* K-quant multiples; 14336 wide */
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++)
 		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
@@ -201,8 +209,9 @@ static const struct {
 	uint32_t format;
 	double bound; /* test_kernel_ffn's bounds against the float originals */
 } ffn_formats[] = {
-    {MOEK_Q4_K, 0.15}, {MOEK_Q5_K, 0.08}, {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},
-    {MOEK_Q4_0, 0.2},  {MOEK_MXFP4, 0.3}, {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},
+    {MOEK_Q4_K, 0.15},  {MOEK_Q5_K, 0.08},   {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},
+    {MOEK_Q4_0, 0.2},   {MOEK_MXFP4, 0.3},   {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},
+    {MOEK_IQ4_NL, 0.2}, {MOEK_IQ4_XS, 0.15},
 };
 
 Test(dot_forms, ffn_plain_avx2_same_bits_small_expert)

@@ -1,4 +1,4 @@
-/* test_dot_vnni.c — the AVX512-VNNI form of the AVX2 Q4_0 / MXFP4 dot products
+/* test_dot_vnni.c — the AVX512-VNNI form of the AVX2 Q4_0 / MXFP4 / IQ4_NL dot products
  * (moek_avx2_set_vnni) gives the same bits as the maddubs + madd form it replaces, for every
  * token count (1..MOEK_DOT_TOKENS), odd block counts (the unpaired last block), rows wider than
  * the two-accumulator loop, and every E8M0 exponent (0, 1, 254 and the NaN code 255 included);
@@ -105,6 +105,14 @@ Test(dot_vnni, mxfp4_same_bits_as_maddubs)
 		check_format(MOEK_MXFP4, widths[i], false);
 		check_format(MOEK_MXFP4, widths[i], true);
 	}
+}
+
+Test(dot_vnni, iq4_nl_same_bits_as_maddubs)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++)
+		check_format(MOEK_IQ4_NL, widths[i], false);
 }
 
 Test(dot_vnni, enabling_reports_support)

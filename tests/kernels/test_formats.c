@@ -1,5 +1,6 @@
 /* test_formats.c — the weight-format table, golden vectors for dequantizing hand-built blocks
- * (Q4_0, Q4_K scale/min packing, Q5_K high bits, Q6_K, MXFP4 nibble order and extreme E8M0
+ * (Q4_0, Q4_K scale/min packing, Q5_K high bits, Q6_K, IQ4_NL grid and nibble order, IQ4_XS
+ * split 6-bit scales, MXFP4 nibble order and extreme E8M0
  * exponents, FP8 E4M3 subnormals/NaN/saturation, bf16 rounding), the HF<->GGUF MXFP4
  * converters, and round-trip accuracy of every reference quantizer.
  *
@@ -32,6 +33,8 @@ Test(formats, table_rows_match_ggml)
 	    {13, "Q5_K", 256, 176},
 	    {14, "Q6_K", 256, 210},
 	    {15, "Q8_K", 256, 292},
+	    {20, "IQ4_NL", 32, 18},
+	    {23, "IQ4_XS", 256, 136},
 	    {30, "BF16", 1, 2},
 	    {39, "MXFP4", 32, 17},
 	    {1000, "FP8_E4M3_B128", 1, 1},
@@ -211,6 +214,85 @@ Test(formats, q6_K_golden)
 		const float want = 0.25f * (float)sc[e / 16] * (float)(q6_value(e) - 32);
 		cr_assert_eq(y[e], want, "elem %d: %g != %g", e, y[e], want);
 	}
+}
+
+/* ggml's kvalues_iq4nl, written out from the format definition */
+static const int iq4_grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+
+Test(formats, iq4_nl_golden)
+{
+	uint8_t blk[18] = {0x00, 0x38}; /* d = 0.5 */
+	blk[2 + 0] = 0xF0;              /* elem 0: code 0 (-127), elem 16: code 15 (113) */
+	blk[2 + 15] = 0x78;             /* elem 15: code 8 (1), elem 31: code 7 (-10) */
+	for (int j = 1; j < 15; j++)
+		blk[2 + j] = 0x99; /* code 9 (13) */
+	float y[32];
+	cr_assert_eq(moek_dequantize(MOEK_IQ4_NL, blk, NULL, 1, 32, y), 0);
+	cr_expect_eq(y[0], -63.5f);
+	cr_expect_eq(y[16], 56.5f);
+	cr_expect_eq(y[15], 0.5f);
+	cr_expect_eq(y[31], -5.0f);
+	for (int j = 1; j < 15; j++)
+		cr_expect(y[j] == 6.5f && y[j + 16] == 6.5f, "elem %d: %g %g", j, y[j], y[j + 16]);
+
+	/* every level times 0.25, twice: the search finds d = 0.25 and the codes exactly */
+	float x[32];
+	for (int j = 0; j < 32; j++)
+		x[j] = 0.25f * (float)iq4_grid[j % 16];
+	uint8_t q[18];
+	cr_assert_eq(moek_quantize(MOEK_IQ4_NL, x, 1, 32, q, NULL), 0);
+	cr_expect_eq(q[0] | q[1] << 8, 0x3400, "d = 0.25");
+	for (int j = 0; j < 16; j++)
+		cr_expect_eq(q[2 + j], j | j << 4, "byte %d: elements %d and %d are level %d", j, j,
+		             j + 16, j);
+}
+
+/* IQ4_XS sub-block scales ls (6 bits; value d * (ls - 32) * level), packed by hand: low
+ * nibbles in scales_l (sub-block j in nibble j % 2 of byte j / 2), high 2 bits in scales_h
+ * (bits 2j, 2j + 1). ls = 0, 63, 32, 31, 17, 48, 5, 40:
+ *   low 4 bits  0, 15, 0, 15, 1, 0, 5, 8 -> scales_l F0 F0 01 85
+ *   high 2 bits 0, 3, 2, 1, 1, 3, 0, 2   -> scales_h 0x8D6C */
+static const int xs_ls[8] = {0, 63, 32, 31, 17, 48, 5, 40};
+
+Test(formats, iq4_xs_split_scales_golden)
+{
+	uint8_t blk[136] = {0x00, 0x38, 0x6C, 0x8D, 0xF0, 0xF0, 0x01, 0x85}; /* d = 0.5 */
+	for (int j = 0; j < 8; j++)
+		for (int l = 0; l < 16; l++)
+			blk[8 + 16 * j + l] = (uint8_t)(((l + j) % 16) | (15 - l) << 4);
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_IQ4_XS, blk, NULL, 1, 256, y), 0);
+	for (int j = 0; j < 8; j++)
+		for (int l = 0; l < 16; l++) {
+			const float s = 0.5f * (float)(xs_ls[j] - 32);
+			const float lo = s * (float)iq4_grid[(l + j) % 16];
+			const float hi = s * (float)iq4_grid[15 - l];
+			cr_assert(y[32 * j + l] == lo && y[32 * j + l + 16] == hi,
+			          "sub-block %d elem %d: %g %g, want %g %g", j, l, y[32 * j + l],
+			          y[32 * j + l + 16], lo, hi);
+		}
+
+	/* sub-block j = every level times m_j / 64, twice: the largest scale (-32/64) sets
+	 * d = 1/64, each sub-block gets ls = m_j + 32 and its codes exactly:
+	 * ls = 0, 63, 33, 31, 48, 15, 40, 32 -> scales_l F0 F1 F0 08, scales_h 0xA36C */
+	static const int m[8] = {-32, 31, 1, -1, 16, -17, 8, 0};
+	float x[256];
+	for (int j = 0; j < 8; j++)
+		for (int e = 0; e < 32; e++)
+			x[32 * j + e] = (float)(iq4_grid[e % 16] * m[j]) / 64.0f;
+	uint8_t q[136];
+	cr_assert_eq(moek_quantize(MOEK_IQ4_XS, x, 1, 256, q, NULL), 0);
+	static const uint8_t head[8] = {0x00, 0x24, 0x6C, 0xA3, 0xF0, 0xF1, 0xF0, 0x08};
+	cr_expect_arr_eq(q, head, 8,
+	                 "d, scales_h, scales_l: %02x %02x %02x %02x %02x %02x %02x %02x", q[0],
+	                 q[1], q[2], q[3], q[4], q[5], q[6], q[7]);
+	for (int j = 0; j < 8; j++)
+		for (int l = 0; l < 16; l++)
+			cr_expect_eq(q[8 + 16 * j + l], m[j] ? l | l << 4 : 0x88,
+			             "sub-block %d byte %d", j, l);
+	cr_assert_eq(moek_dequantize(MOEK_IQ4_XS, q, NULL, 1, 256, y), 0);
+	cr_expect_arr_eq(y, x, sizeof(x), "exact round trip");
 }
 
 Test(formats, q8_K_scale_is_signed_and_bsums_sum_16)
@@ -424,7 +506,8 @@ Test(formats, quantizer_round_trip_accuracy)
 	    {MOEK_Q4_0, 5e-3},    {MOEK_Q4_K, 4e-3},
 	    {MOEK_Q5_K, 1e-3},    {MOEK_Q6_K, 3e-4},
 	    {MOEK_MXFP4, 1.5e-2}, {MOEK_FP8_E4M3_B128, 1.2e-3},
-	    {MOEK_Q8_K, 2e-5},
+	    {MOEK_Q8_K, 2e-5},    {MOEK_IQ4_NL, 5e-3},
+	    {MOEK_IQ4_XS, 5e-3},
 	};
 	enum { R = 4, C = 1024 };
 	static float x[R * C], y[R * C];
@@ -451,8 +534,9 @@ Test(formats, quantizer_round_trip_accuracy)
 /* An all-zero block quantizes to zeros in every format (no 0/0). */
 Test(formats, zero_block_quantizes_to_zero)
 {
-	static const uint32_t fmts[] = {MOEK_Q4_0, MOEK_Q8_0,  MOEK_Q4_K,         MOEK_Q5_K,
-	                                MOEK_Q6_K, MOEK_MXFP4, MOEK_FP8_E4M3_B128};
+	static const uint32_t fmts[] = {MOEK_Q4_0,   MOEK_Q8_0,   MOEK_Q4_K,
+	                                MOEK_Q5_K,   MOEK_Q6_K,   MOEK_MXFP4,
+	                                MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_FP8_E4M3_B128};
 	float x[256] = {0}, y[256];
 	uint8_t q[512];
 	float scale[2]; /* FP8: 1 x 2 blocks of 128 */

@@ -134,6 +134,12 @@ Test(partial_rows, k_quants)
 	check_partial(MOEK_Q6_K, 256, 768, 1);
 }
 
+Test(partial_rows, iq4_nl_and_iq4_xs)
+{
+	check_partial(MOEK_IQ4_NL, 320, 416, 0);
+	check_partial(MOEK_IQ4_XS, 256, 512, 1);
+}
+
 Test(partial_rows, q8_0_and_q4_0)
 {
 	check_partial(MOEK_Q8_0, 320, 416, 0);

@@ -4,7 +4,8 @@
  * roundf, MXFP4 by exhaustive nearest-code search). Inputs: random rows of several shapes and
  * scales, plus the blocks where lock-step lanes could diverge from the scalar loop: all zero,
  * constant, all negative, one outlier, tiny (below ggml's 1e-15 group epsilon), mixed
- * sub-blocks in one super-block, and huge values near the E8M0 limits for MXFP4.
+ * sub-blocks in one super-block, and huge values near the E8M0 limits for MXFP4. IQ4_NL and
+ * IQ4_XS, whose search runs candidates in vector lanes, against the same search in plain loops.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -337,6 +338,88 @@ static void oracle_quantize_q6_K(const float *x, void *dst, size_t n)
 	}
 }
 
+/* IQ4_NL / IQ4_XS (fmt_iq4.c, which runs the candidates in vector lanes): the same search as
+ * plain loops, one candidate at a time, nearest level by a midpoint count. */
+static const float iq4_mid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                  7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+
+static int oracle_iq4_code(float v)
+{
+	int c = 0;
+	while (c < 15 && v > iq4_mid[c])
+		c++;
+	return c;
+}
+
+static float oracle_iq4_scale(const float *x)
+{
+	float amax = 0.0f, max = 0.0f;
+	for (int j = 0; j < 32; j++)
+		if (fabsf(x[j]) > amax)
+			amax = fabsf(x[j]), max = x[j];
+	if (!(amax > 1e-30f))
+		return 0.0f;
+	if (!isfinite(amax))
+		return max / -127.0f;
+	float d = 0.0f, best = 0.0f;
+	for (int c = 0; c < 16; c++) {
+		const float target = c < 8 ? (float)(-131 + c) : (float)(109 + c - 8);
+		const float id = target / max;
+		float sumqx = 0.0f, sumq2 = 0.0f;
+		for (int j = 0; j < 32; j++) {
+			const float q = (float)moek_iq4_kvalues[oracle_iq4_code(x[j] * id)];
+			sumqx += q * x[j];
+			sumq2 += q * q;
+		}
+		if (sumq2 > 0.0f && sumqx * sumqx > best * sumq2) {
+			d = sumqx / sumq2;
+			best = d * sumqx;
+		}
+	}
+	return d;
+}
+
+static void oracle_iq4_pack(const float *x, float s, uint8_t *qs)
+{
+	const float is = s != 0.0f ? 1.0f / s : 0.0f;
+	for (int j = 0; j < 16; j++)
+		qs[j] =
+		    (uint8_t)(oracle_iq4_code(x[j] * is) | oracle_iq4_code(x[j + 16] * is) << 4);
+}
+
+static void oracle_quantize_iq4_nl(const float *x, void *dst, size_t n)
+{
+	struct block_iq4_nl *y = dst;
+	for (size_t i = 0; i < n / 32; i++, x += 32) {
+		y[i].d = moek_f32_to_f16(oracle_iq4_scale(x));
+		oracle_iq4_pack(x, moek_f16_to_f32(y[i].d), y[i].qs);
+	}
+}
+
+static void oracle_quantize_iq4_xs(const float *x, void *dst, size_t n)
+{
+	struct block_iq4_xs *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		float sc[8], amax = 0.0f, max = 0.0f;
+		for (int ib = 0; ib < 8; ib++) {
+			sc[ib] = oracle_iq4_scale(x + 32 * ib);
+			if (fabsf(sc[ib]) > amax)
+				amax = fabsf(sc[ib]), max = sc[ib];
+		}
+		memset(&y[i], 0, sizeof(y[i]));
+		y[i].d = moek_f32_to_f16(amax > 0.0f ? max / -32.0f : 0.0f);
+		const float dd = moek_f16_to_f32(y[i].d);
+		const float id = dd != 0.0f && isfinite(dd) ? 1.0f / dd : 0.0f;
+		for (int ib = 0; ib < 8; ib++) {
+			const float v = id * sc[ib];
+			const int l = !(v > -32.0f) ? -32 : v >= 31.0f ? 31 : (int)lrintf(v);
+			y[i].scales_l[ib / 2] |= (uint8_t)(((l + 32) & 15) << (4 * (ib % 2)));
+			y[i].scales_h |= (uint16_t)(((l + 32) >> 4) << (2 * ib));
+			oracle_iq4_pack(x + 32 * ib, dd * (float)l, y[i].qs + 16 * ib);
+		}
+	}
+}
+
 /* ---- the comparison ------------------------------------------------------------------- */
 
 enum { COLS = 1024, ROWS = 8, N = ROWS * COLS };
@@ -430,4 +513,16 @@ Test(quant_reference, mxfp4_matches_scalar_reference)
 {
 	for (uint64_t s = 1; s <= SEEDS; s++)
 		compare(MOEK_MXFP4, oracle_quantize_mxfp4, s);
+}
+
+Test(quant_reference, iq4_nl_matches_scalar_search)
+{
+	for (uint64_t s = 1; s <= SEEDS; s++)
+		compare(MOEK_IQ4_NL, oracle_quantize_iq4_nl, s);
+}
+
+Test(quant_reference, iq4_xs_matches_scalar_search)
+{
+	for (uint64_t s = 1; s <= SEEDS; s++)
+		compare(MOEK_IQ4_XS, oracle_quantize_iq4_xs, s);
 }

@@ -119,6 +119,14 @@ Test(serve_bits, q6_k)
 {
 	run_format("q6_k");
 }
+Test(serve_bits, iq4_nl)
+{
+	run_format("iq4_nl");
+}
+Test(serve_bits, iq4_xs)
+{
+	run_format("iq4_xs");
+}
 Test(serve_bits, mxfp4)
 {
 	run_format("mxfp4");
