@@ -748,6 +748,8 @@ static const struct format_row format_table[] = {
     {{MOEK_F16, "F16", 1, 2, true}, MOEK_BF16, quantize_f16, dequantize_f16},
     {{MOEK_Q4_0, "Q4_0", 32, 18, true}, MOEK_Q8_0, quantize_q4_0, dequantize_q4_0},
     {{MOEK_Q8_0, "Q8_0", 32, 34, true}, MOEK_Q8_0, quantize_q8_0, dequantize_q8_0},
+    {{MOEK_Q2_K, "Q2_K", 256, 84, true}, MOEK_Q8_K, moek_quantize_q2_K, moek_dequantize_q2_K},
+    {{MOEK_Q3_K, "Q3_K", 256, 110, true}, MOEK_Q8_K, moek_quantize_q3_K, moek_dequantize_q3_K},
     {{MOEK_Q4_K, "Q4_K", 256, 144, true}, MOEK_Q8_K, quantize_q4_K, dequantize_q4_K},
     {{MOEK_Q5_K, "Q5_K", 256, 176, true}, MOEK_Q8_K, quantize_q5_K, dequantize_q5_K},
     {{MOEK_Q6_K, "Q6_K", 256, 210, true}, MOEK_Q8_K, quantize_q6_K, dequantize_q6_K},
