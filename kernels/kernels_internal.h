@@ -131,12 +131,6 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
 	memcpy(sc, s, sizeof(s));
 }
 
-/* Q2_K and Q3_K reference row codecs (fmt_k23.c), as the table's other rows. */
-void moek_quantize_q2_K(const float *x, void *dst, size_t n);
-void moek_dequantize_q2_K(const void *src, float *y, size_t n);
-void moek_quantize_q3_K(const float *x, void *dst, size_t n);
-void moek_dequantize_q3_K(const void *src, float *y, size_t n);
-
 /* Reference row codecs (formats.c). n is a multiple of the format's block. FP8 rows take
  * their per-128-column scales: scale_row[c / 128] multiplies column c. */
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,

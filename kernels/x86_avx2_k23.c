@@ -8,7 +8,7 @@
  * super-block and token. The constant parts go through Q8_K's 16-element bsums: Q2_K's mins
  * (dmin · Σ m_j · bsum_j, subtracted), Q3_K's −4 of a clear hmask bit (the code enters as
  * low2 + 4 · hbit in 0..7, and 4 · Σ (sc_j − 32) · bsum_j comes back out).
- * Prefill: dequantization, bit-identical to fmt_k23.c (the same products and roundings).
+ * Prefill: dequantization, bit-identical to formats.c (the same products and roundings).
  *
  * The summation order depends only on k: split determinism as every dot (kernels_internal.h).
  */
