@@ -46,6 +46,24 @@ ALWAYS_INLINE void codes_2bit(const uint8_t *qs, __m256i q[4])
 	q[3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
 }
 
+/* Q3_K's 16 scales minus 32 as int16 (moek_q3_scales in registers: a scalar unpack through
+ * memory stalls each block on store forwarding). Low nibbles: bytes 0-7 (scales 0-7), their
+ * high nibbles (8-15); high 2 bits: byte 8 + j % 4 — the 4 bytes broadcast to every 32-bit
+ * lane — shifted right by 2 (j / 4), lane j / 4's count. */
+ALWAYS_INLINE __m256i q3_scales_i16(const uint8_t s[K_SCALE_SIZE])
+{
+	const __m128i low4 = _mm_set1_epi8(0x0F), three = _mm_set1_epi8(3);
+	const __m128i b = _mm_loadl_epi64((const __m128i *)s);
+	const __m128i lo =
+	    _mm_unpacklo_epi64(_mm_and_si128(b, low4), _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+	int32_t top;
+	memcpy(&top, s + 8, sizeof(top));
+	const __m128i hi =
+	    _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(top), _mm_setr_epi32(0, 2, 4, 6)), three);
+	const __m128i sc = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
 /* Q3_K: 4 · (bit 4h + s of each hmask byte), added to chunk 4h + s's low bits. */
 ALWAYS_INLINE __m256i hbit4(__m256i hmask, int n)
 {
@@ -116,11 +134,7 @@ ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, siz
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
 		prefetch_ahead(x + i, far), prefetch_ahead((const uint8_t *)(x + i) + 64, far);
-		uint8_t sc8[16];
-		moek_q3_scales(x[i].scales, sc8);
-		const __m256i sc16 =
-		    _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)sc8)),
-		                     _mm256_set1_epi16(32));
+		const __m256i sc16 = q3_scales_i16(x[i].scales);
 		const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44),
 		                            _mm256_permute4x64_epi64(sc16, 0xEE)};
 		const __m256i hmask = _mm256_loadu_si256((const __m256i *)x[i].hmask);
