@@ -705,7 +705,7 @@ static void quantize_q3_K(const float *x, void *dst, size_t n)
 			}
 			y[i].d = moek_f32_to_f16(1 / iscale);
 		}
-		/* the levels again, against the scales as stored (a zero scale keeps the search's) */
+		/* the levels against the stored scales (a zero scale keeps the search's) */
 		const float d = f16(y[i].d);
 		uint8_t sc[NSUB];
 		moek_q3_scales(y[i].scales, sc);
