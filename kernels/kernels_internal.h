@@ -4,8 +4,9 @@
  * handed to the kernels must be 2-byte aligned (4 for Q8_K); moek_ffn_prepare checks it, so
  * reading a block's fp16 scale through the struct is never a misaligned access.
  *
- * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths; ffn.c
- * the expert FFN that drives either through struct moek_isa_ops.
+ * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths (with
+ * x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h); ffn.c the expert FFN
+ * that drives either through struct moek_isa_ops.
  */
 #ifndef MOE_KERNELS_INTERNAL_H
 #define MOE_KERNELS_INTERNAL_H
