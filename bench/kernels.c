@@ -276,9 +276,10 @@ static const uint32_t all_formats[] = {MOEK_Q4_K,   BENCH_X8 | MOEK_Q4_K,
                                        MOEK_MXFP4,  BENCH_X8 | MOEK_MXFP4,
                                        MOEK_BF16,   BENCH_X8 | MOEK_BF16,
                                        MOEK_Q4_0,   MOEK_Q5_K,
-                                       MOEK_Q6_K,   MOEK_F16,
-                                       MOEK_F32,    MOEK_FP8_E4M3_B128,
-                                       MOEK_IQ4_NL, MOEK_IQ4_XS};
+                                       MOEK_Q6_K,   MOEK_Q2_K,
+                                       MOEK_Q3_K,   MOEK_IQ4_NL,
+                                       MOEK_IQ4_XS, MOEK_F16,
+                                       MOEK_F32,    MOEK_FP8_E4M3_B128};
 
 static uint32_t weight_format(uint32_t f)
 {

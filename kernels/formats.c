@@ -2,11 +2,11 @@
  *
  * One row per format (block size, bytes, reference quantizer, reference dequantizer), as in
  * ggml's type traits. The quantizers reproduce ggml's quantize_row_*_ref layout and rounding
- * (Q8_0/Q4_0 from the block's extreme, Q4_K/Q5_K by make_qkx2-style weighted scale/min search,
- * Q6_K by make_qx-style scale search, Q8_K from the signed extreme, MXFP4 with an E8M0 shared
- * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32
- * scale_inv per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and
- * IQ4_XS have their codecs in fmt_iq4.c.
+ * (Q8_0/Q4_0 from the block's extreme, Q2_K/Q4_K/Q5_K by make_qkx2-style weighted scale/min
+ * search, Q6_K by make_qx-style scale search, Q3_K by make_q3-style refined scale search, Q8_K from
+ * the signed extreme, MXFP4 with an E8M0 shared exponent), so a file quantized here reads the same
+ * in llama.cpp. FP8 E4M3 with one f32 scale_inv per 128x128 block follows DeepSeek-V3 (stored =
+ * weight / scale_inv). IQ4_NL and IQ4_XS have their codecs in fmt_iq4.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -314,24 +314,30 @@ static inline KQ_INLINE f32x8 round_clamp8(f32x8 v, f32x8 lo, f32x8 hi)
 	return (v + magic) - magic;
 }
 
+static inline KQ_INLINE f32x8 abs8(f32x8 v)
+{
+	return (f32x8)((i32x8)v & splat8_bits(0x7fffffff));
+}
+
 /* Asymmetric search (ggml's make_qkx2_quants) of the 8 sub-blocks of a super-block at once,
  * one per vector lane, each exactly as the scalar reference does it: x ~ scale * L + min with
- * L in 0..nmax, min <= 0, minimising the weighted squared error over the start grid
+ * L in 0..nmax, min <= 0, minimising the weighted squared (mad: absolute) error over the n
+ * (16 or 32) values of each sub-block, over the start grid
  * nmax / (max - min) and nstep+1 candidates (rmin + rdelta * is + nmax) / (max - min), each
  * refitted by weighted least squares and kept if its error is lower; min is the best fit's so
  * far (later candidates grid from it, as ggml). Lanes run the candidates in lock-step and
  * keep improvements by mask, so there are no branches and no horizontal sums, and each lane
  * sums in the reference's order: the result is the scalar reference's, bit for bit.
- * xt[i], wt[i]: element i of each sub-block (transposed). Outputs: L (transposed back),
- * the scales and -min (>= 0) of the 8 sub-blocks. */
+ * xt[i], wt[i] (i < n): element i of each sub-block (transposed). Outputs: L[8 n] (transposed
+ * back), the scales and -min (>= 0) of the 8 sub-blocks. */
 enum { KQ_SUB = 32 };
-static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
-                                               const f32x8 wt[KQ_SUB], uint8_t L[8 * KQ_SUB],
-                                               float scales[8], float neg_mins[8], float rmin,
-                                               float rdelta, int nstep)
+static inline KQ_INLINE void search_scale_min8(int nmax, int n, bool mad, const f32x8 *xt,
+                                               const f32x8 *wt, uint8_t *L, float scales[8],
+                                               float neg_mins[8], float rmin, float rdelta,
+                                               int nstep)
 {
 	f32x8 min = xt[0], max = xt[0], sum_w = wt[0], sum_x = wt[0] * xt[0];
-	for (int i = 1; i < KQ_SUB; i++) {
+	for (int i = 1; i < n; i++) {
 		min = select8(xt[i] < min, xt[i], min);
 		max = select8(xt[i] > max, xt[i], max);
 		sum_w += wt[i];
@@ -344,15 +350,15 @@ static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
 	f32x8 scale = splat8(1.0f) / iscale, best_error = zero;
 	/* the best levels are kept as the grid that gave them, and recomputed at the end */
 	f32x8 best_iscale = iscale, best_grid_min = min, l[KQ_SUB];
-	for (int i = 0; i < KQ_SUB; i++) {
+	for (int i = 0; i < n; i++) {
 		l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
 		const f32x8 diff = scale * l[i] + min - xt[i];
-		best_error += wt[i] * diff * diff;
+		best_error += mad ? wt[i] * abs8(diff) : wt[i] * diff * diff;
 	}
 	for (int is = 0; is <= nstep; is++) {
 		iscale = (splat8(rmin + rdelta * (float)is) + hi) / (max - min);
 		f32x8 sum_l = zero, sum_l2 = zero, sum_xl = zero;
-		for (int i = 0; i < KQ_SUB; i++) {
+		for (int i = 0; i < n; i++) {
 			l[i] = round_clamp8(iscale * (xt[i] - min), zero, hi);
 			const f32x8 wl = wt[i] * l[i];
 			sum_l += wl;
@@ -366,9 +372,9 @@ static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
 		this_min = select8(min_positive, zero, this_min);
 		this_scale = select8(min_positive, sum_xl / sum_l2, this_scale);
 		f32x8 cur_error = zero;
-		for (int i = 0; i < KQ_SUB; i++) {
+		for (int i = 0; i < n; i++) {
 			const f32x8 diff = this_scale * l[i] + this_min - xt[i];
-			cur_error += wt[i] * diff * diff;
+			cur_error += mad ? wt[i] * abs8(diff) : wt[i] * diff * diff;
 		}
 		const i32x8 better = (D > zero) & (cur_error < best_error);
 		best_iscale = select8(better, iscale, best_iscale);
@@ -378,13 +384,13 @@ static inline KQ_INLINE void search_scale_min8(int nmax, const f32x8 xt[KQ_SUB],
 		min = select8(better, this_min, min);
 	}
 	scale = select8(flat, zero, scale);
-	for (int i = 0; i < KQ_SUB; i++)
+	for (int i = 0; i < n; i++)
 		l[i] = round_clamp8(best_iscale * (xt[i] - best_grid_min), zero, hi);
 	for (int j = 0; j < LANES; j++) {
 		scales[j] = scale[j];
 		neg_mins[j] = -min[j];
-		for (int i = 0; i < KQ_SUB; i++)
-			L[KQ_SUB * j + i] = flat[j] ? 0 : (uint8_t)l[i][j];
+		for (int i = 0; i < n; i++)
+			L[n * j + i] = flat[j] ? 0 : (uint8_t)l[i][j];
 	}
 }
 
@@ -422,7 +428,7 @@ static inline KQ_INLINE void quantize_k_superblock(const float *x, int nmax, flo
 		wt[i] = av_x + (f32x8)abs_bits; /* av_x + fabsf(x) */
 	}
 	float mins[QK_K / 32], scales[QK_K / 32];
-	search_scale_min8(nmax, xt, wt, L, scales, mins, rmin, 0.1f, nstep);
+	search_scale_min8(nmax, KQ_SUB, false, xt, wt, L, scales, mins, rmin, 0.1f, nstep);
 	float max_scale = 0, max_min = 0;
 	for (int j = 0; j < QK_K / 32; j++) {
 		if (scales[j] > max_scale)
@@ -535,6 +541,204 @@ static void dequantize_q5_K(const void *src, float *y, size_t n)
 				*y++ = d1 * (float)((q[l] & 0xF) + (b[i].qh[l] & u1 ? 16 : 0)) - m1;
 			for (int l = 0; l < 32; l++)
 				*y++ = d2 * (float)((q[l] >> 4) + (b[i].qh[l] & u2 ? 16 : 0)) - m2;
+		}
+	}
+}
+
+/* Q2_K and Q3_K: 16 sub-blocks of 16 elements under one f16 super-scale, a 4-bit scale and
+ * 4-bit min (Q2_K) or a 6-bit signed scale (Q3_K) each; codes in Q6_K's ql traversal (byte
+ * 32h + l of qs holds elements 128h + 32s + l at bit 2s), Q3_K's third bit of element e at
+ * bit e / 32 of hmask[e % 32]. Searches as ggml's quantize_row_q2_K_ref / q3_K_ref: Q2_K fits
+ * scale and min per sub-block by the |x|-weighted absolute-error grid search (8 sub-blocks
+ * per vector, as Q4_K), Q3_K a symmetric scale refined level by level against x²-weighted
+ * squared error; then the sub-block scales are quantized against the largest and every
+ * level recomputed from the rounded scales. */
+enum { SUB = 16, NSUB = QK_K / SUB };
+
+/* Codes L[0..255] (0..3) into qs: byte 32h + l, bits 2s, element 128h + 32s + l. */
+static void pack_2bit(const uint8_t L[QK_K], uint8_t qs[QK_K / 4])
+{
+	for (int h = 0; h < 2; h++)
+		for (int l = 0; l < 32; l++) {
+			const uint8_t *q = L + 128 * h + l;
+			qs[32 * h + l] =
+			    (uint8_t)(q[0] | (q[32] << 2) | (q[64] << 4) | (q[96] << 6));
+		}
+}
+
+static inline int code_2bit(const uint8_t *qs, int e)
+{
+	return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static inline KQ_INLINE void quantize_q2_K_rows(const float *x, void *dst, size_t n)
+{
+	struct block_q2_K *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		uint8_t L[QK_K];
+		float scales[NSUB], mins[NSUB], max_scale = 0, max_min = 0;
+		for (int g = 0; g < 2; g++) { /* sub-blocks 8g .. 8g + 7, one per lane */
+			f32x8 xt[SUB], wt[SUB];
+			for (int l = 0; l < SUB; l++) {
+				for (int j = 0; j < LANES; j++)
+					xt[l][j] = x[128 * g + SUB * j + l];
+				wt[l] = abs8(xt[l]);
+			}
+			search_scale_min8(3, SUB, true, xt, wt, L + 128 * g, scales + 8 * g,
+			                  mins + 8 * g, -0.5f, 0.1f, 15);
+		}
+		for (int j = 0; j < NSUB; j++) {
+			max_scale = scales[j] > max_scale ? scales[j] : max_scale;
+			max_min = mins[j] > max_min ? mins[j] : max_min;
+		}
+		/* 4-bit scales and mins against the largest of each (15 = the largest) */
+		const float is = max_scale > 0 ? 15.f / max_scale : 0.f;
+		const float im = max_min > 0 ? 15.f / max_min : 0.f;
+		for (int j = 0; j < NSUB; j++)
+			y[i].scales[j] = (uint8_t)(clampi(nearest_int(is * scales[j]), 0, 15) |
+			                           clampi(nearest_int(im * mins[j]), 0, 15) << 4);
+		y[i].d = moek_f32_to_f16(max_scale > 0 ? max_scale / 15.f : 0.f);
+		y[i].dmin = moek_f32_to_f16(max_min > 0 ? max_min / 15.f : 0.f);
+		/* the levels again, against the scales as stored */
+		const float d = f16(y[i].d), dmin = f16(y[i].dmin);
+		for (int j = 0; j < NSUB; j++) {
+			const float dj = d * (float)(y[i].scales[j] & 0xF);
+			if (dj == 0.0f)
+				continue;
+			const float mj = dmin * (float)(y[i].scales[j] >> 4);
+			for (int l = 0; l < SUB; l++)
+				L[SUB * j + l] =
+				    (uint8_t)clampi(nearest_int((x[SUB * j + l] + mj) / dj), 0, 3);
+		}
+		pack_2bit(L, y[i].qs);
+	}
+}
+KQ_DISPATCH(quantize_q2_K)
+
+static void dequantize_q2_K(const void *src, float *y, size_t n)
+{
+	const struct block_q2_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++, y += QK_K) {
+		const float d = f16(b[i].d), dmin = f16(b[i].dmin);
+		for (int e = 0; e < QK_K; e++) {
+			const uint8_t s = b[i].scales[e / SUB];
+			y[e] = d * (float)(s & 0xF) * (float)code_2bit(b[i].qs, e) -
+			       dmin * (float)(s >> 4);
+		}
+	}
+}
+
+/* x ≈ scale · L over 16 values, L in -4..3: the start grid -4 / (signed extreme), then up to
+ * 5 passes that move each level to the one the other levels' least-squares fit asks for,
+ * kept when the x²-weighted fit improves. Returns the scale (0 for a group of tiny values,
+ * L all 0). */
+static float fit_scale_3bit(const float *x, int8_t L[SUB])
+{
+	const int nmax = 4;
+	float max = 0, amax = 0;
+	for (int i = 0; i < SUB; i++)
+		if (fabsf(x[i]) > amax) {
+			amax = fabsf(x[i]);
+			max = x[i];
+		}
+	if (amax < 1e-15f) {
+		memset(L, 0, SUB);
+		return 0.f;
+	}
+	const float iscale = -(float)nmax / max;
+	float sumlx = 0, suml2 = 0;
+	for (int i = 0; i < SUB; i++) {
+		L[i] = (int8_t)clampi(nearest_int(iscale * x[i]), -nmax, nmax - 1);
+		const float w = x[i] * x[i];
+		sumlx += w * x[i] * L[i];
+		suml2 += w * L[i] * L[i];
+	}
+	for (int pass = 0; pass < 5; pass++) {
+		int changed = 0;
+		for (int i = 0; i < SUB; i++) {
+			const float w = x[i] * x[i];
+			float slx = sumlx - w * x[i] * L[i];
+			if (!(slx > 0))
+				continue;
+			float sl2 = suml2 - w * L[i] * L[i];
+			const int nl = clampi(nearest_int(x[i] * sl2 / slx), -nmax, nmax - 1);
+			if (nl == L[i])
+				continue;
+			slx += w * x[i] * nl;
+			sl2 += w * nl * nl;
+			if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+				L[i] = (int8_t)nl;
+				sumlx = slx;
+				suml2 = sl2;
+				changed++;
+			}
+		}
+		if (!changed)
+			break;
+	}
+	return sumlx / suml2;
+}
+
+static void quantize_q3_K(const float *x, void *dst, size_t n)
+{
+	struct block_q3_K *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		int8_t Ls[QK_K];
+		uint8_t L[QK_K];
+		float scales[NSUB], max_scale = 0, amax = 0;
+		for (int j = 0; j < NSUB; j++) {
+			scales[j] = fit_scale_3bit(x + SUB * j, Ls + SUB * j);
+			if (fabsf(scales[j]) > amax) {
+				amax = fabsf(scales[j]);
+				max_scale = scales[j];
+			}
+		}
+		memset(y[i].scales, 0, sizeof(y[i].scales));
+		y[i].d = 0;
+		if (max_scale != 0.0f) {
+			/* 6-bit signed scales: the extreme maps to -32 */
+			const float iscale = -32.f / max_scale;
+			for (int j = 0; j < NSUB; j++) {
+				const int l = clampi(nearest_int(iscale * scales[j]), -32, 31) + 32;
+				y[i].scales[j % 8] |= (uint8_t)((l & 0xF) << (j < 8 ? 0 : 4));
+				y[i].scales[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
+			}
+			y[i].d = moek_f32_to_f16(1 / iscale);
+		}
+		/* the levels against the stored scales (a zero scale keeps the search's) */
+		const float d = f16(y[i].d);
+		uint8_t sc[NSUB];
+		moek_q3_scales(y[i].scales, sc);
+		for (int j = 0; j < NSUB; j++) {
+			const float dj = d * (float)(sc[j] - 32);
+			for (int l = 0; l < SUB; l++) {
+				const int e = SUB * j + l;
+				L[e] = (uint8_t)(dj == 0.0f
+				                     ? Ls[e] + 4
+				                     : clampi(nearest_int(x[e] / dj), -4, 3) + 4);
+			}
+		}
+		memset(y[i].hmask, 0, sizeof(y[i].hmask));
+		for (int e = 0; e < QK_K; e++)
+			if (L[e] > 3) {
+				y[i].hmask[e % 32] |= (uint8_t)(1u << (e / 32));
+				L[e] -= 4;
+			}
+		pack_2bit(L, y[i].qs);
+	}
+}
+
+static void dequantize_q3_K(const void *src, float *y, size_t n)
+{
+	const struct block_q3_K *b = src;
+	for (size_t i = 0; i < n / QK_K; i++, y += QK_K) {
+		const float d = f16(b[i].d);
+		uint8_t sc[NSUB];
+		moek_q3_scales(b[i].scales, sc);
+		for (int e = 0; e < QK_K; e++) {
+			const int hi = (b[i].hmask[e % 32] >> (e / 32)) & 1;
+			const int q = code_2bit(b[i].qs, e) - (hi ? 0 : 4);
+			y[e] = d * (float)(sc[e / SUB] - 32) * (float)q;
 		}
 	}
 }
@@ -749,6 +953,8 @@ static const struct format_row format_table[] = {
     {{MOEK_F16, "F16", 1, 2, true}, MOEK_BF16, quantize_f16, dequantize_f16},
     {{MOEK_Q4_0, "Q4_0", 32, 18, true}, MOEK_Q8_0, quantize_q4_0, dequantize_q4_0},
     {{MOEK_Q8_0, "Q8_0", 32, 34, true}, MOEK_Q8_0, quantize_q8_0, dequantize_q8_0},
+    {{MOEK_Q2_K, "Q2_K", 256, 84, true}, MOEK_Q8_K, quantize_q2_K, dequantize_q2_K},
+    {{MOEK_Q3_K, "Q3_K", 256, 110, true}, MOEK_Q8_K, quantize_q3_K, dequantize_q3_K},
     {{MOEK_Q4_K, "Q4_K", 256, 144, true}, MOEK_Q8_K, quantize_q4_K, dequantize_q4_K},
     {{MOEK_Q5_K, "Q5_K", 256, 176, true}, MOEK_Q8_K, quantize_q5_K, dequantize_q5_K},
     {{MOEK_Q6_K, "Q6_K", 256, 210, true}, MOEK_Q8_K, quantize_q6_K, dequantize_q6_K},

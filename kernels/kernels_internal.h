@@ -4,8 +4,9 @@
  * handed to the kernels must be 2-byte aligned (4 for Q8_K); moek_ffn_prepare checks it, so
  * reading a block's fp16 scale through the struct is never a misaligned access.
  *
- * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths; ffn.c
- * the expert FFN that drives either through struct moek_isa_ops.
+ * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths (with
+ * x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h); ffn.c the expert FFN
+ * that drives either through struct moek_isa_ops.
  */
 #ifndef MOE_KERNELS_INTERNAL_H
 #define MOE_KERNELS_INTERNAL_H
@@ -14,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "moe_kernels.h"
 
@@ -55,6 +57,18 @@ struct block_q6_K {
 	int8_t scales[QK_K / 16]; /* one per 16 elements */
 	uint16_t d;               /* f16 super-block scale */
 };
+struct block_q2_K {
+	uint8_t scales[QK_K / 16]; /* per 16 elements: low nibble scale, high nibble min */
+	uint8_t qs[QK_K / 4];      /* byte 32h + l, bits 2s: element 128h + 32s + l */
+	uint16_t d;                /* f16 super-block scale of the scales */
+	uint16_t dmin;             /* f16 super-block scale of the mins */
+};
+struct block_q3_K {
+	uint8_t hmask[QK_K / 8];      /* bit e / 32 of byte e % 32: element e's code is >= 4 */
+	uint8_t qs[QK_K / 4];         /* low 2 bits of the code, as Q2_K's qs */
+	uint8_t scales[K_SCALE_SIZE]; /* 16 x 6-bit scales + 32 (moek_q3_scales) */
+	uint16_t d;                   /* f16 super-block scale */
+};
 struct block_q8_K {
 	float d; /* may be negative (scale from the signed extreme) */
 	int8_t qs[QK_K];
@@ -81,6 +95,10 @@ static_assert(offsetof(struct block_iq4_xs, scales_l) == 4, "IQ4_XS scales_l");
 static_assert(offsetof(struct block_iq4_xs, qs) == 8, "IQ4_XS qs");
 static_assert(sizeof(struct block_q8_0) == 34, "Q8_0 block");
 static_assert(sizeof(struct block_mxfp4) == 17, "MXFP4 block");
+static_assert(sizeof(struct block_q2_K) == 84, "Q2_K block");
+static_assert(offsetof(struct block_q2_K, d) == 80, "Q2_K d");
+static_assert(sizeof(struct block_q3_K) == 110, "Q3_K block");
+static_assert(offsetof(struct block_q3_K, scales) == 96, "Q3_K scales");
 static_assert(sizeof(struct block_q4_K) == 144, "Q4_K block");
 static_assert(sizeof(struct block_q5_K) == 176, "Q5_K block");
 static_assert(sizeof(struct block_q6_K) == 210, "Q6_K block");
@@ -132,6 +150,20 @@ static inline void moek_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8
 		*sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
 		*m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
 	}
+}
+
+/* Q3_K: the 16 scales (6 bits, 0..63, value + 32) from the 12 packed bytes: low 4 bits in
+ * the low (j < 8) or high (j >= 8) nibble of byte j % 8, high 2 bits at bit 2 (j / 4) of byte
+ * 8 + j % 4. Read as 3 little-endian words, 4 scales per word. */
+static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
+{
+	uint32_t a[3], s[4];
+	memcpy(a, q, sizeof(a));
+	s[0] = (a[0] & 0x0f0f0f0fu) | ((a[2] & 0x03030303u) << 4);
+	s[1] = (a[1] & 0x0f0f0f0fu) | (((a[2] >> 2) & 0x03030303u) << 4);
+	s[2] = ((a[0] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 4) & 0x03030303u) << 4);
+	s[3] = ((a[1] >> 4) & 0x0f0f0f0fu) | (((a[2] >> 6) & 0x03030303u) << 4);
+	memcpy(sc, s, sizeof(s));
 }
 
 /* Reference row codecs (formats.c). n is a multiple of the format's block. FP8 rows take

@@ -14,7 +14,8 @@
 
 /* Normalised MSE within which each format must reproduce uniform random weights.
  * Measured at 256x256: F16 3.4e-8, BF16 2.2e-6, Q8_0 1.4e-5, Q6_K 1.8e-4, Q5_K 7.6e-4,
- * Q4_K 3.0e-3, Q4_0 4.2e-3, IQ4_NL 4.0e-3, IQ4_XS 4.1e-3, MXFP4 1.0e-2..2.1e-2, FP8 6.5e-4;
+ * Q4_K 3.0e-3, Q4_0 4.2e-3, IQ4_NL 4.0e-3, IQ4_XS 4.1e-3, MXFP4 1.0e-2..2.1e-2, FP8 6.5e-4,
+ * Q3_K 1.6e-2, Q2_K 5.5e-2;
  * bounds leave 2-5x. */
 static double tolerance(uint32_t format)
 {
@@ -28,6 +29,8 @@ static double tolerance(uint32_t format)
 	case MOEK_Q4_K: return 8e-3;
 	case MOEK_Q4_0: return 1e-2;
 	case MOEK_MXFP4: return 4e-2;
+	case MOEK_Q3_K: return 4e-2;
+	case MOEK_Q2_K: return 0.12;
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -241,8 +244,8 @@ static void check_model(const struct case_spec *c)
 }
 
 static const char *const presets[] = {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3", "olmoe"};
-static const uint32_t gguf_formats[] = {MOEK_F32,   MOEK_F16,    MOEK_BF16,  MOEK_Q8_0,
-                                        MOEK_Q4_0,  MOEK_Q4_K,   MOEK_Q5_K,  MOEK_Q6_K,
+static const uint32_t gguf_formats[] = {MOEK_F32,   MOEK_F16,    MOEK_BF16,  MOEK_Q8_0, MOEK_Q4_0,
+                                        MOEK_Q4_K,  MOEK_Q5_K,   MOEK_Q6_K,  MOEK_Q2_K, MOEK_Q3_K,
                                         MOEK_MXFP4, MOEK_IQ4_NL, MOEK_IQ4_XS};
 static const uint32_t st_formats[] = {MOEK_F32, MOEK_F16, MOEK_BF16, MOEK_FP8_E4M3_B128};
 
@@ -373,7 +376,7 @@ Test(generator, mix_rule_is_llama_cpps)
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
-static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M};
+static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M, MOE_GEN_MIX_Q2_K};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {

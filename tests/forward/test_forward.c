@@ -122,6 +122,14 @@ Test(forward_formats, gguf_q5_k)
 {
 	format_case("qwen3-30b-a3b", MOEK_Q5_K, true, false);
 }
+Test(forward_formats, gguf_q2_k)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q2_K, true, false);
+}
+Test(forward_formats, gguf_q3_k_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_Q3_K, true, true);
+}
 Test(forward_formats, gguf_q6_k_fused_gate_up)
 {
 	format_case("qwen3-30b-a3b", MOEK_Q6_K, true, true);
@@ -255,10 +263,10 @@ Test(forward_sources, all_sources_same_bits)
 	fwd_model_free(&m);
 }
 
-/* A llama.cpp Q4_K_M mix (down in Q6_K on 5 of 9 blocks, Q4_K elsewhere; experts of two
- * sizes): every source against the reference on every block, ALL_RESIDENT and RESIDENCY
- * with a budget that evicts (slots serve experts of both sizes) giving the same bits. */
-Test(forward_formats, gguf_q4_k_m_mix_every_source)
+/* A llama.cpp mix on 9 blocks (experts of two sizes): every source against the reference on
+ * every block, ALL_RESIDENT and RESIDENCY with a budget that evicts (slots serve experts of
+ * both sizes) giving the same bits; `down` is the format of n_down of the 9 downs. */
+static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_down)
 {
 	struct fwd_model m;
 	char err[256];
@@ -268,7 +276,7 @@ Test(forward_formats, gguf_q4_k_m_mix_every_source)
 	                              .experts = 8,
 	                              .hidden = 256,
 	                              .ffn = 256,
-	                              .mix = MOE_GEN_MIX_Q4_K_M};
+	                              .mix = mix};
 	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
 	cr_assert_eq(m.cat->n_formats, 2);
 	const size_t h = m.cat->info.hidden;
@@ -277,9 +285,9 @@ Test(forward_formats, gguf_q4_k_m_mix_every_source)
 	    engine(&m, FORWARD_SOURCE_RESIDENCY, m.cat->expert_bytes_total / 4, 24),
 	    engine(&m, FORWARD_SOURCE_MMAP, 0, 24),
 	};
-	uint32_t q6 = 0;
+	uint32_t downs = 0;
 	for (uint32_t L = 0; L < 9; L++) {
-		q6 += moe_catalog_expert(m.cat, L, 0)->proj[MOE_PROJ_DOWN].format == MOEK_Q6_K;
+		downs += moe_catalog_expert(m.cat, L, 0)->proj[MOE_PROJ_DOWN].format == down;
 		for (uint32_t n = 1; n <= 24; n += 23) {
 			struct fwd_req r;
 			fwd_req_make(&r, m.cat, (int32_t)L, n, 4, 0, MOEK_ACT_BF16, 70 + L, false);
@@ -287,8 +295,8 @@ Test(forward_formats, gguf_q4_k_m_mix_every_source)
 			cr_assert(resident);
 			for (int s = 0; s < 3; s++) {
 				char what[64];
-				snprintf(what, sizeof(what),
-				         "Q4_K_M block %u, %u tokens, source %d", L, n, s);
+				snprintf(what, sizeof(what), "%s block %u, %u tokens, source %d",
+				         moe_gen_mix_name(mix), L, n, s);
 				memset(r.out, 0xff, n * h * sizeof(float));
 				run_equal(e[s], &r, what);
 				assert_bits(r.out, r.ref, n * h, what);
@@ -301,13 +309,28 @@ Test(forward_formats, gguf_q4_k_m_mix_every_source)
 			fwd_req_free(&r);
 		}
 	}
-	cr_assert_eq(q6, 5);
+	cr_assert_eq(downs, n_down);
 	struct forward_stats st = {0};
 	forward_stats(e[1], &st);
 	cr_assert_gt(st.evictions, 0);
 	for (int s = 0; s < 3; s++)
 		forward_destroy(e[s]);
 	fwd_model_free(&m);
+}
+
+/* Q4_K_M: down in Q6_K on 5 of 9 blocks, Q4_K elsewhere; Q2_K: gate/up Q2_K, every down
+ * Q3_K; Q3_K_M: gate/up Q3_K, down Q4_K (Q5_K only from 16 blocks on). */
+Test(forward_formats, gguf_q4_k_m_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_Q4_K_M, MOEK_Q6_K, 5);
+}
+Test(forward_formats, gguf_q2_k_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_Q2_K, MOEK_Q3_K, 9);
+}
+Test(forward_formats, gguf_q3_k_m_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_Q3_K_M, MOEK_Q4_K, 9);
 }
 
 /* The decode layout (gate/up alternating, groups of 8 interleaved where the format has the
@@ -387,6 +410,10 @@ Test(forward_layout, bf16_safetensors_mixtral)
 Test(forward_layout, q6_k_gguf_fused_gate_up)
 {
 	layout_case("qwen3-30b-a3b", MOEK_Q6_K, true, true);
+}
+Test(forward_layout, q3_k_gguf)
+{
+	layout_case("qwen3-30b-a3b", MOEK_Q3_K, true, false);
 }
 Test(forward_layout, fp8_safetensors_deepseek)
 {

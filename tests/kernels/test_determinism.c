@@ -101,6 +101,13 @@ Test(determinism, bf16_and_fp8)
 	check_splits(MOEK_FP8_E4M3_B128, 320, 384, 1);
 	check_splits(MOEK_FP8_E4M3_B128, 320, 384, 17);
 }
+Test(determinism, q2_K_and_q3_K)
+{
+	check_splits(MOEK_Q2_K, 256, 512, 2);
+	check_splits(MOEK_Q2_K, 512, 768, 19);
+	check_splits(MOEK_Q3_K, 256, 512, 3);
+	check_splits(MOEK_Q3_K, 512, 768, 18);
+}
 Test(determinism, q6_K_q5_K_q4_0)
 {
 	check_splits(MOEK_Q6_K, 256, 512, 2);

@@ -8,10 +8,10 @@
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
  *   every format that has one, both forms, several widths and row counts.
  * - Whole expert FFN, decode (1 and 3 tokens) and prefill (20), Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
- *   MXFP4, IQ4_NL, IQ4_XS, BF16, F16, small and wide (14336-column down rows, the far-prefetch
- *   path) shapes: the AVX2 path forced to its plain form gives the same output bits as with
- *   every form the CPU allows, and stays within the accuracy bound of the float originals (so
- *   the plain form is checked on its own, too).
+ *   MXFP4, IQ4_NL, IQ4_XS, BF16, F16, Q3_K, Q2_K, small and wide (14336-column down rows, the
+ *   far-prefetch path) shapes: the AVX2 path forced to its plain form gives the same output
+ *   bits as with every form the CPU allows, and stays within the accuracy bound of the float
+ *   originals (so the plain form is checked on its own, too).
  * The comparisons are skipped where the CPU lacks AVX512-VNNI + AVX512VL (the plain form is the
  * only one there, and test_kernel_ffn covers it); the forced-plain accuracy check always runs.
  */
@@ -157,8 +157,9 @@ Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
 {
 	if (!have_avx2())
 		cr_skip_test("no AVX2 here");
-	static const uint32_t fmts[] = {MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,   MOEK_MXFP4,
-	                                MOEK_Q4_K, MOEK_Q5_K, MOEK_Q6_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
+	static const uint32_t fmts[] = {MOEK_F16,   MOEK_BF16, MOEK_Q8_0,   MOEK_Q4_0,
+	                                MOEK_MXFP4, MOEK_Q4_K, MOEK_Q5_K,   MOEK_Q6_K,
+	                                MOEK_Q2_K,  MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
 	static const size_t widths[] = {256, 768, 2304, 14336}; /* K-quant multiples; 14336 wide */
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++)
 		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
@@ -211,7 +212,7 @@ static const struct {
 } ffn_formats[] = {
     {MOEK_Q4_K, 0.15},  {MOEK_Q5_K, 0.08},   {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},
     {MOEK_Q4_0, 0.2},   {MOEK_MXFP4, 0.3},   {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},
-    {MOEK_IQ4_NL, 0.2}, {MOEK_IQ4_XS, 0.15},
+    {MOEK_IQ4_NL, 0.2}, {MOEK_IQ4_XS, 0.15}, {MOEK_Q3_K, 0.35}, {MOEK_Q2_K, 0.8},
 };
 
 Test(dot_forms, ffn_plain_avx2_same_bits_small_expert)

@@ -104,6 +104,13 @@ FMT_TEST(q4_0, {MOEK_Q4_0, 0, 320, 224, MOEK_SWIGLU, 0, 0.2, 5e-4})
 FMT_TEST(q4_K, {MOEK_Q4_K, 0, 512, 256, MOEK_SWIGLU, 0, 0.15, 1e-3})
 FMT_TEST(q5_K, {MOEK_Q5_K, 0, 512, 256, MOEK_SWIGLU, 0, 0.08, 1e-3})
 FMT_TEST(q6_K, {MOEK_Q6_K, 0, 512, 256, MOEK_SWIGLU, 0, 0.05, 1e-3})
+/* Q2_K and Q3_K: 2 and 3 bits per weight, so gate, up and down each carry ~0.23 and ~0.12
+ * relative error (test_quant_accuracy) and the FFN compounds them. */
+FMT_TEST(q3_K, {MOEK_Q3_K, 0, 512, 256, MOEK_SWIGLU, 0, 0.35, 1e-3})
+FMT_TEST(q2_K, {MOEK_Q2_K, 0, 512, 256, MOEK_SWIGLU, 0, 0.8, 1e-3})
+/* llama.cpp's Q2_K mix: gate/up Q2_K, down Q3_K; Q3_K_M's: gate/up Q3_K, down Q4_K */
+FMT_TEST(q2_K_with_q3_K_down, {MOEK_Q2_K, MOEK_Q3_K, 512, 768, MOEK_SWIGLU, 0, 0.6, 1e-3})
+FMT_TEST(q3_K_with_q4_K_down, {MOEK_Q3_K, MOEK_Q4_K, 512, 768, MOEK_SWIGLU, 0, 0.3, 1e-3})
 FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0.15, 1e-3})
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
@@ -331,9 +338,10 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_log_warn("no AVX2 on this CPU: SIMD dot products not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0, MOEK_Q4_0,          MOEK_MXFP4,  MOEK_Q4_K,
-	                                MOEK_Q5_K, MOEK_Q6_K,          MOEK_BF16,   MOEK_F16,
-	                                MOEK_F32,  MOEK_FP8_E4M3_B128, MOEK_IQ4_NL, MOEK_IQ4_XS};
+	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4, MOEK_Q4_K,
+	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,  MOEK_F16,
+	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K,
+	                                MOEK_IQ4_NL, MOEK_IQ4_XS};
 	enum { ROWS = 64, K = 1024 };
 	float *w = fixture_tokens(ROWS, K, 77), *x = fixture_tokens(1, K, 78);
 	float *wd = malloc(sizeof(float) * ROWS * K), *xd = malloc(sizeof(float) * K);
@@ -383,9 +391,10 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0, MOEK_MXFP4,  MOEK_Q4_K,
-	                                MOEK_Q5_K,          MOEK_Q6_K, MOEK_BF16,   MOEK_F16,
-	                                MOEK_FP8_E4M3_B128, MOEK_F32,  MOEK_IQ4_NL, MOEK_IQ4_XS};
+	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,  MOEK_MXFP4, MOEK_Q4_K,
+	                                MOEK_Q5_K,          MOEK_Q6_K,  MOEK_BF16,  MOEK_F16,
+	                                MOEK_FP8_E4M3_B128, MOEK_F32,   MOEK_Q2_K,  MOEK_Q3_K,
+	                                MOEK_IQ4_NL,        MOEK_IQ4_XS};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
 	uint8_t q[K * 4];

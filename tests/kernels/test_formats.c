@@ -1,6 +1,7 @@
 /* test_formats.c — the weight-format table, golden vectors for dequantizing hand-built blocks
- * (Q4_0, Q4_K scale/min packing, Q5_K high bits, Q6_K, IQ4_NL grid and nibble order, IQ4_XS
- * split 6-bit scales, MXFP4 nibble order and extreme E8M0
+ * (Q4_0, Q2_K 4-bit scales/mins, Q3_K 6-bit scale packing and hmask, Q4_K scale/min
+ * packing, Q5_K high bits, Q6_K, IQ4_NL grid and nibble order, IQ4_XS split 6-bit scales,
+ * MXFP4 nibble order and extreme E8M0
  * exponents, FP8 E4M3 subnormals/NaN/saturation, bf16 rounding), the HF<->GGUF MXFP4
  * converters, and round-trip accuracy of every reference quantizer.
  *
@@ -25,19 +26,11 @@ Test(formats, table_rows_match_ggml)
 		const char *name;
 		uint32_t elems, bytes;
 	} want[] = {
-	    {0, "F32", 1, 4},
-	    {1, "F16", 1, 2},
-	    {2, "Q4_0", 32, 18},
-	    {8, "Q8_0", 32, 34},
-	    {12, "Q4_K", 256, 144},
-	    {13, "Q5_K", 256, 176},
-	    {14, "Q6_K", 256, 210},
-	    {15, "Q8_K", 256, 292},
-	    {20, "IQ4_NL", 32, 18},
-	    {23, "IQ4_XS", 256, 136},
-	    {30, "BF16", 1, 2},
-	    {39, "MXFP4", 32, 17},
-	    {1000, "FP8_E4M3_B128", 1, 1},
+	    {0, "F32", 1, 4},       {1, "F16", 1, 2},       {2, "Q4_0", 32, 18},
+	    {8, "Q8_0", 32, 34},    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110},
+	    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210},
+	    {15, "Q8_K", 256, 292}, {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
+	    {30, "BF16", 1, 2},     {39, "MXFP4", 32, 17},  {1000, "FP8_E4M3_B128", 1, 1},
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		const struct moek_format_info *f = moek_format_lookup(want[i].id);
@@ -185,6 +178,125 @@ Test(formats, q5_K_high_bit_golden)
 			const float want = 1.0f * k_sc[j] * q - 0.5f * k_m[j];
 			cr_assert_eq(y[32 * j + l], want, "sub-block %d elem %d", j, l);
 		}
+	}
+}
+
+/* Q2_K: scales[16] (low nibble scale, high nibble min per 16 elements), qs[64] (element
+ * 128h + 32s + l at bits 2s of byte 32h + l), f16 d at 80, f16 dmin at 82. Sub-block j has
+ * scale j and min 15 - j; every code is 0 except in bytes 0 and 49. */
+Test(formats, q2_K_scales_mins_and_codes_golden)
+{
+	uint8_t blk[84] = {0};
+	for (int j = 0; j < 16; j++)
+		blk[j] = (uint8_t)(j | (15 - j) << 4);
+	blk[16 + 0] = 0xE4;             /* codes 0, 1, 2, 3 of elements 0, 32, 64, 96 */
+	blk[16 + 49] = 0x1B;            /* codes 3, 2, 1, 0 of elements 145, 177, 209, 241 */
+	blk[80] = 0x00, blk[81] = 0x38; /* d = 0.5 */
+	blk[82] = 0x00, blk[83] = 0x34; /* dmin = 0.25 */
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_Q2_K, blk, NULL, 1, 256, y), 0);
+	/* y = d · sc · q − dmin · m, worked by hand */
+	static const struct {
+		int e;
+		float want;
+	} hand[] = {
+	    {0, -3.75f},  /* sub-block 0: 0.5·0·0 − 0.25·15 */
+	    {32, -2.25f}, /* 2: 0.5·2·1 − 0.25·13 */
+	    {64, 1.25f},  /* 4: 0.5·4·2 − 0.25·11 */
+	    {96, 6.75f},  /* 6: 0.5·6·3 − 0.25·9 */
+	    {145, 12.0f}, /* 9: 0.5·9·3 − 0.25·6 */
+	    {177, 10.0f}, /* 11: 0.5·11·2 − 0.25·4 */
+	    {209, 6.0f},  /* 13: 0.5·13·1 − 0.25·2 */
+	    {241, 0.0f},  /* 15: 0.5·15·0 − 0.25·0 */
+	    {1, -3.75f},  {17, -3.5f}, {255, 0.0f}, {128, -1.75f},
+	};
+	for (size_t i = 0; i < sizeof(hand) / sizeof(hand[0]); i++)
+		cr_expect_eq(y[hand[i].e], hand[i].want, "elem %d: %g != %g", hand[i].e,
+		             y[hand[i].e], hand[i].want);
+	for (int e = 0; e < 256; e++) {
+		const bool coded =
+		    e == 32 || e == 64 || e == 96 || e == 145 || e == 177 || e == 209;
+		if (!coded)
+			cr_assert_eq(y[e], -0.25f * (float)(15 - e / 16), "elem %d", e);
+	}
+}
+
+/* Q3_K: hmask[32] at 0, qs[64] at 32, 12 scale bytes at 96, f16 d at 108. The 16 stored
+ * scales (value + 32) are {0, 63, 32, 33, 31, 16, 47, 1, 62, 5, 40, 20, 50, 9, 35, 60}, packed
+ * by hand: bytes 0-7 hold the low nibbles of scales j (low) and j + 8 (high), bytes 8-11
+ * the high 2 bits of scales i, i + 4, i + 8, i + 12 at bits 0, 2, 4, 6. Codes are
+ * low2 − (hmask bit clear ? 4 : 0); all zero (−4) except at the elements listed. */
+Test(formats, q3_K_scale_packing_and_hmask_golden)
+{
+	static const int value[16] = {-32, 31,  0, 1,   -1, -16, 15, -31,
+	                              30,  -27, 8, -12, 18, -23, 3,  28};
+	static const uint8_t scales[12] = {0xE0, 0x5F, 0x80, 0x41, 0x2F, 0x90,
+	                                   0x3F, 0xC1, 0xF4, 0x07, 0xAA, 0xD2};
+	uint8_t blk[110] = {0};
+	uint8_t *hmask = blk, *qs = blk + 32;
+	memcpy(blk + 96, scales, 12);
+	blk[108] = 0x00, blk[109] = 0x38; /* d = 0.5 */
+	qs[0] = 0x1B;                     /* low 2 bits 3, 2, 1, 0 of elements 0, 32, 64, 96 */
+	hmask[0] = 0x05;                  /* high bit of elements 0 and 64 */
+	qs[49] = 0xC6;                    /* low 2 bits 2, 1, 0, 3 of elements 145, 177, 209, 241 */
+	hmask[17] = 0x90;                 /* high bit of elements 145 and 241 */
+	hmask[31] = 0x01;                 /* element 31: code 0 */
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_Q3_K, blk, NULL, 1, 256, y), 0);
+	static const struct {
+		int e;
+		float want;
+	} hand[] = {
+	    {0, -48.0f},  /* sub-block 0: 0.5·(−32)·3 */
+	    {32, -0.0f},  /* 2: 0.5·0·(2 − 4) */
+	    {64, -0.5f},  /* 4: 0.5·(−1)·1 */
+	    {96, -30.0f}, /* 6: 0.5·15·(0 − 4) */
+	    {128, -60.f}, /* 8: 0.5·30·(0 − 4) */
+	    {145, -27.f}, /* 9: 0.5·(−27)·2 */
+	    {177, 18.0f}, /* 11: 0.5·(−12)·(1 − 4) */
+	    {209, 46.0f}, /* 13: 0.5·(−23)·(0 − 4) */
+	    {241, 42.0f}, /* 15: 0.5·28·3 */
+	    {31, 0.0f},   /* 1: 0.5·31·0 */
+	    {16, -62.0f}, /* 1: 0.5·31·(0 − 4) */
+	    {255, -56.f}, /* 15: 0.5·28·(0 − 4) */
+	};
+	for (size_t i = 0; i < sizeof(hand) / sizeof(hand[0]); i++)
+		cr_expect_eq(y[hand[i].e], hand[i].want, "elem %d: %g != %g", hand[i].e,
+		             y[hand[i].e], hand[i].want);
+	for (int e = 0; e < 256; e++) {
+		const bool coded = e == 0 || e == 32 || e == 64 || e == 96 || e == 145 ||
+		                   e == 177 || e == 209 || e == 241 || e == 31;
+		if (!coded)
+			cr_assert_eq(y[e], -2.0f * (float)value[e / 16], "elem %d", e);
+	}
+}
+
+/* The quantizers write these layouts: a Q3_K row whose 16-element groups use all 8 levels of
+ * one power-of-two scale comes back exactly, with exactly the hmask bits of its non-negative
+ * codes set; a Q2_K row of levels 0..3 gets those codes (its scale, 0.125 / 15 in f16 times
+ * 15, is within 2^-11 of 0.125). */
+Test(formats, q2_K_q3_K_exact_levels_round_trip)
+{
+	float x[256], y[256];
+	uint8_t q[110];
+	for (int e = 0; e < 256; e++) /* levels -4..3 in every group, times 2^-4 */
+		x[e] = (float)((e * 5 + e / 16) % 8 - 4) * 0.0625f;
+	cr_assert_eq(moek_quantize(MOEK_Q3_K, x, 1, 256, q, NULL), 0);
+	cr_assert_eq(moek_dequantize(MOEK_Q3_K, q, NULL, 1, 256, y), 0);
+	for (int e = 0; e < 256; e++) {
+		cr_assert_eq(y[e], x[e], "Q3_K elem %d: %g != %g", e, y[e], x[e]);
+		const bool high = (q[e % 32] >> (e / 32)) & 1;
+		cr_assert_eq(high, x[e] >= 0, "Q3_K hmask of elem %d", e);
+	}
+	for (int e = 0; e < 256; e++) /* levels 0..3 with min 0: codes are the levels */
+		x[e] = (float)((e * 3 + e / 16) % 4) * 0.125f;
+	cr_assert_eq(moek_quantize(MOEK_Q2_K, x, 1, 256, q, NULL), 0);
+	cr_assert_eq(moek_dequantize(MOEK_Q2_K, q, NULL, 1, 256, y), 0);
+	for (int e = 0; e < 256; e++) {
+		cr_assert(fabsf(y[e] - x[e]) <= 0x1p-11f * 3, "Q2_K elem %d: %g != %g", e, y[e],
+		          x[e]);
+		const int code = (q[16 + 32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+		cr_assert_eq(code, (e * 3 + e / 16) % 4, "Q2_K code of elem %d", e);
 	}
 }
 
@@ -507,7 +619,8 @@ Test(formats, quantizer_round_trip_accuracy)
 	    {MOEK_Q5_K, 1e-3},    {MOEK_Q6_K, 3e-4},
 	    {MOEK_MXFP4, 1.5e-2}, {MOEK_FP8_E4M3_B128, 1.2e-3},
 	    {MOEK_Q8_K, 2e-5},    {MOEK_IQ4_NL, 5e-3},
-	    {MOEK_IQ4_XS, 5e-3},
+	    {MOEK_IQ4_XS, 5e-3},  {MOEK_Q3_K, 2.5e-2},
+	    {MOEK_Q2_K, 8e-2},
 	};
 	enum { R = 4, C = 1024 };
 	static float x[R * C], y[R * C];
@@ -534,9 +647,9 @@ Test(formats, quantizer_round_trip_accuracy)
 /* An all-zero block quantizes to zeros in every format (no 0/0). */
 Test(formats, zero_block_quantizes_to_zero)
 {
-	static const uint32_t fmts[] = {MOEK_Q4_0,   MOEK_Q8_0,   MOEK_Q4_K,
-	                                MOEK_Q5_K,   MOEK_Q6_K,   MOEK_MXFP4,
-	                                MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_FP8_E4M3_B128};
+	static const uint32_t fmts[] = {MOEK_Q4_0,          MOEK_Q8_0,  MOEK_Q4_K,   MOEK_Q5_K,
+	                                MOEK_Q6_K,          MOEK_MXFP4, MOEK_IQ4_NL, MOEK_IQ4_XS,
+	                                MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K};
 	float x[256] = {0}, y[256];
 	uint8_t q[512];
 	float scale[2]; /* FP8: 1 x 2 blocks of 128 */

@@ -132,6 +132,8 @@ Test(partial_rows, k_quants)
 	check_partial(MOEK_Q4_K, 512, 768, 0);
 	check_partial(MOEK_Q5_K, 256, 512, 0);
 	check_partial(MOEK_Q6_K, 256, 768, 1);
+	check_partial(MOEK_Q2_K, 256, 512, 0);
+	check_partial(MOEK_Q3_K, 512, 768, 1);
 }
 
 Test(partial_rows, iq4_nl_and_iq4_xs)

@@ -420,6 +420,111 @@ static void oracle_quantize_iq4_xs(const float *x, void *dst, size_t n)
 	}
 }
 
+/* Q2_K (added after 077ba1b): ggml's make_qkx2_quants with |x| weights and absolute error
+ * (16 values, nmax 3, 16 grids from -0.5 in steps of 0.1) as a plain loop, then 4-bit
+ * scales and mins against the largest and the levels from the rounded scales. */
+enum { SUB = 16, NSUB = 16 };
+
+/* x ≈ scale · L + min over 16 values, L in 0..3, min <= 0, minimising Σ |x| · |error|: the
+ * start grid 3 / (max - min), then 16 grids (2.5 + 0.1 is) / (max - min), each refitted by
+ * weighted least squares (min clamped to 0, refitting the scale alone) and kept if its
+ * absolute error is lower. Returns the scale; *neg_min = -min; L holds the best levels. */
+static float oracle_fit_2bit(const float *x, uint8_t L[SUB], float *neg_min)
+{
+	const int nmax = 3;
+	float w[SUB], min = x[0], max = x[0], sum_w = 0, sum_x = 0;
+	for (int i = 0; i < SUB; i++) {
+		w[i] = fabsf(x[i]);
+		min = x[i] < min ? x[i] : min;
+		max = x[i] > max ? x[i] : max;
+		sum_w += w[i];
+		sum_x += w[i] * x[i];
+	}
+	if (min > 0)
+		min = 0;
+	if (max == min) {
+		memset(L, 0, SUB);
+		*neg_min = -min;
+		return 0.f;
+	}
+	float iscale = (float)nmax / (max - min), scale = 1 / iscale, best = 0;
+	for (int i = 0; i < SUB; i++) {
+		L[i] = (uint8_t)clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+		best += w[i] * fabsf(scale * L[i] + min - x[i]);
+	}
+	for (int is = 0; is <= 15; is++) {
+		uint8_t Lc[SUB];
+		float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+		iscale = (-0.5f + 0.1f * (float)is + (float)nmax) / (max - min);
+		for (int i = 0; i < SUB; i++) {
+			Lc[i] = (uint8_t)clampi(nearest_int(iscale * (x[i] - min)), 0, nmax);
+			const float wl = w[i] * Lc[i];
+			sum_l += wl;
+			sum_l2 += wl * Lc[i];
+			sum_xl += wl * x[i];
+		}
+		const float D = sum_w * sum_l2 - sum_l * sum_l;
+		if (!(D > 0))
+			continue;
+		float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+		float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+		if (this_min > 0) {
+			this_min = 0;
+			this_scale = sum_xl / sum_l2;
+		}
+		float err = 0;
+		for (int i = 0; i < SUB; i++)
+			err += w[i] * fabsf(this_scale * Lc[i] + this_min - x[i]);
+		if (err < best) {
+			memcpy(L, Lc, SUB);
+			best = err;
+			scale = this_scale;
+			min = this_min;
+		}
+	}
+	*neg_min = -min;
+	return scale;
+}
+
+static void oracle_quantize_q2_K(const float *x, void *dst, size_t n)
+{
+	struct block_q2_K *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
+		uint8_t L[QK_K];
+		float scales[NSUB], mins[NSUB], max_scale = 0, max_min = 0;
+		for (int j = 0; j < NSUB; j++) {
+			scales[j] = oracle_fit_2bit(x + SUB * j, L + SUB * j, &mins[j]);
+			max_scale = scales[j] > max_scale ? scales[j] : max_scale;
+			max_min = mins[j] > max_min ? mins[j] : max_min;
+		}
+		/* 4-bit scales and mins against the largest of each (15 = the largest) */
+		const float is = max_scale > 0 ? 15.f / max_scale : 0.f;
+		const float im = max_min > 0 ? 15.f / max_min : 0.f;
+		for (int j = 0; j < NSUB; j++)
+			y[i].scales[j] = (uint8_t)(clampi(nearest_int(is * scales[j]), 0, 15) |
+			                           clampi(nearest_int(im * mins[j]), 0, 15) << 4);
+		y[i].d = moek_f32_to_f16(max_scale > 0 ? max_scale / 15.f : 0.f);
+		y[i].dmin = moek_f32_to_f16(max_min > 0 ? max_min / 15.f : 0.f);
+		/* the levels again, against the scales as stored */
+		const float d = moek_f16_to_f32(y[i].d), dmin = moek_f16_to_f32(y[i].dmin);
+		for (int j = 0; j < NSUB; j++) {
+			const float dj = d * (float)(y[i].scales[j] & 0xF);
+			if (dj == 0.0f)
+				continue;
+			const float mj = dmin * (float)(y[i].scales[j] >> 4);
+			for (int l = 0; l < SUB; l++)
+				L[SUB * j + l] =
+				    (uint8_t)clampi(nearest_int((x[SUB * j + l] + mj) / dj), 0, 3);
+		}
+		for (int h = 0; h < 2; h++)
+			for (int l = 0; l < 32; l++) {
+				const uint8_t *q = L + 128 * h + l;
+				y[i].qs[32 * h + l] =
+				    (uint8_t)(q[0] | (q[32] << 2) | (q[64] << 4) | (q[96] << 6));
+			}
+	}
+}
+
 /* ---- the comparison ------------------------------------------------------------------- */
 
 enum { COLS = 1024, ROWS = 8, N = ROWS * COLS };
@@ -495,6 +600,12 @@ Test(quant_reference, q5_K_matches_scalar_reference)
 {
 	for (uint64_t s = 1; s <= SEEDS; s++)
 		compare(MOEK_Q5_K, oracle_quantize_q5_K, s);
+}
+
+Test(quant_reference, q2_K_matches_scalar_reference)
+{
+	for (uint64_t s = 1; s <= SEEDS; s++)
+		compare(MOEK_Q2_K, oracle_quantize_q2_K, s);
 }
 
 Test(quant_reference, q6_K_matches_scalar_reference)

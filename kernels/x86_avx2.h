@@ -1,0 +1,115 @@
+/* x86_avx2.h — private to the AVX2 files (x86_avx2.c and the per-format x86_avx2_*.c): the
+ * helpers their dot products share, and the entry points of the formats kept in files of
+ * their own, which x86_avx2.c's moek_avx2_ops table lists.
+ *
+ * Every file including this one is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt)
+ * and runs only after ffn.c's CPUID check chose moek_avx2_ops.
+ */
+#ifndef MOE_KERNELS_X86_AVX2_H
+#define MOE_KERNELS_X86_AVX2_H
+
+#include <immintrin.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels_internal.h"
+
+static inline float hsum(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+static inline float f16(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Software prefetch distance of the decode dot products, in bytes of weights ahead of the one
+ * being decoded. Decode streams each weight row once from DRAM; the hardware prefetcher alone
+ * leaves a core that also decodes nibbles stalled on misses (MXFP4 from DRAM: 8.8 GB/s on one
+ * core with the row in flight, 12.3 GB/s with this distance; 20 GB/s in L1). Prefetches past
+ * the end of a row run into the next row of the matrix, which the caller reads next; a
+ * prefetch never faults.
+ *
+ * Rows whose activation row does not fit in half of L1d next to the weight stream (Mixtral's
+ * down projection: 14336 columns, 28 KiB of Q8_0x2 or bf16 activations) reload it from L2
+ * for every row, and those L1 misses queue behind the weight prefetches waiting on DRAM. For
+ * them a second prefetch, into L2 and PREFETCH_FAR bytes ahead, brings the weights close
+ * enough that the near one completes quickly (one core from DRAM, 14336 columns: MXFP4 11 ->
+ * 14.2 GB/s, BF16 14.4 -> 21.4, Q4_K 15.1 -> 18.6; two cores: MXFP4 19.8-20.8 -> 26.2-27.7,
+ * Q4_K 26.6-26.8 -> 30.5-31.7, BF16 26.4 -> 31.2-31.5). On narrower rows it costs (MXFP4, two
+ * cores, 2048 / 4096 columns: 27.8-28.5 / 29.6-32.3 -> 22.6-26.6 / 23.3-26.9 GB/s; Q8_0 at
+ * 14336 columns no gain), so it is only issued past WIDE_ACT_BYTES of activations. 8, 12 and
+ * 16 KiB ahead measured alike. */
+#define PREFETCH_AHEAD 1536
+#define PREFETCH_FAR 8192
+#define WIDE_ACT_BYTES 16000 /* Q8_K of 14336 columns (16352) is past it, Q8_0 (15232) not */
+ALWAYS_INLINE void prefetch_ahead(const void *p, bool far)
+{
+	_mm_prefetch((const char *)p + PREFETCH_AHEAD, _MM_HINT_T0);
+	if (far)
+		_mm_prefetch((const char *)p + PREFETCH_FAR, _MM_HINT_T1);
+}
+
+/* Whether a dot product whose activation row takes act_bytes needs the far prefetch. */
+ALWAYS_INLINE bool wide_activation(size_t act_bytes)
+{
+	return act_bytes > WIDE_ACT_BYTES;
+}
+
+/* A dot entry point specialised on a constant token count (1..8), so that the per-token
+ * accumulators of `body` live in registers. */
+#define DOT_ENTRY(name, body, ...)                                                                 \
+	static void name(const void *w, const float *sr, const void *act, size_t as, size_t nt,    \
+	                 size_t k, float *out)                                                     \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: body(w, sr, act, as, 1, k, out, __VA_ARGS__); break;                       \
+		case 2: body(w, sr, act, as, 2, k, out, __VA_ARGS__); break;                       \
+		case 3: body(w, sr, act, as, 3, k, out, __VA_ARGS__); break;                       \
+		case 4: body(w, sr, act, as, 4, k, out, __VA_ARGS__); break;                       \
+		case 5: body(w, sr, act, as, 5, k, out, __VA_ARGS__); break;                       \
+		case 6: body(w, sr, act, as, 6, k, out, __VA_ARGS__); break;                       \
+		case 7: body(w, sr, act, as, 7, k, out, __VA_ARGS__); break;                       \
+		default: body(w, sr, act, as, 8, k, out, __VA_ARGS__); break;                      \
+		}                                                                                  \
+	}
+
+/* A one-token, many-row entry point (moek_dot_rows_fn) around the same body with NT = 1: each
+ * row gets the operations (and bits) of the single-row entry. */
+#define ROWS_ENTRY(name, body, ...)                                                                \
+	static void name(const void *w, size_t stride, size_t nr, const void *act, size_t k,       \
+	                 float *out)                                                               \
+	{                                                                                          \
+		for (size_t r = 0; r < nr; r++)                                                    \
+			body((const uint8_t *)w + r * stride, NULL, act, 0, 1, k, out + r,         \
+			     __VA_ARGS__);                                                         \
+	}
+
+static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
+{
+	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
+}
+
+/* ---- Formats in files of their own ------------------------------------------------------- */
+
+/* Q2_K and Q3_K against Q8_K activations (x86_avx2_k23.c): moek_dot_fn, moek_dot_rows_fn, and
+ * dequantization for prefill tiles, bit-identical to the reference (k a multiple of 256). */
+void moek_avx2_dot_q2_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                        size_t k, float *out);
+void moek_avx2_dot_q3_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                        size_t k, float *out);
+void moek_avx2_rows_q2_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                         float *out);
+void moek_avx2_rows_q3_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                         float *out);
+void moek_avx2_dequantize_q2_K(const void *w, float *dst, size_t k);
+void moek_avx2_dequantize_q3_K(const void *w, float *dst, size_t k);
+
+#endif /* MOE_KERNELS_X86_AVX2_H */

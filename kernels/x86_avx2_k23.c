@@ -1,0 +1,266 @@
+/* x86_avx2_k23.c — AVX2 paths of Q2_K and Q3_K (x86_avx2.h; listed in moek_avx2_ops).
+ *
+ * Decode: one weight row against 1..8 Q8_K activation rows, the row decoded once for all
+ * tokens. Per 256-element super-block, each 32-byte load of qs gives the 2-bit codes of four
+ * 32-element chunks (shifts 0, 2, 4, 6); a chunk is two 16-element sub-blocks, so maddubs
+ * (codes unsigned, activations signed) and madd against a vector holding the two sub-blocks'
+ * scales (int16, one per half) give exact int32 sums with the scales applied, one f32 FMA per
+ * super-block and token. The constant parts go through Q8_K's 16-element bsums: Q2_K's mins
+ * (dmin · Σ m_j · bsum_j, subtracted), Q3_K's −4 of a clear hmask bit (the code enters as
+ * low2 + 4 · hbit in 0..7, and 4 · Σ (sc_j − 32) · bsum_j comes back out).
+ * Prefill: dequantization, bit-identical to formats.c (the same products and roundings).
+ *
+ * The summation order depends only on k: split determinism as every dot (kernels_internal.h).
+ */
+#include <string.h>
+
+#include "x86_avx2.h"
+
+/* int16 vector of sub-block scale 2c in lanes 0-7 and 2c + 1 in lanes 8-15 from `b`, which
+ * holds the 8 scales of chunk c's half as bytes (zero-extended: Q2_K) in both 128-bit lanes.
+ * Byte 0x80 in a shuffle control gives 0. */
+ALWAYS_INLINE __m256i pair_u8(__m256i b, int c)
+{
+	const short lo = (short)(0x8000 | (2 * c) % 8), hi = (short)(0x8000 | (2 * c + 1) % 8);
+	return _mm256_shuffle_epi8(b, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+}
+
+/* The same from int16 scales (Q3_K's signed ones): `w` holds the 8 int16 scales of chunk c's
+ * half in both 128-bit lanes. */
+ALWAYS_INLINE __m256i pair_i16(__m256i w, int c)
+{
+	const int i0 = (2 * c) % 8, i1 = (2 * c + 1) % 8;
+	const short lo = (short)(2 * i0 | (2 * i0 + 1) << 8),
+	            hi = (short)(2 * i1 | (2 * i1 + 1) << 8);
+	return _mm256_shuffle_epi8(w, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+}
+
+/* The 2-bit codes of chunks 4h .. 4h + 3 (q[s]: elements 128h + 32s + 0..31). */
+ALWAYS_INLINE void codes_2bit(const uint8_t *qs, __m256i q[4])
+{
+	const __m256i three = _mm256_set1_epi8(3);
+	const __m256i v = _mm256_loadu_si256((const __m256i *)qs);
+	q[0] = _mm256_and_si256(v, three);
+	q[1] = _mm256_and_si256(_mm256_srli_epi16(v, 2), three);
+	q[2] = _mm256_and_si256(_mm256_srli_epi16(v, 4), three);
+	q[3] = _mm256_and_si256(_mm256_srli_epi16(v, 6), three);
+}
+
+/* Q3_K's 16 scales minus 32 as int16 (moek_q3_scales in registers: a scalar unpack through
+ * memory stalls each block on store forwarding). Low nibbles: bytes 0-7 (scales 0-7), their
+ * high nibbles (8-15); high 2 bits: byte 8 + j % 4 — the 4 bytes broadcast to every 32-bit
+ * lane — shifted right by 2 (j / 4), lane j / 4's count. */
+ALWAYS_INLINE __m256i q3_scales_i16(const uint8_t s[K_SCALE_SIZE])
+{
+	const __m128i low4 = _mm_set1_epi8(0x0F), three = _mm_set1_epi8(3);
+	const __m128i b = _mm_loadl_epi64((const __m128i *)s);
+	const __m128i lo =
+	    _mm_unpacklo_epi64(_mm_and_si128(b, low4), _mm_and_si128(_mm_srli_epi16(b, 4), low4));
+	int32_t top;
+	memcpy(&top, s + 8, sizeof(top));
+	const __m128i hi =
+	    _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(top), _mm_setr_epi32(0, 2, 4, 6)), three);
+	const __m128i sc = _mm_or_si128(lo, _mm_slli_epi16(hi, 4));
+	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
+}
+
+/* Q3_K: 4 · (bit 4h + s of each hmask byte), added to chunk 4h + s's low bits. */
+ALWAYS_INLINE __m256i hbit4(__m256i hmask, int n)
+{
+	const __m256i bit = _mm256_and_si256(hmask, _mm256_set1_epi8((char)(1 << n)));
+	return n >= 2 ? _mm256_srli_epi16(bit, n - 2) : _mm256_slli_epi16(bit, 2 - n);
+}
+
+ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
+	const struct block_q2_K *x = w;
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
+	const __m128i low4 = _mm_set1_epi8(0x0F);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		prefetch_ahead(x + i, far), prefetch_ahead((const uint8_t *)(x + i) + 64, far);
+		const __m128i sm = _mm_loadu_si128((const __m128i *)x[i].scales);
+		const __m128i sc = _mm_and_si128(sm, low4);
+		const __m256i mins =
+		    _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), low4));
+		/* scales 0-7 (chunks 0-3) and 8-15 (chunks 4-7), each in both 128-bit lanes */
+		const __m256i sc_half[2] = {_mm256_broadcastsi128_si256(sc),
+		                            _mm256_broadcastsi128_si256(_mm_srli_si128(sc, 8))};
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int h = 0; h < 2; h++) {
+			__m256i q[4];
+			codes_2bit(x[i].qs + 32 * h, q);
+			for (int s = 0; s < 4; s++) {
+				const __m256i scv = pair_u8(sc_half[h], 4 * h + s);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *yq =
+					    q8k_token(act, as, t, i)->qs + 128 * h + 32 * s;
+					const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
+					sumi[t] = _mm256_add_epi32(
+					    sumi[t],
+					    _mm256_madd_epi16(_mm256_maddubs_epi16(q[s], y), scv));
+				}
+			}
+		}
+		const float d = f16(x[i].d), dmin = f16(x[i].dmin);
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_K *y = q8k_token(act, as, t, i);
+			const __m256i m =
+			    _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y->bsums));
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y->d),
+			                          _mm256_cvtepi32_ps(m), acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]);
+}
+
+ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, size_t as,
+                            const int NT, size_t k, float *out, int unused)
+{
+	(void)sr, (void)unused;
+	const struct block_q3_K *x = w;
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		prefetch_ahead(x + i, far), prefetch_ahead((const uint8_t *)(x + i) + 64, far);
+		const __m256i sc16 = q3_scales_i16(x[i].scales);
+		const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44),
+		                            _mm256_permute4x64_epi64(sc16, 0xEE)};
+		const __m256i hmask = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+		__m256i sumi[8];
+		for (int t = 0; t < NT;
+		     t++) { /* codes carry +4: take 4 · Σ sc_j · bsum_j back out */
+			const __m256i bs =
+			    _mm256_loadu_si256((const __m256i *)q8k_token(act, as, t, i)->bsums);
+			sumi[t] =
+			    _mm256_sub_epi32(_mm256_setzero_si256(),
+			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+		}
+		for (int h = 0; h < 2; h++) {
+			__m256i q[4];
+			codes_2bit(x[i].qs + 32 * h, q);
+			for (int s = 0; s < 4; s++) {
+				const __m256i qv = _mm256_or_si256(q[s], hbit4(hmask, 4 * h + s));
+				const __m256i scv = pair_i16(sc_half[h], 4 * h + s);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *yq =
+					    q8k_token(act, as, t, i)->qs + 128 * h + 32 * s;
+					const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
+					sumi[t] = _mm256_add_epi32(
+					    sumi[t],
+					    _mm256_madd_epi16(_mm256_maddubs_epi16(qv, y), scv));
+				}
+			}
+		}
+		const float d = f16(x[i].d);
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
+			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = hsum(acc[t]);
+}
+
+DOT_ENTRY(dot_q2_K, q2k_body, 0)
+DOT_ENTRY(dot_q3_K, q3k_body, 0)
+ROWS_ENTRY(rows_q2_K, q2k_body, 0)
+ROWS_ENTRY(rows_q3_K, q3k_body, 0)
+
+void moek_avx2_dot_q2_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                        size_t k, float *out)
+{
+	dot_q2_K(w, sr, act, as, nt, k, out);
+}
+
+void moek_avx2_dot_q3_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                        size_t k, float *out)
+{
+	dot_q3_K(w, sr, act, as, nt, k, out);
+}
+
+void moek_avx2_rows_q2_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                         float *out)
+{
+	rows_q2_K(w, stride, nr, act, k, out);
+}
+
+void moek_avx2_rows_q3_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                         float *out)
+{
+	rows_q3_K(w, stride, nr, act, k, out);
+}
+
+/* ---- Prefill: dequantization ---------------------------------------------------------------- */
+
+/* 32 codes (bytes) times the sub-block factors f0 (elements 0-15) and f1 (16-31), minus o0 / o1
+ * (Q3_K: zero), each product and difference rounded once, as the reference. */
+ALWAYS_INLINE void store_chunk(__m256i q, float f0, float f1, float o0, float o1, float *dst)
+{
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+	for (int p = 0; p < 4; p++) {
+		const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part[p]));
+		const __m256 f = _mm256_set1_ps(p < 2 ? f0 : f1),
+		             o = _mm256_set1_ps(p < 2 ? o0 : o1);
+		_mm256_storeu_ps(dst + 8 * p, _mm256_sub_ps(_mm256_mul_ps(f, v), o));
+	}
+}
+
+void moek_avx2_dequantize_q2_K(const void *w, float *dst, size_t k)
+{
+	const struct block_q2_K *x = w;
+	for (size_t i = 0; i < k / QK_K; i++, dst += QK_K) {
+		const float d = f16(x[i].d), dmin = f16(x[i].dmin);
+		float dsc[16], dm[16];
+		for (int j = 0; j < 16; j++) {
+			dsc[j] = d * (float)(x[i].scales[j] & 0xF);
+			dm[j] = dmin * (float)(x[i].scales[j] >> 4);
+		}
+		for (int h = 0; h < 2; h++) {
+			__m256i q[4];
+			codes_2bit(x[i].qs + 32 * h, q);
+			for (int s = 0; s < 4; s++) {
+				const int j = 8 * h + 2 * s;
+				store_chunk(q[s], dsc[j], dsc[j + 1], dm[j], dm[j + 1],
+				            dst + 128 * h + 32 * s);
+			}
+		}
+	}
+}
+
+void moek_avx2_dequantize_q3_K(const void *w, float *dst, size_t k)
+{
+	const struct block_q3_K *x = w;
+	const __m256i four = _mm256_set1_epi8(4);
+	for (size_t i = 0; i < k / QK_K; i++, dst += QK_K) {
+		const float d = f16(x[i].d);
+		uint8_t sc[16];
+		float dsc[16];
+		moek_q3_scales(x[i].scales, sc);
+		for (int j = 0; j < 16; j++)
+			dsc[j] = d * (float)(sc[j] - 32);
+		const __m256i hmask = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+		for (int h = 0; h < 2; h++) {
+			__m256i q[4];
+			codes_2bit(x[i].qs + 32 * h, q);
+			for (int s = 0; s < 4; s++) {
+				const int j = 8 * h + 2 * s;
+				const __m256i v = _mm256_sub_epi8(
+				    _mm256_or_si256(q[s], hbit4(hmask, 4 * h + s)), four);
+				store_chunk(v, dsc[j], dsc[j + 1], 0.0f, 0.0f,
+				            dst + 128 * h + 32 * s);
+			}
+		}
+	}
+}
