@@ -169,6 +169,7 @@ struct result {
 	 * FORWARD answered, the hinted set resident (what fits the budget); warm_bytes is the
 	 * expert bytes resident then */
 	double ready_s, first_s, warm_s, warm_bytes;
+	double warm_read_bytes; /* what the loader read until then (evicted loads included) */
 	double p50_us[64], p99_us[64];
 	double p99_all_us;
 	/* sidecar only, at the end of its run: registered buffers the slot pool is spread over,
@@ -549,18 +550,24 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			rc = moe_prefetch(c, (int32_t)(w->first_layer + li), hint, hint_w, nh, NULL,
 			                  TIMEOUT_MS);
 		}
-	/* The hinted loads run in the background: let them finish before anything is timed. */
-	double last = -1;
+	/* The hinted loads run in the background: let them finish before anything is timed. The
+	 * loader is done when what it has read stops growing (resident bytes alone can stand
+	 * still while a budget below the model evicts one expert for the next). */
+	double last = -1, last_read = -1;
 	uint64_t changed = now_ns();
 	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 60000; polls++) {
 		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
-		double now_resident = stat_of(js, "resident_bytes");
-		if (now_resident != last) {
+		const double now_resident = stat_of(js, "resident_bytes");
+		const double now_read = stat_of(js, "loader_bytes_read");
+		const bool same = now_resident == last && now_read == last_read;
+		if (!same) {
 			changed = now_ns();
 			r->warm_bytes = now_resident;
+			r->warm_read_bytes = now_read;
 		}
-		stable = now_resident == last ? stable + 1 : 0;
+		stable = same ? stable + 1 : 0;
 		last = now_resident;
+		last_read = now_read;
 		nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL);
 	}
 	r->warm_s = (double)(changed - spawned_ns) / 1e9;
@@ -785,7 +792,7 @@ static int parse_prefill(const char *arg)
  * over the seconds from READY to then. */
 static double cold_gbps(const struct result *r)
 {
-	return r->warm_s > r->ready_s ? r->warm_bytes / (r->warm_s - r->ready_s) / 1e9 : NAN;
+	return r->warm_s > r->ready_s ? r->warm_read_bytes / (r->warm_s - r->ready_s) / 1e9 : NAN;
 }
 
 /* ---- Main ------------------------------------------------------------------------------- */
@@ -1206,6 +1213,7 @@ int main(int argc, char **argv)
 				side[i].first_s = cold.first_s;
 				side[i].warm_s = cold.warm_s;
 				side[i].warm_bytes = cold.warm_bytes;
+				side[i].warm_read_bytes = cold.warm_read_bytes;
 			}
 		} else {
 			rc = run_sidecar(&w, sock, &side[i]);
