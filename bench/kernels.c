@@ -277,7 +277,8 @@ static const uint32_t all_formats[] = {MOEK_Q4_K,  BENCH_X8 | MOEK_Q4_K,
                                        MOEK_BF16,  BENCH_X8 | MOEK_BF16,
                                        MOEK_Q4_0,  MOEK_Q5_K,
                                        MOEK_Q6_K,  MOEK_F16,
-                                       MOEK_F32,   MOEK_FP8_E4M3_B128};
+                                       MOEK_F32,   MOEK_FP8_E4M3_B128,
+                                       MOEK_INT4_G32};
 
 static uint32_t weight_format(uint32_t f)
 {

@@ -151,6 +151,7 @@ static size_t format_alignment(uint32_t format)
 	switch (format) {
 	case MOEK_F32: return 4;
 	case MOEK_MXFP4:
+	case MOEK_INT4_G32:
 	case MOEK_FP8_E4M3_B128: return 1;
 	default: return 2;
 	}
@@ -262,8 +263,11 @@ size_t moek_expert_split_align(const struct moek_expert *e)
 	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
 	    align < MOEK_FP8_BLOCK)
 		align = MOEK_FP8_BLOCK;
-	/* Q4_0/MXFP4 down: SIMD activations come in pairs of 32-blocks (MOEK_ACT_Q8_0X2) */
-	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4) && align < 64)
+	/* Q4_0/MXFP4/INT4_G32 down: SIMD activations come in pairs of 32-blocks
+	 * (MOEK_ACT_Q8_0X2) */
+	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4 ||
+	     e->down.format == MOEK_INT4_G32) &&
+	    align < 64)
 		align = 64;
 	/* interleaved gate/up rows: a slice holds whole groups (every value above is a power
 	 * of two, so one of at least 8 is a multiple of 8) */

@@ -305,7 +305,10 @@ static uint32_t private_act(uint32_t weight_format, bool interleaved)
 	if (interleaved)
 		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0S
 		                                                                 : 0;
-	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0X2 : 0;
+	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ||
+	               weight_format == MOEK_INT4_G32
+	           ? MOEK_ACT_Q8_0X2
+	           : 0;
 }
 
 static size_t act_row_bytes(uint32_t act_format, size_t k)
@@ -1698,6 +1701,10 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 			}
 		}
 		break;
+	case MOEK_INT4_G32:
+		moek_avx2_dequantize_int4(w, dst, k);
+		i = k;
+		break;
 	default: break;
 	}
 	if (i < k) /* F32 and any tail through the reference */
@@ -1901,6 +1908,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q4_K] = dot_q4_K,
             [MOEK_Q5_K] = dot_q5_K,
             [MOEK_Q6_K] = dot_q6_K,
+            [61] = moek_avx2_dot_int4,
             [63] = dot_fp8,
         },
     .dot_rows =
@@ -1913,6 +1921,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_Q4_K] = rows_q4_K,
             [MOEK_Q5_K] = rows_q5_K,
             [MOEK_Q6_K] = rows_q6_K,
+            [61] = moek_avx2_rows_int4,
         },
     .dot_x8 =
         {

@@ -84,6 +84,44 @@ int moek_dequantize(uint32_t format, const void *src, const float *scales, size_
 void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf);
 void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales);
 
+/* INT4 group-quantized checkpoints into MOEK_INT4_G32 rows (20 bytes per 32 weights: an f32
+ * scale whose low 4 mantissa bits hold the zero point, then 16 bytes of codes; value
+ * scale · (code − zero)). A matrix has `rows` outputs of `cols` inputs; `group` (a multiple of
+ * 32 dividing cols) is the checkpoint's group size: a group of 64 or 128 gives its scale and
+ * zero to each of its 32-element groups. All inputs are little-endian bytes at any alignment.
+ *
+ * compressed-tensors pack-quantized, symmetric: `packed` is weight_packed, int32 [rows,
+ * cols / 8], element 8w + i in bits 4i..4i+3 of word w, value nibble − 8; `scales` is
+ * weight_scale, BF16 [rows, cols / group].
+ *
+ * GPTQ: `qweight` int32 [cols / 8, rows] (packed along the input: element i of output o in
+ * bits 4 (i % 8).. of word (i / 8, o)); `qzeros` int32 [cols / group, rows / 8] (output o's
+ * zero in bits 4 (o % 8).. of word (g, o / 8)); `scales` F16 [cols / group, rows]; g_idx must
+ * be i / group (the caller checks). v1 (the classic checkpoint_format "gptq") stores each zero
+ * minus one, v2 stores it as it is. rows must be a multiple of 8.
+ *
+ * Both return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
+ * whose zero point 16 an INT4_G32 block cannot hold. dst must not overlap the inputs. */
+int moek_int4_from_ct(const void *packed, const void *scales, size_t rows, size_t cols,
+                      size_t group, void *dst, char *err, size_t err_len);
+int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
+                        size_t cols, size_t group, bool v1, void *dst, char *err, size_t err_len);
+/* Bytes of the checkpoint tensors of a rows x cols INT4 matrix in group `group`: the packed
+ * weights (both encodings: rows · cols / 2), the scales (rows · cols / group · 2) and GPTQ's
+ * zeros (rows · cols / group / 2). */
+static inline size_t moek_int4_packed_bytes(size_t rows, size_t cols)
+{
+	return rows * cols / 2;
+}
+static inline size_t moek_int4_scale_bytes(size_t rows, size_t cols, size_t group)
+{
+	return rows * (cols / group) * 2;
+}
+static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group)
+{
+	return rows / 2 * (cols / group);
+}
+
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
  * Q8_0, Q4_K and BF16 — the same bytes as GGUF rows, permuted so that one SIMD multiply covers
  * 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'

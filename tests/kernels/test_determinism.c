@@ -107,6 +107,12 @@ Test(determinism, q6_K_q5_K_q4_0)
 	check_splits(MOEK_Q5_K, 256, 512, 18);
 	check_splits(MOEK_Q4_0, 256, 512, 18);
 }
+Test(determinism, int4_g32)
+{
+	check_splits(MOEK_INT4_G32, 256, 512, 1);
+	check_splits(MOEK_INT4_G32, 256, 512, 3);
+	check_splits(MOEK_INT4_G32, 320, 448, 18);
+}
 
 /* Two real threads splitting every phase, a barrier between phases, against one thread. */
 struct thread_arg {
