@@ -149,11 +149,12 @@ int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *sca
 				const size_t g = b * QK_INT4 / group;
 				unsigned z = word_nibble(qz + 4 * (g * (rows / 8) + o / 8), o % 8);
 				if (v1 && z == 15) {
-					snprintf(err, err_len,
-					         "GPTQ INT4 (v1 zero points): output %zu group %zu "
-					         "stores zero 15, i.e. zero point 16, which INT4_G32 "
-					         "cannot hold",
-					         o, g);
+					snprintf(
+					    err, err_len,
+					    "GPTQ INT4 (v1 zero points): output %zu group %zu "
+					    "stores zero 15, i.e. zero point 16, which INT4_G32 "
+					    "cannot hold",
+					    o, g);
 					return -1;
 				}
 				z += v1;

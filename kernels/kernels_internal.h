@@ -86,8 +86,8 @@ static_assert(_Alignof(struct block_int4_g32) == 1, "INT4_G32 blocks are byte-al
 /* The scale d and zero point z of an INT4_G32 block. */
 static inline float moek_int4_scale(const struct block_int4_g32 *b, int *z)
 {
-	const uint32_t w = (uint32_t)b->dz[0] | (uint32_t)b->dz[1] << 8 |
-	                   (uint32_t)b->dz[2] << 16 | (uint32_t)b->dz[3] << 24;
+	const uint32_t w = (uint32_t)b->dz[0] | (uint32_t)b->dz[1] << 8 | (uint32_t)b->dz[2] << 16 |
+	                   (uint32_t)b->dz[3] << 24;
 	const uint32_t bits = w & ~15u;
 	float d;
 	memcpy(&d, &bits, sizeof(d));

@@ -36,8 +36,8 @@ static inline float hsum(__m256 v)
 /* The pair of blocks at b (the second absent without has_two: zero codes, zero scale): codes
  * of elements 0-15 (ulo) and 16-31 (uhi) of both blocks, the lanes' scales / 16 and zero
  * points. */
-ALWAYS_INLINE void int4_pair(const uint8_t *b, bool has_two, __m256i *ulo, __m256i *uhi,
-                             __m256 *w8, __m256i *z8)
+ALWAYS_INLINE void int4_pair(const uint8_t *b, bool has_two, __m256i *ulo, __m256i *uhi, __m256 *w8,
+                             __m256i *z8)
 {
 	const __m256i low4 = _mm256_set1_epi8(0x0F);
 	const __m256i q = _mm256_inserti128_si256(
@@ -98,12 +98,14 @@ ALWAYS_INLINE void int4_body(const uint8_t *x, const void *act, size_t as, const
 			acc1 = int4_pair_dot(ulo, uhi, w8, z8, y0 + p + 1, acc1);
 		}
 	for (; 2 * p < nb; p++) {
-		_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + INT4_PREFETCH_AHEAD, _MM_HINT_T0);
+		_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + INT4_PREFETCH_AHEAD,
+		             _MM_HINT_T0);
 		int4_pair(x + 2 * p * INT4_BLOCK, 2 * p + 1 < nb, &ulo, &uhi, &w8, &z8);
 		for (int t = 0; t < NT; t++)
 			acc[t] = int4_pair_dot(
 			    ulo, uhi, w8, z8,
-			    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + p, acc[t]);
+			    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) + p,
+			    acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
@@ -147,8 +149,8 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k)
 		const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
 		const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
 		for (int j = 0; j < 4; j++)
-			_mm256_storeu_ps(dst + i + 8 * j,
-			                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(
-			                                      _mm256_cvtepi8_epi32(parts[j]))));
+			_mm256_storeu_ps(
+			    dst + i + 8 * j,
+			    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j]))));
 	}
 }

@@ -201,9 +201,8 @@ static const struct {
 	uint32_t format;
 	double bound; /* test_kernel_ffn's bounds against the float originals */
 } ffn_formats[] = {
-    {MOEK_Q4_K, 0.15}, {MOEK_Q5_K, 0.08}, {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},
-    {MOEK_Q4_0, 0.2},  {MOEK_MXFP4, 0.3}, {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},
-    {MOEK_INT4_G32, 0.2},
+    {MOEK_Q4_K, 0.15}, {MOEK_Q5_K, 0.08}, {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},    {MOEK_Q4_0, 0.2},
+    {MOEK_MXFP4, 0.3}, {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},  {MOEK_INT4_G32, 0.2},
 };
 
 Test(dot_forms, ffn_plain_avx2_same_bits_small_expert)

@@ -379,8 +379,8 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0, MOEK_Q4_0,          MOEK_MXFP4, MOEK_Q4_K,
-	                                MOEK_Q5_K, MOEK_Q6_K,          MOEK_BF16,  MOEK_F16,
+	static const uint32_t fmts[] = {MOEK_Q8_0, MOEK_Q4_0,          MOEK_MXFP4,   MOEK_Q4_K,
+	                                MOEK_Q5_K, MOEK_Q6_K,          MOEK_BF16,    MOEK_F16,
 	                                MOEK_F32,  MOEK_FP8_E4M3_B128, MOEK_INT4_G32};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];

@@ -70,8 +70,8 @@ Test(int4, native_quantizer_golden)
 	for (int j = 0; j < 32; j++) /* d = 0.3: not representable with 4 bits fewer */
 		x[j] *= 0.3f;
 	cr_assert_eq(moek_quantize(MOEK_INT4_G32, x, 1, 32, q, NULL), 0);
-	uint32_t w = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-	             (uint32_t)q[3] << 24;
+	uint32_t w =
+	    (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
 	float d, d0 = 0.3f;
 	uint32_t bits = w & ~15u, b0;
 	memcpy(&d, &bits, 4);
@@ -100,8 +100,8 @@ Test(int4, compressed_tensors_packing_golden)
 	put16(scales, 0x3f00);     /* 0.5 */
 	put16(scales + 2, 0xc080); /* -4.0 */
 	char err[200] = "";
-	cr_assert_eq(moek_int4_from_ct(packed, scales, 1, COLS, 32, dst, err, sizeof(err)), 0,
-	             "%s", err);
+	cr_assert_eq(moek_int4_from_ct(packed, scales, 1, COLS, 32, dst, err, sizeof(err)), 0, "%s",
+	             err);
 	float y[COLS];
 	cr_assert_eq(moek_dequantize(MOEK_INT4_G32, dst, NULL, 1, COLS, y), 0);
 	for (int e = 0; e < COLS; e++)
@@ -137,7 +137,8 @@ static void gptq_case(uint8_t *qweight, uint8_t *qzeros, uint8_t *scales, int ze
 		}
 		put32(qzeros + 4 * g, word);
 		for (int o = 0; o < 8; o++) /* f16 0.25 · (1 + o): 0x3400 + o · 0x0400 is 2^k */
-			put16(scales + 2 * (g * 8 + o), moek_f32_to_f16(0.25f * (float)(1 + o + g)));
+			put16(scales + 2 * (g * 8 + o),
+			      moek_f32_to_f16(0.25f * (float)(1 + o + g)));
 	}
 }
 
@@ -158,18 +159,20 @@ Test(int4, gptq_packing_and_zero_points_v1_v2)
 				const int g = i / 32, z = zs[g][o] + v1;
 				const float s = 0.25f * (float)(1 + o + g);
 				cr_assert_eq(y[o * 64 + i], s * (float)(code[o][i] - z),
-				             "v%d output %d input %d: %g, want %g", v1 ? 1 : 2, o, i,
-				             (double)y[o * 64 + i], (double)(s * (code[o][i] - z)));
+				             "v%d output %d input %d: %g, want %g", v1 ? 1 : 2, o,
+				             i, (double)y[o * 64 + i],
+				             (double)(s * (code[o][i] - z)));
 			}
 	}
 	/* group 64: one zero and scale per output for both 32-blocks */
-	cr_assert_eq(moek_int4_from_gptq(qweight, qzeros, scales, 8, 64, 64, false, dst, err,
-	                                 sizeof(err)),
-	             0);
+	cr_assert_eq(
+	    moek_int4_from_gptq(qweight, qzeros, scales, 8, 64, 64, false, dst, err, sizeof(err)),
+	    0);
 	cr_assert_eq(moek_dequantize(MOEK_INT4_G32, dst, NULL, 8, 64, y), 0);
 	for (int o = 0; o < 8; o++)
 		for (int i = 0; i < 64; i++)
-			cr_assert_eq(y[o * 64 + i], 0.25f * (float)(1 + o) * (float)(code[o][i] - zs[0][o]));
+			cr_assert_eq(y[o * 64 + i],
+			             0.25f * (float)(1 + o) * (float)(code[o][i] - zs[0][o]));
 }
 
 Test(int4, refusals_name_what_was_found)
@@ -259,6 +262,7 @@ Test(int4, compressed_tensors_accuracy_against_floats)
 		cr_log_info("compressed-tensors group %zu: nmse %.3g", G, num / den);
 		cr_expect(num / den <= bound[gi], "group %zu: nmse %.3g > %.3g", G, num / den,
 		          bound[gi]);
-		cr_expect(num / den > 1e-4, "a 4-bit quantizer cannot be this exact: %.3g", num / den);
+		cr_expect(num / den > 1e-4, "a 4-bit quantizer cannot be this exact: %.3g",
+		          num / den);
 	}
 }
