@@ -303,8 +303,10 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 static uint32_t private_act(uint32_t weight_format, bool interleaved)
 {
 	if (interleaved)
-		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0S
-		                                                                 : 0;
+		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ||
+		               weight_format == MOEK_INT4_G32
+		           ? MOEK_ACT_Q8_0S
+		           : 0;
 	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ||
 	               weight_format == MOEK_INT4_G32
 	           ? MOEK_ACT_Q8_0X2
@@ -1929,6 +1931,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_MXFP4] = x8_mxfp4,
             [MOEK_Q4_K] = x8_q4_K,
             [MOEK_BF16] = x8_bf16,
+            [61] = moek_avx2_x8_int4,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

@@ -11,6 +11,12 @@
  * exactly in int32; the 1/16 goes into the f32 scale (a power of two: exact). Per pair that is
  * the Q4_0 dot plus one multiply-add and the header's unpack.
  *
+ * Interleaved rows (moek_interleave, groups of 8): per column 4 vectors of nibble bytes
+ * (vector v: elements 4v..4v+3 low, 16+4v.. high, lane r = row r) and one vector of the 8 rows'
+ * scale-and-zero words. 4 codes of each of the 8 rows times 4 broadcast MOEK_ACT_Q8_0S
+ * activations per multiply, as the MXFP4 group dot; the zero points come out through the
+ * block's −16 · Σy (one vpmaddwd by the 8 lanes' zeros), the scales are one load.
+ *
  * Prefill: dequantization for the f32 tiles, bit-identical to the reference (one rounding:
  * d · (q − z)).
  */
@@ -152,5 +158,79 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k)
 			_mm256_storeu_ps(
 			    dst + i + 8 * j,
 			    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j]))));
+	}
+}
+
+/* Group dot: acc + Σ over each lane's 4 bytes of u (unsigned codes) · the 4 signed activation
+ * bytes at s, broadcast to every lane (maddubs pairs at most 2 · 15 · 127: no saturation). */
+ALWAYS_INLINE __m256i x8_dot4(__m256i acc, __m256i u, const int8_t *s)
+{
+	int32_t w;
+	memcpy(&w, s, 4);
+	return _mm256_add_epi32(
+	    acc,
+	    _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_set1_epi32(w)), _mm256_set1_epi16(1)));
+}
+
+ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, const int NT,
+                                size_t k, float *out)
+{
+	const __m256i low4 = _mm256_set1_epi8(0x0F), nib = _mm256_set1_epi32(15);
+	__m256 acc[MOEK_DOT_TOKENS];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t b = 0; b < k / QK_INT4; b++, col += MOEK_INTERLEAVE * INT4_BLOCK) {
+		/* one token: four chains (low/high nibbles, even/odd vector) */
+		__m256i sum[MOEK_DOT_TOKENS],
+		    chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+		                _mm256_setzero_si256()};
+		for (int t = 0; t < NT; t++)
+			sum[t] = _mm256_setzero_si256();
+		for (int v = 0; v < 4; v++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+			const __m256i lo = _mm256_and_si256(q, low4);
+			const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_0s *y =
+				    (const struct block_q8_0s *)((const uint8_t *)act + t * as) + b;
+				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
+				__m256i *s_hi = NT == 1 ? &chain[1 + v % 2] : &sum[t];
+				*s_lo = x8_dot4(*s_lo, lo, y->qs + 4 * v);
+				*s_hi = x8_dot4(*s_hi, hi, y->qs + 16 + 4 * v);
+			}
+		}
+		if (NT == 1)
+			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
+			                          _mm256_add_epi32(chain[1], chain[2]));
+		const __m256i h = _mm256_loadu_si256((const __m256i *)(col + 128));
+		const __m256i z8 = _mm256_and_si256(h, nib);
+		const __m256 d8 = _mm256_castsi256_ps(_mm256_andnot_si256(nib, h));
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0s *y =
+			    (const struct block_q8_0s *)((const uint8_t *)act + t * as) + b;
+			/* −Σy (|Σy| ≤ 32 · 127: the low int16 of the lane) times each row's zero */
+			const __m256i off =
+			    _mm256_madd_epi16(z8, _mm256_set1_epi32(y->neg16_sum / 16));
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d8, _mm256_set1_ps(y->d)),
+			                         _mm256_cvtepi32_ps(_mm256_add_epi32(sum[t], off)),
+			                         acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+void moek_avx2_x8_int4(const void *group, const void *act, size_t as, size_t nt, size_t k,
+                       float *out)
+{
+	switch (nt) {
+	case 1: x8_int4_body(group, act, as, 1, k, out); break;
+	case 2: x8_int4_body(group, act, as, 2, k, out); break;
+	case 3: x8_int4_body(group, act, as, 3, k, out); break;
+	case 4: x8_int4_body(group, act, as, 4, k, out); break;
+	case 5: x8_int4_body(group, act, as, 5, k, out); break;
+	case 6: x8_int4_body(group, act, as, 6, k, out); break;
+	case 7: x8_int4_body(group, act, as, 7, k, out); break;
+	default: x8_int4_body(group, act, as, 8, k, out); break;
 	}
 }

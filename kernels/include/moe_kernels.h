@@ -123,8 +123,8 @@ static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group
 }
 
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
- * Q8_0, Q4_K and BF16 — the same bytes as GGUF rows, permuted so that one SIMD multiply covers
- * 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
+ * Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD multiply
+ * covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
  * block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 · block_bytes
  * bytes; BF16's block here is 16 elements), the blocks' fields in this order, where "vectors"
  * means 32-byte vectors whose bytes 4r..4r+3 come from row r:
@@ -132,7 +132,8 @@ static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group
  *   Q8_0:  8 vectors of the 32 int8 weights, 8 f16 d;
  *   Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors of the
  *          128 nibble bytes;
- *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1).
+ *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
+ *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words.
  * moek_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes apart; 0 = packed)
  * into dst (rows · row bytes); rows % 8 == 0, no overlap. moek_deinterleave is the inverse.
  * Both return 0, or -1 for a format without the layout or a bad shape. */

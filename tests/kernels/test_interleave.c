@@ -16,7 +16,7 @@
 #include "expert_fixture.h"
 #include "kernels_internal.h"
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16};
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_INT4_G32};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 static const char *fname(uint32_t format)
@@ -141,6 +141,9 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 		return column + 32 * (at / 4) + 4 * r + at % 4;
 	case MOEK_MXFP4: /* 4 vectors of qs, 8 E8M0 */
 		return column + (at == 0 ? 128 + r : 32 * ((at - 1) / 4) + 4 * r + (at - 1) % 4);
+	case MOEK_INT4_G32: /* 4 vectors of qs, 1 vector of the 8 scale words */
+		return column +
+		       (at < 4 ? 128 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
@@ -612,7 +615,8 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K or BF16") && strstr(err, "Q4_0"), "%s", err);
+	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"), "%s",
+	          err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;
