@@ -161,15 +161,18 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k)
 	}
 }
 
-/* Group dot: acc + Σ over each lane's 4 bytes of u (unsigned codes) · the 4 signed activation
- * bytes at s, broadcast to every lane (maddubs pairs at most 2 · 15 · 127: no saturation). */
-ALWAYS_INLINE __m256i x8_dot4(__m256i acc, __m256i u, const int8_t *s)
+/* Group dot step: acc + Σ over each lane's 4 low-nibble codes · the 4 activations at ylo and
+ * its 4 high-nibble codes · those at yhi (broadcast to every lane). The two maddubs are added
+ * in int16 before one madd: each pair sum is at most 2 · 15 · 127, both together 7620. */
+ALWAYS_INLINE __m256i x8_dot8(__m256i acc, __m256i lo, __m256i hi, const int8_t *ylo,
+                              const int8_t *yhi)
 {
-	int32_t w;
-	memcpy(&w, s, 4);
-	return _mm256_add_epi32(
-	    acc,
-	    _mm256_madd_epi16(_mm256_maddubs_epi16(u, _mm256_set1_epi32(w)), _mm256_set1_epi16(1)));
+	int32_t a, b;
+	memcpy(&a, ylo, 4);
+	memcpy(&b, yhi, 4);
+	const __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(a)),
+	                                     _mm256_maddubs_epi16(hi, _mm256_set1_epi32(b)));
+	return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
 }
 
 ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, const int NT,
@@ -180,10 +183,8 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t b = 0; b < k / QK_INT4; b++, col += MOEK_INTERLEAVE * INT4_BLOCK) {
-		/* one token: four chains (low/high nibbles, even/odd vector) */
-		__m256i sum[MOEK_DOT_TOKENS],
-		    chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
-		                _mm256_setzero_si256()};
+		/* one token: two chains (even / odd vector) */
+		__m256i sum[MOEK_DOT_TOKENS], chain = _mm256_setzero_si256();
 		for (int t = 0; t < NT; t++)
 			sum[t] = _mm256_setzero_si256();
 		for (int v = 0; v < 4; v++) {
@@ -193,15 +194,12 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 			for (int t = 0; t < NT; t++) {
 				const struct block_q8_0s *y =
 				    (const struct block_q8_0s *)((const uint8_t *)act + t * as) + b;
-				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
-				__m256i *s_hi = NT == 1 ? &chain[1 + v % 2] : &sum[t];
-				*s_lo = x8_dot4(*s_lo, lo, y->qs + 4 * v);
-				*s_hi = x8_dot4(*s_hi, hi, y->qs + 16 + 4 * v);
+				__m256i *s = NT == 1 && v % 2 ? &chain : &sum[t];
+				*s = x8_dot8(*s, lo, hi, y->qs + 4 * v, y->qs + 16 + 4 * v);
 			}
 		}
 		if (NT == 1)
-			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
-			                          _mm256_add_epi32(chain[1], chain[2]));
+			sum[0] = _mm256_add_epi32(sum[0], chain);
 		const __m256i h = _mm256_loadu_si256((const __m256i *)(col + 128));
 		const __m256i z8 = _mm256_and_si256(h, nib);
 		const __m256 d8 = _mm256_castsi256_ps(_mm256_andnot_si256(nib, h));
