@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "catalog.h"
 #include "model_files.h"
@@ -121,6 +122,47 @@ Test(int4_checkpoint, gptq_round_trip)
 {
 	check_round_trip(MOE_GEN_INT4_GPTQ, 128, MOE_LAYOUT_INT4_GPTQ);
 	check_round_trip(MOE_GEN_INT4_GPTQ, 32, MOE_LAYOUT_INT4_GPTQ);
+}
+
+/* `moe-sidecar inspect ARGS`: its exit status, stdout in out (malloc'd). */
+static int run_inspect(const char *args, char **out)
+{
+	char cmd[1200];
+	snprintf(cmd, sizeof(cmd), "%s inspect %s 2>&1", MOE_SIDECAR_BIN, args);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t cap = 1 << 16, len = 0, k;
+	char *buf = malloc(cap);
+	while ((k = fread(buf + len, 1, cap - 1 - len, p)) > 0)
+		len += k;
+	buf[len] = '\0';
+	const int st = pclose(p);
+	*out = buf;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(int4_checkpoint, inspect_names_the_scheme)
+{
+	char *dir = scratch_dir();
+	char out[512], args[600];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate(out, MOE_GEN_INT4_GPTQ, 64);
+	char *text;
+	cr_assert_eq(run_inspect(out, &text), 0, "%s", text);
+	cr_assert(strstr(text, "formats         INT4_G32\n"), "%s", text);
+	cr_assert(strstr(text, "checkpoint      GPTQ INT4 v1, group 64, sym (repacked to INT4_G32 "
+	                       "at load)\n"),
+	          "%s", text);
+	cr_assert(strstr(text, "gate INT4_G32 128x256 up INT4_G32 128x256 down INT4_G32 256x128"),
+	          "%s", text);
+	free(text);
+	snprintf(args, sizeof(args), "%s --json", out);
+	cr_assert_eq(run_inspect(args, &text), 0, "%s", text);
+	cr_assert(strstr(text, "\"formats\":[\"INT4_G32\"],\"quantization\":\"GPTQ INT4 v1, "
+	                       "group 64, sym\""),
+	          "%s", text);
+	free(text);
+	remove_tree(dir);
 }
 
 /* config.json with `from` replaced by `to` must be refused with `want`, a format whose %s are
