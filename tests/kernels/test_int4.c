@@ -136,7 +136,7 @@ static void gptq_case(uint8_t *qweight, uint8_t *qzeros, uint8_t *scales, int ze
 			word |= (uint32_t)zero_stored[g][o] << (4 * o);
 		}
 		put32(qzeros + 4 * g, word);
-		for (int o = 0; o < 8; o++) /* f16 0.25 · (1 + o): 0x3400 + o · 0x0400 is 2^k */
+		for (int o = 0; o < 8; o++) /* f16 0.25 · (1 + o + g): exact in f16 */
 			put16(scales + 2 * (g * 8 + o),
 			      moek_f32_to_f16(0.25f * (float)(1 + o + g)));
 	}

@@ -404,14 +404,15 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 }
 
 /* Extreme weights: Q8_0's -128 (|w| = 128 in the sign form, 0 after the 0x80 flip) and
- * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, against
+ * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, INT4_G32's codes 15
+ * with zero point 0 and codes 0 with zero point 15, against
  * activations at +-127 — the corners of the integer sums. Both forms give the same bits
  * (maddubs would saturate silently), within reassociation of the GGUF-row dot. */
 Test(interleave, integer_corners)
 {
 	for (size_t fi = 1; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		if (format != MOEK_Q8_0 && format != MOEK_Q4_K)
+		if (format != MOEK_Q8_0 && format != MOEK_Q4_K && format != MOEK_INT4_G32)
 			continue; /* integer sums only */
 		struct twin t;
 		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 31);
@@ -422,6 +423,12 @@ Test(interleave, integer_corners)
 			if (format == MOEK_Q8_0) {
 				for (size_t b = 0; b < 8; b++)
 					memset(row + b * 34 + 2, r % 2 ? 0x80 : 0x7f, 32);
+			} else if (format == MOEK_INT4_G32) {
+				for (size_t b = 0; b < 8; b++) { /* (q - z) = +15 or -15 */
+					row[b * 20] =
+					    (uint8_t)((row[b * 20] & 0xf0) | (r % 2 ? 15 : 0));
+					memset(row + b * 20 + 4, r % 2 ? 0x00 : 0xff, 16);
+				}
 			} else {
 				memset(row + 4, 0xff, 12); /* scales and mins 63 */
 				memset(row + 16, r % 2 ? 0xff : 0x00, 128);
