@@ -289,7 +289,10 @@ void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, 
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out);
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
-/* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations. */
+/* Whether moek_avx2_set_vnni turned the vpdpbusd forms on (the dots read it once per call). */
+bool moek_avx2_vnni_on(void);
+/* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
+ * where moek_avx2_vnni_on; same bits). */
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)

@@ -527,6 +527,11 @@ bool moek_avx2_set_vnni(bool on)
 	return true;
 }
 
+bool moek_avx2_vnni_on(void)
+{
+	return atomic_load_explicit(&vnni_dots, memory_order_relaxed);
+}
+
 bool moek_avx2_set_vbmi(bool on)
 {
 	if (on && (!atomic_load_explicit(&vnni_dots, memory_order_relaxed) ||

@@ -15,7 +15,9 @@
  * (vector v: elements 4v..4v+3 low, 16+4v.. high, lane r = row r) and one vector of the 8 rows'
  * scale-and-zero words. 4 codes of each of the 8 rows times 4 broadcast MOEK_ACT_Q8_0S
  * activations per multiply, as the MXFP4 group dot; the zero points come out through the
- * block's −16 · Σy (one vpmaddwd by the 8 lanes' zeros), the scales are one load.
+ * block's −16 · Σy (one vpmaddwd by the 8 lanes' zeros), the scales are one load. Where
+ * moek_avx2_set_vnni is on, each 4-code product is one vpdpbusd with a broadcast operand
+ * instead of maddubs + madd (exact integer sums either way: the same bits).
  *
  * Prefill: dequantization for the f32 tiles, bit-identical to the reference (one rounding:
  * d · (q − z)).
@@ -164,9 +166,23 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k)
 /* Group dot step: acc + Σ over each lane's 4 low-nibble codes · the 4 activations at ylo and
  * its 4 high-nibble codes · those at yhi (broadcast to every lane). The two maddubs are added
  * in int16 before one madd: each pair sum is at most 2 · 15 · 127, both together 7620. */
-ALWAYS_INLINE __m256i x8_dot8(__m256i acc, __m256i lo, __m256i hi, const int8_t *ylo,
+/* Four activation bytes, read as one broadcast operand. */
+struct act4 {
+	int8_t b[4];
+};
+
+ALWAYS_INLINE __m256i x8_dot8(bool vnni, __m256i acc, __m256i lo, __m256i hi, const int8_t *ylo,
                               const int8_t *yhi)
 {
+	if (vnni) {
+		__asm__("vpdpbusd %2%{1to8%}, %1, %0"
+		        : "+v"(acc)
+		        : "v"(lo), "m"(*(const struct act4 *)ylo));
+		__asm__("vpdpbusd %2%{1to8%}, %1, %0"
+		        : "+v"(acc)
+		        : "v"(hi), "m"(*(const struct act4 *)yhi));
+		return acc;
+	}
 	int32_t a, b;
 	memcpy(&a, ylo, 4);
 	memcpy(&b, yhi, 4);
@@ -176,7 +192,7 @@ ALWAYS_INLINE __m256i x8_dot8(__m256i acc, __m256i lo, __m256i hi, const int8_t 
 }
 
 ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, const int NT,
-                                size_t k, float *out)
+                                size_t k, float *out, bool vnni)
 {
 	const __m256i low4 = _mm256_set1_epi8(0x0F), nib = _mm256_set1_epi32(15);
 	__m256 acc[MOEK_DOT_TOKENS];
@@ -195,7 +211,7 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 				const struct block_q8_0s *y =
 				    (const struct block_q8_0s *)((const uint8_t *)act + t * as) + b;
 				__m256i *s = NT == 1 && v % 2 ? &chain : &sum[t];
-				*s = x8_dot8(*s, lo, hi, y->qs + 4 * v, y->qs + 16 + 4 * v);
+				*s = x8_dot8(vnni, *s, lo, hi, y->qs + 4 * v, y->qs + 16 + 4 * v);
 			}
 		}
 		if (NT == 1)
@@ -218,17 +234,31 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 		_mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
+#define X8_INT4_ENTRY(name, vnni, attr)                                                            \
+	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
+	                      float *out)                                                          \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: x8_int4_body(g, act, as, 1, k, out, vnni); break;                          \
+		case 2: x8_int4_body(g, act, as, 2, k, out, vnni); break;                          \
+		case 3: x8_int4_body(g, act, as, 3, k, out, vnni); break;                          \
+		case 4: x8_int4_body(g, act, as, 4, k, out, vnni); break;                          \
+		case 5: x8_int4_body(g, act, as, 5, k, out, vnni); break;                          \
+		case 6: x8_int4_body(g, act, as, 6, k, out, vnni); break;                          \
+		case 7: x8_int4_body(g, act, as, 7, k, out, vnni); break;                          \
+		default: x8_int4_body(g, act, as, 8, k, out, vnni); break;                         \
+		}                                                                                  \
+	}
+
+X8_INT4_ENTRY(x8_int4_avx2, false, )
+/* The AVX-512 subset moek_avx2_set_vnni checks for, as x86_avx2.c's VNNI forms. */
+X8_INT4_ENTRY(x8_int4_vnni, true, __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))))
+
 void moek_avx2_x8_int4(const void *group, const void *act, size_t as, size_t nt, size_t k,
                        float *out)
 {
-	switch (nt) {
-	case 1: x8_int4_body(group, act, as, 1, k, out); break;
-	case 2: x8_int4_body(group, act, as, 2, k, out); break;
-	case 3: x8_int4_body(group, act, as, 3, k, out); break;
-	case 4: x8_int4_body(group, act, as, 4, k, out); break;
-	case 5: x8_int4_body(group, act, as, 5, k, out); break;
-	case 6: x8_int4_body(group, act, as, 6, k, out); break;
-	case 7: x8_int4_body(group, act, as, 7, k, out); break;
-	default: x8_int4_body(group, act, as, 8, k, out); break;
-	}
+	if (moek_avx2_vnni_on())
+		x8_int4_vnni(group, act, as, nt, k, out);
+	else
+		x8_int4_avx2(group, act, as, nt, k, out);
 }
