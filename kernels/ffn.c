@@ -151,6 +151,7 @@ static size_t format_alignment(uint32_t format)
 	switch (format) {
 	case MOEK_F32: return 4;
 	case MOEK_MXFP4:
+	case MOEK_INT4_G32:
 	case MOEK_FP8_E4M3_B128: return 1;
 	default: return 2;
 	}
@@ -197,10 +198,11 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->interleave &&
 	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
-		return fail(err, len,
-		            "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K or BF16 with rows "
-		            "and first row multiples of %u (format %s, %u rows from %u)",
-		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
+		return fail(
+		    err, len,
+		    "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K, BF16 or INT4_G32 with rows "
+		    "and first row multiples of %u (format %s, %u rows from %u)",
+		    name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
@@ -262,9 +264,10 @@ size_t moek_expert_split_align(const struct moek_expert *e)
 	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
 	    align < MOEK_FP8_BLOCK)
 		align = MOEK_FP8_BLOCK;
-	/* Q4_0/MXFP4/IQ4_NL down: SIMD activations come in pairs of 32-blocks (MOEK_ACT_Q8_0X2) */
+	/* Q4_0/MXFP4/IQ4_NL/INT4_G32 down: SIMD activations come in pairs of 32-blocks
+	 * (MOEK_ACT_Q8_0X2) */
 	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4 ||
-	     e->down.format == MOEK_IQ4_NL) &&
+	     e->down.format == MOEK_IQ4_NL || e->down.format == MOEK_INT4_G32) &&
 	    align < 64)
 		align = 64;
 	/* interleaved gate/up rows: a slice holds whole groups (every value above is a power

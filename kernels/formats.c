@@ -970,6 +970,10 @@ static const struct format_row format_table[] = {
     {{MOEK_BF16, "BF16", 1, 2, true}, MOEK_BF16, quantize_bf16, dequantize_bf16},
     {{MOEK_MXFP4, "MXFP4", 32, 17, true}, MOEK_Q8_0, quantize_mxfp4, dequantize_mxfp4},
     {{MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true}, MOEK_F32, NULL, NULL},
+    {{MOEK_INT4_G32, "INT4_G32", 32, 20, true},
+     MOEK_Q8_0,
+     moek_int4_quantize_row,
+     moek_int4_dequantize_row},
 };
 
 static const struct format_row *format_row(uint32_t format)

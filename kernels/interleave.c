@@ -43,6 +43,8 @@ static const struct x8_layout layouts[] = {
     {MOEK_Q4_K, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}},
     /* 16 elements: 8 vectors of bf16 pairs (elements 2v, 2v+1) */
     {MOEK_BF16, 1, {{0, 32, true}}, 16, 32},
+    /* 4 vectors of nibble bytes (as MXFP4), then one vector of the 8 scale-and-zero words */
+    {MOEK_INT4_G32, 2, {{4, 16, true}, {0, 4, true}}},
 };
 
 static const struct x8_layout *layout_of(uint32_t format)

@@ -104,6 +104,36 @@ static_assert(sizeof(struct block_q5_K) == 176, "Q5_K block");
 static_assert(sizeof(struct block_q6_K) == 210, "Q6_K block");
 static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
+/* MOEK_INT4_G32: one 32-element group of a compressed-tensors or GPTQ INT4 checkpoint,
+ * repacked at load (fmt_int4.c). `dz` is the group's f32 scale d, little-endian, whose low 4
+ * mantissa bits hold the zero point z: BF16 and F16 scales convert to f32 with at least 13
+ * low bits clear, so both fit one word exactly. Codes are unsigned, in Q4_0's nibble order
+ * (element j low nibble of qs[j], element j+16 high nibble), so the Q4_0 unpack serves; value
+ * d·(q − z) (symmetric groups: z = 8). Bytes only: a repacked matrix may start anywhere. */
+#define QK_INT4 32
+struct block_int4_g32 {
+	uint8_t dz[4];
+	uint8_t qs[QK_INT4 / 2];
+};
+static_assert(sizeof(struct block_int4_g32) == 20, "INT4_G32 block");
+static_assert(_Alignof(struct block_int4_g32) == 1, "INT4_G32 blocks are byte-aligned");
+
+/* The scale d and zero point z of an INT4_G32 block. */
+static inline float moek_int4_scale(const struct block_int4_g32 *b, int *z)
+{
+	const uint32_t w = (uint32_t)b->dz[0] | (uint32_t)b->dz[1] << 8 | (uint32_t)b->dz[2] << 16 |
+	                   (uint32_t)b->dz[3] << 24;
+	const uint32_t bits = w & ~15u;
+	float d;
+	memcpy(&d, &bits, sizeof(d));
+	*z = (int)(w & 15u);
+	return d;
+}
+
+/* INT4_G32 reference row codecs (fmt_int4.c), the format table's row functions. */
+void moek_int4_quantize_row(const float *x, void *dst, size_t n);
+void moek_int4_dequantize_row(const void *src, float *dst, size_t n);
+
 /* E2M1 values doubled (ggml's kvalues_mxfp4): code c means kvalues[c] / 2. */
 extern const int8_t moek_mxfp4_kvalues[16];
 /* The IQ4 grid (ggml's kvalues_iq4nl), ascending: code c means kvalues[c] times the scale. */
@@ -318,6 +348,19 @@ extern const struct moek_isa_ops moek_scalar_ops;
 const struct moek_isa_ops *moek_isa_current(void);
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
+/* INT4_G32's AVX2 paths (x86_avx2_int4.c), entries of moek_avx2_ops: the row dot against
+ * MOEK_ACT_Q8_0X2 activations, its one-token many-row form, and the prefill dequantizer. */
+void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, size_t act_stride,
+                        size_t nt, size_t k, float *out);
+void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
+                         float *out);
+void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
+/* Whether moek_avx2_set_vnni turned the vpdpbusd forms on (the dots read it once per call). */
+bool moek_avx2_vnni_on(void);
+/* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
+ * where moek_avx2_vnni_on; same bits). */
+void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
+                       float *out);
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
  * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
  * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing

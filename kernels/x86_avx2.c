@@ -228,10 +228,12 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 static uint32_t private_act(uint32_t weight_format, bool interleaved)
 {
 	if (interleaved)
-		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ? MOEK_ACT_Q8_0S
-		                                                                 : 0;
+		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ||
+		               weight_format == MOEK_INT4_G32
+		           ? MOEK_ACT_Q8_0S
+		           : 0;
 	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ||
-	               weight_format == MOEK_IQ4_NL
+	               weight_format == MOEK_IQ4_NL || weight_format == MOEK_INT4_G32
 	           ? MOEK_ACT_Q8_0X2
 	           : 0;
 }
@@ -1636,6 +1638,10 @@ static void dequantize_row(uint32_t format, const void *w, const float *scale_ro
 		break;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: i = moek_avx2_dequantize_iq4(format, w, dst, k); break;
+	case MOEK_INT4_G32:
+		moek_avx2_dequantize_int4(w, dst, k);
+		i = k;
+		break;
 	default: break;
 	}
 	if (i < k) /* F32 and any tail through the reference */
@@ -1843,6 +1849,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_dot_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_Q3_K] = moek_avx2_dot_q3_K,
+            [61] = moek_avx2_dot_int4,
             [63] = dot_fp8,
         },
     .dot_rows =
@@ -1859,6 +1866,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_rows_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_Q3_K] = moek_avx2_rows_q3_K,
+            [61] = moek_avx2_rows_int4,
         },
     .dot_x8 =
         {
@@ -1866,6 +1874,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_MXFP4] = x8_mxfp4,
             [MOEK_Q4_K] = x8_q4_K,
             [MOEK_BF16] = x8_bf16,
+            [61] = moek_avx2_x8_int4,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

@@ -98,7 +98,11 @@ enum gen_kind {
 	GK_MXFP4_BLOCKS,
 	GK_MXFP4_SCALES,
 	GK_VECTOR, /* a norm, bias or sink vector outside the experts (--full-model) */
+	GK_INT4,   /* one tensor of an INT4 checkpoint's projection (gen_tensor.part) */
 };
+
+/* The tensors of one INT4 projection, in file order: compressed-tensors, then GPTQ. */
+enum int4_part { I4_PACKED, I4_SCALE, I4_SHAPE, I4_QWEIGHT, I4_QZEROS, I4_SCALES, I4_GIDX };
 
 struct gen_tensor {
 	char name[112];
@@ -108,6 +112,7 @@ struct gen_tensor {
 	enum moe_gen_tensor which;
 	bool interleaved;    /* HF gpt-oss gate_up: even rows gate, odd rows up */
 	bool halves;         /* GGUF ffn_gate_up_exps: rows [0, ffn) gate, [ffn, 2 ffn) up */
+	uint8_t part;        /* GK_INT4: enum int4_part */
 	uint64_t rows, cols; /* per-expert matrix (vectors: rows x 1) */
 	uint32_t format;     /* moek format of the stored values */
 	int st_dtype;        /* safetensors dtype */
@@ -189,6 +194,9 @@ struct gen {
 	size_t fp8_scales_cap;
 	uint8_t *mx_scales; /* E8M0 scales of the last MXFP4 _blocks tensor, for _scales */
 	size_t mx_scales_cap;
+	uint8_t *int4; /* every tensor of the INT4 projection being written (GK_INT4) */
+	size_t int4_cap;
+	uint32_t int4_group;
 	struct gen_pool pool;
 	struct gen_writer writer;
 	bool sync_ready, writer_started;
@@ -314,6 +322,65 @@ static uint32_t expert_format(const struct gen *g, uint32_t L, int p)
 	return mix ? moe_gen_mix_format(mix, mats[p], L, g->m.n_layers) : g->m.format;
 }
 
+/* The tensors of INT4 projection `stem` (…experts.E.gate_proj) of expert e: weight_packed,
+ * weight_scale and weight_shape (compressed-tensors) or qweight, qzeros, scales and g_idx
+ * (GPTQ), with the shapes and dtypes the checkpoints carry. */
+static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor which,
+                     const char *stem, uint64_t rows, uint64_t cols)
+{
+	static const char *const suffix[] = {"weight_packed", "weight_scale", "weight_shape",
+	                                     "qweight",       "qzeros",       "scales",
+	                                     "g_idx"};
+	const uint64_t G = g->int4_group;
+	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT;
+	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= (ct ? I4_SHAPE : I4_GIDX); k++) {
+		struct gen_tensor *t =
+		    plan_add(g, GK_INT4, L, (int32_t)e, which, rows, cols, MOEK_INT4_G32);
+		if (!t)
+			return plan_fail(g);
+		t->part = (uint8_t)k;
+		snprintf(t->name, sizeof(t->name), "%s.%s", stem, suffix[k]);
+		switch (k) {
+		case I4_PACKED:
+			set_shape(g, t, 2, (uint64_t[]){rows, cols / 8});
+			t->st_dtype = ST_I32;
+			t->nbytes = moek_int4_packed_bytes(rows, cols);
+			break;
+		case I4_SCALE:
+			set_shape(g, t, 2, (uint64_t[]){rows, cols / G});
+			t->st_dtype = ST_BF16;
+			t->nbytes = moek_int4_scale_bytes(rows, cols, G);
+			break;
+		case I4_SHAPE:
+			set_shape(g, t, 1, (uint64_t[]){2});
+			t->st_dtype = ST_I32;
+			t->nbytes = 8;
+			break;
+		case I4_QWEIGHT:
+			set_shape(g, t, 2, (uint64_t[]){cols / 8, rows});
+			t->st_dtype = ST_I32;
+			t->nbytes = moek_int4_packed_bytes(rows, cols);
+			break;
+		case I4_QZEROS:
+			set_shape(g, t, 2, (uint64_t[]){cols / G, rows / 8});
+			t->st_dtype = ST_I32;
+			t->nbytes = moek_int4_zero_bytes(rows, cols, G);
+			break;
+		case I4_SCALES:
+			set_shape(g, t, 2, (uint64_t[]){cols / G, rows});
+			t->st_dtype = ST_F16;
+			t->nbytes = moek_int4_scale_bytes(rows, cols, G);
+			break;
+		default:
+			set_shape(g, t, 1, (uint64_t[]){cols});
+			t->st_dtype = ST_I32;
+			t->nbytes = 4 * cols;
+			break;
+		}
+	}
+	return 0;
+}
+
 static int plan_layer(struct gen *g, uint32_t L)
 {
 	const enum moe_arch arch = g->m.preset->arch;
@@ -411,6 +478,20 @@ static int plan_layer(struct gen *g, uint32_t L)
 		for (int p = 0; p < 3; p++) {
 			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
 			const uint32_t format = expert_format(g, L, p);
+			if (format == MOEK_INT4_G32) {
+				char stem[96];
+				if (arch == MOE_ARCH_MIXTRAL)
+					snprintf(stem, sizeof(stem),
+					         "model.layers.%u.block_sparse_moe.experts.%u.%s",
+					         L, e, mixtral_proj[p]);
+				else
+					snprintf(stem, sizeof(stem),
+					         "model.layers.%u.mlp.experts.%u.%s", L, e,
+					         hf_proj[p]);
+				if (plan_int4(g, L, e, mats[p], stem, rows, cols))
+					return -1;
+				continue;
+			}
 			if (!(t = plan_add(g, GK_WEIGHT, L, (int32_t)e, mats[p], rows, cols,
 			                   format)))
 				return plan_fail(g);
@@ -879,6 +960,45 @@ static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t
 	return 0;
 }
 
+/* One tensor of an INT4 projection, on the calling thread: its first tensor quantizes the
+ * whole matrix into every tensor of the projection (g->int4), the others copy their part. */
+static int emit_int4(struct gen *g, const struct gen_tensor *t)
+{
+	const size_t rows = t->rows, cols = t->cols, G = g->int4_group;
+	const size_t pb = moek_int4_packed_bytes(rows, cols);
+	const size_t sb = moek_int4_scale_bytes(rows, cols, G);
+	const size_t zb = moek_int4_zero_bytes(rows, cols, G);
+	const uint32_t e = (uint32_t)t->expert;
+	if (t->part == I4_PACKED || t->part == I4_QWEIGHT) {
+		if (ensure_shared(g, (void **)&g->int4, &g->int4_cap, pb + sb + zb + 4 * cols))
+			return -1;
+		if (ensure(&g->scratch.floats, &g->scratch.floats_cap, rows * cols * sizeof(float)))
+			return model_fail(g->err, "out of memory");
+		float *x = g->scratch.floats;
+		moe_gen_floats(g->opt->seed, t->layer, e, t->which, cols, 0, rows * cols, x);
+		if (t->part == I4_PACKED)
+			gen_int4_ct(x, rows, cols, G, g->int4, g->int4 + pb);
+		else
+			gen_int4_gptq(x, rows, cols, G, g->int4, g->int4 + pb + sb, g->int4 + pb,
+			              g->int4 + pb + sb + zb);
+	}
+	switch (t->part) {
+	case I4_PACKED:
+	case I4_QWEIGHT: return put_bytes(g, g->int4, pb);
+	case I4_SCALE:
+	case I4_SCALES: return put_bytes(g, g->int4 + pb, sb);
+	case I4_QZEROS: return put_bytes(g, g->int4 + pb + sb, zb);
+	case I4_GIDX: return put_bytes(g, g->int4 + pb + sb + zb, 4 * cols);
+	default: {
+		const uint8_t shape[8] = {(uint8_t)rows,         (uint8_t)(rows >> 8),
+		                          (uint8_t)(rows >> 16), (uint8_t)(rows >> 24),
+		                          (uint8_t)cols,         (uint8_t)(cols >> 8),
+		                          (uint8_t)(cols >> 16), (uint8_t)(cols >> 24)};
+		return put_bytes(g, shape, sizeof(shape));
+	}
+	}
+}
+
 /* Small tensors (routers, biases, norms), on the calling thread. */
 static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 {
@@ -930,6 +1050,7 @@ static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
 				return -1;
 		return 0;
 	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
+	case GK_INT4: return emit_int4(g, t);
 	}
 	return 0;
 }
@@ -1186,6 +1307,25 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          g->m.n_experts, g->m.ffn, p->dense_ffn);
 		break;
 	}
+	if (g->opt->int4 == MOE_GEN_INT4_CT)
+		mb_printf(
+		    mb,
+		    "  \"quantization_config\": {\"quant_method\": \"compressed-tensors\", "
+		    "\"format\": \"pack-quantized\", \"quantization_status\": \"compressed\", "
+		    "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
+		    "\"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
+		    "\"strategy\": \"group\", \"group_size\": %u, \"dynamic\": false, "
+		    "\"actorder\": null, \"observer\": \"minmax\"}, "
+		    "\"input_activations\": null, \"output_activations\": null}}, "
+		    "\"ignore\": [\"lm_head\", \"re:.*mlp.gate$\"]},\n",
+		    g->int4_group);
+	else if (g->opt->int4 == MOE_GEN_INT4_GPTQ)
+		mb_printf(mb,
+		          "  \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, "
+		          "\"group_size\": %u, \"desc_act\": false, \"sym\": true, "
+		          "\"checkpoint_format\": \"gptq\", \"damp_percent\": 0.01, "
+		          "\"true_sequential\": true},\n",
+		          g->int4_group);
 	mb_printf(mb,
 	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
 	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
@@ -1285,9 +1425,28 @@ static int check_options(struct gen *g)
 	if (g->m.gguf && g->m.format == MOEK_FP8_E4M3_B128)
 		return model_fail(g->err, "FP8 E4M3 has no GGUF type; write safetensors (an output "
 		                          "directory) instead");
+	if ((g->m.format == MOEK_INT4_G32) != (o->int4 != MOE_GEN_INT4_NONE))
+		return model_fail(g->err, "INT4_G32 is the sidecar's load-time layout: write an "
+		                          "INT4 checkpoint with --format int4-ct or gptq");
+	if (o->int4) {
+		g->int4_group = o->group ? o->group : o->int4 == MOE_GEN_INT4_CT ? 32 : 128;
+		if (g->m.gguf || o->full_model || o->per_expert || o->fused_gate_up ||
+		    p->arch == MOE_ARCH_GPT_OSS)
+			return model_fail(g->err,
+			                  "INT4 checkpoints (%s) are written as experts-only "
+			                  "safetensors with per-expert tensors, not for gpt-oss",
+			                  o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
+		if (g->int4_group % 32 || g->m.hidden % g->int4_group || g->m.ffn % g->int4_group)
+			return model_fail(
+			    g->err,
+			    "INT4 group size %u must be a multiple of 32 dividing hidden "
+			    "%" PRIu64 " and ffn %" PRIu64,
+			    g->int4_group, g->m.hidden, g->m.ffn);
+	}
 	if (!g->m.gguf) {
 		bool ok = g->m.format == MOEK_F32 || g->m.format == MOEK_F16 ||
-		          g->m.format == MOEK_BF16 || g->m.format == MOEK_FP8_E4M3_B128;
+		          g->m.format == MOEK_BF16 || g->m.format == MOEK_FP8_E4M3_B128 ||
+		          g->m.format == MOEK_INT4_G32;
 		if (p->arch == MOE_ARCH_GPT_OSS)
 			ok = g->m.format == MOEK_MXFP4;
 		if (!ok)
@@ -1454,5 +1613,6 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 	free(g.scratch.blocks);
 	free(g.fp8_scales);
 	free(g.mx_scales);
+	free(g.int4);
 	return rc;
 }

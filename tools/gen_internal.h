@@ -65,6 +65,14 @@ int gen_full_plan_layer_attention(struct gen *g, const struct gen_model *m, uint
 int gen_full_plan_layer_ffn(struct gen *g, const struct gen_model *m, uint32_t L);
 int gen_full_plan_tail(struct gen *g, const struct gen_model *m);
 
+/* INT4 checkpoint tensors of a rows x cols float matrix (gen_int4.c): compressed-tensors
+ * weight_packed + weight_scale (BF16), or GPTQ qweight + qzeros (v1) + scales (F16) + g_idx;
+ * buffers of the sizes moek_int4_*_bytes give (g_idx: 4 · cols). */
+void gen_int4_ct(const float *x, size_t rows, size_t cols, size_t group, uint8_t *packed,
+                 uint8_t *scales);
+void gen_int4_gptq(const float *x, size_t rows, size_t cols, size_t group, uint8_t *qweight,
+                   uint8_t *qzeros, uint8_t *scales, uint8_t *g_idx);
+
 /* ---- header buffers ------------------------------------------------------------------- */
 
 struct membuf {

@@ -14,8 +14,10 @@
  * previous 8 MiB; the bytes written are the same for any thread count.
  * Formats by container: GGUF takes every weight format of the kernels' table but FP8 (and
  * the K-quant mixes, moe_gen_mix); safetensors
- * takes F32 F16 BF16 FP8_E4M3_B128 (weight_scale_inv) and, for gpt-oss only, MXFP4 in the
- * _blocks/_scales layout (gpt-oss checkpoints ship only that). Other pairs are an error.
+ * takes F32 F16 BF16 FP8_E4M3_B128 (weight_scale_inv), INT4 checkpoints (moe_gen_int4:
+ * compressed-tensors pack-quantized or GPTQ, format INT4_G32, experts-only models) and, for
+ * gpt-oss only, MXFP4 in the _blocks/_scales layout (gpt-oss checkpoints ship only that).
+ * Other pairs are an error.
  */
 #ifndef MOE_GEN_H
 #define MOE_GEN_H
@@ -38,6 +40,13 @@ enum moe_gen_mix {
 	MOE_GEN_MIX_Q4_K_M,
 	MOE_GEN_MIX_Q3_K_M,
 	MOE_GEN_MIX_Q2_K,
+};
+
+/* The INT4 checkpoint encoding of format MOEK_INT4_G32 (safetensors only). */
+enum moe_gen_int4 {
+	MOE_GEN_INT4_NONE = 0,
+	MOE_GEN_INT4_CT,   /* compressed-tensors pack-quantized, symmetric, BF16 scales */
+	MOE_GEN_INT4_GPTQ, /* GPTQ v1 (checkpoint_format "gptq"), sym, desc_act false */
 };
 
 struct moe_gen_options {
@@ -63,10 +72,12 @@ struct moe_gen_options {
 	 * with a whole config.json or the llama.cpp keys and a byte-level tokenizer. The
 	 * experts are the same bytes as without it. 0 below: scaled from the preset. */
 	bool full_model;
-	uint32_t vocab;    /* 0: 4096 (at least 257: 256 byte tokens + <|endoftext|>) */
-	uint32_t heads;    /* attention heads */
-	uint32_t kv_heads; /* key/value heads (a divisor of heads) */
-	uint32_t head_dim; /* per head (DeepSeek: qk_nope = v_head_dim) */
+	uint32_t vocab;         /* 0: 4096 (at least 257: 256 byte tokens + <|endoftext|>) */
+	uint32_t heads;         /* attention heads */
+	uint32_t kv_heads;      /* key/value heads (a divisor of heads) */
+	uint32_t head_dim;      /* per head (DeepSeek: qk_nope = v_head_dim) */
+	enum moe_gen_int4 int4; /* format MOEK_INT4_G32: which checkpoint encoding */
+	uint32_t group;         /* INT4 group size; 0: 32 (compressed-tensors), 128 (GPTQ) */
 };
 
 #define MOE_GEN_MAX_THREADS 64

@@ -32,6 +32,10 @@ static void usage(FILE *o)
 	        "                   safetensors, fp8 for deepseek-v3 safetensors, mxfp4 for\n"
 	        "                   gpt-oss)\n",
 	        formats);
+	fprintf(o, "  --format int4-ct | gptq\n"
+	           "                   an INT4 checkpoint: compressed-tensors pack-quantized or\n"
+	           "                   GPTQ v1 (safetensors, experts only)\n"
+	           "  --group N        its group size (default: 32 int4-ct, 128 gptq)\n");
 	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k: GGUF experts typed per tensor as\n"
 	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
@@ -152,6 +156,8 @@ int main(int argc, char **argv)
 				o.kv_heads = (uint32_t)n;
 			else if (!strcmp(a, "--head-dim") && n <= UINT32_MAX)
 				o.head_dim = (uint32_t)n;
+			else if (!strcmp(a, "--group") && n <= UINT32_MAX)
+				o.group = (uint32_t)n;
 			else {
 				fprintf(stderr, "moe-gen: unknown option %s\n\n", a);
 				usage(stderr);
@@ -170,7 +176,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "moe-gen: --format and --mix exclude each other\n");
 		return 2;
 	}
-	if (format) {
+	if (format && (!strcasecmp(format, "int4-ct") || !strcasecmp(format, "gptq"))) {
+		o.format = MOEK_INT4_G32;
+		o.int4 = !strcasecmp(format, "gptq") ? MOE_GEN_INT4_GPTQ : MOE_GEN_INT4_CT;
+	} else if (format) {
 		if (parse_format(format, &o.format)) {
 			fprintf(stderr, "moe-gen: unknown format '%s'\n", format);
 			return 2;

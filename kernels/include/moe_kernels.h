@@ -84,9 +84,47 @@ int moek_dequantize(uint32_t format, const void *src, const float *scales, size_
 void moek_mxfp4_from_hf(const uint8_t *blocks, const uint8_t *scales, size_t n, void *gguf);
 void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scales);
 
+/* INT4 group-quantized checkpoints into MOEK_INT4_G32 rows (20 bytes per 32 weights: an f32
+ * scale whose low 4 mantissa bits hold the zero point, then 16 bytes of codes; value
+ * scale · (code − zero)). A matrix has `rows` outputs of `cols` inputs; `group` (a multiple of
+ * 32 dividing cols) is the checkpoint's group size: a group of 64 or 128 gives its scale and
+ * zero to each of its 32-element groups. All inputs are little-endian bytes at any alignment.
+ *
+ * compressed-tensors pack-quantized, symmetric: `packed` is weight_packed, int32 [rows,
+ * cols / 8], element 8w + i in bits 4i..4i+3 of word w, value nibble − 8; `scales` is
+ * weight_scale, BF16 [rows, cols / group].
+ *
+ * GPTQ: `qweight` int32 [cols / 8, rows] (packed along the input: element i of output o in
+ * bits 4 (i % 8).. of word (i / 8, o)); `qzeros` int32 [cols / group, rows / 8] (output o's
+ * zero in bits 4 (o % 8).. of word (g, o / 8)); `scales` F16 [cols / group, rows]; g_idx must
+ * be i / group (the caller checks). v1 (the classic checkpoint_format "gptq") stores each zero
+ * minus one, v2 stores it as it is. rows must be a multiple of 8.
+ *
+ * Both return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
+ * whose zero point 16 an INT4_G32 block cannot hold. dst must not overlap the inputs. */
+int moek_int4_from_ct(const void *packed, const void *scales, size_t rows, size_t cols,
+                      size_t group, void *dst, char *err, size_t err_len);
+int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
+                        size_t cols, size_t group, bool v1, void *dst, char *err, size_t err_len);
+/* Bytes of the checkpoint tensors of a rows x cols INT4 matrix in group `group`: the packed
+ * weights (both encodings: rows · cols / 2), the scales (rows · cols / group · 2) and GPTQ's
+ * zeros (rows · cols / group / 2). */
+static inline size_t moek_int4_packed_bytes(size_t rows, size_t cols)
+{
+	return rows * cols / 2;
+}
+static inline size_t moek_int4_scale_bytes(size_t rows, size_t cols, size_t group)
+{
+	return rows * (cols / group) * 2;
+}
+static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group)
+{
+	return rows / 2 * (cols / group);
+}
+
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
- * Q8_0, Q4_K and BF16 — the same bytes as GGUF rows, permuted so that one SIMD multiply covers
- * 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
+ * Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD multiply
+ * covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
  * block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 · block_bytes
  * bytes; BF16's block here is 16 elements), the blocks' fields in this order, where "vectors"
  * means 32-byte vectors whose bytes 4r..4r+3 come from row r:
@@ -94,7 +132,8 @@ void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scal
  *   Q8_0:  8 vectors of the 32 int8 weights, 8 f16 d;
  *   Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors of the
  *          128 nibble bytes;
- *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1).
+ *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
+ *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words.
  * moek_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes apart; 0 = packed)
  * into dst (rows · row bytes); rows % 8 == 0, no overlap. moek_deinterleave is the inverse.
  * Both return 0, or -1 for a format without the layout or a bad shape. */

@@ -197,6 +197,8 @@ struct load_transform {
 	uint32_t node; /* the residency's index (its node slices when sliced) */
 	struct mxfp4_hf_converter *hf;
 	struct decode_scratch decode;
+	uint8_t *int4_scratch; /* INT4 checkpoints: a copy of one projection's source tensors */
+	size_t int4_scratch_len;
 };
 struct forward_weights {
 	enum forward_source source;
@@ -220,6 +222,7 @@ struct forward_weights {
 	uint32_t node_pieces, node_extents;
 	uint8_t piece_data[3]; /* extent index of each piece's data */
 	bool mxfp4_hf;         /* some projection is MXFP4 in the Hugging Face layout */
+	bool int4;             /* some projection is an INT4 checkpoint's (repacked at load) */
 	struct mxfp4_hf_converter hf_conv[FORWARD_MAX_NODES]; /* one per residency */
 	struct decode_layout decode;                          /* RESIDENCY, ALL_RESIDENT */
 	struct load_transform transform[FORWARD_MAX_NODES];   /* one per residency */

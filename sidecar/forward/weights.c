@@ -23,6 +23,12 @@
  * for it (a read-only page-cache mapping cannot be converted, and a private copy would
  * defeat what that baseline measures).
  *
+ * INT4 checkpoints (compressed-tensors pack-quantized, GPTQ) are repacked into INT4_G32 rows
+ * the same way, once per load: the repacked rows outgrow the packed weights, so the residency
+ * map gives each such data extent the room of its rows (catalog_adapter.c) and the hook
+ * copies a projection's source tensors aside before writing the rows over them. The MMAP
+ * source is refused for them as for Hugging Face MXFP4.
+ *
  * RESIDENCY and ALL_RESIDENT then rearrange each expert, in the same memory, into the layout the
  * decode kernels read fastest (decode_layout.c: gate and up alternating, groups of 8 rows
  * interleaved where the format has the layout); every view is built for that layout. The
@@ -108,6 +114,22 @@ static int check_supported(struct forward_weights *w, const struct moe_catalog *
 					         "in place): use the residency or all-resident "
 					         "source, or convert the model to GGUF",
 					         l, moe_proj_name((enum moe_proj)p));
+					return -1;
+				}
+			}
+			if (r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ) {
+				w->int4 = true;
+				if (source == FORWARD_SOURCE_MMAP) {
+					snprintf(
+					    err, err_len,
+					    "layer %u %s: INT4 checkpoint weights (%s) cannot be "
+					    "served from the mmap source (the kernels take "
+					    "INT4_G32 blocks, and a read-only page-cache mapping "
+					    "cannot be repacked in place): use the residency or "
+					    "all-resident source",
+					    l, moe_proj_name((enum moe_proj)p),
+					    r->layout == MOE_LAYOUT_INT4_CT ? "compressed-tensors"
+					                                    : "GPTQ");
 					return -1;
 				}
 			}
@@ -307,6 +329,90 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 	return 0;
 }
 
+/* ---- INT4 checkpoints → INT4_G32 rows ---- */
+
+static bool is_int4(const struct moe_proj_ref *r)
+{
+	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ;
+}
+
+/* The checkpoint bytes of an INT4 projection: weights, scales and (GPTQ) zeros. */
+static uint64_t int4_source_bytes(const struct moe_proj_ref *r)
+{
+	return r->data.length + r->scale.length + r->zeros.length;
+}
+
+/* Scratch for the largest INT4 projection's source tensors (0: the model has none). */
+static size_t int4_scratch_bytes(const struct forward_weights *w)
+{
+	uint64_t most = 0;
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t e = 0; e < w->n_experts; e++) {
+			const struct moe_expert *x =
+			    moe_catalog_expert(w->cat, w->model_layer[l], e);
+			for (int p = 0; p < MOE_PROJ_COUNT; p++)
+				if (x->proj[p].present && is_int4(&x->proj[p]) &&
+				    int4_source_bytes(&x->proj[p]) > most)
+					most = int4_source_bytes(&x->proj[p]);
+		}
+	return (size_t)most;
+}
+
+/* Repacks projection r from its source tensors at src (weights, scales, zeros back to back)
+ * into INT4_G32 rows at dst (moe_proj_kernel_bytes(r) bytes, not overlapping src). */
+static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t *dst, char *err,
+                       size_t err_len)
+{
+	const uint8_t *sc = src + r->data.length, *zs = sc + r->scale.length;
+	if (r->layout == MOE_LAYOUT_INT4_CT)
+		return moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, err, err_len);
+	return moek_int4_from_gptq(src, zs, sc, r->rows, r->cols, r->group, r->gptq_v1, dst, err,
+	                           err_len);
+}
+
+/* The post-load repack of every INT4 projection of a loaded expert (whole-expert map): each
+ * projection's tensors are copied into the scratch, then its rows written from its data
+ * pointer on, into the room the map reserved there. */
+static int int4_after_load(const struct load_transform *t, const struct residency_loaded *x,
+                           char *msg, size_t msg_len)
+{
+	const struct forward_weights *w = t->w;
+	const struct moe_expert *ce =
+	    moe_catalog_expert(w->cat, w->model_layer[x->layer], x->expert);
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		const struct moe_proj_ref *r = &ce->proj[p];
+		if (!r->present || !is_int4(r))
+			continue;
+		const int8_t d = w->roles.data[p], s = w->roles.scale[p], z = w->roles.zeros[p];
+		const bool gptq = r->layout == MOE_LAYOUT_INT4_GPTQ;
+		if (d < 0 || s < 0 || (gptq && z < 0) || (uint32_t)d >= x->n_extents ||
+		    (uint32_t)s >= x->n_extents || (gptq && (uint32_t)z >= x->n_extents) ||
+		    x->length[d] != r->data.length || x->length[s] != r->scale.length ||
+		    int4_source_bytes(r) > t->int4_scratch_len ||
+		    x->data[d] + moe_proj_kernel_bytes(r) > x->slot + x->slot_bytes) {
+			snprintf(msg, msg_len,
+			         "INT4 repack: layer %u expert %u %s: the loaded extents do not "
+			         "match the catalog",
+			         w->model_layer[x->layer], x->expert,
+			         moe_proj_name((enum moe_proj)p));
+			return -EINVAL;
+		}
+		uint8_t *buf = t->int4_scratch;
+		memcpy(buf, x->data[d], r->data.length);
+		memcpy(buf + r->data.length, x->data[s], r->scale.length);
+		if (gptq)
+			memcpy(buf + r->data.length + r->scale.length, x->data[z], r->zeros.length);
+		char why[200];
+		if (int4_repack(r, buf, x->data[d], why, sizeof(why)) != 0) {
+			snprintf(msg, msg_len, "layer %u expert %u %s: %s",
+			         w->model_layer[x->layer], x->expert,
+			         moe_proj_name((enum moe_proj)p), why);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
                       struct moek_expert *v, char *err, size_t err_len);
 
@@ -346,10 +452,13 @@ static void loaded_piece(const struct forward_weights *w, uint32_t node,
 		return;
 	}
 	const int8_t gu = w->roles.data[MOE_PROJ_GATE_UP], down = w->roles.data[MOE_PROJ_DOWN];
-	*p = gu >= 0 ? whole_piece(shape, NULL, NULL, x->data[gu], x->data[down], x->length[down])
+	const struct moe_proj_ref *dr =
+	    &moe_catalog_expert(w->cat, w->model_layer[x->layer], x->expert)->proj[MOE_PROJ_DOWN];
+	const size_t down_bytes = is_int4(dr) ? moe_proj_kernel_bytes(dr) : x->length[down];
+	*p = gu >= 0 ? whole_piece(shape, NULL, NULL, x->data[gu], x->data[down], down_bytes)
 	             : whole_piece(shape, x->data[w->roles.data[MOE_PROJ_GATE]],
 	                           x->data[w->roles.data[MOE_PROJ_UP]], NULL, x->data[down],
-	                           x->length[down]);
+	                           down_bytes);
 }
 
 /* The residency's post-load hook: the Hugging Face MXFP4 conversion, then the decode layout. */
@@ -359,6 +468,8 @@ static int transform_after_load(void *arg, const struct residency_loaded *x, cha
 	struct load_transform *t = arg;
 	const struct forward_weights *w = t->w;
 	if (w->mxfp4_hf && mxfp4_hf_after_load(t->hf, x, msg, msg_len) != 0)
+		return -EINVAL;
+	if (w->int4 && int4_after_load(t, x, msg, msg_len) != 0)
 		return -EINVAL;
 	if (!w->decode.on)
 		return 0;
@@ -441,7 +552,7 @@ static void bind_expert(struct forward_weights *w, struct forward_topology *topo
  * MXFP4 becomes GGUF blocks, as many bytes as its blocks and scales together. */
 static uint64_t kernel_bytes(const struct moe_proj_ref *r)
 {
-	return r->data.length + (r->layout == MOE_LAYOUT_MXFP4_HF ? r->scale.length : 0);
+	return moe_proj_kernel_bytes(r);
 }
 
 /* Rearranges the all-resident copy of (l, e) into the decode layout. */
@@ -515,9 +626,17 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 		return -1;
 	struct decode_scratch scratch = {0};
 	struct moek_expert shape;
+	uint8_t *int4_buf = NULL;
+	if (w->int4 && !(int4_buf = malloc(int4_scratch_bytes(w)))) {
+		free(conv.scratch);
+		snprintf(err, err_len, "INT4 repack scratch (%zu bytes): out of memory",
+		         int4_scratch_bytes(w));
+		return -1;
+	}
 	if (w->decode.on && (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
 	                     decode_scratch_init(&scratch, &shape, err, err_len) != 0)) {
 		free(conv.scratch);
+		free(int4_buf);
 		return -1;
 	}
 	int rc = 0;
@@ -531,6 +650,27 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 				uint8_t *dst =
 				    (uint8_t *)w
 				        ->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT + p];
+				if (is_int4(r)) { /* the tensors into the scratch, rows into dst */
+					const struct moe_extent *xs[3] = {&r->data, &r->scale,
+					                                  &r->zeros};
+					uint64_t used = 0;
+					for (int k = 0; k < 3 && rc == 0; k++) {
+						rc = read_exact(fds[xs[k]->file],
+						                cat->files[xs[k]->file].path,
+						                int4_buf + used, xs[k]->length,
+						                xs[k]->offset, err, err_len);
+						used += xs[k]->length;
+					}
+					char why[200];
+					if (rc == 0 &&
+					    int4_repack(r, int4_buf, dst, why, sizeof(why))) {
+						snprintf(err, err_len, "layer %u expert %u %s: %s",
+						         w->model_layer[l], e,
+						         moe_proj_name((enum moe_proj)p), why);
+						rc = -1;
+					}
+					continue;
+				}
 				rc = read_exact(fds[r->data.file], cat->files[r->data.file].path,
 				                dst, r->data.length, r->data.offset, err, err_len);
 				if (rc || r->layout != MOE_LAYOUT_MXFP4_HF)
@@ -558,6 +698,7 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 				              (uint64_t)l * w->n_experts + e + 1, n_ids);
 		}
 	free(conv.scratch);
+	free(int4_buf);
 	decode_scratch_free(&scratch);
 	w->budget_bytes = total;
 	return rc;
@@ -613,7 +754,8 @@ static uint64_t map_bytes(const struct expert_map *map, uint64_t pad_per_extent)
 		uint32_t n;
 		const struct expert_extent *x = expert_map_extents(map, id, &n);
 		for (uint32_t i = 0; i < n; i++)
-			total += x[i].length + pad_per_extent;
+			total += (x[i].room > x[i].length ? x[i].room : x[i].length) +
+			         pad_per_extent; /* an INT4 repack's room */
 	}
 	return total;
 }
@@ -699,6 +841,8 @@ static uint64_t scale_row_bytes(const struct moe_proj_ref *r)
 /* Whether every row of r lies in one run of its data (and scales) extent, row after row. */
 static bool rows_contiguous(const struct moe_proj_ref *r)
 {
+	if (is_int4(r)) /* GPTQ packs along the input; node slices are not cut from either */
+		return false;
 	return r->data.length == r->rows * data_row_bytes(r) &&
 	       (r->layout != MOE_LAYOUT_MXFP4_HF ||
 	        r->scale.length == r->rows * scale_row_bytes(r));
@@ -905,6 +1049,16 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 			return -1;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		w->transform[n] = (struct load_transform){.w = w, .node = n, .hf = &w->hf_conv[n]};
+		if (w->int4) {
+			w->transform[n].int4_scratch_len = int4_scratch_bytes(w);
+			w->transform[n].int4_scratch = malloc(w->transform[n].int4_scratch_len);
+			if (!w->transform[n].int4_scratch) {
+				snprintf(err, err_len,
+				         "INT4 repack scratch (%zu bytes): out of memory",
+				         w->transform[n].int4_scratch_len);
+				return -1;
+			}
+		}
 		struct moek_expert shape;
 		if (w->decode.on &&
 		    (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
@@ -963,7 +1117,8 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 		    .fault_hook = cfg->fault_hook,
 		    .fault_arg = cfg->fault_arg,
-		    .post_load = w->mxfp4_hf || w->decode.on ? transform_after_load : NULL,
+		    .post_load =
+		        w->mxfp4_hf || w->int4 || w->decode.on ? transform_after_load : NULL,
 		    .post_load_arg = &w->transform[n],
 		};
 		char why[400];
@@ -1073,6 +1228,7 @@ void weights_close(struct forward_weights *w)
 		expert_map_free(&w->map);
 	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++) {
 		free(w->hf_conv[n].scratch);
+		free(w->transform[n].int4_scratch);
 		decode_scratch_free(&w->transform[n].decode);
 	}
 	if (w->resident)

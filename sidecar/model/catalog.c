@@ -672,6 +672,223 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *lay
 	return 1;
 }
 
+/* ---- INT4 checkpoints (quant_config.h) ------------------------------------------------- */
+
+uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r)
+{
+	switch (r->layout) {
+	case MOE_LAYOUT_MXFP4_HF: return r->data.length + r->scale.length;
+	case MOE_LAYOUT_INT4_CT:
+	case MOE_LAYOUT_INT4_GPTQ: return r->rows * moek_row_bytes(MOEK_INT4_G32, (size_t)r->cols);
+	case MOE_LAYOUT_BLOCKS: break;
+	}
+	return r->data.length;
+}
+
+/* Reads a small tensor's bytes (a weight_shape, a g_idx) from its file. */
+static int read_tensor(struct builder *b, const struct tview *tv, void *buf)
+{
+	const char *path = b->st->files[tv->file]->path;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return model_fail(b->err, "%s: %s", path, strerror(errno));
+	uint8_t *p = buf;
+	uint64_t done = 0;
+	while (done < tv->nbytes) {
+		ssize_t n = pread(fd, p + done, tv->nbytes - done, (off_t)(tv->offset + done));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = errno;
+			close(fd);
+			return model_fail(b->err, "%s: tensor %s: read: %s", path, tv->name,
+			                  n < 0 ? strerror(e) : "unexpected end of file");
+		}
+		done += (uint64_t)n;
+	}
+	close(fd);
+	return 0;
+}
+
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* One tensor `stem.suffix` that must be there, of dtype `dtype` and 2-D shape [d0, d1]
+ * (outermost first; d1 = 0: 1-D [d0]). what: how the error describes it. */
+static int int4_tensor(struct builder *b, const char *stem, const char *suffix, int dtype,
+                       uint64_t d0, uint64_t d1, const char *what, struct tview *tv)
+{
+	char name[512];
+	snprintf(name, sizeof(name), "%s.%s", stem, suffix);
+	if (!find_tensor(b, name, tv))
+		return model_fail(b->err, "%s: tensor %s is missing (%s)", b->path, name,
+		                  b->cat->quant.kind == MOE_QUANT_GPTQ ? "GPTQ INT4"
+		                                                       : "compressed-tensors INT4");
+	const bool ok =
+	    tv->st_dtype == dtype && (d1 ? tv->n_dims == 2 && tv->ne[1] == d0 && tv->ne[0] == d1
+	                                 : tv->n_dims == 1 && tv->ne[0] == d0);
+	if (!ok)
+		return model_fail(b->err,
+		                  "%s: tensor %s: expected %s [%" PRIu64 "%s%.0" PRIu64
+		                  "] (%s), found %s [%" PRIu64 ", %" PRIu64 "] (%u dims)",
+		                  b->path, tv->name, st_dtype_name((enum st_dtype)dtype), d0,
+		                  d1 ? ", " : "", d1, what, tv->type, tv->ne[1], tv->ne[0],
+		                  tv->n_dims);
+	return 0;
+}
+
+/* The group must divide the row (rows x cols matrix `stem`). */
+static int int4_group_fits(struct builder *b, const char *stem, uint64_t cols)
+{
+	const uint32_t g = b->cat->quant.group;
+	if (cols % g)
+		return model_fail(b->err,
+		                  "%s: %s: group size %u does not divide the row of %" PRIu64
+		                  " inputs (%s)",
+		                  b->path, stem, g, cols, b->config_path);
+	return 0;
+}
+
+/* compressed-tensors pack-quantized: weight_packed I32 [rows, cols / 8], weight_scale BF16
+ * [rows, cols / group], weight_shape I32 [2] (read and checked for the first expert of a
+ * layer); no weight_zero_point (symmetric). */
+static int take_int4_ct(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
+                        bool check_values, struct moe_proj_ref *p)
+{
+	const uint32_t g = b->cat->quant.group;
+	struct tview packed, scale, shape, zp;
+	char what[96], name[512];
+	if (int4_group_fits(b, stem, cols))
+		return -1;
+	snprintf(what, sizeof(what), "pack-quantized: 8 weights per int32");
+	if (int4_tensor(b, stem, "weight_packed", ST_I32, rows, cols / 8, what, &packed))
+		return -1;
+	snprintf(what, sizeof(what), "one scale per group of %u", g);
+	if (int4_tensor(b, stem, "weight_scale", ST_BF16, rows, cols / g, what, &scale))
+		return -1;
+	if (int4_tensor(b, stem, "weight_shape", ST_I32, 2, 0, "the unpacked [out, in]", &shape))
+		return -1;
+	snprintf(name, sizeof(name), "%s.weight_zero_point", stem);
+	if (find_tensor(b, name, &zp))
+		return model_fail(b->err,
+		                  "%s: tensor %s: zero points (an asymmetric scheme) are not "
+		                  "supported (symmetric INT4 only)",
+		                  b->path, name);
+	if (check_values) {
+		uint8_t v[8];
+		if (read_tensor(b, &shape, v))
+			return -1;
+		if (le32(v) != rows || le32(v + 4) != cols)
+			return model_fail(
+			    b->err,
+			    "%s: tensor %s: [%u, %u], expected [%" PRIu64 ", %" PRIu64 "] (%s)",
+			    b->path, shape.name, le32(v), le32(v + 4), rows, cols, b->config_path);
+	}
+	p->present = true;
+	p->format = MOEK_INT4_G32;
+	p->layout = MOE_LAYOUT_INT4_CT;
+	p->rows = rows;
+	p->cols = cols;
+	p->group = g;
+	p->data = (struct moe_extent){packed.file, packed.offset, packed.nbytes};
+	p->scale = (struct moe_extent){scale.file, scale.offset, scale.nbytes};
+	return 0;
+}
+
+/* GPTQ: qweight I32 [cols / 8, rows], qzeros I32 [cols / group, rows / 8], scales F16
+ * [cols / group, rows], g_idx I32 [cols] (optional; for the first expert of a layer every
+ * entry must be i / group — anything else is activation order). */
+static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
+                     bool check_values, struct moe_proj_ref *p)
+{
+	const uint32_t g = b->cat->quant.group;
+	struct tview qw, qz, sc, gi;
+	char what[96], name[512];
+	if (int4_group_fits(b, stem, cols))
+		return -1;
+	if (rows % 8)
+		return model_fail(b->err,
+		                  "%s: %s: %" PRIu64 " outputs, not a multiple of 8 (GPTQ packs "
+		                  "8 zero points per int32)",
+		                  b->path, stem, rows);
+	if (int4_tensor(b, stem, "qweight", ST_I32, cols / 8, rows,
+	                "GPTQ: 8 inputs per int32, packed along the input", &qw))
+		return -1;
+	snprintf(what, sizeof(what), "GPTQ: 8 zero points per int32, group %u", g);
+	if (int4_tensor(b, stem, "qzeros", ST_I32, cols / g, rows / 8, what, &qz))
+		return -1;
+	snprintf(what, sizeof(what), "GPTQ: one scale per group of %u", g);
+	if (int4_tensor(b, stem, "scales", ST_F16, cols / g, rows, what, &sc))
+		return -1;
+	snprintf(name, sizeof(name), "%s.g_idx", stem);
+	if (check_values && find_tensor(b, name, &gi)) {
+		if (gi.st_dtype != ST_I32 || gi.n_dims != 1 || gi.ne[0] != cols)
+			return model_fail(b->err,
+			                  "%s: tensor %s: expected I32 [%" PRIu64 "], found %s",
+			                  b->path, name, cols, gi.type);
+		uint8_t *v = malloc(gi.nbytes ? gi.nbytes : 1);
+		if (!v)
+			return model_fail(b->err, "out of memory");
+		int rc = read_tensor(b, &gi, v);
+		for (uint64_t i = 0; rc == 0 && i < cols; i++)
+			if (le32(v + 4 * i) != i / g)
+				rc = model_fail(b->err,
+				                "%s: tensor %s: input %" PRIu64
+				                " is in group %u, not "
+				                "%" PRIu64 " (desc_act / activation order is not "
+				                "supported)",
+				                b->path, name, i, le32(v + 4 * i), i / g);
+		free(v);
+		if (rc)
+			return -1;
+	}
+	p->present = true;
+	p->format = MOEK_INT4_G32;
+	p->layout = MOE_LAYOUT_INT4_GPTQ;
+	p->rows = rows;
+	p->cols = cols;
+	p->group = g;
+	p->gptq_v1 = b->cat->quant.gptq_v1;
+	p->data = (struct moe_extent){qw.file, qw.offset, qw.nbytes};
+	p->scale = (struct moe_extent){sc.file, sc.offset, sc.nbytes};
+	p->zeros = (struct moe_extent){qz.file, qz.offset, qz.nbytes};
+	return 0;
+}
+
+/* The expert tensor `stem` (…experts.E.down_proj) in the config's INT4 encoding where the
+ * checkpoint has it (a module the quantizer ignored stays `.weight`): 1 if taken, 0 if the
+ * plain `.weight` path applies, -1 on error. */
+static int take_int4(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
+                     bool check_values, struct moe_proj_ref *p)
+{
+	char name[512];
+	struct tview tv;
+	const enum moe_quant_kind k = b->cat->quant.kind;
+	snprintf(name, sizeof(name), "%s.%s", stem,
+	         k == MOE_QUANT_GPTQ ? "qweight" : "weight_packed");
+	if (k == MOE_QUANT_NONE || !find_tensor(b, name, &tv))
+		return 0;
+	const int rc = k == MOE_QUANT_GPTQ ? take_gptq(b, stem, rows, cols, check_values, p)
+	                                   : take_int4_ct(b, stem, rows, cols, check_values, p);
+	return rc ? -1 : 1;
+}
+
+/* Whether expert tensor `stem` exists in any encoding. */
+static bool expert_tensor_exists(struct builder *b, const char *stem)
+{
+	static const char *const suffixes[] = {"weight", "weight_packed", "qweight"};
+	char name[512];
+	struct tview tv;
+	for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++) {
+		snprintf(name, sizeof(name), "%s.%s", stem, suffixes[i]);
+		if (find_tensor(b, name, &tv))
+			return true;
+	}
+	return false;
+}
+
 /* Per-expert 2-D tensors (Mixtral w1/w3/w2, others {gate,up,down}_proj). */
 static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 {
@@ -688,11 +905,13 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 		uint32_t e = pass ? 0 : in->n_experts - 1;
 		if (mixtral)
 			snprintf(name, sizeof(name),
-			         "model.layers.%u.block_sparse_moe.experts.%u.w2.weight", L, e);
+			         "model.layers.%u.block_sparse_moe.experts.%u.w2", L, e);
 		else
-			snprintf(name, sizeof(name),
-			         "model.layers.%u.mlp.experts.%u.down_proj.weight", L, e);
-		if (!find_tensor(b, name, &tv))
+			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%u.down_proj", L,
+			         e);
+		const bool found = expert_tensor_exists(b, name);
+		strcat(name, ".weight");
+		if (!found)
 			return model_fail(
 			    b->err, "%s: layer %u is an MoE layer (%s) but tensor %s is missing",
 			    b->path, L, b->config_path, name);
@@ -710,14 +929,21 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 				snprintf(name, sizeof(name),
 				         "model.layers.%u.mlp.experts.%u.%s.weight", L, e,
 				         proj_names[p]);
+			uint64_t rows = p == MOE_PROJ_DOWN ? in->hidden : in->expert_ffn;
+			uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
+			struct moe_proj_ref *pr = &ex[e].proj[p];
+			char stem[256];
+			snprintf(stem, sizeof(stem), "%.*s", (int)(strlen(name) - 7), name);
+			const int int4 = take_int4(b, stem, rows, cols, e == 0, pr);
+			if (int4 < 0)
+				return -1;
+			if (int4)
+				continue;
 			if (!find_tensor(b, name, &tv))
 				return model_fail(b->err,
 				                  "%s: layer %u is an MoE layer (%s) but tensor "
 				                  "%s is missing",
 				                  b->path, L, b->config_path, name);
-			uint64_t rows = p == MOE_PROJ_DOWN ? in->hidden : in->expert_ffn;
-			uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
-			struct moe_proj_ref *pr = &ex[e].proj[p];
 			if (take_weight(b, &tv, false, e, rows, cols, pr))
 				return -1;
 			if (pr->format == MOEK_FP8_E4M3_B128 &&
@@ -781,8 +1007,8 @@ static void account_expert(struct moe_catalog *cat, struct moe_expert *ex)
 		const struct moe_proj_ref *pr = &ex->proj[p];
 		if (!pr->present)
 			continue;
-		const struct moe_extent *xs[3] = {&pr->data, &pr->scale, &pr->bias};
-		for (int k = 0; k < 3; k++) {
+		const struct moe_extent *xs[4] = {&pr->data, &pr->scale, &pr->bias, &pr->zeros};
+		for (int k = 0; k < 4; k++) {
 			if (!xs[k]->length)
 				continue;
 			ex->bytes += xs[k]->length;
@@ -997,6 +1223,8 @@ int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_er
 			rc = open_hf(&b, &config_path);
 		if (!rc)
 			rc = hf_read_info(&b, &hf_moe);
+		if (!rc)
+			rc = moe_quant_config_read(b.config, b.config_path, &cat->quant, err);
 	}
 	if (!rc)
 		rc = add_files(&b);

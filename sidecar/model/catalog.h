@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "model_error.h"
+#include "quant_config.h"
 
 enum moe_arch {
 	MOE_ARCH_QWEN2MOE,
@@ -60,6 +61,11 @@ enum moe_weight_layout {
 	MOE_LAYOUT_BLOCKS,   /* the format's own block layout, as moek_row_bytes describes */
 	MOE_LAYOUT_MXFP4_HF, /* MXFP4 split: `data` = _blocks (16 B per 32 weights, low nibble
 	                        = even element), `scale` = _scales (1 E8M0 byte per 32) */
+	/* INT4 checkpoints (format MOEK_INT4_G32 once repacked by moek_int4_from_ct/_gptq):
+	 * compressed-tensors pack-quantized: `data` = weight_packed, `scale` = weight_scale
+	 * (BF16); GPTQ: `data` = qweight, `scale` = scales (F16), `zeros` = qzeros */
+	MOE_LAYOUT_INT4_CT,
+	MOE_LAYOUT_INT4_GPTQ,
 };
 
 /* A byte range in one of the catalog's files. length 0 = absent. */
@@ -81,6 +87,9 @@ struct moe_proj_ref {
 	                            ceil(rows/128) x ceil(cols/128); MXFP4_HF: E8M0 bytes */
 	struct moe_extent bias;  /* gpt-oss: `rows` values of format bias_format */
 	uint32_t bias_format;    /* MOEK_F32 / MOEK_BF16 / MOEK_F16 */
+	struct moe_extent zeros; /* MOE_LAYOUT_INT4_GPTQ: qzeros */
+	uint32_t group;          /* INT4 layouts: the checkpoint's group size */
+	bool gptq_v1;            /* MOE_LAYOUT_INT4_GPTQ: zeros stored minus one */
 };
 
 struct moe_expert {
@@ -135,7 +144,12 @@ struct moe_catalog {
 	uint32_t n_formats;          /* distinct weight formats of the experts … */
 	uint32_t formats[8];         /* … (moek_format ids), in first-seen order */
 	uint64_t n_experts_aligned_4k;
+	struct moe_quant_config quant; /* config.json's INT4 scheme (MOE_QUANT_NONE: none) */
 };
+
+/* Bytes a projection takes once in the kernels' layout: its data, except Hugging Face MXFP4
+ * (blocks + scales become GGUF blocks) and INT4 checkpoints (repacked into INT4_G32 rows). */
+uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r);
 
 int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err);
 void moe_catalog_close(struct moe_catalog *cat);

@@ -88,7 +88,13 @@ static void print_json(FILE *o, const struct moe_catalog *cat)
 	fprintf(o, ",\"formats\":[");
 	for (uint32_t i = 0; i < cat->n_formats; i++)
 		fprintf(o, "%s\"%s\"", i ? "," : "", moe_format_name(cat->formats[i]));
-	fprintf(o, "],\"proj_formats\":{");
+	fprintf(o, "]");
+	if (cat->quant.kind != MOE_QUANT_NONE) {
+		char q[96];
+		fprintf(o, ",\"quantization\":");
+		json_str(o, moe_quant_config_describe(&cat->quant, q, sizeof(q)));
+	}
+	fprintf(o, ",\"proj_formats\":{");
 	for (int p = 0, k = 0; p < MOE_PROJ_COUNT; p++) {
 		struct proj_formats pf;
 		proj_formats(cat, p, &pf);
@@ -155,6 +161,11 @@ static void print_text(FILE *o, const struct moe_catalog *cat)
 	for (uint32_t i = 0; i < cat->n_formats; i++)
 		fprintf(o, " %s", moe_format_name(cat->formats[i]));
 	fprintf(o, "\n");
+	if (cat->quant.kind != MOE_QUANT_NONE) {
+		char q[96];
+		fprintf(o, "checkpoint      %s (repacked to INT4_G32 at load)\n",
+		        moe_quant_config_describe(&cat->quant, q, sizeof(q)));
+	}
 	if (ex) {
 		fprintf(o, "per expert      ");
 		print_bytes(o, ex->bytes);

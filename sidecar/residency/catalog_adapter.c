@@ -65,8 +65,15 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 					continue;
 				rc = add(map, moe, x, &pr->data, &here.data[p], &count, err,
 				         err_len);
+				const uint64_t room = moe_proj_kernel_bytes(pr);
+				if (!rc && (pr->layout == MOE_LAYOUT_INT4_CT ||
+				            pr->layout == MOE_LAYOUT_INT4_GPTQ))
+					rc = expert_map_set_room(map, moe, x, room, err, err_len);
 				if (!rc)
 					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,
+					         err, err_len);
+				if (!rc)
+					rc = add(map, moe, x, &pr->zeros, &here.zeros[p], &count,
 					         err, err_len);
 				if (!rc)
 					rc = add(map, moe, x, &pr->bias, &here.bias[p], &count, err,

@@ -3,8 +3,10 @@
  * Residency layers are MoE layers numbered 0..n_moe_layers-1 in model order (dense blocks
  * have no experts and are skipped); model_layer[] maps them back. Each expert's extents are,
  * per present projection in the order gate, up, down, gate_up: data, then scale (FP8 block
- * scales, MXFP4 _scales), then bias. Every expert of a catalog has the same structure, so
- * one `expert_extent_roles` says which extent index holds what (-1: absent).
+ * scales, MXFP4 _scales, INT4 scales), then zeros (GPTQ qzeros), then bias. An INT4
+ * checkpoint's data extent gets the room of its repacked rows (expert_extent.room), so the
+ * post-load repack writes them where the packed weights were read. Every expert of a catalog has
+ * the same structure, so one `expert_extent_roles` says which extent index holds what (-1: absent).
  */
 #ifndef MOE_RESIDENCY_CATALOG_ADAPTER_H
 #define MOE_RESIDENCY_CATALOG_ADAPTER_H
@@ -16,7 +18,8 @@
 #include "expert_map.h"
 
 struct expert_extent_roles {
-	int8_t data[MOE_PROJ_COUNT], scale[MOE_PROJ_COUNT], bias[MOE_PROJ_COUNT];
+	int8_t data[MOE_PROJ_COUNT], scale[MOE_PROJ_COUNT], zeros[MOE_PROJ_COUNT],
+	    bias[MOE_PROJ_COUNT];
 };
 
 /* Fills `map` (expert_map_free releases it). model_layer, if not NULL, receives

@@ -59,7 +59,28 @@ int expert_map_add(struct expert_map *map, uint32_t layer, uint32_t expert, uint
 		return -E2BIG;
 	}
 	map->extents[(size_t)id * EXPERT_MAX_EXTENTS + map->n_extents[id]++] =
-	    (struct expert_extent){file, offset, length};
+	    (struct expert_extent){file, offset, length, 0};
+	return 0;
+}
+
+int expert_map_set_room(struct expert_map *map, uint32_t layer, uint32_t expert, uint64_t room,
+                        char *err, size_t err_len)
+{
+	const uint32_t id = layer * map->n_experts + expert;
+	if (layer >= map->n_layers || expert >= map->n_experts || !map->n_extents[id]) {
+		snprintf(err, err_len, "expert map: layer %u expert %u has no extent to give room",
+		         layer, expert);
+		return -EINVAL;
+	}
+	struct expert_extent *x =
+	    &map->extents[(size_t)id * EXPERT_MAX_EXTENTS + map->n_extents[id] - 1];
+	if (room < x->length || room > (UINT64_C(1) << 40)) {
+		snprintf(err, err_len,
+		         "expert map: layer %u expert %u: room %llu for an extent of %llu bytes",
+		         layer, expert, (unsigned long long)room, (unsigned long long)x->length);
+		return -EINVAL;
+	}
+	x->room = room;
 	return 0;
 }
 

@@ -20,6 +20,10 @@ struct expert_extent {
 	uint32_t file;   /* index into paths */
 	uint64_t offset; /* bytes from the start of the file */
 	uint64_t length; /* bytes, > 0 */
+	/* bytes the slot keeps from the extent's data pointer on (0: length): room for a
+	 * post-load conversion whose output outgrows what was read (INT4 checkpoints repacked
+	 * into 20-byte blocks) */
+	uint64_t room;
 };
 
 struct expert_map {
@@ -34,6 +38,9 @@ int expert_map_init(struct expert_map *map, uint32_t n_layers, uint32_t n_expert
 /* Appends an extent to (layer, expert). */
 int expert_map_add(struct expert_map *map, uint32_t layer, uint32_t expert, uint32_t file,
                    uint64_t offset, uint64_t length, char *err, size_t err_len);
+/* Sets the room (struct expert_extent) of (layer, expert)'s last extent; room >= its length. */
+int expert_map_set_room(struct expert_map *map, uint32_t layer, uint32_t expert, uint64_t room,
+                        char *err, size_t err_len);
 void expert_map_free(struct expert_map *map);
 
 static inline const struct expert_extent *expert_map_extents(const struct expert_map *map,

@@ -651,7 +651,9 @@ static uint64_t compute_layout(struct residency *r)
 			    .read_length = end - start,
 			    .data_skip = ext[i].offset - start,
 			};
-			at += end - start;
+			/* a post-load conversion's room past the data pointer (expert_extent) */
+			const uint64_t kept = ext[i].offset - start + ext[i].room;
+			at += kept > end - start ? (kept + a - 1) / a * a : end - start;
 		}
 		if (at > largest)
 			largest = at;

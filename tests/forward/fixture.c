@@ -31,6 +31,8 @@ int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *s, char *er
 	    .experts = s->experts,
 	    .fused_gate_up = s->fused_gate_up,
 	    .mix = s->mix,
+	    .int4 = s->int4,
+	    .group = s->group,
 	};
 	struct model_error merr = {{0}};
 	if (moe_gen_write(&opt, &merr) != 0 || moe_catalog_open(m->path, &m->cat, &merr) != 0) {

@@ -25,7 +25,9 @@ struct fwd_model_spec {
 	uint32_t layers, experts;
 	uint64_t hidden, ffn;
 	bool fused_gate_up;
-	enum moe_gen_mix mix; /* a K-quant mix instead of `format` (GGUF) */
+	enum moe_gen_mix mix;   /* a K-quant mix instead of `format` (GGUF) */
+	enum moe_gen_int4 int4; /* format MOEK_INT4_G32: the checkpoint encoding */
+	uint32_t group;         /* its group size (0: the generator's default) */
 };
 
 /* Writes and opens the model; returns 0 or -1 with err. */

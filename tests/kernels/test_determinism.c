@@ -114,6 +114,7 @@ Test(determinism, q6_K_q5_K_q4_0)
 	check_splits(MOEK_Q5_K, 256, 512, 18);
 	check_splits(MOEK_Q4_0, 256, 512, 18);
 }
+
 /* IQ4_NL: 416 intermediate features = 6.5 pairs of activation blocks (split align 64, the
  * last range ends mid-pair) */
 Test(determinism, iq4_nl_and_iq4_xs)
@@ -122,6 +123,13 @@ Test(determinism, iq4_nl_and_iq4_xs)
 	check_splits(MOEK_IQ4_NL, 320, 416, 20);
 	check_splits(MOEK_IQ4_XS, 256, 512, 3);
 	check_splits(MOEK_IQ4_XS, 256, 512, 18);
+}
+
+Test(determinism, int4_g32)
+{
+	check_splits(MOEK_INT4_G32, 256, 512, 1);
+	check_splits(MOEK_INT4_G32, 256, 512, 3);
+	check_splits(MOEK_INT4_G32, 320, 448, 18);
 }
 
 /* Two real threads splitting every phase, a barrier between phases, against one thread. */

@@ -98,6 +98,8 @@ FMT_TEST(f16, {MOEK_F16, 0, 320, 200, MOEK_SWIGLU, 0, 6e-3, 3e-5})
 FMT_TEST(bf16, {MOEK_BF16, 0, 320, 200, MOEK_SWIGLU, 0, 0.02, 1e-5})
 FMT_TEST(q8_0, {MOEK_Q8_0, 0, 320, 224, MOEK_SWIGLU, 0, 0.03, 5e-4})
 FMT_TEST(q4_0, {MOEK_Q4_0, 0, 320, 224, MOEK_SWIGLU, 0, 0.2, 5e-4})
+FMT_TEST(int4_g32, {MOEK_INT4_G32, 0, 320, 224, MOEK_SWIGLU, 0, 0.2, 5e-4})
+FMT_TEST(int4_g32_with_q8_0_down, {MOEK_INT4_G32, MOEK_Q8_0, 320, 256, MOEK_SWIGLU, 0, 0.2, 5e-4})
 /* K-quants: two Q8_K activation quantizations in sequence (x, then the heavy-tailed SwiGLU h
  * in 256-element blocks) stack up to ~2x the single-product budget; the single products are
  * held to ggml's 5e-4 in ffn_dot below. */
@@ -338,10 +340,10 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_log_warn("no AVX2 on this CPU: SIMD dot products not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4, MOEK_Q4_K,
-	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,  MOEK_F16,
-	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K,
-	                                MOEK_IQ4_NL, MOEK_IQ4_XS};
+	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,   MOEK_Q4_K,
+	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,    MOEK_F16,
+	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,    MOEK_Q3_K,
+	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32};
 	enum { ROWS = 64, K = 1024 };
 	float *w = fixture_tokens(ROWS, K, 77), *x = fixture_tokens(1, K, 78);
 	float *wd = malloc(sizeof(float) * ROWS * K), *xd = malloc(sizeof(float) * K);
@@ -391,10 +393,10 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,  MOEK_MXFP4, MOEK_Q4_K,
-	                                MOEK_Q5_K,          MOEK_Q6_K,  MOEK_BF16,  MOEK_F16,
-	                                MOEK_FP8_E4M3_B128, MOEK_F32,   MOEK_Q2_K,  MOEK_Q3_K,
-	                                MOEK_IQ4_NL,        MOEK_IQ4_XS};
+	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,   MOEK_Q4_K,
+	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,    MOEK_F16,
+	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,    MOEK_Q3_K,
+	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
 	uint8_t q[K * 4];

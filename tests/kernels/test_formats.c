@@ -620,7 +620,7 @@ Test(formats, quantizer_round_trip_accuracy)
 	    {MOEK_MXFP4, 1.5e-2}, {MOEK_FP8_E4M3_B128, 1.2e-3},
 	    {MOEK_Q8_K, 2e-5},    {MOEK_IQ4_NL, 5e-3},
 	    {MOEK_IQ4_XS, 5e-3},  {MOEK_Q3_K, 2.5e-2},
-	    {MOEK_Q2_K, 8e-2},
+	    {MOEK_Q2_K, 8e-2},    {MOEK_INT4_G32, 5e-3},
 	};
 	enum { R = 4, C = 1024 };
 	static float x[R * C], y[R * C];
@@ -649,7 +649,7 @@ Test(formats, zero_block_quantizes_to_zero)
 {
 	static const uint32_t fmts[] = {MOEK_Q4_0,          MOEK_Q8_0,  MOEK_Q4_K,   MOEK_Q5_K,
 	                                MOEK_Q6_K,          MOEK_MXFP4, MOEK_IQ4_NL, MOEK_IQ4_XS,
-	                                MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K};
+	                                MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K,   MOEK_INT4_G32};
 	float x[256] = {0}, y[256];
 	uint8_t q[512];
 	float scale[2]; /* FP8: 1 x 2 blocks of 128 */

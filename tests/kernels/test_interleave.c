@@ -16,7 +16,7 @@
 #include "expert_fixture.h"
 #include "kernels_internal.h"
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16};
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_INT4_G32};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 static const char *fname(uint32_t format)
@@ -141,6 +141,9 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 		return column + 32 * (at / 4) + 4 * r + at % 4;
 	case MOEK_MXFP4: /* 4 vectors of qs, 8 E8M0 */
 		return column + (at == 0 ? 128 + r : 32 * ((at - 1) / 4) + 4 * r + (at - 1) % 4);
+	case MOEK_INT4_G32: /* 4 vectors of qs, 1 vector of the 8 scale words */
+		return column +
+		       (at < 4 ? 128 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
@@ -401,14 +404,15 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 }
 
 /* Extreme weights: Q8_0's -128 (|w| = 128 in the sign form, 0 after the 0x80 flip) and
- * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, against
+ * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, INT4_G32's codes 15
+ * with zero point 0 and codes 0 with zero point 15, against
  * activations at +-127 — the corners of the integer sums. Both forms give the same bits
  * (maddubs would saturate silently), within reassociation of the GGUF-row dot. */
 Test(interleave, integer_corners)
 {
 	for (size_t fi = 1; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		if (format != MOEK_Q8_0 && format != MOEK_Q4_K)
+		if (format != MOEK_Q8_0 && format != MOEK_Q4_K && format != MOEK_INT4_G32)
 			continue; /* integer sums only */
 		struct twin t;
 		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 31);
@@ -419,6 +423,12 @@ Test(interleave, integer_corners)
 			if (format == MOEK_Q8_0) {
 				for (size_t b = 0; b < 8; b++)
 					memset(row + b * 34 + 2, r % 2 ? 0x80 : 0x7f, 32);
+			} else if (format == MOEK_INT4_G32) {
+				for (size_t b = 0; b < 8; b++) { /* (q - z) = +15 or -15 */
+					row[b * 20] =
+					    (uint8_t)((row[b * 20] & 0xf0) | (r % 2 ? 15 : 0));
+					memset(row + b * 20 + 4, r % 2 ? 0x00 : 0xff, 16);
+				}
 			} else {
 				memset(row + 4, 0xff, 12); /* scales and mins 63 */
 				memset(row + 16, r % 2 ? 0xff : 0x00, 128);
@@ -612,7 +622,8 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K or BF16") && strstr(err, "Q4_0"), "%s", err);
+	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"), "%s",
+	          err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;

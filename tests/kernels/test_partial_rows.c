@@ -146,6 +146,7 @@ Test(partial_rows, q8_0_and_q4_0)
 {
 	check_partial(MOEK_Q8_0, 320, 416, 0);
 	check_partial(MOEK_Q4_0, 256, 512, 1);
+	check_partial(MOEK_INT4_G32, 256, 512, 1);
 }
 
 Test(partial_rows, mxfp4)
