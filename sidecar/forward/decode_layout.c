@@ -34,32 +34,44 @@ void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
 	dl->on = on;
 	if (!on)
 		return;
-	dl->x8_gate_up = moek_interleave_supported(shape->gate.format) &&
-	                 shape->gate.rows % MOEK_INTERLEAVE == 0;
-	dl->x8_down = moek_interleave_supported(shape->down.format) &&
-	              shape->down.rows % MOEK_INTERLEAVE == 0;
+	dl->gate_up_rows8 = shape->gate.rows % MOEK_INTERLEAVE == 0;
+	dl->down_rows8 = shape->down.rows % MOEK_INTERLEAVE == 0;
 	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
 	dl->rows_interleaved = gu->present && gu->order == MOE_GATE_UP_INTERLEAVED;
+}
+
+/* Whether a matrix of `format` gets its groups of 8 rows interleaved: per format, since a
+ * mix gives each layer (and gate/up and down) formats of their own. */
+static bool x8_gate_up(const struct decode_layout *dl, uint32_t format)
+{
+	return dl->gate_up_rows8 && moek_interleave_supported(format);
+}
+static bool x8_down(const struct decode_layout *dl, uint32_t format)
+{
+	return dl->down_rows8 && moek_interleave_supported(format);
 }
 
 void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v)
 {
 	if (!dl->on)
 		return;
+	const bool x8 = x8_gate_up(dl, v->gate.format);
 	const size_t rb = moek_row_bytes(v->gate.format, v->gate.cols);
-	const size_t unit = dl->x8_gate_up ? MOEK_INTERLEAVE : 1;
+	const size_t unit = x8 ? MOEK_INTERLEAVE : 1;
 	v->gate.row_stride = v->up.row_stride = 2 * rb;
 	v->up.data = (const uint8_t *)v->gate.data + unit * rb;
-	v->gate.interleave = v->up.interleave = dl->x8_gate_up ? MOEK_INTERLEAVE : 0;
+	v->gate.interleave = v->up.interleave = x8 ? MOEK_INTERLEAVE : 0;
 	v->down.row_stride = 0;
-	v->down.interleave = dl->x8_down ? MOEK_INTERLEAVE : 0;
+	v->down.interleave = x8_down(dl, v->down.format) ? MOEK_INTERLEAVE : 0;
 }
 
 int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
                         size_t err_len)
 {
-	const size_t rb_gu = moek_row_bytes(shape->gate.format, shape->gate.cols);
-	const size_t rb_down = moek_row_bytes(shape->down.format, shape->down.cols);
+	/* Rows as wide as F32's, the widest of every format: a mix's layers differ (Q4_K_M's
+	 * down is Q6_K in some layers, Q4_K in others), and this is a few hundred KiB at most. */
+	const size_t rb_gu = moek_row_bytes(MOEK_F32, shape->gate.cols);
+	const size_t rb_down = moek_row_bytes(MOEK_F32, shape->down.cols);
 	const size_t most = MOEK_INTERLEAVE * (rb_gu > rb_down ? rb_gu : rb_down);
 	const size_t units = 2 * (size_t)shape->gate.rows; /* the most units a range holds */
 	s->unit_len = most;
@@ -159,10 +171,10 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 		return 0;
 	const size_t rb = moek_row_bytes(p->gate_up_format, p->cols);
 	const size_t m = p->rows * rb; /* one matrix's rows here */
-	const size_t unit = dl->x8_gate_up ? MOEK_INTERLEAVE : 1;
-	if ((dl->x8_gate_up && p->rows % MOEK_INTERLEAVE) ||
-	    (dl->x8_down && p->down_rows % MOEK_INTERLEAVE) || 2 * p->rows > s->visited_units ||
-	    unit * rb > s->unit_len) {
+	const bool x8 = x8_gate_up(dl, p->gate_up_format), x8d = x8_down(dl, p->down_format);
+	const size_t unit = x8 ? MOEK_INTERLEAVE : 1;
+	if ((x8 && p->rows % MOEK_INTERLEAVE) || (x8d && p->down_rows % MOEK_INTERLEAVE) ||
+	    2 * p->rows > s->visited_units || unit * rb > s->unit_len) {
 		snprintf(err, err_len,
 		         "decode layout: %zu gate/up rows, %zu down rows do not fit the layout's "
 		         "groups or its scratch",
@@ -188,11 +200,10 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 			interleave_groups(s, p->gate_up_format, base, 2 * p->rows / unit, p->cols);
 		}
 	} else { /* [gate | up] to alternating units, each group interleaved as it moves */
-		const struct unit_move group = {unit * rb, dl->x8_gate_up ? p->gate_up_format : 0u,
-		                                p->cols};
+		const struct unit_move group = {unit * rb, x8 ? p->gate_up_format : 0u, p->cols};
 		permute_units(s, base, 2 * p->rows / unit, &group, false);
 	}
-	if (dl->x8_down)
+	if (x8d)
 		interleave_groups(s, p->down_format, p->down, p->down_rows / MOEK_INTERLEAVE,
 		                  p->down_cols);
 	return 0;

@@ -136,11 +136,13 @@ uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds 
 
 /* ---- decode_layout.c ---- */
 /* How resident experts are rearranged for the decode kernels (decode_layout.c): off for the
- * MMAP source and forward_config.file_layout. The same for every expert of a model. */
+ * MMAP source and forward_config.file_layout. A matrix's groups of 8 rows are interleaved
+ * where its format has that layout (moek_interleave_supported) and the model's rows come in
+ * 8s: decided per format, as a mix changes formats from layer to layer. */
 struct decode_layout {
 	bool on;
-	bool x8_gate_up, x8_down; /* groups of 8 rows interleaved (the format has the layout) */
-	bool rows_interleaved;    /* the file's gate_up alternates rows (gpt-oss) */
+	bool gate_up_rows8, down_rows8; /* the expert's gate/up rows, down rows: multiples of 8 */
+	bool rows_interleaved;          /* the file's gate_up alternates rows (gpt-oss) */
 };
 /* One thread's scratch: one unit (a group of 8 of the widest rows) and a bitmap. */
 struct decode_scratch {

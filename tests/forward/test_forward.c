@@ -263,16 +263,16 @@ Test(forward_sources, all_sources_same_bits)
 	fwd_model_free(&m);
 }
 
-/* A llama.cpp mix on 9 blocks (experts of two sizes): every source against the reference on
- * every block, ALL_RESIDENT and RESIDENCY with a budget that evicts (slots serve experts of
- * both sizes) giving the same bits; `down` is the format of n_down of the 9 downs. */
-static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_down)
+/* A llama.cpp mix on `layers` blocks (experts of two sizes): every source against the
+ * reference on every block, ALL_RESIDENT and RESIDENCY with a budget that evicts (slots serve
+ * experts of both sizes) giving the same bits; `down` is the format of n_down of the downs. */
+static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_down, uint32_t layers)
 {
 	struct fwd_model m;
 	char err[256];
 	struct fwd_model_spec spec = {.preset = "qwen3-30b-a3b",
 	                              .gguf = true,
-	                              .layers = 9,
+	                              .layers = layers,
 	                              .experts = 8,
 	                              .hidden = 256,
 	                              .ffn = 256,
@@ -286,7 +286,7 @@ static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_dow
 	    engine(&m, FORWARD_SOURCE_MMAP, 0, 24),
 	};
 	uint32_t downs = 0;
-	for (uint32_t L = 0; L < 9; L++) {
+	for (uint32_t L = 0; L < layers; L++) {
 		downs += moe_catalog_expert(m.cat, L, 0)->proj[MOE_PROJ_DOWN].format == down;
 		for (uint32_t n = 1; n <= 24; n += 23) {
 			struct fwd_req r;
@@ -322,15 +322,22 @@ static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_dow
  * Q3_K; Q3_K_M: gate/up Q3_K, down Q4_K (Q5_K only from 16 blocks on). */
 Test(forward_formats, gguf_q4_k_m_mix_every_source)
 {
-	mix_every_source(MOE_GEN_MIX_Q4_K_M, MOEK_Q6_K, 5);
+	mix_every_source(MOE_GEN_MIX_Q4_K_M, MOEK_Q6_K, 5, 9);
+}
+/* On 6 blocks the first down is Q4_K (which has the interleaved decode layout) and blocks 2
+ * and 5 are Q6_K (which has not): the decode layout is decided per format, not once from the
+ * first expert, and its scratch holds the widest rows of either. */
+Test(forward_formats, gguf_q4_k_m_mix_first_down_interleaved)
+{
+	mix_every_source(MOE_GEN_MIX_Q4_K_M, MOEK_Q6_K, 2, 6);
 }
 Test(forward_formats, gguf_q2_k_mix_every_source)
 {
-	mix_every_source(MOE_GEN_MIX_Q2_K, MOEK_Q3_K, 9);
+	mix_every_source(MOE_GEN_MIX_Q2_K, MOEK_Q3_K, 9, 9);
 }
 Test(forward_formats, gguf_q3_k_m_mix_every_source)
 {
-	mix_every_source(MOE_GEN_MIX_Q3_K_M, MOEK_Q4_K, 9);
+	mix_every_source(MOE_GEN_MIX_Q3_K_M, MOEK_Q4_K, 9, 9);
 }
 
 /* The decode layout (gate/up alternating, groups of 8 interleaved where the format has the
