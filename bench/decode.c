@@ -790,6 +790,24 @@ static int parse_prefill(const char *arg)
 
 /* The loader's rate over the cold start: the expert bytes resident once the hinted set was,
  * over the seconds from READY to then. */
+/* Writes JSON text to f with every number printf gave as nan or -nan as null. */
+static void json_write_nulls(FILE *f, const char *s)
+{
+	char prev = 0;
+	while (*s) {
+		const bool after_sep = prev == ':' || prev == ',' || prev == '[';
+		const bool neg = *s == '-';
+		if (after_sep && !strncmp(neg ? s + 1 : s, "nan", 3)) {
+			fputs("null", f);
+			s += neg ? 4 : 3;
+			prev = 'l';
+		} else {
+			prev = *s;
+			fputc(*s++, f);
+		}
+	}
+}
+
 /* The O_DIRECT floor over the first ranges holding `max_bytes` (the whole list if fewer). */
 static double disk_sample(const struct bench_range *ranges, uint32_t n, uint64_t max_bytes)
 {
@@ -1260,9 +1278,13 @@ int main(int argc, char **argv)
 	if (resid_e)
 		forward_destroy(resid_e);
 
-	FILE *jo = json ? stdout : json_file ? fopen(json_file, "w") : NULL;
-	if (json_file && !json && !jo)
+	FILE *out = json ? stdout : json_file ? fopen(json_file, "w") : NULL;
+	if (json_file && !json && !out)
 		fprintf(stderr, "bench_decode: %s: %s\n", json_file, strerror(errno));
+	char *jbuf = NULL;
+	size_t jlen = 0;
+	/* written to memory first: a figure that could not be measured (NaN) becomes null */
+	FILE *jo = out ? open_memstream(&jbuf, &jlen) : NULL;
 	if (jo) {
 		fprintf(jo,
 		        "{\"model\":\"%s\",\"layers\":%u,\"experts\":%u,\"top_k\":%u,\"hidden\":%u,"
@@ -1320,9 +1342,12 @@ int main(int argc, char **argv)
 		}
 		fprintf(jo, "],\"disk_floor_gbps\":%.3f,\"sequential\":%s}\n",
 		        isnan(disk_gbps) ? -1.0 : disk_gbps, sequential ? "true" : "false");
-		if (jo != stdout)
-			fclose(jo);
+		fclose(jo);
+		json_write_nulls(out, jbuf);
+		free(jbuf);
 	}
+	if (out && out != stdout)
+		fclose(out);
 	if (!json) {
 		printf("bench_decode: %u MoE layers x %u experts (top-%u), hidden %u, %.1f MiB of "
 		       "experts; %u timed decode steps after %u warm-up, k_defer %u\n",
