@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "ops.h"
 
@@ -225,13 +226,6 @@ static int sqe_validate(const struct sidecar_channel *ch, const struct moe_sqe *
 		return err->status;
 	}
 	return MOE_OK;
-}
-
-static uint64_t monotonic_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 void channel_request_error(const struct sidecar_channel *ch, const struct moe_sqe *sqe,

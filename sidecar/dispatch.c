@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 
 #ifndef SYS_futex_waitv
@@ -30,13 +31,6 @@
 
 /* Submissions taken from one channel before looking at the next (fairness). */
 #define DRAIN_BUDGET 64u
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void control_bump(struct dispatcher *d)
 {
@@ -246,7 +240,7 @@ static void *dispatcher_main(void *arg)
 {
 	struct dispatcher *d = arg;
 	uint32_t seen = atomic_load_explicit(&d->control_word, memory_order_acquire) - 1;
-	uint64_t last_work = now_ns(), last_beat = 0;
+	uint64_t last_work = monotonic_ns(), last_beat = 0;
 	for (;;) {
 		uint32_t gen = atomic_load_explicit(&d->control_word, memory_order_acquire);
 		if (gen != seen) {
@@ -257,7 +251,7 @@ static void *dispatcher_main(void *arg)
 		}
 		bool async_pending;
 		uint32_t work = drain_all(d, false, &async_pending);
-		uint64_t now = now_ns();
+		uint64_t now = monotonic_ns();
 		if (now - last_beat >= d->heartbeat_ns) {
 			write_heartbeats(d, now);
 			last_beat = now;
@@ -283,7 +277,8 @@ static void *dispatcher_main(void *arg)
 			continue;
 		}
 		sleep_on_all(d, gen, now);
-		last_work = now_ns(); /* spin again after a wake-up: more requests usually follow */
+		last_work =
+		    monotonic_ns(); /* spin again after a wake-up: more requests usually follow */
 	}
 	shutdown_channels(d);
 	return NULL;

@@ -47,6 +47,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "moe_kernels.h"
 #include "ops.h"
@@ -433,13 +434,6 @@ done:
  * next layer's request follows the completion within a client round trip. */
 #define FORWARD_SPIN_NS 50000u
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Sets mc's client mask from the slot's input (n bytes checked by model_op_mask) through the
  * private buffer `bits`, and fills *done. Runs on the dispatcher when nothing of mc's is
  * queued or running, else on the forward thread in mc's submission order (model_op_mask). */
@@ -467,7 +461,7 @@ static void *forward_thread_main(void *arg)
 	for (;;) {
 		if (!o->stop && !o->rr_head) {
 			pthread_mutex_unlock(&o->lock);
-			for (uint64_t t0 = now_ns(); now_ns() - t0 < FORWARD_SPIN_NS;)
+			for (uint64_t t0 = monotonic_ns(); monotonic_ns() - t0 < FORWARD_SPIN_NS;)
 				if (atomic_load_explicit(&o->queued, memory_order_acquire))
 					break;
 				else

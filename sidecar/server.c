@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "channel.h"
+#include "clock.h"
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
@@ -69,13 +70,6 @@ struct server {
 static uint64_t conn_tag(uint32_t id, uint32_t index)
 {
 	return ((uint64_t)id << 32) | (TAG_CONN_BASE + index);
-}
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 int server_default_socket_path(char *buf, size_t len)
@@ -403,7 +397,7 @@ static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
 	         (unsigned)cred->uid, (unsigned)geteuid(),
 	         s->cfg->allow_list ? " and its --allow-uid list" : "");
 	uint32_t more;
-	if (log_ratelimit_allow(&s->refused_log, now_ns(), &more))
+	if (log_ratelimit_allow(&s->refused_log, monotonic_ns(), &more))
 		log_warn("server", "refused client pid=%d uid=%u status=%s reason=\"%s\"%s",
 		         (int)cred->pid, (unsigned)cred->uid, moe_status_str(MOE_EREFUSED),
 		         w.reason,
@@ -417,7 +411,7 @@ static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
 static void drop_at_accept(struct server *s, int fd, const struct ucred *cred, const char *why)
 {
 	uint32_t more;
-	if (log_ratelimit_allow(&s->dropped_log, now_ns(), &more))
+	if (log_ratelimit_allow(&s->dropped_log, monotonic_ns(), &more))
 		log_warn("server", "dropped a connection of pid=%d uid=%u: %s%s", (int)cred->pid,
 		         (unsigned)cred->uid, why,
 		         more ? " (more connections dropped since the last line were not logged)"
@@ -472,7 +466,7 @@ static void accept_all(struct server *s)
 		c->id = ++s->next_id;
 		c->pid = cred.pid;
 		c->uid = cred.uid;
-		c->since_ns = now_ns();
+		c->since_ns = monotonic_ns();
 		struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP,
 		                         .data.u64 = conn_tag(c->id, (uint32_t)(c - s->conns))};
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -505,7 +499,7 @@ static void handle_dropped(struct server *s)
 static void sweep_handshakes(struct server *s)
 {
 	const uint64_t limit = (uint64_t)s->cfg->handshake_timeout_ms * 1000000u;
-	const uint64_t now = now_ns();
+	const uint64_t now = monotonic_ns();
 	for (uint32_t i = 0; i < s->n_conns_cap; i++) {
 		struct conn *c = &s->conns[i];
 		if (c->state == CONN_HELLO && now - c->since_ns > limit)

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "commands.h"
 #include "json.h"
 #include "moe_client.h"
@@ -415,13 +416,6 @@ bad:
 	return -1;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 int cmd_stats(int argc, char **argv)
 {
 	static const struct option longopts[] = {
@@ -507,7 +501,7 @@ int cmd_stats(int argc, char **argv)
 			status = 1;
 			break;
 		}
-		double t = now_s();
+		double t = monotonic_s();
 		if (json) {
 			printf("%s\n", buf);
 		} else {

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "forward_internal.h"
 #include "moe_abi.h"
 #include "util/log.h"
@@ -125,13 +126,6 @@ struct forward_engine {
 	uint32_t *row_mark; /* [n_experts] */
 	uint32_t row_stamp;
 };
-
-static uint64_t now_us(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 /* Bytes per activation element (enum moek_act_dtype, the wire's moe_dtype numbering). */
 static size_t dtype_size(unsigned dtype)
@@ -848,7 +842,7 @@ static void settle(struct forward_engine *e, bool sum)
 static int compute_ready(struct forward_engine *e, const struct forward_request *q,
                          uint32_t n_groups, enum wave_filter filter, struct forward_result *res)
 {
-	const uint64_t t0 = now_us();
+	const uint64_t t0 = monotonic_us();
 	uint32_t n_wave;
 	int rc;
 	while ((rc = build_wave(e, q, n_groups, filter, res, &n_wave)) == MOE_OK && n_wave) {
@@ -856,7 +850,7 @@ static int compute_ready(struct forward_engine *e, const struct forward_request 
 		pool_run_wave(&e->pool, e->rq->wave, n_wave);
 		wave_done(e, e->rq, n_wave);
 	}
-	res->compute_us += now_us() - t0;
+	res->compute_us += monotonic_us() - t0;
 	return rc;
 }
 
@@ -979,7 +973,7 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 {
 	if (!q->immediate_ready || res->immediate_delivered || !immediate_done(e, n_groups))
 		return MOE_OK;
-	uint64_t t0 = now_us();
+	uint64_t t0 = monotonic_us();
 	uint32_t behind = 0;
 	int rc = MOE_OK;
 	if (pool_runs_behind(&e->pool)) {
@@ -994,7 +988,7 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 		}
 	}
 	sum_part(e, e->rq, q, out_imm, false);
-	res->compute_us += now_us() - t0;
+	res->compute_us += monotonic_us() - t0;
 	res->immediate_delivered = true;
 	q->immediate_ready(q->immediate_arg, res);
 	if (behind && q->settle_later && rc == MOE_OK && deferred_all_running(e, n_groups)) {
@@ -1009,10 +1003,10 @@ static int deliver_when_done(struct forward_engine *e, const struct forward_requ
 		return MOE_OK;
 	}
 	if (behind) {
-		t0 = now_us();
+		t0 = monotonic_us();
 		pool_wait_wave(&e->pool);
 		wave_done(e, e->rq, behind);
-		res->compute_us += now_us() - t0;
+		res->compute_us += monotonic_us() - t0;
 	}
 	return rc; /* a deferred group that could not be prepared fails after the delivery */
 }
@@ -1095,9 +1089,9 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 			for (uint32_t g = 0; g < n_groups; g++) {
 				if (e->rq->groups[g].state != GROUP_PENDING)
 					continue;
-				const uint64_t t0 = now_us();
+				const uint64_t t0 = monotonic_us();
 				rc = demand(e, q, moe_layer, &e->rq->groups[g], true, res);
-				res->io_us += now_us() - t0;
+				res->io_us += monotonic_us() - t0;
 				if (rc < 0)
 					rc = settle_failure(e, q, &e->rq->groups[g], rc,
 					                    &deferred_rc);
@@ -1181,9 +1175,9 @@ static void engine_give_back(struct forward_engine *e)
 int forward_run(struct forward_engine *e, const struct forward_request *q, float *out_immediate,
                 float *out_deferred, struct forward_result *res)
 {
-	const uint64_t t0 = now_us();
+	const uint64_t t0 = monotonic_us();
 	engine_take(e);
-	const uint64_t t1 = now_us();
+	const uint64_t t1 = monotonic_us();
 	uint32_t moe_layer = 0;
 	int rc = validate(e, q, out_deferred, res, &moe_layer);
 	res->queue_us = t1 - t0;
@@ -1205,20 +1199,20 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 			res->n_deferred += e->rq->tok_n_valid[t] - e->rq->tok_n_imm[t];
 		rc = execute(e, q, moe_layer, n_groups, out_immediate, res);
 		if (rc == MOE_OK) {
-			const uint64_t t2 = now_us();
+			const uint64_t t2 = monotonic_us();
 			if (!res->immediate_delivered)
 				sum_part(e, e->rq, q, out_immediate, false);
 			if (res->deferred_pending)
 				e->tail.out_deferred = out_deferred;
 			else if (out_deferred)
 				sum_part(e, e->rq, q, out_deferred, true);
-			res->compute_us += now_us() - t2;
+			res->compute_us += monotonic_us() - t2;
 		}
 		res->status = rc;
 	}
 	engine_give_back(e);
 	if (rc != MOE_EBADLAYER && rc != MOE_EINVAL)
-		record(e, moe_layer, q, res, now_us() - t0);
+		record(e, moe_layer, q, res, monotonic_us() - t0);
 	return rc;
 }
 

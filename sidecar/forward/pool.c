@@ -41,16 +41,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "forward_internal.h"
 
 #define POOL_SPIN_NS 50000u
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Waits until *word != seen: spins up to POOL_SPIN_NS, then sleeps on it, counted in
  * *sleepers (the waker's side: change the word, then wake if *sleepers; seq_cst on both sides
@@ -59,12 +53,12 @@ static void wait_for_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint3
 {
 	if (atomic_load_explicit(word, memory_order_acquire) != seen)
 		return;
-	const uint64_t t0 = mono_ns();
+	const uint64_t t0 = monotonic_ns();
 	for (unsigned i = 1;; i++) {
 		if (atomic_load_explicit(word, memory_order_acquire) != seen)
 			return;
 		sched_yield();
-		if ((i & 7) == 0 && mono_ns() - t0 >= POOL_SPIN_NS)
+		if ((i & 7) == 0 && monotonic_ns() - t0 >= POOL_SPIN_NS)
 			break;
 	}
 	atomic_fetch_add(sleepers, 1);

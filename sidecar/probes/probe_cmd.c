@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "commands.h"
 #include "pagecache.h"
 
@@ -232,13 +233,6 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
 	return 0;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Sleeps s seconds, waking early when a stop signal arrives. */
 static void sleep_interruptibly(double s)
 {
@@ -355,11 +349,11 @@ int cmd_probe(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 
 	rc = 0;
-	double start = now_s();
+	double start = monotonic_s();
 	for (long long sample = 0; count < 0 || sample < count; sample++) {
 		if (sample > 0)
 			sleep_interruptibly(interval);
-		if (print_sample(p, files, n_files, now_s() - start, json, per_pid) < 0) {
+		if (print_sample(p, files, n_files, monotonic_s() - start, json, per_pid) < 0) {
 			rc = 1;
 			break;
 		}

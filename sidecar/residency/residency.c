@@ -17,19 +17,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
 #include "residency_internal.h"
 
 #define DEFAULT_BACKOFF_MS 1000u
 #define DEFAULT_BACKOFF_MAX_MS 60000u
 #define FAILURE_LOG_NS 10000000000ull /* one warning about failed loads per 10 s at most */
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 uint64_t residency_backoff_ms(const struct residency_config *c, uint32_t failed_loads)
 {
@@ -170,7 +164,7 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 		if (e->failed_loads < UINT32_MAX)
 			e->failed_loads++;
 		e->retry_at_ns =
-		    now_ns() + residency_backoff_ms(&r->config, e->failed_loads) * 1000000u;
+		    monotonic_ns() + residency_backoff_ms(&r->config, e->failed_loads) * 1000000u;
 		r->failed_now++;
 		stat_add(&r->stats.failures, 1);
 	} else {
@@ -260,7 +254,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 			/* A demand reads a FAILED expert again once: when it is new (not the
 			 * follow-up of one that already started or awaited a load: RETRY) and
 			 * the backoff is over. Within the backoff, no I/O. */
-			if (counted || now_ns() < e->retry_at_ns) {
+			if (counted || monotonic_ns() < e->retry_at_ns) {
 				rc = e->error;
 				break;
 			}
@@ -448,7 +442,7 @@ uint32_t residency_retry_all_failed(struct residency *r)
 
 void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed)
 {
-	const uint64_t now = now_ns();
+	const uint64_t now = monotonic_ns();
 	uint64_t last = atomic_load_explicit(&r->failure_log_ns[retry], memory_order_relaxed);
 	if ((last && now - last < FAILURE_LOG_NS) ||
 	    !atomic_compare_exchange_strong(&r->failure_log_ns[retry], &last, now)) {

@@ -7,13 +7,6 @@
 
 #include "log.h"
 
-uint64_t monotonic_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void format_amount(char *buf, size_t cap, const char *unit, double v)
 {
 	if (unit[0] == 'B' && unit[1] == '\0') {

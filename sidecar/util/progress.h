@@ -10,6 +10,7 @@
 #ifndef MOE_PROGRESS_H
 #define MOE_PROGRESS_H
 
+#include "clock.h"
 #include <stdint.h>
 
 struct progress {
@@ -27,7 +28,5 @@ void progress_begin_log(struct progress *p, const char *subsystem, const char *l
                         uint64_t total, const char *unit);
 void progress_update(struct progress *p, uint64_t done);
 void progress_end(struct progress *p); /* final line with totals and rate */
-
-uint64_t monotonic_ns(void);
 
 #endif
