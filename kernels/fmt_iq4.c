@@ -182,35 +182,9 @@ IQ4_INLINE void quantize_iq4_xs_rows(const float *x, void *dst, size_t n)
 	}
 }
 
-/* Each row quantizer twice, baseline and AVX2 (no FMA in either: the same bits), picked by
- * the CPU per call. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#define IQ4_DISPATCH(name)                                                                         \
-	__attribute__((target("avx2"))) static void name##_avx2(const float *x, void *dst,         \
-	                                                        size_t n)                          \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}                                                                                          \
-	static void name##_base(const float *x, void *dst, size_t n)                               \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}                                                                                          \
-	void moek_##name(const float *x, void *dst, size_t n)                                      \
-	{                                                                                          \
-		if (__builtin_cpu_supports("avx2"))                                                \
-			name##_avx2(x, dst, n);                                                    \
-		else                                                                               \
-			name##_base(x, dst, n);                                                    \
-	}
-#else
-#define IQ4_DISPATCH(name)                                                                         \
-	void moek_##name(const float *x, void *dst, size_t n)                                      \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}
-#endif
-IQ4_DISPATCH(quantize_iq4_nl)
-IQ4_DISPATCH(quantize_iq4_xs)
+/* Each row quantizer twice, baseline and AVX2, picked by the CPU per call. */
+MOEK_AVX2_DISPATCH(quantize_iq4_nl, void moek_quantize_iq4_nl)
+MOEK_AVX2_DISPATCH(quantize_iq4_xs, void moek_quantize_iq4_xs)
 
 void moek_dequantize_iq4_xs(const void *src, float *y, size_t n)
 {

@@ -251,34 +251,7 @@ static void dequantize_mxfp4(const void *src, float *y, size_t n)
 #endif
 typedef float f32x8 __attribute__((vector_size(32)));
 /* The K-quant row quantizers are built twice, for baseline x86-64 and for AVX2, and picked
- * per call by the CPU (KQ_DISPATCH); everything they call is inlined into each copy. No FMA
- * in either (ISO C mode: no contraction), so both give the same bits. Not target_clones: its
- * ifunc resolver runs before the sanitizer runtimes start and crashes TSan builds. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#define KQ_DISPATCH(name)                                                                          \
-	__attribute__((target("avx2"))) static void name##_avx2(const float *x, void *dst,         \
-	                                                        size_t n)                          \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}                                                                                          \
-	static void name##_base(const float *x, void *dst, size_t n)                               \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}                                                                                          \
-	static void name(const float *x, void *dst, size_t n)                                      \
-	{                                                                                          \
-		if (__builtin_cpu_supports("avx2"))                                                \
-			name##_avx2(x, dst, n);                                                    \
-		else                                                                               \
-			name##_base(x, dst, n);                                                    \
-	}
-#else
-#define KQ_DISPATCH(name)                                                                          \
-	static void name(const float *x, void *dst, size_t n)                                      \
-	{                                                                                          \
-		name##_rows(x, dst, n);                                                            \
-	}
-#endif
+ * per call by the CPU (MOEK_AVX2_DISPATCH); everything they call is inlined into each copy. */
 #define KQ_INLINE __attribute__((always_inline))
 typedef int32_t i32x8 __attribute__((vector_size(32)));
 enum { LANES = 8 };
@@ -475,7 +448,7 @@ static inline KQ_INLINE void quantize_q4_K_rows(const float *x, void *dst, size_
 				y[i].qs[j / 2 + l] = (uint8_t)(L[j + l] | (L[j + l + 32] << 4));
 	}
 }
-KQ_DISPATCH(quantize_q4_K)
+MOEK_AVX2_DISPATCH(quantize_q4_K, static void quantize_q4_K)
 
 static void dequantize_q4_K(const void *src, float *y, size_t n)
 {
@@ -522,7 +495,7 @@ static inline KQ_INLINE void quantize_q5_K_rows(const float *x, void *dst, size_
 		}
 	}
 }
-KQ_DISPATCH(quantize_q5_K)
+MOEK_AVX2_DISPATCH(quantize_q5_K, static void quantize_q5_K)
 
 static void dequantize_q5_K(const void *src, float *y, size_t n)
 {
@@ -613,7 +586,7 @@ static inline KQ_INLINE void quantize_q2_K_rows(const float *x, void *dst, size_
 		pack_2bit(L, y[i].qs);
 	}
 }
-KQ_DISPATCH(quantize_q2_K)
+MOEK_AVX2_DISPATCH(quantize_q2_K, static void quantize_q2_K)
 
 static void dequantize_q2_K(const void *src, float *y, size_t n)
 {
@@ -848,7 +821,7 @@ static inline KQ_INLINE void quantize_q6_K_rows(const float *x, void *dst, size_
 		}
 	}
 }
-KQ_DISPATCH(quantize_q6_K)
+MOEK_AVX2_DISPATCH(quantize_q6_K, static void quantize_q6_K)
 
 static void dequantize_q6_K(const void *src, float *y, size_t n)
 {

@@ -196,6 +196,37 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
 	memcpy(sc, s, sizeof(s));
 }
 
+/* A row quantizer `name##_rows` (static inline, always_inline helpers) built twice, for
+ * baseline x86-64 and for AVX2, behind one entry point picked per call by the CPU: `entry` is
+ * its declarator ("static void quantize_q4_K", "void moek_quantize_iq4_nl"). No FMA in either
+ * copy (ISO C mode: no contraction), so both give the same bits. Not target_clones: its ifunc
+ * resolver runs before the sanitizer runtimes start and crashes TSan builds. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define MOEK_AVX2_DISPATCH(name, entry)                                                            \
+	__attribute__((target("avx2"))) static void name##_avx2(const float *x, void *dst,         \
+	                                                        size_t n)                          \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	static void name##_base(const float *x, void *dst, size_t n)                               \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}                                                                                          \
+	entry(const float *x, void *dst, size_t n)                                                 \
+	{                                                                                          \
+		if (__builtin_cpu_supports("avx2"))                                                \
+			name##_avx2(x, dst, n);                                                    \
+		else                                                                               \
+			name##_base(x, dst, n);                                                    \
+	}
+#else
+#define MOEK_AVX2_DISPATCH(name, entry)                                                            \
+	entry(const float *x, void *dst, size_t n)                                                 \
+	{                                                                                          \
+		name##_rows(x, dst, n);                                                            \
+	}
+#endif
+
 /* Reference row codecs (formats.c). n is a multiple of the format's block. FP8 rows take
  * their per-128-column scales: scale_row[c / 128] multiplies column c. */
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
