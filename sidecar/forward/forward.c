@@ -33,7 +33,7 @@
 #include "clock.h"
 #include "forward_internal.h"
 #include "moe_abi.h"
-#include "util/log.h"
+#include "log.h"
 
 #define HIST_BUCKETS LAT_HIST_BUCKETS
 enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };

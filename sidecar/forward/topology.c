@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "forward_internal.h"
-#include "util/log.h"
+#include "log.h"
 
 static uint32_t node_pus(hwloc_topology_t topo, hwloc_obj_t node)
 {

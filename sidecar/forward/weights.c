@@ -46,7 +46,7 @@
 
 #include "forward_internal.h"
 #include "policy.h"
-#include "util/log.h"
+#include "log.h"
 
 #define AUX_NONE UINT64_MAX
 

@@ -1,4 +1,4 @@
-/* serve_model.h — the model `serve MODEL` serves: catalog, eBPF probes and forward engine.
+/* served_model.h — the model `serve MODEL` serves: catalog, eBPF probes and forward engine.
  *
  * Owns: opening the catalog, sizing the memory budget, attaching the page-cache probes to the
  * model files, creating the forward engine (sidecar/forward/forward.h) with its worker pools,
@@ -7,7 +7,7 @@
  * wire contract and the model's internals stay apart.
  *
  * Threading: open/close on the control thread. serve_model_forward from one thread at a time
- * (the forward thread, or the dispatcher running one inline: model_ops.c); prefetch/mask/client
+ * (the forward thread, or the dispatcher running one inline: forward_queue.c); prefetch/mask/client
  * calls from any thread; serve_model_stats_json from one thread at a time (it owns the probes
  * handle: the dispatcher, which executes STATS).
  */

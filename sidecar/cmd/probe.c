@@ -1,4 +1,4 @@
-/* probe_cmd.c — `moe-sidecar probe`: the page-cache counters of any files, live.
+/* probe.c — `moe-sidecar probe`: the page-cache counters of any files, live.
  *
  * Counts every process's reads of the watched files (not only the sidecar's), so an operator
  * can measure an mmap-based engine on the same model and compare it with the sidecar's

@@ -28,7 +28,7 @@
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
-#include "model_ops.h"
+#include "forward_queue.h"
 
 #define HELLO_MAX_BYTES 4096u
 /* Connections of one uid still in the handshake (accepted, no complete hello yet). The table

@@ -1,5 +1,5 @@
-/* model_ops.c — FORWARD on the forward thread; PREFETCH, STATS, MASK on the dispatcher
- * (see model_ops.h for the contract).
+/* forward_queue.c — FORWARD on the forward thread; PREFETCH, STATS, MASK on the dispatcher
+ * (see forward_queue.h for the contract).
  *
  * Who runs a FORWARD: the dispatcher itself, inline, when it can finish without waiting —
  * nothing queued or running, every expert it names resident now, at most INLINE_MAX_TOKENS
@@ -36,7 +36,7 @@
  * and an inline FORWARD (under the dispatcher's cq_lock) only starts when the forward thread
  * is idle, so the forward thread never posts while the dispatcher waits for the engine.
  */
-#include "model_ops.h"
+#include "forward_queue.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,7 +93,7 @@ struct model_ops {
 	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
 	uint64_t client_ids;     /* bit c set: client id c in use */
 	uint32_t n_clients;
-	/* Memory (model_ops.h): the limit (0: none), what the process holds without channels
+	/* Memory (forward_queue.h): the limit (0: none), what the process holds without channels
 	 * (the model's, plus these buffers), and the channels' accounted bytes (control thread
 	 * writes under lock; STATS reads). */
 	uint64_t mem_limit, mem_fixed;

@@ -1,4 +1,4 @@
-/* stats_cmd.c — `moe-sidecar stats [--socket P] [--json] [--experts[=N]] [--watch S [--count
+/* stats.c — `moe-sidecar stats [--socket P] [--json] [--experts[=N]] [--watch S [--count
  * N]]`: a running sidecar's counters, asked for over the channel like any client (a STATS
  * request).
  *

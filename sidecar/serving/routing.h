@@ -12,7 +12,7 @@
  * stamps are refreshed every 2^30 tokens, so a stamp's age always fits in 31 bits.
  *
  * Threading: routing_add from one thread at a time (whichever executes FORWARDs: they are
- * serialised, model_ops.c), without locks or allocation (relaxed atomic stores). Readers
+ * serialised, forward_queue.c), without locks or allocation (relaxed atomic stores). Readers
  * (routing_read, routing_json) on any thread at any time: each value is consistent on its
  * own (one atomic word), not across experts.
  */

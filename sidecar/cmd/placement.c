@@ -1,4 +1,4 @@
-/* placement_cmd.c — `moe-sidecar placement (--trace FILE | --socket S) --gpu-experts N
+/* placement.c — `moe-sidecar placement (--trace FILE | --socket S) --gpu-experts N
  * [--strategy S] [--by counts|heat] [--json]`: which experts an engine should keep on its GPU.
  *
  * The load per (MoE layer, expert) comes from a routing trace (each line adds 1 to each

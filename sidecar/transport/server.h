@@ -37,7 +37,7 @@ struct server_config {
 	int ready_fd;                /* >= 0: write "READY <path>\n" once listening, then close */
 	uint64_t spin_ns;            /* dispatcher spin after work; 0 = default */
 	int handshake_timeout_ms;    /* a peer that sends no complete hello is dropped */
-	struct model_ops *model_ops; /* the model served (model_ops.h); NULL: PING/ECHO only */
+	struct model_ops *model_ops; /* the model served (forward_queue.h); NULL: PING/ECHO only */
 };
 
 /* $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else /run/moe-sidecar/sidecar.sock. Returns 0,

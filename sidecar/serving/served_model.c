@@ -1,4 +1,4 @@
-/* serve_model.c — catalog + probes + forward engine for `serve MODEL` (see serve_model.h).
+/* served_model.c — catalog + probes + forward engine for `serve MODEL` (see served_model.h).
  *
  * The budget rule, under the memory limit (the lower of the cgroup's limit and the host's
  * MemTotal less others' unreclaimable memory, or --mem-limit: memlimit.h) less what the process
@@ -6,9 +6,9 @@
  * --mem-budget (bytes, or a percentage of the expert bytes) must fit there with the engine's
  * request buffers, or the start is refused saying what fits; otherwise the engine gets 3/4 of
  * it, its request buffers first, and its slot pools every expert when they fit, else the rest.
- * The quarter left over is for the channels (accounted at each handshake: model_ops.c).
+ * The quarter left over is for the channels (accounted at each handshake: forward_queue.c).
  */
-#include "serve_model.h"
+#include "served_model.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -53,7 +53,7 @@ struct sidecar_channel {
 	 * position (dispatcher thread; meaningful during an execute, see channel_post_now). */
 	uint32_t exec_unpublished;
 
-	/* Model serving (model_ops.h): per-channel state, NULL when the sidecar serves none.
+	/* Model serving (forward_queue.h): per-channel state, NULL when the sidecar serves none.
 	 * Set by the control thread before the channel is handed to the dispatcher. */
 	struct model_ops *model_ops;
 	struct model_channel *model;

@@ -1,4 +1,4 @@
-/* model_ops.h — FORWARD, PREFETCH, STATS and MASK: the wire semantics of serving a model.
+/* forward_queue.h — FORWARD, PREFETCH, STATS and MASK: the wire semantics of serving a model.
  *
  * Owns: the forward thread (the engine's forward_run blocks for a whole layer, and for NVMe
  * reads of cold experts: those run here, never on the dispatcher; a FORWARD that can finish
@@ -30,7 +30,7 @@
 
 #include "channel.h"
 #include "moe_proto.h"
-#include "serve_model.h"
+#include "served_model.h"
 
 struct model_ops;
 

@@ -1,5 +1,5 @@
 /* ops.c — the op table: PING and ECHO here; FORWARD, PREFETCH, STATS and MASK in
- * model_ops.c (they answer MOE_ENOMODEL on a sidecar started without a model).
+ * forward_queue.c (they answer MOE_ENOMODEL on a sidecar started without a model).
  *
  * ECHO is the channel's self-test: it reads n_tokens rows of `hidden` elements from the
  * slot's input area and writes them, converted from in_dtype to out_dtype, to its output
@@ -8,7 +8,7 @@
  */
 #include "ops.h"
 
-#include "model_ops.h"
+#include "forward_queue.h"
 #include "moe_kernels.h"
 
 static void op_ping(const struct sidecar_channel *ch, const struct moe_sqe *sqe,

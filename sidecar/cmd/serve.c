@@ -1,4 +1,4 @@
-/* serve.c — `moe-sidecar serve [MODEL]`: options, the model (serve_model.h, model_ops.h),
+/* serve.c — `moe-sidecar serve [MODEL]`: options, the model (served_model.h, forward_queue.h),
  * then the server (server.h) until SIGINT/SIGTERM.
  *
  * Options are one table (name, argument, help) plus one switch. Without MODEL the sidecar is
@@ -18,10 +18,10 @@
 #include "dispatch.h"
 #include "log.h"
 #include "memlimit.h"
-#include "model_ops.h"
+#include "forward_queue.h"
 #include "policy.h"
 #include "routing.h"
-#include "serve_model.h"
+#include "served_model.h"
 #include "server.h"
 
 enum {

@@ -4,7 +4,7 @@
  * never knows what an op does; it looks the op up here, so MOE_OP_FORWARD, PREFETCH and STATS
  * plug in as rows. Executors run on a private copy of the submission and write only inside
  * the slot's areas. PING, ECHO, PREFETCH, MASK and STATS run synchronously on the dispatcher
- * thread; FORWARD is handed to the forward thread (model_ops.h) and completes asynchronously
+ * thread; FORWARD is handed to the forward thread (forward_queue.h) and completes asynchronously
  * (OP_PENDING), so the dispatcher keeps draining every ring meanwhile.
  */
 #ifndef MOE_SIDECAR_OPS_H

@@ -1,0 +1,438 @@
+/* simulate.c — `moe-sidecar simulate`: replays a routing trace through the live policy code
+ * (sim_run_policy, sidecar/residency/simulate.c) at several capacities, next to Belady's OPT,
+ * as a table, JSON or a gnuplot PNG; and `simulate --generate MODEL` writes a synthetic trace
+ * (trace.c). */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "commands.h"
+#include "presets.h"
+#include "sim.h"
+
+#define MAX_CAPACITIES 64
+#define MAX_POLICIES 16
+
+static const char default_policies[] =
+    "lru,lru+layer,sieve,sieve+layer,sieve-heat,sieve-heat+layer,heat+layer";
+
+static void usage(FILE *to)
+{
+	char presets[256], policies[160];
+	moe_model_preset_names(presets, sizeof(presets), ", ");
+	policy_spec_help(policies, sizeof(policies));
+	fprintf(to,
+	        "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
+	        "                            [--plot FILE.png] [--no-lookahead]\n"
+	        "       moe-sidecar simulate --generate MODEL [-o FILE] [--steps N] [--zipf S]\n"
+	        "                            [--reuse P] [--layer-corr P] [--drift F]\n"
+	        "                            [--drift-period N] [--seed N]\n\n"
+	        "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
+	        "N%% of all experts) and prints hit rates next to Belady's OPT.\n"
+	        "  --policies      comma-separated; default\n"
+	        "                  %s\n"
+	        "                  algorithms %s\n"
+	        "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
+	        "  --generate      MODEL: one of moe-gen's presets (docs/residency.md)\n"
+	        "                  %s\n",
+	        default_policies, policies, presets);
+}
+
+static int parse_double_arg(const char *opt, const char *s, double *out)
+{
+	char *end;
+	errno = 0;
+	double v = strtod(s, &end);
+	if (errno || *end || end == s || !isfinite(v)) {
+		fprintf(stderr, "simulate: %s: '%s' is not a number\n", opt, s);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int parse_u64_arg(const char *opt, const char *s, uint64_t max, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || *end || end == s || s[0] == '-' || v > max) {
+		fprintf(stderr, "simulate: %s: '%s' is not an integer in [0, %llu]\n", opt, s,
+		        (unsigned long long)max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int run_generate(const char *model, const char *out_path, int argc, char **argv)
+{
+	char err[256];
+	struct trace_gen_params g;
+	if (trace_gen_preset(model, &g, err, sizeof(err))) {
+		fprintf(stderr, "simulate --generate: %s\n", err);
+		return 2;
+	}
+	/* Overrides, parsed after the preset so they apply on top of it. */
+	for (int i = 0; i < argc; i += 2) {
+		const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		uint64_t u;
+		if (!v) {
+			fprintf(stderr, "simulate --generate: %s needs a value\n", o);
+			return 2;
+		}
+		int bad = 0;
+		if (!strcmp(o, "--steps"))
+			bad = parse_u64_arg(o, v, 1000000, &u) || !(g.steps = (uint32_t)u);
+		else if (!strcmp(o, "--zipf"))
+			bad = parse_double_arg(o, v, &g.zipf_s);
+		else if (!strcmp(o, "--reuse"))
+			bad = parse_double_arg(o, v, &g.reuse);
+		else if (!strcmp(o, "--layer-corr"))
+			bad = parse_double_arg(o, v, &g.layer_corr);
+		else if (!strcmp(o, "--drift"))
+			bad = parse_double_arg(o, v, &g.drift);
+		else if (!strcmp(o, "--drift-period"))
+			bad = parse_u64_arg(o, v, UINT32_MAX, &u) ||
+			      ((g.drift_period = (uint32_t)u), 0);
+		else if (!strcmp(o, "--seed"))
+			bad = parse_u64_arg(o, v, UINT64_MAX, &g.seed);
+		else {
+			fprintf(stderr, "simulate --generate: unknown option '%s'\n", o);
+			return 2;
+		}
+		if (bad) {
+			if (!strcmp(o, "--steps"))
+				fprintf(stderr, "simulate --generate: --steps must be ≥ 1\n");
+			return 2;
+		}
+	}
+	struct routing_trace t;
+	if (trace_generate(&g, &t, err, sizeof(err))) {
+		fprintf(stderr, "simulate --generate: %s\n", err);
+		return 1;
+	}
+	FILE *f = out_path ? fopen(out_path, "w") : stdout;
+	if (!f) {
+		fprintf(stderr, "simulate --generate: %s: %s\n", out_path, strerror(errno));
+		trace_free(&t);
+		return 1;
+	}
+	fprintf(f,
+	        "# generated: model=%s steps=%u zipf=%g reuse=%g layer_corr=%g drift=%g "
+	        "drift_period=%u seed=%llu\n",
+	        model, g.steps, g.zipf_s, g.reuse, g.layer_corr, g.drift, g.drift_period,
+	        (unsigned long long)g.seed);
+	int rc = trace_write(f, &t);
+	if (out_path && fclose(f) != 0)
+		rc = -EIO;
+	else if (!out_path && fflush(f) != 0)
+		rc = -EIO;
+	trace_free(&t);
+	if (rc) {
+		fprintf(stderr, "simulate --generate: %s: write failed\n",
+		        out_path ? out_path : "stdout");
+		return 1;
+	}
+	return 0;
+}
+
+static int parse_capacities(const char *arg, uint32_t n_total, uint32_t *caps, int *n)
+{
+	char buf[1024];
+	if (strlen(arg) >= sizeof(buf)) {
+		fprintf(stderr, "simulate: --capacities: list too long\n");
+		return -1;
+	}
+	strcpy(buf, arg);
+	*n = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (*n >= MAX_CAPACITIES) {
+			fprintf(stderr, "simulate: --capacities: at most %d values\n",
+			        MAX_CAPACITIES);
+			return -1;
+		}
+		size_t len = strlen(tok);
+		char *end;
+		errno = 0;
+		if (len && tok[len - 1] == '%') {
+			tok[len - 1] = '\0';
+			double pct = strtod(tok, &end);
+			if (errno || *end || end == tok || !(pct > 0 && pct <= 100)) {
+				fprintf(stderr,
+				        "simulate: --capacities: '%s%%' is not a percentage "
+				        "in (0, 100]\n",
+				        tok);
+				return -1;
+			}
+			double c = floor(pct / 100.0 * n_total + 0.5);
+			caps[(*n)++] = c < 1 ? 1 : (uint32_t)c;
+		} else {
+			unsigned long long c = strtoull(tok, &end, 10);
+			if (errno || *end || end == tok || tok[0] == '-' || c == 0 || c > n_total) {
+				fprintf(stderr,
+				        "simulate: --capacities: '%s' is not a slot count in "
+				        "[1, %u] (all experts of the trace)\n",
+				        tok, n_total);
+				return -1;
+			}
+			caps[(*n)++] = (uint32_t)c;
+		}
+	}
+	if (!*n) {
+		fprintf(stderr, "simulate: --capacities: empty list\n");
+		return -1;
+	}
+	return 0;
+}
+
+static int write_plot(const char *png, const char *trace_name, const uint32_t *caps, int n_caps,
+                      char names[][64], int n_pol, double *rates /* [n_pol+1][n_caps] */)
+{
+	/* gnuplot reads both names inside single quotes: refuse what would end the string. */
+	if (strpbrk(png, "'\n\\")) {
+		fprintf(stderr,
+		        "simulate: --plot: '%s': quotes, backslashes and newlines are not "
+		        "allowed in the file name\n",
+		        png);
+		return -1;
+	}
+	char title[128];
+	const char *base = strrchr(trace_name, '/');
+	snprintf(title, sizeof(title), "%s", base ? base + 1 : trace_name);
+	for (char *q = title; *q; q++)
+		if (*q == '\'' || *q == '\\' || *q == '\n')
+			*q = '_';
+	FILE *gp = popen("gnuplot", "w");
+	if (!gp) {
+		fprintf(stderr, "simulate: --plot: cannot run gnuplot: %s\n", strerror(errno));
+		return -1;
+	}
+	fprintf(gp, "set terminal pngcairo size 900,600\nset output '%s'\n", png);
+	fprintf(gp,
+	        "set title 'expert cache hit rate: %s'\nset xlabel 'capacity (expert slots)'\n"
+	        "set ylabel 'hit rate'\nset key bottom right\nset grid\nset yrange [0:1]\n",
+	        title);
+	fprintf(gp, "$data << EOD\n");
+	for (int c = 0; c < n_caps; c++) {
+		fprintf(gp, "%u", caps[c]);
+		for (int p = 0; p <= n_pol; p++) {
+			double v = rates[p * n_caps + c];
+			if (v < 0)
+				fprintf(gp, " NaN");
+			else
+				fprintf(gp, " %.6f", v);
+		}
+		fprintf(gp, "\n");
+	}
+	fprintf(gp, "EOD\nplot ");
+	for (int p = 0; p <= n_pol; p++)
+		fprintf(gp, "%s$data using 1:%d with linespoints title '%s'%s", p ? ", " : "",
+		        p + 2, p < n_pol ? names[p] : "belady",
+		        p == n_pol ? " dashtype 2 lw 2" : "");
+	fprintf(gp, "\n");
+	int status = pclose(gp);
+	if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+		fprintf(stderr,
+		        "simulate: --plot: gnuplot failed writing %s (is gnuplot-nox "
+		        "installed? exit status %d)\n",
+		        png, status == -1 ? -1 : WEXITSTATUS(status));
+		return -1;
+	}
+	return 0;
+}
+
+static int compare_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+int cmd_simulate(int argc, char **argv)
+{
+	static const struct option opts[] = {
+	    {"capacities", required_argument, NULL, 'c'},
+	    {"policies", required_argument, NULL, 'p'},
+	    {"json", no_argument, NULL, 'j'},
+	    {"plot", required_argument, NULL, 'P'},
+	    {"no-lookahead", no_argument, NULL, 'n'},
+	    {"generate", required_argument, NULL, 'g'},
+	    {"output", required_argument, NULL, 'o'},
+	    {"help", no_argument, NULL, 'h'},
+	    {0},
+	};
+	const char *caps_arg = NULL, *pol_arg = default_policies, *plot = NULL, *generate = NULL;
+	const char *output = NULL;
+	bool json = false, lookahead = true;
+	/* --generate takes the remaining generator options itself; stop getopt at the first
+	 * one it does not know only in that mode. */
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--generate") && i + 1 < argc) {
+			generate = argv[i + 1];
+			int n_rest = 0;
+			char **rest = calloc((size_t)argc, sizeof(char *));
+			if (!rest) {
+				fprintf(stderr, "simulate: out of memory\n");
+				return 1;
+			}
+			for (int k = 1; k < argc; k++) {
+				if (k == i) {
+					k++;
+				} else if ((!strcmp(argv[k], "-o") ||
+				            !strcmp(argv[k], "--output")) &&
+				           k + 1 < argc) {
+					output = argv[++k];
+				} else {
+					rest[n_rest++] = argv[k];
+				}
+			}
+			int rc = run_generate(generate, output, n_rest, rest);
+			free(rest);
+			return rc;
+		}
+	optind = 1;
+	int c;
+	while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': caps_arg = optarg; break;
+		case 'p': pol_arg = optarg; break;
+		case 'j': json = true; break;
+		case 'P': plot = optarg; break;
+		case 'n': lookahead = false; break;
+		case 'o': output = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	(void)output;
+	if (optind + 1 != argc || !caps_arg) {
+		fprintf(stderr, "simulate: need one TRACE and --capacities\n");
+		usage(stderr);
+		return 2;
+	}
+	const char *trace_path = argv[optind];
+	char err[512];
+	struct policy_spec specs[MAX_POLICIES];
+	char names[MAX_POLICIES][64];
+	int n_pol = 0;
+	{
+		char buf[1024];
+		if (strlen(pol_arg) >= sizeof(buf)) {
+			fprintf(stderr, "simulate: --policies: list too long\n");
+			return 2;
+		}
+		strcpy(buf, pol_arg);
+		char *save = NULL;
+		for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+			if (n_pol >= MAX_POLICIES) {
+				fprintf(stderr, "simulate: --policies: at most %d\n", MAX_POLICIES);
+				return 2;
+			}
+			if (policy_spec_parse(tok, &specs[n_pol], err, sizeof(err))) {
+				fprintf(stderr, "simulate: %s\n", err);
+				return 2;
+			}
+			policy_spec_name(&specs[n_pol], names[n_pol], sizeof(names[n_pol]));
+			n_pol++;
+		}
+		if (!n_pol) {
+			fprintf(stderr, "simulate: --policies: empty list\n");
+			return 2;
+		}
+	}
+	struct routing_trace t;
+	if (trace_load(trace_path, &t, err, sizeof(err))) {
+		fprintf(stderr, "simulate: %s\n", err);
+		return 1;
+	}
+	uint32_t caps[MAX_CAPACITIES];
+	int n_caps;
+	if (parse_capacities(caps_arg, t.n_layers * t.n_experts, caps, &n_caps)) {
+		trace_free(&t);
+		return 2;
+	}
+	qsort(caps, (size_t)n_caps, sizeof(caps[0]), compare_u32);
+	double *rates = malloc(sizeof(double) * (size_t)(n_pol + 1) * (size_t)n_caps);
+	if (!rates) {
+		fprintf(stderr, "simulate: out of memory\n");
+		trace_free(&t);
+		return 1;
+	}
+	int status = 0;
+	for (int ci = 0; ci < n_caps; ci++) {
+		struct sim_result r;
+		for (int p = 0; p < n_pol; p++) {
+			double *slot = &rates[p * n_caps + ci];
+			int rc = sim_run_policy(&t, &specs[p], caps[ci], lookahead, &r, err,
+			                        sizeof(err));
+			if (rc == -ENOSPC) {
+				*slot =
+				    -1; /* pinned layers do not fit: no figure at this capacity */
+			} else if (rc) {
+				fprintf(stderr, "simulate: %s\n", err);
+				status = 1;
+				goto out;
+			} else {
+				*slot = r.refs ? (double)r.hits / (double)r.refs : 0;
+			}
+		}
+		if (sim_run_belady(&t, caps[ci], 0, &r, err, sizeof(err))) {
+			fprintf(stderr, "simulate: %s\n", err);
+			status = 1;
+			goto out;
+		}
+		rates[n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
+	}
+	if (json) {
+		printf("{\"capacities\": [");
+		for (int ci = 0; ci < n_caps; ci++)
+			printf("%s%u", ci ? ", " : "", caps[ci]);
+		printf("], \"policies\": {");
+		for (int p = 0; p <= n_pol; p++) {
+			printf("%s\"%s\": [", p ? ", " : "", p < n_pol ? names[p] : "belady");
+			for (int ci = 0; ci < n_caps; ci++) {
+				double v = rates[p * n_caps + ci];
+				if (v < 0)
+					printf("%snull", ci ? ", " : "");
+				else
+					printf("%s%.6f", ci ? ", " : "", v);
+			}
+			printf("]");
+		}
+		printf("}}\n");
+	} else {
+		printf("trace %s: %u layers × %u experts, top-%u, %u lines, %u references\n",
+		       trace_path, t.n_layers, t.n_experts, t.top_k, t.n_lines, t.n_refs);
+		printf("hit rate by capacity (expert slots; %% of all %u experts)\n",
+		       t.n_layers * t.n_experts);
+		printf("%-18s", "policy");
+		for (int ci = 0; ci < n_caps; ci++)
+			printf(" %8u", caps[ci]);
+		printf("\n%-18s", "");
+		for (int ci = 0; ci < n_caps; ci++)
+			printf(" %7.1f%%", 100.0 * caps[ci] / (t.n_layers * t.n_experts));
+		printf("\n");
+		for (int p = 0; p <= n_pol; p++) {
+			printf("%-18s", p < n_pol ? names[p] : "belady (OPT)");
+			for (int ci = 0; ci < n_caps; ci++) {
+				double v = rates[p * n_caps + ci];
+				if (v < 0)
+					printf(" %8s", "-");
+				else
+					printf(" %8.4f", v);
+			}
+			printf("\n");
+		}
+	}
+	if (plot && write_plot(plot, trace_path, caps, n_caps, names, n_pol, rates))
+		status = 1;
+out:
+	free(rates);
+	trace_free(&t);
+	return status;
+}
