@@ -16,9 +16,10 @@
 
 #include "commands.h"
 #include "dispatch.h"
+#include "forward_queue.h"
 #include "log.h"
 #include "memlimit.h"
-#include "forward_queue.h"
+#include "ops.h"
 #include "policy.h"
 #include "routing.h"
 #include "served_model.h"
@@ -281,6 +282,7 @@ int cmd_serve(int argc, char **argv)
 	                 .dtype_mask = MOE_DTYPE_MASK_ALL},
 	    .ready_fd = -1,
 	    .handshake_timeout_ms = 5000,
+	    .service = &serving_without_model,
 	};
 	struct option longopts[N_SERVE_OPTIONS + 1];
 	for (size_t i = 0; i < N_SERVE_OPTIONS; i++)
@@ -294,7 +296,7 @@ int cmd_serve(int argc, char **argv)
 	    .fail_layer = -1,
 	    .fail_expert = -1,
 	};
-	struct model_ops_config ocfg = {0};
+	struct forward_queue_config ocfg = {0};
 	uint64_t v;
 	int c;
 	optind = 1;
@@ -538,21 +540,21 @@ int cmd_serve(int argc, char **argv)
 		server_close(server);
 		return 1;
 	}
-	struct model_ops *ops;
-	if (model_ops_create(model, &ocfg, &ops, err, sizeof(err)) != 0) {
+	struct forward_queue *queue;
+	if (forward_queue_create(model, &ocfg, &queue, err, sizeof(err)) != 0) {
 		log_error("serve", "%s", err);
 		serve_model_close(model);
 		server_close(server);
 		return 1;
 	}
 	const struct serve_model_desc *d = serve_model_desc(model);
-	cfg.model_ops = ops;
+	cfg.service = forward_queue_service(queue);
 	cfg.defaults.hidden = d->hidden;
 	cfg.defaults.top_k = d->max_top_k;
 	if (cfg.defaults.max_tokens > d->max_tokens)
 		cfg.defaults.max_tokens = d->max_tokens;
 	int status = server_run(server);
-	model_ops_destroy(ops);
+	forward_queue_destroy(queue);
 	serve_model_close(model);
 	return status;
 }

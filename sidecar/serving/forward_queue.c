@@ -55,6 +55,7 @@
 #include "trace_recorder.h"
 
 struct model_channel {
+	struct forward_queue *fq; /* the queue serving it */
 	struct sidecar_channel *ch;
 	uint32_t client;
 	/* Accepted FORWARDs not started yet, and MASKs behind them (each holds its own slot:
@@ -79,7 +80,8 @@ struct model_channel {
 	int32_t owed_fail_layer;
 };
 
-struct model_ops {
+struct forward_queue {
+	struct channel_service service; /* what the server sees of it (ctx: this queue) */
 	struct serve_model *model;
 	const struct serve_model_desc *desc;
 	pthread_t thread;
@@ -131,8 +133,8 @@ static size_t mask_layer_bytes(const struct serve_model_desc *d)
 
 /* Whether a channel of `bytes` fits in what the memory limit leaves; else a refusal
  * sentence (it goes into the welcome: at most MOE_REASON_LEN). Under o->lock. */
-static bool channel_fits(const struct model_ops *o, uint64_t bytes, uint64_t deferred, char *err,
-                         size_t err_len)
+static bool channel_fits(const struct forward_queue *o, uint64_t bytes, uint64_t deferred,
+                         char *err, size_t err_len)
 {
 	const uint64_t used =
 	    o->mem_fixed + atomic_load_explicit(&o->mem_channels, memory_order_relaxed);
@@ -149,9 +151,9 @@ static bool channel_fits(const struct model_ops *o, uint64_t bytes, uint64_t def
 	return false;
 }
 
-int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
-                           size_t err_len)
+static int queue_channel_open(void *ctx, struct sidecar_channel *ch, char *err, size_t err_len)
 {
+	struct forward_queue *o = ctx;
 	struct model_channel *mc = NULL;
 	size_t n = (size_t)ch->limits.max_tokens * o->desc->hidden;
 	const uint64_t cost = ch->bytes + 2 * n * sizeof(float);
@@ -170,6 +172,7 @@ int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char
 		         2 * n * sizeof(float));
 		goto fail;
 	}
+	mc->fq = o;
 	mc->ch = ch;
 	pthread_mutex_lock(&o->lock);
 	if (o->client_ids == UINT64_MAX) {
@@ -185,8 +188,7 @@ int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char
 	atomic_fetch_add_explicit(&o->mem_channels, cost, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
 	serve_model_client_attach(o->model, mc->client);
-	ch->model = mc;
-	ch->model_ops = o;
+	ch->state = mc;
 	return 0;
 fail:
 	if (mc) {
@@ -197,7 +199,7 @@ fail:
 	return -1;
 }
 
-static void rr_unlink_locked(struct model_ops *o, struct model_channel *mc)
+static void rr_unlink_locked(struct forward_queue *o, struct model_channel *mc)
 {
 	struct model_channel **p = &o->rr_head, *prev = NULL;
 	while (*p && *p != mc) {
@@ -213,7 +215,7 @@ static void rr_unlink_locked(struct model_ops *o, struct model_channel *mc)
 	mc->listed = false;
 }
 
-static void rr_append_locked(struct model_ops *o, struct model_channel *mc)
+static void rr_append_locked(struct forward_queue *o, struct model_channel *mc)
 {
 	mc->rr_next = NULL;
 	if (o->rr_tail)
@@ -224,10 +226,11 @@ static void rr_append_locked(struct model_ops *o, struct model_channel *mc)
 	mc->listed = true;
 }
 
-void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
+static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 {
-	struct model_channel *mc = ch->model;
-	if (!o || !mc)
+	struct forward_queue *o = ctx;
+	struct model_channel *mc = ch->state;
+	if (!mc)
 		return;
 	pthread_mutex_lock(&o->lock);
 	mc->closing = true;
@@ -246,8 +249,7 @@ void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch)
 	pthread_mutex_unlock(&o->lock);
 	serve_model_client_detach(o->model, mc->client);
 	serve_model_settle(o->model); /* a deferred sum may still be on its way into mc->deferred */
-	ch->model = NULL;
-	ch->model_ops = NULL;
+	ch->state = NULL;
 	free(mc->deferred[0]);
 	free(mc->deferred[1]);
 	free(mc);
@@ -293,8 +295,8 @@ static void deliver_immediate(void *arg, uint32_t n_deferred)
  * after; the channel's next FORWARD cannot start before, since this thread is its executor).
  * on_dispatcher: running inline inside the dispatcher's drain. No lock held; mc stays alive
  * (running is set) and this thread is the executor (executing is set). */
-static void run_forward(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe,
-                        struct moe_cqe *cq, bool on_dispatcher)
+static void run_forward(struct forward_queue *o, struct model_channel *mc,
+                        const struct moe_sqe *sqe, struct moe_cqe *cq, bool on_dispatcher)
 {
 	struct sidecar_channel *ch = mc->ch;
 	const struct serve_model_desc *d = o->desc;
@@ -437,7 +439,7 @@ done:
 /* Sets mc's client mask from the slot's input (n bytes checked by model_op_mask) through the
  * private buffer `bits`, and fills *done. Runs on the dispatcher when nothing of mc's is
  * queued or running, else on the forward thread in mc's submission order (model_op_mask). */
-static void run_mask(struct model_ops *o, struct model_channel *mc, const struct moe_sqe *sqe,
+static void run_mask(struct forward_queue *o, struct model_channel *mc, const struct moe_sqe *sqe,
                      uint8_t *bits, struct moe_cqe *done)
 {
 	const struct sidecar_channel *ch = mc->ch;
@@ -456,7 +458,7 @@ static void run_mask(struct model_ops *o, struct model_channel *mc, const struct
 
 static void *forward_thread_main(void *arg)
 {
-	struct model_ops *o = arg;
+	struct forward_queue *o = arg;
 	pthread_mutex_lock(&o->lock);
 	for (;;) {
 		if (!o->stop && !o->rr_head) {
@@ -506,8 +508,8 @@ static void *forward_thread_main(void *arg)
 void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                       struct moe_cqe *done)
 {
-	struct model_ops *o = ch->model_ops;
-	struct model_channel *mc = ch->model;
+	struct model_channel *mc = ch->state;
+	struct forward_queue *o = mc->fq;
 	/* Resident? Asked before taking o->lock (the residency has locks of its own, never
 	 * nested inside it), on the shared ids: a hint only (run_forward validates its private
 	 * copy); a client changing them now only changes which thread runs. */
@@ -555,12 +557,13 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 
 int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe, struct moe_cqe *err)
 {
-	const struct model_ops *o = ch->model_ops;
-	if (!o || !ch->model) {
+	const struct model_channel *mc = ch->state;
+	if (!mc) {
 		err->status = MOE_ENOMODEL;
 		err->value = sqe->op;
 		return err->status;
 	}
+	const struct forward_queue *o = mc->fq;
 	if ((sqe->op == MOE_OP_FORWARD || sqe->op == MOE_OP_PREFETCH) &&
 	    !serve_model_is_moe_layer(o->model, sqe->layer)) {
 		err->status = MOE_EBADLAYER;
@@ -579,7 +582,7 @@ int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe, 
 void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                        struct moe_cqe *done)
 {
-	struct model_ops *o = ch->model_ops;
+	struct forward_queue *o = ((struct model_channel *)ch->state)->fq;
 	const bool per_expert = sqe->flags & MOE_PREFETCH_SCORES;
 	const uint32_t n = sqe->n_tokens;
 	if ((per_expert && n != o->desc->n_experts) || n > o->hint_cap) {
@@ -641,7 +644,7 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                    struct moe_cqe *done)
 {
-	struct model_ops *o = ch->model_ops;
+	struct forward_queue *o = ((struct model_channel *)ch->state)->fq;
 	const size_t per_layer = mask_layer_bytes(o->desc);
 	const size_t n = sqe->layer < 0 ? o->mask_bytes : per_layer;
 	if (n > ch->layout.in_bytes) {
@@ -659,7 +662,7 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	 * expert the engine now computes itself, nor refused for one it has handed back. Only
 	 * the channel's own order matters: another client's FORWARDs never name an expert its
 	 * own mask holds, and residency drops an expert only when every client masks it. */
-	struct model_channel *mc = ch->model;
+	struct model_channel *mc = ch->state;
 	pthread_mutex_lock(&o->lock);
 	if (!o->shutting_down && !mc->closing && (mc->q_len || mc->running)) {
 		mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
@@ -678,7 +681,7 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 
 /* The binary expert table (moe_proto.h) into the output area; its bytes, or the bytes it
  * needs when that is more than cap. */
-static size_t expert_table(struct model_ops *o, uint8_t *out, size_t cap)
+static size_t expert_table(struct forward_queue *o, uint8_t *out, size_t cap)
 {
 	const uint32_t L = o->desc->n_moe_layers, E = o->desc->n_experts;
 	const size_t layers_off = sizeof(struct moe_expert_table_header);
@@ -712,7 +715,7 @@ static size_t expert_table(struct model_ops *o, uint8_t *out, size_t cap)
 }
 
 /* The routing keys STATS adds to the engine's object (docs/protocol.md §10). snprintf-like. */
-static size_t routing_stats_json(struct model_ops *o, bool experts, char *buf, size_t len)
+static size_t routing_stats_json(struct forward_queue *o, bool experts, char *buf, size_t len)
 {
 	uint64_t switches, masked;
 	serve_model_mask_info(o->model, &switches, &masked);
@@ -745,7 +748,7 @@ static size_t routing_stats_json(struct model_ops *o, bool experts, char *buf, s
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                     struct moe_cqe *done)
 {
-	struct model_ops *o = ch->model_ops;
+	struct forward_queue *o = ((struct model_channel *)ch->state)->fq;
 	struct slot_areas a;
 	channel_slot_areas(ch, sqe->slot, &a);
 	if (sqe->flags & MOE_STATS_EXPERT_TABLE) {
@@ -796,15 +799,31 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 
 /* ---- Life cycle ------------------------------------------------------------------------ */
 
-int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
-                     struct model_ops **out, char *err, size_t err_len)
+static int queue_grant(void *ctx, const struct moe_limits *g, char *why, size_t why_len);
+static void queue_welcome(void *ctx, struct moe_model_info *out,
+                          uint8_t fingerprint[MOE_FINGERPRINT_BYTES]);
+static void queue_reload(void *ctx, char *said, size_t said_len);
+static void queue_shutdown(void *ctx);
+
+int forward_queue_create(struct serve_model *m, const struct forward_queue_config *cfg,
+                         struct forward_queue **out, char *err, size_t err_len)
 {
 	*out = NULL;
-	struct model_ops *o = calloc(1, sizeof(*o));
+	struct forward_queue *o = calloc(1, sizeof(*o));
 	if (!o) {
 		snprintf(err, err_len, "out of memory");
 		return -1;
 	}
+	o->service = (struct channel_service){
+	    .ops = serving_ops,
+	    .ctx = o,
+	    .grant = queue_grant,
+	    .channel_open = queue_channel_open,
+	    .channel_close = queue_channel_close,
+	    .welcome = queue_welcome,
+	    .reload = queue_reload,
+	    .shutdown = queue_shutdown,
+	};
 	o->model = m;
 	o->desc = serve_model_desc(m);
 	const struct serve_model_desc *d = o->desc;
@@ -835,7 +854,7 @@ int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
 	    !o->hint_scores || !o->mask || !o->stats || !o->routing || !o->moe_of_block ||
 	    !o->block_of_moe || !o->queued_mask) {
 		snprintf(err, err_len, "out of memory for the request buffers");
-		model_ops_destroy(o);
+		forward_queue_destroy(o);
 		return -1;
 	}
 	for (uint32_t b = 0, l = 0; b < d->n_layers; b++) {
@@ -857,7 +876,7 @@ int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
 		    .max_tokens = d->max_tokens,
 		};
 		if (trace_recorder_create(&tc, &o->recorder, err, err_len) != 0) {
-			model_ops_destroy(o);
+			forward_queue_destroy(o);
 			return -1;
 		}
 	}
@@ -880,7 +899,7 @@ int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
 		rc = pthread_create(&o->thread, NULL, forward_thread_main, o);
 	if (rc != 0) {
 		snprintf(err, err_len, "forward thread: %s", strerror(rc));
-		model_ops_destroy(o);
+		forward_queue_destroy(o);
 		return -1;
 	}
 	o->thread_started = true;
@@ -888,10 +907,9 @@ int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
 	return 0;
 }
 
-void model_ops_shutdown(struct model_ops *o)
+static void queue_shutdown(void *ctx)
 {
-	if (!o)
-		return;
+	struct forward_queue *o = ctx;
 	/* Lock order is cq_lock → o->lock (the dispatcher executes ops under its CQ lock), so
 	 * each failed request is taken out under o->lock and completed after releasing it. */
 	pthread_mutex_lock(&o->lock);
@@ -916,7 +934,7 @@ void model_ops_shutdown(struct model_ops *o)
 	pthread_mutex_unlock(&o->lock);
 }
 
-void model_ops_destroy(struct model_ops *o)
+void forward_queue_destroy(struct forward_queue *o)
 {
 	if (!o)
 		return;
@@ -946,19 +964,41 @@ void model_ops_destroy(struct model_ops *o)
 	free(o);
 }
 
-const struct serve_model_desc *model_ops_desc(const struct model_ops *o)
+/* The engine's buffers are sized for the model's limits: nothing larger may be granted. */
+static int queue_grant(void *ctx, const struct moe_limits *g, char *why, size_t why_len)
 {
-	return o->desc;
+	const struct forward_queue *o = ctx;
+	const struct serve_model_desc *m = o->desc;
+	if (g->hidden != m->hidden) {
+		snprintf(why, why_len, "hidden %u: this sidecar serves %s with hidden %u",
+		         g->hidden, m->name, m->hidden);
+		return -1;
+	}
+	if (g->max_tokens > m->max_tokens || g->top_k > m->max_top_k) {
+		snprintf(why, why_len,
+		         "max_tokens %u / top_k %u above this sidecar's %u / %u "
+		         "(serve --max-tokens)",
+		         g->max_tokens, g->top_k, m->max_tokens, m->max_top_k);
+		return -1;
+	}
+	return 0;
 }
 
-uint32_t model_ops_retry_failed(struct model_ops *o)
+/* SIGHUP: every FAILED expert is read again by its next demand. */
+static void queue_reload(void *ctx, char *said, size_t said_len)
 {
-	return serve_model_retry_failed(o->model);
+	struct forward_queue *o = ctx;
+	const uint32_t n = serve_model_retry_failed(o->model);
+	snprintf(said, said_len,
+	         "%u failed expert(s) will be read again by their next demand (their backoff "
+	         "ended)",
+	         n);
 }
 
-void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
+static void queue_welcome(void *ctx, struct moe_model_info *out,
                           uint8_t fingerprint[MOE_FINGERPRINT_BYTES])
 {
+	const struct forward_queue *o = ctx;
 	const struct serve_model_desc *d = o->desc;
 	memset(out, 0, sizeof(*out));
 	out->flags = MOE_MODEL_FINGERPRINT;
@@ -975,4 +1015,9 @@ void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
 	out->hidden = d->hidden;
 	out->expert_ffn = d->expert_ffn;
 	snprintf(out->name, sizeof(out->name), "%s", d->name);
+}
+
+const struct channel_service *forward_queue_service(struct forward_queue *o)
+{
+	return &o->service;
 }

@@ -19,24 +19,25 @@
  * channel_complete_async (inline ones complete like any synchronous op). Nothing on the
  * request path allocates.
  *
- * Life of a channel: model_ops_channel_open before dispatcher_add; after dispatcher_remove,
- * model_ops_channel_close drops its queued FORWARDs, waits for the one running (bounded by
- * one layer) and frees its deferred state — a dead client's work never reaches another.
+ * Life of a channel: the service's channel_open before dispatcher_add; after
+ * dispatcher_remove, its channel_close drops its queued FORWARDs, waits for the one running
+ * (bounded by one layer) and frees its deferred state — a dead client's work never reaches another.
  */
-#ifndef MOE_SIDECAR_MODEL_OPS_H
-#define MOE_SIDECAR_MODEL_OPS_H
+#ifndef MOE_SIDECAR_FORWARD_QUEUE_H
+#define MOE_SIDECAR_FORWARD_QUEUE_H
 
 #include <stddef.h>
 
 #include "channel.h"
 #include "moe_proto.h"
 #include "served_model.h"
+#include "service.h"
 
-struct model_ops;
+struct forward_queue;
 
 /* What the engine routes (routing.h) and its recording (trace_recorder.h). Zero: defaults,
  * no recording. */
-struct model_ops_config {
+struct forward_queue_config {
 	uint32_t heat_half_life;         /* tokens per MoE layer; 0: ROUTING_HALF_LIFE_DEFAULT */
 	const char *record_trace;        /* trace file, or NULL */
 	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
@@ -44,31 +45,19 @@ struct model_ops_config {
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace
  * recorder when asked. 0 or -1 + err. */
-int model_ops_create(struct serve_model *m, const struct model_ops_config *cfg,
-                     struct model_ops **out, char *err, size_t err_len);
-/* Shutdown, step 1: queued FORWARDs complete with MOE_ESHUTDOWN, new ones are refused the
- * same way; the one running finishes normally. */
-void model_ops_shutdown(struct model_ops *o);
+int forward_queue_create(struct serve_model *m, const struct forward_queue_config *cfg,
+                         struct forward_queue **out, char *err, size_t err_len);
 /* Joins the forward thread and frees. Every channel must be closed. NULL is a no-op. */
-void model_ops_destroy(struct model_ops *o);
+void forward_queue_destroy(struct forward_queue *o);
 
-const struct serve_model_desc *model_ops_desc(const struct model_ops *o);
-/* The operator's retry (SIGHUP): every FAILED expert is read again by its next demand.
- * Returns how many there were. Control thread. */
-uint32_t model_ops_retry_failed(struct model_ops *o);
-/* The welcome's model description and the model's fingerprint. */
-void model_ops_model_info(const struct model_ops *o, struct moe_model_info *out,
-                          uint8_t fingerprint[MOE_FINGERPRINT_BYTES]);
-
-/* Gives ch a client id and deferred buffers sized for its granted limits. 0, or -1 + err
- * (more than SERVE_MODEL_MAX_CLIENTS model clients, out of memory, or a channel that would take
- * the sidecar past its memory limit: the channel's bytes and its deferred buffers are
- * accounted against what the model's fixed memory and the other channels leave, and err is
- * the refusal's sentence). */
-int model_ops_channel_open(struct model_ops *o, struct sidecar_channel *ch, char *err,
-                           size_t err_len);
-/* The channel must no longer be driven by the dispatcher. No-op if it was never opened. */
-void model_ops_channel_close(struct model_ops *o, struct sidecar_channel *ch);
+/* What the server serves through this queue (transport/service.h): the op table, and the
+ * hooks that open and close a channel (a client id, deferred buffers sized for its granted
+ * limits, accounted against the sidecar's memory limit: more than SERVE_MODEL_MAX_CLIENTS
+ * model clients, out of memory, or a channel past the limit is refused with a sentence;
+ * closing drops its queued FORWARDs and waits for the one running), the welcome's model
+ * description, SIGHUP's retry of FAILED experts, and shutdown (queued FORWARDs complete
+ * with MOE_ESHUTDOWN, new ones are refused the same way, the one running finishes). */
+const struct channel_service *forward_queue_service(struct forward_queue *o);
 
 /* Op table rows (ops.c). Each check answers MOE_ENOMODEL on a channel without a model. */
 int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe,

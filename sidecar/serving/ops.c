@@ -30,7 +30,7 @@ static void op_echo(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	done->value = sqe->n_tokens;
 }
 
-static const struct op_desc op_table[MOE_OP_MAX] = {
+const struct op_desc serving_ops[MOE_OP_MAX] = {
     [MOE_OP_PING] = {.name = "ping", .execute = op_ping},
     [MOE_OP_ECHO] = {.name = "echo", .execute = op_echo},
     [MOE_OP_FORWARD] = {.name = "forward", .check = model_op_check, .execute = model_op_forward},
@@ -39,9 +39,4 @@ static const struct op_desc op_table[MOE_OP_MAX] = {
     [MOE_OP_MASK] = {.name = "mask", .check = model_op_check, .execute = model_op_mask},
 };
 
-const struct op_desc *op_lookup(uint32_t op)
-{
-	if (op == 0 || op >= MOE_OP_MAX || !op_table[op].name)
-		return NULL;
-	return &op_table[op];
-}
+const struct channel_service serving_without_model = {.ops = serving_ops};

@@ -22,7 +22,6 @@
 
 #include "clock.h"
 #include "log.h"
-#include "ops.h"
 
 #define REQUIRED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -199,13 +198,21 @@ static void cqe_preset(struct moe_cqe *c, const struct moe_sqe *sqe)
 	c->slot = sqe->slot;
 }
 
+/* The row of op in the channel's table, or NULL if the service has no such op. */
+static const struct op_desc *channel_op(const struct sidecar_channel *ch, uint32_t op)
+{
+	if (!ch->ops || op == 0 || op >= MOE_OP_MAX || !ch->ops[op].name)
+		return NULL;
+	return &ch->ops[op];
+}
+
 /* Validates a private copy; MOE_OK (op set) or an error completion in *err. */
 static int sqe_validate(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                         const struct op_desc **op, struct moe_cqe *err)
 {
 	if (moe_sqe_check(sqe, &ch->limits, err) != MOE_OK)
 		return err->status;
-	*op = op_lookup(sqe->op);
+	*op = channel_op(ch, sqe->op);
 	cqe_preset(err, sqe);
 	if (!*op) { /* moe_sqe_check knows every op below MOE_OP_MAX; defensive */
 		err->status = MOE_EBADOP;
@@ -413,7 +420,7 @@ static int drain_locked(struct sidecar_channel *ch, uint32_t budget, bool shutti
 			atomic_fetch_add_explicit(&ch->async_in_flight, 1, memory_order_relaxed);
 			ch->exec_last_of_batch = i + 1 == n_accepted;
 			ch->exec_unpublished = posted;
-			op_lookup(sqe->op)->execute(ch, sqe, &c);
+			channel_op(ch, sqe->op)->execute(ch, sqe, &c);
 			posted =
 			    ch->exec_unpublished; /* 0 if the op published (channel_post_now) */
 			if (c.status == OP_PENDING)

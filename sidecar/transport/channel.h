@@ -25,6 +25,7 @@
 #include "log.h"
 #include "moe_proto.h"
 #include "moe_ring.h"
+#include "service.h"
 
 struct sidecar_channel {
 	uint8_t *base; /* mapping of the memfd (or a caller's buffer) */
@@ -46,17 +47,18 @@ struct sidecar_channel {
 	pthread_mutex_t cq_lock;
 	bool cq_blocked; /* last drain stopped because the client does not drain its CQ */
 	/* Set by channel_drain around each execute: the request is the last one accepted in
-	 * this drain, so no completion of this channel waits behind it (model_ops may then
-	 * run a FORWARD on the dispatcher thread). */
+	 * this drain, so no completion of this channel waits behind it (an executor may then run
+	 * a long request on the dispatcher thread). */
 	bool exec_last_of_batch;
 	/* Completions channel_drain has written but not yet published, at the CQ's producer
 	 * position (dispatcher thread; meaningful during an execute, see channel_post_now). */
 	uint32_t exec_unpublished;
 
-	/* Model serving (forward_queue.h): per-channel state, NULL when the sidecar serves none.
+	/* What the channel serves (service.h): the op table, and the service's own per-channel
+	 * state, opaque here (NULL until channel_open sets it). ops NULL: every op is unknown.
 	 * Set by the control thread before the channel is handed to the dispatcher. */
-	struct model_ops *model_ops;
-	struct model_channel *model;
+	const struct op_desc *ops;
+	void *state;
 
 	/* Asynchronous completions. An executor that returns OP_PENDING keeps its slot busy;
 	 * another thread later finishes it with channel_complete_async, and the dispatcher

@@ -211,7 +211,7 @@ static void shutdown_channels(struct dispatcher *d)
 		}
 		i++;
 	}
-	/* Requests still running elsewhere (model_ops has failed the queued ones) finish and
+	/* Requests still running elsewhere (the service has refused the queued ones) finish and
 	 * are posted before the channel closes: nothing in flight is left unanswered. */
 	for (;;) {
 		bool in_flight = false;

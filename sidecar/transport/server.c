@@ -28,7 +28,6 @@
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
-#include "forward_queue.h"
 
 #define HELLO_MAX_BYTES 4096u
 /* Connections of one uid still in the handshake (accepted, no complete hello yet). The table
@@ -109,6 +108,12 @@ static uint32_t uids_that_may_connect(const struct server_config *cfg)
 	return n;
 }
 
+static void service_channel_close(struct server *s, struct sidecar_channel *ch)
+{
+	if (s->cfg->service->channel_close)
+		s->cfg->service->channel_close(s->cfg->service->ctx, ch);
+}
+
 static void conn_close(struct server *s, struct conn *c, const char *why)
 {
 	const bool serving = c->state == CONN_SERVING;
@@ -116,8 +121,7 @@ static void conn_close(struct server *s, struct conn *c, const char *why)
 	if (serving) {
 		if (!s->dispatcher_stopped)
 			dispatcher_remove(&s->dispatcher, c->ch);
-		model_ops_channel_close(s->cfg->model_ops,
-		                        c->ch); /* waits for its running FORWARD */
+		service_channel_close(s, c->ch); /* waits for what it runs for the channel */
 		requests = c->ch->n_requests;
 		errors = c->ch->n_errors;
 		channel_destroy(c->ch);
@@ -210,22 +214,9 @@ static int negotiate(const struct server *s, const struct moe_hello *h, struct m
 		snprintf(why, why_len, "requested limits: %s", lim_why);
 		return -1;
 	}
-	if (s->cfg->model_ops) {
-		/* The engine's buffers are sized for these: nothing larger may be granted. */
-		const struct serve_model_desc *m = model_ops_desc(s->cfg->model_ops);
-		if (g->hidden != m->hidden) {
-			snprintf(why, why_len, "hidden %u: this sidecar serves %s with hidden %u",
-			         g->hidden, m->name, m->hidden);
-			return -1;
-		}
-		if (g->max_tokens > m->max_tokens || g->top_k > m->max_top_k) {
-			snprintf(why, why_len,
-			         "max_tokens %u / top_k %u above this sidecar's %u / %u "
-			         "(serve --max-tokens)",
-			         g->max_tokens, g->top_k, m->max_tokens, m->max_top_k);
-			return -1;
-		}
-	}
+	const struct channel_service *sv = s->cfg->service;
+	if (sv->grant && sv->grant(sv->ctx, g, why, why_len) != 0)
+		return -1;
 	struct moe_layout l;
 	moe_layout_compute(g, &l);
 	if (l.total > s->cfg->max_channel_bytes) {
@@ -274,8 +265,9 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		return;
 	}
 	ch->id = c->id;
-	if (s->cfg->model_ops &&
-	    model_ops_channel_open(s->cfg->model_ops, ch, err, sizeof(err)) != 0) {
+	ch->ops = s->cfg->service->ops;
+	if (s->cfg->service->channel_open &&
+	    s->cfg->service->channel_open(s->cfg->service->ctx, ch, err, sizeof(err)) != 0) {
 		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err);
 		return;
@@ -285,12 +277,12 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.channel_bytes = ch->bytes;
 	w.epoch = ch->epoch;
 	w.limits = g;
-	if (s->cfg->model_ops)
-		model_ops_model_info(s->cfg->model_ops, &w.model, w.fingerprint);
+	if (s->cfg->service->welcome)
+		s->cfg->service->welcome(s->cfg->service->ctx, &w.model, w.fingerprint);
 	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
-		model_ops_channel_close(s->cfg->model_ops, ch);
+		service_channel_close(s, ch);
 		channel_destroy(ch);
 		conn_close(s, c, "welcome not delivered");
 		return;
@@ -507,18 +499,14 @@ static void sweep_handshakes(struct server *s)
 	}
 }
 
-/* SIGHUP: the operator asks for every FAILED expert to be read again (docs/operations.md). */
+/* SIGHUP: the operator asks for what failed to be tried again (docs/operations.md). */
 static void retry_failed(struct server *s)
 {
-	if (!s->cfg->model_ops) {
-		log_info("server", "SIGHUP: no model served, no expert to read again");
-		return;
-	}
-	const uint32_t n = model_ops_retry_failed(s->cfg->model_ops);
-	log_warn("server",
-	         "SIGHUP: %u failed expert(s) will be read again by their next demand (their "
-	         "backoff ended)",
-	         n);
+	const struct channel_service *sv = s->cfg->service;
+	char said[200] = "nothing to retry";
+	if (sv->reload)
+		sv->reload(sv->ctx, said, sizeof(said));
+	log_warn("server", "SIGHUP: %s", said);
 }
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
@@ -593,8 +581,9 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
-	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
-	model_ops_shutdown(s->cfg->model_ops); /* queued FORWARDs fail with MOE_ESHUTDOWN */
+	listener_close(&s->listener);  /* the socket (if still ours) goes first: no new peers */
+	if (s->cfg->service->shutdown) /* work not started fails with MOE_ESHUTDOWN */
+		s->cfg->service->shutdown(s->cfg->service->ctx);
 	if (s->dispatcher.running)
 		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
 	s->dispatcher_stopped = true;

@@ -19,10 +19,9 @@
 #include <sys/types.h>
 
 #include "moe_proto.h"
+#include "service.h"
 
 #define SERVER_MAX_ALLOWED_UIDS 64u
-
-struct model_ops;
 
 struct server_config {
 	const char *socket_path; /* NULL: server_default_socket_path() */
@@ -31,13 +30,13 @@ struct server_config {
 	bool allow_list;
 	uid_t allowed_uids[SERVER_MAX_ALLOWED_UIDS];
 	uint32_t n_allowed_uids;
-	uint32_t max_clients;        /* connected channels at once (<= 127) */
-	uint64_t max_channel_bytes;  /* refuse a hello whose channel would be larger */
-	struct moe_limits defaults;  /* used for the zero fields of a hello */
-	int ready_fd;                /* >= 0: write "READY <path>\n" once listening, then close */
-	uint64_t spin_ns;            /* dispatcher spin after work; 0 = default */
-	int handshake_timeout_ms;    /* a peer that sends no complete hello is dropped */
-	struct model_ops *model_ops; /* the model served (forward_queue.h); NULL: PING/ECHO only */
+	uint32_t max_clients;       /* connected channels at once (<= 127) */
+	uint64_t max_channel_bytes; /* refuse a hello whose channel would be larger */
+	struct moe_limits defaults; /* used for the zero fields of a hello */
+	int ready_fd;               /* >= 0: write "READY <path>\n" once listening, then close */
+	uint64_t spin_ns;           /* dispatcher spin after work; 0 = default */
+	int handshake_timeout_ms;   /* a peer that sends no complete hello is dropped */
+	const struct channel_service *service; /* what the channels serve (service.h) */
 };
 
 /* $XDG_RUNTIME_DIR/moe-sidecar/sidecar.sock, else /run/moe-sidecar/sidecar.sock. Returns 0,
@@ -49,11 +48,11 @@ struct server;
 /* Step 1: resolves the socket path, checks or creates its directory, takes the lock (a second
  * sidecar on the same path fails here, naming the first) and binds; nothing listens yet.
  * Reads only the socket fields of cfg (socket_path, allow_list); cfg must outlive the server
- * and be complete (model_ops, defaults, …) by server_run. Returns 0, or 1 with the error
+ * and be complete (service, defaults, …) by server_run. Returns 0, or 1 with the error
  * logged. */
 int server_open(const struct server_config *cfg, struct server **out);
-/* Step 2: listens and serves until SIGINT or SIGTERM; SIGHUP makes every FAILED expert of the
- * model readable again (model_ops_retry_failed). Then tears everything down and frees s.
+/* Step 2: listens and serves until SIGINT or SIGTERM; SIGHUP asks the service to retry what
+ * failed (channel_service.reload). Then tears everything down and frees s.
  * Returns 0 after a clean shutdown, 1 on a start-up or fatal error (already logged). Blocks
  * SIGINT/SIGTERM/SIGHUP/SIGPIPE on the calling thread. */
 int server_run(struct server *s);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "channel.h"
+#include "ops.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -49,6 +50,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint64_t epoch = 0xfffffffd00000000ull; /* rings start 3 below the wrap */
 	if (channel_attach_buffer(buf, l.total, &lim, epoch, &ch, err, sizeof(err)) != 0)
 		abort();
+	ch->ops = serving_ops; /* the sidecar's own table, without a model */
 	const uint32_t start = moe_channel_ring_start(epoch);
 	struct moe_ring_prod sq; /* the hostile client's own cursors */
 	struct moe_ring_cons cq;

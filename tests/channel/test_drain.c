@@ -8,6 +8,7 @@
 
 #include "channel.h"
 #include "moe_kernels.h"
+#include "ops.h"
 
 struct fixture {
 	void *buf;
@@ -33,6 +34,7 @@ static void setup(struct fixture *f, uint32_t n_slots)
 	const uint64_t epoch = 0xfffffffe12345678ull; /* rings start near UINT32_MAX */
 	cr_assert_eq(channel_attach_buffer(f->buf, l.total, &lim, epoch, &f->ch, err, sizeof(err)),
 	             0, "%s", err);
+	f->ch->ops = serving_ops; /* the sidecar's own table, without a model */
 	const uint32_t start = moe_channel_ring_start(epoch);
 	uint8_t *b = f->buf;
 	moe_ring_prod_attach(&f->sq, (struct moe_ring_ctrl *)(b + l.sq_ctrl), l.ring_entries,

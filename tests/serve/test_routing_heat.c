@@ -1,4 +1,4 @@
-/* test_routing_heat.c — sidecar/routing.c on its own: counts, the heat's decay against its
+/* test_routing_heat.c — sidecar/serving/routing.c on its own: counts, the heat's decay against its
  * formula, stamps refreshed across 2^30-token clocks, and the JSON it writes for STATS.
  */
 #include <criterion/criterion.h>
