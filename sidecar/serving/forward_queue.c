@@ -30,7 +30,7 @@
  * the executor returns while they still compute on the pool's other workers
  * (forward_request.settle_later): the engine plans the next FORWARD meanwhile and finishes
  * them, writing deferred[target], before that FORWARD's first wave — so the next FORWARD
- * still merges a complete sum; a channel going away settles first (serve_model_settle). A
+ * still merges a complete sum; a channel going away settles first (forward_settle). A
  * deferred expert failing after the completion leaves a lost contribution (owed_fail_*).
  * Lock order stays cq_lock → o->lock: the engine holds no lock while it runs the callback,
  * and an inline FORWARD (under the dispatcher's cq_lock) only starts when the forward thread
@@ -48,6 +48,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "forward.h"
 #include "log.h"
 #include "moe_kernels.h"
 #include "ops.h"
@@ -83,6 +84,7 @@ struct model_channel {
 struct forward_queue {
 	struct channel_service service; /* what the server sees of it (ctx: this queue) */
 	struct serve_model *model;
+	struct forward_engine *engine; /* the model's (serve_model_engine) */
 	const struct serve_model_desc *desc;
 	pthread_t thread;
 	bool thread_started;
@@ -187,7 +189,7 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, char *err, 
 	mc->mem_bytes = cost;
 	atomic_fetch_add_explicit(&o->mem_channels, cost, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
-	serve_model_client_attach(o->model, mc->client);
+	forward_client_attach(o->engine, mc->client);
 	ch->state = mc;
 	return 0;
 fail:
@@ -247,8 +249,8 @@ static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 	o->n_clients--;
 	atomic_fetch_sub_explicit(&o->mem_channels, mc->mem_bytes, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
-	serve_model_client_detach(o->model, mc->client);
-	serve_model_settle(o->model); /* a deferred sum may still be on its way into mc->deferred */
+	forward_client_detach(o->engine, mc->client);
+	forward_settle(o->engine); /* a deferred sum may still be on its way into mc->deferred */
 	ch->state = NULL;
 	free(mc->deferred[0]);
 	free(mc->deferred[1]);
@@ -276,9 +278,10 @@ struct early_delivery {
 	bool posted;
 };
 
-static void deliver_immediate(void *arg, uint32_t n_deferred)
+static void deliver_immediate(void *arg, const struct forward_result *res)
 {
 	struct early_delivery *d = arg;
+	const uint32_t n_deferred = res->n_deferred;
 	const struct moe_sqe *sqe = d->sqe;
 	moek_convert(sqe->out_dtype, d->areas->output, MOEK_ACT_F32, d->out_immediate, d->elements);
 	const struct moe_cqe c = {
@@ -346,7 +349,7 @@ static void run_forward(struct forward_queue *o, struct model_channel *mc,
 	memcpy(o->weights, a.expert_weights, n_ids * sizeof(float));
 	__asm__ __volatile__("" ::: "memory");
 
-	struct serve_forward req = {
+	struct forward_request req = {
 	    .client = mc->client,
 	    .layer = sqe->layer,
 	    .n_tokens = sqe->n_tokens,
@@ -365,13 +368,16 @@ static void run_forward(struct forward_queue *o, struct model_channel *mc,
 	                               .out_immediate = o->out_immediate,
 	                               .elements = rows,
 	                               .on_dispatcher = on_dispatcher};
-	if (sqe->arg) { /* something may be deferred: deliver the rest before computing it */
+	if (sqe->arg) { /* something may be deferred: deliver the rest before computing it, and
+		         * let the engine return while the deferred experts compute */
 		req.immediate_ready = deliver_immediate;
 		req.immediate_arg = &early;
+		req.settle_later = true;
 	}
-	struct serve_forward_result res;
-	int rc = serve_model_forward(o->model, &req, o->out_immediate,
-	                             sqe->arg ? mc->deferred[target] : NULL, &res);
+	struct forward_result res;
+	forward_run(o->engine, &req, o->out_immediate, sqe->arg ? mc->deferred[target] : NULL,
+	            &res);
+	const int rc = res.status;
 	if (rc == MOE_OK || early.posted) { /* validated: this is the routing served */
 		const uint32_t l = o->moe_of_block[sqe->layer];
 		routing_add(o->routing, l, sqe->n_tokens, sqe->ids_per_token, o->ids);
@@ -448,7 +454,7 @@ static void run_mask(struct forward_queue *o, struct model_channel *mc, const st
 	channel_slot_areas(ch, sqe->slot, &a);
 	memcpy(bits, a.input, n);
 	__asm__ __volatile__("" ::: "memory");
-	int rc = serve_model_set_mask(o->model, mc->client, sqe->layer, bits, n);
+	int rc = forward_set_mask(o->engine, mc->client, sqe->layer, bits, n);
 	done->status = rc < 0 ? rc : MOE_OK;
 	done->value = rc < 0 ? (uint32_t)sqe->layer : (uint32_t)n;
 	if (rc < 0)
@@ -518,8 +524,8 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 	    atomic_load_explicit(&o->queued, memory_order_relaxed) == 0) {
 		struct slot_areas a;
 		channel_slot_areas(ch, sqe->slot, &a);
-		resident = serve_model_would_run_now(o->model, sqe->layer, a.expert_ids,
-		                                     (size_t)sqe->n_tokens * sqe->ids_per_token);
+		resident = forward_would_run_now(o->engine, sqe->layer, a.expert_ids,
+		                                 (size_t)sqe->n_tokens * sqe->ids_per_token);
 	}
 	pthread_mutex_lock(&o->lock);
 	if (o->shutting_down || mc->closing) {
@@ -629,8 +635,8 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 			return;
 		}
 	}
-	int rc = serve_model_prefetch(o->model, sqe->layer, per_expert ? NULL : o->hint_ids,
-	                              o->hint_scores, n, per_expert);
+	int rc = forward_prefetch(o->engine, sqe->layer, per_expert ? NULL : o->hint_ids,
+	                          o->hint_scores, n, per_expert);
 	if (rc < 0) {
 		done->status = rc;
 		channel_request_error(ch, sqe, done, true, "PREFETCH layer %d: %s", sqe->layer,
@@ -701,7 +707,7 @@ static size_t expert_table(struct forward_queue *o, uint8_t *out, size_t cap)
 	    .heat_off = heat_off,
 	    .total_bytes = total,
 	};
-	serve_model_mask_info(o->model, &h.gpu_mask_switches, &masked);
+	forward_mask_info(o->engine, &h.gpu_mask_switches, &masked);
 	memset(out, 0, counts_off);
 	memcpy(out, &h, sizeof(h));
 	for (uint32_t l = 0; l < L; l++) {
@@ -718,7 +724,7 @@ static size_t expert_table(struct forward_queue *o, uint8_t *out, size_t cap)
 static size_t routing_stats_json(struct forward_queue *o, bool experts, char *buf, size_t len)
 {
 	uint64_t switches, masked;
-	serve_model_mask_info(o->model, &switches, &masked);
+	forward_mask_info(o->engine, &switches, &masked);
 	int n = snprintf(buf, len,
 	                 ",\"gpu_mask_switches\":%llu,\"gpu_masked_experts\":%llu,"
 	                 "\"heat_half_life_tokens\":%u",
@@ -825,6 +831,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    .shutdown = queue_shutdown,
 	};
 	o->model = m;
+	o->engine = serve_model_engine(m);
 	o->desc = serve_model_desc(m);
 	const struct serve_model_desc *d = o->desc;
 	const size_t rows = (size_t)d->max_tokens * d->hidden;
@@ -988,7 +995,7 @@ static int queue_grant(void *ctx, const struct moe_limits *g, char *why, size_t 
 static void queue_reload(void *ctx, char *said, size_t said_len)
 {
 	struct forward_queue *o = ctx;
-	const uint32_t n = serve_model_retry_failed(o->model);
+	const uint32_t n = forward_retry_failed(o->engine);
 	snprintf(said, said_len,
 	         "%u failed expert(s) will be read again by their next demand (their backoff "
 	         "ended)",

@@ -399,84 +399,9 @@ int32_t serve_model_next_moe_layer(const struct serve_model *m, int32_t layer)
 	return -1;
 }
 
-static void deliver_immediate(void *arg, const struct forward_result *r)
+struct forward_engine *serve_model_engine(struct serve_model *m)
 {
-	const struct serve_forward *req = arg;
-	req->immediate_ready(req->immediate_arg, r->n_deferred);
-}
-
-int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
-                        float *out_immediate, float *out_deferred, struct serve_forward_result *res)
-{
-	struct forward_request fr = {
-	    .immediate_ready = req->immediate_ready ? deliver_immediate : NULL,
-	    .immediate_arg = (void *)req,
-	    .settle_later = req->immediate_ready != NULL,
-	    .defer_cold = req->defer_cold,
-	    .client = req->client,
-	    .layer = req->layer,
-	    .n_tokens = req->n_tokens,
-	    .k = req->k,
-	    .k_defer = req->k_defer,
-	    .x = req->x,
-	    .x_dtype = req->x_dtype,
-	    .ids = req->ids,
-	    .weights = req->weights,
-	    .deferred_in = req->deferred_in,
-	};
-	struct forward_result r;
-	forward_run(m->engine, &fr, out_immediate, out_deferred, &r);
-	res->status = r.status;
-	res->bad_token = r.bad_token;
-	res->bad_index = r.bad_index;
-	res->bad_expert = r.bad_expert;
-	res->n_deferred = r.n_deferred;
-	res->immediate_delivered = r.immediate_delivered;
-	memcpy(res->message, r.message, sizeof(res->message));
-	res->message[sizeof(res->message) - 1] = '\0';
-	return r.status;
-}
-
-bool serve_model_would_run_now(struct serve_model *m, int32_t layer, const int32_t *ids, size_t n)
-{
-	return forward_would_run_now(m->engine, layer, ids, n);
-}
-
-int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
-                         const float *scores, uint32_t n, bool scores_per_expert)
-{
-	return forward_prefetch(m->engine, layer, ids, scores, n, scores_per_expert);
-}
-
-int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, const uint8_t *bits,
-                         size_t n_bytes)
-{
-	return forward_set_mask(m->engine, client, layer, bits, n_bytes);
-}
-
-void serve_model_mask_info(struct serve_model *m, uint64_t *switches, uint64_t *masked)
-{
-	forward_mask_info(m->engine, switches, masked);
-}
-
-void serve_model_client_attach(struct serve_model *m, uint32_t client)
-{
-	forward_client_attach(m->engine, client);
-}
-
-void serve_model_client_detach(struct serve_model *m, uint32_t client)
-{
-	forward_client_detach(m->engine, client);
-}
-
-void serve_model_settle(struct serve_model *m)
-{
-	forward_settle(m->engine);
-}
-
-uint32_t serve_model_retry_failed(struct serve_model *m)
-{
-	return forward_retry_failed(m->engine);
+	return m->engine;
 }
 
 /* ---- STATS JSON ------------------------------------------------------------------------- */

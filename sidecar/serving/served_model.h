@@ -2,23 +2,23 @@
  *
  * Owns: opening the catalog, sizing the memory budget, attaching the page-cache probes to the
  * model files, creating the forward engine (sidecar/forward/forward.h) with its worker pools,
- * and the STATS JSON document. It is the one place that includes both the catalog and the
- * engine; the serving core (ops, channels, server) sees only the plain types below, so the
- * wire contract and the model's internals stay apart.
+ * and the STATS JSON document. The forward queue (forward_queue.c) runs requests on the
+ * engine itself (serve_model_engine); this file holds what is about the model as a whole.
  *
- * Threading: open/close on the control thread. serve_model_forward from one thread at a time
- * (the forward thread, or the dispatcher running one inline: forward_queue.c); prefetch/mask/client
- * calls from any thread; serve_model_stats_json from one thread at a time (it owns the probes
- * handle: the dispatcher, which executes STATS).
+ * Threading: open/close on the control thread; the engine's calls follow forward.h;
+ * serve_model_stats_json from one thread at a time (it owns the probes handle: the
+ * dispatcher, which executes STATS).
  */
-#ifndef MOE_SIDECAR_SERVE_MODEL_H
-#define MOE_SIDECAR_SERVE_MODEL_H
+#ifndef MOE_SIDECAR_SERVED_MODEL_H
+#define MOE_SIDECAR_SERVED_MODEL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "moe_abi.h"
+
+struct forward_engine;
 
 struct serve_model_config {
 	const char *path; /* .gguf, .safetensors or a checkpoint directory */
@@ -92,55 +92,10 @@ bool serve_model_is_moe_layer(const struct serve_model *m, int32_t layer);
 /* The next MoE block after layer, or -1 if layer is the last. */
 int32_t serve_model_next_moe_layer(const struct serve_model *m, int32_t layer);
 
-/* One layer (mirrors forward.h's forward_request/forward_result; see there). */
-struct serve_forward {
-	uint32_t client;
-	int32_t layer;
-	uint32_t n_tokens, k, k_defer;
-	const void *x;
-	unsigned x_dtype;
-	const int32_t *ids;
-	const float *weights;
-	const float *deferred_in;
-	/* Optional early delivery (forward_request.immediate_ready): called once, as soon as
-	 * out_immediate is final, before the deferred experts are computed. With it, the
-	 * deferred experts may still be computing when serve_model_forward returns
-	 * (forward_request.settle_later): out_deferred is final once the next
-	 * serve_model_forward has started computing, or after serve_model_settle. */
-	void (*immediate_ready)(void *arg, uint32_t n_deferred);
-	void *immediate_arg;
-	bool defer_cold; /* forward_request.defer_cold */
-};
-struct serve_forward_result {
-	int status;
-	int32_t bad_token, bad_index, bad_expert;
-	uint32_t n_deferred;
-	bool immediate_delivered; /* immediate_ready was called: a failure concerns the deferred
-	                             part */
-	char message[160];
-};
-int serve_model_forward(struct serve_model *m, const struct serve_forward *req,
-                        float *out_immediate, float *out_deferred,
-                        struct serve_forward_result *res);
+/* The forward engine serving the model (forward.h): FORWARDs, hints, masks, clients. The
+ * model owns it; it lives until serve_model_close. */
+struct forward_engine *serve_model_engine(struct serve_model *m);
 
-/* forward_would_run_now: would this FORWARD compute without waiting for a load? */
-bool serve_model_would_run_now(struct serve_model *m, int32_t layer, const int32_t *ids, size_t n);
-
-/* Hints, masks and clients: see forward_prefetch / forward_set_mask / forward_client_*. */
-int serve_model_prefetch(struct serve_model *m, int32_t layer, const int32_t *ids,
-                         const float *scores, uint32_t n, bool scores_per_expert);
-int serve_model_set_mask(struct serve_model *m, uint32_t client, int32_t layer, const uint8_t *bits,
-                         size_t n_bytes);
-void serve_model_client_attach(struct serve_model *m, uint32_t client);
-/* forward_mask_info. */
-void serve_model_mask_info(struct serve_model *m, uint64_t *switches, uint64_t *masked);
-void serve_model_client_detach(struct serve_model *m, uint32_t client);
-/* forward_settle: a deferred part still computing is finished and written (before the buffer
- * it writes to is freed). */
-void serve_model_settle(struct serve_model *m);
-/* forward_retry_failed: every FAILED expert is read again by its next demand. Returns how
- * many there were. Any thread. */
-uint32_t serve_model_retry_failed(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
 /* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
