@@ -7,7 +7,7 @@
  * into layer L+1 (none on the last layer). Routing comes from the residency area's synthetic
  * generator (Zipf popularity, token-to-token reuse, cross-layer correlation, phase drift) or a
  * trace file in its text format (docs/residency.md). Activations are random: this measures
- * the sidecar, not a model. Outputs are not checked here (tests/serve does that against the
+ * the sidecar, not a model. Outputs are not checked here (tests/serving does that against the
  * in-process oracle). Prints tokens/s, per-layer latency p50/p99 as the client saw it, and the
  * sidecar's STATS (hit rate, bytes read, page-cache bypass); --json prints one object.
  */
