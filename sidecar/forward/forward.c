@@ -32,8 +32,8 @@
 
 #include "clock.h"
 #include "forward_internal.h"
-#include "moe_abi.h"
 #include "log.h"
+#include "moe_abi.h"
 
 #define HIST_BUCKETS LAT_HIST_BUCKETS
 enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
@@ -51,11 +51,7 @@ struct req_group {
 	bool deferred;
 	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
 	enum group_state state;
-	uint32_t counted_nodes; /* bit n: a NOWAIT demand was counted by res[n]: retry with
-	                           RESIDENCY_RETRY */
-	uint8_t worst;          /* of the counted demands: 0 hit, 1 in flight, 2 cold */
-	uint64_t cold_bytes;    /* bytes the cold nodes read */
-	struct held_expert held;
+	struct held_expert held; /* and its demand's count (weights_demand) */
 };
 
 /* One request's plan and gathered rows (forward_engine.ctx). */
@@ -117,7 +113,7 @@ struct forward_engine {
 	size_t mask_row; /* bytes per transformer block: ceil(n_experts / 8) */
 	uint8_t *masks;  /* [FORWARD_MAX_CLIENTS][n_layers * mask_row] */
 	bool attached[FORWARD_MAX_CLIENTS];
-	uint8_t *res_mask;               /* [n_experts] scratch for residency_set_gpu_mask */
+	uint8_t *res_mask;               /* [n_experts] scratch for weights_set_gpu_mask */
 	uint32_t *masked_now;            /* [n_layers]: experts every attached client masks */
 	uint64_t mask_switches;          /* forward_set_mask calls that changed a mask */
 	struct layer_counters *counters; /* [n_moe_layers] */
@@ -585,15 +581,10 @@ static int validate(struct forward_engine *e, const struct forward_request *q,
 
 /* ---- planning -------------------------------------------------------------------------- */
 
-/* True if some node's residency does not hold (layer, expert) now. */
+/* True if (layer, expert) is not ready on every node now (defer_cold's test). */
 static bool expert_cold_now(struct forward_engine *e, uint32_t moe_layer, uint32_t expert)
 {
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
-		return false;
-	for (uint32_t n = 0; n < e->w.n_res; n++)
-		if (residency_state(e->w.res[n], moe_layer, expert) != EXPERT_RESIDENT)
-			return true;
-	return false;
+	return !weights_ready(&e->w, moe_layer, expert);
 }
 
 /* defer_cold: of a token's n valid entries (order[] by weight), defers n_def — the lowest-
@@ -767,7 +758,7 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 	wg->h_align = moek_ffn_hidden_align(&rg->held.view);
 	forward_expert_split(&rg->held.view, e->topo.n_nodes, wg->f_split, wg->o_split);
 	for (uint32_t n = 0; n < e->topo.n_nodes; n++)
-		wg->node_expert[n] = e->w.sliced ? &rg->held.node_view[n] : &rg->held.view;
+		wg->node_expert[n] = weights_node_view(&e->w, &rg->held, n);
 	e->rq->wave_group_of[slot] = g;
 	return 0;
 }
@@ -869,77 +860,41 @@ static int demand_failed(struct forward_engine *e, const struct forward_request 
 		            "nothing the policy may evict)",
 		            q->layer, g->expert);
 	char why[120];
-	residency_error_message(e->w.res[node], (uint32_t)e->w.moe_index[q->layer], g->expert, why,
-	                        sizeof(why));
+	weights_error_message(&e->w, node, (uint32_t)e->w.moe_index[q->layer], g->expert, why,
+	                      sizeof(why));
 	if (!why[0])
 		snprintf(why, sizeof(why), "%s", strerror(-rc));
 	return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "layer %d expert %u: %s", q->layer,
 	            g->expert, why);
 }
 
-/* One demand for group g on every residency that does not hold it yet; counts hit/cold/
- * in-flight once per expert, when every residency has counted its demand (cold if any node
- * had to read, else in flight if any was loading). Returns 1 if the expert is now held
- * everywhere (READY), 0 if still pending, or a negative status. */
+/* One demand for group g (weights_demand), counted into res once per expert: a hit, a read
+ * in flight, or a cold read. Returns 1 if the expert is now held everywhere (READY), 0 if
+ * still pending, or a negative status. */
 static int demand(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
                   struct req_group *g, bool wait, struct forward_result *res)
 {
-	const uint32_t all = (1u << e->w.n_res) - 1u;
-	for (uint32_t n = 0; n < e->w.n_res; n++) {
-		const uint32_t bit = 1u << n;
-		if (g->held.held_nodes & bit)
-			continue;
-		struct residency *r = e->w.res[n];
-		const enum expert_state pre = residency_state(r, moe_layer, g->expert);
-		const unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) |
-		                       (g->counted_nodes & bit ? RESIDENCY_RETRY : 0u);
-		int rc = residency_acquire(r, moe_layer, g->expert, -1.0f, flags, &g->held.ref[n]);
-		if (!(g->counted_nodes & bit) && (rc == 0 || rc == -EINPROGRESS)) {
-			g->counted_nodes |= bit;
-			const uint8_t rank = pre == EXPERT_RESIDENT  ? 0
-			                     : pre == EXPERT_LOADING ? 1
-			                                             : 2;
-			if (rank > g->worst)
-				g->worst = rank;
-			if (rank == 2)
-				g->cold_bytes +=
-				    e->w.sliced
-				        ? weights_res_bytes(&e->w, n, moe_layer, g->expert)
-				        : moe_catalog_expert(e->cat, (uint32_t)q->layer, g->expert)
-				              ->bytes;
-			if (g->counted_nodes == all) {
-				if (g->worst == 0) {
-					res->hits++;
-				} else if (g->worst == 1) {
-					res->inflight_misses++;
-				} else {
-					res->cold_misses++;
-					res->bytes_read += g->cold_bytes;
-				}
-			}
-		}
-		if (rc == -EINPROGRESS || rc == -EAGAIN)
-			continue;
-		if (rc != 0)
-			return demand_failed(e, q, g, n, rc, res);
-		g->held.held_nodes |= bit;
-	}
-	if (g->held.held_nodes != all)
-		return 0;
+	enum weights_found found;
+	uint64_t cold_bytes;
+	uint32_t node = 0;
 	char err[128];
-	if (weights_held_view(&e->w, &g->held, err, sizeof(err)) != 0)
+	const int rc = weights_demand(&e->w, moe_layer, g->expert, wait, &g->held, &found,
+	                              &cold_bytes, &node, err, sizeof(err));
+	if (found == WEIGHTS_HIT) {
+		res->hits++;
+	} else if (found == WEIGHTS_IN_FLIGHT) {
+		res->inflight_misses++;
+	} else if (found == WEIGHTS_COLD) {
+		res->cold_misses++;
+		res->bytes_read += cold_bytes;
+	}
+	if (rc == -EINVAL)
 		return fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err);
-	g->state = GROUP_READY;
-	return 1;
-}
-
-/* True if some residency has (layer, expert) cold: its demand would start a read. */
-static bool any_cold(struct forward_engine *e, uint32_t moe_layer, uint32_t expert)
-{
-	for (uint32_t n = 0; n < e->w.n_res; n++)
-		if (residency_state(e->w.res[n], moe_layer, expert) == EXPERT_COLD)
-			return true;
-	return false;
+	if (rc < 0)
+		return demand_failed(e, q, g, node, rc, res);
+	if (rc == 1)
+		g->state = GROUP_READY;
+	return rc;
 }
 
 /* Every deferred-only group is in the wave running behind (none pending, ready or failed). */
@@ -1045,18 +1000,6 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
                    uint32_t n_groups, float *out_imm, struct forward_result *res)
 {
 	int rc, deferred_rc = MOE_OK;
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY) {
-		char err[128];
-		for (uint32_t g = 0; g < n_groups; g++) {
-			struct req_group *rg = &e->rq->groups[g];
-			if (weights_static_view(&e->w, moe_layer, rg->expert, &rg->held.view, err,
-			                        sizeof(err)) != 0)
-				return fail(res, MOE_EIO, -1, -1, (int32_t)rg->expert, "%s", err);
-			rg->state = GROUP_READY;
-			res->hits++;
-		}
-		return compute_waves(e, q, n_groups, out_imm, res);
-	}
 	uint32_t done = 0;
 	for (;;) {
 		/* Demand every pending expert without waiting: all cold reads go out first. The
@@ -1067,7 +1010,7 @@ static int execute(struct forward_engine *e, const struct forward_request *q, ui
 			for (uint32_t g = 0; g < n_groups; g++) {
 				struct req_group *rg = &e->rq->groups[g];
 				if (rg->state != GROUP_PENDING ||
-				    (pass == 0 && any_cold(e, moe_layer, rg->expert)))
+				    (pass == 0 && weights_cold(&e->w, moe_layer, rg->expert)))
 					continue;
 				rc = demand(e, q, moe_layer, rg, false, res);
 				if (rc < 0)
@@ -1136,10 +1079,6 @@ static void record(struct forward_engine *e, uint32_t moe_layer, const struct fo
 
 bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_t *ids, size_t n)
 {
-	if (e->w.source == FORWARD_SOURCE_ALL_RESIDENT)
-		return true;
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
-		return false;
 	if (layer < 0 || (uint32_t)layer >= e->cat->info.n_layers || e->w.moe_index[layer] < 0)
 		return true; /* fails validation at once */
 	const uint32_t moe_layer = (uint32_t)e->w.moe_index[layer];
@@ -1147,10 +1086,8 @@ bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_
 		const int32_t id = ((const volatile int32_t *)ids)[i];
 		if (id < 0 || (uint32_t)id >= e->cat->info.n_experts)
 			continue;
-		for (uint32_t r = 0; r < e->w.n_res; r++)
-			if (residency_state(e->w.res[r], moe_layer, (uint32_t)id) !=
-			    EXPERT_RESIDENT)
-				return false;
+		if (!weights_ready(&e->w, moe_layer, (uint32_t)id))
+			return false;
 	}
 	return true;
 }
@@ -1298,28 +1235,18 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 			continue;
 		struct held_expert held = {0};
 		char err[128];
-		if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-			int a = 0;
-			for (uint32_t r = 0; r < e->w.n_res && a == 0; r++) {
-				a = residency_acquire(e->w.res[r], moe_layer, x, -1.0f, 0,
-				                      &held.ref[r]);
-				if (a != 0) {
-					struct req_group g = {.expert = x};
-					rc = demand_failed(e, q, &g, r, a, res);
-				} else {
-					held.held_nodes |= 1u << r;
-				}
-			}
-			if (a != 0) {
-				weights_release(&e->w, &held);
-				break;
-			}
-			a = weights_held_view(&e->w, &held, err, sizeof(err));
-			if (a != 0)
-				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-		} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) !=
-		           0) {
+		enum weights_found found;
+		uint64_t cold_bytes;
+		uint32_t node = 0;
+		const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes,
+		                             &node, err, sizeof(err));
+		if (a == -EINVAL) {
 			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+		} else if (a < 0) {
+			struct req_group g = {.expert = x};
+			rc = demand_failed(e, q, &g, node, a, res);
+			weights_release(&e->w, &held);
+			break;
 		}
 		void *scratch = NULL;
 		if (rc == MOE_OK) {
@@ -1394,8 +1321,6 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 	const struct moe_model_hparams *info = &e->cat->info;
 	if (layer < 0 || (uint32_t)layer >= info->n_layers || e->w.moe_index[layer] < 0)
 		return MOE_EBADLAYER;
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
-		return 0;
 	const uint32_t l = (uint32_t)e->w.moe_index[layer];
 	int started = 0;
 	if (scores_per_expert) {
@@ -1418,14 +1343,10 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 			}
 			if (best < 0)
 				break;
-			uint32_t id = (uint32_t)best;
+			const uint32_t id = (uint32_t)best;
 			const float pri = scores[best] * (float)top;
-			int any = 0;
-			for (uint32_t node = 0; node < e->w.n_res; node++) {
-				residency_hint(e->w.res[node], l, &id, 1, pri);
-				any |= residency_prefetch(e->w.res[node], l, &id, 1, pri) > 0;
-			}
-			started += any;
+			weights_hint(&e->w, l, id, pri);
+			started += weights_prefetch(&e->w, l, id, pri);
 			last = scores[best];
 			last_id = best;
 		}
@@ -1437,15 +1358,12 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 		for (uint32_t i = 0; i < n; i++) {
 			if (ids[i] < 0 || (uint32_t)ids[i] >= info->n_experts)
 				continue;
-			uint32_t id = (uint32_t)ids[i];
+			const uint32_t id = (uint32_t)ids[i];
 			const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
-			int any = 0;
-			for (uint32_t r = 0; r < e->w.n_res; r++)
-				if (pass == 0)
-					residency_hint(e->w.res[r], l, &id, 1, pri);
-				else
-					any |= residency_prefetch(e->w.res[r], l, &id, 1, pri) > 0;
-			started += any;
+			if (pass == 0)
+				weights_hint(&e->w, l, id, pri);
+			else
+				started += weights_prefetch(&e->w, l, id, pri);
 		}
 	return started;
 }
@@ -1469,10 +1387,7 @@ static void sync_residency_mask(struct forward_engine *e, uint32_t layer)
 		masked += all;
 	}
 	e->masked_now[layer] = masked;
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY)
-		return;
-	for (uint32_t r = 0; r < e->w.n_res; r++)
-		residency_set_gpu_mask(e->w.res[r], (uint32_t)e->w.moe_index[layer], e->res_mask);
+	weights_set_gpu_mask(&e->w, (uint32_t)e->w.moe_index[layer], e->res_mask);
 }
 
 int forward_set_mask(struct forward_engine *e, uint32_t client, int32_t layer, const uint8_t *bits,
@@ -1546,10 +1461,7 @@ void forward_client_detach(struct forward_engine *e, uint32_t client)
 
 uint32_t forward_retry_failed(struct forward_engine *e)
 {
-	uint32_t n = 0;
-	for (uint32_t r = 0; e->w.source == FORWARD_SOURCE_RESIDENCY && r < e->w.n_res; r++)
-		n += residency_retry_all_failed(e->w.res[r]);
-	return n;
+	return weights_retry_failed(&e->w);
 }
 
 /* ---- statistics ------------------------------------------------------------------------
@@ -1557,10 +1469,7 @@ uint32_t forward_retry_failed(struct forward_engine *e)
 
 int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out)
 {
-	if (e->w.source != FORWARD_SOURCE_RESIDENCY || node >= e->w.n_res)
-		return -1;
-	residency_counters(e->w.res[node], out);
-	return 0;
+	return weights_node_counters(&e->w, node, out);
 }
 
 uint32_t forward_stats_layers(const struct forward_engine *e)
@@ -1621,35 +1530,7 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		if (layers)
 			layers[l] = s;
 	}
-	if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-		out->pool_hugetlb = out->pool_thp = e->w.n_res > 0;
-		for (uint32_t r = 0; r < e->w.n_res; r++) {
-			struct residency_counters rc;
-			residency_counters(e->w.res[r], &rc);
-			out->resident_bytes += rc.resident_bytes;
-			out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
-			out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
-			out->budget_bytes += rc.budget_bytes;
-			out->slots += rc.slots;
-			out->evictions += rc.evictions;
-			out->loader_bytes_read += rc.bytes_read;
-			out->prefetches += rc.prefetches;
-			out->prefetch_hits += rc.prefetch_hits;
-			out->prefetch_wasted += rc.prefetch_wasted;
-			out->failed_experts += rc.failed_now;
-			out->failed_retries += rc.failed_retries;
-			out->fixed_reads += rc.fixed_reads;
-			out->plain_reads += rc.plain_reads;
-			out->fixed_buffers += rc.fixed_buffers;
-			out->pool_hugetlb = out->pool_hugetlb && rc.hugetlb;
-			out->pool_thp = out->pool_thp && rc.thp;
-		}
-	} else {
-		out->resident_bytes =
-		    e->w.source == FORWARD_SOURCE_ALL_RESIDENT ? e->w.budget_bytes : 0;
-		out->slot_bytes_used = out->pool_bytes = out->resident_bytes;
-		out->budget_bytes = e->w.budget_bytes;
-	}
+	weights_counters(&e->w, out);
 	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 

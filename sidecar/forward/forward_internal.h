@@ -13,8 +13,10 @@
 #include <stdatomic.h>
 
 #include "catalog_adapter.h"
+#include "decode_layout.h"
 #include "forward.h"
 #include "moe_kernels.h"
+#include "weights.h"
 
 /* ---- topology.c ---- */
 struct forward_node {
@@ -133,148 +135,5 @@ uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, u
 #define LAT_HIST_BUCKETS (LAT_HIST_SUB + 24u * LAT_HIST_SUB)
 unsigned lat_hist_bucket(uint64_t us);
 uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
-
-/* ---- decode_layout.c ---- */
-/* How resident experts are rearranged for the decode kernels (decode_layout.c): off for the
- * MMAP source and forward_config.file_layout. A matrix's groups of 8 rows are interleaved
- * where its format has that layout (moek_interleave_supported) and the model's rows come in
- * 8s: decided per format, as a mix changes formats from layer to layer. */
-struct decode_layout {
-	bool on;
-	bool gate_up_rows8, down_rows8; /* the expert's gate/up rows, down rows: multiples of 8 */
-	bool rows_interleaved;          /* the file's gate_up alternates rows (gpt-oss) */
-};
-/* One thread's scratch: one unit (a group of 8 of the widest rows) and a bitmap. */
-struct decode_scratch {
-	uint8_t *unit;
-	size_t unit_len;
-	uint64_t *visited;
-	size_t visited_units;
-};
-/* An expert's (or a node slice's) bytes as read: gate rows at gate, up rows at up (separate
- * extents in ascending order, or gate + rows · row bytes in a fused tensor; rows_interleaved:
- * one fused range at gate, up unused), down rows at down. */
-struct decode_piece {
-	uint8_t *gate, *up, *down;
-	size_t rows, cols;           /* gate/up rows held here, hidden size */
-	size_t down_rows, down_cols; /* down rows held here, intermediate size */
-	size_t down_bytes;
-	uint32_t gate_up_format, down_format;
-};
-/* ce: any expert of the model (the catalog's layout); shape: its kernel view. */
-void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
-                        const struct moek_expert *shape, bool on);
-int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
-                        size_t err_len);
-void decode_scratch_free(struct decode_scratch *s);
-/* Rearranges one piece in place; 0, or -1 with err (extents out of order, rows off the
- * groups). */
-int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
-                        const struct decode_piece *p, char *err, size_t err_len);
-/* Turns a view whose gate.data is the start of the rearranged range (up and down as built
- * from the files) into the view of the rearranged expert. */
-void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);
-
-/* ---- weights.c ---- */
-/* f32 side data of one expert: biases and FP8 block scales (converted from the files at
- * create; small). Offsets in floats into weights.aux, UINT64_MAX = absent. */
-struct expert_aux {
-	uint64_t bias[3];  /* gate, up, down */
-	uint64_t scale[3]; /* gate, up, down */
-};
-/* MXFP4 in the Hugging Face layout (_blocks + _scales extents) is converted to GGUF 17-byte
- * blocks in place, once per load: by each residency's loader thread (post-load hook) or, for
- * ALL_RESIDENT, at create. One converter per residency, used only by its loader thread. */
-#define MXFP4_HF_CHUNK_BLOCKS 1024u /* blocks converted per step (16 KiB of input) */
-struct mxfp4_hf_converter {
-	uint32_t n_pairs;
-	uint8_t blocks[EXPERT_MAX_EXTENTS], scales[EXPERT_MAX_EXTENTS]; /* extent indices */
-	uint8_t *scratch; /* a copy of one matrix's scales + one chunk of its blocks */
-	size_t scratch_len;
-};
-/* What a residency's loader does to an expert after reading it (post-load hook): the
- * Hugging Face MXFP4 conversion, then the decode layout. One per residency. */
-struct load_transform {
-	const struct forward_weights *w;
-	uint32_t node; /* the residency's index (its node slices when sliced) */
-	struct mxfp4_hf_converter *hf;
-	struct decode_scratch decode;
-	uint8_t *int4_scratch; /* INT4 checkpoints: a copy of one projection's source tensors */
-	size_t int4_scratch_len;
-};
-struct forward_weights {
-	enum forward_source source;
-	const struct moe_catalog *cat;
-	uint32_t n_moe_layers, n_experts;
-	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */
-	int32_t *moe_index;    /* [cat n_layers] MoE layer of each block, -1 dense */
-	struct expert_map map; /* RESIDENCY, one residency: whole experts */
-	struct expert_extent_roles roles;
-	/* RESIDENCY: n_res residencies. sliced (several NUMA nodes, a layout that slices): one
-	 * per node, res[n] over node_map[n], node n's rows of every expert (gate/up rows
-	 * [f_n, f_n+1), down rows [o_n, o_n+1), the split forward_expert_split computes), bound
-	 * to the node when memory binding is real. Otherwise one residency (res[0] over map). */
-	uint32_t n_res;
-	bool sliced;
-	uint32_t n_nodes; /* the topology's nodes (the split of every expert) */
-	struct residency *res[FORWARD_MAX_NODES];
-	struct expert_map node_map[FORWARD_MAX_NODES];
-	/* Sliced: node maps hold per piece (gate, up, down; gate_up, down; or gate_up's gate
-	 * rows, its up rows, down) its data extent, then (Hugging Face MXFP4) its scales. */
-	uint32_t node_pieces, node_extents;
-	uint8_t piece_data[3]; /* extent index of each piece's data */
-	bool mxfp4_hf;         /* some projection is MXFP4 in the Hugging Face layout */
-	bool int4;             /* some projection is an INT4 checkpoint's (repacked at load) */
-	struct mxfp4_hf_converter hf_conv[FORWARD_MAX_NODES]; /* one per residency */
-	struct decode_layout decode;                          /* RESIDENCY, ALL_RESIDENT */
-	struct load_transform transform[FORWARD_MAX_NODES];   /* one per residency */
-	void **file_map;                                      /* MMAP: one mapping per file */
-	size_t *file_map_len;
-	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */
-	size_t resident_len;
-	const uint8_t **data; /* MMAP/ALL_RESIDENT: [moe_layer][expert][proj] data pointer */
-	float *aux;
-	struct expert_aux *aux_index; /* [moe_layer][expert] */
-	uint64_t budget_bytes;
-};
-/* A held expert: its kernel views and (RESIDENCY) the references to release. */
-struct held_expert {
-	struct moek_expert view; /* the whole expert, or (sliced) node 0's view: the call's
-	                            plan template (same formats and shapes as every node's) */
-	struct moek_expert node_view[FORWARD_MAX_NODES]; /* sliced: node n's rows (row0 set) */
-	struct expert_ref ref[FORWARD_MAX_NODES];        /* ref[n] of res[n], held if bit n */
-	uint32_t held_nodes;                             /* bit n: ref[n] is held */
-};
-/* Opens a source: ALL_RESIDENT loads everything, MMAP maps the files, RESIDENCY builds the
- * expert maps only — its pools are created and warmed by weights_start_residency. */
-int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
-                 const struct forward_config *cfg, struct forward_topology *topo, char *err,
-                 size_t err_len);
-void weights_close(struct forward_weights *w);
-/* RESIDENCY: creates each node's residency under cfg->mem_budget (0: every expert), then
- * warms the pinned layers and (budget 0, not lazy) every expert. */
-int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
-                            struct forward_topology *topo, char *err, size_t err_len);
-/* RESIDENCY: the pools' bytes when every expert fits (their slots, aligned). */
-uint64_t weights_every_expert_bytes(const struct forward_weights *w);
-/* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
-int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view, char *err,
-                 size_t err_len);
-/* For ALL_RESIDENT and MMAP: the view at once. */
-int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                        struct moek_expert *view, char *err, size_t err_len);
-/* For RESIDENCY: the views of an expert whose every residency's reference is held
- * (h->held_nodes covers res[0..n_res)): h->view and, sliced, h->node_view[]. */
-int weights_held_view(const struct forward_weights *w, struct held_expert *h, char *err,
-                      size_t err_len);
-/* Releases every reference h holds. */
-void weights_release(const struct forward_weights *w, struct held_expert *h);
-/* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
- * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
-void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
-/* Bytes of (moe_layer, expert) in residency `node`'s map. */
-uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
-                           uint32_t expert);
 
 #endif

@@ -45,8 +45,8 @@
 #include <unistd.h>
 
 #include "forward_internal.h"
-#include "policy.h"
 #include "log.h"
+#include "policy.h"
 
 #define AUX_NONE UINT64_MAX
 
@@ -1383,4 +1383,162 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 	for (uint32_t i = 0; i < n; i++)
 		total += x[i].length;
 	return total;
+}
+
+/* ---- The scheduler's interface ---------------------------------------------------------- */
+
+int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
+                   struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
+                   uint32_t *failed_node, char *err, size_t err_len)
+{
+	*found = WEIGHTS_NOT_YET;
+	*cold_bytes = 0;
+	if (w->source != FORWARD_SOURCE_RESIDENCY) {
+		if (weights_static_view(w, moe_layer, expert, &h->view, err, err_len) != 0)
+			return -EINVAL;
+		*found = WEIGHTS_HIT;
+		return 1;
+	}
+	const uint32_t all = (1u << w->n_res) - 1u;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		const uint32_t bit = 1u << n;
+		if (h->held_nodes & bit)
+			continue;
+		struct residency *r = w->res[n];
+		const enum expert_state pre = residency_state(r, moe_layer, expert);
+		const unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) |
+		                       (h->counted_nodes & bit ? RESIDENCY_RETRY : 0u);
+		int rc = residency_acquire(r, moe_layer, expert, -1.0f, flags, &h->ref[n]);
+		if (!(h->counted_nodes & bit) && (rc == 0 || rc == -EINPROGRESS)) {
+			h->counted_nodes |= bit;
+			const uint8_t rank = pre == EXPERT_RESIDENT  ? 0
+			                     : pre == EXPERT_LOADING ? 1
+			                                             : 2;
+			if (rank > h->worst)
+				h->worst = rank;
+			if (rank == 2)
+				h->cold_bytes +=
+				    w->sliced ? weights_res_bytes(w, n, moe_layer, expert)
+				              : moe_catalog_expert(
+				                    w->cat, w->model_layer[moe_layer], expert)
+				                    ->bytes;
+			if (h->counted_nodes == all) {
+				*found = h->worst == 0   ? WEIGHTS_HIT
+				         : h->worst == 1 ? WEIGHTS_IN_FLIGHT
+				                         : WEIGHTS_COLD;
+				*cold_bytes = h->cold_bytes;
+			}
+		}
+		if (rc == -EINPROGRESS || rc == -EAGAIN)
+			continue;
+		if (rc != 0) {
+			*failed_node = n;
+			return rc;
+		}
+		h->held_nodes |= bit;
+	}
+	if (h->held_nodes != all)
+		return 0;
+	if (weights_held_view(w, h, err, err_len) != 0)
+		return -EINVAL;
+	return 1;
+}
+
+void weights_error_message(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
+                           uint32_t expert, char *buf, size_t len)
+{
+	buf[0] = '\0';
+	if (w->source == FORWARD_SOURCE_RESIDENCY && node < w->n_res)
+		residency_error_message(w->res[node], moe_layer, expert, buf, len);
+}
+
+bool weights_ready(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
+{
+	if (w->source == FORWARD_SOURCE_ALL_RESIDENT)
+		return true;
+	if (w->source != FORWARD_SOURCE_RESIDENCY)
+		return false;
+	for (uint32_t n = 0; n < w->n_res; n++)
+		if (residency_state(w->res[n], moe_layer, expert) != EXPERT_RESIDENT)
+			return false;
+	return true;
+}
+
+bool weights_cold(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
+{
+	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
+		if (residency_state(w->res[n], moe_layer, expert) == EXPERT_COLD)
+			return true;
+	return false;
+}
+
+void weights_hint(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, float pri)
+{
+	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
+		residency_hint(w->res[n], moe_layer, &expert, 1, pri);
+}
+
+bool weights_prefetch(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                      float pri)
+{
+	bool any = false;
+	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
+		any |= residency_prefetch(w->res[n], moe_layer, &expert, 1, pri) > 0;
+	return any;
+}
+
+void weights_set_gpu_mask(const struct forward_weights *w, uint32_t moe_layer, const uint8_t *mask)
+{
+	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
+		residency_set_gpu_mask(w->res[n], moe_layer, mask);
+}
+
+uint32_t weights_retry_failed(const struct forward_weights *w)
+{
+	uint32_t failed = 0;
+	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
+		failed += residency_retry_all_failed(w->res[n]);
+	return failed;
+}
+
+int weights_node_counters(const struct forward_weights *w, uint32_t node,
+                          struct residency_counters *out)
+{
+	if (w->source != FORWARD_SOURCE_RESIDENCY || node >= w->n_res)
+		return -1;
+	residency_counters(w->res[node], out);
+	return 0;
+}
+
+void weights_counters(const struct forward_weights *w, struct forward_stats *out)
+{
+	if (w->source != FORWARD_SOURCE_RESIDENCY) {
+		out->resident_bytes =
+		    w->source == FORWARD_SOURCE_ALL_RESIDENT ? w->budget_bytes : 0;
+		out->slot_bytes_used = out->pool_bytes = out->resident_bytes;
+		out->budget_bytes = w->budget_bytes;
+		return;
+	}
+	out->pool_hugetlb = out->pool_thp = w->n_res > 0;
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		struct residency_counters rc;
+		residency_counters(w->res[n], &rc);
+		out->resident_bytes += rc.resident_bytes;
+		out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
+		out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
+		out->budget_bytes += rc.budget_bytes;
+		out->slots += rc.slots;
+		out->evictions += rc.evictions;
+		out->loader_bytes_read += rc.bytes_read;
+		out->prefetches += rc.prefetches;
+		out->prefetch_hits += rc.prefetch_hits;
+		out->prefetch_wasted += rc.prefetch_wasted;
+		out->failed_experts += rc.failed_now;
+		out->failed_retries += rc.failed_retries;
+		out->fixed_reads += rc.fixed_reads;
+		out->plain_reads += rc.plain_reads;
+		out->fixed_buffers += rc.fixed_buffers;
+		out->pool_hugetlb = out->pool_hugetlb && rc.hugetlb;
+		out->pool_thp = out->pool_thp && rc.thp;
+	}
 }
