@@ -136,4 +136,130 @@ uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, u
 unsigned lat_hist_bucket(uint64_t us);
 uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
 
+/* ---- the engine (forward.c, plan.c, waves.c, masks.c) ---- */
+#define HIST_BUCKETS LAT_HIST_BUCKETS
+enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
+
+struct layer_counters {
+	atomic_uint_least64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read,
+	    failures;
+	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
+};
+
+enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_RUNNING, GROUP_DONE, GROUP_FAILED };
+
+struct req_group {
+	uint32_t expert;
+	bool deferred;
+	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
+	enum group_state state;
+	struct held_expert held; /* and its demand's count (weights_demand) */
+};
+
+/* One request's plan and gathered rows (forward_engine.ctx). */
+struct req_ctx {
+	uint32_t max_tokens, max_pairs, max_groups;
+	uint8_t *pos_kind;             /* [pair position t*k+j]: 0 skip, 1 immediate, 2 deferred */
+	uint32_t *pos_slot;            /* [position]: gathered slot */
+	uint16_t *tok_order;           /* [t*k + r]: position j of the r-th entry: immediate ones by
+	                                  weight, then deferred ones by weight */
+	uint16_t *order_tmp;           /* [max_k]: defer_cold's partition */
+	uint32_t *tok_n_valid;         /* [t] */
+	uint32_t *tok_n_imm;           /* [t] */
+	uint32_t *key_count;           /* [n_experts + 1] */
+	uint8_t *expert_has_immediate; /* [n_experts] */
+	struct req_group *groups;
+	struct wave_group *wave;
+	uint32_t *wave_group_of; /* wave index → request group */
+	uint8_t *xg;             /* gathered input rows, max dtype size */
+	float *yg;               /* per-slot outputs */
+	float *wg;               /* per-slot weights */
+	uint8_t *scratch;
+	size_t scratch_bytes;
+	uint64_t bytes; /* everything above, allocated (forward_stats.request_bytes) */
+};
+
+/* A request's deferred wave left running on the pool after forward_run returned
+ * (forward_request.settle_later): settled — joined, its experts let go, its sum written to
+ * out_deferred — before the pool's next wave, by forward_settle, or at destroy. */
+struct deferred_tail {
+	bool pending;
+	struct req_ctx *ctx;
+	uint32_t n_wave, n_tokens, k;
+	float *out_deferred;
+};
+
+struct forward_engine {
+	const struct moe_catalog *cat;
+	struct forward_config cfg;
+	struct forward_topology topo;
+	struct forward_pool pool;
+	struct forward_weights w;
+	uint32_t max_tokens, max_k, hidden, last_moe_layer;
+	/* One request at a time: `running` under run_lock, waited for on run_free. The lock is
+	 * held only to take or give back the engine, never across compute, I/O or the
+	 * immediate_ready callback. */
+	pthread_mutex_t run_lock;
+	pthread_cond_t run_free;
+	bool running;
+	/* Request plans: ctx[0] for max_tokens x max_k pairs, ctx[1] for decode-sized requests
+	 * (ASYNC_MAX_TOKENS). rq is the running request's; a request whose deferred wave is left
+	 * running behind it (tail) keeps its ctx until settled, and the next request plans in
+	 * the other one meanwhile. */
+	uint32_t max_pairs, max_groups; /* ctx[0]'s */
+	struct req_ctx ctx[2];
+	struct req_ctx *rq;
+	struct deferred_tail tail;
+	/* Masks (guarded by mask_lock). */
+	pthread_mutex_t mask_lock;
+	size_t mask_row; /* bytes per transformer block: ceil(n_experts / 8) */
+	uint8_t *masks;  /* [FORWARD_MAX_CLIENTS][n_layers * mask_row] */
+	bool attached[FORWARD_MAX_CLIENTS];
+	uint8_t *res_mask;               /* [n_experts] scratch for weights_set_gpu_mask */
+	uint32_t *masked_now;            /* [n_layers]: experts every attached client masks */
+	uint64_t mask_switches;          /* forward_set_mask calls that changed a mask */
+	struct layer_counters *counters; /* [n_moe_layers] */
+	/* validate's duplicate check (engine taken): expert x was named in the token row being
+	 * checked iff row_mark[x] == row_stamp. */
+	uint32_t *row_mark; /* [n_experts] */
+	uint32_t row_stamp;
+};
+
+/* Bytes per activation element (enum moek_act_dtype, the wire's moe_dtype numbering). */
+static inline size_t dtype_size(unsigned dtype)
+{
+	return dtype == MOEK_ACT_F32 ? 4 : 2;
+}
+
+static inline size_t align_up_64(size_t v)
+{
+	return (v + 63) & ~(size_t)63;
+}
+
+/* plan.c: fills res (status, the offending token/index/expert, the sentence); returns status. */
+int plan_fail(struct forward_result *res, int status, int32_t token, int32_t index, int32_t expert,
+              const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* plan.c: checks q against the model, the limits and the client's mask; MOE_OK with
+ * *moe_layer set, or a failure in res. */
+int plan_validate(struct forward_engine *e, const struct forward_request *q,
+                  const float *out_deferred, struct forward_result *res, uint32_t *moe_layer);
+/* plan.c: plans q into e->rq; returns the number of groups. */
+uint32_t plan_request(struct forward_engine *e, const struct forward_request *q,
+                      uint32_t moe_layer);
+/* plan.c: the per-token sums of the immediate (deferred = false) or deferred part into out. */
+void plan_sum(const struct forward_engine *e, const struct req_ctx *c,
+              const struct forward_request *q, float *out, bool deferred);
+/* waves.c: demands and computes every group of the planned request. */
+int waves_execute(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
+                  uint32_t n_groups, float *out_imm, struct forward_result *res);
+/* waves.c: the tail (a deferred wave left running) joined, its experts let go, and (sum) its
+ * sum written; nothing when none is pending. */
+void waves_settle(struct forward_engine *e, bool sum);
+/* waves.c: a failed demand of group g's expert on node turned into res's status. */
+int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
+                        const struct req_group *g, uint32_t node, int rc,
+                        struct forward_result *res);
+/* masks.c: client's mask bit of (block layer, expert). mask_lock held or engine taken. */
+bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert);
+
 #endif
