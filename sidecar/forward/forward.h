@@ -27,12 +27,14 @@
  * they agree within float rounding of the re-association.
  *
  * Threading: forward_run serialises requests on the engine (one runs at a time, using every
- * worker of every node); call it from any thread. It blocks until the layer is done, so the
- * sidecar's dispatcher must not call it directly: run requests on a thread of their own
- * (e.g. one "forward thread" fed by a queue, taking immediate FORWARDs before PREFETCH work),
- * and keep the dispatcher draining rings meanwhile. The calling thread participates as a
- * worker of node 0. prefetch, masks and stats may be called from any thread at any time,
- * concurrently with forward_run.
+ * worker of every node); call it from any thread; the calling thread participates as a
+ * worker of node 0. It may wait for NVMe reads of cold experts, so a caller that must stay
+ * responsive (the sidecar's dispatcher) calls it only when forward_would_run_now says no
+ * read is needed, and otherwise hands the request to a thread of its own (the serving
+ * layer's forward thread). With immediate_ready and settle_later, forward_run returns once
+ * the immediate part is delivered and the deferred experts compute behind it (forward_request).
+ * prefetch, masks and stats may be called from any thread at any time, concurrently with
+ * forward_run.
  *
  * Shutdown: forward_run never waits forever: a cold read gives up after the loader's read
  * timeout and retries (RESIDENCY), so a forward thread finishes its current request in bounded
