@@ -122,17 +122,34 @@ def analyze_process(src, run_dir, pid, role):
                 names[int(tid)] = name
     sym = Symbolizer(read_maps(os.path.join(run_dir, "fp-%d.maps" % pid)))
     table = sym.resolve({r[0] for r in recs} | {r[1] for r in recs if r[1]})
-    calls = []  # (tid, caller (fn, file) or None, callee (fn, file))
-    for fn, caller, _site, tid, _depth in recs:
+    # calls: (tid, caller (fn, file) or None, callee (fn, file)); units: the same with each
+    # header's function counted in the .c file it was called from (its translation unit, as
+    # far as the recorded stack shows), so that only calls between .c files are hops.
+    calls, units = [], []
+    stacks = collections.defaultdict(dict)  # tid -> depth -> (fn address, unit)
+    for fn, caller, _site, tid, depth in recs:
         f_name, f_file = table[fn]
         callee = (f_name, rel(src, f_file))
+        st = stacks[tid]
+        for d in [d for d in st if d >= depth]:
+            del st[d]
         if caller:
             c_name, c_file = table[caller]
-            calls.append((tid, (c_name, rel(src, c_file)), callee))
+            c = (c_name, rel(src, c_file))
+            if depth - 1 in st and st[depth - 1][0] == caller:
+                c_unit = st[depth - 1][1]
+            else:
+                c_unit = c[1]
+                st[depth - 1] = (caller, c_unit)
+            calls.append((tid, c, callee))
         else:
+            c, c_unit = None, None
             calls.append((tid, None, callee))
+        unit = c_unit if callee[1].endswith(".h") and c_unit else callee[1]
+        st[depth] = (fn, unit)
+        units.append((tid, (c[0], c_unit) if c else None, (callee[0], unit)))
     return {"role": role, "pid": pid, "records": n, "dropped": dropped, "calls": calls,
-            "thread_names": names}
+            "units": units, "thread_names": names}
 
 
 def in_repo(f):
@@ -143,7 +160,7 @@ def is_kernel(f):
     return f.startswith("kernels/")
 
 
-def summarize(procs):
+def summarize(procs, key="calls"):
     files = collections.OrderedDict()  # file -> set(roles)
     edges = collections.Counter()      # (role, caller, callee) -> count, cross-file only
     roots = collections.Counter()
@@ -152,7 +169,7 @@ def summarize(procs):
     threads = []
     for p in procs:
         per_thread = collections.defaultdict(lambda: [0, set()])
-        for tid, caller, callee in p["calls"]:
+        for tid, caller, callee in p[key]:
             t = per_thread[tid]
             t[0] += 1
             if in_repo(callee[1]):
@@ -239,6 +256,28 @@ def print_report(r, run):
     w = r["without_kernels"]
     print("WITHOUT kernels/: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
           % (w["n_files"], w["distinct_cross_file_edges"], w["dynamic_cross_file_calls"]))
+    for title, key in (("outside kernels/", "without_kernels"), ("kernels/", "kernels")):
+        s = r["translation_units"][key]
+        print("\n== .c files only (a header's function counts in its caller's .c file), %s: "
+              "%d files, %d distinct cross-file edges, %d dynamic cross-file calls"
+              % (title, s["n_files"], s["distinct_cross_file_edges"],
+                 s["dynamic_cross_file_calls"]))
+        print("  %-44s %9s %9s" % ("file", "entered", "edges in"))
+        for f in s["files"]:
+            print("  %-44s %9d %9d" % (f["file"], f["entered_from_other_files"],
+                                       f["distinct_edges_in"]))
+        if key == "without_kernels":
+            print("  edges:")
+            for e in s["edges"]:
+                print("    %-7s %s -> %s x%d" % (e["process"], e["caller"], e["callee"],
+                                                e["count"]))
+    t = r["translation_units"]["total"]
+    w = r["translation_units"]["without_kernels"]
+    print("\n.c FILES ONLY, TOTAL: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
+          % (t["n_files"], t["distinct_cross_file_edges"], t["dynamic_cross_file_calls"]))
+    print(".c FILES ONLY, WITHOUT kernels/: %d files, %d distinct cross-file edges, %d dynamic "
+          "cross-file calls" % (w["n_files"], w["distinct_cross_file_edges"],
+                                w["dynamic_cross_file_calls"]))
     if r["outside_repo_functions"]:
         print("functions outside the tree (not counted): " + ", ".join(r["outside_repo_functions"]))
 
@@ -254,6 +293,9 @@ def main():
     procs = [analyze_process(src, a.run, run["client"], "client"),
              analyze_process(src, a.run, run["sidecar"], "sidecar")]
     r = summarize(procs)
+    u = summarize(procs, "units")
+    r["translation_units"] = {"without_kernels": u["without_kernels"], "kernels": u["kernels"],
+                              "total": u["total"]}
     r["run"] = run
     r["tree"] = src
     print_report(r, run)

@@ -179,6 +179,7 @@ int main(int argc, char **argv)
 	if (fp_dump(dir) != 0)
 		die("fp_dump");
 
+	uint32_t n_experts = info->n_experts, hidden = info->hidden; /* info dies with c */
 	moe_slot_release(c, s.index);
 	moe_close(c);
 	kill(sidecar, SIGTERM);
@@ -190,10 +191,10 @@ int main(int argc, char **argv)
 	if (!f)
 		die("run.txt");
 	fprintf(f, "client %d\nsidecar %d\nlayer %d\nk %u\nexperts %u\nhidden %u\nsidecar_exit %d\n",
-	        (int)getpid(), (int)sidecar, (int)layers[layer_i], k, info->n_experts, info->hidden,
+	        (int)getpid(), (int)sidecar, (int)layers[layer_i], k, n_experts, hidden,
 	        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	fclose(f);
 	printf("forward-path: recorded one FORWARD (layer %d, 1 token, top-%u of %u experts)\n",
-	       (int)layers[layer_i], k, info->n_experts);
+	       (int)layers[layer_i], k, n_experts);
 	return 0;
 }
