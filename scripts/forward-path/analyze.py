@@ -9,7 +9,8 @@ cross-file calls as distinct edges (caller function in file A -> callee in file 
 and as dynamic counts, per file the calls entering it from another file, and the threads.
 kernels/ is reported apart: its per-expert loops would swamp the rest. Entries whose caller
 is outside the instrumented code (the driver's call of moe_forward, a thread's start
-routine) count as roots, not as hops.
+routine) count as roots, not as hops. Only calls made while moe_forward ran count (run.txt's
+t0..t1): the sidecar records from SIGUSR1 to SIGUSR2, idle polling included.
 """
 import argparse
 import collections
@@ -20,7 +21,7 @@ import struct
 import subprocess
 import sys
 
-REC = struct.Struct("<QQQII")
+REC = struct.Struct("<QQQIIQ")
 HDR = struct.Struct("<8sQQQ")
 
 
@@ -106,13 +107,16 @@ def rel(src, path):
     return "<outside>" + p
 
 
-def analyze_process(src, run_dir, pid, role):
+def analyze_process(src, run_dir, pid, role, t0, t1):
     with open(os.path.join(run_dir, "fp-%d.bin" % pid), "rb") as f:
         data = f.read()
     magic, n, dropped, rec_size = HDR.unpack_from(data, 0)
     if magic != b"FPCALLS1" or rec_size != REC.size:
         sys.exit("analyze: %s: not a call_hooks dump" % role)
     recs = [REC.unpack_from(data, HDR.size + i * REC.size) for i in range(n)]
+    # The sidecar records from SIGUSR1 to SIGUSR2: keep what it did while moe_forward ran.
+    outside = sum(1 for r in recs if not t0 <= r[5] <= t1)
+    recs = [r for r in recs if t0 <= r[5] <= t1]
     names = {}
     tpath = os.path.join(run_dir, "fp-%d.threads" % pid)
     if os.path.exists(tpath):
@@ -127,7 +131,7 @@ def analyze_process(src, run_dir, pid, role):
     # far as the recorded stack shows), so that only calls between .c files are hops.
     calls, units = [], []
     stacks = collections.defaultdict(dict)  # tid -> depth -> (fn address, unit)
-    for fn, caller, _site, tid, depth in recs:
+    for fn, caller, _site, tid, depth, _ns in recs:
         f_name, f_file = table[fn]
         callee = (f_name, rel(src, f_file))
         st = stacks[tid]
@@ -148,7 +152,8 @@ def analyze_process(src, run_dir, pid, role):
         unit = c_unit if callee[1].endswith(".h") and c_unit else callee[1]
         st[depth] = (fn, unit)
         units.append((tid, (c[0], c_unit) if c else None, (callee[0], unit)))
-    return {"role": role, "pid": pid, "records": n, "dropped": dropped, "calls": calls,
+    return {"role": role, "pid": pid, "records": len(recs), "outside_window": outside,
+            "dropped": dropped, "calls": calls,
             "units": units, "thread_names": names}
 
 
@@ -208,7 +213,8 @@ def summarize(procs, key="calls"):
     kern = part(True)
     return {
         "processes": [{"role": p["role"], "pid": p["pid"], "records": p["records"],
-                       "dropped": p["dropped"]} for p in procs],
+                       "outside_window": p["outside_window"], "dropped": p["dropped"]}
+                      for p in procs],
         "roots": [{"process": r, "function": "%s (%s)" % f, "count": c}
                   for (r, f), c in sorted(roots.items())],
         "outside_repo_functions": sorted({"%s (%s)" % c for p in procs
@@ -228,8 +234,9 @@ def print_report(r, run):
     print("forward-path: one FORWARD, layer %d, 1 token, top-%d of %d experts, hidden %d"
           % (run["layer"], run["k"], run["experts"], run["hidden"]))
     for p in r["processes"]:
-        print("  %s pid %d: %d calls recorded%s" % (p["role"], p["pid"], p["records"],
-              ", %d DROPPED" % p["dropped"] if p["dropped"] else ""))
+        print("  %s pid %d: %d calls while moe_forward ran (%d more before or after)%s"
+              % (p["role"], p["pid"], p["records"], p["outside_window"],
+                 ", %d DROPPED" % p["dropped"] if p["dropped"] else ""))
     print("\nthreads:")
     for t in r["threads"]:
         print("  %-7s %-7d %-16s %7d calls, %2d files" % (t["process"], t["tid"], t["name"],
@@ -290,8 +297,8 @@ def main():
     a = ap.parse_args()
     src = os.path.realpath(a.src)
     run = read_run(os.path.join(a.run, "run.txt"))
-    procs = [analyze_process(src, a.run, run["client"], "client"),
-             analyze_process(src, a.run, run["sidecar"], "sidecar")]
+    procs = [analyze_process(src, a.run, run["client"], "client", run["t0"], run["t1"]),
+             analyze_process(src, a.run, run["sidecar"], "sidecar", run["t0"], run["t1"])]
     r = summarize(procs)
     u = summarize(procs, "units")
     r["translation_units"] = {"without_kernels": u["without_kernels"], "kernels": u["kernels"],

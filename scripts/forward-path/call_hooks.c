@@ -3,7 +3,7 @@
  * Linked into every program of the measurement build (never compiled with instrumentation
  * itself). Each thread keeps a shadow stack of the instrumented functions it is in, always;
  * while recording is on, every function entry appends (thread, function, calling function,
- * call site) to one process-wide buffer. The calling function is the shadow stack's top: an
+ * call site, time) to one process-wide buffer. The calling function is the shadow stack's top: an
  * inlined call is still a call from the function it was written in.
  *
  * Recording is switched by fp_record(1/0) (the driver, in its own process) or, where the
@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NOI __attribute__((no_instrument_function))
@@ -33,6 +34,7 @@
 struct fp_rec {
 	uint64_t fn, caller, site;
 	uint32_t tid, depth;
+	uint64_t ns; /* CLOCK_MONOTONIC: comparable across the two processes */
 };
 
 struct fp_header {
@@ -71,7 +73,10 @@ void __cyg_profile_func_enter(void *fn, void *site)
 		atomic_fetch_add_explicit(&fp_dropped, 1, memory_order_relaxed);
 		return;
 	}
-	fp_buf[i] = (struct fp_rec){(uintptr_t)fn, caller, (uintptr_t)site, fp_tid, d};
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	fp_buf[i] = (struct fp_rec){(uintptr_t)fn, caller, (uintptr_t)site, fp_tid, d,
+	                            (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec};
 }
 
 void __cyg_profile_func_exit(void *fn, void *site)

@@ -6,7 +6,8 @@
  * FP_OUT=DIR, connects, runs N rounds (default 4) of 1-token FORWARDs over every MoE layer,
  * then records one more on the I-th MoE layer (default 1, clamped): SIGUSR1 to the sidecar
  * (waits for its DIR/fp-PID.on), recording on here, moe_forward, recording off here, SIGUSR2
- * (waits for its DIR/fp-PID.bin), its own dump, then SIGTERM. DIR/run.txt names both pids.
+ * (waits for its DIR/fp-PID.bin), its own dump, then SIGTERM. DIR/run.txt names both pids
+ * and the times moe_forward was called (t0) and returned (t1), CLOCK_MONOTONIC ns.
  * Not instrumented itself: the path starts where it calls moe_forward.
  */
 #define _GNU_SOURCE
@@ -168,8 +169,11 @@ int main(int argc, char **argv)
 		die("kill SIGUSR1");
 	await_file(dir, sidecar, "on");
 	fp_record(1);
+	struct timespec t0, t1;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	int rc = moe_forward(c, &s, layers[layer_i], 1, (uint16_t)k, 0, MOE_DTYPE_BF16,
 	                     MOE_DTYPE_BF16, 0, &done, 10000);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
 	fp_record(0);
 	if (kill(sidecar, SIGUSR2) != 0)
 		die("kill SIGUSR2");
@@ -190,9 +194,11 @@ int main(int argc, char **argv)
 	FILE *f = fopen(p, "w");
 	if (!f)
 		die("run.txt");
-	fprintf(f, "client %d\nsidecar %d\nlayer %d\nk %u\nexperts %u\nhidden %u\nsidecar_exit %d\n",
+	fprintf(f, "client %d\nsidecar %d\nlayer %d\nk %u\nexperts %u\nhidden %u\nsidecar_exit %d\nt0 %llu\nt1 %llu\n",
 	        (int)getpid(), (int)sidecar, (int)layers[layer_i], k, n_experts, hidden,
-	        WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	        WIFEXITED(st) ? WEXITSTATUS(st) : -1,
+	        (unsigned long long)t0.tv_sec * 1000000000ull + (unsigned long long)t0.tv_nsec,
+	        (unsigned long long)t1.tv_sec * 1000000000ull + (unsigned long long)t1.tv_nsec);
 	fclose(f);
 	printf("forward-path: recorded one FORWARD (layer %d, 1 token, top-%u of %u experts)\n",
 	       (int)layers[layer_i], k, n_experts);
