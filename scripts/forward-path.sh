@@ -19,7 +19,9 @@
 # Another tree (an older commit) with this checkout's tool:
 #   git worktree add /tmp/old COMMIT && scripts/forward-path.sh --src /tmp/old /tmp/fp-old
 # The model: FP_GEN_ARGS (default a small qwen3-30b-a3b: 4 layers x 16 experts, hidden 256,
-# ffn 128, q8_0); the layer measured: FP_LAYER (default: the second MoE layer).
+# ffn 128, q8_0); the layer measured: FP_LAYER (default: the second MoE layer); the sidecar's
+# --spin-us: FP_SPIN_US (default 0, so the dispatcher's idle polling, whose length is a matter of
+# timing, stays out of the window; its wake-up and going back to sleep are in it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--src) src=$(cd "$2" && pwd); shift 2 ;;
 	--json) json=$2; shift 2 ;;
-	-h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) break ;;
 	esac
 done
@@ -72,7 +74,7 @@ out=$build/fp/run
 rm -rf "$out"
 mkdir -p "$out"
 "$build/fp/driver" --sidecar "$build/sidecar/moe-sidecar" --model "$model" --out "$out" \
-	${FP_LAYER:+--layer "$FP_LAYER"}
+	${FP_LAYER:+--layer "$FP_LAYER"} ${FP_SPIN_US:+--spin-us "$FP_SPIN_US"}
 
 # 5. The analysis.
 "$py" "$here/forward-path/analyze.py" --src "$src" --run "$out" ${json:+--json "$json"}

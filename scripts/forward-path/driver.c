@@ -1,8 +1,10 @@
 /* driver.c — one recorded FORWARD for scripts/forward-path.sh.
  *
- * driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N]
+ * driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N] [--spin-us US]
  *
- * Starts `BIN serve PATH --mem-budget 100%` (every expert resident) with FP_SIGNALS=1 and
+ * Starts `BIN serve PATH --mem-budget 100% --spin-us US` (every expert resident; US default 0:
+ * the dispatcher sleeps as soon as it is idle instead of polling for 50 µs, so that no
+ * polling loop of variable length lands in the window) with FP_SIGNALS=1 and
  * FP_OUT=DIR, connects, runs N rounds (default 4) of 1-token FORWARDs over every MoE layer,
  * then records one more on the I-th MoE layer (default 1, clamped): SIGUSR1 to the sidecar
  * (waits for its DIR/fp-PID.on), recording on here, moe_forward, recording off here, SIGUSR2
@@ -94,6 +96,7 @@ int main(int argc, char **argv)
 {
 	const char *bin = NULL, *model = NULL, *dir = NULL;
 	int layer_i = 1, warmup = 4;
+	const char *spin_us = "0";
 	for (int i = 1; i + 1 < argc; i += 2) {
 		if (!strcmp(argv[i], "--sidecar"))
 			bin = argv[i + 1];
@@ -105,8 +108,11 @@ int main(int argc, char **argv)
 			layer_i = atoi(argv[i + 1]);
 		else if (!strcmp(argv[i], "--warmup"))
 			warmup = atoi(argv[i + 1]);
+		else if (!strcmp(argv[i], "--spin-us"))
+			spin_us = argv[i + 1];
 		else
-			die("usage: driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N]");
+			die("usage: driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N] "
+			    "[--spin-us US]");
 	}
 	if (!bin || !model || !dir)
 		die("usage: driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N]");
@@ -125,7 +131,7 @@ int main(int argc, char **argv)
 		setenv("FP_SIGNALS", "1", 1);
 		setenv("FP_OUT", dir, 1);
 		execl(bin, bin, "serve", model, "--socket", sock, "--ready-fd", "3", "--mem-budget",
-		      "100%", "--log-level", "warn", (char *)NULL);
+		      "100%", "--spin-us", spin_us, "--log-level", "warn", (char *)NULL);
 		_exit(127);
 	}
 	close(ready[1]);
