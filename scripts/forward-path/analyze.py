@@ -9,8 +9,10 @@ cross-file calls as distinct edges (caller function in file A -> callee in file 
 and as dynamic counts, per file the calls entering it from another file, and the threads.
 kernels/ is reported apart: its per-expert loops would swamp the rest. Entries whose caller
 is outside the instrumented code (the driver's call of moe_forward, a thread's start
-routine) count as roots, not as hops. Only calls made while moe_forward ran count (run.txt's
-t0..t1): the sidecar records from SIGUSR1 to SIGUSR2, idle polling included.
+routine) count as roots, not as hops. The window: from the call of moe_forward (run.txt's t0)
+to its return (t1) in the client, and to the moment the sidecar is idle again (the driver's
+SIGUSR2) in the sidecar, so that what the FORWARD set off there (its completion, the next
+drain, going back to sleep) is counted whether or not the client woke first.
 """
 import argparse
 import collections
@@ -114,7 +116,8 @@ def analyze_process(src, run_dir, pid, role, t0, t1):
     if magic != b"FPCALLS1" or rec_size != REC.size:
         sys.exit("analyze: %s: not a call_hooks dump" % role)
     recs = [REC.unpack_from(data, HDR.size + i * REC.size) for i in range(n)]
-    # The sidecar records from SIGUSR1 to SIGUSR2: keep what it did while moe_forward ran.
+    # The sidecar records from SIGUSR1 to SIGUSR2, sent once it is idle again: keep what it
+    # did from the call of moe_forward on (t1 bounds only the client).
     outside = sum(1 for r in recs if not t0 <= r[5] <= t1)
     recs = [r for r in recs if t0 <= r[5] <= t1]
     names = {}
@@ -234,7 +237,7 @@ def print_report(r, run):
     print("forward-path: one FORWARD, layer %d, 1 token, top-%d of %d experts, hidden %d"
           % (run["layer"], run["k"], run["experts"], run["hidden"]))
     for p in r["processes"]:
-        print("  %s pid %d: %d calls while moe_forward ran (%d more before or after)%s"
+        print("  %s pid %d: %d calls in the window (%d more before or after)%s"
               % (p["role"], p["pid"], p["records"], p["outside_window"],
                  ", %d DROPPED" % p["dropped"] if p["dropped"] else ""))
     print("\nthreads:")
@@ -298,7 +301,7 @@ def main():
     src = os.path.realpath(a.src)
     run = read_run(os.path.join(a.run, "run.txt"))
     procs = [analyze_process(src, a.run, run["client"], "client", run["t0"], run["t1"]),
-             analyze_process(src, a.run, run["sidecar"], "sidecar", run["t0"], run["t1"])]
+             analyze_process(src, a.run, run["sidecar"], "sidecar", run["t0"], 2**64)]
     r = summarize(procs)
     u = summarize(procs, "units")
     r["translation_units"] = {"without_kernels": u["without_kernels"], "kernels": u["kernels"],

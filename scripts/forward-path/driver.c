@@ -7,12 +7,14 @@
  * polling loop of variable length lands in the window) with FP_SIGNALS=1 and
  * FP_OUT=DIR, connects, runs N rounds (default 4) of 1-token FORWARDs over every MoE layer,
  * then records one more on the I-th MoE layer (default 1, clamped): SIGUSR1 to the sidecar
- * (waits for its DIR/fp-PID.on), recording on here, moe_forward, recording off here, SIGUSR2
- * (waits for its DIR/fp-PID.bin), its own dump, then SIGTERM. DIR/run.txt names both pids
+ * (waits for its DIR/fp-PID.on), recording on here, moe_forward, recording off here, waits
+ * until no thread of the sidecar runs, SIGUSR2 (waits for its DIR/fp-PID.bin), its own dump,
+ * then SIGTERM. DIR/run.txt names both pids
  * and the times moe_forward was called (t0) and returned (t1), CLOCK_MONOTONIC ns.
  * Not instrumented itself: the path starts where it calls moe_forward.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -63,6 +65,46 @@ static void await_file(const char *dir, pid_t pid, const char *ext)
 			die("the sidecar did not answer the signal");
 		}
 		usleep(200);
+	}
+}
+
+/* Waits (up to 5 s) until no thread of pid is running: three looks in a row, 200 µs apart,
+ * that find every /proc/PID/task/TID/stat in a sleeping state. Then the sidecar has finished
+ * what the FORWARD started (the completion, the dispatcher's next drain, its going to sleep,
+ * the workers' spin after the last phase). */
+static void await_idle(pid_t pid)
+{
+	char p[128];
+	snprintf(p, sizeof(p), "/proc/%d/task", (int)pid);
+	double end = now_s() + 5;
+	for (int quiet = 0; quiet < 3;) {
+		if (now_s() > end) {
+			fprintf(stderr, "forward-path driver: the sidecar never went idle\n");
+			return;
+		}
+		usleep(200);
+		DIR *d = opendir(p);
+		if (!d)
+			die("opendir /proc/PID/task");
+		int running = 0;
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (e->d_name[0] == '.')
+				continue;
+			char sp[300], buf[512];
+			snprintf(sp, sizeof(sp), "%s/%s/stat", p, e->d_name);
+			FILE *f = fopen(sp, "r");
+			if (!f)
+				continue;
+			size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+			fclose(f);
+			buf[n] = 0;
+			char *rp = strrchr(buf, ')');
+			if (rp && rp[1] == ' ' && rp[2] == 'R')
+				running++;
+		}
+		closedir(d);
+		quiet = running ? 0 : quiet + 1;
 	}
 }
 
@@ -181,6 +223,7 @@ int main(int argc, char **argv)
 	                     MOE_DTYPE_BF16, 0, &done, 10000);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	fp_record(0);
+	await_idle(sidecar);
 	if (kill(sidecar, SIGUSR2) != 0)
 		die("kill SIGUSR2");
 	await_file(dir, sidecar, "bin");
