@@ -10,11 +10,13 @@
 # scripts/forward-path/driver.c against that libmoe_client.a, generates a small model with
 # the tree's moe-gen, and runs the driver: it starts `moe-sidecar serve --mem-budget 100%`,
 # warms every MoE layer up, switches recording on (SIGUSR1 to the sidecar, a call in
-# itself), calls moe_forward once, switches it off (SIGUSR2: the sidecar dumps), and stops
-# the sidecar. scripts/forward-path/analyze.py maps the records to functions and source files
-# (addr2line) and prints the files visited, the distinct cross-file edges (caller function
-# in file A -> callee in file B, A != B), the dynamic cross-file calls, per file the entries
-# from another file, and the threads seen; kernels/ apart. --json FILE writes it all as JSON.
+# itself), calls moe_forward once, switches it off (SIGUSR2 once no sidecar thread runs: the
+# sidecar dumps), and stops the sidecar. scripts/forward-path/analyze.py maps the records to
+# functions and source files (addr2line) and prints the files visited, the distinct
+# cross-file edges (caller function in file A -> callee in file B, A != B), the dynamic
+# cross-file calls, per file the entries from another file, and the threads seen; kernels/
+# apart; then the same with .c files only (a header's inline function counted in the .c file
+# that called it). --json FILE writes it all as JSON. FP_JOBS: build jobs (default 2).
 #
 # Another tree (an older commit) with this checkout's tool:
 #   git worktree add /tmp/old COMMIT && scripts/forward-path.sh --src /tmp/old /tmp/fp-old
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--src) src=$(cd "$2" && pwd); shift 2 ;;
 	--json) json=$2; shift 2 ;;
-	-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) break ;;
 	esac
 done
