@@ -4,13 +4,13 @@
  *
  * Starts `BIN serve PATH --mem-budget 100% --spin-us US` (every expert resident; US default 0:
  * the dispatcher sleeps as soon as it is idle instead of polling for 50 µs, so that no
- * polling loop of variable length lands in the window) with FP_SIGNALS=1 and
- * FP_OUT=DIR, connects, runs N rounds (default 4) of 1-token FORWARDs over every MoE layer,
- * then records one more on the I-th MoE layer (default 1, clamped): SIGUSR1 to the sidecar
- * (waits for its DIR/fp-PID.on), recording on here, moe_forward, recording off here, waits
- * until no thread of the sidecar runs, SIGUSR2 (waits for its DIR/fp-PID.bin), its own dump,
- * then SIGTERM. DIR/run.txt names both pids
- * and the times moe_forward was called (t0) and returned (t1), CLOCK_MONOTONIC ns.
+ * polling loop of variable length lands in the window) with FP_SIGNALS=1 and FP_OUT=DIR,
+ * connects, runs N rounds (default 4) of 1-token FORWARDs over every MoE layer, then records
+ * one more on the I-th MoE layer (default 1, clamped): SIGUSR1 to the sidecar (waits for its
+ * DIR/fp-PID.on, then until no thread of the sidecar runs), recording on here, moe_forward,
+ * recording off here, waits until no thread of the sidecar runs, SIGUSR2 (waits for its
+ * DIR/fp-PID.bin), its own dump, then SIGTERM. DIR/run.txt names both pids and the times
+ * moe_forward was called (t0) and returned (t1), CLOCK_MONOTONIC ns.
  * Not instrumented itself: the path starts where it calls moe_forward.
  */
 #define _GNU_SOURCE
@@ -216,6 +216,7 @@ int main(int argc, char **argv)
 	if (kill(sidecar, SIGUSR1) != 0)
 		die("kill SIGUSR1");
 	await_file(dir, sidecar, "on");
+	await_idle(sidecar); /* the signal may have woken the dispatcher: let it sleep again */
 	fp_record(1);
 	struct timespec t0, t1;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
