@@ -92,7 +92,7 @@ static void await_idle(pid_t pid)
 			if (e->d_name[0] == '.')
 				continue;
 			char sp[300], buf[512];
-			snprintf(sp, sizeof(sp), "%s/%s/stat", p, e->d_name);
+			snprintf(sp, sizeof(sp), "%s/%.32s/stat", p, e->d_name);
 			FILE *f = fopen(sp, "r");
 			if (!f)
 				continue;
