@@ -23,7 +23,10 @@
 # The model: FP_GEN_ARGS (default a small qwen3-30b-a3b: 4 layers x 16 experts, hidden 256,
 # ffn 128, q8_0); the layer measured: FP_LAYER (default: the second MoE layer); the sidecar's
 # --spin-us: FP_SPIN_US (default 0, so the dispatcher's idle polling, whose length is a matter of
-# timing, stays out of the window; its wake-up and going back to sleep are in it).
+# timing, stays out of the window; its wake-up and going back to sleep are in it). The driver
+# runs FP_RUNS times (default 3, a fresh sidecar each): whether the client sleeps before its
+# completion, and how long the pool spins, are a matter of timing, so the report gives the
+# union of the files and edges (marking those not seen in every run) and median counts.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/.." && pwd)
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
 	case $1 in
 	--src) src=$(cd "$2" && pwd); shift 2 ;;
 	--json) json=$2; shift 2 ;;
-	-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	-h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 	*) break ;;
 	esac
 done
@@ -72,11 +75,17 @@ if [ ! -s "$model" ] || [ "$(cat "$build/fp/model.args" 2>/dev/null)" != "$gen_a
 	mv "$model.tmp.gguf" "$model"
 	echo "$gen_args" >"$build/fp/model.args"
 fi
-out=$build/fp/run
-rm -rf "$out"
-mkdir -p "$out"
-"$build/fp/driver" --sidecar "$build/sidecar/moe-sidecar" --model "$model" --out "$out" \
-	${FP_LAYER:+--layer "$FP_LAYER"} ${FP_SPIN_US:+--spin-us "$FP_SPIN_US"}
+runs=${FP_RUNS:-3}
+rm -rf "$build/fp/run" "$build"/fp/run[0-9]*
+run_args=()
+for i in $(seq 1 "$runs"); do
+	out=$build/fp/run$i
+	mkdir -p "$out"
+	# shellcheck disable=SC2086
+	"$build/fp/driver" --sidecar "$build/sidecar/moe-sidecar" --model "$model" --out "$out" \
+		${FP_LAYER:+--layer "$FP_LAYER"} ${FP_SPIN_US:+--spin-us "$FP_SPIN_US"}
+	run_args+=(--run "$out")
+done
 
 # 5. The analysis.
-"$py" "$here/forward-path/analyze.py" --src "$src" --run "$out" ${json:+--json "$json"}
+"$py" "$here/forward-path/analyze.py" --src "$src" "${run_args[@]}" ${json:+--json "$json"}

@@ -19,6 +19,7 @@ import collections
 import functools
 import json
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -233,17 +234,86 @@ def summarize(procs, key="calls"):
     }
 
 
+def merge_part(parts):
+    """One part (without_kernels or kernels) over several runs: the union of the files and
+    edges, each count the median over the runs (0 where a run did not see it)."""
+    n = len(parts)
+
+    def med(xs):
+        xs = list(xs)
+        return statistics.median_low(xs + [0] * (n - len(xs)))
+    files, edges = collections.OrderedDict(), collections.OrderedDict()
+    for p in parts:
+        for f in p["files"]:
+            files.setdefault(f["file"], []).append(f)
+        for e in p["edges"]:
+            edges.setdefault((e["process"], e["caller"], e["callee"]), []).append(e["count"])
+    into = collections.Counter(k[2].rsplit(" (", 1)[1][:-1] for k in edges)
+    return {
+        "files": [{"file": f, "processes": sorted({x for v in vs for x in v["processes"]}),
+                   "entered_from_other_files": med(v["entered_from_other_files"] for v in vs),
+                   "distinct_edges_in": into.get(f, 0), "runs": len(vs)}
+                  for f, vs in sorted(files.items())],
+        "n_files": len(files),
+        "distinct_cross_file_edges": len(edges),
+        "dynamic_cross_file_calls": med(p["dynamic_cross_file_calls"] for p in parts),
+        "edges": [{"process": k[0], "caller": k[1], "callee": k[2], "count": med(c),
+                   "runs": len(c)} for k, c in edges.items()],
+    }
+
+
+def merge_runs(results):
+    """The report over several runs of the driver (see merge_part)."""
+    n = len(results)
+    out = {"runs": n, "per_run": [], "threads": [], "roots": results[0]["roots"],
+           "processes": [], "outside_repo_functions": sorted(
+               {x for r in results for x in r["outside_repo_functions"]})}
+    for i, r in enumerate(results):
+        out["processes"] += [dict(p, run=i + 1) for p in r["processes"]]
+        out["threads"] += [dict(t, run=i + 1) for t in r["threads"]]
+    for view in (None, "translation_units"):
+        dst = out if view is None else out.setdefault(view, {})
+        src = [r if view is None else r[view] for r in results]
+        for part in ("without_kernels", "kernels"):
+            dst[part] = merge_part([x[part] for x in src])
+        dst["total"] = {
+            "n_files": dst["without_kernels"]["n_files"] + dst["kernels"]["n_files"],
+            "distinct_cross_file_edges": dst["without_kernels"]["distinct_cross_file_edges"]
+            + dst["kernels"]["distinct_cross_file_edges"],
+            "dynamic_cross_file_calls": statistics.median_low(
+                x["total"]["dynamic_cross_file_calls"] for x in src),
+        }
+        for i, x in enumerate(src):
+            if view is None:
+                out["per_run"].append({"run": i + 1, "all_files": x["total"],
+                                       "without_kernels": {k: x["without_kernels"][k] for k in (
+                                           "n_files", "distinct_cross_file_edges",
+                                           "dynamic_cross_file_calls")}})
+            else:
+                out["per_run"][i]["c_files_only"] = x["total"]
+                out["per_run"][i]["c_files_only_without_kernels"] = {
+                    k: x["without_kernels"][k] for k in (
+                        "n_files", "distinct_cross_file_edges", "dynamic_cross_file_calls")}
+    return out
+
+
+def mark(x, n):
+    return "" if x.get("runs", n) == n else "  (%d/%d runs)" % (x["runs"], n)
+
+
 def print_report(r, run):
-    print("forward-path: one FORWARD, layer %d, 1 token, top-%d of %d experts, hidden %d"
-          % (run["layer"], run["k"], run["experts"], run["hidden"]))
+    n = r["runs"]
+    print("forward-path: one FORWARD, layer %d, 1 token, top-%d of %d experts, hidden %d; "
+          "%d runs: files and edges are the union, counts the median" % (
+              run["layer"], run["k"], run["experts"], run["hidden"], n))
     for p in r["processes"]:
-        print("  %s pid %d: %d calls in the window (%d more before or after)%s"
-              % (p["role"], p["pid"], p["records"], p["outside_window"],
+        print("  run %d %s pid %d: %d calls in the window (%d more before or after)%s"
+              % (p["run"], p["role"], p["pid"], p["records"], p["outside_window"],
                  ", %d DROPPED" % p["dropped"] if p["dropped"] else ""))
     print("\nthreads:")
     for t in r["threads"]:
-        print("  %-7s %-7d %-16s %7d calls, %2d files" % (t["process"], t["tid"], t["name"],
-                                                          t["calls"], len(t["files"])))
+        print("  run %d %-7s %-7d %-16s %7d calls, %2d files" % (
+            t["run"], t["process"], t["tid"], t["name"], t["calls"], len(t["files"])))
     print("\nroots (called from outside the instrumented code):")
     for x in r["roots"]:
         print("  %-7s %s x%d" % (x["process"], x["function"], x["count"]))
@@ -254,12 +324,13 @@ def print_report(r, run):
                  s["dynamic_cross_file_calls"]))
         print("  %-44s %-15s %9s %9s" % ("file", "process", "entered", "edges in"))
         for f in s["files"]:
-            print("  %-44s %-15s %9d %9d" % (f["file"], ",".join(f["processes"]),
-                                             f["entered_from_other_files"],
-                                             f["distinct_edges_in"]))
+            print("  %-44s %-15s %9d %9d%s" % (f["file"], ",".join(f["processes"]),
+                                               f["entered_from_other_files"],
+                                               f["distinct_edges_in"], mark(f, n)))
         print("  edges (caller (file) -> callee (file) x dynamic count):")
         for e in s["edges"]:
-            print("    %-7s %s -> %s x%d" % (e["process"], e["caller"], e["callee"], e["count"]))
+            print("    %-7s %s -> %s x%d%s" % (e["process"], e["caller"], e["callee"],
+                                              e["count"], mark(e, n)))
     t = r["total"]
     print("\nTOTAL: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
           % (t["n_files"], t["distinct_cross_file_edges"], t["dynamic_cross_file_calls"]))
@@ -274,13 +345,13 @@ def print_report(r, run):
                  s["dynamic_cross_file_calls"]))
         print("  %-44s %9s %9s" % ("file", "entered", "edges in"))
         for f in s["files"]:
-            print("  %-44s %9d %9d" % (f["file"], f["entered_from_other_files"],
-                                       f["distinct_edges_in"]))
+            print("  %-44s %9d %9d%s" % (f["file"], f["entered_from_other_files"],
+                                         f["distinct_edges_in"], mark(f, n)))
         if key == "without_kernels":
             print("  edges:")
             for e in s["edges"]:
-                print("    %-7s %s -> %s x%d" % (e["process"], e["caller"], e["callee"],
-                                                e["count"]))
+                print("    %-7s %s -> %s x%d%s" % (e["process"], e["caller"], e["callee"],
+                                                  e["count"], mark(e, n)))
     t = r["translation_units"]["total"]
     w = r["translation_units"]["without_kernels"]
     print("\n.c FILES ONLY, TOTAL: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
@@ -288,6 +359,13 @@ def print_report(r, run):
     print(".c FILES ONLY, WITHOUT kernels/: %d files, %d distinct cross-file edges, %d dynamic "
           "cross-file calls" % (w["n_files"], w["distinct_cross_file_edges"],
                                 w["dynamic_cross_file_calls"]))
+    print("\nper run (files / distinct cross-file edges / dynamic cross-file calls):")
+    for x in r["per_run"]:
+        print("  run %d: all %s, without kernels/ %s; .c only %s, without kernels/ %s" % (
+            x["run"], *("%d/%d/%d" % (v["n_files"], v["distinct_cross_file_edges"],
+                                      v["dynamic_cross_file_calls"])
+                        for v in (x["all_files"], x["without_kernels"], x["c_files_only"],
+                                  x["c_files_only_without_kernels"]))))
     if r["outside_repo_functions"]:
         print("functions outside the tree (not counted): " + ", ".join(r["outside_repo_functions"]))
 
@@ -295,17 +373,22 @@ def print_report(r, run):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", required=True)
-    ap.add_argument("--run", required=True)
+    ap.add_argument("--run", required=True, action="append",
+                    help="a driver's output folder; several: one report over the runs")
     ap.add_argument("--json")
     a = ap.parse_args()
     src = os.path.realpath(a.src)
-    run = read_run(os.path.join(a.run, "run.txt"))
-    procs = [analyze_process(src, a.run, run["client"], "client", run["t0"], run["t1"]),
-             analyze_process(src, a.run, run["sidecar"], "sidecar", run["t0"], 2**64)]
-    r = summarize(procs)
-    u = summarize(procs, "units")
-    r["translation_units"] = {"without_kernels": u["without_kernels"], "kernels": u["kernels"],
-                              "total": u["total"]}
+    results = []
+    for d in a.run:
+        run = read_run(os.path.join(d, "run.txt"))
+        procs = [analyze_process(src, d, run["client"], "client", run["t0"], run["t1"]),
+                 analyze_process(src, d, run["sidecar"], "sidecar", run["t0"], 2**64)]
+        r = summarize(procs)
+        u = summarize(procs, "units")
+        r["translation_units"] = {"without_kernels": u["without_kernels"],
+                                  "kernels": u["kernels"], "total": u["total"]}
+        results.append(r)
+    r = merge_runs(results)
     r["run"] = run
     r["tree"] = src
     print_report(r, run)
