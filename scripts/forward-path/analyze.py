@@ -207,6 +207,7 @@ def summarize(procs, key="calls"):
                        "distinct_edges_in": entered_edges.get(f, 0)} for f in fs],
             "n_files": len(fs),
             "distinct_cross_file_edges": len(es),
+            "distinct_file_pairs": len({(e[1][1], e[2][1]) for e in es}),
             "dynamic_cross_file_calls": sum(es.values()),
             "edges": [{"process": r, "caller": "%s (%s)" % a, "callee": "%s (%s)" % b,
                        "count": c} for (r, a, b), c in sorted(es.items(),
@@ -256,6 +257,8 @@ def merge_part(parts):
                   for f, vs in sorted(files.items())],
         "n_files": len(files),
         "distinct_cross_file_edges": len(edges),
+        "distinct_file_pairs": len({(k[1].rsplit(" (", 1)[1], k[2].rsplit(" (", 1)[1])
+                                    for k in edges}),
         "dynamic_cross_file_calls": med(p["dynamic_cross_file_calls"] for p in parts),
         "edges": [{"process": k[0], "caller": k[1], "callee": k[2], "count": med(c),
                    "runs": len(c)} for k, c in edges.items()],
@@ -319,9 +322,9 @@ def print_report(r, run):
         print("  %-7s %s x%d" % (x["process"], x["function"], x["count"]))
     for title, key in (("outside kernels/", "without_kernels"), ("kernels/ (and calls into or out of it)", "kernels")):
         s = r[key]
-        print("\n== %s: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
-              % (title, s["n_files"], s["distinct_cross_file_edges"],
-                 s["dynamic_cross_file_calls"]))
+        print("\n== %s: %d files, %d distinct cross-file edges (%d file pairs), %d dynamic "
+              "cross-file calls" % (title, s["n_files"], s["distinct_cross_file_edges"],
+                                    s["distinct_file_pairs"], s["dynamic_cross_file_calls"]))
         print("  %-44s %-15s %9s %9s" % ("file", "process", "entered", "edges in"))
         for f in s["files"]:
             print("  %-44s %-15s %9d %9d%s" % (f["file"], ",".join(f["processes"]),
@@ -335,14 +338,15 @@ def print_report(r, run):
     print("\nTOTAL: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
           % (t["n_files"], t["distinct_cross_file_edges"], t["dynamic_cross_file_calls"]))
     w = r["without_kernels"]
-    print("WITHOUT kernels/: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
-          % (w["n_files"], w["distinct_cross_file_edges"], w["dynamic_cross_file_calls"]))
+    print("WITHOUT kernels/: %d files, %d distinct cross-file edges (%d file pairs), %d dynamic "
+          "cross-file calls" % (w["n_files"], w["distinct_cross_file_edges"],
+                                w["distinct_file_pairs"], w["dynamic_cross_file_calls"]))
     for title, key in (("outside kernels/", "without_kernels"), ("kernels/", "kernels")):
         s = r["translation_units"][key]
         print("\n== .c files only (a header's function counts in its caller's .c file), %s: "
-              "%d files, %d distinct cross-file edges, %d dynamic cross-file calls"
-              % (title, s["n_files"], s["distinct_cross_file_edges"],
-                 s["dynamic_cross_file_calls"]))
+              "%d files, %d distinct cross-file edges (%d file pairs), %d dynamic cross-file "
+              "calls" % (title, s["n_files"], s["distinct_cross_file_edges"],
+                         s["distinct_file_pairs"], s["dynamic_cross_file_calls"]))
         print("  %-44s %9s %9s" % ("file", "entered", "edges in"))
         for f in s["files"]:
             print("  %-44s %9d %9d%s" % (f["file"], f["entered_from_other_files"],
@@ -356,9 +360,10 @@ def print_report(r, run):
     w = r["translation_units"]["without_kernels"]
     print("\n.c FILES ONLY, TOTAL: %d files, %d distinct cross-file edges, %d dynamic cross-file calls"
           % (t["n_files"], t["distinct_cross_file_edges"], t["dynamic_cross_file_calls"]))
-    print(".c FILES ONLY, WITHOUT kernels/: %d files, %d distinct cross-file edges, %d dynamic "
-          "cross-file calls" % (w["n_files"], w["distinct_cross_file_edges"],
-                                w["dynamic_cross_file_calls"]))
+    print(".c FILES ONLY, WITHOUT kernels/: %d files, %d distinct cross-file edges (%d file "
+          "pairs), %d dynamic cross-file calls" % (w["n_files"], w["distinct_cross_file_edges"],
+                                                  w["distinct_file_pairs"],
+                                                  w["dynamic_cross_file_calls"]))
     print("\nper run (files / distinct cross-file edges / dynamic cross-file calls):")
     for x in r["per_run"]:
         print("  run %d: all %s, without kernels/ %s; .c only %s, without kernels/ %s" % (
