@@ -216,3 +216,13 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
 		t->memory_bound = false;
 	}
 }
+
+void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split)
+{
+	const size_t units = (total + align - 1) / align;
+	for (uint32_t n = 0; n < parts; n++) {
+		size_t at = units * n / parts * align;
+		split[n] = at < total ? at : total;
+	}
+	split[parts] = total;
+}

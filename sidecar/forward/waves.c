@@ -22,17 +22,6 @@
 #include "forward_internal.h"
 #include "moe_abi.h"
 
-/* ---- execution ------------------------------------------------------------------------- */
-
-void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split)
-{
-	const size_t units = (total + align - 1) / align;
-	for (uint32_t n = 0; n < parts; n++) {
-		size_t at = units * n / parts * align;
-		split[n] = at < total ? at : total;
-	}
-	split[parts] = total;
-}
 
 /* Prepares group g's call into wave slot `slot` using scratch from *scratch_at. Returns 0,
  * 1 if the scratch arena is full (run the wave first), or a negative status (res filled). */
