@@ -1,4 +1,4 @@
-/* ffn.c — the expert FFN: validation, scratch layout, the three phases, ISA dispatch.
+/* ffn.c — the expert FFN: validation, scratch layout, the three phases.
  *
  * out[t] += w[t] * (down · act(gate · x[t] + b_g, up · x[t] + b_u) + b_d)
  *
@@ -25,20 +25,14 @@
  * any token count (docs/performance.md) — the activations are then quantized as in decode,
  * as ggml's quantized mat-mul does.
  *
- * No allocation, no locks, no getenv outside the one-time ISA choice.
+ * No allocation, no locks, no getenv. The ISA is isa.c's active one, taken at prepare.
  */
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_internal.h"
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
@@ -46,92 +40,6 @@ enum {
 	TC = 128,       /* prefill token chunk: TC / PANEL panels */
 	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
 };
-
-/* ---- Scalar reference ops ----------------------------------------------------------------- */
-
-static float scalar_dot_f32(const float *a, const float *b, size_t k)
-{
-	float s = 0.0f;
-	for (size_t i = 0; i < k; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-const struct moek_isa_ops moek_scalar_ops = {
-    .name = "scalar",
-    .dequantize_row = moek_ref_dequantize_row,
-    .dot_f32 = scalar_dot_f32,
-    .tile = NULL, /* no prefill path: the reference stays row by row */
-    .prefill = false,
-};
-
-/* ---- Dispatch ----------------------------------------------------------------------------- */
-
-static _Atomic(const struct moek_isa_ops *) active_isa;
-
-/* AVX2 + FMA (with the OS saving YMM state, which __builtin_cpu_supports checks) + F16C (CPUID
- * leaf 1 ECX bit 29; not every compiler's __builtin_cpu_supports knows "f16c"). */
-static bool cpu_has_avx2(void)
-{
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-	__builtin_cpu_init();
-	unsigned a, b, c, d;
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-#else
-	return false;
-#endif
-}
-
-static const struct moek_isa_ops *isa_ops(enum moek_isa isa)
-{
-	switch (isa) {
-	case MOEK_ISA_SCALAR: return &moek_scalar_ops;
-	case MOEK_ISA_AVX2:
-#if defined(__x86_64__)
-		if (!cpu_has_avx2())
-			return NULL;
-		(void)moek_avx2_set_vnni(true); /* where the CPU has it; same bits either way */
-		unsigned near, gap; /* the group dots' prefetch: the CPU's default unless set */
-		moek_avx2_group_prefetch(&near, &gap);
-		return &moek_avx2_ops;
-#else
-		return NULL;
-#endif
-	case MOEK_ISA_AUTO: return isa_ops(cpu_has_avx2() ? MOEK_ISA_AVX2 : MOEK_ISA_SCALAR);
-	}
-	return NULL;
-}
-
-static const struct moek_isa_ops *current_isa(void)
-{
-	const struct moek_isa_ops *ops = atomic_load_explicit(&active_isa, memory_order_acquire);
-	if (ops)
-		return ops;
-	const char *env = getenv("MOEK_ISA"); /* once: later calls see active_isa set */
-	ops = env && strcmp(env, "scalar") == 0 ? &moek_scalar_ops : isa_ops(MOEK_ISA_AUTO);
-	atomic_store_explicit(&active_isa, ops, memory_order_release);
-	return ops;
-}
-
-const struct moek_isa_ops *moek_isa_current(void)
-{
-	return current_isa();
-}
-
-int moek_set_isa(enum moek_isa isa)
-{
-	const struct moek_isa_ops *ops = isa_ops(isa);
-	if (!ops)
-		return -1;
-	atomic_store_explicit(&active_isa, ops, memory_order_release);
-	return 0;
-}
-
-const char *moek_isa_name(void)
-{
-	return current_isa()->name;
-}
 
 /* ---- Validation ----------------------------------------------------------------------------- */
 
@@ -400,7 +308,7 @@ size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsi
 	    n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
-	return layout(e, n_tokens, n_workers, current_isa(), &c);
+	return layout(e, n_tokens, n_workers, moek_isa_current(), &c);
 }
 
 static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
@@ -427,7 +335,7 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		return fail(err, len,
 		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
 		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
-	const size_t need = layout(e, c->n_tokens, c->n_workers, current_isa(), c);
+	const size_t need = layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
 		            c->scratch ? c->scratch_bytes : 0, need);

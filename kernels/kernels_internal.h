@@ -4,9 +4,10 @@
  * handed to the kernels must be 2-byte aligned (4 for Q8_K); moek_ffn_prepare checks it, so
  * reading a block's fp16 scale through the struct is never a misaligned access.
  *
- * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths (with
- * x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h); ffn.c the expert FFN
- * that drives either through struct moek_isa_ops.
+ * formats.c holds the format table and the scalar reference of every format; x86_avx2.c the
+ * AVX2+FMA paths (with x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h);
+ * isa.c the CPU detection and the choice of ops table; ffn.c the expert FFN that drives the
+ * chosen one through struct moek_isa_ops.
  */
 #ifndef MOE_KERNELS_INTERNAL_H
 #define MOE_KERNELS_INTERNAL_H
@@ -214,7 +215,7 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
 	}                                                                                          \
 	entry(const float *x, void *dst, size_t n)                                                 \
 	{                                                                                          \
-		if (__builtin_cpu_supports("avx2"))                                                \
+		if (moek_cpu_features() & MOEK_CPU_AVX2)                                           \
 			name##_avx2(x, dst, n);                                                    \
 		else                                                                               \
 			name##_base(x, dst, n);                                                    \
@@ -375,8 +376,11 @@ static inline unsigned moek_fmt_slot(uint32_t format)
 }
 
 extern const struct moek_isa_ops moek_scalar_ops;
-/* The ISA the kernels run on now (ffn.c: chosen once, or by moek_set_isa). */
+/* The ops table of the active ISA (isa.c: chosen once, or by moek_set_isa). */
 const struct moek_isa_ops *moek_isa_current(void);
+/* Whether the active ISA is built on all of `features` (MOEK_CPU_* bits): code outside the ops
+ * table that has SIMD forms of its own (convert.c) follows the ISA choice through this. */
+bool moek_isa_active_has(unsigned features);
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
 /* INT4_G32's AVX2 paths (x86_avx2_int4.c), entries of moek_avx2_ops: the row dot against
@@ -395,7 +399,7 @@ void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, si
 /* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
  * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
  * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing
- * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (ffn.c) enables
+ * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (isa.c) enables
  * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
  * moek_set_isa. */
 bool moek_avx2_set_vnni(bool on);

@@ -1,7 +1,7 @@
 /* x86_avx2.c — AVX2+FMA(+F16C) paths of the expert kernels, picked at run time.
  *
  * This file alone is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt); nothing in it
- * runs unless ffn.c's CPUID check chose moek_avx2_ops, so the library itself never requires
+ * runs unless isa.c's CPUID check chose moek_avx2_ops, so the library itself never requires
  * AVX2.
  *
  * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
@@ -435,20 +435,13 @@ static atomic_bool vnni_dots;
  * which ignores the index bits above the table, where the CPU has it (moek_avx2_set_vbmi). */
 static atomic_bool vbmi_dots;
 
-static bool cpu_has_avx512_vnni(void)
-{
-	__builtin_cpu_init(); /* also checks that the OS saves the AVX-512 state */
-	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-	       __builtin_cpu_supports("avx512bw"); /* VNNI_CODE's subset */
-}
-
 bool moek_avx2_set_vnni(bool on)
 {
-	if (on && !cpu_has_avx512_vnni())
+	const unsigned cpu = moek_cpu_features();
+	if (on && !(cpu & MOEK_CPU_AVX512_VNNI)) /* VNNI_CODE's subset, with the OS saving ZMM */
 		return false;
 	atomic_store_explicit(&vnni_dots, on, memory_order_relaxed);
-	atomic_store_explicit(&vbmi_dots, on && __builtin_cpu_supports("avx512vbmi"),
-	                      memory_order_relaxed);
+	atomic_store_explicit(&vbmi_dots, on && (cpu & MOEK_CPU_AVX512_VBMI), memory_order_relaxed);
 	return true;
 }
 
@@ -460,7 +453,7 @@ bool moek_avx2_vnni_on(void)
 bool moek_avx2_set_vbmi(bool on)
 {
 	if (on && (!atomic_load_explicit(&vnni_dots, memory_order_relaxed) ||
-	           !__builtin_cpu_supports("avx512vbmi")))
+	           !(moek_cpu_features() & MOEK_CPU_AVX512_VBMI)))
 		return false;
 	atomic_store_explicit(&vbmi_dots, on, memory_order_relaxed);
 	return true;
@@ -537,8 +530,7 @@ void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
 {
 	if (!atomic_load_explicit(&x8_pf_set, memory_order_relaxed)) {
-		__builtin_cpu_init();
-		const bool intel = __builtin_cpu_is("intel");
+		const bool intel = moek_cpu_features() & MOEK_CPU_INTEL;
 		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
 	}
 	*near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);

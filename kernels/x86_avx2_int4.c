@@ -1,6 +1,6 @@
 /* x86_avx2_int4.c — AVX2 paths of MOEK_INT4_G32 (fmt_int4.c), entries of moek_avx2_ops.
  *
- * Compiled with -mavx2 -mfma -mf16c like x86_avx2.c and run only after ffn.c's CPUID check.
+ * Compiled with -mavx2 -mfma -mf16c like x86_avx2.c and run only after isa.c's CPUID check.
  *
  * Decode: the row dot takes two 20-byte blocks at a time against one MOEK_ACT_Q8_0X2 pair,
  * as the Q4_0 dot does (one 256-bit load-and-mask gives elements 0-15 of both blocks in the

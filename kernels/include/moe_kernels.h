@@ -315,13 +315,29 @@ void moek_ffn_down_rows(const struct moek_ffn_call *c, const struct moek_expert 
 /* prepare + all three phases on the calling thread. Returns 0 or -1 (message in err). */
 int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
 
-/* ---- Instruction-set dispatch -------------------------------------------------------------
- * Chosen once from CPUID (__builtin_cpu_supports); MOEK_ISA=scalar in the environment (read on
- * first use) or moek_set_isa forces a path. Not thread-safe against running kernels: set it
- * before any call is prepared. */
+/* ---- Instruction-set dispatch (isa.c) -------------------------------------------------------
+ * The CPU is detected once (CPUID, and XGETBV for the register state the OS saves). The active
+ * ISA is the most capable one the CPU can run, unless MOEK_ISA=<name> in the environment (read
+ * on first use; "scalar", "avx2") or moek_set_isa forces one. Where the CPU has AVX512-VNNI
+ * (+ VL, BW), the AVX2 ISA uses VNNI forms of some dots: same bits. Not thread-safe against
+ * running kernels: force an ISA before any call is prepared. */
 enum moek_isa { MOEK_ISA_AUTO = 0, MOEK_ISA_SCALAR = 1, MOEK_ISA_AVX2 = 2 };
-int moek_set_isa(enum moek_isa isa); /* -1 if this CPU cannot run it */
-const char *moek_isa_name(void);     /* "scalar", "avx2" */
+
+/* CPU features (bits of moek_cpu_features), each only where the OS saves the registers. */
+enum moek_cpu_feature {
+	MOEK_CPU_AVX2 = 1u << 0,
+	MOEK_CPU_FMA = 1u << 1,
+	MOEK_CPU_F16C = 1u << 2,
+	MOEK_CPU_AVX512_VNNI = 1u << 3, /* with AVX512 F, BW and VL: the VNNI forms' subset */
+	MOEK_CPU_AVX512_VBMI = 1u << 4, /* with AVX512 F, BW and VL */
+	MOEK_CPU_INTEL = 1u << 5,       /* vendor GenuineIntel */
+};
+unsigned moek_cpu_features(void);
+
+int moek_set_isa(enum moek_isa isa);    /* -1 (nothing changes) if this CPU cannot run it */
+bool moek_isa_supported(enum moek_isa); /* whether moek_set_isa(isa) would succeed */
+enum moek_isa moek_isa_active(void);    /* the ISA the kernels run on (never AUTO) */
+const char *moek_isa_name(void);        /* its name: "scalar", "avx2" */
 
 #ifdef __cplusplus
 }

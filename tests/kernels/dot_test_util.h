@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "moe_kernels.h"
+
 static uint32_t rng_state = DOT_TEST_SEED;
 
 static inline uint32_t rng(void)
@@ -21,8 +23,7 @@ static inline float uniform(float lo, float hi)
 
 static inline bool have_avx2(void)
 {
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	return moek_isa_supported(MOEK_ISA_AVX2);
 }
 
 #endif
