@@ -54,17 +54,6 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t len, con
 	return -1;
 }
 
-static size_t format_alignment(uint32_t format)
-{
-	switch (format) {
-	case MOEK_F32: return 4;
-	case MOEK_MXFP4:
-	case MOEK_INT4_G32:
-	case MOEK_FP8_E4M3_B128: return 1;
-	default: return 2;
-	}
-}
-
 static size_t fp8_blocks(size_t n)
 {
 	return (n + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
@@ -96,7 +85,7 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->row0 >= m->rows)
 		return fail(err, len, "expert %s: first present row %u beyond the %u rows", name,
 		            m->row0, m->rows);
-	const size_t align = format_alignment(m->format);
+	const size_t align = f->align;
 	if ((uintptr_t)m->data % align || row_stride(m) % align)
 		return fail(err, len, "expert %s: data or row stride not %zu-byte aligned", name,
 		            align);
@@ -115,7 +104,7 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
 		            f->name, moek_x8_block(m->format, NULL), m->cols);
-	if (m->format == MOEK_FP8_E4M3_B128) {
+	if (f->scale_block) {
 		if (!m->scales)
 			return fail(err, len, "expert %s: FP8 weights without block scales", name);
 		if (scale_stride(m) < fp8_blocks(m->cols))
@@ -162,22 +151,22 @@ int moek_expert_check(const struct moek_expert *e, char *err, size_t len)
 size_t moek_expert_split_align(const struct moek_expert *e)
 {
 	size_t align = 1;
-	const struct moek_format_info *down = moek_format_lookup(e->down.format);
+	const struct moek_format_traits *gate = moek_format_traits(e->gate.format);
+	const struct moek_format_traits *down = moek_format_traits(e->down.format);
 	const struct moek_format_info *act =
 	    moek_format_lookup(moek_vec_dot_format(e->down.format));
-	if (down && down->block_elems > align)
-		align = down->block_elems;
+	if (down && down->info.block_elems > align)
+		align = down->info.block_elems;
 	if (act && act->block_elems > align)
 		align = act->block_elems;
-	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
-	    align < MOEK_FP8_BLOCK)
-		align = MOEK_FP8_BLOCK;
-	/* Q4_0/MXFP4/IQ4_NL/INT4_G32 down: SIMD activations come in pairs of 32-blocks
-	 * (MOEK_ACT_Q8_0X2) */
-	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4 ||
-	     e->down.format == MOEK_IQ4_NL || e->down.format == MOEK_INT4_G32) &&
-	    align < 64)
-		align = 64;
+	/* side scales: a slice starts on a scale block of gate's rows and of down's columns */
+	if (gate && gate->info.scale_block > align)
+		align = gate->info.scale_block;
+	if (down && down->info.scale_block > align)
+		align = down->info.scale_block;
+	/* down formats whose SIMD activations come in pairs of 32-blocks (MOEK_ACT_Q8_0X2) */
+	if (down && down->down_split_align > align)
+		align = down->down_split_align;
 	/* interleaved gate/up rows: a slice holds whole groups (every value above is a power
 	 * of two, so one of at least 8 is a multiple of 8) */
 	if (e->gate.interleave && align < MOEK_INTERLEAVE)

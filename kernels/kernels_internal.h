@@ -153,6 +153,77 @@ void moek_quantize_iq4_nl(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_nl(const void *src, float *y, size_t n);
 void moek_quantize_iq4_xs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
+/* ---- The format table (formats.c) ---------------------------------------------------------
+ * One row per format, as ggml's type_traits: everything the kernels and their callers need to
+ * know about a format is a field of its row or a query on it, so adding a format is one row
+ * plus its functions. The SIMD entry points live in the per-ISA ops tables (moek_isa_ops),
+ * indexed by the row's slot; the reference dot product is the reference dequantizer followed by
+ * an f32 dot product (moek_scalar_ops). */
+
+/* Dense slots of the weight formats in the per-ISA tables: a ggml id is its own slot, the
+ * sidecar's own formats (ids from 1000) take slots from the top. */
+enum {
+	MOEK_FMT_SLOTS = 64,
+	MOEK_SLOT_INT4_G32 = 61,
+	MOEK_SLOT_NONE = 62, /* unknown formats: no entry in any ops table */
+	MOEK_SLOT_FP8_E4M3_B128 = 63,
+};
+
+/* The interleaved layout of a format (moe_kernels.h, moek_interleave): per column of a group
+ * of 8 rows, the block's fields in order, each either scalar (1 or 2 bytes per row, the 8 rows
+ * side by side) or vector (32-byte vectors holding 4 bytes of each row). */
+struct moek_x8_segment {
+	uint8_t offset, bytes; /* within the GGUF block */
+	bool vector;
+};
+struct moek_x8_layout {
+	uint8_t n;
+	struct moek_x8_segment seg[4];
+	/* the unit interleaved as one block, where it is not the format's own block (BF16's
+	 * is one element: 16 of them make the one vector segment a group dot reads per step) */
+	uint16_t block_elems, block_bytes;
+};
+/* interleave.c: the layouts the format table's rows point to */
+extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, moek_x8_bf16,
+    moek_x8_int4_g32;
+
+struct moek_format_traits {
+	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
+	                                 scale layout */
+	unsigned slot;                /* index in moek_isa_ops' per-format tables */
+	/* activation format of its SIMD dot product: Q8_0/Q8_K for integer products; BF16 for
+	 * 16-bit float weights (halves the activation's L1 footprint, so rows of 7168+ columns
+	 * stream from DRAM without evicting the token); F32 otherwise */
+	uint32_t vec_dot_format;
+	/* granularity of a column slice of a down matrix in this format beyond its block and its
+	 * activation's block (1: none): 64 where an ISA feeds it activations in pairs of 32-blocks
+	 * (MOEK_ACT_Q8_0X2), so that a slice is the same whatever the ISA */
+	uint32_t down_split_align;
+	const struct moek_x8_layout *x8; /* interleaved layout (NULL: none) */
+	/* reference codecs of n elements (a multiple of the block): formats with their scales in
+	 * the blocks (info.scale_block == 0) */
+	void (*quantize_row)(const float *x, void *dst, size_t n);
+	void (*dequantize_row)(const void *src, float *dst, size_t n);
+	/* formats with scales of their own (info.scale_block > 0): a whole matrix (the scales
+	 * span rows), and a row with its scales (scale_row[c / scale_block] multiplies column c) */
+	void (*quantize_scaled)(const float *src, size_t rows, size_t cols, void *dst,
+	                        float *scales);
+	void (*dequantize_row_scaled)(const void *src, const float *scale_row, float *dst,
+	                              size_t n);
+};
+
+/* The row of `format`, or NULL if the id is not a known format; row i in table order (NULL
+ * past the end). */
+const struct moek_format_traits *moek_format_traits(uint32_t format);
+const struct moek_format_traits *moek_format_traits_at(size_t i);
+
+/* Slot of a format in moek_isa_ops' per-format tables (MOEK_SLOT_NONE: unknown). */
+static inline unsigned moek_fmt_slot(uint32_t format)
+{
+	const struct moek_format_traits *t = moek_format_traits(format);
+	return t ? t->slot : MOEK_SLOT_NONE;
+}
+
 /* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
  * elements (0: no interleaved layout) and, in *block_bytes when not NULL, its bytes. The
  * format's own block, except BF16's: 16 elements. Interleaved columns, offsets and slices
@@ -303,9 +374,10 @@ static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");
 
 struct moek_isa_ops {
 	const char *name;
-	moek_dot_fn dot[64];           /* indexed by moek_fmt_slot() */
-	moek_dot_rows_fn dot_rows[64]; /* the same, one token, many rows (NULL: none) */
-	moek_dot_x8_fn dot_x8[64];     /* interleaved groups, by moek_fmt_slot() (NULL: none) */
+	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* indexed by moek_fmt_slot() */
+	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
+	moek_dot_x8_fn
+	    dot_x8[MOEK_FMT_SLOTS]; /* interleaved groups, by moek_fmt_slot() (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
 	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair
@@ -362,17 +434,6 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 		ops->dequantize_act(act, src, k, dst);
 	else
 		moek_dequantize(act, src, NULL, 1, k, dst);
-}
-
-/* Dense slot of a weight format in moek_isa_ops.dot: ggml ids are their own slot, FP8's id
- * 1000 maps to 63 and INT4_G32's 1001 to 61 (62: none). */
-static inline unsigned moek_fmt_slot(uint32_t format)
-{
-	if (format == MOEK_FP8_E4M3_B128)
-		return 63u;
-	if (format == MOEK_INT4_G32)
-		return 61u;
-	return format < 61 ? format : 62u;
 }
 
 extern const struct moek_isa_ops moek_scalar_ops;

@@ -1841,8 +1841,8 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_dot_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_Q3_K] = moek_avx2_dot_q3_K,
-            [61] = moek_avx2_dot_int4,
-            [63] = dot_fp8,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_dot_int4,
+            [MOEK_SLOT_FP8_E4M3_B128] = dot_fp8,
         },
     .dot_rows =
         {
@@ -1858,7 +1858,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_rows_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_Q3_K] = moek_avx2_rows_q3_K,
-            [61] = moek_avx2_rows_int4,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_rows_int4,
         },
     .dot_x8 =
         {
@@ -1866,7 +1866,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_MXFP4] = x8_mxfp4,
             [MOEK_Q4_K] = x8_q4_K,
             [MOEK_BF16] = x8_bf16,
-            [61] = moek_avx2_x8_int4,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_x8_int4,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

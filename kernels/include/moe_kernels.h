@@ -1,9 +1,9 @@
 /* moe_kernels.h — CPU expert kernels and weight formats (libmoe_kernels).
  *
  * A library of its own: no I/O, no IPC, no threads, no allocation inside any function.
- * Owns: the weight-format table (one row per format: block size, bytes, reference
- * quantizer/dequantizer, SIMD paths picked at run time), activation dtype conversion, and the
- * expert FFN (SwiGLU and gpt-oss clamped SwiGLU).
+ * Owns: the weight-format table (one row per format: block size, bytes, alignment, scale
+ * layout, reference quantizer/dequantizer; SIMD paths per ISA, picked at run time by isa.c),
+ * activation dtype conversion, and the expert FFN (SwiGLU and gpt-oss clamped SwiGLU).
  *
  * Format ids equal ggml's type ids where ggml has the format, so a GGUF tensor type maps
  * directly; FP8 E4M3 with 128x128 block scales (DeepSeek-V3) has an id of its own.
@@ -46,6 +46,12 @@ struct moek_format_info {
 	uint32_t block_elems; /* elements per block (1 for plain floats and FP8) */
 	uint32_t block_bytes; /* bytes per block */
 	bool weight_format;   /* usable as expert weights (Q8_K is not) */
+	/* bytes the weight data and row strides must be aligned to: the widest field read in
+	 * place (f32 4, f16 scales 2; byte-only blocks, MXFP4 / INT4_G32 / FP8, 1) */
+	uint32_t align;
+	/* 0: the scales are inside the blocks; else one f32 scale per scale_block x scale_block
+	 * weights in an array of their own (FP8_E4M3_B128: 128; moek_fp8_scale_bytes) */
+	uint32_t scale_block;
 };
 
 /* Table row for a format, or NULL if the id is not a known format. */
@@ -58,6 +64,10 @@ const struct moek_format_info *moek_format_at(size_t i);
 /* The expert weight formats' names, space-separated in table order ("F32 F16 … FP8_E4M3_B128"),
  * into buf (always terminated; truncated if too small). Returns buf. */
 const char *moek_weight_format_names(char *buf, size_t len);
+
+/* The table's scale_block of a format: 0 for formats whose scales are in their blocks (and for
+ * unknown ids), else the side of the square of weights one side-array scale covers. */
+uint32_t moek_format_scale_block(uint32_t format);
 
 /* Bytes of one row of n elements, or 0 if n is not a multiple of the block size or the
  * format is unknown. FP8: n bytes (scales are separate). */
@@ -183,6 +193,9 @@ enum moek_activation {
 	MOEK_SWIGLU_OAI = 1, /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
 	                        g * sigmoid(alpha * g) * (u + 1) */
 };
+/* gpt-oss's alpha (a constant of the model's code, not of its config; the limit is in the config)
+ */
+#define MOEK_SWIGLU_OAI_ALPHA 1.702f
 
 struct moek_matrix {
 	uint32_t format;     /* enum moek_format, a weight format */
