@@ -946,7 +946,7 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 				                  b->path, L, b->config_path, name);
 			if (take_weight(b, &tv, false, e, rows, cols, pr))
 				return -1;
-			if (pr->format == MOEK_FP8_E4M3_B128 &&
+			if (moek_format_scale_block(pr->format) &&
 			    take_fp8_scale(b, name, false, e, pr))
 				return -1;
 			char bias[264];
