@@ -961,14 +961,15 @@ static void dequantize_fp8_row(const void *src, const float *scale_row, float *d
 #define SIDE_SCALES(codec)                                                                         \
 	.quantize_scaled = quantize_##codec, .dequantize_row_scaled = dequantize_##codec##_row
 
-/* info: id, name, block elements, block bytes, weight format, alignment, scale block */
+/* info: id, name, block elements, block bytes, weight format, alignment, scale block,
+ * safetensors dtype */
 static const struct moek_format_traits format_table[] = {
-    {.info = {MOEK_F32, "F32", 1, 4, true, 4, 0},
+    {.info = {MOEK_F32, "F32", 1, 4, true, 4, 0, "F32"},
      .slot = MOEK_F32,
      .vec_dot_format = MOEK_F32,
      .down_split_align = 1,
      INLINE_SCALES(f32)},
-    {.info = {MOEK_F16, "F16", 1, 2, true, 2, 0},
+    {.info = {MOEK_F16, "F16", 1, 2, true, 2, 0, "F16"},
      .slot = MOEK_F16,
      .vec_dot_format = MOEK_BF16,
      .down_split_align = 1,
@@ -1027,7 +1028,7 @@ static const struct moek_format_traits format_table[] = {
      .down_split_align = 1,
      .quantize_row = moek_quantize_iq4_xs,
      .dequantize_row = moek_dequantize_iq4_xs},
-    {.info = {MOEK_BF16, "BF16", 1, 2, true, 2, 0},
+    {.info = {MOEK_BF16, "BF16", 1, 2, true, 2, 0, "BF16"},
      .slot = MOEK_BF16,
      .vec_dot_format = MOEK_BF16,
      .down_split_align = 1,
@@ -1039,7 +1040,7 @@ static const struct moek_format_traits format_table[] = {
      .down_split_align = 64,
      .x8 = &moek_x8_mxfp4,
      INLINE_SCALES(mxfp4)},
-    {.info = {MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true, 1, MOEK_FP8_BLOCK},
+    {.info = {MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true, 1, MOEK_FP8_BLOCK, "F8_E4M3"},
      .slot = MOEK_SLOT_FP8_E4M3_B128,
      .vec_dot_format = MOEK_F32,
      .down_split_align = 1,
@@ -1076,6 +1077,16 @@ const struct moek_format_info *moek_format_lookup(uint32_t format)
 const struct moek_format_info *moek_format_at(size_t i)
 {
 	return i < FORMATS ? &format_table[i].info : NULL;
+}
+
+const struct moek_format_info *moek_format_from_safetensors(const char *dtype)
+{
+	for (size_t i = 0; i < FORMATS; i++) {
+		const char *st = format_table[i].info.safetensors_dtype;
+		if (st && strcmp(st, dtype) == 0)
+			return &format_table[i].info;
+	}
+	return NULL;
 }
 
 uint32_t moek_format_scale_block(uint32_t format)

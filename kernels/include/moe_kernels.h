@@ -52,6 +52,9 @@ struct moek_format_info {
 	/* 0: the scales are inside the blocks; else one f32 scale per scale_block x scale_block
 	 * weights in an array of their own (FP8_E4M3_B128: 128; moek_fp8_scale_bytes) */
 	uint32_t scale_block;
+	/* the safetensors dtype a checkpoint stores these weights as ("F32", "BF16", "F8_E4M3"),
+	 * or NULL: none (the quantized formats come from GGUF, or are repacked at load) */
+	const char *safetensors_dtype;
 };
 
 /* Table row for a format, or NULL if the id is not a known format. */
@@ -64,6 +67,10 @@ const struct moek_format_info *moek_format_at(size_t i);
 /* The expert weight formats' names, space-separated in table order ("F32 F16 … FP8_E4M3_B128"),
  * into buf (always terminated; truncated if too small). Returns buf. */
 const char *moek_weight_format_names(char *buf, size_t len);
+
+/* The row whose weights a safetensors checkpoint stores as `dtype` (its name in the header,
+ * "BF16"), or NULL if no weight format is stored that way. */
+const struct moek_format_info *moek_format_from_safetensors(const char *dtype);
 
 /* The table's scale_block of a format: 0 for formats whose scales are in their blocks (and for
  * unknown ids), else the side of the square of weights one side-array scale covers. */

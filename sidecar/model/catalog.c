@@ -134,13 +134,8 @@ static int find_tensor(struct builder *b, const char *name, struct tview *tv)
 		tv->ne[d] = d < (int)t->n_dims ? t->shape[t->n_dims - 1 - d] : 1;
 	tv->st_dtype = (int)t->dtype;
 	tv->type = st_dtype_name(t->dtype);
-	switch (t->dtype) {
-	case ST_F32: tv->format = MOEK_F32; break;
-	case ST_F16: tv->format = MOEK_F16; break;
-	case ST_BF16: tv->format = MOEK_BF16; break;
-	case ST_F8_E4M3: tv->format = MOEK_FP8_E4M3_B128; break;
-	default: tv->format = FMT_NONE; break;
-	}
+	const struct moek_format_info *fi = moek_format_from_safetensors(tv->type);
+	tv->format = fi ? fi->format : FMT_NONE;
 	return 1;
 }
 

@@ -243,3 +243,22 @@ Test(format_table, split_alignment_comes_from_the_rows)
 		             moek_format_lookup(cases[i].down)->name);
 	}
 }
+
+/* Safetensors checkpoints: the float dtypes and FP8 map to their rows, nothing else does. */
+Test(format_table, safetensors_dtypes_map_to_their_rows)
+{
+	static const struct {
+		const char *dtype;
+		uint32_t format; /* UINT32_MAX: none */
+	} cases[] = {
+	    {"F32", MOEK_F32},       {"F16", MOEK_F16},
+	    {"BF16", MOEK_BF16},     {"F8_E4M3", MOEK_FP8_E4M3_B128},
+	    {"F8_E5M2", UINT32_MAX}, {"U8", UINT32_MAX},
+	    {"I32", UINT32_MAX},     {"Q4_K", UINT32_MAX},
+	    {"", UINT32_MAX},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct moek_format_info *f = moek_format_from_safetensors(cases[i].dtype);
+		cr_expect_eq(f ? f->format : UINT32_MAX, cases[i].format, "%s", cases[i].dtype);
+	}
+}
