@@ -156,9 +156,12 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* ---- The format table (formats.c) ---------------------------------------------------------
  * One row per format, as ggml's type_traits: everything the kernels and their callers need to
  * know about a format is a field of its row or a query on it, so adding a format is one row
- * plus its functions. The SIMD entry points live in the per-ISA ops tables (moek_isa_ops),
- * indexed by the row's slot; the reference dot product is the reference dequantizer followed by
- * an f32 dot product (moek_scalar_ops). */
+ * plus its functions: its id (moe_kernels.h), its block struct here, its reference codecs and
+ * row in formats.c, and — for SIMD speed — its entries in an ISA's ops tables at the row's slot
+ * (and a struct moek_x8_layout in interleave.c if it has an interleaved layout). The SIMD
+ * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's slot; the
+ * reference dot product is the reference dequantizer followed by an f32 dot product
+ * (moek_scalar_ops). test_format_table checks a new row against all of these. */
 
 /* Dense slots of the weight formats in the per-ISA tables: a ggml id is its own slot, the
  * sidecar's own formats (ids from 1000) take slots from the top. */
