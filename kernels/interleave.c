@@ -46,13 +46,13 @@ bool moek_interleave_supported(uint32_t format)
 
 size_t moek_x8_block(uint32_t format, size_t *block_bytes)
 {
-	const struct moek_x8_layout *l = layout_of(format);
-	const struct moek_format_info *f = moek_format_lookup(format);
-	if (!l || !f)
+	const struct moek_format_traits *t = moek_format_traits(format);
+	const struct moek_x8_layout *l = t ? t->x8 : NULL;
+	if (!l)
 		return 0;
 	if (block_bytes)
-		*block_bytes = l->block_elems ? l->block_bytes : f->block_bytes;
-	return l->block_elems ? l->block_elems : f->block_elems;
+		*block_bytes = l->block_elems ? l->block_bytes : t->info.block_bytes;
+	return l->block_elems ? l->block_elems : t->info.block_elems;
 }
 
 /* Row r's block of an interleaved column, back as a GGUF block (constant-size copies: this

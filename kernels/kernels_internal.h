@@ -220,9 +220,13 @@ struct moek_format_traits {
 const struct moek_format_traits *moek_format_traits(uint32_t format);
 const struct moek_format_traits *moek_format_traits_at(size_t i);
 
-/* Slot of a format in moek_isa_ops' per-format tables (MOEK_SLOT_NONE: unknown). */
+/* Slot of a format in moek_isa_ops' per-format tables. The phases ask per call, so ggml ids
+ * (their rows' slot is the id; test_format_table checks it) skip the table; an unknown id gets
+ * a slot no ops table fills (its own below MOEK_SLOT_INT4_G32, else MOEK_SLOT_NONE). */
 static inline unsigned moek_fmt_slot(uint32_t format)
 {
+	if (format < MOEK_SLOT_INT4_G32)
+		return format;
 	const struct moek_format_traits *t = moek_format_traits(format);
 	return t ? t->slot : MOEK_SLOT_NONE;
 }

@@ -99,8 +99,11 @@ Test(format_table, ggml_ids_are_their_own_slot_and_the_sidecars_take_the_top)
 	cr_expect_eq(moek_fmt_slot(MOEK_INT4_G32), 61);
 	cr_expect_eq(moek_fmt_slot(MOEK_Q4_K), 12);
 	cr_expect_eq(moek_fmt_slot(MOEK_MXFP4), 39);
-	/* unknown ids: Q4_1 (3), beyond the table, past the sidecar's own */
-	cr_expect_eq(moek_fmt_slot(3), MOEK_SLOT_NONE);
+	/* unknown ids: a ggml one (Q4_1, 3) keeps its own slot, which no ops table fills
+	 * (ops_tables_follow_the_slots); beyond the table, past the sidecar's own: none */
+	cr_expect_eq(moek_fmt_slot(3), 3);
+	cr_expect_null(moek_format_lookup(3));
+	cr_expect_eq(moek_fmt_slot(61), MOEK_SLOT_NONE);
 	cr_expect_eq(moek_fmt_slot(999), MOEK_SLOT_NONE);
 	cr_expect_eq(moek_fmt_slot(1002), MOEK_SLOT_NONE);
 	cr_expect_null(moek_format_lookup(1002));
