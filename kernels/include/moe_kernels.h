@@ -200,8 +200,7 @@ enum moek_activation {
 	MOEK_SWIGLU_OAI = 1, /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
 	                        g * sigmoid(alpha * g) * (u + 1) */
 };
-/* gpt-oss's alpha (a constant of the model's code, not of its config; the limit is in the config)
- */
+/* gpt-oss's alpha: fixed in the model's code, not in its config (which carries the limit) */
 #define MOEK_SWIGLU_OAI_ALPHA 1.702f
 
 struct moek_matrix {
@@ -232,7 +231,7 @@ struct moek_expert {
 	struct moek_matrix gate, up, down; /* gate and up: same format and shape */
 	enum moek_activation activation;
 	float limit; /* MOEK_SWIGLU_OAI: swiglu_limit (gpt-oss 7.0) */
-	float alpha; /* MOEK_SWIGLU_OAI: 1.702 */
+	float alpha; /* MOEK_SWIGLU_OAI: MOEK_SWIGLU_OAI_ALPHA (gpt-oss) */
 };
 
 /* The part of `full` that owns intermediate features [f_begin, f_end): rows of gate/up (and
