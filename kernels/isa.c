@@ -5,7 +5,9 @@
  * CPU features it needs, its ops table and the forms it turns on when chosen), and which row
  * is active. Every other file asks here: ffn.c and interleave.c for the ops table, convert.c
  * whether the active ISA has F16C, the row quantizers whether the CPU has AVX2, x86_avx2.c
- * whether it has the AVX-512 subsets of its VNNI/VBMI forms and whose core it is.
+ * whose core it is. It also holds the forms in use (kernels_internal.h: variants of an ISA's
+ * kernels with the same bits, such as AVX2's VNNI dots), the one switch tests flip to reach
+ * each.
  *
  * Adding an ISA: an enum moek_isa value, its ops table, and a row in isa_table after the ones
  * it outperforms (MOEK_ISA_AUTO takes the last row the CPU can run).
@@ -89,6 +91,28 @@ unsigned moek_cpu_features(void)
 	return bits & ~(unsigned)CPU_DETECTED;
 }
 
+/* ---- Forms ------------------------------------------------------------------------------- */
+
+atomic_uint moek_isa_forms_on;
+
+unsigned moek_isa_forms_available(void)
+{
+	const unsigned cpu = moek_cpu_features();
+	if (!(cpu & MOEK_CPU_AVX512_VNNI))
+		return 0;
+	return MOEK_FORM_VNNI | (cpu & MOEK_CPU_AVX512_VBMI ? MOEK_FORM_VBMI : 0);
+}
+
+bool moek_set_isa_forms(unsigned forms)
+{
+	if (forms & ~moek_isa_forms_available())
+		return false;
+	if ((forms & MOEK_FORM_VBMI) && !(forms & MOEK_FORM_VNNI))
+		return false;
+	atomic_store_explicit(&moek_isa_forms_on, forms, memory_order_relaxed);
+	return true;
+}
+
 /* ---- The baseline ISA --------------------------------------------------------------------- */
 
 static float scalar_dot_f32(const float *a, const float *b, size_t k)
@@ -112,11 +136,11 @@ const struct moek_isa_ops moek_scalar_ops = {
 /* ---- The table ---------------------------------------------------------------------------- */
 
 #ifdef ISA_X86
-/* AVX2 turns on the VNNI forms of its dots where the CPU has them and takes the group dots'
- * prefetch default for this core unless one was set; same bits either way. */
+/* AVX2 turns on the forms of its dots the CPU has and takes the group dots' prefetch default
+ * for this core unless one was set; same bits either way. */
 static void avx2_chosen(void)
 {
-	(void)moek_avx2_set_vnni(true);
+	(void)moek_set_isa_forms(moek_isa_forms_available());
 	unsigned near, gap;
 	moek_avx2_group_prefetch(&near, &gap);
 }

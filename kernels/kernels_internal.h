@@ -13,6 +13,7 @@
 #define MOE_KERNELS_INTERNAL_H
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -443,6 +444,27 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 		moek_dequantize(act, src, NULL, 1, k, dst);
 }
 
+/* ---- Forms (isa.c) -------------------------------------------------------------------------
+ * Variants of an ISA's kernels that give the same bits with other instructions, picked per
+ * call by the kernels that have them: AVX2's VNNI forms (AVX512-VNNI on 256-bit registers:
+ * vpdpbusd instead of maddubs + madd for Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
+ * madd + add for Q4_K / Q5_K) and, within them, MXFP4's group dot with vpermb (VBMI). Choosing
+ * an ISA turns on every form the CPU has for it; tests set them to reach each form. Not
+ * thread-safe against running kernels, like moek_set_isa. */
+enum moek_isa_form { MOEK_FORM_VNNI = 1u << 0, MOEK_FORM_VBMI = 1u << 1 };
+/* The forms this CPU can run: VNNI with AVX512 F/BW/VL/VNNI, VBMI with AVX512-VBMI too. */
+unsigned moek_isa_forms_available(void);
+/* Turns on exactly `forms`: false (nothing changes) if the CPU lacks one of them or VBMI is
+ * asked for without VNNI. */
+bool moek_set_isa_forms(unsigned forms);
+/* The forms on now: set before kernels run, read once per call, so relaxed is enough (hidden:
+ * the dots reach it without an indirection). */
+extern atomic_uint moek_isa_forms_on __attribute__((visibility("hidden")));
+static inline unsigned moek_isa_forms(void)
+{
+	return atomic_load_explicit(&moek_isa_forms_on, memory_order_relaxed);
+}
+
 extern const struct moek_isa_ops moek_scalar_ops;
 /* The ops table of the active ISA (isa.c: chosen once, or by moek_set_isa). */
 const struct moek_isa_ops *moek_isa_current(void);
@@ -458,31 +480,16 @@ void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, 
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out);
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
-/* Whether moek_avx2_set_vnni turned the vpdpbusd forms on (the dots read it once per call). */
-bool moek_avx2_vnni_on(void);
 /* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
- * where moek_avx2_vnni_on; same bits). */
+ * with MOEK_FORM_VNNI on; same bits). */
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
-/* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
- * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
- * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing
- * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (isa.c) enables
- * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
- * moek_set_isa. */
-bool moek_avx2_set_vnni(bool on);
-/* Within the VNNI forms, MXFP4's group dot with vpermb (AVX512-VBMI): on with
- * moek_avx2_set_vnni(true) where the CPU has it; tests switch it off to reach the plain VNNI
- * form. Fails (false) without VNNI on or without VBMI. Same bits. */
-bool moek_avx2_set_vbmi(bool on);
 /* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
  * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. The default, taken at the
  * ISA choice unless set before, depends on the CPU (Intel: 1536 / 3072, others: none). For
  * benchmarks; same bits either way. */
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
-/* Whether moek_avx2_set_vnni turned the VNNI forms on (relaxed read, once per row). */
-bool moek_avx2_vnni_on(void);
 /* x86_avx2_iq4.c: moek_avx2_ops' IQ4_NL dots (MOEK_ACT_Q8_0X2 activations) and IQ4_XS dots
  * (Q8_K), each picking its VNNI form per call; and their prefill dequantization, bit-identical
  * to the reference: returns the elements of [0, k) it wrote (0 for other formats). */

@@ -327,9 +327,12 @@ Test(ffn_api, isa_can_be_forced)
 	const unsigned need = MOEK_CPU_AVX2 | MOEK_CPU_FMA | MOEK_CPU_F16C;
 	cr_assert_eq(have_avx2(), (moek_cpu_features() & need) == need);
 	if (have_avx2()) {
+		cr_assert(moek_set_isa_forms(0));
 		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX2), 0);
 		cr_expect_eq(moek_isa_active(), MOEK_ISA_AVX2);
 		cr_expect_str_eq(moek_isa_name(), "avx2");
+		cr_expect_eq(moek_isa_forms(), moek_isa_forms_available(),
+		             "choosing AVX2 turns on every form the CPU has");
 	} else {
 		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX2), -1);
 		cr_expect_eq(moek_isa_active(), MOEK_ISA_SCALAR, "a refused ISA changes nothing");
