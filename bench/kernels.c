@@ -726,7 +726,7 @@ static bool in_list(const char *list, const char *name)
 static int dots_table(const char *formats, const char *shape_list, double dram_1t, bool json)
 {
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
-	(void)moek_isa_name(); /* the ISA choice enables the VNNI forms where present */
+	(void)moek_isa_active(); /* the ISA choice enables the VNNI forms where present */
 	bool first = true;
 	if (!json)
 		printf("%-8s %6s %10s %10s %12s\n", "format", "k", "ns/row", "GB/s", "vs DRAM 1t");
@@ -825,8 +825,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
-	__builtin_cpu_init();
-	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+	if (!moek_isa_supported(MOEK_ISA_AVX2)) {
 		fprintf(stderr,
 		        "bench_kernels: needs AVX2+FMA for its bandwidth and peak probes\n");
 		return 1;
@@ -878,7 +877,7 @@ int main(int argc, char **argv)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
 	}
-	(void)moek_isa_name(); /* the ISA choice, which takes the prefetch default if unset */
+	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);
 	const size_t llc = llc_bytes();

@@ -17,7 +17,7 @@
 #define CONVERT_X86 1
 #endif
 
-#include "moe_kernels.h"
+#include "kernels_internal.h"
 
 static inline uint32_t f32_bits(float f)
 {
@@ -152,13 +152,12 @@ __attribute__((target("avx2,f16c"))) static size_t f32_to_f16_avx2(const float *
 }
 #endif
 
-/* The SIMD path: when the kernels run their AVX2 ISA, which is only chosen on a CPU with
- * AVX2, FMA and F16C (ffn.c's CPUID check) and which MOEK_ISA=scalar / moek_set_isa can turn
- * off. */
+/* The SIMD path: when the kernels' active ISA is built on AVX2 and F16C (isa.c), which
+ * MOEK_ISA=scalar / moek_set_isa can turn off. */
 static bool use_simd(void)
 {
 #ifdef CONVERT_X86
-	return strcmp(moek_isa_name(), "avx2") == 0;
+	return moek_isa_active_has(MOEK_CPU_AVX2 | MOEK_CPU_F16C);
 #else
 	return false;
 #endif

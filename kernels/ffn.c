@@ -1,4 +1,4 @@
-/* ffn.c — the expert FFN: validation, scratch layout, the three phases, ISA dispatch.
+/* ffn.c — the expert FFN: validation, scratch layout, the three phases.
  *
  * out[t] += w[t] * (down · act(gate · x[t] + b_g, up · x[t] + b_u) + b_d)
  *
@@ -25,20 +25,14 @@
  * any token count (docs/performance.md) — the activations are then quantized as in decode,
  * as ggml's quantized mat-mul does.
  *
- * No allocation, no locks, no getenv outside the one-time ISA choice.
+ * No allocation, no locks, no getenv. The ISA is isa.c's active one, taken at prepare.
  */
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels_internal.h"
-
-#if defined(__x86_64__)
-#include <cpuid.h>
-#endif
 
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
@@ -46,92 +40,6 @@ enum {
 	TC = 128,       /* prefill token chunk: TC / PANEL panels */
 	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
 };
-
-/* ---- Scalar reference ops ----------------------------------------------------------------- */
-
-static float scalar_dot_f32(const float *a, const float *b, size_t k)
-{
-	float s = 0.0f;
-	for (size_t i = 0; i < k; i++)
-		s += a[i] * b[i];
-	return s;
-}
-
-const struct moek_isa_ops moek_scalar_ops = {
-    .name = "scalar",
-    .dequantize_row = moek_ref_dequantize_row,
-    .dot_f32 = scalar_dot_f32,
-    .tile = NULL, /* no prefill path: the reference stays row by row */
-    .prefill = false,
-};
-
-/* ---- Dispatch ----------------------------------------------------------------------------- */
-
-static _Atomic(const struct moek_isa_ops *) active_isa;
-
-/* AVX2 + FMA (with the OS saving YMM state, which __builtin_cpu_supports checks) + F16C (CPUID
- * leaf 1 ECX bit 29; not every compiler's __builtin_cpu_supports knows "f16c"). */
-static bool cpu_has_avx2(void)
-{
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-	__builtin_cpu_init();
-	unsigned a, b, c, d;
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-	       __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
-#else
-	return false;
-#endif
-}
-
-static const struct moek_isa_ops *isa_ops(enum moek_isa isa)
-{
-	switch (isa) {
-	case MOEK_ISA_SCALAR: return &moek_scalar_ops;
-	case MOEK_ISA_AVX2:
-#if defined(__x86_64__)
-		if (!cpu_has_avx2())
-			return NULL;
-		(void)moek_avx2_set_vnni(true); /* where the CPU has it; same bits either way */
-		unsigned near, gap; /* the group dots' prefetch: the CPU's default unless set */
-		moek_avx2_group_prefetch(&near, &gap);
-		return &moek_avx2_ops;
-#else
-		return NULL;
-#endif
-	case MOEK_ISA_AUTO: return isa_ops(cpu_has_avx2() ? MOEK_ISA_AVX2 : MOEK_ISA_SCALAR);
-	}
-	return NULL;
-}
-
-static const struct moek_isa_ops *current_isa(void)
-{
-	const struct moek_isa_ops *ops = atomic_load_explicit(&active_isa, memory_order_acquire);
-	if (ops)
-		return ops;
-	const char *env = getenv("MOEK_ISA"); /* once: later calls see active_isa set */
-	ops = env && strcmp(env, "scalar") == 0 ? &moek_scalar_ops : isa_ops(MOEK_ISA_AUTO);
-	atomic_store_explicit(&active_isa, ops, memory_order_release);
-	return ops;
-}
-
-const struct moek_isa_ops *moek_isa_current(void)
-{
-	return current_isa();
-}
-
-int moek_set_isa(enum moek_isa isa)
-{
-	const struct moek_isa_ops *ops = isa_ops(isa);
-	if (!ops)
-		return -1;
-	atomic_store_explicit(&active_isa, ops, memory_order_release);
-	return 0;
-}
-
-const char *moek_isa_name(void)
-{
-	return current_isa()->name;
-}
 
 /* ---- Validation ----------------------------------------------------------------------------- */
 
@@ -144,17 +52,6 @@ __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t len, con
 		va_end(ap);
 	}
 	return -1;
-}
-
-static size_t format_alignment(uint32_t format)
-{
-	switch (format) {
-	case MOEK_F32: return 4;
-	case MOEK_MXFP4:
-	case MOEK_INT4_G32:
-	case MOEK_FP8_E4M3_B128: return 1;
-	default: return 2;
-	}
 }
 
 static size_t fp8_blocks(size_t n)
@@ -188,7 +85,7 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->row0 >= m->rows)
 		return fail(err, len, "expert %s: first present row %u beyond the %u rows", name,
 		            m->row0, m->rows);
-	const size_t align = format_alignment(m->format);
+	const size_t align = f->align;
 	if ((uintptr_t)m->data % align || row_stride(m) % align)
 		return fail(err, len, "expert %s: data or row stride not %zu-byte aligned", name,
 		            align);
@@ -207,7 +104,7 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
 		            f->name, moek_x8_block(m->format, NULL), m->cols);
-	if (m->format == MOEK_FP8_E4M3_B128) {
+	if (f->scale_block) {
 		if (!m->scales)
 			return fail(err, len, "expert %s: FP8 weights without block scales", name);
 		if (scale_stride(m) < fp8_blocks(m->cols))
@@ -254,22 +151,22 @@ int moek_expert_check(const struct moek_expert *e, char *err, size_t len)
 size_t moek_expert_split_align(const struct moek_expert *e)
 {
 	size_t align = 1;
-	const struct moek_format_info *down = moek_format_lookup(e->down.format);
+	const struct moek_format_traits *gate = moek_format_traits(e->gate.format);
+	const struct moek_format_traits *down = moek_format_traits(e->down.format);
 	const struct moek_format_info *act =
 	    moek_format_lookup(moek_vec_dot_format(e->down.format));
-	if (down && down->block_elems > align)
-		align = down->block_elems;
+	if (down && down->info.block_elems > align)
+		align = down->info.block_elems;
 	if (act && act->block_elems > align)
 		align = act->block_elems;
-	if ((e->gate.format == MOEK_FP8_E4M3_B128 || e->down.format == MOEK_FP8_E4M3_B128) &&
-	    align < MOEK_FP8_BLOCK)
-		align = MOEK_FP8_BLOCK;
-	/* Q4_0/MXFP4/IQ4_NL/INT4_G32 down: SIMD activations come in pairs of 32-blocks
-	 * (MOEK_ACT_Q8_0X2) */
-	if ((e->down.format == MOEK_Q4_0 || e->down.format == MOEK_MXFP4 ||
-	     e->down.format == MOEK_IQ4_NL || e->down.format == MOEK_INT4_G32) &&
-	    align < 64)
-		align = 64;
+	/* side scales: a slice starts on a scale block of gate's rows and of down's columns */
+	if (gate && gate->info.scale_block > align)
+		align = gate->info.scale_block;
+	if (down && down->info.scale_block > align)
+		align = down->info.scale_block;
+	/* down formats whose SIMD activations come in pairs of 32-blocks (MOEK_ACT_Q8_0X2) */
+	if (down && down->down_split_align > align)
+		align = down->down_split_align;
 	/* interleaved gate/up rows: a slice holds whole groups (every value above is a power
 	 * of two, so one of at least 8 is a multiple of 8) */
 	if (e->gate.interleave && align < MOEK_INTERLEAVE)
@@ -400,7 +297,7 @@ size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsi
 	    n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
-	return layout(e, n_tokens, n_workers, current_isa(), &c);
+	return layout(e, n_tokens, n_workers, moek_isa_current(), &c);
 }
 
 static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
@@ -427,7 +324,7 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		return fail(err, len,
 		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
 		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
-	const size_t need = layout(e, c->n_tokens, c->n_workers, current_isa(), c);
+	const size_t need = layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
 		            c->scratch ? c->scratch_bytes : 0, need);

@@ -1,12 +1,15 @@
 /* formats.c — the weight-format table and the scalar reference of every format.
  *
- * One row per format (block size, bytes, reference quantizer, reference dequantizer), as in
- * ggml's type traits. The quantizers reproduce ggml's quantize_row_*_ref layout and rounding
- * (Q8_0/Q4_0 from the block's extreme, Q2_K/Q4_K/Q5_K by make_qkx2-style weighted scale/min
- * search, Q6_K by make_qx-style scale search, Q3_K by make_q3-style refined scale search, Q8_K from
- * the signed extreme, MXFP4 with an E8M0 shared exponent), so a file quantized here reads the same
- * in llama.cpp. FP8 E4M3 with one f32 scale_inv per 128x128 block follows DeepSeek-V3 (stored =
- * weight / scale_inv). IQ4_NL and IQ4_XS have their codecs in fmt_iq4.c.
+ * One row per format (struct moek_format_traits: id, name, block size and bytes, alignment,
+ * scale layout, the activation format its dot products pair with, split granularity, its
+ * slot in the ISAs' ops tables, its interleaved layout, reference codecs), as ggml's
+ * type_traits: callers ask the row instead of switching on the format. The quantizers reproduce
+ * ggml's quantize_row_*_ref layout and rounding (Q8_0/Q4_0 from the block's extreme, Q2_K/Q4_K/Q5_K
+ * by make_qkx2-style weighted scale/min search, Q6_K by make_qx-style scale search, Q3_K by
+ * make_q3-style refined scale search, Q8_K from the signed extreme, MXFP4 with an E8M0 shared
+ * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32 scale_inv
+ * per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and IQ4_XS have their
+ * codecs in fmt_iq4.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -909,135 +912,18 @@ static void dequantize_bf16(const void *src, float *y, size_t n)
 	moek_convert(MOEK_ACT_F32, y, MOEK_ACT_BF16, src, n);
 }
 
-/* ---- The table --------------------------------------------------------------------------- */
-
-struct format_row {
-	struct moek_format_info info;
-	/* activation format of its SIMD dot product: Q8_0/Q8_K for integer products; BF16 for
-	 * 16-bit float weights (halves the activation's L1 footprint, so rows of 7168+ columns
-	 * stream from DRAM without evicting the token); F32 otherwise */
-	uint32_t vec_dot_format;
-	void (*quantize_row)(const float *x, void *dst, size_t n);     /* NULL: FP8 */
-	void (*dequantize_row)(const void *src, float *dst, size_t n); /* NULL: FP8 */
-};
-
-static const struct format_row format_table[] = {
-    {{MOEK_F32, "F32", 1, 4, true}, MOEK_F32, quantize_f32, dequantize_f32},
-    {{MOEK_F16, "F16", 1, 2, true}, MOEK_BF16, quantize_f16, dequantize_f16},
-    {{MOEK_Q4_0, "Q4_0", 32, 18, true}, MOEK_Q8_0, quantize_q4_0, dequantize_q4_0},
-    {{MOEK_Q8_0, "Q8_0", 32, 34, true}, MOEK_Q8_0, quantize_q8_0, dequantize_q8_0},
-    {{MOEK_Q2_K, "Q2_K", 256, 84, true}, MOEK_Q8_K, quantize_q2_K, dequantize_q2_K},
-    {{MOEK_Q3_K, "Q3_K", 256, 110, true}, MOEK_Q8_K, quantize_q3_K, dequantize_q3_K},
-    {{MOEK_Q4_K, "Q4_K", 256, 144, true}, MOEK_Q8_K, quantize_q4_K, dequantize_q4_K},
-    {{MOEK_Q5_K, "Q5_K", 256, 176, true}, MOEK_Q8_K, quantize_q5_K, dequantize_q5_K},
-    {{MOEK_Q6_K, "Q6_K", 256, 210, true}, MOEK_Q8_K, quantize_q6_K, dequantize_q6_K},
-    {{MOEK_Q8_K, "Q8_K", 256, 292, false}, MOEK_Q8_K, quantize_q8_K, dequantize_q8_K},
-    {{MOEK_IQ4_NL, "IQ4_NL", 32, 18, true},
-     MOEK_Q8_0,
-     moek_quantize_iq4_nl,
-     moek_dequantize_iq4_nl},
-    {{MOEK_IQ4_XS, "IQ4_XS", 256, 136, true},
-     MOEK_Q8_K,
-     moek_quantize_iq4_xs,
-     moek_dequantize_iq4_xs},
-    {{MOEK_BF16, "BF16", 1, 2, true}, MOEK_BF16, quantize_bf16, dequantize_bf16},
-    {{MOEK_MXFP4, "MXFP4", 32, 17, true}, MOEK_Q8_0, quantize_mxfp4, dequantize_mxfp4},
-    {{MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true}, MOEK_F32, NULL, NULL},
-    {{MOEK_INT4_G32, "INT4_G32", 32, 20, true},
-     MOEK_Q8_0,
-     moek_int4_quantize_row,
-     moek_int4_dequantize_row},
-};
-
-static const struct format_row *format_row(uint32_t format)
-{
-	for (size_t i = 0; i < sizeof(format_table) / sizeof(format_table[0]); i++)
-		if (format_table[i].info.format == format)
-			return &format_table[i];
-	return NULL;
-}
-
-const struct moek_format_info *moek_format_lookup(uint32_t format)
-{
-	const struct format_row *row = format_row(format);
-	return row ? &row->info : NULL;
-}
-
-const struct moek_format_info *moek_format_at(size_t i)
-{
-	return i < sizeof(format_table) / sizeof(format_table[0]) ? &format_table[i].info : NULL;
-}
-
-const char *moek_weight_format_names(char *buf, size_t len)
-{
-	size_t used = 0;
-	if (len)
-		buf[0] = '\0';
-	for (size_t i = 0; len; i++) {
-		const struct moek_format_info *fi = moek_format_at(i);
-		if (!fi)
-			break;
-		if (!fi->weight_format)
-			continue;
-		int n = snprintf(buf + used, len - used, "%s%s", used ? " " : "", fi->name);
-		if (n < 0 || (size_t)n >= len - used)
-			break;
-		used += (size_t)n;
-	}
-	return buf;
-}
-
-uint32_t moek_vec_dot_format(uint32_t weight_format)
-{
-	const struct format_row *row = format_row(weight_format);
-	return row ? row->vec_dot_format : MOEK_F32;
-}
-
-size_t moek_row_bytes(uint32_t format, size_t n)
-{
-	const struct format_row *row = format_row(format);
-	if (!row || n % row->info.block_elems != 0)
-		return 0;
-	return n / row->info.block_elems * row->info.block_bytes;
-}
+/* ---- FP8 E4M3 with 128x128 block scales -------------------------------------------------- */
 
 static size_t fp8_blocks(size_t n)
 {
 	return (n + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
 }
 
-size_t moek_fp8_scale_bytes(size_t rows, size_t cols)
+/* One scale_inv per 128x128 block = the block's amax / 448 (1 for an all-zero block, so that
+ * stored = weight / scale_inv is never 0/0); partial edge blocks are allowed. */
+static void quantize_fp8(const float *src, size_t rows, size_t cols, void *dst_, float *scales)
 {
-	return fp8_blocks(rows) * fp8_blocks(cols) * sizeof(float);
-}
-
-int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst)
-{
-	const struct format_row *row = format_row(format);
-	if (!row || !row->quantize_row || n % row->info.block_elems != 0)
-		return -1;
-	row->quantize_row(src, dst, n);
-	return 0;
-}
-
-void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
-                             size_t n)
-{
-	if (format == MOEK_FP8_E4M3_B128) {
-		const uint8_t *q = src;
-		for (size_t c = 0; c < n; c++)
-			dst[c] = moek_fp8_e4m3_to_f32(q[c]) * scale_row[c / MOEK_FP8_BLOCK];
-		return;
-	}
-	const struct format_row *row = format_row(format);
-	assert(row && row->dequantize_row && n % row->info.block_elems == 0);
-	row->dequantize_row(src, dst, n);
-}
-
-/* FP8: one scale_inv per 128x128 block = the block's amax / 448 (1 for an all-zero block, so
- * that stored = weight / scale_inv is never 0/0); partial edge blocks are allowed. */
-static void quantize_fp8(const float *src, size_t rows, size_t cols, uint8_t *dst, float *scales)
-{
+	uint8_t *dst = dst_;
 	const size_t ncb = fp8_blocks(cols);
 	for (size_t br = 0; br < fp8_blocks(rows); br++) {
 		const size_t r0 = br * MOEK_FP8_BLOCK;
@@ -1061,16 +947,222 @@ static void quantize_fp8(const float *src, size_t rows, size_t cols, uint8_t *ds
 	}
 }
 
+static void dequantize_fp8_row(const void *src, const float *scale_row, float *dst, size_t n)
+{
+	const uint8_t *q = src;
+	for (size_t c = 0; c < n; c++)
+		dst[c] = moek_fp8_e4m3_to_f32(q[c]) * scale_row[c / MOEK_FP8_BLOCK];
+}
+
+/* ---- The table --------------------------------------------------------------------------- */
+
+/* Rows of formats with their scales in the blocks, and of formats with scales of their own. */
+#define INLINE_SCALES(codec) .quantize_row = quantize_##codec, .dequantize_row = dequantize_##codec
+#define SIDE_SCALES(codec)                                                                         \
+	.quantize_scaled = quantize_##codec, .dequantize_row_scaled = dequantize_##codec##_row
+
+/* info: id, name, block elements, block bytes, weight format, alignment, scale block,
+ * safetensors dtype */
+static const struct moek_format_traits format_table[] = {
+    {.info = {MOEK_F32, "F32", 1, 4, true, 4, 0, "F32"},
+     .slot = MOEK_F32,
+     .vec_dot_format = MOEK_F32,
+     .down_split_align = 1,
+     INLINE_SCALES(f32)},
+    {.info = {MOEK_F16, "F16", 1, 2, true, 2, 0, "F16"},
+     .slot = MOEK_F16,
+     .vec_dot_format = MOEK_BF16,
+     .down_split_align = 1,
+     INLINE_SCALES(f16)},
+    {.info = {MOEK_Q4_0, "Q4_0", 32, 18, true, 2, 0, NULL},
+     .slot = MOEK_Q4_0,
+     .vec_dot_format = MOEK_Q8_0,
+     .down_split_align = 64,
+     INLINE_SCALES(q4_0)},
+    {.info = {MOEK_Q8_0, "Q8_0", 32, 34, true, 2, 0, NULL},
+     .slot = MOEK_Q8_0,
+     .vec_dot_format = MOEK_Q8_0,
+     .down_split_align = 1,
+     .x8 = &moek_x8_q8_0,
+     INLINE_SCALES(q8_0)},
+    {.info = {MOEK_Q2_K, "Q2_K", 256, 84, true, 2, 0, NULL},
+     .slot = MOEK_Q2_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     INLINE_SCALES(q2_K)},
+    {.info = {MOEK_Q3_K, "Q3_K", 256, 110, true, 2, 0, NULL},
+     .slot = MOEK_Q3_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     INLINE_SCALES(q3_K)},
+    {.info = {MOEK_Q4_K, "Q4_K", 256, 144, true, 2, 0, NULL},
+     .slot = MOEK_Q4_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     .x8 = &moek_x8_q4_K,
+     INLINE_SCALES(q4_K)},
+    {.info = {MOEK_Q5_K, "Q5_K", 256, 176, true, 2, 0, NULL},
+     .slot = MOEK_Q5_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     INLINE_SCALES(q5_K)},
+    {.info = {MOEK_Q6_K, "Q6_K", 256, 210, true, 2, 0, NULL},
+     .slot = MOEK_Q6_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     INLINE_SCALES(q6_K)},
+    {.info = {MOEK_Q8_K, "Q8_K", 256, 292, false, 4, 0, NULL},
+     .slot = MOEK_Q8_K,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     INLINE_SCALES(q8_K)},
+    {.info = {MOEK_IQ4_NL, "IQ4_NL", 32, 18, true, 2, 0, NULL},
+     .slot = MOEK_IQ4_NL,
+     .vec_dot_format = MOEK_Q8_0,
+     .down_split_align = 64,
+     .quantize_row = moek_quantize_iq4_nl,
+     .dequantize_row = moek_dequantize_iq4_nl},
+    {.info = {MOEK_IQ4_XS, "IQ4_XS", 256, 136, true, 2, 0, NULL},
+     .slot = MOEK_IQ4_XS,
+     .vec_dot_format = MOEK_Q8_K,
+     .down_split_align = 1,
+     .quantize_row = moek_quantize_iq4_xs,
+     .dequantize_row = moek_dequantize_iq4_xs},
+    {.info = {MOEK_BF16, "BF16", 1, 2, true, 2, 0, "BF16"},
+     .slot = MOEK_BF16,
+     .vec_dot_format = MOEK_BF16,
+     .down_split_align = 1,
+     .x8 = &moek_x8_bf16,
+     INLINE_SCALES(bf16)},
+    {.info = {MOEK_MXFP4, "MXFP4", 32, 17, true, 1, 0, NULL},
+     .slot = MOEK_MXFP4,
+     .vec_dot_format = MOEK_Q8_0,
+     .down_split_align = 64,
+     .x8 = &moek_x8_mxfp4,
+     INLINE_SCALES(mxfp4)},
+    {.info = {MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true, 1, MOEK_FP8_BLOCK, "F8_E4M3"},
+     .slot = MOEK_SLOT_FP8_E4M3_B128,
+     .vec_dot_format = MOEK_F32,
+     .down_split_align = 1,
+     SIDE_SCALES(fp8)},
+    {.info = {MOEK_INT4_G32, "INT4_G32", 32, 20, true, 1, 0, NULL},
+     .slot = MOEK_SLOT_INT4_G32,
+     .vec_dot_format = MOEK_Q8_0,
+     .down_split_align = 64,
+     .x8 = &moek_x8_int4_g32,
+     .quantize_row = moek_int4_quantize_row,
+     .dequantize_row = moek_int4_dequantize_row},
+};
+enum { FORMATS = sizeof(format_table) / sizeof(format_table[0]) };
+
+const struct moek_format_traits *moek_format_traits(uint32_t format)
+{
+	for (size_t i = 0; i < FORMATS; i++)
+		if (format_table[i].info.format == format)
+			return &format_table[i];
+	return NULL;
+}
+
+const struct moek_format_traits *moek_format_traits_at(size_t i)
+{
+	return i < FORMATS ? &format_table[i] : NULL;
+}
+
+const struct moek_format_info *moek_format_lookup(uint32_t format)
+{
+	const struct moek_format_traits *row = moek_format_traits(format);
+	return row ? &row->info : NULL;
+}
+
+const struct moek_format_info *moek_format_at(size_t i)
+{
+	return i < FORMATS ? &format_table[i].info : NULL;
+}
+
+const struct moek_format_info *moek_format_from_safetensors(const char *dtype)
+{
+	for (size_t i = 0; i < FORMATS; i++) {
+		const char *st = format_table[i].info.safetensors_dtype;
+		if (st && strcmp(st, dtype) == 0)
+			return &format_table[i].info;
+	}
+	return NULL;
+}
+
+uint32_t moek_format_scale_block(uint32_t format)
+{
+	const struct moek_format_traits *row = moek_format_traits(format);
+	return row ? row->info.scale_block : 0;
+}
+
+const char *moek_weight_format_names(char *buf, size_t len)
+{
+	size_t used = 0;
+	if (len)
+		buf[0] = '\0';
+	for (size_t i = 0; len; i++) {
+		const struct moek_format_info *fi = moek_format_at(i);
+		if (!fi)
+			break;
+		if (!fi->weight_format)
+			continue;
+		int n = snprintf(buf + used, len - used, "%s%s", used ? " " : "", fi->name);
+		if (n < 0 || (size_t)n >= len - used)
+			break;
+		used += (size_t)n;
+	}
+	return buf;
+}
+
+uint32_t moek_vec_dot_format(uint32_t weight_format)
+{
+	const struct moek_format_traits *row = moek_format_traits(weight_format);
+	return row ? row->vec_dot_format : MOEK_F32;
+}
+
+size_t moek_row_bytes(uint32_t format, size_t n)
+{
+	const struct moek_format_traits *row = moek_format_traits(format);
+	if (!row || n % row->info.block_elems != 0)
+		return 0;
+	return n / row->info.block_elems * row->info.block_bytes;
+}
+
+size_t moek_fp8_scale_bytes(size_t rows, size_t cols)
+{
+	return fp8_blocks(rows) * fp8_blocks(cols) * sizeof(float);
+}
+
+int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst)
+{
+	const struct moek_format_traits *row = moek_format_traits(format);
+	if (!row || !row->quantize_row || n % row->info.block_elems != 0)
+		return -1;
+	row->quantize_row(src, dst, n);
+	return 0;
+}
+
+void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
+                             size_t n)
+{
+	const struct moek_format_traits *row = moek_format_traits(format);
+	assert(row && n % row->info.block_elems == 0);
+	if (row->info.scale_block)
+		row->dequantize_row_scaled(src, scale_row, dst, n);
+	else
+		row->dequantize_row(src, dst, n);
+}
+
 int moek_quantize(uint32_t format, const float *src, size_t rows, size_t cols, void *dst,
                   float *scales)
 {
-	const struct format_row *row = format_row(format);
+	const struct moek_format_traits *row = moek_format_traits(format);
 	if (!row || cols % row->info.block_elems != 0)
 		return -1;
-	if ((format == MOEK_FP8_E4M3_B128) != (scales != NULL))
+	if ((row->info.scale_block != 0) != (scales != NULL))
 		return -1;
-	if (format == MOEK_FP8_E4M3_B128) {
-		quantize_fp8(src, rows, cols, dst, scales);
+	if (row->info.scale_block) {
+		row->quantize_scaled(src, rows, cols, dst, scales);
 		return 0;
 	}
 	const size_t rb = moek_row_bytes(format, cols);
@@ -1082,15 +1174,15 @@ int moek_quantize(uint32_t format, const float *src, size_t rows, size_t cols, v
 int moek_dequantize(uint32_t format, const void *src, const float *scales, size_t rows, size_t cols,
                     float *dst)
 {
-	const struct format_row *row = format_row(format);
+	const struct moek_format_traits *row = moek_format_traits(format);
 	if (!row || cols % row->info.block_elems != 0)
 		return -1;
-	if ((format == MOEK_FP8_E4M3_B128) != (scales != NULL))
+	const size_t sb = row->info.scale_block;
+	if ((sb != 0) != (scales != NULL))
 		return -1;
 	const size_t rb = moek_row_bytes(format, cols);
 	for (size_t r = 0; r < rows; r++) {
-		const float *scale_row =
-		    scales ? scales + r / MOEK_FP8_BLOCK * fp8_blocks(cols) : NULL;
+		const float *scale_row = scales ? scales + r / sb * ((cols + sb - 1) / sb) : NULL;
 		moek_ref_dequantize_row(format, (const uint8_t *)src + r * rb, scale_row,
 		                        dst + r * cols, cols);
 	}

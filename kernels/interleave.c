@@ -19,40 +19,24 @@
 
 #include "kernels_internal.h"
 
-struct x8_segment {
-	uint8_t offset, bytes; /* within the GGUF block; a scalar segment has 1 or 2 bytes */
-	bool vector;
-};
+/* The layouts of the formats that have one; their format table rows point here. */
+/* 4 vectors of nibble bytes (elements 4v..4v+3 low, 16+4v.. high), then 8 E8M0 bytes */
+const struct moek_x8_layout moek_x8_mxfp4 = {2, {{1, 16, true}, {0, 1, false}}, 0, 0};
+/* 8 vectors of int8 weights (elements 4v..4v+3), then 8 f16 scales */
+const struct moek_x8_layout moek_x8_q8_0 = {2, {{2, 32, true}, {0, 2, false}}, 0, 0};
+/* 8 f16 d, 8 f16 dmin, 3 vectors of packed 6-bit scales (bytes 4g..4g+3 of the 12),
+ * 32 vectors of nibble bytes (chunk c = vectors 8c..8c+7: sub-block 2c low, 2c+1 high) */
+const struct moek_x8_layout moek_x8_q4_K = {
+    4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}, 0, 0};
+/* 16 elements: 8 vectors of bf16 pairs (elements 2v, 2v+1) */
+const struct moek_x8_layout moek_x8_bf16 = {1, {{0, 32, true}}, 16, 32};
+/* 4 vectors of nibble bytes (as MXFP4), then one vector of the 8 scale-and-zero words */
+const struct moek_x8_layout moek_x8_int4_g32 = {2, {{4, 16, true}, {0, 4, true}}, 0, 0};
 
-struct x8_layout {
-	uint32_t format;
-	uint8_t n;
-	struct x8_segment seg[4];
-	/* the unit interleaved as one block, where it is not the format's own block (BF16's
-	 * is one element: 16 of them make the one vector segment a group dot reads per step) */
-	uint16_t block_elems, block_bytes;
-};
-
-static const struct x8_layout layouts[] = {
-    /* 4 vectors of nibble bytes (elements 4v..4v+3 low, 16+4v.. high), then 8 E8M0 bytes */
-    {MOEK_MXFP4, 2, {{1, 16, true}, {0, 1, false}}},
-    /* 8 vectors of int8 weights (elements 4v..4v+3), then 8 f16 scales */
-    {MOEK_Q8_0, 2, {{2, 32, true}, {0, 2, false}}},
-    /* 8 f16 d, 8 f16 dmin, 3 vectors of packed 6-bit scales (bytes 4g..4g+3 of the 12),
-     * 32 vectors of nibble bytes (chunk c = vectors 8c..8c+7: sub-block 2c low, 2c+1 high) */
-    {MOEK_Q4_K, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}},
-    /* 16 elements: 8 vectors of bf16 pairs (elements 2v, 2v+1) */
-    {MOEK_BF16, 1, {{0, 32, true}}, 16, 32},
-    /* 4 vectors of nibble bytes (as MXFP4), then one vector of the 8 scale-and-zero words */
-    {MOEK_INT4_G32, 2, {{4, 16, true}, {0, 4, true}}},
-};
-
-static const struct x8_layout *layout_of(uint32_t format)
+static const struct moek_x8_layout *layout_of(uint32_t format)
 {
-	for (size_t i = 0; i < sizeof(layouts) / sizeof(layouts[0]); i++)
-		if (layouts[i].format == format)
-			return &layouts[i];
-	return NULL;
+	const struct moek_format_traits *t = moek_format_traits(format);
+	return t ? t->x8 : NULL;
 }
 
 bool moek_interleave_supported(uint32_t format)
@@ -62,22 +46,23 @@ bool moek_interleave_supported(uint32_t format)
 
 size_t moek_x8_block(uint32_t format, size_t *block_bytes)
 {
-	const struct x8_layout *l = layout_of(format);
-	const struct moek_format_info *f = moek_format_lookup(format);
-	if (!l || !f)
+	const struct moek_format_traits *t = moek_format_traits(format);
+	const struct moek_x8_layout *l = t ? t->x8 : NULL;
+	if (!l)
 		return 0;
 	if (block_bytes)
-		*block_bytes = l->block_elems ? l->block_bytes : f->block_bytes;
-	return l->block_elems ? l->block_elems : f->block_elems;
+		*block_bytes = l->block_elems ? l->block_bytes : t->info.block_bytes;
+	return l->block_elems ? l->block_elems : t->info.block_elems;
 }
 
 /* Row r's block of an interleaved column, back as a GGUF block (constant-size copies: this
  * runs for every row the prefill path dequantizes). */
-static void gather_block(const struct x8_layout *l, const uint8_t *column, size_t r, uint8_t *block)
+static void gather_block(const struct moek_x8_layout *l, const uint8_t *column, size_t r,
+                         uint8_t *block)
 {
 	size_t at = 0; /* the segment's start in the column */
 	for (size_t i = 0; i < l->n; i++) {
-		const struct x8_segment *s = &l->seg[i];
+		const struct moek_x8_segment *s = &l->seg[i];
 		uint8_t *b = block + s->offset;
 		if (s->vector)
 			for (size_t v = 0; v < s->bytes / 4u; v++)
@@ -91,10 +76,10 @@ static void gather_block(const struct x8_layout *l, const uint8_t *column, size_
 }
 
 /* Rows of a whole number of groups: checks the shape, gives the layout and block sizes. */
-static const struct x8_layout *shape(uint32_t format, size_t rows, size_t cols, size_t *nb,
-                                     size_t *bb)
+static const struct moek_x8_layout *shape(uint32_t format, size_t rows, size_t cols, size_t *nb,
+                                          size_t *bb)
 {
-	const struct x8_layout *l = layout_of(format);
+	const struct moek_x8_layout *l = layout_of(format);
 	const size_t be = moek_x8_block(format, bb);
 	if (!l || !be || !rows || !cols || rows % MOEK_INTERLEAVE || cols % be)
 		return NULL;
@@ -114,8 +99,8 @@ static void transpose_words(const uint8_t *rows, size_t stride, size_t words, ui
 /* One group: 8 rows `stride` apart, nb blocks of bb bytes each, into dst. Vector segments go
  * through the ISA's word transpose where it has one: the load path rearranges every expert it
  * reads, and the portable byte loop ran at 3-10 GB/s. */
-static void interleave_group(const struct x8_layout *l, size_t bb, const uint8_t *in, size_t stride,
-                             size_t nb, uint8_t *dst)
+static void interleave_group(const struct moek_x8_layout *l, size_t bb, const uint8_t *in,
+                             size_t stride, size_t nb, uint8_t *dst)
 {
 	const struct moek_isa_ops *ops = moek_isa_current();
 	void (*transpose)(const uint8_t *, size_t, size_t, uint8_t *) =
@@ -123,7 +108,7 @@ static void interleave_group(const struct x8_layout *l, size_t bb, const uint8_t
 	for (size_t b = 0; b < nb; b++, dst += MOEK_INTERLEAVE * bb) {
 		size_t at = 0;
 		for (size_t i = 0; i < l->n; i++) {
-			const struct x8_segment *s = &l->seg[i];
+			const struct moek_x8_segment *s = &l->seg[i];
 			const uint8_t *from = in + b * bb + s->offset;
 			if (s->vector)
 				transpose(from, stride, s->bytes / 4u, dst + at);
@@ -142,7 +127,7 @@ int moek_interleave(uint32_t format, const void *src, size_t row_stride, size_t 
                     void *dst)
 {
 	size_t nb, bb;
-	const struct x8_layout *l = shape(format, rows, cols, &nb, &bb);
+	const struct moek_x8_layout *l = shape(format, rows, cols, &nb, &bb);
 	if (!l)
 		return -1;
 	const size_t rb = nb * bb, stride = row_stride ? row_stride : rb;
@@ -155,7 +140,7 @@ int moek_interleave(uint32_t format, const void *src, size_t row_stride, size_t 
 int moek_deinterleave(uint32_t format, const void *src, size_t rows, size_t cols, void *dst)
 {
 	size_t nb, bb;
-	const struct x8_layout *l = shape(format, rows, cols, &nb, &bb);
+	const struct moek_x8_layout *l = shape(format, rows, cols, &nb, &bb);
 	if (!l)
 		return -1;
 	const size_t rb = nb * bb;
@@ -172,7 +157,7 @@ int moek_deinterleave(uint32_t format, const void *src, size_t rows, size_t cols
 void moek_x8_gather(uint32_t format, const void *group, size_t lane, size_t b0, size_t nb,
                     void *blocks)
 {
-	const struct x8_layout *l = layout_of(format);
+	const struct moek_x8_layout *l = layout_of(format);
 	size_t bb;
 	(void)moek_x8_block(format, &bb);
 	const uint8_t *column = (const uint8_t *)group + b0 * MOEK_INTERLEAVE * bb;

@@ -4,14 +4,16 @@
  * handed to the kernels must be 2-byte aligned (4 for Q8_K); moek_ffn_prepare checks it, so
  * reading a block's fp16 scale through the struct is never a misaligned access.
  *
- * formats.c holds the scalar reference of every format; x86_avx2.c the AVX2+FMA paths (with
- * x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h); ffn.c the expert FFN
- * that drives either through struct moek_isa_ops.
+ * formats.c holds the format table and the scalar reference of every format; x86_avx2.c the
+ * AVX2+FMA paths (with x86_avx2_*.c for formats in files of their own, sharing x86_avx2.h);
+ * isa.c the CPU detection and the choice of ops table; ffn.c the expert FFN that drives the
+ * chosen one through struct moek_isa_ops.
  */
 #ifndef MOE_KERNELS_INTERNAL_H
 #define MOE_KERNELS_INTERNAL_H
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -152,6 +154,84 @@ void moek_quantize_iq4_nl(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_nl(const void *src, float *y, size_t n);
 void moek_quantize_iq4_xs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
+/* ---- The format table (formats.c) ---------------------------------------------------------
+ * One row per format, as ggml's type_traits: everything the kernels and their callers need to
+ * know about a format is a field of its row or a query on it, so adding a format is one row
+ * plus its functions: its id (moe_kernels.h), its block struct here, its reference codecs and
+ * row in formats.c, and — for SIMD speed — its entries in an ISA's ops tables at the row's slot
+ * (and a struct moek_x8_layout in interleave.c if it has an interleaved layout). The SIMD
+ * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's slot; the
+ * reference dot product is the reference dequantizer followed by an f32 dot product
+ * (moek_scalar_ops). test_format_table checks a new row against all of these. */
+
+/* Dense slots of the weight formats in the per-ISA tables: a ggml id is its own slot, the
+ * sidecar's own formats (ids from 1000) take slots from the top. */
+enum {
+	MOEK_FMT_SLOTS = 64,
+	MOEK_SLOT_INT4_G32 = 61,
+	MOEK_SLOT_NONE = 62, /* unknown formats: no entry in any ops table */
+	MOEK_SLOT_FP8_E4M3_B128 = 63,
+};
+
+/* The interleaved layout of a format (moe_kernels.h, moek_interleave): per column of a group
+ * of 8 rows, the block's fields in order, each either scalar (1 or 2 bytes per row, the 8 rows
+ * side by side) or vector (32-byte vectors holding 4 bytes of each row). */
+struct moek_x8_segment {
+	uint8_t offset, bytes; /* within the GGUF block */
+	bool vector;
+};
+struct moek_x8_layout {
+	uint8_t n;
+	struct moek_x8_segment seg[4];
+	/* the unit interleaved as one block, where it is not the format's own block (BF16's
+	 * is one element: 16 of them make the one vector segment a group dot reads per step) */
+	uint16_t block_elems, block_bytes;
+};
+/* interleave.c: the layouts the format table's rows point to */
+extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, moek_x8_bf16,
+    moek_x8_int4_g32;
+
+struct moek_format_traits {
+	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
+	                                 scale layout */
+	unsigned slot;                /* index in moek_isa_ops' per-format tables */
+	/* activation format of its SIMD dot product: Q8_0/Q8_K for integer products; BF16 for
+	 * 16-bit float weights (halves the activation's L1 footprint, so rows of 7168+ columns
+	 * stream from DRAM without evicting the token); F32 otherwise */
+	uint32_t vec_dot_format;
+	/* granularity of a column slice of a down matrix in this format beyond its block and its
+	 * activation's block (1: none): 64 where an ISA feeds it activations in pairs of 32-blocks
+	 * (MOEK_ACT_Q8_0X2), so that a slice is the same whatever the ISA */
+	uint32_t down_split_align;
+	const struct moek_x8_layout *x8; /* interleaved layout (NULL: none) */
+	/* reference codecs of n elements (a multiple of the block): formats with their scales in
+	 * the blocks (info.scale_block == 0) */
+	void (*quantize_row)(const float *x, void *dst, size_t n);
+	void (*dequantize_row)(const void *src, float *dst, size_t n);
+	/* formats with scales of their own (info.scale_block > 0): a whole matrix (the scales
+	 * span rows), and a row with its scales (scale_row[c / scale_block] multiplies column c) */
+	void (*quantize_scaled)(const float *src, size_t rows, size_t cols, void *dst,
+	                        float *scales);
+	void (*dequantize_row_scaled)(const void *src, const float *scale_row, float *dst,
+	                              size_t n);
+};
+
+/* The row of `format`, or NULL if the id is not a known format; row i in table order (NULL
+ * past the end). */
+const struct moek_format_traits *moek_format_traits(uint32_t format);
+const struct moek_format_traits *moek_format_traits_at(size_t i);
+
+/* Slot of a format in moek_isa_ops' per-format tables. The phases ask per call, so ggml ids
+ * (their rows' slot is the id; test_format_table checks it) skip the table; an unknown id gets
+ * a slot no ops table fills (its own below MOEK_SLOT_INT4_G32, else MOEK_SLOT_NONE). */
+static inline unsigned moek_fmt_slot(uint32_t format)
+{
+	if (format < MOEK_SLOT_INT4_G32)
+		return format;
+	const struct moek_format_traits *t = moek_format_traits(format);
+	return t ? t->slot : MOEK_SLOT_NONE;
+}
+
 /* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
  * elements (0: no interleaved layout) and, in *block_bytes when not NULL, its bytes. The
  * format's own block, except BF16's: 16 elements. Interleaved columns, offsets and slices
@@ -214,7 +294,7 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
 	}                                                                                          \
 	entry(const float *x, void *dst, size_t n)                                                 \
 	{                                                                                          \
-		if (__builtin_cpu_supports("avx2"))                                                \
+		if (moek_cpu_features() & MOEK_CPU_AVX2)                                           \
 			name##_avx2(x, dst, n);                                                    \
 		else                                                                               \
 			name##_base(x, dst, n);                                                    \
@@ -302,9 +382,10 @@ static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");
 
 struct moek_isa_ops {
 	const char *name;
-	moek_dot_fn dot[64];           /* indexed by moek_fmt_slot() */
-	moek_dot_rows_fn dot_rows[64]; /* the same, one token, many rows (NULL: none) */
-	moek_dot_x8_fn dot_x8[64];     /* interleaved groups, by moek_fmt_slot() (NULL: none) */
+	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* indexed by moek_fmt_slot() */
+	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
+	moek_dot_x8_fn
+	    dot_x8[MOEK_FMT_SLOTS]; /* interleaved groups, by moek_fmt_slot() (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
 	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair
@@ -363,20 +444,33 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 		moek_dequantize(act, src, NULL, 1, k, dst);
 }
 
-/* Dense slot of a weight format in moek_isa_ops.dot: ggml ids are their own slot, FP8's id
- * 1000 maps to 63 and INT4_G32's 1001 to 61 (62: none). */
-static inline unsigned moek_fmt_slot(uint32_t format)
+/* ---- Forms (isa.c) -------------------------------------------------------------------------
+ * Variants of an ISA's kernels that give the same bits with other instructions, picked per
+ * call by the kernels that have them: AVX2's VNNI forms (AVX512-VNNI on 256-bit registers:
+ * vpdpbusd instead of maddubs + madd for Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
+ * madd + add for Q4_K / Q5_K) and, within them, MXFP4's group dot with vpermb (VBMI). Choosing
+ * an ISA turns on every form the CPU has for it; tests set them to reach each form. Not
+ * thread-safe against running kernels, like moek_set_isa. */
+enum moek_isa_form { MOEK_FORM_VNNI = 1u << 0, MOEK_FORM_VBMI = 1u << 1 };
+/* The forms this CPU can run: VNNI with AVX512 F/BW/VL/VNNI, VBMI with AVX512-VBMI too. */
+unsigned moek_isa_forms_available(void);
+/* Turns on exactly `forms`: false (nothing changes) if the CPU lacks one of them or VBMI is
+ * asked for without VNNI. */
+bool moek_set_isa_forms(unsigned forms);
+/* The forms on now: set before kernels run, read once per call, so relaxed is enough (hidden:
+ * the dots reach it without an indirection). */
+extern atomic_uint moek_isa_forms_on __attribute__((visibility("hidden")));
+static inline unsigned moek_isa_forms(void)
 {
-	if (format == MOEK_FP8_E4M3_B128)
-		return 63u;
-	if (format == MOEK_INT4_G32)
-		return 61u;
-	return format < 61 ? format : 62u;
+	return atomic_load_explicit(&moek_isa_forms_on, memory_order_relaxed);
 }
 
 extern const struct moek_isa_ops moek_scalar_ops;
-/* The ISA the kernels run on now (ffn.c: chosen once, or by moek_set_isa). */
+/* The ops table of the active ISA (isa.c: chosen once, or by moek_set_isa). */
 const struct moek_isa_ops *moek_isa_current(void);
+/* Whether the active ISA is built on all of `features` (MOEK_CPU_* bits): code outside the ops
+ * table that has SIMD forms of its own (convert.c) follows the ISA choice through this. */
+bool moek_isa_active_has(unsigned features);
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
 /* INT4_G32's AVX2 paths (x86_avx2_int4.c), entries of moek_avx2_ops: the row dot against
@@ -386,31 +480,16 @@ void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, 
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out);
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
-/* Whether moek_avx2_set_vnni turned the vpdpbusd forms on (the dots read it once per call). */
-bool moek_avx2_vnni_on(void);
 /* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
- * where moek_avx2_vnni_on; same bits). */
+ * with MOEK_FORM_VNNI on; same bits). */
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
-/* moek_avx2_ops' Q4_0 / MXFP4 dot products with AVX512-VNNI (vpdpbusd on 256-bit registers)
- * instead of maddubs + madd, and its Q4_K / Q5_K ones with vpdpwssd instead of madd + add:
- * same bits, fewer instructions. Off until enabled; enabling fails (returns false, nothing
- * changes) where the CPU or OS lacks AVX512-VNNI + AVX512VL. The ISA choice (ffn.c) enables
- * it; tests switch it to compare both forms. Not thread-safe against running kernels, like
- * moek_set_isa. */
-bool moek_avx2_set_vnni(bool on);
-/* Within the VNNI forms, MXFP4's group dot with vpermb (AVX512-VBMI): on with
- * moek_avx2_set_vnni(true) where the CPU has it; tests switch it off to reach the plain VNNI
- * form. Fails (false) without VNNI on or without VBMI. Same bits. */
-bool moek_avx2_set_vbmi(bool on);
 /* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
  * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. The default, taken at the
  * ISA choice unless set before, depends on the CPU (Intel: 1536 / 3072, others: none). For
  * benchmarks; same bits either way. */
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
-/* Whether moek_avx2_set_vnni turned the VNNI forms on (relaxed read, once per row). */
-bool moek_avx2_vnni_on(void);
 /* x86_avx2_iq4.c: moek_avx2_ops' IQ4_NL dots (MOEK_ACT_Q8_0X2 activations) and IQ4_XS dots
  * (Q8_K), each picking its VNNI form per call; and their prefill dequantization, bit-identical
  * to the reference: returns the elements of [0, k) it wrote (0 for other formats). */

@@ -1,7 +1,7 @@
 /* x86_avx2.c — AVX2+FMA(+F16C) paths of the expert kernels, picked at run time.
  *
  * This file alone is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt); nothing in it
- * runs unless ffn.c's CPUID check chose moek_avx2_ops, so the library itself never requires
+ * runs unless isa.c's CPUID check chose moek_avx2_ops, so the library itself never requires
  * AVX2.
  *
  * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
@@ -14,7 +14,7 @@
  *   and FMA'd.
  *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
  *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
- *   moek_avx2_set_vnni). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
+ *   MOEK_FORM_VNNI). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
  * Interleaved decode (rows in groups of 8, moek_interleave): MXFP4, Q8_0 and Q4_K, 4 weights
  *   of 8 rows per multiply against 4 broadcast activations, the 8 rows' sums in 8 lanes; BF16,
@@ -110,7 +110,7 @@ ALWAYS_INLINE __m256 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, c
 
 /* acc + Σ u·s over each int32 lane's 4 bytes (u unsigned, s signed): AVX512-VNNI's vpdpbusd on
  * 256-bit registers (EVEX, AVX512VL), as inline assembly so that this file keeps its AVX2 flags;
- * executed only where moek_avx2_set_vnni found the CPU and OS support it. */
+ * executed only where isa.c found the CPU and OS support it (moek_set_isa_forms). */
 ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
 {
 	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
@@ -411,7 +411,7 @@ DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 
 /* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
- * subset moek_avx2_set_vnni checks for: the compiler may then fold a weight vector's load into the
+ * subset MOEK_FORM_VNNI needs (isa.c): the compiler may then fold a weight vector's load into the
  * EVEX shift that splits its nibbles and merge and/or into vpternlog — about one instruction in ten
  * fewer per MXFP4 block (MXFP4x8 one token, two threads, at ~60 GB/s: 0.69-0.70 -> 0.72-0.73 of
  * the read; docs/performance.md). The integer sums are exact and the float steps the same, so the
@@ -428,50 +428,12 @@ ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
-/* Whether the Q4_0 / MXFP4 dots use vpdpbusd (moek_avx2_set_vnni). Read once per row; set
- * before kernels run (the ISA choice), so relaxed ordering is enough. */
-static atomic_bool vnni_dots;
-/* Within the VNNI forms, MXFP4's group dot looks its nibbles up with vpermb (AVX512-VBMI),
- * which ignores the index bits above the table, where the CPU has it (moek_avx2_set_vbmi). */
-static atomic_bool vbmi_dots;
-
-static bool cpu_has_avx512_vnni(void)
-{
-	__builtin_cpu_init(); /* also checks that the OS saves the AVX-512 state */
-	return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
-	       __builtin_cpu_supports("avx512bw"); /* VNNI_CODE's subset */
-}
-
-bool moek_avx2_set_vnni(bool on)
-{
-	if (on && !cpu_has_avx512_vnni())
-		return false;
-	atomic_store_explicit(&vnni_dots, on, memory_order_relaxed);
-	atomic_store_explicit(&vbmi_dots, on && __builtin_cpu_supports("avx512vbmi"),
-	                      memory_order_relaxed);
-	return true;
-}
-
-bool moek_avx2_vnni_on(void)
-{
-	return atomic_load_explicit(&vnni_dots, memory_order_relaxed);
-}
-
-bool moek_avx2_set_vbmi(bool on)
-{
-	if (on && (!atomic_load_explicit(&vnni_dots, memory_order_relaxed) ||
-	           !__builtin_cpu_supports("avx512vbmi")))
-		return false;
-	atomic_store_explicit(&vbmi_dots, on, memory_order_relaxed);
-	return true;
-}
-
 /* The entry points of the formats that have a VNNI form: each picks its form per call. */
 #define VNNI_DISPATCH_DOT(fmt)                                                                     \
 	static void dot_##fmt(const void *w, const float *sr, const void *act, size_t as,          \
 	                      size_t nt, size_t k, float *out)                                     \
 	{                                                                                          \
-		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
 			dot_##fmt##_vnni(w, sr, act, as, nt, k, out);                              \
 		else                                                                               \
 			dot_##fmt##_avx2(w, sr, act, as, nt, k, out);                              \
@@ -480,7 +442,7 @@ bool moek_avx2_set_vbmi(bool on)
 	static void rows_##fmt(const void *w, size_t stride, size_t nr, const void *act, size_t k, \
 	                       float *out)                                                         \
 	{                                                                                          \
-		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
 			rows_##fmt##_vnni(w, stride, nr, act, k, out);                             \
 		else                                                                               \
 			rows_##fmt##_avx2(w, stride, nr, act, k, out);                             \
@@ -537,8 +499,7 @@ void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
 {
 	if (!atomic_load_explicit(&x8_pf_set, memory_order_relaxed)) {
-		__builtin_cpu_init();
-		const bool intel = __builtin_cpu_is("intel");
+		const bool intel = moek_cpu_features() & MOEK_CPU_INTEL;
 		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
 	}
 	*near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
@@ -968,7 +929,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 	static void x8_##fmt(const void *g, const void *act, size_t as, size_t nt, size_t k,       \
 	                     float *out)                                                           \
 	{                                                                                          \
-		if (atomic_load_explicit(&vnni_dots, memory_order_relaxed))                        \
+		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
 			x8_##fmt##_vnni(g, act, as, nt, k, out);                                   \
 		else                                                                               \
 			x8_##fmt##_avx2(g, act, as, nt, k, out);                                   \
@@ -979,9 +940,9 @@ X8_ENTRY(x8_mxfp4_vnni, x8_mxfp4_body, 1, VNNI_CODE)
 X8_ENTRY(x8_mxfp4_vbmi, x8_mxfp4_body, 2, VNNI_CODE)
 static void x8_mxfp4(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)
 {
-	if (!atomic_load_explicit(&vnni_dots, memory_order_relaxed))
+	if (!(moek_isa_forms() & MOEK_FORM_VNNI))
 		x8_mxfp4_avx2(g, act, as, nt, k, out);
-	else if (atomic_load_explicit(&vbmi_dots, memory_order_relaxed))
+	else if ((moek_isa_forms() & MOEK_FORM_VBMI))
 		x8_mxfp4_vbmi(g, act, as, nt, k, out);
 	else
 		x8_mxfp4_vnni(g, act, as, nt, k, out);
@@ -1849,8 +1810,8 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_dot_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_Q3_K] = moek_avx2_dot_q3_K,
-            [61] = moek_avx2_dot_int4,
-            [63] = dot_fp8,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_dot_int4,
+            [MOEK_SLOT_FP8_E4M3_B128] = dot_fp8,
         },
     .dot_rows =
         {
@@ -1866,7 +1827,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_IQ4_XS] = moek_avx2_rows_iq4_xs,
             [MOEK_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_Q3_K] = moek_avx2_rows_q3_K,
-            [61] = moek_avx2_rows_int4,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_rows_int4,
         },
     .dot_x8 =
         {
@@ -1874,7 +1835,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_MXFP4] = x8_mxfp4,
             [MOEK_Q4_K] = x8_q4_K,
             [MOEK_BF16] = x8_bf16,
-            [61] = moek_avx2_x8_int4,
+            [MOEK_SLOT_INT4_G32] = moek_avx2_x8_int4,
         },
     .dequantize_row = dequantize_row,
     .dot_f32 = dot_f32,

@@ -3,7 +3,7 @@
  * their own, which x86_avx2.c's moek_avx2_ops table lists.
  *
  * Every file including this one is compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt)
- * and runs only after ffn.c's CPUID check chose moek_avx2_ops.
+ * and runs only after isa.c's CPUID check chose moek_avx2_ops.
  */
 #ifndef MOE_KERNELS_X86_AVX2_H
 #define MOE_KERNELS_X86_AVX2_H

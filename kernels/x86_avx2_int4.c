@@ -1,6 +1,6 @@
 /* x86_avx2_int4.c — AVX2 paths of MOEK_INT4_G32 (fmt_int4.c), entries of moek_avx2_ops.
  *
- * Compiled with -mavx2 -mfma -mf16c like x86_avx2.c and run only after ffn.c's CPUID check.
+ * Compiled with -mavx2 -mfma -mf16c like x86_avx2.c and run only after isa.c's CPUID check.
  *
  * Decode: the row dot takes two 20-byte blocks at a time against one MOEK_ACT_Q8_0X2 pair,
  * as the Q4_0 dot does (one 256-bit load-and-mask gives elements 0-15 of both blocks in the
@@ -16,7 +16,7 @@
  * scale-and-zero words. 4 codes of each of the 8 rows times 4 broadcast MOEK_ACT_Q8_0S
  * activations per multiply, as the MXFP4 group dot; the zero points come out through the
  * block's −16 · Σy (one vpmaddwd by the 8 lanes' zeros), the scales are one load. Where
- * moek_avx2_set_vnni is on, each 4-code product is one vpdpbusd with a broadcast operand
+ * MOEK_FORM_VNNI is on, each 4-code product is one vpdpbusd with a broadcast operand
  * instead of maddubs + madd (exact integer sums either way: the same bits).
  *
  * Prefill: dequantization for the f32 tiles, bit-identical to the reference (one rounding:
@@ -251,13 +251,13 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 	}
 
 X8_INT4_ENTRY(x8_int4_avx2, false, )
-/* The AVX-512 subset moek_avx2_set_vnni checks for, as x86_avx2.c's VNNI forms. */
+/* The AVX-512 subset MOEK_FORM_VNNI needs (isa.c), as x86_avx2.c's VNNI forms. */
 X8_INT4_ENTRY(x8_int4_vnni, true, __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))))
 
 void moek_avx2_x8_int4(const void *group, const void *act, size_t as, size_t nt, size_t k,
                        float *out)
 {
-	if (moek_avx2_vnni_on())
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
 		x8_int4_vnni(group, act, as, nt, k, out);
 	else
 		x8_int4_avx2(group, act, as, nt, k, out);

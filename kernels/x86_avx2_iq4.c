@@ -287,7 +287,7 @@ ALWAYS_INLINE void xs_body(const void *w, const void *act, size_t as, const int 
 
 /* ---- Entry points -------------------------------------------------------------------------
  * Specialised on the token count (accumulators in registers) and on the form; the VNNI forms
- * are compiled for the AVX-512 subset moek_avx2_set_vnni checks for (as x86_avx2.c's). */
+ * are compiled for the AVX-512 subset MOEK_FORM_VNNI needs (isa.c) (as x86_avx2.c's). */
 #define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 #define IQ4_ENTRIES(fmt, body, attr, vnni)                                                         \
@@ -321,7 +321,7 @@ void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_
                           size_t k, float *out)
 {
 	(void)sr;
-	if (moek_avx2_vnni_on())
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
 		dot_nl_vnni(w, act, as, nt, k, out);
 	else
 		dot_nl_avx2(w, act, as, nt, k, out);
@@ -330,7 +330,7 @@ void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_
 void moek_avx2_rows_iq4_nl(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out)
 {
-	if (moek_avx2_vnni_on())
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
 		rows_nl_vnni(w, stride, nr, act, k, out);
 	else
 		rows_nl_avx2(w, stride, nr, act, k, out);
@@ -340,7 +340,7 @@ void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_
                           size_t k, float *out)
 {
 	(void)sr;
-	if (moek_avx2_vnni_on())
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
 		dot_xs_vnni(w, act, as, nt, k, out);
 	else
 		dot_xs_avx2(w, act, as, nt, k, out);
@@ -349,7 +349,7 @@ void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_
 void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out)
 {
-	if (moek_avx2_vnni_on())
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
 		rows_xs_vnni(w, stride, nr, act, k, out);
 	else
 		rows_xs_avx2(w, stride, nr, act, k, out);

@@ -1,9 +1,9 @@
 /* moe_kernels.h — CPU expert kernels and weight formats (libmoe_kernels).
  *
  * A library of its own: no I/O, no IPC, no threads, no allocation inside any function.
- * Owns: the weight-format table (one row per format: block size, bytes, reference
- * quantizer/dequantizer, SIMD paths picked at run time), activation dtype conversion, and the
- * expert FFN (SwiGLU and gpt-oss clamped SwiGLU).
+ * Owns: the weight-format table (one row per format: block size, bytes, alignment, scale
+ * layout, reference quantizer/dequantizer; SIMD paths per ISA, picked at run time by isa.c),
+ * activation dtype conversion, and the expert FFN (SwiGLU and gpt-oss clamped SwiGLU).
  *
  * Format ids equal ggml's type ids where ggml has the format, so a GGUF tensor type maps
  * directly; FP8 E4M3 with 128x128 block scales (DeepSeek-V3) has an id of its own.
@@ -46,6 +46,15 @@ struct moek_format_info {
 	uint32_t block_elems; /* elements per block (1 for plain floats and FP8) */
 	uint32_t block_bytes; /* bytes per block */
 	bool weight_format;   /* usable as expert weights (Q8_K is not) */
+	/* bytes the weight data and row strides must be aligned to: the widest field read in
+	 * place (f32 4, f16 scales 2; byte-only blocks, MXFP4 / INT4_G32 / FP8, 1) */
+	uint32_t align;
+	/* 0: the scales are inside the blocks; else one f32 scale per scale_block x scale_block
+	 * weights in an array of their own (FP8_E4M3_B128: 128; moek_fp8_scale_bytes) */
+	uint32_t scale_block;
+	/* the safetensors dtype a checkpoint stores these weights as ("F32", "BF16", "F8_E4M3"),
+	 * or NULL: none (the quantized formats come from GGUF, or are repacked at load) */
+	const char *safetensors_dtype;
 };
 
 /* Table row for a format, or NULL if the id is not a known format. */
@@ -58,6 +67,14 @@ const struct moek_format_info *moek_format_at(size_t i);
 /* The expert weight formats' names, space-separated in table order ("F32 F16 … FP8_E4M3_B128"),
  * into buf (always terminated; truncated if too small). Returns buf. */
 const char *moek_weight_format_names(char *buf, size_t len);
+
+/* The row whose weights a safetensors checkpoint stores as `dtype` (its name in the header,
+ * "BF16"), or NULL if no weight format is stored that way. */
+const struct moek_format_info *moek_format_from_safetensors(const char *dtype);
+
+/* The table's scale_block of a format: 0 for formats whose scales are in their blocks (and for
+ * unknown ids), else the side of the square of weights one side-array scale covers. */
+uint32_t moek_format_scale_block(uint32_t format);
 
 /* Bytes of one row of n elements, or 0 if n is not a multiple of the block size or the
  * format is unknown. FP8: n bytes (scales are separate). */
@@ -183,6 +200,8 @@ enum moek_activation {
 	MOEK_SWIGLU_OAI = 1, /* gpt-oss: g = min(g, limit), u = clamp(u, -limit, limit),
 	                        g * sigmoid(alpha * g) * (u + 1) */
 };
+/* gpt-oss's alpha: fixed in the model's code, not in its config (which carries the limit) */
+#define MOEK_SWIGLU_OAI_ALPHA 1.702f
 
 struct moek_matrix {
 	uint32_t format;     /* enum moek_format, a weight format */
@@ -212,7 +231,7 @@ struct moek_expert {
 	struct moek_matrix gate, up, down; /* gate and up: same format and shape */
 	enum moek_activation activation;
 	float limit; /* MOEK_SWIGLU_OAI: swiglu_limit (gpt-oss 7.0) */
-	float alpha; /* MOEK_SWIGLU_OAI: 1.702 */
+	float alpha; /* MOEK_SWIGLU_OAI: MOEK_SWIGLU_OAI_ALPHA (gpt-oss) */
 };
 
 /* The part of `full` that owns intermediate features [f_begin, f_end): rows of gate/up (and
@@ -315,13 +334,29 @@ void moek_ffn_down_rows(const struct moek_ffn_call *c, const struct moek_expert 
 /* prepare + all three phases on the calling thread. Returns 0 or -1 (message in err). */
 int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
 
-/* ---- Instruction-set dispatch -------------------------------------------------------------
- * Chosen once from CPUID (__builtin_cpu_supports); MOEK_ISA=scalar in the environment (read on
- * first use) or moek_set_isa forces a path. Not thread-safe against running kernels: set it
- * before any call is prepared. */
+/* ---- Instruction-set dispatch (isa.c) -------------------------------------------------------
+ * The CPU is detected once (CPUID, and XGETBV for the register state the OS saves). The active
+ * ISA is the most capable one the CPU can run, unless MOEK_ISA=<name> in the environment (read
+ * on first use; "scalar", "avx2") or moek_set_isa forces one. Where the CPU has AVX512-VNNI
+ * (+ VL, BW), the AVX2 ISA uses VNNI forms of some dots: same bits. Not thread-safe against
+ * running kernels: force an ISA before any call is prepared. */
 enum moek_isa { MOEK_ISA_AUTO = 0, MOEK_ISA_SCALAR = 1, MOEK_ISA_AVX2 = 2 };
-int moek_set_isa(enum moek_isa isa); /* -1 if this CPU cannot run it */
-const char *moek_isa_name(void);     /* "scalar", "avx2" */
+
+/* CPU features (bits of moek_cpu_features), each only where the OS saves the registers. */
+enum moek_cpu_feature {
+	MOEK_CPU_AVX2 = 1u << 0,
+	MOEK_CPU_FMA = 1u << 1,
+	MOEK_CPU_F16C = 1u << 2,
+	MOEK_CPU_AVX512_VNNI = 1u << 3, /* with AVX512 F, BW and VL: the VNNI forms' subset */
+	MOEK_CPU_AVX512_VBMI = 1u << 4, /* with AVX512 F, BW and VL */
+	MOEK_CPU_INTEL = 1u << 5,       /* vendor GenuineIntel */
+};
+unsigned moek_cpu_features(void);
+
+int moek_set_isa(enum moek_isa isa);    /* -1 (nothing changes) if this CPU cannot run it */
+bool moek_isa_supported(enum moek_isa); /* whether moek_set_isa(isa) would succeed */
+enum moek_isa moek_isa_active(void);    /* the ISA the kernels run on (never AUTO) */
+const char *moek_isa_name(void);        /* its name: "scalar", "avx2" */
 
 #ifdef __cplusplus
 }

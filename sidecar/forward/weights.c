@@ -86,7 +86,7 @@ static uint64_t aux_floats(const struct moe_expert *x)
 			continue;
 		if (r->bias.length)
 			n += r->rows;
-		if (r->format == MOEK_FP8_E4M3_B128)
+		if (moek_format_scale_block(r->format))
 			n += r->scale.length / 4;
 	}
 	return n;
@@ -133,7 +133,7 @@ static int check_supported(struct forward_weights *w, const struct moe_catalog *
 					return -1;
 				}
 			}
-			if (p == MOE_PROJ_GATE_UP && r->format == MOEK_FP8_E4M3_B128) {
+			if (p == MOE_PROJ_GATE_UP && moek_format_scale_block(r->format)) {
 				snprintf(err, err_len,
 				         "layer %u: FP8 in a fused gate_up tensor is not supported",
 				         l);
@@ -176,7 +176,7 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
 				if (!r->present)
 					continue;
 				const char *path = cat->files[r->data.file].path;
-				if (r->format == MOEK_FP8_E4M3_B128 && r->scale.length) {
+				if (moek_format_scale_block(r->format) && r->scale.length) {
 					rc = read_exact(fds[r->scale.file],
 					                cat->files[r->scale.file].path, &w->aux[at],
 					                r->scale.length, r->scale.offset, err,
@@ -1266,7 +1266,7 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 	if (cat->info.swiglu_limit > 0) {
 		v->activation = MOEK_SWIGLU_OAI;
 		v->limit = cat->info.swiglu_limit;
-		v->alpha = 1.702f;
+		v->alpha = MOEK_SWIGLU_OAI_ALPHA;
 	}
 	const struct moe_proj_ref *fused = &x->proj[MOE_PROJ_GATE_UP];
 	if (fused->present) {

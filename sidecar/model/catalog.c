@@ -134,13 +134,8 @@ static int find_tensor(struct builder *b, const char *name, struct tview *tv)
 		tv->ne[d] = d < (int)t->n_dims ? t->shape[t->n_dims - 1 - d] : 1;
 	tv->st_dtype = (int)t->dtype;
 	tv->type = st_dtype_name(t->dtype);
-	switch (t->dtype) {
-	case ST_F32: tv->format = MOEK_F32; break;
-	case ST_F16: tv->format = MOEK_F16; break;
-	case ST_BF16: tv->format = MOEK_BF16; break;
-	case ST_F8_E4M3: tv->format = MOEK_FP8_E4M3_B128; break;
-	default: tv->format = FMT_NONE; break;
-	}
+	const struct moek_format_info *fi = moek_format_from_safetensors(tv->type);
+	tv->format = fi ? fi->format : FMT_NONE;
 	return 1;
 }
 
@@ -946,7 +941,7 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 				                  b->path, L, b->config_path, name);
 			if (take_weight(b, &tv, false, e, rows, cols, pr))
 				return -1;
-			if (pr->format == MOEK_FP8_E4M3_B128 &&
+			if (moek_format_scale_block(pr->format) &&
 			    take_fp8_scale(b, name, false, e, pr))
 				return -1;
 			char bias[264];

@@ -6,6 +6,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels_internal.h"
+
 static uint32_t rng_state = DOT_TEST_SEED;
 
 static inline uint32_t rng(void)
@@ -21,8 +23,16 @@ static inline float uniform(float lo, float hi)
 
 static inline bool have_avx2(void)
 {
-	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+	return moek_isa_supported(MOEK_ISA_AVX2);
+}
+
+/* Every form the CPU has on (false, nothing changed, where it has no VNNI form), or none. */
+static inline bool set_vnni_forms(bool on)
+{
+	if (!on)
+		return moek_set_isa_forms(0);
+	const unsigned all = moek_isa_forms_available();
+	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
 #endif

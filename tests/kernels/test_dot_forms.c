@@ -2,7 +2,7 @@
  * of the plain AVX2 form, and the plain form stays covered on CPUs that have them.
  *
  * - Q4_K / Q5_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
- *   moek_avx2_set_vnni): same bits for every token count (1..MOEK_DOT_TOKENS), one super-block
+ *   MOEK_FORM_VNNI): same bits for every token count (1..MOEK_DOT_TOKENS), one super-block
  *   and odd super-block counts, rows narrower and wider than the far-prefetch threshold; exact
  *   against the double dot of the dequantized operands.
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
@@ -31,9 +31,9 @@
 
 static bool vnni_available(void)
 {
-	if (!have_avx2() || !moek_avx2_set_vnni(true))
+	if (!have_avx2() || !set_vnni_forms(true))
 		return false;
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	return true;
 }
 
@@ -67,9 +67,9 @@ static void check_kquant(uint32_t fmt, size_t k)
 	for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++) {
 		for (size_t r = 0; r < ROWS; r++) {
 			float plain[MOEK_DOT_TOKENS], vnni[MOEK_DOT_TOKENS];
-			cr_assert(moek_avx2_set_vnni(false));
+			cr_assert(set_vnni_forms(false));
 			dot(wq + r * rb, NULL, xq, ab, nt, k, plain);
-			cr_assert(moek_avx2_set_vnni(true));
+			cr_assert(set_vnni_forms(true));
 			dot(wq + r * rb, NULL, xq, ab, nt, k, vnni);
 			cr_assert(memcmp(plain, vnni, nt * sizeof(float)) == 0,
 			          "%s k=%zu nt=%zu row %zu: %.9g (madd) vs %.9g (vnni)", name, k,
@@ -86,7 +86,7 @@ static void check_kquant(uint32_t fmt, size_t k)
 			}
 		}
 	}
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	free(w), free(wd), free(x), free(xd), free(wq), free(xq);
 }
 
@@ -140,7 +140,7 @@ static void check_rows(uint32_t fmt, size_t k, size_t nr)
 	moek_isa_quantize_act(ops, act, x, k, xq);
 	const bool forms = vnni_available();
 	for (int vnni = 0; vnni <= (int)forms; vnni++) {
-		cr_assert(moek_avx2_set_vnni(vnni));
+		cr_assert(set_vnni_forms(vnni));
 		rows(wq, rb, nr, xq, k, got);
 		for (size_t r = 0; r < nr; r++)
 			dot(wq + r * rb, NULL, xq, ab, 1, k, &want[r]);
@@ -149,7 +149,7 @@ static void check_rows(uint32_t fmt, size_t k, size_t nr)
 			          "%s k=%zu row %zu/%zu vnni=%d: %.9g (rows) vs %.9g (dot)", name,
 			          k, r, nr, vnni, (double)got[r], (double)want[r]);
 	}
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	free(w), free(x), free(wq), free(xq), free(got), free(want);
 }
 
@@ -183,10 +183,10 @@ static void check_ffn_forms(uint32_t format, size_t hidden, size_t ffn, size_t n
 	const bool forms = vnni_available();
 	float *fast = NULL;
 	if (forms) {
-		cr_assert(moek_avx2_set_vnni(true));
+		cr_assert(set_vnni_forms(true));
 		fast = fixture_run(&f, x, n, NULL);
 	}
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	float *plain = fixture_run(&f, x, n, NULL);
 	const char *name = moek_format_lookup(format)->name;
 	if (fast)

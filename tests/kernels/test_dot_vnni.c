@@ -1,5 +1,5 @@
 /* test_dot_vnni.c — the AVX512-VNNI form of the AVX2 Q4_0 / MXFP4 / IQ4_NL dot products
- * (moek_avx2_set_vnni) gives the same bits as the maddubs + madd form it replaces, for every
+ * (MOEK_FORM_VNNI) gives the same bits as the maddubs + madd form it replaces, for every
  * token count (1..MOEK_DOT_TOKENS), odd block counts (the unpaired last block), rows wider than
  * the two-accumulator loop, and every E8M0 exponent (0, 1, 254 and the NaN code 255 included);
  * and, with ordinary scales, stays exact against the double dot of the dequantized operands.
@@ -52,9 +52,9 @@ static void check_format(uint32_t fmt, size_t k, bool hostile_scales)
 	for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++) {
 		for (size_t r = 0; r < ROWS; r++) {
 			float plain[MOEK_DOT_TOKENS], vnni[MOEK_DOT_TOKENS];
-			cr_assert(moek_avx2_set_vnni(false));
+			cr_assert(set_vnni_forms(false));
 			dot(wq + r * rb, NULL, xq, ab, nt, k, plain);
-			cr_assert(moek_avx2_set_vnni(true));
+			cr_assert(set_vnni_forms(true));
 			dot(wq + r * rb, NULL, xq, ab, nt, k, vnni);
 			cr_assert(memcmp(plain, vnni, nt * sizeof(float)) == 0,
 			          "%s k=%zu nt=%zu row %zu: %.9g (maddubs) vs %.9g (vnni)", name, k,
@@ -73,15 +73,15 @@ static void check_format(uint32_t fmt, size_t k, bool hostile_scales)
 			}
 		}
 	}
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	free(w), free(wd), free(x), free(xd), free(wq), free(xq);
 }
 
 static bool vnni_available(void)
 {
-	if (!have_avx2() || !moek_avx2_set_vnni(true))
+	if (!have_avx2() || !set_vnni_forms(true))
 		return false;
-	moek_avx2_set_vnni(false);
+	set_vnni_forms(false);
 	return true;
 }
 
@@ -119,11 +119,22 @@ Test(dot_vnni, enabling_reports_support)
 {
 	/* where the CPU lacks it, enabling fails and the plain form stays in use; disabling
 	 * always succeeds */
-	cr_assert(moek_avx2_set_vnni(false));
+	cr_assert(moek_set_isa_forms(0));
 	__builtin_cpu_init();
 	const bool has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
-	cr_assert_eq(moek_avx2_set_vnni(true), has);
-	moek_avx2_set_vnni(false);
+	const bool vbmi = has && __builtin_cpu_supports("avx512vbmi");
+	cr_assert_eq(moek_isa_forms_available(),
+	             (has ? MOEK_FORM_VNNI : 0u) | (vbmi ? MOEK_FORM_VBMI : 0u));
+	cr_assert_eq(moek_set_isa_forms(MOEK_FORM_VNNI), has);
+	cr_assert_eq(moek_isa_forms(), has ? MOEK_FORM_VNNI : 0u);
+	cr_assert_eq(moek_set_isa_forms(MOEK_FORM_VNNI | MOEK_FORM_VBMI), vbmi);
+	cr_assert(!moek_set_isa_forms(MOEK_FORM_VBMI), "VBMI form without VNNI");
+	cr_assert_eq(moek_isa_forms(),
+	             vbmi  ? MOEK_FORM_VNNI | MOEK_FORM_VBMI
+	             : has ? MOEK_FORM_VNNI
+	                   : 0u,
+	             "a refused set changes nothing");
+	cr_assert(moek_set_isa_forms(0));
 }
 
 #else

@@ -26,9 +26,7 @@ struct fmt_case {
 
 static bool have_avx2(void)
 {
-	const bool ok = moek_set_isa(MOEK_ISA_AVX2) == 0;
-	moek_set_isa(MOEK_ISA_AUTO);
-	return ok;
+	return moek_isa_supported(MOEK_ISA_AVX2);
 }
 
 static void check_case(const struct fmt_case *fc)
@@ -321,13 +319,50 @@ Test(ffn_api, prepare_rejects_bad_calls_with_a_reason)
 
 Test(ffn_api, isa_can_be_forced)
 {
+	cr_assert(moek_isa_supported(MOEK_ISA_SCALAR));
 	cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
+	cr_expect_eq(moek_isa_active(), MOEK_ISA_SCALAR);
 	cr_expect_str_eq(moek_isa_name(), "scalar");
+	/* AVX2 runs exactly where the CPU has AVX2, FMA and F16C */
+	const unsigned need = MOEK_CPU_AVX2 | MOEK_CPU_FMA | MOEK_CPU_F16C;
+	cr_assert_eq(have_avx2(), (moek_cpu_features() & need) == need);
 	if (have_avx2()) {
+		cr_assert(moek_set_isa_forms(0));
 		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX2), 0);
+		cr_expect_eq(moek_isa_active(), MOEK_ISA_AVX2);
 		cr_expect_str_eq(moek_isa_name(), "avx2");
+		cr_expect_eq(moek_isa_forms(), moek_isa_forms_available(),
+		             "choosing AVX2 turns on every form the CPU has");
+	} else {
+		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX2), -1);
+		cr_expect_eq(moek_isa_active(), MOEK_ISA_SCALAR, "a refused ISA changes nothing");
 	}
 	cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+	cr_expect_eq(moek_isa_active(), have_avx2() ? MOEK_ISA_AVX2 : MOEK_ISA_SCALAR,
+	             "AUTO picks the most capable ISA the CPU runs");
+	cr_expect_eq(moek_isa_supported(MOEK_ISA_AUTO), true);
+}
+
+/* isa.c's CPUID/XGETBV detection against the compiler runtime's own (libgcc / compiler-rt),
+ * an independent reading of the same bits. */
+Test(ffn_api, cpu_features_match_the_compiler_runtime)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+	__builtin_cpu_init();
+	const unsigned f = moek_cpu_features();
+	cr_expect_eq(!!(f & MOEK_CPU_AVX2), !!__builtin_cpu_supports("avx2"));
+	cr_expect_eq(!!(f & MOEK_CPU_FMA), !!__builtin_cpu_supports("fma"));
+	cr_expect_eq(!!(f & MOEK_CPU_AVX512_VNNI), __builtin_cpu_supports("avx512vnni") &&
+	                                               __builtin_cpu_supports("avx512vl") &&
+	                                               __builtin_cpu_supports("avx512bw"));
+	cr_expect_eq(!!(f & MOEK_CPU_AVX512_VBMI), __builtin_cpu_supports("avx512vbmi") &&
+	                                               __builtin_cpu_supports("avx512vl") &&
+	                                               __builtin_cpu_supports("avx512bw"));
+	cr_expect_eq(!!(f & MOEK_CPU_INTEL), !!__builtin_cpu_is("intel"));
+	cr_expect_eq(moek_cpu_features(), f, "detected once: the same answer again");
+#else
+	cr_expect_eq(moek_cpu_features(), 0u);
+#endif
 }
 
 /* Each SIMD dot product: (1) exact against the double dot of the dequantized weights and the

@@ -16,6 +16,15 @@
 #include "expert_fixture.h"
 #include "kernels_internal.h"
 
+/* Every form the CPU has on (false, nothing changed, where it has no VNNI form), or none. */
+static inline bool set_vnni_forms(bool on)
+{
+	if (!on)
+		return moek_set_isa_forms(0);
+	const unsigned all = moek_isa_forms_available();
+	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
+}
+
 static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_INT4_G32};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
@@ -369,7 +378,7 @@ Test(interleave, splits_cutting_groups_give_the_same_bits)
 
 Test(interleave, vnni_form_gives_the_avx2_bits)
 {
-	if (!moek_avx2_set_vnni(true)) {
+	if (!set_vnni_forms(true)) {
 		cr_log_info("no AVX512-VNNI here: the plain AVX2 form is the only one");
 		return;
 	}
@@ -381,16 +390,18 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 			float *x = fixture_tokens(n, t.f.hidden, 3);
 			struct fixture fx = t.f;
 			fx.expert = t.x8;
-			cr_assert(moek_avx2_set_vnni(true));
+			cr_assert(set_vnni_forms(true));
 			float *v = fixture_run(&fx, x, n, NULL);
 			/* MXFP4's VBMI lookup off: the plain VNNI form (where VBMI is on by
 			 * default) */
-			const bool vbmi = moek_avx2_set_vbmi(false);
+			const bool vbmi = moek_isa_forms() & MOEK_FORM_VBMI;
+			cr_assert(moek_set_isa_forms(MOEK_FORM_VNNI));
 			float *nv = fixture_run(&fx, x, n, NULL);
-			cr_assert(moek_avx2_set_vnni(false));
-			cr_assert(!moek_avx2_set_vbmi(true), "VBMI form without VNNI");
+			cr_assert(set_vnni_forms(false));
+			cr_assert(!moek_set_isa_forms(MOEK_FORM_VBMI), "VBMI form without VNNI");
+			cr_assert_eq(moek_isa_forms(), 0, "a refused form changes nothing");
 			float *p = fixture_run(&fx, x, n, NULL);
-			cr_assert(moek_avx2_set_vnni(true));
+			cr_assert(set_vnni_forms(true));
 			cr_assert_eq(memcmp(v, p, n * t.f.hidden * sizeof(float)), 0,
 			             "%s, %zu tokens: VNNI%s and AVX2 forms differ", fname(format),
 			             n, vbmi ? " (VBMI)" : "");
@@ -444,7 +455,7 @@ Test(interleave, integer_corners)
 		float *rows = fixture_run(&t.f, x, 1, NULL);
 		float *got[2] = {NULL, NULL};
 		for (int vnni = 0; vnni < 2; vnni++) {
-			if (!moek_avx2_set_vnni(vnni))
+			if (!set_vnni_forms(vnni))
 				break;
 			got[vnni] = fixture_run(&fx, x, 1, NULL);
 			const double e = nmse_f(got[vnni], rows, t.f.hidden);
@@ -455,7 +466,7 @@ Test(interleave, integer_corners)
 		if (got[1])
 			cr_assert_eq(memcmp(got[0], got[1], t.f.hidden * sizeof(float)), 0,
 			             "%s: the forms differ at the corners", fname(format));
-		moek_avx2_set_vnni(true);
+		set_vnni_forms(true);
 		free(x), free(rows), free(got[0]), free(got[1]);
 		twin_free(&t);
 	}
