@@ -52,6 +52,7 @@
 #include "moe_kernels.h"
 #include "ops.h"
 #include "routing.h"
+#include "spin_wait.h"
 #include "trace_recorder.h"
 
 struct model_channel {
@@ -430,9 +431,14 @@ done:
  * go to the forward thread even when resident. */
 #define INLINE_MAX_TOKENS 16u
 
-/* How long the forward thread polls for the next FORWARD before sleeping: in a decode loop the
- * next layer's request follows the completion within a client round trip. */
-#define FORWARD_SPIN_NS 50000u
+/* The forward thread polls for the next FORWARD (spin_until, polling) up to SPIN_WAIT_BOUND_NS
+ * before sleeping: in a decode loop the next layer's request follows the completion within a
+ * client round trip. */
+static bool forward_queued(void *arg)
+{
+	const struct model_ops *o = arg;
+	return atomic_load_explicit(&o->queued, memory_order_acquire) != 0;
+}
 
 /* Sets mc's client mask from the slot's input (n bytes checked by model_op_mask) through the
  * private buffer `bits`, and fills *done. Runs on the dispatcher when nothing of mc's is
@@ -461,11 +467,9 @@ static void *forward_thread_main(void *arg)
 	for (;;) {
 		if (!o->stop && !o->rr_head) {
 			pthread_mutex_unlock(&o->lock);
-			for (uint64_t t0 = monotonic_ns(); monotonic_ns() - t0 < FORWARD_SPIN_NS;)
-				if (atomic_load_explicit(&o->queued, memory_order_acquire))
-					break;
-				else
-					moe_cpu_relax();
+			const uint64_t t0 = monotonic_ns();
+			spin_until(&spin_policy_polling, t0, t0 + SPIN_WAIT_BOUND_NS,
+			           forward_queued, o);
 			pthread_mutex_lock(&o->lock);
 		}
 		while (!o->stop && (!o->rr_head || o->executing))
