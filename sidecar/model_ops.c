@@ -38,6 +38,7 @@
  */
 #include "model_ops.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -715,35 +716,24 @@ static size_t expert_table(struct model_ops *o, uint8_t *out, size_t cap)
 	return total;
 }
 
-/* The routing keys STATS adds to the engine's object (docs/protocol.md §10). snprintf-like. */
-static size_t routing_stats_json(struct model_ops *o, bool experts, char *buf, size_t len)
+/* The routing members STATS adds to the engine's (docs/protocol.md §10). */
+static void routing_stats_json(struct model_ops *o, bool experts, struct json_writer *w)
 {
 	uint64_t switches, masked;
 	serve_model_mask_info(o->model, &switches, &masked);
-	int n = snprintf(buf, len,
-	                 ",\"gpu_mask_switches\":%llu,\"gpu_masked_experts\":%llu,"
-	                 "\"heat_half_life_tokens\":%u",
-	                 (unsigned long long)switches, (unsigned long long)masked,
-	                 routing_half_life(o->routing));
-	size_t used = n > 0 ? (size_t)n : 0;
+	jw_kv_u64(w, "gpu_mask_switches", switches);
+	jw_kv_u64(w, "gpu_masked_experts", masked);
+	jw_kv_u64(w, "heat_half_life_tokens", routing_half_life(o->routing));
 	if (o->recorder) {
 		struct trace_recorder_stats ts;
 		trace_recorder_stats(o->recorder, &ts);
-		n = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
-		             ",\"trace_lines\":%llu,\"trace_bytes\":%llu,\"trace_dropped\":%llu,"
-		             "\"trace_stopped\":%s",
-		             (unsigned long long)ts.lines, (unsigned long long)ts.bytes,
-		             (unsigned long long)ts.dropped, ts.stopped ? "true" : "false");
-		used += n > 0 ? (size_t)n : 0;
+		jw_kv_u64(w, "trace_lines", ts.lines);
+		jw_kv_u64(w, "trace_bytes", ts.bytes);
+		jw_kv_u64(w, "trace_dropped", ts.dropped);
+		jw_kv_bool(w, "trace_stopped", ts.stopped);
 	}
-	if (experts) {
-		if (used < len)
-			buf[used] = ',';
-		used++;
-		used += routing_json(o->routing, o->block_of_moe, used < len ? buf + used : NULL,
-		                     used < len ? len - used : 0);
-	}
-	return used;
+	if (experts)
+		routing_write_json(o->routing, o->block_of_moe, w);
 }
 
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
@@ -771,21 +761,17 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_lock(&o->lock);
 	uint32_t clients = o->n_clients;
 	pthread_mutex_unlock(&o->lock);
-	size_t len = serve_model_stats_json(
-	    o->model, clients, o->forwards_inline,
-	    atomic_load_explicit(&o->mem_channels, memory_order_relaxed), o->stats, o->stats_cap);
-	if (len < o->stats_cap) { /* the routing keys replace the closing brace */
-		len--;
-		len += routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, o->stats + len,
-		                          o->stats_cap - len);
-		if (len + 1 < o->stats_cap) {
-			o->stats[len++] = '}';
-			o->stats[len] = '\0';
-		} else {
-			len++;
-		}
-	}
-	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
+	struct json_writer w;
+	jw_init_buffer(&w, o->stats, o->stats_cap);
+	jw_object_begin(&w);
+	serve_model_stats_json(o->model, clients, o->forwards_inline,
+	                       atomic_load_explicit(&o->mem_channels, memory_order_relaxed), &w);
+	routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, &w);
+	jw_object_end(&w);
+	const int rc = jw_finish(&w);
+	assert(rc == 0 || rc == -ENOBUFS); /* the only error a well-nested writer reports */
+	const size_t len = jw_length(&w);
+	if (rc != 0 || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);
 		channel_request_error(ch, sqe, done, true,

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "json_writer.h"
 #include "moe_abi.h"
 
 struct serve_model_config {
@@ -143,10 +144,10 @@ void serve_model_settle(struct serve_model *m);
 uint32_t serve_model_retry_failed(struct serve_model *m);
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
-/* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
- * or the length it would need (>= len) when it does not fit. clients: channels attached now;
- * channel_bytes: the memory they are accounted for. */
-size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              uint64_t channel_bytes, char *buf, size_t len);
+/* Writes the model's and the engine's STATS members into w's open object (the caller adds its
+ * own and closes it). clients: channels attached now; channel_bytes: the memory they are
+ * accounted for. */
+void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
+                            uint64_t channel_bytes, struct json_writer *w);
 
 #endif

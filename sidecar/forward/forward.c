@@ -1653,65 +1653,72 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
-/* Appends to buf like snprintf, tracking the length the whole output needs. */
-__attribute__((format(printf, 4, 5))) static void put(char *buf, size_t len, size_t *at,
-                                                      const char *fmt, ...)
+void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	const int n = vsnprintf(*at < len ? buf + *at : NULL, *at < len ? len - *at : 0, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		*at += (size_t)n;
-}
-
-size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
-{
-	size_t at = 0;
-	if (len)
-		buf[0] = 0;
-	put(buf, len, &at,
-	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
-	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
-	    "\"resident_bytes\":%llu,\"slot_bytes_used\":%llu,\"pool_bytes\":%llu,"
-	    "\"budget_bytes\":%llu,\"slots\":%u,\"evictions\":%llu,"
-	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
-	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
-	    "\"fixed_reads\":%llu,\"plain_reads\":%llu,\"fixed_buffers\":%u,"
-	    "\"pool_hugetlb\":%d,\"pool_thp\":%d,\"layers\":[",
-	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
-	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
-	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
-	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
-	    (unsigned long long)st->slot_bytes_used, (unsigned long long)st->pool_bytes,
-	    (unsigned long long)st->budget_bytes, st->slots, (unsigned long long)st->evictions,
-	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
-	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
-	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries,
-	    (unsigned long long)st->fixed_reads, (unsigned long long)st->plain_reads,
-	    st->fixed_buffers, st->pool_hugetlb ? 1 : 0, st->pool_thp ? 1 : 0);
-	bool first = true;
+	jw_kv_u64(w, "requests", st->requests);
+	jw_kv_u64(w, "tokens", st->tokens);
+	jw_kv_u64(w, "hits", st->hits);
+	jw_kv_u64(w, "cold_misses", st->cold_misses);
+	jw_kv_u64(w, "inflight_misses", st->inflight_misses);
+	jw_kv_u64(w, "bytes_read", st->bytes_read);
+	jw_kv_u64(w, "failures", st->failures);
+	jw_kv_u64(w, "resident_bytes", st->resident_bytes);
+	jw_kv_u64(w, "slot_bytes_used", st->slot_bytes_used);
+	jw_kv_u64(w, "pool_bytes", st->pool_bytes);
+	jw_kv_u64(w, "budget_bytes", st->budget_bytes);
+	jw_kv_u64(w, "slots", st->slots);
+	jw_kv_u64(w, "evictions", st->evictions);
+	jw_kv_u64(w, "loader_bytes_read", st->loader_bytes_read);
+	jw_kv_u64(w, "prefetches", st->prefetches);
+	jw_kv_u64(w, "prefetch_hits", st->prefetch_hits);
+	jw_kv_u64(w, "prefetch_wasted", st->prefetch_wasted);
+	jw_kv_u64(w, "failed_experts", st->failed_experts);
+	jw_kv_u64(w, "failed_retries", st->failed_retries);
+	jw_kv_u64(w, "fixed_reads", st->fixed_reads);
+	jw_kv_u64(w, "plain_reads", st->plain_reads);
+	jw_kv_u64(w, "fixed_buffers", st->fixed_buffers);
+	jw_kv_u64(w, "pool_hugetlb", st->pool_hugetlb ? 1 : 0);
+	jw_kv_u64(w, "pool_thp", st->pool_thp ? 1 : 0);
+	jw_key(w, "layers");
+	jw_array_begin(w);
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];
 		if (s->requests == 0)
 			continue;
-		put(buf, len, &at,
-		    "%s{\"layer\":%u,\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,"
-		    "\"cold_misses\":%llu,\"inflight_misses\":%llu,\"bytes_read\":%llu,"
-		    "\"failures\":%llu,\"queue_us\":{\"p50\":%llu,\"p99\":%llu},"
-		    "\"io_us\":{\"p50\":%llu,\"p99\":%llu},\"compute_us\":{\"p50\":%llu,\"p99\":%"
-		    "llu},"
-		    "\"total_us\":{\"p50\":%llu,\"p99\":%llu}}",
-		    first ? "" : ",", s->layer, (unsigned long long)s->requests,
-		    (unsigned long long)s->tokens, (unsigned long long)s->hits,
-		    (unsigned long long)s->cold_misses, (unsigned long long)s->inflight_misses,
-		    (unsigned long long)s->bytes_read, (unsigned long long)s->failures,
-		    (unsigned long long)s->queue_p50_us, (unsigned long long)s->queue_p99_us,
-		    (unsigned long long)s->io_p50_us, (unsigned long long)s->io_p99_us,
-		    (unsigned long long)s->compute_p50_us, (unsigned long long)s->compute_p99_us,
-		    (unsigned long long)s->total_p50_us, (unsigned long long)s->total_p99_us);
-		first = false;
+		jw_object_begin(w);
+		jw_kv_u64(w, "layer", s->layer);
+		jw_kv_u64(w, "requests", s->requests);
+		jw_kv_u64(w, "tokens", s->tokens);
+		jw_kv_u64(w, "hits", s->hits);
+		jw_kv_u64(w, "cold_misses", s->cold_misses);
+		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
+		jw_kv_u64(w, "bytes_read", s->bytes_read);
+		jw_kv_u64(w, "failures", s->failures);
+		const struct {
+			const char *key;
+			uint64_t p50, p99;
+		} lat[] = {{"queue_us", s->queue_p50_us, s->queue_p99_us},
+		           {"io_us", s->io_p50_us, s->io_p99_us},
+		           {"compute_us", s->compute_p50_us, s->compute_p99_us},
+		           {"total_us", s->total_p50_us, s->total_p99_us}};
+		for (size_t i = 0; i < sizeof(lat) / sizeof(lat[0]); i++) {
+			jw_key(w, lat[i].key);
+			jw_object_begin(w);
+			jw_kv_u64(w, "p50", lat[i].p50);
+			jw_kv_u64(w, "p99", lat[i].p99);
+			jw_object_end(w);
+		}
+		jw_object_end(w);
 	}
-	put(buf, len, &at, "]}");
-	return at;
+	jw_array_end(w);
+}
+
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
+{
+	struct json_writer w;
+	jw_init_buffer(&w, buf, len);
+	jw_object_begin(&w);
+	forward_stats_write(st, &w);
+	jw_object_end(&w);
+	return jw_length(&w);
 }

@@ -51,6 +51,7 @@
 #include <stdint.h>
 
 #include "catalog.h"
+#include "json_writer.h"
 #include "residency.h"
 
 enum forward_source {
@@ -316,5 +317,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
  * Layers with no request are left out. Returns the length it needs (without the NUL), like
  * snprintf: the output is complete only when that is < len. */
 size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len);
+
+/* The same members, written into w's open object (for a caller that adds members of its own). */
+void forward_stats_write(const struct forward_stats *st, struct json_writer *w);
 
 #endif /* MOE_FORWARD_H */
