@@ -20,6 +20,9 @@
 
 #include "catalog.h"
 #include "forward.h"
+#ifdef MOE_TEST_HOOKS
+#include "forward_internal.h" /* forward_create_with_fault_hook */
+#endif
 #include "log.h"
 #include "memlimit.h"
 #include "moe_proto.h"
@@ -34,8 +37,10 @@ struct serve_model {
 	struct pagecache_probes *probes;
 	struct forward_layer_stats *layer_stats; /* forward_stats_layers() entries */
 	uint32_t n_layer_stats;
+#ifdef MOE_TEST_HOOKS
 	int32_t fail_layer, fail_expert;
 	uint32_t fail_loads;
+#endif
 	struct progress warm;
 	bool warm_started;
 };
@@ -115,6 +120,7 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 	}
 }
 
+#ifdef MOE_TEST_HOOKS
 /* Test hook: the reads of the chosen expert fail with EIO, in its first fail_loads loads (all
  * when 0). info->layer is the MoE layer, as is fail_layer. */
 static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, int res)
@@ -125,6 +131,7 @@ static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, 
 		return -EIO;
 	return res;
 }
+#endif
 
 static void describe(struct serve_model *m, const struct serve_model_config *cfg)
 {
@@ -160,9 +167,11 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	struct serve_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return fail(err, err_len, "out of memory");
+#ifdef MOE_TEST_HOOKS
 	m->fail_layer = cfg->fail_layer;
 	m->fail_expert = cfg->fail_expert;
 	m->fail_loads = cfg->fail_loads;
+#endif
 
 	struct model_error merr;
 	memset(&merr, 0, sizeof(merr));
@@ -269,9 +278,10 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	    .progress = warm_progress,
 	    .progress_arg = m,
 	};
+#ifdef MOE_TEST_HOOKS
+	loader_fault_fn hook = NULL;
 	if (cfg->fail_layer >= 0) {
-		fc.fault_hook = fail_reads_of_expert;
-		fc.fault_arg = m;
+		hook = fail_reads_of_expert;
 		if (cfg->fail_loads)
 			log_warn("serve",
 			         "testing: the first %u load(s) of layer %d expert %d will fail "
@@ -282,6 +292,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         "testing: every read of layer %d expert %d will fail with EIO",
 			         cfg->fail_layer, cfg->fail_expert);
 	}
+#endif
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		goto fail;
 	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
@@ -298,7 +309,12 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		         engine_limit, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	char ferr[400];
+#ifdef MOE_TEST_HOOKS
+	const int frc =
+	    forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, ferr, sizeof(ferr));
+#else
 	const int frc = forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr));
+#endif
 	if (frc != 0) {
 		if (frc == -ENOSPC)
 			fail(err, err_len,

@@ -49,10 +49,13 @@ struct serve_model_config {
 	 * at all (every demand retries). */
 	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool retry_without_backoff;
-	/* Testing: the reads of this (layer, expert) fail with EIO (layer -1: none) — in its first
-	 * fail_loads loads, or every one when fail_loads is 0. */
+#ifdef MOE_TEST_HOOKS
+	/* The test-hooks daemon only (--debug-fail-expert): the reads of this (layer, expert) fail
+	 * with EIO (layer -1: none) — in its first fail_loads loads, or every one when fail_loads
+	 * is 0. Only serve.c and serve_model.c, built alike, see this struct. */
 	int32_t fail_layer, fail_expert;
 	uint32_t fail_loads;
+#endif
 };
 
 /* What is served, in wire-neutral types. */

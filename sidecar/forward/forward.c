@@ -312,6 +312,13 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, char *err, size_t err_len)
 {
+	return forward_create_with_fault_hook(out, cat, config, NULL, NULL, err, err_len);
+}
+
+int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
+                                   const struct forward_config *config, loader_fault_fn hook,
+                                   void *hook_arg, char *err, size_t err_len)
+{
 	*out = NULL;
 	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0) {
 		snprintf(err, err_len, "model has no routed experts");
@@ -346,6 +353,8 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	topo_open = true;
 	if (weights_open(&e->w, cat, config, &e->topo, err, err_len) != 0)
 		goto fail;
+	e->w.fault_hook = hook;
+	e->w.fault_arg = hook_arg;
 	e->last_moe_layer = e->w.n_moe_layers - 1;
 	{
 		const size_t P = (size_t)e->max_tokens * e->max_k;

@@ -109,9 +109,6 @@ struct forward_config {
 	/* Warming: ALL_RESIDENT load and RESIDENCY pinned layers */
 	forward_progress_fn progress;
 	void *progress_arg;
-	/* Tests only: passed to each residency's loader */
-	loader_fault_fn fault_hook;
-	void *fault_arg;
 };
 
 struct forward_engine;

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 
 #include "catalog_adapter.h"
+#include "fault_hook.h"
 #include "forward.h"
 #include "moe_kernels.h"
 
@@ -175,6 +176,12 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
  * from the files) into the view of the rearranged expert. */
 void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);
 
+/* forward_create with a read-fault hook installed in every residency before its first read
+ * (fault_hook.h): for tests and the test-hooks daemon only. */
+int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
+                                   const struct forward_config *config, loader_fault_fn hook,
+                                   void *hook_arg, char *err, size_t err_len);
+
 /* ---- weights.c ---- */
 /* f32 side data of one expert: biases and FP8 block scales (converted from the files at
  * create; small). Offsets in floats into weights.aux, UINT64_MAX = absent. */
@@ -204,6 +211,9 @@ struct load_transform {
 };
 struct forward_weights {
 	enum forward_source source;
+	/* Tests only (forward_create_with_fault_hook): installed in every residency */
+	loader_fault_fn fault_hook;
+	void *fault_arg;
 	const struct moe_catalog *cat;
 	uint32_t n_moe_layers, n_experts;
 	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */
