@@ -1,5 +1,5 @@
-/* forward.c — the forward engine: validation, the per-request scheduler, the reference,
- * client masks, prefetch and statistics. Contracts are in forward.h.
+/* forward.c — the forward engine: validation, the per-request scheduler, the test oracle's
+ * access to the weights, client masks, prefetch and statistics. Contracts are in forward.h.
  *
  * A request is planned once: each token's valid ids are ordered by weight (descending, ties
  * by position), the last k_defer of them deferred; (token, position) pairs are grouped per
@@ -1251,146 +1251,78 @@ static int run_slices(struct moek_ffn_call *c, const struct held_expert *h, uint
 	return 0;
 }
 
-/* Independent of the scheduler's planning code on purpose: ranks by counting, batches by a scan
- * per expert (every entry naming the expert, in (token, position) order), one moek_ffn_run per
- * batch on this thread. */
-int forward_reference(struct forward_engine *e, const struct forward_request *q,
-                      float *out_immediate, float *out_deferred, struct forward_result *res)
+/* ---- the test oracle's access (forward_internal.h; the oracle is tests/forward/oracle.c) -- */
+
+int forward_oracle_begin(struct forward_engine *e, const struct forward_request *q,
+                         float *out_deferred, struct forward_result *res,
+                         struct forward_oracle_shape *shape)
 {
 	engine_take(e);
 	settle(e, true); /* its experts held would leave this one fewer slots to wait for */
 	uint32_t moe_layer = 0;
-	int rc = validate(e, q, out_deferred, res, &moe_layer);
+	const int rc = validate(e, q, out_deferred, res, &moe_layer);
 	if (rc != MOE_OK) {
 		engine_give_back(e);
 		return rc;
 	}
-	const size_t n = q->n_tokens, k = q->k, h = e->hidden;
-	const size_t row = h * dtype_size(q->x_dtype);
-	uint32_t *rank = calloc(n * k, sizeof(uint32_t));
-	uint8_t *deferred = calloc(n * k, 1);
-	uint32_t *members = calloc(n * k, sizeof(uint32_t));
-	float *contrib = calloc(n * k * h, sizeof(float));
-	uint8_t *xbuf = malloc(n * k * row);
-	float *wbuf = calloc(n * k, sizeof(float));
-	float *ybuf = calloc(n * k * h, sizeof(float));
-	if (!rank || !deferred || !members || !contrib || !xbuf || !wbuf || !ybuf) {
-		rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
-		goto out;
-	}
-	for (size_t t = 0; t < n; t++) {
-		const int32_t *ids = &q->ids[t * k];
-		const float *w = &q->weights[t * k];
-		uint32_t valid = 0;
-		for (size_t j = 0; j < k; j++)
-			valid += ids[j] >= 0;
-		const uint32_t n_def = q->k_defer < valid ? q->k_defer : valid;
-		for (size_t j = 0; j < k; j++) {
-			if (ids[j] < 0)
-				continue;
-			uint32_t r = 0;
-			for (size_t i = 0; i < k; i++)
-				r += ids[i] >= 0 && (w[i] > w[j] || (w[i] == w[j] && i < j));
-			rank[t * k + j] = r;
-			deferred[t * k + j] = r >= valid - n_def;
-		}
-	}
-	for (uint32_t x = 0; x < e->cat->info.n_experts && rc == MOE_OK; x++) {
-		size_t m = 0; /* one batch per expert, deferred entries included (forward.h) */
-		for (size_t p = 0; p < n * k; p++)
-			if (q->ids[p] == (int32_t)x) {
-				members[m] = (uint32_t)p;
-				memcpy(xbuf + m * row, (const uint8_t *)q->x + (p / k) * row, row);
-				wbuf[m++] = q->weights[p];
-			}
-		if (m == 0)
-			continue;
-		struct held_expert held = {0};
-		char err[128];
-		if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
-			int a = 0;
-			for (uint32_t r = 0; r < e->w.n_res && a == 0; r++) {
-				a = residency_acquire(e->w.res[r], moe_layer, x, -1.0f, 0,
-				                      &held.ref[r]);
-				if (a != 0) {
-					struct req_group g = {.expert = x};
-					rc = demand_failed(e, q, &g, r, a, res);
-				} else {
-					held.held_nodes |= 1u << r;
-				}
-			}
-			if (a != 0) {
-				weights_release(&e->w, &held);
-				break;
-			}
-			a = weights_held_view(&e->w, &held, err, sizeof(err));
-			if (a != 0)
-				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-		} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) !=
-		           0) {
-			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-		}
-		void *scratch = NULL;
-		if (rc == MOE_OK) {
-			const size_t sb = moek_ffn_scratch_bytes(&held.view, m, 1);
-			scratch = malloc(sb);
-			memset(ybuf, 0, m * h * sizeof(float));
-			struct moek_ffn_call c = {
-			    .expert = &held.view,
-			    .n_tokens = m,
-			    .x = xbuf,
-			    .x_dtype = q->x_dtype,
-			    .weights = wbuf,
-			    .out = ybuf,
-			    .scratch = scratch,
-			    .scratch_bytes = sb,
-			    .n_workers = 1,
-			};
-			if (!scratch)
-				rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
-			else if ((e->w.sliced
-			              ? run_slices(&c, &held, e->w.n_nodes, err, sizeof(err))
-			              : moek_ffn_run(&c, err, sizeof(err))) != 0)
-				rc = fail(res, MOE_EIO, -1, -1, (int32_t)x,
-				          "layer %d expert %u: %s", q->layer, x, err);
-			for (size_t i = 0; i < m && rc == MOE_OK; i++)
-				memcpy(contrib + members[i] * h, ybuf + i * h, h * sizeof(float));
-		}
-		free(scratch);
-		weights_release(&e->w, &held);
-	}
-	if (rc != MOE_OK)
-		goto out;
-	for (size_t t = 0; t < n; t++) {
-		float *oi = out_immediate + t * h;
-		float *od = out_deferred ? out_deferred + t * h : NULL;
-		memset(oi, 0, h * sizeof(float));
-		if (od)
-			memset(od, 0, h * sizeof(float));
-		for (uint32_t r = 0; r < k; r++)
-			for (size_t j = 0; j < k; j++) {
-				const size_t p = t * k + j;
-				if (q->ids[p] < 0 || rank[p] != r)
-					continue;
-				float *o = deferred[p] ? od : oi;
-				for (size_t i = 0; i < h; i++)
-					o[i] += contrib[p * h + i];
-				res->n_deferred += deferred[p];
-			}
-		if (q->deferred_in)
-			for (size_t i = 0; i < h; i++)
-				oi[i] += q->deferred_in[t * h + i];
-	}
-out:
-	res->status = rc;
+	shape->moe_layer = moe_layer;
+	shape->hidden = e->hidden;
+	shape->n_experts = e->cat->info.n_experts;
+	shape->x_row_bytes = (size_t)e->hidden * dtype_size(q->x_dtype);
+	return MOE_OK;
+}
+
+void forward_oracle_end(struct forward_engine *e)
+{
 	engine_give_back(e);
-	free(rank);
-	free(deferred);
-	free(members);
-	free(contrib);
-	free(xbuf);
-	free(wbuf);
-	free(ybuf);
+}
+
+int forward_oracle_expert(struct forward_engine *e, const struct forward_request *q,
+                          uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
+                          struct forward_result *res)
+{
+	struct held_expert held = {0};
+	char err[128];
+	int rc = MOE_OK;
+	if (e->w.source == FORWARD_SOURCE_RESIDENCY) {
+		int a = 0;
+		for (uint32_t r = 0; r < e->w.n_res && a == 0; r++) {
+			a = residency_acquire(e->w.res[r], moe_layer, x, -1.0f, 0, &held.ref[r]);
+			if (a != 0) {
+				struct req_group g = {.expert = x};
+				rc = demand_failed(e, q, &g, r, a, res);
+			} else {
+				held.held_nodes |= 1u << r;
+			}
+		}
+		if (a != 0) {
+			weights_release(&e->w, &held);
+			return rc;
+		}
+		if (weights_held_view(&e->w, &held, err, sizeof(err)) != 0)
+			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+	} else if (weights_static_view(&e->w, moe_layer, x, &held.view, err, sizeof(err)) != 0) {
+		rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+	}
+	void *scratch = NULL;
+	if (rc == MOE_OK) {
+		const size_t sb = moek_ffn_scratch_bytes(&held.view, c->n_tokens, 1);
+		scratch = malloc(sb);
+		c->expert = &held.view;
+		c->scratch = scratch;
+		c->scratch_bytes = sb;
+		c->n_workers = 1;
+		if (!scratch)
+			rc = fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
+		else if ((e->w.sliced ? run_slices(c, &held, e->w.n_nodes, err, sizeof(err))
+		                      : moek_ffn_run(c, err, sizeof(err))) != 0)
+			rc = fail(res, MOE_EIO, -1, -1, (int32_t)x, "layer %d expert %u: %s",
+			          q->layer, x, err);
+	}
+	c->expert = NULL;
+	c->scratch = NULL;
+	free(scratch);
+	weights_release(&e->w, &held);
 	return rc;
 }
 

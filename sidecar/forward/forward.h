@@ -4,8 +4,9 @@
  * Owns: NUMA topology (hwloc, real or synthetic), one worker pool per node, the weights
  * source (RESIDENCY: sidecar/residency/, ALL_RESIDENT: everything loaded at create, MMAP:
  * pointers into the model files' mapping — the page-cache baseline), the per-request
- * scheduler, per-client GPU masks, per-layer counters and latency histograms, and
- * forward_reference (the plain single-threaded oracle every result is compared to).
+ * scheduler, per-client GPU masks, per-layer counters and latency histograms. The plain
+ * single-threaded oracle every result is compared to (forward_reference) is test code:
+ * tests/forward/oracle.h.
  *
  * Layers are transformer block indices (the wire's sqe.layer); dense blocks are rejected with
  * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry, each expert at most once per
@@ -219,12 +220,6 @@ int forward_run(struct forward_engine *e, const struct forward_request *req, flo
  * for it (helping), writes its out_deferred, lets its experts go. Nothing pending: returns at
  * once. Takes the engine like forward_run. */
 void forward_settle(struct forward_engine *e);
-
-/* The oracle: same contract and summation order as forward_run, computed on the calling
- * thread with moek_ffn_run per expert group, weights read from `e`'s source (ALL_RESIDENT or
- * MMAP; with RESIDENCY each expert is acquired waiting). Not for the hot path. */
-int forward_reference(struct forward_engine *e, const struct forward_request *req,
-                      float *out_immediate, float *out_deferred, struct forward_result *res);
 
 /* True if forward_run of these ids (n entries, -1 = skip; out-of-range ids count as "no
  * wait": validation fails them at once) would compute without waiting for a load: every

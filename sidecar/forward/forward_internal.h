@@ -1,10 +1,10 @@
 /* forward_internal.h — what the forward engine's files share: topology, worker pool, weights
  * sources and the engine struct. Not an API: forward.h is.
  *
- * Threading: forward_run/forward_reference take the engine one at a time (`running` under
- * run_lock, never held across compute or I/O); mask_lock guards the client masks; counters
- * are atomics. The pool's job fields are written by the thread running the request before it
- * starts a wave and read by workers after the start barrier.
+ * Threading: forward_run and the oracle (forward_oracle_begin) take the engine one at a time
+ * (`running` under run_lock, never held across compute or I/O); mask_lock guards the client masks;
+ * counters are atomics. The pool's job fields are written by the thread running the request before
+ * it starts a wave and read by workers after the start barrier.
  */
 #ifndef MOE_FORWARD_INTERNAL_H
 #define MOE_FORWARD_INTERNAL_H
@@ -175,6 +175,28 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 /* Turns a view whose gate.data is the start of the rearranged range (up and down as built
  * from the files) into the view of the rearranged expert. */
 void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);
+
+/* ---- the test oracle's access (tests/forward/oracle.c) ---- */
+struct forward_oracle_shape {
+	uint32_t moe_layer; /* of the request */
+	uint32_t hidden;    /* floats per output row */
+	uint32_t n_experts; /* per layer */
+	size_t x_row_bytes; /* one input row in the request's dtype */
+};
+/* Takes the engine (as forward_run does, settling a deferred part first) and validates q the
+ * way forward_run does. MOE_OK: the caller holds the engine until forward_oracle_end. Else
+ * the error, res filled, the engine given back. */
+int forward_oracle_begin(struct forward_engine *e, const struct forward_request *q,
+                         float *out_deferred, struct forward_result *res,
+                         struct forward_oracle_shape *shape);
+void forward_oracle_end(struct forward_engine *e);
+/* Runs expert x's FFN over c (tokens, inputs, weights, output set by the caller; expert view
+ * and scratch set here, cleared on return) on the calling thread, the weights read as
+ * forward_run reads them (each residency acquired waiting; a sliced source node by node).
+ * MOE_OK, or the error with res filled as forward_run would. */
+int forward_oracle_expert(struct forward_engine *e, const struct forward_request *q,
+                          uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
+                          struct forward_result *res);
 
 /* forward_create with a read-fault hook installed in every residency before its first read
  * (fault_hook.h): for tests and the test-hooks daemon only. */
