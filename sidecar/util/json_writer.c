@@ -56,6 +56,16 @@ static void emit_str(struct json_writer *w, const char *s)
 	emit(w, s, strlen(s));
 }
 
+void jw_set_spaced(struct json_writer *w, bool spaced)
+{
+	w->spaced = spaced;
+}
+
+static void emit_comma(struct json_writer *w)
+{
+	emit(w, ", ", w->spaced ? 2 : 1);
+}
+
 static bool top_is_object(const struct json_writer *w)
 {
 	return w->depth && (w->is_object >> (w->depth - 1) & 1u);
@@ -75,7 +85,7 @@ static void before_value(struct json_writer *w)
 	if (w->depth) {
 		const uint32_t bit = 1u << (w->depth - 1);
 		if (w->has_element & bit)
-			emit(w, ",", 1);
+			emit_comma(w);
 		w->has_element |= bit;
 	}
 }
@@ -158,11 +168,11 @@ void jw_key(struct json_writer *w, const char *key)
 	}
 	const uint32_t bit = 1u << (w->depth - 1);
 	if (w->has_element & bit)
-		emit(w, ",", 1);
+		emit_comma(w);
 	w->has_element |= bit;
 	emit(w, "\"", 1);
 	emit_escaped(w, key, strlen(key));
-	emit(w, "\":", 2);
+	emit(w, "\": ", w->spaced ? 3 : 2);
 	w->after_key = true;
 }
 
@@ -204,7 +214,9 @@ void jw_double(struct json_writer *w, double v, int decimals)
 	}
 	/* %.*f of a finite double: at most 309 integer digits, a sign, a point, the decimals */
 	char num[400];
-	if (decimals < 0)
+	if (decimals == JW_SHORT)
+		snprintf(num, sizeof(num), "%g", v);
+	else if (decimals < 0)
 		snprintf(num, sizeof(num), "%.17g", v);
 	else
 		snprintf(num, sizeof(num), "%.*f", decimals > 60 ? 60 : decimals, v);

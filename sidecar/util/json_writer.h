@@ -33,6 +33,7 @@ struct json_writer {
 	uint32_t has_element;
 	uint32_t is_object; /* per open container: an object (else an array) */
 	bool after_key;     /* a key was written, its value is next */
+	bool spaced;        /* ", " and ": " (jw_set_spaced) */
 };
 
 /* Output into buf (cap bytes, NUL-terminated when cap > 0). buf may be NULL when cap is 0, to
@@ -40,6 +41,9 @@ struct json_writer {
 void jw_init_buffer(struct json_writer *w, char *buf, size_t cap);
 /* Output to f (not flushed). */
 void jw_init_file(struct json_writer *w, FILE *f);
+
+/* A space after every comma and colon from now on: for outputs documented in that shape. */
+void jw_set_spaced(struct json_writer *w, bool spaced);
 
 void jw_object_begin(struct json_writer *w);
 void jw_object_end(struct json_writer *w);
@@ -53,8 +57,12 @@ void jw_string(struct json_writer *w, const char *s);
 void jw_string_n(struct json_writer *w, const char *s, size_t n);
 void jw_u64(struct json_writer *w, uint64_t v);
 void jw_i64(struct json_writer *w, int64_t v);
-/* With `decimals` digits after the point ("%.*f"), or, when decimals < 0, with 17 significant
- * digits ("%.17g", reads back to the same double). NaN and infinities: null. */
+/* jw_double's `decimals`, besides a count of digits after the point ("%.*f"): */
+#define JW_ROUNDTRIP (-1) /* 17 significant digits ("%.17g"): reads back to the same double */
+#define JW_SHORT (-2)     /* 6 significant digits ("%g"), for figures read by people */
+
+/* v with `decimals` digits after the point, or as JW_ROUNDTRIP / JW_SHORT say. NaN and
+ * infinities: null. */
 void jw_double(struct json_writer *w, double v, int decimals);
 void jw_bool(struct json_writer *w, bool v);
 void jw_null(struct json_writer *w);

@@ -64,13 +64,16 @@ Test(json_writer, writes_non_finite_doubles_as_null)
 	jw_init_buffer(&w, buf, sizeof(buf));
 	jw_array_begin(&w);
 	jw_double(&w, NAN, 6);
-	jw_double(&w, INFINITY, -1);
+	jw_double(&w, INFINITY, JW_ROUNDTRIP);
 	jw_double(&w, -INFINITY, 2);
-	jw_double(&w, 0.1, -1);
+	jw_double(&w, 0.1, JW_ROUNDTRIP);
 	jw_double(&w, 2.0 / 3.0, 6);
+	jw_double(&w, 2.0 / 3.0, JW_SHORT);
+	jw_double(&w, 1e-7, JW_SHORT);
+	jw_double(&w, NAN, JW_SHORT);
 	jw_array_end(&w);
 	cr_assert_eq(jw_finish(&w), 0);
-	cr_assert_str_eq(buf, "[null,null,null,0.10000000000000001,0.666667]");
+	cr_assert_str_eq(buf, "[null,null,null,0.10000000000000001,0.666667,0.666667,1e-07,null]");
 }
 
 Test(json_writer, full_precision_doubles_read_back_exactly)
@@ -80,7 +83,7 @@ Test(json_writer, full_precision_doubles_read_back_exactly)
 		char buf[64];
 		struct json_writer w;
 		jw_init_buffer(&w, buf, sizeof(buf));
-		jw_double(&w, v[i], -1);
+		jw_double(&w, v[i], JW_ROUNDTRIP);
 		cr_assert_eq(jw_finish(&w), 0);
 		cr_assert_eq(strtod(buf, NULL), v[i], "%s", buf);
 	}
@@ -187,4 +190,22 @@ Test(json_writer, file_output_matches_buffer_output_and_parses_back)
 	cr_assert_eq(json_type_of(doc, json_next(doc, json_first(doc, list))), JSON_NULL);
 	json_free(doc);
 	free(mem);
+}
+
+Test(json_writer, spaced_separators)
+{
+	char buf[64];
+	struct json_writer w;
+	jw_init_buffer(&w, buf, sizeof(buf));
+	jw_set_spaced(&w, true);
+	jw_object_begin(&w);
+	jw_key(&w, "a");
+	jw_array_begin(&w);
+	jw_u64(&w, 1);
+	jw_null(&w);
+	jw_array_end(&w);
+	jw_kv_bool(&w, "b", true);
+	jw_object_end(&w);
+	cr_assert_eq(jw_finish(&w), 0);
+	cr_assert_str_eq(buf, "{\"a\": [1, null], \"b\": true}");
 }
