@@ -5,8 +5,8 @@
  * nothing queued or running, every expert it names resident now, at most INLINE_MAX_TOKENS
  * tokens, and it is the last submission of its drained batch (nothing behind it waits for
  * its compute). That is a decode step at full budget, and it saves the hand-off to another
- * thread, a futex wake-up on the critical path of every layer (tens of µs on a VM; the
- * dispatcher is awake anyway, having just taken the request). Everything else — a request
+ * thread, a futex wake-up on the critical path of every layer (dear on a VM whose idle vCPUs
+ * halt; the dispatcher is awake anyway, having just taken the request). Everything else — a request
  * that must wait for NVMe, a prefill, one arriving while another runs — goes to the forward
  * thread, so the dispatcher stays responsive to other clients while loads are in flight.
  * `executing` (under lock) makes the two mutually exclusive, so requests still run one at a

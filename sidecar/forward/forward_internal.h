@@ -3,8 +3,8 @@
  *
  * Threading: forward_run and the oracle (forward_oracle_begin) take the engine one at a time
  * (`running` under run_lock, never held across compute or I/O); mask_lock guards the client masks;
- * counters are atomics. The pool's job fields are written by the thread running the request before
- * it starts a wave and read by workers after the start barrier.
+ * counters are atomics. The pool's wave description is written by the thread running the request
+ * while wave_seq is odd and read by workers once it is even again (pool.c).
  */
 #ifndef MOE_FORWARD_INTERNAL_H
 #define MOE_FORWARD_INTERNAL_H
@@ -122,8 +122,7 @@ bool pool_runs_behind(const struct forward_pool *p);
  * the first n_groups - n_groups % threads give every worker the same share whole and the rest is
  * split evenly; with unequal counts every group is split (no worker waits for another's large
  * group). Two workers streaming halves of the same small expert lose to each running its own
- * (Qwen3-sized experts, one token, MXFP4 and Q4_K: 0.84-0.86 of the DRAM read -> 0.86-0.89 in
- * bench_kernels; docs/performance.md). */
+ * (docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
 /* ---- forward.c: latency histograms ---- */

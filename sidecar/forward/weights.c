@@ -600,8 +600,8 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 	w->resident = buf;
 	/* Transparent huge pages where the system grants them on request (THP "madvise"
 	 * mode): decode streams a few MiB of scattered experts per layer, and 4 KiB pages make
-	 * that a TLB miss per page (measured: 4 KiB pages ran ~9% slower than the residency
-	 * pool's advised ones on the decode bench). A refusal only costs speed. */
+	 * that a TLB miss per page, as the residency pool's advised pages avoid. A refusal only
+	 * costs speed. */
 	(void)madvise(buf, w->resident_len, MADV_HUGEPAGE);
 	/* Lay every projection out first, so the node split can bind pages before they are
 	 * touched; then read. */

@@ -3,8 +3,8 @@
  *
  * Why spin at all: in a decode loop the next event (a client's next request, the next wave,
  * the end of a phase) follows within a client round trip, and a sleeping thread would pay a
- * wake-up for each, on a VM as much as a whole phase; a bounded spin costs only an otherwise
- * idle core, and after the bound the thread sleeps, so an idle daemon uses no CPU.
+ * wake-up for each (dear on a VM whose idle vCPUs halt); a bounded spin costs only an
+ * otherwise idle core, and after the bound the thread sleeps, so an idle daemon uses no CPU.
  * Why yield: when threads outnumber cores, the thread being waited for (a worker, or the
  * client woken by a completion) may be queued on this very core; a spinner must not hold it.
  *
