@@ -17,16 +17,20 @@ bool spin_until(const struct spin_policy *policy, uint64_t start_ns, uint64_t de
                 bool (*ready)(void *arg), void *arg)
 {
 	for (;;) {
-		for (unsigned i = 0; i < policy->looks_per_round; i++) {
+		for (unsigned i = 1; i < policy->looks_per_round; i++) {
 			if (ready(arg))
 				return true;
 			moe_cpu_relax();
 		}
+		if (ready(arg))
+			return true;
 		const uint64_t now = monotonic_ns();
 		if (now >= deadline_ns)
 			return false;
 		if (now - start_ns >= policy->poll_only_ns)
 			sched_yield();
+		else
+			moe_cpu_relax();
 	}
 }
 

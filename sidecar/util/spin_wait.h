@@ -21,8 +21,8 @@
 #define SPIN_WAIT_BOUND_NS 50000u
 
 /* How a spin looks and yields. Each round: `looks_per_round` looks at the condition with a
- * CPU pause after each, one clock read, then — once `poll_only_ns` has passed since the
- * spin's start — one sched_yield. */
+ * CPU pause between them, one clock read after the last, then one sched_yield once
+ * `poll_only_ns` has passed since the spin's start, else one more pause. */
 struct spin_policy {
 	unsigned looks_per_round; /* >= 1 */
 	uint64_t poll_only_ns;    /* UINT64_MAX: never yield */
