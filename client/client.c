@@ -11,8 +11,8 @@
  *
  * The spin is adaptive: it is skipped while the waits that had to wait have recently been
  * well beyond the spin (a moving average above WAIT_SPIN_SKIP_NS, twice the spin). A decode
- * FORWARD takes tens to hundreds of µs; a client that spins through the first 30 µs of each
- * one takes that core time from the sidecar's workers whenever they share cores — on a small
+ * FORWARD usually outlasts the spin; a client that spins through the first WAIT_SPIN_NS of
+ * each one takes that core time from the sidecar's workers whenever they share cores — on a small
  * model, from the deferred experts the sidecar computes right after posting the completion —
  * and gains nothing, since the completion comes after the spin ended. Short requests (PING,
  * STATS, MASK, a 1 MiB ECHO) keep the spin; the margin keeps a workload whose waits scatter

@@ -20,6 +20,10 @@ function(moe_add_test)
   target_compile_definitions(${T_NAME} PRIVATE
     MOE_SIDECAR_BIN="$<TARGET_FILE:moe-sidecar>"
     MOE_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(MOE_TEST_HOOKS)
+    target_compile_definitions(${T_NAME} PRIVATE
+      MOE_SIDECAR_TESTHOOKS_BIN="$<TARGET_FILE:moe-sidecar-testhooks>")
+  endif()
   add_test(NAME ${T_NAME} COMMAND ${T_NAME} --jobs=1)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 300)

@@ -245,8 +245,8 @@ int moek_expert_slice(const struct moek_expert *full, size_t f_begin, size_t f_e
 /* The decode layout of a whole expert, in one buffer of moek_expert_packed_bytes(src) bytes:
  * gate and up alternating — a row of each, or a group of 8 rows of each where `interleave`
  * asks for the interleaved layout and the format has it — so that the hidden phase reads one
- * ascending range instead of two (two interleaved streams lose 5-13% of the DRAM bandwidth a
- * core gets from one), then down (interleaved likewise). *packed describes the copy: the same
+ * ascending range instead of two (a core streams one range from DRAM faster than two
+ * interleaved ones), then down (interleaved likewise). *packed describes the copy: the same
  * expert with data and row strides into dst (gate and up rows 2 · row bytes apart); FP8
  * scales, biases and the activation are src's pointers and values. The FFN of *packed gives
  * the bits the FFN of src gives when the interleaving is the same. src: whole matrices in

@@ -1,6 +1,7 @@
 /* inspect.c — `moe-sidecar inspect MODEL [--json]`: what the catalog sees in a model —
  * architecture, layers, experts, formats, bytes per expert and in total, slab alignment —
  * so an operator can check a model before serving it. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -8,20 +9,7 @@
 
 #include "catalog.h"
 #include "commands.h"
-
-static void json_str(FILE *o, const char *s)
-{
-	fputc('"', o);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(o, "\\%c", *p);
-		else if (*p < 0x20)
-			fprintf(o, "\\u%04x", *p);
-		else
-			fputc(*p, o);
-	}
-	fputc('"', o);
-}
+#include "json_writer.h"
 
 static const struct moe_expert *first_expert(const struct moe_catalog *cat)
 {
@@ -67,60 +55,77 @@ static bool formats_vary(const struct moe_catalog *cat)
 	return false;
 }
 
-static void print_json(FILE *o, const struct moe_catalog *cat)
+/* Returns 0, or -errno when writing failed. */
+static int print_json(FILE *o, const struct moe_catalog *cat)
 {
 	const struct moe_model_hparams *in = &cat->info;
 	const struct moe_expert *ex = first_expert(cat);
 	uint64_t n_experts_total = (uint64_t)in->n_moe_layers * in->n_experts;
-	fprintf(o, "{\"architecture\":");
-	json_str(o, moe_arch_name(in->arch));
-	fprintf(o, ",\"container\":\"%s\"",
-	        in->container == MOE_CONTAINER_GGUF ? "gguf" : "safetensors");
-	fprintf(o, ",\"n_layers\":%u,\"n_moe_layers\":%u,\"n_experts\":%u,\"top_k\":%u",
-	        in->n_layers, in->n_moe_layers, in->n_experts, in->top_k);
-	fprintf(o, ",\"n_shared_experts\":%u,\"hidden\":%" PRIu64 ",\"expert_ffn\":%" PRIu64,
-	        in->n_shared_experts, in->hidden, in->expert_ffn);
-	fprintf(o, ",\"gating\":\"%s\",\"norm_topk_prob\":%s,\"routed_scaling\":%g",
-	        moe_gating_name(in->gating), in->norm_topk_prob ? "true" : "false",
-	        (double)in->routed_scaling);
-	fprintf(o, ",\"swiglu_limit\":%g,\"expert_bias\":%s", (double)in->swiglu_limit,
-	        in->has_bias ? "true" : "false");
-	fprintf(o, ",\"formats\":[");
+	struct json_writer w;
+	jw_init_file(&w, o);
+	jw_object_begin(&w);
+	jw_kv_string(&w, "architecture", moe_arch_name(in->arch));
+	jw_kv_string(&w, "container", in->container == MOE_CONTAINER_GGUF ? "gguf" : "safetensors");
+	jw_kv_u64(&w, "n_layers", in->n_layers);
+	jw_kv_u64(&w, "n_moe_layers", in->n_moe_layers);
+	jw_kv_u64(&w, "n_experts", in->n_experts);
+	jw_kv_u64(&w, "top_k", in->top_k);
+	jw_kv_u64(&w, "n_shared_experts", in->n_shared_experts);
+	jw_kv_u64(&w, "hidden", in->hidden);
+	jw_kv_u64(&w, "expert_ffn", in->expert_ffn);
+	jw_kv_string(&w, "gating", moe_gating_name(in->gating));
+	jw_kv_bool(&w, "norm_topk_prob", in->norm_topk_prob);
+	jw_kv_double(&w, "routed_scaling", (double)in->routed_scaling, JW_SHORT);
+	jw_kv_double(&w, "swiglu_limit", (double)in->swiglu_limit, JW_SHORT);
+	jw_kv_bool(&w, "expert_bias", in->has_bias);
+	jw_key(&w, "formats");
+	jw_array_begin(&w);
 	for (uint32_t i = 0; i < cat->n_formats; i++)
-		fprintf(o, "%s\"%s\"", i ? "," : "", moe_format_name(cat->formats[i]));
-	fprintf(o, "]");
+		jw_string(&w, moe_format_name(cat->formats[i]));
+	jw_array_end(&w);
 	if (cat->quant.kind != MOE_QUANT_NONE) {
 		char q[96];
-		fprintf(o, ",\"quantization\":");
-		json_str(o, moe_quant_config_describe(&cat->quant, q, sizeof(q)));
+		jw_kv_string(&w, "quantization",
+		             moe_quant_config_describe(&cat->quant, q, sizeof(q)));
 	}
-	fprintf(o, ",\"proj_formats\":{");
-	for (int p = 0, k = 0; p < MOE_PROJ_COUNT; p++) {
+	jw_key(&w, "proj_formats");
+	jw_object_begin(&w);
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
 		struct proj_formats pf;
 		proj_formats(cat, p, &pf);
 		if (!pf.n)
 			continue;
-		fprintf(o, "%s\"%s\":{", k++ ? "," : "", moe_proj_name((enum moe_proj)p));
+		jw_key(&w, moe_proj_name((enum moe_proj)p));
+		jw_object_begin(&w);
 		for (uint32_t i = 0; i < pf.n; i++)
-			fprintf(o, "%s\"%s\":%u", i ? "," : "", moe_format_name(pf.format[i]),
-			        pf.layers[i]);
-		fprintf(o, "}");
+			jw_kv_u64(&w, moe_format_name(pf.format[i]), pf.layers[i]);
+		jw_object_end(&w);
 	}
-	fprintf(o, "},\"expert_bytes\":%" PRIu64 ",\"expert_bytes_total\":%" PRIu64,
-	        ex ? ex->bytes : 0, cat->expert_bytes_total);
-	fprintf(o, ",\"experts_total\":%" PRIu64 ",\"experts_aligned_4k\":%" PRIu64,
-	        n_experts_total, cat->n_experts_aligned_4k);
-	fprintf(o, ",\"moe_layers\":[");
-	for (uint32_t L = 0, k = 0; L < in->n_layers; L++)
+	jw_object_end(&w);
+	jw_kv_u64(&w, "expert_bytes", ex ? ex->bytes : 0);
+	jw_kv_u64(&w, "expert_bytes_total", cat->expert_bytes_total);
+	jw_kv_u64(&w, "experts_total", n_experts_total);
+	jw_kv_u64(&w, "experts_aligned_4k", cat->n_experts_aligned_4k);
+	jw_key(&w, "moe_layers");
+	jw_array_begin(&w);
+	for (uint32_t L = 0; L < in->n_layers; L++)
 		if (cat->layers[L].moe)
-			fprintf(o, "%s%u", k++ ? "," : "", L);
-	fprintf(o, "],\"files\":[");
+			jw_u64(&w, L);
+	jw_array_end(&w);
+	jw_key(&w, "files");
+	jw_array_begin(&w);
 	for (uint32_t i = 0; i < cat->n_files; i++) {
-		fprintf(o, "%s{\"path\":", i ? "," : "");
-		json_str(o, cat->files[i].path);
-		fprintf(o, ",\"size\":%" PRIu64 "}", cat->files[i].size);
+		jw_object_begin(&w);
+		jw_kv_string(&w, "path", cat->files[i].path);
+		jw_kv_u64(&w, "size", cat->files[i].size);
+		jw_object_end(&w);
 	}
-	fprintf(o, "]}\n");
+	jw_array_end(&w);
+	jw_object_end(&w);
+	const int rc = jw_finish(&w);
+	if (rc != 0)
+		return rc;
+	return fputc('\n', o) == EOF ? -EIO : 0;
 }
 
 static void print_bytes(FILE *o, uint64_t v)
@@ -235,10 +240,15 @@ int cmd_inspect(int argc, char **argv)
 		fprintf(stderr, "moe-sidecar inspect: %s\n", err.msg);
 		return 1;
 	}
+	int rc = 0;
 	if (json)
-		print_json(stdout, cat);
+		rc = print_json(stdout, cat);
 	else
 		print_text(stdout, cat);
 	moe_catalog_close(cat);
+	if (rc != 0) {
+		fprintf(stderr, "moe-sidecar inspect: writing the JSON: %s\n", strerror(-rc));
+		return 1;
+	}
 	return fflush(stdout) ? 1 : 0;
 }

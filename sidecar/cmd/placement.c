@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "commands.h"
+#include "json_writer.h"
 #include "moe_client.h"
 #include "trace.h"
 
@@ -321,34 +322,62 @@ int cmd_placement(int argc, char **argv)
 	const uint8_t *mask = masks + (size_t)strategy * mask_bytes;
 	const uint64_t cells = (uint64_t)in.n_moe_layers * in.n_experts;
 	if (json) {
-		printf("{\"source\":\"");
-		for (const char *p = in.source; *p; p++)
-			printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-		printf("\",\"n_moe_layers\":%u,\"n_experts\":%u,\"n_blocks\":%u,\"gpu_experts\":"
-		       "%" PRIu64 ",\"strategy\":\"%s\",\"coverage\":{",
-		       in.n_moe_layers, in.n_experts, in.n_blocks,
-		       gpu_experts < cells ? gpu_experts : cells, moe_placement_name(strategy));
-		for (int s = 0; s < MOE_PLACE_COUNT; s++)
-			printf("%s\"%s\":%.6f", s ? "," : "", moe_placement_name(s), covered[s]);
-		printf("},\"worst_layer_cpu_share\":{");
-		for (int s = 0; s < MOE_PLACE_COUNT; s++)
-			printf("%s\"%s\":%.6f", s ? "," : "", moe_placement_name(s), worst[s]);
-		printf("},\"moe_layers\":[");
-		for (uint32_t l = 0; l < in.n_moe_layers; l++)
-			printf("%s%d", l ? "," : "", in.blocks[l]);
-		printf("],\"mask_hex\":\"");
-		for (size_t b = 0; b < mask_bytes; b++)
-			printf("%02x", mask[b]);
-		printf("\",\"gpu_experts_mask\":[");
-		for (uint32_t b = 0; b < in.n_blocks; b++) {
-			printf("%s[", b ? "," : "");
-			for (uint32_t e = 0; e < in.n_experts; e++)
-				printf("%s%s", e ? "," : "",
-				       (mask[(size_t)b * row + e / 8] >> (e % 8)) & 1u ? "true"
-				                                                       : "false");
-			printf("]");
+		char *hex = malloc(2 * mask_bytes + 1);
+		if (!hex) {
+			fprintf(stderr, "moe-sidecar placement: out of memory\n");
+			free(masks);
+			free(in.load);
+			free(in.blocks);
+			return 1;
 		}
-		printf("]}\n");
+		for (size_t b = 0; b < mask_bytes; b++)
+			snprintf(hex + 2 * b, 3, "%02x", mask[b]);
+		hex[2 * mask_bytes] = '\0';
+		struct json_writer w;
+		jw_init_file(&w, stdout);
+		jw_object_begin(&w);
+		jw_kv_string(&w, "source", in.source);
+		jw_kv_u64(&w, "n_moe_layers", in.n_moe_layers);
+		jw_kv_u64(&w, "n_experts", in.n_experts);
+		jw_kv_u64(&w, "n_blocks", in.n_blocks);
+		jw_kv_u64(&w, "gpu_experts", gpu_experts < cells ? gpu_experts : cells);
+		jw_kv_string(&w, "strategy", moe_placement_name(strategy));
+		jw_key(&w, "coverage");
+		jw_object_begin(&w);
+		for (int s = 0; s < MOE_PLACE_COUNT; s++)
+			jw_kv_double(&w, moe_placement_name(s), covered[s], 6);
+		jw_object_end(&w);
+		jw_key(&w, "worst_layer_cpu_share");
+		jw_object_begin(&w);
+		for (int s = 0; s < MOE_PLACE_COUNT; s++)
+			jw_kv_double(&w, moe_placement_name(s), worst[s], 6);
+		jw_object_end(&w);
+		jw_key(&w, "moe_layers");
+		jw_array_begin(&w);
+		for (uint32_t l = 0; l < in.n_moe_layers; l++)
+			jw_i64(&w, in.blocks[l]);
+		jw_array_end(&w);
+		jw_kv_string(&w, "mask_hex", hex);
+		jw_key(&w, "gpu_experts_mask");
+		jw_array_begin(&w);
+		for (uint32_t b = 0; b < in.n_blocks; b++) {
+			jw_array_begin(&w);
+			for (uint32_t e = 0; e < in.n_experts; e++)
+				jw_bool(&w, (mask[(size_t)b * row + e / 8] >> (e % 8)) & 1u);
+			jw_array_end(&w);
+		}
+		jw_array_end(&w);
+		jw_object_end(&w);
+		free(hex);
+		const int wrc = jw_finish(&w);
+		if (wrc != 0 || putchar('\n') == EOF) {
+			fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n",
+			        strerror(wrc ? -wrc : errno));
+			free(masks);
+			free(in.load);
+			free(in.blocks);
+			return 1;
+		}
 	} else {
 		printf("%s\n", in.source);
 		printf("GPU budget: %" PRIu64 " of %" PRIu64 " experts (%.1f%%)\n\n",

@@ -18,6 +18,7 @@
 
 #include "clock.h"
 #include "commands.h"
+#include "json_writer.h"
 #include "pagecache.h"
 
 #define PROBE_MAX_INTERVAL_S 86400.0
@@ -47,21 +48,6 @@ static void usage(FILE *to)
 }
 
 /* Writes s as a JSON string literal. */
-static void print_json_string(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
-	}
-	putchar('"');
-}
-
 static const char *human_bytes(unsigned long long bytes, char *buf, size_t len)
 {
 	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -85,31 +71,30 @@ struct sample_row {
 	bool has_resident;
 };
 
-static void print_json_counters(const struct sample_row *row)
+/* The counters of one row as members of w's open object. */
+static void write_json_counters(struct json_writer *w, const struct sample_row *row)
 {
 	const struct pagecache_counters *c = &row->stats.raw;
-	printf("\"pagecache_fill_bytes\":%llu,\"pagecache_fill_events\":%llu,"
-	       "\"direct_bytes\":%llu,\"direct_reads\":%llu,\"direct_retries\":%llu,"
-	       "\"buffered_bytes\":%llu,\"buffered_reads\":%llu,\"get_pages_events\":%llu,"
-	       "\"fault_events\":%llu,\"map_pages_events\":%llu,\"uring_direct_bytes\":%llu,"
-	       "\"uring_buffered_bytes\":%llu,\"uring_reads\":%llu,\"uring_errors\":%llu,"
-	       "\"fault_bytes\":%llu,\"bypass_ratio\":",
-	       (unsigned long long)c->pagecache_fill_bytes,
-	       (unsigned long long)c->pagecache_fill_events, (unsigned long long)c->direct_bytes,
-	       (unsigned long long)c->direct_reads, (unsigned long long)c->direct_retries,
-	       (unsigned long long)c->buffered_bytes, (unsigned long long)c->buffered_reads,
-	       (unsigned long long)c->get_pages_events, (unsigned long long)c->fault_events,
-	       (unsigned long long)c->map_pages_events, (unsigned long long)c->uring_direct_bytes,
-	       (unsigned long long)c->uring_buffered_bytes, (unsigned long long)c->uring_reads,
-	       (unsigned long long)c->uring_errors, (unsigned long long)row->stats.fault_bytes);
-	if (isnan(row->stats.bypass_ratio))
-		printf("null");
-	else
-		printf("%.6f", row->stats.bypass_ratio);
-	if (row->has_resident)
-		printf(",\"resident_bytes\":%llu,\"dirty_bytes\":%llu",
-		       (unsigned long long)row->resident.cached_bytes,
-		       (unsigned long long)row->resident.dirty_bytes);
+	jw_kv_u64(w, "pagecache_fill_bytes", c->pagecache_fill_bytes);
+	jw_kv_u64(w, "pagecache_fill_events", c->pagecache_fill_events);
+	jw_kv_u64(w, "direct_bytes", c->direct_bytes);
+	jw_kv_u64(w, "direct_reads", c->direct_reads);
+	jw_kv_u64(w, "direct_retries", c->direct_retries);
+	jw_kv_u64(w, "buffered_bytes", c->buffered_bytes);
+	jw_kv_u64(w, "buffered_reads", c->buffered_reads);
+	jw_kv_u64(w, "get_pages_events", c->get_pages_events);
+	jw_kv_u64(w, "fault_events", c->fault_events);
+	jw_kv_u64(w, "map_pages_events", c->map_pages_events);
+	jw_kv_u64(w, "uring_direct_bytes", c->uring_direct_bytes);
+	jw_kv_u64(w, "uring_buffered_bytes", c->uring_buffered_bytes);
+	jw_kv_u64(w, "uring_reads", c->uring_reads);
+	jw_kv_u64(w, "uring_errors", c->uring_errors);
+	jw_kv_u64(w, "fault_bytes", row->stats.fault_bytes);
+	jw_kv_double(w, "bypass_ratio", row->stats.bypass_ratio, 6);
+	if (row->has_resident) {
+		jw_kv_u64(w, "resident_bytes", row->resident.cached_bytes);
+		jw_kv_u64(w, "dirty_bytes", row->resident.dirty_bytes);
+	}
 }
 
 static void print_table_row(const struct sample_row *row)
@@ -148,37 +133,38 @@ static const char *comm_of(__u32 pid, char *buf, size_t len)
 	return buf;
 }
 
-/* With --per-pid: one row (table) or a "pids" array (JSON) per process that touched path. */
-static void print_pid_rows(struct pagecache_probes *p, const char *path, bool json)
+/* With --per-pid: one row (table, w NULL) or a "pids" member of w's open object (JSON) per
+ * process that touched path. */
+static void print_pid_rows(struct pagecache_probes *p, const char *path, struct json_writer *w)
 {
 	__u32 tgids[PROBE_MAX_PIDS_SHOWN];
 	size_t n = 0;
 	if (pagecache_list_pids(p, path, tgids, PROBE_MAX_PIDS_SHOWN, &n) < 0)
 		n = 0;
-	if (json)
-		printf(",\"pids\":[");
-	bool first = true;
+	if (w) {
+		jw_key(w, "pids");
+		jw_array_begin(w);
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct sample_row row = {0};
 		if (pagecache_read_pid(p, path, tgids[i], &row.stats) < 0)
 			continue; /* evicted from the LRU map since the listing */
 		char comm[64], label[96];
 		comm_of(tgids[i], comm, sizeof(comm));
-		if (json) {
-			printf("%s{\"pid\":%u,\"comm\":", first ? "" : ",", tgids[i]);
-			print_json_string(comm);
-			printf(",");
-			print_json_counters(&row);
-			printf("}");
+		if (w) {
+			jw_object_begin(w);
+			jw_kv_u64(w, "pid", tgids[i]);
+			jw_kv_string(w, "comm", comm);
+			write_json_counters(w, &row);
+			jw_object_end(w);
 		} else {
 			snprintf(label, sizeof(label), "  pid %u (%s)", tgids[i], comm);
 			row.path = label;
 			print_table_row(&row);
 		}
-		first = false;
 	}
-	if (json)
-		printf("]");
+	if (w)
+		jw_array_end(w);
 }
 
 /* Reads and prints one sample of every watched file and the totals. */
@@ -186,9 +172,14 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
                         bool per_pid)
 {
 	struct sample_row total = {0};
-	if (json)
-		printf("{\"t\":%.3f,\"files\":[", t);
-	else
+	struct json_writer jw, *w = json ? &jw : NULL;
+	if (w) {
+		jw_init_file(w, stdout);
+		jw_object_begin(w);
+		jw_kv_double(w, "t", t, 3);
+		jw_key(w, "files");
+		jw_array_begin(w);
+	} else
 		printf("# t=%.1fs  %s\n%-40s %10s %10s %10s %8s %8s %8s %7s %10s\n", t,
 		       pagecache_status(p), "file", "fill", "direct", "buffered", "faults",
 		       "map_pg", "uring", "bypass", "resident");
@@ -206,25 +197,33 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
 			total.resident.dirty_bytes += row.resident.dirty_bytes;
 			total.has_resident = true;
 		}
-		if (json) {
-			printf("%s{\"path\":", i ? "," : "");
-			print_json_string(files[i]);
-			printf(",");
-			print_json_counters(&row);
+		if (w) {
+			jw_object_begin(w);
+			jw_kv_string(w, "path", files[i]);
+			write_json_counters(w, &row);
 			if (per_pid)
-				print_pid_rows(p, files[i], true);
-			printf("}");
+				print_pid_rows(p, files[i], w);
+			jw_object_end(w);
 		} else {
 			print_table_row(&row);
 			if (per_pid)
-				print_pid_rows(p, files[i], false);
+				print_pid_rows(p, files[i], NULL);
 		}
 	}
 	pagecache_read_totals(p, &total.stats);
-	if (json) {
-		printf("],\"totals\":{");
-		print_json_counters(&total);
-		printf("}}\n");
+	if (w) {
+		jw_array_end(w);
+		jw_key(w, "totals");
+		jw_object_begin(w);
+		write_json_counters(w, &total);
+		jw_object_end(w);
+		jw_object_end(w);
+		const int rc = jw_finish(w);
+		if (rc != 0 || putchar('\n') == EOF) {
+			fprintf(stderr, "moe-sidecar probe: writing the JSON: %s\n",
+			        strerror(rc ? -rc : errno));
+			return -1;
+		}
 	} else {
 		print_table_row(&total);
 		printf("\n");

@@ -126,9 +126,11 @@ static const struct serve_option {
     {{"record-trace-max-mib", required_argument, NULL, OPT_RECORD_TRACE_MAX_MIB},
      "MIB",
      "stop recording before the trace reaches MIB MiB (default 1024)"},
+#ifdef MOE_TEST_HOOKS
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
      "L:E[:N]",
      "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
+#endif
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "this text"},
@@ -293,8 +295,10 @@ int cmd_serve(int argc, char **argv)
 	    .numa = "auto",
 	    .max_tokens = 256,
 	    .probes_instance = NULL,
+#ifdef MOE_TEST_HOOKS
 	    .fail_layer = -1,
 	    .fail_expert = -1,
+#endif
 	};
 	struct forward_queue_config ocfg = {0};
 	uint64_t v;
@@ -432,6 +436,7 @@ int cmd_serve(int argc, char **argv)
 		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
 		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
+#ifdef MOE_TEST_HOOKS
 		case OPT_FAIL_EXPERT: {
 			int layer, expert, loads = 0, n = 0, m = 0;
 			bool ok = sscanf(optarg, "%d:%d%n", &layer, &expert, &n) == 2 &&
@@ -450,6 +455,7 @@ int cmd_serve(int argc, char **argv)
 			mcfg.fail_loads = (uint32_t)loads;
 			break;
 		}
+#endif
 		case OPT_RETRY_BACKOFF: {
 			char first[24] = "", max[24] = "";
 			const char *comma = strchr(optarg, ',');

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "commands.h"
+#include "json_writer.h"
 #include "presets.h"
 #include "sim.h"
 
@@ -389,22 +390,38 @@ int cmd_simulate(int argc, char **argv)
 		rates[n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
 	}
 	if (json) {
-		printf("{\"capacities\": [");
+		struct json_writer w;
+		jw_init_file(&w, stdout);
+		jw_set_spaced(&w, true); /* the shape docs/residency.md shows */
+		jw_object_begin(&w);
+		jw_key(&w, "capacities");
+		jw_array_begin(&w);
 		for (int ci = 0; ci < n_caps; ci++)
-			printf("%s%u", ci ? ", " : "", caps[ci]);
-		printf("], \"policies\": {");
+			jw_u64(&w, caps[ci]);
+		jw_array_end(&w);
+		jw_key(&w, "policies");
+		jw_object_begin(&w);
 		for (int p = 0; p <= n_pol; p++) {
-			printf("%s\"%s\": [", p ? ", " : "", p < n_pol ? names[p] : "belady");
+			jw_key(&w, p < n_pol ? names[p] : "belady");
+			jw_array_begin(&w);
 			for (int ci = 0; ci < n_caps; ci++) {
-				double v = rates[p * n_caps + ci];
-				if (v < 0)
-					printf("%snull", ci ? ", " : "");
+				const double v = rates[p * n_caps + ci];
+				if (v < 0) /* pinned layers do not fit */
+					jw_null(&w);
 				else
-					printf("%s%.6f", ci ? ", " : "", v);
+					jw_double(&w, v, 6);
 			}
-			printf("]");
+			jw_array_end(&w);
 		}
-		printf("}}\n");
+		jw_object_end(&w);
+		jw_object_end(&w);
+		const int rc = jw_finish(&w);
+		if (rc != 0 || putchar('\n') == EOF) {
+			fprintf(stderr, "simulate: writing the JSON: %s\n",
+			        strerror(rc ? -rc : errno));
+			status = 1;
+			goto out;
+		}
 	} else {
 		printf("trace %s: %u layers × %u experts, top-%u, %u lines, %u references\n",
 		       trace_path, t.n_layers, t.n_experts, t.top_k, t.n_lines, t.n_refs);

@@ -6,9 +6,9 @@
  *   - gate and up units alternate in one range that starts at the gate's bytes — a unit is a
  *     group of 8 rows where the format has the interleaved layout (moek_interleave: MXFP4,
  *     Q8_0, Q4_K), else one row — so the hidden phase reads one ascending range instead of
- *     two (two interleaved streams lose 5-13% of a core's DRAM bandwidth);
+ *     two (a core streams one range from DRAM faster than two interleaved ones);
  *   - each group of 8 rows of gate, up and down is interleaved where the format has the
- *     layout (2.8x / 1.9x / 1.5x the GGUF-row dot for Q8_0 / Q4_K / MXFP4 in L1).
+ *     layout (its group dot beats the row dot: docs/performance.md, the kernel table).
  * Nothing grows: the expert takes exactly its files' bytes. The result equals the kernels'
  * output over moek_expert_pack of the same expert bit for bit, so every source that
  * rearranges gives the same bits, and serve's results equal the all-resident reference's.

@@ -1,6 +1,7 @@
 /* forward.c — the forward engine's life and entry: create/destroy (topology, pools, weights,
  * request plans), forward_run (take the engine, validate and plan: plan.c; execute: waves.c;
- * the final sums), the reference and statistics. Contracts are in forward.h.
+ * the final sums), the test oracle's access to the engine, and statistics. Contracts are in
+ * forward.h.
  */
 #include <errno.h>
 #include <math.h>
@@ -187,6 +188,13 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, char *err, size_t err_len)
 {
+	return forward_create_with_fault_hook(out, cat, config, NULL, NULL, err, err_len);
+}
+
+int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
+                                   const struct forward_config *config, loader_fault_fn hook,
+                                   void *hook_arg, char *err, size_t err_len)
+{
 	*out = NULL;
 	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0) {
 		snprintf(err, err_len, "model has no routed experts");
@@ -221,6 +229,8 @@ int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
 	topo_open = true;
 	if (weights_open(&e->w, cat, config, &e->topo, err, err_len) != 0)
 		goto fail;
+	e->w.fault_hook = hook;
+	e->w.fault_arg = hook_arg;
 	e->last_moe_layer = e->w.n_moe_layers - 1;
 	{
 		const size_t P = (size_t)e->max_tokens * e->max_k;
@@ -455,137 +465,71 @@ static int run_slices(struct moek_ffn_call *c, const struct held_expert *h, uint
 	return 0;
 }
 
-/* Independent of the scheduler's planning code on purpose: ranks by counting, batches by a scan
- * per expert (every entry naming the expert, in (token, position) order), one moek_ffn_run per
- * batch on this thread. */
-int forward_reference(struct forward_engine *e, const struct forward_request *q,
-                      float *out_immediate, float *out_deferred, struct forward_result *res)
+/* ---- the test oracle's access (forward_internal.h; the oracle is tests/forward/oracle.c) -- */
+
+int forward_oracle_begin(struct forward_engine *e, const struct forward_request *q,
+                         float *out_deferred, struct forward_result *res,
+                         struct forward_oracle_shape *shape)
 {
 	engine_take(e);
 	waves_settle(e, true); /* its experts held would leave this one fewer slots to wait for */
 	uint32_t moe_layer = 0;
-	int rc = plan_validate(e, q, out_deferred, res, &moe_layer);
+	const int rc = plan_validate(e, q, out_deferred, res, &moe_layer);
 	if (rc != MOE_OK) {
 		engine_give_back(e);
 		return rc;
 	}
-	const size_t n = q->n_tokens, k = q->k, h = e->hidden;
-	const size_t row = h * dtype_size(q->x_dtype);
-	uint32_t *rank = calloc(n * k, sizeof(uint32_t));
-	uint8_t *deferred = calloc(n * k, 1);
-	uint32_t *members = calloc(n * k, sizeof(uint32_t));
-	float *contrib = calloc(n * k * h, sizeof(float));
-	uint8_t *xbuf = malloc(n * k * row);
-	float *wbuf = calloc(n * k, sizeof(float));
-	float *ybuf = calloc(n * k * h, sizeof(float));
-	if (!rank || !deferred || !members || !contrib || !xbuf || !wbuf || !ybuf) {
-		rc = plan_fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
-		goto out;
-	}
-	for (size_t t = 0; t < n; t++) {
-		const int32_t *ids = &q->ids[t * k];
-		const float *w = &q->weights[t * k];
-		uint32_t valid = 0;
-		for (size_t j = 0; j < k; j++)
-			valid += ids[j] >= 0;
-		const uint32_t n_def = q->k_defer < valid ? q->k_defer : valid;
-		for (size_t j = 0; j < k; j++) {
-			if (ids[j] < 0)
-				continue;
-			uint32_t r = 0;
-			for (size_t i = 0; i < k; i++)
-				r += ids[i] >= 0 && (w[i] > w[j] || (w[i] == w[j] && i < j));
-			rank[t * k + j] = r;
-			deferred[t * k + j] = r >= valid - n_def;
-		}
-	}
-	for (uint32_t x = 0; x < e->cat->info.n_experts && rc == MOE_OK; x++) {
-		size_t m = 0; /* one batch per expert, deferred entries included (forward.h) */
-		for (size_t p = 0; p < n * k; p++)
-			if (q->ids[p] == (int32_t)x) {
-				members[m] = (uint32_t)p;
-				memcpy(xbuf + m * row, (const uint8_t *)q->x + (p / k) * row, row);
-				wbuf[m++] = q->weights[p];
-			}
-		if (m == 0)
-			continue;
-		struct held_expert held = {0};
-		char err[128];
-		enum weights_found found;
-		uint64_t cold_bytes;
-		uint32_t node = 0;
-		const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes,
-		                             &node, err, sizeof(err));
-		if (a == -EINVAL) {
-			rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
-		} else if (a < 0) {
-			struct req_group g = {.expert = x};
-			rc = waves_demand_failed(e, q, &g, node, a, res);
-			weights_release(&e->w, &held);
-			break;
-		}
-		void *scratch = NULL;
-		if (rc == MOE_OK) {
-			const size_t sb = moek_ffn_scratch_bytes(&held.view, m, 1);
-			scratch = malloc(sb);
-			memset(ybuf, 0, m * h * sizeof(float));
-			struct moek_ffn_call c = {
-			    .expert = &held.view,
-			    .n_tokens = m,
-			    .x = xbuf,
-			    .x_dtype = q->x_dtype,
-			    .weights = wbuf,
-			    .out = ybuf,
-			    .scratch = scratch,
-			    .scratch_bytes = sb,
-			    .n_workers = 1,
-			};
-			if (!scratch)
-				rc = plan_fail(res, MOE_ENOMEM, -1, -1, -1,
-				               "reference: out of memory");
-			else if ((e->w.sliced
-			              ? run_slices(&c, &held, e->w.n_nodes, err, sizeof(err))
-			              : moek_ffn_run(&c, err, sizeof(err))) != 0)
-				rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x,
-				               "layer %d expert %u: %s", q->layer, x, err);
-			for (size_t i = 0; i < m && rc == MOE_OK; i++)
-				memcpy(contrib + members[i] * h, ybuf + i * h, h * sizeof(float));
-		}
-		free(scratch);
-		weights_release(&e->w, &held);
-	}
-	if (rc != MOE_OK)
-		goto out;
-	for (size_t t = 0; t < n; t++) {
-		float *oi = out_immediate + t * h;
-		float *od = out_deferred ? out_deferred + t * h : NULL;
-		memset(oi, 0, h * sizeof(float));
-		if (od)
-			memset(od, 0, h * sizeof(float));
-		for (uint32_t r = 0; r < k; r++)
-			for (size_t j = 0; j < k; j++) {
-				const size_t p = t * k + j;
-				if (q->ids[p] < 0 || rank[p] != r)
-					continue;
-				float *o = deferred[p] ? od : oi;
-				for (size_t i = 0; i < h; i++)
-					o[i] += contrib[p * h + i];
-				res->n_deferred += deferred[p];
-			}
-		if (q->deferred_in)
-			for (size_t i = 0; i < h; i++)
-				oi[i] += q->deferred_in[t * h + i];
-	}
-out:
-	res->status = rc;
+	shape->moe_layer = moe_layer;
+	shape->hidden = e->hidden;
+	shape->n_experts = e->cat->info.n_experts;
+	shape->x_row_bytes = (size_t)e->hidden * dtype_size(q->x_dtype);
+	return MOE_OK;
+}
+
+void forward_oracle_end(struct forward_engine *e)
+{
 	engine_give_back(e);
-	free(rank);
-	free(deferred);
-	free(members);
-	free(contrib);
-	free(xbuf);
-	free(wbuf);
-	free(ybuf);
+}
+
+int forward_oracle_expert(struct forward_engine *e, const struct forward_request *q,
+                          uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
+                          struct forward_result *res)
+{
+	struct held_expert held = {0};
+	char err[128];
+	int rc = MOE_OK;
+	enum weights_found found;
+	uint64_t cold_bytes;
+	uint32_t node = 0;
+	const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &node,
+	                             err, sizeof(err));
+	if (a == -EINVAL) {
+		rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+	} else if (a < 0) {
+		struct req_group g = {.expert = x};
+		rc = waves_demand_failed(e, q, &g, node, a, res);
+		weights_release(&e->w, &held);
+		return rc;
+	}
+	void *scratch = NULL;
+	if (rc == MOE_OK) {
+		const size_t sb = moek_ffn_scratch_bytes(&held.view, c->n_tokens, 1);
+		scratch = malloc(sb);
+		c->expert = &held.view;
+		c->scratch = scratch;
+		c->scratch_bytes = sb;
+		c->n_workers = 1;
+		if (!scratch)
+			rc = plan_fail(res, MOE_ENOMEM, -1, -1, -1, "reference: out of memory");
+		else if ((e->w.sliced ? run_slices(c, &held, e->w.n_nodes, err, sizeof(err))
+		                      : moek_ffn_run(c, err, sizeof(err))) != 0)
+			rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "layer %d expert %u: %s",
+			               q->layer, x, err);
+	}
+	c->expert = NULL;
+	c->scratch = NULL;
+	free(scratch);
+	weights_release(&e->w, &held);
 	return rc;
 }
 
@@ -659,65 +603,72 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
-/* Appends to buf like snprintf, tracking the length the whole output needs. */
-__attribute__((format(printf, 4, 5))) static void put(char *buf, size_t len, size_t *at,
-                                                      const char *fmt, ...)
+void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	const int n = vsnprintf(*at < len ? buf + *at : NULL, *at < len ? len - *at : 0, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		*at += (size_t)n;
-}
-
-size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
-{
-	size_t at = 0;
-	if (len)
-		buf[0] = 0;
-	put(buf, len, &at,
-	    "{\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,\"cold_misses\":%llu,"
-	    "\"inflight_misses\":%llu,\"bytes_read\":%llu,\"failures\":%llu,"
-	    "\"resident_bytes\":%llu,\"slot_bytes_used\":%llu,\"pool_bytes\":%llu,"
-	    "\"budget_bytes\":%llu,\"slots\":%u,\"evictions\":%llu,"
-	    "\"loader_bytes_read\":%llu,\"prefetches\":%llu,\"prefetch_hits\":%llu,"
-	    "\"prefetch_wasted\":%llu,\"failed_experts\":%llu,\"failed_retries\":%llu,"
-	    "\"fixed_reads\":%llu,\"plain_reads\":%llu,\"fixed_buffers\":%u,"
-	    "\"pool_hugetlb\":%d,\"pool_thp\":%d,\"layers\":[",
-	    (unsigned long long)st->requests, (unsigned long long)st->tokens,
-	    (unsigned long long)st->hits, (unsigned long long)st->cold_misses,
-	    (unsigned long long)st->inflight_misses, (unsigned long long)st->bytes_read,
-	    (unsigned long long)st->failures, (unsigned long long)st->resident_bytes,
-	    (unsigned long long)st->slot_bytes_used, (unsigned long long)st->pool_bytes,
-	    (unsigned long long)st->budget_bytes, st->slots, (unsigned long long)st->evictions,
-	    (unsigned long long)st->loader_bytes_read, (unsigned long long)st->prefetches,
-	    (unsigned long long)st->prefetch_hits, (unsigned long long)st->prefetch_wasted,
-	    (unsigned long long)st->failed_experts, (unsigned long long)st->failed_retries,
-	    (unsigned long long)st->fixed_reads, (unsigned long long)st->plain_reads,
-	    st->fixed_buffers, st->pool_hugetlb ? 1 : 0, st->pool_thp ? 1 : 0);
-	bool first = true;
+	jw_kv_u64(w, "requests", st->requests);
+	jw_kv_u64(w, "tokens", st->tokens);
+	jw_kv_u64(w, "hits", st->hits);
+	jw_kv_u64(w, "cold_misses", st->cold_misses);
+	jw_kv_u64(w, "inflight_misses", st->inflight_misses);
+	jw_kv_u64(w, "bytes_read", st->bytes_read);
+	jw_kv_u64(w, "failures", st->failures);
+	jw_kv_u64(w, "resident_bytes", st->resident_bytes);
+	jw_kv_u64(w, "slot_bytes_used", st->slot_bytes_used);
+	jw_kv_u64(w, "pool_bytes", st->pool_bytes);
+	jw_kv_u64(w, "budget_bytes", st->budget_bytes);
+	jw_kv_u64(w, "slots", st->slots);
+	jw_kv_u64(w, "evictions", st->evictions);
+	jw_kv_u64(w, "loader_bytes_read", st->loader_bytes_read);
+	jw_kv_u64(w, "prefetches", st->prefetches);
+	jw_kv_u64(w, "prefetch_hits", st->prefetch_hits);
+	jw_kv_u64(w, "prefetch_wasted", st->prefetch_wasted);
+	jw_kv_u64(w, "failed_experts", st->failed_experts);
+	jw_kv_u64(w, "failed_retries", st->failed_retries);
+	jw_kv_u64(w, "fixed_reads", st->fixed_reads);
+	jw_kv_u64(w, "plain_reads", st->plain_reads);
+	jw_kv_u64(w, "fixed_buffers", st->fixed_buffers);
+	jw_kv_u64(w, "pool_hugetlb", st->pool_hugetlb ? 1 : 0);
+	jw_kv_u64(w, "pool_thp", st->pool_thp ? 1 : 0);
+	jw_key(w, "layers");
+	jw_array_begin(w);
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
 		const struct forward_layer_stats *s = &st->layers[l];
 		if (s->requests == 0)
 			continue;
-		put(buf, len, &at,
-		    "%s{\"layer\":%u,\"requests\":%llu,\"tokens\":%llu,\"hits\":%llu,"
-		    "\"cold_misses\":%llu,\"inflight_misses\":%llu,\"bytes_read\":%llu,"
-		    "\"failures\":%llu,\"queue_us\":{\"p50\":%llu,\"p99\":%llu},"
-		    "\"io_us\":{\"p50\":%llu,\"p99\":%llu},\"compute_us\":{\"p50\":%llu,\"p99\":%"
-		    "llu},"
-		    "\"total_us\":{\"p50\":%llu,\"p99\":%llu}}",
-		    first ? "" : ",", s->layer, (unsigned long long)s->requests,
-		    (unsigned long long)s->tokens, (unsigned long long)s->hits,
-		    (unsigned long long)s->cold_misses, (unsigned long long)s->inflight_misses,
-		    (unsigned long long)s->bytes_read, (unsigned long long)s->failures,
-		    (unsigned long long)s->queue_p50_us, (unsigned long long)s->queue_p99_us,
-		    (unsigned long long)s->io_p50_us, (unsigned long long)s->io_p99_us,
-		    (unsigned long long)s->compute_p50_us, (unsigned long long)s->compute_p99_us,
-		    (unsigned long long)s->total_p50_us, (unsigned long long)s->total_p99_us);
-		first = false;
+		jw_object_begin(w);
+		jw_kv_u64(w, "layer", s->layer);
+		jw_kv_u64(w, "requests", s->requests);
+		jw_kv_u64(w, "tokens", s->tokens);
+		jw_kv_u64(w, "hits", s->hits);
+		jw_kv_u64(w, "cold_misses", s->cold_misses);
+		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
+		jw_kv_u64(w, "bytes_read", s->bytes_read);
+		jw_kv_u64(w, "failures", s->failures);
+		const struct {
+			const char *key;
+			uint64_t p50, p99;
+		} lat[] = {{"queue_us", s->queue_p50_us, s->queue_p99_us},
+		           {"io_us", s->io_p50_us, s->io_p99_us},
+		           {"compute_us", s->compute_p50_us, s->compute_p99_us},
+		           {"total_us", s->total_p50_us, s->total_p99_us}};
+		for (size_t i = 0; i < sizeof(lat) / sizeof(lat[0]); i++) {
+			jw_key(w, lat[i].key);
+			jw_object_begin(w);
+			jw_kv_u64(w, "p50", lat[i].p50);
+			jw_kv_u64(w, "p99", lat[i].p99);
+			jw_object_end(w);
+		}
+		jw_object_end(w);
 	}
-	put(buf, len, &at, "]}");
-	return at;
+	jw_array_end(w);
+}
+
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
+{
+	struct json_writer w;
+	jw_init_buffer(&w, buf, len);
+	jw_object_begin(&w);
+	forward_stats_write(st, &w);
+	jw_object_end(&w);
+	return jw_length(&w);
 }

@@ -4,8 +4,9 @@
  * Owns: NUMA topology (hwloc, real or synthetic), one worker pool per node, the weights
  * source (RESIDENCY: sidecar/residency/, ALL_RESIDENT: everything loaded at create, MMAP:
  * pointers into the model files' mapping — the page-cache baseline), the per-request
- * scheduler, per-client GPU masks, per-layer counters and latency histograms, and
- * forward_reference (the plain single-threaded oracle every result is compared to).
+ * scheduler, per-client GPU masks, per-layer counters and latency histograms. The plain
+ * single-threaded oracle every result is compared to (forward_reference) is test code:
+ * tests/forward/oracle.h.
  *
  * Layers are transformer block indices (the wire's sqe.layer); dense blocks are rejected with
  * MOE_EBADLAYER. Expert ids are int32, -1 = skip that entry, each expert at most once per
@@ -53,6 +54,7 @@
 #include <stdint.h>
 
 #include "catalog.h"
+#include "json_writer.h"
 #include "residency.h"
 
 enum forward_source {
@@ -110,9 +112,6 @@ struct forward_config {
 	/* Warming: ALL_RESIDENT load and RESIDENCY pinned layers */
 	forward_progress_fn progress;
 	void *progress_arg;
-	/* Tests only: passed to each residency's loader */
-	loader_fault_fn fault_hook;
-	void *fault_arg;
 };
 
 struct forward_engine;
@@ -224,12 +223,6 @@ int forward_run(struct forward_engine *e, const struct forward_request *req, flo
  * once. Takes the engine like forward_run. */
 void forward_settle(struct forward_engine *e);
 
-/* The oracle: same contract and summation order as forward_run, computed on the calling
- * thread with moek_ffn_run per expert group, weights read from `e`'s source (ALL_RESIDENT or
- * MMAP; with RESIDENCY each expert is acquired waiting). Not for the hot path. */
-int forward_reference(struct forward_engine *e, const struct forward_request *req,
-                      float *out_immediate, float *out_deferred, struct forward_result *res);
-
 /* True if forward_run of these ids (n entries, -1 = skip; out-of-range ids count as "no
  * wait": validation fails them at once) would compute without waiting for a load: every
  * named expert is resident now (RESIDENCY), or the source keeps everything in memory
@@ -318,5 +311,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
  * Layers with no request are left out. Returns the length it needs (without the NUL), like
  * snprintf: the output is complete only when that is < len. */
 size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len);
+
+/* The same members, written into w's open object (for a caller that adds members of its own). */
+void forward_stats_write(const struct forward_stats *st, struct json_writer *w);
 
 #endif /* MOE_FORWARD_H */

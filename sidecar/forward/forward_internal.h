@@ -1,10 +1,10 @@
 /* forward_internal.h — what the forward engine's files share: topology, worker pool, weights
  * sources and the engine struct. Not an API: forward.h is.
  *
- * Threading: forward_run/forward_reference take the engine one at a time (`running` under
- * run_lock, never held across compute or I/O); mask_lock guards the client masks; counters
- * are atomics. The pool's job fields are written by the thread running the request before it
- * starts a wave and read by workers after the start barrier.
+ * Threading: forward_run and the oracle (forward_oracle_begin) take the engine one at a time
+ * (`running` under run_lock, never held across compute or I/O); mask_lock guards the client masks;
+ * counters are atomics. The pool's wave description is written by the thread running the request
+ * while wave_seq is odd and read by workers once it is even again (pool.c).
  */
 #ifndef MOE_FORWARD_INTERNAL_H
 #define MOE_FORWARD_INTERNAL_H
@@ -14,6 +14,7 @@
 
 #include "catalog_adapter.h"
 #include "decode_layout.h"
+#include "fault_hook.h"
 #include "forward.h"
 #include "moe_kernels.h"
 #include "weights.h"
@@ -123,8 +124,7 @@ bool pool_runs_behind(const struct forward_pool *p);
  * the first n_groups - n_groups % threads give every worker the same share whole and the rest is
  * split evenly; with unequal counts every group is split (no worker waits for another's large
  * group). Two workers streaming halves of the same small expert lose to each running its own
- * (Qwen3-sized experts, one token, MXFP4 and Q4_K: 0.84-0.86 of the DRAM read -> 0.86-0.89 in
- * bench_kernels; docs/performance.md). */
+ * (docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
 /* ---- forward.c: latency histograms ---- */
@@ -261,5 +261,33 @@ int waves_demand_failed(struct forward_engine *e, const struct forward_request *
                         struct forward_result *res);
 /* masks.c: client's mask bit of (block layer, expert). mask_lock held or engine taken. */
 bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert);
+
+/* ---- the test oracle's access (tests/forward/oracle.c) ---- */
+struct forward_oracle_shape {
+	uint32_t moe_layer; /* of the request */
+	uint32_t hidden;    /* floats per output row */
+	uint32_t n_experts; /* per layer */
+	size_t x_row_bytes; /* one input row in the request's dtype */
+};
+/* Takes the engine (as forward_run does, settling a deferred part first) and validates q the
+ * way forward_run does. MOE_OK: the caller holds the engine until forward_oracle_end. Else
+ * the error, res filled, the engine given back. */
+int forward_oracle_begin(struct forward_engine *e, const struct forward_request *q,
+                         float *out_deferred, struct forward_result *res,
+                         struct forward_oracle_shape *shape);
+void forward_oracle_end(struct forward_engine *e);
+/* Runs expert x's FFN over c (tokens, inputs, weights, output set by the caller; expert view
+ * and scratch set here, cleared on return) on the calling thread, the weights read as
+ * forward_run reads them (each residency acquired waiting; a sliced source node by node).
+ * MOE_OK, or the error with res filled as forward_run would. */
+int forward_oracle_expert(struct forward_engine *e, const struct forward_request *q,
+                          uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
+                          struct forward_result *res);
+
+/* forward_create with a read-fault hook installed in every residency before its first read
+ * (fault_hook.h): for tests and the test-hooks daemon only. */
+int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
+                                   const struct forward_config *config, loader_fault_fn hook,
+                                   void *hook_arg, char *err, size_t err_len);
 
 #endif

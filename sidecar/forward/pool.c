@@ -21,57 +21,21 @@
  * Threading: pool_run_wave / pool_start_wave are called by one thread at a time (the one
  * running the engine's request), which is worker 0. No allocation per wave.
  *
- * Waiting (between waves, and for the end of a phase): spin up to POOL_SPIN_NS, then
- * sleep on a private futex. In decode the next wave follows within a client round trip and a
- * phase ends within microseconds of the other workers', so a sleeping worker would pay a
- * wake-up per wave and per phase — on a VM whose idle vCPUs halt, tens of µs each, comparable
- * to a whole phase — while a short spin costs only an otherwise idle core. After the spin
- * bound a worker sleeps, so an idle pool uses no CPU. The spin yields (sched_yield) rather
- * than pausing: when threads outnumber cores — the sidecar's client, woken by a completion,
- * waiting for this very core — a spinning worker must not hold the core it needs.
+ * Waiting (between waves, and for the end of a phase): spin_wait_change — a yielding spin up
+ * to SPIN_WAIT_BOUND_NS, then a sleep on a private futex (spin_wait.h says why). In decode the
+ * next wave follows within a client round trip and a phase ends soon after the other
+ * workers', so a worker that slept at once would pay a wake-up per wave and per phase.
  */
 #include <errno.h>
-#include <limits.h>
-#include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "clock.h"
 #include "forward_internal.h"
-
-#define POOL_SPIN_NS 50000u
-
-/* Waits until *word != seen: spins up to POOL_SPIN_NS, then sleeps on it, counted in
- * *sleepers (the waker's side: change the word, then wake if *sleepers; seq_cst on both sides
- * so one of the two sees the other). */
-static void wait_for_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint32_t *sleepers)
-{
-	if (atomic_load_explicit(word, memory_order_acquire) != seen)
-		return;
-	const uint64_t t0 = monotonic_ns();
-	for (unsigned i = 1;; i++) {
-		if (atomic_load_explicit(word, memory_order_acquire) != seen)
-			return;
-		sched_yield();
-		if ((i & 7) == 0 && monotonic_ns() - t0 >= POOL_SPIN_NS)
-			break;
-	}
-	atomic_fetch_add(sleepers, 1);
-	while (atomic_load(word) == seen)
-		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
-	atomic_fetch_sub(sleepers, 1);
-}
-
-static void wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers)
-{
-	if (atomic_load(sleepers))
-		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
+#include "spin_wait.h"
 
 enum { PHASE_LOAD = 0, PHASE_HIDDEN = 1, PHASE_DOWN = 2 };
 
@@ -88,7 +52,7 @@ static void phase_wait(struct forward_pool *p, unsigned phase)
 	for (uint32_t v; !phase_over(p, phase);) {
 		v = atomic_load_explicit(&p->done[phase], memory_order_relaxed);
 		if ((int32_t)(v - p->target[phase]) < 0)
-			wait_for_change(&p->done[phase], v, &p->done_sleepers);
+			spin_wait_change(&p->done[phase], v, &p->done_sleepers, SPIN_WAIT_BOUND_NS);
 	}
 }
 
@@ -110,9 +74,10 @@ static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_
 			moek_ffn_hidden_rows(c, g->node_expert[node], w->index, it->begin, it->end);
 		else
 			moek_ffn_down_rows(c, g->node_expert[node], w->index, it->begin, it->end);
-		/* seq_cst: the last completion and a sleeper's count see each other (wake_all) */
+		/* seq_cst: the last completion and a sleeper's count see each other (spin_wake_all)
+		 */
 		if (atomic_fetch_add(&p->done[phase], 1) + 1 == p->target[phase])
-			wake_all(&p->done[phase], &p->done_sleepers);
+			spin_wake_all(&p->done[phase], &p->done_sleepers);
 	}
 }
 
@@ -136,10 +101,10 @@ static void *worker_main(void *arg)
 	snprintf(name, sizeof(name), "moe-w%u.%u", w->node, w->local);
 	pthread_setname_np(pthread_self(), name);
 	atomic_fetch_add(&p->checked_in, 1);
-	wake_all(&p->checked_in, &p->wave_sleepers);
+	spin_wake_all(&p->checked_in, &p->wave_sleepers);
 	uint32_t seen = 0; /* wave_seq starts at 0 */
 	for (;;) {
-		wait_for_change(&p->wave_seq, seen, &p->wave_sleepers);
+		spin_wait_change(&p->wave_seq, seen, &p->wave_sleepers, SPIN_WAIT_BOUND_NS);
 		const uint32_t seq = atomic_load(&p->wave_seq);
 		seen = seq;
 		if (seq & 1u)
@@ -204,7 +169,7 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 	/* Every worker pinned and named before the first wave: a wave may end before a worker
 	 * that has not yet run takes any part in it. */
 	for (uint32_t v; (v = atomic_load(&p->checked_in)) != p->n_workers - 1;)
-		wait_for_change(&p->checked_in, v, &p->wave_sleepers);
+		spin_wait_change(&p->checked_in, v, &p->wave_sleepers, SPIN_WAIT_BOUND_NS);
 	return 0;
 }
 
@@ -214,7 +179,7 @@ void pool_destroy(struct forward_pool *p)
 		pool_wait_wave(p);
 		atomic_store(&p->stopping, true);
 		atomic_fetch_add(&p->wave_seq, 2);
-		wake_all(&p->wave_seq, &p->wave_sleepers);
+		spin_wake_all(&p->wave_seq, &p->wave_sleepers);
 	}
 	for (uint32_t i = 0; p->workers && i < p->n_workers; i++)
 		if (p->workers[i].started)
@@ -311,7 +276,7 @@ void pool_start_wave(struct forward_pool *p, struct wave_group *groups, uint32_t
 	}
 	p->in_flight = behind;
 	atomic_fetch_add(&p->wave_seq, 1); /* even again: releases the wave's description */
-	wake_all(&p->wave_seq, &p->wave_sleepers);
+	spin_wake_all(&p->wave_seq, &p->wave_sleepers);
 	if (!behind)
 		run_wave_as(p, &p->workers[0]);
 }

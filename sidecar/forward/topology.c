@@ -7,8 +7,7 @@
  *
  * Pinning: when a node has at least as many PUs as workers, each worker gets a PU of its own,
  * distinct cores first (the second PUs of SMT cores only after every core has one), so two
- * workers never share a core while another is idle and each keeps its caches (on the 2-vCPU
- * VM bench_decode's 100% row was the same within its noise, docs/performance.md). With more
+ * workers never share a core while another is idle and each keeps its caches. With more
  * workers than PUs the node's PUs are shared (several nodes) or nothing is pinned (one node).
  * The hwloc topology holds only the PUs this process may use, so a cpuset set by the launcher
  * (taskset, cgroups) is honoured — the way to keep the workers off cores other processes

@@ -22,7 +22,6 @@
 #include "forward_internal.h"
 #include "moe_abi.h"
 
-
 /* Prepares group g's call into wave slot `slot` using scratch from *scratch_at. Returns 0,
  * 1 if the scratch arena is full (run the wave first), or a negative status (res filled). */
 static int add_to_wave(struct forward_engine *e, const struct forward_request *q, uint32_t g,

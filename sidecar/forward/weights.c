@@ -600,8 +600,8 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 	w->resident = buf;
 	/* Transparent huge pages where the system grants them on request (THP "madvise"
 	 * mode): decode streams a few MiB of scattered experts per layer, and 4 KiB pages make
-	 * that a TLB miss per page (measured: 4 KiB pages ran ~9% slower than the residency
-	 * pool's advised ones on the decode bench). A refusal only costs speed. */
+	 * that a TLB miss per page, as the residency pool's advised pages avoid. A refusal only
+	 * costs speed. */
 	(void)madvise(buf, w->resident_len, MADV_HUGEPAGE);
 	/* Lay every projection out first, so the node split can bind pages before they are
 	 * touched; then read. */
@@ -1115,8 +1115,6 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		    .no_direct = cfg->no_direct,
 		    .retry_backoff_ms = cfg->retry_backoff_ms,
 		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
-		    .fault_hook = cfg->fault_hook,
-		    .fault_arg = cfg->fault_arg,
 		    .post_load =
 		        w->mxfp4_hf || w->int4 || w->decode.on ? transform_after_load : NULL,
 		    .post_load_arg = &w->transform[n],
@@ -1129,6 +1127,8 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 				snprintf(err, err_len, "%s", why);
 			return -1;
 		}
+		if (w->fault_hook) /* before the warm-up's first read */
+			residency_set_fault_hook(w->res[n], w->fault_hook, w->fault_arg);
 		w->budget_bytes += budget;
 	}
 	/* The budget in force, as STATS reports it (every expert fitting: the pools' slot bytes,

@@ -20,6 +20,7 @@
 
 #include "catalog_adapter.h"
 #include "decode_layout.h"
+#include "fault_hook.h"
 #include "forward.h"
 #include "moe_kernels.h"
 #include "residency.h"
@@ -54,6 +55,9 @@ struct load_transform {
 };
 struct forward_weights {
 	enum forward_source source;
+	/* Tests only (forward_create_with_fault_hook): installed in every residency */
+	loader_fault_fn fault_hook;
+	void *fault_arg;
 	const struct moe_catalog *cat;
 	uint32_t n_moe_layers, n_experts;
 	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */

@@ -300,7 +300,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 {
 	struct residency *r = l->r;
 	record_latency(r, monotonic_ns() - op->submit_ns);
-	if (r->config.fault_hook) {
+	if (r->fault_hook) {
 		struct expert_load *ld = &l->loads[op->slot];
 		struct loader_read_info info = {
 		    .layer = ld->id / r->n_experts,
@@ -312,7 +312,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 		    .seq = l->seq,
 		    .failed_loads = ld->failed_loads,
 		};
-		res = r->config.fault_hook(r->config.fault_arg, &info, res);
+		res = r->fault_hook(r->fault_arg, &info, res);
 	}
 	l->seq++;
 	if (l->loads[op->slot].error) { /* the expert already failed: drop the rest */

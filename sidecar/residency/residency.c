@@ -655,6 +655,12 @@ static uint64_t compute_layout(struct residency *r)
 	return largest;
 }
 
+void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg)
+{
+	r->fault_hook = hook;
+	r->fault_arg = arg;
+}
+
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, char *err, size_t err_len)
 {

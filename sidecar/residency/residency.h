@@ -35,17 +35,6 @@
 
 enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
 
-/* Test hook, called by the loader thread for every read completion before it is handled:
- * returns the result to use instead of `res` (a shorter count: short read; -EIO: error). */
-struct loader_read_info {
-	uint32_t layer, expert, file;
-	uint64_t offset, length; /* of this read */
-	uint32_t attempt;        /* 0 for the first submission of this read */
-	uint64_t seq;            /* completions seen by this loader so far */
-	uint32_t failed_loads;   /* the expert's consecutive failed loads before this one */
-};
-typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
-
 /* An expert whose every read has completed, in its slot, as a post-load hook sees it. The
  * hook owns the whole slot until it returns: it may rewrite any of slot[0, slot_bytes) (e.g.
  * convert the bytes to another layout in place); data[i] is where expert_ref will point. */
@@ -83,9 +72,7 @@ struct residency_config {
 	 * registered as several buffers; a smaller figure spreads a small pool over several
 	 * (tests). */
 	uint64_t fixed_buffer_max;
-	bool no_direct;             /* buffered reads, as asked (--no-direct, tests) */
-	loader_fault_fn fault_hook; /* tests only */
-	void *fault_arg;
+	bool no_direct;                   /* buffered reads, as asked (--no-direct, tests) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
 	void *post_load_arg;
 };

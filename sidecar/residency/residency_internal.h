@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "fault_hook.h"
 #include "policy.h"
 #include "residency.h"
 #include "slot_pool.h"
@@ -59,6 +60,8 @@ struct loader; /* loader.c */
 struct residency {
 	const struct expert_map *map;
 	struct residency_config config;
+	loader_fault_fn fault_hook; /* tests only (fault_hook.h) */
+	void *fault_arg;
 	uint32_t n_layers, n_experts, n_ids;
 	uint32_t alignment; /* O_DIRECT alignment used for every file: ≥ 4096 */
 

@@ -77,9 +77,8 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 	pool->map_bytes = bytes;
 	/* Not inherited by a fork: a child has no use for the slots, and copying a mapping whose
 	 * pages the loader pinned (registered buffers) splits the parent's huge-page mappings
-	 * into 4 KiB ones for good — bench_decode's in-process residency engine, created before
-	 * the bench forks its children, lost every huge page that way and ran 7-16% slower per
-	 * layer than the all-resident floor (docs/performance.md). */
+	 * into 4 KiB ones for good, so a process that forks after creating a residency (a
+	 * benchmark's children) would lose every huge page of its pool. */
 	(void)madvise(base, bytes, MADV_DONTFORK);
 	if (node >= 0 && numa_available() >= 0) {
 		if (node > numa_max_node()) {

@@ -5,8 +5,8 @@
  * nothing queued or running, every expert it names resident now, at most INLINE_MAX_TOKENS
  * tokens, and it is the last submission of its drained batch (nothing behind it waits for
  * its compute). That is a decode step at full budget, and it saves the hand-off to another
- * thread, a futex wake-up on the critical path of every layer (tens of µs on a VM; the
- * dispatcher is awake anyway, having just taken the request). Everything else — a request
+ * thread, a futex wake-up on the critical path of every layer (dear on a VM whose idle vCPUs
+ * halt; the dispatcher is awake anyway, having just taken the request). Everything else — a request
  * that must wait for NVMe, a prefill, one arriving while another runs — goes to the forward
  * thread, so the dispatcher stays responsive to other clients while loads are in flight.
  * `executing` (under lock) makes the two mutually exclusive, so requests still run one at a
@@ -38,6 +38,7 @@
  */
 #include "forward_queue.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -53,6 +54,7 @@
 #include "moe_kernels.h"
 #include "ops.h"
 #include "routing.h"
+#include "spin_wait.h"
 #include "trace_recorder.h"
 
 struct model_channel {
@@ -60,7 +62,7 @@ struct model_channel {
 	struct sidecar_channel *ch;
 	uint32_t client;
 	/* Accepted FORWARDs not started yet, and MASKs behind them (each holds its own slot:
-	 * at most n_slots). Under model_ops.lock. */
+	 * at most n_slots). Under forward_queue.lock. */
 	struct moe_sqe queue[MOE_MAX_SLOTS_LIMIT];
 	uint32_t q_head, q_len;
 	bool listed;  /* in the round-robin list */
@@ -438,9 +440,14 @@ done:
  * go to the forward thread even when resident. */
 #define INLINE_MAX_TOKENS 16u
 
-/* How long the forward thread polls for the next FORWARD before sleeping: in a decode loop the
- * next layer's request follows the completion within a client round trip. */
-#define FORWARD_SPIN_NS 50000u
+/* The forward thread polls for the next FORWARD (spin_until, polling) up to SPIN_WAIT_BOUND_NS
+ * before sleeping: in a decode loop the next layer's request follows the completion within a
+ * client round trip. */
+static bool forward_queued(void *arg)
+{
+	const struct forward_queue *o = arg;
+	return atomic_load_explicit(&o->queued, memory_order_acquire) != 0;
+}
 
 /* Sets mc's client mask from the slot's input (n bytes checked by model_op_mask) through the
  * private buffer `bits`, and fills *done. Runs on the dispatcher when nothing of mc's is
@@ -469,11 +476,9 @@ static void *forward_thread_main(void *arg)
 	for (;;) {
 		if (!o->stop && !o->rr_head) {
 			pthread_mutex_unlock(&o->lock);
-			for (uint64_t t0 = monotonic_ns(); monotonic_ns() - t0 < FORWARD_SPIN_NS;)
-				if (atomic_load_explicit(&o->queued, memory_order_acquire))
-					break;
-				else
-					moe_cpu_relax();
+			const uint64_t t0 = monotonic_ns();
+			spin_until(&spin_policy_polling, t0, t0 + SPIN_WAIT_BOUND_NS,
+			           forward_queued, o);
 			pthread_mutex_lock(&o->lock);
 		}
 		while (!o->stop && (!o->rr_head || o->executing))
@@ -720,35 +725,24 @@ static size_t expert_table(struct forward_queue *o, uint8_t *out, size_t cap)
 	return total;
 }
 
-/* The routing keys STATS adds to the engine's object (docs/protocol.md §10). snprintf-like. */
-static size_t routing_stats_json(struct forward_queue *o, bool experts, char *buf, size_t len)
+/* The routing members STATS adds to the engine's (docs/protocol.md §10). */
+static void routing_stats_json(struct forward_queue *o, bool experts, struct json_writer *w)
 {
 	uint64_t switches, masked;
 	forward_mask_info(o->engine, &switches, &masked);
-	int n = snprintf(buf, len,
-	                 ",\"gpu_mask_switches\":%llu,\"gpu_masked_experts\":%llu,"
-	                 "\"heat_half_life_tokens\":%u",
-	                 (unsigned long long)switches, (unsigned long long)masked,
-	                 routing_half_life(o->routing));
-	size_t used = n > 0 ? (size_t)n : 0;
+	jw_kv_u64(w, "gpu_mask_switches", switches);
+	jw_kv_u64(w, "gpu_masked_experts", masked);
+	jw_kv_u64(w, "heat_half_life_tokens", routing_half_life(o->routing));
 	if (o->recorder) {
 		struct trace_recorder_stats ts;
 		trace_recorder_stats(o->recorder, &ts);
-		n = snprintf(used < len ? buf + used : NULL, used < len ? len - used : 0,
-		             ",\"trace_lines\":%llu,\"trace_bytes\":%llu,\"trace_dropped\":%llu,"
-		             "\"trace_stopped\":%s",
-		             (unsigned long long)ts.lines, (unsigned long long)ts.bytes,
-		             (unsigned long long)ts.dropped, ts.stopped ? "true" : "false");
-		used += n > 0 ? (size_t)n : 0;
+		jw_kv_u64(w, "trace_lines", ts.lines);
+		jw_kv_u64(w, "trace_bytes", ts.bytes);
+		jw_kv_u64(w, "trace_dropped", ts.dropped);
+		jw_kv_bool(w, "trace_stopped", ts.stopped);
 	}
-	if (experts) {
-		if (used < len)
-			buf[used] = ',';
-		used++;
-		used += routing_json(o->routing, o->block_of_moe, used < len ? buf + used : NULL,
-		                     used < len ? len - used : 0);
-	}
-	return used;
+	if (experts)
+		routing_write_json(o->routing, o->block_of_moe, w);
 }
 
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
@@ -776,21 +770,17 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_lock(&o->lock);
 	uint32_t clients = o->n_clients;
 	pthread_mutex_unlock(&o->lock);
-	size_t len = serve_model_stats_json(
-	    o->model, clients, o->forwards_inline,
-	    atomic_load_explicit(&o->mem_channels, memory_order_relaxed), o->stats, o->stats_cap);
-	if (len < o->stats_cap) { /* the routing keys replace the closing brace */
-		len--;
-		len += routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, o->stats + len,
-		                          o->stats_cap - len);
-		if (len + 1 < o->stats_cap) {
-			o->stats[len++] = '}';
-			o->stats[len] = '\0';
-		} else {
-			len++;
-		}
-	}
-	if (len >= o->stats_cap || len + 1 > ch->layout.out_bytes) {
+	struct json_writer w;
+	jw_init_buffer(&w, o->stats, o->stats_cap);
+	jw_object_begin(&w);
+	serve_model_stats_json(o->model, clients, o->forwards_inline,
+	                       atomic_load_explicit(&o->mem_channels, memory_order_relaxed), &w);
+	routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, &w);
+	jw_object_end(&w);
+	const int rc = jw_finish(&w);
+	assert(rc == 0 || rc == -ENOBUFS); /* the only error a well-nested writer reports */
+	const size_t len = jw_length(&w);
+	if (rc != 0 || len + 1 > ch->layout.out_bytes) {
 		done->status = MOE_ETOOSMALL;
 		done->value = (uint32_t)(len + 1);
 		channel_request_error(ch, sqe, done, true,

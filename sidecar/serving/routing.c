@@ -2,9 +2,7 @@
 #include "routing.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,45 +125,31 @@ size_t routing_json_max(const struct routing *r)
 	return 32 + (size_t)r->n_layers * (96 + (size_t)r->n_experts * 40);
 }
 
-struct out {
-	char *buf;
-	size_t len, used;
-};
-
-static void put(struct out *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(struct out *o, const char *fmt, ...)
+void routing_write_json(const struct routing *r, const uint32_t *blocks, struct json_writer *w)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(o->used < o->len ? o->buf + o->used : NULL,
-	                  o->used < o->len ? o->len - o->used : 0, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		o->used += (size_t)n;
-}
-
-size_t routing_json(const struct routing *r, const uint32_t *blocks, char *buf, size_t len)
-{
-	struct out o = {.buf = buf, .len = len};
-	put(&o, "\"experts\":[");
+	jw_key(w, "experts");
+	jw_array_begin(w);
 	for (uint32_t l = 0; l < r->n_layers; l++) {
 		const uint64_t clock = atomic_load_explicit(&r->clock[l], memory_order_relaxed);
-		put(&o, "%s{\"layer\":%u,\"tokens\":%llu,\"counts\":[", l ? "," : "", blocks[l],
-		    (unsigned long long)clock);
+		jw_object_begin(w);
+		jw_kv_u64(w, "layer", blocks[l]);
+		jw_kv_u64(w, "tokens", clock);
+		jw_key(w, "counts");
+		jw_array_begin(w);
 		const size_t base = (size_t)l * r->n_experts;
 		for (uint32_t x = 0; x < r->n_experts; x++)
-			put(&o, "%s%llu", x ? "," : "",
-			    (unsigned long long)atomic_load_explicit(&r->counts[base + x],
-			                                             memory_order_relaxed));
-		put(&o, "],\"heat\":[");
+			jw_u64(w, atomic_load_explicit(&r->counts[base + x], memory_order_relaxed));
+		jw_array_end(w);
+		jw_key(w, "heat");
+		jw_array_begin(w);
 		for (uint32_t x = 0; x < r->n_experts; x++) {
 			const float h = heat_at(
 			    r, atomic_load_explicit(&r->heat[base + x], memory_order_relaxed),
 			    (uint32_t)clock);
-			put(&o, "%s%.3f", x ? "," : "", (double)h);
+			jw_double(w, (double)h, 3);
 		}
-		put(&o, "]}");
+		jw_array_end(w);
+		jw_object_end(w);
 	}
-	put(&o, "]");
-	return o.used;
+	jw_array_end(w);
 }

@@ -13,8 +13,8 @@
  *
  * Threading: routing_add from one thread at a time (whichever executes FORWARDs: they are
  * serialised, forward_queue.c), without locks or allocation (relaxed atomic stores). Readers
- * (routing_read, routing_json) on any thread at any time: each value is consistent on its
- * own (one atomic word), not across experts.
+ * (routing_read, routing_write_json) on any thread at any time: each value is consistent
+ * on its own (one atomic word), not across experts.
  */
 #ifndef MOE_SIDECAR_ROUTING_H
 #define MOE_SIDECAR_ROUTING_H
@@ -22,6 +22,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "json_writer.h"
 
 #define ROUTING_HALF_LIFE_DEFAULT 1024u /* tokens of a layer */
 #define ROUTING_HALF_LIFE_MAX (1u << 30)
@@ -42,12 +44,12 @@ void routing_add(struct routing *r, uint32_t layer, uint32_t n_tokens, uint32_t 
 /* Copies layer-major [n_layers][n_experts] counts and heat now (either may be NULL). */
 void routing_read(const struct routing *r, uint64_t *counts, float *heat);
 
-/* `"experts":[{"layer":B,"tokens":T,"counts":[…],"heat":[…]},…]` for every MoE layer (B
- * from blocks[], the layer's transformer block), heat with 3 decimals. snprintf-like: returns
- * the length it needs; the text is complete only when that is < len. */
-size_t routing_json(const struct routing *r, const uint32_t *blocks, char *buf, size_t len);
+/* Writes the member `"experts":[{"layer":B,"tokens":T,"counts":[…],"heat":[…]},…]` into w's
+ * open object, for every MoE layer (B from blocks[], the layer's transformer block), heat with
+ * 3 decimals. */
+void routing_write_json(const struct routing *r, const uint32_t *blocks, struct json_writer *w);
 
-/* Bytes routing_json may need at most. */
+/* Bytes routing_write_json may need at most. */
 size_t routing_json_max(const struct routing *r);
 
 #endif

@@ -20,6 +20,9 @@
 
 #include "catalog.h"
 #include "forward.h"
+#ifdef MOE_TEST_HOOKS
+#include "forward_internal.h" /* forward_create_with_fault_hook */
+#endif
 #include "log.h"
 #include "memlimit.h"
 #include "moe_proto.h"
@@ -34,8 +37,10 @@ struct serve_model {
 	struct pagecache_probes *probes;
 	struct forward_layer_stats *layer_stats; /* forward_stats_layers() entries */
 	uint32_t n_layer_stats;
+#ifdef MOE_TEST_HOOKS
 	int32_t fail_layer, fail_expert;
 	uint32_t fail_loads;
+#endif
 	struct progress warm;
 	bool warm_started;
 };
@@ -115,6 +120,7 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 	}
 }
 
+#ifdef MOE_TEST_HOOKS
 /* Test hook: the reads of the chosen expert fail with EIO, in its first fail_loads loads (all
  * when 0). info->layer is the MoE layer, as is fail_layer. */
 static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, int res)
@@ -125,6 +131,7 @@ static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, 
 		return -EIO;
 	return res;
 }
+#endif
 
 static void describe(struct serve_model *m, const struct serve_model_config *cfg)
 {
@@ -160,9 +167,11 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	struct serve_model *m = calloc(1, sizeof(*m));
 	if (!m)
 		return fail(err, err_len, "out of memory");
+#ifdef MOE_TEST_HOOKS
 	m->fail_layer = cfg->fail_layer;
 	m->fail_expert = cfg->fail_expert;
 	m->fail_loads = cfg->fail_loads;
+#endif
 
 	struct model_error merr;
 	memset(&merr, 0, sizeof(merr));
@@ -269,9 +278,10 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	    .progress = warm_progress,
 	    .progress_arg = m,
 	};
+#ifdef MOE_TEST_HOOKS
+	loader_fault_fn hook = NULL;
 	if (cfg->fail_layer >= 0) {
-		fc.fault_hook = fail_reads_of_expert;
-		fc.fault_arg = m;
+		hook = fail_reads_of_expert;
 		if (cfg->fail_loads)
 			log_warn("serve",
 			         "testing: the first %u load(s) of layer %d expert %d will fail "
@@ -282,6 +292,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         "testing: every read of layer %d expert %d will fail with EIO",
 			         cfg->fail_layer, cfg->fail_expert);
 	}
+#endif
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		goto fail;
 	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
@@ -298,7 +309,12 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		         engine_limit, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	char ferr[400];
+#ifdef MOE_TEST_HOOKS
+	const int frc =
+	    forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, ferr, sizeof(ferr));
+#else
 	const int frc = forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr));
+#endif
 	if (frc != 0) {
 		if (frc == -ENOSPC)
 			fail(err, err_len,
@@ -406,86 +422,39 @@ struct forward_engine *serve_model_engine(struct serve_model *m)
 
 /* ---- STATS JSON ------------------------------------------------------------------------- */
 
-struct json_out {
-	char *buf;
-	size_t len, used; /* used may exceed len: then only the size is being computed */
-};
-
-static void jprintf(struct json_out *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void jprintf(struct json_out *j, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	size_t room = j->used < j->len ? j->len - j->used : 0;
-	int n = vsnprintf(room ? j->buf + j->used : NULL, room, fmt, ap);
-	va_end(ap);
-	if (n > 0)
-		j->used += (size_t)n;
-}
-
-/* A JSON string without quotes or control characters (reasons come from strerror & co). */
-static void jstring(struct json_out *j, const char *s)
-{
-	jprintf(j, "\"");
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			jprintf(j, "\\%c", c);
-		else if (c < 0x20)
-			jprintf(j, "\\u%04x", c);
-		else
-			jprintf(j, "%c", c);
-	}
-	jprintf(j, "\"");
-}
-
-size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              uint64_t channel_bytes, char *buf, size_t len)
+void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
+                            uint64_t channel_bytes, struct json_writer *w)
 {
 	struct forward_stats st;
 	memset(&st, 0, sizeof(st));
 	st.layers = m->layer_stats;
 	forward_stats(m->engine, &st);
-	/* What the sidecar adds (model, clients, probes), then the engine's own object
-	 * (forward_stats_json: counters and per-layer latency) spliced in without its '{'. */
-	struct json_out j = {.buf = buf, .len = len};
-	jprintf(&j, "{\"model\":");
-	jstring(&j, m->desc.name);
-	jprintf(&j, ",\"fingerprint\":\"%s\"", m->desc.fingerprint_hex);
-	jprintf(&j,
-	        ",\"clients\":%u,\"expert_bytes\":%" PRIu64 ",\"numa_nodes\":%u,"
-	        "\"forwards_inline\":%" PRIu64 ",\"mem_limit_bytes\":%" PRIu64
-	        ",\"mem_fixed_bytes\":%" PRIu64 ",\"mem_channel_bytes\":%" PRIu64,
-	        clients, m->desc.expert_bytes, m->desc.n_nodes, forwards_inline,
-	        m->desc.mem_limit_bytes, m->desc.mem_fixed_bytes, channel_bytes);
+	/* What the sidecar adds (model, clients, probes), then the engine's own members
+	 * (forward_stats_write: counters and per-layer latency). */
+	jw_kv_string(w, "model", m->desc.name);
+	jw_kv_string(w, "fingerprint", m->desc.fingerprint_hex);
+	jw_kv_u64(w, "clients", clients);
+	jw_kv_u64(w, "expert_bytes", m->desc.expert_bytes);
+	jw_kv_u64(w, "numa_nodes", m->desc.n_nodes);
+	jw_kv_u64(w, "forwards_inline", forwards_inline);
+	jw_kv_u64(w, "mem_limit_bytes", m->desc.mem_limit_bytes);
+	jw_kv_u64(w, "mem_fixed_bytes", m->desc.mem_fixed_bytes);
+	jw_kv_u64(w, "mem_channel_bytes", channel_bytes);
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
-		jprintf(
-		    &j,
-		    ",\"probes\":\"active\",\"pagecache_fill_bytes\":%llu,\"direct_bytes\":%llu,"
-		    "\"buffered_bytes\":%llu,\"fault_bytes\":%llu,\"bypass_ratio\":",
-		    (unsigned long long)ps.raw.pagecache_fill_bytes,
-		    (unsigned long long)ps.raw.direct_bytes,
-		    (unsigned long long)ps.raw.buffered_bytes, (unsigned long long)ps.fault_bytes);
-		if (isfinite(ps.bypass_ratio))
-			jprintf(&j, "%.6f", ps.bypass_ratio);
-		else
-			jprintf(&j, "null");
+		jw_kv_string(w, "probes", "active");
+		jw_kv_u64(w, "pagecache_fill_bytes", ps.raw.pagecache_fill_bytes);
+		jw_kv_u64(w, "direct_bytes", ps.raw.direct_bytes);
+		jw_kv_u64(w, "buffered_bytes", ps.raw.buffered_bytes);
+		jw_kv_u64(w, "fault_bytes", ps.fault_bytes);
+		jw_kv_double(w, "bypass_ratio", ps.bypass_ratio, 6);
 	} else {
 		char why[300];
 		const char *status = pagecache_status(m->probes);
 		if (!strncmp(status, "unavailable: ", 13))
 			status += 13;
 		snprintf(why, sizeof(why), "probes unavailable: %s", status);
-		jprintf(&j, ",\"probes\":");
-		jstring(&j, why);
+		jw_kv_string(w, "probes", why);
 	}
-	jprintf(&j, ",");
-	/* The engine's object goes where its '{' replaces our ','. */
-	const size_t at = j.used - 1;
-	const size_t engine =
-	    forward_stats_json(&st, at < len ? buf + at : NULL, at < len ? len - at : 0);
-	if (at < len && at + engine < len)
-		buf[at] = ',';
-	return at + engine;
+	forward_stats_write(&st, w);
 }

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "json_writer.h"
 #include "moe_abi.h"
 
 struct forward_engine;
@@ -48,10 +49,13 @@ struct serve_model_config {
 	 * at all (every demand retries). */
 	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool retry_without_backoff;
-	/* Testing: the reads of this (layer, expert) fail with EIO (layer -1: none) — in its first
-	 * fail_loads loads, or every one when fail_loads is 0. */
+#ifdef MOE_TEST_HOOKS
+	/* The test-hooks daemon only (--debug-fail-expert): the reads of this (layer, expert) fail
+	 * with EIO (layer -1: none) — in its first fail_loads loads, or every one when fail_loads
+	 * is 0. Only serve.c and serve_model.c, built alike, see this struct. */
 	int32_t fail_layer, fail_expert;
 	uint32_t fail_loads;
+#endif
 };
 
 /* What is served, in wire-neutral types. */
@@ -98,10 +102,10 @@ struct forward_engine *serve_model_engine(struct serve_model *m);
 
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
-/* Writes the STATS JSON object (NUL-terminated) into buf. Returns its length without the NUL,
- * or the length it would need (>= len) when it does not fit. clients: channels attached now;
- * channel_bytes: the memory they are accounted for. */
-size_t serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                              uint64_t channel_bytes, char *buf, size_t len);
+/* Writes the model's and the engine's STATS members into w's open object (the caller adds its
+ * own and closes it). clients: channels attached now; channel_bytes: the memory they are
+ * accounted for. */
+void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
+                            uint64_t channel_bytes, struct json_writer *w);
 
 #endif

@@ -15,7 +15,6 @@
 
 #include <errno.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -24,6 +23,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "spin_wait.h"
 
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449
@@ -122,16 +122,23 @@ static uint32_t drain_all(struct dispatcher *d, bool shutting_down, bool *async_
 	return work;
 }
 
-/* The idle spin (see dispatcher_main): pure polling for the first DISPATCH_POLL_NS after the
- * last work (a client in a request/response loop answers within that), then polls with a
- * yield of the core every DISPATCH_POLLS_PER_YIELD looks. */
-#define DISPATCH_POLL_NS 5000u
-#define DISPATCH_POLLS_PER_YIELD 32
+/* The idle spin (see dispatcher_main): pure polling at first (a client in a request/response
+ * loop answers within poll_only_ns of the last work), then a yield of the core after every
+ * round of looks. Several looks per round: a system call per look would add its cost to every
+ * short request. */
+static const struct spin_policy dispatch_spin = {.looks_per_round = 32, .poll_only_ns = 5000};
+
+struct work_look {
+	struct dispatcher *d;
+	uint32_t gen; /* the control word's value the loop has applied */
+};
 
 /* A lock-free look at every ring and the control word: is there something to drain? */
-static bool work_visible(struct dispatcher *d, uint32_t gen)
+static bool work_visible(void *arg)
 {
-	if (atomic_load_explicit(&d->control_word, memory_order_acquire) != gen)
+	const struct work_look *w = arg;
+	const struct dispatcher *d = w->d;
+	if (atomic_load_explicit(&d->control_word, memory_order_acquire) != w->gen)
 		return true;
 	for (uint32_t i = 0; i < d->n_active; i++) {
 		struct sidecar_channel *ch = d->active[i].ch;
@@ -268,12 +275,13 @@ static void *dispatcher_main(void *arg)
 		 * held back wakes us through the control word); the client's next submission
 		 * wakes us through its SQ. */
 		if (now - last_work < d->spin_ns && !async_pending) {
-			/* Poll the rings a few times (≈ 1 µs) between yields: a system call per
-			 * look would add its cost to every short request (PING: ~0.1 µs). */
-			for (int i = 0; i < DISPATCH_POLLS_PER_YIELD && !work_visible(d, gen); i++)
-				moe_cpu_relax();
-			if (now - last_work >= DISPATCH_POLL_NS && !work_visible(d, gen))
-				sched_yield();
+			/* Back to the loop when work shows, the spin is over or a heartbeat is
+			 * due. */
+			struct work_look look = {.d = d, .gen = gen};
+			uint64_t left = d->spin_ns - (now - last_work);
+			if (d->heartbeat_ns - (now - last_beat) < left)
+				left = d->heartbeat_ns - (now - last_beat);
+			spin_until(&dispatch_spin, last_work, now + left, work_visible, &look);
 			continue;
 		}
 		sleep_on_all(d, gen, now);
@@ -287,7 +295,7 @@ static void *dispatcher_main(void *arg)
 int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_t err_len)
 {
 	if (!d->spin_ns)
-		d->spin_ns = 50000;
+		d->spin_ns = SPIN_WAIT_BOUND_NS;
 	if (!d->heartbeat_ns)
 		d->heartbeat_ns = 100000000;
 	d->dropped_eventfd = dropped_eventfd;

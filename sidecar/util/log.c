@@ -8,6 +8,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json_writer.h"
+
 static _Atomic int min_level = LOG_INFO;
 static _Atomic int as_json = 0;
 
@@ -56,30 +58,12 @@ bool log_ratelimit_allow(struct log_ratelimit *rl, uint64_t now_ns, uint32_t *su
 	return true;
 }
 
-/* Appends s to buf as the inside of a JSON string. */
-static size_t json_escape(char *buf, size_t cap, const char *s)
-{
-	size_t n = 0;
-	for (; *s && n + 7 < cap; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\') {
-			buf[n++] = '\\';
-			buf[n++] = (char)c;
-		} else if (c < 0x20) {
-			n += (size_t)snprintf(buf + n, cap - n, "\\u%04x", c);
-		} else {
-			buf[n++] = (char)c;
-		}
-	}
-	buf[n] = '\0';
-	return n;
-}
-
 void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
 {
 	if ((int)level < atomic_load_explicit(&min_level, memory_order_relaxed))
 		return;
-	char msg[768], line[1024];
+	/* line: room for a message escaped whole (at worst 6 bytes per byte) in JSON mode */
+	char msg[768], line[6 * 768 + 256];
 	va_list ap;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -95,12 +79,20 @@ void log_event(enum log_level level, const char *subsystem, const char *fmt, ...
 
 	int n;
 	if (atomic_load_explicit(&as_json, memory_order_relaxed)) {
-		char esc[900];
-		json_escape(esc, sizeof(esc), msg);
-		n = snprintf(line, sizeof(line),
-		             "{\"ts\":\"%s\",\"level\":\"%s\",\"sub\":\"%s\","
-		             "\"msg\":\"%s\"}\n",
-		             when, level_names[level], subsystem, esc);
+		struct json_writer jw;
+		jw_init_buffer(&jw, line, sizeof(line) - 1); /* the last byte for the newline */
+		jw_object_begin(&jw);
+		jw_kv_string(&jw, "ts", when);
+		jw_kv_string(&jw, "level", level_names[level]);
+		jw_kv_string(&jw, "sub", subsystem);
+		jw_kv_string(&jw, "msg", msg);
+		jw_object_end(&jw);
+		/* a cut line (a subsystem name of thousands of bytes) stays one line */
+		size_t len = jw_length(&jw);
+		if (len > sizeof(line) - 2)
+			len = sizeof(line) - 2;
+		line[len] = '\n';
+		n = (int)len + 1;
 	} else {
 		n = snprintf(line, sizeof(line), "%s %-5s %-8s %s\n", when, level_names[level],
 		             subsystem, msg);

@@ -11,6 +11,7 @@
 #include "catalog.h"
 #include "forward.h"
 #include "moe_gen.h"
+#include "oracle.h"
 
 struct fwd_model {
 	char dir[64];

@@ -546,12 +546,12 @@ Test(forward_io, failed_expert_fails_only_its_requests)
 	    .source = FORWARD_SOURCE_RESIDENCY,
 	    .threads_per_node = 1,
 	    .max_tokens = 4,
-	    .fault_hook = fail_expert_3,
-	    .fault_arg = &hits,
 	};
 	struct forward_engine *e;
 	char err[256];
-	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(
+	    forward_create_with_fault_hook(&e, m.cat, &cfg, fail_expert_3, &hits, err, sizeof(err)),
+	    0, "%s", err);
 	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
 	uint32_t failed, passed;
 	char why[256];

@@ -14,6 +14,7 @@
 
 #include "catalog.h"
 #include "fixture.h"
+#include "forward_internal.h"
 #include "moe_abi.h"
 #include "moe_kernels.h"
 
@@ -32,13 +33,12 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .max_tokens = 8,
 	    .chunk_bytes = 64 * 1024,
 	    .lazy_load = true,
-	    .fault_hook = hook,
-	    .fault_arg = hook_arg,
 	};
 	struct forward_engine *e;
 	char err[256];
-	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
-	             err);
+	cr_assert_eq(
+	    forward_create_with_fault_hook(&e, m->cat, &cfg, hook, hook_arg, err, sizeof(err)), 0,
+	    "forward_create: %s", err);
 	return e;
 }
 

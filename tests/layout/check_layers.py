@@ -14,7 +14,7 @@ import sys
 ALLOWED = {
     "proto": [],
     "kernels": [],
-    "sidecar/util": [],
+    "sidecar/util": ["proto"],
     "sidecar/model": ["kernels", "sidecar/util", "proto"],
     "sidecar/probes": ["sidecar/util"],
     "sidecar/residency": ["sidecar/model", "kernels", "sidecar/util", "proto"],

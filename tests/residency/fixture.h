@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "expert_map.h"
+#include "fault_hook.h"
 #include "residency.h"
 
 struct fixture {

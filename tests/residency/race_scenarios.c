@@ -159,10 +159,9 @@ int race_shared_load(int fail_with)
 	    .mem_budget = 1 << 20,
 	    .policy = "lru",
 	    .max_retries = 2,
-	    .fault_hook = hold_until_all_wait,
-	    .fault_arg = &g,
 	};
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, hold_until_all_wait, &g);
 	atomic_store(&g.r, r);
 	pthread_t t[WAITERS];
 	struct waiter w[WAITERS];
@@ -259,9 +258,9 @@ int race_failed_retries(void)
 	    .mem_budget = 2 * 8192,
 	    .policy = "lru",
 	    .retry_backoff_ms = RESIDENCY_NO_BACKOFF,
-	    .fault_hook = fail_every_third,
 	};
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, fail_every_third, NULL);
 	atomic_int bad = 0, done = 0;
 	pthread_t t[RETRY_THREADS + 1];
 	struct retrier a[RETRY_THREADS + 1];

@@ -416,9 +416,8 @@ Test(residency_faults, eio_retried_then_failed_with_context)
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.max_retries = 2;
 	cfg.retry_backoff_ms = 3600000; /* no demand of this test outlives it */
-	cfg.fault_hook = inject;
-	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, inject, &fl);
 	struct expert_ref ref;
 	cr_assert_eq(residency_acquire(r, 0, 1, 1.0f, 0, &ref), -EIO);
 	cr_assert_eq(residency_state(r, 0, 1), EXPERT_FAILED);
@@ -468,9 +467,8 @@ Test(residency_faults, failed_expert_read_again_after_its_backoff)
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.max_retries = 0;
 	cfg.retry_backoff_ms = RESIDENCY_NO_BACKOFF;
-	cfg.fault_hook = fail_first_loads;
-	cfg.fault_arg = &loads;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, fail_first_loads, &loads);
 	struct expert_ref ref;
 	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -EIO);
 	cr_assert_eq(residency_state(r, 0, 0), EXPERT_FAILED);
@@ -499,9 +497,8 @@ Test(residency_faults, retry_all_failed_ends_the_backoff)
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.max_retries = 0;
 	cfg.retry_backoff_ms = 3600000;
-	cfg.fault_hook = fail_first_loads;
-	cfg.fault_arg = &loads;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, fail_first_loads, &loads);
 	struct expert_ref ref;
 	for (uint32_t l = 0; l < 2; l++)
 		cr_assert_eq(residency_acquire(r, l, 1, 1.0f, 0, &ref), -EIO);
@@ -548,9 +545,8 @@ Test(residency_faults, transient_eio_and_eagain_recover)
 	fixture_create(&f, "/tmp", 1, 2, 2, 3000);
 	struct faults fl = {.fail_first = 2, .fail_with = -EAGAIN};
 	struct residency_config cfg = base_config(1 << 20);
-	cfg.fault_hook = inject;
-	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, inject, &fl);
 	struct expert_ref ref;
 	acquire_ok(r, &f, 0, 0, &ref);
 	residency_release(r, &ref);
@@ -571,9 +567,8 @@ Test(residency_faults, timed_out_reads_retried_then_etimedout)
 	struct faults fl = {.fail_first = 1000, .fail_with = -ECANCELED};
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.max_retries = 1;
-	cfg.fault_hook = inject;
-	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, inject, &fl);
 	struct expert_ref ref;
 	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -ETIMEDOUT);
 	struct residency_counters c;
@@ -593,9 +588,8 @@ Test(residency_faults, short_reads_continue_byte_exact)
 	fixture_create(&f, "/tmp", 1, 3, 2, 30000);
 	struct faults fl = {.truncate_first = 3};
 	struct residency_config cfg = base_config(1 << 20);
-	cfg.fault_hook = inject;
-	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, inject, &fl);
 	for (uint32_t x = 0; x < 3; x++) {
 		struct expert_ref ref;
 		acquire_ok(r, &f, 0, x, &ref);
@@ -616,9 +610,8 @@ Test(residency_faults, end_of_file_inside_data_fails)
 	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
 	struct faults fl = {.fail_first = 1, .fail_with = 0}; /* a read that returns 0 bytes */
 	struct residency_config cfg = base_config(1 << 20);
-	cfg.fault_hook = inject;
-	cfg.fault_arg = &fl;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, inject, &fl);
 	struct expert_ref ref;
 	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, 0, &ref), -ENODATA);
 	char msg[512];
@@ -702,9 +695,8 @@ Test(residency_order, demand_reads_go_before_prefetches)
 	struct gate g = {.lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
 	struct residency_config cfg = base_config(1 << 20);
 	cfg.queue_depth = 1; /* one read at a time: the order is the loader's choice */
-	cfg.fault_hook = gate_hook;
-	cfg.fault_arg = &g;
 	struct residency *r = fixture_residency(&f, &cfg);
+	residency_set_fault_hook(r, gate_hook, &g);
 	struct expert_ref ref;
 	cr_assert_eq(residency_acquire(r, 0, 0, 1.0f, RESIDENCY_NOWAIT, &ref), -EINPROGRESS);
 	pthread_mutex_lock(&g.lock);

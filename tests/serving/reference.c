@@ -9,6 +9,7 @@
 #include "forward.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
+#include "oracle.h"
 
 struct ref_engine {
 	struct moe_catalog *cat;

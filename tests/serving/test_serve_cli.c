@@ -71,6 +71,23 @@ Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
 	}
 }
 
+/* The fault-injection options live in the test-hooks daemon only: the shipped one neither
+ * lists nor takes them. */
+Test(serve_cli, shipped_serve_has_no_debug_options)
+{
+	static char out[16384];
+	const char *help[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
+	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	cr_expect_not(strstr(out, "--debug-"), "serve --help lists a debug option: %s", out);
+	const char *fail[] = {MOE_SIDECAR_BIN, "serve", "--debug-fail-expert", "1:3", NULL};
+	cr_expect_eq(run_capture(fail, out, sizeof(out)), 2, "%s", out);
+#ifdef MOE_SIDECAR_TESTHOOKS_BIN
+	const char *hooks[] = {MOE_SIDECAR_TESTHOOKS_BIN, "serve", "--help", NULL};
+	cr_assert_eq(run_capture(hooks, out, sizeof(out)), 0, "%s", out);
+	cr_expect(strstr(out, "--debug-fail-expert"), "the test-hooks daemon lacks it: %s", out);
+#endif
+}
+
 Test(serve_cli, every_binary_says_its_version)
 {
 	static char out[4096];

@@ -50,6 +50,20 @@ int sidecar_start_in_cgroup(struct sidecar_proc *sp, const char *const *extra, i
 	return start(sp, extra, exit_status, (uid_t)-1, cgroup_procs);
 }
 
+/* The daemon to run: the test-hooks build when a test asks for a fault-injection option
+ * (--debug-…), which the shipped moe-sidecar does not have. */
+static const char *daemon_for(const char *const *extra)
+{
+#ifdef MOE_SIDECAR_TESTHOOKS_BIN
+	for (int i = 0; extra && extra[i]; i++)
+		if (strncmp(extra[i], "--debug-", 8) == 0)
+			return MOE_SIDECAR_TESTHOOKS_BIN;
+#else
+	(void)extra;
+#endif
+	return MOE_SIDECAR_BIN;
+}
+
 static int start(struct sidecar_proc *sp, const char *const *extra, int *exit_status, uid_t uid,
                  const char *cgroup_procs)
 {
@@ -77,13 +91,14 @@ static int start(struct sidecar_proc *sp, const char *const *extra, int *exit_st
 		int ready = dup(p[1]); /* without O_CLOEXEC */
 		char fdbuf[16];
 		snprintf(fdbuf, sizeof(fdbuf), "%d", ready);
-		const char *argv[32] = {MOE_SIDECAR_BIN, "serve", "--socket",    sp->socket,
-		                        "--ready-fd",    fdbuf,   "--log-level", "debug"};
+		const char *bin = daemon_for(extra);
+		const char *argv[32] = {bin,          "serve", "--socket",    sp->socket,
+		                        "--ready-fd", fdbuf,   "--log-level", "debug"};
 		int n = 8;
 		for (int i = 0; extra && extra[i] && n < 31; i++)
 			argv[n++] = extra[i];
 		argv[n] = NULL;
-		execv(MOE_SIDECAR_BIN, (char *const *)argv);
+		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
 	close(p[1]);

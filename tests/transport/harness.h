@@ -22,8 +22,9 @@ struct sidecar_proc {
 /* Makes the temp directory (mode 0755 so other uids can traverse it). */
 void harness_tempdir(struct sidecar_proc *sp);
 
-/* Starts `moe-sidecar serve --socket sp->socket --ready-fd N extra…` and waits for READY.
- * extra is a NULL-terminated list (may be NULL). Returns 0, or -1 if it exited instead
+/* Starts `moe-sidecar serve --socket sp->socket --ready-fd N extra…` and waits for READY
+ * (moe-sidecar-testhooks when extra holds a --debug-… option). extra is a NULL-terminated
+ * list (may be NULL). Returns 0, or -1 if it exited instead
  * (then *exit_status holds its waitpid status when non-NULL). */
 int sidecar_start(struct sidecar_proc *sp, const char *const *extra, int *exit_status);
 

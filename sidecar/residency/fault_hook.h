@@ -1,0 +1,32 @@
+/* fault_hook.h — read-fault injection into a residency's loader, for tests only.
+ *
+ * Not part of the residency API (residency.h): the shipped daemon never sets a hook; tests
+ * and the test-hooks daemon (MOE_TEST_HOOKS) do, to make chosen reads fail or come up short.
+ * Threading: the hook runs on the loader thread, for every read completion, before the
+ * completion is handled.
+ */
+#ifndef MOE_RESIDENCY_FAULT_HOOK_H
+#define MOE_RESIDENCY_FAULT_HOOK_H
+
+#include <stdint.h>
+
+struct residency;
+
+/* What the hook is told about one read completion. */
+struct loader_read_info {
+	uint32_t layer, expert, file;
+	uint64_t offset, length; /* of this read */
+	uint32_t attempt;        /* 0 for the first submission of this read */
+	uint64_t seq;            /* completions seen by this loader so far */
+	uint32_t failed_loads;   /* the expert's consecutive failed loads before this one */
+};
+
+/* Returns the result to use instead of `res` (a shorter count: short read; -EIO: error). */
+typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
+
+/* Installs hook (NULL: none) with its argument. Call before the residency's first demand,
+ * prefetch or warm-up: the loader thread reads it without a lock, ordered after the call by
+ * the submission that starts a read. */
+void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg);
+
+#endif /* MOE_RESIDENCY_FAULT_HOOK_H */
