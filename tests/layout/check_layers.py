@@ -14,7 +14,7 @@ import sys
 ALLOWED = {
     "proto": [],
     "kernels": [],
-    "sidecar/util": [],
+    "sidecar/util": ["proto"],  # error.h: a status is an enum moe_status
     "sidecar/model": ["kernels", "sidecar/util", "proto"],
     "sidecar/probes": ["sidecar/util"],
     "sidecar/residency": ["sidecar/model", "kernels", "sidecar/util", "proto"],
