@@ -994,14 +994,14 @@ int main(int argc, char **argv)
 		                             .experts = quick ? 32 : 64,
 		                             .hidden = quick ? 512 : 768,
 		                             .ffn = 256};
-		struct model_error merr;
+		struct sidecar_error merr;
 		if (moe_gen_write(&go, &merr) != 0) {
 			fprintf(stderr, "bench_decode: generating the model: %s\n", merr.msg);
 			return 1;
 		}
 	}
 	struct moe_catalog *cat;
-	struct model_error merr;
+	struct sidecar_error merr;
 	if (moe_catalog_open(model, &cat, &merr) != 0) {
 		fprintf(stderr, "bench_decode: %s\n", merr.msg);
 		return 1;

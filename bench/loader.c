@@ -179,7 +179,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	char tmp[256] = "";
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	if (!model) {
 		uint32_t format = UINT32_MAX;
 		for (uint32_t f = 0; f < 2000 && format == UINT32_MAX; f++) {

@@ -164,7 +164,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	m->fail_expert = cfg->fail_expert;
 	m->fail_loads = cfg->fail_loads;
 
-	struct model_error merr;
+	struct sidecar_error merr;
 	memset(&merr, 0, sizeof(merr));
 	if (moe_catalog_open(cfg->path, &m->cat, &merr) != 0) {
 		fail(err, err_len, "%s", merr.msg);

@@ -358,7 +358,7 @@ Test(forward_hf, malformed_scales_refused_by_the_catalog)
 	memcpy(shape, "[4,8,512]", 9);
 	write_at(path, hdr, hlen, 8);
 	free(hdr);
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	struct moe_catalog *cat = NULL;
 	cr_assert_neq(moe_catalog_open(m.path, &cat, &merr), 0, "a wrong scales shape opened");
 	cr_assert(strstr(merr.msg, "gate_up_proj_scales") && strstr(merr.msg, "scales"),

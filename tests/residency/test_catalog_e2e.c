@@ -42,7 +42,7 @@ static void load_everything(const char *preset, uint32_t format, const char *lea
 	    .experts = 8,
 	    .shards = shards,
 	};
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	cr_assert_eq(moe_gen_write(&opt, &merr), 0, "moe_gen_write: %s", merr.msg);
 	struct moe_catalog *cat;
 	cr_assert_eq(moe_catalog_open(out, &cat, &merr), 0, "catalog: %s", merr.msg);
