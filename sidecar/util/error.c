@@ -18,7 +18,7 @@ int error_set(struct sidecar_error *err, int status, const char *fmt, ...)
 	return -1;
 }
 
-static int status_from_errno(int e)
+int error_status_from_errno(int e)
 {
 	switch (e) {
 	case ENOMEM: return MOE_ENOMEM;
@@ -32,7 +32,7 @@ int error_set_errno(struct sidecar_error *err, const char *fmt, ...)
 	const int saved = errno;
 	if (!err)
 		return -1;
-	err->status = status_from_errno(saved);
+	err->status = error_status_from_errno(saved);
 	va_list ap;
 	va_start(ap, fmt);
 	int n = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
@@ -41,6 +41,13 @@ int error_set_errno(struct sidecar_error *err, const char *fmt, ...)
 	if (used < sizeof(err->msg))
 		snprintf(err->msg + used, sizeof(err->msg) - used, ": %s", strerror(saved));
 	errno = saved;
+	return -1;
+}
+
+int error_copy_msg(char *buf, size_t len, const struct sidecar_error *err)
+{
+	if (buf && len)
+		snprintf(buf, len, "%s", err ? err->msg : "");
 	return -1;
 }
 

@@ -18,6 +18,8 @@
 #ifndef MOE_UTIL_ERROR_H
 #define MOE_UTIL_ERROR_H
 
+#include <stddef.h>
+
 #include "moe_abi.h"
 
 struct sidecar_error {
@@ -35,6 +37,15 @@ int error_set(struct sidecar_error *err, int status, const char *fmt, ...)
  * is read on entry and left as it was. */
 int error_set_errno(struct sidecar_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* The status for an errno value: ENOMEM → MOE_ENOMEM, EIO → MOE_EIO, anything else →
+ * MOE_ESYS. For callers holding a -errno from a call that set no record. */
+int error_status_from_errno(int e);
+
+/* Copies the message into buf (len bytes, truncated, NUL-terminated; nothing if buf is NULL or
+ * len 0) and returns -1. A bridge for callers still reporting through `char *err, size_t len`;
+ * it goes when they do. */
+int error_copy_msg(char *buf, size_t len, const struct sidecar_error *err);
 
 /* Puts "prefix: " in front of the message (e.g. a file name), truncating the end of the
  * message if the whole does not fit; the status is kept. Returns -1. */

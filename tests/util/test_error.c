@@ -113,3 +113,22 @@ Test(error, prefix_on_an_empty_message)
 	error_prefix(&err, "ctx");
 	cr_assert_str_eq(err.msg, "ctx: ");
 }
+
+Test(error, copy_msg_truncates_and_accepts_null)
+{
+	struct sidecar_error err;
+	error_set(&err, MOE_EINVAL, "policy 'x': unknown algorithm");
+	char small[7];
+	cr_assert_eq(error_copy_msg(small, sizeof(small), &err), -1);
+	cr_assert_str_eq(small, "policy");
+	cr_assert_eq(error_copy_msg(NULL, 0, &err), -1);
+	cr_assert_eq(error_copy_msg(small, sizeof(small), NULL), -1);
+	cr_assert_str_eq(small, "");
+}
+
+Test(error, status_from_errno_matches_set_errno)
+{
+	cr_assert_eq(error_status_from_errno(ENOMEM), MOE_ENOMEM);
+	cr_assert_eq(error_status_from_errno(EIO), MOE_EIO);
+	cr_assert_eq(error_status_from_errno(EPERM), MOE_ESYS);
+}
