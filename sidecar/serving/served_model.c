@@ -92,9 +92,9 @@ int serve_model_check_config(const struct serve_model_config *cfg, char *err, si
 		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why)
 		           : fail(err, err_len, "%s", why);
 	struct policy_spec spec;
-	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, why, sizeof(why)) != 0)
-		return fail(err, err_len, "--%s", why); /* "--policy 'x': unknown …" */
 	struct sidecar_error cause = {0};
+	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, &cause) != 0)
+		return fail(err, err_len, "--%s", cause.msg); /* "--policy 'x': unknown …" */
 	if (cfg->probes_instance &&
 	    pagecache_check_instance_name(cfg->probes_instance, &cause) != 0)
 		return fail(err, err_len, "--probes-instance: %s", cause.msg);
