@@ -994,14 +994,14 @@ int main(int argc, char **argv)
 		                             .experts = quick ? 32 : 64,
 		                             .hidden = quick ? 512 : 768,
 		                             .ffn = 256};
-		struct model_error merr;
+		struct sidecar_error merr;
 		if (moe_gen_write(&go, &merr) != 0) {
 			fprintf(stderr, "bench_decode: generating the model: %s\n", merr.msg);
 			return 1;
 		}
 	}
 	struct moe_catalog *cat;
-	struct model_error merr;
+	struct sidecar_error merr;
 	if (moe_catalog_open(model, &cat, &merr) != 0) {
 		fprintf(stderr, "bench_decode: %s\n", merr.msg);
 		return 1;
@@ -1025,8 +1025,9 @@ int main(int argc, char **argv)
 	}
 	struct trace_gen_params gp;
 	char err[256];
-	if (trace_gen_preset("qwen3-30b-a3b", &gp, err, sizeof(err)) != 0) {
-		fprintf(stderr, "bench_decode: %s\n", err);
+	struct sidecar_error serr = {0};
+	if (trace_gen_preset("qwen3-30b-a3b", &gp, &serr) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", serr.msg);
 		return 1;
 	}
 	gp.n_layers = w.n_layers;
@@ -1034,8 +1035,8 @@ int main(int argc, char **argv)
 	gp.top_k = w.top_k;
 	gp.steps = w.warm_steps + w.steps;
 	gp.seed = 11;
-	if (trace_generate(&gp, &w.tr, err, sizeof(err)) != 0) {
-		fprintf(stderr, "bench_decode: %s\n", err);
+	if (trace_generate(&gp, &w.tr, &serr) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", serr.msg);
 		return 1;
 	}
 	w.line_of = malloc((size_t)gp.steps * w.n_layers * sizeof(uint32_t));
@@ -1129,7 +1130,7 @@ int main(int argc, char **argv)
 	int *disk_fds = NULL;
 	{
 		struct expert_map map = {0};
-		if (expert_map_from_catalog(cat, &map, NULL, NULL, err, sizeof(err)) == 0) {
+		if (expert_map_from_catalog(cat, &map, NULL, NULL, &serr) == 0) {
 			int *fds = calloc(map.n_files, sizeof(int));
 			bool open_ok = fds != NULL;
 			for (uint32_t f = 0; open_ok && f < map.n_files; f++) {
@@ -1155,7 +1156,7 @@ int main(int argc, char **argv)
 		}
 		if (isnan(disk_gbps))
 			fprintf(stderr, "bench_decode: no disk floor (%s)\n",
-			        err[0] ? err : "O_DIRECT read failed");
+			        serr.msg[0] ? serr.msg : "O_DIRECT read failed");
 	}
 	struct mem_limit lim;
 	char tag[32];

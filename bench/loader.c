@@ -66,9 +66,9 @@ static double run_loader(const struct expert_map *map, const struct residency_co
                          double *sys_s, uint64_t *bytes_read, struct residency_counters *out)
 {
 	struct residency *r;
-	char err[512];
-	if (residency_create(&r, map, cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "bench_loader: %s\n", err);
+	struct sidecar_error err = {0};
+	if (residency_create(&r, map, cfg, &err) != 0) {
+		fprintf(stderr, "bench_loader: %s\n", err.msg);
 		return -1;
 	}
 	const uint32_t n_ids = map->n_layers * map->n_experts;
@@ -91,9 +91,9 @@ static double run_loader(const struct expert_map *map, const struct residency_co
 		int rc = residency_acquire(r, id / map->n_experts, id % map->n_experts, 1.0f,
 		                           RESIDENCY_RETRY, &ref);
 		if (rc != 0) {
-			residency_error_message(r, id / map->n_experts, id % map->n_experts, err,
-			                        sizeof(err));
-			fprintf(stderr, "bench_loader: %s\n", err);
+			residency_error_message(r, id / map->n_experts, id % map->n_experts,
+			                        err.msg, sizeof(err.msg));
+			fprintf(stderr, "bench_loader: %s\n", err.msg);
 			goto out;
 		}
 		residency_release(r, &ref);
@@ -179,7 +179,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	char tmp[256] = "";
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	if (!model) {
 		uint32_t format = UINT32_MAX;
 		for (uint32_t f = 0; f < 2000 && format == UINT32_MAX; f++) {
@@ -217,13 +217,13 @@ int main(int argc, char **argv)
 	struct expert_map map = {0};
 	struct bench_range *ranges = NULL;
 	int *fds = NULL;
-	char err[512];
+	struct sidecar_error err = {0};
 	if (moe_catalog_open(model, &cat, &merr) != 0) {
 		fprintf(stderr, "bench_loader: %s\n", merr.msg);
 		goto out;
 	}
-	if (expert_map_from_catalog(cat, &map, NULL, NULL, err, sizeof(err)) != 0) {
-		fprintf(stderr, "bench_loader: %s\n", err);
+	if (expert_map_from_catalog(cat, &map, NULL, NULL, &err) != 0) {
+		fprintf(stderr, "bench_loader: %s\n", err.msg);
 		goto out;
 	}
 	fds = malloc(map.n_files * sizeof(int));

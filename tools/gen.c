@@ -176,7 +176,7 @@ struct gen_writer {
 struct gen {
 	const struct moe_gen_options *opt;
 	struct gen_model m; /* what the options describe */
-	struct model_error *err;
+	struct sidecar_error *err;
 	struct gen_tensor *t;
 	size_t n_t, cap_t;
 	uint32_t n_files;
@@ -257,7 +257,7 @@ static uint64_t fmt_bytes(uint32_t format, uint64_t rows, uint64_t cols)
 
 static int plan_fail(struct gen *g)
 {
-	return model_fail(g->err, "out of memory");
+	return error_set(g->err, MOE_ENOMEM, "out of memory");
 }
 
 /* ---- K-quant mixes ------------------------------------------------------------------ */
@@ -735,18 +735,19 @@ static int threads_start(struct gen *g, unsigned n_threads)
 	if (pthread_mutex_init(&p->lock, NULL) || pthread_cond_init(&p->start, NULL) ||
 	    pthread_cond_init(&p->finished, NULL) || pthread_mutex_init(&w->lock, NULL) ||
 	    pthread_cond_init(&w->wake, NULL) || pthread_cond_init(&w->idle, NULL))
-		return model_fail(g->err, "pthread mutex/condition init failed");
+		return error_set(g->err, MOE_ESYS, "pthread mutex/condition init failed");
 	g->sync_ready = true;
 	int rc = pthread_create(&w->thread, NULL, writer_thread, w);
 	if (rc)
-		return model_fail(g->err, "starting the writer thread: %s", strerror(rc));
+		return error_set(g->err, MOE_ESYS, "starting the writer thread: %s", strerror(rc));
 	g->writer_started = true;
 	for (unsigned i = 0; i + 1 < n_threads; i++) {
 		p->workers[i].pool = p;
 		rc = pthread_create(&p->workers[i].thread, NULL, pool_worker, &p->workers[i]);
 		if (rc)
-			return model_fail(g->err, "starting quantizing thread %u of %u: %s", i + 2,
-			                  n_threads, strerror(rc));
+			return error_set(g->err, MOE_ESYS,
+			                 "starting quantizing thread %u of %u: %s", i + 2,
+			                 n_threads, strerror(rc));
 		p->n_workers++;
 	}
 	return 0;
@@ -805,12 +806,12 @@ static int run_batch(struct gen *g)
 	pthread_mutex_unlock(&p->lock);
 	g->n_pending = 0;
 	if (failed)
-		return model_fail(g->err,
-		                  "%s: expert %u rows %" PRIu64 "..%" PRIu64
-		                  ": out of memory or moek_quantize(%s, %" PRIu64 " cols) failed",
-		                  failed->t->name, failed->e, failed->r0,
-		                  failed->r0 + failed->nr - 1, moe_format_name(failed->t->format),
-		                  failed->t->cols);
+		return error_set(g->err, MOE_ENOMEM,
+		                 "%s: expert %u rows %" PRIu64 "..%" PRIu64
+		                 ": out of memory or moek_quantize(%s, %" PRIu64 " cols) failed",
+		                 failed->t->name, failed->e, failed->r0,
+		                 failed->r0 + failed->nr - 1, moe_format_name(failed->t->format),
+		                 failed->t->cols);
 	return 0;
 }
 
@@ -835,7 +836,7 @@ static int writer_wait(struct gen *g)
 	size_t len;
 	const int error = writer_drain(g, &len);
 	if (error)
-		return model_fail(g->err, "%s: write: %s", g->path, strerror(error));
+		return error_set(g->err, MOE_ESYS, "%s: write: %s", g->path, strerror(error));
 	g->done += len;
 	if (len && g->opt->progress && g->done <= g->total)
 		progress_update(&g->prog, g->done);
@@ -917,7 +918,7 @@ static int ensure_shared(struct gen *g, void **p, size_t *cap, size_t need)
 	if (run_batch(g))
 		return -1;
 	if (ensure(p, cap, need))
-		return model_fail(g->err, "out of memory (%zu bytes)", need);
+		return error_set(g->err, MOE_ENOMEM, "out of memory (%zu bytes)", need);
 	return 0;
 }
 
@@ -973,7 +974,7 @@ static int emit_int4(struct gen *g, const struct gen_tensor *t)
 		if (ensure_shared(g, (void **)&g->int4, &g->int4_cap, pb + sb + zb + 4 * cols))
 			return -1;
 		if (ensure(&g->scratch.floats, &g->scratch.floats_cap, rows * cols * sizeof(float)))
-			return model_fail(g->err, "out of memory");
+			return error_set(g->err, MOE_ENOMEM, "out of memory");
 		float *x = g->scratch.floats;
 		moe_gen_floats(g->opt->seed, t->layer, e, t->which, cols, 0, rows * cols, x);
 		if (t->part == I4_PACKED)
@@ -1008,7 +1009,7 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 	for (uint64_t i0 = 0; i0 < n; i0 += step) {
 		uint64_t k = n - i0 < step ? n - i0 : step;
 		if (ensure(&g->scratch.floats, &g->scratch.floats_cap, k * sizeof(float)))
-			return model_fail(g->err, "out of memory");
+			return error_set(g->err, MOE_ENOMEM, "out of memory");
 		float *floats = g->scratch.floats;
 		if (t->interleaved || t->halves) {
 			struct gen_tensor row = *t; /* a bias vector: one element per "row" */
@@ -1021,7 +1022,7 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 		if (!dst)
 			return -1;
 		if (moek_quantize(t->format, floats, 1, k, dst, NULL))
-			return model_fail(g->err, "%s: conversion failed", t->name);
+			return error_set(g->err, MOE_EINVAL, "%s: conversion failed", t->name);
 	}
 	return 0;
 }
@@ -1121,7 +1122,7 @@ static int open_out(struct gen *g, const char *path)
 	g->path = path;
 	g->fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (g->fd < 0)
-		return model_fail(g->err, "%s: %s", path, strerror(errno));
+		return error_set(g->err, MOE_ESYS, "%s: %s", path, strerror(errno));
 	return 0;
 }
 
@@ -1134,7 +1135,7 @@ static int close_out(struct gen *g)
 		writer_drain(g,
 		             &(size_t){0}); /* keep the first error; still never close under it */
 	if (close(g->fd) && !rc)
-		rc = model_fail(g->err, "%s: close: %s", g->path, strerror(errno));
+		rc = error_set(g->err, MOE_ESYS, "%s: close: %s", g->path, strerror(errno));
 	g->fd = -1;
 	return rc;
 }
@@ -1175,7 +1176,7 @@ static int write_gguf_file(struct gen *g, uint32_t f)
 		mb_put(&m, "", 1); /* zero padding up to the data section */
 	if (m.oom) {
 		free(m.p);
-		return model_fail(g->err, "out of memory");
+		return error_set(g->err, MOE_ENOMEM, "out of memory");
 	}
 	int rc = open_out(g, g->paths[f]);
 	if (!rc)
@@ -1217,7 +1218,7 @@ static int write_st_file(struct gen *g, uint32_t f)
 		mb_put(&m, " ", 1); /* pad as the reference writer does */
 	if (m.oom) {
 		free(m.p);
-		return model_fail(g->err, "out of memory");
+		return error_set(g->err, MOE_ENOMEM, "out of memory");
 	}
 	unsigned char lenb[8];
 	for (int i = 0; i < 8; i++)
@@ -1239,7 +1240,7 @@ static int write_st_file(struct gen *g, uint32_t f)
 static int write_text(struct gen *g, const char *path, const struct membuf *m)
 {
 	if (m->oom)
-		return model_fail(g->err, "out of memory");
+		return error_set(g->err, MOE_ENOMEM, "out of memory");
 	if (open_out(g, path))
 		return -1;
 	int rc = write_all(g, m->p, m->len);
@@ -1390,21 +1391,25 @@ static int check_options(struct gen *g)
 	if (g->m.n_layers == 0 || g->m.n_layers > 4096 || g->m.n_experts == 0 ||
 	    g->m.n_experts > 65536 || g->m.hidden == 0 || g->m.ffn == 0 ||
 	    g->m.hidden > (1u << 20) || g->m.ffn > (1u << 20))
-		return model_fail(g->err, "layers, experts, hidden and ffn must be positive and "
-		                          "reasonable");
+		return error_set(g->err, MOE_EINVAL,
+		                 "layers, experts, hidden and ffn must be positive and "
+		                 "reasonable");
 	g->m.leading_dense =
 	    p->leading_dense < g->m.n_layers ? p->leading_dense : g->m.n_layers - 1;
 	g->m.top_k = p->top_k < g->m.n_experts ? p->top_k : g->m.n_experts;
 	g->m.dense_ffn = p->dense_ffn;
 	if (o->mix) {
 		if (!moe_gen_mix_name(o->mix))
-			return model_fail(g->err, "mix %d is not a known mix", (int)o->mix);
+			return error_set(g->err, MOE_EINVAL, "mix %d is not a known mix",
+			                 (int)o->mix);
 		if (!g->m.gguf)
-			return model_fail(g->err, "the %s mix is a GGUF mix: write a .gguf file",
-			                  moe_gen_mix_name(o->mix));
+			return error_set(g->err, MOE_EINVAL,
+			                 "the %s mix is a GGUF mix: write a .gguf file",
+			                 moe_gen_mix_name(o->mix));
 		if (p->arch == MOE_ARCH_GPT_OSS)
-			return model_fail(g->err, "gpt-oss experts are MXFP4 only, not a %s mix",
-			                  moe_gen_mix_name(o->mix));
+			return error_set(g->err, MOE_EINVAL,
+			                 "gpt-oss experts are MXFP4 only, not a %s mix",
+			                 moe_gen_mix_name(o->mix));
 		/* every format the mix uses; the base (gate of block 0) stands for the rest in
 		 * the block-size check below: all of them are 256-element K-quants */
 		for (uint32_t L = 0; L < g->m.n_layers; L++)
@@ -1412,33 +1417,36 @@ static int check_options(struct gen *g)
 				uint32_t f = moe_gen_mix_format(o->mix, which, L, g->m.n_layers);
 				const struct moek_format_info *mf = moek_format_lookup(f);
 				if (!mf || !mf->weight_format)
-					return model_fail(g->err,
-					                  "the %s mix needs format %u, which these "
-					                  "kernels do not have",
-					                  moe_gen_mix_name(o->mix), f);
+					return error_set(g->err, MOE_EINVAL,
+					                 "the %s mix needs format %u, which these "
+					                 "kernels do not have",
+					                 moe_gen_mix_name(o->mix), f);
 			}
 		g->m.format = moe_gen_mix_format(o->mix, MOE_GEN_GATE, 0, g->m.n_layers);
 	}
 	const struct moek_format_info *fi = moek_format_lookup(g->m.format);
 	if (!fi || !fi->weight_format)
-		return model_fail(g->err, "format %u is not an expert weight format", g->m.format);
+		return error_set(g->err, MOE_EINVAL, "format %u is not an expert weight format",
+		                 g->m.format);
 	if (g->m.gguf && g->m.format == MOEK_FP8_E4M3_B128)
-		return model_fail(g->err, "FP8 E4M3 has no GGUF type; write safetensors (an output "
-		                          "directory) instead");
+		return error_set(g->err, MOE_EINVAL,
+		                 "FP8 E4M3 has no GGUF type; write safetensors (an output "
+		                 "directory) instead");
 	if ((g->m.format == MOEK_INT4_G32) != (o->int4 != MOE_GEN_INT4_NONE))
-		return model_fail(g->err, "INT4_G32 is the sidecar's load-time layout: write an "
-		                          "INT4 checkpoint with --format int4-ct or gptq");
+		return error_set(g->err, MOE_EINVAL,
+		                 "INT4_G32 is the sidecar's load-time layout: write an "
+		                 "INT4 checkpoint with --format int4-ct or gptq");
 	if (o->int4) {
 		g->int4_group = o->group ? o->group : o->int4 == MOE_GEN_INT4_CT ? 32 : 128;
 		if (g->m.gguf || o->full_model || o->per_expert || o->fused_gate_up ||
 		    p->arch == MOE_ARCH_GPT_OSS)
-			return model_fail(g->err,
-			                  "INT4 checkpoints (%s) are written as experts-only "
-			                  "safetensors with per-expert tensors, not for gpt-oss",
-			                  o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
+			return error_set(g->err, MOE_EINVAL,
+			                 "INT4 checkpoints (%s) are written as experts-only "
+			                 "safetensors with per-expert tensors, not for gpt-oss",
+			                 o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
 		if (g->int4_group % 32 || g->m.hidden % g->int4_group || g->m.ffn % g->int4_group)
-			return model_fail(
-			    g->err,
+			return error_set(
+			    g->err, MOE_EINVAL,
 			    "INT4 group size %u must be a multiple of 32 dividing hidden "
 			    "%" PRIu64 " and ffn %" PRIu64,
 			    g->int4_group, g->m.hidden, g->m.ffn);
@@ -1450,39 +1458,41 @@ static int check_options(struct gen *g)
 		if (p->arch == MOE_ARCH_GPT_OSS)
 			ok = g->m.format == MOEK_MXFP4;
 		if (!ok)
-			return model_fail(
-			    g->err,
+			return error_set(
+			    g->err, MOE_EINVAL,
 			    "%s safetensors checkpoints cannot hold %s experts "
 			    "(safetensors: F32 F16 BF16 FP8_E4M3_B128; gpt-oss: MXFP4 only)",
 			    p->name, fi->name);
 		if (o->per_expert && p->arch == MOE_ARCH_GPT_OSS)
-			return model_fail(g->err, "gpt-oss checkpoints have no per-expert tensors");
+			return error_set(g->err, MOE_EINVAL,
+			                 "gpt-oss checkpoints have no per-expert tensors");
 	}
 	if (o->fused_gate_up && (!g->m.gguf || o->per_expert))
-		return model_fail(g->err, "a fused gate_up tensor exists only as GGUF "
-		                          "blk.N.ffn_gate_up_exps.weight (merged experts)");
+		return error_set(g->err, MOE_EINVAL,
+		                 "a fused gate_up tensor exists only as GGUF "
+		                 "blk.N.ffn_gate_up_exps.weight (merged experts)");
 	if (!moek_row_bytes(g->m.format, g->m.hidden) || !moek_row_bytes(g->m.format, g->m.ffn))
-		return model_fail(g->err,
-		                  "hidden %" PRIu64 " and ffn %" PRIu64
-		                  " must be multiples of the %s block (%u)",
-		                  g->m.hidden, g->m.ffn, fi->name, fi->block_elems);
+		return error_set(g->err, MOE_EINVAL,
+		                 "hidden %" PRIu64 " and ffn %" PRIu64
+		                 " must be multiples of the %s block (%u)",
+		                 g->m.hidden, g->m.ffn, fi->name, fi->block_elems);
 	g->m.alignment = o->alignment ? o->alignment : GGUF_DEFAULT_ALIGNMENT;
 	if (g->m.alignment & (g->m.alignment - 1) || g->m.alignment > (1u << 20))
-		return model_fail(g->err, "alignment %u is not a power of two up to 1 MiB",
-		                  g->m.alignment);
+		return error_set(g->err, MOE_EINVAL,
+		                 "alignment %u is not a power of two up to 1 MiB", g->m.alignment);
 	if (o->threads > MOE_GEN_MAX_THREADS)
-		return model_fail(g->err, "threads %u: at most %d", o->threads,
-		                  MOE_GEN_MAX_THREADS);
+		return error_set(g->err, MOE_EINVAL, "threads %u: at most %d", o->threads,
+		                 MOE_GEN_MAX_THREADS);
 	if (o->shards > 999)
-		return model_fail(g->err, "at most 999 shards");
+		return error_set(g->err, MOE_EINVAL, "at most 999 shards");
 	g->m.opt = o;
 	g->m.full = o->full_model;
 	if (g->m.full)
 		return gen_full_resolve(&g->m, g->err);
 	if (o->vocab || o->heads || o->kv_heads || o->head_dim)
-		return model_fail(g->err,
-		                  "--vocab, --heads, --kv-heads and --head-dim describe the "
-		                  "non-expert tensors: they need --full-model");
+		return error_set(g->err, MOE_EINVAL,
+		                 "--vocab, --heads, --kv-heads and --head-dim describe the "
+		                 "non-expert tensors: they need --full-model");
 	return 0;
 }
 
@@ -1516,11 +1526,11 @@ static int make_paths(struct gen *g)
 	const char *out = g->opt->out;
 	g->paths = calloc(g->n_files, sizeof(*g->paths));
 	if (!g->paths)
-		return model_fail(g->err, "out of memory");
+		return error_set(g->err, MOE_ENOMEM, "out of memory");
 	for (uint32_t f = 0; f < g->n_files; f++) {
 		size_t n = strlen(out) + 64;
 		if (!(g->paths[f] = malloc(n)))
-			return model_fail(g->err, "out of memory");
+			return error_set(g->err, MOE_ENOMEM, "out of memory");
 		if (g->m.gguf && g->n_files == 1)
 			snprintf(g->paths[f], n, "%s", out);
 		else if (g->m.gguf)
@@ -1541,7 +1551,7 @@ static int make_paths(struct gen *g)
 	const char *slash = memrchr(out, '/', len);
 	size_t plen = slash ? (slash == out ? 1 : (size_t)(slash - out)) : 1;
 	if (plen >= sizeof(parent))
-		return model_fail(g->err, "%s: path too long", out);
+		return error_set(g->err, MOE_EINVAL, "%s: path too long", out);
 	if (slash)
 		memcpy(parent, out, plen);
 	else
@@ -1549,26 +1559,26 @@ static int make_paths(struct gen *g)
 	parent[plen] = '\0';
 	struct stat st;
 	if (stat(parent, &st) != 0)
-		return model_fail(g->err,
-		                  "%s: directory %s: %s; create it first (moe-gen makes no parent "
-		                  "directories)",
-		                  out, parent, strerror(errno));
+		return error_set(g->err, MOE_ESYS,
+		                 "%s: directory %s: %s; create it first (moe-gen makes no parent "
+		                 "directories)",
+		                 out, parent, strerror(errno));
 	if (!S_ISDIR(st.st_mode))
-		return model_fail(g->err, "%s: %s is not a directory", out, parent);
+		return error_set(g->err, MOE_EINVAL, "%s: %s is not a directory", out, parent);
 	if (!g->m.gguf && mkdir(out, 0755) != 0 && errno != EEXIST)
-		return model_fail(g->err, "%s: mkdir: %s", out, strerror(errno));
+		return error_set(g->err, MOE_ESYS, "%s: mkdir: %s", out, strerror(errno));
 	return 0;
 }
 
-int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
+int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err)
 {
 	struct gen g = {.opt = opt, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
-		return model_fail(err, "an output path and a preset are required");
+		return error_set(err, MOE_EINVAL, "an output path and a preset are required");
 	if (!(g.m.preset = moe_model_preset_find(opt->preset))) {
 		char names[256];
 		moe_model_preset_names(names, sizeof(names), ", ");
-		return model_fail(err, "unknown preset '%s' (%s)", opt->preset, names);
+		return error_set(err, MOE_EINVAL, "unknown preset '%s' (%s)", opt->preset, names);
 	}
 	int rc = check_options(&g);
 	g.n_files = opt->shards ? opt->shards : 1;
@@ -1584,7 +1594,7 @@ int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err)
 		n_threads = MOE_GEN_MAX_THREADS;
 	if (!rc && (!(g.bufs[0] = malloc(WRITE_BUF)) || !(g.bufs[1] = malloc(WRITE_BUF)) ||
 	            !(g.pending = malloc(MAX_PENDING_JOBS * sizeof(*g.pending)))))
-		rc = model_fail(err, "out of memory");
+		rc = error_set(err, MOE_ENOMEM, "out of memory");
 	g.buf = g.bufs[0];
 	if (!rc)
 		rc = threads_start(&g, n_threads);

@@ -33,28 +33,28 @@ static uint32_t scaled_count(const struct gen_model *m, uint32_t v)
 	return s ? (uint32_t)s : 1;
 }
 
-int gen_full_resolve(struct gen_model *m, struct model_error *err)
+int gen_full_resolve(struct gen_model *m, struct sidecar_error *err)
 {
 	const struct moe_gen_options *o = m->opt;
 	const struct moe_model_preset *p = m->preset;
 	const enum moe_arch arch = p->arch;
 	m->vocab = o->vocab ? o->vocab : DEFAULT_VOCAB;
 	if (m->vocab < MIN_VOCAB || m->vocab > MAX_VOCAB)
-		return model_fail(err,
-		                  "vocab %u: between %d (256 byte tokens and <|endoftext|>) and "
-		                  "%u",
-		                  m->vocab, MIN_VOCAB, MAX_VOCAB);
+		return error_set(err, MOE_EINVAL,
+		                 "vocab %u: between %d (256 byte tokens and <|endoftext|>) and "
+		                 "%u",
+		                 m->vocab, MIN_VOCAB, MAX_VOCAB);
 	m->heads = o->heads ? o->heads : scaled_count(m, p->heads);
 	if (arch == MOE_ARCH_OLMOE && !o->heads)
 		while (m->hidden % m->heads) /* OLMoE: heads · head_dim = hidden */
 			m->heads--;
 	if (m->heads > 4096)
-		return model_fail(err, "heads %u: at most 4096", m->heads);
+		return error_set(err, MOE_EINVAL, "heads %u: at most 4096", m->heads);
 	if (arch == MOE_ARCH_DEEPSEEK || arch == MOE_ARCH_OLMOE) {
 		m->kv_heads = o->kv_heads ? o->kv_heads : m->heads;
 		if (m->kv_heads != m->heads)
-			return model_fail(
-			    err,
+			return error_set(
+			    err, MOE_EINVAL,
 			    "%s: --kv-heads must equal --heads (%s has as many key/value "
 			    "heads as query heads)",
 			    p->name, arch == MOE_ARCH_DEEPSEEK ? "MLA" : "OLMoE");
@@ -64,21 +64,21 @@ int gen_full_resolve(struct gen_model *m, struct model_error *err)
 			while (m->heads % m->kv_heads)
 				m->kv_heads--;
 		if (m->heads % m->kv_heads)
-			return model_fail(err, "kv heads %u must divide heads %u", m->kv_heads,
-			                  m->heads);
+			return error_set(err, MOE_EINVAL, "kv heads %u must divide heads %u",
+			                 m->kv_heads, m->heads);
 	}
 	if (arch == MOE_ARCH_OLMOE)
 		m->head_dim = o->head_dim ? o->head_dim : (uint32_t)(m->hidden / m->heads);
 	else
 		m->head_dim = o->head_dim ? o->head_dim : p->head_dim;
 	if (m->head_dim < 2 || m->head_dim > 1024 || m->head_dim % 2)
-		return model_fail(err, "head dim %u: even, 2 to 1024 (RoPE rotates pairs)",
-		                  m->head_dim);
+		return error_set(err, MOE_EINVAL,
+		                 "head dim %u: even, 2 to 1024 (RoPE rotates pairs)", m->head_dim);
 	if (arch == MOE_ARCH_OLMOE && (uint64_t)m->heads * m->head_dim != m->hidden)
-		return model_fail(err,
-		                  "olmoe: heads %u x head dim %u must equal hidden %" PRIu64
-		                  " (llama.cpp's OLMoE has square q and o projections)",
-		                  m->heads, m->head_dim, m->hidden);
+		return error_set(err, MOE_EINVAL,
+		                 "olmoe: heads %u x head dim %u must equal hidden %" PRIu64
+		                 " (llama.cpp's OLMoE has square q and o projections)",
+		                 m->heads, m->head_dim, m->hidden);
 	m->rope_dim =
 	    arch == MOE_ARCH_DEEPSEEK && p->rope_dim < m->head_dim ? p->rope_dim : m->head_dim;
 	if (arch == MOE_ARCH_DEEPSEEK) {

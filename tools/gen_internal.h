@@ -56,7 +56,7 @@ int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_ge
 
 /* gen_full.c: resolves the --full-model dimensions (defaults scaled from the preset to the
  * hidden size given) and checks the options; 0 or -1 with err set. */
-int gen_full_resolve(struct gen_model *m, struct model_error *err);
+int gen_full_resolve(struct gen_model *m, struct sidecar_error *err);
 /* Tensors before the first layer (embeddings), of layer L before its routed experts
  * (norms, attention) and after them (router bias, shared experts, or the dense FFN of a
  * dense layer), and after the last layer (final norm, lm_head). */

@@ -27,7 +27,7 @@
 #include <stdint.h>
 
 #include "catalog.h"
-#include "model_error.h"
+#include "error.h"
 #include "presets.h"
 
 /* Blocks generated when neither --layers nor --full says otherwise. */
@@ -84,7 +84,7 @@ struct moe_gen_options {
 
 /* Generates the model. Returns 0, or -1 with err naming what was wrong (bad option, format
  * not representable in the container, shapes not fitting the format's block, I/O error). */
-int moe_gen_write(const struct moe_gen_options *opt, struct model_error *err);
+int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err);
 
 /* The mix's name as llama.cpp spells its file type ("Q4_K_M"), or NULL for none/unknown. */
 const char *moe_gen_mix_name(enum moe_gen_mix mix);

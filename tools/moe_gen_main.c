@@ -191,7 +191,7 @@ int main(int argc, char **argv)
 	} else {
 		o.format = p && p->arch == MOE_ARCH_DEEPSEEK ? MOEK_FP8_E4M3_B128 : MOEK_BF16;
 	}
-	struct model_error err;
+	struct sidecar_error err;
 	if (moe_gen_write(&o, &err)) {
 		fprintf(stderr, "moe-gen: %s\n", err.msg);
 		return 1;

@@ -119,11 +119,11 @@ int main(int argc, char **argv)
 
 	/* Routing: one trace line per (token, layer); token = step * n_seq + sequence. */
 	struct routing_trace tr;
-	char err[256];
+	struct sidecar_error err = {0};
 	const uint32_t n_tokens_total = (uint32_t)(steps * n_seq);
 	if (trace_path) {
-		if (trace_load(trace_path, &tr, err, sizeof(err)) != 0) {
-			fprintf(stderr, "moe-decode-demo: %s\n", err);
+		if (trace_load(trace_path, &tr, &err) != 0) {
+			fprintf(stderr, "moe-decode-demo: %s\n", err.msg);
 			moe_close(cl);
 			return 1;
 		}
@@ -138,8 +138,8 @@ int main(int argc, char **argv)
 		}
 	} else {
 		struct trace_gen_params gp;
-		if (trace_gen_preset("qwen3-30b-a3b", &gp, err, sizeof(err)) != 0) {
-			fprintf(stderr, "moe-decode-demo: %s\n", err);
+		if (trace_gen_preset("qwen3-30b-a3b", &gp, &err) != 0) {
+			fprintf(stderr, "moe-decode-demo: %s\n", err.msg);
 			moe_close(cl);
 			return 1;
 		}
@@ -148,8 +148,8 @@ int main(int argc, char **argv)
 		gp.top_k = top_k;
 		gp.steps = n_tokens_total;
 		gp.seed = seed;
-		if (trace_generate(&gp, &tr, err, sizeof(err)) != 0) {
-			fprintf(stderr, "moe-decode-demo: %s\n", err);
+		if (trace_generate(&gp, &tr, &err) != 0) {
+			fprintf(stderr, "moe-decode-demo: %s\n", err.msg);
 			moe_close(cl);
 			return 1;
 		}

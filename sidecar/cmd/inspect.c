@@ -234,7 +234,7 @@ int cmd_inspect(int argc, char **argv)
 		fprintf(stderr, "usage: moe-sidecar inspect MODEL [--json]\n");
 		return 2;
 	}
-	struct model_error err;
+	struct sidecar_error err;
 	struct moe_catalog *cat;
 	if (moe_catalog_open(model, &cat, &err)) {
 		fprintf(stderr, "moe-sidecar inspect: %s\n", err.msg);

@@ -80,9 +80,9 @@ struct placement_input {
 static int load_trace(const char *path, struct placement_input *in)
 {
 	struct routing_trace t;
-	char err[256];
-	if (trace_load(path, &t, err, sizeof(err)) != 0) {
-		fprintf(stderr, "moe-sidecar placement: %s\n", err);
+	struct sidecar_error err = {0};
+	if (trace_load(path, &t, &err) != 0) {
+		fprintf(stderr, "moe-sidecar placement: %s\n", err.msg);
 		return -1;
 	}
 	in->n_moe_layers = in->n_blocks = t.n_layers;

@@ -189,9 +189,8 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
 			fprintf(stderr, "moe-sidecar probe: %s\n", pagecache_last_error(p));
 			return -1;
 		}
-		char err[256];
-		row.has_resident =
-		    pagecache_residency_of(files[i], &row.resident, err, sizeof(err)) == 0;
+		struct sidecar_error err = {0};
+		row.has_resident = pagecache_residency_of(files[i], &row.resident, &err) == 0;
 		if (row.has_resident) {
 			total.resident.cached_bytes += row.resident.cached_bytes;
 			total.resident.dirty_bytes += row.resident.dirty_bytes;
@@ -314,18 +313,18 @@ int cmd_probe(int argc, char **argv)
 		goto out;
 	}
 
-	char err[256];
+	struct sidecar_error err = {0};
 	for (int i = 0; i < n_files; i++) { /* a typo should not cost a BPF load */
 		struct pagecache_file_key key;
-		if (pagecache_file_key_of(files[i], &key, err, sizeof(err)) < 0) {
-			fprintf(stderr, "moe-sidecar probe: %s\n", err);
+		if (pagecache_file_key_of(files[i], &key, &err) < 0) {
+			fprintf(stderr, "moe-sidecar probe: %s\n", err.msg);
 			goto out;
 		}
 	}
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = instance, .per_pid = per_pid, .quiet = true};
-	if (pagecache_open(&opt, &p, err, sizeof(err)) < 0) {
-		fprintf(stderr, "moe-sidecar probe: %s\n", err);
+	if (pagecache_open(&opt, &p, &err) < 0) {
+		fprintf(stderr, "moe-sidecar probe: %s\n", err.msg);
 		goto out;
 	}
 	if (!pagecache_available(p)) {

@@ -72,10 +72,10 @@ static int parse_u64_arg(const char *opt, const char *s, uint64_t max, uint64_t 
 
 static int run_generate(const char *model, const char *out_path, int argc, char **argv)
 {
-	char err[256];
+	struct sidecar_error err = {0};
 	struct trace_gen_params g;
-	if (trace_gen_preset(model, &g, err, sizeof(err))) {
-		fprintf(stderr, "simulate --generate: %s\n", err);
+	if (trace_gen_preset(model, &g, &err)) {
+		fprintf(stderr, "simulate --generate: %s\n", err.msg);
 		return 2;
 	}
 	/* Overrides, parsed after the preset so they apply on top of it. */
@@ -113,8 +113,8 @@ static int run_generate(const char *model, const char *out_path, int argc, char 
 		}
 	}
 	struct routing_trace t;
-	if (trace_generate(&g, &t, err, sizeof(err))) {
-		fprintf(stderr, "simulate --generate: %s\n", err);
+	if (trace_generate(&g, &t, &err)) {
+		fprintf(stderr, "simulate --generate: %s\n", err.msg);
 		return 1;
 	}
 	FILE *f = out_path ? fopen(out_path, "w") : stdout;
@@ -317,7 +317,7 @@ int cmd_simulate(int argc, char **argv)
 		return 2;
 	}
 	const char *trace_path = argv[optind];
-	char err[512];
+	struct sidecar_error err = {0};
 	struct policy_spec specs[MAX_POLICIES];
 	char names[MAX_POLICIES][64];
 	int n_pol = 0;
@@ -334,8 +334,8 @@ int cmd_simulate(int argc, char **argv)
 				fprintf(stderr, "simulate: --policies: at most %d\n", MAX_POLICIES);
 				return 2;
 			}
-			if (policy_spec_parse(tok, &specs[n_pol], err, sizeof(err))) {
-				fprintf(stderr, "simulate: %s\n", err);
+			if (policy_spec_parse(tok, &specs[n_pol], &err)) {
+				fprintf(stderr, "simulate: %s\n", err.msg);
 				return 2;
 			}
 			policy_spec_name(&specs[n_pol], names[n_pol], sizeof(names[n_pol]));
@@ -347,8 +347,8 @@ int cmd_simulate(int argc, char **argv)
 		}
 	}
 	struct routing_trace t;
-	if (trace_load(trace_path, &t, err, sizeof(err))) {
-		fprintf(stderr, "simulate: %s\n", err);
+	if (trace_load(trace_path, &t, &err)) {
+		fprintf(stderr, "simulate: %s\n", err.msg);
 		return 1;
 	}
 	uint32_t caps[MAX_CAPACITIES];
@@ -369,21 +369,20 @@ int cmd_simulate(int argc, char **argv)
 		struct sim_result r;
 		for (int p = 0; p < n_pol; p++) {
 			double *slot = &rates[p * n_caps + ci];
-			int rc = sim_run_policy(&t, &specs[p], caps[ci], lookahead, &r, err,
-			                        sizeof(err));
+			int rc = sim_run_policy(&t, &specs[p], caps[ci], lookahead, &r, &err);
 			if (rc == -ENOSPC) {
 				*slot =
 				    -1; /* pinned layers do not fit: no figure at this capacity */
 			} else if (rc) {
-				fprintf(stderr, "simulate: %s\n", err);
+				fprintf(stderr, "simulate: %s\n", err.msg);
 				status = 1;
 				goto out;
 			} else {
 				*slot = r.refs ? (double)r.hits / (double)r.refs : 0;
 			}
 		}
-		if (sim_run_belady(&t, caps[ci], 0, &r, err, sizeof(err))) {
-			fprintf(stderr, "simulate: %s\n", err);
+		if (sim_run_belady(&t, caps[ci], 0, &r, &err)) {
+			fprintf(stderr, "simulate: %s\n", err.msg);
 			status = 1;
 			goto out;
 		}

@@ -235,7 +235,7 @@ static int print_experts(const struct json_doc *d, json_ref root, uint32_t n)
 static int print_sample(const char *json, struct watch_state *w, double interval_s,
                         uint32_t experts)
 {
-	struct model_error err;
+	struct sidecar_error err;
 	struct json_doc *d;
 	if (json_parse(json, strlen(json), &d, &err) != 0) {
 		fprintf(stderr, "moe-sidecar stats: reply is not JSON: %s\n", err.msg);

@@ -854,11 +854,14 @@ static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct
                     uint64_t r0, uint64_t r1, char *err, size_t err_len)
 {
 	const uint64_t rb = data_row_bytes(r), sb = scale_row_bytes(r);
-	int rc = expert_map_add(map, l, x, r->data.file, r->data.offset + r0 * rb, (r1 - r0) * rb,
-	                        err, err_len);
+	struct sidecar_error e;
+	int rc =
+	    expert_map_add(map, l, x, r->data.file, r->data.offset + r0 * rb, (r1 - r0) * rb, &e);
 	if (rc == 0 && sb)
 		rc = expert_map_add(map, l, x, r->scale.file, r->scale.offset + r0 * sb,
-		                    (r1 - r0) * sb, err, err_len);
+		                    (r1 - r0) * sb, &e);
+	if (rc)
+		error_copy_msg(err, err_len, &e);
 	return rc;
 }
 
@@ -912,10 +915,11 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 	for (uint32_t f = 0; f < cat->n_files; f++)
 		paths[f] = cat->files[f].path;
 	int rc = 0;
+	struct sidecar_error e;
 	for (uint32_t n = 0; n < n_nodes && rc == 0; n++)
 		rc = expert_map_init(&w->node_map[n], w->n_moe_layers, w->n_experts, cat->n_files,
-		                     paths, err, err_len)
-		         ? -1
+		                     paths, &e)
+		         ? error_copy_msg(err, err_len, &e)
 		         : 0;
 	free(paths);
 	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
@@ -1039,9 +1043,9 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 			         topo->n_nodes, why);
 		}
 	}
-	if (!w->sliced &&
-	    expert_map_from_catalog(w->cat, &w->map, &w->roles, NULL, err, err_len) != 0)
-		return -1;
+	struct sidecar_error e;
+	if (!w->sliced && expert_map_from_catalog(w->cat, &w->map, &w->roles, NULL, &e) != 0)
+		return error_copy_msg(err, err_len, &e);
 	if (w->mxfp4_hf && !w->sliced && whole_map_pairs(w, err, err_len) != 0)
 		return -1;
 	for (uint32_t n = 0; w->mxfp4_hf && n < w->n_res; n++)
@@ -1119,12 +1123,12 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		        w->mxfp4_hf || w->int4 || w->decode.on ? transform_after_load : NULL,
 		    .post_load_arg = &w->transform[n],
 		};
-		char why[400];
-		if (residency_create(&w->res[n], map, &rc, why, sizeof(why)) != 0) {
+		struct sidecar_error why = {0};
+		if (residency_create(&w->res[n], map, &rc, &why) != 0) {
 			if (w->sliced)
-				snprintf(err, err_len, "node %u's residency: %s", n, why);
+				snprintf(err, err_len, "node %u's residency: %s", n, why.msg);
 			else
-				snprintf(err, err_len, "%s", why);
+				snprintf(err, err_len, "%s", why.msg);
 			return -1;
 		}
 		if (w->fault_hook) /* before the warm-up's first read */
@@ -1151,9 +1155,10 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
 			              cfg->pin_layers);
+		struct sidecar_error e;
 		for (uint32_t n = 0; n < w->n_res; n++)
-			if (residency_warm_pinned(w->res[n], err, err_len) != 0)
-				return -1;
+			if (residency_warm_pinned(w->res[n], &e) != 0)
+				return error_copy_msg(err, err_len, &e);
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);

@@ -87,7 +87,7 @@ struct tview {
 struct builder {
 	const char *path;
 	struct moe_catalog *cat;
-	struct model_error *err;
+	struct sidecar_error *err;
 	/* GGUF */
 	struct gguf_file **gguf;
 	uint32_t n_gguf;
@@ -152,18 +152,18 @@ static int take_weight(struct builder *b, const struct tview *tv, bool merged, u
 	const struct moe_model_hparams *in = &b->cat->info;
 	if (tv->format == FMT_NONE || !weight_format_supported(tv->format)) {
 		char names[256];
-		return model_fail(b->err,
-		                  "%s: tensor %s: type %s is not supported for expert weights "
-		                  "(supported: %s)",
-		                  b->path, tv->name, tv->type ? tv->type : "?",
-		                  moek_weight_format_names(names, sizeof(names)));
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: type %s is not supported for expert weights "
+		                 "(supported: %s)",
+		                 b->path, tv->name, tv->type ? tv->type : "?",
+		                 moek_weight_format_names(names, sizeof(names)));
 	}
 	uint32_t want_dims = merged ? 3 : 2;
 	bool shape_ok = tv->n_dims == want_dims && tv->ne[0] == cols && tv->ne[1] == rows &&
 	                (!merged || tv->ne[2] == in->n_experts);
 	if (!shape_ok)
-		return model_fail(
-		    b->err,
+		return error_set(
+		    b->err, MOE_EINVAL,
 		    "%s: tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64
 		    "] (innermost first) disagrees with %s: expected [%" PRIu64 ", %" PRIu64
 		    "%s] (hidden %" PRIu64 ", expert ffn %" PRIu64 ", %u experts)",
@@ -171,16 +171,16 @@ static int take_weight(struct builder *b, const struct tview *tv, bool merged, u
 		    rows, merged ? ", n_experts" : "", in->hidden, in->expert_ffn, in->n_experts);
 	uint64_t rb = row_bytes(tv->format, cols);
 	if (!rb)
-		return model_fail(b->err,
-		                  "%s: tensor %s: row length %" PRIu64
-		                  " is not a multiple of the %s block size",
-		                  b->path, tv->name, cols, moe_format_name(tv->format));
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: row length %" PRIu64
+		                 " is not a multiple of the %s block size",
+		                 b->path, tv->name, cols, moe_format_name(tv->format));
 	uint64_t slab = rb * rows;
 	if (slab * (merged ? in->n_experts : 1) != tv->nbytes)
-		return model_fail(b->err,
-		                  "%s: tensor %s: holds %" PRIu64 " bytes, %s needs %" PRIu64,
-		                  b->path, tv->name, tv->nbytes, moe_format_name(tv->format),
-		                  slab * (merged ? in->n_experts : 1));
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: holds %" PRIu64 " bytes, %s needs %" PRIu64,
+		                 b->path, tv->name, tv->nbytes, moe_format_name(tv->format),
+		                 slab * (merged ? in->n_experts : 1));
 	p->present = true;
 	p->format = tv->format;
 	p->layout = MOE_LAYOUT_BLOCKS;
@@ -201,16 +201,16 @@ static int take_fp8_scale(struct builder *b, const char *weight_name, bool merge
 	size_t stem = dot ? (size_t)(dot - weight_name) : strlen(weight_name);
 	snprintf(name, sizeof(name), "%.*s.weight_scale_inv", (int)stem, weight_name);
 	if (!find_tensor(b, name, &tv))
-		return model_fail(b->err, "%s: tensor %s is FP8 E4M3 but %s is missing", b->path,
-		                  weight_name, name);
+		return error_set(b->err, MOE_EINVAL, "%s: tensor %s is FP8 E4M3 but %s is missing",
+		                 b->path, weight_name, name);
 	uint64_t br = (p->rows + FP8_BLOCK - 1) / FP8_BLOCK;
 	uint64_t bc = (p->cols + FP8_BLOCK - 1) / FP8_BLOCK;
 	if (tv.format != MOEK_F32 || tv.n_dims != (merged ? 3u : 2u) || tv.ne[0] != bc ||
 	    tv.ne[1] != br || (merged && tv.ne[2] != b->cat->info.n_experts))
-		return model_fail(b->err,
-		                  "%s: tensor %s: expected F32 block scales [%" PRIu64 ", %" PRIu64
-		                  "] for 128x128 blocks, found %s [%" PRIu64 ", %" PRIu64 "]",
-		                  b->path, name, br, bc, tv.type, tv.ne[1], tv.ne[0]);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: expected F32 block scales [%" PRIu64 ", %" PRIu64
+		                 "] for 128x128 blocks, found %s [%" PRIu64 ", %" PRIu64 "]",
+		                 b->path, name, br, bc, tv.type, tv.ne[1], tv.ne[0]);
 	uint64_t len = moek_fp8_scale_bytes(p->rows, p->cols);
 	p->scale = (struct moe_extent){tv.file, tv.offset + (merged ? e * len : 0), len};
 	return 0;
@@ -224,15 +224,16 @@ static int take_bias(struct builder *b, const char *name, bool merged, uint32_t 
 	if (!find_tensor(b, name, &tv))
 		return 0; /* biases are optional */
 	if (tv.format != MOEK_F32 && tv.format != MOEK_F16 && tv.format != MOEK_BF16)
-		return model_fail(b->err, "%s: tensor %s: bias type %s (F32, F16 or BF16 expected)",
-		                  b->path, name, tv.type);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: bias type %s (F32, F16 or BF16 expected)", b->path,
+		                 name, tv.type);
 	if (tv.n_dims != (merged ? 2u : 1u) || tv.ne[0] != p->rows ||
 	    (merged && tv.ne[1] != b->cat->info.n_experts))
-		return model_fail(b->err,
-		                  "%s: tensor %s: bias shape [%" PRIu64 ", %" PRIu64
-		                  "] does not match %" PRIu64 " rows x %u experts",
-		                  b->path, name, tv.ne[1], tv.ne[0], p->rows,
-		                  b->cat->info.n_experts);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: bias shape [%" PRIu64 ", %" PRIu64
+		                 "] does not match %" PRIu64 " rows x %u experts",
+		                 b->path, name, tv.ne[1], tv.ne[0], p->rows,
+		                 b->cat->info.n_experts);
 	uint64_t len = p->rows * (tv.format == MOEK_F32 ? 4 : 2);
 	p->bias = (struct moe_extent){tv.file, tv.offset + (merged ? e * len : 0), len};
 	p->bias_format = tv.format;
@@ -248,10 +249,10 @@ static int gguf_key_u64(struct builder *b, const char *suffix, uint64_t *out, bo
 	snprintf(key, sizeof(key), "%s.%s", b->arch_key, suffix);
 	int rc = gguf_get_u64(b->gguf[0], key, out);
 	if (rc < 0)
-		return model_fail(b->err, "%s: metadata %s is not an unsigned integer", b->path,
-		                  key);
+		return error_set(b->err, MOE_EINVAL, "%s: metadata %s is not an unsigned integer",
+		                 b->path, key);
 	if (rc == 0 && required)
-		return model_fail(b->err, "%s: metadata %s is missing", b->path, key);
+		return error_set(b->err, MOE_EINVAL, "%s: metadata %s is missing", b->path, key);
 	return rc;
 }
 
@@ -260,7 +261,8 @@ static int gguf_read_info(struct builder *b)
 	struct moe_model_hparams *in = &b->cat->info;
 	const char *arch = gguf_get_str(b->gguf[0], "general.architecture");
 	if (!arch)
-		return model_fail(b->err, "%s: metadata general.architecture is missing", b->path);
+		return error_set(b->err, MOE_EINVAL, "%s: metadata general.architecture is missing",
+		                 b->path);
 	b->arch_key = arch;
 	if (!strcmp(arch, "qwen2moe"))
 		in->arch = MOE_ARCH_QWEN2MOE;
@@ -275,32 +277,34 @@ static int gguf_read_info(struct builder *b)
 	else if (!strcmp(arch, "olmoe"))
 		in->arch = MOE_ARCH_OLMOE;
 	else
-		return model_fail(b->err,
-		                  "%s: architecture %.64s is not a supported MoE "
-		                  "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe)",
-		                  b->path, arch);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: architecture %.64s is not a supported MoE "
+		                 "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe)",
+		                 b->path, arch);
 	uint64_t v;
 	if (gguf_key_u64(b, "block_count", &v, true) < 1)
 		return -1;
 	if (v == 0 || v > 4096)
-		return model_fail(b->err, "%s: %s.block_count %" PRIu64 " is out of range", b->path,
-		                  arch, v);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.block_count %" PRIu64 " is out of range", b->path, arch,
+		                 v);
 	in->n_layers = (uint32_t)v;
 	if (gguf_key_u64(b, "embedding_length", &in->hidden, true) < 1)
 		return -1;
 	if (gguf_key_u64(b, "expert_count", &v, true) < 1)
 		return -1;
 	if (v == 0 || v > 65536)
-		return model_fail(
-		    b->err, "%s: %s.expert_count %" PRIu64 " (not an MoE model, or out of range)",
-		    b->path, arch, v);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.expert_count %" PRIu64
+		                 " (not an MoE model, or out of range)",
+		                 b->path, arch, v);
 	in->n_experts = (uint32_t)v;
 	if (gguf_key_u64(b, "expert_used_count", &v, true) < 1)
 		return -1;
 	if (v == 0 || v > in->n_experts)
-		return model_fail(b->err,
-		                  "%s: %s.expert_used_count %" PRIu64 " is not in 1..expert_count",
-		                  b->path, arch, v);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.expert_used_count %" PRIu64 " is not in 1..expert_count",
+		                 b->path, arch, v);
 	in->top_k = (uint32_t)v;
 	int rc = gguf_key_u64(b, "expert_feed_forward_length", &in->expert_ffn, false);
 	if (rc < 0)
@@ -315,9 +319,10 @@ static int gguf_read_info(struct builder *b)
 	if (gguf_key_u64(b, "leading_dense_block_count", &v, false) < 0)
 		return -1;
 	if (v > in->n_layers)
-		return model_fail(
-		    b->err, "%s: %s.leading_dense_block_count %" PRIu64 " exceeds block_count %u",
-		    b->path, arch, v, in->n_layers);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.leading_dense_block_count %" PRIu64
+		                 " exceeds block_count %u",
+		                 b->path, arch, v, in->n_layers);
 	b->first_dense_layers = (uint32_t)v;
 
 	char key[128];
@@ -342,10 +347,10 @@ static int gguf_read_info(struct builder *b)
 		else if (v == 1)
 			in->gating = MOE_GATING_SOFTMAX;
 		else if (v != 0)
-			return model_fail(b->err,
-			                  "%s: %s = %" PRIu64 " is not a known gating "
-			                  "function",
-			                  b->path, key, v);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: %s = %" PRIu64 " is not a known gating "
+			                 "function",
+			                 b->path, key, v);
 	}
 	/* gpt-oss clamps at 7 (llama.cpp builds it in); newer files may carry the per-layer
 	 * swiglu_clamp_exp array */
@@ -371,7 +376,7 @@ static struct moe_expert *alloc_experts(struct builder *b, struct moe_layer *lay
 {
 	layer->experts = calloc(b->cat->info.n_experts, sizeof(*layer->experts));
 	if (!layer->experts)
-		model_fail(b->err, "out of memory");
+		error_set(b->err, MOE_ENOMEM, "out of memory");
 	return layer->experts;
 }
 
@@ -395,16 +400,16 @@ static int gguf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 	if (any_merged) {
 		bool fused = have[MOE_PROJ_GATE_UP];
 		if (!have[MOE_PROJ_DOWN] || (fused ? have[0] || have[1] : !have[0] || !have[1]))
-			return model_fail(b->err,
-			                  "%s: blk.%u: incomplete expert tensors (need "
-			                  "ffn_gate_exps+ffn_up_exps or ffn_gate_up_exps, and "
-			                  "ffn_down_exps)",
-			                  b->path, L);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: blk.%u: incomplete expert tensors (need "
+			                 "ffn_gate_exps+ffn_up_exps or ffn_gate_up_exps, and "
+			                 "ffn_down_exps)",
+			                 b->path, L);
 		const struct tview *down = &tv[MOE_PROJ_DOWN];
 		if (down->n_dims != 3 || down->ne[2] != in->n_experts)
-			return model_fail(b->err,
-			                  "%s: tensor %s: %" PRIu64 " experts, metadata says %u",
-			                  b->path, down->name, down->ne[2], in->n_experts);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: tensor %s: %" PRIu64 " experts, metadata says %u",
+			                 b->path, down->name, down->ne[2], in->n_experts);
 		if (!(ex = alloc_experts(b, layer)))
 			return -1;
 		for (uint32_t e = 0; e < in->n_experts; e++) {
@@ -433,16 +438,17 @@ static int gguf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 		return 0;
 	snprintf(name, sizeof(name), "blk.%u.ffn_down.%u.weight", L, in->n_experts - 1);
 	if (!find_tensor(b, name, &one))
-		return model_fail(b->err, "%s: blk.%u: expert tensor %s is missing", b->path, L,
-		                  name);
+		return error_set(b->err, MOE_EINVAL, "%s: blk.%u: expert tensor %s is missing",
+		                 b->path, L, name);
 	if (!(ex = alloc_experts(b, layer)))
 		return -1;
 	for (uint32_t e = 0; e < in->n_experts; e++) {
 		for (int p = 0; p < 3; p++) {
 			snprintf(name, sizeof(name), "blk.%u.%s.%u.weight", L, single_names[p], e);
 			if (!find_tensor(b, name, &one))
-				return model_fail(b->err, "%s: blk.%u: expert tensor %s is missing",
-				                  b->path, L, name);
+				return error_set(b->err, MOE_EINVAL,
+				                 "%s: blk.%u: expert tensor %s is missing", b->path,
+				                 L, name);
 			uint64_t rows = p == MOE_PROJ_DOWN ? in->hidden : in->expert_ffn;
 			uint64_t cols = p == MOE_PROJ_DOWN ? in->expert_ffn : in->hidden;
 			if (take_weight(b, &one, false, e, rows, cols, &ex[e].proj[p]))
@@ -469,9 +475,10 @@ static int cfg_u64(struct builder *b, const char *key, uint64_t *out, bool requi
 {
 	int rc = json_get_u64(b->config, json_root(b->config), key, out);
 	if (rc < 0)
-		return model_fail(b->err, "%s: %s is not an unsigned integer", b->config_path, key);
+		return error_set(b->err, MOE_EINVAL, "%s: %s is not an unsigned integer",
+		                 b->config_path, key);
 	if (rc == 0 && required)
-		return model_fail(b->err, "%s: %s is missing", b->config_path, key);
+		return error_set(b->err, MOE_EINVAL, "%s: %s is missing", b->config_path, key);
 	return rc;
 }
 
@@ -481,10 +488,10 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	const struct json_doc *c = b->config;
 	json_ref root = json_root(c);
 	if (json_type_of(c, root) != JSON_OBJECT)
-		return model_fail(b->err, "%s: not a JSON object", b->config_path);
+		return error_set(b->err, MOE_EINVAL, "%s: not a JSON object", b->config_path);
 	const char *mt = json_string(c, json_object_get(c, root, "model_type"), NULL);
 	if (!mt)
-		return model_fail(b->err, "%s: model_type is missing", b->config_path);
+		return error_set(b->err, MOE_EINVAL, "%s: model_type is missing", b->config_path);
 	if (!strcmp(mt, "qwen2_moe"))
 		in->arch = MOE_ARCH_QWEN2MOE;
 	else if (!strcmp(mt, "qwen3_moe"))
@@ -498,17 +505,18 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	else if (!strcmp(mt, "olmoe"))
 		in->arch = MOE_ARCH_OLMOE;
 	else
-		return model_fail(b->err,
-		                  "%s: model_type %.64s is not a supported MoE "
-		                  "(qwen2_moe qwen3_moe mixtral deepseek_v2 deepseek_v3 gpt_oss "
-		                  "olmoe)",
-		                  b->config_path, mt);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: model_type %.64s is not a supported MoE "
+		                 "(qwen2_moe qwen3_moe mixtral deepseek_v2 deepseek_v3 gpt_oss "
+		                 "olmoe)",
+		                 b->config_path, mt);
 	uint64_t v;
 	if (cfg_u64(b, "num_hidden_layers", &v, true) < 1)
 		return -1;
 	if (v == 0 || v > 4096)
-		return model_fail(b->err, "%s: num_hidden_layers %" PRIu64 " is out of range",
-		                  b->config_path, v);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: num_hidden_layers %" PRIu64 " is out of range",
+		                 b->config_path, v);
 	in->n_layers = (uint32_t)v;
 	if (cfg_u64(b, "hidden_size", &in->hidden, true) < 1)
 		return -1;
@@ -519,8 +527,8 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	if (cfg_u64(b, experts_key, &v, true) < 1)
 		return -1;
 	if (v == 0 || v > 65536)
-		return model_fail(b->err, "%s: %s %" PRIu64 " is out of range", b->config_path,
-		                  experts_key, v);
+		return error_set(b->err, MOE_EINVAL, "%s: %s %" PRIu64 " is out of range",
+		                 b->config_path, experts_key, v);
 	in->n_experts = (uint32_t)v;
 	int rc = cfg_u64(b, "num_experts_per_tok", &v, false);
 	if (rc == 0)
@@ -528,8 +536,9 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	if (rc < 1)
 		return -1;
 	if (v == 0 || v > in->n_experts)
-		return model_fail(b->err, "%s: num_experts_per_tok %" PRIu64 " is not in 1..%u",
-		                  b->config_path, v, in->n_experts);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: num_experts_per_tok %" PRIu64 " is not in 1..%u",
+		                 b->config_path, v, in->n_experts);
 	in->top_k = (uint32_t)v;
 	rc = cfg_u64(b, "moe_intermediate_size", &in->expert_ffn, false);
 	if (rc == 0)
@@ -538,8 +547,8 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 		return -1;
 	if (in->hidden == 0 || in->expert_ffn == 0 || in->hidden > (1u << 20) ||
 	    in->expert_ffn > (1u << 20))
-		return model_fail(b->err, "%s: hidden_size/intermediate size out of range",
-		                  b->config_path);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: hidden_size/intermediate size out of range", b->config_path);
 	v = 0;
 	if (cfg_u64(b, "n_shared_experts", &v, false) < 0)
 		return -1;
@@ -551,7 +560,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	/* which layers are MoE */
 	bool *moe = calloc(in->n_layers, sizeof(*moe));
 	if (!moe)
-		return model_fail(b->err, "out of memory");
+		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	*moe_layers = moe;
 	uint64_t first_dense = 0, freq = 1, sparse_step = 1;
 	if (cfg_u64(b, "first_k_dense_replace", &first_dense, false) < 0 ||
@@ -559,17 +568,18 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	    cfg_u64(b, "decoder_sparse_step", &sparse_step, false) < 0)
 		return -1;
 	if (freq == 0 || sparse_step == 0)
-		return model_fail(b->err, "%s: moe_layer_freq/decoder_sparse_step must be >= 1",
-		                  b->config_path);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: moe_layer_freq/decoder_sparse_step must be >= 1",
+		                 b->config_path);
 	for (uint32_t L = 0; L < in->n_layers; L++)
 		moe[L] = L >= first_dense && L % freq == 0 && (L + 1) % sparse_step == 0;
 	json_ref only = json_object_get(c, root, "mlp_only_layers");
 	if (only != JSON_NONE && json_type_of(c, only) == JSON_ARRAY) {
 		for (json_ref it = json_first(c, only); it != JSON_NONE; it = json_next(c, it)) {
 			if (json_u64(c, it, &v) || v >= in->n_layers)
-				return model_fail(b->err,
-				                  "%s: mlp_only_layers holds a bad layer index",
-				                  b->config_path);
+				return error_set(b->err, MOE_EINVAL,
+				                 "%s: mlp_only_layers holds a bad layer index",
+				                 b->config_path);
 			moe[v] = false;
 		}
 	}
@@ -578,7 +588,8 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	bool flag;
 	in->norm_topk_prob = in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_GPT_OSS;
 	if ((rc = json_get_bool(c, root, "norm_topk_prob", &flag)) < 0)
-		return model_fail(b->err, "%s: norm_topk_prob is not a bool", b->config_path);
+		return error_set(b->err, MOE_EINVAL, "%s: norm_topk_prob is not a bool",
+		                 b->config_path);
 	if (rc == 1)
 		in->norm_topk_prob = flag;
 	in->routed_scaling = 1.0f;
@@ -589,8 +600,9 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	if (scoring && !strcmp(scoring, "sigmoid"))
 		in->gating = MOE_GATING_SIGMOID;
 	else if (scoring && strcmp(scoring, "softmax"))
-		return model_fail(b->err, "%s: scoring_func %.32s is not softmax or sigmoid",
-		                  b->config_path, scoring);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: scoring_func %.32s is not softmax or sigmoid", b->config_path,
+		                 scoring);
 	in->swiglu_limit = in->arch == MOE_ARCH_GPT_OSS ? 7.0f : 0.0f;
 	if (json_get_double(c, root, "swiglu_limit", &f) == 1 && f > 0)
 		in->swiglu_limit = (float)f;
@@ -614,36 +626,36 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *lay
 		if (!find_tensor(b, name, &blocks)) {
 			snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s", L, stems[k]);
 			if (find_tensor(b, name, &blocks))
-				return model_fail(
-				    b->err,
+				return error_set(
+				    b->err, MOE_EINVAL,
 				    "%s: tensor %s: the dequantized gpt-oss "
 				    "layout ([experts, in, out]) is not supported; use the "
 				    "MXFP4 checkpoint or GGUF",
 				    b->path, name);
-			return model_fail(b->err, "%s: %s is missing", b->path, name);
+			return error_set(b->err, MOE_EINVAL, "%s: %s is missing", b->path, name);
 		}
 		if (cols % MXFP4_BLOCK)
-			return model_fail(b->err,
-			                  "%s: %s: %" PRIu64 " columns is not a multiple of 32",
-			                  b->path, name, cols);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: %s: %" PRIu64 " columns is not a multiple of 32",
+			                 b->path, name, cols);
 		uint64_t nb = cols / MXFP4_BLOCK;
 		if (blocks.st_dtype != ST_U8 || blocks.n_dims != 4 || blocks.ne[0] != 16 ||
 		    blocks.ne[1] != nb || blocks.ne[2] != rows || blocks.ne[3] != in->n_experts)
-			return model_fail(b->err,
-			                  "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
-			                  ", 16] MXFP4 blocks (config.json), found %s "
-			                  "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
-			                  b->path, name, in->n_experts, rows, nb, blocks.type,
-			                  blocks.ne[3], blocks.ne[2], blocks.ne[1], blocks.ne[0]);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
+			                 ", 16] MXFP4 blocks (config.json), found %s "
+			                 "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+			                 b->path, name, in->n_experts, rows, nb, blocks.type,
+			                 blocks.ne[3], blocks.ne[2], blocks.ne[1], blocks.ne[0]);
 		snprintf(name, sizeof(name), "model.layers.%u.mlp.experts.%s_scales", L, stems[k]);
 		if (!find_tensor(b, name, &scales))
-			return model_fail(b->err, "%s: %s is missing", b->path, name);
+			return error_set(b->err, MOE_EINVAL, "%s: %s is missing", b->path, name);
 		if (scales.st_dtype != ST_U8 || scales.n_dims != 3 || scales.ne[0] != nb ||
 		    scales.ne[1] != rows || scales.ne[2] != in->n_experts)
-			return model_fail(b->err,
-			                  "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
-			                  "] MXFP4 scales",
-			                  b->path, name, in->n_experts, rows, nb);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: tensor %s: expected U8 [%u, %" PRIu64 ", %" PRIu64
+			                 "] MXFP4 scales",
+			                 b->path, name, in->n_experts, rows, nb);
 		if (!ex && !(ex = alloc_experts(b, layer)))
 			return -1;
 		uint64_t blen = rows * nb * 16, slen = rows * nb;
@@ -686,7 +698,7 @@ static int read_tensor(struct builder *b, const struct tview *tv, void *buf)
 	const char *path = b->st->files[tv->file]->path;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return model_fail(b->err, "%s: %s", path, strerror(errno));
+		return error_set_errno(b->err, "%s", path);
 	uint8_t *p = buf;
 	uint64_t done = 0;
 	while (done < tv->nbytes) {
@@ -696,8 +708,8 @@ static int read_tensor(struct builder *b, const struct tview *tv, void *buf)
 		if (n <= 0) {
 			int e = errno;
 			close(fd);
-			return model_fail(b->err, "%s: tensor %s: read: %s", path, tv->name,
-			                  n < 0 ? strerror(e) : "unexpected end of file");
+			return error_set(b->err, MOE_EIO, "%s: tensor %s: read: %s", path, tv->name,
+			                 n < 0 ? strerror(e) : "unexpected end of file");
 		}
 		done += (uint64_t)n;
 	}
@@ -718,19 +730,19 @@ static int int4_tensor(struct builder *b, const char *stem, const char *suffix, 
 	char name[512];
 	snprintf(name, sizeof(name), "%s.%s", stem, suffix);
 	if (!find_tensor(b, name, tv))
-		return model_fail(b->err, "%s: tensor %s is missing (%s)", b->path, name,
-		                  b->cat->quant.kind == MOE_QUANT_GPTQ ? "GPTQ INT4"
-		                                                       : "compressed-tensors INT4");
+		return error_set(b->err, MOE_EINVAL, "%s: tensor %s is missing (%s)", b->path, name,
+		                 b->cat->quant.kind == MOE_QUANT_GPTQ ? "GPTQ INT4"
+		                                                      : "compressed-tensors INT4");
 	const bool ok =
 	    tv->st_dtype == dtype && (d1 ? tv->n_dims == 2 && tv->ne[1] == d0 && tv->ne[0] == d1
 	                                 : tv->n_dims == 1 && tv->ne[0] == d0);
 	if (!ok)
-		return model_fail(b->err,
-		                  "%s: tensor %s: expected %s [%" PRIu64 "%s%.0" PRIu64
-		                  "] (%s), found %s [%" PRIu64 ", %" PRIu64 "] (%u dims)",
-		                  b->path, tv->name, st_dtype_name((enum st_dtype)dtype), d0,
-		                  d1 ? ", " : "", d1, what, tv->type, tv->ne[1], tv->ne[0],
-		                  tv->n_dims);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: expected %s [%" PRIu64 "%s%.0" PRIu64
+		                 "] (%s), found %s [%" PRIu64 ", %" PRIu64 "] (%u dims)",
+		                 b->path, tv->name, st_dtype_name((enum st_dtype)dtype), d0,
+		                 d1 ? ", " : "", d1, what, tv->type, tv->ne[1], tv->ne[0],
+		                 tv->n_dims);
 	return 0;
 }
 
@@ -739,10 +751,10 @@ static int int4_group_fits(struct builder *b, const char *stem, uint64_t cols)
 {
 	const uint32_t g = b->cat->quant.group;
 	if (cols % g)
-		return model_fail(b->err,
-		                  "%s: %s: group size %u does not divide the row of %" PRIu64
-		                  " inputs (%s)",
-		                  b->path, stem, g, cols, b->config_path);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s: group size %u does not divide the row of %" PRIu64
+		                 " inputs (%s)",
+		                 b->path, stem, g, cols, b->config_path);
 	return 0;
 }
 
@@ -767,17 +779,17 @@ static int take_int4_ct(struct builder *b, const char *stem, uint64_t rows, uint
 		return -1;
 	snprintf(name, sizeof(name), "%s.weight_zero_point", stem);
 	if (find_tensor(b, name, &zp))
-		return model_fail(b->err,
-		                  "%s: tensor %s: zero points (an asymmetric scheme) are not "
-		                  "supported (symmetric INT4 only)",
-		                  b->path, name);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: zero points (an asymmetric scheme) are not "
+		                 "supported (symmetric INT4 only)",
+		                 b->path, name);
 	if (check_values) {
 		uint8_t v[8];
 		if (read_tensor(b, &shape, v))
 			return -1;
 		if (le32(v) != rows || le32(v + 4) != cols)
-			return model_fail(
-			    b->err,
+			return error_set(
+			    b->err, MOE_EINVAL,
 			    "%s: tensor %s: [%u, %u], expected [%" PRIu64 ", %" PRIu64 "] (%s)",
 			    b->path, shape.name, le32(v), le32(v + 4), rows, cols, b->config_path);
 	}
@@ -804,10 +816,10 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	if (int4_group_fits(b, stem, cols))
 		return -1;
 	if (rows % 8)
-		return model_fail(b->err,
-		                  "%s: %s: %" PRIu64 " outputs, not a multiple of 8 (GPTQ packs "
-		                  "8 zero points per int32)",
-		                  b->path, stem, rows);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s: %" PRIu64 " outputs, not a multiple of 8 (GPTQ packs "
+		                 "8 zero points per int32)",
+		                 b->path, stem, rows);
 	if (int4_tensor(b, stem, "qweight", ST_I32, cols / 8, rows,
 	                "GPTQ: 8 inputs per int32, packed along the input", &qw))
 		return -1;
@@ -820,21 +832,21 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	snprintf(name, sizeof(name), "%s.g_idx", stem);
 	if (check_values && find_tensor(b, name, &gi)) {
 		if (gi.st_dtype != ST_I32 || gi.n_dims != 1 || gi.ne[0] != cols)
-			return model_fail(b->err,
-			                  "%s: tensor %s: expected I32 [%" PRIu64 "], found %s",
-			                  b->path, name, cols, gi.type);
+			return error_set(b->err, MOE_EINVAL,
+			                 "%s: tensor %s: expected I32 [%" PRIu64 "], found %s",
+			                 b->path, name, cols, gi.type);
 		uint8_t *v = malloc(gi.nbytes ? gi.nbytes : 1);
 		if (!v)
-			return model_fail(b->err, "out of memory");
+			return error_set(b->err, MOE_ENOMEM, "out of memory");
 		int rc = read_tensor(b, &gi, v);
 		for (uint64_t i = 0; rc == 0 && i < cols; i++)
 			if (le32(v + 4 * i) != i / g)
-				rc = model_fail(b->err,
-				                "%s: tensor %s: input %" PRIu64
-				                " is in group %u, not "
-				                "%" PRIu64 " (desc_act / activation order is not "
-				                "supported)",
-				                b->path, name, i, le32(v + 4 * i), i / g);
+				rc = error_set(b->err, MOE_EINVAL,
+				               "%s: tensor %s: input %" PRIu64
+				               " is in group %u, not "
+				               "%" PRIu64 " (desc_act / activation order is not "
+				               "supported)",
+				               b->path, name, i, le32(v + 4 * i), i / g);
 		free(v);
 		if (rc)
 			return -1;
@@ -907,9 +919,10 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 		const bool found = expert_tensor_exists(b, name);
 		strcat(name, ".weight");
 		if (!found)
-			return model_fail(
-			    b->err, "%s: layer %u is an MoE layer (%s) but tensor %s is missing",
-			    b->path, L, b->config_path, name);
+			return error_set(
+			    b->err, MOE_EINVAL,
+			    "%s: layer %u is an MoE layer (%s) but tensor %s is missing", b->path,
+			    L, b->config_path, name);
 	}
 	struct moe_expert *ex = alloc_experts(b, layer);
 	if (!ex)
@@ -935,10 +948,10 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 			if (int4)
 				continue;
 			if (!find_tensor(b, name, &tv))
-				return model_fail(b->err,
-				                  "%s: layer %u is an MoE layer (%s) but tensor "
-				                  "%s is missing",
-				                  b->path, L, b->config_path, name);
+				return error_set(b->err, MOE_EINVAL,
+				                 "%s: layer %u is an MoE layer (%s) but tensor "
+				                 "%s is missing",
+				                 b->path, L, b->config_path, name);
 			if (take_weight(b, &tv, false, e, rows, cols, pr))
 				return -1;
 			if (moek_format_scale_block(pr->format) &&
@@ -983,12 +996,12 @@ static int add_files(struct builder *b)
 	uint32_t n = b->gguf ? b->n_gguf : b->st->n_files;
 	cat->files = calloc(n, sizeof(*cat->files));
 	if (!cat->files)
-		return model_fail(b->err, "out of memory");
+		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < n; i++) {
 		const char *p = b->gguf ? b->gguf[i]->path : b->st->files[i]->path;
 		cat->files[i].size = b->gguf ? b->gguf[i]->file_size : b->st->files[i]->file_size;
 		if (!(cat->files[i].path = strdup(p)))
-			return model_fail(b->err, "out of memory");
+			return error_set(b->err, MOE_ENOMEM, "out of memory");
 		cat->n_files = i + 1;
 	}
 	return 0;
@@ -1025,11 +1038,11 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 	struct moe_catalog *cat = b->cat;
 	struct moe_model_hparams *in = &cat->info;
 	if (in->hidden == 0 || in->expert_ffn == 0)
-		return model_fail(b->err, "%s: hidden size and expert FFN size must be non-zero",
-		                  b->path);
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: hidden size and expert FFN size must be non-zero", b->path);
 	cat->layers = calloc(in->n_layers, sizeof(*cat->layers));
 	if (!cat->layers)
-		return model_fail(b->err, "out of memory");
+		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	for (uint32_t L = 0; L < in->n_layers; L++) {
 		bool want = hf_moe ? hf_moe[L] : L >= b->first_dense_layers;
 		if (!want)
@@ -1040,11 +1053,11 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 			return -1;
 		if (rc == 0) {
 			if (b->gguf && !gguf_layer_has_dense_ffn(b, L))
-				return model_fail(b->err,
-				                  "%s: blk.%u: no expert tensors (expected "
-				                  "blk.%u.ffn_gate_exps.weight or "
-				                  "blk.%u.ffn_gate.0.weight)",
-				                  b->path, L, L, L);
+				return error_set(b->err, MOE_EINVAL,
+				                 "%s: blk.%u: no expert tensors (expected "
+				                 "blk.%u.ffn_gate_exps.weight or "
+				                 "blk.%u.ffn_gate.0.weight)",
+				                 b->path, L, L, L);
 			continue;
 		}
 		struct moe_expert *ex = layer->experts;
@@ -1054,7 +1067,7 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 			account_expert(cat, &ex[e]);
 	}
 	if (in->n_moe_layers == 0)
-		return model_fail(b->err, "%s: no MoE layer found", b->path);
+		return error_set(b->err, MOE_EINVAL, "%s: no MoE layer found", b->path);
 	return 0;
 }
 
@@ -1068,12 +1081,13 @@ static int open_hf(struct builder *b, char **config_path_out)
 {
 	struct stat st;
 	if (stat(b->path, &st))
-		return model_fail(b->err, "%s: cannot open: no such file or directory", b->path);
+		return error_set(b->err, MOE_ESYS, "%s: cannot open: no such file or directory",
+		                 b->path);
 	/* config.json lives in the model directory */
 	size_t n = strlen(b->path);
 	char *cfg = malloc(n + 16);
 	if (!cfg)
-		return model_fail(b->err, "out of memory");
+		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	*config_path_out = cfg;
 	if (S_ISDIR(st.st_mode)) {
 		snprintf(cfg, n + 16, "%s/config.json", b->path);
@@ -1088,28 +1102,28 @@ static int open_hf(struct builder *b, char **config_path_out)
 	b->config_path = cfg;
 	FILE *f = fopen(cfg, "rb");
 	if (!f && S_ISDIR(st.st_mode))
-		return model_fail(b->err,
-		                  "%s: not a model: a checkpoint directory holds config.json and "
-		                  "safetensors files (cannot open %s: %s)",
-		                  b->path, cfg, strerror(errno));
+		return error_set(b->err, MOE_ESYS,
+		                 "%s: not a model: a checkpoint directory holds config.json and "
+		                 "safetensors files (cannot open %s: %s)",
+		                 b->path, cfg, strerror(errno));
 	if (!f)
-		return model_fail(b->err,
-		                  "%s: config.json is required next to safetensors files "
-		                  "(cannot open %s: %s)",
-		                  b->path, cfg, strerror(errno));
+		return error_set(b->err, MOE_ESYS,
+		                 "%s: config.json is required next to safetensors files "
+		                 "(cannot open %s: %s)",
+		                 b->path, cfg, strerror(errno));
 	char *text = malloc(1u << 20);
 	size_t len = text ? fread(text, 1, 1u << 20, f) : 0;
 	int too_big = text && len == 1u << 20;
 	fclose(f);
 	if (!text || too_big) {
 		free(text);
-		return model_fail(b->err, "%s: %s", cfg,
-		                  text ? "larger than 1 MiB" : "out of memory");
+		return error_set(b->err, text ? MOE_EINVAL : MOE_ENOMEM, "%s: %s", cfg,
+		                 text ? "larger than 1 MiB" : "out of memory");
 	}
 	int rc = json_parse(text, len, &b->config, b->err);
 	free(text);
 	if (rc)
-		return model_fail_prefix(b->err, cfg);
+		return error_prefix(b->err, cfg);
 	return st_open_model(b->path, &b->st, b->err);
 }
 
@@ -1118,11 +1132,11 @@ static int open_hf(struct builder *b, char **config_path_out)
  * or a PNG is "not a model" rather than a safetensors file without config.json. */
 enum model_path_kind { PATH_GGUF, PATH_HF };
 
-static int classify_path(const char *path, enum model_path_kind *kind, struct model_error *err)
+static int classify_path(const char *path, enum model_path_kind *kind, struct sidecar_error *err)
 {
 	struct stat st;
 	if (stat(path, &st) != 0)
-		return model_fail(err, "%s: %s", path, strerror(errno));
+		return error_set_errno(err, "%s", path);
 	if (ends_with(path, ".gguf")) {
 		*kind = PATH_GGUF;
 		return 0;
@@ -1132,16 +1146,16 @@ static int classify_path(const char *path, enum model_path_kind *kind, struct mo
 		return 0;
 	}
 	if (!S_ISREG(st.st_mode))
-		return model_fail(err, "%s: not a regular file or a directory", path);
+		return error_set(err, MOE_EINVAL, "%s: not a regular file or a directory", path);
 	unsigned char head[9] = {0};
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return model_fail(err, "%s: cannot open: %s", path, strerror(errno));
+		return error_set_errno(err, "%s: cannot open", path);
 	ssize_t n = pread(fd, head, sizeof(head), 0);
 	int e = errno;
 	close(fd);
 	if (n < 0)
-		return model_fail(err, "%s: read: %s", path, strerror(e));
+		return error_set(err, MOE_EIO, "%s: read: %s", path, strerror(e));
 	if (n >= 4 && !memcmp(head, "GGUF", 4)) {
 		*kind = PATH_GGUF;
 		return 0;
@@ -1151,17 +1165,17 @@ static int classify_path(const char *path, enum model_path_kind *kind, struct mo
 		*kind = PATH_HF;
 		return 0;
 	}
-	return model_fail(err,
-	                  "%s: not a model: neither a GGUF file (no \"GGUF\" magic) nor a "
-	                  "safetensors file (no JSON header after the first 8 bytes); give a "
-	                  ".gguf file, a .safetensors file or a checkpoint directory",
-	                  path);
+	return error_set(err, MOE_EINVAL,
+	                 "%s: not a model: neither a GGUF file (no \"GGUF\" magic) nor a "
+	                 "safetensors file (no JSON header after the first 8 bytes); give a "
+	                 ".gguf file, a .safetensors file or a checkpoint directory",
+	                 path);
 }
 
 /* A single shard of a sharded checkpoint is never the whole model: say which directory to
  * open instead of failing later on a missing tensor. Hugging Face names shards
  * PREFIX-0000K-of-0000N.safetensors and lists them in model.safetensors.index.json. */
-static int refuse_one_shard(const char *path, struct model_error *err)
+static int refuse_one_shard(const char *path, struct sidecar_error *err)
 {
 	struct stat st;
 	if (stat(path, &st) != 0 || S_ISDIR(st.st_mode) || ends_with(path, ".json"))
@@ -1176,27 +1190,27 @@ static int refuse_one_shard(const char *path, struct model_error *err)
 	if (of && of - base >= 6 &&
 	    sscanf(of - 5, "%5u-of-%5u.safetensors%n", &k, &n, &used) == 2 && of[-6] == '-' &&
 	    (size_t)used == strlen(of - 5) && n > 1)
-		return model_fail(err,
-		                  "%s is shard %u of %u of a checkpoint: open its directory "
-		                  "(%.*s) instead",
-		                  path, k, n, dir_len, dir);
+		return error_set(err, MOE_EINVAL,
+		                 "%s is shard %u of %u of a checkpoint: open its directory "
+		                 "(%.*s) instead",
+		                 path, k, n, dir_len, dir);
 	char index[4096];
 	snprintf(index, sizeof(index), "%.*s/model.safetensors.index.json", dir_len, dir);
 	if (stat(index, &st) == 0)
-		return model_fail(err,
-		                  "%s: %s says this checkpoint is sharded: open its directory "
-		                  "(%.*s) instead of one file",
-		                  path, index, dir_len, dir);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s says this checkpoint is sharded: open its directory "
+		                 "(%.*s) instead of one file",
+		                 path, index, dir_len, dir);
 	return 0;
 }
 
-int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err)
+int moe_catalog_open(const char *path, struct moe_catalog **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct builder b = {.path = path, .err = err};
 	struct moe_catalog *cat = calloc(1, sizeof(*cat));
 	if (!cat)
-		return model_fail(err, "out of memory");
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	b.cat = cat;
 	bool *hf_moe = NULL;
 	char *config_path = NULL;

@@ -31,7 +31,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model_error.h"
+#include "error.h"
 #include "quant_config.h"
 
 enum moe_arch {
@@ -151,7 +151,7 @@ struct moe_catalog {
  * (blocks + scales become GGUF blocks) and INT4 checkpoints (repacked into INT4_G32 rows). */
 uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r);
 
-int moe_catalog_open(const char *path, struct moe_catalog **out, struct model_error *err);
+int moe_catalog_open(const char *path, struct moe_catalog **out, struct sidecar_error *err);
 void moe_catalog_close(struct moe_catalog *cat);
 
 /* Expert `expert` of layer `layer`, or NULL if the layer is dense or either is out of

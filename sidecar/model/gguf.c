@@ -96,7 +96,7 @@ struct header_reader {
 	uint64_t win_start;
 	size_t win_len;
 	unsigned char *win;
-	struct model_error *err;
+	struct sidecar_error *err;
 };
 
 static uint64_t remaining(const struct header_reader *r)
@@ -107,10 +107,10 @@ static uint64_t remaining(const struct header_reader *r)
 static int read_exact(struct header_reader *r, void *dst, uint64_t n, const char *what)
 {
 	if (n > remaining(r))
-		return model_fail(r->err,
-		                  "%s: truncated: %s needs %" PRIu64 " bytes at offset %" PRIu64
-		                  ", file is %" PRIu64 " bytes",
-		                  r->path, what, n, r->pos, r->file_size);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: truncated: %s needs %" PRIu64 " bytes at offset %" PRIu64
+		                 ", file is %" PRIu64 " bytes",
+		                 r->path, what, n, r->pos, r->file_size);
 	unsigned char *d = dst;
 	while (n > 0) {
 		if (r->pos < r->win_start || r->pos >= r->win_start + r->win_len) {
@@ -120,10 +120,12 @@ static int read_exact(struct header_reader *r, void *dst, uint64_t n, const char
 				got = pread(r->fd, r->win, (size_t)want, (off_t)r->pos);
 			} while (got < 0 && errno == EINTR);
 			if (got < 0)
-				return model_fail(r->err, "%s: read at offset %" PRIu64 ": %s",
-				                  r->path, r->pos, strerror(errno));
+				return error_set(r->err, MOE_EIO,
+				                 "%s: read at offset %" PRIu64 ": %s", r->path,
+				                 r->pos, strerror(errno));
 			if (got == 0)
-				return model_fail(r->err, "%s: file shrank while reading", r->path);
+				return error_set(r->err, MOE_EIO, "%s: file shrank while reading",
+				                 r->path);
 			r->win_start = r->pos;
 			r->win_len = (size_t)got;
 		}
@@ -170,13 +172,13 @@ static int read_string(struct header_reader *r, char **out, uint64_t *len_out, c
 	if (read_u64(r, &len, what))
 		return -1;
 	if (len > remaining(r))
-		return model_fail(r->err,
-		                  "%s: %s: string length %" PRIu64 " at offset %" PRIu64
-		                  " runs past the end of the file",
-		                  r->path, what, len, r->pos - 8);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: %s: string length %" PRIu64 " at offset %" PRIu64
+		                 " runs past the end of the file",
+		                 r->path, what, len, r->pos - 8);
 	char *s = malloc(len + 1);
 	if (!s)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	if (read_exact(r, s, len, what)) {
 		free(s);
 		return -1;
@@ -248,19 +250,21 @@ static int read_value(struct header_reader *r, uint32_t type, struct gguf_value 
 		if (read_exact(r, b, sz, key))
 			return -1;
 		if (type == GGUF_BOOL && b[0] > 1)
-			return model_fail(r->err, "%s: metadata %s: bool value %u is not 0 or 1",
-			                  r->path, key, b[0]);
+			return error_set(r->err, MOE_EINVAL,
+			                 "%s: metadata %s: bool value %u is not 0 or 1", r->path,
+			                 key, b[0]);
 		widen_scalar(v, b);
 		return 0;
 	}
 	if (type == GGUF_STRING)
 		return read_string(r, &v->str.ptr, &v->str.len, key);
 	if (type != GGUF_ARRAY)
-		return model_fail(r->err, "%s: metadata %s: invalid value type %u", r->path, key,
-		                  type);
+		return error_set(r->err, MOE_EINVAL, "%s: metadata %s: invalid value type %u",
+		                 r->path, key, type);
 	if (depth >= GGUF_MAX_NESTING)
-		return model_fail(r->err, "%s: metadata %s: arrays nested deeper than %d", r->path,
-		                  key, GGUF_MAX_NESTING);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: metadata %s: arrays nested deeper than %d", r->path, key,
+		                 GGUF_MAX_NESTING);
 	uint32_t et;
 	uint64_t count;
 	if (read_u32(r, &et, key) || read_u64(r, &count, key))
@@ -270,33 +274,34 @@ static int read_value(struct header_reader *r, uint32_t type, struct gguf_value 
 	/* smallest encoding of one element: scalar size, string 8, array 12 */
 	uint64_t min_elem = esz ? esz : et == GGUF_STRING ? 8 : et == GGUF_ARRAY ? 12 : 0;
 	if (!min_elem)
-		return model_fail(r->err, "%s: metadata %s: invalid array element type %u", r->path,
-		                  key, et);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: metadata %s: invalid array element type %u", r->path, key,
+		                 et);
 	if (count > remaining(r) / min_elem)
-		return model_fail(r->err,
-		                  "%s: metadata %s: array count %" PRIu64
-		                  " overflows the file (%" PRIu64
-		                  " bytes remain: truncated or corrupt)",
-		                  r->path, key, count, remaining(r));
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: metadata %s: array count %" PRIu64
+		                 " overflows the file (%" PRIu64
+		                 " bytes remain: truncated or corrupt)",
+		                 r->path, key, count, remaining(r));
 	v->arr.count = count;
 	if (esz) {
 		v->arr.raw = malloc(count ? count * esz : 1);
 		if (!v->arr.raw)
-			return model_fail(r->err, "%s: out of memory", r->path);
+			return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 		if (read_exact(r, v->arr.raw, count * esz, key))
 			return -1;
 		if (et == GGUF_BOOL)
 			for (uint64_t i = 0; i < count; i++)
 				if (((unsigned char *)v->arr.raw)[i] > 1)
-					return model_fail(r->err,
-					                  "%s: metadata %s: bool element %" PRIu64
-					                  " is not 0 or 1",
-					                  r->path, key, i);
+					return error_set(r->err, MOE_EINVAL,
+					                 "%s: metadata %s: bool element %" PRIu64
+					                 " is not 0 or 1",
+					                 r->path, key, i);
 		return 0;
 	}
 	v->arr.values = calloc(count ? count : 1, sizeof(struct gguf_value));
 	if (!v->arr.values)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	for (uint64_t i = 0; i < count; i++) {
 		if (read_value(r, et, &v->arr.values[i], key, depth + 1)) {
 			v->arr.count = i + 1; /* free what was read, including the partial one */
@@ -346,9 +351,9 @@ static int read_tensor_info(struct header_reader *r, struct gguf_tensor *t, uint
 	if (read_string(r, &name, &name_len, what))
 		return -1;
 	if (name_len >= GGUF_MAX_NAME || strlen(name) != name_len) {
-		model_fail(r->err, "%s: %s: name of %" PRIu64 " bytes is %s", r->path, what,
-		           name_len,
-		           name_len >= GGUF_MAX_NAME ? "longer than 63 bytes" : "has a NUL byte");
+		error_set(r->err, MOE_EINVAL, "%s: %s: name of %" PRIu64 " bytes is %s", r->path,
+		          what, name_len,
+		          name_len >= GGUF_MAX_NAME ? "longer than 63 bytes" : "has a NUL byte");
 		free(name);
 		return -1;
 	}
@@ -357,28 +362,29 @@ static int read_tensor_info(struct header_reader *r, struct gguf_tensor *t, uint
 	if (read_u32(r, &t->n_dims, t->name))
 		return -1;
 	if (t->n_dims > GGUF_MAX_DIMS)
-		return model_fail(r->err, "%s: tensor %s: %u dimensions (at most 4)", r->path,
-		                  t->name, t->n_dims);
+		return error_set(r->err, MOE_EINVAL, "%s: tensor %s: %u dimensions (at most 4)",
+		                 r->path, t->name, t->n_dims);
 	for (int d = 0; d < GGUF_MAX_DIMS; d++)
 		t->ne[d] = 1;
 	for (uint32_t d = 0; d < t->n_dims; d++) {
 		if (read_u64(r, &t->ne[d], t->name))
 			return -1;
 		if (t->ne[d] > INT64_MAX)
-			return model_fail(r->err, "%s: tensor %s: dimension %u is negative",
-			                  r->path, t->name, d);
+			return error_set(r->err, MOE_EINVAL,
+			                 "%s: tensor %s: dimension %u is negative", r->path,
+			                 t->name, d);
 	}
 	if (read_u32(r, &t->type, t->name) || read_u64(r, &t->rel_offset, t->name))
 		return -1;
 	const struct ggml_type_row *row = ggml_type_row(t->type);
 	if (!row)
-		return model_fail(r->err, "%s: tensor %s: unknown ggml type %u", r->path, t->name,
-		                  t->type);
+		return error_set(r->err, MOE_EINVAL, "%s: tensor %s: unknown ggml type %u", r->path,
+		                 t->name, t->type);
 	if (t->ne[0] % row->block_elems)
-		return model_fail(r->err,
-		                  "%s: tensor %s: row length %" PRIu64
-		                  " is not a multiple of the %s block size %u",
-		                  r->path, t->name, t->ne[0], row->name, row->block_elems);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: tensor %s: row length %" PRIu64
+		                 " is not a multiple of the %s block size %u",
+		                 r->path, t->name, t->ne[0], row->name, row->block_elems);
 	/* strides and size, refusing any product that overflows int64 */
 	uint64_t nb = t->ne[0] / row->block_elems * row->block_bytes;
 	if (t->ne[0] && nb / row->block_bytes != t->ne[0] / row->block_elems)
@@ -395,10 +401,10 @@ static int read_tensor_info(struct header_reader *r, struct gguf_tensor *t, uint
 	t->nbytes = nb;
 	return 0;
 overflow:
-	return model_fail(r->err,
-	                  "%s: tensor %s: size overflows (shape %" PRIu64 "x%" PRIu64 "x%" PRIu64
-	                  "x%" PRIu64 ")",
-	                  r->path, t->name, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+	return error_set(r->err, MOE_EINVAL,
+	                 "%s: tensor %s: size overflows (shape %" PRIu64 "x%" PRIu64 "x%" PRIu64
+	                 "x%" PRIu64 ")",
+	                 r->path, t->name, t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
 }
 
 static int cmp_kv_key(const void *a, const void *b)
@@ -411,15 +417,15 @@ static int check_unique_keys(struct header_reader *r, const struct gguf_file *f)
 {
 	const struct gguf_kv **sorted = malloc((f->n_kv ? f->n_kv : 1) * sizeof(*sorted));
 	if (!sorted)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	for (uint64_t i = 0; i < f->n_kv; i++)
 		sorted[i] = &f->kv[i];
 	qsort(sorted, f->n_kv, sizeof(*sorted), cmp_kv_key);
 	int rc = 0;
 	for (uint64_t i = 1; i < f->n_kv && !rc; i++)
 		if (!strcmp(sorted[i - 1]->key, sorted[i]->key))
-			rc = model_fail(r->err, "%s: duplicate metadata key %s", r->path,
-			                sorted[i]->key);
+			rc = error_set(r->err, MOE_EINVAL, "%s: duplicate metadata key %s", r->path,
+			               sorted[i]->key);
 	free(sorted);
 	return rc;
 }
@@ -430,30 +436,32 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	if (read_exact(r, magic, 4, "magic"))
 		return -1;
 	if (memcmp(magic, "GGUF", 4))
-		return model_fail(r->err, "%s: not a GGUF file (wrong magic %02x %02x %02x %02x)",
-		                  r->path, magic[0], magic[1], magic[2], magic[3]);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: not a GGUF file (wrong magic %02x %02x %02x %02x)", r->path,
+		                 magic[0], magic[1], magic[2], magic[3]);
 	if (read_u32(r, &f->version, "version"))
 		return -1;
 	if (f->version != 2 && f->version != 3)
-		return model_fail(r->err, "%s: unsupported GGUF version %u (2 and 3 are supported)",
-		                  r->path, f->version);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: unsupported GGUF version %u (2 and 3 are supported)", r->path,
+		                 f->version);
 	uint64_t n_tensors, n_kv;
 	if (read_u64(r, &n_tensors, "tensor count") || read_u64(r, &n_kv, "metadata count"))
 		return -1;
 	/* smallest encodings: a KV is 8+4+1 bytes, a tensor info 8+4+4+8 */
 	if (n_kv > remaining(r) / 13)
-		return model_fail(r->err,
-		                  "%s: metadata count %" PRIu64 " overflows the file (%" PRIu64
-		                  " bytes remain: truncated or corrupt)",
-		                  r->path, n_kv, remaining(r));
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: metadata count %" PRIu64 " overflows the file (%" PRIu64
+		                 " bytes remain: truncated or corrupt)",
+		                 r->path, n_kv, remaining(r));
 	if (n_tensors > remaining(r) / 24)
-		return model_fail(r->err,
-		                  "%s: tensor count %" PRIu64 " overflows the file (%" PRIu64
-		                  " bytes remain: truncated or corrupt)",
-		                  r->path, n_tensors, remaining(r));
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: tensor count %" PRIu64 " overflows the file (%" PRIu64
+		                 " bytes remain: truncated or corrupt)",
+		                 r->path, n_tensors, remaining(r));
 	f->kv = calloc(n_kv ? n_kv : 1, sizeof(*f->kv));
 	if (!f->kv)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	for (uint64_t i = 0; i < n_kv; i++) {
 		struct gguf_kv *kv = &f->kv[i];
 		if (read_string(r, &kv->key, NULL, "metadata key"))
@@ -473,17 +481,17 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	if (al) {
 		if (al->value.type != GGUF_UINT32 || al->value.u == 0 ||
 		    (al->value.u & (al->value.u - 1)))
-			return model_fail(
-			    r->err,
-			    "%s: general.alignment must be a u32 power of two (got %s "
-			    "%" PRIu64 ")",
-			    r->path, gguf_value_type_name(al->value.type), al->value.u);
+			return error_set(r->err, MOE_EINVAL,
+			                 "%s: general.alignment must be a u32 power of two (got %s "
+			                 "%" PRIu64 ")",
+			                 r->path, gguf_value_type_name(al->value.type),
+			                 al->value.u);
 		f->alignment = (uint32_t)al->value.u;
 	}
 	f->tensors = calloc(n_tensors ? n_tensors : 1, sizeof(*f->tensors));
 	f->by_name = calloc(n_tensors ? n_tensors : 1, sizeof(*f->by_name));
 	if (!f->tensors || !f->by_name)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	for (uint64_t i = 0; i < n_tensors; i++) {
 		if (read_tensor_info(r, &f->tensors[i], i))
 			return -1;
@@ -495,22 +503,22 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	/* a file without tensors may end before the padding; with tensors, the data section
 	 * (even for zero-sized ones) must start inside the file */
 	if (f->data_offset > f->file_size && n_tensors > 0)
-		return model_fail(r->err,
-		                  "%s: truncated: data section would start at %" PRIu64
-		                  ", file is %" PRIu64 " bytes",
-		                  r->path, f->data_offset, f->file_size);
+		return error_set(r->err, MOE_EINVAL,
+		                 "%s: truncated: data section would start at %" PRIu64
+		                 ", file is %" PRIu64 " bytes",
+		                 r->path, f->data_offset, f->file_size);
 	const uint64_t data_size =
 	    f->data_offset < f->file_size ? f->file_size - f->data_offset : 0;
 	for (uint64_t i = 0; i < n_tensors; i++) {
 		struct gguf_tensor *t = &f->tensors[i];
 		if (t->rel_offset % f->alignment)
-			return model_fail(r->err,
-			                  "%s: tensor %s: offset %" PRIu64
-			                  " is not a multiple of the alignment %u",
-			                  r->path, t->name, t->rel_offset, f->alignment);
+			return error_set(r->err, MOE_EINVAL,
+			                 "%s: tensor %s: offset %" PRIu64
+			                 " is not a multiple of the alignment %u",
+			                 r->path, t->name, t->rel_offset, f->alignment);
 		if (t->rel_offset > data_size || t->nbytes > data_size - t->rel_offset)
-			return model_fail(
-			    r->err,
+			return error_set(
+			    r->err, MOE_EINVAL,
 			    "%s: tensor %s: data [%" PRIu64 ", +%" PRIu64
 			    ") runs past the end of the file (data section holds %" PRIu64
 			    " bytes)",
@@ -520,22 +528,22 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	qsort(f->by_name, n_tensors, sizeof(*f->by_name), cmp_tensor_name);
 	for (uint64_t i = 1; i < n_tensors; i++)
 		if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name))
-			return model_fail(r->err, "%s: duplicate tensor name %s", r->path,
-			                  f->by_name[i]->name);
+			return error_set(r->err, MOE_EINVAL, "%s: duplicate tensor name %s",
+			                 r->path, f->by_name[i]->name);
 	/* overlap check on a copy sorted by offset */
 	struct gguf_tensor **by_off = malloc((n_tensors ? n_tensors : 1) * sizeof(*by_off));
 	if (!by_off)
-		return model_fail(r->err, "%s: out of memory", r->path);
+		return error_set(r->err, MOE_ENOMEM, "%s: out of memory", r->path);
 	memcpy(by_off, f->by_name, n_tensors * sizeof(*by_off));
 	qsort(by_off, n_tensors, sizeof(*by_off), cmp_tensor_offset);
 	for (uint64_t i = 1; i < n_tensors; i++) {
 		const struct gguf_tensor *a = by_off[i - 1], *b = by_off[i];
 		if (a->nbytes && b->nbytes && a->offset + a->nbytes > b->offset) {
-			model_fail(r->err,
-			           "%s: tensors %s and %s overlap (offsets %" PRIu64 " +%" PRIu64
-			           " and %" PRIu64 ")",
-			           r->path, a->name, b->name, a->rel_offset, a->nbytes,
-			           b->rel_offset);
+			error_set(r->err, MOE_EINVAL,
+			          "%s: tensors %s and %s overlap (offsets %" PRIu64 " +%" PRIu64
+			          " and %" PRIu64 ")",
+			          r->path, a->name, b->name, a->rel_offset, a->nbytes,
+			          b->rel_offset);
 			free(by_off);
 			return -1;
 		}
@@ -544,21 +552,21 @@ static int gguf_parse(struct header_reader *r, struct gguf_file *f)
 	return 0;
 }
 
-int gguf_open(const char *path, struct gguf_file **out, struct model_error *err)
+int gguf_open(const char *path, struct gguf_file **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return model_fail(err, "%s: %s", path, strerror(errno));
+		return error_set_errno(err, "%s", path);
 	struct stat st;
 	if (fstat(fd, &st)) {
-		model_fail(err, "%s: stat: %s", path, strerror(errno));
+		error_set_errno(err, "%s: stat", path);
 		close(fd);
 		return -1;
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(fd);
-		return model_fail(err, "%s: not a regular file", path);
+		return error_set(err, MOE_EINVAL, "%s: not a regular file", path);
 	}
 	struct gguf_file *f = calloc(1, sizeof(*f));
 	struct header_reader r = {
@@ -568,7 +576,7 @@ int gguf_open(const char *path, struct gguf_file **out, struct model_error *err)
 		free(r.win);
 		free(f);
 		close(fd);
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	}
 	f->file_size = (uint64_t)st.st_size;
 	int rc = gguf_parse(&r, f);
@@ -698,7 +706,7 @@ void gguf_close_splits(struct gguf_file **files, uint32_t n)
 }
 
 int gguf_open_splits(const char *path, struct gguf_file ***out, uint32_t *n_out,
-                     struct model_error *err)
+                     struct sidecar_error *err)
 {
 	*out = NULL;
 	*n_out = 0;
@@ -710,20 +718,20 @@ int gguf_open_splits(const char *path, struct gguf_file ***out, uint32_t *n_out,
 	int has_no = gguf_get_u64(first, "split.no", &no);
 	if (has_count < 0 || has_no < 0 || (has_count && (count == 0 || count > 99999))) {
 		gguf_close(first);
-		return model_fail(err, "%s: split.count/split.no must be small unsigned integers",
-		                  path);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: split.count/split.no must be small unsigned integers", path);
 	}
 	if (no != 0) {
 		gguf_close(first);
-		return model_fail(err,
-		                  "%s: is split %" PRIu64 " of %" PRIu64
-		                  "; open the first split (-00001-of-…)",
-		                  path, no + 1, count);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: is split %" PRIu64 " of %" PRIu64
+		                 "; open the first split (-00001-of-…)",
+		                 path, no + 1, count);
 	}
 	struct gguf_file **files = calloc(count, sizeof(*files));
 	if (!files) {
 		gguf_close(first);
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	}
 	files[0] = first;
 	if (count > 1) {
@@ -733,24 +741,25 @@ int gguf_open_splits(const char *path, struct gguf_file ***out, uint32_t *n_out,
 		size_t plen = strlen(path), slen = strlen(suffix);
 		if (plen < slen || strcmp(path + plen - slen, suffix)) {
 			gguf_close_splits(files, 1);
-			return model_fail(
-			    err, "%s: split.count is %" PRIu64 " but the name does not end in %s",
-			    path, count, suffix);
+			return error_set(err, MOE_EINVAL,
+			                 "%s: split.count is %" PRIu64
+			                 " but the name does not end in %s",
+			                 path, count, suffix);
 		}
 		for (uint64_t i = 1; i < count; i++) {
 			char *p = malloc(plen + 1);
 			if (!p) {
 				gguf_close_splits(files, (uint32_t)i);
-				return model_fail(err, "%s: out of memory", path);
+				return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 			}
 			memcpy(p, path, plen - slen);
 			snprintf(p + plen - slen, slen + 1, "-%05d-of-%05d.gguf", (int)i + 1,
 			         (int)count);
-			struct model_error sub;
+			struct sidecar_error sub;
 			if (gguf_open(p, &files[i], &sub)) {
-				model_fail(err,
-				           "missing or bad split %" PRIu64 " of %" PRIu64 ": %s",
-				           i + 1, count, sub.msg);
+				error_set(err, sub.status,
+				          "missing or bad split %" PRIu64 " of %" PRIu64 ": %s",
+				          i + 1, count, sub.msg);
 				free(p);
 				gguf_close_splits(files, (uint32_t)i);
 				return -1;
@@ -759,10 +768,10 @@ int gguf_open_splits(const char *path, struct gguf_file ***out, uint32_t *n_out,
 			if (gguf_get_u64(files[i], "split.no", &sno) != 1 ||
 			    gguf_get_u64(files[i], "split.count", &scount) != 1 || sno != i ||
 			    scount != count) {
-				model_fail(err,
-				           "%s: split.no/split.count do not say split %" PRIu64
-				           " of %" PRIu64,
-				           p, i + 1, count);
+				error_set(err, MOE_EINVAL,
+				          "%s: split.no/split.count do not say split %" PRIu64
+				          " of %" PRIu64,
+				          p, i + 1, count);
 				free(p);
 				gguf_close_splits(files, (uint32_t)i + 1);
 				return -1;

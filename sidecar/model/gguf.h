@@ -15,7 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model_error.h"
+#include "error.h"
 
 enum gguf_value_type {
 	GGUF_UINT8 = 0,
@@ -91,14 +91,14 @@ struct gguf_file {
 };
 
 /* Opens and validates one GGUF file. Errors name the path and the problem. */
-int gguf_open(const char *path, struct gguf_file **out, struct model_error *err);
+int gguf_open(const char *path, struct gguf_file **out, struct sidecar_error *err);
 void gguf_close(struct gguf_file *f);
 
 /* Opens a model that may be split (`split.count` > 1): `path` must be the first split,
  * named PREFIX-00001-of-0000N.gguf; the others are found by name and each must carry the
  * matching `split.no`/`split.count`. On success *out holds *n_out files (1 if not split). */
 int gguf_open_splits(const char *path, struct gguf_file ***out, uint32_t *n_out,
-                     struct model_error *err);
+                     struct sidecar_error *err);
 void gguf_close_splits(struct gguf_file **files, uint32_t n);
 
 const struct gguf_kv *gguf_find_kv(const struct gguf_file *f, const char *key);

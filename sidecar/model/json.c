@@ -23,13 +23,13 @@ struct json_doc {
 struct json_parser {
 	const unsigned char *p, *start, *end;
 	struct json_doc *doc;
-	struct model_error *err;
+	struct sidecar_error *err;
 };
 
 static int fail_at(struct json_parser *ps, const char *what)
 {
-	return model_fail(ps->err, "invalid JSON at byte %zu: %s", (size_t)(ps->p - ps->start),
-	                  what);
+	return error_set(ps->err, MOE_EINVAL, "invalid JSON at byte %zu: %s",
+	                 (size_t)(ps->p - ps->start), what);
 }
 
 static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
@@ -390,15 +390,16 @@ static int parse_value(struct json_parser *ps, int depth, json_ref *out)
 	return 0;
 }
 
-int json_parse(const char *text, size_t len, struct json_doc **out, struct model_error *err)
+int json_parse(const char *text, size_t len, struct json_doc **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	if (len > JSON_MAX_INPUT)
-		return model_fail(err, "JSON text of %zu bytes exceeds the %zu-byte limit", len,
-		                  JSON_MAX_INPUT);
+		return error_set(err, MOE_EINVAL,
+		                 "JSON text of %zu bytes exceeds the %zu-byte limit", len,
+		                 JSON_MAX_INPUT);
 	struct json_doc *doc = calloc(1, sizeof(*doc));
 	if (!doc)
-		return model_fail(err, "out of memory");
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	struct json_parser ps = {(const unsigned char *)text, (const unsigned char *)text,
 	                         (const unsigned char *)text + len, doc, err};
 	json_ref root;

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model_error.h"
+#include "error.h"
 
 #define JSON_MAX_DEPTH 64
 #define JSON_MAX_INPUT ((size_t)256 << 20) /* refs are 32-bit; headers are far smaller */
@@ -40,7 +40,7 @@ struct json_doc;
 /* Parses text[0..len) (need not be NUL-terminated). On success *out owns a document to be
  * freed with json_free; the root is json_root(*out). On failure returns -1 with
  * "invalid JSON at byte N: …" in err. */
-int json_parse(const char *text, size_t len, struct json_doc **out, struct model_error *err);
+int json_parse(const char *text, size_t len, struct json_doc **out, struct sidecar_error *err);
 void json_free(struct json_doc *doc);
 
 json_ref json_root(const struct json_doc *doc);

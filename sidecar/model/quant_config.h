@@ -21,8 +21,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "json.h"
-#include "model_error.h"
 
 enum moe_quant_kind {
 	MOE_QUANT_NONE,    /* no INT4 scheme: plain, FP8 or MXFP4 tensors */
@@ -40,7 +40,7 @@ struct moe_quant_config {
 /* Fills *q from config.json's root object (config_path names it in errors). Returns 0, or -1
  * with the reason in err. */
 int moe_quant_config_read(const struct json_doc *config, const char *config_path,
-                          struct moe_quant_config *q, struct model_error *err);
+                          struct moe_quant_config *q, struct sidecar_error *err);
 
 /* "compressed-tensors pack-quantized INT4, group 32", "GPTQ INT4 v1, group 128, sym", or
  * "none" into buf; returns buf. */

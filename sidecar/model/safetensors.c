@@ -72,40 +72,42 @@ static int cmp_by_offset(const void *a, const void *b)
 }
 
 static int parse_tensor(const struct json_doc *doc, json_ref m, struct st_tensor *t,
-                        uint64_t buf_size, const char *path, struct model_error *err)
+                        uint64_t buf_size, const char *path, struct sidecar_error *err)
 {
 	size_t name_len;
 	const char *name = json_key(doc, m, &name_len);
 	if (strlen(name) != name_len)
-		return model_fail(err, "%s: a tensor name contains a NUL byte", path);
+		return error_set(err, MOE_EINVAL, "%s: a tensor name contains a NUL byte", path);
 	if (!(t->name = strdup(name)))
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	if (json_type_of(doc, m) != JSON_OBJECT)
-		return model_fail(err, "%s: tensor %s: entry is not an object", path, name);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: entry is not an object", path,
+		                 name);
 	const char *dt = json_string(doc, json_object_get(doc, m, "dtype"), NULL);
 	if (!dt)
-		return model_fail(err, "%s: tensor %s: missing dtype", path, name);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: missing dtype", path, name);
 	t->dtype = ST_DTYPE_COUNT;
 	for (int d = 0; d < ST_DTYPE_COUNT; d++)
 		if (!strcmp(dt, st_dtypes[d].name))
 			t->dtype = (enum st_dtype)d;
 	if (t->dtype == ST_DTYPE_COUNT)
-		return model_fail(err, "%s: tensor %s: unknown dtype %.32s", path, name, dt);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: unknown dtype %.32s", path, name,
+		                 dt);
 	json_ref shape = json_object_get(doc, m, "shape");
 	if (json_type_of(doc, shape) != JSON_ARRAY || shape == JSON_NONE)
-		return model_fail(err, "%s: tensor %s: missing shape", path, name);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: missing shape", path, name);
 	if (json_count(doc, shape) > ST_MAX_DIMS)
-		return model_fail(err, "%s: tensor %s: %u dimensions (at most %d)", path, name,
-		                  json_count(doc, shape), ST_MAX_DIMS);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: %u dimensions (at most %d)", path,
+		                 name, json_count(doc, shape), ST_MAX_DIMS);
 	uint64_t elems = 1;
 	int overflow = 0;
 	for (json_ref d = json_first(doc, shape); d != JSON_NONE; d = json_next(doc, d)) {
 		uint64_t v;
 		if (json_u64(doc, d, &v))
-			return model_fail(err,
-			                  "%s: tensor %s: shape entries must be unsigned "
-			                  "integers",
-			                  path, name);
+			return error_set(err, MOE_EINVAL,
+			                 "%s: tensor %s: shape entries must be unsigned "
+			                 "integers",
+			                 path, name);
 		if (v && elems > UINT64_MAX / v)
 			overflow = 1;
 		elems *= v;
@@ -113,89 +115,91 @@ static int parse_tensor(const struct json_doc *doc, json_ref m, struct st_tensor
 	}
 	uint32_t esz = st_dtypes[t->dtype].size;
 	if (overflow || elems > UINT64_MAX / esz)
-		return model_fail(err, "%s: tensor %s: shape overflows", path, name);
+		return error_set(err, MOE_EINVAL, "%s: tensor %s: shape overflows", path, name);
 	json_ref offs = json_object_get(doc, m, "data_offsets");
 	uint64_t begin, end;
 	if (json_type_of(doc, offs) != JSON_ARRAY || offs == JSON_NONE ||
 	    json_count(doc, offs) != 2 || json_u64(doc, json_first(doc, offs), &begin) ||
 	    json_u64(doc, json_next(doc, json_first(doc, offs)), &end))
-		return model_fail(err,
-		                  "%s: tensor %s: data_offsets must be [begin, end] "
-		                  "unsigned integers",
-		                  path, name);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: tensor %s: data_offsets must be [begin, end] "
+		                 "unsigned integers",
+		                 path, name);
 	if (end < begin)
-		return model_fail(
-		    err, "%s: tensor %s: data_offsets end %" PRIu64 " is before begin %" PRIu64,
-		    path, name, end, begin);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: tensor %s: data_offsets end %" PRIu64
+		                 " is before begin %" PRIu64,
+		                 path, name, end, begin);
 	if (end > buf_size)
-		return model_fail(err,
-		                  "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
-		                  ") run past the end of the file (data buffer is %" PRIu64
-		                  " bytes)",
-		                  path, name, begin, end, buf_size);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: tensor %s: data_offsets [%" PRIu64 ", %" PRIu64
+		                 ") run past the end of the file (data buffer is %" PRIu64
+		                 " bytes)",
+		                 path, name, begin, end, buf_size);
 	if (end - begin != elems * esz)
-		return model_fail(err,
-		                  "%s: tensor %s: %" PRIu64 " bytes in data_offsets but shape "
-		                  "x %s needs %" PRIu64,
-		                  path, name, end - begin, st_dtypes[t->dtype].name, elems * esz);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: tensor %s: %" PRIu64 " bytes in data_offsets but shape "
+		                 "x %s needs %" PRIu64,
+		                 path, name, end - begin, st_dtypes[t->dtype].name, elems * esz);
 	t->offset = begin;
 	t->nbytes = end - begin;
 	return 0;
 }
 
-static int st_parse(struct st_file *f, int fd, struct model_error *err)
+static int st_parse(struct st_file *f, int fd, struct sidecar_error *err)
 {
 	const char *path = f->path;
 	unsigned char lenb[8];
 	if (f->file_size < 8)
-		return model_fail(
-		    err, "%s: truncated: %" PRIu64 " bytes, too short for a safetensors header",
-		    path, f->file_size);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: truncated: %" PRIu64
+		                 " bytes, too short for a safetensors header",
+		                 path, f->file_size);
 	if (pread_all(fd, lenb, 8, 0))
-		return model_fail(err, "%s: read: %s", path, strerror(errno));
+		return error_set(err, MOE_EIO, "%s: read: %s", path, strerror(errno));
 	uint64_t n = 0;
 	for (int i = 7; i >= 0; i--)
 		n = n << 8 | lenb[i];
 	if (n > f->file_size - 8)
-		return model_fail(err,
-		                  "%s: truncated: header length %" PRIu64
-		                  " runs past the end of the file (%" PRIu64 " bytes)",
-		                  path, n, f->file_size);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: truncated: header length %" PRIu64
+		                 " runs past the end of the file (%" PRIu64 " bytes)",
+		                 path, n, f->file_size);
 	if (n > ST_MAX_HEADER)
-		return model_fail(err, "%s: header length %" PRIu64 " exceeds %u bytes", path, n,
-		                  ST_MAX_HEADER);
+		return error_set(err, MOE_EINVAL, "%s: header length %" PRIu64 " exceeds %u bytes",
+		                 path, n, ST_MAX_HEADER);
 	char *hdr = malloc(n ? n : 1);
 	if (!hdr)
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	if (pread_all(fd, hdr, n, 8)) {
 		free(hdr);
-		return model_fail(err, "%s: read header: %s", path, strerror(errno));
+		return error_set(err, MOE_EIO, "%s: read header: %s", path, strerror(errno));
 	}
 	f->data_offset = 8 + n;
 	const uint64_t buf_size = f->file_size - f->data_offset;
 	struct json_doc *doc;
 	if (n == 0 || hdr[0] != '{') {
 		free(hdr);
-		return model_fail(err,
-		                  "%s: not a safetensors file (header does not start with "
-		                  "'{')",
-		                  path);
+		return error_set(err, MOE_EINVAL,
+		                 "%s: not a safetensors file (header does not start with "
+		                 "'{')",
+		                 path);
 	}
 	if (json_parse(hdr, n, &doc, err)) {
 		free(hdr);
-		return model_fail_prefix(err, path);
+		return error_prefix(err, path);
 	}
 	free(hdr);
 	json_ref root = json_root(doc);
 	int rc = -1;
 	struct st_tensor **sorted = NULL;
 	if (json_type_of(doc, root) != JSON_OBJECT) {
-		model_fail(err, "%s: header is not a JSON object", path);
+		error_set(err, MOE_EINVAL, "%s: header is not a JSON object", path);
 		goto out;
 	}
 	f->tensors = calloc(json_count(doc, root) + 1, sizeof(*f->tensors));
 	if (!f->tensors) {
-		model_fail(err, "%s: out of memory", path);
+		error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
 	for (json_ref m = json_first(doc, root); m != JSON_NONE; m = json_next(doc, m)) {
@@ -207,7 +211,7 @@ static int st_parse(struct st_file *f, int fd, struct model_error *err)
 	}
 	sorted = malloc((f->n_tensors + 1) * sizeof(*sorted));
 	if (!sorted) {
-		model_fail(err, "%s: out of memory", path);
+		error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++)
@@ -217,26 +221,26 @@ static int st_parse(struct st_file *f, int fd, struct model_error *err)
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct st_tensor *t = sorted[i];
 		if (t->offset < at) {
-			model_fail(err,
-			           "%s: tensors %s and %s overlap (data_offsets %" PRIu64
-			           " < %" PRIu64 ")",
-			           path, sorted[i - 1]->name, t->name, t->offset, at);
+			error_set(err, MOE_EINVAL,
+			          "%s: tensors %s and %s overlap (data_offsets %" PRIu64
+			          " < %" PRIu64 ")",
+			          path, sorted[i - 1]->name, t->name, t->offset, at);
 			goto out;
 		}
 		if (t->offset > at) {
-			model_fail(err,
-			           "%s: gap of %" PRIu64 " bytes in the data buffer before tensor "
-			           "%s (tensors must tile the buffer)",
-			           path, t->offset - at, t->name);
+			error_set(err, MOE_EINVAL,
+			          "%s: gap of %" PRIu64 " bytes in the data buffer before tensor "
+			          "%s (tensors must tile the buffer)",
+			          path, t->offset - at, t->name);
 			goto out;
 		}
 		at = t->offset + t->nbytes;
 	}
 	if (at != buf_size) {
-		model_fail(err,
-		           "%s: tensors cover %" PRIu64 " bytes but the data buffer is %" PRIu64
-		           " bytes",
-		           path, at, buf_size);
+		error_set(err, MOE_EINVAL,
+		          "%s: tensors cover %" PRIu64 " bytes but the data buffer is %" PRIu64
+		          " bytes",
+		          path, at, buf_size);
 		goto out;
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++)
@@ -248,22 +252,22 @@ out:
 	return rc;
 }
 
-int st_open(const char *path, struct st_file **out, struct model_error *err)
+int st_open(const char *path, struct st_file **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return model_fail(err, "%s: %s", path, strerror(errno));
+		return error_set_errno(err, "%s", path);
 	struct stat st;
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
 		close(fd);
-		return model_fail(err, "%s: not a regular file", path);
+		return error_set(err, MOE_EINVAL, "%s: not a regular file", path);
 	}
 	struct st_file *f = calloc(1, sizeof(*f));
 	if (!f || !(f->path = strdup(path))) {
 		free(f);
 		close(fd);
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	}
 	f->file_size = (uint64_t)st.st_size;
 	int rc = st_parse(f, fd, err);
@@ -311,11 +315,11 @@ const struct st_tensor_ref *st_find(const struct st_model *m, const char *name)
 	return NULL;
 }
 
-static int add_file(struct st_model *m, const char *path, struct model_error *err)
+static int add_file(struct st_model *m, const char *path, struct sidecar_error *err)
 {
 	struct st_file **nf = realloc(m->files, (m->n_files + 1) * sizeof(*nf));
 	if (!nf)
-		return model_fail(err, "%s: out of memory", path);
+		return error_set(err, MOE_ENOMEM, "%s: out of memory", path);
 	m->files = nf;
 	if (st_open(path, &m->files[m->n_files], err))
 		return -1;
@@ -323,14 +327,14 @@ static int add_file(struct st_model *m, const char *path, struct model_error *er
 	return 0;
 }
 
-static int build_name_index(struct st_model *m, struct model_error *err)
+static int build_name_index(struct st_model *m, struct sidecar_error *err)
 {
 	uint64_t n = 0;
 	for (uint32_t i = 0; i < m->n_files; i++)
 		n += m->files[i]->n_tensors;
 	m->by_name = malloc((n + 1) * sizeof(*m->by_name));
 	if (!m->by_name)
-		return model_fail(err, "out of memory");
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	for (uint32_t i = 0; i < m->n_files; i++)
 		for (uint64_t j = 0; j < m->files[i]->n_tensors; j++)
 			m->by_name[m->n_tensors++] =
@@ -338,29 +342,31 @@ static int build_name_index(struct st_model *m, struct model_error *err)
 	qsort(m->by_name, m->n_tensors, sizeof(*m->by_name), cmp_ref_name);
 	for (uint64_t i = 1; i < m->n_tensors; i++)
 		if (!strcmp(m->by_name[i - 1].tensor->name, m->by_name[i].tensor->name))
-			return model_fail(err, "tensor %s appears twice (%s and %s)",
-			                  m->by_name[i].tensor->name,
-			                  m->files[m->by_name[i - 1].file]->path,
-			                  m->files[m->by_name[i].file]->path);
+			return error_set(err, MOE_EINVAL, "tensor %s appears twice (%s and %s)",
+			                 m->by_name[i].tensor->name,
+			                 m->files[m->by_name[i - 1].file]->path,
+			                 m->files[m->by_name[i].file]->path);
 	return 0;
 }
 
-static char *read_small_file(const char *path, size_t limit, size_t *len, struct model_error *err)
+static char *read_small_file(const char *path, size_t limit, size_t *len, struct sidecar_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		model_fail(err, "%s: %s", path, strerror(errno));
+		error_set_errno(err, "%s", path);
 		return NULL;
 	}
 	struct stat st;
 	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > limit) {
-		model_fail(err, "%s: not a regular file of at most %zu bytes", path, limit);
+		error_set(err, MOE_EINVAL, "%s: not a regular file of at most %zu bytes", path,
+		          limit);
 		close(fd);
 		return NULL;
 	}
 	char *buf = malloc((size_t)st.st_size + 1);
 	if (!buf || pread_all(fd, buf, (size_t)st.st_size, 0)) {
-		model_fail(err, "%s: read: %s", path, buf ? strerror(errno) : "out of memory");
+		error_set(err, buf ? MOE_EIO : MOE_ENOMEM, "%s: read: %s", path,
+		          buf ? strerror(errno) : "out of memory");
 		free(buf);
 		close(fd);
 		return NULL;
@@ -377,7 +383,7 @@ static int shard_name_ok(const char *s, size_t len)
 	return len > 0 && strlen(s) == len && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
 }
 
-static int open_index(struct st_model *m, const char *index_path, struct model_error *err)
+static int open_index(struct st_model *m, const char *index_path, struct sidecar_error *err)
 {
 	size_t len;
 	char *text = read_small_file(index_path, JSON_MAX_INPUT, &len, err);
@@ -387,7 +393,7 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 	int rc = json_parse(text, len, &doc, err);
 	free(text);
 	if (rc)
-		return model_fail_prefix(err, index_path);
+		return error_prefix(err, index_path);
 	rc = -1;
 	char *dir = strdup(index_path);
 	const char **shard_names = NULL;
@@ -395,7 +401,7 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 	uint32_t *entry_shard = NULL;
 	json_ref map = json_object_get(doc, json_root(doc), "weight_map");
 	if (!dir) {
-		model_fail(err, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		goto out;
 	}
 	char *slash = strrchr(dir, '/');
@@ -404,14 +410,14 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 	else
 		dir[0] = '\0';
 	if (json_type_of(doc, map) != JSON_OBJECT || map == JSON_NONE) {
-		model_fail(err, "%s: no weight_map object", index_path);
+		error_set(err, MOE_EINVAL, "%s: no weight_map object", index_path);
 		goto out;
 	}
 	uint32_t n_entries = json_count(doc, map);
 	shard_names = calloc(n_entries + 1, sizeof(*shard_names));
 	entry_shard = calloc(n_entries + 1, sizeof(*entry_shard));
 	if (!shard_names || !entry_shard) {
-		model_fail(err, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		goto out;
 	}
 	/* distinct shard names, in first-seen order (linear in shards, which are few) */
@@ -420,8 +426,9 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 		size_t sl;
 		const char *s = json_string(doc, it, &sl);
 		if (!s || !shard_name_ok(s, sl)) {
-			model_fail(err, "%s: weight_map entry %s: shard must be a plain file name",
-			           index_path, json_key(doc, it, NULL));
+			error_set(err, MOE_EINVAL,
+			          "%s: weight_map entry %s: shard must be a plain file name",
+			          index_path, json_key(doc, it, NULL));
 			goto out;
 		}
 		uint32_t k = 0;
@@ -435,13 +442,14 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 		size_t pl = strlen(dir) + strlen(shard_names[k]) + 1;
 		char *p = malloc(pl);
 		if (!p) {
-			model_fail(err, "out of memory");
+			error_set(err, MOE_ENOMEM, "out of memory");
 			goto out;
 		}
 		snprintf(p, pl, "%s%s", dir, shard_names[k]);
-		struct model_error sub;
+		struct sidecar_error sub;
 		if (add_file(m, p, &sub)) {
-			model_fail(err, "%s: shard %s: %s", index_path, shard_names[k], sub.msg);
+			error_set(err, sub.status, "%s: shard %s: %s", index_path, shard_names[k],
+			          sub.msg);
 			free(p);
 			goto out;
 		}
@@ -454,14 +462,16 @@ static int open_index(struct st_model *m, const char *index_path, struct model_e
 		const char *name = json_key(doc, it, NULL);
 		const struct st_tensor_ref *r = st_find(m, name);
 		if (!r || r->file != entry_shard[e]) {
-			model_fail(err, "%s: tensor %s is not in shard %s as weight_map says",
-			           index_path, name, shard_names[entry_shard[e]]);
+			error_set(err, MOE_EINVAL,
+			          "%s: tensor %s is not in shard %s as weight_map says", index_path,
+			          name, shard_names[entry_shard[e]]);
 			goto out;
 		}
 	}
 	if (m->n_tensors != n_entries) {
-		model_fail(err, "%s: shards hold %" PRIu64 " tensors but weight_map lists %u",
-		           index_path, m->n_tensors, n_entries);
+		error_set(err, MOE_EINVAL,
+		          "%s: shards hold %" PRIu64 " tensors but weight_map lists %u", index_path,
+		          m->n_tensors, n_entries);
 		goto out;
 	}
 	rc = 0;
@@ -484,7 +494,7 @@ static int cmp_str(const void *a, const void *b)
 	return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static int open_dir(struct st_model *m, const char *dir, struct model_error *err)
+static int open_dir(struct st_model *m, const char *dir, struct sidecar_error *err)
 {
 	char p[4096];
 	struct stat st;
@@ -499,7 +509,7 @@ static int open_dir(struct st_model *m, const char *dir, struct model_error *err
 	}
 	DIR *d = opendir(dir);
 	if (!d)
-		return model_fail(err, "%s: %s", dir, strerror(errno));
+		return error_set_errno(err, "%s", dir);
 	char **names = NULL;
 	size_t n = 0;
 	int rc = 0;
@@ -510,7 +520,7 @@ static int open_dir(struct st_model *m, const char *dir, struct model_error *err
 		char **nn = realloc(names, (n + 1) * sizeof(*nn));
 		if (!nn || !(nn[n] = strdup(de->d_name))) {
 			names = nn ? nn : names;
-			rc = model_fail(err, "out of memory");
+			rc = error_set(err, MOE_ENOMEM, "out of memory");
 			break;
 		}
 		names = nn;
@@ -518,7 +528,8 @@ static int open_dir(struct st_model *m, const char *dir, struct model_error *err
 	}
 	closedir(d);
 	if (!rc && n == 0)
-		rc = model_fail(err, "%s: no model.safetensors.index.json or *.safetensors", dir);
+		rc = error_set(err, MOE_EINVAL,
+		               "%s: no model.safetensors.index.json or *.safetensors", dir);
 	if (!rc)
 		qsort(names, n, sizeof(*names), cmp_str);
 	for (size_t i = 0; i < n && !rc; i++) {
@@ -531,16 +542,16 @@ static int open_dir(struct st_model *m, const char *dir, struct model_error *err
 	return rc ? rc : build_name_index(m, err);
 }
 
-int st_open_model(const char *path, struct st_model **out, struct model_error *err)
+int st_open_model(const char *path, struct st_model **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct st_model *m = calloc(1, sizeof(*m));
 	if (!m)
-		return model_fail(err, "out of memory");
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	struct stat st;
 	int rc;
 	if (stat(path, &st))
-		rc = model_fail(err, "%s: %s", path, strerror(errno));
+		rc = error_set_errno(err, "%s", path);
 	else if (S_ISDIR(st.st_mode))
 		rc = open_dir(m, path, err);
 	else if (ends_with(path, ".json"))

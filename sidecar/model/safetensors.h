@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "model_error.h"
+#include "error.h"
 
 #define ST_MAX_HEADER 100000000u /* as the reference implementation */
 #define ST_MAX_DIMS 8
@@ -59,7 +59,7 @@ struct st_file {
 	struct st_tensor *tensors;
 };
 
-int st_open(const char *path, struct st_file **out, struct model_error *err);
+int st_open(const char *path, struct st_file **out, struct sidecar_error *err);
 void st_close(struct st_file *f);
 
 /* A checkpoint: one file, or the shards named by an index. */
@@ -78,7 +78,7 @@ struct st_model {
 /* path: a .safetensors file, a model.safetensors.index.json, or a directory holding either
  * model.safetensors.index.json, model.safetensors, or *.safetensors shards. With an index,
  * every shard it names must exist and every tensor must be in the shard the index says. */
-int st_open_model(const char *path, struct st_model **out, struct model_error *err);
+int st_open_model(const char *path, struct st_model **out, struct sidecar_error *err);
 void st_close_model(struct st_model *m);
 
 const struct st_tensor_ref *st_find(const struct st_model *m, const char *name);

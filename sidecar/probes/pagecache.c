@@ -101,17 +101,6 @@ __attribute__((format(printf, 3, 4))) static int fail(struct pagecache_probes *p
 	return err < 0 ? err : -err;
 }
 
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t err_len,
-                                                          const char *fmt, ...)
-{
-	if (!err || !err_len)
-		return;
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, err_len, fmt, ap);
-	va_end(ap);
-}
-
 static bool instance_name_valid(const char *name)
 {
 	size_t n = strlen(name);
@@ -126,17 +115,17 @@ static bool instance_name_valid(const char *name)
 	return true;
 }
 
-int pagecache_file_key_of(const char *path, struct pagecache_file_key *key, char *err,
-                          size_t err_len)
+int pagecache_file_key_of(const char *path, struct pagecache_file_key *key,
+                          struct sidecar_error *err)
 {
 	struct stat st;
 	if (stat(path, &st) < 0) {
 		int e = errno;
-		set_err(err, err_len, "%s: %s", path, strerror(e));
+		error_set_errno(err, "%s", path);
 		return -e;
 	}
 	if (!S_ISREG(st.st_mode)) {
-		set_err(err, err_len, "%s: not a regular file", path);
+		error_set(err, MOE_EINVAL, "%s: not a regular file", path);
 		return -EINVAL;
 	}
 	memset(key, 0, sizeof(*key));
@@ -163,13 +152,13 @@ struct cachestat_abi {
 	__u64 nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
 };
 
-int pagecache_residency_of(const char *path, struct pagecache_residency *out, char *err,
-                           size_t err_len)
+int pagecache_residency_of(const char *path, struct pagecache_residency *out,
+                           struct sidecar_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		set_err(err, err_len, "%s: %s", path, strerror(e));
+		error_set_errno(err, "%s", path);
 		return -e;
 	}
 	struct cachestat_range_abi range = {0, 0}; /* len 0: to the end of the file */
@@ -178,8 +167,8 @@ int pagecache_residency_of(const char *path, struct pagecache_residency *out, ch
 	int e = errno;
 	close(fd);
 	if (rc < 0) {
-		set_err(err, err_len, "%s: cachestat: %s%s", path, strerror(e),
-		        e == ENOSYS ? " (needs Linux 6.5+)" : "");
+		error_set(err, MOE_ESYS, "%s: cachestat: %s%s", path, strerror(e),
+		          e == ENOSYS ? " (needs Linux 6.5+)" : "");
 		return -e;
 	}
 	__u64 page = (__u64)sysconf(_SC_PAGESIZE);
@@ -840,28 +829,28 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 #endif /* MOE_PROBES_ENABLED */
 /* ---------------------------------------------------------------------------------------- */
 
-int pagecache_check_instance_name(const char *name, char *err, size_t err_len)
+int pagecache_check_instance_name(const char *name, struct sidecar_error *err)
 {
 	if (instance_name_valid(name))
 		return 0;
-	set_err(err, err_len,
-	        "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not '.' or "
-	        "'..'",
-	        name, INSTANCE_NAME_MAX);
+	error_set(err, MOE_EINVAL,
+	          "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not '.' or "
+	          "'..'",
+	          name, INSTANCE_NAME_MAX);
 	return -EINVAL;
 }
 
-int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
-                   size_t err_len)
+int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out,
+                   struct sidecar_error *err)
 {
 	*out = NULL;
 	const char *instance = opt && opt->instance ? opt->instance : "default";
-	int rc = pagecache_check_instance_name(instance, err, err_len);
+	int rc = pagecache_check_instance_name(instance, err);
 	if (rc)
 		return rc;
 	struct pagecache_probes *p = calloc(1, sizeof(*p));
 	if (!p) {
-		set_err(err, err_len, "probes: out of memory");
+		error_set(err, MOE_ENOMEM, "probes: out of memory");
 		return -ENOMEM;
 	}
 	snprintf(p->instance, sizeof(p->instance), "%s", instance);
@@ -941,9 +930,10 @@ int pagecache_watch(struct pagecache_probes *p, const char *path)
 		return fail(p, ENOSPC, "%s: cannot watch more than %d files", path,
 		            PAGECACHE_MAX_FILES);
 	struct pagecache_file_key key;
-	int rc = pagecache_file_key_of(path, &key, p->error, sizeof(p->error));
+	struct sidecar_error why = {0};
+	int rc = pagecache_file_key_of(path, &key, &why);
 	if (rc)
-		return rc;
+		return fail(p, rc, "%s", why.msg);
 	char *copy = strdup(path);
 	struct watched_file *files =
 	    copy ? realloc(p->files, (p->n_files + 1) * sizeof(*files)) : NULL;

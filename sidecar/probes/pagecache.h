@@ -17,6 +17,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "error.h"
 #endif
 
 #define PAGECACHE_MAX_FILES 1024         /* watched files per instance */
@@ -109,12 +111,12 @@ struct pagecache_stats {
  * pagecache_available() is false and pagecache_status() says "unavailable: <reason>"; every
  * other call still works (watches are recorded, counters read as zero).
  * Errors: -EINVAL (bad options, message in err), -ENOMEM. err may be NULL. */
-int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out, char *err,
-                   size_t err_len);
+int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out,
+                   struct sidecar_error *err);
 
 /* 0 if pagecache_open would accept name as an instance name, else -EINVAL with the sentence
  * it would give (err may be NULL). Needs no privilege: callers check it before any work. */
-int pagecache_check_instance_name(const char *name, char *err, size_t err_len);
+int pagecache_check_instance_name(const char *name, struct sidecar_error *err);
 
 /* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
 void pagecache_close(struct pagecache_probes *p);
@@ -155,8 +157,8 @@ int pagecache_list_pids(struct pagecache_probes *p, const char *path, __u32 *tgi
 
 /* The key the programs use for the file at path: (ino, major << 20 | minor of st_dev).
  * Errors: -errno of stat, -EINVAL if not a regular file (message in err). */
-int pagecache_file_key_of(const char *path, struct pagecache_file_key *key, char *err,
-                          size_t err_len);
+int pagecache_file_key_of(const char *path, struct pagecache_file_key *key,
+                          struct sidecar_error *err);
 
 /* Page-cache residency of one file from cachestat(2) (syscall 451, Linux 6.5+; needs no
  * privilege). Returns -ENOSYS on older kernels. */
@@ -167,8 +169,8 @@ struct pagecache_residency {
 	__u64 evicted_bytes;
 	__u64 recently_evicted_bytes;
 };
-int pagecache_residency_of(const char *path, struct pagecache_residency *out, char *err,
-                           size_t err_len);
+int pagecache_residency_of(const char *path, struct pagecache_residency *out,
+                           struct sidecar_error *err);
 
 /* Fills the derived fields of s from s->raw. */
 void pagecache_stats_derive(struct pagecache_stats *s, __u64 page_size);

@@ -85,12 +85,12 @@ static uint32_t heap_pop(struct opt_heap *h)
 }
 
 int sim_run_belady(const struct routing_trace *t, uint32_t capacity, uint32_t pin_layers,
-                   struct sim_result *out, char *err, size_t err_len)
+                   struct sim_result *out, struct sidecar_error *err)
 {
 	const uint32_t E = t->n_experts, n_ids = t->n_layers * t->n_experts;
 	if (pin_layers > t->n_layers || (uint64_t)pin_layers * E > capacity) {
-		snprintf(err, err_len, "belady: %u pinned layers do not fit in %u slots",
-		         pin_layers, capacity);
+		error_set(err, MOE_EINVAL, "belady: %u pinned layers do not fit in %u slots",
+		          pin_layers, capacity);
 		return -ENOSPC;
 	}
 	const uint32_t cap = capacity - pin_layers * E;
@@ -103,7 +103,7 @@ int sim_run_belady(const struct routing_trace *t, uint32_t capacity, uint32_t pi
 	};
 	int rc = -ENOMEM;
 	if (!next_use || !last || !h.ids || !h.pos || !h.key) {
-		snprintf(err, err_len, "belady: out of memory for %u references", t->n_refs);
+		error_set(err, MOE_ENOMEM, "belady: out of memory for %u references", t->n_refs);
 		goto out;
 	}
 	for (uint32_t i = 0; i < n_ids; i++) {

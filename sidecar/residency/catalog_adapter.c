@@ -7,11 +7,11 @@
 #include <string.h>
 
 static int add(struct expert_map *map, uint32_t layer, uint32_t expert, const struct moe_extent *e,
-               int8_t *role, uint32_t *count, char *err, size_t err_len)
+               int8_t *role, uint32_t *count, struct sidecar_error *err)
 {
 	if (!e->length)
 		return 0;
-	int rc = expert_map_add(map, layer, expert, e->file, e->offset, e->length, err, err_len);
+	int rc = expert_map_add(map, layer, expert, e->file, e->offset, e->length, err);
 	if (rc)
 		return rc;
 	if (role)
@@ -21,23 +21,23 @@ static int add(struct expert_map *map, uint32_t layer, uint32_t expert, const st
 }
 
 int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *map,
-                            struct expert_extent_roles *roles, uint32_t *model_layer, char *err,
-                            size_t err_len)
+                            struct expert_extent_roles *roles, uint32_t *model_layer,
+                            struct sidecar_error *err)
 {
 	const struct moe_model_hparams *info = &cat->info;
 	if (!info->n_moe_layers || !info->n_experts) {
-		snprintf(err, err_len, "catalog: the model has no routed experts");
+		error_set(err, MOE_EINVAL, "catalog: the model has no routed experts");
 		return -EINVAL;
 	}
 	const char **paths = malloc(cat->n_files * sizeof(char *));
 	if (!paths) {
-		snprintf(err, err_len, "catalog adapter: out of memory");
+		error_set(err, MOE_ENOMEM, "catalog adapter: out of memory");
 		return -ENOMEM;
 	}
 	for (uint32_t f = 0; f < cat->n_files; f++)
 		paths[f] = cat->files[f].path;
-	int rc = expert_map_init(map, info->n_moe_layers, info->n_experts, cat->n_files, paths, err,
-	                         err_len);
+	int rc =
+	    expert_map_init(map, info->n_moe_layers, info->n_experts, cat->n_files, paths, err);
 	free(paths);
 	if (rc)
 		return rc;
@@ -47,8 +47,8 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 		if (!cat->layers[l].moe)
 			continue;
 		if (moe >= info->n_moe_layers) {
-			snprintf(err, err_len, "catalog: more MoE layers than n_moe_layers=%u",
-			         info->n_moe_layers);
+			error_set(err, MOE_EINVAL, "catalog: more MoE layers than n_moe_layers=%u",
+			          info->n_moe_layers);
 			rc = -EINVAL;
 			break;
 		}
@@ -63,33 +63,32 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 				const struct moe_proj_ref *pr = &e->proj[p];
 				if (!pr->present)
 					continue;
-				rc = add(map, moe, x, &pr->data, &here.data[p], &count, err,
-				         err_len);
+				rc = add(map, moe, x, &pr->data, &here.data[p], &count, err);
 				const uint64_t room = moe_proj_kernel_bytes(pr);
 				if (!rc && (pr->layout == MOE_LAYOUT_INT4_CT ||
 				            pr->layout == MOE_LAYOUT_INT4_GPTQ))
-					rc = expert_map_set_room(map, moe, x, room, err, err_len);
+					rc = expert_map_set_room(map, moe, x, room, err);
 				if (!rc)
 					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,
-					         err, err_len);
+					         err);
 				if (!rc)
 					rc = add(map, moe, x, &pr->zeros, &here.zeros[p], &count,
-					         err, err_len);
+					         err);
 				if (!rc)
-					rc = add(map, moe, x, &pr->bias, &here.bias[p], &count, err,
-					         err_len);
+					rc =
+					    add(map, moe, x, &pr->bias, &here.bias[p], &count, err);
 			}
 			if (rc)
 				break;
 			if (!count) {
-				snprintf(err, err_len, "catalog: layer %u expert %u has no weights",
-				         l, x);
+				error_set(err, MOE_EINVAL,
+				          "catalog: layer %u expert %u has no weights", l, x);
 				rc = -EINVAL;
 			} else if (moe == 0 && x == 0) {
 				first = here;
 			} else if (memcmp(&first, &here, sizeof(here)) != 0) {
-				snprintf(
-				    err, err_len,
+				error_set(
+				    err, MOE_EINVAL,
 				    "catalog: layer %u expert %u is stored differently from layer "
 				    "%u expert 0 (projections, scales or biases differ)",
 				    l, x, model_layer ? model_layer[0] : 0);
@@ -99,8 +98,8 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 		moe++;
 	}
 	if (rc == 0 && moe != info->n_moe_layers) {
-		snprintf(err, err_len, "catalog: %u MoE layers found, n_moe_layers says %u", moe,
-		         info->n_moe_layers);
+		error_set(err, MOE_EINVAL, "catalog: %u MoE layers found, n_moe_layers says %u",
+		          moe, info->n_moe_layers);
 		rc = -EINVAL;
 	}
 	if (rc) {

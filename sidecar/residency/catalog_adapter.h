@@ -25,7 +25,7 @@ struct expert_extent_roles {
 /* Fills `map` (expert_map_free releases it). model_layer, if not NULL, receives
  * cat->info.n_moe_layers entries. */
 int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *map,
-                            struct expert_extent_roles *roles, uint32_t *model_layer, char *err,
-                            size_t err_len);
+                            struct expert_extent_roles *roles, uint32_t *model_layer,
+                            struct sidecar_error *err);
 
 #endif

@@ -13,6 +13,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
+
 #define EXPERT_MAX_EXTENTS 12u
 #define EXPERT_MAX_FILES 4096u
 
@@ -34,13 +36,13 @@ struct expert_map {
 };
 
 int expert_map_init(struct expert_map *map, uint32_t n_layers, uint32_t n_experts, uint32_t n_files,
-                    const char *const *paths, char *err, size_t err_len);
+                    const char *const *paths, struct sidecar_error *err);
 /* Appends an extent to (layer, expert). */
 int expert_map_add(struct expert_map *map, uint32_t layer, uint32_t expert, uint32_t file,
-                   uint64_t offset, uint64_t length, char *err, size_t err_len);
+                   uint64_t offset, uint64_t length, struct sidecar_error *err);
 /* Sets the room (struct expert_extent) of (layer, expert)'s last extent; room >= its length. */
 int expert_map_set_room(struct expert_map *map, uint32_t layer, uint32_t expert, uint64_t room,
-                        char *err, size_t err_len);
+                        struct sidecar_error *err);
 void expert_map_free(struct expert_map *map);
 
 static inline const struct expert_extent *expert_map_extents(const struct expert_map *map,

@@ -510,11 +510,11 @@ static void memlock_hint(int rc, const char *what, uint64_t bytes, char *hint, s
 	         what, (unsigned long long)(lim.rlim_cur >> 10));
 }
 
-int loader_start(struct residency *r, char *err, size_t err_len)
+int loader_start(struct residency *r, struct sidecar_error *err)
 {
 	struct loader *l = calloc(1, sizeof(*l));
 	if (!l) {
-		snprintf(err, err_len, "loader: out of memory");
+		error_set(err, MOE_ENOMEM, "loader: out of memory");
 		return -ENOMEM;
 	}
 	r->loader = l;
@@ -531,8 +531,8 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
 	if (!l->ops || !l->free_ops || !l->loads || !l->issue_demand.slots ||
 	    !l->issue_prefetch.slots) {
-		snprintf(err, err_len, "loader: out of memory for %u reads, %u slots", l->depth,
-		         n_slots);
+		error_set(err, MOE_ENOMEM, "loader: out of memory for %u reads, %u slots", l->depth,
+		          n_slots);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < l->depth; i++)
@@ -546,7 +546,7 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	l->wake_fd = eventfd(0, EFD_CLOEXEC);
 	if (l->wake_fd < 0) {
 		int e = errno;
-		snprintf(err, err_len, "loader: eventfd: %s", strerror(e));
+		error_set(err, MOE_ESYS, "loader: eventfd: %s", strerror(e));
 		return -e;
 	}
 	/* Two entries per read (read + linked timeout), plus wake, cancel and slack. */
@@ -555,8 +555,8 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	if (rc < 0) {
 		char hint[320];
 		memlock_hint(rc, "its rings", 0, hint, sizeof(hint));
-		snprintf(err, err_len, "loader: io_uring_queue_init(%u entries): %s%s", entries,
-		         strerror(-rc), hint);
+		error_set(err, MOE_ESYS, "loader: io_uring_queue_init(%u entries): %s%s", entries,
+		          strerror(-rc), hint);
 		return rc;
 	}
 	l->ring_ready = true;
@@ -580,7 +580,7 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 		l->slots_per_buffer = (uint32_t)per;
 		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
 		if (!iov) {
-			snprintf(err, err_len, "loader: out of memory");
+			error_set(err, MOE_ENOMEM, "loader: out of memory");
 			return -ENOMEM;
 		}
 		for (uint64_t b = 0; b < n_bufs; b++) {
@@ -608,7 +608,7 @@ int loader_start(struct residency *r, char *err, size_t err_len)
 	}
 	rc = pthread_create(&l->thread, NULL, loader_main, l);
 	if (rc) {
-		snprintf(err, err_len, "loader: pthread_create: %s", strerror(rc));
+		error_set(err, MOE_ESYS, "loader: pthread_create: %s", strerror(rc));
 		return -rc;
 	}
 	l->thread_started = true;

@@ -72,12 +72,12 @@ static int parse_modifier(const char *mod, uint32_t *count)
 	return -1;
 }
 
-int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len)
+int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_error *err)
 {
 	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
 	char buf[96];
 	if (strlen(text) >= sizeof(buf)) {
-		snprintf(err, err_len, "policy '%.40s…': name too long", text);
+		error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
 		return -EINVAL;
 	}
 	strcpy(buf, text);
@@ -90,8 +90,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size
 	if (kind < 0) {
 		char kinds[96];
 		list_kinds(kinds, sizeof(kinds));
-		snprintf(err, err_len, "policy '%s': unknown algorithm '%s' (%s)", text,
-		         base ? base : "", kinds);
+		error_set(err, MOE_EINVAL, "policy '%s': unknown algorithm '%s' (%s)", text,
+		          base ? base : "", kinds);
 		return -EINVAL;
 	}
 	s.kind = (enum policy_kind)kind;
@@ -103,8 +103,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size
 		default: {
 			char mods[96];
 			list_modifiers(mods, sizeof(mods));
-			snprintf(err, err_len, "policy '%s': unknown modifier '+%s' (%s)", text,
-			         mod, mods);
+			error_set(err, MOE_EINVAL, "policy '%s': unknown modifier '+%s' (%s)", text,
+			          mod, mods);
 			return -EINVAL;
 		}
 		}
@@ -121,29 +121,29 @@ void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len)
 }
 
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
-                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned, char *err,
-                  size_t err_len)
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
+                  struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
 	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL) {
-		snprintf(err, err_len, "policy: bad model shape %u layers × %u experts", n_layers,
-		         n_experts);
+		error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
+		          n_layers, n_experts);
 		return -EINVAL;
 	}
 	if (spec->pin_layers > n_layers) {
-		snprintf(err, err_len, "policy: +pin%u but the model has %u layers",
-		         spec->pin_layers, n_layers);
+		error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
+		          spec->pin_layers, n_layers);
 		return -EINVAL;
 	}
 	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
 	/* The unpinned layers need one slot at least, or their first demand never loads. */
 	const uint64_t need = pinned + (spec->pin_layers < n_layers);
 	if (need > capacity) {
-		snprintf(err, err_len,
-		         "policy: %u pinned layers need %llu slots%s but the capacity is %u slots",
-		         spec->pin_layers, (unsigned long long)pinned,
-		         spec->pin_layers < n_layers ? " and the other layers one more" : "",
-		         capacity);
+		error_set(err, MOE_EINVAL,
+		          "policy: %u pinned layers need %llu slots%s but the capacity is %u slots",
+		          spec->pin_layers, (unsigned long long)pinned,
+		          spec->pin_layers < n_layers ? " and the other layers one more" : "",
+		          capacity);
 		return -ENOSPC;
 	}
 	p->spec = *spec;
@@ -164,8 +164,8 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
 	    !p->in_queue || !p->visited || !p->heat) {
 		policy_destroy(p);
-		snprintf(err, err_len, "policy: out of memory for %u experts",
-		         n_layers * n_experts);
+		error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
+		          n_layers * n_experts);
 		return -ENOMEM;
 	}
 	for (uint32_t i = 0; i < p->n_partitions; i++)

@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
+
 #define POLICY_NONE UINT32_MAX
 #define POLICY_FULL (UINT32_MAX - 1) /* policy_make_room: cannot admit now */
 
@@ -55,7 +57,7 @@ struct policy_spec {
 #define POLICY_DEFAULT_SPEC "sieve+layer"
 
 /* Parses "lru", "sieve+layer+pin2", …; on error writes a message naming the bad part. */
-int policy_spec_parse(const char *text, struct policy_spec *out, char *err, size_t err_len);
+int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_error *err);
 /* What policy_spec_parse accepts, from the same tables, for help texts:
  * "lru, sieve, sieve-heat; modifiers +layer, +pinN". */
 void policy_spec_help(char *buf, size_t len);
@@ -93,8 +95,8 @@ struct residency_policy {
  * of one slot or more serves every layer, also with +layer and fewer slots than layers (see
  * policy_make_room). */
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
-                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned, char *err,
-                  size_t err_len);
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
+                  struct sidecar_error *err);
 void policy_destroy(struct residency_policy *p);
 
 static inline uint32_t policy_id(const struct residency_policy *p, uint32_t layer, uint32_t expert)

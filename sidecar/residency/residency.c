@@ -384,7 +384,7 @@ int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *m
 	return 0;
 }
 
-int residency_warm_pinned(struct residency *r, char *err, size_t err_len)
+int residency_warm_pinned(struct residency *r, struct sidecar_error *err)
 {
 	const uint32_t pinned = r->policy.spec.pin_layers;
 	struct expert_ref ref;
@@ -399,7 +399,11 @@ int residency_warm_pinned(struct residency *r, char *err, size_t err_len)
 				} else if (rc == -EPERM || (pass == 0 && rc == -EINPROGRESS)) {
 					continue;
 				} else {
-					residency_error_message(r, l, x, err, err_len);
+					if (err) {
+						err->status = error_status_from_errno(-rc);
+						residency_error_message(r, l, x, err->msg,
+						                        sizeof(err->msg));
+					}
 					return rc;
 				}
 			}
@@ -549,7 +553,7 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 
 /* ---- creation ---- */
 
-static int open_model_files(struct residency *r, char *err, size_t err_len)
+static int open_model_files(struct residency *r, struct sidecar_error *err)
 {
 	const struct expert_map *m = r->map;
 	r->alignment = SLOT_ALIGN;
@@ -572,7 +576,7 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 		}
 		if (fd < 0) {
 			int e = errno;
-			snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+			error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
 			return -e;
 		}
 		r->fds[f] = fd;
@@ -584,9 +588,9 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 			                 : stx.stx_dio_mem_align;
 			if (a > r->alignment) {
 				if (a & (a - 1) || a > (1u << 21)) {
-					snprintf(err, err_len,
-					         "%s: unusable direct-I/O alignment %u bytes", path,
-					         a);
+					error_set(err, MOE_EINVAL,
+					          "%s: unusable direct-I/O alignment %u bytes",
+					          path, a);
 					return -EINVAL;
 				}
 				r->alignment = a;
@@ -603,7 +607,7 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 		struct stat st;
 		if (fstat(r->fds[f], &st) != 0) {
 			int e = errno;
-			snprintf(err, err_len, "%s: fstat: %s", m->paths[f], strerror(e));
+			error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
 			return -e;
 		}
 		for (uint32_t id = 0; id < r->n_ids; id++) {
@@ -612,8 +616,8 @@ static int open_model_files(struct residency *r, char *err, size_t err_len)
 			for (uint32_t i = 0; i < n; i++)
 				if (ext[i].file == f &&
 				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
-					snprintf(
-					    err, err_len,
+					error_set(
+					    err, MOE_EINVAL,
 					    "%s: layer %u expert %u: extent [%llu, +%llu) beyond "
 					    "the end of the file (%llu bytes)",
 					    m->paths[f], id / r->n_experts, id % r->n_experts,
@@ -662,12 +666,12 @@ void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *a
 }
 
 int residency_create(struct residency **out, const struct expert_map *map,
-                     const struct residency_config *config, char *err, size_t err_len)
+                     const struct residency_config *config, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct residency *r = calloc(1, sizeof(*r));
 	if (!r) {
-		snprintf(err, err_len, "residency: out of memory");
+		error_set(err, MOE_ENOMEM, "residency: out of memory");
 		return -ENOMEM;
 	}
 	r->map = map;
@@ -681,10 +685,10 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	if (!r->config.read_timeout_ms)
 		r->config.read_timeout_ms = 10000;
 	if (r->config.queue_depth > 4096 || r->config.max_retries > 1000) {
-		snprintf(err, err_len,
-		         "residency: queue depth %u (max 4096) or retries %u (max "
-		         "1000) out of range",
-		         r->config.queue_depth, r->config.max_retries);
+		error_set(err, MOE_EINVAL,
+		          "residency: queue depth %u (max 4096) or retries %u (max "
+		          "1000) out of range",
+		          r->config.queue_depth, r->config.max_retries);
 		free(r);
 		return -EINVAL;
 	}
@@ -702,7 +706,7 @@ int residency_create(struct residency **out, const struct expert_map *map,
 		r->post_load_msg = calloc(r->n_ids, sizeof(*r->post_load_msg));
 	if (!r->entries || !r->layout || !r->fds || !r->buffered ||
 	    (config->post_load && !r->post_load_msg)) {
-		snprintf(err, err_len, "residency: out of memory for %u experts", r->n_ids);
+		error_set(err, MOE_ENOMEM, "residency: out of memory for %u experts", r->n_ids);
 		goto fail;
 	}
 	for (uint32_t f = 0; f < map->n_files; f++)
@@ -710,38 +714,38 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	for (uint32_t id = 0; id < r->n_ids; id++) {
 		r->entries[id].slot = SLOT_NONE;
 		if (!map->n_extents[id]) {
-			snprintf(err, err_len,
-			         "residency: layer %u expert %u has no bytes in the map",
-			         id / r->n_experts, id % r->n_experts);
+			error_set(err, MOE_EINVAL,
+			          "residency: layer %u expert %u has no bytes in the map",
+			          id / r->n_experts, id % r->n_experts);
 			rc = -EINVAL;
 			goto fail;
 		}
 	}
-	rc = open_model_files(r, err, err_len);
+	rc = open_model_files(r, err);
 	if (rc)
 		goto fail;
 	if (r->config.chunk_bytes % r->alignment)
 		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
 	uint64_t slot_bytes = compute_layout(r);
-	rc = slot_pool_create(&r->pool, config->numa_node, config->mem_budget, slot_bytes, err,
-	                      err_len);
+	rc = slot_pool_create(&r->pool, config->numa_node, config->mem_budget, slot_bytes, err);
 	if (rc)
 		goto fail;
 	struct policy_spec spec;
-	rc = policy_spec_parse(r->config.policy, &spec, err, err_len);
+	rc = policy_spec_parse(r->config.policy, &spec, err);
 	if (rc)
 		goto fail;
-	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err,
-	                   err_len);
+	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err);
 	if (rc == -ENOSPC) {
 		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
 		                      (spec.pin_layers < r->n_layers ? 1 : 0);
-		const size_t used = strlen(err);
-		snprintf(err + used, err_len - used,
-		         " (a budget of %llu bytes: %u slots of %zu bytes); the smallest budget "
-		         "that serves this policy is %llu bytes",
-		         (unsigned long long)r->config.mem_budget, r->pool.n_slots,
-		         r->pool.slot_bytes, (unsigned long long)(need * r->pool.slot_bytes));
+		const size_t used = err ? strlen(err->msg) : sizeof(err->msg);
+		if (err && used < sizeof(err->msg))
+			snprintf(
+			    err->msg + used, sizeof(err->msg) - used,
+			    " (a budget of %llu bytes: %u slots of %zu bytes); the smallest budget "
+			    "that serves this policy is %llu bytes",
+			    (unsigned long long)r->config.mem_budget, r->pool.n_slots,
+			    r->pool.slot_bytes, (unsigned long long)(need * r->pool.slot_bytes));
 	}
 	if (rc)
 		goto fail;
@@ -750,11 +754,11 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	r->demand.ids = malloc(r->demand.cap * sizeof(uint32_t));
 	r->prefetch.ids = malloc(r->prefetch.cap * sizeof(uint32_t));
 	if (!r->demand.ids || !r->prefetch.ids) {
-		snprintf(err, err_len, "residency: out of memory for the load queues");
+		error_set(err, MOE_ENOMEM, "residency: out of memory for the load queues");
 		rc = -ENOMEM;
 		goto fail;
 	}
-	rc = loader_start(r, err, err_len);
+	rc = loader_start(r, err);
 	if (rc)
 		goto fail;
 	*out = r;

@@ -21,8 +21,12 @@
  * submits and reaps I/O without the lock and takes it only to pick up work and publish
  * results; waiters sleep on a condition variable.
  *
- * Errors: negative errno values; residency_error_message formats a failed expert's error
- * with its file, offset and retry count.
+ * Errors: set-up calls (residency_create, residency_warm_pinned) return a negative errno and
+ * fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path calls
+ * (residency_acquire, prefetch, release, …) return a bare negative errno — -EINPROGRESS,
+ * -EAGAIN, -EPERM, -EIO … — which is a status the caller acts on, not a report: they take no
+ * error record and build no message; residency_error_message formats a failed expert's error
+ * with its file, offset and retry count when the caller wants one.
  */
 #ifndef MOE_RESIDENCY_H
 #define MOE_RESIDENCY_H
@@ -115,7 +119,7 @@ struct residency;
  * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
  * must outlive the residency. */
 int residency_create(struct residency **out, const struct expert_map *map,
-                     const struct residency_config *config, char *err, size_t err_len);
+                     const struct residency_config *config, struct sidecar_error *err);
 /* Stops the loader (cancelling reads in flight; waiters get -ESHUTDOWN), frees everything.
  * No reference may be held. */
 void residency_destroy(struct residency *r);
@@ -125,7 +129,7 @@ void residency_destroy(struct residency *r);
 int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask);
 
 /* Loads every expert of the pinned layers and waits; the first failure is returned. */
-int residency_warm_pinned(struct residency *r, char *err, size_t err_len);
+int residency_warm_pinned(struct residency *r, struct sidecar_error *err);
 
 #define RESIDENCY_NOWAIT 1u /* return -EINPROGRESS / -EAGAIN instead of waiting */
 #define RESIDENCY_RETRY 2u  /* follow-up to a NOWAIT call that was counted: not counted again */

@@ -113,7 +113,7 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed_loads);
 
 /* loader.c */
-int loader_start(struct residency *r, char *err, size_t err_len);
+int loader_start(struct residency *r, struct sidecar_error *err);
 void loader_wake(struct residency *r); /* new work queued (call without the lock) */
 void loader_stop(struct residency *r); /* cancel in-flight reads, join the thread */
 bool loader_buffers_registered(const struct residency *r);

@@ -25,11 +25,11 @@ struct sim_result {
  * hints for the next line's experts (a perfect one-layer lookahead: the upper bound of what
  * the engine's hints can give; only sieve-heat uses hints). */
 int sim_run_policy(const struct routing_trace *t, const struct policy_spec *spec, uint32_t capacity,
-                   bool lookahead, struct sim_result *out, char *err, size_t err_len);
+                   bool lookahead, struct sim_result *out, struct sidecar_error *err);
 
 /* Belady's OPT under the same rules: on a miss with the cache full, evict the resident expert
  * whose next reference is farthest in the future. */
 int sim_run_belady(const struct routing_trace *t, uint32_t capacity, uint32_t pin_layers,
-                   struct sim_result *out, char *err, size_t err_len);
+                   struct sim_result *out, struct sidecar_error *err);
 
 #endif

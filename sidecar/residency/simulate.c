@@ -25,17 +25,17 @@ static float scaled_score(const struct routing_trace *t, uint32_t ref)
 }
 
 int sim_run_policy(const struct routing_trace *t, const struct policy_spec *spec, uint32_t capacity,
-                   bool lookahead, struct sim_result *out, char *err, size_t err_len)
+                   bool lookahead, struct sim_result *out, struct sidecar_error *err)
 {
 	struct residency_policy p;
-	int rc = policy_create(&p, spec, t->n_layers, t->n_experts, capacity, 0, err, err_len);
+	int rc = policy_create(&p, spec, t->n_layers, t->n_experts, capacity, 0, err);
 	if (rc)
 		return rc;
 	const uint32_t E = t->n_experts;
 	uint8_t *resident = calloc(p.n_ids, 1);
 	uint32_t *stamp = calloc(p.n_ids, sizeof(*stamp));
 	if (!resident || !stamp) {
-		snprintf(err, err_len, "simulate: out of memory");
+		error_set(err, MOE_ENOMEM, "simulate: out of memory");
 		rc = -ENOMEM;
 		goto out;
 	}

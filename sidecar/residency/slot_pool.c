@@ -26,21 +26,21 @@ static uint64_t free_huge_pages(void)
 }
 
 int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
-                     char *err, size_t err_len)
+                     struct sidecar_error *err)
 {
 	memset(pool, 0, sizeof(*pool));
 	pool->node = -1;
 	if (!slot_bytes || slot_bytes > ((size_t)1 << 40)) {
-		snprintf(err, err_len, "slot pool: bad slot size %zu bytes", slot_bytes);
+		error_set(err, MOE_EINVAL, "slot pool: bad slot size %zu bytes", slot_bytes);
 		return -EINVAL;
 	}
 	slot_bytes = (slot_bytes + SLOT_ALIGN - 1) & ~(size_t)(SLOT_ALIGN - 1);
 	uint64_t n = budget / slot_bytes;
 	if (n == 0) {
-		snprintf(err, err_len,
-		         "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
-		         "expert, aligned); the smallest budget that serves is %zu bytes",
-		         (unsigned long long)budget, slot_bytes, slot_bytes);
+		error_set(err, MOE_EINVAL,
+		          "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
+		          "expert, aligned); the smallest budget that serves is %zu bytes",
+		          (unsigned long long)budget, slot_bytes, slot_bytes);
 		return -ENOSPC;
 	}
 	if (n >= SLOT_NONE)
@@ -67,8 +67,9 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		    mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (base == MAP_FAILED) {
 			int e = errno;
-			snprintf(err, err_len, "slot pool: mmap of %zu bytes (%u slots of %zu): %s",
-			         bytes, pool->n_slots, slot_bytes, strerror(e));
+			error_set(err, e == ENOMEM ? MOE_ENOMEM : MOE_ESYS,
+			          "slot pool: mmap of %zu bytes (%u slots of %zu): %s", bytes,
+			          pool->n_slots, slot_bytes, strerror(e));
 			return -e;
 		}
 		pool->thp_advised = madvise(base, bytes, MADV_HUGEPAGE) == 0;
@@ -82,8 +83,9 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 	(void)madvise(base, bytes, MADV_DONTFORK);
 	if (node >= 0 && numa_available() >= 0) {
 		if (node > numa_max_node()) {
-			snprintf(err, err_len, "slot pool: NUMA node %d does not exist (max %d)",
-			         node, numa_max_node());
+			error_set(err, MOE_EINVAL,
+			          "slot pool: NUMA node %d does not exist (max %d)", node,
+			          numa_max_node());
 			slot_pool_destroy(pool);
 			return -EINVAL;
 		}
@@ -99,8 +101,8 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 
 	pool->free_slots = malloc((size_t)pool->n_slots * sizeof(uint32_t));
 	if (!pool->free_slots) {
-		snprintf(err, err_len, "slot pool: out of memory for %u slot indices",
-		         pool->n_slots);
+		error_set(err, MOE_ENOMEM, "slot pool: out of memory for %u slot indices",
+		          pool->n_slots);
 		slot_pool_destroy(pool);
 		return -ENOMEM;
 	}

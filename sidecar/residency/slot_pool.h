@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
+
 #define SLOT_ALIGN 4096u
 #define SLOT_NONE UINT32_MAX
 
@@ -37,7 +39,7 @@ struct slot_pool {
 /* Creates the pool: `budget` bytes on `node` (-1: wherever), slots of `slot_bytes` rounded up
  * to SLOT_ALIGN. Fails with a message if the budget holds no slot or the mapping fails. */
 int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
-                     char *err, size_t err_len);
+                     struct sidecar_error *err);
 void slot_pool_destroy(struct slot_pool *pool);
 
 static inline uint8_t *slot_pool_addr(const struct slot_pool *pool, uint32_t slot)

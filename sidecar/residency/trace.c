@@ -116,16 +116,21 @@ static int parse_score(struct cursor *c, float *out)
 	return 0;
 }
 
-static int parse_err(char *err, size_t err_len, const char *name, uint64_t line_no, const char *fmt,
-                     ...) __attribute__((format(printf, 5, 6)));
-static int parse_err(char *err, size_t err_len, const char *name, uint64_t line_no, const char *fmt,
-                     ...)
+/* "name:line: " and the message; returns -EINVAL, the parser's one error code. */
+static int parse_err(struct sidecar_error *err, int status, const char *name, uint64_t line_no,
+                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int parse_err(struct sidecar_error *err, int status, const char *name, uint64_t line_no,
+                     const char *fmt, ...)
 {
-	int n = snprintf(err, err_len, "%s:%llu: ", name, (unsigned long long)line_no);
-	if (n >= 0 && (size_t)n < err_len) {
+	if (!err)
+		return -EINVAL;
+	err->status = status;
+	int n =
+	    snprintf(err->msg, sizeof(err->msg), "%s:%llu: ", name, (unsigned long long)line_no);
+	if (n >= 0 && (size_t)n < sizeof(err->msg)) {
 		va_list ap;
 		va_start(ap, fmt);
-		vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
+		vsnprintf(err->msg + n, sizeof(err->msg) - (size_t)n, fmt, ap);
 		va_end(ap);
 	}
 	return -EINVAL;
@@ -173,80 +178,80 @@ struct step_layers {
 };
 
 static int parse_body_line(struct cursor *c, struct routing_trace *t, struct step_layers *seen,
-                           const char *name, uint64_t line_no, char *err, size_t err_len)
+                           const char *name, uint64_t line_no, struct sidecar_error *err)
 {
 	uint32_t step, layer;
 	if (parse_u32(c, &step))
-		return parse_err(err, err_len, name, line_no, "expected a step number");
+		return parse_err(err, MOE_EINVAL, name, line_no, "expected a step number");
 	if (t->n_lines && step < t->lines[t->n_lines - 1].step)
-		return parse_err(err, err_len, name, line_no,
+		return parse_err(err, MOE_EINVAL, name, line_no,
 		                 "step %u after step %u (steps never "
 		                 "decrease)",
 		                 step, t->lines[t->n_lines - 1].step);
 	skip_blanks(c);
 	if (parse_u32(c, &layer))
-		return parse_err(err, err_len, name, line_no, "expected a layer number");
+		return parse_err(err, MOE_EINVAL, name, line_no, "expected a layer number");
 	if (layer >= t->n_layers)
-		return parse_err(err, err_len, name, line_no, "layer %u out of range (n_layers %u)",
-		                 layer, t->n_layers);
+		return parse_err(err, MOE_EINVAL, name, line_no,
+		                 "layer %u out of range (n_layers %u)", layer, t->n_layers);
 	if (!t->n_lines || step != t->lines[t->n_lines - 1].step)
 		seen->epoch++;
 	if (seen->layer_epoch[layer] == seen->epoch)
-		return parse_err(err, err_len, name, line_no,
+		return parse_err(err, MOE_EINVAL, name, line_no,
 		                 "step %u layer %u listed twice (one line per step and layer)",
 		                 step, layer);
 	seen->layer_epoch[layer] = seen->epoch;
 	skip_blanks(c);
 	if (trace_append_line(t, step, layer))
-		return parse_err(err, err_len, name, line_no, "out of memory");
+		return parse_err(err, MOE_ENOMEM, name, line_no, "out of memory");
 	const uint32_t first = t->n_refs;
 	for (;;) {
 		uint32_t id;
 		float score = -1;
 		if (parse_u32(c, &id))
-			return parse_err(err, err_len, name, line_no, "expected an expert id");
+			return parse_err(err, MOE_EINVAL, name, line_no, "expected an expert id");
 		if (id >= t->n_experts)
-			return parse_err(err, err_len, name, line_no,
+			return parse_err(err, MOE_EINVAL, name, line_no,
 			                 "expert id %u out of range (n_experts %u)", id,
 			                 t->n_experts);
 		bool has_score = c->p < c->end && *c->p == ':';
 		if (has_score) {
 			c->p++;
 			if (parse_score(c, &score) || !(score <= 1.0f))
-				return parse_err(err, err_len, name, line_no,
+				return parse_err(err, MOE_EINVAL, name, line_no,
 				                 "expert %u: score is not a number in [0, 1]", id);
 		}
 		if (t->n_lines == 1 && first == 0 && t->n_refs == 0) {
 			t->scored = has_score;
 		} else if (has_score != t->scored) {
-			return parse_err(err, err_len, name, line_no,
+			return parse_err(err, MOE_EINVAL, name, line_no,
 			                 "expert %u: %s score (a trace is scored throughout or not "
 			                 "at all)",
 			                 id, has_score ? "unexpected" : "missing");
 		}
 		for (uint32_t i = first; i < t->n_refs; i++)
 			if (t->ids[i] == id)
-				return parse_err(err, err_len, name, line_no,
+				return parse_err(err, MOE_EINVAL, name, line_no,
 				                 "expert %u listed twice", id);
 		if (t->n_refs - first >= t->top_k)
-			return parse_err(err, err_len, name, line_no, "more than top_k=%u experts",
-			                 t->top_k);
+			return parse_err(err, MOE_EINVAL, name, line_no,
+			                 "more than top_k=%u experts", t->top_k);
 		if (trace_append_ref(t, id, score))
-			return parse_err(err, err_len, name, line_no, "out of memory");
+			return parse_err(err, MOE_ENOMEM, name, line_no, "out of memory");
 		if (c->p < c->end && *c->p == ',') {
 			c->p++;
 			continue;
 		}
 		skip_blanks(c);
 		if (c->p != c->end)
-			return parse_err(err, err_len, name, line_no,
+			return parse_err(err, MOE_EINVAL, name, line_no,
 			                 "unexpected '%c' after the expert list", *c->p);
 		return 0;
 	}
 }
 
 int trace_parse(const char *text, size_t len, const char *name, struct routing_trace *out,
-                char *err, size_t err_len)
+                struct sidecar_error *err)
 {
 	struct routing_trace t = {0};
 	struct step_layers seen = {0};
@@ -264,13 +269,13 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 		if (c.p == c.end || *c.p == '#')
 			continue;
 		if (memchr(c.p, '\0', (size_t)(c.end - c.p))) {
-			rc = parse_err(err, err_len, name, line_no, "NUL byte in a text trace");
+			rc = parse_err(err, MOE_EINVAL, name, line_no, "NUL byte in a text trace");
 			goto fail;
 		}
 		if (!have_header) {
 			int h = parse_header(&c, &t);
 			if (h) {
-				rc = parse_err(err, err_len, name, line_no, "%s",
+				rc = parse_err(err, MOE_EINVAL, name, line_no, "%s",
 				               h == -1   ? "not a trace: expected 'moe-trace 1 ...'"
 				               : h == -2 ? "unsupported trace version (expected 1)"
 				               : h == -3
@@ -283,21 +288,22 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 			have_header = true;
 			seen.layer_epoch = calloc(t.n_layers, sizeof(uint32_t));
 			if (!seen.layer_epoch) {
-				rc = parse_err(err, err_len, name, line_no, "out of memory");
+				rc = parse_err(err, MOE_ENOMEM, name, line_no, "out of memory");
 				goto fail;
 			}
 			continue;
 		}
-		rc = parse_body_line(&c, &t, &seen, name, line_no, err, err_len);
+		rc = parse_body_line(&c, &t, &seen, name, line_no, err);
 		if (rc)
 			goto fail;
 	}
 	if (!have_header) {
-		rc = parse_err(err, err_len, name, line_no, "empty trace: no 'moe-trace' header");
+		rc =
+		    parse_err(err, MOE_EINVAL, name, line_no, "empty trace: no 'moe-trace' header");
 		goto fail;
 	}
 	if (!t.n_lines) {
-		rc = parse_err(err, err_len, name, line_no, "trace has a header but no lines");
+		rc = parse_err(err, MOE_EINVAL, name, line_no, "trace has a header but no lines");
 		goto fail;
 	}
 	free(seen.layer_epoch);
@@ -309,30 +315,30 @@ fail:
 	return rc;
 }
 
-int trace_load(const char *path, struct routing_trace *out, char *err, size_t err_len)
+int trace_load(const char *path, struct routing_trace *out, struct sidecar_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		snprintf(err, err_len, "%s: cannot open: %s", path, strerror(e));
+		error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
 		return -e;
 	}
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int e = errno;
-		snprintf(err, err_len, "%s: fstat: %s", path, strerror(e));
+		error_set(err, MOE_ESYS, "%s: fstat: %s", path, strerror(e));
 		close(fd);
 		return -e;
 	}
 	if (!S_ISREG(st.st_mode) || st.st_size > (off_t)1 << 34) {
-		snprintf(err, err_len, "%s: not a regular file of at most 16 GiB", path);
+		error_set(err, MOE_EINVAL, "%s: not a regular file of at most 16 GiB", path);
 		close(fd);
 		return -EINVAL;
 	}
 	size_t size = (size_t)st.st_size;
 	char *buf = malloc(size ? size : 1);
 	if (!buf) {
-		snprintf(err, err_len, "%s: out of memory for %zu bytes", path, size);
+		error_set(err, MOE_ENOMEM, "%s: out of memory for %zu bytes", path, size);
 		close(fd);
 		return -ENOMEM;
 	}
@@ -343,8 +349,8 @@ int trace_load(const char *path, struct routing_trace *out, char *err, size_t er
 			continue;
 		if (n <= 0) {
 			int e = n < 0 ? errno : EIO;
-			snprintf(err, err_len, "%s: read: %s", path,
-			         n < 0 ? strerror(e) : "file shrank while reading");
+			error_set(err, MOE_EIO, "%s: read: %s", path,
+			          n < 0 ? strerror(e) : "file shrank while reading");
 			free(buf);
 			close(fd);
 			return -e;
@@ -352,7 +358,7 @@ int trace_load(const char *path, struct routing_trace *out, char *err, size_t er
 		done += (size_t)n;
 	}
 	close(fd);
-	int rc = trace_parse(buf, size, path, out, err, err_len);
+	int rc = trace_parse(buf, size, path, out, err);
 	free(buf);
 	return rc;
 }
@@ -398,13 +404,13 @@ int trace_write(FILE *f, const struct routing_trace *t)
 
 /* ---- generator ---- */
 
-int trace_gen_preset(const char *model, struct trace_gen_params *out, char *err, size_t err_len)
+int trace_gen_preset(const char *model, struct trace_gen_params *out, struct sidecar_error *err)
 {
 	const struct moe_model_preset *p = moe_model_preset_find(model);
 	if (!p) {
 		char names[256];
 		moe_model_preset_names(names, sizeof(names), ", ");
-		snprintf(err, err_len, "unknown model preset '%s' (%s)", model, names);
+		error_set(err, MOE_EINVAL, "unknown model preset '%s' (%s)", model, names);
 		return -EINVAL;
 	}
 	*out = (struct trace_gen_params){
@@ -459,26 +465,26 @@ static bool contains(const uint32_t *a, uint32_t n, uint32_t v)
 	return false;
 }
 
-int trace_generate(const struct trace_gen_params *g, struct routing_trace *out, char *err,
-                   size_t err_len)
+int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
+                   struct sidecar_error *err)
 {
 	if (!g->n_layers || g->n_layers > TRACE_MAX_LAYERS || !g->n_experts ||
 	    g->n_experts > TRACE_MAX_EXPERTS || !g->top_k || g->top_k > TRACE_MAX_TOPK ||
 	    g->top_k > g->n_experts || (uint64_t)g->n_layers * g->n_experts > TRACE_MAX_IDS) {
-		snprintf(err, err_len, "generator: bad shape %u layers × %u experts, top_k %u",
-		         g->n_layers, g->n_experts, g->top_k);
+		error_set(err, MOE_EINVAL, "generator: bad shape %u layers × %u experts, top_k %u",
+		          g->n_layers, g->n_experts, g->top_k);
 		return -EINVAL;
 	}
 	if (!g->steps || !(g->zipf_s >= 0 && g->zipf_s <= 10) ||
 	    !(g->reuse >= 0 && g->reuse <= 1) || !(g->layer_corr >= 0 && g->layer_corr <= 1) ||
 	    !(g->drift >= 0 && g->drift <= 1)) {
-		snprintf(err, err_len,
-		         "generator: steps must be ≥ 1, zipf in [0, 10], reuse, "
-		         "layer-corr and drift in [0, 1]");
+		error_set(err, MOE_EINVAL,
+		          "generator: steps must be ≥ 1, zipf in [0, 10], reuse, "
+		          "layer-corr and drift in [0, 1]");
 		return -EINVAL;
 	}
 	if ((uint64_t)g->steps * g->n_layers * g->top_k > UINT32_MAX / 2) {
-		snprintf(err, err_len, "generator: %u steps make too large a trace", g->steps);
+		error_set(err, MOE_EINVAL, "generator: %u steps make too large a trace", g->steps);
 		return -EINVAL;
 	}
 	const uint32_t L = g->n_layers, E = g->n_experts, K = g->top_k;
@@ -492,7 +498,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out, 
 	uint32_t n_prev_layer = 0;
 	int rc = -ENOMEM;
 	if (!rank_to_expert || !layer_map || !cdf || !prev_token) {
-		snprintf(err, err_len, "generator: out of memory");
+		error_set(err, MOE_ENOMEM, "generator: out of memory");
 		goto out;
 	}
 	/* Zipf CDF over ranks; rank r has weight 1/(r+1)^s. */
@@ -553,7 +559,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out, 
 					cur[n++] = e;
 			}
 			if (trace_append_line(&t, step, l)) {
-				snprintf(err, err_len, "generator: out of memory");
+				error_set(err, MOE_ENOMEM, "generator: out of memory");
 				goto out;
 			}
 			/* Router-like scores: softmax of descending random logits. */
@@ -565,7 +571,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out, 
 			}
 			for (uint32_t i = 0; i < K; i++)
 				if (trace_append_ref(&t, cur[i], (float)(exp(logits[i]) / z))) {
-					snprintf(err, err_len, "generator: out of memory");
+					error_set(err, MOE_ENOMEM, "generator: out of memory");
 					goto out;
 				}
 			memcpy(&prev_token[l * K], cur, K * sizeof(uint32_t));

@@ -26,6 +26,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "error.h"
+
 #define TRACE_MAX_LAYERS 4096u
 #define TRACE_MAX_EXPERTS 65536u
 #define TRACE_MAX_TOPK 64u
@@ -50,8 +52,8 @@ struct routing_trace {
 /* Parses a trace held in memory (need not be NUL-terminated). `name` prefixes messages
  * ("trace.txt:17: expert id 300 out of range (n_experts 256)"). */
 int trace_parse(const char *text, size_t len, const char *name, struct routing_trace *out,
-                char *err, size_t err_len);
-int trace_load(const char *path, struct routing_trace *out, char *err, size_t err_len);
+                struct sidecar_error *err);
+int trace_load(const char *path, struct routing_trace *out, struct sidecar_error *err);
 int trace_write(FILE *f, const struct routing_trace *t);
 /* The same format a line at a time (a recorder): the header; one (step, layer) line of count
  * ids with their scores (NULL: unscored). trace_write_line returns the bytes written, or
@@ -79,8 +81,8 @@ struct trace_gen_params {
 /* A model preset's routing shape (sidecar/model/presets.h, the names moe-gen takes: its MoE
  * layers, experts and top-k; e.g. deepseek-v3: 58 MoE layers, 256 experts, top-8) with the
  * default skew/reuse/drift below. */
-int trace_gen_preset(const char *model, struct trace_gen_params *out, char *err, size_t err_len);
-int trace_generate(const struct trace_gen_params *params, struct routing_trace *out, char *err,
-                   size_t err_len);
+int trace_gen_preset(const char *model, struct trace_gen_params *out, struct sidecar_error *err);
+int trace_generate(const struct trace_gen_params *params, struct routing_trace *out,
+                   struct sidecar_error *err);
 
 #endif

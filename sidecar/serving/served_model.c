@@ -97,11 +97,12 @@ int serve_model_check_config(const struct serve_model_config *cfg, char *err, si
 		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why)
 		           : fail(err, err_len, "%s", why);
 	struct policy_spec spec;
-	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, why, sizeof(why)) != 0)
-		return fail(err, err_len, "--%s", why); /* "--policy 'x': unknown …" */
+	struct sidecar_error cause = {0};
+	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, &cause) != 0)
+		return fail(err, err_len, "--%s", cause.msg); /* "--policy 'x': unknown …" */
 	if (cfg->probes_instance &&
-	    pagecache_check_instance_name(cfg->probes_instance, why, sizeof(why)) != 0)
-		return fail(err, err_len, "--probes-instance: %s", why);
+	    pagecache_check_instance_name(cfg->probes_instance, &cause) != 0)
+		return fail(err, err_len, "--probes-instance: %s", cause.msg);
 	return 0;
 }
 
@@ -173,7 +174,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	m->fail_loads = cfg->fail_loads;
 #endif
 
-	struct model_error merr;
+	struct sidecar_error merr;
 	memset(&merr, 0, sizeof(merr));
 	if (moe_catalog_open(cfg->path, &m->cat, &merr) != 0) {
 		fail(err, err_len, "%s", merr.msg);
@@ -203,10 +204,10 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	 * one warning when they are unavailable is ours, with a hint when another sidecar owns
 	 * the instance name (two sidecars on one host need one name each). */
 	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
-	char perr[256] = "";
-	int prc = pagecache_open(&popt, &m->probes, perr, sizeof(perr));
+	struct sidecar_error perr = {0};
+	int prc = pagecache_open(&popt, &m->probes, &perr);
 	if (prc < 0) {
-		fail(err, err_len, "probes: %s", perr[0] ? perr : strerror(-prc));
+		fail(err, err_len, "probes: %s", perr.msg[0] ? perr.msg : strerror(-prc));
 		goto fail;
 	}
 	if (!pagecache_available(m->probes)) {

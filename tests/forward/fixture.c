@@ -34,7 +34,7 @@ int fwd_model_make(struct fwd_model *m, const struct fwd_model_spec *s, char *er
 	    .int4 = s->int4,
 	    .group = s->group,
 	};
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	if (moe_gen_write(&opt, &merr) != 0 || moe_catalog_open(m->path, &m->cat, &merr) != 0) {
 		snprintf(err, err_len, "%s", merr.msg);
 		fwd_model_free(m);

@@ -358,7 +358,7 @@ Test(forward_hf, malformed_scales_refused_by_the_catalog)
 	memcpy(shape, "[4,8,512]", 9);
 	write_at(path, hdr, hlen, 8);
 	free(hdr);
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	struct moe_catalog *cat = NULL;
 	cr_assert_neq(moe_catalog_open(m.path, &cat, &merr), 0, "a wrong scales shape opened");
 	cr_assert(strstr(merr.msg, "gate_up_proj_scales") && strstr(merr.msg, "scales"),
@@ -419,15 +419,14 @@ Test(forward_hf, residency_post_load_hook)
 	             (ssize_t)(HOOK_EXPERTS * stride + 8192));
 	close(fd);
 	struct expert_map map;
-	char err[256];
+	struct sidecar_error err = {0};
 	const char *paths[1] = {path};
-	cr_assert_eq(expert_map_init(&map, 1, HOOK_EXPERTS, 1, paths, err, sizeof(err)), 0, "%s",
-	             err);
+	cr_assert_eq(expert_map_init(&map, 1, HOOK_EXPERTS, 1, paths, &err), 0, "%s", err.msg);
 	for (uint32_t e = 0; e < HOOK_EXPERTS; e++)
 		for (uint32_t k = 0; k < 2; k++)
 			cr_assert_eq(expert_map_add(&map, 0, e, 0, 1 + e * stride + k * HOOK_EXTENT,
-			                            HOOK_EXTENT, err, sizeof(err)),
-			             0, "%s", err);
+			                            HOOK_EXTENT, &err),
+			             0, "%s", err.msg);
 	struct hook_seen seen = {.creator = pthread_self()};
 	/* Room for two experts: every expert after the first two evicts one. */
 	struct residency_config rc = {.numa_node = -1,
@@ -437,12 +436,12 @@ Test(forward_hf, residency_post_load_hook)
 	                              .post_load = invert_or_fail,
 	                              .post_load_arg = &seen};
 	struct residency *r;
-	cr_assert_eq(residency_create(&r, &map, &rc, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(residency_create(&r, &map, &rc, &err), 0, "%s", err.msg);
 	struct residency_counters c;
 	residency_counters(r, &c);
 	residency_destroy(r);
 	rc.mem_budget = 2 * c.slot_bytes;
-	cr_assert_eq(residency_create(&r, &map, &rc, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(residency_create(&r, &map, &rc, &err), 0, "%s", err.msg);
 	residency_counters(r, &c);
 	cr_assert_eq(c.slots, 2);
 	uint32_t loads = 0;

@@ -14,7 +14,7 @@ import sys
 ALLOWED = {
     "proto": [],
     "kernels": [],
-    "sidecar/util": ["proto"],
+    "sidecar/util": ["proto"],  # error.h (enum moe_status), spin_wait.c (moe_cpu_relax)
     "sidecar/model": ["kernels", "sidecar/util", "proto"],
     "sidecar/probes": ["sidecar/util"],
     "sidecar/residency": ["sidecar/model", "kernels", "sidecar/util", "proto"],

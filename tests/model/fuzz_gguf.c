@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct gguf_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	if (gguf_open(fuzz_input_path(data, size), &f, &err))
 		return 0;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {

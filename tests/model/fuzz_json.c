@@ -26,7 +26,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	if (json_parse((const char *)data, size, &doc, &err) == 0) {
 		walk(doc, json_root(doc), 0);
 		(void)json_object_get(doc, json_root(doc), "weight_map");

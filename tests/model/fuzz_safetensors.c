@@ -58,7 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct st_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	const char *path = fuzz_input_path(data, size);
 	if (st_open(path, &f, &err) == 0) {
 		uint64_t covered = 0;

@@ -72,7 +72,7 @@ static void check_case(const char *dir, const struct gen_case *c)
 	char out[512], path[600], ref_path[600];
 	for (size_t t = 0; t < sizeof(thread_counts) / sizeof(thread_counts[0]); t++) {
 		struct moe_gen_options o = c->opt;
-		struct model_error err = {0};
+		struct sidecar_error err = {0};
 		snprintf(out, sizeof(out), "%s/t%u", dir, thread_counts[t]);
 		if (mkdir(out, 0755) != 0 && errno != EEXIST) {
 			CHECK(0, "mkdir %s: %s", out, strerror(errno));
@@ -189,7 +189,7 @@ int main(void)
 		                            .ffn = 256,
 		                            .experts = 8,
 		                            .threads = threads};
-		struct model_error err = {0};
+		struct sidecar_error err = {0};
 		CHECK(moe_gen_write(&o, &err) == -1, "writing to /dev/full succeeded");
 		CHECK(strstr(err.msg, "full.gguf: write: ") != NULL,
 		      "error names the file and the write: '%s'", err.msg);
@@ -198,7 +198,7 @@ int main(void)
 	                                   .out = full,
 	                                   .format = MOEK_Q8_0,
 	                                   .threads = MOE_GEN_MAX_THREADS + 1};
-	struct model_error err = {0};
+	struct sidecar_error err = {0};
 	CHECK(moe_gen_write(&too_many, &err) == -1 && strstr(err.msg, "threads"),
 	      "more than MOE_GEN_MAX_THREADS threads is refused: '%s'", err.msg);
 	nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -21,14 +21,14 @@ static void generate(const char *preset, const char *out, uint32_t format, uint3
 	                            .ffn = 256,
 	                            .experts = 4,
 	                            .alignment = alignment};
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s", err.msg);
 }
 
 static struct moe_catalog *open_ok(const char *path)
 {
 	struct moe_catalog *cat;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_catalog_open(path, &cat, &err), 0, "%s", err.msg);
 	return cat;
 }
@@ -116,7 +116,7 @@ Test(catalog, dense_layers_from_config)
 	moe_catalog_close(cat);
 
 	rewrite(cfg, "\"mlp_only_layers\": []", "\"mlp_only_layers\": [1, 9]");
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_catalog_open(p, &cat, &err), -1);
 	cr_assert_not_null(strstr(err.msg, "mlp_only_layers holds a bad layer index"), "%s",
 	                   err.msg);
@@ -185,7 +185,7 @@ Test(catalog, inspect_text_and_json)
 	snprintf(args, sizeof(args), "%s --json", p);
 	cr_assert_eq(run_inspect(args, &out), 0, "%s", out);
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(json_parse(out, strlen(out), &doc, &err), 0, "%s: %s", err.msg, out);
 	json_ref r = json_root(doc);
 	uint64_t v;

@@ -101,22 +101,25 @@ static void gguf_rejects(const void *bytes, size_t n, const char *needle)
 	char *p = path_in("bad.gguf");
 	write_file(p, bytes, n);
 	struct gguf_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(gguf_open(p, &f, &err), -1, "accepted a file that should fail with '%s'",
 	             needle);
 	cr_assert_not_null(strstr(err.msg, needle), "error '%s' lacks '%s'", err.msg, needle);
 	cr_assert_not_null(strstr(err.msg, "bad.gguf"), "error '%s' lacks the file name", err.msg);
+	cr_assert_eq(err.status, MOE_EINVAL, "'%s': status %d", err.msg, err.status);
 }
 
-static void catalog_rejects(const char *path, const char *needle, const char *needle2)
+/* Returns the refusal's status. */
+static int catalog_rejects(const char *path, const char *needle, const char *needle2)
 {
 	struct moe_catalog *cat;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_catalog_open(path, &cat, &err), -1, "accepted %s", path);
 	cr_assert_not_null(strstr(err.msg, needle), "error '%s' lacks '%s'", err.msg, needle);
 	if (needle2)
 		cr_assert_not_null(strstr(err.msg, needle2), "error '%s' lacks '%s'", err.msg,
 		                   needle2);
+	return err.status;
 }
 
 /* Replaces the first occurrence of `from` in the file by `to` (same length). */
@@ -146,7 +149,7 @@ static void generate(const char *preset, const char *out, uint32_t format, uint3
 	                            .experts = 4,
 	                            .shards = shards,
 	                            .per_expert = per_expert};
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s", err.msg);
 }
 
@@ -202,11 +205,12 @@ Test(corrupt, gguf_truncated_anywhere)
 		char *q = path_in("cut.gguf");
 		write_file(q, full, cut);
 		struct gguf_file *f;
-		struct model_error err;
+		struct sidecar_error err;
 		cr_assert_eq(gguf_open(q, &f, &err), -1, "cut at %zu accepted", cut);
 		cr_assert(strstr(err.msg, "truncated") || strstr(err.msg, "runs past the end"),
 		          "cut at %zu: '%s'", cut, err.msg);
 		cr_assert_not_null(strstr(err.msg, "cut.gguf"));
+		cr_assert_eq(err.status, MOE_EINVAL, "cut at %zu: status %d", cut, err.status);
 	}
 	free(full);
 }
@@ -284,7 +288,7 @@ Test(corrupt, gguf_nested_arrays_read_and_bounded)
 	char *p = path_in("nested.gguf");
 	write_file(p, g.buf, g.len);
 	struct gguf_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(gguf_open(p, &f, &err), 0, "%s", err.msg);
 	const struct gguf_kv *kv = gguf_find_kv(f, "nested");
 	cr_assert_not_null(kv);
@@ -310,11 +314,15 @@ Test(corrupt, gguf_nested_arrays_read_and_bounded)
 Test(corrupt, gguf_missing_split_and_wrong_split)
 {
 	generate("olmoe", path_in("m.gguf"), MOEK_Q8_0, 3, false);
-	catalog_rejects(path_in("m-00002-of-00003.gguf"), "is split 2 of 3",
-	                "open the first split");
+	cr_assert_eq(catalog_rejects(path_in("m-00002-of-00003.gguf"), "is split 2 of 3",
+	                             "open the first split"),
+	             MOE_EINVAL);
 	cr_assert_eq(unlink(path_in("m-00002-of-00003.gguf")), 0);
-	catalog_rejects(path_in("m-00001-of-00003.gguf"), "missing or bad split 2 of 3",
-	                "m-00002-of-00003.gguf: No such file");
+	/* the split's own failure (open: ENOENT) is the status passed up */
+	cr_assert_eq(catalog_rejects(path_in("m-00001-of-00003.gguf"),
+	                             "missing or bad split 2 of 3",
+	                             "m-00002-of-00003.gguf: No such file"),
+	             MOE_ESYS);
 }
 
 Test(corrupt, gguf_unsupported_expert_type)
@@ -385,10 +393,11 @@ static void st_rejects(const char *header, size_t data_bytes, const char *needle
 	char *p = path_in("bad.safetensors");
 	st_write(p, header, data_bytes);
 	struct st_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(st_open(p, &f, &err), -1, "accepted header %s", header);
 	cr_assert_not_null(strstr(err.msg, needle), "error '%s' lacks '%s'", err.msg, needle);
 	cr_assert_not_null(strstr(err.msg, "bad.safetensors"), "'%s' lacks the file", err.msg);
+	cr_assert_eq(err.status, MOE_EINVAL, "'%s': status %d", err.msg, err.status);
 }
 
 Test(corrupt, safetensors_truncated_header)
@@ -396,7 +405,7 @@ Test(corrupt, safetensors_truncated_header)
 	char *p = path_in("bad.safetensors");
 	write_file(p, "\x10\x00\x00", 3);
 	struct st_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(st_open(p, &f, &err), -1);
 	cr_assert_not_null(strstr(err.msg, "truncated"), "%s", err.msg);
 	unsigned char hdr[12] = {0xff, 0xff, 0, 0, 0, 0, 0, 0, '{', '}', ' ', ' '};
@@ -469,7 +478,8 @@ Test(corrupt, hf_missing_shard_and_wrong_index)
 	size_t len;
 	char *shard_bytes = slurp(shard, &len);
 	cr_assert_eq(unlink(shard), 0);
-	catalog_rejects(d, "shard model-00002-of-00003.safetensors", "No such file");
+	cr_assert_eq(catalog_rejects(d, "shard model-00002-of-00003.safetensors", "No such file"),
+	             MOE_ESYS);
 	write_file(shard, shard_bytes, len);
 	free(shard_bytes);
 	/* point one tensor at the wrong shard */
@@ -535,7 +545,7 @@ Test(corrupt, neither_gguf_nor_safetensors_is_not_a_model)
 		char *p = path_in(files[i].name);
 		write_file(p, files[i].bytes, files[i].len);
 		struct moe_catalog *cat;
-		struct model_error err;
+		struct sidecar_error err;
 		cr_assert_eq(moe_catalog_open(p, &cat, &err), -1, "accepted %s", p);
 		cr_expect(strstr(err.msg, files[i].name) && strstr(err.msg, "not a model") &&
 		              strstr(err.msg, "neither a GGUF file") &&

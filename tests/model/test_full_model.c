@@ -21,7 +21,7 @@
 #define EXPERTS 4u
 
 static int generate(const char *preset, const char *out, uint32_t format, bool full,
-                    uint32_t shards, uint32_t threads, struct model_error *err)
+                    uint32_t shards, uint32_t threads, struct sidecar_error *err)
 {
 	struct moe_gen_options o = {.preset = preset,
 	                            .out = out,
@@ -41,7 +41,7 @@ static int generate(const char *preset, const char *out, uint32_t format, bool f
 static void generate_ok(const char *preset, const char *out, uint32_t format, bool full,
                         uint32_t shards)
 {
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(generate(preset, out, format, full, shards, 0, &err), 0, "%s: %s", preset,
 	             err.msg);
 }
@@ -49,7 +49,7 @@ static void generate_ok(const char *preset, const char *out, uint32_t format, bo
 static struct moe_catalog *open_catalog(const char *path)
 {
 	struct moe_catalog *cat;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_catalog_open(path, &cat, &err), 0, "%s: %s", path, err.msg);
 	return cat;
 }
@@ -232,7 +232,7 @@ Test(full_model, qwen3_safetensors_names_and_config)
 	snprintf(p, sizeof(p), "%s/q", d);
 	generate_ok("qwen3-30b-a3b", p, MOEK_BF16, true, 0);
 	struct st_model *m;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(st_open_model(p, &m, &err), 0, "%s", err.msg);
 	const struct want global[] = {
 	    {"model.embed_tokens.weight", 2, {VOCAB, HIDDEN}, ST_BF16},
@@ -353,7 +353,7 @@ Test(full_model, qwen3_gguf_names_keys_tokenizer)
 	snprintf(p, sizeof(p), "%s/q.gguf", d);
 	generate_ok("qwen3-30b-a3b", p, MOEK_Q4_K, true, 0);
 	struct gguf_file *f;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(gguf_open(p, &f, &err), 0, "%s", err.msg);
 	const struct want global[] = {
 	    {"token_embd.weight", 2, {HIDDEN, VOCAB}, MOEK_F16},
@@ -444,7 +444,7 @@ Test(full_model, other_architectures_names)
 {
 	char *d = scratch_dir();
 	char p[512];
-	struct model_error err;
+	struct sidecar_error err;
 
 	/* DeepSeek-V3 at hidden 256: 4 heads; q/kv LoRA ranks 64; nope = v = 128, rope 64;
 	 * dense FFN 768 (18432 scaled, rounded up to 256); layers 0-2 dense, 3 MoE */
@@ -568,7 +568,7 @@ Test(full_model, output_independent_of_threads)
 {
 	char *d = scratch_dir();
 	char a[512], b[512];
-	struct model_error err;
+	struct sidecar_error err;
 	snprintf(a, sizeof(a), "%s/a.gguf", d);
 	snprintf(b, sizeof(b), "%s/b.gguf", d);
 	cr_assert_eq(generate("deepseek-v3", a, MOEK_Q4_K, true, 0, 1, &err), 0, "%s", err.msg);
@@ -584,7 +584,7 @@ Test(full_model, output_independent_of_threads)
 
 static void refused(struct moe_gen_options o, const char *needle)
 {
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_gen_write(&o, &err), -1, "accepted (wanted: %s)", needle);
 	cr_assert(strstr(err.msg, needle), "'%s' does not say '%s'", err.msg, needle);
 }

@@ -34,7 +34,7 @@ static void generate(const char *out, enum moe_gen_int4 int4, uint32_t group)
 	                            .experts = 4,
 	                            .int4 = int4,
 	                            .group = group};
-	struct model_error err = {{0}};
+	struct sidecar_error err = {0};
 	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s", err.msg);
 }
 
@@ -73,7 +73,7 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 	snprintf(out, sizeof(out), "%s/hf", dir);
 	generate(out, int4, group);
 	struct moe_catalog *cat;
-	struct model_error err = {{0}};
+	struct sidecar_error err = {0};
 	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
 	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT ? MOE_QUANT_INT4_CT : MOE_QUANT_GPTQ);
 	cr_assert_eq(cat->quant.group, group);
@@ -186,7 +186,7 @@ static void expect_refusal(enum moe_gen_int4 int4, uint32_t group, const char *f
 	strcat(edited, at + strlen(from));
 	write_file(cfg, edited, strlen(edited));
 	struct moe_catalog *cat = NULL;
-	struct model_error err = {{0}};
+	struct sidecar_error err = {0};
 	cr_assert_eq(moe_catalog_open(out, &cat, &err), -1, "%s -> %s accepted", from, to);
 	char full[1024];
 	snprintf(full, sizeof(full), want, dir, dir);
@@ -250,7 +250,7 @@ Test(int4_checkpoint, gptq_permuted_g_idx_refused)
 	generate(out, MOE_GEN_INT4_GPTQ, 128);
 	snprintf(file, sizeof(file), "%s/model.safetensors", out);
 	struct st_file *st;
-	struct model_error err = {{0}};
+	struct sidecar_error err = {0};
 	cr_assert_eq(st_open(file, &st, &err), 0, "%s", err.msg);
 	uint64_t off = 0;
 	for (uint64_t i = 0; i < st->n_tensors; i++)
@@ -288,7 +288,7 @@ Test(int4_checkpoint, generator_refuses_int4_without_an_encoding)
 	                            .hidden = HIDDEN,
 	                            .ffn = FFN,
 	                            .experts = 4};
-	struct model_error err = {{0}};
+	struct sidecar_error err = {0};
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_str_eq(err.msg, "INT4_G32 is the sidecar's load-time layout: write an INT4 "
 	                          "checkpoint with --format int4-ct or gptq");

@@ -8,7 +8,7 @@
 static struct json_doc *parse_ok(const char *s)
 {
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	int rc = json_parse(s, strlen(s), &doc, &err);
 	cr_assert_eq(rc, 0, "parse failed: %s", err.msg);
 	return doc;
@@ -17,7 +17,7 @@ static struct json_doc *parse_ok(const char *s)
 static void parse_fails(const char *s, size_t len, const char *needle)
 {
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(json_parse(s, len, &doc, &err), -1, "accepted: %.*s", (int)len, s);
 	cr_assert_not_null(strstr(err.msg, needle), "error '%s' lacks '%s'", err.msg, needle);
 }
@@ -88,7 +88,7 @@ Test(json, nesting_is_limited)
 	memset(deep + 65, ']', 65);
 	parse_fails(deep, 130, "nesting deeper than 64");
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(json_parse(deep + 1, 128, &doc, &err), 0, "64 levels rejected: %s", err.msg);
 	json_free(doc);
 }

@@ -140,7 +140,7 @@ static void check_model(const struct case_spec *c)
 	                            .shards = c->shards,
 	                            .per_expert = c->per_expert,
 	                            .mix = c->mix};
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s %s: moe_gen_write: %s", c->preset,
 	             moe_format_name(c->format), err.msg);
 	char open_path[600];
@@ -401,7 +401,7 @@ Test(generator, mix_refusals)
 {
 	char *dir = scratch_dir();
 	char out[512];
-	struct model_error err;
+	struct sidecar_error err;
 	snprintf(out, sizeof(out), "%s/hf", dir);
 	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
 	                            .out = out,

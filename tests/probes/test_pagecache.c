@@ -81,11 +81,11 @@ static void evict_test_file(void)
 	cr_assert_eq(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
 	close(fd);
 	struct pagecache_residency r;
-	char err[256];
-	int rc = pagecache_residency_of(test_file, &r, err, sizeof(err));
+	struct sidecar_error err = {0};
+	int rc = pagecache_residency_of(test_file, &r, &err);
 	if (rc == -ENOSYS)
 		return; /* kernel < 6.5: trust DONTNEED */
-	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(rc, 0, "%s", err.msg);
 	cr_assert_eq(r.cached_bytes, 0, "%llu bytes still cached after DONTNEED",
 	             (unsigned long long)r.cached_bytes);
 }
@@ -98,11 +98,12 @@ static void instance_name(char *buf, size_t len, const char *test)
 /* Opens probes for this test or skips it with the reason. */
 static struct pagecache_probes *probes_or_skip(const char *test, bool per_pid)
 {
-	char name[64], err[256];
+	char name[64];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), test);
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = name, .per_pid = per_pid, .quiet = true};
-	cr_assert_eq(pagecache_open(&opt, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&opt, &p, &err), 0, "%s", err.msg);
 	if (!pagecache_available(p)) {
 		char why[800];
 		snprintf(why, sizeof(why), "%s", pagecache_status(p));
@@ -331,8 +332,8 @@ Test(probes, buffered_read_fills_the_file_size, .fini = remove_test_file)
 	cr_expect_float_eq(s.bypass_ratio, 0.0, 1e-12);
 
 	struct pagecache_residency r;
-	char err[256];
-	if (pagecache_residency_of(test_file, &r, err, sizeof(err)) == 0)
+	struct sidecar_error err = {0};
+	if (pagecache_residency_of(test_file, &r, &err) == 0)
 		cr_expect_eq(r.cached_bytes, FILE_SIZE, "cachestat: %llu bytes resident",
 		             (unsigned long long)r.cached_bytes);
 	pagecache_close(p);
@@ -413,7 +414,7 @@ Test(probes, bpftool_dump_of_pinned_counters_matches_the_library, .fini = remove
 
 	struct pagecache_stats s = read_file_stats(p);
 	struct pagecache_file_key key;
-	cr_assert_eq(pagecache_file_key_of(test_file, &key, NULL, 0), 0);
+	cr_assert_eq(pagecache_file_key_of(test_file, &key, NULL), 0);
 	char ino[64];
 	snprintf(ino, sizeof(ino), "\"ino\":%llu", (unsigned long long)key.ino);
 	const char *entry = strstr(json, ino);
@@ -506,11 +507,12 @@ Test(probes, unprivileged_child_gets_one_warning_and_unavailable, .fini = remove
 		close(err_pipe[0]);
 		if (setgroups(0, NULL) || setgid(nobody->pw_gid) || setuid(nobody->pw_uid))
 			_exit(10);
-		char name[64], err[256];
+		char name[64];
+		struct sidecar_error err = {0};
 		instance_name(name, sizeof(name), "nobody");
 		struct pagecache_probes *p;
 		struct pagecache_options opt = {.instance = name};
-		if (pagecache_open(&opt, &p, err, sizeof(err)) != 0)
+		if (pagecache_open(&opt, &p, &err) != 0)
 			_exit(11);
 		if (pagecache_available(p))
 			_exit(12);
@@ -576,11 +578,12 @@ Test(probes, pins_are_private_and_removed_on_close)
 Test(probes, live_instance_is_not_taken_over)
 {
 	struct pagecache_probes *owner = probes_or_skip("live", false);
-	char name[64], err[256], want[64];
+	char name[64], want[64];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), "live");
 	struct pagecache_probes *second;
 	struct pagecache_options opt = {.instance = name, .quiet = true};
-	cr_assert_eq(pagecache_open(&opt, &second, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&opt, &second, &err), 0, "%s", err.msg);
 	cr_expect_not(pagecache_available(second));
 	snprintf(want, sizeof(want), "in use by pid %d", (int)getpid());
 	cr_expect(strstr(pagecache_status(second), want), "status: %s", pagecache_status(second));
@@ -600,8 +603,7 @@ static pid_t leave_stale_instance(const char *name)
 		struct pagecache_probes *p;
 		struct pagecache_options opt = {
 		    .instance = name, .quiet = true, .stale_grace_s = -1};
-		char ok =
-		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
+		char ok = pagecache_open(&opt, &p, NULL) == 0 && pagecache_available(p) ? 'y' : 'n';
 		if (write(ready[1], &ok, 1) != 1)
 			_exit(1);
 		pause(); /* killed without closing: its pins stay behind */
@@ -621,7 +623,8 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 {
 	struct pagecache_probes *probe = probes_or_skip("stale-check", false);
 	pagecache_close(probe); /* BPF works here; now the real test */
-	char name[64], err[256];
+	char name[64];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), "stale");
 	const pid_t child = leave_stale_instance(name);
 	char dir[256];
@@ -631,7 +634,7 @@ Test(probes, stale_pins_of_a_killed_instance_are_replaced, .fini = remove_test_f
 
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = name, .quiet = true};
-	cr_assert_eq(pagecache_open(&opt, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&opt, &p, &err), 0, "%s", err.msg);
 	cr_assert(pagecache_available(p), "%s", pagecache_status(p));
 	cr_expect_eq(pagecache_replaced_stale_pid(p), child);
 	/* The replacement counts. */
@@ -662,8 +665,7 @@ static pid_t leave_zombie_instance(const char *name)
 		struct pagecache_probes *p;
 		struct pagecache_options opt = {
 		    .instance = name, .quiet = true, .stale_grace_s = -1};
-		char ok =
-		    pagecache_open(&opt, &p, NULL, 0) == 0 && pagecache_available(p) ? 'y' : 'n';
+		char ok = pagecache_open(&opt, &p, NULL) == 0 && pagecache_available(p) ? 'y' : 'n';
 		if (write(ready[1], &ok, 1) != 1)
 			_exit(1);
 		pause();
@@ -684,14 +686,15 @@ Test(probes, a_zombie_owner_is_dead_and_its_instance_is_taken_back)
 {
 	struct pagecache_probes *probe = probes_or_skip("zombie-check", false);
 	pagecache_close(probe);
-	char name[64], err[256];
+	char name[64];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), "zombie");
 	const pid_t child = leave_zombie_instance(name);
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = -1};
-	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	int rc = pagecache_open(&opt, &p, &err);
 	waitpid(child, NULL, 0);
-	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(rc, 0, "%s", err.msg);
 	cr_expect(pagecache_available(p), "a restart could not take back its probes: %s",
 	          pagecache_status(p));
 	cr_expect_eq(pagecache_replaced_stale_pid(p), child);
@@ -702,7 +705,8 @@ Test(probes, the_sweep_removes_pins_of_a_zombie_owner)
 {
 	struct pagecache_probes *probe = probes_or_skip("zombie-sweep-check", false);
 	pagecache_close(probe);
-	char old_name[64], dir_old[256], name[64], err[256];
+	char old_name[64], dir_old[256], name[64];
+	struct sidecar_error err = {0};
 	instance_name(old_name, sizeof(old_name), "zombie-old");
 	snprintf(dir_old, sizeof(dir_old), "/sys/fs/bpf/moe-sidecar/%s", old_name);
 	const pid_t child = leave_zombie_instance(old_name);
@@ -712,9 +716,9 @@ Test(probes, the_sweep_removes_pins_of_a_zombie_owner)
 	struct pagecache_probes *p;
 	instance_name(name, sizeof(name), "zombie-sweeper");
 	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = 600};
-	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	int rc = pagecache_open(&opt, &p, &err);
 	waitpid(child, NULL, 0);
-	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(rc, 0, "%s", err.msg);
 	cr_assert(pagecache_available(p), "%s", pagecache_status(p));
 	struct stat st;
 	cr_expect_neq(stat(dir_old, &st), 0, "pins of a zombie owner survived the sweep");
@@ -769,7 +773,8 @@ Test(probes, an_exiting_owner_holding_the_lock_is_waited_for)
 {
 	struct pagecache_probes *probe = probes_or_skip("exiting-check", false);
 	pagecache_close(probe);
-	char name[64], err[256];
+	char name[64];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), "exiting");
 	struct exiting_owner o;
 	cr_assert_eq(pipe(o.ready), 0);
@@ -781,7 +786,7 @@ Test(probes, an_exiting_owner_holding_the_lock_is_waited_for)
 		struct pagecache_probes *p;
 		struct pagecache_options opt = {
 		    .instance = name, .quiet = true, .stale_grace_s = -1};
-		if (pagecache_open(&opt, &p, NULL, 0) != 0 || !pagecache_available(p))
+		if (pagecache_open(&opt, &p, NULL) != 0 || !pagecache_available(p))
 			_exit(1);
 		pthread_t keeper;
 		o.leader = pthread_self();
@@ -805,14 +810,14 @@ Test(probes, an_exiting_owner_holding_the_lock_is_waited_for)
 	close(logpipe[1]);
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = name, .stale_grace_s = -1};
-	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	int rc = pagecache_open(&opt, &p, &err);
 	dup2(saved, 2); /* the watcher sees EOF */
 	close(saved);
 	pthread_join(watcher, NULL);
 	close(logpipe[0]);
 	int st;
 	waitpid(child, &st, 0);
-	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(rc, 0, "%s", err.msg);
 	cr_expect(w.seen, "the opener did not say it waits for the exiting owner");
 	cr_expect(pagecache_available(p), "%s", pagecache_status(p));
 	pagecache_close(p);
@@ -824,7 +829,8 @@ Test(probes, other_instances_stale_pins_are_swept_after_the_grace_period)
 {
 	struct pagecache_probes *probe = probes_or_skip("sweep-check", false);
 	pagecache_close(probe);
-	char old_name[64], fresh_name[64], dir_old[256], dir_fresh[256], err[256];
+	char old_name[64], fresh_name[64], dir_old[256], dir_fresh[256];
+	struct sidecar_error err = {0};
 	instance_name(old_name, sizeof(old_name), "sweep-old");
 	instance_name(fresh_name, sizeof(fresh_name), "sweep-fresh");
 	snprintf(dir_old, sizeof(dir_old), "/sys/fs/bpf/moe-sidecar/%s", old_name);
@@ -840,7 +846,7 @@ Test(probes, other_instances_stale_pins_are_swept_after_the_grace_period)
 	char name[64];
 	instance_name(name, sizeof(name), "sweeper");
 	struct pagecache_options opt = {.instance = name, .quiet = true, .stale_grace_s = 600};
-	cr_assert_eq(pagecache_open(&opt, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&opt, &p, &err), 0, "%s", err.msg);
 	cr_assert(pagecache_available(p), "%s", pagecache_status(p));
 	struct stat st;
 	cr_expect_neq(stat(dir_old, &st), 0, "%s survived the sweep", dir_old);
@@ -850,7 +856,7 @@ Test(probes, other_instances_stale_pins_are_swept_after_the_grace_period)
 	/* The fresh one is still replaced by its own name's next open, as before. */
 	struct pagecache_options again = {
 	    .instance = fresh_name, .quiet = true, .stale_grace_s = -1};
-	cr_assert_eq(pagecache_open(&again, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&again, &p, &err), 0, "%s", err.msg);
 	cr_expect(pagecache_available(p), "%s", pagecache_status(p));
 	pagecache_close(p);
 	cr_expect_neq(stat(dir_fresh, &st), 0, "%s left after its owner closed", dir_fresh);
@@ -895,16 +901,15 @@ Test(probes_api, file_key_uses_the_kernel_dev_encoding, .fini = remove_test_file
 	struct stat st;
 	cr_assert_eq(stat(test_file, &st), 0);
 	struct pagecache_file_key key;
-	char err[256];
-	cr_assert_eq(pagecache_file_key_of(test_file, &key, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(pagecache_file_key_of(test_file, &key, &err), 0, "%s", err.msg);
 	cr_expect_eq(key.ino, st.st_ino);
 	cr_expect_eq(key.dev >> 20, major(st.st_dev));
 	cr_expect_eq(key.dev & 0xfffff, minor(st.st_dev));
 	cr_expect_eq(key.pad, 0);
-	cr_expect_eq(pagecache_file_key_of("/nonexistent/model.gguf", &key, err, sizeof(err)),
-	             -ENOENT);
-	cr_expect(strstr(err, "/nonexistent/model.gguf: No such file"), "%s", err);
-	cr_expect_eq(pagecache_file_key_of(test_dir, &key, err, sizeof(err)), -EINVAL);
+	cr_expect_eq(pagecache_file_key_of("/nonexistent/model.gguf", &key, &err), -ENOENT);
+	cr_expect(strstr(err.msg, "/nonexistent/model.gguf: No such file"), "%s", err.msg);
+	cr_expect_eq(pagecache_file_key_of(test_dir, &key, &err), -EINVAL);
 }
 
 Test(probes_api, hostile_instance_names_are_rejected)
@@ -916,21 +921,20 @@ Test(probes_api, hostile_instance_names_are_rejected)
 	    "new\nline", "0123456789012345678901234567890123456789012345678901234567890123456789"};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		struct pagecache_probes *p = (void *)1;
-		char err[256] = "";
+		struct sidecar_error err = {0};
 		struct pagecache_options opt = {.instance = bad[i], .quiet = true};
-		cr_expect_eq(pagecache_open(&opt, &p, err, sizeof(err)), -EINVAL, "'%s'", bad[i]);
+		cr_expect_eq(pagecache_open(&opt, &p, &err), -EINVAL, "'%s'", bad[i]);
 		cr_expect_null(p);
-		cr_expect(strstr(err, "instance name"), "'%s': %s", bad[i], err);
+		cr_expect(strstr(err.msg, "instance name"), "'%s': %s", bad[i], err.msg);
 	}
 }
 
 Test(probes_api, residency_of_a_missing_file_names_it)
 {
 	struct pagecache_residency r;
-	char err[256];
-	cr_expect_eq(pagecache_residency_of("/nonexistent/x.safetensors", &r, err, sizeof(err)),
-	             -ENOENT);
-	cr_expect(strstr(err, "/nonexistent/x.safetensors"), "%s", err);
+	struct sidecar_error err = {0};
+	cr_expect_eq(pagecache_residency_of("/nonexistent/x.safetensors", &r, &err), -ENOENT);
+	cr_expect(strstr(err.msg, "/nonexistent/x.safetensors"), "%s", err.msg);
 }
 
 Test(probes_api, bypass_ratio_is_direct_over_all_bytes_read)
@@ -951,13 +955,14 @@ Test(probes, pins_never_follow_a_planted_symlink)
 	struct pagecache_probes *check = probes_or_skip("symlink-check", false);
 	pagecache_close(check); /* BPF works; the pin root may be gone again */
 	mkdir("/sys/fs/bpf/moe-sidecar", 0700);
-	char name[64], link[256], err[256];
+	char name[64], link[256];
+	struct sidecar_error err = {0};
 	instance_name(name, sizeof(name), "symlink");
 	snprintf(link, sizeof(link), "/sys/fs/bpf/moe-sidecar/%s", name);
 	cr_assert_eq(symlink("/sys/fs/bpf", link), 0, "symlink %s: %s", link, strerror(errno));
 	struct pagecache_probes *p;
 	struct pagecache_options opt = {.instance = name, .quiet = true};
-	int rc = pagecache_open(&opt, &p, err, sizeof(err));
+	int rc = pagecache_open(&opt, &p, &err);
 	bool available = rc == 0 && pagecache_available(p);
 	char status[800] = "";
 	if (rc == 0)
@@ -965,7 +970,7 @@ Test(probes, pins_never_follow_a_planted_symlink)
 	pagecache_close(p);
 	unlink(link);
 	rmdir("/sys/fs/bpf/moe-sidecar");
-	cr_assert_eq(rc, 0, "%s", err);
+	cr_assert_eq(rc, 0, "%s", err.msg);
 	cr_expect_not(available, "pinned through a symlink");
 	cr_expect(strstr(status, "refusing"), "status: %s", status);
 }

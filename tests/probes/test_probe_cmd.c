@@ -100,10 +100,11 @@ static unsigned long long field_of(const char *json, const char *name)
 Test(probe_cmd, counts_reads_made_while_it_runs_and_unpins_on_sigint, .fini = remove_test_file)
 {
 	struct pagecache_probes *p;
-	char err[256], instance[64];
+	char instance[64];
+	struct sidecar_error err = {0};
 	snprintf(instance, sizeof(instance), "test-cmd-%d", (int)getpid());
 	struct pagecache_options opt = {.instance = instance, .quiet = true};
-	cr_assert_eq(pagecache_open(&opt, &p, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(pagecache_open(&opt, &p, &err), 0, "%s", err.msg);
 	bool available = pagecache_available(p);
 	char why[800];
 	snprintf(why, sizeof(why), "%s", pagecache_status(p));

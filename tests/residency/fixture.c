@@ -33,18 +33,16 @@ void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint
 	check(mkdtemp(f->dir) != NULL, "mkdtemp %s", f->dir);
 	snprintf(f->path, sizeof(f->path), "%s/model.bin", f->dir);
 	const char *paths[] = {f->path};
-	char err[256];
-	check(expert_map_init(&f->map, layers, experts, 1, paths, err, sizeof(err)) == 0, "%s",
-	      err);
+	struct sidecar_error err = {0};
+	check(expert_map_init(&f->map, layers, experts, 1, paths, &err) == 0, "%s", err.msg);
 	uint64_t at = 37; /* not aligned to anything */
 	for (uint32_t l = 0; l < layers; l++)
 		for (uint32_t x = 0; x < experts; x++)
 			for (uint32_t i = 0; i < extents_per_expert; i++) {
 				uint64_t len =
 				    extent_len + ((l * 7919u + x * 131u + i * 17u) % 997u);
-				check(expert_map_add(&f->map, l, x, 0, at, len, err, sizeof(err)) ==
-				          0,
-				      "%s", err);
+				check(expert_map_add(&f->map, l, x, 0, at, len, &err) == 0, "%s",
+				      err.msg);
 				at += len + (i % 2 ? 13 : 0);
 			}
 	f->file_size = at; /* the last extent ends at EOF */
@@ -98,8 +96,8 @@ bool fixture_ref_matches(const struct fixture *f, const struct expert_ref *ref)
 struct residency *fixture_residency(struct fixture *f, struct residency_config *cfg)
 {
 	struct residency *r;
-	char err[512];
-	int rc = residency_create(&r, &f->map, cfg, err, sizeof(err));
-	check(rc == 0, "residency_create: %s", err);
+	struct sidecar_error err = {0};
+	int rc = residency_create(&r, &f->map, cfg, &err);
+	check(rc == 0, "residency_create: %s", err.msg);
 	return r;
 }

@@ -11,8 +11,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct routing_trace t;
-	char err[256];
-	if (trace_parse((const char *)data, size, "fuzz", &t, err, sizeof(err)) == 0) {
+	struct sidecar_error err = {0};
+	if (trace_parse((const char *)data, size, "fuzz", &t, &err) == 0) {
 		for (uint32_t li = 0; li < t.n_lines; li++) {
 			assert(t.lines[li].layer < t.n_layers);
 			assert(t.lines[li].count >= 1 && t.lines[li].count <= t.top_k);
@@ -21,7 +21,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 		trace_free(&t);
 	} else {
-		assert(err[0] != '\0');
+		assert(err.msg[0] != '\0');
 	}
 	return 0;
 }

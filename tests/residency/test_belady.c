@@ -12,8 +12,8 @@
 static struct routing_trace parse(const char *text)
 {
 	struct routing_trace t;
-	char err[256];
-	cr_assert_eq(trace_parse(text, strlen(text), "test", &t, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(trace_parse(text, strlen(text), "test", &t, &err), 0, "%s", err.msg);
 	return t;
 }
 
@@ -27,14 +27,14 @@ Test(belady, textbook_reference_string)
 		n += snprintf(text + n, sizeof(text) - (size_t)n, "%d 0 %d\n", i, refs[i]);
 	struct routing_trace t = parse(text);
 	struct sim_result r;
-	char err[256];
-	cr_assert_eq(sim_run_belady(&t, 3, 0, &r, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(sim_run_belady(&t, 3, 0, &r, &err), 0, "%s", err.msg);
 	cr_assert_eq(r.refs, 20);
 	cr_assert_eq(r.refs - r.hits, 9);
 	/* LRU on the same string has 12 faults (textbook). */
 	struct policy_spec lru;
-	cr_assert_eq(policy_spec_parse("lru", &lru, err, sizeof(err)), 0);
-	cr_assert_eq(sim_run_policy(&t, &lru, 3, false, &r, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(policy_spec_parse("lru", &lru, &err), 0);
+	cr_assert_eq(sim_run_policy(&t, &lru, 3, false, &r, &err), 0, "%s", err.msg);
 	cr_assert_eq(r.refs - r.hits, 12);
 	trace_free(&t);
 }
@@ -121,20 +121,17 @@ Test(belady, equals_exhaustive_search_on_tiny_traces)
 			       ((size_t)t.n_refs + 1) * ((size_t)1 << b.n_ids) * sizeof(int));
 			int opt = best(&b, 0, 0);
 			struct sim_result r;
-			char err[256];
-			cr_assert_eq(sim_run_belady(&t, cap, 0, &r, err, sizeof(err)), 0, "%s",
-			             err);
+			struct sidecar_error err = {0};
+			cr_assert_eq(sim_run_belady(&t, cap, 0, &r, &err), 0, "%s", err.msg);
 			cr_assert_eq((int)r.hits, opt,
 			             "trial %d cap %u: belady %llu, exhaustive %d\n%s", trial, cap,
 			             (unsigned long long)r.hits, opt, text);
 			for (size_t p = 0; p < sizeof(policies) / sizeof(policies[0]); p++) {
 				struct policy_spec spec;
-				cr_assert_eq(
-				    policy_spec_parse(policies[p], &spec, err, sizeof(err)), 0);
+				cr_assert_eq(policy_spec_parse(policies[p], &spec, &err), 0);
 				struct sim_result pr;
-				cr_assert_eq(
-				    sim_run_policy(&t, &spec, cap, true, &pr, err, sizeof(err)), 0,
-				    "%s", err);
+				cr_assert_eq(sim_run_policy(&t, &spec, cap, true, &pr, &err), 0,
+				             "%s", err.msg);
 				cr_assert_leq(pr.hits, r.hits, "%s beat OPT (trial %d cap %u)",
 				              policies[p], trial, cap);
 			}
@@ -150,10 +147,10 @@ Test(belady, pinned_layers_are_hits)
 	struct routing_trace t = parse("moe-trace 1 n_layers=2 n_experts=4 top_k=2\n"
 	                               "0 0 0,1\n0 1 0\n1 0 2,3\n1 1 1\n");
 	struct sim_result r;
-	char err[256];
-	cr_assert_eq(sim_run_belady(&t, 5, 1, &r, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(sim_run_belady(&t, 5, 1, &r, &err), 0, "%s", err.msg);
 	cr_assert_eq(r.refs, 6);
 	cr_assert_eq(r.hits, 4, "layer 0's four references are pinned hits");
-	cr_assert_eq(sim_run_belady(&t, 3, 1, &r, err, sizeof(err)), -ENOSPC);
+	cr_assert_eq(sim_run_belady(&t, 3, 1, &r, &err), -ENOSPC);
 	trace_free(&t);
 }

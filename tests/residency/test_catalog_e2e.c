@@ -42,7 +42,7 @@ static void load_everything(const char *preset, uint32_t format, const char *lea
 	    .experts = 8,
 	    .shards = shards,
 	};
-	struct model_error merr = {{0}};
+	struct sidecar_error merr = {0};
 	cr_assert_eq(moe_gen_write(&opt, &merr), 0, "moe_gen_write: %s", merr.msg);
 	struct moe_catalog *cat;
 	cr_assert_eq(moe_catalog_open(out, &cat, &merr), 0, "catalog: %s", merr.msg);
@@ -50,9 +50,9 @@ static void load_everything(const char *preset, uint32_t format, const char *lea
 	struct expert_map map;
 	struct expert_extent_roles roles;
 	uint32_t model_layer[64];
-	char err[512];
-	cr_assert_eq(expert_map_from_catalog(cat, &map, &roles, model_layer, err, sizeof(err)), 0,
-	             "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(expert_map_from_catalog(cat, &map, &roles, model_layer, &err), 0, "%s",
+	             err.msg);
 	cr_assert_eq(map.n_layers, cat->info.n_moe_layers);
 	cr_assert_eq(map.n_experts, 8);
 	cr_assert_eq(roles.bias[MOE_PROJ_DOWN] >= 0, expect_bias);
@@ -72,14 +72,15 @@ static void load_everything(const char *preset, uint32_t format, const char *lea
 	    .chunk_bytes = 64 * 1024,
 	};
 	struct residency *r;
-	cr_assert_eq(residency_create(&r, &map, &cfg, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(residency_create(&r, &map, &cfg, &err), 0, "%s", err.msg);
 	for (int round = 0; round < 2; round++)
 		for (uint32_t l = 0; l < map.n_layers; l++)
 			for (uint32_t x = 0; x < 8; x++) {
 				struct expert_ref ref;
 				int rc = residency_acquire(r, l, x, 1.0f, 0, &ref);
-				residency_error_message(r, l, x, err, sizeof(err));
-				cr_assert_eq(rc, 0, "%s layer %u expert %u: %s", leaf, l, x, err);
+				residency_error_message(r, l, x, err.msg, sizeof(err.msg));
+				cr_assert_eq(rc, 0, "%s layer %u expert %u: %s", leaf, l, x,
+				             err.msg);
 				const struct moe_expert *e =
 				    moe_catalog_expert(cat, model_layer[l], x);
 				const struct moe_extent *d = &e->proj[MOE_PROJ_DOWN].data;

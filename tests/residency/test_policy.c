@@ -15,11 +15,11 @@ static struct residency_policy make(const char *spec_text, uint32_t layers, uint
                                     uint32_t capacity)
 {
 	struct policy_spec spec;
-	char err[256];
-	cr_assert_eq(policy_spec_parse(spec_text, &spec, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(policy_spec_parse(spec_text, &spec, &err), 0, "%s", err.msg);
 	struct residency_policy p;
-	cr_assert_eq(policy_create(&p, &spec, layers, experts, capacity, 0, err, sizeof(err)), 0,
-	             "%s", err);
+	cr_assert_eq(policy_create(&p, &spec, layers, experts, capacity, 0, &err), 0, "%s",
+	             err.msg);
 	return p;
 }
 
@@ -284,24 +284,24 @@ Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
 	policy_destroy(&p);
 
 	struct policy_spec spec;
-	char err[256];
-	cr_assert_eq(policy_spec_parse("lru+pin2", &spec, err, sizeof(err)), 0);
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, err, sizeof(err)), -ENOSPC);
-	cr_assert(strstr(err, "pinned") != NULL, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(policy_spec_parse("lru+pin2", &spec, &err), 0);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, &err), -ENOSPC);
+	cr_assert(strstr(err.msg, "pinned") != NULL, "%s", err.msg);
 	/* The pinned layers fitting exactly leave layer 2 no slot: its first demand would
 	 * never load. One more slot serves it. */
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 0, err, sizeof(err)), -ENOSPC);
-	cr_assert(strstr(err, "the other layers one more") != NULL, "%s", err);
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 9, 0, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 0, &err), -ENOSPC);
+	cr_assert(strstr(err.msg, "the other layers one more") != NULL, "%s", err.msg);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 9, 0, &err), 0, "%s", err.msg);
 	cr_assert_eq(p.capacity, 1);
 	policy_destroy(&p);
 	/* Masked (GPU) experts of pinned layers need no slot. */
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 1, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 1, &err), 0, "%s", err.msg);
 	cr_assert_eq(p.capacity, 1);
 	policy_destroy(&p);
 	/* Every layer pinned: nothing else needs a slot. */
-	cr_assert_eq(policy_spec_parse("lru+pin3", &spec, err, sizeof(err)), 0);
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 12, 0, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(policy_spec_parse("lru+pin3", &spec, &err), 0);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 12, 0, &err), 0, "%s", err.msg);
 	cr_assert_eq(p.capacity, 0);
 	policy_destroy(&p);
 }
@@ -342,21 +342,21 @@ Test(policy_layer, fewer_slots_than_layers_serves_every_layer)
 Test(policy_spec, parse_and_name)
 {
 	struct policy_spec s;
-	char err[256], name[64];
-	cr_assert_eq(policy_spec_parse("sieve-heat+layer+pin3", &s, err, sizeof(err)), 0, "%s",
-	             err);
+	char name[64];
+	struct sidecar_error err = {0};
+	cr_assert_eq(policy_spec_parse("sieve-heat+layer+pin3", &s, &err), 0, "%s", err.msg);
 	cr_assert_eq(s.kind, POLICY_SIEVE_HEAT);
 	cr_assert(s.per_layer);
 	cr_assert_eq(s.pin_layers, 3);
 	policy_spec_name(&s, name, sizeof(name));
 	cr_assert_str_eq(name, "sieve-heat+layer+pin3");
-	cr_assert_neq(policy_spec_parse("arc", &s, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "unknown algorithm 'arc'") != NULL, "%s", err);
-	cr_assert_neq(policy_spec_parse("lru+layr", &s, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "+layr") != NULL, "%s", err);
-	cr_assert_neq(policy_spec_parse("lru+pin", &s, err, sizeof(err)), 0);
-	cr_assert_neq(policy_spec_parse("lru+pin1x", &s, err, sizeof(err)), 0);
-	cr_assert_neq(policy_spec_parse("", &s, err, sizeof(err)), 0);
+	cr_assert_neq(policy_spec_parse("arc", &s, &err), 0);
+	cr_assert(strstr(err.msg, "unknown algorithm 'arc'") != NULL, "%s", err.msg);
+	cr_assert_neq(policy_spec_parse("lru+layr", &s, &err), 0);
+	cr_assert(strstr(err.msg, "+layr") != NULL, "%s", err.msg);
+	cr_assert_neq(policy_spec_parse("lru+pin", &s, &err), 0);
+	cr_assert_neq(policy_spec_parse("lru+pin1x", &s, &err), 0);
+	cr_assert_neq(policy_spec_parse("", &s, &err), 0);
 }
 
 /* Random admissions/hits/removals under every policy, with more slots than layers and with

@@ -247,8 +247,8 @@ Test(residency, pinned_layers_stay)
 	struct residency_config cfg = base_config(7 * 8192);
 	cfg.policy = "lru+pin1";
 	struct residency *r = fixture_residency(&f, &cfg);
-	char err[256];
-	cr_assert_eq(residency_warm_pinned(r, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(residency_warm_pinned(r, &err), 0, "%s", err.msg);
 	struct residency_counters c0, c;
 	counters(r, &c0);
 	cr_assert_eq(c0.loads, 4);
@@ -625,21 +625,21 @@ Test(residency_files, extent_beyond_eof_rejected_at_create)
 {
 	struct fixture f;
 	fixture_create(&f, "/tmp", 1, 2, 1, 3000);
-	cr_assert_eq(expert_map_add(&f.map, 0, 1, 0, f.file_size - 10, 11, NULL, 0), 0);
+	cr_assert_eq(expert_map_add(&f.map, 0, 1, 0, f.file_size - 10, 11, NULL), 0);
 	struct residency_config cfg = base_config(1 << 20);
 	struct residency *r;
-	char err[512];
-	cr_assert_eq(residency_create(&r, &f.map, &cfg, err, sizeof(err)), -EINVAL);
-	cr_assert(strstr(err, "layer 0 expert 1") && strstr(err, "beyond the end of the file") &&
-	              strstr(err, f.path),
-	          "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -EINVAL);
+	cr_assert(strstr(err.msg, "layer 0 expert 1") &&
+	              strstr(err.msg, "beyond the end of the file") && strstr(err.msg, f.path),
+	          "%s", err.msg);
 	cfg.mem_budget = 100; /* not even one slot */
 	expert_map_free(&f.map);
 	const char *paths[] = {f.path};
-	cr_assert_eq(expert_map_init(&f.map, 1, 1, 1, paths, err, sizeof(err)), 0);
-	cr_assert_eq(expert_map_add(&f.map, 0, 0, 0, 10, 100, err, sizeof(err)), 0);
-	cr_assert_eq(residency_create(&r, &f.map, &cfg, err, sizeof(err)), -ENOSPC);
-	cr_assert(strstr(err, "holds no slot"), "%s", err);
+	cr_assert_eq(expert_map_init(&f.map, 1, 1, 1, paths, &err), 0);
+	cr_assert_eq(expert_map_add(&f.map, 0, 0, 0, 10, 100, &err), 0);
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -ENOSPC);
+	cr_assert(strstr(err.msg, "holds no slot"), "%s", err.msg);
 	fixture_destroy(&f);
 }
 

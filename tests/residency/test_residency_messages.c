@@ -83,9 +83,9 @@ static int residency_as_nobody(struct fixture *f, const char *log, rlim_t memloc
 			_exit(200);
 		struct residency_config cfg = {.numa_node = -1, .mem_budget = 1 << 20};
 		struct residency *r;
-		char err[512];
-		if (residency_create(&r, &f->map, &cfg, err, sizeof(err)) != 0) {
-			fprintf(stderr, "residency_create: %s\n", err);
+		struct sidecar_error err = {0};
+		if (residency_create(&r, &f->map, &cfg, &err) != 0) {
+			fprintf(stderr, "residency_create: %s\n", err.msg);
 			_exit(201);
 		}
 		residency_destroy(r);

@@ -53,8 +53,8 @@ Test(simulate_cli, generate_json_and_plot)
 	snprintf(args, sizeof(args), "--generate qwen3-30b-a3b --steps 12 --seed 3 -o %s", trace);
 	cr_assert_eq(run(args, out, sizeof(out)), 0, "%s", out);
 	struct routing_trace t;
-	char err[256];
-	cr_assert_eq(trace_load(trace, &t, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(trace_load(trace, &t, &err), 0, "%s", err.msg);
 	cr_assert_eq(t.n_lines, 12 * 48);
 	trace_free(&t);
 

@@ -9,19 +9,19 @@
 #include "presets.h"
 #include "trace.h"
 
-static int parse(const char *text, struct routing_trace *t, char *err)
+static int parse(const char *text, struct routing_trace *t, struct sidecar_error *err)
 {
-	return trace_parse(text, strlen(text), "t.trace", t, err, 256);
+	return trace_parse(text, strlen(text), "t.trace", t, err);
 }
 
 Test(trace, parses_scored_trace)
 {
 	struct routing_trace t;
-	char err[256];
+	struct sidecar_error err = {0};
 	cr_assert_eq(parse("# a comment\nmoe-trace 1 n_layers=2 n_experts=8 top_k=2\n\n"
 	                   "0 0 3:0.75,5:0.25\n0 1\t7:1\n1 0 3:0.5,4:.5\r\n",
-	                   &t, err),
-	             0, "%s", err);
+	                   &t, &err),
+	             0, "%s", err.msg);
 	cr_assert_eq(t.n_layers, 2);
 	cr_assert_eq(t.n_experts, 8);
 	cr_assert_eq(t.top_k, 2);
@@ -70,35 +70,41 @@ Test(trace, rejects_bad_input_with_line_and_reason)
 	    {"L99999999999 0 1\n", "expected a step"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		char text[512], err[256];
+		char text[512];
+		struct sidecar_error err = {0};
 		const char *body = cases[i].text;
 		if (body[0] == 'L')
 			snprintf(text, sizeof(text), "%s%s", h, body + 1);
 		else
 			snprintf(text, sizeof(text), "%s", body);
 		struct routing_trace t;
-		err[0] = '\0';
-		cr_assert_neq(parse(text, &t, err), 0, "case %zu accepted: %s", i, text);
-		cr_assert(strstr(err, cases[i].message) != NULL, "case %zu: '%s' lacks '%s'", i,
-		          err, cases[i].message);
+		err.msg[0] = '\0';
+		cr_assert_neq(parse(text, &t, &err), 0, "case %zu accepted: %s", i, text);
+		cr_assert(strstr(err.msg, cases[i].message) != NULL, "case %zu: '%s' lacks '%s'", i,
+		          err.msg, cases[i].message);
 	}
 	/* An embedded NUL is refused, not read past. */
 	const char nul[] = "moe-trace 1 n_layers=1 n_experts=2 top_k=1\n0 0 1\0\n";
 	struct routing_trace t;
-	char err[256];
-	cr_assert_neq(trace_parse(nul, sizeof(nul) - 1, "t", &t, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "NUL") != NULL, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_neq(trace_parse(nul, sizeof(nul) - 1, "t", &t, &err), 0);
+	cr_assert(strstr(err.msg, "NUL") != NULL, "%s", err.msg);
+	cr_assert_eq(err.status, MOE_EINVAL);
+	/* A file that is not there: the open's errno decides the status. */
+	cr_assert_neq(trace_load("/nonexistent/t.trace", &t, &err), 0);
+	cr_assert_str_eq(err.msg, "/nonexistent/t.trace: cannot open: No such file or directory");
+	cr_assert_eq(err.status, MOE_ESYS);
 }
 
 Test(trace, generator_round_trips_and_is_deterministic)
 {
-	char err[256];
+	struct sidecar_error err = {0};
 	struct trace_gen_params g;
-	cr_assert_eq(trace_gen_preset("qwen3-30b-a3b", &g, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_gen_preset("qwen3-30b-a3b", &g, &err), 0, "%s", err.msg);
 	g.steps = 20;
 	struct routing_trace a, b, c;
-	cr_assert_eq(trace_generate(&g, &a, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(trace_generate(&g, &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_generate(&g, &a, &err), 0, "%s", err.msg);
+	cr_assert_eq(trace_generate(&g, &b, &err), 0, "%s", err.msg);
 	cr_assert_eq(a.n_lines, 20 * 48);
 	cr_assert_eq(a.n_refs, 20 * 48 * 8);
 	cr_assert_eq(memcmp(a.ids, b.ids, a.n_refs * sizeof(uint32_t)), 0, "same seed differs");
@@ -120,7 +126,7 @@ Test(trace, generator_round_trips_and_is_deterministic)
 	FILE *f = open_memstream(&buf, &len);
 	cr_assert_eq(trace_write(f, &a), 0);
 	fclose(f);
-	cr_assert_eq(trace_parse(buf, len, "mem", &c, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_parse(buf, len, "mem", &c, &err), 0, "%s", err.msg);
 	cr_assert_eq(c.n_refs, a.n_refs);
 	cr_assert_eq(memcmp(c.ids, a.ids, a.n_refs * sizeof(uint32_t)), 0);
 	cr_assert_float_eq(c.scores[7], a.scores[7], 1e-4);
@@ -128,7 +134,7 @@ Test(trace, generator_round_trips_and_is_deterministic)
 	/* Another seed gives another trace. */
 	g.seed = 2;
 	trace_free(&b);
-	cr_assert_eq(trace_generate(&g, &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_generate(&g, &b, &err), 0, "%s", err.msg);
 	cr_assert_neq(memcmp(a.ids, b.ids, a.n_refs * sizeof(uint32_t)), 0);
 	trace_free(&a);
 	trace_free(&b);
@@ -137,16 +143,16 @@ Test(trace, generator_round_trips_and_is_deterministic)
 
 Test(trace, generator_reuse_raises_repeats)
 {
-	char err[256];
+	struct sidecar_error err = {0};
 	struct trace_gen_params g;
-	cr_assert_eq(trace_gen_preset("deepseek-v3", &g, err, sizeof(err)), 0);
+	cr_assert_eq(trace_gen_preset("deepseek-v3", &g, &err), 0);
 	g.steps = 40;
 	uint64_t repeats[2];
 	for (int k = 0; k < 2; k++) {
 		g.reuse = k ? 0.8 : 0.0;
 		g.layer_corr = 0;
 		struct routing_trace t;
-		cr_assert_eq(trace_generate(&g, &t, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(trace_generate(&g, &t, &err), 0, "%s", err.msg);
 		repeats[k] = 0;
 		/* Experts shared with the previous step's line of the same layer. */
 		for (uint32_t li = g.n_layers; li < t.n_lines; li++) {
@@ -160,32 +166,31 @@ Test(trace, generator_reuse_raises_repeats)
 	cr_assert_gt(repeats[1], repeats[0] * 2, "reuse 0.8: %llu repeats, reuse 0: %llu",
 	             (unsigned long long)repeats[1], (unsigned long long)repeats[0]);
 	struct trace_gen_params bad;
-	cr_assert_neq(trace_gen_preset("gpt-5", &bad, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "gpt-5") != NULL);
+	cr_assert_neq(trace_gen_preset("gpt-5", &bad, &err), 0);
+	cr_assert(strstr(err.msg, "gpt-5") != NULL);
 	g.reuse = 1.5;
 	struct routing_trace t;
-	cr_assert_neq(trace_generate(&g, &t, err, sizeof(err)), 0);
+	cr_assert_neq(trace_generate(&g, &t, &err), 0);
 }
 
 /* `simulate --generate` takes moe-gen's preset names (one table), the old short one too. */
 Test(trace, generator_presets_are_moe_gen_presets)
 {
-	char err[256];
+	struct sidecar_error err = {0};
 	uint32_t n = 0;
 	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++, n++) {
 		struct trace_gen_params g;
-		cr_assert_eq(trace_gen_preset(p->name, &g, err, sizeof(err)), 0, "%s: %s", p->name,
-		             err);
+		cr_assert_eq(trace_gen_preset(p->name, &g, &err), 0, "%s: %s", p->name, err.msg);
 		cr_expect_eq(g.n_layers, p->full_layers - p->leading_dense, "%s", p->name);
 		cr_expect_eq(g.n_experts, p->n_experts, "%s", p->name);
 		cr_expect_eq(g.top_k, p->top_k, "%s", p->name);
 	}
 	cr_assert_eq(n, 5, "qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, olmoe");
 	struct trace_gen_params a, b;
-	cr_assert_eq(trace_gen_preset("mixtral", &a, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(trace_gen_preset("mixtral-8x7b", &b, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(trace_gen_preset("mixtral", &a, &err), 0, "%s", err.msg);
+	cr_assert_eq(trace_gen_preset("mixtral-8x7b", &b, &err), 0, "%s", err.msg);
 	cr_expect(a.n_layers == b.n_layers && a.n_experts == b.n_experts && a.top_k == b.top_k,
 	          "the alias is the same preset");
-	cr_assert_neq(trace_gen_preset("olmoe-1b-7b", &b, err, sizeof(err)), 0);
-	cr_expect(strstr(err, "gpt-oss-20b") && strstr(err, "olmoe"), "%s", err);
+	cr_assert_neq(trace_gen_preset("olmoe-1b-7b", &b, &err), 0);
+	cr_expect(strstr(err.msg, "gpt-oss-20b") && strstr(err.msg, "olmoe"), "%s", err.msg);
 }

@@ -50,7 +50,7 @@ int ref_generate_preset(const char *path, const char *preset, const char *format
 		fprintf(stderr, "ref_generate: unknown format %s\n", format);
 		return -1;
 	}
-	struct model_error err;
+	struct sidecar_error err;
 	if (moe_gen_write(&o, &err) != 0) {
 		fprintf(stderr, "ref_generate %s %s: %s\n", path, format, err.msg);
 		return -1;
@@ -61,7 +61,7 @@ int ref_generate_preset(const char *path, const char *preset, const char *format
 struct ref_engine *ref_open(const char *path)
 {
 	struct ref_engine *r = calloc(1, sizeof(*r));
-	struct model_error merr;
+	struct sidecar_error merr;
 	if (!r || moe_catalog_open(path, &r->cat, &merr) != 0) {
 		fprintf(stderr, "ref_open %s: %s\n", path, r ? merr.msg : "out of memory");
 		free(r);

@@ -242,8 +242,8 @@ int main(void)
 		return 1;
 	}
 	struct routing_trace t;
-	char err[256];
-	CHECK(trace_load(trace_path, &t, err, sizeof(err)) == 0, "recorded trace: %s", err);
+	struct sidecar_error err = {0};
+	CHECK(trace_load(trace_path, &t, &err) == 0, "recorded trace: %s", err.msg);
 	CHECK(t.n_lines >= 2 * STEPS * REF_LAYERS * TOKENS, "recorded trace: %u lines", t.n_lines);
 	trace_free(&t);
 	sidecar_cleanup(&sp);

@@ -65,9 +65,9 @@ Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
 	const char *const specs[] = {"lru", "sieve", "sieve-heat", "sieve-heat+layer+pin2"};
 	for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
 		struct policy_spec s;
-		char err[160];
+		struct sidecar_error err = {0};
 		cr_expect(strstr(accepted, specs[i]) || strchr(specs[i], '+'), "%s", specs[i]);
-		cr_expect_eq(policy_spec_parse(specs[i], &s, err, sizeof(err)), 0, "%s", err);
+		cr_expect_eq(policy_spec_parse(specs[i], &s, &err), 0, "%s", err.msg);
 	}
 }
 

@@ -410,7 +410,7 @@ Test(serve_limits, default_budget_under_a_cgroup_v1_limit_fits_it)
 	                            .hidden = 512,
 	                            .ffn = 512,
 	                            .experts = 32};
-	struct model_error merr;
+	struct sidecar_error merr;
 	cr_assert_eq(moe_gen_write(&o, &merr), 0, "%s", merr.msg);
 	char instance[64];
 	snprintf(instance, sizeof(instance), "test-limits-%d", (int)getpid());

@@ -155,8 +155,8 @@ Test(serve_routing, record_trace_writes_what_was_served_and_simulate_replays_it)
 	served_stop(&s); /* drains the recorder */
 
 	struct routing_trace t;
-	char err[256];
-	cr_assert_eq(trace_load(path, &t, err, sizeof(err)), 0, "%s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(trace_load(path, &t, &err), 0, "%s", err.msg);
 	cr_assert_eq(t.n_layers, L);
 	cr_assert_eq(t.n_experts, E);
 	cr_assert(t.scored);
@@ -233,8 +233,8 @@ Test(serve_routing, record_trace_stops_at_its_cap_with_a_log_line)
 	cr_assert(st.st_size <= (1 << 20) && st.st_size > (1 << 19), "%lld bytes",
 	          (long long)st.st_size);
 	struct routing_trace t;
-	char err[256];
-	cr_assert_eq(trace_load(path, &t, err, sizeof(err)), 0, "whole lines only: %s", err);
+	struct sidecar_error err = {0};
+	cr_assert_eq(trace_load(path, &t, &err), 0, "whole lines only: %s", err.msg);
 	trace_free(&t);
 	unlink(path);
 	rmdir(dir);

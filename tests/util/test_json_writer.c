@@ -179,7 +179,7 @@ Test(json_writer, file_output_matches_buffer_output_and_parses_back)
 	cr_assert_str_eq(mem, buf);
 
 	struct json_doc *doc;
-	struct model_error err;
+	struct sidecar_error err;
 	cr_assert_eq(json_parse(buf, strlen(buf), &doc, &err), 0, "%s: %s", buf, err.msg);
 	size_t n;
 	const char *name = json_string(doc, json_object_get(doc, json_root(doc), "name"), &n);
