@@ -127,7 +127,7 @@ bool pool_runs_behind(const struct forward_pool *p);
  * (docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
-/* ---- forward.c: latency histograms ---- */
+/* ---- stats.c: latency histograms ---- */
 /* Buckets in µs: one per value below 8, then 8 per power of two up to 2^26 µs (67 s; longer
  * lands in the last), so a bucket's upper bound is at most 12.5% above any value in it —
  * percentiles good to one significant figure and a bit, in 1.6 KiB per histogram. */
@@ -136,7 +136,7 @@ uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, u
 unsigned lat_hist_bucket(uint64_t us);
 uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
 
-/* ---- the engine (forward.c, plan.c, waves.c, masks.c) ---- */
+/* ---- the engine (engine.c, plan.c, waves.c, masks.c, stats.c) ---- */
 #define HIST_BUCKETS LAT_HIST_BUCKETS
 enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
 
@@ -259,6 +259,9 @@ void waves_settle(struct forward_engine *e, bool sum);
 int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
                         const struct req_group *g, uint32_t node, int rc,
                         struct forward_result *res);
+/* stats.c: counts one forward_run into its layer's counters and histograms. */
+void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
+                  const struct forward_result *res, uint64_t total_us);
 /* masks.c: client's mask bit of (block layer, expert). mask_lock held or engine taken. */
 bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert);
 

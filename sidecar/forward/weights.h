@@ -4,9 +4,9 @@
  * when the layout slices; ALL_RESIDENT: every expert loaded at create; MMAP: the files
  * mapped), the expert maps the residencies load from, the post-load transforms (Hugging Face
  * MXFP4, INT4 repacking, the decode layout) and the f32 side data (biases, FP8 scales).
- * The engine (forward.c) reaches weights only through the calls under "The scheduler's
- * interface": demand/release, readiness, hints and prefetches, GPU masks, retries and
- * counters, each the same for every source and any node split.
+ * The engine (engine.c, waves.c, masks.c, stats.c) reaches weights only through the calls under
+ * "The scheduler's interface": demand/release, readiness, hints and prefetches, GPU masks, retries
+ * and counters, each the same for every source and any node split.
  *
  * Threading: weights_open/close/start_residency on the creating thread; the interface from
  * the thread running a request (and the hint/mask/retry calls from any thread: they go to

@@ -1,0 +1,192 @@
+/* stats.c — what the engine counts and how it reads back: per-MoE-layer counters and latency
+ * histograms (recorded once per forward_run, relaxed atomics), their percentiles, the
+ * weights' counters, and the STATS object written through the JSON writer. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "forward_internal.h"
+#include "json_writer.h"
+#include "log.h"
+#include "moe_abi.h"
+
+unsigned lat_hist_bucket(uint64_t us)
+{
+	if (us < LAT_HIST_SUB)
+		return (unsigned)us;
+	const unsigned e = 63u - (unsigned)__builtin_clzll(us); /* >= 3 */
+	const unsigned b = LAT_HIST_SUB + (e - 3) * LAT_HIST_SUB +
+	                   (unsigned)((us >> (e - 3)) & (LAT_HIST_SUB - 1));
+	return b < LAT_HIST_BUCKETS ? b : LAT_HIST_BUCKETS - 1;
+}
+
+uint64_t lat_hist_upper(unsigned b)
+{
+	if (b < LAT_HIST_SUB)
+		return b;
+	const unsigned e = 3 + (b - LAT_HIST_SUB) / LAT_HIST_SUB;
+	const uint64_t sub = (b - LAT_HIST_SUB) % LAT_HIST_SUB;
+	return ((LAT_HIST_SUB + sub + 1) << (e - 3)) - 1;
+}
+
+void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
+                  const struct forward_result *res, uint64_t total_us)
+{
+	struct layer_counters *c = &e->counters[moe_layer];
+	atomic_fetch_add_explicit(&c->requests, 1, memory_order_relaxed);
+	if (res->status != MOE_OK) {
+		atomic_fetch_add_explicit(&c->failures, 1, memory_order_relaxed);
+		return;
+	}
+	atomic_fetch_add_explicit(&c->tokens, q->n_tokens, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->hits, res->hits, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->cold_misses, res->cold_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->inflight_misses, res->inflight_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
+	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
+	for (int k = 0; k < LAT_KINDS; k++)
+		atomic_fetch_add_explicit(&c->hist[k][lat_hist_bucket(lat[k])], 1,
+		                          memory_order_relaxed);
+}
+
+int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out)
+{
+	return weights_node_counters(&e->w, node, out);
+}
+
+uint32_t forward_stats_layers(const struct forward_engine *e)
+{
+	return e->w.n_moe_layers;
+}
+
+static uint64_t percentile(const atomic_uint_least64_t *hist, double q)
+{
+	uint64_t total = 0, counts[HIST_BUCKETS];
+	for (unsigned b = 0; b < HIST_BUCKETS; b++)
+		total += counts[b] = atomic_load_explicit(&hist[b], memory_order_relaxed);
+	if (total == 0)
+		return 0;
+	const uint64_t want = (uint64_t)ceil(q * (double)total);
+	uint64_t seen = 0;
+	for (unsigned b = 0; b < HIST_BUCKETS; b++) {
+		seen += counts[b];
+		if (seen >= want)
+			return lat_hist_upper(b);
+	}
+	return lat_hist_upper(HIST_BUCKETS - 1);
+}
+
+void forward_stats(struct forward_engine *e, struct forward_stats *out)
+{
+	struct forward_layer_stats *layers = out->layers;
+	memset(out, 0, sizeof(*out));
+	out->layers = layers;
+	out->n_layers = e->w.n_moe_layers;
+	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
+		const struct layer_counters *c = &e->counters[l];
+		struct forward_layer_stats s = {.layer = e->w.model_layer[l]};
+#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed)
+		LOAD(requests);
+		LOAD(tokens);
+		LOAD(hits);
+		LOAD(cold_misses);
+		LOAD(inflight_misses);
+		LOAD(bytes_read);
+		LOAD(failures);
+#undef LOAD
+		s.queue_p50_us = percentile(c->hist[LAT_QUEUE], 0.5);
+		s.queue_p99_us = percentile(c->hist[LAT_QUEUE], 0.99);
+		s.io_p50_us = percentile(c->hist[LAT_IO], 0.5);
+		s.io_p99_us = percentile(c->hist[LAT_IO], 0.99);
+		s.compute_p50_us = percentile(c->hist[LAT_COMPUTE], 0.5);
+		s.compute_p99_us = percentile(c->hist[LAT_COMPUTE], 0.99);
+		s.total_p50_us = percentile(c->hist[LAT_TOTAL], 0.5);
+		s.total_p99_us = percentile(c->hist[LAT_TOTAL], 0.99);
+		out->requests += s.requests;
+		out->tokens += s.tokens;
+		out->hits += s.hits;
+		out->cold_misses += s.cold_misses;
+		out->inflight_misses += s.inflight_misses;
+		out->bytes_read += s.bytes_read;
+		out->failures += s.failures;
+		if (layers)
+			layers[l] = s;
+	}
+	weights_counters(&e->w, out);
+	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
+}
+
+void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
+{
+	jw_kv_u64(w, "requests", st->requests);
+	jw_kv_u64(w, "tokens", st->tokens);
+	jw_kv_u64(w, "hits", st->hits);
+	jw_kv_u64(w, "cold_misses", st->cold_misses);
+	jw_kv_u64(w, "inflight_misses", st->inflight_misses);
+	jw_kv_u64(w, "bytes_read", st->bytes_read);
+	jw_kv_u64(w, "failures", st->failures);
+	jw_kv_u64(w, "resident_bytes", st->resident_bytes);
+	jw_kv_u64(w, "slot_bytes_used", st->slot_bytes_used);
+	jw_kv_u64(w, "pool_bytes", st->pool_bytes);
+	jw_kv_u64(w, "budget_bytes", st->budget_bytes);
+	jw_kv_u64(w, "slots", st->slots);
+	jw_kv_u64(w, "evictions", st->evictions);
+	jw_kv_u64(w, "loader_bytes_read", st->loader_bytes_read);
+	jw_kv_u64(w, "prefetches", st->prefetches);
+	jw_kv_u64(w, "prefetch_hits", st->prefetch_hits);
+	jw_kv_u64(w, "prefetch_wasted", st->prefetch_wasted);
+	jw_kv_u64(w, "failed_experts", st->failed_experts);
+	jw_kv_u64(w, "failed_retries", st->failed_retries);
+	jw_kv_u64(w, "fixed_reads", st->fixed_reads);
+	jw_kv_u64(w, "plain_reads", st->plain_reads);
+	jw_kv_u64(w, "fixed_buffers", st->fixed_buffers);
+	jw_kv_u64(w, "pool_hugetlb", st->pool_hugetlb ? 1 : 0);
+	jw_kv_u64(w, "pool_thp", st->pool_thp ? 1 : 0);
+	jw_key(w, "layers");
+	jw_array_begin(w);
+	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {
+		const struct forward_layer_stats *s = &st->layers[l];
+		if (s->requests == 0)
+			continue;
+		jw_object_begin(w);
+		jw_kv_u64(w, "layer", s->layer);
+		jw_kv_u64(w, "requests", s->requests);
+		jw_kv_u64(w, "tokens", s->tokens);
+		jw_kv_u64(w, "hits", s->hits);
+		jw_kv_u64(w, "cold_misses", s->cold_misses);
+		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
+		jw_kv_u64(w, "bytes_read", s->bytes_read);
+		jw_kv_u64(w, "failures", s->failures);
+		const struct {
+			const char *key;
+			uint64_t p50, p99;
+		} lat[] = {{"queue_us", s->queue_p50_us, s->queue_p99_us},
+		           {"io_us", s->io_p50_us, s->io_p99_us},
+		           {"compute_us", s->compute_p50_us, s->compute_p99_us},
+		           {"total_us", s->total_p50_us, s->total_p99_us}};
+		for (size_t i = 0; i < sizeof(lat) / sizeof(lat[0]); i++) {
+			jw_key(w, lat[i].key);
+			jw_object_begin(w);
+			jw_kv_u64(w, "p50", lat[i].p50);
+			jw_kv_u64(w, "p99", lat[i].p99);
+			jw_object_end(w);
+		}
+		jw_object_end(w);
+	}
+	jw_array_end(w);
+}
+
+size_t forward_stats_json(const struct forward_stats *st, char *buf, size_t len)
+{
+	struct json_writer w;
+	jw_init_buffer(&w, buf, len);
+	jw_object_begin(&w);
+	forward_stats_write(st, &w);
+	jw_object_end(&w);
+	return jw_length(&w);
+}
