@@ -81,6 +81,9 @@
 #include "odirect.h"
 #include "trace.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 #define MAX_FRACTIONS 8
 #define MAX_ROUNDS 15
 static double fractions[MAX_FRACTIONS] = {1.0, 0.5, 0.25};
@@ -387,9 +390,8 @@ static int run_mmap_limited(const struct workload *w, const struct moe_catalog *
 		                            .max_tokens = 1,
 		                            .threads_per_node = engine_threads};
 		struct forward_engine *e;
-		char err[256];
-		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
-			fprintf(stderr, "bench_decode: mmap engine: %s\n", err);
+		if (forward_create(&e, cat, &fc, &ferr) != 0) {
+			fprintf(stderr, "bench_decode: mmap engine: %s\n", ferr.msg);
 			_exit(1);
 		}
 		drop_page_cache(cat);
@@ -1024,7 +1026,6 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	struct trace_gen_params gp;
-	char err[256];
 	struct sidecar_error serr = {0};
 	if (trace_gen_preset("qwen3-30b-a3b", &gp, &serr) != 0) {
 		fprintf(stderr, "bench_decode: %s\n", serr.msg);
@@ -1073,8 +1074,8 @@ int main(int argc, char **argv)
 	                                         .threads_per_node = engine_threads,
 	                                         .file_layout = file_layout};
 	struct forward_engine *floor_e;
-	if (forward_create(&floor_e, cat, &floor_cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "bench_decode: floor engine: %s\n", err);
+	if (forward_create(&floor_e, cat, &floor_cfg, &ferr) != 0) {
+		fprintf(stderr, "bench_decode: floor engine: %s\n", ferr.msg);
 		return 1;
 	}
 	if (run_inprocess(&w, floor_e, &floor_r) != 0)
@@ -1098,8 +1099,8 @@ int main(int argc, char **argv)
 		                            .threads_per_node = engine_threads,
 		                            .file_layout = file_layout};
 		struct forward_engine *e;
-		if (forward_create(&e, cat, &fc, err, sizeof(err)) != 0) {
-			fprintf(stderr, "bench_decode: residency engine: %s\n", err);
+		if (forward_create(&e, cat, &fc, &ferr) != 0) {
+			fprintf(stderr, "bench_decode: residency engine: %s\n", ferr.msg);
 			return 1;
 		}
 		for (uint32_t li = 0; li < w.n_layers; li++)
@@ -1206,8 +1207,7 @@ int main(int argc, char **argv)
 					kill(sp, SIGTERM);
 					waitpid(sp, NULL, 0);
 					struct forward_engine *fe;
-					if (forward_create(&fe, cat, &floor_cfg, err,
-					                   sizeof(err)) != 0 ||
+					if (forward_create(&fe, cat, &floor_cfg, &ferr) != 0 ||
 					    run_inprocess(&w, fe, &fl[n_rounds]) != 0)
 						return 1;
 					forward_destroy(fe);

@@ -65,8 +65,8 @@ void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v)
 	v->down.interleave = x8_down(dl, v->down.format) ? MOEK_INTERLEAVE : 0;
 }
 
-int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
-                        size_t err_len)
+int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape,
+                        struct sidecar_error *err)
 {
 	/* Rows as wide as F32's, the widest of every format: a mix's layers differ (Q4_K_M's
 	 * down is Q6_K in some layers, Q4_K in others), and this is a few hundred KiB at most. */
@@ -80,7 +80,8 @@ int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shap
 	s->visited = calloc((units + 63) / 64, sizeof(uint64_t));
 	if (!s->unit || !s->visited) {
 		decode_scratch_free(s);
-		snprintf(err, err_len, "decode layout scratch (%zu bytes): out of memory", most);
+		error_set(err, MOE_ENOMEM, "decode layout scratch (%zu bytes): out of memory",
+		          most);
 		return -1;
 	}
 	return 0;
@@ -165,7 +166,7 @@ static void interleave_groups(struct decode_scratch *s, uint32_t format, uint8_t
 }
 
 int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
-                        const struct decode_piece *p, char *err, size_t err_len)
+                        const struct decode_piece *p, struct sidecar_error *err)
 {
 	if (!dl->on)
 		return 0;
@@ -175,10 +176,10 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 	const size_t unit = x8 ? MOEK_INTERLEAVE : 1;
 	if ((x8 && p->rows % MOEK_INTERLEAVE) || (x8d && p->down_rows % MOEK_INTERLEAVE) ||
 	    2 * p->rows > s->visited_units || unit * rb > s->unit_len) {
-		snprintf(err, err_len,
-		         "decode layout: %zu gate/up rows, %zu down rows do not fit the layout's "
-		         "groups or its scratch",
-		         p->rows, p->down_rows);
+		error_set(err, MOE_EINVAL,
+		          "decode layout: %zu gate/up rows, %zu down rows do not fit the layout's "
+		          "groups or its scratch",
+		          p->rows, p->down_rows);
 		return -1;
 	}
 	uint8_t *base = p->gate;
@@ -186,9 +187,9 @@ int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s
 		/* separate extents: up moves down to follow gate (the range then is
 		 * [gate, gate + 2m), which ends at or before up's end) */
 		if (p->up < base + m || (p->down < p->up + m && p->down + p->down_bytes > base)) {
-			snprintf(err, err_len,
-			         "decode layout: gate, up and down are not in ascending, disjoint "
-			         "extents");
+			error_set(err, MOE_EINVAL,
+			          "decode layout: gate, up and down are not in ascending, disjoint "
+			          "extents");
 			return -1;
 		}
 		memmove(base + m, p->up, m);

@@ -43,13 +43,13 @@ struct decode_piece {
 /* ce: any expert of the model (the catalog's layout); shape: its kernel view. */
 void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
                         const struct moek_expert *shape, bool on);
-int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape, char *err,
-                        size_t err_len);
+int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape,
+                        struct sidecar_error *err);
 void decode_scratch_free(struct decode_scratch *s);
 /* Rearranges one piece in place; 0, or -1 with err (extents out of order, rows off the
  * groups). */
 int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
-                        const struct decode_piece *p, char *err, size_t err_len);
+                        const struct decode_piece *p, struct sidecar_error *err);
 /* Turns a view whose gate.data is the start of the rearranged range (up and down as built
  * from the files) into the view of the rearranged expert. */
 void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);

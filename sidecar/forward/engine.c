@@ -23,10 +23,9 @@ static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
 	static const uint8_t dummy[64];
 	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
 	size_t best = 0;
-	char err[160];
 	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
 		struct moek_expert v;
-		if (weights_view(&e->w, l, 0, data, &v, err, sizeof(err)) != 0)
+		if (weights_view(&e->w, l, 0, data, &v, NULL) != 0)
 			continue;
 		size_t s = moek_ffn_scratch_bytes(&v, n, workers);
 		if (s > best)
@@ -39,8 +38,8 @@ static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
  * behind them: the second plan, for the request after, is sized for them. */
 #define ASYNC_MAX_TOKENS 16u
 
-static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t tokens, char *err,
-                     size_t err_len)
+static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t tokens,
+                     struct sidecar_error *err)
 {
 	const uint32_t n_experts = e->cat->info.n_experts;
 	const size_t P = (size_t)tokens * e->max_k;
@@ -72,8 +71,9 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
 	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
 	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
-		snprintf(err, err_len, "forward engine: request buffers for %u tokens x %u ids: %s",
-		         tokens, e->max_k, full ? "out of memory" : "no usable expert");
+		error_set(err, MOE_ENOMEM,
+		          "forward engine: request buffers for %u tokens x %u ids: %s", tokens,
+		          e->max_k, full ? "out of memory" : "no usable expert");
 		return -1;
 	}
 	return 0;
@@ -98,9 +98,9 @@ static void free_ctx(struct req_ctx *c)
 	free(c->scratch);
 }
 
-static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
+static int alloc_plan(struct forward_engine *e, struct sidecar_error *err)
 {
-	if (alloc_ctx(e, &e->ctx[0], e->max_tokens, err, err_len) != 0)
+	if (alloc_ctx(e, &e->ctx[0], e->max_tokens, err) != 0)
 		return -1;
 	e->max_pairs = e->ctx[0].max_pairs;
 	e->max_groups = e->ctx[0].max_groups;
@@ -108,8 +108,8 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 	/* no second plan for one worker: nothing runs behind the caller */
 	if (e->pool.n_workers > 1 &&
 	    alloc_ctx(e, &e->ctx[1],
-	              e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS, err,
-	              err_len) != 0)
+	              e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS,
+	              err) != 0)
 		return -1;
 	return 0;
 }
@@ -117,7 +117,7 @@ static int alloc_plan(struct forward_engine *e, char *err, size_t err_len)
 /* RESIDENCY under a memory limit: the request buffers (allocated) come first, the slot pools
  * get what is left. An unset budget becomes every expert if they fit, else the rest; a budget
  * given that does not fit is refused, saying what would. */
-static int fit_budget(struct forward_engine *e, struct forward_config *c, char *err, size_t err_len)
+static int fit_budget(struct forward_engine *e, struct forward_config *c, struct sidecar_error *err)
 {
 	if (!c->mem_limit)
 		return 0;
@@ -129,14 +129,14 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 			return 0;
 		if (left == 0 || c->keep_budget) {
 			if (left == 0)
-				snprintf(err, err_len,
-				         "the request buffers (%llu bytes for %u tokens x %u ids) "
-				         "alone exceed the %llu bytes the engine may use",
-				         (unsigned long long)plan, e->max_tokens, e->max_k,
-				         (unsigned long long)c->mem_limit);
+				error_set(err, MOE_EINVAL,
+				          "the request buffers (%llu bytes for %u tokens x %u ids) "
+				          "alone exceed the %llu bytes the engine may use",
+				          (unsigned long long)plan, e->max_tokens, e->max_k,
+				          (unsigned long long)c->mem_limit);
 			else
-				snprintf(
-				    err, err_len,
+				error_set(
+				    err, MOE_EINVAL,
 				    "every expert needs %llu bytes of slots and the request "
 				    "buffers %llu (%u tokens x %u ids): above the %llu bytes the "
 				    "engine may use; at most %llu bytes of budget fit",
@@ -154,39 +154,40 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, char *
 		return 0;
 	}
 	if (c->mem_budget > left) {
-		snprintf(err, err_len,
-		         "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
-		         "tokens x %u ids) exceed the %llu bytes the engine may use; at most %llu "
-		         "bytes of budget fit",
-		         (unsigned long long)c->mem_budget, (unsigned long long)plan, e->max_tokens,
-		         e->max_k, (unsigned long long)c->mem_limit, (unsigned long long)left);
+		error_set(err, MOE_EINVAL,
+		          "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
+		          "tokens x %u ids) exceed the %llu bytes the engine may use; at most %llu "
+		          "bytes of budget fit",
+		          (unsigned long long)c->mem_budget, (unsigned long long)plan,
+		          e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
+		          (unsigned long long)left);
 		return -1;
 	}
 	return 0;
 }
 
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
-                   const struct forward_config *config, char *err, size_t err_len)
+                   const struct forward_config *config, struct sidecar_error *err)
 {
-	return forward_create_with_fault_hook(out, cat, config, NULL, NULL, err, err_len);
+	return forward_create_with_fault_hook(out, cat, config, NULL, NULL, err);
 }
 
 int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
                                    const struct forward_config *config, loader_fault_fn hook,
-                                   void *hook_arg, char *err, size_t err_len)
+                                   void *hook_arg, struct sidecar_error *err)
 {
 	*out = NULL;
 	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0) {
-		snprintf(err, err_len, "model has no routed experts");
+		error_set(err, MOE_EINVAL, "model has no routed experts");
 		return -1;
 	}
 	if (config->max_tokens == 0) {
-		snprintf(err, err_len, "forward engine: max_tokens must be >= 1");
+		error_set(err, MOE_EINVAL, "forward engine: max_tokens must be >= 1");
 		return -1;
 	}
 	struct forward_engine *e = calloc(1, sizeof(*e));
 	if (!e) {
-		snprintf(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		return -1;
 	}
 	e->cat = cat;
@@ -194,7 +195,8 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 	e->max_tokens = config->max_tokens;
 	e->max_k = config->max_ids_per_token ? config->max_ids_per_token : cat->info.top_k;
 	if (e->max_k == 0 || e->max_k > 65535) {
-		snprintf(err, err_len, "forward engine: ids per token %u out of range", e->max_k);
+		error_set(err, MOE_EINVAL, "forward engine: ids per token %u out of range",
+		          e->max_k);
 		free(e);
 		return -1;
 	}
@@ -204,10 +206,10 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 	pthread_mutex_init(&e->mask_lock, NULL);
 	bool topo_open = false, pool_open = false;
 	int status = -1;
-	if (topology_open(&e->topo, config, err, err_len) != 0)
+	if (topology_open(&e->topo, config, err) != 0)
 		goto fail;
 	topo_open = true;
-	if (weights_open(&e->w, cat, config, &e->topo, err, err_len) != 0)
+	if (weights_open(&e->w, cat, config, &e->topo, err) != 0)
 		goto fail;
 	e->w.fault_hook = hook;
 	e->w.fault_arg = hook_arg;
@@ -216,31 +218,31 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 		const size_t P = (size_t)e->max_tokens * e->max_k;
 		const uint32_t g =
 		    2 * (uint32_t)(P < cat->info.n_experts ? P : cat->info.n_experts);
-		if (pool_create(&e->pool, &e->topo, g, err, err_len) != 0)
+		if (pool_create(&e->pool, &e->topo, g, err) != 0)
 			goto fail;
 		pool_open = true;
 	}
-	if (alloc_plan(e, err, err_len) != 0)
+	if (alloc_plan(e, err) != 0)
 		goto fail;
 	if (config->source == FORWARD_SOURCE_RESIDENCY) {
 		struct forward_config rc = *config;
-		char why[400];
-		if (fit_budget(e, &rc, err, err_len) != 0) {
+		struct sidecar_error why;
+		if (fit_budget(e, &rc, err) != 0) {
 			status = -ENOSPC;
 			goto fail;
 		}
-		if (weights_start_residency(&e->w, &rc, &e->topo, why, sizeof(why)) != 0) {
+		if (weights_start_residency(&e->w, &rc, &e->topo, &why) != 0) {
 			if (rc.mem_budget != config->mem_budget) {
 				status = -ENOSPC; /* the pools the limit left hold no slot */
-				snprintf(
-				    err, err_len,
-				    "%s (of the %llu bytes the engine may use, its request buffers "
-				    "leave the expert slots %llu bytes after taking %llu)",
-				    why, (unsigned long long)rc.mem_limit,
+				error_set(
+				    err, why.status,
+				    "%s (of the %llu bytes the engine may use, its request "
+				    "buffers leave the expert slots %llu bytes after taking %llu)",
+				    why.msg, (unsigned long long)rc.mem_limit,
 				    (unsigned long long)rc.mem_budget,
 				    (unsigned long long)(e->ctx[0].bytes + e->ctx[1].bytes));
 			} else {
-				snprintf(err, err_len, "%s", why);
+				error_pass(err, &why);
 			}
 			goto fail;
 		}
@@ -252,7 +254,7 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 	e->counters = calloc(e->w.n_moe_layers, sizeof(*e->counters));
 	e->row_mark = calloc(cat->info.n_experts, sizeof(uint32_t));
 	if (!e->masks || !e->res_mask || !e->masked_now || !e->counters || !e->row_mark) {
-		snprintf(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		goto fail;
 	}
 	/* The kernels pick their ISA (and read MOEK_ISA) on first use: do it here, not on the
@@ -461,10 +463,11 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
 	enum weights_found found;
 	uint64_t cold_bytes;
 	uint32_t node = 0;
-	const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &node,
-	                             err, sizeof(err));
+	struct sidecar_error why;
+	const int a =
+	    weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &node, &why);
 	if (a == -EINVAL) {
-		rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", err);
+		rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", why.msg);
 	} else if (a < 0) {
 		struct req_group g = {.expert = x};
 		rc = waves_demand_failed(e, q, &g, node, a, res);

@@ -54,6 +54,7 @@
 #include <stdint.h>
 
 #include "catalog.h"
+#include "error.h"
 #include "json_writer.h"
 #include "residency.h"
 
@@ -119,7 +120,7 @@ struct forward_engine;
 /* Checks the NUMA part of config (numa, numa_list, numa_synthetic, threads_per_node) against
  * this machine the way forward_create would, without a model: a start-up can refuse a bad
  * --numa before reading anything. 0, or -1 with err. */
-int forward_check_topology(const struct forward_config *config, char *err, size_t err_len);
+int forward_check_topology(const struct forward_config *config, struct sidecar_error *err);
 
 /* Creates the engine: topology, pools, weights source (loads everything for ALL_RESIDENT,
  * warms pinned layers for RESIDENCY — and every expert when mem_budget is 0, unless
@@ -130,7 +131,7 @@ int forward_check_topology(const struct forward_config *config, char *err, size_
  * hold its request buffers and the slot pools asked for, or the pools it leaves hold no
  * slot. */
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
-                   const struct forward_config *config, char *err, size_t err_len);
+                   const struct forward_config *config, struct sidecar_error *err);
 /* Joins the workers and frees everything. No forward_run may be in progress. */
 void forward_destroy(struct forward_engine *e);
 

@@ -36,8 +36,8 @@ struct forward_topology {
 	uint32_t n_nodes;
 	struct forward_node nodes[FORWARD_MAX_NODES];
 };
-int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
-                  size_t err_len);
+int topology_open(struct forward_topology *t, const struct forward_config *cfg,
+                  struct sidecar_error *err);
 void topology_close(struct forward_topology *t);
 /* Pins the calling thread, worker `local` of node n: to its own PU (pus[local]) when the node
  * has one per worker, else to the node's PUs when there are several nodes; nothing when
@@ -105,7 +105,7 @@ struct forward_pool {
 	uint32_t item_capacity;
 };
 int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
-                char *err, size_t err_len);
+                struct sidecar_error *err);
 void pool_destroy(struct forward_pool *p);
 /* Runs load, hidden and down of every group (calls already prepared with n_workers =
  * p->n_workers) on the workers, the caller included, each phase over before the next. */
@@ -291,6 +291,6 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
  * (fault_hook.h): for tests and the test-hooks daemon only. */
 int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
                                    const struct forward_config *config, loader_fault_fn hook,
-                                   void *hook_arg, char *err, size_t err_len);
+                                   void *hook_arg, struct sidecar_error *err);
 
 #endif

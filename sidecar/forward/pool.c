@@ -125,7 +125,7 @@ static void *worker_main(void *arg)
 }
 
 int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
-                char *err, size_t err_len)
+                struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
 	p->topo = topo;
@@ -141,7 +141,7 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 			ok = (p->items[ph][n] =
 			          calloc(p->item_capacity, sizeof(struct pool_item))) != NULL;
 	if (!ok) {
-		snprintf(err, err_len, "worker pool: out of memory");
+		error_set(err, MOE_ENOMEM, "worker pool: out of memory");
 		pool_destroy(p);
 		return -1;
 	}
@@ -159,8 +159,8 @@ int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t 
 				continue; /* the caller of pool_run_wave */
 			rc = pthread_create(&w->thread, NULL, worker_main, w);
 			if (rc != 0) {
-				snprintf(err, err_len, "worker pool: starting worker %u: %s", index,
-				         strerror(rc));
+				error_set(err, MOE_ESYS, "worker pool: starting worker %u: %s",
+				          index, strerror(rc));
 				pool_destroy(p);
 				return -1;
 			}

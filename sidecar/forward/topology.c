@@ -68,33 +68,34 @@ static int order_pus(hwloc_topology_t topo, hwloc_const_bitmap_t set, struct for
 }
 
 /* topology_open without its log line (forward_check_topology runs it once more). */
-static int topology_build(struct forward_topology *t, const struct forward_config *cfg, char *err,
-                          size_t err_len)
+static int topology_build(struct forward_topology *t, const struct forward_config *cfg,
+                          struct sidecar_error *err)
 {
 	memset(t, 0, sizeof(*t));
 	hwloc_topology_t topo;
 	if (hwloc_topology_init(&topo) != 0) {
-		snprintf(err, err_len, "hwloc: cannot initialise a topology: %s", strerror(errno));
+		error_set(err, MOE_ESYS, "hwloc: cannot initialise a topology: %s",
+		          strerror(errno));
 		return -1;
 	}
 	if (cfg->numa == FORWARD_NUMA_SYNTHETIC) {
 		const char *spec = cfg->numa_synthetic ? cfg->numa_synthetic : "";
 		if (hwloc_topology_set_synthetic(topo, spec) != 0) {
-			snprintf(err, err_len, "hwloc: bad synthetic topology \"%s\"", spec);
+			error_set(err, MOE_EINVAL, "hwloc: bad synthetic topology \"%s\"", spec);
 			hwloc_topology_destroy(topo);
 			return -1;
 		}
 		t->synthetic = true;
 	}
 	if (hwloc_topology_load(topo) != 0) {
-		snprintf(err, err_len, "hwloc: cannot load the topology: %s", strerror(errno));
+		error_set(err, MOE_ESYS, "hwloc: cannot load the topology: %s", strerror(errno));
 		hwloc_topology_destroy(topo);
 		return -1;
 	}
 	t->topo = topo;
 	int total = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
 	if (total <= 0) {
-		snprintf(err, err_len, "hwloc: the topology has no NUMA node");
+		error_set(err, MOE_EINVAL, "hwloc: the topology has no NUMA node");
 		topology_close(t);
 		return -1;
 	}
@@ -108,8 +109,8 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 				continue;
 		}
 		if (t->n_nodes == FORWARD_MAX_NODES) {
-			snprintf(err, err_len, "topology: more than %u NUMA nodes",
-			         FORWARD_MAX_NODES);
+			error_set(err, MOE_EINVAL, "topology: more than %u NUMA nodes",
+			          FORWARD_MAX_NODES);
 			topology_close(t);
 			return -1;
 		}
@@ -119,13 +120,13 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 		if (!t->synthetic) {
 			hwloc_bitmap_t set = hwloc_bitmap_dup(node->cpuset);
 			if (!set) {
-				snprintf(err, err_len, "topology: out of memory");
+				error_set(err, MOE_ENOMEM, "topology: out of memory");
 				topology_close(t);
 				return -1;
 			}
 			n->cpuset = set;
 			if (order_pus(topo, set, n) != 0) {
-				snprintf(err, err_len, "topology: out of memory");
+				error_set(err, MOE_ENOMEM, "topology: out of memory");
 				topology_close(t);
 				return -1;
 			}
@@ -133,13 +134,14 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 		}
 	}
 	if (t->n_nodes == 0) {
-		snprintf(err, err_len, "--numa: none of the listed nodes exists on this machine");
+		error_set(err, MOE_EINVAL,
+		          "--numa: none of the listed nodes exists on this machine");
 		topology_close(t);
 		return -1;
 	}
 	if (cfg->numa == FORWARD_NUMA_LIST && t->n_nodes != cfg->numa_list_len) {
-		snprintf(err, err_len, "--numa: %u listed nodes, %u exist on this machine",
-		         cfg->numa_list_len, t->n_nodes);
+		error_set(err, MOE_EINVAL, "--numa: %u listed nodes, %u exist on this machine",
+		          cfg->numa_list_len, t->n_nodes);
 		topology_close(t);
 		return -1;
 	}
@@ -147,10 +149,10 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 	return 0;
 }
 
-int topology_open(struct forward_topology *t, const struct forward_config *cfg, char *err,
-                  size_t err_len)
+int topology_open(struct forward_topology *t, const struct forward_config *cfg,
+                  struct sidecar_error *err)
 {
-	if (topology_build(t, cfg, err, err_len) != 0)
+	if (topology_build(t, cfg, err) != 0)
 		return -1;
 	if (t->synthetic)
 		log_info(
@@ -160,10 +162,10 @@ int topology_open(struct forward_topology *t, const struct forward_config *cfg, 
 	return 0;
 }
 
-int forward_check_topology(const struct forward_config *cfg, char *err, size_t err_len)
+int forward_check_topology(const struct forward_config *cfg, struct sidecar_error *err)
 {
 	struct forward_topology t;
-	if (topology_build(&t, cfg, err, err_len) != 0)
+	if (topology_build(&t, cfg, err) != 0)
 		return -1;
 	topology_close(&t);
 	return 0;

@@ -174,9 +174,9 @@ static int demand(struct forward_engine *e, const struct forward_request *q, uin
 	enum weights_found found;
 	uint64_t cold_bytes;
 	uint32_t node = 0;
-	char err[128];
+	struct sidecar_error err;
 	const int rc = weights_demand(&e->w, moe_layer, g->expert, wait, &g->held, &found,
-	                              &cold_bytes, &node, err, sizeof(err));
+	                              &cold_bytes, &node, &err);
 	if (found == WEIGHTS_HIT) {
 		res->hits++;
 	} else if (found == WEIGHTS_IN_FLIGHT) {
@@ -186,7 +186,7 @@ static int demand(struct forward_engine *e, const struct forward_request *q, uin
 		res->bytes_read += cold_bytes;
 	}
 	if (rc == -EINVAL)
-		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err);
+		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err.msg);
 	if (rc < 0)
 		return waves_demand_failed(e, q, g, node, rc, res);
 	if (rc == 1)

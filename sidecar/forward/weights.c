@@ -50,8 +50,8 @@
 
 #define AUX_NONE UINT64_MAX
 
-static int read_exact(int fd, const char *path, void *buf, uint64_t len, uint64_t off, char *err,
-                      size_t err_len)
+static int read_exact(int fd, const char *path, void *buf, uint64_t len, uint64_t off,
+                      struct sidecar_error *err)
 {
 	uint8_t *p = buf;
 	while (len > 0) {
@@ -59,9 +59,9 @@ static int read_exact(int fd, const char *path, void *buf, uint64_t len, uint64_
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0) {
-			snprintf(err, err_len, "%s: read at offset %llu: %s", path,
-			         (unsigned long long)off,
-			         n < 0 ? strerror(errno) : "unexpected end of file");
+			error_set(err, MOE_ESYS, "%s: read at offset %llu: %s", path,
+			          (unsigned long long)off,
+			          n < 0 ? strerror(errno) : "unexpected end of file");
 			return -1;
 		}
 		p += n;
@@ -93,7 +93,7 @@ static uint64_t aux_floats(const struct moe_expert *x)
 }
 
 static int check_supported(struct forward_weights *w, const struct moe_catalog *cat,
-                           enum forward_source source, char *err, size_t err_len)
+                           enum forward_source source, struct sidecar_error *err)
 {
 	for (uint32_t l = 0; l < cat->info.n_layers; l++) {
 		if (!cat->layers[l].moe)
@@ -106,22 +106,23 @@ static int check_supported(struct forward_weights *w, const struct moe_catalog *
 			if (r->layout == MOE_LAYOUT_MXFP4_HF) {
 				w->mxfp4_hf = true;
 				if (source == FORWARD_SOURCE_MMAP) {
-					snprintf(err, err_len,
-					         "layer %u %s: MXFP4 in the Hugging Face "
-					         "_blocks/_scales layout cannot be served from the "
-					         "mmap source (the kernels take GGUF blocks, and a "
-					         "read-only page-cache mapping cannot be converted "
-					         "in place): use the residency or all-resident "
-					         "source, or convert the model to GGUF",
-					         l, moe_proj_name((enum moe_proj)p));
+					error_set(
+					    err, MOE_EINVAL,
+					    "layer %u %s: MXFP4 in the Hugging Face "
+					    "_blocks/_scales layout cannot be served from the "
+					    "mmap source (the kernels take GGUF blocks, and a "
+					    "read-only page-cache mapping cannot be converted "
+					    "in place): use the residency or all-resident "
+					    "source, or convert the model to GGUF",
+					    l, moe_proj_name((enum moe_proj)p));
 					return -1;
 				}
 			}
 			if (r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ) {
 				w->int4 = true;
 				if (source == FORWARD_SOURCE_MMAP) {
-					snprintf(
-					    err, err_len,
+					error_set(
+					    err, MOE_EINVAL,
 					    "layer %u %s: INT4 checkpoint weights (%s) cannot be "
 					    "served from the mmap source (the kernels take "
 					    "INT4_G32 blocks, and a read-only page-cache mapping "
@@ -134,9 +135,9 @@ static int check_supported(struct forward_weights *w, const struct moe_catalog *
 				}
 			}
 			if (p == MOE_PROJ_GATE_UP && moek_format_scale_block(r->format)) {
-				snprintf(err, err_len,
-				         "layer %u: FP8 in a fused gate_up tensor is not supported",
-				         l);
+				error_set(
+				    err, MOE_EINVAL,
+				    "layer %u: FP8 in a fused gate_up tensor is not supported", l);
 				return -1;
 			}
 		}
@@ -145,7 +146,7 @@ static int check_supported(struct forward_weights *w, const struct moe_catalog *
 }
 
 /* Reads biases and FP8 scales of every expert into w->aux as f32. */
-static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t err_len)
+static int load_aux(struct forward_weights *w, const int *fds, struct sidecar_error *err)
 {
 	const struct moe_catalog *cat = w->cat;
 	const size_t n_ids = (size_t)w->n_moe_layers * w->n_experts;
@@ -159,8 +160,8 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
 	    malloc(cat->info.expert_ffn * 2 * sizeof(float) + cat->info.hidden * 4 + 64);
 	if (!w->aux_index || !w->aux || !tmp) {
 		free(tmp);
-		snprintf(err, err_len, "expert side data (%llu floats): out of memory",
-		         (unsigned long long)total);
+		error_set(err, MOE_ENOMEM, "expert side data (%llu floats): out of memory",
+		          (unsigned long long)total);
 		return -1;
 	}
 	uint64_t at = 0;
@@ -179,8 +180,7 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
 				if (moek_format_scale_block(r->format) && r->scale.length) {
 					rc = read_exact(fds[r->scale.file],
 					                cat->files[r->scale.file].path, &w->aux[at],
-					                r->scale.length, r->scale.offset, err,
-					                err_len);
+					                r->scale.length, r->scale.offset, err);
 					a->scale[p] = at; /* FP8 is never fused: p < 3 */
 					at += r->scale.length / 4;
 				}
@@ -188,18 +188,18 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
 					continue;
 				size_t eb = bias_elem_bytes(r->bias_format);
 				if (r->bias.length != r->rows * eb) {
-					snprintf(err, err_len,
-					         "%s: layer %u expert %u %s bias: %llu bytes, "
-					         "expected %llu",
-					         path, w->model_layer[l], e,
-					         moe_proj_name((enum moe_proj)p),
-					         (unsigned long long)r->bias.length,
-					         (unsigned long long)(r->rows * eb));
+					error_set(err, MOE_EINVAL,
+					          "%s: layer %u expert %u %s bias: %llu bytes, "
+					          "expected %llu",
+					          path, w->model_layer[l], e,
+					          moe_proj_name((enum moe_proj)p),
+					          (unsigned long long)r->bias.length,
+					          (unsigned long long)(r->rows * eb));
 					rc = -1;
 					break;
 				}
 				rc = read_exact(fds[r->bias.file], cat->files[r->bias.file].path,
-				                tmp, r->bias.length, r->bias.offset, err, err_len);
+				                tmp, r->bias.length, r->bias.offset, err);
 				if (rc)
 					break;
 				float *dst = &w->aux[at];
@@ -243,28 +243,28 @@ static int load_aux(struct forward_weights *w, const int *fds, char *err, size_t
  * then the blocks are converted from the last chunk backwards, each chunk through scratch
  * (see mxfp4_hf_scratch_bytes). Returns 0 or -1 (err). */
 static int mxfp4_hf_convert(uint8_t *blocks, uint64_t blocks_len, const uint8_t *scales,
-                            uint64_t scales_len, uint8_t *scratch, size_t scratch_len, char *err,
-                            size_t err_len)
+                            uint64_t scales_len, uint8_t *scratch, size_t scratch_len,
+                            struct sidecar_error *err)
 {
 	const uint64_t nb = scales_len;
 	if (blocks_len != nb * 16 || nb == 0) {
-		snprintf(err, err_len,
-		         "MXFP4 (Hugging Face layout): %llu bytes of blocks for %llu scales "
-		         "(16 per scale expected)",
-		         (unsigned long long)blocks_len, (unsigned long long)scales_len);
+		error_set(err, MOE_EINVAL,
+		          "MXFP4 (Hugging Face layout): %llu bytes of blocks for %llu scales "
+		          "(16 per scale expected)",
+		          (unsigned long long)blocks_len, (unsigned long long)scales_len);
 		return -1;
 	}
 	if (scales < blocks + blocks_len) {
-		snprintf(err, err_len,
-		         "MXFP4 (Hugging Face layout): the scales do not follow the blocks in "
-		         "memory (cannot convert in place)");
+		error_set(err, MOE_EINVAL,
+		          "MXFP4 (Hugging Face layout): the scales do not follow the blocks in "
+		          "memory (cannot convert in place)");
 		return -1;
 	}
 	if (scratch_len < nb + (uint64_t)MXFP4_HF_CHUNK_BLOCKS * 16) {
-		snprintf(err, err_len,
-		         "MXFP4 (Hugging Face layout): %llu scales exceed the converter's "
-		         "scratch (%zu bytes)",
-		         (unsigned long long)nb, scratch_len);
+		error_set(err, MOE_EINVAL,
+		          "MXFP4 (Hugging Face layout): %llu scales exceed the converter's "
+		          "scratch (%zu bytes)",
+		          (unsigned long long)nb, scratch_len);
 		return -1;
 	}
 	uint8_t *sc = scratch, *chunk = scratch + nb;
@@ -295,14 +295,14 @@ static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
 	return (size_t)most + (size_t)MXFP4_HF_CHUNK_BLOCKS * 16;
 }
 
-static int converter_init(const struct forward_weights *w, struct mxfp4_hf_converter *c, char *err,
-                          size_t err_len)
+static int converter_init(const struct forward_weights *w, struct mxfp4_hf_converter *c,
+                          struct sidecar_error *err)
 {
 	c->scratch_len = mxfp4_hf_scratch_bytes(w);
 	c->scratch = malloc(c->scratch_len);
 	if (!c->scratch) {
-		snprintf(err, err_len, "MXFP4 conversion scratch (%zu bytes): out of memory",
-		         c->scratch_len);
+		error_set(err, MOE_ENOMEM, "MXFP4 conversion scratch (%zu bytes): out of memory",
+		          c->scratch_len);
 		return -1;
 	}
 	return 0;
@@ -322,9 +322,10 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 			         b, s, x->n_extents);
 			return -EINVAL;
 		}
+		struct sidecar_error e;
 		if (mxfp4_hf_convert(x->data[b], x->length[b], x->data[s], x->length[s], c->scratch,
-		                     c->scratch_len, msg, msg_len) != 0)
-			return -EINVAL;
+		                     c->scratch_len, &e) != 0)
+			return error_copy_msg(msg, msg_len, &e), -EINVAL;
 	}
 	return 0;
 }
@@ -360,14 +361,17 @@ static size_t int4_scratch_bytes(const struct forward_weights *w)
 
 /* Repacks projection r from its source tensors at src (weights, scales, zeros back to back)
  * into INT4_G32 rows at dst (moe_proj_kernel_bytes(r) bytes, not overlapping src). */
-static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t *dst, char *err,
-                       size_t err_len)
+static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t *dst,
+                       struct sidecar_error *err)
 {
 	const uint8_t *sc = src + r->data.length, *zs = sc + r->scale.length;
-	if (r->layout == MOE_LAYOUT_INT4_CT)
-		return moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, err, err_len);
-	return moek_int4_from_gptq(src, zs, sc, r->rows, r->cols, r->group, r->gptq_v1, dst, err,
-	                           err_len);
+	char why[200];
+	const int rc =
+	    r->layout == MOE_LAYOUT_INT4_CT
+	        ? moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
+	        : moek_int4_from_gptq(src, zs, sc, r->rows, r->cols, r->group, r->gptq_v1, dst, why,
+	                              sizeof(why));
+	return rc ? error_set(err, MOE_EINVAL, "%s", why) : 0;
 }
 
 /* The post-load repack of every INT4 projection of a loaded expert (whole-expert map): each
@@ -402,11 +406,11 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 		memcpy(buf + r->data.length, x->data[s], r->scale.length);
 		if (gptq)
 			memcpy(buf + r->data.length + r->scale.length, x->data[z], r->zeros.length);
-		char why[200];
-		if (int4_repack(r, buf, x->data[d], why, sizeof(why)) != 0) {
+		struct sidecar_error why;
+		if (int4_repack(r, buf, x->data[d], &why) != 0) {
 			snprintf(msg, msg_len, "layer %u expert %u %s: %s",
 			         w->model_layer[x->layer], x->expert,
-			         moe_proj_name((enum moe_proj)p), why);
+			         moe_proj_name((enum moe_proj)p), why.msg);
 			return -EINVAL;
 		}
 	}
@@ -414,7 +418,7 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 }
 
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
-                      struct moek_expert *v, char *err, size_t err_len);
+                      struct moek_expert *v, struct sidecar_error *err);
 
 /* The decode-layout piece of a whole expert (shape: its view) read into memory: gate and up
  * from tensors of their own, or from a fused gate_up (up's rows then follow gate's; unused
@@ -475,23 +479,30 @@ static int transform_after_load(void *arg, const struct residency_loaded *x, cha
 		return 0;
 	struct moek_expert shape;
 	struct decode_piece p;
-	if (shape_view(w, x->layer, x->expert, &shape, msg, msg_len) != 0)
+	struct sidecar_error e;
+	if (shape_view(w, x->layer, x->expert, &shape, &e) != 0) {
+		error_copy_msg(msg, msg_len, &e);
 		return -EINVAL;
+	}
 	loaded_piece(w, t->node, x, &shape, &p);
-	return decode_layout_apply(&w->decode, &t->decode, &p, msg, msg_len) ? -EINVAL : 0;
+	if (decode_layout_apply(&w->decode, &t->decode, &p, &e) != 0) {
+		error_copy_msg(msg, msg_len, &e);
+		return -EINVAL;
+	}
+	return 0;
 }
 
-static int open_files(const struct moe_catalog *cat, int **fds_out, char *err, size_t err_len)
+static int open_files(const struct moe_catalog *cat, int **fds_out, struct sidecar_error *err)
 {
 	int *fds = malloc(cat->n_files * sizeof(int));
 	if (!fds) {
-		snprintf(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		return -1;
 	}
 	for (uint32_t i = 0; i < cat->n_files; i++) {
 		fds[i] = open(cat->files[i].path, O_RDONLY | O_CLOEXEC);
 		if (fds[i] < 0) {
-			snprintf(err, err_len, "%s: %s", cat->files[i].path, strerror(errno));
+			error_set(err, MOE_ESYS, "%s: %s", cat->files[i].path, strerror(errno));
 			while (i-- > 0)
 				close(fds[i]);
 			free(fds);
@@ -533,8 +544,7 @@ static void bind_expert(struct forward_weights *w, struct forward_topology *topo
                         uint32_t e)
 {
 	struct moek_expert v;
-	char err[128];
-	if (weights_static_view(w, l, e, &v, err, sizeof(err)) != 0)
+	if (weights_static_view(w, l, e, &v, NULL) != 0)
 		return;
 	const size_t align = moek_expert_split_align(&v);
 	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
@@ -557,20 +567,20 @@ static uint64_t kernel_bytes(const struct moe_proj_ref *r)
 
 /* Rearranges the all-resident copy of (l, e) into the decode layout. */
 static int decode_all_resident(struct forward_weights *w, struct decode_scratch *scratch,
-                               uint32_t l, uint32_t e, char *err, size_t err_len)
+                               uint32_t l, uint32_t e, struct sidecar_error *err)
 {
 	const struct moe_expert *x = moe_catalog_expert(w->cat, w->model_layer[l], e);
 	uint8_t **d = (uint8_t **)&w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT];
 	struct moek_expert shape;
-	if (shape_view(w, l, e, &shape, err, err_len) != 0)
+	if (shape_view(w, l, e, &shape, err) != 0)
 		return -1;
 	const struct decode_piece p =
 	    whole_piece(&shape, d[MOE_PROJ_GATE], d[MOE_PROJ_UP],
 	                x->proj[MOE_PROJ_GATE_UP].present ? d[MOE_PROJ_GATE_UP] : NULL,
 	                d[MOE_PROJ_DOWN], kernel_bytes(&x->proj[MOE_PROJ_DOWN]));
-	char why[200];
-	if (decode_layout_apply(&w->decode, scratch, &p, why, sizeof(why)) != 0) {
-		snprintf(err, err_len, "layer %u expert %u: %s", w->model_layer[l], e, why);
+	struct sidecar_error why;
+	if (decode_layout_apply(&w->decode, scratch, &p, &why) != 0) {
+		error_set(err, MOE_EINVAL, "layer %u expert %u: %s", w->model_layer[l], e, why.msg);
 		return -1;
 	}
 	return 0;
@@ -578,7 +588,7 @@ static int decode_all_resident(struct forward_weights *w, struct decode_scratch 
 
 static int load_all_resident(struct forward_weights *w, const int *fds,
                              const struct forward_config *cfg, struct forward_topology *topo,
-                             char *err, size_t err_len)
+                             struct sidecar_error *err)
 {
 	const struct moe_catalog *cat = w->cat;
 	size_t total = 0;
@@ -593,8 +603,8 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 	void *buf =
 	    mmap(NULL, w->resident_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buf == MAP_FAILED) {
-		snprintf(err, err_len, "all-resident weights: %zu bytes: %s", w->resident_len,
-		         strerror(errno));
+		error_set(err, MOE_ESYS, "all-resident weights: %zu bytes: %s", w->resident_len,
+		          strerror(errno));
 		return -1;
 	}
 	w->resident = buf;
@@ -622,19 +632,19 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 				bind_expert(w, topo, l, e);
 	const uint64_t n_ids = (uint64_t)w->n_moe_layers * w->n_experts;
 	struct mxfp4_hf_converter conv = {0};
-	if (w->mxfp4_hf && converter_init(w, &conv, err, err_len) != 0)
+	if (w->mxfp4_hf && converter_init(w, &conv, err) != 0)
 		return -1;
 	struct decode_scratch scratch = {0};
 	struct moek_expert shape;
 	uint8_t *int4_buf = NULL;
 	if (w->int4 && !(int4_buf = malloc(int4_scratch_bytes(w)))) {
 		free(conv.scratch);
-		snprintf(err, err_len, "INT4 repack scratch (%zu bytes): out of memory",
-		         int4_scratch_bytes(w));
+		error_set(err, MOE_ENOMEM, "INT4 repack scratch (%zu bytes): out of memory",
+		          int4_scratch_bytes(w));
 		return -1;
 	}
-	if (w->decode.on && (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
-	                     decode_scratch_init(&scratch, &shape, err, err_len) != 0)) {
+	if (w->decode.on && (shape_view(w, 0, 0, &shape, err) != 0 ||
+	                     decode_scratch_init(&scratch, &shape, err) != 0)) {
 		free(conv.scratch);
 		free(int4_buf);
 		return -1;
@@ -658,41 +668,40 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 						rc = read_exact(fds[xs[k]->file],
 						                cat->files[xs[k]->file].path,
 						                int4_buf + used, xs[k]->length,
-						                xs[k]->offset, err, err_len);
+						                xs[k]->offset, err);
 						used += xs[k]->length;
 					}
-					char why[200];
-					if (rc == 0 &&
-					    int4_repack(r, int4_buf, dst, why, sizeof(why))) {
-						snprintf(err, err_len, "layer %u expert %u %s: %s",
-						         w->model_layer[l], e,
-						         moe_proj_name((enum moe_proj)p), why);
+					struct sidecar_error why;
+					if (rc == 0 && int4_repack(r, int4_buf, dst, &why)) {
+						error_set(err, MOE_EINVAL,
+						          "layer %u expert %u %s: %s",
+						          w->model_layer[l], e,
+						          moe_proj_name((enum moe_proj)p), why.msg);
 						rc = -1;
 					}
 					continue;
 				}
 				rc = read_exact(fds[r->data.file], cat->files[r->data.file].path,
-				                dst, r->data.length, r->data.offset, err, err_len);
+				                dst, r->data.length, r->data.offset, err);
 				if (rc || r->layout != MOE_LAYOUT_MXFP4_HF)
 					continue;
 				/* the scales right behind the blocks, then both become GGUF blocks
 				 */
 				uint8_t *sc = dst + r->data.length;
 				rc = read_exact(fds[r->scale.file], cat->files[r->scale.file].path,
-				                sc, r->scale.length, r->scale.offset, err, err_len);
-				char why[160];
+				                sc, r->scale.length, r->scale.offset, err);
+				struct sidecar_error why;
 				if (rc == 0 &&
 				    mxfp4_hf_convert(dst, r->data.length, sc, r->scale.length,
-				                     conv.scratch, conv.scratch_len, why,
-				                     sizeof(why))) {
-					snprintf(err, err_len, "layer %u expert %u %s: %s",
-					         w->model_layer[l], e,
-					         moe_proj_name((enum moe_proj)p), why);
+				                     conv.scratch, conv.scratch_len, &why)) {
+					error_set(err, MOE_EINVAL, "layer %u expert %u %s: %s",
+					          w->model_layer[l], e,
+					          moe_proj_name((enum moe_proj)p), why.msg);
 					rc = -1;
 				}
 			}
 			if (rc == 0 && w->decode.on)
-				rc = decode_all_resident(w, &scratch, l, e, err, err_len);
+				rc = decode_all_resident(w, &scratch, l, e, err);
 			if (rc == 0 && cfg->progress)
 				cfg->progress(cfg->progress_arg, "loading experts",
 				              (uint64_t)l * w->n_experts + e + 1, n_ids);
@@ -704,19 +713,19 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 	return rc;
 }
 
-static int map_files(struct forward_weights *w, char *err, size_t err_len)
+static int map_files(struct forward_weights *w, struct sidecar_error *err)
 {
 	const struct moe_catalog *cat = w->cat;
 	w->file_map = calloc(cat->n_files, sizeof(void *));
 	w->file_map_len = calloc(cat->n_files, sizeof(size_t));
 	if (!w->file_map || !w->file_map_len) {
-		snprintf(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		return -1;
 	}
 	for (uint32_t i = 0; i < cat->n_files; i++) {
 		int fd = open(cat->files[i].path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0) {
-			snprintf(err, err_len, "%s: %s", cat->files[i].path, strerror(errno));
+			error_set(err, MOE_ESYS, "%s: %s", cat->files[i].path, strerror(errno));
 			return -1;
 		}
 		size_t len = cat->files[i].size ? cat->files[i].size : 1;
@@ -724,7 +733,8 @@ static int map_files(struct forward_weights *w, char *err, size_t err_len)
 		int saved = errno;
 		close(fd);
 		if (m == MAP_FAILED) {
-			snprintf(err, err_len, "%s: mmap: %s", cat->files[i].path, strerror(saved));
+			error_set(err, MOE_ESYS, "%s: mmap: %s", cat->files[i].path,
+			          strerror(saved));
 			return -1;
 		}
 		w->file_map[i] = m;
@@ -820,11 +830,11 @@ void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t 
 
 /* The whole-expert view of (l, x) with placeholder data (shapes, formats and split only). */
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
-                      struct moek_expert *v, char *err, size_t err_len)
+                      struct moek_expert *v, struct sidecar_error *err)
 {
 	static const uint8_t dummy[64];
 	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
-	return weights_view(w, l, x, data, v, err, err_len);
+	return weights_view(w, l, x, data, v, err);
 }
 
 /* File bytes per row of projection r's data and (Hugging Face MXFP4) scales extents. */
@@ -851,7 +861,7 @@ static bool rows_contiguous(const struct moe_proj_ref *r)
 /* Appends rows [r0, r1) of projection r to a node's map: the data rows, then (Hugging Face
  * MXFP4) the same rows of the scales, so the post-load conversion finds them adjacent. */
 static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_proj_ref *r,
-                    uint64_t r0, uint64_t r1, char *err, size_t err_len)
+                    uint64_t r0, uint64_t r1, struct sidecar_error *err)
 {
 	const uint64_t rb = data_row_bytes(r), sb = scale_row_bytes(r);
 	struct sidecar_error e;
@@ -861,7 +871,7 @@ static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct
 		rc = expert_map_add(map, l, x, r->scale.file, r->scale.offset + r0 * sb,
 		                    (r1 - r0) * sb, &e);
 	if (rc)
-		error_copy_msg(err, err_len, &e);
+		error_pass(err, &e);
 	return rc;
 }
 
@@ -904,12 +914,12 @@ static void node_layout(struct forward_weights *w, const struct moe_expert *ce)
  * (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why says why),
  * or -1 (err). */
 static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *why, size_t why_len,
-                           char *err, size_t err_len)
+                           struct sidecar_error *err)
 {
 	const struct moe_catalog *cat = w->cat;
 	const char **paths = malloc(cat->n_files * sizeof(char *));
 	if (!paths) {
-		snprintf(err, err_len, "node maps: out of memory");
+		error_set(err, MOE_ENOMEM, "node maps: out of memory");
 		return -1;
 	}
 	for (uint32_t f = 0; f < cat->n_files; f++)
@@ -919,14 +929,14 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 	for (uint32_t n = 0; n < n_nodes && rc == 0; n++)
 		rc = expert_map_init(&w->node_map[n], w->n_moe_layers, w->n_experts, cat->n_files,
 		                     paths, &e)
-		         ? error_copy_msg(err, err_len, &e)
+		         ? error_pass(err, &e)
 		         : 0;
 	free(paths);
 	for (uint32_t l = 0; l < w->n_moe_layers && rc == 0; l++)
 		for (uint32_t x = 0; x < w->n_experts && rc == 0; x++) {
 			const struct moe_expert *ce = moe_catalog_expert(cat, w->model_layer[l], x);
 			struct moek_expert v;
-			if (shape_view(w, l, x, &v, err, err_len) != 0)
+			if (shape_view(w, l, x, &v, err) != 0)
 				return -1;
 			size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 			forward_expert_split(&v, n_nodes, f, o);
@@ -968,19 +978,17 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 				if (!gu->present) {
 					for (int p = 0; p < 2 && rc == 0; p++)
 						rc = add_rows(m, l, x, parts[p], f[n], f[n + 1],
-						              err, err_len);
+						              err);
 				} else if (gu->order == MOE_GATE_UP_INTERLEAVED) {
-					rc = add_rows(m, l, x, gu, 2 * f[n], 2 * f[n + 1], err,
-					              err_len);
+					rc = add_rows(m, l, x, gu, 2 * f[n], 2 * f[n + 1], err);
 				} else {
-					rc = add_rows(m, l, x, gu, f[n], f[n + 1], err, err_len);
+					rc = add_rows(m, l, x, gu, f[n], f[n + 1], err);
 					if (rc == 0)
 						rc = add_rows(m, l, x, gu, ffn + f[n],
-						              ffn + f[n + 1], err, err_len);
+						              ffn + f[n + 1], err);
 				}
 				if (rc == 0)
-					rc = add_rows(m, l, x, parts[2], o[n], o[n + 1], err,
-					              err_len);
+					rc = add_rows(m, l, x, parts[2], o[n], o[n + 1], err);
 			}
 			if (rc)
 				return -1;
@@ -997,7 +1005,7 @@ static void free_node_maps(struct forward_weights *w)
 
 /* The whole-expert map (catalog order: per projection data, scales, bias): which extents the
  * post-load conversion pairs up. The scales must directly follow the blocks. */
-static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
+static int whole_map_pairs(struct forward_weights *w, struct sidecar_error *err)
 {
 	const struct moe_expert *x = moe_catalog_expert(w->cat, w->model_layer[0], 0);
 	struct mxfp4_hf_converter *c = &w->hf_conv[0];
@@ -1007,10 +1015,10 @@ static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
 			continue;
 		const int8_t b = w->roles.data[p], s = w->roles.scale[p];
 		if (b < 0 || s != b + 1) {
-			snprintf(err, err_len,
-			         "%s: MXFP4 blocks and scales are not adjacent in the expert map "
-			         "(extents %d and %d)",
-			         moe_proj_name((enum moe_proj)p), b, s);
+			error_set(err, MOE_EINVAL,
+			          "%s: MXFP4 blocks and scales are not adjacent in the expert map "
+			          "(extents %d and %d)",
+			          moe_proj_name((enum moe_proj)p), b, s);
 			return -1;
 		}
 		c->blocks[c->n_pairs] = (uint8_t)b;
@@ -1022,14 +1030,14 @@ static int whole_map_pairs(struct forward_weights *w, char *err, size_t err_len)
 /* RESIDENCY, first part: the expert maps (whole, or each node's slices) and the per-residency
  * load transforms. The pools come later (weights_start_residency), once the engine knows what
  * memory its request buffers leave them. */
-static int open_residency_maps(struct forward_weights *w, struct forward_topology *topo, char *err,
-                               size_t err_len)
+static int open_residency_maps(struct forward_weights *w, struct forward_topology *topo,
+                               struct sidecar_error *err)
 {
 	w->n_nodes = topo->n_nodes;
 	w->n_res = 1;
 	if (topo->n_nodes > 1) {
 		char why[200] = "";
-		int rc = build_node_maps(w, topo->n_nodes, why, sizeof(why), err, err_len);
+		int rc = build_node_maps(w, topo->n_nodes, why, sizeof(why), err);
 		if (rc < 0)
 			return -1;
 		if (rc == 0) {
@@ -1045,11 +1053,11 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 	}
 	struct sidecar_error e;
 	if (!w->sliced && expert_map_from_catalog(w->cat, &w->map, &w->roles, NULL, &e) != 0)
-		return error_copy_msg(err, err_len, &e);
-	if (w->mxfp4_hf && !w->sliced && whole_map_pairs(w, err, err_len) != 0)
+		return error_pass(err, &e);
+	if (w->mxfp4_hf && !w->sliced && whole_map_pairs(w, err) != 0)
 		return -1;
 	for (uint32_t n = 0; w->mxfp4_hf && n < w->n_res; n++)
-		if (converter_init(w, &w->hf_conv[n], err, err_len) != 0)
+		if (converter_init(w, &w->hf_conv[n], err) != 0)
 			return -1;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		w->transform[n] = (struct load_transform){.w = w, .node = n, .hf = &w->hf_conv[n]};
@@ -1057,16 +1065,16 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 			w->transform[n].int4_scratch_len = int4_scratch_bytes(w);
 			w->transform[n].int4_scratch = malloc(w->transform[n].int4_scratch_len);
 			if (!w->transform[n].int4_scratch) {
-				snprintf(err, err_len,
-				         "INT4 repack scratch (%zu bytes): out of memory",
-				         w->transform[n].int4_scratch_len);
+				error_set(err, MOE_ENOMEM,
+				          "INT4 repack scratch (%zu bytes): out of memory",
+				          w->transform[n].int4_scratch_len);
 				return -1;
 			}
 		}
 		struct moek_expert shape;
 		if (w->decode.on &&
-		    (shape_view(w, 0, 0, &shape, err, err_len) != 0 ||
-		     decode_scratch_init(&w->transform[n].decode, &shape, err, err_len) != 0))
+		    (shape_view(w, 0, 0, &shape, err) != 0 ||
+		     decode_scratch_init(&w->transform[n].decode, &shape, err) != 0))
 			return -1;
 	}
 	return 0;
@@ -1081,7 +1089,7 @@ uint64_t weights_every_expert_bytes(const struct forward_weights *w)
 }
 
 int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
-                            struct forward_topology *topo, char *err, size_t err_len)
+                            struct forward_topology *topo, struct sidecar_error *err)
 {
 	char policy[128];
 	const char *base = cfg->policy ? cfg->policy : POLICY_DEFAULT_SPEC;
@@ -1126,9 +1134,9 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		struct sidecar_error why = {0};
 		if (residency_create(&w->res[n], map, &rc, &why) != 0) {
 			if (w->sliced)
-				snprintf(err, err_len, "node %u's residency: %s", n, why.msg);
+				error_set(err, MOE_EINVAL, "node %u's residency: %s", n, why.msg);
 			else
-				snprintf(err, err_len, "%s", why.msg);
+				error_set(err, MOE_EINVAL, "%s", why.msg);
 			return -1;
 		}
 		if (w->fault_hook) /* before the warm-up's first read */
@@ -1158,7 +1166,7 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		struct sidecar_error e;
 		for (uint32_t n = 0; n < w->n_res; n++)
 			if (residency_warm_pinned(w->res[n], &e) != 0)
-				return error_copy_msg(err, err_len, &e);
+				return error_pass(err, &e);
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);
@@ -1169,20 +1177,20 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 }
 
 int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
-                 const struct forward_config *cfg, struct forward_topology *topo, char *err,
-                 size_t err_len)
+                 const struct forward_config *cfg, struct forward_topology *topo,
+                 struct sidecar_error *err)
 {
 	memset(w, 0, sizeof(*w));
 	w->source = cfg->source;
 	w->cat = cat;
 	w->n_moe_layers = cat->info.n_moe_layers;
 	w->n_experts = cat->info.n_experts;
-	if (check_supported(w, cat, cfg->source, err, err_len))
+	if (check_supported(w, cat, cfg->source, err))
 		return -1;
 	w->model_layer = calloc(w->n_moe_layers ? w->n_moe_layers : 1, sizeof(uint32_t));
 	w->moe_index = calloc(cat->info.n_layers ? cat->info.n_layers : 1, sizeof(int32_t));
 	if (!w->model_layer || !w->moe_index) {
-		snprintf(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		return -1;
 	}
 	uint32_t m = 0;
@@ -1192,12 +1200,12 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 			w->model_layer[m++] = l;
 	}
 	int *fds = NULL;
-	if (open_files(cat, &fds, err, err_len))
+	if (open_files(cat, &fds, err))
 		return -1;
-	int rc = load_aux(w, fds, err, err_len);
+	int rc = load_aux(w, fds, err);
 	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
 		struct moek_expert shape;
-		rc = shape_view(w, 0, 0, &shape, err, err_len);
+		rc = shape_view(w, 0, 0, &shape, err);
 		if (rc == 0)
 			decode_layout_plan(&w->decode,
 			                   moe_catalog_expert(cat, w->model_layer[0], 0), &shape,
@@ -1207,19 +1215,19 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 		size_t n = (size_t)w->n_moe_layers * w->n_experts * MOE_PROJ_COUNT;
 		w->data = calloc(n ? n : 1, sizeof(*w->data));
 		if (!w->data) {
-			snprintf(err, err_len, "out of memory");
+			error_set(err, MOE_ENOMEM, "out of memory");
 			rc = -1;
 		}
 	}
 	if (rc == 0 && cfg->source == FORWARD_SOURCE_ALL_RESIDENT)
-		rc = load_all_resident(w, fds, cfg, topo, err, err_len);
+		rc = load_all_resident(w, fds, cfg, topo, err);
 	close_files(cat, fds);
 	if (rc)
 		return -1;
 	if (cfg->source == FORWARD_SOURCE_MMAP)
-		return map_files(w, err, err_len);
+		return map_files(w, err);
 	if (cfg->source == FORWARD_SOURCE_RESIDENCY)
-		return open_residency_maps(w, topo, err, err_len);
+		return open_residency_maps(w, topo, err);
 	return 0;
 }
 
@@ -1261,8 +1269,8 @@ static void matrix_of(const struct moe_proj_ref *r, const uint8_t *data, struct 
 }
 
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *v, char *err,
-                 size_t err_len)
+                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *v,
+                 struct sidecar_error *err)
 {
 	const struct moe_catalog *cat = w->cat;
 	const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[moe_layer], expert);
@@ -1294,9 +1302,9 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
 	for (int i = 0; i < 3; i++) {
 		if (!mats[i]->data) {
-			snprintf(err, err_len, "layer %u expert %u: %s weights missing",
-			         w->model_layer[moe_layer], expert,
-			         moe_proj_name((enum moe_proj)i));
+			error_set(err, MOE_EINVAL, "layer %u expert %u: %s weights missing",
+			          w->model_layer[moe_layer], expert,
+			          moe_proj_name((enum moe_proj)i));
 			return -1;
 		}
 		if (a->scale[i] != AUX_NONE)
@@ -1309,28 +1317,28 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 }
 
 int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                        struct moek_expert *v, char *err, size_t err_len)
+                        struct moek_expert *v, struct sidecar_error *err)
 {
 	return weights_view(w, moe_layer, expert,
 	                    &w->data[((size_t)moe_layer * w->n_experts + expert) * MOE_PROJ_COUNT],
-	                    v, err, err_len);
+	                    v, err);
 }
 
 /* The view of node n's slices (extents in build_node_maps order): weights_view's shapes,
  * formats and side data, with the data of node n's rows and row0 = f_n / o_n. */
 static int node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
-                     struct moek_expert *v, char *err, size_t err_len)
+                     struct moek_expert *v, struct sidecar_error *err)
 {
 	const struct moe_proj_ref *gu =
 	    &moe_catalog_expert(w->cat, w->model_layer[ref->layer], ref->expert)
 	         ->proj[MOE_PROJ_GATE_UP];
 	if (ref->n_extents != w->node_extents) {
-		snprintf(err, err_len, "layer %u expert %u: node %u holds %u extents, expected %u",
-		         w->model_layer[ref->layer], ref->expert, n, ref->n_extents,
-		         w->node_extents);
+		error_set(
+		    err, MOE_EINVAL, "layer %u expert %u: node %u holds %u extents, expected %u",
+		    w->model_layer[ref->layer], ref->expert, n, ref->n_extents, w->node_extents);
 		return -1;
 	}
-	if (shape_view(w, ref->layer, ref->expert, v, err, err_len) != 0)
+	if (shape_view(w, ref->layer, ref->expert, v, err) != 0)
 		return -1;
 	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 	forward_expert_split(v, w->n_nodes, f, o);
@@ -1349,12 +1357,12 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	return 0;
 }
 
-int weights_held_view(const struct forward_weights *w, struct held_expert *h, char *err,
-                      size_t err_len)
+int weights_held_view(const struct forward_weights *w, struct held_expert *h,
+                      struct sidecar_error *err)
 {
 	if (w->sliced) {
 		for (uint32_t n = 0; n < w->n_res; n++)
-			if (node_view(w, n, &h->ref[n], &h->node_view[n], err, err_len) != 0)
+			if (node_view(w, n, &h->ref[n], &h->node_view[n], err) != 0)
 				return -1;
 		h->view = h->node_view[0];
 		return 0;
@@ -1366,7 +1374,7 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h, ch
 		if (i >= 0 && (uint32_t)i < ref->n_extents)
 			data[p] = ref->data[i];
 	}
-	return weights_view(w, ref->layer, ref->expert, data, &h->view, err, err_len);
+	return weights_view(w, ref->layer, ref->expert, data, &h->view, err);
 }
 
 void weights_release(const struct forward_weights *w, struct held_expert *h)
@@ -1394,12 +1402,12 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 
 int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
                    struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
-                   uint32_t *failed_node, char *err, size_t err_len)
+                   uint32_t *failed_node, struct sidecar_error *err)
 {
 	*found = WEIGHTS_NOT_YET;
 	*cold_bytes = 0;
 	if (w->source != FORWARD_SOURCE_RESIDENCY) {
-		if (weights_static_view(w, moe_layer, expert, &h->view, err, err_len) != 0)
+		if (weights_static_view(w, moe_layer, expert, &h->view, err) != 0)
 			return -EINVAL;
 		*found = WEIGHTS_HIT;
 		return 1;
@@ -1444,7 +1452,7 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t
 	}
 	if (h->held_nodes != all)
 		return 0;
-	if (weights_held_view(w, h, err, err_len) != 0)
+	if (weights_held_view(w, h, err) != 0)
 		return -EINVAL;
 	return 1;
 }

@@ -108,26 +108,26 @@ struct held_expert {
 /* Opens a source: ALL_RESIDENT loads everything, MMAP maps the files, RESIDENCY builds the
  * expert maps only — its pools are created and warmed by weights_start_residency. */
 int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
-                 const struct forward_config *cfg, struct forward_topology *topo, char *err,
-                 size_t err_len);
+                 const struct forward_config *cfg, struct forward_topology *topo,
+                 struct sidecar_error *err);
 void weights_close(struct forward_weights *w);
 /* RESIDENCY: creates each node's residency under cfg->mem_budget (0: every expert), then
  * warms the pinned layers and (budget 0, not lazy) every expert. */
 int weights_start_residency(struct forward_weights *w, const struct forward_config *cfg,
-                            struct forward_topology *topo, char *err, size_t err_len);
+                            struct forward_topology *topo, struct sidecar_error *err);
 /* RESIDENCY: the pools' bytes when every expert fits (their slots, aligned). */
 uint64_t weights_every_expert_bytes(const struct forward_weights *w);
 /* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view, char *err,
-                 size_t err_len);
+                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view,
+                 struct sidecar_error *err);
 /* For ALL_RESIDENT and MMAP: the view at once. */
 int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                        struct moek_expert *view, char *err, size_t err_len);
+                        struct moek_expert *view, struct sidecar_error *err);
 /* For RESIDENCY: the views of an expert whose every residency's reference is held
  * (h->held_nodes covers res[0..n_res)): h->view and, sliced, h->node_view[]. */
-int weights_held_view(const struct forward_weights *w, struct held_expert *h, char *err,
-                      size_t err_len);
+int weights_held_view(const struct forward_weights *w, struct held_expert *h,
+                      struct sidecar_error *err);
 /* Node n's rows of a held expert: its slice's view when sliced, else the whole expert. */
 static inline const struct moek_expert *weights_node_view(const struct forward_weights *w,
                                                           const struct held_expert *h, uint32_t n)
@@ -161,7 +161,7 @@ enum weights_found { WEIGHTS_NOT_YET = 0, WEIGHTS_HIT, WEIGHTS_IN_FLIGHT, WEIGHT
  * expert: 1 and HIT at once. */
 int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
                    struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
-                   uint32_t *failed_node, char *err, size_t err_len);
+                   uint32_t *failed_node, struct sidecar_error *err);
 /* The last read error of (moe_layer, expert) on node, as a sentence ("" when none). */
 void weights_error_message(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
                            uint32_t expert, char *buf, size_t len);

@@ -91,11 +91,11 @@ int serve_model_check_config(const struct serve_model_config *cfg, char *err, si
 	struct forward_config fc = {.threads_per_node = cfg->threads};
 	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
 		return -1;
-	char why[256];
-	if (fc.numa != FORWARD_NUMA_AUTO && forward_check_topology(&fc, why, sizeof(why)) != 0)
-		return strncmp(why, "--numa", 6)
-		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why)
-		           : fail(err, err_len, "%s", why);
+	struct sidecar_error why;
+	if (fc.numa != FORWARD_NUMA_AUTO && forward_check_topology(&fc, &why) != 0)
+		return strncmp(why.msg, "--numa", 6)
+		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why.msg)
+		           : fail(err, err_len, "%s", why.msg);
 	struct policy_spec spec;
 	struct sidecar_error cause = {0};
 	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, &cause) != 0)
@@ -309,12 +309,11 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		         " less %" PRIu64 " held before the model%s)",
 		         engine_limit, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
-	char ferr[400];
+	struct sidecar_error ferr;
 #ifdef MOE_TEST_HOOKS
-	const int frc =
-	    forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, ferr, sizeof(ferr));
+	const int frc = forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, &ferr);
 #else
-	const int frc = forward_create(&m->engine, m->cat, &fc, ferr, sizeof(ferr));
+	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
 #endif
 	if (frc != 0) {
 		if (frc == -ENOSPC)
@@ -323,10 +322,10 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			     " bytes (%s) less %" PRIu64
 			     " held before the model%s: raise the limit "
 			     "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
-			     cfg->path, ferr, cfg->mem_limit, cfg->mem_limit_from, cfg->mem_base,
-			     asked ? "" : ", 3/4 of it");
+			     cfg->path, ferr.msg, cfg->mem_limit, cfg->mem_limit_from,
+			     cfg->mem_base, asked ? "" : ", 3/4 of it");
 		else
-			fail(err, err_len, "%s: %s", cfg->path, ferr);
+			fail(err, err_len, "%s: %s", cfg->path, ferr.msg);
 		goto fail;
 	}
 	struct forward_stats st = {0};

@@ -44,6 +44,13 @@ int error_set_errno(struct sidecar_error *err, const char *fmt, ...)
 	return -1;
 }
 
+int error_pass(struct sidecar_error *to, const struct sidecar_error *from)
+{
+	if (to && from && to != from)
+		*to = *from;
+	return -1;
+}
+
 int error_copy_msg(char *buf, size_t len, const struct sidecar_error *err)
 {
 	if (buf && len)

@@ -42,6 +42,10 @@ int error_set_errno(struct sidecar_error *err, const char *fmt, ...)
  * MOE_ESYS. For callers holding a -errno from a call that set no record. */
 int error_status_from_errno(int e);
 
+/* Passes a callee's record on: *to = *from (status and message; nothing if to is NULL).
+ * Returns -1. */
+int error_pass(struct sidecar_error *to, const struct sidecar_error *from);
+
 /* Copies the message into buf (len bytes, truncated, NUL-terminated; nothing if buf is NULL or
  * len 0) and returns -1. A bridge for callers still reporting through `char *err, size_t len`;
  * it goes when they do. */

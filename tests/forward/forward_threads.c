@@ -12,6 +12,9 @@
 #include "moe_abi.h"
 #include "moe_kernels.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 static int failures;
 
 #define CHECK(cond, ...)                                                                           \
@@ -68,7 +71,7 @@ static struct forward_engine *make_engine(const struct fwd_model *m, const struc
 	};
 	struct forward_engine *e = NULL;
 	char err[256];
-	if (forward_create(&e, m->cat, &cfg, err, sizeof(err)) != 0) {
+	if (forward_create(&e, m->cat, &cfg, &ferr) != 0) {
 		CHECK(0, "%s: forward_create: %s", s->name, err);
 		return NULL;
 	}

@@ -13,6 +13,9 @@
 #include "moe_abi.h"
 #include "moe_kernels.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -63,8 +66,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	    .max_tokens = MAX_TOKENS,
 	    .max_ids_per_token = MAX_K,
 	};
-	if (forward_create(&engine, model.cat, &cfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "fuzz_forward: engine: %s\n", err);
+	if (forward_create(&engine, model.cat, &cfg, &ferr) != 0) {
+		fprintf(stderr, "fuzz_forward: engine: %s\n", ferr.msg);
 		abort();
 	}
 	atexit(cleanup);

@@ -18,6 +18,9 @@
 #include "moe_gen.h"
 #include "moe_kernels.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 static struct forward_engine *engine_layout(const struct fwd_model *m, enum forward_source src,
                                             uint64_t budget, uint32_t max_tokens, bool files)
 {
@@ -31,9 +34,7 @@ static struct forward_engine *engine_layout(const struct fwd_model *m, enum forw
 	    .file_layout = files,
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
-	             err);
+	cr_assert_eq(forward_create(&e, m->cat, &cfg, &ferr), 0, "forward_create: %s", ferr.msg);
 	return e;
 }
 
@@ -459,8 +460,7 @@ Test(forward_warm, every_expert_loaded_at_create_when_all_fit)
 	    .progress_arg = &seen,
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
 	const uint64_t n = (uint64_t)m.cat->info.n_moe_layers * m.cat->info.n_experts;
 	cr_assert_eq(seen.total, n);
 	cr_assert_eq(seen.done, n, "every expert loaded");
@@ -548,10 +548,8 @@ Test(forward_io, failed_expert_fails_only_its_requests)
 	    .max_tokens = 4,
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(
-	    forward_create_with_fault_hook(&e, m.cat, &cfg, fail_expert_3, &hits, err, sizeof(err)),
-	    0, "%s", err);
+	cr_assert_eq(forward_create_with_fault_hook(&e, m.cat, &cfg, fail_expert_3, &hits, &ferr),
+	             0, "%s", ferr.msg);
 	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 4);
 	uint32_t failed, passed;
 	char why[256];
@@ -841,8 +839,7 @@ Test(forward_topology, synthetic_and_bad_choices)
 	    .max_tokens = 2,
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
 	struct forward_topology_info ti;
 	forward_topology(e, &ti);
 	cr_assert_eq(ti.n_nodes, 2);
@@ -851,16 +848,16 @@ Test(forward_topology, synthetic_and_bad_choices)
 	cr_assert_eq(ti.threads[0], 2, "threads default to the node's PUs");
 	forward_destroy(e);
 	cfg.numa_synthetic = "numa:banana";
-	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "banana") != NULL, "%s", err);
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
+	cr_assert(strstr(ferr.msg, "banana") != NULL, "%s", ferr.msg);
 	cfg.numa = FORWARD_NUMA_LIST;
 	cfg.numa_list[0] = 7;
 	cfg.numa_list_len = 1;
-	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "--numa") != NULL, "%s", err);
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
+	cr_assert(strstr(ferr.msg, "--numa") != NULL, "%s", ferr.msg);
 	cfg.numa_list[0] = 0;
 	cfg.threads_per_node = 1;
-	cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
 	forward_destroy(e);
 	fwd_model_free(&m);
 }
@@ -931,8 +928,7 @@ Test(forward_topology, workers_pinned_one_pu_each)
 		struct forward_config cfg = {.source = FORWARD_SOURCE_ALL_RESIDENT,
 		                             .max_tokens = 2};
 		struct forward_engine *e;
-		char err[256];
-		cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
 		struct forward_topology_info ti;
 		forward_topology(e, &ti);
 		const uint32_t pus = ti.threads[0]; /* the default: one worker per PU */
@@ -940,7 +936,7 @@ Test(forward_topology, workers_pinned_one_pu_each)
 		if (ti.n_nodes != 1)
 			cr_skip_test("a one-node machine is needed (%u nodes here)", ti.n_nodes);
 		cfg.threads_per_node = over ? pus + 1 : pus;
-		cr_assert_eq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0, "%s", err);
+		cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
 		forward_topology(e, &ti);
 		cr_assert_eq(ti.pinned_per_pu[0], !over, "%u workers on %u PUs", ti.threads[0],
 		             pus);

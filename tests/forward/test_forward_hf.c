@@ -28,6 +28,9 @@
 #include "moe_kernels.h"
 #include "residency.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 #define HIDDEN 256u
 #define FFN 256u
 
@@ -43,9 +46,7 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .lazy_load = true, /* these tests exercise demand loads (and so the conversion) */
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
-	             err);
+	cr_assert_eq(forward_create(&e, m->cat, &cfg, &ferr), 0, "forward_create: %s", ferr.msg);
 	return e;
 }
 
@@ -321,10 +322,11 @@ Test(forward_hf, mmap_source_refused_with_the_reason)
 	    .source = FORWARD_SOURCE_MMAP, .threads_per_node = 1, .max_tokens = 4};
 	struct forward_engine *e = NULL;
 	err[0] = '\0';
-	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
 	cr_assert_null(e);
-	cr_assert(strstr(err, "Hugging Face") && strstr(err, "mmap") && strstr(err, "GGUF"),
-	          "unclear refusal: %s", err);
+	cr_assert(strstr(ferr.msg, "Hugging Face") && strstr(ferr.msg, "mmap") &&
+	              strstr(ferr.msg, "GGUF"),
+	          "unclear refusal: %s", ferr.msg);
 	fwd_model_free(&m);
 }
 

@@ -18,6 +18,9 @@
 #include "moe_abi.h"
 #include "moe_kernels.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 #define HIDDEN 256u
 #define FFN 128u
 
@@ -33,9 +36,7 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .lazy_load = true, /* demand loads: the repack runs on the loader thread */
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(forward_create(&e, m->cat, &cfg, err, sizeof(err)), 0, "forward_create: %s",
-	             err);
+	cr_assert_eq(forward_create(&e, m->cat, &cfg, &ferr), 0, "forward_create: %s", ferr.msg);
 	return e;
 }
 
@@ -161,10 +162,10 @@ Test(forward_int4, mmap_refused)
 	struct forward_config cfg = {
 	    .source = FORWARD_SOURCE_MMAP, .threads_per_node = 1, .max_tokens = 8};
 	struct forward_engine *e = NULL;
-	char err[512];
-	cr_assert_neq(forward_create(&e, m.cat, &cfg, err, sizeof(err)), 0);
-	cr_assert(strstr(err, "layer 0 gate: INT4 checkpoint weights (GPTQ) cannot be served from "
-	                      "the mmap source"),
-	          "%s", err);
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
+	cr_assert(strstr(ferr.msg,
+	                 "layer 0 gate: INT4 checkpoint weights (GPTQ) cannot be served from "
+	                 "the mmap source"),
+	          "%s", ferr.msg);
 	fwd_model_free(&m);
 }

@@ -18,6 +18,9 @@
 #include "moe_abi.h"
 #include "moe_kernels.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 #define TWO_NODES "pack:1 numa:2 core:1 pu:1"
 
 static struct forward_engine *engine(const struct fwd_model *m, enum forward_source src,
@@ -35,10 +38,8 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .lazy_load = true,
 	};
 	struct forward_engine *e;
-	char err[256];
-	cr_assert_eq(
-	    forward_create_with_fault_hook(&e, m->cat, &cfg, hook, hook_arg, err, sizeof(err)), 0,
-	    "forward_create: %s", err);
+	cr_assert_eq(forward_create_with_fault_hook(&e, m->cat, &cfg, hook, hook_arg, &ferr), 0,
+	             "forward_create: %s", ferr.msg);
 	return e;
 }
 

@@ -11,6 +11,9 @@
 #include "moe_kernels.h"
 #include "oracle.h"
 
+/* The record of the last engine call that failed (forward.h). */
+static struct sidecar_error ferr;
+
 struct ref_engine {
 	struct moe_catalog *cat;
 	struct forward_engine *engine;
@@ -70,7 +73,7 @@ struct ref_engine *ref_open(const char *path)
 	struct forward_config fc = {
 	    .source = FORWARD_SOURCE_ALL_RESIDENT, .threads_per_node = 1, .max_tokens = 64};
 	char err[256];
-	if (forward_create(&r->engine, r->cat, &fc, err, sizeof(err)) != 0) {
+	if (forward_create(&r->engine, r->cat, &fc, &ferr) != 0) {
 		fprintf(stderr, "ref_open %s: %s\n", path, err);
 		moe_catalog_close(r->cat);
 		free(r);
