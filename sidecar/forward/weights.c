@@ -419,6 +419,7 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
                       struct moek_expert *v, struct sidecar_error *err);
+static int build_templates(struct forward_weights *w, struct sidecar_error *err);
 
 /* The decode-layout piece of a whole expert (shape: its view) read into memory: gate and up
  * from tensors of their own, or from a fused gate_up (up's rows then follow gate's; unused
@@ -1203,6 +1204,8 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	if (open_files(cat, &fds, err))
 		return -1;
 	int rc = load_aux(w, fds, err);
+	if (rc == 0)
+		rc = build_templates(w, err);
 	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
 		struct moek_expert shape;
 		rc = shape_view(w, 0, 0, &shape, err);
@@ -1254,6 +1257,7 @@ void weights_close(struct forward_weights *w)
 	free(w->data);
 	free(w->aux);
 	free(w->aux_index);
+	free(w->templates);
 	free(w->model_layer);
 	free(w->moe_index);
 	memset(w, 0, sizeof(*w));
@@ -1268,14 +1272,17 @@ static void matrix_of(const struct moe_proj_ref *r, const uint8_t *data, struct 
 	m->row_stride = 0;
 }
 
-int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
-                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *v,
-                 struct sidecar_error *err)
+/* Describes (moe_layer, expert) once, from the catalog and its side data: formats, shapes,
+ * strides, scales and biases, and where each matrix's rows start in the data of its tensor
+ * (weights_view adds the data pointers). */
+static void expert_template(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                            struct expert_template *t)
 {
 	const struct moe_catalog *cat = w->cat;
 	const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[moe_layer], expert);
 	const struct expert_aux *a = &w->aux_index[(size_t)moe_layer * w->n_experts + expert];
-	memset(v, 0, sizeof(*v));
+	struct moek_expert *v = &t->view;
+	memset(t, 0, sizeof(*t));
 	if (cat->info.swiglu_limit > 0) {
 		v->activation = MOEK_SWIGLU_OAI;
 		v->limit = cat->info.swiglu_limit;
@@ -1283,34 +1290,64 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 	}
 	const struct moe_proj_ref *fused = &x->proj[MOE_PROJ_GATE_UP];
 	if (fused->present) {
-		size_t rb = moek_row_bytes(fused->format, fused->cols);
-		uint64_t ffn = fused->rows / 2;
-		matrix_of(fused, data[MOE_PROJ_GATE_UP], &v->gate);
-		matrix_of(fused, data[MOE_PROJ_GATE_UP], &v->up);
+		const size_t rb = moek_row_bytes(fused->format, fused->cols);
+		const uint64_t ffn = fused->rows / 2;
+		matrix_of(fused, NULL, &v->gate);
+		matrix_of(fused, NULL, &v->up);
 		v->gate.rows = v->up.rows = (uint32_t)ffn;
+		t->source[0] = t->source[1] = MOE_PROJ_GATE_UP;
 		if (fused->order == MOE_GATE_UP_INTERLEAVED) {
-			v->up.data = data[MOE_PROJ_GATE_UP] + rb;
+			t->up_offset = rb;
 			v->gate.row_stride = v->up.row_stride = 2 * rb;
 		} else {
-			v->up.data = data[MOE_PROJ_GATE_UP] + ffn * rb;
+			t->up_offset = ffn * rb;
 		}
 	} else {
-		matrix_of(&x->proj[MOE_PROJ_GATE], data[MOE_PROJ_GATE], &v->gate);
-		matrix_of(&x->proj[MOE_PROJ_UP], data[MOE_PROJ_UP], &v->up);
+		matrix_of(&x->proj[MOE_PROJ_GATE], NULL, &v->gate);
+		matrix_of(&x->proj[MOE_PROJ_UP], NULL, &v->up);
+		t->source[0] = MOE_PROJ_GATE;
+		t->source[1] = MOE_PROJ_UP;
 	}
-	matrix_of(&x->proj[MOE_PROJ_DOWN], data[MOE_PROJ_DOWN], &v->down);
+	matrix_of(&x->proj[MOE_PROJ_DOWN], NULL, &v->down);
+	t->source[2] = MOE_PROJ_DOWN;
 	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
 	for (int i = 0; i < 3; i++) {
-		if (!mats[i]->data) {
+		if (a->scale[i] != AUX_NONE)
+			mats[i]->scales = &w->aux[a->scale[i]];
+		if (a->bias[i] != AUX_NONE)
+			mats[i]->bias = &w->aux[a->bias[i]];
+	}
+}
+
+static int build_templates(struct forward_weights *w, struct sidecar_error *err)
+{
+	const size_t n = (size_t)w->n_moe_layers * w->n_experts;
+	w->templates = malloc((n ? n : 1) * sizeof(*w->templates));
+	if (!w->templates)
+		return error_set(err, MOE_ENOMEM, "expert views (%zu bytes): out of memory",
+		                 n * sizeof(*w->templates));
+	for (uint32_t l = 0; l < w->n_moe_layers; l++)
+		for (uint32_t x = 0; x < w->n_experts; x++)
+			expert_template(w, l, x, &w->templates[(size_t)l * w->n_experts + x]);
+	return 0;
+}
+
+int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                 const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *v,
+                 struct sidecar_error *err)
+{
+	const struct expert_template *t = &w->templates[(size_t)moe_layer * w->n_experts + expert];
+	*v = t->view;
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++) {
+		const uint8_t *d = data[t->source[i]];
+		if (!d) {
 			error_set(err, MOE_EINVAL, "layer %u expert %u: %s weights missing",
 			          w->model_layer[moe_layer], expert,
 			          moe_proj_name((enum moe_proj)i));
 			return -1;
 		}
-		if (a->scale[i] != AUX_NONE)
-			mats[i]->scales = &w->aux[a->scale[i]];
-		if (a->bias[i] != AUX_NONE)
-			mats[i]->bias = &w->aux[a->bias[i]];
+		mats[i]->data = i == 1 && t->source[1] == MOE_PROJ_GATE_UP ? d + t->up_offset : d;
 	}
 	decode_layout_view(&w->decode, v);
 	return 0;
@@ -1329,9 +1366,8 @@ int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uin
 static int node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
                      struct moek_expert *v, struct sidecar_error *err)
 {
-	const struct moe_proj_ref *gu =
-	    &moe_catalog_expert(w->cat, w->model_layer[ref->layer], ref->expert)
-	         ->proj[MOE_PROJ_GATE_UP];
+	const struct expert_template *t =
+	    &w->templates[(size_t)ref->layer * w->n_experts + ref->expert];
 	if (ref->n_extents != w->node_extents) {
 		error_set(
 		    err, MOE_EINVAL, "layer %u expert %u: node %u holds %u extents, expected %u",
@@ -1345,7 +1381,7 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	const uint8_t *const *d = ref->data;
 	if (w->node_pieces == 2) { /* interleaved gate_up: gate rows even, up odd (2-row stride) */
 		v->gate.data = d[w->piece_data[0]];
-		v->up.data = d[w->piece_data[0]] + moek_row_bytes(gu->format, gu->cols);
+		v->up.data = d[w->piece_data[0]] + t->up_offset;
 	} else {
 		v->gate.data = d[w->piece_data[0]];
 		v->up.data = d[w->piece_data[1]];

@@ -33,6 +33,15 @@ struct expert_aux {
 	uint64_t bias[3];  /* gate, up, down */
 	uint64_t scale[3]; /* gate, up, down */
 };
+/* One expert described once (at open): its kernel view without data (formats, shapes,
+ * strides, scales, biases), the tensor each matrix's rows come from (gate, up, down:
+ * MOE_PROJ_GATE/UP or MOE_PROJ_GATE_UP, MOE_PROJ_DOWN) and where up starts in a fused
+ * gate_up. weights_view adds the data pointers of whichever source holds the expert. */
+struct expert_template {
+	struct moek_expert view;
+	uint8_t source[3];
+	size_t up_offset;
+};
 /* MXFP4 in the Hugging Face layout (_blocks + _scales extents) is converted to GGUF 17-byte
  * blocks in place, once per load: by each residency's loader thread (post-load hook) or, for
  * ALL_RESIDENT, at create. One converter per residency, used only by its loader thread. */
@@ -88,7 +97,8 @@ struct forward_weights {
 	size_t resident_len;
 	const uint8_t **data; /* MMAP/ALL_RESIDENT: [moe_layer][expert][proj] data pointer */
 	float *aux;
-	struct expert_aux *aux_index; /* [moe_layer][expert] */
+	struct expert_aux *aux_index;      /* [moe_layer][expert] */
+	struct expert_template *templates; /* [moe_layer][expert] */
 	uint64_t budget_bytes;
 };
 /* A held expert: its kernel views and (RESIDENCY) the references to release. */
