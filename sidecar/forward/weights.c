@@ -466,6 +466,87 @@ static void loaded_piece(const struct forward_weights *w, uint32_t node,
 	                           down_bytes);
 }
 
+/* ---- side data in the slot (side_in_slot) ---- */
+
+/* Where an extent's f32 rows live once converted: its data pointer rounded up to a float
+ * boundary (the extent's room covers the shift). */
+static float *side_rows(uint8_t *data)
+{
+	return (float *)(void *)(((uintptr_t)data + 3) & ~(uintptr_t)3);
+}
+
+static const float *held_side_rows(const uint8_t *data)
+{
+	return (const float *)(const void *)(((uintptr_t)data + 3) & ~(uintptr_t)3);
+}
+
+/* Converts the side data of a loaded expert in place: FP8 block scales (f32 in the file) and
+ * biases (f32, f16 or bf16; a fused gate_up's put in gate-then-up order) become f32 rows at
+ * side_rows() of their extents. */
+static int side_after_load(const struct load_transform *t, const struct residency_loaded *x,
+                           struct sidecar_error *err)
+{
+	const struct forward_weights *w = t->w;
+	const struct moe_expert *ce =
+	    moe_catalog_expert(w->cat, w->model_layer[x->layer], x->expert);
+	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
+		const struct moe_proj_ref *r = &ce->proj[p];
+		if (!r->present)
+			continue;
+		const int8_t s = w->roles.scale[p], b = w->roles.bias[p];
+		if (s >= 0 && moek_format_scale_block(r->format))
+			memmove(side_rows(x->data[s]), x->data[s], x->length[s]);
+		if (b < 0)
+			continue;
+		const size_t eb = bias_elem_bytes(r->bias_format);
+		if (x->length[b] != r->rows * eb)
+			return error_set(
+			    err, MOE_EINVAL,
+			    "%s: layer %u expert %u %s bias: %llu bytes, expected %llu",
+			    w->cat->files[r->bias.file].path, w->model_layer[x->layer], x->expert,
+			    moe_proj_name((enum moe_proj)p), (unsigned long long)x->length[b],
+			    (unsigned long long)(r->rows * eb));
+		float *dst = side_rows(x->data[b]);
+		if (eb == 4) {
+			memmove(dst, x->data[b], r->rows * 4);
+		} else { /* widened from the last row down: a row is read before it is written over
+			  */
+			for (uint64_t i = r->rows; i-- > 0;) {
+				uint16_t v;
+				memcpy(&v, x->data[b] + 2 * i, 2);
+				dst[i] = r->bias_format == MOEK_BF16 ? moek_bf16_to_f32(v)
+				                                     : moek_f16_to_f32(v);
+			}
+		}
+		if (p == MOE_PROJ_GATE_UP && r->order == MOE_GATE_UP_INTERLEAVED) {
+			const uint64_t ffn = r->rows / 2; /* even rows gate, odd up */
+			memcpy(t->side_scratch, dst, r->rows * sizeof(float));
+			for (uint64_t i = 0; i < ffn; i++) {
+				dst[i] = t->side_scratch[2 * i];
+				dst[ffn + i] = t->side_scratch[2 * i + 1];
+			}
+		}
+	}
+	return 0;
+}
+
+/* The views' scales and biases from the held slot (side_in_slot), matrix by matrix: gate,
+ * up, down, each from the tensor its rows come from. */
+static void side_view(const struct forward_weights *w, const struct expert_ref *ref,
+                      const struct expert_template *t, struct moek_expert *v)
+{
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++) {
+		const int p = t->source[i];
+		const int8_t s = w->roles.scale[p], b = w->roles.bias[p];
+		if (s >= 0 && moek_format_scale_block(mats[i]->format))
+			mats[i]->scales = held_side_rows(ref->data[s]);
+		if (b >= 0)
+			mats[i]->bias = held_side_rows(ref->data[b]) +
+			                (i == 1 && p == MOE_PROJ_GATE_UP ? v->gate.rows : 0);
+	}
+}
+
 /* The residency's post-load hook: the Hugging Face MXFP4 conversion, then the decode layout. */
 static int transform_after_load(void *arg, const struct residency_loaded *x, char *msg,
                                 size_t msg_len)
@@ -476,6 +557,13 @@ static int transform_after_load(void *arg, const struct residency_loaded *x, cha
 		return -EINVAL;
 	if (w->int4 && int4_after_load(t, x, msg, msg_len) != 0)
 		return -EINVAL;
+	if (w->side_in_slot) {
+		struct sidecar_error e;
+		if (side_after_load(t, x, &e) != 0) {
+			error_copy_msg(msg, msg_len, &e);
+			return -EINVAL;
+		}
+	}
 	if (!w->decode.on)
 		return 0;
 	struct moek_expert shape;
@@ -1062,6 +1150,15 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 			return -1;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		w->transform[n] = (struct load_transform){.w = w, .node = n, .hf = &w->hf_conv[n]};
+		if (w->side_in_slot) {
+			const size_t rows = 2 * (size_t)w->cat->info.expert_ffn +
+			                    (size_t)w->cat->info.hidden; /* any bias's rows */
+			w->transform[n].side_scratch = malloc(rows * sizeof(float));
+			if (!w->transform[n].side_scratch)
+				return error_set(err, MOE_ENOMEM,
+				                 "bias scratch (%zu bytes): out of memory",
+				                 rows * sizeof(float));
+		}
 		if (w->int4) {
 			w->transform[n].int4_scratch_len = int4_scratch_bytes(w);
 			w->transform[n].int4_scratch = malloc(w->transform[n].int4_scratch_len);
@@ -1203,7 +1300,10 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	int *fds = NULL;
 	if (open_files(cat, &fds, err))
 		return -1;
-	int rc = load_aux(w, fds, err);
+	/* One node: the residency holds each expert whole, side data included (side_after_load);
+	 * sliced nodes, and the other sources, take it converted once from aux. */
+	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY && topo->n_nodes == 1;
+	int rc = w->side_in_slot ? 0 : load_aux(w, fds, err);
 	if (rc == 0)
 		rc = build_templates(w, err);
 	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
@@ -1245,6 +1345,7 @@ void weights_close(struct forward_weights *w)
 	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++) {
 		free(w->hf_conv[n].scratch);
 		free(w->transform[n].int4_scratch);
+		free(w->transform[n].side_scratch);
 		decode_scratch_free(&w->transform[n].decode);
 	}
 	if (w->resident)
@@ -1280,7 +1381,8 @@ static void expert_template(const struct forward_weights *w, uint32_t moe_layer,
 {
 	const struct moe_catalog *cat = w->cat;
 	const struct moe_expert *x = moe_catalog_expert(cat, w->model_layer[moe_layer], expert);
-	const struct expert_aux *a = &w->aux_index[(size_t)moe_layer * w->n_experts + expert];
+	const struct expert_aux *a =
+	    w->aux_index ? &w->aux_index[(size_t)moe_layer * w->n_experts + expert] : NULL;
 	struct moek_expert *v = &t->view;
 	memset(t, 0, sizeof(*t));
 	if (cat->info.swiglu_limit > 0) {
@@ -1311,7 +1413,7 @@ static void expert_template(const struct forward_weights *w, uint32_t moe_layer,
 	matrix_of(&x->proj[MOE_PROJ_DOWN], NULL, &v->down);
 	t->source[2] = MOE_PROJ_DOWN;
 	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; a && i < 3; i++) {
 		if (a->scale[i] != AUX_NONE)
 			mats[i]->scales = &w->aux[a->scale[i]];
 		if (a->bias[i] != AUX_NONE)
@@ -1349,6 +1451,14 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 		}
 		mats[i]->data = i == 1 && t->source[1] == MOE_PROJ_GATE_UP ? d + t->up_offset : d;
 	}
+	if (w->side_in_slot) /* stand-ins until side_view: a shape view has none to point at */
+		for (int i = 0; i < 3; i++) {
+			const int p = t->source[i];
+			if (w->roles.scale[p] >= 0 && moek_format_scale_block(mats[i]->format))
+				mats[i]->scales = (const float *)(const void *)mats[i]->data;
+			if (w->roles.bias[p] >= 0)
+				mats[i]->bias = (const float *)(const void *)mats[i]->data;
+		}
 	decode_layout_view(&w->decode, v);
 	return 0;
 }
@@ -1410,7 +1520,12 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h,
 		if (i >= 0 && (uint32_t)i < ref->n_extents)
 			data[p] = ref->data[i];
 	}
-	return weights_view(w, ref->layer, ref->expert, data, &h->view, err);
+	if (weights_view(w, ref->layer, ref->expert, data, &h->view, err) != 0)
+		return -1;
+	if (w->side_in_slot)
+		side_view(w, ref, &w->templates[(size_t)ref->layer * w->n_experts + ref->expert],
+		          &h->view);
+	return 0;
 }
 
 void weights_release(const struct forward_weights *w, struct held_expert *h)

@@ -61,6 +61,7 @@ struct load_transform {
 	struct decode_scratch decode;
 	uint8_t *int4_scratch; /* INT4 checkpoints: a copy of one projection's source tensors */
 	size_t int4_scratch_len;
+	float *side_scratch; /* side_in_slot: one fused bias while its rows are put in order */
 };
 struct forward_weights {
 	enum forward_source source;
@@ -96,6 +97,10 @@ struct forward_weights {
 	uint8_t *resident; /* ALL_RESIDENT: every data extent, 64-byte aligned each */
 	size_t resident_len;
 	const uint8_t **data; /* MMAP/ALL_RESIDENT: [moe_layer][expert][proj] data pointer */
+	/* Side data (biases, FP8 block scales) as f32. RESIDENCY on one node: in each expert's
+	 * slot, converted by the post-load hook (side_in_slot), read and held with the expert
+	 * under the budget. Otherwise converted once at open into aux. */
+	bool side_in_slot;
 	float *aux;
 	struct expert_aux *aux_index;      /* [moe_layer][expert] */
 	struct expert_template *templates; /* [moe_layer][expert] */

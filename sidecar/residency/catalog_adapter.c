@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe_kernels.h"
+
 static int add(struct expert_map *map, uint32_t layer, uint32_t expert, const struct moe_extent *e,
                int8_t *role, uint32_t *count, struct sidecar_error *err)
 {
@@ -68,15 +70,34 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 				if (!rc && (pr->layout == MOE_LAYOUT_INT4_CT ||
 				            pr->layout == MOE_LAYOUT_INT4_GPTQ))
 					rc = expert_map_set_room(map, moe, x, room, err);
-				if (!rc)
+				if (!rc && !moek_format_scale_block(pr->format))
 					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,
 					         err);
 				if (!rc)
 					rc = add(map, moe, x, &pr->zeros, &here.zeros[p], &count,
 					         err);
+			}
+			/* What the kernels read besides the rows — FP8 block scales (f32) and
+			 * biases — comes after every projection's rows, which the decode layout
+			 * rearranges in place, with room for f32 rows on a float boundary (a
+			 * post-load hook converts them there). */
+			for (int p = 0; p < MOE_PROJ_COUNT && rc == 0; p++) {
+				const struct moe_proj_ref *pr = &e->proj[p];
+				if (!pr->present)
+					continue;
+				if (moek_format_scale_block(pr->format)) {
+					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,
+					         err);
+					if (!rc && here.scale[p] >= 0)
+						rc = expert_map_set_room(map, moe, x,
+						                         pr->scale.length + 3, err);
+				}
 				if (!rc)
 					rc =
 					    add(map, moe, x, &pr->bias, &here.bias[p], &count, err);
+				if (!rc && here.bias[p] >= 0)
+					rc =
+					    expert_map_set_room(map, moe, x, pr->rows * 4 + 3, err);
 			}
 			if (rc)
 				break;
