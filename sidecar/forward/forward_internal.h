@@ -51,6 +51,9 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
  * multiples of `align` (the last ends at total); split[n]..split[n+1] is node n's. */
 void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split);
 #define FORWARD_DOWN_ALIGN 8 /* output rows per down-phase unit */
+/* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
+ * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
+void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
 
 /* ---- pool.c ---- */
 /* One expert group of a wave: a prepared moek_ffn_call and the node split of its ranges. */

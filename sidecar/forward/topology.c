@@ -227,3 +227,9 @@ void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *spl
 	}
 	split[parts] = total;
 }
+
+void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o)
+{
+	forward_split_range(v->gate.rows, moek_expert_split_align(v), n_nodes, f);
+	forward_split_range(v->down.rows, FORWARD_DOWN_ALIGN, n_nodes, o);
+}

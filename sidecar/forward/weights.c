@@ -911,12 +911,6 @@ static void warm_all(struct forward_weights *w, const struct forward_config *cfg
 		cfg->progress(cfg->progress_arg, "warming every expert", total, total);
 }
 
-void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o)
-{
-	forward_split_range(v->gate.rows, moek_expert_split_align(v), n_nodes, f);
-	forward_split_range(v->down.rows, FORWARD_DOWN_ALIGN, n_nodes, o);
-}
-
 /* The whole-expert view of (l, x) with placeholder data (shapes, formats and split only). */
 static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
                       struct moek_expert *v, struct sidecar_error *err)

@@ -151,9 +151,6 @@ static inline const struct moek_expert *weights_node_view(const struct forward_w
 }
 /* Releases every reference h holds. */
 void weights_release(const struct forward_weights *w, struct held_expert *h);
-/* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
- * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
-void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
 /* Bytes of (moe_layer, expert) in residency `node`'s map. */
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
                            uint32_t expert);
