@@ -5,9 +5,9 @@
  * whole-array conversions run 8–16 elements at a time with the same bits (F16C's vcvtps2ph
  * rounds exactly as the scalar code; its f16 → f32 quietens NaNs, which the scalar code does
  * not, so those lanes are rebuilt in integers). Used for activations leaving the channel — a
- * FORWARD's f32 sum converted to the engine's bf16/f16 — where the scalar loop cost ~10 µs per
- * 7168-wide token, a measurable slice of a decode layer. The SIMD path follows the kernels'
- * ISA choice (MOEK_ISA=scalar / moek_set_isa force the scalar one).
+ * FORWARD's f32 sum converted to the engine's bf16/f16 — where a scalar loop is a measurable
+ * slice of a decode layer (docs/performance.md, "Kernel design measurements"). The SIMD path
+ * follows the kernels' ISA choice (MOEK_ISA=scalar / moek_set_isa force the scalar one).
  */
 #include <stdbool.h>
 #include <string.h>

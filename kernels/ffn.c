@@ -21,8 +21,8 @@
  * ([k][PANEL]: an outer-product micro-kernel, weights broadcast, tokens in vector lanes) —
  * compute-bound, no horizontal sums. Interleaved integer formats (Q8_0, Q4_K, MXFP4 in groups
  * of 8) take no tiles: their group dots over quantized activations, 8 tokens per call, blocked
- * so that the weights and activations in use stay in L2, beat dequantizing to f32 2-2.5x at
- * any token count (docs/performance.md) — the activations are then quantized as in decode,
+ * so that the weights and activations in use stay in L2, beat dequantizing to f32 at any token
+ * count (docs/performance.md) — the activations are then quantized as in decode,
  * as ggml's quantized mat-mul does.
  *
  * No allocation, no locks, no getenv. The ISA is isa.c's active one, taken at prepare.
@@ -531,18 +531,17 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 /* The decode paths keep a core's work between dots to the dots: a dot's results go straight
  * where they belong (one token; for groups, one wholly inside the range), and the per-row
  * work — bias, SwiGLU, the weighted sum into out — runs once per chunk of DECODE_CHUNK rows
- * (ROWS_CHUNK in the one-token row down path). Done per group between the dots (8 scalar loads,
- * expf and divides, stores after every 60 KB of weights), it cost 15-20% of a core's DRAM stream
- * where that stream is the limit: two threads at ~60 GB/s, MXFP4, 7168 columns, moek_ffn_hidden ran
- * at 44 GB/s against 53 for the same dots back to back (0.72 / 0.85 of the read probe); at ~33 GB/s
- * it matters less (0.80 / 0.88). The arithmetic per row is unchanged, only later: same bits. */
+ * (ROWS_CHUNK in the one-token row down path). Done per group between the dots (scalar loads,
+ * expf and divides, stores between the weight streams), it takes a share of a core's DRAM
+ * stream where that stream is the limit (docs/performance.md, "Kernel design measurements").
+ * The arithmetic per row is unchanged, only later: same bits. */
 #define DECODE_CHUNK 128
 
 /* Many tokens through the group dots: rows in chunks whose weights (all the phase's matrices)
  * take about L2_BLOCK bytes, tokens in blocks whose activations do, so that each weight
  * group is read from L2 for every 8 tokens of a block and each activation row for every group
- * of a chunk, not both from memory (DeepSeek's gate/up in Q8_0, 512 tokens, rows in chunks of
- * 128 and the tokens unblocked: 212 GFLOP/s on two threads, 469 at 128 tokens). Up to 8
+ * of a chunk, not both from memory (unblocked, a long prompt's activations evict the weights
+ * between groups and the throughput halves; docs/performance.md). Up to 8
  * tokens: DECODE_CHUNK rows, the weights stream once. */
 #define L2_BLOCK (256u << 10)
 
@@ -824,9 +823,8 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
 }
 
 /* Rows per call of the ISA's many-row dot in the down phase (one token; results in a stack
- * array). The hidden phase keeps alternating gate and up rows one call each: 4 rows of each in
- * turn were no faster, 8 or 16 slower (Qwen3, MXFP4, two threads: 30.9 / 29.3 / 27.1 GB/s
- * against 30.9-31.0 alternating). */
+ * array). The hidden phase keeps alternating gate and up rows one call each: longer runs of
+ * one matrix were no faster (docs/performance.md). */
 enum { ROWS_CHUNK = 64 };
 
 /* Interleaved down: as hidden_decode_x8, groups of 8 output rows, partial groups at the edges

@@ -98,7 +98,7 @@ static void transpose_words(const uint8_t *rows, size_t stride, size_t words, ui
 
 /* One group: 8 rows `stride` apart, nb blocks of bb bytes each, into dst. Vector segments go
  * through the ISA's word transpose where it has one: the load path rearranges every expert it
- * reads, and the portable byte loop ran at 3-10 GB/s. */
+ * reads, and a portable byte loop is several times slower than the disk fills it. */
 static void interleave_group(const struct moek_x8_layout *l, size_t bb, const uint8_t *in,
                              size_t stride, size_t nb, uint8_t *dst)
 {

@@ -412,9 +412,8 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 
 /* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
  * subset MOEK_FORM_VNNI needs (isa.c): the compiler may then fold a weight vector's load into the
- * EVEX shift that splits its nibbles and merge and/or into vpternlog — about one instruction in ten
- * fewer per MXFP4 block (MXFP4x8 one token, two threads, at ~60 GB/s: 0.69-0.70 -> 0.72-0.73 of
- * the read; docs/performance.md). The integer sums are exact and the float steps the same, so the
+ * EVEX shift that splits its nibbles and merge and/or into vpternlog — fewer instructions per
+ * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so the
  * bits are the AVX2 form's. */
 #define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
@@ -464,8 +463,7 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * weights of each of the 8 rows into 8 int32 lanes; the 8 rows' scales are one load; nothing
  * is summed horizontally. A GGUF-row dot instead reloads the activation block, converts a
  * scale and folds a vector per row and block — most of its work is not spent on weights
- * (in L1, one core: MXFP4 22, Q8_0 32, Q4_K 25 GB/s of weights against 2-3x that here; figures
- * in docs/performance.md). The integer sums are exact, so the VNNI and the AVX2 forms give the
+ * (docs/performance.md, `bench_kernels --dots`). The integer sums are exact, so the VNNI and the AVX2 forms give the
  * same bits; against the GGUF-row dots only the float reassociation differs.
  *
  * Software prefetch where it pays, which depends on the CPU (x8_prefetch below).
@@ -478,14 +476,11 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * line is asked for once). Past the end of a group it runs into the next group of the same
  * matrix, which the caller reads next; a prefetch never faults.
  *
- * Whether it pays depends on the core (docs/performance.md, "Today's figures: Intel Xeon VM"). On
- * the Intel Xeon VMs (AVX-512, AMX) one core's plain read reaches ≈ 18 GB/s, and with the hardware
- * prefetcher alone a group dot's compute time added to its memory time instead of hiding
- * behind it — one token, two threads, MXFP4x8 0.60-0.66 of the DRAM probe; with 1536 /
- * 1536 + 3072 bytes 0.80-0.88 (Q4_Kx8 0.67-0.74 -> 0.81-0.88, BF16x8 0.74-0.81 -> 0.90-0.94,
- * Q8_0x8 0.77-0.85 -> 0.87-0.92); 4 KiB into L1 alone was worse than none. On the AMD EPYC
- * (Zen 4) VMs a prefetch 6 KiB ahead lost 3-19% of the FFN's weight bandwidth in 9 of 11
- * (format, shape) rows, so there the hardware prefetcher works alone. */
+ * Whether it pays depends on the core (docs/performance.md, "Kernel design measurements"). On
+ * the Intel Xeon VMs one core's plain read is slow enough that, with the hardware prefetcher
+ * alone, a group dot's compute time adds to its memory time instead of hiding behind it; the
+ * software prefetch hides it. On the AMD EPYC VMs it costs weight bandwidth, so there the
+ * hardware prefetcher works alone. */
 static atomic_uint x8_pf_near, x8_pf_gap;
 static atomic_bool x8_pf_set;
 
@@ -584,8 +579,7 @@ ALWAYS_INLINE __m256 x8_e8m0_scales(const uint8_t *e8)
 {
 	/* No 0 or 255 among the 8 bytes (the rule in real checkpoints): the shift alone. The
 	 * test runs on the integer ALUs, which a group dot leaves idle, and spares the vector
-	 * pipes 4 of their ~50 instructions per block: in L1 (bench_kernels --dots) MXFP4x8
-	 * 38.7 -> 41.1 GB/s on one core. */
+	 * pipes a few instructions per block (bench_kernels --dots). */
 	uint64_t b;
 	memcpy(&b, e8, 8);
 	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
@@ -848,8 +842,8 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
  * f32 value, its odd element masked in place is; the activation pair is one 32-bit broadcast
  * split the same way. A GGUF-row BF16 dot loads as many activation bytes as weight bytes —
  * at 7168 columns a 14 KiB activation row that the weight stream evicts from L1 before every
- * row comes back from L2, and those reloads cost a quarter of a core's DRAM stream at
- * ~60 GB/s (docs/performance.md); here each activation pair serves 8 rows. One token: four
+ * row comes back from L2, and those reloads cost part of a core's DRAM stream
+ * (docs/performance.md); here each activation pair serves 8 rows. One token: four
  * vectors per step, even and odd sums of each in chains of their own (eight). */
 ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, const int NT,
                                 size_t k, float *out, bool vnni)

@@ -32,8 +32,7 @@ static inline float f16(uint16_t h)
 
 /* Software prefetch distance of the decode dot products, in bytes of weights ahead of the one
  * being decoded. Decode streams each weight row once from DRAM; the hardware prefetcher alone
- * leaves a core that also decodes nibbles stalled on misses (MXFP4 from DRAM: 8.8 GB/s on one
- * core with the row in flight, 12.3 GB/s with this distance; 20 GB/s in L1). Prefetches past
+ * leaves a core that also decodes nibbles stalled on misses. Prefetches past
  * the end of a row run into the next row of the matrix, which the caller reads next; a
  * prefetch never faults.
  *
@@ -41,12 +40,9 @@ static inline float f16(uint16_t h)
  * down projection: 14336 columns, 28 KiB of Q8_0x2 or bf16 activations) reload it from L2
  * for every row, and those L1 misses queue behind the weight prefetches waiting on DRAM. For
  * them a second prefetch, into L2 and PREFETCH_FAR bytes ahead, brings the weights close
- * enough that the near one completes quickly (one core from DRAM, 14336 columns: MXFP4 11 ->
- * 14.2 GB/s, BF16 14.4 -> 21.4, Q4_K 15.1 -> 18.6; two cores: MXFP4 19.8-20.8 -> 26.2-27.7,
- * Q4_K 26.6-26.8 -> 30.5-31.7, BF16 26.4 -> 31.2-31.5). On narrower rows it costs (MXFP4, two
- * cores, 2048 / 4096 columns: 27.8-28.5 / 29.6-32.3 -> 22.6-26.6 / 23.3-26.9 GB/s; Q8_0 at
- * 14336 columns no gain), so it is only issued past WIDE_ACT_BYTES of activations. 8, 12 and
- * 16 KiB ahead measured alike. */
+ * enough that the near one completes quickly. On narrower rows it costs bandwidth, so it is
+ * only issued past WIDE_ACT_BYTES of activations (docs/performance.md, "Kernel design
+ * measurements"). */
 #define PREFETCH_AHEAD 1536
 #define PREFETCH_FAR 8192
 #define WIDE_ACT_BYTES 16000 /* Q8_K of 14336 columns (16352) is past it, Q8_0 (15232) not */
