@@ -413,8 +413,8 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 /* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
  * subset MOEK_FORM_VNNI needs (isa.c): the compiler may then fold a weight vector's load into the
  * EVEX shift that splits its nibbles and merge and/or into vpternlog — fewer instructions per
- * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so the
- * bits are the AVX2 form's. */
+ * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so
+ * the bits are the AVX2 form's. */
 #define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
 #define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
@@ -463,8 +463,8 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * weights of each of the 8 rows into 8 int32 lanes; the 8 rows' scales are one load; nothing
  * is summed horizontally. A GGUF-row dot instead reloads the activation block, converts a
  * scale and folds a vector per row and block — most of its work is not spent on weights
- * (docs/performance.md, `bench_kernels --dots`). The integer sums are exact, so the VNNI and the AVX2 forms give the
- * same bits; against the GGUF-row dots only the float reassociation differs.
+ * (docs/performance.md, `bench_kernels --dots`). The integer sums are exact, so the VNNI and the
+ * AVX2 forms give the same bits; against the GGUF-row dots only the float reassociation differs.
  *
  * Software prefetch where it pays, which depends on the CPU (x8_prefetch below).
  *
