@@ -802,14 +802,12 @@ static void queue_reload(void *ctx, char *said, size_t said_len);
 static void queue_shutdown(void *ctx);
 
 int forward_queue_create(struct serve_model *m, const struct forward_queue_config *cfg,
-                         struct forward_queue **out, char *err, size_t err_len)
+                         struct forward_queue **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct forward_queue *o = calloc(1, sizeof(*o));
-	if (!o) {
-		snprintf(err, err_len, "out of memory");
-		return -1;
-	}
+	if (!o)
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	o->service = (struct channel_service){
 	    .ops = serving_ops,
 	    .ctx = o,
@@ -850,9 +848,8 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	if (!o->x || !o->ids || !o->weights || !o->out_immediate || !o->hint_ids ||
 	    !o->hint_scores || !o->mask || !o->stats || !o->routing || !o->moe_of_block ||
 	    !o->block_of_moe || !o->queued_mask) {
-		snprintf(err, err_len, "out of memory for the request buffers");
 		forward_queue_destroy(o);
-		return -1;
+		return error_set(err, MOE_ENOMEM, "out of memory for the request buffers");
 	}
 	for (uint32_t b = 0, l = 0; b < d->n_layers; b++) {
 		o->moe_of_block[b] = UINT32_MAX;
@@ -872,7 +869,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 		    .top_k = d->max_top_k,
 		    .max_tokens = d->max_tokens,
 		};
-		if (trace_recorder_create(&tc, &o->recorder, err, err_len) != 0) {
+		if (trace_recorder_create(&tc, &o->recorder, err) != 0) {
 			forward_queue_destroy(o);
 			return -1;
 		}
@@ -895,9 +892,9 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	if (rc == 0)
 		rc = pthread_create(&o->thread, NULL, forward_thread_main, o);
 	if (rc != 0) {
-		snprintf(err, err_len, "forward thread: %s", strerror(rc));
 		forward_queue_destroy(o);
-		return -1;
+		return error_set(err, error_status_from_errno(rc), "forward thread: %s",
+		                 strerror(rc));
 	}
 	o->thread_started = true;
 	*out = o;
