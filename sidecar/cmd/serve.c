@@ -512,8 +512,10 @@ int cmd_serve(int argc, char **argv)
 		return 2;
 	}
 	struct server *server;
-	if (server_open(&cfg, &server) != 0)
+	if (server_open(&cfg, &server, &err) != 0) {
+		log_error("server", "%s", err.msg);
 		return 1;
+	}
 	if (optind == argc)
 		return server_run(server);
 
