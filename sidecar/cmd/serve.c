@@ -489,9 +489,9 @@ int cmd_serve(int argc, char **argv)
 	}
 	/* Whatever needs no model is checked before the model is read (warming a large one
 	 * takes minutes): the options, then the socket, its directory and the one-sidecar lock. */
-	char err[512];
-	if (serve_model_check_config(&mcfg, err, sizeof(err)) != 0) {
-		fprintf(stderr, "moe-sidecar serve: %s\n", err);
+	struct sidecar_error err = {0};
+	if (serve_model_check_config(&mcfg, &err) != 0) {
+		fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
 		return 2;
 	}
 	/* Blocked before any thread exists (every thread the model starts inherits it), or a
@@ -512,8 +512,10 @@ int cmd_serve(int argc, char **argv)
 		return 2;
 	}
 	struct server *server;
-	if (server_open(&cfg, &server) != 0)
+	if (server_open(&cfg, &server, &err) != 0) {
+		log_error("server", "%s", err.msg);
 		return 1;
+	}
 	if (optind == argc)
 		return server_run(server);
 
@@ -541,14 +543,14 @@ int cmd_serve(int argc, char **argv)
 	         (unsigned long long)ml.kernel_bytes, (unsigned long long)ml.headroom_bytes,
 	         (unsigned long long)ml.available_bytes, (unsigned long long)mcfg.mem_base);
 	struct serve_model *model;
-	if (serve_model_open(&mcfg, &model, err, sizeof(err)) != 0) {
-		log_error("serve", "%s", err);
+	if (serve_model_open(&mcfg, &model, &err) != 0) {
+		log_error("serve", "%s", err.msg);
 		server_close(server);
 		return 1;
 	}
 	struct forward_queue *queue;
-	if (forward_queue_create(model, &ocfg, &queue, err, sizeof(err)) != 0) {
-		log_error("serve", "%s", err);
+	if (forward_queue_create(model, &ocfg, &queue, &err) != 0) {
+		log_error("serve", "%s", err.msg);
 		serve_model_close(model);
 		server_close(server);
 		return 1;

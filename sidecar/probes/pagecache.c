@@ -73,9 +73,9 @@ struct pagecache_probes {
 	int stale_grace_s; /* < 0: never sweep */
 	__u64 page_size;
 	char instance[INSTANCE_NAME_MAX + 1];
-	char pin_dir[128]; /* PIN_ROOT/<instance> */
-	char status[768];
-	char error[512];
+	char pin_dir[128];                                          /* PIN_ROOT/<instance> */
+	char status[sizeof(((struct sidecar_error *)0)->msg) + 32]; /* "unavailable: " + error */
+	struct sidecar_error error; /* the last failure on this handle: pagecache_last_error */
 
 	struct watched_file *files;
 	size_t n_files;
@@ -91,14 +91,18 @@ struct pagecache_probes {
 	int counters_fd, pid_counters_fd; /* -1 unless available */
 };
 
+/* Records the failure on the handle (status from the errno) and returns -errno, the loader
+ * API's convention. */
 __attribute__((format(printf, 3, 4))) static int fail(struct pagecache_probes *p, int err,
                                                       const char *fmt, ...)
 {
+	const int e = err < 0 ? -err : err;
+	p->error.status = error_status_from_errno(e);
 	va_list ap;
 	va_start(ap, fmt);
-	vsnprintf(p->error, sizeof(p->error), fmt, ap);
+	vsnprintf(p->error.msg, sizeof(p->error.msg), fmt, ap);
 	va_end(ap);
-	return err < 0 ? err : -err;
+	return -e;
 }
 
 static bool instance_name_valid(const char *name)
@@ -477,8 +481,7 @@ static void sweep_stale_instances(struct pagecache_probes *p)
 	if (!d)
 		return;
 	const time_t now = time(NULL);
-	char saved_error[sizeof(p->error)];
-	memcpy(saved_error, p->error, sizeof(saved_error));
+	const struct sidecar_error saved_error = p->error;
 	for (struct dirent *de; (de = readdir(d));) {
 		if (de->d_type != DT_DIR || !instance_name_valid(de->d_name) ||
 		    !strcmp(de->d_name, p->instance))
@@ -512,12 +515,12 @@ static void sweep_stale_instances(struct pagecache_probes *p)
 				         de->d_name);
 		} else {
 			log_warn("probes", "stale instance '%s' left in place: %s", de->d_name,
-			         p->error[0] ? p->error : strerror(errno));
+			         p->error.msg[0] ? p->error.msg : strerror(errno));
 		}
 		close(fd);
 	}
 	closedir(d);
-	memcpy(p->error, saved_error, sizeof(saved_error));
+	p->error = saved_error;
 }
 
 /* Is the tracepoint behind prog present on this kernel? name gets its short name. */
@@ -691,10 +694,9 @@ static int attach(struct pagecache_probes *p)
 	if (rc == 0)
 		rc = load_and_pin(p, missing, sizeof(missing));
 	if (rc) {
-		char reason[sizeof(p->error)];
-		memcpy(reason, p->error, sizeof(reason));
+		const struct sidecar_error reason = p->error;
 		detach(p);
-		memcpy(p->error, reason, sizeof(reason));
+		p->error = reason;
 		return rc;
 	}
 	snprintf(p->status, sizeof(p->status), "active: %s%s%s%s", p->pin_dir,
@@ -870,12 +872,12 @@ int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes 
 		log_info("probes", "page-cache probes %s instance=%s per_pid=%d", p->status,
 		         p->instance, (int)p->per_pid);
 	} else {
-		snprintf(p->status, sizeof(p->status), "unavailable: %s", p->error);
+		snprintf(p->status, sizeof(p->status), "unavailable: %s", p->error.msg);
 		p->pin_dir[0] = '\0';
 		if (!p->quiet)
 			log_warn("probes", "page-cache probes %s", p->status);
 	}
-	p->error[0] = '\0';
+	p->error = (struct sidecar_error){0};
 	*out = p;
 	return 0;
 }
@@ -919,7 +921,7 @@ int pagecache_busy_owner(const struct pagecache_probes *p)
 
 const char *pagecache_last_error(const struct pagecache_probes *p)
 {
-	return p->error;
+	return p->error.msg;
 }
 
 int pagecache_watch(struct pagecache_probes *p, const char *path)

@@ -138,31 +138,31 @@ static size_t mask_layer_bytes(const struct serve_model_desc *d)
 /* Whether a channel of `bytes` fits in what the memory limit leaves; else a refusal
  * sentence (it goes into the welcome: at most MOE_REASON_LEN). Under o->lock. */
 static bool channel_fits(const struct forward_queue *o, uint64_t bytes, uint64_t deferred,
-                         char *err, size_t err_len)
+                         struct sidecar_error *err)
 {
 	const uint64_t used =
 	    o->mem_fixed + atomic_load_explicit(&o->mem_channels, memory_order_relaxed);
 	if (!o->mem_limit || used + bytes <= o->mem_limit)
 		return true;
 	const uint64_t mib = 1u << 20;
-	snprintf(err, err_len,
-	         "channel needs %llu MiB (%llu MiB deferred state); %llu of %llu MiB left under "
-	         "the memory limit (%s): ask for fewer slots or tokens",
-	         (unsigned long long)((bytes + mib - 1) / mib),
-	         (unsigned long long)((deferred + mib - 1) / mib),
-	         (unsigned long long)(used < o->mem_limit ? (o->mem_limit - used) / mib : 0),
-	         (unsigned long long)(o->mem_limit / mib), o->desc->mem_limit_from);
+	error_set(err, MOE_EREFUSED,
+	          "channel needs %llu MiB (%llu MiB deferred state); %llu of %llu MiB left under "
+	          "the memory limit (%s): ask for fewer slots or tokens",
+	          (unsigned long long)((bytes + mib - 1) / mib),
+	          (unsigned long long)((deferred + mib - 1) / mib),
+	          (unsigned long long)(used < o->mem_limit ? (o->mem_limit - used) / mib : 0),
+	          (unsigned long long)(o->mem_limit / mib), o->desc->mem_limit_from);
 	return false;
 }
 
-static int queue_channel_open(void *ctx, struct sidecar_channel *ch, char *err, size_t err_len)
+static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct sidecar_error *err)
 {
 	struct forward_queue *o = ctx;
 	struct model_channel *mc = NULL;
 	size_t n = (size_t)ch->limits.max_tokens * o->desc->hidden;
 	const uint64_t cost = ch->bytes + 2 * n * sizeof(float);
 	pthread_mutex_lock(&o->lock);
-	const bool fits = channel_fits(o, cost, 2 * n * sizeof(float), err, err_len);
+	const bool fits = channel_fits(o, cost, 2 * n * sizeof(float), err);
 	pthread_mutex_unlock(&o->lock);
 	if (!fits)
 		return -1;
@@ -172,8 +172,8 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, char *err, 
 		mc->deferred[1] = calloc(n, sizeof(float));
 	}
 	if (!mc || !mc->deferred[0] || !mc->deferred[1]) {
-		snprintf(err, err_len, "out of memory for %zu bytes of deferred state",
-		         2 * n * sizeof(float));
+		error_set(err, MOE_ENOMEM, "out of memory for %zu bytes of deferred state",
+		          2 * n * sizeof(float));
 		goto fail;
 	}
 	mc->fq = o;
@@ -181,8 +181,8 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, char *err, 
 	pthread_mutex_lock(&o->lock);
 	if (o->client_ids == UINT64_MAX) {
 		pthread_mutex_unlock(&o->lock);
-		snprintf(err, err_len, "this sidecar already serves %u model clients",
-		         SERVE_MODEL_MAX_CLIENTS);
+		error_set(err, MOE_EREFUSED, "this sidecar already serves %u model clients",
+		          SERVE_MODEL_MAX_CLIENTS);
 		goto fail;
 	}
 	mc->client = (uint32_t)__builtin_ctzll(~o->client_ids);
@@ -795,21 +795,19 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 
 /* ---- Life cycle ------------------------------------------------------------------------ */
 
-static int queue_grant(void *ctx, const struct moe_limits *g, char *why, size_t why_len);
+static int queue_grant(void *ctx, const struct moe_limits *g, struct sidecar_error *why);
 static void queue_welcome(void *ctx, struct moe_model_info *out,
                           uint8_t fingerprint[MOE_FINGERPRINT_BYTES]);
 static void queue_reload(void *ctx, char *said, size_t said_len);
 static void queue_shutdown(void *ctx);
 
 int forward_queue_create(struct serve_model *m, const struct forward_queue_config *cfg,
-                         struct forward_queue **out, char *err, size_t err_len)
+                         struct forward_queue **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct forward_queue *o = calloc(1, sizeof(*o));
-	if (!o) {
-		snprintf(err, err_len, "out of memory");
-		return -1;
-	}
+	if (!o)
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	o->service = (struct channel_service){
 	    .ops = serving_ops,
 	    .ctx = o,
@@ -850,9 +848,8 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	if (!o->x || !o->ids || !o->weights || !o->out_immediate || !o->hint_ids ||
 	    !o->hint_scores || !o->mask || !o->stats || !o->routing || !o->moe_of_block ||
 	    !o->block_of_moe || !o->queued_mask) {
-		snprintf(err, err_len, "out of memory for the request buffers");
 		forward_queue_destroy(o);
-		return -1;
+		return error_set(err, MOE_ENOMEM, "out of memory for the request buffers");
 	}
 	for (uint32_t b = 0, l = 0; b < d->n_layers; b++) {
 		o->moe_of_block[b] = UINT32_MAX;
@@ -872,7 +869,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 		    .top_k = d->max_top_k,
 		    .max_tokens = d->max_tokens,
 		};
-		if (trace_recorder_create(&tc, &o->recorder, err, err_len) != 0) {
+		if (trace_recorder_create(&tc, &o->recorder, err) != 0) {
 			forward_queue_destroy(o);
 			return -1;
 		}
@@ -895,9 +892,9 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	if (rc == 0)
 		rc = pthread_create(&o->thread, NULL, forward_thread_main, o);
 	if (rc != 0) {
-		snprintf(err, err_len, "forward thread: %s", strerror(rc));
 		forward_queue_destroy(o);
-		return -1;
+		return error_set(err, error_status_from_errno(rc), "forward thread: %s",
+		                 strerror(rc));
 	}
 	o->thread_started = true;
 	*out = o;
@@ -962,22 +959,19 @@ void forward_queue_destroy(struct forward_queue *o)
 }
 
 /* The engine's buffers are sized for the model's limits: nothing larger may be granted. */
-static int queue_grant(void *ctx, const struct moe_limits *g, char *why, size_t why_len)
+static int queue_grant(void *ctx, const struct moe_limits *g, struct sidecar_error *why)
 {
 	const struct forward_queue *o = ctx;
 	const struct serve_model_desc *m = o->desc;
-	if (g->hidden != m->hidden) {
-		snprintf(why, why_len, "hidden %u: this sidecar serves %s with hidden %u",
-		         g->hidden, m->name, m->hidden);
-		return -1;
-	}
-	if (g->max_tokens > m->max_tokens || g->top_k > m->max_top_k) {
-		snprintf(why, why_len,
-		         "max_tokens %u / top_k %u above this sidecar's %u / %u "
-		         "(serve --max-tokens)",
-		         g->max_tokens, g->top_k, m->max_tokens, m->max_top_k);
-		return -1;
-	}
+	if (g->hidden != m->hidden)
+		return error_set(why, MOE_EREFUSED,
+		                 "hidden %u: this sidecar serves %s with hidden %u", g->hidden,
+		                 m->name, m->hidden);
+	if (g->max_tokens > m->max_tokens || g->top_k > m->max_top_k)
+		return error_set(why, MOE_EREFUSED,
+		                 "max_tokens %u / top_k %u above this sidecar's %u / %u "
+		                 "(serve --max-tokens)",
+		                 g->max_tokens, g->top_k, m->max_tokens, m->max_top_k);
 	return 0;
 }
 

@@ -44,9 +44,9 @@ struct forward_queue_config {
 };
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace
- * recorder when asked. 0 or -1 + err. */
+ * recorder when asked. 0 or -1 with err filled. */
 int forward_queue_create(struct serve_model *m, const struct forward_queue_config *cfg,
-                         struct forward_queue **out, char *err, size_t err_len);
+                         struct forward_queue **out, struct sidecar_error *err);
 /* Joins the forward thread and frees. Every channel must be closed. NULL is a no-op. */
 void forward_queue_destroy(struct forward_queue *o);
 

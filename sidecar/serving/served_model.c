@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,17 +44,7 @@ struct serve_model {
 	bool warm_started;
 };
 
-static int fail(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
-static int parse_numa(const char *spec, struct forward_config *fc, char *err, size_t len)
+static int parse_numa(const char *spec, struct forward_config *fc, struct sidecar_error *err)
 {
 	if (!spec || !strcmp(spec, "auto")) {
 		fc->numa = FORWARD_NUMA_AUTO;
@@ -74,35 +63,37 @@ static int parse_numa(const char *spec, struct forward_config *fc, char *err, si
 		unsigned long v = strtoul(p, &end, 10);
 		if (end == p || errno || v > 4095 || (*end && *end != ',') ||
 		    fc->numa_list_len >= FORWARD_MAX_NODES)
-			return fail(err, len,
-			            "--numa '%s': expected auto, a list of at most %u node numbers "
-			            "(0,1) or synthetic:<hwloc spec>",
-			            spec, FORWARD_MAX_NODES);
+			return error_set(
+			    err, MOE_EINVAL,
+			    "--numa '%s': expected auto, a list of at most %u node numbers "
+			    "(0,1) or synthetic:<hwloc spec>",
+			    spec, FORWARD_MAX_NODES);
 		fc->numa_list[fc->numa_list_len++] = (uint32_t)v;
 		p = *end ? end + 1 : end;
 	}
 	if (!fc->numa_list_len)
-		return fail(err, len, "--numa '%s': empty node list", spec);
+		return error_set(err, MOE_EINVAL, "--numa '%s': empty node list", spec);
 	return 0;
 }
 
-int serve_model_check_config(const struct serve_model_config *cfg, char *err, size_t err_len)
+int serve_model_check_config(const struct serve_model_config *cfg, struct sidecar_error *err)
 {
 	struct forward_config fc = {.threads_per_node = cfg->threads};
-	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
+	if (parse_numa(cfg->numa, &fc, err) != 0)
 		return -1;
 	struct sidecar_error why;
 	if (fc.numa != FORWARD_NUMA_AUTO && forward_check_topology(&fc, &why) != 0)
 		return strncmp(why.msg, "--numa", 6)
-		           ? fail(err, err_len, "--numa %s: %s", cfg->numa, why.msg)
-		           : fail(err, err_len, "%s", why.msg);
+		           ? error_set(err, MOE_EINVAL, "--numa %s: %s", cfg->numa, why.msg)
+		           : error_set(err, MOE_EINVAL, "%s", why.msg);
 	struct policy_spec spec;
 	struct sidecar_error cause = {0};
 	if (cfg->policy && policy_spec_parse(cfg->policy, &spec, &cause) != 0)
-		return fail(err, err_len, "--%s", cause.msg); /* "--policy 'x': unknown …" */
+		return error_set(err, cause.status, "--%s",
+		                 cause.msg); /* "--policy 'x': unknown …" */
 	if (cfg->probes_instance &&
 	    pagecache_check_instance_name(cfg->probes_instance, &cause) != 0)
-		return fail(err, err_len, "--probes-instance: %s", cause.msg);
+		return error_set(err, cause.status, "--probes-instance: %s", cause.msg);
 	return 0;
 }
 
@@ -161,39 +152,36 @@ static void describe(struct serve_model *m, const struct serve_model_config *cfg
 	snprintf(d->name, sizeof(d->name), "%s", moe_arch_name(cat->info.arch));
 }
 
-int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out, char *err,
-                     size_t err_len)
+int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out,
+                     struct sidecar_error *err)
 {
 	*out = NULL;
 	struct serve_model *m = calloc(1, sizeof(*m));
 	if (!m)
-		return fail(err, err_len, "out of memory");
+		return error_set(err, MOE_ENOMEM, "out of memory");
 #ifdef MOE_TEST_HOOKS
 	m->fail_layer = cfg->fail_layer;
 	m->fail_expert = cfg->fail_expert;
 	m->fail_loads = cfg->fail_loads;
 #endif
 
-	struct sidecar_error merr;
-	memset(&merr, 0, sizeof(merr));
-	if (moe_catalog_open(cfg->path, &m->cat, &merr) != 0) {
-		fail(err, err_len, "%s", merr.msg);
+	if (moe_catalog_open(cfg->path, &m->cat, err) != 0)
 		goto fail;
-	}
 	describe(m, cfg);
 	if (m->desc.n_moe_layers == 0) {
-		fail(err, err_len, "%s: no layer has routed experts", cfg->path);
+		error_set(err, MOE_EINVAL, "%s: no layer has routed experts", cfg->path);
 		goto fail;
 	}
 	if (m->desc.hidden > 65536) {
-		fail(err, err_len, "%s: hidden size %u is above the protocol's 65536", cfg->path,
-		     m->desc.hidden);
+		error_set(err, MOE_EINVAL, "%s: hidden size %u is above the protocol's 65536",
+		          cfg->path, m->desc.hidden);
 		goto fail;
 	}
 	/* Before the probes attach: its few O_DIRECT reads are no loader's. */
 	char fwhy[256];
-	if (moe_fingerprint_path(cfg->path, m->desc.fingerprint, fwhy, sizeof(fwhy)) != MOE_OK) {
-		fail(err, err_len, "model fingerprint: %s", fwhy);
+	const int fprc = moe_fingerprint_path(cfg->path, m->desc.fingerprint, fwhy, sizeof(fwhy));
+	if (fprc != MOE_OK) {
+		error_set(err, fprc, "model fingerprint: %s", fwhy);
 		goto fail;
 	}
 	moe_fingerprint_hex(m->desc.fingerprint, m->desc.fingerprint_hex);
@@ -207,7 +195,8 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	struct sidecar_error perr = {0};
 	int prc = pagecache_open(&popt, &m->probes, &perr);
 	if (prc < 0) {
-		fail(err, err_len, "probes: %s", perr.msg[0] ? perr.msg : strerror(-prc));
+		error_set(err, error_status_from_errno(-prc), "probes: %s",
+		          perr.msg[0] ? perr.msg : strerror(-prc));
 		goto fail;
 	}
 	if (!pagecache_available(m->probes)) {
@@ -219,8 +208,8 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			    "with --probes-instance NAME",
 			    cfg->probes_instance ? cfg->probes_instance : "default");
 		if (cfg->require_probes) {
-			fail(err, err_len, "--require-probes: page-cache probes %s%s",
-			     pagecache_status(m->probes), hint);
+			error_set(err, MOE_ESYS, "--require-probes: page-cache probes %s%s",
+			          pagecache_status(m->probes), hint);
 			goto fail;
 		}
 		log_warn("probes", "page-cache probes %s%s", pagecache_status(m->probes), hint);
@@ -246,12 +235,13 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		why = "--mem-budget percent of the expert bytes";
 	}
 	if (asked && cfg->mem_total && budget > cfg->mem_total) {
-		fail(err, err_len,
-		     "--mem-budget %" PRIu64 " bytes (%.1f GiB) is above this machine's physical "
-		     "memory, MemTotal %" PRIu64 " bytes (%.1f GiB): give at most what the sidecar "
-		     "can hold, or leave the budget to auto",
-		     budget, (double)budget / (1u << 30), cfg->mem_total,
-		     (double)cfg->mem_total / (1u << 30));
+		error_set(err, MOE_EINVAL,
+		          "--mem-budget %" PRIu64
+		          " bytes (%.1f GiB) is above this machine's physical "
+		          "memory, MemTotal %" PRIu64 " bytes (%.1f GiB): give at most what the "
+		          "sidecar can hold, or leave the budget to auto",
+		          budget, (double)budget / (1u << 30), cfg->mem_total,
+		          (double)cfg->mem_total / (1u << 30));
 		goto fail;
 	}
 	uint64_t engine_limit = 0;
@@ -294,7 +284,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         cfg->fail_layer, cfg->fail_expert);
 	}
 #endif
-	if (parse_numa(cfg->numa, &fc, err, err_len) != 0)
+	if (parse_numa(cfg->numa, &fc, err) != 0)
 		goto fail;
 	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
 	 * STATS reports it); here, what it was asked for. */
@@ -316,16 +306,17 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
 #endif
 	if (frc != 0) {
+		/* forward_create still reports through a buffer: its sentence, under our status */
 		if (frc == -ENOSPC)
-			fail(err, err_len,
-			     "%s: %s; the engine may use the memory limit of %" PRIu64
-			     " bytes (%s) less %" PRIu64
-			     " held before the model%s: raise the limit "
-			     "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
-			     cfg->path, ferr.msg, cfg->mem_limit, cfg->mem_limit_from,
-			     cfg->mem_base, asked ? "" : ", 3/4 of it");
+			error_set(err, MOE_ENOMEM,
+			          "%s: %s; the engine may use the memory limit of %" PRIu64
+			          " bytes (%s) less %" PRIu64
+			          " held before the model%s: raise the limit "
+			          "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
+			          cfg->path, ferr.msg, cfg->mem_limit, cfg->mem_limit_from,
+			          cfg->mem_base, asked ? "" : ", 3/4 of it");
 		else
-			fail(err, err_len, "%s: %s", cfg->path, ferr.msg);
+			error_set(err, ferr.status, "%s: %s", cfg->path, ferr.msg);
 		goto fail;
 	}
 	struct forward_stats st = {0};
@@ -366,7 +357,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	m->n_layer_stats = forward_stats_layers(m->engine);
 	m->layer_stats = calloc(m->n_layer_stats ? m->n_layer_stats : 1, sizeof(*m->layer_stats));
 	if (!m->layer_stats) {
-		fail(err, err_len, "out of memory");
+		error_set(err, MOE_ENOMEM, "out of memory");
 		goto fail;
 	}
 	log_info("serve", "probes %s", pagecache_status(m->probes));

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "json_writer.h"
 #include "moe_abi.h"
 
@@ -81,12 +82,12 @@ struct serve_model;
 /* Checks everything in cfg that needs no model (--numa against this machine's topology,
  * --policy, --probes-instance), so that a start-up refuses them before reading the model.
  * 0, or -1 with err ("--numa 7: none of the listed nodes exists on this machine"). */
-int serve_model_check_config(const struct serve_model_config *cfg, char *err, size_t err_len);
+int serve_model_check_config(const struct serve_model_config *cfg, struct sidecar_error *err);
 
 /* Opens everything; logs progress while warming. Returns 0, or -1 with err naming what went
  * wrong ("model.gguf: tensor blk.3.ffn_up_exps: offset beyond end of file"). */
-int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out, char *err,
-                     size_t err_len);
+int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out,
+                     struct sidecar_error *err);
 /* Destroys the engine, detaches the probes, closes the catalog. No call may be running. */
 void serve_model_close(struct serve_model *m);
 

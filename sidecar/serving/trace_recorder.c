@@ -242,18 +242,14 @@ static void *writer_main(void *arg)
 }
 
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
-                          char *err, size_t err_len)
+                          struct sidecar_error *err)
 {
 	*out = NULL;
-	if (!cfg->n_layers || !cfg->n_experts || !cfg->top_k || !cfg->max_tokens) {
-		snprintf(err, err_len, "--record-trace: the model has no MoE layers");
-		return -1;
-	}
+	if (!cfg->n_layers || !cfg->n_experts || !cfg->top_k || !cfg->max_tokens)
+		return error_set(err, MOE_EINVAL, "--record-trace: the model has no MoE layers");
 	struct trace_recorder *t = calloc(1, sizeof(*t));
-	if (!t) {
-		snprintf(err, err_len, "--record-trace: out of memory");
-		return -1;
-	}
+	if (!t)
+		return error_set(err, MOE_ENOMEM, "--record-trace: out of memory");
 	t->cfg = *cfg;
 	snprintf(t->path, sizeof(t->path), "%s", cfg->path);
 	const uint64_t largest =
@@ -266,20 +262,20 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 	t->line_ids = malloc(cfg->top_k * sizeof(uint32_t));
 	t->line_scores = malloc(cfg->top_k * sizeof(float));
 	if (!t->ring || !t->scratch || !t->line_ids || !t->line_scores) {
-		snprintf(err, err_len, "--record-trace: out of memory for a %llu-byte buffer",
-		         (unsigned long long)t->cap);
+		error_set(err, MOE_ENOMEM, "--record-trace: out of memory for a %llu-byte buffer",
+		          (unsigned long long)t->cap);
 		goto fail;
 	}
 	t->f = fopen(cfg->path, "w");
 	if (!t->f) {
-		snprintf(err, err_len, "--record-trace %s: %s", cfg->path, strerror(errno));
+		error_set_errno(err, "--record-trace %s", cfg->path);
 		goto fail;
 	}
 	if (trace_write_header(t->f, cfg->n_layers, cfg->n_experts, cfg->top_k) != 0 ||
 	    fprintf(t->f, "# recorded by moe-sidecar serve: steps in the order served, scores = "
 	                  "weight / the token's sum of weights\n") < 0 ||
 	    fflush(t->f) != 0) {
-		snprintf(err, err_len, "--record-trace %s: %s", cfg->path, strerror(errno));
+		error_set(err, MOE_ESYS, "--record-trace %s: %s", cfg->path, strerror(errno));
 		goto fail;
 	}
 	atomic_store(&t->bytes, (uint64_t)ftell(t->f));
@@ -287,7 +283,8 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 	pthread_cond_init(&t->wake, NULL);
 	int rc = pthread_create(&t->thread, NULL, writer_main, t);
 	if (rc != 0) {
-		snprintf(err, err_len, "--record-trace: writer thread: %s", strerror(rc));
+		error_set(err, error_status_from_errno(rc), "--record-trace: writer thread: %s",
+		          strerror(rc));
 		pthread_mutex_destroy(&t->lock);
 		pthread_cond_destroy(&t->wake);
 		goto fail;

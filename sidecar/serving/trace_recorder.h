@@ -27,6 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
+
 #define TRACE_RECORD_MAX_MIB_DEFAULT 1024u
 
 struct trace_recorder_config {
@@ -38,9 +40,10 @@ struct trace_recorder_config {
 
 struct trace_recorder;
 
-/* Creates the file (truncating it), writes the header, starts the writer. 0 or -1 + err. */
+/* Creates the file (truncating it), writes the header, starts the writer. 0 or -1 with err
+ * filled. */
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
-                          char *err, size_t err_len);
+                          struct sidecar_error *err);
 /* Drains what is queued, flushes, closes. NULL is a no-op. */
 void trace_recorder_destroy(struct trace_recorder *t);
 

@@ -52,29 +52,29 @@ static void channel_init_shared(struct sidecar_channel *ch)
 	atomic_thread_fence(memory_order_release);
 }
 
-static struct sidecar_channel *channel_alloc(const struct moe_limits *granted, char *err,
-                                             size_t err_len)
+static struct sidecar_channel *channel_alloc(const struct moe_limits *granted,
+                                             struct sidecar_error *err)
 {
 	char why[160];
 	if (moe_limits_check(granted, why, sizeof(why)) != MOE_OK) {
-		snprintf(err, err_len, "channel limits: %s", why);
+		error_set(err, MOE_EINVAL, "channel limits: %s", why);
 		return NULL;
 	}
 	struct sidecar_channel *ch = calloc(1, sizeof(*ch));
 	if (!ch) {
-		snprintf(err, err_len, "channel: out of memory");
+		error_set(err, MOE_ENOMEM, "channel: out of memory");
 		return NULL;
 	}
 	ch->memfd = -1;
 	ch->limits = *granted;
 	int rc = pthread_mutex_init(&ch->cq_lock, NULL);
 	if (rc != 0) {
-		snprintf(err, err_len, "channel: CQ lock: %s", strerror(rc));
+		error_set(err, error_status_from_errno(rc), "channel: CQ lock: %s", strerror(rc));
 		free(ch);
 		return NULL;
 	}
 	if (moe_layout_compute(granted, &ch->layout) != MOE_OK) {
-		snprintf(err, err_len, "channel: layout of valid limits failed");
+		error_set(err, MOE_EINVAL, "channel: layout of valid limits failed");
 		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return NULL;
@@ -83,35 +83,34 @@ static struct sidecar_channel *channel_alloc(const struct moe_limits *granted, c
 	return ch;
 }
 
-int channel_create(const struct moe_limits *granted, struct sidecar_channel **out, char *err,
-                   size_t err_len)
+int channel_create(const struct moe_limits *granted, struct sidecar_channel **out,
+                   struct sidecar_error *err)
 {
 	*out = NULL;
-	struct sidecar_channel *ch = channel_alloc(granted, err, err_len);
+	struct sidecar_channel *ch = channel_alloc(granted, err);
 	if (!ch)
 		return -1;
 	if (getrandom(&ch->epoch, sizeof(ch->epoch), 0) != (ssize_t)sizeof(ch->epoch)) {
-		snprintf(err, err_len, "channel epoch: getrandom: %s", strerror(errno));
+		error_set(err, MOE_ESYS, "channel epoch: getrandom: %s", strerror(errno));
 		goto fail;
 	}
 	ch->memfd = memfd_create("moe-sidecar-channel", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (ch->memfd < 0) {
-		snprintf(err, err_len, "channel: memfd_create: %s", strerror(errno));
+		error_set_errno(err, "channel: memfd_create");
 		goto fail;
 	}
 	if (ftruncate(ch->memfd, (off_t)ch->bytes) != 0) {
-		snprintf(err, err_len, "channel: ftruncate to %llu bytes: %s",
-		         (unsigned long long)ch->bytes, strerror(errno));
+		error_set_errno(err, "channel: ftruncate to %llu bytes",
+		                (unsigned long long)ch->bytes);
 		goto fail;
 	}
 	if (fcntl(ch->memfd, F_ADD_SEALS, REQUIRED_SEALS) != 0) {
-		snprintf(err, err_len, "channel: F_ADD_SEALS: %s", strerror(errno));
+		error_set_errno(err, "channel: F_ADD_SEALS");
 		goto fail;
 	}
 	void *map = mmap(NULL, ch->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ch->memfd, 0);
 	if (map == MAP_FAILED) {
-		snprintf(err, err_len, "channel: mmap %llu bytes: %s",
-		         (unsigned long long)ch->bytes, strerror(errno));
+		error_set_errno(err, "channel: mmap %llu bytes", (unsigned long long)ch->bytes);
 		goto fail;
 	}
 	ch->base = map;
@@ -125,15 +124,15 @@ fail:
 }
 
 int channel_attach_buffer(void *buf, uint64_t bytes, const struct moe_limits *granted,
-                          uint64_t epoch, struct sidecar_channel **out, char *err, size_t err_len)
+                          uint64_t epoch, struct sidecar_channel **out, struct sidecar_error *err)
 {
 	*out = NULL;
-	struct sidecar_channel *ch = channel_alloc(granted, err, err_len);
+	struct sidecar_channel *ch = channel_alloc(granted, err);
 	if (!ch)
 		return -1;
 	if (bytes < ch->bytes) {
-		snprintf(err, err_len, "channel buffer: %llu bytes, layout needs %llu",
-		         (unsigned long long)bytes, (unsigned long long)ch->bytes);
+		error_set(err, MOE_EINVAL, "channel buffer: %llu bytes, layout needs %llu",
+		          (unsigned long long)bytes, (unsigned long long)ch->bytes);
 		pthread_mutex_destroy(&ch->cq_lock);
 		free(ch);
 		return -1;

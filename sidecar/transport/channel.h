@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "error.h"
 #include "log.h"
 #include "moe_proto.h"
 #include "moe_ring.h"
@@ -85,15 +86,15 @@ struct sidecar_channel {
 
 /* Creates a memfd channel for granted limits (moe_limits_check must pass): memfd_create
  * (MFD_CLOEXEC|MFD_ALLOW_SEALING), sized, sealed F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL,
- * mapped, header and rings initialised with a random epoch. Returns 0, or -1 with a sentence
- * in err. The caller owns *out (channel_destroy). */
-int channel_create(const struct moe_limits *granted, struct sidecar_channel **out, char *err,
-                   size_t err_len);
+ * mapped, header and rings initialised with a random epoch. Returns 0, or -1 with err
+ * filled. The caller owns *out (channel_destroy). */
+int channel_create(const struct moe_limits *granted, struct sidecar_channel **out,
+                   struct sidecar_error *err);
 
 /* Attaches a channel to an existing writable buffer of `bytes` (no memfd): initialises the
  * header and rings exactly as channel_create does. For the fuzzer and unit tests. */
 int channel_attach_buffer(void *buf, uint64_t bytes, const struct moe_limits *granted,
-                          uint64_t epoch, struct sidecar_channel **out, char *err, size_t err_len);
+                          uint64_t epoch, struct sidecar_channel **out, struct sidecar_error *err);
 
 /* Unmaps (if owned) and closes the memfd. The channel must no longer be driven. */
 void channel_destroy(struct sidecar_channel *ch);

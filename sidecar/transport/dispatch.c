@@ -292,7 +292,7 @@ static void *dispatcher_main(void *arg)
 	return NULL;
 }
 
-int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_t err_len)
+int dispatcher_start(struct dispatcher *d, int dropped_eventfd, struct sidecar_error *err)
 {
 	if (!d->spin_ns)
 		d->spin_ns = SPIN_WAIT_BOUND_NS;
@@ -306,8 +306,8 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_
 	if (rc == 0)
 		rc = pthread_create(&d->thread, NULL, dispatcher_main, d);
 	if (rc != 0) {
-		snprintf(err, err_len, "dispatcher thread: %s", strerror(rc));
-		return -1;
+		return error_set(err, error_status_from_errno(rc), "dispatcher thread: %s",
+		                 strerror(rc));
 	}
 	d->running = true;
 	return 0;

@@ -61,8 +61,8 @@ struct dispatcher {
 	uint32_t n_active;
 };
 
-/* Starts the dispatcher thread. Returns 0 or -1 with a sentence in err. */
-int dispatcher_start(struct dispatcher *d, int dropped_eventfd, char *err, size_t err_len);
+/* Starts the dispatcher thread. Returns 0 or -1 with err filled. */
+int dispatcher_start(struct dispatcher *d, int dropped_eventfd, struct sidecar_error *err);
 
 /* Hands a channel to the dispatcher (it starts serving it at once). */
 void dispatcher_add(struct dispatcher *d, struct sidecar_channel *ch, void *owner);

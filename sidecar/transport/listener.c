@@ -18,7 +18,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -28,27 +27,19 @@
 
 #include "log.h"
 
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t len, const char *fmt, ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(err, len, fmt, ap);
-	va_end(ap);
-	return -1;
-}
-
 static bool same_inode(const struct stat *a, const struct stat *b)
 {
 	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
 /* dir and name of l->path: "/run/x/s.sock" → "/run/x", "s.sock"; "s.sock" → ".", "s.sock". */
-static int split_path(struct listener *l, char *err, size_t err_len)
+static int split_path(struct listener *l, struct sidecar_error *err)
 {
 	const char *slash = strrchr(l->path, '/');
 	const char *name = slash ? slash + 1 : l->path;
 	if (!*name || !strcmp(name, ".") || !strcmp(name, ".."))
-		return fail(err, err_len, "socket path %s does not end in a file name", l->path);
+		return error_set(err, MOE_EINVAL, "socket path %s does not end in a file name",
+		                 l->path);
 	snprintf(l->name, sizeof(l->name), "%s", name);
 	snprintf(l->lock_name, sizeof(l->lock_name), "%s.lock", name);
 	if (!slash)
@@ -62,50 +53,51 @@ static int split_path(struct listener *l, char *err, size_t err_len)
 
 /* Creates the directory (mode 0700, or 0711 when shared) or accepts an existing one that is
  * a real directory, ours or root's, that nobody else can write unless it is sticky. */
-static int open_dir(struct listener *l, bool shared, char *err, size_t err_len)
+static int open_dir(struct listener *l, bool shared, struct sidecar_error *err)
 {
 	const mode_t mode = shared ? 0711 : 0700;
 	bool created = false;
 	if (strcmp(l->dir, ".") && strcmp(l->dir, "/")) {
 		created = mkdir(l->dir, mode) == 0;
 		if (!created && errno != EEXIST)
-			return fail(err, err_len, "socket directory %s: mkdir: %s", l->dir,
-			            strerror(errno));
+			return error_set(err, MOE_ESYS, "socket directory %s: mkdir: %s", l->dir,
+			                 strerror(errno));
 	}
 	l->dir_fd = open(l->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (l->dir_fd < 0) {
 		int e = errno;
 		struct stat st;
 		if ((e == ELOOP || e == ENOTDIR) && lstat(l->dir, &st) == 0 && S_ISLNK(st.st_mode))
-			return fail(
-			    err, err_len,
+			return error_set(
+			    err, MOE_EINVAL,
 			    "socket directory %s is a symbolic link; refusing it (a link "
 			    "in a shared directory can lead anywhere): use a real directory",
 			    l->dir);
 		if (e == ENOTDIR)
-			return fail(err, err_len, "socket directory %s: not a directory", l->dir);
-		return fail(err, err_len, "socket directory %s: %s", l->dir, strerror(e));
+			return error_set(err, MOE_EINVAL, "socket directory %s: not a directory",
+			                 l->dir);
+		return error_set(err, MOE_ESYS, "socket directory %s: %s", l->dir, strerror(e));
 	}
 	struct stat st;
 	if (fstat(l->dir_fd, &st) != 0)
-		return fail(err, err_len, "socket directory %s: fstat: %s", l->dir,
-		            strerror(errno));
+		return error_set(err, MOE_ESYS, "socket directory %s: fstat: %s", l->dir,
+		                 strerror(errno));
 	if (st.st_uid != geteuid() && st.st_uid != 0)
-		return fail(err, err_len,
-		            "socket directory %s: owned by uid %u, not by us (%u) or root", l->dir,
-		            (unsigned)st.st_uid, (unsigned)geteuid());
+		return error_set(err, MOE_EINVAL,
+		                 "socket directory %s: owned by uid %u, not by us (%u) or root",
+		                 l->dir, (unsigned)st.st_uid, (unsigned)geteuid());
 	if (created && fchmod(l->dir_fd, mode) != 0) /* mkdir's mode went through the umask */
-		return fail(err, err_len, "socket directory %s: chmod %o: %s", l->dir,
-		            (unsigned)mode, strerror(errno));
+		return error_set(err, MOE_ESYS, "socket directory %s: chmod %o: %s", l->dir,
+		                 (unsigned)mode, strerror(errno));
 	if (!created && (st.st_mode & 022) && !(st.st_mode & S_ISVTX))
-		return fail(err, err_len,
-		            "socket directory %s: mode %o lets others replace the socket", l->dir,
-		            (unsigned)(st.st_mode & 07777));
+		return error_set(err, MOE_EINVAL,
+		                 "socket directory %s: mode %o lets others replace the socket",
+		                 l->dir, (unsigned)(st.st_mode & 07777));
 	return 0;
 }
 
 /* Takes the lock file next to the socket: a second sidecar on the same path refuses. */
-static int take_lock(struct listener *l, char *err, size_t err_len)
+static int take_lock(struct listener *l, struct sidecar_error *err)
 {
 	/* The previous owner unlinks the file as it stops: if that happens between our open and
 	 * our flock, we hold a lock on a file nobody else will open. Then open again. */
@@ -113,15 +105,17 @@ static int take_lock(struct listener *l, char *err, size_t err_len)
 		int fd = openat(l->dir_fd, l->lock_name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
 		                0600);
 		if (fd < 0)
-			return fail(err, err_len, "%s.lock: open: %s", l->path, strerror(errno));
+			return error_set(err, MOE_ESYS, "%s.lock: open: %s", l->path,
+			                 strerror(errno));
 		struct stat st;
 		if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
 		    st.st_nlink != 1) {
 			close(fd);
-			return fail(err, err_len,
-			            "%s.lock is not a lock file of ours (a plain file owned by uid "
-			            "%u with one link); refusing to write into it: remove it",
-			            l->path, (unsigned)geteuid());
+			return error_set(
+			    err, MOE_EINVAL,
+			    "%s.lock is not a lock file of ours (a plain file owned by uid "
+			    "%u with one link); refusing to write into it: remove it",
+			    l->path, (unsigned)geteuid());
 		}
 		if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
 			int e = errno;
@@ -129,13 +123,14 @@ static int take_lock(struct listener *l, char *err, size_t err_len)
 			ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
 			close(fd);
 			if (e != EWOULDBLOCK)
-				return fail(err, err_len, "%s.lock: flock: %s", l->path,
-				            strerror(e));
+				return error_set(err, MOE_ESYS, "%s.lock: flock: %s", l->path,
+				                 strerror(e));
 			if (n > 0)
 				pid[strcspn(pid, "\n")] = '\0';
-			return fail(err, err_len,
-			            "another moe-sidecar (pid %s) is serving %s; refusing to start",
-			            n > 0 ? pid : "?", l->path);
+			return error_set(
+			    err, MOE_ESYS,
+			    "another moe-sidecar (pid %s) is serving %s; refusing to start",
+			    n > 0 ? pid : "?", l->path);
 		}
 		struct stat now;
 		if (fstatat(l->dir_fd, l->lock_name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
@@ -145,8 +140,9 @@ static int take_lock(struct listener *l, char *err, size_t err_len)
 		}
 		close(fd);
 		if (attempt == 2)
-			return fail(err, err_len, "%s.lock keeps being replaced; refusing to start",
-			            l->path);
+			return error_set(err, MOE_ESYS,
+			                 "%s.lock keeps being replaced; refusing to start",
+			                 l->path);
 	}
 	char pid[32];
 	int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
@@ -157,35 +153,38 @@ static int take_lock(struct listener *l, char *err, size_t err_len)
 }
 
 /* We hold the lock, so whoever made a socket at our name is gone. */
-static int remove_stale_socket(struct listener *l, char *err, size_t err_len)
+static int remove_stale_socket(struct listener *l, struct sidecar_error *err)
 {
 	struct stat st;
 	if (fstatat(l->dir_fd, l->name, &st, AT_SYMLINK_NOFOLLOW) != 0)
-		return errno == ENOENT ? 0 : fail(err, err_len, "%s: %s", l->path, strerror(errno));
+		return errno == ENOENT
+		           ? 0
+		           : error_set(err, MOE_ESYS, "%s: %s", l->path, strerror(errno));
 	if (!S_ISSOCK(st.st_mode))
-		return fail(err, err_len, "%s exists and is not a socket; refusing to replace it",
-		            l->path);
+		return error_set(err, MOE_EINVAL,
+		                 "%s exists and is not a socket; refusing to replace it", l->path);
 	if (unlinkat(l->dir_fd, l->name, 0) != 0)
-		return fail(err, err_len, "%s: removing stale socket: %s", l->path,
-		            strerror(errno));
+		return error_set(err, MOE_ESYS, "%s: removing stale socket: %s", l->path,
+		                 strerror(errno));
 	log_info("server", "replaced a stale socket path=%s", l->path);
 	return 0;
 }
 
-static int bind_socket(struct listener *l, bool shared, char *err, size_t err_len)
+static int bind_socket(struct listener *l, bool shared, struct sidecar_error *err)
 {
 	l->sock_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (l->sock_fd < 0)
-		return fail(err, err_len, "socket(AF_UNIX): %s", strerror(errno));
+		return error_set(err, MOE_ESYS, "socket(AF_UNIX): %s", strerror(errno));
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	int n = snprintf(addr.sun_path, sizeof(addr.sun_path), "/proc/self/fd/%d/%s", l->dir_fd,
 	                 l->name);
 	if (n < 0 || (size_t)n >= sizeof(addr.sun_path)) {
 		const size_t prefix = (size_t)n - strlen(l->name); /* "/proc/self/fd/N/" */
-		return fail(err, err_len,
-		            "%s: the socket's file name is too long to bind through /proc/self/fd "
-		            "(at most %zu bytes)",
-		            l->path, sizeof(addr.sun_path) - 1 - prefix);
+		return error_set(
+		    err, MOE_EINVAL,
+		    "%s: the socket's file name is too long to bind through /proc/self/fd "
+		    "(at most %zu bytes)",
+		    l->path, sizeof(addr.sun_path) - 1 - prefix);
 	}
 	/* Created 0600 whatever the umask (never more open than asked, not even for a moment);
 	 * the umask is the process's, so this runs before any other thread exists. */
@@ -194,36 +193,37 @@ static int bind_socket(struct listener *l, bool shared, char *err, size_t err_le
 	int e = errno;
 	umask(old);
 	if (rc != 0)
-		return fail(err, err_len, "%s: bind: %s%s", l->path, strerror(e),
-		            e == ENOENT ? " (is /proc mounted?)" : "");
+		return error_set(err, MOE_ESYS, "%s: bind: %s%s", l->path, strerror(e),
+		                 e == ENOENT ? " (is /proc mounted?)" : "");
 	struct stat st;
 	if (fstatat(l->dir_fd, l->name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISSOCK(st.st_mode))
-		return fail(err, err_len, "%s: the socket just bound is not there", l->path);
+		return error_set(err, MOE_ESYS, "%s: the socket just bound is not there", l->path);
 	l->sock_dev = st.st_dev;
 	l->sock_ino = st.st_ino;
 	if (shared && fchmodat(l->dir_fd, l->name, 0666, 0) != 0)
-		return fail(err, err_len, "%s: chmod 666: %s", l->path, strerror(errno));
+		return error_set(err, MOE_ESYS, "%s: chmod 666: %s", l->path, strerror(errno));
 	return 0;
 }
 
-int listener_open(struct listener *l, const char *path, bool shared, char *err, size_t err_len)
+int listener_open(struct listener *l, const char *path, bool shared, struct sidecar_error *err)
 {
 	memset(l, 0, sizeof(*l));
 	l->dir_fd = l->lock_fd = l->sock_fd = -1;
 	if (strlen(path) >= sizeof(l->path))
-		return fail(err, err_len, "socket path is %zu bytes; at most %zu fit in sun_path",
-		            strlen(path), sizeof(l->path) - 1);
+		return error_set(err, MOE_EINVAL,
+		                 "socket path is %zu bytes; at most %zu fit in sun_path",
+		                 strlen(path), sizeof(l->path) - 1);
 	snprintf(l->path, sizeof(l->path), "%s", path);
-	if (split_path(l, err, err_len) != 0 || open_dir(l, shared, err, err_len) != 0 ||
-	    take_lock(l, err, err_len) != 0 || remove_stale_socket(l, err, err_len) != 0)
+	if (split_path(l, err) != 0 || open_dir(l, shared, err) != 0 || take_lock(l, err) != 0 ||
+	    remove_stale_socket(l, err) != 0)
 		return -1;
-	return bind_socket(l, shared, err, err_len);
+	return bind_socket(l, shared, err);
 }
 
-int listener_listen(struct listener *l, int backlog, char *err, size_t err_len)
+int listener_listen(struct listener *l, int backlog, struct sidecar_error *err)
 {
 	if (listen(l->sock_fd, backlog) != 0)
-		return fail(err, err_len, "%s: listen: %s", l->path, strerror(errno));
+		return error_set(err, MOE_ESYS, "%s: listen: %s", l->path, strerror(errno));
 	return 0;
 }
 

@@ -8,7 +8,7 @@
  * refused, and one swapped in later is never followed. Teardown unlinks the socket and the
  * lock file only if the names still lead to the inodes it created.
  *
- * Threading: one thread (the control thread). Errors: -1 with a sentence in err.
+ * Threading: one thread (the control thread). Errors: -1 with err filled (error.h).
  */
 #ifndef MOE_SIDECAR_LISTENER_H
 #define MOE_SIDECAR_LISTENER_H
@@ -17,6 +17,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 #include <sys/un.h>
+
+#include "error.h"
 
 struct listener {
 	char path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* what clients connect to */
@@ -34,10 +36,10 @@ struct listener {
  * listener_listen. shared: other uids may connect (directory 0711, socket 0666; SO_PEERCRED
  * decides), else directory 0700 and socket 0600. l is fully initialised even on failure;
  * listener_close undoes whatever was done. */
-int listener_open(struct listener *l, const char *path, bool shared, char *err, size_t err_len);
+int listener_open(struct listener *l, const char *path, bool shared, struct sidecar_error *err);
 
 /* Starts accepting connections (non-blocking socket). */
-int listener_listen(struct listener *l, int backlog, char *err, size_t err_len);
+int listener_listen(struct listener *l, int backlog, struct sidecar_error *err);
 
 /* Closes the socket; unlinks the socket and the lock file if they are still the ones this
  * listener made (a file renamed over either name is left alone, with a warning); releases

@@ -192,9 +192,9 @@ static int send_welcome(int fd, const struct moe_welcome *w, int memfd)
 	return n == (ssize_t)sizeof(*w) ? 0 : -1;
 }
 
-/* Fills granted limits from a hello; 0 or -1 with a reason. */
+/* Fills granted limits from a hello; 0 or -1 with the refusal's reason in why. */
 static int negotiate(const struct server *s, const struct moe_hello *h, struct moe_limits *g,
-                     char *why, size_t why_len)
+                     struct sidecar_error *why)
 {
 	const struct moe_limits *d = &s->cfg->defaults;
 	*g = h->want;
@@ -210,23 +210,19 @@ static int negotiate(const struct server *s, const struct moe_hello *h, struct m
 		g->dtype_mask = d->dtype_mask;
 	g->ring_entries = g->n_slots <= MOE_MAX_SLOTS_LIMIT ? moe_pow2_ceil(g->n_slots) : 0;
 	char lim_why[120];
-	if (moe_limits_check(g, lim_why, sizeof(lim_why)) != MOE_OK) {
-		snprintf(why, why_len, "requested limits: %s", lim_why);
-		return -1;
-	}
+	if (moe_limits_check(g, lim_why, sizeof(lim_why)) != MOE_OK)
+		return error_set(why, MOE_EREFUSED, "requested limits: %s", lim_why);
 	const struct channel_service *sv = s->cfg->service;
-	if (sv->grant && sv->grant(sv->ctx, g, why, why_len) != 0)
+	if (sv->grant && sv->grant(sv->ctx, g, why) != 0)
 		return -1;
 	struct moe_layout l;
 	moe_layout_compute(g, &l);
-	if (l.total > s->cfg->max_channel_bytes) {
-		snprintf(why, why_len,
-		         "channel would be %llu MiB, above this sidecar's limit of "
-		         "%llu MiB (--max-channel-mib)",
-		         (unsigned long long)(l.total >> 20),
-		         (unsigned long long)(s->cfg->max_channel_bytes >> 20));
-		return -1;
-	}
+	if (l.total > s->cfg->max_channel_bytes)
+		return error_set(why, MOE_EREFUSED,
+		                 "channel would be %llu MiB, above this sidecar's limit of "
+		                 "%llu MiB (--max-channel-mib)",
+		                 (unsigned long long)(l.total >> 20),
+		                 (unsigned long long)(s->cfg->max_channel_bytes >> 20));
 	return 0;
 }
 
@@ -253,23 +249,23 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		return;
 	}
 	struct moe_limits g;
-	if (negotiate(s, &h, &g, why, sizeof(why)) != 0) {
-		refuse(s, c, MOE_EREFUSED, why);
+	struct sidecar_error err = {0};
+	if (negotiate(s, &h, &g, &err) != 0) {
+		refuse(s, c, MOE_EREFUSED, err.msg);
 		return;
 	}
-	char err[256];
 	struct sidecar_channel *ch;
-	if (channel_create(&g, &ch, err, sizeof(err)) != 0) {
-		log_error("server", "client pid=%d: %s", (int)c->pid, err);
+	if (channel_create(&g, &ch, &err) != 0) {
+		log_error("server", "client pid=%d: %s", (int)c->pid, err.msg);
 		refuse(s, c, MOE_ENOMEM, "the sidecar could not create the channel");
 		return;
 	}
 	ch->id = c->id;
 	ch->ops = s->cfg->service->ops;
 	if (s->cfg->service->channel_open &&
-	    s->cfg->service->channel_open(s->cfg->service->ctx, ch, err, sizeof(err)) != 0) {
+	    s->cfg->service->channel_open(s->cfg->service->ctx, ch, &err) != 0) {
 		channel_destroy(ch); /* refuse() logs the reason */
-		refuse(s, c, MOE_EREFUSED, err);
+		refuse(s, c, MOE_EREFUSED, err.msg);
 		return;
 	}
 	struct moe_welcome w;
@@ -531,9 +527,9 @@ static int server_setup(struct server *s)
 		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
 		return -1;
 	}
-	char err[256];
-	if (listener_listen(&s->listener, 64, err, sizeof(err)) != 0) {
-		log_error("server", "%s", err);
+	struct sidecar_error err = {0};
+	if (listener_listen(&s->listener, 64, &err) != 0) {
+		log_error("server", "%s", err.msg);
 		return -1;
 	}
 	const struct {
@@ -558,8 +554,8 @@ static int server_setup(struct server *s)
 	for (uint32_t i = 0; i < s->n_conns_cap; i++)
 		s->conns[i].fd = -1;
 	s->dispatcher.spin_ns = s->cfg->spin_ns;
-	if (dispatcher_start(&s->dispatcher, s->dropped_fd, err, sizeof(err)) != 0) {
-		log_error("server", "%s", err);
+	if (dispatcher_start(&s->dispatcher, s->dropped_fd, &err) != 0) {
+		log_error("server", "%s", err.msg);
 		return -1;
 	}
 	return 0;
@@ -599,37 +595,33 @@ static void server_teardown(struct server *s)
 		close(s->dropped_fd);
 }
 
-int server_open(const struct server_config *cfg, struct server **out)
+int server_open(const struct server_config *cfg, struct server **out, struct sidecar_error *err)
 {
 	*out = NULL;
 	struct server *s = calloc(1, sizeof(*s));
-	if (!s) {
-		log_error("server", "out of memory");
-		return 1;
-	}
+	if (!s)
+		return error_set(err, MOE_ENOMEM, "out of memory");
 	s->cfg = cfg;
 	s->signal_fd = s->dropped_fd = s->epoll_fd = -1;
 	s->listener.dir_fd = s->listener.lock_fd = s->listener.sock_fd = -1;
-	char path[sizeof(s->listener.path)], err[512];
+	char path[sizeof(s->listener.path)];
 	if (cfg->socket_path) {
 		if (strlen(cfg->socket_path) >= sizeof(path)) {
-			log_error("server", "socket path is %zu bytes; at most %zu fit in sun_path",
-			          strlen(cfg->socket_path), sizeof(path) - 1);
 			server_close(s);
-			return 1;
+			return error_set(err, MOE_EINVAL,
+			                 "socket path is %zu bytes; at most %zu fit in sun_path",
+			                 strlen(cfg->socket_path), sizeof(path) - 1);
 		}
 		snprintf(path, sizeof(path), "%s", cfg->socket_path);
 	} else if (server_default_socket_path(path, sizeof(path)) != 0) {
-		log_error("server", "default socket path does not fit in sun_path");
 		server_close(s);
-		return 1;
+		return error_set(err, MOE_EINVAL, "default socket path does not fit in sun_path");
 	}
 	/* The socket and its lock exist only once the lock is ours: closing never unlinks a
 	 * path another sidecar owns. */
-	if (listener_open(&s->listener, path, cfg->allow_list, err, sizeof(err)) != 0) {
-		log_error("server", "%s", err);
+	if (listener_open(&s->listener, path, cfg->allow_list, err) != 0) {
 		server_close(s);
-		return 1;
+		return -1;
 	}
 	*out = s;
 	return 0;

@@ -48,9 +48,9 @@ struct server;
 /* Step 1: resolves the socket path, checks or creates its directory, takes the lock (a second
  * sidecar on the same path fails here, naming the first) and binds; nothing listens yet.
  * Reads only the socket fields of cfg (socket_path, allow_list); cfg must outlive the server
- * and be complete (service, defaults, …) by server_run. Returns 0, or 1 with the error
- * logged. */
-int server_open(const struct server_config *cfg, struct server **out);
+ * and be complete (service, defaults, …) by server_run. Returns 0, or -1 with err filled
+ * (the caller logs it). */
+int server_open(const struct server_config *cfg, struct server **out, struct sidecar_error *err);
 /* Step 2: listens and serves until SIGINT or SIGTERM; SIGHUP asks the service to retry what
  * failed (channel_service.reload). Then tears everything down and frees s.
  * Returns 0 after a clean shutdown, 1 on a start-up or fatal error (already logged). Blocks

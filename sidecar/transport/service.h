@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "moe_proto.h"
 
 struct sidecar_channel;
@@ -49,10 +50,11 @@ struct channel_service {
 	const struct op_desc *ops;
 	void *ctx;
 	/* Refuses limits the service cannot serve (its buffers are sized for less): 0, or -1 with
-	 * a sentence in why. */
-	int (*grant)(void *ctx, const struct moe_limits *granted, char *why, size_t why_len);
-	/* A channel about to be served: sets ch->state. 0, or -1 with the refusal's sentence. */
-	int (*channel_open)(void *ctx, struct sidecar_channel *ch, char *err, size_t err_len);
+	 * why filled (MOE_EREFUSED; the message goes to the client). */
+	int (*grant)(void *ctx, const struct moe_limits *granted, struct sidecar_error *why);
+	/* A channel about to be served: sets ch->state. 0, or -1 with err filled (its message is
+	 * the refusal's sentence). */
+	int (*channel_open)(void *ctx, struct sidecar_channel *ch, struct sidecar_error *err);
 	/* The dispatcher no longer drives ch: the service lets go of it (waits for what it runs
 	 * for the channel) and clears ch->state. Called only after a successful channel_open. */
 	void (*channel_close)(void *ctx, struct sidecar_channel *ch);

@@ -46,9 +46,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	uint8_t *buf = calloc(1, l.total);
 	struct sidecar_channel *ch;
-	char err[256];
+	struct sidecar_error err = {0};
 	const uint64_t epoch = 0xfffffffd00000000ull; /* rings start 3 below the wrap */
-	if (channel_attach_buffer(buf, l.total, &lim, epoch, &ch, err, sizeof(err)) != 0)
+	if (channel_attach_buffer(buf, l.total, &lim, epoch, &ch, &err) != 0)
 		abort();
 	ch->ops = serving_ops; /* the sidecar's own table, without a model */
 	const uint32_t start = moe_channel_ring_start(epoch);

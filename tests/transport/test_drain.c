@@ -30,10 +30,10 @@ static void setup(struct fixture *f, uint32_t n_slots)
 	struct moe_layout l;
 	cr_assert_eq(moe_layout_compute(&lim, &l), MOE_OK);
 	f->buf = aligned_alloc(4096, l.total);
-	char err[256];
+	struct sidecar_error err = {0};
 	const uint64_t epoch = 0xfffffffe12345678ull; /* rings start near UINT32_MAX */
-	cr_assert_eq(channel_attach_buffer(f->buf, l.total, &lim, epoch, &f->ch, err, sizeof(err)),
-	             0, "%s", err);
+	cr_assert_eq(channel_attach_buffer(f->buf, l.total, &lim, epoch, &f->ch, &err), 0, "%s",
+	             err.msg);
 	f->ch->ops = serving_ops; /* the sidecar's own table, without a model */
 	const uint32_t start = moe_channel_ring_start(epoch);
 	uint8_t *b = f->buf;
