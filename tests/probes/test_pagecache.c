@@ -788,9 +788,13 @@ Test(probes, an_exiting_owner_holding_the_lock_is_waited_for)
 		    .instance = name, .quiet = true, .stale_grace_s = -1};
 		if (pagecache_open(&opt, &p, NULL) != 0 || !pagecache_available(p))
 			_exit(1);
+		/* The keeper's copy outlives the leader's frame (under ASan, a fake stack that
+		 * goes with the leader's exit). */
+		static struct exiting_owner kept;
+		kept = o;
+		kept.leader = pthread_self();
 		pthread_t keeper;
-		o.leader = pthread_self();
-		if (pthread_create(&keeper, NULL, keep_files_until_released, &o) != 0)
+		if (pthread_create(&keeper, NULL, keep_files_until_released, &kept) != 0)
 			_exit(1);
 		pthread_exit(NULL); /* the leader exits; the keeper holds the files */
 	}
