@@ -75,8 +75,9 @@ void __cyg_profile_func_enter(void *fn, void *site)
 	}
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	fp_buf[i] = (struct fp_rec){(uintptr_t)fn, caller, (uintptr_t)site, fp_tid, d,
-	                            (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec};
+	fp_buf[i] = (struct fp_rec){
+	    (uintptr_t)fn, caller, (uintptr_t)site,
+	    fp_tid,        d,      (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec};
 }
 
 void __cyg_profile_func_exit(void *fn, void *site)
@@ -214,8 +215,10 @@ int fp_dump(const char *dir)
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return -1;
-	struct fp_header h = {{'F', 'P', 'C', 'A', 'L', 'L', 'S', '1'}, n,
-	                      atomic_load(&fp_dropped), sizeof(struct fp_rec)};
+	struct fp_header h = {{'F', 'P', 'C', 'A', 'L', 'L', 'S', '1'},
+	                      n,
+	                      atomic_load(&fp_dropped),
+	                      sizeof(struct fp_rec)};
 	int rc = put(fd, &h, sizeof(h));
 	if (rc == 0 && n > 0)
 		rc = put(fd, fp_buf, n * sizeof(struct fp_rec));

@@ -153,7 +153,8 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--spin-us"))
 			spin_us = argv[i + 1];
 		else
-			die("usage: driver --sidecar BIN --model PATH --out DIR [--layer I] [--warmup N] "
+			die("usage: driver --sidecar BIN --model PATH --out DIR [--layer I] "
+			    "[--warmup N] "
 			    "[--spin-us US]");
 	}
 	if (!bin || !model || !dir)
@@ -244,7 +245,9 @@ int main(int argc, char **argv)
 	FILE *f = fopen(p, "w");
 	if (!f)
 		die("run.txt");
-	fprintf(f, "client %d\nsidecar %d\nlayer %d\nk %u\nexperts %u\nhidden %u\nsidecar_exit %d\nt0 %llu\nt1 %llu\n",
+	fprintf(f,
+	        "client %d\nsidecar %d\nlayer %d\nk %u\nexperts %u\nhidden %u\nsidecar_exit %d\nt0 "
+	        "%llu\nt1 %llu\n",
 	        (int)getpid(), (int)sidecar, (int)layers[layer_i], k, n_experts, hidden,
 	        WIFEXITED(st) ? WEXITSTATUS(st) : -1,
 	        (unsigned long long)t0.tv_sec * 1000000000ull + (unsigned long long)t0.tv_nsec,
