@@ -310,22 +310,21 @@ static int converter_init(const struct forward_weights *w, struct mxfp4_hf_conve
 
 /* Converts every (blocks, scales) pair of a loaded expert. */
 static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct residency_loaded *x,
-                               char *msg, size_t msg_len)
+                               struct sidecar_error *err)
 {
 	for (uint32_t i = 0; i < c->n_pairs; i++) {
 		const uint32_t b = c->blocks[i], s = c->scales[i];
 		if (b >= x->n_extents || s >= x->n_extents ||
 		    x->data[s] + x->length[s] > x->slot + x->slot_bytes) {
-			snprintf(msg, msg_len,
-			         "MXFP4 conversion: extents %u and %u are not in the slot (%u "
-			         "extents)",
-			         b, s, x->n_extents);
+			error_set(err, MOE_EINVAL,
+			          "MXFP4 conversion: extents %u and %u are not in the slot (%u "
+			          "extents)",
+			          b, s, x->n_extents);
 			return -EINVAL;
 		}
-		struct sidecar_error e;
 		if (mxfp4_hf_convert(x->data[b], x->length[b], x->data[s], x->length[s], c->scratch,
-		                     c->scratch_len, &e) != 0)
-			return error_copy_msg(msg, msg_len, &e), -EINVAL;
+		                     c->scratch_len, err) != 0)
+			return -EINVAL;
 	}
 	return 0;
 }
@@ -378,7 +377,7 @@ static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t
  * projection's tensors are copied into the scratch, then its rows written from its data
  * pointer on, into the room the map reserved there. */
 static int int4_after_load(const struct load_transform *t, const struct residency_loaded *x,
-                           char *msg, size_t msg_len)
+                           struct sidecar_error *err)
 {
 	const struct forward_weights *w = t->w;
 	const struct moe_expert *ce =
@@ -394,11 +393,11 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 		    x->length[d] != r->data.length || x->length[s] != r->scale.length ||
 		    int4_source_bytes(r) > t->int4_scratch_len ||
 		    x->data[d] + moe_proj_kernel_bytes(r) > x->slot + x->slot_bytes) {
-			snprintf(msg, msg_len,
-			         "INT4 repack: layer %u expert %u %s: the loaded extents do not "
-			         "match the catalog",
-			         w->model_layer[x->layer], x->expert,
-			         moe_proj_name((enum moe_proj)p));
+			error_set(err, MOE_EINVAL,
+			          "INT4 repack: layer %u expert %u %s: the loaded extents do not "
+			          "match the catalog",
+			          w->model_layer[x->layer], x->expert,
+			          moe_proj_name((enum moe_proj)p));
 			return -EINVAL;
 		}
 		uint8_t *buf = t->int4_scratch;
@@ -408,9 +407,9 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 			memcpy(buf + r->data.length + r->scale.length, x->data[z], r->zeros.length);
 		struct sidecar_error why;
 		if (int4_repack(r, buf, x->data[d], &why) != 0) {
-			snprintf(msg, msg_len, "layer %u expert %u %s: %s",
-			         w->model_layer[x->layer], x->expert,
-			         moe_proj_name((enum moe_proj)p), why.msg);
+			error_set(err, why.status, "layer %u expert %u %s: %s",
+			          w->model_layer[x->layer], x->expert,
+			          moe_proj_name((enum moe_proj)p), why.msg);
 			return -EINVAL;
 		}
 	}
@@ -548,37 +547,25 @@ static void side_view(const struct forward_weights *w, const struct expert_ref *
 }
 
 /* The residency's post-load hook: the Hugging Face MXFP4 conversion, then the decode layout. */
-static int transform_after_load(void *arg, const struct residency_loaded *x, char *msg,
-                                size_t msg_len)
+static int transform_after_load(void *arg, const struct residency_loaded *x,
+                                struct sidecar_error *err)
 {
 	struct load_transform *t = arg;
 	const struct forward_weights *w = t->w;
-	if (w->mxfp4_hf && mxfp4_hf_after_load(t->hf, x, msg, msg_len) != 0)
+	if (w->mxfp4_hf && mxfp4_hf_after_load(t->hf, x, err) != 0)
 		return -EINVAL;
-	if (w->int4 && int4_after_load(t, x, msg, msg_len) != 0)
+	if (w->int4 && int4_after_load(t, x, err) != 0)
 		return -EINVAL;
-	if (w->side_in_slot) {
-		struct sidecar_error e;
-		if (side_after_load(t, x, &e) != 0) {
-			error_copy_msg(msg, msg_len, &e);
-			return -EINVAL;
-		}
-	}
+	if (w->side_in_slot && side_after_load(t, x, err) != 0)
+		return -EINVAL;
 	if (!w->decode.on)
 		return 0;
 	struct moek_expert shape;
 	struct decode_piece p;
-	struct sidecar_error e;
-	if (shape_view(w, x->layer, x->expert, &shape, &e) != 0) {
-		error_copy_msg(msg, msg_len, &e);
+	if (shape_view(w, x->layer, x->expert, &shape, err) != 0)
 		return -EINVAL;
-	}
 	loaded_piece(w, t->node, x, &shape, &p);
-	if (decode_layout_apply(&w->decode, &t->decode, &p, &e) != 0) {
-		error_copy_msg(msg, msg_len, &e);
-		return -EINVAL;
-	}
-	return 0;
+	return decode_layout_apply(&w->decode, &t->decode, &p, err) != 0 ? -EINVAL : 0;
 }
 
 static int open_files(const struct moe_catalog *cat, int **fds_out, struct sidecar_error *err)

@@ -238,9 +238,9 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 			x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
 			x.length[i] = ext[i].length;
 		}
-		l->post_load_msg[0] = '\0';
-		int rc = r->config.post_load(r->config.post_load_arg, &x, l->post_load_msg,
-		                             sizeof(l->post_load_msg));
+		struct sidecar_error why = {0};
+		int rc = r->config.post_load(r->config.post_load_arg, &x, &why);
+		error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg), &why); /* kept short */
 		if (rc) {
 			ld->error = rc < 0 ? rc : -EINVAL;
 			ld->error_file = ext[0].file;

@@ -53,10 +53,11 @@ struct residency_loaded {
 };
 /* Post-load hook: called on the loader thread (one call at a time per residency) after an
  * expert's reads, before it becomes RESIDENT; never on the request path. Returns 0, or a
- * negative errno with a message in msg: the expert becomes FAILED with that message
- * (residency_error_message) and its slot is freed, as for a read error. */
-typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x, char *msg,
-                                      size_t msg_len);
+ * negative errno with the record in err: the expert becomes FAILED with its message (kept to
+ * RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a
+ * read error. */
+typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x,
+                                      struct sidecar_error *err);
 
 struct residency_config {
 	int numa_node;            /* -1: do not bind */

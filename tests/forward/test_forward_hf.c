@@ -385,14 +385,14 @@ static uint8_t pattern(uint32_t expert, uint32_t extent, uint32_t i)
 }
 
 /* Inverts every byte of every extent; expert 4 fails. */
-static int invert_or_fail(void *arg, const struct residency_loaded *x, char *msg, size_t len)
+static int invert_or_fail(void *arg, const struct residency_loaded *x, struct sidecar_error *err)
 {
 	struct hook_seen *s = arg;
 	atomic_fetch_add(&s->calls, 1);
 	if (pthread_equal(pthread_self(), s->creator))
 		atomic_fetch_add(&s->on_caller, 1);
 	if (x->expert == 4) {
-		snprintf(msg, len, "expert %u: bytes rejected by the test", x->expert);
+		error_set(err, MOE_EINVAL, "expert %u: bytes rejected by the test", x->expert);
 		return -EILSEQ;
 	}
 	for (uint32_t i = 0; i < x->n_extents; i++) {
