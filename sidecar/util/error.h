@@ -47,8 +47,8 @@ int error_status_from_errno(int e);
 int error_pass(struct sidecar_error *to, const struct sidecar_error *from);
 
 /* Copies the message into buf (len bytes, truncated, NUL-terminated; nothing if buf is NULL or
- * len 0) and returns -1. A bridge for callers still reporting through `char *err, size_t len`;
- * it goes when they do. */
+ * len 0) and returns -1. For a message kept in a store of its own size (a FAILED expert's
+ * reason). */
 int error_copy_msg(char *buf, size_t len, const struct sidecar_error *err);
 
 /* Puts "prefix: " in front of the message (e.g. a file name), truncating the end of the
