@@ -339,6 +339,29 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	if (json_get_u64(d, root, "failed_experts", &failed_now) == 1)
 		printf("; failed experts %" PRIu64, failed_now);
 	printf("\n");
+	/* One line per node's residency when there is more than one. */
+	const json_ref nodes = json_object_get(d, root, "nodes");
+	if (json_count(d, nodes) > 1)
+		for (json_ref nd = json_first(d, nodes); nd != JSON_NONE; nd = json_next(d, nd)) {
+			uint64_t idx, os, res, used, budget, hits, cold, inflight, read;
+			if (json_get_u64(d, nd, "node", &idx) != 1 ||
+			    json_get_u64(d, nd, "os_index", &os) != 1 ||
+			    json_get_u64(d, nd, "resident_bytes", &res) != 1 ||
+			    json_get_u64(d, nd, "slot_bytes_used", &used) != 1 ||
+			    json_get_u64(d, nd, "budget_bytes", &budget) != 1 ||
+			    json_get_u64(d, nd, "hits", &hits) != 1 ||
+			    json_get_u64(d, nd, "cold_misses", &cold) != 1 ||
+			    json_get_u64(d, nd, "inflight_misses", &inflight) != 1 ||
+			    json_get_u64(d, nd, "loader_bytes_read", &read) != 1)
+				continue;
+			printf("  node %" PRIu64 " (NUMA %" PRIu64
+			       "): resident %.1f MiB in %.1f MiB of "
+			       "slots of a %.1f MiB budget; hit rate %s; loader read %.1f MiB\n",
+			       idx, os, (double)res / 1048576.0, (double)used / 1048576.0,
+			       (double)budget / 1048576.0,
+			       percent(hits, hits + cold + inflight, p1, sizeof(p1)),
+			       (double)read / 1048576.0);
+		}
 	json_ref probes = json_object_get(d, root, "probes");
 	const char *pstatus = json_string(d, probes, NULL);
 	uint64_t fill, direct, buffered;

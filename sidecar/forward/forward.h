@@ -264,6 +264,17 @@ struct forward_layer_stats {
 	uint64_t queue_p50_us, queue_p99_us, io_p50_us, io_p99_us, compute_p50_us, compute_p99_us;
 	uint64_t total_p50_us, total_p99_us;
 };
+/* One residency's own counters (RESIDENCY): node n's pool of its slices of every expert, or,
+ * with one pool for all nodes, node 0 naming that pool. */
+struct forward_node_stats {
+	uint32_t node;     /* its index in the topology's nodes */
+	uint32_t os_index; /* the OS's NUMA node number */
+	uint64_t resident_bytes, slot_bytes_used, budget_bytes;
+	uint32_t slots, slots_used;
+	uint64_t hits, cold_misses, inflight_misses; /* its own demands (one per expert slice) */
+	uint64_t loader_bytes_read, evictions, failed_experts;
+};
+
 struct forward_stats {
 	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
 	/* resident_bytes: the file bytes of the experts resident now (never above the model's
@@ -287,6 +298,8 @@ struct forward_stats {
 	uint64_t fixed_reads, plain_reads;
 	uint32_t fixed_buffers;
 	bool pool_hugetlb, pool_thp;
+	uint32_t n_nodes; /* residencies (RESIDENCY): one per node when sliced, else 1; else 0 */
+	struct forward_node_stats nodes[FORWARD_MAX_NODES];
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
@@ -305,6 +318,10 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out);
  *    "loader_bytes_read":…, "prefetches":…, "prefetch_hits":…, "prefetch_wasted":…,
  *    "failed_experts":…, "failed_retries":…, "fixed_reads":…, "plain_reads":…,
  *    "fixed_buffers":…, "pool_hugetlb":0|1, "pool_thp":0|1,
+ *    "nodes":[{"node":…, "os_index":…, "resident_bytes":…, "slot_bytes_used":…,
+ *              "budget_bytes":…, "slots":…, "slots_used":…, "hits":…, "cold_misses":…,
+ *              "inflight_misses":…, "loader_bytes_read":…, "evictions":…,
+ *              "failed_experts":…}, …],
  *    "layers":[{"layer":…, "requests":…, "tokens":…, "hits":…, "cold_misses":…,
  *               "inflight_misses":…, "bytes_read":…, "failures":…,
  *               "queue_us":{"p50":…,"p99":…}, "io_us":{…}, "compute_us":{…},

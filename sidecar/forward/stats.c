@@ -118,6 +118,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 			layers[l] = s;
 	}
 	weights_counters(&e->w, out);
+	for (uint32_t n = 0; n < out->n_nodes && n < e->topo.n_nodes; n++)
+		out->nodes[n].os_index = e->topo.nodes[n].os_index;
 	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
@@ -147,6 +149,27 @@ void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 	jw_kv_u64(w, "fixed_buffers", st->fixed_buffers);
 	jw_kv_u64(w, "pool_hugetlb", st->pool_hugetlb ? 1 : 0);
 	jw_kv_u64(w, "pool_thp", st->pool_thp ? 1 : 0);
+	jw_key(w, "nodes");
+	jw_array_begin(w);
+	for (uint32_t n = 0; n < st->n_nodes && n < FORWARD_MAX_NODES; n++) {
+		const struct forward_node_stats *s = &st->nodes[n];
+		jw_object_begin(w);
+		jw_kv_u64(w, "node", s->node);
+		jw_kv_u64(w, "os_index", s->os_index);
+		jw_kv_u64(w, "resident_bytes", s->resident_bytes);
+		jw_kv_u64(w, "slot_bytes_used", s->slot_bytes_used);
+		jw_kv_u64(w, "budget_bytes", s->budget_bytes);
+		jw_kv_u64(w, "slots", s->slots);
+		jw_kv_u64(w, "slots_used", s->slots_used);
+		jw_kv_u64(w, "hits", s->hits);
+		jw_kv_u64(w, "cold_misses", s->cold_misses);
+		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
+		jw_kv_u64(w, "loader_bytes_read", s->loader_bytes_read);
+		jw_kv_u64(w, "evictions", s->evictions);
+		jw_kv_u64(w, "failed_experts", s->failed_experts);
+		jw_object_end(w);
+	}
+	jw_array_end(w);
 	jw_key(w, "layers");
 	jw_array_begin(w);
 	for (uint32_t l = 0; st->layers && l < st->n_layers; l++) {

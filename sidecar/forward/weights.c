@@ -1665,9 +1665,24 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		return;
 	}
 	out->pool_hugetlb = out->pool_thp = w->n_res > 0;
+	out->n_nodes = w->n_res;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		struct residency_counters rc;
 		residency_counters(w->res[n], &rc);
+		out->nodes[n] = (struct forward_node_stats){
+		    .node = n,
+		    .resident_bytes = rc.resident_bytes,
+		    .slot_bytes_used = (uint64_t)rc.slots_used * rc.slot_bytes,
+		    .budget_bytes = rc.budget_bytes,
+		    .slots = rc.slots,
+		    .slots_used = rc.slots_used,
+		    .hits = rc.hits,
+		    .cold_misses = rc.cold_misses,
+		    .inflight_misses = rc.inflight_misses,
+		    .loader_bytes_read = rc.bytes_read,
+		    .evictions = rc.evictions,
+		    .failed_experts = rc.failed_now,
+		};
 		out->resident_bytes += rc.resident_bytes;
 		out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
 		out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;

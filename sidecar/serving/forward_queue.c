@@ -829,8 +829,8 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	o->routing = routing_create(d->n_moe_layers, d->n_experts, cfg->heat_half_life);
 	const size_t table = sizeof(struct moe_expert_table_header) + 8 +
 	                     (size_t)d->n_moe_layers * (4 + (size_t)d->n_experts * 12);
-	o->stats_cap =
-	    4096 + (size_t)d->n_moe_layers * 768 + (o->routing ? routing_json_max(o->routing) : 0);
+	o->stats_cap = 4096 + FORWARD_MAX_NODES * 512 + (size_t)d->n_moe_layers * 768 +
+	               (o->routing ? routing_json_max(o->routing) : 0);
 	if (o->stats_cap < table)
 		o->stats_cap = table;
 	o->moe_of_block = malloc((size_t)d->n_layers * sizeof(uint32_t));

@@ -129,6 +129,32 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 	/* Both nodes read: each its own rows, so together about the cold experts' bytes. */
 	cr_assert_gt(node[0].bytes_read, 0);
 	cr_assert_gt(node[1].bytes_read, 0);
+	/* STATS shows each node's residency: its own counters, adding up to the totals. */
+	struct forward_stats now = {0};
+	forward_stats(e, &now);
+	cr_assert_eq(now.n_nodes, 2);
+	uint64_t resident = 0, read = 0;
+	for (uint32_t n = 0; n < 2; n++) {
+		cr_assert_eq(forward_node_residency(e, n, &node[n]), 0);
+		const struct forward_node_stats *ns = &now.nodes[n];
+		cr_assert_eq(ns->node, n);
+		cr_assert_eq(ns->resident_bytes, node[n].resident_bytes, "node %u", n);
+		cr_assert_eq(ns->budget_bytes, node[n].budget_bytes, "node %u", n);
+		cr_assert_eq(ns->loader_bytes_read, node[n].bytes_read, "node %u", n);
+		cr_assert_eq(ns->hits, node[n].hits, "node %u", n);
+		cr_assert_eq(ns->cold_misses, node[n].cold_misses, "node %u", n);
+		cr_assert_eq(ns->slots_used, node[n].slots_used, "node %u", n);
+		cr_assert_gt(ns->hits + ns->cold_misses, 0, "node %u served no demand", n);
+		resident += ns->resident_bytes;
+		read += ns->loader_bytes_read;
+	}
+	cr_assert_eq(resident, now.resident_bytes);
+	cr_assert_eq(read, now.loader_bytes_read);
+	char json[65536];
+	const size_t len = forward_stats_json(&now, json, sizeof(json));
+	cr_assert_lt(len, sizeof(json));
+	cr_assert_not_null(strstr(json, "\"nodes\":[{\"node\":0,"), "%s", json);
+	cr_assert_not_null(strstr(json, "},{\"node\":1,"), "%s", json);
 	forward_destroy(one);
 	forward_destroy(e);
 	fwd_model_free(&m);
