@@ -20,12 +20,10 @@
 /* Largest scratch any expert needs for n tokens on `workers` workers. */
 static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
 {
-	static const uint8_t dummy[64];
-	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
 	size_t best = 0;
 	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
 		struct moek_expert v;
-		if (weights_view(&e->w, l, 0, data, &v, NULL) != 0)
+		if (weights_shape_view(&e->w, l, 0, &v, NULL) != 0)
 			continue;
 		size_t s = moek_ffn_scratch_bytes(&v, n, workers);
 		if (s > best)

@@ -416,8 +416,6 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 	return 0;
 }
 
-static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
-                      struct moek_expert *v, struct sidecar_error *err);
 static int build_templates(struct forward_weights *w, struct sidecar_error *err);
 
 /* The decode-layout piece of a whole expert (shape: its view) read into memory: gate and up
@@ -562,7 +560,7 @@ static int transform_after_load(void *arg, const struct residency_loaded *x,
 		return 0;
 	struct moek_expert shape;
 	struct decode_piece p;
-	if (shape_view(w, x->layer, x->expert, &shape, err) != 0)
+	if (weights_shape_view(w, x->layer, x->expert, &shape, err) != 0)
 		return -EINVAL;
 	loaded_piece(w, t->node, x, &shape, &p);
 	return decode_layout_apply(&w->decode, &t->decode, &p, err) != 0 ? -EINVAL : 0;
@@ -648,7 +646,7 @@ static int decode_all_resident(struct forward_weights *w, struct decode_scratch 
 	const struct moe_expert *x = moe_catalog_expert(w->cat, w->model_layer[l], e);
 	uint8_t **d = (uint8_t **)&w->data[((size_t)l * w->n_experts + e) * MOE_PROJ_COUNT];
 	struct moek_expert shape;
-	if (shape_view(w, l, e, &shape, err) != 0)
+	if (weights_shape_view(w, l, e, &shape, err) != 0)
 		return -1;
 	const struct decode_piece p =
 	    whole_piece(&shape, d[MOE_PROJ_GATE], d[MOE_PROJ_UP],
@@ -719,7 +717,7 @@ static int load_all_resident(struct forward_weights *w, const int *fds,
 		          int4_scratch_bytes(w));
 		return -1;
 	}
-	if (w->decode.on && (shape_view(w, 0, 0, &shape, err) != 0 ||
+	if (w->decode.on && (weights_shape_view(w, 0, 0, &shape, err) != 0 ||
 	                     decode_scratch_init(&scratch, &shape, err) != 0)) {
 		free(conv.scratch);
 		free(int4_buf);
@@ -899,12 +897,21 @@ static void warm_all(struct forward_weights *w, const struct forward_config *cfg
 }
 
 /* The whole-expert view of (l, x) with placeholder data (shapes, formats and split only). */
-static int shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
-                      struct moek_expert *v, struct sidecar_error *err)
+int weights_shape_view(const struct forward_weights *w, uint32_t l, uint32_t x,
+                       struct moek_expert *v, struct sidecar_error *err)
 {
-	static const uint8_t dummy[64];
-	const uint8_t *data[MOE_PROJ_COUNT] = {dummy, dummy, dummy, dummy};
-	return weights_view(w, l, x, data, v, err);
+	static const float dummy[16];
+	const uint8_t *d = (const uint8_t *)dummy;
+	const uint8_t *data[MOE_PROJ_COUNT] = {d, d, d, d};
+	if (weights_view(w, l, x, data, v, err) != 0)
+		return -1;
+	/* Scales held in the slot (side_in_slot) have no address until the expert is held: a
+	 * stand-in, so that the view checks as the kernels will see it. */
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++)
+		if (!mats[i]->scales && moek_format_scale_block(mats[i]->format))
+			mats[i]->scales = dummy;
+	return 0;
 }
 
 /* File bytes per row of projection r's data and (Hugging Face MXFP4) scales extents. */
@@ -1006,7 +1013,7 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 		for (uint32_t x = 0; x < w->n_experts && rc == 0; x++) {
 			const struct moe_expert *ce = moe_catalog_expert(cat, w->model_layer[l], x);
 			struct moek_expert v;
-			if (shape_view(w, l, x, &v, err) != 0)
+			if (weights_shape_view(w, l, x, &v, err) != 0)
 				return -1;
 			size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 			forward_expert_split(&v, n_nodes, f, o);
@@ -1152,7 +1159,7 @@ static int open_residency_maps(struct forward_weights *w, struct forward_topolog
 		}
 		struct moek_expert shape;
 		if (w->decode.on &&
-		    (shape_view(w, 0, 0, &shape, err) != 0 ||
+		    (weights_shape_view(w, 0, 0, &shape, err) != 0 ||
 		     decode_scratch_init(&w->transform[n].decode, &shape, err) != 0))
 			return -1;
 	}
@@ -1289,7 +1296,7 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 		rc = build_templates(w, err);
 	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
 		struct moek_expert shape;
-		rc = shape_view(w, 0, 0, &shape, err);
+		rc = weights_shape_view(w, 0, 0, &shape, err);
 		if (rc == 0)
 			decode_layout_plan(&w->decode,
 			                   moe_catalog_expert(cat, w->model_layer[0], 0), &shape,
@@ -1432,14 +1439,6 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 		}
 		mats[i]->data = i == 1 && t->source[1] == MOE_PROJ_GATE_UP ? d + t->up_offset : d;
 	}
-	if (w->side_in_slot) /* stand-ins until side_view: a shape view has none to point at */
-		for (int i = 0; i < 3; i++) {
-			const int p = t->source[i];
-			if (w->roles.scale[p] >= 0 && moek_format_scale_block(mats[i]->format))
-				mats[i]->scales = (const float *)(const void *)mats[i]->data;
-			if (w->roles.bias[p] >= 0)
-				mats[i]->bias = (const float *)(const void *)mats[i]->data;
-		}
 	decode_layout_view(&w->decode, v);
 	return 0;
 }
@@ -1465,7 +1464,7 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 		    w->model_layer[ref->layer], ref->expert, n, ref->n_extents, w->node_extents);
 		return -1;
 	}
-	if (shape_view(w, ref->layer, ref->expert, v, err) != 0)
+	if (weights_shape_view(w, ref->layer, ref->expert, v, err) != 0)
 		return -1;
 	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
 	forward_expert_split(v, w->n_nodes, f, o);

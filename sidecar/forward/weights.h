@@ -136,6 +136,10 @@ uint64_t weights_every_expert_bytes(const struct forward_weights *w);
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                  const uint8_t *const data[MOE_PROJ_COUNT], struct moek_expert *view,
                  struct sidecar_error *err);
+/* The view of (moe_layer, expert)'s shape: formats, shapes, strides and side data, with
+ * stand-in data pointers (never to be computed with): for planning and sizing. */
+int weights_shape_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                       struct moek_expert *view, struct sidecar_error *err);
 /* For ALL_RESIDENT and MMAP: the view at once. */
 int weights_static_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                         struct moek_expert *view, struct sidecar_error *err);
