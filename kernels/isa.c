@@ -16,7 +16,9 @@
  * answer from every thread, so a race only repeats the work). The active row is an atomic
  * pointer; forcing another one while kernels run is not supported (moe_kernels.h).
  */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #define ISA_X86 1
+#endif
+#if defined(ISA_X86) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ISA_ARCH_PRCTL 1
 #endif
 
 /* ---- CPU detection ------------------------------------------------------------------------ */
@@ -36,6 +43,17 @@ static uint64_t xcr0(void)
 	uint32_t lo, hi;
 	__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
 	return (uint64_t)hi << 32 | lo;
+}
+
+/* Whether the kernel lets this process use AMX tile data (XFEATURE_XTILEDATA, 18). */
+static bool amx_permitted(void)
+{
+#ifdef ISA_ARCH_PRCTL
+	enum { ARCH_REQ_XCOMP_PERM_ = 0x1023, XFEATURE_XTILEDATA = 18 };
+	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM_, XFEATURE_XTILEDATA) == 0;
+#else
+	return false;
+#endif
 }
 
 static unsigned detect_cpu(void)
@@ -60,15 +78,27 @@ static unsigned detect_cpu(void)
 		bits |= MOEK_CPU_F16C;
 	if (max_leaf < 7 || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
 		return bits;
-	if (avx && (b & (1u << 5)))
+	const unsigned b7 = b, c7 = c, d7 = d;
+	if (avx && (b7 & (1u << 5)))
 		bits |= MOEK_CPU_AVX2;
 	/* The VNNI forms' subset (x86_avx2.c VNNI_CODE): F, BW, VL and VNNI, with ZMM state. */
 	const bool avx512 =
-	    avx && zmm_state && (b & (1u << 16)) && (b & (1u << 30)) && (b & (1u << 31));
-	if (avx512 && (c & (1u << 11)))
+	    avx && zmm_state && (b7 & (1u << 16)) && (b7 & (1u << 30)) && (b7 & (1u << 31));
+	if (avx512 && (c7 & (1u << 11)))
 		bits |= MOEK_CPU_AVX512_VNNI;
-	if (avx512 && (c & (1u << 1)))
+	if (avx512 && (c7 & (1u << 1)))
 		bits |= MOEK_CPU_AVX512_VBMI;
+	if (avx512 && (b7 & (1u << 17)))
+		bits |= MOEK_CPU_AVX512;
+	/* leaf 7 subleaf 1, EAX bit 5: AVX512-BF16 */
+	if (avx512 && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5)))
+		bits |= MOEK_CPU_AVX512_BF16;
+	/* AMX: BF16 (EDX 22), TILE (24), INT8 (25); XCR0 17-18: the OS saves tile config and
+	 * data. Linux arms the tile data per process: ask for it once here (a process that is
+	 * refused — seccomp, an old kernel — runs the other ISAs). */
+	const unsigned amx = (1u << 22) | (1u << 24) | (1u << 25);
+	if (avx512 && (d7 & amx) == amx && (xcr & (3ull << 17)) == (3ull << 17) && amx_permitted())
+		bits |= MOEK_CPU_AMX;
 	return bits;
 }
 #else
@@ -89,6 +119,25 @@ unsigned moek_cpu_features(void)
 		atomic_store_explicit(&cpu_bits, bits, memory_order_relaxed);
 	}
 	return bits & ~(unsigned)CPU_DETECTED;
+}
+
+const char *moek_cpu_feature_names(unsigned features, char *buf, size_t len)
+{
+	static const char *const names[] = {"avx2",       "fma",        "f16c",
+	                                    "avx512vnni", "avx512vbmi", "intel",
+	                                    "avx512",     "avx512bf16", "amx"};
+	size_t at = 0;
+	if (len)
+		buf[0] = '\0';
+	for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]) && len; i++) {
+		if (!(features & (1u << i)))
+			continue;
+		const int w = snprintf(buf + at, len - at, "%s%s", at ? " " : "", names[i]);
+		if (w < 0 || (size_t)w >= len - at)
+			break;
+		at += (size_t)w;
+	}
+	return buf;
 }
 
 /* ---- Forms ------------------------------------------------------------------------------- */
@@ -144,6 +193,20 @@ static void avx2_chosen(void)
 	unsigned near, gap;
 	moek_avx2_group_prefetch(&near, &gap);
 }
+
+/* The wider tables start as copies of AVX2's, filled once. */
+static pthread_once_t wide_once = PTHREAD_ONCE_INIT;
+static void wide_build(void)
+{
+	moek_avx512_build();
+	moek_amx_build();
+}
+
+static void wide_chosen(void)
+{
+	avx2_chosen();
+	pthread_once(&wide_once, wide_build);
+}
 #endif
 
 struct isa_row {
@@ -154,12 +217,19 @@ struct isa_row {
 	void (*chosen)(void); /* run each time the row is made active (NULL: nothing) */
 };
 
+enum {
+	NEEDS_AVX2 = MOEK_CPU_AVX2 | MOEK_CPU_FMA | MOEK_CPU_F16C,
+	NEEDS_AVX512 = NEEDS_AVX2 | MOEK_CPU_AVX512 | MOEK_CPU_AVX512_VNNI | MOEK_CPU_AVX512_BF16,
+	NEEDS_AMX = NEEDS_AVX512 | MOEK_CPU_AMX,
+};
+
 /* Least to most capable: MOEK_ISA_AUTO is the last row the CPU can run. */
 static const struct isa_row isa_table[] = {
     {MOEK_ISA_SCALAR, "scalar", 0, &moek_scalar_ops, NULL},
 #ifdef ISA_X86
-    {MOEK_ISA_AVX2, "avx2", MOEK_CPU_AVX2 | MOEK_CPU_FMA | MOEK_CPU_F16C, &moek_avx2_ops,
-     avx2_chosen},
+    {MOEK_ISA_AVX2, "avx2", NEEDS_AVX2, &moek_avx2_ops, avx2_chosen},
+    {MOEK_ISA_AVX512, "avx512", NEEDS_AVX512, &moek_avx512_ops, wide_chosen},
+    {MOEK_ISA_AMX, "amx", NEEDS_AMX, &moek_amx_ops, wide_chosen},
 #endif
 };
 enum { ISA_ROWS = sizeof(isa_table) / sizeof(isa_table[0]) };
@@ -230,6 +300,60 @@ int moek_set_isa(enum moek_isa isa)
 		return -1;
 	activate(row);
 	return 0;
+}
+
+int moek_isa_parse(const char *name, enum moek_isa *out)
+{
+	static const char *const names[] = {
+	    [MOEK_ISA_SCALAR] = "scalar",
+	    [MOEK_ISA_AVX2] = "avx2",
+	    [MOEK_ISA_AVX512] = "avx512",
+	    [MOEK_ISA_AMX] = "amx",
+	};
+	for (size_t i = 1; name && i < sizeof(names) / sizeof(names[0]); i++)
+		if (strcmp(name, names[i]) == 0) {
+			*out = (enum moek_isa)i;
+			return 0;
+		}
+	return -1;
+}
+
+const char *moek_isa_label(enum moek_isa isa)
+{
+	switch (isa) {
+	case MOEK_ISA_SCALAR: return "scalar";
+	case MOEK_ISA_AVX2: return "avx2";
+	case MOEK_ISA_AVX512: return "avx512";
+	case MOEK_ISA_AMX: return "amx";
+	default: return NULL;
+	}
+}
+
+unsigned moek_isa_missing(enum moek_isa isa)
+{
+	unsigned needs;
+	switch (isa) {
+	case MOEK_ISA_AUTO:
+	case MOEK_ISA_SCALAR: needs = 0; break;
+	case MOEK_ISA_AVX2: needs = NEEDS_AVX2; break;
+	case MOEK_ISA_AVX512: needs = NEEDS_AVX512; break;
+	default: needs = NEEDS_AMX; break;
+	}
+#ifndef ISA_X86
+	if (isa != MOEK_ISA_AUTO && isa != MOEK_ISA_SCALAR)
+		return needs ? needs : 1;
+#endif
+	return needs & ~moek_cpu_features();
+}
+
+const char *moek_isa_format_path(uint32_t format, char *buf, size_t len)
+{
+	const struct moek_isa_ops *ops = moek_isa_current();
+	const struct moek_format_info *f = moek_format_lookup(format);
+	const char *decode = ops->describe ? ops->describe(format, false) : ops->name;
+	const char *prefill = ops->describe ? ops->describe(format, true) : ops->name;
+	snprintf(buf, len, "%s: decode %s; prefill %s", f ? f->name : "?", decode, prefill);
+	return buf;
 }
 
 enum moek_isa moek_isa_active(void)

@@ -408,6 +408,9 @@ struct moek_isa_ops {
 	 * in a call, so splits of the rows do not show. */
 	void (*swiglu)(float *h, const float *u, const float *bg, const float *bu, size_t n,
 	               bool oai, float limit, float alpha);
+	/* The kernels this ISA runs for `format` in decode or in prefill, in a few words for
+	 * logs (moek_isa_format_path; NULL: the ISA's name). */
+	const char *(*describe)(uint32_t format, bool prefill);
 };
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its
@@ -473,6 +476,12 @@ const struct moek_isa_ops *moek_isa_current(void);
 bool moek_isa_active_has(unsigned features);
 #if defined(__x86_64__)
 extern const struct moek_isa_ops moek_avx2_ops;
+/* The AVX-512 and AMX tables (x86_avx512.c, x86_amx.c): AVX2's with their own kernels in
+ * place of some, filled by moek_avx512_build and then moek_amx_build (isa.c, once, when one
+ * of them is first chosen). */
+extern struct moek_isa_ops moek_avx512_ops, moek_amx_ops;
+void moek_avx512_build(void);
+void moek_amx_build(void);
 /* INT4_G32's AVX2 paths (x86_avx2_int4.c), entries of moek_avx2_ops: the row dot against
  * MOEK_ACT_Q8_0X2 activations, its one-token many-row form, and the prefill dequantizer. */
 void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, size_t act_stride,

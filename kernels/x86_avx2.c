@@ -1783,6 +1783,19 @@ static void x8_transpose(const uint8_t *rows, size_t stride, size_t words, uint8
 			memcpy(out + 32 * w + 4 * i, rows + i * stride + 4 * w, 4);
 }
 
+/* Decode: row and group dots, VNNI forms on where the CPU has them for the integer ones;
+ * prefill: f32 tiles (ffn.c says from how many tokens). */
+static const char *describe(uint32_t format, bool prefill)
+{
+	if (prefill)
+		return "avx2 f32 fma tiles";
+	const uint32_t act = moek_vec_dot_format(format);
+	if (act == MOEK_Q8_0 || act == MOEK_Q8_K)
+		return moek_isa_forms() & MOEK_FORM_VNNI ? "avx2 integer dots (vnni forms)"
+		                                         : "avx2 integer dots";
+	return act == MOEK_BF16 ? "avx2 fma dots on bf16 activations" : "avx2 fma dots";
+}
+
 const struct moek_isa_ops moek_avx2_ops = {
     .private_act = private_act,
     .act_row_bytes = act_row_bytes,
@@ -1837,4 +1850,5 @@ const struct moek_isa_ops moek_avx2_ops = {
     .prefill = true,
     .x8_transpose = x8_transpose,
     .swiglu = swiglu,
+    .describe = describe,
 };

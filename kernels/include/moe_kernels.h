@@ -335,12 +335,24 @@ void moek_ffn_down_rows(const struct moek_ffn_call *c, const struct moek_expert 
 int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
 
 /* ---- Instruction-set dispatch (isa.c) -------------------------------------------------------
- * The CPU is detected once (CPUID, and XGETBV for the register state the OS saves). The active
+ * The CPU is detected once (CPUID, XGETBV for the register state the OS saves and, for AMX,
+ * the kernel's permission to use the tile data: arch_prctl(ARCH_REQ_XCOMP_PERM)). The active
  * ISA is the most capable one the CPU can run, unless MOEK_ISA=<name> in the environment (read
- * on first use; "scalar", "avx2") or moek_set_isa forces one. Where the CPU has AVX512-VNNI
- * (+ VL, BW), the AVX2 ISA uses VNNI forms of some dots: same bits. Not thread-safe against
- * running kernels: force an ISA before any call is prepared. */
-enum moek_isa { MOEK_ISA_AUTO = 0, MOEK_ISA_SCALAR = 1, MOEK_ISA_AVX2 = 2 };
+ * on first use) or moek_set_isa forces one. The ISAs, each a superset of the one before:
+ *   scalar — the reference (dequantize, f32 dot);
+ *   avx2   — AVX2 + FMA + F16C for every format; where the CPU has AVX512-VNNI (+ VL, BW) it
+ *            uses VNNI forms of some integer dots on 256-bit registers: same bits;
+ *   avx512 — avx2 plus AVX-512 kernels where they pay: BF16 dots and prefill tiles on
+ *            vdpbf16ps (AVX512-BF16), integer dots on 512-bit VNNI;
+ *   amx    — avx512 plus AMX tiles (BF16, INT8) for prefill and batched decode.
+ * Not thread-safe against running kernels: force an ISA before any call is prepared. */
+enum moek_isa {
+	MOEK_ISA_AUTO = 0,
+	MOEK_ISA_SCALAR = 1,
+	MOEK_ISA_AVX2 = 2,
+	MOEK_ISA_AVX512 = 3,
+	MOEK_ISA_AMX = 4,
+};
 
 /* CPU features (bits of moek_cpu_features), each only where the OS saves the registers. */
 enum moek_cpu_feature {
@@ -350,13 +362,30 @@ enum moek_cpu_feature {
 	MOEK_CPU_AVX512_VNNI = 1u << 3, /* with AVX512 F, BW and VL: the VNNI forms' subset */
 	MOEK_CPU_AVX512_VBMI = 1u << 4, /* with AVX512 F, BW and VL */
 	MOEK_CPU_INTEL = 1u << 5,       /* vendor GenuineIntel */
+	MOEK_CPU_AVX512 = 1u << 6,      /* AVX512 F, BW, VL and DQ */
+	MOEK_CPU_AVX512_BF16 = 1u << 7, /* with AVX512 F, BW and VL */
+	/* AMX-TILE, AMX-BF16 and AMX-INT8, the OS saving the tile state and granting this
+	 * process the tile data */
+	MOEK_CPU_AMX = 1u << 8,
 };
 unsigned moek_cpu_features(void);
+/* The names of `features` (MOEK_CPU_* bits) in bit order, space-separated, into buf ("" for
+ * none; truncated to len). Returns buf. */
+const char *moek_cpu_feature_names(unsigned features, char *buf, size_t len);
 
 int moek_set_isa(enum moek_isa isa);    /* -1 (nothing changes) if this CPU cannot run it */
 bool moek_isa_supported(enum moek_isa); /* whether moek_set_isa(isa) would succeed */
 enum moek_isa moek_isa_active(void);    /* the ISA the kernels run on (never AUTO) */
-const char *moek_isa_name(void);        /* its name: "scalar", "avx2" */
+const char *moek_isa_name(void);        /* its name: "scalar", "avx2", "avx512", "amx" */
+/* An ISA by name ("scalar", "avx2", "avx512", "amx"): 0, or -1 for an unknown name. */
+int moek_isa_parse(const char *name, enum moek_isa *out);
+/* The name of `isa` (NULL for AUTO or an unknown value). */
+const char *moek_isa_label(enum moek_isa isa);
+/* The MOEK_CPU_* bits `isa` needs that this CPU lacks (0: it can run it). */
+unsigned moek_isa_missing(enum moek_isa isa);
+/* How the active ISA computes experts in `format`: one line naming the kernels of one-token
+ * decode, batched decode and prefill (from how many tokens), for logs. */
+const char *moek_isa_format_path(uint32_t format, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -19,6 +19,7 @@
 #include "forward_queue.h"
 #include "log.h"
 #include "memlimit.h"
+#include "moe_kernels.h"
 #include "ops.h"
 #include "policy.h"
 #include "routing.h"
@@ -51,6 +52,7 @@ enum {
 	OPT_HEAT_HALF_LIFE,
 	OPT_RECORD_TRACE,
 	OPT_RECORD_TRACE_MAX_MIB,
+	OPT_ISA,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -110,6 +112,9 @@ static const struct serve_option {
     {{"probes-instance", required_argument, NULL, OPT_PROBES_INSTANCE},
      "NAME",
      "pins under /sys/fs/bpf/moe-sidecar/NAME (default: default)"},
+    {{"isa", required_argument, NULL, OPT_ISA},
+     "NAME",
+     "kernels' instruction set: scalar|avx2|avx512|amx (default: the best this CPU runs)"},
     {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
@@ -253,6 +258,30 @@ static int parse_budget(const char *s, struct serve_model_config *mc)
 		return 0;
 	}
 	return parse_bytes(s, &mc->mem_budget_bytes);
+}
+
+/* --isa NAME: the kernels run on that ISA from now on, or a line naming what this CPU lacks. */
+static int set_isa(const char *name)
+{
+	enum moek_isa isa;
+	if (moek_isa_parse(name, &isa) != 0) {
+		fprintf(stderr,
+		        "moe-sidecar serve: --isa '%s': expected scalar, avx2, avx512 or amx\n",
+		        name);
+		return -1;
+	}
+	const unsigned missing = moek_isa_missing(isa);
+	if (missing || moek_set_isa(isa) != 0) {
+		char lacks[160], has[160];
+		moek_cpu_feature_names(missing, lacks, sizeof(lacks));
+		moek_cpu_feature_names(moek_cpu_features() & ~(unsigned)MOEK_CPU_INTEL, has,
+		                       sizeof(has));
+		fprintf(stderr, "moe-sidecar serve: --isa %s: this CPU lacks %s (it has: %s)\n",
+		        name, lacks[0] ? lacks : "what it needs",
+		        has[0] ? has : "none of the SIMD features");
+		return -1;
+	}
+	return 0;
 }
 
 static int parse_uid_list(const char *list, struct server_config *cfg)
@@ -435,6 +464,10 @@ int cmd_serve(int argc, char **argv)
 		case OPT_REQUIRE_PROBES: mcfg.require_probes = true; break;
 		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
 		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
+		case OPT_ISA:
+			if (set_isa(optarg) != 0)
+				return 2;
+			break;
 		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
 #ifdef MOE_TEST_HOOKS
 		case OPT_FAIL_EXPERT: {

@@ -32,6 +32,30 @@ static size_t max_scratch(struct forward_engine *e, size_t n, unsigned workers)
 	return best;
 }
 
+/* One log line per weight format of the model: the kernels the active ISA runs for it. */
+static void log_format_paths(const struct forward_engine *e)
+{
+	uint32_t seen[8];
+	unsigned n_seen = 0;
+	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
+		struct moek_expert v;
+		if (weights_shape_view(&e->w, l, 0, &v, NULL) != 0)
+			continue;
+		const uint32_t formats[3] = {v.gate.format, v.up.format, v.down.format};
+		for (unsigned i = 0; i < 3; i++) {
+			bool known = false;
+			for (unsigned j = 0; j < n_seen; j++)
+				known |= seen[j] == formats[i];
+			if (known || n_seen == sizeof(seen) / sizeof(seen[0]))
+				continue;
+			seen[n_seen++] = formats[i];
+			char path[192];
+			log_info("forward", "kernels: isa=%s %s", moek_isa_name(),
+			         moek_isa_format_path(formats[i], path, sizeof(path)));
+		}
+	}
+}
+
 /* Decode-sized requests (at most this many tokens) may leave their deferred wave running
  * behind them: the second plan, for the request after, is sized for them. */
 #define ASYNC_MAX_TOKENS 16u
@@ -273,6 +297,7 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 	         : e->topo.n_nodes > 1 ? "node"
 	                               : "no",
 	         e->max_tokens, e->max_k, moek_isa_name());
+	log_format_paths(e);
 	*out = e;
 	return 0;
 fail:

@@ -64,8 +64,9 @@ static void check_splits(uint32_t format, size_t hidden, size_t ffn, size_t n)
 		w[t] = 1.0f / (float)(t + 1);
 	const struct split whole = {1, 1, 1, 1};
 	const struct split splits[] = {{2, 2, 3, 2}, {3, 5, 7, 3}, {1, 3, 97, 4}, {5, 1, 2, 1}};
-	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2};
-	for (size_t i = 0; i < 2; i++) {
+	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2, MOEK_ISA_AVX512,
+	                                     MOEK_ISA_AMX};
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
 		if (moek_set_isa(isas[i]) != 0)
 			continue;
 		float *ref = run_split(&f, x, n, w, &whole);

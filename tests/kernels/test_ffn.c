@@ -337,10 +337,46 @@ Test(ffn_api, isa_can_be_forced)
 		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX2), -1);
 		cr_expect_eq(moek_isa_active(), MOEK_ISA_SCALAR, "a refused ISA changes nothing");
 	}
+	enum moek_isa best = MOEK_ISA_SCALAR;
+	for (enum moek_isa i = MOEK_ISA_AVX2; i <= MOEK_ISA_AMX; i++)
+		if (moek_isa_supported(i))
+			best = i;
 	cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
-	cr_expect_eq(moek_isa_active(), have_avx2() ? MOEK_ISA_AVX2 : MOEK_ISA_SCALAR,
-	             "AUTO picks the most capable ISA the CPU runs");
+	cr_expect_eq(moek_isa_active(), best, "AUTO picks the most capable ISA the CPU runs");
 	cr_expect_eq(moek_isa_supported(MOEK_ISA_AUTO), true);
+}
+
+/* Each ISA by name, what it needs, and forcing the wide ones where the CPU has them. */
+Test(ffn_api, isa_names_and_needs)
+{
+	for (enum moek_isa i = MOEK_ISA_SCALAR; i <= MOEK_ISA_AMX; i++) {
+		enum moek_isa back = MOEK_ISA_AUTO;
+		cr_assert_not_null(moek_isa_label(i));
+		cr_assert_eq(moek_isa_parse(moek_isa_label(i), &back), 0);
+		cr_expect_eq(back, i);
+		cr_expect_eq(moek_isa_supported(i), moek_isa_missing(i) == 0, "%s",
+		             moek_isa_label(i));
+	}
+	enum moek_isa none;
+	cr_expect_eq(moek_isa_parse("avx1024", &none), -1);
+	cr_expect_eq(moek_isa_parse(NULL, &none), -1);
+	cr_expect_null(moek_isa_label(MOEK_ISA_AUTO));
+	/* each wider ISA needs everything the one before does */
+	cr_expect_eq(moek_isa_missing(MOEK_ISA_AVX2) & ~moek_isa_missing(MOEK_ISA_AVX512), 0u);
+	cr_expect_eq(moek_isa_missing(MOEK_ISA_AVX512) & ~moek_isa_missing(MOEK_ISA_AMX), 0u);
+	char names[128];
+	if (moek_isa_missing(MOEK_ISA_AVX512)) {
+		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), -1);
+		cr_skip_test("skipped: no %s",
+		             moek_cpu_feature_names(moek_isa_missing(MOEK_ISA_AVX512), names,
+		                                    sizeof(names)));
+	}
+	cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), 0);
+	cr_expect_str_eq(moek_isa_name(), "avx512");
+	char path[192];
+	moek_isa_format_path(MOEK_BF16, path, sizeof(path));
+	cr_expect(strncmp(path, "BF16: decode ", 13) == 0, "%s", path);
+	cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
 }
 
 /* isa.c's CPUID/XGETBV detection against the compiler runtime's own (libgcc / compiler-rt),

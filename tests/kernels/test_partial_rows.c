@@ -97,10 +97,11 @@ static float *run_partial(const struct fixture *f, const float *x, size_t n, con
 static void check_partial(uint32_t format, size_t hidden, size_t ffn, int bias)
 {
 	static const size_t token_counts[] = {1, 3, 17, 37};
-	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2};
+	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2, MOEK_ISA_AVX512,
+	                                     MOEK_ISA_AMX};
 	struct fixture f;
 	fixture_init(&f, format, 0, hidden, ffn, bias ? MOEK_SWIGLU_OAI : MOEK_SWIGLU, bias, 41);
-	for (size_t i = 0; i < 2; i++) {
+	for (size_t i = 0; i < sizeof(isas) / sizeof(isas[0]); i++) {
 		if (moek_set_isa(isas[i]) != 0)
 			continue;
 		for (size_t k = 0; k < sizeof(token_counts) / sizeof(token_counts[0]); k++) {
