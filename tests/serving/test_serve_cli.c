@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "moe_kernels.h"
 #include "policy.h"
 
 /* Runs argv (NULL-terminated) with stdout and stderr into one buffer; returns the exit
@@ -86,6 +87,31 @@ Test(serve_cli, shipped_serve_has_no_debug_options)
 	cr_assert_eq(run_capture(hooks, out, sizeof(out)), 0, "%s", out);
 	cr_expect(strstr(out, "--debug-fail-expert"), "the test-hooks daemon lacks it: %s", out);
 #endif
+}
+
+/* --isa takes the names the kernels know, and refuses one this CPU cannot run with what it
+ * lacks, before anything is loaded. */
+Test(serve_cli, isa_is_forced_or_refused_by_name)
+{
+	static char out[4096];
+	const char *unknown[] = {MOE_SIDECAR_BIN, "serve", "--isa", "avx1024", NULL};
+	cr_expect_eq(run_capture(unknown, out, sizeof(out)), 2, "%s", out);
+	cr_expect(strstr(out, "--isa 'avx1024': expected scalar, avx2, avx512 or amx"), "%s", out);
+	for (enum moek_isa isa = MOEK_ISA_SCALAR; isa <= MOEK_ISA_AMX; isa++) {
+		const char *name = moek_isa_label(isa);
+		/* a name it takes, followed by an option it refuses: the refusal is the option's */
+		const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--isa", name,
+		                      "--threads",     "0",     NULL};
+		cr_expect_eq(run_capture(argv, out, sizeof(out)), 2, "%s", out);
+		if (moek_isa_supported(isa)) {
+			cr_expect(strstr(out, "--threads '0'"), "%s: %s", name, out);
+			continue;
+		}
+		char lacks[128], want[192];
+		moek_cpu_feature_names(moek_isa_missing(isa), lacks, sizeof(lacks));
+		snprintf(want, sizeof(want), "--isa %s: this CPU lacks %s (it has: ", name, lacks);
+		cr_expect(strstr(out, want), "want '%s' in: %s", want, out);
+	}
 }
 
 Test(serve_cli, every_binary_says_its_version)
