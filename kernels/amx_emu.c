@@ -112,22 +112,28 @@ static float emu_bf16(const uint8_t *p) /* a bf16 operand, DAZ */
 	return emu_daz(f);
 }
 
+/* The shape checks every tile multiply makes (SDM: exception class AMX-E4) */
+static void emu_check_multiply(const struct amx_emu *e, const char *op, unsigned c, unsigned a,
+                               unsigned b)
+{
+	emu_check_tile(e, c, op), emu_check_tile(e, a, op), emu_check_tile(e, b, op);
+	const struct moek_amx_tilecfg *cfg = &e->cfg;
+	EMU_CHECK(c != a && c != b && a != b, "%s tmm%u, tmm%u, tmm%u: repeated tile (#UD)", op, c,
+	          a, b);
+	EMU_CHECK(cfg->colsb[c] % 4 == 0 && cfg->colsb[a] % 4 == 0 && cfg->colsb[b] % 4 == 0,
+	          "%s: bytes per row not a multiple of 4 (#UD)", op);
+	EMU_CHECK(cfg->rows[c] == cfg->rows[a], "%s: C has %u rows, A %u (#UD)", op, cfg->rows[c],
+	          cfg->rows[a]);
+	EMU_CHECK(cfg->colsb[a] / 4 == cfg->rows[b], "%s: A has %u dwords a row, B %u rows (#UD)",
+	          op, cfg->colsb[a] / 4, cfg->rows[b]);
+	EMU_CHECK(cfg->colsb[c] == cfg->colsb[b], "%s: C rows of %u bytes, B of %u (#UD)", op,
+	          cfg->colsb[c], cfg->colsb[b]);
+}
+
 static void emu_dpbf16ps(struct amx_emu *e, unsigned c, unsigned a, unsigned b)
 {
-	emu_check_tile(e, c, "tdpbf16ps"), emu_check_tile(e, a, "tdpbf16ps");
-	emu_check_tile(e, b, "tdpbf16ps");
+	emu_check_multiply(e, "tdpbf16ps", c, a, b);
 	const struct moek_amx_tilecfg *cfg = &e->cfg;
-	EMU_CHECK(c != a && c != b && a != b, "tdpbf16ps tmm%u, tmm%u, tmm%u: repeated tile (#UD)",
-	          c, a, b);
-	EMU_CHECK(cfg->colsb[c] % 4 == 0 && cfg->colsb[a] % 4 == 0 && cfg->colsb[b] % 4 == 0,
-	          "tdpbf16ps: bytes per row not a multiple of 4 (#UD)");
-	EMU_CHECK(cfg->rows[c] == cfg->rows[a], "tdpbf16ps: C has %u rows, A %u (#UD)",
-	          cfg->rows[c], cfg->rows[a]);
-	EMU_CHECK(cfg->colsb[a] / 4 == cfg->rows[b],
-	          "tdpbf16ps: A has %u pairs a row, B %u rows (#UD)", cfg->colsb[a] / 4,
-	          cfg->rows[b]);
-	EMU_CHECK(cfg->colsb[c] == cfg->colsb[b], "tdpbf16ps: C rows of %u bytes, B of %u (#UD)",
-	          cfg->colsb[c], cfg->colsb[b]);
 	const unsigned pairs = cfg->colsb[a] / 4, cols = cfg->colsb[c] / 4;
 	for (unsigned m = 0; m < cfg->rows[c]; m++) {
 		for (unsigned n = 0; n < cols; n++) {
@@ -146,6 +152,30 @@ static void emu_dpbf16ps(struct amx_emu *e, unsigned c, unsigned a, unsigned b)
 	}
 }
 
+static void emu_zero(struct amx_emu *e, unsigned t)
+{
+	emu_check_tile(e, t, "tilezero");
+	memset(e->tmm[t], 0, sizeof(e->tmm[t]));
+}
+
+/* TDPBSSD: C[m][n] += Σ_kk Σ_i A[m][4 kk + i] · B[kk][4 n + i], signed bytes, int32 wrapping */
+static void emu_dpbssd(struct amx_emu *e, unsigned c, unsigned a, unsigned b)
+{
+	emu_check_multiply(e, "tdpbssd", c, a, b);
+	const unsigned quads = e->cfg.colsb[a] / 4, cols = e->cfg.colsb[c] / 4;
+	for (unsigned m = 0; m < e->cfg.rows[c]; m++)
+		for (unsigned n = 0; n < cols; n++) {
+			uint32_t acc;
+			memcpy(&acc, e->tmm[c][m] + 4 * n, sizeof(acc));
+			for (unsigned kk = 0; kk < quads; kk++)
+				for (unsigned i = 0; i < 4; i++)
+					acc +=
+					    (uint32_t)((int32_t)(int8_t)e->tmm[a][m][4 * kk + i] *
+					               (int8_t)e->tmm[b][kk][4 * n + i]);
+			memcpy(e->tmm[c][m] + 4 * n, &acc, sizeof(acc));
+		}
+}
+
 static void emu_release(struct amx_emu *e)
 {
 	memset(e->tmm, 0, sizeof(e->tmm));
@@ -156,7 +186,9 @@ static void emu_release(struct amx_emu *e)
 #define AMX_LOADCONFIG(be, cfg) emu_loadconfig(be, cfg)
 #define AMX_LOAD(be, t, base, stride) emu_load(be, t, base, stride)
 #define AMX_STORE(be, t, base, stride) emu_store(be, t, base, stride)
+#define AMX_ZERO(be, t) emu_zero(be, t)
 #define AMX_DPBF16PS(be, c, a, b) emu_dpbf16ps(be, c, a, b)
+#define AMX_DPBSSD(be, c, a, b) emu_dpbssd(be, c, a, b)
 #define AMX_RELEASE(be) emu_release(be)
 #include "x86_amx_tile.h"
 
@@ -166,5 +198,13 @@ void moek_amx_tile_bf16_emulated(const uint16_t *w, size_t ldw, size_t nr, const
 	/* a thread's tiles start unconfigured (the init state): use before ldtilecfg faults */
 	struct amx_emu emu = {.configured = false};
 	amx_tile_bf16_run(&emu, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
+	EMU_CHECK(!emu.configured, "the kernel returned holding tile state (no tilerelease)");
+}
+
+void moek_amx_tile_q8_0_emulated(const void *w, size_t ldw, size_t nr, const void *xp,
+                                 size_t xp_stride, size_t np, size_t k, float *c, size_t ldc)
+{
+	struct amx_emu emu = {.configured = false};
+	amx_tile_q8_0_run(&emu, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
 	EMU_CHECK(!emu.configured, "the kernel returned holding tile state (no tilerelease)");
 }

@@ -545,4 +545,24 @@ void moek_amx_tile_bf16(const uint16_t *w, size_t ldw, size_t nr, const uint16_t
 void moek_amx_tile_bf16_emulated(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
                                  size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
 
+/* Q8_0 prefill micro-kernel (AMX INT8, tdpbssd), the same way in two backends: for r < nr,
+ * j < 16, p < np, per 32-column block b in order, c[r * ldc + p * 16 + j] += (d_w · d_x) · Σ_i
+ * q_w[i] · q_x[i] — the block's exact int32 dot of the codes scaled by the weight row's f16
+ * scale and the token's f32 one (each step rounded as written: a product, a product, a sum).
+ * w: nr rows of k / 32 struct block_q8_0 (GGUF Q8_0 rows), row r at w + r * ldw bytes; xp: np
+ * panels of k / 32 struct moek_q8_panel_block, panel p at xp + p * xp_stride bytes (4-byte
+ * aligned); k a multiple of 32. Integer sums are exact, so the two backends give the same bits,
+ * and an (r, j) sum does not depend on nr, np or where the row is. */
+struct moek_q8_panel_block {
+	int8_t qs[32 * 16]; /* code i of token j at [(i / 4) * 64 + j * 4 + i % 4] */
+	float d[16];        /* token j's scale */
+};
+static_assert(sizeof(struct moek_q8_panel_block) == 576, "Q8_0 panel block");
+#if defined(__x86_64__)
+void moek_amx_tile_q8_0(const void *w, size_t ldw, size_t nr, const void *xp, size_t xp_stride,
+                        size_t np, size_t k, float *c, size_t ldc);
+#endif
+void moek_amx_tile_q8_0_emulated(const void *w, size_t ldw, size_t nr, const void *xp,
+                                 size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+
 #endif /* MOE_KERNELS_INTERNAL_H */

@@ -3,7 +3,8 @@
  * Only made active on a CPU with AMX-TILE/BF16/INT8 whose kernel granted this process the
  * tile data (isa.c), so the whole file is built for them.
  *
- * moek_amx_tile_bf16 is x86_amx_tile.h's micro-kernel on the tile instructions. The tile
+ * moek_amx_tile_bf16 and moek_amx_tile_q8_0 are x86_amx_tile.h's micro-kernels on the tile
+ * instructions. The tile
  * configuration is per-thread state that other code in the thread (another library's AMX
  * kernels) may change between two calls, so each call loads its own and ends with
  * tilerelease: a thread that ran a kernel holds no tile state (the OS then need not save it
@@ -34,7 +35,9 @@ void moek_amx_build(void)
 	} while (0)
 #define AMX_LOAD(be, t, base, stride) _tile_loadd(t, base, stride)
 #define AMX_STORE(be, t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(be, t) _tile_zero(t)
 #define AMX_DPBF16PS(be, c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_DPBSSD(be, c, a, b) _tile_dpbssd(c, a, b)
 #define AMX_RELEASE(be) _tile_release()
 #include "x86_amx_tile.h"
 
@@ -45,4 +48,13 @@ void moek_amx_tile_bf16(const uint16_t *w, size_t ldw, size_t nr, const uint16_t
 	AMX_READS(xp);
 	AMX_READS(c);
 	amx_tile_bf16_run(NULL, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
+}
+
+void moek_amx_tile_q8_0(const void *w, size_t ldw, size_t nr, const void *xp, size_t xp_stride,
+                        size_t np, size_t k, float *c, size_t ldc)
+{
+	AMX_READS(w);
+	AMX_READS(xp);
+	AMX_READS(c);
+	amx_tile_q8_0_run(NULL, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
 }

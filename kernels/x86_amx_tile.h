@@ -12,7 +12,9 @@
  *   AMX_LOADCONFIG(be, cfg)        ldtilecfg from a const struct moek_amx_tilecfg *
  *   AMX_LOAD(be, t, base, stride)  tileloadd: the tile's rows of colsb bytes, stride bytes apart
  *   AMX_STORE(be, t, base, stride) tilestored
+ *   AMX_ZERO(be, t)                tilezero
  *   AMX_DPBF16PS(be, c, a, b)      tdpbf16ps tmm_c, tmm_a, tmm_b
+ *   AMX_DPBSSD(be, c, a, b)        tdpbssd tmm_c, tmm_a, tmm_b
  *   AMX_RELEASE(be)                tilerelease
  *
  * Tiles (palette 1: 8 tiles of up to 16 rows x 64 bytes): tmm4, tmm5 hold 16 weight rows x 32
@@ -21,6 +23,12 @@
  * (rows block i, panel q) in tmm(2i + q), each 16 rows x 16 tokens. A group of fewer than 32
  * rows is a configuration with fewer rows in its tiles, not a padded copy, so the kernel never
  * reads or writes a row past nr; an odd last panel leaves tmm1, tmm3 and tmm7 unused.
+ *
+ * The Q8_0 kernel keeps the same tiles and edges, one 32-column block per step: tmm4, tmm5
+ * take the 32 codes of 16 rows' block straight from the Q8_0 rows (32 bytes a row, the row
+ * length apart), tmm6, tmm7 a panel block's 8 quads of k x 16 tokens, tmm0..3 the block's
+ * int32 dot products, which go through memory to be scaled into f32 sums there: scales
+ * differ per block, so a tile sums one block (tmul_maxk's 16 dwords would take two).
  */
 #ifndef MOE_X86_AMX_TILE_H
 #define MOE_X86_AMX_TILE_H
@@ -30,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "kernels_internal.h"
 
 /* LDTILECFG's 64-byte operand (Intel SDM vol. 2, LDTILECFG, "Memory Area Layout"): palette 1
  * names 8 tiles, so colsb[8..15] and rows[8..15] must be zero, as the reserved bytes. */
@@ -59,6 +69,16 @@ static inline void amx_bf16_config(struct moek_amx_tilecfg *cfg, unsigned rows0,
 		cfg->rows[t] = (uint8_t)rows[t];
 		cfg->colsb[t] = rows[t] ? AMX_ROW_BYTES : 0;
 	}
+}
+
+/* The Q8_0 kernel's configuration: A tiles of 16 rows x 32 bytes (one block), B tiles of 8
+ * quads x 64 bytes, C tiles of int32 sums as the BF16 kernel's */
+static inline void amx_q8_0_config(struct moek_amx_tilecfg *cfg, unsigned rows0, unsigned rows1)
+{
+	amx_bf16_config(cfg, rows0, rows1);
+	cfg->colsb[4] = 32;
+	cfg->colsb[5] = rows1 ? 32 : 0;
+	cfg->rows[6] = cfg->rows[7] = 8;
 }
 
 #endif /* MOE_X86_AMX_TILE_H */
@@ -136,6 +156,97 @@ amx_tile_bf16_run(AMX_BACKEND *be, const uint16_t *w, size_t ldw, size_t nr, con
 				AMX_STORE(be, 2, c10, c_stride);
 				if (two)
 					AMX_STORE(be, 3, c11, c_stride);
+			}
+		}
+	}
+	AMX_RELEASE(be);
+}
+
+/* The Q8_0 micro-kernel (kernels_internal.h, moek_amx_tile_q8_0, has the contract). Per
+ * block, in k order: the exact int32 dot of the codes (tdpbssd from zero), then, in plain C
+ * shared by both backends (ISO C: no contraction), sum += (d_w · d_x) · dot. */
+static inline __attribute__((always_inline)) void
+amx_tile_q8_0_run(AMX_BACKEND *be, const void *w, size_t ldw, size_t nr, const void *xp,
+                  size_t xp_stride, size_t np, size_t k, float *c, size_t ldc)
+{
+	(void)be;
+	const size_t nb = k / QK8_0, bb = sizeof(struct block_q8_0);
+	assert(k % QK8_0 == 0 && (nr <= 1 || ldw >= nb * bb) && (nr <= 1 || ldc >= np * 16));
+	assert(np <= 1 || xp_stride >= nb * sizeof(struct moek_q8_panel_block));
+	if (nr == 0 || np == 0 || k == 0)
+		return;
+	struct moek_amx_tilecfg cfg;
+	unsigned loaded0 = 0, loaded1 = 0;
+	int32_t dots[4][16][16]; /* tmm(2i + q)'s int32 sums, 64 bytes a row */
+	float dw[32];
+	for (size_t r0 = 0; r0 < nr; r0 += 32) {
+		const unsigned rows = nr - r0 < 32 ? (unsigned)(nr - r0) : 32;
+		const unsigned rows0 = rows < 16 ? rows : 16, rows1 = rows - rows0;
+		if (rows0 != loaded0 || rows1 != loaded1) {
+			amx_q8_0_config(&cfg, rows0, rows1);
+			AMX_LOADCONFIG(be, &cfg);
+			loaded0 = rows0, loaded1 = rows1;
+		}
+		const uint8_t *wg = (const uint8_t *)w + r0 * ldw;
+		for (size_t p = 0; p < np; p += 2) {
+			const bool two = p + 1 < np;
+			const struct moek_q8_panel_block *x0 =
+			    (const struct moek_q8_panel_block *)((const uint8_t *)xp +
+			                                         p * xp_stride);
+			const struct moek_q8_panel_block *x1 =
+			    two ? (const struct moek_q8_panel_block *)((const uint8_t *)x0 +
+			                                               xp_stride)
+			        : NULL;
+			float *cg = c + r0 * ldc + p * 16;
+			for (size_t b = 0; b < nb; b++) {
+				const uint8_t *a0 = wg + b * bb;
+				for (unsigned m = 0; m < rows; m++) {
+					uint16_t d;
+					memcpy(&d, a0 + m * ldw + offsetof(struct block_q8_0, d),
+					       2);
+					dw[m] = moek_f16_to_f32(d);
+				}
+				const uint8_t *q0 = a0 + offsetof(struct block_q8_0, qs);
+				AMX_ZERO(be, 0);
+				AMX_LOAD(be, 4, q0, ldw);
+				AMX_LOAD(be, 6, x0[b].qs, 64);
+				AMX_DPBSSD(be, 0, 4, 6);
+				if (two) {
+					AMX_ZERO(be, 1);
+					AMX_LOAD(be, 7, x1[b].qs, 64);
+					AMX_DPBSSD(be, 1, 4, 7);
+				}
+				if (rows1) {
+					AMX_ZERO(be, 2);
+					AMX_LOAD(be, 5, q0 + 16 * ldw, ldw);
+					AMX_DPBSSD(be, 2, 5, 6);
+					if (two) {
+						AMX_ZERO(be, 3);
+						AMX_DPBSSD(be, 3, 5, 7);
+					}
+				}
+				AMX_STORE(be, 0, dots[0], 64);
+				if (two)
+					AMX_STORE(be, 1, dots[1], 64);
+				if (rows1) {
+					AMX_STORE(be, 2, dots[2], 64);
+					if (two)
+						AMX_STORE(be, 3, dots[3], 64);
+				}
+				/* per sum tile: 16 sums a row, the same steps on every element */
+				for (unsigned t = 0; t < 4; t++) {
+					const unsigned i = t / 2, q = t % 2, mn = i ? rows1 : rows0;
+					if (q && !two)
+						continue;
+					const float *dx = (q ? x1 : x0)[b].d;
+					for (unsigned m = 0; m < mn; m++) {
+						float *cr = cg + (16 * i + m) * ldc + 16 * q;
+						const float dr = dw[16 * i + m];
+						for (unsigned n = 0; n < 16; n++)
+							cr[n] = cr[n] +
+							        dr * dx[n] * (float)dots[t][m][n];
+					}
+				}
 			}
 		}
 	}
