@@ -417,3 +417,201 @@ Test(amx_tile, hardware_against_model)
 	data_free(&d);
 }
 #endif
+
+/* ---- Q8_0 (tdpbssd) -------------------------------------------------------------------------
+ * Codes over the whole int8 range (-128 included), f16 weight scales, f32 token scales; the
+ * reference's formula is the contract's, so both backends must give its bits: integer dots are
+ * exact, the scaling is the same C on both. */
+
+/* ldw and xp_stride in bytes */
+struct q8_case {
+	size_t nr, np, k, ldw, xp_stride, ldc;
+};
+
+struct q8_data {
+	struct q8_case qc;
+	uint8_t *w, *xp; /* Q8_0 rows (padding 0xff), panels (padding 0xff: NaN scales) */
+	int8_t *xq;      /* token t's codes, k apart */
+	float *xd;       /* token t's block scales, k / 32 apart */
+	float *c0;
+};
+
+static void q8_make(struct q8_data *d, const struct q8_case *qc)
+{
+	const size_t nt = qc->np * 16, k = qc->k, nb = k / 32;
+	const size_t xp_bytes =
+	    (qc->np - 1) * qc->xp_stride + nb * sizeof(struct moek_q8_panel_block);
+	d->qc = *qc;
+	d->w = malloc(qc->nr * qc->ldw);
+	d->xp = malloc(xp_bytes);
+	d->xq = malloc(nt * k);
+	d->xd = malloc(sizeof(float) * nt * nb);
+	d->c0 = malloc(sizeof(float) * qc->nr * qc->ldc);
+	cr_assert(d->w && d->xp && d->xq && d->xd && d->c0);
+	memset(d->w, 0xff, qc->nr * qc->ldw);
+	for (size_t r = 0; r < qc->nr; r++)
+		for (size_t b = 0; b < nb; b++) {
+			struct block_q8_0 blk;
+			blk.d = moek_f32_to_f16(uniform(0.001f, 0.02f));
+			for (size_t i = 0; i < 32; i++)
+				blk.qs[i] = (int8_t)(rng() & 0xff);
+			memcpy(d->w + r * qc->ldw + b * sizeof(blk), &blk, sizeof(blk));
+		}
+	for (size_t i = 0; i < nt * k; i++)
+		d->xq[i] = (int8_t)(rng() & 0xff);
+	for (size_t i = 0; i < nt * nb; i++)
+		d->xd[i] = uniform(0.001f, 0.05f);
+	memset(d->xp, 0xff, xp_bytes);
+	for (size_t p = 0; p < qc->np; p++)
+		for (size_t b = 0; b < nb; b++) {
+			struct moek_q8_panel_block pb;
+			for (size_t j = 0; j < 16; j++) {
+				pb.d[j] = d->xd[(p * 16 + j) * nb + b];
+				for (size_t i = 0; i < 32; i++)
+					pb.qs[i / 4 * 64 + j * 4 + i % 4] =
+					    d->xq[(p * 16 + j) * k + b * 32 + i];
+			}
+			memcpy(d->xp + p * qc->xp_stride + b * sizeof(pb), &pb, sizeof(pb));
+		}
+	for (size_t r = 0; r < qc->nr; r++)
+		for (size_t i = 0; i < qc->ldc; i++) {
+			const uint32_t guard = GUARD_BITS;
+			if (i < qc->np * 16)
+				d->c0[r * qc->ldc + i] = uniform(-4.0f, 4.0f);
+			else
+				memcpy(&d->c0[r * qc->ldc + i], &guard, sizeof(float));
+		}
+}
+
+static void q8_free(struct q8_data *d)
+{
+	free(d->w), free(d->xp), free(d->xq), free(d->xd), free(d->c0);
+}
+
+static void q8_reference(const struct q8_data *d, float *c)
+{
+	const struct q8_case *qc = &d->qc;
+	const size_t nb = qc->k / 32;
+	memcpy(c, d->c0, sizeof(float) * qc->nr * qc->ldc);
+	for (size_t r = 0; r < qc->nr; r++)
+		for (size_t t = 0; t < qc->np * 16; t++) {
+			float acc = c[r * qc->ldc + t];
+			for (size_t b = 0; b < nb; b++) {
+				struct block_q8_0 blk;
+				memcpy(&blk, d->w + r * qc->ldw + b * sizeof(blk), sizeof(blk));
+				int32_t dot = 0;
+				for (size_t i = 0; i < 32; i++)
+					dot += blk.qs[i] * d->xq[t * qc->k + b * 32 + i];
+				const float dw = moek_f16_to_f32(blk.d), dx = d->xd[t * nb + b];
+				acc = acc + dw * dx * (float)dot;
+			}
+			c[r * qc->ldc + t] = acc;
+		}
+}
+
+typedef void (*q8_fn)(const void *w, size_t ldw, size_t nr, const void *xp, size_t xp_stride,
+                      size_t np, size_t k, float *c, size_t ldc);
+
+static const char *q8_describe(const struct q8_case *qc)
+{
+	static char buf[128];
+	snprintf(buf, sizeof(buf), "q8_0 nr=%zu np=%zu k=%zu ldw=%zu xp_stride=%zu ldc=%zu", qc->nr,
+	         qc->np, qc->k, qc->ldw, qc->xp_stride, qc->ldc);
+	return buf;
+}
+
+/* The whole call, then the rows and panels cut in four calls: the reference's bits both times */
+static void q8_check_case(q8_fn fn, const struct q8_case *qc, size_t rcut, size_t pcut)
+{
+	struct q8_data d;
+	q8_make(&d, qc);
+	const size_t n = qc->nr * qc->ldc;
+	float *want = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+	cr_assert(want && got);
+	q8_reference(&d, want);
+	for (int split = 0; split < 2; split++) {
+		memcpy(got, d.c0, sizeof(float) * n);
+		const size_t rc = split ? rcut : qc->nr, pc = split ? pcut : qc->np;
+		const size_t r0[2] = {0, rc}, rn[2] = {rc, qc->nr - rc};
+		const size_t p0[2] = {0, pc}, pn[2] = {pc, qc->np - pc};
+		for (int i = 0; i < 2; i++)
+			for (int q = 0; q < 2; q++)
+				if (rn[i] && pn[q])
+					fn(d.w + r0[i] * qc->ldw, qc->ldw, rn[i],
+					   d.xp + p0[q] * qc->xp_stride, qc->xp_stride, pn[q],
+					   qc->k, got + r0[i] * qc->ldc + p0[q] * 16, qc->ldc);
+		for (size_t r = 0; r < qc->nr; r++)
+			for (size_t t = 0; t < qc->ldc; t++)
+				cr_assert_eq(
+				    f32_bits(got[r * qc->ldc + t]), f32_bits(want[r * qc->ldc + t]),
+				    "%s (cut at row %zu, panel %zu): c[%zu][%zu] %.9g, want %.9g",
+				    q8_describe(qc), rc, pc, r, t, (double)got[r * qc->ldc + t],
+				    (double)want[r * qc->ldc + t]);
+	}
+	free(want), free(got);
+	q8_free(&d);
+}
+
+static void q8_edges(q8_fn fn)
+{
+	const size_t ks[] = {32, 64, 96};
+	for (size_t ki = 0; ki < 3; ki++)
+		for (size_t nr = 1; nr <= 40; nr++)
+			for (size_t np = 1; np <= 5; np++) {
+				const size_t k = ks[ki], nb = k / 32, gap = (nr + np) % 2;
+				const struct q8_case qc = {
+				    .nr = nr,
+				    .np = np,
+				    .k = k,
+				    .ldw = nb * sizeof(struct block_q8_0) + gap * 6,
+				    .xp_stride = nb * sizeof(struct moek_q8_panel_block) + gap * 64,
+				    .ldc = np * 16 + gap * 3,
+				};
+				q8_check_case(fn, &qc, nr / 3, np / 2);
+			}
+}
+
+static void q8_long_rows(q8_fn fn)
+{
+	const size_t ks[] = {2048, 2880}, nrs[] = {1, 16, 33}, nps[] = {1, 2, 3};
+	for (size_t ki = 0; ki < 2; ki++)
+		for (size_t ri = 0; ri < 3; ri++)
+			for (size_t pi = 0; pi < 3; pi++) {
+				const size_t k = ks[ki], nb = k / 32;
+				const struct q8_case qc = {
+				    .nr = nrs[ri],
+				    .np = nps[pi],
+				    .k = k,
+				    .ldw = nb * sizeof(struct block_q8_0) + 34 * pi,
+				    .xp_stride = nb * sizeof(struct moek_q8_panel_block) + 4 * ri,
+				    .ldc = nps[pi] * 16 + ki,
+				};
+				q8_check_case(fn, &qc, nrs[ri] / 2, nps[pi] - 1);
+			}
+}
+
+Test(amx_q8_0, emulated_edges)
+{
+	q8_edges(moek_amx_tile_q8_0_emulated);
+}
+
+Test(amx_q8_0, emulated_long_rows)
+{
+	q8_long_rows(moek_amx_tile_q8_0_emulated);
+}
+
+#if defined(__x86_64__)
+Test(amx_q8_0, hardware_edges)
+{
+	if (!amx_available())
+		cr_skip_test("skipped: no amx");
+	q8_edges(moek_amx_tile_q8_0);
+}
+
+Test(amx_q8_0, hardware_long_rows)
+{
+	if (!amx_available())
+		cr_skip_test("skipped: no amx");
+	q8_long_rows(moek_amx_tile_q8_0);
+}
+#endif
