@@ -1,14 +1,16 @@
-/* test_amx.c — the AMX BF16 prefill micro-kernel (x86_amx_tile.h): its emulated backend
- * (moek_amx_tile_bf16_emulated, every CPU) gives, bit for bit, the scalar reference below — the
- * contract's sum (kernels_internal.h) taken in TDPBF16PS's order as the Intel SDM writes it —
- * for every row count across the 32-row groups' edges (1..40), 1..5 panels, k from one step to
- * 2880, weight rows, panels and sums with gaps between them, into sums that are not zero; it
- * reads no weight column past k and no panel element between panels, writes nothing past the
- * panels and rows it owns; a split of the rows or panels between calls gives the same bits;
- * and the model keeps the instruction's DAZ / FTZ. The hardware backend (moek_amx_tile_bf16)
- * runs the same cases where the CPU and the OS let this process use AMX, held to a tolerance
- * (the hardware may add a step's 32 products in another order) and to its own bits across
- * splits; elsewhere those tests are skipped.
+/* test_amx.c — the AMX prefill micro-kernels (x86_amx_tile.h), BF16 (tdpbf16ps) and Q8_0
+ * (tdpbssd). BF16: the emulated backend (moek_amx_tile_bf16_emulated, every CPU) gives, bit for
+ * bit, the scalar reference below — the contract's sum (kernels_internal.h) taken in
+ * TDPBF16PS's order as the Intel SDM writes it — for every row count across the 32-row groups'
+ * edges (1..40), 1..5 panels, k from one step to 2880, weight rows, panels and sums with gaps
+ * between them, into sums that are not zero; it reads no weight column past k and no panel
+ * element between panels, writes nothing past the panels and rows it owns; a split of the rows
+ * or panels between calls gives the same bits; and the model keeps the instruction's DAZ / FTZ.
+ * The hardware backend (moek_amx_tile_bf16) runs the same cases where the CPU and the OS let
+ * this process use AMX, held to a tolerance (the hardware may add a step's 32 products in
+ * another order) and to its own bits across splits. Q8_0: both backends give the reference's
+ * bits (exact integer dots, the same scaling), over the same shapes. Without AMX the hardware
+ * tests are skipped.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
