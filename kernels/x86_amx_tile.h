@@ -1,14 +1,14 @@
-/* x86_amx_tile.h — the AMX BF16 prefill micro-kernel, written once for two backends: the tile
- * instructions (x86_amx.c, moek_amx_tile_bf16) and a plain-C model of them (amx_emu.c,
- * moek_amx_tile_bf16_emulated) that the tests run on any CPU. Everything but the instructions
- * themselves — the tile configuration, the loop over 32-row groups, panel pairs and 32-column
- * k steps, every tile's address and stride, the row and panel edges — is this file, so what the
- * emulated runs check is what the hardware runs.
+/* x86_amx_tile.h — the AMX prefill micro-kernels (BF16, Q8_0), each written once for two
+ * backends: the tile instructions (x86_amx.c, moek_amx_tile_bf16 / _q8_0) and a plain-C model of
+ * them (amx_emu.c, moek_amx_tile_bf16_emulated / _q8_0_emulated) that the tests run on any CPU.
+ * Everything but the instructions themselves — the tile configuration, the loop over 32-row groups,
+ * panel pairs and 32-column k steps, every tile's address and stride, the row and panel edges — is
+ * this file, so what the emulated runs check is what the hardware runs.
  *
- * Included once for struct moek_amx_tilecfg; the kernel itself comes with the inclusion that
- * follows the backend's definition: AMX_BACKEND (the type its state
- * pointer `be` points to: void for the hardware) and the tile operations, tile numbers being
- * literals (GCC's intrinsics paste them into the instruction's text):
+ * Included once for struct moek_amx_tilecfg; the kernels come with the inclusion that follows
+ * the backend's definition: AMX_BACKEND (the type its state pointer `be` points to: void for the
+ * hardware) and the tile operations, tile numbers being literals (GCC's intrinsics paste them
+ * into the instruction's text):
  *   AMX_LOADCONFIG(be, cfg)        ldtilecfg from a const struct moek_amx_tilecfg *
  *   AMX_LOAD(be, t, base, stride)  tileloadd: the tile's rows of colsb bytes, stride bytes apart
  *   AMX_STORE(be, t, base, stride) tilestored
@@ -57,7 +57,7 @@ static_assert(offsetof(struct moek_amx_tilecfg, rows) == 48, "LDTILECFG rows");
 /* Palette 1's limits (CPUID leaf 1DH: max_rows 16, bytes_per_row 64; leaf 1EH: tmul_maxk 16) */
 enum { AMX_MAX_ROWS = 16, AMX_ROW_BYTES = 64, AMX_TILES = 8 };
 
-/* The kernel's configuration for a group of rows0 + rows1 weight rows (rows0 1..16, rows1
+/* The BF16 kernel's configuration for a group of rows0 + rows1 weight rows (rows0 1..16, rows1
  * 0..16; rows1 = 0 leaves tmm2, tmm3 and tmm5 unconfigured: rows and colsb both zero). */
 static inline void amx_bf16_config(struct moek_amx_tilecfg *cfg, unsigned rows0, unsigned rows1)
 {
@@ -85,12 +85,12 @@ static inline void amx_q8_0_config(struct moek_amx_tilecfg *cfg, unsigned rows0,
 
 #if defined(AMX_BACKEND) && !defined(MOE_X86_AMX_TILE_KERNEL)
 #define MOE_X86_AMX_TILE_KERNEL
-#if !defined(AMX_LOADCONFIG) || !defined(AMX_LOAD) || !defined(AMX_STORE) ||                       \
-    !defined(AMX_DPBF16PS) || !defined(AMX_RELEASE)
+#if !defined(AMX_LOADCONFIG) || !defined(AMX_LOAD) || !defined(AMX_STORE) || !defined(AMX_ZERO) || \
+    !defined(AMX_DPBF16PS) || !defined(AMX_DPBSSD) || !defined(AMX_RELEASE)
 #error "x86_amx_tile.h: define the backend (AMX_BACKEND and the tile operations) first"
 #endif
 
-/* The micro-kernel (kernels_internal.h, moek_amx_tile_bf16, has the contract). The k loop is
+/* The BF16 micro-kernel (kernels_internal.h, moek_amx_tile_bf16, has the contract). The k loop is
  * innermost and the same 32-column steps for every row and token, each a tdpbf16ps into sums
  * loaded from c, so an (r, j) sum does not depend on nr, np or the row's place in a tile. */
 static inline __attribute__((always_inline)) void
