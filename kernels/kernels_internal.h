@@ -521,4 +521,48 @@ size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size
 #define MOEK_PREFILL_MIN_TOKENS 16
 #define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
 
+/* ---- AMX BF16 prefill micro-kernel (x86_amx.c, amx_emu.c; shared body in x86_amx_tile.h) ----
+ * c[r * ldc + p * 16 + j] += Σ_k w[r * ldw + k] · x(p, j, k) for r < nr, j < 16, p < np;
+ * w: bf16 rows (ldw elements apart), k a multiple of 32 (operands zero-padded); xp: np panels
+ * of 16 tokens, panel p at xp + p * xp_stride elements, element (k, j) of a panel at
+ * [(k / 2) * 32 + j * 2 + k % 2] (pairs of k per token: vdpbf16ps's and AMX's B layout). Each
+ * (r, j) sum depends only on its row, token and k — never on nr, np or where the row is
+ * (determinism): c's value, then one tdpbf16ps per 32 columns in k order.
+ * moek_amx_tile_bf16 runs the tile instructions: only where moek_cpu_features() has
+ * MOEK_CPU_AMX (the process holds the tile-data permission), any thread; it loads its tile
+ * configuration and releases the tiles in each call. moek_amx_tile_bf16_emulated runs the same
+ * kernel on a plain-C model of the tiles (TDPBF16PS as the Intel SDM's pseudocode), on any CPU:
+ * for tests; it aborts on any use of the tiles the hardware would fault on. */
+#ifndef MOEK_TILE_BF16_FN
+#define MOEK_TILE_BF16_FN
+typedef void (*moek_tile_bf16_fn)(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
+                                  size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+#endif
+#if defined(__x86_64__)
+void moek_amx_tile_bf16(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
+                        size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+#endif
+void moek_amx_tile_bf16_emulated(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
+                                 size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+
+/* Q8_0 prefill micro-kernel (AMX INT8, tdpbssd), the same way in two backends: for r < nr,
+ * j < 16, p < np, per 32-column block b in order, c[r * ldc + p * 16 + j] += (d_w · d_x) · Σ_i
+ * q_w[i] · q_x[i] — the block's exact int32 dot of the codes scaled by the weight row's f16
+ * scale and the token's f32 one (each step rounded as written: a product, a product, a sum).
+ * w: nr rows of k / 32 struct block_q8_0 (GGUF Q8_0 rows), row r at w + r * ldw bytes; xp: np
+ * panels of k / 32 struct moek_q8_panel_block, panel p at xp + p * xp_stride bytes (4-byte
+ * aligned); k a multiple of 32. Integer sums are exact, so the two backends give the same bits,
+ * and an (r, j) sum does not depend on nr, np or where the row is. */
+struct moek_q8_panel_block {
+	int8_t qs[32 * 16]; /* code i of token j at [(i / 4) * 64 + j * 4 + i % 4] */
+	float d[16];        /* token j's scale */
+};
+static_assert(sizeof(struct moek_q8_panel_block) == 576, "Q8_0 panel block");
+#if defined(__x86_64__)
+void moek_amx_tile_q8_0(const void *w, size_t ldw, size_t nr, const void *xp, size_t xp_stride,
+                        size_t np, size_t k, float *c, size_t ldc);
+#endif
+void moek_amx_tile_q8_0_emulated(const void *w, size_t ldw, size_t nr, const void *xp,
+                                 size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+
 #endif /* MOE_KERNELS_INTERNAL_H */

@@ -2,7 +2,16 @@
  *
  * Only made active on a CPU with AMX-TILE/BF16/INT8 whose kernel granted this process the
  * tile data (isa.c), so the whole file is built for them.
+ *
+ * moek_amx_tile_bf16 and moek_amx_tile_q8_0 are x86_amx_tile.h's micro-kernels on the tile
+ * instructions. The tile
+ * configuration is per-thread state that other code in the thread (another library's AMX
+ * kernels) may change between two calls, so each call loads its own and ends with
+ * tilerelease: a thread that ran a kernel holds no tile state (the OS then need not save it
+ * on a context switch, and the core is not kept in the AMX-in-use state).
  */
+#include <immintrin.h>
+
 #include "kernels_internal.h"
 
 struct moek_isa_ops moek_amx_ops;
@@ -11,4 +20,41 @@ void moek_amx_build(void)
 {
 	moek_amx_ops = moek_avx512_ops;
 	moek_amx_ops.name = "amx";
+}
+
+/* GCC's intrinsics (12 and older) tell the compiler that ldtilecfg reads 8 bytes of its
+ * operand and that tileloadd reads no memory at all (a pointer in a register): the barrier
+ * makes the whole configuration, and whatever the caller wrote, memory the asm may read. */
+#define AMX_READS(p) __asm__ volatile("" : : "r"(p) : "memory")
+
+#define AMX_BACKEND void
+#define AMX_LOADCONFIG(be, cfg)                                                                    \
+	do {                                                                                       \
+		AMX_READS(cfg);                                                                    \
+		_tile_loadconfig(cfg);                                                             \
+	} while (0)
+#define AMX_LOAD(be, t, base, stride) _tile_loadd(t, base, stride)
+#define AMX_STORE(be, t, base, stride) _tile_stored(t, base, stride)
+#define AMX_ZERO(be, t) _tile_zero(t)
+#define AMX_DPBF16PS(be, c, a, b) _tile_dpbf16ps(c, a, b)
+#define AMX_DPBSSD(be, c, a, b) _tile_dpbssd(c, a, b)
+#define AMX_RELEASE(be) _tile_release()
+#include "x86_amx_tile.h"
+
+void moek_amx_tile_bf16(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
+                        size_t xp_stride, size_t np, size_t k, float *c, size_t ldc)
+{
+	AMX_READS(w);
+	AMX_READS(xp);
+	AMX_READS(c);
+	amx_tile_bf16_run(NULL, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
+}
+
+void moek_amx_tile_q8_0(const void *w, size_t ldw, size_t nr, const void *xp, size_t xp_stride,
+                        size_t np, size_t k, float *c, size_t ldc)
+{
+	AMX_READS(w);
+	AMX_READS(xp);
+	AMX_READS(c);
+	amx_tile_q8_0_run(NULL, w, ldw, nr, xp, xp_stride, np, k, c, ldc);
 }
