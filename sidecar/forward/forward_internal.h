@@ -258,10 +258,9 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 /* waves.c: the tail (a deferred wave left running) joined, its experts let go, and (sum) its
  * sum written; nothing when none is pending. */
 void waves_settle(struct forward_engine *e, bool sum);
-/* waves.c: a failed demand of group g's expert on node turned into res's status. */
+/* waves.c: a failed demand of group g's expert turned into res's status. */
 int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
-                        const struct req_group *g, uint32_t node, int rc,
-                        struct forward_result *res);
+                        const struct req_group *g, int rc, struct forward_result *res);
 /* stats.c: counts one forward_run into its layer's counters and histograms. */
 void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
                   const struct forward_result *res, uint64_t total_us);

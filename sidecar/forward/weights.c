@@ -864,17 +864,12 @@ static void warm_all(struct forward_weights *w, const struct forward_config *cfg
 			for (uint32_t x = 0; x < w->n_experts; x++) {
 				const unsigned flags =
 				    RESIDENCY_RETRY | (pass == 0 ? RESIDENCY_NOWAIT : 0u);
-				bool ok = true;
-				for (uint32_t n = 0; n < w->n_res; n++) {
-					struct residency *res = w->res[n];
-					int rc = residency_acquire(res, l, x, -1.0f, flags, &ref);
-					if (rc == 0) {
-						residency_release(res, &ref);
-						continue;
-					}
-					ok = false;
-					if (pass == 0 || rc == -ESHUTDOWN || rc == -EPERM)
-						continue; /* pass 1 reports it */
+				struct residency *res = w->res;
+				const int rc = residency_acquire(res, l, x, -1.0f, flags, &ref);
+				const bool ok = rc == 0;
+				if (ok) {
+					residency_release(res, &ref);
+				} else if (pass == 1 && rc != -ESHUTDOWN && rc != -EPERM) {
 					char why[160];
 					residency_error_message(res, l, x, why, sizeof(why));
 					if (failed++ < 8)
@@ -1183,76 +1178,55 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
 	else
 		snprintf(policy, sizeof(policy), "%s", base);
-	/* The budget over the nodes in proportion to each node's share of the bytes. */
-	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
-	for (uint32_t n = 0; n < w->n_res; n++)
-		share_total += share[n] = w->sliced ? map_bytes(&w->node_map[n], 0) : 1;
-	uint64_t budget_left = cfg->mem_budget;
-	w->budget_bytes = 0;
+	/* One part per node when sliced (the residency splits the budget over them in
+	 * proportion to their slices), else one part of whole experts. */
+	struct residency_node parts[FORWARD_MAX_NODES];
+	uint64_t every = 0; /* the budget that holds every expert */
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		const struct expert_map *map = w->sliced ? &w->node_map[n] : &w->map;
-		uint64_t budget = map_bytes(map, 8192u);
-		if (cfg->mem_budget) {
-			budget = n + 1 == w->n_res
-			             ? budget_left
-			             : (uint64_t)((double)cfg->mem_budget * (double)share[n] /
-			                          (double)share_total);
-			budget_left -= budget;
-		}
 		int node = -1; /* one pool for several nodes: not bound */
 		if (w->sliced)
 			node = topo->memory_bound ? (int)topo->nodes[n].os_index : -1;
 		else if (topo->n_nodes == 1 && !topo->synthetic)
 			node = (int)topo->nodes[0].os_index;
-		struct residency_config rc = {
-		    .numa_node = node,
-		    .mem_budget = budget,
-		    .policy = policy,
-		    .chunk_bytes = cfg->chunk_bytes,
-		    .queue_depth = cfg->queue_depth,
-		    .no_direct = cfg->no_direct,
-		    .retry_backoff_ms = cfg->retry_backoff_ms,
-		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
-		    .post_load =
-		        w->mxfp4_hf || w->int4 || w->decode.on ? transform_after_load : NULL,
-		    .post_load_arg = &w->transform[n],
-		};
-		struct sidecar_error why = {0};
-		if (residency_create(&w->res[n], map, &rc, &why) != 0) {
-			if (w->sliced)
-				error_set(err, MOE_EINVAL, "node %u's residency: %s", n, why.msg);
-			else
-				error_set(err, MOE_EINVAL, "%s", why.msg);
-			return -1;
-		}
-		if (w->fault_hook) /* before the warm-up's first read */
-			residency_set_fault_hook(w->res[n], w->fault_hook, w->fault_arg);
-		w->budget_bytes += budget;
+		parts[n] = (struct residency_node){
+		    .map = map, .numa_node = node, .post_load_arg = &w->transform[n]};
+		every += map_bytes(map, 8192u);
 	}
+	struct residency_config rc = {
+	    .mem_budget = cfg->mem_budget ? cfg->mem_budget : every,
+	    .policy = policy,
+	    .chunk_bytes = cfg->chunk_bytes,
+	    .queue_depth = cfg->queue_depth,
+	    .no_direct = cfg->no_direct,
+	    .retry_backoff_ms = cfg->retry_backoff_ms,
+	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
+	    .post_load = w->mxfp4_hf || w->int4 || w->decode.on || w->side_in_slot
+	                     ? transform_after_load
+	                     : NULL,
+	};
+	struct sidecar_error why = {0};
+	if (residency_create_nodes(&w->res, parts, w->n_res, &rc, &why) != 0)
+		return error_set(err, MOE_EINVAL, "%s", why.msg);
+	if (w->fault_hook) /* before the warm-up's first read */
+		residency_set_fault_hook(w->res, w->fault_hook, w->fault_arg);
+	w->budget_bytes = rc.mem_budget;
 	/* The budget in force, as STATS reports it (every expert fitting: the pools' slot bytes,
 	 * a little above the experts' own), before any expert is read. */
-	uint64_t pool_bytes = 0, slot_bytes = 0;
-	uint32_t slots = 0;
-	for (uint32_t n = 0; n < w->n_res; n++) {
-		struct residency_counters c;
-		residency_counters(w->res[n], &c);
-		pool_bytes += (uint64_t)c.slots * c.slot_bytes;
-		slots += c.slots;
-		slot_bytes = c.slot_bytes > slot_bytes ? c.slot_bytes : slot_bytes;
-	}
+	struct residency_counters c;
+	residency_counters(w->res, &c);
 	log_info("forward",
-	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu pools=%u "
+	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu nodes=%u "
 	         "policy=%s",
-	         (unsigned long long)w->budget_bytes, slots, (unsigned long long)slot_bytes,
-	         (unsigned long long)pool_bytes, w->n_res, policy);
+	         (unsigned long long)w->budget_bytes, c.slots, (unsigned long long)c.slot_bytes,
+	         (unsigned long long)((uint64_t)c.slots * c.slot_bytes), w->n_res, policy);
 	if (cfg->pin_layers) {
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
 			              cfg->pin_layers);
 		struct sidecar_error e;
-		for (uint32_t n = 0; n < w->n_res; n++)
-			if (residency_warm_pinned(w->res[n], &e) != 0)
-				return error_pass(err, &e);
+		if (residency_warm_pinned(w->res, &e) != 0)
+			return error_pass(err, &e);
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);
@@ -1324,9 +1298,8 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 
 void weights_close(struct forward_weights *w)
 {
-	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
-		if (w->res[n])
-			residency_destroy(w->res[n]);
+	if (w->res)
+		residency_destroy(w->res);
 	free_node_maps(w);
 	if (w->map.n_extents)
 		expert_map_free(&w->map);
@@ -1487,13 +1460,18 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h,
                       struct sidecar_error *err)
 {
 	if (w->sliced) {
-		for (uint32_t n = 0; n < w->n_res; n++)
-			if (node_view(w, n, &h->ref[n], &h->node_view[n], err) != 0)
-				return -1;
+		for (uint32_t n = 0; n < w->n_res; n++) {
+			struct expert_ref ref;
+			if (residency_ref_node(w->res, &h->ref, n, &ref) != 0 ||
+			    node_view(w, n, &ref, &h->node_view[n], err) != 0)
+				return error_set(err, MOE_EINVAL, "layer %u expert %u: node %u: %s",
+				                 w->model_layer[h->ref.layer], h->ref.expert, n,
+				                 err->msg);
+		}
 		h->view = h->node_view[0];
 		return 0;
 	}
-	const struct expert_ref *ref = &h->ref[0];
+	const struct expert_ref *ref = &h->ref;
 	const uint8_t *data[MOE_PROJ_COUNT] = {0};
 	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
 		int8_t i = w->roles.data[p];
@@ -1510,10 +1488,9 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h,
 
 void weights_release(const struct forward_weights *w, struct held_expert *h)
 {
-	for (uint32_t n = 0; n < w->n_res; n++)
-		if (h->held_nodes & (1u << n))
-			residency_release(w->res[n], &h->ref[n]);
-	h->held_nodes = 0;
+	if (h->held)
+		residency_release(w->res, &h->ref);
+	h->held = false;
 }
 
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
@@ -1533,7 +1510,7 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 
 int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
                    struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
-                   uint32_t *failed_node, struct sidecar_error *err)
+                   struct sidecar_error *err)
 {
 	*found = WEIGHTS_NOT_YET;
 	*cold_bytes = 0;
@@ -1543,115 +1520,82 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t
 		*found = WEIGHTS_HIT;
 		return 1;
 	}
-	const uint32_t all = (1u << w->n_res) - 1u;
-	for (uint32_t n = 0; n < w->n_res; n++) {
-		const uint32_t bit = 1u << n;
-		if (h->held_nodes & bit)
-			continue;
-		struct residency *r = w->res[n];
-		const enum expert_state pre = residency_state(r, moe_layer, expert);
-		const unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) |
-		                       (h->counted_nodes & bit ? RESIDENCY_RETRY : 0u);
-		int rc = residency_acquire(r, moe_layer, expert, -1.0f, flags, &h->ref[n]);
-		if (!(h->counted_nodes & bit) && (rc == 0 || rc == -EINPROGRESS)) {
-			h->counted_nodes |= bit;
-			const uint8_t rank = pre == EXPERT_RESIDENT  ? 0
-			                     : pre == EXPERT_LOADING ? 1
-			                                             : 2;
-			if (rank > h->worst)
-				h->worst = rank;
-			if (rank == 2)
-				h->cold_bytes +=
-				    w->sliced ? weights_res_bytes(w, n, moe_layer, expert)
-				              : moe_catalog_expert(
-				                    w->cat, w->model_layer[moe_layer], expert)
-				                    ->bytes;
-			if (h->counted_nodes == all) {
-				*found = h->worst == 0   ? WEIGHTS_HIT
-				         : h->worst == 1 ? WEIGHTS_IN_FLIGHT
-				                         : WEIGHTS_COLD;
-				*cold_bytes = h->cold_bytes;
-			}
+	if (!h->held) {
+		const enum expert_state pre = residency_state(w->res, moe_layer, expert);
+		const unsigned flags =
+		    (wait ? 0u : RESIDENCY_NOWAIT) | (h->counted ? RESIDENCY_RETRY : 0u);
+		const int rc = residency_acquire(w->res, moe_layer, expert, -1.0f, flags, &h->ref);
+		if (!h->counted && (rc == 0 || rc == -EINPROGRESS)) {
+			h->counted = true;
+			*found = pre == EXPERT_RESIDENT  ? WEIGHTS_HIT
+			         : pre == EXPERT_LOADING ? WEIGHTS_IN_FLIGHT
+			                                 : WEIGHTS_COLD;
+			for (uint32_t n = 0; *found == WEIGHTS_COLD && n < w->n_res; n++)
+				*cold_bytes += weights_res_bytes(w, n, moe_layer, expert);
 		}
 		if (rc == -EINPROGRESS || rc == -EAGAIN)
-			continue;
-		if (rc != 0) {
-			*failed_node = n;
+			return 0;
+		if (rc != 0)
 			return rc;
-		}
-		h->held_nodes |= bit;
+		h->held = true;
 	}
-	if (h->held_nodes != all)
-		return 0;
 	if (weights_held_view(w, h, err) != 0)
 		return -EINVAL;
 	return 1;
 }
 
-void weights_error_message(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
-                           uint32_t expert, char *buf, size_t len)
+void weights_error_message(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                           char *buf, size_t len)
 {
 	buf[0] = '\0';
-	if (w->source == FORWARD_SOURCE_RESIDENCY && node < w->n_res)
-		residency_error_message(w->res[node], moe_layer, expert, buf, len);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_error_message(w->res, moe_layer, expert, buf, len);
 }
 
 bool weights_ready(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
 {
 	if (w->source == FORWARD_SOURCE_ALL_RESIDENT)
 		return true;
-	if (w->source != FORWARD_SOURCE_RESIDENCY)
-		return false;
-	for (uint32_t n = 0; n < w->n_res; n++)
-		if (residency_state(w->res[n], moe_layer, expert) != EXPERT_RESIDENT)
-			return false;
-	return true;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_state(w->res, moe_layer, expert) == EXPERT_RESIDENT;
 }
 
 bool weights_cold(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		if (residency_state(w->res[n], moe_layer, expert) == EXPERT_COLD)
-			return true;
-	return false;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_state(w->res, moe_layer, expert) == EXPERT_COLD;
 }
 
 void weights_hint(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, float pri)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		residency_hint(w->res[n], moe_layer, &expert, 1, pri);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_hint(w->res, moe_layer, &expert, 1, pri);
 }
 
 bool weights_prefetch(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                       float pri)
 {
-	bool any = false;
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		any |= residency_prefetch(w->res[n], moe_layer, &expert, 1, pri) > 0;
-	return any;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_prefetch(w->res, moe_layer, &expert, 1, pri) > 0;
 }
 
 void weights_set_gpu_mask(const struct forward_weights *w, uint32_t moe_layer, const uint8_t *mask)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		residency_set_gpu_mask(w->res[n], moe_layer, mask);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_set_gpu_mask(w->res, moe_layer, mask);
 }
 
 uint32_t weights_retry_failed(const struct forward_weights *w)
 {
-	uint32_t failed = 0;
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		failed += residency_retry_all_failed(w->res[n]);
-	return failed;
+	return w->source == FORWARD_SOURCE_RESIDENCY ? residency_retry_all_failed(w->res) : 0;
 }
 
 int weights_node_counters(const struct forward_weights *w, uint32_t node,
                           struct residency_counters *out)
 {
-	if (w->source != FORWARD_SOURCE_RESIDENCY || node >= w->n_res)
+	if (w->source != FORWARD_SOURCE_RESIDENCY)
 		return -1;
-	residency_counters(w->res[node], out);
-	return 0;
+	return residency_node_counters(w->res, node, out);
 }
 
 void weights_counters(const struct forward_weights *w, struct forward_stats *out)
@@ -1663,11 +1607,29 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		out->budget_bytes = w->budget_bytes;
 		return;
 	}
-	out->pool_hugetlb = out->pool_thp = w->n_res > 0;
+	struct residency_counters all;
+	residency_counters(w->res, &all);
+	out->resident_bytes = all.resident_bytes;
+	out->slot_bytes_used = (uint64_t)all.slots_used * all.slot_bytes;
+	out->pool_bytes = (uint64_t)all.slots * all.slot_bytes;
+	out->budget_bytes = all.budget_bytes;
+	out->slots = all.slots;
+	out->evictions = all.evictions;
+	out->loader_bytes_read = all.bytes_read;
+	out->prefetches = all.prefetches;
+	out->prefetch_hits = all.prefetch_hits;
+	out->prefetch_wasted = all.prefetch_wasted;
+	out->failed_experts = all.failed_now;
+	out->failed_retries = all.failed_retries;
+	out->fixed_reads = all.fixed_reads;
+	out->plain_reads = all.plain_reads;
+	out->fixed_buffers = all.fixed_buffers;
+	out->pool_hugetlb = all.hugetlb;
+	out->pool_thp = all.thp;
 	out->n_nodes = w->n_res;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		struct residency_counters rc;
-		residency_counters(w->res[n], &rc);
+		residency_node_counters(w->res, n, &rc);
 		out->nodes[n] = (struct forward_node_stats){
 		    .node = n,
 		    .resident_bytes = rc.resident_bytes,
@@ -1682,22 +1644,5 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		    .evictions = rc.evictions,
 		    .failed_experts = rc.failed_now,
 		};
-		out->resident_bytes += rc.resident_bytes;
-		out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
-		out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
-		out->budget_bytes += rc.budget_bytes;
-		out->slots += rc.slots;
-		out->evictions += rc.evictions;
-		out->loader_bytes_read += rc.bytes_read;
-		out->prefetches += rc.prefetches;
-		out->prefetch_hits += rc.prefetch_hits;
-		out->prefetch_wasted += rc.prefetch_wasted;
-		out->failed_experts += rc.failed_now;
-		out->failed_retries += rc.failed_retries;
-		out->fixed_reads += rc.fixed_reads;
-		out->plain_reads += rc.plain_reads;
-		out->fixed_buffers += rc.fixed_buffers;
-		out->pool_hugetlb = out->pool_hugetlb && rc.hugetlb;
-		out->pool_thp = out->pool_thp && rc.thp;
 	}
 }
