@@ -5,15 +5,19 @@
  *   ALL_RESIDENT  every expert's matrices read into one buffer at create (the compute floor);
  *   MMAP          pointers into a read-only mapping of each model file (the page cache decides
  *                 what is in memory, as llama.cpp does: the baseline).
- * Biases and FP8 block scales are small; they are read once at create, converted to f32 and
- * kept in `aux` (so views never point at misaligned or non-f32 side data). The big matrices
- * are never copied or duplicated per node: views point into the source's bytes.
+ * Biases and FP8 block scales are small and become f32 (so views never point at misaligned or
+ * non-f32 side data): RESIDENCY reads them with the expert into its slot and converts them
+ * there on the loader (side_in_slot), held and evicted with the expert; the other sources read
+ * them once at create into `aux`. The big matrices are never copied or duplicated per node:
+ * views point into the source's bytes.
  *
- * RESIDENCY with several NUMA nodes: one residency per node, holding only that node's rows of
- * every expert (sub-extents of the files: gate/up rows [f_n, f_n+1), down rows [o_n, o_n+1),
- * the pool's split), in memory bound to the node; weights are never duplicated. A layout that
- * cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps one unbound
- * pool of whole experts, logged at create.
+ * RESIDENCY with several NUMA nodes: one residency with a part per node, each holding only
+ * that node's rows of every expert (sub-extents of the files: gate/up rows [f_n, f_n+1), down
+ * rows [o_n, o_n+1), the pool's split, and the same rows of their biases and FP8 block scales),
+ * in memory bound to the node; weights are never duplicated (only an FP8 block row of scales
+ * that straddles two nodes' rows is read by both). One policy decides for every node. A
+ * layout that cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps
+ * one unbound pool of whole experts, logged at create.
  *
  * MXFP4 in the Hugging Face layout (gpt-oss checkpoints: _blocks and _scales tensors) is
  * converted to the GGUF 17-byte blocks the kernels take, once per load, in the memory the
@@ -477,6 +481,65 @@ static const float *held_side_rows(const uint8_t *data)
 	return (const float *)(const void *)(((uintptr_t)data + 3) & ~(uintptr_t)3);
 }
 
+/* Widens n bias elements of `format` (f32, f16 or bf16) at data into f32 at side_rows(data),
+ * from the last element down: an element is read before it is written over. */
+static void widen_bias(uint8_t *data, uint64_t n, uint32_t format)
+{
+	float *dst = side_rows(data);
+	if (bias_elem_bytes(format) == 4) {
+		memmove(dst, data, n * 4);
+		return;
+	}
+	for (uint64_t i = n; i-- > 0;) {
+		uint16_t v;
+		memcpy(&v, data + 2 * i, 2);
+		dst[i] = format == MOEK_BF16 ? moek_bf16_to_f32(v) : moek_f16_to_f32(v);
+	}
+}
+
+/* Puts 2k alternating rows (gate, up, gate, …) in gate-then-up order, through scratch. */
+static void deinterleave_rows(float *rows, uint64_t k, float *scratch)
+{
+	memcpy(scratch, rows, 2 * k * sizeof(float));
+	for (uint64_t i = 0; i < k; i++) {
+		rows[i] = scratch[2 * i];
+		rows[k + i] = scratch[2 * i + 1];
+	}
+}
+
+/* Node t->node's side data of a loaded expert (node_layout's extents), in place as f32 rows
+ * at side_rows(): its FP8 block rows, its bias rows (a fused gate_up's alternating rows put in
+ * gate-then-up order). */
+static int node_side_after_load(const struct load_transform *t, const struct residency_loaded *x,
+                                struct sidecar_error *err)
+{
+	const struct forward_weights *w = t->w;
+	const struct expert_template *tp =
+	    &w->templates[(size_t)x->layer * w->n_experts + x->expert];
+	const struct moe_expert *ce =
+	    moe_catalog_expert(w->cat, w->model_layer[x->layer], x->expert);
+	for (int i = 0; i < 3; i++) {
+		const int8_t s = w->node_scale[i], b = w->node_bias[i];
+		if ((s >= 0 && (uint32_t)s >= x->n_extents) ||
+		    (b >= 0 && (uint32_t)b >= x->n_extents))
+			return error_set(
+			    err, MOE_EINVAL,
+			    "layer %u expert %u: node %u holds %u extents, expected %u",
+			    w->model_layer[x->layer], x->expert, x->node, x->n_extents,
+			    w->node_extents);
+		if (s >= 0)
+			memmove(side_rows(x->data[s]), x->data[s], x->length[s]);
+		if (b < 0 || (i == 1 && w->node_bias_interleaved))
+			continue;
+		const uint32_t format = ce->proj[tp->source[i]].bias_format;
+		const uint64_t n = x->length[b] / bias_elem_bytes(format);
+		widen_bias(x->data[b], n, format);
+		if (i == 0 && w->node_bias_interleaved)
+			deinterleave_rows(side_rows(x->data[b]), n / 2, t->side_scratch);
+	}
+	return 0;
+}
+
 /* Converts the side data of a loaded expert in place: FP8 block scales (f32 in the file) and
  * biases (f32, f16 or bf16; a fused gate_up's put in gate-then-up order) become f32 rows at
  * side_rows() of their extents. */
@@ -554,7 +617,8 @@ static int transform_after_load(void *arg, const struct residency_loaded *x,
 		return -EINVAL;
 	if (w->int4 && int4_after_load(t, x, err) != 0)
 		return -EINVAL;
-	if (w->side_in_slot && side_after_load(t, x, err) != 0)
+	if (w->side_in_slot &&
+	    (w->sliced ? node_side_after_load(t, x, err) : side_after_load(t, x, err)) != 0)
 		return -EINVAL;
 	if (!w->decode.on)
 		return 0;
@@ -975,16 +1039,108 @@ static void node_layout(struct forward_weights *w, const struct moe_expert *ce)
 			at++;
 		}
 	}
+	/* then per matrix its FP8 block scales and its bias rows (a fused gate_up's bias: one
+	 * extent when its rows alternate, else gate's then up's) */
+	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
+	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
+	                                      &ce->proj[MOE_PROJ_DOWN]};
+	w->node_bias_interleaved =
+	    gu->present && gu->bias.length && gu->order == MOE_GATE_UP_INTERLEAVED;
+	for (int i = 0; i < 3; i++) {
+		w->node_scale[i] = w->node_bias[i] = -1;
+		if (moek_format_scale_block(mats[i]->format) && mats[i]->scale.length)
+			w->node_scale[i] = (int8_t)at++;
+		if (!mats[i]->bias.length)
+			continue;
+		if (i == 1 && w->node_bias_interleaved)
+			w->node_bias[1] = w->node_bias[0];
+		else
+			w->node_bias[i] = (int8_t)at++;
+	}
 	w->node_extents = at;
 	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
 		w->hf_conv[n].n_pairs = pairs;
 }
 
+/* Appends rows [r0, r1) of a side tensor (FP8 block scales: block rows; bias: rows) of
+ * row_bytes each to a node's map, with room for them as f32 on a float boundary. */
+static int add_side_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_extent *t,
+                         uint64_t row_bytes, uint64_t r0, uint64_t r1, uint64_t f32_row_bytes,
+                         struct sidecar_error *err)
+{
+	struct sidecar_error e;
+	int rc = expert_map_add(map, l, x, t->file, t->offset + r0 * row_bytes,
+	                        (r1 - r0) * row_bytes, &e);
+	if (rc == 0)
+		rc = expert_map_set_room(map, l, x, (r1 - r0) * f32_row_bytes + 3, &e);
+	if (rc)
+		error_pass(err, &e);
+	return rc;
+}
+
+/* FP8 block scales of a matrix of `rows` x `cols`: bytes per block row, and whether the
+ * tensor holds exactly its blocks (so that block rows can be cut). */
+static uint64_t scale_block_row_bytes(const struct moe_proj_ref *r)
+{
+	return (r->cols + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK * 4;
+}
+
+/* Adds node n's side data of expert (l, x) — matrix i's rows [r[i], r[i+1]) — to its map, in
+ * node_layout's order: per matrix its FP8 block scales (the block rows its rows touch: a block
+ * row straddling two nodes' rows is read by both), then its bias rows. Returns 0, 1 when the
+ * tensors cannot be cut (why), or -1 (err). */
+static int add_node_side(struct forward_weights *w, struct expert_map *m, uint32_t l, uint32_t x,
+                         const struct moe_expert *ce, const uint64_t rows[3][2], char *why,
+                         size_t why_len, struct sidecar_error *err)
+{
+	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
+	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
+	                                      &ce->proj[MOE_PROJ_DOWN]};
+	for (int i = 0; i < 3; i++) {
+		const struct moe_proj_ref *r = mats[i];
+		const uint64_t r0 = rows[i][0], r1 = rows[i][1];
+		if (w->node_scale[i] >= 0) {
+			const uint64_t sb = scale_block_row_bytes(r);
+			const uint64_t block_rows = (r->rows + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+			if (r->scale.length != block_rows * sb) {
+				snprintf(why, why_len,
+				         "layer %u: FP8 scales of %llu bytes, not %llu",
+				         w->model_layer[l], (unsigned long long)r->scale.length,
+				         (unsigned long long)(block_rows * sb));
+				return 1;
+			}
+			if (add_side_rows(m, l, x, &r->scale, sb, r0 / MOEK_FP8_BLOCK,
+			                  (r1 + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK, sb, err) != 0)
+				return -1;
+		}
+		if (w->node_bias[i] < 0 || (i == 1 && w->node_bias_interleaved))
+			continue;
+		const uint64_t eb = bias_elem_bytes(r->bias_format);
+		if (r->bias.length != r->rows * eb) {
+			snprintf(why, why_len, "layer %u: a bias of %llu bytes, not %llu",
+			         w->model_layer[l], (unsigned long long)r->bias.length,
+			         (unsigned long long)(r->rows * eb));
+			return 1;
+		}
+		uint64_t b0 = r0, b1 = r1; /* the bias rows of the matrix's rows */
+		if (i < 2 && w->node_bias_interleaved) {
+			b0 = 2 * r0;
+			b1 = 2 * r1;
+		} else if (i == 1 && gu->present) {
+			b0 = r->rows / 2 + r0;
+			b1 = r->rows / 2 + r1;
+		}
+		if (add_side_rows(m, l, x, &r->bias, eb, b0, b1, 4, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* Builds node_map[0..n_nodes): each node's rows of every expert, extents in the order
- * node_layout says (each data extent followed by its Hugging Face MXFP4 scales, if any);
- * interleaved gate_up rows are [2 f_n, 2 f_n+1). Biases and FP8 scales are in aux
- * (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why says why),
- * or -1 (err). */
+ * node_layout says (each data extent followed by its Hugging Face MXFP4 scales, if any; then
+ * the same rows of the FP8 block scales and biases); interleaved gate_up rows are
+ * [2 f_n, 2 f_n+1). Returns 0, 1 if the model cannot be sliced (why says why), or -1 (err). */
 static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *why, size_t why_len,
                            struct sidecar_error *err)
 {
@@ -1061,6 +1217,12 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 				}
 				if (rc == 0)
 					rc = add_rows(m, l, x, parts[2], o[n], o[n + 1], err);
+				const uint64_t rows[3][2] = {
+				    {f[n], f[n + 1]}, {f[n], f[n + 1]}, {o[n], o[n + 1]}};
+				if (rc == 0)
+					rc = add_node_side(w, m, l, x, ce, rows, why, why_len, err);
+				if (rc == 1)
+					return 1;
 			}
 			if (rc)
 				return -1;
@@ -1262,9 +1424,10 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	int *fds = NULL;
 	if (open_files(cat, &fds, err))
 		return -1;
-	/* One node: the residency holds each expert whole, side data included (side_after_load);
-	 * sliced nodes, and the other sources, take it converted once from aux. */
-	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY && topo->n_nodes == 1;
+	/* The residency holds each expert's side data with its rows, converted on the loader
+	 * (side_after_load; sliced: each node's rows of it, node_side_after_load); the other
+	 * sources take it converted once from aux. */
+	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY;
 	int rc = w->side_in_slot ? 0 : load_aux(w, fds, err);
 	if (rc == 0)
 		rc = build_templates(w, err);
@@ -1452,6 +1615,23 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	v->down.data = d[w->piece_data[w->node_pieces - 1]];
 	v->gate.row0 = v->up.row0 = (uint32_t)f[n];
 	v->down.row0 = (uint32_t)o[n];
+	/* Side data in the node's slot (node_side_after_load): the kernels index scales and
+	 * biases by the global row, so each pointer is set back by the rows the node lacks. */
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++) {
+		const size_t r0 = i < 2 ? f[n] : o[n];
+		if (w->node_scale[i] >= 0) {
+			const size_t stride =
+			    mats[i]->scale_stride
+			        ? mats[i]->scale_stride
+			        : (mats[i]->cols + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+			mats[i]->scales =
+			    held_side_rows(d[w->node_scale[i]]) - r0 / MOEK_FP8_BLOCK * stride;
+		}
+		if (w->node_bias[i] >= 0)
+			mats[i]->bias = held_side_rows(d[w->node_bias[i]]) - r0 +
+			                (i == 1 && w->node_bias_interleaved ? f[n + 1] - f[n] : 0);
+	}
 	decode_layout_view(&w->decode, v);
 	return 0;
 }

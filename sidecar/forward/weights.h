@@ -91,10 +91,9 @@ struct forward_weights {
 	uint32_t node_pieces, node_extents;
 	uint8_t piece_data[3];              /* extent index of each piece's data */
 	int8_t node_scale[3], node_bias[3]; /* extent index per matrix (gate, up, down); -1 */
-	/* per matrix: the first FP8 block row and bias row node n holds */
-	uint32_t node_scale_row0[FORWARD_MAX_NODES][3], node_bias_row0[FORWARD_MAX_NODES][3];
-	bool mxfp4_hf; /* some projection is MXFP4 in the Hugging Face layout */
-	bool int4;     /* some projection is an INT4 checkpoint's (repacked at load) */
+	bool node_bias_interleaved; /* a fused gate_up's bias, rows alternating: one extent */
+	bool mxfp4_hf;              /* some projection is MXFP4 in the Hugging Face layout */
+	bool int4;                  /* some projection is an INT4 checkpoint's (repacked at load) */
 	struct mxfp4_hf_converter hf_conv[FORWARD_MAX_NODES]; /* one per node */
 	struct decode_layout decode;                          /* RESIDENCY, ALL_RESIDENT */
 	struct load_transform transform[FORWARD_MAX_NODES];   /* one per node */
