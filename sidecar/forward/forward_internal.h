@@ -52,7 +52,7 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
 void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split);
 #define FORWARD_DOWN_ALIGN 8 /* output rows per down-phase unit */
 /* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
- * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
+ * o[n]..o[n+1] of node n — what the pool runs and what each node's residency part holds. */
 void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
 
 /* ---- pool.c ---- */
