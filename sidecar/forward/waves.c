@@ -315,15 +315,12 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 				ready += (uint32_t)rc;
 			}
 		if (ready == 0 && done < n_groups) {
-			/* Nothing arrived: wait for the first pending one, holding nothing (the
-			 * slices that pending groups hold on some nodes are let go, so a small
-			 * budget cannot deadlock; they are demanded again, not counted again).
-			 * Nor may the last request's deferred wave hold its experts meanwhile:
-			 * only this thread lets them go, so it is settled first. */
+			/* Nothing arrived: wait for the first pending one, holding nothing (a
+			 * pending group holds no reference: an expert is held on every node or on
+			 * none), so a small budget cannot deadlock. Nor may the last request's
+			 * deferred wave hold its experts meanwhile: only this thread lets them go,
+			 * so it is settled first. */
 			waves_settle(e, true);
-			for (uint32_t g = 0; g < n_groups; g++)
-				if (e->rq->groups[g].state == GROUP_PENDING)
-					release_group(e, &e->rq->groups[g]);
 			for (uint32_t g = 0; g < n_groups; g++) {
 				if (e->rq->groups[g].state != GROUP_PENDING)
 					continue;

@@ -469,13 +469,13 @@ static void fail_pending(struct loader *l)
 	pthread_mutex_unlock(&r->lock);
 }
 
-/* Runs the calling thread on the CPUs of the node its pool is bound to, so that its
- * completions and post-load conversions touch the node's memory from the node. */
+/* With several nodes, runs the calling thread on the CPUs of the node its pool is bound to, so
+ * that its completions and post-load conversions touch the node's memory from the node. */
 static void pin_to_node(const struct loader *l)
 {
 	const int node = l->part->numa_node;
-	if (node < 0 || numa_available() < 0)
-		return;
+	if (l->r->n_nodes < 2 || node < 0 || numa_available() < 0)
+		return; /* one node: the loader keeps the process's affinity */
 	if (numa_run_on_node(node) != 0)
 		log_warn("loader", "cannot pin node %d's loader to the node: %s", node,
 		         strerror(errno));
