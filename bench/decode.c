@@ -48,6 +48,9 @@
  *                [--prefill N,N]         (rows of an N-token prompt through every MoE layer
  *                                         at the 100% and 50% budgets, and in the floor)
  *                [--json-file PATH]      (the --json object written there as well)
+ *                [--numa SPEC]           (serve --numa: the sidecar's NUMA nodes, e.g.
+ *                                         "synthetic:pack:1 numa:2 core:1 pu:1" for two
+ *                                         synthetic nodes, each expert sliced over them)
  *
  * Also reported per budget: hits that a hint had loaded, bytes read per token (demand misses
  * and everything the loader read), the page cache the sidecar filled from the model files
@@ -92,6 +95,7 @@ static uint32_t engine_threads; /* --threads; 0 = each engine's default */
 static bool client_spin;        /* --client-spin: the replaying client's MOE_WAIT_SPIN */
 static bool sequential;       /* --sequential (or a model too big for two copies): one at a time */
 static const char *json_file; /* --json-file: the JSON object there too, beside the table */
+static const char *numa_spec; /* --numa: serve's --numa (NULL: serve's default) */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -453,7 +457,7 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 		snprintf(fd, sizeof(fd), "%d", ready);
 		snprintf(budget, sizeof(budget), "%.2f%%", fraction * 100.0);
 		snprintf(inst, sizeof(inst), "bench-decode-%d", (int)getppid());
-		const char *argv[20] = {MOE_SIDECAR_BIN,
+		const char *argv[24] = {MOE_SIDECAR_BIN,
 		                        "serve",
 		                        model,
 		                        "--mem-budget",
@@ -474,6 +478,10 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 		}
 		if (file_layout)
 			argv[at++] = "--file-layout";
+		if (numa_spec) {
+			argv[at++] = "--numa";
+			argv[at++] = numa_spec;
+		}
 		char max_tokens[16];
 		if (max_prefill > 256) { /* serve's default, which the STATS connection needs */
 			snprintf(max_tokens, sizeof(max_tokens), "%u", max_prefill);
@@ -913,12 +921,13 @@ int main(int argc, char **argv)
 	    {"sequential", no_argument, NULL, 's'},
 	    {"prefill", required_argument, NULL, 'P'},
 	    {"json-file", required_argument, NULL, 'J'},
+	    {"numa", required_argument, NULL, 'N'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -945,6 +954,7 @@ int main(int argc, char **argv)
 		case 'S': client_spin = true; break;
 		case 's': sequential = true; break;
 		case 'J': json_file = optarg; break;
+		case 'N': numa_spec = optarg; break;
 		case 'P':
 			if (parse_prefill(optarg) != 0)
 				return 2;
@@ -959,7 +969,7 @@ int main(int argc, char **argv)
 			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
 			        "[--client-spin] [--budgets P,P,...] "
 			        "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
-			        "[--prefill N,N] [--json-file PATH]\n");
+			        "[--prefill N,N] [--json-file PATH] [--numa SPEC]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}

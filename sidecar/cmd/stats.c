@@ -339,7 +339,7 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	if (json_get_u64(d, root, "failed_experts", &failed_now) == 1)
 		printf("; failed experts %" PRIu64, failed_now);
 	printf("\n");
-	/* One line per node's residency when there is more than one. */
+	/* One line per node's part of the residency when there is more than one. */
 	const json_ref nodes = json_object_get(d, root, "nodes");
 	if (json_count(d, nodes) > 1)
 		for (json_ref nd = json_first(d, nodes); nd != JSON_NONE; nd = json_next(d, nd)) {

@@ -485,15 +485,13 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
 	int rc = MOE_OK;
 	enum weights_found found;
 	uint64_t cold_bytes;
-	uint32_t node = 0;
 	struct sidecar_error why;
-	const int a =
-	    weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &node, &why);
+	const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &why);
 	if (a == -EINVAL) {
 		rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", why.msg);
 	} else if (a < 0) {
 		struct req_group g = {.expert = x};
-		rc = waves_demand_failed(e, q, &g, node, a, res);
+		rc = waves_demand_failed(e, q, &g, a, res);
 		weights_release(&e->w, &held);
 		return rc;
 	}

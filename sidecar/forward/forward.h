@@ -283,13 +283,13 @@ struct forward_stats {
 	 * budget_bytes: what the pools may take (pool_bytes <= budget_bytes). ALL_RESIDENT: every
 	 * expert, all four equal. */
 	uint64_t resident_bytes, slot_bytes_used, pool_bytes, budget_bytes;
-	uint32_t slots;         /* slots of every node's pool */
+	uint32_t slots;         /* slots of the pools (the same count on every node) */
 	uint64_t request_bytes; /* the request plans' buffers, allocated at create */
 	uint64_t evictions;
 	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
 	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
 	uint64_t loader_bytes_read, prefetches, prefetch_hits, prefetch_wasted;
-	/* Experts FAILED now (counted once per node's residency) and loads started again for an
+	/* Experts FAILED now (one per expert, whatever the nodes) and loads started again for an
 	 * expert whose last load had failed (residency_counters). RESIDENCY only. */
 	uint64_t failed_experts, failed_retries;
 	/* The loader's reads into registered slots (read_fixed) and plain ones, the registered
@@ -298,15 +298,17 @@ struct forward_stats {
 	uint64_t fixed_reads, plain_reads;
 	uint32_t fixed_buffers;
 	bool pool_hugetlb, pool_thp;
-	uint32_t n_nodes; /* residencies (RESIDENCY): one per node when sliced, else 1; else 0 */
+	uint32_t
+	    n_nodes; /* residency parts (RESIDENCY): one per node when sliced, else 1; else 0 */
 	struct forward_node_stats nodes[FORWARD_MAX_NODES];
 	uint32_t n_layers;                  /* entries in layers (MoE layers only) */
 	struct forward_layer_stats *layers; /* caller's array of forward_stats_layers() entries */
 };
 uint32_t forward_stats_layers(const struct forward_engine *e);
-/* Tests and debugging: the counters of node `node`'s residency (RESIDENCY with several nodes
- * and a layout that slices: each node's own pool of its slices; otherwise node 0 names the
- * one pool). Returns 0, or -1 if there is no such residency. Any thread. */
+/* Tests and debugging: the counters of node `node`'s part of the residency (RESIDENCY with
+ * several nodes and a layout that slices: each node's own pool of its slices and its loader's
+ * reads, with the residency's expert counters; otherwise node 0 names the one pool). Returns
+ * 0, or -1 if there is no such part. Any thread. */
 int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out);
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);

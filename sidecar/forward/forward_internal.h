@@ -52,7 +52,7 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
 void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split);
 #define FORWARD_DOWN_ALIGN 8 /* output rows per down-phase unit */
 /* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
- * o[n]..o[n+1] of node n — what the pool runs and what each node's residency holds. */
+ * o[n]..o[n+1] of node n — what the pool runs and what each node's residency part holds. */
 void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
 
 /* ---- pool.c ---- */
@@ -258,10 +258,9 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 /* waves.c: the tail (a deferred wave left running) joined, its experts let go, and (sum) its
  * sum written; nothing when none is pending. */
 void waves_settle(struct forward_engine *e, bool sum);
-/* waves.c: a failed demand of group g's expert on node turned into res's status. */
+/* waves.c: a failed demand of group g's expert turned into res's status. */
 int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
-                        const struct req_group *g, uint32_t node, int rc,
-                        struct forward_result *res);
+                        const struct req_group *g, int rc, struct forward_result *res);
 /* stats.c: counts one forward_run into its layer's counters and histograms. */
 void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
                   const struct forward_result *res, uint64_t total_us);

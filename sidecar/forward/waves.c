@@ -5,7 +5,7 @@
  * one wave while the rest load; then each further wave takes what has arrived, and only when
  * nothing has arrived does the engine wait for one expert (holding no reference, so a tiny
  * budget cannot deadlock). References are released after each wave. With one residency per
- * NUMA node an expert is ready when every node holds its slice.
+ * NUMA node an expert is ready when every node holds its slice (one residency decides).
  *
  * Early delivery (forward_request.immediate_ready): waves then take the immediate groups
  * before the deferred ones, and the immediate output is summed and handed to the caller as
@@ -62,7 +62,7 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 
 static void release_group(struct forward_engine *e, struct req_group *g)
 {
-	if (g->held.held_nodes)
+	if (g->held.held)
 		weights_release(&e->w, &g->held);
 }
 
@@ -143,8 +143,7 @@ static int compute_ready(struct forward_engine *e, const struct forward_request 
 }
 
 int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
-                        const struct req_group *g, uint32_t node, int rc,
-                        struct forward_result *res)
+                        const struct req_group *g, int rc, struct forward_result *res)
 {
 	if (rc == -EPERM)
 		return plan_fail(res, MOE_EMASKED, -1, -1, (int32_t)g->expert,
@@ -157,7 +156,7 @@ int waves_demand_failed(struct forward_engine *e, const struct forward_request *
 		                 "nothing the policy may evict)",
 		                 q->layer, g->expert);
 	char why[120];
-	weights_error_message(&e->w, node, (uint32_t)e->w.moe_index[q->layer], g->expert, why,
+	weights_error_message(&e->w, (uint32_t)e->w.moe_index[q->layer], g->expert, why,
 	                      sizeof(why));
 	if (!why[0])
 		snprintf(why, sizeof(why), "%s", strerror(-rc));
@@ -173,10 +172,9 @@ static int demand(struct forward_engine *e, const struct forward_request *q, uin
 {
 	enum weights_found found;
 	uint64_t cold_bytes;
-	uint32_t node = 0;
 	struct sidecar_error err;
-	const int rc = weights_demand(&e->w, moe_layer, g->expert, wait, &g->held, &found,
-	                              &cold_bytes, &node, &err);
+	const int rc =
+	    weights_demand(&e->w, moe_layer, g->expert, wait, &g->held, &found, &cold_bytes, &err);
 	if (found == WEIGHTS_HIT) {
 		res->hits++;
 	} else if (found == WEIGHTS_IN_FLIGHT) {
@@ -188,7 +186,7 @@ static int demand(struct forward_engine *e, const struct forward_request *q, uin
 	if (rc == -EINVAL)
 		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err.msg);
 	if (rc < 0)
-		return waves_demand_failed(e, q, g, node, rc, res);
+		return waves_demand_failed(e, q, g, rc, res);
 	if (rc == 1)
 		g->state = GROUP_READY;
 	return rc;
@@ -317,15 +315,12 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 				ready += (uint32_t)rc;
 			}
 		if (ready == 0 && done < n_groups) {
-			/* Nothing arrived: wait for the first pending one, holding nothing (the
-			 * slices that pending groups hold on some nodes are let go, so a small
-			 * budget cannot deadlock; they are demanded again, not counted again).
-			 * Nor may the last request's deferred wave hold its experts meanwhile:
-			 * only this thread lets them go, so it is settled first. */
+			/* Nothing arrived: wait for the first pending one, holding nothing (a
+			 * pending group holds no reference: an expert is held on every node or on
+			 * none), so a small budget cannot deadlock. Nor may the last request's
+			 * deferred wave hold its experts meanwhile: only this thread lets them go,
+			 * so it is settled first. */
 			waves_settle(e, true);
-			for (uint32_t g = 0; g < n_groups; g++)
-				if (e->rq->groups[g].state == GROUP_PENDING)
-					release_group(e, &e->rq->groups[g]);
 			for (uint32_t g = 0; g < n_groups; g++) {
 				if (e->rq->groups[g].state != GROUP_PENDING)
 					continue;

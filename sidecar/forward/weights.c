@@ -5,15 +5,19 @@
  *   ALL_RESIDENT  every expert's matrices read into one buffer at create (the compute floor);
  *   MMAP          pointers into a read-only mapping of each model file (the page cache decides
  *                 what is in memory, as llama.cpp does: the baseline).
- * Biases and FP8 block scales are small; they are read once at create, converted to f32 and
- * kept in `aux` (so views never point at misaligned or non-f32 side data). The big matrices
- * are never copied or duplicated per node: views point into the source's bytes.
+ * Biases and FP8 block scales are small and become f32 (so views never point at misaligned or
+ * non-f32 side data): RESIDENCY reads them with the expert into its slot and converts them
+ * there on the loader (side_in_slot), held and evicted with the expert; the other sources read
+ * them once at create into `aux`. The big matrices are never copied or duplicated per node:
+ * views point into the source's bytes.
  *
- * RESIDENCY with several NUMA nodes: one residency per node, holding only that node's rows of
- * every expert (sub-extents of the files: gate/up rows [f_n, f_n+1), down rows [o_n, o_n+1),
- * the pool's split), in memory bound to the node; weights are never duplicated. A layout that
- * cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps one unbound
- * pool of whole experts, logged at create.
+ * RESIDENCY with several NUMA nodes: one residency with a part per node, each holding only
+ * that node's rows of every expert (sub-extents of the files: gate/up rows [f_n, f_n+1), down
+ * rows [o_n, o_n+1), the pool's split, and the same rows of their biases and FP8 block scales),
+ * in memory bound to the node; weights are never duplicated (only an FP8 block row of scales
+ * that straddles two nodes' rows is read by both). One policy decides for every node. A
+ * layout that cannot be cut so (rows not contiguous, an expert too small for the nodes) keeps
+ * one unbound pool of whole experts, logged at create.
  *
  * MXFP4 in the Hugging Face layout (gpt-oss checkpoints: _blocks and _scales tensors) is
  * converted to the GGUF 17-byte blocks the kernels take, once per load, in the memory the
@@ -477,6 +481,65 @@ static const float *held_side_rows(const uint8_t *data)
 	return (const float *)(const void *)(((uintptr_t)data + 3) & ~(uintptr_t)3);
 }
 
+/* Widens n bias elements of `format` (f32, f16 or bf16) at data into f32 at side_rows(data),
+ * from the last element down: an element is read before it is written over. */
+static void widen_bias(uint8_t *data, uint64_t n, uint32_t format)
+{
+	float *dst = side_rows(data);
+	if (bias_elem_bytes(format) == 4) {
+		memmove(dst, data, n * 4);
+		return;
+	}
+	for (uint64_t i = n; i-- > 0;) {
+		uint16_t v;
+		memcpy(&v, data + 2 * i, 2);
+		dst[i] = format == MOEK_BF16 ? moek_bf16_to_f32(v) : moek_f16_to_f32(v);
+	}
+}
+
+/* Puts 2k alternating rows (gate, up, gate, …) in gate-then-up order, through scratch. */
+static void deinterleave_rows(float *rows, uint64_t k, float *scratch)
+{
+	memcpy(scratch, rows, 2 * k * sizeof(float));
+	for (uint64_t i = 0; i < k; i++) {
+		rows[i] = scratch[2 * i];
+		rows[k + i] = scratch[2 * i + 1];
+	}
+}
+
+/* Node t->node's side data of a loaded expert (node_layout's extents), in place as f32 rows
+ * at side_rows(): its FP8 block rows, its bias rows (a fused gate_up's alternating rows put in
+ * gate-then-up order). */
+static int node_side_after_load(const struct load_transform *t, const struct residency_loaded *x,
+                                struct sidecar_error *err)
+{
+	const struct forward_weights *w = t->w;
+	const struct expert_template *tp =
+	    &w->templates[(size_t)x->layer * w->n_experts + x->expert];
+	const struct moe_expert *ce =
+	    moe_catalog_expert(w->cat, w->model_layer[x->layer], x->expert);
+	for (int i = 0; i < 3; i++) {
+		const int8_t s = w->node_scale[i], b = w->node_bias[i];
+		if ((s >= 0 && (uint32_t)s >= x->n_extents) ||
+		    (b >= 0 && (uint32_t)b >= x->n_extents))
+			return error_set(
+			    err, MOE_EINVAL,
+			    "layer %u expert %u: node %u holds %u extents, expected %u",
+			    w->model_layer[x->layer], x->expert, x->node, x->n_extents,
+			    w->node_extents);
+		if (s >= 0)
+			memmove(side_rows(x->data[s]), x->data[s], x->length[s]);
+		if (b < 0 || (i == 1 && w->node_bias_interleaved))
+			continue;
+		const uint32_t format = ce->proj[tp->source[i]].bias_format;
+		const uint64_t n = x->length[b] / bias_elem_bytes(format);
+		widen_bias(x->data[b], n, format);
+		if (i == 0 && w->node_bias_interleaved)
+			deinterleave_rows(side_rows(x->data[b]), n / 2, t->side_scratch);
+	}
+	return 0;
+}
+
 /* Converts the side data of a loaded expert in place: FP8 block scales (f32 in the file) and
  * biases (f32, f16 or bf16; a fused gate_up's put in gate-then-up order) become f32 rows at
  * side_rows() of their extents. */
@@ -554,7 +617,8 @@ static int transform_after_load(void *arg, const struct residency_loaded *x,
 		return -EINVAL;
 	if (w->int4 && int4_after_load(t, x, err) != 0)
 		return -EINVAL;
-	if (w->side_in_slot && side_after_load(t, x, err) != 0)
+	if (w->side_in_slot &&
+	    (w->sliced ? node_side_after_load(t, x, err) : side_after_load(t, x, err)) != 0)
 		return -EINVAL;
 	if (!w->decode.on)
 		return 0;
@@ -864,17 +928,12 @@ static void warm_all(struct forward_weights *w, const struct forward_config *cfg
 			for (uint32_t x = 0; x < w->n_experts; x++) {
 				const unsigned flags =
 				    RESIDENCY_RETRY | (pass == 0 ? RESIDENCY_NOWAIT : 0u);
-				bool ok = true;
-				for (uint32_t n = 0; n < w->n_res; n++) {
-					struct residency *res = w->res[n];
-					int rc = residency_acquire(res, l, x, -1.0f, flags, &ref);
-					if (rc == 0) {
-						residency_release(res, &ref);
-						continue;
-					}
-					ok = false;
-					if (pass == 0 || rc == -ESHUTDOWN || rc == -EPERM)
-						continue; /* pass 1 reports it */
+				struct residency *res = w->res;
+				const int rc = residency_acquire(res, l, x, -1.0f, flags, &ref);
+				const bool ok = rc == 0;
+				if (ok) {
+					residency_release(res, &ref);
+				} else if (pass == 1 && rc != -ESHUTDOWN && rc != -EPERM) {
 					char why[160];
 					residency_error_message(res, l, x, why, sizeof(why));
 					if (failed++ < 8)
@@ -980,16 +1039,108 @@ static void node_layout(struct forward_weights *w, const struct moe_expert *ce)
 			at++;
 		}
 	}
+	/* then per matrix its FP8 block scales and its bias rows (a fused gate_up's bias: one
+	 * extent when its rows alternate, else gate's then up's) */
+	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
+	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
+	                                      &ce->proj[MOE_PROJ_DOWN]};
+	w->node_bias_interleaved =
+	    gu->present && gu->bias.length && gu->order == MOE_GATE_UP_INTERLEAVED;
+	for (int i = 0; i < 3; i++) {
+		w->node_scale[i] = w->node_bias[i] = -1;
+		if (moek_format_scale_block(mats[i]->format) && mats[i]->scale.length)
+			w->node_scale[i] = (int8_t)at++;
+		if (!mats[i]->bias.length)
+			continue;
+		if (i == 1 && w->node_bias_interleaved)
+			w->node_bias[1] = w->node_bias[0];
+		else
+			w->node_bias[i] = (int8_t)at++;
+	}
 	w->node_extents = at;
 	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
 		w->hf_conv[n].n_pairs = pairs;
 }
 
+/* Appends rows [r0, r1) of a side tensor (FP8 block scales: block rows; bias: rows) of
+ * row_bytes each to a node's map, with room for them as f32 on a float boundary. */
+static int add_side_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct moe_extent *t,
+                         uint64_t row_bytes, uint64_t r0, uint64_t r1, uint64_t f32_row_bytes,
+                         struct sidecar_error *err)
+{
+	struct sidecar_error e;
+	int rc = expert_map_add(map, l, x, t->file, t->offset + r0 * row_bytes,
+	                        (r1 - r0) * row_bytes, &e);
+	if (rc == 0)
+		rc = expert_map_set_room(map, l, x, (r1 - r0) * f32_row_bytes + 3, &e);
+	if (rc)
+		error_pass(err, &e);
+	return rc;
+}
+
+/* FP8 block scales of a matrix of `rows` x `cols`: bytes per block row, and whether the
+ * tensor holds exactly its blocks (so that block rows can be cut). */
+static uint64_t scale_block_row_bytes(const struct moe_proj_ref *r)
+{
+	return (r->cols + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK * 4;
+}
+
+/* Adds node n's side data of expert (l, x) — matrix i's rows [r[i], r[i+1]) — to its map, in
+ * node_layout's order: per matrix its FP8 block scales (the block rows its rows touch: a block
+ * row straddling two nodes' rows is read by both), then its bias rows. Returns 0, 1 when the
+ * tensors cannot be cut (why), or -1 (err). */
+static int add_node_side(struct forward_weights *w, struct expert_map *m, uint32_t l, uint32_t x,
+                         const struct moe_expert *ce, const uint64_t rows[3][2], char *why,
+                         size_t why_len, struct sidecar_error *err)
+{
+	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
+	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
+	                                      &ce->proj[MOE_PROJ_DOWN]};
+	for (int i = 0; i < 3; i++) {
+		const struct moe_proj_ref *r = mats[i];
+		const uint64_t r0 = rows[i][0], r1 = rows[i][1];
+		if (w->node_scale[i] >= 0) {
+			const uint64_t sb = scale_block_row_bytes(r);
+			const uint64_t block_rows = (r->rows + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+			if (r->scale.length != block_rows * sb) {
+				snprintf(why, why_len,
+				         "layer %u: FP8 scales of %llu bytes, not %llu",
+				         w->model_layer[l], (unsigned long long)r->scale.length,
+				         (unsigned long long)(block_rows * sb));
+				return 1;
+			}
+			if (add_side_rows(m, l, x, &r->scale, sb, r0 / MOEK_FP8_BLOCK,
+			                  (r1 + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK, sb, err) != 0)
+				return -1;
+		}
+		if (w->node_bias[i] < 0 || (i == 1 && w->node_bias_interleaved))
+			continue;
+		const uint64_t eb = bias_elem_bytes(r->bias_format);
+		if (r->bias.length != r->rows * eb) {
+			snprintf(why, why_len, "layer %u: a bias of %llu bytes, not %llu",
+			         w->model_layer[l], (unsigned long long)r->bias.length,
+			         (unsigned long long)(r->rows * eb));
+			return 1;
+		}
+		uint64_t b0 = r0, b1 = r1; /* the bias rows of the matrix's rows */
+		if (i < 2 && w->node_bias_interleaved) {
+			b0 = 2 * r0;
+			b1 = 2 * r1;
+		} else if (i == 1 && gu->present) {
+			b0 = r->rows / 2 + r0;
+			b1 = r->rows / 2 + r1;
+		}
+		if (add_side_rows(m, l, x, &r->bias, eb, b0, b1, 4, err) != 0)
+			return -1;
+	}
+	return 0;
+}
+
 /* Builds node_map[0..n_nodes): each node's rows of every expert, extents in the order
- * node_layout says (each data extent followed by its Hugging Face MXFP4 scales, if any);
- * interleaved gate_up rows are [2 f_n, 2 f_n+1). Biases and FP8 scales are in aux
- * (load_aux), not in the slices. Returns 0, 1 if the model cannot be sliced (why says why),
- * or -1 (err). */
+ * node_layout says (each data extent followed by its Hugging Face MXFP4 scales, if any; then
+ * the same rows of the FP8 block scales and biases); interleaved gate_up rows are
+ * [2 f_n, 2 f_n+1). Returns 0, 1 if the model cannot be sliced (why says why), or -1 (err). */
 static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *why, size_t why_len,
                            struct sidecar_error *err)
 {
@@ -1066,6 +1217,12 @@ static int build_node_maps(struct forward_weights *w, uint32_t n_nodes, char *wh
 				}
 				if (rc == 0)
 					rc = add_rows(m, l, x, parts[2], o[n], o[n + 1], err);
+				const uint64_t rows[3][2] = {
+				    {f[n], f[n + 1]}, {f[n], f[n + 1]}, {o[n], o[n + 1]}};
+				if (rc == 0)
+					rc = add_node_side(w, m, l, x, ce, rows, why, why_len, err);
+				if (rc == 1)
+					return 1;
 			}
 			if (rc)
 				return -1;
@@ -1183,76 +1340,55 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 		snprintf(policy, sizeof(policy), "%s+pin%u", base, cfg->pin_layers);
 	else
 		snprintf(policy, sizeof(policy), "%s", base);
-	/* The budget over the nodes in proportion to each node's share of the bytes. */
-	uint64_t share[FORWARD_MAX_NODES], share_total = 0;
-	for (uint32_t n = 0; n < w->n_res; n++)
-		share_total += share[n] = w->sliced ? map_bytes(&w->node_map[n], 0) : 1;
-	uint64_t budget_left = cfg->mem_budget;
-	w->budget_bytes = 0;
+	/* One part per node when sliced (the residency splits the budget over them in
+	 * proportion to their slices), else one part of whole experts. */
+	struct residency_node parts[FORWARD_MAX_NODES];
+	uint64_t every = 0; /* the budget that holds every expert */
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		const struct expert_map *map = w->sliced ? &w->node_map[n] : &w->map;
-		uint64_t budget = map_bytes(map, 8192u);
-		if (cfg->mem_budget) {
-			budget = n + 1 == w->n_res
-			             ? budget_left
-			             : (uint64_t)((double)cfg->mem_budget * (double)share[n] /
-			                          (double)share_total);
-			budget_left -= budget;
-		}
 		int node = -1; /* one pool for several nodes: not bound */
 		if (w->sliced)
 			node = topo->memory_bound ? (int)topo->nodes[n].os_index : -1;
 		else if (topo->n_nodes == 1 && !topo->synthetic)
 			node = (int)topo->nodes[0].os_index;
-		struct residency_config rc = {
-		    .numa_node = node,
-		    .mem_budget = budget,
-		    .policy = policy,
-		    .chunk_bytes = cfg->chunk_bytes,
-		    .queue_depth = cfg->queue_depth,
-		    .no_direct = cfg->no_direct,
-		    .retry_backoff_ms = cfg->retry_backoff_ms,
-		    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
-		    .post_load =
-		        w->mxfp4_hf || w->int4 || w->decode.on ? transform_after_load : NULL,
-		    .post_load_arg = &w->transform[n],
-		};
-		struct sidecar_error why = {0};
-		if (residency_create(&w->res[n], map, &rc, &why) != 0) {
-			if (w->sliced)
-				error_set(err, MOE_EINVAL, "node %u's residency: %s", n, why.msg);
-			else
-				error_set(err, MOE_EINVAL, "%s", why.msg);
-			return -1;
-		}
-		if (w->fault_hook) /* before the warm-up's first read */
-			residency_set_fault_hook(w->res[n], w->fault_hook, w->fault_arg);
-		w->budget_bytes += budget;
+		parts[n] = (struct residency_node){
+		    .map = map, .numa_node = node, .post_load_arg = &w->transform[n]};
+		every += map_bytes(map, 8192u);
 	}
+	struct residency_config rc = {
+	    .mem_budget = cfg->mem_budget ? cfg->mem_budget : every,
+	    .policy = policy,
+	    .chunk_bytes = cfg->chunk_bytes,
+	    .queue_depth = cfg->queue_depth,
+	    .no_direct = cfg->no_direct,
+	    .retry_backoff_ms = cfg->retry_backoff_ms,
+	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
+	    .post_load = w->mxfp4_hf || w->int4 || w->decode.on || w->side_in_slot
+	                     ? transform_after_load
+	                     : NULL,
+	};
+	struct sidecar_error why = {0};
+	if (residency_create_nodes(&w->res, parts, w->n_res, &rc, &why) != 0)
+		return error_set(err, MOE_EINVAL, "%s", why.msg);
+	if (w->fault_hook) /* before the warm-up's first read */
+		residency_set_fault_hook(w->res, w->fault_hook, w->fault_arg);
+	w->budget_bytes = rc.mem_budget;
 	/* The budget in force, as STATS reports it (every expert fitting: the pools' slot bytes,
 	 * a little above the experts' own), before any expert is read. */
-	uint64_t pool_bytes = 0, slot_bytes = 0;
-	uint32_t slots = 0;
-	for (uint32_t n = 0; n < w->n_res; n++) {
-		struct residency_counters c;
-		residency_counters(w->res[n], &c);
-		pool_bytes += (uint64_t)c.slots * c.slot_bytes;
-		slots += c.slots;
-		slot_bytes = c.slot_bytes > slot_bytes ? c.slot_bytes : slot_bytes;
-	}
+	struct residency_counters c;
+	residency_counters(w->res, &c);
 	log_info("forward",
-	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu pools=%u "
+	         "residency budget_bytes=%llu slots=%u slot_bytes=%llu pool_bytes=%llu nodes=%u "
 	         "policy=%s",
-	         (unsigned long long)w->budget_bytes, slots, (unsigned long long)slot_bytes,
-	         (unsigned long long)pool_bytes, w->n_res, policy);
+	         (unsigned long long)w->budget_bytes, c.slots, (unsigned long long)c.slot_bytes,
+	         (unsigned long long)((uint64_t)c.slots * c.slot_bytes), w->n_res, policy);
 	if (cfg->pin_layers) {
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", 0,
 			              cfg->pin_layers);
 		struct sidecar_error e;
-		for (uint32_t n = 0; n < w->n_res; n++)
-			if (residency_warm_pinned(w->res[n], &e) != 0)
-				return error_pass(err, &e);
+		if (residency_warm_pinned(w->res, &e) != 0)
+			return error_pass(err, &e);
 		if (cfg->progress)
 			cfg->progress(cfg->progress_arg, "warming pinned layers", cfg->pin_layers,
 			              cfg->pin_layers);
@@ -1288,9 +1424,10 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	int *fds = NULL;
 	if (open_files(cat, &fds, err))
 		return -1;
-	/* One node: the residency holds each expert whole, side data included (side_after_load);
-	 * sliced nodes, and the other sources, take it converted once from aux. */
-	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY && topo->n_nodes == 1;
+	/* The residency holds each expert's side data with its rows, converted on the loader
+	 * (side_after_load; sliced: each node's rows of it, node_side_after_load); the other
+	 * sources take it converted once from aux. */
+	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY;
 	int rc = w->side_in_slot ? 0 : load_aux(w, fds, err);
 	if (rc == 0)
 		rc = build_templates(w, err);
@@ -1324,9 +1461,8 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 
 void weights_close(struct forward_weights *w)
 {
-	for (uint32_t n = 0; n < FORWARD_MAX_NODES; n++)
-		if (w->res[n])
-			residency_destroy(w->res[n]);
+	if (w->res)
+		residency_destroy(w->res);
 	free_node_maps(w);
 	if (w->map.n_extents)
 		expert_map_free(&w->map);
@@ -1479,6 +1615,23 @@ static int node_view(const struct forward_weights *w, uint32_t n, const struct e
 	v->down.data = d[w->piece_data[w->node_pieces - 1]];
 	v->gate.row0 = v->up.row0 = (uint32_t)f[n];
 	v->down.row0 = (uint32_t)o[n];
+	/* Side data in the node's slot (node_side_after_load): the kernels index scales and
+	 * biases by the global row, so each pointer is set back by the rows the node lacks. */
+	struct moek_matrix *mats[3] = {&v->gate, &v->up, &v->down};
+	for (int i = 0; i < 3; i++) {
+		const size_t r0 = i < 2 ? f[n] : o[n];
+		if (w->node_scale[i] >= 0) {
+			const size_t stride =
+			    mats[i]->scale_stride
+			        ? mats[i]->scale_stride
+			        : (mats[i]->cols + MOEK_FP8_BLOCK - 1) / MOEK_FP8_BLOCK;
+			mats[i]->scales =
+			    held_side_rows(d[w->node_scale[i]]) - r0 / MOEK_FP8_BLOCK * stride;
+		}
+		if (w->node_bias[i] >= 0)
+			mats[i]->bias = held_side_rows(d[w->node_bias[i]]) - r0 +
+			                (i == 1 && w->node_bias_interleaved ? f[n + 1] - f[n] : 0);
+	}
 	decode_layout_view(&w->decode, v);
 	return 0;
 }
@@ -1487,13 +1640,18 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h,
                       struct sidecar_error *err)
 {
 	if (w->sliced) {
-		for (uint32_t n = 0; n < w->n_res; n++)
-			if (node_view(w, n, &h->ref[n], &h->node_view[n], err) != 0)
-				return -1;
+		for (uint32_t n = 0; n < w->n_res; n++) {
+			struct expert_ref ref;
+			if (residency_ref_node(w->res, &h->ref, n, &ref) != 0 ||
+			    node_view(w, n, &ref, &h->node_view[n], err) != 0)
+				return error_set(err, MOE_EINVAL, "layer %u expert %u: node %u: %s",
+				                 w->model_layer[h->ref.layer], h->ref.expert, n,
+				                 err->msg);
+		}
 		h->view = h->node_view[0];
 		return 0;
 	}
-	const struct expert_ref *ref = &h->ref[0];
+	const struct expert_ref *ref = &h->ref;
 	const uint8_t *data[MOE_PROJ_COUNT] = {0};
 	for (int p = 0; p < MOE_PROJ_COUNT; p++) {
 		int8_t i = w->roles.data[p];
@@ -1510,10 +1668,9 @@ int weights_held_view(const struct forward_weights *w, struct held_expert *h,
 
 void weights_release(const struct forward_weights *w, struct held_expert *h)
 {
-	for (uint32_t n = 0; n < w->n_res; n++)
-		if (h->held_nodes & (1u << n))
-			residency_release(w->res[n], &h->ref[n]);
-	h->held_nodes = 0;
+	if (h->held)
+		residency_release(w->res, &h->ref);
+	h->held = false;
 }
 
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
@@ -1533,7 +1690,7 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 
 int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
                    struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
-                   uint32_t *failed_node, struct sidecar_error *err)
+                   struct sidecar_error *err)
 {
 	*found = WEIGHTS_NOT_YET;
 	*cold_bytes = 0;
@@ -1543,115 +1700,82 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t
 		*found = WEIGHTS_HIT;
 		return 1;
 	}
-	const uint32_t all = (1u << w->n_res) - 1u;
-	for (uint32_t n = 0; n < w->n_res; n++) {
-		const uint32_t bit = 1u << n;
-		if (h->held_nodes & bit)
-			continue;
-		struct residency *r = w->res[n];
-		const enum expert_state pre = residency_state(r, moe_layer, expert);
-		const unsigned flags = (wait ? 0u : RESIDENCY_NOWAIT) |
-		                       (h->counted_nodes & bit ? RESIDENCY_RETRY : 0u);
-		int rc = residency_acquire(r, moe_layer, expert, -1.0f, flags, &h->ref[n]);
-		if (!(h->counted_nodes & bit) && (rc == 0 || rc == -EINPROGRESS)) {
-			h->counted_nodes |= bit;
-			const uint8_t rank = pre == EXPERT_RESIDENT  ? 0
-			                     : pre == EXPERT_LOADING ? 1
-			                                             : 2;
-			if (rank > h->worst)
-				h->worst = rank;
-			if (rank == 2)
-				h->cold_bytes +=
-				    w->sliced ? weights_res_bytes(w, n, moe_layer, expert)
-				              : moe_catalog_expert(
-				                    w->cat, w->model_layer[moe_layer], expert)
-				                    ->bytes;
-			if (h->counted_nodes == all) {
-				*found = h->worst == 0   ? WEIGHTS_HIT
-				         : h->worst == 1 ? WEIGHTS_IN_FLIGHT
-				                         : WEIGHTS_COLD;
-				*cold_bytes = h->cold_bytes;
-			}
+	if (!h->held) {
+		const enum expert_state pre = residency_state(w->res, moe_layer, expert);
+		const unsigned flags =
+		    (wait ? 0u : RESIDENCY_NOWAIT) | (h->counted ? RESIDENCY_RETRY : 0u);
+		const int rc = residency_acquire(w->res, moe_layer, expert, -1.0f, flags, &h->ref);
+		if (!h->counted && (rc == 0 || rc == -EINPROGRESS)) {
+			h->counted = true;
+			*found = pre == EXPERT_RESIDENT  ? WEIGHTS_HIT
+			         : pre == EXPERT_LOADING ? WEIGHTS_IN_FLIGHT
+			                                 : WEIGHTS_COLD;
+			for (uint32_t n = 0; *found == WEIGHTS_COLD && n < w->n_res; n++)
+				*cold_bytes += weights_res_bytes(w, n, moe_layer, expert);
 		}
 		if (rc == -EINPROGRESS || rc == -EAGAIN)
-			continue;
-		if (rc != 0) {
-			*failed_node = n;
+			return 0;
+		if (rc != 0)
 			return rc;
-		}
-		h->held_nodes |= bit;
+		h->held = true;
 	}
-	if (h->held_nodes != all)
-		return 0;
 	if (weights_held_view(w, h, err) != 0)
 		return -EINVAL;
 	return 1;
 }
 
-void weights_error_message(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
-                           uint32_t expert, char *buf, size_t len)
+void weights_error_message(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
+                           char *buf, size_t len)
 {
 	buf[0] = '\0';
-	if (w->source == FORWARD_SOURCE_RESIDENCY && node < w->n_res)
-		residency_error_message(w->res[node], moe_layer, expert, buf, len);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_error_message(w->res, moe_layer, expert, buf, len);
 }
 
 bool weights_ready(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
 {
 	if (w->source == FORWARD_SOURCE_ALL_RESIDENT)
 		return true;
-	if (w->source != FORWARD_SOURCE_RESIDENCY)
-		return false;
-	for (uint32_t n = 0; n < w->n_res; n++)
-		if (residency_state(w->res[n], moe_layer, expert) != EXPERT_RESIDENT)
-			return false;
-	return true;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_state(w->res, moe_layer, expert) == EXPERT_RESIDENT;
 }
 
 bool weights_cold(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		if (residency_state(w->res[n], moe_layer, expert) == EXPERT_COLD)
-			return true;
-	return false;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_state(w->res, moe_layer, expert) == EXPERT_COLD;
 }
 
 void weights_hint(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, float pri)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		residency_hint(w->res[n], moe_layer, &expert, 1, pri);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_hint(w->res, moe_layer, &expert, 1, pri);
 }
 
 bool weights_prefetch(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
                       float pri)
 {
-	bool any = false;
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		any |= residency_prefetch(w->res[n], moe_layer, &expert, 1, pri) > 0;
-	return any;
+	return w->source == FORWARD_SOURCE_RESIDENCY &&
+	       residency_prefetch(w->res, moe_layer, &expert, 1, pri) > 0;
 }
 
 void weights_set_gpu_mask(const struct forward_weights *w, uint32_t moe_layer, const uint8_t *mask)
 {
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		residency_set_gpu_mask(w->res[n], moe_layer, mask);
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_set_gpu_mask(w->res, moe_layer, mask);
 }
 
 uint32_t weights_retry_failed(const struct forward_weights *w)
 {
-	uint32_t failed = 0;
-	for (uint32_t n = 0; w->source == FORWARD_SOURCE_RESIDENCY && n < w->n_res; n++)
-		failed += residency_retry_all_failed(w->res[n]);
-	return failed;
+	return w->source == FORWARD_SOURCE_RESIDENCY ? residency_retry_all_failed(w->res) : 0;
 }
 
 int weights_node_counters(const struct forward_weights *w, uint32_t node,
                           struct residency_counters *out)
 {
-	if (w->source != FORWARD_SOURCE_RESIDENCY || node >= w->n_res)
+	if (w->source != FORWARD_SOURCE_RESIDENCY)
 		return -1;
-	residency_counters(w->res[node], out);
-	return 0;
+	return residency_node_counters(w->res, node, out);
 }
 
 void weights_counters(const struct forward_weights *w, struct forward_stats *out)
@@ -1663,11 +1787,29 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		out->budget_bytes = w->budget_bytes;
 		return;
 	}
-	out->pool_hugetlb = out->pool_thp = w->n_res > 0;
+	struct residency_counters all;
+	residency_counters(w->res, &all);
+	out->resident_bytes = all.resident_bytes;
+	out->slot_bytes_used = (uint64_t)all.slots_used * all.slot_bytes;
+	out->pool_bytes = (uint64_t)all.slots * all.slot_bytes;
+	out->budget_bytes = all.budget_bytes;
+	out->slots = all.slots;
+	out->evictions = all.evictions;
+	out->loader_bytes_read = all.bytes_read;
+	out->prefetches = all.prefetches;
+	out->prefetch_hits = all.prefetch_hits;
+	out->prefetch_wasted = all.prefetch_wasted;
+	out->failed_experts = all.failed_now;
+	out->failed_retries = all.failed_retries;
+	out->fixed_reads = all.fixed_reads;
+	out->plain_reads = all.plain_reads;
+	out->fixed_buffers = all.fixed_buffers;
+	out->pool_hugetlb = all.hugetlb;
+	out->pool_thp = all.thp;
 	out->n_nodes = w->n_res;
 	for (uint32_t n = 0; n < w->n_res; n++) {
 		struct residency_counters rc;
-		residency_counters(w->res[n], &rc);
+		residency_node_counters(w->res, n, &rc);
 		out->nodes[n] = (struct forward_node_stats){
 		    .node = n,
 		    .resident_bytes = rc.resident_bytes,
@@ -1682,22 +1824,5 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		    .evictions = rc.evictions,
 		    .failed_experts = rc.failed_now,
 		};
-		out->resident_bytes += rc.resident_bytes;
-		out->slot_bytes_used += (uint64_t)rc.slots_used * rc.slot_bytes;
-		out->pool_bytes += (uint64_t)rc.slots * rc.slot_bytes;
-		out->budget_bytes += rc.budget_bytes;
-		out->slots += rc.slots;
-		out->evictions += rc.evictions;
-		out->loader_bytes_read += rc.bytes_read;
-		out->prefetches += rc.prefetches;
-		out->prefetch_hits += rc.prefetch_hits;
-		out->prefetch_wasted += rc.prefetch_wasted;
-		out->failed_experts += rc.failed_now;
-		out->failed_retries += rc.failed_retries;
-		out->fixed_reads += rc.fixed_reads;
-		out->plain_reads += rc.plain_reads;
-		out->fixed_buffers += rc.fixed_buffers;
-		out->pool_hugetlb = out->pool_hugetlb && rc.hugetlb;
-		out->pool_thp = out->pool_thp && rc.thp;
 	}
 }

@@ -15,6 +15,7 @@ struct residency;
 /* What the hook is told about one read completion. */
 struct loader_read_info {
 	uint32_t layer, expert, file;
+	uint32_t node;           /* whose loader read it (its slice of the expert) */
 	uint64_t offset, length; /* of this read */
 	uint32_t attempt;        /* 0 for the first submission of this read */
 	uint64_t seq;            /* completions seen by this loader so far */
@@ -24,9 +25,9 @@ struct loader_read_info {
 /* Returns the result to use instead of `res` (a shorter count: short read; -EIO: error). */
 typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, int res);
 
-/* Installs hook (NULL: none) with its argument. Call before the residency's first demand,
- * prefetch or warm-up: the loader thread reads it without a lock, ordered after the call by
- * the submission that starts a read. */
+/* Installs hook (NULL: none) with its argument, for every node's loader. Call before the
+ * residency's first demand, prefetch or warm-up: the loader threads read it without a lock, ordered
+ * after the call by the submission that starts a read. */
 void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg);
 
 #endif /* MOE_RESIDENCY_FAULT_HOOK_H */

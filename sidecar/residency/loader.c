@@ -1,10 +1,11 @@
-/* loader.c — one node's expert loader: a thread owning an io_uring, reading experts from the
- * model files into their slots.
+/* loader.c — one node's expert loader: a thread pinned to the node, owning an io_uring,
+ * reading the node's slices of experts from the model files into the node's slots.
  *
- * Threading: only the loader thread touches the ring. Producers (residency.c) queue expert
- * ids under the residency lock and poke an eventfd that the ring always has a read pending
- * on; the loader takes the lock only to pick up ids and to publish finished loads, never
- * across I/O.
+ * Threading: only the loader thread touches its ring. Producers (residency.c) queue expert
+ * ids on every node's queues under the residency lock and poke each loader's eventfd, which
+ * its ring always has a read pending on; a loader takes the lock only to pick up ids and to
+ * publish its part of a finished load (residency_load_done: the expert is RESIDENT once every
+ * node's part has ended), never across I/O.
  *
  * Reads: each extent's aligned superset (alignment from statx DIOALIGN, at least 4096) is
  * split into chunks of chunk_bytes; at most queue_depth chunks are in flight, each linked to
@@ -23,6 +24,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <numa.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,6 +76,8 @@ struct slot_fifo {
 
 struct loader {
 	struct residency *r;
+	uint32_t node;
+	struct node_part *part; /* &r->node[node] */
 	struct io_uring ring;
 	bool ring_ready;
 	pthread_t thread;
@@ -111,22 +115,29 @@ static void fifo_pop(struct slot_fifo *q)
 	q->count--;
 }
 
-bool loader_buffers_registered(const struct residency *r)
+bool loader_buffers_registered(const struct residency *r, uint32_t node)
 {
-	return r->loader && r->loader->buffers_registered;
+	return r->node[node].loader && r->node[node].loader->buffers_registered;
 }
 
-uint32_t loader_fixed_buffers(const struct residency *r)
+uint32_t loader_fixed_buffers(const struct residency *r, uint32_t node)
 {
-	return r->loader ? r->loader->n_buffers : 0;
+	return r->node[node].loader ? r->node[node].loader->n_buffers : 0;
+}
+
+static void wake_one(struct loader *l)
+{
+	uint64_t one = 1;
+	/* A full counter (EAGAIN) still wakes the reader; nothing else can fail here. */
+	ssize_t n = write(l->wake_fd, &one, sizeof(one));
+	(void)n;
 }
 
 void loader_wake(struct residency *r)
 {
-	uint64_t one = 1;
-	/* A full counter (EAGAIN) still wakes the reader; nothing else can fail here. */
-	ssize_t n = write(r->loader->wake_fd, &one, sizeof(one));
-	(void)n;
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		if (r->node[n].loader)
+			wake_one(r->node[n].loader);
 }
 
 static struct io_uring_sqe *get_sqe(struct loader *l)
@@ -157,10 +168,10 @@ static void submit_read(struct loader *l, struct read_op *op)
 	if (l->buffers_registered) {
 		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
 		                         (int)(op->slot / l->slots_per_buffer));
-		stat_add(&r->stats.fixed_reads, 1);
+		stat_add(&l->part->io.fixed_reads, 1);
 	} else {
 		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
-		stat_add(&r->stats.plain_reads, 1);
+		stat_add(&l->part->io.plain_reads, 1);
 	}
 	if (l->files_registered)
 		sqe->flags |= IOSQE_FIXED_FILE;
@@ -170,7 +181,7 @@ static void submit_read(struct loader *l, struct read_op *op)
 	io_uring_prep_link_timeout(t, &l->timeout, 0);
 	io_uring_sqe_set_data64(t, TAG_TIMEOUT);
 	op->submit_ns = monotonic_ns();
-	stat_add(&r->stats.reads, 1);
+	stat_add(&l->part->io.reads, 1);
 	l->in_flight++;
 }
 
@@ -178,15 +189,16 @@ static void submit_read(struct loader *l, struct read_op *op)
 static bool issue_chunk(struct loader *l, uint32_t slot)
 {
 	struct residency *r = l->r;
+	struct node_part *p = l->part;
 	struct expert_load *ld = &l->loads[slot];
 	uint32_t n;
-	const struct expert_extent *ext = expert_map_extents(r->map, ld->id, &n);
+	const struct expert_extent *ext = expert_map_extents(p->map, ld->id, &n);
 	if (ld->error || ld->extent >= n) {
 		ld->issued_all = true;
 		return false;
 	}
 	const struct extent_layout *lay =
-	    &r->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + ld->extent];
+	    &p->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + ld->extent];
 	uint64_t len = lay->read_length - ld->position;
 	if (len > r->config.chunk_bytes)
 		len = r->config.chunk_bytes;
@@ -197,7 +209,7 @@ static bool issue_chunk(struct loader *l, uint32_t slot)
 	    .slot = slot,
 	    .file = ext[ld->extent].file,
 	    .offset = lay->read_offset + ld->position,
-	    .buf = slot_pool_addr(&r->pool, slot) + lay->slot_offset + ld->position,
+	    .buf = slot_pool_addr(&p->pool, slot) + lay->slot_offset + ld->position,
 	    .remaining = len,
 	    .needed = needed < len ? needed : len,
 	};
@@ -221,25 +233,27 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 	if (ld->id == UINT32_MAX || ld->in_flight || !ld->issued_all)
 		return;
 	struct residency *r = l->r;
+	struct node_part *p = l->part;
 	const char *post_load_msg = NULL;
 	if (!ld->error && r->config.post_load) { /* no reader yet: the slot is the loader's */
 		uint32_t n;
-		const struct expert_extent *ext = expert_map_extents(r->map, ld->id, &n);
+		const struct expert_extent *ext = expert_map_extents(p->map, ld->id, &n);
 		struct residency_loaded x = {
 		    .layer = ld->id / r->n_experts,
 		    .expert = ld->id % r->n_experts,
+		    .node = l->node,
 		    .n_extents = n,
-		    .slot = slot_pool_addr(&r->pool, slot),
-		    .slot_bytes = r->pool.slot_bytes,
+		    .slot = slot_pool_addr(&p->pool, slot),
+		    .slot_bytes = p->pool.slot_bytes,
 		};
 		for (uint32_t i = 0; i < n; i++) {
 			const struct extent_layout *lay =
-			    &r->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
+			    &p->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
 			x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
 			x.length[i] = ext[i].length;
 		}
 		struct sidecar_error why = {0};
-		int rc = r->config.post_load(r->config.post_load_arg, &x, &why);
+		int rc = r->config.post_load(p->post_load_arg, &x, &why);
 		error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg), &why); /* kept short */
 		if (rc) {
 			ld->error = rc < 0 ? rc : -EINVAL;
@@ -253,22 +267,22 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 		}
 	}
 	pthread_mutex_lock(&r->lock);
-	residency_load_done(r, ld->id, ld->error, ld->error_file, ld->error_offset,
-	                    ld->error_attempts, post_load_msg);
+	const int error = residency_load_done(r, l->node, ld->id, ld->error, ld->error_file,
+	                                      ld->error_offset, ld->error_attempts, post_load_msg);
 	const uint32_t failed = r->entries[ld->id].failed_loads;
 	pthread_mutex_unlock(&r->lock);
-	if (ld->error && ld->error != -ESHUTDOWN)
+	if (error && error != -ESHUTDOWN)
 		residency_warn_failure(r, ld->id, false, failed);
 	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
 }
 
-static void record_latency(struct residency *r, uint64_t ns)
+static void record_latency(struct node_part *p, uint64_t ns)
 {
 	uint64_t us = ns / 1000;
 	int b = us < 2 ? 0 : 63 - __builtin_clzll(us);
 	if (b >= RESIDENCY_LAT_BUCKETS)
 		b = RESIDENCY_LAT_BUCKETS - 1;
-	stat_add(&r->stats.latency_us_log2[b], 1);
+	stat_add(&p->io.latency_us_log2[b], 1);
 }
 
 static bool retryable(int res)
@@ -299,13 +313,15 @@ static void release_op(struct loader *l, struct read_op *op)
 static void handle_read(struct loader *l, struct read_op *op, int res, bool stopping)
 {
 	struct residency *r = l->r;
-	record_latency(r, monotonic_ns() - op->submit_ns);
+	struct residency_stats *io = &l->part->io;
+	record_latency(l->part, monotonic_ns() - op->submit_ns);
 	if (r->fault_hook) {
 		struct expert_load *ld = &l->loads[op->slot];
 		struct loader_read_info info = {
 		    .layer = ld->id / r->n_experts,
 		    .expert = ld->id % r->n_experts,
 		    .file = op->file,
+		    .node = l->node,
 		    .offset = op->offset,
 		    .length = op->remaining,
 		    .attempt = op->attempts,
@@ -322,7 +338,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 	if (res >= 0 && (uint64_t)res > op->remaining)
 		res = (int)op->remaining; /* a hook cannot make a read longer than asked */
 	if (res > 0)
-		stat_add(&r->stats.bytes_read, (uint64_t)res);
+		stat_add(&io->bytes_read, (uint64_t)res);
 	if (res >= 0 && (uint64_t)res >= op->needed) {
 		release_op(l, op);
 		return;
@@ -338,7 +354,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 		return;
 	}
 	if (res > 0) {
-		stat_add(&r->stats.short_reads, 1);
+		stat_add(&io->short_reads, 1);
 		uint64_t advance = (uint64_t)res;
 		if (!r->buffered[op->file])
 			advance = advance / r->alignment * r->alignment;
@@ -357,7 +373,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 	}
 	if (retryable(res) && op->attempts < r->config.max_retries) {
 		op->attempts++;
-		stat_add(&r->stats.retries, 1);
+		stat_add(&io->retries, 1);
 		l->in_flight--;
 		submit_read(l, op);
 		return;
@@ -370,15 +386,16 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 static void pick_up_work(struct loader *l)
 {
 	struct residency *r = l->r;
-	struct id_queue *queues[2] = {&r->demand, &r->prefetch};
+	struct id_queue *queues[2] = {&l->part->demand, &l->part->prefetch};
 	struct slot_fifo *fifos[2] = {&l->issue_demand, &l->issue_prefetch};
+	const uint8_t bit = (uint8_t)(1u << l->node);
 	for (int q = 0; q < 2; q++) {
 		uint32_t id;
 		while (id_queue_pop(queues[q], &id)) {
 			struct expert_entry *e = &r->entries[id];
-			if (!e->queued || e->state != EXPERT_LOADING)
+			if (!(e->queued & bit) || e->state != EXPERT_LOADING)
 				continue; /* picked up already (a promoted prefetch) */
-			e->queued = 0;
+			e->queued &= (uint8_t)~bit;
 			struct expert_load *ld = &l->loads[e->slot];
 			assert(ld->id == UINT32_MAX);
 			*ld = (struct expert_load){.id = id, .failed_loads = e->failed_loads};
@@ -416,7 +433,7 @@ static void reap(struct loader *l, bool stopping)
 		}
 		if (tag == TAG_TIMEOUT) {
 			if (res == -ETIME)
-				stat_add(&l->r->stats.timeouts, 1);
+				stat_add(&l->part->io.timeouts, 1);
 			continue;
 		}
 		if (tag == TAG_CANCEL)
@@ -429,7 +446,7 @@ static void reap(struct loader *l, bool stopping)
 static void fail_pending(struct loader *l)
 {
 	struct residency *r = l->r;
-	for (uint32_t s = 0; s < r->pool.n_slots; s++) {
+	for (uint32_t s = 0; s < r->n_slots; s++) {
 		struct expert_load *ld = &l->loads[s];
 		if (ld->id == UINT32_MAX)
 			continue;
@@ -441,18 +458,34 @@ static void fail_pending(struct loader *l)
 	}
 	pthread_mutex_lock(&r->lock);
 	uint32_t id;
-	while (id_queue_pop(&r->demand, &id) || id_queue_pop(&r->prefetch, &id)) {
+	const uint8_t bit = (uint8_t)(1u << l->node);
+	while (id_queue_pop(&l->part->demand, &id) || id_queue_pop(&l->part->prefetch, &id)) {
 		struct expert_entry *e = &r->entries[id];
-		if (e->queued && e->state == EXPERT_LOADING)
-			residency_load_done(r, id, -ESHUTDOWN, 0, 0, 0, NULL);
+		if ((e->queued & bit) && e->state == EXPERT_LOADING) {
+			e->queued &= (uint8_t)~bit;
+			residency_load_done(r, l->node, id, -ESHUTDOWN, 0, 0, 0, NULL);
+		}
 	}
 	pthread_mutex_unlock(&r->lock);
+}
+
+/* With several nodes, runs the calling thread on the CPUs of the node its pool is bound to, so
+ * that its completions and post-load conversions touch the node's memory from the node. */
+static void pin_to_node(const struct loader *l)
+{
+	const int node = l->part->numa_node;
+	if (l->r->n_nodes < 2 || node < 0 || numa_available() < 0)
+		return; /* one node: the loader keeps the process's affinity */
+	if (numa_run_on_node(node) != 0)
+		log_warn("loader", "cannot pin node %d's loader to the node: %s", node,
+		         strerror(errno));
 }
 
 static void *loader_main(void *arg)
 {
 	struct loader *l = arg;
 	struct residency *r = l->r;
+	pin_to_node(l);
 	for (;;) {
 		pthread_mutex_lock(&r->lock);
 		bool stopping = r->stopping;
@@ -510,18 +543,21 @@ static void memlock_hint(int rc, const char *what, uint64_t bytes, char *hint, s
 	         what, (unsigned long long)(lim.rlim_cur >> 10));
 }
 
-int loader_start(struct residency *r, struct sidecar_error *err)
+int loader_start(struct residency *r, uint32_t node, struct sidecar_error *err)
 {
 	struct loader *l = calloc(1, sizeof(*l));
 	if (!l) {
 		error_set(err, MOE_ENOMEM, "loader: out of memory");
 		return -ENOMEM;
 	}
-	r->loader = l;
+	struct node_part *p = &r->node[node];
+	p->loader = l;
 	l->r = r;
+	l->node = node;
+	l->part = p;
 	l->wake_fd = -1;
 	l->depth = r->config.queue_depth;
-	const uint32_t n_slots = r->pool.n_slots;
+	const uint32_t n_slots = r->n_slots;
 	l->ops = calloc(l->depth, sizeof(*l->ops));
 	l->free_ops = malloc(l->depth * sizeof(uint32_t));
 	l->loads = calloc(n_slots, sizeof(*l->loads));
@@ -570,8 +606,8 @@ int loader_start(struct residency *r, struct sidecar_error *err)
 	uint64_t cap = r->config.fixed_buffer_max;
 	if (cap == 0 || cap > (UINT64_C(1) << 30))
 		cap = UINT64_C(1) << 30;
-	uint64_t per = r->pool.slot_bytes ? cap / r->pool.slot_bytes : 0;
-	if (per == 0 && r->pool.slot_bytes && r->pool.slot_bytes <= (UINT64_C(1) << 30))
+	uint64_t per = p->pool.slot_bytes ? cap / p->pool.slot_bytes : 0;
+	if (per == 0 && p->pool.slot_bytes && p->pool.slot_bytes <= (UINT64_C(1) << 30))
 		per = 1; /* a cap below one slot: one slot per buffer */
 	if (per > n_slots)
 		per = n_slots;
@@ -586,15 +622,15 @@ int loader_start(struct residency *r, struct sidecar_error *err)
 		for (uint64_t b = 0; b < n_bufs; b++) {
 			uint64_t first = b * per,
 			         count = n_slots - first < per ? n_slots - first : per;
-			iov[b] = (struct iovec){slot_pool_addr(&r->pool, (uint32_t)first),
-			                        count * r->pool.slot_bytes};
+			iov[b] = (struct iovec){slot_pool_addr(&p->pool, (uint32_t)first),
+			                        count * p->pool.slot_bytes};
 		}
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
 		l->n_buffers = rc == 0 ? (uint32_t)n_bufs : 0;
 		if (rc < 0) {
-			const uint64_t bytes = (uint64_t)n_slots * r->pool.slot_bytes;
+			const uint64_t bytes = (uint64_t)n_slots * p->pool.slot_bytes;
 			char what[64], hint[320];
 			snprintf(what, sizeof(what), "the %.1f MiB of slots",
 			         (double)bytes / (1 << 20));
@@ -615,13 +651,13 @@ int loader_start(struct residency *r, struct sidecar_error *err)
 	return 0;
 }
 
-void loader_stop(struct residency *r)
+void loader_stop(struct residency *r, uint32_t node)
 {
-	struct loader *l = r->loader;
+	struct loader *l = r->node[node].loader;
 	if (!l)
 		return;
 	if (l->thread_started) {
-		loader_wake(r);
+		wake_one(l);
 		pthread_join(l->thread, NULL);
 	}
 	if (l->ring_ready)
@@ -634,5 +670,5 @@ void loader_stop(struct residency *r)
 	free(l->issue_demand.slots);
 	free(l->issue_prefetch.slots);
 	free(l);
-	r->loader = NULL;
+	r->node[node].loader = NULL;
 }

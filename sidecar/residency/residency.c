@@ -1,9 +1,12 @@
 /* residency.c — the expert state machine (see residency.h): demands, prefetches, eviction
- * through the policy, waiting on loads in flight, counters. The I/O itself is loader.c's.
+ * through the policy, waiting on loads in flight, counters, for every node at once. The I/O
+ * itself is loader.c's, one loader per node.
  *
  * Invariants (asserted): an expert with readers is RESIDENT; a slot belongs to exactly one
- * LOADING or RESIDENT expert; the policy holds exactly the LOADING and RESIDENT experts that
- * are not pinned; slots in use ≤ pool slots, so bytes ≤ the budget.
+ * LOADING or RESIDENT expert, on every node; the policy holds exactly the LOADING and
+ * RESIDENT experts that are not pinned; slots in use ≤ pool slots, so each node's bytes ≤ its
+ * share of the budget. A LOADING expert's `pending` bits are the nodes still reading it; it
+ * leaves LOADING only when none is, so no node ever writes into a freed slot.
  */
 #include "residency.h"
 
@@ -79,25 +82,32 @@ static bool may_evict_unhinted(void *arg, uint32_t id)
 	return may_evict(arg, id) && !r->entries[id].prefetched;
 }
 
-/* The bytes of an expert's extents, as in the model files. */
-static uint64_t expert_bytes(const struct residency *r, uint32_t id)
+/* The bytes of an expert's extents on one node, as in the model files. */
+static uint64_t expert_bytes(const struct residency *r, uint32_t node, uint32_t id)
 {
 	uint32_t n;
-	const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+	const struct expert_extent *ext = expert_map_extents(r->node[node].map, id, &n);
 	uint64_t bytes = 0;
 	for (uint32_t i = 0; i < n; i++)
 		bytes += ext[i].length;
 	return bytes;
 }
 
-/* Under lock: RESIDENT, unreferenced → COLD. */
+/* The free list of slot indices: node 0's pool's (slot s is slot s on every node). */
+static struct slot_pool *free_list(struct residency *r)
+{
+	return &r->node[0].pool;
+}
+
+/* Under lock: RESIDENT, unreferenced → COLD, on every node at once. */
 static void evict(struct residency *r, uint32_t id)
 {
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0);
-	r->resident_bytes -= expert_bytes(r, id);
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		r->node[n].resident_bytes -= expert_bytes(r, n, id);
 	policy_remove(&r->policy, id);
-	slot_pool_put(&r->pool, e->slot);
+	slot_pool_put(free_list(r), e->slot);
 	e->slot = SLOT_NONE;
 	e->state = EXPERT_COLD;
 	if (e->prefetched)
@@ -106,13 +116,22 @@ static void evict(struct residency *r, uint32_t id)
 	stat_add(&r->stats.evictions, 1);
 }
 
+/* Under lock: is some node's prefetch queue full? */
+static bool prefetch_queue_full(const struct residency *r)
+{
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		if (r->node[n].prefetch.count >= r->node[n].prefetch.cap)
+			return true;
+	return false;
+}
+
 /* Under lock: frees room by the policy's choice, takes a slot, COLD → LOADING, queues the
- * load. -EAGAIN when nothing may be evicted now. */
+ * load on every node. -EAGAIN when nothing may be evicted now. */
 static int start_load(struct residency *r, uint32_t id, float score, bool prefetch, float priority)
 {
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_COLD);
-	if (prefetch && r->prefetch.count >= r->prefetch.cap)
+	if (prefetch && prefetch_queue_full(r))
 		return -EAGAIN;
 	const uint32_t v =
 	    prefetch ? policy_make_room_prefetch(&r->policy, id, priority, may_evict_unhinted, r)
@@ -121,45 +140,53 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 		return -EAGAIN;
 	if (v != POLICY_NONE)
 		evict(r, v);
-	uint32_t slot = slot_pool_get(&r->pool);
+	uint32_t slot = slot_pool_get(free_list(r));
 	if (slot == SLOT_NONE)
 		return -EAGAIN; /* pinned experts beyond their reservation: cannot happen */
 	e->slot = slot;
 	e->state = EXPERT_LOADING;
 	if (e->failed_loads)
 		stat_add(&r->stats.failed_retries, 1);
-	e->queued = 1;
+	const uint8_t all = (uint8_t)((1u << r->n_nodes) - 1u);
+	e->queued = e->pending = all;
 	e->prefetched = prefetch;
 	e->error = 0;
 	policy_insert(&r->policy, id, prefetch ? -1.0f : score);
-	if (prefetch) {
+	if (prefetch)
 		policy_hint(&r->policy, id, priority);
-		id_queue_push(&r->prefetch, id);
-	} else {
-		id_queue_push(&r->demand, id);
-	}
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		id_queue_push(prefetch ? &r->node[n].prefetch : &r->node[n].demand, id);
 	return 0;
 }
 
-void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
-                         uint64_t offset, uint32_t attempts, const char *post_load_msg)
+int residency_load_done(struct residency *r, uint32_t node, uint32_t id, int error, uint32_t file,
+                        uint64_t offset, uint32_t attempts, const char *post_load_msg)
 {
 	struct expert_entry *e = &r->entries[id];
-	assert(e->state == EXPERT_LOADING && e->refs == 0);
-	e->post_load_failed = 0;
-	if (error && post_load_msg && r->post_load_msg) {
-		snprintf(r->post_load_msg[id], sizeof(r->post_load_msg[id]), "%s", post_load_msg);
-		e->post_load_failed = 1;
-	}
-	if (error) {
-		policy_remove(&r->policy, id);
-		slot_pool_put(&r->pool, e->slot);
-		e->slot = SLOT_NONE;
-		e->state = EXPERT_FAILED;
+	const uint8_t bit = (uint8_t)(1u << node);
+	assert(e->state == EXPERT_LOADING && e->refs == 0 && (e->pending & bit));
+	e->pending &= (uint8_t)~bit;
+	if (error && !e->error) { /* the first node's error is the expert's */
 		e->error = error;
+		e->error_node = (uint8_t)node;
 		e->error_file = file;
 		e->error_offset = offset;
 		e->error_attempts = attempts;
+		e->post_load_failed = 0;
+		if (post_load_msg && r->post_load_msg) {
+			snprintf(r->post_load_msg[id], sizeof(r->post_load_msg[id]), "%s",
+			         post_load_msg);
+			e->post_load_failed = 1;
+		}
+	}
+	if (e->pending)
+		return 0; /* other nodes still read their slices */
+	error = e->error;
+	if (error) {
+		policy_remove(&r->policy, id);
+		slot_pool_put(free_list(r), e->slot);
+		e->slot = SLOT_NONE;
+		e->state = EXPERT_FAILED;
 		e->prefetched = 0;
 		if (e->failed_loads < UINT32_MAX)
 			e->failed_loads++;
@@ -170,11 +197,14 @@ void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t f
 	} else {
 		e->state = EXPERT_RESIDENT;
 		e->failed_loads = 0;
-		r->resident_bytes += expert_bytes(r, id);
+		e->post_load_failed = 0;
+		for (uint32_t n = 0; n < r->n_nodes; n++)
+			r->node[n].resident_bytes += expert_bytes(r, n, id);
 		stat_add(&r->stats.loads, 1);
 	}
 	e->queued = 0;
 	pthread_cond_broadcast(&r->changed);
+	return error;
 }
 
 /* Under lock: may a slot free up, or an expert become evictable, without the caller? Only
@@ -190,21 +220,33 @@ static bool slot_may_free(const struct residency *r)
 	return false;
 }
 
-static void fill_ref(const struct residency *r, uint32_t id, struct expert_ref *ref)
+/* Node `node`'s extents of expert id in slot `slot`. */
+static void fill_ref(const struct residency *r, uint32_t node, uint32_t id, uint32_t slot_index,
+                     struct expert_ref *ref)
 {
-	const struct expert_entry *e = &r->entries[id];
+	const struct node_part *p = &r->node[node];
 	uint32_t n;
-	const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
-	const uint8_t *slot = slot_pool_addr(&r->pool, e->slot);
+	const struct expert_extent *ext = expert_map_extents(p->map, id, &n);
+	const uint8_t *slot = slot_pool_addr(&p->pool, slot_index);
 	ref->layer = id / r->n_experts;
 	ref->expert = id % r->n_experts;
-	ref->slot = e->slot;
+	ref->slot = slot_index;
 	ref->n_extents = n;
 	for (uint32_t i = 0; i < n; i++) {
-		const struct extent_layout *l = &r->layout[(size_t)id * EXPERT_MAX_EXTENTS + i];
+		const struct extent_layout *l = &p->layout[(size_t)id * EXPERT_MAX_EXTENTS + i];
 		ref->data[i] = slot + l->slot_offset + l->data_skip;
 		ref->length[i] = ext[i].length;
 	}
+}
+
+int residency_ref_node(const struct residency *r, const struct expert_ref *ref, uint32_t node,
+                       struct expert_ref *out)
+{
+	if (node >= r->n_nodes || ref->layer >= r->n_layers || ref->expert >= r->n_experts)
+		return -EINVAL;
+	/* The slot cannot change while ref is held, and the layouts never change: no lock. */
+	fill_ref(r, node, residency_id(r, ref->layer, ref->expert), ref->slot, out);
+	return 0;
 }
 
 int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
@@ -246,7 +288,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 			}
 			if (!counted)
 				policy_access(&r->policy, id, score);
-			fill_ref(r, id, ref);
+			fill_ref(r, 0, id, e->slot, ref);
 			rc = 0;
 			break;
 		}
@@ -271,9 +313,11 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 			if (e->prefetched) {
 				stat_add(&r->stats.prefetch_hits, 1);
 				e->prefetched = 0;
-				if (e->queued) { /* not picked up yet: demand it, ahead of
-					            prefetches */
-					id_queue_push(&r->demand, id);
+				if (e->queued) { /* not picked up yet (on some node): demand
+					            it there, ahead of prefetches */
+					for (uint32_t n = 0; n < r->n_nodes; n++)
+						if (e->queued & (1u << n))
+							id_queue_push(&r->node[n].demand, id);
 					wake = true;
 					continue;
 				}
@@ -489,28 +533,33 @@ void residency_error_message(struct residency *r, uint32_t layer, uint32_t exper
 	}
 	pthread_mutex_lock(&r->lock);
 	const struct expert_entry *e = &r->entries[residency_id(r, layer, expert)];
+	char node[32] = ""; /* which node's slice failed, with several */
+	if (r->n_nodes > 1)
+		snprintf(node, sizeof(node), " node %u's slice:", e->error_node);
 	if (e->masked)
 		snprintf(buf, len, "layer %u expert %u: on the GPU (masked), never loaded here",
 		         layer, expert);
 	else if (e->state != EXPERT_FAILED)
 		snprintf(buf, len, "layer %u expert %u: no error", layer, expert);
 	else if (e->post_load_failed)
-		snprintf(buf, len, "layer %u expert %u: after loading: %s", layer, expert,
+		snprintf(buf, len, "layer %u expert %u:%s after loading: %s", layer, expert, node,
 		         r->post_load_msg[residency_id(r, layer, expert)]);
 	else if (e->error == -ESHUTDOWN)
 		snprintf(buf, len, "layer %u expert %u: load cancelled by shutdown", layer, expert);
 	else
 		snprintf(buf, len,
-		         "%s: layer %u expert %u: read at offset %llu failed after %u "
+		         "%s: layer %u expert %u:%s read at offset %llu failed after %u "
 		         "attempt(s): %s",
-		         r->map->paths[e->error_file], layer, expert,
+		         r->map->paths[e->error_file], layer, expert, node,
 		         (unsigned long long)e->error_offset, e->error_attempts,
 		         e->error == -ENODATA ? "file ends before the expert's data"
 		                              : strerror(-e->error));
 	pthread_mutex_unlock(&r->lock);
 }
 
-void residency_counters(struct residency *r, struct residency_counters *out)
+/* The expert counters (r->stats), and the I/O counters of nodes [first, end) summed. */
+static void load_counters(struct residency *r, uint32_t first, uint32_t end,
+                          struct residency_counters *out)
 {
 	memset(out, 0, sizeof(*out));
 #define LOAD(f) out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed)
@@ -525,30 +574,58 @@ void residency_counters(struct residency *r, struct residency_counters *out)
 	LOAD(loads);
 	LOAD(failures);
 	LOAD(failed_retries);
-	LOAD(reads);
-	LOAD(bytes_read);
-	LOAD(short_reads);
-	LOAD(retries);
-	LOAD(timeouts);
-	LOAD(fixed_reads);
-	LOAD(plain_reads);
 	LOAD(buffered_files);
 #undef LOAD
-	for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
-		out->latency_us_log2[i] =
-		    atomic_load_explicit(&r->stats.latency_us_log2[i], memory_order_relaxed);
+#define ADD(f) out->f += atomic_load_explicit(&p->io.f, memory_order_relaxed)
+	out->hugetlb = out->thp = true;
+	for (uint32_t n = first; n < end; n++) {
+		const struct node_part *p = &r->node[n];
+		ADD(reads);
+		ADD(bytes_read);
+		ADD(short_reads);
+		ADD(retries);
+		ADD(timeouts);
+		ADD(fixed_reads);
+		ADD(plain_reads);
+		for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
+			out->latency_us_log2[i] +=
+			    atomic_load_explicit(&p->io.latency_us_log2[i], memory_order_relaxed);
+		out->slot_bytes += p->pool.slot_bytes;
+		out->budget_bytes += p->budget;
+		out->fixed_buffers += loader_fixed_buffers(r, n);
+		out->buffers_registered =
+		    n == first ? loader_buffers_registered(r, n)
+		               : out->buffers_registered && loader_buffers_registered(r, n);
+		out->hugetlb = out->hugetlb && p->pool.hugetlb;
+		out->thp = out->thp && p->pool.thp_advised;
+	}
+#undef ADD
 	pthread_mutex_lock(&r->lock);
-	out->slots = r->pool.n_slots;
-	out->slots_used = r->pool.n_slots - r->pool.n_free;
+	out->slots = r->n_slots;
+	out->slots_used = r->n_slots - free_list(r)->n_free;
 	out->failed_now = r->failed_now;
-	out->resident_bytes = r->resident_bytes;
+	for (uint32_t n = first; n < end; n++)
+		out->resident_bytes += r->node[n].resident_bytes;
 	pthread_mutex_unlock(&r->lock);
-	out->slot_bytes = r->pool.slot_bytes;
-	out->budget_bytes = r->pool.budget;
-	out->buffers_registered = loader_buffers_registered(r);
-	out->fixed_buffers = loader_fixed_buffers(r);
-	out->hugetlb = r->pool.hugetlb;
-	out->thp = r->pool.thp_advised;
+}
+
+void residency_counters(struct residency *r, struct residency_counters *out)
+{
+	load_counters(r, 0, r->n_nodes, out);
+	out->budget_bytes = r->config.mem_budget;
+}
+
+int residency_node_counters(struct residency *r, uint32_t node, struct residency_counters *out)
+{
+	if (node >= r->n_nodes)
+		return -1;
+	load_counters(r, node, node + 1, out);
+	return 0;
+}
+
+uint32_t residency_n_nodes(const struct residency *r)
+{
+	return r->n_nodes;
 }
 
 /* ---- creation ---- */
@@ -610,9 +687,11 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 			error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
 			return -e;
 		}
-		for (uint32_t id = 0; id < r->n_ids; id++) {
+		for (uint32_t k = 0; k < r->n_nodes * r->n_ids; k++) {
+			const uint32_t id = k % r->n_ids;
 			uint32_t n;
-			const struct expert_extent *ext = expert_map_extents(m, id, &n);
+			const struct expert_extent *ext =
+			    expert_map_extents(r->node[k / r->n_ids].map, id, &n);
 			for (uint32_t i = 0; i < n; i++)
 				if (ext[i].file == f &&
 				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
@@ -631,19 +710,20 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 	return 0;
 }
 
-/* Lays every expert's extents out in a slot; returns the largest expert's slot bytes. */
-static uint64_t compute_layout(struct residency *r)
+/* Lays every expert's extents (node's slices) out in a slot; returns the largest one's slot
+ * bytes. */
+static uint64_t compute_layout(struct residency *r, struct node_part *p)
 {
 	const uint64_t a = r->alignment;
 	uint64_t largest = 0;
 	for (uint32_t id = 0; id < r->n_ids; id++) {
 		uint32_t n;
-		const struct expert_extent *ext = expert_map_extents(r->map, id, &n);
+		const struct expert_extent *ext = expert_map_extents(p->map, id, &n);
 		uint64_t at = 0;
 		for (uint32_t i = 0; i < n; i++) {
 			uint64_t start = ext[i].offset / a * a;
 			uint64_t end = (ext[i].offset + ext[i].length + a - 1) / a * a;
-			r->layout[(size_t)id * EXPERT_MAX_EXTENTS + i] = (struct extent_layout){
+			p->layout[(size_t)id * EXPERT_MAX_EXTENTS + i] = (struct extent_layout){
 			    .slot_offset = at,
 			    .read_offset = start,
 			    .read_length = end - start,
@@ -665,16 +745,106 @@ void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *a
 	r->fault_arg = arg;
 }
 
+/* The node maps must describe the same files and experts: the files are opened once. */
+static int check_node_maps(const struct residency_node *nodes, uint32_t n_nodes,
+                           struct sidecar_error *err)
+{
+	const struct expert_map *m0 = nodes[0].map;
+	for (uint32_t n = 1; n < n_nodes; n++) {
+		const struct expert_map *m = nodes[n].map;
+		bool same = m->n_layers == m0->n_layers && m->n_experts == m0->n_experts &&
+		            m->n_files == m0->n_files;
+		for (uint32_t f = 0; same && f < m->n_files; f++)
+			same = strcmp(m->paths[f], m0->paths[f]) == 0;
+		if (!same)
+			return error_set(err, MOE_EINVAL,
+			                 "residency: node %u's map differs from node 0's (layers, "
+			                 "experts or files)",
+			                 n);
+	}
+	return 0;
+}
+
+/* Splits the budget over the nodes in proportion to their slot bytes, so that each holds
+ * the same number of slots (an expert is resident on all or on none); creates the pools. */
+static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct sidecar_error *err)
+{
+	const uint64_t budget = r->config.mem_budget;
+	uint64_t sum = 0;
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		sum += (slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
+	const uint64_t slots = budget / sum;
+	if (r->n_nodes > 1 && slots == 0) {
+		error_set(err, MOE_EINVAL,
+		          "residency: a budget of %llu bytes holds no expert: one expert's slices "
+		          "take %llu bytes of slots over %u nodes; the smallest budget that serves "
+		          "is %llu bytes",
+		          (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
+		          (unsigned long long)sum);
+		return -ENOSPC;
+	}
+	uint64_t left = budget;
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		struct node_part *p = &r->node[n];
+		p->budget = n + 1 == r->n_nodes
+		                ? left
+		                : (uint64_t)((unsigned __int128)budget * slot_bytes[n] / sum);
+		left -= p->budget;
+		/* One node: its whole budget; several: exactly the common count of slots. */
+		const uint64_t pool_bytes =
+		    r->n_nodes == 1
+		        ? p->budget
+		        : slots * ((slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1));
+		int rc = slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err);
+		if (rc)
+			return rc;
+		p->pool.budget = p->budget;
+	}
+	r->n_slots = r->node[0].pool.n_slots;
+	if (r->n_nodes > 1) {
+		char line[512];
+		size_t at = 0;
+		for (uint32_t n = 0; n < r->n_nodes && at < sizeof(line); n++)
+			at +=
+			    (size_t)snprintf(line + at, sizeof(line) - at,
+			                     "%s node %u: %llu bytes (%u slots of %zu bytes)",
+			                     n ? ";" : "", n, (unsigned long long)r->node[n].budget,
+			                     r->node[n].pool.n_slots, r->node[n].pool.slot_bytes);
+		log_info("residency",
+		         "budget %llu bytes over %u nodes in proportion to their slices:%s",
+		         (unsigned long long)budget, r->n_nodes, line);
+	}
+	return 0;
+}
+
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, struct sidecar_error *err)
 {
+	const struct residency_node node = {
+	    .map = map, .numa_node = config->numa_node, .post_load_arg = config->post_load_arg};
+	return residency_create_nodes(out, &node, 1, config, err);
+}
+
+int residency_create_nodes(struct residency **out, const struct residency_node *nodes,
+                           uint32_t n_nodes, const struct residency_config *config,
+                           struct sidecar_error *err)
+{
 	*out = NULL;
+	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES) {
+		error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
+		          RESIDENCY_MAX_NODES);
+		return -EINVAL;
+	}
+	if (check_node_maps(nodes, n_nodes, err) != 0)
+		return -EINVAL;
+	const struct expert_map *map = nodes[0].map;
 	struct residency *r = calloc(1, sizeof(*r));
 	if (!r) {
 		error_set(err, MOE_ENOMEM, "residency: out of memory");
 		return -ENOMEM;
 	}
 	r->map = map;
+	r->n_nodes = n_nodes;
 	r->config = *config;
 	if (!r->config.policy)
 		r->config.policy = POLICY_DEFAULT_SPEC;
@@ -699,12 +869,20 @@ int residency_create(struct residency **out, const struct expert_map *map,
 	pthread_cond_init(&r->changed, NULL);
 	int rc = -ENOMEM;
 	r->entries = calloc(r->n_ids, sizeof(*r->entries));
-	r->layout = calloc((size_t)r->n_ids * EXPERT_MAX_EXTENTS, sizeof(*r->layout));
 	r->fds = malloc(map->n_files * sizeof(int));
 	r->buffered = calloc(map->n_files, sizeof(bool));
 	if (config->post_load)
 		r->post_load_msg = calloc(r->n_ids, sizeof(*r->post_load_msg));
-	if (!r->entries || !r->layout || !r->fds || !r->buffered ||
+	bool layouts = true;
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		r->node[n] = (struct node_part){.map = nodes[n].map,
+		                                .numa_node = nodes[n].numa_node,
+		                                .post_load_arg = nodes[n].post_load_arg};
+		r->node[n].layout =
+		    calloc((size_t)r->n_ids * EXPERT_MAX_EXTENTS, sizeof(*r->node[n].layout));
+		layouts = layouts && r->node[n].layout;
+	}
+	if (!r->entries || !layouts || !r->fds || !r->buffered ||
 	    (config->post_load && !r->post_load_msg)) {
 		error_set(err, MOE_ENOMEM, "residency: out of memory for %u experts", r->n_ids);
 		goto fail;
@@ -713,54 +891,66 @@ int residency_create(struct residency **out, const struct expert_map *map,
 		r->fds[f] = -1;
 	for (uint32_t id = 0; id < r->n_ids; id++) {
 		r->entries[id].slot = SLOT_NONE;
-		if (!map->n_extents[id]) {
-			error_set(err, MOE_EINVAL,
-			          "residency: layer %u expert %u has no bytes in the map",
-			          id / r->n_experts, id % r->n_experts);
-			rc = -EINVAL;
-			goto fail;
-		}
+		for (uint32_t n = 0; n < n_nodes; n++)
+			if (!nodes[n].map->n_extents[id]) {
+				error_set(err, MOE_EINVAL,
+				          "residency: layer %u expert %u has no bytes in node %u's "
+				          "map",
+				          id / r->n_experts, id % r->n_experts, n);
+				rc = -EINVAL;
+				goto fail;
+			}
 	}
 	rc = open_model_files(r, err);
 	if (rc)
 		goto fail;
 	if (r->config.chunk_bytes % r->alignment)
 		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
-	uint64_t slot_bytes = compute_layout(r);
-	rc = slot_pool_create(&r->pool, config->numa_node, config->mem_budget, slot_bytes, err);
+	uint64_t slot_bytes[RESIDENCY_MAX_NODES];
+	for (uint32_t n = 0; n < n_nodes; n++)
+		slot_bytes[n] = compute_layout(r, &r->node[n]);
+	rc = create_pools(r, slot_bytes, err);
 	if (rc)
 		goto fail;
 	struct policy_spec spec;
 	rc = policy_spec_parse(r->config.policy, &spec, err);
 	if (rc)
 		goto fail;
-	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->pool.n_slots, 0, err);
+	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err);
 	if (rc == -ENOSPC) {
 		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
 		                      (spec.pin_layers < r->n_layers ? 1 : 0);
+		uint64_t expert_slots = 0; /* one expert's slots on every node */
+		for (uint32_t n = 0; n < n_nodes; n++)
+			expert_slots += r->node[n].pool.slot_bytes;
 		const size_t used = err ? strlen(err->msg) : sizeof(err->msg);
 		if (err && used < sizeof(err->msg))
-			snprintf(
-			    err->msg + used, sizeof(err->msg) - used,
-			    " (a budget of %llu bytes: %u slots of %zu bytes); the smallest budget "
-			    "that serves this policy is %llu bytes",
-			    (unsigned long long)r->config.mem_budget, r->pool.n_slots,
-			    r->pool.slot_bytes, (unsigned long long)(need * r->pool.slot_bytes));
+			snprintf(err->msg + used, sizeof(err->msg) - used,
+			         " (a budget of %llu bytes: %u slots of %llu bytes); the smallest "
+			         "budget that serves this policy is %llu bytes",
+			         (unsigned long long)r->config.mem_budget, r->n_slots,
+			         (unsigned long long)expert_slots,
+			         (unsigned long long)(need * expert_slots));
 	}
 	if (rc)
 		goto fail;
-	r->demand.cap = r->n_ids;
-	r->prefetch.cap = r->pool.n_slots;
-	r->demand.ids = malloc(r->demand.cap * sizeof(uint32_t));
-	r->prefetch.ids = malloc(r->prefetch.cap * sizeof(uint32_t));
-	if (!r->demand.ids || !r->prefetch.ids) {
-		error_set(err, MOE_ENOMEM, "residency: out of memory for the load queues");
-		rc = -ENOMEM;
-		goto fail;
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		struct node_part *p = &r->node[n];
+		p->demand.cap = r->n_ids;
+		p->prefetch.cap = r->n_slots;
+		p->demand.ids = malloc(p->demand.cap * sizeof(uint32_t));
+		p->prefetch.ids = malloc(p->prefetch.cap * sizeof(uint32_t));
+		if (!p->demand.ids || !p->prefetch.ids) {
+			error_set(err, MOE_ENOMEM, "residency: out of memory for the load queues");
+			rc = -ENOMEM;
+			goto fail;
+		}
 	}
-	rc = loader_start(r, err);
-	if (rc)
-		goto fail;
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		rc = loader_start(r, n, err);
+		if (rc)
+			goto fail;
+	}
 	*out = r;
 	return 0;
 fail:
@@ -776,8 +966,8 @@ void residency_destroy(struct residency *r)
 	r->stopping = true;
 	pthread_cond_broadcast(&r->changed);
 	pthread_mutex_unlock(&r->lock);
-	if (r->loader)
-		loader_stop(r);
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		loader_stop(r, n);
 	if (r->fds)
 		for (uint32_t f = 0; f < r->map->n_files; f++)
 			if (r->fds[f] >= 0)
@@ -785,12 +975,15 @@ void residency_destroy(struct residency *r)
 	free(r->fds);
 	free(r->buffered);
 	free(r->post_load_msg);
-	free(r->demand.ids);
-	free(r->prefetch.ids);
 	policy_destroy(&r->policy);
-	slot_pool_destroy(&r->pool);
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		struct node_part *p = &r->node[n];
+		free(p->demand.ids);
+		free(p->prefetch.ids);
+		slot_pool_destroy(&p->pool);
+		free(p->layout);
+	}
 	free(r->entries);
-	free(r->layout);
 	pthread_cond_destroy(&r->changed);
 	pthread_mutex_destroy(&r->lock);
 	free(r);

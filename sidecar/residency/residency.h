@@ -1,9 +1,16 @@
-/* residency.h — which experts are in memory on one NUMA node, and getting the others there.
+/* residency.h — which experts are in memory on the NUMA nodes, and getting the others there.
  *
- * One `struct residency` per NUMA node: a slot pool under the node's byte budget, a policy,
- * and one loader thread owning that node's io_uring (loader.c). With several nodes the
- * sidecar creates one residency per node, each serving the experts (or the slices of each
- * expert, tensor-parallel) that node computes.
+ * One `struct residency` serves every node: one expert table, one policy and one state
+ * machine, with a part per node — a slot pool bound to the node, a loader thread (pinned to
+ * the node) owning that node's io_uring (loader.c), and that node's expert map, which holds
+ * only the node's slices of each expert (tensor-parallel rows) when the caller splits experts
+ * over nodes. With one node (residency_create) the map holds whole experts.
+ *
+ * An expert is resident when every node holds its slice: a load reads each node's slice on
+ * that node's loader, into that node's slot (slot s is slot s on every node), and the expert
+ * becomes RESIDENT once every node's reads (and post-load hook) are done; a failure on any
+ * node makes the whole expert FAILED with that node's error. Eviction, pinning, prefetch and
+ * the GPU mask act on the expert as a whole: no node ever holds a slice of an evicted expert.
  *
  * Expert states:  COLD → LOADING → RESIDENT → COLD (evicted), LOADING → FAILED.
  *  - RESIDENT experts carry a reader count; one with readers is never evicted.
@@ -17,8 +24,8 @@
  *  - Pinned layers (policy +pinN) are loaded by residency_warm_pinned and never evicted.
  *
  * Threading: every function may be called from any thread. One mutex guards the expert
- * table; it is never held across I/O or a syscall other than futex. The loader thread
- * submits and reaps I/O without the lock and takes it only to pick up work and publish
+ * table; it is never held across I/O or a syscall other than futex. The loader threads
+ * submit and reap I/O without the lock and take it only to pick up work and publish
  * results; waiters sleep on a condition variable.
  *
  * Errors: set-up calls (residency_create, residency_warm_pinned) return a negative errno and
@@ -45,23 +52,26 @@ enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAI
 #define RESIDENCY_POST_LOAD_MSG 160 /* bytes kept of a post-load failure's message */
 struct residency_loaded {
 	uint32_t layer, expert;
+	uint32_t node; /* whose slice this is (0 with one node) */
 	uint32_t n_extents;
 	uint8_t *data[EXPERT_MAX_EXTENTS]; /* extent i's bytes, in map order */
 	uint64_t length[EXPERT_MAX_EXTENTS];
 	uint8_t *slot;
 	size_t slot_bytes;
 };
-/* Post-load hook: called on the loader thread (one call at a time per residency) after an
- * expert's reads, before it becomes RESIDENT; never on the request path. Returns 0, or a
- * negative errno with the record in err: the expert becomes FAILED with its message (kept to
- * RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a
- * read error. */
+/* Post-load hook: called on the node's loader thread (one call at a time per node) after the
+ * node's reads of an expert, before the expert becomes RESIDENT; never on the request path. Returns
+ * 0, or a negative errno with the record in err: the expert becomes FAILED with its message (kept
+ * to RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a read
+ * error. */
 typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x,
                                       struct sidecar_error *err);
 
 struct residency_config {
-	int numa_node;            /* -1: do not bind */
-	uint64_t mem_budget;      /* bytes of slots on this node */
+	int numa_node; /* -1: do not bind (residency_create; residency_create_nodes: per node) */
+	/* Bytes of slots on every node together. With several nodes it is split in proportion
+	 * to each node's slot bytes (its slices), so every node has the same number of slots. */
+	uint64_t mem_budget;
 	const char *policy;       /* policy spec (policy.h); NULL: POLICY_DEFAULT_SPEC */
 	uint32_t chunk_bytes;     /* reads are split into chunks of this size (default 1 MiB) */
 	uint32_t queue_depth;     /* reads in flight (default 32) */
@@ -79,10 +89,21 @@ struct residency_config {
 	uint64_t fixed_buffer_max;
 	bool no_direct;                   /* buffered reads, as asked (--no-direct, tests) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
-	void *post_load_arg;
+	void *post_load_arg;              /* residency_create; residency_create_nodes: per node */
 };
 
-/* A reader's hold on a resident expert: valid until residency_release. */
+/* One NUMA node's part of a residency (residency_create_nodes). */
+#define RESIDENCY_MAX_NODES 8u
+struct residency_node {
+	const struct expert_map
+	    *map;            /* the node's slices of every expert: same files, layers and
+	                        experts as every other node's map; outlives the residency */
+	int numa_node;       /* -1: do not bind the pool nor pin the loader */
+	void *post_load_arg; /* the post-load hook's argument on this node's loader */
+};
+
+/* A reader's hold on a resident expert: valid until residency_release. data[] are node 0's
+ * extents (the whole expert with one node); residency_ref_node gives another node's. */
 struct expert_ref {
 	uint32_t layer, expert, slot;
 	uint32_t n_extents;
@@ -104,6 +125,8 @@ struct residency_counters {
 	uint64_t fixed_reads, plain_reads; /* read_fixed into registered slots vs plain reads */
 	uint64_t buffered_files;           /* files where O_DIRECT was impossible */
 	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
+	/* Slots hold one expert each (on every node: a slot per node, its slices). slot_bytes:
+	 * one expert's slots on every node together (residency_node_counters: the node's). */
 	uint32_t slots, slots_used;
 	uint64_t slot_bytes, budget_bytes;
 	/* The file bytes of the RESIDENT experts (their extents; at most the map's whole size).
@@ -118,9 +141,16 @@ struct residency;
 
 /* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
  * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
- * must outlive the residency. */
+ * must outlive the residency. One node: config's numa_node and post_load_arg. */
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, struct sidecar_error *err);
+/* The same over n_nodes (1..RESIDENCY_MAX_NODES) nodes, each with its map of slices: a pool
+ * per node (bound to its numa_node) with slots sized for its largest slice, and a loader per
+ * node pinned to it. config->mem_budget is split over the nodes in proportion to their slot
+ * bytes (logged); config's numa_node and post_load_arg are not used. */
+int residency_create_nodes(struct residency **out, const struct residency_node *nodes,
+                           uint32_t n_nodes, const struct residency_config *config,
+                           struct sidecar_error *err);
 /* Stops the loader (cancelling reads in flight; waiters get -ESHUTDOWN), frees everything.
  * No reference may be held. */
 void residency_destroy(struct residency *r);
@@ -146,6 +176,10 @@ int residency_warm_pinned(struct residency *r, struct sidecar_error *err);
 int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, float score,
                       unsigned flags, struct expert_ref *ref);
 void residency_release(struct residency *r, struct expert_ref *ref);
+/* Node `node`'s extents of the expert `ref` holds (ref itself for node 0), valid while ref
+ * is held. -EINVAL when there is no such node. */
+int residency_ref_node(const struct residency *r, const struct expert_ref *ref, uint32_t node,
+                       struct expert_ref *out);
 
 /* Starts loading experts likely needed soon, behind every demand read. Never evicts what the
  * policy values more than `priority` (same units as scores) and never waits. Returns how many
@@ -166,6 +200,12 @@ uint32_t residency_retry_all_failed(struct residency *r);
 uint64_t residency_backoff_ms(const struct residency_config *config, uint32_t failed_loads);
 void residency_error_message(struct residency *r, uint32_t layer, uint32_t expert, char *buf,
                              size_t len);
+/* The whole residency: expert counters (hits, misses, loads, evictions …: one per expert,
+ * whatever the nodes), I/O counters summed over the nodes. */
 void residency_counters(struct residency *r, struct residency_counters *out);
+/* One node's part: the same expert counters, the node's reads, slot and budget bytes and its
+ * resident slices' bytes. -1 when there is no such node. */
+int residency_node_counters(struct residency *r, uint32_t node, struct residency_counters *out);
+uint32_t residency_n_nodes(const struct residency *r);
 
 #endif

@@ -1,7 +1,8 @@
 /* residency_internal.h — what residency.c (the state machine) and loader.c (the io_uring
- * thread) share: the expert table, the work queues, the counters. Not a public interface.
+ * threads, one per node) share: the expert table, each node's part (pool, layout, work
+ * queues, I/O counters), the counters. Not a public interface.
  *
- * Locking: `lock` guards entries[], the queues, the policy and the pool's free list.
+ * Locking: `lock` guards entries[], every node's queues, the policy and the free list.
  * Counters are atomics, bumped without the lock (relaxed: they are statistics).
  */
 #ifndef MOE_RESIDENCY_INTERNAL_H
@@ -19,15 +20,17 @@
 struct expert_entry {
 	uint8_t state;      /* enum expert_state */
 	uint8_t masked;     /* on the GPU */
-	uint8_t queued;     /* in a loader queue, not yet picked up */
 	uint8_t prefetched; /* loaded by a prefetch and not used since */
+	uint8_t queued;     /* LOADING: bit n, in node n's loader queue, not yet picked up */
+	uint8_t pending;    /* LOADING: bit n, node n's part of the load has not ended */
+	uint8_t error_node; /* FAILED (or a node failed while LOADING): whose slice failed */
 	uint32_t refs;      /* readers (RESIDENT only) */
 	uint32_t waiters; /* demands sleeping on this LOADING expert: it stays until they hold it */
 	uint32_t slot;    /* LOADING/RESIDENT */
 	uint8_t post_load_failed; /* FAILED by the post-load hook: post_load_msg[id] says why */
-	int error;                /* FAILED: negative errno */
-	uint32_t failed_loads;    /* consecutive failed loads (0 after one that succeeded) */
-	uint64_t retry_at_ns;     /* FAILED: a demand from then on reads again (monotonic) */
+	int error;             /* FAILED, or LOADING after a node's part failed: negative errno */
+	uint32_t failed_loads; /* consecutive failed loads (0 after one that succeeded) */
+	uint64_t retry_at_ns;  /* FAILED: a demand from then on reads again (monotonic) */
 	uint32_t error_file;
 	uint64_t error_offset;
 	uint32_t error_attempts;
@@ -57,8 +60,24 @@ struct residency_stats {
 
 struct loader; /* loader.c */
 
-struct residency {
+/* One node's part: its slices of every expert, in its pool, read by its loader. Slot s of
+ * an expert is slot s of every node's pool (all pools have the same count); the free list
+ * is node 0's pool's. */
+struct node_part {
 	const struct expert_map *map;
+	int numa_node;
+	void *post_load_arg;
+	struct slot_pool pool;
+	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
+	struct id_queue demand, prefetch;
+	struct residency_stats io; /* this node's reads (the expert counters are r->stats) */
+	uint64_t resident_bytes;   /* extent bytes of the RESIDENT experts' slices */
+	uint64_t budget;           /* the node's share of the budget */
+	struct loader *loader;
+};
+
+struct residency {
+	const struct expert_map *map; /* node 0's */
 	struct residency_config config;
 	loader_fault_fn fault_hook; /* tests only (fault_hook.h) */
 	void *fault_arg;
@@ -69,20 +88,18 @@ struct residency {
 	pthread_cond_t changed; /* an expert left LOADING, or a slot/reference was freed */
 	struct expert_entry *entries;
 	struct residency_policy policy;
-	struct slot_pool pool;
-	struct id_queue demand, prefetch;
-	uint32_t slot_waiters;   /* demands waiting for an evictable slot */
-	uint32_t failed_now;     /* experts FAILED */
-	uint64_t resident_bytes; /* extent bytes of the RESIDENT experts */
+	uint32_t n_nodes;
+	struct node_part node[RESIDENCY_MAX_NODES];
+	uint32_t n_slots;      /* slots on every node */
+	uint32_t slot_waiters; /* demands waiting for an evictable slot */
+	uint32_t failed_now;   /* experts FAILED */
 	/* Warnings about failed loads [0] and their retries [1]: at most one of each per
 	 * FAILURE_LOG_NS, with the count of those left out (atomics: logged without the lock). */
 	_Atomic uint64_t failure_log_ns[2];
 	_Atomic uint32_t failure_log_skipped[2];
 	bool stopping;
 
-	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
-	struct residency_stats stats;
-	struct loader *loader;
+	struct residency_stats stats; /* the expert counters; I/O is per node (node_part.io) */
 	char (*post_load_msg)[RESIDENCY_POST_LOAD_MSG]; /* [n_ids] with a post-load hook */
 	int *fds;                                       /* [n_files] */
 	bool *buffered;                                 /* [n_files] O_DIRECT impossible */
@@ -102,21 +119,24 @@ static inline void stat_add(_Atomic uint64_t *c, uint64_t v)
 void id_queue_push(struct id_queue *q, uint32_t id);
 bool id_queue_pop(struct id_queue *q, uint32_t *id);
 
-/* Called by the loader under the lock when an expert's load ends: error 0 → RESIDENT.
- * post_load_msg (NULL for read errors): the post-load hook failed with this message. */
-void residency_load_done(struct residency *r, uint32_t id, int error, uint32_t file,
-                         uint64_t offset, uint32_t attempts, const char *post_load_msg);
+/* Called by node's loader under the lock when its part of an expert's load ends (error 0:
+ * its slice is in its slot). post_load_msg (NULL for read errors): the post-load hook failed
+ * with this message. When every node's part has ended the expert becomes RESIDENT, or FAILED
+ * with the first node's error; returns that error when this call made it FAILED (the caller
+ * warns), else 0. */
+int residency_load_done(struct residency *r, uint32_t node, uint32_t id, int error, uint32_t file,
+                        uint64_t offset, uint32_t attempts, const char *post_load_msg);
 
 /* After the lock is dropped: a warning (rate-limited) that (layer, expert)'s load failed and
  * when it will be read again (retry = false), or that it is being read again (retry = true);
  * failed_loads: the expert's failures in a row, as taken under the lock. */
 void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed_loads);
 
-/* loader.c */
-int loader_start(struct residency *r, struct sidecar_error *err);
-void loader_wake(struct residency *r); /* new work queued (call without the lock) */
-void loader_stop(struct residency *r); /* cancel in-flight reads, join the thread */
-bool loader_buffers_registered(const struct residency *r);
-uint32_t loader_fixed_buffers(const struct residency *r);
+/* loader.c: one loader per node */
+int loader_start(struct residency *r, uint32_t node, struct sidecar_error *err);
+void loader_wake(struct residency *r); /* new work queued for every node (without the lock) */
+void loader_stop(struct residency *r, uint32_t node); /* cancel reads in flight, join */
+bool loader_buffers_registered(const struct residency *r, uint32_t node);
+uint32_t loader_fixed_buffers(const struct residency *r, uint32_t node);
 
 #endif

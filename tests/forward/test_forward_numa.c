@@ -1,9 +1,11 @@
 /* test_forward_numa.c — the RESIDENCY source on several (synthetic) NUMA nodes: one residency
- * per node holding only that node's rows of every expert. Under a budget below the model the
- * results keep the single-node engine's bits, resident bytes stay within the budget on every
- * node, each node's slots are sized for its slice (never the whole expert), each expert is
- * counted once per request, a fused gate_up model slices too, and an I/O error on one node's
- * slice fails exactly the requests that need that expert (the other node's slice is released).
+ * with a part per node, each holding only that node's rows of every expert (and of their
+ * biases and FP8 scales). Under a budget below the model, for 1 to 4 nodes and several
+ * formats, at 1 and many tokens: the results keep the all-resident single-node engine's bits,
+ * every node holds exactly the same experts (no node keeps a slice of an evicted one),
+ * resident bytes stay within each node's share of the budget, each node's slots are sized for
+ * its slice (never the whole expert), each expert is counted once per request; and an I/O
+ * error on one node's slice fails exactly the requests that need that expert.
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -23,6 +25,15 @@ static struct sidecar_error ferr;
 
 #define TWO_NODES "pack:1 numa:2 core:1 pu:1"
 
+/* The synthetic topology of n nodes (one PU each). */
+static const char *nodes_spec(uint32_t n)
+{
+	static const char *specs[] = {NULL, "pack:1 numa:1 core:1 pu:1", TWO_NODES,
+	                              "pack:1 numa:3 core:1 pu:1", "pack:1 numa:4 core:1 pu:1"};
+	cr_assert(n >= 1 && n <= 4);
+	return specs[n];
+}
+
 static struct forward_engine *engine(const struct fwd_model *m, enum forward_source src,
                                      const char *synthetic, uint64_t budget, loader_fault_fn hook,
                                      void *hook_arg)
@@ -33,7 +44,7 @@ static struct forward_engine *engine(const struct fwd_model *m, enum forward_sou
 	    .numa = synthetic ? FORWARD_NUMA_SYNTHETIC : FORWARD_NUMA_AUTO,
 	    .numa_synthetic = synthetic,
 	    .threads_per_node = 1,
-	    .max_tokens = 8,
+	    .max_tokens = 32,
 	    .chunk_bytes = 64 * 1024,
 	    .lazy_load = true,
 	};
@@ -70,34 +81,71 @@ static uint64_t largest_expert(const struct moe_catalog *cat)
 	return best;
 }
 
-static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool fused)
+/* Every node holds exactly the experts the residency has RESIDENT (their slices' bytes, and
+ * one slot per RESIDENT or LOADING expert), so no node keeps a slice of an evicted expert. */
+static void check_same_experts_everywhere(struct forward_engine *e, uint32_t n_nodes, uint32_t req)
+{
+	uint32_t held = 0;
+	uint64_t want[FORWARD_MAX_NODES] = {0};
+	for (uint32_t l = 0; l < e->w.n_moe_layers; l++)
+		for (uint32_t x = 0; x < e->w.n_experts; x++) {
+			const enum expert_state st = residency_state(e->w.res, l, x);
+			held += st == EXPERT_RESIDENT || st == EXPERT_LOADING;
+			for (uint32_t n = 0; st == EXPERT_RESIDENT && n < n_nodes; n++)
+				want[n] += weights_res_bytes(&e->w, n, l, x);
+		}
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		struct residency_counters c;
+		cr_assert_eq(forward_node_residency(e, n, &c), 0);
+		cr_assert_eq(c.resident_bytes, want[n],
+		             "request %u: node %u holds %llu bytes, its slices of the resident "
+		             "experts are %llu",
+		             req, n, (unsigned long long)c.resident_bytes,
+		             (unsigned long long)want[n]);
+		cr_assert_eq(c.slots_used, held, "request %u: node %u uses %u slots for %u experts",
+		             req, n, c.slots_used, held);
+	}
+}
+
+static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool fused,
+                           uint32_t n_nodes, uint64_t ffn)
 {
 	struct fwd_model m;
-	make_model_of(&m, preset, format, gguf, 16, 256, 512, fused);
+	make_model_of(&m, preset, format, gguf, 16, 256, ffn, fused);
 	const size_t h = m.cat->info.hidden;
 	const uint64_t budget = m.cat->expert_bytes_total * 3 / 10;
 	struct forward_engine *e =
-	    engine(&m, FORWARD_SOURCE_RESIDENCY, TWO_NODES, budget, NULL, NULL);
+	    engine(&m, FORWARD_SOURCE_RESIDENCY, nodes_spec(n_nodes), budget, NULL, NULL);
 	struct forward_engine *one = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, NULL, 0, NULL, NULL);
+	cr_assert_eq(e->w.n_res, n_nodes, "the model must slice over %u nodes", n_nodes);
 	const uint64_t expert = largest_expert(m.cat);
-	struct residency_counters node[2];
-	for (uint32_t n = 0; n < 2; n++) {
+	struct residency_counters node[FORWARD_MAX_NODES];
+	uint64_t budgets = 0;
+	for (uint32_t n = 0; n < n_nodes; n++) {
 		cr_assert_eq(forward_node_residency(e, n, &node[n]), 0, "node %u's residency", n);
-		/* Slots hold the node's half of the rows (three extents, each padded by at
-		 * most two 4 KiB blocks), never the whole expert. */
-		cr_assert_lt(node[n].slot_bytes, expert, "node %u: slot of %llu bytes, expert %llu",
-		             n, (unsigned long long)node[n].slot_bytes, (unsigned long long)expert);
-		cr_assert_geq(node[n].slot_bytes, expert / 2 - expert / 16);
-		cr_assert_leq(node[n].slot_bytes, expert / 2 + expert / 16 + 3 * 8192);
+		/* Slots hold the node's share of the rows (each extent padded by at most two
+		 * 4 KiB blocks), never the whole expert. */
+		if (n_nodes > 1)
+			cr_assert_lt(
+			    node[n].slot_bytes, expert, "node %u: slot of %llu bytes, expert %llu",
+			    n, (unsigned long long)node[n].slot_bytes, (unsigned long long)expert);
+		cr_assert_geq(node[n].slot_bytes, expert / n_nodes - expert / 16);
+		cr_assert_leq(node[n].slot_bytes,
+		              expert / n_nodes + expert / 16 + e->w.node_extents * 8192 + 8192);
+		/* the same count of slots on every node: the budget split by slice bytes */
+		cr_assert_eq(node[n].slots, node[0].slots, "node %u: %u slots, node 0 %u", n,
+		             node[n].slots, node[0].slots);
+		budgets += node[n].budget_bytes;
 	}
-	cr_assert_eq(forward_node_residency(e, 2, &node[0]), -1);
-	cr_assert_eq(node[0].budget_bytes + node[1].budget_bytes, budget);
+	cr_assert_eq(forward_node_residency(e, n_nodes, &node[0]), -1);
+	cr_assert_eq(budgets, budget);
 	struct forward_stats st = {0};
 	uint64_t experts = 0;
 	for (uint32_t i = 0; i < 36; i++) {
 		struct fwd_req r;
-		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % 3), 1 + i % 8, 4, 0, MOEK_ACT_F32,
-		             500 + i, i % 5 == 0);
+		const uint32_t tokens = i % 6 == 5 ? 24 : 1 + i % 8; /* decode and prefill paths */
+		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % m.cat->info.n_moe_layers), tokens,
+		             4, 0, MOEK_ACT_F32, 500 + i, i % 5 == 0);
 		struct forward_result res, ref;
 		int rc = forward_run(e, &r.q, r.out, NULL, &res);
 		cr_assert_eq(rc, MOE_OK, "request %u: %d %s", i, rc, res.message);
@@ -107,35 +155,38 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 		experts += res.experts;
 		cr_assert_eq(forward_run(one, &r.q, r.ref, NULL, &ref), MOE_OK);
 		long d = fwd_first_diff(r.out, r.ref, r.q.n_tokens * h);
-		cr_assert_eq(d, -1, "request %u: element %ld differs from one node", i, d);
+		cr_assert_eq(d, -1,
+		             "request %u (%u tokens, %u nodes): element %ld differs from one "
+		             "node, all resident",
+		             i, tokens, n_nodes, d);
 		cr_assert_eq(forward_reference(e, &r.q, r.ref, NULL, &ref), MOE_OK, "%s",
 		             ref.message);
 		d = fwd_first_diff(r.out, r.ref, r.q.n_tokens * h);
 		cr_assert_eq(d, -1, "request %u: element %ld differs from the reference", i, d);
 		forward_stats(e, &st);
 		cr_assert_leq(st.resident_bytes, st.budget_bytes, "request %u: over budget", i);
-		for (uint32_t n = 0; n < 2; n++) {
+		for (uint32_t n = 0; n < n_nodes; n++) {
 			cr_assert_eq(forward_node_residency(e, n, &node[n]), 0);
 			cr_assert_leq((uint64_t)node[n].slots_used * node[n].slot_bytes,
 			              node[n].budget_bytes, "request %u: node %u over its budget",
 			              i, n);
 		}
+		check_same_experts_everywhere(e, n_nodes, i);
 		fwd_req_free(&r);
 	}
 	cr_assert_eq(st.budget_bytes, budget);
 	cr_assert_eq(st.hits + st.cold_misses + st.inflight_misses, experts);
 	cr_assert_gt(st.evictions, 0, "a 30%% budget must evict");
 	cr_assert_gt(st.cold_misses, 0);
-	/* Both nodes read: each its own rows, so together about the cold experts' bytes. */
-	cr_assert_gt(node[0].bytes_read, 0);
-	cr_assert_gt(node[1].bytes_read, 0);
-	/* STATS shows each node's residency: its own counters, adding up to the totals. */
+	/* STATS shows each node's residency: its own counters, adding up to the totals; every
+	 * node read its own rows. */
 	struct forward_stats now = {0};
 	forward_stats(e, &now);
-	cr_assert_eq(now.n_nodes, 2);
+	cr_assert_eq(now.n_nodes, n_nodes);
 	uint64_t resident = 0, read = 0;
-	for (uint32_t n = 0; n < 2; n++) {
+	for (uint32_t n = 0; n < n_nodes; n++) {
 		cr_assert_eq(forward_node_residency(e, n, &node[n]), 0);
+		cr_assert_gt(node[n].bytes_read, 0);
 		const struct forward_node_stats *ns = &now.nodes[n];
 		cr_assert_eq(ns->node, n);
 		cr_assert_eq(ns->resident_bytes, node[n].resident_bytes, "node %u", n);
@@ -154,36 +205,79 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 	const size_t len = forward_stats_json(&now, json, sizeof(json));
 	cr_assert_lt(len, sizeof(json));
 	cr_assert_not_null(strstr(json, "\"nodes\":[{\"node\":0,"), "%s", json);
-	cr_assert_not_null(strstr(json, "},{\"node\":1,"), "%s", json);
+	if (n_nodes > 1)
+		cr_assert_not_null(strstr(json, "},{\"node\":1,"), "%s", json);
 	forward_destroy(one);
 	forward_destroy(e);
 	fwd_model_free(&m);
 }
 
+Test(forward_numa, budget_q8_0_one_node)
+{
+	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false, 1, 512);
+}
+
 Test(forward_numa, budget_q8_0)
 {
-	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false);
+	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false, 2, 512);
+}
+
+Test(forward_numa, budget_q8_0_three_nodes)
+{
+	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false, 3, 512);
+}
+
+Test(forward_numa, budget_q8_0_four_nodes)
+{
+	budget_case_of("qwen3-30b-a3b", MOEK_Q8_0, true, false, 4, 512);
 }
 
 Test(forward_numa, budget_q4_k_fused_gate_up)
 {
-	budget_case_of("qwen3-30b-a3b", MOEK_Q4_K, true, true);
+	budget_case_of("qwen3-30b-a3b", MOEK_Q4_K, true, true, 2, 512);
+}
+
+Test(forward_numa, budget_q4_k_fused_gate_up_four_nodes)
+{
+	budget_case_of("qwen3-30b-a3b", MOEK_Q4_K, true, true, 4, 1024);
+}
+
+/* DeepSeek's FP8 with 128x128 block scales: each node's block rows of the scales in its slot
+ * (with four nodes, down's 64-row slices share a block row of scales, read by both). */
+Test(forward_numa, budget_fp8_block_scales)
+{
+	budget_case_of("deepseek-v3", MOEK_FP8_E4M3_B128, false, false, 2, 512);
+}
+
+Test(forward_numa, budget_fp8_block_scales_four_nodes)
+{
+	budget_case_of("deepseek-v3", MOEK_FP8_E4M3_B128, false, false, 4, 512);
 }
 
 /* gpt-oss as Hugging Face ships it: MXFP4 blocks and E8M0 scales in separate tensors, gate
  * and up fused with their rows interleaved (a node's slice is every other row pair of its
- * range), biases, the clamped SwiGLU. */
-Test(forward_numa, budget_gpt_oss_hf_interleaved_gate_up)
+ * range), biases (each node's rows of them in its slot), the clamped SwiGLU. */
+static void gpt_oss_case(uint32_t n_nodes)
 {
 	struct fwd_model probe;
 	make_model_of(&probe, "gpt-oss-20b", MOEK_MXFP4, false, 16, 256, 512, false);
 	const struct moe_proj_ref *gu =
 	    &moe_catalog_expert(probe.cat, (uint32_t)fwd_moe_block(probe.cat, 0), 0)
 	         ->proj[MOE_PROJ_GATE_UP];
-	cr_assert(gu->present && gu->order == MOE_GATE_UP_INTERLEAVED,
-	          "the generator's gpt-oss checkpoint has no interleaved gate_up");
+	cr_assert(gu->present && gu->order == MOE_GATE_UP_INTERLEAVED && gu->bias.length,
+	          "the generator's gpt-oss checkpoint has no interleaved gate_up with a bias");
 	fwd_model_free(&probe);
-	budget_case_of("gpt-oss-20b", MOEK_MXFP4, false, false);
+	budget_case_of("gpt-oss-20b", MOEK_MXFP4, false, false, n_nodes, 512);
+}
+
+Test(forward_numa, budget_gpt_oss_hf_interleaved_gate_up)
+{
+	gpt_oss_case(2);
+}
+
+Test(forward_numa, budget_gpt_oss_hf_three_nodes)
+{
+	gpt_oss_case(3);
 }
 
 /* One node: exactly one residency (node 0 names it), whole experts in its slots. */
@@ -226,38 +320,31 @@ Test(forward_numa, unsliceable_model_keeps_one_pool)
 	fwd_model_free(&m);
 }
 
-/* Fails every read of (MoE layer 1, expert 3) that starts in node 1's down rows: node 0's
- * slice of the expert loads, node 1's fails. */
-struct node1_fault {
-	uint64_t from, to; /* file offsets of node 1's down rows of expert 3 */
+/* Fails every read of (MoE layer 1, expert 3) by one node's loader: that node's slice of the
+ * expert fails, the other nodes' load. */
+struct node_fault {
+	uint32_t node;
 	atomic_int hits;
 };
 
-static int fail_node1_slice(void *arg, const struct loader_read_info *info, int res)
+static int fail_node_slice(void *arg, const struct loader_read_info *info, int res)
 {
-	struct node1_fault *f = arg;
-	if (info->layer == 1 && info->expert == 3 && info->offset >= f->from &&
-	    info->offset < f->to) {
+	struct node_fault *f = arg;
+	if (info->layer == 1 && info->expert == 3 && info->node == f->node) {
 		atomic_fetch_add(&f->hits, 1);
 		return -EIO;
 	}
 	return res;
 }
 
-Test(forward_numa, failed_slice_fails_only_its_requests)
+static void failed_slice_case(uint32_t n_nodes, uint32_t bad_node)
 {
 	struct fwd_model m;
 	make_model(&m, MOEK_Q8_0, 8, 256, 256, false);
-	const struct moe_proj_ref *down =
-	    &moe_catalog_expert(m.cat, (uint32_t)fwd_moe_block(m.cat, 1), 3)->proj[MOE_PROJ_DOWN];
-	const uint64_t rb = moek_row_bytes(down->format, down->cols);
-	/* node 1's down rows start at row 128 of 256 (8-row units, two nodes); the loader may
-	 * start a read on the 4 KiB block below, still above node 0's start */
-	struct node1_fault fault = {.from = (down->data.offset + 128 * rb) & ~(uint64_t)4095,
-	                            .to = down->data.offset + down->data.length};
-	cr_assert_gt(fault.from, down->data.offset);
-	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, TWO_NODES,
-	                                  m.cat->expert_bytes_total / 2, fail_node1_slice, &fault);
+	struct node_fault fault = {.node = bad_node};
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_RESIDENCY, nodes_spec(n_nodes),
+	                                  m.cat->expert_bytes_total / 2, fail_node_slice, &fault);
+	cr_assert_eq(e->w.n_res, n_nodes);
 	struct forward_engine *ok = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, NULL, 0, NULL, NULL);
 	uint32_t failed, passed;
 	char why[256];
@@ -267,16 +354,39 @@ Test(forward_numa, failed_slice_fails_only_its_requests)
 	cr_assert_gt(failed, 0);
 	cr_assert_gt(passed, 0);
 	cr_assert_gt(atomic_load(&fault.hits), 0);
-	/* Only node 1's loads failed; node 0 holds its slice of expert 3, yet the expert cannot
-	 * run until every node holds its slice. */
-	struct residency_counters n0, n1;
-	cr_assert_eq(forward_node_residency(e, 0, &n0), 0);
-	cr_assert_eq(forward_node_residency(e, 1, &n1), 0);
-	cr_assert_eq(n0.failures, 0);
-	cr_assert_gt(n1.failures, 0);
+	/* Only one node's reads failed, yet the whole expert is FAILED (one decision for every
+	 * node: the others keep no slice of it), counted once, and its message names the node. */
+	cr_assert_eq(residency_state(e->w.res, 1, 3), EXPERT_FAILED);
+	check_same_experts_everywhere(e, n_nodes, failed + passed);
+	struct residency_counters c[FORWARD_MAX_NODES];
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		cr_assert_eq(forward_node_residency(e, n, &c[n]), 0);
+		cr_assert_gt(c[n].failures, 0);
+		cr_assert_eq(c[n].failures, c[0].failures);
+		cr_assert_eq(c[n].failed_now, 1);
+	}
+	char msg[256], want[32];
+	residency_error_message(e->w.res, 1, 3, msg, sizeof(msg));
+	snprintf(want, sizeof(want), "node %u's slice", bad_node);
+	cr_assert_not_null(strstr(msg, want), "%s", msg);
 	cr_assert_eq(forward_would_run_now(e, fwd_moe_block(m.cat, 1), (const int32_t[]){3}, 1),
 	             false);
 	forward_destroy(ok);
 	forward_destroy(e);
 	fwd_model_free(&m);
+}
+
+Test(forward_numa, failed_slice_fails_only_its_requests)
+{
+	failed_slice_case(2, 1);
+}
+
+Test(forward_numa, failed_slice_of_node_0_of_three)
+{
+	failed_slice_case(3, 0);
+}
+
+Test(forward_numa, failed_slice_of_the_last_of_four)
+{
+	failed_slice_case(4, 3);
 }

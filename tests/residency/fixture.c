@@ -60,19 +60,71 @@ void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint
 	close(fd);
 }
 
+void fixture_split(struct fixture *f, uint32_t n_nodes)
+{
+	check(n_nodes >= 2 && n_nodes <= FIXTURE_MAX_NODES && !f->n_nodes, "split into %u nodes",
+	      n_nodes);
+	const char *paths[] = {f->path};
+	struct sidecar_error err = {0};
+	for (uint32_t n = 0; n < n_nodes; n++)
+		check(expert_map_init(&f->node_map[n], f->map.n_layers, f->map.n_experts, 1, paths,
+		                      &err) == 0,
+		      "%s", err.msg);
+	for (uint32_t l = 0; l < f->map.n_layers; l++)
+		for (uint32_t x = 0; x < f->map.n_experts; x++) {
+			uint32_t k;
+			const struct expert_extent *ext =
+			    expert_map_extents(&f->map, l * f->map.n_experts + x, &k);
+			for (uint32_t i = 0; i < k; i++)
+				for (uint32_t n = 0; n < n_nodes; n++) {
+					const uint64_t a = ext[i].length * n / n_nodes,
+					               b = ext[i].length * (n + 1) / n_nodes;
+					check(expert_map_add(&f->node_map[n], l, x, 0,
+					                     ext[i].offset + a, b - a, &err) == 0,
+					      "%s", err.msg);
+				}
+		}
+	f->n_nodes = n_nodes;
+}
+
+static bool map_ref_matches(const struct fixture *f, const struct expert_map *map,
+                            const struct expert_ref *ref);
+
+bool fixture_held_matches(const struct fixture *f, const struct residency *r,
+                          const struct expert_ref *ref)
+{
+	if (!f->n_nodes)
+		return fixture_ref_matches(f, ref);
+	for (uint32_t n = 0; n < f->n_nodes; n++) {
+		struct expert_ref node;
+		if (residency_ref_node(r, ref, n, &node) != 0 ||
+		    !map_ref_matches(f, &f->node_map[n], &node))
+			return false;
+	}
+	return true;
+}
+
 void fixture_destroy(struct fixture *f)
 {
 	unlink(f->path);
 	rmdir(f->dir);
+	for (uint32_t n = 0; n < f->n_nodes; n++)
+		expert_map_free(&f->node_map[n]);
 	expert_map_free(&f->map);
 	free(f->bytes);
 }
 
 bool fixture_ref_matches(const struct fixture *f, const struct expert_ref *ref)
 {
+	return map_ref_matches(f, &f->map, ref);
+}
+
+static bool map_ref_matches(const struct fixture *f, const struct expert_map *map,
+                            const struct expert_ref *ref)
+{
 	uint32_t n;
-	uint32_t id = ref->layer * f->map.n_experts + ref->expert;
-	const struct expert_extent *ext = expert_map_extents(&f->map, id, &n);
+	uint32_t id = ref->layer * map->n_experts + ref->expert;
+	const struct expert_extent *ext = expert_map_extents(map, id, &n);
 	if (n != ref->n_extents)
 		return false;
 	/* Against pread of the file itself, not only what the fixture meant to write. */
@@ -97,7 +149,11 @@ struct residency *fixture_residency(struct fixture *f, struct residency_config *
 {
 	struct residency *r;
 	struct sidecar_error err = {0};
-	int rc = residency_create(&r, &f->map, cfg, &err);
+	struct residency_node nodes[FIXTURE_MAX_NODES];
+	for (uint32_t n = 0; n < f->n_nodes; n++)
+		nodes[n] = (struct residency_node){.map = &f->node_map[n], .numa_node = -1};
+	int rc = f->n_nodes ? residency_create_nodes(&r, nodes, f->n_nodes, cfg, &err)
+	                    : residency_create(&r, &f->map, cfg, &err);
 	check(rc == 0, "residency_create: %s", err.msg);
 	return r;
 }

@@ -1,7 +1,7 @@
 /* race_scenarios.c — see race_scenarios.h. Many threads demand overlapping experts while
- * eviction runs (bytes checked while held, so an eviction under a reader would show);
- * concurrent demands for one expert share one read; a failure reaches every waiter. Threads
- * synchronise on counters and joins, never on sleeps. */
+ * eviction runs (bytes checked while held, on every node, so an eviction under a reader would
+ * show); concurrent demands for one expert share one read per node; a failure (on one node's
+ * slice) reaches every waiter. Threads synchronise on counters and joins, never on sleeps. */
 #include "race_scenarios.h"
 
 #include <errno.h>
@@ -47,10 +47,10 @@ static void *demand_loop(void *arg)
 			continue;
 		}
 		atomic_fetch_add(a->acquires, 1);
-		if (!fixture_ref_matches(a->f, &ref))
+		if (!fixture_held_matches(a->f, a->r, &ref))
 			atomic_fetch_add(a->bad, 1);
 		sched_yield(); /* let eviction run while this reader holds the expert */
-		if (!fixture_ref_matches(a->f, &ref))
+		if (!fixture_held_matches(a->f, a->r, &ref))
 			atomic_fetch_add(a->bad, 1);
 		residency_release(a->r, &ref);
 		if (i % 50 == 0) {
@@ -61,13 +61,47 @@ static void *demand_loop(void *arg)
 	return NULL;
 }
 
-int race_overlapping_demands(const char *policy)
+/* After the threads: every node holds the slices of exactly the RESIDENT experts, one slot
+ * each (no node keeps a slice of an evicted expert). */
+static int same_experts_everywhere(struct residency *r, struct fixture *f)
+{
+	const uint32_t n_nodes = f->n_nodes ? f->n_nodes : 1;
+	uint32_t resident = 0;
+	uint64_t want[FIXTURE_MAX_NODES] = {0};
+	for (uint32_t l = 0; l < f->map.n_layers; l++)
+		for (uint32_t x = 0; x < f->map.n_experts; x++) {
+			if (residency_state(r, l, x) != EXPERT_RESIDENT)
+				continue;
+			resident++;
+			for (uint32_t n = 0; n < n_nodes; n++) {
+				uint32_t k;
+				const struct expert_extent *ext =
+				    expert_map_extents(f->n_nodes ? &f->node_map[n] : &f->map,
+				                       l * f->map.n_experts + x, &k);
+				for (uint32_t i = 0; i < k; i++)
+					want[n] += ext[i].length;
+			}
+		}
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		struct residency_counters c;
+		CHECK(residency_node_counters(r, n, &c) == 0, "node %u", n);
+		CHECK(c.resident_bytes == want[n] && c.slots_used == resident,
+		      "node %u: %llu bytes in %u slots; %u experts resident, %llu bytes", n,
+		      (unsigned long long)c.resident_bytes, c.slots_used, resident,
+		      (unsigned long long)want[n]);
+	}
+	return 0;
+}
+
+int race_overlapping_demands(const char *policy, uint32_t n_nodes)
 {
 	struct fixture f;
 	fixture_create(&f, "/tmp", 2, 12, 2, 3000);
+	if (n_nodes > 1)
+		fixture_split(&f, n_nodes);
 	struct residency_config cfg = {
 	    .numa_node = 0,
-	    .mem_budget = 8 * 16384, /* 8 slots for 24 experts, 6 threads */
+	    .mem_budget = n_nodes * 8 * 16384, /* 8 slots for 24 experts, 6 threads */
 	    .policy = policy,
 	    .queue_depth = 4,
 	    .chunk_bytes = 4096,
@@ -100,6 +134,8 @@ int race_overlapping_demands(const char *policy)
 		        (unsigned long long)c.evictions, c.slots_used, c.slots);
 		rc = -1;
 	}
+	if (rc == 0)
+		rc = same_experts_everywhere(r, &f);
 	residency_destroy(r);
 	fixture_destroy(&f);
 	return rc;
@@ -110,7 +146,8 @@ int race_overlapping_demands(const char *policy)
 struct held_gate {
 	struct residency *_Atomic r;
 	atomic_int released;
-	int fail_with; /* 0: pass through */
+	int fail_with;      /* 0: pass through */
+	uint32_t fail_node; /* whose reads fail */
 };
 
 /* Holds the first completion until all WAITERS threads wait on the load (1 cold miss +
@@ -118,7 +155,6 @@ struct held_gate {
 static int hold_until_all_wait(void *arg, const struct loader_read_info *info, int res)
 {
 	struct held_gate *g = arg;
-	(void)info;
 	while (!atomic_load(&g->released)) {
 		struct residency_counters c;
 		residency_counters(atomic_load(&g->r), &c);
@@ -127,7 +163,7 @@ static int hold_until_all_wait(void *arg, const struct loader_read_info *info, i
 		else
 			sched_yield();
 	}
-	return g->fail_with ? g->fail_with : res;
+	return g->fail_with && info->node == g->fail_node ? g->fail_with : res;
 }
 
 struct waiter {
@@ -143,20 +179,22 @@ static void *wait_for_expert(void *arg)
 	struct expert_ref ref;
 	w->rc = residency_acquire(w->r, 0, 1, 1.0f, 0, &ref);
 	if (w->rc == 0) {
-		w->exact = fixture_ref_matches(w->f, &ref);
+		w->exact = fixture_held_matches(w->f, w->r, &ref);
 		residency_release(w->r, &ref);
 	}
 	return NULL;
 }
 
-int race_shared_load(int fail_with)
+int race_shared_load(int fail_with, uint32_t n_nodes)
 {
 	struct fixture f;
-	fixture_create(&f, "/tmp", 1, 2, 1, 3000); /* one expert = one 4 KiB-aligned read */
-	struct held_gate g = {.fail_with = fail_with};
+	fixture_create(&f, "/tmp", 1, 2, 1, 3000); /* one expert = one read per node */
+	if (n_nodes > 1)
+		fixture_split(&f, n_nodes);
+	struct held_gate g = {.fail_with = fail_with, .fail_node = n_nodes - 1};
 	struct residency_config cfg = {
 	    .numa_node = 0,
-	    .mem_budget = 1 << 20,
+	    .mem_budget = n_nodes << 20,
 	    .policy = "lru",
 	    .max_retries = 2,
 	};
@@ -186,12 +224,15 @@ int race_shared_load(int fail_with)
 			      w[i].exact);
 		}
 	}
-	if (fail_with) {
-		CHECK(c.reads == 3, "%llu reads: want one, retried twice, for all waiters",
+	if (fail_with) { /* the last node's read retried twice, one read on each other node */
+		CHECK(c.reads == 3 + (n_nodes - 1),
+		      "%llu reads: want one per node, the failing one retried twice, for all "
+		      "waiters",
 		      (unsigned long long)c.reads);
-		CHECK(c.failures == 1, "%llu failures", (unsigned long long)c.failures);
+		CHECK(c.failures == 1 && c.slots_used == 0, "%llu failures, %u slots in use",
+		      (unsigned long long)c.failures, c.slots_used);
 	} else {
-		CHECK(c.reads == 1 && c.loads == 1, "%llu reads, %llu loads for %d demands",
+		CHECK(c.reads == n_nodes && c.loads == 1, "%llu reads, %llu loads for %d demands",
 		      (unsigned long long)c.reads, (unsigned long long)c.loads, WAITERS);
 	}
 	return 0;
@@ -223,7 +264,7 @@ static void *demand_failing(void *arg)
 		struct expert_ref ref;
 		int rc = residency_acquire(a->r, 0, (uint32_t)(s >> 33) % 4, 1.0f, 0, &ref);
 		if (rc == 0) {
-			if (!fixture_ref_matches(a->f, &ref))
+			if (!fixture_held_matches(a->f, a->r, &ref))
 				atomic_fetch_add(a->bad, 1);
 			residency_release(a->r, &ref);
 		} else if (rc != -EIO) {
@@ -249,13 +290,15 @@ static void *retry_all_loop(void *arg)
 	return NULL;
 }
 
-int race_failed_retries(void)
+int race_failed_retries(uint32_t n_nodes)
 {
 	struct fixture f;
 	fixture_create(&f, "/tmp", 1, 4, 1, 3000);
+	if (n_nodes > 1)
+		fixture_split(&f, n_nodes);
 	struct residency_config cfg = {
 	    .numa_node = 0,
-	    .mem_budget = 2 * 8192,
+	    .mem_budget = n_nodes * 2 * 8192,
 	    .policy = "lru",
 	    .retry_backoff_ms = RESIDENCY_NO_BACKOFF,
 	};
@@ -278,9 +321,11 @@ int race_failed_retries(void)
 	uint32_t failed = 0;
 	for (uint32_t x = 0; x < 4; x++)
 		failed += residency_state(r, 0, x) == EXPERT_FAILED;
+	const int same = same_experts_everywhere(r, &f);
 	residency_destroy(r);
 	fixture_destroy(&f);
 	CHECK(atomic_load(&bad) == 0, "%d wrong answers", atomic_load(&bad));
+	CHECK(same == 0, "nodes disagree");
 	CHECK(c.failures > 0 && c.failed_retries > 0, "failures %llu, retries %llu",
 	      (unsigned long long)c.failures, (unsigned long long)c.failed_retries);
 	CHECK(c.failed_now == failed, "failed_now %u, FAILED experts %u", c.failed_now, failed);

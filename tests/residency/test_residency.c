@@ -742,3 +742,84 @@ Test(residency_order, shutdown_with_loads_queued_and_in_flight)
 	residency_destroy(r); /* must return; ASan checks nothing leaks */
 	fixture_destroy(&f);
 }
+
+/* Several nodes: the budget is split in proportion to each node's slot bytes, so that every
+ * node has the same slots; an eviction frees the expert's slot on every node; a budget that
+ * holds no expert's slices on every node is refused with the smallest one that serves. */
+Test(residency_nodes, budget_split_by_slices_and_one_eviction_for_every_node)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 6, 3, 9000);
+	fixture_split(&f, 3);
+	struct residency_config cfg = base_config(3 * 3 * 16384 + 5000); /* ~3 experts */
+	struct residency *r = fixture_residency(&f, &cfg);
+	cr_assert_eq(residency_n_nodes(r), 3);
+	struct residency_counters all, node[3];
+	counters(r, &all);
+	uint64_t budgets = 0, slot_bytes = 0;
+	for (uint32_t n = 0; n < 3; n++) {
+		cr_assert_eq(residency_node_counters(r, n, &node[n]), 0);
+		cr_assert_eq(node[n].slots, all.slots, "node %u: %u slots of %u", n, node[n].slots,
+		             all.slots);
+		cr_assert_leq((uint64_t)node[n].slots * node[n].slot_bytes, node[n].budget_bytes);
+		budgets += node[n].budget_bytes;
+		slot_bytes += node[n].slot_bytes;
+	}
+	cr_assert_eq(residency_node_counters(r, 3, &node[0]), -1);
+	cr_assert_eq(budgets, cfg.mem_budget);
+	cr_assert_eq(all.budget_bytes, cfg.mem_budget);
+	cr_assert_eq(all.slot_bytes, slot_bytes);
+	cr_assert_eq(all.slots, cfg.mem_budget / slot_bytes);
+	cr_assert_geq(all.slots, 2);
+	/* Demand every expert in turn: more than fit, so experts are evicted, each from every
+	 * node at once. */
+	for (uint32_t round = 0; round < 2; round++)
+		for (uint32_t l = 0; l < 2; l++)
+			for (uint32_t x = 0; x < 6; x++) {
+				struct expert_ref ref;
+				cr_assert_eq(residency_acquire(r, l, x, 1.0f, 0, &ref), 0);
+				cr_assert(fixture_held_matches(&f, r, &ref), "layer %u expert %u",
+				          l, x);
+				residency_release(r, &ref);
+				uint32_t resident = 0;
+				uint64_t want[3] = {0};
+				for (uint32_t ll = 0; ll < 2; ll++)
+					for (uint32_t xx = 0; xx < 6; xx++) {
+						if (residency_state(r, ll, xx) != EXPERT_RESIDENT)
+							continue;
+						resident++;
+						for (uint32_t n = 0; n < 3; n++) {
+							uint32_t k;
+							const struct expert_extent *e =
+							    expert_map_extents(&f.node_map[n],
+							                       ll * 6 + xx, &k);
+							for (uint32_t i = 0; i < k; i++)
+								want[n] += e[i].length;
+						}
+					}
+				for (uint32_t n = 0; n < 3; n++) {
+					cr_assert_eq(residency_node_counters(r, n, &node[n]), 0);
+					cr_assert_eq(node[n].slots_used, resident);
+					cr_assert_eq(node[n].resident_bytes, want[n], "node %u", n);
+				}
+			}
+	counters(r, &all);
+	cr_assert_gt(all.evictions, 0);
+	cr_assert_eq(all.loads, all.cold_misses);
+	cr_assert_eq(all.hits + all.cold_misses + all.inflight_misses, 24);
+	for (uint32_t n = 0; n < 3; n++) {
+		cr_assert_eq(residency_node_counters(r, n, &node[n]), 0);
+		cr_assert_eq(node[n].evictions, all.evictions); /* one decision for every node */
+		cr_assert_gt(node[n].bytes_read, 0);
+	}
+	cr_assert_eq(node[0].bytes_read + node[1].bytes_read + node[2].bytes_read, all.bytes_read);
+	residency_destroy(r);
+	cfg.mem_budget = slot_bytes - 1; /* one expert's slices need slot_bytes */
+	struct sidecar_error err = {0};
+	const struct residency_node parts[3] = {
+	    {&f.node_map[0], -1, NULL}, {&f.node_map[1], -1, NULL}, {&f.node_map[2], -1, NULL}};
+	cr_assert_eq(residency_create_nodes(&r, parts, 3, &cfg, &err), -ENOSPC);
+	cr_assert(strstr(err.msg, "holds no expert") && strstr(err.msg, "over 3 nodes"), "%s",
+	          err.msg);
+	fixture_destroy(&f);
+}
