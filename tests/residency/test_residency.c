@@ -11,6 +11,9 @@
 #include <string.h>
 #include <time.h>
 
+#include <numa.h>
+#include <numaif.h>
+
 #include "fixture.h"
 
 static struct residency_config base_config(uint64_t budget)
@@ -821,5 +824,63 @@ Test(residency_nodes, budget_split_by_slices_and_one_eviction_for_every_node)
 	cr_assert_eq(residency_create_nodes(&r, parts, 3, &cfg, &err), -ENOSPC);
 	cr_assert(strstr(err.msg, "holds no expert") && strstr(err.msg, "over 3 nodes"), "%s",
 	          err.msg);
+	fixture_destroy(&f);
+}
+
+/* The node of the page holding p (move_pages in query mode), or a negative errno. */
+static int page_node(const void *p)
+{
+	void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+	int status = -1;
+	if (move_pages(0, 1, &page, NULL, &status, 0) != 0)
+		return -errno;
+	return status;
+}
+
+/* Each node's slots lie in memory bound to that node: its policy (get_mempolicy) binds to the
+ * node alone and the pages a load wrote are on it (move_pages). With one node in the machine
+ * both parts bind to node 0, which still checks the binding is set and the reads land in it;
+ * with two, part n binds to node n. */
+Test(residency_state, each_nodes_slots_are_bound_to_its_node)
+{
+	if (numa_available() < 0)
+		cr_skip_test("skipped: the kernel has no NUMA policy support");
+	struct fixture f;
+	fixture_create(&f, "/tmp", 1, 4, 2, 9000);
+	fixture_split(&f, 2);
+	const int second = numa_max_node() >= 1 ? 1 : 0;
+	const struct residency_node parts[2] = {{&f.node_map[0], 0, NULL},
+	                                        {&f.node_map[1], second, NULL}};
+	struct residency_config cfg = base_config(8u << 20);
+	struct residency *r;
+	struct sidecar_error err = {0};
+	cr_assert_eq(residency_create_nodes(&r, parts, 2, &cfg, &err), 0, "%s", err.msg);
+	for (uint32_t x = 0; x < 4; x++) {
+		struct expert_ref ref;
+		cr_assert_eq(residency_acquire(r, 0, x, 1.0f, 0, &ref), 0);
+		cr_assert(fixture_held_matches(&f, r, &ref));
+		for (uint32_t n = 0; n < 2; n++) {
+			struct expert_ref mine;
+			cr_assert_eq(residency_ref_node(r, &ref, n, &mine), 0);
+			for (uint32_t i = 0; i < mine.n_extents; i++) {
+				int mode = -1;
+				unsigned long mask[16] = {0};
+				cr_assert_eq(get_mempolicy(&mode, mask, sizeof(mask) * 8,
+				                           (void *)mine.data[i], MPOL_F_ADDR),
+				             0, "get_mempolicy: %s", strerror(errno));
+				cr_expect_eq(mode, MPOL_BIND, "expert %u node %u extent %u", x, n,
+				             i);
+				for (int b = 0; b < (int)(sizeof(mask) * 8); b++)
+					cr_expect_eq((mask[b / 64] >> (b % 64)) & 1ul,
+					             (unsigned long)(b == parts[n].numa_node),
+					             "expert %u node %u: policy mask bit %d", x, n,
+					             b);
+				cr_expect_eq(page_node(mine.data[i]), parts[n].numa_node,
+				             "expert %u node %u extent %u", x, n, i);
+			}
+		}
+		residency_release(r, &ref);
+	}
+	residency_destroy(r);
 	fixture_destroy(&f);
 }
