@@ -390,3 +390,17 @@ Test(forward_numa, failed_slice_of_the_last_of_four)
 {
 	failed_slice_case(4, 3);
 }
+
+/* Every GGUF weight format the kernels take, sliced over 2 and 3 nodes under the budget:
+ * the same bits as one node with every expert resident, and as the reference. */
+Test(forward_numa, budget_every_gguf_format)
+{
+	static const uint32_t formats[] = {
+	    MOEK_F32,  MOEK_F16,  MOEK_BF16,   MOEK_Q8_0,   MOEK_Q4_0, MOEK_MXFP4, MOEK_Q4_K,
+	    MOEK_Q5_K, MOEK_Q6_K, MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_Q2_K, MOEK_Q3_K};
+	for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++) {
+		const uint32_t nodes = 2 + (uint32_t)(i % 2);
+		/* a 256-column block of down per node: K formats cut evenly */
+		budget_case_of("qwen3-30b-a3b", formats[i], true, false, nodes, 256 * nodes);
+	}
+}
