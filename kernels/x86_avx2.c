@@ -481,13 +481,13 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * alone, a group dot's compute time adds to its memory time instead of hiding behind it; the
  * software prefetch hides it. On the AMD EPYC VMs it costs weight bandwidth, so there the
  * hardware prefetcher works alone. */
-static atomic_uint x8_pf_near, x8_pf_gap;
+atomic_uint moek_avx2_x8_pf_near, moek_avx2_x8_pf_gap;
 static atomic_bool x8_pf_set;
 
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
 {
-	atomic_store_explicit(&x8_pf_near, near, memory_order_relaxed);
-	atomic_store_explicit(&x8_pf_gap, near ? gap : 0, memory_order_relaxed);
+	atomic_store_explicit(&moek_avx2_x8_pf_near, near, memory_order_relaxed);
+	atomic_store_explicit(&moek_avx2_x8_pf_gap, near ? gap : 0, memory_order_relaxed);
 	atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
 }
 
@@ -497,31 +497,8 @@ void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
 		const bool intel = moek_cpu_features() & MOEK_CPU_INTEL;
 		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
 	}
-	*near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
-	*gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
-}
-
-struct x8_stream {
-	uintptr_t next; /* the next line to prefetch; UINTPTR_MAX: none */
-	size_t near, gap;
-};
-
-ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group)
-{
-	const size_t near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
-	const size_t gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
-	const uintptr_t first = ((uintptr_t)group + near) & ~(uintptr_t)63;
-	return (struct x8_stream){near ? first : UINTPTR_MAX, near, gap};
-}
-
-/* The lines up to `near` bytes past `end` (the end of what the dot reads next). */
-ALWAYS_INLINE void x8_prefetch(struct x8_stream *s, const void *end)
-{
-	for (; s->next < (uintptr_t)end + s->near; s->next += 64) {
-		_mm_prefetch((const char *)s->next, _MM_HINT_T0);
-		if (s->gap)
-			_mm_prefetch((const char *)s->next + s->gap, _MM_HINT_T1);
-	}
+	*near = atomic_load_explicit(&moek_avx2_x8_pf_near, memory_order_relaxed);
+	*gap = atomic_load_explicit(&moek_avx2_x8_pf_gap, memory_order_relaxed);
 }
 
 /* Four activation bytes, read as one broadcast operand. */
@@ -901,22 +878,6 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		_mm256_storeu_ps(out + 8 * t, _mm256_add_ps(ev[t], od[t]));
 }
 
-/* An interleaved-group entry point per format and form, specialised on the token count. */
-#define X8_ENTRY(name, body, vnni, attr)                                                           \
-	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
-	                      float *out)                                                          \
-	{                                                                                          \
-		switch (nt) {                                                                      \
-		case 1: body(g, act, as, 1, k, out, vnni); break;                                  \
-		case 2: body(g, act, as, 2, k, out, vnni); break;                                  \
-		case 3: body(g, act, as, 3, k, out, vnni); break;                                  \
-		case 4: body(g, act, as, 4, k, out, vnni); break;                                  \
-		case 5: body(g, act, as, 5, k, out, vnni); break;                                  \
-		case 6: body(g, act, as, 6, k, out, vnni); break;                                  \
-		case 7: body(g, act, as, 7, k, out, vnni); break;                                  \
-		default: body(g, act, as, 8, k, out, vnni); break;                                 \
-		}                                                                                  \
-	}
 #define X8_DISPATCH(fmt)                                                                           \
 	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false, )                                        \
 	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true, VNNI_CODE)                                \
