@@ -451,9 +451,9 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
  * Variants of an ISA's kernels that give the same bits with other instructions, picked per
  * call by the kernels that have them: AVX2's VNNI forms (AVX512-VNNI on 256-bit registers:
  * vpdpbusd instead of maddubs + madd for Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
- * madd + add for Q4_K / Q5_K) and, within them, MXFP4's group dot with vpermb (VBMI). Choosing
- * an ISA turns on every form the CPU has for it; tests set them to reach each form. Not
- * thread-safe against running kernels, like moek_set_isa. */
+ * madd + add for Q4_K / Q5_K / Q6_K / Q2_K / Q3_K) and, within them, MXFP4's group dot with vpermb
+ * (VBMI). Choosing an ISA turns on every form the CPU has for it; tests set them to reach each
+ * form. Not thread-safe against running kernels, like moek_set_isa. */
 enum moek_isa_form { MOEK_FORM_VNNI = 1u << 0, MOEK_FORM_VBMI = 1u << 1 };
 /* The forms this CPU can run: VNNI with AVX512 F/BW/VL/VNNI, VBMI with AVX512-VBMI too. */
 unsigned moek_isa_forms_available(void);

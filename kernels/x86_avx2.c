@@ -13,7 +13,7 @@
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
  *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
- *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
+ *   Q4_K / Q5_K / Q6_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
  *   MOEK_FORM_VNNI). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
  * Interleaved decode (rows in groups of 8, moek_interleave): MXFP4, Q8_0 and Q4_K, 4 weights
@@ -1054,9 +1054,9 @@ static inline __m256i scale_pair(int8_t s0, int8_t s1)
 }
 
 ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, int unused)
+                            const int NT, size_t k, float *out, bool vnni)
 {
-	(void)sr, (void)unused;
+	(void)sr;
 	const struct block_q6_K *x = w;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
@@ -1064,7 +1064,9 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
-		__m256i sumi[8];
+		/* VNNI: a second chain per token at one or two tokens (vpdpwssd's latency) */
+		const bool two = vnni && NT <= 2;
+		__m256i sumi[8], sumi2[8];
 		for (int l = 0; l < 4; l++)
 			prefetch_ahead((const uint8_t *)(x + i) + 64 * l, far);
 		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
@@ -1076,6 +1078,7 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 			sumi[t] =
 			    _mm256_sub_epi32(_mm256_setzero_si256(),
 			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+			sumi2[t] = _mm256_setzero_si256();
 		}
 		for (int h = 0; h < 2; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h;
@@ -1102,21 +1105,29 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 			const __m256i s3 = scale_pair(sc[4], sc[5]), s4 = scale_pair(sc[6], sc[7]);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 128 * h;
-				__m256i p =
-				    q6_scaled(q1, _mm256_loadu_si256((const __m256i *)yq), s1);
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q2, _mm256_loadu_si256((const __m256i *)(yq + 32)),
-				                 s2));
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q3, _mm256_loadu_si256((const __m256i *)(yq + 64)),
-				                 s3));
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q4, _mm256_loadu_si256((const __m256i *)(yq + 96)),
-				                 s4));
+				const __m256i y1 = _mm256_loadu_si256((const __m256i *)yq);
+				const __m256i y2 = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				const __m256i y3 = _mm256_loadu_si256((const __m256i *)(yq + 64));
+				const __m256i y4 = _mm256_loadu_si256((const __m256i *)(yq + 96));
+				if (vnni) { /* same int32 sums (exact either way) */
+					__m256i *c2 = two ? &sumi2[t] : &sumi[t];
+					sumi[t] = dpwssd(sumi[t], _mm256_maddubs_epi16(q1, y1), s1);
+					*c2 = dpwssd(*c2, _mm256_maddubs_epi16(q2, y2), s2);
+					sumi[t] = dpwssd(sumi[t], _mm256_maddubs_epi16(q3, y3), s3);
+					*c2 = dpwssd(*c2, _mm256_maddubs_epi16(q4, y4), s4);
+					continue;
+				}
+				__m256i p = q6_scaled(q1, y1, s1);
+				p = _mm256_add_epi32(p, q6_scaled(q2, y2, s2));
+				p = _mm256_add_epi32(p, q6_scaled(q3, y3, s3));
+				p = _mm256_add_epi32(p, q6_scaled(q4, y4, s4));
 				sumi[t] = _mm256_add_epi32(sumi[t], p);
 			}
 		}
 		const float d = f16(x[i].d);
+		if (two)
+			for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_add_epi32(sumi[t], sumi2[t]);
 		for (int t = 0; t < NT; t++)
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
 			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
@@ -1125,8 +1136,14 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 		out[t] = hsum(acc[t]);
 }
 
-DOT_ENTRY(dot_q6_K, q6k_body, 0)
-ROWS_ENTRY(rows_q6_K, q6k_body, 0)
+DOT_ENTRY(dot_q6_K_avx2, q6k_body, false)
+VNNI_DOT_ENTRY(dot_q6_K_vnni, q6k_body, true)
+ROWS_ENTRY(rows_q6_K_avx2, q6k_body, false)
+VNNI_ROWS_ENTRY(rows_q6_K_vnni, q6k_body, true)
+
+VNNI_DISPATCH_DOT(q6_K)
+
+VNNI_DISPATCH_ROWS(q6_K)
 
 /* ---- Float formats against f32 activations ------------------------------------------------ */
 

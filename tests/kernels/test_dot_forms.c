@@ -1,7 +1,7 @@
 /* test_dot_forms.c — the faster forms of the AVX2 decode dots that some CPUs allow give the bits
  * of the plain AVX2 form, and the plain form stays covered on CPUs that have them.
  *
- * - Q4_K / Q5_K / Q2_K / Q3_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
+ * - Q4_K / Q5_K / Q6_K / Q2_K / Q3_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
  *   MOEK_FORM_VNNI): same bits for every token count (1..MOEK_DOT_TOKENS), one super-block
  *   and odd super-block counts, rows narrower and wider than the far-prefetch threshold; exact
  *   against the double dot of the dequantized operands.
@@ -116,6 +116,14 @@ Test(dot_forms, iq4_xs_vnni_same_bits_as_madd)
 		cr_skip_test("no AVX512-VNNI + AVX512VL here");
 	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
 		check_kquant(MOEK_IQ4_XS, kquant_widths[i]);
+}
+
+Test(dot_forms, q6_K_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_Q6_K, kquant_widths[i]);
 }
 
 Test(dot_forms, q2_K_vnni_same_bits_as_madd)
