@@ -450,7 +450,7 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 /* ---- Forms (isa.c) -------------------------------------------------------------------------
  * Variants of an ISA's kernels that give the same bits with other instructions, picked per
  * call by the kernels that have them: AVX2's VNNI forms (AVX512-VNNI on 256-bit registers:
- * vpdpbusd instead of maddubs + madd for Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
+ * vpdpbusd instead of maddubs + madd for Q8_0 / Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
  * madd + add for Q4_K / Q5_K / Q6_K / Q2_K / Q3_K) and, within them, MXFP4's group dot with vpermb
  * (VBMI). Choosing an ISA turns on every form the CPU has for it; tests set them to reach each
  * form. Not thread-safe against running kernels, like moek_set_isa. */

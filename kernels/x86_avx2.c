@@ -12,7 +12,7 @@
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
- *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
+ *   Where the CPU has AVX512-VNNI + AVX512VL, the Q8_0 / Q4_0 / MXFP4 products use vpdpbusd and the
  *   Q4_K / Q5_K / Q6_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
  *   MOEK_FORM_VNNI). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
@@ -54,14 +54,22 @@ static inline __m256 dot_u8s8_32(__m256i abs_x, __m256i y_signed_by_x)
 
 enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
 
-/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x). */
-ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc)
+/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x).
+ * VNNI form: one vpdpbusd for maddubs + madd — the same int32 sums, as maddubs cannot
+ * saturate (|x| <= 128, |y| <= 127: the activation quantizer's range). */
+ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc,
+                                bool vnni)
 {
 	const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
 	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
 	const __m256 d = _mm256_set1_ps(f16(x->d) * f16(y->d));
-	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
-	                       acc);
+	const __m256i ax = _mm256_sign_epi8(qx, qx), sy = _mm256_sign_epi8(qy, qx);
+	if (vnni) {
+		__m256i s32 = _mm256_setzero_si256();
+		__asm__("vpdpbusd %2, %1, %0" : "+v"(s32) : "v"(ax), "v"(sy));
+		return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc);
+	}
+	return _mm256_fmadd_ps(d, dot_u8s8_32(ax, sy), acc);
 }
 
 /* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
@@ -205,8 +213,8 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			const struct block_q8_0 *y = act;
 			for (; i + 2 <= nb; i += 2) {
 				prefetch_ahead(xb + i, far);
-				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
-				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
+				acc[0] = q8_0_block(xb + i, y + i, acc[0], vnni);
+				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1, vnni);
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
@@ -216,7 +224,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 				acc[t] = q8_0_block(
 				    xb + i,
 				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i,
-				    acc[t]);
+				    acc[t], vnni);
 		}
 	}
 	for (int t = 0; t < NT; t++)
@@ -406,7 +414,7 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 	}
 }
 
-DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0, false)
+DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false)
 DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 
@@ -419,11 +427,13 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 #define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
 #define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
 
+VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true)
 VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
-ROWS_ENTRY(rows_q8_0, q32_body, Q32_Q8_0, false)
+ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false)
 ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
 ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true)
 VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
@@ -447,9 +457,13 @@ VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 			rows_##fmt##_avx2(w, stride, nr, act, k, out);                             \
 	}
 
+VNNI_DISPATCH_DOT(q8_0)
+
 VNNI_DISPATCH_DOT(q4_0)
 
 VNNI_DISPATCH_DOT(mxfp4)
+
+VNNI_DISPATCH_ROWS(q8_0)
 
 VNNI_DISPATCH_ROWS(q4_0)
 

@@ -9,6 +9,7 @@
  *   of a row range into two calls.
  * - BF16 group dot (the interleaved decode layout): every token count, within reassociation
  *   of the exact dot; a token's results do not move when another token's activations change.
+ * - The path log (moek_isa_format_path) names them.
  * Skipped where the CPU cannot run the avx512 table (test_kernel_ffn covers the others).
  */
 #include <criterion/criterion.h>
@@ -194,6 +195,17 @@ Test(dot_avx512, bf16_group_dot_tokens_independent)
 		free(saved);
 	}
 	free(w), free(g), free(x);
+}
+
+/* The path log names what BF16 decode runs under avx512; the other formats keep AVX2's. */
+Test(dot_avx512, path_log_names_the_kernels)
+{
+	(void)avx512_or_skip();
+	char path[192];
+	moek_isa_format_path(MOEK_BF16, path, sizeof(path));
+	cr_expect(strstr(path, "decode avx512 vdpbf16ps") != NULL, "%s", path);
+	moek_isa_format_path(MOEK_Q6_K, path, sizeof(path));
+	cr_expect(strstr(path, "decode avx2 integer dots (vnni forms)") != NULL, "%s", path);
 }
 
 #else
