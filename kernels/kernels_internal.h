@@ -494,9 +494,10 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
 /* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
- * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. The default, taken at the
- * ISA choice unless set before, depends on the CPU (Intel: 1536 / 3072, others: none). For
- * benchmarks; same bits either way. */
+ * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. Set: for every token
+ * count. The default, taken at the ISA choice unless set before: 1536 / 3072 for several
+ * tokens; for one token it depends on the CPU (Intel: 1536 / 3072, others: none). Get: the
+ * one-token setting. For benchmarks; same bits either way. */
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
 /* x86_avx2_iq4.c: moek_avx2_ops' IQ4_NL dots (MOEK_ACT_Q8_0X2 activations) and IQ4_XS dots

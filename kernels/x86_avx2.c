@@ -490,18 +490,26 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * line is asked for once). Past the end of a group it runs into the next group of the same
  * matrix, which the caller reads next; a prefetch never faults.
  *
- * Whether it pays depends on the core (docs/performance.md, "Kernel design measurements"). On
- * the Intel Xeon VMs one core's plain read is slow enough that, with the hardware prefetcher
- * alone, a group dot's compute time adds to its memory time instead of hiding behind it; the
- * software prefetch hides it. On the AMD EPYC VMs it costs weight bandwidth, so there the
- * hardware prefetcher works alone. */
-atomic_uint moek_avx2_x8_pf_near, moek_avx2_x8_pf_gap;
+ * Whether it pays depends on the core and on the token count (docs/performance.md, "Kernel
+ * design measurements"). On the Intel Xeon VMs one core's plain read is slow enough that, with
+ * the hardware prefetcher alone, a group dot's compute time adds to its memory time instead of
+ * hiding behind it; the software prefetch hides it. On the AMD EPYC VMs it costs weight
+ * bandwidth at one token, so there the hardware prefetcher works alone; with several tokens
+ * (more work per line) the same stall appears and the prefetch pays there too. Index 0: one
+ * token, 1: several. */
+atomic_uint moek_avx2_x8_pf_near[2], moek_avx2_x8_pf_gap[2];
 static atomic_bool x8_pf_set;
+
+static void set_prefetch(int several, unsigned near, unsigned gap)
+{
+	atomic_store_explicit(&moek_avx2_x8_pf_near[several], near, memory_order_relaxed);
+	atomic_store_explicit(&moek_avx2_x8_pf_gap[several], near ? gap : 0, memory_order_relaxed);
+}
 
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
 {
-	atomic_store_explicit(&moek_avx2_x8_pf_near, near, memory_order_relaxed);
-	atomic_store_explicit(&moek_avx2_x8_pf_gap, near ? gap : 0, memory_order_relaxed);
+	set_prefetch(0, near, gap);
+	set_prefetch(1, near, gap);
 	atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
 }
 
@@ -509,10 +517,12 @@ void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
 {
 	if (!atomic_load_explicit(&x8_pf_set, memory_order_relaxed)) {
 		const bool intel = moek_cpu_features() & MOEK_CPU_INTEL;
-		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
+		set_prefetch(0, intel ? 1536 : 0, intel ? 3072 : 0);
+		set_prefetch(1, 1536, 3072);
+		atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
 	}
-	*near = atomic_load_explicit(&moek_avx2_x8_pf_near, memory_order_relaxed);
-	*gap = atomic_load_explicit(&moek_avx2_x8_pf_gap, memory_order_relaxed);
+	*near = atomic_load_explicit(&moek_avx2_x8_pf_near[0], memory_order_relaxed);
+	*gap = atomic_load_explicit(&moek_avx2_x8_pf_gap[0], memory_order_relaxed);
 }
 
 /* Four activation bytes, read as one broadcast operand. */
@@ -596,7 +606,7 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8 * 17) {
 		x8_prefetch(&pf, col + X8 * 17);
 		/* one token: four chains (low/high nibbles, even/odd vector), the multiply's
@@ -650,7 +660,7 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t b = 0; b < k / QK8_0; b++, col += X8 * 34) {
 		x8_prefetch(&pf, col + X8 * 34);
 		/* one token: four chains (vector v % 4), as in x8_mxfp4_body */
@@ -716,7 +726,7 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t i = 0; i < k / QK_K; i++, col += X8 * 144) {
 		const __m256i v0 = _mm256_loadu_si256((const __m256i *)(col + 32));
 		const __m256i v1 = _mm256_loadu_si256((const __m256i *)(col + 64));
@@ -847,7 +857,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		__m256 ev[4], od[4];
 		for (int j = 0; j < 4; j++)
 			ev[j] = od[j] = _mm256_setzero_ps();
-		struct x8_stream pf = x8_stream_at(col);
+		struct x8_stream pf = x8_stream_at(col, NT);
 		for (size_t p = 0; p < k / 2; p += 4, col += 4 * 32) {
 			x8_prefetch(&pf, col + 4 * 32);
 			for (int j = 0; j < 4; j++) {
@@ -873,7 +883,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 	__m256 ev[8], od[8];
 	for (int t = 0; t < NT; t++)
 		ev[t] = od[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t p = 0; p < k / 2; p++, col += 32) {
 		x8_prefetch(&pf, col + 32);
 		const __m256i w = _mm256_loadu_si256((const __m256i *)col);

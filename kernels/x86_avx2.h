@@ -90,21 +90,25 @@ ALWAYS_INLINE bool wide_activation(size_t act_bytes)
 	}
 
 /* The group dots' software prefetch (moek_avx2_set_group_prefetch; x86_avx2.c says where it
- * pays): every weight line `near` bytes ahead into L1 and `near + gap` bytes ahead into L2, a
- * cursor per call so that each line is asked for once. Shared with the wider ISAs' group dots,
- * which follow the same setting. */
-extern atomic_uint moek_avx2_x8_pf_near __attribute__((visibility("hidden")));
-extern atomic_uint moek_avx2_x8_pf_gap __attribute__((visibility("hidden")));
+ * pays), for one token [0] and for several [1]: every weight line `near` bytes ahead into L1
+ * and `near + gap` bytes ahead into L2, a cursor per call so that each line is asked for once.
+ * Shared with the wider ISAs' group dots, which follow the same setting. */
+extern atomic_uint moek_avx2_x8_pf_near[2] __attribute__((visibility("hidden")));
+extern atomic_uint moek_avx2_x8_pf_gap[2] __attribute__((visibility("hidden")));
 
 struct x8_stream {
 	uintptr_t next; /* the next line to prefetch; UINTPTR_MAX: none */
 	size_t near, gap;
 };
 
-ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group)
+/* The cursor of a group dot over `nt` tokens starting at `group`. */
+ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group, int nt)
 {
-	const size_t near = atomic_load_explicit(&moek_avx2_x8_pf_near, memory_order_relaxed);
-	const size_t gap = atomic_load_explicit(&moek_avx2_x8_pf_gap, memory_order_relaxed);
+	const int several = nt > 1;
+	const size_t near =
+	    atomic_load_explicit(&moek_avx2_x8_pf_near[several], memory_order_relaxed);
+	const size_t gap =
+	    atomic_load_explicit(&moek_avx2_x8_pf_gap[several], memory_order_relaxed);
 	const uintptr_t first = ((uintptr_t)group + near) & ~(uintptr_t)63;
 	return (struct x8_stream){near ? first : UINTPTR_MAX, near, gap};
 }

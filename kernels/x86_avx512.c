@@ -105,7 +105,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 {
 	(void)unused;
 	const uint8_t *col = group;
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	if (NT == 1) {
 		__m256 acc[4];
 		for (int j = 0; j < 4; j++)
