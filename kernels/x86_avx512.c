@@ -13,7 +13,8 @@
  *   hold two pairs of the same rows and need its activation operand shuffled per token, and
  *   the AMD cores this targets run a 512-bit operation as two 256-bit halves anyway.
  *   Row dots: 32 columns per 512-bit vdpbf16ps, the weights loaded once for all tokens, the
- *   last partial step through a zero-masked load (both operands zero past k).
+ *   last partial step through a zero-masked load (both operands zero past k); one token
+ *   against a wide activation row keeps the AVX2 dot (bf16_wide_row).
  * Every result's summation order depends only on k and the token count, never on the rows
  * or tokens processed with it, and dot_rows runs dot's one-token body per row (same bits).
  */
@@ -82,8 +83,36 @@ ALWAYS_INLINE void bf16_row_body(const void *w, const float *sr, const void *act
 		out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-DOT_ENTRY(dot_bf16, bf16_row_body, 0)
-ROWS_ENTRY(rows_bf16, bf16_row_body, 0)
+DOT_ENTRY(dot_bf16_zmm, bf16_row_body, 0)
+ROWS_ENTRY(rows_bf16_zmm, bf16_row_body, 0)
+
+/* One token against rows whose activation row is wide (wide_activation: reloaded from L2 for
+ * every row) stays on the AVX2 dot: from DRAM on two threads (14336 columns) the 512-bit loop
+ * streamed them at 0.88-0.89 of it, a 256-bit vdpbf16ps loop with its prefetch cadence at
+ * 0.92-0.98, with four chains over 64 columns 0.74-0.84. The choice depends on k alone, so a
+ * row gets the same bits from either entry. */
+static bool bf16_wide_row(size_t k)
+{
+	return wide_activation(k * sizeof(uint16_t));
+}
+
+static void dot_bf16(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                     size_t k, float *out)
+{
+	if (nt == 1 && bf16_wide_row(k))
+		moek_avx2_ops.dot[MOEK_BF16](w, sr, act, as, 1, k, out);
+	else
+		dot_bf16_zmm(w, sr, act, as, nt, k, out);
+}
+
+static void rows_bf16(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                      float *out)
+{
+	if (bf16_wide_row(k))
+		moek_avx2_ops.dot_rows[MOEK_BF16](w, stride, nr, act, k, out);
+	else
+		rows_bf16_zmm(w, stride, nr, act, k, out);
+}
 
 /* acc + w · the token's column pair p, broadcast to the 8 row lanes. (As vdpbf16ps's own
  * {1to8} memory operand, through inline assembly, GCC 12 kept a copy of every accumulator in
