@@ -174,7 +174,7 @@ X8_ENTRY(x8_bf16, x8_bf16_body, 0, )
 static const char *describe(uint32_t format, bool prefill)
 {
 	if (!prefill && format == MOEK_BF16)
-		return "avx512 vdpbf16ps row and group dots";
+		return "avx512 vdpbf16ps row and group dots (one token on wide rows: avx2 fma)";
 	return moek_avx2_ops.describe(format, prefill);
 }
 
