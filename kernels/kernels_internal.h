@@ -450,10 +450,10 @@ static inline void moek_isa_dequantize_act(const struct moek_isa_ops *ops, uint3
 /* ---- Forms (isa.c) -------------------------------------------------------------------------
  * Variants of an ISA's kernels that give the same bits with other instructions, picked per
  * call by the kernels that have them: AVX2's VNNI forms (AVX512-VNNI on 256-bit registers:
- * vpdpbusd instead of maddubs + madd for Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
- * madd + add for Q4_K / Q5_K) and, within them, MXFP4's group dot with vpermb (VBMI). Choosing
- * an ISA turns on every form the CPU has for it; tests set them to reach each form. Not
- * thread-safe against running kernels, like moek_set_isa. */
+ * vpdpbusd instead of maddubs + madd for Q8_0 / Q4_0 / MXFP4 / IQ4 / INT4_G32, vpdpwssd instead of
+ * madd + add for Q4_K / Q5_K / Q6_K / Q2_K / Q3_K) and, within them, MXFP4's group dot with vpermb
+ * (VBMI). Choosing an ISA turns on every form the CPU has for it; tests set them to reach each
+ * form. Not thread-safe against running kernels, like moek_set_isa. */
 enum moek_isa_form { MOEK_FORM_VNNI = 1u << 0, MOEK_FORM_VBMI = 1u << 1 };
 /* The forms this CPU can run: VNNI with AVX512 F/BW/VL/VNNI, VBMI with AVX512-VBMI too. */
 unsigned moek_isa_forms_available(void);
@@ -494,9 +494,10 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
 /* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
- * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. The default, taken at the
- * ISA choice unless set before, depends on the CPU (Intel: 1536 / 3072, others: none). For
- * benchmarks; same bits either way. */
+ * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. Set: for every token
+ * count. The default, taken at the ISA choice unless set before: 1536 / 3072 for several
+ * tokens; for one token it depends on the CPU (Intel: 1536 / 3072, others: none). Get: the
+ * one-token setting. For benchmarks; same bits either way. */
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap);
 void moek_avx2_group_prefetch(unsigned *near, unsigned *gap);
 /* x86_avx2_iq4.c: moek_avx2_ops' IQ4_NL dots (MOEK_ACT_Q8_0X2 activations) and IQ4_XS dots

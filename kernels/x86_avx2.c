@@ -12,8 +12,8 @@
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
  *   BF16, F16 against bf16 activations, F32 and FP8 E4M3 against f32 — converted in registers
  *   and FMA'd.
- *   Where the CPU has AVX512-VNNI + AVX512VL, the Q4_0 / MXFP4 products use vpdpbusd and the
- *   Q4_K / Q5_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
+ *   Where the CPU has AVX512-VNNI + AVX512VL, the Q8_0 / Q4_0 / MXFP4 products use vpdpbusd and the
+ *   Q4_K / Q5_K / Q6_K ones vpdpwssd on 256-bit registers (inline assembly; same bits;
  *   MOEK_FORM_VNNI). Every dot prefetches its row PREFETCH_AHEAD bytes ahead (rows with
  *   wide activations also PREFETCH_FAR ahead into L2).
  * Interleaved decode (rows in groups of 8, moek_interleave): MXFP4, Q8_0 and Q4_K, 4 weights
@@ -54,14 +54,22 @@ static inline __m256 dot_u8s8_32(__m256i abs_x, __m256i y_signed_by_x)
 
 enum q32_kind { Q32_Q8_0, Q32_Q4_0, Q32_MXFP4 };
 
-/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x). */
-ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc)
+/* Q8_0: one block against one Q8_0 activation block, by the sign trick (|x|, y signed by x).
+ * VNNI form: one vpdpbusd for maddubs + madd — the same int32 sums, as maddubs cannot
+ * saturate (|x| <= 128, |y| <= 127: the activation quantizer's range). */
+ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q8_0 *y, __m256 acc,
+                                bool vnni)
 {
 	const __m256i qx = _mm256_loadu_si256((const __m256i *)x->qs);
 	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
 	const __m256 d = _mm256_set1_ps(f16(x->d) * f16(y->d));
-	return _mm256_fmadd_ps(d, dot_u8s8_32(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)),
-	                       acc);
+	const __m256i ax = _mm256_sign_epi8(qx, qx), sy = _mm256_sign_epi8(qy, qx);
+	if (vnni) {
+		__m256i s32 = _mm256_setzero_si256();
+		__asm__("vpdpbusd %2, %1, %0" : "+v"(s32) : "v"(ax), "v"(sy));
+		return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc);
+	}
+	return _mm256_fmadd_ps(d, dot_u8s8_32(ax, sy), acc);
 }
 
 /* Q4_0 / MXFP4, two blocks at a time: the nibbles of blocks i and i+1 are unpacked with one
@@ -205,8 +213,8 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 			const struct block_q8_0 *y = act;
 			for (; i + 2 <= nb; i += 2) {
 				prefetch_ahead(xb + i, far);
-				acc[0] = q8_0_block(xb + i, y + i, acc[0]);
-				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1);
+				acc[0] = q8_0_block(xb + i, y + i, acc[0], vnni);
+				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1, vnni);
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
@@ -216,7 +224,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 				acc[t] = q8_0_block(
 				    xb + i,
 				    (const struct block_q8_0 *)((const uint8_t *)act + t * as) + i,
-				    acc[t]);
+				    acc[t], vnni);
 		}
 	}
 	for (int t = 0; t < NT; t++)
@@ -406,7 +414,7 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 	}
 }
 
-DOT_ENTRY(dot_q8_0, q32_body, Q32_Q8_0, false)
+DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false)
 DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
 DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 
@@ -419,11 +427,13 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
 #define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
 #define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
 
+VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true)
 VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
-ROWS_ENTRY(rows_q8_0, q32_body, Q32_Q8_0, false)
+ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false)
 ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
 ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true)
 VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
@@ -447,9 +457,13 @@ VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 			rows_##fmt##_avx2(w, stride, nr, act, k, out);                             \
 	}
 
+VNNI_DISPATCH_DOT(q8_0)
+
 VNNI_DISPATCH_DOT(q4_0)
 
 VNNI_DISPATCH_DOT(mxfp4)
+
+VNNI_DISPATCH_ROWS(q8_0)
 
 VNNI_DISPATCH_ROWS(q4_0)
 
@@ -476,18 +490,26 @@ VNNI_DISPATCH_ROWS(mxfp4)
  * line is asked for once). Past the end of a group it runs into the next group of the same
  * matrix, which the caller reads next; a prefetch never faults.
  *
- * Whether it pays depends on the core (docs/performance.md, "Kernel design measurements"). On
- * the Intel Xeon VMs one core's plain read is slow enough that, with the hardware prefetcher
- * alone, a group dot's compute time adds to its memory time instead of hiding behind it; the
- * software prefetch hides it. On the AMD EPYC VMs it costs weight bandwidth, so there the
- * hardware prefetcher works alone. */
-static atomic_uint x8_pf_near, x8_pf_gap;
+ * Whether it pays depends on the core and on the token count (docs/performance.md, "Kernel
+ * design measurements"). On the Intel Xeon VMs one core's plain read is slow enough that, with
+ * the hardware prefetcher alone, a group dot's compute time adds to its memory time instead of
+ * hiding behind it; the software prefetch hides it. On the AMD EPYC VMs it costs weight
+ * bandwidth at one token, so there the hardware prefetcher works alone; with several tokens
+ * (more work per line) the same stall appears and the prefetch pays there too. Index 0: one
+ * token, 1: several. */
+atomic_uint moek_avx2_x8_pf_near[2], moek_avx2_x8_pf_gap[2];
 static atomic_bool x8_pf_set;
+
+static void set_prefetch(int several, unsigned near, unsigned gap)
+{
+	atomic_store_explicit(&moek_avx2_x8_pf_near[several], near, memory_order_relaxed);
+	atomic_store_explicit(&moek_avx2_x8_pf_gap[several], near ? gap : 0, memory_order_relaxed);
+}
 
 void moek_avx2_set_group_prefetch(unsigned near, unsigned gap)
 {
-	atomic_store_explicit(&x8_pf_near, near, memory_order_relaxed);
-	atomic_store_explicit(&x8_pf_gap, near ? gap : 0, memory_order_relaxed);
+	set_prefetch(0, near, gap);
+	set_prefetch(1, near, gap);
 	atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
 }
 
@@ -495,33 +517,12 @@ void moek_avx2_group_prefetch(unsigned *near, unsigned *gap)
 {
 	if (!atomic_load_explicit(&x8_pf_set, memory_order_relaxed)) {
 		const bool intel = moek_cpu_features() & MOEK_CPU_INTEL;
-		moek_avx2_set_group_prefetch(intel ? 1536 : 0, intel ? 3072 : 0);
+		set_prefetch(0, intel ? 1536 : 0, intel ? 3072 : 0);
+		set_prefetch(1, 1536, 3072);
+		atomic_store_explicit(&x8_pf_set, true, memory_order_relaxed);
 	}
-	*near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
-	*gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
-}
-
-struct x8_stream {
-	uintptr_t next; /* the next line to prefetch; UINTPTR_MAX: none */
-	size_t near, gap;
-};
-
-ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group)
-{
-	const size_t near = atomic_load_explicit(&x8_pf_near, memory_order_relaxed);
-	const size_t gap = atomic_load_explicit(&x8_pf_gap, memory_order_relaxed);
-	const uintptr_t first = ((uintptr_t)group + near) & ~(uintptr_t)63;
-	return (struct x8_stream){near ? first : UINTPTR_MAX, near, gap};
-}
-
-/* The lines up to `near` bytes past `end` (the end of what the dot reads next). */
-ALWAYS_INLINE void x8_prefetch(struct x8_stream *s, const void *end)
-{
-	for (; s->next < (uintptr_t)end + s->near; s->next += 64) {
-		_mm_prefetch((const char *)s->next, _MM_HINT_T0);
-		if (s->gap)
-			_mm_prefetch((const char *)s->next + s->gap, _MM_HINT_T1);
-	}
+	*near = atomic_load_explicit(&moek_avx2_x8_pf_near[0], memory_order_relaxed);
+	*gap = atomic_load_explicit(&moek_avx2_x8_pf_gap[0], memory_order_relaxed);
 }
 
 /* Four activation bytes, read as one broadcast operand. */
@@ -605,7 +606,7 @@ ALWAYS_INLINE void x8_mxfp4_body(const void *group, const void *act, size_t as, 
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t b = 0; b < k / QK_MXFP4; b++, col += X8 * 17) {
 		x8_prefetch(&pf, col + X8 * 17);
 		/* one token: four chains (low/high nibbles, even/odd vector), the multiply's
@@ -659,7 +660,7 @@ ALWAYS_INLINE void x8_q8_0_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t b = 0; b < k / QK8_0; b++, col += X8 * 34) {
 		x8_prefetch(&pf, col + X8 * 34);
 		/* one token: four chains (vector v % 4), as in x8_mxfp4_body */
@@ -725,7 +726,7 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t i = 0; i < k / QK_K; i++, col += X8 * 144) {
 		const __m256i v0 = _mm256_loadu_si256((const __m256i *)(col + 32));
 		const __m256i v1 = _mm256_loadu_si256((const __m256i *)(col + 64));
@@ -856,7 +857,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		__m256 ev[4], od[4];
 		for (int j = 0; j < 4; j++)
 			ev[j] = od[j] = _mm256_setzero_ps();
-		struct x8_stream pf = x8_stream_at(col);
+		struct x8_stream pf = x8_stream_at(col, NT);
 		for (size_t p = 0; p < k / 2; p += 4, col += 4 * 32) {
 			x8_prefetch(&pf, col + 4 * 32);
 			for (int j = 0; j < 4; j++) {
@@ -882,7 +883,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 	__m256 ev[8], od[8];
 	for (int t = 0; t < NT; t++)
 		ev[t] = od[t] = _mm256_setzero_ps();
-	struct x8_stream pf = x8_stream_at(col);
+	struct x8_stream pf = x8_stream_at(col, NT);
 	for (size_t p = 0; p < k / 2; p++, col += 32) {
 		x8_prefetch(&pf, col + 32);
 		const __m256i w = _mm256_loadu_si256((const __m256i *)col);
@@ -901,22 +902,6 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 		_mm256_storeu_ps(out + 8 * t, _mm256_add_ps(ev[t], od[t]));
 }
 
-/* An interleaved-group entry point per format and form, specialised on the token count. */
-#define X8_ENTRY(name, body, vnni, attr)                                                           \
-	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
-	                      float *out)                                                          \
-	{                                                                                          \
-		switch (nt) {                                                                      \
-		case 1: body(g, act, as, 1, k, out, vnni); break;                                  \
-		case 2: body(g, act, as, 2, k, out, vnni); break;                                  \
-		case 3: body(g, act, as, 3, k, out, vnni); break;                                  \
-		case 4: body(g, act, as, 4, k, out, vnni); break;                                  \
-		case 5: body(g, act, as, 5, k, out, vnni); break;                                  \
-		case 6: body(g, act, as, 6, k, out, vnni); break;                                  \
-		case 7: body(g, act, as, 7, k, out, vnni); break;                                  \
-		default: body(g, act, as, 8, k, out, vnni); break;                                 \
-		}                                                                                  \
-	}
 #define X8_DISPATCH(fmt)                                                                           \
 	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false, )                                        \
 	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true, VNNI_CODE)                                \
@@ -1093,9 +1078,9 @@ static inline __m256i scale_pair(int8_t s0, int8_t s1)
 }
 
 ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, int unused)
+                            const int NT, size_t k, float *out, bool vnni)
 {
-	(void)sr, (void)unused;
+	(void)sr;
 	const struct block_q6_K *x = w;
 	const __m256i low4 = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
@@ -1103,7 +1088,9 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (size_t i = 0; i < k / QK_K; i++) {
-		__m256i sumi[8];
+		/* VNNI: a second chain per token at one or two tokens (vpdpwssd's latency) */
+		const bool two = vnni && NT <= 2;
+		__m256i sumi[8], sumi2[8];
 		for (int l = 0; l < 4; l++)
 			prefetch_ahead((const uint8_t *)(x + i) + 64 * l, far);
 		/* the -32 offset: 32 · Σ_g sc_g · bsum_g, the 16 scale groups = the 16 bsums */
@@ -1115,6 +1102,7 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 			sumi[t] =
 			    _mm256_sub_epi32(_mm256_setzero_si256(),
 			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+			sumi2[t] = _mm256_setzero_si256();
 		}
 		for (int h = 0; h < 2; h++) {
 			const uint8_t *ql = x[i].ql + 64 * h;
@@ -1141,21 +1129,29 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 			const __m256i s3 = scale_pair(sc[4], sc[5]), s4 = scale_pair(sc[6], sc[7]);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *yq = q8k_token(act, as, t, i)->qs + 128 * h;
-				__m256i p =
-				    q6_scaled(q1, _mm256_loadu_si256((const __m256i *)yq), s1);
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q2, _mm256_loadu_si256((const __m256i *)(yq + 32)),
-				                 s2));
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q3, _mm256_loadu_si256((const __m256i *)(yq + 64)),
-				                 s3));
-				p = _mm256_add_epi32(
-				    p, q6_scaled(q4, _mm256_loadu_si256((const __m256i *)(yq + 96)),
-				                 s4));
+				const __m256i y1 = _mm256_loadu_si256((const __m256i *)yq);
+				const __m256i y2 = _mm256_loadu_si256((const __m256i *)(yq + 32));
+				const __m256i y3 = _mm256_loadu_si256((const __m256i *)(yq + 64));
+				const __m256i y4 = _mm256_loadu_si256((const __m256i *)(yq + 96));
+				if (vnni) { /* same int32 sums (exact either way) */
+					__m256i *c2 = two ? &sumi2[t] : &sumi[t];
+					sumi[t] = dpwssd(sumi[t], _mm256_maddubs_epi16(q1, y1), s1);
+					*c2 = dpwssd(*c2, _mm256_maddubs_epi16(q2, y2), s2);
+					sumi[t] = dpwssd(sumi[t], _mm256_maddubs_epi16(q3, y3), s3);
+					*c2 = dpwssd(*c2, _mm256_maddubs_epi16(q4, y4), s4);
+					continue;
+				}
+				__m256i p = q6_scaled(q1, y1, s1);
+				p = _mm256_add_epi32(p, q6_scaled(q2, y2, s2));
+				p = _mm256_add_epi32(p, q6_scaled(q3, y3, s3));
+				p = _mm256_add_epi32(p, q6_scaled(q4, y4, s4));
 				sumi[t] = _mm256_add_epi32(sumi[t], p);
 			}
 		}
 		const float d = f16(x[i].d);
+		if (two)
+			for (int t = 0; t < NT; t++)
+				sumi[t] = _mm256_add_epi32(sumi[t], sumi2[t]);
 		for (int t = 0; t < NT; t++)
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
 			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
@@ -1164,8 +1160,14 @@ ALWAYS_INLINE void q6k_body(const void *w, const float *sr, const void *act, siz
 		out[t] = hsum(acc[t]);
 }
 
-DOT_ENTRY(dot_q6_K, q6k_body, 0)
-ROWS_ENTRY(rows_q6_K, q6k_body, 0)
+DOT_ENTRY(dot_q6_K_avx2, q6k_body, false)
+VNNI_DOT_ENTRY(dot_q6_K_vnni, q6k_body, true)
+ROWS_ENTRY(rows_q6_K_avx2, q6k_body, false)
+VNNI_ROWS_ENTRY(rows_q6_K_vnni, q6k_body, true)
+
+VNNI_DISPATCH_DOT(q6_K)
+
+VNNI_DISPATCH_ROWS(q6_K)
 
 /* ---- Float formats against f32 activations ------------------------------------------------ */
 

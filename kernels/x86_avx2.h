@@ -9,6 +9,7 @@
 #define MOE_KERNELS_X86_AVX2_H
 
 #include <immintrin.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -88,6 +89,56 @@ ALWAYS_INLINE bool wide_activation(size_t act_bytes)
 			     __VA_ARGS__);                                                         \
 	}
 
+/* The group dots' software prefetch (moek_avx2_set_group_prefetch; x86_avx2.c says where it
+ * pays), for one token [0] and for several [1]: every weight line `near` bytes ahead into L1
+ * and `near + gap` bytes ahead into L2, a cursor per call so that each line is asked for once.
+ * Shared with the wider ISAs' group dots, which follow the same setting. */
+extern atomic_uint moek_avx2_x8_pf_near[2] __attribute__((visibility("hidden")));
+extern atomic_uint moek_avx2_x8_pf_gap[2] __attribute__((visibility("hidden")));
+
+struct x8_stream {
+	uintptr_t next; /* the next line to prefetch; UINTPTR_MAX: none */
+	size_t near, gap;
+};
+
+/* The cursor of a group dot over `nt` tokens starting at `group`. */
+ALWAYS_INLINE struct x8_stream x8_stream_at(const void *group, int nt)
+{
+	const int several = nt > 1;
+	const size_t near =
+	    atomic_load_explicit(&moek_avx2_x8_pf_near[several], memory_order_relaxed);
+	const size_t gap =
+	    atomic_load_explicit(&moek_avx2_x8_pf_gap[several], memory_order_relaxed);
+	const uintptr_t first = ((uintptr_t)group + near) & ~(uintptr_t)63;
+	return (struct x8_stream){near ? first : UINTPTR_MAX, near, gap};
+}
+
+/* The lines up to `near` bytes past `end` (the end of what the dot reads next). */
+ALWAYS_INLINE void x8_prefetch(struct x8_stream *s, const void *end)
+{
+	for (; s->next < (uintptr_t)end + s->near; s->next += 64) {
+		_mm_prefetch((const char *)s->next, _MM_HINT_T0);
+		if (s->gap)
+			_mm_prefetch((const char *)s->next + s->gap, _MM_HINT_T1);
+	}
+}
+
+/* An interleaved-group entry point per format and form, specialised on the token count. */
+#define X8_ENTRY(name, body, vnni, attr)                                                           \
+	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
+	                      float *out)                                                          \
+	{                                                                                          \
+		switch (nt) {                                                                      \
+		case 1: body(g, act, as, 1, k, out, vnni); break;                                  \
+		case 2: body(g, act, as, 2, k, out, vnni); break;                                  \
+		case 3: body(g, act, as, 3, k, out, vnni); break;                                  \
+		case 4: body(g, act, as, 4, k, out, vnni); break;                                  \
+		case 5: body(g, act, as, 5, k, out, vnni); break;                                  \
+		case 6: body(g, act, as, 6, k, out, vnni); break;                                  \
+		case 7: body(g, act, as, 7, k, out, vnni); break;                                  \
+		default: body(g, act, as, 8, k, out, vnni); break;                                 \
+		}                                                                                  \
+	}
 static inline const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
 {
 	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;

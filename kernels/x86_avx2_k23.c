@@ -8,6 +8,9 @@
  * super-block and token. The constant parts go through Q8_K's 16-element bsums: Q2_K's mins
  * (dmin · Σ m_j · bsum_j, subtracted), Q3_K's −4 of a clear hmask bit (the code enters as
  * low2 + 4 · hbit in 0..7, and 4 · Σ (sc_j − 32) · bsum_j comes back out).
+ * VNNI form (MOEK_FORM_VNNI, where the CPU has AVX512-VNNI + VL): vpdpwssd does the madd and
+ * the add in one, into chains per token that cover its latency; the int32 sums are exact
+ * either way, so the bits are the plain form's.
  * Prefill: dequantization, bit-identical to formats.c (the same products and roundings).
  *
  * The summation order depends only on k: split determinism as every dot (kernels_internal.h).
@@ -64,6 +67,36 @@ ALWAYS_INLINE __m256i q3_scales_i16(const uint8_t s[K_SCALE_SIZE])
 	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
 }
 
+/* acc + the int16 pair products of a and b summed per int32 lane (madd + add in one):
+ * AVX512-VNNI's vpdpwssd on 256-bit registers (EVEX, AVX512VL), as inline assembly so that
+ * this file keeps its AVX2 flags; run only with MOEK_FORM_VNNI on. */
+ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
+{
+	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+	return acc;
+}
+
+/* Chains of int32 sums per token: one, except for the VNNI form at one or two tokens, where
+ * vpdpwssd's latency (not covered by other tokens' chains) wants four in flight. More chains
+ * at more tokens spill registers (Q3_K at 8 tokens: 0.7 of the plain form's speed). */
+#define K23_CHAINS(vnni, NT) ((vnni) && (NT) <= 2 ? 4 / (NT) : 1)
+
+/* Chain s % chains of one token += madd(p, scv). */
+ALWAYS_INLINE void add_scaled(bool vnni, int chains, __m256i *sumi, int s, __m256i p, __m256i scv)
+{
+	__m256i *c = &sumi[s % chains];
+	*c = vnni ? dpwssd(*c, p, scv) : _mm256_add_epi32(*c, _mm256_madd_epi16(p, scv));
+}
+
+/* The chains' total, in chain order. */
+ALWAYS_INLINE __m256i chains_total(const __m256i *sumi, int chains)
+{
+	__m256i s = sumi[0];
+	for (int c = 1; c < chains; c++)
+		s = _mm256_add_epi32(s, sumi[c]);
+	return s;
+}
+
 /* Q3_K: 4 · (bit 4h + s of each hmask byte), added to chunk 4h + s's low bits. */
 ALWAYS_INLINE __m256i hbit4(__m256i hmask, int n)
 {
@@ -72,9 +105,9 @@ ALWAYS_INLINE __m256i hbit4(__m256i hmask, int n)
 }
 
 ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, int unused)
+                            const int NT, size_t k, float *out, bool vnni)
 {
-	(void)sr, (void)unused;
+	(void)sr;
 	const struct block_q2_K *x = w;
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -90,9 +123,11 @@ ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, siz
 		/* scales 0-7 (chunks 0-3) and 8-15 (chunks 4-7), each in both 128-bit lanes */
 		const __m256i sc_half[2] = {_mm256_broadcastsi128_si256(sc),
 		                            _mm256_broadcastsi128_si256(_mm_srli_si128(sc, 8))};
-		__m256i sumi[8];
+		const int ch = K23_CHAINS(vnni, NT);
+		__m256i sumi[8][4];
 		for (int t = 0; t < NT; t++)
-			sumi[t] = _mm256_setzero_si256();
+			for (int c = 0; c < ch; c++)
+				sumi[t][c] = _mm256_setzero_si256();
 		for (int h = 0; h < 2; h++) {
 			__m256i q[4];
 			codes_2bit(x[i].qs + 32 * h, q);
@@ -102,9 +137,8 @@ ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, siz
 					const int8_t *yq =
 					    q8k_token(act, as, t, i)->qs + 128 * h + 32 * s;
 					const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
-					sumi[t] = _mm256_add_epi32(
-					    sumi[t],
-					    _mm256_madd_epi16(_mm256_maddubs_epi16(q[s], y), scv));
+					add_scaled(vnni, ch, sumi[t], s,
+					           _mm256_maddubs_epi16(q[s], y), scv);
 				}
 			}
 		}
@@ -113,8 +147,9 @@ ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, siz
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
 			const __m256i m =
 			    _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y->bsums));
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
-			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc[t] =
+			    _mm256_fmadd_ps(_mm256_set1_ps(d * y->d),
+			                    _mm256_cvtepi32_ps(chains_total(sumi[t], ch)), acc[t]);
 			acc[t] = _mm256_fnmadd_ps(_mm256_set1_ps(dmin * y->d),
 			                          _mm256_cvtepi32_ps(m), acc[t]);
 		}
@@ -124,9 +159,9 @@ ALWAYS_INLINE void q2k_body(const void *w, const float *sr, const void *act, siz
 }
 
 ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, int unused)
+                            const int NT, size_t k, float *out, bool vnni)
 {
-	(void)sr, (void)unused;
+	(void)sr;
 	const struct block_q3_K *x = w;
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m256 acc[8];
@@ -138,14 +173,16 @@ ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, siz
 		const __m256i sc_half[2] = {_mm256_permute4x64_epi64(sc16, 0x44),
 		                            _mm256_permute4x64_epi64(sc16, 0xEE)};
 		const __m256i hmask = _mm256_loadu_si256((const __m256i *)x[i].hmask);
-		__m256i sumi[8];
-		for (int t = 0; t < NT;
-		     t++) { /* codes carry +4: take 4 · Σ sc_j · bsum_j back out */
+		const int ch = K23_CHAINS(vnni, NT);
+		__m256i sumi[8][4];
+		for (int t = 0; t < NT; t++) { /* codes carry +4: take 4 · Σ sc_j · bsum_j out */
 			const __m256i bs =
 			    _mm256_loadu_si256((const __m256i *)q8k_token(act, as, t, i)->bsums);
-			sumi[t] =
+			sumi[t][0] =
 			    _mm256_sub_epi32(_mm256_setzero_si256(),
 			                     _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2));
+			for (int c = 1; c < ch; c++)
+				sumi[t][c] = _mm256_setzero_si256();
 		}
 		for (int h = 0; h < 2; h++) {
 			__m256i q[4];
@@ -157,48 +194,66 @@ ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, siz
 					const int8_t *yq =
 					    q8k_token(act, as, t, i)->qs + 128 * h + 32 * s;
 					const __m256i y = _mm256_loadu_si256((const __m256i *)yq);
-					sumi[t] = _mm256_add_epi32(
-					    sumi[t],
-					    _mm256_madd_epi16(_mm256_maddubs_epi16(qv, y), scv));
+					add_scaled(vnni, ch, sumi[t], s,
+					           _mm256_maddubs_epi16(qv, y), scv);
 				}
 			}
 		}
 		const float d = f16(x[i].d);
 		for (int t = 0; t < NT; t++)
-			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
-			                         _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+			acc[t] =
+			    _mm256_fmadd_ps(_mm256_set1_ps(d * q8k_token(act, as, t, i)->d),
+			                    _mm256_cvtepi32_ps(chains_total(sumi[t], ch)), acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
 		out[t] = hsum(acc[t]);
 }
 
-DOT_ENTRY(dot_q2_K, q2k_body, 0)
-DOT_ENTRY(dot_q3_K, q3k_body, 0)
-ROWS_ENTRY(rows_q2_K, q2k_body, 0)
-ROWS_ENTRY(rows_q3_K, q3k_body, 0)
+/* The entry points, specialised on the token count and the form; the VNNI forms are compiled
+ * for the AVX-512 subset MOEK_FORM_VNNI needs (isa.c), as x86_avx2.c's. */
+#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+DOT_ENTRY(dot_q2_K_avx2, q2k_body, false)
+DOT_ENTRY(dot_q3_K_avx2, q3k_body, false)
+ROWS_ENTRY(rows_q2_K_avx2, q2k_body, false)
+ROWS_ENTRY(rows_q3_K_avx2, q3k_body, false)
+VNNI_CODE DOT_ENTRY(dot_q2_K_vnni, q2k_body, true) VNNI_CODE
+    DOT_ENTRY(dot_q3_K_vnni, q3k_body, true) VNNI_CODE
+    ROWS_ENTRY(rows_q2_K_vnni, q2k_body, true) VNNI_CODE ROWS_ENTRY(rows_q3_K_vnni, q3k_body, true)
 
-void moek_avx2_dot_q2_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                        size_t k, float *out)
+        void moek_avx2_dot_q2_K(const void *w, const float *sr, const void *act, size_t as,
+                                size_t nt, size_t k, float *out)
 {
-	dot_q2_K(w, sr, act, as, nt, k, out);
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
+		dot_q2_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q2_K_avx2(w, sr, act, as, nt, k, out);
 }
 
 void moek_avx2_dot_q3_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                         size_t k, float *out)
 {
-	dot_q3_K(w, sr, act, as, nt, k, out);
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
+		dot_q3_K_vnni(w, sr, act, as, nt, k, out);
+	else
+		dot_q3_K_avx2(w, sr, act, as, nt, k, out);
 }
 
 void moek_avx2_rows_q2_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                          float *out)
 {
-	rows_q2_K(w, stride, nr, act, k, out);
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
+		rows_q2_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q2_K_avx2(w, stride, nr, act, k, out);
 }
 
 void moek_avx2_rows_q3_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                          float *out)
 {
-	rows_q3_K(w, stride, nr, act, k, out);
+	if (moek_isa_forms() & MOEK_FORM_VNNI)
+		rows_q3_K_vnni(w, stride, nr, act, k, out);
+	else
+		rows_q3_K_avx2(w, stride, nr, act, k, out);
 }
 
 /* ---- Prefill: dequantization ---------------------------------------------------------------- */

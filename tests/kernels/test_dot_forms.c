@@ -1,10 +1,11 @@
 /* test_dot_forms.c — the faster forms of the AVX2 decode dots that some CPUs allow give the bits
  * of the plain AVX2 form, and the plain form stays covered on CPUs that have them.
  *
- * - Q4_K / Q5_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
- *   MOEK_FORM_VNNI): same bits for every token count (1..MOEK_DOT_TOKENS), one super-block
- *   and odd super-block counts, rows narrower and wider than the far-prefetch threshold; exact
- *   against the double dot of the dequantized operands.
+ * - Q4_K / Q5_K / Q6_K / Q2_K / Q3_K / IQ4_XS with AVX512-VNNI (vpdpwssd instead of madd + add,
+ *   MOEK_FORM_VNNI) and Q8_0 (vpdpbusd instead of maddubs + madd): same bits for every token
+ *   count (1..MOEK_DOT_TOKENS), one super-block and odd super-block counts, rows narrower
+ *   and wider than the far-prefetch threshold; exact against the double dot of the
+ *   dequantized operands.
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
  *   every format that has one, both forms, several widths and row counts.
  * - Whole expert FFN, decode (1 and 3 tokens) and prefill (20), Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
@@ -37,13 +38,14 @@ static bool vnni_available(void)
 	return true;
 }
 
-/* One K-quant format, k columns, ROWS rows against MOEK_DOT_TOKENS tokens: both forms. */
+/* One format with Q8_K (K-quants) or Q8_0 activations, k columns, ROWS rows against
+ * MOEK_DOT_TOKENS tokens: both forms. */
 static void check_kquant(uint32_t fmt, size_t k)
 {
 	enum { ROWS = 5 };
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
 	const uint32_t act = moek_isa_act_format(ops, fmt, false);
-	cr_assert_eq(act, MOEK_Q8_K, "%s", moek_format_lookup(fmt)->name);
+	cr_assert(act == MOEK_Q8_K || act == MOEK_Q8_0, "%s", moek_format_lookup(fmt)->name);
 	const size_t rb = moek_row_bytes(fmt, k), ab = moek_isa_act_row_bytes(ops, act, k);
 	float *w = malloc(sizeof(float) * ROWS * k), *wd = malloc(sizeof(float) * ROWS * k);
 	float *x = malloc(sizeof(float) * k * MOEK_DOT_TOKENS);
@@ -116,6 +118,38 @@ Test(dot_forms, iq4_xs_vnni_same_bits_as_madd)
 		cr_skip_test("no AVX512-VNNI + AVX512VL here");
 	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
 		check_kquant(MOEK_IQ4_XS, kquant_widths[i]);
+}
+
+Test(dot_forms, q6_K_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_Q6_K, kquant_widths[i]);
+}
+
+Test(dot_forms, q8_0_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_Q8_0, kquant_widths[i]);
+}
+
+Test(dot_forms, q2_K_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_Q2_K, kquant_widths[i]);
+}
+
+Test(dot_forms, q3_K_vnni_same_bits_as_madd)
+{
+	if (!vnni_available())
+		cr_skip_test("no AVX512-VNNI + AVX512VL here");
+	for (size_t i = 0; i < sizeof(kquant_widths) / sizeof(kquant_widths[0]); i++)
+		check_kquant(MOEK_Q3_K, kquant_widths[i]);
 }
 
 /* dot_rows over nr rows of k columns against one token = dot row by row, bit for bit. */
