@@ -28,6 +28,10 @@
  *                                                0,0 none; default: the CPU's own)
  *                 [--isa scalar|avx2|avx512|amx] (the kernels' ISA; refused, naming what the
  *                                                CPU lacks, where it cannot run it)
+ *                 [--bf16-from N]   (the bf16 tiles from N tokens instead of
+ *                                    MOEK_PREFILL_MIN_TOKENS_BF16: how it was measured)
+ * --tokens takes any counts: below 64 they run as decode rows (experts cycled from DRAM,
+ * bw_fraction), from 64 as prefill rows.
  *   bench_kernels --dots [--json] [--formats ...] [--shapes ...]   (the dots' in-core ceiling)
  * Never a test: it prints figures, it asserts nothing about speed.
  */
@@ -243,45 +247,39 @@ static void fma_part(struct pool *p, unsigned w)
 enum peak_kind { PEAK_FMA, PEAK_BF16, PEAK_VNNI, PEAK_AMX_BF16, PEAK_AMX_INT8, PEAK_KINDS };
 static const char *const peak_names[PEAK_KINDS] = {"fma", "bf16", "vnni", "amx_bf16", "amx_int8"};
 
+/* 12 accumulators in named registers (an array stays in memory), the step applied to each. */
+#define CHAINS_12(T, init, step)                                                                   \
+	T a0 = init(0), a1 = init(1), a2 = init(2), a3 = init(3), a4 = init(4), a5 = init(5);      \
+	T a6 = init(6), a7 = init(7), a8 = init(8), a9 = init(9), a10 = init(10), a11 = init(11);  \
+	for (long it = 0; it < iters; it++) {                                                      \
+		a0 = step(a0), a1 = step(a1), a2 = step(a2), a3 = step(a3);                        \
+		a4 = step(a4), a5 = step(a5), a6 = step(a6), a7 = step(a7);                        \
+		a8 = step(a8), a9 = step(a9), a10 = step(a10), a11 = step(a11);                    \
+	}
+
+#define BF16_INIT(i) _mm512_set1_ps((float)(i))
+#define BF16_STEP(a) _mm512_dpbf16_ps(a, x, x)
 __attribute__((target("avx512f,avx512bf16"))) static float bf16_chains(long iters)
 {
-	__m512 a[12];
-	for (int i = 0; i < 12; i++)
-		a[i] = _mm512_set1_ps((float)i);
-	const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80), y = x; /* pairs of 1.0 */
-	for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-		for (int i = 0; i < 12; i++)
-			a[i] = _mm512_dpbf16_ps(a[i], x, y);
-		__asm__ volatile(""
-		                 : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]),
-		                   "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]),
-		                   "+v"(a[10]), "+v"(a[11]));
-	}
-	__m512 s = a[0];
-	for (int i = 1; i < 12; i++)
-		s = _mm512_add_ps(s, a[i]);
+	const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80); /* pairs of 1.0 */
+	CHAINS_12(__m512, BF16_INIT, BF16_STEP)
+	const __m512 s = _mm512_add_ps(
+	    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+	                  _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+	    _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
 	return _mm512_reduce_add_ps(s);
 }
 
+#define VNNI_INIT(i) _mm512_set1_epi32(i)
+#define VNNI_STEP(a) _mm512_dpbusd_epi32(a, x, x)
 __attribute__((target("avx512f,avx512vnni"))) static float vnni_chains(long iters)
 {
-	__m512i a[12];
-	for (int i = 0; i < 12; i++)
-		a[i] = _mm512_set1_epi32(i);
-	const __m512i x = _mm512_set1_epi8(1), y = _mm512_set1_epi8(1);
-	for (long it = 0; it < iters; it++) {
-#pragma GCC unroll 12
-		for (int i = 0; i < 12; i++)
-			a[i] = _mm512_dpbusd_epi32(a[i], x, y);
-		__asm__ volatile(""
-		                 : "+v"(a[0]), "+v"(a[1]), "+v"(a[2]), "+v"(a[3]), "+v"(a[4]),
-		                   "+v"(a[5]), "+v"(a[6]), "+v"(a[7]), "+v"(a[8]), "+v"(a[9]),
-		                   "+v"(a[10]), "+v"(a[11]));
-	}
-	__m512i s = a[0];
-	for (int i = 1; i < 12; i++)
-		s = _mm512_add_epi32(s, a[i]);
+	const __m512i x = _mm512_set1_epi8(1);
+	CHAINS_12(__m512i, VNNI_INIT, VNNI_STEP)
+	const __m512i s = _mm512_add_epi32(
+	    _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+	                     _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
+	    _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
 	return (float)_mm512_reduce_add_epi32(s);
 }
 
@@ -639,6 +637,10 @@ static void ffn_part(struct pool *p, unsigned w)
 		}
 	}
 }
+
+/* Rows of at least this many tokens run as prefill (two experts cycled, compute-bound); fewer,
+ * as decode (experts from DRAM, probes around each slice). */
+enum { PREFILL_ROW_TOKENS = 64 };
 
 struct row {
 	uint32_t format;
@@ -1023,8 +1025,8 @@ static void usage(void)
 	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
 	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
 	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] "
-	                "[--group-prefetch NEAR,GAP] [--isa scalar|avx2|avx512|amx] [--dots] "
-	                "[--verbose]\n");
+	                "[--group-prefetch NEAR,GAP] [--isa scalar|avx2|avx512|amx] "
+	                "[--bf16-from N] [--dots] [--verbose]\n");
 }
 
 int main(int argc, char **argv)
@@ -1038,6 +1040,7 @@ int main(int argc, char **argv)
 	const char *formats = NULL, *shape_list = NULL, *thread_list = "1,2";
 	const char *token_list = NULL; /* NULL: every token count */
 	const char *isa_name = NULL;   /* NULL: the library's choice */
+	long bf16_from = 0;            /* --bf16-from: the bf16 tiles' first token count */
 	double min_time = 0.5;
 	size_t set_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -1061,6 +1064,8 @@ int main(int argc, char **argv)
 			token_list = argv[++i];
 		else if (!strcmp(a, "--isa") && has_val)
 			isa_name = argv[++i];
+		else if (!strcmp(a, "--bf16-from") && has_val)
+			bf16_from = atol(argv[++i]);
 		else if (!strcmp(a, "--min-time") && has_val)
 			min_time = atof(argv[++i]);
 		else if (!strcmp(a, "--set-mb") && has_val)
@@ -1087,6 +1092,10 @@ int main(int argc, char **argv)
 	if (isa_name && set_isa(isa_name))
 		return 2;
 	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
+	if (bf16_from > 0) {     /* the tables are built by now (the choice above) */
+		moek_avx512_ops.tile_bf16_min = (unsigned)bf16_from;
+		moek_amx_ops.tile_bf16_min = (unsigned)bf16_from;
+	}
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);
 	const size_t llc = llc_bytes();
@@ -1180,7 +1189,25 @@ int main(int argc, char **argv)
 		}
 		printf("}, \"rows\": [");
 	}
-	static const size_t decode_tokens[] = {1, 4, 8}, prefill_tokens[] = {128, 512};
+	/* token counts: --tokens' (any), else 1, 4, 8 (decode rows) and 128, 512 (prefill) */
+	size_t counts[32] = {1, 4, 8, 128, 512}, n_counts = 5;
+	if (token_list) {
+		n_counts = 0;
+		for (const char *at = token_list; *at && n_counts < 32;) {
+			char *end;
+			const unsigned long v = strtoul(at, &end, 10);
+			if (end == at || v == 0 || v > MOEK_MAX_TOKENS) {
+				usage();
+				return 2;
+			}
+			counts[n_counts++] = v;
+			at = *end == ',' ? end + 1 : end;
+			if (*end && *end != ',') {
+				usage();
+				return 2;
+			}
+		}
+	}
 	bool first_row = true;
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 		const struct shape *s = &shapes[si];
@@ -1221,17 +1248,13 @@ int main(int argc, char **argv)
 				double peaks_now[PEAK_KINDS];
 				all_peaks(&p, peaks_now);
 				const double peak_now = peaks_now[PEAK_FMA];
-				for (int phase = 0; phase < 2; phase++) {
-					const size_t *toks = phase ? prefill_tokens : decode_tokens;
-					const size_t nt = phase ? 2 : 3;
-					for (size_t k = 0; k < nt; k++) {
+				{
+					const size_t *toks = counts;
+					for (size_t k = 0; k < n_counts; k++) {
+						const int phase = toks[k] >= PREFILL_ROW_TOKENS;
 						if (quick && phase && toks[k] != 512)
 							continue;
 						if (quick && !phase && toks[k] == 4)
-							continue;
-						char tname[24];
-						snprintf(tname, sizeof(tname), "%zu", toks[k]);
-						if (!in_list(token_list, tname))
 							continue;
 						struct row r = {tag, s->name, toks[k], t, 0,
 						                0,   0,       0,       0};

@@ -37,8 +37,10 @@
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
 	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
-	TC = 128,       /* prefill token chunk: TC / PANEL panels */
-	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
+	TC = 128,       /* prefill token chunk of the f32 tiles: TC / PANEL panels */
+	TC_BF16 = 256,  /* the bf16 tiles' (twice the work per dequantized weight) */
+	TC_MAX = TC_BF16,
+	PANEL = 16, /* prefill tokens per activation panel (two 8-lane vectors) */
 };
 
 /* ---- Validation ----------------------------------------------------------------------------- */
@@ -290,7 +292,10 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	 * (decode) the worker's own copy of h quantized for down (hq_off: bytes into the area) */
 	const size_t row_buf = (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
 	c->plan.hq_off = round_up(row_buf * (sizeof(float) + sizeof(uint16_t)), 64);
-	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC) * sizeof(float);
+	/* bf16 tiles: two of TILE_ROWS whole rows (row_bf16: the widest padded row) */
+	c->plan.row_bf16 = c->plan.x_bf16 || c->plan.h_bf16 ? row_buf : 0;
+	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC_MAX) * sizeof(float) +
+	                     2 * TILE_ROWS * c->plan.row_bf16 * sizeof(uint16_t);
 	const size_t hq = n * c->plan.hq_row;
 	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
@@ -522,20 +527,20 @@ static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_ma
 	}
 }
 
-/* c_out[r * TC + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
+/* c_out[r * ldc + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
  * KC chunks from column 0; each (row, token) sum is one FMA chain in K order. */
 static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix *m,
                          float *(*panel)(const struct moek_ffn_call *, size_t), size_t r0,
-                         size_t nr, size_t p0, size_t np, float *tile, float *c_out)
+                         size_t nr, size_t p0, size_t np, float *tile, float *c_out, size_t ldc)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
-	memset(c_out, 0, sizeof(float) * TILE_ROWS * TC);
+	memset(c_out, 0, sizeof(float) * TILE_ROWS * ldc);
 	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
 		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
 		dequantize_tile(ops, m, r0, nr, k0, kn, tile);
 		for (size_t p = 0; p < np; p++)
 			ops->tile(tile, KC, nr, panel(c, p0 + p) + k0 * PANEL, round_up(kn, 8),
-			          c_out + p * PANEL, TC);
+			          c_out + p * PANEL, ldc);
 	}
 }
 
@@ -557,71 +562,118 @@ static void dequantize_row_bf16(const struct moek_isa_ops *ops, const struct moe
 	ops->round_bf16(row, dst, kn);
 }
 
-/* tile_product with the ISA's bf16 tiles: the weight tile dequantized to bf16 (columns past
- * kn zeroed up to the next multiple of 32) against bf16 pair panels (ld: elements between
- * panels); each (row, token) sum is the tile kernel's chain in K order. */
-static void tile_product_bf16(const struct moek_ffn_call *c, unsigned worker,
-                              const struct moek_matrix *m,
-                              uint16_t *(*panel)(const struct moek_ffn_call *, size_t), size_t ld,
-                              size_t r0, size_t nr, size_t p0, size_t np, float *c_out)
+/* The bf16 path's worker area: the f32 sums of gate (or down) and up for a token chunk, then
+ * the bf16 weight tiles of gate (or down) and up, TILE_ROWS rows of every column (row_bf16
+ * elements apart: the padded width), so that each weight is dequantized once per call. */
+static float *bf16_sums(const struct moek_ffn_call *c, unsigned worker)
+{
+	return prefill_tile(c, worker) + TILE_ROWS * KC;
+}
+static uint16_t *bf16_tile(const struct moek_ffn_call *c, unsigned worker, int which)
+{
+	uint16_t *t = (uint16_t *)(bf16_sums(c, worker) + 2 * TILE_ROWS * TC_MAX);
+	return t + (size_t)which * TILE_ROWS * c->plan.row_bf16;
+}
+
+/* Rows [r0, r0 + nr) of m, every column, as bf16 rows ld elements apart, zero past the
+ * matrix's columns up to ld (a multiple of 32). */
+static void dequantize_tile_bf16(const struct moek_ffn_call *c, unsigned worker,
+                                 const struct moek_matrix *m, size_t r0, size_t nr, size_t ld,
+                                 uint16_t *tile)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	float *row = worker_area(c, worker);
-	uint16_t *tile = (uint16_t *)prefill_tile(c, worker);
-	memset(c_out, 0, sizeof(float) * TILE_ROWS * TC);
-	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
-		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC, kn32 = round_up(kn, 32);
-		for (size_t r = 0; r < nr; r++) {
-			dequantize_row_bf16(ops, m, r0 + r, k0, kn, row, tile + r * KC);
-			memset(tile + r * KC + kn, 0, (kn32 - kn) * sizeof(uint16_t));
+	for (size_t r = 0; r < nr; r++) {
+		uint16_t *dst = tile + r * ld;
+		for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
+			const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
+			dequantize_row_bf16(ops, m, r0 + r, k0, kn, row, dst + k0);
 		}
-		ops->tile_bf16(tile, KC, nr, panel(c, p0) + k0 * PANEL, ld, np, kn32, c_out, TC);
+		memset(dst + m->cols, 0, (ld - m->cols) * sizeof(uint16_t));
+	}
+}
+
+/* c_out[r * ldc + j] = tile row r · token (p * PANEL + j) of the np panels from xp (xs
+ * elements apart), k (a multiple of 32) in KC steps: each (row, token) sum is the tile
+ * kernel's chain in K order. */
+static void tile_product_bf16(const struct moek_isa_ops *ops, const uint16_t *tile, size_t nr,
+                              const uint16_t *xp, size_t xs, size_t np, size_t k, float *c_out,
+                              size_t ldc)
+{
+	memset(c_out, 0, sizeof(float) * TILE_ROWS * ldc);
+	for (size_t k0 = 0; k0 < k; k0 += KC)
+		ops->tile_bf16(tile + k0, k, nr, xp + k0 * PANEL, xs, np, k - k0 < KC ? k - k0 : KC,
+		               c_out, ldc);
+}
+
+/* h = act(gate · x + b_g, up · x + b_u) for rows [r0, r0 + nr), tokens [t0, t0 + np panels):
+ * the activation of the chunk's sums, into h's f32 or bf16 panels. */
+static void activate_tile(const struct moek_ffn_call *c, const struct moek_expert *e, size_t r0,
+                          size_t nr, size_t p0, size_t np, const float *cg, const float *cu,
+                          size_t ldc)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	for (size_t r = 0; r < nr; r++) {
+		const size_t f = r0 + r;
+		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
+		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
+		for (size_t p = 0; p < np; p++) { /* padding lanes too: finite, unused */
+			const float *g = cg + r * ldc + p * PANEL, *u = cu + r * ldc + p * PANEL;
+			float hv[PANEL];
+			for (size_t j = 0; j < PANEL; j++)
+				hv[j] = activate(e, g[j] + bg, u[j] + bu);
+			if (!c->plan.h_bf16) {
+				memcpy(h_panel(c, p0 + p) + f * PANEL, hv, sizeof(hv));
+				continue;
+			}
+			uint16_t hb[PANEL], *hp = h_panel16(c, p0 + p);
+			ops->round_bf16(hv, hb, PANEL);
+			for (size_t j = 0; j < PANEL; j++)
+				hp[pair_at(f, j)] = hb[j];
+		}
+	}
+}
+
+/* The hidden phase on the bf16 tiles: per tile of rows, gate's and up's weights dequantized
+ * once, then every token chunk against them. */
+static void hidden_prefill_bf16(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                unsigned worker, size_t f0, size_t f1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	float *cg = bf16_sums(c, worker), *cu = cg + TILE_ROWS * TC_BF16;
+	uint16_t *tg = bf16_tile(c, worker, 0), *tu = bf16_tile(c, worker, 1);
+	const size_t k = c->plan.x_pad, xs = c->plan.x_pad * PANEL;
+	for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
+		const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
+		dequantize_tile_bf16(c, worker, &e->gate, r0, nr, k, tg);
+		dequantize_tile_bf16(c, worker, &e->up, r0, nr, k, tu);
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC_BF16) {
+			const size_t nt = c->n_tokens - t0 < TC_BF16 ? c->n_tokens - t0 : TC_BF16;
+			const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
+			tile_product_bf16(ops, tg, nr, x_panel16(c, p0), xs, np, k, cg, TC_BF16);
+			tile_product_bf16(ops, tu, nr, x_panel16(c, p0), xs, np, k, cu, TC_BF16);
+			activate_tile(c, e, r0, nr, p0, np, cg, cu, TC_BF16);
+		}
 	}
 }
 
 static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
                            unsigned worker, size_t f0, size_t f1)
 {
-	const struct moek_isa_ops *ops = plan_ops(c);
+	if (c->plan.x_bf16) {
+		hidden_prefill_bf16(c, e, worker, f0, f1);
+		return;
+	}
 	float *tile = prefill_tile(c, worker);
 	float *cg = tile + TILE_ROWS * KC, *cu = cg + TILE_ROWS * TC;
-	const size_t x_ld = c->plan.x_pad * PANEL;
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
 		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
 		const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
 		for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
 			const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
-			if (c->plan.x_bf16) {
-				tile_product_bf16(c, worker, &e->gate, x_panel16, x_ld, r0, nr, p0,
-				                  np, cg);
-				tile_product_bf16(c, worker, &e->up, x_panel16, x_ld, r0, nr, p0,
-				                  np, cu);
-			} else {
-				tile_product(c, &e->gate, x_panel, r0, nr, p0, np, tile, cg);
-				tile_product(c, &e->up, x_panel, r0, nr, p0, np, tile, cu);
-			}
-			for (size_t r = 0; r < nr; r++) {
-				const size_t f = r0 + r;
-				const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
-				const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
-				for (size_t p = 0; p < np;
-				     p++) { /* padding lanes too: finite, unused */
-					const float *g = cg + r * TC + p * PANEL,
-					            *u = cu + r * TC + p * PANEL;
-					float hv[PANEL];
-					for (size_t j = 0; j < PANEL; j++)
-						hv[j] = activate(e, g[j] + bg, u[j] + bu);
-					if (!c->plan.h_bf16) {
-						memcpy(h_panel(c, p0 + p) + f * PANEL, hv,
-						       sizeof(hv));
-						continue;
-					}
-					uint16_t hb[PANEL], *hp = h_panel16(c, p0 + p);
-					ops->round_bf16(hv, hb, PANEL);
-					for (size_t j = 0; j < PANEL; j++)
-						hp[pair_at(f, j)] = hb[j];
-				}
-			}
+			tile_product(c, &e->gate, x_panel, r0, nr, p0, np, tile, cg, TC);
+			tile_product(c, &e->up, x_panel, r0, nr, p0, np, tile, cu, TC);
+			activate_tile(c, e, r0, nr, p0, np, cg, cu, TC);
 		}
 	}
 }
@@ -906,22 +958,27 @@ static void accumulate_rows(const struct moek_ffn_call *c, const struct moek_exp
 static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
                          unsigned worker, size_t o0, size_t o1)
 {
-	float *tile = prefill_tile(c, worker), *acc = tile + TILE_ROWS * KC;
-	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
-		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
-		const size_t np = (nt + PANEL - 1) / PANEL;
-		for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
-			const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
-			if (c->plan.h_bf16)
-				tile_product_bf16(c, worker, &e->down, h_panel16,
-				                  c->plan.h_pad * PANEL, r0, nr, t0 / PANEL, np,
-				                  acc);
+	const bool bf16 = c->plan.h_bf16;
+	const size_t tc = bf16 ? TC_BF16 : TC, k = c->plan.h_pad, hs = c->plan.h_pad * PANEL;
+	float *tile = prefill_tile(c, worker),
+	      *acc = bf16 ? bf16_sums(c, worker) : tile + TILE_ROWS * KC;
+	uint16_t *td = bf16_tile(c, worker, 0);
+	for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
+		const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
+		if (bf16) /* the bf16 tiles: down's weights dequantized once per call */
+			dequantize_tile_bf16(c, worker, &e->down, r0, nr, k, td);
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += tc) {
+			const size_t nt = c->n_tokens - t0 < tc ? c->n_tokens - t0 : tc;
+			const size_t np = (nt + PANEL - 1) / PANEL;
+			if (bf16)
+				tile_product_bf16(plan_ops(c), td, nr, h_panel16(c, t0 / PANEL), hs,
+				                  np, k, acc, tc);
 			else
 				tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile,
-				             acc);
+				             acc, tc);
 			for (size_t t = 0; t < nt; t++)
 				for (size_t r = 0; r < nr; r++)
-					accumulate(c, e, t0 + t, r0 + r, acc[r * TC + t]);
+					accumulate(c, e, t0 + t, r0 + r, acc[r * tc + t]);
 		}
 	}
 }

@@ -287,7 +287,7 @@ struct moek_ffn_call {
 		const void *isa;
 		char *base; /* scratch, 64-byte aligned */
 		size_t hidden, ffn, x_pad, h_pad;
-		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes;
+		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes, row_bf16;
 		uint32_t xq_format, hq_format;
 		bool prefill;
 		bool x_bf16, h_bf16; /* prefill: x / h as bf16 pair panels for the bf16 tiles */
