@@ -28,8 +28,10 @@
  *                                                0,0 none; default: the CPU's own)
  *                 [--isa scalar|avx2|avx512|amx] (the kernels' ISA; refused, naming what the
  *                                                CPU lacks, where it cannot run it)
- *                 [--bf16-from N]   (the bf16 tiles from N tokens instead of
- *                                    MOEK_PREFILL_MIN_TOKENS_BF16: how it was measured)
+ *                 [--cpu-time]      (one-thread rows and peaks timed by the thread's CPU
+ *                                    time: a machine shared with other work)
+ *                 [--bf16-from N]   (the bf16 tiles from N tokens for every format instead
+ *                                    of kernels_internal.h's counts: how they were measured)
  * --tokens takes any counts: below 64 they run as decode rows (experts cycled from DRAM,
  * bw_fraction), from 64 as prefill rows.
  *   bench_kernels --dots [--json] [--formats ...] [--shapes ...]   (the dots' in-core ceiling)
@@ -59,6 +61,19 @@ static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --cpu-time: one-thread rows and peaks timed by the thread's CPU time, not the wall clock —
+ * on a machine shared with other work, the time the thread really ran. */
+static bool cpu_time;
+
+static double run_s(void)
+{
+	if (!cpu_time)
+		return now_s();
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -351,14 +366,14 @@ static void peak_part(struct pool *p, unsigned w)
 	struct peak_job *j = p->arg;
 	static const double ops_per_iter[PEAK_KINDS] = {10 * 16, 12 * 64, 12 * 128, 4 * 16384,
 	                                                4 * 32768};
-	const double t0 = now_s();
+	const double t0 = run_s();
 	switch (j->kind) {
 	case PEAK_FMA: j->sink[w] = bench_fma_chains(j->iters); break;
 	case PEAK_BF16: j->sink[w] = bf16_chains(j->iters); break;
 	case PEAK_VNNI: j->sink[w] = vnni_chains(j->iters); break;
 	default: j->sink[w] = amx_chains(j->iters, j->kind == PEAK_AMX_INT8); break;
 	}
-	j->gops_part[w] = (double)j->iters * ops_per_iter[j->kind] / (now_s() - t0) * 1e-9;
+	j->gops_part[w] = (double)j->iters * ops_per_iter[j->kind] / (run_s() - t0) * 1e-9;
 }
 
 /* The peak of `kind` for the pool's threads (best of 2), NAN where the CPU lacks it. */
@@ -768,7 +783,8 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			d = dram_read_gbps(p, pc->buf, pc->bytes, 1);
 		}
 		size_t done = 0;
-		const double t0 = now_s();
+		const bool cpu = cpu_time && p->n == 1; /* one thread: the caller's */
+		const double t0 = cpu ? run_s() : now_s();
 		double dt = 0;
 		do {
 			/* batches small enough to stop near the slice's end, large enough to
@@ -777,7 +793,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			pool_run(p, ffn_part, &j);
 			j.first = (j.first + j.count) % n_experts;
 			done += j.count;
-			dt = now_s() - t0;
+			dt = (cpu ? run_s() : now_s()) - t0;
 		} while (dt < min_time / slices);
 		if (pc) {
 			const double d1 = dram_read_gbps(p, pc->buf, pc->bytes, 1);
@@ -1020,13 +1036,21 @@ static int set_isa(const char *name)
 	return 0;
 }
 
+/* --bf16-from N: the bf16 tiles from N tokens for every format. */
+static unsigned tile_bf16_from_tokens;
+static unsigned tile_bf16_from_forced(uint32_t format, bool interleaved)
+{
+	(void)format, (void)interleaved;
+	return tile_bf16_from_tokens;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
 	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
 	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] "
 	                "[--group-prefetch NEAR,GAP] [--isa scalar|avx2|avx512|amx] "
-	                "[--bf16-from N] [--dots] [--verbose]\n");
+	                "[--bf16-from N] [--cpu-time] [--dots] [--verbose]\n");
 }
 
 int main(int argc, char **argv)
@@ -1052,6 +1076,8 @@ int main(int argc, char **argv)
 			quick = true;
 		else if (!strcmp(a, "--verbose"))
 			verbose = true;
+		else if (!strcmp(a, "--cpu-time"))
+			cpu_time = true;
 		else if (!strcmp(a, "--dots"))
 			dots = true;
 		else if (!strcmp(a, "--formats") && has_val)
@@ -1093,8 +1119,9 @@ int main(int argc, char **argv)
 		return 2;
 	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
 	if (bf16_from > 0) {     /* the tables are built by now (the choice above) */
-		moek_avx512_ops.tile_bf16_min = (unsigned)bf16_from;
-		moek_amx_ops.tile_bf16_min = (unsigned)bf16_from;
+		tile_bf16_from_tokens = (unsigned)bf16_from;
+		moek_avx512_ops.tile_bf16_from = tile_bf16_from_forced;
+		moek_amx_ops.tile_bf16_from = tile_bf16_from_forced;
 	}
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);

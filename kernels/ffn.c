@@ -261,7 +261,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
 	/* the ISA's bf16 tiles, where it has them, from their own token count */
 	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
-	const size_t min_tokens = bf16_gate                  ? ops->tile_bf16_min
+	const size_t min_tokens = bf16_gate
+	                              ? ops->tile_bf16_from(e->gate.format, e->gate.interleave != 0)
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
 	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;

@@ -414,11 +414,11 @@ struct moek_isa_ops {
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
-	/* bf16 tiles (NULL: none) for the formats moek_tile_bf16_takes, from tile_bf16_min
-	 * tokens, with f32 → bf16 rounding to nearest even (dequantized weight rows, activation
-	 * rows: n elements, any n) */
+	/* bf16 tiles (NULL: none) for the formats moek_tile_bf16_takes, from the token count
+	 * tile_bf16_from gives for a gate format (interleaved: its groups), with f32 → bf16
+	 * rounding to nearest even (dequantized weight rows, activation rows: n elements) */
 	moek_tile_bf16_fn tile_bf16;
-	unsigned tile_bf16_min;
+	unsigned (*tile_bf16_from)(uint32_t format, bool interleaved);
 	void (*round_bf16)(const float *src, uint16_t *dst, size_t n);
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
@@ -546,9 +546,21 @@ enum moek_ffn_path moek_ffn_call_path(const struct moek_ffn_call *c);
  * for up to 8 tokens and takes the integer dots' count. */
 #define MOEK_PREFILL_MIN_TOKENS 16
 #define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
-/* The avx512 ISA's bf16 tiles (x86_avx512.c) take over from the decode dots at this many
- * tokens for every format moek_tile_bf16_takes (measured: bench_kernels --isa avx512, see
- * docs/performance.md). */
-#define MOEK_PREFILL_MIN_TOKENS_BF16 16
+/* Token counts from which the avx512 ISA's bf16 tiles take over (x86_avx512.c,
+ * tile_bf16_from), where they beat the decode dots of the same ISA: measured one thread,
+ * CPU time (`bench_kernels --cpu-time --isa avx512 --threads 1 --tokens 8,16,24,32,48
+ * --bf16-from 1` against `--bf16-from 100000`, AMD EPYC Zen 4; tiles' tokens/s over the
+ * dots', qwen3 / deepseek shapes):
+ *   BF16 rows: 0.93 / 0.89 at 8, 1.56 / 1.48 at 16 (a 12-token call costs a 16-token panel)
+ *     → 12; F16 rows (not measured: a conversion more per weight) → 16;
+ *   Q8_0: 0.61 / 0.62 at 8, 1.16 / 1.42 at 16 → 16;
+ *   Q4_K, MXFP4: 0.77–0.91 at 16, 0.90–1.11 at 24, 1.24–1.50 at 32; Q6_K 0.99 / 1.11 at 32,
+ *     1.20 / 1.30 at 48 → 32 for them and every other integer-dot format;
+ *   BF16 groups (BF16x8): 0.95 / 1.01 at 16, 1.13 / 1.18 at 24 → 24. */
+#define MOEK_PREFILL_MIN_TOKENS_BF16 32
+#define MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0 16
+#define MOEK_PREFILL_MIN_TOKENS_BF16_ROWS 12
+#define MOEK_PREFILL_MIN_TOKENS_BF16_F16 16
+#define MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS 24
 
 #endif /* MOE_KERNELS_INTERNAL_H */

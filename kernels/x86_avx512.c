@@ -121,21 +121,41 @@ static void round_bf16(const float *src, uint16_t *dst, size_t n)
 	}
 }
 
+/* Where the bf16 tiles beat the decode dots (kernels_internal.h has the measurements). */
+static unsigned tile_bf16_from(uint32_t format, bool interleaved)
+{
+	switch (format) {
+	case MOEK_BF16:
+		return interleaved ? MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS
+		                   : MOEK_PREFILL_MIN_TOKENS_BF16_ROWS;
+	case MOEK_F16: return MOEK_PREFILL_MIN_TOKENS_BF16_F16;
+	case MOEK_Q8_0: return MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0;
+	default: return MOEK_PREFILL_MIN_TOKENS_BF16;
+	}
+}
+
 #define STR_(x) #x
 #define STR(x) STR_(x)
+#define FROM(n) "avx512 vdpbf16ps tiles from " STR(n) " tokens"
 
-/* Prefill: the bf16 tiles for the formats they take, AVX2's f32 tiles for the rest. */
+/* Prefill: the bf16 tiles for the formats they take (the GGUF rows' count; interleaved BF16
+ * from MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS), AVX2's f32 tiles for the rest. */
 static const char *describe_prefill(uint32_t format)
 {
-	if (moek_tile_bf16_takes(format))
-		return "avx512 vdpbf16ps tiles from " STR(MOEK_PREFILL_MIN_TOKENS_BF16) " tokens";
-	return moek_avx2_ops.describe(format, true);
+	if (!moek_tile_bf16_takes(format))
+		return moek_avx2_ops.describe(format, true);
+	switch (format) {
+	case MOEK_BF16: return FROM(MOEK_PREFILL_MIN_TOKENS_BF16_ROWS);
+	case MOEK_F16: return FROM(MOEK_PREFILL_MIN_TOKENS_BF16_F16);
+	case MOEK_Q8_0: return FROM(MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0);
+	default: return FROM(MOEK_PREFILL_MIN_TOKENS_BF16);
+	}
 }
 
 static void prefill_build(void)
 {
 	moek_avx512_ops.tile_bf16 = tile_bf16;
-	moek_avx512_ops.tile_bf16_min = MOEK_PREFILL_MIN_TOKENS_BF16;
+	moek_avx512_ops.tile_bf16_from = tile_bf16_from;
 	moek_avx512_ops.round_bf16 = round_bf16;
 }
 

@@ -231,7 +231,7 @@ Test(prefill_bf16, ffn_matches_the_reference)
 	    {MOEK_INT4_G32, 0, 320, 224, 5e-4},    {MOEK_Q5_K, MOEK_IQ4_NL, 256, 288, 1e-3},
 	    {MOEK_Q8_0, MOEK_F32, 320, 224, 5e-4}, /* f32 tiles for down */
 	};
-	static const size_t counts[] = {MOEK_PREFILL_MIN_TOKENS_BF16, 41, 512};
+	static const size_t counts[] = {MOEK_PREFILL_MIN_TOKENS_BF16, 41, 512}; /* the largest */
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		const struct ffn_case *fc = &cases[ci];
 		struct fixture f;
