@@ -23,7 +23,12 @@
  * of 8) take no tiles: their group dots over quantized activations, 8 tokens per call, blocked
  * so that the weights and activations in use stay in L2, beat dequantizing to f32 at any token
  * count (docs/performance.md) — the activations are then quantized as in decode,
- * as ggml's quantized mat-mul does.
+ * as ggml's quantized mat-mul does (on avx512 too: 1.1–1.5x the bf16 tiles).
+ * Where the ISA has bf16 tiles (ops->tile_bf16: avx512's vdpbf16ps, AMX), every format but F32
+ * and FP8 takes them from the ISA's per-format count (tile_bf16_from): x and h are rounded to
+ * bf16 once into pair panels (pair_at: two k of a token per 32-bit word), and TILE_ROWS whole
+ * rows of weights are dequantized to bf16 once per call, then run against every chunk of
+ * TC_BF16 tokens.
  *
  * No allocation, no locks, no getenv. The ISA is isa.c's active one, taken at prepare.
  */
