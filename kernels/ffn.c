@@ -982,9 +982,12 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
 			else
 				tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile,
 				             acc, tc);
-			for (size_t t = 0; t < nt; t++)
+			for (size_t t = 0; t < nt; t++) { /* accumulate()'s operations, per token */
+				float y[TILE_ROWS];
 				for (size_t r = 0; r < nr; r++)
-					accumulate(c, e, t0 + t, r0 + r, acc[r * tc + t]);
+					y[r] = acc[r * tc + t];
+				accumulate_rows(c, e, t0 + t, r0, r0 + nr, y);
+			}
 		}
 	}
 }
