@@ -1,6 +1,8 @@
 /* bench_kernels — expert FFN throughput against the machine's own limits, measured in the same
  * run: DRAM streaming-read bandwidth (AVX2 read-sum over a buffer >> LLC, 1 and 2 threads)
- * for decode, and FMA peak (independent FMA chains) for prefill.
+ * for decode, and for prefill the register-only peak of each path the CPU has (independent
+ * chains of one instruction): FMA f32, vdpbf16ps (AVX512-BF16), vpdpbusd (AVX512-VNNI), AMX
+ * tdpbf16ps / tdpbusd (only where the CPU has AMX and the kernel granted the tile data).
  *
  * For each format and real expert shape (Qwen3-30B-A3B 2048x768, Mixtral 4096x14336,
  * DeepSeek-V3 7168x2048, gpt-oss 2880x2880): decode with 1, 4, 8 tokens cycling through a set
@@ -8,12 +10,30 @@
  * tokens; 1 and 2 threads splitting rows (a pthread pool with a spin barrier between phases).
  * Rows report GB/s of weights streamed, the fraction of the measured DRAM bandwidth (decode:
  * the median over slices each with its own probe, two-thread slices only where the two
- * threads really had two cores), GFLOP/s and its fraction of the measured FMA peak, tokens/s.
+ * threads really had two cores), GFLOP/s and its fraction of the peak of the path the row ran
+ * (column "of": fma for f32 tiles and float dots, bf16 for the vdpbf16ps tiles — amx_bf16 on
+ * the amx ISA —, vnni for integer dots and group dots), tokens/s, cores' worth of compute,
+ * slices redone, and the path (dots, groups, f32-tiles, bf16-tiles). The header names the ISA,
+ * the peaks (1 / 2 threads) and each format's kernels (moek_isa_format_path). --json: one
+ * object, {"isa", "group_prefetch", "dram_read_gbps", "dram_read_gbps_1t",
+ * "fma_peak_gflops_1t", "fma_peak_gflops_2t", "peaks_1t": {kind: GFLOP/s or null},
+ * "peaks_2t", "paths": {format: text}, "rows": [{"format", "shape", "tokens", "threads",
+ * "weight_gbps", "bw_fraction", "gflops", "peak_fraction", "tokens_per_s", "dram_read_gbps",
+ * "fma_peak_gflops", "path", "peak_kind", "peak_gflops", "cores", "shared_slices",
+ * "unsteady_slices"}]}.
  *
  *   bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] [--shapes qwen3,mixtral,...]
  *                 [--threads 1,2] [--tokens 1,512] [--min-time S] [--set-mb MB]
  *                 [--group-prefetch NEAR,GAP]   (the group dots' software prefetch, bytes;
  *                                                0,0 none; default: the CPU's own)
+ *                 [--isa scalar|avx2|avx512|amx] (the kernels' ISA; refused, naming what the
+ *                                                CPU lacks, where it cannot run it)
+ *                 [--cpu-time]      (one-thread rows and peaks timed by the thread's CPU
+ *                                    time: a machine shared with other work)
+ *                 [--bf16-from N]   (the bf16 tiles from N tokens for every format instead
+ *                                    of kernels_internal.h's counts: how they were measured)
+ * --tokens takes any counts: below 64 they run as decode rows (experts cycled from DRAM,
+ * bw_fraction), from 64 as prefill rows.
  *   bench_kernels --dots [--json] [--formats ...] [--shapes ...]   (the dots' in-core ceiling)
  * Never a test: it prints figures, it asserts nothing about speed.
  */
@@ -41,6 +61,19 @@ static double now_s(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* --cpu-time: one-thread rows and peaks timed by the thread's CPU time, not the wall clock —
+ * on a machine shared with other work, the time the thread really ran. */
+static bool cpu_time;
+
+static double run_s(void)
+{
+	if (!cpu_time)
+		return now_s();
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -221,23 +254,150 @@ static void fma_part(struct pool *p, unsigned w)
 	j->gflops_part[w] = (double)j->iters * 10 * 16 / (now_s() - t0) * 1e-9;
 }
 
-static double fma_gflops(struct pool *p, long iters, int reps)
+/* Register-only peaks of the other paths, in GFLOP/s (integer: G ops/s, a multiply and an
+ * add per element pair): vdpbf16ps zmm = 32 bf16 pair products = 64 flops; vpdpbusd zmm = 64
+ * byte products summed = 128 ops; AMX tdpbf16ps on 16x32 · 32x16 tiles = 16384 flops,
+ * tdpbusd 16x64 · 64x16 = 32768 ops. 12 independent accumulators (latency x throughput);
+ * AMX: four C tiles from two A and two B tiles. */
+enum peak_kind { PEAK_FMA, PEAK_BF16, PEAK_VNNI, PEAK_AMX_BF16, PEAK_AMX_INT8, PEAK_KINDS };
+static const char *const peak_names[PEAK_KINDS] = {"fma", "bf16", "vnni", "amx_bf16", "amx_int8"};
+
+/* 12 accumulators in named registers (an array stays in memory), the step applied to each. */
+#define CHAINS_12(T, init, step)                                                                   \
+	T a0 = init(0), a1 = init(1), a2 = init(2), a3 = init(3), a4 = init(4), a5 = init(5);      \
+	T a6 = init(6), a7 = init(7), a8 = init(8), a9 = init(9), a10 = init(10), a11 = init(11);  \
+	for (long it = 0; it < iters; it++) {                                                      \
+		a0 = step(a0), a1 = step(a1), a2 = step(a2), a3 = step(a3);                        \
+		a4 = step(a4), a5 = step(a5), a6 = step(a6), a7 = step(a7);                        \
+		a8 = step(a8), a9 = step(a9), a10 = step(a10), a11 = step(a11);                    \
+	}
+
+#define BF16_INIT(i) _mm512_set1_ps((float)(i))
+#define BF16_STEP(a) _mm512_dpbf16_ps(a, x, x)
+__attribute__((target("avx512f,avx512bf16"))) static float bf16_chains(long iters)
 {
-	struct fma_job j = {{0}, {0}, iters};
+	const __m512bh x = (__m512bh)_mm512_set1_epi32(0x3f803f80); /* pairs of 1.0 */
+	CHAINS_12(__m512, BF16_INIT, BF16_STEP)
+	const __m512 s = _mm512_add_ps(
+	    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+	                  _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7))),
+	    _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+	return _mm512_reduce_add_ps(s);
+}
+
+#define VNNI_INIT(i) _mm512_set1_epi32(i)
+#define VNNI_STEP(a) _mm512_dpbusd_epi32(a, x, x)
+__attribute__((target("avx512f,avx512vnni"))) static float vnni_chains(long iters)
+{
+	const __m512i x = _mm512_set1_epi8(1);
+	CHAINS_12(__m512i, VNNI_INIT, VNNI_STEP)
+	const __m512i s = _mm512_add_epi32(
+	    _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+	                     _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7))),
+	    _mm512_add_epi32(_mm512_add_epi32(a8, a9), _mm512_add_epi32(a10, a11)));
+	return (float)_mm512_reduce_add_epi32(s);
+}
+
+/* AMX: the tile configuration (palette 1): tiles 0-3 C (16 x 64 bytes), 4-5 A, 6-7 B, all
+ * zero (the values do not change the speed). Only called where moek_cpu_features() has
+ * MOEK_CPU_AMX: the CPU has AMX and the kernel granted this process the tile data. */
+struct amx_config {
+	uint8_t palette, start_row, reserved[14];
+	uint16_t colsb[16];
+	uint8_t rows[16];
+};
+_Static_assert(sizeof(struct amx_config) == 64, "AMX tile configuration");
+
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) static float amx_chains(long iters, bool int8)
+{
+	struct amx_config cfg = {.palette = 1};
+	for (int t = 0; t < 8; t++)
+		cfg.colsb[t] = 64, cfg.rows[t] = 16;
+	_tile_loadconfig(&cfg);
+	_tile_zero(0);
+	_tile_zero(1);
+	_tile_zero(2);
+	_tile_zero(3);
+	_tile_zero(4);
+	_tile_zero(5);
+	_tile_zero(6);
+	_tile_zero(7);
+	if (int8)
+		for (long it = 0; it < iters; it++) {
+			_tile_dpbusd(0, 4, 6);
+			_tile_dpbusd(1, 4, 7);
+			_tile_dpbusd(2, 5, 6);
+			_tile_dpbusd(3, 5, 7);
+		}
+	else
+		for (long it = 0; it < iters; it++) {
+			_tile_dpbf16ps(0, 4, 6);
+			_tile_dpbf16ps(1, 4, 7);
+			_tile_dpbf16ps(2, 5, 6);
+			_tile_dpbf16ps(3, 5, 7);
+		}
+	float c[16 * 16];
+	_tile_stored(0, c, 64);
+	_tile_release();
+	return c[0];
+}
+
+/* Whether this CPU has the peak's instructions (the library's detection: the OS state too). */
+static bool peak_available(enum peak_kind k)
+{
+	const unsigned f = moek_cpu_features();
+	switch (k) {
+	case PEAK_FMA: return true; /* main() requires AVX2+FMA */
+	case PEAK_BF16: return (f & MOEK_CPU_AVX512_BF16) != 0;
+	case PEAK_VNNI: return (f & MOEK_CPU_AVX512_VNNI) && (f & MOEK_CPU_AVX512);
+	default: return (f & MOEK_CPU_AMX) != 0;
+	}
+}
+
+struct peak_job {
+	enum peak_kind kind;
+	long iters;
+	double gops_part[MAX_THREADS];
+	float sink[MAX_THREADS];
+};
+
+static void peak_part(struct pool *p, unsigned w)
+{
+	struct peak_job *j = p->arg;
+	static const double ops_per_iter[PEAK_KINDS] = {10 * 16, 12 * 64, 12 * 128, 4 * 16384,
+	                                                4 * 32768};
+	const double t0 = run_s();
+	switch (j->kind) {
+	case PEAK_FMA: j->sink[w] = bench_fma_chains(j->iters); break;
+	case PEAK_BF16: j->sink[w] = bf16_chains(j->iters); break;
+	case PEAK_VNNI: j->sink[w] = vnni_chains(j->iters); break;
+	default: j->sink[w] = amx_chains(j->iters, j->kind == PEAK_AMX_INT8); break;
+	}
+	j->gops_part[w] = (double)j->iters * ops_per_iter[j->kind] / (run_s() - t0) * 1e-9;
+}
+
+/* The peak of `kind` for the pool's threads (best of 2), NAN where the CPU lacks it. */
+static double peak_gops(struct pool *p, enum peak_kind kind)
+{
+	static const long iters[PEAK_KINDS] = {20000000, 8000000, 8000000, 200000, 200000};
+	if (!peak_available(kind))
+		return NAN;
+	struct peak_job j = {.kind = kind, .iters = iters[kind]};
 	double best = 0;
-	for (int rep = 0; rep < reps; rep++) {
-		pool_run(p, fma_part, &j);
+	for (int rep = 0; rep < 2; rep++) {
+		pool_run(p, peak_part, &j);
 		double sum = 0;
 		for (unsigned w = 0; w < p->n; w++)
-			sum += j.gflops_part[w];
+			sum += j.gops_part[w];
 		best = sum > best ? sum : best;
 	}
 	return best;
 }
 
-static double fma_peak_gflops(struct pool *p)
+static void all_peaks(struct pool *p, double peaks[PEAK_KINDS])
 {
-	return fma_gflops(p, 20 * 1000 * 1000, 2);
+	for (int k = 0; k < PEAK_KINDS; k++)
+		peaks[k] = peak_gops(p, (enum peak_kind)k);
 }
 
 static size_t llc_bytes(void)
@@ -493,13 +653,20 @@ static void ffn_part(struct pool *p, unsigned w)
 	}
 }
 
+/* Rows of at least this many tokens run as prefill (two experts cycled, compute-bound); fewer,
+ * as decode (experts from DRAM, probes around each slice). */
+enum { PREFILL_ROW_TOKENS = 64 };
+
 struct row {
 	uint32_t format;
 	const char *shape;
 	size_t tokens;
 	unsigned threads;
 	double weight_gbps, bw_fraction, gflops, peak_fraction, tokens_per_s;
-	double dram_gbps;    /* the probe the row is divided by */
+	double dram_gbps; /* the probe the row is divided by */
+	enum moek_ffn_path path;
+	enum peak_kind peak_kind; /* the peak of the path's instructions (peak_fraction's) */
+	double peak;
 	double cores;        /* cores' worth of FMA throughput around the slices used */
 	int shared_slices;   /* slices redone: the machine gave two threads one core */
 	int unsteady_slices; /* slices redone: the memory bandwidth moved during the slice */
@@ -596,6 +763,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			return -1;
 		}
 	}
+	r->path = moek_ffn_call_path(&calls[0]);
 	struct ffn_job j = {.calls = calls,
 	                    .n_calls = n_experts,
 	                    .count = wave,
@@ -615,7 +783,8 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			d = dram_read_gbps(p, pc->buf, pc->bytes, 1);
 		}
 		size_t done = 0;
-		const double t0 = now_s();
+		const bool cpu = cpu_time && p->n == 1; /* one thread: the caller's */
+		const double t0 = cpu ? run_s() : now_s();
 		double dt = 0;
 		do {
 			/* batches small enough to stop near the slice's end, large enough to
@@ -624,7 +793,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			pool_run(p, ffn_part, &j);
 			j.first = (j.first + j.count) % n_experts;
 			done += j.count;
-			dt = now_s() - t0;
+			dt = (cpu ? run_s() : now_s()) - t0;
 		} while (dt < min_time / slices);
 		if (pc) {
 			const double d1 = dram_read_gbps(p, pc->buf, pc->bytes, 1);
@@ -675,6 +844,31 @@ static void json_num(const char *key, double v, int prec)
 		printf(", \"%s\": %.*f", key, prec, v);
 }
 
+static const char *path_name(enum moek_ffn_path path)
+{
+	switch (path) {
+	case MOEK_PATH_DOTS: return "dots";
+	case MOEK_PATH_GROUPS: return "groups";
+	case MOEK_PATH_TILES_F32: return "f32-tiles";
+	default: return "bf16-tiles";
+	}
+}
+
+/* The peak a row's path is held to: the bf16 tiles' instruction (AMX's on the amx ISA), the
+ * integer dots' vpdpbusd where the CPU has it, FMA for the float paths. */
+static enum peak_kind row_peak_kind(const struct row *r, const double peaks[PEAK_KINDS])
+{
+	if (r->path == MOEK_PATH_TILES_BF16)
+		return moek_isa_active() == MOEK_ISA_AMX && !isnan(peaks[PEAK_AMX_BF16])
+		           ? PEAK_AMX_BF16
+		           : PEAK_BF16;
+	const uint32_t act = moek_vec_dot_format(weight_format(r->format));
+	if (r->path != MOEK_PATH_TILES_F32 && (act == MOEK_Q8_0 || act == MOEK_Q8_K) &&
+	    !isnan(peaks[PEAK_VNNI]))
+		return PEAK_VNNI;
+	return PEAK_FMA;
+}
+
 static void print_row(const struct row *r, bool json, bool first, double peak_now)
 {
 	const char *fname = format_name(r->format);
@@ -689,14 +883,18 @@ static void print_row(const struct row *r, bool json, bool first, double peak_no
 		json_num("tokens_per_s", r->tokens_per_s, 1);
 		json_num("dram_read_gbps", r->dram_gbps, 2);
 		json_num("fma_peak_gflops", peak_now, 1);
+		printf(", \"path\": \"%s\", \"peak_kind\": \"%s\"", path_name(r->path),
+		       peak_names[r->peak_kind]);
+		json_num("peak_gflops", r->peak, 1);
 		json_num("cores", r->cores, 2);
 		printf(", \"shared_slices\": %d, \"unsteady_slices\": %d}", r->shared_slices,
 		       r->unsteady_slices);
 		return;
 	}
-	printf("%-14s %-14s %6zu %3u %9.2f %6.2f %9.1f %6.2f %10.1f %6.2f %5d\n", fname, r->shape,
-	       r->tokens, r->threads, r->weight_gbps, r->bw_fraction, r->gflops, r->peak_fraction,
-	       r->tokens_per_s, r->cores, r->shared_slices + r->unsteady_slices);
+	printf("%-14s %-14s %6zu %3u %9.2f %6.2f %9.1f %6.2f %-8s %10.1f %6.2f %5d %s\n", fname,
+	       r->shape, r->tokens, r->threads, r->weight_gbps, r->bw_fraction, r->gflops,
+	       r->peak_fraction, peak_names[r->peak_kind], r->tokens_per_s, r->cores,
+	       r->shared_slices + r->unsteady_slices, path_name(r->path));
 }
 
 /* ---- CLI ----------------------------------------------------------------------------------- */
@@ -815,12 +1013,44 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 	return 0;
 }
 
+/* --isa NAME: the kernels run on that ISA, or a line naming what this CPU lacks (as serve). */
+static int set_isa(const char *name)
+{
+	enum moek_isa isa;
+	if (moek_isa_parse(name, &isa) != 0) {
+		fprintf(stderr, "bench_kernels: --isa '%s': expected scalar, avx2, avx512 or amx\n",
+		        name);
+		return -1;
+	}
+	const unsigned missing = moek_isa_missing(isa);
+	if (missing || moek_set_isa(isa) != 0) {
+		char lacks[160], has[160];
+		moek_cpu_feature_names(missing, lacks, sizeof(lacks));
+		moek_cpu_feature_names(moek_cpu_features() & ~(unsigned)MOEK_CPU_INTEL, has,
+		                       sizeof(has));
+		fprintf(stderr, "bench_kernels: --isa %s: this CPU lacks %s (it has: %s)\n", name,
+		        lacks[0] ? lacks : "what it needs",
+		        has[0] ? has : "none of the SIMD features");
+		return -1;
+	}
+	return 0;
+}
+
+/* --bf16-from N: the bf16 tiles from N tokens for every format. */
+static unsigned tile_bf16_from_tokens;
+static unsigned tile_bf16_from_forced(uint32_t format, bool interleaved)
+{
+	(void)format, (void)interleaved;
+	return tile_bf16_from_tokens;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_kernels [--json] [--quick] [--formats Q4_K,BF16,...] "
 	                "[--shapes qwen3,mixtral,deepseek,gpt-oss] [--threads 1,2] "
 	                "[--tokens 1,4,8,128,512] [--min-time S] [--set-mb MB] "
-	                "[--group-prefetch NEAR,GAP] [--dots] [--verbose]\n");
+	                "[--group-prefetch NEAR,GAP] [--isa scalar|avx2|avx512|amx] "
+	                "[--bf16-from N] [--cpu-time] [--dots] [--verbose]\n");
 }
 
 int main(int argc, char **argv)
@@ -833,6 +1063,8 @@ int main(int argc, char **argv)
 	bool json = false, quick = false, dots = false;
 	const char *formats = NULL, *shape_list = NULL, *thread_list = "1,2";
 	const char *token_list = NULL; /* NULL: every token count */
+	const char *isa_name = NULL;   /* NULL: the library's choice */
+	long bf16_from = 0;            /* --bf16-from: the bf16 tiles' first token count */
 	double min_time = 0.5;
 	size_t set_mb = 0;
 	for (int i = 1; i < argc; i++) {
@@ -844,6 +1076,8 @@ int main(int argc, char **argv)
 			quick = true;
 		else if (!strcmp(a, "--verbose"))
 			verbose = true;
+		else if (!strcmp(a, "--cpu-time"))
+			cpu_time = true;
 		else if (!strcmp(a, "--dots"))
 			dots = true;
 		else if (!strcmp(a, "--formats") && has_val)
@@ -854,6 +1088,10 @@ int main(int argc, char **argv)
 			thread_list = argv[++i];
 		else if (!strcmp(a, "--tokens") && has_val)
 			token_list = argv[++i];
+		else if (!strcmp(a, "--isa") && has_val)
+			isa_name = argv[++i];
+		else if (!strcmp(a, "--bf16-from") && has_val)
+			bf16_from = atol(argv[++i]);
 		else if (!strcmp(a, "--min-time") && has_val)
 			min_time = atof(argv[++i]);
 		else if (!strcmp(a, "--set-mb") && has_val)
@@ -877,7 +1115,14 @@ int main(int argc, char **argv)
 			shape_list = "qwen3,deepseek";
 		min_time = 0.2;
 	}
+	if (isa_name && set_isa(isa_name))
+		return 2;
 	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
+	if (bf16_from > 0) {     /* the tables are built by now (the choice above) */
+		tile_bf16_from_tokens = (unsigned)bf16_from;
+		moek_avx512_ops.tile_bf16_from = tile_bf16_from_forced;
+		moek_amx_ops.tile_bf16_from = tile_bf16_from_forced;
+	}
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);
 	const size_t llc = llc_bytes();
@@ -893,6 +1138,7 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < set_bytes / 4; i++)
 		probe[i] = (float)(i & 1023);
 	double dram[MAX_THREADS + 1] = {0}, peak[MAX_THREADS + 1] = {0};
+	double peaks[MAX_THREADS + 1][PEAK_KINDS] = {{0}};
 	bool want_threads[MAX_THREADS + 1] = {false};
 	if (dots) {
 		struct pool p;
@@ -915,7 +1161,8 @@ int main(int argc, char **argv)
 		struct pool p;
 		pool_init(&p, t);
 		dram[t] = dram_read_gbps(&p, probe, set_bytes, 3);
-		peak[t] = fma_peak_gflops(&p);
+		all_peaks(&p, peaks[t]);
+		peak[t] = peaks[t][PEAK_FMA];
 		pool_destroy(&p);
 	}
 	if (!json) {
@@ -924,16 +1171,70 @@ int main(int argc, char **argv)
 		printf("DRAM read: %.1f GB/s (1 thread), %.1f GB/s (2 threads); FMA peak: %.1f / "
 		       "%.1f GFLOP/s\n",
 		       dram[1], dram[2], peak[1], peak[2]);
-		printf("%-14s %-14s %6s %3s %9s %6s %9s %6s %10s %6s %5s\n", "format", "shape",
-		       "tokens", "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "tokens/s", "cores",
-		       "redo");
+		printf("peaks, 1 / 2 threads (GFLOP/s; integer: G ops/s):");
+		for (int k = 0; k < PEAK_KINDS; k++)
+			if (!isnan(peaks[1][k]))
+				printf(" %s %.1f / %.1f", peak_names[k], peaks[1][k], peaks[2][k]);
+		printf("\n");
+		for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
+			char path[200];
+			if (!interleaved(all_formats[fi]) &&
+			    in_list(formats, format_name(all_formats[fi])))
+				printf("path %s\n",
+				       moek_isa_format_path(all_formats[fi], path, sizeof(path)));
+		}
+		printf("%-14s %-14s %6s %3s %9s %6s %9s %6s %-8s %10s %6s %5s %s\n", "format",
+		       "shape", "tokens", "thr", "weight GB/s", "bw", "GFLOP/s", "peak", "of",
+		       "tokens/s", "cores", "redo", "path");
 	} else {
 		printf("{\"isa\": \"%s\", \"group_prefetch\": [%u, %u], \"dram_read_gbps\": %.2f, "
 		       "\"dram_read_gbps_1t\": %.2f, \"fma_peak_gflops_1t\": %.1f, "
-		       "\"fma_peak_gflops_2t\": %.1f, \"rows\": [",
+		       "\"fma_peak_gflops_2t\": %.1f",
 		       moek_isa_name(), pf_near, pf_gap, dram[2], dram[1], peak[1], peak[2]);
+		for (unsigned t = 1; t <= MAX_THREADS; t++) {
+			printf(", \"peaks_%ut\": {", t);
+			for (int k = 0; k < PEAK_KINDS; k++) {
+				printf("%s\"%s\": ", k ? ", " : "", peak_names[k]);
+				if (isnan(peaks[t][k]))
+					printf("null");
+				else
+					printf("%.1f", peaks[t][k]);
+			}
+			printf("}");
+		}
+		printf(", \"paths\": {");
+		bool first_path = true;
+		for (size_t fi = 0; fi < sizeof(all_formats) / sizeof(all_formats[0]); fi++) {
+			char path[200];
+			if (interleaved(all_formats[fi]) ||
+			    !in_list(formats, format_name(all_formats[fi])))
+				continue;
+			printf("%s\"%s\": \"%s\"", first_path ? "" : ", ",
+			       format_name(all_formats[fi]),
+			       moek_isa_format_path(all_formats[fi], path, sizeof(path)));
+			first_path = false;
+		}
+		printf("}, \"rows\": [");
 	}
-	static const size_t decode_tokens[] = {1, 4, 8}, prefill_tokens[] = {128, 512};
+	/* token counts: --tokens' (any), else 1, 4, 8 (decode rows) and 128, 512 (prefill) */
+	size_t counts[32] = {1, 4, 8, 128, 512}, n_counts = 5;
+	if (token_list) {
+		n_counts = 0;
+		for (const char *at = token_list; *at && n_counts < 32;) {
+			char *end;
+			const unsigned long v = strtoul(at, &end, 10);
+			if (end == at || v == 0 || v > MOEK_MAX_TOKENS) {
+				usage();
+				return 2;
+			}
+			counts[n_counts++] = v;
+			at = *end == ',' ? end + 1 : end;
+			if (*end && *end != ',') {
+				usage();
+				return 2;
+			}
+		}
+	}
 	bool first_row = true;
 	for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 		const struct shape *s = &shapes[si];
@@ -971,18 +1272,16 @@ int main(int argc, char **argv)
 				/* re-calibrate next to the rows that use it: a shared machine's
 				 * load drifts over a run of minutes (decode rows probe DRAM
 				 * inside their own measurement) */
-				const double peak_now = fma_peak_gflops(&p);
-				for (int phase = 0; phase < 2; phase++) {
-					const size_t *toks = phase ? prefill_tokens : decode_tokens;
-					const size_t nt = phase ? 2 : 3;
-					for (size_t k = 0; k < nt; k++) {
+				double peaks_now[PEAK_KINDS];
+				all_peaks(&p, peaks_now);
+				const double peak_now = peaks_now[PEAK_FMA];
+				{
+					const size_t *toks = counts;
+					for (size_t k = 0; k < n_counts; k++) {
+						const int phase = toks[k] >= PREFILL_ROW_TOKENS;
 						if (quick && phase && toks[k] != 512)
 							continue;
 						if (quick && !phase && toks[k] == 4)
-							continue;
-						char tname[24];
-						snprintf(tname, sizeof(tname), "%zu", toks[k]);
-						if (!in_list(token_list, tname))
 							continue;
 						struct row r = {tag, s->name, toks[k], t, 0,
 						                0,   0,       0,       0};
@@ -1002,7 +1301,9 @@ int main(int argc, char **argv)
 							r.dram_gbps = dram[t];
 							r.bw_fraction = r.weight_gbps / dram[t];
 						}
-						r.peak_fraction = r.gflops / peak_now;
+						r.peak_kind = row_peak_kind(&r, peaks_now);
+						r.peak = peaks_now[r.peak_kind];
+						r.peak_fraction = r.gflops / r.peak;
 						print_row(&r, json, first_row, peak_now);
 						first_row = false;
 					}

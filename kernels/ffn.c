@@ -23,7 +23,12 @@
  * of 8) take no tiles: their group dots over quantized activations, 8 tokens per call, blocked
  * so that the weights and activations in use stay in L2, beat dequantizing to f32 at any token
  * count (docs/performance.md) — the activations are then quantized as in decode,
- * as ggml's quantized mat-mul does.
+ * as ggml's quantized mat-mul does (on avx512 too: 1.1–1.5x the bf16 tiles).
+ * Where the ISA has bf16 tiles (ops->tile_bf16: avx512's vdpbf16ps, AMX), every format but F32
+ * and FP8 takes them from the ISA's per-format count (tile_bf16_from): x and h are rounded to
+ * bf16 once into pair panels (pair_at: two k of a token per 32-bit word), and TILE_ROWS whole
+ * rows of weights are dequantized to bf16 once per call, then run against every chunk of
+ * TC_BF16 tokens.
  *
  * No allocation, no locks, no getenv. The ISA is isa.c's active one, taken at prepare.
  */
@@ -37,8 +42,10 @@
 enum {
 	TILE_ROWS = 12, /* prefill weight-tile rows (2 groups of the 6-row micro-kernel) */
 	KC = 256,       /* prefill tile columns: a multiple of every block size (and of 128) */
-	TC = 128,       /* prefill token chunk: TC / PANEL panels */
-	PANEL = 16,     /* prefill tokens per activation panel (two 8-lane vectors) */
+	TC = 128,       /* prefill token chunk of the f32 tiles: TC / PANEL panels */
+	TC_BF16 = 256,  /* the bf16 tiles' (twice the work per dequantized weight) */
+	TC_MAX = TC_BF16,
+	PANEL = 16, /* prefill tokens per activation panel (two 8-lane vectors) */
 };
 
 /* ---- Validation ----------------------------------------------------------------------------- */
@@ -247,8 +254,6 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.isa = ops;
 	c->plan.hidden = e->gate.cols;
 	c->plan.ffn = e->gate.rows;
-	c->plan.x_pad = round_up(c->plan.hidden, 8);
-	c->plan.h_pad = round_up(c->plan.ffn, 8);
 	const uint32_t gate_act = moek_vec_dot_format(e->gate.format);
 	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
 	/* interleaved float rows have a group dot that keeps 8 tokens' sums in registers: below
@@ -259,9 +264,18 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const bool integer_groups = group_dot && integer_dot && e->down.interleave &&
 	                            ops->dot_x8[moek_fmt_slot(e->down.format)] &&
 	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
-	c->plan.prefill = ops->prefill && !integer_groups &&
-	                  n >= (integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
-	                                                 : MOEK_PREFILL_MIN_TOKENS_FLOAT);
+	/* the ISA's bf16 tiles, where it has them, from their own token count */
+	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
+	const size_t min_tokens = bf16_gate
+	                              ? ops->tile_bf16_from(e->gate.format, e->gate.interleave != 0)
+	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
+	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
+	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;
+	c->plan.x_bf16 = c->plan.prefill && bf16_gate;
+	c->plan.h_bf16 = c->plan.prefill && ops->tile_bf16 && moek_tile_bf16_takes(e->down.format);
+	/* bf16 panels hold k in pairs and the tiles take k in multiples of 32 */
+	c->plan.x_pad = round_up(c->plan.hidden, c->plan.x_bf16 ? 32 : 8);
+	c->plan.h_pad = round_up(c->plan.ffn, c->plan.h_bf16 ? 32 : 8);
 	c->plan.xq_format = act_format(ops, &e->gate, c->plan.prefill);
 	c->plan.hq_format = act_format(ops, &e->down, c->plan.prefill);
 	c->plan.xq_row =
@@ -280,15 +294,25 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.hf_off = off;
 	off += round_up(n_rows * c->plan.h_pad * sizeof(float), 64);
 	c->plan.worker_off = off;
-	/* worker area: a row buffer, then the prefill tiles or (decode) the worker's own copy of
-	 * h quantized for down (hq_off: bytes into the area) */
+	/* worker area: a row buffer (f32, then its bf16 copy), then the prefill tiles or
+	 * (decode) the worker's own copy of h quantized for down (hq_off: bytes into the area) */
 	const size_t row_buf = (c->plan.x_pad > c->plan.h_pad ? c->plan.x_pad : c->plan.h_pad);
-	c->plan.hq_off = round_up(row_buf * sizeof(float), 64);
-	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC) * sizeof(float);
+	c->plan.hq_off = round_up(row_buf * (sizeof(float) + sizeof(uint16_t)), 64);
+	/* bf16 tiles: two of TILE_ROWS whole rows (row_bf16: the widest padded row) */
+	c->plan.row_bf16 = c->plan.x_bf16 || c->plan.h_bf16 ? row_buf : 0;
+	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC_MAX) * sizeof(float) +
+	                     2 * TILE_ROWS * c->plan.row_bf16 * sizeof(uint16_t);
 	const size_t hq = n * c->plan.hq_row;
 	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
 	return off + 64; /* room to align the caller's pointer */
+}
+
+enum moek_ffn_path moek_ffn_call_path(const struct moek_ffn_call *c)
+{
+	if (c->plan.prefill)
+		return c->plan.x_bf16 ? MOEK_PATH_TILES_BF16 : MOEK_PATH_TILES_F32;
+	return c->expert->gate.interleave ? MOEK_PATH_GROUPS : MOEK_PATH_DOTS;
 }
 
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers)
@@ -362,13 +386,34 @@ static inline float *h_panel(const struct moek_ffn_call *c, size_t p)
 {
 	return (float *)(c->plan.base + c->plan.hf_off) + p * c->plan.h_pad * PANEL;
 }
+/* The bf16 pair panels of the bf16 tiles (moek_tile_bf16_fn): token t's element k at
+ * panel(t / PANEL)[pair_at(k, t % PANEL)], in the same scratch as the f32 panels. */
+static inline uint16_t *x_panel16(const struct moek_ffn_call *c, size_t p)
+{
+	return (uint16_t *)c->plan.base + p * c->plan.x_pad * PANEL;
+}
+static inline uint16_t *h_panel16(const struct moek_ffn_call *c, size_t p)
+{
+	return (uint16_t *)(c->plan.base + c->plan.hf_off) + p * c->plan.h_pad * PANEL;
+}
+static inline size_t pair_at(size_t k, size_t j)
+{
+	return k / 2 * 2 * PANEL + j * 2 + k % 2;
+}
+/* Zeroes elements [k0, k1) of token t in an f32 or a bf16 pair panel. */
+static void clear_panel_rows(float *f32, uint16_t *b16, bool bf16, size_t t, size_t k0, size_t k1)
+{
+	for (size_t k = k0; k < k1; k++)
+		if (bf16)
+			b16[pair_at(k, t % PANEL)] = 0;
+		else
+			f32[k * PANEL + t % PANEL] = 0.0f;
+}
 static void clear_panel_token(const struct moek_ffn_call *c, size_t t)
 {
-	float *xp = x_panel(c, t / PANEL) + t % PANEL, *hp = h_panel(c, t / PANEL) + t % PANEL;
-	for (size_t k = 0; k < c->plan.x_pad; k++)
-		xp[k * PANEL] = 0.0f;
-	for (size_t k = 0; k < c->plan.h_pad; k++)
-		hp[k * PANEL] = 0.0f;
+	const size_t p = t / PANEL;
+	clear_panel_rows(x_panel(c, p), x_panel16(c, p), c->plan.x_bf16, t, 0, c->plan.x_pad);
+	clear_panel_rows(h_panel(c, p), h_panel16(c, p), c->plan.h_bf16, t, 0, c->plan.h_pad);
 }
 static inline float *worker_area(const struct moek_ffn_call *c, unsigned worker)
 {
@@ -446,13 +491,23 @@ void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begi
 		const char *src = (const char *)c->x + token_row(c, t) * x_stride * esize;
 		if (c->plan.prefill) { /* into lane t % PANEL of its panel; padding columns zero */
 			float *row = worker_area(c, worker);
+			const size_t p = t / PANEL, x_pad = c->plan.x_pad;
 			moek_convert(MOEK_ACT_F32, row, c->x_dtype, src, hidden);
-			float *xp = x_panel(c, t / PANEL) + t % PANEL;
-			for (size_t k = 0; k < c->plan.x_pad; k++)
-				xp[k * PANEL] = k < hidden ? row[k] : 0.0f;
-			float *hp = h_panel(c, t / PANEL) + t % PANEL;
-			for (size_t k = c->plan.ffn; k < c->plan.h_pad; k++)
-				hp[k * PANEL] = 0.0f;
+			memset(row + hidden, 0, (x_pad - hidden) * sizeof(float));
+			if (c->plan.x_bf16) { /* rounded once, then a pair of k per 32-bit word */
+				uint16_t *b = (uint16_t *)(row + x_pad);
+				plan_ops(c)->round_bf16(row, b, x_pad);
+				uint32_t *xw = (uint32_t *)x_panel16(c, p) + t % PANEL;
+				for (size_t k = 0; k < x_pad; k += 2)
+					xw[k / 2 * PANEL] = (uint32_t)b[k] | (uint32_t)b[k + 1]
+					                                         << 16;
+			} else {
+				float *xp = x_panel(c, p) + t % PANEL;
+				for (size_t k = 0; k < x_pad; k++)
+					xp[k * PANEL] = row[k];
+			}
+			clear_panel_rows(h_panel(c, p), h_panel16(c, p), c->plan.h_bf16, t,
+			                 c->plan.ffn, c->plan.h_pad);
 			continue;
 		}
 		float *x32 = x32_row(c, t);
@@ -478,20 +533,20 @@ static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_ma
 	}
 }
 
-/* c_out[r * TC + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
+/* c_out[r * ldc + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
  * KC chunks from column 0; each (row, token) sum is one FMA chain in K order. */
 static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix *m,
                          float *(*panel)(const struct moek_ffn_call *, size_t), size_t r0,
-                         size_t nr, size_t p0, size_t np, float *tile, float *c_out)
+                         size_t nr, size_t p0, size_t np, float *tile, float *c_out, size_t ldc)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
-	memset(c_out, 0, sizeof(float) * TILE_ROWS * TC);
+	memset(c_out, 0, sizeof(float) * TILE_ROWS * ldc);
 	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
 		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
 		dequantize_tile(ops, m, r0, nr, k0, kn, tile);
 		for (size_t p = 0; p < np; p++)
 			ops->tile(tile, KC, nr, panel(c, p0 + p) + k0 * PANEL, round_up(kn, 8),
-			          c_out + p * PANEL, TC);
+			          c_out + p * PANEL, ldc);
 	}
 }
 
@@ -500,30 +555,131 @@ static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
 	return (float *)((char *)worker_area(c, worker) + c->plan.hq_off);
 }
 
+/* Columns [k0, k0 + kn) of global row r of m as bf16 (rounded to nearest even; BF16 rows
+ * copied), through row (f32, kn elements) where they need dequantizing. */
+static void dequantize_row_bf16(const struct moek_isa_ops *ops, const struct moek_matrix *m,
+                                size_t r, size_t k0, size_t kn, float *row, uint16_t *dst)
+{
+	if (m->format == MOEK_BF16 && !m->interleave) {
+		memcpy(dst, matrix_row(m, r) + k0 * sizeof(uint16_t), kn * sizeof(uint16_t));
+		return;
+	}
+	dequantize_matrix_row(ops, m, r, k0, kn, row);
+	ops->round_bf16(row, dst, kn);
+}
+
+/* The bf16 path's worker area: the f32 sums of gate (or down) and up for a token chunk, then
+ * the bf16 weight tiles of gate (or down) and up, TILE_ROWS rows of every column (row_bf16
+ * elements apart: the padded width), so that each weight is dequantized once per call. */
+static float *bf16_sums(const struct moek_ffn_call *c, unsigned worker)
+{
+	return prefill_tile(c, worker) + TILE_ROWS * KC;
+}
+static uint16_t *bf16_tile(const struct moek_ffn_call *c, unsigned worker, int which)
+{
+	uint16_t *t = (uint16_t *)(bf16_sums(c, worker) + 2 * TILE_ROWS * TC_MAX);
+	return t + (size_t)which * TILE_ROWS * c->plan.row_bf16;
+}
+
+/* Rows [r0, r0 + nr) of m, every column, as bf16 rows ld elements apart, zero past the
+ * matrix's columns up to ld (a multiple of 32). */
+static void dequantize_tile_bf16(const struct moek_ffn_call *c, unsigned worker,
+                                 const struct moek_matrix *m, size_t r0, size_t nr, size_t ld,
+                                 uint16_t *tile)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	float *row = worker_area(c, worker);
+	for (size_t r = 0; r < nr; r++) {
+		uint16_t *dst = tile + r * ld;
+		for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
+			const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
+			dequantize_row_bf16(ops, m, r0 + r, k0, kn, row, dst + k0);
+		}
+		memset(dst + m->cols, 0, (ld - m->cols) * sizeof(uint16_t));
+	}
+}
+
+/* c_out[r * ldc + j] = tile row r · token (p * PANEL + j) of the np panels from xp (xs
+ * elements apart), k (a multiple of 32) in KC steps: each (row, token) sum is the tile
+ * kernel's chain in K order. */
+static void tile_product_bf16(const struct moek_isa_ops *ops, const uint16_t *tile, size_t nr,
+                              const uint16_t *xp, size_t xs, size_t np, size_t k, float *c_out,
+                              size_t ldc)
+{
+	memset(c_out, 0, sizeof(float) * TILE_ROWS * ldc);
+	for (size_t k0 = 0; k0 < k; k0 += KC)
+		ops->tile_bf16(tile + k0, k, nr, xp + k0 * PANEL, xs, np, k - k0 < KC ? k - k0 : KC,
+		               c_out, ldc);
+}
+
+/* h = act(gate · x + b_g, up · x + b_u) for rows [r0, r0 + nr), tokens [t0, t0 + np panels):
+ * the activation of the chunk's sums, into h's f32 or bf16 panels. */
+static void activate_tile(const struct moek_ffn_call *c, const struct moek_expert *e, size_t r0,
+                          size_t nr, size_t p0, size_t np, const float *cg, const float *cu,
+                          size_t ldc)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	for (size_t r = 0; r < nr; r++) {
+		const size_t f = r0 + r;
+		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
+		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
+		for (size_t p = 0; p < np; p++) { /* padding lanes too: finite, unused */
+			const float *g = cg + r * ldc + p * PANEL, *u = cu + r * ldc + p * PANEL;
+			float hv[PANEL];
+			for (size_t j = 0; j < PANEL; j++)
+				hv[j] = activate(e, g[j] + bg, u[j] + bu);
+			if (!c->plan.h_bf16) {
+				memcpy(h_panel(c, p0 + p) + f * PANEL, hv, sizeof(hv));
+				continue;
+			}
+			uint16_t hb[PANEL], *hp = h_panel16(c, p0 + p);
+			ops->round_bf16(hv, hb, PANEL);
+			for (size_t j = 0; j < PANEL; j++)
+				hp[pair_at(f, j)] = hb[j];
+		}
+	}
+}
+
+/* The hidden phase on the bf16 tiles: per tile of rows, gate's and up's weights dequantized
+ * once, then every token chunk against them. */
+static void hidden_prefill_bf16(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                unsigned worker, size_t f0, size_t f1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	float *cg = bf16_sums(c, worker), *cu = cg + TILE_ROWS * TC_BF16;
+	uint16_t *tg = bf16_tile(c, worker, 0), *tu = bf16_tile(c, worker, 1);
+	const size_t k = c->plan.x_pad, xs = c->plan.x_pad * PANEL;
+	for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
+		const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
+		dequantize_tile_bf16(c, worker, &e->gate, r0, nr, k, tg);
+		dequantize_tile_bf16(c, worker, &e->up, r0, nr, k, tu);
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC_BF16) {
+			const size_t nt = c->n_tokens - t0 < TC_BF16 ? c->n_tokens - t0 : TC_BF16;
+			const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
+			tile_product_bf16(ops, tg, nr, x_panel16(c, p0), xs, np, k, cg, TC_BF16);
+			tile_product_bf16(ops, tu, nr, x_panel16(c, p0), xs, np, k, cu, TC_BF16);
+			activate_tile(c, e, r0, nr, p0, np, cg, cu, TC_BF16);
+		}
+	}
+}
+
 static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
                            unsigned worker, size_t f0, size_t f1)
 {
+	if (c->plan.x_bf16) {
+		hidden_prefill_bf16(c, e, worker, f0, f1);
+		return;
+	}
 	float *tile = prefill_tile(c, worker);
 	float *cg = tile + TILE_ROWS * KC, *cu = cg + TILE_ROWS * TC;
 	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
 		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
-		const size_t np = (nt + PANEL - 1) / PANEL;
+		const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
 		for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
 			const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
-			tile_product(c, &e->gate, x_panel, r0, nr, t0 / PANEL, np, tile, cg);
-			tile_product(c, &e->up, x_panel, r0, nr, t0 / PANEL, np, tile, cu);
-			for (size_t r = 0; r < nr; r++) {
-				const float bg = e->gate.bias ? e->gate.bias[r0 + r] : 0.0f;
-				const float bu = e->up.bias ? e->up.bias[r0 + r] : 0.0f;
-				for (size_t p = 0; p < np;
-				     p++) { /* padding lanes too: finite, unused */
-					float *hp = h_panel(c, t0 / PANEL + p) + (r0 + r) * PANEL;
-					const float *g = cg + r * TC + p * PANEL,
-					            *u = cu + r * TC + p * PANEL;
-					for (size_t j = 0; j < PANEL; j++)
-						hp[j] = activate(e, g[j] + bg, u[j] + bu);
-				}
-			}
+			tile_product(c, &e->gate, x_panel, r0, nr, p0, np, tile, cg, TC);
+			tile_product(c, &e->up, x_panel, r0, nr, p0, np, tile, cu, TC);
+			activate_tile(c, e, r0, nr, p0, np, cg, cu, TC);
 		}
 	}
 }
@@ -808,16 +964,30 @@ static void accumulate_rows(const struct moek_ffn_call *c, const struct moek_exp
 static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert *e,
                          unsigned worker, size_t o0, size_t o1)
 {
-	float *tile = prefill_tile(c, worker), *acc = tile + TILE_ROWS * KC;
-	for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC) {
-		const size_t nt = c->n_tokens - t0 < TC ? c->n_tokens - t0 : TC;
-		const size_t np = (nt + PANEL - 1) / PANEL;
-		for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
-			const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
-			tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile, acc);
-			for (size_t t = 0; t < nt; t++)
+	const bool bf16 = c->plan.h_bf16;
+	const size_t tc = bf16 ? TC_BF16 : TC, k = c->plan.h_pad, hs = c->plan.h_pad * PANEL;
+	float *tile = prefill_tile(c, worker),
+	      *acc = bf16 ? bf16_sums(c, worker) : tile + TILE_ROWS * KC;
+	uint16_t *td = bf16_tile(c, worker, 0);
+	for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
+		const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
+		if (bf16) /* the bf16 tiles: down's weights dequantized once per call */
+			dequantize_tile_bf16(c, worker, &e->down, r0, nr, k, td);
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += tc) {
+			const size_t nt = c->n_tokens - t0 < tc ? c->n_tokens - t0 : tc;
+			const size_t np = (nt + PANEL - 1) / PANEL;
+			if (bf16)
+				tile_product_bf16(plan_ops(c), td, nr, h_panel16(c, t0 / PANEL), hs,
+				                  np, k, acc, tc);
+			else
+				tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile,
+				             acc, tc);
+			for (size_t t = 0; t < nt; t++) { /* accumulate()'s operations, per token */
+				float y[TILE_ROWS];
 				for (size_t r = 0; r < nr; r++)
-					accumulate(c, e, t0 + t, r0 + r, acc[r * TC + t]);
+					y[r] = acc[r * tc + t];
+				accumulate_rows(c, e, t0 + t, r0, r0 + nr, y);
+			}
 		}
 	}
 }

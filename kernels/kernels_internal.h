@@ -345,6 +345,21 @@ typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *sca
  * one FMA chain in k order whatever nr is (determinism, as above). */
 typedef void (*moek_tile_fn)(const float *w, size_t ldw, size_t nr, const float *xp, size_t k,
                              float *c, size_t ldc);
+/* BF16 prefill micro-kernel: c[r * ldc + p * 16 + j] += Σ_k w[r * ldw + k] · x(p, j, k) for
+ * r < nr, j < 16, p < np; w: bf16 rows (ldw elements apart), k a multiple of 32 (operands
+ * zero-padded); xp: np panels of 16 tokens, panel p at xp + p * xp_stride elements, element
+ * (k, j) of a panel at [(k / 2) * 32 + j * 2 + k % 2] (pairs of k per token: vdpbf16ps's and
+ * AMX's B layout). Each (r, j) sum depends only on its row, token and k — never on nr, np or
+ * where the row is (determinism). */
+typedef void (*moek_tile_bf16_fn)(const uint16_t *w, size_t ldw, size_t nr, const uint16_t *xp,
+                                  size_t xp_stride, size_t np, size_t k, float *c, size_t ldc);
+/* The weight formats the bf16 tiles take where an ISA has them: every one whose values bf16
+ * holds well enough next to its own error, i.e. all but F32 (kept exact) and FP8 (its f32
+ * block scales make values bf16 would round; both keep the f32 tiles). */
+static inline bool moek_tile_bf16_takes(uint32_t format)
+{
+	return format != MOEK_F32 && format != MOEK_FP8_E4M3_B128;
+}
 
 /* ISA-private activation formats: layouts an ISA's dot products prefer over the ggml ones.
  * MOEK_ACT_Q8_0X2 (AVX2, for Q4_0, MXFP4 and IQ4_NL weights): Q8_0 quantization (d = amax/127 per
@@ -399,6 +414,12 @@ struct moek_isa_ops {
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
+	/* bf16 tiles (NULL: none) for the formats moek_tile_bf16_takes, from the token count
+	 * tile_bf16_from gives for a gate format (interleaved: its groups), with f32 → bf16
+	 * rounding to nearest even (dequantized weight rows, activation rows: n elements) */
+	moek_tile_bf16_fn tile_bf16;
+	unsigned (*tile_bf16_from)(uint32_t format, bool interleaved);
+	void (*round_bf16)(const float *src, uint16_t *dst, size_t n);
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
 	void (*x8_transpose)(const uint8_t *rows, size_t stride, size_t words, uint8_t *out);
@@ -514,6 +535,11 @@ void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k);
 #endif
 
+/* The compute shape a prepared call runs: row or group dots over quantized (or bf16)
+ * activations, f32 tiles, or the ISA's bf16 tiles (bench_kernels: the peak a row is held to). */
+enum moek_ffn_path { MOEK_PATH_DOTS, MOEK_PATH_GROUPS, MOEK_PATH_TILES_F32, MOEK_PATH_TILES_BF16 };
+enum moek_ffn_path moek_ffn_call_path(const struct moek_ffn_call *c);
+
 /* Token counts from which the AVX2 path switches from row dot products (memory-bound decode)
  * to dequantized weight tiles reused across tokens (compute-bound prefill): integer dot
  * products stay ahead longer than float ones, whose per-token FMAs are no cheaper than a
@@ -521,6 +547,22 @@ size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size
  * for up to 8 tokens and takes the integer dots' count. */
 #define MOEK_PREFILL_MIN_TOKENS 16
 #define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
+/* Token counts from which the avx512 ISA's bf16 tiles take over (x86_avx512.c,
+ * tile_bf16_from), where they beat the decode dots of the same ISA: measured one thread,
+ * CPU time (`bench_kernels --cpu-time --isa avx512 --threads 1 --tokens 8,16,24,32,48
+ * --bf16-from 1` against `--bf16-from 100000`, AMD EPYC Zen 4; tiles' tokens/s over the
+ * dots', qwen3 / deepseek shapes):
+ *   BF16 rows: 0.93 / 0.89 at 8, 1.56 / 1.48 at 16 (a 12-token call costs a 16-token panel)
+ *     → 12; F16 rows (not measured: a conversion more per weight) → 16;
+ *   Q8_0: 0.61 / 0.62 at 8, 1.16 / 1.42 at 16 → 16;
+ *   Q4_K, MXFP4: 0.77–0.91 at 16, 0.90–1.11 at 24, 1.24–1.50 at 32; Q6_K 0.99 / 1.11 at 32,
+ *     1.20 / 1.30 at 48 → 32 for them and every other integer-dot format;
+ *   BF16 groups (BF16x8): 0.95 / 1.01 at 16, 1.13 / 1.18 at 24 → 24. */
+#define MOEK_PREFILL_MIN_TOKENS_BF16 32
+#define MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0 16
+#define MOEK_PREFILL_MIN_TOKENS_BF16_ROWS 12
+#define MOEK_PREFILL_MIN_TOKENS_BF16_F16 16
+#define MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS 24
 
 /* ---- AMX BF16 prefill micro-kernel (x86_amx.c, amx_emu.c; shared body in x86_amx_tile.h) ----
  * c[r * ldc + p * 16 + j] += Σ_k w[r * ldw + k] · x(p, j, k) for r < nr, j < 16, p < np;

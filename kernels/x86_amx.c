@@ -16,10 +16,21 @@
 
 struct moek_isa_ops moek_amx_ops;
 
+static const char *describe(uint32_t format, bool prefill)
+{
+	if (prefill && moek_tile_bf16_takes(format))
+		return "amx tdpbf16ps tiles (avx512's token counts)";
+	return moek_avx512_ops.describe(format, prefill);
+}
+
+/* The bf16 prefill tiles on AMX; every other entry is avx512's. The Q8_0 INT8 tile kernel
+ * (moek_amx_tile_q8_0) has no activation packer in ffn.c yet, so it is not in the table. */
 void moek_amx_build(void)
 {
 	moek_amx_ops = moek_avx512_ops;
 	moek_amx_ops.name = "amx";
+	moek_amx_ops.describe = describe;
+	moek_amx_ops.tile_bf16 = moek_amx_tile_bf16;
 }
 
 /* GCC's intrinsics (12 and older) tell the compiler that ldtilecfg reads 8 bytes of its

@@ -287,9 +287,10 @@ struct moek_ffn_call {
 		const void *isa;
 		char *base; /* scratch, 64-byte aligned */
 		size_t hidden, ffn, x_pad, h_pad;
-		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes;
+		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes, row_bf16;
 		uint32_t xq_format, hq_format;
 		bool prefill;
+		bool x_bf16, h_bf16; /* prefill: x / h as bf16 pair panels for the bf16 tiles */
 	} plan;
 };
 
@@ -344,7 +345,8 @@ int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
  *            uses VNNI forms of some integer dots on 256-bit registers: same bits;
  *   avx512 — avx2 plus AVX-512 kernels where they pay: BF16 dots and prefill tiles on
  *            vdpbf16ps (AVX512-BF16), integer dots on 512-bit VNNI;
- *   amx    — avx512 plus AMX tiles (BF16, INT8) for prefill and batched decode.
+ *   amx    — avx512 with AMX tiles (tdpbf16ps) for the bf16 prefill tiles. Chosen by name
+ *            only (MOEK_ISA_AUTO stops at avx512) until it has run on an AMX CPU.
  * Not thread-safe against running kernels: force an ISA before any call is prepared. */
 enum moek_isa {
 	MOEK_ISA_AUTO = 0,
