@@ -589,12 +589,9 @@ static void dequantize_tile_bf16(const struct moek_ffn_call *c, unsigned worker,
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	float *row = worker_area(c, worker);
-	for (size_t r = 0; r < nr; r++) {
+	for (size_t r = 0; r < nr; r++) { /* a whole row per call: the row buffer holds one */
 		uint16_t *dst = tile + r * ld;
-		for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
-			const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
-			dequantize_row_bf16(ops, m, r0 + r, k0, kn, row, dst + k0);
-		}
+		dequantize_row_bf16(ops, m, r0 + r, 0, m->cols, row, dst);
 		memset(dst + m->cols, 0, (ld - m->cols) * sizeof(uint16_t));
 	}
 }

@@ -548,16 +548,10 @@ enum moek_ffn_path moek_ffn_call_path(const struct moek_ffn_call *c);
 #define MOEK_PREFILL_MIN_TOKENS 16
 #define MOEK_PREFILL_MIN_TOKENS_FLOAT 8
 /* Token counts from which the avx512 ISA's bf16 tiles take over (x86_avx512.c,
- * tile_bf16_from), where they beat the decode dots of the same ISA: measured one thread,
- * CPU time (`bench_kernels --cpu-time --isa avx512 --threads 1 --tokens 8,16,24,32,48
- * --bf16-from 1` against `--bf16-from 100000`, AMD EPYC Zen 4; tiles' tokens/s over the
- * dots', qwen3 / deepseek shapes):
- *   BF16 rows: 0.93 / 0.89 at 8, 1.56 / 1.48 at 16 (a 12-token call costs a 16-token panel)
- *     → 12; F16 rows (not measured: a conversion more per weight) → 16;
- *   Q8_0: 0.61 / 0.62 at 8, 1.16 / 1.42 at 16 → 16;
- *   Q4_K, MXFP4: 0.77–0.91 at 16, 0.90–1.11 at 24, 1.24–1.50 at 32; Q6_K 0.99 / 1.11 at 32,
- *     1.20 / 1.30 at 48 → 32 for them and every other integer-dot format;
- *   BF16 groups (BF16x8): 0.95 / 1.01 at 16, 1.13 / 1.18 at 24 → 24. */
+ * tile_bf16_from), where they beat the same ISA's decode dots: BF16 rows from 12 (a 12-token
+ * call costs a 16-token panel), F16 and Q8_0 from 16, BF16 groups (BF16x8) from 24, every
+ * other integer-dot format from 32 (docs/performance.md, "Kernel design measurements"; F16
+ * not measured: one conversion more per weight than BF16). */
 #define MOEK_PREFILL_MIN_TOKENS_BF16 32
 #define MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0 16
 #define MOEK_PREFILL_MIN_TOKENS_BF16_ROWS 12
