@@ -351,6 +351,24 @@ unsigned moek_isa_missing(enum moek_isa isa)
 	return needs & ~moek_cpu_features();
 }
 
+int moek_isa_force(const char *name, char *why, size_t len)
+{
+	enum moek_isa isa;
+	if (moek_isa_parse(name, &isa) != 0) {
+		snprintf(why, len, "'%s': expected scalar, avx2, avx512 or amx", name ? name : "");
+		return -1;
+	}
+	const unsigned missing = moek_isa_missing(isa);
+	if (!missing && moek_set_isa(isa) == 0)
+		return 0;
+	char lacks[160], has[160];
+	moek_cpu_feature_names(missing, lacks, sizeof(lacks));
+	moek_cpu_feature_names(moek_cpu_features() & ~(unsigned)MOEK_CPU_INTEL, has, sizeof(has));
+	snprintf(why, len, "%s: this CPU lacks %s (it has: %s)", name,
+	         lacks[0] ? lacks : "what it needs", has[0] ? has : "none of the SIMD features");
+	return -1;
+}
+
 const char *moek_isa_format_path(uint32_t format, char *buf, size_t len)
 {
 	const struct moek_isa_ops *ops = moek_isa_current();

@@ -385,6 +385,10 @@ int moek_isa_parse(const char *name, enum moek_isa *out);
 const char *moek_isa_label(enum moek_isa isa);
 /* The MOEK_CPU_* bits `isa` needs that this CPU lacks (0: it can run it). */
 unsigned moek_isa_missing(enum moek_isa isa);
+/* Makes the ISA called `name` active: 0, or -1 with one line in why (the name unknown:
+ * "'NAME': expected …"; the CPU unable: "NAME: this CPU lacks … (it has: …)"). For the
+ * command lines' --isa. */
+int moek_isa_force(const char *name, char *why, size_t len);
 /* How the active ISA computes experts in `format`: one line naming the kernels of one-token
  * decode, batched decode and prefill (from how many tokens), for logs. */
 const char *moek_isa_format_path(uint32_t format, char *buf, size_t len);

@@ -217,6 +217,35 @@ struct ffn_case {
 	double max_nmse; /* vs the scalar reference: test_ffn's bound for the format */
 };
 
+/* The FFN of f on n tokens (seed) on the avx512 ISA with `kernel` as its bf16 tiles: its
+ * nmse against the scalar reference; the call must take the bf16 tiles. */
+static double ffn_nmse(struct fixture *f, const struct ffn_case *fc, size_t n, uint32_t seed,
+                       moek_tile_bf16_fn kernel)
+{
+	float *x = fixture_tokens(n, fc->hidden, seed);
+	cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
+	float *ref = fixture_run(f, x, n, NULL);
+	cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), 0);
+	const moek_tile_bf16_fn own = moek_avx512_ops.tile_bf16;
+	moek_avx512_ops.tile_bf16 = kernel;
+	struct moek_ffn_call call = {.expert = &f->expert, .n_tokens = n};
+	const size_t bytes = moek_ffn_scratch_bytes(&f->expert, n, 1);
+	void *scratch = malloc(bytes);
+	float *out = calloc(n * fc->hidden, sizeof(float));
+	cr_assert(scratch && out);
+	call.x = x, call.out = out, call.scratch = scratch;
+	call.scratch_bytes = bytes, call.n_workers = 1;
+	char err[200];
+	const int rc = moek_ffn_run(&call, err, sizeof(err));
+	moek_avx512_ops.tile_bf16 = own;
+	cr_assert_eq(rc, 0, "%s", err);
+	cr_expect_eq(moek_ffn_call_path(&call), MOEK_PATH_TILES_BF16,
+	             "%s n=%zu: not on the bf16 tiles", moek_format_lookup(fc->format)->name, n);
+	const double e = nmse_f(out, ref, n * fc->hidden);
+	free(out), free(scratch), free(ref), free(x);
+	return e;
+}
+
 /* The FFN on the bf16 tiles from their first token count to 512 (4 token chunks, a partial
  * panel) within the format's bound against the scalar reference; the path is the bf16
  * tiles. */
@@ -242,26 +271,11 @@ Test(prefill_bf16, ffn_matches_the_reference)
 			const size_t n = counts[i];
 			if (n == 512 && ci % 3) /* the long call for a third of the cases */
 				continue;
-			float *x = fixture_tokens(n, fc->hidden, (uint32_t)(n + ci));
-			cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
-			float *ref = fixture_run(&f, x, n, NULL);
-			cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), 0);
-			struct moek_ffn_call call = {.expert = &f.expert, .n_tokens = n};
-			const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
-			void *scratch = malloc(bytes);
-			float *out = calloc(n * fc->hidden, sizeof(float));
-			cr_assert(scratch && out);
-			call.x = x, call.out = out, call.scratch = scratch;
-			call.scratch_bytes = bytes, call.n_workers = 1;
-			char err[200];
-			cr_assert_eq(moek_ffn_run(&call, err, sizeof(err)), 0, "%s", err);
-			cr_expect_eq(moek_ffn_call_path(&call), MOEK_PATH_TILES_BF16,
-			             "%s n=%zu: not on the bf16 tiles", name, n);
-			const double e = nmse_f(out, ref, n * fc->hidden);
+			const double e =
+			    ffn_nmse(&f, fc, n, (uint32_t)(n + ci), moek_avx512_ops.tile_bf16);
 			cr_expect_lt(e, fc->max_nmse, "%s n=%zu: nmse %.3g against the reference",
 			             name, n, e);
 			cr_log_info("%-8s n=%-3zu bf16 tiles vs scalar nmse %.3g", name, n, e);
-			free(out), free(scratch), free(ref), free(x);
 		}
 		fixture_free(&f);
 	}
@@ -281,7 +295,6 @@ Test(prefill_bf16, ffn_on_the_amx_tile_model)
 	    {MOEK_Q8_0, MOEK_F32, 320, 224, 5e-4},
 	};
 	static const size_t counts[] = {MOEK_PREFILL_MIN_TOKENS_BF16, 41, 300};
-	const moek_tile_bf16_fn vdpbf16ps = moek_avx512_ops.tile_bf16;
 	for (size_t ci = 0; ci < sizeof(cases) / sizeof(cases[0]); ci++) {
 		const struct ffn_case *fc = &cases[ci];
 		struct fixture f;
@@ -289,27 +302,10 @@ Test(prefill_bf16, ffn_on_the_amx_tile_model)
 		             fc->format + 77);
 		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
 			const size_t n = counts[i];
-			float *x = fixture_tokens(n, fc->hidden, (uint32_t)(n + 3 * ci));
-			cr_assert_eq(moek_set_isa(MOEK_ISA_SCALAR), 0);
-			float *ref = fixture_run(&f, x, n, NULL);
-			cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), 0);
-			moek_avx512_ops.tile_bf16 = moek_amx_tile_bf16_emulated;
-			struct moek_ffn_call call = {.expert = &f.expert, .n_tokens = n};
-			const size_t bytes = moek_ffn_scratch_bytes(&f.expert, n, 1);
-			void *scratch = malloc(bytes);
-			float *out = calloc(n * fc->hidden, sizeof(float));
-			cr_assert(scratch && out);
-			call.x = x, call.out = out, call.scratch = scratch;
-			call.scratch_bytes = bytes, call.n_workers = 1;
-			char err[200];
-			const int rc = moek_ffn_run(&call, err, sizeof(err));
-			moek_avx512_ops.tile_bf16 = vdpbf16ps;
-			cr_assert_eq(rc, 0, "%s", err);
-			cr_expect_eq(moek_ffn_call_path(&call), MOEK_PATH_TILES_BF16);
-			const double e = nmse_f(out, ref, n * fc->hidden);
+			const double e = ffn_nmse(&f, fc, n, (uint32_t)(n + 3 * ci),
+			                          moek_amx_tile_bf16_emulated);
 			cr_expect_lt(e, fc->max_nmse, "%s n=%zu: nmse %.3g on the AMX model",
 			             moek_format_lookup(fc->format)->name, n, e);
-			free(out), free(scratch), free(ref), free(x);
 		}
 		fixture_free(&f);
 	}
