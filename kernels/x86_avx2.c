@@ -64,11 +64,9 @@ ALWAYS_INLINE __m256 q8_0_block(const struct block_q8_0 *x, const struct block_q
 	const __m256i qy = _mm256_loadu_si256((const __m256i *)y->qs);
 	const __m256 d = _mm256_set1_ps(f16(x->d) * f16(y->d));
 	const __m256i ax = _mm256_sign_epi8(qx, qx), sy = _mm256_sign_epi8(qy, qx);
-	if (vnni) {
-		__m256i s32 = _mm256_setzero_si256();
-		__asm__("vpdpbusd %2, %1, %0" : "+v"(s32) : "v"(ax), "v"(sy));
-		return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc);
-	}
+	if (vnni)
+		return _mm256_fmadd_ps(
+		    d, _mm256_cvtepi32_ps(dpbusd(_mm256_setzero_si256(), ax, sy)), acc);
 	return _mm256_fmadd_ps(d, dot_u8s8_32(ax, sy), acc);
 }
 
@@ -114,15 +112,6 @@ ALWAYS_INLINE __m256 pair_weight_scales(enum q32_kind kind, const uint8_t *b0, c
 	const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)d0 | (uint32_t)d1 << 16)));
 	return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d),
 	                                _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-}
-
-/* acc + Σ u·s over each int32 lane's 4 bytes (u unsigned, s signed): AVX512-VNNI's vpdpbusd on
- * 256-bit registers (EVEX, AVX512VL), as inline assembly so that this file keeps its AVX2 flags;
- * executed only where isa.c found the CPU and OS support it (moek_set_isa_forms). */
-ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
-{
-	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-	return acc;
 }
 
 /* Σ w·y of one pair against one token's activations, as scale-weighted f32 lanes folded into
@@ -423,7 +412,6 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
  * EVEX shift that splits its nibbles and merge and/or into vpternlog — fewer instructions per
  * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so
  * the bits are the AVX2 form's. */
-#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
 #define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
 
@@ -952,14 +940,6 @@ static inline __m128i k4_min_lanes(__m128i mins, const int16_t *bsums)
 	const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bsums),
 	                                     _mm_loadu_si128((const __m128i *)(bsums + 8)));
 	return _mm_madd_epi16(pairs, mins);
-}
-
-/* acc + the int16 pair products of a and b summed per int32 lane (madd + add in one):
- * AVX512-VNNI's vpdpwssd on 256-bit registers, as dpbusd above. */
-ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
-{
-	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-	return acc;
 }
 
 ALWAYS_INLINE void q45k_body(const void *w, const float *sr, const void *act, size_t as,

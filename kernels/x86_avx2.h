@@ -44,6 +44,23 @@ static inline float f16(uint16_t h)
  * enough that the near one completes quickly. On narrower rows it costs bandwidth, so it is
  * only issued past WIDE_ACT_BYTES of activations (docs/performance.md, "Kernel design
  * measurements"). */
+/* The VNNI forms' instructions on 256-bit registers (EVEX, AVX512VL), as inline assembly so
+ * that the AVX2 files keep their AVX2 flags; executed only where isa.c found the CPU and OS
+ * support them (MOEK_FORM_VNNI on), in functions compiled with VNNI_CODE.
+ * dpbusd: acc + Σ u·s over each int32 lane's 4 bytes (u unsigned, s signed);
+ * dpwssd: acc + the int16 pair products of a and b summed per int32 lane (madd + add). */
+#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
+{
+	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+	return acc;
+}
+ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
+{
+	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+	return acc;
+}
+
 #define PREFETCH_AHEAD 1536
 #define PREFETCH_FAR 8192
 #define WIDE_ACT_BYTES 16000 /* Q8_K of 14336 columns (16352) is past it, Q8_0 (15232) not */

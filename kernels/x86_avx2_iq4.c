@@ -21,37 +21,7 @@
 #include <stdbool.h>
 #include <string.h>
 
-#include "kernels_internal.h"
-
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-/* The same prefetch as x86_avx2.c's row dots (PREFETCH_AHEAD / PREFETCH_FAR, past the same
- * activation width): see there for the figures. */
-ALWAYS_INLINE void prefetch_ahead(const void *p, bool far)
-{
-	_mm_prefetch((const char *)p + 1536, _MM_HINT_T0);
-	if (far)
-		_mm_prefetch((const char *)p + 8192, _MM_HINT_T1);
-}
-
-ALWAYS_INLINE bool wide_activation(size_t act_bytes)
-{
-	return act_bytes > 16000;
-}
-
-ALWAYS_INLINE float hsum(__m256 v)
-{
-	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-	s = _mm_add_ss(s, _mm_movehdup_ps(s));
-	return _mm_cvtss_f32(s);
-}
-
-ALWAYS_INLINE __m256i dpbusd(__m256i acc, __m256i u, __m256i s)
-{
-	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-	return acc;
-}
+#include "x86_avx2.h"
 
 /* The grid as a vpshufb table in both lanes: signed levels, or levels + 128 (unsigned). */
 ALWAYS_INLINE __m256i iq4_table(bool plus128)
@@ -184,11 +154,6 @@ ALWAYS_INLINE __m256i xs_scales32(const struct block_iq4_xs *b)
 	                        _mm256_set1_epi32(32));
 }
 
-ALWAYS_INLINE const struct block_q8_K *q8k_token(const void *act, size_t as, int t, size_t i)
-{
-	return (const struct block_q8_K *)((const uint8_t *)act + (size_t)t * as) + i;
-}
-
 ALWAYS_INLINE int32_t hsum_i32(__m256i v)
 {
 	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -288,7 +253,6 @@ ALWAYS_INLINE void xs_body(const void *w, const void *act, size_t as, const int 
 /* ---- Entry points -------------------------------------------------------------------------
  * Specialised on the token count (accumulators in registers) and on the form; the VNNI forms
  * are compiled for the AVX-512 subset MOEK_FORM_VNNI needs (isa.c) (as x86_avx2.c's). */
-#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 
 #define IQ4_ENTRIES(fmt, body, attr, vnni)                                                         \
 	attr static void dot_##fmt(const void *w, const void *act, size_t as, size_t nt, size_t k, \

@@ -67,15 +67,6 @@ ALWAYS_INLINE __m256i q3_scales_i16(const uint8_t s[K_SCALE_SIZE])
 	return _mm256_sub_epi16(_mm256_cvtepu8_epi16(sc), _mm256_set1_epi16(32));
 }
 
-/* acc + the int16 pair products of a and b summed per int32 lane (madd + add in one):
- * AVX512-VNNI's vpdpwssd on 256-bit registers (EVEX, AVX512VL), as inline assembly so that
- * this file keeps its AVX2 flags; run only with MOEK_FORM_VNNI on. */
-ALWAYS_INLINE __m256i dpwssd(__m256i acc, __m256i a, __m256i b)
-{
-	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
-	return acc;
-}
-
 /* Chains of int32 sums per token: one, except for the VNNI form at one or two tokens, where
  * vpdpwssd's latency (not covered by other tokens' chains) wants four in flight. More chains
  * at more tokens spill registers (Q3_K at 8 tokens: 0.7 of the plain form's speed). */
@@ -211,7 +202,6 @@ ALWAYS_INLINE void q3k_body(const void *w, const float *sr, const void *act, siz
 
 /* The entry points, specialised on the token count and the form; the VNNI forms are compiled
  * for the AVX-512 subset MOEK_FORM_VNNI needs (isa.c), as x86_avx2.c's. */
-#define VNNI_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 DOT_ENTRY(dot_q2_K_avx2, q2k_body, false)
 DOT_ENTRY(dot_q3_K_avx2, q3k_body, false)
 ROWS_ENTRY(rows_q2_K_avx2, q2k_body, false)

@@ -1011,6 +1011,16 @@ static int add_rows(struct expert_map *map, uint32_t l, uint32_t x, const struct
 	return rc;
 }
 
+/* The matrices whose side data (FP8 block scales, bias) a node's slice carries, as gate, up,
+ * down: a fused gate_up stands for both gate and up. */
+static void side_matrices(const struct moe_expert *ce, const struct moe_proj_ref *mats[3])
+{
+	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
+	mats[0] = gu->present ? gu : &ce->proj[MOE_PROJ_GATE];
+	mats[1] = gu->present ? gu : &ce->proj[MOE_PROJ_UP];
+	mats[2] = &ce->proj[MOE_PROJ_DOWN];
+}
+
 /* The pieces every node holds of an expert shaped like ce, in map order: separate gate, up,
  * down; fused interleaved gate_up, down; fused concatenated gate_up (its gate rows, its up
  * rows), down. Records where each piece's data (and scales) extent is. */
@@ -1041,9 +1051,8 @@ static void node_layout(struct forward_weights *w, const struct moe_expert *ce)
 	}
 	/* then per matrix its FP8 block scales and its bias rows (a fused gate_up's bias: one
 	 * extent when its rows alternate, else gate's then up's) */
-	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
-	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
-	                                      &ce->proj[MOE_PROJ_DOWN]};
+	const struct moe_proj_ref *mats[3];
+	side_matrices(ce, mats);
 	w->node_bias_interleaved =
 	    gu->present && gu->bias.length && gu->order == MOE_GATE_UP_INTERLEAVED;
 	for (int i = 0; i < 3; i++) {
@@ -1094,9 +1103,8 @@ static int add_node_side(struct forward_weights *w, struct expert_map *m, uint32
                          size_t why_len, struct sidecar_error *err)
 {
 	const struct moe_proj_ref *gu = &ce->proj[MOE_PROJ_GATE_UP];
-	const struct moe_proj_ref *mats[3] = {gu->present ? gu : &ce->proj[MOE_PROJ_GATE],
-	                                      gu->present ? gu : &ce->proj[MOE_PROJ_UP],
-	                                      &ce->proj[MOE_PROJ_DOWN]};
+	const struct moe_proj_ref *mats[3];
+	side_matrices(ce, mats);
 	for (int i = 0; i < 3; i++) {
 		const struct moe_proj_ref *r = mats[i];
 		const uint64_t r0 = rows[i][0], r1 = rows[i][1];
