@@ -29,6 +29,9 @@
  */
 #include "moe_client.h"
 
+#include <assert.h>
+#include <stddef.h>
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -49,6 +52,12 @@
 #include "client_internal.h"
 #include "moe_proto.h"
 #include "moe_ring.h"
+
+#if UINTPTR_MAX == UINT64_MAX /* the LP64 layout engines compile against */
+static_assert(sizeof(struct moe_connect_opts) == 80, "moe_connect_opts is ABI");
+static_assert(offsetof(struct moe_connect_opts, server_uid) == 48, "moe_connect_opts is ABI");
+static_assert(offsetof(struct moe_connect_opts, reserved) == 56, "moe_connect_opts is ABI");
+#endif
 
 #define WAIT_SPIN_NS 30000u
 #define WAIT_SPIN_SKIP_NS (2u * WAIT_SPIN_NS)
@@ -111,7 +120,7 @@ int moe_socket_fd(const struct moe_client *c)
 	return c ? c->sock : -1;
 }
 
-const struct moe_info *moe_info(const struct moe_client *c)
+const moe_info_t *moe_info(const struct moe_client *c)
 {
 	return &c->info;
 }
@@ -402,6 +411,27 @@ out:
 	return rc;
 }
 
+/* The server must run as root, as us, or as the uid the caller named: anyone else may have
+ * bound a socket at a path they could redirect, and our hello (pid, uid, name) and every
+ * activation we send would go to them. Checked before anything is sent. */
+static int check_server(int sock, const struct moe_connect_opts *o, const char *path)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+		return conn_fail(MOE_ESYS, "%s: SO_PEERCRED: %s", path, strerror(errno));
+	const uid_t me = geteuid();
+	if (cred.uid == 0 || cred.uid == me || (o && o->server_uid && cred.uid == o->server_uid))
+		return MOE_OK;
+	char also[48] = "";
+	if (o && o->server_uid)
+		snprintf(also, sizeof(also), " or uid %u (server_uid)", (unsigned)o->server_uid);
+	return conn_fail(MOE_EREFUSED,
+	                 "%s: the server runs as uid %u (pid %d), not as root, this client's uid "
+	                 "%u%s; refusing to talk to it (name it in server_uid if it is yours)",
+	                 path, (unsigned)cred.uid, (int)cred.pid, (unsigned)me, also);
+}
+
 int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
 {
 	connect_error[0] = '\0';
@@ -413,6 +443,8 @@ int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
 			if (opts->reserved[i])
 				return conn_fail(MOE_EINVAL,
 				                 "moe_connect: opts.reserved[%zu] is not NULL", i);
+		if (opts->reserved_u32)
+			return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved_u32 is not 0");
 		if (opts->expect_model) {
 			size_t n = strlen(opts->expect_model);
 			bool hex = n == 32;
@@ -447,13 +479,19 @@ int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
 	}
 	if (connect(c->sock, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
 		int e = errno;
+		struct stat st;
+		const bool not_socket =
+		    e == ECONNREFUSED && stat(addr.sun_path, &st) == 0 && !S_ISSOCK(st.st_mode);
 		rc = conn_fail(MOE_ECONNECT, "%s: connect: %s%s", addr.sun_path, strerror(e),
-		               e == ENOENT || e == ECONNREFUSED ? " (is moe-sidecar serve running?)"
+		               not_socket ? " (the path is not a socket: is --socket right?)"
+		               : e == ENOENT || e == ECONNREFUSED ? " (is moe-sidecar serve running?)"
 		               : e == EACCES ? " (the socket or its directory is not accessible "
 		                               "to this user)"
 		                             : "");
 		goto fail;
 	}
+	if ((rc = check_server(c->sock, opts, addr.sun_path)) != MOE_OK)
+		goto fail;
 	rc = handshake(c, opts, addr.sun_path);
 	if (rc != MOE_OK)
 		goto fail;

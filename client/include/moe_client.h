@@ -74,7 +74,13 @@ struct moe_connect_opts {
 	/* The fingerprint (32 hex digits, moe_model_fingerprint) the served model must have:
 	 * another model, or a sidecar that reports none, is MOE_EREFUSED with both named. */
 	const char *expect_model;
-	void *reserved[4]; /* must be NULL */
+	/* Who may be the server. Before sending anything the client reads the listening
+	 * process's credentials (SO_PEERCRED): its uid must be root's, this process's own, or
+	 * server_uid (0: only those two). Any other is MOE_EREFUSED with both uids named: a
+	 * socket path another user could redirect leads to that user's server, not ours. */
+	uint32_t server_uid;
+	uint32_t reserved_u32; /* must be 0 */
+	void *reserved[3];     /* must be NULL */
 };
 
 /* Connects and maps the channel. opts may be NULL. On failure *out is NULL and the return
@@ -108,7 +114,10 @@ struct moe_info {
 	char model_name[64];
 	char fingerprint[33]; /* 32 hex digits; "" when the sidecar reports none */
 };
-MOE_API const struct moe_info *moe_info(const struct moe_client *c);
+/* C++ cannot spell `const moe_info *` (the function hides the struct's name there):
+ * moe_info_t names the struct in both languages. */
+typedef struct moe_info moe_info_t;
+MOE_API const moe_info_t *moe_info(const struct moe_client *c);
 
 /* The MoE layers' block indices, ascending: writes min(n, cap) of them to layers (may be
  * NULL with cap 0) and returns n = moe_info()->n_moe_layers, or a negative status
