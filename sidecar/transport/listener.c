@@ -18,6 +18,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/file.h>
@@ -51,48 +54,206 @@ static int split_path(struct listener *l, struct sidecar_error *err)
 	return 0;
 }
 
-/* Creates the directory (mode 0700, or 0711 when shared) or accepts an existing one that is
- * a real directory, ours or root's, that nobody else can write unless it is sticky. */
-static int open_dir(struct listener *l, bool shared, struct sidecar_error *err)
+/* Whether uid may replace (rename away, unlink) the entry `child` of directory dir: as
+ * dir's owner, or through group/other write on dir unless the sticky bit limits that to
+ * the entry's owner. Root and we are trusted; anyone else who can is a way to redirect the
+ * socket path. */
+static bool others_can_replace(const struct stat *dir, const struct stat *child, uid_t me)
 {
-	const mode_t mode = shared ? 0711 : 0700;
-	bool created = false;
-	if (strcmp(l->dir, ".") && strcmp(l->dir, "/")) {
-		created = mkdir(l->dir, mode) == 0;
-		if (!created && errno != EEXIST)
-			return error_set(err, MOE_ESYS, "socket directory %s: mkdir: %s", l->dir,
-			                 strerror(errno));
+	if (dir->st_uid != 0 && dir->st_uid != me)
+		return true;
+	if (!(dir->st_mode & 022))
+		return false;
+	return !(dir->st_mode & S_ISVTX) || (child->st_uid != 0 && child->st_uid != me);
+}
+
+/* Whether uid may search (traverse) the directory by its mode bits. */
+static bool may_search(const struct stat *dir, uid_t uid)
+{
+	if (uid == 0 || dir->st_uid == uid)
+		return uid == 0 || (dir->st_mode & S_IXUSR);
+	if (dir->st_mode & S_IXOTH)
+		return true;
+	if (!(dir->st_mode & S_IXGRP))
+		return false;
+	struct passwd pw, *found = NULL;
+	char buf[1024];
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &found) != 0 || !found)
+		return false;
+	gid_t groups[64];
+	int n = 64;
+	if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &n) < 0)
+		n = 0;
+	for (int i = 0; i < n; i++)
+		if (groups[i] == dir->st_gid)
+			return true;
+	return pw.pw_gid == dir->st_gid;
+}
+
+/* --allow-uid names uids that are to connect: say at start, once per uid, which directory
+ * on the socket's path keeps one out (its clients would only see "Permission denied"). */
+static void warn_unsearchable(const struct listener *l, const char *dir, const struct stat *st,
+                              const struct listener_peers *peers, uint64_t *warned)
+{
+	for (uint32_t i = 0; i < peers->n_uids && i < 64; i++) {
+		if ((*warned >> i) & 1 || may_search(st, peers->uids[i]))
+			continue;
+		*warned |= 1ull << i;
+		log_warn("server",
+		         "--allow-uid %u cannot reach the socket %s: directory %s has mode %o "
+		         "(owner uid %u, group %u), which does not let that uid search it; its "
+		         "clients will get \"Permission denied\" (chmod o+x, or an ACL, fixes it)",
+		         (unsigned)peers->uids[i], l->path, dir, (unsigned)(st->st_mode & 07777),
+		         (unsigned)st->st_uid, (unsigned)st->st_gid);
 	}
-	l->dir_fd = open(l->dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (l->dir_fd < 0) {
+}
+
+static const char *mode_words(const struct stat *st)
+{
+	return !(st->st_mode & 022)      ? "writable only by its owner"
+	       : (st->st_mode & S_ISVTX) ? "sticky"
+	       : (st->st_mode & 002)     ? "writable by everyone"
+	                                 : "writable by its group";
+}
+
+/* Opens the socket's directory by walking its path from "/" one component at a time,
+ * each opened O_NOFOLLOW relative to the one before, so every check below is on the
+ * directory the next step goes through. Refused, naming the component: a symbolic link
+ * anywhere on the way (a link in a shared directory can lead anywhere), "..", a
+ * directory owned by another uid, and an entry another uid can rename away — the attack
+ * this prevents: uid X owns a directory on the path, lets root make the socket directory
+ * in it, renames that away and binds its own socket at the path; root's clients then talk
+ * to X. The last component is created (mode 0700, or 0711 when shared) if it is missing;
+ * an existing one must be ours or root's and not writable by others unless sticky (the
+ * socket and lock files in it are ours, so sticky protects them). A relative path is
+ * walked from the working directory's real path (getcwd resolves no links). */
+static int open_dir(struct listener *l, const struct listener_peers *peers,
+                    struct sidecar_error *err)
+{
+	const mode_t mode = peers->shared ? 0711 : 0700;
+	uint64_t warned = 0; /* bit i: peers->uids[i] was named already */
+	const uid_t me = geteuid();
+	char full[PATH_MAX];
+	if (l->dir[0] == '/') {
+		snprintf(full, sizeof(full), "%s", l->dir);
+	} else {
+		char cwd[PATH_MAX];
+		if (!getcwd(cwd, sizeof(cwd)))
+			return error_set(err, MOE_ESYS, "socket path %s: getcwd: %s", l->path,
+			                 strerror(errno));
+		if ((size_t)snprintf(full, sizeof(full), "%s/%s", cwd, l->dir) >= sizeof(full))
+			return error_set(err, MOE_EINVAL, "socket path %s: too long", l->path);
+	}
+	int fd = open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	struct stat cur;
+	if (fd < 0 || fstat(fd, &cur) != 0) {
 		int e = errno;
+		if (fd >= 0)
+			close(fd);
+		return error_set(err, MOE_ESYS, "socket path %s: /: %s", l->path, strerror(e));
+	}
+	warn_unsearchable(l, "/", &cur, peers, &warned);
+	/* The components, "" and "." dropped. ".." is refused: the clients resolve the same
+	 * path themselves, and "x/.." leads wherever x does once someone replaces x. */
+	char *parts[PATH_MAX / 2];
+	size_t n_parts = 0;
+	char *save = NULL;
+	for (char *c = strtok_r(full, "/", &save); c; c = strtok_r(NULL, "/", &save)) {
+		if (!strcmp(c, "..")) {
+			close(fd);
+			return error_set(err, MOE_EINVAL,
+			                 "socket path %s: '..' in the path; name the socket's "
+			                 "directory without it",
+			                 l->path);
+		}
+		if (strcmp(c, "."))
+			parts[n_parts++] = c;
+	}
+	char walked[PATH_MAX] = ""; /* the prefix opened so far, for messages */
+	bool created = false;
+	for (size_t i = 0; i < n_parts; i++) {
+		const char *c = parts[i];
+		const bool last = i + 1 == n_parts;
+		const size_t wl = strlen(walked);
+		snprintf(walked + wl, sizeof(walked) - wl, "/%s", c);
+		if (last && mkdirat(fd, c, mode) == 0)
+			created = true;
+		else if (last && errno != EEXIST) {
+			int e = errno;
+			close(fd);
+			return error_set(err, MOE_ESYS, "socket directory %s: mkdir: %s", l->dir,
+			                 strerror(e));
+		}
+		int next = openat(fd, c, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (next < 0) {
+			int e = errno;
+			struct stat lst;
+			char target[256] = "";
+			if ((e == ELOOP || e == ENOTDIR) &&
+			    fstatat(fd, c, &lst, AT_SYMLINK_NOFOLLOW) == 0 &&
+			    S_ISLNK(lst.st_mode)) {
+				ssize_t n = readlinkat(fd, c, target, sizeof(target) - 1);
+				target[n > 0 ? n : 0] = '\0';
+				close(fd);
+				return error_set(
+				    err, MOE_EINVAL,
+				    "socket path %s: %s is a symbolic link; refusing it "
+				    "(it leads to %s, and a link in a shared directory can "
+				    "lead anywhere): name the real directory",
+				    l->path, walked, target);
+			}
+			close(fd);
+			if (e == ENOTDIR)
+				return error_set(err, MOE_EINVAL,
+				                 "socket path %s: %s is not a directory", l->path,
+				                 walked);
+			return error_set(err, MOE_ESYS, "socket path %s: %s: %s", l->path, walked,
+			                 strerror(e));
+		}
 		struct stat st;
-		if ((e == ELOOP || e == ENOTDIR) && lstat(l->dir, &st) == 0 && S_ISLNK(st.st_mode))
+		if (last && created && fchmod(next, mode) != 0) { /* mkdir's mode met the umask */
+			int e = errno;
+			close(fd);
+			close(next);
+			return error_set(err, MOE_ESYS, "socket directory %s: chmod %o: %s", l->dir,
+			                 (unsigned)mode, strerror(e));
+		}
+		if (fstat(next, &st) != 0) {
+			int e = errno;
+			close(fd);
+			close(next);
+			return error_set(err, MOE_ESYS, "socket path %s: %s: fstat: %s", l->path,
+			                 walked, strerror(e));
+		}
+		if (others_can_replace(&cur, &st, me)) {
+			char parent[PATH_MAX];
+			snprintf(parent, sizeof(parent), "%.*s", (int)wl, walked);
+			close(fd);
+			close(next);
 			return error_set(
 			    err, MOE_EINVAL,
-			    "socket directory %s is a symbolic link; refusing it (a link "
-			    "in a shared directory can lead anywhere): use a real directory",
-			    l->dir);
-		if (e == ENOTDIR)
-			return error_set(err, MOE_EINVAL, "socket directory %s: not a directory",
-			                 l->dir);
-		return error_set(err, MOE_ESYS, "socket directory %s: %s", l->dir, strerror(e));
+			    "socket path %s: %s can be renamed away by another user: "
+			    "its directory %s is owned by uid %u, mode %o (%s), and it "
+			    "is owned by uid %u; a socket path must lead through "
+			    "directories only root or uid %u can change",
+			    l->path, walked, wl ? parent : "/", (unsigned)cur.st_uid,
+			    (unsigned)(cur.st_mode & 07777), mode_words(&cur), (unsigned)st.st_uid,
+			    (unsigned)me);
+		}
+		close(fd);
+		fd = next;
+		cur = st;
+		warn_unsearchable(l, walked, &cur, peers, &warned);
 	}
-	struct stat st;
-	if (fstat(l->dir_fd, &st) != 0)
-		return error_set(err, MOE_ESYS, "socket directory %s: fstat: %s", l->dir,
-		                 strerror(errno));
-	if (st.st_uid != geteuid() && st.st_uid != 0)
+	l->dir_fd = fd;
+	if (cur.st_uid != me && cur.st_uid != 0)
 		return error_set(err, MOE_EINVAL,
 		                 "socket directory %s: owned by uid %u, not by us (%u) or root",
-		                 l->dir, (unsigned)st.st_uid, (unsigned)geteuid());
-	if (created && fchmod(l->dir_fd, mode) != 0) /* mkdir's mode went through the umask */
-		return error_set(err, MOE_ESYS, "socket directory %s: chmod %o: %s", l->dir,
-		                 (unsigned)mode, strerror(errno));
-	if (!created && (st.st_mode & 022) && !(st.st_mode & S_ISVTX))
+		                 l->dir, (unsigned)cur.st_uid, (unsigned)me);
+	if (!created && (cur.st_mode & 022) && !(cur.st_mode & S_ISVTX))
 		return error_set(err, MOE_EINVAL,
 		                 "socket directory %s: mode %o lets others replace the socket",
-		                 l->dir, (unsigned)(st.st_mode & 07777));
+		                 l->dir, (unsigned)(cur.st_mode & 07777));
 	return 0;
 }
 
@@ -205,7 +366,8 @@ static int bind_socket(struct listener *l, bool shared, struct sidecar_error *er
 	return 0;
 }
 
-int listener_open(struct listener *l, const char *path, bool shared, struct sidecar_error *err)
+int listener_open(struct listener *l, const char *path, const struct listener_peers *peers,
+                  struct sidecar_error *err)
 {
 	memset(l, 0, sizeof(*l));
 	l->dir_fd = l->lock_fd = l->sock_fd = -1;
@@ -214,10 +376,10 @@ int listener_open(struct listener *l, const char *path, bool shared, struct side
 		                 "socket path is %zu bytes; at most %zu fit in sun_path",
 		                 strlen(path), sizeof(l->path) - 1);
 	snprintf(l->path, sizeof(l->path), "%s", path);
-	if (split_path(l, err) != 0 || open_dir(l, shared, err) != 0 || take_lock(l, err) != 0 ||
+	if (split_path(l, err) != 0 || open_dir(l, peers, err) != 0 || take_lock(l, err) != 0 ||
 	    remove_stale_socket(l, err) != 0)
 		return -1;
-	return bind_socket(l, shared, err);
+	return bind_socket(l, peers->shared, err);
 }
 
 int listener_listen(struct listener *l, int backlog, struct sidecar_error *err)

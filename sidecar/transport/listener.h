@@ -1,8 +1,10 @@
 /* listener.h — the sidecar's socket on the file system: its directory, the one-sidecar lock
  * file beside it, and the bound listening socket.
  *
- * Owns: a descriptor of the socket's directory, opened once with O_NOFOLLOW and checked with
- * fstat (ours or root's; nobody else may write it unless it is sticky). Everything after that
+ * Owns: a descriptor of the socket's directory, reached by a walk from "/" that opens each
+ * component with O_NOFOLLOW and checks it with fstat (every directory ours or root's, no
+ * entry on the way replaceable by another uid; the last one writable by nobody else unless
+ * sticky). Everything after that
  * — the lock file, removing a stale socket, bind, chmod, and the unlinks at teardown — is done
  * relative to that descriptor, never by path: a symlink planted at the directory's path is
  * refused, and one swapped in later is never followed. Teardown unlinks the socket and the
@@ -30,13 +32,24 @@ struct listener {
 	ino_t sock_ino;
 };
 
-/* Opens (or creates) the directory of path, takes the lock file next to the socket (a
- * second sidecar on the same path fails here, naming the first one's pid), removes a stale
- * socket, and binds. The socket is not listening yet: connects are refused until
- * listener_listen. shared: other uids may connect (directory 0711, socket 0666; SO_PEERCRED
- * decides), else directory 0700 and socket 0600. l is fully initialised even on failure;
- * listener_close undoes whatever was done. */
-int listener_open(struct listener *l, const char *path, bool shared, struct sidecar_error *err);
+/* Which other uids are to reach the socket: shared (an allow-list) makes the directory
+ * 0711 and the socket 0666, SO_PEERCRED deciding; else directory 0700 and socket 0600.
+ * The uids are only for a warning: one that cannot search a directory on the path (by its
+ * mode bits; ACLs may still let it) is named at start with that directory and its mode. */
+struct listener_peers {
+	bool shared;
+	const uid_t *uids;
+	uint32_t n_uids;
+};
+
+/* Opens (or creates) the directory of path — refusing a path through a symbolic link, "..",
+ * or a directory another uid could change (listener.c says why) — takes the lock file next
+ * to the socket (a second sidecar on the same path fails here, naming the first one's pid),
+ * removes a stale socket, and binds. The socket is not listening yet: connects are refused
+ * until listener_listen. l is fully initialised even on failure; listener_close undoes
+ * whatever was done. */
+int listener_open(struct listener *l, const char *path, const struct listener_peers *peers,
+                  struct sidecar_error *err);
 
 /* Starts accepting connections (non-blocking socket). */
 int listener_listen(struct listener *l, int backlog, struct sidecar_error *err);

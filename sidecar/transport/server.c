@@ -372,20 +372,20 @@ static void conn_event(struct server *s, struct conn *c, uint32_t events)
 	}
 }
 
-/* A peer whose uid may not use this sidecar is refused as soon as it connects, from
- * SO_PEERCRED, before it takes a handshake entry: it gets the refusal welcome (MOE_EREFUSED
- * with the reason; the client reads it even if its hello then hits a closed socket) and the
- * connection is closed. Logged at most LOG_RATELIMIT_BURST times a second. */
-static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
+/* A connection turned away at accept, before it takes a handshake entry: a uid that may not
+ * use this sidecar (from SO_PEERCRED), or one that already holds its share of the handshake.
+ * Either way the peer gets the refusal welcome (MOE_EREFUSED with the reason; the client
+ * reads it even if its hello then hits a closed socket) and the connection is closed.
+ * Peers can repeat these at will, so each kind is logged at most LOG_RATELIMIT_BURST times
+ * a second. */
+static void refuse_at_accept(int fd, const struct ucred *cred, struct log_ratelimit *rl,
+                             const char *reason)
 {
 	struct moe_welcome w;
 	welcome_base(&w, MOE_EREFUSED);
-	snprintf(w.reason, sizeof(w.reason),
-	         "uid %u is not allowed to use this sidecar (it serves uid %u%s)",
-	         (unsigned)cred->uid, (unsigned)geteuid(),
-	         s->cfg->allow_list ? " and its --allow-uid list" : "");
+	snprintf(w.reason, sizeof(w.reason), "%s", reason);
 	uint32_t more;
-	if (log_ratelimit_allow(&s->refused_log, monotonic_ns(), &more))
+	if (log_ratelimit_allow(rl, monotonic_ns(), &more))
 		log_warn("server", "refused client pid=%d uid=%u status=%s reason=\"%s\"%s",
 		         (int)cred->pid, (unsigned)cred->uid, moe_status_str(MOE_EREFUSED),
 		         w.reason,
@@ -393,17 +393,6 @@ static void refuse_at_accept(struct server *s, int fd, const struct ucred *cred)
 	if (send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w))
 		log_debug("server", "refusal to pid=%d not delivered: %s", (int)cred->pid,
 		          strerror(errno));
-	close(fd);
-}
-
-static void drop_at_accept(struct server *s, int fd, const struct ucred *cred, const char *why)
-{
-	uint32_t more;
-	if (log_ratelimit_allow(&s->dropped_log, monotonic_ns(), &more))
-		log_warn("server", "dropped a connection of pid=%d uid=%u: %s%s", (int)cred->pid,
-		         (unsigned)cred->uid, why,
-		         more ? " (more connections dropped since the last line were not logged)"
-		              : "");
 	close(fd);
 }
 
@@ -425,7 +414,12 @@ static void accept_all(struct server *s)
 			continue;
 		}
 		if (!uid_allowed(s->cfg, cred.uid)) {
-			refuse_at_accept(s, fd, &cred);
+			char why[160];
+			snprintf(why, sizeof(why),
+			         "uid %u is not allowed to use this sidecar (it serves uid %u%s)",
+			         (unsigned)cred.uid, (unsigned)geteuid(),
+			         s->cfg->allow_list ? " and its --allow-uid list" : "");
+			refuse_at_accept(fd, &cred, &s->refused_log, why);
 			continue;
 		}
 		struct conn *c = NULL;
@@ -437,14 +431,18 @@ static void accept_all(struct server *s)
 				c = &s->conns[i];
 		}
 		/* !c cannot happen below the uid's share (see HANDSHAKES_PER_UID). */
-		const char *why = NULL;
+		char why[192] = "";
 		if (handshaking_of_uid >= HANDSHAKES_PER_UID || !c)
-			why = "that uid already has its share of connections in the handshake";
-		uint8_t *hello = why ? NULL : malloc(HELLO_MAX_BYTES);
-		if (!why && !hello)
-			why = "out of memory for its hello";
-		if (why) {
-			drop_at_accept(s, fd, &cred, why);
+			snprintf(why, sizeof(why),
+			         "uid %u already has %u connections in the handshake, its share; "
+			         "retry once one of them has sent its hello or timed out (%d ms)",
+			         (unsigned)cred.uid, handshaking_of_uid,
+			         s->cfg->handshake_timeout_ms);
+		uint8_t *hello = why[0] ? NULL : malloc(HELLO_MAX_BYTES);
+		if (!why[0] && !hello)
+			snprintf(why, sizeof(why), "the sidecar is out of memory for a hello");
+		if (why[0]) {
+			refuse_at_accept(fd, &cred, &s->dropped_log, why);
 			continue;
 		}
 		memset(c, 0, sizeof(*c));
@@ -619,7 +617,9 @@ int server_open(const struct server_config *cfg, struct server **out, struct sid
 	}
 	/* The socket and its lock exist only once the lock is ours: closing never unlinks a
 	 * path another sidecar owns. */
-	if (listener_open(&s->listener, path, cfg->allow_list, err) != 0) {
+	const struct listener_peers peers = {
+	    .shared = cfg->allow_list, .uids = cfg->allowed_uids, .n_uids = cfg->n_allowed_uids};
+	if (listener_open(&s->listener, path, &peers, err) != 0) {
 		server_close(s);
 		return -1;
 	}

@@ -156,7 +156,7 @@ static void nobody_setup(struct served *s)
 {
 	memset(s, 0, sizeof(*s));
 	harness_tempdir(&s->sp);
-	cr_assert_eq(chmod(s->sp.dir, 0777), 0);
+	cr_assert_eq(chmod(s->sp.dir, 01777), 0); /* sticky: a socket path nobody can redirect */
 	snprintf(s->model, sizeof(s->model), "%s/model.gguf", s->sp.dir);
 	cr_assert_eq(ref_generate(s->model, "q8_0", 7), 0);
 	cr_assert_eq(chmod(s->model, 0644), 0);
@@ -188,7 +188,8 @@ Test(serve_probes, without_privileges_one_warning_and_a_working_sidecar)
 		char *log = slurp(s.sp.log);
 		cr_assert_fail("sidecar as nobody did not start (0x%x): %s", st, log ?: "");
 	}
-	struct moe_connect_opts o = {.socket_path = s.sp.socket, .max_tokens = 64, .n_slots = 2};
+	struct moe_connect_opts o = {
+	    .socket_path = s.sp.socket, .max_tokens = 64, .n_slots = 2, .server_uid = NOBODY};
 	cr_assert_eq(moe_connect(&o, &s.c), MOE_OK, "connect: %s", moe_connect_error());
 	s.ref = ref_open(s.model);
 	cr_assert_not_null(s.ref);

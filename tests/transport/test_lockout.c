@@ -131,7 +131,8 @@ Test(lockout, refused_uids_hammering_do_not_keep_allowed_ones_out)
 	cr_expect_leq((uint64_t)lines, LOG_RATELIMIT_BURST * (seconds + 1),
 	              "%d refusal lines in %llu s: not rate-limited", lines,
 	              (unsigned long long)seconds);
-	cr_expect_eq(log_count(&sp, "dropped a connection"), 0, "refused peers took entries");
+	cr_expect_eq(log_count(&sp, "connections in the handshake"), 0,
+	             "refused peers took handshake entries");
 	sidecar_cleanup(&sp);
 }
 
@@ -145,8 +146,34 @@ Test(lockout, an_allowed_uid_flooding_the_handshake_fills_only_its_share)
 	struct hammer h = start_hammer(sp.socket);
 	own_uid_is_served(sp.socket);
 	stop_hammer(&h);
-	cr_expect_geq(log_count(&sp, "uid=65534: that uid already has its share"), 1,
+	cr_expect_geq(log_count(&sp, "uid 65534 already has 16 connections in the handshake"), 1,
 	              "the flood was not bounded per uid");
+	sidecar_cleanup(&sp);
+}
+
+/* The connection past a uid's share is told why, not reset: our own uid holds 16
+ * connections without a hello, the 17th moe_connect gets MOE_EREFUSED with the sentence the
+ * log has. The sidecar accepts in connect order, so the 16 are in the handshake first. */
+Test(lockout, the_connection_past_a_uids_share_is_refused_with_the_reason)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0);
+	int held[16];
+	for (int i = 0; i < 16; i++)
+		cr_assert_geq(held[i] = raw_connect(sp.socket), 0);
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {.socket_path = sp.socket, .max_tokens = 2, .hidden = 16};
+	int rc = moe_connect(&o, &c);
+	cr_expect_eq(rc, MOE_EREFUSED, "%s: %s", moe_strerror(rc), moe_connect_error());
+	char want[96];
+	snprintf(want, sizeof(want), "uid %u already has 16 connections in the handshake",
+	         (unsigned)geteuid());
+	cr_expect(strstr(moe_connect_error(), want), "%s", moe_connect_error());
+	cr_expect(log_wait(&sp, want, 1, 5000), "the log has the same sentence");
+	for (int i = 0; i < 16; i++)
+		close(held[i]);
+	own_uid_is_served(sp.socket); /* the share frees as they hang up */
 	sidecar_cleanup(&sp);
 }
 

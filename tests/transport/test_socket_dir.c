@@ -117,3 +117,154 @@ Test(socket_dir, a_hard_linked_lock_file_is_not_written_into)
 	cr_expect_str_eq(content_of(precious), "precious\n");
 	sidecar_cleanup(&sp);
 }
+
+/* The issue's attack, whole: in a sticky world-writable directory uid 65534 plants a link to
+ * a directory of its own; root is pointed through it. Refused at the link, naming it, and
+ * nothing is made where the link leads. */
+#define NOBODY 65534
+
+static void skip_unless_root(void)
+{
+	if (geteuid() != 0)
+		cr_skip_test("needs root to give a directory to another uid (65534)");
+}
+
+/* <dir>/sticky, mode 1777 like /tmp. */
+static void make_sticky(const struct sidecar_proc *sp, char *sticky, size_t len)
+{
+	snprintf(sticky, len, "%s/sticky", sp->dir);
+	cr_assert_eq(mkdir(sticky, 0777), 0);
+	cr_assert_eq(chmod(sticky, 01777), 0);
+}
+
+Test(socket_dir, an_ancestor_link_of_another_uid_is_refused_naming_it)
+{
+	skip_unless_root();
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char sticky[64], theirs[64], link[80];
+	make_sticky(&sp, sticky, sizeof(sticky));
+	snprintf(theirs, sizeof(theirs), "%s/theirs", sp.dir);
+	cr_assert_eq(mkdir(theirs, 0755), 0);
+	cr_assert_eq(chown(theirs, NOBODY, NOBODY), 0);
+	snprintf(link, sizeof(link), "%s/link", sticky);
+	cr_assert_eq(symlink(theirs, link), 0);
+	cr_assert_eq(lchown(link, NOBODY, NOBODY), 0);
+	snprintf(sp.socket, sizeof(sp.socket), "%s/run/s.sock", link);
+	int st = 0;
+	cr_assert_neq(sidecar_start(&sp, NULL, &st), 0, "served through another uid's link");
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x", st);
+	char want[160];
+	snprintf(want, sizeof(want), "%s is a symbolic link; refusing it", link);
+	cr_expect_eq(log_count(&sp, want), 1, "%s", content_of(sp.log));
+	char run[96];
+	snprintf(run, sizeof(run), "%s/run", theirs);
+	struct stat s;
+	cr_expect_neq(lstat(run, &s), 0, "the socket directory was made in the link's target");
+	sidecar_cleanup(&sp);
+}
+
+/* No link at all: a real directory of uid 65534's inside the sticky one. Root making run/
+ * in it would let 65534 rename run/ away and bind its own socket at the path. */
+Test(socket_dir, an_ancestor_another_uid_can_rename_is_refused_naming_it)
+{
+	skip_unless_root();
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char sticky[64], theirs[80];
+	make_sticky(&sp, sticky, sizeof(sticky));
+	snprintf(theirs, sizeof(theirs), "%s/theirs", sticky);
+	cr_assert_eq(mkdir(theirs, 0755), 0);
+	cr_assert_eq(chown(theirs, NOBODY, NOBODY), 0);
+	snprintf(sp.socket, sizeof(sp.socket), "%s/run/s.sock", theirs);
+	int st = 0;
+	cr_assert_neq(sidecar_start(&sp, NULL, &st), 0, "served inside another uid's directory");
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status 0x%x", st);
+	char want[160];
+	snprintf(want, sizeof(want), "%s can be renamed away by another user", theirs);
+	cr_expect_eq(log_count(&sp, want), 1, "%s", content_of(sp.log));
+	cr_expect_eq(log_count(&sp, "is owned by uid 65534"), 1, "%s", content_of(sp.log));
+	char run[96];
+	snprintf(run, sizeof(run), "%s/run", theirs);
+	struct stat s;
+	cr_expect_neq(lstat(run, &s), 0, "the socket directory was made in 65534's directory");
+	sidecar_cleanup(&sp);
+}
+
+/* A directory of ours in the same sticky directory is safe (only we or root can rename it),
+ * as is a group-writable one further down only when sticky: the walk refuses what another
+ * uid can change, not every shared directory. */
+Test(socket_dir, a_directory_of_ours_in_a_sticky_one_is_served)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char sticky[64], mine[80];
+	make_sticky(&sp, sticky, sizeof(sticky));
+	snprintf(mine, sizeof(mine), "%s/mine", sticky);
+	cr_assert_eq(mkdir(mine, 0755), 0);
+	snprintf(sp.socket, sizeof(sp.socket), "%s/run/s.sock", mine);
+	cr_assert_eq(sidecar_start(&sp, NULL, NULL), 0, "%s", content_of(sp.log));
+	struct moe_client *c;
+	struct moe_connect_opts o = {.socket_path = sp.socket};
+	cr_assert_eq(moe_connect(&o, &c), MOE_OK, "%s", moe_connect_error());
+	moe_close(c);
+	sidecar_stop(&sp, SIGTERM);
+	sidecar_cleanup(&sp);
+}
+
+/* A group-writable, non-sticky directory on the way lets the group rename entries. */
+Test(socket_dir, a_group_writable_ancestor_is_refused)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char shared[64];
+	snprintf(shared, sizeof(shared), "%s/shared", sp.dir);
+	cr_assert_eq(mkdir(shared, 0755), 0);
+	cr_assert_eq(chmod(shared, 0775), 0);
+	snprintf(sp.socket, sizeof(sp.socket), "%s/sub/run/s.sock", shared);
+	char sub[80];
+	snprintf(sub, sizeof(sub), "%s/sub", shared);
+	cr_assert_eq(mkdir(sub, 0755), 0);
+	int st = 0;
+	cr_assert_neq(sidecar_start(&sp, NULL, &st), 0);
+	cr_expect_eq(log_count(&sp, "mode 775 (writable by its group)"), 1, "%s",
+	             content_of(sp.log));
+	sidecar_cleanup(&sp);
+}
+
+/* ".." is refused: a client resolving "x/.." goes wherever x leads once x is replaced. */
+Test(socket_dir, a_path_with_dotdot_is_refused)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char sub[64];
+	snprintf(sub, sizeof(sub), "%s/sub", sp.dir);
+	cr_assert_eq(mkdir(sub, 0755), 0);
+	snprintf(sp.socket, sizeof(sp.socket), "%s/sub/../run/s.sock", sp.dir);
+	int st = 0;
+	cr_assert_neq(sidecar_start(&sp, NULL, &st), 0);
+	cr_expect_eq(log_count(&sp, "'..' in the path"), 1, "%s", content_of(sp.log));
+	sidecar_cleanup(&sp);
+}
+
+/* --allow-uid with a socket directory that uid cannot search: served, with a warning naming
+ * the uid, the directory and its mode (the uid's clients would only see EACCES). */
+Test(socket_dir, allow_uid_that_cannot_traverse_the_directory_is_warned)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char run[64];
+	snprintf(run, sizeof(run), "%s/run", sp.dir);
+	cr_assert_eq(mkdir(run, 0700), 0);
+	cr_assert_eq(chmod(run, 0700), 0);
+	const char *extra[] = {"--allow-uid", "4321", NULL};
+	cr_assert_eq(sidecar_start(&sp, extra, NULL), 0, "%s", content_of(sp.log));
+	char want[320];
+	snprintf(want, sizeof(want),
+	         "--allow-uid 4321 cannot reach the socket %s: directory %s "
+	         "has mode 700",
+	         sp.socket, run);
+	cr_expect_eq(log_count(&sp, want), 1, "%s", content_of(sp.log));
+	sidecar_stop(&sp, SIGTERM);
+	sidecar_cleanup(&sp);
+}
