@@ -176,7 +176,7 @@ struct forward_request {
 	 * deferral. */
 	void (*immediate_ready)(void *arg, const struct forward_result *res);
 	void *immediate_arg;
-	/* Defer non-resident experts first (RESIDENCY source; DESIGN: deferral hides cold I/O):
+	/* Defer non-resident experts first (RESIDENCY source; deferral hides cold I/O):
 	 * of each token's entries, still min(k_defer, valid) are deferred, but those whose expert
 	 * is not resident on every node at planning time go first (lowest weight first), then
 	 * the lowest-weighted. Results then depend on what is resident (immediate + deferred is
