@@ -56,7 +56,7 @@ int main(int argc, char **argv)
 	int rc = moe_connect(&o, &cl.c);
 	if (rc != MOE_OK)
 		return die("connect", rc, nullptr);
-	const struct moe_info *inf = moe_info(cl.c); // "struct": moe_info is also the function
+	const moe_info_t *inf = moe_info(cl.c); // C++ spelling: moe_info is also the function
 	int32_t layer = -1;
 	if ((rc = moe_model_layers(cl.c, &layer, 1)) < 1)
 		return die("moe_model_layers", rc, cl.c);
