@@ -96,6 +96,17 @@ struct moe_client {
 	struct moe_completion stash[STASH_CAP];
 	char slot_message[MOE_MAX_SLOTS_LIMIT][MOE_MESSAGE_MAX]; /* private copies of sentences */
 	char last_error[320];
+	/* What moe_reconnect needs: the options connect was given (socket, name, server uid,
+	 * timeout), the model it pinned (expect_model, else the first sidecar's fingerprint) and
+	 * the GPU mask set so far (n_layers rows, NULL until moe_set_gpu_mask first succeeds). */
+	struct {
+		char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+		char name[32];
+		uint32_t server_uid;
+		int timeout_ms;
+		char model[33];
+	} again;
+	uint8_t *gpu_mask;
 };
 
 static _Thread_local char connect_error[256];
@@ -302,6 +313,12 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 		goto out;
 	}
 	if (w.status != MOE_OK) {
+		if (w.status == MOE_ESTARTING) {
+			rc = conn_fail(MOE_ESTARTING, "%s: the sidecar (pid %u) is starting: %s",
+			               path, w.sidecar_pid,
+			               w.reason[0] ? w.reason : "no progress given");
+			goto out;
+		}
 		rc =
 		    conn_fail(w.status == MOE_EVERSION ? MOE_EVERSION
 		              : w.status == MOE_EPROTO ? MOE_EPROTO
@@ -432,67 +449,71 @@ static int check_server(int sock, const struct moe_connect_opts *o, const char *
 	                 path, (unsigned)cred.uid, (int)cred.pid, (unsigned)me, also);
 }
 
-int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
+static int check_opts(const struct moe_connect_opts *opts)
 {
-	connect_error[0] = '\0';
-	if (!out)
-		return conn_fail(MOE_EINVAL, "moe_connect: out is NULL");
-	*out = NULL;
-	if (opts) {
-		for (size_t i = 0; i < sizeof(opts->reserved) / sizeof(opts->reserved[0]); i++)
-			if (opts->reserved[i])
-				return conn_fail(MOE_EINVAL,
-				                 "moe_connect: opts.reserved[%zu] is not NULL", i);
-		if (opts->reserved_u32)
-			return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved_u32 is not 0");
-		if (opts->expect_model) {
-			size_t n = strlen(opts->expect_model);
-			bool hex = n == 32;
-			for (size_t i = 0; hex && i < n; i++)
-				hex = isxdigit((unsigned char)opts->expect_model[i]) != 0;
-			if (!hex)
-				return conn_fail(
-				    MOE_EINVAL,
-				    "moe_connect: expect_model \"%.40s\" is not a fingerprint "
-				    "(32 hex digits, from moe_model_fingerprint)",
-				    opts->expect_model);
-		}
+	if (!opts)
+		return MOE_OK;
+	for (size_t i = 0; i < sizeof(opts->reserved) / sizeof(opts->reserved[0]); i++)
+		if (opts->reserved[i])
+			return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved[%zu] is not NULL",
+			                 i);
+	if (opts->reserved_u32)
+		return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved_u32 is not 0");
+	if (opts->expect_model) {
+		size_t n = strlen(opts->expect_model);
+		bool hex = n == 32;
+		for (size_t i = 0; hex && i < n; i++)
+			hex = isxdigit((unsigned char)opts->expect_model[i]) != 0;
+		if (!hex)
+			return conn_fail(MOE_EINVAL,
+			                 "moe_connect: expect_model \"%.40s\" is not a fingerprint "
+			                 "(32 hex digits, from moe_model_fingerprint)",
+			                 opts->expect_model);
 	}
-	struct sockaddr_un addr = {.sun_family = AF_UNIX};
-	int rc = resolve_path(opts, addr.sun_path, sizeof(addr.sun_path));
-	if (rc != MOE_OK)
-		return rc;
+	return MOE_OK;
+}
+
+/* One try: socket, connect, the server's uid, the handshake. *again: the failure is one a
+ * starting sidecar gives (nothing at the path yet, a socket not accepting, MOE_ESTARTING),
+ * worth retrying until the deadline. */
+static int connect_once(const struct moe_connect_opts *opts, const struct sockaddr_un *addr,
+                        int attempt_ms, struct moe_client **out, bool *again)
+{
+	*again = false;
 	struct moe_client *c = calloc(1, sizeof(*c));
 	if (!c)
 		return conn_fail(MOE_ENOMEM, "moe_connect: out of memory");
+	int rc;
 	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->sock < 0) {
 		rc = conn_fail(MOE_ESYS, "socket(AF_UNIX): %s", strerror(errno));
 		goto fail;
 	}
-	int timeout_ms = opts && opts->timeout_ms > 0 ? opts->timeout_ms : 5000;
-	struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+	struct timeval tv = {.tv_sec = attempt_ms / 1000, .tv_usec = (attempt_ms % 1000) * 1000};
 	if (setsockopt(c->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
 	    setsockopt(c->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
 		rc = conn_fail(MOE_ESYS, "setsockopt timeouts: %s", strerror(errno));
 		goto fail;
 	}
-	if (connect(c->sock, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+	if (connect(c->sock, (const struct sockaddr *)addr, sizeof(*addr)) != 0) {
 		int e = errno;
 		struct stat st;
 		const bool not_socket =
-		    e == ECONNREFUSED && stat(addr.sun_path, &st) == 0 && !S_ISSOCK(st.st_mode);
-		rc = conn_fail(MOE_ECONNECT, "%s: connect: %s%s", addr.sun_path, strerror(e),
+		    e == ECONNREFUSED && stat(addr->sun_path, &st) == 0 && !S_ISSOCK(st.st_mode);
+		*again = !not_socket && (e == ENOENT || e == ECONNREFUSED || e == EAGAIN);
+		rc = conn_fail(MOE_ECONNECT, "%s: connect: %s%s", addr->sun_path, strerror(e),
 		               not_socket ? " (the path is not a socket: is --socket right?)"
-		               : e == ENOENT || e == ECONNREFUSED ? " (is moe-sidecar serve running?)"
+		               : e == ENOENT || e == ECONNREFUSED
+		                   ? " (is moe-sidecar serve running?)"
 		               : e == EACCES ? " (the socket or its directory is not accessible "
 		                               "to this user)"
 		                             : "");
 		goto fail;
 	}
-	if ((rc = check_server(c->sock, opts, addr.sun_path)) != MOE_OK)
+	if ((rc = check_server(c->sock, opts, addr->sun_path)) != MOE_OK)
 		goto fail;
-	rc = handshake(c, opts, addr.sun_path);
+	rc = handshake(c, opts, addr->sun_path);
+	*again = rc == MOE_ESTARTING;
 	if (rc != MOE_OK)
 		goto fail;
 	/* After the handshake the socket only carries hang-up: no timeouts needed. */
@@ -503,6 +524,119 @@ fail:
 	return rc;
 }
 
+/* Tries until the sidecar serves, the failure is not one of a starting sidecar, or
+ * timeout_ms (< 0: one try) runs out; between tries sleeps 10 ms doubling to 250 ms. */
+static int connect_waiting(const struct moe_connect_opts *opts, const struct sockaddr_un *addr,
+                           int timeout_ms, struct moe_client **out)
+{
+	const uint64_t start = now_ns();
+	const uint64_t budget_ns = timeout_ms > 0 ? (uint64_t)timeout_ms * 1000000u : 0;
+	uint64_t delay_ns = 10000000u;
+	for (unsigned tries = 1;; tries++) {
+		const uint64_t spent = now_ns() - start;
+		const uint64_t left = budget_ns > spent ? budget_ns - spent : 0;
+		/* The handshake itself gets what is left (all of it on a NOWAIT connect). */
+		int attempt_ms = timeout_ms < 0 ? 5000 : (int)((left + 999999u) / 1000000u);
+		bool again;
+		int rc = connect_once(opts, addr, attempt_ms > 0 ? attempt_ms : 1, out, &again);
+		if (rc == MOE_OK || !again)
+			return rc;
+		const uint64_t now_spent = now_ns() - start;
+		if (timeout_ms < 0 || now_spent >= budget_ns) {
+			if (timeout_ms >= 0 && tries > 1) {
+				char why[sizeof(connect_error)];
+				snprintf(why, sizeof(why), "%s", connect_error);
+				conn_fail(rc, "%s (after waiting %d ms, %u tries)", why, timeout_ms,
+				          tries);
+			}
+			return rc;
+		}
+		uint64_t nap = delay_ns < budget_ns - now_spent ? delay_ns : budget_ns - now_spent;
+		struct timespec ts = {.tv_sec = (time_t)(nap / 1000000000u),
+		                      .tv_nsec = (long)(nap % 1000000000u)};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+			;
+		delay_ns = delay_ns * 2 < 250000000u ? delay_ns * 2 : 250000000u;
+	}
+}
+
+int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
+{
+	connect_error[0] = '\0';
+	if (!out)
+		return conn_fail(MOE_EINVAL, "moe_connect: out is NULL");
+	*out = NULL;
+	int rc = check_opts(opts);
+	if (rc != MOE_OK)
+		return rc;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if ((rc = resolve_path(opts, addr.sun_path, sizeof(addr.sun_path))) != MOE_OK)
+		return rc;
+	const int timeout_ms = opts && opts->timeout_ms ? opts->timeout_ms : 5000;
+	struct moe_client *c;
+	if ((rc = connect_waiting(opts, &addr, timeout_ms, &c)) != MOE_OK)
+		return rc;
+	snprintf(c->again.path, sizeof(c->again.path), "%s", addr.sun_path);
+	snprintf(c->again.name, sizeof(c->again.name), "%s",
+	         opts && opts->client_name ? opts->client_name : "");
+	c->again.server_uid = opts ? opts->server_uid : 0;
+	c->again.timeout_ms = timeout_ms;
+	snprintf(c->again.model, sizeof(c->again.model), "%s",
+	         opts && opts->expect_model ? opts->expect_model : c->info.fingerprint);
+	*out = c;
+	return MOE_OK;
+}
+
+int moe_reconnect(struct moe_client *c, int timeout_ms)
+{
+	if (!c)
+		return MOE_EINVAL;
+	struct moe_connect_opts o = {
+	    .socket_path = c->again.path,
+	    .max_tokens = c->limits.max_tokens,
+	    .hidden = c->limits.hidden,
+	    .top_k = c->limits.top_k,
+	    .n_slots = c->limits.n_slots,
+	    .client_name = c->again.name[0] ? c->again.name : NULL,
+	    .expect_model = c->again.model[0] ? c->again.model : NULL,
+	    .server_uid = c->again.server_uid,
+	};
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", c->again.path);
+	struct moe_client *n;
+	connect_error[0] = '\0';
+	int rc = connect_waiting(&o, &addr, timeout_ms ? timeout_ms : c->again.timeout_ms, &n);
+	if (rc == MOE_OK && c->gpu_mask) {
+		const size_t bytes = (size_t)((c->info.n_experts + 7u) / 8u) * c->info.n_layers;
+		rc = moe_set_gpu_mask(n, -1, c->gpu_mask, bytes, c->again.timeout_ms);
+		if (rc != MOE_OK) {
+			conn_fail(rc, "%s: re-applying the GPU mask: %s", c->again.path,
+			          moe_last_error(n));
+			moe_close(n);
+		}
+	}
+	if (rc != MOE_OK) {
+		c->dead = true;
+		snprintf(c->last_error, sizeof(c->last_error), "reconnecting: %s", connect_error);
+		return rc;
+	}
+	/* c takes over n's channel; what c keeps across channels stays. */
+	if (c->base)
+		munmap(c->base, c->bytes);
+	if (c->sock >= 0)
+		close(c->sock);
+	n->again = c->again;
+	n->gpu_mask = c->gpu_mask;
+	n->wait_policy = c->wait_policy;
+	n->call_seq = c->call_seq;
+	*c = *n;
+	n->base = NULL;
+	n->sock = -1;
+	n->gpu_mask = NULL;
+	moe_close(n);
+	return MOE_OK;
+}
+
 void moe_close(struct moe_client *c)
 {
 	if (!c)
@@ -511,6 +645,7 @@ void moe_close(struct moe_client *c)
 		munmap(c->base, c->bytes);
 	if (c->sock >= 0)
 		close(c->sock);
+	free(c->gpu_mask);
 	free(c);
 }
 
@@ -1141,7 +1276,16 @@ int moe_set_gpu_mask(struct moe_client *c, int32_t layer, const uint8_t *bits, s
 	}
 	memcpy(s.input, bits, n_bytes);
 	struct moe_request r = {.op = MOE_OP_MASK, .layer = layer};
-	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+	rc = call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+	if (rc != MOE_OK)
+		return rc;
+	/* Kept for moe_reconnect (a copy off the request path: masks change rarely). */
+	if (!c->gpu_mask && !(c->gpu_mask = calloc(i->n_layers, row)))
+		return client_fail(c, MOE_ENOMEM,
+		                   "the mask was set, but keeping a copy for "
+		                   "moe_reconnect ran out of memory");
+	memcpy(c->gpu_mask + (layer < 0 ? 0 : (size_t)layer * row), bits, n_bytes);
+	return MOE_OK;
 }
 
 /* STATS flags need a 1.2 sidecar: an older one refuses them (MOE_EBADFIELD), so say why

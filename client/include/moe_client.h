@@ -60,6 +60,9 @@ struct moe_client;
 
 /* ---- Connecting --------------------------------------------------------------------------- */
 
+/* moe_connect_opts.timeout_ms: fail at once rather than wait for a starting sidecar. */
+#define MOE_CONNECT_NOWAIT (-1)
+
 /* Connection options. Zero (NULL) means "default" for every field. */
 struct moe_connect_opts {
 	const char *socket_path; /* NULL: $MOE_SIDECAR_SOCKET, else
@@ -69,7 +72,12 @@ struct moe_connect_opts {
 	uint32_t hidden;         /* elements per row (default: the model's hidden size) */
 	uint32_t top_k;          /* expert ids per token */
 	uint32_t n_slots;        /* request slots (= requests in flight at once) */
-	int timeout_ms;          /* connect + handshake; 0: 5000 */
+	/* How long moe_connect may take, waiting included: a sidecar that is starting (the
+	 * socket not there yet, or there and answering MOE_ESTARTING while it warms up) is
+	 * retried with a bounded backoff (10 ms doubling to 250 ms) until it serves or this
+	 * runs out. 0: 5000. Negative (MOE_CONNECT_NOWAIT): no waiting — a starting sidecar
+	 * is MOE_ESTARTING at once, with its warm-up progress in the sentence. */
+	int timeout_ms;
 	const char *client_name; /* shown in the sidecar's logs */
 	/* The fingerprint (32 hex digits, moe_model_fingerprint) the served model must have:
 	 * another model, or a sidecar that reports none, is MOE_EREFUSED with both named. */
@@ -84,10 +92,24 @@ struct moe_connect_opts {
 };
 
 /* Connects and maps the channel. opts may be NULL. On failure *out is NULL and the return
- * value says why (MOE_ECONNECT, MOE_EVERSION, MOE_EREFUSED, …); the sentence is in
- * moe_connect_error() (thread-local, valid until the next failing call on this thread). */
+ * value says why (MOE_ECONNECT: nothing serves the path; MOE_ESTARTING: a sidecar is there
+ * but did not finish starting within timeout_ms; MOE_EVERSION, MOE_EREFUSED, …); the
+ * sentence is in moe_connect_error() (thread-local, valid until the next failing call on
+ * this thread). */
 MOE_API int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out);
 MOE_API const char *moe_connect_error(void);
+
+/* After MOE_EPEERDEAD (the sidecar died or was restarted): connects c again, to whatever
+ * sidecar now serves the same socket, with the options and the limits c had, waiting up to
+ * timeout_ms for one that is starting (as moe_connect; 0: c's connect timeout). The new
+ * sidecar must serve the model c first connected to (same fingerprint; another model is
+ * MOE_EREFUSED, as at connect) and gets c's GPU mask again before this returns. Requests in
+ * flight on the old channel are gone (they already failed with MOE_EPEERDEAD); every slot is
+ * free again. The channel's memory is NEW: the old region is unmapped, so unregister it
+ * (cudaHostUnregister) before calling, drop every slot pointer, and take the new region from
+ * moe_channel_region (register it again). On failure c stays dead (later calls fail with
+ * MOE_EPEERDEAD) and may be reconnected again; the sentence is in moe_last_error(c). */
+MOE_API int moe_reconnect(struct moe_client *c, int timeout_ms);
 
 /* Unmaps the channel and closes the socket. Requests still in flight are abandoned (the
  * sidecar reclaims their slots). NULL is a no-op. */

@@ -26,16 +26,17 @@ enum moe_status {
 	MOE_OK = 0,
 
 	/* Local and connection errors (returned by client calls). */
-	MOE_EINVAL = -1,    /* invalid argument to a client call */
-	MOE_ENOMEM = -2,    /* out of memory */
-	MOE_ESYS = -3,      /* a system call failed; errno holds the cause */
-	MOE_ECONNECT = -4,  /* cannot reach the sidecar socket */
-	MOE_EVERSION = -5,  /* incompatible protocol version */
-	MOE_EREFUSED = -6,  /* the sidecar refused this client (peer check, limits, model) */
-	MOE_EPROTO = -7,    /* the peer broke the protocol */
-	MOE_EPEERDEAD = -8, /* the sidecar is gone (socket hang-up) */
-	MOE_ETIMEDOUT = -9, /* nothing completed within the timeout */
-	MOE_EAGAIN = -10,   /* nothing ready now: no completion, no free slot */
+	MOE_EINVAL = -1,     /* invalid argument to a client call */
+	MOE_ENOMEM = -2,     /* out of memory */
+	MOE_ESYS = -3,       /* a system call failed; errno holds the cause */
+	MOE_ECONNECT = -4,   /* cannot reach the sidecar socket */
+	MOE_EVERSION = -5,   /* incompatible protocol version */
+	MOE_EREFUSED = -6,   /* the sidecar refused this client (peer check, limits, model) */
+	MOE_EPROTO = -7,     /* the peer broke the protocol */
+	MOE_EPEERDEAD = -8,  /* the sidecar is gone (socket hang-up) */
+	MOE_ETIMEDOUT = -9,  /* nothing completed within the timeout */
+	MOE_EAGAIN = -10,    /* nothing ready now: no completion, no free slot */
+	MOE_ESTARTING = -11, /* the sidecar is starting: not serving yet (warm-up) */
 
 	/* Request errors (carried in a completion record, detail in value/index). */
 	MOE_EBADOP = -32,     /* unknown operation */
@@ -72,6 +73,7 @@ static inline const char *moe_status_str(int status)
 	case MOE_EPEERDEAD: return "sidecar is gone";
 	case MOE_ETIMEDOUT: return "timed out";
 	case MOE_EAGAIN: return "nothing ready, try again";
+	case MOE_ESTARTING: return "the sidecar is starting";
 	case MOE_EBADOP: return "unknown operation";
 	case MOE_EBADSLOT: return "slot index out of range";
 	case MOE_ESLOTBUSY: return "slot already in flight";
