@@ -12,8 +12,10 @@
  * mutex, so a host function never waits for the GIL and the GIL is never held while waiting
  * for the mutex. `Area` objects export a range of the channel's mapping through the buffer
  * protocol (numpy.frombuffer and torch.frombuffer views, zero-copy); each holds a reference to
- * its Channel, and close() refuses while any view is exported (as mmap.close does), so no
- * view outlives the mapping.
+ * its Channel, and close() refuses while any Area object lives (as mmap.close does while a
+ * buffer is exported), so no view outlives the mapping. Areas are counted rather than buffer
+ * exports: torch.frombuffer releases the export at once and keeps only a reference to the
+ * Area for as long as the tensor lives.
  *
  * Stream ops: a `stream_op` is a small C struct the Python layer fills once per (wrapper,
  * batch size) and passes, by address, to cudaLaunchHostFunc with host_submit or host_wait.
@@ -65,7 +67,7 @@ struct stream_op;
 typedef struct {
 	PyObject_HEAD struct moe_client *c;
 	pthread_mutex_t lock;
-	Py_ssize_t exports; /* Area buffers alive */
+	Py_ssize_t areas; /* Area objects alive: each may back a view of the mapping */
 	struct stream_op *ops;
 } Channel;
 
@@ -206,10 +208,11 @@ static struct moe_client *live(Channel *self)
 static PyObject *Channel_close(Channel *self, PyObject *noargs)
 {
 	(void)noargs;
-	if (self->exports > 0) {
+	if (self->areas > 0) {
 		PyErr_Format(PyExc_BufferError,
-		             "cannot close the channel: %zd slot views still exported",
-		             self->exports);
+		             "cannot close the channel: %zd slot views (numpy arrays or torch "
+		             "tensors of the shared mapping) are still alive; delete them first",
+		             self->areas);
 		return NULL;
 	}
 	struct moe_client *c = self->c;
@@ -224,6 +227,12 @@ static PyObject *Channel_closed(Channel *self, void *closure)
 {
 	(void)closure;
 	return PyBool_FromLong(self->c == NULL);
+}
+
+static PyObject *Channel_views(Channel *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromSsize_t(self->areas);
 }
 
 static PyObject *Channel_info(Channel *self, PyObject *noargs)
@@ -603,21 +612,14 @@ static int Area_getbuffer(Area *self, Py_buffer *view, int flags)
 	void *base;
 	size_t bytes;
 	moe_channel_region(self->ch->c, &base, &bytes);
-	if (PyBuffer_FillInfo(view, (PyObject *)self, (char *)base + self->offset, self->length, 0,
-	                      flags) < 0)
-		return -1;
-	self->ch->exports++;
-	return 0;
-}
-
-static void Area_releasebuffer(Area *self, Py_buffer *view)
-{
-	(void)view;
-	self->ch->exports--;
+	return PyBuffer_FillInfo(view, (PyObject *)self, (char *)base + self->offset, self->length,
+	                         0, flags);
 }
 
 static void Area_dealloc(Area *self)
 {
+	if (self->ch)
+		self->ch->areas--;
 	Py_XDECREF((PyObject *)self->ch);
 	PyTypeObject *tp = Py_TYPE((PyObject *)self);
 	freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -627,7 +629,6 @@ static void Area_dealloc(Area *self)
 
 static PyType_Slot area_slots[] = {
     {Py_bf_getbuffer, Area_getbuffer},
-    {Py_bf_releasebuffer, Area_releasebuffer},
     {Py_tp_dealloc, Area_dealloc},
     {Py_tp_doc, "A writable range of a channel's shared mapping (buffer protocol)."},
     {0, NULL},
@@ -659,6 +660,7 @@ static PyObject *Channel_area(Channel *self, PyObject *args)
 		return NULL;
 	Py_INCREF((PyObject *)self);
 	a->ch = self;
+	self->areas++;
 	a->offset = offset;
 	a->length = length;
 	return (PyObject *)a;
@@ -701,6 +703,8 @@ static PyMethodDef channel_methods[] = {
 
 static PyGetSetDef channel_getset[] = {
     {"closed", (getter)Channel_closed, NULL, "True after close().", NULL},
+    {"views", (getter)Channel_views, NULL, "Slot views (Area objects) alive: close() refuses.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

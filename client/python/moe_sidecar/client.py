@@ -484,6 +484,8 @@ class Client:
         """Disconnects. Raises BufferError while slot views are alive."""
         if self._ch.closed:
             return
+        if self._ch.views:
+            self._ch.close()  # raises BufferError, before CUDA lets go of the mapping
         if self._cuda_registered is not None:
             rt, addr = self._cuda_registered
             rt.host_unregister(addr)
