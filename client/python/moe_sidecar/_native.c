@@ -198,16 +198,21 @@ static void host_wait(void *arg)
 
 static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"socket",      "max_tokens",   "hidden",
-	                         "top_k",       "n_slots",      "connect_timeout_ms",
-	                         "client_name", "expect_model", NULL};
+	static char *kwlist[] = {
+	    "socket",      "max_tokens",   "hidden",     "top_k", "n_slots", "connect_timeout_ms",
+	    "client_name", "expect_model", "server_uid", NULL};
 	const char *socket = NULL, *name = NULL, *expect = NULL;
+	PyObject *server_uid_o = Py_None;
 	struct int_arg max_tokens = U32_ARG("max_tokens"), hidden = U32_ARG("hidden"),
 	               top_k = U32_ARG("top_k"), n_slots = U32_ARG("n_slots"),
 	               timeout_ms = I32_ARG("connect_timeout_ms");
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&O&O&O&O&zz", kwlist, &socket, int_arg,
+	struct int_arg server_uid = U32_ARG("server_uid"); /* None: 0, only root or our own */
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&O&O&O&O&zzO", kwlist, &socket, int_arg,
 	                                 &max_tokens, int_arg, &hidden, int_arg, &top_k, int_arg,
-	                                 &n_slots, int_arg, &timeout_ms, &name, &expect))
+	                                 &n_slots, int_arg, &timeout_ms, &name, &expect,
+	                                 &server_uid_o))
+		return -1;
+	if (server_uid_o != Py_None && !int_arg(server_uid_o, &server_uid))
 		return -1;
 	if (self->c) {
 		PyErr_SetString(PyExc_RuntimeError, "Channel already connected");
@@ -223,6 +228,7 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 	o.timeout_ms = (int)timeout_ms.v;
 	o.client_name = name;
 	o.expect_model = expect;
+	o.server_uid = (uint32_t)server_uid.v;
 	struct moe_client *c = NULL;
 	int rc;
 	char why[256];
@@ -786,8 +792,8 @@ static PyType_Slot channel_slots[] = {
     {Py_tp_getset, channel_getset},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "Channel(socket=None, max_tokens=0, hidden=0, top_k=0, n_slots=0, "
-                "timeout_ms=0, client_name=None, expect_model=None): one libmoe_client "
-                "connection."},
+                "connect_timeout_ms=0, client_name=None, expect_model=None, server_uid=None): "
+                "one libmoe_client connection."},
     {0, NULL},
 };
 static PyType_Spec channel_spec = {"moe_sidecar._native.Channel", sizeof(Channel), 0,

@@ -237,18 +237,22 @@ class Client:
     socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...).
     max_tokens/top_k/n_slots: channel limits (0: the sidecar's defaults). timeout_ms: default
     wait for each request. expect_model: a fingerprint (or, with model_path, computed from it)
-    the served model must have.
+    the served model must have. server_uid: the uid the sidecar may run as besides root and
+    this process's own (None: only those two). The server's uid is read from the socket
+    (SO_PEERCRED) before anything is sent; any other is refused with RefusedError naming both
+    uids, so a socket path another user could redirect never leads to that user's server.
     """
 
     def __init__(self, socket=None, *, max_tokens=0, top_k=0, n_slots=4, timeout_ms=30000,
                  connect_timeout_ms=5000, name="moe_sidecar.py", expect_model=None,
-                 model_path=None):
+                 model_path=None, server_uid=None):
         if model_path is not None:
             expect_model = fingerprint(model_path)
         self.socket = socket
         self.timeout_ms = _int("timeout_ms", timeout_ms)
+        self.server_uid = server_uid
         self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots, connect_timeout_ms,
-                                   name, expect_model)
+                                   name, expect_model, server_uid)
         self.info = self._ch.info()
         self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
         self._cuda_registered = None

@@ -29,13 +29,18 @@ from .errors import RefusedError, make_error
 _SHARED = {}
 
 
-def shared_client(socket=None, timeout_ms=30000):
-    """The process's one Client per socket (created on first use, reconnected after a fork)."""
+def shared_client(socket=None, timeout_ms=30000, server_uid=None):
+    """The process's one Client per socket (created on first use, reconnected after a fork).
+    server_uid as Client's; one socket's wrappers must agree on it (their channel is one)."""
     key = (socket, os.getpid())
     c = _SHARED.get(key)
     if c is None or c.closed:
-        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}")
+        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}",
+                   server_uid=server_uid)
         _SHARED[key] = c
+    elif c.server_uid != server_uid:
+        raise ValueError(f"server_uid={server_uid!r}: this process's channel to the sidecar "
+                         f"was opened with server_uid={c.server_uid!r}")
     return c
 
 
@@ -121,7 +126,7 @@ class KTMoEWrapper:
                  cpuinfer_threads=None, threadpool_count=None, weight_path=None,
                  chunked_prefill_size=None, cpu_save=False, max_deferred_experts_per_token=0,
                  method=None, numa_nodes=None, swiglu_limit=None, *, socket=None,
-                 tp_rank=None, timeout_ms=30000, **ignored):
+                 tp_rank=None, timeout_ms=30000, server_uid=None, **ignored):
         self.layer_idx = int(layer_idx)
         self.num_experts = int(num_experts)
         self.num_experts_per_tok = int(num_experts_per_tok)
@@ -142,7 +147,7 @@ class KTMoEWrapper:
             self.client = None
             self.k_defer = 0
             return
-        self.client = c = shared_client(socket, self.timeout_ms)
+        self.client = c = shared_client(socket, self.timeout_ms, server_uid)
         i = c.info
         for field, want, have in (("num_experts", self.num_experts, i["n_experts"]),
                                   ("hidden_size", self.hidden_size, i["model_hidden"]),
