@@ -19,6 +19,7 @@ lock around it.
 """
 
 import json
+import os
 
 from . import _native
 from .errors import TimeoutError, make_error
@@ -35,6 +36,19 @@ I32_MIN, I32_MAX, U32_MAX = -2**31, 2**31 - 1, 2**32 - 1
 def _int(name, value, lo=I32_MIN, hi=I32_MAX):
     """value as an int, or the TypeError/OverflowError every native argument raises."""
     return _native.int_arg(name, value, lo, hi)
+
+def _socket_path(socket):
+    """The path moe_connect connects to for `socket`, for messages: the rule of client.c's
+    resolve_path (the peer's address says nothing: the sidecar binds through /proc/self/fd)."""
+    if socket:
+        return socket
+    if os.environ.get("MOE_SIDECAR_SOCKET"):
+        return os.environ["MOE_SIDECAR_SOCKET"]
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg.startswith("/"):
+        return f"{xdg}/moe-sidecar/sidecar.sock"
+    return "/run/moe-sidecar/sidecar.sock"
+
 
 def fingerprint(path):
     """The model fingerprint (32 hex digits) of a model path, as a sidecar serving it reports."""
@@ -234,7 +248,8 @@ def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=Non
 class Client:
     """A connection to `moe-sidecar serve`. See the module's docstring.
 
-    socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...).
+    socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...); the
+    one connected to is socket_path.
     max_tokens/top_k/n_slots: channel limits (0: the sidecar's defaults). timeout_ms: default
     wait for each request. expect_model: a fingerprint (or, with model_path, computed from it)
     the served model must have. server_uid: the uid the sidecar may run as besides root and
@@ -254,6 +269,7 @@ class Client:
         self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots, connect_timeout_ms,
                                    name, expect_model, server_uid)
         self.info = self._ch.info()
+        self.socket_path = _socket_path(socket)
         self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
         self._cuda_registered = None
 

@@ -156,11 +156,12 @@ class KTMoEWrapper:
                                   ("num_experts_per_tok", self.num_experts_per_tok,
                                    i["model_top_k"])):
             if want != have:
-                raise ValueError(f"{field}={want}, but the sidecar serves {i['model_name']} "
-                                 f"with {have} ({c.socket or 'default socket'})")
+                raise ValueError(f"{field}={want}, but the sidecar at {c.socket_path} serves "
+                                 f"{i['model_name']} with {have}")
         if self.layer_idx not in i["moe_layers"]:
-            raise ValueError(f"layer_idx={self.layer_idx} is not an MoE layer of the served "
-                             f"model (MoE layers {i['moe_layers'][0]}..{i['moe_layers'][-1]})")
+            raise ValueError(f"layer_idx={self.layer_idx} is not an MoE layer of the model the "
+                             f"sidecar at {c.socket_path} serves (MoE layers "
+                             f"{i['moe_layers'][0]}..{i['moe_layers'][-1]})")
         last = self.layer_idx == i["moe_layers"][-1]
         self.k_defer = 0 if last else int(max_deferred_experts_per_token or 0)
         if self.k_defer > self.num_experts_per_tok:
@@ -206,7 +207,8 @@ class KTMoEWrapper:
         have = self.client.fingerprint
         if want != have:
             raise RefusedError(-6, f"weight_path {self.weight_path} is model {want}, but the "
-                                   f"sidecar serves {self.client.info['model_name']} {have}")
+                                   f"sidecar at {self.client.socket_path} serves "
+                                   f"{self.client.info['model_name']} {have}")
 
     def load_weights_from_tensors(self, *args, **kwargs):
         raise NotImplementedError("moe-sidecar reads the model's files itself: start "

@@ -2,6 +2,8 @@
 range-checked against the C field it fills (never wrapped into it), and the refusal names the
 argument, the value and the range."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,26 @@ def test_integers_of_other_types(client):
         client.forward(1, x, ids, w, k_defer=0.0)
     with pytest.raises(TypeError, match="index: 0.0 is not an integer"):
         client.slot(0.0)
+
+
+# ---- the kt-kernel wrapper -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dims(client):
+    """kt's five dimensions of block 1 of the served model."""
+    i = client.info
+    return 1, i["n_experts"], i["model_top_k"], i["model_hidden"], i["expert_ffn"]
+
+
+def test_wrapper_errors_name_the_socket_used(served_bf16, dims, monkeypatch):
+    monkeypatch.setenv("MOE_SIDECAR_SOCKET", served_bf16.socket)
+    try:
+        with pytest.raises(ValueError, match=rf"hidden_size=1, but the sidecar at "
+                                             rf"{served_bf16.socket} serves"):
+            ms.KTMoEWrapper(*dims[:3], 1, dims[4])
+    finally:
+        c = ms.kt._SHARED.pop((None, os.getpid()), None)
+        if c is not None:
+            c.close()
+    with ms.Client() as c:
+        assert c.socket is None and c.socket_path == served_bf16.socket
