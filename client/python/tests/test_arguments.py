@@ -125,6 +125,56 @@ def dims(client):
     return 1, i["n_experts"], i["model_top_k"], i["model_hidden"], i["expert_ffn"]
 
 
+def _wrapper_batch(dims):
+    x = torch.zeros(1, dims[3], dtype=torch.bfloat16)
+    return x, torch.full((1, 2), 0.5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_wrapper_refuses_an_id_past_the_experts_alike_with_a_gpu_mask(served_bf16, dims,
+                                                                       masked):
+    E = dims[1]
+    kw = {"gpu_experts_mask": torch.arange(E) < 4} if masked else {}
+    wr = ms.KTMoEWrapper(*dims, socket=served_bf16.socket, **kw)
+    x, w = _wrapper_batch(dims)
+    with pytest.raises(ms.BadExpertError) as ei:  # was: IndexError with the mask
+        wr.forward(x, torch.tensor([[5, E]]), w)
+    assert ei.value.value == E
+    with pytest.raises(ms.BadExpertError) as ei:
+        wr.forward(x, torch.tensor([[-5, 5]]), w)
+    assert ei.value.value == -5
+    assert wr.forward(x, torch.tensor([[5, 1]]), w).shape == x.shape  # and it goes on
+
+
+def test_wrapper_refuses_ids_it_cannot_send(served_bf16, dims):
+    wr = ms.KTMoEWrapper(*dims, socket=served_bf16.socket, gpu_experts_mask=[True] + [False] *
+                         (dims[1] - 1))
+    x, w = _wrapper_batch(dims)
+    with pytest.raises(ValueError, match="topk_ids: dtype torch.float32 is not an integer"):
+        wr.forward(x, torch.tensor([[5.0, 1.0]]), w)
+    with pytest.raises(ValueError, match=rf"ids: token 0: {2**40} is not an expert id"):
+        wr.forward(x, torch.tensor([[2**40, 1]]), w)  # was: expert 0, on the GPU: skipped
+    with pytest.raises(ValueError, match=rf"ids: token 0: {2**32 + 5} is not an expert id"):
+        wr.forward(x, torch.tensor([[2**32 + 5, 1]]), w)  # was: expert 5
+
+
+def test_wrapper_takes_kt_arguments_by_keyword_only(served_bf16, dims):
+    """kt-kernel's order after the five dimensions differs from ours (a positional call put
+    weight_path into threadpool_count): only keywords are taken there."""
+    with pytest.raises(TypeError, match="positional"):
+        ms.KTMoEWrapper(*dims, None, 2, 1, 1, "/models/x", socket=served_bf16.socket)
+    with pytest.raises(TypeError, match="layer_idx: 1.0 is not an integer"):
+        ms.KTMoEWrapper(1.0, *dims[1:], socket=served_bf16.socket)
+    with pytest.raises(ValueError, match="max_deferred_experts_per_token=-1 not in 0..8"):
+        ms.KTMoEWrapper(*dims, max_deferred_experts_per_token=-1, socket=served_bf16.socket)
+
+
+def test_wrapper_refuses_a_gpu_mask_with_a_count(served_bf16, dims):
+    with pytest.raises(ValueError, match="gpu_experts_mask or num_gpu_experts, not both"):
+        ms.KTMoEWrapper(*dims, gpu_experts_mask=[False] * dims[1], num_gpu_experts=4,
+                        socket=served_bf16.socket)
+
+
 def test_wrapper_errors_name_the_socket_used(served_bf16, dims, monkeypatch):
     monkeypatch.setenv("MOE_SIDECAR_SOCKET", served_bf16.socket)
     try:
