@@ -12,8 +12,10 @@
  * mutex, so a host function never waits for the GIL and the GIL is never held while waiting
  * for the mutex. `Area` objects export a range of the channel's mapping through the buffer
  * protocol (numpy.frombuffer and torch.frombuffer views, zero-copy); each holds a reference to
- * its Channel, and close() refuses while any view is exported (as mmap.close does), so no
- * view outlives the mapping.
+ * its Channel, and close() refuses while any Area object lives (as mmap.close does while a
+ * buffer is exported), so no view outlives the mapping. Areas are counted rather than buffer
+ * exports: torch.frombuffer releases the export at once and keeps only a reference to the
+ * Area for as long as the tensor lives.
  *
  * Stream ops: a `stream_op` is a small C struct the Python layer fills once per (wrapper,
  * batch size) and passes, by address, to cudaLaunchHostFunc with host_submit or host_wait.
@@ -25,6 +27,9 @@
  *
  * Errors: every failure raises an exception made by the factory the Python layer registered
  * (_set_error_factory(callable(status, message, value, index))), falling back to RuntimeError.
+ * Integer arguments go through int_arg (never "I"/"i", which wrap or name nothing): anything
+ * with __index__, within the range of the field it fills, else TypeError or OverflowError
+ * naming the argument, the value and the range.
  */
 #define PY_SSIZE_T_CLEAN
 #ifndef Py_LIMITED_API
@@ -58,6 +63,57 @@ static PyObject *raise_status(int status, const char *message, uint32_t value, u
 	return NULL;
 }
 
+/* ---- Integer arguments --------------------------------------------------------------------- */
+
+/* One integer argument: its name, its range (the C field it fills, or narrower), and the value
+ * once parsed. A PyArg_ParseTuple "O&" converter: {"slot", 0, UINT32_MAX} with int_arg. */
+struct int_arg {
+	const char *name;
+	long long min, max;
+	long long v;
+};
+#define U32_ARG(name)                                                                              \
+	{                                                                                          \
+		name, 0, UINT32_MAX, 0                                                             \
+	}
+#define U16_ARG(name)                                                                              \
+	{                                                                                          \
+		name, 0, UINT16_MAX, 0                                                             \
+	}
+#define I32_ARG(name)                                                                              \
+	{                                                                                          \
+		name, INT32_MIN, INT32_MAX, 0                                                      \
+	}
+#define DTYPE_ARG(name)                                                                            \
+	{                                                                                          \
+		name, 0, MOE_DTYPE_COUNT - 1, 0                                                    \
+	}
+
+static int int_arg(PyObject *o, void *p)
+{
+	struct int_arg *a = p;
+	PyObject *i = PyNumber_Index(o);
+	if (!i) {
+		PyErr_Format(PyExc_TypeError, "%s: %R is not an integer", a->name, o);
+		return 0;
+	}
+	int overflow = 0;
+	long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+	if (v == -1 && !overflow && PyErr_Occurred()) {
+		Py_DECREF(i);
+		return 0;
+	}
+	if (overflow || v < a->min || v > a->max) {
+		PyErr_Format(PyExc_OverflowError, "%s: %S is out of range (%lld..%lld)", a->name, i,
+		             a->min, a->max);
+		Py_DECREF(i);
+		return 0;
+	}
+	Py_DECREF(i);
+	a->v = v;
+	return 1;
+}
+
 /* ---- Channel ------------------------------------------------------------------------------ */
 
 struct stream_op;
@@ -65,7 +121,7 @@ struct stream_op;
 typedef struct {
 	PyObject_HEAD struct moe_client *c;
 	pthread_mutex_t lock;
-	Py_ssize_t exports; /* Area buffers alive */
+	Py_ssize_t areas; /* Area objects alive: each may back a view of the mapping */
 	struct stream_op *ops;
 } Channel;
 
@@ -142,13 +198,21 @@ static void host_wait(void *arg)
 
 static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"socket",     "max_tokens",  "hidden",       "top_k", "n_slots",
-	                         "timeout_ms", "client_name", "expect_model", NULL};
+	static char *kwlist[] = {
+	    "socket",      "max_tokens",   "hidden",     "top_k", "n_slots", "connect_timeout_ms",
+	    "client_name", "expect_model", "server_uid", NULL};
 	const char *socket = NULL, *name = NULL, *expect = NULL;
-	unsigned max_tokens = 0, hidden = 0, top_k = 0, n_slots = 0;
-	int timeout_ms = 0;
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zIIIIizz", kwlist, &socket, &max_tokens,
-	                                 &hidden, &top_k, &n_slots, &timeout_ms, &name, &expect))
+	PyObject *server_uid_o = Py_None;
+	struct int_arg max_tokens = U32_ARG("max_tokens"), hidden = U32_ARG("hidden"),
+	               top_k = U32_ARG("top_k"), n_slots = U32_ARG("n_slots"),
+	               timeout_ms = I32_ARG("connect_timeout_ms");
+	struct int_arg server_uid = U32_ARG("server_uid"); /* None: 0, only root or our own */
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&O&O&O&O&zzO", kwlist, &socket, int_arg,
+	                                 &max_tokens, int_arg, &hidden, int_arg, &top_k, int_arg,
+	                                 &n_slots, int_arg, &timeout_ms, &name, &expect,
+	                                 &server_uid_o))
+		return -1;
+	if (server_uid_o != Py_None && !int_arg(server_uid_o, &server_uid))
 		return -1;
 	if (self->c) {
 		PyErr_SetString(PyExc_RuntimeError, "Channel already connected");
@@ -157,13 +221,14 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 	struct moe_connect_opts o;
 	memset(&o, 0, sizeof(o));
 	o.socket_path = socket;
-	o.max_tokens = max_tokens;
-	o.hidden = hidden;
-	o.top_k = top_k;
-	o.n_slots = n_slots;
-	o.timeout_ms = timeout_ms;
+	o.max_tokens = (uint32_t)max_tokens.v;
+	o.hidden = (uint32_t)hidden.v;
+	o.top_k = (uint32_t)top_k.v;
+	o.n_slots = (uint32_t)n_slots.v;
+	o.timeout_ms = (int)timeout_ms.v;
 	o.client_name = name;
 	o.expect_model = expect;
+	o.server_uid = (uint32_t)server_uid.v;
 	struct moe_client *c = NULL;
 	int rc;
 	char why[256];
@@ -206,10 +271,11 @@ static struct moe_client *live(Channel *self)
 static PyObject *Channel_close(Channel *self, PyObject *noargs)
 {
 	(void)noargs;
-	if (self->exports > 0) {
+	if (self->areas > 0) {
 		PyErr_Format(PyExc_BufferError,
-		             "cannot close the channel: %zd slot views still exported",
-		             self->exports);
+		             "cannot close the channel: %zd slot views (numpy arrays or torch "
+		             "tensors of the shared mapping) are still alive; delete them first",
+		             self->areas);
 		return NULL;
 	}
 	struct moe_client *c = self->c;
@@ -224,6 +290,12 @@ static PyObject *Channel_closed(Channel *self, void *closure)
 {
 	(void)closure;
 	return PyBool_FromLong(self->c == NULL);
+}
+
+static PyObject *Channel_views(Channel *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromSsize_t(self->areas);
 }
 
 static PyObject *Channel_info(Channel *self, PyObject *noargs)
@@ -272,9 +344,10 @@ static PyObject *Channel_region(Channel *self, PyObject *noargs)
 
 static PyObject *Channel_slot_layout(Channel *self, PyObject *args)
 {
-	unsigned index;
-	if (!PyArg_ParseTuple(args, "I", &index))
+	struct int_arg index_a = U32_ARG("index");
+	if (!PyArg_ParseTuple(args, "O&", int_arg, &index_a))
 		return NULL;
+	const uint32_t index = (uint32_t)index_a.v;
 	struct moe_client *c = live(self);
 	if (!c)
 		return NULL;
@@ -322,10 +395,11 @@ static PyObject *Channel_acquire(Channel *self, PyObject *noargs)
 
 static PyObject *Channel_release(Channel *self, PyObject *args)
 {
-	unsigned slot;
+	struct int_arg slot_a = U32_ARG("slot");
 	int abandon = 0;
-	if (!PyArg_ParseTuple(args, "I|p", &slot, &abandon))
+	if (!PyArg_ParseTuple(args, "O&|p", int_arg, &slot_a, &abandon))
 		return NULL;
+	const uint32_t slot = (uint32_t)slot_a.v;
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
 	LOCKED_CALL(self, rc, why,
@@ -337,20 +411,20 @@ static PyObject *Channel_release(Channel *self, PyObject *args)
 
 static PyObject *Channel_submit(Channel *self, PyObject *args)
 {
-	unsigned slot, n_tokens, k, k_defer, in_dt, out_dt, flags;
-	int layer;
-	if (!PyArg_ParseTuple(args, "IiIIIIII", &slot, &layer, &n_tokens, &k, &k_defer, &in_dt,
-	                      &out_dt, &flags))
+	struct int_arg slot = U32_ARG("slot"), layer = I32_ARG("layer"),
+	               n_tokens = U32_ARG("n_tokens"), k = U16_ARG("k"),
+	               k_defer = U32_ARG("k_defer"), in_dt = DTYPE_ARG("in_dtype"),
+	               out_dt = DTYPE_ARG("out_dtype"), flags = U16_ARG("flags");
+	if (!PyArg_ParseTuple(args, "O&O&O&O&O&O&O&O&", int_arg, &slot, int_arg, &layer, int_arg,
+	                      &n_tokens, int_arg, &k, int_arg, &k_defer, int_arg, &in_dt, int_arg,
+	                      &out_dt, int_arg, &flags))
 		return NULL;
-	if (k > 0xffff || in_dt > 0xff || out_dt > 0xff || flags > 0xffff) {
-		PyErr_SetString(PyExc_ValueError, "k, dtype or flags out of range");
-		return NULL;
-	}
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
 	LOCKED_CALL(self, rc, why,
-	            moe_forward_submit(c_, slot, layer, n_tokens, (uint16_t)k, k_defer,
-	                               (uint8_t)in_dt, (uint8_t)out_dt, (uint16_t)flags));
+	            moe_forward_submit(c_, (uint32_t)slot.v, (int32_t)layer.v, (uint32_t)n_tokens.v,
+	                               (uint16_t)k.v, (uint32_t)k_defer.v, (uint8_t)in_dt.v,
+	                               (uint8_t)out_dt.v, (uint16_t)flags.v));
 	if (rc != MOE_OK)
 		return raise_status(rc, why, 0, 0);
 	Py_RETURN_NONE;
@@ -360,10 +434,12 @@ static PyObject *Channel_submit(Channel *self, PyObject *args)
  * when polling and not done. */
 static PyObject *Channel_wait(Channel *self, PyObject *args)
 {
-	unsigned slot;
-	int timeout_ms, poll = 0;
-	if (!PyArg_ParseTuple(args, "Ii|p", &slot, &timeout_ms, &poll))
+	struct int_arg slot_a = U32_ARG("slot"), timeout_a = I32_ARG("timeout_ms");
+	int poll = 0;
+	if (!PyArg_ParseTuple(args, "O&O&|p", int_arg, &slot_a, int_arg, &timeout_a, &poll))
 		return NULL;
+	const uint32_t slot = (uint32_t)slot_a.v;
+	const int timeout_ms = (int)timeout_a.v;
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
 	struct moe_completion d;
@@ -380,12 +456,12 @@ static PyObject *Channel_wait(Channel *self, PyObject *args)
 
 static PyObject *Channel_ping(Channel *self, PyObject *args)
 {
-	int timeout_ms;
-	if (!PyArg_ParseTuple(args, "i", &timeout_ms))
+	struct int_arg timeout_ms = I32_ARG("timeout_ms");
+	if (!PyArg_ParseTuple(args, "O&", int_arg, &timeout_ms))
 		return NULL;
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
-	LOCKED_CALL(self, rc, why, moe_ping(c_, timeout_ms));
+	LOCKED_CALL(self, rc, why, moe_ping(c_, (int)timeout_ms.v));
 	if (rc != MOE_OK)
 		return raise_status(rc, why, 0, 0);
 	Py_RETURN_NONE;
@@ -403,10 +479,13 @@ static int get_buffer(PyObject *o, Py_buffer *b, const char *what)
 
 static PyObject *Channel_prefetch(Channel *self, PyObject *args)
 {
-	int layer, timeout_ms;
+	struct int_arg layer_a = I32_ARG("layer"), timeout_a = I32_ARG("timeout_ms");
 	PyObject *ids_o, *scores_o;
-	if (!PyArg_ParseTuple(args, "iOOi", &layer, &ids_o, &scores_o, &timeout_ms))
+	if (!PyArg_ParseTuple(args, "O&OOO&", int_arg, &layer_a, &ids_o, &scores_o, int_arg,
+	                      &timeout_a))
 		return NULL;
+	const int32_t layer = (int32_t)layer_a.v;
+	const int timeout_ms = (int)timeout_a.v;
 	Py_buffer ids = {0}, scores;
 	if (ids_o != Py_None && get_buffer(ids_o, &ids, "ids") < 0)
 		return NULL;
@@ -438,10 +517,12 @@ static PyObject *Channel_prefetch(Channel *self, PyObject *args)
 
 static PyObject *Channel_set_gpu_mask(Channel *self, PyObject *args)
 {
-	int layer, timeout_ms;
+	struct int_arg layer_a = I32_ARG("layer"), timeout_a = I32_ARG("timeout_ms");
 	PyObject *bits_o;
-	if (!PyArg_ParseTuple(args, "iOi", &layer, &bits_o, &timeout_ms))
+	if (!PyArg_ParseTuple(args, "O&OO&", int_arg, &layer_a, &bits_o, int_arg, &timeout_a))
 		return NULL;
+	const int32_t layer = (int32_t)layer_a.v;
+	const int timeout_ms = (int)timeout_a.v;
 	Py_buffer bits;
 	if (get_buffer(bits_o, &bits, "mask") < 0)
 		return NULL;
@@ -457,16 +538,18 @@ static PyObject *Channel_set_gpu_mask(Channel *self, PyObject *args)
 
 static PyObject *Channel_stats_json(Channel *self, PyObject *args)
 {
-	int timeout_ms, flags = 0;
-	if (!PyArg_ParseTuple(args, "i|i", &timeout_ms, &flags))
+	struct int_arg timeout_a = I32_ARG("timeout_ms"), flags_a = U16_ARG("flags");
+	if (!PyArg_ParseTuple(args, "O&|O&", int_arg, &timeout_a, int_arg, &flags_a))
 		return NULL;
+	const int timeout_ms = (int)timeout_a.v;
+	const uint16_t flags = (uint16_t)flags_a.v;
 	size_t cap = 1u << 20;
 	char *buf = malloc(cap);
 	if (!buf)
 		return PyErr_NoMemory();
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
-	LOCKED_CALL(self, rc, why, moe_stats_json_flags(c_, (uint16_t)flags, buf, cap, timeout_ms));
+	LOCKED_CALL(self, rc, why, moe_stats_json_flags(c_, flags, buf, cap, timeout_ms));
 	PyObject *r = rc == MOE_OK ? PyUnicode_FromString(buf) : raise_status(rc, why, 0, 0);
 	free(buf);
 	return r;
@@ -476,9 +559,10 @@ static PyObject *Channel_stats_json(Channel *self, PyObject *args)
  * layer-major [n_moe_layers][n_experts]. */
 static PyObject *Channel_expert_stats(Channel *self, PyObject *args)
 {
-	int timeout_ms;
-	if (!PyArg_ParseTuple(args, "i", &timeout_ms) || !live(self))
+	struct int_arg timeout_a = I32_ARG("timeout_ms");
+	if (!PyArg_ParseTuple(args, "O&", int_arg, &timeout_a) || !live(self))
 		return NULL;
+	const int timeout_ms = (int)timeout_a.v;
 	const struct moe_info *i = moe_info(self->c);
 	const size_t n = (size_t)i->n_moe_layers * i->n_experts;
 	uint64_t *counts = calloc(n ? n : 1, sizeof(*counts));
@@ -533,28 +617,28 @@ static struct stream_op *find_op(Channel *self, PyObject *addr)
 static PyObject *Channel_stream_op_set(Channel *self, PyObject *args)
 {
 	PyObject *addr;
-	unsigned slot, n_tokens, k, k_defer, in_dt, out_dt, flags;
-	int layer, timeout_ms;
-	if (!PyArg_ParseTuple(args, "OIiIIIIIIi", &addr, &slot, &layer, &n_tokens, &k, &k_defer,
-	                      &in_dt, &out_dt, &flags, &timeout_ms))
+	struct int_arg slot = U32_ARG("slot"), layer = I32_ARG("layer"),
+	               n_tokens = U32_ARG("n_tokens"), k = U16_ARG("k"),
+	               k_defer = U32_ARG("k_defer"), in_dt = DTYPE_ARG("in_dtype"),
+	               out_dt = DTYPE_ARG("out_dtype"), flags = U16_ARG("flags"),
+	               timeout_ms = I32_ARG("timeout_ms");
+	if (!PyArg_ParseTuple(args, "OO&O&O&O&O&O&O&O&O&", &addr, int_arg, &slot, int_arg, &layer,
+	                      int_arg, &n_tokens, int_arg, &k, int_arg, &k_defer, int_arg, &in_dt,
+	                      int_arg, &out_dt, int_arg, &flags, int_arg, &timeout_ms))
 		return NULL;
 	struct stream_op *op = find_op(self, addr);
 	if (!op)
 		return NULL;
-	if (k > 0xffff || in_dt >= MOE_DTYPE_COUNT || out_dt >= MOE_DTYPE_COUNT || flags > 0xffff) {
-		PyErr_SetString(PyExc_ValueError, "k, dtype or flags out of range");
-		return NULL;
-	}
 	Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&self->lock); /* not while a host fn reads it */
-	op->slot = slot;
-	op->layer = layer;
-	op->n_tokens = n_tokens;
-	op->k = (uint16_t)k;
-	op->k_defer = k_defer;
-	op->in_dtype = (uint8_t)in_dt;
-	op->out_dtype = (uint8_t)out_dt;
-	op->flags = (uint16_t)flags;
-	op->timeout_ms = timeout_ms;
+	op->slot = (uint32_t)slot.v;
+	op->layer = (int32_t)layer.v;
+	op->n_tokens = (uint32_t)n_tokens.v;
+	op->k = (uint16_t)k.v;
+	op->k_defer = (uint32_t)k_defer.v;
+	op->in_dtype = (uint8_t)in_dt.v;
+	op->out_dtype = (uint8_t)out_dt.v;
+	op->flags = (uint16_t)flags.v;
+	op->timeout_ms = (int)timeout_ms.v;
 	pthread_mutex_unlock(&self->lock);
 	Py_END_ALLOW_THREADS Py_RETURN_NONE;
 }
@@ -603,21 +687,14 @@ static int Area_getbuffer(Area *self, Py_buffer *view, int flags)
 	void *base;
 	size_t bytes;
 	moe_channel_region(self->ch->c, &base, &bytes);
-	if (PyBuffer_FillInfo(view, (PyObject *)self, (char *)base + self->offset, self->length, 0,
-	                      flags) < 0)
-		return -1;
-	self->ch->exports++;
-	return 0;
-}
-
-static void Area_releasebuffer(Area *self, Py_buffer *view)
-{
-	(void)view;
-	self->ch->exports--;
+	return PyBuffer_FillInfo(view, (PyObject *)self, (char *)base + self->offset, self->length,
+	                         0, flags);
 }
 
 static void Area_dealloc(Area *self)
 {
+	if (self->ch)
+		self->ch->areas--;
 	Py_XDECREF((PyObject *)self->ch);
 	PyTypeObject *tp = Py_TYPE((PyObject *)self);
 	freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -627,7 +704,6 @@ static void Area_dealloc(Area *self)
 
 static PyType_Slot area_slots[] = {
     {Py_bf_getbuffer, Area_getbuffer},
-    {Py_bf_releasebuffer, Area_releasebuffer},
     {Py_tp_dealloc, Area_dealloc},
     {Py_tp_doc, "A writable range of a channel's shared mapping (buffer protocol)."},
     {0, NULL},
@@ -638,16 +714,18 @@ static PyObject *area_type;
 
 static PyObject *Channel_area(Channel *self, PyObject *args)
 {
-	Py_ssize_t offset, length;
-	if (!PyArg_ParseTuple(args, "nn", &offset, &length))
+	struct int_arg offset_a = {"offset", 0, PY_SSIZE_T_MAX, 0},
+	               length_a = {"length", 0, PY_SSIZE_T_MAX, 0};
+	if (!PyArg_ParseTuple(args, "O&O&", int_arg, &offset_a, int_arg, &length_a))
 		return NULL;
+	const Py_ssize_t offset = (Py_ssize_t)offset_a.v, length = (Py_ssize_t)length_a.v;
 	struct moe_client *c = live(self);
 	if (!c)
 		return NULL;
 	void *base;
 	size_t bytes;
 	moe_channel_region(c, &base, &bytes);
-	if (offset < 0 || length < 0 || (size_t)offset > bytes || (size_t)length > bytes - offset) {
+	if ((size_t)offset > bytes || (size_t)length > bytes - offset) {
 		PyErr_Format(PyExc_ValueError, "range [%zd, +%zd) is outside the %zu-byte channel",
 		             offset, length, bytes);
 		return NULL;
@@ -659,6 +737,7 @@ static PyObject *Channel_area(Channel *self, PyObject *args)
 		return NULL;
 	Py_INCREF((PyObject *)self);
 	a->ch = self;
+	self->areas++;
 	a->offset = offset;
 	a->length = length;
 	return (PyObject *)a;
@@ -701,6 +780,8 @@ static PyMethodDef channel_methods[] = {
 
 static PyGetSetDef channel_getset[] = {
     {"closed", (getter)Channel_closed, NULL, "True after close().", NULL},
+    {"views", (getter)Channel_views, NULL, "Slot views (Area objects) alive: close() refuses.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -711,8 +792,8 @@ static PyType_Slot channel_slots[] = {
     {Py_tp_getset, channel_getset},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "Channel(socket=None, max_tokens=0, hidden=0, top_k=0, n_slots=0, "
-                "timeout_ms=0, client_name=None, expect_model=None): one libmoe_client "
-                "connection."},
+                "connect_timeout_ms=0, client_name=None, expect_model=None, server_uid=None): "
+                "one libmoe_client connection."},
     {0, NULL},
 };
 static PyType_Spec channel_spec = {"moe_sidecar._native.Channel", sizeof(Channel), 0,
@@ -752,11 +833,16 @@ static PyObject *mod_placement(PyObject *mod, PyObject *args)
 {
 	(void)mod;
 	PyObject *load_o, *blocks_o;
-	unsigned n_layers, n_experts, n_blocks, gpu_experts;
-	int strategy;
-	if (!PyArg_ParseTuple(args, "OIIOIIi", &load_o, &n_layers, &n_experts, &blocks_o, &n_blocks,
-	                      &gpu_experts, &strategy))
+	struct int_arg n_layers_a = U32_ARG("n_moe_layers"), n_experts_a = U32_ARG("n_experts"),
+	               n_blocks_a = U32_ARG("n_blocks"), gpu_experts_a = U32_ARG("gpu_experts"),
+	               strategy_a = {"strategy", 0, MOE_PLACE_COUNT - 1, 0};
+	if (!PyArg_ParseTuple(args, "OO&O&OO&O&O&", &load_o, int_arg, &n_layers_a, int_arg,
+	                      &n_experts_a, &blocks_o, int_arg, &n_blocks_a, int_arg,
+	                      &gpu_experts_a, int_arg, &strategy_a))
 		return NULL;
+	const uint32_t n_layers = (uint32_t)n_layers_a.v, n_experts = (uint32_t)n_experts_a.v,
+	               n_blocks = (uint32_t)n_blocks_a.v, gpu_experts = (uint32_t)gpu_experts_a.v;
+	const int strategy = (int)strategy_a.v;
 	Py_buffer load, blocks = {0};
 	if (get_buffer(load_o, &load, "load") < 0)
 		return NULL;
@@ -798,10 +884,10 @@ out:
 static PyObject *mod_strerror(PyObject *mod, PyObject *args)
 {
 	(void)mod;
-	int status;
-	if (!PyArg_ParseTuple(args, "i", &status))
+	struct int_arg status = I32_ARG("status");
+	if (!PyArg_ParseTuple(args, "O&", int_arg, &status))
 		return NULL;
-	return PyUnicode_FromString(moe_strerror(status));
+	return PyUnicode_FromString(moe_strerror((int)status.v));
 }
 
 static PyObject *mod_host_functions(PyObject *mod, PyObject *noargs)
@@ -812,7 +898,25 @@ static PyObject *mod_host_functions(PyObject *mod, PyObject *noargs)
 	                     PyLong_FromVoidPtr((void *)(uintptr_t)host_wait));
 }
 
+/* int_arg(name, value, min, max) -> value as an int, or the TypeError / OverflowError every
+ * native argument raises: the Python layer's checks word theirs the same way. */
+static PyObject *mod_int_arg(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	const char *name;
+	PyObject *value;
+	long long min, max;
+	if (!PyArg_ParseTuple(args, "sOLL", &name, &value, &min, &max))
+		return NULL;
+	struct int_arg a = {name, min, max, 0};
+	if (!int_arg(value, &a))
+		return NULL;
+	return PyLong_FromLongLong(a.v);
+}
+
 static PyMethodDef module_methods[] = {
+    {"int_arg", mod_int_arg, METH_VARARGS,
+     "int_arg(name, value, min, max) -> value, or TypeError/OverflowError naming all three."},
     {"_set_error_factory", mod_set_error_factory, METH_O, NULL},
     {"fingerprint", mod_fingerprint, METH_VARARGS,
      "fingerprint(path) -> the model fingerprint (32 hex digits) of a model path."},

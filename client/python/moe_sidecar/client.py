@@ -9,11 +9,17 @@ back in the input's type, dtype and device.
 The slot areas are exposed without copies: Client.slot(i).input(...) and friends are numpy or
 torch views of the shared mapping. close() refuses while such views are alive (as mmap does).
 
+Integer arguments are anything with __index__ (Python's, numpy's, a 0-d torch integer
+tensor), never a float; one that does not fit the field it fills is refused with OverflowError
+naming the argument, the value and the range, not wrapped into it. Expert ids must be an
+integer array; one that does not fit int32 is refused with ValueError.
+
 Not thread-safe beyond what the C extension serialises: one Client per engine thread, or a
 lock around it.
 """
 
 import json
+import os
 
 from . import _native
 from .errors import TimeoutError, make_error
@@ -24,6 +30,24 @@ DTYPE_F32, DTYPE_F16, DTYPE_BF16 = _native.DTYPE_F32, _native.DTYPE_F16, _native
 FWD_DROP_DEFERRED = _native.FWD_DROP_DEFERRED
 FWD_DEFER_COLD = _native.FWD_DEFER_COLD
 _ITEMSIZE = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
+I32_MIN, I32_MAX, U32_MAX = -2**31, 2**31 - 1, 2**32 - 1
+
+
+def _int(name, value, lo=I32_MIN, hi=I32_MAX):
+    """value as an int, or the TypeError/OverflowError every native argument raises."""
+    return _native.int_arg(name, value, lo, hi)
+
+def _socket_path(socket):
+    """The path moe_connect connects to for `socket`, for messages: the rule of client.c's
+    resolve_path (the peer's address says nothing: the sidecar binds through /proc/self/fd)."""
+    if socket:
+        return socket
+    if os.environ.get("MOE_SIDECAR_SOCKET"):
+        return os.environ["MOE_SIDECAR_SOCKET"]
+    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
+    if xdg.startswith("/"):
+        return f"{xdg}/moe-sidecar/sidecar.sock"
+    return "/run/moe-sidecar/sidecar.sock"
 
 
 def fingerprint(path):
@@ -77,6 +101,23 @@ def _shape(x):
     return tuple(int(d) for d in x.shape)
 
 
+_FITS_INT32 = {"int8", "int16", "int32", "uint8", "uint16"}
+
+
+def _check_ids_fit(ids, n_experts):
+    """Expert ids cross as int32: a wider one would wrap into another expert (2**40 → 0) or
+    into -1 (2**64 - 1 → skipped). The ids are read once more only when their dtype is wider
+    (a CUDA tensor: a synchronisation, as the copy through the channel is anyway)."""
+    dtype = str(ids.dtype).replace("torch.", "")
+    if dtype in _FITS_INT32 or (I32_MIN <= int(ids.min()) and int(ids.max()) <= I32_MAX):
+        return
+    for t, row in enumerate(ids.tolist()):
+        for v in row:
+            if not I32_MIN <= v <= I32_MAX:
+                raise ValueError(f"ids: token {t}: {v} is not an expert id "
+                                 f"(0..{n_experts - 1}, -1 = skip)")
+
+
 class Pending:
     """A FORWARD in flight on one slot: wait() or poll() for its output."""
 
@@ -89,9 +130,9 @@ class Pending:
         """The output, waiting at most timeout_ms (default: the client's). A TimeoutError
         leaves the request in flight: wait again, or abandon()."""
         c = self._client
-        t = c.timeout_ms if timeout_ms is None else timeout_ms
+        t = c.timeout_ms if timeout_ms is None else _int("timeout_ms", timeout_ms)
         try:
-            self.n_deferred = c._ch.wait(self.slot, int(t))
+            self.n_deferred = c._ch.wait(self.slot, t)
         except Exception as e:
             if not isinstance(e, TimeoutError):  # a timeout leaves it collectable
                 c._give_back(self.slot)
@@ -183,22 +224,23 @@ def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=Non
     flat = array.array("d", [float(x) for r in rows for x in r])
     b = None
     if blocks is not None:
-        blocks = [int(x) for x in blocks]
+        blocks = [_int("blocks", x) for x in blocks]
         if len(blocks) != L:
             raise ValueError(f"placement: {len(blocks)} blocks for {L} layers")
         b = array.array("i", blocks)
     if n_blocks is None:
         n_blocks = (blocks[-1] + 1) if blocks else L
+    n_blocks = _int("n_blocks", n_blocks, 0, U32_MAX)
     coverage = {}
     chosen = None
     for i, name in enumerate(PLACEMENT_STRATEGIES):
-        mask, covered = _native.placement(flat, L, E, b, int(n_blocks), int(gpu_experts), i)
+        mask, covered = _native.placement(flat, L, E, b, n_blocks, gpu_experts, i)
         coverage[name] = covered
         if name == strategy:
             chosen = mask
     row = (E + 7) // 8
     bools = [[bool(chosen[r * row + e // 8] >> (e % 8) & 1) for e in range(E)]
-             for r in range(int(n_blocks))]
+             for r in range(n_blocks)]
     return {"strategy": strategy, "covered": coverage[strategy], "coverage": coverage,
             "mask": bytes(chosen), "gpu_experts_mask": bools}
 
@@ -206,22 +248,28 @@ def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=Non
 class Client:
     """A connection to `moe-sidecar serve`. See the module's docstring.
 
-    socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...).
+    socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...); the
+    one connected to is socket_path.
     max_tokens/top_k/n_slots: channel limits (0: the sidecar's defaults). timeout_ms: default
     wait for each request. expect_model: a fingerprint (or, with model_path, computed from it)
-    the served model must have.
+    the served model must have. server_uid: the uid the sidecar may run as besides root and
+    this process's own (None: only those two). The server's uid is read from the socket
+    (SO_PEERCRED) before anything is sent; any other is refused with RefusedError naming both
+    uids, so a socket path another user could redirect never leads to that user's server.
     """
 
     def __init__(self, socket=None, *, max_tokens=0, top_k=0, n_slots=4, timeout_ms=30000,
                  connect_timeout_ms=5000, name="moe_sidecar.py", expect_model=None,
-                 model_path=None):
+                 model_path=None, server_uid=None):
         if model_path is not None:
             expect_model = fingerprint(model_path)
         self.socket = socket
-        self.timeout_ms = int(timeout_ms)
-        self._ch = _native.Channel(socket, int(max_tokens), 0, int(top_k), int(n_slots),
-                                   int(connect_timeout_ms), name, expect_model)
+        self.timeout_ms = _int("timeout_ms", timeout_ms)
+        self.server_uid = server_uid
+        self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots, connect_timeout_ms,
+                                   name, expect_model, server_uid)
         self.info = self._ch.info()
+        self.socket_path = _socket_path(socket)
         self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
         self._cuda_registered = None
 
@@ -260,14 +308,16 @@ class Client:
 
     def slot(self, index):
         """Zero-copy views of slot `index` (see SlotView)."""
+        index = _int("index", index)
         if not 0 <= index < len(self._layout):
             raise ValueError(f"slot {index} out of range (0..{len(self._layout) - 1})")
         return SlotView(self, index)
 
     # ---- requests --------------------------------------------------------------------------
     def _check_forward_args(self, layer, hidden, ids, weights, k_defer):
-        if not isinstance(layer, int) or layer < 0:
-            raise ValueError(f"layer: {layer!r} is not a block index")
+        """(layer, n_tokens, k, k_defer), the integers as ints; or why not."""
+        layer = _int("layer", layer)
+        k_defer = _int("k_defer", k_defer, 0, U32_MAX)
         if layer not in self.info["moe_layers"]:
             raise ValueError(
                 f"layer: {layer} is not an MoE layer of the served model "
@@ -292,7 +342,8 @@ class Client:
             raise ValueError(f"weights: dtype {weights.dtype} is not a floating type")
         if not 0 <= k_defer <= k:
             raise ValueError(f"k_defer: {k_defer} not in 0..{k}")
-        return n, k
+        _check_ids_fit(ids, self.n_experts)
+        return layer, n, k, k_defer
 
     def _write_inputs(self, slot, hidden, ids, weights, n, k):
         v = SlotView(self, slot)
@@ -338,7 +389,7 @@ class Client:
 
     def forward_submit(self, layer, hidden, ids, weights, k_defer=0, flags=0, out=None):
         """Starts one MoE layer (at most max_tokens tokens) and returns a Pending at once."""
-        n, k = self._check_forward_args(layer, hidden, ids, weights, k_defer)
+        layer, n, k, k_defer = self._check_forward_args(layer, hidden, ids, weights, k_defer)
         if n > self.max_tokens:
             raise ValueError(f"hidden: {n} tokens, a request takes at most {self.max_tokens} "
                              "(forward() splits bigger batches)")
@@ -356,7 +407,9 @@ class Client:
         """One MoE layer: Σ w·expert(x) over each token's ids, in hidden's type and dtype.
         Batches above max_tokens are split (only without k_defer). k_defer: ids per token the
         sidecar may defer into the NEXT forward on this client (0 on the last MoE layer)."""
-        n, k = self._check_forward_args(layer, hidden, ids, weights, k_defer)
+        layer, n, k, k_defer = self._check_forward_args(layer, hidden, ids, weights, k_defer)
+        if timeout_ms is not None:  # refused before anything is submitted
+            timeout_ms = _int("timeout_ms", timeout_ms)
         if n <= self.max_tokens:
             p = self.forward_submit(layer, hidden, ids, weights, k_defer, flags, out)
             r = p.wait(timeout_ms)
@@ -392,12 +445,14 @@ class Client:
                                                   else scores)])
         i = None
         if ids is not None:
-            i = array.array("i", [int(x) for x in (ids.tolist() if hasattr(ids, "tolist")
-                                                    else ids)])
+            if hasattr(ids, "dtype") and not _is_integer(ids):
+                raise ValueError(f"ids: dtype {ids.dtype} is not an integer type")
+            i = array.array("i", [_int("ids", x) for x in (ids.tolist() if hasattr(ids, "tolist")
+                                                           else ids)])
             if len(i) != len(s):
                 raise ValueError(f"prefetch: {len(i)} ids but {len(s)} scores")
         t = self.timeout_ms if timeout_ms is None else timeout_ms
-        return self._ch.prefetch(int(layer), i, s, int(t))
+        return self._ch.prefetch(layer, i, s, t)
 
     def set_gpu_mask(self, mask, layer=-1, timeout_ms=None):
         """The experts this client computes itself (the sidecar never loads them for it and a
@@ -424,14 +479,14 @@ class Client:
                         b[e // 8] |= 1 << (e % 8)
                 packed += b
         t = self.timeout_ms if timeout_ms is None else timeout_ms
-        self._ch.set_gpu_mask(int(layer), bytes(packed), int(t))
+        self._ch.set_gpu_mask(layer, bytes(packed), t)
 
     def stats(self, timeout_ms=None, experts=False):
         """The sidecar's STATS as a dict; experts=True adds "experts" (per MoE layer, every
         expert's routed-token count and heat; a 1.2 sidecar)."""
         t = self.timeout_ms if timeout_ms is None else timeout_ms
         flags = _native.STATS_EXPERTS if experts else 0
-        return json.loads(self._ch.stats_json(int(t), flags))
+        return json.loads(self._ch.stats_json(t, flags))
 
     def expert_stats(self, timeout_ms=None):
         """Per-(MoE layer, expert) routing the sidecar served since it started (every client's
@@ -439,7 +494,7 @@ class Client:
         tokens routed, "heat": [layer][expert] the same decayed, "half_life_tokens": its
         half-life}. Raises VersionError from a sidecar older than 1.2."""
         t = self.timeout_ms if timeout_ms is None else timeout_ms
-        counts_b, heat_b, half_life = self._ch.expert_stats(int(t))
+        counts_b, heat_b, half_life = self._ch.expert_stats(t)
         E = self.n_experts
         counts = memoryview(counts_b).cast("Q").tolist()
         heat = memoryview(heat_b).cast("f").tolist()
@@ -464,7 +519,7 @@ class Client:
 
     def ping(self, timeout_ms=None):
         t = self.timeout_ms if timeout_ms is None else timeout_ms
-        self._ch.ping(int(t))
+        self._ch.ping(t)
 
     # ---- CUDA ------------------------------------------------------------------------------
     def cuda_register(self):
@@ -484,6 +539,8 @@ class Client:
         """Disconnects. Raises BufferError while slot views are alive."""
         if self._ch.closed:
             return
+        if self._ch.views:
+            self._ch.close()  # raises BufferError, before CUDA lets go of the mapping
         if self._cuda_registered is not None:
             rt, addr = self._cuda_registered
             rt.host_unregister(addr)

@@ -19,29 +19,42 @@ the work to the sidecar serving the same model instead of computing in the engin
   zeros, so the engine's all-reduce sums the CPU part once (as SGLang's kt wrapper does).
 - Accepted and documented without effect (the sidecar owns them: `moe-sidecar serve`):
   cpuinfer_threads, threadpool_count, numa_nodes, cpu_save, method.
+- Everything after the five dimensions is keyword-only, as kt-kernel's callers pass it: the
+  two classes order those parameters differently, and a positional call would fill the wrong
+  ones silently.
+- Expert ids are checked as Client.forward checks them: an integer dtype, and on the CPU path
+  within int32; an id past num_experts (or negative but -1) is the sidecar's BadExpertError,
+  with or without a GPU mask. The stream path cannot look at the ids without a host sync: it
+  clamps them to int32 (an id that fits no expert stays one) and the sidecar refuses them.
 """
 
 import os
 
-from .client import DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DROP_DEFERRED, Client, fingerprint
+from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DROP_DEFERRED, I32_MAX, I32_MIN,
+                     U32_MAX, Client, _int, _is_integer, fingerprint)
 from .errors import RefusedError, make_error
 
 _SHARED = {}
 
 
-def shared_client(socket=None, timeout_ms=30000):
-    """The process's one Client per socket (created on first use, reconnected after a fork)."""
+def shared_client(socket=None, timeout_ms=30000, server_uid=None):
+    """The process's one Client per socket (created on first use, reconnected after a fork).
+    server_uid as Client's; one socket's wrappers must agree on it (their channel is one)."""
     key = (socket, os.getpid())
     c = _SHARED.get(key)
     if c is None or c.closed:
-        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}")
+        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}",
+                   server_uid=server_uid)
         _SHARED[key] = c
+    elif c.server_uid != server_uid:
+        raise ValueError(f"server_uid={server_uid!r}: this process's channel to the sidecar "
+                         f"was opened with server_uid={c.server_uid!r}")
     return c
 
 
 def _tp_rank(tp_rank):
     if tp_rank is not None:
-        return int(tp_rank)
+        return _int("tp_rank", tp_rank)
     try:
         import torch.distributed as dist
 
@@ -117,22 +130,28 @@ class KTMoEWrapper:
     _capture_batch_sizes = []
 
     def __init__(self, layer_idx, num_experts, num_experts_per_tok, hidden_size,
-                 moe_intermediate_size, gpu_experts_mask=None, num_gpu_experts=None,
-                 cpuinfer_threads=None, threadpool_count=None, weight_path=None,
-                 chunked_prefill_size=None, cpu_save=False, max_deferred_experts_per_token=0,
-                 method=None, numa_nodes=None, swiglu_limit=None, *, socket=None,
-                 tp_rank=None, timeout_ms=30000, **ignored):
-        self.layer_idx = int(layer_idx)
-        self.num_experts = int(num_experts)
-        self.num_experts_per_tok = int(num_experts_per_tok)
-        self.hidden_size = int(hidden_size)
-        self.moe_intermediate_size = int(moe_intermediate_size)
+                 moe_intermediate_size, *, gpu_experts_mask=None, num_gpu_experts=None,
+                 cpuinfer_threads=None, threadpool_count=None, numa_nodes=None,
+                 weight_path=None, chunked_prefill_size=None, method=None,
+                 max_deferred_experts_per_token=0, swiglu_limit=None, swiglu_alpha=None,
+                 cpu_save=False, socket=None, tp_rank=None, timeout_ms=30000, server_uid=None,
+                 **ignored):
+        self.layer_idx = _int("layer_idx", layer_idx, 0, I32_MAX)
+        self.num_experts = _int("num_experts", num_experts, 1, U32_MAX)
+        self.num_experts_per_tok = _int("num_experts_per_tok", num_experts_per_tok, 1, U32_MAX)
+        self.hidden_size = _int("hidden_size", hidden_size, 1, U32_MAX)
+        self.moe_intermediate_size = _int("moe_intermediate_size", moe_intermediate_size, 1,
+                                          U32_MAX)
         self.weight_path = weight_path
         self.chunked_prefill_size = chunked_prefill_size
-        self.timeout_ms = int(timeout_ms)
+        self.timeout_ms = _int("timeout_ms", timeout_ms)
         self.ignored = dict(cpuinfer_threads=cpuinfer_threads, threadpool_count=threadpool_count,
                             cpu_save=cpu_save, method=method, numa_nodes=numa_nodes,
-                            swiglu_limit=swiglu_limit, **ignored)
+                            swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha, **ignored)
+        k_defer = _int("max_deferred_experts_per_token", max_deferred_experts_per_token or 0)
+        if not 0 <= k_defer <= self.num_experts_per_tok:
+            raise ValueError(f"max_deferred_experts_per_token={k_defer} not in "
+                             f"0..{self.num_experts_per_tok} (num_experts_per_tok)")
         self.tp_rank = _tp_rank(tp_rank)
         self.active = self.tp_rank == 0
         self._pending = None
@@ -142,7 +161,7 @@ class KTMoEWrapper:
             self.client = None
             self.k_defer = 0
             return
-        self.client = c = shared_client(socket, self.timeout_ms)
+        self.client = c = shared_client(socket, self.timeout_ms, server_uid)
         i = c.info
         for field, want, have in (("num_experts", self.num_experts, i["n_experts"]),
                                   ("hidden_size", self.hidden_size, i["model_hidden"]),
@@ -151,20 +170,21 @@ class KTMoEWrapper:
                                   ("num_experts_per_tok", self.num_experts_per_tok,
                                    i["model_top_k"])):
             if want != have:
-                raise ValueError(f"{field}={want}, but the sidecar serves {i['model_name']} "
-                                 f"with {have} ({c.socket or 'default socket'})")
+                raise ValueError(f"{field}={want}, but the sidecar at {c.socket_path} serves "
+                                 f"{i['model_name']} with {have}")
         if self.layer_idx not in i["moe_layers"]:
-            raise ValueError(f"layer_idx={self.layer_idx} is not an MoE layer of the served "
-                             f"model (MoE layers {i['moe_layers'][0]}..{i['moe_layers'][-1]})")
+            raise ValueError(f"layer_idx={self.layer_idx} is not an MoE layer of the model the "
+                             f"sidecar at {c.socket_path} serves (MoE layers "
+                             f"{i['moe_layers'][0]}..{i['moe_layers'][-1]})")
         last = self.layer_idx == i["moe_layers"][-1]
-        self.k_defer = 0 if last else int(max_deferred_experts_per_token or 0)
-        if self.k_defer > self.num_experts_per_tok:
-            raise ValueError(f"max_deferred_experts_per_token={self.k_defer} > "
-                             f"num_experts_per_tok={self.num_experts_per_tok}")
+        self.k_defer = 0 if last else k_defer
         # This layer's row of the channel's mask is this wrapper's (none: every expert here).
         c.set_gpu_mask(self._gpu_mask or [False] * self.num_experts, layer=self.layer_idx)
 
     def _mask_from(self, gpu_experts_mask, num_gpu_experts):
+        if gpu_experts_mask is not None and num_gpu_experts is not None:
+            raise ValueError("gpu_experts_mask or num_gpu_experts, not both: the mask names "
+                             "the GPU's experts, the count the first ones")
         if gpu_experts_mask is not None:
             m = gpu_experts_mask.tolist() if hasattr(gpu_experts_mask, "tolist") else \
                 list(gpu_experts_mask)
@@ -173,7 +193,7 @@ class KTMoEWrapper:
                                  "experts")
             return [bool(x) for x in m]
         if num_gpu_experts:
-            n = int(num_gpu_experts)
+            n = _int("num_gpu_experts", num_gpu_experts)
             if not 0 <= n <= self.num_experts:
                 raise ValueError(f"num_gpu_experts={n} not in 0..{self.num_experts}")
             return [e < n for e in range(self.num_experts)]
@@ -201,7 +221,8 @@ class KTMoEWrapper:
         have = self.client.fingerprint
         if want != have:
             raise RefusedError(-6, f"weight_path {self.weight_path} is model {want}, but the "
-                                   f"sidecar serves {self.client.info['model_name']} {have}")
+                                   f"sidecar at {self.client.socket_path} serves "
+                                   f"{self.client.info['model_name']} {have}")
 
     def load_weights_from_tensors(self, *args, **kwargs):
         raise NotImplementedError("moe-sidecar reads the model's files itself: start "
@@ -209,14 +230,19 @@ class KTMoEWrapper:
 
     # ---- forward ------------------------------------------------------------------------
     def _cpu_ids(self, topk_ids):
-        """ids with this layer's GPU experts (and anything negative) set to -1, int32."""
+        """topk_ids with this layer's GPU experts set to -1 (skip), on their device, without a
+        host sync. Ids of no expert are left for the sidecar to refuse."""
         import torch
 
-        ids = topk_ids.to(torch.int32)
+        if not _is_integer(topk_ids):
+            raise ValueError(f"topk_ids: dtype {topk_ids.dtype} is not an integer type")
+        # Signed and wide enough for -1 and any id (a no-op for kt's int64 and for int32).
+        ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int64)
         if self._gpu_mask is not None:
             if getattr(self, "_mask_t", None) is None or self._mask_t.device != ids.device:
                 self._mask_t = torch.tensor(self._gpu_mask, dtype=torch.bool, device=ids.device)
-            on_gpu = self._mask_t[ids.clamp(min=0).long()] & (ids >= 0)
+            E = self.num_experts
+            on_gpu = self._mask_t[ids.clamp(0, E - 1).long()] & (ids >= 0) & (ids < E)
             ids = torch.where(on_gpu, torch.full_like(ids, -1), ids)
         return ids
 
@@ -298,7 +324,8 @@ class KTMoEWrapper:
         k_defer = self.k_defer if n <= chunk else 0
         parts = []
         with torch.cuda.stream(stream):
-            ids = self._cpu_ids(topk_ids)
+            # Clamped, not wrapped, into the int32 slot: an id of no expert stays one.
+            ids = self._cpu_ids(topk_ids).clamp(I32_MIN, I32_MAX).to(torch.int32)
             w = topk_weights.to(torch.float32)
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)

@@ -34,10 +34,15 @@ def generate(out, preset="qwen3-30b-a3b", fmt="bf16", layers=4, experts=16, hidd
 
 
 class Sidecar:
-    """A running `moe-sidecar serve MODEL`; stop() ends it (SIGTERM; asserts exit 0)."""
+    """A running `moe-sidecar serve MODEL`; stop() ends it (SIGTERM; asserts exit 0).
+    user: another uid to run it as (needs root; the model must be readable by it)."""
 
-    def __init__(self, model, *extra):
+    def __init__(self, model, *extra, user=None):
         self.dir = tempfile.mkdtemp(prefix="moe-py-")
+        as_user = {}
+        if user is not None:
+            os.chown(self.dir, user, user)
+            as_user = dict(user=user, group=user, extra_groups=[])
         self.socket = os.path.join(self.dir, "run", "sidecar.sock")
         self.log_path = os.path.join(self.dir, "sidecar.log")
         r, w = os.pipe()
@@ -45,7 +50,7 @@ class Sidecar:
             self.proc = subprocess.Popen(
                 [SIDECAR, "serve", model, "--socket", self.socket, "--ready-fd", str(w),
                  "--probes-instance", f"pytest-{os.getpid()}-{id(self)}", *extra],
-                pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT)
+                pass_fds=(w,), stdout=log, stderr=subprocess.STDOUT, **as_user)
         os.close(w)
         with os.fdopen(r) as ready:
             line = ready.readline()

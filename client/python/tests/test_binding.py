@@ -261,6 +261,26 @@ def test_async_pair_and_zero_copy_views(bf16):
     del v
 
 
+def test_close_refuses_while_a_torch_or_numpy_slot_view_lives(served_bf16):
+    """A view keeps its Area, and close() refuses while any Area lives: a torch tensor made
+    by torch.frombuffer holds the Area but not a buffer export, so counting exports let
+    close() unmap the memory under it (touching it then was a SIGSEGV)."""
+    c = ms.Client(served_bf16.socket)
+    t = c.slot(0).output(torch=True)
+    t[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(BufferError, match="slot views"):
+        c.close()
+    assert not c.closed
+    assert t[:4].tolist() == [1.0, 2.0, 3.0, 4.0]  # still mapped
+    del t
+    a = c.slot(1).expert_ids()
+    with pytest.raises(BufferError, match="slot views"):
+        c.close()
+    del a
+    c.close()
+    assert c.closed
+
+
 def test_gpu_mask_and_masked_experts(bf16):
     c, experts = bf16
     rng = np.random.default_rng(9)
