@@ -131,6 +131,11 @@ int moe_socket_fd(const struct moe_client *c)
 	return c ? c->sock : -1;
 }
 
+const char *moe_socket_path(const struct moe_client *c)
+{
+	return c ? c->again.path : "";
+}
+
 const moe_info_t *moe_info(const struct moe_client *c)
 {
 	return &c->info;

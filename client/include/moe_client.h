@@ -363,6 +363,10 @@ MOE_API const char *moe_last_error(const struct moe_client *c);
  * (readable = sidecar gone). */
 MOE_API int moe_socket_fd(const struct moe_client *c);
 
+/* The socket path this client connected to (opts.socket_path, else the default rule above),
+ * for messages; valid until moe_close. */
+MOE_API const char *moe_socket_path(const struct moe_client *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,7 +17,8 @@ from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError
                      BadTokensError, BadTopKError, BadWeightError, BusyError, ConnectError,
                      DeferredError, Error, ExpertReadError, InvalidError, MaskedError,
                      NoModelError, NonFiniteError, PeerDeadError, ProtocolError, RefusedError,
-                     RequestError, ShutdownError, TimeoutError, TooSmallError, VersionError)
+                     RequestError, ShutdownError, StartingError, TimeoutError, TooSmallError,
+                     VersionError)
 from .kt import KTMoEWrapper
 
 ABI = (_native.ABI_MAJOR, _native.ABI_MINOR)
@@ -27,7 +28,7 @@ __all__ = [
     "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "placement",
     "PLACEMENT_STRATEGIES", "ABI", "DTYPE_F32",
     "DTYPE_F16", "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "Error", "RequestError",
-    "ConnectError", "VersionError", "RefusedError", "ProtocolError", "PeerDeadError",
+    "ConnectError", "StartingError", "VersionError", "RefusedError", "ProtocolError", "PeerDeadError",
     "TimeoutError", "BusyError", "InvalidError", "BadExpertError", "BadLayerError",
     "BadTokensError", "BadTopKError", "BadDtypeError", "BadWeightError", "NonFiniteError",
     "ExpertReadError", "ShutdownError", "BadFieldError", "NoModelError", "MaskedError",

@@ -320,14 +320,15 @@ static PyObject *Channel_info(Channel *self, PyObject *noargs)
 		Py_DECREF(v);
 	}
 	return Py_BuildValue(
-	    "{sIsIsIsIsIsIs(II)sKsIsIsIsNsIsIsIsIsssssI}", "max_tokens", i->max_tokens, "hidden",
+	    "{sIsIsIsIsIsIs(II)sKsIsIsIsNsIsIsIsIsssssIss}", "max_tokens", i->max_tokens, "hidden",
 	    i->hidden, "top_k", i->top_k, "n_slots", i->n_slots, "dtype_mask", i->dtype_mask,
 	    "sidecar_pid", i->sidecar_pid, "abi", (unsigned)i->abi_major, (unsigned)i->abi_minor,
 	    "channel_bytes", (unsigned long long)i->channel_bytes, "n_layers", i->n_layers,
 	    "n_moe_layers", i->n_moe_layers, "first_moe_layer", i->first_moe_layer, "moe_layers",
 	    layers, "n_experts", i->n_experts, "model_top_k", i->model_top_k, "model_hidden",
 	    i->model_hidden, "expert_ffn", i->expert_ffn, "model_name", i->model_name,
-	    "fingerprint", i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX);
+	    "fingerprint", i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX, "socket_path",
+	    moe_socket_path(c));
 }
 
 static PyObject *Channel_region(Channel *self, PyObject *noargs)
@@ -954,6 +955,7 @@ static int module_exec(PyObject *m)
 	    {"DTYPE_F16", MOE_DTYPE_F16},
 	    {"DTYPE_BF16", MOE_DTYPE_BF16},
 	    {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
+	    {"CONNECT_NOWAIT", MOE_CONNECT_NOWAIT},
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
 	    {"STATS_EXPERTS", MOE_STATS_EXPERTS},
 	    {"PLACE_FREQUENCY", MOE_PLACE_FREQUENCY},

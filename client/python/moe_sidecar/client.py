@@ -19,7 +19,6 @@ lock around it.
 """
 
 import json
-import os
 
 from . import _native
 from .errors import TimeoutError, make_error
@@ -36,19 +35,6 @@ I32_MIN, I32_MAX, U32_MAX = -2**31, 2**31 - 1, 2**32 - 1
 def _int(name, value, lo=I32_MIN, hi=I32_MAX):
     """value as an int, or the TypeError/OverflowError every native argument raises."""
     return _native.int_arg(name, value, lo, hi)
-
-def _socket_path(socket):
-    """The path moe_connect connects to for `socket`, for messages: the rule of client.c's
-    resolve_path (the peer's address says nothing: the sidecar binds through /proc/self/fd)."""
-    if socket:
-        return socket
-    if os.environ.get("MOE_SIDECAR_SOCKET"):
-        return os.environ["MOE_SIDECAR_SOCKET"]
-    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
-    if xdg.startswith("/"):
-        return f"{xdg}/moe-sidecar/sidecar.sock"
-    return "/run/moe-sidecar/sidecar.sock"
-
 
 def fingerprint(path):
     """The model fingerprint (32 hex digits) of a model path, as a sidecar serving it reports."""
@@ -251,7 +237,10 @@ class Client:
     socket: the sidecar's socket (default as libmoe_client: $MOE_SIDECAR_SOCKET, ...); the
     one connected to is socket_path.
     max_tokens/top_k/n_slots: channel limits (0: the sidecar's defaults). timeout_ms: default
-    wait for each request. expect_model: a fingerprint (or, with model_path, computed from it)
+    wait for each request. connect_timeout_ms: how long connecting may wait for a sidecar that
+    is starting (the socket not there yet, or warming up), retried with a bounded backoff;
+    0: not at all — ConnectError if nothing serves the path, StartingError (a ConnectError)
+    with the warm-up progress if a sidecar is there but not serving yet. expect_model: a fingerprint (or, with model_path, computed from it)
     the served model must have. server_uid: the uid the sidecar may run as besides root and
     this process's own (None: only those two). The server's uid is read from the socket
     (SO_PEERCRED) before anything is sent; any other is refused with RefusedError naming both
@@ -266,10 +255,12 @@ class Client:
         self.socket = socket
         self.timeout_ms = _int("timeout_ms", timeout_ms)
         self.server_uid = server_uid
-        self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots, connect_timeout_ms,
-                                   name, expect_model, server_uid)
+        connect_timeout_ms = _int("connect_timeout_ms", connect_timeout_ms, 0)
+        self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots,
+                                   connect_timeout_ms or _native.CONNECT_NOWAIT, name,
+                                   expect_model, server_uid)
         self.info = self._ch.info()
-        self.socket_path = _socket_path(socket)
+        self.socket_path = self.info["socket_path"]
         self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
         self._cuda_registered = None
 

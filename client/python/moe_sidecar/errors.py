@@ -29,6 +29,11 @@ class ConnectError(Error):
     """The sidecar's socket cannot be reached (is `moe-sidecar serve` running?)."""
 
 
+class StartingError(ConnectError):
+    """A sidecar is at the socket but still starting (warming up); the sentence says how far.
+    Raised when connect_timeout_ms ran out (or was 0) before it served."""
+
+
 class VersionError(Error):
     """The sidecar speaks another protocol major."""
 
@@ -126,6 +131,7 @@ _BY_STATUS = {
     -8: PeerDeadError,
     -9: TimeoutError,
     -10: BusyError,
+    -11: StartingError,
     -35: BadTokensError,
     -36: BadDtypeError,
     -37: BadLayerError,

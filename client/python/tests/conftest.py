@@ -35,15 +35,16 @@ def generate(out, preset="qwen3-30b-a3b", fmt="bf16", layers=4, experts=16, hidd
 
 class Sidecar:
     """A running `moe-sidecar serve MODEL`; stop() ends it (SIGTERM; asserts exit 0).
-    user: another uid to run it as (needs root; the model must be readable by it)."""
+    user: another uid to run it as (needs root; the model must be readable by it).
+    socket: the socket path (default: run/sidecar.sock in a directory of its own)."""
 
-    def __init__(self, model, *extra, user=None):
+    def __init__(self, model, *extra, user=None, socket=None):
         self.dir = tempfile.mkdtemp(prefix="moe-py-")
         as_user = {}
         if user is not None:
             os.chown(self.dir, user, user)
             as_user = dict(user=user, group=user, extra_groups=[])
-        self.socket = os.path.join(self.dir, "run", "sidecar.sock")
+        self.socket = socket or os.path.join(self.dir, "run", "sidecar.sock")
         self.log_path = os.path.join(self.dir, "sidecar.log")
         r, w = os.pipe()
         with open(self.log_path, "wb") as log:

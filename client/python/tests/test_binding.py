@@ -458,3 +458,34 @@ def test_a_sidecar_killed_mid_call_raises_within_the_timeout(models):
 def test_connecting_to_nothing_says_so(tmp_path):
     with pytest.raises(ms.ConnectError, match="is moe-sidecar serve running"):
         ms.Client(str(tmp_path / "none.sock"))
+
+
+def test_connect_timeout_zero_fails_at_once_and_a_wait_succeeds(tmp_path, models):
+    """connect_timeout_ms=0 does not wait: nothing at the path is ConnectError. A client whose
+    connect starts before the sidecar exists connects once it serves (C's wait, moe_connect)."""
+    import threading
+
+    sock = str(tmp_path / "run" / "s.sock")
+    with pytest.raises(ms.ConnectError) as e:
+        ms.Client(sock, connect_timeout_ms=0)
+    assert not isinstance(e.value, ms.StartingError)
+    assert "is moe-sidecar serve running?" in str(e.value)
+    got = {}
+    started = threading.Event()
+
+    def connect():
+        started.set()
+        try:
+            got["client"] = ms.Client(sock, connect_timeout_ms=60000)
+        except Exception as exc:  # reported below
+            got["error"] = exc
+
+    t = threading.Thread(target=connect)
+    t.start()
+    started.wait()
+    sidecar = Sidecar(models["q8_0"], socket=sock)
+    t.join()
+    assert "error" not in got, got.get("error")
+    got["client"].ping()
+    got["client"].close()
+    assert sidecar.stop() == 0
