@@ -244,11 +244,16 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		          (double)cfg->mem_total / (1u << 30));
 		goto fail;
 	}
-	uint64_t engine_limit = 0;
+	/* engine_bytes: what the limit leaves the engine (0 when the process already holds
+	 * the limit or more); engine_limit: the same for forward_config, where 0 means "no
+	 * limit", so none left is one byte, which nothing fits in: the engine then refuses
+	 * it as it refuses any limit too small for its request buffers. */
+	uint64_t engine_bytes = 0, engine_limit = 0;
 	if (cfg->mem_limit) {
-		engine_limit = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 1;
+		engine_bytes = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 0;
 		if (!asked)
-			engine_limit = engine_limit / 4 * 3;
+			engine_bytes = engine_bytes / 4 * 3;
+		engine_limit = engine_bytes ? engine_bytes : 1;
 	}
 
 	struct forward_config fc = {
@@ -297,7 +302,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		log_info("serve",
 		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
 		         " less %" PRIu64 " held before the model%s)",
-		         engine_limit, cfg->mem_limit, cfg->mem_base,
+		         engine_bytes, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	struct sidecar_error ferr;
 #ifdef MOE_TEST_HOOKS

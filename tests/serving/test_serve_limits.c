@@ -198,6 +198,42 @@ Test(serve_limits, a_budget_that_cannot_serve_is_refused_with_the_minimum)
 	sidecar_cleanup(&sp);
 }
 
+/* A --mem-limit at or below what the process already holds leaves the engine nothing: refused
+ * at start with the sentence every limit too small for the request buffers gets. (1M and 3M
+ * used to leave the engine "0 bytes", which the engine reads as no limit: every expert was
+ * loaded, "limit_bytes=1048576 left_for_channels=0", and under a cgroup the kernel killed it.) */
+Test(serve_limits, a_limit_below_what_the_process_holds_is_refused)
+{
+	const char *limits[] = {"1M", "3M"};
+	for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+		struct sidecar_proc sp;
+		harness_tempdir(&sp);
+		char model[160], instance[64];
+		snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+		cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+		snprintf(instance, sizeof(instance), "test-limits-%d", (int)getpid());
+		const char *argv[] = {model,    "--mem-limit", limits[i], "--probes-instance",
+		                      instance, NULL};
+		int st = 0;
+		const int started = sidecar_start(&sp, argv, &st);
+		char *log = slurp(sp.log);
+		cr_assert_neq(started, 0, "--mem-limit %s started: %s", limits[i], log ? log : "");
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "--mem-limit %s: exit status 0x%x",
+		          limits[i], st);
+		char said[128];
+		snprintf(said, sizeof(said),
+		         "the engine may use the memory limit of %llu bytes "
+		         "(--mem-limit) less ",
+		         (unsigned long long)(i == 0 ? 1u << 20 : 3u << 20));
+		cr_assert(log && strstr(log, "bytes the engine may use; ") && strstr(log, said) &&
+		              strstr(log, "raise the limit (--mem-limit, the cgroup's)") &&
+		              !strstr(log, "left_for_channels"),
+		          "--mem-limit %s: %s", limits[i], log ? log : "(no log)");
+		free(log);
+		sidecar_cleanup(&sp);
+	}
+}
+
 /* ---- the memory limit ------------------------------------------------------------------ */
 
 static void put_file(const char *root, const char *rel, const char *text)
