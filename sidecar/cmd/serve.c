@@ -89,7 +89,7 @@ static const struct serve_option {
      "BYTES",
      "memory the sidecar may use: experts, request buffers, channels (default: the lower "
      "of the cgroup limit and MemTotal less others' unreclaimable memory; never the page "
-     "cache)"},
+     "cache); one above the cgroup limit is lowered to it with a warning"},
     {{"numa", required_argument, NULL, OPT_NUMA},
      "auto|LIST",
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
@@ -542,12 +542,14 @@ int cmd_serve(int argc, char **argv)
 	/* The memory limit, before anything large is allocated (memlimit.h). */
 	struct mem_limit ml;
 	mem_limit_read("", &ml);
-	if (mcfg.mem_limit) {
-		mcfg.mem_limit_from = "--mem-limit";
-	} else {
-		mcfg.mem_limit = ml.bytes;
-		mcfg.mem_limit_from = ml.from;
-	}
+	if (mcfg.mem_limit && mem_limit_cap(&ml, mcfg.mem_limit))
+		log_warn("serve",
+		         "--mem-limit %llu bytes is above the cgroup's memory limit of %llu bytes "
+		         "(%s): lowered to the cgroup's, past which the kernel OOM-kills",
+		         (unsigned long long)mcfg.mem_limit, (unsigned long long)ml.cgroup_bytes,
+		         ml.cgroup_file);
+	mcfg.mem_limit = ml.bytes;
+	mcfg.mem_limit_from = ml.from;
 	mcfg.mem_base = mem_rss_self();
 	mcfg.mem_total = ml.total_bytes;
 	log_info("serve",

@@ -1,7 +1,7 @@
 /* served_model.c — catalog + probes + forward engine for `serve MODEL` (see served_model.h).
  *
- * The budget rule, under the memory limit (the lower of the cgroup's limit and the host's
- * MemTotal less others' unreclaimable memory, or --mem-limit: memlimit.h) less what the process
+ * The budget rule, under the memory limit (the lower of the cgroup's limit and --mem-limit,
+ * else the host's MemTotal less others' unreclaimable memory: memlimit.h) less what the process
  * held before the model: an explicit
  * --mem-budget (bytes, or a percentage of the expert bytes) must fit there with the engine's
  * request buffers, or the start is refused saying what fits; otherwise the engine gets 3/4 of
