@@ -289,6 +289,10 @@ static int parse_uid_list(const char *list, struct server_config *cfg)
 
 int cmd_serve(int argc, char **argv)
 {
+	/* Before the first log line: a daemon whose stderr is a pipe that went away (`serve … |
+	 * head`) would die of SIGPIPE at its next line, leaving its socket, lock and probe pins
+	 * behind. Ignored, the write fails with EPIPE and log.c counts the line as dropped. */
+	signal(SIGPIPE, SIG_IGN);
 	struct server_config cfg = {
 	    .max_clients = 64,
 	    .max_channel_bytes = 4096ull << 20,

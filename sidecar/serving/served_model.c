@@ -436,6 +436,7 @@ void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t fo
 	jw_kv_u64(w, "mem_limit_bytes", m->desc.mem_limit_bytes);
 	jw_kv_u64(w, "mem_fixed_bytes", m->desc.mem_fixed_bytes);
 	jw_kv_u64(w, "mem_channel_bytes", channel_bytes);
+	jw_kv_u64(w, "log_lines_dropped", log_lines_dropped());
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
 		jw_kv_string(w, "probes", "active");
