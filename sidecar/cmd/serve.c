@@ -95,7 +95,8 @@ static const struct serve_option {
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
     {{"threads", required_argument, NULL, OPT_THREADS},
      "N",
-     "worker threads per NUMA node (default: the node's cores)"},
+     "worker threads per NUMA node (default: the node's cores; more than its CPUs share them, "
+     "with a warning)"},
     {{"pin-layers", required_argument, NULL, OPT_PIN_LAYERS},
      "N",
      "keep the first N MoE layers always resident"},
