@@ -240,3 +240,19 @@ Test(serve_cli, moe_gen_help_lists_exactly_the_formats_it_writes)
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	cr_expect_eq(system(rm), 0);
 }
+
+/* placement --help: the synopsis names both ways to size the GPU's share, as the parser takes
+ * them (one of --gpu-experts and --gpu-bytes, the latter with --expert-bytes for a trace). */
+Test(serve_cli, placement_synopsis_names_gpu_bytes)
+{
+	static char out[8192];
+	const char *help[] = {MOE_SIDECAR_BIN, "placement", "--help", NULL};
+	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	const char *options = strstr(out, "\n\n");
+	cr_assert_not_null(options, "%s", out);
+	char synopsis[1024];
+	snprintf(synopsis, sizeof(synopsis), "%.*s", (int)(options - out), out);
+	squeeze_spaces(synopsis);
+	cr_expect(strstr(synopsis, "(--gpu-experts N | --gpu-bytes B [--expert-bytes B])"), "%s",
+	          synopsis);
+}
