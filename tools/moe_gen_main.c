@@ -2,6 +2,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,32 @@
 
 #include "moe_gen.h"
 #include "moe_kernels.h"
+
+/* Whether --format NAME writes fi's format: a weight format of the kernels' table, except
+ * INT4_G32, the sidecar's load-time layout of INT4 checkpoints (--format int4-ct | gptq). The
+ * help lists exactly these. */
+static bool format_writable(const struct moek_format_info *fi)
+{
+	return fi->weight_format && fi->format != MOEK_INT4_G32;
+}
+
+/* The writable formats' names, lower case, space-separated. */
+static void writable_format_names(char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (size_t i = 0; moek_format_at(i) && used < len; i++) {
+		const struct moek_format_info *fi = moek_format_at(i);
+		if (!format_writable(fi))
+			continue;
+		int n = snprintf(buf + used, len - used, "%s%s", used ? " " : "", fi->name);
+		if (n < 0)
+			break;
+		used += (size_t)n;
+	}
+	for (char *c = buf; *c; c++)
+		*c = (char)tolower((unsigned char)*c);
+}
 
 static void usage(FILE *o)
 {
@@ -23,9 +50,7 @@ static void usage(FILE *o)
 	    "  --preset NAME    %s\n",
 	    presets);
 	char formats[256];
-	moek_weight_format_names(formats, sizeof(formats));
-	for (char *c = formats; *c; c++)
-		*c = (char)tolower((unsigned char)*c);
+	writable_format_names(formats, sizeof(formats));
 	fprintf(o,
 	        "  --format F       %s\n"
 	        "                   (fp8 = fp8_e4m3_b128; default: q8_0 for GGUF, bf16 for\n"
@@ -56,8 +81,8 @@ static void usage(FILE *o)
 	    "  --quiet          no progress bar\n");
 }
 
-/* Any expert weight format of the kernels' table, by its name in any case; "fp8" and
- * "fp8_e4m3" also name FP8_E4M3_B128. */
+/* A writable format (format_writable), by its name in any case; "fp8" and "fp8_e4m3" also
+ * name FP8_E4M3_B128. */
 static int parse_format(const char *s, uint32_t *out)
 {
 	if (!strcasecmp(s, "fp8") || !strcasecmp(s, "fp8_e4m3")) {
@@ -66,7 +91,7 @@ static int parse_format(const char *s, uint32_t *out)
 	}
 	for (size_t i = 0; moek_format_at(i); i++) {
 		const struct moek_format_info *fi = moek_format_at(i);
-		if (fi->weight_format && !strcasecmp(s, fi->name)) {
+		if (format_writable(fi) && !strcasecmp(s, fi->name)) {
 			*out = fi->format;
 			return 0;
 		}
@@ -181,7 +206,11 @@ int main(int argc, char **argv)
 		o.int4 = !strcasecmp(format, "gptq") ? MOE_GEN_INT4_GPTQ : MOE_GEN_INT4_CT;
 	} else if (format) {
 		if (parse_format(format, &o.format)) {
-			fprintf(stderr, "moe-gen: unknown format '%s'\n", format);
+			char formats[256];
+			writable_format_names(formats, sizeof(formats));
+			fprintf(stderr,
+			        "moe-gen: unknown format '%s' (one of: %s, fp8, int4-ct, gptq)\n",
+			        format, formats);
 			return 2;
 		}
 	} else if (p && p->arch == MOE_ARCH_GPT_OSS) {

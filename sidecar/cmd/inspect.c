@@ -64,7 +64,8 @@ static int print_json(FILE *o, const struct moe_catalog *cat)
 	struct json_writer w;
 	jw_init_file(&w, o);
 	jw_object_begin(&w);
-	jw_kv_string(&w, "architecture", moe_arch_name(in->arch));
+	jw_kv_string(&w, "architecture", in->arch_name);
+	jw_kv_string(&w, "family", moe_arch_name(in->arch));
 	jw_kv_string(&w, "container", in->container == MOE_CONTAINER_GGUF ? "gguf" : "safetensors");
 	jw_kv_u64(&w, "n_layers", in->n_layers);
 	jw_kv_u64(&w, "n_moe_layers", in->n_moe_layers);
@@ -144,8 +145,14 @@ static void print_text(FILE *o, const struct moe_catalog *cat)
 {
 	const struct moe_model_hparams *in = &cat->info;
 	const struct moe_expert *ex = first_expert(cat);
-	fprintf(o, "architecture    %s (%s)\n", moe_arch_name(in->arch),
-	        in->container == MOE_CONTAINER_GGUF ? "GGUF" : "safetensors");
+	/* the file's own name; the family the catalog reads it as when that differs */
+	const char *family = moe_arch_name(in->arch),
+	           *container = in->container == MOE_CONTAINER_GGUF ? "GGUF" : "safetensors";
+	if (strcmp(family, in->arch_name))
+		fprintf(o, "architecture    %s (family %s, %s)\n", in->arch_name, family,
+		        container);
+	else
+		fprintf(o, "architecture    %s (%s)\n", in->arch_name, container);
 	fprintf(o, "layers          %u (%u MoE:", in->n_layers, in->n_moe_layers);
 	uint32_t shown = 0;
 	for (uint32_t L = 0; L < in->n_layers; L++)

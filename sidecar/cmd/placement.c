@@ -31,7 +31,8 @@ static void placement_usage(FILE *to)
 {
 	fprintf(
 	    to,
-	    "usage: moe-sidecar placement (--trace FILE | --socket PATH) --gpu-experts N\n"
+	    "usage: moe-sidecar placement (--trace FILE | --socket PATH)\n"
+	    "                             (--gpu-experts N | --gpu-bytes B [--expert-bytes B])\n"
 	    "                             [--strategy S] [--by counts|heat] [--json]\n\n"
 	    "  --trace FILE      load = how often each (layer, expert) appears in a routing "
 	    "trace\n"

@@ -89,13 +89,14 @@ static const struct serve_option {
      "BYTES",
      "memory the sidecar may use: experts, request buffers, channels (default: the lower "
      "of the cgroup limit and MemTotal less others' unreclaimable memory; never the page "
-     "cache)"},
+     "cache); one above the cgroup limit is lowered to it with a warning"},
     {{"numa", required_argument, NULL, OPT_NUMA},
      "auto|LIST",
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
     {{"threads", required_argument, NULL, OPT_THREADS},
      "N",
-     "worker threads per NUMA node (default: the node's cores)"},
+     "worker threads per NUMA node (default: the node's cores; more than its CPUs share them, "
+     "with a warning)"},
     {{"pin-layers", required_argument, NULL, OPT_PIN_LAYERS},
      "N",
      "keep the first N MoE layers always resident"},
@@ -289,6 +290,10 @@ static int parse_uid_list(const char *list, struct server_config *cfg)
 
 int cmd_serve(int argc, char **argv)
 {
+	/* Before the first log line: a daemon whose stderr is a pipe that went away (`serve … |
+	 * head`) would die of SIGPIPE at its next line, leaving its socket, lock and probe pins
+	 * behind. Ignored, the write fails with EPIPE and log.c counts the line as dropped. */
+	signal(SIGPIPE, SIG_IGN);
 	struct server_config cfg = {
 	    .max_clients = 64,
 	    .max_channel_bytes = 4096ull << 20,
@@ -542,12 +547,14 @@ int cmd_serve(int argc, char **argv)
 	/* The memory limit, before anything large is allocated (memlimit.h). */
 	struct mem_limit ml;
 	mem_limit_read("", &ml);
-	if (mcfg.mem_limit) {
-		mcfg.mem_limit_from = "--mem-limit";
-	} else {
-		mcfg.mem_limit = ml.bytes;
-		mcfg.mem_limit_from = ml.from;
-	}
+	if (mcfg.mem_limit && mem_limit_cap(&ml, mcfg.mem_limit))
+		log_warn("serve",
+		         "--mem-limit %llu bytes is above the cgroup's memory limit of %llu bytes "
+		         "(%s): lowered to the cgroup's, past which the kernel OOM-kills",
+		         (unsigned long long)mcfg.mem_limit, (unsigned long long)ml.cgroup_bytes,
+		         ml.cgroup_file);
+	mcfg.mem_limit = ml.bytes;
+	mcfg.mem_limit_from = ml.from;
 	mcfg.mem_base = mem_rss_self();
 	mcfg.mem_total = ml.total_bytes;
 	log_info("serve",

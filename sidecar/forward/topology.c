@@ -67,6 +67,21 @@ static int order_pus(hwloc_topology_t topo, hwloc_const_bitmap_t set, struct for
 	return 0;
 }
 
+/* The OS indexes of the topology's NUMA nodes, "0,1", for a refusal of --numa to name. */
+static void existing_nodes(hwloc_topology_t topo, char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	const int total = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+	for (int i = 0; i < total && used < len; i++) {
+		hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, (unsigned)i);
+		int n = snprintf(buf + used, len - used, "%s%u", used ? "," : "", node->os_index);
+		if (n < 0)
+			break;
+		used += (size_t)n;
+	}
+}
+
 /* topology_open without its log line (forward_check_topology runs it once more). */
 static int topology_build(struct forward_topology *t, const struct forward_config *cfg,
                           struct sidecar_error *err)
@@ -133,15 +148,22 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 			n->pin_per_pu = n->n_pus > 0 && n->threads <= n->n_pus;
 		}
 	}
-	if (t->n_nodes == 0) {
-		error_set(err, MOE_EINVAL,
-		          "--numa: none of the listed nodes exists on this machine");
-		topology_close(t);
-		return -1;
-	}
-	if (cfg->numa == FORWARD_NUMA_LIST && t->n_nodes != cfg->numa_list_len) {
-		error_set(err, MOE_EINVAL, "--numa: %u listed nodes, %u exist on this machine",
-		          cfg->numa_list_len, t->n_nodes);
+	if (t->n_nodes == 0 ||
+	    (cfg->numa == FORWARD_NUMA_LIST && t->n_nodes != cfg->numa_list_len)) {
+		char nodes[128];
+		existing_nodes(topo, nodes, sizeof(nodes));
+		if (t->n_nodes == 0)
+			error_set(
+			    err, MOE_EINVAL,
+			    "--numa: none of the listed nodes exists on this machine (its NUMA "
+			    "nodes: %s)",
+			    nodes);
+		else
+			error_set(
+			    err, MOE_EINVAL,
+			    "--numa: %u listed nodes, %u exist on this machine (its NUMA nodes: "
+			    "%s)",
+			    cfg->numa_list_len, t->n_nodes, nodes);
 		topology_close(t);
 		return -1;
 	}
@@ -154,6 +176,16 @@ int topology_open(struct forward_topology *t, const struct forward_config *cfg,
 {
 	if (topology_build(t, cfg, err) != 0)
 		return -1;
+	/* Accepted (a test or a benchmark may want it), but said: past the node's CPUs the
+	 * workers take turns on them and are not pinned. */
+	for (uint32_t i = 0; i < t->n_nodes && !t->synthetic; i++)
+		if (cfg->threads_per_node && cfg->threads_per_node > t->nodes[i].n_pus)
+			log_warn(
+			    "forward",
+			    "--threads %u is above the %u CPUs of NUMA node %u this process may "
+			    "use: its %u workers share them",
+			    cfg->threads_per_node, t->nodes[i].n_pus, t->nodes[i].os_index,
+			    cfg->threads_per_node);
 	if (t->synthetic)
 		log_info(
 		    "forward",

@@ -264,6 +264,7 @@ static int gguf_read_info(struct builder *b)
 		return error_set(b->err, MOE_EINVAL, "%s: metadata general.architecture is missing",
 		                 b->path);
 	b->arch_key = arch;
+	snprintf(in->arch_name, sizeof(in->arch_name), "%s", arch);
 	if (!strcmp(arch, "qwen2moe"))
 		in->arch = MOE_ARCH_QWEN2MOE;
 	else if (!strcmp(arch, "qwen3moe"))
@@ -492,6 +493,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	const char *mt = json_string(c, json_object_get(c, root, "model_type"), NULL);
 	if (!mt)
 		return error_set(b->err, MOE_EINVAL, "%s: model_type is missing", b->config_path);
+	snprintf(in->arch_name, sizeof(in->arch_name), "%s", mt);
 	if (!strcmp(mt, "qwen2_moe"))
 		in->arch = MOE_ARCH_QWEN2MOE;
 	else if (!strcmp(mt, "qwen3_moe"))

@@ -119,7 +119,9 @@ enum moe_gating {
 const char *moe_gating_name(enum moe_gating g);
 
 struct moe_model_hparams {
-	enum moe_arch arch;
+	enum moe_arch arch; /* the family the catalog reads it as */
+	char arch_name[32]; /* the file's own name for it: GGUF general.architecture ("deepseek2"),
+	                       config.json model_type ("deepseek_v3") */
 	enum moe_container container;
 	uint32_t n_layers;     /* all transformer blocks */
 	uint32_t n_moe_layers; /* blocks with routed experts */

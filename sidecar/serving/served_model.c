@@ -1,7 +1,7 @@
 /* served_model.c — catalog + probes + forward engine for `serve MODEL` (see served_model.h).
  *
- * The budget rule, under the memory limit (the lower of the cgroup's limit and the host's
- * MemTotal less others' unreclaimable memory, or --mem-limit: memlimit.h) less what the process
+ * The budget rule, under the memory limit (the lower of the cgroup's limit and --mem-limit,
+ * else the host's MemTotal less others' unreclaimable memory: memlimit.h) less what the process
  * held before the model: an explicit
  * --mem-budget (bytes, or a percentage of the expert bytes) must fit there with the engine's
  * request buffers, or the start is refused saying what fits; otherwise the engine gets 3/4 of
@@ -244,11 +244,16 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		          (double)cfg->mem_total / (1u << 30));
 		goto fail;
 	}
-	uint64_t engine_limit = 0;
+	/* engine_bytes: what the limit leaves the engine (0 when the process already holds
+	 * the limit or more); engine_limit: the same for forward_config, where 0 means "no
+	 * limit", so none left is one byte, which nothing fits in: the engine then refuses
+	 * it as it refuses any limit too small for its request buffers. */
+	uint64_t engine_bytes = 0, engine_limit = 0;
 	if (cfg->mem_limit) {
-		engine_limit = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 1;
+		engine_bytes = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 0;
 		if (!asked)
-			engine_limit = engine_limit / 4 * 3;
+			engine_bytes = engine_bytes / 4 * 3;
+		engine_limit = engine_bytes ? engine_bytes : 1;
 	}
 
 	struct forward_config fc = {
@@ -297,7 +302,7 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 		log_info("serve",
 		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
 		         " less %" PRIu64 " held before the model%s)",
-		         engine_limit, cfg->mem_limit, cfg->mem_base,
+		         engine_bytes, cfg->mem_limit, cfg->mem_base,
 		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	struct sidecar_error ferr;
 #ifdef MOE_TEST_HOOKS
@@ -431,6 +436,7 @@ void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t fo
 	jw_kv_u64(w, "mem_limit_bytes", m->desc.mem_limit_bytes);
 	jw_kv_u64(w, "mem_fixed_bytes", m->desc.mem_fixed_bytes);
 	jw_kv_u64(w, "mem_channel_bytes", channel_bytes);
+	jw_kv_u64(w, "log_lines_dropped", log_lines_dropped());
 	struct pagecache_stats ps;
 	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
 		jw_kv_string(w, "probes", "active");

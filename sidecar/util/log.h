@@ -3,6 +3,10 @@
  * For events, not for per-token or per-request paths (those feed counters). Thread-safe: a
  * line is formatted into a stack buffer and written with one write(2), so lines from
  * different threads never interleave. The level threshold is set once at start-up.
+ * A line that cannot be written (stderr a closed pipe: the daemon ignores SIGPIPE, so the
+ * write fails with EPIPE) is dropped and counted; the next line written is followed by a
+ * warning saying how many were lost, and log_lines_dropped() gives the count since start.
+ * log_event leaves errno as it found it.
  */
 #ifndef MOE_LOG_H
 #define MOE_LOG_H
@@ -25,6 +29,8 @@ int log_is_json(void);
 
 void log_event(enum log_level level, const char *subsystem, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Lines dropped since start because writing them failed (STATS log_lines_dropped). */
+uint64_t log_lines_dropped(void);
 
 /* A budget of lines for one kind of event a peer can repeat at will (a refused connection, a
  * bad request): at most LOG_RATELIMIT_BURST lines per LOG_RATELIMIT_WINDOW_NS, the rest

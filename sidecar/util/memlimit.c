@@ -195,10 +195,24 @@ void mem_limit_read(const char *root, struct mem_limit *out)
 		out->bytes = out->host_bytes;
 		out->from = "MemTotal less others' unreclaimable memory";
 	}
+	if (v1 || v2)
+		out->cgroup_from = v2 ? "cgroup v2 memory.max" : "cgroup v1 memory.limit_in_bytes";
 	if ((v1 || v2) && (!out->bytes || out->cgroup_bytes <= out->bytes)) {
 		out->bytes = out->cgroup_bytes;
-		out->from = v2 ? "cgroup v2 memory.max" : "cgroup v1 memory.limit_in_bytes";
+		out->from = out->cgroup_from;
 	}
+}
+
+bool mem_limit_cap(struct mem_limit *ml, uint64_t asked)
+{
+	if (ml->cgroup_bytes && asked > ml->cgroup_bytes) {
+		ml->bytes = ml->cgroup_bytes;
+		ml->from = ml->cgroup_from;
+		return true;
+	}
+	ml->bytes = asked;
+	ml->from = "--mem-limit";
+	return false;
 }
 
 uint64_t mem_rss_self(void)

@@ -176,7 +176,8 @@ Test(catalog, inspect_text_and_json)
 
 	char *out;
 	cr_assert_eq(run_inspect(p, &out), 0, "%s", out);
-	cr_assert_not_null(strstr(out, "architecture    deepseek (safetensors)"), "%s", out);
+	cr_assert_not_null(
+	    strstr(out, "architecture    deepseek_v3 (family deepseek, safetensors)"), "%s", out);
 	cr_assert_not_null(strstr(out, "layers          3 (1 MoE: 2)"), "%s", out);
 	cr_assert_not_null(strstr(out, "FP8_E4M3_B128"), "%s", out);
 	free(out);
@@ -190,7 +191,8 @@ Test(catalog, inspect_text_and_json)
 	json_ref r = json_root(doc);
 	uint64_t v;
 	cr_assert_str_eq(json_string(doc, json_object_get(doc, r, "architecture"), NULL),
-	                 "deepseek");
+	                 "deepseek_v3");
+	cr_assert_str_eq(json_string(doc, json_object_get(doc, r, "family"), NULL), "deepseek");
 	struct {
 		const char *key;
 		uint64_t want;
@@ -213,6 +215,29 @@ Test(catalog, inspect_text_and_json)
 	json_free(doc);
 	free(out);
 	moe_catalog_close(cat);
+
+	/* The file's own architecture, GGUF's "deepseek2", beside the family. */
+	snprintf(p, sizeof(p), "%s/ds.gguf", d);
+	generate("deepseek-v3", p, MOEK_Q8_0, 3, 0);
+	cr_assert_eq(run_inspect(p, &out), 0, "%s", out);
+	cr_assert_not_null(strstr(out, "architecture    deepseek2 (family deepseek, GGUF)"), "%s",
+	                   out);
+	free(out);
+	snprintf(args, sizeof(args), "%s --json", p);
+	cr_assert_eq(run_inspect(args, &out), 0, "%s", out);
+	cr_assert_eq(json_parse(out, strlen(out), &doc, &err), 0, "%s: %s", err.msg, out);
+	r = json_root(doc);
+	cr_assert_str_eq(json_string(doc, json_object_get(doc, r, "architecture"), NULL),
+	                 "deepseek2");
+	cr_assert_str_eq(json_string(doc, json_object_get(doc, r, "family"), NULL), "deepseek");
+	json_free(doc);
+	free(out);
+	/* A name the family shares is said once. */
+	snprintf(p, sizeof(p), "%s/q.gguf", d);
+	generate("qwen3-30b-a3b", p, MOEK_Q8_0, 1, 0);
+	cr_assert_eq(run_inspect(p, &out), 0, "%s", out);
+	cr_assert_not_null(strstr(out, "architecture    qwen3moe (GGUF)\n"), "%s", out);
+	free(out);
 
 	snprintf(args, sizeof(args), "%s/missing.gguf", d);
 	cr_assert_eq(run_inspect(args, &out), 1);

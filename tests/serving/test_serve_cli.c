@@ -191,3 +191,68 @@ Test(serve_cli, a_path_that_is_not_a_model_says_so)
 	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
 	cr_expect_eq(system(rm), 0);
 }
+
+/* moe-gen --help lists exactly the --format names it writes: each one listed writes a model
+ * in GGUF or in safetensors, and every weight format of the kernels' table it does not list
+ * (INT4_G32, the sidecar's load-time layout) is refused as unknown. */
+Test(serve_cli, moe_gen_help_lists_exactly_the_formats_it_writes)
+{
+	static char out[8192];
+	const char *help[] = {MOE_GEN_BIN, "--help", NULL};
+	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	const char *line = strstr(out, "--format F");
+	cr_assert_not_null(line, "%s", out);
+	char listed[256];
+	cr_assert_eq(sscanf(line, "--format F %255[^\n]", listed), 1);
+	cr_expect_not(strstr(listed, "int4_g32"), "moe-gen --help lists int4_g32: %s", listed);
+	char dir[] = "/tmp/moe-cli-XXXXXX", target[96];
+	cr_assert_not_null(mkdtemp(dir));
+	for (size_t i = 0; moek_format_at(i); i++) {
+		const struct moek_format_info *fi = moek_format_at(i);
+		if (!fi->weight_format)
+			continue;
+		char name[32], padded[40];
+		snprintf(name, sizeof(name), "%s", fi->name);
+		for (char *c = name; *c; c++)
+			*c = (char)tolower((unsigned char)*c);
+		snprintf(padded, sizeof(padded), " %s ", name);
+		char spaced[272];
+		snprintf(spaced, sizeof(spaced), " %s ", listed);
+		const bool is_listed = strstr(spaced, padded) != NULL;
+		int written = 0;
+		for (int gguf = 0; gguf < 2; gguf++) {
+			snprintf(target, sizeof(target), "%s/m-%s%s", dir, name,
+			         gguf ? ".gguf" : "");
+			const char *gen[] = {
+			    MOE_GEN_BIN, "--preset", "qwen3-30b-a3b", "--layers",  "1", "--hidden",
+			    "256",       "--ffn",    "256",           "--experts", "4", "--quiet",
+			    "--format",  name,       "--out",         target,      NULL};
+			const int rc = run_capture(gen, out, sizeof(out));
+			written += rc == 0;
+			if (!is_listed)
+				cr_expect(rc == 2 && strstr(out, "unknown format"), "%s: %s", name,
+				          out);
+		}
+		if (is_listed)
+			cr_expect_gt(written, 0, "listed %s writes in neither container", name);
+	}
+	char rm[160];
+	snprintf(rm, sizeof(rm), "rm -rf %s", dir);
+	cr_expect_eq(system(rm), 0);
+}
+
+/* placement --help: the synopsis names both ways to size the GPU's share, as the parser takes
+ * them (one of --gpu-experts and --gpu-bytes, the latter with --expert-bytes for a trace). */
+Test(serve_cli, placement_synopsis_names_gpu_bytes)
+{
+	static char out[8192];
+	const char *help[] = {MOE_SIDECAR_BIN, "placement", "--help", NULL};
+	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	const char *options = strstr(out, "\n\n");
+	cr_assert_not_null(options, "%s", out);
+	char synopsis[1024];
+	snprintf(synopsis, sizeof(synopsis), "%.*s", (int)(options - out), out);
+	squeeze_spaces(synopsis);
+	cr_expect(strstr(synopsis, "(--gpu-experts N | --gpu-bytes B [--expert-bytes B])"), "%s",
+	          synopsis);
+}

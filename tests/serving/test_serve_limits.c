@@ -1,8 +1,9 @@
 /* test_serve_limits.c — a real sidecar at the edges of its memory: budgets of fewer expert slots
  * than MoE layers (served, slower, never hung), budgets that cannot serve (refused at start with
  * the smallest that can), the memory limit read from the cgroup and MemAvailable (on fake
- * /proc and /sys trees), a channel past the limit refused at the handshake, and a sidecar
- * started with the default budget under a cgroup v1 memory limit smaller than its model.
+ * /proc and /sys trees), a channel past the limit refused at the handshake, a sidecar started
+ * with the default budget under a cgroup v1 memory limit smaller than its model, a --mem-limit
+ * above that limit (lowered to it) and one below what the process holds (refused).
  */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -198,6 +199,42 @@ Test(serve_limits, a_budget_that_cannot_serve_is_refused_with_the_minimum)
 	sidecar_cleanup(&sp);
 }
 
+/* A --mem-limit at or below what the process already holds leaves the engine nothing: refused
+ * at start with the sentence every limit too small for the request buffers gets. (1M and 3M
+ * used to leave the engine "0 bytes", which the engine reads as no limit: every expert was
+ * loaded, "limit_bytes=1048576 left_for_channels=0", and under a cgroup the kernel killed it.) */
+Test(serve_limits, a_limit_below_what_the_process_holds_is_refused)
+{
+	const char *limits[] = {"1M", "3M"};
+	for (size_t i = 0; i < sizeof(limits) / sizeof(limits[0]); i++) {
+		struct sidecar_proc sp;
+		harness_tempdir(&sp);
+		char model[160], instance[64];
+		snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+		cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+		snprintf(instance, sizeof(instance), "test-limits-%d", (int)getpid());
+		const char *argv[] = {model,    "--mem-limit", limits[i], "--probes-instance",
+		                      instance, NULL};
+		int st = 0;
+		const int started = sidecar_start(&sp, argv, &st);
+		char *log = slurp(sp.log);
+		cr_assert_neq(started, 0, "--mem-limit %s started: %s", limits[i], log ? log : "");
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "--mem-limit %s: exit status 0x%x",
+		          limits[i], st);
+		char said[128];
+		snprintf(said, sizeof(said),
+		         "the engine may use the memory limit of %llu bytes "
+		         "(--mem-limit) less ",
+		         (unsigned long long)(i == 0 ? 1u << 20 : 3u << 20));
+		cr_assert(log && strstr(log, "bytes the engine may use; ") && strstr(log, said) &&
+		              strstr(log, "raise the limit (--mem-limit, the cgroup's)") &&
+		              !strstr(log, "left_for_channels"),
+		          "--mem-limit %s: %s", limits[i], log ? log : "(no log)");
+		free(log);
+		sidecar_cleanup(&sp);
+	}
+}
+
 /* ---- the memory limit ------------------------------------------------------------------ */
 
 static void put_file(const char *root, const char *rel, const char *text)
@@ -241,6 +278,13 @@ Test(serve_limits, memory_limit_from_cgroup_v1_v2_and_meminfo)
 	cr_assert_eq(ml.available_bytes, 4000000ull * 1024);
 	cr_assert_str_eq(ml.from, "cgroup v1 memory.limit_in_bytes");
 	cr_assert_str_eq(ml.cgroup_file, "/sys/fs/cgroup/memory/job/memory.limit_in_bytes");
+	/* --mem-limit: a cap under the cgroup's limit, lowered to it when above */
+	cr_assert(mem_limit_cap(&ml, 1ull << 30), "1 GiB above a 40 MiB cgroup is lowered");
+	cr_assert_eq(ml.bytes, 40u << 20);
+	cr_assert_str_eq(ml.from, "cgroup v1 memory.limit_in_bytes");
+	cr_assert_not(mem_limit_cap(&ml, 10u << 20), "10 MiB under the cgroup's is kept");
+	cr_assert_eq(ml.bytes, 10u << 20);
+	cr_assert_str_eq(ml.from, "--mem-limit");
 
 	snprintf(root, sizeof(root), "%s/v2", sp.dir);
 	put_file(root, "proc/meminfo", "MemAvailable: 30000 kB\n");
@@ -278,6 +322,10 @@ Test(serve_limits, memory_limit_from_cgroup_v1_v2_and_meminfo)
 	cr_assert_eq(ml.bytes, ml.host_bytes);
 	cr_assert_gt(ml.bytes, ml.available_bytes);
 	cr_assert_str_eq(ml.from, "MemTotal less others' unreclaimable memory");
+	/* no cgroup limit: the operator's figure stands, even above the host's estimate */
+	cr_assert_not(mem_limit_cap(&ml, 64ull << 30));
+	cr_assert_eq(ml.bytes, 64ull << 30);
+	cr_assert_str_eq(ml.from, "--mem-limit");
 
 	snprintf(root, sizeof(root), "%s/none", sp.dir);
 	put_file(root, "proc/meminfo", "MemTotal: 1048576 kB\nMemAvailable: 1000 kB\n");
@@ -378,6 +426,31 @@ static bool write_text(const char *path, const char *text)
 	return ok;
 }
 
+/* A memory cgroup v1 below this process's, limited to `limit` bytes, in cg; skips the test
+ * when it cannot be made (not root, no v1 memory hierarchy). Removed with rmdir once empty. */
+static void memory_cgroup_make(char *cg, size_t len, const char *limit)
+{
+	char parent[512], why[128], file[700];
+	if (!own_memory_cgroup(parent, sizeof(parent), why, sizeof(why)))
+		cr_skip_test("%s", why);
+	snprintf(cg, len, "%s/moe-test-%d", parent, (int)getpid());
+	if (mkdir(cg, 0755) != 0)
+		cr_skip_test("cannot create the cgroup %s: %s", cg, strerror(errno));
+	snprintf(file, sizeof(file), "%s/memory.limit_in_bytes", cg);
+	cr_assert(write_text(file, limit), "%s: %s", file, strerror(errno));
+}
+
+/* Whether the cgroup's OOM killer has killed anything (memory.oom_control's oom_kill). */
+static bool memory_cgroup_oom_killed(const char *cg)
+{
+	char file[700];
+	snprintf(file, sizeof(file), "%s/memory.oom_control", cg);
+	char *oom = slurp(file);
+	const bool killed = oom && strstr(oom, "oom_kill ") && !strstr(oom, "oom_kill 0");
+	free(oom);
+	return killed;
+}
+
 /* Under a 64 MiB cgroup v1 memory limit, a model of 102 MiB with the default budget: the
  * sidecar reads the limit, cuts its budget to what fits beside its request buffers, says so,
  * serves exactly, refuses a channel that would not fit, and is never OOM-killed. (It used to
@@ -385,18 +458,11 @@ static bool write_text(const char *path, const char *text)
  * faulted in its slot pool, with no message.) */
 Test(serve_limits, default_budget_under_a_cgroup_v1_limit_fits_it)
 {
-	char parent[512], why[128];
 #ifdef MOE_SANITIZED
 	cr_skip_test("sanitizer build: its shadow memory alone would pass a 64 MiB memory cgroup");
 #endif
-	if (!own_memory_cgroup(parent, sizeof(parent), why, sizeof(why)))
-		cr_skip_test("%s", why);
 	char cg[600], file[700];
-	snprintf(cg, sizeof(cg), "%s/moe-test-%d", parent, (int)getpid());
-	if (mkdir(cg, 0755) != 0)
-		cr_skip_test("cannot create the cgroup %s: %s", cg, strerror(errno));
-	snprintf(file, sizeof(file), "%s/memory.limit_in_bytes", cg);
-	cr_assert(write_text(file, "67108864"), "%s: %s", file, strerror(errno));
+	memory_cgroup_make(cg, sizeof(cg), "67108864");
 
 	struct served s;
 	memset(&s, 0, sizeof(s));
@@ -460,11 +526,80 @@ Test(serve_limits, default_budget_under_a_cgroup_v1_limit_fits_it)
 	cr_assert_eq(moe_connect(&big, &c), MOE_EREFUSED);
 	cr_assert(strstr(moe_connect_error(), "(cgroup v1 memory.limit_in_bytes)"), "%s",
 	          moe_connect_error());
-	snprintf(file, sizeof(file), "%s/memory.oom_control", cg);
-	char *oom = slurp(file);
-	cr_assert(oom && (!strstr(oom, "oom_kill ") || strstr(oom, "oom_kill 0")), "%s",
-	          oom ? oom : "");
-	free(oom);
+	cr_assert_not(memory_cgroup_oom_killed(cg));
+	served_stop(&s);
+	cr_assert_eq(rmdir(cg), 0, "%s: %s", cg, strerror(errno));
+}
+
+/* `--mem-limit 1G` under a 256 MiB cgroup v1 limit, with a model of 320 MiB of experts: the
+ * limit in force is the cgroup's (the operator's figure is a cap, the cgroup's is what the
+ * kernel enforces), the start says so naming both figures, the budget is cut to fit, the
+ * sidecar serves and nothing is OOM-killed. (It used to take the 1G as given: "the engine may
+ * use 803008512 bytes", pools filled past the cgroup's limit, killed: exit 137.) */
+Test(serve_limits, a_mem_limit_above_the_cgroup_limit_is_lowered_to_it)
+{
+#ifdef MOE_SANITIZED
+	cr_skip_test("sanitizer build: its shadow memory alone would crowd a 256 MiB cgroup");
+#endif
+	char cg[600], file[700];
+	memory_cgroup_make(cg, sizeof(cg), "268435456");
+	struct served s;
+	memset(&s, 0, sizeof(s));
+	harness_tempdir(&s.sp);
+	snprintf(s.model, sizeof(s.model), "%s/model.gguf", s.sp.dir);
+	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	                            .out = s.model,
+	                            .format = MOEK_Q8_0,
+	                            .seed = 12,
+	                            .layers = 6,
+	                            .hidden = 512,
+	                            .ffn = 1024,
+	                            .experts = 32};
+	struct sidecar_error merr;
+	cr_assert_eq(moe_gen_write(&o, &merr), 0, "%s", merr.msg);
+	char instance[64];
+	snprintf(instance, sizeof(instance), "test-limits-%d", (int)getpid());
+	const char *argv[] = {s.model, "--probes-instance", instance, "--mem-limit",
+	                      "1G",    "--max-tokens",      "16",     NULL};
+	snprintf(file, sizeof(file), "%s/cgroup.procs", cg);
+	int st = 0;
+	if (sidecar_start_in_cgroup(&s.sp, argv, &st, file) != 0) {
+		char *log = slurp(s.sp.log);
+		sidecar_cleanup(&s.sp);
+		rmdir(cg);
+		cr_assert_fail("the sidecar did not start under the limit (status 0x%x%s): %s", st,
+		               WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL ? ", killed: OOM" : "",
+		               log ? log : "");
+	}
+	cr_assert_eq(log_count(&s.sp, "--mem-limit 1073741824 bytes is above the cgroup's memory "
+	                              "limit of 268435456 bytes ("),
+	             1, "the lowering is a warning naming both figures");
+	cr_assert_eq(log_count(&s.sp, "limit_bytes=268435456 from=\"cgroup v1 "
+	                              "memory.limit_in_bytes\""),
+	             1, "the limit in force is the cgroup's");
+	cr_assert_eq(log_count(&s.sp, "expert budget cut to "), 1, "the cut is logged");
+	struct moe_connect_opts co = {.socket_path = s.sp.socket, .max_tokens = 8, .n_slots = 2};
+	cr_assert_eq(moe_connect(&co, &s.c), MOE_OK, "%s", moe_connect_error());
+	s.ref = ref_open(s.model);
+	cr_assert_not_null(s.ref);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 700, 5, 4, 8, ne, h, false);
+	float *got = calloc((size_t)4 * h, sizeof(float)),
+	      *want = calloc((size_t)4 * h, sizeof(float));
+	struct moe_completion d;
+	cr_assert_eq(served_forward(&s, &fc, got, &d), MOE_OK, "%s", moe_strerror(d.status));
+	cr_assert_eq(ref_forward(s.ref, fc.layer, 4, 8, 0, fc.x_wire, fc.in_dtype, fc.ids,
+	                         fc.weights, NULL, want, NULL),
+	             MOE_OK);
+	cr_assert_eq(memcmp(got, want, (size_t)4 * h * sizeof(float)), 0);
+	free(got);
+	free(want);
+	fwd_case_free(&fc);
+	char *js = served_stats(&s);
+	cr_assert_eq(json_top_u64(js, "mem_limit_bytes"), 256 << 20, "%s", js);
+	free(js);
+	cr_assert_not(memory_cgroup_oom_killed(cg));
 	served_stop(&s);
 	cr_assert_eq(rmdir(cg), 0, "%s: %s", cg, strerror(errno));
 }

@@ -1,11 +1,17 @@
 /* test_serve_ops.c — MASK, PREFETCH and STATS through a real sidecar, the model ops on a
- * sidecar without a model, the handshake's model checks, and `moe-sidecar stats`.
+ * sidecar without a model, the handshake's model checks, `moe-sidecar stats`, and a sidecar
+ * whose log stream goes away.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "serve_fixture.h"
 
@@ -391,4 +397,94 @@ Test(serve_ops, stats_watch_labels_totals_and_rates)
 	cr_assert(strstr(second, "per layer, last ") && strstr(second, "req/s"), "%s", second);
 	cr_assert(strstr(second, "latency percentiles since start"), "%s", second);
 	served_stop(&s);
+}
+
+/* Starts `serve MODEL` with stderr the write end of a pipe whose reader reads `lines` lines,
+ * then closes it (`serve … 2>&1 | head -2`; 0: the reader is gone before the first line).
+ * Returns whether READY came; *status gets the wait status when it did not. */
+static bool start_with_log_reader_leaving(struct sidecar_proc *sp, const char *model,
+                                          const char *instance, int lines, int *status)
+{
+	int logp[2], ready[2];
+	cr_assert_eq(pipe2(logp, O_CLOEXEC), 0);
+	cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(logp[1], 2);
+		char fd[16];
+		snprintf(fd, sizeof(fd), "%d", dup(ready[1]));
+		const char *argv[] = {
+		    MOE_SIDECAR_BIN, "serve", "--socket", sp->socket,          "--ready-fd", fd,
+		    "--log-level",   "debug", model,      "--probes-instance", instance,     NULL};
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(logp[1]);
+	close(ready[1]);
+	for (int seen = 0; seen < lines;) { /* byte by byte: what is not read stays for none */
+		char c;
+		if (read(logp[0], &c, 1) != 1)
+			break;
+		seen += c == '\n';
+	}
+	close(logp[0]);
+	char line[256];
+	size_t have = 0;
+	for (ssize_t n; have < sizeof(line) - 1 &&
+	                (n = read(ready[0], line + have, sizeof(line) - 1 - have)) > 0;)
+		have += (size_t)n;
+	close(ready[0]);
+	line[have] = '\0';
+	if (strncmp(line, "READY ", 6) != 0) {
+		waitpid(pid, status, 0);
+		return false;
+	}
+	sp->pid = pid;
+	return true;
+}
+
+/* `serve … 2>&1 | head -2`, and the same with the reader gone before the first line: the
+ * sidecar ignores SIGPIPE, drops the lines it cannot write (STATS log_lines_dropped counts
+ * them), serves, and stops cleanly on SIGTERM with its socket, lock and probe pins removed.
+ * (It died of SIGPIPE at its next line, leaving all three behind.) */
+Test(serve_ops, a_log_reader_that_leaves_costs_lines_not_the_sidecar)
+{
+	for (int lines = 0; lines <= 2; lines += 2) {
+		struct sidecar_proc sp;
+		harness_tempdir(&sp);
+		char model[160], instance[64], path[200];
+		snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+		cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+		snprintf(instance, sizeof(instance), "test-ops-%d", (int)getpid());
+		int st = 0;
+		if (!start_with_log_reader_leaving(&sp, model, instance, lines, &st)) {
+			sidecar_cleanup(&sp);
+			cr_assert_fail(
+			    "reader gone after %d lines: no READY (status 0x%x%s)", lines, st,
+			    WIFSIGNALED(st) && WTERMSIG(st) == SIGPIPE ? ": SIGPIPE" : "");
+		}
+		struct moe_connect_opts o = {
+		    .socket_path = sp.socket, .max_tokens = 4, .n_slots = 1};
+		struct moe_client *c;
+		cr_assert_eq(moe_connect(&o, &c), MOE_OK, "%s", moe_connect_error());
+		cr_assert_eq(moe_ping(c, 5000), MOE_OK);
+		char js[1 << 16];
+		cr_assert_eq(moe_stats_json(c, js, sizeof(js), 5000), MOE_OK);
+		const int64_t dropped = json_top_u64(js, "log_lines_dropped");
+		/* with no reader from the start, every line so far; after two, the lines the pipe
+		 * could no longer take, if any yet */
+		cr_assert(lines ? dropped >= 0 : dropped > 10, "%d lines read: %s", lines, js);
+		const bool probes = strstr(js, "\"probes\":\"active\"") != NULL;
+		moe_close(c);
+		st = sidecar_stop(&sp, SIGTERM);
+		cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "exit status 0x%x", st);
+		cr_assert(access(sp.socket, F_OK) != 0 && errno == ENOENT, "%s left", sp.socket);
+		snprintf(path, sizeof(path), "%s.lock", sp.socket);
+		cr_assert(access(path, F_OK) != 0 && errno == ENOENT, "%s left", path);
+		snprintf(path, sizeof(path), "/sys/fs/bpf/moe-sidecar/%s", instance);
+		cr_assert(!probes || (access(path, F_OK) != 0 && errno == ENOENT), "%s left", path);
+		sidecar_cleanup(&sp);
+	}
 }

@@ -8,6 +8,7 @@
  * has no line about it.
  */
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,13 +68,34 @@ Test(serve_start, a_second_sidecar_on_a_held_socket_is_refused_before_the_model)
 	sidecar_cleanup(&first);
 }
 
+/* "0" or "0,1": the NUMA nodes this machine has (/sys/devices/system/node/nodeN), in order. */
+static void machine_numa_nodes(char *buf, size_t len)
+{
+	size_t used = 0;
+	buf[0] = '\0';
+	for (int n = 0; n < 4096 && used < len; n++) {
+		char dir[64];
+		struct stat st;
+		snprintf(dir, sizeof(dir), "/sys/devices/system/node/node%d", n);
+		if (stat(dir, &st) == 0)
+			used +=
+			    (size_t)snprintf(buf + used, len - used, "%s%d", used ? "," : "", n);
+	}
+}
+
 Test(serve_start, options_that_need_no_model_are_refused_before_it)
 {
+	char numa_said[160], nodes[64];
+	machine_numa_nodes(nodes, sizeof(nodes));
+	cr_assert(nodes[0], "no /sys/devices/system/node/node*");
+	snprintf(numa_said, sizeof(numa_said),
+	         "--numa: none of the listed nodes exists on this machine (its NUMA nodes: %s)",
+	         nodes);
 	const struct {
 		const char *option, *value, *says;
 	} cases[] = {
 	    {"--policy", "sieve+heat", "--policy 'sieve+heat': unknown modifier '+heat'"},
-	    {"--numa", "4095", "--numa: none of the listed nodes exists"},
+	    {"--numa", "4095", numa_said},
 	    {"--numa", "synthetic:no-such-spec", "bad synthetic topology"},
 	    {"--probes-instance", "../escape", "probe instance name '../escape' is invalid"},
 	};
@@ -146,5 +168,30 @@ Test(serve_start, a_second_sidecar_losing_the_probe_instance_is_told_its_option)
 	cr_expect(strstr(log, want) && strstr(log, "--require-probes"), "%s", log);
 	free(log);
 	sidecar_cleanup(&second);
+	served_stop(&s);
+}
+
+/* More worker threads than the node has CPUs is accepted (tests and benchmarks ask for it) but
+ * said, with both figures: the workers take turns. */
+Test(serve_start, more_threads_than_cpus_is_served_with_a_warning)
+{
+	cpu_set_t cpus;
+	cr_assert_eq(sched_getaffinity(0, sizeof(cpus), &cpus), 0);
+	const int n_cpus = CPU_COUNT(&cpus);
+	char threads[16], said[96];
+	snprintf(threads, sizeof(threads), "%d", n_cpus + 1);
+	const char *extra[] = {"--threads", threads, NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	snprintf(said, sizeof(said), "--threads %d is above the ", n_cpus + 1);
+	char *log = slurp(s.sp.log);
+	cr_assert(log && strstr(log, said) && strstr(log, " CPUs of NUMA node "), "%s",
+	          log ? log : "(no log)");
+	if (strstr(log, "numa node=0 os_index=0") && !strstr(log, "numa node=1 ")) {
+		snprintf(said, sizeof(said), "--threads %d is above the %d CPUs of NUMA node 0",
+		         n_cpus + 1, n_cpus); /* one node: all of this process's CPUs */
+		cr_assert(strstr(log, said), "%s", log);
+	}
+	free(log);
 	served_stop(&s);
 }
