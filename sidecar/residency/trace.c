@@ -261,10 +261,20 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 	int rc = 0;
 	while (p < end) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
-		const char *line_end = nl ? nl : end;
-		struct cursor c = {p, line_end};
 		line_no++;
-		p = nl ? nl + 1 : end;
+		if (!nl) {
+			/* Whole lines only: a writer cut short (a full disk) leaves a line that
+			 * may parse as a different one ("17:0" for "17:0.3125"). */
+			const unsigned long long at = (unsigned long long)(p - text);
+			rc = parse_err(err, MOE_EINVAL, name, line_no,
+			               "the last line (from byte %llu) has no newline: the trace "
+			               "was cut short; cut it back to its first %llu bytes to read "
+			               "the rest",
+			               at, at);
+			goto fail;
+		}
+		struct cursor c = {p, nl};
+		p = nl + 1;
 		skip_blanks(&c);
 		if (c.p == c.end || *c.p == '#')
 			continue;

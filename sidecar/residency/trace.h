@@ -15,6 +15,9 @@
  * decrease; a (step, layer) has at most one line; a line holds 1..top_k distinct ids, each
  * below n_experts; layer < n_layers.
  * Either every id has a score or none does (a whole trace is scored or not).
+ * Every line ends with '\n', the last one too: a trace cut mid-line (a writer that ran out
+ * of disk) is refused with the byte offset where its last line starts, never read as a
+ * shorter line.
  *
  * Ownership: a routing_trace owns its arrays; trace_free releases them.
  */
