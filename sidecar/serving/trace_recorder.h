@@ -15,6 +15,10 @@
  * Scores: each id's weight over its row's sum of weights, clamped to [0, 1] (a router's
  * probability among the chosen), so traces are always scored.
  *
+ * Whole lines: the writer formats lines into a buffer of its own and writes them with
+ * pwrite(2) after the last whole line in the file. A failed write (a full disk, EFBIG, EIO)
+ * cuts the file back to that line's end, logs one line and stops the recording: the file
+ * always ends with a whole line, and the byte count is what the file holds.
  * Size: the file stops growing before max_bytes (the header and whole lines only): the writer
  * logs one line and drops every later record.
  *
@@ -52,7 +56,7 @@ void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tok
                         const int32_t *ids, const float *weights);
 
 struct trace_recorder_stats {
-	uint64_t lines, bytes; /* written so far */
+	uint64_t lines, bytes; /* in the file so far (whole lines; bytes = its size) */
 	uint64_t dropped;      /* FORWARDs dropped: ring full, or after the cap */
 	uint64_t ring_bytes;   /* memory the ring holds */
 	int stopped;           /* the cap was reached, or a write failed */
