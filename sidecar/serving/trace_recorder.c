@@ -315,6 +315,83 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
+/* "a FIFO", "a directory", …: what a path that is not a regular file is. */
+static const char *file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG: return "a regular file";
+	case S_IFDIR: return "a directory";
+	case S_IFIFO: return "a FIFO";
+	case S_IFSOCK: return "a socket";
+	case S_IFCHR: return "a character device";
+	case S_IFBLK: return "a block device";
+	case S_IFLNK: return "a symbolic link";
+	default: return "not a regular file";
+	}
+}
+
+int trace_recorder_open(const char *path, struct sidecar_error *err)
+{
+	/* O_NOFOLLOW: a link planted at the path (to a root-owned file, or dangling so that
+	 * O_CREAT would make its target) is refused, never written through. O_NONBLOCK: a FIFO
+	 * without a reader fails with ENXIO instead of blocking the start. */
+	const int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		const int e = errno;
+		struct stat st;
+		if (e == ELOOP)
+			return error_set(
+			    err, MOE_EINVAL,
+			    "--record-trace %s: is a symbolic link; refusing to follow it", path);
+		if ((e == EISDIR || e == ENXIO || e == EOPNOTSUPP) && lstat(path, &st) == 0)
+			return error_set(err, MOE_EINVAL,
+			                 "--record-trace %s: is %s; a trace must be a regular file",
+			                 path, file_kind(st.st_mode));
+		return error_set(err, error_status_from_errno(e), "--record-trace %s: %s%s", path,
+		                 strerror(e), e == ENOENT ? " (is its directory there?)" : "");
+	}
+	struct stat st;
+	char why[160] = "";
+	if (fstat(fd, &st) != 0) {
+		error_set_errno(err, "--record-trace %s: fstat", path);
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode))
+		snprintf(why, sizeof(why), "is %s; a trace must be a regular file",
+		         file_kind(st.st_mode));
+	else if (st.st_nlink > 1)
+		snprintf(why, sizeof(why),
+		         "has %llu hard links; refusing to overwrite a file reachable by another "
+		         "name",
+		         (unsigned long long)st.st_nlink);
+	else if (st.st_uid != geteuid())
+		snprintf(why, sizeof(why),
+		         "is owned by uid %u, not by this sidecar's uid %u; refusing to overwrite "
+		         "it (remove it, or record elsewhere)",
+		         (unsigned)st.st_uid, (unsigned)geteuid());
+	if (why[0]) {
+		error_set(err, MOE_EINVAL, "--record-trace %s: %s", path, why);
+		goto fail;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		if (errno == EWOULDBLOCK)
+			error_set(err, MOE_EINVAL,
+			          "--record-trace %s: another process is recording into it", path);
+		else
+			error_set_errno(err, "--record-trace %s: flock", path);
+		goto fail;
+	}
+	const int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+		error_set_errno(err, "--record-trace %s: fcntl", path);
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return -1;
+}
+
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
                           struct sidecar_error *err)
 {
@@ -342,9 +419,13 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 		          (unsigned long long)t->cap);
 		goto fail;
 	}
-	t->fd = open(cfg->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	t->fd = fcntl(cfg->fd, F_DUPFD_CLOEXEC, 0);
 	if (t->fd < 0) {
-		error_set_errno(err, "--record-trace %s", cfg->path);
+		error_set_errno(err, "--record-trace %s: dup", cfg->path);
+		goto fail;
+	}
+	if (ftruncate(t->fd, 0) != 0) {
+		error_set_errno(err, "--record-trace %s: truncating", cfg->path);
 		goto fail;
 	}
 	const int head =

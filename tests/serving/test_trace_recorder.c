@@ -29,8 +29,12 @@ Test(trace_recorder, a_failed_write_cuts_the_file_back_to_its_last_whole_line)
 	rl.rlim_cur = FILE_LIMIT;
 	cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
 
+	struct sidecar_error err = {0};
+	const int fd = trace_recorder_open(path, &err);
+	cr_assert_geq(fd, 0, "%s", err.msg);
 	const struct trace_recorder_config cfg = {
 	    .path = path,
+	    .fd = fd,
 	    .max_bytes = 1 << 20,
 	    .n_layers = 4,
 	    .n_experts = 64,
@@ -38,8 +42,8 @@ Test(trace_recorder, a_failed_write_cuts_the_file_back_to_its_last_whole_line)
 	    .max_tokens = 16,
 	};
 	struct trace_recorder *t;
-	struct sidecar_error err = {0};
 	cr_assert_eq(trace_recorder_create(&cfg, &t, &err), 0, "%s", err.msg);
+	cr_assert_eq(close(fd), 0, "the recorder keeps a descriptor of its own");
 	/* 100 FORWARDs of 16 tokens × 8 ids: ~1600 lines of ~60 bytes, far past the limit. */
 	int32_t ids[16 * 8];
 	float w[16 * 8];
