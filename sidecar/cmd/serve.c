@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commands.h"
 #include "dispatch.h"
@@ -25,6 +26,7 @@
 #include "routing.h"
 #include "served_model.h"
 #include "server.h"
+#include "trace_recorder.h"
 
 enum {
 	OPT_SOCKET = 's',
@@ -128,7 +130,8 @@ static const struct serve_option {
      "per-expert heat halves every N tokens of its layer (default 1024; STATS, placement)"},
     {{"record-trace", required_argument, NULL, OPT_RECORD_TRACE},
      "FILE",
-     "write the routing served to FILE as a routing trace (moe-sidecar simulate replays it)"},
+     "write the routing served to FILE as a routing trace (moe-sidecar simulate replays it); "
+     "FILE: a regular file of this uid, or none (made 0600); links and FIFOs are refused"},
     {{"record-trace-max-mib", required_argument, NULL, OPT_RECORD_TRACE_MAX_MIB},
      "MIB",
      "stop recording before the trace reaches MIB MiB (default 1024)"},
@@ -286,6 +289,12 @@ static int parse_uid_list(const char *list, struct server_config *cfg)
 	}
 	cfg->allow_list = true;
 	return cfg->n_allowed_uids ? 0 : -1;
+}
+
+static void close_trace(int fd)
+{
+	if (fd >= 0 && close(fd) != 0)
+		log_warn("serve", "--record-trace: close: %s", strerror(errno));
 }
 
 int cmd_serve(int argc, char **argv)
@@ -512,11 +521,27 @@ int cmd_serve(int argc, char **argv)
 		return 2;
 	}
 	/* Whatever needs no model is checked before the model is read (warming a large one
-	 * takes minutes): the options, then the socket, its directory and the one-sidecar lock. */
+	 * takes minutes): the options, the trace file, then the socket, its directory and the
+	 * one-sidecar lock. */
 	struct sidecar_error err = {0};
 	if (serve_model_check_config(&mcfg, &err) != 0) {
 		fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
 		return 2;
+	}
+	if (optind == argc && ocfg.record_trace) {
+		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
+		return 2;
+	}
+	/* Opened (not truncated) before the socket is bound: a FIFO, a link or someone else's
+	 * file is refused here, and nothing can block the start on it. */
+	int trace_fd = -1;
+	if (ocfg.record_trace) {
+		trace_fd = trace_recorder_open(ocfg.record_trace, &err);
+		if (trace_fd < 0) {
+			fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
+			return 2;
+		}
+		ocfg.record_trace_fd = trace_fd;
 	}
 	/* Blocked before any thread exists (every thread the model starts inherits it), or a
 	 * signal would kill the process instead of reaching the server's signalfd. A signal
@@ -529,15 +554,13 @@ int cmd_serve(int argc, char **argv)
 	sigaddset(&set, SIGHUP);
 	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
 		log_error("serve", "pthread_sigmask failed");
+		close_trace(trace_fd);
 		return 1;
-	}
-	if (optind == argc && ocfg.record_trace) {
-		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
-		return 2;
 	}
 	struct server *server;
 	if (server_open(&cfg, &server, &err) != 0) {
 		log_error("server", "%s", err.msg);
+		close_trace(trace_fd);
 		return 1;
 	}
 	if (optind == argc)
@@ -571,11 +594,14 @@ int cmd_serve(int argc, char **argv)
 	struct serve_model *model;
 	if (serve_model_open(&mcfg, &model, &err) != 0) {
 		log_error("serve", "%s", err.msg);
+		close_trace(trace_fd);
 		server_close(server);
 		return 1;
 	}
 	struct forward_queue *queue;
-	if (forward_queue_create(model, &ocfg, &queue, &err) != 0) {
+	const int queued = forward_queue_create(model, &ocfg, &queue, &err);
+	close_trace(trace_fd); /* the recorder keeps its own descriptor */
+	if (queued != 0) {
 		log_error("serve", "%s", err.msg);
 		serve_model_close(model);
 		server_close(server);

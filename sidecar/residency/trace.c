@@ -261,10 +261,20 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 	int rc = 0;
 	while (p < end) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
-		const char *line_end = nl ? nl : end;
-		struct cursor c = {p, line_end};
 		line_no++;
-		p = nl ? nl + 1 : end;
+		if (!nl) {
+			/* Whole lines only: a writer cut short (a full disk) leaves a line that
+			 * may parse as a different one ("17:0" for "17:0.3125"). */
+			const unsigned long long at = (unsigned long long)(p - text);
+			rc = parse_err(err, MOE_EINVAL, name, line_no,
+			               "the last line (from byte %llu) has no newline: the trace "
+			               "was cut short; cut it back to its first %llu bytes to read "
+			               "the rest",
+			               at, at);
+			goto fail;
+		}
+		struct cursor c = {p, nl};
+		p = nl + 1;
 		skip_blanks(&c);
 		if (c.p == c.end || *c.p == '#')
 			continue;
@@ -363,30 +373,49 @@ int trace_load(const char *path, struct routing_trace *out, struct sidecar_error
 	return rc;
 }
 
+int trace_format_header(char *buf, size_t cap, uint32_t n_layers, uint32_t n_experts,
+                        uint32_t top_k)
+{
+	const int n = snprintf(buf, cap, "moe-trace 1 n_layers=%u n_experts=%u top_k=%u\n",
+	                       n_layers, n_experts, top_k);
+	return n < 0 || (size_t)n >= cap ? -ENOSPC : n;
+}
+
+int trace_format_line(char *buf, size_t cap, uint32_t step, uint32_t layer, const uint32_t *ids,
+                      const float *scores, uint32_t count)
+{
+	size_t len = 0;
+	int n = snprintf(buf, cap, "%u %u ", step, layer);
+	for (uint32_t j = 0;; j++) {
+		if (n < 0 || (size_t)n >= cap - len)
+			return -ENOSPC;
+		len += (size_t)n;
+		if (j == count)
+			break;
+		n = scores ? snprintf(buf + len, cap - len, "%s%u:%.4f", j ? "," : "", ids[j],
+		                      (double)scores[j])
+		           : snprintf(buf + len, cap - len, "%s%u", j ? "," : "", ids[j]);
+	}
+	if (len + 1 >= cap)
+		return -ENOSPC;
+	buf[len++] = '\n';
+	buf[len] = '\0';
+	return (int)len;
+}
+
 int trace_write_header(FILE *f, uint32_t n_layers, uint32_t n_experts, uint32_t top_k)
 {
-	return fprintf(f, "moe-trace 1 n_layers=%u n_experts=%u top_k=%u\n", n_layers, n_experts,
-	               top_k) < 0
-	           ? -EIO
-	           : 0;
+	char buf[TRACE_LINE_MAX];
+	const int n = trace_format_header(buf, sizeof(buf), n_layers, n_experts, top_k);
+	return n < 0 || fwrite(buf, 1, (size_t)n, f) != (size_t)n ? -EIO : 0;
 }
 
 int trace_write_line(FILE *f, uint32_t step, uint32_t layer, const uint32_t *ids,
                      const float *scores, uint32_t count)
 {
-	int total = fprintf(f, "%u %u ", step, layer);
-	if (total < 0)
-		return -EIO;
-	for (uint32_t j = 0; j < count; j++) {
-		int n = scores ? fprintf(f, "%s%u:%.4f", j ? "," : "", ids[j], (double)scores[j])
-		               : fprintf(f, "%s%u", j ? "," : "", ids[j]);
-		if (n < 0)
-			return -EIO;
-		total += n;
-	}
-	if (fputc('\n', f) == EOF)
-		return -EIO;
-	return total + 1;
+	char buf[TRACE_LINE_MAX];
+	const int n = trace_format_line(buf, sizeof(buf), step, layer, ids, scores, count);
+	return n < 0 || fwrite(buf, 1, (size_t)n, f) != (size_t)n ? -EIO : n;
 }
 
 int trace_write(FILE *f, const struct routing_trace *t)

@@ -15,6 +15,9 @@
  * decrease; a (step, layer) has at most one line; a line holds 1..top_k distinct ids, each
  * below n_experts; layer < n_layers.
  * Either every id has a score or none does (a whole trace is scored or not).
+ * Every line ends with '\n', the last one too: a trace cut mid-line (a writer that ran out
+ * of disk) is refused with the byte offset where its last line starts, never read as a
+ * shorter line.
  *
  * Ownership: a routing_trace owns its arrays; trace_free releases them.
  */
@@ -32,6 +35,7 @@
 #define TRACE_MAX_EXPERTS 65536u
 #define TRACE_MAX_TOPK 64u
 #define TRACE_MAX_IDS (1u << 24) /* n_layers × n_experts */
+#define TRACE_LINE_MAX 2048u     /* a line of TRACE_MAX_TOPK scored ids, with room */
 
 struct trace_line {
 	uint32_t step, layer;
@@ -55,12 +59,19 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
                 struct sidecar_error *err);
 int trace_load(const char *path, struct routing_trace *out, struct sidecar_error *err);
 int trace_write(FILE *f, const struct routing_trace *t);
-/* The same format a line at a time (a recorder): the header; one (step, layer) line of count
- * ids with their scores (NULL: unscored). trace_write_line returns the bytes written, or
- * -EIO. */
+/* The same format a line at a time: the header; one (step, layer) line of count ids with
+ * their scores (NULL: unscored), '\n' included. trace_write_line returns the bytes written,
+ * or -EIO. */
 int trace_write_header(FILE *f, uint32_t n_layers, uint32_t n_experts, uint32_t top_k);
 int trace_write_line(FILE *f, uint32_t step, uint32_t layer, const uint32_t *ids,
                      const float *scores, uint32_t count);
+/* The same into buf (cap bytes; TRACE_LINE_MAX holds any line of at most TRACE_MAX_TOPK ids
+ * with scores in [0, 1]), NUL-terminated: the length without the NUL, or -ENOSPC (buf holds
+ * no whole line then). For a writer that keeps whole lines in a buffer of its own. */
+int trace_format_header(char *buf, size_t cap, uint32_t n_layers, uint32_t n_experts,
+                        uint32_t top_k);
+int trace_format_line(char *buf, size_t cap, uint32_t step, uint32_t layer, const uint32_t *ids,
+                      const float *scores, uint32_t count);
 void trace_free(struct routing_trace *t);
 
 /* Synthetic routing. Per layer, expert popularity follows Zipf(zipf_s) over a random

@@ -861,6 +861,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	if (cfg->record_trace) {
 		const struct trace_recorder_config tc = {
 		    .path = cfg->record_trace,
+		    .fd = cfg->record_trace_fd,
 		    .max_bytes = cfg->record_trace_max_bytes
 		                     ? cfg->record_trace_max_bytes
 		                     : (uint64_t)TRACE_RECORD_MAX_MIB_DEFAULT << 20,

@@ -40,6 +40,7 @@ struct forward_queue;
 struct forward_queue_config {
 	uint32_t heat_half_life;         /* tokens per MoE layer; 0: ROUTING_HALF_LIFE_DEFAULT */
 	const char *record_trace;        /* trace file, or NULL */
+	int record_trace_fd;             /* trace_recorder_open's; borrowed (the caller closes) */
 	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
 };
 

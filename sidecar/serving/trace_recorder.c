@@ -8,7 +8,9 @@
  */
 #include "trace_recorder.h"
 
+#include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -16,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "trace.h"
@@ -24,6 +29,7 @@
 #define RING_MIN_BYTES (4u << 20)
 #define RING_MAX_BYTES (256u << 20)
 #define WRITER_POLL_MS 50
+#define OUT_BYTES (64u << 10) /* whole lines between writes */
 
 struct record_header {
 	uint32_t layer, n_tokens, k, reserved;
@@ -31,7 +37,7 @@ struct record_header {
 
 struct trace_recorder {
 	struct trace_recorder_config cfg;
-	FILE *f;
+	int fd; /* the recorder's own duplicate of cfg.fd */
 	char path[256];
 	/* The ring. */
 	uint8_t *ring;
@@ -48,7 +54,13 @@ struct trace_recorder {
 	float *line_scores;
 	uint32_t step, last_layer;
 	bool started;
-	/* Stats (writer writes, anyone reads). */
+	/* Whole lines formatted, not yet in the file; the file holds `written` bytes, always
+	 * the end of a whole line. */
+	char *out;
+	size_t out_len;
+	uint64_t out_lines; /* trace lines among them (drop markers are comments) */
+	uint64_t written;
+	/* Stats (writer writes, anyone reads): lines and bytes that reached the file. */
 	_Atomic uint64_t lines, bytes, dropped;
 	_Atomic int stopped;
 };
@@ -119,43 +131,106 @@ static void stop_recording(struct trace_recorder *t, const char *why)
 	         (unsigned long long)atomic_load_explicit(&t->bytes, memory_order_relaxed));
 }
 
-static void count_written(struct trace_recorder *t, int n, bool line)
+/* All n bytes at offset `at`: 0, or the errno of the failed write (a full disk: ENOSPC,
+ * EFBIG, EIO) with *done the bytes that went in before it. */
+static int write_all(int fd, const char *buf, size_t n, uint64_t at, size_t *done)
+{
+	for (*done = 0; *done < n;) {
+		const ssize_t w = pwrite(fd, buf + *done, n - *done, (off_t)(at + *done));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? errno : EIO;
+		*done += (size_t)w;
+	}
+	return 0;
+}
+
+/* The whole lines at the start of buf[0, n): their length, and in *lines how many are trace
+ * lines (not '#' comments). */
+static size_t whole_lines(const char *buf, size_t n, uint64_t *lines)
+{
+	size_t len = 0;
+	*lines = 0;
+	for (const char *nl; len < n && (nl = memchr(buf + len, '\n', n - len));) {
+		*lines += buf[len] != '#';
+		len = (size_t)(nl - buf) + 1;
+	}
+	return len;
+}
+
+/* Writes the buffered lines after the last whole one. On an error the file is cut back to
+ * the end of the last whole line that went in (a full disk leaves whole lines, never "17:0"
+ * for "17:0.3125") and the recording stops. Writer thread. */
+static void flush_out(struct trace_recorder *t)
+{
+	if (!t->out_len)
+		return;
+	size_t done;
+	const int e = write_all(t->fd, t->out, t->out_len, t->written, &done);
+	uint64_t lines = t->out_lines;
+	const size_t keep = e ? whole_lines(t->out, done, &lines) : t->out_len;
+	char why[256] = "";
+	if (e && ftruncate(t->fd, (off_t)(t->written + keep)) != 0) {
+		snprintf(why, sizeof(why),
+		         "write failed (%s), and cutting it back to its last whole line at byte "
+		         "%llu failed too (%s): its last line is cut",
+		         strerror(e), (unsigned long long)(t->written + keep), strerror(errno));
+		t->written += done; /* what the file holds */
+	} else {
+		if (e)
+			snprintf(why, sizeof(why),
+			         "write failed (%s); cut back to its last whole line at byte %llu",
+			         strerror(e), (unsigned long long)(t->written + keep));
+		t->written += keep;
+	}
+	atomic_store_explicit(&t->bytes, t->written, memory_order_relaxed);
+	atomic_fetch_add_explicit(&t->lines, lines, memory_order_relaxed);
+	t->out_len = 0;
+	t->out_lines = 0;
+	if (e)
+		stop_recording(t, why);
+}
+
+/* Room for one more line at t->out + t->out_len (TRACE_LINE_MAX bytes), or NULL when
+ * recording has stopped. */
+static char *line_room(struct trace_recorder *t)
+{
+	if (OUT_BYTES - t->out_len < TRACE_LINE_MAX)
+		flush_out(t);
+	return atomic_load_explicit(&t->stopped, memory_order_relaxed) ? NULL : t->out + t->out_len;
+}
+
+/* Keeps the n bytes just formatted into line_room, unless they would take the file past the
+ * cap (then recording stops: the file ends with the last line that fits). */
+static void keep_line(struct trace_recorder *t, int n, bool line)
 {
 	if (n < 0) {
+		stop_recording(t, "a line did not fit its buffer");
+		return;
+	}
+	if (t->written + t->out_len + (uint64_t)n > t->cfg.max_bytes) {
 		char why[96];
-		snprintf(why, sizeof(why), "write failed (%s)", strerror(errno));
+		snprintf(why, sizeof(why), "reached --record-trace-max-mib %llu MiB",
+		         (unsigned long long)(t->cfg.max_bytes >> 20));
 		stop_recording(t, why);
 		return;
 	}
-	atomic_fetch_add_explicit(&t->bytes, (uint64_t)n, memory_order_relaxed);
-	if (line)
-		atomic_fetch_add_explicit(&t->lines, 1, memory_order_relaxed);
-}
-
-/* Whether `bound` more bytes stay under the cap; stops recording if not. */
-static bool room_for(struct trace_recorder *t, uint64_t bound)
-{
-	if (atomic_load_explicit(&t->stopped, memory_order_relaxed))
-		return false;
-	if (atomic_load_explicit(&t->bytes, memory_order_relaxed) + bound <= t->cfg.max_bytes)
-		return true;
-	char why[96];
-	snprintf(why, sizeof(why), "reached --record-trace-max-mib %llu MiB",
-	         (unsigned long long)(t->cfg.max_bytes >> 20));
-	stop_recording(t, why);
-	return false;
+	t->out_len += (size_t)n;
+	t->out_lines += line;
 }
 
 static void write_record(struct trace_recorder *t, const struct record_header *h)
 {
+	char *at;
 	if (h->k == 0) {
-		if (room_for(t, 96))
-			count_written(t,
-			              fprintf(t->f,
-			                      "# %u FORWARD(s) not recorded here: the writer fell "
-			                      "behind\n",
-			                      h->n_tokens),
-			              false);
+		if ((at = line_room(t)))
+			keep_line(
+			    t,
+			    snprintf(at, TRACE_LINE_MAX,
+			             "# %u FORWARD(s) not recorded here: the writer fell behind\n",
+			             h->n_tokens),
+			    false);
 		return;
 	}
 	const size_t n = (size_t)h->n_tokens * h->k;
@@ -189,13 +264,12 @@ static void write_record(struct trace_recorder *t, const struct record_header *h
 			              : 1.0f / (float)count;
 			t->line_scores[j] = s < 0 ? 0 : s > 1 ? 1 : s;
 		}
-		/* step, layer, and per id up to 5 digits, ':', 0.xxxx, ',' */
-		if (!room_for(t, 24 + (uint64_t)count * 14))
+		if (!(at = line_room(t)))
 			return;
-		count_written(
-		    t,
-		    trace_write_line(t->f, base + r, h->layer, t->line_ids, t->line_scores, count),
-		    true);
+		keep_line(t,
+		          trace_format_line(at, TRACE_LINE_MAX, base + r, h->layer, t->line_ids,
+		                            t->line_scores, count),
+		          true);
 	}
 }
 
@@ -214,7 +288,7 @@ static void drain(struct trace_recorder *t)
 		if (!atomic_load_explicit(&t->stopped, memory_order_relaxed))
 			write_record(t, &h);
 	}
-	fflush(t->f);
+	flush_out(t); /* what is below the cap, after a stop at the cap too */
 }
 
 static void *writer_main(void *arg)
@@ -241,6 +315,83 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
+/* "a FIFO", "a directory", …: what a path that is not a regular file is. */
+static const char *file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFREG: return "a regular file";
+	case S_IFDIR: return "a directory";
+	case S_IFIFO: return "a FIFO";
+	case S_IFSOCK: return "a socket";
+	case S_IFCHR: return "a character device";
+	case S_IFBLK: return "a block device";
+	case S_IFLNK: return "a symbolic link";
+	default: return "not a regular file";
+	}
+}
+
+int trace_recorder_open(const char *path, struct sidecar_error *err)
+{
+	/* O_NOFOLLOW: a link planted at the path (to a root-owned file, or dangling so that
+	 * O_CREAT would make its target) is refused, never written through. O_NONBLOCK: a FIFO
+	 * without a reader fails with ENXIO instead of blocking the start. */
+	const int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		const int e = errno;
+		struct stat st;
+		if (e == ELOOP)
+			return error_set(
+			    err, MOE_EINVAL,
+			    "--record-trace %s: is a symbolic link; refusing to follow it", path);
+		if ((e == EISDIR || e == ENXIO || e == EOPNOTSUPP) && lstat(path, &st) == 0)
+			return error_set(err, MOE_EINVAL,
+			                 "--record-trace %s: is %s; a trace must be a regular file",
+			                 path, file_kind(st.st_mode));
+		return error_set(err, error_status_from_errno(e), "--record-trace %s: %s%s", path,
+		                 strerror(e), e == ENOENT ? " (is its directory there?)" : "");
+	}
+	struct stat st;
+	char why[160] = "";
+	if (fstat(fd, &st) != 0) {
+		error_set_errno(err, "--record-trace %s: fstat", path);
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode))
+		snprintf(why, sizeof(why), "is %s; a trace must be a regular file",
+		         file_kind(st.st_mode));
+	else if (st.st_nlink > 1)
+		snprintf(why, sizeof(why),
+		         "has %llu hard links; refusing to overwrite a file reachable by another "
+		         "name",
+		         (unsigned long long)st.st_nlink);
+	else if (st.st_uid != geteuid())
+		snprintf(why, sizeof(why),
+		         "is owned by uid %u, not by this sidecar's uid %u; refusing to overwrite "
+		         "it (remove it, or record elsewhere)",
+		         (unsigned)st.st_uid, (unsigned)geteuid());
+	if (why[0]) {
+		error_set(err, MOE_EINVAL, "--record-trace %s: %s", path, why);
+		goto fail;
+	}
+	if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		if (errno == EWOULDBLOCK)
+			error_set(err, MOE_EINVAL,
+			          "--record-trace %s: another process is recording into it", path);
+		else
+			error_set_errno(err, "--record-trace %s: flock", path);
+		goto fail;
+	}
+	const int fl = fcntl(fd, F_GETFL);
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+		error_set_errno(err, "--record-trace %s: fcntl", path);
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return -1;
+}
+
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
                           struct sidecar_error *err)
 {
@@ -261,24 +412,43 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 	t->scratch = malloc(largest < t->cap ? largest : t->cap);
 	t->line_ids = malloc(cfg->top_k * sizeof(uint32_t));
 	t->line_scores = malloc(cfg->top_k * sizeof(float));
-	if (!t->ring || !t->scratch || !t->line_ids || !t->line_scores) {
+	t->out = malloc(OUT_BYTES);
+	t->fd = -1;
+	if (!t->ring || !t->scratch || !t->line_ids || !t->line_scores || !t->out) {
 		error_set(err, MOE_ENOMEM, "--record-trace: out of memory for a %llu-byte buffer",
 		          (unsigned long long)t->cap);
 		goto fail;
 	}
-	t->f = fopen(cfg->path, "w");
-	if (!t->f) {
-		error_set_errno(err, "--record-trace %s", cfg->path);
+	t->fd = fcntl(cfg->fd, F_DUPFD_CLOEXEC, 0);
+	if (t->fd < 0) {
+		error_set_errno(err, "--record-trace %s: dup", cfg->path);
 		goto fail;
 	}
-	if (trace_write_header(t->f, cfg->n_layers, cfg->n_experts, cfg->top_k) != 0 ||
-	    fprintf(t->f, "# recorded by moe-sidecar serve: steps in the order served, scores = "
-	                  "weight / the token's sum of weights\n") < 0 ||
-	    fflush(t->f) != 0) {
-		error_set(err, MOE_ESYS, "--record-trace %s: %s", cfg->path, strerror(errno));
+	if (ftruncate(t->fd, 0) != 0) {
+		error_set_errno(err, "--record-trace %s: truncating", cfg->path);
 		goto fail;
 	}
-	atomic_store(&t->bytes, (uint64_t)ftell(t->f));
+	const int head =
+	    trace_format_header(t->out, OUT_BYTES, cfg->n_layers, cfg->n_experts, cfg->top_k);
+	assert(head > 0);
+	const int note = snprintf(t->out + head, OUT_BYTES - (size_t)head,
+	                          "# recorded by moe-sidecar serve: steps in the order served, "
+	                          "scores = weight / the token's sum of weights\n");
+	assert(note > 0 && (size_t)(head + note) < OUT_BYTES);
+	t->out_len = (size_t)(head + note);
+	size_t done;
+	const int e = write_all(t->fd, t->out, t->out_len, 0, &done);
+	if (e) {
+		error_set(err, error_status_from_errno(e),
+		          "--record-trace %s: writing the header: %s", cfg->path, strerror(e));
+		if (ftruncate(t->fd, 0) != 0)
+			log_warn("trace", "%s: cutting back a partial header: %s", cfg->path,
+			         strerror(errno));
+		goto fail;
+	}
+	t->written = t->out_len;
+	t->out_len = 0;
+	atomic_store(&t->bytes, t->written);
 	pthread_mutex_init(&t->lock, NULL);
 	pthread_cond_init(&t->wake, NULL);
 	int rc = pthread_create(&t->thread, NULL, writer_main, t);
@@ -295,8 +465,9 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 	*out = t;
 	return 0;
 fail:
-	if (t->f)
-		fclose(t->f);
+	if (t->fd >= 0)
+		close(t->fd);
+	free(t->out);
 	free(t->ring);
 	free(t->scratch);
 	free(t->line_ids);
@@ -314,7 +485,7 @@ void trace_recorder_destroy(struct trace_recorder *t)
 	pthread_cond_signal(&t->wake);
 	pthread_mutex_unlock(&t->lock);
 	pthread_join(t->thread, NULL);
-	if (fclose(t->f) != 0)
+	if (close(t->fd) != 0)
 		log_warn("trace", "%s: closing: %s", t->path, strerror(errno));
 	log_info("trace", "%s: %llu lines, %llu bytes, %llu FORWARDs not recorded", t->path,
 	         (unsigned long long)atomic_load(&t->lines),
@@ -322,6 +493,7 @@ void trace_recorder_destroy(struct trace_recorder *t)
 	         (unsigned long long)atomic_load(&t->dropped));
 	pthread_mutex_destroy(&t->lock);
 	pthread_cond_destroy(&t->wake);
+	free(t->out);
 	free(t->ring);
 	free(t->scratch);
 	free(t->line_ids);

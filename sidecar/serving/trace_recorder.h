@@ -3,10 +3,12 @@
  * replays.
  *
  * Owns: a bounded byte ring of FORWARD records, the writer thread that drains it into the
- * file, and the file. The request path only appends a record (a memcpy); formatting, stdio
- * and the disk are the writer's. A record that does not fit the ring (the writer is behind)
- * is dropped and counted, and the trace says so in a comment line where it happened — the
- * request path never waits for the disk.
+ * file, and a descriptor of the file (its own duplicate of trace_recorder_open's, which the
+ * caller closes: `serve` opens the file before the model, the recorder starts after it). The
+ * request path only appends a record (a memcpy); formatting and the disk are the writer's. A
+ * record that does not fit the ring (the writer is behind) is dropped and counted, and the
+ * trace says so in a comment line where it happened — the request path never waits for the
+ * disk.
  *
  * Steps: a single-token FORWARD continues the current step while the layers rise (a decode
  * pass over the model is one step); a FORWARD of n > 1 tokens, or one at a layer not above
@@ -15,6 +17,10 @@
  * Scores: each id's weight over its row's sum of weights, clamped to [0, 1] (a router's
  * probability among the chosen), so traces are always scored.
  *
+ * Whole lines: the writer formats lines into a buffer of its own and writes them with
+ * pwrite(2) after the last whole line in the file. A failed write (a full disk, EFBIG, EIO)
+ * cuts the file back to that line's end, logs one line and stops the recording: the file
+ * always ends with a whole line, and the byte count is what the file holds.
  * Size: the file stops growing before max_bytes (the header and whole lines only): the writer
  * logs one line and drops every later record.
  *
@@ -32,7 +38,8 @@
 #define TRACE_RECORD_MAX_MIB_DEFAULT 1024u
 
 struct trace_recorder_config {
-	const char *path;
+	const char *path; /* for messages */
+	int fd;           /* from trace_recorder_open; borrowed: the recorder keeps a duplicate */
 	uint64_t max_bytes;
 	uint32_t n_layers, n_experts, top_k; /* the header: MoE layers, experts, ids per token */
 	uint32_t max_tokens;                 /* rows per FORWARD at most */
@@ -40,8 +47,16 @@ struct trace_recorder_config {
 
 struct trace_recorder;
 
-/* Creates the file (truncating it), writes the header, starts the writer. 0 or -1 with err
- * filled. */
+/* Opens `path` for recording, before anything slow (the model) is read: created 0600 if
+ * absent; refused with a sentence saying what it is when it is a symbolic link (never
+ * followed, a dangling one included), not a regular file (a FIFO is never waited on:
+ * O_NONBLOCK, then refused), has other hard links, or is owned by another uid (someone else's
+ * file: a root sidecar does not overwrite it); locked (flock) so that a second sidecar cannot
+ * record into the same file. Not truncated: trace_recorder_create does that when recording
+ * starts. The descriptor (close-on-exec; the caller closes it), or -1 with err filled. */
+int trace_recorder_open(const char *path, struct sidecar_error *err);
+
+/* Truncates cfg->fd's file, writes the header, starts the writer. 0 or -1 with err filled. */
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
                           struct sidecar_error *err);
 /* Drains what is queued, flushes, closes. NULL is a no-op. */
@@ -52,7 +67,7 @@ void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tok
                         const int32_t *ids, const float *weights);
 
 struct trace_recorder_stats {
-	uint64_t lines, bytes; /* written so far */
+	uint64_t lines, bytes; /* in the file so far (whole lines; bytes = its size) */
 	uint64_t dropped;      /* FORWARDs dropped: ring full, or after the cap */
 	uint64_t ring_bytes;   /* memory the ring holds */
 	int stopped;           /* the cap was reached, or a write failed */

@@ -100,3 +100,30 @@ Test(simulate_cli, bad_arguments_fail_with_a_message)
 	cr_assert_eq(run("x.trace", out, sizeof(out)), 2);
 	cr_assert(strstr(out, "--capacities"), "%s", out);
 }
+
+/* simulate and placement read traces through one parser: a trace cut mid-line is refused by
+ * both, naming the byte where the cut line starts. */
+Test(simulate_cli, a_cut_trace_is_refused_by_simulate_and_placement)
+{
+	char path[] = "/tmp/moe-cut-trace-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	const char text[] = "moe-trace 1 n_layers=1 n_experts=8 top_k=2\n0 0 1:0.5,2:0.5\n1 0 3:0";
+	cr_assert_eq(write(fd, text, sizeof(text) - 1), (ssize_t)sizeof(text) - 1);
+	close(fd);
+	char args[256], out[4096];
+	snprintf(args, sizeof(args), "%s --capacities 4", path);
+	cr_expect_eq(run(args, out, sizeof(out)), 1, "%s", out);
+	cr_expect(strstr(out, "the last line (from byte 59) has no newline"), "%s", out);
+	char cmd[512];
+	snprintf(cmd, sizeof(cmd), "%s placement --trace %s --gpu-experts 2 2>&1", MOE_SIDECAR_BIN,
+	         path);
+	FILE *p = popen(cmd, "r");
+	cr_assert_not_null(p);
+	size_t n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = '\0';
+	int status = pclose(p);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) != 0, "placement took it: %s", out);
+	cr_expect(strstr(out, "the last line (from byte 59) has no newline"), "%s", out);
+	unlink(path);
+}

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "presets.h"
 #include "trace.h"
@@ -94,6 +95,49 @@ Test(trace, rejects_bad_input_with_line_and_reason)
 	cr_assert_neq(trace_load("/nonexistent/t.trace", &t, &err), 0);
 	cr_assert_str_eq(err.msg, "/nonexistent/t.trace: cannot open: No such file or directory");
 	cr_assert_eq(err.status, MOE_ESYS);
+}
+
+/* A trace cut mid-line (the recorder's disk filled) is refused, naming where its last line
+ * starts: "3:0" read as a whole line would be a score-0 reference to expert 3. */
+Test(trace, a_last_line_without_its_newline_is_refused_with_its_offset)
+{
+	const char *h = "moe-trace 1 n_layers=2 n_experts=8 top_k=2\n0 0 1:0.5,2:0.5\n";
+	const struct {
+		const char *tail, *says;
+	} cases[] = {
+	    {"0 1 3:0", "t.trace:3: the last line (from byte 59) has no newline"},
+	    {"0 1 3:0.5,4:0.5", "t.trace:3: the last line (from byte 59) has no newline"},
+	    {"# 3 FORWARD(s) not rec", "t.trace:3: the last line (from byte 59) has no newline"},
+	    {" ", "(from byte 59)"},
+	};
+	cr_assert_eq(strlen(h), 59);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[256];
+		snprintf(text, sizeof(text), "%s%s", h, cases[i].tail);
+		struct routing_trace t;
+		struct sidecar_error err = {0};
+		cr_assert_neq(parse(text, &t, &err), 0, "case %zu accepted", i);
+		cr_expect(strstr(err.msg, cases[i].says), "case %zu: '%s' lacks '%s'", i, err.msg,
+		          cases[i].says);
+		cr_expect_eq(err.status, MOE_EINVAL);
+	}
+	/* The same bytes with the newline parse; trace_load (simulate's, placement's reader)
+	 * refuses the cut file the same way. */
+	char text[256];
+	snprintf(text, sizeof(text), "%s0 1 3:0\n", h);
+	struct routing_trace t;
+	struct sidecar_error err = {0};
+	cr_assert_eq(parse(text, &t, &err), 0, "%s", err.msg);
+	cr_assert_eq(t.n_lines, 2);
+	trace_free(&t);
+	char path[] = "/tmp/moe-cut-trace-XXXXXX";
+	int fd = mkstemp(path);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, text, strlen(text) - 1), (ssize_t)strlen(text) - 1);
+	close(fd);
+	cr_assert_neq(trace_load(path, &t, &err), 0);
+	cr_expect(strstr(err.msg, "the last line (from byte 59) has no newline"), "%s", err.msg);
+	unlink(path);
 }
 
 Test(trace, generator_round_trips_and_is_deterministic)

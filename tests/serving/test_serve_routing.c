@@ -4,10 +4,12 @@
  * switches with FORWARDs in flight.
  */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -237,6 +239,57 @@ Test(serve_routing, record_trace_stops_at_its_cap_with_a_log_line)
 	cr_assert_eq(trace_load(path, &t, &err), 0, "whole lines only: %s", err.msg);
 	trace_free(&t);
 	unlink(path);
+	rmdir(dir);
+}
+
+/* A real full disk: the trace on a 64 KiB tmpfs (root: mount; skipped otherwise). The
+ * recording stops with one log line, the file is cut back to its last whole line, STATS
+ * trace_bytes is its size, and simulate reads it. */
+Test(serve_routing, record_trace_on_a_full_disk_keeps_whole_lines)
+{
+	char dir[] = "/tmp/moe-full-XXXXXX", path[160];
+	cr_assert_not_null(mkdtemp(dir));
+	if (mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700") != 0) {
+		rmdir(dir);
+		cr_skip_test("mounting a 64 KiB tmpfs needs root (CAP_SYS_ADMIN): %s",
+		             strerror(errno));
+	}
+	snprintf(path, sizeof(path), "%s/full.trace", dir);
+	const char *extra[] = {"--record-trace", path, NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	const uint32_t E = ref_n_experts(s.ref), k = 8, n = 64;
+	int32_t *ids = malloc(n * k * sizeof(int32_t));
+	/* 64-token FORWARDs of 8 ids: ~4 KiB of trace each; 40 of them fill the disk. */
+	for (uint32_t i = 0; i < 40; i++) {
+		for (uint32_t t = 0; t < n; t++)
+			for (uint32_t j = 0; j < k; j++)
+				ids[t * k + j] = (int32_t)((t + i + j * 2) % E);
+		cr_assert_eq(forward_ids(&s, (int32_t)(i % ref_n_layers(s.ref)), n, k, ids, NULL),
+		             MOE_OK);
+	}
+	free(ids);
+	cr_assert(log_wait(&s.sp, "write failed (No space left on device)", 1, 10000));
+	cr_expect_eq(log_count(&s.sp, "cut back to its last whole line"), 1);
+	char *json = served_stats(&s);
+	const int64_t trace_bytes = json_top_u64(json, "trace_bytes");
+	cr_expect(strstr(json, "\"trace_stopped\":true"), "%s", json);
+	free(json);
+	served_stop(&s);
+	struct stat st;
+	cr_assert_eq(stat(path, &st), 0);
+	cr_expect_eq(trace_bytes, (int64_t)st.st_size, "STATS says %lld bytes, the file has %lld",
+	             (long long)trace_bytes, (long long)st.st_size);
+	struct routing_trace t;
+	struct sidecar_error err = {0};
+	cr_expect_eq(trace_load(path, &t, &err), 0, "whole lines only: %s", err.msg);
+	trace_free(&t);
+	char cmd[512], *out;
+	snprintf(cmd, sizeof(cmd), "%s simulate %s --capacities 50%% 2>&1", MOE_SIDECAR_BIN, path);
+	cr_expect_eq(run_capture(cmd, &out), 0, "%s", out);
+	free(out);
+	unlink(path);
+	cr_expect_eq(umount(dir), 0, "%s", strerror(errno));
 	rmdir(dir);
 }
 

@@ -8,6 +8,7 @@
  * has no line about it.
  */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -194,4 +195,145 @@ Test(serve_start, more_threads_than_cpus_is_served_with_a_warning)
 	}
 	free(log);
 	served_stop(&s);
+}
+
+/* --record-trace FILE is opened before the socket and the model, never through a link, never
+ * waited on, and refused unless it is a regular file of the sidecar's own with one name.
+ * Each case names what the path is; the MODEL does not exist, so the refusal came first. */
+Test(serve_start, a_trace_file_that_is_not_a_regular_file_is_refused_before_the_model)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char victim[96], link_victim[96], dangling[96], dangling_target[96], dir[96], fifo[96],
+	    fifo_read[96], hard[96], hard2[96], missing[96], foreign[96];
+	snprintf(victim, sizeof(victim), "%s/victim", sp.dir);
+	snprintf(link_victim, sizeof(link_victim), "%s/served.trace", sp.dir);
+	snprintf(dangling, sizeof(dangling), "%s/dangling.trace", sp.dir);
+	snprintf(dangling_target, sizeof(dangling_target), "%s/made-by-the-sidecar", sp.dir);
+	snprintf(dir, sizeof(dir), "%s/a-directory", sp.dir);
+	snprintf(fifo, sizeof(fifo), "%s/fifo", sp.dir);
+	snprintf(fifo_read, sizeof(fifo_read), "%s/fifo-with-a-reader", sp.dir);
+	snprintf(hard, sizeof(hard), "%s/hard.trace", sp.dir);
+	snprintf(hard2, sizeof(hard2), "%s/hard-other-name", sp.dir);
+	snprintf(missing, sizeof(missing), "%s/no-such-dir/x.trace", sp.dir);
+	snprintf(foreign, sizeof(foreign), "%s/foreign.trace", sp.dir);
+	int fd = open(victim, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, "victim\n", 7), 7);
+	close(fd);
+	cr_assert_eq(symlink(victim, link_victim), 0);
+	cr_assert_eq(symlink(dangling_target, dangling), 0);
+	cr_assert_eq(mkdir(dir, 0700), 0);
+	cr_assert_eq(mkfifo(fifo, 0600), 0);
+	cr_assert_eq(mkfifo(fifo_read, 0600), 0);
+	const int reader = open(fifo_read, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	cr_assert_geq(reader, 0);
+	fd = open(hard, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	close(fd);
+	cr_assert_eq(link(hard, hard2), 0);
+	const bool root = geteuid() == 0;
+	if (root) {
+		fd = open(foreign, O_WRONLY | O_CREAT | O_EXCL, 0600);
+		cr_assert_geq(fd, 0);
+		close(fd);
+		cr_assert_eq(chown(foreign, 65534, 65534), 0);
+	}
+	const struct {
+		const char *path, *says;
+	} cases[] = {
+	    {link_victim, "is a symbolic link; refusing to follow it"},
+	    {dangling, "is a symbolic link; refusing to follow it"},
+	    {dir, "is a directory; a trace must be a regular file"},
+	    {fifo, "is a FIFO; a trace must be a regular file"},
+	    {fifo_read, "is a FIFO; a trace must be a regular file"},
+	    {"/dev/full", "is a character device; a trace must be a regular file"},
+	    {hard, "has 2 hard links; refusing to overwrite"},
+	    {missing, "No such file or directory (is its directory there?)"},
+	    {root ? foreign : NULL, "is owned by uid 65534, not by this sidecar's uid 0"},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (!cases[i].path)
+			continue;
+		const char *extra[] = {NO_MODEL, "--record-trace", cases[i].path, NULL};
+		char *log = refused_start(&sp, extra, 2);
+		char want[256];
+		snprintf(want, sizeof(want), "--record-trace %s: %s", cases[i].path, cases[i].says);
+		cr_expect(strstr(log, want), "%s: %s", cases[i].path, log);
+		cr_expect_not(strstr(log, "nonexistent"), "%s: the model came first: %s",
+		              cases[i].path, log);
+		struct stat st;
+		char run[80];
+		snprintf(run, sizeof(run), "%s/run", sp.dir);
+		cr_expect_neq(stat(run, &st), 0, "%s: the socket directory came first",
+		              cases[i].path);
+		free(log);
+	}
+	close(reader);
+	char *text = slurp(victim);
+	cr_expect(text && strcmp(text, "victim\n") == 0, "the link's target was written: %s",
+	          text ? text : "(gone)");
+	free(text);
+	struct stat st;
+	cr_expect_neq(lstat(dangling_target, &st), 0, "the dangling link's target was created");
+	sidecar_cleanup(&sp);
+}
+
+/* With a model that exists: the link to a root-owned file is still refused before the model
+ * is read (its target keeps its bytes), and a second sidecar cannot record into the file a
+ * first one records into (the file's lock, taken before the socket's). */
+Test(serve_start, a_trace_file_is_refused_with_a_real_model_and_locked_while_recorded)
+{
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char model[160], victim[96], trace[96];
+	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+	snprintf(victim, sizeof(victim), "%s/victim", sp.dir);
+	snprintf(trace, sizeof(trace), "%s/served.trace", sp.dir);
+	cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+	int fd = open(victim, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	cr_assert_eq(write(fd, "victim\n", 7), 7);
+	close(fd);
+	cr_assert_eq(symlink(victim, trace), 0);
+	const char *extra[] = {
+	    model, "--record-trace", trace, "--probes-instance", "test-serve-start", NULL};
+	char *log = refused_start(&sp, extra, 2);
+	cr_expect(strstr(log, "is a symbolic link; refusing to follow it"), "%s", log);
+	cr_expect_not(strstr(log, "model path=") || strstr(log, "warming"),
+	              "the model was read before the trace was checked: %s", log);
+	free(log);
+	char *text = slurp(victim);
+	cr_expect(text && strcmp(text, "victim\n") == 0, "the link's target was written: %s",
+	          text ? text : "(gone)");
+	free(text);
+
+	/* A regular file with old bytes: taken, truncated, recorded into; a second sidecar
+	 * (another socket) cannot have it, and the first one's trace stays whole. */
+	cr_assert_eq(unlink(trace), 0);
+	fd = open(trace, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	cr_assert_geq(fd, 0);
+	for (int i = 0; i < 1000; i++)
+		cr_assert_eq(write(fd, "not a trace\n", 12), 12);
+	close(fd);
+	struct served s;
+	const char *record[] = {"--record-trace", trace, NULL};
+	served_start(&s, "q8_0", record);
+	struct sidecar_proc second;
+	harness_tempdir(&second);
+	const char *again[] = {NO_MODEL, "--record-trace", trace, NULL};
+	log = refused_start(&second, again, 2);
+	char want[160];
+	snprintf(want, sizeof(want), "--record-trace %s: another process is recording into it",
+	         trace);
+	cr_expect(strstr(log, want), "%s", log);
+	free(log);
+	sidecar_cleanup(&second);
+	served_stop(&s);
+	text = slurp(trace);
+	cr_assert_not_null(text);
+	cr_expect(strncmp(text, "moe-trace 1 ", 12) == 0 && !strstr(text, "not a trace"),
+	          "the old bytes were not truncated, or the header is gone: %.200s", text);
+	free(text);
+	sidecar_cleanup(&sp);
 }
