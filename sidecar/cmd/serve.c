@@ -2,8 +2,10 @@
  * then the server (server.h) until SIGINT/SIGTERM.
  *
  * Options are one table (name, argument, help) plus one switch. Without MODEL the sidecar is
- * the PING/ECHO channel server; with it, it opens the catalog, attaches the page-cache probes,
- * warms the engine and serves FORWARD/PREFETCH/STATS/MASK. Only this file exits with a status.
+ * the PING/ECHO channel server; with it, a second thread opens the catalog, attaches the
+ * page-cache probes and warms the engine while this one answers the socket ("starting", with
+ * the warm-up's progress), then it serves FORWARD/PREFETCH/STATS/MASK. Only this file exits
+ * with a status.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,6 +26,7 @@
 #include "ops.h"
 #include "policy.h"
 #include "routing.h"
+#include "sd_notify.h"
 #include "served_model.h"
 #include "server.h"
 #include "trace_recorder.h"
@@ -49,6 +52,7 @@ enum {
 	OPT_NO_DIRECT,
 	OPT_FILE_LAYOUT,
 	OPT_FAIL_EXPERT,
+	OPT_HOLD_WARMUP,
 	OPT_RETRY_BACKOFF,
 	OPT_MEM_LIMIT,
 	OPT_HEAT_HALF_LIFE,
@@ -139,6 +143,9 @@ static const struct serve_option {
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
      "L:E[:N]",
      "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
+    {{"debug-hold-warmup", required_argument, NULL, OPT_HOLD_WARMUP},
+     "FD",
+     "testing: once warm, wait for end-of-file on FD before serving (a window of \"starting\")"},
 #endif
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
@@ -297,6 +304,58 @@ static void close_trace(int fd)
 		log_warn("serve", "--record-trace: close: %s", strerror(errno));
 }
 
+/* The model's warm-up, on its own thread: open it, start the request queue, hand both to the
+ * server. On failure the server stops (server_run returns 1); the sentence is logged here. */
+struct warm_up {
+	struct server *server;
+	const struct serve_model_config *mcfg;
+	const struct forward_queue_config *ocfg;
+	struct moe_limits defaults;
+	int trace_fd;
+	int hold_fd;               /* test hooks: wait for EOF on it before serving; -1: none */
+	struct serve_model *model; /* set once open, for cmd_serve to close */
+	struct forward_queue *queue;
+};
+
+static void say_status(void *arg, const char *sentence)
+{
+	server_set_status(arg, sentence);
+}
+
+static void *warm_up_main(void *arg)
+{
+	struct warm_up *w = arg;
+	struct sidecar_error err = {0};
+	int rc = serve_model_open(w->mcfg, &w->model, &err);
+	if (rc == 0) {
+		rc = forward_queue_create(w->model, w->ocfg, &w->queue, &err);
+		if (rc != 0) {
+			serve_model_close(w->model);
+			w->model = NULL;
+		}
+	}
+	close_trace(w->trace_fd); /* the recorder keeps its own descriptor */
+	if (rc != 0) {
+		log_error("serve", "%s", err.msg);
+		server_start_failed(w->server);
+		return NULL;
+	}
+	if (w->hold_fd >= 0) { /* only the test-hooks daemon parses the option */
+		char b;
+		ssize_t n;
+		while ((n = read(w->hold_fd, &b, 1)) > 0 || (n < 0 && errno == EINTR))
+			;
+		close(w->hold_fd);
+	}
+	const struct serve_model_desc *d = serve_model_desc(w->model);
+	w->defaults.hidden = d->hidden;
+	w->defaults.top_k = d->max_top_k;
+	if (w->defaults.max_tokens > d->max_tokens)
+		w->defaults.max_tokens = d->max_tokens;
+	server_ready(w->server, forward_queue_service(w->queue), &w->defaults);
+	return NULL;
+}
+
 int cmd_serve(int argc, char **argv)
 {
 	/* Before the first log line: a daemon whose stderr is a pipe that went away (`serve … |
@@ -330,6 +389,7 @@ int cmd_serve(int argc, char **argv)
 #endif
 	};
 	struct forward_queue_config ocfg = {0};
+	int hold_fd = -1; /* --debug-hold-warmup */
 	uint64_t v;
 	int c;
 	optind = 1;
@@ -470,6 +530,16 @@ int cmd_serve(int argc, char **argv)
 			break;
 		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
 #ifdef MOE_TEST_HOOKS
+		case OPT_HOLD_WARMUP:
+			if (parse_u64(optarg, 0, INT_MAX, &v) != 0) {
+				fprintf(stderr,
+				        "moe-sidecar serve: --debug-hold-warmup '%s': not a file "
+				        "descriptor\n",
+				        optarg);
+				return 2;
+			}
+			hold_fd = (int)v;
+			break;
 		case OPT_FAIL_EXPERT: {
 			int layer, expert, loads = 0, n = 0, m = 0;
 			bool ok = sscanf(optarg, "%d:%d%n", &layer, &expert, &n) == 2 &&
@@ -532,6 +602,11 @@ int cmd_serve(int argc, char **argv)
 		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
 		return 2;
 	}
+	/* The service manager's variables, read once before any thread exists. */
+	if (sd_notify_init(&err) != 0) {
+		fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
+		return 2;
+	}
 	/* Opened (not truncated) before the socket is bound: a FIFO, a link or someone else's
 	 * file is refused here, and nothing can block the start on it. */
 	int trace_fd = -1;
@@ -544,9 +619,9 @@ int cmd_serve(int argc, char **argv)
 		ocfg.record_trace_fd = trace_fd;
 	}
 	/* Blocked before any thread exists (every thread the model starts inherits it), or a
-	 * signal would kill the process instead of reaching the server's signalfd. A signal
-	 * during warm-up stays pending and stops the server as soon as it runs (SIGHUP: the
-	 * operator's retry of failed experts). */
+	 * signal would kill the process instead of reaching the server's signalfd, which the
+	 * control thread reads from the start: SIGTERM during the warm-up closes the socket at
+	 * once and stops once the warm-up in progress ends. */
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
@@ -557,14 +632,20 @@ int cmd_serve(int argc, char **argv)
 		close_trace(trace_fd);
 		return 1;
 	}
+	/* With a model the socket answers at once, "starting", until the model is served. */
+	if (optind < argc)
+		cfg.service = NULL;
 	struct server *server;
 	if (server_open(&cfg, &server, &err) != 0) {
 		log_error("server", "%s", err.msg);
 		close_trace(trace_fd);
 		return 1;
 	}
-	if (optind == argc)
-		return server_run(server);
+	if (optind == argc) {
+		int status = server_run(server);
+		server_close(server);
+		return status;
+	}
 
 	mcfg.path = argv[optind];
 	/* The memory limit, before anything large is allocated (memlimit.h). */
@@ -591,30 +672,30 @@ int cmd_serve(int argc, char **argv)
 	         (unsigned long long)ml.total_bytes, (unsigned long long)ml.others_bytes,
 	         (unsigned long long)ml.kernel_bytes, (unsigned long long)ml.headroom_bytes,
 	         (unsigned long long)ml.available_bytes, (unsigned long long)mcfg.mem_base);
-	struct serve_model *model;
-	if (serve_model_open(&mcfg, &model, &err) != 0) {
-		log_error("serve", "%s", err.msg);
+	mcfg.status = say_status;
+	mcfg.status_arg = server;
+	/* The model warms up on its own thread (it inherits the blocked signals) while this
+	 * one answers the socket; the server starts serving when the warm-up hands over. */
+	struct warm_up w = {.server = server,
+	                    .mcfg = &mcfg,
+	                    .ocfg = &ocfg,
+	                    .defaults = cfg.defaults,
+	                    .trace_fd = trace_fd,
+	                    .hold_fd = hold_fd};
+	pthread_t warm_thread;
+	int rc = pthread_create(&warm_thread, NULL, warm_up_main, &w);
+	if (rc != 0) {
+		log_error("serve", "starting the warm-up thread: %s", strerror(rc));
 		close_trace(trace_fd);
 		server_close(server);
 		return 1;
 	}
-	struct forward_queue *queue;
-	const int queued = forward_queue_create(model, &ocfg, &queue, &err);
-	close_trace(trace_fd); /* the recorder keeps its own descriptor */
-	if (queued != 0) {
-		log_error("serve", "%s", err.msg);
-		serve_model_close(model);
-		server_close(server);
-		return 1;
-	}
-	const struct serve_model_desc *d = serve_model_desc(model);
-	cfg.service = forward_queue_service(queue);
-	cfg.defaults.hidden = d->hidden;
-	cfg.defaults.top_k = d->max_top_k;
-	if (cfg.defaults.max_tokens > d->max_tokens)
-		cfg.defaults.max_tokens = d->max_tokens;
 	int status = server_run(server);
-	forward_queue_destroy(queue);
-	serve_model_close(model);
+	pthread_join(warm_thread, NULL);
+	if (w.queue)
+		forward_queue_destroy(w.queue);
+	if (w.model)
+		serve_model_close(w.model);
+	server_close(server);
 	return status;
 }

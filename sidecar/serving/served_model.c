@@ -42,6 +42,9 @@ struct serve_model {
 #endif
 	struct progress warm;
 	bool warm_started;
+	void (*status)(void *arg, const char *sentence);
+	void *status_arg;
+	uint32_t status_percent; /* the last percent said, +1 (0: none yet) */
 };
 
 static int parse_numa(const char *spec, struct forward_config *fc, struct sidecar_error *err)
@@ -106,6 +109,14 @@ static void warm_progress(void *arg, const char *what, uint64_t done, uint64_t t
 		m->warm_started = true;
 	}
 	progress_update(&m->warm, done);
+	const uint32_t percent = total ? (uint32_t)(done * 100 / total) : 100;
+	if (m->status && percent + 1 != m->status_percent) {
+		m->status_percent = percent + 1;
+		char said[96];
+		snprintf(said, sizeof(said), "warming up: %s %llu of %llu, %u%%", what,
+		         (unsigned long long)done, (unsigned long long)total, percent);
+		m->status(m->status_arg, said);
+	}
 	if (done >= total) {
 		progress_end(&m->warm);
 		m->warm_started = false;
@@ -164,6 +175,10 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	m->fail_expert = cfg->fail_expert;
 	m->fail_loads = cfg->fail_loads;
 #endif
+	m->status = cfg->status;
+	m->status_arg = cfg->status_arg;
+	if (m->status)
+		m->status(m->status_arg, "reading the model's catalog and fingerprint");
 
 	if (moe_catalog_open(cfg->path, &m->cat, err) != 0)
 		goto fail;

@@ -50,6 +50,12 @@ struct serve_model_config {
 	 * at all (every demand retries). */
 	uint32_t retry_backoff_ms, retry_backoff_max_ms;
 	bool retry_without_backoff;
+	/* Told what the warm-up is doing, as a sentence ("reading experts: 120 of 512, 23%"),
+	 * at each step and each whole percent: what a client connecting meanwhile is told, and
+	 * the service manager's STATUS. Called on the thread running serve_model_open. NULL:
+	 * nobody asks. */
+	void (*status)(void *arg, const char *sentence);
+	void *status_arg;
 #ifdef MOE_TEST_HOOKS
 	/* The test-hooks daemon only (--debug-fail-expert): the reads of this (layer, expert) fail
 	 * with EIO (layer -1: none) — in its first fail_loads loads, or every one when fail_loads

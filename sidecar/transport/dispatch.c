@@ -23,6 +23,7 @@
 
 #include "clock.h"
 #include "log.h"
+#include "sd_notify.h"
 #include "spin_wait.h"
 
 #ifndef SYS_futex_waitv
@@ -247,7 +248,7 @@ static void *dispatcher_main(void *arg)
 {
 	struct dispatcher *d = arg;
 	uint32_t seen = atomic_load_explicit(&d->control_word, memory_order_acquire) - 1;
-	uint64_t last_work = monotonic_ns(), last_beat = 0;
+	uint64_t last_work = monotonic_ns(), last_beat = 0, last_watchdog = 0;
 	for (;;) {
 		uint32_t gen = atomic_load_explicit(&d->control_word, memory_order_acquire);
 		if (gen != seen) {
@@ -262,6 +263,11 @@ static void *dispatcher_main(void *arg)
 		if (now - last_beat >= d->heartbeat_ns) {
 			write_heartbeats(d, now);
 			last_beat = now;
+			/* Fed from here, so a dispatcher that stops draining starves it. */
+			if (d->watchdog_ns && now - last_watchdog >= d->watchdog_ns) {
+				sd_notify("WATCHDOG=1");
+				last_watchdog = now;
+			}
 		}
 		if (work) {
 			last_work = now;
@@ -298,6 +304,8 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, struct sidecar_e
 		d->spin_ns = SPIN_WAIT_BOUND_NS;
 	if (!d->heartbeat_ns)
 		d->heartbeat_ns = 100000000;
+	if (d->watchdog_ns && d->heartbeat_ns > d->watchdog_ns)
+		d->heartbeat_ns = d->watchdog_ns; /* wake up often enough to feed it */
 	d->dropped_eventfd = dropped_eventfd;
 	atomic_init(&d->control_word, 0);
 	int rc = pthread_mutex_init(&d->lock, NULL);

@@ -37,6 +37,7 @@ struct dispatcher {
 	bool running;
 	uint64_t spin_ns;      /* keep polling this long after the last work */
 	uint64_t heartbeat_ns; /* period of header.heartbeat_ns updates and of idle wake-ups */
+	uint64_t watchdog_ns;  /* send the service manager WATCHDOG=1 this often; 0: never */
 	int dropped_eventfd;   /* written when the dispatcher drops a channel */
 
 	/* Bumped (release) by the control thread after changing the requests below; the

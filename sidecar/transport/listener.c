@@ -382,6 +382,15 @@ int listener_open(struct listener *l, const char *path, const struct listener_pe
 	return bind_socket(l, peers->shared, err);
 }
 
+void listener_adopt(struct listener *l, int fd, const char *path)
+{
+	memset(l, 0, sizeof(*l));
+	l->dir_fd = l->lock_fd = -1;
+	l->sock_fd = fd;
+	l->adopted = true;
+	snprintf(l->path, sizeof(l->path), "%s", path);
+}
+
 int listener_listen(struct listener *l, int backlog, struct sidecar_error *err)
 {
 	if (listen(l->sock_fd, backlog) != 0)

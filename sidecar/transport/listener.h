@@ -28,6 +28,7 @@ struct listener {
 	char name[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* its last component */
 	char lock_name[sizeof(((struct sockaddr_un *)0)->sun_path) + 8]; /* name + ".lock" */
 	int dir_fd, lock_fd, sock_fd;                                    /* -1 when not open */
+	bool adopted;   /* sock_fd was passed (socket activation): not ours to unlink */
 	dev_t sock_dev; /* the socket inode bind created */
 	ino_t sock_ino;
 };
@@ -50,6 +51,10 @@ struct listener_peers {
  * whatever was done. */
 int listener_open(struct listener *l, const char *path, const struct listener_peers *peers,
                   struct sidecar_error *err);
+
+/* Takes a socket another process made and listens on (socket activation): l serves fd and
+ * names it path; there is no directory or lock, and listener_close only closes fd. */
+void listener_adopt(struct listener *l, int fd, const char *path);
 
 /* Starts accepting connections (non-blocking socket). */
 int listener_listen(struct listener *l, int backlog, struct sidecar_error *err);

@@ -28,6 +28,7 @@
 #include "dispatch.h"
 #include "listener.h"
 #include "log.h"
+#include "sd_notify.h"
 
 #define HELLO_MAX_BYTES 4096u
 /* Connections of one uid still in the handshake (accepted, no complete hello yet). The table
@@ -37,7 +38,7 @@
  * refused at accept and take none. */
 #define HANDSHAKES_PER_UID 16u
 
-enum { TAG_LISTEN = 1, TAG_SIGNAL, TAG_DROPPED, TAG_CONN_BASE = 16 };
+enum { TAG_LISTEN = 1, TAG_SIGNAL, TAG_DROPPED, TAG_HANDOVER, TAG_CONN_BASE = 16 };
 
 enum conn_state { CONN_FREE = 0, CONN_HELLO, CONN_SERVING };
 
@@ -64,6 +65,21 @@ struct server {
 	uint32_t n_conns_cap, n_serving, next_id;
 	/* Lines about connections refused or dropped at accept: peers can repeat them at will. */
 	struct log_ratelimit refused_log, dropped_log;
+	/* What is served, control thread only: NULL while the model warms up (every hello is
+	 * answered MOE_ESTARTING with the warm-up's status), then what server_ready handed over. */
+	const struct channel_service *service;
+	struct moe_limits defaults;
+	/* The hand-over from the thread that warms the model: written under handover_lock, then
+	 * handover_fd (an eventfd) wakes the control thread, which takes it. */
+	pthread_mutex_t handover_lock;
+	int handover_fd;
+	bool announced; /* READY was said */
+	struct {
+		bool ready, failed;
+		const struct channel_service *service;
+		struct moe_limits defaults;
+		char status[MOE_REASON_LEN - 48];
+	} handover;
 };
 
 static uint64_t conn_tag(uint32_t id, uint32_t index)
@@ -110,8 +126,8 @@ static uint32_t uids_that_may_connect(const struct server_config *cfg)
 
 static void service_channel_close(struct server *s, struct sidecar_channel *ch)
 {
-	if (s->cfg->service->channel_close)
-		s->cfg->service->channel_close(s->cfg->service->ctx, ch);
+	if (s->service->channel_close)
+		s->service->channel_close(s->service->ctx, ch);
 }
 
 static void conn_close(struct server *s, struct conn *c, const char *why)
@@ -162,9 +178,10 @@ static void refuse(struct server *s, struct conn *c, int status, const char *rea
 	struct moe_welcome w;
 	welcome_base(&w, status);
 	snprintf(w.reason, sizeof(w.reason), "%s", reason);
-	log_warn("server", "refused client pid=%d uid=%u name=%s status=%s reason=\"%s\"",
-	         (int)c->pid, (unsigned)c->uid, c->name[0] ? c->name : "?", moe_status_str(status),
-	         reason);
+	/* A client waiting for the warm-up asks again every 250 ms: not a warning. */
+	log_event(status == MOE_ESTARTING ? LOG_DEBUG : LOG_WARN, "server",
+	          "refused client pid=%d uid=%u name=%s status=%s reason=\"%s\"", (int)c->pid,
+	          (unsigned)c->uid, c->name[0] ? c->name : "?", moe_status_str(status), reason);
 	if (send(c->fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof(w))
 		log_debug("server", "refusal to pid=%d not delivered: %s", (int)c->pid,
 		          strerror(errno));
@@ -196,7 +213,7 @@ static int send_welcome(int fd, const struct moe_welcome *w, int memfd)
 static int negotiate(const struct server *s, const struct moe_hello *h, struct moe_limits *g,
                      struct sidecar_error *why)
 {
-	const struct moe_limits *d = &s->cfg->defaults;
+	const struct moe_limits *d = &s->defaults;
 	*g = h->want;
 	if (!g->max_tokens)
 		g->max_tokens = d->max_tokens;
@@ -212,7 +229,7 @@ static int negotiate(const struct server *s, const struct moe_hello *h, struct m
 	char lim_why[120];
 	if (moe_limits_check(g, lim_why, sizeof(lim_why)) != MOE_OK)
 		return error_set(why, MOE_EREFUSED, "requested limits: %s", lim_why);
-	const struct channel_service *sv = s->cfg->service;
+	const struct channel_service *sv = s->service;
 	if (sv->grant && sv->grant(sv->ctx, g, why) != 0)
 		return -1;
 	struct moe_layout l;
@@ -242,6 +259,13 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, MOE_EPROTO, why);
 		return;
 	}
+	if (!s->service) {
+		pthread_mutex_lock(&s->handover_lock);
+		snprintf(why, sizeof(why), "%s", s->handover.status);
+		pthread_mutex_unlock(&s->handover_lock);
+		refuse(s, c, MOE_ESTARTING, why);
+		return;
+	}
 	if (s->n_serving >= s->cfg->max_clients) {
 		snprintf(why, sizeof(why), "this sidecar already serves its maximum of %u clients",
 		         s->cfg->max_clients);
@@ -261,9 +285,8 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		return;
 	}
 	ch->id = c->id;
-	ch->ops = s->cfg->service->ops;
-	if (s->cfg->service->channel_open &&
-	    s->cfg->service->channel_open(s->cfg->service->ctx, ch, &err) != 0) {
+	ch->ops = s->service->ops;
+	if (s->service->channel_open && s->service->channel_open(s->service->ctx, ch, &err) != 0) {
 		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err.msg);
 		return;
@@ -273,8 +296,8 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.channel_bytes = ch->bytes;
 	w.epoch = ch->epoch;
 	w.limits = g;
-	if (s->cfg->service->welcome)
-		s->cfg->service->welcome(s->cfg->service->ctx, &w.model, w.fingerprint);
+	if (s->service->welcome)
+		s->service->welcome(s->service->ctx, &w.model, w.fingerprint);
 	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
@@ -496,9 +519,9 @@ static void sweep_handshakes(struct server *s)
 /* SIGHUP: the operator asks for what failed to be tried again (docs/operations.md). */
 static void retry_failed(struct server *s)
 {
-	const struct channel_service *sv = s->cfg->service;
+	const struct channel_service *sv = s->service;
 	char said[200] = "nothing to retry";
-	if (sv->reload)
+	if (sv && sv->reload)
 		sv->reload(sv->ctx, said, sizeof(said));
 	log_warn("server", "SIGHUP: %s", said);
 }
@@ -535,7 +558,8 @@ static int server_setup(struct server *s)
 		uint64_t tag;
 	} fixed[] = {{s->listener.sock_fd, TAG_LISTEN},
 	             {s->signal_fd, TAG_SIGNAL},
-	             {s->dropped_fd, TAG_DROPPED}};
+	             {s->dropped_fd, TAG_DROPPED},
+	             {s->handover_fd, TAG_HANDOVER}};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = fixed[i].tag};
 		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0) {
@@ -552,6 +576,9 @@ static int server_setup(struct server *s)
 	for (uint32_t i = 0; i < s->n_conns_cap; i++)
 		s->conns[i].fd = -1;
 	s->dispatcher.spin_ns = s->cfg->spin_ns;
+	/* The service manager's watchdog is fed by the dispatcher, at half its period: a hung
+	 * dispatcher (no ring is drained) is what a restart cures. */
+	s->dispatcher.watchdog_ns = sd_watchdog_ns() / 2;
 	if (dispatcher_start(&s->dispatcher, s->dropped_fd, &err) != 0) {
 		log_error("server", "%s", err.msg);
 		return -1;
@@ -559,11 +586,13 @@ static int server_setup(struct server *s)
 	return 0;
 }
 
+/* READY: a FORWARD will be served now — to the log, --ready-fd and the service manager. */
 static void announce_ready(struct server *s)
 {
 	int fd = s->cfg->ready_fd;
-	log_info("server", "listening path=%s pid=%d max_clients=%u peers=%s", s->listener.path,
+	log_info("server", "serving path=%s pid=%d max_clients=%u peers=%s", s->listener.path,
 	         (int)getpid(), s->cfg->max_clients, s->cfg->allow_list ? "uid+allow-list" : "uid");
+	sd_notify("READY=1\nSTATUS=serving %s", s->listener.path);
 	if (fd < 0)
 		return;
 	char line[sizeof(s->listener.path) + 16];
@@ -575,9 +604,10 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
-	listener_close(&s->listener);  /* the socket (if still ours) goes first: no new peers */
-	if (s->cfg->service->shutdown) /* work not started fails with MOE_ESHUTDOWN */
-		s->cfg->service->shutdown(s->cfg->service->ctx);
+	sd_notify("STOPPING=1");
+	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
+	if (s->service && s->service->shutdown) /* work not started fails with MOE_ESHUTDOWN */
+		s->service->shutdown(s->service->ctx);
 	if (s->dispatcher.running)
 		dispatcher_stop(&s->dispatcher); /* CLOSING, MOE_ESHUTDOWN, CLOSED, wake */
 	s->dispatcher_stopped = true;
@@ -602,6 +632,36 @@ int server_open(const struct server_config *cfg, struct server **out, struct sid
 	s->cfg = cfg;
 	s->signal_fd = s->dropped_fd = s->epoll_fd = -1;
 	s->listener.dir_fd = s->listener.lock_fd = s->listener.sock_fd = -1;
+	s->service = cfg->service;
+	s->defaults = cfg->defaults;
+	pthread_mutex_init(&s->handover_lock, NULL);
+	snprintf(s->handover.status, sizeof(s->handover.status), "loading the model");
+	s->handover_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (s->handover_fd < 0) {
+		error_set(err, MOE_ESYS, "eventfd: %s", strerror(errno));
+		server_close(s);
+		return -1;
+	}
+	/* A socket the service manager made and passed (socket activation) is served as it is:
+	 * the path checks are for what the sidecar creates, and systemd keeps one instance. */
+	int passed;
+	char passed_path[sizeof(s->listener.path)];
+	int rc = sd_listen_fd(&passed, passed_path, sizeof(passed_path), err);
+	if (rc < 0) {
+		server_close(s);
+		return -1;
+	}
+	if (rc == 1) {
+		if (cfg->socket_path && strcmp(cfg->socket_path, passed_path))
+			log_warn(
+			    "server",
+			    "--socket %s ignored: serving the socket the service manager passed, "
+			    "%s",
+			    cfg->socket_path, passed_path);
+		listener_adopt(&s->listener, passed, passed_path);
+		*out = s;
+		return 0;
+	}
 	char path[sizeof(s->listener.path)];
 	if (cfg->socket_path) {
 		if (strlen(cfg->socket_path) >= sizeof(path)) {
@@ -632,19 +692,93 @@ void server_close(struct server *s)
 	if (!s)
 		return;
 	listener_close(&s->listener);
+	if (s->handover_fd >= 0)
+		close(s->handover_fd);
+	pthread_mutex_destroy(&s->handover_lock);
 	free(s);
+}
+
+const char *server_path(const struct server *s)
+{
+	return s->listener.path;
+}
+
+static void handover_post(struct server *s)
+{
+	const uint64_t one = 1;
+	if (write(s->handover_fd, &one, sizeof(one)) != (ssize_t)sizeof(one))
+		log_error("server", "waking the control thread: %s", strerror(errno));
+}
+
+void server_ready(struct server *s, const struct channel_service *service,
+                  const struct moe_limits *defaults)
+{
+	pthread_mutex_lock(&s->handover_lock);
+	s->handover.service = service;
+	s->handover.defaults = *defaults;
+	s->handover.ready = true;
+	pthread_mutex_unlock(&s->handover_lock);
+	handover_post(s);
+}
+
+void server_start_failed(struct server *s)
+{
+	pthread_mutex_lock(&s->handover_lock);
+	s->handover.failed = true;
+	pthread_mutex_unlock(&s->handover_lock);
+	handover_post(s);
+}
+
+void server_set_status(struct server *s, const char *status)
+{
+	pthread_mutex_lock(&s->handover_lock);
+	snprintf(s->handover.status, sizeof(s->handover.status), "%s", status);
+	pthread_mutex_unlock(&s->handover_lock);
+	sd_notify("STATUS=%s", status);
+}
+
+/* The warm-up's outcome: start serving, or stop. Returns false to stop the loop. */
+static bool take_handover(struct server *s, int *status)
+{
+	uint64_t n;
+	if (read(s->handover_fd, &n, sizeof(n)) != (ssize_t)sizeof(n))
+		return true;
+	pthread_mutex_lock(&s->handover_lock);
+	const bool failed = s->handover.failed;
+	if (s->handover.ready && !s->service) {
+		s->service = s->handover.service;
+		s->defaults = s->handover.defaults;
+	}
+	pthread_mutex_unlock(&s->handover_lock);
+	if (failed) {
+		*status = 1;
+		return false;
+	}
+	if (s->service && !s->announced) {
+		s->announced = true;
+		announce_ready(s);
+	}
+	return true;
 }
 
 int server_run(struct server *s)
 {
 	if (server_setup(s) != 0) {
 		server_teardown(s);
-		free(s);
 		return 1;
 	}
-	announce_ready(s);
-
 	int status = 0;
+	if (s->service) {
+		s->announced = true;
+		announce_ready(s);
+	} else {
+		log_info("server",
+		         "listening path=%s%s pid=%d; until the model is ready, clients are told "
+		         "the sidecar is starting",
+		         s->listener.path,
+		         s->listener.adopted ? " (passed by the service manager)" : "",
+		         (int)getpid());
+	}
 	for (bool stop = false; !stop;) {
 		bool handshaking = false;
 		for (uint32_t i = 0; i < s->n_conns_cap; i++)
@@ -670,11 +804,14 @@ int server_run(struct server *s)
 					retry_failed(s);
 					continue;
 				}
-				log_info("server", "shutting down on %s",
-				         strsignal((int)si.ssi_signo));
+				log_info("server", "shutting down on %s%s",
+				         strsignal((int)si.ssi_signo),
+				         s->service ? "" : " (the warm-up in progress ends first)");
 				stop = true;
 			} else if (tag == TAG_DROPPED) {
 				handle_dropped(s);
+			} else if (tag == TAG_HANDOVER) {
+				stop = !take_handover(s, &status);
 			} else {
 				/* The id guards against a stale event for a slot reused in this
 				 * same batch. */
@@ -687,7 +824,6 @@ int server_run(struct server *s)
 			sweep_handshakes(s);
 	}
 	server_teardown(s);
-	free(s);
 	log_info("server", "stopped");
 	return status;
 }

@@ -4,11 +4,17 @@
  * the same outputs bit for bit, its GPU mask in force again, the request in flight at the
  * death failed once — while a restart on another model is refused. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "moe_kernels.h"
@@ -177,4 +183,256 @@ Test(restart, reconnect_to_another_model_is_refused_and_stays_dead)
 	cr_assert_eq(moe_reconnect(s.c, 20000), MOE_OK, "%s", moe_last_error(s.c));
 	cr_expect_eq(moe_ping(s.c, 5000), MOE_OK);
 	served_stop(&s);
+}
+
+/* ---- Starting, supervised, activated ---------------------------------------------------- */
+
+struct spawned {
+	pid_t pid;
+	int hold;  /* write end: closing it lets the warm-up hand over (-1: not held) */
+	int ready; /* read end of --ready-fd */
+};
+
+/* argv[0] is run with stdout and stderr into log and the descriptors in pass[] inherited
+ * (everything else is close-on-exec). */
+static pid_t spawn(const char *const argv[], const char *log, const int *pass, int n_pass)
+{
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		for (int i = 0; i < n_pass; i++)
+			if (fcntl(pass[i], F_SETFD, 0) != 0)
+				_exit(126);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* The test-hooks daemon on model with its warm-up held until sp.hold is closed. */
+static struct spawned start_held(struct served *s)
+{
+#ifndef MOE_SIDECAR_TESTHOOKS_BIN
+	cr_skip_test("needs moe-sidecar-testhooks (MOE_TEST_HOOKS=ON)");
+	return (struct spawned){0};
+#else
+	int hold[2], ready[2];
+	cr_assert_eq(pipe2(hold, O_CLOEXEC), 0);
+	cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+	char hold_s[16], ready_s[16];
+	snprintf(hold_s, sizeof(hold_s), "%d", hold[0]);
+	snprintf(ready_s, sizeof(ready_s), "%d", ready[1]);
+	const char *argv[] = {MOE_SIDECAR_TESTHOOKS_BIN,
+	                      "serve",
+	                      s->model,
+	                      "--socket",
+	                      s->sp.socket,
+	                      "--ready-fd",
+	                      ready_s,
+	                      "--debug-hold-warmup",
+	                      hold_s,
+	                      "--probes-instance",
+	                      "test-restart",
+	                      "--log-level",
+	                      "debug",
+	                      NULL};
+	const int pass[] = {hold[0], ready[1]};
+	struct spawned p = {
+	    .pid = spawn(argv, s->sp.log, pass, 2), .hold = hold[1], .ready = ready[0]};
+	close(hold[0]);
+	close(ready[1]);
+	return p;
+#endif
+}
+
+static void wait_ready(struct spawned *p)
+{
+	char line[256];
+	ssize_t n = read(p->ready, line, sizeof(line) - 1);
+	cr_assert_gt(n, 0, "no READY on --ready-fd");
+	line[n] = '\0';
+	cr_assert(!strncmp(line, "READY ", 6), "%s", line);
+	close(p->ready);
+}
+
+static int stop_spawned(struct spawned *p, int sig)
+{
+	kill(p->pid, sig);
+	int st;
+	cr_assert_eq(waitpid(p->pid, &st, 0), p->pid);
+	return st;
+}
+
+static void new_model(struct served *s)
+{
+	memset(s, 0, sizeof(*s));
+	harness_tempdir(&s->sp);
+	snprintf(s->model, sizeof(s->model), "%s/model.gguf", s->sp.dir);
+	cr_assert_eq(ref_generate(s->model, "q8_0", 7), 0);
+}
+
+/* While the model warms up the socket answers: a client that gives up waiting, or does not
+ * wait, gets MOE_ESTARTING and the warm-up's progress, not "is it running?"; once READY is
+ * said, the same connect is served. */
+Test(restart, a_starting_sidecar_says_so_with_its_progress)
+{
+	struct served s;
+	new_model(&s);
+	struct spawned p = start_held(&s);
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = 2000};
+	int rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "is starting: "), "%s", moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "after waiting 2000 ms"), "%s", moe_connect_error());
+	o.timeout_ms = MOE_CONNECT_NOWAIT; /* listening for sure now */
+	rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "warming up: "), "the progress: %s",
+	          moe_connect_error());
+	cr_expect_not(strstr(moe_connect_error(), "after waiting"), "%s", moe_connect_error());
+	close(p.hold);
+	wait_ready(&p);
+	rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_OK, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect_eq(moe_ping(c, 5000), MOE_OK);
+	moe_close(c);
+	int st = stop_spawned(&p, SIGTERM);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	sidecar_cleanup(&s.sp);
+}
+
+/* A datagram socket standing in for the service manager. */
+static int notify_socket(const char *dir, char *path, size_t len)
+{
+	snprintf(path, len, "%s/notify.sock", dir);
+	int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	cr_assert_lt(strlen(path), sizeof(a.sun_path));
+	memcpy(a.sun_path, path, strlen(path) + 1);
+	cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+	return fd;
+}
+
+/* The next datagram within timeout_ms into buf (NUL-terminated); false if none came. */
+static bool next_notice(int fd, char *buf, size_t len, int timeout_ms)
+{
+	struct pollfd pf = {.fd = fd, .events = POLLIN};
+	if (poll(&pf, 1, timeout_ms) != 1)
+		return false;
+	ssize_t n = recv(fd, buf, len - 1, 0);
+	cr_assert_geq(n, 0);
+	buf[n] = '\0';
+	return true;
+}
+
+/* Reads notices until one contains want; the ones before go to seen (appended). */
+static bool notice_until(int fd, const char *want, char *seen, size_t seen_len, int timeout_ms)
+{
+	char buf[600];
+	while (next_notice(fd, buf, sizeof(buf), timeout_ms)) {
+		if (seen)
+			snprintf(seen + strlen(seen), seen_len - strlen(seen), "%s|", buf);
+		if (strstr(buf, want))
+			return true;
+	}
+	return false;
+}
+
+/* READY=1 only once the model is served (not at bind), STATUS= with the warm-up's progress
+ * before, WATCHDOG=1 at the period asked while the process runs and none while it is
+ * stopped, STOPPING=1 at the end. */
+Test(restart, the_service_manager_hears_ready_status_watchdog_and_stopping)
+{
+	struct served s;
+	new_model(&s);
+	char npath[128];
+	int nfd = notify_socket(s.sp.dir, npath, sizeof(npath));
+	setenv("NOTIFY_SOCKET", npath, 1);
+	setenv("WATCHDOG_USEC", "200000", 1);
+	struct spawned p = start_held(&s);
+	unsetenv("NOTIFY_SOCKET");
+	unsetenv("WATCHDOG_USEC");
+	static char seen[1 << 16];
+	seen[0] = '\0';
+	cr_assert(notice_until(nfd, "STATUS=warming up: ", seen, sizeof(seen), 20000), "%s", seen);
+	/* Held: warm, not serving. A FORWARD cannot be served, so no READY. */
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = MOE_CONNECT_NOWAIT};
+	cr_assert_eq(moe_connect(&o, &c), MOE_ESTARTING, "%s", moe_connect_error());
+	close(p.hold);
+	cr_assert(notice_until(nfd, "READY=1", seen, sizeof(seen), 20000), "%s", seen);
+	cr_assert_eq(moe_connect(&o, &c), MOE_OK, "READY means served: %s", moe_connect_error());
+	moe_close(c);
+	for (int i = 0; i < 3; i++)
+		cr_assert(notice_until(nfd, "WATCHDOG=1", NULL, 0, 5000),
+		          "watchdog %d did not come", i);
+	/* Stopped, the process feeds nothing (nothing is left in the socket either). */
+	cr_assert_eq(kill(p.pid, SIGSTOP), 0);
+	siginfo_t si;
+	cr_assert_eq(waitid(P_PID, (id_t)p.pid, &si, WSTOPPED | WNOWAIT), 0);
+	char buf[600];
+	while (next_notice(nfd, buf, sizeof(buf), 0))
+		; /* sent before it stopped */
+	cr_expect_not(next_notice(nfd, buf, sizeof(buf), 1000), "a stopped sidecar said %s", buf);
+	cr_assert_eq(kill(p.pid, SIGCONT), 0);
+	cr_assert(notice_until(nfd, "WATCHDOG=1", NULL, 0, 5000), "no watchdog after SIGCONT");
+	kill(p.pid, SIGTERM);
+	cr_assert(notice_until(nfd, "STOPPING=1", NULL, 0, 20000), "no STOPPING=1");
+	int st;
+	cr_assert_eq(waitpid(p.pid, &st, 0), p.pid);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	close(nfd);
+	sidecar_cleanup(&s.sp);
+}
+
+/* systemd-socket-activate binds the socket and starts the sidecar at the first connection,
+ * passing it the socket: the client connected before the sidecar ran, waits through its
+ * warm-up, and is served. The passed socket is left for the manager to remove. */
+Test(restart, a_socket_activated_sidecar_serves_a_client_that_came_first)
+{
+	if (access("/usr/bin/systemd-socket-activate", X_OK) != 0)
+		cr_skip_test("systemd-socket-activate is not installed (Debian package systemd)");
+	struct served s;
+	new_model(&s);
+	char run[96];
+	snprintf(run, sizeof(run), "%s/run", s.sp.dir);
+	cr_assert_eq(mkdir(run, 0700), 0);
+	const char *argv[] = {"/usr/bin/systemd-socket-activate",
+	                      "-l",
+	                      s.sp.socket,
+	                      MOE_SIDECAR_BIN,
+	                      "serve",
+	                      s.model,
+	                      "--probes-instance",
+	                      "test-activate",
+	                      NULL};
+	pid_t pid = spawn(argv, s.sp.log, NULL, 0);
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {
+	    .socket_path = s.sp.socket, .timeout_ms = 60000, .max_tokens = 64, .n_slots = 4};
+	int rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_OK, "%s: %s", moe_strerror(rc), moe_connect_error());
+	s.c = c;
+	s.ref = ref_open(s.model);
+	cr_assert_not_null(s.ref);
+	const struct moe_info *inf = moe_info(c);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 5, (int32_t)inf->first_moe_layer, 2, 4, inf->n_experts, inf->hidden,
+	              false);
+	cr_assert_eq(served_forward(&s, &fc, NULL, NULL), MOE_OK, "%s", moe_last_error(c));
+	fwd_case_free(&fc);
+	moe_close(c);
+	ref_close(s.ref);
+	kill(pid, SIGTERM);
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	char *log = slurp(s.sp.log);
+	cr_expect(log && strstr(log, "serving path="), "%s", log ? log : "");
+	free(log);
+	sidecar_cleanup(&s.sp);
 }
