@@ -613,7 +613,8 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	int rc = connect_waiting(&o, &addr, timeout_ms ? timeout_ms : c->again.timeout_ms, &n);
 	if (rc == MOE_OK && c->gpu_mask) {
 		const size_t bytes = (size_t)((c->info.n_experts + 7u) / 8u) * c->info.n_layers;
-		rc = moe_set_gpu_mask(n, -1, c->gpu_mask, bytes, c->again.timeout_ms);
+		rc = moe_set_gpu_mask(n, -1, c->gpu_mask, bytes,
+		                      c->again.timeout_ms > 0 ? c->again.timeout_ms : 5000);
 		if (rc != MOE_OK) {
 			conn_fail(rc, "%s: re-applying the GPU mask: %s", c->again.path,
 			          moe_last_error(n));
