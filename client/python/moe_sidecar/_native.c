@@ -16,6 +16,10 @@
  * buffer is exported), so no view outlives the mapping. Areas are counted rather than buffer
  * exports: torch.frombuffer releases the export at once and keeps only a reference to the
  * Area for as long as the tensor lives.
+ * reconnect() (moe_reconnect, after the sidecar died or was restarted) replaces the mapping
+ * and refuses on the same condition. `dead` is set by any call that saw MOE_EPEERDEAD (the
+ * host functions' too) and cleared by a reconnect; `generation` counts the channels had, so
+ * the Python layer tells a request of a dead channel from one of the current.
  *
  * Stream ops: a `stream_op` is a small C struct the Python layer fills once per (wrapper,
  * batch size) and passes, by address, to cudaLaunchHostFunc with host_submit or host_wait.
@@ -37,6 +41,7 @@
 #endif
 #include <Python.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -123,6 +128,12 @@ typedef struct {
 	pthread_mutex_t lock;
 	Py_ssize_t areas; /* Area objects alive: each may back a view of the mapping */
 	struct stream_op *ops;
+	/* Set by any call (host functions included) that got MOE_EPEERDEAD, cleared by a
+	 * reconnect: the Python layer reads it to reconnect before the next call's work. */
+	atomic_int dead;
+	/* Channels this Channel has had: 1 after connect, +1 per reconnect. A request made on
+	 * an earlier one died with it (its slot index means nothing on the new channel). */
+	unsigned long generation;
 } Channel;
 
 /* One FORWARD issued from a CUDA stream: filled by the Python layer (stream_op_set) before
@@ -161,6 +172,8 @@ static void host_submit(void *arg)
 	int rc = ch->c ? moe_forward_submit(ch->c, op->slot, op->layer, op->n_tokens, op->k,
 	                                    op->k_defer, op->in_dtype, op->out_dtype, op->flags)
 	               : MOE_EPEERDEAD;
+	if (rc == MOE_EPEERDEAD)
+		atomic_store_explicit(&ch->dead, 1, memory_order_relaxed);
 	if (rc != MOE_OK)
 		op_fail(op, rc, ch->c ? moe_last_error(ch->c) : "the channel is closed");
 	pthread_mutex_unlock(&ch->lock);
@@ -183,6 +196,8 @@ static void host_wait(void *arg)
 		int rc = moe_forward_wait(ch->c, op->slot, &d, op->timeout_ms);
 		if (rc == MOE_ETIMEDOUT) /* never reused while the sidecar may still write it */
 			moe_slot_abandon(ch->c, op->slot);
+		if (rc == MOE_EPEERDEAD)
+			atomic_store_explicit(&ch->dead, 1, memory_order_relaxed);
 		if (rc != MOE_OK) {
 			op->value = d.value;
 			op->index = d.index;
@@ -241,6 +256,7 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 	}
 	pthread_mutex_init(&self->lock, NULL);
 	self->c = c;
+	self->generation = 1;
 	return 0;
 }
 
@@ -373,6 +389,8 @@ static PyObject *Channel_slot_layout(Channel *self, PyObject *args)
 		if ((self)->c) {                                                                   \
 			struct moe_client *c_ = (self)->c;                                         \
 			(rc) = (expr);                                                             \
+			if ((rc) == MOE_EPEERDEAD)                                                 \
+				atomic_store_explicit(&(self)->dead, 1, memory_order_relaxed);     \
 			snprintf((why), sizeof(why), "%s", moe_last_error(c_));                    \
 		} else {                                                                           \
 			(rc) = MOE_EINVAL;                                                         \
@@ -381,6 +399,64 @@ static PyObject *Channel_slot_layout(Channel *self, PyObject *args)
 		pthread_mutex_unlock(&(self)->lock);                                               \
 		Py_END_ALLOW_THREADS                                                               \
 	} while (0)
+
+/* reconnect(timeout_ms): moe_reconnect (0: the connect timeout; CONNECT_NOWAIT: no wait).
+ * Refused while slot views live: the old mapping is unmapped, and a view of it would fault. */
+static PyObject *Channel_reconnect(Channel *self, PyObject *args)
+{
+	struct int_arg timeout_a = I32_ARG("timeout_ms");
+	if (!PyArg_ParseTuple(args, "O&", int_arg, &timeout_a) || !live(self))
+		return NULL;
+	if (self->areas > 0) {
+		PyErr_Format(
+		    PyExc_BufferError,
+		    "cannot reconnect the channel: %zd slot views (numpy arrays or torch "
+		    "tensors of the shared mapping) are still alive, and reconnecting unmaps "
+		    "it; delete them first",
+		    self->areas);
+		return NULL;
+	}
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_reconnect(c_, (int)timeout_a.v));
+	if (rc != MOE_OK) {
+		atomic_store_explicit(&self->dead, 1, memory_order_relaxed); /* it stays dead */
+		return raise_status(rc, why, 0, 0);
+	}
+	self->generation++;
+	atomic_store_explicit(&self->dead, 0, memory_order_relaxed);
+	Py_RETURN_NONE;
+}
+
+/* hung_up() -> the channel is known dead, or its socket says the sidecar has gone (a poll:
+ * off the request path). */
+static PyObject *Channel_hung_up(Channel *self, PyObject *noargs)
+{
+	(void)noargs;
+	if (!live(self))
+		return NULL;
+	if (atomic_load_explicit(&self->dead, memory_order_relaxed))
+		Py_RETURN_TRUE;
+	/* The sidecar never sends after the welcome: readable means EOF or garbage. */
+	struct pollfd p = {.fd = moe_socket_fd(self->c), .events = POLLIN | POLLRDHUP};
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLRDHUP | POLLERR))) {
+		atomic_store_explicit(&self->dead, 1, memory_order_relaxed);
+		Py_RETURN_TRUE;
+	}
+	Py_RETURN_FALSE;
+}
+
+static PyObject *Channel_dead(Channel *self, void *closure)
+{
+	(void)closure;
+	return PyBool_FromLong(atomic_load_explicit(&self->dead, memory_order_relaxed));
+}
+
+static PyObject *Channel_generation(Channel *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromUnsignedLong(self->generation);
+}
 
 static PyObject *Channel_acquire(Channel *self, PyObject *noargs)
 {
@@ -748,6 +824,10 @@ static PyObject *Channel_area(Channel *self, PyObject *args)
 
 static PyMethodDef channel_methods[] = {
     {"close", (PyCFunction)Channel_close, METH_NOARGS, "Unmap and disconnect."},
+    {"reconnect", (PyCFunction)Channel_reconnect, METH_VARARGS,
+     "reconnect(timeout_ms): a new channel to the sidecar now at the socket (moe_reconnect)."},
+    {"hung_up", (PyCFunction)Channel_hung_up, METH_NOARGS,
+     "True if the channel is dead or its socket hung up (a poll)."},
     {"info", (PyCFunction)Channel_info, METH_NOARGS, "What was negotiated and what is served."},
     {"region", (PyCFunction)Channel_region, METH_NOARGS, "(address, bytes) of the mapping."},
     {"slot_layout", (PyCFunction)Channel_slot_layout, METH_VARARGS,
@@ -783,6 +863,10 @@ static PyGetSetDef channel_getset[] = {
     {"closed", (getter)Channel_closed, NULL, "True after close().", NULL},
     {"views", (getter)Channel_views, NULL, "Slot views (Area objects) alive: close() refuses.",
      NULL},
+    {"dead", (getter)Channel_dead, NULL, "True after a call saw the sidecar gone, until reconnect.",
+     NULL},
+    {"generation", (getter)Channel_generation, NULL,
+     "1 after connect, +1 per reconnect: requests of an earlier one died with it.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -14,6 +14,11 @@ tensor), never a float; one that does not fit the field it fills is refused with
 naming the argument, the value and the range, not wrapped into it. Expert ids must be an
 integer array; one that does not fit int32 is refused with ValueError.
 
+When the sidecar dies or is restarted: the call that finds it gone raises PeerDeadError (a
+request in flight then fails with it, each once), and the next call reconnects first (within
+connect_timeout_ms) to the sidecar then serving the socket, which must serve the same model
+(RefusedError otherwise; the call after tries again). See Client.reconnect.
+
 Not thread-safe beyond what the C extension serialises: one Client per engine thread, or a
 lock around it.
 """
@@ -21,7 +26,7 @@ lock around it.
 import json
 
 from . import _native
-from .errors import TimeoutError, make_error
+from .errors import PeerDeadError, TimeoutError, make_error
 
 _native._set_error_factory(make_error)
 
@@ -111,12 +116,23 @@ class Pending:
         self._client, self.slot, self.n_tokens = client, slot, n_tokens
         self._like, self._out = like, out
         self.n_deferred = None
+        self._generation = client._ch.generation  # the channel it was sent on
+        self._seq = client._fwd_seq
+
+    def _check_channel(self):
+        """A request of a channel since replaced died with its sidecar: its slot index now
+        names another request's slot, so it is never touched."""
+        c = self._client
+        if self._generation != c._ch.generation:
+            raise PeerDeadError(-8, f"{c.socket_path}: the sidecar this request was sent to "
+                                    "died; the channel has been reconnected since")
 
     def wait(self, timeout_ms=None):
         """The output, waiting at most timeout_ms (default: the client's). A TimeoutError
         leaves the request in flight: wait again, or abandon()."""
         c = self._client
         t = c.timeout_ms if timeout_ms is None else _int("timeout_ms", timeout_ms)
+        self._check_channel()
         try:
             self.n_deferred = c._ch.wait(self.slot, t)
         except Exception as e:
@@ -127,6 +143,7 @@ class Pending:
 
     def poll(self):
         """The output if the request completed, else None."""
+        self._check_channel()
         try:
             v = self._client._ch.wait(self.slot, 0, True)
         except Exception:
@@ -139,10 +156,13 @@ class Pending:
 
     def abandon(self):
         """Gives the request up; its slot comes back when its completion arrives."""
-        self._client._ch.release(self.slot, True)
+        if self._generation == self._client._ch.generation:
+            self._client._ch.release(self.slot, True)
 
     def _finish(self):
         c = self._client
+        if self.n_deferred and self._seq == c._fwd_seq:
+            c._owed = True  # the sidecar owes these experts to the next forward
         try:
             return c._read_output(self.slot, self.n_tokens, self._like, self._out)
         finally:
@@ -245,24 +265,38 @@ class Client:
     this process's own (None: only those two). The server's uid is read from the socket
     (SO_PEERCRED) before anything is sent; any other is refused with RefusedError naming both
     uids, so a socket path another user could redirect never leads to that user's server.
+    auto_reconnect: after a call found the sidecar gone (and raised PeerDeadError), the next
+    call reconnects first (reconnect()); False: every call raises until reconnect() is called.
     """
 
     def __init__(self, socket=None, *, max_tokens=0, top_k=0, n_slots=4, timeout_ms=30000,
                  connect_timeout_ms=5000, name="moe_sidecar.py", expect_model=None,
-                 model_path=None, server_uid=None):
+                 model_path=None, server_uid=None, auto_reconnect=True):
         if model_path is not None:
             expect_model = fingerprint(model_path)
         self.socket = socket
         self.timeout_ms = _int("timeout_ms", timeout_ms)
         self.server_uid = server_uid
-        connect_timeout_ms = _int("connect_timeout_ms", connect_timeout_ms, 0)
+        self.connect_timeout_ms = _int("connect_timeout_ms", connect_timeout_ms, 0)
+        self.auto_reconnect = bool(auto_reconnect)
         self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots,
-                                   connect_timeout_ms or _native.CONNECT_NOWAIT, name,
+                                   self.connect_timeout_ms or _native.CONNECT_NOWAIT, name,
                                    expect_model, server_uid)
+        self._refresh()
+        self._cuda_registered = None  # (runtime, address) while the mapping is registered
+        self._cuda_wanted = False     # registered again after a reconnect
+        self._stream_path = None      # kt's stream path: holds views of the mapping
+        # Deferral across a reconnect: _owed while the last FORWARD completed having deferred
+        # experts into the next one; a reconnect loses them, and the next forward must fail.
+        self._fwd_seq = 0
+        self._owed = False
+        self._lost_deferred = False
+
+    def _refresh(self):
+        """What the channel negotiated, read again (after connect and each reconnect)."""
         self.info = self._ch.info()
         self.socket_path = self.info["socket_path"]
         self._layout = [self._ch.slot_layout(i) for i in range(self.info["n_slots"])]
-        self._cuda_registered = None
 
     # ---- what is served ------------------------------------------------------------------
     @property
@@ -292,6 +326,12 @@ class Client:
     @property
     def closed(self):
         return self._ch.closed
+
+    @property
+    def generation(self):
+        """1 after connect, +1 per reconnect: the channel's memory (region(), slot views,
+        CUDA graphs captured on them) belongs to one generation."""
+        return self._ch.generation
 
     def region(self):
         """(address, bytes) of the channel's shared mapping (for cudaHostRegister)."""
@@ -384,6 +424,15 @@ class Client:
         if n > self.max_tokens:
             raise ValueError(f"hidden: {n} tokens, a request takes at most {self.max_tokens} "
                              "(forward() splits bigger batches)")
+        self._recover()
+        if self._lost_deferred:
+            self._lost_deferred = False
+            if not flags & FWD_DROP_DEFERRED:
+                raise PeerDeadError(-8, f"{self.socket_path}: the sidecar died owing this "
+                                        "forward the experts the previous one deferred; the "
+                                        "channel was reconnected, but this batch is lost")
+        self._fwd_seq += 1
+        self._owed = False
         slot = self._ch.acquire()
         try:
             code = self._write_inputs(slot, hidden, ids, weights, n, k)
@@ -443,6 +492,7 @@ class Client:
             if len(i) != len(s):
                 raise ValueError(f"prefetch: {len(i)} ids but {len(s)} scores")
         t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._recover()
         return self._ch.prefetch(layer, i, s, t)
 
     def set_gpu_mask(self, mask, layer=-1, timeout_ms=None):
@@ -470,6 +520,7 @@ class Client:
                         b[e // 8] |= 1 << (e % 8)
                 packed += b
         t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._recover()
         self._ch.set_gpu_mask(layer, bytes(packed), t)
 
     def stats(self, timeout_ms=None, experts=False):
@@ -477,6 +528,7 @@ class Client:
         expert's routed-token count and heat; a 1.2 sidecar)."""
         t = self.timeout_ms if timeout_ms is None else timeout_ms
         flags = _native.STATS_EXPERTS if experts else 0
+        self._recover()
         return json.loads(self._ch.stats_json(t, flags))
 
     def expert_stats(self, timeout_ms=None):
@@ -485,6 +537,7 @@ class Client:
         tokens routed, "heat": [layer][expert] the same decayed, "half_life_tokens": its
         half-life}. Raises VersionError from a sidecar older than 1.2."""
         t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._recover()
         counts_b, heat_b, half_life = self._ch.expert_stats(t)
         E = self.n_experts
         counts = memoryview(counts_b).cast("Q").tolist()
@@ -510,6 +563,7 @@ class Client:
 
     def ping(self, timeout_ms=None):
         t = self.timeout_ms if timeout_ms is None else timeout_ms
+        self._recover()
         self._ch.ping(t)
 
     # ---- CUDA ------------------------------------------------------------------------------
@@ -523,7 +577,45 @@ class Client:
             addr, size = self.region()
             rt.host_register(addr, size)
             self._cuda_registered = (rt, addr)
+        self._cuda_wanted = True
         return rt
+
+    # ---- restart ---------------------------------------------------------------------------
+    def _recover(self):
+        """Before a call's work: a channel an earlier call found dead (that call raised
+        PeerDeadError) is reconnected first; if that fails, this call raises why."""
+        if self._ch.dead and self.auto_reconnect and not self._ch.closed:
+            self.reconnect()
+
+    def reconnect(self, timeout_ms=None):
+        """A new channel to the sidecar now serving this client's socket (moe_reconnect),
+        waiting up to timeout_ms (default connect_timeout_ms; 0: not at all) for one that is
+        starting. It must serve the model first connected to (RefusedError otherwise); the GPU
+        mask set on this client is sent again. Requests in flight on the old channel are lost
+        (their wait raises PeerDeadError), and so are experts a forward deferred into the next
+        one (that next forward raises PeerDeadError). The mapping is new: BufferError while
+        slot views of the old one live; a CUDA registration is moved to the new one (and
+        KTMoEWrapper's stream path with it: captured CUDA graphs must be captured again).
+        On failure the channel stays dead, and may be reconnected again."""
+        t = self.connect_timeout_ms if timeout_ms is None else \
+            _int("timeout_ms", timeout_ms, 0)
+        sp = self._stream_path
+        if sp is not None:
+            sp.detach()  # its streams finish with the old mapping; its views go
+        if self._ch.views:
+            self._ch.reconnect(_native.CONNECT_NOWAIT)  # raises BufferError, changing nothing
+        if self._cuda_registered is not None:
+            rt, addr = self._cuda_registered
+            self._cuda_registered = None
+            rt.host_unregister(addr)
+        self._ch.reconnect(t or _native.CONNECT_NOWAIT)
+        self._refresh()
+        if self._owed:
+            self._lost_deferred, self._owed = True, False
+        if self._cuda_wanted:
+            self.cuda_register()
+        if sp is not None:
+            sp.attach()
 
     # ---- life ------------------------------------------------------------------------------
     def close(self):
@@ -536,6 +628,7 @@ class Client:
             rt, addr = self._cuda_registered
             rt.host_unregister(addr)
             self._cuda_registered = None
+        self._cuda_wanted = False
         self._ch.close()
 
     def __enter__(self):

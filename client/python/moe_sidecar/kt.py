@@ -15,6 +15,12 @@ the work to the sidecar serving the same model instead of computing in the engin
   stream. No host synchronisation, fixed addresses per batch size: CUDA-graph capturable.
   A failure inside a host function (which cannot raise) zeroes that layer's output and is
   raised by this wrapper's next call, or by check().
+- A sidecar that dies or is restarted: the shared channel is reconnected by the next call
+  after the one that failed (Client's auto_reconnect); each layer's request in flight then
+  fails with PeerDeadError once (on the stream path at that wrapper's next call or check()),
+  and so does a forward owed experts a layer deferred before the death. The stream path moves
+  to the new mapping (registered again; captured CUDA graphs must be captured again). A
+  wrapper made after a restart gets the reconnected channel.
 - Tensor parallelism: only TP rank 0 talks to the sidecar; other ranks' sync_forward returns
   zeros, so the engine's all-reduce sums the CPU part once (as SGLang's kt wrapper does).
 - Accepted and documented without effect (the sidecar owns them: `moe-sidecar serve`):
@@ -38,8 +44,10 @@ _SHARED = {}
 
 
 def shared_client(socket=None, timeout_ms=30000, server_uid=None):
-    """The process's one Client per socket (created on first use, reconnected after a fork).
-    server_uid as Client's; one socket's wrappers must agree on it (their channel is one)."""
+    """The process's one Client per socket (created on first use, reconnected after a fork,
+    and after its sidecar was seen gone or its socket hung up: a wrapper made after a restart
+    never gets the dead channel). server_uid as Client's; one socket's wrappers must agree on
+    it (their channel is one)."""
     key = (socket, os.getpid())
     c = _SHARED.get(key)
     if c is None or c.closed:
@@ -49,6 +57,10 @@ def shared_client(socket=None, timeout_ms=30000, server_uid=None):
     elif c.server_uid != server_uid:
         raise ValueError(f"server_uid={server_uid!r}: this process's channel to the sidecar "
                          f"was opened with server_uid={c.server_uid!r}")
+    elif c._ch.hung_up():
+        # What was in flight or owed still fails once (Client.reconnect says how); making a
+        # wrapper is no batch of its own to fail.
+        c.reconnect()
     return c
 
 
@@ -67,7 +79,8 @@ def _tp_rank(tp_rank):
 
 class _StreamPath:
     """Per-channel state of the CUDA stream path: one slot kept for stream requests (stream
-    order serialises them), its views as CUDA-registered tensors, and the host functions."""
+    order serialises them), its views as CUDA-registered tensors, and the host functions.
+    Client.reconnect calls detach() before the mapping goes and attach() after."""
 
     def __init__(self, client):
         import torch
@@ -104,6 +117,20 @@ class _StreamPath:
         for op, params in self.ops.items():
             self.client._ch.stream_op_set(op, self.slot, *params)
 
+    def detach(self):
+        """Before a reconnect: every stream this path used finishes what it holds of the old
+        mapping (copies into and out of the slot, host functions — which fail at once on a
+        dead channel), then the views of it are dropped (reconnect refuses while any lives,
+        and cudaHostUnregister must not pull the memory from under a queued copy)."""
+        for s in self.streams.values():
+            s.synchronize()
+        self.views = None
+
+    def attach(self):
+        """After a reconnect: a slot of the new channel (every slot is free again), its views
+        in the newly registered mapping, and every stream op pointed at it."""
+        self.replace_slot()
+
     def stream(self, handle):
         s = self.streams.get(handle)
         if s is None:
@@ -113,15 +140,11 @@ class _StreamPath:
         return s
 
 
-_STREAM = {}
-
-
 def _stream_path(client):
-    sp = _STREAM.get(id(client))
-    if sp is None or sp.client is not client:
-        sp = _StreamPath(client)
-        _STREAM[id(client)] = sp
-    return sp
+    """The client's stream path (kept on the client: its reconnect moves it)."""
+    if client._stream_path is None:
+        client._stream_path = _StreamPath(client)
+    return client._stream_path
 
 
 class KTMoEWrapper:
@@ -310,6 +333,9 @@ class KTMoEWrapper:
 
         from .client import _dtype_code
 
+        # A channel found dead is reconnected first: that waits for the streams, so every
+        # failure of this wrapper's earlier work is recorded by then and raised by check().
+        self.client._recover()
         self.check()  # an earlier layer's failure surfaces here
         sp = _stream_path(self.client)
         H = self.client.hidden

@@ -7,6 +7,8 @@ GPU machine (docs/engines.md says how). What they pin:
 - the whole submit/sync sequence can be captured in a CUDA graph and replayed on new inputs;
 - a failure inside a host function zeroes that layer's output and is raised by check() after
   the stream ran; a sidecar killed mid-stream never hangs the stream;
+- after a kill -9 and a restart the stream path moves to the new channel: the failed layer is
+  raised once, the next call registers the new mapping and gives the bits it gave before;
 - the MoE block served by the sidecar equals transformers' Qwen3MoeSparseMoeBlock loaded from
   the same files (when transformers is installed).
 """
@@ -204,3 +206,45 @@ def test_a_stream_timeout_gives_up_the_slot_and_the_next_call_works(models):
         assert torch.equal(again, want)
     finally:
         s.stop(signal.SIGKILL)
+
+
+def test_the_stream_path_moves_to_a_restarted_sidecar(tmp_path, models):
+    """The next call after the failure reconnects: the streams are drained, the old mapping
+    unregistered, the new one registered, the stream slot taken anew and every op pointed at
+    it; the result equals the one before the kill, and a wrapper made now works too."""
+    sock = str(tmp_path / "run" / "s.sock")
+    first = Sidecar(models["q8_0"], socket=sock)
+    second = None
+    try:
+        wr, x, ids, w = _one_token_on_the_last_layer(sock, timeout_ms=20000)
+        stream = torch.cuda.current_stream().cuda_stream
+        want = wr.forward(x, ids, w, stream)
+        torch.cuda.synchronize()
+        wr.check()
+        assert want.any()
+        c = wr.client
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(30)
+        second = Sidecar(models["q8_0"], socket=sock)
+        out = wr.forward(x, ids, w, stream)  # on the dead channel: host_wait sees the hang-up
+        torch.cuda.synchronize()
+        assert not out.any()
+        with pytest.raises(ms.PeerDeadError):
+            wr.check()
+        again = wr.forward(x, ids, w, stream)  # reconnects first
+        torch.cuda.synchronize()
+        wr.check()
+        assert c.generation == 2
+        assert c._cuda_registered[1] == c.region()[0], "the new mapping is the registered one"
+        assert torch.equal(again, want)
+        info = c.info
+        fresh = ms.KTMoEWrapper(info["moe_layers"][-1], info["n_experts"], info["model_top_k"],
+                                info["model_hidden"], info["expert_ffn"], socket=sock)
+        got = fresh.forward(x, ids, w, stream)
+        torch.cuda.synchronize()
+        fresh.check()
+        assert torch.equal(got, want)
+    finally:
+        first.stop(signal.SIGKILL)
+        if second:
+            second.stop(signal.SIGKILL)
