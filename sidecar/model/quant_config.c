@@ -19,9 +19,31 @@ static bool set_to_something(const struct json_doc *doc, json_ref obj, const cha
 	       json_type_of(doc, v) != JSON_FALSE;
 }
 
-static int group_size_ok(uint64_t g)
+/* The largest group: far beyond any row, and small enough that nothing below overflows. */
+#define GROUP_MAX (1u << 20)
+
+/* `group_size` of obj as JSON gives it: 1 and *gs if a number, 0 if missing or null (shown
+ * "(missing)"), -1 if something else (shown "(not a number)"); shown names it for errors. */
+static int group_size_read(const struct json_doc *doc, json_ref obj, double *gs, char *shown,
+                           size_t len)
 {
-	return g > 0 && g % 32 == 0 && g <= (1u << 20);
+	const int rc = json_get_double(doc, obj, "group_size", gs);
+	if (rc == 1)
+		snprintf(shown, len, "%g", *gs);
+	else
+		snprintf(shown, len, "%s", rc == 0 ? "(missing)" : "(not a number)");
+	return rc;
+}
+
+/* A group size of elements: a positive multiple of 32 up to GROUP_MAX. Range-checked as a
+ * double before the conversion (a double out of an integer's range converted is undefined
+ * behaviour; NaN fails every comparison). */
+static bool group_size_ok(double gs, uint32_t *group)
+{
+	if (!(gs >= 32 && gs <= GROUP_MAX))
+		return false;
+	*group = (uint32_t)gs;
+	return (double)*group == gs && *group % 32 == 0;
 }
 
 static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
@@ -45,7 +67,10 @@ static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
 			return error_set(err, MOE_EINVAL,
 			                 QC "config_groups.%.64s has no weights scheme", path,
 			                 name);
-		uint64_t bits = 0, gs = 0;
+		uint64_t bits = 0;
+		uint32_t gs = 0;
+		double gsd = 0;
+		char shown[32];
 		bool sym = false;
 		const char *type = json_string(doc, json_object_get(doc, w, "type"), NULL);
 		const char *strategy = json_string(doc, json_object_get(doc, w, "strategy"), NULL);
@@ -69,11 +94,12 @@ static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
 			                 QC "config_groups.%.64s: strategy %.32s is not supported "
 			                    "(group only)",
 			                 path, name, strategy ? strategy : "(missing)");
-		if (json_get_u64(doc, w, "group_size", &gs) != 1 || !group_size_ok(gs))
+		if (group_size_read(doc, w, &gsd, shown, sizeof(shown)) != 1 ||
+		    !group_size_ok(gsd, &gs))
 			return error_set(err, MOE_EINVAL,
-			                 QC "config_groups.%.64s: group_size %llu is not supported "
-			                    "(a multiple of 32)",
-			                 path, name, (unsigned long long)gs);
+			                 QC "config_groups.%.64s: group_size %s is not supported "
+			                    "(strategy group: a positive multiple of 32)",
+			                 path, name, shown);
 		if (set_to_something(doc, w, "actorder"))
 			return error_set(err, MOE_EINVAL,
 			                 QC "config_groups.%.64s: actorder (activation order) is "
@@ -81,10 +107,10 @@ static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
 			                 path, name);
 		if (q->group && q->group != gs)
 			return error_set(err, MOE_EINVAL,
-			                 QC "config_groups differ in group_size (%u and %llu): one "
+			                 QC "config_groups differ in group_size (%u and %u): one "
 			                    "scheme for every layer is supported",
-			                 path, q->group, (unsigned long long)gs);
-		q->group = (uint32_t)gs;
+			                 path, q->group, gs);
+		q->group = gs;
 	}
 	q->kind = MOE_QUANT_INT4_CT;
 	q->sym = true;
@@ -95,17 +121,18 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
                      struct moe_quant_config *q, struct sidecar_error *err)
 {
 	uint64_t bits = 0;
+	uint32_t group = 0;
 	double gs = 0;
+	char shown[32];
 	bool flag;
 	if (json_get_u64(doc, qc, "bits", &bits) != 1 || bits != 4)
 		return error_set(err, MOE_EINVAL, QC "GPTQ bits %llu is not supported (INT4 only)",
 		                 path, (unsigned long long)bits);
-	if (json_get_double(doc, qc, "group_size", &gs) != 1 || gs != (double)(uint64_t)gs ||
-	    !group_size_ok((uint64_t)gs))
+	if (group_size_read(doc, qc, &gs, shown, sizeof(shown)) != 1 || !group_size_ok(gs, &group))
 		return error_set(err, MOE_EINVAL,
-		                 QC "GPTQ group_size %g is not supported (a multiple of 32; -1, "
-		                    "one group per row, is not)",
-		                 path, gs);
+		                 QC "GPTQ group_size %s is not supported (a positive multiple of "
+		                    "32)",
+		                 path, shown);
 	if (json_get_bool(doc, qc, "desc_act", &flag) == 1 && flag)
 		return error_set(err, MOE_EINVAL,
 		                 QC "GPTQ desc_act true (activation order) is not supported: INT4 "
@@ -123,7 +150,7 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
 		                    "gptq_v2)",
 		                 path, cf);
 	q->kind = MOE_QUANT_GPTQ;
-	q->group = (uint32_t)gs;
+	q->group = group;
 	q->gptq_v1 = !str_is(cf, "gptq_v2");
 	return 0;
 }

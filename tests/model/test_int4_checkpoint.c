@@ -205,7 +205,7 @@ Test(int4_checkpoint, unsupported_compressed_tensors_schemes_refused)
 	               "is not supported (INT4 only)");
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", "\"group_size\": 48",
 	               "%s/hf/config.json: quantization_config: config_groups.group_0: group_size "
-	               "48 is not supported (a multiple of 32)");
+	               "48 is not supported (strategy group: a positive multiple of 32)");
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"strategy\": \"group\"", "\"strategy\": \"channel\"",
 	               "%s/hf/config.json: quantization_config: config_groups.group_0: strategy "
 	               "channel is not supported (group only)");
@@ -234,11 +234,48 @@ Test(int4_checkpoint, unsupported_gptq_schemes_refused)
 	               "only)");
 	expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"group_size\": 128", "\"group_size\": -1",
 	               "%s/hf/config.json: quantization_config: GPTQ group_size -1 is not "
-	               "supported (a multiple of 32; -1, one group per row, is not)");
+	               "supported (a positive multiple of 32)");
 	expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"checkpoint_format\": \"gptq\"",
 	               "\"checkpoint_format\": \"marlin\"",
 	               "%s/hf/config.json: quantization_config: GPTQ checkpoint_format marlin is "
 	               "not supported (gptq or gptq_v2)");
+}
+
+/* group_size values no row can have are refused before any conversion to an integer (a
+ * double out of an integer's range converted is undefined behaviour: the sanitizer variant
+ * traps on it), with a sentence naming the field and the value. */
+Test(int4_checkpoint, out_of_range_group_sizes_refused)
+{
+	static const struct {
+		const char *json, *shown;
+	} gptq[] = {
+	    {"1e300", "1e+300"}, {"-1e300", "-1e+300"}, {"1.8e19", "1.8e+19"},
+	    {"1e999", "inf"},    {"-1e999", "-inf"},    {"0", "0"},
+	    {"-2", "-2"},        {"40.5", "40.5"},      {"4294967296", "4.29497e+09"},
+	    {"-0.0", "-0"},
+	};
+	for (size_t i = 0; i < sizeof(gptq) / sizeof(gptq[0]); i++) {
+		char to[64], want[512];
+		snprintf(to, sizeof(to), "\"group_size\": %s", gptq[i].json);
+		snprintf(want, sizeof(want),
+		         "%%s/hf/config.json: quantization_config: GPTQ group_size %s is not "
+		         "supported (a positive multiple of 32)",
+		         gptq[i].shown);
+		expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"group_size\": 128", to, want);
+	}
+	static const struct {
+		const char *json, *shown;
+	} ct[] = {{"1e300", "1e+300"}, {"1.8e19", "1.8e+19"}, {"-1e300", "-1e+300"}, {"-5", "-5"}};
+	for (size_t i = 0; i < sizeof(ct) / sizeof(ct[0]); i++) {
+		char to[64], want[512];
+		snprintf(to, sizeof(to), "\"group_size\": %s", ct[i].json);
+		snprintf(want, sizeof(want),
+		         "%%s/hf/config.json: quantization_config: config_groups.group_0: "
+		         "group_size %s is not supported (strategy group: a positive multiple "
+		         "of 32)",
+		         ct[i].shown);
+		expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", to, want);
+	}
 }
 
 /* desc_act false but a g_idx that is not i / group: activation order all the same. */
