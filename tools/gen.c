@@ -196,7 +196,7 @@ struct gen {
 	size_t mx_scales_cap;
 	uint8_t *int4; /* every tensor of the INT4 projection being written (GK_INT4) */
 	size_t int4_cap;
-	uint32_t int4_group;
+	uint32_t int4_group; /* MOE_GEN_GROUP_ROW: each projection's row (int4_group_of) */
 	struct gen_pool pool;
 	struct gen_writer writer;
 	bool sync_ready, writer_started;
@@ -322,6 +322,12 @@ static uint32_t expert_format(const struct gen *g, uint32_t L, int p)
 	return mix ? moe_gen_mix_format(mix, mats[p], L, g->m.n_layers) : g->m.format;
 }
 
+/* The group size of an INT4 projection of `cols` inputs. */
+static uint64_t int4_group_of(const struct gen *g, uint64_t cols)
+{
+	return g->int4_group == MOE_GEN_GROUP_ROW ? cols : g->int4_group;
+}
+
 /* The tensors of INT4 projection `stem` (…experts.E.gate_proj) of expert e: weight_packed,
  * weight_scale and weight_shape (compressed-tensors) or qweight, qzeros, scales and g_idx
  * (GPTQ), with the shapes and dtypes the checkpoints carry. */
@@ -331,7 +337,7 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 	static const char *const suffix[] = {"weight_packed", "weight_scale", "weight_shape",
 	                                     "qweight",       "qzeros",       "scales",
 	                                     "g_idx"};
-	const uint64_t G = g->int4_group;
+	const uint64_t G = int4_group_of(g, cols);
 	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT;
 	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= (ct ? I4_SHAPE : I4_GIDX); k++) {
 		struct gen_tensor *t =
@@ -965,7 +971,7 @@ static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t
  * whole matrix into every tensor of the projection (g->int4), the others copy their part. */
 static int emit_int4(struct gen *g, const struct gen_tensor *t)
 {
-	const size_t rows = t->rows, cols = t->cols, G = g->int4_group;
+	const size_t rows = t->rows, cols = t->cols, G = int4_group_of(g, cols);
 	const size_t pb = moek_int4_packed_bytes(rows, cols);
 	const size_t sb = moek_int4_scale_bytes(rows, cols, G);
 	const size_t zb = moek_int4_zero_bytes(rows, cols, G);
@@ -1308,6 +1314,11 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          g->m.n_experts, g->m.ffn, p->dense_ffn);
 		break;
 	}
+	/* one group per row: compressed-tensors says strategy "channel" (group_size null),
+	 * GPTQ says group_size -1 */
+	const bool per_row = g->int4_group == MOE_GEN_GROUP_ROW;
+	char gs[16];
+	snprintf(gs, sizeof(gs), "%d", per_row ? -1 : (int)g->int4_group);
 	if (g->opt->int4 == MOE_GEN_INT4_CT)
 		mb_printf(
 		    mb,
@@ -1315,18 +1326,18 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		    "\"format\": \"pack-quantized\", \"quantization_status\": \"compressed\", "
 		    "\"config_groups\": {\"group_0\": {\"targets\": [\"Linear\"], "
 		    "\"weights\": {\"num_bits\": 4, \"type\": \"int\", \"symmetric\": true, "
-		    "\"strategy\": \"group\", \"group_size\": %u, \"dynamic\": false, "
+		    "\"strategy\": \"%s\", \"group_size\": %s, \"dynamic\": false, "
 		    "\"actorder\": null, \"observer\": \"minmax\"}, "
 		    "\"input_activations\": null, \"output_activations\": null}}, "
 		    "\"ignore\": [\"lm_head\", \"re:.*mlp.gate$\"]},\n",
-		    g->int4_group);
+		    per_row ? "channel" : "group", per_row ? "null" : gs);
 	else if (g->opt->int4 == MOE_GEN_INT4_GPTQ)
 		mb_printf(mb,
 		          "  \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, "
-		          "\"group_size\": %u, \"desc_act\": false, \"sym\": true, "
+		          "\"group_size\": %s, \"desc_act\": false, \"sym\": true, "
 		          "\"checkpoint_format\": \"gptq\", \"damp_percent\": 0.01, "
 		          "\"true_sequential\": true},\n",
-		          g->int4_group);
+		          gs);
 	mb_printf(mb,
 	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
 	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
@@ -1444,7 +1455,13 @@ static int check_options(struct gen *g)
 			                 "INT4 checkpoints (%s) are written as experts-only "
 			                 "safetensors with per-expert tensors, not for gpt-oss",
 			                 o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
-		if (g->int4_group % 32 || g->m.hidden % g->int4_group || g->m.ffn % g->int4_group)
+		if (g->int4_group == MOE_GEN_GROUP_ROW && (g->m.hidden % 32 || g->m.ffn % 32))
+			return error_set(g->err, MOE_EINVAL,
+			                 "INT4 groups of one row need hidden %" PRIu64
+			                 " and ffn %" PRIu64 " to be multiples of 32",
+			                 g->m.hidden, g->m.ffn);
+		if (g->int4_group != MOE_GEN_GROUP_ROW &&
+		    (g->int4_group % 32 || g->m.hidden % g->int4_group || g->m.ffn % g->int4_group))
 			return error_set(
 			    g->err, MOE_EINVAL,
 			    "INT4 group size %u must be a multiple of 32 dividing hidden "

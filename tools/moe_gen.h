@@ -77,8 +77,13 @@ struct moe_gen_options {
 	uint32_t kv_heads;      /* key/value heads (a divisor of heads) */
 	uint32_t head_dim;      /* per head (DeepSeek: qk_nope = v_head_dim) */
 	enum moe_gen_int4 int4; /* format MOEK_INT4_G32: which checkpoint encoding */
-	uint32_t group;         /* INT4 group size; 0: 32 (compressed-tensors), 128 (GPTQ) */
+	uint32_t group;         /* INT4 group size; 0: 32 (compressed-tensors), 128 (GPTQ);
+	                         * MOE_GEN_GROUP_ROW: one group per row */
 };
+
+/* moe_gen_options.group: one group spanning each row (GPTQ group_size -1, compressed-tensors
+ * strategy "channel"): one scale (and zero) per output. */
+#define MOE_GEN_GROUP_ROW UINT32_MAX
 
 #define MOE_GEN_MAX_THREADS 64
 

@@ -60,7 +60,9 @@ static void usage(FILE *o)
 	fprintf(o, "  --format int4-ct | gptq\n"
 	           "                   an INT4 checkpoint: compressed-tensors pack-quantized or\n"
 	           "                   GPTQ v1 (safetensors, experts only)\n"
-	           "  --group N        its group size (default: 32 int4-ct, 128 gptq)\n");
+	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq); row:\n"
+	           "                   one group per row (gptq group_size -1, int4-ct\n"
+	           "                   strategy channel)\n");
 	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k: GGUF experts typed per tensor as\n"
 	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
@@ -146,6 +148,8 @@ int main(int argc, char **argv)
 			o.preset = v, i++;
 		} else if (!strcmp(a, "--format")) {
 			format = v, i++;
+		} else if (!strcmp(a, "--group") && !strcmp(v, "row")) {
+			o.group = MOE_GEN_GROUP_ROW, i++;
 		} else if (!strcmp(a, "--mix")) {
 			if (moe_gen_mix_parse(v, &o.mix)) {
 				fprintf(stderr, "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k)\n",
@@ -181,7 +185,7 @@ int main(int argc, char **argv)
 				o.kv_heads = (uint32_t)n;
 			else if (!strcmp(a, "--head-dim") && n <= UINT32_MAX)
 				o.head_dim = (uint32_t)n;
-			else if (!strcmp(a, "--group") && n <= UINT32_MAX)
+			else if (!strcmp(a, "--group") && n < UINT32_MAX)
 				o.group = (uint32_t)n;
 			else {
 				fprintf(stderr, "moe-gen: unknown option %s\n\n", a);

@@ -748,34 +748,34 @@ static int int4_tensor(struct builder *b, const char *stem, const char *suffix, 
 	return 0;
 }
 
-/* The group must divide the row (rows x cols matrix `stem`). */
-static int int4_group_fits(struct builder *b, const char *stem, uint64_t cols)
+/* The checkpoint tensors' shapes of rows x cols matrix `stem` under the config's scheme. */
+static int int4_layout(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
+                       struct moe_quant_layout *l)
 {
-	const uint32_t g = b->cat->quant.group;
-	if (cols % g)
-		return error_set(b->err, MOE_EINVAL,
-		                 "%s: %s: group size %u does not divide the row of %" PRIu64
-		                 " inputs (%s)",
-		                 b->path, stem, g, cols, b->config_path);
+	char why[160];
+	if (moe_quant_layout_of(&b->cat->quant, rows, cols, l, why, sizeof(why)))
+		return error_set(b->err, MOE_EINVAL, "%s: %s: %s (%s)", b->path, stem, why,
+		                 b->config_path);
 	return 0;
 }
 
 /* compressed-tensors pack-quantized: weight_packed I32 [rows, cols / 8], weight_scale BF16
- * [rows, cols / group], weight_shape I32 [2] (read and checked for the first expert of a
- * layer); no weight_zero_point (symmetric). */
+ * [rows, cols / group] ([rows, 1] for strategy channel), weight_shape I32 [2] (read and
+ * checked for the first expert of a layer); no weight_zero_point (symmetric). */
 static int take_int4_ct(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
                         bool check_values, struct moe_proj_ref *p)
 {
-	const uint32_t g = b->cat->quant.group;
+	struct moe_quant_layout l;
 	struct tview packed, scale, shape, zp;
 	char what[96], name[512];
-	if (int4_group_fits(b, stem, cols))
+	if (int4_layout(b, stem, rows, cols, &l))
 		return -1;
 	snprintf(what, sizeof(what), "pack-quantized: 8 weights per int32");
-	if (int4_tensor(b, stem, "weight_packed", ST_I32, rows, cols / 8, what, &packed))
+	if (int4_tensor(b, stem, "weight_packed", ST_I32, l.weights[0], l.weights[1], what,
+	                &packed))
 		return -1;
-	snprintf(what, sizeof(what), "one scale per group of %u", g);
-	if (int4_tensor(b, stem, "weight_scale", ST_BF16, rows, cols / g, what, &scale))
+	snprintf(what, sizeof(what), "one scale per group of %u", l.group);
+	if (int4_tensor(b, stem, "weight_scale", ST_BF16, l.scales[0], l.scales[1], what, &scale))
 		return -1;
 	if (int4_tensor(b, stem, "weight_shape", ST_I32, 2, 0, "the unpacked [out, in]", &shape))
 		return -1;
@@ -800,36 +800,33 @@ static int take_int4_ct(struct builder *b, const char *stem, uint64_t rows, uint
 	p->layout = MOE_LAYOUT_INT4_CT;
 	p->rows = rows;
 	p->cols = cols;
-	p->group = g;
+	p->group = l.group;
 	p->data = (struct moe_extent){packed.file, packed.offset, packed.nbytes};
 	p->scale = (struct moe_extent){scale.file, scale.offset, scale.nbytes};
 	return 0;
 }
 
 /* GPTQ: qweight I32 [cols / 8, rows], qzeros I32 [cols / group, rows / 8], scales F16
- * [cols / group, rows], g_idx I32 [cols] (optional; for the first expert of a layer every
- * entry must be i / group — anything else is activation order). */
+ * [cols / group, rows] ([1, rows / 8] and [1, rows] for group_size -1), g_idx I32 [cols]
+ * (optional; for the first expert of a layer every entry must be i / group — anything else
+ * is activation order). */
 static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
                      bool check_values, struct moe_proj_ref *p)
 {
-	const uint32_t g = b->cat->quant.group;
+	struct moe_quant_layout l;
 	struct tview qw, qz, sc, gi;
 	char what[96], name[512];
-	if (int4_group_fits(b, stem, cols))
+	if (int4_layout(b, stem, rows, cols, &l))
 		return -1;
-	if (rows % 8)
-		return error_set(b->err, MOE_EINVAL,
-		                 "%s: %s: %" PRIu64 " outputs, not a multiple of 8 (GPTQ packs "
-		                 "8 zero points per int32)",
-		                 b->path, stem, rows);
-	if (int4_tensor(b, stem, "qweight", ST_I32, cols / 8, rows,
+	const uint32_t g = l.group;
+	if (int4_tensor(b, stem, "qweight", ST_I32, l.weights[0], l.weights[1],
 	                "GPTQ: 8 inputs per int32, packed along the input", &qw))
 		return -1;
 	snprintf(what, sizeof(what), "GPTQ: 8 zero points per int32, group %u", g);
-	if (int4_tensor(b, stem, "qzeros", ST_I32, cols / g, rows / 8, what, &qz))
+	if (int4_tensor(b, stem, "qzeros", ST_I32, l.zeros[0], l.zeros[1], what, &qz))
 		return -1;
 	snprintf(what, sizeof(what), "GPTQ: one scale per group of %u", g);
-	if (int4_tensor(b, stem, "scales", ST_F16, cols / g, rows, what, &sc))
+	if (int4_tensor(b, stem, "scales", ST_F16, l.scales[0], l.scales[1], what, &sc))
 		return -1;
 	snprintf(name, sizeof(name), "%s.g_idx", stem);
 	if (check_values && find_tensor(b, name, &gi)) {

@@ -1,6 +1,8 @@
 /* quant_config.c — see quant_config.h. */
 #include "quant_config.h"
 
+#include <assert.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,9 +21,41 @@ static bool set_to_something(const struct json_doc *doc, json_ref obj, const cha
 	       json_type_of(doc, v) != JSON_FALSE;
 }
 
-static int group_size_ok(uint64_t g)
+/* The largest group: far beyond any row, and small enough that nothing below overflows. */
+#define GROUP_MAX (1u << 20)
+
+/* `group_size` of obj as JSON gives it: 1 and *gs if a number, 0 if missing or null (shown
+ * "(missing)"), -1 if something else (shown "(not a number)"); shown names it for errors. */
+static int group_size_read(const struct json_doc *doc, json_ref obj, double *gs, char *shown,
+                           size_t len)
 {
-	return g > 0 && g % 32 == 0 && g <= (1u << 20);
+	const int rc = json_get_double(doc, obj, "group_size", gs);
+	if (rc == 1)
+		snprintf(shown, len, "%g", *gs);
+	else
+		snprintf(shown, len, "%s", rc == 0 ? "(missing)" : "(not a number)");
+	return rc;
+}
+
+/* A group size of elements: a positive multiple of 32 up to GROUP_MAX. Range-checked as a
+ * double before the conversion (a double out of an integer's range converted is undefined
+ * behaviour; NaN fails every comparison). */
+static bool group_size_ok(double gs, uint32_t *group)
+{
+	if (!(gs >= 32 && gs <= GROUP_MAX))
+		return false;
+	*group = (uint32_t)gs;
+	return (double)*group == gs && *group % 32 == 0;
+}
+
+/* "128" or "channel" into buf; returns buf. */
+static const char *group_name(bool per_row, uint32_t group, char *buf, size_t len)
+{
+	if (per_row)
+		snprintf(buf, len, "channel");
+	else
+		snprintf(buf, len, "%u", group);
+	return buf;
 }
 
 static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
@@ -45,7 +79,10 @@ static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
 			return error_set(err, MOE_EINVAL,
 			                 QC "config_groups.%.64s has no weights scheme", path,
 			                 name);
-		uint64_t bits = 0, gs = 0;
+		uint64_t bits = 0;
+		uint32_t gs = 0;
+		double gsd = 0;
+		char shown[32], first[32];
 		bool sym = false;
 		const char *type = json_string(doc, json_object_get(doc, w, "type"), NULL);
 		const char *strategy = json_string(doc, json_object_get(doc, w, "strategy"), NULL);
@@ -64,27 +101,40 @@ static int read_ct(const struct json_doc *doc, json_ref qc, const char *path,
 			                 QC "config_groups.%.64s: asymmetric weights (symmetric "
 			                    "false) are not supported (symmetric INT4 only)",
 			                 path, name);
-		if (!str_is(strategy, "group"))
+		const bool channel = str_is(strategy, "channel");
+		if (!channel && !str_is(strategy, "group"))
 			return error_set(err, MOE_EINVAL,
 			                 QC "config_groups.%.64s: strategy %.32s is not supported "
-			                    "(group only)",
+			                    "(group or channel)",
 			                 path, name, strategy ? strategy : "(missing)");
-		if (json_get_u64(doc, w, "group_size", &gs) != 1 || !group_size_ok(gs))
+		const int has_gs = group_size_read(doc, w, &gsd, shown, sizeof(shown));
+		/* channel: one group per output row; compressed-tensors writes group_size null
+		 * (or -1, which it reads as channel) */
+		if (channel && has_gs != 0 && !(has_gs == 1 && gsd == -1.0))
 			return error_set(err, MOE_EINVAL,
-			                 QC "config_groups.%.64s: group_size %llu is not supported "
-			                    "(a multiple of 32)",
-			                 path, name, (unsigned long long)gs);
+			                 QC "config_groups.%.64s: group_size %s with strategy "
+			                    "channel (one group per row) is not supported (null or "
+			                    "-1)",
+			                 path, name, shown);
+		if (!channel && (has_gs != 1 || !group_size_ok(gsd, &gs)))
+			return error_set(err, MOE_EINVAL,
+			                 QC "config_groups.%.64s: group_size %s is not supported "
+			                    "(strategy group: a positive multiple of 32)",
+			                 path, name, shown);
 		if (set_to_something(doc, w, "actorder"))
 			return error_set(err, MOE_EINVAL,
 			                 QC "config_groups.%.64s: actorder (activation order) is "
 			                    "not supported",
 			                 path, name);
-		if (q->group && q->group != gs)
+		if (g != json_first(doc, groups) && (q->per_row != channel || q->group != gs))
 			return error_set(err, MOE_EINVAL,
-			                 QC "config_groups differ in group_size (%u and %llu): one "
+			                 QC "config_groups differ in group_size (%s and %s): one "
 			                    "scheme for every layer is supported",
-			                 path, q->group, (unsigned long long)gs);
-		q->group = (uint32_t)gs;
+			                 path,
+			                 group_name(q->per_row, q->group, first, sizeof(first)),
+			                 group_name(channel, gs, shown, sizeof(shown)));
+		q->group = gs;
+		q->per_row = channel;
 	}
 	q->kind = MOE_QUANT_INT4_CT;
 	q->sym = true;
@@ -95,17 +145,21 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
                      struct moe_quant_config *q, struct sidecar_error *err)
 {
 	uint64_t bits = 0;
+	uint32_t group = 0;
 	double gs = 0;
+	char shown[32];
 	bool flag;
 	if (json_get_u64(doc, qc, "bits", &bits) != 1 || bits != 4)
 		return error_set(err, MOE_EINVAL, QC "GPTQ bits %llu is not supported (INT4 only)",
 		                 path, (unsigned long long)bits);
-	if (json_get_double(doc, qc, "group_size", &gs) != 1 || gs != (double)(uint64_t)gs ||
-	    !group_size_ok((uint64_t)gs))
+	/* -1: one group spanning each row, the usual GPTQ setting */
+	const int has_gs = group_size_read(doc, qc, &gs, shown, sizeof(shown));
+	const bool per_row = has_gs == 1 && gs == -1.0;
+	if (!per_row && (has_gs != 1 || !group_size_ok(gs, &group)))
 		return error_set(err, MOE_EINVAL,
-		                 QC "GPTQ group_size %g is not supported (a multiple of 32; -1, "
-		                    "one group per row, is not)",
-		                 path, gs);
+		                 QC "GPTQ group_size %s is not supported (a positive multiple of "
+		                    "32, or -1: one group per row)",
+		                 path, shown);
 	if (json_get_bool(doc, qc, "desc_act", &flag) == 1 && flag)
 		return error_set(err, MOE_EINVAL,
 		                 QC "GPTQ desc_act true (activation order) is not supported: INT4 "
@@ -123,7 +177,8 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
 		                    "gptq_v2)",
 		                 path, cf);
 	q->kind = MOE_QUANT_GPTQ;
-	q->group = (uint32_t)gs;
+	q->group = group;
+	q->per_row = per_row;
 	q->gptq_v1 = !str_is(cf, "gptq_v2");
 	return 0;
 }
@@ -152,15 +207,59 @@ int moe_quant_config_read(const struct json_doc *doc, const char *path, struct m
 	                 path, method);
 }
 
+int moe_quant_layout_of(const struct moe_quant_config *q, uint64_t rows, uint64_t cols,
+                        struct moe_quant_layout *l, char *why, size_t why_len)
+{
+	assert(q->kind != MOE_QUANT_NONE);
+	assert(q->per_row ? q->group == 0 : q->group % 32 == 0 && q->group > 0);
+	memset(l, 0, sizeof(*l));
+	if (q->per_row && (cols == 0 || cols % 32 || cols > UINT32_MAX)) {
+		snprintf(why, why_len,
+		         "one group per row needs rows of a positive multiple of 32 inputs, not "
+		         "%" PRIu64,
+		         cols);
+		return -1;
+	}
+	const uint64_t g = q->per_row ? cols : q->group;
+	if (cols == 0 || cols % g) {
+		snprintf(why, why_len,
+		         "group size %" PRIu64 " does not divide the row of %" PRIu64 " inputs", g,
+		         cols);
+		return -1;
+	}
+	if (rows == 0 || (q->kind == MOE_QUANT_GPTQ && rows % 8)) {
+		snprintf(why, why_len,
+		         "%" PRIu64 " outputs, not a%s multiple of 8 (GPTQ packs 8 zero points "
+		         "per int32)",
+		         rows, rows ? "" : " positive");
+		return -1;
+	}
+	l->group = (uint32_t)g;
+	if (q->kind == MOE_QUANT_GPTQ) {
+		l->weights[0] = cols / 8, l->weights[1] = rows;
+		l->scales[0] = cols / g, l->scales[1] = rows;
+		l->zeros[0] = cols / g, l->zeros[1] = rows / 8;
+	} else {
+		l->weights[0] = rows, l->weights[1] = cols / 8;
+		l->scales[0] = rows, l->scales[1] = cols / g;
+	}
+	return 0;
+}
+
 const char *moe_quant_config_describe(const struct moe_quant_config *q, char *buf, size_t len)
 {
+	char group[32];
+	if (q->per_row)
+		snprintf(group, sizeof(group), "one group per row");
+	else
+		snprintf(group, sizeof(group), "group %u", q->group);
 	switch (q->kind) {
 	case MOE_QUANT_NONE: snprintf(buf, len, "none"); break;
 	case MOE_QUANT_INT4_CT:
-		snprintf(buf, len, "compressed-tensors pack-quantized INT4, group %u", q->group);
+		snprintf(buf, len, "compressed-tensors pack-quantized INT4, %s", group);
 		break;
 	case MOE_QUANT_GPTQ:
-		snprintf(buf, len, "GPTQ INT4 %s, group %u, %s", q->gptq_v1 ? "v1" : "v2", q->group,
+		snprintf(buf, len, "GPTQ INT4 %s, %s, %s", q->gptq_v1 ? "v1" : "v2", group,
 		         q->sym ? "sym" : "asym");
 		break;
 	}

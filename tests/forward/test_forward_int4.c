@@ -129,8 +129,9 @@ static void check_served(enum moe_gen_int4 int4, uint32_t group)
 		             n);
 		free(oracle);
 		const double e = float_math_nmse(&r, block, n, k);
-		cr_log_info("%s group %u, %u tokens: nmse vs float math %.3g",
-		            int4 == MOE_GEN_INT4_CT ? "compressed-tensors" : "GPTQ", group, n, e);
+		cr_log_info("%s group %d, %u tokens: nmse vs float math %.3g",
+		            int4 == MOE_GEN_INT4_CT ? "compressed-tensors" : "GPTQ",
+		            group == MOE_GEN_GROUP_ROW ? -1 : (int)group, n, e);
 		cr_assert(e < 0.03, "%u tokens: nmse %.3g against float math", n, e);
 		fwd_req_free(&r);
 	}
@@ -153,6 +154,14 @@ Test(forward_int4, gptq_served)
 {
 	check_served(MOE_GEN_INT4_GPTQ, 128);
 	check_served(MOE_GEN_INT4_GPTQ, 32);
+}
+
+/* GPTQ group_size -1 and compressed-tensors strategy "channel": one group spanning each row,
+ * its scale repeated into every block of the row at the repack. */
+Test(forward_int4, one_group_per_row_served)
+{
+	check_served(MOE_GEN_INT4_GPTQ, MOE_GEN_GROUP_ROW);
+	check_served(MOE_GEN_INT4_CT, MOE_GEN_GROUP_ROW);
 }
 
 Test(forward_int4, mmap_refused)

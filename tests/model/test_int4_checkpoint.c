@@ -76,7 +76,11 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 	struct sidecar_error err = {0};
 	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
 	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT ? MOE_QUANT_INT4_CT : MOE_QUANT_GPTQ);
-	cr_assert_eq(cat->quant.group, group);
+	const bool per_row = group == MOE_GEN_GROUP_ROW;
+	cr_assert_eq(cat->quant.group, per_row ? 0 : group);
+	char scheme[96];
+	moe_quant_config_describe(&cat->quant, scheme, sizeof(scheme));
+	cr_assert_eq(strstr(scheme, "one group per row") != NULL, per_row, "%s", scheme);
 	cr_assert_eq(cat->n_formats, 1);
 	cr_assert_eq(cat->formats[0], MOEK_INT4_G32);
 	static const enum moe_gen_tensor which[3] = {MOE_GEN_GATE, MOE_GEN_UP, MOE_GEN_DOWN};
@@ -89,11 +93,13 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 				cr_assert(r->present);
 				cr_assert_eq(r->format, MOEK_INT4_G32);
 				cr_assert_eq(r->layout, lay);
-				cr_assert_eq(r->group, group);
+				/* one group per row: the row is the group (one scale per output) */
+				const uint64_t g = per_row ? r->cols : group;
+				cr_assert_eq(r->group, g);
 				cr_assert_eq(r->data.length, r->rows * r->cols / 2);
-				cr_assert_eq(r->scale.length, r->rows * r->cols / group * 2);
+				cr_assert_eq(r->scale.length, r->rows * r->cols / g * 2);
 				cr_assert_eq(r->zeros.length, lay == MOE_LAYOUT_INT4_GPTQ
-				                                  ? r->rows * r->cols / group / 2
+				                                  ? r->rows * r->cols / g / 2
 				                                  : 0);
 				cr_assert_eq(moe_proj_kernel_bytes(r), r->rows * r->cols / 32 * 20);
 				moe_gen_floats(SEED, L, e, which[p], r->cols, 0, r->rows * r->cols,
@@ -122,6 +128,45 @@ Test(int4_checkpoint, gptq_round_trip)
 {
 	check_round_trip(MOE_GEN_INT4_GPTQ, 128, MOE_LAYOUT_INT4_GPTQ);
 	check_round_trip(MOE_GEN_INT4_GPTQ, 32, MOE_LAYOUT_INT4_GPTQ);
+}
+
+/* GPTQ group_size -1 and compressed-tensors strategy "channel": one scale (and zero) per
+ * output row, repeated into every 32-element block of the row. */
+Test(int4_checkpoint, one_group_per_row_round_trip)
+{
+	check_round_trip(MOE_GEN_INT4_GPTQ, MOE_GEN_GROUP_ROW, MOE_LAYOUT_INT4_GPTQ);
+	check_round_trip(MOE_GEN_INT4_CT, MOE_GEN_GROUP_ROW, MOE_LAYOUT_INT4_CT);
+}
+
+/* The tensor shapes a scheme gives a projection, and the shapes it cannot describe. */
+Test(int4_checkpoint, layout_of_shapes)
+{
+	struct moe_quant_config row = {.kind = MOE_QUANT_GPTQ, .per_row = true};
+	struct moe_quant_layout l;
+	char why[160];
+	cr_assert_eq(moe_quant_layout_of(&row, 64, 96, &l, why, sizeof(why)), 0, "%s", why);
+	cr_assert_eq(l.group, 96);
+	cr_assert_eq(l.weights[0], 12);
+	cr_assert_eq(l.weights[1], 64);
+	cr_assert_eq(l.scales[0], 1);
+	cr_assert_eq(l.scales[1], 64);
+	cr_assert_eq(l.zeros[0], 1);
+	cr_assert_eq(l.zeros[1], 8);
+	cr_assert_eq(moe_quant_layout_of(&row, 64, 48, &l, why, sizeof(why)), -1);
+	cr_assert_str_eq(why, "one group per row needs rows of a positive multiple of 32 inputs, "
+	                      "not 48");
+	cr_assert_eq(moe_quant_layout_of(&row, 12, 64, &l, why, sizeof(why)), -1);
+	cr_assert_str_eq(why, "12 outputs, not a multiple of 8 (GPTQ packs 8 zero points per "
+	                      "int32)");
+	struct moe_quant_config channel = {.kind = MOE_QUANT_INT4_CT, .per_row = true};
+	cr_assert_eq(moe_quant_layout_of(&channel, 12, 64, &l, why, sizeof(why)), 0, "%s", why);
+	cr_assert_eq(l.scales[0], 12);
+	cr_assert_eq(l.scales[1], 1);
+	cr_assert_eq(l.zeros[0], 0);
+	cr_assert_eq(l.zeros[1], 0);
+	struct moe_quant_config g64 = {.kind = MOE_QUANT_INT4_CT, .group = 64};
+	cr_assert_eq(moe_quant_layout_of(&g64, 8, 96, &l, why, sizeof(why)), -1);
+	cr_assert_str_eq(why, "group size 64 does not divide the row of 96 inputs");
 }
 
 /* `moe-sidecar inspect ARGS`: its exit status, stdout in out (malloc'd). */
@@ -205,10 +250,15 @@ Test(int4_checkpoint, unsupported_compressed_tensors_schemes_refused)
 	               "is not supported (INT4 only)");
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", "\"group_size\": 48",
 	               "%s/hf/config.json: quantization_config: config_groups.group_0: group_size "
-	               "48 is not supported (a multiple of 32)");
-	expect_refusal(MOE_GEN_INT4_CT, 32, "\"strategy\": \"group\"", "\"strategy\": \"channel\"",
+	               "48 is not supported (strategy group: a positive multiple of 32)");
+	expect_refusal(MOE_GEN_INT4_CT, 32, "\"strategy\": \"group\"", "\"strategy\": \"tensor\"",
 	               "%s/hf/config.json: quantization_config: config_groups.group_0: strategy "
-	               "channel is not supported (group only)");
+	               "tensor is not supported (group or channel)");
+	/* channel is one group per row: a group size besides it is a contradiction */
+	expect_refusal(MOE_GEN_INT4_CT, 32, "\"strategy\": \"group\"", "\"strategy\": \"channel\"",
+	               "%s/hf/config.json: quantization_config: config_groups.group_0: group_size "
+	               "32 with strategy channel (one group per row) is not supported (null or "
+	               "-1)");
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"actorder\": null", "\"actorder\": \"group\"",
 	               "%s/hf/config.json: quantization_config: config_groups.group_0: actorder "
 	               "(activation order) is not supported");
@@ -232,13 +282,47 @@ Test(int4_checkpoint, unsupported_gptq_schemes_refused)
 	expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"bits\": 4", "\"bits\": 8",
 	               "%s/hf/config.json: quantization_config: GPTQ bits 8 is not supported (INT4 "
 	               "only)");
-	expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"group_size\": 128", "\"group_size\": -1",
-	               "%s/hf/config.json: quantization_config: GPTQ group_size -1 is not "
-	               "supported (a multiple of 32; -1, one group per row, is not)");
 	expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"checkpoint_format\": \"gptq\"",
 	               "\"checkpoint_format\": \"marlin\"",
 	               "%s/hf/config.json: quantization_config: GPTQ checkpoint_format marlin is "
 	               "not supported (gptq or gptq_v2)");
+}
+
+/* group_size values no row can have are refused before any conversion to an integer (a
+ * double out of an integer's range converted is undefined behaviour: the sanitizer variant
+ * traps on it), with a sentence naming the field and the value. */
+Test(int4_checkpoint, out_of_range_group_sizes_refused)
+{
+	static const struct {
+		const char *json, *shown;
+	} gptq[] = {
+	    {"1e300", "1e+300"}, {"-1e300", "-1e+300"}, {"1.8e19", "1.8e+19"},
+	    {"1e999", "inf"},    {"-1e999", "-inf"},    {"0", "0"},
+	    {"-2", "-2"},        {"40.5", "40.5"},      {"4294967296", "4.29497e+09"},
+	    {"-0.0", "-0"},
+	};
+	for (size_t i = 0; i < sizeof(gptq) / sizeof(gptq[0]); i++) {
+		char to[64], want[512];
+		snprintf(to, sizeof(to), "\"group_size\": %s", gptq[i].json);
+		snprintf(want, sizeof(want),
+		         "%%s/hf/config.json: quantization_config: GPTQ group_size %s is not "
+		         "supported (a positive multiple of 32, or -1: one group per row)",
+		         gptq[i].shown);
+		expect_refusal(MOE_GEN_INT4_GPTQ, 128, "\"group_size\": 128", to, want);
+	}
+	static const struct {
+		const char *json, *shown;
+	} ct[] = {{"1e300", "1e+300"}, {"1.8e19", "1.8e+19"}, {"-1e300", "-1e+300"}, {"-5", "-5"}};
+	for (size_t i = 0; i < sizeof(ct) / sizeof(ct[0]); i++) {
+		char to[64], want[512];
+		snprintf(to, sizeof(to), "\"group_size\": %s", ct[i].json);
+		snprintf(want, sizeof(want),
+		         "%%s/hf/config.json: quantization_config: config_groups.group_0: "
+		         "group_size %s is not supported (strategy group: a positive multiple "
+		         "of 32)",
+		         ct[i].shown);
+		expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", to, want);
+	}
 }
 
 /* desc_act false but a g_idx that is not i / group: activation order all the same. */
