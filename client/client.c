@@ -530,7 +530,9 @@ fail:
 }
 
 /* Tries until the sidecar serves, the failure is not one of a starting sidecar, or
- * timeout_ms (< 0: one try) runs out; between tries sleeps 10 ms doubling to 250 ms. */
+ * timeout_ms (< 0: one try) runs out; between tries sleeps 10 ms doubling to 100 ms: a try
+ * costs the sidecar an accept and a refusal, and the cap is how late a client can be after
+ * READY. */
 static int connect_waiting(const struct moe_connect_opts *opts, const struct sockaddr_un *addr,
                            int timeout_ms, struct moe_client **out)
 {
@@ -561,7 +563,7 @@ static int connect_waiting(const struct moe_connect_opts *opts, const struct soc
 		                      .tv_nsec = (long)(nap % 1000000000u)};
 		while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
 			;
-		delay_ns = delay_ns * 2 < 250000000u ? delay_ns * 2 : 250000000u;
+		delay_ns = delay_ns * 2 < 100000000u ? delay_ns * 2 : 100000000u;
 	}
 }
 

@@ -74,7 +74,7 @@ struct moe_connect_opts {
 	uint32_t n_slots;        /* request slots (= requests in flight at once) */
 	/* How long moe_connect may take, waiting included: a sidecar that is starting (the
 	 * socket not there yet, or there and answering MOE_ESTARTING while it warms up) is
-	 * retried with a bounded backoff (10 ms doubling to 250 ms) until it serves or this
+	 * retried with a bounded backoff (10 ms doubling to 100 ms) until it serves or this
 	 * runs out. 0: 5000. Negative (MOE_CONNECT_NOWAIT): no waiting — a starting sidecar
 	 * is MOE_ESTARTING at once, with its warm-up progress in the sentence. */
 	int timeout_ms;

@@ -178,7 +178,7 @@ static void refuse(struct server *s, struct conn *c, int status, const char *rea
 	struct moe_welcome w;
 	welcome_base(&w, status);
 	snprintf(w.reason, sizeof(w.reason), "%s", reason);
-	/* A client waiting for the warm-up asks again every 250 ms: not a warning. */
+	/* A client waiting for the warm-up asks again every 100 ms: not a warning. */
 	log_event(status == MOE_ESTARTING ? LOG_DEBUG : LOG_WARN, "server",
 	          "refused client pid=%d uid=%u name=%s status=%s reason=\"%s\"", (int)c->pid,
 	          (unsigned)c->uid, c->name[0] ? c->name : "?", moe_status_str(status), reason);
