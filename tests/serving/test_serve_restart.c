@@ -436,3 +436,28 @@ Test(restart, a_socket_activated_sidecar_serves_a_client_that_came_first)
 	free(log);
 	sidecar_cleanup(&s.sp);
 }
+
+/* SIGTERM while the model warms up: the socket goes at once (no client is left waiting on a
+ * sidecar that is stopping), the warm-up in progress ends, and the exit is clean. */
+Test(restart, sigterm_during_the_warm_up_stops_cleanly)
+{
+	struct served s;
+	new_model(&s);
+	struct spawned p = start_held(&s);
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = 2000};
+	cr_assert_eq(moe_connect(&o, &c), MOE_ESTARTING, "%s", moe_connect_error());
+	cr_assert_eq(kill(p.pid, SIGTERM), 0);
+	cr_assert(log_wait(&s.sp, "the warm-up in progress ends first", 1, 20000));
+	struct stat st;
+	cr_expect_neq(stat(s.sp.socket, &st), 0, "the socket outlived SIGTERM");
+	close(p.hold);
+	int status;
+	cr_assert_eq(waitpid(p.pid, &status, 0), p.pid);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status 0x%x", status);
+	char lock[160];
+	snprintf(lock, sizeof(lock), "%s.lock", s.sp.socket);
+	cr_expect_neq(stat(lock, &st), 0, "the lock file was left");
+	close(p.ready);
+	sidecar_cleanup(&s.sp);
+}
