@@ -634,6 +634,7 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	if (c->sock >= 0)
 		close(c->sock);
 	n->again = c->again;
+	free(n->gpu_mask); /* the copy re-applying the mask made: c's holds the same bits */
 	n->gpu_mask = c->gpu_mask;
 	n->wait_policy = c->wait_policy;
 	n->call_seq = c->call_seq;
