@@ -24,6 +24,7 @@
 #endif
 #include "log.h"
 #include "memlimit.h"
+#include "moe_kernels.h" /* MOEK_SWIGLU_OAI_ALPHA */
 #include "moe_proto.h"
 #include "pagecache.h"
 #include "policy.h"
@@ -146,6 +147,8 @@ static void describe(struct serve_model *m, const struct serve_model_config *cfg
 	d->top_k = cat->info.top_k;
 	d->hidden = (uint32_t)cat->info.hidden;
 	d->expert_ffn = (uint32_t)cat->info.expert_ffn;
+	d->swiglu_limit = cat->info.swiglu_limit;
+	d->swiglu_alpha = cat->info.swiglu_limit > 0 ? MOEK_SWIGLU_OAI_ALPHA : 0.0f;
 	d->expert_bytes = cat->expert_bytes_total;
 	d->max_tokens = cfg->max_tokens;
 	d->max_top_k = cfg->max_top_k ? cfg->max_top_k : cat->info.top_k;
@@ -446,6 +449,8 @@ void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t fo
 	jw_kv_string(w, "fingerprint", m->desc.fingerprint_hex);
 	jw_kv_u64(w, "clients", clients);
 	jw_kv_u64(w, "expert_bytes", m->desc.expert_bytes);
+	jw_kv_double(w, "swiglu_limit", (double)m->desc.swiglu_limit, JW_SHORT);
+	jw_kv_double(w, "swiglu_alpha", (double)m->desc.swiglu_alpha, JW_SHORT);
 	jw_kv_u64(w, "numa_nodes", m->desc.n_nodes);
 	jw_kv_u64(w, "forwards_inline", forwards_inline);
 	jw_kv_u64(w, "mem_limit_bytes", m->desc.mem_limit_bytes);

@@ -69,6 +69,9 @@ struct serve_model_config {
 struct serve_model_desc {
 	uint32_t n_layers, n_moe_layers, first_moe_layer, last_moe_layer;
 	uint32_t n_experts, top_k, hidden, expert_ffn;
+	/* The experts' activation: gpt-oss's clamped SwiGLU (limit, alpha), or 0, 0 for plain
+	 * SwiGLU. STATS reports it so an engine can check its own against it. */
+	float swiglu_limit, swiglu_alpha;
 	uint32_t max_tokens, max_top_k; /* request limits the engine was sized for */
 	uint64_t expert_bytes, budget_bytes;
 	/* Memory: the limit (0: none) and where it came from; what the process holds once the

@@ -179,6 +179,7 @@ class KTMoEWrapper:
         self.active = self.tp_rank == 0
         self._pending = None
         self._ops = {}
+        self._mask_t = None
         self._gpu_mask = self._mask_from(gpu_experts_mask, num_gpu_experts)
         if not self.active:
             self.client = None
@@ -201,8 +202,32 @@ class KTMoEWrapper:
                              f"{i['moe_layers'][0]}..{i['moe_layers'][-1]})")
         last = self.layer_idx == i["moe_layers"][-1]
         self.k_defer = 0 if last else k_defer
+        self._send_gpu_mask()
+
+    def _mask_row(self):
+        """The sidecar's row of this layer's GPU mask, over the served model's expert ids."""
+        return self._gpu_mask or [False] * self.num_experts
+
+    def _send_gpu_mask(self):
         # This layer's row of the channel's mask is this wrapper's (none: every expert here).
-        c.set_gpu_mask(self._gpu_mask or [False] * self.num_experts, layer=self.layer_idx)
+        self.client.set_gpu_mask(self._mask_row(), layer=self.layer_idx)
+
+    def set_gpu_mask(self, gpu_experts_mask):
+        """Moves experts between the GPU and the sidecar while serving: gpu_experts_mask (bool
+        per expert) replaces this layer's. The sidecar applies it in the channel's order
+        (forwards sent before keep the old mask) and frees the experts now on the GPU; ids
+        sent from now on are masked with it (on the stream path by a device tensor updated
+        in place, so captured CUDA graphs use it too). The engine must hold an expert's
+        weights on the GPU before it routes tokens there."""
+        self._gpu_mask = self._mask_from(gpu_experts_mask, None)
+        t = getattr(self, "_mask_t", None)
+        if t is not None:
+            import torch
+
+            row = self._gpu_mask or [False] * self.num_experts
+            t.copy_(torch.tensor(row, dtype=torch.bool), non_blocking=t.is_cuda)
+        if self.active:
+            self._send_gpu_mask()
 
     def _mask_from(self, gpu_experts_mask, num_gpu_experts):
         if gpu_experts_mask is not None and num_gpu_experts is not None:
@@ -262,7 +287,7 @@ class KTMoEWrapper:
         # Signed and wide enough for -1 and any id (a no-op for kt's int64 and for int32).
         ids = topk_ids if topk_ids.dtype == torch.int32 else topk_ids.to(torch.int64)
         if self._gpu_mask is not None:
-            if getattr(self, "_mask_t", None) is None or self._mask_t.device != ids.device:
+            if self._mask_t is None or self._mask_t.device != ids.device:
                 self._mask_t = torch.tensor(self._gpu_mask, dtype=torch.bool, device=ids.device)
             E = self.num_experts
             on_gpu = self._mask_t[ids.clamp(0, E - 1).long()] & (ids >= 0) & (ids < E)

@@ -38,3 +38,22 @@ def test_pip_install_into_a_venv(tmp_path, served_bf16):
     where, fp = r.stdout.split()
     assert where.startswith(str(venv)), f"imported from {where}, not the venv"
     assert len(fp) == 32
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # moe_sidecar alone never brings a kt_kernel: only the opt-in distribution does.
+    r = subprocess.run([py, "-c", "import kt_kernel"], capture_output=True, text=True,
+                       cwd=str(tmp_path), env=env)
+    assert r.returncode != 0 and "No module named 'kt_kernel'" in r.stderr, r.stderr
+    r = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index",
+                        str(src / "client" / "python" / "kt_kernel_compat")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    code = ("import kt_kernel, moe_sidecar; print(kt_kernel.__file__); "
+            "print(kt_kernel.__version__); print(moe_sidecar.__version__)")
+    r = subprocess.run([py, "-c", code], capture_output=True, text=True, cwd=str(tmp_path),
+                       env=env)
+    if r.returncode != 0 and "No module named 'torch'" in r.stderr:
+        return  # kt_kernel is the engine's, and the engine brings torch; none here
+    assert r.returncode == 0, r.stderr
+    where, version, ms_version = r.stdout.split()
+    assert where.startswith(str(venv)), f"imported from {where}, not the venv"
+    assert version == ms_version + "+moe-sidecar"
