@@ -864,27 +864,26 @@ static bool has_capability(unsigned cap)
 	return found && cap < 64 && (eff >> cap & 1);
 }
 
-/* One of the file systems the probes need, at root + path: mounted, or what to do. */
-static void check_mount(const char *root, const char *path, const char *fstype, long magic,
-                        bool can_mount, bool *mounted, char *shown, size_t shown_len, char *why,
-                        size_t why_len)
+/* One of the file systems the probes need, at dir: mounted, or what to do. */
+static void check_mount(const char *dir, const char *fstype, long magic, bool can_mount,
+                        bool *mounted, char *shown, size_t shown_len, char *why, size_t why_len)
 {
-	snprintf(shown, shown_len, "%s%s", root, path);
-	const int m = mounted_at(shown, magic);
+	snprintf(shown, shown_len, "%s", dir);
+	const int m = mounted_at(dir, magic);
 	*mounted = m == 1;
 	if (m == 1 || why[0])
 		return;
 	if (m < 0)
 		snprintf(why, why_len, "%s: %s: create it and mount %s there (mount -t %s %s %s)",
-		         shown, strerror(-m), fstype, fstype, fstype, shown);
+		         dir, strerror(-m), fstype, fstype, fstype, dir);
 	else if (!can_mount)
 		snprintf(why, why_len,
 		         "%s is not mounted and this process may not mount it (no CAP_SYS_ADMIN): "
 		         "mount -t %s %s %s",
-		         shown, fstype, fstype, shown);
+		         dir, fstype, fstype, dir);
 }
 
-void pagecache_readiness(const char *root, struct pagecache_readiness *out)
+void pagecache_readiness(const char *bpffs, struct pagecache_readiness *out)
 {
 	memset(out, 0, sizeof(*out));
 	const int cap_sys_admin = 21, cap_perfmon = 38, cap_bpf = 39;
@@ -902,16 +901,17 @@ void pagecache_readiness(const char *root, struct pagecache_readiness *out)
 #else
 	snprintf(out->why, sizeof(out->why), "%s", MOE_PROBES_DISABLED_REASON);
 #endif
-	snprintf(out->btf_path, sizeof(out->btf_path), "%s/sys/kernel/btf/vmlinux", root);
+	snprintf(out->btf_path, sizeof(out->btf_path), "/sys/kernel/btf/vmlinux");
 	out->btf = access(out->btf_path, R_OK) == 0;
 	if (!out->btf && !out->why[0])
 		snprintf(out->why, sizeof(out->why),
 		         "%s: no kernel BTF: the probes are CO-RE programs and need a kernel built "
 		         "with CONFIG_DEBUG_INFO_BTF",
 		         out->btf_path);
-	check_mount(root, BPFFS_ROOT, "bpf", BPF_FS_MAGIC_NUMBER, out->cap_sys_admin, &out->bpffs,
-	            out->bpffs_path, sizeof(out->bpffs_path), out->why, sizeof(out->why));
-	check_mount(root, TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER, out->cap_sys_admin,
+	check_mount(bpffs ? bpffs : BPFFS_ROOT, "bpf", BPF_FS_MAGIC_NUMBER, out->cap_sys_admin,
+	            &out->bpffs, out->bpffs_path, sizeof(out->bpffs_path), out->why,
+	            sizeof(out->why));
+	check_mount(TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER, out->cap_sys_admin,
 	            &out->tracefs, out->tracefs_path, sizeof(out->tracefs_path), out->why,
 	            sizeof(out->why));
 	out->ready = !out->why[0];

@@ -121,9 +121,9 @@ int pagecache_check_instance_name(const char *name, struct sidecar_error *err);
 /* What pagecache_open needs, checked without loading a probe, mounting or pinning anything:
  * probes built in, the privilege to load BPF programs (the same check open makes first), the
  * kernel's BTF, bpffs and tracefs mounted (open mounts a missing one where it may: with
- * CAP_SYS_ADMIN, on an existing directory). root prefixes the paths ("" for the real
- * system; tests pass a directory). Reads files, loads and closes one two-instruction
- * program. */
+ * CAP_SYS_ADMIN, on an existing directory). bpffs: where bpffs is looked for (NULL: where
+ * open pins, /sys/fs/bpf; tests pass another directory). Reads files, loads and closes one
+ * two-instruction program. */
 struct pagecache_readiness {
 	bool ready;               /* open would attach, as far as these checks see */
 	bool built;               /* built with libbpf, clang, bpftool and BTF */
@@ -133,7 +133,7 @@ struct pagecache_readiness {
 	char btf_path[256], bpffs_path[256], tracefs_path[256];
 	char why[512]; /* "" when ready; else the first thing missing, with its fix */
 };
-void pagecache_readiness(const char *root, struct pagecache_readiness *out);
+void pagecache_readiness(const char *bpffs, struct pagecache_readiness *out);
 
 /* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
 void pagecache_close(struct pagecache_probes *p);
