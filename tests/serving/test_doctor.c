@@ -1,8 +1,7 @@
 /* test_doctor.c — `moe-sidecar doctor` on this machine's real state, and under conditions
  * faked where the real one cannot be changed: RLIMIT_MEMLOCK lowered (and CAP_IPC_LOCK
  * dropped) in the child before exec, a model on a tmpfs (or ramfs) without O_DIRECT, a
- * missing bpffs
- * (the test-hooks daemon's --debug-bpffs). */
+ * missing bpffs (the test-hooks daemon's --debug-bpffs). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
