@@ -187,6 +187,7 @@ static const char *fs_name(long type)
 	case 0x58465342: return "xfs";
 	case 0x9123683E: return "btrfs";
 	case 0x01021994: return "tmpfs";
+	case 0x858458f6: return "ramfs";
 	case 0x794c7630: return "overlayfs";
 	case 0x6969: return "nfs";
 	case 0x65735546: return "fuse";
