@@ -19,6 +19,7 @@ static const struct command commands[] = {
     {"probe", cmd_probe, "live page-cache counters (eBPF) for any process's reads of files"},
     {"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
     {"placement", cmd_placement, "which experts to keep on the GPU, from a trace or a sidecar"},
+    {"doctor", cmd_doctor, "check what serving needs on this machine, and what to change"},
 };
 
 static void usage(FILE *to)

@@ -365,7 +365,7 @@ int cmd_serve(int argc, char **argv)
 	struct server_config cfg = {
 	    .max_clients = 64,
 	    .max_channel_bytes = 4096ull << 20,
-	    .defaults = {.max_tokens = 256,
+	    .defaults = {.max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
 	                 .hidden = 4096,
 	                 .top_k = 8,
 	                 .n_slots = 4,
@@ -381,7 +381,7 @@ int cmd_serve(int argc, char **argv)
 
 	struct serve_model_config mcfg = {
 	    .numa = "auto",
-	    .max_tokens = 256,
+	    .max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
 	    .probes_instance = NULL,
 #ifdef MOE_TEST_HOOKS
 	    .fail_layer = -1,

@@ -60,14 +60,39 @@ static void log_format_paths(const struct forward_engine *e)
  * behind them: the second plan, for the request after, is sized for them. */
 #define ASYNC_MAX_TOKENS 16u
 
+/* What a request plan for `tokens` tokens holds: alloc_ctx allocates it, forward_plan_budget
+ * counts it without allocating. full: the largest expert's scratch (0: no usable expert). */
+struct ctx_size {
+	size_t pairs, groups, full, scratch_bytes, bytes;
+};
+
+static void ctx_size(struct forward_engine *e, uint32_t tokens, unsigned workers,
+                     struct ctx_size *s)
+{
+	const uint32_t n_experts = e->cat->info.n_experts;
+	const size_t P = (size_t)tokens * e->max_k;
+	s->pairs = P;
+	s->groups = P < n_experts ? P : n_experts;
+	s->full = max_scratch(e, P, workers);
+	s->scratch_bytes = 2 * s->full + ((size_t)8 << 20);
+	s->bytes =
+	    P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
+	    e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
+	    ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
+	    s->groups * (sizeof(*e->ctx[0].groups) + sizeof(*e->ctx[0].wave) + sizeof(uint32_t)) +
+	    2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(s->scratch_bytes);
+}
+
 static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t tokens,
                      struct sidecar_error *err)
 {
 	const uint32_t n_experts = e->cat->info.n_experts;
-	const size_t P = (size_t)tokens * e->max_k;
+	struct ctx_size s;
+	ctx_size(e, tokens, e->pool.n_workers, &s);
+	const size_t P = s.pairs, full = s.full;
 	c->max_tokens = tokens;
 	c->max_pairs = (uint32_t)P;
-	c->max_groups = (uint32_t)(P < n_experts ? P : n_experts);
+	c->max_groups = (uint32_t)s.groups;
 	c->pos_kind = calloc(P, 1);
 	c->pos_slot = calloc(P, sizeof(uint32_t));
 	c->tok_order = calloc(P, sizeof(uint16_t));
@@ -82,14 +107,9 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	c->xg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
 	c->yg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
 	c->wg = calloc(P, sizeof(float));
-	const size_t full = max_scratch(e, P, e->pool.n_workers);
-	c->scratch_bytes = 2 * full + ((size_t)8 << 20);
+	c->scratch_bytes = s.scratch_bytes;
 	c->scratch = aligned_alloc(64, align_up_64(c->scratch_bytes));
-	c->bytes = P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
-	           e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
-	           ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
-	           c->max_groups * (sizeof(*c->groups) + sizeof(*c->wave) + sizeof(uint32_t)) +
-	           2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(c->scratch_bytes);
+	c->bytes = s.bytes;
 	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
 	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
 	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
@@ -120,6 +140,15 @@ static void free_ctx(struct req_ctx *c)
 	free(c->scratch);
 }
 
+/* The second plan, for the request behind a deferred wave: none with one worker (nothing
+ * runs behind the caller), else decode-sized. 0: none. */
+static uint32_t second_plan_tokens(const struct forward_engine *e, unsigned workers)
+{
+	if (workers <= 1)
+		return 0;
+	return e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS;
+}
+
 static int alloc_plan(struct forward_engine *e, struct sidecar_error *err)
 {
 	if (alloc_ctx(e, &e->ctx[0], e->max_tokens, err) != 0)
@@ -127,35 +156,32 @@ static int alloc_plan(struct forward_engine *e, struct sidecar_error *err)
 	e->max_pairs = e->ctx[0].max_pairs;
 	e->max_groups = e->ctx[0].max_groups;
 	e->rq = &e->ctx[0];
-	/* no second plan for one worker: nothing runs behind the caller */
-	if (e->pool.n_workers > 1 &&
-	    alloc_ctx(e, &e->ctx[1],
-	              e->max_tokens < ASYNC_MAX_TOKENS ? e->max_tokens : ASYNC_MAX_TOKENS,
-	              err) != 0)
+	const uint32_t second = second_plan_tokens(e, e->pool.n_workers);
+	if (second && alloc_ctx(e, &e->ctx[1], second, err) != 0)
 		return -1;
 	return 0;
 }
 
-/* RESIDENCY under a memory limit: the request buffers (allocated) come first, the slot pools
- * get what is left. An unset budget becomes every expert if they fit, else the rest; a budget
- * given that does not fit is refused, saying what would. */
-static int fit_budget(struct forward_engine *e, struct forward_config *c, struct sidecar_error *err)
+/* RESIDENCY under a memory limit `limit` (non-zero): the request buffers (`plan` bytes) come
+ * first, the slot pools get what is left. An unset *budget (0) stays 0 when every expert
+ * (`every` bytes of slots) fits, else becomes the rest (*cut set), unless keep; a budget
+ * given that does not fit is refused, saying what would. 0, or -1 with err. */
+static int budget_under_limit(const struct forward_engine *e, uint64_t limit, uint64_t plan,
+                              uint64_t every, bool keep, uint64_t *budget, bool *cut,
+                              struct sidecar_error *err)
 {
-	if (!c->mem_limit)
-		return 0;
-	const uint64_t plan = e->ctx[0].bytes + e->ctx[1].bytes;
-	const uint64_t left = c->mem_limit > plan ? c->mem_limit - plan : 0;
-	const uint64_t every = weights_every_expert_bytes(&e->w);
-	if (c->mem_budget == 0) {
+	const uint64_t left = limit > plan ? limit - plan : 0;
+	*cut = false;
+	if (*budget == 0) {
 		if (every <= left)
 			return 0;
-		if (left == 0 || c->keep_budget) {
+		if (left == 0 || keep) {
 			if (left == 0)
 				error_set(err, MOE_EINVAL,
 				          "the request buffers (%llu bytes for %u tokens x %u ids) "
 				          "alone exceed the %llu bytes the engine may use",
 				          (unsigned long long)plan, e->max_tokens, e->max_k,
-				          (unsigned long long)c->mem_limit);
+				          (unsigned long long)limit);
 			else
 				error_set(
 				    err, MOE_EINVAL,
@@ -163,29 +189,102 @@ static int fit_budget(struct forward_engine *e, struct forward_config *c, struct
 				    "buffers %llu (%u tokens x %u ids): above the %llu bytes the "
 				    "engine may use; at most %llu bytes of budget fit",
 				    (unsigned long long)every, (unsigned long long)plan,
-				    e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
+				    e->max_tokens, e->max_k, (unsigned long long)limit,
 				    (unsigned long long)left);
 			return -1;
 		}
-		c->mem_budget = left;
-		log_info("forward",
-		         "expert budget cut to %llu bytes: the engine may use %llu bytes and its "
-		         "request buffers take %llu; every expert would need %llu",
-		         (unsigned long long)left, (unsigned long long)c->mem_limit,
-		         (unsigned long long)plan, (unsigned long long)every);
+		*budget = left;
+		*cut = true;
 		return 0;
 	}
-	if (c->mem_budget > left) {
+	if (*budget > left) {
 		error_set(err, MOE_EINVAL,
 		          "an expert budget of %llu bytes and %llu bytes of request buffers (%u "
 		          "tokens x %u ids) exceed the %llu bytes the engine may use; at most %llu "
 		          "bytes of budget fit",
-		          (unsigned long long)c->mem_budget, (unsigned long long)plan,
-		          e->max_tokens, e->max_k, (unsigned long long)c->mem_limit,
-		          (unsigned long long)left);
+		          (unsigned long long)*budget, (unsigned long long)plan, e->max_tokens,
+		          e->max_k, (unsigned long long)limit, (unsigned long long)left);
 		return -1;
 	}
 	return 0;
+}
+
+/* budget_under_limit for the engine being created, its plans allocated. */
+static int fit_budget(struct forward_engine *e, struct forward_config *c, struct sidecar_error *err)
+{
+	if (!c->mem_limit)
+		return 0;
+	const uint64_t plan = e->ctx[0].bytes + e->ctx[1].bytes;
+	const uint64_t every = weights_every_expert_bytes(&e->w);
+	bool cut;
+	if (budget_under_limit(e, c->mem_limit, plan, every, c->keep_budget, &c->mem_budget, &cut,
+	                       err) != 0)
+		return -1;
+	if (cut)
+		log_info("forward",
+		         "expert budget cut to %llu bytes: the engine may use %llu bytes and its "
+		         "request buffers take %llu; every expert would need %llu",
+		         (unsigned long long)c->mem_budget, (unsigned long long)c->mem_limit,
+		         (unsigned long long)plan, (unsigned long long)every);
+	return 0;
+}
+
+/* The request limits of config against the model: max_tokens >= 1, 1 <= k <= 65535. */
+static int engine_limits(struct forward_engine *e, const struct moe_catalog *cat,
+                         const struct forward_config *config, struct sidecar_error *err)
+{
+	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0)
+		return error_set(err, MOE_EINVAL, "model has no routed experts");
+	if (config->max_tokens == 0)
+		return error_set(err, MOE_EINVAL, "forward engine: max_tokens must be >= 1");
+	e->cat = cat;
+	e->cfg = *config;
+	e->max_tokens = config->max_tokens;
+	e->max_k = config->max_ids_per_token ? config->max_ids_per_token : cat->info.top_k;
+	if (e->max_k == 0 || e->max_k > 65535)
+		return error_set(err, MOE_EINVAL, "forward engine: ids per token %u out of range",
+		                 e->max_k);
+	e->hidden = (uint32_t)cat->info.hidden;
+	return 0;
+}
+
+int forward_plan_budget(const struct moe_catalog *cat, const struct forward_config *config,
+                        struct forward_budget *out, struct sidecar_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	struct forward_engine *e = calloc(1, sizeof(*e));
+	if (!e)
+		return error_set(err, MOE_ENOMEM, "out of memory");
+	int rc = engine_limits(e, cat, config, err);
+	bool topo_open = false;
+	if (rc == 0)
+		rc = topology_open(&e->topo, config, err);
+	topo_open = rc == 0;
+	if (rc == 0)
+		rc = weights_open(&e->w, cat, config, &e->topo, err);
+	if (rc == 0) {
+		const unsigned workers = pool_worker_count(&e->topo);
+		struct ctx_size first, second = {0};
+		ctx_size(e, e->max_tokens, workers, &first);
+		const uint32_t t2 = second_plan_tokens(e, workers);
+		if (t2)
+			ctx_size(e, t2, workers, &second);
+		out->n_workers = workers;
+		out->request_bytes = first.bytes + second.bytes;
+		out->every_bytes = weights_every_expert_bytes(&e->w);
+		out->budget_bytes = config->mem_budget;
+		if (config->mem_limit)
+			rc = budget_under_limit(e, config->mem_limit, out->request_bytes,
+			                        out->every_bytes, config->keep_budget,
+			                        &out->budget_bytes, &out->cut, err);
+		if (out->budget_bytes == 0)
+			out->budget_bytes = out->every_bytes;
+	}
+	weights_close(&e->w);
+	if (topo_open)
+		topology_close(&e->topo);
+	free(e);
+	return rc == 0 ? 0 : -1;
 }
 
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
@@ -199,30 +298,15 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
                                    void *hook_arg, struct sidecar_error *err)
 {
 	*out = NULL;
-	if (cat->info.n_moe_layers == 0 || cat->info.n_experts == 0) {
-		error_set(err, MOE_EINVAL, "model has no routed experts");
-		return -1;
-	}
-	if (config->max_tokens == 0) {
-		error_set(err, MOE_EINVAL, "forward engine: max_tokens must be >= 1");
-		return -1;
-	}
 	struct forward_engine *e = calloc(1, sizeof(*e));
 	if (!e) {
 		error_set(err, MOE_ENOMEM, "out of memory");
 		return -1;
 	}
-	e->cat = cat;
-	e->cfg = *config;
-	e->max_tokens = config->max_tokens;
-	e->max_k = config->max_ids_per_token ? config->max_ids_per_token : cat->info.top_k;
-	if (e->max_k == 0 || e->max_k > 65535) {
-		error_set(err, MOE_EINVAL, "forward engine: ids per token %u out of range",
-		          e->max_k);
+	if (engine_limits(e, cat, config, err) != 0) {
 		free(e);
 		return -1;
 	}
-	e->hidden = (uint32_t)cat->info.hidden;
 	pthread_mutex_init(&e->run_lock, NULL);
 	pthread_cond_init(&e->run_free, NULL);
 	pthread_mutex_init(&e->mask_lock, NULL);
@@ -337,15 +421,7 @@ void forward_destroy(struct forward_engine *e)
 
 void forward_topology(const struct forward_engine *e, struct forward_topology_info *out)
 {
-	memset(out, 0, sizeof(*out));
-	out->n_nodes = e->topo.n_nodes;
-	out->synthetic = e->topo.synthetic;
-	out->memory_bound = e->topo.memory_bound;
-	for (uint32_t n = 0; n < e->topo.n_nodes; n++) {
-		out->node_os_index[n] = e->topo.nodes[n].os_index;
-		out->threads[n] = e->topo.nodes[n].threads;
-		out->pinned_per_pu[n] = e->topo.nodes[n].pin_per_pu;
-	}
+	topology_info(&e->topo, out);
 }
 
 bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_t *ids, size_t n)

@@ -132,6 +132,20 @@ int forward_check_topology(const struct forward_config *config, struct sidecar_e
  * slot. */
 int forward_create(struct forward_engine **out, const struct moe_catalog *cat,
                    const struct forward_config *config, struct sidecar_error *err);
+/* What forward_create would take for a RESIDENCY config (config->source), without creating
+ * the engine: topology and weight maps are opened and closed, nothing is allocated for the
+ * requests or the slots and no expert is read. The same rule as forward_create's: the request
+ * buffers first, then the slots. 0 with out filled, or -1 with err — what forward_create
+ * would refuse (a budget that does not fit the limit, no routed experts, a bad --numa). */
+struct forward_budget {
+	uint64_t request_bytes; /* the request plans' buffers */
+	uint64_t every_bytes;   /* slot bytes that hold every expert, over all nodes */
+	uint64_t budget_bytes;  /* bytes of slots the engine would get (every_bytes: all fit) */
+	bool cut;               /* the limit cut an unset budget below every_bytes */
+	unsigned n_workers;     /* the pools' workers, all nodes */
+};
+int forward_plan_budget(const struct moe_catalog *cat, const struct forward_config *config,
+                        struct forward_budget *out, struct sidecar_error *err);
 /* Joins the workers and frees everything. No forward_run may be in progress. */
 void forward_destroy(struct forward_engine *e);
 
@@ -143,8 +157,13 @@ struct forward_topology_info {
 	bool synthetic;
 	bool memory_bound; /* false: binding was a no-op (1 node, synthetic, or refused) */
 	bool pinned_per_pu[FORWARD_MAX_NODES]; /* node n's workers each on a PU of their own */
+	uint32_t pus[FORWARD_MAX_NODES]; /* node n's CPUs this process may use (its affinity) */
 };
 void forward_topology(const struct forward_engine *e, struct forward_topology_info *out);
+/* The topology an engine created with config would use (numa, threads_per_node), without
+ * creating one. 0, or -1 with err as forward_check_topology. */
+int forward_topology_describe(const struct forward_config *config,
+                              struct forward_topology_info *out, struct sidecar_error *err);
 
 /* One layer. Inputs are trusted to be readable for their sizes (the caller copied them out of
  * shared memory); their *values* are not trusted. */

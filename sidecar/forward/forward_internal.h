@@ -39,6 +39,8 @@ struct forward_topology {
 int topology_open(struct forward_topology *t, const struct forward_config *cfg,
                   struct sidecar_error *err);
 void topology_close(struct forward_topology *t);
+/* What t holds, as forward_topology reports it. */
+void topology_info(const struct forward_topology *t, struct forward_topology_info *out);
 /* Pins the calling thread, worker `local` of node n: to its own PU (pus[local]) when the node
  * has one per worker, else to the node's PUs when there are several nodes; nothing when
  * synthetic. Worker 0 of node 0 is the caller of pool_run_wave, whose affinity is the
@@ -107,6 +109,8 @@ struct forward_pool {
 	atomic_uint next[3][FORWARD_MAX_NODES];
 	uint32_t item_capacity;
 };
+/* Workers a pool over topo runs: every node's threads. */
+unsigned pool_worker_count(const struct forward_topology *topo);
 int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
                 struct sidecar_error *err);
 void pool_destroy(struct forward_pool *p);

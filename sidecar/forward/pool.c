@@ -124,13 +124,20 @@ static void *worker_main(void *arg)
 	}
 }
 
+unsigned pool_worker_count(const struct forward_topology *topo)
+{
+	unsigned n_workers = 0;
+	for (uint32_t n = 0; n < topo->n_nodes; n++)
+		n_workers += topo->nodes[n].threads;
+	return n_workers;
+}
+
 int pool_create(struct forward_pool *p, struct forward_topology *topo, uint32_t max_groups,
                 struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
 	p->topo = topo;
-	for (uint32_t n = 0; n < topo->n_nodes; n++)
-		p->n_workers += topo->nodes[n].threads;
+	p->n_workers = pool_worker_count(topo);
 	p->workers = calloc(p->n_workers, sizeof(*p->workers));
 	/* Items per phase and node: each group is cut into at most two chunks per worker (two
 	 * behind the caller). */

@@ -203,6 +203,32 @@ int forward_check_topology(const struct forward_config *cfg, struct sidecar_erro
 	return 0;
 }
 
+void topology_info(const struct forward_topology *t, struct forward_topology_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->n_nodes = t->n_nodes;
+	out->synthetic = t->synthetic;
+	out->memory_bound = t->memory_bound;
+	for (uint32_t n = 0; n < t->n_nodes; n++) {
+		out->node_os_index[n] = t->nodes[n].os_index;
+		out->threads[n] = t->nodes[n].threads;
+		out->pinned_per_pu[n] = t->nodes[n].pin_per_pu;
+		out->pus[n] = t->nodes[n].n_pus;
+	}
+}
+
+int forward_topology_describe(const struct forward_config *cfg, struct forward_topology_info *out,
+                              struct sidecar_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	struct forward_topology t;
+	if (topology_build(&t, cfg, err) != 0)
+		return -1;
+	topology_info(&t, out);
+	topology_close(&t);
+	return 0;
+}
+
 void topology_close(struct forward_topology *t)
 {
 	for (uint32_t i = 0; i < t->n_nodes; i++) {

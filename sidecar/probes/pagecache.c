@@ -203,6 +203,16 @@ static bool key_watched_elsewhere(const struct pagecache_probes *p,
 	return false;
 }
 
+/* 1 when a filesystem with `magic` is mounted at dir, 0 when another one is, -errno when
+ * dir cannot be looked at. */
+static int mounted_at(const char *dir, long magic)
+{
+	struct statfs fs;
+	if (statfs(dir, &fs) < 0)
+		return -errno;
+	return (long)fs.f_type == magic;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 #ifdef MOE_PROBES_ENABLED
 
@@ -234,10 +244,10 @@ static const char *privilege_hint(int err)
 static int ensure_mounted(struct pagecache_probes *p, const char *dir, const char *fstype,
                           long magic)
 {
-	struct statfs fs;
-	if (statfs(dir, &fs) < 0)
-		return fail(p, errno, "%s: %s", dir, strerror(errno));
-	if ((long)fs.f_type == magic)
+	const int m = mounted_at(dir, magic);
+	if (m < 0)
+		return fail(p, -m, "%s: %s", dir, strerror(-m));
+	if (m == 1)
 		return 0;
 	if (mount(fstype, dir, fstype, 0, "mode=0700") < 0) {
 		int e = errno;
@@ -668,21 +678,30 @@ static void detach(struct pagecache_probes *p)
 	p->counters_fd = p->pid_counters_fd = -1;
 }
 
-static int attach(struct pagecache_probes *p)
+/* 0 when this process may load a tracepoint program (a two-instruction one, loaded and
+ * closed), else -errno: the privilege the probes need, checked before anything is mounted. */
+static int bpf_may_load(void)
 {
-	libbpf_set_print(libbpf_to_log);
-	/* Privilege first: an unprivileged caller must not mount or create anything. */
 	const struct bpf_insn return_zero[] = {
 	    {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = 0},
 	    {.code = BPF_JMP | BPF_EXIT},
 	};
 	int probe_fd =
 	    bpf_prog_load(BPF_PROG_TYPE_TRACEPOINT, "moe_probe_check", "GPL", return_zero, 2, NULL);
-	if (probe_fd < 0) {
-		int e = -probe_fd;
-		return fail(p, e, "cannot load BPF programs: %s%s", strerror(e), privilege_hint(e));
-	}
+	if (probe_fd < 0)
+		return probe_fd;
 	close(probe_fd);
+	return 0;
+}
+
+static int attach(struct pagecache_probes *p)
+{
+	libbpf_set_print(libbpf_to_log);
+	/* Privilege first: an unprivileged caller must not mount or create anything. */
+	const int may = bpf_may_load();
+	if (may < 0)
+		return fail(p, -may, "cannot load BPF programs: %s%s", strerror(-may),
+		            privilege_hint(-may));
 	int rc = ensure_mounted(p, BPFFS_ROOT, "bpf", BPF_FS_MAGIC_NUMBER);
 	if (rc == 0)
 		rc = ensure_mounted(p, TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER);
@@ -829,6 +848,74 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 }
 
 #endif /* MOE_PROBES_ENABLED */
+
+/* Whether this process holds capability `cap` in its effective set. */
+static bool has_capability(unsigned cap)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	if (!f)
+		return false;
+	char line[256];
+	unsigned long long eff = 0;
+	bool found = false;
+	while (!found && fgets(line, sizeof(line), f))
+		found = sscanf(line, "CapEff: %llx", &eff) == 1;
+	fclose(f);
+	return found && cap < 64 && (eff >> cap & 1);
+}
+
+/* One of the file systems the probes need, at dir: mounted, or what to do. */
+static void check_mount(const char *dir, const char *fstype, long magic, bool can_mount,
+                        bool *mounted, char *shown, size_t shown_len, char *why, size_t why_len)
+{
+	snprintf(shown, shown_len, "%s", dir);
+	const int m = mounted_at(dir, magic);
+	*mounted = m == 1;
+	if (m == 1 || why[0])
+		return;
+	if (m < 0)
+		snprintf(why, why_len, "%s: %s: create it and mount %s there (mount -t %s %s %s)",
+		         dir, strerror(-m), fstype, fstype, fstype, dir);
+	else if (!can_mount)
+		snprintf(why, why_len,
+		         "%s is not mounted and this process may not mount it (no CAP_SYS_ADMIN): "
+		         "mount -t %s %s %s",
+		         dir, fstype, fstype, dir);
+}
+
+void pagecache_readiness(const char *bpffs, struct pagecache_readiness *out)
+{
+	memset(out, 0, sizeof(*out));
+	const int cap_sys_admin = 21, cap_perfmon = 38, cap_bpf = 39;
+	out->cap_sys_admin = has_capability(cap_sys_admin);
+	out->cap_bpf = has_capability(cap_bpf);
+	out->cap_perfmon = has_capability(cap_perfmon);
+#ifdef MOE_PROBES_ENABLED
+	out->built = true;
+	libbpf_set_print(libbpf_to_log);
+	const int may = bpf_may_load();
+	out->can_load = may == 0;
+	if (may < 0)
+		snprintf(out->why, sizeof(out->why), "cannot load BPF programs: %s%s",
+		         strerror(-may), privilege_hint(-may));
+#else
+	snprintf(out->why, sizeof(out->why), "%s", MOE_PROBES_DISABLED_REASON);
+#endif
+	snprintf(out->btf_path, sizeof(out->btf_path), "/sys/kernel/btf/vmlinux");
+	out->btf = access(out->btf_path, R_OK) == 0;
+	if (!out->btf && !out->why[0])
+		snprintf(out->why, sizeof(out->why),
+		         "%s: no kernel BTF: the probes are CO-RE programs and need a kernel built "
+		         "with CONFIG_DEBUG_INFO_BTF",
+		         out->btf_path);
+	check_mount(bpffs ? bpffs : BPFFS_ROOT, "bpf", BPF_FS_MAGIC_NUMBER, out->cap_sys_admin,
+	            &out->bpffs, out->bpffs_path, sizeof(out->bpffs_path), out->why,
+	            sizeof(out->why));
+	check_mount(TRACEFS_ROOT, "tracefs", TRACEFS_MAGIC_NUMBER, out->cap_sys_admin,
+	            &out->tracefs, out->tracefs_path, sizeof(out->tracefs_path), out->why,
+	            sizeof(out->why));
+	out->ready = !out->why[0];
+}
 /* ---------------------------------------------------------------------------------------- */
 
 int pagecache_check_instance_name(const char *name, struct sidecar_error *err)

@@ -118,6 +118,23 @@ int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes 
  * it would give (err may be NULL). Needs no privilege: callers check it before any work. */
 int pagecache_check_instance_name(const char *name, struct sidecar_error *err);
 
+/* What pagecache_open needs, checked without loading a probe, mounting or pinning anything:
+ * probes built in, the privilege to load BPF programs (the same check open makes first), the
+ * kernel's BTF, bpffs and tracefs mounted (open mounts a missing one where it may: with
+ * CAP_SYS_ADMIN, on an existing directory). bpffs: where bpffs is looked for (NULL: where
+ * open pins, /sys/fs/bpf; tests pass another directory). Reads files, loads and closes one
+ * two-instruction program. */
+struct pagecache_readiness {
+	bool ready;               /* open would attach, as far as these checks see */
+	bool built;               /* built with libbpf, clang, bpftool and BTF */
+	bool can_load;            /* a tracepoint program loads: root, or CAP_BPF + CAP_PERFMON */
+	bool btf, bpffs, tracefs; /* present / mounted */
+	bool cap_sys_admin, cap_bpf, cap_perfmon; /* in the effective set */
+	char btf_path[256], bpffs_path[256], tracefs_path[256];
+	char why[512]; /* "" when ready; else the first thing missing, with its fix */
+};
+void pagecache_readiness(const char *bpffs, struct pagecache_readiness *out);
+
 /* Detaches, unpins (removes the instance directory) and frees. NULL is a no-op. */
 void pagecache_close(struct pagecache_probes *p);
 

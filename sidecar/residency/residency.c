@@ -630,49 +630,67 @@ uint32_t residency_n_nodes(const struct residency *r)
 
 /* ---- creation ---- */
 
+int residency_open_file(const char *path, bool no_direct, struct residency_file *out,
+                        struct sidecar_error *err)
+{
+	*out = (struct residency_file){.fd = -1, .buffered = no_direct, .alignment = SLOT_ALIGN};
+	int fd = no_direct ? -1 : open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0 && !no_direct && errno == EINVAL) {
+		out->direct_refused = true;
+		out->buffered = true;
+	}
+	if (out->buffered)
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		int e = errno;
+		error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
+		return -e;
+	}
+	out->fd = fd;
+	struct statx stx;
+	if (!out->buffered &&
+	    statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE, &stx) == 0 &&
+	    (stx.stx_mask & STATX_DIOALIGN)) {
+		out->dio_offset_align = stx.stx_dio_offset_align;
+		out->dio_mem_align = stx.stx_dio_mem_align;
+		uint32_t a = stx.stx_dio_offset_align > stx.stx_dio_mem_align
+		                 ? stx.stx_dio_offset_align
+		                 : stx.stx_dio_mem_align;
+		if (a > out->alignment) {
+			if (a & (a - 1) || a > (1u << 21)) {
+				close(fd);
+				out->fd = -1;
+				error_set(err, MOE_EINVAL,
+				          "%s: unusable direct-I/O alignment %u bytes", path, a);
+				return -EINVAL;
+			}
+			out->alignment = a;
+		}
+	}
+	return 0;
+}
+
 static int open_model_files(struct residency *r, struct sidecar_error *err)
 {
 	const struct expert_map *m = r->map;
 	r->alignment = SLOT_ALIGN;
 	for (uint32_t f = 0; f < m->n_files; f++) {
 		const char *path = m->paths[f];
-		bool buffered = r->config.no_direct; /* asked for: logged once below */
-		int fd = buffered ? -1 : open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0 && !buffered && errno == EINVAL) {
+		struct residency_file rf;
+		int rc = residency_open_file(path, r->config.no_direct, &rf, err);
+		if (rc < 0)
+			return rc;
+		if (rf.direct_refused)
 			log_warn("residency",
 			         "%s: O_DIRECT not supported here (%s): reading it BUFFERED "
 			         "through the page cache",
 			         path, strerror(EINVAL));
-			buffered = true;
-		}
-		if (buffered) {
-			fd = open(path, O_RDONLY | O_CLOEXEC);
-			r->buffered[f] = fd >= 0;
-			if (fd >= 0)
-				stat_add(&r->stats.buffered_files, 1);
-		}
-		if (fd < 0) {
-			int e = errno;
-			error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
-			return -e;
-		}
-		r->fds[f] = fd;
-		struct statx stx;
-		if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN | STATX_SIZE, &stx) == 0 &&
-		    (stx.stx_mask & STATX_DIOALIGN) && !r->buffered[f]) {
-			uint32_t a = stx.stx_dio_offset_align > stx.stx_dio_mem_align
-			                 ? stx.stx_dio_offset_align
-			                 : stx.stx_dio_mem_align;
-			if (a > r->alignment) {
-				if (a & (a - 1) || a > (1u << 21)) {
-					error_set(err, MOE_EINVAL,
-					          "%s: unusable direct-I/O alignment %u bytes",
-					          path, a);
-					return -EINVAL;
-				}
-				r->alignment = a;
-			}
-		}
+		r->fds[f] = rf.fd;
+		r->buffered[f] = rf.buffered;
+		if (rf.buffered)
+			stat_add(&r->stats.buffered_files, 1);
+		if (rf.alignment > r->alignment)
+			r->alignment = rf.alignment;
 	}
 	if (r->config.no_direct)
 		log_info("residency",

@@ -139,6 +139,21 @@ struct residency_counters {
 
 struct residency;
 
+/* How the loader opens a model file: with O_DIRECT, or buffered through the page cache where
+ * the filesystem refuses it (EINVAL: tmpfs, some FUSE filesystems) or no_direct asks; and the
+ * alignment its direct reads keep (statx DIOALIGN, at least 4096). */
+struct residency_file {
+	int fd;              /* the caller closes it */
+	bool buffered;       /* opened without O_DIRECT */
+	bool direct_refused; /* O_DIRECT was asked and the filesystem refused it */
+	uint32_t alignment;  /* offsets, lengths and buffers of direct reads: a power of 2 */
+	uint32_t dio_offset_align, dio_mem_align; /* statx's figures; 0: not reported */
+};
+/* 0 with out filled, or -errno with err ("x.gguf: cannot open: …", an alignment above 2 MiB
+ * or not a power of 2). Logs nothing: the caller says what a refusal means to it. */
+int residency_open_file(const char *path, bool no_direct, struct residency_file *out,
+                        struct sidecar_error *err);
+
 /* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
  * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
  * must outlive the residency. One node: config's numa_node and post_load_arg. */

@@ -137,6 +137,99 @@ static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, 
 }
 #endif
 
+/* The budget rule (this file's header): the expert bytes asked for and the memory the limit
+ * leaves the engine. engine_limit is forward_config's mem_limit, where 0 means "no limit",
+ * so none left is one byte, which nothing fits in: the engine then refuses it as it refuses
+ * any limit too small for its request buffers. */
+struct budget_rule {
+	uint64_t expert_bytes, budget;
+	const char *why;
+	bool asked;
+	uint64_t engine_bytes; /* what the limit leaves the engine; 0 when it holds none */
+	uint64_t engine_limit;
+};
+
+static int budget_rule(const struct serve_model_config *cfg, uint64_t expert_bytes,
+                       struct budget_rule *r, struct sidecar_error *err)
+{
+	/* Budget: asked for, or every expert if the engine fits them in 3/4 of the memory limit
+	 * (less what the process held before the model), else what fits (forward_config's
+	 * mem_limit). The quarter left is for channels and the rest of the process. */
+	*r = (struct budget_rule){
+	    .expert_bytes = expert_bytes,
+	    .budget = expert_bytes,
+	    .why = "every expert if they fit in 3/4 of the memory limit, else what does",
+	    .asked = cfg->mem_budget_bytes || cfg->mem_budget_percent > 0,
+	};
+	if (cfg->mem_budget_bytes) {
+		r->budget = cfg->mem_budget_bytes;
+		r->why = "--mem-budget";
+	} else if (cfg->mem_budget_percent > 0) {
+		r->budget = (uint64_t)((double)expert_bytes * cfg->mem_budget_percent / 100.0);
+		r->why = "--mem-budget percent of the expert bytes";
+	}
+	if (r->asked && cfg->mem_total && r->budget > cfg->mem_total)
+		return error_set(
+		    err, MOE_EINVAL,
+		    "--mem-budget %" PRIu64 " bytes (%.1f GiB) is above this machine's physical "
+		    "memory, MemTotal %" PRIu64 " bytes (%.1f GiB): give at most what the "
+		    "sidecar can hold, or leave the budget to auto",
+		    r->budget, (double)r->budget / (1u << 30), cfg->mem_total,
+		    (double)cfg->mem_total / (1u << 30));
+	if (cfg->mem_limit) {
+		r->engine_bytes =
+		    cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 0;
+		if (!r->asked)
+			r->engine_bytes = r->engine_bytes / 4 * 3;
+		r->engine_limit = r->engine_bytes ? r->engine_bytes : 1;
+	}
+	return 0;
+}
+
+/* The engine's configuration for cfg under the rule's budget (no progress callback). */
+static int forward_config_of(const struct serve_model_config *cfg, const struct budget_rule *r,
+                             uint32_t max_top_k, struct forward_config *fc,
+                             struct sidecar_error *err)
+{
+	*fc = (struct forward_config){
+	    .source = FORWARD_SOURCE_RESIDENCY,
+	    .mem_budget = r->budget >= r->expert_bytes ? 0 : r->budget,
+	    .mem_limit = r->engine_limit,
+	    .keep_budget = r->asked,
+	    .policy = cfg->policy,
+	    .pin_layers = cfg->pin_layers,
+	    .no_direct = cfg->no_direct,
+	    .retry_backoff_ms =
+	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
+	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
+	    .file_layout = cfg->file_layout,
+	    .threads_per_node = cfg->threads,
+	    .max_tokens = cfg->max_tokens,
+	    .max_ids_per_token = max_top_k,
+	};
+	return parse_numa(cfg->numa, fc, err);
+}
+
+int serve_model_plan_budget(const struct serve_model_config *cfg, const struct moe_catalog *cat,
+                            struct serve_model_budget *out, struct sidecar_error *err)
+{
+	memset(out, 0, sizeof(*out));
+	struct budget_rule br;
+	struct forward_config fc;
+	if (budget_rule(cfg, cat->expert_bytes_total, &br, err) != 0 ||
+	    forward_config_of(cfg, &br, cfg->max_top_k ? cfg->max_top_k : cat->info.top_k, &fc,
+	                      err) != 0)
+		return -1;
+	out->expert_bytes = br.expert_bytes;
+	out->asked_bytes = br.budget;
+	out->from = br.why;
+	out->engine_bytes = br.engine_bytes;
+	struct sidecar_error why;
+	if (forward_plan_budget(cat, &fc, &out->engine, &why) != 0)
+		return error_set(err, why.status, "%s: %s", cfg->path, why.msg);
+	return 0;
+}
+
 static void describe(struct serve_model *m, const struct serve_model_config *cfg)
 {
 	const struct moe_catalog *cat = m->cat;
@@ -239,59 +332,18 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         pagecache_last_error(m->probes));
 	}
 
-	/* Budget: asked for, or every expert if the engine fits them in 3/4 of the memory limit
-	 * (less what the process held before the model), else what fits (forward_config's
-	 * mem_limit). The quarter left is for channels and the rest of the process. */
-	uint64_t expert_bytes = m->cat->expert_bytes_total, budget = expert_bytes;
-	const char *why = "every expert if they fit in 3/4 of the memory limit, else what does";
-	const bool asked = cfg->mem_budget_bytes || cfg->mem_budget_percent > 0;
-	if (cfg->mem_budget_bytes) {
-		budget = cfg->mem_budget_bytes;
-		why = "--mem-budget";
-	} else if (cfg->mem_budget_percent > 0) {
-		budget = (uint64_t)((double)expert_bytes * cfg->mem_budget_percent / 100.0);
-		why = "--mem-budget percent of the expert bytes";
-	}
-	if (asked && cfg->mem_total && budget > cfg->mem_total) {
-		error_set(err, MOE_EINVAL,
-		          "--mem-budget %" PRIu64
-		          " bytes (%.1f GiB) is above this machine's physical "
-		          "memory, MemTotal %" PRIu64 " bytes (%.1f GiB): give at most what the "
-		          "sidecar can hold, or leave the budget to auto",
-		          budget, (double)budget / (1u << 30), cfg->mem_total,
-		          (double)cfg->mem_total / (1u << 30));
+	struct budget_rule br;
+	if (budget_rule(cfg, m->cat->expert_bytes_total, &br, err) != 0)
 		goto fail;
-	}
-	/* engine_bytes: what the limit leaves the engine (0 when the process already holds
-	 * the limit or more); engine_limit: the same for forward_config, where 0 means "no
-	 * limit", so none left is one byte, which nothing fits in: the engine then refuses
-	 * it as it refuses any limit too small for its request buffers. */
-	uint64_t engine_bytes = 0, engine_limit = 0;
-	if (cfg->mem_limit) {
-		engine_bytes = cfg->mem_limit > cfg->mem_base ? cfg->mem_limit - cfg->mem_base : 0;
-		if (!asked)
-			engine_bytes = engine_bytes / 4 * 3;
-		engine_limit = engine_bytes ? engine_bytes : 1;
-	}
-
-	struct forward_config fc = {
-	    .source = FORWARD_SOURCE_RESIDENCY,
-	    .mem_budget = budget >= expert_bytes ? 0 : budget,
-	    .mem_limit = engine_limit,
-	    .keep_budget = asked,
-	    .policy = cfg->policy,
-	    .pin_layers = cfg->pin_layers,
-	    .no_direct = cfg->no_direct,
-	    .retry_backoff_ms =
-	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
-	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
-	    .file_layout = cfg->file_layout,
-	    .threads_per_node = cfg->threads,
-	    .max_tokens = cfg->max_tokens,
-	    .max_ids_per_token = m->desc.max_top_k,
-	    .progress = warm_progress,
-	    .progress_arg = m,
-	};
+	const uint64_t expert_bytes = br.expert_bytes, budget = br.budget,
+	               engine_bytes = br.engine_bytes, engine_limit = br.engine_limit;
+	const char *why = br.why;
+	const bool asked = br.asked;
+	struct forward_config fc;
+	if (forward_config_of(cfg, &br, m->desc.max_top_k, &fc, err) != 0)
+		goto fail;
+	fc.progress = warm_progress;
+	fc.progress_arg = m;
 #ifdef MOE_TEST_HOOKS
 	loader_fault_fn hook = NULL;
 	if (cfg->fail_layer >= 0) {
@@ -307,8 +359,6 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 			         cfg->fail_layer, cfg->fail_expert);
 	}
 #endif
-	if (parse_numa(cfg->numa, &fc, err) != 0)
-		goto fail;
 	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
 	 * STATS reports it); here, what it was asked for. */
 	log_info("serve",

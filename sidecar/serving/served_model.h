@@ -17,10 +17,14 @@
 #include <stdint.h>
 
 #include "error.h"
+#include "forward.h"
 #include "json_writer.h"
 #include "moe_abi.h"
 
-struct forward_engine;
+struct moe_catalog;
+
+/* --max-tokens when not given: the request buffers every engine is sized for. */
+#define SERVE_MODEL_DEFAULT_MAX_TOKENS 256u
 
 struct serve_model_config {
 	const char *path; /* .gguf, .safetensors or a checkpoint directory */
@@ -92,6 +96,21 @@ struct serve_model;
  * --policy, --probes-instance), so that a start-up refuses them before reading the model.
  * 0, or -1 with err ("--numa 7: none of the listed nodes exists on this machine"). */
 int serve_model_check_config(const struct serve_model_config *cfg, struct sidecar_error *err);
+
+/* The expert budget serve_model_open would give cat under cfg (the budget rule of
+ * served_model.c and forward_create's), planned without creating the engine: no slot is
+ * allocated and no expert read. For `doctor`. */
+struct serve_model_budget {
+	uint64_t expert_bytes; /* the catalog's bytes of every routed expert */
+	uint64_t asked_bytes;  /* what cfg asks for (expert_bytes: auto) */
+	const char *from;      /* the rule that asked it ("--mem-budget", auto's sentence) */
+	uint64_t engine_bytes; /* what the memory limit leaves the engine (0: none, or no limit) */
+	struct forward_budget engine; /* what the engine would take of it */
+};
+/* 0, or -1 with err: what serve_model_open would refuse for the budget (a --mem-budget above
+ * MemTotal, one the limit cannot hold, request buffers above the limit). */
+int serve_model_plan_budget(const struct serve_model_config *cfg, const struct moe_catalog *cat,
+                            struct serve_model_budget *out, struct sidecar_error *err);
 
 /* Opens everything; logs progress while warming. Returns 0, or -1 with err naming what went
  * wrong ("model.gguf: tensor blk.3.ffn_up_exps: offset beyond end of file"). */
