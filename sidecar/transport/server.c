@@ -549,10 +549,6 @@ static int server_setup(struct server *s)
 		return -1;
 	}
 	struct sidecar_error err = {0};
-	if (listener_listen(&s->listener, 64, &err) != 0) {
-		log_error("server", "%s", err.msg);
-		return -1;
-	}
 	const struct {
 		int fd;
 		uint64_t tag;
@@ -659,8 +655,7 @@ int server_open(const struct server_config *cfg, struct server **out, struct sid
 			    "%s",
 			    cfg->socket_path, passed_path);
 		listener_adopt(&s->listener, passed, passed_path);
-		*out = s;
-		return 0;
+		goto listen;
 	}
 	char path[sizeof(s->listener.path)];
 	if (cfg->socket_path) {
@@ -680,6 +675,14 @@ int server_open(const struct server_config *cfg, struct server **out, struct sid
 	const struct listener_peers peers = {
 	    .shared = cfg->allow_list, .uids = cfg->allowed_uids, .n_uids = cfg->n_allowed_uids};
 	if (listener_open(&s->listener, path, &peers, err) != 0) {
+		server_close(s);
+		return -1;
+	}
+listen:
+	/* Listening from here on: connections wait in the backlog until server_run answers
+	 * them, so nothing said after this (STATUS=, the warm-up's progress) can meet a refused
+	 * connect. */
+	if (listener_listen(&s->listener, 64, err) != 0) {
 		server_close(s);
 		return -1;
 	}

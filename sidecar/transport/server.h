@@ -7,8 +7,8 @@
  * the dispatcher thread (dispatch.h), which alone touches the rings.
  *
  * Two steps, so that everything that can be checked without the model is checked before the
- * model is read: server_open (socket directory, the one-sidecar lock, bind — or the socket a
- * service manager passed) runs first and fails in milliseconds; server_run listens at once.
+ * model is read: server_open (socket directory, the one-sidecar lock, bind and listen — or the
+ * socket a service manager passed) runs first and fails in milliseconds; server_run answers.
  * With a model, server_run starts with no service: each hello is answered MOE_ESTARTING with
  * the warm-up's status (server_set_status) until another thread hands the service over
  * (server_ready); only then is READY said (log, --ready-fd, sd_notify READY=1). STATUS= and
@@ -51,7 +51,8 @@ int server_default_socket_path(char *buf, size_t len);
 struct server;
 
 /* Step 1: resolves the socket path, checks or creates its directory, takes the lock (a second
- * sidecar on the same path fails here, naming the first) and binds; nothing listens yet. A
+ * sidecar on the same path fails here, naming the first), binds and listens (connections
+ * wait in the backlog until server_run answers them). A
  * socket passed by socket activation ($LISTEN_FDS) is used instead, unchecked and never
  * unlinked (the service manager owns it). Reads only the socket fields of cfg; cfg must
  * outlive the server. cfg->service NULL: a model is warming up (server_ready). Returns 0, or

@@ -222,9 +222,10 @@ static struct spawned start_held(struct served *s)
 	int hold[2], ready[2];
 	cr_assert_eq(pipe2(hold, O_CLOEXEC), 0);
 	cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
-	char hold_s[16], ready_s[16];
+	char hold_s[16], ready_s[16], instance[48];
 	snprintf(hold_s, sizeof(hold_s), "%d", hold[0]);
 	snprintf(ready_s, sizeof(ready_s), "%d", ready[1]);
+	snprintf(instance, sizeof(instance), "test-restart-%d", (int)getpid());
 	const char *argv[] = {MOE_SIDECAR_TESTHOOKS_BIN,
 	                      "serve",
 	                      s->model,
@@ -235,7 +236,7 @@ static struct spawned start_held(struct served *s)
 	                      "--debug-hold-warmup",
 	                      hold_s,
 	                      "--probes-instance",
-	                      "test-restart",
+	                      instance,
 	                      "--log-level",
 	                      "debug",
 	                      NULL};
@@ -274,37 +275,6 @@ static void new_model(struct served *s)
 	cr_assert_eq(ref_generate(s->model, "q8_0", 7), 0);
 }
 
-/* While the model warms up the socket answers: a client that gives up waiting, or does not
- * wait, gets MOE_ESTARTING and the warm-up's progress, not "is it running?"; once READY is
- * said, the same connect is served. */
-Test(restart, a_starting_sidecar_says_so_with_its_progress)
-{
-	struct served s;
-	new_model(&s);
-	struct spawned p = start_held(&s);
-	struct moe_client *c = NULL;
-	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = 2000};
-	int rc = moe_connect(&o, &c);
-	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
-	cr_expect(strstr(moe_connect_error(), "is starting: "), "%s", moe_connect_error());
-	cr_expect(strstr(moe_connect_error(), "after waiting 2000 ms"), "%s", moe_connect_error());
-	o.timeout_ms = MOE_CONNECT_NOWAIT; /* listening for sure now */
-	rc = moe_connect(&o, &c);
-	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
-	cr_expect(strstr(moe_connect_error(), "warming up: "), "the progress: %s",
-	          moe_connect_error());
-	cr_expect_not(strstr(moe_connect_error(), "after waiting"), "%s", moe_connect_error());
-	close(p.hold);
-	wait_ready(&p);
-	rc = moe_connect(&o, &c);
-	cr_assert_eq(rc, MOE_OK, "%s: %s", moe_strerror(rc), moe_connect_error());
-	cr_expect_eq(moe_ping(c, 5000), MOE_OK);
-	moe_close(c);
-	int st = stop_spawned(&p, SIGTERM);
-	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
-	sidecar_cleanup(&s.sp);
-}
-
 /* A datagram socket standing in for the service manager. */
 static int notify_socket(const char *dir, char *path, size_t len)
 {
@@ -340,6 +310,44 @@ static bool notice_until(int fd, const char *want, char *seen, size_t seen_len, 
 			return true;
 	}
 	return false;
+}
+
+/* While the model warms up the socket answers: a client that gives up waiting, or does not
+ * wait, gets MOE_ESTARTING and the warm-up's progress, not "is it running?"; once READY is
+ * said, the same connect is served. The progress is known to be there once the service
+ * manager (a datagram socket here) heard it: the socket listens before the warm-up starts. */
+Test(restart, a_starting_sidecar_says_so_with_its_progress)
+{
+	struct served s;
+	new_model(&s);
+	char npath[128];
+	int nfd = notify_socket(s.sp.dir, npath, sizeof(npath));
+	setenv("NOTIFY_SOCKET", npath, 1);
+	struct spawned p = start_held(&s);
+	unsetenv("NOTIFY_SOCKET");
+	cr_assert(notice_until(nfd, "STATUS=warming up: ", NULL, 0, 20000), "no progress");
+	struct moe_client *c = NULL;
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = MOE_CONNECT_NOWAIT};
+	int rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "is starting: warming up: "), "the progress: %s",
+	          moe_connect_error());
+	cr_expect_not(strstr(moe_connect_error(), "after waiting"), "%s", moe_connect_error());
+	o.timeout_ms = 300; /* waits, then gives up saying so */
+	rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_ESTARTING, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "after waiting 300 ms"), "%s", moe_connect_error());
+	close(p.hold);
+	wait_ready(&p);
+	o.timeout_ms = MOE_CONNECT_NOWAIT;
+	rc = moe_connect(&o, &c);
+	cr_assert_eq(rc, MOE_OK, "%s: %s", moe_strerror(rc), moe_connect_error());
+	cr_expect_eq(moe_ping(c, 5000), MOE_OK);
+	moe_close(c);
+	int st = stop_spawned(&p, SIGTERM);
+	cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status 0x%x", st);
+	close(nfd);
+	sidecar_cleanup(&s.sp);
 }
 
 /* READY=1 only once the model is served (not at bind), STATUS= with the warm-up's progress
@@ -401,6 +409,8 @@ Test(restart, a_socket_activated_sidecar_serves_a_client_that_came_first)
 	char run[96];
 	snprintf(run, sizeof(run), "%s/run", s.sp.dir);
 	cr_assert_eq(mkdir(run, 0700), 0);
+	char instance[48];
+	snprintf(instance, sizeof(instance), "test-activate-%d", (int)getpid());
 	const char *argv[] = {"/usr/bin/systemd-socket-activate",
 	                      "-l",
 	                      s.sp.socket,
@@ -408,7 +418,7 @@ Test(restart, a_socket_activated_sidecar_serves_a_client_that_came_first)
 	                      "serve",
 	                      s.model,
 	                      "--probes-instance",
-	                      "test-activate",
+	                      instance,
 	                      NULL};
 	pid_t pid = spawn(argv, s.sp.log, NULL, 0);
 	struct moe_client *c = NULL;
