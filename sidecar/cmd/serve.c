@@ -12,6 +12,8 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -356,249 +358,293 @@ static void *warm_up_main(void *arg)
 	return NULL;
 }
 
-int cmd_serve(int argc, char **argv)
+/* Everything the command line sets: the server's, the model's and the queue's configurations. */
+struct serve_setup {
+	struct server_config cfg;
+	struct serve_model_config mcfg;
+	struct forward_queue_config ocfg;
+	int hold_fd; /* --debug-hold-warmup; -1: none */
+};
+
+static void serve_setup_defaults(struct serve_setup *s)
 {
-	/* Before the first log line: a daemon whose stderr is a pipe that went away (`serve … |
-	 * head`) would die of SIGPIPE at its next line, leaving its socket, lock and probe pins
-	 * behind. Ignored, the write fails with EPIPE and log.c counts the line as dropped. */
-	signal(SIGPIPE, SIG_IGN);
-	struct server_config cfg = {
-	    .max_clients = 64,
-	    .max_channel_bytes = 4096ull << 20,
-	    .defaults = {.max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
-	                 .hidden = 4096,
-	                 .top_k = 8,
-	                 .n_slots = 4,
-	                 .dtype_mask = MOE_DTYPE_MASK_ALL},
-	    .ready_fd = -1,
-	    .handshake_timeout_ms = 5000,
-	    .service = &serving_without_model,
+	*s = (struct serve_setup){
+	    .cfg =
+	        {
+	            .max_clients = 64,
+	            .max_channel_bytes = 4096ull << 20,
+	            .defaults = {.max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
+	                         .hidden = 4096,
+	                         .top_k = 8,
+	                         .n_slots = 4,
+	                         .dtype_mask = MOE_DTYPE_MASK_ALL},
+	            .ready_fd = -1,
+	            .handshake_timeout_ms = 5000,
+	            .service = &serving_without_model,
+	        },
+	    .mcfg =
+	        {
+	            .numa = "auto",
+	            .max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
+	            .probes_instance = NULL,
+#ifdef MOE_TEST_HOOKS
+	            .fail_layer = -1,
+	            .fail_expert = -1,
+#endif
+	        },
+	    .hold_fd = -1,
 	};
+}
+
+/* "moe-sidecar serve: --NAME 'ARG': " and the rest of the sentence; returns the usage status. */
+__attribute__((format(printf, 3, 4))) static int option_error(const char *name, const char *arg,
+                                                              const char *fmt, ...)
+{
+	fprintf(stderr, "moe-sidecar serve: --%s '%s': ", name, arg);
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return 2;
+}
+
+#ifdef MOE_TEST_HOOKS
+/* --debug-fail-expert L:E[:N]. */
+static int parse_fail_expert(const char *arg, struct serve_model_config *mcfg)
+{
+	int layer, expert, loads = 0, n = 0, m = 0;
+	bool ok = sscanf(arg, "%d:%d%n", &layer, &expert, &n) == 2 && layer >= 0 && expert >= 0;
+	if (ok && arg[n] == ':')
+		ok = sscanf(arg + n, ":%d%n", &loads, &m) == 1 && loads > 0;
+	if (!ok || arg[n + m] != '\0')
+		return -1;
+	mcfg->fail_layer = layer;
+	mcfg->fail_expert = expert;
+	mcfg->fail_loads = (uint32_t)loads;
+	return 0;
+}
+#endif
+
+/* --retry-backoff MS[,MAX]. */
+static int parse_retry_backoff(const char *arg, struct serve_model_config *mcfg)
+{
+	char first[24] = "", max[24] = "";
+	const char *comma = strchr(arg, ',');
+	snprintf(first, sizeof(first), "%.*s", (int)(comma ? (size_t)(comma - arg) : strlen(arg)),
+	         arg);
+	if (comma)
+		snprintf(max, sizeof(max), "%s", comma + 1);
+	uint64_t f, mx = 0;
+	if (parse_u64(first, 0, 86400000, &f) != 0 ||
+	    (comma && (parse_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f))))
+		return -1;
+	mcfg->retry_backoff_ms = (uint32_t)f;
+	mcfg->retry_without_backoff = f == 0;
+	mcfg->retry_backoff_max_ms = (uint32_t)mx;
+	return 0;
+}
+
+/* The socket's and the channels' options. 0, 2 (usage) or 1: not one of them. */
+static int apply_server_option(int c, const char *arg, struct server_config *cfg)
+{
+	uint64_t v;
+	switch (c) {
+	case OPT_SOCKET: cfg->socket_path = arg; return 0;
+	case OPT_ALLOW_UID:
+		if (parse_uid_list(arg, cfg) != 0)
+			return option_error("allow-uid", arg, "expected UID[,UID...] (at most %u)",
+			                    SERVER_MAX_ALLOWED_UIDS);
+		return 0;
+	case OPT_READY_FD:
+		if (parse_u64(arg, 0, INT_MAX, &v) != 0)
+			return option_error("ready-fd", arg, "not a file descriptor");
+		cfg->ready_fd = (int)v;
+		return 0;
+	case OPT_MAX_CLIENTS:
+		if (parse_u64(arg, 1, DISPATCH_MAX_CHANNELS, &v) != 0)
+			return option_error("max-clients", arg, "expected 1..%u",
+			                    DISPATCH_MAX_CHANNELS);
+		cfg->max_clients = (uint32_t)v;
+		return 0;
+	case OPT_MAX_CHANNEL_MIB:
+		if (parse_u64(arg, 1, 1u << 20, &v) != 0)
+			return option_error("max-channel-mib", arg, "expected 1..1048576");
+		cfg->max_channel_bytes = v << 20;
+		return 0;
+	case OPT_SPIN_US:
+		if (parse_u64(arg, 0, 1000000, &v) != 0)
+			return option_error("spin-us", arg, "expected 0..1000000");
+		cfg->spin_ns = v ? v * 1000 : 1; /* 0 would mean "default" */
+		return 0;
+	}
+	return 1;
+}
+
+/* --threads, --pin-layers, --max-tokens: counts with their own ranges. */
+static int apply_model_count(int c, const char *arg, struct serve_model_config *mcfg)
+{
+	uint64_t v;
+	if (parse_u64(arg, c == OPT_PIN_LAYERS ? 0 : 1,
+	              c == OPT_MAX_TOKENS ? MOE_MAX_TOKENS_LIMIT : 4096, &v) != 0)
+		return option_error(c == OPT_THREADS      ? "threads"
+		                    : c == OPT_PIN_LAYERS ? "pin-layers"
+		                                          : "max-tokens",
+		                    arg, "expected %s",
+		                    c == OPT_MAX_TOKENS ? "1..65536"
+		                    : c == OPT_THREADS  ? "1..4096"
+		                                        : "0..4096");
+	if (c == OPT_THREADS)
+		mcfg->threads = (uint32_t)v;
+	else if (c == OPT_PIN_LAYERS)
+		mcfg->pin_layers = (uint32_t)v;
+	else
+		mcfg->max_tokens = (uint32_t)v;
+	return 0;
+}
+
+/* The model's options: memory, NUMA, threads, residency, reads. 0, 2 (usage) or 1: not one. */
+static int apply_model_option(int c, const char *arg, struct serve_model_config *mcfg)
+{
+	switch (c) {
+	case OPT_MEM_BUDGET:
+		if (parse_budget(arg, mcfg) != 0)
+			return option_error("mem-budget", arg,
+			                    "expected BYTES (K/M/G/T suffix allowed) or a "
+			                    "percentage like 50%%");
+		return 0;
+	case OPT_MEM_LIMIT:
+		if (parse_bytes(arg, &mcfg->mem_limit) != 0)
+			return option_error("mem-limit", arg,
+			                    "expected BYTES (K/M/G/T suffix allowed)");
+		return 0;
+	case OPT_NUMA: mcfg->numa = arg; return 0;
+	case OPT_THREADS:
+	case OPT_PIN_LAYERS:
+	case OPT_MAX_TOKENS: return apply_model_count(c, arg, mcfg);
+	case OPT_POLICY: mcfg->policy = arg; return 0;
+	case OPT_REQUIRE_PROBES: mcfg->require_probes = true; return 0;
+	case OPT_PROBES_INSTANCE: mcfg->probes_instance = arg; return 0;
+	case OPT_NO_DIRECT: mcfg->no_direct = true; return 0;
+	case OPT_FILE_LAYOUT: mcfg->file_layout = true; return 0;
+	case OPT_RETRY_BACKOFF:
+		if (parse_retry_backoff(arg, mcfg) != 0)
+			return option_error("retry-backoff", arg,
+			                    "expected MS or MS,MAX in milliseconds (at most "
+			                    "86400000, MAX >= MS)");
+		return 0;
+#ifdef MOE_TEST_HOOKS
+	case OPT_FAIL_EXPERT:
+		if (parse_fail_expert(arg, mcfg) != 0)
+			return option_error("debug-fail-expert", arg,
+			                    "expected LAYER:EXPERT or LAYER:EXPERT:LOADS");
+		return 0;
+#endif
+	}
+	return 1;
+}
+
+/* The request queue's options: routing heat and the trace recorder. 0, 2 or 1: not one. */
+static int apply_queue_option(int c, const char *arg, struct forward_queue_config *ocfg)
+{
+	uint64_t v;
+	switch (c) {
+	case OPT_HEAT_HALF_LIFE:
+		if (parse_u64(arg, 1, ROUTING_HALF_LIFE_MAX, &v) != 0)
+			return option_error("heat-half-life", arg, "expected 1..%u tokens",
+			                    ROUTING_HALF_LIFE_MAX);
+		ocfg->heat_half_life = (uint32_t)v;
+		return 0;
+	case OPT_RECORD_TRACE: ocfg->record_trace = arg; return 0;
+	case OPT_RECORD_TRACE_MAX_MIB:
+		if (parse_u64(arg, 1, 1u << 20, &v) != 0)
+			return option_error("record-trace-max-mib", arg, "expected 1..1048576");
+		ocfg->record_trace_max_bytes = v << 20;
+		return 0;
+	}
+	return 1;
+}
+
+/* The process-wide options (log, ISA) and the test hooks' hold. 0, 2 or 1: not one. */
+static int apply_process_option(int c, const char *arg, struct serve_setup *s)
+{
+	switch (c) {
+	case OPT_LOG_LEVEL: {
+		int l = log_level_parse(arg);
+		if (l < 0)
+			return option_error("log-level", arg, "expected debug|info|warn|error");
+		log_set_level((enum log_level)l);
+		return 0;
+	}
+	case OPT_LOG_JSON: log_set_json(1); return 0;
+	case OPT_ISA: return set_isa(arg) != 0 ? 2 : 0;
+#ifdef MOE_TEST_HOOKS
+	case OPT_HOLD_WARMUP: {
+		uint64_t v;
+		if (parse_u64(arg, 0, INT_MAX, &v) != 0)
+			return option_error("debug-hold-warmup", arg, "not a file descriptor");
+		s->hold_fd = (int)v;
+		return 0;
+	}
+#endif
+	}
+	(void)s;
+	return 1;
+}
+
+/* One option into the setup, in the order of the table's groups: 0, 2 (usage) or 1 (unknown). */
+static int apply_option(int c, const char *arg, struct serve_setup *s)
+{
+	int rc = apply_server_option(c, arg, &s->cfg);
+	if (rc == 1)
+		rc = apply_model_option(c, arg, &s->mcfg);
+	if (rc == 1)
+		rc = apply_queue_option(c, arg, &s->ocfg);
+	if (rc == 1)
+		rc = apply_process_option(c, arg, s);
+	return rc;
+}
+
+/* The command line into *s: -1 to go on, else the status to exit with (0 after --help). */
+static int parse_serve_args(int argc, char **argv, struct serve_setup *s)
+{
 	struct option longopts[N_SERVE_OPTIONS + 1];
 	for (size_t i = 0; i < N_SERVE_OPTIONS; i++)
 		longopts[i] = serve_options[i].opt;
 	memset(&longopts[N_SERVE_OPTIONS], 0, sizeof(longopts[0]));
-
-	struct serve_model_config mcfg = {
-	    .numa = "auto",
-	    .max_tokens = SERVE_MODEL_DEFAULT_MAX_TOKENS,
-	    .probes_instance = NULL,
-#ifdef MOE_TEST_HOOKS
-	    .fail_layer = -1,
-	    .fail_expert = -1,
-#endif
-	};
-	struct forward_queue_config ocfg = {0};
-	int hold_fd = -1; /* --debug-hold-warmup */
-	uint64_t v;
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "s:h", longopts, NULL)) != -1) {
-		switch (c) {
-		case OPT_SOCKET: cfg.socket_path = optarg; break;
-		case OPT_ALLOW_UID:
-			if (parse_uid_list(optarg, &cfg) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --allow-uid '%s': expected "
-				        "UID[,UID...] (at most %u)\n",
-				        optarg, SERVER_MAX_ALLOWED_UIDS);
-				return 2;
-			}
-			break;
-		case OPT_READY_FD:
-			if (parse_u64(optarg, 0, INT_MAX, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --ready-fd '%s': not a file "
-				        "descriptor\n",
-				        optarg);
-				return 2;
-			}
-			cfg.ready_fd = (int)v;
-			break;
-		case OPT_MAX_CLIENTS:
-			if (parse_u64(optarg, 1, DISPATCH_MAX_CHANNELS, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --max-clients '%s': expected "
-				        "1..%u\n",
-				        optarg, DISPATCH_MAX_CHANNELS);
-				return 2;
-			}
-			cfg.max_clients = (uint32_t)v;
-			break;
-		case OPT_MAX_CHANNEL_MIB:
-			if (parse_u64(optarg, 1, 1u << 20, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --max-channel-mib '%s': expected "
-				        "1..1048576\n",
-				        optarg);
-				return 2;
-			}
-			cfg.max_channel_bytes = v << 20;
-			break;
-		case OPT_SPIN_US:
-			if (parse_u64(optarg, 0, 1000000, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --spin-us '%s': expected "
-				        "0..1000000\n",
-				        optarg);
-				return 2;
-			}
-			cfg.spin_ns = v ? v * 1000 : 1; /* 0 would mean "default" */
-			break;
-		case OPT_LOG_LEVEL: {
-			int l = log_level_parse(optarg);
-			if (l < 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --log-level '%s': expected "
-				        "debug|info|warn|error\n",
-				        optarg);
-				return 2;
-			}
-			log_set_level((enum log_level)l);
-			break;
+		if (c == OPT_HELP) {
+			serve_usage(stdout);
+			return 0;
 		}
-		case OPT_MEM_BUDGET:
-			if (parse_budget(optarg, &mcfg) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --mem-budget '%s': expected BYTES "
-				        "(K/M/G/T suffix allowed) or a percentage like 50%%\n",
-				        optarg);
-				return 2;
-			}
-			break;
-		case OPT_MEM_LIMIT:
-			if (parse_bytes(optarg, &mcfg.mem_limit) != 0) {
-				fprintf(
-				    stderr,
-				    "moe-sidecar serve: --mem-limit '%s': expected BYTES (K/M/G/T "
-				    "suffix allowed)\n",
-				    optarg);
-				return 2;
-			}
-			break;
-		case OPT_NUMA: mcfg.numa = optarg; break;
-		case OPT_THREADS:
-		case OPT_PIN_LAYERS:
-		case OPT_MAX_TOKENS:
-			if (parse_u64(optarg, c == OPT_PIN_LAYERS ? 0 : 1,
-			              c == OPT_MAX_TOKENS ? MOE_MAX_TOKENS_LIMIT : 4096, &v) != 0) {
-				fprintf(stderr, "moe-sidecar serve: --%s '%s': expected %s\n",
-				        c == OPT_THREADS      ? "threads"
-				        : c == OPT_PIN_LAYERS ? "pin-layers"
-				                              : "max-tokens",
-				        optarg,
-				        c == OPT_MAX_TOKENS ? "1..65536"
-				        : c == OPT_THREADS  ? "1..4096"
-				                            : "0..4096");
-				return 2;
-			}
-			if (c == OPT_THREADS)
-				mcfg.threads = (uint32_t)v;
-			else if (c == OPT_PIN_LAYERS)
-				mcfg.pin_layers = (uint32_t)v;
-			else
-				mcfg.max_tokens = (uint32_t)v;
-			break;
-		case OPT_POLICY: mcfg.policy = optarg; break;
-		case OPT_HEAT_HALF_LIFE:
-			if (parse_u64(optarg, 1, ROUTING_HALF_LIFE_MAX, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --heat-half-life '%s': expected 1..%u "
-				        "tokens\n",
-				        optarg, ROUTING_HALF_LIFE_MAX);
-				return 2;
-			}
-			ocfg.heat_half_life = (uint32_t)v;
-			break;
-		case OPT_RECORD_TRACE: ocfg.record_trace = optarg; break;
-		case OPT_RECORD_TRACE_MAX_MIB:
-			if (parse_u64(optarg, 1, 1u << 20, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --record-trace-max-mib '%s': expected "
-				        "1..1048576\n",
-				        optarg);
-				return 2;
-			}
-			ocfg.record_trace_max_bytes = v << 20;
-			break;
-		case OPT_REQUIRE_PROBES: mcfg.require_probes = true; break;
-		case OPT_PROBES_INSTANCE: mcfg.probes_instance = optarg; break;
-		case OPT_NO_DIRECT: mcfg.no_direct = true; break;
-		case OPT_ISA:
-			if (set_isa(optarg) != 0)
-				return 2;
-			break;
-		case OPT_FILE_LAYOUT: mcfg.file_layout = true; break;
-#ifdef MOE_TEST_HOOKS
-		case OPT_HOLD_WARMUP:
-			if (parse_u64(optarg, 0, INT_MAX, &v) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --debug-hold-warmup '%s': not a file "
-				        "descriptor\n",
-				        optarg);
-				return 2;
-			}
-			hold_fd = (int)v;
-			break;
-		case OPT_FAIL_EXPERT: {
-			int layer, expert, loads = 0, n = 0, m = 0;
-			bool ok = sscanf(optarg, "%d:%d%n", &layer, &expert, &n) == 2 &&
-			          layer >= 0 && expert >= 0;
-			if (ok && optarg[n] == ':')
-				ok = sscanf(optarg + n, ":%d%n", &loads, &m) == 1 && loads > 0;
-			if (!ok || optarg[n + m] != '\0') {
-				fprintf(stderr,
-				        "moe-sidecar serve: --debug-fail-expert '%s': expected "
-				        "LAYER:EXPERT or LAYER:EXPERT:LOADS\n",
-				        optarg);
-				return 2;
-			}
-			mcfg.fail_layer = layer;
-			mcfg.fail_expert = expert;
-			mcfg.fail_loads = (uint32_t)loads;
-			break;
-		}
-#endif
-		case OPT_RETRY_BACKOFF: {
-			char first[24] = "", max[24] = "";
-			const char *comma = strchr(optarg, ',');
-			snprintf(first, sizeof(first), "%.*s",
-			         (int)(comma ? (size_t)(comma - optarg) : strlen(optarg)), optarg);
-			if (comma)
-				snprintf(max, sizeof(max), "%s", comma + 1);
-			uint64_t f, mx = 0;
-			if (parse_u64(first, 0, 86400000, &f) != 0 ||
-			    (comma && (parse_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f)))) {
-				fprintf(stderr,
-				        "moe-sidecar serve: --retry-backoff '%s': expected MS or "
-				        "MS,MAX in milliseconds (at most 86400000, MAX >= MS)\n",
-				        optarg);
-				return 2;
-			}
-			mcfg.retry_backoff_ms = (uint32_t)f;
-			mcfg.retry_without_backoff = f == 0;
-			mcfg.retry_backoff_max_ms = (uint32_t)mx;
-			break;
-		}
-		case OPT_LOG_JSON: log_set_json(1); break;
-		case OPT_HELP: serve_usage(stdout); return 0;
-		default: serve_usage(stderr); return 2;
-		}
+		int rc = apply_option(c, optarg, s);
+		if (rc == 1)
+			serve_usage(stderr);
+		if (rc != 0)
+			return 2;
 	}
 	if (optind + 1 < argc) {
 		fprintf(stderr, "moe-sidecar serve: unexpected argument '%s' (one MODEL only)\n",
 		        argv[optind + 1]);
 		return 2;
 	}
-	/* Whatever needs no model is checked before the model is read (warming a large one
-	 * takes minutes): the options, the trace file, then the socket, its directory and the
-	 * one-sidecar lock. */
+	return -1;
+}
+
+/* Whatever needs no model is checked before the model is read (warming a large one takes
+ * minutes): the options, the service manager's variables, the trace file. 0 or 2 (usage);
+ * *trace_fd is the trace's descriptor or -1. */
+static int check_before_the_model(struct serve_setup *s, bool with_model, int *trace_fd)
+{
 	struct sidecar_error err = {0};
-	if (serve_model_check_config(&mcfg, &err) != 0) {
+	*trace_fd = -1;
+	if (serve_model_check_config(&s->mcfg, &err) != 0) {
 		fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
 		return 2;
 	}
-	if (optind == argc && ocfg.record_trace) {
+	if (!with_model && s->ocfg.record_trace) {
 		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
 		return 2;
 	}
@@ -609,79 +655,76 @@ int cmd_serve(int argc, char **argv)
 	}
 	/* Opened (not truncated) before the socket is bound: a FIFO, a link or someone else's
 	 * file is refused here, and nothing can block the start on it. */
-	int trace_fd = -1;
-	if (ocfg.record_trace) {
-		trace_fd = trace_recorder_open(ocfg.record_trace, &err);
-		if (trace_fd < 0) {
+	if (s->ocfg.record_trace) {
+		*trace_fd = trace_recorder_open(s->ocfg.record_trace, &err);
+		if (*trace_fd < 0) {
 			fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
 			return 2;
 		}
-		ocfg.record_trace_fd = trace_fd;
+		s->ocfg.record_trace_fd = *trace_fd;
 	}
-	/* Blocked before any thread exists (every thread the model starts inherits it), or a
-	 * signal would kill the process instead of reaching the server's signalfd, which the
-	 * control thread reads from the start: SIGTERM during the warm-up closes the socket at
-	 * once and stops once the warm-up in progress ends. */
+	return 0;
+}
+
+/* Blocked before any thread exists (every thread the model starts inherits it), or a signal
+ * would kill the process instead of reaching the server's signalfd, which the control thread
+ * reads from the start: SIGTERM during the warm-up closes the socket at once and stops once the
+ * warm-up in progress ends. */
+static int block_stop_signals(void)
+{
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGINT);
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGHUP);
-	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
-		log_error("serve", "pthread_sigmask failed");
-		close_trace(trace_fd);
-		return 1;
-	}
-	/* With a model the socket answers at once, "starting", until the model is served. */
-	if (optind < argc)
-		cfg.service = NULL;
-	struct server *server;
-	if (server_open(&cfg, &server, &err) != 0) {
-		log_error("server", "%s", err.msg);
-		close_trace(trace_fd);
-		return 1;
-	}
-	if (optind == argc) {
-		int status = server_run(server);
-		server_close(server);
-		return status;
-	}
+	return pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
 
-	mcfg.path = argv[optind];
-	/* The memory limit, before anything large is allocated (memlimit.h). */
+/* The memory limit, before anything large is allocated (memlimit.h), into the model's
+ * configuration, and logged with where it comes from. */
+static void set_memory_limit(struct serve_model_config *mcfg)
+{
 	struct mem_limit ml;
 	mem_limit_read("", &ml);
-	if (mcfg.mem_limit && mem_limit_cap(&ml, mcfg.mem_limit))
+	if (mcfg->mem_limit && mem_limit_cap(&ml, mcfg->mem_limit))
 		log_warn("serve",
 		         "--mem-limit %llu bytes is above the cgroup's memory limit of %llu bytes "
 		         "(%s): lowered to the cgroup's, past which the kernel OOM-kills",
-		         (unsigned long long)mcfg.mem_limit, (unsigned long long)ml.cgroup_bytes,
+		         (unsigned long long)mcfg->mem_limit, (unsigned long long)ml.cgroup_bytes,
 		         ml.cgroup_file);
-	mcfg.mem_limit = ml.bytes;
-	mcfg.mem_limit_from = ml.from;
-	mcfg.mem_base = mem_rss_self();
-	mcfg.mem_total = ml.total_bytes;
+	mcfg->mem_limit = ml.bytes;
+	mcfg->mem_limit_from = ml.from;
+	mcfg->mem_base = mem_rss_self();
+	mcfg->mem_total = ml.total_bytes;
 	log_info("serve",
 	         "memory limit_bytes=%llu from=\"%s\" cgroup_limit_bytes=%llu%s%s%s "
 	         "host_bytes=%llu (MemTotal %llu - others' anonymous/shared %llu - kernel %llu - "
 	         "headroom %llu) mem_available_bytes=%llu (not used: it moves with the page "
 	         "cache) process_bytes=%llu",
-	         (unsigned long long)mcfg.mem_limit, mcfg.mem_limit_from,
+	         (unsigned long long)mcfg->mem_limit, mcfg->mem_limit_from,
 	         (unsigned long long)ml.cgroup_bytes, ml.cgroup_file[0] ? " (" : "", ml.cgroup_file,
 	         ml.cgroup_file[0] ? ")" : "", (unsigned long long)ml.host_bytes,
 	         (unsigned long long)ml.total_bytes, (unsigned long long)ml.others_bytes,
 	         (unsigned long long)ml.kernel_bytes, (unsigned long long)ml.headroom_bytes,
-	         (unsigned long long)ml.available_bytes, (unsigned long long)mcfg.mem_base);
-	mcfg.status = say_status;
-	mcfg.status_arg = server;
-	/* The model warms up on its own thread (it inherits the blocked signals) while this
-	 * one answers the socket; the server starts serving when the warm-up hands over. */
+	         (unsigned long long)ml.available_bytes, (unsigned long long)mcfg->mem_base);
+}
+
+/* The model warms up on its own thread (it inherits the blocked signals) while this one
+ * answers the socket; the server starts serving when the warm-up hands over. Closes the
+ * server; returns the exit status. */
+static int serve_model_until_stopped(struct server *server, struct serve_setup *s, const char *path,
+                                     int trace_fd)
+{
+	s->mcfg.path = path;
+	set_memory_limit(&s->mcfg);
+	s->mcfg.status = say_status;
+	s->mcfg.status_arg = server;
 	struct warm_up w = {.server = server,
-	                    .mcfg = &mcfg,
-	                    .ocfg = &ocfg,
-	                    .defaults = cfg.defaults,
+	                    .mcfg = &s->mcfg,
+	                    .ocfg = &s->ocfg,
+	                    .defaults = s->cfg.defaults,
 	                    .trace_fd = trace_fd,
-	                    .hold_fd = hold_fd};
+	                    .hold_fd = s->hold_fd};
 	pthread_t warm_thread;
 	int rc = pthread_create(&warm_thread, NULL, warm_up_main, &w);
 	if (rc != 0) {
@@ -698,4 +741,44 @@ int cmd_serve(int argc, char **argv)
 		serve_model_close(w.model);
 	server_close(server);
 	return status;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	/* Before the first log line: a daemon whose stderr is a pipe that went away (`serve … |
+	 * head`) would die of SIGPIPE at its next line, leaving its socket, lock and probe pins
+	 * behind. Ignored, the write fails with EPIPE and log.c counts the line as dropped. */
+	signal(SIGPIPE, SIG_IGN);
+	struct serve_setup s;
+	serve_setup_defaults(&s);
+	int status = parse_serve_args(argc, argv, &s);
+	if (status >= 0)
+		return status;
+	const bool with_model = optind < argc;
+	int trace_fd;
+	/* Then the socket, its directory and the one-sidecar lock (server_open), still before the
+	 * model. */
+	if (check_before_the_model(&s, with_model, &trace_fd) != 0)
+		return 2;
+	if (block_stop_signals() != 0) {
+		log_error("serve", "pthread_sigmask failed");
+		close_trace(trace_fd);
+		return 1;
+	}
+	/* With a model the socket answers at once, "starting", until the model is served. */
+	if (with_model)
+		s.cfg.service = NULL;
+	struct server *server;
+	struct sidecar_error err = {0};
+	if (server_open(&s.cfg, &server, &err) != 0) {
+		log_error("server", "%s", err.msg);
+		close_trace(trace_fd);
+		return 1;
+	}
+	if (!with_model) {
+		status = server_run(server);
+		server_close(server);
+		return status;
+	}
+	return serve_model_until_stopped(server, &s, argv[optind], trace_fd);
 }
