@@ -186,7 +186,70 @@ static double worst_layer(const struct placement_input *in, const uint8_t *mask)
 	return worst;
 }
 
-int cmd_placement(int argc, char **argv)
+/* What the command line asks for. */
+struct placement_args {
+	const char *trace, *sock;
+	uint64_t gpu_experts, gpu_bytes, expert_bytes;
+	int strategy;
+	bool json, heat, have_n;
+};
+
+/* One option into *a: -1 to go on, else the status to exit with (0 after --help). */
+static int apply_placement_option(int c, const char *arg, struct placement_args *a)
+{
+	switch (c) {
+	case 't': a->trace = arg; return -1;
+	case 's': a->sock = arg; return -1;
+	case 'n': {
+		char *end;
+		errno = 0;
+		a->gpu_experts = strtoull(arg, &end, 10);
+		if (errno || *end || !*arg || arg[0] == '-' || a->gpu_experts > UINT32_MAX) {
+			fprintf(stderr,
+			        "moe-sidecar placement: --gpu-experts '%s': expected a number of "
+			        "experts\n",
+			        arg);
+			return 2;
+		}
+		a->have_n = true;
+		return -1;
+	}
+	case 'b':
+	case 'e':
+		if (parse_size(arg, c == 'b' ? &a->gpu_bytes : &a->expert_bytes) != 0) {
+			fprintf(stderr,
+			        "moe-sidecar placement: --%s '%s': expected BYTES (K/M/G suffix "
+			        "allowed)\n",
+			        c == 'b' ? "gpu-bytes" : "expert-bytes", arg);
+			return 2;
+		}
+		return -1;
+	case 'S':
+		a->strategy = moe_placement_parse(arg);
+		if (a->strategy < 0) {
+			fprintf(stderr,
+			        "moe-sidecar placement: --strategy '%s': expected frequency, "
+			        "uniform, front-loading or balanced\n",
+			        arg);
+			return 2;
+		}
+		return -1;
+	case 'y':
+		if (strcmp(arg, "counts") && strcmp(arg, "heat")) {
+			fprintf(stderr,
+			        "moe-sidecar placement: --by '%s': expected counts or heat\n", arg);
+			return 2;
+		}
+		a->heat = !strcmp(arg, "heat");
+		return -1;
+	case 'j': a->json = true; return -1;
+	case 'h': placement_usage(stdout); return 0;
+	default: placement_usage(stderr); return 2;
+	}
+}
+
+/* The command line into *a: -1 to go on, else the status to exit with. */
+static int parse_placement_args(int argc, char **argv, struct placement_args *a)
 {
 	static const struct option longopts[] = {
 	    {"trace", required_argument, NULL, 't'},
@@ -200,219 +263,203 @@ int cmd_placement(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	const char *trace = NULL, *sock = NULL;
-	uint64_t gpu_experts = 0, gpu_bytes = 0, expert_bytes = 0;
-	int strategy = MOE_PLACE_FREQUENCY;
-	bool json = false, heat = false, have_n = false;
+	*a = (struct placement_args){.strategy = MOE_PLACE_FREQUENCY};
 	int c;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
-		switch (c) {
-		case 't': trace = optarg; break;
-		case 's': sock = optarg; break;
-		case 'n': {
-			char *end;
-			errno = 0;
-			gpu_experts = strtoull(optarg, &end, 10);
-			if (errno || *end || !*optarg || optarg[0] == '-' ||
-			    gpu_experts > UINT32_MAX) {
-				fprintf(stderr,
-				        "moe-sidecar placement: --gpu-experts '%s': expected a "
-				        "number of experts\n",
-				        optarg);
-				return 2;
-			}
-			have_n = true;
-			break;
-		}
-		case 'b':
-		case 'e':
-			if (parse_size(optarg, c == 'b' ? &gpu_bytes : &expert_bytes) != 0) {
-				fprintf(stderr,
-				        "moe-sidecar placement: --%s '%s': expected BYTES (K/M/G "
-				        "suffix allowed)\n",
-				        c == 'b' ? "gpu-bytes" : "expert-bytes", optarg);
-				return 2;
-			}
-			break;
-		case 'S':
-			strategy = moe_placement_parse(optarg);
-			if (strategy < 0) {
-				fprintf(
-				    stderr,
-				    "moe-sidecar placement: --strategy '%s': expected frequency, "
-				    "uniform, front-loading or balanced\n",
-				    optarg);
-				return 2;
-			}
-			break;
-		case 'y':
-			if (strcmp(optarg, "counts") && strcmp(optarg, "heat")) {
-				fprintf(
-				    stderr,
-				    "moe-sidecar placement: --by '%s': expected counts or heat\n",
-				    optarg);
-				return 2;
-			}
-			heat = !strcmp(optarg, "heat");
-			break;
-		case 'j': json = true; break;
-		case 'h': placement_usage(stdout); return 0;
-		default: placement_usage(stderr); return 2;
-		}
+		int status = apply_placement_option(c, optarg, a);
+		if (status >= 0)
+			return status;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "moe-sidecar placement: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
-	if (!trace == !sock) {
+	if (!a->trace == !a->sock) {
 		fprintf(stderr,
 		        "moe-sidecar placement: give one of --trace FILE or --socket PATH\n");
 		return 2;
 	}
-	if (have_n == (gpu_bytes != 0)) {
+	if (a->have_n == (a->gpu_bytes != 0)) {
 		fprintf(stderr, "moe-sidecar placement: give one of --gpu-experts N or --gpu-bytes "
 		                "B\n");
 		return 2;
 	}
-	if (heat && trace) {
+	if (a->heat && a->trace) {
 		fprintf(stderr, "moe-sidecar placement: --by heat needs --socket (a trace has "
 		                "counts)\n");
 		return 2;
 	}
-	struct placement_input in = {0};
-	if ((trace ? load_trace(trace, &in) : load_socket(sock, heat, &in)) != 0) {
-		free(in.load);
-		free(in.blocks);
-		return 1;
-	}
-	if (expert_bytes)
-		in.expert_bytes = expert_bytes;
-	if (gpu_bytes) {
-		if (!in.expert_bytes) {
-			fprintf(stderr, "moe-sidecar placement: --gpu-bytes needs the bytes of one "
-			                "expert: --expert-bytes B\n");
-			free(in.load);
-			free(in.blocks);
-			return 2;
-		}
-		gpu_experts = gpu_bytes / in.expert_bytes;
-	}
-	const size_t row = (in.n_experts + 7u) / 8u, mask_bytes = row * in.n_blocks;
-	uint8_t *masks = calloc(MOE_PLACE_COUNT, mask_bytes ? mask_bytes : 1);
+	return -1;
+}
+
+/* Every strategy's mask on one load: MOE_PLACE_COUNT masks of n_blocks rows of row bytes. */
+struct placements {
+	uint8_t *masks;
+	size_t row, mask_bytes;
 	double covered[MOE_PLACE_COUNT], worst[MOE_PLACE_COUNT];
-	if (!masks) {
-		free(in.load);
-		free(in.blocks);
+};
+
+static const uint8_t *placement_mask(const struct placements *p, int strategy)
+{
+	return p->masks + (size_t)strategy * p->mask_bytes;
+}
+
+/* Runs every strategy for gpu_experts experts; 0, or 1 with the sentence printed. */
+static int place_every_strategy(const struct placement_input *in, uint64_t gpu_experts,
+                                struct placements *p)
+{
+	p->row = (in->n_experts + 7u) / 8u;
+	p->mask_bytes = p->row * in->n_blocks;
+	p->masks = calloc(MOE_PLACE_COUNT, p->mask_bytes ? p->mask_bytes : 1);
+	if (!p->masks)
 		return 1;
-	}
 	for (int s = 0; s < MOE_PLACE_COUNT; s++) {
-		int rc = moe_placement(in.load, in.n_moe_layers, in.n_experts, in.blocks,
-		                       in.n_blocks, (uint32_t)gpu_experts, s,
-		                       masks + (size_t)s * mask_bytes, mask_bytes, &covered[s]);
+		uint8_t *mask = p->masks + (size_t)s * p->mask_bytes;
+		int rc = moe_placement(in->load, in->n_moe_layers, in->n_experts, in->blocks,
+		                       in->n_blocks, (uint32_t)gpu_experts, s, mask, p->mask_bytes,
+		                       &p->covered[s]);
 		if (rc != MOE_OK) {
 			fprintf(stderr, "moe-sidecar placement: %s: %s\n", moe_placement_name(s),
 			        moe_strerror(rc));
-			free(masks);
-			free(in.load);
-			free(in.blocks);
 			return 1;
 		}
-		worst[s] = worst_layer(&in, masks + (size_t)s * mask_bytes);
+		p->worst[s] = worst_layer(in, mask);
 	}
-	const uint8_t *mask = masks + (size_t)strategy * mask_bytes;
-	const uint64_t cells = (uint64_t)in.n_moe_layers * in.n_experts;
-	if (json) {
-		char *hex = malloc(2 * mask_bytes + 1);
-		if (!hex) {
-			fprintf(stderr, "moe-sidecar placement: out of memory\n");
-			free(masks);
-			free(in.load);
-			free(in.blocks);
-			return 1;
-		}
-		for (size_t b = 0; b < mask_bytes; b++)
-			snprintf(hex + 2 * b, 3, "%02x", mask[b]);
-		hex[2 * mask_bytes] = '\0';
-		struct json_writer w;
-		jw_init_file(&w, stdout);
-		jw_object_begin(&w);
-		jw_kv_string(&w, "source", in.source);
-		jw_kv_u64(&w, "n_moe_layers", in.n_moe_layers);
-		jw_kv_u64(&w, "n_experts", in.n_experts);
-		jw_kv_u64(&w, "n_blocks", in.n_blocks);
-		jw_kv_u64(&w, "gpu_experts", gpu_experts < cells ? gpu_experts : cells);
-		jw_kv_string(&w, "strategy", moe_placement_name(strategy));
-		jw_key(&w, "coverage");
-		jw_object_begin(&w);
-		for (int s = 0; s < MOE_PLACE_COUNT; s++)
-			jw_kv_double(&w, moe_placement_name(s), covered[s], 6);
-		jw_object_end(&w);
-		jw_key(&w, "worst_layer_cpu_share");
-		jw_object_begin(&w);
-		for (int s = 0; s < MOE_PLACE_COUNT; s++)
-			jw_kv_double(&w, moe_placement_name(s), worst[s], 6);
-		jw_object_end(&w);
-		jw_key(&w, "moe_layers");
-		jw_array_begin(&w);
-		for (uint32_t l = 0; l < in.n_moe_layers; l++)
-			jw_i64(&w, in.blocks[l]);
-		jw_array_end(&w);
-		jw_kv_string(&w, "mask_hex", hex);
-		jw_key(&w, "gpu_experts_mask");
-		jw_array_begin(&w);
-		for (uint32_t b = 0; b < in.n_blocks; b++) {
-			jw_array_begin(&w);
-			for (uint32_t e = 0; e < in.n_experts; e++)
-				jw_bool(&w, (mask[(size_t)b * row + e / 8] >> (e % 8)) & 1u);
-			jw_array_end(&w);
-		}
-		jw_array_end(&w);
-		jw_object_end(&w);
-		free(hex);
-		const int wrc = jw_finish(&w);
-		if (wrc != 0 || putchar('\n') == EOF) {
-			fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n",
-			        strerror(wrc ? -wrc : errno));
-			free(masks);
-			free(in.load);
-			free(in.blocks);
-			return 1;
-		}
-	} else {
-		printf("%s\n", in.source);
-		printf("GPU budget: %" PRIu64 " of %" PRIu64 " experts (%.1f%%)\n\n",
-		       gpu_experts < cells ? gpu_experts : cells, cells,
-		       cells ? 100.0 * (double)(gpu_experts < cells ? gpu_experts : cells) /
-		                   (double)cells
-		             : 0.0);
-		printf("%-14s %18s %22s\n", "strategy", "covered on GPU", "worst layer on CPU");
-		for (int s = 0; s < MOE_PLACE_COUNT; s++)
-			printf("%-14s %17.1f%% %21.1f%%%s\n", moe_placement_name(s),
-			       100.0 * covered[s], 100.0 * worst[s],
-			       s == strategy ? "  <- mask" : "");
-		printf("\nmask for moe_set_gpu_mask(c, -1, bits, %zu): %u rows of %zu bytes, hex, "
-		       "block: bytes\n",
-		       mask_bytes, in.n_blocks, row);
-		for (uint32_t b = 0; b < in.n_blocks; b++) {
-			printf("%5u: ", b);
-			for (size_t x = 0; x < row; x++)
-				printf("%02x", mask[(size_t)b * row + x]);
-			printf("\n");
-		}
-		printf("\nkt-kernel gpu_experts_mask ([%u, %u] bool): true at these experts, per "
-		       "layer\n",
-		       in.n_blocks, in.n_experts);
-		for (uint32_t b = 0; b < in.n_blocks; b++) {
-			printf("%5u:", b);
-			for (uint32_t e = 0; e < in.n_experts; e++)
-				if ((mask[(size_t)b * row + e / 8] >> (e % 8)) & 1u)
-					printf(" %u", e);
-			printf("\n");
-		}
+	return 0;
+}
+
+/* The JSON object (see the file's comment); 0, or 1 with the sentence printed. */
+static int print_placement_json(const struct placement_input *in, uint64_t gpu_experts,
+                                int strategy, const struct placements *p)
+{
+	const uint8_t *mask = placement_mask(p, strategy);
+	const uint64_t cells = (uint64_t)in->n_moe_layers * in->n_experts;
+	char *hex = malloc(2 * p->mask_bytes + 1);
+	if (!hex) {
+		fprintf(stderr, "moe-sidecar placement: out of memory\n");
+		return 1;
 	}
-	free(masks);
+	for (size_t b = 0; b < p->mask_bytes; b++)
+		snprintf(hex + 2 * b, 3, "%02x", mask[b]);
+	hex[2 * p->mask_bytes] = '\0';
+	struct json_writer w;
+	jw_init_file(&w, stdout);
+	jw_object_begin(&w);
+	jw_kv_string(&w, "source", in->source);
+	jw_kv_u64(&w, "n_moe_layers", in->n_moe_layers);
+	jw_kv_u64(&w, "n_experts", in->n_experts);
+	jw_kv_u64(&w, "n_blocks", in->n_blocks);
+	jw_kv_u64(&w, "gpu_experts", gpu_experts < cells ? gpu_experts : cells);
+	jw_kv_string(&w, "strategy", moe_placement_name(strategy));
+	jw_key(&w, "coverage");
+	jw_object_begin(&w);
+	for (int s = 0; s < MOE_PLACE_COUNT; s++)
+		jw_kv_double(&w, moe_placement_name(s), p->covered[s], 6);
+	jw_object_end(&w);
+	jw_key(&w, "worst_layer_cpu_share");
+	jw_object_begin(&w);
+	for (int s = 0; s < MOE_PLACE_COUNT; s++)
+		jw_kv_double(&w, moe_placement_name(s), p->worst[s], 6);
+	jw_object_end(&w);
+	jw_key(&w, "moe_layers");
+	jw_array_begin(&w);
+	for (uint32_t l = 0; l < in->n_moe_layers; l++)
+		jw_i64(&w, in->blocks[l]);
+	jw_array_end(&w);
+	jw_kv_string(&w, "mask_hex", hex);
+	jw_key(&w, "gpu_experts_mask");
+	jw_array_begin(&w);
+	for (uint32_t b = 0; b < in->n_blocks; b++) {
+		jw_array_begin(&w);
+		for (uint32_t e = 0; e < in->n_experts; e++)
+			jw_bool(&w, (mask[(size_t)b * p->row + e / 8] >> (e % 8)) & 1u);
+		jw_array_end(&w);
+	}
+	jw_array_end(&w);
+	jw_object_end(&w);
+	free(hex);
+	const int wrc = jw_finish(&w);
+	if (wrc != 0 || putchar('\n') == EOF) {
+		fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n",
+		        strerror(wrc ? -wrc : errno));
+		return 1;
+	}
+	return 0;
+}
+
+/* The table of strategies, then the chosen mask in both shapes. */
+static void print_placement_text(const struct placement_input *in, uint64_t gpu_experts,
+                                 int strategy, const struct placements *p)
+{
+	const uint8_t *mask = placement_mask(p, strategy);
+	const uint64_t cells = (uint64_t)in->n_moe_layers * in->n_experts;
+	const size_t row = p->row;
+	printf("%s\n", in->source);
+	printf("GPU budget: %" PRIu64 " of %" PRIu64 " experts (%.1f%%)\n\n",
+	       gpu_experts < cells ? gpu_experts : cells, cells,
+	       cells ? 100.0 * (double)(gpu_experts < cells ? gpu_experts : cells) / (double)cells
+	             : 0.0);
+	printf("%-14s %18s %22s\n", "strategy", "covered on GPU", "worst layer on CPU");
+	for (int s = 0; s < MOE_PLACE_COUNT; s++)
+		printf("%-14s %17.1f%% %21.1f%%%s\n", moe_placement_name(s), 100.0 * p->covered[s],
+		       100.0 * p->worst[s], s == strategy ? "  <- mask" : "");
+	printf("\nmask for moe_set_gpu_mask(c, -1, bits, %zu): %u rows of %zu bytes, hex, "
+	       "block: bytes\n",
+	       p->mask_bytes, in->n_blocks, row);
+	for (uint32_t b = 0; b < in->n_blocks; b++) {
+		printf("%5u: ", b);
+		for (size_t x = 0; x < row; x++)
+			printf("%02x", mask[(size_t)b * row + x]);
+		printf("\n");
+	}
+	printf("\nkt-kernel gpu_experts_mask ([%u, %u] bool): true at these experts, per "
+	       "layer\n",
+	       in->n_blocks, in->n_experts);
+	for (uint32_t b = 0; b < in->n_blocks; b++) {
+		printf("%5u:", b);
+		for (uint32_t e = 0; e < in->n_experts; e++)
+			if ((mask[(size_t)b * row + e / 8] >> (e % 8)) & 1u)
+				printf(" %u", e);
+		printf("\n");
+	}
+}
+
+/* The load, the budget in experts, every strategy's mask, the output: the exit status. */
+static int place_and_print(const struct placement_args *a, struct placement_input *in)
+{
+	uint64_t gpu_experts = a->gpu_experts;
+	if ((a->trace ? load_trace(a->trace, in) : load_socket(a->sock, a->heat, in)) != 0)
+		return 1;
+	if (a->expert_bytes)
+		in->expert_bytes = a->expert_bytes;
+	if (a->gpu_bytes) {
+		if (!in->expert_bytes) {
+			fprintf(stderr, "moe-sidecar placement: --gpu-bytes needs the bytes of one "
+			                "expert: --expert-bytes B\n");
+			return 2;
+		}
+		gpu_experts = a->gpu_bytes / in->expert_bytes;
+	}
+	struct placements p = {0};
+	int status = place_every_strategy(in, gpu_experts, &p);
+	if (status == 0 && a->json)
+		status = print_placement_json(in, gpu_experts, a->strategy, &p);
+	else if (status == 0)
+		print_placement_text(in, gpu_experts, a->strategy, &p);
+	free(p.masks);
+	return status;
+}
+
+int cmd_placement(int argc, char **argv)
+{
+	struct placement_args a;
+	int status = parse_placement_args(argc, argv, &a);
+	if (status >= 0)
+		return status;
+	struct placement_input in = {0};
+	status = place_and_print(&a, &in);
 	free(in.load);
 	free(in.blocks);
-	return 0;
+	return status;
 }
