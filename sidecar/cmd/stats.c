@@ -227,94 +227,92 @@ static int print_experts(const struct json_doc *d, json_ref root, uint32_t n)
 	return 0;
 }
 
-/* Prints one sample. With w->have (--watch, from the second sample on), every counter is
- * shown as its rate over the interval, with its total since start in brackets, and the layer
- * table holds the interval's rates; otherwise totals since start. Resident and budget bytes
- * and the probes' figures are what they are now; latency percentiles are always over every
- * request since start (the reply carries no histogram to take an interval's from). */
-static int print_sample(const char *json, struct watch_state *w, double interval_s,
-                        uint32_t experts)
+/* The reply's summary counters into sum and its layer table into *rows (n of them, the
+ * caller frees); -1 with the key named when one is missing. */
+static int read_sample(const struct json_doc *d, json_ref root, uint64_t sum[N_SUMMARY],
+                       struct layer_row **rows, uint32_t *n)
 {
-	struct sidecar_error err;
-	struct json_doc *d;
-	if (json_parse(json, strlen(json), &d, &err) != 0) {
-		fprintf(stderr, "moe-sidecar stats: reply is not JSON: %s\n", err.msg);
-		return -1;
-	}
-	json_ref root = json_root(d);
-	uint64_t sum[N_SUMMARY];
 	for (size_t i = 0; i < N_SUMMARY; i++)
 		if (get_u64(d, root, summary_keys[i], &sum[i], "") != 0)
-			goto bad;
+			return -1;
 	json_ref layers = json_object_get(d, root, "layers");
 	if (json_type_of(d, layers) != JSON_ARRAY) {
 		fprintf(stderr,
 		        "moe-sidecar stats: reply: key \"layers\" missing or not an array\n");
-		goto bad;
+		return -1;
 	}
-	uint32_t n = json_count(d, layers);
-	struct layer_row *rows = calloc(n ? n : 1, sizeof(*rows));
-	if (!rows)
-		goto bad;
+	*n = json_count(d, layers);
+	*rows = calloc(*n ? *n : 1, sizeof(**rows));
+	if (!*rows)
+		return -1;
 	uint32_t i = 0;
 	for (json_ref l = json_first(d, layers); l != JSON_NONE; l = json_next(d, l), i++)
 		for (size_t k = 0; k < N_LAYER; k++)
-			if (get_u64(d, l, layer_keys[k], &rows[i].v[k], " layers[]") != 0) {
-				free(rows);
-				goto bad;
+			if (get_u64(d, l, layer_keys[k], &(*rows)[i].v[k], " layers[]") != 0) {
+				free(*rows);
+				*rows = NULL;
+				return -1;
 			}
+	return 0;
+}
 
-	const bool rates = w && w->have && interval_s > 0;
-	json_ref model = json_object_get(d, root, "model");
-	const char *name = json_string(d, model, NULL);
+/* The summary's first lines as rates over the interval, "X/s [total]" for each counter. */
+static void print_summary_rates(const char *name, const uint64_t sum[N_SUMMARY],
+                                const struct watch_state *w, double interval_s)
+{
 	char p1[16], p2[16];
-	if (rates) {
-		/* "X/s [total]" for each counter. */
-		double per[N_SUMMARY];
-		for (size_t k = 0; k < N_SUMMARY; k++)
-			per[k] = (double)grown(sum[k], w->sum[k]) / interval_s;
-		const uint64_t dh = grown(sum[S_HITS], w->sum[S_HITS]),
-		               dl = dh + grown(sum[S_COLD], w->sum[S_COLD]) +
-		                    grown(sum[S_INFLIGHT], w->sum[S_INFLIGHT]);
-		printf("model %s, last %.1f s: rates per second [totals since start]\n",
-		       name ? name : "?", interval_s);
-		printf("requests %.1f/s [%" PRIu64 "]  tokens %.1f/s [%" PRIu64 "]\n",
-		       per[S_REQUESTS], sum[S_REQUESTS], per[S_TOKENS], sum[S_TOKENS]);
-		printf("hits %.1f/s [%" PRIu64 "]  cold misses %.1f/s [%" PRIu64
-		       "]  in-flight misses %.1f/s [%" PRIu64 "]  hit rate %s [%s]  read %.1f "
-		       "MiB/s [%.1f MiB]\n",
-		       per[S_HITS], sum[S_HITS], per[S_COLD], sum[S_COLD], per[S_INFLIGHT],
-		       sum[S_INFLIGHT], percent(dh, dl, p1, sizeof(p1)),
-		       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p2,
-		               sizeof(p2)),
-		       per[S_READ] / 1048576.0, (double)sum[S_READ] / 1048576.0);
-	} else {
-		printf("model %s, totals since the sidecar started\n", name ? name : "?");
-		printf("requests %" PRIu64 "  tokens %" PRIu64, sum[S_REQUESTS], sum[S_TOKENS]);
-		uint64_t inline_fwd;
-		if (json_get_u64(d, root, "forwards_inline", &inline_fwd) == 1)
-			printf("  run inline %" PRIu64, inline_fwd);
-		printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
-		       "  hit rate %s  read %.1f MiB\n",
-		       sum[S_HITS], sum[S_COLD], sum[S_INFLIGHT],
-		       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p1,
-		               sizeof(p1)),
-		       (double)sum[S_READ] / 1048576.0);
-		uint64_t loader_read, prefetches, prefetch_hits, prefetch_wasted;
-		if (json_get_u64(d, root, "loader_bytes_read", &loader_read) == 1 &&
-		    json_get_u64(d, root, "prefetches", &prefetches) == 1 &&
-		    json_get_u64(d, root, "prefetch_hits", &prefetch_hits) == 1 &&
-		    json_get_u64(d, root, "prefetch_wasted", &prefetch_wasted) == 1)
-			printf(
-			    "loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
-			    ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
-			    (double)loader_read / 1048576.0, prefetches, prefetch_hits,
-			    prefetch_wasted);
-		uint64_t failed, retried;
-		if (json_get_u64(d, root, "failed_experts", &failed) == 1 &&
-		    json_get_u64(d, root, "failed_retries", &retried) == 1)
-			printf("experts read again after a failed load %" PRIu64 "\n", retried);
-	}
+	double per[N_SUMMARY];
+	for (size_t k = 0; k < N_SUMMARY; k++)
+		per[k] = (double)grown(sum[k], w->sum[k]) / interval_s;
+	const uint64_t dh = grown(sum[S_HITS], w->sum[S_HITS]),
+	               dl = dh + grown(sum[S_COLD], w->sum[S_COLD]) +
+	                    grown(sum[S_INFLIGHT], w->sum[S_INFLIGHT]);
+	printf("model %s, last %.1f s: rates per second [totals since start]\n", name ? name : "?",
+	       interval_s);
+	printf("requests %.1f/s [%" PRIu64 "]  tokens %.1f/s [%" PRIu64 "]\n", per[S_REQUESTS],
+	       sum[S_REQUESTS], per[S_TOKENS], sum[S_TOKENS]);
+	printf("hits %.1f/s [%" PRIu64 "]  cold misses %.1f/s [%" PRIu64
+	       "]  in-flight misses %.1f/s [%" PRIu64 "]  hit rate %s [%s]  read %.1f "
+	       "MiB/s [%.1f MiB]\n",
+	       per[S_HITS], sum[S_HITS], per[S_COLD], sum[S_COLD], per[S_INFLIGHT], sum[S_INFLIGHT],
+	       percent(dh, dl, p1, sizeof(p1)),
+	       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p2, sizeof(p2)),
+	       per[S_READ] / 1048576.0, (double)sum[S_READ] / 1048576.0);
+}
+
+/* The summary's first lines as totals since start, with the loader's and retries' lines. */
+static void print_summary_totals(const struct json_doc *d, json_ref root, const char *name,
+                                 const uint64_t sum[N_SUMMARY])
+{
+	char p1[16];
+	printf("model %s, totals since the sidecar started\n", name ? name : "?");
+	printf("requests %" PRIu64 "  tokens %" PRIu64, sum[S_REQUESTS], sum[S_TOKENS]);
+	uint64_t inline_fwd;
+	if (json_get_u64(d, root, "forwards_inline", &inline_fwd) == 1)
+		printf("  run inline %" PRIu64, inline_fwd);
+	printf("\nhits %" PRIu64 "  cold misses %" PRIu64 "  in-flight misses %" PRIu64
+	       "  hit rate %s  read %.1f MiB\n",
+	       sum[S_HITS], sum[S_COLD], sum[S_INFLIGHT],
+	       percent(sum[S_HITS], sum[S_HITS] + sum[S_COLD] + sum[S_INFLIGHT], p1, sizeof(p1)),
+	       (double)sum[S_READ] / 1048576.0);
+	uint64_t loader_read, prefetches, prefetch_hits, prefetch_wasted;
+	if (json_get_u64(d, root, "loader_bytes_read", &loader_read) == 1 &&
+	    json_get_u64(d, root, "prefetches", &prefetches) == 1 &&
+	    json_get_u64(d, root, "prefetch_hits", &prefetch_hits) == 1 &&
+	    json_get_u64(d, root, "prefetch_wasted", &prefetch_wasted) == 1)
+		printf("loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
+		       ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
+		       (double)loader_read / 1048576.0, prefetches, prefetch_hits, prefetch_wasted);
+	uint64_t failed, retried;
+	if (json_get_u64(d, root, "failed_experts", &failed) == 1 &&
+	    json_get_u64(d, root, "failed_retries", &retried) == 1)
+		printf("experts read again after a failed load %" PRIu64 "\n", retried);
+}
+
+/* How the loader reads and where the slots live, then what is resident now. */
+static void print_slots_now(const struct json_doc *d, json_ref root, const uint64_t sum[N_SUMMARY])
+{
+	char p2[16];
 	uint64_t fixed_reads, plain_reads, fixed_buffers, hugetlb, thp;
 	if (json_get_u64(d, root, "fixed_reads", &fixed_reads) == 1 &&
 	    json_get_u64(d, root, "plain_reads", &plain_reads) == 1 &&
@@ -339,29 +337,39 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	if (json_get_u64(d, root, "failed_experts", &failed_now) == 1)
 		printf("; failed experts %" PRIu64, failed_now);
 	printf("\n");
-	/* One line per node's part of the residency when there is more than one. */
+}
+
+/* One line per node's part of the residency when there is more than one. */
+static void print_nodes(const struct json_doc *d, json_ref root)
+{
+	char p1[16];
 	const json_ref nodes = json_object_get(d, root, "nodes");
-	if (json_count(d, nodes) > 1)
-		for (json_ref nd = json_first(d, nodes); nd != JSON_NONE; nd = json_next(d, nd)) {
-			uint64_t idx, os, res, used, budget, hits, cold, inflight, read;
-			if (json_get_u64(d, nd, "node", &idx) != 1 ||
-			    json_get_u64(d, nd, "os_index", &os) != 1 ||
-			    json_get_u64(d, nd, "resident_bytes", &res) != 1 ||
-			    json_get_u64(d, nd, "slot_bytes_used", &used) != 1 ||
-			    json_get_u64(d, nd, "budget_bytes", &budget) != 1 ||
-			    json_get_u64(d, nd, "hits", &hits) != 1 ||
-			    json_get_u64(d, nd, "cold_misses", &cold) != 1 ||
-			    json_get_u64(d, nd, "inflight_misses", &inflight) != 1 ||
-			    json_get_u64(d, nd, "loader_bytes_read", &read) != 1)
-				continue;
-			printf("  node %" PRIu64 " (NUMA %" PRIu64
-			       "): resident %.1f MiB in %.1f MiB of "
-			       "slots of a %.1f MiB budget; hit rate %s; loader read %.1f MiB\n",
-			       idx, os, (double)res / 1048576.0, (double)used / 1048576.0,
-			       (double)budget / 1048576.0,
-			       percent(hits, hits + cold + inflight, p1, sizeof(p1)),
-			       (double)read / 1048576.0);
-		}
+	if (json_count(d, nodes) <= 1)
+		return;
+	for (json_ref nd = json_first(d, nodes); nd != JSON_NONE; nd = json_next(d, nd)) {
+		uint64_t idx, os, res, used, budget, hits, cold, inflight, read;
+		if (json_get_u64(d, nd, "node", &idx) != 1 ||
+		    json_get_u64(d, nd, "os_index", &os) != 1 ||
+		    json_get_u64(d, nd, "resident_bytes", &res) != 1 ||
+		    json_get_u64(d, nd, "slot_bytes_used", &used) != 1 ||
+		    json_get_u64(d, nd, "budget_bytes", &budget) != 1 ||
+		    json_get_u64(d, nd, "hits", &hits) != 1 ||
+		    json_get_u64(d, nd, "cold_misses", &cold) != 1 ||
+		    json_get_u64(d, nd, "inflight_misses", &inflight) != 1 ||
+		    json_get_u64(d, nd, "loader_bytes_read", &read) != 1)
+			continue;
+		printf("  node %" PRIu64 " (NUMA %" PRIu64 "): resident %.1f MiB in %.1f MiB of "
+		       "slots of a %.1f MiB budget; hit rate %s; loader read %.1f MiB\n",
+		       idx, os, (double)res / 1048576.0, (double)used / 1048576.0,
+		       (double)budget / 1048576.0,
+		       percent(hits, hits + cold + inflight, p1, sizeof(p1)),
+		       (double)read / 1048576.0);
+	}
+}
+
+/* The page-cache probes' totals, or why there are none. */
+static void print_page_cache(const struct json_doc *d, json_ref root)
+{
 	json_ref probes = json_object_get(d, root, "probes");
 	const char *pstatus = json_string(d, probes, NULL);
 	uint64_t fill, direct, buffered;
@@ -381,7 +389,14 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	} else {
 		printf("page cache: %s\n", pstatus ? pstatus : "probes unavailable: no report");
 	}
-	if (rates) {
+}
+
+/* The per-layer table: the interval's rates (w holds the last sample) or totals (w NULL). */
+static void print_layer_table(const struct layer_row *rows, uint32_t n, const struct watch_state *w,
+                              double interval_s)
+{
+	char p1[16];
+	if (w) {
 		printf("\nper layer, last %.1f s (per second); latency percentiles since start "
 		       "(us):\n",
 		       interval_s);
@@ -394,9 +409,9 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 		       "layer", "requests", "tokens", "hit%", "cold", "inflight", "MiB read",
 		       "queue50", "queue99", "io50", "io99", "comp50", "comp99", "p50us", "p99us");
 	}
-	for (i = 0; i < n; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		const uint64_t *v = rows[i].v;
-		if (rates) {
+		if (w) {
 			const uint64_t *before = NULL;
 			for (uint32_t j = 0; j < w->n && !before; j++)
 				if (w->rows[j].v[0] == v[0])
@@ -419,9 +434,44 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
 		       v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]);
 	}
+}
+
+/* Prints one sample. With w->have (--watch, from the second sample on), every counter is
+ * shown as its rate over the interval, with its total since start in brackets, and the layer
+ * table holds the interval's rates; otherwise totals since start. Resident and budget bytes
+ * and the probes' figures are what they are now; latency percentiles are always over every
+ * request since start (the reply carries no histogram to take an interval's from). */
+static int print_sample(const char *json, struct watch_state *w, double interval_s,
+                        uint32_t experts)
+{
+	struct sidecar_error err;
+	struct json_doc *d;
+	if (json_parse(json, strlen(json), &d, &err) != 0) {
+		fprintf(stderr, "moe-sidecar stats: reply is not JSON: %s\n", err.msg);
+		return -1;
+	}
+	json_ref root = json_root(d);
+	uint64_t sum[N_SUMMARY];
+	struct layer_row *rows;
+	uint32_t n;
+	if (read_sample(d, root, sum, &rows, &n) != 0) {
+		json_free(d);
+		return -1;
+	}
+	const bool rates = w && w->have && interval_s > 0;
+	const char *name = json_string(d, json_object_get(d, root, "model"), NULL);
+	if (rates)
+		print_summary_rates(name, sum, w, interval_s);
+	else
+		print_summary_totals(d, root, name, sum);
+	print_slots_now(d, root, sum);
+	print_nodes(d, root);
+	print_page_cache(d, root);
+	print_layer_table(rows, n, rates ? w : NULL, interval_s);
 	if (experts && print_experts(d, root, experts) != 0) {
 		free(rows);
-		goto bad;
+		json_free(d);
+		return -1;
 	}
 	if (w) {
 		memcpy(w->sum, sum, sizeof(sum));
@@ -434,9 +484,6 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	}
 	json_free(d);
 	return 0;
-bad:
-	json_free(d);
-	return -1;
 }
 
 int cmd_stats(int argc, char **argv)
