@@ -254,7 +254,178 @@ static int compare_u32(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-int cmd_simulate(int argc, char **argv)
+/* --generate MODEL at argv[at]: the generator takes every other argument itself but -o/--output
+ * FILE, the trace to write. Returns the exit status. */
+static int generate_from_args(int argc, char **argv, int at)
+{
+	const char *output = NULL;
+	int n_rest = 0;
+	char **rest = calloc((size_t)argc, sizeof(char *));
+	if (!rest) {
+		fprintf(stderr, "simulate: out of memory\n");
+		return 1;
+	}
+	for (int k = 1; k < argc; k++) {
+		if (k == at) {
+			k++;
+		} else if ((!strcmp(argv[k], "-o") || !strcmp(argv[k], "--output")) &&
+		           k + 1 < argc) {
+			output = argv[++k];
+		} else {
+			rest[n_rest++] = argv[k];
+		}
+	}
+	int rc = run_generate(argv[at + 1], output, n_rest, rest);
+	free(rest);
+	return rc;
+}
+
+/* The policies compared, the capacities, and the hit rates: rates[p * n_caps + c] for policy
+ * p at capacity c, Belady's OPT as p = n_pol; -1 where pinned layers do not fit. */
+struct sim_table {
+	struct policy_spec specs[MAX_POLICIES];
+	char names[MAX_POLICIES][64];
+	int n_pol;
+	uint32_t caps[MAX_CAPACITIES];
+	int n_caps;
+	double *rates;
+};
+
+/* --policies P,Q into the table's specs and names; 0 or 2 (usage). */
+static int parse_policy_list(const char *list, struct sim_table *tab)
+{
+	struct sidecar_error err = {0};
+	char buf[1024];
+	if (strlen(list) >= sizeof(buf)) {
+		fprintf(stderr, "simulate: --policies: list too long\n");
+		return 2;
+	}
+	strcpy(buf, list);
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (tab->n_pol >= MAX_POLICIES) {
+			fprintf(stderr, "simulate: --policies: at most %d\n", MAX_POLICIES);
+			return 2;
+		}
+		if (policy_spec_parse(tok, &tab->specs[tab->n_pol], &err)) {
+			fprintf(stderr, "simulate: %s\n", err.msg);
+			return 2;
+		}
+		policy_spec_name(&tab->specs[tab->n_pol], tab->names[tab->n_pol],
+		                 sizeof(tab->names[tab->n_pol]));
+		tab->n_pol++;
+	}
+	if (!tab->n_pol) {
+		fprintf(stderr, "simulate: --policies: empty list\n");
+		return 2;
+	}
+	return 0;
+}
+
+/* Every policy, then Belady's OPT, at every capacity of the table; 0, or 1 with the sentence
+ * printed. */
+static int simulate_every_capacity(const struct routing_trace *t, bool lookahead,
+                                   struct sim_table *tab)
+{
+	struct sidecar_error err = {0};
+	const int n_caps = tab->n_caps;
+	for (int ci = 0; ci < n_caps; ci++) {
+		struct sim_result r;
+		for (int p = 0; p < tab->n_pol; p++) {
+			double *slot = &tab->rates[p * n_caps + ci];
+			int rc =
+			    sim_run_policy(t, &tab->specs[p], tab->caps[ci], lookahead, &r, &err);
+			if (rc == -ENOSPC) {
+				*slot =
+				    -1; /* pinned layers do not fit: no figure at this capacity */
+			} else if (rc) {
+				fprintf(stderr, "simulate: %s\n", err.msg);
+				return 1;
+			} else {
+				*slot = r.refs ? (double)r.hits / (double)r.refs : 0;
+			}
+		}
+		if (sim_run_belady(t, tab->caps[ci], 0, &r, &err)) {
+			fprintf(stderr, "simulate: %s\n", err.msg);
+			return 1;
+		}
+		tab->rates[tab->n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
+	}
+	return 0;
+}
+
+/* The table as JSON (the shape docs/residency.md shows); 0, or 1 with the sentence printed. */
+static int print_rates_json(const struct sim_table *tab)
+{
+	struct json_writer w;
+	jw_init_file(&w, stdout);
+	jw_set_spaced(&w, true);
+	jw_object_begin(&w);
+	jw_key(&w, "capacities");
+	jw_array_begin(&w);
+	for (int ci = 0; ci < tab->n_caps; ci++)
+		jw_u64(&w, tab->caps[ci]);
+	jw_array_end(&w);
+	jw_key(&w, "policies");
+	jw_object_begin(&w);
+	for (int p = 0; p <= tab->n_pol; p++) {
+		jw_key(&w, p < tab->n_pol ? tab->names[p] : "belady");
+		jw_array_begin(&w);
+		for (int ci = 0; ci < tab->n_caps; ci++) {
+			const double v = tab->rates[p * tab->n_caps + ci];
+			if (v < 0) /* pinned layers do not fit */
+				jw_null(&w);
+			else
+				jw_double(&w, v, 6);
+		}
+		jw_array_end(&w);
+	}
+	jw_object_end(&w);
+	jw_object_end(&w);
+	const int rc = jw_finish(&w);
+	if (rc != 0 || putchar('\n') == EOF) {
+		fprintf(stderr, "simulate: writing the JSON: %s\n", strerror(rc ? -rc : errno));
+		return 1;
+	}
+	return 0;
+}
+
+/* The trace's shape, then one row of hit rates per policy, one column per capacity. */
+static void print_rates_table(const char *trace_path, const struct routing_trace *t,
+                              const struct sim_table *tab)
+{
+	printf("trace %s: %u layers × %u experts, top-%u, %u lines, %u references\n", trace_path,
+	       t->n_layers, t->n_experts, t->top_k, t->n_lines, t->n_refs);
+	printf("hit rate by capacity (expert slots; %% of all %u experts)\n",
+	       t->n_layers * t->n_experts);
+	printf("%-18s", "policy");
+	for (int ci = 0; ci < tab->n_caps; ci++)
+		printf(" %8u", tab->caps[ci]);
+	printf("\n%-18s", "");
+	for (int ci = 0; ci < tab->n_caps; ci++)
+		printf(" %7.1f%%", 100.0 * tab->caps[ci] / (t->n_layers * t->n_experts));
+	printf("\n");
+	for (int p = 0; p <= tab->n_pol; p++) {
+		printf("%-18s", p < tab->n_pol ? tab->names[p] : "belady (OPT)");
+		for (int ci = 0; ci < tab->n_caps; ci++) {
+			double v = tab->rates[p * tab->n_caps + ci];
+			if (v < 0)
+				printf(" %8s", "-");
+			else
+				printf(" %8.4f", v);
+		}
+		printf("\n");
+	}
+}
+
+/* What a replay needs from the command line. */
+struct replay_args {
+	const char *caps_arg, *pol_arg, *plot, *trace_path;
+	bool json, lookahead;
+};
+
+/* The replay's command line into *a: -1 to go on, else the status to exit with. */
+static int parse_replay_args(int argc, char **argv, struct replay_args *a)
 {
 	static const struct option opts[] = {
 	    {"capacities", required_argument, NULL, 'c'},
@@ -267,188 +438,78 @@ int cmd_simulate(int argc, char **argv)
 	    {"help", no_argument, NULL, 'h'},
 	    {0},
 	};
-	const char *caps_arg = NULL, *pol_arg = default_policies, *plot = NULL, *generate = NULL;
-	const char *output = NULL;
-	bool json = false, lookahead = true;
-	/* --generate takes the remaining generator options itself; stop getopt at the first
-	 * one it does not know only in that mode. */
-	for (int i = 1; i < argc; i++)
-		if (!strcmp(argv[i], "--generate") && i + 1 < argc) {
-			generate = argv[i + 1];
-			int n_rest = 0;
-			char **rest = calloc((size_t)argc, sizeof(char *));
-			if (!rest) {
-				fprintf(stderr, "simulate: out of memory\n");
-				return 1;
-			}
-			for (int k = 1; k < argc; k++) {
-				if (k == i) {
-					k++;
-				} else if ((!strcmp(argv[k], "-o") ||
-				            !strcmp(argv[k], "--output")) &&
-				           k + 1 < argc) {
-					output = argv[++k];
-				} else {
-					rest[n_rest++] = argv[k];
-				}
-			}
-			int rc = run_generate(generate, output, n_rest, rest);
-			free(rest);
-			return rc;
-		}
+	*a = (struct replay_args){.pol_arg = default_policies, .lookahead = true};
 	optind = 1;
 	int c;
 	while ((c = getopt_long(argc, argv, "o:h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'c': caps_arg = optarg; break;
-		case 'p': pol_arg = optarg; break;
-		case 'j': json = true; break;
-		case 'P': plot = optarg; break;
-		case 'n': lookahead = false; break;
-		case 'o': output = optarg; break;
+		case 'c': a->caps_arg = optarg; break;
+		case 'p': a->pol_arg = optarg; break;
+		case 'j': a->json = true; break;
+		case 'P': a->plot = optarg; break;
+		case 'n': a->lookahead = false; break;
+		case 'o': break; /* only --generate writes a file */
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
 	}
-	(void)output;
-	if (optind + 1 != argc || !caps_arg) {
+	if (optind + 1 != argc || !a->caps_arg) {
 		fprintf(stderr, "simulate: need one TRACE and --capacities\n");
 		usage(stderr);
 		return 2;
 	}
-	const char *trace_path = argv[optind];
-	struct sidecar_error err = {0};
-	struct policy_spec specs[MAX_POLICIES];
-	char names[MAX_POLICIES][64];
-	int n_pol = 0;
-	{
-		char buf[1024];
-		if (strlen(pol_arg) >= sizeof(buf)) {
-			fprintf(stderr, "simulate: --policies: list too long\n");
-			return 2;
-		}
-		strcpy(buf, pol_arg);
-		char *save = NULL;
-		for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-			if (n_pol >= MAX_POLICIES) {
-				fprintf(stderr, "simulate: --policies: at most %d\n", MAX_POLICIES);
-				return 2;
-			}
-			if (policy_spec_parse(tok, &specs[n_pol], &err)) {
-				fprintf(stderr, "simulate: %s\n", err.msg);
-				return 2;
-			}
-			policy_spec_name(&specs[n_pol], names[n_pol], sizeof(names[n_pol]));
-			n_pol++;
-		}
-		if (!n_pol) {
-			fprintf(stderr, "simulate: --policies: empty list\n");
-			return 2;
-		}
+	a->trace_path = argv[optind];
+	return -1;
+}
+
+/* Replays the trace into the table and prints it; the exit status. */
+static int replay(const struct replay_args *a, const struct routing_trace *t, struct sim_table *tab)
+{
+	if (parse_capacities(a->caps_arg, t->n_layers * t->n_experts, tab->caps, &tab->n_caps))
+		return 2;
+	qsort(tab->caps, (size_t)tab->n_caps, sizeof(tab->caps[0]), compare_u32);
+	tab->rates = malloc(sizeof(double) * (size_t)(tab->n_pol + 1) * (size_t)tab->n_caps);
+	if (!tab->rates) {
+		fprintf(stderr, "simulate: out of memory\n");
+		return 1;
 	}
+	if (simulate_every_capacity(t, a->lookahead, tab) != 0)
+		return 1;
+	if (a->json) {
+		if (print_rates_json(tab) != 0)
+			return 1;
+	} else {
+		print_rates_table(a->trace_path, t, tab);
+	}
+	if (a->plot && write_plot(a->plot, a->trace_path, tab->caps, tab->n_caps, tab->names,
+	                          tab->n_pol, tab->rates))
+		return 1;
+	return 0;
+}
+
+int cmd_simulate(int argc, char **argv)
+{
+	/* --generate takes the remaining generator options itself; stop getopt at the first
+	 * one it does not know only in that mode. */
+	for (int i = 1; i < argc; i++)
+		if (!strcmp(argv[i], "--generate") && i + 1 < argc)
+			return generate_from_args(argc, argv, i);
+	struct replay_args a;
+	int status = parse_replay_args(argc, argv, &a);
+	if (status >= 0)
+		return status;
+	struct sim_table tab = {0};
+	status = parse_policy_list(a.pol_arg, &tab);
+	if (status != 0)
+		return status;
 	struct routing_trace t;
-	if (trace_load(trace_path, &t, &err)) {
+	struct sidecar_error err = {0};
+	if (trace_load(a.trace_path, &t, &err)) {
 		fprintf(stderr, "simulate: %s\n", err.msg);
 		return 1;
 	}
-	uint32_t caps[MAX_CAPACITIES];
-	int n_caps;
-	if (parse_capacities(caps_arg, t.n_layers * t.n_experts, caps, &n_caps)) {
-		trace_free(&t);
-		return 2;
-	}
-	qsort(caps, (size_t)n_caps, sizeof(caps[0]), compare_u32);
-	double *rates = malloc(sizeof(double) * (size_t)(n_pol + 1) * (size_t)n_caps);
-	if (!rates) {
-		fprintf(stderr, "simulate: out of memory\n");
-		trace_free(&t);
-		return 1;
-	}
-	int status = 0;
-	for (int ci = 0; ci < n_caps; ci++) {
-		struct sim_result r;
-		for (int p = 0; p < n_pol; p++) {
-			double *slot = &rates[p * n_caps + ci];
-			int rc = sim_run_policy(&t, &specs[p], caps[ci], lookahead, &r, &err);
-			if (rc == -ENOSPC) {
-				*slot =
-				    -1; /* pinned layers do not fit: no figure at this capacity */
-			} else if (rc) {
-				fprintf(stderr, "simulate: %s\n", err.msg);
-				status = 1;
-				goto out;
-			} else {
-				*slot = r.refs ? (double)r.hits / (double)r.refs : 0;
-			}
-		}
-		if (sim_run_belady(&t, caps[ci], 0, &r, &err)) {
-			fprintf(stderr, "simulate: %s\n", err.msg);
-			status = 1;
-			goto out;
-		}
-		rates[n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
-	}
-	if (json) {
-		struct json_writer w;
-		jw_init_file(&w, stdout);
-		jw_set_spaced(&w, true); /* the shape docs/residency.md shows */
-		jw_object_begin(&w);
-		jw_key(&w, "capacities");
-		jw_array_begin(&w);
-		for (int ci = 0; ci < n_caps; ci++)
-			jw_u64(&w, caps[ci]);
-		jw_array_end(&w);
-		jw_key(&w, "policies");
-		jw_object_begin(&w);
-		for (int p = 0; p <= n_pol; p++) {
-			jw_key(&w, p < n_pol ? names[p] : "belady");
-			jw_array_begin(&w);
-			for (int ci = 0; ci < n_caps; ci++) {
-				const double v = rates[p * n_caps + ci];
-				if (v < 0) /* pinned layers do not fit */
-					jw_null(&w);
-				else
-					jw_double(&w, v, 6);
-			}
-			jw_array_end(&w);
-		}
-		jw_object_end(&w);
-		jw_object_end(&w);
-		const int rc = jw_finish(&w);
-		if (rc != 0 || putchar('\n') == EOF) {
-			fprintf(stderr, "simulate: writing the JSON: %s\n",
-			        strerror(rc ? -rc : errno));
-			status = 1;
-			goto out;
-		}
-	} else {
-		printf("trace %s: %u layers × %u experts, top-%u, %u lines, %u references\n",
-		       trace_path, t.n_layers, t.n_experts, t.top_k, t.n_lines, t.n_refs);
-		printf("hit rate by capacity (expert slots; %% of all %u experts)\n",
-		       t.n_layers * t.n_experts);
-		printf("%-18s", "policy");
-		for (int ci = 0; ci < n_caps; ci++)
-			printf(" %8u", caps[ci]);
-		printf("\n%-18s", "");
-		for (int ci = 0; ci < n_caps; ci++)
-			printf(" %7.1f%%", 100.0 * caps[ci] / (t.n_layers * t.n_experts));
-		printf("\n");
-		for (int p = 0; p <= n_pol; p++) {
-			printf("%-18s", p < n_pol ? names[p] : "belady (OPT)");
-			for (int ci = 0; ci < n_caps; ci++) {
-				double v = rates[p * n_caps + ci];
-				if (v < 0)
-					printf(" %8s", "-");
-				else
-					printf(" %8.4f", v);
-			}
-			printf("\n");
-		}
-	}
-	if (plot && write_plot(plot, trace_path, caps, n_caps, names, n_pol, rates))
-		status = 1;
-out:
-	free(rates);
+	status = replay(&a, &t, &tab);
+	free(tab.rates);
 	trace_free(&t);
 	return status;
 }
