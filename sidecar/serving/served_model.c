@@ -259,6 +259,188 @@ static void describe(struct serve_model *m, const struct serve_model_config *cfg
 	snprintf(d->name, sizeof(d->name), "%s", moe_arch_name(cat->info.arch));
 }
 
+/* The catalog, the description and the fingerprint; before the probes attach, so that the
+ * fingerprint's few O_DIRECT reads are no loader's. */
+static int open_catalog(struct serve_model *m, const struct serve_model_config *cfg,
+                        struct sidecar_error *err)
+{
+	if (moe_catalog_open(cfg->path, &m->cat, err) != 0)
+		return -1;
+	describe(m, cfg);
+	if (m->desc.n_moe_layers == 0)
+		return error_set(err, MOE_EINVAL, "%s: no layer has routed experts", cfg->path);
+	if (m->desc.hidden > 65536)
+		return error_set(err, MOE_EINVAL,
+		                 "%s: hidden size %u is above the protocol's 65536", cfg->path,
+		                 m->desc.hidden);
+	char fwhy[256];
+	const int fprc = moe_fingerprint_path(cfg->path, m->desc.fingerprint, fwhy, sizeof(fwhy));
+	if (fprc != MOE_OK)
+		return error_set(err, fprc, "model fingerprint: %s", fwhy);
+	moe_fingerprint_hex(m->desc.fingerprint, m->desc.fingerprint_hex);
+	log_info("serve", "model fingerprint=%s files=%u", m->desc.fingerprint_hex,
+	         m->cat->n_files);
+	return 0;
+}
+
+/* Probes first: every model file is watched before the first expert read. Quiet: the one
+ * warning when they are unavailable is ours, with a hint when another sidecar owns the
+ * instance name (two sidecars on one host need one name each). */
+static int attach_probes(struct serve_model *m, const struct serve_model_config *cfg,
+                         struct sidecar_error *err)
+{
+	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
+	struct sidecar_error perr = {0};
+	int prc = pagecache_open(&popt, &m->probes, &perr);
+	if (prc < 0)
+		return error_set(err, error_status_from_errno(-prc), "probes: %s",
+		                 perr.msg[0] ? perr.msg : strerror(-prc));
+	if (!pagecache_available(m->probes)) {
+		char hint[200] = "";
+		if (pagecache_busy_owner(m->probes))
+			snprintf(
+			    hint, sizeof(hint),
+			    "; another sidecar owns probe instance '%s': give this one its own "
+			    "with --probes-instance NAME",
+			    cfg->probes_instance ? cfg->probes_instance : "default");
+		if (cfg->require_probes)
+			return error_set(err, MOE_ESYS, "--require-probes: page-cache probes %s%s",
+			                 pagecache_status(m->probes), hint);
+		log_warn("probes", "page-cache probes %s%s", pagecache_status(m->probes), hint);
+	}
+	for (uint32_t i = 0; i < m->cat->n_files; i++) {
+		int rc = pagecache_watch(m->probes, m->cat->files[i].path);
+		if (rc < 0 && pagecache_available(m->probes))
+			log_warn("serve", "probes: watching %s: %s", m->cat->files[i].path,
+			         pagecache_last_error(m->probes));
+	}
+	return 0;
+}
+
+#ifdef MOE_TEST_HOOKS
+/* --debug-fail-expert: the loader's read-fault hook, said once in the log; NULL without. */
+static loader_fault_fn fault_hook_of(const struct serve_model_config *cfg)
+{
+	if (cfg->fail_layer < 0)
+		return NULL;
+	if (cfg->fail_loads)
+		log_warn("serve",
+		         "testing: the first %u load(s) of layer %d expert %d will fail with EIO",
+		         cfg->fail_loads, cfg->fail_layer, cfg->fail_expert);
+	else
+		log_warn("serve", "testing: every read of layer %d expert %d will fail with EIO",
+		         cfg->fail_layer, cfg->fail_expert);
+	return fail_reads_of_expert;
+}
+#endif
+
+/* The engine over the catalog, within the budget and the memory limit. The budget in force
+ * is logged by the engine once its pools exist (budget_bytes, as STATS reports it); here,
+ * what it was asked for. */
+static int create_engine(struct serve_model *m, const struct serve_model_config *cfg,
+                         struct sidecar_error *err)
+{
+	struct budget_rule br;
+	if (budget_rule(cfg, m->cat->expert_bytes_total, &br, err) != 0)
+		return -1;
+	struct forward_config fc;
+	if (forward_config_of(cfg, &br, m->desc.max_top_k, &fc, err) != 0)
+		return -1;
+	fc.progress = warm_progress;
+	fc.progress_arg = m;
+#ifdef MOE_TEST_HOOKS
+	loader_fault_fn hook = fault_hook_of(cfg);
+#endif
+	log_info("serve",
+	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
+	         "ffn=%u expert_bytes=%" PRIu64 " budget_asked=%" PRIu64 " budget_from=\"%s\"",
+	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
+	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, br.expert_bytes, br.budget,
+	         br.why);
+	if (br.engine_limit)
+		log_info("serve",
+		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
+		         " less %" PRIu64 " held before the model%s)",
+		         br.engine_bytes, cfg->mem_limit, cfg->mem_base,
+		         br.asked ? "" : ", 3/4 of it: a quarter stays for channels");
+	struct sidecar_error ferr;
+#ifdef MOE_TEST_HOOKS
+	const int frc = forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, &ferr);
+#else
+	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
+#endif
+	if (frc == 0)
+		return 0;
+	/* forward_create still reports through a buffer: its sentence, under our status */
+	if (frc == -ENOSPC)
+		return error_set(err, MOE_ENOMEM,
+		                 "%s: %s; the engine may use the memory limit of %" PRIu64
+		                 " bytes (%s) less %" PRIu64
+		                 " held before the model%s: raise the limit "
+		                 "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
+		                 cfg->path, ferr.msg, cfg->mem_limit, cfg->mem_limit_from,
+		                 cfg->mem_base, br.asked ? "" : ", 3/4 of it");
+	return error_set(err, ferr.status, "%s: %s", cfg->path, ferr.msg);
+}
+
+/* One decode step routes every MoE layer's top-k: a pool of fewer slots evicts experts the
+ * same step used, so no expert survives to the next step unless fewer distinct ones were
+ * routed — at most slots / (layers x top-k) of a step's experts can hit. */
+static void log_slots_against_a_step(const struct serve_model *m, const struct forward_stats *st)
+{
+	const uint64_t step_experts = (uint64_t)m->desc.n_moe_layers * m->desc.top_k;
+	const uint64_t all_experts = (uint64_t)m->desc.n_moe_layers * m->desc.n_experts;
+	if (st->slots && st->slots < all_experts && st->slots < step_experts)
+		log_warn("serve",
+		         "the budget holds %u expert slots, fewer than one decode step routes "
+		         "(%u MoE layers x top-%u = %" PRIu64 "): every step reloads experts it "
+		         "used, expect a hit rate of at most %.0f%%; a budget of %" PRIu64
+		         " bytes or more holds a step",
+		         st->slots, m->desc.n_moe_layers, m->desc.top_k, step_experts,
+		         100.0 * (double)st->slots / (double)step_experts,
+		         st->budget_bytes / st->slots * step_experts);
+	else if (st->slots && st->slots < all_experts)
+		log_info("serve",
+		         "the budget holds %u expert slots: %.1f%% of the model's %" PRIu64
+		         " experts, %.1f decode steps' worth (%" PRIu64 " experts a step)",
+		         st->slots, 100.0 * (double)st->slots / (double)all_experts, all_experts,
+		         (double)st->slots / (double)step_experts, step_experts);
+}
+
+/* What the warm engine holds: budget, memory, NUMA nodes, the per-layer stats buffer; logged. */
+static int record_what_is_held(struct serve_model *m, const struct serve_model_config *cfg,
+                               struct sidecar_error *err)
+{
+	struct forward_stats st = {0};
+	forward_stats(m->engine, &st);
+	m->desc.budget_bytes = st.budget_bytes;
+	log_slots_against_a_step(m, &st);
+	m->desc.mem_limit_bytes = cfg->mem_limit;
+	snprintf(m->desc.mem_limit_from, sizeof(m->desc.mem_limit_from), "%s",
+	         cfg->mem_limit_from ? cfg->mem_limit_from : "");
+	const uint64_t rss = mem_rss_self();
+	m->desc.mem_fixed_bytes = rss + st.request_bytes;
+	struct forward_topology_info topo;
+	forward_topology(m->engine, &topo);
+	m->desc.n_nodes = topo.n_nodes;
+	for (uint32_t i = 0; i < topo.n_nodes; i++)
+		log_info("serve",
+		         "numa node=%u os_index=%u threads=%u synthetic=%d memory_bound=%d", i,
+		         topo.node_os_index[i], topo.threads[i], topo.synthetic, topo.memory_bound);
+	m->n_layer_stats = forward_stats_layers(m->engine);
+	m->layer_stats = calloc(m->n_layer_stats ? m->n_layer_stats : 1, sizeof(*m->layer_stats));
+	if (!m->layer_stats)
+		return error_set(err, MOE_ENOMEM, "out of memory");
+	log_info("serve", "probes %s", pagecache_status(m->probes));
+	log_info("serve",
+	         "memory held_bytes=%" PRIu64 " (resident %" PRIu64 ", slot pools included, + "
+	         "request buffers %" PRIu64 ") limit_bytes=%" PRIu64 " left_for_channels=%" PRIu64,
+	         m->desc.mem_fixed_bytes, rss, st.request_bytes, cfg->mem_limit,
+	         cfg->mem_limit > m->desc.mem_fixed_bytes ? cfg->mem_limit - m->desc.mem_fixed_bytes
+	                                                  : 0);
+	return 0;
+}
+
 int serve_model_open(const struct serve_model_config *cfg, struct serve_model **out,
                      struct sidecar_error *err)
 {
@@ -275,176 +457,13 @@ int serve_model_open(const struct serve_model_config *cfg, struct serve_model **
 	m->status_arg = cfg->status_arg;
 	if (m->status)
 		m->status(m->status_arg, "reading the model's catalog and fingerprint");
-
-	if (moe_catalog_open(cfg->path, &m->cat, err) != 0)
-		goto fail;
-	describe(m, cfg);
-	if (m->desc.n_moe_layers == 0) {
-		error_set(err, MOE_EINVAL, "%s: no layer has routed experts", cfg->path);
-		goto fail;
+	if (open_catalog(m, cfg, err) != 0 || attach_probes(m, cfg, err) != 0 ||
+	    create_engine(m, cfg, err) != 0 || record_what_is_held(m, cfg, err) != 0) {
+		serve_model_close(m);
+		return -1;
 	}
-	if (m->desc.hidden > 65536) {
-		error_set(err, MOE_EINVAL, "%s: hidden size %u is above the protocol's 65536",
-		          cfg->path, m->desc.hidden);
-		goto fail;
-	}
-	/* Before the probes attach: its few O_DIRECT reads are no loader's. */
-	char fwhy[256];
-	const int fprc = moe_fingerprint_path(cfg->path, m->desc.fingerprint, fwhy, sizeof(fwhy));
-	if (fprc != MOE_OK) {
-		error_set(err, fprc, "model fingerprint: %s", fwhy);
-		goto fail;
-	}
-	moe_fingerprint_hex(m->desc.fingerprint, m->desc.fingerprint_hex);
-	log_info("serve", "model fingerprint=%s files=%u", m->desc.fingerprint_hex,
-	         m->cat->n_files);
-
-	/* Probes first: every model file is watched before the first expert read. Quiet: the
-	 * one warning when they are unavailable is ours, with a hint when another sidecar owns
-	 * the instance name (two sidecars on one host need one name each). */
-	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
-	struct sidecar_error perr = {0};
-	int prc = pagecache_open(&popt, &m->probes, &perr);
-	if (prc < 0) {
-		error_set(err, error_status_from_errno(-prc), "probes: %s",
-		          perr.msg[0] ? perr.msg : strerror(-prc));
-		goto fail;
-	}
-	if (!pagecache_available(m->probes)) {
-		char hint[200] = "";
-		if (pagecache_busy_owner(m->probes))
-			snprintf(
-			    hint, sizeof(hint),
-			    "; another sidecar owns probe instance '%s': give this one its own "
-			    "with --probes-instance NAME",
-			    cfg->probes_instance ? cfg->probes_instance : "default");
-		if (cfg->require_probes) {
-			error_set(err, MOE_ESYS, "--require-probes: page-cache probes %s%s",
-			          pagecache_status(m->probes), hint);
-			goto fail;
-		}
-		log_warn("probes", "page-cache probes %s%s", pagecache_status(m->probes), hint);
-	}
-	for (uint32_t i = 0; i < m->cat->n_files; i++) {
-		int rc = pagecache_watch(m->probes, m->cat->files[i].path);
-		if (rc < 0 && pagecache_available(m->probes))
-			log_warn("serve", "probes: watching %s: %s", m->cat->files[i].path,
-			         pagecache_last_error(m->probes));
-	}
-
-	struct budget_rule br;
-	if (budget_rule(cfg, m->cat->expert_bytes_total, &br, err) != 0)
-		goto fail;
-	const uint64_t expert_bytes = br.expert_bytes, budget = br.budget,
-	               engine_bytes = br.engine_bytes, engine_limit = br.engine_limit;
-	const char *why = br.why;
-	const bool asked = br.asked;
-	struct forward_config fc;
-	if (forward_config_of(cfg, &br, m->desc.max_top_k, &fc, err) != 0)
-		goto fail;
-	fc.progress = warm_progress;
-	fc.progress_arg = m;
-#ifdef MOE_TEST_HOOKS
-	loader_fault_fn hook = NULL;
-	if (cfg->fail_layer >= 0) {
-		hook = fail_reads_of_expert;
-		if (cfg->fail_loads)
-			log_warn("serve",
-			         "testing: the first %u load(s) of layer %d expert %d will fail "
-			         "with EIO",
-			         cfg->fail_loads, cfg->fail_layer, cfg->fail_expert);
-		else
-			log_warn("serve",
-			         "testing: every read of layer %d expert %d will fail with EIO",
-			         cfg->fail_layer, cfg->fail_expert);
-	}
-#endif
-	/* The budget in force is logged by the engine once its pools exist (budget_bytes, as
-	 * STATS reports it); here, what it was asked for. */
-	log_info("serve",
-	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
-	         "ffn=%u expert_bytes=%" PRIu64 " budget_asked=%" PRIu64 " budget_from=\"%s\"",
-	         cfg->path, m->desc.name, m->desc.n_layers, m->desc.n_moe_layers, m->desc.n_experts,
-	         m->desc.top_k, m->desc.hidden, m->desc.expert_ffn, expert_bytes, budget, why);
-	if (engine_limit)
-		log_info("serve",
-		         "memory the engine may use: %" PRIu64 " bytes (the limit %" PRIu64
-		         " less %" PRIu64 " held before the model%s)",
-		         engine_bytes, cfg->mem_limit, cfg->mem_base,
-		         asked ? "" : ", 3/4 of it: a quarter stays for channels");
-	struct sidecar_error ferr;
-#ifdef MOE_TEST_HOOKS
-	const int frc = forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, &ferr);
-#else
-	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
-#endif
-	if (frc != 0) {
-		/* forward_create still reports through a buffer: its sentence, under our status */
-		if (frc == -ENOSPC)
-			error_set(err, MOE_ENOMEM,
-			          "%s: %s; the engine may use the memory limit of %" PRIu64
-			          " bytes (%s) less %" PRIu64
-			          " held before the model%s: raise the limit "
-			          "(--mem-limit, the cgroup's), lower --max-tokens or the budget",
-			          cfg->path, ferr.msg, cfg->mem_limit, cfg->mem_limit_from,
-			          cfg->mem_base, asked ? "" : ", 3/4 of it");
-		else
-			error_set(err, ferr.status, "%s: %s", cfg->path, ferr.msg);
-		goto fail;
-	}
-	struct forward_stats st = {0};
-	forward_stats(m->engine, &st);
-	m->desc.budget_bytes = st.budget_bytes;
-	/* One decode step routes every MoE layer's top-k: a pool of fewer slots evicts experts
-	 * the same step used, so no expert survives to the next step unless fewer distinct
-	 * ones were routed — at most slots / (layers x top-k) of a step's experts can hit. */
-	const uint64_t step_experts = (uint64_t)m->desc.n_moe_layers * m->desc.top_k;
-	const uint64_t all_experts = (uint64_t)m->desc.n_moe_layers * m->desc.n_experts;
-	if (st.slots && st.slots < all_experts && st.slots < step_experts)
-		log_warn("serve",
-		         "the budget holds %u expert slots, fewer than one decode step routes "
-		         "(%u MoE layers x top-%u = %" PRIu64 "): every step reloads experts it "
-		         "used, expect a hit rate of at most %.0f%%; a budget of %" PRIu64
-		         " bytes or more holds a step",
-		         st.slots, m->desc.n_moe_layers, m->desc.top_k, step_experts,
-		         100.0 * (double)st.slots / (double)step_experts,
-		         st.budget_bytes / st.slots * step_experts);
-	else if (st.slots && st.slots < all_experts)
-		log_info("serve",
-		         "the budget holds %u expert slots: %.1f%% of the model's %" PRIu64
-		         " experts, %.1f decode steps' worth (%" PRIu64 " experts a step)",
-		         st.slots, 100.0 * (double)st.slots / (double)all_experts, all_experts,
-		         (double)st.slots / (double)step_experts, step_experts);
-	m->desc.mem_limit_bytes = cfg->mem_limit;
-	snprintf(m->desc.mem_limit_from, sizeof(m->desc.mem_limit_from), "%s",
-	         cfg->mem_limit_from ? cfg->mem_limit_from : "");
-	const uint64_t rss = mem_rss_self();
-	m->desc.mem_fixed_bytes = rss + st.request_bytes;
-	struct forward_topology_info topo;
-	forward_topology(m->engine, &topo);
-	m->desc.n_nodes = topo.n_nodes;
-	for (uint32_t i = 0; i < topo.n_nodes; i++)
-		log_info("serve",
-		         "numa node=%u os_index=%u threads=%u synthetic=%d memory_bound=%d", i,
-		         topo.node_os_index[i], topo.threads[i], topo.synthetic, topo.memory_bound);
-	m->n_layer_stats = forward_stats_layers(m->engine);
-	m->layer_stats = calloc(m->n_layer_stats ? m->n_layer_stats : 1, sizeof(*m->layer_stats));
-	if (!m->layer_stats) {
-		error_set(err, MOE_ENOMEM, "out of memory");
-		goto fail;
-	}
-	log_info("serve", "probes %s", pagecache_status(m->probes));
-	log_info("serve",
-	         "memory held_bytes=%" PRIu64 " (resident %" PRIu64 ", slot pools included, + "
-	         "request buffers %" PRIu64 ") limit_bytes=%" PRIu64 " left_for_channels=%" PRIu64,
-	         m->desc.mem_fixed_bytes, rss, st.request_bytes, cfg->mem_limit,
-	         cfg->mem_limit > m->desc.mem_fixed_bytes ? cfg->mem_limit - m->desc.mem_fixed_bytes
-	                                                  : 0);
 	*out = m;
 	return 0;
-fail:
-	serve_model_close(m);
-	return -1;
 }
 
 void serve_model_close(struct serve_model *m)
