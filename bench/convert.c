@@ -12,16 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "clock.h"
 #include "moe_kernels.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv)
 {
@@ -50,12 +43,12 @@ int main(int argc, char **argv)
 	double best_copy = 1e9, best_conv = 1e9;
 	for (int r = 0; r < 6 * COPIES; r++) {
 		const int c = r % COPIES;
-		const double t0 = now_s();
+		const double t0 = monotonic_s();
 		memcpy(out, blocks[c], n / 2); /* the same bytes in, the same bytes out */
 		memcpy(out + n / 2, scales[c], n / 32);
-		const double t1 = now_s();
+		const double t1 = monotonic_s();
 		moek_mxfp4_from_hf(blocks[c], scales[c], n, flat);
-		const double t2 = now_s();
+		const double t2 = monotonic_s();
 		best_copy = t1 - t0 < best_copy ? t1 - t0 : best_copy;
 		best_conv = t2 - t1 < best_conv ? t2 - t1 : best_conv;
 	}

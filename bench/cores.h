@@ -12,16 +12,10 @@
 
 #include <immintrin.h>
 #include <pthread.h>
-#include <time.h>
+
+#include "clock.h"
 
 #define BENCH_TWO_CORES 1.6
-
-static inline double bench_now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* iters x 10 independent 8-lane FMA chains (covers latency x throughput on current x86), kept
  * in named registers; the result is returned so nothing is optimised away. */
@@ -60,17 +54,17 @@ static inline void *bench_cores_thread(void *sink)
 static inline double bench_cores_now(void)
 {
 	float sink[3];
-	double t0 = bench_now_s();
+	double t0 = monotonic_s();
 	bench_cores_thread(&sink[0]);
-	const double one = bench_now_s() - t0;
+	const double one = monotonic_s() - t0;
 	pthread_t th[2];
-	t0 = bench_now_s();
+	t0 = monotonic_s();
 	int started = 0;
 	for (int i = 0; i < 2; i++)
 		started += pthread_create(&th[i], NULL, bench_cores_thread, &sink[1 + i]) == 0;
 	for (int i = 0; i < started; i++)
 		pthread_join(th[i], NULL);
-	const double two = bench_now_s() - t0;
+	const double two = monotonic_s() - t0;
 	return started == 2 && two > 0 ? 2.0 * one / two : 1.0;
 }
 

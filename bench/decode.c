@@ -217,7 +217,7 @@ static int run_inprocess(const struct workload *w, struct forward_engine *e, str
 	int rc = 0;
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == 0; step++) {
 		if (step == w->warm_steps)
-			t0 = now_ns();
+			t0 = monotonic_ns();
 		bool owed = false;
 		uint32_t cur = 0;
 		for (uint32_t li = 0; li < w->n_layers; li++) {
@@ -233,9 +233,9 @@ static int run_inprocess(const struct workload *w, struct forward_engine *e, str
 			                              .weights = wts,
 			                              .deferred_in = owed ? def[cur] : NULL};
 			struct forward_result res;
-			uint64_t a = now_ns();
+			uint64_t a = monotonic_ns();
 			rc = forward_run(e, &req, out, kd ? def[1 - cur] : NULL, &res);
-			uint64_t b = now_ns();
+			uint64_t b = monotonic_ns();
 			if (rc != 0) {
 				fprintf(stderr, "bench_decode: in-process layer %u: %s\n", li,
 				        res.message);
@@ -248,7 +248,7 @@ static int run_inprocess(const struct workload *w, struct forward_engine *e, str
 		}
 	}
 	if (rc == 0)
-		summarise(w, lat, now_ns() - t0, r);
+		summarise(w, lat, monotonic_ns() - t0, r);
 	r->hit_rate = NAN;
 	free(x);
 	free(wts);
@@ -442,7 +442,7 @@ static uint64_t spawned_ns; /* when the running sidecar was forked */
 /* Starts `serve`; *ready_s receives the seconds from fork to its READY line. */
 static pid_t sidecar_spawn(const char *model, double fraction, const char *sock, double *ready_s)
 {
-	const uint64_t t_spawn = now_ns();
+	const uint64_t t_spawn = monotonic_ns();
 	spawned_ns = t_spawn;
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) != 0)
@@ -499,7 +499,7 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 		waitpid(pid, NULL, 0);
 		return -1;
 	}
-	*ready_s = (double)(now_ns() - t_spawn) / 1e9;
+	*ready_s = (double)(monotonic_ns() - t_spawn) / 1e9;
 	return pid;
 }
 
@@ -546,7 +546,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		struct moe_completion done;
 		rc = moe_forward(c, &slot, (int32_t)w->first_layer, 1, (uint16_t)k, 0, MOEK_ACT_F32,
 		                 MOEK_ACT_F32, forward_flags, &done, TIMEOUT_MS);
-		r->first_s = (double)(now_ns() - spawned_ns) / 1e9;
+		r->first_s = (double)(monotonic_ns() - spawned_ns) / 1e9;
 	}
 	/* Warm-up, part 1: hint every expert once (what fits stays: at 100% all of them, as in
 	 * the floor); part 2 is the warm-up steps below. */
@@ -564,14 +564,14 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	 * loader is done when what it has read stops growing (resident bytes alone can stand
 	 * still while a budget below the model evicts one expert for the next). */
 	double last = -1, last_read = -1;
-	uint64_t changed = now_ns();
+	uint64_t changed = monotonic_ns();
 	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 60000; polls++) {
 		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
 		const double now_resident = stat_of(js, "resident_bytes");
 		const double now_read = stat_of(js, "loader_bytes_read");
 		const bool same = now_resident == last && now_read == last_read;
 		if (!same) {
-			changed = now_ns();
+			changed = monotonic_ns();
 			r->warm_bytes = now_resident;
 			r->warm_read_bytes = now_read;
 		}
@@ -593,11 +593,11 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 				l0 = stat_of(js, "loader_bytes_read");
 				f0 = stat_of(js, "pagecache_fill_bytes");
 			}
-			t0 = now_ns();
+			t0 = monotonic_ns();
 		}
 		for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++) {
 			workload_request(w, step, li, ids, wts, x);
-			uint64_t a = now_ns();
+			uint64_t a = monotonic_ns();
 			if (li + 1 < w->n_layers) {
 				workload_request(w, step, li + 1, hint, hint_w, NULL);
 				uint32_t nh = 0;
@@ -624,7 +624,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 				rc = moe_forward(c, &slot, (int32_t)(w->first_layer + li), 1,
 				                 (uint16_t)k, kd, MOEK_ACT_F32, MOEK_ACT_F32,
 				                 forward_flags, &done, TIMEOUT_MS);
-			uint64_t b = now_ns();
+			uint64_t b = monotonic_ns();
 			if (rc != MOE_OK)
 				fprintf(stderr, "bench_decode: sidecar layer %u: %s: %s\n", li,
 				        moe_strerror(rc), moe_last_error(c));
@@ -632,7 +632,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 				lat[(size_t)li * w->steps + (step - w->warm_steps)] = b - a;
 		}
 	}
-	uint64_t t1 = now_ns();
+	uint64_t t1 = monotonic_ns();
 	if (rc == MOE_OK) {
 		summarise(w, lat, t1 - t0, r);
 		if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
@@ -722,9 +722,9 @@ static double prefill_inprocess(const struct workload *w, struct forward_engine 
 		                              .ids = p.ids,
 		                              .weights = p.weights};
 		struct forward_result res;
-		uint64_t a = now_ns();
+		uint64_t a = monotonic_ns();
 		int rc = forward_run(e, &req, p.out, NULL, &res);
-		busy += now_ns() - a;
+		busy += monotonic_ns() - a;
 		prompt_free(&p);
 		if (rc != 0) {
 			fprintf(stderr, "bench_decode: prefill of %u tokens, layer %u: %s\n", n, li,
@@ -764,10 +764,10 @@ static double prefill_sidecar(const struct workload *w, const char *sock, uint32
 		memcpy(slot.expert_weights, p.weights, n * k * sizeof(float));
 		prompt_free(&p);
 		struct moe_completion done;
-		uint64_t a = now_ns();
+		uint64_t a = monotonic_ns();
 		rc = moe_forward(c, &slot, (int32_t)(w->first_layer + li), n, (uint16_t)k, 0,
 		                 MOEK_ACT_F32, MOEK_ACT_F32, 0, &done, 10 * TIMEOUT_MS);
-		busy += now_ns() - a;
+		busy += monotonic_ns() - a;
 		if (rc != MOE_OK)
 			fprintf(stderr, "bench_decode: prefill of %u tokens, layer %u: %s: %s\n", n,
 			        li, moe_strerror(rc), moe_last_error(c));

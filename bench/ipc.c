@@ -26,7 +26,6 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "latency.h"
@@ -90,12 +89,12 @@ static struct stats bench_floor(size_t iters, uint64_t *lat)
 	}
 	pin(CPU_CLIENT);
 	for (uint64_t i = 1; i <= iters + warm; i++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = monotonic_ns();
 		atomic_store_explicit(&pp->ping, i, memory_order_release);
 		while (atomic_load_explicit(&pp->pong, memory_order_acquire) != i)
 			moe_cpu_relax();
 		if (i > warm)
-			lat[i - warm - 1] = now_ns() - t0;
+			lat[i - warm - 1] = monotonic_ns() - t0;
 	}
 	waitpid(kid, NULL, 0);
 	munmap(pp, sizeof(*pp));
@@ -125,12 +124,12 @@ static struct stats bench_unix(size_t iters, uint64_t *lat)
 	close(sv[1]);
 	pin(CPU_CLIENT);
 	for (size_t i = 0; i < iters + warm; i++) {
-		uint64_t t0 = now_ns();
+		uint64_t t0 = monotonic_ns();
 		if (send(sv[0], msg, sizeof(msg), MSG_NOSIGNAL) != (ssize_t)sizeof(msg) ||
 		    recv(sv[0], msg, sizeof(msg), MSG_WAITALL) != (ssize_t)sizeof(msg))
 			die("unix socket round trip failed");
 		if (i >= warm)
-			lat[i - warm] = now_ns() - t0;
+			lat[i - warm] = monotonic_ns() - t0;
 	}
 	close(sv[0]);
 	waitpid(kid, NULL, 0);
@@ -162,9 +161,9 @@ static void copy_baseline_init(struct copy_baseline *cb, size_t bytes)
 static uint64_t copy_baseline_once(struct copy_baseline *cb)
 {
 	const bool fwd = (cb->turn++ & 1) == 0;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = monotonic_ns();
 	memcpy(fwd ? cb->b : cb->a, fwd ? cb->a : cb->b, cb->bytes);
-	return now_ns() - t0;
+	return monotonic_ns() - t0;
 }
 
 /* ---- (2, 3) the real channel ------------------------------------------------------------- */
@@ -221,7 +220,7 @@ static struct stats round_trips(struct moe_client *c, const struct moe_request *
 			if (i >= warm)
 				copy_lat[i - warm] = t;
 		}
-		uint64_t t0 = now_ns();
+		uint64_t t0 = monotonic_ns();
 		int rc = moe_submit(c, r);
 		if (rc == MOE_OK)
 			rc = moe_wait(c, &d, 10000);
@@ -231,7 +230,7 @@ static struct stats round_trips(struct moe_client *c, const struct moe_request *
 			exit(1);
 		}
 		if (i >= warm)
-			lat[i - warm] = now_ns() - t0;
+			lat[i - warm] = monotonic_ns() - t0;
 	}
 	return summarize(lat, iters);
 }

@@ -51,18 +51,12 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "clock.h"
 #include "cores.h"
 #include "kernels_internal.h" /* --dots: the ISA's dot entry points */
 #include "moe_kernels.h"
 
 #define MAX_THREADS 2
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* --cpu-time: one-thread rows and peaks timed by the thread's CPU time, not the wall clock —
  * on a machine shared with other work, the time the thread really ran. */
@@ -71,7 +65,7 @@ static bool cpu_time;
 static double run_s(void)
 {
 	if (!cpu_time)
-		return now_s();
+		return monotonic_s();
 	struct timespec ts;
 	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
@@ -230,9 +224,9 @@ static double dram_read_gbps(struct pool *p, const float *buf, size_t bytes, int
 		const size_t ahead = ahead_bytes[v] / sizeof(float);
 		struct stream_job j = {.buf = buf, .n = bytes / 4 - ahead, .prefetch = ahead};
 		for (int rep = 0; rep < reps; rep++) {
-			const double t0 = now_s();
+			const double t0 = monotonic_s();
 			pool_run(p, stream_part, &j);
-			const double gbps = (double)(j.n * 4) / (now_s() - t0) * 1e-9;
+			const double gbps = (double)(j.n * 4) / (monotonic_s() - t0) * 1e-9;
 			best = gbps > best ? gbps : best;
 		}
 	}
@@ -249,9 +243,9 @@ struct fma_job {
 static void fma_part(struct pool *p, unsigned w)
 {
 	struct fma_job *j = p->arg;
-	const double t0 = now_s();
+	const double t0 = monotonic_s();
 	j->sink[w] = bench_fma_chains(j->iters);
-	j->gflops_part[w] = (double)j->iters * 10 * 16 / (now_s() - t0) * 1e-9;
+	j->gflops_part[w] = (double)j->iters * 10 * 16 / (monotonic_s() - t0) * 1e-9;
 }
 
 /* Register-only peaks of the other paths, in GFLOP/s (integer: G ops/s, a multiply and an
@@ -707,9 +701,9 @@ static double cores_now(struct pool *p, const struct probe_ctx *pc)
 		return 1.0;
 	const long iters = BENCH_CORES_ITERS;
 	struct fma_job j = {{0}, {0}, iters};
-	const double t0 = now_s();
+	const double t0 = monotonic_s();
 	pool_run(p, fma_part, &j);
-	const double gflops = (double)iters * 10 * 16 * p->n / (now_s() - t0) * 1e-9;
+	const double gflops = (double)iters * 10 * 16 * p->n / (monotonic_s() - t0) * 1e-9;
 	return gflops / pc->fma_1t;
 }
 
@@ -784,7 +778,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 		}
 		size_t done = 0;
 		const bool cpu = cpu_time && p->n == 1; /* one thread: the caller's */
-		const double t0 = cpu ? run_s() : now_s();
+		const double t0 = cpu ? run_s() : monotonic_s();
 		double dt = 0;
 		do {
 			/* batches small enough to stop near the slice's end, large enough to
@@ -793,7 +787,7 @@ static int measure(struct pool *p, struct bench_expert *experts, size_t n_expert
 			pool_run(p, ffn_part, &j);
 			j.first = (j.first + j.count) % n_experts;
 			done += j.count;
-			dt = (cpu ? run_s() : now_s()) - t0;
+			dt = (cpu ? run_s() : monotonic_s()) - t0;
 		} while (dt < min_time / slices);
 		if (pc) {
 			const double d1 = dram_read_gbps(p, pc->buf, pc->bytes, 1);
@@ -978,7 +972,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 			const int passes = 200;
 			double best = 1e30;
 			for (int rep = 0; rep < 30; rep++) {
-				const double t0 = now_s();
+				const double t0 = monotonic_s();
 				for (int it = 0; it < passes; it++) {
 					if (x8)
 						for (size_t g = 0; g < rows; g += 8)
@@ -991,7 +985,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 							dot(m.data + r * rb, NULL, xa, ab, 1, k,
 							    out + r);
 				}
-				const double dt = now_s() - t0;
+				const double dt = monotonic_s() - t0;
 				best = dt < best ? dt : best;
 			}
 			const double ns_row = best / (passes * (double)rows) * 1e9;

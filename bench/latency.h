@@ -1,4 +1,5 @@
-/* latency.h — the clock and percentiles every benchmark and client example reports with.
+/* latency.h — the percentiles every benchmark and client example reports with, and the clock
+ * they take them with (the project's one, util/clock.h).
  *
  * Header-only, no allocation: percentile_u64 sorts the caller's samples in place. Nearest
  * rank: index round(p * (n - 1)).
@@ -9,14 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
-static inline uint64_t now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
+#include "clock.h"
 
 static inline int cmp_u64(const void *a, const void *b)
 {

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "catalog_adapter.h"
+#include "clock.h"
 #include "moe_gen.h"
 #include "moe_kernels.h"
 #include "odirect.h"
@@ -74,7 +75,7 @@ static double run_loader(const struct expert_map *map, const struct residency_co
 	const uint32_t n_ids = map->n_layers * map->n_experts;
 	double secs = -1;
 	double sys0 = cpu_sys_s();
-	double t0 = (double)monotonic_ns() / 1e9;
+	double t0 = monotonic_s();
 	for (uint32_t id = 0; id < n_ids; id++) {
 		struct expert_ref ref;
 		int rc = residency_acquire(r, id / map->n_experts, id % map->n_experts, 1.0f,
@@ -98,7 +99,7 @@ static double run_loader(const struct expert_map *map, const struct residency_co
 		}
 		residency_release(r, &ref);
 	}
-	secs = (double)monotonic_ns() / 1e9 - t0;
+	secs = monotonic_s() - t0;
 	*sys_s = cpu_sys_s() - sys0;
 	residency_counters(r, out);
 	*bytes_read = out->bytes_read;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "clock.h"
 #include "expert_map.h"
 #include "progress.h"
 
@@ -103,7 +104,7 @@ static inline double bench_odirect_read(const struct bench_range *ranges, uint32
 	bool fixed = io_uring_register_buffers(&ring, iov, depth) == 0;
 	uint32_t n_free = depth, range = 0, in_flight = 0;
 	uint64_t pos = 0, done = 0;
-	double t0 = (double)monotonic_ns() / 1e9, secs = -1;
+	double t0 = monotonic_s(), secs = -1;
 	for (;;) {
 		while (n_free && range < n) {
 			uint64_t len = ranges[range].length - pos;
@@ -146,7 +147,7 @@ static inline double bench_odirect_read(const struct bench_range *ranges, uint32
 			io_uring_cqe_seen(&ring, cqe);
 		}
 	}
-	secs = (double)monotonic_ns() / 1e9 - t0;
+	secs = monotonic_s() - t0;
 	*bytes_read = done;
 out:
 	io_uring_queue_exit(&ring);

@@ -214,7 +214,7 @@ static int post_lookahead(struct decode_run *r, long step, uint32_t li)
 static int decode_layer(struct decode_run *r, long step, uint32_t li)
 {
 	fill_forward_slot(r, step, li);
-	uint64_t t0 = now_ns();
+	uint64_t t0 = monotonic_ns();
 	if (r->a->prefetch && li + 1 < r->n_layers && post_lookahead(r, step, li) != 0)
 		return -1;
 	struct moe_completion done;
@@ -222,7 +222,7 @@ static int decode_layer(struct decode_run *r, long step, uint32_t li)
 	int rc =
 	    moe_forward(r->cl, &r->slot, (int32_t)(r->first + li), (uint32_t)r->a->n_seq,
 	                (uint16_t)r->top_k, kd, MOE_DTYPE_F32, MOE_DTYPE_F32, 0, &done, TIMEOUT_MS);
-	uint64_t t1 = now_ns();
+	uint64_t t1 = monotonic_ns();
 	if (rc != MOE_OK) {
 		fprintf(stderr, "moe-decode-demo: FORWARD layer %u step %ld: %s: %s\n",
 		        r->first + li, step, moe_strerror(rc), moe_last_error(r->cl));
@@ -239,12 +239,12 @@ static uint64_t decode_all_steps(struct decode_run *r)
 	r->rng = r->a->seed * 2654435761u + 7;
 	moe_slot_acquire(r->cl, &r->slot);
 	moe_slot_acquire(r->cl, &r->hint_slot);
-	uint64_t t_start = now_ns();
+	uint64_t t_start = monotonic_ns();
 	for (long step = 0; step < r->a->steps && !r->failures; step++)
 		for (uint32_t li = 0; li < r->n_layers && !r->failures; li++)
 			if (decode_layer(r, step, li) != 0)
 				r->failures++;
-	uint64_t t_end = now_ns();
+	uint64_t t_end = monotonic_ns();
 	moe_slot_release(r->cl, r->slot.index);
 	moe_slot_release(r->cl, r->hint_slot.index);
 	return t_end - t_start;

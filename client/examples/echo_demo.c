@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "latency.h"
 #include "moe_client.h"
@@ -19,12 +18,12 @@
 /* One request through the channel; returns its latency or 0 on error (printed). */
 static uint64_t round_trip(struct moe_client *c, const struct moe_request *r)
 {
-	uint64_t t0 = now_ns();
+	uint64_t t0 = monotonic_ns();
 	int rc = moe_submit(c, r);
 	struct moe_completion done;
 	if (rc == MOE_OK)
 		rc = moe_wait(c, &done, 5000);
-	uint64_t t1 = now_ns();
+	uint64_t t1 = monotonic_ns();
 	if (rc != MOE_OK) {
 		fprintf(stderr, "moe-echo-demo: %s: %s\n", moe_strerror(rc), moe_last_error(c));
 		return 0;
