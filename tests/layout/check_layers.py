@@ -26,9 +26,16 @@ ALLOWED = {
                     "sidecar/residency", "sidecar/model", "sidecar/probes", "kernels",
                     "sidecar/util", "proto", "client"],
     "client": ["proto"],
-    # The demos replay the generator's synthetic routing (an engine routes for itself).
+    # The demos replay the generator's synthetic routing (an engine routes for itself) and
+    # report latencies with the benchmarks' percentiles (bench/latency.h).
     "client/examples": ["client", "proto", "kernels", "sidecar/residency", "sidecar/model",
-                        "sidecar/util"],
+                        "sidecar/util", "bench"],
+    # The test-model generator writes real files with the readers' and the kernels' own code.
+    "tools": ["sidecar/model", "kernels", "sidecar/util"],
+    # Benchmarks sit at the bottom with the tests: they may reach everything.
+    "bench": ["sidecar/cmd", "sidecar/serving", "sidecar/transport", "sidecar/forward",
+              "sidecar/residency", "sidecar/model", "sidecar/probes", "kernels",
+              "sidecar/util", "proto", "client", "tools"],
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
