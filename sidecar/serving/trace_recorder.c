@@ -392,6 +392,17 @@ fail:
 	return -1;
 }
 
+/* The recorder's buffers and the recorder itself (its thread and descriptor are the caller's). */
+static void free_recorder(struct trace_recorder *t)
+{
+	free(t->out);
+	free(t->ring);
+	free(t->scratch);
+	free(t->line_ids);
+	free(t->line_scores);
+	free(t);
+}
+
 int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_recorder **out,
                           struct sidecar_error *err)
 {
@@ -467,12 +478,7 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 fail:
 	if (t->fd >= 0)
 		close(t->fd);
-	free(t->out);
-	free(t->ring);
-	free(t->scratch);
-	free(t->line_ids);
-	free(t->line_scores);
-	free(t);
+	free_recorder(t);
 	return -1;
 }
 
@@ -493,12 +499,7 @@ void trace_recorder_destroy(struct trace_recorder *t)
 	         (unsigned long long)atomic_load(&t->dropped));
 	pthread_mutex_destroy(&t->lock);
 	pthread_cond_destroy(&t->wake);
-	free(t->out);
-	free(t->ring);
-	free(t->scratch);
-	free(t->line_ids);
-	free(t->line_scores);
-	free(t);
+	free_recorder(t);
 }
 
 void trace_recorder_stats(const struct trace_recorder *t, struct trace_recorder_stats *out)
