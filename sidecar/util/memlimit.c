@@ -42,14 +42,20 @@ static void unescape(char *s)
 	*w = '\0';
 }
 
+/* ROOT/proc/self/NAME for reading (ROOT: "" for this machine, a fake tree in the tests). */
+static FILE *open_proc_self(const char *root, const char *name)
+{
+	char path[512];
+	snprintf(path, sizeof(path), "%s/proc/self/%s", root, name);
+	return fopen(path, "r");
+}
+
 /* The mount of the hierarchy: cgroup2, or the v1 hierarchy holding the memory controller.
  * Fills its mount point and root (the cgroup path the mount shows at its top). */
 static bool find_mount(const char *root, enum cgroup_version v, char *mnt, size_t mnt_len,
                        char *mnt_root, size_t root_len)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/proc/self/mountinfo", root);
-	FILE *f = fopen(path, "r");
+	FILE *f = open_proc_self(root, "mountinfo");
 	if (!f)
 		return false;
 	char line[1024];
@@ -83,9 +89,7 @@ static bool find_mount(const char *root, enum cgroup_version v, char *mnt, size_
 /* This process's cgroup path in hierarchy v (v1: the one listing "memory"). */
 static bool own_cgroup(const char *root, enum cgroup_version v, char *out, size_t len)
 {
-	char path[512];
-	snprintf(path, sizeof(path), "%s/proc/self/cgroup", root);
-	FILE *f = fopen(path, "r");
+	FILE *f = open_proc_self(root, "cgroup");
 	if (!f)
 		return false;
 	char line[1024];
