@@ -550,11 +550,11 @@ static int connect_waiting(const struct moe_connect_opts *opts, const struct soc
 			return rc;
 		const uint64_t now_spent = now_ns() - start;
 		if (timeout_ms < 0 || now_spent >= budget_ns) {
-			if (timeout_ms >= 0 && tries > 1) {
+			if (timeout_ms >= 0) { /* it waited: say for how long */
 				char why[sizeof(connect_error)];
 				snprintf(why, sizeof(why), "%s", connect_error);
-				conn_fail(rc, "%s (after waiting %d ms, %u tries)", why, timeout_ms,
-				          tries);
+				conn_fail(rc, "%s (after waiting %d ms, %u tr%s)", why, timeout_ms,
+				          tries, tries == 1 ? "y" : "ies");
 			}
 			return rc;
 		}

@@ -453,9 +453,15 @@ Test(restart, sigterm_during_the_warm_up_stops_cleanly)
 {
 	struct served s;
 	new_model(&s);
+	char npath[128];
+	int nfd = notify_socket(s.sp.dir, npath, sizeof(npath));
+	setenv("NOTIFY_SOCKET", npath, 1);
 	struct spawned p = start_held(&s);
+	unsetenv("NOTIFY_SOCKET");
+	/* Any STATUS comes after listen(): from here a no-wait connect meets the sidecar. */
+	cr_assert(notice_until(nfd, "STATUS=", NULL, 0, 60000), "no STATUS");
 	struct moe_client *c = NULL;
-	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = 2000};
+	struct moe_connect_opts o = {.socket_path = s.sp.socket, .timeout_ms = MOE_CONNECT_NOWAIT};
 	cr_assert_eq(moe_connect(&o, &c), MOE_ESTARTING, "%s", moe_connect_error());
 	cr_assert_eq(kill(p.pid, SIGTERM), 0);
 	cr_assert(log_wait(&s.sp, "the warm-up in progress ends first", 1, 20000));
@@ -469,5 +475,6 @@ Test(restart, sigterm_during_the_warm_up_stops_cleanly)
 	snprintf(lock, sizeof(lock), "%s.lock", s.sp.socket);
 	cr_expect_neq(stat(lock, &st), 0, "the lock file was left");
 	close(p.ready);
+	close(nfd);
 	sidecar_cleanup(&s.sp);
 }
