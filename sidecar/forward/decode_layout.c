@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward_internal.h"
+#include "decode_layout.h"
 
 void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
                         const struct moek_expert *shape, bool on)
