@@ -69,7 +69,19 @@ static void expert_template(const struct forward_weights *w, uint32_t moe_layer,
 	}
 }
 
-int expert_templates_build(struct forward_weights *w, struct sidecar_error *err)
+/* The decode layout and the node split, once per expert: the rearranged strides and interleave
+ * and where up starts after gate (decode_layout_template) and forward_expert_split. */
+static void template_finish(const struct forward_weights *w, struct expert_template *t)
+{
+	struct moek_expert *v = &t->view;
+	t->decode_up = decode_layout_template(&w->decode, v);
+	t->decoded = w->decode.on;
+	forward_expert_split(v, w->n_nodes, t->f_split, t->o_split);
+	t->f_align = moek_expert_split_align(v);
+	t->h_align = moek_ffn_hidden_align(v);
+}
+
+int expert_templates_build(struct forward_weights *w, bool decode, struct sidecar_error *err)
 {
 	const size_t n = (size_t)w->n_moe_layers * w->n_experts;
 	w->templates = malloc((n ? n : 1) * sizeof(*w->templates));
@@ -79,6 +91,15 @@ int expert_templates_build(struct forward_weights *w, struct sidecar_error *err)
 	for (uint32_t l = 0; l < w->n_moe_layers; l++)
 		for (uint32_t x = 0; x < w->n_experts; x++)
 			expert_template(w, l, x, &w->templates[(size_t)l * w->n_experts + x]);
+	if (!w->n_moe_layers)
+		return 0;
+	struct moek_expert shape; /* the decode layout is planned on the files' layout */
+	if (weights_shape_view(w, 0, 0, &shape, err) != 0)
+		return -1;
+	decode_layout_plan(&w->decode, moe_catalog_expert(w->cat, w->model_layer[0], 0), &shape,
+	                   decode);
+	for (size_t i = 0; i < n; i++)
+		template_finish(w, &w->templates[i]);
 	return 0;
 }
 
@@ -99,7 +120,8 @@ int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t e
 		}
 		mats[i]->data = i == 1 && t->source[1] == MOE_PROJ_GATE_UP ? d + t->up_offset : d;
 	}
-	decode_layout_view(&w->decode, v);
+	if (t->decoded)
+		v->up.data = v->gate.data + t->decode_up;
 	return 0;
 }
 
@@ -161,8 +183,7 @@ int expert_node_view(const struct forward_weights *w, uint32_t n, const struct e
 	}
 	if (weights_shape_view(w, ref->layer, ref->expert, v, err) != 0)
 		return -1;
-	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
-	forward_expert_split(v, w->n_nodes, f, o);
+	const size_t *f = t->f_split, *o = t->o_split;
 	const uint8_t *const *d = ref->data;
 	if (w->node_pieces == 2) { /* interleaved gate_up: gate rows even, up odd (2-row stride) */
 		v->gate.data = d[w->piece_data[0]];
@@ -191,7 +212,8 @@ int expert_node_view(const struct forward_weights *w, uint32_t n, const struct e
 			mats[i]->bias = held_side_rows(d[w->node_bias[i]]) - r0 +
 			                (i == 1 && w->node_bias_interleaved ? f[n + 1] - f[n] : 0);
 	}
-	decode_layout_view(&w->decode, v);
+	if (t->decoded)
+		v->up.data = v->gate.data + t->decode_up;
 	return 0;
 }
 

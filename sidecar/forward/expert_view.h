@@ -30,13 +30,20 @@ struct expert_aux {
 	uint64_t scale[3]; /* gate, up, down */
 };
 /* One expert described once (at open): its kernel view without data (formats, shapes,
- * strides, scales, biases), the tensor each matrix's rows come from (gate, up, down:
- * MOE_PROJ_GATE/UP or MOE_PROJ_GATE_UP, MOE_PROJ_DOWN) and where up starts in a fused
- * gate_up. weights_view adds the data pointers of whichever source holds the expert. */
+ * strides and interleave of the decode layout, scales, biases), the tensor each matrix's rows
+ * come from (gate, up, down: MOE_PROJ_GATE/UP or MOE_PROJ_GATE_UP, MOE_PROJ_DOWN), where up
+ * starts in a fused gate_up (up_offset) or, in the decode layout, after gate's first unit
+ * (decode_up), and the node split the pool runs it with. weights_view adds the data pointers
+ * of whichever source holds the expert. */
 struct expert_template {
 	struct moek_expert view;
 	uint8_t source[3];
-	size_t up_offset;
+	bool decoded; /* in the decode layout: up at gate + decode_up */
+	size_t up_offset, decode_up;
+	size_t f_split[FORWARD_MAX_NODES + 1]; /* node n: intermediate rows [f_split[n], …) */
+	size_t o_split[FORWARD_MAX_NODES + 1]; /* and output rows [o_split[n], o_split[n+1]) */
+	size_t f_align;                        /* moek_expert_split_align of the view */
+	size_t h_align;                        /* moek_ffn_hidden_align of the view */
 };
 struct forward_weights {
 	enum forward_source source;
@@ -84,14 +91,18 @@ struct forward_weights {
 	struct expert_template *templates; /* [moe_layer][expert] */
 	uint64_t budget_bytes;
 };
-/* A held expert: its kernel views and (RESIDENCY) the reference to release. */
+/* A request's hold on one expert: which (set by the engine, with pending, before the first
+ * demand), its kernel views and (RESIDENCY) the reference to release. */
 struct held_expert {
-	struct moek_expert view; /* the whole expert, or (sliced) node 0's view: the call's
-	                            plan template (same formats and shapes as every node's) */
-	struct moek_expert node_view[FORWARD_MAX_NODES]; /* sliced: node n's rows (row0 set) */
-	struct expert_ref ref; /* of res (every node's slices), held if `held` */
+	uint32_t expert;
+	bool pending; /* to be demanded (weights_demand_layer clears it once held) */
 	bool held;
 	bool counted; /* a demand was counted (weights_demand): retried without counting again */
+	const struct expert_template *tp; /* set with the views: the node split */
+	struct moek_expert view;          /* the whole expert, or (sliced) node 0's view: the call's
+	                                     plan template (same formats and shapes as every node's) */
+	struct moek_expert node_view[FORWARD_MAX_NODES]; /* sliced: node n's rows (row0 set) */
+	struct expert_ref ref; /* of res (every node's slices), held if `held` */
 };
 /* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
@@ -110,9 +121,10 @@ static inline const struct moek_expert *weights_node_view(const struct forward_w
 {
 	return w->sliced ? &h->node_view[n] : &h->view;
 }
-/* Describes every expert once, from the catalog and its side data (aux, when not in the slot)
- * and the decode layout: w->templates. */
-int expert_templates_build(struct forward_weights *w, struct sidecar_error *err);
+/* Describes every expert once, from the catalog and its side data (aux, when not in the slot):
+ * w->templates; plans the decode layout (decode: whether the source rearranges) and puts it
+ * and the node split over w->n_nodes into every template. */
+int expert_templates_build(struct forward_weights *w, bool decode, struct sidecar_error *err);
 /* The view of node n's slices held by ref (extents in node_layout order): the template's
  * shapes, formats and side data, with the data of node n's rows and row0 = f_n / o_n. */
 int expert_node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,

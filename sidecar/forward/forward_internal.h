@@ -13,7 +13,6 @@
 #include <stdatomic.h>
 
 #include "catalog_adapter.h"
-#include "decode_layout.h"
 #include "fault_hook.h"
 #include "forward.h"
 #include "moe_kernels.h"
@@ -123,7 +122,6 @@ struct req_group {
 	bool deferred;
 	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
 	enum group_state state;
-	struct held_expert held; /* and its demand's count (weights_demand) */
 };
 
 /* One request's plan and gathered rows (forward_engine.ctx). */
@@ -139,6 +137,7 @@ struct req_ctx {
 	uint32_t *key_count;           /* [n_experts + 1] */
 	uint8_t *expert_has_immediate; /* [n_experts] */
 	struct req_group *groups;
+	struct held_expert *held; /* [group]: its expert as demanded and held */
 	struct wave_group *wave;
 	uint32_t *wave_group_of; /* wave index → request group */
 	uint8_t *xg;             /* gathered input rows, max dtype size */
@@ -231,8 +230,14 @@ int waves_demand_failed(struct forward_engine *e, const struct forward_request *
 /* stats.c: counts one forward_run into its layer's counters and histograms. */
 void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
                   const struct forward_result *res, uint64_t total_us);
-/* masks.c: client's mask bit of (block layer, expert). mask_lock held or engine taken. */
-bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert);
+/* Client's mask bit of (block layer, expert). mask_lock held or engine taken. */
+static inline bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer,
+                             uint32_t expert)
+{
+	const uint8_t *row =
+	    e->masks + ((size_t)client * e->cat->info.n_layers + layer) * e->mask_row;
+	return (row[expert / 8] >> (expert % 8)) & 1u;
+}
 
 /* ---- the test oracle's access (tests/forward/oracle.c) ---- */
 struct forward_oracle_shape {

@@ -202,6 +202,7 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	w->cat = cat;
 	w->n_moe_layers = cat->info.n_moe_layers;
 	w->n_experts = cat->info.n_experts;
+	w->n_nodes = topo->n_nodes;
 	if (transforms_check(w, cfg->source, err))
 		return -1;
 	w->model_layer = calloc(w->n_moe_layers ? w->n_moe_layers : 1, sizeof(uint32_t));
@@ -224,16 +225,9 @@ int weights_open(struct forward_weights *w, const struct moe_catalog *cat,
 	 * sources take it converted once from aux. */
 	w->side_in_slot = cfg->source == FORWARD_SOURCE_RESIDENCY;
 	int rc = w->side_in_slot ? 0 : static_load_aux(w, fds, err);
-	if (rc == 0)
-		rc = expert_templates_build(w, err);
-	if (rc == 0 && w->n_moe_layers) { /* the decode layout: the views below are built for it */
-		struct moek_expert shape;
-		rc = weights_shape_view(w, 0, 0, &shape, err);
-		if (rc == 0)
-			decode_layout_plan(&w->decode,
-			                   moe_catalog_expert(cat, w->model_layer[0], 0), &shape,
-			                   !cfg->file_layout && cfg->source != FORWARD_SOURCE_MMAP);
-	}
+	if (rc == 0) /* every view is built for the decode layout */
+		rc = expert_templates_build(
+		    w, !cfg->file_layout && cfg->source != FORWARD_SOURCE_MMAP, err);
 	if (rc == 0 && cfg->source != FORWARD_SOURCE_RESIDENCY) {
 		size_t n = (size_t)w->n_moe_layers * w->n_experts * MOE_PROJ_COUNT;
 		w->data = calloc(n ? n : 1, sizeof(*w->data));
@@ -296,13 +290,6 @@ static int weights_held_view(const struct forward_weights *w, struct held_expert
 	return expert_slot_view(w, &h->ref, &h->view, err);
 }
 
-void weights_release(const struct forward_weights *w, struct held_expert *h)
-{
-	if (h->held)
-		residency_release(w->res, &h->ref);
-	h->held = false;
-}
-
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
                            uint32_t expert)
 {
@@ -318,20 +305,22 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 
 /* ---- The scheduler's interface ---------------------------------------------------------- */
 
-int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
-                   struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
-                   struct sidecar_error *err)
+/* One demand of (moe_layer, h->expert) (RESIDENCY: pre is its state just before). */
+static int demand_one(const struct forward_weights *w, uint32_t moe_layer, struct held_expert *h,
+                      bool wait, enum expert_state pre, enum weights_found *found,
+                      uint64_t *cold_bytes, struct sidecar_error *err)
 {
+	const uint32_t expert = h->expert;
 	*found = WEIGHTS_NOT_YET;
 	*cold_bytes = 0;
 	if (w->source != FORWARD_SOURCE_RESIDENCY) {
 		if (weights_static_view(w, moe_layer, expert, &h->view, err) != 0)
 			return -EINVAL;
+		h->tp = &w->templates[(size_t)moe_layer * w->n_experts + expert];
 		*found = WEIGHTS_HIT;
 		return 1;
 	}
 	if (!h->held) {
-		const enum expert_state pre = residency_state(w->res, moe_layer, expert);
 		const unsigned flags =
 		    (wait ? 0u : RESIDENCY_NOWAIT) | (h->counted ? RESIDENCY_RETRY : 0u);
 		const int rc = residency_acquire(w->res, moe_layer, expert, -1.0f, flags, &h->ref);
@@ -351,7 +340,80 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t
 	}
 	if (weights_held_view(w, h, err) != 0)
 		return -EINVAL;
+	h->tp = &w->templates[(size_t)moe_layer * w->n_experts + expert];
 	return 1;
+}
+
+int weights_demand(const struct forward_weights *w, uint32_t moe_layer, struct held_expert *h,
+                   bool wait, enum weights_found *found, uint64_t *cold_bytes,
+                   struct sidecar_error *err)
+{
+	const enum expert_state pre = w->source == FORWARD_SOURCE_RESIDENCY && !h->held
+	                                  ? residency_state(w->res, moe_layer, h->expert)
+	                                  : EXPERT_RESIDENT;
+	return demand_one(w, moe_layer, h, wait, pre, found, cold_bytes, err);
+}
+
+static void count_found(struct weights_demand_counts *c, enum weights_found found, uint64_t bytes)
+{
+	c->hits += found == WEIGHTS_HIT;
+	c->inflight_misses += found == WEIGHTS_IN_FLIGHT;
+	c->cold_misses += found == WEIGHTS_COLD;
+	c->bytes_read += bytes;
+}
+
+int weights_demand_layer(const struct forward_weights *w, uint32_t moe_layer,
+                         struct held_expert *held, uint32_t n, uint32_t *cursor, uint32_t *ready,
+                         struct weights_demand_counts *counts, struct sidecar_error *err)
+{
+	while (*cursor < 2 * n) {
+		const bool first_pass = *cursor < n;
+		struct held_expert *h = &held[*cursor % n];
+		(*cursor)++;
+		if (!h->pending)
+			continue;
+		enum expert_state pre = EXPERT_RESIDENT;
+		if (w->source == FORWARD_SOURCE_RESIDENCY && !h->held) {
+			pre = residency_state(w->res, moe_layer, h->expert);
+			if (first_pass && pre == EXPERT_COLD)
+				continue; /* the second pass reads it */
+		}
+		enum weights_found found;
+		uint64_t bytes;
+		const int rc = demand_one(w, moe_layer, h, false, pre, &found, &bytes, err);
+		count_found(counts, found, bytes);
+		if (rc < 0)
+			return rc;
+		if (rc == 1) {
+			h->pending = false;
+			(*ready)++;
+		}
+	}
+	return 0;
+}
+
+void weights_release_layer(const struct forward_weights *w, struct held_expert *held,
+                           const uint32_t *which, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct held_expert *h = &held[which ? which[i] : i];
+		if (h->held)
+			residency_release(w->res, &h->ref);
+		h->held = false;
+	}
+}
+
+bool weights_layer_ready(const struct forward_weights *w, uint32_t moe_layer, const int32_t *ids,
+                         size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		const int32_t id = ((const volatile int32_t *)ids)[i];
+		if (id < 0 || (uint32_t)id >= w->n_experts)
+			continue;
+		if (!weights_ready(w, moe_layer, (uint32_t)id))
+			return false;
+	}
+	return true;
 }
 
 void weights_error_message(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
@@ -368,12 +430,6 @@ bool weights_ready(const struct forward_weights *w, uint32_t moe_layer, uint32_t
 		return true;
 	return w->source == FORWARD_SOURCE_RESIDENCY &&
 	       residency_state(w->res, moe_layer, expert) == EXPERT_RESIDENT;
-}
-
-bool weights_cold(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert)
-{
-	return w->source == FORWARD_SOURCE_RESIDENCY &&
-	       residency_state(w->res, moe_layer, expert) == EXPERT_COLD;
 }
 
 void weights_hint(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, float pri)

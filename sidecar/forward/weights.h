@@ -34,8 +34,6 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
                             struct forward_topology *topo, struct sidecar_error *err);
 /* RESIDENCY: the pools' bytes when every expert fits (their slots, aligned). */
 uint64_t weights_every_expert_bytes(const struct forward_weights *w);
-/* Releases the reference h holds, if any. */
-void weights_release(const struct forward_weights *w, struct held_expert *h);
 /* Bytes of (moe_layer, expert) in node part `node`'s map. */
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
                            uint32_t expert);
@@ -67,17 +65,38 @@ void node_maps_free(struct forward_weights *w);
  * being read (another demand started it), or read by this demand. */
 enum weights_found { WEIGHTS_NOT_YET = 0, WEIGHTS_HIT, WEIGHTS_IN_FLIGHT, WEIGHTS_COLD };
 
-/* Demands (moe_layer, expert) into h (h zeroed before the first demand). wait: block until
- * every node holds its slices; else start what must be read and return. Returns 1 when h
- * holds it (h->view, and sliced h->node_view[], built), 0 when still pending (demand again),
- * or a negative errno: -EPERM GPU-masked, -ESHUTDOWN, -ENOSPC no slot can be freed, -EIO or
- * another read error on some node (weights_error_message says which and why), -EINVAL a view
- * that cannot be built. *found is set (HIT, IN_FLIGHT or COLD) by the one call that counts the
- * demand, and *cold_bytes to the bytes read for it; else WEIGHTS_NOT_YET. Static sources hold
- * every expert: 1 and HIT at once. */
-int weights_demand(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, bool wait,
-                   struct held_expert *h, enum weights_found *found, uint64_t *cold_bytes,
+/* Demands (moe_layer, h->expert) into h (h zeroed, expert set, before the first demand).
+ * wait: block until every node holds its slices; else start what must be read and return.
+ * Returns 1 when h holds it (h->view, and sliced h->node_view[], built; h->tp set), 0 when
+ * still pending (demand again), or a negative errno: -EPERM GPU-masked, -ESHUTDOWN, -ENOSPC
+ * no slot can be freed, -EIO or another read error on some node (weights_error_message says
+ * which and why), -EINVAL a view that cannot be built. *found is set (HIT, IN_FLIGHT or COLD)
+ * by the one call that counts the demand, and *cold_bytes to the bytes read for it; else
+ * WEIGHTS_NOT_YET. Static sources hold every expert: 1 and HIT at once. */
+int weights_demand(const struct forward_weights *w, uint32_t moe_layer, struct held_expert *h,
+                   bool wait, enum weights_found *found, uint64_t *cold_bytes,
                    struct sidecar_error *err);
+/* How the demands of a layer found their experts (counted once per expert). */
+struct weights_demand_counts {
+	uint32_t hits, inflight_misses, cold_misses;
+	uint64_t bytes_read;
+};
+/* One layer's demand, without waiting: every held[i] still pending, those resident or loading
+ * first, then the cold ones (a cold read never evicts an expert the same request is about to
+ * use), each as weights_demand does; those now held get pending = false and count in *ready.
+ * *cursor (0 at first) is where the walk stands: it returns 0 at the end, or at the first
+ * failure that failure's negative errno (as weights_demand), with held[(*cursor - 1) % n] the
+ * expert that failed; calling again resumes after it. counts gathers how experts were found. */
+int weights_demand_layer(const struct forward_weights *w, uint32_t moe_layer,
+                         struct held_expert *held, uint32_t n, uint32_t *cursor, uint32_t *ready,
+                         struct weights_demand_counts *counts, struct sidecar_error *err);
+/* Lets go of held[which[i]] (which NULL: held[0, n)) where a reference is held. */
+void weights_release_layer(const struct forward_weights *w, struct held_expert *held,
+                           const uint32_t *which, uint32_t n);
+/* True if computing every valid id of ids[0, n) (the peer's memory: read once each) in
+ * moe_layer now needs no read (weights_ready for each): the inline decision. */
+bool weights_layer_ready(const struct forward_weights *w, uint32_t moe_layer, const int32_t *ids,
+                         size_t n);
 /* The last read error of (moe_layer, expert), naming the node whose slice failed, as a
  * sentence ("" when none). */
 void weights_error_message(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
@@ -85,8 +104,6 @@ void weights_error_message(const struct forward_weights *w, uint32_t moe_layer, 
 /* True if computing (moe_layer, expert) now needs no read: RESIDENT (RESIDENCY),
  * always (ALL_RESIDENT), never (MMAP: a page fault may read). */
 bool weights_ready(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert);
-/* True if a demand would start a read (RESIDENCY only). */
-bool weights_cold(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert);
 /* A hint (the expert will be needed: keep it) and a prefetch (start reading it) at priority
  * pri. weights_prefetch returns true if a read started. No-ops for the static sources. */
 void weights_hint(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert, float pri);
