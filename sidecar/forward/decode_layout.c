@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward_internal.h"
+#include "decode_layout.h"
 
 void decode_layout_plan(struct decode_layout *dl, const struct moe_expert *ce,
                         const struct moek_expert *shape, bool on)
@@ -51,18 +51,18 @@ static bool x8_down(const struct decode_layout *dl, uint32_t format)
 	return dl->down_rows8 && moek_interleave_supported(format);
 }
 
-void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v)
+size_t decode_layout_template(const struct decode_layout *dl, struct moek_expert *v)
 {
 	if (!dl->on)
-		return;
+		return 0;
 	const bool x8 = x8_gate_up(dl, v->gate.format);
 	const size_t rb = moek_row_bytes(v->gate.format, v->gate.cols);
 	const size_t unit = x8 ? MOEK_INTERLEAVE : 1;
 	v->gate.row_stride = v->up.row_stride = 2 * rb;
-	v->up.data = (const uint8_t *)v->gate.data + unit * rb;
 	v->gate.interleave = v->up.interleave = x8 ? MOEK_INTERLEAVE : 0;
 	v->down.row_stride = 0;
 	v->down.interleave = x8_down(dl, v->down.format) ? MOEK_INTERLEAVE : 0;
+	return unit * rb;
 }
 
 int decode_scratch_init(struct decode_scratch *s, const struct moek_expert *shape,

@@ -50,8 +50,8 @@ void decode_scratch_free(struct decode_scratch *s);
  * groups). */
 int decode_layout_apply(const struct decode_layout *dl, struct decode_scratch *s,
                         const struct decode_piece *p, struct sidecar_error *err);
-/* Turns a view whose gate.data is the start of the rearranged range (up and down as built
- * from the files) into the view of the rearranged expert. */
-void decode_layout_view(const struct decode_layout *dl, struct moek_expert *v);
+/* Puts the rearranged expert's strides and interleave into v (an expert template, at open)
+ * and returns where up starts in bytes after gate (0: off, the files' rows). */
+size_t decode_layout_template(const struct decode_layout *dl, struct moek_expert *v);
 
 #endif

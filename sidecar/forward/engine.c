@@ -75,12 +75,12 @@ static void ctx_size(struct forward_engine *e, uint32_t tokens, unsigned workers
 	s->groups = P < n_experts ? P : n_experts;
 	s->full = max_scratch(e, P, workers);
 	s->scratch_bytes = 2 * s->full + ((size_t)8 << 20);
-	s->bytes =
-	    P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
-	    e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
-	    ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
-	    s->groups * (sizeof(*e->ctx[0].groups) + sizeof(*e->ctx[0].wave) + sizeof(uint32_t)) +
-	    2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(s->scratch_bytes);
+	s->bytes = P * (1 + sizeof(uint32_t) + sizeof(uint16_t) + sizeof(float)) +
+	           e->max_k * sizeof(uint16_t) + (size_t)tokens * 2 * sizeof(uint32_t) +
+	           ((size_t)n_experts + 1) * sizeof(uint32_t) + n_experts +
+	           s->groups * (sizeof(*e->ctx[0].groups) + sizeof(*e->ctx[0].held) +
+	                        sizeof(*e->ctx[0].wave) + sizeof(uint32_t)) +
+	           2 * align_up_64(P * e->hidden * sizeof(float)) + align_up_64(s->scratch_bytes);
 }
 
 static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t tokens,
@@ -102,6 +102,7 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	c->key_count = calloc((size_t)n_experts + 1, sizeof(uint32_t));
 	c->expert_has_immediate = calloc(n_experts, 1);
 	c->groups = calloc(c->max_groups, sizeof(*c->groups));
+	c->held = calloc(c->max_groups, sizeof(*c->held));
 	c->wave = calloc(c->max_groups, sizeof(*c->wave));
 	c->wave_group_of = calloc(c->max_groups, sizeof(uint32_t));
 	c->xg = aligned_alloc(64, align_up_64(P * e->hidden * sizeof(float)));
@@ -111,8 +112,9 @@ static int alloc_ctx(struct forward_engine *e, struct req_ctx *c, uint32_t token
 	c->scratch = aligned_alloc(64, align_up_64(c->scratch_bytes));
 	c->bytes = s.bytes;
 	if (!c->pos_kind || !c->pos_slot || !c->tok_order || !c->order_tmp || !c->tok_n_valid ||
-	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->wave ||
-	    !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch || full == 0) {
+	    !c->tok_n_imm || !c->key_count || !c->expert_has_immediate || !c->groups || !c->held ||
+	    !c->wave || !c->wave_group_of || !c->xg || !c->yg || !c->wg || !c->scratch ||
+	    full == 0) {
 		error_set(err, MOE_ENOMEM,
 		          "forward engine: request buffers for %u tokens x %u ids: %s", tokens,
 		          e->max_k, full ? "out of memory" : "no usable expert");
@@ -132,6 +134,7 @@ static void free_ctx(struct req_ctx *c)
 	free(c->key_count);
 	free(c->expert_has_immediate);
 	free(c->groups);
+	free(c->held);
 	free(c->wave);
 	free(c->wave_group_of);
 	free(c->xg);
@@ -428,15 +431,7 @@ bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_
 {
 	if (layer < 0 || (uint32_t)layer >= e->cat->info.n_layers || e->w.moe_index[layer] < 0)
 		return true; /* fails validation at once */
-	const uint32_t moe_layer = (uint32_t)e->w.moe_index[layer];
-	for (size_t i = 0; i < n; i++) {
-		const int32_t id = ((const volatile int32_t *)ids)[i];
-		if (id < 0 || (uint32_t)id >= e->cat->info.n_experts)
-			continue;
-		if (!weights_ready(&e->w, moe_layer, (uint32_t)id))
-			return false;
-	}
-	return true;
+	return weights_layer_ready(&e->w, (uint32_t)e->w.moe_index[layer], ids, n);
 }
 
 static void engine_take(struct forward_engine *e)
@@ -516,8 +511,7 @@ static int run_slices(struct moek_ffn_call *c, const struct held_expert *h, uint
 {
 	if (moek_ffn_prepare(c, err, err_len) != 0)
 		return -1;
-	size_t f[FORWARD_MAX_NODES + 1], o[FORWARD_MAX_NODES + 1];
-	forward_expert_split(&h->view, n_nodes, f, o);
+	const size_t *f = h->tp->f_split, *o = h->tp->o_split;
 	moek_ffn_load(c, 0, 0, c->n_tokens);
 	for (uint32_t n = 0; n < n_nodes; n++)
 		moek_ffn_hidden_rows(c, &h->node_view[n], 0, f[n], f[n + 1]);
@@ -556,19 +550,19 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
                           uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
                           struct forward_result *res)
 {
-	struct held_expert held = {0};
+	struct held_expert held = {.expert = x};
 	char err[128];
 	int rc = MOE_OK;
 	enum weights_found found;
 	uint64_t cold_bytes;
 	struct sidecar_error why;
-	const int a = weights_demand(&e->w, moe_layer, x, true, &held, &found, &cold_bytes, &why);
+	const int a = weights_demand(&e->w, moe_layer, &held, true, &found, &cold_bytes, &why);
 	if (a == -EINVAL) {
 		rc = plan_fail(res, MOE_EIO, -1, -1, (int32_t)x, "%s", why.msg);
 	} else if (a < 0) {
 		struct req_group g = {.expert = x};
 		rc = waves_demand_failed(e, q, &g, a, res);
-		weights_release(&e->w, &held);
+		weights_release_layer(&e->w, &held, NULL, 1);
 		return rc;
 	}
 	void *scratch = NULL;
@@ -589,6 +583,6 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
 	c->expert = NULL;
 	c->scratch = NULL;
 	free(scratch);
-	weights_release(&e->w, &held);
+	weights_release_layer(&e->w, &held, NULL, 1);
 	return rc;
 }

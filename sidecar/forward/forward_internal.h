@@ -13,49 +13,11 @@
 #include <stdatomic.h>
 
 #include "catalog_adapter.h"
-#include "decode_layout.h"
 #include "fault_hook.h"
 #include "forward.h"
 #include "moe_kernels.h"
+#include "topology.h"
 #include "weights.h"
-
-/* ---- topology.c ---- */
-struct forward_node {
-	uint32_t os_index;
-	void *cpuset; /* hwloc_bitmap_t of the node's PUs (NULL when synthetic: not pinned) */
-	uint32_t threads;
-	/* The node's PUs (OS indices), one per core first, then each core's second PU, …: worker
-	 * i of the node runs on pus[i] when the node has a PU per worker (pin_per_pu). */
-	uint32_t *pus, n_pus;
-	bool pin_per_pu;
-};
-struct forward_topology {
-	void *topo; /* hwloc_topology_t */
-	bool synthetic;
-	bool memory_bound;
-	uint32_t n_nodes;
-	struct forward_node nodes[FORWARD_MAX_NODES];
-};
-int topology_open(struct forward_topology *t, const struct forward_config *cfg,
-                  struct sidecar_error *err);
-void topology_close(struct forward_topology *t);
-/* What t holds, as forward_topology reports it. */
-void topology_info(const struct forward_topology *t, struct forward_topology_info *out);
-/* Pins the calling thread, worker `local` of node n: to its own PU (pus[local]) when the node
- * has one per worker, else to the node's PUs when there are several nodes; nothing when
- * synthetic. Worker 0 of node 0 is the caller of pool_run_wave, whose affinity is the
- * caller's own: it is never pinned, and pus[0] is left to it. */
-void topology_pin_worker(struct forward_topology *t, uint32_t node, uint32_t local);
-/* Binds [addr, addr+len) to node n; a refused binding is logged once and ignored. */
-void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, size_t len);
-
-/* The node split both the pool and memory binding use: [0, total) cut into `parts` ranges on
- * multiples of `align` (the last ends at total); split[n]..split[n+1] is node n's. */
-void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split);
-#define FORWARD_DOWN_ALIGN 8 /* output rows per down-phase unit */
-/* The node split of an expert (its view): intermediate rows f[n]..f[n+1] and output rows
- * o[n]..o[n+1] of node n — what the pool runs and what each node's residency part holds. */
-void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o);
 
 /* ---- pool.c ---- */
 /* One expert group of a wave: a prepared moek_ffn_call and the node split of its ranges. */
@@ -160,7 +122,6 @@ struct req_group {
 	bool deferred;
 	uint32_t first, count; /* slots [first, first+count) of the gathered arrays */
 	enum group_state state;
-	struct held_expert held; /* and its demand's count (weights_demand) */
 };
 
 /* One request's plan and gathered rows (forward_engine.ctx). */
@@ -176,6 +137,7 @@ struct req_ctx {
 	uint32_t *key_count;           /* [n_experts + 1] */
 	uint8_t *expert_has_immediate; /* [n_experts] */
 	struct req_group *groups;
+	struct held_expert *held; /* [group]: its expert as demanded and held */
 	struct wave_group *wave;
 	uint32_t *wave_group_of; /* wave index → request group */
 	uint8_t *xg;             /* gathered input rows, max dtype size */
@@ -268,8 +230,14 @@ int waves_demand_failed(struct forward_engine *e, const struct forward_request *
 /* stats.c: counts one forward_run into its layer's counters and histograms. */
 void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
                   const struct forward_result *res, uint64_t total_us);
-/* masks.c: client's mask bit of (block layer, expert). mask_lock held or engine taken. */
-bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert);
+/* Client's mask bit of (block layer, expert). mask_lock held or engine taken. */
+static inline bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer,
+                             uint32_t expert)
+{
+	const uint8_t *row =
+	    e->masks + ((size_t)client * e->cat->info.n_layers + layer) * e->mask_row;
+	return (row[expert / 8] >> (expert % 8)) & 1u;
+}
 
 /* ---- the test oracle's access (tests/forward/oracle.c) ---- */
 struct forward_oracle_shape {

@@ -7,13 +7,6 @@
 #include "forward_internal.h"
 #include "moe_abi.h"
 
-bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer, uint32_t expert)
-{
-	const uint8_t *row =
-	    e->masks + ((size_t)client * e->cat->info.n_layers + layer) * e->mask_row;
-	return (row[expert / 8] >> (expert % 8)) & 1u;
-}
-
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert)
 {

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward_internal.h"
 #include "log.h"
+#include "topology.h"
 
 static uint32_t node_pus(hwloc_topology_t topo, hwloc_obj_t node)
 {
@@ -274,20 +274,4 @@ void topology_bind_area(struct forward_topology *t, uint32_t node, void *addr, s
 		         t->nodes[node].os_index, strerror(errno));
 		t->memory_bound = false;
 	}
-}
-
-void forward_split_range(size_t total, size_t align, uint32_t parts, size_t *split)
-{
-	const size_t units = (total + align - 1) / align;
-	for (uint32_t n = 0; n < parts; n++) {
-		size_t at = units * n / parts * align;
-		split[n] = at < total ? at : total;
-	}
-	split[parts] = total;
-}
-
-void forward_expert_split(const struct moek_expert *v, uint32_t n_nodes, size_t *f, size_t *o)
-{
-	forward_split_range(v->gate.rows, moek_expert_split_align(v), n_nodes, f);
-	forward_split_range(v->down.rows, FORWARD_DOWN_ALIGN, n_nodes, o);
 }

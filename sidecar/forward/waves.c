@@ -1,6 +1,6 @@
 /* waves.c — a planned request executed.
  *
- * Every group's expert is demanded without waiting first (weights_demand: all cold reads of
+ * Every group's expert is demanded without waiting first (weights_demand_layer: all cold reads of
  * the request are submitted before any compute); the groups that are ready are computed as
  * one wave while the rest load; then each further wave takes what has arrived, and only when
  * nothing has arrived does the engine wait for one expert (holding no reference, so a tiny
@@ -28,15 +28,16 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
                        uint32_t slot, size_t *scratch_at, struct forward_result *res)
 {
 	struct req_group *rg = &e->rq->groups[g];
+	const struct held_expert *h = &e->rq->held[g];
 	struct wave_group *wg = &e->rq->wave[slot];
 	const unsigned W = e->pool.n_workers;
-	const size_t need = moek_ffn_scratch_bytes(&rg->held.view, rg->count, W);
+	const size_t need = moek_ffn_scratch_bytes(&h->view, rg->count, W);
 	if (*scratch_at + need > e->rq->scratch_bytes)
 		return 1;
 	memset(wg, 0, sizeof(*wg));
 	struct moek_ffn_call *c = &wg->call;
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
-	c->expert = &rg->held.view;
+	c->expert = &h->view;
 	c->n_tokens = rg->count;
 	c->x = e->rq->xg + (size_t)rg->first * row;
 	c->x_dtype = q->x_dtype;
@@ -51,36 +52,28 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)rg->expert,
 		                 "layer %d expert %u: %s", q->layer, rg->expert, err);
 	*scratch_at = align_up_64(*scratch_at + need);
-	wg->f_align = moek_expert_split_align(&rg->held.view);
-	wg->h_align = moek_ffn_hidden_align(&rg->held.view);
-	forward_expert_split(&rg->held.view, e->topo.n_nodes, wg->f_split, wg->o_split);
+	wg->f_align = h->tp->f_align;
+	wg->h_align = h->tp->h_align;
+	memcpy(wg->f_split, h->tp->f_split, sizeof(wg->f_split));
+	memcpy(wg->o_split, h->tp->o_split, sizeof(wg->o_split));
 	for (uint32_t n = 0; n < e->topo.n_nodes; n++)
-		wg->node_expert[n] = weights_node_view(&e->w, &rg->held, n);
+		wg->node_expert[n] = weights_node_view(&e->w, h, n);
 	e->rq->wave_group_of[slot] = g;
 	return 0;
 }
 
-static void release_group(struct forward_engine *e, struct req_group *g)
-{
-	if (g->held.held)
-		weights_release(&e->w, &g->held);
-}
-
 static void release_all(struct forward_engine *e, uint32_t n_groups)
 {
-	for (uint32_t g = 0; g < n_groups; g++)
-		release_group(e, &e->rq->groups[g]);
+	weights_release_layer(&e->w, e->rq->held, NULL, n_groups);
 }
 
 /* The wave of c->wave[0, n_wave) has ended (pool_run_wave, or pool_wait_wave after a wave
  * started behind the caller): its groups are done and their experts let go. */
 static void wave_done(struct forward_engine *e, struct req_ctx *c, uint32_t n_wave)
 {
-	for (uint32_t i = 0; i < n_wave; i++) {
-		struct req_group *g = &c->groups[c->wave_group_of[i]];
-		g->state = GROUP_DONE;
-		release_group(e, g);
-	}
+	for (uint32_t i = 0; i < n_wave; i++)
+		c->groups[c->wave_group_of[i]].state = GROUP_DONE;
+	weights_release_layer(&e->w, c->held, c->wave_group_of, n_wave);
 }
 
 /* Which READY groups a wave takes: all of them (immediate ones first: they come first in the
@@ -164,31 +157,46 @@ int waves_demand_failed(struct forward_engine *e, const struct forward_request *
 	                 q->layer, g->expert, why);
 }
 
-/* One demand for group g (weights_demand), counted into res once per expert: a hit, a read
- * in flight, or a cold read. Returns 1 if the expert is now held everywhere (READY), 0 if
- * still pending, or a negative status. */
-static int demand(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer,
-                  struct req_group *g, bool wait, struct forward_result *res)
+/* Counts how a demand found its experts into res. */
+static void count_demand(struct forward_result *res, const struct weights_demand_counts *c)
+{
+	res->hits += c->hits;
+	res->inflight_misses += c->inflight_misses;
+	res->cold_misses += c->cold_misses;
+	res->bytes_read += c->bytes_read;
+}
+
+/* A failed demand (rc, err) of group g turned into res's status. */
+static int demand_failed(struct forward_engine *e, const struct forward_request *q, uint32_t g,
+                         int rc, const struct sidecar_error *err, struct forward_result *res)
+{
+	if (rc == -EINVAL)
+		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)e->rq->groups[g].expert, "%s",
+		                 err->msg);
+	return waves_demand_failed(e, q, &e->rq->groups[g], rc, res);
+}
+
+/* The waiting demand of group g: 1 once its expert is held everywhere (READY), or a negative
+ * status (res filled). */
+static int demand_wait(struct forward_engine *e, const struct forward_request *q,
+                       uint32_t moe_layer, uint32_t g, struct forward_result *res)
 {
 	enum weights_found found;
 	uint64_t cold_bytes;
 	struct sidecar_error err;
 	const int rc =
-	    weights_demand(&e->w, moe_layer, g->expert, wait, &g->held, &found, &cold_bytes, &err);
-	if (found == WEIGHTS_HIT) {
-		res->hits++;
-	} else if (found == WEIGHTS_IN_FLIGHT) {
-		res->inflight_misses++;
-	} else if (found == WEIGHTS_COLD) {
-		res->cold_misses++;
-		res->bytes_read += cold_bytes;
-	}
-	if (rc == -EINVAL)
-		return plan_fail(res, MOE_EIO, -1, -1, (int32_t)g->expert, "%s", err.msg);
+	    weights_demand(&e->w, moe_layer, &e->rq->held[g], true, &found, &cold_bytes, &err);
+	const struct weights_demand_counts c = {.hits = found == WEIGHTS_HIT,
+	                                        .inflight_misses = found == WEIGHTS_IN_FLIGHT,
+	                                        .cold_misses = found == WEIGHTS_COLD,
+	                                        .bytes_read = cold_bytes};
+	count_demand(res, &c);
 	if (rc < 0)
-		return waves_demand_failed(e, q, g, rc, res);
-	if (rc == 1)
-		g->state = GROUP_READY;
+		return demand_failed(e, q, g, rc, &err, res);
+	if (rc == 1) {
+		e->rq->held[g].pending = false;
+		e->rq->groups[g].state = GROUP_READY;
+	}
 	return rc;
 }
 
@@ -280,13 +288,14 @@ static int compute_waves(struct forward_engine *e, const struct forward_request 
  * failure does not cost the immediate part: the group is settled as FAILED, *deferred_rc
  * keeps the status for forward_run to return after the delivery, and this returns 1 (one more
  * group settled). Otherwise returns rc: the request fails. */
-static int settle_failure(struct forward_engine *e, const struct forward_request *q,
-                          struct req_group *g, int rc, int *deferred_rc)
+static int settle_failure(struct forward_engine *e, const struct forward_request *q, uint32_t g,
+                          int rc, int *deferred_rc)
 {
-	if (!q->immediate_ready || !g->deferred)
+	if (!q->immediate_ready || !e->rq->groups[g].deferred)
 		return rc;
-	release_group(e, g);
-	g->state = GROUP_FAILED;
+	weights_release_layer(&e->w, e->rq->held, &g, 1);
+	e->rq->held[g].pending = false;
+	e->rq->groups[g].state = GROUP_FAILED;
 	*deferred_rc = rc;
 	return 1;
 }
@@ -300,20 +309,25 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 		/* Demand every pending expert without waiting: all cold reads go out first. The
 		 * ones already resident or loading are taken first, so a cold read of this request
 		 * never evicts an expert the same request is about to use. */
-		uint32_t ready = 0;
-		for (int pass = 0; pass < 2; pass++)
-			for (uint32_t g = 0; g < n_groups; g++) {
-				struct req_group *rg = &e->rq->groups[g];
-				if (rg->state != GROUP_PENDING ||
-				    (pass == 0 && weights_cold(&e->w, moe_layer, rg->expert)))
-					continue;
-				rc = demand(e, q, moe_layer, rg, false, res);
-				if (rc < 0)
-					rc = settle_failure(e, q, rg, rc, &deferred_rc);
-				if (rc < 0)
-					goto failed;
-				ready += (uint32_t)rc;
-			}
+		uint32_t ready = 0, cursor = 0;
+		for (;;) {
+			struct weights_demand_counts counts = {0};
+			struct sidecar_error err;
+			rc = weights_demand_layer(&e->w, moe_layer, e->rq->held, n_groups, &cursor,
+			                          &ready, &counts, &err);
+			count_demand(res, &counts);
+			if (rc == 0)
+				break;
+			const uint32_t g = (cursor - 1) % n_groups;
+			rc = settle_failure(e, q, g, demand_failed(e, q, g, rc, &err, res),
+			                    &deferred_rc);
+			if (rc < 0)
+				goto failed;
+			ready += (uint32_t)rc; /* settled as FAILED */
+		}
+		for (uint32_t g = 0; g < n_groups; g++)
+			if (e->rq->groups[g].state == GROUP_PENDING && !e->rq->held[g].pending)
+				e->rq->groups[g].state = GROUP_READY;
 		if (ready == 0 && done < n_groups) {
 			/* Nothing arrived: wait for the first pending one, holding nothing (a
 			 * pending group holds no reference: an expert is held on every node or on
@@ -325,11 +339,10 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 				if (e->rq->groups[g].state != GROUP_PENDING)
 					continue;
 				const uint64_t t0 = monotonic_us();
-				rc = demand(e, q, moe_layer, &e->rq->groups[g], true, res);
+				rc = demand_wait(e, q, moe_layer, g, res);
 				res->io_us += monotonic_us() - t0;
 				if (rc < 0)
-					rc = settle_failure(e, q, &e->rq->groups[g], rc,
-					                    &deferred_rc);
+					rc = settle_failure(e, q, g, rc, &deferred_rc);
 				if (rc < 0)
 					goto failed;
 				ready = 1;
