@@ -973,8 +973,8 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 				memcpy(xa, x, k * sizeof(float));
 			else
 				moek_isa_quantize_act(ops, af, x, k, xa);
-			const moek_dot_rows_fn many = ops->dot_rows[moek_fmt_slot(fmt)];
-			const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+			const moek_dot_rows_fn many = ops->dot_rows[moek_fmt_index(fmt)];
+			const moek_dot_fn dot = ops->dot[moek_fmt_index(fmt)];
 			const int passes = 200;
 			double best = 1e30;
 			for (int rep = 0; rep < 30; rep++) {
@@ -982,7 +982,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 				for (int it = 0; it < passes; it++) {
 					if (x8)
 						for (size_t g = 0; g < rows; g += 8)
-							ops->dot_x8[moek_fmt_slot(fmt)](
+							ops->dot_x8[moek_fmt_index(fmt)](
 							    m.data + g * rb, xa, ab, 1, k, out + g);
 					else if (many)
 						many(m.data, rb, rows, xa, k, out);

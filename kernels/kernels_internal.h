@@ -157,21 +157,56 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* ---- The format table (formats.c) ---------------------------------------------------------
  * One row per format, as ggml's type_traits: everything the kernels and their callers need to
  * know about a format is a field of its row or a query on it, so adding a format is one row
- * plus its functions: its id (moe_kernels.h), its block struct here, its reference codecs and
- * row in formats.c, and — for SIMD speed — its entries in an ISA's ops tables at the row's slot
+ * plus its functions: its id (moe_kernels.h), its name in MOEK_GGML_FORMATS or
+ * MOEK_OWN_FORMATS below, its block struct here, its reference codecs and row in formats.c,
+ * and — for SIMD speed — its entries in an ISA's ops tables at the row's index
  * (and a struct moek_x8_layout in interleave.c if it has an interleaved layout). The SIMD
- * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's slot; the
+ * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's index; the
  * reference dot product is the reference dequantizer followed by an f32 dot product
  * (moek_scalar_ops). test_format_table checks a new row against all of these. */
 
-/* Dense slots of the weight formats in the per-ISA tables: a ggml id is its own slot, the
- * sidecar's own formats (ids from 1000) take slots from the top. */
-enum {
-	MOEK_FMT_SLOTS = 64,
-	MOEK_SLOT_INT4_G32 = 61,
-	MOEK_SLOT_NONE = 62, /* unknown formats: no entry in any ops table */
-	MOEK_SLOT_FP8_E4M3_B128 = 63,
+/* The formats, once: each row of the table at a dense index MOEK_FMT_<name> (enum moek_fmt),
+ * the index every per-format table (format rows, ISA ops) is an array over, as ggml indexes
+ * its type_traits by ggml_type. The public ids (moe_kernels.h, enum moek_format) are ggml's
+ * type ids, which have gaps up to 39, and the sidecar's own from 1000; moek_fmt_index maps
+ * one to its index in O(1), once, where an id enters the kernels (the public functions,
+ * moek_ffn_prepare): the request path then carries the index. The ggml formats come first,
+ * in id order; the sidecar's own follow in id order, so their ids are their index + a
+ * constant (asserted in formats.c). */
+#define MOEK_GGML_FORMATS(X)                                                                       \
+	X(F32)                                                                                     \
+	X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K) X(IQ4_NL) X(IQ4_XS) \
+	    X(BF16) X(MXFP4)
+#define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
+
+enum moek_fmt {
+#define MOEK_FMT_ENUM(name) MOEK_FMT_##name,
+	MOEK_GGML_FORMATS(MOEK_FMT_ENUM) MOEK_OWN_FORMATS(MOEK_FMT_ENUM)
+#undef MOEK_FMT_ENUM
+	    MOEK_FMT_COUNT,
+	/* unknown ids: an index no table fills (the ops tables have a NULL entry for it) */
+	MOEK_FMT_NONE = MOEK_FMT_COUNT,
+	MOEK_FMT_SLOTS, /* entries of a per-format ops array: every format and NONE */
 };
+/* The first of the sidecar's own formats, and where ggml's ids end (below the first own id). */
+#define MOEK_FMT_OWN_FIRST MOEK_FMT_FP8_E4M3_B128
+#define MOEK_OWN_ID_FIRST MOEK_FP8_E4M3_B128
+#define MOEK_GGML_ID_END 40u
+
+/* Index of each ggml id below MOEK_GGML_ID_END, plus one (0: no row) (formats.c). */
+extern const uint8_t moek_fmt_of_ggml_id[MOEK_GGML_ID_END];
+
+/* The dense index of a public format id (MOEK_FMT_NONE if no row has it). */
+static inline enum moek_fmt moek_fmt_index(uint32_t format)
+{
+	if (format < MOEK_GGML_ID_END)
+		return moek_fmt_of_ggml_id[format]
+		           ? (enum moek_fmt)(moek_fmt_of_ggml_id[format] - 1)
+		           : MOEK_FMT_NONE;
+	const uint32_t own = format - MOEK_OWN_ID_FIRST; /* wraps for ids below: never small */
+	return own < MOEK_FMT_COUNT - MOEK_FMT_OWN_FIRST ? (enum moek_fmt)(MOEK_FMT_OWN_FIRST + own)
+	                                                 : MOEK_FMT_NONE;
+}
 
 /* The interleaved layout of a format (moe_kernels.h, moek_interleave): per column of a group
  * of 8 rows, the block's fields in order, each either scalar (1 or 2 bytes per row, the 8 rows
@@ -194,7 +229,7 @@ extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, mo
 struct moek_format_traits {
 	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
 	                                 scale layout */
-	unsigned slot;                /* index in moek_isa_ops' per-format tables */
+	bool ggml; /* info.format is a ggml type id (GGUF stores these weights under it) */
 	/* activation format of its SIMD dot product: Q8_0/Q8_K for integer products; BF16 for
 	 * 16-bit float weights (halves the activation's L1 footprint, so rows of 7168+ columns
 	 * stream from DRAM without evicting the token); F32 otherwise */
@@ -216,20 +251,19 @@ struct moek_format_traits {
 	                              size_t n);
 };
 
-/* The row of `format`, or NULL if the id is not a known format; row i in table order (NULL
- * past the end). */
+/* The table: row f is format f's (every index below MOEK_FMT_COUNT has one). */
+extern const struct moek_format_traits moek_formats[MOEK_FMT_COUNT];
+
+/* The row of public id `format`, or NULL if the id is not a known format; row i in table
+ * order (NULL past the end). */
 const struct moek_format_traits *moek_format_traits(uint32_t format);
 const struct moek_format_traits *moek_format_traits_at(size_t i);
 
-/* Slot of a format in moek_isa_ops' per-format tables. The phases ask per call, so ggml ids
- * (their rows' slot is the id; test_format_table checks it) skip the table; an unknown id gets
- * a slot no ops table fills (its own below MOEK_SLOT_INT4_G32, else MOEK_SLOT_NONE). */
-static inline unsigned moek_fmt_slot(uint32_t format)
+/* Bytes of n elements of format f (a multiple of its block): the table's arithmetic on an
+ * index the caller already has. */
+static inline size_t moek_fmt_row_bytes(enum moek_fmt f, size_t n)
 {
-	if (format < MOEK_SLOT_INT4_G32)
-		return format;
-	const struct moek_format_traits *t = moek_format_traits(format);
-	return t ? t->slot : MOEK_SLOT_NONE;
+	return n / moek_formats[f].info.block_elems * moek_formats[f].info.block_bytes;
 }
 
 /* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
@@ -397,10 +431,10 @@ static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");
 
 struct moek_isa_ops {
 	const char *name;
-	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* indexed by moek_fmt_slot() */
+	/* per weight format, indexed by enum moek_fmt (MOEK_FMT_NONE: always NULL) */
+	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* row dots */
 	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
-	moek_dot_x8_fn
-	    dot_x8[MOEK_FMT_SLOTS]; /* interleaved groups, by moek_fmt_slot() (NULL: none) */
+	moek_dot_x8_fn dot_x8[MOEK_FMT_SLOTS];     /* interleaved groups (NULL: none) */
 	/* private activation formats (all NULL when the ISA has none): the format a weight
 	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
 	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair

@@ -105,7 +105,7 @@ static void dot_bf16(const void *w, const float *sr, const void *act, size_t as,
                      size_t k, float *out)
 {
 	if (nt == 1 && bf16_wide_row(k))
-		moek_avx2_ops.dot[MOEK_BF16](w, sr, act, as, 1, k, out);
+		moek_avx2_ops.dot[MOEK_FMT_BF16](w, sr, act, as, 1, k, out);
 	else
 		dot_bf16_zmm(w, sr, act, as, nt, k, out);
 }
@@ -114,7 +114,7 @@ static void rows_bf16(const void *w, size_t stride, size_t nr, const void *act, 
                       float *out)
 {
 	if (bf16_wide_row(k))
-		moek_avx2_ops.dot_rows[MOEK_BF16](w, stride, nr, act, k, out);
+		moek_avx2_ops.dot_rows[MOEK_FMT_BF16](w, stride, nr, act, k, out);
 	else
 		rows_bf16_zmm(w, stride, nr, act, k, out);
 }
@@ -335,8 +335,8 @@ void moek_avx512_build(void)
 	moek_avx512_ops = moek_avx2_ops;
 	moek_avx512_ops.name = "avx512";
 	moek_avx512_ops.describe = describe;
-	moek_avx512_ops.dot[MOEK_BF16] = dot_bf16;
-	moek_avx512_ops.dot_rows[MOEK_BF16] = rows_bf16;
-	moek_avx512_ops.dot_x8[MOEK_BF16] = x8_bf16;
+	moek_avx512_ops.dot[MOEK_FMT_BF16] = dot_bf16;
+	moek_avx512_ops.dot_rows[MOEK_FMT_BF16] = rows_bf16;
+	moek_avx512_ops.dot_x8[MOEK_FMT_BF16] = x8_bf16;
 	prefill_build();
 }

@@ -289,6 +289,7 @@ struct moek_ffn_call {
 		size_t hidden, ffn, x_pad, h_pad;
 		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes, row_bf16;
 		uint32_t xq_format, hq_format;
+		uint8_t gate_fmt, down_fmt; /* the formats' indices in the kernels' tables */
 		bool prefill;
 		bool x_bf16, h_bf16; /* prefill: x / h as bf16 pair panels for the bf16 tiles */
 	} plan;

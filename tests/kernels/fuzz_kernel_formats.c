@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(xd, x, k * sizeof(float));
 	else
 		moek_isa_dequantize_act(&moek_avx2_ops, act_format, act, k, xd);
-	moek_avx2_ops.dot[moek_fmt_slot(format)](row, sr, act, 0, 1, k, &got);
+	moek_avx2_ops.dot[moek_fmt_index(format)](row, sr, act, 0, 1, k, &got);
 	double want = 0, mag = 0;
 	for (size_t i = 0; i < k; i++) {
 		want += (double)ref[i] * xd[i];

@@ -435,7 +435,7 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_assert_eq(moek_dequantize(fmt, wq, sc, ROWS, K, wd), 0);
 		moek_isa_quantize_act(&moek_avx2_ops, act, x, K, xq);
 		moek_isa_dequantize_act(&moek_avx2_ops, act, xq, K, xd);
-		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_slot(fmt)];
+		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_index(fmt)];
 		cr_assert_not_null(dot, "%s has no AVX2 dot", name);
 		double num = 0, den = 0;
 		for (size_t r = 0; r < ROWS; r++) {
