@@ -1024,11 +1024,10 @@ static int set_isa(const char *name)
 }
 
 /* --bf16-from N: the bf16 tiles from N tokens for every format. */
-static unsigned tile_bf16_from_tokens;
-static unsigned tile_bf16_from_forced(uint32_t format, bool interleaved)
+static void force_tile_bf16_from(struct moek_isa_ops *ops, unsigned tokens)
 {
-	(void)format, (void)interleaved;
-	return tile_bf16_from_tokens;
+	for (unsigned f = 0; f < MOEK_FMT_SLOTS; f++)
+		ops->tile_bf16_from[0][f] = ops->tile_bf16_from[1][f] = tokens;
 }
 
 static void usage(void)
@@ -1106,9 +1105,8 @@ int main(int argc, char **argv)
 		return 2;
 	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
 	if (bf16_from > 0) {     /* the tables are built by now (the choice above) */
-		tile_bf16_from_tokens = (unsigned)bf16_from;
-		moek_avx512_ops.tile_bf16_from = tile_bf16_from_forced;
-		moek_amx_ops.tile_bf16_from = tile_bf16_from_forced;
+		force_tile_bf16_from(&moek_avx512_ops, (unsigned)bf16_from);
+		force_tile_bf16_from(&moek_amx_ops, (unsigned)bf16_from);
 	}
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);

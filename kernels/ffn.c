@@ -243,7 +243,7 @@ static uint32_t act_format(const struct moek_isa_ops *ops, const struct moek_mat
 	const bool has_dot = m->interleave ? ops->dot_x8[f] != NULL : ops->dot[f] != NULL;
 	if (prefill || !has_dot)
 		return MOEK_F32;
-	return moek_isa_act_format(ops, m->format, m->interleave != 0);
+	return moek_isa_act_fmt(ops, f, m->interleave != 0);
 }
 
 /* Fills c->plan (except base) and returns the scratch bytes needed. */
@@ -270,8 +270,7 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
 	/* the ISA's bf16 tiles, where it has them, from their own token count */
 	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
-	const size_t min_tokens = bf16_gate
-	                              ? ops->tile_bf16_from(e->gate.format, e->gate.interleave != 0)
+	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
 	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;
@@ -465,12 +464,12 @@ static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct m
 			const size_t kn = n - at < KC ? n - at : KC;
 			moek_x8_gather(m->format, matrix_group(m, r), r % MOEK_INTERLEAVE,
 			               (k0 + at) / be, kn / be, blocks);
-			ops->dequantize_row(m->format, blocks, NULL, dst + at, kn);
+			moek_isa_dequantize(ops, f, blocks, NULL, dst + at, kn);
 		}
 		return;
 	}
 	const float *sr = matrix_scale_row(m, r);
-	ops->dequantize_row(m->format, matrix_row(m, r) + moek_fmt_row_bytes(f, k0),
+	moek_isa_dequantize(ops, f, matrix_row(m, r) + moek_fmt_row_bytes(f, k0),
 	                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, dst, n);
 }
 

@@ -1292,8 +1292,15 @@ int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst)
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n)
 {
-	const struct moek_format_traits *row = moek_format_traits(format);
-	assert(row && n % row->info.block_elems == 0);
+	assert(moek_fmt_index(format) != MOEK_FMT_NONE);
+	moek_fmt_dequantize_ref(moek_fmt_index(format), src, scale_row, dst, n);
+}
+
+void moek_fmt_dequantize_ref(enum moek_fmt f, const void *src, const float *scale_row, float *dst,
+                             size_t n)
+{
+	const struct moek_format_traits *row = &moek_formats[f];
+	assert(f < MOEK_FMT_COUNT && n % row->info.block_elems == 0);
 	if (row->info.scale_block)
 		row->dequantize_row_scaled(src, scale_row, dst, n);
 	else

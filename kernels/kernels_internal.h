@@ -175,7 +175,8 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
  * constant (asserted in formats.c). */
 #define MOEK_GGML_FORMATS(X)                                                                       \
 	X(F32)                                                                                     \
-	X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K) X(IQ4_NL) X(IQ4_XS) \
+	X(F16)                                                                                     \
+	X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K) X(IQ4_NL) X(IQ4_XS)        \
 	    X(BF16) X(MXFP4)
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -345,6 +346,9 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
  * their per-128-column scales: scale_row[c / 128] multiplies column c. */
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n);
+/* The same for the format at index f. */
+void moek_fmt_dequantize_ref(enum moek_fmt f, const void *src, const float *scale_row, float *dst,
+                             size_t n);
 
 /* The activation format a weight format's SIMD dot product consumes: MOEK_Q8_0, MOEK_Q8_K,
  * MOEK_BF16 (F16/BF16 weights) or MOEK_F32 (F32 and FP8 weights). */
@@ -357,7 +361,7 @@ uint32_t moek_vec_dot_format(uint32_t weight_format);
  * scale_row is the FP8 scales of this row's 128-row band (NULL otherwise). The result for a
  * (row, token) pair depends only on the row, the token and nt — never on which range the row
  * is in: the FFN's split determinism rests on it (token groups are fixed by token index).
- * dequantize_row: as the reference, possibly vectorised. */
+ */
 #define MOEK_DOT_TOKENS 8
 typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *act,
                             size_t act_stride, size_t nt, size_t k, float *out);
@@ -372,8 +376,9 @@ typedef void (*moek_dot_rows_fn)(const void *w, size_t row_stride, size_t nr, co
  * format moek_isa_act_format(ops, format, true) gives: out[t * 8 + r]. */
 typedef void (*moek_dot_x8_fn)(const void *group, const void *act, size_t act_stride, size_t nt,
                                size_t k, float *out);
-typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
-                                size_t k);
+/* dequantize: a row of k elements of one format into f32, bit-identical to the reference
+ * (scale_row: FP8's, as for dot). */
+typedef void (*moek_dequant_fn)(const void *w, const float *scale_row, float *dst, size_t k);
 /* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
  * xp[k * 16 + j] for r < nr, j < 16; k a multiple of 8 (operands zero-padded). Each (r, j) is
  * one FMA chain in k order whatever nr is (determinism, as above). */
@@ -435,24 +440,25 @@ struct moek_isa_ops {
 	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* row dots */
 	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
 	moek_dot_x8_fn dot_x8[MOEK_FMT_SLOTS];     /* interleaved groups (NULL: none) */
-	/* private activation formats (all NULL when the ISA has none): the format a weight
-	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
-	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair
-	 * boundary). The quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to
-	 * the reference. */
-	uint32_t (*private_act)(uint32_t weight_format, bool interleaved);
+	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
+	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
+	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];
+	/* the private activation formats (all NULL when the ISA has none): bytes of a k-element
+	 * row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary).
+	 * The quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to the
+	 * reference. */
 	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
 	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
 	void (*dequantize_act)(uint32_t act_format, const void *src, size_t k, float *dst);
-	moek_dequant_fn dequantize_row;
+	moek_dequant_fn dequantize[MOEK_FMT_SLOTS]; /* the prefill tiles' (NULL: the reference) */
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
 	/* bf16 tiles (NULL: none) for the formats moek_tile_bf16_takes, from the token count
-	 * tile_bf16_from gives for a gate format (interleaved: its groups), with f32 → bf16
+	 * tile_bf16_from gives for a gate format ([1]: in interleaved groups), with f32 → bf16
 	 * rounding to nearest even (dequantized weight rows, activation rows: n elements) */
 	moek_tile_bf16_fn tile_bf16;
-	unsigned (*tile_bf16_from)(uint32_t format, bool interleaved);
+	unsigned tile_bf16_from[2][MOEK_FMT_SLOTS];
 	void (*round_bf16)(const float *src, uint16_t *dst, size_t n);
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
@@ -470,11 +476,26 @@ struct moek_isa_ops {
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its
  * quantizer: the ISA's private one where it has one, else the ggml format. */
+static inline uint32_t moek_isa_act_fmt(const struct moek_isa_ops *ops, enum moek_fmt f,
+                                        bool interleaved)
+{
+	const uint32_t p = interleaved ? ops->act_x8[f] : ops->act[f];
+	return p ? p : moek_formats[f].vec_dot_format;
+}
+/* The same by public id (tests, benchmarks). */
 static inline uint32_t moek_isa_act_format(const struct moek_isa_ops *ops, uint32_t weight_format,
                                            bool interleaved)
 {
-	const uint32_t p = ops->private_act ? ops->private_act(weight_format, interleaved) : 0;
-	return p ? p : moek_vec_dot_format(weight_format);
+	return moek_isa_act_fmt(ops, moek_fmt_index(weight_format), interleaved);
+}
+/* A row of format f into f32 the ISA's way (its dequantizer, else the reference). */
+static inline void moek_isa_dequantize(const struct moek_isa_ops *ops, enum moek_fmt f,
+                                       const void *w, const float *scale_row, float *dst, size_t k)
+{
+	if (ops->dequantize[f])
+		ops->dequantize[f](w, scale_row, dst, k);
+	else
+		moek_fmt_dequantize_ref(f, w, scale_row, dst, k);
 }
 static inline bool moek_isa_private_act(uint32_t act)
 {

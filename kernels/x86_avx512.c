@@ -20,7 +20,7 @@
  *
  * Prefill: bf16 tiles (moek_tile_bf16_fn) on vdpbf16ps — 12 rows x 2 panels of 16 tokens in 24
  * zmm accumulators, one weight pair broadcast per row against a panel's 16 token pairs — for
- * every format moek_tile_bf16_takes, weights dequantized by AVX2's dequantize_row and rounded
+ * every format moek_tile_bf16_takes, weights dequantized by AVX2's dequantizers and rounded
  * to bf16 (vcvtne2ps2bf16) once per tile, activations rounded once per token.
  */
 #include <immintrin.h>
@@ -281,19 +281,6 @@ static void round_bf16(const float *src, uint16_t *dst, size_t n)
 	}
 }
 
-/* Where the bf16 tiles beat the decode dots (kernels_internal.h has the measurements). */
-static unsigned tile_bf16_from(uint32_t format, bool interleaved)
-{
-	switch (format) {
-	case MOEK_BF16:
-		return interleaved ? MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS
-		                   : MOEK_PREFILL_MIN_TOKENS_BF16_ROWS;
-	case MOEK_F16: return MOEK_PREFILL_MIN_TOKENS_BF16_F16;
-	case MOEK_Q8_0: return MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0;
-	default: return MOEK_PREFILL_MIN_TOKENS_BF16;
-	}
-}
-
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define FROM(n) "avx512 vdpbf16ps tiles from " STR(n) " tokens"
@@ -315,7 +302,15 @@ static const char *describe_prefill(uint32_t format)
 static void prefill_build(void)
 {
 	moek_avx512_ops.tile_bf16 = tile_bf16;
-	moek_avx512_ops.tile_bf16_from = tile_bf16_from;
+	/* where the bf16 tiles beat the decode dots (kernels_internal.h has the measurements):
+	 * [0] GGUF rows, [1] interleaved groups */
+	unsigned(*from)[MOEK_FMT_SLOTS] = moek_avx512_ops.tile_bf16_from;
+	for (unsigned f = 0; f < MOEK_FMT_SLOTS; f++)
+		from[0][f] = from[1][f] = MOEK_PREFILL_MIN_TOKENS_BF16;
+	from[0][MOEK_FMT_BF16] = MOEK_PREFILL_MIN_TOKENS_BF16_ROWS;
+	from[1][MOEK_FMT_BF16] = MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS;
+	from[0][MOEK_FMT_F16] = from[1][MOEK_FMT_F16] = MOEK_PREFILL_MIN_TOKENS_BF16_F16;
+	from[0][MOEK_FMT_Q8_0] = from[1][MOEK_FMT_Q8_0] = MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0;
 	moek_avx512_ops.round_bf16 = round_bf16;
 }
 

@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #if defined(__x86_64__)
 	if (moek_set_isa(MOEK_ISA_AVX2) != 0)
 		return 0;
-	moek_avx2_ops.dequantize_row(format, row, sr, simd, k);
+	moek_isa_dequantize(&moek_avx2_ops, moek_fmt_index(format), row, sr, simd, k);
 	for (size_t i = 0; i < k; i++)
 		if (!same_bits_or_both_nan(ref[i], simd[i]))
 			abort();

@@ -207,7 +207,15 @@ Test(format_table, ops_tables_follow_the_indices)
 			cr_expect(ops->dot[s], "%s: no AVX2 dot", t->info.name);
 		if (ops->dot_x8[s])
 			cr_expect(t->x8, "%s: a group dot without a layout", t->info.name);
-		const uint32_t act = ops->private_act(t->info.format, false);
+		/* a private activation only for a format with the dot that reads it */
+		if (ops->act[s])
+			cr_expect(ops->dot[s], "%s", t->info.name);
+		if (ops->act_x8[s])
+			cr_expect(ops->dot_x8[s], "%s", t->info.name);
+		/* every weight format but F32 (the reference copies) has its prefill dequantizer */
+		cr_expect_eq(ops->dequantize[s] != NULL, t->info.weight_format && s != MOEK_FMT_F32,
+		             "%s", t->info.name);
+		const uint32_t act = moek_isa_act_fmt(ops, s, false);
 		cr_expect_eq(act == MOEK_ACT_Q8_0X2, t->down_split_align == 64, "%s", t->info.name);
 	}
 #else
