@@ -1236,6 +1236,12 @@ const struct moek_format_info *moek_format_from_safetensors(const char *dtype)
 	return NULL;
 }
 
+const struct moek_format_info *moek_format_from_ggml(uint32_t ggml_type)
+{
+	const struct moek_format_traits *row = moek_format_traits(ggml_type);
+	return row && row->ggml ? &row->info : NULL;
+}
+
 uint32_t moek_format_scale_block(uint32_t format)
 {
 	const struct moek_format_traits *row = moek_format_traits(format);

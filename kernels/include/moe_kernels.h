@@ -72,6 +72,10 @@ const char *moek_weight_format_names(char *buf, size_t len);
  * "BF16"), or NULL if no weight format is stored that way. */
 const struct moek_format_info *moek_format_from_safetensors(const char *dtype);
 
+/* The row whose weights GGUF stores as ggml type `ggml_type` (a tensor's type id), or NULL if
+ * the kernels do not compute that type (the sidecar's own formats have no ggml type). */
+const struct moek_format_info *moek_format_from_ggml(uint32_t ggml_type);
+
 /* The table's scale_block of a format: 0 for formats whose scales are in their blocks (and for
  * unknown ids), else the side of the square of weights one side-array scale covers. */
 uint32_t moek_format_scale_block(uint32_t format);
