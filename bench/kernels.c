@@ -967,8 +967,8 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 				memcpy(xa, x, k * sizeof(float));
 			else
 				moek_isa_quantize_act(ops, af, x, k, xa);
-			const moek_dot_rows_fn many = ops->dot_rows[moek_fmt_slot(fmt)];
-			const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+			const moek_dot_rows_fn many = ops->dot_rows[moek_fmt_index(fmt)];
+			const moek_dot_fn dot = ops->dot[moek_fmt_index(fmt)];
 			const int passes = 200;
 			double best = 1e30;
 			for (int rep = 0; rep < 30; rep++) {
@@ -976,7 +976,7 @@ static int dots_table(const char *formats, const char *shape_list, double dram_1
 				for (int it = 0; it < passes; it++) {
 					if (x8)
 						for (size_t g = 0; g < rows; g += 8)
-							ops->dot_x8[moek_fmt_slot(fmt)](
+							ops->dot_x8[moek_fmt_index(fmt)](
 							    m.data + g * rb, xa, ab, 1, k, out + g);
 					else if (many)
 						many(m.data, rb, rows, xa, k, out);
@@ -1018,11 +1018,10 @@ static int set_isa(const char *name)
 }
 
 /* --bf16-from N: the bf16 tiles from N tokens for every format. */
-static unsigned tile_bf16_from_tokens;
-static unsigned tile_bf16_from_forced(uint32_t format, bool interleaved)
+static void force_tile_bf16_from(struct moek_isa_ops *ops, unsigned tokens)
 {
-	(void)format, (void)interleaved;
-	return tile_bf16_from_tokens;
+	for (unsigned f = 0; f < MOEK_FMT_SLOTS; f++)
+		ops->tile_bf16_from[0][f] = ops->tile_bf16_from[1][f] = tokens;
 }
 
 static void usage(void)
@@ -1100,9 +1099,8 @@ int main(int argc, char **argv)
 		return 2;
 	(void)moek_isa_active(); /* the ISA choice, which takes the prefetch default if unset */
 	if (bf16_from > 0) {     /* the tables are built by now (the choice above) */
-		tile_bf16_from_tokens = (unsigned)bf16_from;
-		moek_avx512_ops.tile_bf16_from = tile_bf16_from_forced;
-		moek_amx_ops.tile_bf16_from = tile_bf16_from_forced;
+		force_tile_bf16_from(&moek_avx512_ops, (unsigned)bf16_from);
+		force_tile_bf16_from(&moek_amx_ops, (unsigned)bf16_from);
 	}
 	unsigned pf_near, pf_gap;
 	moek_avx2_group_prefetch(&pf_near, &pf_gap);

@@ -238,13 +238,12 @@ static size_t round_up(size_t v, size_t a)
  * dot product for it in decode (Q8_0, Q8_K, bf16, or a private one; interleaved rows: the
  * group dot's), f32 otherwise (prefill tiles, and the scalar reference). */
 static uint32_t act_format(const struct moek_isa_ops *ops, const struct moek_matrix *m,
-                           bool prefill)
+                           enum moek_fmt f, bool prefill)
 {
-	const unsigned slot = moek_fmt_slot(m->format);
-	const bool has_dot = m->interleave ? ops->dot_x8[slot] != NULL : ops->dot[slot] != NULL;
+	const bool has_dot = m->interleave ? ops->dot_x8[f] != NULL : ops->dot[f] != NULL;
 	if (prefill || !has_dot)
 		return MOEK_F32;
-	return moek_isa_act_format(ops, m->format, m->interleave != 0);
+	return moek_isa_act_fmt(ops, f, m->interleave != 0);
 }
 
 /* Fills c->plan (except base) and returns the scratch bytes needed. */
@@ -252,22 +251,26 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
                      const struct moek_isa_ops *ops, struct moek_ffn_call *c)
 {
 	c->plan.isa = ops;
+	/* the formats' table indices, once: the phases index the ops tables with them */
+	const enum moek_fmt gate_fmt = moek_fmt_index(e->gate.format);
+	const enum moek_fmt down_fmt = moek_fmt_index(e->down.format);
+	c->plan.gate_fmt = (uint8_t)gate_fmt;
+	c->plan.down_fmt = (uint8_t)down_fmt;
 	c->plan.hidden = e->gate.cols;
 	c->plan.ffn = e->gate.rows;
-	const uint32_t gate_act = moek_vec_dot_format(e->gate.format);
+	const uint32_t gate_act = moek_formats[gate_fmt].vec_dot_format;
 	const bool integer_dot = gate_act == MOEK_Q8_0 || gate_act == MOEK_Q8_K;
 	/* interleaved float rows have a group dot that keeps 8 tokens' sums in registers: below
 	 * 16 tokens it beats dequantizing tiles, as the integer dots do */
-	const bool group_dot = e->gate.interleave && ops->dot_x8[moek_fmt_slot(e->gate.format)];
+	const bool group_dot = e->gate.interleave && ops->dot_x8[gate_fmt];
 	/* integer group dots in every phase: no tiles at any token count (the header) */
-	const uint32_t down_act = moek_vec_dot_format(e->down.format);
+	const uint32_t down_act = moek_formats[down_fmt].vec_dot_format;
 	const bool integer_groups = group_dot && integer_dot && e->down.interleave &&
-	                            ops->dot_x8[moek_fmt_slot(e->down.format)] &&
+	                            ops->dot_x8[down_fmt] &&
 	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
 	/* the ISA's bf16 tiles, where it has them, from their own token count */
 	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
-	const size_t min_tokens = bf16_gate
-	                              ? ops->tile_bf16_from(e->gate.format, e->gate.interleave != 0)
+	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
 	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;
@@ -276,8 +279,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	/* bf16 panels hold k in pairs and the tiles take k in multiples of 32 */
 	c->plan.x_pad = round_up(c->plan.hidden, c->plan.x_bf16 ? 32 : 8);
 	c->plan.h_pad = round_up(c->plan.ffn, c->plan.h_bf16 ? 32 : 8);
-	c->plan.xq_format = act_format(ops, &e->gate, c->plan.prefill);
-	c->plan.hq_format = act_format(ops, &e->down, c->plan.prefill);
+	c->plan.xq_format = act_format(ops, &e->gate, gate_fmt, c->plan.prefill);
+	c->plan.hq_format = act_format(ops, &e->down, down_fmt, c->plan.prefill);
 	c->plan.xq_row =
 	    c->plan.xq_format == MOEK_F32
 	        ? 0
@@ -448,9 +451,9 @@ static inline const uint8_t *matrix_group(const struct moek_matrix *m, size_t r)
 }
 /* Columns [k0, k0 + n) of global row r of m as f32, whatever its layout. */
 static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct moek_matrix *m,
-                                  size_t r, size_t k0, size_t n, float *dst)
+                                  enum moek_fmt f, size_t r, size_t k0, size_t n, float *dst)
 {
-	if (m->interleave && m->format == MOEK_BF16) { /* its pairs hold the values themselves */
+	if (m->interleave && f == MOEK_FMT_BF16) { /* its pairs hold the values themselves */
 		moek_x8_bf16_row(matrix_group(m, r), r % MOEK_INTERLEAVE, k0, n, dst);
 		return;
 	}
@@ -461,12 +464,12 @@ static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct m
 			const size_t kn = n - at < KC ? n - at : KC;
 			moek_x8_gather(m->format, matrix_group(m, r), r % MOEK_INTERLEAVE,
 			               (k0 + at) / be, kn / be, blocks);
-			ops->dequantize_row(m->format, blocks, NULL, dst + at, kn);
+			moek_isa_dequantize(ops, f, blocks, NULL, dst + at, kn);
 		}
 		return;
 	}
 	const float *sr = matrix_scale_row(m, r);
-	ops->dequantize_row(m->format, matrix_row(m, r) + moek_row_bytes(m->format, k0),
+	moek_isa_dequantize(ops, f, matrix_row(m, r) + moek_fmt_row_bytes(f, k0),
 	                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, dst, n);
 }
 
@@ -523,12 +526,13 @@ void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begi
 
 /* Rows [r0, r0 + nr) x columns [k0, k0 + kn) of m, dequantized into tile (ld KC), columns
  * past kn zeroed up to the next multiple of 8. */
-static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_matrix *m, size_t r0,
-                            size_t nr, size_t k0, size_t kn, float *tile)
+static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_matrix *m,
+                            enum moek_fmt f, size_t r0, size_t nr, size_t k0, size_t kn,
+                            float *tile)
 {
 	const size_t kn8 = round_up(kn, 8);
 	for (size_t r = 0; r < nr; r++) {
-		dequantize_matrix_row(ops, m, r0 + r, k0, kn, tile + r * KC);
+		dequantize_matrix_row(ops, m, f, r0 + r, k0, kn, tile + r * KC);
 		memset(tile + r * KC + kn, 0, (kn8 - kn) * sizeof(float));
 	}
 }
@@ -536,14 +540,15 @@ static void dequantize_tile(const struct moek_isa_ops *ops, const struct moek_ma
 /* c_out[r * ldc + j] = m[r0 + r] · token (p0 * PANEL + j) for a row tile and np panels, K in
  * KC chunks from column 0; each (row, token) sum is one FMA chain in K order. */
 static void tile_product(const struct moek_ffn_call *c, const struct moek_matrix *m,
-                         float *(*panel)(const struct moek_ffn_call *, size_t), size_t r0,
-                         size_t nr, size_t p0, size_t np, float *tile, float *c_out, size_t ldc)
+                         enum moek_fmt f, float *(*panel)(const struct moek_ffn_call *, size_t),
+                         size_t r0, size_t nr, size_t p0, size_t np, float *tile, float *c_out,
+                         size_t ldc)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	memset(c_out, 0, sizeof(float) * TILE_ROWS * ldc);
 	for (size_t k0 = 0; k0 < m->cols; k0 += KC) {
 		const size_t kn = m->cols - k0 < KC ? m->cols - k0 : KC;
-		dequantize_tile(ops, m, r0, nr, k0, kn, tile);
+		dequantize_tile(ops, m, f, r0, nr, k0, kn, tile);
 		for (size_t p = 0; p < np; p++)
 			ops->tile(tile, KC, nr, panel(c, p0 + p) + k0 * PANEL, round_up(kn, 8),
 			          c_out + p * PANEL, ldc);
@@ -558,13 +563,14 @@ static float *prefill_tile(const struct moek_ffn_call *c, unsigned worker)
 /* Columns [k0, k0 + kn) of global row r of m as bf16 (rounded to nearest even; BF16 rows
  * copied), through row (f32, kn elements) where they need dequantizing. */
 static void dequantize_row_bf16(const struct moek_isa_ops *ops, const struct moek_matrix *m,
-                                size_t r, size_t k0, size_t kn, float *row, uint16_t *dst)
+                                enum moek_fmt f, size_t r, size_t k0, size_t kn, float *row,
+                                uint16_t *dst)
 {
-	if (m->format == MOEK_BF16 && !m->interleave) {
+	if (f == MOEK_FMT_BF16 && !m->interleave) {
 		memcpy(dst, matrix_row(m, r) + k0 * sizeof(uint16_t), kn * sizeof(uint16_t));
 		return;
 	}
-	dequantize_matrix_row(ops, m, r, k0, kn, row);
+	dequantize_matrix_row(ops, m, f, r, k0, kn, row);
 	ops->round_bf16(row, dst, kn);
 }
 
@@ -584,14 +590,14 @@ static uint16_t *bf16_tile(const struct moek_ffn_call *c, unsigned worker, int w
 /* Rows [r0, r0 + nr) of m, every column, as bf16 rows ld elements apart, zero past the
  * matrix's columns up to ld (a multiple of 32). */
 static void dequantize_tile_bf16(const struct moek_ffn_call *c, unsigned worker,
-                                 const struct moek_matrix *m, size_t r0, size_t nr, size_t ld,
-                                 uint16_t *tile)
+                                 const struct moek_matrix *m, enum moek_fmt f, size_t r0, size_t nr,
+                                 size_t ld, uint16_t *tile)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	float *row = worker_area(c, worker);
 	for (size_t r = 0; r < nr; r++) { /* a whole row per call: the row buffer holds one */
 		uint16_t *dst = tile + r * ld;
-		dequantize_row_bf16(ops, m, r0 + r, 0, m->cols, row, dst);
+		dequantize_row_bf16(ops, m, f, r0 + r, 0, m->cols, row, dst);
 		memset(dst + m->cols, 0, (ld - m->cols) * sizeof(uint16_t));
 	}
 }
@@ -648,8 +654,8 @@ static void hidden_prefill_bf16(const struct moek_ffn_call *c, const struct moek
 	const size_t k = c->plan.x_pad, xs = c->plan.x_pad * PANEL;
 	for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
 		const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
-		dequantize_tile_bf16(c, worker, &e->gate, r0, nr, k, tg);
-		dequantize_tile_bf16(c, worker, &e->up, r0, nr, k, tu);
+		dequantize_tile_bf16(c, worker, &e->gate, c->plan.gate_fmt, r0, nr, k, tg);
+		dequantize_tile_bf16(c, worker, &e->up, c->plan.gate_fmt, r0, nr, k, tu);
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += TC_BF16) {
 			const size_t nt = c->n_tokens - t0 < TC_BF16 ? c->n_tokens - t0 : TC_BF16;
 			const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
@@ -674,8 +680,10 @@ static void hidden_prefill(const struct moek_ffn_call *c, const struct moek_expe
 		const size_t np = (nt + PANEL - 1) / PANEL, p0 = t0 / PANEL;
 		for (size_t r0 = f0; r0 < f1; r0 += TILE_ROWS) {
 			const size_t nr = f1 - r0 < TILE_ROWS ? f1 - r0 : TILE_ROWS;
-			tile_product(c, &e->gate, x_panel, r0, nr, p0, np, tile, cg, TC);
-			tile_product(c, &e->up, x_panel, r0, nr, p0, np, tile, cu, TC);
+			tile_product(c, &e->gate, c->plan.gate_fmt, x_panel, r0, nr, p0, np, tile,
+			             cg, TC);
+			tile_product(c, &e->up, c->plan.gate_fmt, x_panel, r0, nr, p0, np, tile, cu,
+			             TC);
 			activate_tile(c, e, r0, nr, p0, np, cg, cu, TC);
 		}
 	}
@@ -782,12 +790,12 @@ static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expe
 static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e, size_t f0,
                              size_t f1)
 {
-	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->gate.format)];
+	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.gate_fmt];
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
 	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
-	for (struct x8_steps s =
-	         x8_steps(c->n_tokens, f0, f1, 2 * moek_row_bytes(e->gate.format, hidden), as);
+	for (struct x8_steps s = x8_steps(c->n_tokens, f0, f1,
+	                                  2 * moek_fmt_row_bytes(c->plan.gate_fmt, hidden), as);
 	     x8_next(&s);) {
 		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
 		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
@@ -822,10 +830,10 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t hidden = c->plan.hidden;
-	const moek_dot_fn dot = e->gate.interleave ? NULL : ops->dot[moek_fmt_slot(e->gate.format)];
+	const moek_dot_fn dot = e->gate.interleave ? NULL : ops->dot[c->plan.gate_fmt];
 	const bool quantized = c->plan.xq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
-	if (e->gate.interleave && ops->dot_x8[moek_fmt_slot(e->gate.format)] && quantized) {
+	if (e->gate.interleave && ops->dot_x8[c->plan.gate_fmt] && quantized) {
 		hidden_decode_x8(c, e, f0, f1);
 		return;
 	}
@@ -880,10 +888,10 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 		}
 		/* generic: dequantize the row once, f32 dot per token (the scalar reference) */
 		(void)sg, (void)su;
-		dequantize_matrix_row(ops, &e->gate, f, 0, hidden, row);
+		dequantize_matrix_row(ops, &e->gate, c->plan.gate_fmt, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++)
 			h32_row(c, t)[f] = ops->dot_f32(row, x32_row(c, t), hidden);
-		dequantize_matrix_row(ops, &e->up, f, 0, hidden, row);
+		dequantize_matrix_row(ops, &e->up, c->plan.gate_fmt, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++) {
 			const float u = ops->dot_f32(row, x32_row(c, t), hidden);
 			h32_row(c, t)[f] = activate(e, h32_row(c, t)[f] + bg, u + bu);
@@ -969,7 +977,7 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
 	for (size_t r0 = o0; r0 < o1; r0 += TILE_ROWS) {
 		const size_t nr = o1 - r0 < TILE_ROWS ? o1 - r0 : TILE_ROWS;
 		if (bf16) /* the bf16 tiles: down's weights dequantized once per call */
-			dequantize_tile_bf16(c, worker, &e->down, r0, nr, k, td);
+			dequantize_tile_bf16(c, worker, &e->down, c->plan.down_fmt, r0, nr, k, td);
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += tc) {
 			const size_t nt = c->n_tokens - t0 < tc ? c->n_tokens - t0 : tc;
 			const size_t np = (nt + PANEL - 1) / PANEL;
@@ -977,8 +985,8 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
 				tile_product_bf16(plan_ops(c), td, nr, h_panel16(c, t0 / PANEL), hs,
 				                  np, k, acc, tc);
 			else
-				tile_product(c, &e->down, h_panel, r0, nr, t0 / PANEL, np, tile,
-				             acc, tc);
+				tile_product(c, &e->down, c->plan.down_fmt, h_panel, r0, nr,
+				             t0 / PANEL, np, tile, acc, tc);
 			for (size_t t = 0; t < nt; t++) { /* accumulate()'s operations, per token */
 				float y[TILE_ROWS];
 				for (size_t r = 0; r < nr; r++)
@@ -999,13 +1007,13 @@ enum { ROWS_CHUNK = 64 };
 static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e,
                            unsigned worker, size_t o0, size_t o1)
 {
-	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[moek_fmt_slot(e->down.format)];
+	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.down_fmt];
 	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
 	const uint8_t *ha = hq_row(c, worker, 0);
 	float yb[MOEK_DOT_TOKENS *
 	         DECODE_CHUNK]; /* [t][o - c0]: the chunk's sums (see DECODE_CHUNK) */
 	for (struct x8_steps s =
-	         x8_steps(c->n_tokens, o0, o1, moek_row_bytes(e->down.format, ffn), as);
+	         x8_steps(c->n_tokens, o0, o1, moek_fmt_row_bytes(c->plan.down_fmt, ffn), as);
 	     x8_next(&s);) {
 		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
 		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
@@ -1032,8 +1040,8 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const size_t ffn = c->plan.ffn;
-	const bool x8 = e->down.interleave && ops->dot_x8[moek_fmt_slot(e->down.format)];
-	const moek_dot_fn dot = e->down.interleave ? NULL : ops->dot[moek_fmt_slot(e->down.format)];
+	const bool x8 = e->down.interleave && ops->dot_x8[c->plan.down_fmt];
+	const moek_dot_fn dot = e->down.interleave ? NULL : ops->dot[c->plan.down_fmt];
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	float *row = worker_area(c, worker);
 	/* h of every token in down's activation format, this worker's own copy: the hidden phase
@@ -1056,7 +1064,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
 	const uint8_t *ha =
 	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
-	const moek_dot_rows_fn rows = ops->dot_rows[moek_fmt_slot(e->down.format)];
+	const moek_dot_rows_fn rows = ops->dot_rows[c->plan.down_fmt];
 	if (dot && c->n_tokens == 1) {
 		/* one token: a chunk's sums in place — the ISA's many-row dot where it has one,
 		 * else a dot per row (the same sum) — then their weighted sums (see DECODE_CHUNK)
@@ -1096,7 +1104,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 			continue;
 		}
 		(void)w, (void)s;
-		dequantize_matrix_row(ops, &e->down, o, 0, ffn, row);
+		dequantize_matrix_row(ops, &e->down, c->plan.down_fmt, o, 0, ffn, row);
 		for (size_t t = 0; t < c->n_tokens; t++)
 			accumulate(c, e, t, o, ops->dot_f32(row, h32_row(c, t), ffn));
 	}

@@ -2,7 +2,7 @@
  *
  * One row per format (struct moek_format_traits: id, name, block size and bytes, alignment,
  * scale layout, the activation format its dot products pair with, split granularity, its
- * slot in the ISAs' ops tables, its interleaved layout, reference codecs), as ggml's
+ * interleaved layout, reference codecs) at its dense index (enum moek_fmt), as ggml's
  * type_traits: callers ask the row instead of switching on the format. The quantizers reproduce
  * ggml's quantize_row_*_ref layout and rounding (Q8_0/Q4_0 from the block's extreme, Q2_K/Q4_K/Q5_K
  * by make_qkx2-style weighted scale/min search, Q6_K by make_qx-style scale search, Q3_K by
@@ -961,111 +961,258 @@ static void dequantize_fp8_row(const void *src, const float *scale_row, float *d
 #define SIDE_SCALES(codec)                                                                         \
 	.quantize_scaled = quantize_##codec, .dequantize_row_scaled = dequantize_##codec##_row
 
-/* info: id, name, block elements, block bytes, weight format, alignment, scale block,
- * safetensors dtype */
-static const struct moek_format_traits format_table[] = {
-    {.info = {MOEK_F32, "F32", 1, 4, true, 4, 0, "F32"},
-     .slot = MOEK_F32,
-     .vec_dot_format = MOEK_F32,
-     .down_split_align = 1,
-     INLINE_SCALES(f32)},
-    {.info = {MOEK_F16, "F16", 1, 2, true, 2, 0, "F16"},
-     .slot = MOEK_F16,
-     .vec_dot_format = MOEK_BF16,
-     .down_split_align = 1,
-     INLINE_SCALES(f16)},
-    {.info = {MOEK_Q4_0, "Q4_0", 32, 18, true, 2, 0, NULL},
-     .slot = MOEK_Q4_0,
-     .vec_dot_format = MOEK_Q8_0,
-     .down_split_align = 64,
-     INLINE_SCALES(q4_0)},
-    {.info = {MOEK_Q8_0, "Q8_0", 32, 34, true, 2, 0, NULL},
-     .slot = MOEK_Q8_0,
-     .vec_dot_format = MOEK_Q8_0,
-     .down_split_align = 1,
-     .x8 = &moek_x8_q8_0,
-     INLINE_SCALES(q8_0)},
-    {.info = {MOEK_Q2_K, "Q2_K", 256, 84, true, 2, 0, NULL},
-     .slot = MOEK_Q2_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     INLINE_SCALES(q2_K)},
-    {.info = {MOEK_Q3_K, "Q3_K", 256, 110, true, 2, 0, NULL},
-     .slot = MOEK_Q3_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     INLINE_SCALES(q3_K)},
-    {.info = {MOEK_Q4_K, "Q4_K", 256, 144, true, 2, 0, NULL},
-     .slot = MOEK_Q4_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     .x8 = &moek_x8_q4_K,
-     INLINE_SCALES(q4_K)},
-    {.info = {MOEK_Q5_K, "Q5_K", 256, 176, true, 2, 0, NULL},
-     .slot = MOEK_Q5_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     INLINE_SCALES(q5_K)},
-    {.info = {MOEK_Q6_K, "Q6_K", 256, 210, true, 2, 0, NULL},
-     .slot = MOEK_Q6_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     INLINE_SCALES(q6_K)},
-    {.info = {MOEK_Q8_K, "Q8_K", 256, 292, false, 4, 0, NULL},
-     .slot = MOEK_Q8_K,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     INLINE_SCALES(q8_K)},
-    {.info = {MOEK_IQ4_NL, "IQ4_NL", 32, 18, true, 2, 0, NULL},
-     .slot = MOEK_IQ4_NL,
-     .vec_dot_format = MOEK_Q8_0,
-     .down_split_align = 64,
-     .quantize_row = moek_quantize_iq4_nl,
-     .dequantize_row = moek_dequantize_iq4_nl},
-    {.info = {MOEK_IQ4_XS, "IQ4_XS", 256, 136, true, 2, 0, NULL},
-     .slot = MOEK_IQ4_XS,
-     .vec_dot_format = MOEK_Q8_K,
-     .down_split_align = 1,
-     .quantize_row = moek_quantize_iq4_xs,
-     .dequantize_row = moek_dequantize_iq4_xs},
-    {.info = {MOEK_BF16, "BF16", 1, 2, true, 2, 0, "BF16"},
-     .slot = MOEK_BF16,
-     .vec_dot_format = MOEK_BF16,
-     .down_split_align = 1,
-     .x8 = &moek_x8_bf16,
-     INLINE_SCALES(bf16)},
-    {.info = {MOEK_MXFP4, "MXFP4", 32, 17, true, 1, 0, NULL},
-     .slot = MOEK_MXFP4,
-     .vec_dot_format = MOEK_Q8_0,
-     .down_split_align = 64,
-     .x8 = &moek_x8_mxfp4,
-     INLINE_SCALES(mxfp4)},
-    {.info = {MOEK_FP8_E4M3_B128, "FP8_E4M3_B128", 1, 1, true, 1, MOEK_FP8_BLOCK, "F8_E4M3"},
-     .slot = MOEK_SLOT_FP8_E4M3_B128,
-     .vec_dot_format = MOEK_F32,
-     .down_split_align = 1,
-     SIDE_SCALES(fp8)},
-    {.info = {MOEK_INT4_G32, "INT4_G32", 32, 20, true, 1, 0, NULL},
-     .slot = MOEK_SLOT_INT4_G32,
-     .vec_dot_format = MOEK_Q8_0,
-     .down_split_align = 64,
-     .x8 = &moek_x8_int4_g32,
-     .quantize_row = moek_int4_quantize_row,
-     .dequantize_row = moek_int4_dequantize_row},
+/* Row f at index f (enum moek_fmt, kernels_internal.h); a row's fields are documented in struct
+ * moek_format_traits and struct moek_format_info. */
+const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
+    {
+        [MOEK_FMT_F32] =
+            {
+                .info = {.format = MOEK_F32,
+                         .name = "F32",
+                         .block_elems = 1,
+                         .block_bytes = 4,
+                         .weight_format = true,
+                         .align = 4,
+                         .safetensors_dtype = "F32"},
+                .ggml = true,
+                .vec_dot_format = MOEK_F32,
+                .down_split_align = 1,
+                INLINE_SCALES(f32),
+            },
+        [MOEK_FMT_F16] =
+            {
+                .info = {.format = MOEK_F16,
+                         .name = "F16",
+                         .block_elems = 1,
+                         .block_bytes = 2,
+                         .weight_format = true,
+                         .align = 2,
+                         .safetensors_dtype = "F16"},
+                .ggml = true,
+                .vec_dot_format = MOEK_BF16,
+                .down_split_align = 1,
+                INLINE_SCALES(f16),
+            },
+        [MOEK_FMT_Q4_0] =
+            {
+                .info = {.format = MOEK_Q4_0,
+                         .name = "Q4_0",
+                         .block_elems = 32,
+                         .block_bytes = 18,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 64,
+                INLINE_SCALES(q4_0),
+            },
+        [MOEK_FMT_Q8_0] =
+            {
+                .info = {.format = MOEK_Q8_0,
+                         .name = "Q8_0",
+                         .block_elems = 32,
+                         .block_bytes = 34,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 1,
+                .x8 = &moek_x8_q8_0,
+                INLINE_SCALES(q8_0),
+            },
+        [MOEK_FMT_Q2_K] =
+            {
+                .info = {.format = MOEK_Q2_K,
+                         .name = "Q2_K",
+                         .block_elems = 256,
+                         .block_bytes = 84,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                INLINE_SCALES(q2_K),
+            },
+        [MOEK_FMT_Q3_K] =
+            {
+                .info = {.format = MOEK_Q3_K,
+                         .name = "Q3_K",
+                         .block_elems = 256,
+                         .block_bytes = 110,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                INLINE_SCALES(q3_K),
+            },
+        [MOEK_FMT_Q4_K] =
+            {
+                .info = {.format = MOEK_Q4_K,
+                         .name = "Q4_K",
+                         .block_elems = 256,
+                         .block_bytes = 144,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .x8 = &moek_x8_q4_K,
+                INLINE_SCALES(q4_K),
+            },
+        [MOEK_FMT_Q5_K] =
+            {
+                .info = {.format = MOEK_Q5_K,
+                         .name = "Q5_K",
+                         .block_elems = 256,
+                         .block_bytes = 176,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                INLINE_SCALES(q5_K),
+            },
+        [MOEK_FMT_Q6_K] =
+            {
+                .info = {.format = MOEK_Q6_K,
+                         .name = "Q6_K",
+                         .block_elems = 256,
+                         .block_bytes = 210,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                INLINE_SCALES(q6_K),
+            },
+        [MOEK_FMT_Q8_K] =
+            {
+                .info = {.format = MOEK_Q8_K,
+                         .name = "Q8_K",
+                         .block_elems = 256,
+                         .block_bytes = 292,
+                         .weight_format = false,
+                         .align = 4},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                INLINE_SCALES(q8_K),
+            },
+        [MOEK_FMT_IQ4_NL] =
+            {
+                .info = {.format = MOEK_IQ4_NL,
+                         .name = "IQ4_NL",
+                         .block_elems = 32,
+                         .block_bytes = 18,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 64,
+                .quantize_row = moek_quantize_iq4_nl,
+                .dequantize_row = moek_dequantize_iq4_nl,
+            },
+        [MOEK_FMT_IQ4_XS] =
+            {
+                .info = {.format = MOEK_IQ4_XS,
+                         .name = "IQ4_XS",
+                         .block_elems = 256,
+                         .block_bytes = 136,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq4_xs,
+                .dequantize_row = moek_dequantize_iq4_xs,
+            },
+        [MOEK_FMT_BF16] =
+            {
+                .info = {.format = MOEK_BF16,
+                         .name = "BF16",
+                         .block_elems = 1,
+                         .block_bytes = 2,
+                         .weight_format = true,
+                         .align = 2,
+                         .safetensors_dtype = "BF16"},
+                .ggml = true,
+                .vec_dot_format = MOEK_BF16,
+                .down_split_align = 1,
+                .x8 = &moek_x8_bf16,
+                INLINE_SCALES(bf16),
+            },
+        [MOEK_FMT_MXFP4] =
+            {
+                .info = {.format = MOEK_MXFP4,
+                         .name = "MXFP4",
+                         .block_elems = 32,
+                         .block_bytes = 17,
+                         .weight_format = true,
+                         .align = 1},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 64,
+                .x8 = &moek_x8_mxfp4,
+                INLINE_SCALES(mxfp4),
+            },
+        [MOEK_FMT_FP8_E4M3_B128] =
+            {
+                .info = {.format = MOEK_FP8_E4M3_B128,
+                         .name = "FP8_E4M3_B128",
+                         .block_elems = 1,
+                         .block_bytes = 1,
+                         .weight_format = true,
+                         .align = 1,
+                         .scale_block = MOEK_FP8_BLOCK,
+                         .safetensors_dtype = "F8_E4M3"},
+                .vec_dot_format = MOEK_F32,
+                .down_split_align = 1,
+                SIDE_SCALES(fp8),
+            },
+        [MOEK_FMT_INT4_G32] =
+            {
+                .info = {.format = MOEK_INT4_G32,
+                         .name = "INT4_G32",
+                         .block_elems = 32,
+                         .block_bytes = 20,
+                         .weight_format = true,
+                         .align = 1},
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 64,
+                .x8 = &moek_x8_int4_g32,
+                .quantize_row = moek_int4_quantize_row,
+                .dequantize_row = moek_int4_dequantize_row,
+            },
 };
-enum { FORMATS = sizeof(format_table) / sizeof(format_table[0]) };
+
+/* Every index has a row: a row left out would be all zeros, and block_elems 0 a division by
+ * zero (test_format_table checks every row's fields). The own formats' ids are their index
+ * plus a constant, which moek_fmt_index relies on. */
+#define MOEK_FMT_CHECK_GGML(name)                                                                  \
+	static_assert(MOEK_##name < MOEK_GGML_ID_END, #name " is a ggml id");
+#define MOEK_FMT_CHECK_OWN(name)                                                                   \
+	static_assert(MOEK_##name - MOEK_OWN_ID_FIRST == MOEK_FMT_##name - MOEK_FMT_OWN_FIRST,     \
+	              #name ": own ids follow the table");
+MOEK_GGML_FORMATS(MOEK_FMT_CHECK_GGML)
+MOEK_OWN_FORMATS(MOEK_FMT_CHECK_OWN)
+static_assert(MOEK_FMT_SLOTS <= 255, "indices fit the plan's bytes");
+
+const uint8_t moek_fmt_of_ggml_id[MOEK_GGML_ID_END] = {
+#define MOEK_FMT_OF_ID(name) [MOEK_##name] = MOEK_FMT_##name + 1,
+    MOEK_GGML_FORMATS(MOEK_FMT_OF_ID)
+#undef MOEK_FMT_OF_ID
+};
 
 const struct moek_format_traits *moek_format_traits(uint32_t format)
 {
-	for (size_t i = 0; i < FORMATS; i++)
-		if (format_table[i].info.format == format)
-			return &format_table[i];
-	return NULL;
+	const enum moek_fmt f = moek_fmt_index(format);
+	return f == MOEK_FMT_NONE ? NULL : &moek_formats[f];
 }
 
 const struct moek_format_traits *moek_format_traits_at(size_t i)
 {
-	return i < FORMATS ? &format_table[i] : NULL;
+	return i < MOEK_FMT_COUNT ? &moek_formats[i] : NULL;
 }
 
 const struct moek_format_info *moek_format_lookup(uint32_t format)
@@ -1076,17 +1223,23 @@ const struct moek_format_info *moek_format_lookup(uint32_t format)
 
 const struct moek_format_info *moek_format_at(size_t i)
 {
-	return i < FORMATS ? &format_table[i].info : NULL;
+	return i < MOEK_FMT_COUNT ? &moek_formats[i].info : NULL;
 }
 
 const struct moek_format_info *moek_format_from_safetensors(const char *dtype)
 {
-	for (size_t i = 0; i < FORMATS; i++) {
-		const char *st = format_table[i].info.safetensors_dtype;
+	for (size_t i = 0; i < MOEK_FMT_COUNT; i++) {
+		const char *st = moek_formats[i].info.safetensors_dtype;
 		if (st && strcmp(st, dtype) == 0)
-			return &format_table[i].info;
+			return &moek_formats[i].info;
 	}
 	return NULL;
+}
+
+const struct moek_format_info *moek_format_from_ggml(uint32_t ggml_type)
+{
+	const struct moek_format_traits *row = moek_format_traits(ggml_type);
+	return row && row->ggml ? &row->info : NULL;
 }
 
 uint32_t moek_format_scale_block(uint32_t format)
@@ -1145,8 +1298,15 @@ int moek_quantize_row(uint32_t format, const float *src, size_t n, void *dst)
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n)
 {
-	const struct moek_format_traits *row = moek_format_traits(format);
-	assert(row && n % row->info.block_elems == 0);
+	assert(moek_fmt_index(format) != MOEK_FMT_NONE);
+	moek_fmt_dequantize_ref(moek_fmt_index(format), src, scale_row, dst, n);
+}
+
+void moek_fmt_dequantize_ref(enum moek_fmt f, const void *src, const float *scale_row, float *dst,
+                             size_t n)
+{
+	const struct moek_format_traits *row = &moek_formats[f];
+	assert(f < MOEK_FMT_COUNT && n % row->info.block_elems == 0);
 	if (row->info.scale_block)
 		row->dequantize_row_scaled(src, scale_row, dst, n);
 	else

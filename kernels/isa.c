@@ -176,7 +176,6 @@ static float scalar_dot_f32(const float *a, const float *b, size_t k)
  * tiles, so it stays row by row. */
 const struct moek_isa_ops moek_scalar_ops = {
     .name = "scalar",
-    .dequantize_row = moek_ref_dequantize_row,
     .dot_f32 = scalar_dot_f32,
     .tile = NULL,
     .prefill = false,

@@ -157,21 +157,57 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* ---- The format table (formats.c) ---------------------------------------------------------
  * One row per format, as ggml's type_traits: everything the kernels and their callers need to
  * know about a format is a field of its row or a query on it, so adding a format is one row
- * plus its functions: its id (moe_kernels.h), its block struct here, its reference codecs and
- * row in formats.c, and — for SIMD speed — its entries in an ISA's ops tables at the row's slot
+ * plus its functions: its id (moe_kernels.h), its name in MOEK_GGML_FORMATS or
+ * MOEK_OWN_FORMATS below, its block struct here, its reference codecs and row in formats.c,
+ * and — for SIMD speed — its entries in an ISA's ops tables at the row's index
  * (and a struct moek_x8_layout in interleave.c if it has an interleaved layout). The SIMD
- * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's slot; the
+ * entry points live in the per-ISA ops tables (moek_isa_ops), indexed by the row's index; the
  * reference dot product is the reference dequantizer followed by an f32 dot product
  * (moek_scalar_ops). test_format_table checks a new row against all of these. */
 
-/* Dense slots of the weight formats in the per-ISA tables: a ggml id is its own slot, the
- * sidecar's own formats (ids from 1000) take slots from the top. */
-enum {
-	MOEK_FMT_SLOTS = 64,
-	MOEK_SLOT_INT4_G32 = 61,
-	MOEK_SLOT_NONE = 62, /* unknown formats: no entry in any ops table */
-	MOEK_SLOT_FP8_E4M3_B128 = 63,
+/* The formats, once: each row of the table at a dense index MOEK_FMT_<name> (enum moek_fmt),
+ * the index every per-format table (format rows, ISA ops) is an array over, as ggml indexes
+ * its type_traits by ggml_type. The public ids (moe_kernels.h, enum moek_format) are ggml's
+ * type ids, which have gaps up to 39, and the sidecar's own from 1000; moek_fmt_index maps
+ * one to its index in O(1), once, where an id enters the kernels (the public functions,
+ * moek_ffn_prepare): the request path then carries the index. The ggml formats come first,
+ * in id order; the sidecar's own follow in id order, so their ids are their index + a
+ * constant (asserted in formats.c). */
+#define MOEK_GGML_FORMATS(X)                                                                       \
+	X(F32)                                                                                     \
+	X(F16)                                                                                     \
+	X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K) X(IQ4_NL) X(IQ4_XS)        \
+	    X(BF16) X(MXFP4)
+#define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
+
+enum moek_fmt {
+#define MOEK_FMT_ENUM(name) MOEK_FMT_##name,
+	MOEK_GGML_FORMATS(MOEK_FMT_ENUM) MOEK_OWN_FORMATS(MOEK_FMT_ENUM)
+#undef MOEK_FMT_ENUM
+	    MOEK_FMT_COUNT,
+	/* unknown ids: an index no table fills (the ops tables have a NULL entry for it) */
+	MOEK_FMT_NONE = MOEK_FMT_COUNT,
+	MOEK_FMT_SLOTS, /* entries of a per-format ops array: every format and NONE */
 };
+/* The first of the sidecar's own formats, and where ggml's ids end (below the first own id). */
+#define MOEK_FMT_OWN_FIRST MOEK_FMT_FP8_E4M3_B128
+#define MOEK_OWN_ID_FIRST MOEK_FP8_E4M3_B128
+#define MOEK_GGML_ID_END 40u
+
+/* Index of each ggml id below MOEK_GGML_ID_END, plus one (0: no row) (formats.c). */
+extern const uint8_t moek_fmt_of_ggml_id[MOEK_GGML_ID_END];
+
+/* The dense index of a public format id (MOEK_FMT_NONE if no row has it). */
+static inline enum moek_fmt moek_fmt_index(uint32_t format)
+{
+	if (format < MOEK_GGML_ID_END)
+		return moek_fmt_of_ggml_id[format]
+		           ? (enum moek_fmt)(moek_fmt_of_ggml_id[format] - 1)
+		           : MOEK_FMT_NONE;
+	const uint32_t own = format - MOEK_OWN_ID_FIRST; /* wraps for ids below: never small */
+	return own < MOEK_FMT_COUNT - MOEK_FMT_OWN_FIRST ? (enum moek_fmt)(MOEK_FMT_OWN_FIRST + own)
+	                                                 : MOEK_FMT_NONE;
+}
 
 /* The interleaved layout of a format (moe_kernels.h, moek_interleave): per column of a group
  * of 8 rows, the block's fields in order, each either scalar (1 or 2 bytes per row, the 8 rows
@@ -194,7 +230,7 @@ extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, mo
 struct moek_format_traits {
 	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
 	                                 scale layout */
-	unsigned slot;                /* index in moek_isa_ops' per-format tables */
+	bool ggml; /* info.format is a ggml type id (GGUF stores these weights under it) */
 	/* activation format of its SIMD dot product: Q8_0/Q8_K for integer products; BF16 for
 	 * 16-bit float weights (halves the activation's L1 footprint, so rows of 7168+ columns
 	 * stream from DRAM without evicting the token); F32 otherwise */
@@ -216,20 +252,19 @@ struct moek_format_traits {
 	                              size_t n);
 };
 
-/* The row of `format`, or NULL if the id is not a known format; row i in table order (NULL
- * past the end). */
+/* The table: row f is format f's (every index below MOEK_FMT_COUNT has one). */
+extern const struct moek_format_traits moek_formats[MOEK_FMT_COUNT];
+
+/* The row of public id `format`, or NULL if the id is not a known format; row i in table
+ * order (NULL past the end). */
 const struct moek_format_traits *moek_format_traits(uint32_t format);
 const struct moek_format_traits *moek_format_traits_at(size_t i);
 
-/* Slot of a format in moek_isa_ops' per-format tables. The phases ask per call, so ggml ids
- * (their rows' slot is the id; test_format_table checks it) skip the table; an unknown id gets
- * a slot no ops table fills (its own below MOEK_SLOT_INT4_G32, else MOEK_SLOT_NONE). */
-static inline unsigned moek_fmt_slot(uint32_t format)
+/* Bytes of n elements of format f (a multiple of its block): the table's arithmetic on an
+ * index the caller already has. */
+static inline size_t moek_fmt_row_bytes(enum moek_fmt f, size_t n)
 {
-	if (format < MOEK_SLOT_INT4_G32)
-		return format;
-	const struct moek_format_traits *t = moek_format_traits(format);
-	return t ? t->slot : MOEK_SLOT_NONE;
+	return n / moek_formats[f].info.block_elems * moek_formats[f].info.block_bytes;
 }
 
 /* The unit an interleaved `format` stores the 8 rows of side by side (moek_interleave): its
@@ -311,6 +346,9 @@ static inline void moek_q3_scales(const uint8_t q[K_SCALE_SIZE], uint8_t sc[16])
  * their per-128-column scales: scale_row[c / 128] multiplies column c. */
 void moek_ref_dequantize_row(uint32_t format, const void *src, const float *scale_row, float *dst,
                              size_t n);
+/* The same for the format at index f. */
+void moek_fmt_dequantize_ref(enum moek_fmt f, const void *src, const float *scale_row, float *dst,
+                             size_t n);
 
 /* The activation format a weight format's SIMD dot product consumes: MOEK_Q8_0, MOEK_Q8_K,
  * MOEK_BF16 (F16/BF16 weights) or MOEK_F32 (F32 and FP8 weights). */
@@ -323,7 +361,7 @@ uint32_t moek_vec_dot_format(uint32_t weight_format);
  * scale_row is the FP8 scales of this row's 128-row band (NULL otherwise). The result for a
  * (row, token) pair depends only on the row, the token and nt — never on which range the row
  * is in: the FFN's split determinism rests on it (token groups are fixed by token index).
- * dequantize_row: as the reference, possibly vectorised. */
+ */
 #define MOEK_DOT_TOKENS 8
 typedef void (*moek_dot_fn)(const void *w, const float *scale_row, const void *act,
                             size_t act_stride, size_t nt, size_t k, float *out);
@@ -338,8 +376,9 @@ typedef void (*moek_dot_rows_fn)(const void *w, size_t row_stride, size_t nr, co
  * format moek_isa_act_format(ops, format, true) gives: out[t * 8 + r]. */
 typedef void (*moek_dot_x8_fn)(const void *group, const void *act, size_t act_stride, size_t nt,
                                size_t k, float *out);
-typedef void (*moek_dequant_fn)(uint32_t format, const void *w, const float *scale_row, float *dst,
-                                size_t k);
+/* dequantize: a row of k elements of one format into f32, bit-identical to the reference
+ * (scale_row: FP8's, as for dot). */
+typedef void (*moek_dequant_fn)(const void *w, const float *scale_row, float *dst, size_t k);
 /* Prefill micro-kernel, one panel of 16 tokens: c[r * ldc + j] += Σ_k w[r * ldw + k] *
  * xp[k * 16 + j] for r < nr, j < 16; k a multiple of 8 (operands zero-padded). Each (r, j) is
  * one FMA chain in k order whatever nr is (determinism, as above). */
@@ -397,28 +436,29 @@ static_assert(sizeof(struct block_q8_0s) == 40, "Q8_0s block");
 
 struct moek_isa_ops {
 	const char *name;
-	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* indexed by moek_fmt_slot() */
+	/* per weight format, indexed by enum moek_fmt (MOEK_FMT_NONE: always NULL) */
+	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* row dots */
 	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
-	moek_dot_x8_fn
-	    dot_x8[MOEK_FMT_SLOTS]; /* interleaved groups, by moek_fmt_slot() (NULL: none) */
-	/* private activation formats (all NULL when the ISA has none): the format a weight
-	 * format's dot (interleaved: dot_x8) consumes (0: moek_vec_dot_format's), bytes of a
-	 * k-element row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair
-	 * boundary). The quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to
-	 * the reference. */
-	uint32_t (*private_act)(uint32_t weight_format, bool interleaved);
+	moek_dot_x8_fn dot_x8[MOEK_FMT_SLOTS];     /* interleaved groups (NULL: none) */
+	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
+	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
+	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];
+	/* the private activation formats (all NULL when the ISA has none): bytes of a k-element
+	 * row, the quantizer and its inverse (k a multiple of 32; dst/src at a pair boundary).
+	 * The quantizer also takes MOEK_Q8_K (k a multiple of 256), bit-identical to the
+	 * reference. */
 	size_t (*act_row_bytes)(uint32_t act_format, size_t k);
 	void (*quantize_act)(uint32_t act_format, const float *x, size_t k, void *dst);
 	void (*dequantize_act)(uint32_t act_format, const void *src, size_t k, float *dst);
-	moek_dequant_fn dequantize_row;
+	moek_dequant_fn dequantize[MOEK_FMT_SLOTS]; /* the prefill tiles' (NULL: the reference) */
 	float (*dot_f32)(const float *a, const float *b, size_t k);
 	moek_tile_fn tile;
 	bool prefill; /* has the dequantized-tile path (MOEK_PREFILL_MIN_TOKENS) */
 	/* bf16 tiles (NULL: none) for the formats moek_tile_bf16_takes, from the token count
-	 * tile_bf16_from gives for a gate format (interleaved: its groups), with f32 → bf16
+	 * tile_bf16_from gives for a gate format ([1]: in interleaved groups), with f32 → bf16
 	 * rounding to nearest even (dequantized weight rows, activation rows: n elements) */
 	moek_tile_bf16_fn tile_bf16;
-	unsigned (*tile_bf16_from)(uint32_t format, bool interleaved);
+	unsigned tile_bf16_from[2][MOEK_FMT_SLOTS];
 	void (*round_bf16)(const float *src, uint16_t *dst, size_t n);
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */
@@ -436,11 +476,26 @@ struct moek_isa_ops {
 
 /* The activation format `ops` feeds a weight format's dot product with, its row size, and its
  * quantizer: the ISA's private one where it has one, else the ggml format. */
+static inline uint32_t moek_isa_act_fmt(const struct moek_isa_ops *ops, enum moek_fmt f,
+                                        bool interleaved)
+{
+	const uint32_t p = interleaved ? ops->act_x8[f] : ops->act[f];
+	return p ? p : moek_formats[f].vec_dot_format;
+}
+/* The same by public id (tests, benchmarks). */
 static inline uint32_t moek_isa_act_format(const struct moek_isa_ops *ops, uint32_t weight_format,
                                            bool interleaved)
 {
-	const uint32_t p = ops->private_act ? ops->private_act(weight_format, interleaved) : 0;
-	return p ? p : moek_vec_dot_format(weight_format);
+	return moek_isa_act_fmt(ops, moek_fmt_index(weight_format), interleaved);
+}
+/* A row of format f into f32 the ISA's way (its dequantizer, else the reference). */
+static inline void moek_isa_dequantize(const struct moek_isa_ops *ops, enum moek_fmt f,
+                                       const void *w, const float *scale_row, float *dst, size_t k)
+{
+	if (ops->dequantize[f])
+		ops->dequantize[f](w, scale_row, dst, k);
+	else
+		moek_fmt_dequantize_ref(f, w, scale_row, dst, k);
 }
 static inline bool moek_isa_private_act(uint32_t act)
 {

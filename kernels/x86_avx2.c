@@ -222,19 +222,6 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 
 /* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 / IQ4_NL dot products -------------- */
 
-static uint32_t private_act(uint32_t weight_format, bool interleaved)
-{
-	if (interleaved)
-		return weight_format == MOEK_Q8_0 || weight_format == MOEK_MXFP4 ||
-		               weight_format == MOEK_INT4_G32
-		           ? MOEK_ACT_Q8_0S
-		           : 0;
-	return weight_format == MOEK_Q4_0 || weight_format == MOEK_MXFP4 ||
-	               weight_format == MOEK_IQ4_NL || weight_format == MOEK_INT4_G32
-	           ? MOEK_ACT_Q8_0X2
-	           : 0;
-}
-
 static size_t act_row_bytes(uint32_t act_format, size_t k)
 {
 	if (act_format == MOEK_ACT_Q8_0S)
@@ -1425,166 +1412,212 @@ static inline void store_k4x32(const uint8_t *q, __m256 dv, __m256 mv, float *ds
 		                  mv));
 }
 
-/* Dequantization for prefill tiles; bit-identical to the reference for every format
- * (same products, same single roundings). */
-static void dequantize_row(uint32_t format, const void *w, const float *scale_row, float *dst,
-                           size_t k)
+/* Dequantization for prefill tiles, one function per format (moek_avx2_ops.dequantize;
+ * F32 has none: the reference copies); bit-identical to the reference for every format
+ * (same products, same single roundings). A vector loop that leaves a tail hands it to the
+ * reference. */
+static void ref_tail(enum moek_fmt f, const void *w, const float *scale_row, float *dst, size_t i,
+                     size_t k)
+{
+	if (i < k)
+		moek_fmt_dequantize_ref(f, (const uint8_t *)w + moek_fmt_row_bytes(f, i),
+		                        scale_row ? scale_row + i / MOEK_FP8_BLOCK : NULL, dst + i,
+		                        k - i);
+}
+
+static void dequantize_bf16(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	size_t i = 0;
+	for (; i + 8 <= k; i += 8)
+		_mm256_storeu_ps(dst + i, load_bf16((const uint16_t *)w + i));
+	ref_tail(MOEK_FMT_BF16, w, scale_row, dst, i, k);
+}
+
+static void dequantize_f16(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	size_t i = 0;
+	for (; i + 8 <= k; i += 8)
+		_mm256_storeu_ps(dst + i, load_f16((const uint16_t *)w + i));
+	ref_tail(MOEK_FMT_F16, w, scale_row, dst, i, k);
+}
+
+static void dequantize_fp8(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	size_t i = 0;
+	for (; i + 16 <= k; i += 16) {
+		__m256 lo, hi;
+		const __m256 s = _mm256_set1_ps(scale_row[i / MOEK_FP8_BLOCK] * 256.0f);
+		fp8x16_scaled((const uint8_t *)w + i, &lo, &hi);
+		_mm256_storeu_ps(dst + i, _mm256_mul_ps(lo, s));
+		_mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, s));
+	}
+	ref_tail(MOEK_FMT_FP8_E4M3_B128, w, scale_row, dst, i, k);
+}
+
+static void dequantize_q8_0(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	size_t i = 0;
+	for (const struct block_q8_0 *b = w; i < k; i += QK8_0, b++) {
+		const __m256 d = _mm256_set1_ps(f16(b->d));
+		store_i8x32_2(b->qs, d, d, dst + i);
+	}
+}
+
+static void dequantize_q4_0(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	size_t i = 0;
+	for (const struct block_q4_0 *b = w; i < k; i += QK4_0, b++) {
+		const __m256 d = _mm256_set1_ps(f16(b->d));
+		store_i8x32_reg(_mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8)), d, d,
+		                dst + i);
+	}
+}
+
+static void dequantize_mxfp4(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	size_t i = 0;
+	const __m256i values =
+	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+	for (const struct block_mxfp4 *b = w; i < k; i += QK_MXFP4, b++) {
+		const __m256 d = _mm256_broadcast_ss(&e8m0_half_lut.f[b->e]);
+		store_i8x32_lanes(_mm256_shuffle_epi8(values, nibbles_32(b->qs)), d, dst + i);
+	}
+}
+
+static inline __attribute__((always_inline)) void dequantize_k45(const void *w, float *dst,
+                                                                 size_t k, bool five)
 {
 	const __m256i low4 = _mm256_set1_epi8(0x0F);
 	size_t i = 0;
-	switch (format) {
-	case MOEK_BF16:
-		for (; i + 8 <= k; i += 8)
-			_mm256_storeu_ps(dst + i, load_bf16((const uint16_t *)w + i));
-		break;
-	case MOEK_F16:
-		for (; i + 8 <= k; i += 8)
-			_mm256_storeu_ps(dst + i, load_f16((const uint16_t *)w + i));
-		break;
-	case MOEK_FP8_E4M3_B128:
-		for (; i + 16 <= k; i += 16) {
-			__m256 lo, hi;
-			const __m256 s = _mm256_set1_ps(scale_row[i / MOEK_FP8_BLOCK] * 256.0f);
-			fp8x16_scaled((const uint8_t *)w + i, &lo, &hi);
-			_mm256_storeu_ps(dst + i, _mm256_mul_ps(lo, s));
-			_mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, s));
+	const size_t bb = five ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
+	for (; i < k; i += QK_K) {
+		const uint8_t *blk = (const uint8_t *)w + i / QK_K * bb;
+		const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
+		const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
+		uint8_t sc[8], m[8];
+		k4_unpack(five ? x5->scales : x4->scales, sc, m);
+		/* d · sc_j and dmin · m_j for the 8 sub-blocks in one multiply each (the
+		 * reference's single roundings), read back by broadcast loads */
+		float dsc[8], dm[8];
+		_mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(f16(x4->d)),
+		                                    _mm256_cvtepi32_ps(widen_u8x8(sc))));
+		_mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(f16(x4->dmin)),
+		                                   _mm256_cvtepi32_ps(widen_u8x8(m))));
+		const uint8_t *qs = five ? x5->qs : x4->qs;
+		const __m256i qh =
+		    five ? _mm256_loadu_si256((const __m256i *)x5->qh) : _mm256_setzero_si256();
+		for (int c = 0; c < 4; c++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+			__m256i lo = _mm256_and_si256(q, low4);
+			__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+			if (five) {
+				const __m256i one = _mm256_set1_epi8(1);
+				lo = _mm256_or_si256(
+				    lo,
+				    _mm256_slli_epi16(
+				        _mm256_and_si256(
+				            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one),
+				        4));
+				hi = _mm256_or_si256(
+				    hi, _mm256_slli_epi16(
+				            _mm256_and_si256(
+				                _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)),
+				                one),
+				            4));
+			}
+			uint8_t levels[64];
+			_mm256_storeu_si256((__m256i *)levels, lo);
+			_mm256_storeu_si256((__m256i *)(levels + 32), hi);
+			store_k4x32(levels, _mm256_broadcast_ss(&dsc[2 * c]),
+			            _mm256_broadcast_ss(&dm[2 * c]), dst + i + 64 * c);
+			store_k4x32(levels + 32, _mm256_broadcast_ss(&dsc[2 * c + 1]),
+			            _mm256_broadcast_ss(&dm[2 * c + 1]), dst + i + 64 * c + 32);
 		}
-		break;
-	case MOEK_Q8_0:
-		for (const struct block_q8_0 *b = w; i < k; i += QK8_0, b++) {
-			const __m256 d = _mm256_set1_ps(f16(b->d));
-			store_i8x32_2(b->qs, d, d, dst + i);
-		}
-		break;
-	case MOEK_Q4_0:
-		for (const struct block_q4_0 *b = w; i < k; i += QK4_0, b++) {
-			const __m256 d = _mm256_set1_ps(f16(b->d));
-			store_i8x32_reg(_mm256_sub_epi8(nibbles_32(b->qs), _mm256_set1_epi8(8)), d,
-			                d, dst + i);
-		}
-		break;
-	case MOEK_MXFP4: {
-		const __m256i values = _mm256_broadcastsi128_si256(
-		    _mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
-		for (const struct block_mxfp4 *b = w; i < k; i += QK_MXFP4, b++) {
-			const __m256 d = _mm256_broadcast_ss(&e8m0_half_lut.f[b->e]);
-			store_i8x32_lanes(_mm256_shuffle_epi8(values, nibbles_32(b->qs)), d,
-			                  dst + i);
-		}
-		break;
 	}
-	case MOEK_Q4_K:
-	case MOEK_Q5_K: {
-		const bool five = format == MOEK_Q5_K;
-		const size_t bb = five ? sizeof(struct block_q5_K) : sizeof(struct block_q4_K);
-		for (; i < k; i += QK_K) {
-			const uint8_t *blk = (const uint8_t *)w + i / QK_K * bb;
-			const struct block_q4_K *x4 = (const struct block_q4_K *)blk;
-			const struct block_q5_K *x5 = (const struct block_q5_K *)blk;
-			uint8_t sc[8], m[8];
-			k4_unpack(five ? x5->scales : x4->scales, sc, m);
-			/* d · sc_j and dmin · m_j for the 8 sub-blocks in one multiply each (the
-			 * reference's single roundings), read back by broadcast loads */
-			float dsc[8], dm[8];
-			_mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(f16(x4->d)),
-			                                    _mm256_cvtepi32_ps(widen_u8x8(sc))));
-			_mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(f16(x4->dmin)),
-			                                   _mm256_cvtepi32_ps(widen_u8x8(m))));
-			const uint8_t *qs = five ? x5->qs : x4->qs;
-			const __m256i qh = five ? _mm256_loadu_si256((const __m256i *)x5->qh)
-			                        : _mm256_setzero_si256();
-			for (int c = 0; c < 4; c++) {
-				const __m256i q =
-				    _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-				__m256i lo = _mm256_and_si256(q, low4);
-				__m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
-				if (five) {
-					const __m256i one = _mm256_set1_epi8(1);
-					lo = _mm256_or_si256(
-					    lo,
-					    _mm256_slli_epi16(
-					        _mm256_and_si256(
-					            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)),
-					            one),
-					        4));
-					hi = _mm256_or_si256(
-					    hi, _mm256_slli_epi16(
-					            _mm256_and_si256(
-					                _mm256_srl_epi16(
-					                    qh, _mm_cvtsi32_si128(2 * c + 1)),
-					                one),
-					            4));
-				}
-				uint8_t levels[64];
-				_mm256_storeu_si256((__m256i *)levels, lo);
-				_mm256_storeu_si256((__m256i *)(levels + 32), hi);
-				store_k4x32(levels, _mm256_broadcast_ss(&dsc[2 * c]),
-				            _mm256_broadcast_ss(&dm[2 * c]), dst + i + 64 * c);
-				store_k4x32(levels + 32, _mm256_broadcast_ss(&dsc[2 * c + 1]),
-				            _mm256_broadcast_ss(&dm[2 * c + 1]),
-				            dst + i + 64 * c + 32);
+}
+
+static void dequantize_q4_K(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	dequantize_k45(w, dst, k, false);
+}
+
+static void dequantize_q5_K(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	dequantize_k45(w, dst, k, true);
+}
+
+static void dequantize_q2_K(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_avx2_dequantize_q2_K(w, dst, k);
+}
+
+static void dequantize_q3_K(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_avx2_dequantize_q3_K(w, dst, k);
+}
+
+static void dequantize_q6_K(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	size_t i = 0;
+	for (const struct block_q6_K *x = w; i < k; i += QK_K, x++) {
+		const float d = f16(x->d);
+		const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+		for (int h = 0; h < 2; h++) {
+			const uint8_t *ql = x->ql + 64 * h;
+			const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+			const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+			const __m256i qh = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+			const __m256i q[4] = {
+			    _mm256_or_si256(_mm256_and_si256(l0, low4),
+			                    _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
+			    _mm256_or_si256(
+			        _mm256_and_si256(l1, low4),
+			        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three),
+			                          4)),
+			    _mm256_or_si256(
+			        _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+			        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three),
+			                          4)),
+			    _mm256_or_si256(
+			        _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+			        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three),
+			                          4)),
+			};
+			for (int j = 0; j < 4; j++) { /* 32 elements, scales sc[2j], sc[2j+1] */
+				const int8_t *sc = x->scales + 8 * h + 2 * j;
+				store_i8x32_reg(
+				    _mm256_sub_epi8(q[j], m32), _mm256_set1_ps(d * (float)sc[0]),
+				    _mm256_set1_ps(d * (float)sc[1]), dst + i + 128 * h + 32 * j);
 			}
 		}
-		break;
 	}
-	case MOEK_Q2_K:
-		moek_avx2_dequantize_q2_K(w, dst, k);
-		i = k;
-		break;
-	case MOEK_Q3_K:
-		moek_avx2_dequantize_q3_K(w, dst, k);
-		i = k;
-		break;
-	case MOEK_Q6_K:
-		for (const struct block_q6_K *x = w; i < k; i += QK_K, x++) {
-			const float d = f16(x->d);
-			const __m256i three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
-			for (int h = 0; h < 2; h++) {
-				const uint8_t *ql = x->ql + 64 * h;
-				const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-				const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-				const __m256i qh =
-				    _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
-				const __m256i q[4] = {
-				    _mm256_or_si256(
-				        _mm256_and_si256(l0, low4),
-				        _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
-				    _mm256_or_si256(
-				        _mm256_and_si256(l1, low4),
-				        _mm256_slli_epi16(
-				            _mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
-				    _mm256_or_si256(
-				        _mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-				        _mm256_slli_epi16(
-				            _mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
-				    _mm256_or_si256(
-				        _mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-				        _mm256_slli_epi16(
-				            _mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
-				};
-				for (int j = 0; j < 4;
-				     j++) { /* 32 elements, scales sc[2j], sc[2j+1] */
-					const int8_t *sc = x->scales + 8 * h + 2 * j;
-					store_i8x32_reg(_mm256_sub_epi8(q[j], m32),
-					                _mm256_set1_ps(d * (float)sc[0]),
-					                _mm256_set1_ps(d * (float)sc[1]),
-					                dst + i + 128 * h + 32 * j);
-				}
-			}
-		}
-		break;
-	case MOEK_IQ4_NL:
-	case MOEK_IQ4_XS: i = moek_avx2_dequantize_iq4(format, w, dst, k); break;
-	case MOEK_INT4_G32:
-		moek_avx2_dequantize_int4(w, dst, k);
-		i = k;
-		break;
-	default: break;
-	}
-	if (i < k) /* F32 and any tail through the reference */
-		moek_ref_dequantize_row(format, (const uint8_t *)w + moek_row_bytes(format, i),
-		                        scale_row ? scale_row + i / MOEK_FP8_BLOCK : NULL, dst + i,
-		                        k - i);
+}
+
+static void dequantize_iq4_nl(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	ref_tail(MOEK_FMT_IQ4_NL, w, scale_row, dst,
+	         moek_avx2_dequantize_iq4(MOEK_IQ4_NL, w, dst, k), k);
+}
+
+static void dequantize_iq4_xs(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	ref_tail(MOEK_FMT_IQ4_XS, w, scale_row, dst,
+	         moek_avx2_dequantize_iq4(MOEK_IQ4_XS, w, dst, k), k);
+}
+
+static void dequantize_int4(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_avx2_dequantize_int4(w, dst, k);
 }
 
 /* ---- Prefill micro-kernel ------------------------------------------------------------------
@@ -1779,54 +1812,84 @@ static const char *describe(uint32_t format, bool prefill)
 }
 
 const struct moek_isa_ops moek_avx2_ops = {
-    .private_act = private_act,
     .act_row_bytes = act_row_bytes,
     .quantize_act = quantize_act,
     .dequantize_act = dequantize_act,
     .name = "avx2",
     .dot =
         {
-            [MOEK_F32] = dot_f32w,
-            [MOEK_F16] = dot_f16,
-            [MOEK_BF16] = dot_bf16,
-            [MOEK_Q8_0] = dot_q8_0,
-            [MOEK_Q4_0] = dot_q4_0,
-            [MOEK_MXFP4] = dot_mxfp4,
-            [MOEK_Q4_K] = dot_q4_K,
-            [MOEK_Q5_K] = dot_q5_K,
-            [MOEK_Q6_K] = dot_q6_K,
-            [MOEK_IQ4_NL] = moek_avx2_dot_iq4_nl,
-            [MOEK_IQ4_XS] = moek_avx2_dot_iq4_xs,
-            [MOEK_Q2_K] = moek_avx2_dot_q2_K,
-            [MOEK_Q3_K] = moek_avx2_dot_q3_K,
-            [MOEK_SLOT_INT4_G32] = moek_avx2_dot_int4,
-            [MOEK_SLOT_FP8_E4M3_B128] = dot_fp8,
+            [MOEK_FMT_F32] = dot_f32w,
+            [MOEK_FMT_F16] = dot_f16,
+            [MOEK_FMT_BF16] = dot_bf16,
+            [MOEK_FMT_Q8_0] = dot_q8_0,
+            [MOEK_FMT_Q4_0] = dot_q4_0,
+            [MOEK_FMT_MXFP4] = dot_mxfp4,
+            [MOEK_FMT_Q4_K] = dot_q4_K,
+            [MOEK_FMT_Q5_K] = dot_q5_K,
+            [MOEK_FMT_Q6_K] = dot_q6_K,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_dot_iq4_nl,
+            [MOEK_FMT_IQ4_XS] = moek_avx2_dot_iq4_xs,
+            [MOEK_FMT_Q2_K] = moek_avx2_dot_q2_K,
+            [MOEK_FMT_Q3_K] = moek_avx2_dot_q3_K,
+            [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4,
+            [MOEK_FMT_FP8_E4M3_B128] = dot_fp8,
         },
     .dot_rows =
         {
-            [MOEK_F16] = rows_f16,
-            [MOEK_BF16] = rows_bf16,
-            [MOEK_Q8_0] = rows_q8_0,
-            [MOEK_Q4_0] = rows_q4_0,
-            [MOEK_MXFP4] = rows_mxfp4,
-            [MOEK_Q4_K] = rows_q4_K,
-            [MOEK_Q5_K] = rows_q5_K,
-            [MOEK_Q6_K] = rows_q6_K,
-            [MOEK_IQ4_NL] = moek_avx2_rows_iq4_nl,
-            [MOEK_IQ4_XS] = moek_avx2_rows_iq4_xs,
-            [MOEK_Q2_K] = moek_avx2_rows_q2_K,
-            [MOEK_Q3_K] = moek_avx2_rows_q3_K,
-            [MOEK_SLOT_INT4_G32] = moek_avx2_rows_int4,
+            [MOEK_FMT_F16] = rows_f16,
+            [MOEK_FMT_BF16] = rows_bf16,
+            [MOEK_FMT_Q8_0] = rows_q8_0,
+            [MOEK_FMT_Q4_0] = rows_q4_0,
+            [MOEK_FMT_MXFP4] = rows_mxfp4,
+            [MOEK_FMT_Q4_K] = rows_q4_K,
+            [MOEK_FMT_Q5_K] = rows_q5_K,
+            [MOEK_FMT_Q6_K] = rows_q6_K,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_rows_iq4_nl,
+            [MOEK_FMT_IQ4_XS] = moek_avx2_rows_iq4_xs,
+            [MOEK_FMT_Q2_K] = moek_avx2_rows_q2_K,
+            [MOEK_FMT_Q3_K] = moek_avx2_rows_q3_K,
+            [MOEK_FMT_INT4_G32] = moek_avx2_rows_int4,
         },
     .dot_x8 =
         {
-            [MOEK_Q8_0] = x8_q8_0,
-            [MOEK_MXFP4] = x8_mxfp4,
-            [MOEK_Q4_K] = x8_q4_K,
-            [MOEK_BF16] = x8_bf16,
-            [MOEK_SLOT_INT4_G32] = moek_avx2_x8_int4,
+            [MOEK_FMT_Q8_0] = x8_q8_0,
+            [MOEK_FMT_MXFP4] = x8_mxfp4,
+            [MOEK_FMT_Q4_K] = x8_q4_K,
+            [MOEK_FMT_BF16] = x8_bf16,
+            [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
         },
-    .dequantize_row = dequantize_row,
+    /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
+     * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */
+    .act =
+        {
+            [MOEK_FMT_Q4_0] = MOEK_ACT_Q8_0X2,
+            [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0X2,
+            [MOEK_FMT_IQ4_NL] = MOEK_ACT_Q8_0X2,
+            [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0X2,
+        },
+    .act_x8 =
+        {
+            [MOEK_FMT_Q8_0] = MOEK_ACT_Q8_0S,
+            [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0S,
+            [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0S,
+        },
+    .dequantize =
+        {
+            [MOEK_FMT_F16] = dequantize_f16,
+            [MOEK_FMT_BF16] = dequantize_bf16,
+            [MOEK_FMT_Q8_0] = dequantize_q8_0,
+            [MOEK_FMT_Q4_0] = dequantize_q4_0,
+            [MOEK_FMT_MXFP4] = dequantize_mxfp4,
+            [MOEK_FMT_Q4_K] = dequantize_q4_K,
+            [MOEK_FMT_Q5_K] = dequantize_q5_K,
+            [MOEK_FMT_Q6_K] = dequantize_q6_K,
+            [MOEK_FMT_IQ4_NL] = dequantize_iq4_nl,
+            [MOEK_FMT_IQ4_XS] = dequantize_iq4_xs,
+            [MOEK_FMT_Q2_K] = dequantize_q2_K,
+            [MOEK_FMT_Q3_K] = dequantize_q3_K,
+            [MOEK_FMT_INT4_G32] = dequantize_int4,
+            [MOEK_FMT_FP8_E4M3_B128] = dequantize_fp8,
+        },
     .dot_f32 = dot_f32,
     .tile = tile,
     .prefill = true,

@@ -20,7 +20,7 @@
  *
  * Prefill: bf16 tiles (moek_tile_bf16_fn) on vdpbf16ps — 12 rows x 2 panels of 16 tokens in 24
  * zmm accumulators, one weight pair broadcast per row against a panel's 16 token pairs — for
- * every format moek_tile_bf16_takes, weights dequantized by AVX2's dequantize_row and rounded
+ * every format moek_tile_bf16_takes, weights dequantized by AVX2's dequantizers and rounded
  * to bf16 (vcvtne2ps2bf16) once per tile, activations rounded once per token.
  */
 #include <immintrin.h>
@@ -105,7 +105,7 @@ static void dot_bf16(const void *w, const float *sr, const void *act, size_t as,
                      size_t k, float *out)
 {
 	if (nt == 1 && bf16_wide_row(k))
-		moek_avx2_ops.dot[MOEK_BF16](w, sr, act, as, 1, k, out);
+		moek_avx2_ops.dot[MOEK_FMT_BF16](w, sr, act, as, 1, k, out);
 	else
 		dot_bf16_zmm(w, sr, act, as, nt, k, out);
 }
@@ -114,7 +114,7 @@ static void rows_bf16(const void *w, size_t stride, size_t nr, const void *act, 
                       float *out)
 {
 	if (bf16_wide_row(k))
-		moek_avx2_ops.dot_rows[MOEK_BF16](w, stride, nr, act, k, out);
+		moek_avx2_ops.dot_rows[MOEK_FMT_BF16](w, stride, nr, act, k, out);
 	else
 		rows_bf16_zmm(w, stride, nr, act, k, out);
 }
@@ -281,19 +281,6 @@ static void round_bf16(const float *src, uint16_t *dst, size_t n)
 	}
 }
 
-/* Where the bf16 tiles beat the decode dots (kernels_internal.h has the measurements). */
-static unsigned tile_bf16_from(uint32_t format, bool interleaved)
-{
-	switch (format) {
-	case MOEK_BF16:
-		return interleaved ? MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS
-		                   : MOEK_PREFILL_MIN_TOKENS_BF16_ROWS;
-	case MOEK_F16: return MOEK_PREFILL_MIN_TOKENS_BF16_F16;
-	case MOEK_Q8_0: return MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0;
-	default: return MOEK_PREFILL_MIN_TOKENS_BF16;
-	}
-}
-
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define FROM(n) "avx512 vdpbf16ps tiles from " STR(n) " tokens"
@@ -315,7 +302,15 @@ static const char *describe_prefill(uint32_t format)
 static void prefill_build(void)
 {
 	moek_avx512_ops.tile_bf16 = tile_bf16;
-	moek_avx512_ops.tile_bf16_from = tile_bf16_from;
+	/* where the bf16 tiles beat the decode dots (kernels_internal.h has the measurements):
+	 * [0] GGUF rows, [1] interleaved groups */
+	unsigned(*from)[MOEK_FMT_SLOTS] = moek_avx512_ops.tile_bf16_from;
+	for (unsigned f = 0; f < MOEK_FMT_SLOTS; f++)
+		from[0][f] = from[1][f] = MOEK_PREFILL_MIN_TOKENS_BF16;
+	from[0][MOEK_FMT_BF16] = MOEK_PREFILL_MIN_TOKENS_BF16_ROWS;
+	from[1][MOEK_FMT_BF16] = MOEK_PREFILL_MIN_TOKENS_BF16_GROUPS;
+	from[0][MOEK_FMT_F16] = from[1][MOEK_FMT_F16] = MOEK_PREFILL_MIN_TOKENS_BF16_F16;
+	from[0][MOEK_FMT_Q8_0] = from[1][MOEK_FMT_Q8_0] = MOEK_PREFILL_MIN_TOKENS_BF16_Q8_0;
 	moek_avx512_ops.round_bf16 = round_bf16;
 }
 
@@ -335,8 +330,8 @@ void moek_avx512_build(void)
 	moek_avx512_ops = moek_avx2_ops;
 	moek_avx512_ops.name = "avx512";
 	moek_avx512_ops.describe = describe;
-	moek_avx512_ops.dot[MOEK_BF16] = dot_bf16;
-	moek_avx512_ops.dot_rows[MOEK_BF16] = rows_bf16;
-	moek_avx512_ops.dot_x8[MOEK_BF16] = x8_bf16;
+	moek_avx512_ops.dot[MOEK_FMT_BF16] = dot_bf16;
+	moek_avx512_ops.dot_rows[MOEK_FMT_BF16] = rows_bf16;
+	moek_avx512_ops.dot_x8[MOEK_FMT_BF16] = x8_bf16;
 	prefill_build();
 }

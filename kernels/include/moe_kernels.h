@@ -72,6 +72,10 @@ const char *moek_weight_format_names(char *buf, size_t len);
  * "BF16"), or NULL if no weight format is stored that way. */
 const struct moek_format_info *moek_format_from_safetensors(const char *dtype);
 
+/* The row whose weights GGUF stores as ggml type `ggml_type` (a tensor's type id), or NULL if
+ * the kernels do not compute that type (the sidecar's own formats have no ggml type). */
+const struct moek_format_info *moek_format_from_ggml(uint32_t ggml_type);
+
 /* The table's scale_block of a format: 0 for formats whose scales are in their blocks (and for
  * unknown ids), else the side of the square of weights one side-array scale covers. */
 uint32_t moek_format_scale_block(uint32_t format);
@@ -289,6 +293,7 @@ struct moek_ffn_call {
 		size_t hidden, ffn, x_pad, h_pad;
 		size_t xq_off, xq_row, hf_off, hq_off, hq_row, worker_off, worker_bytes, row_bf16;
 		uint32_t xq_format, hq_format;
+		uint8_t gate_fmt, down_fmt; /* the formats' indices in the kernels' tables */
 		bool prefill;
 		bool x_bf16, h_bf16; /* prefill: x / h as bf16 pair panels for the bf16 tiles */
 	} plan;

@@ -71,7 +71,7 @@ static uint64_t row_bytes(uint32_t format, uint64_t n)
 
 /* ---- one view of a tensor in either container ---------------------------------------- */
 
-#define FMT_NONE UINT32_MAX /* a safetensors dtype that is not a weight format (e.g. U8) */
+#define FMT_NONE UINT32_MAX /* a dtype or ggml type with no kernels format (U8, Q4_1) */
 
 struct tview {
 	const char *name;
@@ -114,7 +114,9 @@ static int find_tensor(struct builder *b, const char *name, struct tview *tv)
 			tv->n_dims = t->n_dims;
 			for (int d = 0; d < 8; d++)
 				tv->ne[d] = d < GGUF_MAX_DIMS ? t->ne[d] : 1;
-			tv->format = t->type;
+			/* the ggml type's kernels format: the one list of what experts may be in */
+			const struct moek_format_info *fi = moek_format_from_ggml(t->type);
+			tv->format = fi ? fi->format : FMT_NONE;
 			tv->type = gguf_type_name(t->type);
 			tv->st_dtype = -1;
 			return 1;

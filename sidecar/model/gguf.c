@@ -12,7 +12,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* ---- ggml type table (layout facts of the file format) ---------------------------------- */
+/* ---- ggml type table (layout facts of the file format) ----------------------------------
+ * Names and sizes of every ggml type, so that any tensor's extent is checked, whatever it
+ * holds. Which types experts may be in is not this table's: the kernels' format table says
+ * (moek_format_from_ggml); test_catalog checks the two agree on the types both have. */
 
 struct ggml_type_row {
 	const char *name;

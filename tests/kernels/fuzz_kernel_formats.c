@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #if defined(__x86_64__)
 	if (moek_set_isa(MOEK_ISA_AVX2) != 0)
 		return 0;
-	moek_avx2_ops.dequantize_row(format, row, sr, simd, k);
+	moek_isa_dequantize(&moek_avx2_ops, moek_fmt_index(format), row, sr, simd, k);
 	for (size_t i = 0; i < k; i++)
 		if (!same_bits_or_both_nan(ref[i], simd[i]))
 			abort();
@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memcpy(xd, x, k * sizeof(float));
 	else
 		moek_isa_dequantize_act(&moek_avx2_ops, act_format, act, k, xd);
-	moek_avx2_ops.dot[moek_fmt_slot(format)](row, sr, act, 0, 1, k, &got);
+	moek_avx2_ops.dot[moek_fmt_index(format)](row, sr, act, 0, 1, k, &got);
 	double want = 0, mag = 0;
 	for (size_t i = 0; i < k; i++) {
 		want += (double)ref[i] * xd[i];

@@ -96,7 +96,7 @@ Test(dot_avx512, bf16_row_dot_every_token_count)
 		for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++)
 			for (size_t r = 0; r < ROWS; r++) {
 				float out[MOEK_DOT_TOKENS];
-				ops->dot[MOEK_BF16](w + r * k, NULL, x, stride * 2, nt, k, out);
+				ops->dot[MOEK_FMT_BF16](w + r * k, NULL, x, stride * 2, nt, k, out);
 				for (size_t t = 0; t < nt; t++) {
 					double mag;
 					const double e =
@@ -122,11 +122,12 @@ Test(dot_avx512, bf16_many_rows_same_bits_as_row_dot_any_cut)
 		fill_bf16(x, k, 2.0f);
 		float one[ROWS], many[ROWS];
 		for (size_t r = 0; r < ROWS; r++)
-			ops->dot[MOEK_BF16](w + r * rb, NULL, x, 0, 1, k, one + r);
+			ops->dot[MOEK_FMT_BF16](w + r * rb, NULL, x, 0, 1, k, one + r);
 		for (size_t cut = 0; cut <= ROWS; cut++) {
 			memset(many, 0xff, sizeof(many));
-			ops->dot_rows[MOEK_BF16](w, rb, cut, x, k, many);
-			ops->dot_rows[MOEK_BF16](w + cut * rb, rb, ROWS - cut, x, k, many + cut);
+			ops->dot_rows[MOEK_FMT_BF16](w, rb, cut, x, k, many);
+			ops->dot_rows[MOEK_FMT_BF16](w + cut * rb, rb, ROWS - cut, x, k,
+			                             many + cut);
 			cr_assert_arr_eq(many, one, sizeof(one),
 			                 "BF16 k=%zu cut at row %zu: bits differ", k, cut);
 		}
@@ -151,8 +152,8 @@ Test(dot_avx512, bf16_group_dot_every_token_count)
 		for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++)
 			for (size_t grp = 0; grp < ROWS / MOEK_INTERLEAVE; grp++) {
 				float out[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-				ops->dot_x8[MOEK_BF16](g + grp * MOEK_INTERLEAVE * k, x, stride * 2,
-				                       nt, k, out);
+				ops->dot_x8[MOEK_FMT_BF16](g + grp * MOEK_INTERLEAVE * k, x,
+				                           stride * 2, nt, k, out);
 				for (size_t t = 0; t < nt; t++)
 					for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 						const size_t row = grp * MOEK_INTERLEAVE + r;
@@ -179,13 +180,13 @@ Test(dot_avx512, bf16_group_dot_tokens_independent)
 	cr_assert_eq(moek_interleave(MOEK_BF16, w, 0, MOEK_INTERLEAVE, k, g), 0);
 	for (size_t nt = 2; nt <= MOEK_DOT_TOKENS; nt++) {
 		float before[MOEK_DOT_TOKENS * MOEK_INTERLEAVE], after[MOEK_DOT_TOKENS * 8];
-		ops->dot_x8[MOEK_BF16](g, x, k * 2, nt, k, before);
+		ops->dot_x8[MOEK_FMT_BF16](g, x, k * 2, nt, k, before);
 		const size_t changed = nt / 2;
 		uint16_t *tok = x + changed * k, *saved = malloc(k * 2);
 		cr_assert(saved);
 		memcpy(saved, tok, k * 2);
 		fill_bf16(tok, k, 5.0f);
-		ops->dot_x8[MOEK_BF16](g, x, k * 2, nt, k, after);
+		ops->dot_x8[MOEK_FMT_BF16](g, x, k * 2, nt, k, after);
 		for (size_t t = 0; t < nt; t++)
 			if (t != changed)
 				cr_assert_arr_eq(after + t * 8, before + t * 8, 8 * sizeof(float),

@@ -64,7 +64,7 @@ static void check_kquant(uint32_t fmt, size_t k)
 		moek_isa_quantize_act(ops, act, x + t * k, k, xq + t * ab);
 		moek_isa_dequantize_act(ops, act, xq + t * ab, k, xd + t * k);
 	}
-	const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+	const moek_dot_fn dot = ops->dot[moek_fmt_index(fmt)];
 	const char *name = moek_format_lookup(fmt)->name;
 	for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++) {
 		for (size_t r = 0; r < ROWS; r++) {
@@ -156,8 +156,8 @@ Test(dot_forms, q3_K_vnni_same_bits_as_madd)
 static void check_rows(uint32_t fmt, size_t k, size_t nr)
 {
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
-	const moek_dot_rows_fn rows = ops->dot_rows[moek_fmt_slot(fmt)];
-	const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+	const moek_dot_rows_fn rows = ops->dot_rows[moek_fmt_index(fmt)];
+	const moek_dot_fn dot = ops->dot[moek_fmt_index(fmt)];
 	const char *name = moek_format_lookup(fmt)->name;
 	cr_assert(rows && dot, "%s: no many-row dot", name);
 	const uint32_t act = moek_isa_act_format(ops, fmt, false);
@@ -201,8 +201,8 @@ Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
 			check_rows(fmts[f], widths[i], 7);
 		}
 	/* formats without one: FP8 (its scale rows), F32 */
-	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_slot(MOEK_FP8_E4M3_B128)]);
-	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_slot(MOEK_F32)]);
+	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_index(MOEK_FP8_E4M3_B128)]);
+	cr_assert_null(moek_avx2_ops.dot_rows[moek_fmt_index(MOEK_F32)]);
 }
 
 /* The FFN through moek_set_isa(MOEK_ISA_AVX2) (every form the CPU allows), then with the

@@ -47,7 +47,7 @@ static void check_format(uint32_t fmt, size_t k, bool hostile_scales)
 		moek_isa_quantize_act(ops, act, x + t * k, k, xq + t * ab);
 		moek_isa_dequantize_act(ops, act, xq + t * ab, k, xd + t * k);
 	}
-	const moek_dot_fn dot = ops->dot[moek_fmt_slot(fmt)];
+	const moek_dot_fn dot = ops->dot[moek_fmt_index(fmt)];
 	const char *name = moek_format_lookup(fmt)->name;
 	for (size_t nt = 1; nt <= MOEK_DOT_TOKENS; nt++) {
 		for (size_t r = 0; r < ROWS; r++) {

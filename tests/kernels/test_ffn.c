@@ -435,7 +435,7 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_assert_eq(moek_dequantize(fmt, wq, sc, ROWS, K, wd), 0);
 		moek_isa_quantize_act(&moek_avx2_ops, act, x, K, xq);
 		moek_isa_dequantize_act(&moek_avx2_ops, act, xq, K, xd);
-		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_slot(fmt)];
+		const moek_dot_fn dot = moek_avx2_ops.dot[moek_fmt_index(fmt)];
 		cr_assert_not_null(dot, "%s has no AVX2 dot", name);
 		double num = 0, den = 0;
 		for (size_t r = 0; r < ROWS; r++) {
@@ -483,10 +483,11 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_assert_eq(moek_quantize(fmts[f], w, 1, K, q, sc), 0);
 		const size_t k0 = 512, kn = 768; /* a tile's column range */
 		moek_ref_dequantize_row(fmts[f], q, sc, ref, K);
-		moek_avx2_ops.dequantize_row(fmts[f], q, sc, got, K);
+		moek_isa_dequantize(&moek_avx2_ops, moek_fmt_index(fmts[f]), q, sc, got, K);
 		cr_expect_arr_eq(got, ref, sizeof(ref), "%s", moek_format_lookup(fmts[f])->name);
-		moek_avx2_ops.dequantize_row(fmts[f], q + moek_row_bytes(fmts[f], k0),
-		                             sc ? sc + k0 / 128 : NULL, got, kn);
+		moek_isa_dequantize(&moek_avx2_ops, moek_fmt_index(fmts[f]),
+		                    q + moek_row_bytes(fmts[f], k0), sc ? sc + k0 / 128 : NULL, got,
+		                    kn);
 		cr_expect_arr_eq(got, ref + k0, kn * sizeof(float), "%s range",
 		                 moek_format_lookup(fmts[f])->name);
 	}

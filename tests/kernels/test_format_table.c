@@ -1,6 +1,6 @@
 /* The format table's invariants (formats.c): every row complete and consistent with the other
- * tables that are indexed by it — the ISAs' per-format ops (by slot) and the interleaved
- * layouts — and the values callers rely on pinned (ids, slots, alignments, scale layout,
+ * tables that are indexed by it — the ISAs' per-format ops (by dense index) and the interleaved
+ * layouts — and the values callers rely on pinned (ids, indices, alignments, scale layout,
  * activation pairing, split granularity). */
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -25,6 +25,7 @@ Test(format_table, every_row_is_complete)
 {
 	const size_t n = n_formats();
 	cr_assert_eq(n, 16, "a format added or lost: update this test's pinned values");
+	cr_assert_eq(n, MOEK_FMT_COUNT);
 	for (size_t i = 0; i < n; i++) {
 		const struct moek_format_traits *t = moek_format_traits_at(i);
 		const struct moek_format_info *f = &t->info;
@@ -36,8 +37,10 @@ Test(format_table, every_row_is_complete)
 		/* consecutive blocks keep the alignment */
 		cr_expect_eq(f->block_bytes % f->align, 0, "%s", f->name);
 		cr_expect(power_of_two(t->down_split_align), "%s", f->name);
-		cr_expect(t->slot < MOEK_FMT_SLOTS && t->slot != MOEK_SLOT_NONE, "%s: slot %u",
-		          f->name, t->slot);
+		/* row i is at index i: public id -> index -> row round-trips */
+		cr_expect_eq(t, &moek_formats[i]);
+		cr_expect_eq(moek_fmt_index(f->format), i, "%s", f->name);
+		cr_expect_eq(t->ggml, f->format < MOEK_GGML_ID_END, "%s", f->name);
 		/* the reference codecs: per row where the scales are in the blocks, per matrix
 		 * (with a scaled row dequantizer) where they are not */
 		if (f->scale_block == 0) {
@@ -64,10 +67,9 @@ Test(format_table, every_row_is_complete)
 	cr_expect_null(moek_format_traits_at(n));
 }
 
-Test(format_table, ids_names_and_slots_are_unique)
+Test(format_table, ids_and_names_are_unique)
 {
 	const size_t n = n_formats();
-	const struct moek_format_traits *by_slot[MOEK_FMT_SLOTS] = {0};
 	for (size_t i = 0; i < n; i++) {
 		const struct moek_format_traits *t = moek_format_traits_at(i);
 		for (size_t j = 0; j < i; j++) {
@@ -75,39 +77,41 @@ Test(format_table, ids_names_and_slots_are_unique)
 			cr_expect_neq(t->info.format, u->info.format, "rows %zu and %zu", j, i);
 			cr_expect_str_neq(t->info.name, u->info.name);
 		}
-		cr_assert_null(by_slot[t->slot], "%s and %s share slot %u", t->info.name,
-		               by_slot[t->slot] ? by_slot[t->slot]->info.name : "", t->slot);
-		by_slot[t->slot] = t;
 	}
-	/* slot -> format -> slot round-trips */
-	for (unsigned s = 0; s < MOEK_FMT_SLOTS; s++)
-		if (by_slot[s])
-			cr_expect_eq(moek_fmt_slot(by_slot[s]->info.format), s, "%s",
-			             by_slot[s]->info.name);
 }
 
-Test(format_table, ggml_ids_are_their_own_slot_and_the_sidecars_take_the_top)
+/* Every public id maps to its row's index and nothing else to any: the ggml ids through
+ * their map, the sidecar's own by offset. */
+Test(format_table, public_ids_map_to_dense_indices)
 {
-	for (size_t i = 0; moek_format_traits_at(i); i++) {
-		const struct moek_format_traits *t = moek_format_traits_at(i);
-		if (t->info.format < 1000)
-			cr_expect_eq(t->slot, t->info.format, "%s", t->info.name);
-	}
 	cr_expect_eq(MOEK_FP8_E4M3_B128, 1000);
 	cr_expect_eq(MOEK_INT4_G32, 1001);
-	cr_expect_eq(moek_fmt_slot(MOEK_FP8_E4M3_B128), 63);
-	cr_expect_eq(moek_fmt_slot(MOEK_INT4_G32), 61);
-	cr_expect_eq(moek_fmt_slot(MOEK_Q4_K), 12);
-	cr_expect_eq(moek_fmt_slot(MOEK_MXFP4), 39);
-	/* unknown ids: a ggml one (Q4_1, 3) keeps its own slot, which no ops table fills
-	 * (ops_tables_follow_the_slots); beyond the table, past the sidecar's own: none */
-	cr_expect_eq(moek_fmt_slot(3), 3);
-	cr_expect_null(moek_format_lookup(3));
-	cr_expect_eq(moek_fmt_slot(61), MOEK_SLOT_NONE);
-	cr_expect_eq(moek_fmt_slot(999), MOEK_SLOT_NONE);
-	cr_expect_eq(moek_fmt_slot(1002), MOEK_SLOT_NONE);
-	cr_expect_null(moek_format_lookup(1002));
-	cr_expect_eq(moek_format_scale_block(1002), 0);
+	cr_expect_eq(moek_fmt_index(MOEK_F32), MOEK_FMT_F32);
+	cr_expect_eq(moek_fmt_index(MOEK_Q4_K), MOEK_FMT_Q4_K);
+	cr_expect_eq(moek_fmt_index(MOEK_MXFP4), MOEK_FMT_MXFP4);
+	cr_expect_eq(moek_fmt_index(MOEK_FP8_E4M3_B128), MOEK_FMT_FP8_E4M3_B128);
+	cr_expect_eq(moek_fmt_index(MOEK_INT4_G32), MOEK_FMT_INT4_G32);
+	size_t known = 0;
+	for (uint32_t id = 0; id < 1100; id++) {
+		const enum moek_fmt f = moek_fmt_index(id);
+		if (f == MOEK_FMT_NONE) {
+			cr_expect_null(moek_format_lookup(id), "id %u", id);
+			continue;
+		}
+		cr_assert_lt(f, MOEK_FMT_COUNT, "id %u", id);
+		cr_expect_eq(moek_formats[f].info.format, id, "id %u", id);
+		known++;
+	}
+	cr_expect_eq(known, MOEK_FMT_COUNT);
+	/* unknown ids: a ggml one (Q4_1, 3), between the two ranges, past the sidecar's own,
+	 * and ids whose difference from the first own id wraps */
+	const uint32_t unknown[] = {3, 40, 61, 63, 999, 1002, UINT32_MAX, UINT32_MAX - 999};
+	for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
+		cr_expect_eq(moek_fmt_index(unknown[i]), MOEK_FMT_NONE, "id %u", unknown[i]);
+		cr_expect_null(moek_format_lookup(unknown[i]));
+		cr_expect_eq(moek_format_scale_block(unknown[i]), 0);
+		cr_expect_eq(moek_row_bytes(unknown[i], 256), 0);
+	}
 }
 
 Test(format_table, pinned_values)
@@ -188,28 +192,30 @@ Test(format_table, interleaved_layouts_tile_their_blocks)
 	}
 }
 
-/* The ops tables are indexed by the table's slots: every entry belongs to a format, group
+/* The ops tables are indexed by the table's indices: the unknown index has no entry, group
  * dots exist only for formats with an interleaved layout, and the pair-activation formats
  * are the ones with a 64-element split. */
-Test(format_table, ops_tables_follow_the_slots)
+Test(format_table, ops_tables_follow_the_indices)
 {
 #if defined(__x86_64__)
 	const struct moek_isa_ops *ops = &moek_avx2_ops;
-	const struct moek_format_traits *by_slot[MOEK_FMT_SLOTS] = {0};
-	for (size_t i = 0; moek_format_traits_at(i); i++)
-		by_slot[moek_format_traits_at(i)->slot] = moek_format_traits_at(i);
-	for (unsigned s = 0; s < MOEK_FMT_SLOTS; s++) {
-		const struct moek_format_traits *t = by_slot[s];
-		if (!t) {
-			cr_expect(!ops->dot[s] && !ops->dot_rows[s] && !ops->dot_x8[s],
-			          "slot %u: an entry without a format", s);
-			continue;
-		}
+	cr_expect(!ops->dot[MOEK_FMT_NONE] && !ops->dot_rows[MOEK_FMT_NONE] &&
+	          !ops->dot_x8[MOEK_FMT_NONE]);
+	for (unsigned s = 0; s < MOEK_FMT_COUNT; s++) {
+		const struct moek_format_traits *t = &moek_formats[s];
 		if (t->info.weight_format)
 			cr_expect(ops->dot[s], "%s: no AVX2 dot", t->info.name);
 		if (ops->dot_x8[s])
 			cr_expect(t->x8, "%s: a group dot without a layout", t->info.name);
-		const uint32_t act = ops->private_act(t->info.format, false);
+		/* a private activation only for a format with the dot that reads it */
+		if (ops->act[s])
+			cr_expect(ops->dot[s], "%s", t->info.name);
+		if (ops->act_x8[s])
+			cr_expect(ops->dot_x8[s], "%s", t->info.name);
+		/* every weight format but F32 (the reference copies) has its prefill dequantizer */
+		cr_expect_eq(ops->dequantize[s] != NULL, t->info.weight_format && s != MOEK_FMT_F32,
+		             "%s", t->info.name);
+		const uint32_t act = moek_isa_act_fmt(ops, s, false);
 		cr_expect_eq(act == MOEK_ACT_Q8_0X2, t->down_split_align == 64, "%s", t->info.name);
 	}
 #else

@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <sys/wait.h>
 
+#include "gguf.h"
 #include "json.h"
 #include "model_files.h"
 #include "moe_gen.h"
@@ -246,4 +247,27 @@ Test(catalog, inspect_text_and_json)
 	cr_assert_eq(run_inspect("", &out), 2);
 	free(out);
 	remove_tree(d);
+}
+
+/* What experts may be in comes from the kernels' table, by ggml type; gguf's own table (the
+ * size of every ggml type) agrees with it on the types both know. */
+Test(catalog, ggml_types_map_through_the_kernels_table)
+{
+	size_t mapped = 0;
+	for (uint32_t t = 0; t < 64; t++) {
+		const struct moek_format_info *f = moek_format_from_ggml(t);
+		if (!f)
+			continue;
+		mapped++;
+		cr_expect_eq(f->format, t);
+		cr_assert_not_null(gguf_type_name(t), "ggml type %u", t);
+		cr_expect_str_eq(gguf_type_name(t), f->name);
+		cr_expect_eq(gguf_type_block_elems(t), f->block_elems, "%s", f->name);
+		cr_expect_eq(gguf_type_block_bytes(t), f->block_bytes, "%s", f->name);
+	}
+	cr_expect_eq(mapped, 14);                 /* F32 … MXFP4, Q8_K included */
+	cr_expect_null(moek_format_from_ggml(3)); /* Q4_1: gguf knows it, no kernels */
+	cr_expect_not_null(gguf_type_name(3));
+	cr_expect_null(moek_format_from_ggml(MOEK_FP8_E4M3_B128)); /* the sidecar's own */
+	cr_expect_null(moek_format_from_ggml(MOEK_INT4_G32));
 }
