@@ -173,11 +173,12 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
  * moek_ffn_prepare): the request path then carries the index. The ggml formats come first,
  * in id order; the sidecar's own follow in id order, so their ids are their index + a
  * constant (asserted in formats.c). */
-#define MOEK_GGML_FORMATS(X)                                                                       \
-	X(F32)                                                                                     \
-	X(F16)                                                                                     \
-	X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K) X(IQ4_NL) X(IQ4_XS)        \
-	    X(BF16) X(MXFP4)
+/* Laid out by hand: clang-format 14 alternates between two layouts of this list. */
+/* clang-format off */
+#define MOEK_GGML_FORMATS(X)                                                                  \
+	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
+	X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
+/* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
 enum moek_fmt {
