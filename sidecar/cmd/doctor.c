@@ -30,6 +30,7 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include "caps.h"
 #include "catalog.h"
 #include "clock.h"
 #include "commands.h"
@@ -127,20 +128,6 @@ static bool read_int_file(const char *path, long long *out)
 	bool ok = fscanf(f, "%lld", out) == 1;
 	fclose(f);
 	return ok;
-}
-
-static bool has_capability(unsigned cap)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	if (!f)
-		return false;
-	char line[256];
-	unsigned long long eff = 0;
-	bool found = false;
-	while (!found && fgets(line, sizeof(line), f))
-		found = sscanf(line, "CapEff: %llx", &eff) == 1;
-	fclose(f);
-	return found && (eff >> cap & 1);
 }
 
 /* ---- the checks ------------------------------------------------------------------------- */
@@ -301,7 +288,8 @@ static void check_memlock(struct doctor *d)
 		set_fix(c, CHECK_WARN, "check the process's limits (cat /proc/self/limits)");
 		return;
 	}
-	const bool unlimited = lim.rlim_cur == RLIM_INFINITY, cap = has_capability(cap_ipc_lock);
+	const bool unlimited = lim.rlim_cur == RLIM_INFINITY,
+	           cap = process_has_capability(cap_ipc_lock);
 	char limit[64];
 	if (unlimited)
 		snprintf(limit, sizeof(limit), "unlimited");

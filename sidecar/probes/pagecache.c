@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "caps.h"
 #include "log.h"
 
 #ifdef MOE_PROBES_ENABLED
@@ -849,21 +850,6 @@ static int map_sum(struct pagecache_probes *p, struct pagecache_counters *sum)
 
 #endif /* MOE_PROBES_ENABLED */
 
-/* Whether this process holds capability `cap` in its effective set. */
-static bool has_capability(unsigned cap)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	if (!f)
-		return false;
-	char line[256];
-	unsigned long long eff = 0;
-	bool found = false;
-	while (!found && fgets(line, sizeof(line), f))
-		found = sscanf(line, "CapEff: %llx", &eff) == 1;
-	fclose(f);
-	return found && cap < 64 && (eff >> cap & 1);
-}
-
 /* One of the file systems the probes need, at dir: mounted, or what to do. */
 static void check_mount(const char *dir, const char *fstype, long magic, bool can_mount,
                         bool *mounted, char *shown, size_t shown_len, char *why, size_t why_len)
@@ -887,9 +873,9 @@ void pagecache_readiness(const char *bpffs, struct pagecache_readiness *out)
 {
 	memset(out, 0, sizeof(*out));
 	const int cap_sys_admin = 21, cap_perfmon = 38, cap_bpf = 39;
-	out->cap_sys_admin = has_capability(cap_sys_admin);
-	out->cap_bpf = has_capability(cap_bpf);
-	out->cap_perfmon = has_capability(cap_perfmon);
+	out->cap_sys_admin = process_has_capability(cap_sys_admin);
+	out->cap_bpf = process_has_capability(cap_bpf);
+	out->cap_perfmon = process_has_capability(cap_perfmon);
 #ifdef MOE_PROBES_ENABLED
 	out->built = true;
 	libbpf_set_print(libbpf_to_log);
