@@ -131,8 +131,9 @@ static int mxfp4_hf_convert(uint8_t *blocks, uint64_t blocks_len, const uint8_t 
 	return 0;
 }
 
-/* Scratch bytes a converter needs for any MXFP4 matrix (or slice of one) of the catalog. */
-static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
+/* The largest of bytes_of(projection) over every expert of the catalog (0 where it is 0). */
+static uint64_t largest_over_catalog(const struct forward_weights *w,
+                                     uint64_t (*bytes_of)(const struct moe_proj_ref *))
 {
 	uint64_t most = 0;
 	for (uint32_t l = 0; l < w->n_moe_layers; l++)
@@ -140,12 +141,22 @@ static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
 			const struct moe_expert *x =
 			    moe_catalog_expert(w->cat, w->model_layer[l], e);
 			for (int p = 0; p < MOE_PROJ_COUNT; p++)
-				if (x->proj[p].present &&
-				    x->proj[p].layout == MOE_LAYOUT_MXFP4_HF &&
-				    x->proj[p].scale.length > most)
-					most = x->proj[p].scale.length;
+				if (x->proj[p].present && bytes_of(&x->proj[p]) > most)
+					most = bytes_of(&x->proj[p]);
 		}
-	return (size_t)most + (size_t)MXFP4_HF_CHUNK_BLOCKS * 16;
+	return most;
+}
+
+static uint64_t mxfp4_hf_scale_bytes(const struct moe_proj_ref *r)
+{
+	return r->layout == MOE_LAYOUT_MXFP4_HF ? r->scale.length : 0;
+}
+
+/* Scratch bytes a converter needs for any MXFP4 matrix (or slice of one) of the catalog. */
+static size_t mxfp4_hf_scratch_bytes(const struct forward_weights *w)
+{
+	return (size_t)largest_over_catalog(w, mxfp4_hf_scale_bytes) +
+	       (size_t)MXFP4_HF_CHUNK_BLOCKS * 16;
 }
 
 static int converter_init(const struct forward_weights *w, struct mxfp4_hf_converter *c,
@@ -187,26 +198,17 @@ static bool is_int4(const struct moe_proj_ref *r)
 	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ;
 }
 
-/* The checkpoint bytes of an INT4 projection: weights, scales and (GPTQ) zeros. */
+/* The checkpoint bytes of an INT4 projection: weights, scales and (GPTQ) zeros; 0 for any
+ * other layout. */
 static uint64_t int4_source_bytes(const struct moe_proj_ref *r)
 {
-	return r->data.length + r->scale.length + r->zeros.length;
+	return is_int4(r) ? r->data.length + r->scale.length + r->zeros.length : 0;
 }
 
 /* Scratch for the largest INT4 projection's source tensors (0: the model has none). */
 static size_t int4_scratch_bytes(const struct forward_weights *w)
 {
-	uint64_t most = 0;
-	for (uint32_t l = 0; l < w->n_moe_layers; l++)
-		for (uint32_t e = 0; e < w->n_experts; e++) {
-			const struct moe_expert *x =
-			    moe_catalog_expert(w->cat, w->model_layer[l], e);
-			for (int p = 0; p < MOE_PROJ_COUNT; p++)
-				if (x->proj[p].present && is_int4(&x->proj[p]) &&
-				    int4_source_bytes(&x->proj[p]) > most)
-					most = int4_source_bytes(&x->proj[p]);
-		}
-	return (size_t)most;
+	return (size_t)largest_over_catalog(w, int4_source_bytes);
 }
 
 /* Repacks projection r from its source tensors at src (weights, scales, zeros back to back)
