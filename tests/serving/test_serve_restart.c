@@ -478,3 +478,61 @@ Test(restart, sigterm_during_the_warm_up_stops_cleanly)
 	close(nfd);
 	sidecar_cleanup(&s.sp);
 }
+
+/* The service manager's variables, when they cannot be used: refused at start with the
+ * variable named, before anything is bound. LISTEN_PID must be the sidecar's own pid, so the
+ * child sets it after fork, before exec. */
+static int serve_with_env(const struct served *s, const char *name, const char *value,
+                          bool listen_pid)
+{
+	pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		char me[16];
+		snprintf(me, sizeof(me), "%d", (int)getpid());
+		if (setenv(name, value, 1) != 0 || (listen_pid && setenv("LISTEN_PID", me, 1) != 0))
+			_exit(126);
+		int fd = open(s->sp.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd < 0 || dup2(fd, 2) < 0)
+			_exit(126);
+		execl(MOE_SIDECAR_BIN, MOE_SIDECAR_BIN, "serve", "--socket", s->sp.socket,
+		      (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	cr_assert_eq(waitpid(pid, &st, 0), pid);
+	cr_assert(WIFEXITED(st), "status 0x%x", st);
+	return WEXITSTATUS(st);
+}
+
+Test(restart, service_manager_variables_that_cannot_be_used_are_refused)
+{
+	static const struct {
+		const char *name, *value, *said;
+		bool listen_pid;
+		int status;
+	} cases[] = {
+	    {"NOTIFY_SOCKET", "relative/notify.sock", "NOTIFY_SOCKET=relative/notify.sock", false,
+	     2},
+	    {"WATCHDOG_USEC", "soon", "WATCHDOG_USEC=soon", false, 2},
+	    {"WATCHDOG_USEC", "0", "WATCHDOG_USEC=0", false, 2},
+	    {"LISTEN_FDS", "2", "LISTEN_FDS=2", true, 1},
+	    {"LISTEN_FDS", "1", "descriptor 3 is not a listening Unix stream socket", true, 1},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct served s;
+		memset(&s, 0, sizeof(s));
+		harness_tempdir(&s.sp);
+		const int status =
+		    serve_with_env(&s, cases[i].name, cases[i].value, cases[i].listen_pid);
+		cr_expect_eq(status, cases[i].status, "%s=%s: exit %d", cases[i].name,
+		             cases[i].value, status);
+		char *log = slurp(s.sp.log);
+		cr_expect_eq(log_count(&s.sp, cases[i].said), 1, "%s=%s: %s", cases[i].name,
+		             cases[i].value, log ? log : "(no log)");
+		free(log);
+		struct stat st;
+		cr_expect_neq(stat(s.sp.socket, &st), 0, "%s: a socket was bound", cases[i].name);
+		sidecar_cleanup(&s.sp);
+	}
+}
