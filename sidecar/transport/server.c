@@ -588,7 +588,7 @@ static void announce_ready(struct server *s)
 	int fd = s->cfg->ready_fd;
 	log_info("server", "serving path=%s pid=%d max_clients=%u peers=%s", s->listener.path,
 	         (int)getpid(), s->cfg->max_clients, s->cfg->allow_list ? "uid+allow-list" : "uid");
-	sd_notify("READY=1\nSTATUS=serving %s", s->listener.path);
+	sd_notify_wait("READY=1\nSTATUS=serving %s", s->listener.path);
 	if (fd < 0)
 		return;
 	char line[sizeof(s->listener.path) + 16];
@@ -600,7 +600,7 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
-	sd_notify("STOPPING=1");
+	sd_notify_wait("STOPPING=1");
 	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
 	if (s->service && s->service->shutdown) /* work not started fails with MOE_ESHUTDOWN */
 		s->service->shutdown(s->service->ctx);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -69,6 +70,9 @@ int sd_notify_init(struct sidecar_error *err)
 	notifier.fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
 	if (notifier.fd < 0)
 		return error_set(err, MOE_ESYS, "NOTIFY_SOCKET: socket: %s", strerror(errno));
+	const struct timeval wait = {.tv_sec = 5};
+	if (setsockopt(notifier.fd, SOL_SOCKET, SO_SNDTIMEO, &wait, sizeof(wait)) != 0)
+		return error_set(err, MOE_ESYS, "NOTIFY_SOCKET: SO_SNDTIMEO: %s", strerror(errno));
 	return 0;
 }
 
@@ -77,21 +81,39 @@ bool sd_notify_enabled(void)
 	return notifier.fd >= 0;
 }
 
-void sd_notify(const char *fmt, ...)
+static void send_notice(int flags, const char *fmt, va_list ap)
 {
-	if (notifier.fd < 0)
-		return;
 	char msg[512];
-	va_list ap;
-	va_start(ap, fmt);
 	int n = vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	if (n < 0)
 		return;
 	if ((size_t)n >= sizeof(msg))
 		n = sizeof(msg) - 1;
-	(void)sendto(notifier.fd, msg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL,
-	             (const struct sockaddr *)&notifier.addr, notifier.addr_len);
+	ssize_t rc;
+	do
+		rc = sendto(notifier.fd, msg, (size_t)n, flags | MSG_NOSIGNAL,
+		            (const struct sockaddr *)&notifier.addr, notifier.addr_len);
+	while (rc < 0 && errno == EINTR);
+}
+
+void sd_notify(const char *fmt, ...)
+{
+	if (notifier.fd < 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	send_notice(MSG_DONTWAIT, fmt, ap);
+	va_end(ap);
+}
+
+void sd_notify_wait(const char *fmt, ...)
+{
+	if (notifier.fd < 0)
+		return;
+	va_list ap;
+	va_start(ap, fmt);
+	send_notice(0, fmt, ap); /* SO_SNDTIMEO (sd_notify_init) bounds the wait */
+	va_end(ap);
 }
 
 uint64_t sd_watchdog_ns(void)

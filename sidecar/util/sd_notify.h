@@ -10,8 +10,10 @@
  * Owns: one process-wide datagram socket, opened by sd_notify_init from the environment
  * (read once, at start, before any thread exists). Without $NOTIFY_SOCKET every call is a
  * no-op. Threading: sd_notify_* from any thread after init (one sendto each).
- * Errors: a manager that stops listening loses messages, never blocks or kills the sidecar
- * (MSG_DONTWAIT | MSG_NOSIGNAL); sd_notify_init and sd_listen_fd return -1 with err filled.
+ * Errors: STATUS= and WATCHDOG=1 are best effort (MSG_DONTWAIT: a manager whose queue is full
+ * loses them, the dispatcher never waits); READY=1 and STOPPING=1 must arrive, so
+ * sd_notify_wait waits for room in the manager's queue, at most 5 s. Never SIGPIPE.
+ * sd_notify_init and sd_listen_fd return -1 with err filled.
  */
 #ifndef MOE_SD_NOTIFY_H
 #define MOE_SD_NOTIFY_H
@@ -27,8 +29,11 @@
 int sd_notify_init(struct sidecar_error *err);
 /* Whether a manager listens (READY etc. go somewhere). */
 bool sd_notify_enabled(void);
-/* One datagram (the message is given without a trailing newline; lines joined by '\n'). */
+/* One datagram (the message is given without a trailing newline; lines joined by '\n'),
+ * dropped if the manager's queue is full. */
 void sd_notify(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The same for a message that must not be lost (READY, STOPPING): waits for room, 5 s at most. */
+void sd_notify_wait(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The manager's watchdog period in ns, 0 when it asks for none: send WATCHDOG=1 at least
  * every half of it. */
 uint64_t sd_watchdog_ns(void);

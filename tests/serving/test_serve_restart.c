@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "moe_kernels.h"
@@ -299,17 +300,25 @@ static bool next_notice(int fd, char *buf, size_t len, int timeout_ms)
 	return true;
 }
 
-/* Reads notices until one contains want; the ones before go to seen (appended). */
+/* Reads notices until one contains want, within timeout_ms in all (a steady stream of other
+ * notices, WATCHDOG=1 every 100 ms, must not keep it waiting); the ones read go to seen. */
 static bool notice_until(int fd, const char *want, char *seen, size_t seen_len, int timeout_ms)
 {
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
 	char buf[600];
-	while (next_notice(fd, buf, sizeof(buf), timeout_ms)) {
+	for (;;) {
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		const long spent =
+		    (now.tv_sec - t0.tv_sec) * 1000 + (now.tv_nsec - t0.tv_nsec) / 1000000;
+		if (spent >= timeout_ms ||
+		    !next_notice(fd, buf, sizeof(buf), (int)(timeout_ms - spent)))
+			return false;
 		if (seen)
 			snprintf(seen + strlen(seen), seen_len - strlen(seen), "%s|", buf);
 		if (strstr(buf, want))
 			return true;
 	}
-	return false;
 }
 
 /* While the model warms up the socket answers: a client that gives up waiting, or does not
