@@ -550,7 +550,7 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
                           uint32_t moe_layer, uint32_t x, struct moek_ffn_call *c,
                           struct forward_result *res)
 {
-	struct held_expert held = {.expert = x};
+	struct held_expert held = {.hold = {.expert = x}};
 	char err[128];
 	int rc = MOE_OK;
 	enum weights_found found;

@@ -6,6 +6,7 @@
  * of the source holding the expert: the static sources' per-projection pointers, a held
  * slot's extents, or (sliced) each node's slices with their first rows.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -170,7 +171,7 @@ static void side_view(const struct forward_weights *w, const struct expert_ref *
 
 /* The view of node n's slices (extents in build_node_maps order): weights_view's shapes,
  * formats and side data, with the data of node n's rows and row0 = f_n / o_n. */
-int expert_node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
+static int node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
                      struct moek_expert *v, struct sidecar_error *err)
 {
 	const struct expert_template *t =
@@ -217,7 +218,9 @@ int expert_node_view(const struct forward_weights *w, uint32_t n, const struct e
 	return 0;
 }
 
-int expert_slot_view(const struct forward_weights *w, const struct expert_ref *ref,
+/* The whole-expert view of a held slot (not sliced): data and, side_in_slot, scales and
+ * biases from the slot. */
+static int slot_view(const struct forward_weights *w, const struct expert_ref *ref,
                      struct moek_expert *v, struct sidecar_error *err)
 {
 	const uint8_t *data[MOE_PROJ_COUNT] = {0};
@@ -231,5 +234,43 @@ int expert_slot_view(const struct forward_weights *w, const struct expert_ref *r
 	if (w->side_in_slot)
 		side_view(w, ref, &w->templates[(size_t)ref->layer * w->n_experts + ref->expert],
 		          v);
+	return 0;
+}
+
+int expert_held_view(const struct forward_weights *w, struct held_expert *h,
+                     struct sidecar_error *err)
+{
+	const struct expert_ref *held = &h->hold.ref;
+	h->tp = &w->templates[(size_t)held->layer * w->n_experts + held->expert];
+	if (!w->sliced)
+		return slot_view(w, held, &h->view, err);
+	for (uint32_t n = 0; n < w->n_res; n++) {
+		struct expert_ref ref;
+		char where[64];
+		snprintf(where, sizeof(where), "layer %u expert %u: node %u",
+		         w->model_layer[held->layer], held->expert, n);
+		if (residency_ref_node(w->res, held, n, &ref) != 0)
+			return error_set(err, MOE_EINVAL, "%s: no such node part", where);
+		if (node_view(w, n, &ref, &h->node_view[n], err) != 0)
+			return error_prefix(err, where);
+	}
+	h->view = h->node_view[0];
+	return 0;
+}
+
+int expert_layer_views(const struct forward_weights *w, struct held_expert *held, uint32_t n,
+                       uint32_t *ready, uint32_t *failed, struct sidecar_error *err)
+{
+	for (uint32_t i = 0; i < n; i++) {
+		struct held_expert *h = &held[i];
+		if (!h->hold.held || !h->hold.pending)
+			continue;
+		if (expert_held_view(w, h, err) != 0) {
+			*failed = i;
+			return -1;
+		}
+		h->hold.pending = false;
+		(*ready)++;
+	}
 	return 0;
 }

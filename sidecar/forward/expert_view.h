@@ -91,18 +91,15 @@ struct forward_weights {
 	struct expert_template *templates; /* [moe_layer][expert] */
 	uint64_t budget_bytes;
 };
-/* A request's hold on one expert: which (set by the engine, with pending, before the first
- * demand), its kernel views and (RESIDENCY) the reference to release. */
+/* A request's hold on one expert: which and how far its demand is (hold: expert and pending
+ * set by the engine before the first demand; RESIDENCY: the reference to release), and its
+ * kernel views (built once held). */
 struct held_expert {
-	uint32_t expert;
-	bool pending; /* to be demanded (weights_demand_layer clears it once held) */
-	bool held;
-	bool counted; /* a demand was counted (weights_demand): retried without counting again */
+	struct residency_hold hold;
 	const struct expert_template *tp; /* set with the views: the node split */
 	struct moek_expert view;          /* the whole expert, or (sliced) node 0's view: the call's
 	                                     plan template (same formats and shapes as every node's) */
 	struct moek_expert node_view[FORWARD_MAX_NODES]; /* sliced: node n's rows (row0 set) */
-	struct expert_ref ref; /* of res (every node's slices), held if `held` */
 };
 /* The view of (moe_layer, expert) from data pointers per projection (NULL = absent). */
 int weights_view(const struct forward_weights *w, uint32_t moe_layer, uint32_t expert,
@@ -125,13 +122,15 @@ static inline const struct moek_expert *weights_node_view(const struct forward_w
  * w->templates; plans the decode layout (decode: whether the source rearranges) and puts it
  * and the node split over w->n_nodes into every template. */
 int expert_templates_build(struct forward_weights *w, bool decode, struct sidecar_error *err);
-/* The view of node n's slices held by ref (extents in node_layout order): the template's
- * shapes, formats and side data, with the data of node n's rows and row0 = f_n / o_n. */
-int expert_node_view(const struct forward_weights *w, uint32_t n, const struct expert_ref *ref,
-                     struct moek_expert *v, struct sidecar_error *err);
-/* The whole-expert view of a held slot (not sliced): data and, side_in_slot, scales and
- * biases from the slot. */
-int expert_slot_view(const struct forward_weights *w, const struct expert_ref *ref,
-                     struct moek_expert *v, struct sidecar_error *err);
+/* The views of a held expert (h->hold.held, RESIDENCY): each node's slices when sliced, else
+ * the whole expert's from its slot; sets h->tp. 0, or -1 with err (a layout that cannot be
+ * viewed). */
+int expert_held_view(const struct forward_weights *w, struct held_expert *h,
+                     struct sidecar_error *err);
+/* A layer's newly held experts (held[i]: hold.held and still hold.pending) made ready: their
+ * views built (expert_held_view) and pending cleared, each counted in *ready. 0, or -1 with
+ * err and *failed the index of the first whose views could not be built (left pending). */
+int expert_layer_views(const struct forward_weights *w, struct held_expert *held, uint32_t n,
+                       uint32_t *ready, uint32_t *failed, struct sidecar_error *err);
 
 #endif

@@ -234,10 +234,8 @@ uint32_t plan_request(struct forward_engine *e, const struct forward_request *q,
 			g->first = e->rq->key_count[x];
 			g->count = c;
 			struct held_expert *h = &e->rq->held[n_groups - 1];
-			h->expert = x; /* its views are written when it is held */
-			h->pending = true;
-			h->held = h->counted = false;
-			h->tp = NULL;
+			h->hold = (struct residency_hold){.expert = x, .pending = true};
+			h->tp = NULL; /* its views are written when it is held */
 		}
 	const size_t row = (size_t)e->hidden * dtype_size(q->x_dtype);
 	for (size_t p = 0; p < n_pos; p++) {

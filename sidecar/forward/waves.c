@@ -194,7 +194,7 @@ static int demand_wait(struct forward_engine *e, const struct forward_request *q
 	if (rc < 0)
 		return demand_failed(e, q, g, rc, &err, res);
 	if (rc == 1) {
-		e->rq->held[g].pending = false;
+		e->rq->held[g].hold.pending = false;
 		e->rq->groups[g].state = GROUP_READY;
 	}
 	return rc;
@@ -294,7 +294,7 @@ static int settle_failure(struct forward_engine *e, const struct forward_request
 	if (!q->immediate_ready || !e->rq->groups[g].deferred)
 		return rc;
 	weights_release_layer(&e->w, e->rq->held, &g, 1);
-	e->rq->held[g].pending = false;
+	e->rq->held[g].hold.pending = false;
 	e->rq->groups[g].state = GROUP_FAILED;
 	*deferred_rc = rc;
 	return 1;
@@ -326,7 +326,7 @@ int waves_execute(struct forward_engine *e, const struct forward_request *q, uin
 			ready += (uint32_t)rc; /* settled as FAILED */
 		}
 		for (uint32_t g = 0; g < n_groups; g++)
-			if (e->rq->groups[g].state == GROUP_PENDING && !e->rq->held[g].pending)
+			if (e->rq->groups[g].state == GROUP_PENDING && !e->rq->held[g].hold.pending)
 				e->rq->groups[g].state = GROUP_READY;
 		if (ready == 0 && done < n_groups) {
 			/* Nothing arrived: wait for the first pending one, holding nothing (a

@@ -272,24 +272,6 @@ void weights_close(struct forward_weights *w)
 	memset(w, 0, sizeof(*w));
 }
 
-static int weights_held_view(const struct forward_weights *w, struct held_expert *h,
-                             struct sidecar_error *err)
-{
-	if (w->sliced) {
-		for (uint32_t n = 0; n < w->n_res; n++) {
-			struct expert_ref ref;
-			if (residency_ref_node(w->res, &h->ref, n, &ref) != 0 ||
-			    expert_node_view(w, n, &ref, &h->node_view[n], err) != 0)
-				return error_set(err, MOE_EINVAL, "layer %u expert %u: node %u: %s",
-				                 w->model_layer[h->ref.layer], h->ref.expert, n,
-				                 err->msg);
-		}
-		h->view = h->node_view[0];
-		return 0;
-	}
-	return expert_slot_view(w, &h->ref, &h->view, err);
-}
-
 uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint32_t moe_layer,
                            uint32_t expert)
 {
@@ -305,40 +287,30 @@ uint64_t weights_res_bytes(const struct forward_weights *w, uint32_t node, uint3
 
 /* ---- The scheduler's interface ---------------------------------------------------------- */
 
-/* One demand of (moe_layer, h->expert) (RESIDENCY: pre is its state just before). */
-static int demand_one(const struct forward_weights *w, uint32_t moe_layer, struct held_expert *h,
-                      bool wait, enum expert_state pre, enum weights_found *found,
-                      uint64_t *cold_bytes, struct sidecar_error *err)
+static enum weights_found found_as(uint8_t found)
 {
-	const uint32_t expert = h->expert;
-	*found = WEIGHTS_NOT_YET;
-	*cold_bytes = 0;
-	if (w->source != FORWARD_SOURCE_RESIDENCY) {
-		if (weights_static_view(w, moe_layer, expert, &h->view, err) != 0)
-			return -EINVAL;
-		h->tp = &w->templates[(size_t)moe_layer * w->n_experts + expert];
-		*found = WEIGHTS_HIT;
-		return 1;
-	}
-	if (!h->held) {
-		const unsigned flags =
-		    (wait ? 0u : RESIDENCY_NOWAIT) | (h->counted ? RESIDENCY_RETRY : 0u);
-		const int rc = residency_acquire(w->res, moe_layer, expert, -1.0f, flags, &h->ref);
-		if (!h->counted && (rc == 0 || rc == -EINPROGRESS)) {
-			h->counted = true;
-			*found = pre == EXPERT_RESIDENT  ? WEIGHTS_HIT
-			         : pre == EXPERT_LOADING ? WEIGHTS_IN_FLIGHT
-			                                 : WEIGHTS_COLD;
-			for (uint32_t n = 0; *found == WEIGHTS_COLD && n < w->n_res; n++)
-				*cold_bytes += weights_res_bytes(w, n, moe_layer, expert);
-		}
-		if (rc == -EINPROGRESS || rc == -EAGAIN)
-			return 0;
-		if (rc != 0)
-			return rc;
-		h->held = true;
-	}
-	if (weights_held_view(w, h, err) != 0)
+	return found == RESIDENCY_FOUND_HIT         ? WEIGHTS_HIT
+	       : found == RESIDENCY_FOUND_IN_FLIGHT ? WEIGHTS_IN_FLIGHT
+	       : found == RESIDENCY_FOUND_COLD      ? WEIGHTS_COLD
+	                                            : WEIGHTS_NOT_YET;
+}
+
+/* The bytes a cold demand of (moe_layer, expert) read, over every node part. */
+static uint64_t cold_read_bytes(const struct forward_weights *w, uint32_t moe_layer,
+                                uint32_t expert)
+{
+	uint64_t bytes = 0;
+	for (uint32_t n = 0; n < w->n_res; n++)
+		bytes += weights_res_bytes(w, n, moe_layer, expert);
+	return bytes;
+}
+
+/* A static source's expert: its view at once, found resident. */
+static int static_demand(const struct forward_weights *w, uint32_t moe_layer, struct held_expert *h,
+                         struct sidecar_error *err)
+{
+	const uint32_t expert = h->hold.expert;
+	if (weights_static_view(w, moe_layer, expert, &h->view, err) != 0)
 		return -EINVAL;
 	h->tp = &w->templates[(size_t)moe_layer * w->n_experts + expert];
 	return 1;
@@ -348,69 +320,103 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, struct h
                    bool wait, enum weights_found *found, uint64_t *cold_bytes,
                    struct sidecar_error *err)
 {
-	const enum expert_state pre = w->source == FORWARD_SOURCE_RESIDENCY && !h->held
-	                                  ? residency_state(w->res, moe_layer, h->expert)
-	                                  : EXPERT_RESIDENT;
-	return demand_one(w, moe_layer, h, wait, pre, found, cold_bytes, err);
+	struct residency_hold *hd = &h->hold;
+	*found = WEIGHTS_NOT_YET;
+	*cold_bytes = 0;
+	if (w->source != FORWARD_SOURCE_RESIDENCY) {
+		*found = WEIGHTS_HIT;
+		return static_demand(w, moe_layer, h, err);
+	}
+	if (!hd->held) {
+		const enum expert_state pre = residency_state(w->res, moe_layer, hd->expert);
+		const unsigned flags =
+		    (wait ? 0u : RESIDENCY_NOWAIT) | (hd->counted ? RESIDENCY_RETRY : 0u);
+		const int rc =
+		    residency_acquire(w->res, moe_layer, hd->expert, -1.0f, flags, &hd->ref);
+		if (!hd->counted && (rc == 0 || rc == -EINPROGRESS)) {
+			hd->counted = true;
+			*found = pre == EXPERT_RESIDENT  ? WEIGHTS_HIT
+			         : pre == EXPERT_LOADING ? WEIGHTS_IN_FLIGHT
+			                                 : WEIGHTS_COLD;
+			if (*found == WEIGHTS_COLD)
+				*cold_bytes = cold_read_bytes(w, moe_layer, hd->expert);
+		}
+		if (rc == -EINPROGRESS || rc == -EAGAIN)
+			return 0;
+		if (rc != 0)
+			return rc;
+		hd->held = true;
+	}
+	if (expert_held_view(w, h, err) != 0)
+		return -EINVAL;
+	return 1;
 }
 
-static void count_found(struct weights_demand_counts *c, enum weights_found found, uint64_t bytes)
+/* The demands counted by the last layer call, taken into c (and cleared in the holds). */
+static void take_counts(const struct forward_weights *w, uint32_t moe_layer,
+                        struct held_expert *held, uint32_t n, struct weights_demand_counts *c)
 {
-	c->hits += found == WEIGHTS_HIT;
-	c->inflight_misses += found == WEIGHTS_IN_FLIGHT;
-	c->cold_misses += found == WEIGHTS_COLD;
-	c->bytes_read += bytes;
+	for (uint32_t i = 0; i < n; i++) {
+		struct residency_hold *hd = &held[i].hold;
+		const enum weights_found found = found_as(hd->found);
+		hd->found = RESIDENCY_FOUND_NOT_YET;
+		c->hits += found == WEIGHTS_HIT;
+		c->inflight_misses += found == WEIGHTS_IN_FLIGHT;
+		c->cold_misses += found == WEIGHTS_COLD;
+		if (found == WEIGHTS_COLD)
+			c->bytes_read += cold_read_bytes(w, moe_layer, hd->expert);
+	}
 }
 
 int weights_demand_layer(const struct forward_weights *w, uint32_t moe_layer,
                          struct held_expert *held, uint32_t n, uint32_t *cursor, uint32_t *ready,
                          struct weights_demand_counts *counts, struct sidecar_error *err)
 {
-	while (*cursor < 2 * n) {
-		const bool first_pass = *cursor < n;
-		struct held_expert *h = &held[*cursor % n];
-		(*cursor)++;
-		if (!h->pending)
-			continue;
-		enum expert_state pre = EXPERT_RESIDENT;
-		if (w->source == FORWARD_SOURCE_RESIDENCY && !h->held) {
-			pre = residency_state(w->res, moe_layer, h->expert);
-			if (first_pass && pre == EXPERT_COLD)
-				continue; /* the second pass reads it */
-		}
-		enum weights_found found;
-		uint64_t bytes;
-		const int rc = demand_one(w, moe_layer, h, false, pre, &found, &bytes, err);
-		count_found(counts, found, bytes);
-		if (rc < 0)
-			return rc;
-		if (rc == 1) {
-			h->pending = false;
+	if (w->source != FORWARD_SOURCE_RESIDENCY) {
+		while (*cursor < n) {
+			struct held_expert *h = &held[(*cursor)++];
+			if (!h->hold.pending)
+				continue;
+			const int rc = static_demand(w, moe_layer, h, err);
+			if (rc < 0)
+				return rc;
+			counts->hits++;
+			h->hold.pending = false;
 			(*ready)++;
 		}
+		*cursor = 2 * n;
+		return 0;
 	}
-	return 0;
+	/* One call into the residency for the layer's references, one for their views. */
+	const int rc =
+	    residency_demand_layer(w->res, moe_layer, &held[0].hold, sizeof(held[0]), n, cursor);
+	take_counts(w, moe_layer, held, n, counts);
+	uint32_t failed;
+	if (expert_layer_views(w, held, n, ready, &failed, err) != 0) {
+		/* The walk resumes after the expert whose view failed (its region of the walk). */
+		*cursor = (*cursor - 1) / n * n + failed + 1;
+		return -EINVAL;
+	}
+	return rc;
 }
 
 void weights_release_layer(const struct forward_weights *w, struct held_expert *held,
                            const uint32_t *which, uint32_t n)
 {
-	for (uint32_t i = 0; i < n; i++) {
-		struct held_expert *h = &held[which ? which[i] : i];
-		if (h->held)
-			residency_release(w->res, &h->ref);
-		h->held = false;
-	}
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		residency_release_layer(w->res, &held[0].hold, sizeof(held[0]), which, n);
 }
 
 bool weights_layer_ready(const struct forward_weights *w, uint32_t moe_layer, const int32_t *ids,
                          size_t n)
 {
-	for (size_t i = 0; i < n; i++) {
+	if (w->source == FORWARD_SOURCE_ALL_RESIDENT)
+		return true;
+	if (w->source == FORWARD_SOURCE_RESIDENCY)
+		return residency_layer_resident(w->res, moe_layer, ids, n);
+	for (size_t i = 0; i < n; i++) { /* MMAP: a page fault may read */
 		const int32_t id = ((const volatile int32_t *)ids)[i];
-		if (id < 0 || (uint32_t)id >= w->n_experts)
-			continue;
-		if (!weights_ready(w, moe_layer, (uint32_t)id))
+		if (id >= 0 && (uint32_t)id < w->n_experts)
 			return false;
 	}
 	return true;

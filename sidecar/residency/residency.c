@@ -356,10 +356,10 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 	return rc;
 }
 
-void residency_release(struct residency *r, struct expert_ref *ref)
+/* Under lock: lets ref's reference go. */
+static void release_locked(struct residency *r, const struct expert_ref *ref)
 {
 	const uint32_t id = residency_id(r, ref->layer, ref->expert);
-	pthread_mutex_lock(&r->lock);
 	struct expert_entry *e = &r->entries[id];
 	assert(e->state == EXPERT_RESIDENT && e->refs > 0 && e->slot == ref->slot);
 	e->refs--;
@@ -367,6 +367,12 @@ void residency_release(struct residency *r, struct expert_ref *ref)
 		evict(r, id);
 	if (e->refs == 0 && r->slot_waiters)
 		pthread_cond_broadcast(&r->changed);
+}
+
+void residency_release(struct residency *r, struct expert_ref *ref)
+{
+	pthread_mutex_lock(&r->lock);
+	release_locked(r, ref);
 	pthread_mutex_unlock(&r->lock);
 	memset(ref, 0, sizeof(*ref));
 }
@@ -1005,4 +1011,74 @@ void residency_destroy(struct residency *r)
 	pthread_cond_destroy(&r->changed);
 	pthread_mutex_destroy(&r->lock);
 	free(r);
+}
+
+/* ---- A layer's demand in one call ------------------------------------------------------- */
+
+static struct residency_hold *hold_at(struct residency_hold *first, size_t stride, uint32_t i)
+{
+	return (struct residency_hold *)((char *)first + (size_t)i * stride);
+}
+
+int residency_demand_layer(struct residency *r, uint32_t layer, struct residency_hold *first,
+                           size_t stride, uint32_t n, uint32_t *cursor)
+{
+	while (*cursor < 2 * n) {
+		const bool first_pass = *cursor < n;
+		struct residency_hold *h = hold_at(first, stride, *cursor % n);
+		(*cursor)++;
+		if (!h->pending || h->held)
+			continue;
+		const enum expert_state pre = residency_state(r, layer, h->expert);
+		if (first_pass && pre == EXPERT_COLD)
+			continue; /* the second pass reads it */
+		const unsigned flags = RESIDENCY_NOWAIT | (h->counted ? RESIDENCY_RETRY : 0u);
+		const int rc = residency_acquire(r, layer, h->expert, -1.0f, flags, &h->ref);
+		if (!h->counted && (rc == 0 || rc == -EINPROGRESS)) {
+			h->counted = true;
+			h->found = pre == EXPERT_RESIDENT  ? RESIDENCY_FOUND_HIT
+			           : pre == EXPERT_LOADING ? RESIDENCY_FOUND_IN_FLIGHT
+			                                   : RESIDENCY_FOUND_COLD;
+		}
+		if (rc == 0)
+			h->held = true;
+		else if (rc != -EINPROGRESS && rc != -EAGAIN)
+			return rc;
+	}
+	return 0;
+}
+
+void residency_release_layer(struct residency *r, struct residency_hold *first, size_t stride,
+                             const uint32_t *which, uint32_t n)
+{
+	bool locked = false;
+	for (uint32_t i = 0; i < n; i++) {
+		struct residency_hold *h = hold_at(first, stride, which ? which[i] : i);
+		if (!h->held)
+			continue;
+		if (!locked)
+			pthread_mutex_lock(&r->lock);
+		locked = true;
+		release_locked(r, &h->ref);
+		memset(&h->ref, 0, sizeof(h->ref));
+		h->held = false;
+	}
+	if (locked)
+		pthread_mutex_unlock(&r->lock);
+}
+
+bool residency_layer_resident(struct residency *r, uint32_t layer, const int32_t *ids, size_t n)
+{
+	if (layer >= r->n_layers)
+		return false;
+	bool all = true;
+	pthread_mutex_lock(&r->lock);
+	for (size_t i = 0; i < n && all; i++) {
+		const int32_t id = ((const volatile int32_t *)ids)[i];
+		if (id >= 0 && (uint32_t)id < r->n_experts)
+			all = r->entries[residency_id(r, layer, (uint32_t)id)].state ==
+			      EXPERT_RESIDENT;
+	}
+	pthread_mutex_unlock(&r->lock);
+	return all;
 }

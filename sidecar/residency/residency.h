@@ -206,6 +206,45 @@ void residency_hint(struct residency *r, uint32_t layer, const uint32_t *experts
                     float score);
 
 enum expert_state residency_state(struct residency *r, uint32_t layer, uint32_t expert);
+
+/* ---- A layer's demand in one call (the request path) ------------------------------------ */
+
+/* How a layer demand found an expert, set by the call that counted it (RESIDENCY_FOUND_*). */
+enum residency_found {
+	RESIDENCY_FOUND_NOT_YET = 0,
+	RESIDENCY_FOUND_HIT,       /* resident */
+	RESIDENCY_FOUND_IN_FLIGHT, /* being read for another demand or a prefetch */
+	RESIDENCY_FOUND_COLD,      /* read for this demand */
+};
+/* One expert of a layer's demand, kept by the caller from the first demand to the release
+ * (zeroed, with expert and pending set, before the first). It may be a member of a larger
+ * record: the layer calls walk an array of those with a stride. */
+struct residency_hold {
+	uint32_t expert;
+	bool pending;  /* still to be demanded: the layer demand skips the others */
+	bool held;     /* ref holds the expert (residency_release_layer lets it go) */
+	bool counted;  /* the demand was counted: follow-ups are RESIDENCY_RETRY */
+	uint8_t found; /* enum residency_found, set by the call that counted the demand; the
+	                  caller reads it and sets it back to NOT_YET */
+	struct expert_ref ref;
+};
+/* One layer's demand without waiting, over holds[i] = (struct residency_hold *)((char *)first
+ * + i * stride), i < n: each pending expert not yet held is demanded with RESIDENCY_NOWAIT
+ * (RETRY once counted), those resident or loading first, then the cold ones — so a cold read
+ * never evicts an expert the same layer is about to use. Those now held get held = true (the
+ * caller clears pending once it has used them). *cursor (0 at first) is where the walk
+ * stands: returns 0 at the end, or at the first failure its status (as residency_acquire:
+ * -EPERM, -EIO, -ENOSPC, …) with holds[(*cursor - 1) % n] the expert that failed; calling
+ * again resumes after it. A status, not an error: residency_error_message says why. */
+int residency_demand_layer(struct residency *r, uint32_t layer, struct residency_hold *first,
+                           size_t stride, uint32_t n, uint32_t *cursor);
+/* Releases every held hold of holds[which[i]] (which NULL: holds[0, n)) under one lock;
+ * held becomes false. */
+void residency_release_layer(struct residency *r, struct residency_hold *first, size_t stride,
+                             const uint32_t *which, uint32_t n);
+/* True if every id of ids[0, n) in range (0 ≤ id < experts per layer; the peer's memory:
+ * read once each) is RESIDENT in `layer`: one look under the lock for the whole layer. */
+bool residency_layer_resident(struct residency *r, uint32_t layer, const int32_t *ids, size_t n);
 /* FAILED → COLD, so the next demand reads again (its backoff ends; the count of failed loads
  * stays, so a new failure backs off longer). */
 void residency_retry_failed(struct residency *r, uint32_t layer, uint32_t expert);

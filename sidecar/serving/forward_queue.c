@@ -128,6 +128,13 @@ struct forward_queue {
 	uint32_t *block_of_moe; /* [n_moe_layers] */
 };
 
+/* Is block `layer` a MoE layer this queue serves (the table built at create)? */
+static bool is_moe_block(const struct forward_queue *o, int32_t layer)
+{
+	return layer >= 0 && (uint32_t)layer < o->desc->n_layers &&
+	       o->moe_of_block[layer] != UINT32_MAX;
+}
+
 static size_t mask_layer_bytes(const struct serve_model_desc *d)
 {
 	return (d->n_experts + 7u) / 8u;
@@ -383,8 +390,9 @@ static void run_forward(struct forward_queue *o, struct model_channel *mc,
 	if (rc == MOE_OK || early.posted) { /* validated: this is the routing served */
 		const uint32_t l = o->moe_of_block[sqe->layer];
 		routing_add(o->routing, l, sqe->n_tokens, sqe->ids_per_token, o->ids);
-		trace_recorder_add(o->recorder, l, sqe->n_tokens, sqe->ids_per_token, o->ids,
-		                   o->weights);
+		if (o->recorder) /* --record-trace */
+			trace_recorder_add(o->recorder, l, sqe->n_tokens, sqe->ids_per_token,
+			                   o->ids, o->weights);
 	}
 	if (rc != MOE_OK && early.posted) {
 		/* Completed already: the deferred part is what failed. The next FORWARD owes it. */
@@ -576,7 +584,7 @@ int model_op_check(const struct sidecar_channel *ch, const struct moe_sqe *sqe, 
 	}
 	const struct forward_queue *o = mc->fq;
 	if ((sqe->op == MOE_OP_FORWARD || sqe->op == MOE_OP_PREFETCH) &&
-	    !serve_model_is_moe_layer(o->model, sqe->layer)) {
+	    !is_moe_block(o, sqe->layer)) {
 		err->status = MOE_EBADLAYER;
 		err->value = (uint32_t)sqe->layer;
 		return err->status;
