@@ -60,8 +60,7 @@ void spin_wait_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint32_t *s
 	atomic_fetch_sub(sleepers, 1);
 }
 
-void spin_wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers)
+void spin_wake_sleepers(_Atomic uint32_t *word)
 {
-	if (atomic_load(sleepers))
-		syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+	syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }

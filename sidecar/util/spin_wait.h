@@ -49,7 +49,12 @@ void spin_wait_change(_Atomic uint32_t *word, uint32_t seen, _Atomic uint32_t *s
                       uint64_t bound_ns);
 
 /* Wakes every thread sleeping in spin_wait_change on word, if *sleepers says there is one.
- * Call after changing *word with a seq_cst access. */
-void spin_wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers);
+ * Call after changing *word with a seq_cst access. Inline: nobody sleeps is the common case. */
+void spin_wake_sleepers(_Atomic uint32_t *word); /* the futex wake itself */
+static inline void spin_wake_all(_Atomic uint32_t *word, _Atomic uint32_t *sleepers)
+{
+	if (atomic_load(sleepers))
+		spin_wake_sleepers(word);
+}
 
 #endif /* MOE_SPIN_WAIT_H */
