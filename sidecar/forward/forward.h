@@ -288,9 +288,17 @@ struct forward_latency {
 	uint64_t count, sum_us;
 	uint64_t le[FORWARD_LAT_BUCKETS]; /* cumulative: latency <= 2^k µs */
 };
+/* The per-layer counters, listed once: the engine's atomics (forward_internal.h), each
+ * layer's copy and the sums over layers below. A new one: its name here, its count in
+ * stats_record (forward/stats.c), its row in sidecar/serving/stats_table.h. */
+/* clang-format off */
+#define FORWARD_LAYER_COUNTERS(X) \
+	X(requests) X(tokens) X(hits) X(cold_misses) X(inflight_misses) X(bytes_read) X(failures)
+/* clang-format on */
+#define FORWARD_COUNTER_FIELD(name) uint64_t name;
 struct forward_layer_stats {
 	uint32_t layer; /* transformer block */
-	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	FORWARD_LAYER_COUNTERS(FORWARD_COUNTER_FIELD)
 	uint64_t queue_p50_us, queue_p99_us, io_p50_us, io_p99_us, compute_p50_us, compute_p99_us;
 	uint64_t total_p50_us, total_p99_us;
 	struct forward_latency lat[FORWARD_LAT_KINDS];
@@ -307,7 +315,7 @@ struct forward_node_stats {
 };
 
 struct forward_stats {
-	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	FORWARD_LAYER_COUNTERS(FORWARD_COUNTER_FIELD) /* summed over the layers */
 	/* resident_bytes: the file bytes of the experts resident now (never above the model's
 	 * expert bytes); slot_bytes_used: the memory their slots take (slots are sized for the
 	 * largest expert, with each extent's 4 KiB-aligned superset); pool_bytes: every slot;
@@ -344,7 +352,9 @@ int forward_node_residency(struct forward_engine *e, uint32_t node, struct resid
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
 
-/* Writes `st` as one JSON object (no trailing newline):
+/* The engine's own JSON view, for tests and tools that run an engine in process; the daemon's
+ * STATS document is written from sidecar/serving/stats_table.h (stats_doc.c) instead.
+ * Writes `st` as one JSON object (no trailing newline):
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
  *    "bytes_read":…, "failures":…, "resident_bytes":…, "slot_bytes_used":…,
  *    "pool_bytes":…, "budget_bytes":…, "slots":…, "evictions":…,

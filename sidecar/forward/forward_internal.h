@@ -115,9 +115,9 @@ enum {
 	LAT_KINDS = FORWARD_LAT_KINDS
 };
 
+#define LAYER_COUNTER_ATOMIC(name) atomic_uint_least64_t name;
 struct layer_counters {
-	atomic_uint_least64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read,
-	    failures;
+	FORWARD_LAYER_COUNTERS(LAYER_COUNTER_ATOMIC)
 	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
 	atomic_uint_least64_t sum_us[LAT_KINDS]; /* the histograms' sums (Prometheus' _sum) */
 };

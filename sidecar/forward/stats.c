@@ -113,14 +113,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
 		const struct layer_counters *c = &e->counters[l];
 		struct forward_layer_stats s = {.layer = e->w.model_layer[l]};
-#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed)
-		LOAD(requests);
-		LOAD(tokens);
-		LOAD(hits);
-		LOAD(cold_misses);
-		LOAD(inflight_misses);
-		LOAD(bytes_read);
-		LOAD(failures);
+#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed);
+		FORWARD_LAYER_COUNTERS(LOAD)
 #undef LOAD
 		s.queue_p50_us = percentile(c->hist[LAT_QUEUE], 0.5);
 		s.queue_p99_us = percentile(c->hist[LAT_QUEUE], 0.99);
@@ -132,13 +126,9 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		s.total_p99_us = percentile(c->hist[LAT_TOTAL], 0.99);
 		for (int k = 0; k < LAT_KINDS; k++)
 			latency_of(c->hist[k], &c->sum_us[k], &s.lat[k]);
-		out->requests += s.requests;
-		out->tokens += s.tokens;
-		out->hits += s.hits;
-		out->cold_misses += s.cold_misses;
-		out->inflight_misses += s.inflight_misses;
-		out->bytes_read += s.bytes_read;
-		out->failures += s.failures;
+#define SUM(f) out->f += s.f;
+		FORWARD_LAYER_COUNTERS(SUM)
+#undef SUM
 		if (layers)
 			layers[l] = s;
 	}
@@ -150,13 +140,9 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 
 void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 {
-	jw_kv_u64(w, "requests", st->requests);
-	jw_kv_u64(w, "tokens", st->tokens);
-	jw_kv_u64(w, "hits", st->hits);
-	jw_kv_u64(w, "cold_misses", st->cold_misses);
-	jw_kv_u64(w, "inflight_misses", st->inflight_misses);
-	jw_kv_u64(w, "bytes_read", st->bytes_read);
-	jw_kv_u64(w, "failures", st->failures);
+#define WRITE(f) jw_kv_u64(w, #f, st->f);
+	FORWARD_LAYER_COUNTERS(WRITE)
+#undef WRITE
 	jw_kv_u64(w, "resident_bytes", st->resident_bytes);
 	jw_kv_u64(w, "slot_bytes_used", st->slot_bytes_used);
 	jw_kv_u64(w, "pool_bytes", st->pool_bytes);
@@ -203,13 +189,9 @@ void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 			continue;
 		jw_object_begin(w);
 		jw_kv_u64(w, "layer", s->layer);
-		jw_kv_u64(w, "requests", s->requests);
-		jw_kv_u64(w, "tokens", s->tokens);
-		jw_kv_u64(w, "hits", s->hits);
-		jw_kv_u64(w, "cold_misses", s->cold_misses);
-		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
-		jw_kv_u64(w, "bytes_read", s->bytes_read);
-		jw_kv_u64(w, "failures", s->failures);
+#define WRITE(f) jw_kv_u64(w, #f, s->f);
+		FORWARD_LAYER_COUNTERS(WRITE)
+#undef WRITE
 		const struct {
 			const char *key;
 			uint64_t p50, p99;
