@@ -274,8 +274,12 @@ int metrics_http_start(const struct metrics_addr *addr, struct server *server,
 	if (!h->daemon) {
 		const int e = errno;
 		free(h);
-		return error_set(err, MOE_ESYS, "--metrics %s: cannot serve HTTP there: %s",
-		                 addr->text, e ? strerror(e) : "libmicrohttpd refused to start");
+		return error_set(err, MOE_ESYS, "--metrics %s: cannot serve HTTP there: %s%s",
+		                 addr->text, e ? strerror(e) : "libmicrohttpd refused to start",
+		                 e == EAFNOSUPPORT || e == EPERM
+		                     ? " (under the shipped systemd unit, a drop-in must allow "
+		                       "AF_INET and the host's network: docs/operations.md)"
+		                     : "");
 	}
 	*out = h;
 	return 0;

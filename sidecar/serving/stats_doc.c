@@ -292,7 +292,7 @@ static void put_histogram(FILE *f, const struct stats_doc *d, unsigned h)
 		const uint64_t layer = d->layers[l].layer;
 		for (unsigned k = 0; k < FORWARD_LAT_BUCKETS; k++)
 			fprintf(f,
-			        "moe_sidecar_%s_bucket{layer=\"%" PRIu64 "\",le=\"%.17g\"} %" PRIu64
+			        "moe_sidecar_%s_bucket{layer=\"%" PRIu64 "\",le=\"%.7g\"} %" PRIu64
 			        "\n",
 			        ld->prom, layer, stats_bucket_le_seconds(k), lat->le[k]);
 		fprintf(f, "moe_sidecar_%s_bucket{layer=\"%" PRIu64 "\",le=\"+Inf\"} %" PRIu64 "\n",

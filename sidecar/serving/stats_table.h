@@ -20,7 +20,9 @@
  * per-expert counts are STATS' "experts" (stats --experts), never a metric.
  *
  * Adding a figure: one row here, plus the code that counts it and, when no struct the
- * collector reads carries it yet, the field that carries it (docs/architecture.md).
+ * collector reads carries it yet, the field that carries it: three files at most
+ * (docs/architecture.md, "Figures"); then its line in docs/operations.md's metric table
+ * (test_stats_table checks that every name is there).
  */
 #ifndef MOE_SIDECAR_STATS_TABLE_H
 #define MOE_SIDECAR_STATS_TABLE_H

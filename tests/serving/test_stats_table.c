@@ -364,3 +364,29 @@ Test(stats_table, board_hands_over_the_published_document)
 	stats_doc_free(&out);
 	stats_doc_free(&d);
 }
+
+/* docs/operations.md's metric table names every metric the exposition has. */
+Test(stats_table, operations_guide_lists_every_metric)
+{
+	FILE *f = fopen(MOE_SOURCE_DIR "/docs/operations.md", "r");
+	cr_assert_not_null(f);
+	static char doc[1 << 20];
+	const size_t n = fread(doc, 1, sizeof(doc) - 1, f);
+	doc[n] = '\0';
+	fclose(f);
+	char name[160];
+	for (unsigned i = 0; i < STATS_GLOBAL_COUNT + STATS_NODE_COUNT + STATS_LAYER_COUNT; i++) {
+		const struct stats_figure *fig =
+		    i < STATS_GLOBAL_COUNT ? &stats_global_figures[i]
+		    : i < STATS_GLOBAL_COUNT + STATS_NODE_COUNT
+		        ? &stats_node_figures[i - STATS_GLOBAL_COUNT]
+		        : &stats_layer_figures[i - STATS_GLOBAL_COUNT - STATS_NODE_COUNT];
+		snprintf(name, sizeof(name), "`moe_sidecar_%s%s`", fig->prom,
+		         fig->kind == STATS_COUNTER ? "_total" : "");
+		cr_expect(strstr(doc, name), "docs/operations.md does not list %s", name);
+	}
+	for (unsigned h = 0; h < STATS_LATENCY_COUNT; h++) {
+		snprintf(name, sizeof(name), "`moe_sidecar_%s`", stats_latencies[h].prom);
+		cr_expect(strstr(doc, name), "docs/operations.md does not list %s", name);
+	}
+}
