@@ -762,8 +762,9 @@ static bool take_handover(struct server *s, int *status)
 	if (s->service && !s->announced) {
 		s->announced = true;
 		dispatcher_set_service(&s->dispatcher, s->service);
-		announce_ready(s);
+		/* before READY is said: whoever hears it finds /readyz 200 */
 		atomic_store_explicit(&s->serving, true, memory_order_release);
+		announce_ready(s);
 	}
 	return true;
 }
@@ -778,8 +779,9 @@ int server_run(struct server *s)
 	if (s->service) {
 		s->announced = true;
 		dispatcher_set_service(&s->dispatcher, s->service);
-		announce_ready(s);
+		/* before READY is said: whoever hears it finds /readyz 200 */
 		atomic_store_explicit(&s->serving, true, memory_order_release);
+		announce_ready(s);
 	} else {
 		log_info("server",
 		         "listening path=%s%s pid=%d; until the model is ready, clients are told "
