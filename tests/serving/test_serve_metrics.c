@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -404,4 +405,74 @@ Test(serve_metrics, prometheus_scrapes_what_stats_reports, .timeout = 300)
 	int st;
 	cr_expect_eq(waitpid(pid, &st, 0), pid);
 	served_stop(&s);
+}
+
+/* /readyz is 503 while the model warms up (held by the test hooks) and 200 once READY is said;
+ * /healthz is 200 all along (the dispatcher runs from the start); /metrics says ready 0, then
+ * 1. */
+Test(serve_metrics, readyz_follows_the_warm_up, .timeout = 300)
+{
+#ifndef MOE_SIDECAR_TESTHOOKS_BIN
+	cr_skip_test("needs moe-sidecar-testhooks (MOE_TEST_HOOKS=ON)");
+#else
+	struct sidecar_proc sp;
+	harness_tempdir(&sp);
+	char model[160];
+	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
+	cr_assert_eq(ref_generate(model, "q8_0", 7), 0);
+	int hold[2], ready[2];
+	cr_assert_eq(pipe2(hold, O_CLOEXEC), 0);
+	cr_assert_eq(pipe2(ready, O_CLOEXEC), 0);
+	const int port = free_port();
+	char hold_s[16], ready_s[16], instance[48], addr[32];
+	snprintf(hold_s, sizeof(hold_s), "%d", hold[0]);
+	snprintf(ready_s, sizeof(ready_s), "%d", ready[1]);
+	snprintf(instance, sizeof(instance), "test-metrics-%d", (int)getpid());
+	snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
+	const pid_t pid = fork();
+	cr_assert_geq(pid, 0);
+	if (pid == 0) {
+		int fd = open(sp.log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0 ||
+		    fcntl(hold[0], F_SETFD, 0) != 0 || fcntl(ready[1], F_SETFD, 0) != 0)
+			_exit(126);
+		execl(MOE_SIDECAR_TESTHOOKS_BIN, MOE_SIDECAR_TESTHOOKS_BIN, "serve", model,
+		      "--socket", sp.socket, "--ready-fd", ready_s, "--debug-hold-warmup", hold_s,
+		      "--probes-instance", instance, "--metrics", addr, (char *)NULL);
+		_exit(127);
+	}
+	close(hold[0]);
+	close(ready[1]);
+	/* Held: the endpoints answer once the HTTP thread listens (before the model). */
+	char *body = NULL;
+	int st = 0;
+	for (int tries = 0; tries < 3000 && st == 0; tries++) {
+		st = http_get(port, "/readyz", &body);
+		if (st == 0)
+			sleep_ms(10);
+	}
+	cr_expect_eq(st, 503, "/readyz while warming up: %d %s", st, body ? body : "");
+	free(body);
+	cr_expect_eq(http_get(port, "/healthz", &body), 200, "%s", body ? body : "");
+	free(body);
+	cr_expect_eq(http_get(port, "/metrics", &body), 200);
+	cr_expect(body && strstr(body, "\nmoe_sidecar_ready 0\n"), "%s", body ? body : "");
+	free(body);
+	close(hold[1]); /* let the warm-up finish */
+	char line[256];
+	const ssize_t n = read(ready[0], line, sizeof(line) - 1);
+	cr_assert_gt(n, 0, "no READY on --ready-fd: %s", slurp(sp.log));
+	close(ready[0]);
+	cr_expect_eq(http_get(port, "/readyz", &body), 200, "%s", body ? body : "");
+	free(body);
+	cr_expect_eq(http_get(port, "/metrics", &body), 200);
+	cr_expect(body && strstr(body, "\nmoe_sidecar_ready 1\n"), "%s", body ? body : "");
+	free(body);
+	kill(pid, SIGTERM);
+	int ws;
+	cr_assert_eq(waitpid(pid, &ws, 0), pid);
+	cr_expect(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "exit status 0x%x: %s", ws, slurp(sp.log));
+	sp.pid = 0;
+	sidecar_cleanup(&sp);
+#endif
 }
