@@ -11,6 +11,8 @@
 
 #ifdef MOE_HAVE_MHD
 #include <microhttpd.h>
+
+#include "clock.h"
 #endif
 
 /* How long a request waits for the dispatcher (a heartbeat, a published document). */
@@ -18,6 +20,9 @@
 #define METRICS_CONNECTION_MEMORY (16u << 10)
 #define METRICS_CONNECTION_TIMEOUT_S 10u
 #define METRICS_CONNECTIONS 32u
+/* At most one poke of the dispatcher per this many ns: a client polling the endpoints in a
+ * loop must not turn into a dispatcher that wakes up for it thousands of times a second. */
+#define METRICS_POKE_EVERY_NS 10000000u
 
 bool metrics_http_built_in(void)
 {
@@ -120,8 +125,20 @@ struct metrics_http {
 	struct MHD_Daemon *daemon;
 	struct server *server;
 	_Atomic(struct stats_board *) board;
-	struct stats_doc doc; /* the HTTP thread's copy (one thread: MHD's) */
+	struct stats_doc doc;  /* the HTTP thread's copy (one thread: MHD's) */
+	uint64_t last_poke_ns; /* HTTP thread */
 };
+
+/* Wakes the dispatcher for a heartbeat now, unless it was woken very recently (it writes one
+ * every 100 ms anyway). */
+static void poke(struct metrics_http *h)
+{
+	const uint64_t now = monotonic_ns();
+	if (now - h->last_poke_ns < METRICS_POKE_EVERY_NS)
+		return;
+	h->last_poke_ns = now;
+	server_poke_dispatcher(h->server);
+}
 
 static void sleep_ms(long ms)
 {
@@ -134,7 +151,7 @@ static bool dispatcher_answers(struct metrics_http *h)
 {
 	struct server_health before, now;
 	server_health(h->server, &before);
-	server_poke_dispatcher(h->server);
+	poke(h);
 	for (int waited = 0; waited < METRICS_ANSWER_MS; waited++) {
 		server_health(h->server, &now);
 		if (now.dispatcher_beats != before.dispatcher_beats)
@@ -155,7 +172,7 @@ static bool read_figures(struct metrics_http *h, struct stats_board *b)
 			return false;
 	}
 	const uint64_t ticket = stats_board_ask(b);
-	server_poke_dispatcher(h->server);
+	poke(h);
 	for (int waited = 0; waited < METRICS_ANSWER_MS && !stats_board_fresh(b, ticket); waited++)
 		sleep_ms(1);
 	return stats_board_read(b, &h->doc);
