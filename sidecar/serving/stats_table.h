@@ -102,10 +102,10 @@
 /* H(json_key, index, prom_name, column, help): latency histograms per layer, of the requests
  * that succeeded, in seconds (recorded in whole µs); index: enum forward_lat */
 #define STATS_LATENCIES(H) \
-	H(queue_us,   FORWARD_LAT_QUEUE,   "queue_wait_seconds",       "queue", "Time a FORWARD waited before it started") \
-	H(io_us,      FORWARD_LAT_IO,      "io_wait_seconds",          "io",    "Time a FORWARD waited for expert reads") \
+	H(queue_us,   FORWARD_LAT_QUEUE,   "queue_wait_seconds",       "queue", "Time a FORWARD waited for the engine (another one running)") \
+	H(io_us,      FORWARD_LAT_IO,      "io_wait_seconds",          "io",    "Time a FORWARD waited for expert reads with nothing to compute") \
 	H(compute_us, FORWARD_LAT_COMPUTE, "compute_seconds",          "comp",  "Time a FORWARD computed its experts") \
-	H(total_us,   FORWARD_LAT_TOTAL,   "request_duration_seconds", "total", "Time from a FORWARD's arrival to its result")
+	H(total_us,   FORWARD_LAT_TOTAL,   "request_duration_seconds", "total", "Time a FORWARD spent in the engine, deferred experts included")
 /* clang-format on */
 
 #endif
