@@ -10,6 +10,7 @@ pkgs=(
 	libbpf-dev bpftool clang llvm               # eBPF probes (CO-RE, skeletons)
 	libclang-rt-dev                             # libFuzzer and clang sanitizer runtimes
 	libcriterion-dev                            # tests
+	libmicrohttpd-dev prometheus                # serve --metrics; promtool + server in tests
 	gnuplot-nox                                 # plots of hit rates and latencies
 	hwloc                                       # lstopo, synthetic topologies
 	python3-dev python3-numpy python3-torch     # the Python binding (client/python) and

@@ -24,6 +24,7 @@
 #include "forward_queue.h"
 #include "log.h"
 #include "memlimit.h"
+#include "metrics_http.h"
 #include "moe_kernels.h"
 #include "ops.h"
 #include "policy.h"
@@ -61,6 +62,8 @@ enum {
 	OPT_RECORD_TRACE,
 	OPT_RECORD_TRACE_MAX_MIB,
 	OPT_ISA,
+	OPT_METRICS,
+	OPT_METRICS_PUBLIC,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -149,6 +152,13 @@ static const struct serve_option {
      "FD",
      "testing: once warm, wait for end-of-file on FD before serving (a window of \"starting\")"},
 #endif
+    {{"metrics", required_argument, NULL, OPT_METRICS},
+     "HOST:PORT",
+     "serve /metrics (Prometheus), /healthz and /readyz over HTTP there; loopback only "
+     "unless --metrics-public (docs/operations.md)"},
+    {{"metrics-public", no_argument, NULL, OPT_METRICS_PUBLIC},
+     NULL,
+     "let --metrics listen on a non-loopback address (the endpoints have no authentication)"},
     {{"log-level", required_argument, NULL, OPT_LOG_LEVEL}, "L", "debug|info|warn|error"},
     {{"log-json", no_argument, NULL, OPT_LOG_JSON}, NULL, "log lines as JSON objects"},
     {{"help", no_argument, NULL, OPT_HELP}, NULL, "this text"},
@@ -317,6 +327,7 @@ struct warm_up {
 	int hold_fd;               /* test hooks: wait for EOF on it before serving; -1: none */
 	struct serve_model *model; /* set once open, for cmd_serve to close */
 	struct forward_queue *queue;
+	struct metrics_http *metrics; /* NULL: no --metrics */
 };
 
 static void say_status(void *arg, const char *sentence)
@@ -354,6 +365,7 @@ static void *warm_up_main(void *arg)
 	w->defaults.top_k = d->max_top_k;
 	if (w->defaults.max_tokens > d->max_tokens)
 		w->defaults.max_tokens = d->max_tokens;
+	metrics_http_set_board(w->metrics, forward_queue_board(w->queue));
 	server_ready(w->server, forward_queue_service(w->queue), &w->defaults);
 	return NULL;
 }
@@ -363,7 +375,10 @@ struct serve_setup {
 	struct server_config cfg;
 	struct serve_model_config mcfg;
 	struct forward_queue_config ocfg;
-	int hold_fd; /* --debug-hold-warmup; -1: none */
+	int hold_fd;         /* --debug-hold-warmup; -1: none */
+	const char *metrics; /* --metrics HOST:PORT; NULL: none */
+	bool metrics_public; /* --metrics-public */
+	struct metrics_addr metrics_addr;
 };
 
 static void serve_setup_defaults(struct serve_setup *s)
@@ -577,6 +592,8 @@ static int apply_process_option(int c, const char *arg, struct serve_setup *s)
 		return 0;
 	}
 	case OPT_LOG_JSON: log_set_json(1); return 0;
+	case OPT_METRICS: s->metrics = arg; return 0;
+	case OPT_METRICS_PUBLIC: s->metrics_public = true; return 0;
 	case OPT_ISA: return set_isa(arg) != 0 ? 2 : 0;
 #ifdef MOE_TEST_HOOKS
 	case OPT_HOLD_WARMUP: {
@@ -643,6 +660,23 @@ static int check_before_the_model(struct serve_setup *s, bool with_model, int *t
 	if (serve_model_check_config(&s->mcfg, &err) != 0) {
 		fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
 		return 2;
+	}
+	if (s->metrics_public && !s->metrics) {
+		fprintf(stderr, "moe-sidecar serve: --metrics-public needs --metrics HOST:PORT\n");
+		return 2;
+	}
+	if (s->metrics) {
+		if (metrics_addr_parse(s->metrics, s->metrics_public, &s->metrics_addr, &err) !=
+		    0) {
+			fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
+			return 2;
+		}
+		if (!metrics_http_built_in()) {
+			struct metrics_http *none;
+			metrics_http_start(&s->metrics_addr, NULL, &none, &err);
+			fprintf(stderr, "moe-sidecar serve: %s\n", err.msg);
+			return 2;
+		}
 	}
 	if (!with_model && s->ocfg.record_trace) {
 		fprintf(stderr, "moe-sidecar serve: --record-trace needs a MODEL\n");
@@ -713,7 +747,7 @@ static void set_memory_limit(struct serve_model_config *mcfg)
  * answers the socket; the server starts serving when the warm-up hands over. Closes the
  * server; returns the exit status. */
 static int serve_model_until_stopped(struct server *server, struct serve_setup *s, const char *path,
-                                     int trace_fd)
+                                     int trace_fd, struct metrics_http *metrics)
 {
 	s->mcfg.path = path;
 	set_memory_limit(&s->mcfg);
@@ -724,17 +758,20 @@ static int serve_model_until_stopped(struct server *server, struct serve_setup *
 	                    .ocfg = &s->ocfg,
 	                    .defaults = s->cfg.defaults,
 	                    .trace_fd = trace_fd,
-	                    .hold_fd = s->hold_fd};
+	                    .hold_fd = s->hold_fd,
+	                    .metrics = metrics};
 	pthread_t warm_thread;
 	int rc = pthread_create(&warm_thread, NULL, warm_up_main, &w);
 	if (rc != 0) {
 		log_error("serve", "starting the warm-up thread: %s", strerror(rc));
 		close_trace(trace_fd);
+		metrics_http_stop(metrics);
 		server_close(server);
 		return 1;
 	}
 	int status = server_run(server);
 	pthread_join(warm_thread, NULL);
+	metrics_http_stop(metrics); /* before the board (the queue's) and the server go */
 	if (w.queue)
 		forward_queue_destroy(w.queue);
 	if (w.model)
@@ -775,10 +812,23 @@ int cmd_serve(int argc, char **argv)
 		close_trace(trace_fd);
 		return 1;
 	}
+	/* Before the model: /healthz and /readyz answer during the warm-up. */
+	struct metrics_http *metrics = NULL;
+	if (s.metrics) {
+		if (metrics_http_start(&s.metrics_addr, server, &metrics, &err) != 0) {
+			log_error("serve", "%s", err.msg);
+			close_trace(trace_fd);
+			server_close(server);
+			return 1;
+		}
+		log_info("serve", "metrics http://%s/metrics, /healthz, /readyz (%s)", s.metrics,
+		         s.metrics_public ? "--metrics-public" : "loopback");
+	}
 	if (!with_model) {
 		status = server_run(server);
+		metrics_http_stop(metrics);
 		server_close(server);
 		return status;
 	}
-	return serve_model_until_stopped(server, &s, argv[optind], trace_fd);
+	return serve_model_until_stopped(server, &s, argv[optind], trace_fd, metrics);
 }

@@ -1,15 +1,20 @@
-/* stats.c — `moe-sidecar stats [--socket P] [--json] [--experts[=N]] [--watch S [--count
- * N]]`: a running sidecar's counters, asked for over the channel like any client (a STATS
- * request).
+/* stats.c — `moe-sidecar stats [--socket P] [--json | --prometheus] [--experts[=N]] [--watch
+ * S [--count N]]`: a running sidecar's counters, asked for over the channel like any client (a
+ * STATS request).
  *
  * --experts[=N] adds each MoE layer's N hottest experts (default 8): tokens routed to them
  * and their heat (STATS with MOE_STATS_EXPERTS); --json asks for the same keys, so the
  * document it prints has "experts" too (from a 1.2 sidecar; an older one has none).
  *
+ * --prometheus prints the reply as a Prometheus text exposition (stats_doc.h: the same as
+ * serve --metrics' /metrics less its ready and heartbeat lines), for node_exporter's
+ * textfile collector.
+ *
  * --json prints the sidecar's document as it came (keys: docs/protocol.md, STATS); otherwise a
- * summary and a per-layer table, every figure labelled as a total since start, a rate over the
- * last interval, or a value now. --watch S repeats every S seconds until interrupted (or N
- * times); from the second sample on, counters are rates over the interval with their totals
+ * summary, then every figure of stats_table.h (stats_doc_write_text: global figures, the node
+ * and the layer tables, one column per figure), every figure labelled as a total since start, a
+ * rate over the last interval, or a value now. --watch S repeats every S seconds until interrupted
+ * (or N times); from the second sample on, counters are rates over the interval with their totals
  * in brackets, and the layer table holds the interval's rates. The reply is checked as hostile
  * input: it is parsed strictly and a missing key is an error naming it.
  */
@@ -25,16 +30,19 @@
 #include "commands.h"
 #include "json.h"
 #include "moe_client.h"
+#include "stats_doc.h"
 
 #define STATS_TIMEOUT_MS 5000
 
 static void stats_usage(FILE *to)
 {
-	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json] [--experts[=N]] [--watch "
-	            "SECONDS [--count N]]\n\n"
+	fprintf(to, "usage: moe-sidecar stats [--socket PATH] [--json | --prometheus] "
+	            "[--experts[=N]] [--watch SECONDS [--count N]]\n\n"
 	            "  --socket PATH   the sidecar's socket (default as for serve)\n"
 	            "  --json          print the STATS JSON object as the sidecar sent it (with\n"
 	            "                  per-expert counts and heat: \"experts\")\n"
+	            "  --prometheus    print the figures as a Prometheus text exposition (for\n"
+	            "                  node_exporter's textfile collector)\n"
 	            "  --experts[=N]   each MoE layer's N hottest experts (default 8)\n"
 	            "  --watch S       repeat every S seconds; from the second sample on, rates\n"
 	            "                  per second over the interval [totals since start]\n"
@@ -108,24 +116,11 @@ static const char *const summary_keys[] = {"requests",       "tokens",          
 #define N_SUMMARY (sizeof(summary_keys) / sizeof(summary_keys[0]))
 enum { S_REQUESTS, S_TOKENS, S_HITS, S_COLD, S_INFLIGHT, S_READ, S_RESIDENT, S_BUDGET };
 
-/* Per layer: counts, then latency percentiles as "<name>":{"p50":…,"p99":…} objects. */
-static const char *const layer_keys[] = {
-    "layer",           "requests",       "tokens",         "hits",         "cold_misses",
-    "inflight_misses", "bytes_read",     "queue_us.p50",   "queue_us.p99", "io_us.p50",
-    "io_us.p99",       "compute_us.p50", "compute_us.p99", "total_us.p50", "total_us.p99"};
-#define N_LAYER (sizeof(layer_keys) / sizeof(layer_keys[0]))
-#define N_LAYER_COUNTS 7 /* layer_keys[1..6] are counts since start; the rest percentiles */
-
-struct layer_row {
-	uint64_t v[N_LAYER];
-};
-
 /* What --watch keeps of the last sample: its counters, to print the interval's rates. */
 struct watch_state {
 	bool have;
 	uint64_t sum[N_SUMMARY];
-	struct layer_row *rows;
-	uint32_t n;
+	struct stats_doc doc;
 };
 
 /* key, or "object.member" one level down. */
@@ -227,32 +222,19 @@ static int print_experts(const struct json_doc *d, json_ref root, uint32_t n)
 	return 0;
 }
 
-/* The reply's summary counters into sum and its layer table into *rows (n of them, the
- * caller frees); -1 with the key named when one is missing. */
+/* The reply's summary counters into sum and every figure into *doc (stats_doc_free it); -1
+ * with the key named when one is missing. */
 static int read_sample(const struct json_doc *d, json_ref root, uint64_t sum[N_SUMMARY],
-                       struct layer_row **rows, uint32_t *n)
+                       struct stats_doc *doc)
 {
 	for (size_t i = 0; i < N_SUMMARY; i++)
 		if (get_u64(d, root, summary_keys[i], &sum[i], "") != 0)
 			return -1;
-	json_ref layers = json_object_get(d, root, "layers");
-	if (json_type_of(d, layers) != JSON_ARRAY) {
-		fprintf(stderr,
-		        "moe-sidecar stats: reply: key \"layers\" missing or not an array\n");
+	struct sidecar_error err;
+	if (stats_doc_parse_json(d, root, doc, &err) != 0) {
+		fprintf(stderr, "moe-sidecar stats: %s\n", err.msg);
 		return -1;
 	}
-	*n = json_count(d, layers);
-	*rows = calloc(*n ? *n : 1, sizeof(**rows));
-	if (!*rows)
-		return -1;
-	uint32_t i = 0;
-	for (json_ref l = json_first(d, layers); l != JSON_NONE; l = json_next(d, l), i++)
-		for (size_t k = 0; k < N_LAYER; k++)
-			if (get_u64(d, l, layer_keys[k], &(*rows)[i].v[k], " layers[]") != 0) {
-				free(*rows);
-				*rows = NULL;
-				return -1;
-			}
 	return 0;
 }
 
@@ -339,34 +321,6 @@ static void print_slots_now(const struct json_doc *d, json_ref root, const uint6
 	printf("\n");
 }
 
-/* One line per node's part of the residency when there is more than one. */
-static void print_nodes(const struct json_doc *d, json_ref root)
-{
-	char p1[16];
-	const json_ref nodes = json_object_get(d, root, "nodes");
-	if (json_count(d, nodes) <= 1)
-		return;
-	for (json_ref nd = json_first(d, nodes); nd != JSON_NONE; nd = json_next(d, nd)) {
-		uint64_t idx, os, res, used, budget, hits, cold, inflight, read;
-		if (json_get_u64(d, nd, "node", &idx) != 1 ||
-		    json_get_u64(d, nd, "os_index", &os) != 1 ||
-		    json_get_u64(d, nd, "resident_bytes", &res) != 1 ||
-		    json_get_u64(d, nd, "slot_bytes_used", &used) != 1 ||
-		    json_get_u64(d, nd, "budget_bytes", &budget) != 1 ||
-		    json_get_u64(d, nd, "hits", &hits) != 1 ||
-		    json_get_u64(d, nd, "cold_misses", &cold) != 1 ||
-		    json_get_u64(d, nd, "inflight_misses", &inflight) != 1 ||
-		    json_get_u64(d, nd, "loader_bytes_read", &read) != 1)
-			continue;
-		printf("  node %" PRIu64 " (NUMA %" PRIu64 "): resident %.1f MiB in %.1f MiB of "
-		       "slots of a %.1f MiB budget; hit rate %s; loader read %.1f MiB\n",
-		       idx, os, (double)res / 1048576.0, (double)used / 1048576.0,
-		       (double)budget / 1048576.0,
-		       percent(hits, hits + cold + inflight, p1, sizeof(p1)),
-		       (double)read / 1048576.0);
-	}
-}
-
 /* The page-cache probes' totals, or why there are none. */
 static void print_page_cache(const struct json_doc *d, json_ref root)
 {
@@ -391,51 +345,6 @@ static void print_page_cache(const struct json_doc *d, json_ref root)
 	}
 }
 
-/* The per-layer table: the interval's rates (w holds the last sample) or totals (w NULL). */
-static void print_layer_table(const struct layer_row *rows, uint32_t n, const struct watch_state *w,
-                              double interval_s)
-{
-	char p1[16];
-	if (w) {
-		printf("\nper layer, last %.1f s (per second); latency percentiles since start "
-		       "(us):\n",
-		       interval_s);
-		printf("%5s %9s %9s %7s %8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n",
-		       "layer", "req/s", "tok/s", "hit%", "cold/s", "inflight/s", "MiB/s",
-		       "queue50", "queue99", "io50", "io99", "comp50", "comp99", "p50us", "p99us");
-	} else {
-		printf("\nper layer, totals since start; latency percentiles since start (us):\n");
-		printf("%5s %9s %9s %7s %8s %10s %9s | %8s %8s | %8s %8s | %8s %8s | %8s %8s\n",
-		       "layer", "requests", "tokens", "hit%", "cold", "inflight", "MiB read",
-		       "queue50", "queue99", "io50", "io99", "comp50", "comp99", "p50us", "p99us");
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		const uint64_t *v = rows[i].v;
-		if (w) {
-			const uint64_t *before = NULL;
-			for (uint32_t j = 0; j < w->n && !before; j++)
-				if (w->rows[j].v[0] == v[0])
-					before = w->rows[j].v;
-			uint64_t dv[N_LAYER_COUNTS];
-			for (size_t k = 1; k < N_LAYER_COUNTS; k++)
-				dv[k] = grown(v[k], before ? before[k] : 0);
-			printf("%5" PRIu64 " %9.1f %9.1f %7s %8.1f %10.1f %9.2f", v[0],
-			       (double)dv[1] / interval_s, (double)dv[2] / interval_s,
-			       percent(dv[3], dv[3] + dv[4] + dv[5], p1, sizeof(p1)),
-			       (double)dv[4] / interval_s, (double)dv[5] / interval_s,
-			       (double)dv[6] / 1048576.0 / interval_s);
-		} else {
-			printf("%5" PRIu64 " %9" PRIu64 " %9" PRIu64 " %7s %8" PRIu64 " %10" PRIu64
-			       " %9.1f",
-			       v[0], v[1], v[2], percent(v[3], v[3] + v[4] + v[5], p1, sizeof(p1)),
-			       v[4], v[5], (double)v[6] / 1048576.0);
-		}
-		printf(" | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 " | %8" PRIu64
-		       " %8" PRIu64 " | %8" PRIu64 " %8" PRIu64 "\n",
-		       v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[14]);
-	}
-}
-
 /* Prints one sample. With w->have (--watch, from the second sample on), every counter is
  * shown as its rate over the interval, with its total since start in brackets, and the layer
  * table holds the interval's rates; otherwise totals since start. Resident and budget bytes
@@ -452,9 +361,9 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	}
 	json_ref root = json_root(d);
 	uint64_t sum[N_SUMMARY];
-	struct layer_row *rows;
-	uint32_t n;
-	if (read_sample(d, root, sum, &rows, &n) != 0) {
+	struct stats_doc doc;
+	if (read_sample(d, root, sum, &doc) != 0) {
+		stats_doc_free(&doc);
 		json_free(d);
 		return -1;
 	}
@@ -465,41 +374,52 @@ static int print_sample(const char *json, struct watch_state *w, double interval
 	else
 		print_summary_totals(d, root, name, sum);
 	print_slots_now(d, root, sum);
-	print_nodes(d, root);
 	print_page_cache(d, root);
-	print_layer_table(rows, n, rates ? w : NULL, interval_s);
-	if (experts && print_experts(d, root, experts) != 0) {
-		free(rows);
-		json_free(d);
-		return -1;
-	}
+	stats_doc_write_text(&doc, rates ? &w->doc : NULL, interval_s, stdout);
+	const int rc = experts ? print_experts(d, root, experts) : 0;
 	if (w) {
 		memcpy(w->sum, sum, sizeof(sum));
-		free(w->rows);
-		w->rows = rows;
-		w->n = n;
+		stats_doc_free(&w->doc);
+		w->doc = doc;
 		w->have = true;
 	} else {
-		free(rows);
+		stats_doc_free(&doc);
 	}
 	json_free(d);
-	return 0;
+	return rc;
+}
+
+/* The reply as a Prometheus exposition. */
+static int print_prometheus(const char *json)
+{
+	struct sidecar_error err;
+	struct json_doc *d;
+	if (json_parse(json, strlen(json), &d, &err) != 0) {
+		fprintf(stderr, "moe-sidecar stats: reply is not JSON: %s\n", err.msg);
+		return -1;
+	}
+	struct stats_doc doc;
+	const int rc = stats_doc_parse_json(d, json_root(d), &doc, &err);
+	if (rc != 0)
+		fprintf(stderr, "moe-sidecar stats: %s\n", err.msg);
+	else
+		stats_doc_write_prometheus(&doc, stdout);
+	stats_doc_free(&doc);
+	json_free(d);
+	return rc;
 }
 
 int cmd_stats(int argc, char **argv)
 {
 	static const struct option longopts[] = {
-	    {"socket", required_argument, NULL, 's'},
-	    {"json", no_argument, NULL, 'j'},
-	    {"watch", required_argument, NULL, 'w'},
-	    {"count", required_argument, NULL, 'n'},
-	    {"experts", optional_argument, NULL, 'e'},
-	    {"help", no_argument, NULL, 'h'},
-	    {NULL, 0, NULL, 0},
+	    {"socket", required_argument, NULL, 's'},  {"json", no_argument, NULL, 'j'},
+	    {"watch", required_argument, NULL, 'w'},   {"count", required_argument, NULL, 'n'},
+	    {"experts", optional_argument, NULL, 'e'}, {"prometheus", no_argument, NULL, 'p'},
+	    {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
 	};
 	uint32_t experts = 0;
 	const char *path = NULL;
-	bool json = false;
+	bool json = false, prometheus = false;
 	double watch = 0;
 	uint64_t count = 0;
 	int c;
@@ -508,6 +428,7 @@ int cmd_stats(int argc, char **argv)
 		switch (c) {
 		case 's': path = optarg; break;
 		case 'j': json = true; break;
+		case 'p': prometheus = true; break;
 		case 'w': {
 			char *end;
 			errno = 0;
@@ -557,6 +478,11 @@ int cmd_stats(int argc, char **argv)
 		fprintf(stderr, "moe-sidecar stats: unexpected argument '%s'\n", argv[optind]);
 		return 2;
 	}
+	if (prometheus && (json || watch > 0 || experts)) {
+		fprintf(stderr, "moe-sidecar stats: --prometheus prints one exposition: no --json, "
+		                "--watch or --experts with it\n");
+		return 2;
+	}
 	if (count && watch <= 0) {
 		fprintf(stderr, "moe-sidecar stats: --count needs --watch\n");
 		return 2;
@@ -574,6 +500,11 @@ int cmd_stats(int argc, char **argv)
 		double t = monotonic_s();
 		if (json) {
 			printf("%s\n", buf);
+		} else if (prometheus) {
+			if (print_prometheus(buf) != 0) {
+				status = 1;
+				break;
+			}
 		} else {
 			if (watch > 0 && last > 0)
 				printf("\n");
@@ -591,7 +522,7 @@ int cmd_stats(int argc, char **argv)
 		                      .tv_nsec = (long)((watch - (double)(time_t)watch) * 1e9)};
 		nanosleep(&ts, NULL);
 	}
-	free(w.rows);
+	stats_doc_free(&w.doc);
 	free(buf);
 	return status;
 }

@@ -276,12 +276,32 @@ void forward_client_detach(struct forward_engine *e, uint32_t client);
 uint32_t forward_retry_failed(struct forward_engine *e);
 
 /* Statistics. Latency percentiles come from log-linear histograms (lat_hist_bucket: the upper
- * bound of the bucket, at most 12.5% above the true value). */
+ * bound of the bucket, at most 12.5% above the true value). The same histograms, summed into
+ * power-of-two buckets, are exported as they are: le[k] counts the successful requests whose
+ * latency, recorded in whole µs (truncated), was below 2^k µs — so every one of them took at
+ * most 2^k µs, exactly (1 µs … 2^23 µs = 8.4 s); count is all of them, sum_us their sum. */
+enum forward_lat { FORWARD_LAT_QUEUE, FORWARD_LAT_IO, FORWARD_LAT_COMPUTE, FORWARD_LAT_TOTAL };
+#define FORWARD_LAT_KINDS 4
+#define FORWARD_LAT_BUCKETS 24
+struct forward_latency {
+	uint64_t p50_us, p99_us;
+	uint64_t count, sum_us;
+	uint64_t le[FORWARD_LAT_BUCKETS]; /* cumulative: latency <= 2^k µs */
+};
+/* The per-layer counters, listed once: the engine's atomics (forward_internal.h), each
+ * layer's copy and the sums over layers below. A new one: its name here, its count in
+ * stats_record (forward/stats.c), its row in sidecar/serving/stats_table.h. */
+/* clang-format off */
+#define FORWARD_LAYER_COUNTERS(X) \
+	X(requests) X(tokens) X(hits) X(cold_misses) X(inflight_misses) X(bytes_read) X(failures)
+/* clang-format on */
+#define FORWARD_COUNTER_FIELD(name) uint64_t name;
 struct forward_layer_stats {
 	uint32_t layer; /* transformer block */
-	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	FORWARD_LAYER_COUNTERS(FORWARD_COUNTER_FIELD)
 	uint64_t queue_p50_us, queue_p99_us, io_p50_us, io_p99_us, compute_p50_us, compute_p99_us;
 	uint64_t total_p50_us, total_p99_us;
+	struct forward_latency lat[FORWARD_LAT_KINDS];
 };
 /* One residency's own counters (RESIDENCY): node n's pool of its slices of every expert, or,
  * with one pool for all nodes, node 0 naming that pool. */
@@ -295,7 +315,7 @@ struct forward_node_stats {
 };
 
 struct forward_stats {
-	uint64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read, failures;
+	FORWARD_LAYER_COUNTERS(FORWARD_COUNTER_FIELD) /* summed over the layers */
 	/* resident_bytes: the file bytes of the experts resident now (never above the model's
 	 * expert bytes); slot_bytes_used: the memory their slots take (slots are sized for the
 	 * largest expert, with each extent's 4 KiB-aligned superset); pool_bytes: every slot;
@@ -332,7 +352,9 @@ int forward_node_residency(struct forward_engine *e, uint32_t node, struct resid
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
 
-/* Writes `st` as one JSON object (no trailing newline):
+/* The engine's own JSON view, for tests and tools that run an engine in process; the daemon's
+ * STATS document is written from sidecar/serving/stats_table.h (stats_doc.c) instead.
+ * Writes `st` as one JSON object (no trailing newline):
  *   {"requests":…, "tokens":…, "hits":…, "cold_misses":…, "inflight_misses":…,
  *    "bytes_read":…, "failures":…, "resident_bytes":…, "slot_bytes_used":…,
  *    "pool_bytes":…, "budget_bytes":…, "slots":…, "evictions":…,

@@ -107,12 +107,19 @@ uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds 
 
 /* ---- the engine (engine.c, plan.c, waves.c, masks.c, stats.c) ---- */
 #define HIST_BUCKETS LAT_HIST_BUCKETS
-enum { LAT_QUEUE, LAT_IO, LAT_COMPUTE, LAT_TOTAL, LAT_KINDS };
+enum {
+	LAT_QUEUE = FORWARD_LAT_QUEUE,
+	LAT_IO = FORWARD_LAT_IO,
+	LAT_COMPUTE = FORWARD_LAT_COMPUTE,
+	LAT_TOTAL = FORWARD_LAT_TOTAL,
+	LAT_KINDS = FORWARD_LAT_KINDS
+};
 
+#define LAYER_COUNTER_ATOMIC(name) atomic_uint_least64_t name;
 struct layer_counters {
-	atomic_uint_least64_t requests, tokens, hits, cold_misses, inflight_misses, bytes_read,
-	    failures;
+	FORWARD_LAYER_COUNTERS(LAYER_COUNTER_ATOMIC)
 	atomic_uint_least64_t hist[LAT_KINDS][HIST_BUCKETS];
+	atomic_uint_least64_t sum_us[LAT_KINDS]; /* the histograms' sums (Prometheus' _sum) */
 };
 
 enum group_state { GROUP_PENDING = 0, GROUP_READY, GROUP_RUNNING, GROUP_DONE, GROUP_FAILED };

@@ -49,9 +49,11 @@ void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct for
 	atomic_fetch_add_explicit(&c->inflight_misses, res->inflight_misses, memory_order_relaxed);
 	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
 	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
-	for (int k = 0; k < LAT_KINDS; k++)
+	for (int k = 0; k < LAT_KINDS; k++) {
 		atomic_fetch_add_explicit(&c->hist[k][lat_hist_bucket(lat[k])], 1,
 		                          memory_order_relaxed);
+		atomic_fetch_add_explicit(&c->sum_us[k], lat[k], memory_order_relaxed);
+	}
 }
 
 int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out)
@@ -81,6 +83,27 @@ static uint64_t percentile(const atomic_uint_least64_t *hist, double q)
 	return lat_hist_upper(HIST_BUCKETS - 1);
 }
 
+/* The exported form of one histogram: percentiles, count, sum and the power-of-two buckets.
+ * 2^k - 1 µs is always a bucket's upper bound, so each le[k] is exact. */
+static void latency_of(const atomic_uint_least64_t *hist, const atomic_uint_least64_t *sum,
+                       struct forward_latency *out)
+{
+	memset(out, 0, sizeof(*out));
+	uint64_t seen = 0;
+	unsigned k = 0;
+	for (unsigned b = 0; b < HIST_BUCKETS; b++) {
+		for (; k < FORWARD_LAT_BUCKETS && lat_hist_upper(b) >= (1ull << k); k++)
+			out->le[k] = seen;
+		seen += atomic_load_explicit(&hist[b], memory_order_relaxed);
+	}
+	for (; k < FORWARD_LAT_BUCKETS; k++)
+		out->le[k] = seen;
+	out->count = seen;
+	out->sum_us = atomic_load_explicit(sum, memory_order_relaxed);
+	out->p50_us = percentile(hist, 0.5);
+	out->p99_us = percentile(hist, 0.99);
+}
+
 void forward_stats(struct forward_engine *e, struct forward_stats *out)
 {
 	struct forward_layer_stats *layers = out->layers;
@@ -90,14 +113,8 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	for (uint32_t l = 0; l < e->w.n_moe_layers; l++) {
 		const struct layer_counters *c = &e->counters[l];
 		struct forward_layer_stats s = {.layer = e->w.model_layer[l]};
-#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed)
-		LOAD(requests);
-		LOAD(tokens);
-		LOAD(hits);
-		LOAD(cold_misses);
-		LOAD(inflight_misses);
-		LOAD(bytes_read);
-		LOAD(failures);
+#define LOAD(f) s.f = atomic_load_explicit(&c->f, memory_order_relaxed);
+		FORWARD_LAYER_COUNTERS(LOAD)
 #undef LOAD
 		s.queue_p50_us = percentile(c->hist[LAT_QUEUE], 0.5);
 		s.queue_p99_us = percentile(c->hist[LAT_QUEUE], 0.99);
@@ -107,13 +124,11 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 		s.compute_p99_us = percentile(c->hist[LAT_COMPUTE], 0.99);
 		s.total_p50_us = percentile(c->hist[LAT_TOTAL], 0.5);
 		s.total_p99_us = percentile(c->hist[LAT_TOTAL], 0.99);
-		out->requests += s.requests;
-		out->tokens += s.tokens;
-		out->hits += s.hits;
-		out->cold_misses += s.cold_misses;
-		out->inflight_misses += s.inflight_misses;
-		out->bytes_read += s.bytes_read;
-		out->failures += s.failures;
+		for (int k = 0; k < LAT_KINDS; k++)
+			latency_of(c->hist[k], &c->sum_us[k], &s.lat[k]);
+#define SUM(f) out->f += s.f;
+		FORWARD_LAYER_COUNTERS(SUM)
+#undef SUM
 		if (layers)
 			layers[l] = s;
 	}
@@ -125,13 +140,9 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 
 void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 {
-	jw_kv_u64(w, "requests", st->requests);
-	jw_kv_u64(w, "tokens", st->tokens);
-	jw_kv_u64(w, "hits", st->hits);
-	jw_kv_u64(w, "cold_misses", st->cold_misses);
-	jw_kv_u64(w, "inflight_misses", st->inflight_misses);
-	jw_kv_u64(w, "bytes_read", st->bytes_read);
-	jw_kv_u64(w, "failures", st->failures);
+#define WRITE(f) jw_kv_u64(w, #f, st->f);
+	FORWARD_LAYER_COUNTERS(WRITE)
+#undef WRITE
 	jw_kv_u64(w, "resident_bytes", st->resident_bytes);
 	jw_kv_u64(w, "slot_bytes_used", st->slot_bytes_used);
 	jw_kv_u64(w, "pool_bytes", st->pool_bytes);
@@ -178,13 +189,9 @@ void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 			continue;
 		jw_object_begin(w);
 		jw_kv_u64(w, "layer", s->layer);
-		jw_kv_u64(w, "requests", s->requests);
-		jw_kv_u64(w, "tokens", s->tokens);
-		jw_kv_u64(w, "hits", s->hits);
-		jw_kv_u64(w, "cold_misses", s->cold_misses);
-		jw_kv_u64(w, "inflight_misses", s->inflight_misses);
-		jw_kv_u64(w, "bytes_read", s->bytes_read);
-		jw_kv_u64(w, "failures", s->failures);
+#define WRITE(f) jw_kv_u64(w, #f, s->f);
+		FORWARD_LAYER_COUNTERS(WRITE)
+#undef WRITE
 		const struct {
 			const char *key;
 			uint64_t p50, p99;

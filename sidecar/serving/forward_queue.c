@@ -118,6 +118,10 @@ struct forward_queue {
 	size_t mask_bytes; /* the whole model's mask */
 	char *stats;
 	size_t stats_cap;
+	/* The STATS figures (dispatcher only: STATS and the tick), and the board the metrics
+	 * thread reads them from (published when it asks). */
+	struct stats_doc doc;
+	struct stats_board *board;
 	/* The forward thread's copy of a queued MASK's bits. */
 	uint8_t *queued_mask;
 	/* What the engine routes to the CPU side (routing.h), written by the executing thread;
@@ -733,24 +737,36 @@ static size_t expert_table(struct forward_queue *o, uint8_t *out, size_t cap)
 	return total;
 }
 
-/* The routing members STATS adds to the engine's (docs/protocol.md §10). */
-static void routing_stats_json(struct forward_queue *o, bool experts, struct json_writer *w)
+/* What the figures take from the queue (stats_table.h's `x`). Dispatcher thread. */
+static void collect_figures(struct forward_queue *o)
 {
-	uint64_t switches, masked;
-	forward_mask_info(o->engine, &switches, &masked);
-	jw_kv_u64(w, "gpu_mask_switches", switches);
-	jw_kv_u64(w, "gpu_masked_experts", masked);
-	jw_kv_u64(w, "heat_half_life_tokens", routing_half_life(o->routing));
+	pthread_mutex_lock(&o->lock);
+	const uint32_t clients = o->n_clients;
+	pthread_mutex_unlock(&o->lock);
+	struct stats_sources x = {
+	    .clients = clients,
+	    .forwards_inline = o->forwards_inline,
+	    .channel_bytes = atomic_load_explicit(&o->mem_channels, memory_order_relaxed),
+	    .log_lines_dropped = log_lines_dropped(),
+	    .heat_half_life = routing_half_life(o->routing),
+	};
+	forward_mask_info(o->engine, &x.mask_switches, &x.masked_experts);
+	struct trace_recorder_stats ts;
 	if (o->recorder) {
-		struct trace_recorder_stats ts;
 		trace_recorder_stats(o->recorder, &ts);
-		jw_kv_u64(w, "trace_lines", ts.lines);
-		jw_kv_u64(w, "trace_bytes", ts.bytes);
-		jw_kv_u64(w, "trace_dropped", ts.dropped);
-		jw_kv_bool(w, "trace_stopped", ts.stopped);
+		x.trace = &ts;
 	}
-	if (experts)
-		routing_write_json(o->routing, o->block_of_moe, w);
+	serve_model_collect(o->model, &x, &o->doc);
+}
+
+/* The dispatcher's heartbeat: a document for the metrics thread when it asked for one. */
+static void queue_tick(void *ctx)
+{
+	struct forward_queue *o = ctx;
+	if (!stats_board_wanted(o->board))
+		return;
+	collect_figures(o);
+	stats_board_publish(o->board, &o->doc);
 }
 
 void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
@@ -775,15 +791,13 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 		done->value = (uint32_t)need;
 		return;
 	}
-	pthread_mutex_lock(&o->lock);
-	uint32_t clients = o->n_clients;
-	pthread_mutex_unlock(&o->lock);
+	collect_figures(o);
 	struct json_writer w;
 	jw_init_buffer(&w, o->stats, o->stats_cap);
 	jw_object_begin(&w);
-	serve_model_stats_json(o->model, clients, o->forwards_inline,
-	                       atomic_load_explicit(&o->mem_channels, memory_order_relaxed), &w);
-	routing_stats_json(o, sqe->flags & MOE_STATS_EXPERTS, &w);
+	serve_model_stats_json(o->model, &o->doc, &w);
+	if (sqe->flags & MOE_STATS_EXPERTS)
+		routing_write_json(o->routing, o->block_of_moe, &w);
 	jw_object_end(&w);
 	const int rc = jw_finish(&w);
 	assert(rc == 0 || rc == -ENOBUFS); /* the only error a well-nested writer reports */
@@ -825,6 +839,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    .welcome = queue_welcome,
 	    .reload = queue_reload,
 	    .shutdown = queue_shutdown,
+	    .tick = queue_tick,
 	};
 	o->model = m;
 	o->engine = serve_model_engine(m);
@@ -837,7 +852,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	o->routing = routing_create(d->n_moe_layers, d->n_experts, cfg->heat_half_life);
 	const size_t table = sizeof(struct moe_expert_table_header) + 8 +
 	                     (size_t)d->n_moe_layers * (4 + (size_t)d->n_experts * 12);
-	o->stats_cap = 4096 + FORWARD_MAX_NODES * 512 + (size_t)d->n_moe_layers * 768 +
+	o->stats_cap = 4096 + FORWARD_MAX_NODES * 512 + (size_t)d->n_moe_layers * 3072 +
 	               (o->routing ? routing_json_max(o->routing) : 0);
 	if (o->stats_cap < table)
 		o->stats_cap = table;
@@ -858,6 +873,11 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    !o->block_of_moe || !o->queued_mask) {
 		forward_queue_destroy(o);
 		return error_set(err, MOE_ENOMEM, "out of memory for the request buffers");
+	}
+	if (stats_doc_init(&o->doc, d->n_moe_layers, err) != 0 ||
+	    stats_board_create(d->n_moe_layers, &o->board, err) != 0) {
+		forward_queue_destroy(o);
+		return -1;
 	}
 	for (uint32_t b = 0, l = 0; b < d->n_layers; b++) {
 		o->moe_of_block[b] = UINT32_MAX;
@@ -964,6 +984,8 @@ void forward_queue_destroy(struct forward_queue *o)
 	free(o->moe_of_block);
 	free(o->block_of_moe);
 	free(o->stats);
+	stats_doc_free(&o->doc);
+	stats_board_destroy(o->board);
 	free(o);
 }
 
@@ -1020,4 +1042,9 @@ static void queue_welcome(void *ctx, struct moe_model_info *out,
 const struct channel_service *forward_queue_service(struct forward_queue *o)
 {
 	return &o->service;
+}
+
+struct stats_board *forward_queue_board(struct forward_queue *o)
+{
+	return o->board;
 }

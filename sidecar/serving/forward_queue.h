@@ -72,4 +72,8 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                    struct moe_cqe *done);
 
+/* The board the dispatcher publishes the STATS figures on when the metrics thread asks
+ * (stats_doc.h); it lives as long as the queue. */
+struct stats_board *forward_queue_board(struct forward_queue *o);
+
 #endif

@@ -503,37 +503,66 @@ struct forward_engine *serve_model_engine(struct serve_model *m)
 	return m->engine;
 }
 
-/* ---- STATS JSON ------------------------------------------------------------------------- */
+/* ---- STATS ----------------------------------------------------------------------------- */
 
-void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                            uint64_t channel_bytes, struct json_writer *w)
+void serve_model_collect(struct serve_model *m, const struct stats_sources *x, struct stats_doc *d)
 {
-	struct forward_stats st;
-	memset(&st, 0, sizeof(st));
-	st.layers = m->layer_stats;
-	forward_stats(m->engine, &st);
-	/* What the sidecar adds (model, clients, probes), then the engine's own members
-	 * (forward_stats_write: counters and per-layer latency). */
-	jw_kv_string(w, "model", m->desc.name);
-	jw_kv_string(w, "fingerprint", m->desc.fingerprint_hex);
-	jw_kv_u64(w, "clients", clients);
-	jw_kv_u64(w, "expert_bytes", m->desc.expert_bytes);
+	struct forward_stats stats;
+	memset(&stats, 0, sizeof(stats));
+	stats.layers = m->layer_stats;
+	forward_stats(m->engine, &stats);
+	const struct forward_stats *st = &stats;
+	const struct serve_model_desc *desc = &m->desc;
+	struct pagecache_stats probes = {0};
+	const struct pagecache_stats *ps = &probes;
+	const struct trace_recorder_stats none = {0};
+	const struct trace_recorder_stats *ts = x->trace ? x->trace : &none;
+	d->groups = STATS_ALWAYS;
+	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &probes) == 0)
+		d->groups |= STATS_PROBES;
+	if (x->trace)
+		d->groups |= STATS_TRACE;
+	snprintf(d->model, sizeof(d->model), "%s", desc->name);
+	snprintf(d->fingerprint, sizeof(d->fingerprint), "%s", desc->fingerprint_hex);
+#define COLLECT(key, kind, type, group, prom, unit, help, src)                                     \
+	d->g[STATS_G_##key] =                                                                      \
+	    STATS_##type == STATS_F64 ? stats_doc_f64_bits((double)(src)) : (uint64_t)(src);
+	STATS_GLOBAL_FIGURES(COLLECT)
+#undef COLLECT
+	d->n_nodes = st->n_nodes < FORWARD_MAX_NODES ? st->n_nodes : FORWARD_MAX_NODES;
+	for (uint32_t n = 0; n < d->n_nodes; n++) {
+		const struct forward_node_stats *s = &st->nodes[n];
+		struct stats_node *to = &d->nodes[n];
+		to->node = s->node;
+		to->os_index = s->os_index;
+#define COLLECT(key, kind, prom, unit, column, help, src) to->v[STATS_N_##key] = (src);
+		STATS_NODE_FIGURES(COLLECT)
+#undef COLLECT
+	}
+	d->n_layers = 0;
+	for (uint32_t l = 0; l < st->n_layers && d->n_layers < d->cap_layers; l++) {
+		const struct forward_layer_stats *s = &st->layers[l];
+		if (s->requests == 0)
+			continue;
+		struct stats_layer *to = &d->layers[d->n_layers++];
+		to->layer = s->layer;
+#define COLLECT(key, kind, prom, unit, column, help, src) to->v[STATS_L_##key] = (src);
+		STATS_LAYER_FIGURES(COLLECT)
+#undef COLLECT
+#define COLLECT(key, index, prom, column, help) to->lat[STATS_H_##key] = s->lat[index];
+		STATS_LATENCIES(COLLECT)
+#undef COLLECT
+	}
+}
+
+void serve_model_stats_json(struct serve_model *m, const struct stats_doc *d, struct json_writer *w)
+{
+	/* What is not a figure: the activation an engine checks its own against, and the
+	 * probes' state in words. Then every figure (stats_table.h). */
 	jw_kv_double(w, "swiglu_limit", (double)m->desc.swiglu_limit, JW_SHORT);
 	jw_kv_double(w, "swiglu_alpha", (double)m->desc.swiglu_alpha, JW_SHORT);
-	jw_kv_u64(w, "numa_nodes", m->desc.n_nodes);
-	jw_kv_u64(w, "forwards_inline", forwards_inline);
-	jw_kv_u64(w, "mem_limit_bytes", m->desc.mem_limit_bytes);
-	jw_kv_u64(w, "mem_fixed_bytes", m->desc.mem_fixed_bytes);
-	jw_kv_u64(w, "mem_channel_bytes", channel_bytes);
-	jw_kv_u64(w, "log_lines_dropped", log_lines_dropped());
-	struct pagecache_stats ps;
-	if (pagecache_available(m->probes) && pagecache_read_totals(m->probes, &ps) == 0) {
+	if (d->groups & STATS_PROBES) {
 		jw_kv_string(w, "probes", "active");
-		jw_kv_u64(w, "pagecache_fill_bytes", ps.raw.pagecache_fill_bytes);
-		jw_kv_u64(w, "direct_bytes", ps.raw.direct_bytes);
-		jw_kv_u64(w, "buffered_bytes", ps.raw.buffered_bytes);
-		jw_kv_u64(w, "fault_bytes", ps.fault_bytes);
-		jw_kv_double(w, "bypass_ratio", ps.bypass_ratio, 6);
 	} else {
 		char why[300];
 		const char *status = pagecache_status(m->probes);
@@ -542,5 +571,5 @@ void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t fo
 		snprintf(why, sizeof(why), "probes unavailable: %s", status);
 		jw_kv_string(w, "probes", why);
 	}
-	forward_stats_write(&st, w);
+	stats_doc_write_json(d, w);
 }

@@ -6,8 +6,8 @@
  * engine itself (serve_model_engine); this file holds what is about the model as a whole.
  *
  * Threading: open/close on the control thread; the engine's calls follow forward.h;
- * serve_model_stats_json from one thread at a time (it owns the probes handle: the
- * dispatcher, which executes STATS).
+ * serve_model_collect and serve_model_stats_json from one thread at a time (they own the
+ * probes handle: the dispatcher, which executes STATS and publishes the metrics).
  */
 #ifndef MOE_SIDECAR_SERVED_MODEL_H
 #define MOE_SIDECAR_SERVED_MODEL_H
@@ -20,6 +20,8 @@
 #include "forward.h"
 #include "json_writer.h"
 #include "moe_abi.h"
+#include "stats_doc.h"
+#include "trace_recorder.h"
 
 struct moe_catalog;
 
@@ -131,10 +133,23 @@ struct forward_engine *serve_model_engine(struct serve_model *m);
 
 #define SERVE_MODEL_MAX_CLIENTS 64u
 
-/* Writes the model's and the engine's STATS members into w's open object (the caller adds its
- * own and closes it). clients: channels attached now; channel_bytes: the memory they are
- * accounted for. */
-void serve_model_stats_json(struct serve_model *m, uint32_t clients, uint64_t forwards_inline,
-                            uint64_t channel_bytes, struct json_writer *w);
+/* What the STATS figures take from outside the model (stats_table.h's `x`): clients
+ * attached now, FORWARDs the dispatcher ran itself, the channels' accounted memory, log
+ * lines lost, GPU mask switches and masked experts, the heat's half-life, and the trace
+ * recorder's counters (NULL: not recording). */
+struct stats_sources {
+	uint64_t clients, forwards_inline, channel_bytes, log_lines_dropped;
+	uint64_t mask_switches, masked_experts, heat_half_life;
+	const struct trace_recorder_stats *trace;
+};
+
+/* Every STATS figure now, into d (stats_doc_init'ed for the model's MoE layers): the rows of
+ * stats_table.h, evaluated. Layers with no request are left out. */
+void serve_model_collect(struct serve_model *m, const struct stats_sources *x, struct stats_doc *d);
+
+/* Writes the STATS members of d, with the model's own (activation, the probes' state), into
+ * w's open object (the caller adds its own and closes it). */
+void serve_model_stats_json(struct serve_model *m, const struct stats_doc *d,
+                            struct json_writer *w);
 
 #endif

@@ -39,6 +39,16 @@ static void control_bump(struct dispatcher *d)
 	syscall(SYS_futex, (uint32_t *)&d->control_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
+void dispatcher_poke(struct dispatcher *d)
+{
+	control_bump(d);
+}
+
+void dispatcher_set_service(struct dispatcher *d, const struct channel_service *service)
+{
+	atomic_store_explicit(&d->service, service, memory_order_release);
+}
+
 /* channel_complete_async's wake-up: any thread. */
 static void dispatcher_wake(void *arg)
 {
@@ -154,6 +164,10 @@ static void write_heartbeats(struct dispatcher *d, uint64_t now)
 {
 	for (uint32_t i = 0; i < d->n_active; i++)
 		channel_set_heartbeat(d->active[i].ch, now);
+	const struct channel_service *svc = atomic_load_explicit(&d->service, memory_order_acquire);
+	if (svc && svc->tick)
+		svc->tick(svc->ctx);
+	atomic_fetch_add_explicit(&d->beats, 1, memory_order_release);
 }
 
 /* Announce, re-check, futex_waitv. Returns after a wake-up, a timeout or a reason not to
@@ -308,6 +322,8 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, struct sidecar_e
 		d->heartbeat_ns = d->watchdog_ns; /* wake up often enough to feed it */
 	d->dropped_eventfd = dropped_eventfd;
 	atomic_init(&d->control_word, 0);
+	atomic_init(&d->beats, 0);
+	atomic_init(&d->service, NULL);
 	int rc = pthread_mutex_init(&d->lock, NULL);
 	if (rc == 0)
 		rc = pthread_cond_init(&d->detached, NULL);

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "channel.h"
+#include "service.h"
 
 /* futex_waitv takes at most 128 words: one is the control word. */
 #define DISPATCH_MAX_CHANNELS 127u
@@ -43,6 +44,10 @@ struct dispatcher {
 	/* Bumped (release) by the control thread after changing the requests below; the
 	 * dispatcher sleeps on it too (private futex). */
 	_Atomic uint32_t control_word;
+	/* Heartbeats written so far: the dispatcher's progress, for a health check. */
+	_Atomic uint64_t beats;
+	/* The service whose tick runs at each heartbeat (set once it is served; NULL before). */
+	_Atomic(const struct channel_service *) service;
 
 	pthread_mutex_t lock; /* guards everything down to `detached` */
 	pthread_cond_t detached;
@@ -67,6 +72,12 @@ int dispatcher_start(struct dispatcher *d, int dropped_eventfd, struct sidecar_e
 
 /* Hands a channel to the dispatcher (it starts serving it at once). */
 void dispatcher_add(struct dispatcher *d, struct sidecar_channel *ch, void *owner);
+
+/* Any thread, no lock: wakes the dispatcher, which writes its heartbeats (and runs the
+ * service's tick) at once. */
+void dispatcher_poke(struct dispatcher *d);
+/* Any thread: serves `service`'s tick from the next heartbeat on. */
+void dispatcher_set_service(struct dispatcher *d, const struct channel_service *service);
 
 /* Takes a channel back; on return the dispatcher no longer touches it and will not report
  * it through dispatcher_take_dropped (if it dropped it already, the report is withdrawn). */

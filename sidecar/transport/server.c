@@ -73,7 +73,8 @@ struct server {
 	 * handover_fd (an eventfd) wakes the control thread, which takes it. */
 	pthread_mutex_t handover_lock;
 	int handover_fd;
-	bool announced; /* READY was said */
+	bool announced;       /* READY was said */
+	_Atomic bool serving; /* READY said and no shutdown begun: server_health's ready */
 	struct {
 		bool ready, failed;
 		const struct channel_service *service;
@@ -600,6 +601,7 @@ static void announce_ready(struct server *s)
 
 static void server_teardown(struct server *s)
 {
+	atomic_store_explicit(&s->serving, false, memory_order_release); /* /readyz: 503 */
 	sd_notify_wait("STOPPING=1");
 	listener_close(&s->listener); /* the socket (if still ours) goes first: no new peers */
 	if (s->service && s->service->shutdown) /* work not started fails with MOE_ESHUTDOWN */
@@ -759,6 +761,9 @@ static bool take_handover(struct server *s, int *status)
 	}
 	if (s->service && !s->announced) {
 		s->announced = true;
+		dispatcher_set_service(&s->dispatcher, s->service);
+		/* before READY is said: whoever hears it finds /readyz 200 */
+		atomic_store_explicit(&s->serving, true, memory_order_release);
 		announce_ready(s);
 	}
 	return true;
@@ -773,6 +778,9 @@ int server_run(struct server *s)
 	int status = 0;
 	if (s->service) {
 		s->announced = true;
+		dispatcher_set_service(&s->dispatcher, s->service);
+		/* before READY is said: whoever hears it finds /readyz 200 */
+		atomic_store_explicit(&s->serving, true, memory_order_release);
 		announce_ready(s);
 	} else {
 		log_info("server",
@@ -829,4 +837,15 @@ int server_run(struct server *s)
 	server_teardown(s);
 	log_info("server", "stopped");
 	return status;
+}
+
+void server_health(struct server *s, struct server_health *out)
+{
+	out->ready = atomic_load_explicit(&s->serving, memory_order_acquire);
+	out->dispatcher_beats = atomic_load_explicit(&s->dispatcher.beats, memory_order_acquire);
+}
+
+void server_poke_dispatcher(struct server *s)
+{
+	dispatcher_poke(&s->dispatcher);
 }

@@ -77,6 +77,15 @@ void server_start_failed(struct server *s);
 /* From any thread: what the sidecar is doing while it starts ("reading experts: 40%"): the
  * sentence of the MOE_ESTARTING refusals, and STATUS= for the service manager. */
 void server_set_status(struct server *s, const char *status);
+/* Any thread, no lock (the metrics thread's health checks): whether READY was said and no
+ * shutdown has begun, and the dispatcher's heartbeats so far (it writes one at least every
+ * 100 ms, and at once after server_poke_dispatcher). Valid until server_close. */
+struct server_health {
+	bool ready;
+	uint64_t dispatcher_beats;
+};
+void server_health(struct server *s, struct server_health *out);
+void server_poke_dispatcher(struct server *s);
 /* The socket's path as clients name it. */
 const char *server_path(const struct server *s);
 

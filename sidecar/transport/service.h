@@ -7,7 +7,7 @@
  * (channel_complete_async, channel_post_now). It includes nothing above it.
  *
  * Threading: the hooks run on the control thread (grant, open, close, welcome, reload,
- * shutdown); the op rows on the dispatcher (see channel_drain).
+ * shutdown); the op rows and tick on the dispatcher (see channel_drain).
  */
 #ifndef MOE_SIDECAR_SERVICE_H
 #define MOE_SIDECAR_SERVICE_H
@@ -66,6 +66,9 @@ struct channel_service {
 	/* Shutdown, step 1 (before the dispatcher stops): work not started is refused with
 	 * MOE_ESHUTDOWN; what runs finishes. */
 	void (*shutdown)(void *ctx);
+	/* Dispatcher thread, at every heartbeat (dispatcher.heartbeat_ns, and at once after a
+	 * dispatcher_poke): work the service does between requests (publishing its figures). */
+	void (*tick)(void *ctx);
 };
 
 #endif
