@@ -451,6 +451,30 @@ static void engine_give_back(struct forward_engine *e)
 	pthread_mutex_unlock(&e->run_lock);
 }
 
+/* Counts one forward_run into its layer's counters and histograms (stats.c reads them). */
+static void record_layer(struct forward_engine *e, uint32_t moe_layer,
+                         const struct forward_request *q, const struct forward_result *res,
+                         uint64_t total_us)
+{
+	struct layer_counters *c = &e->counters[moe_layer];
+	atomic_fetch_add_explicit(&c->requests, 1, memory_order_relaxed);
+	if (res->status != MOE_OK) {
+		atomic_fetch_add_explicit(&c->failures, 1, memory_order_relaxed);
+		return;
+	}
+	atomic_fetch_add_explicit(&c->tokens, q->n_tokens, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->hits, res->hits, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->cold_misses, res->cold_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->inflight_misses, res->inflight_misses, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
+	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
+	for (int k = 0; k < LAT_KINDS; k++) {
+		atomic_fetch_add_explicit(&c->hist[k][lat_hist_bucket(lat[k])], 1,
+		                          memory_order_relaxed);
+		atomic_fetch_add_explicit(&c->sum_us[k], lat[k], memory_order_relaxed);
+	}
+}
+
 int forward_run(struct forward_engine *e, const struct forward_request *q, float *out_immediate,
                 float *out_deferred, struct forward_result *res)
 {
@@ -491,7 +515,7 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	}
 	engine_give_back(e);
 	if (rc != MOE_EBADLAYER && rc != MOE_EINVAL)
-		stats_record(e, moe_layer, q, res, monotonic_us() - t0);
+		record_layer(e, moe_layer, q, res, monotonic_us() - t0);
 	return rc;
 }
 

@@ -290,7 +290,7 @@ struct forward_latency {
 };
 /* The per-layer counters, listed once: the engine's atomics (forward_internal.h), each
  * layer's copy and the sums over layers below. A new one: its name here, its count in
- * stats_record (forward/stats.c), its row in sidecar/serving/stats_table.h. */
+ * record_layer (forward/engine.c), its row in sidecar/serving/stats_table.h. */
 /* clang-format off */
 #define FORWARD_LAYER_COUNTERS(X) \
 	X(requests) X(tokens) X(hits) X(cold_misses) X(inflight_misses) X(bytes_read) X(failures)

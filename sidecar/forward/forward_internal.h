@@ -96,13 +96,21 @@ bool pool_runs_behind(const struct forward_pool *p);
  * (docs/performance.md). */
 uint32_t pool_whole_groups(const struct wave_group *groups, uint32_t n_groups, uint32_t threads);
 
-/* ---- stats.c: latency histograms ---- */
+/* ---- latency histograms (recorded by engine.c, read by stats.c) ---- */
 /* Buckets in µs: one per value below 8, then 8 per power of two up to 2^26 µs (67 s; longer
  * lands in the last), so a bucket's upper bound is at most 12.5% above any value in it —
  * percentiles good to one significant figure and a bit, in 1.6 KiB per histogram. */
 #define LAT_HIST_SUB 8u
 #define LAT_HIST_BUCKETS (LAT_HIST_SUB + 24u * LAT_HIST_SUB)
-unsigned lat_hist_bucket(uint64_t us);
+static inline unsigned lat_hist_bucket(uint64_t us)
+{
+	if (us < LAT_HIST_SUB)
+		return (unsigned)us;
+	const unsigned e = 63u - (unsigned)__builtin_clzll(us); /* >= 3 */
+	const unsigned b = LAT_HIST_SUB + (e - 3) * LAT_HIST_SUB +
+	                   (unsigned)((us >> (e - 3)) & (LAT_HIST_SUB - 1));
+	return b < LAT_HIST_BUCKETS ? b : LAT_HIST_BUCKETS - 1;
+}
 uint64_t lat_hist_upper(unsigned bucket); /* the largest value the bucket holds */
 
 /* ---- the engine (engine.c, plan.c, waves.c, masks.c, stats.c) ---- */
@@ -234,9 +242,6 @@ void waves_settle(struct forward_engine *e, bool sum);
 /* waves.c: a failed demand of group g's expert turned into res's status. */
 int waves_demand_failed(struct forward_engine *e, const struct forward_request *q,
                         const struct req_group *g, int rc, struct forward_result *res);
-/* stats.c: counts one forward_run into its layer's counters and histograms. */
-void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
-                  const struct forward_result *res, uint64_t total_us);
 /* Client's mask bit of (block layer, expert). mask_lock held or engine taken. */
 static inline bool masks_bit(const struct forward_engine *e, uint32_t client, uint32_t layer,
                              uint32_t expert)

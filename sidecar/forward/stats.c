@@ -1,5 +1,5 @@
 /* stats.c — what the engine counts and how it reads back: per-MoE-layer counters and latency
- * histograms (recorded once per forward_run, relaxed atomics), their percentiles, the
+ * histograms (recorded by the engine once per forward_run, relaxed atomics), their percentiles, the
  * weights' counters, and the STATS object written through the JSON writer. */
 #include <errno.h>
 #include <math.h>
@@ -15,16 +15,6 @@
 #include "log.h"
 #include "moe_abi.h"
 
-unsigned lat_hist_bucket(uint64_t us)
-{
-	if (us < LAT_HIST_SUB)
-		return (unsigned)us;
-	const unsigned e = 63u - (unsigned)__builtin_clzll(us); /* >= 3 */
-	const unsigned b = LAT_HIST_SUB + (e - 3) * LAT_HIST_SUB +
-	                   (unsigned)((us >> (e - 3)) & (LAT_HIST_SUB - 1));
-	return b < LAT_HIST_BUCKETS ? b : LAT_HIST_BUCKETS - 1;
-}
-
 uint64_t lat_hist_upper(unsigned b)
 {
 	if (b < LAT_HIST_SUB)
@@ -32,28 +22,6 @@ uint64_t lat_hist_upper(unsigned b)
 	const unsigned e = 3 + (b - LAT_HIST_SUB) / LAT_HIST_SUB;
 	const uint64_t sub = (b - LAT_HIST_SUB) % LAT_HIST_SUB;
 	return ((LAT_HIST_SUB + sub + 1) << (e - 3)) - 1;
-}
-
-void stats_record(struct forward_engine *e, uint32_t moe_layer, const struct forward_request *q,
-                  const struct forward_result *res, uint64_t total_us)
-{
-	struct layer_counters *c = &e->counters[moe_layer];
-	atomic_fetch_add_explicit(&c->requests, 1, memory_order_relaxed);
-	if (res->status != MOE_OK) {
-		atomic_fetch_add_explicit(&c->failures, 1, memory_order_relaxed);
-		return;
-	}
-	atomic_fetch_add_explicit(&c->tokens, q->n_tokens, memory_order_relaxed);
-	atomic_fetch_add_explicit(&c->hits, res->hits, memory_order_relaxed);
-	atomic_fetch_add_explicit(&c->cold_misses, res->cold_misses, memory_order_relaxed);
-	atomic_fetch_add_explicit(&c->inflight_misses, res->inflight_misses, memory_order_relaxed);
-	atomic_fetch_add_explicit(&c->bytes_read, res->bytes_read, memory_order_relaxed);
-	const uint64_t lat[LAT_KINDS] = {res->queue_us, res->io_us, res->compute_us, total_us};
-	for (int k = 0; k < LAT_KINDS; k++) {
-		atomic_fetch_add_explicit(&c->hist[k][lat_hist_bucket(lat[k])], 1,
-		                          memory_order_relaxed);
-		atomic_fetch_add_explicit(&c->sum_us[k], lat[k], memory_order_relaxed);
-	}
 }
 
 int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out)
