@@ -27,6 +27,7 @@
 #include "moe_kernels.h"
 #include "ops.h"
 #include "policy.h"
+#include "probes_instance.h"
 #include "routing.h"
 #include "sd_notify.h"
 #include "served_model.h"
@@ -120,7 +121,8 @@ static const struct serve_option {
      "refuse to start when the eBPF page-cache probes are unavailable"},
     {{"probes-instance", required_argument, NULL, OPT_PROBES_INSTANCE},
      "NAME",
-     "pins under /sys/fs/bpf/moe-sidecar/NAME (default: default)"},
+     "pins under /sys/fs/bpf/moe-sidecar/NAME (default: sock-<hash of the socket path>, "
+     "default for " PROBES_INSTANCE_SYSTEM_SOCKET ")"},
     {{"isa", required_argument, NULL, OPT_ISA},
      "NAME",
      "kernels' instruction set: scalar|avx2|avx512|amx (default: the best this CPU runs)"},
@@ -363,7 +365,8 @@ struct serve_setup {
 	struct server_config cfg;
 	struct serve_model_config mcfg;
 	struct forward_queue_config ocfg;
-	int hold_fd; /* --debug-hold-warmup; -1: none */
+	int hold_fd;                                    /* --debug-hold-warmup; -1: none */
+	char probes_instance[PROBES_INSTANCE_NAME_LEN]; /* without --probes-instance */
 };
 
 static void serve_setup_defaults(struct serve_setup *s)
@@ -716,6 +719,21 @@ static int serve_model_until_stopped(struct server *server, struct serve_setup *
                                      int trace_fd)
 {
 	s->mcfg.path = path;
+	/* Without --probes-instance the instance follows the socket served (the one passed by
+	 * the service manager included), so sidecars with different sockets never share one. */
+	if (!s->mcfg.probes_instance) {
+		struct sidecar_error err = {0};
+		if (probes_instance_for_socket(server_path(server), s->probes_instance, &err) !=
+		    0) {
+			log_error("serve", "probes instance: %s", err.msg);
+			close_trace(trace_fd);
+			server_close(server);
+			return 1;
+		}
+		s->mcfg.probes_instance = s->probes_instance;
+	}
+	log_info("serve", "probes instance=%s socket=%s", s->mcfg.probes_instance,
+	         server_path(server));
 	set_memory_limit(&s->mcfg);
 	s->mcfg.status = say_status;
 	s->mcfg.status_arg = server;
