@@ -80,6 +80,8 @@ has moe-sidecar '/usr/bin/moe-gen'
 has moe-sidecar '(/usr)?/lib/systemd/system/moe-sidecar\.service'
 has moe-sidecar '(/usr)?/lib/systemd/system/moe-sidecar\.socket'
 has moe-sidecar '/usr/share/doc/moe-sidecar/operations\.md'
+has moe-sidecar '/usr/share/man/man1/moe-sidecar\.1\.gz'
+has moe-sidecar '/usr/share/man/man1/moe-gen\.1\.gz'
 lacks moe-sidecar '\.(so(\.[0-9.]+)?|a|h|pc|cmake)$'
 has libmoe-client1 '/usr/lib/([^/]+/)?libmoe_client\.so\.1'
 has libmoe-client1 '/usr/lib/([^/]+/)?libmoe_client\.so\.1\.[0-9]+\.[0-9]+'
@@ -99,7 +101,7 @@ dupes=$(for p in "${!deb[@]}"; do list "$p" | grep -v '/$'; done | sort | uniq -
 [ -z "$dupes" ] || fail "files in more than one package: $dupes"
 dev_link=$(dpkg-deb -c "${deb[libmoe-client-dev]}" | awk '$6 ~ /libmoe_client\.so$/ {print $8}')
 [ "$dev_link" = libmoe_client.so.1 ] || fail "libmoe-client-dev's libmoe_client.so -> '$dev_link', want libmoe_client.so.1"
-ok "files: daemon, moe-gen, units, docs | libmoe_client.so.1 | headers, .a, .so -> .so.1, .pc, CMake package"
+ok "files: daemon, moe-gen, units, docs, manual pages | libmoe_client.so.1 | headers, .a, .so -> .so.1, .pc, CMake package"
 
 # 4. Dependencies: every library the extracted binaries load comes from a package they depend
 # on (what dpkg-shlibdeps computed, checked against dpkg -S here), and the -dev package pins
