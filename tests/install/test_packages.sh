@@ -182,11 +182,13 @@ mkdir -p "$bin"
 # shellcheck disable=SC2086
 "$cc" -std=c11 $cflags "$consumer/consumer.c" -o "$bin/pc_shared" $libs -lm ||
 	fail "building consumer.c with pkg-config moe-client"
-cmake -S "$consumer" -B "$work/consumer-build" -DCMAKE_PREFIX_PATH="$root/usr" \
-	-DCMAKE_C_COMPILER="$cc" >"$work/consumer.log" 2>&1 &&
-	cmake --build "$work/consumer-build" --target consumer_c_shared consumer_c_static \
-		>>"$work/consumer.log" 2>&1 ||
-	{ cat "$work/consumer.log"; fail "building consumer.c with find_package(MoeClient)"; }
+if ! cmake -S "$consumer" -B "$work/consumer-build" -DCMAKE_PREFIX_PATH="$root/usr" \
+	-DCMAKE_C_COMPILER="$cc" >"$work/consumer.log" 2>&1 ||
+	! cmake --build "$work/consumer-build" --target consumer_c_shared consumer_c_static \
+		>>"$work/consumer.log" 2>&1; then
+	cat "$work/consumer.log"
+	fail "building consumer.c with find_package(MoeClient)"
+fi
 cp "$work/consumer-build/consumer_c_shared" "$work/consumer-build/consumer_c_static" "$bin/"
 deps=$(LD_LIBRARY_PATH=$libdir ldd "$bin/pc_shared")
 grep -q "libmoe_client.so.1 => $libdir/libmoe_client.so.1" <<<"$deps" ||
