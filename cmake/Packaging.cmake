@@ -13,12 +13,8 @@
 # /usr/share/doc/<package>/{copyright,changelog.Debian.gz} (components' EXCLUDE_FROM_ALL
 # files: packages only, not `cmake --install`). tests/install/test_packages.sh checks the
 # result with dpkg-deb and lintian, then runs what it extracted.
-if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr")
-  # The units name the daemon by its configured path and the libraries' directory follows
-  # the prefix (multiarch under /usr): packages for another prefix would lie.
-  message(STATUS "Debian packages: configure with -DCMAKE_INSTALL_PREFIX=/usr to build them "
-                 "(cpack -G DEB); this build's prefix is ${CMAKE_INSTALL_PREFIX}")
-endif()
+# Only a build configured with the prefix /usr makes them: cpack refuses others
+# (debian/CPackProjectConfig.cmake), since the units name the daemon by its configured path.
 
 set(MOE_DEB_SOURCE moe-sidecar)
 set(MOE_DEB_RELEASE 1)
@@ -58,6 +54,7 @@ set(CPACK_STRIP_FILES ON)
 set(CPACK_GENERATOR DEB)
 set(CPACK_COMPONENTS_ALL ${moe_deb_components})
 set(CPACK_DEB_COMPONENT_INSTALL ON)
+set(CPACK_PROJECT_CONFIG_FILE ${CMAKE_CURRENT_LIST_DIR}/debian/CPackProjectConfig.cmake)
 
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_RELEASE ${MOE_DEB_RELEASE})
