@@ -12,7 +12,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-scripts/build.sh build
+# Only what the job runs: the daemon, the client library, the generator and the demo (the
+# tests and benchmarks are scripts/test.sh's, into the same build directory).
+scripts/build.sh build --target moe-sidecar --target moe_client --target moe-gen \
+	--target moe-decode-demo
 
 gen_args=${MOE_RUN_GEN_ARGS:---preset qwen3-30b-a3b --layers 8 --experts 64 --hidden 768 --ffn 256 --format q8_0}
 steps=${MOE_RUN_STEPS:-256}

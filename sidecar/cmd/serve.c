@@ -28,6 +28,7 @@
 #include "moe_kernels.h"
 #include "ops.h"
 #include "policy.h"
+#include "probes_instance.h"
 #include "routing.h"
 #include "sd_notify.h"
 #include "served_model.h"
@@ -123,7 +124,8 @@ static const struct serve_option {
      "refuse to start when the eBPF page-cache probes are unavailable"},
     {{"probes-instance", required_argument, NULL, OPT_PROBES_INSTANCE},
      "NAME",
-     "pins under /sys/fs/bpf/moe-sidecar/NAME (default: default)"},
+     "pins under /sys/fs/bpf/moe-sidecar/NAME (default: sock-<hash of the socket path>, "
+     "default for " PROBES_INSTANCE_SYSTEM_SOCKET ")"},
     {{"isa", required_argument, NULL, OPT_ISA},
      "NAME",
      "kernels' instruction set: scalar|avx2|avx512|amx (default: the best this CPU runs)"},
@@ -379,6 +381,7 @@ struct serve_setup {
 	const char *metrics; /* --metrics HOST:PORT; NULL: none */
 	bool metrics_public; /* --metrics-public */
 	struct metrics_addr metrics_addr;
+	char probes_instance[PROBES_INSTANCE_NAME_LEN]; /* without --probes-instance */
 };
 
 static void serve_setup_defaults(struct serve_setup *s)
@@ -750,6 +753,21 @@ static int serve_model_until_stopped(struct server *server, struct serve_setup *
                                      int trace_fd, struct metrics_http *metrics)
 {
 	s->mcfg.path = path;
+	/* Without --probes-instance the instance follows the socket served (the one passed by
+	 * the service manager included), so sidecars with different sockets never share one. */
+	if (!s->mcfg.probes_instance) {
+		struct sidecar_error err = {0};
+		if (probes_instance_for_socket(server_path(server), s->probes_instance, &err) !=
+		    0) {
+			log_error("serve", "probes instance: %s", err.msg);
+			close_trace(trace_fd);
+			server_close(server);
+			return 1;
+		}
+		s->mcfg.probes_instance = s->probes_instance;
+	}
+	log_info("serve", "probes instance=%s socket=%s", s->mcfg.probes_instance,
+	         server_path(server));
 	set_memory_limit(&s->mcfg);
 	s->mcfg.status = say_status;
 	s->mcfg.status_arg = server;

@@ -2,7 +2,8 @@
  * start and watching the model file, reported by STATS with the same numbers an operator
  * reads with `bpftool map dump pinned …/counters`, unpinned at a clean stop; and without
  * privileges a single warning, "probes unavailable: <reason>" in STATS and a sidecar that
- * serves anyway — unless --require-probes makes that fatal.
+ * serves anyway — unless --require-probes makes that fatal. Two sidecars given no
+ * --probes-instance take one instance each, named after their sockets.
  *
  * Needs root (eBPF, and a uid to drop to); skips, saying why, where either is missing.
  */
@@ -218,4 +219,64 @@ Test(serve_probes, require_probes_without_privileges_is_fatal)
 	cr_expect(log && strstr(log, "probe"), "the log says why: %s", log ?: "");
 	free(log);
 	sidecar_cleanup(&s.sp);
+}
+
+/* The instance a sidecar's log says it took ("probes instance=NAME socket=…"), into name. */
+static void logged_instance(const struct sidecar_proc *sp, char *name, size_t cap)
+{
+	char *log = slurp(sp->log);
+	cr_assert_not_null(log);
+	const char *at = strstr(log, "probes instance=");
+	cr_assert_not_null(at, "the log names no probe instance: %s", log);
+	at += strlen("probes instance=");
+	size_t n = strcspn(at, " \n");
+	cr_assert_lt(n, cap);
+	memcpy(name, at, n);
+	name[n] = '\0';
+	free(log);
+}
+
+Test(serve_probes, two_sidecars_without_probes_instance_take_one_instance_each)
+{
+	struct sidecar_proc sp[2];
+	char model[2][160], name[2][80];
+	for (int i = 0; i < 2; i++) {
+		memset(&sp[i], 0, sizeof(sp[i]));
+		harness_tempdir(&sp[i]); /* each its own <dir>/run/sidecar.sock */
+		snprintf(model[i], sizeof(model[i]), "%s/model.gguf", sp[i].dir);
+		cr_assert_eq(ref_generate(model[i], "q8_0", 7), 0);
+		const char *const extra[] = {model[i], NULL};
+		int st = 0;
+		if (sidecar_start(&sp[i], extra, &st) != 0) {
+			char *log = slurp(sp[i].log);
+			cr_assert_fail("sidecar %d did not start (0x%x): %s", i, st, log ?: "");
+		}
+		logged_instance(&sp[i], name[i], sizeof(name[i]));
+		cr_expect_eq(strncmp(name[i], "sock-", 5), 0, "sidecar %d on %s took '%s'", i,
+		             sp[i].socket, name[i]);
+	}
+	cr_expect_str_neq(name[0], name[1], "sockets %s and %s share instance %s", sp[0].socket,
+	                  sp[1].socket, name[0]);
+	/* With privileges, both are active, each in its own directory, and neither met the other
+	 * ("… is in use by pid N"); a clean stop removes each one's own. */
+	const bool root = geteuid() == 0;
+	for (int i = 0; i < 2; i++) {
+		char dir[sizeof(PIN_ROOT) + 80];
+		snprintf(dir, sizeof(dir), PIN_ROOT "/%.79s", name[i]);
+		cr_expect_eq(log_count(&sp[i], "in use by pid"), 0,
+		             "sidecar %d met another's instance", i);
+		struct stat st;
+		if (root && log_count(&sp[i], "probes active") > 0)
+			cr_expect_eq(stat(dir, &st), 0, "%s is pinned while serving", dir);
+	}
+	for (int i = 0; i < 2; i++) {
+		int st = sidecar_stop(&sp[i], SIGTERM);
+		cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "sidecar %d exit status 0x%x", i,
+		          st);
+		char dir[sizeof(PIN_ROOT) + 80];
+		snprintf(dir, sizeof(dir), PIN_ROOT "/%.79s", name[i]);
+		struct stat sb;
+		cr_expect_neq(stat(dir, &sb), 0, "%s is left behind after a clean stop", dir);
+		sidecar_cleanup(&sp[i]);
+	}
 }
