@@ -175,7 +175,8 @@ struct gen_writer {
 
 struct gen {
 	const struct moe_gen_options *opt;
-	struct gen_model m; /* what the options describe */
+	struct gen_model m;                  /* what the options describe */
+	const struct gen_whole_model *whole; /* the rest of a whole model (m.full) */
 	struct sidecar_error *err;
 	struct gen_tensor *t;
 	size_t n_t, cap_t;
@@ -586,17 +587,18 @@ int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_ge
 static int plan_model(struct gen *g)
 {
 	const struct gen_model *m = &g->m;
-	if (m->full && gen_full_plan_head(g, m))
+	const struct gen_whole_model *w = g->whole;
+	if (m->full && w->plan_head(g, m))
 		return -1;
 	for (uint32_t L = m->full ? 0 : m->leading_dense; L < m->n_layers; L++) {
-		if (m->full && gen_full_plan_layer_attention(g, m, L))
+		if (m->full && w->plan_layer_attention(g, m, L))
 			return -1;
 		if (L >= m->leading_dense && plan_layer(g, L))
 			return -1;
-		if (m->full && gen_full_plan_layer_ffn(g, m, L))
+		if (m->full && w->plan_layer_ffn(g, m, L))
 			return -1;
 	}
-	return m->full ? gen_full_plan_tail(g, m) : 0;
+	return m->full ? w->plan_tail(g, m) : 0;
 }
 
 /* ---- writing: quantizing threads and a write-behind thread ----------------------------
@@ -1115,7 +1117,7 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 		kv_bool(m, n, KEY("expert_weights_norm"), true);
 #undef KEY
 	if (g->m.full)
-		gen_full_gguf_kvs(&g->m, m, n);
+		g->whole->gguf_kvs(&g->m, m, n);
 }
 
 static int write_all(struct gen *g, const void *p, size_t n)
@@ -1349,7 +1351,7 @@ static int write_config(struct gen *g)
 {
 	struct membuf m = {0};
 	if (g->m.full)
-		gen_full_config(&g->m, &m);
+		g->whole->config(&g->m, &m);
 	else
 		config_experts_only(g, &m);
 	char path[4096];
@@ -1359,7 +1361,7 @@ static int write_config(struct gen *g)
 	if (rc || !g->m.full)
 		return rc;
 	m = (struct membuf){0};
-	gen_full_generation_config(&g->m, &m);
+	g->whole->generation_config(&g->m, &m);
 	snprintf(path, sizeof(path), "%s/generation_config.json", g->opt->out);
 	rc = write_text(g, path, &m);
 	free(m.p);
@@ -1505,7 +1507,7 @@ static int check_options(struct gen *g)
 	g->m.opt = o;
 	g->m.full = o->full_model;
 	if (g->m.full)
-		return gen_full_resolve(&g->m, g->err);
+		return g->whole->resolve(&g->m, g->err);
 	if (o->vocab || o->heads || o->kv_heads || o->head_dim)
 		return error_set(g->err, MOE_EINVAL,
 		                 "--vocab, --heads, --kv-heads and --head-dim describe the "
@@ -1587,9 +1589,10 @@ static int make_paths(struct gen *g)
 	return 0;
 }
 
-int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err)
+int gen_write(const struct moe_gen_options *opt, const struct gen_whole_model *whole,
+              struct sidecar_error *err)
 {
-	struct gen g = {.opt = opt, .err = err, .fd = -1};
+	struct gen g = {.opt = opt, .whole = whole, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
 		return error_set(err, MOE_EINVAL, "an output path and a preset are required");
 	if (!(g.m.preset = moe_model_preset_find(opt->preset))) {
