@@ -1035,29 +1035,27 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 	return 0;
 }
 
-static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
+/* emit(g, t, e) for each expert e the tensor holds: its own, or all of a stacked tensor's. */
+static int emit_experts(struct gen *g, const struct gen_tensor *t,
+                        int (*emit)(struct gen *, const struct gen_tensor *, uint32_t))
 {
 	uint32_t e0 = t->expert < 0 ? 0 : (uint32_t)t->expert;
 	uint32_t e1 = t->expert < 0 ? g->m.n_experts : e0 + 1;
+	for (uint32_t e = e0; e < e1; e++)
+		if (emit(g, t, e))
+			return -1;
+	return 0;
+}
+
+static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
+{
 	switch (t->kind) {
 	case GK_ROUTER: return emit_vector(g, t, 0);
-	case GK_WEIGHT:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_matrix(g, t, e))
-				return -1;
-		return 0;
+	case GK_WEIGHT: return emit_experts(g, t, emit_matrix);
 	case GK_FP8_SCALE: return put_bytes(g, g->fp8_scales, t->nbytes);
 	case GK_BIAS:
-	case GK_VECTOR:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_vector(g, t, e))
-				return -1;
-		return 0;
-	case GK_MXFP4_BLOCKS:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_mxfp4_blocks(g, t, e))
-				return -1;
-		return 0;
+	case GK_VECTOR: return emit_experts(g, t, emit_vector);
+	case GK_MXFP4_BLOCKS: return emit_experts(g, t, emit_mxfp4_blocks);
 	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
 	case GK_INT4: return emit_int4(g, t);
 	}
@@ -1288,9 +1286,7 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          "  \"topk_method\": \"noaux_tc\",\n",
 		          g->m.n_experts, g->m.ffn, p->dense_ffn, p->n_shared, g->m.leading_dense);
 		if (g->m.format == MOEK_FP8_E4M3_B128)
-			mb_printf(mb, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
-			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
-			              "\"weight_block_size\": [128, 128]},\n");
+			mb_fp8_quantization_config(mb);
 		break;
 	case MOE_ARCH_GPT_OSS:
 		mb_printf(mb,

@@ -412,9 +412,7 @@ static void gen_full_config(const struct gen_model *m, struct membuf *mb)
 		          "  \"v_head_dim\": %u,\n  \"rope_scaling\": null,\n",
 		          m->q_lora_rank, m->kv_lora_rank, m->head_dim, m->rope_dim, m->head_dim);
 		if (m->format == MOEK_FP8_E4M3_B128)
-			mb_printf(mb, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
-			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
-			              "\"weight_block_size\": [128, 128]},\n");
+			mb_fp8_quantization_config(mb);
 		break;
 	}
 	case MOE_ARCH_GPT_OSS:

@@ -129,6 +129,14 @@ static inline void mb_printf(struct membuf *m, const char *fmt, ...)
 	mb_put(m, tmp, (size_t)n);
 }
 
+/* config.json's quantization_config of a DeepSeek FP8 checkpoint (E4M3, 128x128 blocks). */
+static inline void mb_fp8_quantization_config(struct membuf *m)
+{
+	mb_printf(m, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+	             "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
+	             "\"weight_block_size\": [128, 128]},\n");
+}
+
 /* GGUF metadata pairs; *n counts them. */
 static inline void kv_u32(struct membuf *m, uint32_t *n, const char *key, uint32_t v)
 {
