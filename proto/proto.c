@@ -107,14 +107,21 @@ void moe_hello_init(struct moe_hello *h, const char *client_name)
 	snprintf(h->client_name, sizeof(h->client_name), "%s", client_name);
 }
 
+/* The private copy of a peer's message: its first `size` bytes, zero-extended to `size` when
+ * the peer (an older version) sent fewer. */
+static void copy_zero_extended(void *dst, size_t size, const void *buf, size_t len)
+{
+	memset(dst, 0, size);
+	memcpy(dst, buf, len < size ? len : size);
+}
+
 int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why, size_t why_len)
 {
 	struct moe_hello h;
 	if (len < MOE_HELLO_MIN_SIZE)
 		return fail(MOE_EPROTO, why, why_len, "hello is %zu bytes, shorter than %u", len,
 		            MOE_HELLO_MIN_SIZE);
-	memset(&h, 0, sizeof(h));
-	memcpy(&h, buf, len < sizeof(h) ? len : sizeof(h));
+	copy_zero_extended(&h, sizeof(h), buf, len);
 	if (h.magic != MOE_HELLO_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar hello (magic 0x%08x)",
 		            h.magic);
@@ -143,8 +150,7 @@ int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char
 	if (len < MOE_WELCOME_FROZEN)
 		return fail(MOE_EPROTO, why, why_len, "welcome is %zu bytes, shorter than %u", len,
 		            MOE_WELCOME_FROZEN);
-	memset(&w, 0, sizeof(w));
-	memcpy(&w, buf, len < sizeof(w) ? len : sizeof(w));
+	copy_zero_extended(&w, sizeof(w), buf, len);
 	w.reason[MOE_REASON_LEN - 1] = '\0';
 	if (w.magic != MOE_WELCOME_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar welcome (magic 0x%08x)",
