@@ -354,10 +354,9 @@ static int print_placement_json(const struct placement_input *in, uint64_t gpu_e
 	jw_array_end(&w);
 	jw_object_end(&w);
 	free(hex);
-	const int wrc = jw_finish(&w);
-	if (wrc != 0 || putchar('\n') == EOF) {
-		fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n",
-		        strerror(wrc ? -wrc : errno));
+	const int wrc = jw_finish_line(&w);
+	if (wrc != 0) {
+		fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n", strerror(-wrc));
 		return 1;
 	}
 	return 0;

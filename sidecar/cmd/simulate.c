@@ -379,9 +379,9 @@ static int print_rates_json(const struct sim_table *tab)
 	}
 	jw_object_end(&w);
 	jw_object_end(&w);
-	const int rc = jw_finish(&w);
-	if (rc != 0 || putchar('\n') == EOF) {
-		fprintf(stderr, "simulate: writing the JSON: %s\n", strerror(rc ? -rc : errno));
+	const int rc = jw_finish_line(&w);
+	if (rc != 0) {
+		fprintf(stderr, "simulate: writing the JSON: %s\n", strerror(-rc));
 		return 1;
 	}
 	return 0;
