@@ -1071,24 +1071,11 @@ static int emit_tensor(struct gen *g, const struct gen_tensor *t)
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-const char *gen_gguf_arch(enum moe_arch a)
-{
-	switch (a) {
-	case MOE_ARCH_QWEN2MOE: return "qwen2moe";
-	case MOE_ARCH_QWEN3MOE: return "qwen3moe";
-	case MOE_ARCH_MIXTRAL: return "llama";
-	case MOE_ARCH_DEEPSEEK: return "deepseek2";
-	case MOE_ARCH_GPT_OSS: return "gpt-oss";
-	case MOE_ARCH_OLMOE: return "olmoe";
-	default: return "?";
-	}
-}
-
 /* The architecture's llama.cpp hyperparameter keys (first split only). */
 static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 {
 	const struct moe_model_preset *p = g->m.preset;
-	const char *a = gen_gguf_arch(p->arch);
+	const char *a = moe_arch_gguf_name(p->arch);
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
 	kv_str(m, n, "general.name", p->name);
@@ -1259,15 +1246,11 @@ static int write_text(struct gen *g, const char *path, const struct membuf *m)
 static void config_experts_only(const struct gen *g, struct membuf *mb)
 {
 	const struct moe_model_preset *p = g->m.preset;
-	static const char *const model_type[MOE_ARCH_COUNT] = {
-	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
-	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
-	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
 	const uint32_t top_k = g->m.top_k;
 	mb_printf(mb,
 	          "{\n  \"model_type\": \"%s\",\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_experts_per_tok\": %u,\n",
-	          model_type[p->arch], g->m.hidden, g->m.n_layers, top_k);
+	          moe_arch_model_type(p->arch), g->m.hidden, g->m.n_layers, top_k);
 	switch (p->arch) {
 	case MOE_ARCH_MIXTRAL:
 		mb_printf(mb,

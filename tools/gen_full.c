@@ -294,7 +294,7 @@ static void byte_token(unsigned b, char out[4])
 static void gen_full_gguf_kvs(const struct gen_model *m, struct membuf *mb, uint32_t *n)
 {
 	const enum moe_arch arch = m->preset->arch;
-	const char *a = gen_gguf_arch(arch);
+	const char *a = moe_arch_gguf_name(arch);
 	char k[128];
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
 	kv_u32(mb, n, KEY("context_length"), m->preset->max_positions);
@@ -352,10 +352,6 @@ static void gen_full_config(const struct gen_model *m, struct membuf *mb)
 {
 	const struct moe_model_preset *p = m->preset;
 	const enum moe_arch arch = p->arch;
-	static const char *const model_type[MOE_ARCH_COUNT] = {
-	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
-	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
-	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
 	static const char *const class_name[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "Qwen2MoeForCausalLM",
 	    [MOE_ARCH_QWEN3MOE] = "Qwen3MoeForCausalLM",
@@ -365,7 +361,7 @@ static void gen_full_config(const struct gen_model *m, struct membuf *mb)
 	    [MOE_ARCH_OLMOE] = "OlmoeForCausalLM"};
 	/* the keys of the published config.json, in the same spelling */
 	mb_printf(mb, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n",
-	          class_name[arch], model_type[arch]);
+	          class_name[arch], moe_arch_model_type(arch));
 	mb_printf(mb,
 	          "  \"vocab_size\": %u,\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"

@@ -44,9 +44,6 @@ struct gen_model {
 
 struct gen; /* the writer (gen.c) */
 
-/* GGUF general.architecture of an architecture ("qwen3moe", "llama" for Mixtral, …). */
-const char *gen_gguf_arch(enum moe_arch a);
-
 /* Plans a rows x cols matrix (rows outputs, each a row of cols inputs) named `name`, stored
  * in `format`, values moe_gen_floats(seed, layer, 0, which, …). Safetensors FP8 weights get
  * their `NAME_scale_inv` block scales too. Returns 0 or -1 (out of memory, err set). */
