@@ -82,6 +82,7 @@
 #include "moe_kernels.h"
 #include "moe_proto.h"
 #include "odirect.h"
+#include "stats_field.h"
 #include "trace.h"
 
 /* The record of the last engine call that failed (forward.h). */
@@ -420,17 +421,6 @@ static int run_mmap_limited(const struct workload *w, const struct moe_catalog *
 
 /* ---- Through the sidecar ---------------------------------------------------------------- */
 
-static double stat_of(const char *json, const char *key)
-{
-	char pat[64];
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	const char *layers = strstr(json, "\"layers\":");
-	const char *p = strstr(json, pat);
-	if (!p || (layers && p > layers))
-		return NAN;
-	return strtod(p + strlen(pat), NULL);
-}
-
 static const char *sidecar_threads = "0"; /* --sidecar-threads; "0" = serve's default */
 static uint16_t forward_flags; /* --defer-cold: MOE_FWD_DEFER_COLD on the sidecar's FORWARDs */
 static bool file_layout;       /* --file-layout: every engine keeps the files' rows */
@@ -567,8 +557,8 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	uint64_t changed = monotonic_ns();
 	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 60000; polls++) {
 		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
-		const double now_resident = stat_of(js, "resident_bytes");
-		const double now_read = stat_of(js, "loader_bytes_read");
+		const double now_resident = stats_field(js, "resident_bytes");
+		const double now_read = stats_field(js, "loader_bytes_read");
 		const bool same = now_resident == last && now_read == last_read;
 		if (!same) {
 			changed = monotonic_ns();
@@ -586,12 +576,13 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
 		if (step == w->warm_steps) {
 			if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
-				h0 = stat_of(js, "hits");
-				m0 = stat_of(js, "cold_misses") + stat_of(js, "inflight_misses");
-				b0 = stat_of(js, "bytes_read");
-				p0 = stat_of(js, "prefetch_hits");
-				l0 = stat_of(js, "loader_bytes_read");
-				f0 = stat_of(js, "pagecache_fill_bytes");
+				h0 = stats_field(js, "hits");
+				m0 = stats_field(js, "cold_misses") +
+				     stats_field(js, "inflight_misses");
+				b0 = stats_field(js, "bytes_read");
+				p0 = stats_field(js, "prefetch_hits");
+				l0 = stats_field(js, "loader_bytes_read");
+				f0 = stats_field(js, "pagecache_fill_bytes");
 			}
 			t0 = monotonic_ns();
 		}
@@ -636,22 +627,22 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	if (rc == MOE_OK) {
 		summarise(w, lat, t1 - t0, r);
 		if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
-			double hits = stat_of(js, "hits") - h0;
-			double miss =
-			    stat_of(js, "cold_misses") + stat_of(js, "inflight_misses") - m0;
+			double hits = stats_field(js, "hits") - h0;
+			double miss = stats_field(js, "cold_misses") +
+			              stats_field(js, "inflight_misses") - m0;
 			r->hit_rate = hits / (hits + miss);
-			r->prefetch_hits = (stat_of(js, "prefetch_hits") - p0) / (hits + miss);
-			r->bytes_read = stat_of(js, "bytes_read") - b0;
-			r->loader_bytes = stat_of(js, "loader_bytes_read") - l0;
+			r->prefetch_hits = (stats_field(js, "prefetch_hits") - p0) / (hits + miss);
+			r->bytes_read = stats_field(js, "bytes_read") - b0;
+			r->loader_bytes = stats_field(js, "loader_bytes_read") - l0;
 			/* the probes count from the sidecar's start: cold start included */
-			r->pagecache_fill = stat_of(js, "pagecache_fill_bytes");
+			r->pagecache_fill = stats_field(js, "pagecache_fill_bytes");
 			(void)f0;
-			const double fixed = stat_of(js, "fixed_reads");
-			r->fixed_buffers = stat_of(js, "fixed_buffers");
-			r->fixed_share = fixed / (fixed + stat_of(js, "plain_reads"));
-			r->pages = stat_of(js, "pool_hugetlb") == 1 ? "hugetlb"
-			           : stat_of(js, "pool_thp") == 1   ? "thp"
-			                                            : "4k";
+			const double fixed = stats_field(js, "fixed_reads");
+			r->fixed_buffers = stats_field(js, "fixed_buffers");
+			r->fixed_share = fixed / (fixed + stats_field(js, "plain_reads"));
+			r->pages = stats_field(js, "pool_hugetlb") == 1 ? "hugetlb"
+			           : stats_field(js, "pool_thp") == 1   ? "thp"
+			                                                : "4k";
 		}
 	}
 	moe_slot_release(c, slot.index);

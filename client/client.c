@@ -286,19 +286,13 @@ static int check_header(const struct moe_client *c, const struct moe_welcome *w)
 static int handshake(struct moe_client *c, const struct moe_connect_opts *o, const char *path)
 {
 	struct moe_hello h;
-	memset(&h, 0, sizeof(h));
-	h.magic = MOE_HELLO_MAGIC;
-	h.abi_major = MOE_ABI_MAJOR;
-	h.abi_minor = MOE_ABI_MINOR;
-	h.size = sizeof(h);
+	moe_hello_init(&h, o && o->client_name ? o->client_name : "moe-client");
 	if (o) {
 		h.want.max_tokens = o->max_tokens;
 		h.want.hidden = o->hidden;
 		h.want.top_k = o->top_k;
 		h.want.n_slots = o->n_slots;
 	}
-	snprintf(h.client_name, sizeof(h.client_name), "%s",
-	         o && o->client_name ? o->client_name : "moe-client");
 	if (send(c->sock, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) && errno != EPIPE &&
 	    errno != ECONNRESET)
 		return conn_fail(MOE_ECONNECT, "%s: sending the hello: %s", path, strerror(errno));

@@ -399,8 +399,6 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
  * EVEX shift that splits its nibbles and merge and/or into vpternlog — fewer instructions per
  * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so
  * the bits are the AVX2 form's. */
-#define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
-#define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
 
 VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true)
 VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
@@ -413,24 +411,9 @@ VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
 VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
 
 /* The entry points of the formats that have a VNNI form: each picks its form per call. */
-#define VNNI_DISPATCH_DOT(fmt)                                                                     \
-	static void dot_##fmt(const void *w, const float *sr, const void *act, size_t as,          \
-	                      size_t nt, size_t k, float *out)                                     \
-	{                                                                                          \
-		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
-			dot_##fmt##_vnni(w, sr, act, as, nt, k, out);                              \
-		else                                                                               \
-			dot_##fmt##_avx2(w, sr, act, as, nt, k, out);                              \
-	}
+#define VNNI_DISPATCH_DOT(fmt) static VNNI_PICK_DOT(dot_##fmt, dot_##fmt##_avx2, dot_##fmt##_vnni)
 #define VNNI_DISPATCH_ROWS(fmt)                                                                    \
-	static void rows_##fmt(const void *w, size_t stride, size_t nr, const void *act, size_t k, \
-	                       float *out)                                                         \
-	{                                                                                          \
-		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
-			rows_##fmt##_vnni(w, stride, nr, act, k, out);                             \
-		else                                                                               \
-			rows_##fmt##_avx2(w, stride, nr, act, k, out);                             \
-	}
+	static VNNI_PICK_ROWS(rows_##fmt, rows_##fmt##_avx2, rows_##fmt##_vnni)
 
 VNNI_DISPATCH_DOT(q8_0)
 
@@ -880,14 +863,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 #define X8_DISPATCH(fmt)                                                                           \
 	X8_ENTRY(x8_##fmt##_avx2, x8_##fmt##_body, false, )                                        \
 	X8_ENTRY(x8_##fmt##_vnni, x8_##fmt##_body, true, VNNI_CODE)                                \
-	static void x8_##fmt(const void *g, const void *act, size_t as, size_t nt, size_t k,       \
-	                     float *out)                                                           \
-	{                                                                                          \
-		if ((moek_isa_forms() & MOEK_FORM_VNNI))                                           \
-			x8_##fmt##_vnni(g, act, as, nt, k, out);                                   \
-		else                                                                               \
-			x8_##fmt##_avx2(g, act, as, nt, k, out);                                   \
-	}
+	static VNNI_PICK_X8(x8_##fmt, x8_##fmt##_avx2, x8_##fmt##_vnni)
 
 X8_ENTRY(x8_mxfp4_avx2, x8_mxfp4_body, 0, )
 X8_ENTRY(x8_mxfp4_vnni, x8_mxfp4_body, 1, VNNI_CODE)
@@ -1380,18 +1356,6 @@ static inline void store_i8x32_2(const int8_t *q, __m256 d0, __m256 d1, float *d
 		_mm256_storeu_ps(
 		    dst + 8 * p,
 		    _mm256_mul_ps(p < 2 ? d0 : d1, _mm256_cvtepi32_ps(widen_i8x8(q + 8 * p))));
-}
-
-/* 32 signed bytes in a register as floats times d, widened by lane extracts and byte shifts:
- * measured faster than the stack round trip for MXFP4, whose bytes come from a vpshufb. */
-static inline void store_i8x32_lanes(__m256i q, __m256 d, float *dst)
-{
-	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-	const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-	for (int p = 0; p < 4; p++)
-		_mm256_storeu_ps(
-		    dst + 8 * p,
-		    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p]))));
 }
 
 /* The same for 32 bytes computed in a register, through the stack. */

@@ -106,6 +106,39 @@ ALWAYS_INLINE bool wide_activation(size_t act_bytes)
 			     __VA_ARGS__);                                                         \
 	}
 
+/* The same, compiled for the AVX-512 subset MOEK_FORM_VNNI needs (VNNI_CODE). */
+#define VNNI_DOT_ENTRY(name, body, ...) VNNI_CODE DOT_ENTRY(name, body, __VA_ARGS__)
+#define VNNI_ROWS_ENTRY(name, body, ...) VNNI_CODE ROWS_ENTRY(name, body, __VA_ARGS__)
+
+/* An entry point that picks the form per call: `vnni` where isa.c found the CPU's VNNI forms
+ * (MOEK_FORM_VNNI), else `avx2`; of moek_dot_fn's, moek_dot_rows_fn's and the group dots'
+ * shapes. Put `static` before it for a file's own entry. */
+#define VNNI_PICK_DOT(name, avx2, vnni)                                                            \
+	void name(const void *w, const float *sr, const void *act, size_t as, size_t nt, size_t k, \
+	          float *out)                                                                      \
+	{                                                                                          \
+		if (moek_isa_forms() & MOEK_FORM_VNNI)                                             \
+			vnni(w, sr, act, as, nt, k, out);                                          \
+		else                                                                               \
+			avx2(w, sr, act, as, nt, k, out);                                          \
+	}
+#define VNNI_PICK_ROWS(name, avx2, vnni)                                                           \
+	void name(const void *w, size_t stride, size_t nr, const void *act, size_t k, float *out)  \
+	{                                                                                          \
+		if (moek_isa_forms() & MOEK_FORM_VNNI)                                             \
+			vnni(w, stride, nr, act, k, out);                                          \
+		else                                                                               \
+			avx2(w, stride, nr, act, k, out);                                          \
+	}
+#define VNNI_PICK_X8(name, avx2, vnni)                                                             \
+	void name(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)      \
+	{                                                                                          \
+		if (moek_isa_forms() & MOEK_FORM_VNNI)                                             \
+			vnni(g, act, as, nt, k, out);                                              \
+		else                                                                               \
+			avx2(g, act, as, nt, k, out);                                              \
+	}
+
 /* The group dots' software prefetch (moek_avx2_set_group_prefetch; x86_avx2.c says where it
  * pays), for one token [0] and for several [1]: every weight line `near` bytes ahead into L1
  * and `near + gap` bytes ahead into L2, a cursor per call so that each line is asked for once.
@@ -140,7 +173,21 @@ ALWAYS_INLINE void x8_prefetch(struct x8_stream *s, const void *end)
 	}
 }
 
-/* An interleaved-group entry point per format and form, specialised on the token count. */
+/* 32 signed bytes in a register as floats times d, widened by lane extracts and byte shifts
+ * (one rounding each, as the references): measured faster than the stack round trip for
+ * MXFP4, whose bytes come from a vpshufb. */
+ALWAYS_INLINE void store_i8x32_lanes(__m256i q, __m256 d, float *dst)
+{
+	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+	const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+	for (int p = 0; p < 4; p++)
+		_mm256_storeu_ps(
+		    dst + 8 * p,
+		    _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p]))));
+}
+
+/* An entry point without row scales (the interleaved groups', the IQ4 row dots') per format
+ * and form, specialised on the token count. */
 #define X8_ENTRY(name, body, vnni, attr)                                                           \
 	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
 	                      float *out)                                                          \

@@ -26,20 +26,9 @@
 #include <string.h>
 
 #include "kernels_internal.h"
+#include "x86_avx2.h"
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define INT4_BLOCK 20
-
-/* As x86_avx2.c's decode dots: each row's weights 1536 bytes ahead into L1. */
-#define INT4_PREFETCH_AHEAD 1536
-
-static inline float hsum(__m256 v)
-{
-	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-	s = _mm_add_ss(s, _mm_movehdup_ps(s));
-	return _mm_cvtss_f32(s);
-}
 
 /* The pair of blocks at b (the second absent without has_two: zero codes, zero scale): codes
  * of elements 0-15 (ulo) and 16-31 (uhi) of both blocks, the lanes' scales / 16 and zero
@@ -98,7 +87,7 @@ ALWAYS_INLINE void int4_body(const uint8_t *x, const void *act, size_t as, const
 	size_t p = 0;
 	if (NT == 1) /* two accumulators (even / odd pairs): the FMA chain would bound */
 		for (; p + 2 <= nb / 2; p += 2) {
-			_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + INT4_PREFETCH_AHEAD,
+			_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + PREFETCH_AHEAD,
 			             _MM_HINT_T0);
 			int4_pair(x + 2 * p * INT4_BLOCK, true, &ulo, &uhi, &w8, &z8);
 			acc[0] = int4_pair_dot(ulo, uhi, w8, z8, y0 + p, acc[0]);
@@ -106,8 +95,7 @@ ALWAYS_INLINE void int4_body(const uint8_t *x, const void *act, size_t as, const
 			acc1 = int4_pair_dot(ulo, uhi, w8, z8, y0 + p + 1, acc1);
 		}
 	for (; 2 * p < nb; p++) {
-		_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + INT4_PREFETCH_AHEAD,
-		             _MM_HINT_T0);
+		_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + PREFETCH_AHEAD, _MM_HINT_T0);
 		int4_pair(x + 2 * p * INT4_BLOCK, 2 * p + 1 < nb, &ulo, &uhi, &w8, &z8);
 		for (int t = 0; t < NT; t++)
 			acc[t] = int4_pair_dot(
@@ -234,31 +222,6 @@ ALWAYS_INLINE void x8_int4_body(const uint8_t *col, const void *act, size_t as, 
 		_mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
-#define X8_INT4_ENTRY(name, vnni, attr)                                                            \
-	attr static void name(const void *g, const void *act, size_t as, size_t nt, size_t k,      \
-	                      float *out)                                                          \
-	{                                                                                          \
-		switch (nt) {                                                                      \
-		case 1: x8_int4_body(g, act, as, 1, k, out, vnni); break;                          \
-		case 2: x8_int4_body(g, act, as, 2, k, out, vnni); break;                          \
-		case 3: x8_int4_body(g, act, as, 3, k, out, vnni); break;                          \
-		case 4: x8_int4_body(g, act, as, 4, k, out, vnni); break;                          \
-		case 5: x8_int4_body(g, act, as, 5, k, out, vnni); break;                          \
-		case 6: x8_int4_body(g, act, as, 6, k, out, vnni); break;                          \
-		case 7: x8_int4_body(g, act, as, 7, k, out, vnni); break;                          \
-		default: x8_int4_body(g, act, as, 8, k, out, vnni); break;                         \
-		}                                                                                  \
-	}
-
-X8_INT4_ENTRY(x8_int4_avx2, false, )
-/* The AVX-512 subset MOEK_FORM_VNNI needs (isa.c), as x86_avx2.c's VNNI forms. */
-X8_INT4_ENTRY(x8_int4_vnni, true, __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))))
-
-void moek_avx2_x8_int4(const void *group, const void *act, size_t as, size_t nt, size_t k,
-                       float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		x8_int4_vnni(group, act, as, nt, k, out);
-	else
-		x8_int4_avx2(group, act, as, nt, k, out);
-}
+X8_ENTRY(x8_int4_avx2, x8_int4_body, false, )
+X8_ENTRY(x8_int4_vnni, x8_int4_body, true, VNNI_CODE)
+VNNI_PICK_X8(moek_avx2_x8_int4, x8_int4_avx2, x8_int4_vnni)

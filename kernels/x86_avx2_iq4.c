@@ -254,21 +254,10 @@ ALWAYS_INLINE void xs_body(const void *w, const void *act, size_t as, const int 
  * Specialised on the token count (accumulators in registers) and on the form; the VNNI forms
  * are compiled for the AVX-512 subset MOEK_FORM_VNNI needs (isa.c) (as x86_avx2.c's). */
 
+/* The row dot (the shape of the group dots: the blocks hold their scales) and the many-row
+ * entry of one format and form. */
 #define IQ4_ENTRIES(fmt, body, attr, vnni)                                                         \
-	attr static void dot_##fmt(const void *w, const void *act, size_t as, size_t nt, size_t k, \
-	                           float *out)                                                     \
-	{                                                                                          \
-		switch (nt) {                                                                      \
-		case 1: body(w, act, as, 1, k, out, vnni); break;                                  \
-		case 2: body(w, act, as, 2, k, out, vnni); break;                                  \
-		case 3: body(w, act, as, 3, k, out, vnni); break;                                  \
-		case 4: body(w, act, as, 4, k, out, vnni); break;                                  \
-		case 5: body(w, act, as, 5, k, out, vnni); break;                                  \
-		case 6: body(w, act, as, 6, k, out, vnni); break;                                  \
-		case 7: body(w, act, as, 7, k, out, vnni); break;                                  \
-		default: body(w, act, as, 8, k, out, vnni); break;                                 \
-		}                                                                                  \
-	}                                                                                          \
+	X8_ENTRY(dot_##fmt, body, vnni, attr)                                                      \
 	attr static void rows_##fmt(const void *w, size_t stride, size_t nr, const void *act,      \
 	                            size_t k, float *out)                                          \
 	{                                                                                          \
@@ -281,56 +270,24 @@ IQ4_ENTRIES(nl_vnni, nl_body, VNNI_CODE, true)
 IQ4_ENTRIES(xs_avx2, xs_body, , false)
 IQ4_ENTRIES(xs_vnni, xs_body, VNNI_CODE, true)
 
-void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                          size_t k, float *out)
-{
-	(void)sr;
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		dot_nl_vnni(w, act, as, nt, k, out);
-	else
-		dot_nl_avx2(w, act, as, nt, k, out);
-}
+/* The exported entries pick the form per call; the row dots' sr is unused (moek_dot_fn). */
+#define IQ4_PICK_DOT(name, avx2, vnni)                                                             \
+	void name(const void *w, const float *sr, const void *act, size_t as, size_t nt, size_t k, \
+	          float *out)                                                                      \
+	{                                                                                          \
+		(void)sr;                                                                          \
+		if (moek_isa_forms() & MOEK_FORM_VNNI)                                             \
+			vnni(w, act, as, nt, k, out);                                              \
+		else                                                                               \
+			avx2(w, act, as, nt, k, out);                                              \
+	}
 
-void moek_avx2_rows_iq4_nl(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                           float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		rows_nl_vnni(w, stride, nr, act, k, out);
-	else
-		rows_nl_avx2(w, stride, nr, act, k, out);
-}
-
-void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                          size_t k, float *out)
-{
-	(void)sr;
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		dot_xs_vnni(w, act, as, nt, k, out);
-	else
-		dot_xs_avx2(w, act, as, nt, k, out);
-}
-
-void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                           float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		rows_xs_vnni(w, stride, nr, act, k, out);
-	else
-		rows_xs_avx2(w, stride, nr, act, k, out);
-}
+IQ4_PICK_DOT(moek_avx2_dot_iq4_nl, dot_nl_avx2, dot_nl_vnni)
+VNNI_PICK_ROWS(moek_avx2_rows_iq4_nl, rows_nl_avx2, rows_nl_vnni)
+IQ4_PICK_DOT(moek_avx2_dot_iq4_xs, dot_xs_avx2, dot_xs_vnni)
+VNNI_PICK_ROWS(moek_avx2_rows_iq4_xs, rows_xs_avx2, rows_xs_vnni)
 
 /* ---- Prefill dequantization ---------------------------------------------------------------- */
-
-/* 32 levels in a register times dl, as floats (one rounding each, as the reference). */
-ALWAYS_INLINE void store_levels(__m256i q, __m256 dl, float *dst)
-{
-	const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-	const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-	for (int p = 0; p < 4; p++)
-		_mm256_storeu_ps(
-		    dst + 8 * p,
-		    _mm256_mul_ps(dl, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[p]))));
-}
 
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k)
 {
@@ -338,13 +295,13 @@ size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size
 	size_t i = 0;
 	if (format == MOEK_IQ4_NL) {
 		for (const struct block_iq4_nl *b = w; i + QK4_NL <= k; i += QK4_NL, b++)
-			store_levels(_mm256_shuffle_epi8(table, nibbles_32(b->qs)),
-			             _mm256_set1_ps(_cvtsh_ss(b->d)), dst + i);
+			store_i8x32_lanes(_mm256_shuffle_epi8(table, nibbles_32(b->qs)),
+			                  _mm256_set1_ps(_cvtsh_ss(b->d)), dst + i);
 	} else if (format == MOEK_IQ4_XS) {
 		for (const struct block_iq4_xs *b = w; i + QK_K <= k; i += QK_K, b++) {
 			const float d = _cvtsh_ss(b->d);
 			for (int ib = 0; ib < QK_K / 32; ib++)
-				store_levels(
+				store_i8x32_lanes(
 				    _mm256_shuffle_epi8(table, nibbles_32(b->qs + 16 * ib)),
 				    _mm256_set1_ps(d * (float)moek_iq4_xs_scale(b, ib)),
 				    dst + i + 32 * ib);

@@ -206,45 +206,14 @@ DOT_ENTRY(dot_q2_K_avx2, q2k_body, false)
 DOT_ENTRY(dot_q3_K_avx2, q3k_body, false)
 ROWS_ENTRY(rows_q2_K_avx2, q2k_body, false)
 ROWS_ENTRY(rows_q3_K_avx2, q3k_body, false)
-VNNI_CODE DOT_ENTRY(dot_q2_K_vnni, q2k_body, true) VNNI_CODE
-    DOT_ENTRY(dot_q3_K_vnni, q3k_body, true) VNNI_CODE
-    ROWS_ENTRY(rows_q2_K_vnni, q2k_body, true) VNNI_CODE ROWS_ENTRY(rows_q3_K_vnni, q3k_body, true)
-
-        void moek_avx2_dot_q2_K(const void *w, const float *sr, const void *act, size_t as,
-                                size_t nt, size_t k, float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		dot_q2_K_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_q2_K_avx2(w, sr, act, as, nt, k, out);
-}
-
-void moek_avx2_dot_q3_K(const void *w, const float *sr, const void *act, size_t as, size_t nt,
-                        size_t k, float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		dot_q3_K_vnni(w, sr, act, as, nt, k, out);
-	else
-		dot_q3_K_avx2(w, sr, act, as, nt, k, out);
-}
-
-void moek_avx2_rows_q2_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                         float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		rows_q2_K_vnni(w, stride, nr, act, k, out);
-	else
-		rows_q2_K_avx2(w, stride, nr, act, k, out);
-}
-
-void moek_avx2_rows_q3_K(const void *w, size_t stride, size_t nr, const void *act, size_t k,
-                         float *out)
-{
-	if (moek_isa_forms() & MOEK_FORM_VNNI)
-		rows_q3_K_vnni(w, stride, nr, act, k, out);
-	else
-		rows_q3_K_avx2(w, stride, nr, act, k, out);
-}
+VNNI_DOT_ENTRY(dot_q2_K_vnni, q2k_body, true)
+VNNI_DOT_ENTRY(dot_q3_K_vnni, q3k_body, true)
+VNNI_ROWS_ENTRY(rows_q2_K_vnni, q2k_body, true)
+VNNI_ROWS_ENTRY(rows_q3_K_vnni, q3k_body, true)
+VNNI_PICK_DOT(moek_avx2_dot_q2_K, dot_q2_K_avx2, dot_q2_K_vnni)
+VNNI_PICK_DOT(moek_avx2_dot_q3_K, dot_q3_K_avx2, dot_q3_K_vnni)
+VNNI_PICK_ROWS(moek_avx2_rows_q2_K, rows_q2_K_avx2, rows_q2_K_vnni)
+VNNI_PICK_ROWS(moek_avx2_rows_q3_K, rows_q3_K_avx2, rows_q3_K_vnni)
 
 /* ---- Prefill: dequantization ---------------------------------------------------------------- */
 

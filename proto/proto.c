@@ -38,20 +38,21 @@ uint32_t moe_pow2_ceil(uint32_t n)
 	return p;
 }
 
+/* MOE_OK if 1 <= v <= max, else MOE_EINVAL and "NAME V not in 1..MAX". */
+static int check_count(const char *name, uint32_t v, uint32_t max, char *why, size_t why_len)
+{
+	if (v == 0 || v > max)
+		return fail(MOE_EINVAL, why, why_len, "%s %u not in 1..%u", name, v, max);
+	return MOE_OK;
+}
+
 int moe_limits_check(const struct moe_limits *lim, char *why, size_t why_len)
 {
-	if (lim->max_tokens == 0 || lim->max_tokens > MOE_MAX_TOKENS_LIMIT)
-		return fail(MOE_EINVAL, why, why_len, "max_tokens %u not in 1..%u", lim->max_tokens,
-		            MOE_MAX_TOKENS_LIMIT);
-	if (lim->hidden == 0 || lim->hidden > MOE_MAX_HIDDEN_LIMIT)
-		return fail(MOE_EINVAL, why, why_len, "hidden %u not in 1..%u", lim->hidden,
-		            MOE_MAX_HIDDEN_LIMIT);
-	if (lim->top_k == 0 || lim->top_k > MOE_MAX_TOPK_LIMIT)
-		return fail(MOE_EINVAL, why, why_len, "top_k %u not in 1..%u", lim->top_k,
-		            MOE_MAX_TOPK_LIMIT);
-	if (lim->n_slots == 0 || lim->n_slots > MOE_MAX_SLOTS_LIMIT)
-		return fail(MOE_EINVAL, why, why_len, "n_slots %u not in 1..%u", lim->n_slots,
-		            MOE_MAX_SLOTS_LIMIT);
+	if (check_count("max_tokens", lim->max_tokens, MOE_MAX_TOKENS_LIMIT, why, why_len) ||
+	    check_count("hidden", lim->hidden, MOE_MAX_HIDDEN_LIMIT, why, why_len) ||
+	    check_count("top_k", lim->top_k, MOE_MAX_TOPK_LIMIT, why, why_len) ||
+	    check_count("n_slots", lim->n_slots, MOE_MAX_SLOTS_LIMIT, why, why_len))
+		return MOE_EINVAL;
 	if (lim->ring_entries < lim->n_slots || (lim->ring_entries & (lim->ring_entries - 1)) ||
 	    lim->ring_entries > 2 * MOE_MAX_SLOTS_LIMIT)
 		return fail(MOE_EINVAL, why, why_len,
@@ -96,14 +97,31 @@ int moe_layout_compute(const struct moe_limits *lim, struct moe_layout *out)
 	return MOE_OK;
 }
 
+void moe_hello_init(struct moe_hello *h, const char *client_name)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = MOE_HELLO_MAGIC;
+	h->abi_major = MOE_ABI_MAJOR;
+	h->abi_minor = MOE_ABI_MINOR;
+	h->size = sizeof(*h);
+	snprintf(h->client_name, sizeof(h->client_name), "%s", client_name);
+}
+
+/* The private copy of a peer's message: its first `size` bytes, zero-extended to `size` when
+ * the peer (an older version) sent fewer. */
+static void copy_zero_extended(void *dst, size_t size, const void *buf, size_t len)
+{
+	memset(dst, 0, size);
+	memcpy(dst, buf, len < size ? len : size);
+}
+
 int moe_hello_parse(const void *buf, size_t len, struct moe_hello *out, char *why, size_t why_len)
 {
 	struct moe_hello h;
 	if (len < MOE_HELLO_MIN_SIZE)
 		return fail(MOE_EPROTO, why, why_len, "hello is %zu bytes, shorter than %u", len,
 		            MOE_HELLO_MIN_SIZE);
-	memset(&h, 0, sizeof(h));
-	memcpy(&h, buf, len < sizeof(h) ? len : sizeof(h));
+	copy_zero_extended(&h, sizeof(h), buf, len);
 	if (h.magic != MOE_HELLO_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar hello (magic 0x%08x)",
 		            h.magic);
@@ -132,8 +150,7 @@ int moe_welcome_parse(const void *buf, size_t len, struct moe_welcome *out, char
 	if (len < MOE_WELCOME_FROZEN)
 		return fail(MOE_EPROTO, why, why_len, "welcome is %zu bytes, shorter than %u", len,
 		            MOE_WELCOME_FROZEN);
-	memset(&w, 0, sizeof(w));
-	memcpy(&w, buf, len < sizeof(w) ? len : sizeof(w));
+	copy_zero_extended(&w, sizeof(w), buf, len);
 	w.reason[MOE_REASON_LEN - 1] = '\0';
 	if (w.magic != MOE_WELCOME_MAGIC)
 		return fail(MOE_EPROTO, why, why_len, "not a moe-sidecar welcome (magic 0x%08x)",

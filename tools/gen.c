@@ -175,7 +175,8 @@ struct gen_writer {
 
 struct gen {
 	const struct moe_gen_options *opt;
-	struct gen_model m; /* what the options describe */
+	struct gen_model m;                  /* what the options describe */
+	const struct gen_whole_model *whole; /* the rest of a whole model (m.full) */
 	struct sidecar_error *err;
 	struct gen_tensor *t;
 	size_t n_t, cap_t;
@@ -586,17 +587,18 @@ int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_ge
 static int plan_model(struct gen *g)
 {
 	const struct gen_model *m = &g->m;
-	if (m->full && gen_full_plan_head(g, m))
+	const struct gen_whole_model *w = g->whole;
+	if (m->full && w->plan_head(g, m))
 		return -1;
 	for (uint32_t L = m->full ? 0 : m->leading_dense; L < m->n_layers; L++) {
-		if (m->full && gen_full_plan_layer_attention(g, m, L))
+		if (m->full && w->plan_layer_attention(g, m, L))
 			return -1;
 		if (L >= m->leading_dense && plan_layer(g, L))
 			return -1;
-		if (m->full && gen_full_plan_layer_ffn(g, m, L))
+		if (m->full && w->plan_layer_ffn(g, m, L))
 			return -1;
 	}
-	return m->full ? gen_full_plan_tail(g, m) : 0;
+	return m->full ? w->plan_tail(g, m) : 0;
 }
 
 /* ---- writing: quantizing threads and a write-behind thread ----------------------------
@@ -1033,29 +1035,27 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 	return 0;
 }
 
-static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
+/* emit(g, t, e) for each expert e the tensor holds: its own, or all of a stacked tensor's. */
+static int emit_experts(struct gen *g, const struct gen_tensor *t,
+                        int (*emit)(struct gen *, const struct gen_tensor *, uint32_t))
 {
 	uint32_t e0 = t->expert < 0 ? 0 : (uint32_t)t->expert;
 	uint32_t e1 = t->expert < 0 ? g->m.n_experts : e0 + 1;
+	for (uint32_t e = e0; e < e1; e++)
+		if (emit(g, t, e))
+			return -1;
+	return 0;
+}
+
+static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
+{
 	switch (t->kind) {
 	case GK_ROUTER: return emit_vector(g, t, 0);
-	case GK_WEIGHT:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_matrix(g, t, e))
-				return -1;
-		return 0;
+	case GK_WEIGHT: return emit_experts(g, t, emit_matrix);
 	case GK_FP8_SCALE: return put_bytes(g, g->fp8_scales, t->nbytes);
 	case GK_BIAS:
-	case GK_VECTOR:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_vector(g, t, e))
-				return -1;
-		return 0;
-	case GK_MXFP4_BLOCKS:
-		for (uint32_t e = e0; e < e1; e++)
-			if (emit_mxfp4_blocks(g, t, e))
-				return -1;
-		return 0;
+	case GK_VECTOR: return emit_experts(g, t, emit_vector);
+	case GK_MXFP4_BLOCKS: return emit_experts(g, t, emit_mxfp4_blocks);
 	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
 	case GK_INT4: return emit_int4(g, t);
 	}
@@ -1071,24 +1071,11 @@ static int emit_tensor(struct gen *g, const struct gen_tensor *t)
 
 /* ---- headers -------------------------------------------------------------------------- */
 
-const char *gen_gguf_arch(enum moe_arch a)
-{
-	switch (a) {
-	case MOE_ARCH_QWEN2MOE: return "qwen2moe";
-	case MOE_ARCH_QWEN3MOE: return "qwen3moe";
-	case MOE_ARCH_MIXTRAL: return "llama";
-	case MOE_ARCH_DEEPSEEK: return "deepseek2";
-	case MOE_ARCH_GPT_OSS: return "gpt-oss";
-	case MOE_ARCH_OLMOE: return "olmoe";
-	default: return "?";
-	}
-}
-
 /* The architecture's llama.cpp hyperparameter keys (first split only). */
 static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 {
 	const struct moe_model_preset *p = g->m.preset;
-	const char *a = gen_gguf_arch(p->arch);
+	const char *a = moe_arch_gguf_name(p->arch);
 	char k[128];
 	kv_str(m, n, "general.architecture", a);
 	kv_str(m, n, "general.name", p->name);
@@ -1115,7 +1102,7 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 		kv_bool(m, n, KEY("expert_weights_norm"), true);
 #undef KEY
 	if (g->m.full)
-		gen_full_gguf_kvs(&g->m, m, n);
+		g->whole->gguf_kvs(&g->m, m, n);
 }
 
 static int write_all(struct gen *g, const void *p, size_t n)
@@ -1259,15 +1246,11 @@ static int write_text(struct gen *g, const char *path, const struct membuf *m)
 static void config_experts_only(const struct gen *g, struct membuf *mb)
 {
 	const struct moe_model_preset *p = g->m.preset;
-	static const char *const model_type[MOE_ARCH_COUNT] = {
-	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
-	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
-	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
 	const uint32_t top_k = g->m.top_k;
 	mb_printf(mb,
 	          "{\n  \"model_type\": \"%s\",\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_experts_per_tok\": %u,\n",
-	          model_type[p->arch], g->m.hidden, g->m.n_layers, top_k);
+	          moe_arch_model_type(p->arch), g->m.hidden, g->m.n_layers, top_k);
 	switch (p->arch) {
 	case MOE_ARCH_MIXTRAL:
 		mb_printf(mb,
@@ -1286,9 +1269,7 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          "  \"topk_method\": \"noaux_tc\",\n",
 		          g->m.n_experts, g->m.ffn, p->dense_ffn, p->n_shared, g->m.leading_dense);
 		if (g->m.format == MOEK_FP8_E4M3_B128)
-			mb_printf(mb, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
-			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
-			              "\"weight_block_size\": [128, 128]},\n");
+			mb_fp8_quantization_config(mb);
 		break;
 	case MOE_ARCH_GPT_OSS:
 		mb_printf(mb,
@@ -1349,7 +1330,7 @@ static int write_config(struct gen *g)
 {
 	struct membuf m = {0};
 	if (g->m.full)
-		gen_full_config(&g->m, &m);
+		g->whole->config(&g->m, &m);
 	else
 		config_experts_only(g, &m);
 	char path[4096];
@@ -1359,7 +1340,7 @@ static int write_config(struct gen *g)
 	if (rc || !g->m.full)
 		return rc;
 	m = (struct membuf){0};
-	gen_full_generation_config(&g->m, &m);
+	g->whole->generation_config(&g->m, &m);
 	snprintf(path, sizeof(path), "%s/generation_config.json", g->opt->out);
 	rc = write_text(g, path, &m);
 	free(m.p);
@@ -1505,7 +1486,7 @@ static int check_options(struct gen *g)
 	g->m.opt = o;
 	g->m.full = o->full_model;
 	if (g->m.full)
-		return gen_full_resolve(&g->m, g->err);
+		return g->whole->resolve(&g->m, g->err);
 	if (o->vocab || o->heads || o->kv_heads || o->head_dim)
 		return error_set(g->err, MOE_EINVAL,
 		                 "--vocab, --heads, --kv-heads and --head-dim describe the "
@@ -1587,9 +1568,10 @@ static int make_paths(struct gen *g)
 	return 0;
 }
 
-int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err)
+int gen_write(const struct moe_gen_options *opt, const struct gen_whole_model *whole,
+              struct sidecar_error *err)
 {
-	struct gen g = {.opt = opt, .err = err, .fd = -1};
+	struct gen g = {.opt = opt, .whole = whole, .err = err, .fd = -1};
 	if (!opt->out || !opt->preset)
 		return error_set(err, MOE_EINVAL, "an output path and a preset are required");
 	if (!(g.m.preset = moe_model_preset_find(opt->preset))) {

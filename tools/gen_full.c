@@ -7,6 +7,8 @@
  * what was checked against which source. Values are moe_gen_floats() like the experts', so
  * a full model's experts are byte for byte those of the experts-only model of the same seed.
  * Dimensions not given are scaled from the preset to the hidden size (gen_full_resolve).
+ * It also holds the generator's entry point, moe_gen_write: gen.c's writer run with this
+ * file's part as a table, so calls point from here to gen.c only (gen_internal.h).
  */
 #include <inttypes.h>
 
@@ -33,7 +35,7 @@ static uint32_t scaled_count(const struct gen_model *m, uint32_t v)
 	return s ? (uint32_t)s : 1;
 }
 
-int gen_full_resolve(struct gen_model *m, struct sidecar_error *err)
+static int gen_full_resolve(struct gen_model *m, struct sidecar_error *err)
 {
 	const struct moe_gen_options *o = m->opt;
 	const struct moe_model_preset *p = m->preset;
@@ -136,13 +138,13 @@ static int layer_vector(struct gen *g, const struct gen_model *m, uint32_t L, co
 	return gen_plan_vector(g, name, L, which, n, format);
 }
 
-int gen_full_plan_head(struct gen *g, const struct gen_model *m)
+static int gen_full_plan_head(struct gen *g, const struct gen_model *m)
 {
 	return gen_plan_matrix(g, m->gguf ? "token_embd.weight" : "model.embed_tokens.weight", 0,
 	                       MOE_GEN_EMBED, m->vocab, m->hidden, m->nonexpert_format);
 }
 
-int gen_full_plan_tail(struct gen *g, const struct gen_model *m)
+static int gen_full_plan_tail(struct gen *g, const struct gen_model *m)
 {
 	if (gen_plan_vector(g, m->gguf ? "output_norm.weight" : "model.norm.weight", 0,
 	                    MOE_GEN_NORM_FINAL, m->hidden, m->vector_format))
@@ -174,7 +176,7 @@ static int plan_mla(struct gen *g, const struct gen_model *m, uint32_t L)
 	                    MOE_GEN_ATTN_O, H, nh * m->head_dim, f);
 }
 
-int gen_full_plan_layer_attention(struct gen *g, const struct gen_model *m, uint32_t L)
+static int gen_full_plan_layer_attention(struct gen *g, const struct gen_model *m, uint32_t L)
 {
 	const enum moe_arch arch = m->preset->arch;
 	const uint64_t H = m->hidden, q = (uint64_t)m->heads * m->head_dim,
@@ -243,7 +245,7 @@ static int plan_swiglu(struct gen *g, const struct gen_model *m, uint32_t L, con
 	return 0;
 }
 
-int gen_full_plan_layer_ffn(struct gen *g, const struct gen_model *m, uint32_t L)
+static int gen_full_plan_layer_ffn(struct gen *g, const struct gen_model *m, uint32_t L)
 {
 	switch (m->preset->arch) {
 	case MOE_ARCH_DEEPSEEK:
@@ -289,10 +291,10 @@ static void byte_token(unsigned b, char out[4])
 	}
 }
 
-void gen_full_gguf_kvs(const struct gen_model *m, struct membuf *mb, uint32_t *n)
+static void gen_full_gguf_kvs(const struct gen_model *m, struct membuf *mb, uint32_t *n)
 {
 	const enum moe_arch arch = m->preset->arch;
-	const char *a = gen_gguf_arch(arch);
+	const char *a = moe_arch_gguf_name(arch);
 	char k[128];
 #define KEY(suffix) (snprintf(k, sizeof(k), "%s." suffix, a), k)
 	kv_u32(mb, n, KEY("context_length"), m->preset->max_positions);
@@ -346,14 +348,10 @@ static const char *torch_dtype(uint32_t format)
 	return format == MOEK_F32 ? "float32" : format == MOEK_F16 ? "float16" : "bfloat16";
 }
 
-void gen_full_config(const struct gen_model *m, struct membuf *mb)
+static void gen_full_config(const struct gen_model *m, struct membuf *mb)
 {
 	const struct moe_model_preset *p = m->preset;
 	const enum moe_arch arch = p->arch;
-	static const char *const model_type[MOE_ARCH_COUNT] = {
-	    [MOE_ARCH_QWEN2MOE] = "qwen2_moe", [MOE_ARCH_QWEN3MOE] = "qwen3_moe",
-	    [MOE_ARCH_MIXTRAL] = "mixtral",    [MOE_ARCH_DEEPSEEK] = "deepseek_v3",
-	    [MOE_ARCH_GPT_OSS] = "gpt_oss",    [MOE_ARCH_OLMOE] = "olmoe"};
 	static const char *const class_name[MOE_ARCH_COUNT] = {
 	    [MOE_ARCH_QWEN2MOE] = "Qwen2MoeForCausalLM",
 	    [MOE_ARCH_QWEN3MOE] = "Qwen3MoeForCausalLM",
@@ -363,7 +361,7 @@ void gen_full_config(const struct gen_model *m, struct membuf *mb)
 	    [MOE_ARCH_OLMOE] = "OlmoeForCausalLM"};
 	/* the keys of the published config.json, in the same spelling */
 	mb_printf(mb, "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n",
-	          class_name[arch], model_type[arch]);
+	          class_name[arch], moe_arch_model_type(arch));
 	mb_printf(mb,
 	          "  \"vocab_size\": %u,\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_attention_heads\": %u,\n"
@@ -410,9 +408,7 @@ void gen_full_config(const struct gen_model *m, struct membuf *mb)
 		          "  \"v_head_dim\": %u,\n  \"rope_scaling\": null,\n",
 		          m->q_lora_rank, m->kv_lora_rank, m->head_dim, m->rope_dim, m->head_dim);
 		if (m->format == MOEK_FP8_E4M3_B128)
-			mb_printf(mb, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
-			              "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
-			              "\"weight_block_size\": [128, 128]},\n");
+			mb_fp8_quantization_config(mb);
 		break;
 	}
 	case MOE_ARCH_GPT_OSS:
@@ -460,10 +456,28 @@ void gen_full_config(const struct gen_model *m, struct membuf *mb)
 	          torch_dtype(m->nonexpert_format), m->opt->seed, p->name);
 }
 
-void gen_full_generation_config(const struct gen_model *m, struct membuf *mb)
+static void gen_full_generation_config(const struct gen_model *m, struct membuf *mb)
 {
 	(void)m;
 	mb_printf(
 	    mb, "{\n  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n  \"do_sample\": false\n}\n",
 	    EOT_TOKEN, EOT_TOKEN);
+}
+
+/* ---- the entry point ------------------------------------------------------------------- */
+
+static const struct gen_whole_model whole_model = {
+    .resolve = gen_full_resolve,
+    .plan_head = gen_full_plan_head,
+    .plan_layer_attention = gen_full_plan_layer_attention,
+    .plan_layer_ffn = gen_full_plan_layer_ffn,
+    .plan_tail = gen_full_plan_tail,
+    .gguf_kvs = gen_full_gguf_kvs,
+    .config = gen_full_config,
+    .generation_config = gen_full_generation_config,
+};
+
+int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err)
+{
+	return gen_write(opt, &whole_model, err);
 }

@@ -2,9 +2,11 @@
  *
  * gen.c owns planning the expert tensors and writing the files (threads, buffers, headers);
  * gen_full.c owns the rest of a whole model (--full-model: embeddings, attention, norms,
- * shared experts, lm_head, the architecture's config.json and llama.cpp metadata). gen.c
- * resolves the options into a `struct gen_model` once; gen_full.c reads it and adds tensors
- * through gen_plan_matrix / gen_plan_vector. Header buffers are `struct membuf` (in memory,
+ * shared experts, lm_head, the architecture's config.json and llama.cpp metadata) and the
+ * entry point, moe_gen_write, which runs gen.c's writer with gen_full.c's part as a table
+ * (struct gen_whole_model): gen_full.c calls gen.c, never the reverse. gen.c resolves the
+ * options into a `struct gen_model` once; gen_full.c reads it and adds tensors through
+ * gen_plan_matrix / gen_plan_vector. Header buffers are `struct membuf` (in memory,
  * a sticky out-of-memory flag checked once when the buffer is written).
  * Threading: everything here runs on the thread that called moe_gen_write.
  */
@@ -42,9 +44,6 @@ struct gen_model {
 
 struct gen; /* the writer (gen.c) */
 
-/* GGUF general.architecture of an architecture ("qwen3moe", "llama" for Mixtral, …). */
-const char *gen_gguf_arch(enum moe_arch a);
-
 /* Plans a rows x cols matrix (rows outputs, each a row of cols inputs) named `name`, stored
  * in `format`, values moe_gen_floats(seed, layer, 0, which, …). Safetensors FP8 weights get
  * their `NAME_scale_inv` block scales too. Returns 0 or -1 (out of memory, err set). */
@@ -53,17 +52,6 @@ int gen_plan_matrix(struct gen *g, const char *name, uint32_t layer, enum moe_ge
 /* Plans a vector of n values (F32, F16 or BF16). */
 int gen_plan_vector(struct gen *g, const char *name, uint32_t layer, enum moe_gen_tensor which,
                     uint64_t n, uint32_t format);
-
-/* gen_full.c: resolves the --full-model dimensions (defaults scaled from the preset to the
- * hidden size given) and checks the options; 0 or -1 with err set. */
-int gen_full_resolve(struct gen_model *m, struct sidecar_error *err);
-/* Tensors before the first layer (embeddings), of layer L before its routed experts
- * (norms, attention) and after them (router bias, shared experts, or the dense FFN of a
- * dense layer), and after the last layer (final norm, lm_head). */
-int gen_full_plan_head(struct gen *g, const struct gen_model *m);
-int gen_full_plan_layer_attention(struct gen *g, const struct gen_model *m, uint32_t L);
-int gen_full_plan_layer_ffn(struct gen *g, const struct gen_model *m, uint32_t L);
-int gen_full_plan_tail(struct gen *g, const struct gen_model *m);
 
 /* INT4 checkpoint tensors of a rows x cols float matrix (gen_int4.c): compressed-tensors
  * weight_packed + weight_scale (BF16), or GPTQ qweight + qzeros (v1) + scales (F16) + g_idx;
@@ -138,6 +126,14 @@ static inline void mb_printf(struct membuf *m, const char *fmt, ...)
 	mb_put(m, tmp, (size_t)n);
 }
 
+/* config.json's quantization_config of a DeepSeek FP8 checkpoint (E4M3, 128x128 blocks). */
+static inline void mb_fp8_quantization_config(struct membuf *m)
+{
+	mb_printf(m, "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+	             "\"fmt\": \"e4m3\", \"activation_scheme\": \"dynamic\", "
+	             "\"weight_block_size\": [128, 128]},\n");
+}
+
 /* GGUF metadata pairs; *n counts them. */
 static inline void kv_u32(struct membuf *m, uint32_t *n, const char *key, uint32_t v)
 {
@@ -202,10 +198,32 @@ static inline void kv_array(struct membuf *m, uint32_t *n, const char *key, uint
 	(*n)++;
 }
 
-/* gen_full.c: the architecture's remaining llama.cpp keys and the tokenizer (first split),
- * config.json for a whole model, and generation_config.json. */
-void gen_full_gguf_kvs(const struct gen_model *m, struct membuf *mb, uint32_t *n);
-void gen_full_config(const struct gen_model *m, struct membuf *mb);
-void gen_full_generation_config(const struct gen_model *m, struct membuf *mb);
+/* ---- the rest of a whole model -------------------------------------------------------- */
+
+/* What --full-model adds, as a table gen_full.c hands to gen_write: the writer calls it
+ * without knowing gen_full.c, so the calls point one way, gen_full.c → gen.c.
+ * resolve: the --full-model dimensions (defaults scaled from the preset to the hidden size
+ * given) and their checks; 0 or -1 with err set.
+ * plan_*: the tensors before the first layer (embeddings), of layer L before its routed
+ * experts (norms, attention) and after them (router bias, shared experts, or the dense FFN
+ * of a dense layer), and after the last layer (final norm, lm_head); 0 or -1 (err set).
+ * gguf_kvs: the architecture's remaining llama.cpp keys and the tokenizer (first split);
+ * config: config.json; generation_config: generation_config.json. */
+struct gen_whole_model {
+	int (*resolve)(struct gen_model *m, struct sidecar_error *err);
+	int (*plan_head)(struct gen *g, const struct gen_model *m);
+	int (*plan_layer_attention)(struct gen *g, const struct gen_model *m, uint32_t L);
+	int (*plan_layer_ffn)(struct gen *g, const struct gen_model *m, uint32_t L);
+	int (*plan_tail)(struct gen *g, const struct gen_model *m);
+	void (*gguf_kvs)(const struct gen_model *m, struct membuf *mb, uint32_t *n);
+	void (*config)(const struct gen_model *m, struct membuf *mb);
+	void (*generation_config)(const struct gen_model *m, struct membuf *mb);
+};
+
+/* gen.c: writes what opt describes, the rest of a whole model through `whole` when
+ * opt->full_model is set; 0 or -1 with err set. moe_gen_write (gen_full.c) is this with
+ * gen_full.c's table. */
+int gen_write(const struct moe_gen_options *opt, const struct gen_whole_model *whole,
+              struct sidecar_error *err);
 
 #endif

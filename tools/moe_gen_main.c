@@ -114,6 +114,22 @@ static int parse_u64(const char *flag, const char *s, uint64_t *out)
 	return 0;
 }
 
+/* The field of the option `name` that takes a count (uint32_t), or NULL. */
+static uint32_t *count_option(struct moe_gen_options *o, const char *name)
+{
+	const struct {
+		const char *name;
+		uint32_t *field;
+	} counts[] = {
+	    {"--layers", &o->layers}, {"--experts", &o->experts},   {"--alignment", &o->alignment},
+	    {"--shards", &o->shards}, {"--threads", &o->threads},   {"--vocab", &o->vocab},
+	    {"--heads", &o->heads},   {"--kv-heads", &o->kv_heads}, {"--head-dim", &o->head_dim}};
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++)
+		if (!strcmp(name, counts[i].name))
+			return counts[i].field;
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	struct moe_gen_options o = {.seed = 1, .progress = true};
@@ -161,30 +177,15 @@ int main(int argc, char **argv)
 			if (parse_u64(a, v, &n))
 				return 2;
 			i++;
+			uint32_t *count = count_option(&o, a);
 			if (!strcmp(a, "--seed"))
 				o.seed = n;
 			else if (!strcmp(a, "--hidden"))
 				o.hidden = n;
 			else if (!strcmp(a, "--ffn"))
 				o.ffn = n;
-			else if (!strcmp(a, "--layers") && n <= UINT32_MAX)
-				o.layers = (uint32_t)n;
-			else if (!strcmp(a, "--experts") && n <= UINT32_MAX)
-				o.experts = (uint32_t)n;
-			else if (!strcmp(a, "--alignment") && n <= UINT32_MAX)
-				o.alignment = (uint32_t)n;
-			else if (!strcmp(a, "--shards") && n <= UINT32_MAX)
-				o.shards = (uint32_t)n;
-			else if (!strcmp(a, "--threads") && n <= UINT32_MAX)
-				o.threads = (uint32_t)n;
-			else if (!strcmp(a, "--vocab") && n <= UINT32_MAX)
-				o.vocab = (uint32_t)n;
-			else if (!strcmp(a, "--heads") && n <= UINT32_MAX)
-				o.heads = (uint32_t)n;
-			else if (!strcmp(a, "--kv-heads") && n <= UINT32_MAX)
-				o.kv_heads = (uint32_t)n;
-			else if (!strcmp(a, "--head-dim") && n <= UINT32_MAX)
-				o.head_dim = (uint32_t)n;
+			else if (count && n <= UINT32_MAX)
+				*count = (uint32_t)n;
 			else if (!strcmp(a, "--group") && n < UINT32_MAX)
 				o.group = (uint32_t)n;
 			else {

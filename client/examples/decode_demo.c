@@ -20,24 +20,10 @@
 #include "latency.h"
 #include "moe_client.h"
 #include "moe_proto.h"
+#include "stats_field.h"
 #include "trace.h"
 
 #define TIMEOUT_MS 30000
-
-/* A top-level number of the sidecar's STATS object ("key":N before "layers"), or NAN. */
-static double stat_of(const char *json, const char *key)
-{
-	char pat[64];
-	snprintf(pat, sizeof(pat), "\"%s\":", key);
-	const char *layers = strstr(json, "\"layers\":");
-	const char *p = strstr(json, pat);
-	if (!p || (layers && p > layers))
-		return NAN;
-	p += strlen(pat);
-	if (!strncmp(p, "null", 4))
-		return NAN;
-	return strtod(p, NULL);
-}
 
 static void usage(FILE *to)
 {
@@ -278,8 +264,8 @@ static char *fetch_stats(const char *socket_path, uint32_t hidden)
 
 static double hit_rate_of(const char *stats)
 {
-	const double hits = stat_of(stats, "hits"), cold = stat_of(stats, "cold_misses"),
-	             infl = stat_of(stats, "inflight_misses");
+	const double hits = stats_field(stats, "hits"), cold = stats_field(stats, "cold_misses"),
+	             infl = stats_field(stats, "inflight_misses");
 	return hits / (hits + cold + infl);
 }
 
@@ -306,8 +292,8 @@ static void print_demo_table(const struct decode_run *r, const struct moe_info *
 {
 	const long steps = r->a->steps, n_seq = r->a->n_seq;
 	const double tps = (double)steps * (double)n_seq / secs;
-	const double hits = stat_of(stats, "hits"), cold = stat_of(stats, "cold_misses"),
-	             infl = stat_of(stats, "inflight_misses");
+	const double hits = stats_field(stats, "hits"), cold = stats_field(stats, "cold_misses"),
+	             infl = stats_field(stats, "inflight_misses");
 	printf("moe-decode-demo: %s, %u MoE layers x %u experts (top-%u), hidden %u\n",
 	       inf->model_name, r->n_layers, inf->n_experts, r->top_k, r->hidden);
 	printf("%ld steps x %ld tokens in %.2f s: %.1f tokens/s, %llu experts deferred, "
@@ -327,10 +313,11 @@ static void print_demo_table(const struct decode_run *r, const struct moe_info *
 	       "%.1f%%; read %.1f MiB on demand, %.1f MiB in all (prefetches %.0f, used "
 	       "%.0f); resident %.1f of %.1f MiB\n",
 	       hits, cold, infl, 100.0 * hit_rate_of(stats),
-	       stat_of(stats, "bytes_read") / 1048576.0,
-	       stat_of(stats, "loader_bytes_read") / 1048576.0, stat_of(stats, "prefetches"),
-	       stat_of(stats, "prefetch_hits"), stat_of(stats, "resident_bytes") / 1048576.0,
-	       stat_of(stats, "budget_bytes") / 1048576.0);
+	       stats_field(stats, "bytes_read") / 1048576.0,
+	       stats_field(stats, "loader_bytes_read") / 1048576.0,
+	       stats_field(stats, "prefetches"), stats_field(stats, "prefetch_hits"),
+	       stats_field(stats, "resident_bytes") / 1048576.0,
+	       stats_field(stats, "budget_bytes") / 1048576.0);
 	const char *un = stats ? strstr(stats, "probes unavailable: ") : NULL;
 	if (un) {
 		const char *end = strchr(un, '"');
@@ -338,10 +325,10 @@ static void print_demo_table(const struct decode_run *r, const struct moe_info *
 	} else {
 		printf("page cache: filled %.1f MiB, direct %.1f MiB, buffered %.1f MiB, "
 		       "bypass ratio %.4f\n",
-		       stat_of(stats, "pagecache_fill_bytes") / 1048576.0,
-		       stat_of(stats, "direct_bytes") / 1048576.0,
-		       stat_of(stats, "buffered_bytes") / 1048576.0,
-		       stat_of(stats, "bypass_ratio"));
+		       stats_field(stats, "pagecache_fill_bytes") / 1048576.0,
+		       stats_field(stats, "direct_bytes") / 1048576.0,
+		       stats_field(stats, "buffered_bytes") / 1048576.0,
+		       stats_field(stats, "bypass_ratio"));
 	}
 }
 

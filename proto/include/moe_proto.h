@@ -281,6 +281,10 @@ int moe_layout_compute(const struct moe_limits *lim, struct moe_layout *out);
 /* Smallest power of two >= n (n >= 1, n <= 2^31). */
 uint32_t moe_pow2_ceil(uint32_t n);
 
+/* A hello of this protocol version from `client_name` (cut to fit), asking for no limit (the
+ * sidecar's): what a client sends first, before it sets what it wants. */
+void moe_hello_init(struct moe_hello *h, const char *client_name);
+
 /* Parses a hello received from an untrusted peer (len bytes at buf). On MOE_OK, *out holds
  * the hello (shorter, older hellos are zero-extended). On error returns MOE_EPROTO (not a
  * hello) or MOE_EVERSION, with a sentence in why. Never reads past len. */

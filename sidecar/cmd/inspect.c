@@ -123,10 +123,7 @@ static int print_json(FILE *o, const struct moe_catalog *cat)
 	}
 	jw_array_end(&w);
 	jw_object_end(&w);
-	const int rc = jw_finish(&w);
-	if (rc != 0)
-		return rc;
-	return fputc('\n', o) == EOF ? -EIO : 0;
+	return jw_finish_line(&w);
 }
 
 static void print_bytes(FILE *o, uint64_t v)

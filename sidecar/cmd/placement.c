@@ -23,6 +23,7 @@
 #include "commands.h"
 #include "json_writer.h"
 #include "moe_client.h"
+#include "option_values.h"
 #include "trace.h"
 
 #define PLACEMENT_TIMEOUT_MS 10000
@@ -38,35 +39,13 @@ static void placement_usage(FILE *to)
 	    "trace\n"
 	    "  --socket PATH     load = a running sidecar's per-expert counts (or heat)\n"
 	    "  --gpu-experts N   experts the GPU holds, over all layers\n"
-	    "  --gpu-bytes B     or a GPU budget in bytes (K/M/G suffix); --socket: divided by\n"
+	    "  --gpu-bytes B     or a GPU budget in bytes (K/M/G/T suffix); --socket: divided by\n"
 	    "                    the model's bytes per expert, --trace: needs --expert-bytes\n"
 	    "  --expert-bytes B  bytes of one expert (with --trace and --gpu-bytes)\n"
 	    "  --strategy S      the mask to print: frequency (default), uniform,\n"
 	    "                    front-loading, balanced\n"
 	    "  --by counts|heat  --socket: tokens routed since start (default) or decayed heat\n"
 	    "  --json            one JSON object: coverage of every strategy, the mask\n");
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	if (!s || !*s || *s == '-')
-		return -1;
-	unsigned long long v = strtoull(s, &end, 10);
-	unsigned shift = 0;
-	if (*end == 'K' || *end == 'k')
-		shift = 10;
-	else if (*end == 'M' || *end == 'm')
-		shift = 20;
-	else if (*end == 'G' || *end == 'g')
-		shift = 30;
-	if (shift)
-		end++;
-	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
-		return -1;
-	*out = (uint64_t)v << shift;
-	return 0;
 }
 
 /* The load, its shape and the block of each MoE layer. */
@@ -200,11 +179,8 @@ static int apply_placement_option(int c, const char *arg, struct placement_args 
 	switch (c) {
 	case 't': a->trace = arg; return -1;
 	case 's': a->sock = arg; return -1;
-	case 'n': {
-		char *end;
-		errno = 0;
-		a->gpu_experts = strtoull(arg, &end, 10);
-		if (errno || *end || !*arg || arg[0] == '-' || a->gpu_experts > UINT32_MAX) {
+	case 'n':
+		if (option_u64(arg, 0, UINT32_MAX, &a->gpu_experts) != 0) {
 			fprintf(stderr,
 			        "moe-sidecar placement: --gpu-experts '%s': expected a number of "
 			        "experts\n",
@@ -213,12 +189,11 @@ static int apply_placement_option(int c, const char *arg, struct placement_args 
 		}
 		a->have_n = true;
 		return -1;
-	}
 	case 'b':
 	case 'e':
-		if (parse_size(arg, c == 'b' ? &a->gpu_bytes : &a->expert_bytes) != 0) {
+		if (option_bytes(arg, c == 'b' ? &a->gpu_bytes : &a->expert_bytes) != 0) {
 			fprintf(stderr,
-			        "moe-sidecar placement: --%s '%s': expected BYTES (K/M/G suffix "
+			        "moe-sidecar placement: --%s '%s': expected BYTES (K/M/G/T suffix "
 			        "allowed)\n",
 			        c == 'b' ? "gpu-bytes" : "expert-bytes", arg);
 			return 2;
@@ -379,10 +354,9 @@ static int print_placement_json(const struct placement_input *in, uint64_t gpu_e
 	jw_array_end(&w);
 	jw_object_end(&w);
 	free(hex);
-	const int wrc = jw_finish(&w);
-	if (wrc != 0 || putchar('\n') == EOF) {
-		fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n",
-		        strerror(wrc ? -wrc : errno));
+	const int wrc = jw_finish_line(&w);
+	if (wrc != 0) {
+		fprintf(stderr, "moe-sidecar placement: writing the JSON: %s\n", strerror(-wrc));
 		return 1;
 	}
 	return 0;

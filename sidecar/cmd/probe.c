@@ -217,10 +217,9 @@ static int print_sample(struct pagecache_probes *p, char **files, int n_files, d
 		write_json_counters(w, &total);
 		jw_object_end(w);
 		jw_object_end(w);
-		const int rc = jw_finish(w);
-		if (rc != 0 || putchar('\n') == EOF) {
-			fprintf(stderr, "moe-sidecar probe: writing the JSON: %s\n",
-			        strerror(rc ? -rc : errno));
+		const int rc = jw_finish_line(w);
+		if (rc != 0) {
+			fprintf(stderr, "moe-sidecar probe: writing the JSON: %s\n", strerror(-rc));
 			return -1;
 		}
 	} else {

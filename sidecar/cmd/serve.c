@@ -27,6 +27,7 @@
 #include "metrics_http.h"
 #include "moe_kernels.h"
 #include "ops.h"
+#include "option_values.h"
 #include "policy.h"
 #include "probes_instance.h"
 #include "routing.h"
@@ -214,58 +215,7 @@ static void serve_usage(FILE *to)
 	}
 }
 
-/* Parses an unsigned decimal in [min, max]; -1 if it is not one. */
-static int parse_u64(const char *s, uint64_t min, uint64_t max, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	if (!s || !*s || *s == '-')
-		return -1;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end || v < min || v > max)
-		return -1;
-	*out = v;
-	return 0;
-}
-
-/* BYTES with an optional K/M/G/T suffix (powers of 1024). */
-static int parse_bytes(const char *s, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	if (!s || !*s || *s == '-')
-		return -1;
-	unsigned long long v = strtoull(s, &end, 10);
-	unsigned shift = 0;
-	switch (*end) {
-	case 'K':
-	case 'k':
-		shift = 10;
-		end++;
-		break;
-	case 'M':
-	case 'm':
-		shift = 20;
-		end++;
-		break;
-	case 'G':
-	case 'g':
-		shift = 30;
-		end++;
-		break;
-	case 'T':
-	case 't':
-		shift = 40;
-		end++;
-		break;
-	}
-	if (errno || *end || v == 0 || v > (UINT64_MAX >> shift))
-		return -1;
-	*out = (uint64_t)v << shift;
-	return 0;
-}
-
-/* auto (the default), BYTES (parse_bytes), or PCT% in (0, 100]. */
+/* auto (the default), BYTES (option_bytes), or PCT% in (0, 100]. */
 static int parse_budget(const char *s, struct serve_model_config *mc)
 {
 	if (s && !strcmp(s, "auto")) {
@@ -282,7 +232,7 @@ static int parse_budget(const char *s, struct serve_model_config *mc)
 		mc->mem_budget_percent = pct;
 		return 0;
 	}
-	return parse_bytes(s, &mc->mem_budget_bytes);
+	return option_bytes(s, &mc->mem_budget_bytes);
 }
 
 /* --isa NAME: the kernels run on that ISA from now on, or a line naming what this CPU lacks. */
@@ -303,7 +253,7 @@ static int parse_uid_list(const char *list, struct server_config *cfg)
 	char *save = NULL;
 	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		uint64_t uid;
-		if (parse_u64(tok, 0, UINT32_MAX - 1, &uid) != 0 ||
+		if (option_u64(tok, 0, UINT32_MAX - 1, &uid) != 0 ||
 		    cfg->n_allowed_uids >= SERVER_MAX_ALLOWED_UIDS)
 			return -1;
 		cfg->allowed_uids[cfg->n_allowed_uids++] = (uid_t)uid;
@@ -454,8 +404,8 @@ static int parse_retry_backoff(const char *arg, struct serve_model_config *mcfg)
 	if (comma)
 		snprintf(max, sizeof(max), "%s", comma + 1);
 	uint64_t f, mx = 0;
-	if (parse_u64(first, 0, 86400000, &f) != 0 ||
-	    (comma && (parse_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f))))
+	if (option_u64(first, 0, 86400000, &f) != 0 ||
+	    (comma && (option_u64(max, 1, 86400000, &mx) != 0 || (f && mx < f))))
 		return -1;
 	mcfg->retry_backoff_ms = (uint32_t)f;
 	mcfg->retry_without_backoff = f == 0;
@@ -475,23 +425,23 @@ static int apply_server_option(int c, const char *arg, struct server_config *cfg
 			                    SERVER_MAX_ALLOWED_UIDS);
 		return 0;
 	case OPT_READY_FD:
-		if (parse_u64(arg, 0, INT_MAX, &v) != 0)
+		if (option_u64(arg, 0, INT_MAX, &v) != 0)
 			return option_error("ready-fd", arg, "not a file descriptor");
 		cfg->ready_fd = (int)v;
 		return 0;
 	case OPT_MAX_CLIENTS:
-		if (parse_u64(arg, 1, DISPATCH_MAX_CHANNELS, &v) != 0)
+		if (option_u64(arg, 1, DISPATCH_MAX_CHANNELS, &v) != 0)
 			return option_error("max-clients", arg, "expected 1..%u",
 			                    DISPATCH_MAX_CHANNELS);
 		cfg->max_clients = (uint32_t)v;
 		return 0;
 	case OPT_MAX_CHANNEL_MIB:
-		if (parse_u64(arg, 1, 1u << 20, &v) != 0)
+		if (option_u64(arg, 1, 1u << 20, &v) != 0)
 			return option_error("max-channel-mib", arg, "expected 1..1048576");
 		cfg->max_channel_bytes = v << 20;
 		return 0;
 	case OPT_SPIN_US:
-		if (parse_u64(arg, 0, 1000000, &v) != 0)
+		if (option_u64(arg, 0, 1000000, &v) != 0)
 			return option_error("spin-us", arg, "expected 0..1000000");
 		cfg->spin_ns = v ? v * 1000 : 1; /* 0 would mean "default" */
 		return 0;
@@ -503,8 +453,8 @@ static int apply_server_option(int c, const char *arg, struct server_config *cfg
 static int apply_model_count(int c, const char *arg, struct serve_model_config *mcfg)
 {
 	uint64_t v;
-	if (parse_u64(arg, c == OPT_PIN_LAYERS ? 0 : 1,
-	              c == OPT_MAX_TOKENS ? MOE_MAX_TOKENS_LIMIT : 4096, &v) != 0)
+	if (option_u64(arg, c == OPT_PIN_LAYERS ? 0 : 1,
+	               c == OPT_MAX_TOKENS ? MOE_MAX_TOKENS_LIMIT : 4096, &v) != 0)
 		return option_error(c == OPT_THREADS      ? "threads"
 		                    : c == OPT_PIN_LAYERS ? "pin-layers"
 		                                          : "max-tokens",
@@ -532,7 +482,7 @@ static int apply_model_option(int c, const char *arg, struct serve_model_config 
 			                    "percentage like 50%%");
 		return 0;
 	case OPT_MEM_LIMIT:
-		if (parse_bytes(arg, &mcfg->mem_limit) != 0)
+		if (option_bytes(arg, &mcfg->mem_limit) != 0)
 			return option_error("mem-limit", arg,
 			                    "expected BYTES (K/M/G/T suffix allowed)");
 		return 0;
@@ -568,14 +518,14 @@ static int apply_queue_option(int c, const char *arg, struct forward_queue_confi
 	uint64_t v;
 	switch (c) {
 	case OPT_HEAT_HALF_LIFE:
-		if (parse_u64(arg, 1, ROUTING_HALF_LIFE_MAX, &v) != 0)
+		if (option_u64(arg, 1, ROUTING_HALF_LIFE_MAX, &v) != 0)
 			return option_error("heat-half-life", arg, "expected 1..%u tokens",
 			                    ROUTING_HALF_LIFE_MAX);
 		ocfg->heat_half_life = (uint32_t)v;
 		return 0;
 	case OPT_RECORD_TRACE: ocfg->record_trace = arg; return 0;
 	case OPT_RECORD_TRACE_MAX_MIB:
-		if (parse_u64(arg, 1, 1u << 20, &v) != 0)
+		if (option_u64(arg, 1, 1u << 20, &v) != 0)
 			return option_error("record-trace-max-mib", arg, "expected 1..1048576");
 		ocfg->record_trace_max_bytes = v << 20;
 		return 0;
@@ -601,7 +551,7 @@ static int apply_process_option(int c, const char *arg, struct serve_setup *s)
 #ifdef MOE_TEST_HOOKS
 	case OPT_HOLD_WARMUP: {
 		uint64_t v;
-		if (parse_u64(arg, 0, INT_MAX, &v) != 0)
+		if (option_u64(arg, 0, INT_MAX, &v) != 0)
 			return option_error("debug-hold-warmup", arg, "not a file descriptor");
 		s->hold_fd = (int)v;
 		return 0;

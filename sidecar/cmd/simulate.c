@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "json_writer.h"
+#include "option_values.h"
 #include "presets.h"
 #include "sim.h"
 
@@ -58,15 +59,11 @@ static int parse_double_arg(const char *opt, const char *s, double *out)
 
 static int parse_u64_arg(const char *opt, const char *s, uint64_t max, uint64_t *out)
 {
-	char *end;
-	errno = 0;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (errno || *end || end == s || s[0] == '-' || v > max) {
+	if (option_u64(s, 0, max, out) != 0) {
 		fprintf(stderr, "simulate: %s: '%s' is not an integer in [0, %llu]\n", opt, s,
 		        (unsigned long long)max);
 		return -1;
 	}
-	*out = v;
 	return 0;
 }
 
@@ -382,9 +379,9 @@ static int print_rates_json(const struct sim_table *tab)
 	}
 	jw_object_end(&w);
 	jw_object_end(&w);
-	const int rc = jw_finish(&w);
-	if (rc != 0 || putchar('\n') == EOF) {
-		fprintf(stderr, "simulate: writing the JSON: %s\n", strerror(rc ? -rc : errno));
+	const int rc = jw_finish_line(&w);
+	if (rc != 0) {
+		fprintf(stderr, "simulate: writing the JSON: %s\n", strerror(-rc));
 		return 1;
 	}
 	return 0;

@@ -22,15 +22,54 @@
 #define FP8_BLOCK 128u
 #define MXFP4_BLOCK 32u
 
-static const char *const arch_names[MOE_ARCH_COUNT] = {
-    [MOE_ARCH_QWEN2MOE] = "qwen2moe", [MOE_ARCH_QWEN3MOE] = "qwen3moe",
-    [MOE_ARCH_MIXTRAL] = "mixtral",   [MOE_ARCH_DEEPSEEK] = "deepseek",
-    [MOE_ARCH_GPT_OSS] = "gpt-oss",   [MOE_ARCH_OLMOE] = "olmoe",
+/* Each architecture's names, once: readers map files' names to it, writers (moe-gen) the
+ * reverse. model_type[0] is the one written; DeepSeek-V2 checkpoints say deepseek_v2. */
+static const struct arch_names {
+	const char *family, *gguf, *model_type[2];
+} arch_names[MOE_ARCH_COUNT] = {
+    [MOE_ARCH_QWEN2MOE] = {"qwen2moe", "qwen2moe", {"qwen2_moe"}},
+    [MOE_ARCH_QWEN3MOE] = {"qwen3moe", "qwen3moe", {"qwen3_moe"}},
+    [MOE_ARCH_MIXTRAL] = {"mixtral", "llama", {"mixtral"}},
+    [MOE_ARCH_DEEPSEEK] = {"deepseek", "deepseek2", {"deepseek_v3", "deepseek_v2"}},
+    [MOE_ARCH_GPT_OSS] = {"gpt-oss", "gpt-oss", {"gpt_oss"}},
+    [MOE_ARCH_OLMOE] = {"olmoe", "olmoe", {"olmoe"}},
 };
 
 const char *moe_arch_name(enum moe_arch a)
 {
-	return (unsigned)a < MOE_ARCH_COUNT ? arch_names[a] : "?";
+	return (unsigned)a < MOE_ARCH_COUNT ? arch_names[a].family : "?";
+}
+
+const char *moe_arch_gguf_name(enum moe_arch a)
+{
+	return (unsigned)a < MOE_ARCH_COUNT ? arch_names[a].gguf : "?";
+}
+
+const char *moe_arch_model_type(enum moe_arch a)
+{
+	return (unsigned)a < MOE_ARCH_COUNT ? arch_names[a].model_type[0] : "?";
+}
+
+int moe_arch_from_gguf(const char *name, enum moe_arch *out)
+{
+	for (unsigned a = 0; a < MOE_ARCH_COUNT; a++)
+		if (!strcmp(name, arch_names[a].gguf)) {
+			*out = (enum moe_arch)a;
+			return 0;
+		}
+	return -1;
+}
+
+int moe_arch_from_model_type(const char *model_type, enum moe_arch *out)
+{
+	for (unsigned a = 0; a < MOE_ARCH_COUNT; a++)
+		for (unsigned i = 0; i < 2; i++)
+			if (arch_names[a].model_type[i] &&
+			    !strcmp(model_type, arch_names[a].model_type[i])) {
+				*out = (enum moe_arch)a;
+				return 0;
+			}
+	return -1;
 }
 
 const char *moe_proj_name(enum moe_proj p)
@@ -267,19 +306,7 @@ static int gguf_read_info(struct builder *b)
 		                 b->path);
 	b->arch_key = arch;
 	snprintf(in->arch_name, sizeof(in->arch_name), "%s", arch);
-	if (!strcmp(arch, "qwen2moe"))
-		in->arch = MOE_ARCH_QWEN2MOE;
-	else if (!strcmp(arch, "qwen3moe"))
-		in->arch = MOE_ARCH_QWEN3MOE;
-	else if (!strcmp(arch, "llama"))
-		in->arch = MOE_ARCH_MIXTRAL;
-	else if (!strcmp(arch, "deepseek2"))
-		in->arch = MOE_ARCH_DEEPSEEK;
-	else if (!strcmp(arch, "gpt-oss"))
-		in->arch = MOE_ARCH_GPT_OSS;
-	else if (!strcmp(arch, "olmoe"))
-		in->arch = MOE_ARCH_OLMOE;
-	else
+	if (moe_arch_from_gguf(arch, &in->arch) != 0)
 		return error_set(b->err, MOE_EINVAL,
 		                 "%s: architecture %.64s is not a supported MoE "
 		                 "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe)",
@@ -496,19 +523,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	if (!mt)
 		return error_set(b->err, MOE_EINVAL, "%s: model_type is missing", b->config_path);
 	snprintf(in->arch_name, sizeof(in->arch_name), "%s", mt);
-	if (!strcmp(mt, "qwen2_moe"))
-		in->arch = MOE_ARCH_QWEN2MOE;
-	else if (!strcmp(mt, "qwen3_moe"))
-		in->arch = MOE_ARCH_QWEN3MOE;
-	else if (!strcmp(mt, "mixtral"))
-		in->arch = MOE_ARCH_MIXTRAL;
-	else if (!strcmp(mt, "deepseek_v2") || !strcmp(mt, "deepseek_v3"))
-		in->arch = MOE_ARCH_DEEPSEEK;
-	else if (!strcmp(mt, "gpt_oss"))
-		in->arch = MOE_ARCH_GPT_OSS;
-	else if (!strcmp(mt, "olmoe"))
-		in->arch = MOE_ARCH_OLMOE;
-	else
+	if (moe_arch_from_model_type(mt, &in->arch) != 0)
 		return error_set(b->err, MOE_EINVAL,
 		                 "%s: model_type %.64s is not a supported MoE "
 		                 "(qwen2_moe qwen3_moe mixtral deepseek_v2 deepseek_v3 gpt_oss "

@@ -44,7 +44,15 @@ enum moe_arch {
 	MOE_ARCH_COUNT
 };
 
+/* An architecture's names: its family ("deepseek"), GGUF general.architecture ("deepseek2";
+ * "llama" for Mixtral) and config.json model_type as written ("deepseek_v3"); "?" for none. */
 const char *moe_arch_name(enum moe_arch a);
+const char *moe_arch_gguf_name(enum moe_arch a);
+const char *moe_arch_model_type(enum moe_arch a);
+/* The architecture a GGUF general.architecture / a config.json model_type names ("deepseek_v2"
+ * too); 0, or -1 when none. */
+int moe_arch_from_gguf(const char *name, enum moe_arch *out);
+int moe_arch_from_model_type(const char *model_type, enum moe_arch *out);
 
 enum moe_proj { MOE_PROJ_GATE, MOE_PROJ_UP, MOE_PROJ_DOWN, MOE_PROJ_GATE_UP, MOE_PROJ_COUNT };
 

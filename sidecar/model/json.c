@@ -228,6 +228,21 @@ static int parse_string(struct json_parser *ps, uint32_t *off, uint32_t *len)
 	return 0;
 }
 
+/* The end of the run of digits at p, which holds one at least; NULL when it holds none (the
+ * error `what` at p). */
+static const unsigned char *digit_run(struct json_parser *ps, const unsigned char *p,
+                                      const char *what)
+{
+	if (p >= ps->end || *p < '0' || *p > '9') {
+		ps->p = p;
+		fail_at(ps, what);
+		return NULL;
+	}
+	while (p < ps->end && *p >= '0' && *p <= '9')
+		p++;
+	return p;
+}
+
 static int parse_number(struct json_parser *ps, json_ref node)
 {
 	const unsigned char *s = ps->p, *e = ps->end, *p = s;
@@ -241,24 +256,17 @@ static int parse_number(struct json_parser *ps, json_ref node)
 		while (p < e && *p >= '0' && *p <= '9')
 			p++;
 	if (p < e && *p == '.') {
-		p++;
-		if (p >= e || *p < '0' || *p > '9') {
-			ps->p = p;
-			return fail_at(ps, "bad number: digit expected after '.'");
-		}
-		while (p < e && *p >= '0' && *p <= '9')
-			p++;
+		p = digit_run(ps, p + 1, "bad number: digit expected after '.'");
+		if (!p)
+			return -1;
 	}
 	if (p < e && (*p == 'e' || *p == 'E')) {
 		p++;
 		if (p < e && (*p == '+' || *p == '-'))
 			p++;
-		if (p >= e || *p < '0' || *p > '9') {
-			ps->p = p;
-			return fail_at(ps, "bad number: digit expected in exponent");
-		}
-		while (p < e && *p >= '0' && *p <= '9')
-			p++;
+		p = digit_run(ps, p, "bad number: digit expected in exponent");
+		if (!p)
+			return -1;
 	}
 	size_t n = (size_t)(p - s);
 	if (text_reserve(ps, n + 1))
@@ -273,13 +281,24 @@ static int parse_number(struct json_parser *ps, json_ref node)
 	return 0;
 }
 
-static int parse_literal(struct json_parser *ps, const char *word)
+/* The literal at ps->p (true, false or null) as a node of its type; JSON_NONE on error. */
+static json_ref parse_literal(struct json_parser *ps)
 {
-	size_t n = strlen(word);
-	if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, word, n))
-		return fail_at(ps, "unexpected character");
-	ps->p += n;
-	return 0;
+	static const struct {
+		const char *word;
+		enum json_type type;
+	} literals[] = {{"true", JSON_TRUE}, {"false", JSON_FALSE}, {"null", JSON_NULL}};
+	for (size_t i = 0; i < sizeof(literals) / sizeof(literals[0]); i++) {
+		const size_t n = strlen(literals[i].word);
+		if ((size_t)(ps->end - ps->p) < n || memcmp(ps->p, literals[i].word, n))
+			continue;
+		const json_ref node = new_node(ps, literals[i].type);
+		if (node != JSON_NONE)
+			ps->p += n;
+		return node;
+	}
+	fail_at(ps, "unexpected character");
+	return JSON_NONE;
 }
 
 static int parse_value(struct json_parser *ps, int depth, json_ref *out);
@@ -364,18 +383,10 @@ static int parse_value(struct json_parser *ps, int depth, json_ref *out)
 		break;
 	}
 	case 't':
-		node = new_node(ps, JSON_TRUE);
-		if (node == JSON_NONE || parse_literal(ps, "true"))
-			return -1;
-		break;
 	case 'f':
-		node = new_node(ps, JSON_FALSE);
-		if (node == JSON_NONE || parse_literal(ps, "false"))
-			return -1;
-		break;
 	case 'n':
-		node = new_node(ps, JSON_NULL);
-		if (node == JSON_NONE || parse_literal(ps, "null"))
+		node = parse_literal(ps);
+		if (node == JSON_NONE)
 			return -1;
 		break;
 	default:

@@ -241,6 +241,21 @@ static void rr_append_locked(struct forward_queue *o, struct model_channel *mc)
 	mc->listed = true;
 }
 
+/* Called with o->lock held, which it releases: sqe joins the channel's queue, behind what it
+ * holds, for the forward thread (woken), and the dispatcher is told the answer comes later. */
+static void enqueue_and_unlock(struct forward_queue *o, struct model_channel *mc,
+                               const struct moe_sqe *sqe, struct moe_cqe *done)
+{
+	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
+	mc->q_len++;
+	atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
+	if (!mc->listed)
+		rr_append_locked(o, mc);
+	pthread_cond_signal(&o->work);
+	pthread_mutex_unlock(&o->lock);
+	done->status = OP_PENDING;
+}
+
 static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 {
 	struct forward_queue *o = ctx;
@@ -566,14 +581,7 @@ void model_op_forward(const struct sidecar_channel *ch, const struct moe_sqe *sq
 		pthread_mutex_unlock(&o->lock);
 		return;
 	}
-	mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
-	mc->q_len++;
-	atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
-	if (!mc->listed)
-		rr_append_locked(o, mc);
-	pthread_cond_signal(&o->work);
-	pthread_mutex_unlock(&o->lock);
-	done->status = OP_PENDING;
+	enqueue_and_unlock(o, mc, sqe, done);
 }
 
 /* ---- The dispatcher's synchronous ops ---------------------------------------------------- */
@@ -688,14 +696,7 @@ void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	struct model_channel *mc = ch->state;
 	pthread_mutex_lock(&o->lock);
 	if (!o->shutting_down && !mc->closing && (mc->q_len || mc->running)) {
-		mc->queue[(mc->q_head + mc->q_len) % MOE_MAX_SLOTS_LIMIT] = *sqe;
-		mc->q_len++;
-		atomic_fetch_add_explicit(&o->queued, 1, memory_order_release);
-		if (!mc->listed)
-			rr_append_locked(o, mc);
-		pthread_cond_signal(&o->work);
-		pthread_mutex_unlock(&o->lock);
-		done->status = OP_PENDING;
+		enqueue_and_unlock(o, mc, sqe, done);
 		return;
 	}
 	pthread_mutex_unlock(&o->lock);

@@ -278,3 +278,14 @@ int jw_finish(const struct json_writer *w)
 		return -EINVAL;
 	return 0;
 }
+
+int jw_finish_line(struct json_writer *w)
+{
+	const int rc = jw_finish(w);
+	if (rc != 0)
+		return rc;
+	errno = 0;
+	if (fputc('\n', w->file) == EOF)
+		return errno ? -errno : -EIO;
+	return 0;
+}

@@ -83,4 +83,8 @@ size_t jw_length(const struct json_writer *w);
  * file mode. */
 int jw_finish(const struct json_writer *w);
 
+/* File mode: jw_finish, then the newline that ends a document printed as one line; 0, its
+ * error, or the newline's -errno (-EIO when the stream set none). */
+int jw_finish_line(struct json_writer *w);
+
 #endif /* MOE_JSON_WRITER_H */

@@ -54,7 +54,7 @@ def main():
     root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(os.path.dirname(__file__), "..", ".."))
     headers = {}  # name -> set of folders holding a header of that name
-    sources = []
+    sources = set()  # a folder nested in another key's (client/examples) is walked twice
     for key in ALLOWED:
         for dirpath, _, files in os.walk(os.path.join(root, key)):
             for f in files:
@@ -62,7 +62,7 @@ def main():
                 if f.endswith(".h"):
                     headers.setdefault(f, set()).add(folder_of(rel))
                 if f.endswith((".c", ".h")):
-                    sources.append(rel)
+                    sources.add(rel)
     bad = []
     arrows = set()
     for rel in sorted(sources):

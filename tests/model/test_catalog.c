@@ -271,3 +271,23 @@ Test(catalog, ggml_types_map_through_the_kernels_table)
 	cr_expect_null(moek_format_from_ggml(MOEK_FP8_E4M3_B128)); /* the sidecar's own */
 	cr_expect_null(moek_format_from_ggml(MOEK_INT4_G32));
 }
+
+Test(catalog, architecture_names_map_both_ways)
+{
+	for (unsigned a = 0; a < MOE_ARCH_COUNT; a++) {
+		enum moe_arch back;
+		cr_assert_eq(moe_arch_from_gguf(moe_arch_gguf_name((enum moe_arch)a), &back), 0);
+		cr_assert_eq(back, a, "%s", moe_arch_name((enum moe_arch)a));
+		cr_assert_eq(moe_arch_from_model_type(moe_arch_model_type((enum moe_arch)a), &back),
+		             0);
+		cr_assert_eq(back, a, "%s", moe_arch_name((enum moe_arch)a));
+	}
+	enum moe_arch a;
+	cr_assert_str_eq(moe_arch_gguf_name(MOE_ARCH_MIXTRAL), "llama");
+	cr_assert_eq(moe_arch_from_model_type("deepseek_v2", &a), 0);
+	cr_assert_eq(a, MOE_ARCH_DEEPSEEK);
+	cr_assert_str_eq(moe_arch_model_type(MOE_ARCH_DEEPSEEK), "deepseek_v3");
+	cr_assert_eq(moe_arch_from_gguf("qwen3_moe", &a), -1, "a model_type is not a GGUF name");
+	cr_assert_eq(moe_arch_from_model_type("llama", &a), -1);
+	cr_assert_str_eq(moe_arch_gguf_name(MOE_ARCH_COUNT), "?");
+}

@@ -95,12 +95,7 @@ Test(layout, rejects_bad_limits)
 static struct moe_hello good_hello(void)
 {
 	struct moe_hello h;
-	memset(&h, 0, sizeof(h));
-	h.magic = MOE_HELLO_MAGIC;
-	h.abi_major = MOE_ABI_MAJOR;
-	h.abi_minor = MOE_ABI_MINOR;
-	h.size = sizeof(h);
-	strcpy(h.client_name, "t");
+	moe_hello_init(&h, "t");
 	return h;
 }
 

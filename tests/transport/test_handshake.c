@@ -45,12 +45,9 @@ static size_t read_all(int fd, void *buf, size_t cap)
 static void send_hello(int fd, uint16_t major, uint16_t minor, const char *name)
 {
 	struct moe_hello h;
-	memset(&h, 0, sizeof(h));
-	h.magic = MOE_HELLO_MAGIC;
+	moe_hello_init(&h, name);
 	h.abi_major = major;
 	h.abi_minor = minor;
-	h.size = sizeof(h);
-	snprintf(h.client_name, sizeof(h.client_name), "%s", name);
 	cr_assert_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
 }
 

@@ -209,3 +209,21 @@ Test(json_writer, spaced_separators)
 	cr_assert_eq(jw_finish(&w), 0);
 	cr_assert_str_eq(buf, "{\"a\": [1, null], \"b\": true}");
 }
+
+Test(json_writer, finish_line_ends_a_complete_document_and_refuses_an_open_one)
+{
+	char *mem = NULL;
+	size_t mem_len = 0;
+	FILE *f = open_memstream(&mem, &mem_len);
+	cr_assert_not_null(f);
+	struct json_writer w;
+	jw_init_file(&w, f);
+	jw_object_begin(&w);
+	jw_kv_u64(&w, "n", 7);
+	cr_assert_eq(jw_finish_line(&w), -EINVAL, "an open object got its newline");
+	jw_object_end(&w);
+	cr_assert_eq(jw_finish_line(&w), 0);
+	cr_assert_eq(fclose(f), 0);
+	cr_assert_str_eq(mem, "{\"n\":7}\n");
+	free(mem);
+}
