@@ -1,11 +1,10 @@
 /* policy.c — the policy interface (policy.h): spec parsing, partitions (layer-aware capacity),
- * pinning, the shared queue, and dispatch to the algorithms in policy_lru.c and
- * policy_sieve.c. Partition bookkeeping lives here so every algorithm gets +layer and +pinN
- * the same way. */
+ * pinning, the shared queue, and dispatch to the algorithms' rows (policy_lru.c,
+ * policy_sieve.c, policy_heat.c; policy_internal.h). Partition bookkeeping lives here so every
+ * algorithm gets +layer and +pinN the same way. */
 #include "policy.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,14 @@
 #include "policy_internal.h"
 
 static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat", "heat"};
+
+/* Each kind's victim search; SIEVE and SIEVE-heat share one (it reads spec.kind for heat). */
+static const struct policy_algorithm *const algorithms[POLICY_KIND_COUNT] = {
+    [POLICY_LRU] = &policy_lru_algorithm,
+    [POLICY_SIEVE] = &policy_sieve_algorithm,
+    [POLICY_SIEVE_HEAT] = &policy_sieve_algorithm,
+    [POLICY_HEAT] = &policy_heat_algorithm,
+};
 
 /* The modifiers policy_spec_parse accepts, as help shows them. */
 enum policy_modifier { MOD_LAYER, MOD_PIN, MOD_COUNT };
@@ -201,7 +208,7 @@ void policy_destroy(struct residency_policy *p)
 	memset(p, 0, sizeof(*p));
 }
 
-void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+static void queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id)
 {
 	p->prev[id] = POLICY_NONE;
 	p->next[id] = q->head;
@@ -212,7 +219,7 @@ void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, 
 		q->tail = id;
 }
 
-void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+static void queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id)
 {
 	uint32_t newer = p->prev[id], older = p->next[id];
 	if (q->hand == id)
@@ -227,26 +234,6 @@ void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uin
 		q->tail = newer;
 }
 
-float policy_heat_now(const struct residency_policy *p, uint32_t id)
-{
-	uint64_t age = p->now - p->heat_at[id];
-	if (!age || p->heat[id] == 0)
-		return p->heat[id];
-	return p->heat[id] * exp2f(-(float)age / p->half_life);
-}
-
-static void heat_settle(struct residency_policy *p, uint32_t id)
-{
-	p->heat[id] = policy_heat_now(p, id);
-	p->heat_at[id] = p->now;
-}
-
-void policy_heat_halve(struct residency_policy *p, uint32_t id)
-{
-	heat_settle(p, id);
-	p->heat[id] *= 0.5f;
-}
-
 /* Heat = Σ score · 2^(-age / half_life): an exponentially decayed average of the router
  * scores an expert received (up to the constant half_life / ln 2), so it grows with both how
  * often and how strongly the router picks it, and fades when it stops being picked. */
@@ -255,7 +242,7 @@ static void update_heat(struct residency_policy *p, uint32_t id, float score)
 	if (!(score >= 0))
 		return; /* no score (prefetch), or NaN */
 	p->now++;
-	heat_settle(p, id);
+	policy_heat_settle(p, id);
 	float h = p->heat[id] + score;
 	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
 	p->heat[id] = h < max || p->spec.kind == POLICY_HEAT ? h : max;
@@ -266,7 +253,7 @@ void policy_insert(struct residency_policy *p, uint32_t id, float score)
 	if (id >= p->n_ids || policy_is_pinned(p, id) || p->in_queue[id])
 		return;
 	uint32_t part = policy_partition(p, id);
-	policy_queue_push_head(p, &p->queues[part], id);
+	queue_push_head(p, &p->queues[part], id);
 	p->in_queue[id] = 1;
 	p->visited[id] = 0;
 	update_heat(p, id, score);
@@ -281,8 +268,8 @@ void policy_access(struct residency_policy *p, uint32_t id, float score)
 	update_heat(p, id, score);
 	if (p->spec.kind == POLICY_LRU) {
 		struct policy_queue *q = &p->queues[policy_partition(p, id)];
-		policy_queue_unlink(p, q, id);
-		policy_queue_push_head(p, q, id);
+		queue_unlink(p, q, id);
+		queue_push_head(p, q, id);
 	} else {
 		p->visited[id] = 1;
 	}
@@ -293,7 +280,7 @@ void policy_remove(struct residency_policy *p, uint32_t id)
 	if (id >= p->n_ids || !p->in_queue[id])
 		return;
 	uint32_t part = policy_partition(p, id);
-	policy_queue_unlink(p, &p->queues[part], id);
+	queue_unlink(p, &p->queues[part], id);
 	p->in_queue[id] = 0;
 	p->visited[id] = 0;
 	p->count[part]--;
@@ -346,13 +333,9 @@ static uint32_t victim_in(struct residency_policy *p, uint32_t part, bool prefet
 	struct policy_queue *q = &p->queues[part];
 	if (q->tail == POLICY_NONE)
 		return POLICY_NONE;
-	if (p->spec.kind == POLICY_LRU)
-		return lru_victim(p, q, can, arg);
-	if (p->spec.kind == POLICY_HEAT)
-		return heat_victim(p, q, prefetch ? priority : INFINITY, can, arg);
-	if (prefetch)
-		return sieve_prefetch_victim(p, q, priority, can, arg);
-	return sieve_victim(p, q, p->count[part], can, arg);
+	const struct policy_algorithm *a = algorithms[p->spec.kind];
+	return prefetch ? a->prefetch_victim(p, q, priority, can, arg)
+	                : a->victim(p, q, p->count[part], can, arg);
 }
 
 static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool prefetch,

@@ -68,7 +68,7 @@ void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len);
  * referenced and not loading. Simulator: not needed by the step being served.) */
 typedef bool (*policy_can_evict_fn)(void *arg, uint32_t id);
 
-struct policy_queue; /* one per partition (policy.c) */
+struct policy_queue; /* one per partition (policy_internal.h) */
 
 struct residency_policy {
 	struct policy_spec spec;
