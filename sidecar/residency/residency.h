@@ -43,29 +43,9 @@
 #include <stdint.h>
 
 #include "expert_map.h"
+#include "post_load.h" /* residency_post_load_fn: what a post-load hook sees */
 
 enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
-
-/* An expert whose every read has completed, in its slot, as a post-load hook sees it. The
- * hook owns the whole slot until it returns: it may rewrite any of slot[0, slot_bytes) (e.g.
- * convert the bytes to another layout in place); data[i] is where expert_ref will point. */
-#define RESIDENCY_POST_LOAD_MSG 160 /* bytes kept of a post-load failure's message */
-struct residency_loaded {
-	uint32_t layer, expert;
-	uint32_t node; /* whose slice this is (0 with one node) */
-	uint32_t n_extents;
-	uint8_t *data[EXPERT_MAX_EXTENTS]; /* extent i's bytes, in map order */
-	uint64_t length[EXPERT_MAX_EXTENTS];
-	uint8_t *slot;
-	size_t slot_bytes;
-};
-/* Post-load hook: called on the node's loader thread (one call at a time per node) after the
- * node's reads of an expert, before the expert becomes RESIDENT; never on the request path. Returns
- * 0, or a negative errno with the record in err: the expert becomes FAILED with its message (kept
- * to RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a read
- * error. */
-typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x,
-                                      struct sidecar_error *err);
 
 struct residency_config {
 	int numa_node; /* -1: do not bind (residency_create; residency_create_nodes: per node) */
