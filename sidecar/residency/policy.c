@@ -84,8 +84,7 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
 	char buf[96];
 	if (strlen(text) >= sizeof(buf)) {
-		error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
 	}
 	strcpy(buf, text);
 	char *save = NULL;
@@ -97,9 +96,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 	if (kind < 0) {
 		char kinds[96];
 		list_kinds(kinds, sizeof(kinds));
-		error_set(err, MOE_EINVAL, "policy '%s': unknown algorithm '%s' (%s)", text,
-		          base ? base : "", kinds);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "policy '%s': unknown algorithm '%s' (%s)", text,
+		                 base ? base : "", kinds);
 	}
 	s.kind = (enum policy_kind)kind;
 	for (char *mod = strtok_r(NULL, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
@@ -110,9 +108,9 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 		default: {
 			char mods[96];
 			list_modifiers(mods, sizeof(mods));
-			error_set(err, MOE_EINVAL, "policy '%s': unknown modifier '+%s' (%s)", text,
-			          mod, mods);
-			return -EINVAL;
+			return error_set(err, MOE_EINVAL,
+			                 "policy '%s': unknown modifier '+%s' (%s)", text, mod,
+			                 mods);
 		}
 		}
 	}
@@ -127,32 +125,35 @@ void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len)
 		snprintf(buf + n, len - (size_t)n, "+pin%u", spec->pin_layers);
 }
 
+uint64_t policy_slots_needed(const struct policy_spec *spec, uint32_t n_layers, uint32_t n_experts,
+                             uint32_t n_masked_pinned)
+{
+	/* The unpinned layers need one slot at least, or their first demand never loads. */
+	return (uint64_t)spec->pin_layers * n_experts - n_masked_pinned +
+	       (spec->pin_layers < n_layers);
+}
+
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
                   uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
                   struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
 	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL) {
-		error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
-		          n_layers, n_experts);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
+		                 n_layers, n_experts);
 	}
 	if (spec->pin_layers > n_layers) {
-		error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
-		          spec->pin_layers, n_layers);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
+		                 spec->pin_layers, n_layers);
 	}
-	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
-	/* The unpinned layers need one slot at least, or their first demand never loads. */
-	const uint64_t need = pinned + (spec->pin_layers < n_layers);
-	if (need > capacity) {
-		error_set(err, MOE_EINVAL,
-		          "policy: %u pinned layers need %llu slots%s but the capacity is %u slots",
-		          spec->pin_layers, (unsigned long long)pinned,
-		          spec->pin_layers < n_layers ? " and the other layers one more" : "",
-		          capacity);
-		return -ENOSPC;
-	}
+	const uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
+	if (policy_slots_needed(spec, n_layers, n_experts, n_masked_pinned) > capacity)
+		return error_set(
+		    err, MOE_EINVAL,
+		    "policy: %u pinned layers need %llu slots%s but the capacity is %u "
+		    "slots",
+		    spec->pin_layers, (unsigned long long)pinned,
+		    spec->pin_layers < n_layers ? " and the other layers one more" : "", capacity);
 	p->spec = *spec;
 	p->n_layers = n_layers;
 	p->n_experts = n_experts;
@@ -171,9 +172,8 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
 	    !p->in_queue || !p->visited || !p->heat) {
 		policy_destroy(p);
-		error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
-		          n_layers * n_experts);
-		return -ENOMEM;
+		return error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
+		                 n_layers * n_experts);
 	}
 	for (uint32_t i = 0; i < p->n_partitions; i++)
 		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};

@@ -534,7 +534,7 @@ int residency_warm_pinned(struct residency *r, struct sidecar_error *err)
 						residency_error_message(r, l, x, err->msg,
 						                        sizeof(err->msg));
 					}
-					return rc;
+					return -1;
 				}
 			}
 	return 0;
@@ -732,8 +732,7 @@ int residency_open_file(const char *path, bool no_direct, struct residency_file 
 		fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
-		return -e;
+		return error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
 	}
 	out->fd = fd;
 	struct statx stx;
@@ -749,9 +748,9 @@ int residency_open_file(const char *path, bool no_direct, struct residency_file 
 			if (a & (a - 1) || a > (1u << 21)) {
 				close(fd);
 				out->fd = -1;
-				error_set(err, MOE_EINVAL,
-				          "%s: unusable direct-I/O alignment %u bytes", path, a);
-				return -EINVAL;
+				return error_set(err, MOE_EINVAL,
+				                 "%s: unusable direct-I/O alignment %u bytes", path,
+				                 a);
 			}
 			out->alignment = a;
 		}
@@ -766,9 +765,8 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 	for (uint32_t f = 0; f < m->n_files; f++) {
 		const char *path = m->paths[f];
 		struct residency_file rf;
-		int rc = residency_open_file(path, r->config.no_direct, &rf, err);
-		if (rc < 0)
-			return rc;
+		if (residency_open_file(path, r->config.no_direct, &rf, err) != 0)
+			return -1;
 		if (rf.direct_refused)
 			log_warn("residency",
 			         "%s: O_DIRECT not supported here (%s): reading it BUFFERED "
@@ -791,8 +789,7 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 		struct stat st;
 		if (fstat(r->fds[f], &st) != 0) {
 			int e = errno;
-			error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
-			return -e;
+			return error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
 		}
 		for (uint32_t k = 0; k < r->n_nodes * r->n_ids; k++) {
 			const uint32_t id = k % r->n_ids;
@@ -802,7 +799,7 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 			for (uint32_t i = 0; i < n; i++)
 				if (ext[i].file == f &&
 				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
-					error_set(
+					return error_set(
 					    err, MOE_EINVAL,
 					    "%s: layer %u expert %u: extent [%llu, +%llu) beyond "
 					    "the end of the file (%llu bytes)",
@@ -810,7 +807,6 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 					    (unsigned long long)ext[i].offset,
 					    (unsigned long long)ext[i].length,
 					    (unsigned long long)st.st_size);
-					return -EINVAL;
 				}
 		}
 	}
@@ -882,13 +878,13 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		sum += (slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
 	const uint64_t slots = budget / sum;
 	if (r->n_nodes > 1 && slots == 0) {
-		error_set(err, MOE_EINVAL,
-		          "residency: a budget of %llu bytes holds no expert: one expert's slices "
-		          "take %llu bytes of slots over %u nodes; the smallest budget that serves "
-		          "is %llu bytes",
-		          (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
-		          (unsigned long long)sum);
-		return -ENOSPC;
+		return error_set(
+		    err, MOE_EINVAL,
+		    "residency: a budget of %llu bytes holds no expert: one expert's slices "
+		    "take %llu bytes of slots over %u nodes; the smallest budget that serves "
+		    "is %llu bytes",
+		    (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
+		    (unsigned long long)sum);
 	}
 	uint64_t left = budget;
 	for (uint32_t n = 0; n < r->n_nodes; n++) {
@@ -902,9 +898,8 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		    r->n_nodes == 1
 		        ? p->budget
 		        : slots * ((slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1));
-		int rc = slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err);
-		if (rc)
-			return rc;
+		if (slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err) != 0)
+			return -1;
 		p->pool.budget = p->budget;
 	}
 	r->n_slots = r->node[0].pool.n_slots;
@@ -938,17 +933,15 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 {
 	*out = NULL;
 	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES) {
-		error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
-		          RESIDENCY_MAX_NODES);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
+		                 RESIDENCY_MAX_NODES);
 	}
 	if (check_node_maps(nodes, n_nodes, err) != 0)
-		return -EINVAL;
+		return -1;
 	const struct expert_map *map = nodes[0].map;
 	struct residency *r = calloc(1, sizeof(*r));
 	if (!r) {
-		error_set(err, MOE_ENOMEM, "residency: out of memory");
-		return -ENOMEM;
+		return error_set(err, MOE_ENOMEM, "residency: out of memory");
 	}
 	r->map = map;
 	r->n_nodes = n_nodes;
@@ -967,14 +960,13 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		          "1000) out of range",
 		          r->config.queue_depth, r->config.max_retries);
 		free(r);
-		return -EINVAL;
+		return -1;
 	}
 	r->n_layers = map->n_layers;
 	r->n_experts = map->n_experts;
 	r->n_ids = map->n_layers * map->n_experts;
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_cond_init(&r->changed, NULL);
-	int rc = -ENOMEM;
 	r->entries = calloc(r->n_ids, sizeof(*r->entries));
 	r->fds = malloc(map->n_files * sizeof(int));
 	r->buffered = calloc(map->n_files, sizeof(bool));
@@ -1004,29 +996,25 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 				          "residency: layer %u expert %u has no bytes in node %u's "
 				          "map",
 				          id / r->n_experts, id % r->n_experts, n);
-				rc = -EINVAL;
 				goto fail;
 			}
 	}
-	rc = open_model_files(r, err);
-	if (rc)
+	if (open_model_files(r, err) != 0)
 		goto fail;
 	if (r->config.chunk_bytes % r->alignment)
 		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
 	uint64_t slot_bytes[RESIDENCY_MAX_NODES];
 	for (uint32_t n = 0; n < n_nodes; n++)
 		slot_bytes[n] = compute_layout(r, &r->node[n]);
-	rc = create_pools(r, slot_bytes, err);
-	if (rc)
+	if (create_pools(r, slot_bytes, err) != 0)
 		goto fail;
 	struct policy_spec spec;
-	rc = policy_spec_parse(r->config.policy, &spec, err);
-	if (rc)
+	if (policy_spec_parse(r->config.policy, &spec, err) != 0)
 		goto fail;
-	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err);
-	if (rc == -ENOSPC) {
-		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
-		                      (spec.pin_layers < r->n_layers ? 1 : 0);
+	if (policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err) != 0) {
+		const uint64_t need = policy_slots_needed(&spec, r->n_layers, r->n_experts, 0);
+		if (spec.pin_layers > r->n_layers || need <= r->n_slots)
+			goto fail;         /* not the budget */
 		uint64_t expert_slots = 0; /* one expert's slots on every node */
 		for (uint32_t n = 0; n < n_nodes; n++)
 			expert_slots += r->node[n].pool.slot_bytes;
@@ -1038,9 +1026,8 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 			         (unsigned long long)r->config.mem_budget, r->n_slots,
 			         (unsigned long long)expert_slots,
 			         (unsigned long long)(need * expert_slots));
-	}
-	if (rc)
 		goto fail;
+	}
 	for (uint32_t n = 0; n < n_nodes; n++) {
 		struct node_part *p = &r->node[n];
 		p->demand.cap = r->n_ids;
@@ -1049,7 +1036,6 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		p->prefetch.ids = malloc(p->prefetch.cap * sizeof(uint32_t));
 		if (!p->demand.ids || !p->prefetch.ids) {
 			error_set(err, MOE_ENOMEM, "residency: out of memory for the load queues");
-			rc = -ENOMEM;
 			goto fail;
 		}
 	}
@@ -1079,16 +1065,14 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		    .owner = r,
 		};
 		p->loader = loader_start(&lc, err);
-		if (!p->loader) {
-			rc = -1;
+		if (!p->loader)
 			goto fail;
-		}
 	}
 	*out = r;
 	return 0;
 fail:
 	residency_destroy(r);
-	return rc;
+	return -1;
 }
 
 void residency_destroy(struct residency *r)

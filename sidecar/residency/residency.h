@@ -28,12 +28,14 @@
  * submit and reap I/O without the lock and take it only to pick up work and publish
  * results; waiters sleep on a condition variable.
  *
- * Errors: set-up calls (residency_create, residency_warm_pinned) return a negative errno and
- * fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path calls
- * (residency_acquire, prefetch, release, …) return a bare negative errno — -EINPROGRESS,
- * -EAGAIN, -EPERM, -EIO … — which is a status the caller acts on, not a report: they take no
- * error record and build no message; residency_error_message formats a failed expert's error
- * with its file, offset and retry count when the caller wants one.
+ * Errors: set-up calls (residency_open_file, residency_create, residency_warm_pinned) return
+ * -1 and fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path
+ * calls (residency_acquire, prefetch, set_gpu_mask, ref_node, …) return a bare negative
+ * errno — -EINPROGRESS, -EAGAIN, -EPERM, -EIO … — which is a status the caller acts on, not a
+ * report: they take no error record and build no message; residency_error_message formats a
+ * failed expert's error with its file, offset and retry count when the caller wants one.
+ * Nothing here logs a failure it returns; the loaders warn (rate-limited) about failed loads,
+ * which no call returns to anyone.
  */
 #ifndef MOE_RESIDENCY_H
 #define MOE_RESIDENCY_H
@@ -129,14 +131,15 @@ struct residency_file {
 	uint32_t alignment;  /* offsets, lengths and buffers of direct reads: a power of 2 */
 	uint32_t dio_offset_align, dio_mem_align; /* statx's figures; 0: not reported */
 };
-/* 0 with out filled, or -errno with err ("x.gguf: cannot open: …", an alignment above 2 MiB
- * or not a power of 2). Logs nothing: the caller says what a refusal means to it. */
+/* 0 with out filled, or -1 with err ("x.gguf: cannot open: …", an alignment above 2 MiB or
+ * not a power of 2). Logs nothing: the caller says what a refusal means to it. */
 int residency_open_file(const char *path, bool no_direct, struct residency_file *out,
                         struct sidecar_error *err);
 
 /* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
  * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
- * must outlive the residency. One node: config's numa_node and post_load_arg. */
+ * must outlive the residency. One node: config's numa_node and post_load_arg. 0, or -1 with
+ * err (MOE_EINVAL for a budget too small for the policy, naming the smallest that serves). */
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, struct sidecar_error *err);
 /* The same over n_nodes (1..RESIDENCY_MAX_NODES) nodes, each with its map of slices: a pool
@@ -154,7 +157,8 @@ void residency_destroy(struct residency *r);
  * unreferenced resident ones are evicted. */
 int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask);
 
-/* Loads every expert of the pinned layers and waits; the first failure is returned. */
+/* Loads every expert of the pinned layers and waits: 0, or -1 with the first failed expert's
+ * message (residency_error_message) and its status in err. */
 int residency_warm_pinned(struct residency *r, struct sidecar_error *err);
 
 #define RESIDENCY_NOWAIT 1u /* return -EINPROGRESS / -EAGAIN instead of waiting */
