@@ -154,7 +154,7 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 void residency_destroy(struct residency *r);
 
 /* Marks experts of `layer` as living on the GPU (mask[e] != 0): never loaded from now on;
- * unreferenced resident ones are evicted. */
+ * unreferenced resident ones are evicted. 0, or -EINVAL (a status) for a layer out of range. */
 int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask);
 
 /* Loads every expert of the pinned layers and waits: 0, or -1 with the first failed expert's
@@ -182,7 +182,7 @@ int residency_ref_node(const struct residency *r, const struct expert_ref *ref, 
 
 /* Starts loading experts likely needed soon, behind every demand read. Never evicts what the
  * policy values more than `priority` (same units as scores) and never waits. Returns how many
- * loads were started. */
+ * loads were started, or -EINVAL (a status) for a layer out of range. */
 int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
                        float priority);
 /* Lookahead hint without loading: raises the experts' heat (sieve-heat). */
