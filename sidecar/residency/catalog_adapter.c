@@ -27,13 +27,11 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
                             struct sidecar_error *err)
 {
 	const struct moe_model_hparams *info = &cat->info;
-	if (!info->n_moe_layers || !info->n_experts) {
+	if (!info->n_moe_layers || !info->n_experts)
 		return error_set(err, MOE_EINVAL, "catalog: the model has no routed experts");
-	}
 	const char **paths = malloc(cat->n_files * sizeof(char *));
-	if (!paths) {
+	if (!paths)
 		return error_set(err, MOE_ENOMEM, "catalog adapter: out of memory");
-	}
 	for (uint32_t f = 0; f < cat->n_files; f++)
 		paths[f] = cat->files[f].path;
 	int rc =

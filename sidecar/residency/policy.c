@@ -83,9 +83,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 {
 	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
 	char buf[96];
-	if (strlen(text) >= sizeof(buf)) {
+	if (strlen(text) >= sizeof(buf))
 		return error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
-	}
 	strcpy(buf, text);
 	char *save = NULL;
 	char *base = strtok_r(buf, "+", &save);
@@ -138,14 +137,12 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
                   struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
-	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL) {
+	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL)
 		return error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
 		                 n_layers, n_experts);
-	}
-	if (spec->pin_layers > n_layers) {
+	if (spec->pin_layers > n_layers)
 		return error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
 		                 spec->pin_layers, n_layers);
-	}
 	const uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
 	if (policy_slots_needed(spec, n_layers, n_experts, n_masked_pinned) > capacity)
 		return error_set(

@@ -798,7 +798,7 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 			    expert_map_extents(r->node[k / r->n_ids].map, id, &n);
 			for (uint32_t i = 0; i < n; i++)
 				if (ext[i].file == f &&
-				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
+				    ext[i].offset + ext[i].length > (uint64_t)st.st_size)
 					return error_set(
 					    err, MOE_EINVAL,
 					    "%s: layer %u expert %u: extent [%llu, +%llu) beyond "
@@ -807,7 +807,6 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 					    (unsigned long long)ext[i].offset,
 					    (unsigned long long)ext[i].length,
 					    (unsigned long long)st.st_size);
-				}
 		}
 	}
 	return 0;
@@ -877,7 +876,7 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 	for (uint32_t n = 0; n < r->n_nodes; n++)
 		sum += (slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
 	const uint64_t slots = budget / sum;
-	if (r->n_nodes > 1 && slots == 0) {
+	if (r->n_nodes > 1 && slots == 0)
 		return error_set(
 		    err, MOE_EINVAL,
 		    "residency: a budget of %llu bytes holds no expert: one expert's slices "
@@ -885,7 +884,6 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		    "is %llu bytes",
 		    (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
 		    (unsigned long long)sum);
-	}
 	uint64_t left = budget;
 	for (uint32_t n = 0; n < r->n_nodes; n++) {
 		struct node_part *p = &r->node[n];
@@ -932,17 +930,15 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
                            struct sidecar_error *err)
 {
 	*out = NULL;
-	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES) {
+	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES)
 		return error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
 		                 RESIDENCY_MAX_NODES);
-	}
 	if (check_node_maps(nodes, n_nodes, err) != 0)
 		return -1;
 	const struct expert_map *map = nodes[0].map;
 	struct residency *r = calloc(1, sizeof(*r));
-	if (!r) {
+	if (!r)
 		return error_set(err, MOE_ENOMEM, "residency: out of memory");
-	}
 	r->map = map;
 	r->n_nodes = n_nodes;
 	r->config = *config;

@@ -30,18 +30,16 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 {
 	memset(pool, 0, sizeof(*pool));
 	pool->node = -1;
-	if (!slot_bytes || slot_bytes > ((size_t)1 << 40)) {
+	if (!slot_bytes || slot_bytes > ((size_t)1 << 40))
 		return error_set(err, MOE_EINVAL, "slot pool: bad slot size %zu bytes", slot_bytes);
-	}
 	slot_bytes = (slot_bytes + SLOT_ALIGN - 1) & ~(size_t)(SLOT_ALIGN - 1);
 	uint64_t n = budget / slot_bytes;
-	if (n == 0) {
+	if (n == 0)
 		return error_set(
 		    err, MOE_EINVAL,
 		    "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
 		    "expert, aligned); the smallest budget that serves is %zu bytes",
 		    (unsigned long long)budget, slot_bytes, slot_bytes);
-	}
 	if (n >= SLOT_NONE)
 		n = SLOT_NONE - 1;
 	pool->slot_bytes = slot_bytes;

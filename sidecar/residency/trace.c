@@ -497,22 +497,19 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 {
 	if (!g->n_layers || g->n_layers > TRACE_MAX_LAYERS || !g->n_experts ||
 	    g->n_experts > TRACE_MAX_EXPERTS || !g->top_k || g->top_k > TRACE_MAX_TOPK ||
-	    g->top_k > g->n_experts || (uint64_t)g->n_layers * g->n_experts > TRACE_MAX_IDS) {
+	    g->top_k > g->n_experts || (uint64_t)g->n_layers * g->n_experts > TRACE_MAX_IDS)
 		return error_set(err, MOE_EINVAL,
 		                 "generator: bad shape %u layers × %u experts, top_k %u",
 		                 g->n_layers, g->n_experts, g->top_k);
-	}
 	if (!g->steps || !(g->zipf_s >= 0 && g->zipf_s <= 10) ||
 	    !(g->reuse >= 0 && g->reuse <= 1) || !(g->layer_corr >= 0 && g->layer_corr <= 1) ||
-	    !(g->drift >= 0 && g->drift <= 1)) {
+	    !(g->drift >= 0 && g->drift <= 1))
 		return error_set(err, MOE_EINVAL,
 		                 "generator: steps must be ≥ 1, zipf in [0, 10], reuse, "
 		                 "layer-corr and drift in [0, 1]");
-	}
-	if ((uint64_t)g->steps * g->n_layers * g->top_k > UINT32_MAX / 2) {
+	if ((uint64_t)g->steps * g->n_layers * g->top_k > UINT32_MAX / 2)
 		return error_set(err, MOE_EINVAL, "generator: %u steps make too large a trace",
 		                 g->steps);
-	}
 	const uint32_t L = g->n_layers, E = g->n_experts, K = g->top_k;
 	uint64_t seed = g->seed;
 	struct routing_trace t = {.n_layers = L, .n_experts = E, .top_k = K, .scored = true};

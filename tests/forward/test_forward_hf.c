@@ -391,10 +391,9 @@ static int invert_or_fail(void *arg, const struct residency_loaded *x, struct si
 	atomic_fetch_add(&s->calls, 1);
 	if (pthread_equal(pthread_self(), s->creator))
 		atomic_fetch_add(&s->on_caller, 1);
-	if (x->expert == 4) {
+	if (x->expert == 4)
 		return error_set(err, MOE_EINVAL, "expert %u: bytes rejected by the test",
 		                 x->expert);
-	}
 	for (uint32_t i = 0; i < x->n_extents; i++) {
 		if (x->data[i] < x->slot || x->data[i] + x->length[i] > x->slot + x->slot_bytes)
 			return error_set(err, MOE_EINVAL, "extent %u outside the slot", i);
