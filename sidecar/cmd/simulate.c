@@ -330,12 +330,13 @@ static int simulate_every_capacity(const struct routing_trace *t, bool lookahead
 		struct sim_result r;
 		for (int p = 0; p < tab->n_pol; p++) {
 			double *slot = &tab->rates[p * n_caps + ci];
-			int rc =
-			    sim_run_policy(t, &tab->specs[p], tab->caps[ci], lookahead, &r, &err);
-			if (rc == -ENOSPC) {
+			const struct policy_spec *spec = &tab->specs[p];
+			if (spec->pin_layers <= t->n_layers &&
+			    policy_slots_needed(spec, t->n_layers, t->n_experts, 0) >
+			        tab->caps[ci]) {
 				*slot =
 				    -1; /* pinned layers do not fit: no figure at this capacity */
-			} else if (rc) {
+			} else if (sim_run_policy(t, spec, tab->caps[ci], lookahead, &r, &err)) {
 				fprintf(stderr, "simulate: %s\n", err.msg);
 				return 1;
 			} else {

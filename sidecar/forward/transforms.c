@@ -436,20 +436,20 @@ int transform_after_load(void *arg, const struct residency_loaded *x, struct sid
 	struct load_transform *t = arg;
 	const struct forward_weights *w = t->w;
 	if (w->xf.mxfp4_hf && mxfp4_hf_after_load(&t->hf, x, err) != 0)
-		return -EINVAL;
+		return -1;
 	if (w->xf.int4 && int4_after_load(t, x, err) != 0)
-		return -EINVAL;
+		return -1;
 	if (w->side_in_slot &&
 	    (w->sliced ? node_side_after_load(t, x, err) : side_after_load(t, x, err)) != 0)
-		return -EINVAL;
+		return -1;
 	if (!w->decode.on)
 		return 0;
 	struct moek_expert shape;
 	struct decode_piece p;
 	if (weights_shape_view(w, x->layer, x->expert, &shape, err) != 0)
-		return -EINVAL;
+		return -1;
 	loaded_piece(w, t->node, x, &shape, &p);
-	return decode_layout_apply(&w->decode, &t->decode, &p, err) != 0 ? -EINVAL : 0;
+	return decode_layout_apply(&w->decode, &t->decode, &p, err) != 0 ? -1 : 0;
 }
 
 /* File bytes per row of projection r's data and (Hugging Face MXFP4) scales extents. */

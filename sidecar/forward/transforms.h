@@ -71,7 +71,7 @@ int transforms_check(struct forward_weights *w, enum forward_source source,
 /* RESIDENCY: each node part's load_transform (converters, scratch), once the maps exist. */
 int transforms_init(struct forward_weights *w, struct sidecar_error *err);
 void transforms_free(struct forward_weights *w);
-/* The residency's post-load hook (arg: a struct load_transform). */
+/* The residency's post-load hook (arg: a struct load_transform): 0, or -1 with err. */
 int transform_after_load(void *arg, const struct residency_loaded *x, struct sidecar_error *err);
 /* A node map's data rows of r: bytes per row of its data and of its paired scales extent
  * (Hugging Face MXFP4; 0: none). False when r's rows cannot be cut into node slices (not

@@ -120,23 +120,32 @@ static bool instance_name_valid(const char *name)
 	return true;
 }
 
-int pagecache_file_key_of(const char *path, struct pagecache_file_key *key,
-                          struct sidecar_error *err)
+/* pagecache_file_key_of's work, answering a status: 0, -errno of stat, or -EINVAL when path
+ * is not a regular file (pagecache_watch keeps the errno for its own caller). */
+static int file_key(const char *path, struct pagecache_file_key *key)
 {
 	struct stat st;
-	if (stat(path, &st) < 0) {
-		int e = errno;
-		error_set_errno(err, "%s", path);
-		return -e;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		error_set(err, MOE_EINVAL, "%s: not a regular file", path);
+	if (stat(path, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode))
 		return -EINVAL;
-	}
 	memset(key, 0, sizeof(*key));
 	key->ino = st.st_ino;
 	/* The kernel's dev_t is major << 20 | minor (MINORBITS = 20); glibc's differs. */
 	key->dev = (__u32)((major(st.st_dev) << 20) | (minor(st.st_dev) & 0xfffff));
+	return 0;
+}
+
+int pagecache_file_key_of(const char *path, struct pagecache_file_key *key,
+                          struct sidecar_error *err)
+{
+	const int rc = file_key(path, key);
+	if (rc == -EINVAL)
+		return error_set(err, MOE_EINVAL, "%s: not a regular file", path);
+	if (rc < 0) {
+		errno = -rc;
+		return error_set_errno(err, "%s", path);
+	}
 	return 0;
 }
 
@@ -161,21 +170,16 @@ int pagecache_residency_of(const char *path, struct pagecache_residency *out,
                            struct sidecar_error *err)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
-		int e = errno;
-		error_set_errno(err, "%s", path);
-		return -e;
-	}
+	if (fd < 0)
+		return error_set_errno(err, "%s", path);
 	struct cachestat_range_abi range = {0, 0}; /* len 0: to the end of the file */
 	struct cachestat_abi cs = {0};
 	long rc = syscall(451, fd, &range, &cs, 0);
 	int e = errno;
 	close(fd);
-	if (rc < 0) {
-		error_set(err, MOE_ESYS, "%s: cachestat: %s%s", path, strerror(e),
-		          e == ENOSYS ? " (needs Linux 6.5+)" : "");
-		return -e;
-	}
+	if (rc < 0)
+		return error_set(err, MOE_ESYS, "%s: cachestat: %s%s", path, strerror(e),
+		                 e == ENOSYS ? PAGECACHE_NO_CACHESTAT : "");
 	__u64 page = (__u64)sysconf(_SC_PAGESIZE);
 	out->cached_bytes = cs.nr_cache * page;
 	out->dirty_bytes = cs.nr_dirty * page;
@@ -908,11 +912,10 @@ int pagecache_check_instance_name(const char *name, struct sidecar_error *err)
 {
 	if (instance_name_valid(name))
 		return 0;
-	error_set(err, MOE_EINVAL,
-	          "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not '.' or "
-	          "'..'",
-	          name, INSTANCE_NAME_MAX);
-	return -EINVAL;
+	return error_set(err, MOE_EINVAL,
+	                 "probe instance name '%.80s' is invalid: use 1-%d of [A-Za-z0-9_.-], not "
+	                 "'.' or '..'",
+	                 name, INSTANCE_NAME_MAX);
 }
 
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out,
@@ -920,14 +923,11 @@ int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes 
 {
 	*out = NULL;
 	const char *instance = opt && opt->instance ? opt->instance : "default";
-	int rc = pagecache_check_instance_name(instance, err);
-	if (rc)
-		return rc;
+	if (pagecache_check_instance_name(instance, err) != 0)
+		return -1;
 	struct pagecache_probes *p = calloc(1, sizeof(*p));
-	if (!p) {
-		error_set(err, MOE_ENOMEM, "probes: out of memory");
-		return -ENOMEM;
-	}
+	if (!p)
+		return error_set(err, MOE_ENOMEM, "probes: out of memory");
 	snprintf(p->instance, sizeof(p->instance), "%s", instance);
 	snprintf(p->pin_dir, sizeof(p->pin_dir), "%s/%s", PIN_ROOT, instance);
 	p->per_pid = opt && opt->per_pid;
@@ -1005,10 +1005,10 @@ int pagecache_watch(struct pagecache_probes *p, const char *path)
 		return fail(p, ENOSPC, "%s: cannot watch more than %d files", path,
 		            PAGECACHE_MAX_FILES);
 	struct pagecache_file_key key;
-	struct sidecar_error why = {0};
-	int rc = pagecache_file_key_of(path, &key, &why);
+	int rc = file_key(path, &key);
 	if (rc)
-		return fail(p, rc, "%s", why.msg);
+		return fail(p, rc, "%s: %s", path,
+		            rc == -EINVAL ? "not a regular file" : strerror(-rc));
 	char *copy = strdup(path);
 	struct watched_file *files =
 	    copy ? realloc(p->files, (p->n_files + 1) * sizeof(*files)) : NULL;

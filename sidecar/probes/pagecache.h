@@ -8,6 +8,11 @@
  * Map values are BTF-typed, so `bpftool map dump pinned /sys/fs/bpf/moe-sidecar/<instance>/
  * counters` prints these field names. Field order and meaning are an operator interface
  * (docs/operations.md): append only.
+ *
+ * Errors: the calls that take a `struct sidecar_error` (open, check_instance_name,
+ * file_key_of, residency_of) return 0, or -1 with the record (util/error.h). The calls on an
+ * open handle (watch, unwatch, read_*, list_pids) answer a negative errno as a status and keep
+ * the sentence on the handle (pagecache_last_error). Nothing here logs a failure it returns.
  */
 #ifndef MOE_PAGECACHE_H
 #define MOE_PAGECACHE_H
@@ -110,12 +115,13 @@ struct pagecache_stats {
  * instance of that name, any load failure): then one warning line is logged (unless quiet),
  * pagecache_available() is false and pagecache_status() says "unavailable: <reason>"; every
  * other call still works (watches are recorded, counters read as zero).
- * Errors: -EINVAL (bad options, message in err), -ENOMEM. err may be NULL. */
+ * Errors: -1 with err (MOE_EINVAL: bad options; MOE_ENOMEM). err may be NULL. */
 int pagecache_open(const struct pagecache_options *opt, struct pagecache_probes **out,
                    struct sidecar_error *err);
 
-/* 0 if pagecache_open would accept name as an instance name, else -EINVAL with the sentence
- * it would give (err may be NULL). Needs no privilege: callers check it before any work. */
+/* 0 if pagecache_open would accept name as an instance name, else -1 with the sentence it
+ * would give in err (MOE_EINVAL; err may be NULL). Needs no privilege: callers check it before
+ * any work. */
 int pagecache_check_instance_name(const char *name, struct sidecar_error *err);
 
 /* What pagecache_open needs, checked without loading a probe, mounting or pinning anything:
@@ -173,12 +179,15 @@ int pagecache_list_pids(struct pagecache_probes *p, const char *path, __u32 *tgi
                         size_t *n);
 
 /* The key the programs use for the file at path: (ino, major << 20 | minor of st_dev).
- * Errors: -errno of stat, -EINVAL if not a regular file (message in err). */
+ * Errors: -1 with err: stat's failure (its status from the errno), or MOE_EINVAL if not a
+ * regular file. */
 int pagecache_file_key_of(const char *path, struct pagecache_file_key *key,
                           struct sidecar_error *err);
 
 /* Page-cache residency of one file from cachestat(2) (syscall 451, Linux 6.5+; needs no
- * privilege). Returns -ENOSYS on older kernels. */
+ * privilege). 0, or -1 with err; on older kernels the status is MOE_ESYS and the message ends
+ * in PAGECACHE_NO_CACHESTAT. */
+#define PAGECACHE_NO_CACHESTAT " (needs Linux 6.5+)"
 struct pagecache_residency {
 	__u64 cached_bytes;
 	__u64 dirty_bytes;

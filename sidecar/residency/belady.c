@@ -88,11 +88,9 @@ int sim_run_belady(const struct routing_trace *t, uint32_t capacity, uint32_t pi
                    struct sim_result *out, struct sidecar_error *err)
 {
 	const uint32_t E = t->n_experts, n_ids = t->n_layers * t->n_experts;
-	if (pin_layers > t->n_layers || (uint64_t)pin_layers * E > capacity) {
-		error_set(err, MOE_EINVAL, "belady: %u pinned layers do not fit in %u slots",
-		          pin_layers, capacity);
-		return -ENOSPC;
-	}
+	if (pin_layers > t->n_layers || (uint64_t)pin_layers * E > capacity)
+		return error_set(err, MOE_EINVAL, "belady: %u pinned layers do not fit in %u slots",
+		                 pin_layers, capacity);
 	const uint32_t cap = capacity - pin_layers * E;
 	int64_t *next_use = malloc((size_t)t->n_refs * sizeof(*next_use) + 1);
 	int64_t *last = malloc((size_t)n_ids * sizeof(*last));
@@ -101,7 +99,7 @@ int sim_run_belady(const struct routing_trace *t, uint32_t capacity, uint32_t pi
 	    .pos = malloc((size_t)n_ids * sizeof(uint32_t)),
 	    .key = malloc((size_t)n_ids * sizeof(int64_t)),
 	};
-	int rc = -ENOMEM;
+	int rc = -1;
 	if (!next_use || !last || !h.ids || !h.pos || !h.key) {
 		error_set(err, MOE_ENOMEM, "belady: out of memory for %u references", t->n_refs);
 		goto out;

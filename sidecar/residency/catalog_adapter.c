@@ -27,15 +27,11 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
                             struct sidecar_error *err)
 {
 	const struct moe_model_hparams *info = &cat->info;
-	if (!info->n_moe_layers || !info->n_experts) {
-		error_set(err, MOE_EINVAL, "catalog: the model has no routed experts");
-		return -EINVAL;
-	}
+	if (!info->n_moe_layers || !info->n_experts)
+		return error_set(err, MOE_EINVAL, "catalog: the model has no routed experts");
 	const char **paths = malloc(cat->n_files * sizeof(char *));
-	if (!paths) {
-		error_set(err, MOE_ENOMEM, "catalog adapter: out of memory");
-		return -ENOMEM;
-	}
+	if (!paths)
+		return error_set(err, MOE_ENOMEM, "catalog adapter: out of memory");
 	for (uint32_t f = 0; f < cat->n_files; f++)
 		paths[f] = cat->files[f].path;
 	int rc =
@@ -51,7 +47,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 		if (moe >= info->n_moe_layers) {
 			error_set(err, MOE_EINVAL, "catalog: more MoE layers than n_moe_layers=%u",
 			          info->n_moe_layers);
-			rc = -EINVAL;
+			rc = -1;
 			break;
 		}
 		if (model_layer)
@@ -104,7 +100,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 			if (!count) {
 				error_set(err, MOE_EINVAL,
 				          "catalog: layer %u expert %u has no weights", l, x);
-				rc = -EINVAL;
+				rc = -1;
 			} else if (moe == 0 && x == 0) {
 				first = here;
 			} else if (memcmp(&first, &here, sizeof(here)) != 0) {
@@ -113,7 +109,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 				    "catalog: layer %u expert %u is stored differently from layer "
 				    "%u expert 0 (projections, scales or biases differ)",
 				    l, x, model_layer ? model_layer[0] : 0);
-				rc = -EINVAL;
+				rc = -1;
 			}
 		}
 		moe++;
@@ -121,7 +117,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 	if (rc == 0 && moe != info->n_moe_layers) {
 		error_set(err, MOE_EINVAL, "catalog: %u MoE layers found, n_moe_layers says %u",
 		          moe, info->n_moe_layers);
-		rc = -EINVAL;
+		rc = -1;
 	}
 	if (rc) {
 		expert_map_free(map);

@@ -26,8 +26,8 @@ struct expert_extent_roles {
 	    bias[MOE_PROJ_COUNT];
 };
 
-/* Fills `map` (expert_map_free releases it). model_layer, if not NULL, receives
- * cat->info.n_moe_layers entries. */
+/* Fills `map` (expert_map_free releases it): 0, or -1 with err. model_layer, if not NULL,
+ * receives cat->info.n_moe_layers entries. */
 int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *map,
                             struct expert_extent_roles *roles, uint32_t *model_layer,
                             struct sidecar_error *err);

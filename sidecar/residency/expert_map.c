@@ -11,11 +11,10 @@ int expert_map_init(struct expert_map *map, uint32_t n_layers, uint32_t n_expert
 {
 	memset(map, 0, sizeof(*map));
 	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts > (1u << 24) || !n_files ||
-	    n_files > EXPERT_MAX_FILES) {
-		error_set(err, MOE_EINVAL, "expert map: bad shape %u layers × %u experts, %u files",
-		          n_layers, n_experts, n_files);
-		return -EINVAL;
-	}
+	    n_files > EXPERT_MAX_FILES)
+		return error_set(err, MOE_EINVAL,
+		                 "expert map: bad shape %u layers × %u experts, %u files", n_layers,
+		                 n_experts, n_files);
 	size_t n_ids = (size_t)n_layers * n_experts;
 	map->n_layers = n_layers;
 	map->n_experts = n_experts;
@@ -31,33 +30,28 @@ int expert_map_init(struct expert_map *map, uint32_t n_layers, uint32_t n_expert
 	return 0;
 nomem:
 	expert_map_free(map);
-	error_set(err, MOE_ENOMEM, "expert map: out of memory");
-	return -ENOMEM;
+	return error_set(err, MOE_ENOMEM, "expert map: out of memory");
 }
 
 int expert_map_add(struct expert_map *map, uint32_t layer, uint32_t expert, uint32_t file,
                    uint64_t offset, uint64_t length, struct sidecar_error *err)
 {
-	if (layer >= map->n_layers || expert >= map->n_experts) {
-		error_set(err, MOE_EINVAL, "expert map: layer %u expert %u out of range (%u × %u)",
-		          layer, expert, map->n_layers, map->n_experts);
-		return -EINVAL;
-	}
+	if (layer >= map->n_layers || expert >= map->n_experts)
+		return error_set(err, MOE_EINVAL,
+		                 "expert map: layer %u expert %u out of range (%u × %u)", layer,
+		                 expert, map->n_layers, map->n_experts);
 	if (file >= map->n_files || !length || offset > UINT64_MAX / 2 ||
-	    length > (UINT64_C(1) << 40)) {
-		error_set(err, MOE_EINVAL,
-		          "expert map: layer %u expert %u: bad extent (file %u, offset %llu, "
-		          "length %llu)",
-		          layer, expert, file, (unsigned long long)offset,
-		          (unsigned long long)length);
-		return -EINVAL;
-	}
+	    length > (UINT64_C(1) << 40))
+		return error_set(
+		    err, MOE_EINVAL,
+		    "expert map: layer %u expert %u: bad extent (file %u, offset %llu, "
+		    "length %llu)",
+		    layer, expert, file, (unsigned long long)offset, (unsigned long long)length);
 	uint32_t id = layer * map->n_experts + expert;
-	if (map->n_extents[id] >= EXPERT_MAX_EXTENTS) {
-		error_set(err, MOE_EINVAL, "expert map: layer %u expert %u: more than %u extents",
-		          layer, expert, EXPERT_MAX_EXTENTS);
-		return -E2BIG;
-	}
+	if (map->n_extents[id] >= EXPERT_MAX_EXTENTS)
+		return error_set(err, MOE_EINVAL,
+		                 "expert map: layer %u expert %u: more than %u extents", layer,
+		                 expert, EXPERT_MAX_EXTENTS);
 	map->extents[(size_t)id * EXPERT_MAX_EXTENTS + map->n_extents[id]++] =
 	    (struct expert_extent){file, offset, length, 0};
 	return 0;
@@ -67,20 +61,17 @@ int expert_map_set_room(struct expert_map *map, uint32_t layer, uint32_t expert,
                         struct sidecar_error *err)
 {
 	const uint32_t id = layer * map->n_experts + expert;
-	if (layer >= map->n_layers || expert >= map->n_experts || !map->n_extents[id]) {
-		error_set(err, MOE_EINVAL,
-		          "expert map: layer %u expert %u has no extent to give room", layer,
-		          expert);
-		return -EINVAL;
-	}
+	if (layer >= map->n_layers || expert >= map->n_experts || !map->n_extents[id])
+		return error_set(err, MOE_EINVAL,
+		                 "expert map: layer %u expert %u has no extent to give room", layer,
+		                 expert);
 	struct expert_extent *x =
 	    &map->extents[(size_t)id * EXPERT_MAX_EXTENTS + map->n_extents[id] - 1];
-	if (room < x->length || room > (UINT64_C(1) << 40)) {
-		error_set(err, MOE_EINVAL,
-		          "expert map: layer %u expert %u: room %llu for an extent of %llu bytes",
-		          layer, expert, (unsigned long long)room, (unsigned long long)x->length);
-		return -EINVAL;
-	}
+	if (room < x->length || room > (UINT64_C(1) << 40))
+		return error_set(
+		    err, MOE_EINVAL,
+		    "expert map: layer %u expert %u: room %llu for an extent of %llu bytes", layer,
+		    expert, (unsigned long long)room, (unsigned long long)x->length);
 	x->room = room;
 	return 0;
 }

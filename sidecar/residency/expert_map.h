@@ -6,6 +6,7 @@
  * Extents keep their order: the loader lays them out in the slot in this order and hands
  * back one data pointer per extent (e.g. gate, up, down). Ownership: the map owns copies of
  * the paths and its arrays; expert_map_free releases them.
+ * Errors: init, add and set_room return 0, or -1 with the record (util/error.h).
  */
 #ifndef MOE_RESIDENCY_EXPERT_MAP_H
 #define MOE_RESIDENCY_EXPERT_MAP_H

@@ -1,11 +1,11 @@
 /* loader.c — one node's expert loader: a thread pinned to the node, owning an io_uring,
  * reading the node's slices of experts from the model files into the node's slots.
  *
- * Threading: only the loader thread touches its ring. Producers (residency.c) queue expert
- * ids on every node's queues under the residency lock and poke each loader's eventfd, which
- * its ring always has a read pending on; a loader takes the lock only to pick up ids and to
- * publish its part of a finished load (residency_load_done: the expert is RESIDENT once every
- * node's part has ended), never across I/O.
+ * Threading: only the loader thread touches its ring. The owner (residency.c) queues work
+ * under its own lock and pokes the loader's eventfd (loader_wake), which the ring always has a
+ * read pending on; the loader picks the work up through ops->take_work and publishes its part
+ * of a finished load through ops->load_done (each takes the owner's lock for itself), never
+ * across I/O.
  *
  * Reads: each extent's aligned superset (alignment from statx DIOALIGN, at least 4096) is
  * split into chunks of chunk_bytes; at most queue_depth chunks are in flight, each linked to
@@ -22,10 +22,14 @@
  * Shutdown: the thread cancels everything in flight (IORING_ASYNC_CANCEL_ANY), waits a
  * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN.
  */
+#include "loader.h"
+
 #include <assert.h>
 #include <errno.h>
+#include <liburing.h>
 #include <numa.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "log.h"
-#include "progress.h"
-#include "residency_internal.h"
 
 #define TAG_WAKE 1u
 #define TAG_TIMEOUT 2u
@@ -75,9 +78,9 @@ struct slot_fifo {
 };
 
 struct loader {
-	struct residency *r;
-	uint32_t node;
-	struct node_part *part; /* &r->node[node] */
+	struct loader_config cfg;
+	loader_fault_fn fault_hook; /* tests only */
+	void *fault_arg;
 	struct io_uring ring;
 	bool ring_ready;
 	pthread_t thread;
@@ -87,7 +90,9 @@ struct loader {
 	bool wake_armed;
 	struct read_op *ops;
 	uint32_t *free_ops, n_free_ops, depth;
+	uint32_t n_slots;
 	struct expert_load *loads; /* [n_slots] */
+	struct loader_job *jobs;   /* [n_slots]: what take_work hands over */
 	struct slot_fifo issue_demand, issue_prefetch;
 	bool buffers_registered, files_registered;
 	uint32_t slots_per_buffer; /* fixed buffer b holds slots [b·n, (b+1)·n) */
@@ -115,29 +120,33 @@ static void fifo_pop(struct slot_fifo *q)
 	q->count--;
 }
 
-bool loader_buffers_registered(const struct residency *r, uint32_t node)
+static inline void stat_add(_Atomic uint64_t *c, uint64_t v)
 {
-	return r->node[node].loader && r->node[node].loader->buffers_registered;
+	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
 
-uint32_t loader_fixed_buffers(const struct residency *r, uint32_t node)
+bool loader_buffers_registered(const struct loader *l)
 {
-	return r->node[node].loader ? r->node[node].loader->n_buffers : 0;
+	return l && l->buffers_registered;
 }
 
-static void wake_one(struct loader *l)
+uint32_t loader_fixed_buffers(const struct loader *l)
+{
+	return l ? l->n_buffers : 0;
+}
+
+void loader_set_fault_hook(struct loader *l, loader_fault_fn hook, void *arg)
+{
+	l->fault_hook = hook;
+	l->fault_arg = arg;
+}
+
+void loader_wake(struct loader *l)
 {
 	uint64_t one = 1;
 	/* A full counter (EAGAIN) still wakes the reader; nothing else can fail here. */
 	ssize_t n = write(l->wake_fd, &one, sizeof(one));
 	(void)n;
-}
-
-void loader_wake(struct residency *r)
-{
-	for (uint32_t n = 0; n < r->n_nodes; n++)
-		if (r->node[n].loader)
-			wake_one(r->node[n].loader);
 }
 
 static struct io_uring_sqe *get_sqe(struct loader *l)
@@ -161,17 +170,16 @@ static void arm_wake(struct loader *l)
 
 static void submit_read(struct loader *l, struct read_op *op)
 {
-	struct residency *r = l->r;
 	struct io_uring_sqe *sqe = get_sqe(l);
-	int fd = l->files_registered ? (int)op->file : r->fds[op->file];
+	int fd = l->files_registered ? (int)op->file : l->cfg.fds[op->file];
 	unsigned len = (unsigned)op->remaining;
 	if (l->buffers_registered) {
 		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
 		                         (int)(op->slot / l->slots_per_buffer));
-		stat_add(&l->part->io.fixed_reads, 1);
+		stat_add(&l->cfg.io->fixed_reads, 1);
 	} else {
 		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
-		stat_add(&l->part->io.plain_reads, 1);
+		stat_add(&l->cfg.io->plain_reads, 1);
 	}
 	if (l->files_registered)
 		sqe->flags |= IOSQE_FIXED_FILE;
@@ -181,27 +189,26 @@ static void submit_read(struct loader *l, struct read_op *op)
 	io_uring_prep_link_timeout(t, &l->timeout, 0);
 	io_uring_sqe_set_data64(t, TAG_TIMEOUT);
 	op->submit_ns = monotonic_ns();
-	stat_add(&l->part->io.reads, 1);
+	stat_add(&l->cfg.io->reads, 1);
 	l->in_flight++;
 }
 
 /* Issues the next chunk of the load in `slot`; false when it has nothing left to issue. */
 static bool issue_chunk(struct loader *l, uint32_t slot)
 {
-	struct residency *r = l->r;
-	struct node_part *p = l->part;
+	const struct loader_config *c = &l->cfg;
 	struct expert_load *ld = &l->loads[slot];
 	uint32_t n;
-	const struct expert_extent *ext = expert_map_extents(p->map, ld->id, &n);
+	const struct expert_extent *ext = expert_map_extents(c->map, ld->id, &n);
 	if (ld->error || ld->extent >= n) {
 		ld->issued_all = true;
 		return false;
 	}
 	const struct extent_layout *lay =
-	    &p->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + ld->extent];
+	    &c->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + ld->extent];
 	uint64_t len = lay->read_length - ld->position;
-	if (len > r->config.chunk_bytes)
-		len = r->config.chunk_bytes;
+	if (len > c->chunk_bytes)
+		len = c->chunk_bytes;
 	uint64_t data_end = lay->data_skip + ext[ld->extent].length; /* within the range */
 	uint64_t needed = data_end > ld->position ? data_end - ld->position : 0;
 	struct read_op *op = &l->ops[l->free_ops[--l->n_free_ops]];
@@ -209,7 +216,7 @@ static bool issue_chunk(struct loader *l, uint32_t slot)
 	    .slot = slot,
 	    .file = ext[ld->extent].file,
 	    .offset = lay->read_offset + ld->position,
-	    .buf = slot_pool_addr(&p->pool, slot) + lay->slot_offset + ld->position,
+	    .buf = slot_pool_addr(c->pool, slot) + lay->slot_offset + ld->position,
 	    .remaining = len,
 	    .needed = needed < len ? needed : len,
 	};
@@ -232,57 +239,56 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 	struct expert_load *ld = &l->loads[slot];
 	if (ld->id == UINT32_MAX || ld->in_flight || !ld->issued_all)
 		return;
-	struct residency *r = l->r;
-	struct node_part *p = l->part;
-	const char *post_load_msg = NULL;
-	if (!ld->error && r->config.post_load) { /* no reader yet: the slot is the loader's */
+	const struct loader_config *c = &l->cfg;
+	struct loader_result res = {.id = ld->id,
+	                            .error = ld->error,
+	                            .file = ld->error_file,
+	                            .attempts = ld->error_attempts,
+	                            .offset = ld->error_offset};
+	if (!ld->error && c->post_load) { /* no reader yet: the slot is the loader's */
 		uint32_t n;
-		const struct expert_extent *ext = expert_map_extents(p->map, ld->id, &n);
+		const struct expert_extent *ext = expert_map_extents(c->map, ld->id, &n);
 		struct residency_loaded x = {
-		    .layer = ld->id / r->n_experts,
-		    .expert = ld->id % r->n_experts,
-		    .node = l->node,
+		    .layer = ld->id / c->n_experts,
+		    .expert = ld->id % c->n_experts,
+		    .node = c->node,
 		    .n_extents = n,
-		    .slot = slot_pool_addr(&p->pool, slot),
-		    .slot_bytes = p->pool.slot_bytes,
+		    .slot = slot_pool_addr(c->pool, slot),
+		    .slot_bytes = c->pool->slot_bytes,
 		};
 		for (uint32_t i = 0; i < n; i++) {
 			const struct extent_layout *lay =
-			    &p->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
+			    &c->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
 			x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
 			x.length[i] = ext[i].length;
 		}
 		struct sidecar_error why = {0};
-		int rc = r->config.post_load(p->post_load_arg, &x, &why);
-		error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg), &why); /* kept short */
-		if (rc) {
-			ld->error = rc < 0 ? rc : -EINVAL;
-			ld->error_file = ext[0].file;
-			ld->error_offset = ext[0].offset;
-			ld->error_attempts = 1;
+		if (c->post_load(c->post_load_arg, &x, &why) != 0) {
+			res.error = why.status == MOE_ENOMEM ? -ENOMEM
+			            : why.status == MOE_EIO  ? -EIO
+			                                     : -EINVAL;
+			res.file = ext[0].file;
+			res.offset = ext[0].offset;
+			res.attempts = 1;
+			error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg),
+			               &why); /* short */
 			if (!l->post_load_msg[0])
 				snprintf(l->post_load_msg, sizeof(l->post_load_msg), "%s",
-				         strerror(-ld->error));
-			post_load_msg = l->post_load_msg;
+				         strerror(-res.error));
+			res.post_load_msg = l->post_load_msg;
 		}
 	}
-	pthread_mutex_lock(&r->lock);
-	const int error = residency_load_done(r, l->node, ld->id, ld->error, ld->error_file,
-	                                      ld->error_offset, ld->error_attempts, post_load_msg);
-	const uint32_t failed = r->entries[ld->id].failed_loads;
-	pthread_mutex_unlock(&r->lock);
-	if (error && error != -ESHUTDOWN)
-		residency_warn_failure(r, ld->id, false, failed);
+	c->ops->load_done(c->owner, c->node, &res);
 	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
 }
 
-static void record_latency(struct node_part *p, uint64_t ns)
+static void record_latency(struct loader_stats *io, uint64_t ns)
 {
 	uint64_t us = ns / 1000;
 	int b = us < 2 ? 0 : 63 - __builtin_clzll(us);
-	if (b >= RESIDENCY_LAT_BUCKETS)
-		b = RESIDENCY_LAT_BUCKETS - 1;
-	stat_add(&p->io.latency_us_log2[b], 1);
+	if (b >= LOADER_LAT_BUCKETS)
+		b = LOADER_LAT_BUCKETS - 1;
+	stat_add(&io->latency_us_log2[b], 1);
 }
 
 static bool retryable(int res)
@@ -312,23 +318,23 @@ static void release_op(struct loader *l, struct read_op *op)
 
 static void handle_read(struct loader *l, struct read_op *op, int res, bool stopping)
 {
-	struct residency *r = l->r;
-	struct residency_stats *io = &l->part->io;
-	record_latency(l->part, monotonic_ns() - op->submit_ns);
-	if (r->fault_hook) {
+	const struct loader_config *c = &l->cfg;
+	struct loader_stats *io = c->io;
+	record_latency(io, monotonic_ns() - op->submit_ns);
+	if (l->fault_hook) {
 		struct expert_load *ld = &l->loads[op->slot];
 		struct loader_read_info info = {
-		    .layer = ld->id / r->n_experts,
-		    .expert = ld->id % r->n_experts,
+		    .layer = ld->id / c->n_experts,
+		    .expert = ld->id % c->n_experts,
 		    .file = op->file,
-		    .node = l->node,
+		    .node = c->node,
 		    .offset = op->offset,
 		    .length = op->remaining,
 		    .attempt = op->attempts,
 		    .seq = l->seq,
 		    .failed_loads = ld->failed_loads,
 		};
-		res = r->fault_hook(r->fault_arg, &info, res);
+		res = l->fault_hook(l->fault_arg, &info, res);
 	}
 	l->seq++;
 	if (l->loads[op->slot].error) { /* the expert already failed: drop the rest */
@@ -356,9 +362,9 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 	if (res > 0) {
 		stat_add(&io->short_reads, 1);
 		uint64_t advance = (uint64_t)res;
-		if (!r->buffered[op->file])
-			advance = advance / r->alignment * r->alignment;
-		if (advance == 0 && ++op->attempts > r->config.max_retries) {
+		if (!c->buffered[op->file])
+			advance = advance / c->alignment * c->alignment;
+		if (advance == 0 && ++op->attempts > c->max_retries) {
 			fail_op(l, op, -EIO);
 			release_op(l, op);
 			return;
@@ -371,7 +377,7 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 		submit_read(l, op);
 		return;
 	}
-	if (retryable(res) && op->attempts < r->config.max_retries) {
+	if (retryable(res) && op->attempts < c->max_retries) {
 		op->attempts++;
 		stat_add(&io->retries, 1);
 		l->in_flight--;
@@ -382,26 +388,19 @@ static void handle_read(struct loader *l, struct read_op *op, int res, bool stop
 	release_op(l, op);
 }
 
-/* Under the lock: moves queued ids into the issue FIFOs, demand first. */
-static void pick_up_work(struct loader *l)
+/* Takes the owner's queued work into the issue FIFOs, demand first; false once it stops. */
+static bool pick_up_work(struct loader *l)
 {
-	struct residency *r = l->r;
-	struct id_queue *queues[2] = {&l->part->demand, &l->part->prefetch};
-	struct slot_fifo *fifos[2] = {&l->issue_demand, &l->issue_prefetch};
-	const uint8_t bit = (uint8_t)(1u << l->node);
-	for (int q = 0; q < 2; q++) {
-		uint32_t id;
-		while (id_queue_pop(queues[q], &id)) {
-			struct expert_entry *e = &r->entries[id];
-			if (!(e->queued & bit) || e->state != EXPERT_LOADING)
-				continue; /* picked up already (a promoted prefetch) */
-			e->queued &= (uint8_t)~bit;
-			struct expert_load *ld = &l->loads[e->slot];
-			assert(ld->id == UINT32_MAX);
-			*ld = (struct expert_load){.id = id, .failed_loads = e->failed_loads};
-			fifo_push(fifos[q], e->slot);
-		}
+	const struct loader_config *c = &l->cfg;
+	const int n = c->ops->take_work(c->owner, c->node, l->jobs, l->n_slots);
+	for (int i = 0; i < n; i++) {
+		const struct loader_job *j = &l->jobs[i];
+		struct expert_load *ld = &l->loads[j->slot];
+		assert(ld->id == UINT32_MAX);
+		*ld = (struct expert_load){.id = j->id, .failed_loads = j->failed_loads};
+		fifo_push(j->demand ? &l->issue_demand : &l->issue_prefetch, j->slot);
 	}
+	return n >= 0;
 }
 
 static void issue_reads(struct loader *l)
@@ -433,7 +432,7 @@ static void reap(struct loader *l, bool stopping)
 		}
 		if (tag == TAG_TIMEOUT) {
 			if (res == -ETIME)
-				stat_add(&l->part->io.timeouts, 1);
+				stat_add(&l->cfg.io->timeouts, 1);
 			continue;
 		}
 		if (tag == TAG_CANCEL)
@@ -445,8 +444,7 @@ static void reap(struct loader *l, bool stopping)
 /* Fails every load that is queued, waiting to issue, or issued but abandoned. */
 static void fail_pending(struct loader *l)
 {
-	struct residency *r = l->r;
-	for (uint32_t s = 0; s < r->n_slots; s++) {
+	for (uint32_t s = 0; s < l->n_slots; s++) {
 		struct expert_load *ld = &l->loads[s];
 		if (ld->id == UINT32_MAX)
 			continue;
@@ -456,25 +454,15 @@ static void fail_pending(struct loader *l)
 		ld->issued_all = true;
 		finish_if_done(l, s);
 	}
-	pthread_mutex_lock(&r->lock);
-	uint32_t id;
-	const uint8_t bit = (uint8_t)(1u << l->node);
-	while (id_queue_pop(&l->part->demand, &id) || id_queue_pop(&l->part->prefetch, &id)) {
-		struct expert_entry *e = &r->entries[id];
-		if ((e->queued & bit) && e->state == EXPERT_LOADING) {
-			e->queued &= (uint8_t)~bit;
-			residency_load_done(r, l->node, id, -ESHUTDOWN, 0, 0, 0, NULL);
-		}
-	}
-	pthread_mutex_unlock(&r->lock);
+	l->cfg.ops->drop_queued(l->cfg.owner, l->cfg.node);
 }
 
 /* With several nodes, runs the calling thread on the CPUs of the node its pool is bound to, so
  * that its completions and post-load conversions touch the node's memory from the node. */
 static void pin_to_node(const struct loader *l)
 {
-	const int node = l->part->numa_node;
-	if (l->r->n_nodes < 2 || node < 0 || numa_available() < 0)
+	const int node = l->cfg.numa_node;
+	if (!l->cfg.pin_to_node || node < 0 || numa_available() < 0)
 		return; /* one node: the loader keeps the process's affinity */
 	if (numa_run_on_node(node) != 0)
 		log_warn("loader", "cannot pin node %d's loader to the node: %s", node,
@@ -484,15 +472,9 @@ static void pin_to_node(const struct loader *l)
 static void *loader_main(void *arg)
 {
 	struct loader *l = arg;
-	struct residency *r = l->r;
 	pin_to_node(l);
 	for (;;) {
-		pthread_mutex_lock(&r->lock);
-		bool stopping = r->stopping;
-		if (!stopping)
-			pick_up_work(l);
-		pthread_mutex_unlock(&r->lock);
-		if (stopping)
+		if (!pick_up_work(l))
 			break;
 		issue_reads(l);
 		if (!l->wake_armed)
@@ -543,94 +525,78 @@ static void memlock_hint(int rc, const char *what, uint64_t bytes, char *hint, s
 	         what, (unsigned long long)(lim.rlim_cur >> 10));
 }
 
-int loader_start(struct residency *r, uint32_t node, struct sidecar_error *err)
+/* Sets up everything but the thread; 0, or -1 with err (loader_start frees what was made). */
+static int loader_setup(struct loader *l, struct sidecar_error *err)
 {
-	struct loader *l = calloc(1, sizeof(*l));
-	if (!l) {
-		error_set(err, MOE_ENOMEM, "loader: out of memory");
-		return -ENOMEM;
-	}
-	struct node_part *p = &r->node[node];
-	p->loader = l;
-	l->r = r;
-	l->node = node;
-	l->part = p;
-	l->wake_fd = -1;
-	l->depth = r->config.queue_depth;
-	const uint32_t n_slots = r->n_slots;
+	const struct loader_config *c = &l->cfg;
+	const struct slot_pool *pool = c->pool;
+	const uint32_t n_slots = l->n_slots;
 	l->ops = calloc(l->depth, sizeof(*l->ops));
 	l->free_ops = malloc(l->depth * sizeof(uint32_t));
 	l->loads = calloc(n_slots, sizeof(*l->loads));
+	l->jobs = calloc(n_slots, sizeof(*l->jobs));
 	l->issue_demand =
 	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
 	l->issue_prefetch =
 	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
-	if (!l->ops || !l->free_ops || !l->loads || !l->issue_demand.slots ||
-	    !l->issue_prefetch.slots) {
-		error_set(err, MOE_ENOMEM, "loader: out of memory for %u reads, %u slots", l->depth,
-		          n_slots);
-		return -ENOMEM;
-	}
+	if (!l->ops || !l->free_ops || !l->loads || !l->jobs || !l->issue_demand.slots ||
+	    !l->issue_prefetch.slots)
+		return error_set(err, MOE_ENOMEM, "loader: out of memory for %u reads, %u slots",
+		                 l->depth, n_slots);
 	for (uint32_t i = 0; i < l->depth; i++)
 		l->free_ops[i] = l->depth - 1 - i;
 	l->n_free_ops = l->depth;
 	for (uint32_t s = 0; s < n_slots; s++)
 		l->loads[s].id = UINT32_MAX;
-	l->timeout.tv_sec = r->config.read_timeout_ms / 1000;
-	l->timeout.tv_nsec = (long long)(r->config.read_timeout_ms % 1000) * 1000000;
+	l->timeout.tv_sec = c->read_timeout_ms / 1000;
+	l->timeout.tv_nsec = (long long)(c->read_timeout_ms % 1000) * 1000000;
 
 	l->wake_fd = eventfd(0, EFD_CLOEXEC);
-	if (l->wake_fd < 0) {
-		int e = errno;
-		error_set(err, MOE_ESYS, "loader: eventfd: %s", strerror(e));
-		return -e;
-	}
+	if (l->wake_fd < 0)
+		return error_set_errno(err, "loader: eventfd");
 	/* Two entries per read (read + linked timeout), plus wake, cancel and slack. */
 	unsigned entries = 2 * l->depth + 8;
 	int rc = io_uring_queue_init(entries, &l->ring, 0);
 	if (rc < 0) {
 		char hint[320];
 		memlock_hint(rc, "its rings", 0, hint, sizeof(hint));
-		error_set(err, MOE_ESYS, "loader: io_uring_queue_init(%u entries): %s%s", entries,
-		          strerror(-rc), hint);
-		return rc;
+		return error_set(err, MOE_ESYS, "loader: io_uring_queue_init(%u entries): %s%s",
+		                 entries, strerror(-rc), hint);
 	}
 	l->ring_ready = true;
-	rc = io_uring_register_files(&l->ring, r->fds, r->map->n_files);
+	rc = io_uring_register_files(&l->ring, c->fds, c->map->n_files);
 	l->files_registered = rc == 0;
 	if (rc < 0)
 		log_info("loader", "registering %u files failed (%s): using plain descriptors",
-		         r->map->n_files, strerror(-rc));
+		         c->map->n_files, strerror(-rc));
 	/* Fixed buffers of whole slots, each at most 1 GiB (the kernel's limit per buffer), at
 	 * most MAX_REGISTERED_BUFFERS of them: slot s is in buffer s / slots_per_buffer. */
-	uint64_t cap = r->config.fixed_buffer_max;
+	uint64_t cap = c->fixed_buffer_max;
 	if (cap == 0 || cap > (UINT64_C(1) << 30))
 		cap = UINT64_C(1) << 30;
-	uint64_t per = p->pool.slot_bytes ? cap / p->pool.slot_bytes : 0;
-	if (per == 0 && p->pool.slot_bytes && p->pool.slot_bytes <= (UINT64_C(1) << 30))
+	uint64_t per = pool->slot_bytes ? cap / pool->slot_bytes : 0;
+	if (per == 0 && pool->slot_bytes && pool->slot_bytes <= (UINT64_C(1) << 30))
 		per = 1; /* a cap below one slot: one slot per buffer */
 	if (per > n_slots)
 		per = n_slots;
 	uint64_t n_bufs = per ? (n_slots + per - 1) / per : 0;
-	if (!r->config.no_register_buffers && per && n_bufs <= MAX_REGISTERED_BUFFERS) {
+	if (!c->no_register_buffers && per && n_bufs <= MAX_REGISTERED_BUFFERS) {
 		l->slots_per_buffer = (uint32_t)per;
 		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
-		if (!iov) {
-			error_set(err, MOE_ENOMEM, "loader: out of memory");
-			return -ENOMEM;
-		}
+		if (!iov)
+			return error_set(err, MOE_ENOMEM, "loader: out of memory");
 		for (uint64_t b = 0; b < n_bufs; b++) {
 			uint64_t first = b * per,
 			         count = n_slots - first < per ? n_slots - first : per;
-			iov[b] = (struct iovec){slot_pool_addr(&p->pool, (uint32_t)first),
-			                        count * p->pool.slot_bytes};
+			iov[b] = (struct iovec){slot_pool_addr(pool, (uint32_t)first),
+			                        count * pool->slot_bytes};
 		}
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
 		l->n_buffers = rc == 0 ? (uint32_t)n_bufs : 0;
 		if (rc < 0) {
-			const uint64_t bytes = (uint64_t)n_slots * p->pool.slot_bytes;
+			const uint64_t bytes = (uint64_t)n_slots * pool->slot_bytes;
 			char what[64], hint[320];
 			snprintf(what, sizeof(what), "the %.1f MiB of slots",
 			         (double)bytes / (1 << 20));
@@ -642,22 +608,40 @@ int loader_start(struct residency *r, uint32_t node, struct sidecar_error *err)
 			    n_slots, (unsigned long long)n_bufs, strerror(-rc), hint);
 		}
 	}
-	rc = pthread_create(&l->thread, NULL, loader_main, l);
-	if (rc) {
-		error_set(err, MOE_ESYS, "loader: pthread_create: %s", strerror(rc));
-		return -rc;
-	}
-	l->thread_started = true;
 	return 0;
 }
 
-void loader_stop(struct residency *r, uint32_t node)
+struct loader *loader_start(const struct loader_config *config, struct sidecar_error *err)
 {
-	struct loader *l = r->node[node].loader;
+	struct loader *l = calloc(1, sizeof(*l));
+	if (!l) {
+		error_set(err, MOE_ENOMEM, "loader: out of memory");
+		return NULL;
+	}
+	l->cfg = *config;
+	l->wake_fd = -1;
+	l->depth = config->queue_depth;
+	l->n_slots = config->pool->n_slots;
+	if (loader_setup(l, err) != 0) {
+		loader_stop(l);
+		return NULL;
+	}
+	int rc = pthread_create(&l->thread, NULL, loader_main, l);
+	if (rc) {
+		error_set(err, MOE_ESYS, "loader: pthread_create: %s", strerror(rc));
+		loader_stop(l);
+		return NULL;
+	}
+	l->thread_started = true;
+	return l;
+}
+
+void loader_stop(struct loader *l)
+{
 	if (!l)
 		return;
 	if (l->thread_started) {
-		wake_one(l);
+		loader_wake(l);
 		pthread_join(l->thread, NULL);
 	}
 	if (l->ring_ready)
@@ -667,8 +651,8 @@ void loader_stop(struct residency *r, uint32_t node)
 	free(l->ops);
 	free(l->free_ops);
 	free(l->loads);
+	free(l->jobs);
 	free(l->issue_demand.slots);
 	free(l->issue_prefetch.slots);
 	free(l);
-	r->node[node].loader = NULL;
 }

@@ -1,11 +1,10 @@
 /* policy.c — the policy interface (policy.h): spec parsing, partitions (layer-aware capacity),
- * pinning, the shared queue, and dispatch to the algorithms in policy_lru.c and
- * policy_sieve.c. Partition bookkeeping lives here so every algorithm gets +layer and +pinN
- * the same way. */
+ * pinning, the shared queue, and dispatch to the algorithms' rows (policy_lru.c,
+ * policy_sieve.c, policy_heat.c; policy_internal.h). Partition bookkeeping lives here so every
+ * algorithm gets +layer and +pinN the same way. */
 #include "policy.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,14 @@
 #include "policy_internal.h"
 
 static const char *const kind_names[POLICY_KIND_COUNT] = {"lru", "sieve", "sieve-heat", "heat"};
+
+/* Each kind's victim search; SIEVE and SIEVE-heat share one (it reads spec.kind for heat). */
+static const struct policy_algorithm *const algorithms[POLICY_KIND_COUNT] = {
+    [POLICY_LRU] = &policy_lru_algorithm,
+    [POLICY_SIEVE] = &policy_sieve_algorithm,
+    [POLICY_SIEVE_HEAT] = &policy_sieve_algorithm,
+    [POLICY_HEAT] = &policy_heat_algorithm,
+};
 
 /* The modifiers policy_spec_parse accepts, as help shows them. */
 enum policy_modifier { MOD_LAYER, MOD_PIN, MOD_COUNT };
@@ -76,10 +83,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 {
 	struct policy_spec s = {.heat_half_life = 0, .heat_keep = 2.0f};
 	char buf[96];
-	if (strlen(text) >= sizeof(buf)) {
-		error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
-		return -EINVAL;
-	}
+	if (strlen(text) >= sizeof(buf))
+		return error_set(err, MOE_EINVAL, "policy '%.40s…': name too long", text);
 	strcpy(buf, text);
 	char *save = NULL;
 	char *base = strtok_r(buf, "+", &save);
@@ -90,9 +95,8 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 	if (kind < 0) {
 		char kinds[96];
 		list_kinds(kinds, sizeof(kinds));
-		error_set(err, MOE_EINVAL, "policy '%s': unknown algorithm '%s' (%s)", text,
-		          base ? base : "", kinds);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "policy '%s': unknown algorithm '%s' (%s)", text,
+		                 base ? base : "", kinds);
 	}
 	s.kind = (enum policy_kind)kind;
 	for (char *mod = strtok_r(NULL, "+", &save); mod; mod = strtok_r(NULL, "+", &save)) {
@@ -103,9 +107,9 @@ int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_
 		default: {
 			char mods[96];
 			list_modifiers(mods, sizeof(mods));
-			error_set(err, MOE_EINVAL, "policy '%s': unknown modifier '+%s' (%s)", text,
-			          mod, mods);
-			return -EINVAL;
+			return error_set(err, MOE_EINVAL,
+			                 "policy '%s': unknown modifier '+%s' (%s)", text, mod,
+			                 mods);
 		}
 		}
 	}
@@ -120,32 +124,33 @@ void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len)
 		snprintf(buf + n, len - (size_t)n, "+pin%u", spec->pin_layers);
 }
 
+uint64_t policy_slots_needed(const struct policy_spec *spec, uint32_t n_layers, uint32_t n_experts,
+                             uint32_t n_masked_pinned)
+{
+	/* The unpinned layers need one slot at least, or their first demand never loads. */
+	return (uint64_t)spec->pin_layers * n_experts - n_masked_pinned +
+	       (spec->pin_layers < n_layers);
+}
+
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
                   uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
                   struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
-	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL) {
-		error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
-		          n_layers, n_experts);
-		return -EINVAL;
-	}
-	if (spec->pin_layers > n_layers) {
-		error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
-		          spec->pin_layers, n_layers);
-		return -EINVAL;
-	}
-	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
-	/* The unpinned layers need one slot at least, or their first demand never loads. */
-	const uint64_t need = pinned + (spec->pin_layers < n_layers);
-	if (need > capacity) {
-		error_set(err, MOE_EINVAL,
-		          "policy: %u pinned layers need %llu slots%s but the capacity is %u slots",
-		          spec->pin_layers, (unsigned long long)pinned,
-		          spec->pin_layers < n_layers ? " and the other layers one more" : "",
-		          capacity);
-		return -ENOSPC;
-	}
+	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL)
+		return error_set(err, MOE_EINVAL, "policy: bad model shape %u layers × %u experts",
+		                 n_layers, n_experts);
+	if (spec->pin_layers > n_layers)
+		return error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
+		                 spec->pin_layers, n_layers);
+	const uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
+	if (policy_slots_needed(spec, n_layers, n_experts, n_masked_pinned) > capacity)
+		return error_set(
+		    err, MOE_EINVAL,
+		    "policy: %u pinned layers need %llu slots%s but the capacity is %u "
+		    "slots",
+		    spec->pin_layers, (unsigned long long)pinned,
+		    spec->pin_layers < n_layers ? " and the other layers one more" : "", capacity);
 	p->spec = *spec;
 	p->n_layers = n_layers;
 	p->n_experts = n_experts;
@@ -164,9 +169,8 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
 	    !p->in_queue || !p->visited || !p->heat) {
 		policy_destroy(p);
-		error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
-		          n_layers * n_experts);
-		return -ENOMEM;
+		return error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
+		                 n_layers * n_experts);
 	}
 	for (uint32_t i = 0; i < p->n_partitions; i++)
 		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};
@@ -201,7 +205,7 @@ void policy_destroy(struct residency_policy *p)
 	memset(p, 0, sizeof(*p));
 }
 
-void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+static void queue_push_head(struct residency_policy *p, struct policy_queue *q, uint32_t id)
 {
 	p->prev[id] = POLICY_NONE;
 	p->next[id] = q->head;
@@ -212,7 +216,7 @@ void policy_queue_push_head(struct residency_policy *p, struct policy_queue *q, 
 		q->tail = id;
 }
 
-void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id)
+static void queue_unlink(struct residency_policy *p, struct policy_queue *q, uint32_t id)
 {
 	uint32_t newer = p->prev[id], older = p->next[id];
 	if (q->hand == id)
@@ -227,26 +231,6 @@ void policy_queue_unlink(struct residency_policy *p, struct policy_queue *q, uin
 		q->tail = newer;
 }
 
-float policy_heat_now(const struct residency_policy *p, uint32_t id)
-{
-	uint64_t age = p->now - p->heat_at[id];
-	if (!age || p->heat[id] == 0)
-		return p->heat[id];
-	return p->heat[id] * exp2f(-(float)age / p->half_life);
-}
-
-static void heat_settle(struct residency_policy *p, uint32_t id)
-{
-	p->heat[id] = policy_heat_now(p, id);
-	p->heat_at[id] = p->now;
-}
-
-void policy_heat_halve(struct residency_policy *p, uint32_t id)
-{
-	heat_settle(p, id);
-	p->heat[id] *= 0.5f;
-}
-
 /* Heat = Σ score · 2^(-age / half_life): an exponentially decayed average of the router
  * scores an expert received (up to the constant half_life / ln 2), so it grows with both how
  * often and how strongly the router picks it, and fades when it stops being picked. */
@@ -255,7 +239,7 @@ static void update_heat(struct residency_policy *p, uint32_t id, float score)
 	if (!(score >= 0))
 		return; /* no score (prefetch), or NaN */
 	p->now++;
-	heat_settle(p, id);
+	policy_heat_settle(p, id);
 	float h = p->heat[id] + score;
 	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
 	p->heat[id] = h < max || p->spec.kind == POLICY_HEAT ? h : max;
@@ -266,7 +250,7 @@ void policy_insert(struct residency_policy *p, uint32_t id, float score)
 	if (id >= p->n_ids || policy_is_pinned(p, id) || p->in_queue[id])
 		return;
 	uint32_t part = policy_partition(p, id);
-	policy_queue_push_head(p, &p->queues[part], id);
+	queue_push_head(p, &p->queues[part], id);
 	p->in_queue[id] = 1;
 	p->visited[id] = 0;
 	update_heat(p, id, score);
@@ -281,8 +265,8 @@ void policy_access(struct residency_policy *p, uint32_t id, float score)
 	update_heat(p, id, score);
 	if (p->spec.kind == POLICY_LRU) {
 		struct policy_queue *q = &p->queues[policy_partition(p, id)];
-		policy_queue_unlink(p, q, id);
-		policy_queue_push_head(p, q, id);
+		queue_unlink(p, q, id);
+		queue_push_head(p, q, id);
 	} else {
 		p->visited[id] = 1;
 	}
@@ -293,7 +277,7 @@ void policy_remove(struct residency_policy *p, uint32_t id)
 	if (id >= p->n_ids || !p->in_queue[id])
 		return;
 	uint32_t part = policy_partition(p, id);
-	policy_queue_unlink(p, &p->queues[part], id);
+	queue_unlink(p, &p->queues[part], id);
 	p->in_queue[id] = 0;
 	p->visited[id] = 0;
 	p->count[part]--;
@@ -346,13 +330,9 @@ static uint32_t victim_in(struct residency_policy *p, uint32_t part, bool prefet
 	struct policy_queue *q = &p->queues[part];
 	if (q->tail == POLICY_NONE)
 		return POLICY_NONE;
-	if (p->spec.kind == POLICY_LRU)
-		return lru_victim(p, q, can, arg);
-	if (p->spec.kind == POLICY_HEAT)
-		return heat_victim(p, q, prefetch ? priority : INFINITY, can, arg);
-	if (prefetch)
-		return sieve_prefetch_victim(p, q, priority, can, arg);
-	return sieve_victim(p, q, p->count[part], can, arg);
+	const struct policy_algorithm *a = algorithms[p->spec.kind];
+	return prefetch ? a->prefetch_victim(p, q, priority, can, arg)
+	                : a->victim(p, q, p->count[part], can, arg);
 }
 
 static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool prefetch,

@@ -56,7 +56,7 @@ struct policy_spec {
 /* The policy a residency gets when its configuration names none. */
 #define POLICY_DEFAULT_SPEC "sieve+layer"
 
-/* Parses "lru", "sieve+layer+pin2", …; on error writes a message naming the bad part. */
+/* Parses "lru", "sieve+layer+pin2", …: 0, or -1 with a message naming the bad part. */
 int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_error *err);
 /* What policy_spec_parse accepts, from the same tables, for help texts:
  * "lru, sieve, sieve-heat; modifiers +layer, +pinN". */
@@ -68,7 +68,7 @@ void policy_spec_name(const struct policy_spec *spec, char *buf, size_t len);
  * referenced and not loading. Simulator: not needed by the step being served.) */
 typedef bool (*policy_can_evict_fn)(void *arg, uint32_t id);
 
-struct policy_queue; /* one per partition (policy.c) */
+struct policy_queue; /* one per partition (policy_internal.h) */
 
 struct residency_policy {
 	struct policy_spec spec;
@@ -90,13 +90,17 @@ struct residency_policy {
 
 /* Creates a policy for n_layers × n_experts over `capacity` slots in total. Pinned layers
  * (spec->pin_layers) take n_experts slots each out of the capacity, minus `n_masked_pinned`
- * (pinned experts that are GPU-masked and so never held). Fails (-ENOSPC) with a message when
- * the pinned layers do not fit with at least one slot left for the other layers. Any capacity
- * of one slot or more serves every layer, also with +layer and fewer slots than layers (see
- * policy_make_room). */
+ * (pinned experts that are GPU-masked and so never held). Any capacity of one slot or more
+ * serves every layer, also with +layer and fewer slots than layers (see policy_make_room).
+ * 0, or -1 with err: a bad shape or spec, no memory, or a capacity below
+ * policy_slots_needed (the pinned layers do not fit with one slot left for the others). */
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
                   uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
                   struct sidecar_error *err);
+/* The smallest capacity policy_create accepts for a spec whose pin_layers ≤ n_layers: the
+ * pinned layers' experts less n_masked_pinned, and one slot for the other layers if any. */
+uint64_t policy_slots_needed(const struct policy_spec *spec, uint32_t n_layers, uint32_t n_experts,
+                             uint32_t n_masked_pinned);
 void policy_destroy(struct residency_policy *p);
 
 static inline uint32_t policy_id(const struct residency_policy *p, uint32_t layer, uint32_t expert)

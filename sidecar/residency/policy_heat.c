@@ -10,8 +10,9 @@
  * the residency lock, once per admission that evicts. */
 #include "policy_internal.h"
 
-uint32_t heat_victim(struct residency_policy *p, struct policy_queue *q, float below,
-                     policy_can_evict_fn can, void *arg)
+/* The coldest evictable expert below `below`, the oldest of equals. */
+static uint32_t heat_victim(struct residency_policy *p, struct policy_queue *q, float below,
+                            policy_can_evict_fn can, void *arg)
 {
 	uint32_t best = POLICY_NONE;
 	float best_heat = below;
@@ -26,3 +27,15 @@ uint32_t heat_victim(struct residency_policy *p, struct policy_queue *q, float b
 	}
 	return best;
 }
+
+static uint32_t heat_demand_victim(struct residency_policy *p, struct policy_queue *q, uint32_t n,
+                                   policy_can_evict_fn can, void *arg)
+{
+	(void)n;
+	return heat_victim(p, q, INFINITY, can, arg);
+}
+
+const struct policy_algorithm policy_heat_algorithm = {
+    .victim = heat_demand_victim,
+    .prefetch_victim = heat_victim, /* only an expert colder than the priority */
+};

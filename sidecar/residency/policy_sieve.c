@@ -22,8 +22,8 @@ static uint32_t step_toward_head(const struct residency_policy *p, const struct 
 	return n != POLICY_NONE ? n : q->tail;
 }
 
-uint32_t sieve_victim(struct residency_policy *p, struct policy_queue *q, uint32_t n,
-                      policy_can_evict_fn can, void *arg)
+static uint32_t sieve_victim(struct residency_policy *p, struct policy_queue *q, uint32_t n,
+                             policy_can_evict_fn can, void *arg)
 {
 	const bool heat = p->spec.kind == POLICY_SIEVE_HEAT;
 	const float keep = p->spec.heat_keep;
@@ -48,8 +48,8 @@ uint32_t sieve_victim(struct residency_policy *p, struct policy_queue *q, uint32
 	return POLICY_NONE;
 }
 
-uint32_t sieve_prefetch_victim(struct residency_policy *p, struct policy_queue *q, float priority,
-                               policy_can_evict_fn can, void *arg)
+static uint32_t sieve_prefetch_victim(struct residency_policy *p, struct policy_queue *q,
+                                      float priority, policy_can_evict_fn can, void *arg)
 {
 	const bool heat = p->spec.kind == POLICY_SIEVE_HEAT;
 	uint32_t start = q->hand != POLICY_NONE ? q->hand : q->tail;
@@ -62,3 +62,8 @@ uint32_t sieve_prefetch_victim(struct residency_policy *p, struct policy_queue *
 	} while (id != start);
 	return POLICY_NONE;
 }
+
+const struct policy_algorithm policy_sieve_algorithm = {
+    .victim = sieve_victim,
+    .prefetch_victim = sieve_prefetch_victim,
+};

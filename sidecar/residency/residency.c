@@ -1,6 +1,8 @@
 /* residency.c — the expert state machine (see residency.h): demands, prefetches, eviction
  * through the policy, waiting on loads in flight, counters, for every node at once. The I/O
- * itself is loader.c's, one loader per node.
+ * itself is loader.c's, one loader per node, which this file drives through loader.h and
+ * answers through its loader_ops (take_work, load_done, drop_queued): the loader calls no
+ * other function of this file.
  *
  * Invariants (asserted): an expert with readers is RESIDENT; a slot belongs to exactly one
  * LOADING or RESIDENT expert, on every node; the policy holds exactly the LOADING and
@@ -28,6 +30,10 @@
 #define DEFAULT_BACKOFF_MAX_MS 60000u
 #define FAILURE_LOG_NS 10000000000ull /* one warning about failed loads per 10 s at most */
 
+static_assert(LOADER_LAT_BUCKETS == RESIDENCY_LAT_BUCKETS, "the loader's latency buckets");
+
+static void warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed_loads);
+
 uint64_t residency_backoff_ms(const struct residency_config *c, uint32_t failed_loads)
 {
 	if (c->retry_backoff_ms == RESIDENCY_NO_BACKOFF || failed_loads == 0)
@@ -50,13 +56,14 @@ static void leave_failed(struct residency *r, struct expert_entry *e)
 	r->failed_now--;
 }
 
-void id_queue_push(struct id_queue *q, uint32_t id)
+/* Queues (under lock). */
+static void id_queue_push(struct id_queue *q, uint32_t id)
 {
 	assert(q->count < q->cap);
 	q->ids[(q->head + q->count++) % q->cap] = id;
 }
 
-bool id_queue_pop(struct id_queue *q, uint32_t *id)
+static bool id_queue_pop(struct id_queue *q, uint32_t *id)
 {
 	if (!q->count)
 		return false;
@@ -159,8 +166,12 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 	return 0;
 }
 
-int residency_load_done(struct residency *r, uint32_t node, uint32_t id, int error, uint32_t file,
-                        uint64_t offset, uint32_t attempts, const char *post_load_msg)
+/* Under lock, when node's part of an expert's load ends (error 0: its slice is in its slot).
+ * post_load_msg (NULL for read errors): the post-load hook failed with this message. When
+ * every node's part has ended the expert becomes RESIDENT, or FAILED with the first node's
+ * error; returns that error when this call made it FAILED (the caller warns), else 0. */
+static int load_done(struct residency *r, uint32_t node, uint32_t id, int error, uint32_t file,
+                     uint64_t offset, uint32_t attempts, const char *post_load_msg)
 {
 	struct expert_entry *e = &r->entries[id];
 	const uint8_t bit = (uint8_t)(1u << node);
@@ -205,6 +216,81 @@ int residency_load_done(struct residency *r, uint32_t node, uint32_t id, int err
 	e->queued = 0;
 	pthread_cond_broadcast(&r->changed);
 	return error;
+}
+
+/* loader_ops.take_work: node's queued loads, demands first; -1 once stopping. */
+static int loader_take_work(void *owner, uint32_t node, struct loader_job *jobs, uint32_t max)
+{
+	struct residency *r = owner;
+	struct id_queue *queues[2] = {&r->node[node].demand, &r->node[node].prefetch};
+	const uint8_t bit = (uint8_t)(1u << node);
+	uint32_t n = 0;
+	pthread_mutex_lock(&r->lock);
+	if (r->stopping) {
+		pthread_mutex_unlock(&r->lock);
+		return -1;
+	}
+	for (int q = 0; q < 2; q++) {
+		uint32_t id;
+		while (n < max && id_queue_pop(queues[q], &id)) {
+			struct expert_entry *e = &r->entries[id];
+			if (!(e->queued & bit) || e->state != EXPERT_LOADING)
+				continue; /* picked up already (a promoted prefetch) */
+			e->queued &= (uint8_t)~bit;
+			jobs[n++] = (struct loader_job){.id = id,
+			                                .slot = e->slot,
+			                                .failed_loads = e->failed_loads,
+			                                .demand = q == 0};
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+	return (int)n;
+}
+
+/* loader_ops.load_done: publishes node's part of a load; warns (after the lock) when the
+ * expert became FAILED. */
+static void loader_load_done(void *owner, uint32_t node, const struct loader_result *res)
+{
+	struct residency *r = owner;
+	pthread_mutex_lock(&r->lock);
+	const int error = load_done(r, node, res->id, res->error, res->file, res->offset,
+	                            res->attempts, res->post_load_msg);
+	const uint32_t failed = r->entries[res->id].failed_loads;
+	pthread_mutex_unlock(&r->lock);
+	if (error && error != -ESHUTDOWN)
+		warn_failure(r, res->id, false, failed);
+}
+
+/* loader_ops.drop_queued: the loads queued for node that its loader will never pick up. */
+static void loader_drop_queued(void *owner, uint32_t node)
+{
+	struct residency *r = owner;
+	struct node_part *p = &r->node[node];
+	const uint8_t bit = (uint8_t)(1u << node);
+	uint32_t id;
+	pthread_mutex_lock(&r->lock);
+	while (id_queue_pop(&p->demand, &id) || id_queue_pop(&p->prefetch, &id)) {
+		struct expert_entry *e = &r->entries[id];
+		if ((e->queued & bit) && e->state == EXPERT_LOADING) {
+			e->queued &= (uint8_t)~bit;
+			load_done(r, node, id, -ESHUTDOWN, 0, 0, 0, NULL);
+		}
+	}
+	pthread_mutex_unlock(&r->lock);
+}
+
+static const struct loader_ops loader_ops = {
+    .take_work = loader_take_work,
+    .load_done = loader_load_done,
+    .drop_queued = loader_drop_queued,
+};
+
+/* New work queued for every node (without the lock). */
+static void wake_loaders(struct residency *r)
+{
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		if (r->node[n].loader)
+			loader_wake(r->node[n].loader);
 }
 
 /* Under lock: may a slot free up, or an expert become evictable, without the caller? Only
@@ -268,7 +354,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 		if (wake) { /* poke the loader without the lock; the waiter count pins the expert */
 			e->waiters++;
 			pthread_mutex_unlock(&r->lock);
-			loader_wake(r);
+			wake_loaders(r);
 			pthread_mutex_lock(&r->lock);
 			e->waiters--;
 			wake = false;
@@ -352,7 +438,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 	}
 	pthread_mutex_unlock(&r->lock);
 	if (retried)
-		residency_warn_failure(r, id, true, retried);
+		warn_failure(r, id, true, retried);
 	return rc;
 }
 
@@ -400,7 +486,7 @@ int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *expe
 	}
 	pthread_mutex_unlock(&r->lock);
 	if (started)
-		loader_wake(r);
+		wake_loaders(r);
 	return started;
 }
 
@@ -454,7 +540,7 @@ int residency_warm_pinned(struct residency *r, struct sidecar_error *err)
 						residency_error_message(r, l, x, err->msg,
 						                        sizeof(err->msg));
 					}
-					return rc;
+					return -1;
 				}
 			}
 	return 0;
@@ -494,7 +580,10 @@ uint32_t residency_retry_all_failed(struct residency *r)
 	return n;
 }
 
-void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed)
+/* After the lock is dropped: a warning (rate-limited) that (layer, expert)'s load failed and
+ * when it will be read again (retry = false), or that it is being read again (retry = true);
+ * failed: the expert's failures in a row, as taken under the lock. */
+static void warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed)
 {
 	const uint64_t now = monotonic_ns();
 	uint64_t last = atomic_load_explicit(&r->failure_log_ns[retry], memory_order_relaxed);
@@ -598,10 +687,10 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
 			    atomic_load_explicit(&p->io.latency_us_log2[i], memory_order_relaxed);
 		out->slot_bytes += p->pool.slot_bytes;
 		out->budget_bytes += p->budget;
-		out->fixed_buffers += loader_fixed_buffers(r, n);
+		out->fixed_buffers += loader_fixed_buffers(p->loader);
 		out->buffers_registered =
-		    n == first ? loader_buffers_registered(r, n)
-		               : out->buffers_registered && loader_buffers_registered(r, n);
+		    n == first ? loader_buffers_registered(p->loader)
+		               : out->buffers_registered && loader_buffers_registered(p->loader);
 		out->hugetlb = out->hugetlb && p->pool.hugetlb;
 		out->thp = out->thp && p->pool.thp_advised;
 	}
@@ -649,8 +738,7 @@ int residency_open_file(const char *path, bool no_direct, struct residency_file 
 		fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
-		return -e;
+		return error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
 	}
 	out->fd = fd;
 	struct statx stx;
@@ -666,9 +754,9 @@ int residency_open_file(const char *path, bool no_direct, struct residency_file 
 			if (a & (a - 1) || a > (1u << 21)) {
 				close(fd);
 				out->fd = -1;
-				error_set(err, MOE_EINVAL,
-				          "%s: unusable direct-I/O alignment %u bytes", path, a);
-				return -EINVAL;
+				return error_set(err, MOE_EINVAL,
+				                 "%s: unusable direct-I/O alignment %u bytes", path,
+				                 a);
 			}
 			out->alignment = a;
 		}
@@ -683,9 +771,8 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 	for (uint32_t f = 0; f < m->n_files; f++) {
 		const char *path = m->paths[f];
 		struct residency_file rf;
-		int rc = residency_open_file(path, r->config.no_direct, &rf, err);
-		if (rc < 0)
-			return rc;
+		if (residency_open_file(path, r->config.no_direct, &rf, err) != 0)
+			return -1;
 		if (rf.direct_refused)
 			log_warn("residency",
 			         "%s: O_DIRECT not supported here (%s): reading it BUFFERED "
@@ -708,8 +795,7 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 		struct stat st;
 		if (fstat(r->fds[f], &st) != 0) {
 			int e = errno;
-			error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
-			return -e;
+			return error_set(err, MOE_ESYS, "%s: fstat: %s", m->paths[f], strerror(e));
 		}
 		for (uint32_t k = 0; k < r->n_nodes * r->n_ids; k++) {
 			const uint32_t id = k % r->n_ids;
@@ -718,8 +804,8 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 			    expert_map_extents(r->node[k / r->n_ids].map, id, &n);
 			for (uint32_t i = 0; i < n; i++)
 				if (ext[i].file == f &&
-				    ext[i].offset + ext[i].length > (uint64_t)st.st_size) {
-					error_set(
+				    ext[i].offset + ext[i].length > (uint64_t)st.st_size)
+					return error_set(
 					    err, MOE_EINVAL,
 					    "%s: layer %u expert %u: extent [%llu, +%llu) beyond "
 					    "the end of the file (%llu bytes)",
@@ -727,8 +813,6 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 					    (unsigned long long)ext[i].offset,
 					    (unsigned long long)ext[i].length,
 					    (unsigned long long)st.st_size);
-					return -EINVAL;
-				}
 		}
 	}
 	return 0;
@@ -765,8 +849,8 @@ static uint64_t compute_layout(struct residency *r, struct node_part *p)
 
 void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg)
 {
-	r->fault_hook = hook;
-	r->fault_arg = arg;
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		loader_set_fault_hook(r->node[n].loader, hook, arg);
 }
 
 /* The node maps must describe the same files and experts: the files are opened once. */
@@ -798,15 +882,14 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 	for (uint32_t n = 0; n < r->n_nodes; n++)
 		sum += (slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
 	const uint64_t slots = budget / sum;
-	if (r->n_nodes > 1 && slots == 0) {
-		error_set(err, MOE_EINVAL,
-		          "residency: a budget of %llu bytes holds no expert: one expert's slices "
-		          "take %llu bytes of slots over %u nodes; the smallest budget that serves "
-		          "is %llu bytes",
-		          (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
-		          (unsigned long long)sum);
-		return -ENOSPC;
-	}
+	if (r->n_nodes > 1 && slots == 0)
+		return error_set(
+		    err, MOE_EINVAL,
+		    "residency: a budget of %llu bytes holds no expert: one expert's slices "
+		    "take %llu bytes of slots over %u nodes; the smallest budget that serves "
+		    "is %llu bytes",
+		    (unsigned long long)budget, (unsigned long long)sum, r->n_nodes,
+		    (unsigned long long)sum);
 	uint64_t left = budget;
 	for (uint32_t n = 0; n < r->n_nodes; n++) {
 		struct node_part *p = &r->node[n];
@@ -819,9 +902,8 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		    r->n_nodes == 1
 		        ? p->budget
 		        : slots * ((slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1));
-		int rc = slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err);
-		if (rc)
-			return rc;
+		if (slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err) != 0)
+			return -1;
 		p->pool.budget = p->budget;
 	}
 	r->n_slots = r->node[0].pool.n_slots;
@@ -854,19 +936,15 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
                            struct sidecar_error *err)
 {
 	*out = NULL;
-	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES) {
-		error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
-		          RESIDENCY_MAX_NODES);
-		return -EINVAL;
-	}
+	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES)
+		return error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
+		                 RESIDENCY_MAX_NODES);
 	if (check_node_maps(nodes, n_nodes, err) != 0)
-		return -EINVAL;
+		return -1;
 	const struct expert_map *map = nodes[0].map;
 	struct residency *r = calloc(1, sizeof(*r));
-	if (!r) {
-		error_set(err, MOE_ENOMEM, "residency: out of memory");
-		return -ENOMEM;
-	}
+	if (!r)
+		return error_set(err, MOE_ENOMEM, "residency: out of memory");
 	r->map = map;
 	r->n_nodes = n_nodes;
 	r->config = *config;
@@ -884,14 +962,13 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		          "1000) out of range",
 		          r->config.queue_depth, r->config.max_retries);
 		free(r);
-		return -EINVAL;
+		return -1;
 	}
 	r->n_layers = map->n_layers;
 	r->n_experts = map->n_experts;
 	r->n_ids = map->n_layers * map->n_experts;
 	pthread_mutex_init(&r->lock, NULL);
 	pthread_cond_init(&r->changed, NULL);
-	int rc = -ENOMEM;
 	r->entries = calloc(r->n_ids, sizeof(*r->entries));
 	r->fds = malloc(map->n_files * sizeof(int));
 	r->buffered = calloc(map->n_files, sizeof(bool));
@@ -921,29 +998,25 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 				          "residency: layer %u expert %u has no bytes in node %u's "
 				          "map",
 				          id / r->n_experts, id % r->n_experts, n);
-				rc = -EINVAL;
 				goto fail;
 			}
 	}
-	rc = open_model_files(r, err);
-	if (rc)
+	if (open_model_files(r, err) != 0)
 		goto fail;
 	if (r->config.chunk_bytes % r->alignment)
 		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
 	uint64_t slot_bytes[RESIDENCY_MAX_NODES];
 	for (uint32_t n = 0; n < n_nodes; n++)
 		slot_bytes[n] = compute_layout(r, &r->node[n]);
-	rc = create_pools(r, slot_bytes, err);
-	if (rc)
+	if (create_pools(r, slot_bytes, err) != 0)
 		goto fail;
 	struct policy_spec spec;
-	rc = policy_spec_parse(r->config.policy, &spec, err);
-	if (rc)
+	if (policy_spec_parse(r->config.policy, &spec, err) != 0)
 		goto fail;
-	rc = policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err);
-	if (rc == -ENOSPC) {
-		const uint64_t need = (uint64_t)spec.pin_layers * r->n_experts +
-		                      (spec.pin_layers < r->n_layers ? 1 : 0);
+	if (policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err) != 0) {
+		const uint64_t need = policy_slots_needed(&spec, r->n_layers, r->n_experts, 0);
+		if (spec.pin_layers > r->n_layers || need <= r->n_slots)
+			goto fail;         /* not the budget */
 		uint64_t expert_slots = 0; /* one expert's slots on every node */
 		for (uint32_t n = 0; n < n_nodes; n++)
 			expert_slots += r->node[n].pool.slot_bytes;
@@ -955,9 +1028,8 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 			         (unsigned long long)r->config.mem_budget, r->n_slots,
 			         (unsigned long long)expert_slots,
 			         (unsigned long long)(need * expert_slots));
-	}
-	if (rc)
 		goto fail;
+	}
 	for (uint32_t n = 0; n < n_nodes; n++) {
 		struct node_part *p = &r->node[n];
 		p->demand.cap = r->n_ids;
@@ -966,20 +1038,43 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		p->prefetch.ids = malloc(p->prefetch.cap * sizeof(uint32_t));
 		if (!p->demand.ids || !p->prefetch.ids) {
 			error_set(err, MOE_ENOMEM, "residency: out of memory for the load queues");
-			rc = -ENOMEM;
 			goto fail;
 		}
 	}
 	for (uint32_t n = 0; n < n_nodes; n++) {
-		rc = loader_start(r, n, err);
-		if (rc)
+		struct node_part *p = &r->node[n];
+		const struct loader_config lc = {
+		    .node = n,
+		    .numa_node = p->numa_node,
+		    .pin_to_node = n_nodes > 1,
+		    .n_experts = r->n_experts,
+		    .map = p->map,
+		    .layout = p->layout,
+		    .pool = &p->pool,
+		    .fds = r->fds,
+		    .buffered = r->buffered,
+		    .alignment = r->alignment,
+		    .chunk_bytes = r->config.chunk_bytes,
+		    .queue_depth = r->config.queue_depth,
+		    .max_retries = r->config.max_retries,
+		    .read_timeout_ms = r->config.read_timeout_ms,
+		    .fixed_buffer_max = r->config.fixed_buffer_max,
+		    .no_register_buffers = r->config.no_register_buffers,
+		    .post_load = r->config.post_load,
+		    .post_load_arg = p->post_load_arg,
+		    .io = &p->io,
+		    .ops = &loader_ops,
+		    .owner = r,
+		};
+		p->loader = loader_start(&lc, err);
+		if (!p->loader)
 			goto fail;
 	}
 	*out = r;
 	return 0;
 fail:
 	residency_destroy(r);
-	return rc;
+	return -1;
 }
 
 void residency_destroy(struct residency *r)
@@ -990,8 +1085,10 @@ void residency_destroy(struct residency *r)
 	r->stopping = true;
 	pthread_cond_broadcast(&r->changed);
 	pthread_mutex_unlock(&r->lock);
-	for (uint32_t n = 0; n < r->n_nodes; n++)
-		loader_stop(r, n);
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		loader_stop(r->node[n].loader);
+		r->node[n].loader = NULL;
+	}
 	if (r->fds)
 		for (uint32_t f = 0; f < r->map->n_files; f++)
 			if (r->fds[f] >= 0)

@@ -28,12 +28,14 @@
  * submit and reap I/O without the lock and take it only to pick up work and publish
  * results; waiters sleep on a condition variable.
  *
- * Errors: set-up calls (residency_create, residency_warm_pinned) return a negative errno and
- * fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path calls
- * (residency_acquire, prefetch, release, …) return a bare negative errno — -EINPROGRESS,
- * -EAGAIN, -EPERM, -EIO … — which is a status the caller acts on, not a report: they take no
- * error record and build no message; residency_error_message formats a failed expert's error
- * with its file, offset and retry count when the caller wants one.
+ * Errors: set-up calls (residency_open_file, residency_create, residency_warm_pinned) return
+ * -1 and fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path
+ * calls (residency_acquire, prefetch, set_gpu_mask, ref_node, …) return a bare negative
+ * errno — -EINPROGRESS, -EAGAIN, -EPERM, -EIO … — which is a status the caller acts on, not a
+ * report: they take no error record and build no message; residency_error_message formats a
+ * failed expert's error with its file, offset and retry count when the caller wants one.
+ * Nothing here logs a failure it returns; the loaders warn (rate-limited) about failed loads,
+ * which no call returns to anyone.
  */
 #ifndef MOE_RESIDENCY_H
 #define MOE_RESIDENCY_H
@@ -43,29 +45,9 @@
 #include <stdint.h>
 
 #include "expert_map.h"
+#include "post_load.h" /* residency_post_load_fn: what a post-load hook sees */
 
 enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
-
-/* An expert whose every read has completed, in its slot, as a post-load hook sees it. The
- * hook owns the whole slot until it returns: it may rewrite any of slot[0, slot_bytes) (e.g.
- * convert the bytes to another layout in place); data[i] is where expert_ref will point. */
-#define RESIDENCY_POST_LOAD_MSG 160 /* bytes kept of a post-load failure's message */
-struct residency_loaded {
-	uint32_t layer, expert;
-	uint32_t node; /* whose slice this is (0 with one node) */
-	uint32_t n_extents;
-	uint8_t *data[EXPERT_MAX_EXTENTS]; /* extent i's bytes, in map order */
-	uint64_t length[EXPERT_MAX_EXTENTS];
-	uint8_t *slot;
-	size_t slot_bytes;
-};
-/* Post-load hook: called on the node's loader thread (one call at a time per node) after the
- * node's reads of an expert, before the expert becomes RESIDENT; never on the request path. Returns
- * 0, or a negative errno with the record in err: the expert becomes FAILED with its message (kept
- * to RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a read
- * error. */
-typedef int (*residency_post_load_fn)(void *arg, const struct residency_loaded *x,
-                                      struct sidecar_error *err);
 
 struct residency_config {
 	int numa_node; /* -1: do not bind (residency_create; residency_create_nodes: per node) */
@@ -149,14 +131,15 @@ struct residency_file {
 	uint32_t alignment;  /* offsets, lengths and buffers of direct reads: a power of 2 */
 	uint32_t dio_offset_align, dio_mem_align; /* statx's figures; 0: not reported */
 };
-/* 0 with out filled, or -errno with err ("x.gguf: cannot open: …", an alignment above 2 MiB
- * or not a power of 2). Logs nothing: the caller says what a refusal means to it. */
+/* 0 with out filled, or -1 with err ("x.gguf: cannot open: …", an alignment above 2 MiB or
+ * not a power of 2). Logs nothing: the caller says what a refusal means to it. */
 int residency_open_file(const char *path, bool no_direct, struct residency_file *out,
                         struct sidecar_error *err);
 
 /* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
  * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
- * must outlive the residency. One node: config's numa_node and post_load_arg. */
+ * must outlive the residency. One node: config's numa_node and post_load_arg. 0, or -1 with
+ * err (MOE_EINVAL for a budget too small for the policy, naming the smallest that serves). */
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, struct sidecar_error *err);
 /* The same over n_nodes (1..RESIDENCY_MAX_NODES) nodes, each with its map of slices: a pool
@@ -171,10 +154,11 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 void residency_destroy(struct residency *r);
 
 /* Marks experts of `layer` as living on the GPU (mask[e] != 0): never loaded from now on;
- * unreferenced resident ones are evicted. */
+ * unreferenced resident ones are evicted. 0, or -EINVAL (a status) for a layer out of range. */
 int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *mask);
 
-/* Loads every expert of the pinned layers and waits; the first failure is returned. */
+/* Loads every expert of the pinned layers and waits: 0, or -1 with the first failed expert's
+ * message (residency_error_message) and its status in err. */
 int residency_warm_pinned(struct residency *r, struct sidecar_error *err);
 
 #define RESIDENCY_NOWAIT 1u /* return -EINPROGRESS / -EAGAIN instead of waiting */
@@ -198,7 +182,7 @@ int residency_ref_node(const struct residency *r, const struct expert_ref *ref, 
 
 /* Starts loading experts likely needed soon, behind every demand read. Never evicts what the
  * policy values more than `priority` (same units as scores) and never waits. Returns how many
- * loads were started. */
+ * loads were started, or -EINVAL (a status) for a layer out of range. */
 int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *experts, uint32_t n,
                        float priority);
 /* Lookahead hint without loading: raises the experts' heat (sieve-heat). */

@@ -1,6 +1,7 @@
-/* residency_internal.h — what residency.c (the state machine) and loader.c (the io_uring
- * threads, one per node) share: the expert table, each node's part (pool, layout, work
- * queues, I/O counters), the counters. Not a public interface.
+/* residency_internal.h — the state machine's own data (residency.c): the expert table, each
+ * node's part (pool, layout, work queues, loader, I/O counters), the counters. Not a public
+ * interface, and not the loader's: loader.c sees only its loader_config and loader_ops
+ * (loader.h).
  *
  * Locking: `lock` guards entries[], every node's queues, the policy and the free list.
  * Counters are atomics, bumped without the lock (relaxed: they are statistics).
@@ -8,11 +9,11 @@
 #ifndef MOE_RESIDENCY_INTERNAL_H
 #define MOE_RESIDENCY_INTERNAL_H
 
-#include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
 #include "fault_hook.h"
+#include "loader.h"
 #include "policy.h"
 #include "residency.h"
 #include "slot_pool.h"
@@ -36,12 +37,6 @@ struct expert_entry {
 	uint32_t error_attempts;
 };
 
-/* Where extent i of an expert lands in its slot: the aligned superset of the extent is
- * read at slot_offset; the data starts data_skip bytes into it. */
-struct extent_layout {
-	uint64_t slot_offset, read_offset, read_length, data_skip;
-};
-
 /* A bounded FIFO of expert ids (capacity = number of experts, so it never overflows:
  * an id is queued at most once per queue while `queued` is set... see residency.c). */
 struct id_queue {
@@ -49,16 +44,13 @@ struct id_queue {
 	uint32_t cap, head, count;
 };
 
+/* The expert counters; the I/O counters are each node's loader's (struct loader_stats). */
 struct residency_stats {
 	_Atomic uint64_t hits, cold_misses, inflight_misses;
 	_Atomic uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
 	_Atomic uint64_t evictions, loads, failures, failed_retries;
-	_Atomic uint64_t reads, bytes_read, short_reads, retries, timeouts;
-	_Atomic uint64_t fixed_reads, plain_reads, buffered_files;
-	_Atomic uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
+	_Atomic uint64_t buffered_files;
 };
-
-struct loader; /* loader.c */
 
 /* One node's part: its slices of every expert, in its pool, read by its loader. Slot s of
  * an expert is slot s of every node's pool (all pools have the same count); the free list
@@ -70,17 +62,15 @@ struct node_part {
 	struct slot_pool pool;
 	struct extent_layout *layout; /* [n_ids][EXPERT_MAX_EXTENTS] */
 	struct id_queue demand, prefetch;
-	struct residency_stats io; /* this node's reads (the expert counters are r->stats) */
-	uint64_t resident_bytes;   /* extent bytes of the RESIDENT experts' slices */
-	uint64_t budget;           /* the node's share of the budget */
+	struct loader_stats io;  /* this node's reads (the expert counters are r->stats) */
+	uint64_t resident_bytes; /* extent bytes of the RESIDENT experts' slices */
+	uint64_t budget;         /* the node's share of the budget */
 	struct loader *loader;
 };
 
 struct residency {
 	const struct expert_map *map; /* node 0's */
 	struct residency_config config;
-	loader_fault_fn fault_hook; /* tests only (fault_hook.h) */
-	void *fault_arg;
 	uint32_t n_layers, n_experts, n_ids;
 	uint32_t alignment; /* O_DIRECT alignment used for every file: ≥ 4096 */
 
@@ -114,29 +104,5 @@ static inline void stat_add(_Atomic uint64_t *c, uint64_t v)
 {
 	atomic_fetch_add_explicit(c, v, memory_order_relaxed);
 }
-
-/* Queues (under lock). */
-void id_queue_push(struct id_queue *q, uint32_t id);
-bool id_queue_pop(struct id_queue *q, uint32_t *id);
-
-/* Called by node's loader under the lock when its part of an expert's load ends (error 0:
- * its slice is in its slot). post_load_msg (NULL for read errors): the post-load hook failed
- * with this message. When every node's part has ended the expert becomes RESIDENT, or FAILED
- * with the first node's error; returns that error when this call made it FAILED (the caller
- * warns), else 0. */
-int residency_load_done(struct residency *r, uint32_t node, uint32_t id, int error, uint32_t file,
-                        uint64_t offset, uint32_t attempts, const char *post_load_msg);
-
-/* After the lock is dropped: a warning (rate-limited) that (layer, expert)'s load failed and
- * when it will be read again (retry = false), or that it is being read again (retry = true);
- * failed_loads: the expert's failures in a row, as taken under the lock. */
-void residency_warn_failure(struct residency *r, uint32_t id, bool retry, uint32_t failed_loads);
-
-/* loader.c: one loader per node */
-int loader_start(struct residency *r, uint32_t node, struct sidecar_error *err);
-void loader_wake(struct residency *r); /* new work queued for every node (without the lock) */
-void loader_stop(struct residency *r, uint32_t node); /* cancel reads in flight, join */
-bool loader_buffers_registered(const struct residency *r, uint32_t node);
-uint32_t loader_fixed_buffers(const struct residency *r, uint32_t node);
 
 #endif

@@ -6,6 +6,8 @@
  * be evicted to admit another (live: they hold references); a miss that finds nothing
  * evictable is served without being admitted (counted a miss). Pinned layers (+pinN) are
  * resident from the start and every reference to them is a hit.
+ * Errors: 0, or -1 with the record (util/error.h); MOE_EINVAL when the pinned layers do not
+ * fit the capacity (policy_slots_needed tells beforehand).
  */
 #ifndef MOE_RESIDENCY_SIM_H
 #define MOE_RESIDENCY_SIM_H

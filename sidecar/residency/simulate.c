@@ -36,7 +36,7 @@ int sim_run_policy(const struct routing_trace *t, const struct policy_spec *spec
 	uint32_t *stamp = calloc(p.n_ids, sizeof(*stamp));
 	if (!resident || !stamp) {
 		error_set(err, MOE_ENOMEM, "simulate: out of memory");
-		rc = -ENOMEM;
+		rc = -1;
 		goto out;
 	}
 	struct sim_state st = {stamp, 0};

@@ -30,19 +30,16 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 {
 	memset(pool, 0, sizeof(*pool));
 	pool->node = -1;
-	if (!slot_bytes || slot_bytes > ((size_t)1 << 40)) {
-		error_set(err, MOE_EINVAL, "slot pool: bad slot size %zu bytes", slot_bytes);
-		return -EINVAL;
-	}
+	if (!slot_bytes || slot_bytes > ((size_t)1 << 40))
+		return error_set(err, MOE_EINVAL, "slot pool: bad slot size %zu bytes", slot_bytes);
 	slot_bytes = (slot_bytes + SLOT_ALIGN - 1) & ~(size_t)(SLOT_ALIGN - 1);
 	uint64_t n = budget / slot_bytes;
-	if (n == 0) {
-		error_set(err, MOE_EINVAL,
-		          "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
-		          "expert, aligned); the smallest budget that serves is %zu bytes",
-		          (unsigned long long)budget, slot_bytes, slot_bytes);
-		return -ENOSPC;
-	}
+	if (n == 0)
+		return error_set(
+		    err, MOE_EINVAL,
+		    "slot pool: budget of %llu bytes holds no slot of %zu bytes (the largest "
+		    "expert, aligned); the smallest budget that serves is %zu bytes",
+		    (unsigned long long)budget, slot_bytes, slot_bytes);
 	if (n >= SLOT_NONE)
 		n = SLOT_NONE - 1;
 	pool->slot_bytes = slot_bytes;
@@ -67,10 +64,9 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		    mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (base == MAP_FAILED) {
 			int e = errno;
-			error_set(err, e == ENOMEM ? MOE_ENOMEM : MOE_ESYS,
-			          "slot pool: mmap of %zu bytes (%u slots of %zu): %s", bytes,
-			          pool->n_slots, slot_bytes, strerror(e));
-			return -e;
+			return error_set(err, e == ENOMEM ? MOE_ENOMEM : MOE_ESYS,
+			                 "slot pool: mmap of %zu bytes (%u slots of %zu): %s",
+			                 bytes, pool->n_slots, slot_bytes, strerror(e));
 		}
 		pool->thp_advised = madvise(base, bytes, MADV_HUGEPAGE) == 0;
 	}
@@ -87,7 +83,7 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 			          "slot pool: NUMA node %d does not exist (max %d)", node,
 			          numa_max_node());
 			slot_pool_destroy(pool);
-			return -EINVAL;
+			return -1;
 		}
 		numa_tonode_memory(base, bytes, node); /* mbind before first touch */
 		pool->numa_bound = true;
@@ -104,7 +100,7 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		error_set(err, MOE_ENOMEM, "slot pool: out of memory for %u slot indices",
 		          pool->n_slots);
 		slot_pool_destroy(pool);
-		return -ENOMEM;
+		return -1;
 	}
 	/* Slot 0 on top of the stack: tests and traces see a stable order. */
 	for (uint32_t i = 0; i < pool->n_slots; i++)

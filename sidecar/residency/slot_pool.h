@@ -9,6 +9,7 @@
  *
  * Threading: the free list is not locked; the owner (residency.c) calls get/put under its
  * lock. Addresses and sizes are immutable after create.
+ * Errors: slot_pool_create returns 0, or -1 with the record (util/error.h).
  */
 #ifndef MOE_RESIDENCY_SLOT_POOL_H
 #define MOE_RESIDENCY_SLOT_POOL_H

@@ -116,14 +116,14 @@ static int parse_score(struct cursor *c, float *out)
 	return 0;
 }
 
-/* "name:line: " and the message; returns -EINVAL, the parser's one error code. */
+/* "name:line: " and the message; returns -1. */
 static int parse_err(struct sidecar_error *err, int status, const char *name, uint64_t line_no,
                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static int parse_err(struct sidecar_error *err, int status, const char *name, uint64_t line_no,
                      const char *fmt, ...)
 {
 	if (!err)
-		return -EINVAL;
+		return -1;
 	err->status = status;
 	int n =
 	    snprintf(err->msg, sizeof(err->msg), "%s:%llu: ", name, (unsigned long long)line_no);
@@ -133,7 +133,7 @@ static int parse_err(struct sidecar_error *err, int status, const char *name, ui
 		vsnprintf(err->msg + n, sizeof(err->msg) - (size_t)n, fmt, ap);
 		va_end(ap);
 	}
-	return -EINVAL;
+	return -1;
 }
 
 /* "key=value" with value a u32 in [1, max]. */
@@ -330,27 +330,26 @@ int trace_load(const char *path, struct routing_trace *out, struct sidecar_error
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
-		error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
-		return -e;
+		return error_set(err, MOE_ESYS, "%s: cannot open: %s", path, strerror(e));
 	}
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int e = errno;
 		error_set(err, MOE_ESYS, "%s: fstat: %s", path, strerror(e));
 		close(fd);
-		return -e;
+		return -1;
 	}
 	if (!S_ISREG(st.st_mode) || st.st_size > (off_t)1 << 34) {
 		error_set(err, MOE_EINVAL, "%s: not a regular file of at most 16 GiB", path);
 		close(fd);
-		return -EINVAL;
+		return -1;
 	}
 	size_t size = (size_t)st.st_size;
 	char *buf = malloc(size ? size : 1);
 	if (!buf) {
 		error_set(err, MOE_ENOMEM, "%s: out of memory for %zu bytes", path, size);
 		close(fd);
-		return -ENOMEM;
+		return -1;
 	}
 	size_t done = 0;
 	while (done < size) {
@@ -363,7 +362,7 @@ int trace_load(const char *path, struct routing_trace *out, struct sidecar_error
 			          n < 0 ? strerror(e) : "file shrank while reading");
 			free(buf);
 			close(fd);
-			return -e;
+			return -1;
 		}
 		done += (size_t)n;
 	}
@@ -439,8 +438,7 @@ int trace_gen_preset(const char *model, struct trace_gen_params *out, struct sid
 	if (!p) {
 		char names[256];
 		moe_model_preset_names(names, sizeof(names), ", ");
-		error_set(err, MOE_EINVAL, "unknown model preset '%s' (%s)", model, names);
-		return -EINVAL;
+		return error_set(err, MOE_EINVAL, "unknown model preset '%s' (%s)", model, names);
 	}
 	*out = (struct trace_gen_params){
 	    .n_layers = p->full_layers - p->leading_dense, /* the MoE layers are traced */
@@ -499,23 +497,19 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 {
 	if (!g->n_layers || g->n_layers > TRACE_MAX_LAYERS || !g->n_experts ||
 	    g->n_experts > TRACE_MAX_EXPERTS || !g->top_k || g->top_k > TRACE_MAX_TOPK ||
-	    g->top_k > g->n_experts || (uint64_t)g->n_layers * g->n_experts > TRACE_MAX_IDS) {
-		error_set(err, MOE_EINVAL, "generator: bad shape %u layers × %u experts, top_k %u",
-		          g->n_layers, g->n_experts, g->top_k);
-		return -EINVAL;
-	}
+	    g->top_k > g->n_experts || (uint64_t)g->n_layers * g->n_experts > TRACE_MAX_IDS)
+		return error_set(err, MOE_EINVAL,
+		                 "generator: bad shape %u layers × %u experts, top_k %u",
+		                 g->n_layers, g->n_experts, g->top_k);
 	if (!g->steps || !(g->zipf_s >= 0 && g->zipf_s <= 10) ||
 	    !(g->reuse >= 0 && g->reuse <= 1) || !(g->layer_corr >= 0 && g->layer_corr <= 1) ||
-	    !(g->drift >= 0 && g->drift <= 1)) {
-		error_set(err, MOE_EINVAL,
-		          "generator: steps must be ≥ 1, zipf in [0, 10], reuse, "
-		          "layer-corr and drift in [0, 1]");
-		return -EINVAL;
-	}
-	if ((uint64_t)g->steps * g->n_layers * g->top_k > UINT32_MAX / 2) {
-		error_set(err, MOE_EINVAL, "generator: %u steps make too large a trace", g->steps);
-		return -EINVAL;
-	}
+	    !(g->drift >= 0 && g->drift <= 1))
+		return error_set(err, MOE_EINVAL,
+		                 "generator: steps must be ≥ 1, zipf in [0, 10], reuse, "
+		                 "layer-corr and drift in [0, 1]");
+	if ((uint64_t)g->steps * g->n_layers * g->top_k > UINT32_MAX / 2)
+		return error_set(err, MOE_EINVAL, "generator: %u steps make too large a trace",
+		                 g->steps);
 	const uint32_t L = g->n_layers, E = g->n_experts, K = g->top_k;
 	uint64_t seed = g->seed;
 	struct routing_trace t = {.n_layers = L, .n_experts = E, .top_k = K, .scored = true};
@@ -525,7 +519,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 	uint32_t *prev_token = malloc((size_t)L * K * sizeof(uint32_t));
 	uint32_t cur[TRACE_MAX_TOPK], prev_layer[TRACE_MAX_TOPK];
 	uint32_t n_prev_layer = 0;
-	int rc = -ENOMEM;
+	int rc = -1;
 	if (!rank_to_expert || !layer_map || !cdf || !prev_token) {
 		error_set(err, MOE_ENOMEM, "generator: out of memory");
 		goto out;

@@ -54,7 +54,9 @@ struct routing_trace {
 };
 
 /* Parses a trace held in memory (need not be NUL-terminated). `name` prefixes messages
- * ("trace.txt:17: expert id 300 out of range (n_experts 256)"). */
+ * ("trace.txt:17: expert id 300 out of range (n_experts 256)"). trace_parse, trace_load,
+ * trace_gen_preset and trace_generate return 0, or -1 with err. The writers below take no
+ * record: their -EIO and -ENOSPC are statuses (the caller names the file). */
 int trace_parse(const char *text, size_t len, const char *name, struct routing_trace *out,
                 struct sidecar_error *err);
 int trace_load(const char *path, struct routing_trace *out, struct sidecar_error *err);

@@ -291,10 +291,8 @@ static int attach_probes(struct serve_model *m, const struct serve_model_config 
 {
 	struct pagecache_options popt = {.instance = cfg->probes_instance, .quiet = true};
 	struct sidecar_error perr = {0};
-	int prc = pagecache_open(&popt, &m->probes, &perr);
-	if (prc < 0)
-		return error_set(err, error_status_from_errno(-prc), "probes: %s",
-		                 perr.msg[0] ? perr.msg : strerror(-prc));
+	if (pagecache_open(&popt, &m->probes, &perr) != 0)
+		return error_set(err, perr.status, "probes: %s", perr.msg);
 	if (!pagecache_available(m->probes)) {
 		char hint[200] = "";
 		if (pagecache_busy_owner(m->probes))

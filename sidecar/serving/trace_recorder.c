@@ -450,11 +450,11 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 	size_t done;
 	const int e = write_all(t->fd, t->out, t->out_len, 0, &done);
 	if (e) {
+		const int cut = ftruncate(t->fd, 0) == 0 ? 0 : errno; /* told in the same line */
 		error_set(err, error_status_from_errno(e),
-		          "--record-trace %s: writing the header: %s", cfg->path, strerror(e));
-		if (ftruncate(t->fd, 0) != 0)
-			log_warn("trace", "%s: cutting back a partial header: %s", cfg->path,
-			         strerror(errno));
+		          "--record-trace %s: writing the header: %s%s%s", cfg->path, strerror(e),
+		          cut ? "; cutting back the partial header failed too: " : "",
+		          cut ? strerror(cut) : "");
 		goto fail;
 	}
 	t->written = t->out_len;

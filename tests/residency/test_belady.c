@@ -151,6 +151,8 @@ Test(belady, pinned_layers_are_hits)
 	cr_assert_eq(sim_run_belady(&t, 5, 1, &r, &err), 0, "%s", err.msg);
 	cr_assert_eq(r.refs, 6);
 	cr_assert_eq(r.hits, 4, "layer 0's four references are pinned hits");
-	cr_assert_eq(sim_run_belady(&t, 3, 1, &r, &err), -ENOSPC);
+	cr_assert_eq(sim_run_belady(&t, 3, 1, &r, &err), -1);
+	cr_assert_eq(err.status, MOE_EINVAL);
+	cr_assert(strstr(err.msg, "pinned layers do not fit"), "%s", err.msg);
 	trace_free(&t);
 }

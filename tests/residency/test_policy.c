@@ -286,16 +286,19 @@ Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
 	struct policy_spec spec;
 	struct sidecar_error err = {0};
 	cr_assert_eq(policy_spec_parse("lru+pin2", &spec, &err), 0);
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, &err), -ENOSPC);
+	cr_assert_eq(policy_slots_needed(&spec, 3, 4, 0), 9);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 7, 0, &err), -1);
+	cr_assert_eq(err.status, MOE_EINVAL);
 	cr_assert(strstr(err.msg, "pinned") != NULL, "%s", err.msg);
 	/* The pinned layers fitting exactly leave layer 2 no slot: its first demand would
 	 * never load. One more slot serves it. */
-	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 0, &err), -ENOSPC);
+	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 0, &err), -1);
 	cr_assert(strstr(err.msg, "the other layers one more") != NULL, "%s", err.msg);
 	cr_assert_eq(policy_create(&p, &spec, 3, 4, 9, 0, &err), 0, "%s", err.msg);
 	cr_assert_eq(p.capacity, 1);
 	policy_destroy(&p);
 	/* Masked (GPU) experts of pinned layers need no slot. */
+	cr_assert_eq(policy_slots_needed(&spec, 3, 4, 1), 8);
 	cr_assert_eq(policy_create(&p, &spec, 3, 4, 8, 1, &err), 0, "%s", err.msg);
 	cr_assert_eq(p.capacity, 1);
 	policy_destroy(&p);

@@ -632,7 +632,8 @@ Test(residency_files, extent_beyond_eof_rejected_at_create)
 	struct residency_config cfg = base_config(1 << 20);
 	struct residency *r;
 	struct sidecar_error err = {0};
-	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -EINVAL);
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -1);
+	cr_assert_eq(err.status, MOE_EINVAL);
 	cr_assert(strstr(err.msg, "layer 0 expert 1") &&
 	              strstr(err.msg, "beyond the end of the file") && strstr(err.msg, f.path),
 	          "%s", err.msg);
@@ -641,7 +642,8 @@ Test(residency_files, extent_beyond_eof_rejected_at_create)
 	const char *paths[] = {f.path};
 	cr_assert_eq(expert_map_init(&f.map, 1, 1, 1, paths, &err), 0);
 	cr_assert_eq(expert_map_add(&f.map, 0, 0, 0, 10, 100, &err), 0);
-	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -ENOSPC);
+	cr_assert_eq(residency_create(&r, &f.map, &cfg, &err), -1);
+	cr_assert_eq(err.status, MOE_EINVAL);
 	cr_assert(strstr(err.msg, "holds no slot"), "%s", err.msg);
 	fixture_destroy(&f);
 }
@@ -821,7 +823,8 @@ Test(residency_nodes, budget_split_by_slices_and_one_eviction_for_every_node)
 	struct sidecar_error err = {0};
 	const struct residency_node parts[3] = {
 	    {&f.node_map[0], -1, NULL}, {&f.node_map[1], -1, NULL}, {&f.node_map[2], -1, NULL}};
-	cr_assert_eq(residency_create_nodes(&r, parts, 3, &cfg, &err), -ENOSPC);
+	cr_assert_eq(residency_create_nodes(&r, parts, 3, &cfg, &err), -1);
+	cr_assert_eq(err.status, MOE_EINVAL);
 	cr_assert(strstr(err.msg, "holds no expert") && strstr(err.msg, "over 3 nodes"), "%s",
 	          err.msg);
 	fixture_destroy(&f);
