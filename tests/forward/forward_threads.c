@@ -237,8 +237,19 @@ struct caller {
 	const struct fwd_model *m;
 	uint32_t id;
 	int bad;
-	int pending; /* deferred parts left running (run_deferring) */
+	int pending;   /* deferred parts left running (run_deferring) */
+	char why[400]; /* the first bad result: what went wrong */
 };
+
+/* Counts a bad result, keeping the first one's reason. */
+static void caller_bad(struct caller *c, uint32_t i, int rc, const struct forward_result *res,
+                       int rc_ref, const struct forward_result *ref)
+{
+	if (c->bad++ == 0)
+		snprintf(c->why, sizeof(c->why), "request %u: run %d (%s), reference %d (%s)%s", i,
+		         rc, rc ? res->message : "", rc_ref, rc_ref ? ref->message : "",
+		         rc || rc_ref ? "" : ": outputs differ");
+}
 
 static void *run_requests(void *arg)
 {
@@ -249,10 +260,12 @@ static void *run_requests(void *arg)
 		             MOEK_ACT_F32, c->id * 1000 + i, false);
 		r.q.client = c->id;
 		struct forward_result res, ref;
-		if (forward_run(c->e, &r.q, r.out, NULL, &res) != MOE_OK ||
-		    forward_reference(c->e, &r.q, r.ref, NULL, &ref) != MOE_OK ||
+		const int rc = forward_run(c->e, &r.q, r.out, NULL, &res);
+		const int rc_ref =
+		    rc == MOE_OK ? forward_reference(c->e, &r.q, r.ref, NULL, &ref) : 0;
+		if (rc != MOE_OK || rc_ref != MOE_OK ||
 		    fwd_first_diff(r.out, r.ref, r.q.n_tokens * c->m->cat->info.hidden) >= 0)
-			c->bad++;
+			caller_bad(c, i, rc, &res, rc_ref, &ref);
 		fwd_req_free(&r);
 	}
 	return NULL;
@@ -284,11 +297,12 @@ static void *run_deferring(void *arg)
 		forward_settle(c->e);
 		r.q.immediate_ready = NULL;
 		r.q.settle_later = false;
-		if (rc != MOE_OK ||
-		    forward_reference(c->e, &r.q, r.ref, r.ref_def, &ref) != MOE_OK ||
+		const int rc_ref =
+		    rc == MOE_OK ? forward_reference(c->e, &r.q, r.ref, r.ref_def, &ref) : 0;
+		if (rc != MOE_OK || rc_ref != MOE_OK ||
 		    fwd_first_diff(r.out, r.ref, r.q.n_tokens * h) >= 0 ||
 		    fwd_first_diff(r.out_def, r.ref_def, r.q.n_tokens * h) >= 0)
-			c->bad++;
+			caller_bad(c, i, rc, &res, rc_ref, &ref);
 		fwd_req_free(&r);
 	}
 	return NULL;
@@ -334,8 +348,9 @@ static void check_concurrent(void)
 		pthread_create(&t[2], NULL, poke, &c[2]);
 		for (int i = 0; i < 3; i++)
 			pthread_join(t[i], NULL);
-		CHECK(c[0].bad == 0 && c[1].bad == 0, "concurrent callers: %d + %d bad results",
-		      c[0].bad, c[1].bad);
+		CHECK(c[0].bad == 0 && c[1].bad == 0,
+		      "concurrent callers: %d + %d bad results: %s%s", c[0].bad, c[1].bad, c[0].why,
+		      c[1].why);
 		struct forward_stats st = {0};
 		forward_stats(e, &st);
 		CHECK(st.requests == 60, "concurrent: %llu requests counted, expected 60",
@@ -361,8 +376,8 @@ static void check_concurrent(void)
 		pthread_create(&t[1], NULL, run_deferring, &c[1]);
 		for (int i = 0; i < 2; i++)
 			pthread_join(t[i], NULL);
-		CHECK(c[0].bad == 0 && c[1].bad == 0, "%s: %d + %d bad results", d.name, c[0].bad,
-		      c[1].bad);
+		CHECK(c[0].bad == 0 && c[1].bad == 0, "%s: %d + %d bad results: %s%s", d.name,
+		      c[0].bad, c[1].bad, c[0].why, c[1].why);
 		CHECK(c[0].pending + c[1].pending > 0, "%s: no deferred part left running", d.name);
 		forward_destroy(e);
 	}
