@@ -7,8 +7,9 @@
  * and token count next to the bound the project promises (docs/formats.md, "Accuracy").
  *
  * Each expert is run alone (k = 1: a broken bound names its layer, expert and format), then
- * the sample together at the model's top-k (the weighted sum the engine sees). The tokens'
- * activations are f32 and the same prefix of one deterministic draw for every count.
+ * the sample together at the model's top-k (the weighted sum the engine sees), each on at
+ * least VERIFY_JUDGED_TOKENS tokens per count (requests of fewer repeated on fresh tokens),
+ * judged as one NMSE. The activations are f32 from one deterministic draw per layer.
  * Exit status: 0 every bound held, 1 one broke (or the served path failed a request), 2 usage
  * or model errors (nothing is loaded before every option is checked).
  */
@@ -36,6 +37,11 @@
 #define VERIFY_MAX_TOKENS 4096u
 #define VERIFY_MAX_GROUPS 64
 #define VERIFY_MAX_FAILURES 32
+#define VERIFY_MAX_SAMPLE 1024 /* experts per layer */
+/* Tokens judged together per (expert, count): requests of fewer are repeated on fresh rows.
+ * One token's NMSE scatters around the bound's figure (a token whose output nearly cancels
+ * has a large one); the bounds are what the tests hold batches of such tokens to. */
+#define VERIFY_JUDGED_TOKENS 16u
 
 struct verify_options {
 	const char *model, *socket;
@@ -51,7 +57,7 @@ struct verify_group {
 	char format[40];
 	uint32_t tokens;
 	double err, ref, bound;
-	uint32_t requests;
+	uint32_t checks; /* experts alone and samples together judged in it */
 };
 
 struct verify_failure {
@@ -76,6 +82,7 @@ struct verify_run {
 	struct served_path served;
 	uint32_t layers[VERIFY_MAX_LIST], n_layers;
 	uint32_t n_sample, k, max_tokens;
+	uint32_t rows; /* input rows: the most any count's repeated requests take */
 	size_t hidden;
 	float *x, *w, *out; /* max_tokens x hidden inputs; max_tokens x k weights; outputs */
 	int32_t *ids;       /* max_tokens x k */
@@ -287,10 +294,10 @@ static void served_close(struct served_path *s)
 	moe_close(s->client);
 }
 
-/* n tokens of k ids through the served path into v->out (n x hidden f32). 0, or -1 with the
- * reason in why. */
-static int served_run(struct verify_run *v, uint32_t layer, uint32_t n, uint32_t k, char *why,
-                      size_t len)
+/* n tokens (rows of x) of k ids through the served path into v->out (n x hidden f32). 0, or -1 with
+ * the reason in why. */
+static int served_run(struct verify_run *v, const float *x, uint32_t layer, uint32_t n, uint32_t k,
+                      char *why, size_t len)
 {
 	const size_t h = v->hidden;
 	struct served_path *s = &v->served;
@@ -298,7 +305,7 @@ static int served_run(struct verify_run *v, uint32_t layer, uint32_t n, uint32_t
 		struct forward_request q = {.layer = (int32_t)layer,
 		                            .n_tokens = n,
 		                            .k = k,
-		                            .x = v->x,
+		                            .x = x,
 		                            .x_dtype = MOEK_ACT_F32,
 		                            .ids = v->ids,
 		                            .weights = v->w};
@@ -308,7 +315,7 @@ static int served_run(struct verify_run *v, uint32_t layer, uint32_t n, uint32_t
 		snprintf(why, len, "%s", res.message);
 		return -1;
 	}
-	memcpy(s->slot.input, v->x, (size_t)n * h * sizeof(float));
+	memcpy(s->slot.input, x, (size_t)n * h * sizeof(float));
 	memcpy(s->slot.expert_ids, v->ids, (size_t)n * k * sizeof(int32_t));
 	memcpy(s->slot.expert_weights, v->w, (size_t)n * k * sizeof(float));
 	struct moe_completion done;
@@ -406,22 +413,26 @@ static void record(struct verify_run *v, const char *format, uint32_t tokens, do
 	struct verify_group *g = &v->groups[i];
 	g->err += err;
 	g->ref += ref;
-	g->requests++;
+	g->checks++;
 	if (bound > g->bound)
 		g->bound = bound;
 }
 
-/* Compares v->out (n tokens) with v->want; records it under format, and a failure when the
- * bound is broken (or the figures are not finite). */
-static void check(struct verify_run *v, uint32_t layer, int32_t expert, const char *format,
-                  uint32_t n, double bound)
+/* Adds the squared error of v->out (n tokens) against v->want, and the squared reference. */
+static void measure(const struct verify_run *v, uint32_t n, double *err, double *ref)
 {
-	double err = 0, ref = 0;
 	for (size_t i = 0; i < (size_t)n * v->hidden; i++) {
 		const double d = (double)v->out[i] - v->want[i];
-		err += d * d;
-		ref += v->want[i] * v->want[i];
+		*err += d * d;
+		*ref += v->want[i] * v->want[i];
 	}
+}
+
+/* Records one expert's (or the sample's) figures at a token count under its format, and a
+ * failure when they break the bound (or are not finite). */
+static void judge(struct verify_run *v, uint32_t layer, int32_t expert, const char *format,
+                  uint32_t n, double err, double ref, double bound)
+{
 	record(v, format, n, err, ref, bound);
 	const double nmse = ref > 0 ? err / ref : err;
 	if (isfinite(nmse) && nmse <= bound)
@@ -435,72 +446,107 @@ static void check(struct verify_run *v, uint32_t layer, int32_t expert, const ch
 	snprintf(f->format, sizeof(f->format), "%s", format);
 }
 
-/* The tokens' inputs: max_tokens rows, the same for every count (each count takes a prefix). */
+/* Requests of n tokens judged together: at least VERIFY_JUDGED_TOKENS tokens. */
+static uint32_t repeats(uint32_t n)
+{
+	return (VERIFY_JUDGED_TOKENS + n - 1) / n;
+}
+
+/* The tokens' inputs: v->rows rows; request r of n tokens takes rows [r·n, (r+1)·n). */
 static void make_inputs(struct verify_run *v, uint32_t layer)
 {
 	uint64_t s = v->o->seed * 7919u + layer + 1;
-	for (size_t i = 0; i < (size_t)v->max_tokens * v->hidden; i++)
+	for (size_t i = 0; i < (size_t)v->rows * v->hidden; i++)
 		v->x[i] = (float)(2 * unit(&s) - 1);
 }
 
-/* Layer `layer`: the reference of each sampled expert on max_tokens tokens, then every token
- * count through the served path, each expert alone and the sample together. */
-static int verify_layer(struct verify_run *v, uint32_t layer, struct sidecar_error *err)
+/* Expert sample[i] alone (k = 1) on the requests of n tokens; its error and reference sums. */
+static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sample, uint32_t i,
+                     uint32_t n, uint64_t *s, double sums[2], struct sidecar_error *err)
 {
-	uint32_t sample[VERIFY_MAX_LIST * 16];
-	pick_experts(v, layer, sample);
-	make_inputs(v, layer);
-	const size_t h = v->hidden, per = (size_t)v->max_tokens * h;
-	for (uint32_t i = 0; i < v->n_sample; i++) {
-		if (expert_reference_load(v->ref, layer, sample[i], err))
-			return -1;
-		expert_reference_run(v->ref, v->x, v->max_tokens, v->ref_out + i * per);
-		progress_update(&v->progress, ++v->experts_done);
-	}
-	uint64_t s = v->o->seed * 31337u + layer;
+	const size_t h = v->hidden, per = (size_t)v->rows * h;
 	char why[200];
-	for (uint32_t ti = 0; ti < v->o->n_tokens; ti++) {
-		const uint32_t n = v->o->tokens[ti];
-		const enum expert_path path = expert_path_of(n);
-		double all_bound = 0;
-		char all_key[40] = "";
-		for (uint32_t i = 0; i < v->n_sample; i++) {
-			const struct moe_expert *x = moe_catalog_expert(v->cat, layer, sample[i]);
-			char key[40];
-			format_key(x, key, sizeof(key));
-			const double bound = expert_reference_bound(x, path);
-			if (!i)
-				snprintf(all_key, sizeof(all_key), "%s", key);
-			if (bound > all_bound)
-				all_bound = bound;
-			for (uint32_t t = 0; t < n; t++) {
-				v->ids[t] = (int32_t)sample[i];
-				v->w[t] = (float)(0.25 + 0.75 * unit(&s));
-				for (size_t o = 0; o < h; o++)
-					v->want[t * h + o] =
-					    v->w[t] * v->ref_out[i * per + t * h + o];
-			}
-			if (served_run(v, layer, n, 1, why, sizeof(why)))
-				return error_set(err, MOE_EIO, "layer %u expert %u, %u tokens: %s",
-				                 layer, sample[i], n, why);
-			check(v, layer, (int32_t)sample[i], key, n, bound);
+	for (uint32_t r = 0; r < repeats(n); r++) {
+		const size_t t0 = (size_t)r * n;
+		for (uint32_t t = 0; t < n; t++) {
+			v->ids[t] = (int32_t)sample[i];
+			v->w[t] = (float)(0.25 + 0.75 * unit(s));
+			for (size_t o = 0; o < h; o++)
+				v->want[t * h + o] =
+				    v->w[t] * v->ref_out[i * per + (t0 + t) * h + o];
 		}
-		/* the sample together: token t takes k of them, rotating */
+		if (served_run(v, v->x + t0 * h, layer, n, 1, why, sizeof(why)))
+			return error_set(err, MOE_EIO, "layer %u expert %u, %u tokens: %s", layer,
+			                 sample[i], n, why);
+		measure(v, n, &sums[0], &sums[1]);
+	}
+	return 0;
+}
+
+/* The sample together on the requests of n tokens: token t takes k of them, rotating. */
+static int run_together(struct verify_run *v, uint32_t layer, const uint32_t *sample, uint32_t n,
+                        uint64_t *s, double sums[2], struct sidecar_error *err)
+{
+	const size_t h = v->hidden, per = (size_t)v->rows * h;
+	char why[200];
+	for (uint32_t r = 0; r < repeats(n); r++) {
+		const size_t t0 = (size_t)r * n;
 		memset(v->want, 0, (size_t)n * h * sizeof(double));
 		for (uint32_t t = 0; t < n; t++)
 			for (uint32_t j = 0; j < v->k; j++) {
 				const uint32_t i = (t + j) % v->n_sample;
-				const float w = (float)(0.25 + 0.75 * unit(&s));
+				const float w = (float)(0.25 + 0.75 * unit(s));
 				v->ids[t * v->k + j] = (int32_t)sample[i];
 				v->w[t * v->k + j] = w;
 				for (size_t o = 0; o < h; o++)
-					v->want[t * h + o] += w * v->ref_out[i * per + t * h + o];
+					v->want[t * h + o] +=
+					    w * v->ref_out[i * per + (t0 + t) * h + o];
 			}
-		if (served_run(v, layer, n, v->k, why, sizeof(why)))
+		if (served_run(v, v->x + t0 * h, layer, n, v->k, why, sizeof(why)))
 			return error_set(err, MOE_EIO,
 			                 "layer %u, %u experts per token, %u tokens: %s", layer,
 			                 v->k, n, why);
-		check(v, layer, -1, all_key, n, all_bound);
+		measure(v, n, &sums[0], &sums[1]);
+	}
+	return 0;
+}
+
+/* Layer `layer`: the reference of each sampled expert on every input row, then every token
+ * count through the served path, each expert alone and the sample together. */
+static int verify_layer(struct verify_run *v, uint32_t layer, struct sidecar_error *err)
+{
+	uint32_t sample[VERIFY_MAX_SAMPLE];
+	pick_experts(v, layer, sample);
+	make_inputs(v, layer);
+	const size_t per = (size_t)v->rows * v->hidden;
+	for (uint32_t i = 0; i < v->n_sample; i++) {
+		if (expert_reference_load(v->ref, layer, sample[i], err))
+			return -1;
+		expert_reference_run(v->ref, v->x, v->rows, v->ref_out + i * per);
+		progress_update(&v->progress, ++v->experts_done);
+	}
+	uint64_t s = v->o->seed * 31337u + layer;
+	for (uint32_t ti = 0; ti < v->o->n_tokens; ti++) {
+		const uint32_t n = v->o->tokens[ti];
+		const enum expert_path path = expert_path_of(n);
+		double all_bound = 0;
+		char key[40], all_key[40] = "";
+		for (uint32_t i = 0; i < v->n_sample; i++) {
+			const struct moe_expert *x = moe_catalog_expert(v->cat, layer, sample[i]);
+			const double bound = expert_reference_bound(x, path);
+			double sums[2] = {0, 0};
+			format_key(x, key, sizeof(key));
+			if (!i)
+				snprintf(all_key, sizeof(all_key), "%s", key);
+			all_bound = bound > all_bound ? bound : all_bound;
+			if (run_alone(v, layer, sample, i, n, &s, sums, err))
+				return -1;
+			judge(v, layer, (int32_t)sample[i], key, n, sums[0], sums[1], bound);
+		}
+		double sums[2] = {0, 0};
+		if (run_together(v, layer, sample, n, &s, sums, err))
+			return -1;
+		judge(v, layer, -1, all_key, n, sums[0], sums[1], all_bound);
 	}
 	return 0;
 }
@@ -580,7 +626,7 @@ static int print_json(const struct verify_run *v)
 		jw_kv_string(&w, "path", expert_path_name(expert_path_of(g->tokens)));
 		jw_kv_double(&w, "nmse", group_nmse(g), JW_SHORT);
 		jw_kv_double(&w, "bound", g->bound, JW_SHORT);
-		jw_kv_u64(&w, "requests", g->requests);
+		jw_kv_u64(&w, "checks", g->checks);
 		jw_kv_bool(&w, "ok", group_ok(g));
 		jw_object_end(&w);
 	}
@@ -610,12 +656,12 @@ static int print_json(const struct verify_run *v)
 static int verify_alloc(struct verify_run *v, struct sidecar_error *err)
 {
 	const size_t h = v->hidden, n = v->max_tokens;
-	v->x = malloc(n * h * sizeof(float));
+	v->x = malloc((size_t)v->rows * h * sizeof(float));
 	v->out = malloc(n * h * sizeof(float));
 	v->w = malloc(n * v->k * sizeof(float));
 	v->ids = malloc(n * v->k * sizeof(int32_t));
 	v->want = malloc(n * h * sizeof(double));
-	v->ref_out = malloc((size_t)v->n_sample * n * h * sizeof(double));
+	v->ref_out = malloc((size_t)v->n_sample * v->rows * h * sizeof(double));
 	if (!v->x || !v->out || !v->w || !v->ids || !v->want || !v->ref_out)
 		return error_set(err, MOE_ENOMEM, "buffers for %zu tokens: out of memory", n);
 	return 0;
@@ -644,8 +690,12 @@ static int verify_setup(struct verify_run *v, struct sidecar_error *err)
 	if (!v->k)
 		v->k = 1;
 	v->max_tokens = v->o->tokens[v->o->n_tokens - 1];
-	if (v->n_sample > VERIFY_MAX_LIST * 16)
-		v->n_sample = VERIFY_MAX_LIST * 16;
+	if (v->n_sample > VERIFY_MAX_SAMPLE)
+		v->n_sample = VERIFY_MAX_SAMPLE;
+	for (uint32_t i = 0; i < v->o->n_tokens; i++) {
+		const uint32_t n = v->o->tokens[i], rows = repeats(n) * n;
+		v->rows = rows > v->rows ? rows : v->rows;
+	}
 	if (pick_layers(v, err) || verify_alloc(v, err) ||
 	    expert_reference_open(v->cat, &v->ref, err))
 		return 2;

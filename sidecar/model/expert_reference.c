@@ -354,16 +354,17 @@ void expert_reference_run(const struct expert_reference *r, const float *x, size
  * bf16/f16 activation rounding for the float formats), plus the scalar reference's 1e-10
  * against double, plus tests/forward's bound for the engine's decode layout against the GGUF
  * rows (interleaved Q8_0 1e-5 — its activation scale unrounded; 1e-9 for every other format;
- * test_interleave: interleaved BF16 from 8 tokens 5e-5 against the rows' f32 tiles). BF16
- * takes F16's 3e-5 for the same rounding of the activations to bf16 (test_ffn's 1e-5 for BF16
- * holds on its data; one token's NMSE scatters to 1.5e-5 on others). */
+ * test_interleave: interleaved BF16 from 8 tokens 5e-5 against the rows' f32 tiles). The
+ * figures hold for the NMSE of a batch of tokens (tests: 1 to 512 tokens × hundreds of
+ * outputs); a single token's scatters above them (a token whose output nearly cancels), so a
+ * checker judges 16 tokens or more at once (cmd/verify.c). */
 static const struct format_bound {
 	uint32_t format;
 	double nmse[EXPERT_PATH_COUNT]; /* decode, batched, prefill */
 } bounds[] = {
     {.format = MOEK_F32, .nmse = {2e-9, 2e-9, 2e-9}},
     {.format = MOEK_F16, .nmse = {3e-5, 3e-5, 3e-5}},
-    {.format = MOEK_BF16, .nmse = {3e-5, 8e-5, 8e-5}},
+    {.format = MOEK_BF16, .nmse = {1e-5, 6e-5, 6e-5}},
     {.format = MOEK_FP8_E4M3_B128, .nmse = {2e-9, 2e-9, 2e-9}},
     {.format = MOEK_Q8_0, .nmse = {5.1e-4, 5.1e-4, 5.1e-4}},
     {.format = MOEK_Q4_0, .nmse = {5e-4, 5e-4, 5e-4}},

@@ -45,8 +45,9 @@ void expert_reference_run(const struct expert_reference *r, const float *x, size
  * Bounds on NMSE = Σ (served − reference)² / Σ reference² of an expert FFN output, per weight
  * format and kernel path, derived from what the tests enforce: tests/kernels (each ISA's path
  * against the scalar reference, which matches a double FFN over the same weights to 1e-10)
- * plus tests/forward (the engine's decode layout against the file's rows). One table,
- * expert_reference.c; docs/formats.md "Accuracy" prints it. */
+ * plus tests/forward (the engine's decode layout against the file's rows), for the NMSE of
+ * 16 tokens or more taken together. One table, expert_reference.c; docs/formats.md
+ * "Accuracy" prints it. */
 enum expert_path {
 	EXPERT_PATH_DECODE,  /* 1 token: row dot products */
 	EXPERT_PATH_BATCHED, /* 2..15 tokens: dots and interleaved group dots */
