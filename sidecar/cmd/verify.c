@@ -1,6 +1,6 @@
 /* verify.c — `moe-sidecar verify MODEL [--socket S] [--layers L,…] [--experts N]
- * [--tokens N,…] [--seed N] [--json] [--log-level L]`: does the served path compute what the
- * model file says? For sampled experts of sampled MoE layers, an fp64 reference from the
+ * [--tokens N,…] [--seed N] [--scale X] [--json] [--log-level L]`: does the served path compute
+ * what the model file says? For sampled experts of sampled MoE layers, an fp64 reference from the
  * file's bytes (expert_reference.h: scalar reference dequantizers, double sums) against the
  * same inputs run through the served path — a running sidecar over the channel (--socket),
  * else the in-process forward engine the sidecar serves with — reported as NMSE per format
@@ -49,6 +49,7 @@ struct verify_options {
 	uint32_t experts;                           /* per layer */
 	uint32_t tokens[VERIFY_MAX_LIST], n_tokens; /* ascending */
 	uint64_t seed;
+	double scale; /* activations uniform in [-scale, scale) */
 	bool json;
 };
 
@@ -98,7 +99,8 @@ struct verify_run {
 
 static const char usage_text[] =
     "usage: moe-sidecar verify MODEL [--socket PATH] [--layers L,...] [--experts N]\n"
-    "                          [--tokens N,...] [--seed N] [--json] [--log-level L]\n"
+    "                          [--tokens N,...] [--seed N] [--scale X] [--json]\n"
+    "                          [--log-level L]\n"
     "  Checks the served expert computation against an fp64 reference computed from MODEL's\n"
     "  bytes: NMSE per format and token count, against the bound docs/formats.md promises.\n"
     "  --socket PATH   a running sidecar serving MODEL (default: the in-process engine)\n"
@@ -106,6 +108,8 @@ static const char usage_text[] =
     "  --experts N     experts sampled per layer (default 4)\n"
     "  --tokens N,...  token counts per request (default 1,8,64: decode, batched, prefill)\n"
     "  --seed N        sampling and inputs (default 1)\n"
+    "  --scale X       activations uniform in [-X, X) (default 1; about 20 reaches gpt-oss's\n"
+    "                  swiglu clamp)\n"
     "  --json          one JSON object on stdout (progress as JSON log lines on stderr)\n"
     "  --log-level L   debug|info|warn|error: progress and engine events (default info)\n"
     "  exit status: 0 every bound holds, 1 a bound is broken, 2 usage or model error\n";
@@ -158,7 +162,16 @@ static void sort_unique(uint32_t *list, uint32_t *n)
 	*n = m;
 }
 
-enum { OPT_SOCKET = 256, OPT_LAYERS, OPT_EXPERTS, OPT_TOKENS, OPT_SEED, OPT_JSON, OPT_LOG_LEVEL };
+enum {
+	OPT_SOCKET = 256,
+	OPT_LAYERS,
+	OPT_EXPERTS,
+	OPT_TOKENS,
+	OPT_SEED,
+	OPT_SCALE,
+	OPT_JSON,
+	OPT_LOG_LEVEL
+};
 
 static int option_error(const char *name, const char *arg, const char *expected)
 {
@@ -191,6 +204,13 @@ static int apply_option(int c, const char *arg, struct verify_options *o)
 			return option_error("seed", arg, "expected an unsigned integer");
 		o->seed = v;
 		return 0;
+	case OPT_SCALE: {
+		char *end;
+		o->scale = strtod(arg, &end);
+		if (end == arg || *end || !(o->scale > 0 && o->scale <= 1e4))
+			return option_error("scale", arg, "expected a number in (0, 10000]");
+		return 0;
+	}
 	case OPT_JSON: o->json = true; return 0;
 	case OPT_LOG_LEVEL: {
 		const int l = log_level_parse(arg);
@@ -212,12 +232,14 @@ static int parse_args(int argc, char **argv, struct verify_options *o)
 	    {"experts", required_argument, NULL, OPT_EXPERTS},
 	    {"tokens", required_argument, NULL, OPT_TOKENS},
 	    {"seed", required_argument, NULL, OPT_SEED},
+	    {"scale", required_argument, NULL, OPT_SCALE},
 	    {"json", no_argument, NULL, OPT_JSON},
 	    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
 	    {"help", no_argument, NULL, 'h'},
 	    {NULL, 0, NULL, 0},
 	};
-	*o = (struct verify_options){.experts = 4, .tokens = {1, 8, 64}, .n_tokens = 3, .seed = 1};
+	*o = (struct verify_options){
+	    .experts = 4, .tokens = {1, 8, 64}, .n_tokens = 3, .seed = 1, .scale = 1};
 	optind = 1;
 	opterr = 1;
 	int c;
@@ -457,7 +479,7 @@ static void make_inputs(struct verify_run *v, uint32_t layer)
 {
 	uint64_t s = v->o->seed * 7919u + layer + 1;
 	for (size_t i = 0; i < (size_t)v->rows * v->hidden; i++)
-		v->x[i] = (float)(2 * unit(&s) - 1);
+		v->x[i] = (float)(v->o->scale * (2 * unit(&s) - 1));
 }
 
 /* Expert sample[i] alone (k = 1) on the requests of n tokens; its error and reference sums. */

@@ -157,6 +157,11 @@ Test(verify, safetensors_checkpoints_pass_in_process_and_over_the_channel, .time
 	expect_rows("BF16");
 	cr_expect_eq(verify(oss, NULL, NULL), 0, "%s", out);
 	expect_rows("MXFP4");
+	/* activations of ±20: gate and up past gpt-oss's swiglu_limit of 7 in many features */
+	const char *clamped[] = {MOE_SIDECAR_BIN, "verify", oss, "--scale", "20",
+	                         "--log-level",   "warn",   NULL};
+	cr_expect_eq(run_capture(clamped, out, sizeof(out)), 0, "%s", out);
+	expect_rows("MXFP4");
 	start_sidecar(&sp, oss);
 	cr_expect_eq(verify(oss, sp.socket, NULL), 0, "%s", out);
 	expect_rows("MXFP4");
