@@ -10,5 +10,6 @@ int cmd_probe(int argc, char **argv);
 int cmd_stats(int argc, char **argv);
 int cmd_placement(int argc, char **argv);
 int cmd_doctor(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 
 #endif

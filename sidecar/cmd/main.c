@@ -20,6 +20,7 @@ static const struct command commands[] = {
     {"stats", cmd_stats, "a running sidecar's hits, misses, latency and page-cache bypass"},
     {"placement", cmd_placement, "which experts to keep on the GPU, from a trace or a sidecar"},
     {"doctor", cmd_doctor, "check what serving needs on this machine, and what to change"},
+    {"verify", cmd_verify, "served experts against an fp64 reference from the model's bytes"},
 };
 
 static void usage(FILE *to)
