@@ -737,7 +737,10 @@ static int serve_model_until_stopped(struct server *server, struct serve_setup *
 		server_close(server);
 		return 1;
 	}
-	int status = server_run(server);
+	struct sidecar_error run_err = {0};
+	int status = server_run(server, &run_err);
+	if (run_err.status != MOE_OK)
+		log_error("serve", "%s", run_err.msg);
 	pthread_join(warm_thread, NULL);
 	metrics_http_stop(metrics); /* before the board (the queue's) and the server go */
 	if (w.queue)
@@ -793,7 +796,10 @@ int cmd_serve(int argc, char **argv)
 		         s.metrics_public ? "--metrics-public" : "loopback");
 	}
 	if (!with_model) {
-		status = server_run(server);
+		struct sidecar_error run_err = {0};
+		status = server_run(server, &run_err);
+		if (run_err.status != MOE_OK)
+			log_error("serve", "%s", run_err.msg);
 		metrics_http_stop(metrics);
 		server_close(server);
 		return status;

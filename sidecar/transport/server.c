@@ -529,7 +529,7 @@ static void retry_failed(struct server *s)
 
 /* ---- Life cycle ------------------------------------------------------------------------- */
 
-static int server_setup(struct server *s)
+static int server_setup(struct server *s, struct sidecar_error *err)
 {
 	sigset_t set;
 	sigemptyset(&set);
@@ -537,19 +537,14 @@ static int server_setup(struct server *s)
 	sigaddset(&set, SIGTERM);
 	sigaddset(&set, SIGHUP); /* the operator's "read failed experts again" */
 	/* Blocked before the dispatcher thread exists, so it inherits the mask. */
-	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) {
-		log_error("server", "pthread_sigmask failed");
-		return -1;
-	}
+	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0)
+		return error_set(err, MOE_ESYS, "pthread_sigmask failed");
 	signal(SIGPIPE, SIG_IGN);
 	s->signal_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
 	s->dropped_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	s->epoll_fd = epoll_create1(EPOLL_CLOEXEC);
-	if (s->signal_fd < 0 || s->dropped_fd < 0 || s->epoll_fd < 0) {
-		log_error("server", "signalfd/eventfd/epoll_create1: %s", strerror(errno));
-		return -1;
-	}
-	struct sidecar_error err = {0};
+	if (s->signal_fd < 0 || s->dropped_fd < 0 || s->epoll_fd < 0)
+		return error_set_errno(err, "signalfd/eventfd/epoll_create1");
 	const struct {
 		int fd;
 		uint64_t tag;
@@ -559,28 +554,21 @@ static int server_setup(struct server *s)
 	             {s->handover_fd, TAG_HANDOVER}};
 	for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.u64 = fixed[i].tag};
-		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0) {
-			log_error("server", "epoll_ctl ADD: %s", strerror(errno));
-			return -1;
-		}
+		if (epoll_ctl(s->epoll_fd, EPOLL_CTL_ADD, fixed[i].fd, &ev) != 0)
+			return error_set_errno(err, "epoll_ctl ADD");
 	}
 	s->n_conns_cap = s->cfg->max_clients + HANDSHAKES_PER_UID * uids_that_may_connect(s->cfg);
 	s->conns = calloc(s->n_conns_cap, sizeof(*s->conns));
-	if (!s->conns) {
-		log_error("server", "out of memory for %u connections", s->n_conns_cap);
-		return -1;
-	}
+	if (!s->conns)
+		return error_set(err, MOE_ENOMEM, "out of memory for %u connections",
+		                 s->n_conns_cap);
 	for (uint32_t i = 0; i < s->n_conns_cap; i++)
 		s->conns[i].fd = -1;
 	s->dispatcher.spin_ns = s->cfg->spin_ns;
 	/* The service manager's watchdog is fed by the dispatcher, at half its period: a hung
 	 * dispatcher (no ring is drained) is what a restart cures. */
 	s->dispatcher.watchdog_ns = sd_watchdog_ns() / 2;
-	if (dispatcher_start(&s->dispatcher, s->dropped_fd, &err) != 0) {
-		log_error("server", "%s", err.msg);
-		return -1;
-	}
-	return 0;
+	return dispatcher_start(&s->dispatcher, s->dropped_fd, err);
 }
 
 /* READY: a FORWARD will be served now — to the log, --ready-fd and the service manager. */
@@ -769,9 +757,9 @@ static bool take_handover(struct server *s, int *status)
 	return true;
 }
 
-int server_run(struct server *s)
+int server_run(struct server *s, struct sidecar_error *err)
 {
-	if (server_setup(s) != 0) {
+	if (server_setup(s, err) != 0) {
 		server_teardown(s);
 		return 1;
 	}
@@ -799,7 +787,7 @@ int server_run(struct server *s)
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
-			log_error("server", "epoll_wait: %s", strerror(errno));
+			error_set_errno(err, "epoll_wait");
 			status = 1;
 			break;
 		}

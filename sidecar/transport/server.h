@@ -61,9 +61,10 @@ int server_open(const struct server_config *cfg, struct server **out, struct sid
 /* Step 2: listens and serves until SIGINT or SIGTERM, or until server_start_failed; SIGHUP
  * asks the service to retry what failed (channel_service.reload). Then tears everything down
  * (the socket, every channel); s stays allocated for server_close. Returns 0 after a clean
- * shutdown, 1 on a start-up or fatal error (already logged). Blocks SIGINT/SIGTERM/SIGHUP
- * and ignores SIGPIPE on the calling thread. */
-int server_run(struct server *s);
+ * shutdown, 1 on a start-up or fatal error with err filled (the caller logs it) — or, when
+ * server_start_failed stopped it, err left as it was (whoever called that said why). Blocks
+ * SIGINT/SIGTERM/SIGHUP and ignores SIGPIPE on the calling thread. */
+int server_run(struct server *s, struct sidecar_error *err);
 /* Frees s, after server_run or instead of it (removing the socket and lock it made). Only
  * once no other thread can call the functions below. NULL is a no-op. */
 void server_close(struct server *s);
