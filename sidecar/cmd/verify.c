@@ -32,6 +32,7 @@
 #include "moe_proto.h"
 #include "option_values.h"
 #include "progress.h"
+#include "splitmix.h"
 
 #define VERIFY_MAX_LIST 64
 #define VERIFY_MAX_TOKENS 4096u
@@ -113,19 +114,6 @@ static const char usage_text[] =
     "  --json          one JSON object on stdout (progress as JSON log lines on stderr)\n"
     "  --log-level L   debug|info|warn|error: progress and engine events (default info)\n"
     "  exit status: 0 every bound holds, 1 a bound is broken, 2 usage or model error\n";
-
-static uint64_t mix64(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double unit(uint64_t *s)
-{
-	return (double)(mix64(s) >> 11) * 0x1p-53;
-}
 
 /* "1,8,64" into list (each in [min, max]); 0, or -1 for a malformed or too long list. */
 static int parse_list(const char *s, uint64_t min, uint64_t max, uint32_t *list, uint32_t *n)
@@ -395,7 +383,7 @@ static void pick_experts(const struct verify_run *v, uint32_t layer, uint32_t *s
 	for (uint32_t i = 0; i < n; i++)
 		all[i] = i;
 	for (uint32_t i = 0; i < v->n_sample; i++) {
-		const uint32_t j = i + (uint32_t)(mix64(&s) % (n - i)), t = all[i];
+		const uint32_t j = i + (uint32_t)(splitmix64(&s) % (n - i)), t = all[i];
 		all[i] = all[j];
 		all[j] = t;
 		sample[i] = all[i];
@@ -479,7 +467,7 @@ static void make_inputs(struct verify_run *v, uint32_t layer)
 {
 	uint64_t s = v->o->seed * 7919u + layer + 1;
 	for (size_t i = 0; i < (size_t)v->rows * v->hidden; i++)
-		v->x[i] = (float)(v->o->scale * (2 * unit(&s) - 1));
+		v->x[i] = (float)(v->o->scale * (2 * splitmix64_unit(&s) - 1));
 }
 
 /* Expert sample[i] alone (k = 1) on the requests of n tokens; its error and reference sums. */
@@ -492,7 +480,7 @@ static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sampl
 		const size_t t0 = (size_t)r * n;
 		for (uint32_t t = 0; t < n; t++) {
 			v->ids[t] = (int32_t)sample[i];
-			v->w[t] = (float)(0.25 + 0.75 * unit(s));
+			v->w[t] = (float)(0.25 + 0.75 * splitmix64_unit(s));
 			for (size_t o = 0; o < h; o++)
 				v->want[t * h + o] =
 				    v->w[t] * v->ref_out[i * per + (t0 + t) * h + o];
@@ -517,7 +505,7 @@ static int run_together(struct verify_run *v, uint32_t layer, const uint32_t *sa
 		for (uint32_t t = 0; t < n; t++)
 			for (uint32_t j = 0; j < v->k; j++) {
 				const uint32_t i = (t + j) % v->n_sample;
-				const float w = (float)(0.25 + 0.75 * unit(s));
+				const float w = (float)(0.25 + 0.75 * splitmix64_unit(s));
 				v->ids[t * v->k + j] = (int32_t)sample[i];
 				v->w[t * v->k + j] = w;
 				for (size_t o = 0; o < h; o++)

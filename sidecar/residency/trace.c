@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "presets.h"
+#include "splitmix.h"
 
 void trace_free(struct routing_trace *t)
 {
@@ -455,23 +456,9 @@ int trace_gen_preset(const char *model, struct trace_gen_params *out, struct sid
 	return 0;
 }
 
-/* splitmix64: small, fast, good enough for synthetic routing. */
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static double rng_unit(uint64_t *s)
-{
-	return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
 static uint32_t rng_below(uint64_t *s, uint32_t n)
 {
-	return (uint32_t)(rng_unit(s) * n) % n;
+	return (uint32_t)(splitmix64_unit(s) * n) % n;
 }
 
 static void shuffle(uint32_t *a, uint32_t n, uint64_t *s)
@@ -558,7 +545,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 			uint32_t n = 0;
 			for (uint32_t tries = 0; n < K; tries++) {
 				uint32_t e;
-				double u = rng_unit(&seed);
+				double u = splitmix64_unit(&seed);
 				if (tries > 64 * K) {
 					e = rng_below(&seed, E); /* skewed draws keep colliding */
 				} else if (step && u < g->reuse) {
@@ -567,7 +554,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 					e = layer_map[l * E +
 					              prev_layer[rng_below(&seed, n_prev_layer)]];
 				} else {
-					double z = rng_unit(&seed);
+					double z = splitmix64_unit(&seed);
 					uint32_t lo = 0, hi = E - 1;
 					while (lo < hi) {
 						uint32_t mid = (lo + hi) / 2;
@@ -588,7 +575,7 @@ int trace_generate(const struct trace_gen_params *g, struct routing_trace *out,
 			/* Router-like scores: softmax of descending random logits. */
 			double logits[TRACE_MAX_TOPK], z = 0, top = 0;
 			for (uint32_t i = 0; i < K; i++) {
-				top += 0.5 + rng_unit(&seed);
+				top += 0.5 + splitmix64_unit(&seed);
 				logits[i] = -top;
 				z += exp(logits[i]);
 			}
