@@ -147,7 +147,13 @@ static inline const char *moe_op_name(unsigned op)
  * the sidecar's residency, so results are no longer bit-reproducible across runs (immediate +
  * deferred = the undeferred sum up to float re-association). */
 #define MOE_FWD_DEFER_COLD 0x0002u
-#define MOE_FWD_FLAGS_ALL (MOE_FWD_DROP_DEFERRED | MOE_FWD_DEFER_COLD)
+/* kt-kernel's deferral rule (its select_deferred_experts), in place of the per-token one: of
+ * each token's k entries — ids of no expert (-1) included, ranked by weight like the others —
+ * the k - k_defer highest-weighted are protected, and an expert protected for any token of
+ * the request is immediate for every token; every other entry is deferred. Not with
+ * MOE_FWD_DEFER_COLD. */
+#define MOE_FWD_DEFER_UNION 0x0004u
+#define MOE_FWD_FLAGS_ALL (MOE_FWD_DROP_DEFERRED | MOE_FWD_DEFER_COLD | MOE_FWD_DEFER_UNION)
 /* PREFETCH flags. */
 #define MOE_PREFETCH_SCORES 0x0001u /* expert_weights holds one router score per expert */
 #define MOE_PREFETCH_FLAGS_ALL MOE_PREFETCH_SCORES

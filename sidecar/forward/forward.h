@@ -201,6 +201,10 @@ struct forward_request {
 	 * the lowest-weighted. Results then depend on what is resident (immediate + deferred is
 	 * the undeferred sum up to float re-association); forward_reference ignores it. */
 	bool defer_cold;
+	/* kt-kernel's rule (MOE_FWD_DEFER_UNION): per token the k - k_defer highest-weighted of
+	 * all k entries (-1 included) are protected; an expert protected for any token is
+	 * immediate for every token, every other entry deferred. Not with defer_cold. */
+	bool defer_union;
 	/* With immediate_ready: forward_run may return once the immediate part is delivered and
 	 * every deferred-only expert is computing on the pool's other workers (none left to load
 	 * or failed), with res->deferred_pending set. out_deferred is then final only after

@@ -81,6 +81,9 @@ int plan_validate(struct forward_engine *e, const struct forward_request *q,
 		return plan_fail(res, MOE_EBADFIELD, -1, -1, -1,
 		                 "layer %d is the last MoE layer: nothing may be deferred",
 		                 q->layer);
+	if (q->defer_union && q->defer_cold)
+		return plan_fail(res, MOE_EBADFIELD, -1, -1, -1,
+		                 "MOE_FWD_DEFER_UNION and MOE_FWD_DEFER_COLD together");
 	if (q->k_defer && !out_deferred)
 		return plan_fail(res, MOE_EINVAL, -1, -1, -1, "k_defer without a deferred output");
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
@@ -169,12 +172,58 @@ static void defer_cold_first(struct forward_engine *e, uint32_t moe_layer, const
 	memcpy(order, e->rq->order_tmp, n * sizeof(uint16_t));
 }
 
+/* defer_union: marks in protect[] every expert among some token's k - k_defer highest-weighted
+ * entries (all k ranked, -1 included; ties: earlier position first). */
+static void protect_union(const struct forward_request *q, uint32_t n_experts, uint8_t *protect)
+{
+	const uint32_t k = q->k, keep = q->k - q->k_defer;
+	memset(protect, 0, n_experts);
+	for (uint32_t t = 0; t < q->n_tokens && keep; t++) {
+		const int32_t *ids = &q->ids[(size_t)t * k];
+		const float *w = &q->weights[(size_t)t * k];
+		for (uint32_t j = 0; j < k; j++) {
+			if (ids[j] < 0)
+				continue;
+			uint32_t above = 0; /* entries ranked before j */
+			for (uint32_t i = 0; i < k && above < keep; i++)
+				above += w[i] > w[j] || (w[i] == w[j] && i < j);
+			if (above < keep)
+				protect[ids[j]] = 1;
+		}
+	}
+}
+
+/* defer_union: a token's valid entries (order[] by weight) immediate where protected, the
+ * rest deferred; order[] rewritten as the immediate ones by weight, then the deferred ones.
+ * Returns how many are immediate. */
+static uint32_t defer_unprotected(struct forward_engine *e, const int32_t *ids, uint16_t *order,
+                                  uint8_t *kind, uint32_t n, const uint8_t *protect)
+{
+	uint32_t at = 0;
+	for (int want = 1; want <= 2; want++)
+		for (uint32_t r = 0; r < n; r++) {
+			const uint8_t kd = protect[ids[order[r]]] ? 1 : 2;
+			if (kd != want)
+				continue;
+			kind[order[r]] = kd;
+			e->rq->order_tmp[at++] = order[r];
+		}
+	memcpy(order, e->rq->order_tmp, n * sizeof(uint16_t));
+	uint32_t n_imm = 0;
+	for (uint32_t r = 0; r < n; r++)
+		n_imm += kind[order[r]] == 1;
+	return n_imm;
+}
+
 /* Orders each token's valid entries by weight descending (ties: earlier position first),
  * marks the last min(k_defer, valid) deferred (with q->defer_cold: non-resident experts
  * first), and groups the pairs per expert. Returns the number of groups. */
 uint32_t plan_request(struct forward_engine *e, const struct forward_request *q, uint32_t moe_layer)
 {
 	const uint32_t n_experts = e->cat->info.n_experts, k = q->k;
+	uint8_t *protect = e->rq->expert_has_immediate; /* free until the groups are made */
+	if (q->defer_union)
+		protect_union(q, n_experts, protect);
 	for (uint32_t t = 0; t < q->n_tokens; t++) {
 		const int32_t *ids = &q->ids[(size_t)t * k];
 		const float *w = &q->weights[(size_t)t * k];
@@ -197,7 +246,9 @@ uint32_t plan_request(struct forward_engine *e, const struct forward_request *q,
 		uint8_t *kind = &e->rq->pos_kind[(size_t)t * k];
 		for (uint32_t j = 0; j < k; j++)
 			kind[j] = 0;
-		if (q->defer_cold && n_def) {
+		if (q->defer_union) {
+			e->rq->tok_n_imm[t] = defer_unprotected(e, ids, order, kind, n, protect);
+		} else if (q->defer_cold && n_def) {
 			for (uint32_t r = 0; r < n; r++)
 				kind[order[r]] = 1;
 			defer_cold_first(e, moe_layer, ids, order, kind, n, n_def);

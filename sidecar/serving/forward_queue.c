@@ -389,6 +389,7 @@ static void run_forward(struct forward_queue *o, struct model_channel *mc,
 	    .weights = o->weights,
 	    .deferred_in = deferred_in,
 	    .defer_cold = (sqe->flags & MOE_FWD_DEFER_COLD) != 0,
+	    .defer_union = (sqe->flags & MOE_FWD_DEFER_UNION) != 0,
 	};
 	struct early_delivery early = {.mc = mc,
 	                               .sqe = sqe,

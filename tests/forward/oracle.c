@@ -54,6 +54,24 @@ int forward_reference(struct forward_engine *e, const struct forward_request *q,
 			deferred[t * k + j] = r >= valid - n_def;
 		}
 	}
+	if (q->defer_union) { /* kt-kernel's rule instead (MOE_FWD_DEFER_UNION) */
+		for (size_t p = 0; p < n * k; p++)
+			deferred[p] = 1;
+		for (size_t t = 0; t < n; t++)
+			for (size_t j = 0; j < k; j++) {
+				const int32_t x = q->ids[t * k + j];
+				const float *w = &q->weights[t * k];
+				uint32_t above = 0; /* all k entries ranked, -1 included */
+				for (size_t i = 0; i < k; i++)
+					above += w[i] > w[j] || (w[i] == w[j] && i < j);
+				if (x < 0 || above >= k - q->k_defer)
+					continue;
+				for (size_t p = 0; p < n * k;
+				     p++) /* protected: immediate everywhere */
+					if (q->ids[p] == x)
+						deferred[p] = 0;
+			}
+	}
 	for (uint32_t x = 0; x < shape.n_experts && rc == MOE_OK; x++) {
 		size_t m = 0; /* one batch per expert, deferred entries included (forward.h) */
 		for (size_t p = 0; p < n * k; p++)

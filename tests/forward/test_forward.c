@@ -626,6 +626,74 @@ Test(forward_defer, immediate_plus_deferred_is_undeferred)
 	fwd_model_free(&m);
 }
 
+/* MOE_FWD_DEFER_UNION, kt-kernel's rule: an expert protected (among the k - k_defer
+ * highest-weighted of some token's entries, -1 included) is immediate for every token. */
+Test(forward_defer, union_rule_protects_an_expert_for_every_token)
+{
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 3, 8, 256, 256);
+	const size_t h = m.cat->info.hidden;
+	struct forward_engine *e = engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 24);
+	/* Two tokens, k 2, k_defer 1: token 0 (3: 0.9, 5: 0.1), token 1 (5: 0.8, 6: 0.2).
+	 * Protected: 3 and 5, so only token 1's expert 6 is deferred (the per-token rule would
+	 * defer token 0's 5 as well). */
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, 0), 2, 2, 1, MOEK_ACT_F32, 9, false);
+	const int32_t ids[4] = {3, 5, 5, 6};
+	const float w[4] = {0.9f, 0.1f, 0.8f, 0.2f};
+	memcpy(r.ids, ids, sizeof(ids));
+	memcpy(r.weights, w, sizeof(w));
+	struct forward_result res;
+	cr_assert_eq(forward_run(e, &r.q, r.out, r.out_def, &res), MOE_OK, "%s", res.message);
+	cr_assert_eq(res.n_deferred, 2, "per-token rule");
+	r.q.defer_union = true;
+	run_equal(e, &r, "union, hand-made");
+	cr_assert_eq(forward_run(e, &r.q, r.out, r.out_def, &res), MOE_OK, "%s", res.message);
+	cr_assert_eq(res.n_deferred, 1, "union rule");
+	/* A -1 entry ranks with the others: (-1: 0.9, 3: 0.5) protects nothing at k_defer 1,
+	 * so expert 3 is deferred. */
+	const int32_t ids2[4] = {-1, 3, -1, 3};
+	const float w2[4] = {0.9f, 0.5f, 0.9f, 0.5f};
+	memcpy(r.ids, ids2, sizeof(ids2));
+	memcpy(r.weights, w2, sizeof(w2));
+	run_equal(e, &r, "union, -1 ranked");
+	cr_assert_eq(forward_run(e, &r.q, r.out, r.out_def, &res), MOE_OK, "%s", res.message);
+	cr_assert_eq(res.n_deferred, 2, "union rule with -1 ranked first");
+	fwd_req_free(&r);
+	/* Random requests, holes included: the engine's split equals the oracle's, bit for
+	 * bit, and immediate + deferred is the undeferred output. */
+	const uint32_t tokens[] = {1, 5, 24};
+	for (uint32_t kd = 1; kd <= 3; kd++)
+		for (int i = 0; i < 3; i++) {
+			const uint32_t n = tokens[i];
+			struct fwd_req d, u;
+			fwd_req_make(&d, m.cat, fwd_moe_block(m.cat, 0), n, 4, kd, MOEK_ACT_F32,
+			             90 + (uint64_t)i, i == 1);
+			fwd_req_make(&u, m.cat, fwd_moe_block(m.cat, 0), n, 4, 0, MOEK_ACT_F32,
+			             90 + (uint64_t)i, i == 1);
+			d.q.defer_union = true;
+			run_equal(e, &d, "union");
+			assert_bits(d.out, d.ref, n * h, "union: immediate vs reference");
+			assert_bits(d.out_def, d.ref_def, n * h, "union: deferred vs reference");
+			cr_assert_eq(forward_run(e, &u.q, u.out, NULL, &res), MOE_OK);
+			for (size_t j = 0; j < n * h; j++)
+				cr_assert(fabsf(d.out[j] + d.out_def[j] - u.out[j]) <=
+				              1e-5f + 1e-5f * fabsf(u.out[j]),
+				          "union k_defer %u, %u tokens: %g vs %g", kd, n,
+				          d.out[j] + d.out_def[j], u.out[j]);
+			fwd_req_free(&d);
+			fwd_req_free(&u);
+		}
+	/* Not with MOE_FWD_DEFER_COLD. */
+	struct fwd_req c;
+	fwd_req_make(&c, m.cat, fwd_moe_block(m.cat, 0), 2, 4, 1, MOEK_ACT_F32, 3, false);
+	c.q.defer_union = c.q.defer_cold = true;
+	cr_assert_eq(forward_run(e, &c.q, c.out, c.out_def, &res), MOE_EBADFIELD);
+	fwd_req_free(&c);
+	forward_destroy(e);
+	fwd_model_free(&m);
+}
+
 /* Every bad request gets an error naming the problem; the engine keeps serving. */
 Test(forward_errors, bad_requests)
 {

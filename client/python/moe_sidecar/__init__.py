@@ -11,7 +11,8 @@ field; the C API is client/include/moe_client.h.
 """
 
 from . import _native
-from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DEFER_COLD, FWD_DROP_DEFERRED,
+from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DEFER_COLD, FWD_DEFER_UNION,
+                     FWD_DROP_DEFERRED,
                      PLACEMENT_STRATEGIES, Client, Pending, SlotView, fingerprint, placement)
 from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError,
                      BadTokensError, BadTopKError, BadWeightError, BusyError, ConnectError,
@@ -27,7 +28,7 @@ __version__ = "1.2.0"
 __all__ = [
     "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "placement",
     "PLACEMENT_STRATEGIES", "ABI", "DTYPE_F32",
-    "DTYPE_F16", "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "Error", "RequestError",
+    "DTYPE_F16", "DTYPE_BF16", "FWD_DROP_DEFERRED", "FWD_DEFER_COLD", "FWD_DEFER_UNION", "Error", "RequestError",
     "ConnectError", "StartingError", "VersionError", "RefusedError", "ProtocolError", "PeerDeadError",
     "TimeoutError", "BusyError", "InvalidError", "BadExpertError", "BadLayerError",
     "BadTokensError", "BadTopKError", "BadDtypeError", "BadWeightError", "NonFiniteError",

@@ -181,6 +181,9 @@ class KTMoEWrapper:
         self._ops = {}
         self._mask_t = None
         self._gpu_mask = self._mask_from(gpu_experts_mask, num_gpu_experts)
+        # FORWARD flags sent with a deferring request: FWD_DEFER_UNION asks for kt-kernel's
+        # deferral rule instead of the per-token one (kt_kernel's compatibility wrapper).
+        self.defer_flags = 0
         if not self.active:
             self.client = None
             self.k_defer = 0
@@ -321,7 +324,8 @@ class KTMoEWrapper:
                                                            topk_weights, 0))
             return
         self._pending = ("cpu", self.client.forward_submit(
-            self.layer_idx, hidden_states, ids, topk_weights, self.k_defer))
+            self.layer_idx, hidden_states, ids, topk_weights, self.k_defer,
+            self.defer_flags if self.k_defer else 0))
 
     def sync_forward(self, hidden_states, cuda_stream=None):
         import torch
@@ -381,7 +385,8 @@ class KTMoEWrapper:
             for s in range(0, n, chunk):
                 e = min(n, s + chunk)
                 m = e - s
-                op = self._op(sp, m, k, k_defer, dtype, 0)
+                op = self._op(sp, m, k, k_defer, dtype,
+                              self.defer_flags if k_defer else 0)
                 # Each chunk is copied in, submitted, waited and copied out in stream order;
                 # only the last chunk's wait is left to sync_forward.
                 sp.views["input"][dtype][: m * H].view(m, H).copy_(hidden_states[s:e],

@@ -12,10 +12,12 @@ what an engine written for kt-kernel relies on and moe_sidecar's class leaves ou
 - load_weights(physical_to_logical_map): EPLB's map of physical to logical experts. The
   identity costs nothing; a permutation is applied to every id (and to the mask the sidecar
   is sent); redundant experts (two physical ids for one logical) are refused.
-- Deferral as kt does it: select_deferred_experts(ids, scores, protected_k) splits each
-  layer's ids (kt's own rule, or the engine's when it installs one on the wrapper); the
-  immediate part is this layer's output and the deferred part, sent as a second request on
-  the same channel right after, is added to the next MoE layer's output.
+- Deferral as kt does it: kt's own rule (select_deferred_experts: each token's
+  num_experts_per_tok - max_deferred highest-scored protected, an expert protected for any
+  token immediate for all) is applied by the sidecar (FWD_DEFER_UNION), on CPU tensors and on
+  the CUDA stream path alike; the deferred part is added to the next MoE layer's output. An
+  engine that installs its own selector on the wrapper gets its split sent as two requests
+  (CPU tensors only).
 - gpu_experts_mask is a CPU bool tensor the engine may update in place at run time
   (SGLang's dynamic expert update does wrapper.gpu_experts_mask.copy_(new)): the change is
   sent to the sidecar (set_gpu_mask) at once, and checked again at each submit_forward.
@@ -212,24 +214,30 @@ class KTMoEWrapper(_SidecarWrapper):
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
         self._sync_gpu_mask()
         defer = self.max_deferred_experts_per_token
-        if hidden_states.is_cuda:
-            if defer and "select_deferred_experts" in self.__dict__:
-                raise NotImplementedError(
-                    f"layer {self.layer_idx}: an engine's select_deferred_experts on CUDA "
-                    "tensors: moe-sidecar's stream path defers with kt's own rule only; "
-                    "remove the selector or set --kt-max-deferred-experts-per-token 0")
-            self.k_defer = defer  # the stream path: the sidecar splits with kt's rule
+        c = self.client
+        # A part an engine's own selector deferred on the previous layer is added here.
+        self._owed_in = c.__dict__.pop("_kt_owed", None) if c is not None else None
+        if not defer or "select_deferred_experts" not in self.__dict__:
+            # kt's own rule, applied by the sidecar (FWD_DEFER_UNION): one request, the same
+            # on CPU tensors and on the CUDA stream path; the deferred part is added to the
+            # next MoE layer's output by the sidecar.
+            self.k_defer, self.defer_flags = defer, moe_sidecar.FWD_DEFER_UNION
             try:
                 return super().submit_forward(hidden_states, topk_ids, topk_weights,
                                               cuda_stream)
             finally:
-                self.k_defer = 0
-        c = self.client
-        self._owed_in = c.__dict__.pop("_kt_owed", None)
+                self.k_defer, self.defer_flags = 0, 0
+        if hidden_states.is_cuda:
+            raise NotImplementedError(
+                f"layer {self.layer_idx}: an engine's select_deferred_experts on CUDA "
+                "tensors: moe-sidecar's stream path defers with kt's own rule only; "
+                "remove the selector or set --kt-max-deferred-experts-per-token 0")
+        # The engine's selector: its split, sent as two requests (the deferred one right
+        # after, its output added to the next MoE layer's).
         n = int(hidden_states.shape[0])
         ids = topk_ids.to(torch.int64)
         deferred = None
-        if defer and n <= c.max_tokens:
+        if n <= c.max_tokens:
             ids, deferred = self.select_deferred_experts(
                 ids, topk_weights, self.num_experts_per_tok - defer)
         super().submit_forward(hidden_states, ids, topk_weights, cuda_stream)
