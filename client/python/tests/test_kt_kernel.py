@@ -241,6 +241,42 @@ def test_keywords_without_meaning_are_logged_once_and_swiglu_is_checked(model, s
         w.load_weights(torch.tensor([0, 0] + list(range(2, 16))))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here (CI has none): the stream path runs on a GPU "
+                           "machine")
+def test_sglang_kt_path_on_cuda_streams_matches_the_all_torch_reference(model, served):
+    """The same steps on CUDA tensors, as SGLang runs them: submit_forward / sync_forward on
+    the current stream, deferral on (kt's rule, applied by the sidecar on the stream path),
+    then a mask update in place."""
+    kt = _kt()
+    layers = sorted(model["experts"])
+    E = model["cfg"]["num_experts"]
+    g = torch.Generator().manual_seed(2)
+    masks = kt.generate_gpu_experts_masks(torch.rand(len(layers), E, generator=g), 12)
+    wrappers = _wrappers(model, masks, k_defer=2)
+    ref = Reference(model, 2)
+
+    def cuda_step(inputs):
+        stream = torch.cuda.current_stream().cuda_stream
+        outs = []
+        for wr, (x, ids, w), gpu in zip(wrappers, inputs, masks):
+            xc, ic, wc = x.cuda(), ids.cuda(), w.cuda()
+            wr.submit_forward(xc, ic, wc, stream)
+            gpu_out = _gpu_part(model, wr.layer_idx, x, ids, w, gpu)
+            outs.append(gpu_out + wr.sync_forward(xc, stream).cpu())
+        return outs
+
+    for step in range(2):
+        inputs = _inputs(model, layers, 5, 20 + step)
+        _assert_close(cuda_step(inputs), _reference(model, ref, inputs, masks))
+    masks = kt.generate_gpu_experts_masks(torch.rand(len(layers), E, generator=g), 12,
+                                          strategy="uniform")
+    for wr, m in zip(wrappers, masks):
+        wr.gpu_experts_mask.copy_(m)
+    inputs = _inputs(model, layers, 5, 22)
+    _assert_close(cuda_step(inputs), _reference(model, ref, inputs, masks))
+
+
 def test_sglang_kt_path_matches_the_all_torch_reference(model, served):
     """Steps of every MoE layer: deferral on; masks from generate_gpu_experts_masks; a
     mask update mid-run (in place, as SGLang's dynamic expert update does it); the engine's
