@@ -387,8 +387,9 @@ static void check_numa(struct doctor *d)
 	        t.n_nodes, t.n_nodes == 1 ? "" : "s", nodes, allowed, online, workers);
 	if (allowed > 0 && online > allowed)
 		set_fix(c, CHECK_WARN,
-		        "the workers fit in this CPU set: widen it (taskset, cpuset.cpus, "
-		        "systemd CPUAffinity=) if the sidecar should have the rest");
+		        "the pools use only these CPUs (a node with none gets no pool): widen "
+		        "the affinity (taskset -c, numactl, systemd CPUAffinity=) or the cgroup's "
+		        "cpuset (AllowedCPUs=, cpuset.cpus) if the sidecar should have the rest");
 }
 
 static void check_memory(struct doctor *d)
