@@ -956,6 +956,18 @@ Test(forward_topology, workers_pinned_one_pu_each)
 	fwd_model_free(&m);
 }
 
+/* --threads' default counts hardware threads (PUs), not cores: a node of 2 cores of 2 PUs
+ * each gets 4 workers (a synthetic topology, so the machine's SMT does not matter). */
+Test(forward_topology, threads_default_counts_hardware_threads)
+{
+	struct forward_config cfg = {.numa = FORWARD_NUMA_SYNTHETIC,
+	                             .numa_synthetic = "pack:1 numa:1 core:2 pu:2"};
+	struct forward_topology_info ti;
+	cr_assert_eq(forward_topology_describe(&cfg, &ti, &ferr), 0, "%s", ferr.msg);
+	cr_assert_eq(ti.n_nodes, 1);
+	cr_expect_eq(ti.threads[0], 4, "workers %u for 2 cores of 2 PUs", ti.threads[0]);
+}
+
 /* taskset / CPUAffinity=: under an affinity of one CPU the default pool has one worker, and
  * with --threads 2 the second worker stays on that CPU (before, it was pinned to the node's
  * next CPU, outside the set). The lowest allowed CPU is kept: it is pus[0], which worker 0
