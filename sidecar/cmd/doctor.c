@@ -428,8 +428,10 @@ static void check_probes(struct doctor *d)
 {
 	struct pagecache_readiness r;
 	pagecache_readiness(d->bpffs, &r);
-	char caps[96];
-	snprintf(caps, sizeof(caps), "CAP_BPF %s, CAP_PERFMON %s, CAP_SYS_ADMIN %s",
+	char caps[128];
+	snprintf(caps, sizeof(caps),
+	         "CAP_BPF %s, CAP_PERFMON %s (both needed); CAP_SYS_ADMIN %s (only to mount bpffs "
+	         "or tracefs)",
 	         r.cap_bpf ? "yes" : "no", r.cap_perfmon ? "yes" : "no",
 	         r.cap_sys_admin ? "yes" : "no");
 	struct check *c =

@@ -191,6 +191,23 @@ Test(doctor, numa_follows_the_process_affinity)
 	          "%s", line);
 }
 
+/* The probes check says which capabilities loading needs and that CAP_SYS_ADMIN only mounts
+ * (it listed the three alike). */
+Test(doctor, probes_says_cap_sys_admin_only_mounts)
+{
+	static char out[16384];
+	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
+	run_capture(argv, NULL, out, sizeof(out));
+	rm_rf(dir);
+	char line[2048];
+	cr_assert(check_line(out, "probes", line, sizeof(line)), "%s", out);
+	cr_expect(strstr(line, "(both needed); CAP_SYS_ADMIN ") &&
+	              strstr(line, " (only to mount bpffs or tracefs)"),
+	          "%s", line);
+}
+
 /* RLIMIT_MEMLOCK below the pool's registered buffers, without CAP_IPC_LOCK: a warning
  * naming the limit and the fix; serving still runs (plain reads), so no failure. */
 Test(doctor, memlock_below_the_registered_buffers_warns)
