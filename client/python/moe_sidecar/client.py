@@ -33,6 +33,7 @@ _native._set_error_factory(make_error)
 DTYPE_F32, DTYPE_F16, DTYPE_BF16 = _native.DTYPE_F32, _native.DTYPE_F16, _native.DTYPE_BF16
 FWD_DROP_DEFERRED = _native.FWD_DROP_DEFERRED
 FWD_DEFER_COLD = _native.FWD_DEFER_COLD
+MAX_TOKENS_LIMIT = _native.MAX_TOKENS_LIMIT  # the most max_tokens a channel may ask for
 _ITEMSIZE = {DTYPE_F32: 4, DTYPE_F16: 2, DTYPE_BF16: 2}
 I32_MIN, I32_MAX, U32_MAX = -2**31, 2**31 - 1, 2**32 - 1
 
