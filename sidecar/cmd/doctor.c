@@ -387,8 +387,9 @@ static void check_numa(struct doctor *d)
 	        t.n_nodes, t.n_nodes == 1 ? "" : "s", nodes, allowed, online, workers);
 	if (allowed > 0 && online > allowed)
 		set_fix(c, CHECK_WARN,
-		        "the workers fit in this CPU set: widen it (taskset, cpuset.cpus, "
-		        "systemd CPUAffinity=) if the sidecar should have the rest");
+		        "the pools use only these CPUs (a node with none gets no pool): widen "
+		        "the affinity (taskset -c, numactl, systemd CPUAffinity=) or the cgroup's "
+		        "cpuset (AllowedCPUs=, cpuset.cpus) if the sidecar should have the rest");
 }
 
 static void check_memory(struct doctor *d)
@@ -427,8 +428,10 @@ static void check_probes(struct doctor *d)
 {
 	struct pagecache_readiness r;
 	pagecache_readiness(d->bpffs, &r);
-	char caps[96];
-	snprintf(caps, sizeof(caps), "CAP_BPF %s, CAP_PERFMON %s, CAP_SYS_ADMIN %s",
+	char caps[128];
+	snprintf(caps, sizeof(caps),
+	         "CAP_BPF %s, CAP_PERFMON %s (both needed); CAP_SYS_ADMIN %s (only to mount bpffs "
+	         "or tracefs)",
 	         r.cap_bpf ? "yes" : "no", r.cap_perfmon ? "yes" : "no",
 	         r.cap_sys_admin ? "yes" : "no");
 	struct check *c =

@@ -108,8 +108,9 @@ static const struct serve_option {
      "NUMA nodes to serve from: auto, 0,1, or synthetic:<hwloc spec> (testing)"},
     {{"threads", required_argument, NULL, OPT_THREADS},
      "N",
-     "worker threads per NUMA node (default: the node's cores; more than its CPUs share them, "
-     "with a warning)"},
+     "worker threads per NUMA node (default: one per CPU of the node this process may use, "
+     "counting hardware threads, not cores; more than those CPUs share them, with a "
+     "warning)"},
     {{"pin-layers", required_argument, NULL, OPT_PIN_LAYERS},
      "N",
      "keep the first N MoE layers always resident"},

@@ -106,7 +106,7 @@ struct forward_config {
 	uint32_t numa_list[FORWARD_MAX_NODES];
 	uint32_t numa_list_len;
 	const char *numa_synthetic;
-	uint32_t threads_per_node; /* 0 = the node's cores */
+	uint32_t threads_per_node; /* 0 = one per PU (hardware thread) the process may use */
 	/* Request limits: size every preallocated buffer */
 	uint32_t max_tokens;        /* tokens per forward_run (>= 1) */
 	uint32_t max_ids_per_token; /* k (>= 1); 0 = the model's top_k */

@@ -3,15 +3,23 @@
  *
  * A synthetic topology (hwloc_topology_set_synthetic) models a multi-node machine on a
  * single-node one: its nodes drive the work split exactly as real ones would, but threads are
- * not pinned (its PUs do not exist) and memory binding is a logged no-op.
+ * not pinned (its PUs do not exist), memory binding is a logged no-op, and the affinity of the
+ * real machine's process does not apply to it (every synthetic node gets its pool).
  *
- * Pinning: when a node has at least as many PUs as workers, each worker gets a PU of its own,
- * distinct cores first (the second PUs of SMT cores only after every core has one), so two
- * workers never share a core while another is idle and each keeps its caches. With more
- * workers than PUs the node's PUs are shared (several nodes) or nothing is pinned (one node).
- * The hwloc topology holds only the PUs this process may use, so a cpuset set by the launcher
- * (taskset, cgroups) is honoured — the way to keep the workers off cores other processes
- * need.
+ * CPUs: a node's workers use the node's PUs that this process may run on — those hwloc's
+ * topology holds (it follows the cgroup cpuset: AllowedCPUs=, docker --cpuset-cpus) and, of
+ * those, the ones in the creating thread's affinity at open (taskset, numactl
+ * --cpunodebind, systemd CPUAffinity=, which set it for the whole process before exec). The
+ * creating thread's and not HWLOC_CPUBIND_PROCESS: on Linux that is the union of every
+ * thread's binding, workers of another engine included. A node with CPUs but none allowed
+ * gets no pool under --numa auto (logged) and is refused when --numa lists it; a node without
+ * CPUs at all (memory only) keeps one unpinned worker.
+ *
+ * Pinning: when a node has at least as many allowed PUs as workers, each worker gets a PU of
+ * its own, distinct cores first (the second PUs of SMT cores only after every core has one),
+ * so two workers never share a core while another is idle and each keeps its caches. With more
+ * workers than PUs the node's allowed PUs are shared (several nodes) or nothing is pinned (one
+ * node: the workers keep the process's affinity).
  */
 #include <errno.h>
 #include <hwloc.h>
@@ -22,10 +30,10 @@
 #include "log.h"
 #include "topology.h"
 
-static uint32_t node_pus(hwloc_topology_t topo, hwloc_obj_t node)
+/* The default worker count of a node whose usable PUs are `set`: one per PU, at least one. */
+static uint32_t node_pus(hwloc_const_bitmap_t set)
 {
-	int n = hwloc_bitmap_weight(node->cpuset);
-	(void)topo;
+	int n = hwloc_bitmap_weight(set);
 	return n > 0 ? (uint32_t)n : 1u;
 }
 
@@ -82,6 +90,38 @@ static void existing_nodes(hwloc_topology_t topo, char *buf, size_t len)
 	}
 }
 
+/* t->allowed: the PUs of the topology (the cgroup's cpuset) that the calling thread may run
+ * on — at start-up the process's affinity (taskset, CPUAffinity=, numactl). */
+static int process_cpus(struct forward_topology *t, struct sidecar_error *err)
+{
+	hwloc_bitmap_t allowed = hwloc_bitmap_alloc();
+	if (!allowed)
+		return error_set(err, MOE_ENOMEM, "topology: out of memory");
+	if (hwloc_get_cpubind(t->topo, allowed, HWLOC_CPUBIND_THREAD) != 0) {
+		const int e = errno;
+		hwloc_bitmap_free(allowed);
+		return error_set(err, MOE_ESYS, "hwloc: cannot read this thread's CPU affinity: %s",
+		                 strerror(e));
+	}
+	hwloc_bitmap_and(allowed, allowed, hwloc_topology_get_allowed_cpuset(t->topo));
+	t->allowed = allowed;
+	return 0;
+}
+
+/* --numa lists a node none of whose CPUs this process may use. */
+static void refuse_node_outside_affinity(const struct forward_topology *t, hwloc_obj_t node,
+                                         struct sidecar_error *err)
+{
+	char mine[128], its[128];
+	hwloc_bitmap_list_snprintf(mine, sizeof(mine), t->allowed);
+	hwloc_bitmap_list_snprintf(its, sizeof(its), node->cpuset);
+	error_set(err, MOE_EINVAL,
+	          "--numa %u: none of NUMA node %u's CPUs (%s) is in this process's affinity "
+	          "(CPUs %s): widen it (taskset -c, numactl --cpunodebind, CPUAffinity=) or "
+	          "leave the node out",
+	          node->os_index, node->os_index, its, mine);
+}
+
 /* topology_open without its log line (forward_check_topology runs it once more). */
 static int topology_build(struct forward_topology *t, const struct forward_config *cfg,
                           struct sidecar_error *err)
@@ -114,6 +154,10 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 		topology_close(t);
 		return -1;
 	}
+	if (!t->synthetic && process_cpus(t, err) != 0) {
+		topology_close(t);
+		return -1;
+	}
 	for (int i = 0; i < total; i++) {
 		hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, (unsigned)i);
 		if (cfg->numa == FORWARD_NUMA_LIST) {
@@ -123,7 +167,29 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 			if (!listed)
 				continue;
 		}
+		hwloc_bitmap_t set = NULL;
+		if (!t->synthetic) {
+			set = hwloc_bitmap_alloc();
+			if (!set) {
+				error_set(err, MOE_ENOMEM, "topology: out of memory");
+				topology_close(t);
+				return -1;
+			}
+			hwloc_bitmap_and(set, node->cpuset, t->allowed);
+			if (hwloc_bitmap_iszero(set) && !hwloc_bitmap_iszero(node->cpuset)) {
+				hwloc_bitmap_free(set);
+				if (cfg->numa == FORWARD_NUMA_LIST) {
+					refuse_node_outside_affinity(t, node, err);
+					topology_close(t);
+					return -1;
+				}
+				if (t->n_left_out < FORWARD_MAX_NODES)
+					t->left_out[t->n_left_out++] = node->os_index;
+				continue;
+			}
+		}
 		if (t->n_nodes == FORWARD_MAX_NODES) {
+			hwloc_bitmap_free(set);
 			error_set(err, MOE_EINVAL, "topology: more than %u NUMA nodes",
 			          FORWARD_MAX_NODES);
 			topology_close(t);
@@ -131,14 +197,9 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 		}
 		struct forward_node *n = &t->nodes[t->n_nodes++];
 		n->os_index = node->os_index;
-		n->threads = cfg->threads_per_node ? cfg->threads_per_node : node_pus(topo, node);
-		if (!t->synthetic) {
-			hwloc_bitmap_t set = hwloc_bitmap_dup(node->cpuset);
-			if (!set) {
-				error_set(err, MOE_ENOMEM, "topology: out of memory");
-				topology_close(t);
-				return -1;
-			}
+		n->threads = cfg->threads_per_node ? cfg->threads_per_node
+		                                   : node_pus(set ? set : node->cpuset);
+		if (set) {
 			n->cpuset = set;
 			if (order_pus(topo, set, n) != 0) {
 				error_set(err, MOE_ENOMEM, "topology: out of memory");
@@ -147,6 +208,15 @@ static int topology_build(struct forward_topology *t, const struct forward_confi
 			}
 			n->pin_per_pu = n->n_pus > 0 && n->threads <= n->n_pus;
 		}
+	}
+	if (t->n_nodes == 0 && t->n_left_out > 0) {
+		char cpus[128];
+		hwloc_bitmap_list_snprintf(cpus, sizeof(cpus), t->allowed);
+		error_set(err, MOE_EINVAL,
+		          "topology: no NUMA node has a CPU in this process's affinity (CPUs %s)",
+		          cpus);
+		topology_close(t);
+		return -1;
 	}
 	if (t->n_nodes == 0 ||
 	    (cfg->numa == FORWARD_NUMA_LIST && t->n_nodes != cfg->numa_list_len)) {
@@ -186,11 +256,31 @@ int topology_open(struct forward_topology *t, const struct forward_config *cfg,
 			    "use: its %u workers share them",
 			    cfg->threads_per_node, t->nodes[i].n_pus, t->nodes[i].os_index,
 			    cfg->threads_per_node);
-	if (t->synthetic)
-		log_info(
-		    "forward",
-		    "synthetic topology \"%s\": %u nodes; threads not pinned, memory not bound",
-		    cfg->numa_synthetic, t->n_nodes);
+	if (t->synthetic) {
+		log_info("forward",
+		         "synthetic topology \"%s\": %u nodes; threads not pinned, memory not "
+		         "bound, this process's affinity not applied",
+		         cfg->numa_synthetic, t->n_nodes);
+		return 0;
+	}
+	char mine[128], cpus[128];
+	hwloc_bitmap_list_snprintf(mine, sizeof(mine), t->allowed);
+	for (uint32_t i = 0; i < t->n_nodes; i++) {
+		const struct forward_node *n = &t->nodes[i];
+		hwloc_bitmap_list_snprintf(cpus, sizeof(cpus), n->cpuset);
+		log_info("forward",
+		         "NUMA node %u: %u workers on CPUs %s (this process may use CPUs %s)%s",
+		         n->os_index, n->threads, cpus[0] ? cpus : "none", mine,
+		         n->pin_per_pu ? ", one per CPU" : "");
+	}
+	for (uint32_t i = 0; i < t->n_left_out; i++) {
+		hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(t->topo, t->left_out[i]);
+		hwloc_bitmap_list_snprintf(cpus, sizeof(cpus), node ? node->cpuset : t->allowed);
+		log_info("forward",
+		         "NUMA node %u: no pool, none of its CPUs (%s) is in this process's "
+		         "affinity (CPUs %s)",
+		         t->left_out[i], cpus, mine);
+	}
 	return 0;
 }
 
@@ -236,6 +326,8 @@ void topology_close(struct forward_topology *t)
 			hwloc_bitmap_free(t->nodes[i].cpuset);
 		free(t->nodes[i].pus);
 	}
+	if (t->allowed)
+		hwloc_bitmap_free(t->allowed);
 	if (t->topo)
 		hwloc_topology_destroy(t->topo);
 	memset(t, 0, sizeof(*t));

@@ -16,7 +16,9 @@
 
 struct forward_node {
 	uint32_t os_index;
-	void *cpuset; /* hwloc_bitmap_t of the node's PUs (NULL when synthetic: not pinned) */
+	/* hwloc_bitmap_t of the node's PUs this process may use (NULL when synthetic: not
+	 * pinned) */
+	void *cpuset;
 	uint32_t threads;
 	/* The node's PUs (OS indices), one per core first, then each core's second PU, …: worker
 	 * i of the node runs on pus[i] when the node has a PU per worker (pin_per_pu). */
@@ -24,11 +26,14 @@ struct forward_node {
 	bool pin_per_pu;
 };
 struct forward_topology {
-	void *topo; /* hwloc_topology_t */
+	void *topo;    /* hwloc_topology_t */
+	void *allowed; /* hwloc_bitmap_t: the CPUs this process may use (NULL when synthetic) */
 	bool synthetic;
 	bool memory_bound;
 	uint32_t n_nodes;
 	struct forward_node nodes[FORWARD_MAX_NODES];
+	/* Nodes with CPUs, none of them in the process's affinity: no pool (--numa auto). */
+	uint32_t left_out[FORWARD_MAX_NODES], n_left_out;
 };
 int topology_open(struct forward_topology *t, const struct forward_config *cfg,
                   struct sidecar_error *err);

@@ -238,11 +238,18 @@ static int libbpf_to_log(enum libbpf_print_level level, const char *fmt, va_list
 	return 0;
 }
 
+/* What a refused BPF call needs: CAP_SYS_ADMIN is not among it (mounting is mount_hint's). */
 static const char *privilege_hint(int err)
 {
 	return (err == EPERM || err == EACCES)
-	           ? " (needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)"
+	           ? " (needs root, or CAP_BPF + CAP_PERFMON; CAP_SYS_ADMIN only to mount bpffs "
+	             "or tracefs where they are not mounted)"
 	           : "";
+}
+
+static const char *mount_hint(int err)
+{
+	return (err == EPERM || err == EACCES) ? " (mounting needs root or CAP_SYS_ADMIN)" : "";
 }
 
 /* Mounts fstype at dir unless it is mounted there already. */
@@ -257,7 +264,7 @@ static int ensure_mounted(struct pagecache_probes *p, const char *dir, const cha
 	if (mount(fstype, dir, fstype, 0, "mode=0700") < 0) {
 		int e = errno;
 		return fail(p, e, "%s is not mounted and mounting it failed: %s%s", dir,
-		            strerror(e), privilege_hint(e));
+		            strerror(e), mount_hint(e));
 	}
 	log_info("probes", "mounted %s at %s", fstype, dir);
 	return 0;

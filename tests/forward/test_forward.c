@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1020,6 +1021,65 @@ Test(forward_topology, workers_pinned_one_pu_each)
 	char self_after[64];
 	cr_assert(task_cpus(self, self_after, sizeof(self_after)));
 	cr_assert_str_eq(self_after, process_cpus, "the caller's affinity is left alone");
+	fwd_model_free(&m);
+}
+
+/* --threads' default counts hardware threads (PUs), not cores: a node of 2 cores of 2 PUs
+ * each gets 4 workers (a synthetic topology, so the machine's SMT does not matter). */
+Test(forward_topology, threads_default_counts_hardware_threads)
+{
+	struct forward_config cfg = {.numa = FORWARD_NUMA_SYNTHETIC,
+	                             .numa_synthetic = "pack:1 numa:1 core:2 pu:2"};
+	struct forward_topology_info ti;
+	cr_assert_eq(forward_topology_describe(&cfg, &ti, &ferr), 0, "%s", ferr.msg);
+	cr_assert_eq(ti.n_nodes, 1);
+	cr_expect_eq(ti.threads[0], 4, "workers %u for 2 cores of 2 PUs", ti.threads[0]);
+}
+
+/* taskset / CPUAffinity=: under an affinity of one CPU the default pool has one worker, and
+ * with --threads 2 the second worker stays on that CPU (before, it was pinned to the node's
+ * next CPU, outside the set). The lowest allowed CPU is kept: it is pus[0], which worker 0
+ * (the caller) leaves free, so a worker pinned from the whole node lands elsewhere. */
+Test(forward_topology, workers_stay_in_the_process_affinity)
+{
+	cpu_set_t all, one;
+	cr_assert_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	if (CPU_COUNT(&all) < 2)
+		cr_skip_test("needs two CPUs to leave one out (%d here)", CPU_COUNT(&all));
+	int cpu = 0;
+	while (!CPU_ISSET(cpu, &all))
+		cpu++;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0, "%s", strerror(errno));
+	char want[16];
+	snprintf(want, sizeof(want), "%d", cpu);
+
+	struct fwd_model m;
+	make_model(&m, MOEK_Q8_0, 2, 8, 64, 64);
+	struct forward_config cfg = {.source = FORWARD_SOURCE_ALL_RESIDENT, .max_tokens = 2};
+	struct forward_engine *e;
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
+	struct forward_topology_info ti;
+	forward_topology(e, &ti);
+	forward_destroy(e);
+	if (ti.n_nodes != 1)
+		cr_skip_test("a one-node machine is needed (%u nodes here)", ti.n_nodes);
+	cr_expect_eq(ti.pus[0], 1, "CPUs the process may use: %u, want 1", ti.pus[0]);
+	cr_expect_eq(ti.threads[0], 1, "default workers: %u, want one per allowed CPU",
+	             ti.threads[0]);
+
+	cfg.threads_per_node = 2;
+	cr_assert_eq(forward_create(&e, m.cat, &cfg, &ferr), 0, "%s", ferr.msg);
+	forward_topology(e, &ti);
+	cr_expect(!ti.pinned_per_pu[0], "two workers on one CPU are not pinned one per CPU");
+	struct fwd_req r;
+	fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, 0), 2, 4, 0, MOEK_ACT_F32, 3, false);
+	struct forward_result res;
+	cr_assert_eq(forward_run(e, &r.q, r.out, NULL, &res), MOE_OK, "%s", res.message);
+	cr_assert_eq(check_worker_cpus(false, want), 1, "one worker thread, moe-w0.1");
+	fwd_req_free(&r);
+	forward_destroy(e);
 	fwd_model_free(&m);
 }
 

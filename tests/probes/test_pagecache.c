@@ -546,6 +546,11 @@ Test(probes, unprivileged_child_gets_one_warning_and_unavailable, .fini = remove
 		lines += *c == '\n';
 	cr_expect_eq(lines, 1, "expected one warning line, got: %s", log);
 	cr_expect(strstr(log, "warn") && strstr(log, "unavailable: "), "log: %s", log);
+	/* What loading needs is CAP_BPF + CAP_PERFMON; CAP_SYS_ADMIN only mounts. */
+	cr_expect(strstr(log, "(needs root, or CAP_BPF + CAP_PERFMON; CAP_SYS_ADMIN only to mount "
+	                      "bpffs or tracefs where they are not mounted)"),
+	          "log: %s", log);
+	cr_expect_not(strstr(log, "CAP_PERFMON + CAP_SYS_ADMIN"), "log: %s", log);
 }
 
 static bool exists(const char *dir, const char *name)

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +24,8 @@ static const char *const check_names[] = {"io_uring", "o_direct", "memlock", "hu
 
 struct child_setup {
 	rlim_t memlock; /* 0: unchanged */
+	bool one_cpu;   /* the child runs with the affinity of `cpu` alone (taskset -c CPU) */
+	int cpu;
 };
 
 /* Runs argv with stdout and stderr into out; returns the exit status (-1: no exit). */
@@ -41,6 +45,13 @@ static int run_capture(const char *const *argv, const struct child_setup *setup,
 			if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
 			    prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0)
 				_exit(126);
+		}
+		if (setup && setup->one_cpu) {
+			cpu_set_t one;
+			CPU_ZERO(&one);
+			CPU_SET(setup->cpu, &one);
+			if (sched_setaffinity(0, sizeof(one), &one) != 0)
+				_exit(125);
 		}
 		execv(argv[0], (char *const *)argv);
 		_exit(127);
@@ -150,6 +161,51 @@ Test(doctor, without_a_model_samples_a_temporary_file_and_removes_it)
 	cr_expect(strstr(line, want), "%s", line);
 	cr_expect_not(check_line(out, "model", line, sizeof(line)), "%s", out);
 	cr_expect_eq(rmdir(dir), 0, "doctor left a file in %s", dir); /* empty again */
+}
+
+/* Under taskset -c CPU the numa check counts the CPUs of that affinity and the workers the
+ * pools would run on them (before, it counted the node's: "node 0: 2 CPUs", 2 workers), and
+ * says how to widen it. */
+Test(doctor, numa_follows_the_process_affinity)
+{
+	static char out[16384];
+	cpu_set_t all;
+	cr_assert_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	if (CPU_COUNT(&all) < 2)
+		cr_skip_test("needs two CPUs to leave one out (%d here)", CPU_COUNT(&all));
+	struct child_setup setup = {.one_cpu = true};
+	while (!CPU_ISSET(setup.cpu, &all))
+		setup.cpu++;
+	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
+	run_capture(argv, &setup, out, sizeof(out));
+	rm_rf(dir);
+	char line[2048];
+	cr_assert(check_line(out, "numa", line, sizeof(line)), "%s", out);
+	if (!strstr(line, " 1 NUMA node ("))
+		cr_skip_test("a one-node machine is needed: %s", line);
+	cr_expect(strstr(line, "(node 0: 1 CPUs); this process may use 1 of "), "%s", line);
+	cr_expect(strstr(line, "the pools would run 1 workers"), "%s", line);
+	cr_expect(strstr(line, "-> the pools use only these CPUs") && strstr(line, "taskset -c"),
+	          "%s", line);
+}
+
+/* The probes check says which capabilities loading needs and that CAP_SYS_ADMIN only mounts
+ * (it listed the three alike). */
+Test(doctor, probes_says_cap_sys_admin_only_mounts)
+{
+	static char out[16384];
+	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
+	run_capture(argv, NULL, out, sizeof(out));
+	rm_rf(dir);
+	char line[2048];
+	cr_assert(check_line(out, "probes", line, sizeof(line)), "%s", out);
+	cr_expect(strstr(line, "(both needed); CAP_SYS_ADMIN ") &&
+	              strstr(line, " (only to mount bpffs or tracefs)"),
+	          "%s", line);
 }
 
 /* RLIMIT_MEMLOCK below the pool's registered buffers, without CAP_IPC_LOCK: a warning

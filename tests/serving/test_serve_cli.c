@@ -72,6 +72,21 @@ Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
 	}
 }
 
+/* --threads' default is one worker per CPU the process may use, hardware threads counted
+ * (topology.c counts PUs; test_forward's threads_default_counts_hardware_threads pins it):
+ * the help says so, not "the node's cores". */
+Test(serve_cli, serve_help_says_threads_default_counts_hardware_threads)
+{
+	static char out[16384];
+	const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
+	cr_assert_eq(run_capture(argv, out, sizeof(out)), 0, "%s", out);
+	squeeze_spaces(out);
+	cr_expect_not(strstr(out, "the node's cores"), "%s", out);
+	cr_expect(strstr(out, "(default: one per CPU of the node this process may use, counting "
+	                      "hardware threads, not cores;"),
+	          "%s", out);
+}
+
 /* The fault-injection options live in the test-hooks daemon only: the shipped one neither
  * lists nor takes them. */
 Test(serve_cli, shipped_serve_has_no_debug_options)

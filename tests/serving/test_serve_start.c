@@ -8,6 +8,7 @@
  * has no line about it.
  */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -194,6 +195,66 @@ Test(serve_start, more_threads_than_cpus_is_served_with_a_warning)
 		cr_assert(strstr(log, said), "%s", log);
 	}
 	free(log);
+	served_stop(&s);
+}
+
+/* `taskset -c CPU moe-sidecar serve`: the daemon's pools use only that CPU (its log says so)
+ * and every worker thread may run on it alone; before, moe-w0.1 was pinned to the node's
+ * next CPU, outside the set. The lowest allowed CPU is kept (pus[0], worker 0's). */
+Test(serve_start, workers_stay_in_the_affinity_the_sidecar_was_started_with)
+{
+	cpu_set_t all, one;
+	cr_assert_eq(sched_getaffinity(0, sizeof(all), &all), 0);
+	if (CPU_COUNT(&all) < 2)
+		cr_skip_test("needs two CPUs to leave one out (%d here)", CPU_COUNT(&all));
+	int cpu = 0;
+	while (!CPU_ISSET(cpu, &all))
+		cpu++;
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	cr_assert_eq(sched_setaffinity(0, sizeof(one), &one), 0); /* the sidecar inherits it */
+	const char *extra[] = {"--threads", "2", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	char *log = slurp(s.sp.log);
+	cr_assert_not_null(log);
+	if (strstr(log, "numa node=1 "))
+		cr_skip_test("a one-node machine is needed");
+	char want[128], path[96];
+	snprintf(want, sizeof(want),
+	         "NUMA node 0: 2 workers on CPUs %d (this process may use CPUs %d)", cpu, cpu);
+	cr_expect(strstr(log, want), "no '%s' in: %s", want, log);
+	free(log);
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)s.sp.pid);
+	DIR *d = opendir(path);
+	cr_assert_not_null(d);
+	int workers = 0;
+	for (struct dirent *de; (de = readdir(d)) != NULL;) {
+		if (de->d_name[0] == '.')
+			continue;
+		char file[400], comm[32] = "", line[256], cpus[64] = "";
+		snprintf(file, sizeof(file), "%s/%s/comm", path, de->d_name);
+		FILE *f = fopen(file, "r");
+		if (!f)
+			continue;
+		if (!fgets(comm, sizeof(comm), f))
+			comm[0] = '\0';
+		fclose(f);
+		if (strncmp(comm, "moe-w", 5) != 0)
+			continue;
+		snprintf(file, sizeof(file), "%s/%s/status", path, de->d_name);
+		f = fopen(file, "r");
+		cr_assert_not_null(f);
+		while (fgets(line, sizeof(line), f))
+			sscanf(line, "Cpus_allowed_list: %63s", cpus);
+		fclose(f);
+		snprintf(want, sizeof(want), "%d", cpu);
+		cr_expect_str_eq(cpus, want, "worker %.*s may run on %s", (int)strcspn(comm, "\n"),
+		                 comm, cpus);
+		workers++;
+	}
+	closedir(d);
+	cr_expect_eq(workers, 1, "one worker thread besides the request's own (moe-w0.1)");
 	served_stop(&s);
 }
 

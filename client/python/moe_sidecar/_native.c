@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "moe_client.h"
+#include "moe_proto.h" /* MOE_MAX_TOKENS_LIMIT */
 
 static PyObject *error_factory; /* callable(status, message, value, index) -> exception */
 
@@ -1040,6 +1041,7 @@ static int module_exec(PyObject *m)
 	    {"DTYPE_BF16", MOE_DTYPE_BF16},
 	    {"FWD_DROP_DEFERRED", MOE_FWD_DROP_DEFERRED},
 	    {"CONNECT_NOWAIT", MOE_CONNECT_NOWAIT},
+	    {"MAX_TOKENS_LIMIT", MOE_MAX_TOKENS_LIMIT},
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
 	    {"FWD_DEFER_UNION", MOE_FWD_DEFER_UNION},
 	    {"STATS_EXPERTS", MOE_STATS_EXPERTS},

@@ -23,6 +23,10 @@ the work to the sidecar serving the same model instead of computing in the engin
   wrapper made after a restart gets the reconnected channel.
 - Tensor parallelism: only TP rank 0 talks to the sidecar; other ranks' sync_forward returns
   zeros, so the engine's all-reduce sums the CPU part once (as SGLang's kt wrapper does).
+- chunked_prefill_size (the engine's prefill chunk) sizes the shared channel: the first
+  wrapper of a socket asks for requests of that many tokens, granted up to `serve
+  --max-tokens` (above it, the sidecar's limit; refused for memory, the default, 256).
+  Batches above the channel's max_tokens are split into several requests.
 - Accepted and documented without effect (the sidecar owns them: `moe-sidecar serve`):
   cpuinfer_threads, threadpool_count, numa_nodes, cpu_save, method.
 - Everything after the five dimensions is keyword-only, as kt-kernel's callers pass it: the
@@ -35,24 +39,61 @@ the work to the sidecar serving the same model instead of computing in the engin
 """
 
 import os
+import re
 
 from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DROP_DEFERRED, I32_MAX, I32_MIN,
-                     U32_MAX, Client, _int, _is_integer, fingerprint)
+                     MAX_TOKENS_LIMIT, U32_MAX, Client, _int, _is_integer, fingerprint)
 from .errors import RefusedError, make_error
 
 _SHARED = {}
 
 
-def shared_client(socket=None, timeout_ms=30000, server_uid=None):
+# "max_tokens 4096 / top_k 8 above this sidecar's 1024 / 8 (serve --max-tokens)": the
+# handshake grants only what was asked for, and its refusal is the one place a client learns
+# the sidecar's --max-tokens (docs/protocol.md, §2 and §10).
+_OFFERED = re.compile(r"above this sidecar's (\d+) / \d+ \(serve --max-tokens\)")
+
+
+def _connect(socket, want_tokens, **kw):
+    """A Client whose requests carry up to want_tokens tokens (an engine's chunked prefill
+    size), or as many as the sidecar offers below that; else (a refusal for the channel's
+    size: memory limit, --max-channel-mib) the default channel, whose limit the wrappers split
+    batches by. A refusal the default channel meets too is raised."""
+    if want_tokens:
+        try:
+            return Client(socket, max_tokens=want_tokens, **kw)
+        except RefusedError as e:
+            m = _OFFERED.search(e.message)
+            offered = int(m.group(1)) if m else 0
+            if 0 < offered < want_tokens:
+                try:
+                    return Client(socket, max_tokens=offered, **kw)
+                except RefusedError:
+                    pass
+    return Client(socket, **kw)
+
+
+def _chunk_tokens(chunked_prefill_size):
+    """The max_tokens a wrapper asks for: the engine's chunked prefill size where it has one
+    (SGLang's -1 or None: none), at most the protocol's limit; 0 asks for the default."""
+    if chunked_prefill_size is None:
+        return 0
+    n = _int("chunked_prefill_size", chunked_prefill_size, -1, I32_MAX)
+    return min(n, MAX_TOKENS_LIMIT) if n > 0 else 0
+
+
+def shared_client(socket=None, timeout_ms=30000, server_uid=None, max_tokens=0):
     """The process's one Client per socket (created on first use, reconnected after a fork,
     and after its sidecar was seen gone or its socket hung up: a wrapper made after a restart
     never gets the dead channel). server_uid as Client's; one socket's wrappers must agree on
-    it (their channel is one)."""
+    it (their channel is one). max_tokens: what the first wrapper's channel asks for (0: the
+    sidecar's default, 256 or its --max-tokens if lower), capped by what the sidecar offers;
+    later wrappers share that channel, whatever they would have asked."""
     key = (socket, os.getpid())
     c = _SHARED.get(key)
     if c is None or c.closed:
-        c = Client(socket, n_slots=4, timeout_ms=timeout_ms, name=f"kt-wrapper-{os.getpid()}",
-                   server_uid=server_uid)
+        c = _connect(socket, max_tokens, n_slots=4, timeout_ms=timeout_ms,
+                     name=f"kt-wrapper-{os.getpid()}", server_uid=server_uid)
         _SHARED[key] = c
     elif c.server_uid != server_uid:
         raise ValueError(f"server_uid={server_uid!r}: this process's channel to the sidecar "
@@ -188,7 +229,8 @@ class KTMoEWrapper:
             self.client = None
             self.k_defer = 0
             return
-        self.client = c = shared_client(socket, self.timeout_ms, server_uid)
+        self.client = c = shared_client(socket, self.timeout_ms, server_uid,
+                                        _chunk_tokens(chunked_prefill_size))
         i = c.info
         for field, want, have in (("num_experts", self.num_experts, i["n_experts"]),
                                   ("hidden_size", self.hidden_size, i["model_hidden"]),

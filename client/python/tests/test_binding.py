@@ -407,6 +407,36 @@ def test_wrapper_prefill_bigger_than_a_request_is_chunked(served_bf16, models):
     assert rel_err(out.numpy(), reference_block(experts, 1, x, ids, w)) < 0.02
 
 
+def test_wrapper_asks_for_its_chunked_prefill_size_up_to_serve_max_tokens(models):
+    """KTMoEWrapper(chunked_prefill_size=C) sizes its channel for C tokens, capped at serve
+    --max-tokens without failing; without C (or SGLang's -1) the default, 256. A prefill chunk
+    above 256 but within the channel is one FORWARD (it was split into 256-token ones)."""
+    s = Sidecar(models["bf16"], "--max-tokens", "1024")
+    try:
+        c = ms.Client(s.socket)
+        info = c.info
+        c.close()
+        dims = (1, info["n_experts"], info["model_top_k"], info["model_hidden"],
+                info["expert_ffn"])
+        for chunk, want in ((512, 512), (4096, 1024), (None, 256), (-1, 256)):
+            wr = ms.KTMoEWrapper(*dims, chunked_prefill_size=chunk, socket=s.socket)
+            assert wr.client.max_tokens == want, f"chunked_prefill_size={chunk}"
+            if chunk == 4096:
+                experts = SafetensorsExperts(models["bf16"])
+                n = 700
+                rng = np.random.default_rng(5)
+                x = rng.standard_normal((n, info["hidden"])).astype(np.float32)
+                ids, w = routing(rng, n, info["n_experts"], 2)
+                before = wr.client.stats()["requests"]
+                out = wr.forward(torch.from_numpy(x), torch.from_numpy(ids),
+                                 torch.from_numpy(w))
+                assert wr.client.stats()["requests"] - before == 1
+                assert rel_err(out.numpy(), reference_block(experts, 1, x, ids, w)) < 0.02
+            wr.client.close()  # the next wrapper opens the process's channel anew
+    finally:
+        assert s.stop() == 0
+
+
 def test_wrapper_refuses_another_model_and_other_shapes(served_bf16, models):
     c = ms.Client(served_bf16.socket)
     info = c.info

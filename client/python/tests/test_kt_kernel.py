@@ -140,7 +140,7 @@ def _inputs(model, layers, n, seed):
     return out
 
 
-def _wrappers(model, masks, k_defer, **extra):
+def _wrappers(model, masks, k_defer, chunk=8192, **extra):
     kt = _kt()
     cfg = model["cfg"]
     layers = sorted(model["experts"])
@@ -151,7 +151,7 @@ def _wrappers(model, masks, k_defer, **extra):
             num_experts_per_tok=cfg["num_experts_per_tok"], hidden_size=cfg["hidden_size"],
             moe_intermediate_size=cfg["moe_intermediate_size"], gpu_experts_mask=masks[i],
             cpuinfer_threads=8, threadpool_count=1, numa_nodes=None,
-            weight_path=model["path"], chunked_prefill_size=8192, method="BF16",
+            weight_path=model["path"], chunked_prefill_size=chunk, method="BF16",
             max_deferred_experts_per_token=0 if i == len(layers) - 1 else k_defer,
             swiglu_limit=0.0, swiglu_alpha=0.0, **extra)
         w.load_weights(torch.arange(cfg["num_experts"]))
@@ -222,11 +222,14 @@ def test_keywords_without_meaning_are_logged_once_and_swiglu_is_checked(model, s
     kte._reported.clear()
     masks = torch.zeros(4, 16, dtype=torch.bool)
     with caplog.at_level(logging.WARNING, logger="kt_kernel"):
-        _wrappers(model, masks, 1)
+        ws = _wrappers(model, masks, 1)
     lines = [r.getMessage() for r in caplog.records if r.name == "kt_kernel"]
     assert len(lines) == 1, lines
     for k in ("cpuinfer_threads=8", "threadpool_count=1", "method='BF16'"):
         assert k in lines[0]
+    # chunked_prefill_size sizes the channel: 8192 asked, capped at serve --max-tokens (256).
+    assert "chunked_prefill_size" not in lines[0]
+    assert ws[0].client.max_tokens == 256
     cfg = model["cfg"]
     dims = dict(layer_idx=0, num_experts=16, num_experts_per_tok=cfg["num_experts_per_tok"],
                 hidden_size=cfg["hidden_size"],
@@ -275,6 +278,26 @@ def test_sglang_kt_path_on_cuda_streams_matches_the_all_torch_reference(model, s
         wr.gpu_experts_mask.copy_(m)
     inputs = _inputs(model, layers, 5, 22)
     _assert_close(cuda_step(inputs), _reference(model, ref, inputs, masks))
+
+
+
+def test_chunked_prefill_size_is_asked_for_up_to_serve_max_tokens(model, tmp_path,
+                                                                    monkeypatch):
+    """SGLang's chunked_prefill_size reaches the channel: a sidecar serving --max-tokens 1024
+    grants wrappers of chunked_prefill_size=8192 1024-token requests (256 before: raising
+    --max-tokens did nothing on the kt path), and 512 to wrappers of 512."""
+    sock = str(tmp_path / "run" / "s.sock")
+    s = Sidecar(model["path"], "--max-tokens", "1024", socket=sock)
+    monkeypatch.setenv("MOE_SIDECAR_SOCKET", sock)
+    try:
+        masks = torch.zeros(4, 16, dtype=torch.bool)
+        ws = _wrappers(model, masks, 1)
+        assert [w.client.max_tokens for w in ws] == [1024] * len(ws)
+        ws[0].client.close()
+        ws = _wrappers(model, masks, 1, chunk=512)
+        assert ws[0].client.max_tokens == 512
+    finally:
+        s.stop(signal.SIGKILL)
 
 
 def test_sglang_kt_path_matches_the_all_torch_reference(model, served):

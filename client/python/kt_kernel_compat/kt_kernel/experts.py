@@ -43,7 +43,6 @@ _NO_EFFECT = {
     "numa_nodes": "serve --numa",
     "method": "the served files' format picks the kernels",
     "cpu_save": "serve --mem-budget",
-    "chunked_prefill_size": "batches above the channel's max_tokens are split",
 }
 _reported = set()
 
@@ -101,8 +100,7 @@ class KTMoEWrapper(_SidecarWrapper):
                 raise ValueError(f"num_gpu_experts={n} not in 0..{E}")
             mask = [e < n for e in range(E)]
         given = dict(cpuinfer_threads=cpuinfer_threads, threadpool_count=threadpool_count,
-                     numa_nodes=numa_nodes, method=method, cpu_save=cpu_save,
-                     chunked_prefill_size=chunked_prefill_size, **other)
+                     numa_nodes=numa_nodes, method=method, cpu_save=cpu_save, **other)
         _report_no_effect({k: v for k, v in given.items() if v is not None})
         self._p2l = None  # EPLB's physical -> logical map, when not the identity
         self._owed_in = None  # (layer, n, Pending): the previous layer's deferred part
@@ -110,8 +108,7 @@ class KTMoEWrapper(_SidecarWrapper):
                          moe_intermediate_size, gpu_experts_mask=mask,
                          weight_path=weight_path, chunked_prefill_size=chunked_prefill_size,
                          max_deferred_experts_per_token=max_deferred_experts_per_token or 0,
-                         tp_rank=0, socket=os.environ.get("MOE_SIDECAR_SOCKET"),
-                         **{k: v for k, v in given.items() if k != "chunked_prefill_size"})
+                         tp_rank=0, socket=os.environ.get("MOE_SIDECAR_SOCKET"), **given)
         self.max_deferred_experts_per_token = self.k_defer  # 0 on the last MoE layer
         self.k_defer = 0  # deferral is split here (select_deferred_experts), not by the sidecar
         self._check_swiglu(swiglu_limit, swiglu_alpha)
