@@ -280,7 +280,6 @@ def test_sglang_kt_path_on_cuda_streams_matches_the_all_torch_reference(model, s
     _assert_close(cuda_step(inputs), _reference(model, ref, inputs, masks))
 
 
-
 def test_chunked_prefill_size_is_asked_for_up_to_serve_max_tokens(model, tmp_path,
                                                                     monkeypatch):
     """SGLang's chunked_prefill_size reaches the channel: a sidecar serving --max-tokens 1024
