@@ -657,31 +657,17 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
                           struct residency_counters *out)
 {
 	memset(out, 0, sizeof(*out));
-#define LOAD(f) out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed)
-	LOAD(hits);
-	LOAD(cold_misses);
-	LOAD(inflight_misses);
-	LOAD(prefetches);
-	LOAD(prefetch_hits);
-	LOAD(prefetch_wasted);
-	LOAD(prefetch_dropped);
-	LOAD(evictions);
-	LOAD(loads);
-	LOAD(failures);
-	LOAD(failed_retries);
-	LOAD(buffered_files);
+#define LOAD(f, scope)                                                                             \
+	RESIDENCY_ONLY(EXPERT, scope,                                                              \
+	               out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed);)
+	RESIDENCY_COUNTERS(LOAD)
 #undef LOAD
-#define ADD(f) out->f += atomic_load_explicit(&p->io.f, memory_order_relaxed)
+#define ADD(f, scope)                                                                              \
+	RESIDENCY_ONLY(NODE, scope, out->f += atomic_load_explicit(&p->io.f, memory_order_relaxed);)
 	out->hugetlb = out->thp = true;
 	for (uint32_t n = first; n < end; n++) {
 		const struct node_part *p = &r->node[n];
-		ADD(reads);
-		ADD(bytes_read);
-		ADD(short_reads);
-		ADD(retries);
-		ADD(timeouts);
-		ADD(fixed_reads);
-		ADD(plain_reads);
+		RESIDENCY_COUNTERS(ADD)
 		for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
 			out->latency_us_log2[i] +=
 			    atomic_load_explicit(&p->io.latency_us_log2[i], memory_order_relaxed);

@@ -44,12 +44,11 @@ struct id_queue {
 	uint32_t cap, head, count;
 };
 
-/* The expert counters; the I/O counters are each node's loader's (struct loader_stats). */
+/* The expert counters (RESIDENCY_COUNTERS' EXPERT ones); the I/O counters are each node's
+ * loader's (struct loader_stats). */
+#define RESIDENCY_EXPERT_STAT(name, scope) RESIDENCY_ONLY(EXPERT, scope, _Atomic uint64_t name;)
 struct residency_stats {
-	_Atomic uint64_t hits, cold_misses, inflight_misses;
-	_Atomic uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
-	_Atomic uint64_t evictions, loads, failures, failed_retries;
-	_Atomic uint64_t buffered_files;
+	RESIDENCY_COUNTERS(RESIDENCY_EXPERT_STAT)
 };
 
 /* One node's part: its slices of every expert, in its pool, read by its loader. Slot s of
