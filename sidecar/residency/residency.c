@@ -49,11 +49,11 @@ uint64_t residency_backoff_ms(const struct residency_config *c, uint32_t failed_
 /* Under lock: FAILED → COLD. */
 static void leave_failed(struct residency *r, struct expert_entry *e)
 {
-	assert(e->state == EXPERT_FAILED && r->failed_now > 0);
+	assert(e->state == EXPERT_FAILED && r->stats.failed_now > 0);
 	e->state = EXPERT_COLD;
 	e->error = 0;
 	e->post_load_failed = 0;
-	r->failed_now--;
+	r->stats.failed_now--;
 }
 
 /* Queues (under lock). */
@@ -203,7 +203,7 @@ static int load_done(struct residency *r, uint32_t node, uint32_t id, int error,
 			e->failed_loads++;
 		e->retry_at_ns =
 		    monotonic_ns() + residency_backoff_ms(&r->config, e->failed_loads) * 1000000u;
-		r->failed_now++;
+		r->stats.failed_now++;
 		stat_add(&r->stats.failures, 1);
 	} else {
 		e->state = EXPERT_RESIDENT;
@@ -571,7 +571,7 @@ uint32_t residency_retry_all_failed(struct residency *r)
 {
 	uint32_t n = 0;
 	pthread_mutex_lock(&r->lock);
-	for (uint32_t id = 0; id < r->n_ids && r->failed_now; id++)
+	for (uint32_t id = 0; id < r->n_ids && r->stats.failed_now; id++)
 		if (r->entries[id].state == EXPERT_FAILED) {
 			leave_failed(r, &r->entries[id]);
 			n++;
@@ -684,7 +684,9 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
 	pthread_mutex_lock(&r->lock);
 	out->slots = r->n_slots;
 	out->slots_used = r->n_slots - free_list(r)->n_free;
-	out->failed_now = r->failed_now;
+#define COPY(f, scope) RESIDENCY_ONLY(LOCKED, scope, out->f = r->stats.f;)
+	RESIDENCY_COUNTERS(COPY)
+#undef COPY
 	for (uint32_t n = first; n < end; n++)
 		out->resident_bytes += r->node[n].resident_bytes;
 	pthread_mutex_unlock(&r->lock);
