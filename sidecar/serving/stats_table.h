@@ -11,7 +11,8 @@
  * evaluates with: `st` (const struct forward_stats *), `desc` (const struct serve_model_desc
  * *), `x` (const struct stats_sources *), `ps` (const struct pagecache_stats *: the PROBES
  * group), `ts` (const struct trace_recorder_stats *: the TRACE group); per node `s` is a
- * const struct forward_node_stats *, per layer a const struct forward_layer_stats *. Other
+ * const struct forward_node_stats *, per layer a const struct forward_layer_stats *. The
+ * residency's counters are st->residency and, per node, s->residency (residency.h). Other
  * includers never expand it.
  *
  * Groups: ALWAYS members are in every reply; PROBES only while the page-cache probes are
@@ -20,9 +21,11 @@
  * per-expert counts are STATS' "experts" (stats --experts), never a metric.
  *
  * Adding a figure: one row here, plus the code that counts it and, when no struct the
- * collector reads carries it yet, the field that carries it: three files at most
- * (docs/architecture.md, "Figures"); then its line in docs/operations.md's metric table
- * (test_stats_table checks that every name is there).
+ * collector reads carries it yet, the list entry or field that carries it: three files of
+ * code at most (docs/architecture.md, "Figures"; a residency counter is its line in
+ * RESIDENCY_COUNTERS, its count and a row reading st->residency.<name> or
+ * s->residency.<name>); then its line in docs/operations.md's metric table (test_stats_table
+ * checks that every name is there).
  */
 #ifndef MOE_SIDECAR_STATS_TABLE_H
 #define MOE_SIDECAR_STATS_TABLE_H
