@@ -310,12 +310,13 @@ struct forward_layer_stats {
 /* One residency's own counters (RESIDENCY): node n's pool of its slices of every expert, or,
  * with one pool for all nodes, node 0 naming that pool. */
 struct forward_node_stats {
-	uint32_t node;     /* its index in the topology's nodes */
-	uint32_t os_index; /* the OS's NUMA node number */
-	uint64_t resident_bytes, slot_bytes_used, budget_bytes;
-	uint32_t slots, slots_used;
-	uint64_t hits, cold_misses, inflight_misses; /* its own demands (one per expert slice) */
-	uint64_t loader_bytes_read, evictions, failed_experts;
+	uint32_t node;            /* its index in the topology's nodes */
+	uint32_t os_index;        /* the OS's NUMA node number */
+	uint64_t slot_bytes_used; /* residency.slots_used × residency.slot_bytes */
+	/* residency_node_counters of the node: its loader's reads (bytes_read …), its slots,
+	 * budget and resident slices' bytes, and the expert counters (hits, evictions,
+	 * failed_now …: one per expert, the same on every node). */
+	struct residency_counters residency;
 };
 
 struct forward_stats {
@@ -326,21 +327,14 @@ struct forward_stats {
 	 * budget_bytes: what the pools may take (pool_bytes <= budget_bytes). ALL_RESIDENT: every
 	 * expert, all four equal. */
 	uint64_t resident_bytes, slot_bytes_used, pool_bytes, budget_bytes;
-	uint32_t slots;         /* slots of the pools (the same count on every node) */
 	uint64_t request_bytes; /* the request plans' buffers, allocated at create */
-	uint64_t evictions;
-	/* Everything the loader read (demand misses and prefetches; bytes_read above counts only
-	 * the cold demand misses of requests) and what became of prefetches. RESIDENCY only. */
-	uint64_t loader_bytes_read, prefetches, prefetch_hits, prefetch_wasted;
-	/* Experts FAILED now (one per expert, whatever the nodes) and loads started again for an
-	 * expert whose last load had failed (residency_counters). RESIDENCY only. */
-	uint64_t failed_experts, failed_retries;
-	/* The loader's reads into registered slots (read_fixed) and plain ones, the registered
-	 * buffers the pools are spread over (1 GiB each at most), and whether every pool is on
-	 * hugetlb pages / advised for transparent huge pages. RESIDENCY only. */
-	uint64_t fixed_reads, plain_reads;
-	uint32_t fixed_buffers;
-	bool pool_hugetlb, pool_thp;
+	/* RESIDENCY only (zero otherwise): the whole residency's counters as residency_counters
+	 * gives them — every one of RESIDENCY_COUNTERS (residency.h), with no line of its own
+	 * here — and its slots (the same count on every node), failed_now (experts FAILED now,
+	 * one per expert whatever the nodes), fixed_buffers, hugetlb and thp (every pool).
+	 * residency.bytes_read is everything the loaders read, demand and prefetch; bytes_read
+	 * above only the cold demand misses of requests. */
+	struct residency_counters residency;
 	uint32_t
 	    n_nodes; /* residency parts (RESIDENCY): one per node when sliced, else 1; else 0 */
 	struct forward_node_stats nodes[FORWARD_MAX_NODES];

@@ -479,42 +479,18 @@ void weights_counters(const struct forward_weights *w, struct forward_stats *out
 		out->budget_bytes = w->budget_bytes;
 		return;
 	}
-	struct residency_counters all;
-	residency_counters(w->res, &all);
-	out->resident_bytes = all.resident_bytes;
-	out->slot_bytes_used = (uint64_t)all.slots_used * all.slot_bytes;
-	out->pool_bytes = (uint64_t)all.slots * all.slot_bytes;
-	out->budget_bytes = all.budget_bytes;
-	out->slots = all.slots;
-	out->evictions = all.evictions;
-	out->loader_bytes_read = all.bytes_read;
-	out->prefetches = all.prefetches;
-	out->prefetch_hits = all.prefetch_hits;
-	out->prefetch_wasted = all.prefetch_wasted;
-	out->failed_experts = all.failed_now;
-	out->failed_retries = all.failed_retries;
-	out->fixed_reads = all.fixed_reads;
-	out->plain_reads = all.plain_reads;
-	out->fixed_buffers = all.fixed_buffers;
-	out->pool_hugetlb = all.hugetlb;
-	out->pool_thp = all.thp;
+	struct residency_counters *all = &out->residency;
+	residency_counters(w->res, all);
+	out->resident_bytes = all->resident_bytes;
+	out->slot_bytes_used = (uint64_t)all->slots_used * all->slot_bytes;
+	out->pool_bytes = (uint64_t)all->slots * all->slot_bytes;
+	out->budget_bytes = all->budget_bytes;
 	out->n_nodes = w->n_res;
 	for (uint32_t n = 0; n < w->n_res; n++) {
-		struct residency_counters rc;
-		residency_node_counters(w->res, n, &rc);
-		out->nodes[n] = (struct forward_node_stats){
-		    .node = n,
-		    .resident_bytes = rc.resident_bytes,
-		    .slot_bytes_used = (uint64_t)rc.slots_used * rc.slot_bytes,
-		    .budget_bytes = rc.budget_bytes,
-		    .slots = rc.slots,
-		    .slots_used = rc.slots_used,
-		    .hits = rc.hits,
-		    .cold_misses = rc.cold_misses,
-		    .inflight_misses = rc.inflight_misses,
-		    .loader_bytes_read = rc.bytes_read,
-		    .evictions = rc.evictions,
-		    .failed_experts = rc.failed_now,
-		};
+		struct forward_node_stats *node = &out->nodes[n];
+		node->node = n;
+		residency_node_counters(w->res, n, &node->residency);
+		node->slot_bytes_used =
+		    (uint64_t)node->residency.slots_used * node->residency.slot_bytes;
 	}
 }

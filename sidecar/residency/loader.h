@@ -22,6 +22,7 @@
 #include "expert_map.h"
 #include "fault_hook.h"
 #include "post_load.h"
+#include "residency.h" /* RESIDENCY_COUNTERS: the NODE ones are struct loader_stats */
 #include "slot_pool.h"
 
 /* Where extent i of an expert lands in its slot: the aligned superset of the extent is
@@ -32,10 +33,11 @@ struct extent_layout {
 
 #define LOADER_LAT_BUCKETS 32 /* bucket b: read latency in [2^b, 2^(b+1)) µs; 0: < 2 µs */
 
-/* The node's I/O counters, bumped by the loader with relaxed atomics (statistics). */
+/* The node's I/O counters, bumped by the loader with relaxed atomics (statistics):
+ * RESIDENCY_COUNTERS' NODE ones (residency.h) and the read latencies. */
+#define LOADER_NODE_STAT(name, scope) RESIDENCY_ONLY(NODE, scope, _Atomic uint64_t name;)
 struct loader_stats {
-	_Atomic uint64_t reads, bytes_read, short_reads, retries, timeouts;
-	_Atomic uint64_t fixed_reads, plain_reads; /* read_fixed into registered slots, plain */
+	RESIDENCY_COUNTERS(LOADER_NODE_STAT)
 	_Atomic uint64_t latency_us_log2[LOADER_LAT_BUCKETS];
 };
 

@@ -49,11 +49,11 @@ uint64_t residency_backoff_ms(const struct residency_config *c, uint32_t failed_
 /* Under lock: FAILED → COLD. */
 static void leave_failed(struct residency *r, struct expert_entry *e)
 {
-	assert(e->state == EXPERT_FAILED && r->failed_now > 0);
+	assert(e->state == EXPERT_FAILED && r->stats.failed_now > 0);
 	e->state = EXPERT_COLD;
 	e->error = 0;
 	e->post_load_failed = 0;
-	r->failed_now--;
+	r->stats.failed_now--;
 }
 
 /* Queues (under lock). */
@@ -203,7 +203,7 @@ static int load_done(struct residency *r, uint32_t node, uint32_t id, int error,
 			e->failed_loads++;
 		e->retry_at_ns =
 		    monotonic_ns() + residency_backoff_ms(&r->config, e->failed_loads) * 1000000u;
-		r->failed_now++;
+		r->stats.failed_now++;
 		stat_add(&r->stats.failures, 1);
 	} else {
 		e->state = EXPERT_RESIDENT;
@@ -571,7 +571,7 @@ uint32_t residency_retry_all_failed(struct residency *r)
 {
 	uint32_t n = 0;
 	pthread_mutex_lock(&r->lock);
-	for (uint32_t id = 0; id < r->n_ids && r->failed_now; id++)
+	for (uint32_t id = 0; id < r->n_ids && r->stats.failed_now; id++)
 		if (r->entries[id].state == EXPERT_FAILED) {
 			leave_failed(r, &r->entries[id]);
 			n++;
@@ -657,31 +657,17 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
                           struct residency_counters *out)
 {
 	memset(out, 0, sizeof(*out));
-#define LOAD(f) out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed)
-	LOAD(hits);
-	LOAD(cold_misses);
-	LOAD(inflight_misses);
-	LOAD(prefetches);
-	LOAD(prefetch_hits);
-	LOAD(prefetch_wasted);
-	LOAD(prefetch_dropped);
-	LOAD(evictions);
-	LOAD(loads);
-	LOAD(failures);
-	LOAD(failed_retries);
-	LOAD(buffered_files);
+#define LOAD(f, scope)                                                                             \
+	RESIDENCY_ONLY(EXPERT, scope,                                                              \
+	               out->f = atomic_load_explicit(&r->stats.f, memory_order_relaxed);)
+	RESIDENCY_COUNTERS(LOAD)
 #undef LOAD
-#define ADD(f) out->f += atomic_load_explicit(&p->io.f, memory_order_relaxed)
+#define ADD(f, scope)                                                                              \
+	RESIDENCY_ONLY(NODE, scope, out->f += atomic_load_explicit(&p->io.f, memory_order_relaxed);)
 	out->hugetlb = out->thp = true;
 	for (uint32_t n = first; n < end; n++) {
 		const struct node_part *p = &r->node[n];
-		ADD(reads);
-		ADD(bytes_read);
-		ADD(short_reads);
-		ADD(retries);
-		ADD(timeouts);
-		ADD(fixed_reads);
-		ADD(plain_reads);
+		RESIDENCY_COUNTERS(ADD)
 		for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
 			out->latency_us_log2[i] +=
 			    atomic_load_explicit(&p->io.latency_us_log2[i], memory_order_relaxed);
@@ -698,7 +684,9 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
 	pthread_mutex_lock(&r->lock);
 	out->slots = r->n_slots;
 	out->slots_used = r->n_slots - free_list(r)->n_free;
-	out->failed_now = r->failed_now;
+#define COPY(f, scope) RESIDENCY_ONLY(LOCKED, scope, out->f = r->stats.f;)
+	RESIDENCY_COUNTERS(COPY)
+#undef COPY
 	for (uint32_t n = first; n < end; n++)
 		out->resident_bytes += r->node[n].resident_bytes;
 	pthread_mutex_unlock(&r->lock);

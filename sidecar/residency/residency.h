@@ -97,15 +97,44 @@ struct expert_ref {
 
 #define RESIDENCY_LAT_BUCKETS 32 /* bucket b: read latency in [2^b, 2^(b+1)) µs; 0: < 2 µs */
 
+/* The residency's counters, listed once: X(name, scope). Each is a uint64_t of struct
+ * residency_counters, carried whole into the engine's figures (forward_stats.residency and
+ * each forward_node_stats.residency) and so to a row of sidecar/serving/stats_table.h. scope
+ * EXPERT: one relaxed atomic for the whole residency (struct residency_stats), counted where
+ * the expert table decides (residency.c); every node reports the same. LOCKED: a plain field
+ * of struct residency_stats, kept under the residency's lock (residency.c), for a figure that
+ * also goes down; every node reports the same. NODE: one relaxed atomic per node (struct
+ * loader_stats), counted by that node's loader (loader.c); residency_counters sums them,
+ * residency_node_counters gives the node's. A new one: its line here, its count, its row in
+ * stats_table.h (docs/architecture.md, "Figures"). */
+/* clang-format off */
+#define RESIDENCY_COUNTERS(X)                                                                     \
+	X(hits, EXPERT) X(cold_misses, EXPERT) X(inflight_misses, EXPERT)                         \
+	X(prefetches, EXPERT) X(prefetch_hits, EXPERT) X(prefetch_wasted, EXPERT)                 \
+	X(prefetch_dropped, EXPERT) X(evictions, EXPERT) X(loads, EXPERT) X(failures, EXPERT)     \
+	X(failed_retries, EXPERT) /* loads started for an expert whose last load failed */        \
+	X(buffered_files, EXPERT) /* files where O_DIRECT was impossible */                       \
+	X(failed_now, LOCKED) /* experts FAILED now */                                            \
+	X(reads, NODE) X(bytes_read, NODE) X(short_reads, NODE) X(retries, NODE)                  \
+	X(timeouts, NODE)                                                                         \
+	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */
+/* clang-format on */
+#define RESIDENCY_COUNTER_FIELD(name, scope) uint64_t name;
+/* RESIDENCY_ONLY(want, scope, code): code when scope is want (EXPERT, LOCKED or NODE), else
+ * nothing — for an X that acts on one scope's counters only. */
+#define RESIDENCY_ONLY(want, scope, ...) RESIDENCY_ONLY_##want##_##scope(__VA_ARGS__)
+#define RESIDENCY_ONLY_EXPERT_EXPERT(...) __VA_ARGS__
+#define RESIDENCY_ONLY_EXPERT_LOCKED(...)
+#define RESIDENCY_ONLY_EXPERT_NODE(...)
+#define RESIDENCY_ONLY_LOCKED_EXPERT(...)
+#define RESIDENCY_ONLY_LOCKED_LOCKED(...) __VA_ARGS__
+#define RESIDENCY_ONLY_LOCKED_NODE(...)
+#define RESIDENCY_ONLY_NODE_EXPERT(...)
+#define RESIDENCY_ONLY_NODE_LOCKED(...)
+#define RESIDENCY_ONLY_NODE_NODE(...) __VA_ARGS__
+
 struct residency_counters {
-	uint64_t hits, cold_misses, inflight_misses;
-	uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
-	uint64_t evictions, loads, failures;
-	uint64_t failed_retries; /* loads started for an expert whose last load failed */
-	uint32_t failed_now;     /* experts FAILED now */
-	uint64_t reads, bytes_read, short_reads, retries, timeouts;
-	uint64_t fixed_reads, plain_reads; /* read_fixed into registered slots vs plain reads */
-	uint64_t buffered_files;           /* files where O_DIRECT was impossible */
+	RESIDENCY_COUNTERS(RESIDENCY_COUNTER_FIELD)
 	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
 	/* Slots hold one expert each (on every node: a slot per node, its slices). slot_bytes:
 	 * one expert's slots on every node together (residency_node_counters: the node's). */

@@ -44,12 +44,14 @@ struct id_queue {
 	uint32_t cap, head, count;
 };
 
-/* The expert counters; the I/O counters are each node's loader's (struct loader_stats). */
+/* The expert counters: RESIDENCY_COUNTERS' EXPERT ones (relaxed atomics) and LOCKED ones
+ * (under struct residency's lock); the I/O counters are each node's loader's (struct
+ * loader_stats). */
+#define RESIDENCY_EXPERT_STAT(name, scope)                                                         \
+	RESIDENCY_ONLY(EXPERT, scope, _Atomic uint64_t name;)                                      \
+	RESIDENCY_ONLY(LOCKED, scope, uint64_t name;)
 struct residency_stats {
-	_Atomic uint64_t hits, cold_misses, inflight_misses;
-	_Atomic uint64_t prefetches, prefetch_hits, prefetch_wasted, prefetch_dropped;
-	_Atomic uint64_t evictions, loads, failures, failed_retries;
-	_Atomic uint64_t buffered_files;
+	RESIDENCY_COUNTERS(RESIDENCY_EXPERT_STAT)
 };
 
 /* One node's part: its slices of every expert, in its pool, read by its loader. Slot s of
@@ -82,14 +84,14 @@ struct residency {
 	struct node_part node[RESIDENCY_MAX_NODES];
 	uint32_t n_slots;      /* slots on every node */
 	uint32_t slot_waiters; /* demands waiting for an evictable slot */
-	uint32_t failed_now;   /* experts FAILED */
 	/* Warnings about failed loads [0] and their retries [1]: at most one of each per
 	 * FAILURE_LOG_NS, with the count of those left out (atomics: logged without the lock). */
 	_Atomic uint64_t failure_log_ns[2];
 	_Atomic uint32_t failure_log_skipped[2];
 	bool stopping;
 
-	struct residency_stats stats; /* the expert counters; I/O is per node (node_part.io) */
+	struct residency_stats stats; /* the expert counters (failed_now: experts FAILED, under the
+	                                 lock); I/O is per node (node_part.io) */
 	char (*post_load_msg)[RESIDENCY_POST_LOAD_MSG]; /* [n_ids] with a post-load hook */
 	int *fds;                                       /* [n_files] */
 	bool *buffered;                                 /* [n_files] O_DIRECT impossible */

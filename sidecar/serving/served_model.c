@@ -388,21 +388,22 @@ static void log_slots_against_a_step(const struct serve_model *m, const struct f
 {
 	const uint64_t step_experts = (uint64_t)m->desc.n_moe_layers * m->desc.top_k;
 	const uint64_t all_experts = (uint64_t)m->desc.n_moe_layers * m->desc.n_experts;
-	if (st->slots && st->slots < all_experts && st->slots < step_experts)
+	const uint32_t slots = st->residency.slots;
+	if (slots && slots < all_experts && slots < step_experts)
 		log_warn("serve",
 		         "the budget holds %u expert slots, fewer than one decode step routes "
 		         "(%u MoE layers x top-%u = %" PRIu64 "): every step reloads experts it "
 		         "used, expect a hit rate of at most %.0f%%; a budget of %" PRIu64
 		         " bytes or more holds a step",
-		         st->slots, m->desc.n_moe_layers, m->desc.top_k, step_experts,
-		         100.0 * (double)st->slots / (double)step_experts,
-		         st->budget_bytes / st->slots * step_experts);
-	else if (st->slots && st->slots < all_experts)
+		         slots, m->desc.n_moe_layers, m->desc.top_k, step_experts,
+		         100.0 * (double)slots / (double)step_experts,
+		         st->budget_bytes / slots * step_experts);
+	else if (slots && slots < all_experts)
 		log_info("serve",
 		         "the budget holds %u expert slots: %.1f%% of the model's %" PRIu64
 		         " experts, %.1f decode steps' worth (%" PRIu64 " experts a step)",
-		         st->slots, 100.0 * (double)st->slots / (double)all_experts, all_experts,
-		         (double)st->slots / (double)step_experts, step_experts);
+		         slots, 100.0 * (double)slots / (double)all_experts, all_experts,
+		         (double)slots / (double)step_experts, step_experts);
 }
 
 /* What the warm engine holds: budget, memory, NUMA nodes, the per-layer stats buffer; logged. */

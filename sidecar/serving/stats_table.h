@@ -11,7 +11,8 @@
  * evaluates with: `st` (const struct forward_stats *), `desc` (const struct serve_model_desc
  * *), `x` (const struct stats_sources *), `ps` (const struct pagecache_stats *: the PROBES
  * group), `ts` (const struct trace_recorder_stats *: the TRACE group); per node `s` is a
- * const struct forward_node_stats *, per layer a const struct forward_layer_stats *. Other
+ * const struct forward_node_stats *, per layer a const struct forward_layer_stats *. The
+ * residency's counters are st->residency and, per node, s->residency (residency.h). Other
  * includers never expand it.
  *
  * Groups: ALWAYS members are in every reply; PROBES only while the page-cache probes are
@@ -20,9 +21,11 @@
  * per-expert counts are STATS' "experts" (stats --experts), never a metric.
  *
  * Adding a figure: one row here, plus the code that counts it and, when no struct the
- * collector reads carries it yet, the field that carries it: three files at most
- * (docs/architecture.md, "Figures"); then its line in docs/operations.md's metric table
- * (test_stats_table checks that every name is there).
+ * collector reads carries it yet, the list entry or field that carries it: three files of
+ * code at most (docs/architecture.md, "Figures"; a residency counter is its line in
+ * RESIDENCY_COUNTERS, its count and a row reading st->residency.<name> or
+ * s->residency.<name>); then its line in docs/operations.md's metric table (test_stats_table
+ * checks that every name is there).
  */
 #ifndef MOE_SIDECAR_STATS_TABLE_H
 #define MOE_SIDECAR_STATS_TABLE_H
@@ -49,19 +52,19 @@
 	X(slot_bytes_used,       GAUGE,   U64,  ALWAYS, "slot_used_bytes",          BYTES, "Memory of the slots holding experts now", st->slot_bytes_used) \
 	X(pool_bytes,            GAUGE,   U64,  ALWAYS, "pool_bytes",               BYTES, "Memory of every slot of the pools", st->pool_bytes) \
 	X(budget_bytes,          GAUGE,   U64,  ALWAYS, "budget_bytes",             BYTES, "What the slot pools may take", st->budget_bytes) \
-	X(slots,                 GAUGE,   U64,  ALWAYS, "slots",                    NONE,  "Expert slots of the pools", st->slots) \
-	X(evictions,             COUNTER, U64,  ALWAYS, "evictions",                NONE,  "Experts evicted", st->evictions) \
-	X(loader_bytes_read,     COUNTER, U64,  ALWAYS, "loader_read_bytes",        BYTES, "Bytes the loaders read, demand and prefetch", st->loader_bytes_read) \
-	X(prefetches,            COUNTER, U64,  ALWAYS, "prefetches",               NONE,  "Expert loads started by a hint", st->prefetches) \
-	X(prefetch_hits,         COUNTER, U64,  ALWAYS, "prefetch_hits",            NONE,  "Prefetched experts a request used", st->prefetch_hits) \
-	X(prefetch_wasted,       COUNTER, U64,  ALWAYS, "prefetch_wasted",          NONE,  "Prefetched experts evicted unused", st->prefetch_wasted) \
-	X(failed_experts,        GAUGE,   U64,  ALWAYS, "failed_experts",           NONE,  "Experts whose last load failed, now", st->failed_experts) \
-	X(failed_retries,        COUNTER, U64,  ALWAYS, "failed_retries",           NONE,  "Loads started again for a failed expert", st->failed_retries) \
-	X(fixed_reads,           COUNTER, U64,  ALWAYS, "loader_fixed_reads",       NONE,  "Loader reads into registered buffers", st->fixed_reads) \
-	X(plain_reads,           COUNTER, U64,  ALWAYS, "loader_plain_reads",       NONE,  "Loader reads into unregistered memory", st->plain_reads) \
-	X(fixed_buffers,         GAUGE,   U64,  ALWAYS, "loader_fixed_buffers",     NONE,  "Registered buffers the pools are spread over", st->fixed_buffers) \
-	X(pool_hugetlb,          GAUGE,   U64,  ALWAYS, "pool_hugetlb",             NONE,  "1 when every pool is on hugetlb pages", st->pool_hugetlb ? 1 : 0) \
-	X(pool_thp,              GAUGE,   U64,  ALWAYS, "pool_thp",                 NONE,  "1 when every pool is advised for transparent huge pages", st->pool_thp ? 1 : 0) \
+	X(slots,                 GAUGE,   U64,  ALWAYS, "slots",                    NONE,  "Expert slots of the pools", st->residency.slots) \
+	X(evictions,             COUNTER, U64,  ALWAYS, "evictions",                NONE,  "Experts evicted", st->residency.evictions) \
+	X(loader_bytes_read,     COUNTER, U64,  ALWAYS, "loader_read_bytes",        BYTES, "Bytes the loaders read, demand and prefetch", st->residency.bytes_read) \
+	X(prefetches,            COUNTER, U64,  ALWAYS, "prefetches",               NONE,  "Expert loads started by a hint", st->residency.prefetches) \
+	X(prefetch_hits,         COUNTER, U64,  ALWAYS, "prefetch_hits",            NONE,  "Prefetched experts a request used", st->residency.prefetch_hits) \
+	X(prefetch_wasted,       COUNTER, U64,  ALWAYS, "prefetch_wasted",          NONE,  "Prefetched experts evicted unused", st->residency.prefetch_wasted) \
+	X(failed_experts,        GAUGE,   U64,  ALWAYS, "failed_experts",           NONE,  "Experts whose last load failed, now", st->residency.failed_now) \
+	X(failed_retries,        COUNTER, U64,  ALWAYS, "failed_retries",           NONE,  "Loads started again for a failed expert", st->residency.failed_retries) \
+	X(fixed_reads,           COUNTER, U64,  ALWAYS, "loader_fixed_reads",       NONE,  "Loader reads into registered buffers", st->residency.fixed_reads) \
+	X(plain_reads,           COUNTER, U64,  ALWAYS, "loader_plain_reads",       NONE,  "Loader reads into unregistered memory", st->residency.plain_reads) \
+	X(fixed_buffers,         GAUGE,   U64,  ALWAYS, "loader_fixed_buffers",     NONE,  "Registered buffers the pools are spread over", st->residency.fixed_buffers) \
+	X(pool_hugetlb,          GAUGE,   U64,  ALWAYS, "pool_hugetlb",             NONE,  "1 when every pool is on hugetlb pages", st->residency.hugetlb ? 1 : 0) \
+	X(pool_thp,              GAUGE,   U64,  ALWAYS, "pool_thp",                 NONE,  "1 when every pool is advised for transparent huge pages", st->residency.thp ? 1 : 0) \
 	X(gpu_mask_switches,     COUNTER, U64,  ALWAYS, "gpu_mask_switches",        NONE,  "MASKs that changed a client's GPU mask", x->mask_switches) \
 	X(gpu_masked_experts,    GAUGE,   U64,  ALWAYS, "gpu_masked_experts",       NONE,  "Experts every client keeps on its GPU", x->masked_experts) \
 	X(heat_half_life_tokens, GAUGE,   U64,  ALWAYS, "heat_half_life_tokens",    NONE,  "Tokens of a layer over which an expert's heat halves", x->heat_half_life) \
@@ -77,17 +80,17 @@
 
 /* X(json_key, kind, prom_name, unit, column, help, source); labels node and numa */
 #define STATS_NODE_FIGURES(X) \
-	X(resident_bytes,    GAUGE,   "node_resident_bytes",          BYTES, "resident_B", "File bytes of this node's expert slices resident now", s->resident_bytes) \
+	X(resident_bytes,    GAUGE,   "node_resident_bytes",          BYTES, "resident_B", "File bytes of this node's expert slices resident now", s->residency.resident_bytes) \
 	X(slot_bytes_used,   GAUGE,   "node_slot_used_bytes",         BYTES, "slots_B",    "Memory of this node's slots holding experts now", s->slot_bytes_used) \
-	X(budget_bytes,      GAUGE,   "node_budget_bytes",            BYTES, "budget_B",   "What this node's pool may take", s->budget_bytes) \
-	X(slots,             GAUGE,   "node_slots",                   NONE,  "slots",      "Slots of this node's pool", s->slots) \
-	X(slots_used,        GAUGE,   "node_slots_used",              NONE,  "used",       "Slots of this node's pool in use", s->slots_used) \
-	X(hits,              COUNTER, "node_expert_hits",             NONE,  "hits",       "Demands of this node's slices found resident", s->hits) \
-	X(cold_misses,       COUNTER, "node_expert_cold_misses",      NONE,  "cold",       "Demands of this node's slices that started a read", s->cold_misses) \
-	X(inflight_misses,   COUNTER, "node_expert_inflight_misses",  NONE,  "inflight",   "Demands of this node's slices that waited for a read", s->inflight_misses) \
-	X(loader_bytes_read, COUNTER, "node_loader_read_bytes",       BYTES, "read_B",     "Bytes this node's loader read", s->loader_bytes_read) \
-	X(evictions,         COUNTER, "node_evictions",               NONE,  "evicted",    "Experts evicted from this node's pool", s->evictions) \
-	X(failed_experts,    GAUGE,   "node_failed_experts",          NONE,  "failed",     "Experts whose last load failed on this node, now", s->failed_experts)
+	X(budget_bytes,      GAUGE,   "node_budget_bytes",            BYTES, "budget_B",   "What this node's pool may take", s->residency.budget_bytes) \
+	X(slots,             GAUGE,   "node_slots",                   NONE,  "slots",      "Slots of this node's pool", s->residency.slots) \
+	X(slots_used,        GAUGE,   "node_slots_used",              NONE,  "used",       "Slots of this node's pool in use", s->residency.slots_used) \
+	X(hits,              COUNTER, "node_expert_hits",             NONE,  "hits",       "Demands of this node's slices found resident", s->residency.hits) \
+	X(cold_misses,       COUNTER, "node_expert_cold_misses",      NONE,  "cold",       "Demands of this node's slices that started a read", s->residency.cold_misses) \
+	X(inflight_misses,   COUNTER, "node_expert_inflight_misses",  NONE,  "inflight",   "Demands of this node's slices that waited for a read", s->residency.inflight_misses) \
+	X(loader_bytes_read, COUNTER, "node_loader_read_bytes",       BYTES, "read_B",     "Bytes this node's loader read", s->residency.bytes_read) \
+	X(evictions,         COUNTER, "node_evictions",               NONE,  "evicted",    "Experts evicted from this node's pool", s->residency.evictions) \
+	X(failed_experts,    GAUGE,   "node_failed_experts",          NONE,  "failed",     "Experts whose last load failed on this node, now", s->residency.failed_now)
 
 /* X(json_key, kind, prom_name, unit, column, help, source); label layer */
 #define STATS_LAYER_FIGURES(X) \

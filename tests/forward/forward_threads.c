@@ -220,7 +220,8 @@ static void check_model(const char *preset, uint32_t format, bool gguf, uint64_t
 			forward_stats(e, &st);
 			CHECK(st.resident_bytes <= st.budget_bytes, "%s: over budget",
 			      setups[s].name);
-			CHECK(st.evictions > 0, "%s: a 30%% budget must evict", setups[s].name);
+			CHECK(st.residency.evictions > 0, "%s: a 30%% budget must evict",
+			      setups[s].name);
 		}
 		forward_destroy(e);
 	}

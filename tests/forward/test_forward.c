@@ -314,7 +314,7 @@ static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_dow
 	cr_assert_eq(downs, n_down);
 	struct forward_stats st = {0};
 	forward_stats(e[1], &st);
-	cr_assert_gt(st.evictions, 0);
+	cr_assert_gt(st.residency.evictions, 0);
 	for (int s = 0; s < 3; s++)
 		forward_destroy(e[s]);
 	fwd_model_free(&m);
@@ -390,7 +390,7 @@ static void layout_case(const char *preset, uint32_t format, bool gguf, bool fus
 	}
 	struct forward_stats st = {0};
 	forward_stats(res, &st);
-	cr_assert_gt(st.evictions, 0, "a 30%% budget must evict");
+	cr_assert_gt(st.residency.evictions, 0, "a 30%% budget must evict");
 	forward_destroy(files);
 	forward_destroy(res);
 	fwd_model_free(&m);
@@ -514,7 +514,7 @@ Test(forward_budget, ten_percent)
 	}
 	const uint64_t rss1 = fwd_rss_bytes();
 	cr_assert_eq(st.budget_bytes, budget);
-	cr_assert_gt(st.evictions, 0, "a 10%% budget must evict");
+	cr_assert_gt(st.residency.evictions, 0, "a 10%% budget must evict");
 	cr_assert_gt(st.cold_misses, 0);
 	/* Growth must stay far from the model's size (sanitizer quarantines and the reference's
 	 * buffers take a few MiB): under half of what the budget leaves out. */

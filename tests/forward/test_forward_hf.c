@@ -301,7 +301,7 @@ Test(forward_hf, budget_below_the_model_reuses_slots)
 		fwd_req_free(&r);
 	}
 	cr_assert_eq(forward_node_residency(res, 0, &rc), 0);
-	cr_assert_gt(st.evictions, 0, "a quarter of the model must evict");
+	cr_assert_gt(st.residency.evictions, 0, "a quarter of the model must evict");
 	cr_assert_gt(rc.loads, slots, "slots were reloaded with other experts (%llu loads, %u)",
 	             (unsigned long long)rc.loads, slots);
 	cr_assert_eq(rc.failures, 0);

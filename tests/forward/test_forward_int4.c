@@ -138,7 +138,7 @@ static void check_served(enum moe_gen_int4 int4, uint32_t group)
 	struct forward_stats st = {0};
 	forward_stats(res, &st);
 	cr_assert_gt(st.cold_misses, 0);
-	cr_assert_gt(st.evictions, 0, "the budget must force evictions");
+	cr_assert_gt(st.residency.evictions, 0, "the budget must force evictions");
 	forward_destroy(res);
 	forward_destroy(all);
 	fwd_model_free(&m);

@@ -176,7 +176,7 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 	}
 	cr_assert_eq(st.budget_bytes, budget);
 	cr_assert_eq(st.hits + st.cold_misses + st.inflight_misses, experts);
-	cr_assert_gt(st.evictions, 0, "a 30%% budget must evict");
+	cr_assert_gt(st.residency.evictions, 0, "a 30%% budget must evict");
 	cr_assert_gt(st.cold_misses, 0);
 	/* STATS shows each node's residency: its own counters, adding up to the totals; every
 	 * node read its own rows. */
@@ -189,18 +189,19 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 		cr_assert_gt(node[n].bytes_read, 0);
 		const struct forward_node_stats *ns = &now.nodes[n];
 		cr_assert_eq(ns->node, n);
-		cr_assert_eq(ns->resident_bytes, node[n].resident_bytes, "node %u", n);
-		cr_assert_eq(ns->budget_bytes, node[n].budget_bytes, "node %u", n);
-		cr_assert_eq(ns->loader_bytes_read, node[n].bytes_read, "node %u", n);
-		cr_assert_eq(ns->hits, node[n].hits, "node %u", n);
-		cr_assert_eq(ns->cold_misses, node[n].cold_misses, "node %u", n);
-		cr_assert_eq(ns->slots_used, node[n].slots_used, "node %u", n);
-		cr_assert_gt(ns->hits + ns->cold_misses, 0, "node %u served no demand", n);
-		resident += ns->resident_bytes;
-		read += ns->loader_bytes_read;
+		cr_assert_eq(ns->residency.resident_bytes, node[n].resident_bytes, "node %u", n);
+		cr_assert_eq(ns->residency.budget_bytes, node[n].budget_bytes, "node %u", n);
+		cr_assert_eq(ns->residency.bytes_read, node[n].bytes_read, "node %u", n);
+		cr_assert_eq(ns->residency.hits, node[n].hits, "node %u", n);
+		cr_assert_eq(ns->residency.cold_misses, node[n].cold_misses, "node %u", n);
+		cr_assert_eq(ns->residency.slots_used, node[n].slots_used, "node %u", n);
+		cr_assert_gt(ns->residency.hits + ns->residency.cold_misses, 0,
+		             "node %u served no demand", n);
+		resident += ns->residency.resident_bytes;
+		read += ns->residency.bytes_read;
 	}
 	cr_assert_eq(resident, now.resident_bytes);
-	cr_assert_eq(read, now.loader_bytes_read);
+	cr_assert_eq(read, now.residency.bytes_read);
 	char json[65536];
 	const size_t len = forward_stats_json(&now, json, sizeof(json));
 	cr_assert_lt(len, sizeof(json));

@@ -328,7 +328,8 @@ int race_failed_retries(uint32_t n_nodes)
 	CHECK(same == 0, "nodes disagree");
 	CHECK(c.failures > 0 && c.failed_retries > 0, "failures %llu, retries %llu",
 	      (unsigned long long)c.failures, (unsigned long long)c.failed_retries);
-	CHECK(c.failed_now == failed, "failed_now %u, FAILED experts %u", c.failed_now, failed);
+	CHECK(c.failed_now == failed, "failed_now %llu, FAILED experts %u",
+	      (unsigned long long)c.failed_now, failed);
 	CHECK(c.failed_retries <= c.loads + c.failures, "%llu retries of %llu loads started",
 	      (unsigned long long)c.failed_retries, (unsigned long long)(c.loads + c.failures));
 	return 0;
