@@ -6,7 +6,9 @@
  * hint); the policy answers one question: "which expert goes to make room for this one?".
  *
  * Experts are named by a dense id, layer * n_experts + expert. Capacity is counted in slots
- * (one expert per slot: slots are sized for the largest expert of the model).
+ * (one expert per slot: slots are sized for the largest expert of the model, or, with experts
+ * of several sizes, one policy per size class orders that class's experts over its slots:
+ * policy_create_members).
  *
  * Policies (name as accepted by policy_spec_parse):
  *   lru          one recency list
