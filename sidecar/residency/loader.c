@@ -95,8 +95,10 @@ struct loader {
 	struct loader_job *jobs;   /* [n_slots]: what take_work hands over */
 	struct slot_fifo issue_demand, issue_prefetch;
 	bool buffers_registered, files_registered;
-	uint32_t slots_per_buffer; /* fixed buffer b holds slots [b·n, (b+1)·n) */
-	uint32_t n_buffers;        /* registered fixed buffers (0: none) */
+	/* Class c's fixed buffers are buffer_first[c] on, each of slots_per_buffer[c] of its
+	 * slots: slot s of class c is in buffer_first[c] + (s - first) / slots_per_buffer[c]. */
+	uint32_t slots_per_buffer[SLOT_MAX_CLASSES], buffer_first[SLOT_MAX_CLASSES];
+	uint32_t n_buffers; /* registered fixed buffers (0: none) */
 	struct __kernel_timespec timeout;
 	uint64_t seq;
 	uint32_t in_flight;
@@ -168,6 +170,14 @@ static void arm_wake(struct loader *l)
 	l->wake_armed = true;
 }
 
+/* The registered buffer holding `slot`. */
+static int fixed_buffer_of(const struct loader *l, uint32_t slot)
+{
+	const struct slot_class *k = slot_pool_class_of(l->cfg.pool, slot);
+	const size_t c = (size_t)(k - l->cfg.pool->classes);
+	return (int)(l->buffer_first[c] + (slot - k->first) / l->slots_per_buffer[c]);
+}
+
 static void submit_read(struct loader *l, struct read_op *op)
 {
 	struct io_uring_sqe *sqe = get_sqe(l);
@@ -175,7 +185,7 @@ static void submit_read(struct loader *l, struct read_op *op)
 	unsigned len = (unsigned)op->remaining;
 	if (l->buffers_registered) {
 		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
-		                         (int)(op->slot / l->slots_per_buffer));
+		                         fixed_buffer_of(l, op->slot));
 		stat_add(&l->cfg.io->fixed_reads, 1);
 	} else {
 		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
@@ -254,7 +264,7 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 		    .node = c->node,
 		    .n_extents = n,
 		    .slot = slot_pool_addr(c->pool, slot),
-		    .slot_bytes = c->pool->slot_bytes,
+		    .slot_bytes = slot_pool_slot_bytes(c->pool, slot),
 		};
 		for (uint32_t i = 0; i < n; i++) {
 			const struct extent_layout *lay =
@@ -569,34 +579,46 @@ static int loader_setup(struct loader *l, struct sidecar_error *err)
 	if (rc < 0)
 		log_info("loader", "registering %u files failed (%s): using plain descriptors",
 		         c->map->n_files, strerror(-rc));
-	/* Fixed buffers of whole slots, each at most 1 GiB (the kernel's limit per buffer), at
-	 * most MAX_REGISTERED_BUFFERS of them: slot s is in buffer s / slots_per_buffer. */
+	/* Fixed buffers of whole slots of one class, each at most 1 GiB (the kernel's limit per
+	 * buffer), at most MAX_REGISTERED_BUFFERS of them over every class (fixed_buffer_of). */
 	uint64_t cap = c->fixed_buffer_max;
 	if (cap == 0 || cap > (UINT64_C(1) << 30))
 		cap = UINT64_C(1) << 30;
-	uint64_t per = pool->slot_bytes ? cap / pool->slot_bytes : 0;
-	if (per == 0 && pool->slot_bytes && pool->slot_bytes <= (UINT64_C(1) << 30))
-		per = 1; /* a cap below one slot: one slot per buffer */
-	if (per > n_slots)
-		per = n_slots;
-	uint64_t n_bufs = per ? (n_slots + per - 1) / per : 0;
-	if (!c->no_register_buffers && per && n_bufs <= MAX_REGISTERED_BUFFERS) {
-		l->slots_per_buffer = (uint32_t)per;
+	uint64_t n_bufs = 0;
+	bool fits = true;
+	for (uint32_t k = 0; k < pool->n_classes; k++) {
+		const struct slot_class *sc = &pool->classes[k];
+		uint64_t per = cap / sc->slot_bytes;
+		if (per == 0 && sc->slot_bytes <= (UINT64_C(1) << 30))
+			per = 1; /* a cap below one slot: one slot per buffer */
+		if (per > sc->n_slots)
+			per = sc->n_slots ? sc->n_slots : 1;
+		fits = fits && per;
+		l->slots_per_buffer[k] = (uint32_t)(per ? per : 1);
+		l->buffer_first[k] = (uint32_t)(n_bufs < UINT32_MAX ? n_bufs : UINT32_MAX);
+		n_bufs += per ? (sc->n_slots + per - 1) / per : 0;
+	}
+	if (!c->no_register_buffers && fits && n_bufs && n_bufs <= MAX_REGISTERED_BUFFERS) {
 		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
 		if (!iov)
 			return error_set(err, MOE_ENOMEM, "loader: out of memory");
-		for (uint64_t b = 0; b < n_bufs; b++) {
-			uint64_t first = b * per,
-			         count = n_slots - first < per ? n_slots - first : per;
-			iov[b] = (struct iovec){slot_pool_addr(pool, (uint32_t)first),
-			                        count * pool->slot_bytes};
+		for (uint32_t k = 0; k < pool->n_classes; k++) {
+			const struct slot_class *sc = &pool->classes[k];
+			const uint32_t per = l->slots_per_buffer[k];
+			for (uint32_t first = 0, b = l->buffer_first[k]; first < sc->n_slots;
+			     first += per, b++) {
+				const uint32_t count =
+				    sc->n_slots - first < per ? sc->n_slots - first : per;
+				iov[b] = (struct iovec){slot_pool_addr(pool, sc->first + first),
+				                        (size_t)count * sc->slot_bytes};
+			}
 		}
 		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
 		free(iov);
 		l->buffers_registered = rc == 0;
 		l->n_buffers = rc == 0 ? (uint32_t)n_bufs : 0;
 		if (rc < 0) {
-			const uint64_t bytes = (uint64_t)n_slots * pool->slot_bytes;
+			const uint64_t bytes = pool->slots_bytes;
 			char what[64], hint[320];
 			snprintf(what, sizeof(what), "the %.1f MiB of slots",
 			         (double)bytes / (1 << 20));

@@ -132,9 +132,38 @@ uint64_t policy_slots_needed(const struct policy_spec *spec, uint32_t n_layers, 
 	       (spec->pin_layers < n_layers);
 }
 
+uint64_t policy_members_slots_needed(const struct policy_spec *spec, uint32_t n_layers,
+                                     const uint32_t *layer_experts)
+{
+	uint64_t pinned = 0, others = 0;
+	for (uint32_t l = 0; l < n_layers; l++)
+		*(l < spec->pin_layers ? &pinned : &others) += layer_experts[l];
+	return pinned + (others > 0);
+}
+
+/* policy_create and policy_create_members: layer_experts NULL (every layer's n_experts, less
+ * n_masked_pinned of the pinned ones), or each layer's members. */
+static int create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
+                  const uint32_t *layer_experts, struct sidecar_error *err);
+
 int policy_create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
                   uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
                   struct sidecar_error *err)
+{
+	return create(p, spec, n_layers, n_experts, capacity, n_masked_pinned, NULL, err);
+}
+
+int policy_create_members(struct residency_policy *p, const struct policy_spec *spec,
+                          uint32_t n_layers, uint32_t n_experts, uint32_t capacity,
+                          const uint32_t *layer_experts, struct sidecar_error *err)
+{
+	return create(p, spec, n_layers, n_experts, capacity, 0, layer_experts, err);
+}
+
+static int create(struct residency_policy *p, const struct policy_spec *spec, uint32_t n_layers,
+                  uint32_t n_experts, uint32_t capacity, uint32_t n_masked_pinned,
+                  const uint32_t *layer_experts, struct sidecar_error *err)
 {
 	memset(p, 0, sizeof(*p));
 	if (!n_layers || !n_experts || (uint64_t)n_layers * n_experts >= POLICY_FULL)
@@ -143,14 +172,27 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	if (spec->pin_layers > n_layers)
 		return error_set(err, MOE_EINVAL, "policy: +pin%u but the model has %u layers",
 		                 spec->pin_layers, n_layers);
-	const uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
-	if (policy_slots_needed(spec, n_layers, n_experts, n_masked_pinned) > capacity)
+	uint64_t pinned = (uint64_t)spec->pin_layers * n_experts - n_masked_pinned;
+	uint64_t needed = policy_slots_needed(spec, n_layers, n_experts, n_masked_pinned);
+	uint64_t members = 0; /* the unpinned layers' members (layer_experts) */
+	if (layer_experts) {
+		pinned = 0;
+		for (uint32_t l = 0; l < n_layers; l++) {
+			if (layer_experts[l] > n_experts)
+				return error_set(err, MOE_EINVAL,
+				                 "policy: layer %u has %u members of %u experts", l,
+				                 layer_experts[l], n_experts);
+			*(l < spec->pin_layers ? &pinned : &members) += layer_experts[l];
+		}
+		needed = pinned + (members > 0);
+	}
+	if (needed > capacity)
 		return error_set(
 		    err, MOE_EINVAL,
 		    "policy: %u pinned layers need %llu slots%s but the capacity is %u "
 		    "slots",
 		    spec->pin_layers, (unsigned long long)pinned,
-		    spec->pin_layers < n_layers ? " and the other layers one more" : "", capacity);
+		    needed > pinned ? " and the other layers one more" : "", capacity);
 	p->spec = *spec;
 	p->n_layers = n_layers;
 	p->n_experts = n_experts;
@@ -179,7 +221,21 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
 	               : spec->kind == POLICY_HEAT ? (float)(p->capacity ? p->capacity : 1) *
 	                                                 POLICY_HEAT_HALF_LIFE_CAPACITIES
 	                                           : (float)(p->capacity ? p->capacity : 1);
-	if (spec->per_layer) {
+	if (spec->per_layer && layer_experts) {
+		/* Shares in proportion to the layers' members; the remainder, one slot each, to
+		 * the first layers with members (it is below their count). */
+		uint32_t given = 0;
+		for (uint32_t l = spec->pin_layers; l < n_layers && members; l++) {
+			p->quota[l] =
+			    (uint32_t)((uint64_t)p->capacity * layer_experts[l] / members);
+			given += p->quota[l];
+		}
+		for (uint32_t l = spec->pin_layers; l < n_layers && given < p->capacity; l++)
+			if (layer_experts[l]) {
+				p->quota[l]++;
+				given++;
+			}
+	} else if (spec->per_layer) {
 		uint32_t free_layers = n_layers - spec->pin_layers;
 		for (uint32_t l = spec->pin_layers; l < n_layers; l++) {
 			uint32_t i = l - spec->pin_layers;

@@ -6,7 +6,9 @@
  * hint); the policy answers one question: "which expert goes to make room for this one?".
  *
  * Experts are named by a dense id, layer * n_experts + expert. Capacity is counted in slots
- * (one expert per slot: slots are sized for the largest expert of the model).
+ * (one expert per slot: slots are sized for the largest expert of the model, or, with experts
+ * of several sizes, one policy per size class orders that class's experts over its slots:
+ * policy_create_members).
  *
  * Policies (name as accepted by policy_spec_parse):
  *   lru          one recency list
@@ -101,6 +103,18 @@ int policy_create(struct residency_policy *p, const struct policy_spec *spec, ui
  * pinned layers' experts less n_masked_pinned, and one slot for the other layers if any. */
 uint64_t policy_slots_needed(const struct policy_spec *spec, uint32_t n_layers, uint32_t n_experts,
                              uint32_t n_masked_pinned);
+/* The same for the experts of one slot size class (residency.c): layer_experts[l] of layer
+ * l's experts are this policy's members (the others belong to another class's policy and are
+ * never inserted here). The pinned layers' members take their slots out of the capacity;
+ * +layer shares go to the unpinned layers in proportion to their members, so a capacity of
+ * every member gives each layer all of its own. */
+int policy_create_members(struct residency_policy *p, const struct policy_spec *spec,
+                          uint32_t n_layers, uint32_t n_experts, uint32_t capacity,
+                          const uint32_t *layer_experts, struct sidecar_error *err);
+/* The smallest capacity policy_create_members accepts: the pinned layers' members, and one
+ * slot for the unpinned layers' if they have any. */
+uint64_t policy_members_slots_needed(const struct policy_spec *spec, uint32_t n_layers,
+                                     const uint32_t *layer_experts);
 void policy_destroy(struct residency_policy *p);
 
 static inline uint32_t policy_id(const struct residency_policy *p, uint32_t layer, uint32_t expert)

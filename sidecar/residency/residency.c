@@ -113,7 +113,7 @@ static void evict(struct residency *r, uint32_t id)
 	assert(e->state == EXPERT_RESIDENT && e->refs == 0 && e->waiters == 0);
 	for (uint32_t n = 0; n < r->n_nodes; n++)
 		r->node[n].resident_bytes -= expert_bytes(r, n, id);
-	policy_remove(&r->policy, id);
+	policy_remove(residency_policy_of(r, id), id);
 	slot_pool_put(free_list(r), e->slot);
 	e->slot = SLOT_NONE;
 	e->state = EXPERT_COLD;
@@ -132,22 +132,26 @@ static bool prefetch_queue_full(const struct residency *r)
 	return false;
 }
 
-/* Under lock: frees room by the policy's choice, takes a slot, COLD → LOADING, queues the
- * load on every node. -EAGAIN when nothing may be evicted now. */
+/* Under lock: frees room by the policy's choice (its class's policy: the victim frees a slot
+ * of the class), takes a slot, COLD → LOADING, queues the load on every node. -EAGAIN when
+ * nothing may be evicted now. */
 static int start_load(struct residency *r, uint32_t id, float score, bool prefetch, float priority)
 {
 	struct expert_entry *e = &r->entries[id];
+	struct residency_policy *policy = residency_policy_of(r, id);
 	assert(e->state == EXPERT_COLD);
 	if (prefetch && prefetch_queue_full(r))
 		return -EAGAIN;
 	const uint32_t v =
-	    prefetch ? policy_make_room_prefetch(&r->policy, id, priority, may_evict_unhinted, r)
-	             : policy_make_room(&r->policy, id, may_evict, r);
+	    prefetch ? policy_make_room_prefetch(policy, id, priority, may_evict_unhinted, r)
+	             : policy_make_room(policy, id, may_evict, r);
 	if (v == POLICY_FULL)
 		return -EAGAIN;
-	if (v != POLICY_NONE)
+	if (v != POLICY_NONE) {
+		assert(r->class_of[v] == r->class_of[id]);
 		evict(r, v);
-	uint32_t slot = slot_pool_get(free_list(r));
+	}
+	uint32_t slot = slot_pool_get(free_list(r), r->class_of[id]);
 	if (slot == SLOT_NONE)
 		return -EAGAIN; /* pinned experts beyond their reservation: cannot happen */
 	e->slot = slot;
@@ -158,9 +162,9 @@ static int start_load(struct residency *r, uint32_t id, float score, bool prefet
 	e->queued = e->pending = all;
 	e->prefetched = prefetch;
 	e->error = 0;
-	policy_insert(&r->policy, id, prefetch ? -1.0f : score);
+	policy_insert(policy, id, prefetch ? -1.0f : score);
 	if (prefetch)
-		policy_hint(&r->policy, id, priority);
+		policy_hint(policy, id, priority);
 	for (uint32_t n = 0; n < r->n_nodes; n++)
 		id_queue_push(prefetch ? &r->node[n].prefetch : &r->node[n].demand, id);
 	return 0;
@@ -194,7 +198,7 @@ static int load_done(struct residency *r, uint32_t node, uint32_t id, int error,
 		return 0; /* other nodes still read their slices */
 	error = e->error;
 	if (error) {
-		policy_remove(&r->policy, id);
+		policy_remove(residency_policy_of(r, id), id);
 		slot_pool_put(free_list(r), e->slot);
 		e->slot = SLOT_NONE;
 		e->state = EXPERT_FAILED;
@@ -373,7 +377,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 				e->prefetched = 0;
 			}
 			if (!counted)
-				policy_access(&r->policy, id, score);
+				policy_access(residency_policy_of(r, id), id, score);
 			fill_ref(r, 0, id, e->slot, ref);
 			rc = 0;
 			break;
@@ -394,7 +398,7 @@ int residency_acquire(struct residency *r, uint32_t layer, uint32_t expert, floa
 			if (!counted) {
 				stat_add(&r->stats.inflight_misses, 1);
 				counted = true;
-				policy_access(&r->policy, id, score);
+				policy_access(residency_policy_of(r, id), id, score);
 			}
 			if (e->prefetched) {
 				stat_add(&r->stats.prefetch_hits, 1);
@@ -475,7 +479,8 @@ int residency_prefetch(struct residency *r, uint32_t layer, const uint32_t *expe
 			continue;
 		uint32_t id = residency_id(r, layer, experts[i]);
 		struct expert_entry *e = &r->entries[id];
-		if (e->masked || e->state != EXPERT_COLD || policy_is_pinned(&r->policy, id))
+		if (e->masked || e->state != EXPERT_COLD ||
+		    policy_is_pinned(residency_policy_of(r, id), id))
 			continue;
 		if (start_load(r, id, -1.0f, true, priority) == 0) {
 			stat_add(&r->stats.prefetches, 1);
@@ -497,8 +502,10 @@ void residency_hint(struct residency *r, uint32_t layer, const uint32_t *experts
 		return;
 	pthread_mutex_lock(&r->lock);
 	for (uint32_t i = 0; i < n; i++)
-		if (experts[i] < r->n_experts)
-			policy_hint(&r->policy, residency_id(r, layer, experts[i]), score);
+		if (experts[i] < r->n_experts) {
+			const uint32_t id = residency_id(r, layer, experts[i]);
+			policy_hint(residency_policy_of(r, id), id, score);
+		}
 	pthread_mutex_unlock(&r->lock);
 }
 
@@ -522,7 +529,7 @@ int residency_set_gpu_mask(struct residency *r, uint32_t layer, const uint8_t *m
 
 int residency_warm_pinned(struct residency *r, struct sidecar_error *err)
 {
-	const uint32_t pinned = r->policy.spec.pin_layers;
+	const uint32_t pinned = r->policy[0].spec.pin_layers;
 	struct expert_ref ref;
 	/* Start every load first (they run at the loader's full depth), then wait for each. */
 	for (int pass = 0; pass < 2; pass++)
@@ -671,7 +678,8 @@ static void load_counters(struct residency *r, uint32_t first, uint32_t end,
 		for (int i = 0; i < RESIDENCY_LAT_BUCKETS; i++)
 			out->latency_us_log2[i] +=
 			    atomic_load_explicit(&p->io.latency_us_log2[i], memory_order_relaxed);
-		out->slot_bytes += p->pool.slot_bytes;
+		/* the mean slot: exact with one class; slots × slot_bytes is the pool's bytes */
+		out->slot_bytes += p->pool.n_slots ? p->pool.slots_bytes / p->pool.n_slots : 0;
 		out->budget_bytes += p->budget;
 		out->fixed_buffers += loader_fixed_buffers(p->loader);
 		out->buffers_registered =
@@ -806,9 +814,9 @@ static int open_model_files(struct residency *r, struct sidecar_error *err)
 	return 0;
 }
 
-/* Lays every expert's extents (node's slices) out in a slot; returns the largest one's slot
- * bytes. */
-static uint64_t compute_layout(struct residency *r, struct node_part *p)
+/* Lays every expert's extents (node's slices) out in a slot, its slot bytes into bytes[id];
+ * returns the largest one's. */
+static uint64_t compute_layout(struct residency *r, struct node_part *p, uint64_t *bytes)
 {
 	const uint64_t a = r->alignment;
 	uint64_t largest = 0;
@@ -829,10 +837,191 @@ static uint64_t compute_layout(struct residency *r, struct node_part *p)
 			const uint64_t kept = ext[i].offset - start + ext[i].room;
 			at += kept > end - start ? (kept + a - 1) / a * a : end - start;
 		}
+		bytes[id] = at;
 		if (at > largest)
 			largest = at;
 	}
 	return largest;
+}
+
+static int compare_u64(const void *a, const void *b)
+{
+	const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* The slot size classes. An expert's slot bytes (on every node together) differ with its
+ * format, and, for experts of one format, by up to a block per extent with each extent's
+ * offset (the aligned superset): so classes are runs of sizes, each spanning at most two
+ * blocks per extent above its smallest, and a model of one format is one class. Each class's
+ * slots are sized for its largest expert on each node. bytes[n * n_ids + id]: expert id's
+ * slot bytes on node n. Fills r->class_of, each class's slot bytes per node (sizes) and
+ * experts (count); returns the number of classes: 1 for a model of one format, or when there
+ * would be more than SLOT_MAX_CLASSES (one class of the largest, as for one format). 0: out
+ * of memory. */
+static uint32_t plan_classes(struct residency *r, const uint64_t *bytes,
+                             uint64_t sizes[SLOT_MAX_CLASSES][RESIDENCY_MAX_NODES],
+                             uint32_t count[SLOT_MAX_CLASSES])
+{
+	uint64_t *total = malloc((size_t)r->n_ids * sizeof(uint64_t));
+	if (!total)
+		return 0;
+	uint64_t span = 0; /* two blocks per extent, on every node */
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		uint32_t most = 1;
+		for (uint32_t id = 0; id < r->n_ids; id++)
+			if (r->node[n].map->n_extents[id] > most)
+				most = r->node[n].map->n_extents[id];
+		span += 2ull * r->alignment * most;
+	}
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		total[id] = 0;
+		for (uint32_t n = 0; n < r->n_nodes; n++)
+			total[id] += bytes[(size_t)n * r->n_ids + id];
+	}
+	uint64_t start[SLOT_MAX_CLASSES + 1]; /* class c: totals in [start[c], start[c + 1]) */
+	uint32_t n_classes = 0;
+	uint64_t *sorted = malloc((size_t)r->n_ids * sizeof(uint64_t));
+	if (!sorted) {
+		free(total);
+		return 0;
+	}
+	memcpy(sorted, total, (size_t)r->n_ids * sizeof(uint64_t));
+	qsort(sorted, r->n_ids, sizeof(uint64_t), compare_u64);
+	for (uint32_t i = 0; i < r->n_ids && n_classes <= SLOT_MAX_CLASSES; i++)
+		if (!n_classes || sorted[i] > start[n_classes - 1] + span)
+			start[n_classes++] = sorted[i];
+	free(sorted);
+	if (n_classes > SLOT_MAX_CLASSES) {
+		log_info("residency",
+		         "experts of more than %u sizes: every slot sized for the largest",
+		         SLOT_MAX_CLASSES);
+		n_classes = 1;
+	}
+	for (uint32_t c = 0; c < n_classes; c++) {
+		count[c] = 0;
+		for (uint32_t n = 0; n < r->n_nodes; n++)
+			sizes[c][n] = 0;
+	}
+	for (uint32_t id = 0; id < r->n_ids; id++) {
+		uint32_t c = n_classes - 1;
+		while (c > 0 && total[id] < start[c])
+			c--;
+		r->class_of[id] = (uint8_t)c;
+		count[c]++;
+		for (uint32_t n = 0; n < r->n_nodes; n++)
+			if (bytes[(size_t)n * r->n_ids + id] > sizes[c][n])
+				sizes[c][n] = bytes[(size_t)n * r->n_ids + id];
+	}
+	free(total);
+	return n_classes;
+}
+
+/* One slot of class c on every node, in bytes (SLOT_ALIGN multiples). */
+static uint64_t class_expert_bytes(const struct residency *r,
+                                   const uint64_t sizes[SLOT_MAX_CLASSES][RESIDENCY_MAX_NODES],
+                                   uint32_t c)
+{
+	uint64_t sum = 0;
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		sum += (sizes[c][n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1);
+	return sum;
+}
+
+/* Several classes: splits the budget into each class's slots. Every class first gets the
+ * slots its policy needs (its pinned experts, and one for the rest); the remaining bytes go
+ * to the classes in proportion to their other experts' slot bytes, so a budget of every
+ * expert's slot bytes holds every expert, and half of it about half of each class. No class
+ * gets more slots than it has experts. 0, or -1 with err naming the smallest budget that
+ * serves. */
+static int split_budget(struct residency *r, const struct policy_spec *spec,
+                        const uint64_t sizes[SLOT_MAX_CLASSES][RESIDENCY_MAX_NODES],
+                        const uint32_t *count, const uint32_t *members, uint32_t *n_slots,
+                        struct sidecar_error *err)
+{
+	const uint64_t budget = r->config.mem_budget;
+	uint64_t need_bytes = 0, rest_bytes = 0, all_bytes = 0;
+	uint64_t need[SLOT_MAX_CLASSES], bytes[SLOT_MAX_CLASSES];
+	for (uint32_t c = 0; c < r->n_classes; c++) {
+		bytes[c] = class_expert_bytes(r, sizes, c);
+		need[c] = policy_members_slots_needed(spec, r->n_layers, members + c * r->n_layers);
+		need_bytes += need[c] * bytes[c];
+		rest_bytes += (count[c] - need[c]) * bytes[c];
+		all_bytes += count[c] * bytes[c];
+	}
+	if (budget < need_bytes)
+		return error_set(err, MOE_EINVAL,
+		                 "residency: a budget of %llu bytes does not serve experts of %u "
+		                 "slot sizes (every expert: %llu bytes): each size needs %s "
+		                 "one slot; the smallest budget that serves is %llu bytes",
+		                 (unsigned long long)budget, r->n_classes,
+		                 (unsigned long long)all_bytes,
+		                 spec->pin_layers ? "its pinned experts' slots and" : "at least",
+		                 (unsigned long long)need_bytes);
+	const uint64_t extra = budget - need_bytes;
+	uint64_t left = budget;
+	for (uint32_t c = 0; c < r->n_classes; c++) {
+		uint64_t n = need[c];
+		if (rest_bytes)
+			n += (uint64_t)((unsigned __int128)extra *
+			                ((count[c] - need[c]) * bytes[c]) / rest_bytes / bytes[c]);
+		n_slots[c] = (uint32_t)(n < count[c] ? n : count[c]);
+		left -= n_slots[c] * bytes[c];
+	}
+	/* What rounding left: whole slots, to the classes in order. */
+	for (uint32_t c = 0; c < r->n_classes; c++) {
+		const uint64_t more = left / bytes[c];
+		const uint64_t room = count[c] - n_slots[c];
+		const uint32_t add = (uint32_t)(more < room ? more : room);
+		n_slots[c] += add;
+		left -= add * bytes[c];
+	}
+	return 0;
+}
+
+/* Several classes: each node's share of the budget in proportion to its slots' bytes, and
+ * its pool of n_slots[c] slots of each class (the same counts on every node). */
+static int create_class_pools(struct residency *r,
+                              const uint64_t sizes[SLOT_MAX_CLASSES][RESIDENCY_MAX_NODES],
+                              const uint32_t *n_slots, struct sidecar_error *err)
+{
+	const uint64_t budget = r->config.mem_budget;
+	uint64_t node_bytes[RESIDENCY_MAX_NODES] = {0}, sum = 0;
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		for (uint32_t c = 0; c < r->n_classes; c++)
+			node_bytes[n] += n_slots[c] * ((sizes[c][n] + SLOT_ALIGN - 1) &
+			                               ~(uint64_t)(SLOT_ALIGN - 1));
+		sum += node_bytes[n];
+	}
+	uint64_t left = budget;
+	char line[512] = "";
+	size_t at = 0;
+	for (uint32_t n = 0; n < r->n_nodes; n++) {
+		struct node_part *p = &r->node[n];
+		p->budget = n + 1 == r->n_nodes
+		                ? left
+		                : (uint64_t)((unsigned __int128)budget * node_bytes[n] / sum);
+		left -= p->budget;
+		size_t slot_bytes[SLOT_MAX_CLASSES];
+		for (uint32_t c = 0; c < r->n_classes; c++)
+			slot_bytes[c] = sizes[c][n];
+		if (slot_pool_create_classes(&p->pool, p->numa_node, p->budget, slot_bytes, n_slots,
+		                             r->n_classes, err) != 0)
+			return -1;
+		if (r->n_nodes > 1 && at < sizeof(line))
+			at += (size_t)snprintf(line + at, sizeof(line) - at,
+			                       "%snode %u (%llu bytes): ", n ? "; " : "", n,
+			                       (unsigned long long)p->budget);
+		for (uint32_t c = 0; c < r->n_classes && at < sizeof(line); c++)
+			at += (size_t)snprintf(line + at, sizeof(line) - at, "%s%u of %zu bytes",
+			                       c ? ", " : "", p->pool.classes[c].n_slots,
+			                       p->pool.classes[c].slot_bytes);
+	}
+	r->n_slots = r->node[0].pool.n_slots;
+	log_info("residency",
+	         "budget %llu bytes over %u slot sizes (a mix of formats): %u slots: %s",
+	         (unsigned long long)budget, r->n_classes, r->n_slots, line);
+	return 0;
 }
 
 void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg)
@@ -907,6 +1096,75 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		log_info("residency",
 		         "budget %llu bytes over %u nodes in proportion to their slices:%s",
 		         (unsigned long long)budget, r->n_nodes, line);
+	}
+	return 0;
+}
+
+/* Lays the experts out in slots, plans the size classes, creates every node's pool and each
+ * class's policy. 0, or -1 with err (a budget too small names the smallest that serves). */
+static int create_slots(struct residency *r, const struct policy_spec *spec,
+                        struct sidecar_error *err)
+{
+	const uint32_t n_nodes = r->n_nodes;
+	uint64_t *bytes = malloc((size_t)n_nodes * r->n_ids * sizeof(uint64_t));
+	r->class_of = calloc(r->n_ids, 1);
+	uint32_t *members = NULL;
+	if (!bytes || !r->class_of) {
+		free(bytes);
+		return error_set(err, MOE_ENOMEM, "residency: out of memory for %u experts",
+		                 r->n_ids);
+	}
+	uint64_t slot_bytes[RESIDENCY_MAX_NODES];
+	for (uint32_t n = 0; n < n_nodes; n++)
+		slot_bytes[n] = compute_layout(r, &r->node[n], bytes + (size_t)n * r->n_ids);
+	uint64_t sizes[SLOT_MAX_CLASSES][RESIDENCY_MAX_NODES];
+	uint32_t count[SLOT_MAX_CLASSES];
+	r->n_classes = plan_classes(r, bytes, sizes, count);
+	free(bytes);
+	if (!r->n_classes)
+		return error_set(err, MOE_ENOMEM, "residency: out of memory for %u experts",
+		                 r->n_ids);
+	if (spec->pin_layers > r->n_layers) { /* policy_create says why */
+		r->n_classes = 1;
+		memset(r->class_of, 0, r->n_ids);
+	}
+	if (r->n_classes > 1) {
+		/* members[c * n_layers + l]: layer l's experts of class c */
+		uint32_t n_slots[SLOT_MAX_CLASSES];
+		members = calloc((size_t)r->n_classes * r->n_layers, sizeof(uint32_t));
+		if (!members)
+			return error_set(err, MOE_ENOMEM, "residency: out of memory for %u classes",
+			                 r->n_classes);
+		for (uint32_t id = 0; id < r->n_ids; id++)
+			members[r->class_of[id] * r->n_layers + id / r->n_experts]++;
+		int rc = split_budget(r, spec, sizes, count, members, n_slots, err);
+		if (rc == 0)
+			rc = create_class_pools(r, sizes, n_slots, err);
+		for (uint32_t c = 0; rc == 0 && c < r->n_classes; c++)
+			rc = policy_create_members(&r->policy[c], spec, r->n_layers, r->n_experts,
+			                           n_slots[c], members + c * r->n_layers, err);
+		free(members);
+		return rc;
+	}
+	if (create_pools(r, slot_bytes, err) != 0)
+		return -1;
+	if (policy_create(&r->policy[0], spec, r->n_layers, r->n_experts, r->n_slots, 0, err) !=
+	    0) {
+		const uint64_t need = policy_slots_needed(spec, r->n_layers, r->n_experts, 0);
+		if (spec->pin_layers > r->n_layers || need <= r->n_slots)
+			return -1;         /* not the budget */
+		uint64_t expert_slots = 0; /* one expert's slots on every node */
+		for (uint32_t n = 0; n < n_nodes; n++)
+			expert_slots += r->node[n].pool.slot_bytes;
+		const size_t used = err ? strlen(err->msg) : sizeof(err->msg);
+		if (err && used < sizeof(err->msg))
+			snprintf(err->msg + used, sizeof(err->msg) - used,
+			         " (a budget of %llu bytes: %u slots of %llu bytes); the smallest "
+			         "budget that serves this policy is %llu bytes",
+			         (unsigned long long)r->config.mem_budget, r->n_slots,
+			         (unsigned long long)expert_slots,
+			         (unsigned long long)(need * expert_slots));
+		return -1;
 	}
 	return 0;
 }
@@ -993,31 +1251,11 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		goto fail;
 	if (r->config.chunk_bytes % r->alignment)
 		r->config.chunk_bytes = (r->config.chunk_bytes / r->alignment + 1) * r->alignment;
-	uint64_t slot_bytes[RESIDENCY_MAX_NODES];
-	for (uint32_t n = 0; n < n_nodes; n++)
-		slot_bytes[n] = compute_layout(r, &r->node[n]);
-	if (create_pools(r, slot_bytes, err) != 0)
-		goto fail;
 	struct policy_spec spec;
 	if (policy_spec_parse(r->config.policy, &spec, err) != 0)
 		goto fail;
-	if (policy_create(&r->policy, &spec, r->n_layers, r->n_experts, r->n_slots, 0, err) != 0) {
-		const uint64_t need = policy_slots_needed(&spec, r->n_layers, r->n_experts, 0);
-		if (spec.pin_layers > r->n_layers || need <= r->n_slots)
-			goto fail;         /* not the budget */
-		uint64_t expert_slots = 0; /* one expert's slots on every node */
-		for (uint32_t n = 0; n < n_nodes; n++)
-			expert_slots += r->node[n].pool.slot_bytes;
-		const size_t used = err ? strlen(err->msg) : sizeof(err->msg);
-		if (err && used < sizeof(err->msg))
-			snprintf(err->msg + used, sizeof(err->msg) - used,
-			         " (a budget of %llu bytes: %u slots of %llu bytes); the smallest "
-			         "budget that serves this policy is %llu bytes",
-			         (unsigned long long)r->config.mem_budget, r->n_slots,
-			         (unsigned long long)expert_slots,
-			         (unsigned long long)(need * expert_slots));
+	if (create_slots(r, &spec, err) != 0)
 		goto fail;
-	}
 	for (uint32_t n = 0; n < n_nodes; n++) {
 		struct node_part *p = &r->node[n];
 		p->demand.cap = r->n_ids;
@@ -1084,7 +1322,9 @@ void residency_destroy(struct residency *r)
 	free(r->fds);
 	free(r->buffered);
 	free(r->post_load_msg);
-	policy_destroy(&r->policy);
+	for (uint32_t c = 0; c < SLOT_MAX_CLASSES; c++)
+		policy_destroy(&r->policy[c]);
+	free(r->class_of);
 	for (uint32_t n = 0; n < r->n_nodes; n++) {
 		struct node_part *p = &r->node[n];
 		free(p->demand.ids);

@@ -1,10 +1,12 @@
 /* residency.h — which experts are in memory on the NUMA nodes, and getting the others there.
  *
- * One `struct residency` serves every node: one expert table, one policy and one state
- * machine, with a part per node — a slot pool bound to the node, a loader thread (pinned to
- * the node) owning that node's io_uring (loader.c), and that node's expert map, which holds
- * only the node's slices of each expert (tensor-parallel rows) when the caller splits experts
- * over nodes. With one node (residency_create) the map holds whole experts.
+ * One `struct residency` serves every node: one expert table, one policy (one per slot size
+ * class: experts of a mix of sizes take slots of their class, and the class's policy names
+ * victims that free one; slot_pool.h) and one state machine, with a part per node — a slot pool
+ * bound to the node, a loader thread (pinned to the node) owning that node's io_uring (loader.c),
+ * and that node's expert map, which holds only the node's slices of each expert (tensor-parallel
+ * rows) when the caller splits experts over nodes. With one node (residency_create) the map holds
+ * whole experts.
  *
  * An expert is resident when every node holds its slice: a load reads each node's slice on
  * that node's loader, into that node's slot (slot s is slot s on every node), and the expert
@@ -136,13 +138,16 @@ struct expert_ref {
 struct residency_counters {
 	RESIDENCY_COUNTERS(RESIDENCY_COUNTER_FIELD)
 	uint64_t latency_us_log2[RESIDENCY_LAT_BUCKETS];
-	/* Slots hold one expert each (on every node: a slot per node, its slices). slot_bytes:
-	 * one expert's slots on every node together (residency_node_counters: the node's). */
+	/* Slots hold one expert each (on every node: a slot per node, its slices); slots and
+	 * slots_used count every size class's. slot_bytes: one expert's mean slot on every node
+	 * together (residency_node_counters: the node's) — the pools' bytes over their slots,
+	 * exact with one class (one format), so slots × slot_bytes is the pools' memory. */
 	uint32_t slots, slots_used;
 	uint64_t slot_bytes, budget_bytes;
 	/* The file bytes of the RESIDENT experts (their extents; at most the map's whole size).
-	 * Memory taken is slots_used × slot_bytes: slots are sized for the largest expert and read
-	 * each extent's aligned superset, so they hold more than these bytes. */
+	 * Memory taken is about slots_used × slot_bytes (exact with one class): slots are sized
+	 * for their class's largest expert and read each extent's aligned superset, so they hold
+	 * more than these bytes. */
 	uint64_t resident_bytes;
 	uint32_t fixed_buffers; /* registered buffers the slots are spread over (0: none) */
 	bool buffers_registered, hugetlb, thp;
@@ -165,16 +170,20 @@ struct residency_file {
 int residency_open_file(const char *path, bool no_direct, struct residency_file *out,
                         struct sidecar_error *err);
 
-/* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots for the largest
- * expert (aligned superset of each extent), allocates the pool, starts the loader. The map
- * must outlive the residency. One node: config's numa_node and post_load_arg. 0, or -1 with
- * err (MOE_EINVAL for a budget too small for the policy, naming the smallest that serves). */
+/* Opens the files (O_DIRECT, or buffered with a warning), sizes the slots (aligned superset
+ * of each extent) per size class — one for a model of one format, sized for the largest
+ * expert; one per expert size of a mix (Q4_K_M …), the budget split over them so that the
+ * bytes of every expert's slot hold every expert — allocates the pool, starts the loader. The
+ * map must outlive the residency. One node: config's numa_node and post_load_arg. 0, or -1
+ * with err (MOE_EINVAL for a budget too small for the policy or the classes, naming the
+ * smallest that serves). */
 int residency_create(struct residency **out, const struct expert_map *map,
                      const struct residency_config *config, struct sidecar_error *err);
 /* The same over n_nodes (1..RESIDENCY_MAX_NODES) nodes, each with its map of slices: a pool
  * per node (bound to its numa_node) with slots sized for its largest slice, and a loader per
  * node pinned to it. config->mem_budget is split over the nodes in proportion to their slot
- * bytes (logged); config's numa_node and post_load_arg are not used. */
+ * bytes (logged); every node has the same size classes and slot counts. config's numa_node
+ * and post_load_arg are not used. */
 int residency_create_nodes(struct residency **out, const struct residency_node *nodes,
                            uint32_t n_nodes, const struct residency_config *config,
                            struct sidecar_error *err);

@@ -55,8 +55,9 @@ struct residency_stats {
 };
 
 /* One node's part: its slices of every expert, in its pool, read by its loader. Slot s of
- * an expert is slot s of every node's pool (all pools have the same count); the free list
- * is node 0's pool's. */
+ * an expert is slot s of every node's pool (all pools have the same classes and counts, each
+ * class's slots sized for its experts' slices on the node); the free lists are node 0's
+ * pool's. */
 struct node_part {
 	const struct expert_map *map;
 	int numa_node;
@@ -79,10 +80,15 @@ struct residency {
 	pthread_mutex_t lock;
 	pthread_cond_t changed; /* an expert left LOADING, or a slot/reference was freed */
 	struct expert_entry *entries;
-	struct residency_policy policy;
+	/* Slot size classes (slot_pool.h): an expert takes a slot of its class, and the class's
+	 * policy picks its victims among the class's experts. One class unless the experts'
+	 * slots differ in size (a llama.cpp mix): then one per distinct size. */
+	uint32_t n_classes;
+	uint8_t *class_of; /* [n_ids] */
+	struct residency_policy policy[SLOT_MAX_CLASSES];
 	uint32_t n_nodes;
 	struct node_part node[RESIDENCY_MAX_NODES];
-	uint32_t n_slots;      /* slots on every node */
+	uint32_t n_slots;      /* slots on every node, every class */
 	uint32_t slot_waiters; /* demands waiting for an evictable slot */
 	/* Warnings about failed loads [0] and their retries [1]: at most one of each per
 	 * FAILURE_LOG_NS, with the count of those left out (atomics: logged without the lock). */
@@ -100,6 +106,12 @@ struct residency {
 static inline uint32_t residency_id(const struct residency *r, uint32_t layer, uint32_t expert)
 {
 	return layer * r->n_experts + expert;
+}
+
+/* The policy that orders expert id: its class's. */
+static inline struct residency_policy *residency_policy_of(struct residency *r, uint32_t id)
+{
+	return &r->policy[r->class_of[id]];
 }
 
 static inline void stat_add(_Atomic uint64_t *c, uint64_t v)

@@ -42,10 +42,44 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		    (unsigned long long)budget, slot_bytes, slot_bytes);
 	if (n >= SLOT_NONE)
 		n = SLOT_NONE - 1;
-	pool->slot_bytes = slot_bytes;
-	pool->n_slots = (uint32_t)n;
+	const uint32_t count = (uint32_t)n;
+	return slot_pool_create_classes(pool, node, budget, &slot_bytes, &count, 1, err);
+}
+
+int slot_pool_create_classes(struct slot_pool *pool, int node, uint64_t budget,
+                             const size_t *slot_bytes, const uint32_t *n_slots, uint32_t n_classes,
+                             struct sidecar_error *err)
+{
+	memset(pool, 0, sizeof(*pool));
+	pool->node = -1;
+	if (n_classes == 0 || n_classes > SLOT_MAX_CLASSES)
+		return error_set(err, MOE_EINVAL, "slot pool: %u size classes (1 to %u)", n_classes,
+		                 SLOT_MAX_CLASSES);
+	size_t bytes = 0;
+	uint64_t total = 0;
+	for (uint32_t c = 0; c < n_classes; c++) {
+		if (!slot_bytes[c] || slot_bytes[c] > ((size_t)1 << 40))
+			return error_set(err, MOE_EINVAL, "slot pool: bad slot size %zu bytes",
+			                 slot_bytes[c]);
+		const size_t b = (slot_bytes[c] + SLOT_ALIGN - 1) & ~(size_t)(SLOT_ALIGN - 1);
+		pool->classes[c] = (struct slot_class){.slot_bytes = b,
+		                                       .n_slots = n_slots[c],
+		                                       .first = (uint32_t)total,
+		                                       .offset = bytes};
+		bytes += (size_t)n_slots[c] * b;
+		total += n_slots[c];
+		if (b > pool->slot_bytes)
+			pool->slot_bytes = b;
+	}
+	if (total == 0 || total >= SLOT_NONE || bytes > budget)
+		return error_set(err, MOE_EINVAL,
+		                 "slot pool: %llu slots of %zu bytes in all do not fit a budget of "
+		                 "%llu bytes",
+		                 (unsigned long long)total, bytes, (unsigned long long)budget);
+	pool->n_classes = n_classes;
+	pool->n_slots = (uint32_t)total;
 	pool->budget = budget;
-	size_t bytes = (size_t)n * slot_bytes;
+	pool->slots_bytes = bytes;
 
 	/* Huge-page pool first, when it can hold the whole region (rounded up to 2 MiB but still
 	 * within the budget); else ordinary pages with a THP hint. */
@@ -65,8 +99,9 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		if (base == MAP_FAILED) {
 			int e = errno;
 			return error_set(err, e == ENOMEM ? MOE_ENOMEM : MOE_ESYS,
-			                 "slot pool: mmap of %zu bytes (%u slots of %zu): %s",
-			                 bytes, pool->n_slots, slot_bytes, strerror(e));
+			                 "slot pool: mmap of %zu bytes (%u slots, the largest of "
+			                 "%zu): %s",
+			                 bytes, pool->n_slots, pool->slot_bytes, strerror(e));
 		}
 		pool->thp_advised = madvise(base, bytes, MADV_HUGEPAGE) == 0;
 	}
@@ -102,9 +137,13 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 		slot_pool_destroy(pool);
 		return -1;
 	}
-	/* Slot 0 on top of the stack: tests and traces see a stable order. */
-	for (uint32_t i = 0; i < pool->n_slots; i++)
-		pool->free_slots[i] = pool->n_slots - 1 - i;
+	/* Each class's first slot on top of its stack: tests and traces see a stable order. */
+	for (uint32_t c = 0; c < pool->n_classes; c++) {
+		struct slot_class *k = &pool->classes[c];
+		for (uint32_t i = 0; i < k->n_slots; i++)
+			pool->free_slots[k->first + i] = k->first + k->n_slots - 1 - i;
+		k->n_free = k->n_slots;
+	}
 	pool->n_free = pool->n_slots;
 	return 0;
 }
@@ -117,13 +156,21 @@ void slot_pool_destroy(struct slot_pool *pool)
 	memset(pool, 0, sizeof(*pool));
 }
 
-uint32_t slot_pool_get(struct slot_pool *pool)
+uint32_t slot_pool_get(struct slot_pool *pool, uint32_t c)
 {
-	return pool->n_free ? pool->free_slots[--pool->n_free] : SLOT_NONE;
+	assert(c < pool->n_classes);
+	struct slot_class *k = &pool->classes[c];
+	if (!k->n_free)
+		return SLOT_NONE;
+	pool->n_free--;
+	return pool->free_slots[k->first + --k->n_free];
 }
 
 void slot_pool_put(struct slot_pool *pool, uint32_t slot)
 {
-	assert(slot < pool->n_slots && pool->n_free < pool->n_slots); /* no double put */
-	pool->free_slots[pool->n_free++] = slot;
+	assert(slot < pool->n_slots);
+	struct slot_class *k = &pool->classes[slot_pool_class_of(pool, slot) - pool->classes];
+	assert(k->n_free < k->n_slots); /* no double put */
+	pool->free_slots[k->first + k->n_free++] = slot;
+	pool->n_free++;
 }

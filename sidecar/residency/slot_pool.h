@@ -1,6 +1,11 @@
 /* slot_pool.h — one NUMA node's expert slots: a single region allocated once at start-up,
- * cut into equal 4 KiB-aligned slots, never grown, never returned to the system until
- * destroy. The slot count is budget / slot size, so the pool cannot exceed its byte budget.
+ * cut into 4 KiB-aligned slots, never grown, never returned to the system until destroy.
+ *
+ * Size classes: the region holds one run of equal slots per class (a model of one format has
+ * one class; a llama.cpp mix such as Q4_K_M has two or three, one per distinct expert size).
+ * Slots are numbered across the classes: class c holds slots [first, first + n_slots), and a
+ * slot is taken from (and given back to) its class's free list. The slots of every class
+ * together never exceed the byte budget.
  *
  * Memory: MAP_HUGETLB when the huge-page pool has room for the whole region, otherwise
  * ordinary pages advised MADV_HUGEPAGE (transparent huge pages); bound to the node with
@@ -22,34 +27,69 @@
 
 #define SLOT_ALIGN 4096u
 #define SLOT_NONE UINT32_MAX
+#define SLOT_MAX_CLASSES 8u
+
+/* One size class: n_slots slots of slot_bytes at base + offset, numbered from `first`; its
+ * free list is free_slots[first, first + n_free). */
+struct slot_class {
+	size_t slot_bytes; /* multiple of SLOT_ALIGN */
+	uint32_t n_slots, first, n_free;
+	size_t offset; /* bytes from the region's base */
+};
 
 struct slot_pool {
 	int node;          /* NUMA node the memory is bound to (-1: not bound) */
-	size_t slot_bytes; /* multiple of SLOT_ALIGN */
-	uint32_t n_slots;
-	uint64_t budget; /* bytes allowed; n_slots * slot_bytes <= budget */
+	size_t slot_bytes; /* the largest class's */
+	uint32_t n_slots;  /* every class's */
+	uint64_t budget;   /* bytes allowed; the slots of every class together ≤ budget */
 	uint8_t *base;
-	size_t map_bytes; /* the mapping's length (≥ n_slots * slot_bytes, ≤ budget) */
-	bool hugetlb;     /* backed by the huge-page pool */
-	bool thp_advised; /* MADV_HUGEPAGE accepted */
+	size_t slots_bytes; /* Σ n_slots × slot_bytes over the classes */
+	size_t map_bytes;   /* the mapping's length (≥ slots_bytes, ≤ budget) */
+	bool hugetlb;       /* backed by the huge-page pool */
+	bool thp_advised;   /* MADV_HUGEPAGE accepted */
 	bool numa_bound;
-	uint32_t *free_slots; /* stack of free slot indices */
-	uint32_t n_free;
+	uint32_t n_classes;
+	struct slot_class classes[SLOT_MAX_CLASSES];
+	uint32_t *free_slots; /* each class's stack of free slot indices, at its `first` */
+	uint32_t n_free;      /* every class's */
 };
 
-/* Creates the pool: `budget` bytes on `node` (-1: wherever), slots of `slot_bytes` rounded up
- * to SLOT_ALIGN. Fails with a message if the budget holds no slot or the mapping fails. */
+/* Creates the pool: `budget` bytes on `node` (-1: wherever), as many slots of `slot_bytes`
+ * (rounded up to SLOT_ALIGN) as it holds: one class. Fails with a message if the budget holds
+ * no slot or the mapping fails. */
 int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
                      struct sidecar_error *err);
+/* The same with n_classes (1..SLOT_MAX_CLASSES) classes: n_slots[c] slots of slot_bytes[c]
+ * (rounded up to SLOT_ALIGN), which must fit in `budget` together. A class may have 0 slots. */
+int slot_pool_create_classes(struct slot_pool *pool, int node, uint64_t budget,
+                             const size_t *slot_bytes, const uint32_t *n_slots, uint32_t n_classes,
+                             struct sidecar_error *err);
 void slot_pool_destroy(struct slot_pool *pool);
+
+/* The class slot `slot` belongs to (a pool has few: a short walk). */
+static inline const struct slot_class *slot_pool_class_of(const struct slot_pool *pool,
+                                                          uint32_t slot)
+{
+	uint32_t c = 0;
+	while (c + 1 < pool->n_classes && slot >= pool->classes[c + 1].first)
+		c++;
+	return &pool->classes[c];
+}
 
 static inline uint8_t *slot_pool_addr(const struct slot_pool *pool, uint32_t slot)
 {
-	return pool->base + (size_t)slot * pool->slot_bytes;
+	const struct slot_class *c = slot_pool_class_of(pool, slot);
+	return pool->base + c->offset + (size_t)(slot - c->first) * c->slot_bytes;
 }
 
-/* A free slot, or SLOT_NONE. */
-uint32_t slot_pool_get(struct slot_pool *pool);
+static inline size_t slot_pool_slot_bytes(const struct slot_pool *pool, uint32_t slot)
+{
+	return slot_pool_class_of(pool, slot)->slot_bytes;
+}
+
+/* A free slot of class `c`, or SLOT_NONE. */
+uint32_t slot_pool_get(struct slot_pool *pool, uint32_t c);
+/* Gives `slot` back to its class. */
 void slot_pool_put(struct slot_pool *pool, uint32_t slot);
 
 #endif

@@ -28,6 +28,12 @@ static void check(bool ok, const char *fmt, ...)
 void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint32_t experts,
                     uint32_t extents_per_expert, uint32_t extent_len)
 {
+	fixture_create_mix(f, parent, layers, experts, extents_per_expert, extent_len, extent_len);
+}
+
+void fixture_create_mix(struct fixture *f, const char *parent, uint32_t layers, uint32_t experts,
+                        uint32_t extents_per_expert, uint32_t extent_len, uint32_t odd_len)
+{
 	memset(f, 0, sizeof(*f));
 	snprintf(f->dir, sizeof(f->dir), "%s/moe-residency-test.XXXXXX", parent);
 	check(mkdtemp(f->dir) != NULL, "mkdtemp %s", f->dir);
@@ -39,8 +45,8 @@ void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint
 	for (uint32_t l = 0; l < layers; l++)
 		for (uint32_t x = 0; x < experts; x++)
 			for (uint32_t i = 0; i < extents_per_expert; i++) {
-				uint64_t len =
-				    extent_len + ((l * 7919u + x * 131u + i * 17u) % 997u);
+				uint64_t len = (l % 2 ? odd_len : extent_len) +
+				               ((l * 7919u + x * 131u + i * 17u) % 997u);
 				check(expert_map_add(&f->map, l, x, 0, at, len, &err) == 0, "%s",
 				      err.msg);
 				at += len + (i % 2 ? 13 : 0);

@@ -27,6 +27,10 @@ struct fixture {
 /* extent_len: base length of each extent (each gets a different odd length around it). */
 void fixture_create(struct fixture *f, const char *parent, uint32_t layers, uint32_t experts,
                     uint32_t extents_per_expert, uint32_t extent_len);
+/* The same with odd layers' extents odd_len bytes (and up to 996 more): experts of two sizes,
+ * as a llama.cpp mix has (slot size classes). */
+void fixture_create_mix(struct fixture *f, const char *parent, uint32_t layers, uint32_t experts,
+                        uint32_t extents_per_expert, uint32_t extent_len, uint32_t odd_len);
 void fixture_destroy(struct fixture *f);
 /* Whether the reference's bytes equal pread of the file for every extent. */
 bool fixture_ref_matches(const struct fixture *f, const struct expert_ref *ref);

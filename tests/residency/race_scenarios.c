@@ -93,15 +93,17 @@ static int same_experts_everywhere(struct residency *r, struct fixture *f)
 	return 0;
 }
 
-int race_overlapping_demands(const char *policy, uint32_t n_nodes)
+/* mixed: layer 1's experts about 5 times layer 0's (two slot size classes). */
+static int overlapping_demands(const char *policy, uint32_t n_nodes, bool mixed)
 {
 	struct fixture f;
-	fixture_create(&f, "/tmp", 2, 12, 2, 3000);
+	fixture_create_mix(&f, "/tmp", 2, 12, 2, 3000, mixed ? 20000 : 3000);
 	if (n_nodes > 1)
 		fixture_split(&f, n_nodes);
 	struct residency_config cfg = {
 	    .numa_node = 0,
-	    .mem_budget = n_nodes * 8 * 16384, /* 8 slots for 24 experts, 6 threads */
+	    /* 8 slots for 24 experts, 6 threads (mixed: about 4 of each size) */
+	    .mem_budget = n_nodes * 8 * (mixed ? 32768 : 16384),
 	    .policy = policy,
 	    .queue_depth = 4,
 	    .chunk_bytes = 4096,
@@ -136,9 +138,25 @@ int race_overlapping_demands(const char *policy, uint32_t n_nodes)
 	}
 	if (rc == 0)
 		rc = same_experts_everywhere(r, &f);
+	if (rc == 0 && mixed && c.slot_bytes * c.slots > cfg.mem_budget) {
+		fprintf(stderr, "%s: %u slots of %llu bytes on average over a budget of %llu\n",
+		        policy, c.slots, (unsigned long long)c.slot_bytes,
+		        (unsigned long long)cfg.mem_budget);
+		rc = -1;
+	}
 	residency_destroy(r);
 	fixture_destroy(&f);
 	return rc;
+}
+
+int race_overlapping_demands(const char *policy, uint32_t n_nodes)
+{
+	return overlapping_demands(policy, n_nodes, false);
+}
+
+int race_overlapping_demands_mixed(const char *policy, uint32_t n_nodes)
+{
+	return overlapping_demands(policy, n_nodes, true);
 }
 
 #define WAITERS 5

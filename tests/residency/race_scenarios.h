@@ -9,6 +9,8 @@
 #include <stdint.h>
 
 int race_overlapping_demands(const char *policy, uint32_t n_nodes);
+/* The same over experts of two sizes (two slot size classes, each evicting its own). */
+int race_overlapping_demands_mixed(const char *policy, uint32_t n_nodes);
 /* Concurrent demands for one cold expert: exactly one read per node; with fail_with (< 0)
  * injected on every attempt of the last node's read, every waiter gets that error. */
 int race_shared_load(int fail_with, uint32_t n_nodes);

@@ -14,10 +14,12 @@ int main(void)
 		failed += race_overlapping_demands("lru", nodes) != 0;
 		failed += race_overlapping_demands("sieve+layer", nodes) != 0;
 		failed += race_overlapping_demands("sieve-heat+layer", nodes) != 0;
+		failed += race_overlapping_demands_mixed("sieve+layer", nodes) != 0;
+		failed += race_overlapping_demands_mixed("lru", nodes) != 0;
 		failed += race_shared_load(0, nodes) != 0;
 		failed += race_shared_load(-EIO, nodes) != 0;
 		failed += race_failed_retries(nodes) != 0;
-		run += 6;
+		run += 8;
 	}
 	printf("stress_race: %d of %d scenarios failed\n", failed, run);
 	return failed ? 1 : 0;

@@ -309,6 +309,51 @@ Test(policy_pin, pinned_layers_reduce_capacity_and_never_queue)
 	policy_destroy(&p);
 }
 
+/* One size class's policy (policy_create_members): layers 0 and 2 of 4 are its members (the
+ * other layers' experts are another class's). +layer shares follow the members, so a capacity
+ * of every member holds each member layer whole without an eviction; pinned members are
+ * reserved, and a class of pinned members only needs no slot for the others. */
+Test(policy_layer, members_of_one_size_class)
+{
+	struct policy_spec spec;
+	struct sidecar_error err = {0};
+	cr_assert_eq(policy_spec_parse("sieve+layer", &spec, &err), 0);
+	const uint32_t members[4] = {4, 0, 4, 0};
+	cr_assert_eq(policy_members_slots_needed(&spec, 4, members), 1);
+	struct residency_policy p;
+	cr_assert_eq(policy_create_members(&p, &spec, 4, 4, 8, members, &err), 0, "%s", err.msg);
+	cr_assert_eq(p.quota[0], 4);
+	cr_assert_eq(p.quota[1], 0);
+	cr_assert_eq(p.quota[2], 4);
+	for (uint32_t x = 0; x < 4; x++) {
+		cr_assert_eq(admit(&p, policy_id(&p, 0, x)), POLICY_NONE);
+		cr_assert_eq(admit(&p, policy_id(&p, 2, x)), POLICY_NONE);
+	}
+	cr_assert_eq(p.resident, 8);
+	const uint32_t v = admit(&p, policy_id(&p, 0, 0)); /* resident: no eviction */
+	cr_assert_eq(v, POLICY_NONE);
+	policy_destroy(&p);
+	/* Half of it: each member layer gets half its experts. */
+	cr_assert_eq(policy_create_members(&p, &spec, 4, 4, 4, members, &err), 0, "%s", err.msg);
+	cr_assert_eq(p.quota[0], 2);
+	cr_assert_eq(p.quota[2], 2);
+	policy_destroy(&p);
+	/* Pinned: layer 0 is pinned and a member; the class's only other member layer is 2. */
+	cr_assert_eq(policy_spec_parse("sieve+layer+pin1", &spec, &err), 0);
+	cr_assert_eq(policy_members_slots_needed(&spec, 4, members), 5);
+	cr_assert_eq(policy_create_members(&p, &spec, 4, 4, 4, members, &err), -1);
+	cr_assert_eq(policy_create_members(&p, &spec, 4, 4, 8, members, &err), 0, "%s", err.msg);
+	cr_assert_eq(p.capacity, 4);
+	cr_assert_eq(p.quota[2], 4);
+	policy_destroy(&p);
+	const uint32_t pinned_only[4] = {4, 0, 0, 0};
+	cr_assert_eq(policy_members_slots_needed(&spec, 4, pinned_only), 4);
+	cr_assert_eq(policy_create_members(&p, &spec, 4, 4, 4, pinned_only, &err), 0, "%s",
+	             err.msg);
+	cr_assert_eq(p.capacity, 0);
+	policy_destroy(&p);
+}
+
 /* Fewer slots than layers: layers past the first `capacity` have a share of 0 slots. They
  * are still served — into a free slot, else in place of an expert of the layer most over its
  * share — and one admission evicts at most one expert. */

@@ -26,6 +26,17 @@ Test(residency_race, overlapping_demands_sieve_layer_two_nodes, .timeout = 120)
 	cr_assert_eq(race_overlapping_demands("sieve+layer", 2), 0);
 }
 
+Test(residency_race, overlapping_demands_two_sizes, .timeout = 120)
+{
+	cr_assert_eq(race_overlapping_demands_mixed("sieve+layer", 1), 0);
+	cr_assert_eq(race_overlapping_demands_mixed("lru", 1), 0);
+}
+
+Test(residency_race, overlapping_demands_two_sizes_three_nodes, .timeout = 120)
+{
+	cr_assert_eq(race_overlapping_demands_mixed("sieve+layer", 3), 0);
+}
+
 Test(residency_race, concurrent_demands_share_one_read, .timeout = 120)
 {
 	cr_assert_eq(race_shared_load(0, 1), 0);
