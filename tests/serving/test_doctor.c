@@ -18,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "harness.h"
+
 static const char *const check_names[] = {"io_uring", "o_direct", "memlock", "huge_pages", "numa",
                                           "memory",   "probes",   "isa",     "read_rate"};
 #define N_CHECKS (sizeof(check_names) / sizeof(check_names[0]))
@@ -28,43 +30,33 @@ struct child_setup {
 	int cpu;
 };
 
-/* Runs argv with stdout and stderr into out; returns the exit status (-1: no exit). */
-static int run_capture(const char *const *argv, const struct child_setup *setup, char *out,
-                       size_t cap)
+/* In the child, before the exec: the limit and affinity setup asks for. */
+static void apply_setup(const void *arg)
 {
-	int p[2];
-	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
-	pid_t kid = fork();
-	cr_assert_geq(kid, 0);
-	if (kid == 0) {
-		dup2(p[1], 1);
-		dup2(p[1], 2);
-		if (setup && setup->memlock) {
-			struct rlimit lim = {setup->memlock, setup->memlock};
-			/* root keeps CAP_IPC_LOCK across exec unless the bounding set loses it */
-			if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
-			    prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0)
-				_exit(126);
-		}
-		if (setup && setup->one_cpu) {
-			cpu_set_t one;
-			CPU_ZERO(&one);
-			CPU_SET(setup->cpu, &one);
-			if (sched_setaffinity(0, sizeof(one), &one) != 0)
-				_exit(125);
-		}
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
+	const struct child_setup *setup = arg;
+	if (setup->memlock) {
+		struct rlimit lim = {setup->memlock, setup->memlock};
+		/* root keeps CAP_IPC_LOCK across exec unless the bounding set loses it */
+		if (setrlimit(RLIMIT_MEMLOCK, &lim) != 0 ||
+		    prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0)
+			_exit(126);
 	}
-	close(p[1]);
-	size_t have = 0;
-	for (ssize_t n; (n = read(p[0], out + have, cap - 1 - have)) > 0;)
-		have += (size_t)n;
-	out[have] = '\0';
-	close(p[0]);
-	int st;
-	cr_assert_eq(waitpid(kid, &st, 0), kid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+	if (setup->one_cpu) {
+		cpu_set_t one;
+		CPU_ZERO(&one);
+		CPU_SET(setup->cpu, &one);
+		if (sched_setaffinity(0, sizeof(one), &one) != 0)
+			_exit(125);
+	}
+}
+
+/* Runs argv (with setup, if any) into out; returns the exit status (-1: no exit). */
+static int doctor_run(const char *const *argv, const struct child_setup *setup, char *out,
+                      size_t cap)
+{
+	const int rc = run_capture(argv, setup ? apply_setup : NULL, setup, out, cap);
+	cr_assert_neq(rc, -2, "%s: could not be started", argv[0]);
+	return rc;
 }
 
 /* A small OLMoE-shaped GGUF at dir/m.gguf (2 MoE layers of 8 experts: about 2 MiB). */
@@ -75,7 +67,7 @@ static void make_model(const char *dir, char *path, size_t len)
 	const char *gen[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers", "2",
 	                     "--hidden",  "256",      "--ffn", "128",      "--experts",
 	                     "8",         "--quiet",  "--out", path,       NULL};
-	cr_assert_eq(run_capture(gen, NULL, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(doctor_run(gen, NULL, out, sizeof(out)), 0, "%s", out);
 }
 
 /* The line of check `name` in text output ("STATE  NAME  found  -> fix"), NUL-terminated
@@ -111,7 +103,7 @@ Test(doctor, real_state_one_line_per_check_and_exit_status_follows_fails)
 	cr_assert_not_null(mkdtemp(dir));
 	make_model(dir, model, sizeof(model));
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", model, NULL};
-	const int rc = run_capture(argv, NULL, text, sizeof(text));
+	const int rc = doctor_run(argv, NULL, text, sizeof(text));
 	bool any_fail = false;
 	for (size_t i = 0; i < N_CHECKS + 1; i++) {
 		const char *name = i < N_CHECKS ? check_names[i] : "model";
@@ -135,7 +127,7 @@ Test(doctor, real_state_one_line_per_check_and_exit_status_follows_fails)
 	cr_expect(strstr(text, "auto's budget holds every one: all resident"), "%s", text);
 
 	const char *jargv[] = {MOE_SIDECAR_BIN, "doctor", model, "--json", NULL};
-	cr_expect_eq(run_capture(jargv, NULL, json, sizeof(json)), rc, "%s", json);
+	cr_expect_eq(doctor_run(jargv, NULL, json, sizeof(json)), rc, "%s", json);
 	char want[256];
 	snprintf(want, sizeof(want), "{\"model\":\"%s\",\"state\":", model);
 	cr_expect_eq(strncmp(json, want, strlen(want)), 0, "%s", json);
@@ -154,7 +146,7 @@ Test(doctor, without_a_model_samples_a_temporary_file_and_removes_it)
 	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
-	run_capture(argv, NULL, out, sizeof(out));
+	doctor_run(argv, NULL, out, sizeof(out));
 	char line[2048], want[256];
 	cr_assert(check_line(out, "read_rate", line, sizeof(line)), "%s", out);
 	snprintf(want, sizeof(want), "from a temporary file in %s", dir);
@@ -179,7 +171,7 @@ Test(doctor, numa_follows_the_process_affinity)
 	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
-	run_capture(argv, &setup, out, sizeof(out));
+	doctor_run(argv, &setup, out, sizeof(out));
 	rm_rf(dir);
 	char line[2048];
 	cr_assert(check_line(out, "numa", line, sizeof(line)), "%s", out);
@@ -199,7 +191,7 @@ Test(doctor, probes_says_cap_sys_admin_only_mounts)
 	char dir[] = "/var/tmp/moe-doctor-XXXXXX";
 	cr_assert_not_null(mkdtemp(dir));
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", "--dir", dir, NULL};
-	run_capture(argv, NULL, out, sizeof(out));
+	doctor_run(argv, NULL, out, sizeof(out));
 	rm_rf(dir);
 	char line[2048];
 	cr_assert(check_line(out, "probes", line, sizeof(line)), "%s", out);
@@ -220,7 +212,7 @@ Test(doctor, memlock_below_the_registered_buffers_warns)
 	make_model(dir, model, sizeof(model));
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", model, NULL};
 	const struct child_setup low = {.memlock = 64 << 10};
-	const int rc = run_capture(argv, &low, out, sizeof(out));
+	const int rc = doctor_run(argv, &low, out, sizeof(out));
 	char line[2048];
 	cr_assert(check_line(out, "memlock", line, sizeof(line)), "%s", out);
 	cr_expect(strstr(line, "warn  memlock     RLIMIT_MEMLOCK 64 KiB; the pool's registered "
@@ -266,7 +258,7 @@ Test(doctor, model_without_o_direct_fails)
 	}
 	static char out[16384];
 	const char *argv[] = {MOE_SIDECAR_BIN, "doctor", model, NULL};
-	const int rc = run_capture(argv, NULL, out, sizeof(out));
+	const int rc = doctor_run(argv, NULL, out, sizeof(out));
 	char line[2048], want[256];
 	cr_assert(check_line(out, "o_direct", line, sizeof(line)), "%s", out);
 	snprintf(want, sizeof(want),
@@ -289,7 +281,7 @@ Test(doctor, missing_bpffs_warns_with_the_mount_command)
 {
 	static char out[16384];
 	const char *shipped[] = {MOE_SIDECAR_BIN, "doctor", "--debug-bpffs", "/x", NULL};
-	cr_expect_eq(run_capture(shipped, NULL, out, sizeof(out)), 2, "%s", out);
+	cr_expect_eq(doctor_run(shipped, NULL, out, sizeof(out)), 2, "%s", out);
 	cr_expect(strstr(out, "unexpected argument '--debug-bpffs'"), "%s", out);
 #ifndef MOE_SIDECAR_TESTHOOKS_BIN
 	cr_skip_test("built without MOE_TEST_HOOKS");
@@ -299,7 +291,7 @@ Test(doctor, missing_bpffs_warns_with_the_mount_command)
 	snprintf(missing, sizeof(missing), "%s/no-bpffs", dir);
 	const char *argv[] = {MOE_SIDECAR_TESTHOOKS_BIN, "doctor", "--dir", dir,
 	                      "--debug-bpffs",           missing,  NULL};
-	run_capture(argv, NULL, out, sizeof(out));
+	doctor_run(argv, NULL, out, sizeof(out));
 	char line[2048], want[512];
 	cr_assert(check_line(out, "probes", line, sizeof(line)), "%s", out);
 	snprintf(want, sizeof(want), "bpffs not mounted at %s;", missing);

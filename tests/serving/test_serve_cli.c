@@ -11,33 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "moe_kernels.h"
 #include "policy.h"
-
-/* Runs argv (NULL-terminated) with stdout and stderr into one buffer; returns the exit
- * status, or -1 if it did not exit. */
-static int run_capture(const char *const *argv, char *out, size_t cap)
-{
-	int p[2];
-	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
-	pid_t kid = fork();
-	cr_assert_geq(kid, 0);
-	if (kid == 0) {
-		dup2(p[1], 1);
-		dup2(p[1], 2);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	close(p[1]);
-	size_t have = 0;
-	for (ssize_t n; (n = read(p[0], out + have, cap - 1 - have)) > 0;)
-		have += (size_t)n;
-	out[have] = '\0';
-	close(p[0]);
-	int st;
-	cr_assert_eq(waitpid(kid, &st, 0), kid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 /* Runs of white space become one space: help texts wrap where they like. */
 static void squeeze_spaces(char *s)
@@ -53,7 +29,7 @@ Test(serve_cli, serve_help_lists_exactly_the_policies_the_parser_takes)
 {
 	static char out[16384];
 	const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
-	cr_assert_eq(run_capture(argv, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(argv, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	squeeze_spaces(out);
 	char accepted[256];
 	policy_spec_help(accepted, sizeof(accepted));
@@ -79,7 +55,7 @@ Test(serve_cli, serve_help_says_threads_default_counts_hardware_threads)
 {
 	static char out[16384];
 	const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
-	cr_assert_eq(run_capture(argv, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(argv, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	squeeze_spaces(out);
 	cr_expect_not(strstr(out, "the node's cores"), "%s", out);
 	cr_expect(strstr(out, "(default: one per CPU of the node this process may use, counting "
@@ -93,13 +69,13 @@ Test(serve_cli, shipped_serve_has_no_debug_options)
 {
 	static char out[16384];
 	const char *help[] = {MOE_SIDECAR_BIN, "serve", "--help", NULL};
-	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(help, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	cr_expect_not(strstr(out, "--debug-"), "serve --help lists a debug option: %s", out);
 	const char *fail[] = {MOE_SIDECAR_BIN, "serve", "--debug-fail-expert", "1:3", NULL};
-	cr_expect_eq(run_capture(fail, out, sizeof(out)), 2, "%s", out);
+	cr_expect_eq(run_capture(fail, NULL, NULL, out, sizeof(out)), 2, "%s", out);
 #ifdef MOE_SIDECAR_TESTHOOKS_BIN
 	const char *hooks[] = {MOE_SIDECAR_TESTHOOKS_BIN, "serve", "--help", NULL};
-	cr_assert_eq(run_capture(hooks, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(hooks, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	cr_expect(strstr(out, "--debug-fail-expert"), "the test-hooks daemon lacks it: %s", out);
 #endif
 }
@@ -110,14 +86,14 @@ Test(serve_cli, isa_is_forced_or_refused_by_name)
 {
 	static char out[4096];
 	const char *unknown[] = {MOE_SIDECAR_BIN, "serve", "--isa", "avx1024", NULL};
-	cr_expect_eq(run_capture(unknown, out, sizeof(out)), 2, "%s", out);
+	cr_expect_eq(run_capture(unknown, NULL, NULL, out, sizeof(out)), 2, "%s", out);
 	cr_expect(strstr(out, "--isa 'avx1024': expected scalar, avx2, avx512 or amx"), "%s", out);
 	for (enum moek_isa isa = MOEK_ISA_SCALAR; isa <= MOEK_ISA_AMX; isa++) {
 		const char *name = moek_isa_label(isa);
 		/* a name it takes, followed by an option it refuses: the refusal is the option's */
 		const char *argv[] = {MOE_SIDECAR_BIN, "serve", "--isa", name,
 		                      "--threads",     "0",     NULL};
-		cr_expect_eq(run_capture(argv, out, sizeof(out)), 2, "%s", out);
+		cr_expect_eq(run_capture(argv, NULL, NULL, out, sizeof(out)), 2, "%s", out);
 		if (moek_isa_supported(isa)) {
 			cr_expect(strstr(out, "--threads '0'"), "%s: %s", name, out);
 			continue;
@@ -140,7 +116,7 @@ Test(serve_cli, every_binary_says_its_version)
 	            {MOE_DECODE_DEMO_BIN, "moe-decode-demo"}};
 	for (size_t i = 0; i < sizeof(bins) / sizeof(bins[0]); i++) {
 		const char *argv[] = {bins[i].bin, "--version", NULL};
-		cr_expect_eq(run_capture(argv, out, sizeof(out)), 0, "%s --version: %s",
+		cr_expect_eq(run_capture(argv, NULL, NULL, out, sizeof(out)), 0, "%s --version: %s",
 		             bins[i].name, out);
 		char want[64];
 		snprintf(want, sizeof(want), "%s %s", bins[i].name, MOE_VERSION);
@@ -159,7 +135,7 @@ Test(serve_cli, moe_gen_makes_no_parent_directories)
 	const char *gguf[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers", "1",
 	                      "--hidden",  "64",       "--ffn", "32",       "--experts",
 	                      "4",         "--quiet",  "--out", target,     NULL};
-	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect_eq(run_capture(gguf, NULL, NULL, out, sizeof(out)), 1, "%s", out);
 	cr_expect(strstr(out, "No such file or directory") &&
 	              strstr(out, "makes no parent directories"),
 	          "%s", out);
@@ -168,10 +144,10 @@ Test(serve_cli, moe_gen_makes_no_parent_directories)
 	/* A checkpoint directory itself is created, its parent is not. */
 	snprintf(target, sizeof(target), "%s/checkpoint", missing);
 	gguf[13] = target;
-	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 1, "%s", out);
+	cr_expect_eq(run_capture(gguf, NULL, NULL, out, sizeof(out)), 1, "%s", out);
 	cr_expect_neq(stat(missing, &st), 0, "moe-gen created %s", missing);
 	snprintf(target, sizeof(target), "%s/checkpoint", dir);
-	cr_expect_eq(run_capture(gguf, out, sizeof(out)), 0, "%s", out);
+	cr_expect_eq(run_capture(gguf, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	snprintf(target, sizeof(target), "%s/checkpoint/config.json", dir);
 	cr_expect_eq(stat(target, &st), 0, "%s", target);
 	char rm[160];
@@ -184,7 +160,7 @@ Test(serve_cli, a_path_that_is_not_a_model_says_so)
 {
 	static char out[4096];
 	const char *passwd[] = {MOE_SIDECAR_BIN, "inspect", "/etc/passwd", NULL};
-	cr_expect_eq(run_capture(passwd, out, sizeof(out)), 1, "%s", out);
+	cr_expect_eq(run_capture(passwd, NULL, NULL, out, sizeof(out)), 1, "%s", out);
 	cr_expect(strstr(out, "/etc/passwd: not a model: neither a GGUF file"), "%s", out);
 	cr_expect_not(strstr(out, "config.json"), "%s", out);
 
@@ -194,10 +170,10 @@ Test(serve_cli, a_path_that_is_not_a_model_says_so)
 	const char *gen[] = {MOE_GEN_BIN, "--preset", "olmoe", "--layers",  "1", "--hidden",
 	                     "64",        "--ffn",    "32",    "--experts", "4", "--shards",
 	                     "2",         "--quiet",  "--out", ck,          NULL};
-	cr_assert_eq(run_capture(gen, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(gen, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	snprintf(shard, sizeof(shard), "%s/model-00001-of-00002.safetensors", ck);
 	const char *one_shard[] = {MOE_SIDECAR_BIN, "inspect", shard, NULL};
-	cr_expect_eq(run_capture(one_shard, out, sizeof(out)), 1, "%s", out);
+	cr_expect_eq(run_capture(one_shard, NULL, NULL, out, sizeof(out)), 1, "%s", out);
 	char want[160];
 	snprintf(want, sizeof(want), "is shard 1 of 2 of a checkpoint: open its directory (%s)",
 	         ck);
@@ -214,7 +190,7 @@ Test(serve_cli, moe_gen_help_lists_exactly_the_formats_it_writes)
 {
 	static char out[8192];
 	const char *help[] = {MOE_GEN_BIN, "--help", NULL};
-	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(help, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	const char *line = strstr(out, "--format F");
 	cr_assert_not_null(line, "%s", out);
 	char listed[256];
@@ -242,7 +218,7 @@ Test(serve_cli, moe_gen_help_lists_exactly_the_formats_it_writes)
 			    MOE_GEN_BIN, "--preset", "qwen3-30b-a3b", "--layers",  "1", "--hidden",
 			    "256",       "--ffn",    "256",           "--experts", "4", "--quiet",
 			    "--format",  name,       "--out",         target,      NULL};
-			const int rc = run_capture(gen, out, sizeof(out));
+			const int rc = run_capture(gen, NULL, NULL, out, sizeof(out));
 			written += rc == 0;
 			if (!is_listed)
 				cr_expect(rc == 2 && strstr(out, "unknown format"), "%s: %s", name,
@@ -262,7 +238,7 @@ Test(serve_cli, placement_synopsis_names_gpu_bytes)
 {
 	static char out[8192];
 	const char *help[] = {MOE_SIDECAR_BIN, "placement", "--help", NULL};
-	cr_assert_eq(run_capture(help, out, sizeof(out)), 0, "%s", out);
+	cr_assert_eq(run_capture(help, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	const char *options = strstr(out, "\n\n");
 	cr_assert_not_null(options, "%s", out);
 	char synopsis[1024];

@@ -17,7 +17,7 @@
 #include "trace.h"
 
 /* Runs cmd, returns its exit status and its stdout (malloc'd, NUL-terminated) in *out. */
-static int run_capture(const char *cmd, char **out)
+static int run_shell(const char *cmd, char **out)
 {
 	FILE *p = popen(cmd, "r");
 	cr_assert_not_null(p);
@@ -115,14 +115,14 @@ Test(serve_routing, counts_and_heat_follow_the_forwards_served)
 	char cmd[512], *out;
 	snprintf(cmd, sizeof(cmd), "%s stats --socket %s --experts=2", MOE_SIDECAR_BIN,
 	         s.sp.socket);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	cr_assert(strstr(out, "half-life 4 tokens"), "%s", out);
 	cr_assert(strstr(out, "    1        4 tok:  e2 4 (57.1%)"), "%s", out);
 	cr_assert(strstr(out, "e5 2 (28.6%)"), "%s", out);
 	cr_assert_null(strstr(out, "e9 1"), "two per layer: %s", out);
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s stats --socket %s --json", MOE_SIDECAR_BIN, s.sp.socket);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	cr_assert(strstr(out, "\"experts\":["), "%s", out);
 	free(out);
 	free(json);
@@ -184,13 +184,13 @@ Test(serve_routing, record_trace_writes_what_was_served_and_simulate_replays_it)
 	char cmd[512], *out;
 	snprintf(cmd, sizeof(cmd), "%s simulate %s --capacities 50%% --json", MOE_SIDECAR_BIN,
 	         path);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	cr_assert(strstr(out, "\"sieve+layer\": [") && strstr(out, "\"belady\": ["), "%s", out);
 	free(out);
 	/* The placement command reads it too: every strategy, a mask of exactly N experts. */
 	snprintf(cmd, sizeof(cmd), "%s placement --trace %s --gpu-experts 4 --json",
 	         MOE_SIDECAR_BIN, path);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	cr_assert(strstr(out, "\"frequency\":") && strstr(out, "\"front-loading\":") &&
 	              strstr(out, "\"balanced\":") && strstr(out, "\"uniform\":"),
 	          "%s", out);
@@ -286,7 +286,7 @@ Test(serve_routing, record_trace_on_a_full_disk_keeps_whole_lines)
 	trace_free(&t);
 	char cmd[512], *out;
 	snprintf(cmd, sizeof(cmd), "%s simulate %s --capacities 50%% 2>&1", MOE_SIDECAR_BIN, path);
-	cr_expect_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_expect_eq(run_shell(cmd, &out), 0, "%s", out);
 	free(out);
 	unlink(path);
 	cr_expect_eq(umount(dir), 0, "%s", strerror(errno));
@@ -472,7 +472,7 @@ Test(serve_routing, placement_from_a_running_sidecar)
 	char cmd[512], *out;
 	snprintf(cmd, sizeof(cmd), "%s placement --socket %s --gpu-experts 2", MOE_SIDECAR_BIN,
 	         s.sp.socket);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	const char *freq = strstr(out, "\nfrequency ");
 	const char *pct = freq ? strstr(freq, "83.3%") : NULL;
 	cr_assert(pct && pct < strchr(freq + 1, '\n'), "%s", out);
@@ -481,14 +481,14 @@ Test(serve_routing, placement_from_a_running_sidecar)
 	free(out);
 	snprintf(cmd, sizeof(cmd), "%s placement --socket %s --gpu-bytes 1 --expert-bytes 1 --json",
 	         MOE_SIDECAR_BIN, s.sp.socket);
-	cr_assert_eq(run_capture(cmd, &out), 0, "%s", out);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
 	cr_assert(strstr(out, "\"gpu_experts\":1,") && strstr(out, "\"frequency\":0.500000"), "%s",
 	          out);
 	free(out);
 	/* Bad arguments say what they expected. */
 	snprintf(cmd, sizeof(cmd), "%s placement --socket %s --gpu-experts 2 --strategy best 2>&1",
 	         MOE_SIDECAR_BIN, s.sp.socket);
-	cr_assert_neq(run_capture(cmd, &out), 0);
+	cr_assert_neq(run_shell(cmd, &out), 0);
 	cr_assert(strstr(out, "expected frequency, uniform, front-loading or balanced"), "%s", out);
 	free(out);
 

@@ -19,30 +19,6 @@
 #include "moe_client.h"
 #include "moe_kernels.h"
 
-/* Runs argv with stdout and stderr into out; returns the exit status (-1: no exit). */
-static int run_capture(const char *const *argv, char *out, size_t cap)
-{
-	int p[2];
-	cr_assert_eq(pipe2(p, O_CLOEXEC), 0);
-	pid_t kid = fork();
-	cr_assert_geq(kid, 0);
-	if (kid == 0) {
-		dup2(p[1], 1);
-		dup2(p[1], 2);
-		execv(argv[0], (char *const *)argv);
-		_exit(127);
-	}
-	close(p[1]);
-	size_t have = 0;
-	for (ssize_t n; (n = read(p[0], out + have, cap - 1 - have)) > 0;)
-		have += (size_t)n;
-	out[have] = '\0';
-	close(p[0]);
-	int st;
-	cr_assert_eq(waitpid(kid, &st, 0), kid);
-	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static char out[65536];
 
 /* A small model (3 blocks of 8 experts, hidden and ffn 256) from moe-gen: path ending in
@@ -52,8 +28,8 @@ static void generate(const char *path, const char *preset, const char *format)
 	const char *gen[] = {MOE_GEN_BIN, "--preset", preset,  "--layers",  "3", "--hidden",
 	                     "256",       "--ffn",    "256",   "--experts", "8", "--format",
 	                     format,      "--quiet",  "--out", path,        NULL};
-	cr_assert_eq(run_capture(gen, out, sizeof(out)), 0, "moe-gen %s %s: %s", preset, format,
-	             out);
+	cr_assert_eq(run_capture(gen, NULL, NULL, out, sizeof(out)), 0, "moe-gen %s %s: %s", preset,
+	             format, out);
 }
 
 /* verify MODEL [--socket S] --log-level warn: its exit status, its output in `out`. */
@@ -72,7 +48,7 @@ static int verify(const char *model, const char *socket, const char *layers)
 		argv[n++] = "8";
 	}
 	argv[n] = NULL;
-	return run_capture(argv, out, sizeof(out));
+	return run_capture(argv, NULL, NULL, out, sizeof(out));
 }
 
 /* The report's row for `format` at `tokens` holds ("ok") — every row does on a pass. */
@@ -160,7 +136,7 @@ Test(verify, safetensors_checkpoints_pass_in_process_and_over_the_channel, .time
 	/* activations of ±20: gate and up past gpt-oss's swiglu_limit of 7 in many features */
 	const char *clamped[] = {MOE_SIDECAR_BIN, "verify", oss, "--scale", "20",
 	                         "--log-level",   "warn",   NULL};
-	cr_expect_eq(run_capture(clamped, out, sizeof(out)), 0, "%s", out);
+	cr_expect_eq(run_capture(clamped, NULL, NULL, out, sizeof(out)), 0, "%s", out);
 	expect_rows("MXFP4");
 	start_sidecar(&sp, oss);
 	cr_expect_eq(verify(oss, sp.socket, NULL), 0, "%s", out);
@@ -434,16 +410,16 @@ Test(verify, options_are_refused_before_the_model_is_read)
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		const char *argv[] = {MOE_SIDECAR_BIN, "verify",  "/nonexistent/model.gguf",
 		                      bad[i][0],       bad[i][1], NULL};
-		cr_expect_eq(run_capture(argv, out, sizeof(out)), 2, "%s %s: %s", bad[i][0],
-		             bad[i][1], out);
+		cr_expect_eq(run_capture(argv, NULL, NULL, out, sizeof(out)), 2, "%s %s: %s",
+		             bad[i][0], bad[i][1], out);
 		cr_expect(strstr(out, bad[i][2]) && !strstr(out, "nonexistent"), "%s", out);
 	}
 	const char *none[] = {MOE_SIDECAR_BIN, "verify", NULL};
-	cr_expect_eq(run_capture(none, out, sizeof(out)), 2);
+	cr_expect_eq(run_capture(none, NULL, NULL, out, sizeof(out)), 2);
 	const char *missing[] = {MOE_SIDECAR_BIN, "verify", "/nonexistent/model.gguf", NULL};
-	cr_expect_eq(run_capture(missing, out, sizeof(out)), 2);
+	cr_expect_eq(run_capture(missing, NULL, NULL, out, sizeof(out)), 2);
 	cr_expect(strstr(out, "nonexistent"), "%s", out);
 	const char *help[] = {MOE_SIDECAR_BIN, "verify", "--help", NULL};
-	cr_expect_eq(run_capture(help, out, sizeof(out)), 0);
+	cr_expect_eq(run_capture(help, NULL, NULL, out, sizeof(out)), 0);
 	cr_expect(strstr(out, "--socket"), "%s", out);
 }

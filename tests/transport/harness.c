@@ -184,6 +184,42 @@ long proc_cpu_ticks(pid_t pid)
 	return ut < 0 || st < 0 ? -1 : ut + st;
 }
 
+int run_capture(const char *const *argv, void (*in_child)(const void *arg), const void *arg,
+                char *out, size_t cap)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		return -2;
+	const pid_t kid = fork();
+	if (kid < 0) {
+		close(p[0]);
+		close(p[1]);
+		return -2;
+	}
+	if (kid == 0) {
+		dup2(p[1], 1);
+		dup2(p[1], 2);
+		if (in_child)
+			in_child(arg);
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	close(p[1]);
+	size_t have = 0;
+	for (ssize_t n; have + 1 < cap && (n = read(p[0], out + have, cap - 1 - have)) > 0;)
+		have += (size_t)n;
+	if (cap)
+		out[have] = '\0';
+	char drain[4096]; /* the rest, so the child never blocks on a full pipe */
+	while (read(p[0], drain, sizeof(drain)) > 0)
+		;
+	close(p[0]);
+	int st;
+	if (waitpid(kid, &st, 0) != kid)
+		return -2;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 char *slurp(const char *path)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);

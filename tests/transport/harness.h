@@ -50,6 +50,13 @@ int proc_fd_count(pid_t pid);
 /* utime + stime of a process in clock ticks, or -1. */
 long proc_cpu_ticks(pid_t pid);
 
+/* Runs argv (NULL-terminated; argv[0] a path) with stdout and stderr into out (cap bytes,
+ * NUL-terminated, the rest dropped); in_child(arg), when given, runs in the child before the
+ * exec (an affinity, a limit; it _exits on failure). Returns the exit status, -1 if it did
+ * not exit, -2 if the child could not be started. */
+int run_capture(const char *const *argv, void (*in_child)(const void *arg), const void *arg,
+                char *out, size_t cap);
+
 /* Whole file into a NUL-terminated malloc'd buffer (NULL on error). */
 char *slurp(const char *path);
 
