@@ -23,6 +23,51 @@ static int same_bits_or_both_nan(float a, float b)
 	return (isnan(a) && isnan(b)) || memcmp(&a, &b, sizeof(a)) == 0;
 }
 
+/* The affine K-quants (Q2_K, Q4_K, Q5_K) decode d·sc·q − dmin·m, and their dot kernels sum
+ * the two parts apart (d·Σ sc·q·x, dmin·Σ m·Σx), as ggml's do: where a row decodes to about 0
+ * (d·sc·q = dmin·m) the two sums cancel and leave their float rounding, which the decoded row's
+ * magnitude does not bound. This bounds the two sums' magnitudes (q at its largest); 0 for the
+ * other formats. */
+static double affine_terms(uint32_t format, const uint8_t *row, const float *xd, size_t k)
+{
+	double mag = 0;
+	for (size_t b = 0; b < k / QK_K; b++) {
+		const float *x = xd + b * QK_K;
+		if (format == MOEK_Q2_K) {
+			const struct block_q2_K *blk = (const struct block_q2_K *)row + b;
+			const double d = fabs(moek_f16_to_f32(blk->d));
+			const double dmin = fabs(moek_f16_to_f32(blk->dmin));
+			for (int j = 0; j < QK_K / 16; j++) {
+				double sx = 0;
+				for (int i = 0; i < 16; i++)
+					sx += fabs(x[j * 16 + i]);
+				mag +=
+				    (d * (blk->scales[j] & 15) * 3 + dmin * (blk->scales[j] >> 4)) *
+				    sx;
+			}
+		} else if (format == MOEK_Q4_K || format == MOEK_Q5_K) {
+			const uint8_t *blk =
+			    row + b * (format == MOEK_Q4_K ? sizeof(struct block_q4_K)
+			                                   : sizeof(struct block_q5_K));
+			uint16_t dh, mh; /* d and dmin lead both blocks */
+			memcpy(&dh, blk, 2);
+			memcpy(&mh, blk + 2, 2);
+			const double d = fabs(moek_f16_to_f32(dh)),
+			             dmin = fabs(moek_f16_to_f32(mh));
+			const double qmax = format == MOEK_Q4_K ? 15 : 31;
+			for (int j = 0; j < QK_K / 32; j++) {
+				uint8_t sc, m;
+				moek_k4_scale_min(j, blk + 4, &sc, &m);
+				double sx = 0;
+				for (int i = 0; i < 32; i++)
+					sx += fabs(x[j * 32 + i]);
+				mag += (d * sc * qmax + dmin * m) * sx;
+			}
+		}
+	}
+	return mag;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	enum { MAX_K = 2048 };
@@ -69,7 +114,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		want += (double)ref[i] * xd[i];
 		mag += fabs((double)ref[i] * xd[i]);
 	}
-	if (isfinite(mag) && mag < 1e30 && isfinite(got) && fabs(got - want) > 1e-4 * mag + 1e-30)
+	/* float sums of up to 2048 terms: 1e-4 of the terms' magnitude, and of the affine
+	 * K-quants' two separately summed parts (a real error in one sub-block's scale or min
+	 * is about 1/16 of them) */
+	const double terms = mag + affine_terms(format, row, xd, k);
+	if (isfinite(terms) && terms < 1e30 && isfinite(got) &&
+	    fabs(got - want) > 1e-4 * terms + 1e-30)
 		abort();
 #endif
 	return 0;
