@@ -2,7 +2,7 @@
 # The whole test suite, as CI runs it: install what is missing, then
 #   1. the default build (optimised, assertions on): every test;
 #   2. ASan+UBSan: every test not labelled "slow";
-#   3. TSan: the tests labelled "concurrent";
+#   3. TSan: the tests labelled "concurrent" (only the `checks` target is built);
 #   4. libFuzzer targets (clang), each for FUZZ_SECONDS (default 20) from its seed corpus;
 # and before them a check that every C file follows .clang-format.
 # Ends with one line "suite: N passed, M failed". Exit status 0 only if everything passed.
@@ -79,11 +79,11 @@ tsan_wrap=""
 if [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)" -gt 28 ]; then
 	if [ "$(id -u)" -eq 0 ]; then sysctl -qw vm.mmap_rnd_bits=28; else tsan_wrap="setarch $(uname -m) -R"; fi
 fi
-build_or_fail tsan build-tsan -DMOE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug &&
+build_or_fail tsan build-tsan --target checks -DMOE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug &&
 	ctest_wrap=$tsan_wrap run_ctest tsan build-tsan -L concurrent
 
 if command -v clang >/dev/null; then
-	if CC=clang build_or_fail fuzz build-fuzz -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
+	if CC=clang build_or_fail fuzz build-fuzz --target fuzzers -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
 		echo "== fuzz (${fuzz_seconds}s each)"
 		for fz in $(cat build-fuzz/fuzzers.txt 2>/dev/null); do
 			bin=$(find build-fuzz -type f -name "$fz" -perm -u+x | head -1)
