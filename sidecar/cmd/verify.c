@@ -470,6 +470,14 @@ static void make_inputs(struct verify_run *v, uint32_t layer)
 		v->x[i] = (float)(v->o->scale * (2 * splitmix64_unit(&s) - 1));
 }
 
+/* A routing weight for a request: random in [0.25, 1), or 1 where the model puts it on the
+ * expert's input (Llama-4), whose reference output is then that of the unscaled input. */
+static float route_weight(const struct verify_run *v, uint64_t *s)
+{
+	const float w = (float)(0.25 + 0.75 * splitmix64_unit(s));
+	return v->cat->info.weight_on_input ? 1.0f : w;
+}
+
 /* Expert sample[i] alone (k = 1) on the requests of n tokens; its error and reference sums. */
 static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sample, uint32_t i,
                      uint32_t n, uint64_t *s, double sums[2], struct sidecar_error *err)
@@ -480,7 +488,7 @@ static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sampl
 		const size_t t0 = (size_t)r * n;
 		for (uint32_t t = 0; t < n; t++) {
 			v->ids[t] = (int32_t)sample[i];
-			v->w[t] = (float)(0.25 + 0.75 * splitmix64_unit(s));
+			v->w[t] = route_weight(v, s);
 			for (size_t o = 0; o < h; o++)
 				v->want[t * h + o] =
 				    v->w[t] * v->ref_out[i * per + (t0 + t) * h + o];
@@ -505,7 +513,7 @@ static int run_together(struct verify_run *v, uint32_t layer, const uint32_t *sa
 		for (uint32_t t = 0; t < n; t++)
 			for (uint32_t j = 0; j < v->k; j++) {
 				const uint32_t i = (t + j) % v->n_sample;
-				const float w = (float)(0.25 + 0.75 * splitmix64_unit(s));
+				const float w = route_weight(v, s);
 				v->ids[t * v->k + j] = (int32_t)sample[i];
 				v->w[t * v->k + j] = w;
 				for (size_t o = 0; o < h; o++)
