@@ -426,7 +426,7 @@ Test(verify, options_are_refused_before_the_model_is_read)
 
 /* The four newer families pass verify in process from both containers (GLM-4.5's dense first
  * blocks, MiniMax-M2's Mixtral names, Llama-4's transposed experts with the routing weight on
- * their input, Qwen3-Next's 10 of 16), and Llama-4 over the channel of a running sidecar. */
+ * their input, Qwen3-Next's gated shared expert), and Llama-4 over a running sidecar's channel. */
 Test(verify, new_families_pass_in_process_and_llama4_over_the_channel, .timeout = 300)
 {
 	static const char *const presets[] = {"glm-4.5", "minimax-m2", "llama4-maverick",
