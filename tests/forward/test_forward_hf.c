@@ -330,6 +330,24 @@ Test(forward_hf, mmap_source_refused_with_the_reason)
 	fwd_model_free(&m);
 }
 
+/* Llama-4's input-major experts cannot be transposed inside a read-only mapping either. */
+Test(forward_hf, llama4_mmap_source_refused_with_the_reason)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {"llama4-scout", MOEK_BF16, false, 2, 4, HIDDEN, FFN, false};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	struct forward_config cfg = {
+	    .source = FORWARD_SOURCE_MMAP, .threads_per_node = 1, .max_tokens = 4};
+	struct forward_engine *e = NULL;
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
+	cr_assert_null(e);
+	cr_assert(strstr(ferr.msg, "Llama-4") && strstr(ferr.msg, "mmap") &&
+	              strstr(ferr.msg, "transposed"),
+	          "unclear refusal: %s", ferr.msg);
+	fwd_model_free(&m);
+}
+
 /* A scales tensor of the wrong shape (same byte count, dimensions swapped) is refused by the
  * catalog, naming the tensor. */
 Test(forward_hf, malformed_scales_refused_by_the_catalog)
