@@ -485,6 +485,24 @@ static inline float activate(const struct moek_expert *e, float g, float u)
 
 /* ---- Phases ------------------------------------------------------------------------------- */
 
+/* Token t's routing weight where it scales the output: 1 when the expert takes it on its
+ * input (Llama-4, scale_input). */
+static inline float output_weight(const struct moek_ffn_call *c, size_t t)
+{
+	return c->weights && !c->expert->weight_on_input ? c->weights[t] : 1.0f;
+}
+
+/* Llama-4: token t's f32 input times its routing weight, before any quantization, as the
+ * reference multiplies the hidden state by the router score before the experts. */
+static inline void scale_input(const struct moek_ffn_call *c, size_t t, float *x, size_t n)
+{
+	if (!c->weights || !c->expert->weight_on_input)
+		return;
+	const float w = c->weights[t];
+	for (size_t k = 0; k < n; k++)
+		x[k] *= w;
+}
+
 void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begin, size_t t_end)
 {
 	const size_t hidden = c->plan.hidden;
@@ -496,6 +514,7 @@ void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begi
 			float *row = worker_area(c, worker);
 			const size_t p = t / PANEL, x_pad = c->plan.x_pad;
 			moek_convert(MOEK_ACT_F32, row, c->x_dtype, src, hidden);
+			scale_input(c, t, row, hidden);
 			memset(row + hidden, 0, (x_pad - hidden) * sizeof(float));
 			if (c->plan.x_bf16) { /* rounded once, then a pair of k per 32-bit word */
 				uint16_t *b = (uint16_t *)(row + x_pad);
@@ -515,6 +534,7 @@ void moek_ffn_load(const struct moek_ffn_call *c, unsigned worker, size_t t_begi
 		}
 		float *x32 = x32_row(c, t);
 		moek_convert(MOEK_ACT_F32, x32, c->x_dtype, src, hidden);
+		scale_input(c, t, x32, hidden);
 		memset(x32 + hidden, 0, (c->plan.x_pad - hidden) * sizeof(float));
 		if (c->plan.xq_format != MOEK_F32)
 			moek_isa_quantize_act(plan_ops(c), c->plan.xq_format, x32, hidden,
@@ -912,7 +932,8 @@ static bool same_expert_shape(const struct moek_expert *a, const struct moek_exp
 {
 	return same_matrix_shape(&a->gate, &b->gate) && same_matrix_shape(&a->up, &b->up) &&
 	       same_matrix_shape(&a->down, &b->down) && a->activation == b->activation &&
-	       a->limit == b->limit && a->alpha == b->alpha;
+	       a->limit == b->limit && a->alpha == b->alpha &&
+	       a->weight_on_input == b->weight_on_input;
 }
 #endif
 
@@ -944,7 +965,7 @@ static inline void accumulate(const struct moek_ffn_call *c, const struct moek_e
                               size_t o, float y)
 {
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
-	const float w = c->weights ? c->weights[t] : 1.0f;
+	const float w = output_weight(c, t);
 	const float b = e->down.bias ? e->down.bias[o] : 0.0f;
 	c->out[token_row(c, t) * out_stride + o] += w * (y + b);
 }
@@ -955,7 +976,7 @@ static void accumulate_rows(const struct moek_ffn_call *c, const struct moek_exp
                             size_t a, size_t b, const float *restrict y)
 {
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
-	const float w = c->weights ? c->weights[t] : 1.0f;
+	const float w = output_weight(c, t);
 	float *restrict out = c->out + token_row(c, t) * out_stride;
 	const float *restrict bias = e->down.bias;
 	if (bias)
@@ -1096,7 +1117,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 				float y[MOEK_DOT_TOKENS];
 				dot(w, s, ha + t0 * as, as, nt, ffn, y);
 				for (size_t t = 0; t < nt; t++) {
-					const float wt = c->weights ? c->weights[t0 + t] : 1.0f;
+					const float wt = output_weight(c, t0 + t);
 					c->out[token_row(c, t0 + t) * out_stride + o] +=
 					    wt * (y[t] + b);
 				}

@@ -97,8 +97,9 @@ enum gen_kind {
 	GK_ROUTER,
 	GK_MXFP4_BLOCKS,
 	GK_MXFP4_SCALES,
-	GK_VECTOR, /* a norm, bias or sink vector outside the experts (--full-model) */
-	GK_INT4,   /* one tensor of an INT4 checkpoint's projection (gen_tensor.part) */
+	GK_VECTOR,     /* a norm, bias or sink vector outside the experts (--full-model) */
+	GK_INT4,       /* one tensor of an INT4 checkpoint's projection (gen_tensor.part) */
+	GK_TRANSPOSED, /* Llama-4 HF experts: [E, cols, rows], input-major (gate_up: halves) */
 };
 
 /* The tensors of one INT4 projection, in file order: compressed-tensors, then GPTQ. */
@@ -398,13 +399,16 @@ static int plan_layer(struct gen *g, uint32_t L)
 	/* router: [E, hidden] */
 	if (!(t = plan_add(g, GK_ROUTER, L, 0, MOE_GEN_ROUTER, E, H, vec_format)))
 		return plan_fail(g);
+	const bool sparse_moe = arch == MOE_ARCH_MIXTRAL || arch == MOE_ARCH_MINIMAX_M2;
 	if (g->m.gguf)
 		snprintf(t->name, sizeof(t->name), "blk.%u.ffn_gate_inp.weight", L);
 	else
 		snprintf(t->name, sizeof(t->name),
-		         arch == MOE_ARCH_MIXTRAL   ? "model.layers.%u.block_sparse_moe.gate.weight"
+		         sparse_moe                 ? "model.layers.%u.block_sparse_moe.gate.weight"
 		         : arch == MOE_ARCH_GPT_OSS ? "model.layers.%u.mlp.router.weight"
-		                                    : "model.layers.%u.mlp.gate.weight",
+		         : arch == MOE_ARCH_LLAMA4
+		             ? "language_model.model.layers.%u.feed_forward.router.weight"
+		             : "model.layers.%u.mlp.gate.weight",
 		         L);
 	set_shape(g, t, 2, (uint64_t[]){E, H});
 	t->st_dtype = st_dtype_of(vec_format);
@@ -452,6 +456,23 @@ static int plan_layer(struct gen *g, uint32_t L)
 		}
 		return 0;
 	}
+	if (!g->m.gguf && arch == MOE_ARCH_LLAMA4) {
+		/* experts.gate_up_proj [E, hidden, 2 ffn], experts.down_proj [E, ffn, hidden] */
+		for (int k = 0; k < 2; k++) {
+			const uint64_t rows = k ? H : 2 * F, cols = k ? F : H;
+			if (!(t = plan_add(g, GK_TRANSPOSED, L, -1, k ? MOE_GEN_DOWN : MOE_GEN_GATE,
+			                   rows, cols, g->m.format)))
+				return plan_fail(g);
+			t->halves = !k;
+			snprintf(t->name, sizeof(t->name),
+			         "language_model.model.layers.%u.feed_forward.experts.%s", L,
+			         k ? "down_proj" : "gate_up_proj");
+			set_shape(g, t, 3, (uint64_t[]){E, cols, rows});
+			t->st_dtype = st_dtype_of(g->m.format);
+			t->nbytes = E * fmt_bytes(g->m.format, rows, cols);
+		}
+		return 0;
+	}
 	if (g->m.gguf && !g->opt->per_expert) {
 		const bool fused = g->opt->fused_gate_up;
 		for (int p = fused ? 1 : 0; p < 3; p++) {
@@ -487,7 +508,7 @@ static int plan_layer(struct gen *g, uint32_t L)
 			const uint32_t format = expert_format(g, L, p);
 			if (format == MOEK_INT4_G32) {
 				char stem[96];
-				if (arch == MOE_ARCH_MIXTRAL)
+				if (sparse_moe)
 					snprintf(stem, sizeof(stem),
 					         "model.layers.%u.block_sparse_moe.experts.%u.%s",
 					         L, e, mixtral_proj[p]);
@@ -505,7 +526,7 @@ static int plan_layer(struct gen *g, uint32_t L)
 			if (g->m.gguf)
 				snprintf(t->name, sizeof(t->name), "blk.%u.ffn_%s.%u.weight", L,
 				         gguf_proj[p], e);
-			else if (arch == MOE_ARCH_MIXTRAL)
+			else if (sparse_moe)
 				snprintf(t->name, sizeof(t->name),
 				         "model.layers.%u.block_sparse_moe.experts.%u.%s.weight", L,
 				         e, mixtral_proj[p]);
@@ -593,7 +614,7 @@ static int plan_model(struct gen *g)
 	for (uint32_t L = m->full ? 0 : m->leading_dense; L < m->n_layers; L++) {
 		if (m->full && w->plan_layer_attention(g, m, L))
 			return -1;
-		if (L >= m->leading_dense && plan_layer(g, L))
+		if (L >= m->leading_dense && (L + 1) % m->moe_step == 0 && plan_layer(g, L))
 			return -1;
 		if (m->full && w->plan_layer_ffn(g, m, L))
 			return -1;
@@ -1035,6 +1056,27 @@ static int emit_vector(struct gen *g, const struct gen_tensor *t, uint32_t e)
 	return 0;
 }
 
+/* Expert e of a Llama-4 input-major tensor, on the calling thread: its rows x cols matrix
+ * (gate_up: gate rows, then up rows) written column by column. */
+static int emit_transposed(struct gen *g, const struct gen_tensor *t, uint32_t e)
+{
+	const size_t n = (size_t)(t->rows * t->cols);
+	if (ensure(&g->scratch.floats, &g->scratch.floats_cap, n * sizeof(float)) ||
+	    ensure(&g->scratch.blocks, &g->scratch.blocks_cap, n * sizeof(float)))
+		return error_set(g->err, MOE_ENOMEM, "out of memory");
+	float *rows = g->scratch.floats, *cols = g->scratch.blocks;
+	fill_rows(g->opt->seed, t, e, 0, t->rows, rows);
+	for (uint64_t c = 0; c < t->cols; c++)
+		for (uint64_t r = 0; r < t->rows; r++)
+			cols[c * t->rows + r] = rows[r * t->cols + c];
+	void *dst = reserve(g, (size_t)fmt_bytes(t->format, 1, n));
+	if (!dst)
+		return -1;
+	if (moek_quantize(t->format, cols, 1, n, dst, NULL))
+		return error_set(g->err, MOE_EINVAL, "%s: conversion failed", t->name);
+	return 0;
+}
+
 /* emit(g, t, e) for each expert e the tensor holds: its own, or all of a stacked tensor's. */
 static int emit_experts(struct gen *g, const struct gen_tensor *t,
                         int (*emit)(struct gen *, const struct gen_tensor *, uint32_t))
@@ -1058,6 +1100,7 @@ static int emit_tensor_data(struct gen *g, const struct gen_tensor *t)
 	case GK_MXFP4_BLOCKS: return emit_experts(g, t, emit_mxfp4_blocks);
 	case GK_MXFP4_SCALES: return put_bytes(g, g->mx_scales, t->nbytes);
 	case GK_INT4: return emit_int4(g, t);
+	case GK_TRANSPOSED: return emit_experts(g, t, emit_transposed);
 	}
 	return 0;
 }
@@ -1100,6 +1143,23 @@ static void gguf_arch_kvs(struct gen *g, struct membuf *m, uint32_t *n)
 	}
 	if (p->arch == MOE_ARCH_QWEN3MOE)
 		kv_bool(m, n, KEY("expert_weights_norm"), true);
+	switch (p->arch) { /* what llama.cpp's converter writes for each */
+	case MOE_ARCH_GLM4MOE:
+		kv_u32(m, n, KEY("leading_dense_block_count"), g->m.leading_dense);
+		kv_u32(m, n, KEY("expert_shared_count"), p->n_shared);
+		kv_f32(m, n, KEY("expert_weights_scale"), 2.5f);
+		kv_bool(m, n, KEY("expert_weights_norm"), true);
+		kv_u32(m, n, KEY("expert_gating_func"), 2); /* sigmoid */
+		kv_u32(m, n, KEY("nextn_predict_layers"), 0);
+		break;
+	case MOE_ARCH_MINIMAX_M2: kv_u32(m, n, KEY("expert_gating_func"), 2); break;
+	case MOE_ARCH_LLAMA4: kv_u32(m, n, KEY("interleave_moe_layer_step"), g->m.moe_step); break;
+	case MOE_ARCH_QWEN3NEXT:
+		kv_u32(m, n, KEY("expert_shared_feed_forward_length"), (uint32_t)g->m.ffn);
+		kv_bool(m, n, KEY("expert_weights_norm"), true);
+		break;
+	default: break;
+	}
 #undef KEY
 	if (g->m.full)
 		g->whole->gguf_kvs(&g->m, m, n);
@@ -1247,6 +1307,23 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 {
 	const struct moe_model_preset *p = g->m.preset;
 	const uint32_t top_k = g->m.top_k;
+	if (p->arch == MOE_ARCH_LLAMA4) { /* Llama4ForConditionalGeneration: text_config */
+		mb_printf(mb,
+		          "{\n  \"architectures\": [\"Llama4ForConditionalGeneration\"],\n"
+		          "  \"model_type\": \"llama4\",\n  \"text_config\": {\n"
+		          "    \"model_type\": \"llama4_text\",\n    \"hidden_size\": %" PRIu64
+		          ",\n    \"num_hidden_layers\": %u,\n    \"num_local_experts\": %u,\n"
+		          "    \"num_experts_per_tok\": %u,\n    \"intermediate_size\": %" PRIu64
+		          ",\n    \"intermediate_size_mlp\": %" PRIu64
+		          ",\n    \"interleave_moe_layer_step\": %u\n  },\n",
+		          g->m.hidden, g->m.n_layers, g->m.n_experts, top_k, g->m.ffn, p->dense_ffn,
+		          g->m.moe_step);
+		mb_printf(mb,
+		          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": "
+		          "{\"seed\": %" PRIu64 ", \"preset\": \"%s\"}\n}\n",
+		          g->opt->seed, p->name);
+		return;
+	}
 	mb_printf(mb,
 	          "{\n  \"model_type\": \"%s\",\n  \"hidden_size\": %" PRIu64
 	          ",\n  \"num_hidden_layers\": %u,\n  \"num_experts_per_tok\": %u,\n",
@@ -1285,6 +1362,33 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          "  \"num_experts\": %u,\n  \"intermediate_size\": %" PRIu64
 		          ",\n  \"norm_topk_prob\": false,\n",
 		          g->m.n_experts, g->m.ffn);
+		break;
+	case MOE_ARCH_GLM4MOE:
+		mb_printf(mb,
+		          "  \"architectures\": [\"Glm4MoeForCausalLM\"],\n"
+		          "  \"n_routed_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
+		          ",\n  \"intermediate_size\": %" PRIu64 ",\n"
+		          "  \"n_shared_experts\": %u,\n  \"first_k_dense_replace\": %u,\n"
+		          "  \"n_group\": 1,\n  \"topk_group\": 1,\n  \"norm_topk_prob\": true,\n"
+		          "  \"routed_scaling_factor\": 2.5,\n  \"num_nextn_predict_layers\": 0,\n",
+		          g->m.n_experts, g->m.ffn, p->dense_ffn, p->n_shared, g->m.leading_dense);
+		break;
+	case MOE_ARCH_MINIMAX_M2:
+		mb_printf(mb,
+		          "  \"architectures\": [\"MiniMaxM2ForCausalLM\"],\n"
+		          "  \"num_local_experts\": %u,\n  \"intermediate_size\": %" PRIu64 ",\n"
+		          "  \"shared_intermediate_size\": 0,\n  \"scoring_func\": \"sigmoid\",\n"
+		          "  \"use_routing_bias\": true,\n",
+		          g->m.n_experts, g->m.ffn);
+		break;
+	case MOE_ARCH_QWEN3NEXT:
+		mb_printf(mb,
+		          "  \"architectures\": [\"Qwen3NextForCausalLM\"],\n"
+		          "  \"num_experts\": %u,\n  \"moe_intermediate_size\": %" PRIu64
+		          ",\n  \"shared_expert_intermediate_size\": %" PRIu64
+		          ",\n  \"intermediate_size\": %" PRIu64 ",\n  \"norm_topk_prob\": true,\n"
+		          "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [],\n",
+		          g->m.n_experts, g->m.ffn, g->m.ffn, p->dense_ffn);
 		break;
 	default: /* Qwen3-MoE (and Qwen2-MoE) */
 		mb_printf(mb,
@@ -1389,6 +1493,17 @@ static int check_options(struct gen *g)
 	g->m.leading_dense =
 	    p->leading_dense < g->m.n_layers ? p->leading_dense : g->m.n_layers - 1;
 	g->m.top_k = p->top_k < g->m.n_experts ? p->top_k : g->m.n_experts;
+	g->m.moe_step = p->moe_step ? p->moe_step : 1;
+	if (g->m.n_layers < g->m.leading_dense + g->m.moe_step)
+		return error_set(g->err, MOE_EINVAL,
+		                 "%s: MoE every %u blocks after %u dense ones: --layers %u has no "
+		                 "MoE block",
+		                 p->name, g->m.moe_step, g->m.leading_dense, g->m.n_layers);
+	if (o->full_model && p->arch >= MOE_ARCH_GLM4MOE)
+		return error_set(g->err, MOE_EINVAL,
+		                 "%s: --full-model is not available for %s yet (experts-only "
+		                 "models are)",
+		                 p->name, moe_arch_name(p->arch));
 	g->m.dense_ffn = p->dense_ffn;
 	if (o->mix) {
 		if (!moe_gen_mix_name(o->mix))
@@ -1455,6 +1570,13 @@ static int check_options(struct gen *g)
 		          g->m.format == MOEK_INT4_G32;
 		if (p->arch == MOE_ARCH_GPT_OSS)
 			ok = g->m.format == MOEK_MXFP4;
+		if (p->arch == MOE_ARCH_LLAMA4 &&
+		    (o->per_expert || (g->m.format != MOEK_F32 && g->m.format != MOEK_F16 &&
+		                       g->m.format != MOEK_BF16)))
+			return error_set(g->err, MOE_EINVAL,
+			                 "%s: Llama-4 checkpoints hold fused F32/F16/BF16 experts "
+			                 "(feed_forward.experts.gate_up_proj), not per-expert %s",
+			                 p->name, fi->name);
 		if (!ok)
 			return error_set(
 			    g->err, MOE_EINVAL,

@@ -31,6 +31,7 @@ struct gen_model {
 	bool full;       /* --full-model: every tensor of the architecture */
 	uint32_t format; /* moek format of the routed experts */
 	uint32_t n_layers, n_experts, top_k, leading_dense;
+	uint32_t moe_step; /* MoE blocks: L >= leading_dense and (L + 1) % moe_step == 0 */
 	uint64_t hidden, ffn;
 	uint64_t dense_ffn; /* GGUF feed_forward_length, HF intermediate_size; full models: the
 	                     * dense layers' FFN (DeepSeek) */

@@ -236,6 +236,9 @@ struct moek_expert {
 	enum moek_activation activation;
 	float limit; /* MOEK_SWIGLU_OAI: swiglu_limit (gpt-oss 7.0) */
 	float alpha; /* MOEK_SWIGLU_OAI: MOEK_SWIGLU_OAI_ALPHA (gpt-oss) */
+	/* Llama-4: a token's routing weight scales its input, out += down(act(w·x)), instead
+	 * of its output, out += w·down(act(x)) (moek_ffn_call.weights) */
+	bool weight_on_input;
 };
 
 /* The part of `full` that owns intermediate features [f_begin, f_end): rows of gate/up (and

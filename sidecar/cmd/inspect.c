@@ -79,6 +79,13 @@ static int print_json(FILE *o, const struct moe_catalog *cat)
 	jw_kv_double(&w, "routed_scaling", (double)in->routed_scaling, JW_SHORT);
 	jw_kv_double(&w, "swiglu_limit", (double)in->swiglu_limit, JW_SHORT);
 	jw_kv_bool(&w, "expert_bias", in->has_bias);
+	jw_kv_bool(&w, "score_bias", in->score_bias);
+	jw_kv_u64(&w, "n_group", in->n_group);
+	jw_kv_u64(&w, "topk_group", in->topk_group);
+	jw_kv_bool(&w, "shared_expert_gate", in->shared_expert_gate);
+	jw_kv_bool(&w, "weight_on_input", in->weight_on_input);
+	jw_kv_u64(&w, "moe_layer_step", in->moe_layer_step);
+	jw_kv_u64(&w, "nextn_layers", in->nextn_layers);
 	jw_key(&w, "formats");
 	jw_array_begin(&w);
 	for (uint32_t i = 0; i < cat->n_formats; i++)
@@ -156,13 +163,25 @@ static void print_text(FILE *o, const struct moe_catalog *cat)
 		if (cat->layers[L].moe && shown++ < 8)
 			fprintf(o, " %u", L);
 	fprintf(o, "%s)\n", in->n_moe_layers > 8 ? " …" : "");
-	fprintf(o, "experts         %u routed, top-%u, %u shared\n", in->n_experts, in->top_k,
-	        in->n_shared_experts);
+	fprintf(o, "experts         %u routed, top-%u, %u shared%s", in->n_experts, in->top_k,
+	        in->n_shared_experts, in->shared_expert_gate ? " (gated)" : "");
+	if (in->moe_layer_step > 1)
+		fprintf(o, ", MoE every %u blocks", in->moe_layer_step);
+	if (in->nextn_layers)
+		fprintf(o, ", %u multi-token-prediction block%s", in->nextn_layers,
+		        in->nextn_layers > 1 ? "s" : "");
+	fprintf(o, "\n");
 	fprintf(o, "dims            hidden %" PRIu64 ", expert ffn %" PRIu64 "\n", in->hidden,
 	        in->expert_ffn);
 	fprintf(o, "gating          %s, norm_topk_prob %s, routed scaling %g",
 	        moe_gating_name(in->gating), in->norm_topk_prob ? "yes" : "no",
 	        (double)in->routed_scaling);
+	if (in->score_bias)
+		fprintf(o, ", score bias");
+	if (in->n_group > 1)
+		fprintf(o, ", %u of %u groups", in->topk_group, in->n_group);
+	if (in->weight_on_input)
+		fprintf(o, ", weight on the expert's input");
 	if (in->swiglu_limit > 0)
 		fprintf(o, ", swiglu limit %g", (double)in->swiglu_limit);
 	fprintf(o, "%s\n", in->has_bias ? ", expert biases" : "");

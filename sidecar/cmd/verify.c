@@ -470,6 +470,29 @@ static void make_inputs(struct verify_run *v, uint32_t layer)
 		v->x[i] = (float)(v->o->scale * (2 * splitmix64_unit(&s) - 1));
 }
 
+/* The routing weight of input row `row` where the model puts it on the expert's input
+ * (Llama-4): fixed per row, so that each sampled expert's reference is computed once, on the
+ * scaled rows (in [0.25, 1) as the others). */
+static float input_weight(const struct verify_run *v, size_t row)
+{
+	uint64_t s = v->o->seed * 104729u + row;
+	return (float)(0.25 + 0.75 * splitmix64_unit(&s));
+}
+
+/* A request's routing weight for input row `row`: random in [0.25, 1), or the row's input
+ * weight; *out_factor: what the reference output is multiplied by (w, or 1 when the weight
+ * went into the reference's input). */
+static float route_weight(const struct verify_run *v, uint64_t *s, size_t row, float *out_factor)
+{
+	const float w = (float)(0.25 + 0.75 * splitmix64_unit(s));
+	if (!v->cat->info.weight_on_input) {
+		*out_factor = w;
+		return w;
+	}
+	*out_factor = 1.0f;
+	return input_weight(v, row);
+}
+
 /* Expert sample[i] alone (k = 1) on the requests of n tokens; its error and reference sums. */
 static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sample, uint32_t i,
                      uint32_t n, uint64_t *s, double sums[2], struct sidecar_error *err)
@@ -479,11 +502,11 @@ static int run_alone(struct verify_run *v, uint32_t layer, const uint32_t *sampl
 	for (uint32_t r = 0; r < repeats(n); r++) {
 		const size_t t0 = (size_t)r * n;
 		for (uint32_t t = 0; t < n; t++) {
+			float f;
 			v->ids[t] = (int32_t)sample[i];
-			v->w[t] = (float)(0.25 + 0.75 * splitmix64_unit(s));
+			v->w[t] = route_weight(v, s, t0 + t, &f);
 			for (size_t o = 0; o < h; o++)
-				v->want[t * h + o] =
-				    v->w[t] * v->ref_out[i * per + (t0 + t) * h + o];
+				v->want[t * h + o] = f * v->ref_out[i * per + (t0 + t) * h + o];
 		}
 		if (served_run(v, v->x + t0 * h, layer, n, 1, why, sizeof(why)))
 			return error_set(err, MOE_EIO, "layer %u expert %u, %u tokens: %s", layer,
@@ -505,12 +528,13 @@ static int run_together(struct verify_run *v, uint32_t layer, const uint32_t *sa
 		for (uint32_t t = 0; t < n; t++)
 			for (uint32_t j = 0; j < v->k; j++) {
 				const uint32_t i = (t + j) % v->n_sample;
-				const float w = (float)(0.25 + 0.75 * splitmix64_unit(s));
+				float f;
+				const float w = route_weight(v, s, t0 + t, &f);
 				v->ids[t * v->k + j] = (int32_t)sample[i];
 				v->w[t * v->k + j] = w;
 				for (size_t o = 0; o < h; o++)
 					v->want[t * h + o] +=
-					    w * v->ref_out[i * per + (t0 + t) * h + o];
+					    f * v->ref_out[i * per + (t0 + t) * h + o];
 			}
 		if (served_run(v, v->x + t0 * h, layer, n, v->k, why, sizeof(why)))
 			return error_set(err, MOE_EIO,
@@ -529,12 +553,27 @@ static int verify_layer(struct verify_run *v, uint32_t layer, struct sidecar_err
 	pick_experts(v, layer, sample);
 	make_inputs(v, layer);
 	const size_t per = (size_t)v->rows * v->hidden;
+	/* Llama-4: the reference runs on each row times its routing weight */
+	float *ref_x = v->x;
+	if (v->cat->info.weight_on_input) {
+		if (!(ref_x = malloc(per * sizeof(float))))
+			return error_set(err, MOE_ENOMEM, "out of memory");
+		for (size_t r = 0; r < v->rows; r++)
+			for (size_t o = 0; o < v->hidden; o++)
+				ref_x[r * v->hidden + o] =
+				    v->x[r * v->hidden + o] * input_weight(v, r);
+	}
 	for (uint32_t i = 0; i < v->n_sample; i++) {
-		if (expert_reference_load(v->ref, layer, sample[i], err))
+		if (expert_reference_load(v->ref, layer, sample[i], err)) {
+			if (ref_x != v->x)
+				free(ref_x);
 			return -1;
-		expert_reference_run(v->ref, v->x, v->rows, v->ref_out + i * per);
+		}
+		expert_reference_run(v->ref, ref_x, v->rows, v->ref_out + i * per);
 		progress_update(&v->progress, ++v->experts_done);
 	}
+	if (ref_x != v->x)
+		free(ref_x);
 	uint64_t s = v->o->seed * 31337u + layer;
 	for (uint32_t ti = 0; ti < v->o->n_tokens; ti++) {
 		const uint32_t n = v->o->tokens[ti];

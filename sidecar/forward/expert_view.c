@@ -39,6 +39,7 @@ static void expert_template(const struct forward_weights *w, uint32_t moe_layer,
 		v->limit = cat->info.swiglu_limit;
 		v->alpha = MOEK_SWIGLU_OAI_ALPHA;
 	}
+	v->weight_on_input = cat->info.weight_on_input;
 	const struct moe_proj_ref *fused = &x->proj[MOE_PROJ_GATE_UP];
 	if (fused->present) {
 		const size_t rb = moek_row_bytes(fused->format, fused->cols);

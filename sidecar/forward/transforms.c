@@ -18,6 +18,10 @@
  * source is refused for them as for Hugging Face MXFP4, and their rows are never cut into
  * node slices (GPTQ packs along the input).
  *
+ * Llama-4's Hugging Face experts (MOE_LAYOUT_TRANSPOSED: F32/F16/BF16 stored input-major) take
+ * the same path: copied aside, then written back as rows (a transpose, same size); their rows
+ * are not contiguous in the file, so they are never cut into node slices either.
+ *
  * Side data (biases, FP8 block scales) held in the slot (side_in_slot) becomes f32 rows on a
  * float boundary of its extent; a fused gate_up's alternating bias rows are put in
  * gate-then-up order. Then the decode layout (decode_layout.c) rearranges gate, up and down.
@@ -56,6 +60,20 @@ int transforms_check(struct forward_weights *w, enum forward_source source,
 					    "read-only page-cache mapping cannot be converted "
 					    "in place): use the residency or all-resident "
 					    "source, or convert the model to GGUF",
+					    l, moe_proj_name((enum moe_proj)p));
+					return -1;
+				}
+			}
+			if (r->layout == MOE_LAYOUT_TRANSPOSED) {
+				w->xf.int4 = true; /* repacked at load like INT4 */
+				if (source == FORWARD_SOURCE_MMAP) {
+					error_set(
+					    err, MOE_EINVAL,
+					    "layer %u %s: Llama-4's input-major experts cannot be "
+					    "served from the mmap source (the kernels take rows, "
+					    "and a read-only page-cache mapping cannot be "
+					    "transposed in place): use the residency or "
+					    "all-resident source, or convert the model to GGUF",
 					    l, moe_proj_name((enum moe_proj)p));
 					return -1;
 				}
@@ -193,12 +211,32 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 	return 0;
 }
 
+/* Whether a projection is rewritten into rows at load from a copy of its tensors: INT4
+ * checkpoints and Llama-4's input-major experts. */
 static bool is_int4(const struct moe_proj_ref *r)
 {
-	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ;
+	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ ||
+	       r->layout == MOE_LAYOUT_TRANSPOSED;
 }
 
-/* The checkpoint bytes of an INT4 projection: weights, scales and (GPTQ) zeros; 0 for any
+/* dst[r][c] = src[c][r] for a rows x cols matrix of esize-byte elements stored cols x rows,
+ * in tiles so that both sides stay in cache. */
+static void transpose_rows(const uint8_t *src, uint8_t *dst, uint64_t rows, uint64_t cols,
+                           size_t esize)
+{
+	enum { TILE = 32 };
+	for (uint64_t c0 = 0; c0 < cols; c0 += TILE)
+		for (uint64_t r0 = 0; r0 < rows; r0 += TILE) {
+			const uint64_t c1 = c0 + TILE < cols ? c0 + TILE : cols;
+			const uint64_t r1 = r0 + TILE < rows ? r0 + TILE : rows;
+			for (uint64_t c = c0; c < c1; c++)
+				for (uint64_t r = r0; r < r1; r++)
+					memcpy(dst + (r * cols + c) * esize,
+					       src + (c * rows + r) * esize, esize);
+		}
+}
+
+/* The checkpoint bytes of a repacked projection: weights, scales and (GPTQ) zeros; 0 for any
  * other layout. */
 static uint64_t int4_source_bytes(const struct moe_proj_ref *r)
 {
@@ -218,6 +256,16 @@ static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t
 {
 	const uint8_t *sc = src + r->data.length, *zs = sc + r->scale.length;
 	char why[200];
+	if (r->layout == MOE_LAYOUT_TRANSPOSED) {
+		const size_t esize = r->format == MOEK_F32 ? 4 : 2;
+		if (r->data.length != r->rows * r->cols * esize)
+			return error_set(err, MOE_EINVAL,
+			                 "transpose: %llu bytes for a %llu x %llu matrix",
+			                 (unsigned long long)r->data.length,
+			                 (unsigned long long)r->rows, (unsigned long long)r->cols);
+		transpose_rows(src, dst, r->rows, r->cols, esize);
+		return 0;
+	}
 	const int rc =
 	    r->layout == MOE_LAYOUT_INT4_CT
 	        ? moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
@@ -241,9 +289,11 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 			continue;
 		const int8_t d = w->roles.data[p], s = w->roles.scale[p], z = w->roles.zeros[p];
 		const bool gptq = r->layout == MOE_LAYOUT_INT4_GPTQ;
-		if (d < 0 || s < 0 || (gptq && z < 0) || (uint32_t)d >= x->n_extents ||
-		    (uint32_t)s >= x->n_extents || (gptq && (uint32_t)z >= x->n_extents) ||
-		    x->length[d] != r->data.length || x->length[s] != r->scale.length ||
+		const bool scaled = r->layout != MOE_LAYOUT_TRANSPOSED;
+		if (d < 0 || (scaled && s < 0) || (gptq && z < 0) || (uint32_t)d >= x->n_extents ||
+		    (scaled && (uint32_t)s >= x->n_extents) ||
+		    (gptq && (uint32_t)z >= x->n_extents) || x->length[d] != r->data.length ||
+		    (scaled && x->length[s] != r->scale.length) ||
 		    int4_source_bytes(r) > t->int4_scratch_len ||
 		    x->data[d] + moe_proj_kernel_bytes(r) > x->slot + x->slot_bytes) {
 			error_set(err, MOE_EINVAL,
@@ -255,7 +305,8 @@ static int int4_after_load(const struct load_transform *t, const struct residenc
 		}
 		uint8_t *buf = t->int4_scratch;
 		memcpy(buf, x->data[d], r->data.length);
-		memcpy(buf + r->data.length, x->data[s], r->scale.length);
+		if (scaled)
+			memcpy(buf + r->data.length, x->data[s], r->scale.length);
 		if (gptq)
 			memcpy(buf + r->data.length + r->scale.length, x->data[z], r->zeros.length);
 		struct sidecar_error why;

@@ -33,7 +33,53 @@ static const struct arch_names {
     [MOE_ARCH_DEEPSEEK] = {"deepseek", "deepseek2", {"deepseek_v3", "deepseek_v2"}},
     [MOE_ARCH_GPT_OSS] = {"gpt-oss", "gpt-oss", {"gpt_oss"}},
     [MOE_ARCH_OLMOE] = {"olmoe", "olmoe", {"olmoe"}},
+    [MOE_ARCH_GLM4MOE] = {"glm4moe", "glm4moe", {"glm4_moe"}},
+    [MOE_ARCH_MINIMAX_M2] = {"minimax-m2", "minimax-m2", {"minimax_m2"}},
+    [MOE_ARCH_LLAMA4] = {"llama4", "llama4", {"llama4", "llama4_text"}},
+    [MOE_ARCH_QWEN3NEXT] = {"qwen3next", "qwen3next", {"qwen3_next"}},
 };
+
+/* What each family's reference does where a file says nothing: sigmoid scores (GLM-4.5's
+ * and Llama-4's modeling code hard-code them), a score-correction bias in the selection,
+ * renormalised top-k weights, a shared expert, the routing weight on the expert's input
+ * (Llama-4). Files override what they state (expert_gating_func, scoring_func,
+ * norm_topk_prob, n_shared_experts …). */
+static void family_defaults(struct moe_model_hparams *in)
+{
+	const enum moe_arch a = in->arch;
+	in->gating = a == MOE_ARCH_GPT_OSS ? MOE_GATING_SOFTMAX_TOPK
+	             : (a == MOE_ARCH_GLM4MOE || a == MOE_ARCH_MINIMAX_M2 || a == MOE_ARCH_LLAMA4)
+	                 ? MOE_GATING_SIGMOID
+	                 : MOE_GATING_SOFTMAX;
+	in->norm_topk_prob = a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_GPT_OSS ||
+	                     a == MOE_ARCH_GLM4MOE || a == MOE_ARCH_MINIMAX_M2 ||
+	                     a == MOE_ARCH_QWEN3NEXT;
+	in->score_bias = a == MOE_ARCH_GLM4MOE || a == MOE_ARCH_MINIMAX_M2;
+	in->n_shared_experts =
+	    a == MOE_ARCH_LLAMA4 || a == MOE_ARCH_GLM4MOE || a == MOE_ARCH_QWEN3NEXT;
+	in->shared_expert_gate = a == MOE_ARCH_QWEN3NEXT;
+	in->weight_on_input = a == MOE_ARCH_LLAMA4;
+	in->routed_scaling = 1.0f;
+	in->n_group = in->topk_group = 1;
+	in->moe_layer_step = 1;
+}
+
+/* n_group / topk_group as a file states them: both at least 1, topk_group <= n_group, and
+ * the groups divide the experts. what: the two keys' names for the error. */
+static int check_groups(struct moe_model_hparams *in, uint64_t n_group, uint64_t topk_group,
+                        const char *file, const char *what, struct sidecar_error *err)
+{
+	if (n_group == 0 || topk_group == 0 || topk_group > n_group || n_group > in->n_experts ||
+	    in->n_experts % n_group)
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s = %" PRIu64 ", %" PRIu64
+		                 ": need 1 <= topk_group <= n_group, n_group dividing the %u "
+		                 "experts",
+		                 file, what, n_group, topk_group, in->n_experts);
+	in->n_group = (uint32_t)n_group;
+	in->topk_group = (uint32_t)topk_group;
+	return 0;
+}
 
 const char *moe_arch_name(enum moe_arch a)
 {
@@ -135,6 +181,8 @@ struct builder {
 	struct st_model *st;
 	struct json_doc *config;
 	const char *config_path;
+	json_ref
+	    hp; /* the object holding the hyperparameters: the root, or Llama-4's text_config */
 	uint32_t first_dense_layers; /* GGUF leading_dense_block_count */
 };
 
@@ -309,7 +357,8 @@ static int gguf_read_info(struct builder *b)
 	if (moe_arch_from_gguf(arch, &in->arch) != 0)
 		return error_set(b->err, MOE_EINVAL,
 		                 "%s: architecture %.64s is not a supported MoE "
-		                 "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe)",
+		                 "(qwen2moe qwen3moe llama/Mixtral deepseek2 gpt-oss olmoe glm4moe "
+		                 "minimax-m2 llama4 qwen3next)",
 		                 b->path, arch);
 	uint64_t v;
 	if (gguf_key_u64(b, "block_count", &v, true) < 1)
@@ -336,15 +385,47 @@ static int gguf_read_info(struct builder *b)
 		                 "%s: %s.expert_used_count %" PRIu64 " is not in 1..expert_count",
 		                 b->path, arch, v);
 	in->top_k = (uint32_t)v;
+	family_defaults(in);
 	int rc = gguf_key_u64(b, "expert_feed_forward_length", &in->expert_ffn, false);
 	if (rc < 0)
 		return -1;
 	if (rc == 0 && gguf_key_u64(b, "feed_forward_length", &in->expert_ffn, true) < 1)
 		return -1; /* Mixtral: the FFN size is the expert size */
-	v = 0;
-	if (gguf_key_u64(b, "expert_shared_count", &v, false) < 0)
+	uint64_t shared_ffn = 0;
+	if (gguf_key_u64(b, "expert_shared_feed_forward_length", &shared_ffn, false) < 0)
 		return -1;
-	in->n_shared_experts = (uint32_t)(v > 1024 ? 1024 : v);
+	if (shared_ffn)
+		in->n_shared_experts =
+		    1; /* Qwen2-MoE, Qwen3-Next: one shared expert of this size */
+	if ((rc = gguf_key_u64(b, "expert_shared_count", &v, false)) < 0)
+		return -1;
+	if (rc == 1)
+		in->n_shared_experts = (uint32_t)(v > 1024 ? 1024 : v);
+	v = 1;
+	if (gguf_key_u64(b, "interleave_moe_layer_step", &v, false) < 0)
+		return -1;
+	if (v == 0 || v > in->n_layers)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.interleave_moe_layer_step %" PRIu64
+		                 " is not in 1..block_count (%u)",
+		                 b->path, arch, v, in->n_layers);
+	in->moe_layer_step = (uint32_t)v;
+	v = 0;
+	if (gguf_key_u64(b, "nextn_predict_layers", &v, false) < 0)
+		return -1;
+	if (v >= in->n_layers)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: %s.nextn_predict_layers %" PRIu64
+		                 " leaves no block of block_count %u",
+		                 b->path, arch, v, in->n_layers);
+	in->nextn_layers = (uint32_t)v;
+	uint64_t groups = 1, groups_used = 1;
+	if (gguf_key_u64(b, "expert_group_count", &groups, false) < 0 ||
+	    gguf_key_u64(b, "expert_group_used_count", &groups_used, false) < 0)
+		return -1;
+	if (check_groups(in, groups, groups_used, b->path,
+	                 "expert_group_count, expert_group_used_count", b->err))
+		return -1;
 	v = 0;
 	if (gguf_key_u64(b, "leading_dense_block_count", &v, false) < 0)
 		return -1;
@@ -358,16 +439,14 @@ static int gguf_read_info(struct builder *b)
 	char key[128];
 	double f;
 	bool flag;
-	in->routed_scaling = 1.0f;
 	snprintf(key, sizeof(key), "%s.expert_weights_scale", arch);
 	if (gguf_get_f64(b->gguf[0], key, &f) == 1 && f > 0)
 		in->routed_scaling = (float)f;
-	in->norm_topk_prob = in->arch == MOE_ARCH_QWEN3MOE || in->arch == MOE_ARCH_MIXTRAL ||
-	                     in->arch == MOE_ARCH_GPT_OSS;
+	if (in->arch == MOE_ARCH_QWEN3MOE)
+		in->norm_topk_prob = true;
 	snprintf(key, sizeof(key), "%s.expert_weights_norm", arch);
 	if (gguf_get_bool(b->gguf[0], key, &flag) == 1)
 		in->norm_topk_prob = flag;
-	in->gating = in->arch == MOE_ARCH_GPT_OSS ? MOE_GATING_SOFTMAX_TOPK : MOE_GATING_SOFTMAX;
 	snprintf(key, sizeof(key), "%s.expert_gating_func", arch);
 	if (gguf_get_u64(b->gguf[0], key, &v) == 1) {
 		if (v == 2)
@@ -503,12 +582,14 @@ static bool gguf_layer_has_dense_ffn(struct builder *b, uint32_t L)
 
 static int cfg_u64(struct builder *b, const char *key, uint64_t *out, bool required)
 {
-	int rc = json_get_u64(b->config, json_root(b->config), key, out);
+	int rc = json_get_u64(b->config, b->hp, key, out);
+	const char *in = b->hp == json_root(b->config) ? "" : "text_config.";
 	if (rc < 0)
-		return error_set(b->err, MOE_EINVAL, "%s: %s is not an unsigned integer",
-		                 b->config_path, key);
+		return error_set(b->err, MOE_EINVAL, "%s: %s%s is not an unsigned integer",
+		                 b->config_path, in, key);
 	if (rc == 0 && required)
-		return error_set(b->err, MOE_EINVAL, "%s: %s is missing", b->config_path, key);
+		return error_set(b->err, MOE_EINVAL, "%s: %s%s is missing", b->config_path, in,
+		                 key);
 	return rc;
 }
 
@@ -527,8 +608,18 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 		return error_set(b->err, MOE_EINVAL,
 		                 "%s: model_type %.64s is not a supported MoE "
 		                 "(qwen2_moe qwen3_moe mixtral deepseek_v2 deepseek_v3 gpt_oss "
-		                 "olmoe)",
+		                 "olmoe glm4_moe minimax_m2 llama4 llama4_text qwen3_next)",
 		                 b->config_path, mt);
+	/* Llama-4's multimodal checkpoints keep the language model's keys in text_config */
+	b->hp = root;
+	json_ref text = json_object_get(c, root, "text_config");
+	if (in->arch == MOE_ARCH_LLAMA4 && text != JSON_NONE) {
+		if (json_type_of(c, text) != JSON_OBJECT)
+			return error_set(b->err, MOE_EINVAL, "%s: text_config is not an object",
+			                 b->config_path);
+		b->hp = text;
+	}
+	const json_ref hp = b->hp;
 	uint64_t v;
 	if (cfg_u64(b, "num_hidden_layers", &v, true) < 1)
 		return -1;
@@ -539,8 +630,11 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 	in->n_layers = (uint32_t)v;
 	if (cfg_u64(b, "hidden_size", &in->hidden, true) < 1)
 		return -1;
-	const char *experts_key = in->arch == MOE_ARCH_DEEPSEEK ? "n_routed_experts"
-	                          : (in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_GPT_OSS)
+	const enum moe_arch a = in->arch;
+	const char *experts_key = (a == MOE_ARCH_DEEPSEEK || a == MOE_ARCH_GLM4MOE)
+	                              ? "n_routed_experts"
+	                          : (a == MOE_ARCH_MIXTRAL || a == MOE_ARCH_GPT_OSS ||
+	                             a == MOE_ARCH_MINIMAX_M2 || a == MOE_ARCH_LLAMA4)
 	                              ? "num_local_experts"
 	                              : "num_experts";
 	if (cfg_u64(b, experts_key, &v, true) < 1)
@@ -559,6 +653,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 		                 "%s: num_experts_per_tok %" PRIu64 " is not in 1..%u",
 		                 b->config_path, v, in->n_experts);
 	in->top_k = (uint32_t)v;
+	family_defaults(in);
 	rc = cfg_u64(b, "moe_intermediate_size", &in->expert_ffn, false);
 	if (rc == 0)
 		rc = cfg_u64(b, "intermediate_size", &in->expert_ffn, true);
@@ -569,30 +664,77 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 		return error_set(b->err, MOE_EINVAL,
 		                 "%s: hidden_size/intermediate size out of range", b->config_path);
 	v = 0;
-	if (cfg_u64(b, "n_shared_experts", &v, false) < 0)
+	if ((rc = cfg_u64(b, "n_shared_experts", &v, false)) < 0)
 		return -1;
 	uint64_t shared_ffn = 0;
 	if (cfg_u64(b, "shared_expert_intermediate_size", &shared_ffn, false) < 0)
 		return -1;
-	in->n_shared_experts = (uint32_t)(v ? (v > 1024 ? 1024 : v) : shared_ffn ? 1 : 0);
+	if (rc == 1)
+		in->n_shared_experts = (uint32_t)(v > 1024 ? 1024 : v);
+	else if (shared_ffn)
+		in->n_shared_experts = 1;
+	uint64_t minimax_shared = 0; /* MiniMax-M2: shared_intermediate_size 0 = none */
+	if (a == MOE_ARCH_MINIMAX_M2 &&
+	    cfg_u64(b, "shared_intermediate_size", &minimax_shared, false) < 0)
+		return -1;
+	if (minimax_shared)
+		in->n_shared_experts = 1;
+	uint64_t groups = 1, topk_group = 1;
+	if (cfg_u64(b, "n_group", &groups, false) < 0 ||
+	    cfg_u64(b, "topk_group", &topk_group, false) < 0)
+		return -1;
+	if (check_groups(in, groups, topk_group, b->config_path, "n_group, topk_group", b->err))
+		return -1;
+	v = 0;
+	if (cfg_u64(b, "num_nextn_predict_layers", &v, false) < 0)
+		return -1;
+	in->nextn_layers = (uint32_t)(v > 64 ? 64 : v); /* blocks after num_hidden_layers */
 
 	/* which layers are MoE */
 	bool *moe = calloc(in->n_layers, sizeof(*moe));
 	if (!moe)
 		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	*moe_layers = moe;
-	uint64_t first_dense = 0, freq = 1, sparse_step = 1;
+	uint64_t first_dense = 0, freq = 1, sparse_step = 1, interleave = 1;
 	if (cfg_u64(b, "first_k_dense_replace", &first_dense, false) < 0 ||
 	    cfg_u64(b, "moe_layer_freq", &freq, false) < 0 ||
-	    cfg_u64(b, "decoder_sparse_step", &sparse_step, false) < 0)
+	    cfg_u64(b, "decoder_sparse_step", &sparse_step, false) < 0 ||
+	    cfg_u64(b, "interleave_moe_layer_step", &interleave, false) < 0)
 		return -1;
-	if (freq == 0 || sparse_step == 0)
+	const char *zero = freq == 0          ? "moe_layer_freq"
+	                   : sparse_step == 0 ? "decoder_sparse_step"
+	                   : interleave == 0  ? "interleave_moe_layer_step"
+	                                      : NULL;
+	if (zero)
+		return error_set(b->err, MOE_EINVAL, "%s: %s is 0: it must be >= 1", b->config_path,
+		                 zero);
+	if (first_dense > in->n_layers)
 		return error_set(b->err, MOE_EINVAL,
-		                 "%s: moe_layer_freq/decoder_sparse_step must be >= 1",
-		                 b->config_path);
+		                 "%s: first_k_dense_replace %" PRIu64
+		                 " exceeds num_hidden_layers %u",
+		                 b->config_path, first_dense, in->n_layers);
+	if (interleave > in->n_layers)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: interleave_moe_layer_step %" PRIu64
+		                 " exceeds num_hidden_layers %u",
+		                 b->config_path, interleave, in->n_layers);
+	in->moe_layer_step = (uint32_t)(interleave > 1 ? interleave : sparse_step);
 	for (uint32_t L = 0; L < in->n_layers; L++)
-		moe[L] = L >= first_dense && L % freq == 0 && (L + 1) % sparse_step == 0;
-	json_ref only = json_object_get(c, root, "mlp_only_layers");
+		moe[L] = L >= first_dense && L % freq == 0 && (L + 1) % sparse_step == 0 &&
+		         (L + 1) % interleave == 0;
+	/* Llama-4's moe_layers, where written, lists the MoE blocks outright */
+	json_ref listed = json_object_get(c, hp, "moe_layers");
+	if (listed != JSON_NONE && json_type_of(c, listed) == JSON_ARRAY) {
+		memset(moe, 0, in->n_layers * sizeof(*moe));
+		for (json_ref it = json_first(c, listed); it != JSON_NONE; it = json_next(c, it)) {
+			if (json_u64(c, it, &v) || v >= in->n_layers)
+				return error_set(b->err, MOE_EINVAL,
+				                 "%s: moe_layers holds a bad layer index",
+				                 b->config_path);
+			moe[v] = true;
+		}
+	}
+	json_ref only = json_object_get(c, hp, "mlp_only_layers");
 	if (only != JSON_NONE && json_type_of(c, only) == JSON_ARRAY) {
 		for (json_ref it = json_first(c, only); it != JSON_NONE; it = json_next(c, it)) {
 			if (json_u64(c, it, &v) || v >= in->n_layers)
@@ -605,17 +747,22 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 
 	double f;
 	bool flag;
-	in->norm_topk_prob = in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_GPT_OSS;
-	if ((rc = json_get_bool(c, root, "norm_topk_prob", &flag)) < 0)
+	if ((rc = json_get_bool(c, hp, "norm_topk_prob", &flag)) < 0)
 		return error_set(b->err, MOE_EINVAL, "%s: norm_topk_prob is not a bool",
 		                 b->config_path);
 	if (rc == 1)
 		in->norm_topk_prob = flag;
-	in->routed_scaling = 1.0f;
-	if (json_get_double(c, root, "routed_scaling_factor", &f) == 1 && f > 0)
+	if (json_get_double(c, hp, "routed_scaling_factor", &f) == 1 && f > 0)
 		in->routed_scaling = (float)f;
-	in->gating = in->arch == MOE_ARCH_GPT_OSS ? MOE_GATING_SOFTMAX_TOPK : MOE_GATING_SOFTMAX;
-	const char *scoring = json_string(c, json_object_get(c, root, "scoring_func"), NULL);
+	if ((rc = json_get_bool(c, hp, "use_routing_bias", &flag)) < 0)
+		return error_set(b->err, MOE_EINVAL, "%s: use_routing_bias is not a bool",
+		                 b->config_path);
+	if (rc == 1)
+		in->score_bias = flag; /* MiniMax-M2 */
+	const char *topk_method = json_string(c, json_object_get(c, hp, "topk_method"), NULL);
+	if (topk_method && !strcmp(topk_method, "noaux_tc"))
+		in->score_bias = true; /* DeepSeek-V3: e_score_correction_bias */
+	const char *scoring = json_string(c, json_object_get(c, hp, "scoring_func"), NULL);
 	if (scoring && !strcmp(scoring, "sigmoid"))
 		in->gating = MOE_GATING_SIGMOID;
 	else if (scoring && strcmp(scoring, "softmax"))
@@ -623,7 +770,7 @@ static int hf_read_info(struct builder *b, bool **moe_layers)
 		                 "%s: scoring_func %.32s is not softmax or sigmoid", b->config_path,
 		                 scoring);
 	in->swiglu_limit = in->arch == MOE_ARCH_GPT_OSS ? 7.0f : 0.0f;
-	if (json_get_double(c, root, "swiglu_limit", &f) == 1 && f > 0)
+	if (json_get_double(c, hp, "swiglu_limit", &f) == 1 && f > 0)
 		in->swiglu_limit = (float)f;
 	return 0;
 }
@@ -698,6 +845,69 @@ static int hf_gpt_oss_layer(struct builder *b, uint32_t L, struct moe_layer *lay
 	return 1;
 }
 
+/* Llama-4 checkpoint: fused tensors feed_forward.experts.gate_up_proj [E, hidden, 2·ffn]
+ * (gate columns, then up) and down_proj [E, ffn, hidden], input-major (transformers
+ * multiplies x · W), under language_model.model.layers (Llama4ForConditionalGeneration) or
+ * model.layers (Llama4ForCausalLM). */
+static int hf_llama4_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
+{
+	static const char *const prefixes[2] = {"language_model.model.layers", "model.layers"};
+	static const char *const stems[2] = {"gate_up_proj", "down_proj"};
+	const struct moe_model_hparams *in = &b->cat->info;
+	struct moe_expert *ex = NULL;
+	char name[256];
+	struct tview tv;
+	for (int k = 0; k < 2; k++) {
+		const enum moe_proj p = k == 0 ? MOE_PROJ_GATE_UP : MOE_PROJ_DOWN;
+		const uint64_t rows = k == 0 ? 2 * in->expert_ffn : in->hidden;
+		const uint64_t cols = k == 0 ? in->hidden : in->expert_ffn;
+		bool found = false;
+		for (int i = 0; i < 2 && !found; i++) {
+			snprintf(name, sizeof(name), "%s.%u.feed_forward.experts.%s", prefixes[i],
+			         L, stems[k]);
+			found = find_tensor(b, name, &tv);
+		}
+		if (!found) {
+			snprintf(name, sizeof(name), "%s.%u.feed_forward.experts.%s",
+			         b->hp == json_root(b->config) ? prefixes[1] : prefixes[0], L,
+			         stems[k]);
+			return error_set(
+			    b->err, MOE_EINVAL,
+			    "%s: layer %u is an MoE layer (%s) but tensor %s is missing", b->path,
+			    L, b->config_path, name);
+		}
+		if (tv.format != MOEK_F32 && tv.format != MOEK_F16 && tv.format != MOEK_BF16)
+			return error_set(
+			    b->err, MOE_EINVAL,
+			    "%s: tensor %s: type %s; Llama-4's fused experts are served "
+			    "in F32, F16 or BF16",
+			    b->path, tv.name, tv.type ? tv.type : "?");
+		const uint64_t esize = tv.format == MOEK_F32 ? 4 : 2, slab = rows * cols * esize;
+		if (tv.n_dims != 3 || tv.ne[2] != in->n_experts || tv.ne[1] != cols ||
+		    tv.ne[0] != rows || tv.nbytes != slab * in->n_experts)
+			return error_set(
+			    b->err, MOE_EINVAL,
+			    "%s: tensor %s: shape [%" PRIu64 ", %" PRIu64 ", %" PRIu64
+			    "] disagrees with %s: expected [%u, %" PRIu64 ", %" PRIu64
+			    "] ([experts, in, out]: hidden %" PRIu64 ", expert ffn %" PRIu64 ")",
+			    b->path, tv.name, tv.ne[2], tv.ne[1], tv.ne[0], b->config_path,
+			    in->n_experts, cols, rows, in->hidden, in->expert_ffn);
+		if (!ex && !(ex = alloc_experts(b, layer)))
+			return -1;
+		for (uint32_t e = 0; e < in->n_experts; e++) {
+			struct moe_proj_ref *pr = &ex[e].proj[p];
+			pr->present = true;
+			pr->format = tv.format;
+			pr->layout = MOE_LAYOUT_TRANSPOSED;
+			pr->order = MOE_GATE_UP_HALVES;
+			pr->rows = rows;
+			pr->cols = cols;
+			pr->data = (struct moe_extent){tv.file, tv.offset + e * slab, slab};
+		}
+	}
+	return 1;
+}
+
 /* ---- INT4 checkpoints (quant_config.h) ------------------------------------------------- */
 
 uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r)
@@ -706,7 +916,8 @@ uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r)
 	case MOE_LAYOUT_MXFP4_HF: return r->data.length + r->scale.length;
 	case MOE_LAYOUT_INT4_CT:
 	case MOE_LAYOUT_INT4_GPTQ: return r->rows * moek_row_bytes(MOEK_INT4_G32, (size_t)r->cols);
-	case MOE_LAYOUT_BLOCKS: break;
+	case MOE_LAYOUT_BLOCKS:
+	case MOE_LAYOUT_TRANSPOSED: break;
 	}
 	return r->data.length;
 }
@@ -918,7 +1129,10 @@ static int hf_layer(struct builder *b, uint32_t L, struct moe_layer *layer)
 	const struct moe_model_hparams *in = &b->cat->info;
 	if (in->arch == MOE_ARCH_GPT_OSS)
 		return hf_gpt_oss_layer(b, L, layer);
-	bool mixtral = in->arch == MOE_ARCH_MIXTRAL;
+	if (in->arch == MOE_ARCH_LLAMA4)
+		return hf_llama4_layer(b, L, layer);
+	/* MiniMax-M2 names its experts as Mixtral does */
+	bool mixtral = in->arch == MOE_ARCH_MIXTRAL || in->arch == MOE_ARCH_MINIMAX_M2;
 	static const char *const mixtral_names[3] = {"w1", "w3", "w2"};
 	static const char *const proj_names[3] = {"gate_proj", "up_proj", "down_proj"};
 	char name[256];
@@ -1060,7 +1274,9 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 	if (!cat->layers)
 		return error_set(b->err, MOE_ENOMEM, "out of memory");
 	for (uint32_t L = 0; L < in->n_layers; L++) {
-		bool want = hf_moe ? hf_moe[L] : L >= b->first_dense_layers;
+		bool want = hf_moe
+		                ? hf_moe[L]
+		                : L >= b->first_dense_layers && (L + 1) % in->moe_layer_step == 0;
 		if (!want)
 			continue;
 		struct moe_layer *layer = &cat->layers[L];
@@ -1077,6 +1293,12 @@ static int build_layers(struct builder *b, const bool *hf_moe)
 			continue;
 		}
 		struct moe_expert *ex = layer->experts;
+		if (b->gguf && in->n_moe_layers == 0) { /* the score-correction bias, if any */
+			char name[64];
+			struct tview tv;
+			snprintf(name, sizeof(name), "blk.%u.exp_probs_b.bias", L);
+			in->score_bias = in->score_bias || find_tensor(b, name, &tv);
+		}
 		cat->layers[L].moe = true;
 		in->n_moe_layers++;
 		for (uint32_t e = 0; e < in->n_experts; e++)

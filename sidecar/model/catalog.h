@@ -41,6 +41,10 @@ enum moe_arch {
 	MOE_ARCH_DEEPSEEK, /* DeepSeek-V2 and V3 (GGUF "deepseek2") */
 	MOE_ARCH_GPT_OSS,
 	MOE_ARCH_OLMOE,
+	MOE_ARCH_GLM4MOE,    /* GLM-4.5 / 4.6 (GGUF "glm4moe", model_type glm4_moe) */
+	MOE_ARCH_MINIMAX_M2, /* MiniMax-M2 (GGUF "minimax-m2", model_type minimax_m2) */
+	MOE_ARCH_LLAMA4,     /* Llama-4 Scout / Maverick (model_type llama4, llama4_text) */
+	MOE_ARCH_QWEN3NEXT,  /* Qwen3-Next (GGUF "qwen3next", model_type qwen3_next) */
 	MOE_ARCH_COUNT
 };
 
@@ -74,6 +78,10 @@ enum moe_weight_layout {
 	 * (BF16); GPTQ: `data` = qweight, `scale` = scales (F16), `zeros` = qzeros */
 	MOE_LAYOUT_INT4_CT,
 	MOE_LAYOUT_INT4_GPTQ,
+	/* F32/F16/BF16 stored input-major, [cols][rows] (Llama-4 Hugging Face experts:
+	 * gate_up_proj [E, hidden, 2·ffn], down_proj [E, ffn, hidden]); transposed into rows
+	 * at load (moek_transpose). A fused gate_up becomes MOE_GATE_UP_HALVES rows. */
+	MOE_LAYOUT_TRANSPOSED,
 };
 
 /* A byte range in one of the catalog's files. length 0 = absent. */
@@ -143,6 +151,21 @@ struct moe_model_hparams {
 	float routed_scaling; /* applied by the engine; 1 if the model has none */
 	float swiglu_limit;   /* gpt-oss clamp; 0 = plain SwiGLU */
 	bool has_bias;        /* experts carry biases (gpt-oss) */
+	/* Routing facts the engine applies (reported by inspect and STATS, never used here):
+	 * score_bias: selection adds a per-expert bias to the scores (e_score_correction_bias,
+	 * GGUF exp_probs_b; DeepSeek-V3, GLM-4.5, MiniMax-M2), the weights stay unbiased;
+	 * n_group / topk_group: experts in n_group groups, the best topk_group kept (1, 1: no
+	 * groups); shared_expert_gate: the shared expert's output is scaled by
+	 * sigmoid(shared_expert_gate · x) (Qwen3-Next); nextn_layers: trailing multi-token
+	 * prediction blocks counted in n_layers (GLM-4.5 GGUF). */
+	bool score_bias;
+	uint32_t n_group, topk_group;
+	bool shared_expert_gate;
+	uint32_t nextn_layers;
+	/* Llama-4: the routing weight scales the expert's input (out = expert(w·x)), not its
+	 * output; the kernels do so (moek_expert.weight_on_input). */
+	bool weight_on_input;
+	uint32_t moe_layer_step; /* MoE every step-th block (Llama-4 interleave); 1 otherwise */
 };
 
 struct moe_catalog {

@@ -163,6 +163,17 @@ static int kernel_bytes(struct expert_reference *r, const struct moe_proj_ref *p
 		                        p->gptq_v1, r->kern, why, sizeof(why)))
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
+	case MOE_LAYOUT_TRANSPOSED: { /* Llama-4: stored [cols][rows] */
+		const size_t es = p->format == MOEK_F32 ? 4 : 2;
+		if (p->data.length != want || want != p->rows * p->cols * es)
+			return error_set(err, MOE_EINVAL, "%llu bytes, expected %zu",
+			                 (unsigned long long)p->data.length, want);
+		for (uint64_t c = 0; c < p->cols; c++)
+			for (uint64_t o = 0; o < p->rows; o++)
+				memcpy(r->kern + (o * p->cols + c) * es,
+				       r->raw + (c * p->rows + o) * es, es);
+		break;
+	}
 	default: return error_set(err, MOE_EINVAL, "layout %d unknown", (int)p->layout);
 	}
 	if (moek_format_scale_block(p->format)) {

@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <string.h>
 
-/* From each model's published config.json (DeepSeek-V3's head_dim is its qk_nope_head_dim
+/* From each model's published config.json (GLM-4.5 counts 92 blocks without its
+ * multi-token-prediction block; Llama-4's are text_config's; Qwen3-Next's attention is
+ * hybrid, the rows keep its full-attention heads) (DeepSeek-V3's head_dim is its qk_nope_head_dim
  * = v_head_dim, its rope_dim qk_rope_head_dim). One row per model, a line per concern: the
  * name; blocks and experts; FFN widths; attention (heads, head and RoPE dims, DeepSeek's MLA
  * ranks); positions and norms. */
@@ -36,6 +38,36 @@ const struct moe_model_preset moe_model_presets[] = {
      .hidden = 2048, .expert_ffn = 1024, .dense_ffn = 1024,
      .heads = 16, .kv_heads = 16, .head_dim = 128, .rope_dim = 128,
      .max_positions = 4096, .rope_theta = 10000, .rms_eps = 1e-5},
+    {.name = "glm-4.5", .arch = MOE_ARCH_GLM4MOE,
+     .full_layers = 92, .n_experts = 160, .top_k = 8, .n_shared = 1, .leading_dense = 3,
+     .hidden = 5120, .expert_ffn = 1536, .dense_ffn = 12288,
+     .heads = 96, .kv_heads = 8, .head_dim = 128, .rope_dim = 64,
+     .max_positions = 131072, .rope_theta = 1e6, .rms_eps = 1e-5},
+    {.name = "glm-4.5-air", .arch = MOE_ARCH_GLM4MOE,
+     .full_layers = 46, .n_experts = 128, .top_k = 8, .n_shared = 1, .leading_dense = 1,
+     .hidden = 4096, .expert_ffn = 1408, .dense_ffn = 10944,
+     .heads = 96, .kv_heads = 8, .head_dim = 128, .rope_dim = 64,
+     .max_positions = 131072, .rope_theta = 1e6, .rms_eps = 1e-5},
+    {.name = "minimax-m2", .arch = MOE_ARCH_MINIMAX_M2,
+     .full_layers = 62, .n_experts = 256, .top_k = 8,
+     .hidden = 3072, .expert_ffn = 1536, .dense_ffn = 1536,
+     .heads = 48, .kv_heads = 8, .head_dim = 128, .rope_dim = 64,
+     .max_positions = 196608, .rope_theta = 5e6, .rms_eps = 1e-6},
+    {.name = "llama4-scout", .arch = MOE_ARCH_LLAMA4,
+     .full_layers = 48, .n_experts = 16, .top_k = 1, .n_shared = 1, .moe_step = 1,
+     .hidden = 5120, .expert_ffn = 8192, .dense_ffn = 16384,
+     .heads = 40, .kv_heads = 8, .head_dim = 128, .rope_dim = 128,
+     .max_positions = 10485760, .rope_theta = 5e5, .rms_eps = 1e-5},
+    {.name = "llama4-maverick", .arch = MOE_ARCH_LLAMA4,
+     .full_layers = 48, .n_experts = 128, .top_k = 1, .n_shared = 1, .moe_step = 2,
+     .hidden = 5120, .expert_ffn = 8192, .dense_ffn = 16384,
+     .heads = 40, .kv_heads = 8, .head_dim = 128, .rope_dim = 128,
+     .max_positions = 1048576, .rope_theta = 5e5, .rms_eps = 1e-5},
+    {.name = "qwen3-next-80b-a3b", .alias = "qwen3-next", .arch = MOE_ARCH_QWEN3NEXT,
+     .full_layers = 48, .n_experts = 512, .top_k = 10, .n_shared = 1,
+     .hidden = 2048, .expert_ffn = 512, .dense_ffn = 5120,
+     .heads = 16, .kv_heads = 2, .head_dim = 256, .rope_dim = 64,
+     .max_positions = 262144, .rope_theta = 1e7, .rms_eps = 1e-6},
     {.name = NULL},
 };
 /* clang-format on */

@@ -22,6 +22,7 @@ struct moe_model_preset {
 	uint32_t n_experts, top_k, n_shared;
 	uint64_t hidden, expert_ffn, dense_ffn;
 	uint32_t leading_dense; /* dense blocks before the first MoE block (DeepSeek: 3) */
+	uint32_t moe_step;      /* MoE every moe_step-th block (Llama-4 Maverick: 2); 0 = 1 */
 	/* the rest of the architecture (moe-gen --full-model), from the same config.json */
 	uint32_t heads, kv_heads, head_dim; /* DeepSeek: head_dim = qk_nope = v_head_dim */
 	uint32_t q_lora_rank, kv_lora_rank, rope_dim; /* MLA ranks (DeepSeek only), RoPE dims */

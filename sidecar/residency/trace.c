@@ -441,8 +441,12 @@ int trace_gen_preset(const char *model, struct trace_gen_params *out, struct sid
 		moe_model_preset_names(names, sizeof(names), ", ");
 		return error_set(err, MOE_EINVAL, "unknown model preset '%s' (%s)", model, names);
 	}
+	const uint32_t step = p->moe_step ? p->moe_step : 1; /* Llama-4 Maverick: every 2nd */
+	uint32_t n_moe = 0;
+	for (uint32_t L = p->leading_dense; L < p->full_layers; L++)
+		n_moe += (L + 1) % step == 0;
 	*out = (struct trace_gen_params){
-	    .n_layers = p->full_layers - p->leading_dense, /* the MoE layers are traced */
+	    .n_layers = n_moe, /* the MoE layers are traced */
 	    .n_experts = p->n_experts,
 	    .top_k = p->top_k,
 	    .steps = 256,

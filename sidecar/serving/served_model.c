@@ -242,6 +242,7 @@ static void describe(struct serve_model *m, const struct serve_model_config *cfg
 	d->expert_ffn = (uint32_t)cat->info.expert_ffn;
 	d->swiglu_limit = cat->info.swiglu_limit;
 	d->swiglu_alpha = cat->info.swiglu_limit > 0 ? MOEK_SWIGLU_OAI_ALPHA : 0.0f;
+	d->weight_on_input = cat->info.weight_on_input;
 	d->expert_bytes = cat->expert_bytes_total;
 	d->max_tokens = cfg->max_tokens;
 	d->max_top_k = cfg->max_top_k ? cfg->max_top_k : cat->info.top_k;
@@ -560,6 +561,7 @@ void serve_model_stats_json(struct serve_model *m, const struct stats_doc *d, st
 	 * probes' state in words. Then every figure (stats_table.h). */
 	jw_kv_double(w, "swiglu_limit", (double)m->desc.swiglu_limit, JW_SHORT);
 	jw_kv_double(w, "swiglu_alpha", (double)m->desc.swiglu_alpha, JW_SHORT);
+	jw_kv_bool(w, "weight_on_input", m->desc.weight_on_input);
 	if (d->groups & STATS_PROBES) {
 		jw_kv_string(w, "probes", "active");
 	} else {

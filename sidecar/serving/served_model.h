@@ -78,6 +78,9 @@ struct serve_model_desc {
 	/* The experts' activation: gpt-oss's clamped SwiGLU (limit, alpha), or 0, 0 for plain
 	 * SwiGLU. STATS reports it so an engine can check its own against it. */
 	float swiglu_limit, swiglu_alpha;
+	/* Llama-4: the routing weight scales the expert's input, not its output (the engine
+	 * passes the router score as the weight either way; STATS says which is applied). */
+	bool weight_on_input;
 	uint32_t max_tokens, max_top_k; /* request limits the engine was sized for */
 	uint64_t expert_bytes, budget_bytes;
 	/* Memory: the limit (0: none) and where it came from; what the process holds once the

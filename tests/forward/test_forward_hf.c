@@ -330,6 +330,24 @@ Test(forward_hf, mmap_source_refused_with_the_reason)
 	fwd_model_free(&m);
 }
 
+/* Llama-4's input-major experts cannot be transposed inside a read-only mapping either. */
+Test(forward_hf, llama4_mmap_source_refused_with_the_reason)
+{
+	struct fwd_model m;
+	char err[256];
+	struct fwd_model_spec spec = {"llama4-scout", MOEK_BF16, false, 2, 4, HIDDEN, FFN, false};
+	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
+	struct forward_config cfg = {
+	    .source = FORWARD_SOURCE_MMAP, .threads_per_node = 1, .max_tokens = 4};
+	struct forward_engine *e = NULL;
+	cr_assert_neq(forward_create(&e, m.cat, &cfg, &ferr), 0);
+	cr_assert_null(e);
+	cr_assert(strstr(ferr.msg, "Llama-4") && strstr(ferr.msg, "mmap") &&
+	              strstr(ferr.msg, "transposed"),
+	          "unclear refusal: %s", ferr.msg);
+	fwd_model_free(&m);
+}
+
 /* A scales tensor of the wrong shape (same byte count, dimensions swapped) is refused by the
  * catalog, naming the tensor. */
 Test(forward_hf, malformed_scales_refused_by_the_catalog)
@@ -486,4 +504,54 @@ Test(forward_hf, residency_post_load_hook)
 	expert_map_free(&map);
 	unlink(path);
 	free(file);
+}
+
+/* Llama-4 as Hugging Face ships it (fused input-major BF16 experts, MoE every other block)
+ * served from the residency and all-resident sources: transposed at load, the same bits as
+ * its GGUF twin's BF16 rows, with the routing weight on the experts' input; the mmap source
+ * is refused with the reason. */
+Test(forward_hf, llama4_transposed_experts_equal_the_gguf_twin)
+{
+	char err[256];
+	struct fwd_model hf, gg;
+	struct fwd_model_spec spec = {
+	    "llama4-maverick", MOEK_BF16, false, 4, 8, HIDDEN, FFN, false};
+	cr_assert_eq(fwd_model_make(&hf, &spec, err, sizeof(err)), 0, "%s", err);
+	spec.gguf = true;
+	cr_assert_eq(fwd_model_make(&gg, &spec, err, sizeof(err)), 0, "%s", err);
+	cr_assert_eq(hf.cat->info.n_moe_layers, 2);
+	cr_assert(hf.cat->info.weight_on_input);
+	const struct moe_proj_ref *gu =
+	    &moe_catalog_expert(hf.cat, (uint32_t)fwd_moe_block(hf.cat, 0), 0)
+	         ->proj[MOE_PROJ_GATE_UP];
+	cr_assert(gu->present && gu->layout == MOE_LAYOUT_TRANSPOSED);
+	struct forward_engine *res = engine(&hf, FORWARD_SOURCE_RESIDENCY, 0);
+	struct forward_engine *all = engine(&hf, FORWARD_SOURCE_ALL_RESIDENT, 0);
+	struct forward_engine *twin = engine(&gg, FORWARD_SOURCE_ALL_RESIDENT, 0);
+	const size_t h = HIDDEN;
+	float *want = malloc(8 * h * sizeof(float)), *want_def = malloc(8 * h * sizeof(float));
+	cr_assert(want && want_def);
+	const uint32_t tokens[] = {1, 3, 8};
+	for (uint32_t i = 0; i < 3; i++) {
+		struct fwd_req r;
+		fwd_req_make(&r, hf.cat, fwd_moe_block(hf.cat, i % 2), tokens[i], 1, 0,
+		             MOEK_ACT_F32, 700 + i, false);
+		char what[64];
+		snprintf(what, sizeof(what), "llama4 %u tokens", tokens[i]);
+		run(twin, &r, want, want_def, what);
+		struct forward_engine *e[2] = {res, all};
+		for (int s = 0; s < 2; s++) {
+			memset(r.out, 0xff, tokens[i] * h * sizeof(float));
+			run(e[s], &r, r.out, r.out_def, what);
+			assert_bits(r.out, want, tokens[i] * h, s ? "all-resident" : "residency");
+		}
+		fwd_req_free(&r);
+	}
+	free(want);
+	free(want_def);
+	forward_destroy(res);
+	forward_destroy(all);
+	forward_destroy(twin);
+	fwd_model_free(&hf);
+	fwd_model_free(&gg);
 }

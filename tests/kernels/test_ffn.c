@@ -527,3 +527,54 @@ Test(ffn_api, interleaved_gate_up_rows_are_a_strided_view)
 	free(fused);
 	fixture_free(&f);
 }
+
+/* Llama-4: with weight_on_input the routing weight scales the input, out = expert(w·x): the
+ * same bits as the plain expert on pre-scaled activations with weight 1, on every ISA and
+ * through decode, batched and prefill paths; and not the output-weighted w·expert(x). */
+Test(ffn_api, weight_on_input_scales_the_activations)
+{
+	static const uint32_t formats[] = {MOEK_F32, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16};
+	static const size_t token_counts[] = {1, 5, 20};
+	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2, MOEK_ISA_AVX512};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		struct fixture f;
+		fixture_init(&f, formats[fi], 0, 256, 256, MOEK_SWIGLU, 0, 11 + (uint32_t)fi);
+		for (size_t i = 0; i < sizeof(token_counts) / sizeof(token_counts[0]); i++) {
+			const size_t n = token_counts[i], h = f.hidden;
+			float *x = fixture_tokens(n, h, (uint32_t)(n + fi));
+			float *xs = malloc(n * h * sizeof(float)), *w = malloc(n * sizeof(float));
+			cr_assert(xs && w);
+			for (size_t t = 0; t < n; t++) {
+				w[t] = 0.3f + 0.6f * (float)t / (float)n;
+				for (size_t k = 0; k < h; k++)
+					xs[t * h + k] = x[t * h + k] * w[t];
+			}
+			for (size_t a = 0; a < sizeof(isas) / sizeof(isas[0]); a++) {
+				if (!moek_isa_supported(isas[a]))
+					continue;
+				cr_assert_eq(moek_set_isa(isas[a]), 0);
+				f.expert.weight_on_input = false;
+				float *want = fixture_run(&f, xs, n, NULL);
+				float *out_weighted = fixture_run(&f, x, n, w);
+				f.expert.weight_on_input = true;
+				float *got = fixture_run(&f, x, n, w);
+				cr_assert_arr_eq(got, want, n * h * sizeof(float),
+				                 "%s n=%zu isa %d: input-weighted differs from the "
+				                 "pre-scaled input",
+				                 moek_format_lookup(formats[fi])->name, n,
+				                 (int)isas[a]);
+				cr_assert_gt(
+				    nmse_f(got, out_weighted, n * h), 1e-3,
+				    "input and output weighting agree: the flag does nothing");
+				free(want);
+				free(out_weighted);
+				free(got);
+			}
+			free(x);
+			free(xs);
+			free(w);
+		}
+		fixture_free(&f);
+	}
+	moek_set_isa(MOEK_ISA_AUTO);
+}

@@ -1,8 +1,8 @@
 /* fuzz_safetensors.c — libFuzzer target: st_open on arbitrary bytes must return a clear
  * error or a file whose tensors tile its data buffer; a file that opens is then given to the
- * catalog next to a fixed config.json (OLMoE, DeepSeek-V3 FP8 or gpt-oss MXFP4, chosen by
- * the tensor names present), which must accept it with every extent inside the file, or
- * reject it. */
+ * catalog next to a fixed config.json (OLMoE, DeepSeek-V3 FP8, gpt-oss MXFP4, Llama-4's
+ * fused input-major experts or MiniMax-M2, chosen by the tensor names present), which must
+ * accept it with every extent inside the file, or reject it. */
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,7 +12,8 @@
 #include "safetensors.h"
 
 /* The seeds' configs (as in tests/fuzz/corpus/fuzz_json: 32 wide, 2 experts). */
-static const char *const configs[3] = {
+#define N_CONFIGS 5
+static const char *const configs[N_CONFIGS] = {
     "{\"model_type\":\"olmoe\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_experts_per_tok\":2,\"num_experts\":2,\"intermediate_size\":32}",
     "{\"model_type\":\"deepseek_v3\",\"hidden_size\":32,\"num_hidden_layers\":2,"
@@ -20,13 +21,19 @@ static const char *const configs[3] = {
     "\"first_k_dense_replace\":1,\"scoring_func\":\"sigmoid\"}",
     "{\"model_type\":\"gpt_oss\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_local_experts\":2,\"experts_per_token\":2,\"intermediate_size\":32}",
+    "{\"model_type\":\"llama4\",\"text_config\":{\"hidden_size\":32,"
+    "\"num_hidden_layers\":2,\"num_local_experts\":2,\"num_experts_per_tok\":1,"
+    "\"intermediate_size\":32,\"interleave_moe_layer_step\":2}}",
+    "{\"model_type\":\"minimax_m2\",\"hidden_size\":32,\"num_hidden_layers\":1,"
+    "\"num_local_experts\":2,\"num_experts_per_tok\":2,\"intermediate_size\":32,"
+    "\"scoring_func\":\"sigmoid\",\"use_routing_bias\":true}",
 };
-static char dirs[3][96];
+static char dirs[N_CONFIGS][96];
 
 static void remove_dirs(void)
 {
 	char p[160];
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < N_CONFIGS; i++) {
 		snprintf(p, sizeof(p), "%s/model.safetensors", dirs[i]);
 		unlink(p);
 		snprintf(p, sizeof(p), "%s/config.json", dirs[i]);
@@ -38,7 +45,7 @@ static void remove_dirs(void)
 static void make_dirs(const char *target)
 {
 	char p[160];
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < N_CONFIGS; i++) {
 		snprintf(dirs[i], sizeof(dirs[i]), "/tmp/moe-fuzz-st-%d-%d", (int)getpid(), i);
 		if (mkdir(dirs[i], 0700))
 			abort();
@@ -72,6 +79,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				which = 1;
 			if (strstr(t->name, "_blocks"))
 				which = 2;
+			if (strstr(t->name, "feed_forward.experts"))
+				which = 3;
+			if (strstr(t->name, "block_sparse_moe"))
+				which = 4;
 		}
 		if (covered != size - f->data_offset)
 			__builtin_trap();

@@ -291,3 +291,139 @@ Test(catalog, architecture_names_map_both_ways)
 	cr_assert_eq(moe_arch_from_model_type("llama", &a), -1);
 	cr_assert_str_eq(moe_arch_gguf_name(MOE_ARCH_COUNT), "?");
 }
+
+/* Sets the u32 value of GGUF metadata key `key` (stored after its name and type) to v. */
+static void patch_gguf_u32(const char *path, const char *key, uint32_t v)
+{
+	size_t len;
+	char *buf = slurp(path, &len);
+	const size_t kl = strlen(key);
+	size_t at = 0;
+	while (at + kl + 8 <= len && memcmp(buf + at, key, kl))
+		at++;
+	cr_assert_lt(at + kl + 8, len, "%s: %s not found", path, key);
+	cr_assert_eq(buf[at + kl], GGUF_UINT32, "%s is not a u32", key);
+	memcpy(buf + at + kl + 4, &v, 4);
+	write_file(path, buf, len);
+	free(buf);
+}
+
+/* Each new family, generated in both containers and inspected: the blocks that are MoE, the
+ * shared expert, the gating facts. */
+Test(catalog, new_families_inspect)
+{
+	static const struct {
+		const char *preset, *gguf_arch, *hf_arch, *layers, *experts, *gating;
+	} cases[] = {
+	    {"glm-4.5", "glm4moe (GGUF)", "glm4_moe (family glm4moe, safetensors)",
+	     "layers          5 (2 MoE: 3 4)", "experts         4 routed, top-4, 1 shared\n",
+	     "gating          sigmoid, norm_topk_prob yes, routed scaling 2.5, score bias\n"},
+	    {"minimax-m2", "minimax-m2 (GGUF)", "minimax_m2 (family minimax-m2, safetensors)",
+	     "layers          5 (5 MoE: 0 1 2 3 4)", "experts         4 routed, top-4, 0 shared\n",
+	     "gating          sigmoid, norm_topk_prob yes, routed scaling 1, score bias\n"},
+	    {"llama4-maverick", "llama4 (GGUF)", "llama4 (safetensors)",
+	     "layers          5 (2 MoE: 1 3)",
+	     "experts         4 routed, top-1, 1 shared, MoE every 2 blocks\n",
+	     "gating          sigmoid, norm_topk_prob no, routed scaling 1, weight on the "
+	     "expert's input\n"},
+	    {"qwen3-next-80b-a3b", "qwen3next (GGUF)", "qwen3_next (family qwen3next, safetensors)",
+	     "layers          5 (5 MoE: 0 1 2 3 4)",
+	     "experts         4 routed, top-4, 1 shared (gated)\n",
+	     "gating          softmax, norm_topk_prob yes, routed scaling 1\n"},
+	};
+	char *d = scratch_dir();
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		for (int hf = 0; hf < 2; hf++) {
+			char p[512], *out;
+			snprintf(p, sizeof(p), hf ? "%s/%s-hf" : "%s/%s.gguf", d, cases[i].preset);
+			generate(cases[i].preset, p, hf ? MOEK_BF16 : MOEK_Q4_K, 5, 0);
+			cr_assert_eq(run_inspect(p, &out), 0, "%s", out);
+			char arch[128];
+			snprintf(arch, sizeof(arch), "architecture    %s\n",
+			         hf ? cases[i].hf_arch : cases[i].gguf_arch);
+			cr_assert_not_null(strstr(out, arch), "%s", out);
+			cr_assert_not_null(strstr(out, cases[i].layers), "%s", out);
+			cr_assert_not_null(strstr(out, cases[i].experts), "%s", out);
+			cr_assert_not_null(strstr(out, cases[i].gating), "%s", out);
+			cr_assert_not_null(
+			    strstr(out, "dims            hidden 256, expert ffn 256"), "%s", out);
+			free(out);
+		}
+	remove_tree(d);
+}
+
+static void refused(const char *path, const char *what)
+{
+	struct moe_catalog *cat;
+	struct sidecar_error err;
+	cr_assert_eq(moe_catalog_open(path, &cat, &err), -1, "%s: accepted (%s)", path, what);
+	cr_assert_not_null(strstr(err.msg, what), "%s: '%s' not in: %s", path, what, err.msg);
+}
+
+/* Malformed configurations of the new families are refused, the error naming the field. */
+Test(catalog, new_families_malformed)
+{
+	char *d = scratch_dir();
+	char p[512], cfg[600];
+	snprintf(p, sizeof(p), "%s/l4", d);
+	snprintf(cfg, sizeof(cfg), "%s/config.json", p);
+	generate("llama4-maverick", p, MOEK_BF16, 4, 0);
+	moe_catalog_close(open_ok(p));
+	rewrite(cfg, "\"interleave_moe_layer_step\": 2", "\"interleave_moe_layer_step\": 0");
+	refused(p, "interleave_moe_layer_step is 0");
+	rewrite(cfg, "\"interleave_moe_layer_step\": 0", "\"interleave_moe_layer_step\": 9");
+	refused(p, "interleave_moe_layer_step 9 exceeds num_hidden_layers 4");
+	rewrite(cfg, "\"interleave_moe_layer_step\": 9", "\"interleave_moe_layer_step\": 1");
+	refused(p, "layer 0 is an MoE layer"); /* the file has experts in blocks 1 and 3 only */
+	rewrite(cfg, "\"interleave_moe_layer_step\": 1", "\"interleave_moe_layer_step\": 2");
+	rewrite(cfg, "\"intermediate_size\": 256", "\"intermediate_sizes\": 256");
+	refused(p, "text_config.intermediate_size is missing");
+	rewrite(cfg, "\"intermediate_sizes\": 256", "\"intermediate_size\": 128");
+	refused(p, "feed_forward.experts.gate_up_proj: shape [4, 256, 512] disagrees");
+	rewrite(cfg, "\"intermediate_size\": 128", "\"intermediate_size\": 256");
+	rewrite(cfg, "\"text_config\": {", "\"text_config\": 7, \"x\": {");
+	refused(p, "text_config is not an object");
+
+	snprintf(p, sizeof(p), "%s/glm", d);
+	snprintf(cfg, sizeof(cfg), "%s/config.json", p);
+	generate("glm-4.5", p, MOEK_BF16, 4, 0);
+	rewrite(cfg, "\"n_group\": 1", "\"n_group\": 3");
+	refused(p, "n_group, topk_group = 3, 1");
+	rewrite(cfg, "\"n_group\": 3", "\"n_group\": 2");
+	rewrite(cfg, "\"topk_group\": 1", "\"topk_group\": 4");
+	refused(p, "n_group, topk_group = 2, 4");
+	rewrite(cfg, "\"topk_group\": 4", "\"topk_group\": 1");
+	rewrite(cfg, "\"n_routed_experts\"", "\"num_experts\"");
+	refused(p, "n_routed_experts is missing");
+	rewrite(cfg, "\"num_experts\"", "\"n_routed_experts\"");
+	rewrite(cfg, "\"first_k_dense_replace\": 3", "\"first_k_dense_replace\": 7");
+	refused(p, "first_k_dense_replace 7 exceeds num_hidden_layers 4");
+
+	snprintf(p, sizeof(p), "%s/mm", d);
+	snprintf(cfg, sizeof(cfg), "%s/config.json", p);
+	generate("minimax-m2", p, MOEK_BF16, 2, 0);
+	rewrite(cfg, "\"use_routing_bias\": true", "\"use_routing_bias\": 1");
+	refused(p, "use_routing_bias is not a bool");
+	rewrite(cfg, "\"use_routing_bias\": 1", "\"use_routing_bias\": true");
+	rewrite(cfg, "\"num_local_experts\"", "\"num_experts\"");
+	refused(p, "num_local_experts is missing");
+
+	snprintf(p, sizeof(p), "%s/qn", d);
+	snprintf(cfg, sizeof(cfg), "%s/config.json", p);
+	generate("qwen3-next-80b-a3b", p, MOEK_BF16, 2, 0);
+	rewrite(cfg, "\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0");
+	refused(p, "decoder_sparse_step is 0");
+
+	/* GGUF: llama4.interleave_moe_layer_step 0 and out of range */
+	snprintf(p, sizeof(p), "%s/l4.gguf", d);
+	generate("llama4-maverick", p, MOEK_Q8_0, 4, 0);
+	patch_gguf_u32(p, "llama4.interleave_moe_layer_step", 0);
+	refused(p, "llama4.interleave_moe_layer_step 0 is not in 1..block_count (4)");
+	patch_gguf_u32(p, "llama4.interleave_moe_layer_step", 1);
+	refused(p, "blk.0: no expert tensors");
+	snprintf(p, sizeof(p), "%s/glm.gguf", d);
+	generate("glm-4.5", p, MOEK_Q8_0, 4, 0);
+	patch_gguf_u32(p, "glm4moe.nextn_predict_layers", 4);
+	refused(p, "glm4moe.nextn_predict_layers 4 leaves no block");
+	remove_tree(d);
+}

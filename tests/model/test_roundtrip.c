@@ -101,6 +101,16 @@ static void load_matrix(const struct moe_catalog *cat, const struct moe_proj_ref
 		moek_mxfp4_from_hf(data, scales, n, gguf);
 		cr_assert_eq(moek_dequantize(MOEK_MXFP4, gguf, NULL, pr->rows, pr->cols, out), 0);
 		free(gguf);
+	} else if (pr->layout == MOE_LAYOUT_TRANSPOSED) { /* Llama-4: [cols][rows] on disk */
+		const size_t es = pr->format == MOEK_F32 ? 4 : 2;
+		cr_assert_eq(pr->data.length, n * es);
+		uint8_t *rows = malloc(pr->data.length);
+		for (uint64_t c = 0; c < pr->cols; c++)
+			for (uint64_t r = 0; r < pr->rows; r++)
+				memcpy(rows + (r * pr->cols + c) * es,
+				       (uint8_t *)data + (c * pr->rows + r) * es, es);
+		cr_assert_eq(moek_dequantize(pr->format, rows, NULL, pr->rows, pr->cols, out), 0);
+		free(rows);
 	} else {
 		cr_assert_eq(pr->data.length, pr->rows * moek_row_bytes(pr->format, pr->cols));
 		cr_assert_eq(moek_dequantize(pr->format, data,
@@ -157,7 +167,11 @@ static void check_model(const struct case_spec *c)
 	cr_assert_eq(in->arch, p->arch);
 	cr_assert_eq(in->n_layers, c->layers);
 	uint32_t dense = p->leading_dense < c->layers ? p->leading_dense : c->layers - 1;
-	cr_assert_eq(in->n_moe_layers, c->layers - dense);
+	const uint32_t step = p->moe_step ? p->moe_step : 1;
+	uint32_t n_moe = 0;
+	for (uint32_t L = dense; L < c->layers; L++)
+		n_moe += (L + 1) % step == 0;
+	cr_assert_eq(in->n_moe_layers, n_moe);
 	cr_assert_eq(in->n_experts, c->experts);
 	cr_assert_eq(in->top_k, p->top_k < c->experts ? p->top_k : c->experts);
 	cr_assert_eq(in->hidden, c->hidden);
@@ -175,12 +189,26 @@ static void check_model(const struct case_spec *c)
 	}
 	if (p->arch == MOE_ARCH_GPT_OSS)
 		cr_assert_float_eq(in->swiglu_limit, 7.0f, 1e-6);
+	/* the families' routing facts, read back from either container */
+	cr_assert_eq(in->n_shared_experts, p->n_shared, "%s shared", p->name);
+	cr_assert_eq(in->moe_layer_step, step);
+	cr_assert_eq(in->weight_on_input, p->arch == MOE_ARCH_LLAMA4);
+	cr_assert_eq(in->shared_expert_gate, p->arch == MOE_ARCH_QWEN3NEXT);
+	if (p->arch == MOE_ARCH_GLM4MOE || p->arch == MOE_ARCH_MINIMAX_M2 ||
+	    p->arch == MOE_ARCH_LLAMA4) {
+		cr_assert_eq(in->gating, MOE_GATING_SIGMOID, "%s gating", p->name);
+		cr_assert_eq(in->score_bias, p->arch != MOE_ARCH_LLAMA4, "%s score bias", p->name);
+	}
+	if (p->arch == MOE_ARCH_GLM4MOE)
+		cr_assert_float_eq(in->routed_scaling, 2.5f, 1e-6);
+	if (p->arch == MOE_ARCH_QWEN3NEXT || p->arch == MOE_ARCH_GLM4MOE)
+		cr_assert(in->norm_topk_prob);
 
 	const size_t max_n = 2 * c->hidden * c->ffn;
 	float *got = malloc(max_n * sizeof(float)), *want = malloc(max_n * sizeof(float));
 	uint64_t total = 0;
 	for (uint32_t L = 0; L < in->n_layers; L++) {
-		cr_assert_eq(cat->layers[L].moe, L >= dense, "layer %u", L);
+		cr_assert_eq(cat->layers[L].moe, L >= dense && (L + 1) % step == 0, "layer %u", L);
 		if (!cat->layers[L].moe) {
 			cr_assert_null(moe_catalog_expert(cat, L, 0));
 			continue;
@@ -309,7 +337,7 @@ Test(roundtrip, real_expert_counts)
 	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++)
 		check_model(&(struct case_spec){
 		    p->name, p->arch == MOE_ARCH_GPT_OSS ? MOEK_MXFP4 : MOEK_Q4_0, true, 1, false,
-		    p->n_experts, p->leading_dense + 1, 64, 32});
+		    p->n_experts, p->leading_dense + (p->moe_step ? p->moe_step : 1), 64, 32});
 }
 
 Test(roundtrip, gguf_fused_gate_up_halves)
@@ -417,4 +445,32 @@ Test(generator, mix_refusals)
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_not_null(strstr(err.msg, "multiples of the Q4_K block (256)"), "%s", err.msg);
 	remove_tree(dir);
+}
+
+/* GLM-4.5 (dense first blocks, shared expert), MiniMax-M2 (Mixtral names), Llama-4 (MoE every
+ * other block; fused input-major experts in safetensors) and Qwen3-Next: GGUF merged and
+ * per-expert, safetensors in every float format the family's checkpoints hold. */
+static const char *const new_families[] = {"glm-4.5",      "glm-4.5-air",     "minimax-m2",
+                                           "llama4-scout", "llama4-maverick", "qwen3-next-80b-a3b"};
+
+Test(roundtrip, new_families_gguf)
+{
+	for (size_t i = 0; i < N(new_families); i++) {
+		check_model(&(struct case_spec){new_families[i], MOEK_Q4_K, true, 1, false, 4, 5,
+		                                256, 256});
+		check_model(
+		    &(struct case_spec){new_families[i], MOEK_Q8_0, true, 2, true, 4, 4, 64, 96});
+	}
+}
+
+Test(roundtrip, new_families_safetensors)
+{
+	static const uint32_t fmts[] = {MOEK_F32, MOEK_BF16, MOEK_F16};
+	for (size_t i = 0; i < N(new_families); i++)
+		for (size_t f = 0; f < N(fmts); f++)
+			check_model(&(struct case_spec){new_families[i], fmts[f], false,
+			                                f == 1 ? 2 : 1, false, 4, 5, 128, 192});
+	/* MiniMax-M2 ships FP8 with 128x128 block scales */
+	check_model(
+	    &(struct case_spec){"minimax-m2", MOEK_FP8_E4M3_B128, false, 1, false, 4, 3, 256, 256});
 }

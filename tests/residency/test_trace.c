@@ -225,11 +225,20 @@ Test(trace, generator_presets_are_moe_gen_presets)
 	for (const struct moe_model_preset *p = moe_model_presets; p->name; p++, n++) {
 		struct trace_gen_params g;
 		cr_assert_eq(trace_gen_preset(p->name, &g, &err), 0, "%s: %s", p->name, err.msg);
-		cr_expect_eq(g.n_layers, p->full_layers - p->leading_dense, "%s", p->name);
+		/* the MoE blocks: after the dense ones, every moe_step-th (Llama-4 Maverick) */
+		const uint32_t step = p->moe_step ? p->moe_step : 1;
+		cr_expect_eq(g.n_layers, (p->full_layers - p->leading_dense) / step, "%s", p->name);
 		cr_expect_eq(g.n_experts, p->n_experts, "%s", p->name);
 		cr_expect_eq(g.top_k, p->top_k, "%s", p->name);
 	}
-	cr_assert_eq(n, 5, "qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, olmoe");
+	cr_assert_eq(n, 11,
+	             "qwen3-30b-a3b, mixtral-8x7b, deepseek-v3, gpt-oss-20b, olmoe, glm-4.5, "
+	             "glm-4.5-air, minimax-m2, llama4-scout, llama4-maverick, qwen3-next-80b-a3b");
+	struct trace_gen_params l4;
+	cr_assert_eq(trace_gen_preset("llama4-maverick", &l4, &err), 0, "%s", err.msg);
+	cr_expect_eq(l4.n_layers, 24); /* blocks 1, 3, …, 47 */
+	cr_assert_eq(trace_gen_preset("glm-4.5", &l4, &err), 0, "%s", err.msg);
+	cr_expect_eq(l4.n_layers, 89);
 	struct trace_gen_params a, b;
 	cr_assert_eq(trace_gen_preset("mixtral", &a, &err), 0, "%s", err.msg);
 	cr_assert_eq(trace_gen_preset("mixtral-8x7b", &b, &err), 0, "%s", err.msg);

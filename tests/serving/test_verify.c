@@ -423,3 +423,30 @@ Test(verify, options_are_refused_before_the_model_is_read)
 	cr_expect_eq(run_capture(help, NULL, NULL, out, sizeof(out)), 0);
 	cr_expect(strstr(out, "--socket"), "%s", out);
 }
+
+/* The four newer families pass verify in process from both containers (GLM-4.5's dense first
+ * blocks, MiniMax-M2's Mixtral names, Llama-4's transposed experts with the routing weight on
+ * their input, Qwen3-Next's gated shared expert), and Llama-4 over a running sidecar's channel. */
+Test(verify, new_families_pass_in_process_and_llama4_over_the_channel, .timeout = 300)
+{
+	static const char *const presets[] = {"glm-4.5", "minimax-m2", "llama4-maverick",
+	                                      "qwen3-next-80b-a3b"};
+	struct sidecar_proc sp = {0};
+	harness_tempdir(&sp);
+	char model[200];
+	for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+		for (int hf = 0; hf < 2; hf++) {
+			snprintf(model, sizeof(model), hf ? "%s/%s" : "%s/%s.gguf", sp.dir,
+			         presets[i]);
+			generate(model, presets[i], hf ? "bf16" : "q4_K");
+			cr_expect_eq(verify(model, NULL, NULL), 0, "%s: %s", model, out);
+			expect_rows(hf ? "BF16" : "Q4_K");
+		}
+	snprintf(model, sizeof(model), "%s/llama4-maverick", sp.dir);
+	start_sidecar(&sp, model);
+	cr_expect_eq(verify(model, sp.socket, NULL), 0, "%s", out);
+	expect_rows("BF16");
+	cr_expect(strstr(out, "served by the sidecar at"), "%s", out);
+	stop_sidecar(&sp);
+	sidecar_cleanup(&sp);
+}
