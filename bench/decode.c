@@ -12,10 +12,11 @@
  * Every mode replays the same requests: per step and MoE layer, the trace's top-k experts with
  * its router scores as weights, k_defer of them deferred into the next layer (none on the last),
  * random activations from a fixed seed; the sidecar also gets the next layer's experts as a
- * PREFETCH hint before each FORWARD (an oracle lookahead, the best a predictor can do). A
- * warm-up pass (a quarter of the steps) precedes the timed steps in every mode; the sidecar's
- * starts with a hint naming every expert once (the floor starts with every expert loaded). Figures
- * are ratios against the floor and the mmap baseline; absolute numbers depend on the machine.
+ * PREFETCH hint before each FORWARD (--hints: an oracle lookahead by default, the best a predictor
+ * can do). A warm-up pass (a quarter of the steps) precedes the timed steps in every mode; the
+ * sidecar's starts with a hint naming every expert once (the floor starts with every expert
+ * loaded). Figures are ratios against the floor and the mmap baseline; absolute numbers depend on
+ * the machine.
  *
  * The full-budget row is the one compared with the floor, on a machine whose load drifts: it
  * alternates floor and sidecar for --rounds rounds (default 7) and reports the round with the
@@ -51,6 +52,13 @@
  *                [--numa SPEC]           (serve --numa: the sidecar's NUMA nodes, e.g.
  *                                         "synthetic:pack:1 numa:2 core:1 pu:1" for two
  *                                         synthetic nodes, each expert sliced over them)
+ *                [--hints oracle|none|router]  (what the sidecar is told before each FORWARD:
+ *                                         the next layer's true experts (default); nothing;
+ *                                         the top-k of the next layer's router, the model's
+ *                                         ffn_gate_inp, on this layer's input: pre-gating,
+ *                                         with its precision/recall against the trace)
+ *                [--policy SPEC]         (serve --policy, and the replay's)
+ *                [--keep-traces DIR]     (the recorded runs below 100% kept in DIR)
  *
  * Also reported per budget: hits that a hint had loaded, bytes read per token (demand misses
  * and everything the loader read), the page cache the sidecar filled from the model files
@@ -58,6 +66,10 @@
  * to READY, to the first FORWARD answered and to the hinted set resident — with the loader's
  * rate over that span against the disk's floor (odirect.h: the same bytes read once with
  * O_DIRECT at the loader's chunk and depth, measured in the same run).
+ * Below 100%, the bytes the loader read per timed token against Belady's OPT over the same
+ * requests: the sidecar's run is recorded (serve --record-trace: its FORWARDs and the loads its
+ * PREFETCHes started) and replayed over the model's size classes at the sidecar's budget
+ * (sidecar/residency/sim.h), OPT given the same prefetches.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -105,6 +117,7 @@ static enum hints_mode hints = HINTS_ORACLE;
 static const char *const hints_names[] = {"oracle", "none", "router"};
 static struct moe_router router; /* --hints router: the model's ffn_gate_inp weights */
 static const char *policy_arg;   /* --policy: serve's, and the replay's (NULL: the default) */
+static const char *keep_traces;  /* --keep-traces DIR: the recorded runs kept there */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -1025,12 +1038,13 @@ int main(int argc, char **argv)
 	    {"numa", required_argument, NULL, 'N'},
 	    {"hints", required_argument, NULL, 'H'},
 	    {"policy", required_argument, NULL, 'L'},
+	    {"keep-traces", required_argument, NULL, 'K'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:H:L:h", longopts, NULL)) !=
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:H:L:K:h", longopts, NULL)) !=
 	       -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
@@ -1060,6 +1074,7 @@ int main(int argc, char **argv)
 		case 'J': json_file = optarg; break;
 		case 'N': numa_spec = optarg; break;
 		case 'L': policy_arg = optarg; break;
+		case 'K': keep_traces = optarg; break;
 		case 'H':
 			if (!strcmp(optarg, "oracle"))
 				hints = HINTS_ORACLE;
@@ -1084,13 +1099,14 @@ int main(int argc, char **argv)
 				return 2;
 			break;
 		default:
-			fprintf(c == 'h' ? stdout : stderr,
-			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
-			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
-			        "[--client-spin] [--budgets P,P,...] "
-			        "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
-			        "[--prefill N,N] [--json-file PATH] [--numa SPEC] "
-			        "[--hints oracle|none|router] [--policy SPEC]\n");
+			fprintf(
+			    c == 'h' ? stdout : stderr,
+			    "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
+			    "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
+			    "[--client-spin] [--budgets P,P,...] "
+			    "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
+			    "[--prefill N,N] [--json-file PATH] [--numa SPEC] "
+			    "[--hints oracle|none|router] [--policy SPEC] [--keep-traces DIR]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}
@@ -1410,7 +1426,12 @@ int main(int argc, char **argv)
 		side[i].opt_bytes = side[i].opt_nopf_bytes = side[i].replay_bytes = NAN;
 		if (record_path) {
 			against_belady(&w, cat, rec, &side[i]);
-			unlink(rec);
+			char kept[512];
+			snprintf(kept, sizeof(kept), "%s/recorded-%.0f-%s.trace",
+			         keep_traces ? keep_traces : "", fractions[i] * 100,
+			         hints_names[hints]);
+			if (!keep_traces || rename(rec, kept) != 0)
+				unlink(rec);
 		}
 		if (run_mmap_limited(&w, cat, &lim, budget, &mm[i]) != 0)
 			fprintf(stderr, "bench_decode: mmap baseline at %.0f%% failed\n",
@@ -1568,13 +1589,19 @@ int main(int argc, char **argv)
 				       "(not replayed)");
 				continue;
 			}
-			printf("%6.0f%% %11.2f %11.2f %8.2fx %14.2f %13.2f %10.3f %8.3f\n",
+			char prec[16] = "-", rec[16] = "-";
+			if (side[i].hint_sent > 0) {
+				snprintf(prec, sizeof(prec), "%.3f",
+				         side[i].hint_hits / side[i].hint_sent);
+				snprintf(rec, sizeof(rec), "%.3f",
+				         side[i].hint_hits / side[i].hint_true);
+			}
+			printf("%6.0f%% %11.2f %11.2f %8.2fx %14.2f %13.2f %10s %8s\n",
 			       fractions[i] * 100, side[i].loader_bytes / w.steps / 1048576.0,
 			       side[i].opt_bytes / 1048576.0,
 			       side[i].loader_bytes / w.steps / side[i].opt_bytes,
 			       side[i].opt_nopf_bytes / 1048576.0, side[i].replay_bytes / 1048576.0,
-			       side[i].hint_hits / side[i].hint_sent,
-			       side[i].hint_hits / side[i].hint_true);
+			       prec, rec);
 		}
 		if (n_prefills) {
 			printf(

@@ -212,7 +212,16 @@ static int sim_belady_pinned(const struct routing_trace *t, const struct sim_opt
 			if (pos[id] != UINT32_MAX)
 				heap_set(&cls[class_of(o, id)].h, id, IN_USE);
 		}
+		/* Misses are admitted by expert id, as the sidecar demands them (simulate.c) */
+		uint32_t order[TRACE_MAX_TOPK], n = 0;
 		for (uint32_t j = l->first; j < l->first + l->count; j++) {
+			uint32_t at = n++;
+			for (; at > 0 && t->ids[order[at - 1]] > t->ids[j]; at--)
+				order[at] = order[at - 1];
+			order[at] = j;
+		}
+		for (uint32_t o_i = 0; o_i < n; o_i++) {
+			const uint32_t j = order[o_i];
 			uint32_t id = l->layer * E + t->ids[j];
 			struct opt_class *c = &cls[class_of(o, id)];
 			if (pos[id] != UINT32_MAX) {

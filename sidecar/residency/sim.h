@@ -16,8 +16,9 @@
  *
  * Prefetches (the trace's `p` lines: loads the sidecar started) are replayed when asked:
  *   - a policy treats one as the sidecar does: nothing if resident or pinned; else
- *     policy_make_room_prefetch (a prefetch only takes what the policy values less); admitted,
- *     it is a read (prefetch_bytes), refused, it is dropped (not read);
+ *     policy_make_room_prefetch at priority 1 (a prefetch only takes what the policy values
+ *     less, never another prefetched expert not used yet); admitted, it is a read
+ *     (prefetch_bytes), refused, it is dropped (not read);
  *   - Belady's OPT is given the same prefetches: one of an expert OPT does not hold is a read
  *     (prefetch_bytes, charged whether or not OPT keeps it, since the sidecar read it), and
  *     OPT keeps it only if a slot is free or its next use comes before that of the resident

@@ -10,6 +10,7 @@
 
 struct sim_state {
 	const uint32_t *line_stamp;
+	const uint8_t *prefetched; /* loaded by a prefetch, not used yet */
 	uint32_t stamp;
 };
 
@@ -18,6 +19,14 @@ static bool sim_can_evict(void *arg, uint32_t id)
 {
 	const struct sim_state *s = arg;
 	return s->line_stamp[id] != s->stamp;
+}
+
+/* A prefetch never evicts a prefetched expert not used yet (residency.c: may_evict_unhinted):
+ * the prefetches of one hint would evict each other. */
+static bool sim_can_evict_for_prefetch(void *arg, uint32_t id)
+{
+	const struct sim_state *s = arg;
+	return sim_can_evict(arg, id) && !s->prefetched[id];
 }
 
 static float scaled_score(const struct routing_trace *t, uint32_t ref)
@@ -58,6 +67,37 @@ static int create_policies(struct residency_policy *p, const struct routing_trac
 	return rc;
 }
 
+/* One reference of the line being served: a hit, or a miss that loads (and evicts). */
+static void replay_ref(struct residency_policy *pc, uint32_t id, float score, bool counted,
+                       const struct sim_options *o, uint8_t *resident, uint8_t *prefetched,
+                       struct sim_state *st, struct sim_result *r)
+{
+	if (policy_is_pinned(pc, id)) {
+		r->hits += counted;
+		return;
+	}
+	if (resident[id]) {
+		r->hits += counted;
+		prefetched[id] = 0;
+		policy_access(pc, id, score);
+		return;
+	}
+	if (counted) {
+		r->demand_loads++;
+		r->demand_bytes += o->sizes ? o->sizes->bytes[id] : 1;
+	}
+	const uint32_t v = policy_make_room(pc, id, sim_can_evict, st);
+	if (v != POLICY_NONE && v != POLICY_FULL) {
+		policy_remove(pc, v);
+		resident[v] = 0;
+		prefetched[v] = 0;
+	}
+	if (v != POLICY_FULL) {
+		policy_insert(pc, id, score);
+		resident[id] = 1;
+	}
+}
+
 int sim_replay_policy(const struct routing_trace *t, const struct policy_spec *spec,
                       const struct sim_options *o, struct sim_result *out,
                       struct sidecar_error *err)
@@ -70,12 +110,13 @@ int sim_replay_policy(const struct routing_trace *t, const struct policy_spec *s
 	const uint32_t E = t->n_experts, n_ids = t->n_layers * t->n_experts;
 	uint8_t *resident = calloc(n_ids, 1);
 	uint32_t *stamp = calloc(n_ids, sizeof(*stamp));
-	if (!resident || !stamp) {
+	uint8_t *prefetched = calloc(n_ids, 1);
+	if (!resident || !stamp || !prefetched) {
 		error_set(err, MOE_ENOMEM, "simulate: out of memory");
 		rc = -1;
 		goto out;
 	}
-	struct sim_state st = {stamp, 0};
+	struct sim_state st = {stamp, prefetched, 0};
 	struct sim_result r = {0};
 	const uint32_t n_pf = o->prefetches ? t->n_prefetches : 0;
 	uint32_t pf = 0;
@@ -92,7 +133,7 @@ int sim_replay_policy(const struct routing_trace *t, const struct policy_spec *s
 				if (resident[id] || policy_is_pinned(pc, id))
 					continue;
 				const uint32_t v = policy_make_room_prefetch(
-				    pc, id, SIM_PREFETCH_PRIORITY, sim_can_evict, &st);
+				    pc, id, SIM_PREFETCH_PRIORITY, sim_can_evict_for_prefetch, &st);
 				if (v == POLICY_FULL) {
 					r.prefetch_dropped += counted;
 					continue;
@@ -101,6 +142,7 @@ int sim_replay_policy(const struct routing_trace *t, const struct policy_spec *s
 					policy_remove(pc, v);
 					resident[v] = 0;
 				}
+				prefetched[id] = 1;
 				policy_insert(pc, id, -1.0f);
 				policy_hint(pc, id, SIM_PREFETCH_PRIORITY);
 				resident[id] = 1;
@@ -125,39 +167,34 @@ int sim_replay_policy(const struct routing_trace *t, const struct policy_spec *s
 		}
 		if (counted)
 			r.refs += l->count;
+		/* In the sidecar's order: by expert id, those resident (or pinned) first, then the
+		 * cold ones (residency_demand_layer over the forward engine's groups). */
+		uint32_t order[TRACE_MAX_TOPK], n = 0;
 		for (uint32_t j = l->first; j < l->first + l->count; j++) {
-			uint32_t id = l->layer * E + t->ids[j];
-			struct residency_policy *pc = &pol[o->sizes ? o->sizes->class_of[id] : 0];
-			float score = scaled_score(t, j);
-			if (policy_is_pinned(pc, id)) {
-				r.hits += counted;
-				continue;
-			}
-			if (resident[id]) {
-				r.hits += counted;
-				policy_access(pc, id, score);
-				continue;
-			}
-			if (counted) {
-				r.demand_loads++;
-				r.demand_bytes += o->sizes ? o->sizes->bytes[id] : 1;
-			}
-			const uint32_t v = policy_make_room(pc, id, sim_can_evict, &st);
-			if (v != POLICY_NONE && v != POLICY_FULL) {
-				policy_remove(pc, v);
-				resident[v] = 0;
-			}
-			if (v != POLICY_FULL) {
-				policy_insert(pc, id, score);
-				resident[id] = 1;
-			}
+			uint32_t at = n++;
+			for (; at > 0 && t->ids[order[at - 1]] > t->ids[j]; at--)
+				order[at] = order[at - 1];
+			order[at] = j;
 		}
+		for (int pass = 0; pass < 2; pass++)
+			for (uint32_t o_i = 0; o_i < n; o_i++) {
+				const uint32_t j = order[o_i];
+				const uint32_t id = l->layer * E + t->ids[j];
+				struct residency_policy *pc =
+				    &pol[o->sizes ? o->sizes->class_of[id] : 0];
+				const bool held = resident[id] || policy_is_pinned(pc, id);
+				if (held != (pass == 0))
+					continue;
+				replay_ref(pc, id, scaled_score(t, j), counted, o, resident,
+				           prefetched, &st, &r);
+			}
 	}
 	*out = r;
 	rc = 0;
 out:
 	free(resident);
 	free(stamp);
+	free(prefetched);
 	for (uint32_t c = 0; c < n_classes; c++)
 		policy_destroy(&pol[c]);
 	return rc;

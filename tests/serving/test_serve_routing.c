@@ -251,7 +251,8 @@ Test(serve_routing, a_recorded_run_replayed_in_bytes_reads_what_the_sidecar_read
 	              prefetches = json_top_u64(json, "prefetches"),
 	              loader = json_top_u64(json, "loader_bytes_read"),
 	              budget = json_top_u64(json, "budget_bytes"),
-	              evictions = json_top_u64(json, "evictions");
+	              evictions = json_top_u64(json, "evictions"),
+	              dropped = json_top_u64(json, "prefetch_dropped");
 	free(json);
 	char model[200]; /* the fixture removes its own at stop */
 	snprintf(model, sizeof(model), "%s/model.gguf", dir);
@@ -280,10 +281,12 @@ Test(serve_routing, a_recorded_run_replayed_in_bytes_reads_what_the_sidecar_read
 	struct sim_result got, opt;
 	cr_assert_eq(sim_replay_policy(&t, &spec, &o, &got, &err), 0, "%s", err.msg);
 	cr_assert_eq(sim_replay_belady(&t, &o, &opt, &err), 0, "%s", err.msg);
-	cr_assert_eq(got.demand_loads, (uint64_t)cold, "replay %llu, sidecar %lld",
-	             (unsigned long long)got.demand_loads, (long long)cold);
-	cr_assert_eq(got.prefetch_loads, (uint64_t)prefetches, "replay %llu, sidecar %lld",
-	             (unsigned long long)got.prefetch_loads, (long long)prefetches);
+	cr_assert(got.demand_loads == (uint64_t)cold && got.prefetch_loads == (uint64_t)prefetches,
+	          "replay: %llu demand and %llu prefetch loads (%llu dropped); sidecar: %lld cold "
+	          "misses, %lld prefetches, %lld dropped",
+	          (unsigned long long)got.demand_loads, (unsigned long long)got.prefetch_loads,
+	          (unsigned long long)got.prefetch_dropped, (long long)cold, (long long)prefetches,
+	          (long long)dropped);
 	const uint64_t bytes = got.demand_bytes + got.prefetch_bytes;
 	/* The loader reads each extent's aligned superset, less a tail past the end of the file:
 	 * at most one block per load. */
