@@ -396,10 +396,6 @@ static uint32_t find_victim(struct residency_policy *p, uint32_t incoming, bool 
 {
 	if (incoming >= p->n_ids)
 		return POLICY_NONE;
-	/* heat: a prefetch brings the hint's score and the expert's own heat, which it kept
-	 * while not resident (a popular expert evicted a moment ago is worth a colder one) */
-	if (prefetch && p->spec.kind == POLICY_HEAT)
-		priority += policy_heat_now(p, incoming);
 	uint32_t own = policy_partition(p, incoming);
 	if (p->n_partitions == 1)
 		return victim_in(p, 0, prefetch, priority, can, arg);

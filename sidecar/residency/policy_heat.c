@@ -4,8 +4,7 @@
  * one — so it ranks experts by how often and how strongly the router picked them lately
  * (frequency), where LRU and SIEVE rank by the last use (recency). Unlike sieve-heat's its
  * heat is not capped: the order among hot experts is kept. Ties go to the oldest in the
- * queue. A prefetch of priority p only takes an expert colder than p plus the prefetched
- * expert's own heat (kept while it was not resident: policy.c, find_victim).
+ * queue. A prefetch of priority p only takes an expert colder than p.
  *
  * The victim search scans the partition (a layer's share with +layer): O(experts held), under
  * the residency lock, once per admission that evicts. */

@@ -238,11 +238,6 @@ Test(policy_heat, the_coldest_goes_and_prefetch_only_below_its_priority)
 	cr_assert_eq(policy_prefetch_victim(&p, 3, 0.5f, NULL, NULL), POLICY_NONE,
 	             "nothing colder than 0.5");
 	cr_assert_eq(policy_prefetch_victim(&p, 3, 1.5f, NULL, NULL), 1);
-	/* A prefetch brings its expert's own heat too: 4 was hot (3 scores) and left; a hint of
-	 * 0.5 for it takes 1, colder than 3.5. */
-	p.heat[4] = 3.0f;
-	p.heat_at[4] = p.now;
-	cr_assert_eq(policy_prefetch_victim(&p, 4, 0.5f, NULL, NULL), 1);
 	/* With 1 in use, 2 (two scores) goes before 0 (201). */
 	uint32_t busy = 1;
 	cr_assert_eq(policy_victim(&p, 3, not_busy_id, &busy), 2);
