@@ -12,10 +12,11 @@
  * Every mode replays the same requests: per step and MoE layer, the trace's top-k experts with
  * its router scores as weights, k_defer of them deferred into the next layer (none on the last),
  * random activations from a fixed seed; the sidecar also gets the next layer's experts as a
- * PREFETCH hint before each FORWARD (an oracle lookahead, the best a predictor can do). A
- * warm-up pass (a quarter of the steps) precedes the timed steps in every mode; the sidecar's
- * starts with a hint naming every expert once (the floor starts with every expert loaded). Figures
- * are ratios against the floor and the mmap baseline; absolute numbers depend on the machine.
+ * PREFETCH hint before each FORWARD (--hints: an oracle lookahead by default, the best a predictor
+ * can do). A warm-up pass (a quarter of the steps) precedes the timed steps in every mode; the
+ * sidecar's starts with a hint naming every expert once (the floor starts with every expert
+ * loaded). Figures are ratios against the floor and the mmap baseline; absolute numbers depend on
+ * the machine.
  *
  * The full-budget row is the one compared with the floor, on a machine whose load drifts: it
  * alternates floor and sidecar for --rounds rounds (default 7) and reports the round with the
@@ -51,6 +52,13 @@
  *                [--numa SPEC]           (serve --numa: the sidecar's NUMA nodes, e.g.
  *                                         "synthetic:pack:1 numa:2 core:1 pu:1" for two
  *                                         synthetic nodes, each expert sliced over them)
+ *                [--hints oracle|none|router]  (what the sidecar is told before each FORWARD:
+ *                                         the next layer's true experts (default); nothing;
+ *                                         the top-k of the next layer's router, the model's
+ *                                         ffn_gate_inp, on this layer's input: pre-gating,
+ *                                         with its precision/recall against the trace)
+ *                [--policy SPEC]         (serve --policy, and the replay's)
+ *                [--keep-traces DIR]     (the recorded runs below 100% kept in DIR)
  *
  * Also reported per budget: hits that a hint had loaded, bytes read per token (demand misses
  * and everything the loader read), the page cache the sidecar filled from the model files
@@ -58,6 +66,10 @@
  * to READY, to the first FORWARD answered and to the hinted set resident — with the loader's
  * rate over that span against the disk's floor (odirect.h: the same bytes read once with
  * O_DIRECT at the loader's chunk and depth, measured in the same run).
+ * Below 100%, the bytes the loader read per timed token against Belady's OPT over the same
+ * requests: the sidecar's run is recorded (serve --record-trace: its FORWARDs and the loads its
+ * PREFETCHes started) and replayed over the model's size classes at the sidecar's budget
+ * (sidecar/residency/sim.h), OPT given the same prefetches.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -82,6 +94,8 @@
 #include "moe_kernels.h"
 #include "moe_proto.h"
 #include "odirect.h"
+#include "router.h"
+#include "sim.h"
 #include "stats_field.h"
 #include "trace.h"
 
@@ -97,6 +111,13 @@ static bool client_spin;        /* --client-spin: the replaying client's MOE_WAI
 static bool sequential;       /* --sequential (or a model too big for two copies): one at a time */
 static const char *json_file; /* --json-file: the JSON object there too, beside the table */
 static const char *numa_spec; /* --numa: serve's --numa (NULL: serve's default) */
+/* --hints: what the sidecar is told before each FORWARD about the next layer's experts. */
+enum hints_mode { HINTS_ORACLE, HINTS_NONE, HINTS_ROUTER };
+static enum hints_mode hints = HINTS_ORACLE;
+static const char *const hints_names[] = {"oracle", "none", "router"};
+static struct moe_router router; /* --hints router: the model's ffn_gate_inp weights */
+static const char *policy_arg;   /* --policy: serve's, and the replay's (NULL: the default) */
+static const char *keep_traces;  /* --keep-traces DIR: the recorded runs kept there */
 #define K_DEFER 1u
 #define TIMEOUT_MS 60000
 
@@ -184,6 +205,13 @@ struct result {
 	 * the share of the loader's reads that were read_fixed, the pool's pages */
 	double fixed_buffers, fixed_share;
 	const char *pages;
+	/* against Belady's OPT over the same recorded trace (serve --record-trace) and budget,
+	 * bytes per timed token: OPT given the sidecar's prefetches, OPT with none, the
+	 * sidecar's policy replayed (NAN: not computed) */
+	double opt_bytes, opt_nopf_bytes, replay_bytes;
+	double budget_bytes; /* the sidecar's, from STATS */
+	/* --hints router: the hinted experts against the next layer's true ones, timed steps */
+	double hint_hits, hint_sent, hint_true;
 	int ok;
 };
 
@@ -259,6 +287,64 @@ static int run_inprocess(const struct workload *w, struct forward_engine *e, str
 	free(def[1]);
 	free(lat);
 	return rc;
+}
+
+/* ---- Against Belady's OPT ----------------------------------------------------------------- */
+
+/* The sidecar's recorded run (serve --record-trace: its FORWARDs and the loads its PREFETCHes
+ * started) cut to the timed steps and replayed over the model's size classes at the
+ * sidecar's budget: Belady's OPT given the same prefetches, OPT with none, and the sidecar's
+ * policy (which should read what the sidecar did). Recorded steps: the cold-start FORWARD is
+ * step 0, warm-up step s is step s + 1. */
+static void against_belady(const struct workload *w, const struct moe_catalog *cat,
+                           const char *path, struct result *r)
+{
+	r->opt_bytes = r->opt_nopf_bytes = r->replay_bytes = NAN;
+	struct routing_trace t;
+	struct sidecar_error err = {0};
+	if (trace_load(path, &t, &err) != 0) {
+		fprintf(stderr, "bench_decode: the recorded trace: %s\n", err.msg);
+		return;
+	}
+	const uint32_t from = w->warm_steps + 1, end = from + w->steps;
+	uint32_t n = 0, np = 0;
+	while (n < t.n_lines && t.lines[n].step < end)
+		n++;
+	while (np < t.n_prefetches && t.prefetches[np].before_line < n)
+		np++;
+	t.n_lines = n;
+	t.n_prefetches = np;
+	struct expert_map map;
+	struct sim_sizes sz;
+	struct policy_spec spec;
+	if (expert_map_from_catalog(cat, &map, NULL, NULL, &err) != 0) {
+		fprintf(stderr, "bench_decode: %s\n", err.msg);
+		trace_free(&t);
+		return;
+	}
+	int rc = sim_sizes_from_map(&map, 4096, &sz, &err);
+	expert_map_free(&map);
+	if (rc == 0 && (rc = sim_sizes_budget(&sz, (uint64_t)r->budget_bytes, &err)) != 0)
+		sim_sizes_free(&sz);
+	if (rc == 0 && (rc = policy_spec_parse(policy_arg ? policy_arg : POLICY_DEFAULT_SPEC, &spec,
+	                                       &err)) != 0)
+		sim_sizes_free(&sz);
+	if (rc != 0) {
+		fprintf(stderr, "bench_decode: against Belady: %s\n", err.msg);
+		trace_free(&t);
+		return;
+	}
+	struct sim_options o = {.sizes = &sz, .prefetches = true, .from_step = from};
+	struct sim_result res;
+	if (sim_replay_belady(&t, &o, &res, &err) == 0)
+		r->opt_bytes = (double)(res.demand_bytes + res.prefetch_bytes) / w->steps;
+	if (sim_replay_policy(&t, &spec, &o, &res, &err) == 0)
+		r->replay_bytes = (double)(res.demand_bytes + res.prefetch_bytes) / w->steps;
+	o.prefetches = false;
+	if (sim_replay_belady(&t, &o, &res, &err) == 0)
+		r->opt_nopf_bytes = (double)res.demand_bytes / w->steps;
+	sim_sizes_free(&sz);
+	trace_free(&t);
 }
 
 /* ---- Memory limit for the mmap baseline -------------------------------------------------- */
@@ -430,6 +516,8 @@ static uint32_t max_prefill; /* --prefill's largest token count (0: no prefill r
 static uint64_t spawned_ns; /* when the running sidecar was forked */
 
 /* Starts `serve`; *ready_s receives the seconds from fork to its READY line. */
+static const char *record_path; /* serve --record-trace for the next spawn (NULL: none) */
+
 static pid_t sidecar_spawn(const char *model, double fraction, const char *sock, double *ready_s)
 {
 	const uint64_t t_spawn = monotonic_ns();
@@ -472,6 +560,14 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 			argv[at++] = "--numa";
 			argv[at++] = numa_spec;
 		}
+		if (record_path) {
+			argv[at++] = "--record-trace";
+			argv[at++] = record_path;
+		}
+		if (policy_arg) {
+			argv[at++] = "--policy";
+			argv[at++] = policy_arg;
+		}
 		char max_tokens[16];
 		if (max_prefill > 256) { /* serve's default, which the STATS connection needs */
 			snprintf(max_tokens, sizeof(max_tokens), "%u", max_prefill);
@@ -491,6 +587,21 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 	}
 	*ready_s = (double)(monotonic_ns() - t_spawn) / 1e9;
 	return pid;
+}
+
+/* Router hints against the true routing of (step, li): hits, hinted, true experts. */
+static void hint_score(const struct workload *w, uint32_t step, uint32_t li, const int32_t *hint,
+                       uint32_t k, struct result *r)
+{
+	int32_t truth[64];
+	float tw[64];
+	workload_request(w, step, li, truth, tw, NULL);
+	for (uint32_t j = 0; j < k; j++) {
+		r->hint_sent += hint[j] >= 0;
+		r->hint_true += truth[j] >= 0;
+		for (uint32_t i = 0; hint[j] >= 0 && i < k; i++)
+			r->hint_hits += truth[i] == hint[j];
+	}
 }
 
 static int run_sidecar(const struct workload *w, const char *sock, struct result *r)
@@ -589,8 +700,19 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		for (uint32_t li = 0; li < w->n_layers && rc == MOE_OK; li++) {
 			workload_request(w, step, li, ids, wts, x);
 			uint64_t a = monotonic_ns();
-			if (li + 1 < w->n_layers) {
-				workload_request(w, step, li + 1, hint, hint_w, NULL);
+			if (li + 1 < w->n_layers && hints != HINTS_NONE) {
+				if (hints == HINTS_ORACLE) {
+					workload_request(w, step, li + 1, hint, hint_w, NULL);
+				} else {
+					/* pre-gating: the next layer's router on this layer's
+					 * input, what an engine has before this layer runs */
+					const uint32_t n =
+					    moe_router_topk(&router, li + 1, x, k, hint, hint_w);
+					for (uint32_t j = n; j < k; j++)
+						hint[j] = -1;
+					if (step >= w->warm_steps)
+						hint_score(w, step, li + 1, hint, k, r);
+				}
 				uint32_t nh = 0;
 				for (uint32_t j = 0; j < k; j++)
 					if (hint[j] >= 0) {
@@ -640,6 +762,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			const double fixed = stats_field(js, "fixed_reads");
 			r->fixed_buffers = stats_field(js, "fixed_buffers");
 			r->fixed_share = fixed / (fixed + stats_field(js, "plain_reads"));
+			r->budget_bytes = stats_field(js, "budget_bytes");
 			r->pages = stats_field(js, "pool_hugetlb") == 1 ? "hugetlb"
 			           : stats_field(js, "pool_thp") == 1   ? "thp"
 			                                                : "4k";
@@ -913,12 +1036,16 @@ int main(int argc, char **argv)
 	    {"prefill", required_argument, NULL, 'P'},
 	    {"json-file", required_argument, NULL, 'J'},
 	    {"numa", required_argument, NULL, 'N'},
+	    {"hints", required_argument, NULL, 'H'},
+	    {"policy", required_argument, NULL, 'L'},
+	    {"keep-traces", required_argument, NULL, 'K'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:H:L:K:h", longopts, NULL)) !=
+	       -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -946,6 +1073,23 @@ int main(int argc, char **argv)
 		case 's': sequential = true; break;
 		case 'J': json_file = optarg; break;
 		case 'N': numa_spec = optarg; break;
+		case 'L': policy_arg = optarg; break;
+		case 'K': keep_traces = optarg; break;
+		case 'H':
+			if (!strcmp(optarg, "oracle"))
+				hints = HINTS_ORACLE;
+			else if (!strcmp(optarg, "none"))
+				hints = HINTS_NONE;
+			else if (!strcmp(optarg, "router"))
+				hints = HINTS_ROUTER;
+			else {
+				fprintf(
+				    stderr,
+				    "bench_decode: --hints %s: expected oracle, none or router\n",
+				    optarg);
+				return 2;
+			}
+			break;
 		case 'P':
 			if (parse_prefill(optarg) != 0)
 				return 2;
@@ -955,12 +1099,14 @@ int main(int argc, char **argv)
 				return 2;
 			break;
 		default:
-			fprintf(c == 'h' ? stdout : stderr,
-			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
-			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
-			        "[--client-spin] [--budgets P,P,...] "
-			        "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
-			        "[--prefill N,N] [--json-file PATH] [--numa SPEC]\n");
+			fprintf(
+			    c == 'h' ? stdout : stderr,
+			    "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
+			    "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
+			    "[--client-spin] [--budgets P,P,...] "
+			    "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
+			    "[--prefill N,N] [--json-file PATH] [--numa SPEC] "
+			    "[--hints oracle|none|router] [--policy SPEC] [--keep-traces DIR]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}
@@ -1007,6 +1153,10 @@ int main(int argc, char **argv)
 	struct sidecar_error merr;
 	if (moe_catalog_open(model, &cat, &merr) != 0) {
 		fprintf(stderr, "bench_decode: %s\n", merr.msg);
+		return 1;
+	}
+	if (hints == HINTS_ROUTER && moe_router_load(cat, &router, &merr) != 0) {
+		fprintf(stderr, "bench_decode: --hints router: %s\n", merr.msg);
 		return 1;
 	}
 	struct workload w = {.n_experts = cat->info.n_experts,
@@ -1181,6 +1331,9 @@ int main(int argc, char **argv)
 		disk_row[i] = disk_sample(disk_ranges, n_disk_ranges, UINT64_C(4) << 30);
 		drop_page_cache(cat);
 		double ready_s = 0;
+		char rec[200];
+		snprintf(rec, sizeof(rec), "%s/recorded-%d.trace", dir, i);
+		record_path = fractions[i] < 1.0 ? rec : NULL; /* 100%: rounds, nothing to read */
 		pid_t sp = sidecar_spawn(model, fractions[i], sock, &ready_s);
 		if (sp < 0) {
 			fprintf(stderr, "bench_decode: the sidecar did not start at %.0f%%\n",
@@ -1270,6 +1423,16 @@ int main(int argc, char **argv)
 		waitpid(sp, NULL, 0);
 		if (rc != 0)
 			return 1;
+		side[i].opt_bytes = side[i].opt_nopf_bytes = side[i].replay_bytes = NAN;
+		if (record_path) {
+			against_belady(&w, cat, rec, &side[i]);
+			char kept[512];
+			snprintf(kept, sizeof(kept), "%s/recorded-%.0f-%s.trace",
+			         keep_traces ? keep_traces : "", fractions[i] * 100,
+			         hints_names[hints]);
+			if (!keep_traces || rename(rec, kept) != 0)
+				unlink(rec);
+		}
 		if (run_mmap_limited(&w, cat, &lim, budget, &mm[i]) != 0)
 			fprintf(stderr, "bench_decode: mmap baseline at %.0f%% failed\n",
 			        fractions[i] * 100);
@@ -1320,7 +1483,11 @@ int main(int argc, char **argv)
 			        "\"warm_bytes\":%.0f,\"cold_loader_gbps\":%.3f,\"disk_sample_"
 			        "gbps\":%.3f,"
 			        "\"fixed_buffers\":%.0f,"
-			        "\"fixed_read_share\":%.4f,\"pool_pages\":\"%s\",\"prefill\":[",
+			        "\"fixed_read_share\":%.4f,\"pool_pages\":\"%s\","
+			        "\"belady_bytes_per_token\":%.0f,\"vs_belady\":%.4f,"
+			        "\"belady_no_prefetch_bytes_per_token\":%.0f,"
+			        "\"replayed_policy_bytes_per_token\":%.0f,"
+			        "\"hint_precision\":%.4f,\"hint_recall\":%.4f,\"prefill\":[",
 			        i ? "," : "", fractions[i], side[i].tokens_per_s,
 			        floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
 			        side[i].p50_us[0], side[i].bytes_read,
@@ -1332,7 +1499,11 @@ int main(int argc, char **argv)
 			        side[i].warm_bytes, cold_gbps(&side[i]),
 			        isnan(disk_row[i]) ? -1.0 : disk_row[i], side[i].fixed_buffers,
 			        isnan(side[i].fixed_share) ? 0.0 : side[i].fixed_share,
-			        side[i].pages ? side[i].pages : "n/a");
+			        side[i].pages ? side[i].pages : "n/a", side[i].opt_bytes,
+			        side[i].loader_bytes / w.steps / side[i].opt_bytes,
+			        side[i].opt_nopf_bytes, side[i].replay_bytes,
+			        side[i].hint_hits / side[i].hint_sent,
+			        side[i].hint_hits / side[i].hint_true);
 			for (int j = 0; j < n_prefills; j++)
 				fprintf(jo,
 				        "%s{\"tokens\":%u,\"tokens_per_s\":%.1f,\"floor_tokens_per_"
@@ -1342,8 +1513,9 @@ int main(int argc, char **argv)
 				        floor_prefill[j]);
 			fprintf(jo, "]}");
 		}
-		fprintf(jo, "],\"disk_floor_gbps\":%.3f,\"sequential\":%s}\n",
-		        isnan(disk_gbps) ? -1.0 : disk_gbps, sequential ? "true" : "false");
+		fprintf(jo, "],\"disk_floor_gbps\":%.3f,\"sequential\":%s,\"hints\":\"%s\"}\n",
+		        isnan(disk_gbps) ? -1.0 : disk_gbps, sequential ? "true" : "false",
+		        hints_names[hints]);
 		fclose(jo);
 		json_write_nulls(out, jbuf);
 		free(jbuf);
@@ -1400,6 +1572,37 @@ int main(int argc, char **argv)
 		for (int i = 0; i < N_FRACTIONS; i++)
 			printf(" %.2f", disk_row[i]);
 		printf(" GB/s%s\n", sequential ? "; engines ran one at a time (sequential)" : "");
+		printf("\nhints: %s%s; bytes per timed token against Belady's OPT over the "
+		       "recorded run (same trace, budget and size classes; OPT given the sidecar's "
+		       "prefetches):\n",
+		       hints_names[hints],
+		       hints == HINTS_ORACLE ? " (the next layer's true experts)"
+		       : hints == HINTS_NONE ? " (no PREFETCH)"
+		                             : " (the next layer's router on this layer's input)");
+		printf("%7s %11s %11s %9s %14s %13s %10s %8s\n", "budget", "load MiB/t",
+		       "OPT MiB/t", "vs OPT", "OPT no-pf MiB/t", "replay MiB/t", "hint prec",
+		       "recall");
+		for (int i = 0; i < N_FRACTIONS; i++) {
+			if (isnan(side[i].opt_bytes)) {
+				printf("%6.0f%% %11.2f %11s\n", fractions[i] * 100,
+				       side[i].loader_bytes / w.steps / 1048576.0,
+				       "(not replayed)");
+				continue;
+			}
+			char prec[16] = "-", rec[16] = "-";
+			if (side[i].hint_sent > 0) {
+				snprintf(prec, sizeof(prec), "%.3f",
+				         side[i].hint_hits / side[i].hint_sent);
+				snprintf(rec, sizeof(rec), "%.3f",
+				         side[i].hint_hits / side[i].hint_true);
+			}
+			printf("%6.0f%% %11.2f %11.2f %8.2fx %14.2f %13.2f %10s %8s\n",
+			       fractions[i] * 100, side[i].loader_bytes / w.steps / 1048576.0,
+			       side[i].opt_bytes / 1048576.0,
+			       side[i].loader_bytes / w.steps / side[i].opt_bytes,
+			       side[i].opt_nopf_bytes / 1048576.0, side[i].replay_bytes / 1048576.0,
+			       prec, rec);
+		}
 		if (n_prefills) {
 			printf(
 			    "\nprefill through every MoE layer, tokens/s (floor: in-process, all "

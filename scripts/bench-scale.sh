@@ -16,7 +16,10 @@
 # correlation 0.2, drift 0.1 every 64 steps; sidecar/residency/trace.c), sized to the model.
 # Budgets 100/75/50/25 % of the expert bytes; prefill rows of 512 and 2048 tokens at 100 and
 # 50 %. Engines run one at a time (bench_decode --sequential): 24 GiB cannot hold two copies.
-# Output: $MOE_SCALE_DIR/NAME.txt (table), NAME.json, NAME.png (plot).
+# Then 50 % again with --hints none and --hints router (the next layer's router on this layer's
+# input: pre-gating; on generated weights at chance, which the output says): bytes per token
+# against Belady's for all three hint modes.
+# Output: $MOE_SCALE_DIR/NAME.txt (table), NAME.json, NAME.png (plot); NAME-hints-H.txt/.json.
 # MOE_SCALE_STEPS (default 64) timed decode steps; MOE_SCALE_ROUNDS (default 3) 100 % rounds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +51,11 @@ run() {
 	build/bench/bench_decode --model "$path" --sequential --budgets 100,75,50,25 \
 		--prefill 512,2048 --steps "$steps" --rounds "$rounds" --plot "$dir/$name.png" \
 		--json-file "$dir/$name.json" | tee "$dir/$name.txt"
+	for hints in none router; do
+		build/bench/bench_decode --model "$path" --sequential --budgets 50 --steps "$steps" \
+			--hints "$hints" --json-file "$dir/$name-hints-$hints.json" |
+			tee "$dir/$name-hints-$hints.txt"
+	done
 }
 
 lscpu | grep -E '^Model name' >&2

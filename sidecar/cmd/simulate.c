@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "catalog_adapter.h"
 #include "commands.h"
 #include "json_writer.h"
 #include "option_values.h"
@@ -27,21 +28,30 @@ static void usage(FILE *to)
 	char presets[256], policies[160];
 	moe_model_preset_names(presets, sizeof(presets), ", ");
 	policy_spec_help(policies, sizeof(policies));
-	fprintf(to,
-	        "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
-	        "                            [--plot FILE.png] [--no-lookahead]\n"
-	        "       moe-sidecar simulate --generate MODEL [-o FILE] [--steps N] [--zipf S]\n"
-	        "                            [--reuse P] [--layer-corr P] [--drift F]\n"
-	        "                            [--drift-period N] [--seed N]\n\n"
-	        "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
-	        "N%% of all experts) and prints hit rates next to Belady's OPT.\n"
-	        "  --policies      comma-separated; default\n"
-	        "                  %s\n"
-	        "                  algorithms %s\n"
-	        "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
-	        "  --generate      MODEL: one of moe-gen's presets (docs/residency.md)\n"
-	        "                  %s\n",
-	        default_policies, policies, presets);
+	fprintf(
+	    to,
+	    "usage: moe-sidecar simulate TRACE --capacities A,B,C [--policies P,Q] [--json]\n"
+	    "                            [--plot FILE.png] [--no-lookahead] [--model MODEL]\n"
+	    "                            [--no-prefetches] [--from-step N]\n"
+	    "       moe-sidecar simulate --generate MODEL [-o FILE] [--steps N] [--zipf S]\n"
+	    "                            [--reuse P] [--layer-corr P] [--drift F]\n"
+	    "                            [--drift-period N] [--seed N]\n\n"
+	    "Replays TRACE through the residency policies at each capacity (expert slots, or\n"
+	    "N%% of all experts) and prints hit rates, and reads per token, next to Belady's\n"
+	    "OPT.\n"
+	    "  --model         the model the trace was served from: experts in size classes\n"
+	    "                  as the sidecar's pool has them, capacities in bytes (N%% of\n"
+	    "                  every expert's slot bytes, as --mem-budget N%%, or a byte count)\n"
+	    "                  and bytes read per token\n"
+	    "  --no-prefetches ignore the trace's prefetch lines (p LAYER IDS)\n"
+	    "  --from-step     count references and reads from step N on (after a warm-up)\n"
+	    "  --policies      comma-separated; default\n"
+	    "                  %s\n"
+	    "                  algorithms %s\n"
+	    "  --no-lookahead  do not give sieve-heat the next layer's experts as hints\n"
+	    "  --generate      MODEL: one of moe-gen's presets (docs/residency.md)\n"
+	    "                  %s\n",
+	    default_policies, policies, presets);
 }
 
 static int parse_double_arg(const char *opt, const char *s, double *out)
@@ -283,9 +293,16 @@ struct sim_table {
 	struct policy_spec specs[MAX_POLICIES];
 	char names[MAX_POLICIES][64];
 	int n_pol;
-	uint32_t caps[MAX_CAPACITIES];
+	uint32_t caps[MAX_CAPACITIES];    /* slots; with a model, the budget's share in 1e-4 */
+	uint64_t budgets[MAX_CAPACITIES]; /* with a model: bytes */
 	int n_caps;
 	double *rates;
+	/* reads per token (bytes with a model, loads without): [n_pol + 2][n_caps], Belady's
+	 * OPT with the trace's prefetches at n_pol, without any at n_pol + 1 */
+	double *reads;
+	struct sim_sizes *sizes; /* --model, else NULL */
+	struct sim_options opt;  /* prefetches, from_step */
+	double tokens;           /* steps counted */
 };
 
 /* --policies P,Q into the table's specs and names; 0 or 2 (usage). */
@@ -328,28 +345,74 @@ static int simulate_every_capacity(const struct routing_trace *t, bool lookahead
 	const int n_caps = tab->n_caps;
 	for (int ci = 0; ci < n_caps; ci++) {
 		struct sim_result r;
-		for (int p = 0; p < tab->n_pol; p++) {
-			double *slot = &tab->rates[p * n_caps + ci];
-			const struct policy_spec *spec = &tab->specs[p];
-			if (spec->pin_layers <= t->n_layers &&
-			    policy_slots_needed(spec, t->n_layers, t->n_experts, 0) >
-			        tab->caps[ci]) {
-				*slot =
-				    -1; /* pinned layers do not fit: no figure at this capacity */
-			} else if (sim_run_policy(t, spec, tab->caps[ci], lookahead, &r, &err)) {
+		struct sim_options o = tab->opt;
+		o.lookahead = lookahead;
+		o.capacity = tab->caps[ci];
+		if (tab->sizes) {
+			if (sim_sizes_budget(tab->sizes, tab->budgets[ci], &err)) {
 				fprintf(stderr, "simulate: %s\n", err.msg);
 				return 1;
+			}
+			o.sizes = tab->sizes;
+			tab->caps[ci] = 0; /* the slots, for the plot */
+			for (uint32_t c = 0; c < tab->sizes->n_classes; c++)
+				tab->caps[ci] += tab->sizes->slots[c];
+		}
+		for (int p = 0; p < tab->n_pol; p++) {
+			double *slot = &tab->rates[p * n_caps + ci];
+			double *reads = &tab->reads[p * n_caps + ci];
+			const struct policy_spec *spec = &tab->specs[p];
+			if (!tab->sizes && spec->pin_layers <= t->n_layers &&
+			    policy_slots_needed(spec, t->n_layers, t->n_experts, 0) >
+			        tab->caps[ci]) {
+				*slot = *reads = -1; /* pinned layers do not fit */
+			} else if (sim_replay_policy(t, spec, &o, &r, &err)) {
+				if (!spec->pin_layers) {
+					fprintf(stderr, "simulate: %s\n", err.msg);
+					return 1;
+				}
+				*slot = *reads = -1; /* pinned layers do not fit this budget */
 			} else {
 				*slot = r.refs ? (double)r.hits / (double)r.refs : 0;
+				*reads = (double)(r.demand_bytes + r.prefetch_bytes) / tab->tokens;
 			}
 		}
-		if (sim_run_belady(t, tab->caps[ci], 0, &r, &err)) {
+		if (sim_replay_belady(t, &o, &r, &err)) {
 			fprintf(stderr, "simulate: %s\n", err.msg);
 			return 1;
 		}
 		tab->rates[tab->n_pol * n_caps + ci] = r.refs ? (double)r.hits / (double)r.refs : 0;
+		tab->reads[tab->n_pol * n_caps + ci] =
+		    (double)(r.demand_bytes + r.prefetch_bytes) / tab->tokens;
+		o.prefetches = false;
+		if (sim_replay_belady(t, &o, &r, &err)) {
+			fprintf(stderr, "simulate: %s\n", err.msg);
+			return 1;
+		}
+		tab->reads[(tab->n_pol + 1) * n_caps + ci] = (double)r.demand_bytes / tab->tokens;
 	}
 	return 0;
+}
+
+/* One row of figures per policy and OPT as a JSON object (null: no figure). */
+static void json_rows(struct json_writer *w, const struct sim_table *tab, const double *v, int rows)
+{
+	jw_object_begin(w);
+	for (int p = 0; p < rows; p++) {
+		jw_key(w, p < tab->n_pol    ? tab->names[p]
+		          : p == tab->n_pol ? "belady"
+		                            : "belady_no_prefetch");
+		jw_array_begin(w);
+		for (int ci = 0; ci < tab->n_caps; ci++) {
+			const double x = v[p * tab->n_caps + ci];
+			if (x < 0)
+				jw_null(w);
+			else
+				jw_double(w, x, 6);
+		}
+		jw_array_end(w);
+	}
+	jw_object_end(w);
 }
 
 /* The table as JSON (the shape docs/residency.md shows); 0, or 1 with the sentence printed. */
@@ -362,23 +425,18 @@ static int print_rates_json(const struct sim_table *tab)
 	jw_key(&w, "capacities");
 	jw_array_begin(&w);
 	for (int ci = 0; ci < tab->n_caps; ci++)
-		jw_u64(&w, tab->caps[ci]);
+		jw_u64(&w, tab->sizes ? tab->budgets[ci] : tab->caps[ci]);
 	jw_array_end(&w);
 	jw_key(&w, "policies");
-	jw_object_begin(&w);
-	for (int p = 0; p <= tab->n_pol; p++) {
-		jw_key(&w, p < tab->n_pol ? tab->names[p] : "belady");
-		jw_array_begin(&w);
-		for (int ci = 0; ci < tab->n_caps; ci++) {
-			const double v = tab->rates[p * tab->n_caps + ci];
-			if (v < 0) /* pinned layers do not fit */
-				jw_null(&w);
-			else
-				jw_double(&w, v, 6);
-		}
-		jw_array_end(&w);
-	}
-	jw_object_end(&w);
+	json_rows(&w, tab, tab->rates, tab->n_pol + 1);
+	jw_key(&w, "capacity_unit");
+	jw_string(&w, tab->sizes ? "bytes" : "slots");
+	jw_key(&w, "tokens");
+	jw_double(&w, tab->tokens, 0);
+	jw_key(&w, "reads_unit");
+	jw_string(&w, tab->sizes ? "bytes" : "loads");
+	jw_key(&w, "reads_per_token");
+	json_rows(&w, tab, tab->reads, tab->n_pol + 2);
 	jw_object_end(&w);
 	const int rc = jw_finish_line(&w);
 	if (rc != 0) {
@@ -394,15 +452,26 @@ static void print_rates_table(const char *trace_path, const struct routing_trace
 {
 	printf("trace %s: %u layers × %u experts, top-%u, %u lines, %u references\n", trace_path,
 	       t->n_layers, t->n_experts, t->top_k, t->n_lines, t->n_refs);
-	printf("hit rate by capacity (expert slots; %% of all %u experts)\n",
-	       t->n_layers * t->n_experts);
-	printf("%-18s", "policy");
-	for (int ci = 0; ci < tab->n_caps; ci++)
-		printf(" %8u", tab->caps[ci]);
-	printf("\n%-18s", "");
-	for (int ci = 0; ci < tab->n_caps; ci++)
-		printf(" %7.1f%%", 100.0 * tab->caps[ci] / (t->n_layers * t->n_experts));
-	printf("\n");
+	if (tab->sizes) {
+		printf("hit rate by budget (%% of every expert's slot bytes, %.1f MiB; %u size "
+		       "class(es))\n",
+		       (double)tab->sizes->all_bytes / 1048576.0, tab->sizes->n_classes);
+		printf("%-18s", "policy");
+		for (int ci = 0; ci < tab->n_caps; ci++)
+			printf(" %7.1f%%",
+			       100.0 * (double)tab->budgets[ci] / (double)tab->sizes->all_bytes);
+		printf("\n");
+	} else {
+		printf("hit rate by capacity (expert slots; %% of all %u experts)\n",
+		       t->n_layers * t->n_experts);
+		printf("%-18s", "policy");
+		for (int ci = 0; ci < tab->n_caps; ci++)
+			printf(" %8u", tab->caps[ci]);
+		printf("\n%-18s", "");
+		for (int ci = 0; ci < tab->n_caps; ci++)
+			printf(" %7.1f%%", 100.0 * tab->caps[ci] / (t->n_layers * t->n_experts));
+		printf("\n");
+	}
 	for (int p = 0; p <= tab->n_pol; p++) {
 		printf("%-18s", p < tab->n_pol ? tab->names[p] : "belady (OPT)");
 		for (int ci = 0; ci < tab->n_caps; ci++) {
@@ -414,12 +483,34 @@ static void print_rates_table(const char *trace_path, const struct routing_trace
 		}
 		printf("\n");
 	}
+	const double unit = tab->sizes ? 1048576.0 : 1.0;
+	printf("\n%s read per token over %.0f token(s) (demand misses and prefetches%s); "
+	       "against Belady's OPT given the same prefetches\n",
+	       tab->sizes ? "MiB" : "loads", tab->tokens,
+	       tab->opt.prefetches && t->n_prefetches ? ", as recorded" : "");
+	for (int p = 0; p <= tab->n_pol + 1; p++) {
+		printf("%-18s", p < tab->n_pol    ? tab->names[p]
+		                : p == tab->n_pol ? "belady (OPT)"
+		                                  : "OPT, no prefetch");
+		for (int ci = 0; ci < tab->n_caps; ci++) {
+			const double v = tab->reads[p * tab->n_caps + ci];
+			const double opt = tab->reads[tab->n_pol * tab->n_caps + ci];
+			if (v < 0)
+				printf(" %15s", "-");
+			else if (p < tab->n_pol && opt > 0)
+				printf(" %8.2f %5.2fx", v / unit, v / opt);
+			else
+				printf(" %8.2f %6s", v / unit, "");
+		}
+		printf("\n");
+	}
 }
 
 /* What a replay needs from the command line. */
 struct replay_args {
-	const char *caps_arg, *pol_arg, *plot, *trace_path;
-	bool json, lookahead;
+	const char *caps_arg, *pol_arg, *plot, *trace_path, *model;
+	bool json, lookahead, no_prefetches;
+	uint32_t from_step;
 };
 
 /* The replay's command line into *a: -1 to go on, else the status to exit with. */
@@ -431,6 +522,9 @@ static int parse_replay_args(int argc, char **argv, struct replay_args *a)
 	    {"json", no_argument, NULL, 'j'},
 	    {"plot", required_argument, NULL, 'P'},
 	    {"no-lookahead", no_argument, NULL, 'n'},
+	    {"model", required_argument, NULL, 'm'},
+	    {"no-prefetches", no_argument, NULL, 'N'},
+	    {"from-step", required_argument, NULL, 'f'},
 	    {"generate", required_argument, NULL, 'g'},
 	    {"output", required_argument, NULL, 'o'},
 	    {"help", no_argument, NULL, 'h'},
@@ -446,6 +540,15 @@ static int parse_replay_args(int argc, char **argv, struct replay_args *a)
 		case 'j': a->json = true; break;
 		case 'P': a->plot = optarg; break;
 		case 'n': a->lookahead = false; break;
+		case 'm': a->model = optarg; break;
+		case 'N': a->no_prefetches = true; break;
+		case 'f': {
+			uint64_t u;
+			if (parse_u64_arg("--from-step", optarg, UINT32_MAX, &u))
+				return 2;
+			a->from_step = (uint32_t)u;
+			break;
+		}
 		case 'o': break; /* only --generate writes a file */
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
@@ -460,14 +563,116 @@ static int parse_replay_args(int argc, char **argv, struct replay_args *a)
 	return -1;
 }
 
+/* --capacities with a model: N% of every expert's slot bytes, or a byte count, sorted. */
+static int parse_budgets(const char *arg, uint64_t all_bytes, struct sim_table *tab)
+{
+	char buf[1024];
+	if (strlen(arg) >= sizeof(buf)) {
+		fprintf(stderr, "simulate: --capacities: list too long\n");
+		return -1;
+	}
+	strcpy(buf, arg);
+	tab->n_caps = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (tab->n_caps >= MAX_CAPACITIES) {
+			fprintf(stderr, "simulate: --capacities: at most %d values\n",
+			        MAX_CAPACITIES);
+			return -1;
+		}
+		const size_t len = strlen(tok);
+		uint64_t b;
+		if (len && tok[len - 1] == '%') {
+			tok[len - 1] = '\0';
+			char *end;
+			errno = 0;
+			const double pct = strtod(tok, &end);
+			if (errno || *end || end == tok || !(pct > 0 && pct <= 100)) {
+				fprintf(stderr,
+				        "simulate: --capacities: '%s%%' is not a percentage in "
+				        "(0, 100]\n",
+				        tok);
+				return -1;
+			}
+			b = (uint64_t)((double)all_bytes * pct / 100.0);
+		} else if (option_u64(tok, 1, UINT64_MAX, &b) != 0) {
+			fprintf(stderr,
+			        "simulate: --capacities: '%s' is neither N%% nor a byte count\n",
+			        tok);
+			return -1;
+		}
+		tab->budgets[tab->n_caps++] = b;
+	}
+	if (!tab->n_caps) {
+		fprintf(stderr, "simulate: --capacities: empty list\n");
+		return -1;
+	}
+	for (int i = 1; i < tab->n_caps; i++) /* sorted ascending: insertion */
+		for (int j = i; j > 0 && tab->budgets[j - 1] > tab->budgets[j]; j--) {
+			const uint64_t x = tab->budgets[j];
+			tab->budgets[j] = tab->budgets[j - 1];
+			tab->budgets[j - 1] = x;
+		}
+	return 0;
+}
+
+/* The sizes of the model's experts (--model) into *s: 0, or 1 with the sentence printed. */
+static int sizes_from_model(const char *path, const struct routing_trace *t, struct sim_sizes *s)
+{
+	struct sidecar_error err = {0};
+	struct moe_catalog *cat;
+	if (moe_catalog_open(path, &cat, &err) != 0) {
+		fprintf(stderr, "simulate: --model: %s\n", err.msg);
+		return 1;
+	}
+	struct expert_map map;
+	struct expert_extent_roles roles;
+	int rc = expert_map_from_catalog(cat, &map, &roles, NULL, &err);
+	if (rc == 0) {
+		if (map.n_layers != t->n_layers || map.n_experts != t->n_experts) {
+			fprintf(stderr,
+			        "simulate: --model %s: %u MoE layers × %u experts, the trace has "
+			        "%u × %u\n",
+			        path, map.n_layers, map.n_experts, t->n_layers, t->n_experts);
+			rc = 1;
+		} else if (sim_sizes_from_map(&map, 4096, s, &err) != 0) {
+			rc = -1;
+		}
+		expert_map_free(&map);
+	}
+	moe_catalog_close(cat);
+	if (rc < 0)
+		fprintf(stderr, "simulate: --model: %s\n", err.msg);
+	return rc ? 1 : 0;
+}
+
 /* Replays the trace into the table and prints it; the exit status. */
 static int replay(const struct replay_args *a, const struct routing_trace *t, struct sim_table *tab)
 {
-	if (parse_capacities(a->caps_arg, t->n_layers * t->n_experts, tab->caps, &tab->n_caps))
+	if (tab->sizes) {
+		if (parse_budgets(a->caps_arg, tab->sizes->all_bytes, tab))
+			return 2;
+	} else {
+		if (parse_capacities(a->caps_arg, t->n_layers * t->n_experts, tab->caps,
+		                     &tab->n_caps))
+			return 2;
+		qsort(tab->caps, (size_t)tab->n_caps, sizeof(tab->caps[0]), compare_u32);
+	}
+	tab->opt = (struct sim_options){.prefetches = !a->no_prefetches, .from_step = a->from_step};
+	tab->tokens = 0;
+	for (uint32_t li = 0, last = UINT32_MAX; li < t->n_lines; li++)
+		if (t->lines[li].step >= a->from_step && t->lines[li].step != last) {
+			last = t->lines[li].step;
+			tab->tokens++;
+		}
+	if (tab->tokens == 0) {
+		fprintf(stderr, "simulate: --from-step %u: the trace has no step from there on\n",
+		        a->from_step);
 		return 2;
-	qsort(tab->caps, (size_t)tab->n_caps, sizeof(tab->caps[0]), compare_u32);
+	}
 	tab->rates = malloc(sizeof(double) * (size_t)(tab->n_pol + 1) * (size_t)tab->n_caps);
-	if (!tab->rates) {
+	tab->reads = malloc(sizeof(double) * (size_t)(tab->n_pol + 2) * (size_t)tab->n_caps);
+	if (!tab->rates || !tab->reads) {
 		fprintf(stderr, "simulate: out of memory\n");
 		return 1;
 	}
@@ -506,8 +711,19 @@ int cmd_simulate(int argc, char **argv)
 		fprintf(stderr, "simulate: %s\n", err.msg);
 		return 1;
 	}
+	struct sim_sizes sizes;
+	if (a.model) {
+		if (sizes_from_model(a.model, &t, &sizes) != 0) {
+			trace_free(&t);
+			return 1;
+		}
+		tab.sizes = &sizes;
+	}
 	status = replay(&a, &t, &tab);
+	if (tab.sizes)
+		sim_sizes_free(tab.sizes);
 	free(tab.rates);
+	free(tab.reads);
 	trace_free(&t);
 	return status;
 }

@@ -261,6 +261,11 @@ bool forward_would_run_now(struct forward_engine *e, int32_t layer, const int32_
  * other than RESIDENCY), or a negative moe_status. */
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert);
+/* The same, writing the experts whose loads it started into started_ids (room for n, or for
+ * the model's top-k with scores_per_expert; NULL: not wanted), as many as it returns. */
+int forward_prefetch_started(struct forward_engine *e, int32_t layer, const int32_t *ids,
+                             const float *scores, uint32_t n, bool scores_per_expert,
+                             uint32_t *started_ids);
 
 /* Sets client's GPU mask: bits as the wire's MOE_OP_MASK (bit e of byte
  * layer * ceil(n_experts/8) + e/8; layer = transformer block). layer = -1: `bits` covers every

@@ -10,6 +10,13 @@
 int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids,
                      const float *scores, uint32_t n, bool scores_per_expert)
 {
+	return forward_prefetch_started(e, layer, ids, scores, n, scores_per_expert, NULL);
+}
+
+int forward_prefetch_started(struct forward_engine *e, int32_t layer, const int32_t *ids,
+                             const float *scores, uint32_t n, bool scores_per_expert,
+                             uint32_t *started_ids)
+{
 	const struct moe_model_hparams *info = &e->cat->info;
 	if (layer < 0 || (uint32_t)layer >= info->n_layers || e->w.moe_index[layer] < 0)
 		return MOE_EBADLAYER;
@@ -38,7 +45,11 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 			const uint32_t id = (uint32_t)best;
 			const float pri = scores[best] * (float)top;
 			weights_hint(&e->w, l, id, pri);
-			started += weights_prefetch(&e->w, l, id, pri);
+			if (weights_prefetch(&e->w, l, id, pri)) {
+				if (started_ids)
+					started_ids[started] = id;
+				started++;
+			}
 			last = scores[best];
 			last_id = best;
 		}
@@ -54,8 +65,11 @@ int forward_prefetch(struct forward_engine *e, int32_t layer, const int32_t *ids
 			const float pri = scores && isfinite(scores[i]) ? scores[i] : 1.0f;
 			if (pass == 0)
 				weights_hint(&e->w, l, id, pri);
-			else
-				started += weights_prefetch(&e->w, l, id, pri);
+			else if (weights_prefetch(&e->w, l, id, pri)) {
+				if (started_ids)
+					started_ids[started] = id;
+				started++;
+			}
 		}
 	return started;
 }

@@ -297,6 +297,17 @@ uint32_t plan_request(struct forward_engine *e, const struct forward_request *q,
 		memcpy(e->rq->xg + s * row, (const uint8_t *)q->x + (p / k) * row, row);
 		e->rq->wg[s] = q->weights[p];
 	}
+	/* Each expert's score for the residency's heat: its router weights in these tokens,
+	 * scaled by the model's top-k (1.0 = an average selected expert), as a recorded trace
+	 * (whose header's top_k is the model's) replays them. */
+	for (uint32_t gi = 0; gi < n_groups; gi++) {
+		const struct req_group *g = &e->rq->groups[gi];
+		float sum = 0;
+		for (uint32_t s = g->first; s < g->first + g->count; s++)
+			sum += e->rq->wg[s] > 0 ? e->rq->wg[s] : 0;
+		e->rq->held[gi].hold.score =
+		    sum * (float)(e->cat->info.top_k ? e->cat->info.top_k : k);
+	}
 	return n_groups;
 }
 

@@ -56,7 +56,7 @@ struct policy_spec {
 };
 
 /* The policy a residency gets when its configuration names none. */
-#define POLICY_DEFAULT_SPEC "sieve+layer"
+#define POLICY_DEFAULT_SPEC "heat+layer"
 
 /* Parses "lru", "sieve+layer+pin2", …: 0, or -1 with a message naming the bad part. */
 int policy_spec_parse(const char *text, struct policy_spec *out, struct sidecar_error *err);

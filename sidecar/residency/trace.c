@@ -19,6 +19,8 @@ void trace_free(struct routing_trace *t)
 	free(t->lines);
 	free(t->ids);
 	free(t->scores);
+	free(t->prefetches);
+	free(t->pf_ids);
 	memset(t, 0, sizeof(*t));
 }
 
@@ -172,6 +174,60 @@ static int parse_header(struct cursor *c, struct routing_trace *t)
 	return 0;
 }
 
+/* "p LAYER IDS" (the 'p' consumed): loads started before the next reference line. */
+static int parse_prefetch_line(struct cursor *c, struct routing_trace *t, const char *name,
+                               uint64_t line_no, struct sidecar_error *err)
+{
+	uint32_t layer;
+	skip_blanks(c);
+	if (parse_u32(c, &layer))
+		return parse_err(err, MOE_EINVAL, name, line_no,
+		                 "prefetch line: expected a layer number after 'p'");
+	if (layer >= t->n_layers)
+		return parse_err(err, MOE_EINVAL, name, line_no,
+		                 "prefetch line: layer %u out of range (n_layers %u)", layer,
+		                 t->n_layers);
+	skip_blanks(c);
+	if (grow((void **)&t->prefetches, &t->cap_prefetches, t->n_prefetches + 1,
+	         sizeof(*t->prefetches)))
+		return parse_err(err, MOE_ENOMEM, name, line_no, "out of memory");
+	struct trace_prefetch *pf = &t->prefetches[t->n_prefetches];
+	*pf = (struct trace_prefetch){t->n_lines, layer, t->n_pf_ids, 0};
+	for (;;) {
+		uint32_t id;
+		if (parse_u32(c, &id))
+			return parse_err(err, MOE_EINVAL, name, line_no,
+			                 "prefetch line: expected an expert id");
+		if (id >= t->n_experts)
+			return parse_err(err, MOE_EINVAL, name, line_no,
+			                 "prefetch line: expert id %u out of range (n_experts %u)",
+			                 id, t->n_experts);
+		for (uint32_t i = pf->first; i < pf->first + pf->count; i++)
+			if (t->pf_ids[i] == id)
+				return parse_err(err, MOE_EINVAL, name, line_no,
+				                 "prefetch line: expert %u listed twice", id);
+		if (pf->count >= TRACE_MAX_TOPK)
+			return parse_err(err, MOE_EINVAL, name, line_no,
+			                 "prefetch line: more than %u experts", TRACE_MAX_TOPK);
+		if (grow((void **)&t->pf_ids, &t->cap_pf_ids, t->n_pf_ids + 1, sizeof(*t->pf_ids)))
+			return parse_err(err, MOE_ENOMEM, name, line_no, "out of memory");
+		t->pf_ids[t->n_pf_ids++] = id;
+		pf->count++;
+		if (c->p < c->end && *c->p == ',') {
+			c->p++;
+			continue;
+		}
+		skip_blanks(c);
+		if (c->p != c->end)
+			return parse_err(err, MOE_EINVAL, name, line_no,
+			                 "prefetch line: unexpected '%c' after the expert list "
+			                 "(prefetch ids have no scores)",
+			                 *c->p);
+		t->n_prefetches++;
+		return 0;
+	}
+}
+
 /* layer_epoch[l] = epoch of the last step that had a line for layer l (epochs count steps). */
 struct step_layers {
 	uint32_t *layer_epoch;
@@ -304,7 +360,12 @@ int trace_parse(const char *text, size_t len, const char *name, struct routing_t
 			}
 			continue;
 		}
-		rc = parse_body_line(&c, &t, &seen, name, line_no, err);
+		if (*c.p == 'p') {
+			c.p++;
+			rc = parse_prefetch_line(&c, &t, name, line_no, err);
+		} else {
+			rc = parse_body_line(&c, &t, &seen, name, line_no, err);
+		}
 		if (rc)
 			goto fail;
 	}
@@ -403,6 +464,26 @@ int trace_format_line(char *buf, size_t cap, uint32_t step, uint32_t layer, cons
 	return (int)len;
 }
 
+int trace_format_prefetch(char *buf, size_t cap, uint32_t layer, const uint32_t *ids,
+                          uint32_t count)
+{
+	size_t len = 0;
+	int n = snprintf(buf, cap, "p %u ", layer);
+	for (uint32_t j = 0;; j++) {
+		if (n < 0 || (size_t)n >= cap - len)
+			return -ENOSPC;
+		len += (size_t)n;
+		if (j == count)
+			break;
+		n = snprintf(buf + len, cap - len, "%s%u", j ? "," : "", ids[j]);
+	}
+	if (len + 1 >= cap)
+		return -ENOSPC;
+	buf[len++] = '\n';
+	buf[len] = '\0';
+	return (int)len;
+}
+
 int trace_write_header(FILE *f, uint32_t n_layers, uint32_t n_experts, uint32_t top_k)
 {
 	char buf[TRACE_LINE_MAX];
@@ -422,7 +503,18 @@ int trace_write(FILE *f, const struct routing_trace *t)
 {
 	if (trace_write_header(f, t->n_layers, t->n_experts, t->top_k) < 0)
 		return -EIO;
-	for (uint32_t i = 0; i < t->n_lines; i++) {
+	uint32_t pf = 0;
+	char buf[TRACE_LINE_MAX];
+	for (uint32_t i = 0; i <= t->n_lines; i++) {
+		for (; pf < t->n_prefetches && t->prefetches[pf].before_line == i; pf++) {
+			const struct trace_prefetch *p = &t->prefetches[pf];
+			const int n = trace_format_prefetch(buf, sizeof(buf), p->layer,
+			                                    t->pf_ids + p->first, p->count);
+			if (n < 0 || fwrite(buf, 1, (size_t)n, f) != (size_t)n)
+				return -EIO;
+		}
+		if (i == t->n_lines)
+			break;
 		const struct trace_line *l = &t->lines[i];
 		if (trace_write_line(f, l->step, l->layer, t->ids + l->first,
 		                     t->scored ? t->scores + l->first : NULL, l->count) < 0)

@@ -15,6 +15,10 @@
  * decrease; a (step, layer) has at most one line; a line holds 1..top_k distinct ids, each
  * below n_experts; layer < n_layers.
  * Either every id has a score or none does (a whole trace is scored or not).
+ * A line `p LAYER IDS` (ids only, 1..TRACE_MAX_TOPK distinct ones, no scores) is a prefetch:
+ * the sidecar started loading those experts of LAYER there, before the next reference line
+ * (`serve --record-trace` writes one for every PREFETCH that started a load). Prefetch lines
+ * are kept apart (routing_trace.prefetches), so readers of the references never see them.
  * Every line ends with '\n', the last one too: a trace cut mid-line (a writer that ran out
  * of disk) is refused with the byte offset where its last line starts, never read as a
  * shorter line.
@@ -43,6 +47,13 @@ struct trace_line {
 	uint32_t count;
 };
 
+/* A prefetch line: loads started before reference line `before_line` (n_lines: at the end). */
+struct trace_prefetch {
+	uint32_t before_line, layer;
+	uint32_t first; /* index into pf_ids */
+	uint32_t count;
+};
+
 struct routing_trace {
 	uint32_t n_layers, n_experts, top_k;
 	bool scored;
@@ -51,6 +62,12 @@ struct routing_trace {
 	uint32_t *ids; /* [n_refs] expert index within the layer */
 	float *scores; /* [n_refs] router scores, or NULL when !scored */
 	uint32_t cap_lines, cap_refs;
+	/* Prefetch lines, in file order (before_line never decreases); none in a generated
+	 * trace. */
+	uint32_t n_prefetches, n_pf_ids;
+	struct trace_prefetch *prefetches;
+	uint32_t *pf_ids; /* [n_pf_ids] */
+	uint32_t cap_prefetches, cap_pf_ids;
 };
 
 /* Parses a trace held in memory (need not be NUL-terminated). `name` prefixes messages
@@ -74,6 +91,9 @@ int trace_format_header(char *buf, size_t cap, uint32_t n_layers, uint32_t n_exp
                         uint32_t top_k);
 int trace_format_line(char *buf, size_t cap, uint32_t step, uint32_t layer, const uint32_t *ids,
                       const float *scores, uint32_t count);
+/* A prefetch line ("p LAYER IDS\n", count ≤ TRACE_MAX_TOPK): as trace_format_line. */
+int trace_format_prefetch(char *buf, size_t cap, uint32_t layer, const uint32_t *ids,
+                          uint32_t count);
 void trace_free(struct routing_trace *t);
 
 /* Synthetic routing. Per layer, expert popularity follows Zipf(zipf_s) over a random

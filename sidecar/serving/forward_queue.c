@@ -113,6 +113,7 @@ struct forward_queue {
 	/* Dispatcher's private buffers. */
 	int32_t *hint_ids;
 	float *hint_scores;
+	uint32_t *hint_started; /* [hint_cap] the experts a PREFETCH started (--record-trace) */
 	uint32_t hint_cap;
 	uint8_t *mask;
 	size_t mask_bytes; /* the whole model's mask */
@@ -661,8 +662,12 @@ void model_op_prefetch(const struct sidecar_channel *ch, const struct moe_sqe *s
 			return;
 		}
 	}
-	int rc = forward_prefetch(o->engine, sqe->layer, per_expert ? NULL : o->hint_ids,
-	                          o->hint_scores, n, per_expert);
+	int rc = forward_prefetch_started(o->engine, sqe->layer, per_expert ? NULL : o->hint_ids,
+	                                  o->hint_scores, n, per_expert,
+	                                  o->recorder ? o->hint_started : NULL);
+	if (rc > 0 && o->recorder) /* --record-trace: the loads it started */
+		trace_recorder_add_prefetch(o->recorder, o->moe_of_block[sqe->layer],
+		                            o->hint_started, (uint32_t)rc);
 	if (rc < 0) {
 		done->status = rc;
 		channel_request_error(ch, sqe, done, true, "PREFETCH layer %d: %s", sqe->layer,
@@ -868,11 +873,12 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	o->out_immediate = malloc(rows * sizeof(float));
 	o->hint_ids = malloc((size_t)o->hint_cap * sizeof(int32_t));
 	o->hint_scores = malloc((size_t)o->hint_cap * sizeof(float));
+	o->hint_started = malloc((size_t)o->hint_cap * sizeof(uint32_t));
 	o->mask = malloc(o->mask_bytes);
 	o->stats = malloc(o->stats_cap);
 	if (!o->x || !o->ids || !o->weights || !o->out_immediate || !o->hint_ids ||
-	    !o->hint_scores || !o->mask || !o->stats || !o->routing || !o->moe_of_block ||
-	    !o->block_of_moe || !o->queued_mask) {
+	    !o->hint_scores || !o->hint_started || !o->mask || !o->stats || !o->routing ||
+	    !o->moe_of_block || !o->block_of_moe || !o->queued_mask) {
 		forward_queue_destroy(o);
 		return error_set(err, MOE_ENOMEM, "out of memory for the request buffers");
 	}
@@ -979,6 +985,7 @@ void forward_queue_destroy(struct forward_queue *o)
 	free(o->out_immediate);
 	free(o->hint_ids);
 	free(o->hint_scores);
+	free(o->hint_started);
 	trace_recorder_destroy(o->recorder); /* after the last FORWARD: drains the rest */
 	routing_destroy(o->routing);
 	free(o->mask);

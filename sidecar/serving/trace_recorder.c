@@ -1,10 +1,11 @@
 /* trace_recorder.c — the routing served, into a trace file (contract in trace_recorder.h).
  *
- * The ring is single-producer (the thread executing FORWARDs) single-consumer (the writer):
- * free-running 64-bit byte counters, the producer's tail published with release, the
- * consumer's head with release, each side reading the other's with acquire. A record is a
- * header and its ids and weights, copied in and out with wrap-around; a record with k = 0 is
- * a drop marker (n_tokens = FORWARDs dropped before it).
+ * The ring has one consumer (the writer) and two producers taking turns under a spin flag (the
+ * thread executing FORWARDs, the dispatcher answering PREFETCHes): free-running 64-bit byte
+ * counters, the producers' tail published with release, the consumer's head with release,
+ * each side reading the other's with acquire. A record is a header and its ids and weights,
+ * copied in and out with wrap-around; a record with k = 0 is a drop marker (n_tokens =
+ * FORWARDs dropped before it); a prefetch record is k ids and no weights.
  */
 #include "trace_recorder.h"
 
@@ -32,7 +33,8 @@
 #define OUT_BYTES (64u << 10) /* whole lines between writes */
 
 struct record_header {
-	uint32_t layer, n_tokens, k, reserved;
+	uint32_t layer, n_tokens, k;
+	uint32_t prefetch; /* 1: k expert ids the sidecar started loading, no weights */
 };
 
 struct trace_recorder {
@@ -44,6 +46,9 @@ struct trace_recorder {
 	uint64_t cap;
 	_Atomic uint64_t head, tail;
 	uint64_t pending_drops; /* producer only: dropped since its last marker */
+	/* Two producers (the forward thread's FORWARDs, the dispatcher's PREFETCHes) take turns
+	 * appending: a spin over a memcpy, never across a system call but the writer's wake. */
+	atomic_flag producer;
 	/* Writer. */
 	pthread_t thread;
 	pthread_mutex_t lock;
@@ -70,6 +75,14 @@ static uint64_t record_bytes(uint32_t n_tokens, uint32_t k)
 	return sizeof(struct record_header) + (uint64_t)n_tokens * k * (sizeof(int32_t) + 4);
 }
 
+static uint64_t header_record_bytes(const struct record_header *h)
+{
+	if (!h->k)
+		return sizeof(*h);
+	return h->prefetch ? sizeof(*h) + (uint64_t)h->k * sizeof(uint32_t)
+	                   : record_bytes(h->n_tokens, h->k);
+}
+
 static void ring_put(struct trace_recorder *t, uint64_t at, const void *src, size_t n)
 {
 	const size_t off = (size_t)(at % t->cap);
@@ -86,16 +99,17 @@ static void ring_get(const struct trace_recorder *t, uint64_t at, void *dst, siz
 	memcpy((uint8_t *)dst + first, t->ring, n - first);
 }
 
-void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
-                        const int32_t *ids, const float *weights)
+/* Appends one record (weights NULL: a prefetch record of k ids), or counts it dropped. */
+static void ring_add_locked(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
+                            const void *ids, const float *weights)
 {
-	if (!t)
-		return;
 	if (atomic_load_explicit(&t->stopped, memory_order_relaxed)) {
 		atomic_fetch_add_explicit(&t->dropped, 1, memory_order_relaxed);
 		return;
 	}
-	const uint64_t size = record_bytes(n_tokens, k);
+	const struct record_header h = {
+	    .layer = layer, .n_tokens = n_tokens, .k = k, .prefetch = weights == NULL};
+	const uint64_t size = header_record_bytes(&h);
 	const uint64_t marker = t->pending_drops ? sizeof(struct record_header) : 0;
 	const uint64_t tail = atomic_load_explicit(&t->tail, memory_order_relaxed);
 	const uint64_t used = tail - atomic_load_explicit(&t->head, memory_order_acquire);
@@ -111,14 +125,38 @@ void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tok
 		at += sizeof(m);
 		t->pending_drops = 0;
 	}
-	const struct record_header h = {.layer = layer, .n_tokens = n_tokens, .k = k};
 	const size_t n = (size_t)n_tokens * k;
 	ring_put(t, at, &h, sizeof(h));
 	ring_put(t, at + sizeof(h), ids, n * sizeof(int32_t));
-	ring_put(t, at + sizeof(h) + n * sizeof(int32_t), weights, n * sizeof(float));
+	if (weights)
+		ring_put(t, at + sizeof(h) + n * sizeof(int32_t), weights, n * sizeof(float));
 	atomic_store_explicit(&t->tail, at + size, memory_order_release);
 	if (at + size - atomic_load_explicit(&t->head, memory_order_relaxed) > t->cap / 4)
 		pthread_cond_signal(&t->wake); /* the writer also polls: a lost signal only waits */
+}
+
+static void ring_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
+                     const void *ids, const float *weights)
+{
+	while (atomic_flag_test_and_set_explicit(&t->producer, memory_order_acquire))
+		;
+	ring_add_locked(t, layer, n_tokens, k, ids, weights);
+	atomic_flag_clear_explicit(&t->producer, memory_order_release);
+}
+
+void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
+                        const int32_t *ids, const float *weights)
+{
+	if (t && n_tokens && k)
+		ring_add(t, layer, n_tokens, k, ids, weights);
+}
+
+void trace_recorder_add_prefetch(struct trace_recorder *t, uint32_t layer, const uint32_t *ids,
+                                 uint32_t n)
+{
+	for (uint32_t at = 0; t && at < n; at += TRACE_MAX_TOPK)
+		ring_add(t, layer, 1, n - at < TRACE_MAX_TOPK ? n - at : TRACE_MAX_TOPK, ids + at,
+		         NULL);
 }
 
 /* Stops recording with one log line. Writer thread. */
@@ -233,6 +271,13 @@ static void write_record(struct trace_recorder *t, const struct record_header *h
 			    false);
 		return;
 	}
+	if (h->prefetch) { /* "p LAYER IDS", TRACE_MAX_TOPK ids a line */
+		const uint32_t *pf = (const uint32_t *)(t->scratch + sizeof(*h));
+		if ((at = line_room(t)))
+			keep_line(t, trace_format_prefetch(at, TRACE_LINE_MAX, h->layer, pf, h->k),
+			          true);
+		return;
+	}
 	const size_t n = (size_t)h->n_tokens * h->k;
 	const int32_t *ids = (const int32_t *)(t->scratch + sizeof(*h));
 	const float *w = (const float *)(t->scratch + sizeof(*h) + n * sizeof(int32_t));
@@ -281,7 +326,7 @@ static void drain(struct trace_recorder *t)
 	while (head != tail) {
 		struct record_header h;
 		ring_get(t, head, &h, sizeof(h));
-		const uint64_t size = h.k ? record_bytes(h.n_tokens, h.k) : sizeof(h);
+		const uint64_t size = header_record_bytes(&h);
 		ring_get(t, head, t->scratch, (size_t)size);
 		head += size;
 		atomic_store_explicit(&t->head, head, memory_order_release);
@@ -414,8 +459,9 @@ int trace_recorder_create(const struct trace_recorder_config *cfg, struct trace_
 		return error_set(err, MOE_ENOMEM, "--record-trace: out of memory");
 	t->cfg = *cfg;
 	snprintf(t->path, sizeof(t->path), "%s", cfg->path);
-	const uint64_t largest =
-	    record_bytes(cfg->max_tokens, cfg->top_k) + sizeof(struct record_header);
+	uint64_t largest = record_bytes(cfg->max_tokens, cfg->top_k) + sizeof(struct record_header);
+	if (largest < sizeof(struct record_header) + TRACE_MAX_TOPK * sizeof(uint32_t))
+		largest = sizeof(struct record_header) + TRACE_MAX_TOPK * sizeof(uint32_t);
 	t->cap = 2 * largest > RING_MIN_BYTES ? 2 * largest : RING_MIN_BYTES;
 	if (t->cap > RING_MAX_BYTES)
 		t->cap = RING_MAX_BYTES; /* larger FORWARDs than half of it are dropped, counted */

@@ -24,7 +24,8 @@
  * Size: the file stops growing before max_bytes (the header and whole lines only): the writer
  * logs one line and drops every later record.
  *
- * Threading: trace_recorder_add from one thread at a time (FORWARDs are serialised); stats
+ * Threading: trace_recorder_add and trace_recorder_add_prefetch from any threads (they take
+ * turns on a spin flag held for a copy); stats
  * from any thread; destroy after the last add (drains, flushes, joins).
  */
 #ifndef MOE_SIDECAR_TRACE_RECORDER_H
@@ -65,6 +66,11 @@ void trace_recorder_destroy(struct trace_recorder *t);
 /* One FORWARD at MoE layer `layer`: n_tokens rows of k ids (-1 = skip) and their weights. */
 void trace_recorder_add(struct trace_recorder *t, uint32_t layer, uint32_t n_tokens, uint32_t k,
                         const int32_t *ids, const float *weights);
+
+/* A PREFETCH that started loads: the n experts of MoE layer `layer` whose loads it started
+ * (written as `p` lines before the next FORWARD's, TRACE_MAX_TOPK ids a line). */
+void trace_recorder_add_prefetch(struct trace_recorder *t, uint32_t layer, const uint32_t *ids,
+                                 uint32_t n);
 
 struct trace_recorder_stats {
 	uint64_t lines, bytes; /* in the file so far (whole lines; bytes = its size) */

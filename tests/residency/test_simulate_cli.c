@@ -74,6 +74,18 @@ Test(simulate_cli, generate_json_and_plot)
 		cr_assert_geq(opt[i], sieve[i]);
 	}
 	cr_assert_geq(opt[1], opt[0], "OPT cannot lose hits with more capacity");
+	/* Reads per token (loads, without a model): OPT's are the fewest. */
+	const char *reads = strstr(out, "\"reads_per_token\"");
+	cr_assert_not_null(reads, "%s", out);
+	cr_assert(strstr(out, "\"reads_unit\": \"loads\""), "%s", out);
+	cr_assert_eq(numbers_after(reads, "\"lru\"", lru, 4), 2);
+	cr_assert_eq(numbers_after(reads, "\"sieve+layer\"", sieve, 4), 2);
+	cr_assert_eq(numbers_after(reads, "\"belady\"", opt, 4), 2);
+	for (int i = 0; i < 2; i++) {
+		cr_assert_gt(opt[i], 0);
+		cr_assert_leq(opt[i], lru[i]);
+		cr_assert_leq(opt[i], sieve[i]);
+	}
 
 	if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
 		snprintf(args, sizeof(args), "%s --capacities 600,1200 --plot %s", trace, png);

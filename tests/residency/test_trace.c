@@ -69,6 +69,12 @@ Test(trace, rejects_bad_input_with_line_and_reason)
 	    {"L2 0 1\n1 0 1\n", "step 1 after step 2"},
 	    {"L0 0 1\n0 1 2\n0 0 3\n", "t.trace:4: step 0 layer 0 listed twice"},
 	    {"L99999999999 0 1\n", "expected a step"},
+	    {"Lp 2 1\n0 0 1\n", "prefetch line: layer 2 out of range"},
+	    {"Lp 0 9\n0 0 1\n", "prefetch line: expert id 9 out of range"},
+	    {"Lp 0 1,1\n0 0 1\n", "prefetch line: expert 1 listed twice"},
+	    {"Lp 0 1:0.5\n0 0 1\n", "prefetch ids have no scores"},
+	    {"Lp x\n0 0 1\n", "expected a layer number after 'p'"},
+	    {"Lp 0 1\n", "no lines"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		char text[512];

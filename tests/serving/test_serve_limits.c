@@ -60,7 +60,7 @@ static void expect_exact(struct served *s, const struct fwd_case *fc, const floa
 	free(want);
 }
 
-/* Three MoE layers on one or two slots under the default sieve+layer: layer 2's share of the
+/* Three MoE layers on one or two slots under the default heat+layer: layer 2's share of the
  * slots is 0 (and layer 1's with one slot). Every layer is served, alone and as a decode step
  * whose deferred expert is still held by the previous layer's wave; after the client leaves, a
  * new one is served and SIGTERM stops the sidecar cleanly. (A FORWARD of a layer with a share

@@ -13,7 +13,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include "catalog_adapter.h"
 #include "serve_fixture.h"
+#include "sim.h"
 #include "trace.h"
 
 /* Runs cmd, returns its exit status and its stdout (malloc'd, NUL-terminated) in *out. */
@@ -200,6 +202,113 @@ Test(serve_routing, record_trace_writes_what_was_served_and_simulate_replays_it)
 		trues++;
 	cr_assert_eq(trues, 4, "%s", out);
 	free(out);
+	unlink(path);
+	rmdir(dir);
+}
+
+/* A recorded run replayed in bytes: decode passes at a budget that evicts, with the next
+ * layer's experts sent as PREFETCH hints before each FORWARD. The trace holds the loads the
+ * hints started (`p` lines); replaying it through the sidecar's policy over the same size
+ * classes and budget reads what the sidecar read: its demand loads are the sidecar's cold
+ * misses, its prefetch loads the prefetches it started, and its bytes the loader's (each
+ * expert's extents' aligned supersets, less what lies past the end of the file). Belady's OPT
+ * given the same prefetches reads no more. */
+Test(serve_routing, a_recorded_run_replayed_in_bytes_reads_what_the_sidecar_read)
+{
+	char path[160];
+	char dir[] = "/tmp/moe-trace-XXXXXX";
+	cr_assert_not_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/served.trace", dir);
+	const char *extra[] = {"--record-trace", path, "--mem-budget", "30%", NULL};
+	struct served s;
+	served_start(&s, "q4_k", extra);
+	const uint32_t L = ref_n_layers(s.ref), E = ref_n_experts(s.ref);
+	uint64_t r = 12345;
+	int32_t ids[4 * 64];
+	for (uint32_t i = 0; i < 4 * 64; i++)
+		ids[i] = (int32_t)((test_rand(&r) >> 20) % E);
+	for (uint32_t step = 0; step < 4; step++)
+		for (uint32_t l = 0; l < L; l++) {
+			int32_t cur[2], next[2];
+			for (uint32_t j = 0; j < 2; j++) {
+				cur[j] = ids[(step * L + l) * 2 % 256 + j];
+				next[j] = ids[(step * L + l + 1) * 2 % 256 + j];
+			}
+			if (cur[1] == cur[0])
+				cur[1] = (cur[0] + 1) % (int32_t)E;
+			if (l + 1 < L) {
+				const float pw[2] = {1, 1};
+				uint32_t queued;
+				cr_assert_eq(
+				    moe_prefetch(s.c, (int32_t)l + 1, next, pw, 2, &queued, 5000),
+				    MOE_OK);
+			}
+			const float w[2] = {0.6f, 0.4f};
+			cr_assert_eq(forward_ids(&s, (int32_t)l, 1, 2, cur, w), MOE_OK);
+		}
+	char *json = served_stats(&s);
+	const int64_t cold = json_top_u64(json, "cold_misses"),
+	              prefetches = json_top_u64(json, "prefetches"),
+	              loader = json_top_u64(json, "loader_bytes_read"),
+	              budget = json_top_u64(json, "budget_bytes"),
+	              evictions = json_top_u64(json, "evictions"),
+	              dropped = json_top_u64(json, "prefetch_dropped");
+	free(json);
+	char model[200]; /* the fixture removes its own at stop */
+	snprintf(model, sizeof(model), "%s/model.gguf", dir);
+	cr_assert_eq(link(s.model, model), 0, "link %s: %s", s.model, strerror(errno));
+	served_stop(&s);
+	cr_assert(cold > 0 && prefetches > 0 && evictions > 0,
+	          "cold %lld prefetches %lld evictions %lld", (long long)cold,
+	          (long long)prefetches, (long long)evictions);
+
+	struct routing_trace t;
+	struct sidecar_error err = {0};
+	cr_assert_eq(trace_load(path, &t, &err), 0, "%s", err.msg);
+	cr_assert_eq(t.n_lines, 4 * L);
+	cr_assert_gt(t.n_prefetches, 0);
+	struct moe_catalog *cat;
+	cr_assert_eq(moe_catalog_open(model, &cat, &err), 0, "%s", err.msg);
+	struct expert_map map;
+	struct expert_extent_roles roles;
+	cr_assert_eq(expert_map_from_catalog(cat, &map, &roles, NULL, &err), 0, "%s", err.msg);
+	struct sim_sizes sz;
+	cr_assert_eq(sim_sizes_from_map(&map, 4096, &sz, &err), 0, "%s", err.msg);
+	cr_assert_eq(sim_sizes_budget(&sz, (uint64_t)budget, &err), 0, "%s", err.msg);
+	struct policy_spec spec;
+	cr_assert_eq(policy_spec_parse(POLICY_DEFAULT_SPEC, &spec, &err), 0);
+	const struct sim_options o = {.sizes = &sz, .prefetches = true};
+	struct sim_result got, opt;
+	cr_assert_eq(sim_replay_policy(&t, &spec, &o, &got, &err), 0, "%s", err.msg);
+	cr_assert_eq(sim_replay_belady(&t, &o, &opt, &err), 0, "%s", err.msg);
+	cr_assert(got.demand_loads == (uint64_t)cold && got.prefetch_loads == (uint64_t)prefetches,
+	          "replay: %llu demand and %llu prefetch loads (%llu dropped); sidecar: %lld cold "
+	          "misses, %lld prefetches, %lld dropped",
+	          (unsigned long long)got.demand_loads, (unsigned long long)got.prefetch_loads,
+	          (unsigned long long)got.prefetch_dropped, (long long)cold, (long long)prefetches,
+	          (long long)dropped);
+	const uint64_t bytes = got.demand_bytes + got.prefetch_bytes;
+	/* The loader reads each extent's aligned superset, less a tail past the end of the file:
+	 * at most one block per load. */
+	cr_assert(bytes >= (uint64_t)loader &&
+	              bytes - (uint64_t)loader <= 4096 * (got.demand_loads + got.prefetch_loads),
+	          "replay %llu bytes, loader %lld", (unsigned long long)bytes, (long long)loader);
+	cr_assert_leq(opt.demand_bytes + opt.prefetch_bytes, bytes);
+	cr_assert_eq(opt.prefetch_loads <= got.prefetch_loads + got.demand_loads, true);
+	sim_sizes_free(&sz);
+	expert_map_free(&map);
+	moe_catalog_close(cat);
+	trace_free(&t);
+
+	/* The command says the same per token, against OPT's. */
+	char cmd[768], *out;
+	snprintf(cmd, sizeof(cmd), "%s simulate %s --model %s --capacities %lld --json",
+	         MOE_SIDECAR_BIN, path, model, (long long)budget);
+	cr_assert_eq(run_shell(cmd, &out), 0, "%s", out);
+	cr_assert(strstr(out, "\"reads_unit\": \"bytes\"") && strstr(out, "\"reads_per_token\": {"),
+	          "%s", out);
+	free(out);
+	unlink(model);
 	unlink(path);
 	rmdir(dir);
 }

@@ -24,6 +24,12 @@ Weights come from the model directory `moe-gen --full-model` wrote (config.json 
 computed by torch) that models kt's deferral exactly: per layer beside the run, and end to
 end in fp32 activations, where it asserts the same token ids and the same final hidden
 states within bf16 rounding (TOL_BLOCK below says what and why).
+--router-hints sends the sidecar what an engine can compute itself before a layer runs: the
+next MoE layer's router applied to this layer's input ("pre-gating"), its top-k as a PREFETCH
+hint (client.prefetch, moe_prefetch in C) while this layer computes; at the end it prints the
+hints' precision and recall against the routing the next layer really chose (on moe-gen's
+random weights they are near chance, top_k / n_experts: the mechanism is what is shown) and
+the loads the hints started (STATS prefetches).
 --transformers loads the directory with transformers' Qwen3MoeForCausalLM and compares the
 prompt's logits with this file's all-torch model, both in fp32 (skipped, saying so, where
 transformers is not importable). The exit status is 0 only if every check that ran passed.
@@ -220,7 +226,7 @@ class Model:
             w = w / w.sum(dim=-1, keepdim=True)
         return ids, w
 
-    def forward(self, tokens, pos0, cache, moe, timer=None, all_logits=False):
+    def forward(self, tokens, pos0, cache, moe, timer=None, all_logits=False, hints=None):
         """tokens [n] (a device tensor) at positions pos0.. -> (final-norm hidden of the last
         position [H], logits [V] of the last position, or [n, V] with all_logits)."""
         c = self.cfg
@@ -233,6 +239,8 @@ class Model:
                 if timer:
                     timer.start(L)
                 ids, w = self.route(L, h)
+                if hints is not None:
+                    hints.before(L, h, ids)
                 y = moe(L, h, ids, w)
                 if timer:
                     timer.stop(L)
@@ -244,6 +252,55 @@ class Model:
         # Logits in fp32 (bf16 logits tie too often for a well-defined greedy choice).
         logits = F.linear((x if all_logits else x[-1:]).float(), self.lm_head_f32)
         return x[-1], (logits if all_logits else logits[0])
+
+
+# ---- router hints (pre-gating) ------------------------------------------------------------------
+
+
+class RouterHints:
+    """--router-hints: before MoE layer L computes, the next MoE layer's router on L's input
+    h; its top-k experts (over every row of h, each with its best probability, scaled by k as
+    the sidecar's scores are) go to the sidecar as a PREFETCH hint for that layer. Each hint
+    is scored against the routing its layer then really chose."""
+
+    def __init__(self, model, client):
+        self.model, self.client = model, client
+        moe = list(model.cfg.moe_layers)
+        self.next = dict(zip(moe, moe[1:]))
+        self.pending = {}
+        self.sent = self.hits = self.true = self.calls = 0
+
+    def hinted(self, nxt, h):
+        """The hint for MoE layer nxt on input h [n, H]: ([ids], [scores]), best first."""
+        k = self.model.cfg.top_k
+        probs = torch.softmax(F.linear(h.float(), self.model.layers[nxt]["router"]), dim=-1)
+        p, top = torch.topk(probs, k, dim=-1)
+        best = {}
+        for e, s in zip(top.reshape(-1).tolist(), p.reshape(-1).tolist()):
+            best[e] = max(best.get(e, 0.0), s)
+        ids = sorted(best, key=lambda e: (-best[e], e))
+        return ids, [best[e] * k for e in ids]
+
+    def before(self, L, h, ids):
+        if L in self.pending:
+            hinted, truth = self.pending.pop(L), set(ids.reshape(-1).tolist())
+            self.sent += len(hinted)
+            self.true += len(truth)
+            self.hits += len(hinted & truth)
+        nxt = self.next.get(L)
+        if nxt is None:
+            return
+        hint_ids, scores = self.hinted(nxt, h)
+        self.client.prefetch(nxt, hint_ids, scores)
+        self.calls += 1
+        self.pending[nxt] = set(hint_ids)
+
+    def summary(self):
+        prec = self.hits / self.sent if self.sent else float("nan")
+        rec = self.hits / self.true if self.true else float("nan")
+        return (f"router hints: {self.calls} PREFETCH(es), {self.sent} experts hinted; "
+                f"precision {prec:.3f}, recall {rec:.3f} against the next layer's routing "
+                f"(chance: top_k/n_experts = {self.model.cfg.top_k / self.model.cfg.n_experts:.3f})")
 
 
 # ---- the two MoE blocks ------------------------------------------------------------------------
@@ -400,7 +457,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def decode(model, moe, prompt, n_new, timer=None):
+def decode(model, moe, prompt, n_new, timer=None, hints=None):
     """Greedy decoding of n_new tokens after prompt. Returns (token ids, final hidden states
     [n_new, H] (the final-norm output each token was chosen from), prompt logits [P, V],
     prefill seconds, decode seconds for the n_new - 1 tokens after the first)."""
@@ -411,14 +468,14 @@ def decode(model, moe, prompt, n_new, timer=None):
         sync(dev)
         t0 = time.perf_counter()
         h, logits = model.forward(torch.tensor(prompt, device=dev), 0, cache, moe,
-                                  all_logits=True)
+                                  all_logits=True, hints=hints)
         nxt = logits[-1].argmax().view(1)
         toks.append(nxt)
         finals.append(h)
         sync(dev)
         t1 = time.perf_counter()
         for i in range(1, n_new):  # no host sync in here: the token stays on the device
-            h, lg = model.forward(nxt, len(prompt) + i - 1, cache, moe, timer)
+            h, lg = model.forward(nxt, len(prompt) + i - 1, cache, moe, timer, hints=hints)
             nxt = lg.argmax().view(1)
             toks.append(nxt)
             finals.append(h)
@@ -554,6 +611,8 @@ def main():
                     help="activation dtype (default bf16, as an engine)")
     ap.add_argument("--check", action="store_true",
                     help="decode again with an all-torch fp32 MoE block and compare")
+    ap.add_argument("--router-hints", action="store_true",
+                    help="PREFETCH the next layer's router top-k on this layer's input")
     ap.add_argument("--transformers", action="store_true",
                     help="compare the prompt's logits with transformers' Qwen3MoeForCausalLM")
     args = ap.parse_args()
@@ -589,7 +648,9 @@ def main():
           f"{args.tokens} new tokens")
 
     timer = LayerTimer(device.type == "cuda")
-    toks, finals, _, t_prefill, t_decode = decode(model, moe, prompt, args.tokens, timer)
+    hints = RouterHints(model, client) if args.router_hints else None
+    prefetches0 = client.stats().get("prefetches", 0) if hints else 0
+    toks, finals, _, t_prefill, t_decode = decode(model, moe, prompt, args.tokens, timer, hints)
     moe.check()
     print(f"tokens: {toks}")
     print(f"prefill: {len(prompt)} tokens in {t_prefill * 1e3:.1f} ms")
@@ -605,6 +666,10 @@ def main():
                     f"{s['total_us']['p50']} us" if s else "")
             print(f"  layer {L}: {ms:.3f} ms{side}")
 
+    if hints:
+        print(hints.summary())
+        print(f"router hints: {client.stats().get('prefetches', 0) - prefetches0} load(s) "
+              "started by them (the rest were resident or in flight)")
     ok = True
     if args.check:
         ok = run_checks(args, cfg, tensors, model, moe, client, prompt, toks, device) and ok

@@ -224,3 +224,60 @@ def test_cuda_submit_and_sync_on_different_streams(sidecar):
     w.check()
     ref = w.forward(x.cpu(), ids.cpu(), wt.cpu())
     assert torch.equal(z.cpu(), ref)
+
+
+# ---- router hints (pre-gating) ---------------------------------------------------------------
+
+
+def test_router_hints_run_and_keep_the_results(sidecar):
+    rc, out = run_example(sidecar, "--tokens", "4", "--router-hints", "--check")
+    assert_checks_pass(rc, out)
+    line = next(x for x in out.splitlines() if x.startswith("router hints:") and "precision" in x)
+    # 4 MoE layers: 3 hints per forward pass, one pass for the prompt and 3 decode steps
+    assert "12 PREFETCH(es)" in line, line
+    prec = float(line.split("precision ")[1].split(",")[0])
+    rec = float(line.split("recall ")[1].split(" ")[0])
+    assert 0.0 <= prec <= 1.0 and 0.0 <= rec <= 1.0, line
+    assert "load(s) started by them" in out, out
+
+
+def test_router_hints_are_the_next_routers_top_k_on_this_input():
+    """The hinted set is exactly the top-k of the next MoE layer's router on the layer's input
+    (every row's, best probability each), sent for that layer; and each layer's hint is scored
+    against the ids the layer then routes to."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("engine_decode", EXAMPLE)
+    ed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ed)
+
+    class Cfg:
+        moe_layers, top_k, n_experts = [1, 2, 3], 3, 10
+
+    class Model:
+        cfg = Cfg()
+
+    g = torch.Generator().manual_seed(5)
+    Model.layers = {L: {"router": torch.randn(10, 16, generator=g)} for L in range(4)}
+    sent = []
+
+    class Client:
+        def prefetch(self, layer, ids, scores):
+            sent.append((layer, list(ids), list(scores)))
+            return len(ids)
+
+    hints = ed.RouterHints(Model(), Client())
+    h = torch.randn(2, 16, generator=g)
+    hints.before(1, h, torch.tensor([[0, 1, 2], [3, 4, 5]]))
+    assert len(sent) == 1 and sent[0][0] == 2
+    logits = h @ Model.layers[2]["router"].T
+    want = set(torch.topk(logits, 3, dim=-1).indices.reshape(-1).tolist())
+    assert set(sent[0][1]) == want
+    assert all(0 < s <= 3.0 for s in sent[0][2])
+    # layer 2 routes to exactly the hinted ids of its first row plus one other: scored
+    first_row = torch.topk(logits[0], 3).indices.tolist()
+    hints.before(2, h, torch.tensor([first_row]))
+    assert hints.hits == 3 and hints.sent == len(want) and hints.true == 3
+    assert sent[1][0] == 3
+    hints.before(3, h, torch.tensor([[9, 8, 7]]))  # the last MoE layer hints nothing
+    assert len(sent) == 2
