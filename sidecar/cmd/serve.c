@@ -56,6 +56,7 @@ enum {
 	OPT_MAX_TOKENS,
 	OPT_NO_DIRECT,
 	OPT_FILE_LAYOUT,
+	OPT_LEASES,
 	OPT_FAIL_EXPERT,
 	OPT_HOLD_WARMUP,
 	OPT_RETRY_BACKOFF,
@@ -135,6 +136,9 @@ static const struct serve_option {
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
      "keep resident experts in the files' rows (no decode layout: comparisons)"},
+    {{"leases", no_argument, NULL, OPT_LEASES},
+     NULL,
+     "share the slot pool read-only with clients: expert leases (docs/engines.md)"},
     {{"retry-backoff", required_argument, NULL, OPT_RETRY_BACKOFF},
      "MS[,MAX]",
      "read a failed expert again after MS ms, doubling up to MAX (1000,60000; 0: at once)"},
@@ -496,6 +500,7 @@ static int apply_model_option(int c, const char *arg, struct serve_model_config 
 	case OPT_PROBES_INSTANCE: mcfg->probes_instance = arg; return 0;
 	case OPT_NO_DIRECT: mcfg->no_direct = true; return 0;
 	case OPT_FILE_LAYOUT: mcfg->file_layout = true; return 0;
+	case OPT_LEASES: mcfg->leases = true; return 0;
 	case OPT_RETRY_BACKOFF:
 		if (parse_retry_backoff(arg, mcfg) != 0)
 			return option_error("retry-backoff", arg,

@@ -71,6 +71,10 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                     struct moe_cqe *done);
 void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                    struct moe_cqe *done);
+/* LEASE and RELEASE (ABI 1.3): expert leases of the channel (forward.h); MOE_ENOLEASE with
+ * the reason on a sidecar whose pool is not shared (serve --leases). */
+void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done);
 
 /* The board the dispatcher publishes the STATS figures on when the metrics thread asks
  * (stats_doc.h); it lives as long as the queue. */

@@ -189,23 +189,27 @@ static void refuse(struct server *s, struct conn *c, int status, const char *rea
 	conn_close(s, c, "refused");
 }
 
-static int send_welcome(int fd, const struct moe_welcome *w, int memfd)
+/* The welcome with the channel's memfd and, when pool_fd >= 0, the lease pool's after it
+ * (a client before ABI 1.3 closes that one unread). */
+static int send_welcome(int fd, const struct moe_welcome *w, int memfd, int pool_fd)
 {
 	struct iovec iov = {.iov_base = (void *)w, .iov_len = sizeof(*w)};
+	const int fds[2] = {memfd, pool_fd};
+	const size_t n_fds = pool_fd >= 0 ? 2 : 1;
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	memset(&u, 0, sizeof(u));
 	struct msghdr msg = {.msg_iov = &iov,
 	                     .msg_iovlen = 1,
 	                     .msg_control = u.buf,
-	                     .msg_controllen = sizeof(u.buf)};
+	                     .msg_controllen = CMSG_SPACE(n_fds * sizeof(int))};
 	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
 	cm->cmsg_level = SOL_SOCKET;
 	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+	cm->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, n_fds * sizeof(int));
 	ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 	return n == (ssize_t)sizeof(*w) ? 0 : -1;
 }
@@ -299,7 +303,12 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.limits = g;
 	if (s->service->welcome)
 		s->service->welcome(s->service->ctx, &w.model, w.fingerprint);
-	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
+	int pool_fd = -1;
+	if (s->service->lease_pool)
+		pool_fd = s->service->lease_pool(s->service->ctx, &w.lease_pool_bytes);
+	if (pool_fd < 0)
+		w.lease_pool_bytes = 0;
+	if (send_welcome(c->fd, &w, ch->memfd, pool_fd) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
 		service_channel_close(s, ch);

@@ -69,6 +69,10 @@ struct channel_service {
 	/* Dispatcher thread, at every heartbeat (dispatcher.heartbeat_ns, and at once after a
 	 * dispatcher_poke): work the service does between requests (publishing its figures). */
 	void (*tick)(void *ctx);
+	/* Control thread, at each welcome: the memfd of the slot pool clients may map read-only
+	 * (expert leases; it rides with the channel's, and stays the service's), with its bytes;
+	 * -1: none. */
+	int (*lease_pool)(void *ctx, uint64_t *bytes);
 };
 
 #endif
