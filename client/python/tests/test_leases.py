@@ -1,0 +1,85 @@
+"""Client.lease: zero-copy views of the sidecar's read-only slot pool (serve --leases), the
+GGUF rows of each leased matrix equal to the model's weights, release on exit, views after
+release refused, and a sidecar without --leases saying how to get leases."""
+import os
+import sys
+
+import pytest
+
+from conftest import REPO, Sidecar
+
+sys.path.insert(0, os.path.join(REPO, "client", "python", "examples"))
+
+torch = pytest.importorskip("torch")
+import moe_sidecar  # noqa: E402
+from engine_decode import read_safetensors  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def leasing(models):
+    s = Sidecar(models["bf16"], "--leases")
+    yield s
+    assert s.stop() == 0
+
+
+def expert_weight(tensors, layer, expert, name):
+    for key, t in tensors.items():
+        if f"layers.{layer}." in key and f"experts.{expert}.{name}_proj" in key:
+            return t
+    raise KeyError(f"layer {layer} expert {expert} {name}")
+
+
+def test_leased_rows_are_the_models_weights(leasing, models):
+    tensors = read_safetensors(models["bf16"])
+    with moe_sidecar.Client(leasing.socket) as c:
+        layer = c.moe_layers[0]
+        with c.lease(layer) as lease:
+            assert lease.experts == list(range(c.n_experts))
+            views = lease.views()
+            assert len(views) == c.n_experts and views[0]["gate"].dtype == torch.uint8
+            for e in (0, 5, c.n_experts - 1):
+                for name in ("gate", "up", "down"):
+                    got = lease.rows(e, name)
+                    want = expert_weight(tensors, layer, e, name)
+                    assert got.dtype == torch.bfloat16
+                    assert got.shape == want.shape, (name, got.shape, want.shape)
+                    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            st = c.stats()
+            assert st["leases_held"] == c.n_experts
+        assert lease.released
+        assert c.stats()["leases_held"] == 0
+
+
+def test_views_after_release_are_refused(leasing):
+    with moe_sidecar.Client(leasing.socket) as c:
+        lease = c.lease(c.moe_layers[-1], [1, 2])
+        lease.views()
+        lease.release()
+        lease.release()  # idempotent
+        with pytest.raises(moe_sidecar.InvalidError, match="released"):
+            lease.views()
+        with pytest.raises(moe_sidecar.InvalidError, match="released"):
+            lease.rows(0, "gate")
+
+
+def test_hostile_leases_are_refused(leasing):
+    with moe_sidecar.Client(leasing.socket) as c:
+        with pytest.raises(moe_sidecar.BadExpertError, match="out of range"):
+            c.lease(c.moe_layers[0], [c.n_experts])
+        with pytest.raises(moe_sidecar.BadExpertError, match="twice"):
+            c.lease(c.moe_layers[0], [3, 3])
+        with pytest.raises(ValueError):
+            c.lease(c.moe_layers[0], [])
+        with pytest.raises(ValueError, match="raw"):
+            c.lease(c.moe_layers[0], [0], dtype="fp4")
+        with pytest.raises(OverflowError):
+            c.lease(c.moe_layers[0], [2**40])
+        with pytest.raises(moe_sidecar.BadLayerError):
+            c.lease(10_000, [0])
+        assert c.stats()["leases_held"] == 0
+
+
+def test_a_sidecar_without_leases_says_so(served_q8):
+    with moe_sidecar.Client(served_q8.socket) as c:
+        with pytest.raises(moe_sidecar.LeaseRefusedError, match="--leases"):
+            c.lease(c.moe_layers[0], [0])
