@@ -83,3 +83,36 @@ def test_a_sidecar_without_leases_says_so(served_q8):
     with moe_sidecar.Client(served_q8.socket) as c:
         with pytest.raises(moe_sidecar.LeaseRefusedError, match="--leases"):
             c.lease(c.moe_layers[0], [0])
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f16", "f32"])
+def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt):
+    """engine_decode.py's --gpu-prefill-above path on the CPU: a prompt's MoE blocks computed
+    by torch from leased experts give the tokens and final states of the sidecar's own
+    prefill (fp32 activations, no deferral: within the sidecar's bf16 rounding), decode on
+    the sidecar; every leased layer is timed and released."""
+    import engine_decode as ed
+    from conftest import generate
+
+    model_dir = generate(str(tmp_path / f"m-{fmt}"), fmt=fmt, full=True)
+    s = Sidecar(model_dir, "--leases")
+    try:
+        cfg = ed.Config(model_dir)
+        tensors = ed.read_safetensors(model_dir)
+        model = ed.Model(cfg, tensors, torch.device("cpu"), torch.float32)
+        side = ed.SidecarMoE(model, model_dir, s.socket, 2, 0)
+        client = next(iter(side.wrappers.values())).client
+        prompt = [256, 72, 105, 33, 7, 99, 12, 300]
+        want_toks, want_fin, want_logits = ed.decode(model, side, prompt, 3)[:3]
+        leased = ed.LeasePrefillMoE(side, client, 2)
+        toks, fin, logits = ed.decode(model, leased, prompt, 3)[:3]
+        leased.check()
+        assert toks == want_toks
+        dmax, rel = ed.compare_finals(fin, want_fin)
+        assert dmax <= ed.TOL_ABS and rel <= ed.TOL_REL, (dmax, rel)
+        assert [t[0] for t in leased.timeline] == cfg.moe_layers
+        st = client.stats()
+        assert st["leases"] == len(cfg.moe_layers) * (cfg.n_experts - 2)
+        assert st["leases_held"] == 0
+    finally:
+        assert s.stop() == 0
