@@ -224,7 +224,7 @@ int main(int argc, char **argv)
 	for (uint32_t r = 0; r < rounds + 1; r++)
 		for (uint32_t l = 0; l < inf->n_moe_layers; l++) {
 			const double t0 = monotonic_s();
-			int rc = moe_lease(c, blocks[l], NULL, experts, le, 30000);
+			int rc = moe_lease(c, blocks[l], NULL, experts, 0, le, 30000);
 			if (rc == MOE_OK)
 				rc = moe_lease_release(c, NULL, 0, 5000);
 			if (rc != MOE_OK) {
@@ -242,19 +242,19 @@ int main(int argc, char **argv)
 	uint64_t res_bytes = 0;
 	double res_s = 0;
 	const int32_t layer = blocks[inf->n_moe_layers - 1];
-	moe_lease(c, layer, NULL, experts, le, 30000);
+	moe_lease(c, layer, NULL, experts, 0, le, 30000);
 	moe_lease_release(c, NULL, 0, 5000);
 	const uint32_t reps = 50;
 	for (uint32_t i = 0; i < reps; i++) {
 		const double t0 = monotonic_s();
-		moe_lease(c, layer, NULL, experts, le, 30000);
+		moe_lease(c, layer, NULL, experts, 0, le, 30000);
 		moe_lease_release(c, NULL, 0, 5000);
 		res_s += monotonic_s() - t0;
 		res_bytes += lease_bytes(le, experts);
 	}
 	/* Held: copy out (memcpy) and de-interleave, with a timeline of one layer. */
 	const double tl0 = monotonic_s();
-	moe_lease(c, layer, NULL, experts, le, 30000);
+	moe_lease(c, layer, NULL, experts, 0, le, 30000);
 	const double tl_lease = monotonic_s() - tl0;
 	const uint64_t layer_bytes = lease_bytes(le, experts);
 	uint8_t *dst = malloc(layer_bytes + 4096);

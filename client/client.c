@@ -112,6 +112,10 @@ struct moe_client {
 	const uint8_t *pool;
 	uint64_t pool_bytes;
 	int pool_fd;
+	/* The channel's staging area (BF16 leases), mapped PROT_READ; NULL / -1: none. */
+	const uint8_t *staging;
+	uint64_t staging_bytes;
+	int staging_fd;
 };
 
 static _Thread_local char connect_error[256];
@@ -191,11 +195,12 @@ static int resolve_path(const struct moe_connect_opts *o, char *buf, size_t len)
 
 /* Receives the welcome (its size is in its frozen prefix) and the fd that rides with it. */
 static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fd,
-                        int *pool_fd)
+                        int *pool_fd, int *staging_fd)
 {
 	size_t have = 0, need = MOE_WELCOME_FROZEN;
 	*fd = -1;
 	*pool_fd = -1;
+	*staging_fd = -1;
 	while (have < need) {
 		struct iovec iov = {.iov_base = buf + have, .iov_len = need - have};
 		union {
@@ -226,6 +231,8 @@ static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, si
 					*fd = f;
 				else if (*pool_fd < 0)
 					*pool_fd = f; /* ABI 1.3: the lease pool */
+				else if (*staging_fd < 0)
+					*staging_fd = f; /* ABI 1.3: the staging area */
 				else
 					close(f); /* extras are dropped */
 			}
@@ -299,25 +306,35 @@ static int check_header(const struct moe_client *c, const struct moe_welcome *w)
 /* The lease pool: sealed against shrinking (a mapping past its end would SIGBUS) and against
  * writes through new mappings (the sidecar's pool, not ours to write), of the bytes the
  * welcome says; mapped PROT_READ. */
-static int map_pool(struct moe_client *c, int fd, uint64_t bytes, const char *path)
+static int map_readonly(int fd, uint64_t bytes, const char *what, const char *path,
+                        const void **out)
 {
 	const int need = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
 	const int seals = fcntl(fd, F_GET_SEALS);
 	struct stat st;
 	if (seals < 0 || (seals & need) != need)
-		return conn_fail(MOE_EPROTO,
-		                 "%s: lease pool fd: seals 0x%x lack shrink/future-write", path,
-		                 seals < 0 ? 0u : (unsigned)seals);
+		return conn_fail(MOE_EPROTO, "%s: %s fd: seals 0x%x lack shrink/future-write", path,
+		                 what, seals < 0 ? 0u : (unsigned)seals);
 	if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes)
-		return conn_fail(MOE_EPROTO, "%s: lease pool fd: %lld bytes, the welcome says %llu",
-		                 path, (long long)st.st_size, (unsigned long long)bytes);
+		return conn_fail(MOE_EPROTO, "%s: %s fd: %lld bytes, the welcome says %llu", path,
+		                 what, (long long)st.st_size, (unsigned long long)bytes);
 	void *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
-		return conn_fail(MOE_ESYS, "%s: lease pool: mmap %llu bytes: %s", path,
+		return conn_fail(MOE_ESYS, "%s: %s: mmap %llu bytes: %s", path, what,
 		                 (unsigned long long)bytes, strerror(errno));
-	c->pool = map;
-	c->pool_bytes = bytes;
+	*out = map;
 	return MOE_OK;
+}
+
+static int map_pool(struct moe_client *c, int fd, uint64_t bytes, const char *path)
+{
+	const void *m;
+	const int rc = map_readonly(fd, bytes, "lease pool", path, &m);
+	if (rc == MOE_OK) {
+		c->pool = m;
+		c->pool_bytes = bytes;
+	}
+	return rc;
 }
 
 static int handshake(struct moe_client *c, const struct moe_connect_opts *o, const char *path)
@@ -337,8 +354,8 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 
 	uint8_t buf[4096];
 	size_t len = 0;
-	int fd = -1, pool_fd = -1;
-	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd, &pool_fd);
+	int fd = -1, pool_fd = -1, staging_fd = -1;
+	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd, &pool_fd, &staging_fd);
 	if (rc != MOE_OK)
 		goto out;
 	struct moe_welcome w;
@@ -461,6 +478,16 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 	if (c->pool) {
 		c->pool_fd = pool_fd;
 		pool_fd = -1;
+		if (w.lease_staging_bytes && staging_fd >= 0) {
+			const void *m;
+			if ((rc = map_readonly(staging_fd, w.lease_staging_bytes, "lease staging",
+			                       path, &m)) != MOE_OK)
+				goto out;
+			c->staging = m;
+			c->staging_bytes = w.lease_staging_bytes;
+			c->staging_fd = staging_fd;
+			staging_fd = -1;
+		}
 	}
 
 	for (uint32_t s = c->limits.n_slots; s-- > 0;)
@@ -471,6 +498,8 @@ out:
 		close(fd); /* the mapping keeps the memfd alive */
 	if (pool_fd >= 0)
 		close(pool_fd);
+	if (staging_fd >= 0)
+		close(staging_fd);
 	return rc;
 }
 
@@ -530,6 +559,7 @@ static int connect_once(const struct moe_connect_opts *opts, const struct sockad
 	if (!c)
 		return conn_fail(MOE_ENOMEM, "moe_connect: out of memory");
 	c->pool_fd = -1;
+	c->staging_fd = -1;
 	int rc;
 	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->sock < 0) {
@@ -678,6 +708,10 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 		munmap((void *)c->pool, c->pool_bytes);
 	if (c->pool_fd >= 0)
 		close(c->pool_fd);
+	if (c->staging)
+		munmap((void *)c->staging, c->staging_bytes);
+	if (c->staging_fd >= 0)
+		close(c->staging_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	n->again = c->again;
@@ -691,6 +725,8 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	n->gpu_mask = NULL;
 	n->pool = NULL;
 	n->pool_fd = -1;
+	n->staging = NULL;
+	n->staging_fd = -1;
 	moe_close(n);
 	return MOE_OK;
 }
@@ -705,6 +741,10 @@ void moe_close(struct moe_client *c)
 		munmap((void *)c->pool, c->pool_bytes);
 	if (c->pool_fd >= 0)
 		close(c->pool_fd);
+	if (c->staging)
+		munmap((void *)c->staging, c->staging_bytes);
+	if (c->staging_fd >= 0)
+		close(c->staging_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c->gpu_mask);
@@ -1499,14 +1539,34 @@ int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes,
 	return MOE_OK;
 }
 
-/* Every matrix of a lease description lies inside the pool (the sidecar's word, checked). */
+int moe_lease_staging(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
+{
+	if (!c)
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (!c->staging)
+		return MOE_ENOLEASE;
+	if (base)
+		*base = c->staging;
+	if (bytes)
+		*bytes = c->staging_bytes;
+	if (fd)
+		*fd = c->staging_fd;
+	return MOE_OK;
+}
+
+/* Every matrix of a lease description lies inside its area (the sidecar's word, checked). */
 static bool lease_in_pool(const struct moe_client *c, const struct moe_lease_matrix *m)
 {
-	return m->offset <= c->pool_bytes && m->bytes <= c->pool_bytes - m->offset;
+	const uint64_t size = m->area == MOE_LEASE_AREA_STAGING ? c->staging_bytes
+	                      : m->area == MOE_LEASE_AREA_POOL  ? c->pool_bytes
+	                                                        : 0;
+	return m->offset <= size && m->bytes <= size - m->offset;
 }
 
 int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint32_t n,
-              struct moe_lease_expert *out, int timeout_ms)
+              uint16_t flags, struct moe_lease_expert *out, int timeout_ms)
 {
 	if (!c || !out || n == 0 || n > 256 || timeout_ms == 0)
 		return c ? client_fail(c, MOE_EINVAL,
@@ -1520,6 +1580,14 @@ int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint3
 		                   "moe_lease: the sidecar (protocol %u.%u) shares no slot pool%s",
 		                   c->info.abi_major, c->info.abi_minor,
 		                   c->info.abi_minor >= 3 ? " (start it with serve --leases)" : "");
+	if (flags & ~MOE_LEASE_FLAGS_ALL)
+		return client_fail(c, MOE_EINVAL, "moe_lease: flags 0x%x (known 0x%x)", flags,
+		                   MOE_LEASE_FLAGS_ALL);
+	if ((flags & MOE_LEASE_BF16) && !c->staging)
+		return client_fail(
+		    c, MOE_ENOLEASE,
+		    "moe_lease: BF16: the sidecar gives this channel no staging area "
+		    "(serve --lease-staging-mib)");
 	struct moe_slot s = {0};
 	int rc = moe_slot_acquire(c, &s);
 	if (rc != MOE_OK)
@@ -1538,6 +1606,7 @@ int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint3
 	/* The sidecar's wait for cold experts: the caller's timeout, less a margin for the reply
 	 * (no limit: the sidecar's default). */
 	struct moe_request r = {.op = MOE_OP_LEASE,
+	                        .flags = flags,
 	                        .n_tokens = n,
 	                        .layer = layer,
 	                        .arg = timeout_ms > 0 ? (uint32_t)timeout_ms : 0};

@@ -367,13 +367,22 @@ MOE_API int moe_placement(const double *load, uint32_t n_moe_layers, uint32_t n_
 MOE_API int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes, int *fd);
 
 /* Leases n (1..256) experts of block `layer` — experts NULL: experts 0..n-1, the whole layer
- * with n = moe_info()->n_experts — all or none, into out[0, n). Cold experts are loaded; the
- * sidecar waits for them up to timeout_ms (< 0: its default, 10 s), the call a second more.
- * MOE_OK, or the sidecar's refusal with its sentence in moe_last_error: MOE_EBADLAYER,
+ * with n = moe_info()->n_experts — all or none, into out[0, n). flags: 0 (the served format,
+ * in the pool) or MOE_LEASE_BF16 (BF16 rows in the staging area, moe_lease_staging). Cold experts
+ * are loaded; the sidecar waits for them up to timeout_ms (< 0: its default, 10 s), the call a
+ * second more. MOE_OK, or the sidecar's refusal with its sentence in moe_last_error: MOE_EBADLAYER,
  * MOE_EBADEXPERT (out of range, repeated), MOE_ENOLEASE (no shared pool, the channel's bound,
  * side data outside the pool), MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO; MOE_EPEERDEAD. */
 MOE_API int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint32_t n,
-                      struct moe_lease_expert *out, int timeout_ms);
+                      uint16_t flags, struct moe_lease_expert *out, int timeout_ms);
+
+/* The channel's staging area (serve --lease-staging-mib), mapped PROT_READ like the pool:
+ * where a lease with flags MOE_LEASE_BF16 finds its matrices, each dequantized by the sidecar
+ * (the kernels' dequantizers) to BF16 rows (format BF16, interleave 0, area STAGING). It holds
+ * a channel's BF16 leases together (MOE_ENOLEASE when full, with the figures); its room comes
+ * back once the channel holds none. MOE_ENOLEASE when the channel has none. */
+MOE_API int moe_lease_staging(const struct moe_client *c, const void **base, size_t *bytes,
+                              int *fd);
 
 /* Releases n (1..256) leases by id (moe_lease_expert.lease), or every lease of the channel
  * (leases NULL, n 0). MOE_EBADLEASE at the first id the channel does not hold (never leased,

@@ -189,8 +189,12 @@ struct moe_lease_matrix {
 	 * (the sidecar's decode layout): moe_lease_deinterleave gives GGUF rows back. */
 	uint32_t interleave;
 	uint32_t scale_stride;
-	uint32_t reserved;
+	/* MOE_LEASE_AREA_POOL: offsets are into the slot pool's mapping; MOE_LEASE_AREA_STAGING:
+	 * into the channel's staging area (a MOE_LEASE_BF16 lease's matrices, BF16 rows) */
+	uint32_t area;
 };
+#define MOE_LEASE_AREA_POOL 0u
+#define MOE_LEASE_AREA_STAGING 1u
 struct moe_lease_expert {
 	uint32_t lease; /* the id RELEASE takes (unique within the channel while held) */
 	int32_t layer;  /* the block */
@@ -198,7 +202,10 @@ struct moe_lease_expert {
 	uint32_t activation;                    /* the kernels' enum moek_activation */
 	struct moe_lease_matrix gate, up, down; /* gate, up: rows are intermediate features */
 };
-#define MOE_LEASE_FLAGS_ALL 0u /* LEASE flags a 1.3 sidecar accepts: none yet */
+/* LEASE flags. BF16: each matrix dequantized to BF16 rows (the kernels' dequantizers) into
+ * the channel's staging area (serve --lease-staging-mib), described with area STAGING. */
+#define MOE_LEASE_BF16 0x0001u
+#define MOE_LEASE_FLAGS_ALL MOE_LEASE_BF16
 /* RELEASE flags. */
 #define MOE_RELEASE_ALL 0x0001u /* every lease of the channel (no ids) */
 #define MOE_RELEASE_FLAGS_ALL MOE_RELEASE_ALL

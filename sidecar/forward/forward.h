@@ -287,10 +287,11 @@ struct forward_leases;
 /* The pool's memfd (the engine's: dup it to keep it) and bytes, 0; or -1 with why (not a
  * residency, a private pool, several nodes' pools). */
 int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len);
-/* A table of at most cap (1..65536) leases pinning at most max_bytes together; 0, or -1 (no
- * shared pool, out of memory). */
-int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_bytes,
-                          struct forward_leases **out);
+/* A table of at most cap (1..65536) leases pinning at most max_bytes together, with the
+ * staging area the BF16 form fills (staging_bytes at staging, a mapping the lessee sees; NULL:
+ * none); 0, or -1 (no shared pool, out of memory). */
+int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_bytes, void *staging,
+                          uint64_t staging_bytes, struct forward_leases **out);
 /* Releases every lease and frees. NULL: nothing. */
 void forward_leases_destroy(struct forward_leases *t);
 struct forward_lease_result {
@@ -302,11 +303,13 @@ struct forward_lease_result {
 };
 /* Leases experts[0, n) of block `layer`, all or none: each is made resident (cold ones
  * waited for until deadline_ns, CLOCK_MONOTONIC) and pinned; out[i] says where it lies in the
- * pool and its lease id. MOE_OK, or MOE_EBADLAYER, MOE_EBADEXPERT (out of range, repeated),
- * MOE_ENOLEASE (the table's count or byte bound, side data outside the pool), MOE_ETIMEDOUT,
- * MOE_EMASKED, MOE_EIO, MOE_ESHUTDOWN — with the sentence in why and res->bad. */
+ * pool and its lease id. bf16: each matrix is also dequantized to BF16 rows (moek_dequantize,
+ * on this thread) into the staging area, which out[i] then describes (area STAGING); it is
+ * MOE_ENOLEASE when the area is full. MOE_OK, or MOE_EBADLAYER, MOE_EBADEXPERT (out of range,
+ * repeated), MOE_ENOLEASE (the table's count or byte bound, side data outside the pool),
+ * MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO, MOE_ESHUTDOWN — with the sentence in why and res->bad. */
 int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
-                       uint64_t deadline_ns, struct moe_lease_expert *out,
+                       bool bf16, uint64_t deadline_ns, struct moe_lease_expert *out,
                        struct forward_lease_result *res, char *why, size_t len);
 /* MOE_OK, or MOE_EBADLEASE: no such lease held (never taken, or released already). */
 int forward_lease_release(struct forward_leases *t, uint32_t id);

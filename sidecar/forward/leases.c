@@ -21,12 +21,14 @@
 #include "clock.h"
 #include "forward_internal.h"
 #include "moe_abi.h"
+#include "moe_kernels.h"
 
 #define LEASE_POLL_NS 50000u /* 50 µs between looks at a cold lease's load */
 
 struct lease_entry {
 	struct held_expert h;
-	uint64_t bytes; /* the slot's bytes: what the lease pins */
+	uint64_t bytes;  /* the slot's bytes: what the lease pins */
+	uint64_t staged; /* bytes of the staging area it took (BF16 form), 0: none */
 	int32_t layer;
 	uint32_t generation; /* of the id handed out: id = generation << 16 | index */
 	bool used;
@@ -39,6 +41,13 @@ struct forward_leases {
 	uint32_t cap, held;
 	uint64_t bytes, max_bytes;
 	struct lease_entry *entry;
+	/* The BF16 form: the staging area (the caller's shared mapping), filled from its start;
+	 * the top falls back to 0 once no lease holds a part of it. Scratch for one matrix's
+	 * group of rows and one row in f32. */
+	uint8_t *staging;
+	uint64_t staging_bytes, staging_top, staging_held;
+	uint8_t *scratch;
+	size_t scratch_bytes;
 };
 
 int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len)
@@ -59,8 +68,8 @@ int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char 
 	return 0;
 }
 
-int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_bytes,
-                          struct forward_leases **out)
+int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_bytes, void *staging,
+                          uint64_t staging_bytes, struct forward_leases **out)
 {
 	struct forward_leases *t = calloc(1, sizeof(*t));
 	if (!t)
@@ -81,6 +90,8 @@ int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_b
 	t->e = e;
 	t->cap = cap;
 	t->max_bytes = max_bytes;
+	t->staging = staging;
+	t->staging_bytes = staging ? staging_bytes : 0;
 	*out = t;
 	return 0;
 }
@@ -89,6 +100,12 @@ static void entry_release(struct forward_leases *t, struct lease_entry *le)
 {
 	weights_release_layer(&t->e->w, &le->h, NULL, 1);
 	t->bytes -= le->bytes;
+	if (le->staged) {
+		t->staging_held -= le->staged;
+		if (!t->staging_held)
+			t->staging_top = 0;
+		le->staged = 0;
+	}
 	t->held--;
 	le->used = false;
 	le->generation = (le->generation + 1) & 0x7fffu;
@@ -111,6 +128,7 @@ void forward_leases_destroy(struct forward_leases *t)
 		return;
 	forward_leases_release_all(t);
 	free(t->entry);
+	free(t->scratch);
 	free(t);
 }
 
@@ -188,10 +206,105 @@ static int lease_status(int rc)
 	}
 }
 
+static bool scratch_fit(struct forward_leases *t, size_t bytes)
+{
+	if (bytes <= t->scratch_bytes)
+		return true;
+	uint8_t *p = realloc(t->scratch, bytes);
+	if (!p)
+		return false;
+	t->scratch = p;
+	t->scratch_bytes = bytes;
+	return true;
+}
+
+/* m (described by d, in the pool) as BF16 rows at dst (rows x cols): GGUF rows back from the
+ * decode layout (moek_deinterleave, a group of 8 at a time), then the kernels' dequantizer and
+ * round to BF16, a row at a time. 0, or -1 (out of memory, a format they refuse). */
+static int stage_bf16(struct forward_leases *t, const struct moek_matrix *m, uint16_t *dst)
+{
+	const size_t rb = moek_row_bytes(m->format, m->cols);
+	const size_t stride = m->row_stride ? m->row_stride : rb;
+	const size_t group = m->interleave ? 8u : 1u;
+	const size_t rows_bytes = (group * rb + 63) & ~(size_t)63; /* then the f32 row */
+	if (!rb || !scratch_fit(t, rows_bytes + m->cols * sizeof(float)))
+		return -1;
+	uint8_t *rows = t->scratch;
+	float *f = (float *)(void *)(t->scratch + rows_bytes);
+	const uint8_t *src = m->data;
+	for (size_t r0 = 0; r0 < m->rows; r0 += group) {
+		const uint8_t *g = src + r0 * stride; /* interleave: group r0 / 8 at 8 · stride */
+		if (m->interleave) {
+			if (moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
+				return -1;
+		}
+		for (size_t r = 0; r < group && r0 + r < m->rows; r++) {
+			const uint8_t *row = m->interleave ? rows + r * rb : g;
+			const size_t sstride =
+			    m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
+			const float *sc = m->scales ? m->scales + ((r0 + r) / 128) * sstride : NULL;
+			if (moek_dequantize(m->format, row, sc, 1, m->cols, f) != 0)
+				return -1;
+			moek_convert(2 /* MOE_DTYPE_BF16 */, dst + (r0 + r) * m->cols, 0, f,
+			             m->cols);
+		}
+	}
+	return 0;
+}
+
+/* The BF16 form of le's three matrices into the staging area, o's descriptions rewritten to
+ * it. MOE_OK, or MOE_ENOLEASE with why (the area is full, a format not dequantized). */
+static int stage_expert(struct forward_leases *t, struct lease_entry *le,
+                        struct moe_lease_expert *o, char *why, size_t len)
+{
+	const struct moek_matrix *m[3] = {&le->h.view.gate, &le->h.view.up, &le->h.view.down};
+	struct moe_lease_matrix *d[3] = {&o->gate, &o->up, &o->down};
+	uint64_t need = 0;
+	for (int i = 0; i < 3; i++)
+		need += ((uint64_t)m[i]->rows * m[i]->cols * 2 + 4095) & ~(uint64_t)4095;
+	if (t->staging_top + need > t->staging_bytes) {
+		snprintf(why, len,
+		         "LEASE (BF16) expert %u: %llu bytes of staging needed, %llu of %llu free "
+		         "(release BF16 leases, or serve --lease-staging-mib)",
+		         o->expert, (unsigned long long)need,
+		         (unsigned long long)(t->staging_bytes - t->staging_top),
+		         (unsigned long long)t->staging_bytes);
+		return MOE_ENOLEASE;
+	}
+	for (int i = 0; i < 3; i++) {
+		uint16_t *dst = (uint16_t *)(void *)(t->staging + t->staging_top);
+		if (stage_bf16(t, m[i], dst) != 0) {
+			snprintf(why, len,
+			         "LEASE (BF16) expert %u: format %u cannot be dequantized here",
+			         o->expert, m[i]->format);
+			return MOE_ENOLEASE;
+		}
+		const uint64_t b = (uint64_t)m[i]->rows * m[i]->cols * 2;
+		d[i]->format = MOEK_BF16;
+		d[i]->offset = t->staging_top;
+		d[i]->bytes = b;
+		d[i]->row_stride = (uint64_t)m[i]->cols * 2;
+		d[i]->interleave = 0;
+		d[i]->scales_offset = UINT64_MAX;
+		d[i]->scale_stride = 0;
+		d[i]->area = MOE_LEASE_AREA_STAGING;
+		t->staging_top += (b + 4095) & ~(uint64_t)4095;
+	}
+	le->staged = need;
+	t->staging_held += need;
+	return MOE_OK;
+}
+
 int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
-                       uint64_t deadline_ns, struct moe_lease_expert *out,
+                       bool bf16, uint64_t deadline_ns, struct moe_lease_expert *out,
                        struct forward_lease_result *res, char *why, size_t len)
 {
+	if (bf16 && !t->staging_bytes) {
+		snprintf(why, len,
+		         "LEASE (BF16): this sidecar gives channels no staging area "
+		         "(serve --lease-staging-mib)");
+		return MOE_ENOLEASE;
+	}
 	struct forward_engine *e = t->e;
 	struct forward_weights *w = &e->w;
 	memset(res, 0, sizeof(*res));
@@ -306,6 +419,10 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 			    "LEASE layer %d expert %u: its matrices or side data are not all in "
 			    "the slot pool (side data kept apart: not leasable)",
 			    layer, o->expert);
+		} else if (bf16) {
+			status = stage_expert(t, le, o, why, len);
+			if (status != MOE_OK)
+				res->bad = i;
 		}
 	}
 	if (status != MOE_OK) { /* all or nothing: what this call took goes back */

@@ -40,13 +40,16 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "forward.h"
@@ -87,6 +90,10 @@ struct model_channel {
 	 * close. The ids staged from the shared ids area. */
 	struct forward_leases *leases;
 	int32_t lease_ids[256];
+	/* The channel's staging area (the BF16 form): a sealed memfd mapped here writable, the
+	 * client read-only; -1 / NULL without one. */
+	int staging_fd;
+	uint8_t *staging;
 };
 
 struct forward_queue {
@@ -140,6 +147,7 @@ struct forward_queue {
 	 * (stats_table.h) — counted by whichever thread runs a LEASE/RELEASE. */
 	int lease_fd;
 	uint64_t lease_pool_bytes;
+	uint64_t lease_staging_bytes; /* per channel (forward_queue_config); 0: no BF16 form */
 	char lease_why[160];
 	_Atomic uint64_t leases_taken, leases_cold, leases_released, leases_refused,
 	    lease_bytes_taken, leases_held, lease_bytes_held;
@@ -182,6 +190,46 @@ static bool channel_fits(const struct forward_queue *o, uint64_t bytes, uint64_t
 	return false;
 }
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* A channel's staging area: a memfd of `bytes` mapped here writable and sealed so that no
+ * later mapping (the client's) can write. 0, or -1 with err. */
+static int staging_create(uint64_t bytes, int *fd, uint8_t **map, struct sidecar_error *err)
+{
+	*fd = memfd_create("moe-lease-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *p = MAP_FAILED;
+	if (*fd >= 0 && ftruncate(*fd, (off_t)bytes) == 0)
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+	if (p != MAP_FAILED &&
+	    fcntl(*fd, F_ADD_SEALS,
+	          F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+		munmap(p, bytes);
+		p = MAP_FAILED;
+	}
+	if (p == MAP_FAILED) {
+		const int e = errno;
+		if (*fd >= 0)
+			close(*fd);
+		*fd = -1;
+		return error_set(err, MOE_ENOMEM, "the lease staging area (%llu bytes): %s",
+		                 (unsigned long long)bytes, strerror(e));
+	}
+	*map = p;
+	return 0;
+}
+
+static void staging_destroy(const struct forward_queue *o, struct model_channel *mc)
+{
+	if (mc->staging)
+		munmap(mc->staging, o->lease_staging_bytes);
+	if (mc->staging_fd >= 0)
+		close(mc->staging_fd);
+	mc->staging = NULL;
+	mc->staging_fd = -1;
+}
+
 static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct sidecar_error *err)
 {
 	struct forward_queue *o = ctx;
@@ -205,6 +253,10 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct side
 	}
 	mc->fq = o;
 	mc->ch = ch;
+	mc->staging_fd = -1;
+	if (o->lease_fd >= 0 && o->lease_staging_bytes &&
+	    staging_create(o->lease_staging_bytes, &mc->staging_fd, &mc->staging, err) != 0)
+		goto fail;
 	pthread_mutex_lock(&o->lock);
 	if (o->client_ids == UINT64_MAX) {
 		pthread_mutex_unlock(&o->lock);
@@ -225,6 +277,7 @@ fail:
 	if (mc) {
 		free(mc->deferred[0]);
 		free(mc->deferred[1]);
+		staging_destroy(o, mc);
 	}
 	free(mc);
 	return -1;
@@ -311,6 +364,7 @@ static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 	ch->state = NULL;
 	free(mc->deferred[0]);
 	free(mc->deferred[1]);
+	staging_destroy(o, mc);
 	free(mc);
 }
 
@@ -545,8 +599,10 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	channel_slot_areas(ch, sqe->slot, &a);
 	const uint32_t n = sqe->n_tokens;
 	char why[320];
-	if (!mc->leases && forward_leases_create(o->engine, LEASE_MAX_PER_CHANNEL,
-	                                         o->lease_pool_bytes / 2, &mc->leases) != 0) {
+	if (!mc->leases &&
+	    forward_leases_create(o->engine, LEASE_MAX_PER_CHANNEL, o->lease_pool_bytes / 2,
+	                          mc->staging, mc->staging ? o->lease_staging_bytes : 0,
+	                          &mc->leases) != 0) {
 		done->status = MOE_ENOMEM;
 		channel_request_error(ch, sqe, done, true, "%s: out of memory for the lease table",
 		                      moe_op_name(sqe->op));
@@ -590,8 +646,9 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	const uint64_t wait_ms = sqe->arg ? sqe->arg : LEASE_WAIT_MS_DEFAULT;
 	struct forward_lease_result res;
 	const int rc = forward_lease_take(
-	    mc->leases, sqe->layer, mc->lease_ids, n, monotonic_ns() + wait_ms * 1000000u,
-	    (struct moe_lease_expert *)a.output, &res, why, sizeof(why));
+	    mc->leases, sqe->layer, mc->lease_ids, n, (sqe->flags & MOE_LEASE_BF16) != 0,
+	    monotonic_ns() + wait_ms * 1000000u, (struct moe_lease_expert *)a.output, &res, why,
+	    sizeof(why));
 	forward_leases_held(mc->leases, &n1, &b1);
 	lease_held_delta(o, n0, b0, n1, b1);
 	if (rc != MOE_OK) {
@@ -670,11 +727,14 @@ void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_unlock(&o->lock);
 }
 
-static int queue_lease_pool(void *ctx, uint64_t *bytes)
+static void queue_lease_fds(void *ctx, struct sidecar_channel *ch, int fds[2], uint64_t bytes[2])
 {
 	const struct forward_queue *o = ctx;
-	*bytes = o->lease_pool_bytes;
-	return o->lease_fd;
+	const struct model_channel *mc = ch->state;
+	fds[0] = o->lease_fd;
+	bytes[0] = o->lease_pool_bytes;
+	fds[1] = mc ? mc->staging_fd : -1;
+	bytes[1] = fds[1] >= 0 ? o->lease_staging_bytes : 0;
 }
 
 static void *forward_thread_main(void *arg)
@@ -1032,11 +1092,12 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    .reload = queue_reload,
 	    .shutdown = queue_shutdown,
 	    .tick = queue_tick,
-	    .lease_pool = queue_lease_pool,
+	    .lease_fds = queue_lease_fds,
 	};
 	o->model = m;
 	o->engine = serve_model_engine(m);
 	o->lease_fd = -1;
+	o->lease_staging_bytes = cfg->lease_staging_bytes;
 	if (forward_lease_pool(o->engine, &o->lease_fd, &o->lease_pool_bytes, o->lease_why,
 	                       sizeof(o->lease_why)) != 0)
 		o->lease_fd = -1;

@@ -42,6 +42,9 @@ struct forward_queue_config {
 	const char *record_trace;        /* trace file, or NULL */
 	int record_trace_fd;             /* trace_recorder_open's; borrowed (the caller closes) */
 	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
+	/* Bytes of each channel's lease staging area (MOE_LEASE_BF16; serve --lease-staging-mib,
+	 * with --leases); 0: none. Not accounted against the memory limit. */
+	uint64_t lease_staging_bytes;
 };
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace

@@ -62,7 +62,7 @@ static void leases_equal_file(const char *format, const char *const *extra)
 	served_start(&s, format, extra);
 	const struct moe_info *inf = moe_info(s.c);
 	struct moe_lease_expert le[REF_EXPERTS];
-	const int rc = moe_lease(s.c, moe_layer(&s), NULL, inf->n_experts, le, 10000);
+	const int rc = moe_lease(s.c, moe_layer(&s), NULL, inf->n_experts, 0, le, 10000);
 	cr_assert_eq(rc, MOE_OK, "%s: %s", format, moe_last_error(s.c));
 	for (uint32_t i = 0; i < inf->n_experts; i++)
 		cr_assert_eq(le[i].expert, i);
@@ -131,7 +131,7 @@ Test(leases, the_pool_mapping_cannot_be_written)
 	served_start(&s, "q8_0", with_leases);
 	struct moe_lease_expert le;
 	const int32_t x = 3;
-	cr_assert_eq(moe_lease(s.c, moe_layer(&s), &x, 1, &le, 10000), MOE_OK, "%s",
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), &x, 1, 0, &le, 10000), MOE_OK, "%s",
 	             moe_last_error(s.c));
 	const void *pool;
 	size_t bytes;
@@ -165,7 +165,7 @@ Test(leases, a_leased_expert_is_never_evicted)
 	const struct moe_info *inf = moe_info(s.c);
 	struct moe_lease_expert le;
 	const int32_t x = 5;
-	cr_assert_eq(moe_lease(s.c, moe_layer(&s), &x, 1, &le, 10000), MOE_OK, "%s",
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), &x, 1, 0, &le, 10000), MOE_OK, "%s",
 	             moe_last_error(s.c));
 	for (uint32_t round = 0; round < 4; round++)
 		for (uint32_t l = 0; l < inf->n_moe_layers; l++) {
@@ -194,7 +194,7 @@ Test(leases, a_cold_lease_loads)
 	const int32_t last = (int32_t)(inf->first_moe_layer + inf->n_moe_layers - 1);
 	struct moe_lease_expert le[4];
 	const int32_t xs[4] = {12, 13, 14, 15};
-	cr_assert_eq(moe_lease(s.c, last, xs, 4, le, 10000), MOE_OK, "%s", moe_last_error(s.c));
+	cr_assert_eq(moe_lease(s.c, last, xs, 4, 0, le, 10000), MOE_OK, "%s", moe_last_error(s.c));
 	char *js = served_stats(&s);
 	cr_assert_gt(json_top_u64(js, "leases_cold"), 0, "%s", js);
 	cr_assert_eq(json_top_u64(js, "leases"), 4);
@@ -227,7 +227,7 @@ Test(leases, a_killed_clients_leases_are_freed)
 		struct moe_lease_expert le[REF_EXPERTS];
 		char b = 'x';
 		if (moe_connect(&o, &c) != MOE_OK ||
-		    moe_lease(c, layer, NULL, REF_EXPERTS, le, 10000) != MOE_OK)
+		    moe_lease(c, layer, NULL, REF_EXPERTS, 0, le, 10000) != MOE_OK)
 			b = 'f';
 		if (write(ready[1], &b, 1) != 1)
 			_exit(2);
@@ -279,14 +279,15 @@ Test(leases, hostile_requests_are_refused_clearly)
 	const int32_t l = moe_layer(&s);
 	struct moe_lease_expert le[REF_EXPERTS];
 	const int32_t bad[2] = {1, 16}, twice[2] = {4, 4}, neg = -1;
-	expect_refusal(&s, moe_lease(s.c, l, bad, 2, le, 5000), MOE_EBADEXPERT, "out of range");
-	expect_refusal(&s, moe_lease(s.c, l, &neg, 1, le, 5000), MOE_EBADEXPERT, "out of range");
-	expect_refusal(&s, moe_lease(s.c, l, twice, 2, le, 5000), MOE_EBADEXPERT, "twice");
-	expect_refusal(&s, moe_lease(s.c, (int32_t)inf->n_layers, twice, 1, le, 5000),
+	expect_refusal(&s, moe_lease(s.c, l, bad, 2, 0, le, 5000), MOE_EBADEXPERT, "out of range");
+	expect_refusal(&s, moe_lease(s.c, l, &neg, 1, 0, le, 5000), MOE_EBADEXPERT, "out of range");
+	expect_refusal(&s, moe_lease(s.c, l, twice, 2, 0, le, 5000), MOE_EBADEXPERT, "twice");
+	expect_refusal(&s, moe_lease(s.c, (int32_t)inf->n_layers, twice, 1, 0, le, 5000),
 	               MOE_EBADLAYER, "layer");
 	/* 16 experts of a layer are 1/3 of the model, above half of a 40% pool */
-	expect_refusal(&s, moe_lease(s.c, l, NULL, REF_EXPERTS, le, 5000), MOE_ENOLEASE, "bound");
-	cr_assert_eq(moe_lease(s.c, l, twice, 1, le, 5000), MOE_OK, "%s", moe_last_error(s.c));
+	expect_refusal(&s, moe_lease(s.c, l, NULL, REF_EXPERTS, 0, le, 5000), MOE_ENOLEASE,
+	               "bound");
+	cr_assert_eq(moe_lease(s.c, l, twice, 1, 0, le, 5000), MOE_OK, "%s", moe_last_error(s.c));
 	const uint32_t id = le[0].lease;
 	cr_assert_eq(moe_lease_release(s.c, &id, 1, 5000), MOE_OK, "%s", moe_last_error(s.c));
 	expect_refusal(&s, moe_lease_release(s.c, &id, 1, 5000), MOE_EBADLEASE, "not held");
@@ -308,7 +309,72 @@ Test(leases, a_sidecar_without_leases_says_how_to_get_them)
 	cr_assert_eq(moe_lease_pool(s.c, NULL, NULL, NULL), MOE_ENOLEASE);
 	struct moe_lease_expert le;
 	const int32_t x = 0;
-	expect_refusal(&s, moe_lease(s.c, moe_layer(&s), &x, 1, &le, 5000), MOE_ENOLEASE,
+	expect_refusal(&s, moe_lease(s.c, moe_layer(&s), &x, 1, 0, &le, 5000), MOE_ENOLEASE,
 	               "--leases");
 	served_stop(&s);
+}
+
+/* The BF16 form: each matrix of a leased expert, dequantized by the sidecar into the channel's
+ * staging area, equals moek_dequantize of the file's rows rounded to BF16, for a quantized
+ * format with the decode layout (Q4_K) and one without (Q6_K). The staging area is read-only
+ * too, and a full one refuses with its figures. */
+static void bf16_equals_dequantize(const char *format)
+{
+	struct served s;
+	const char *const extra[] = {"--leases", "--lease-staging-mib", "4", NULL};
+	served_start(&s, format, extra);
+	const void *staging;
+	size_t bytes;
+	cr_assert_eq(moe_lease_staging(s.c, &staging, &bytes, NULL), MOE_OK);
+	cr_assert_eq(bytes, 4u << 20);
+	struct moe_lease_expert le[REF_EXPERTS];
+	const int32_t xs[2] = {2, 9};
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, MOE_LEASE_BF16, le, 10000), MOE_OK, "%s",
+	             moe_last_error(s.c));
+	for (uint32_t i = 0; i < 2; i++) {
+		const struct moe_lease_matrix *m[3] = {&le[i].gate, &le[i].up, &le[i].down};
+		for (unsigned p = 0; p < 3; p++) {
+			cr_assert_eq(m[p]->area, MOE_LEASE_AREA_STAGING);
+			cr_assert_eq(m[p]->format, MOEK_BF16);
+			cr_assert_eq(m[p]->interleave, 0);
+			void *rows;
+			size_t rows_bytes;
+			uint32_t f;
+			cr_assert_eq(ref_expert_rows(s.ref, le[i].layer, le[i].expert, p, &rows,
+			                             &rows_bytes, &f),
+			             0);
+			const size_t n = (size_t)m[p]->rows * m[p]->cols;
+			float *want = malloc(n * sizeof(float));
+			uint16_t *want16 = malloc(n * sizeof(uint16_t));
+			cr_assert_eq(moek_dequantize(f, rows, NULL, m[p]->rows, m[p]->cols, want),
+			             0);
+			moek_convert(MOE_DTYPE_BF16, want16, MOE_DTYPE_F32, want, n);
+			cr_assert_eq(m[p]->bytes, n * 2);
+			cr_assert_eq(
+			    memcmp((const uint8_t *)staging + m[p]->offset, want16, n * 2), 0,
+			    "%s expert %u proj %u: the BF16 form differs from moek_dequantize",
+			    format, le[i].expert, p);
+			free(want);
+			free(want16);
+			free(rows);
+		}
+	}
+	/* 16 experts of BF16 rows (3 x 256 x 256 x 2 bytes each, 6 MiB) overflow 4 MiB */
+	expect_refusal(&s,
+	               moe_lease(s.c, moe_layer(&s), NULL, REF_EXPERTS, MOE_LEASE_BF16, le, 5000),
+	               MOE_ENOLEASE, "staging");
+	int fd;
+	cr_assert_eq(moe_lease_staging(s.c, NULL, &bytes, &fd), MOE_OK);
+	cr_assert_eq(mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
+	cr_assert_eq(moe_lease_release(s.c, NULL, 0, 5000), MOE_OK, "%s", moe_last_error(s.c));
+	served_stop(&s);
+}
+
+Test(leases, q4_k_bf16_form_is_moek_dequantize)
+{
+	bf16_equals_dequantize("q4_k");
+}
+Test(leases, q6_k_bf16_form_is_moek_dequantize)
+{
+	bf16_equals_dequantize("q6_k");
 }

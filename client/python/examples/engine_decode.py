@@ -311,8 +311,8 @@ class LeasePrefillMoE:
     compared with a sidecar prefill run with --defer 0. timeline: per leased layer, seconds
     of (lease, copy, compute, release)."""
 
-    def __init__(self, inner, client, above):
-        self.inner, self.client, self.above = inner, client, above
+    def __init__(self, inner, client, above, dtype="raw"):
+        self.inner, self.client, self.above, self.dtype = inner, client, above, dtype
         self.timeline = []
 
     def __call__(self, L, x, ids, w):
@@ -321,11 +321,16 @@ class LeasePrefillMoE:
         G, E = self.inner.G, self.inner.model.cfg.n_experts
         dev = x.device
         t0 = time.perf_counter()
-        lease = self.client.lease(L, list(range(G, E)))
+        lease = self.client.lease(L, list(range(G, E)), dtype=self.dtype)
         t1 = time.perf_counter()
         try:
-            mats = [torch.stack([lease.rows(i, p) for i in range(E - G)]).to(dev, x.dtype)
-                    for p in ("gate", "up", "down")]
+            if self.dtype == "bf16":  # the sidecar's BF16 rows, zero-copy views of staging
+                views = lease.views()
+                mats = [torch.stack([v[p] for v in views]).to(dev, x.dtype)
+                        for p in ("gate", "up", "down")]
+            else:
+                mats = [torch.stack([lease.rows(i, p) for i in range(E - G)]).to(dev, x.dtype)
+                        for p in ("gate", "up", "down")]
             sync(dev)
             t2 = time.perf_counter()
             cpu = ids >= G
@@ -608,6 +613,10 @@ def main():
                     help="MoE blocks of more than N tokens (a long prompt's prefill) lease "
                     "the layer's CPU experts from the sidecar (serve --leases) and compute "
                     "them with torch on --device; decode stays on the sidecar")
+    ap.add_argument("--lease-dtype", choices=("raw", "bf16"), default="raw",
+                    help="--gpu-prefill-above's leases: the served rows (raw), or BF16 rows "
+                    "the sidecar dequantizes into the channel's staging area (serve "
+                    "--lease-staging-mib): engines without kernels for the format")
     ap.add_argument("--transformers", action="store_true",
                     help="compare the prompt's logits with transformers' Qwen3MoeForCausalLM")
     args = ap.parse_args()
@@ -638,7 +647,7 @@ def main():
     if args.gpu_prefill_above is not None:
         if args.gpu_experts == cfg.n_experts:
             ap.error("--gpu-prefill-above: every expert is a GPU expert already")
-        moe = LeasePrefillMoE(moe, client, args.gpu_prefill_above)
+        moe = LeasePrefillMoE(moe, client, args.gpu_prefill_above, args.lease_dtype)
     print(f"sidecar: pid {client.info['sidecar_pid']}, serves {client.info['model_name']} "
           f"{client.fingerprint} (= the directory's fingerprint), max_tokens "
           f"{client.max_tokens}")

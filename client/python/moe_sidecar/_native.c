@@ -634,16 +634,17 @@ static PyObject *Channel_stats_json(Channel *self, PyObject *args)
 	return r;
 }
 
-/* lease(layer, ids: bytes of int32 or None, n, timeout_ms) -> bytes: n struct moe_lease_expert
- * (moe_lease; ids None: experts 0..n-1). */
+/* lease(layer, ids: bytes of int32 or None, n, timeout_ms[, flags]) -> bytes: n struct
+ * moe_lease_expert (moe_lease; ids None: experts 0..n-1). */
 static PyObject *Channel_lease(Channel *self, PyObject *args)
 {
 	struct int_arg layer_a = I32_ARG("layer"), n_a = {"n", 1, 256, 0},
-	               timeout_a = I32_ARG("timeout_ms");
+	               timeout_a = I32_ARG("timeout_ms"), flags_a = U16_ARG("flags");
 	PyObject *ids_o;
-	if (!PyArg_ParseTuple(args, "O&OO&O&", int_arg, &layer_a, &ids_o, int_arg, &n_a, int_arg,
-	                      &timeout_a))
+	if (!PyArg_ParseTuple(args, "O&OO&O&|O&", int_arg, &layer_a, &ids_o, int_arg, &n_a, int_arg,
+	                      &timeout_a, int_arg, &flags_a))
 		return NULL;
+	const uint16_t flags = (uint16_t)flags_a.v;
 	const uint32_t n = (uint32_t)n_a.v;
 	Py_buffer ids = {0};
 	if (ids_o != Py_None) {
@@ -669,7 +670,7 @@ static PyObject *Channel_lease(Channel *self, PyObject *args)
 	const int timeout_ms = (int)timeout_a.v;
 	int rc;
 	char why[MOE_MESSAGE_MAX + 64];
-	LOCKED_CALL(self, rc, why, moe_lease(c_, layer, idp, n, le, timeout_ms));
+	LOCKED_CALL(self, rc, why, moe_lease(c_, layer, idp, n, flags, le, timeout_ms));
 	if (ids_o != Py_None)
 		PyBuffer_Release(&ids);
 	if (rc != MOE_OK) {
@@ -702,21 +703,27 @@ static PyObject *Channel_lease_release(Channel *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* lease_pool() -> (fd, bytes): a duplicate of the pool's memfd (the caller maps it read-only
- * and closes it), or raises (no shared pool). */
-static PyObject *Channel_lease_pool(Channel *self, PyObject *noargs)
+/* lease_pool([staging]) -> (fd, bytes): a duplicate of the pool's memfd (staging true: the
+ * channel's staging area's), which the caller maps read-only and closes; or raises (none). */
+static PyObject *Channel_lease_pool(Channel *self, PyObject *args)
 {
-	(void)noargs;
+	int staging = 0;
+	if (!PyArg_ParseTuple(args, "|p", &staging))
+		return NULL;
 	int rc, fd = -1;
 	size_t bytes = 0;
 	char why[MOE_MESSAGE_MAX + 64];
-	LOCKED_CALL(self, rc, why, moe_lease_pool(c_, NULL, &bytes, &fd));
+	LOCKED_CALL(self, rc, why,
+	            staging ? moe_lease_staging(c_, NULL, &bytes, &fd)
+	                    : moe_lease_pool(c_, NULL, &bytes, &fd));
 	if (rc != MOE_OK)
 		return raise_status(rc,
-		                    rc == MOE_ENOLEASE
-		                        ? "the sidecar shares no slot pool (start it "
-		                          "with serve --leases)"
-		                        : why,
+		                    rc != MOE_ENOLEASE ? why
+		                    : staging
+		                        ? "the sidecar gives this channel no staging area "
+		                          "(serve --lease-staging-mib)"
+		                        : "the sidecar shares no slot pool (start it with serve "
+		                          "--leases)",
 		                    0, 0);
 	const int d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
 	if (d < 0)
@@ -976,7 +983,7 @@ static PyMethodDef channel_methods[] = {
      "lease(layer, ids, n, timeout_ms) -> bytes of n lease descriptions."},
     {"lease_release", (PyCFunction)Channel_lease_release, METH_VARARGS,
      "lease_release(ids or None, timeout_ms)."},
-    {"lease_pool", (PyCFunction)Channel_lease_pool, METH_NOARGS,
+    {"lease_pool", (PyCFunction)Channel_lease_pool, METH_VARARGS,
      "lease_pool() -> (a duplicate of the pool's memfd, bytes)."},
     {"prefetch", (PyCFunction)Channel_prefetch, METH_VARARGS,
      "prefetch(layer, ids|None, scores, timeout_ms) -> loads started."},
@@ -1183,6 +1190,7 @@ static int module_exec(PyObject *m)
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
 	    {"FWD_DEFER_UNION", MOE_FWD_DEFER_UNION},
 	    {"STATS_EXPERTS", MOE_STATS_EXPERTS},
+	    {"LEASE_BF16", MOE_LEASE_BF16},
 	    {"PLACE_FREQUENCY", MOE_PLACE_FREQUENCY},
 	    {"PLACE_UNIFORM", MOE_PLACE_UNIFORM},
 	    {"PLACE_FRONT_LOADING", MOE_PLACE_FRONT_LOADING},

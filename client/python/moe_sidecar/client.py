@@ -306,7 +306,7 @@ class Lease:
                             "scales_offset": None if f[3] == _NO_OFFSET else f[3],
                             "bias_offset": None if f[4] == _NO_OFFSET else f[4],
                             "format": f[5], "rows": f[6], "cols": f[7], "interleave": f[8],
-                            "scale_stride": f[9], "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
+                            "scale_stride": f[9], "area": f[10], "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
             self.ids.append(lease_id)
             self.experts.append(expert)
             self.matrices.append(ms)
@@ -337,7 +337,10 @@ class Lease:
         for ms in self.matrices:
             d = {}
             for name, m in ms.items():
-                if m["interleave"]:
+                if m["area"] == 1:  # staging: BF16 rows, packed
+                    d[name] = flat[m["offset"]:m["offset"] + m["bytes"]].view(
+                        torch.bfloat16).view(m["rows"], m["cols"])
+                elif m["interleave"]:
                     d[name] = flat[m["offset"]:m["offset"] + m["bytes"]]
                 else:
                     rb = self._row_bytes(m)
@@ -703,30 +706,34 @@ class Client:
 
 
     # ---- expert leases ---------------------------------------------------------------------
-    def lease_pool(self):
-        """The sidecar's slot pool, mapped read-only (a sidecar started with --leases): an
-        mmap object shared by every Lease of this channel generation."""
+    def lease_pool(self, staging=False):
+        """The sidecar's slot pool (staging: this channel's staging area, serve
+        --lease-staging-mib), mapped read-only (a sidecar started with --leases): an mmap
+        object shared by every Lease of this channel generation."""
         self._recover()
-        if getattr(self, "_pool_gen", None) != self.generation:
+        key = "_staging" if staging else "_pool"
+        if getattr(self, key + "_gen", None) != self.generation:
             import mmap
             import os
 
-            fd, size = self._ch.lease_pool()
+            fd, size = self._ch.lease_pool(staging)
             try:
-                self._pool = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                setattr(self, key, mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                             prot=mmap.PROT_READ))
             finally:
                 os.close(fd)
-            self._pool_gen = self.generation
-        return self._pool
+            setattr(self, key + "_gen", self.generation)
+        return getattr(self, key)
 
     def lease(self, layer, experts=None, dtype="raw", timeout_ms=None):
         """Leases experts of block `layer` (None: every expert of the layer) and returns a
         Lease (a context manager that releases them). dtype "raw": zero-copy views of the
-        pool mapping in the served format. Cold experts are loaded first (waited for up to
-        timeout_ms)."""
-        if dtype != "raw":
-            raise ValueError(f"lease: dtype {dtype!r}: only 'raw' is served yet (the BF16 "
-                             "staging form is not)")
+        pool mapping in the served format; "bf16": the sidecar dequantizes each matrix to
+        BF16 rows into this channel's staging area (serve --lease-staging-mib), and views()
+        are zero-copy bfloat16 [rows, cols] tensors of it. Cold experts are loaded first
+        (waited for up to timeout_ms)."""
+        if dtype not in ("raw", "bf16"):
+            raise ValueError(f"lease: dtype {dtype!r}: 'raw' or 'bf16'")
         layer = _int("layer", layer)
         t = self.timeout_ms if timeout_ms is None else timeout_ms
         if experts is None:
@@ -737,8 +744,9 @@ class Client:
             if not 1 <= n <= 256:
                 raise ValueError(f"lease: {n} experts (1..256)")
             ids = struct.pack(f"<{n}i", *experts)
-        pool = self.lease_pool()
-        raw = self._ch.lease(layer, ids, n, t)
+        bf16 = dtype == "bf16"
+        pool = self.lease_pool(staging=bf16)
+        raw = self._ch.lease(layer, ids, n, t, _native.LEASE_BF16 if bf16 else 0)
         return Lease(self, layer, raw, pool, self.generation)
 
     # ---- CUDA ------------------------------------------------------------------------------

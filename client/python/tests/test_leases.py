@@ -85,8 +85,9 @@ def test_a_sidecar_without_leases_says_so(served_q8):
             c.lease(c.moe_layers[0], [0])
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "f16", "f32"])
-def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt):
+@pytest.mark.parametrize("fmt,dtype", [("bf16", "raw"), ("f16", "raw"), ("f32", "raw"),
+                                       ("bf16", "bf16"), ("f32", "bf16")])
+def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt, dtype):
     """engine_decode.py's --gpu-prefill-above path on the CPU: a prompt's MoE blocks computed
     by torch from leased experts give the tokens and final states of the sidecar's own
     prefill (fp32 activations, no deferral: within the sidecar's bf16 rounding), decode on
@@ -95,7 +96,7 @@ def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt):
     from conftest import generate
 
     model_dir = generate(str(tmp_path / f"m-{fmt}"), fmt=fmt, full=True)
-    s = Sidecar(model_dir, "--leases")
+    s = Sidecar(model_dir, "--leases", "--lease-staging-mib", "16")
     try:
         cfg = ed.Config(model_dir)
         tensors = ed.read_safetensors(model_dir)
@@ -104,7 +105,7 @@ def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt):
         client = next(iter(side.wrappers.values())).client
         prompt = [256, 72, 105, 33, 7, 99, 12, 300]
         want_toks, want_fin, want_logits = ed.decode(model, side, prompt, 3)[:3]
-        leased = ed.LeasePrefillMoE(side, client, 2)
+        leased = ed.LeasePrefillMoE(side, client, 2, dtype)
         toks, fin, logits = ed.decode(model, leased, prompt, 3)[:3]
         leased.check()
         assert toks == want_toks
@@ -114,5 +115,37 @@ def test_engine_prefill_on_leased_experts_equals_the_sidecars(tmp_path, fmt):
         st = client.stats()
         assert st["leases"] == len(cfg.moe_layers) * (cfg.n_experts - 2)
         assert st["leases_held"] == 0
+    finally:
+        assert s.stop() == 0
+
+
+def test_bf16_leases_are_the_dequantized_rows(tmp_path):
+    """dtype="bf16" on a Q8_0 model: zero-copy bfloat16 views of the channel's staging area,
+    equal to the Q8_0 rows (fp16 scale, 32 int8 per block) dequantized here and rounded."""
+    import numpy as np
+    from conftest import generate
+
+    model = generate(str(tmp_path / "q8.gguf"), fmt="q8_0")
+    s = Sidecar(model, "--leases", "--lease-staging-mib", "8")
+    try:
+        with moe_sidecar.Client(s.socket) as c:
+            layer = c.moe_layers[0]
+            raw = c.lease(layer, [3, 4])
+            with c.lease(layer, [3, 4], dtype="bf16") as bf:
+                for i in range(2):
+                    for name in ("gate", "up", "down"):
+                        got = bf.views()[i][name]
+                        assert got.dtype == torch.bfloat16
+                        q = raw.rows(i, name).numpy()
+                        rows, rb = q.shape
+                        blocks = q.reshape(rows, rb // 34, 34)
+                        d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)
+                        w = blocks[:, :, 2:].view(np.int8).astype(np.float32) * d
+                        want = torch.from_numpy(w.reshape(rows, -1)).to(torch.bfloat16)
+                        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            raw.release()
+            with pytest.raises(moe_sidecar.InvalidError, match="released"):
+                bf.views()
+            assert c.stats()["leases_held"] == 0
     finally:
         assert s.stop() == 0
