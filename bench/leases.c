@@ -53,6 +53,8 @@ static void cleanup(void)
 	rmdir(tmp_dir);
 }
 
+static char staging_mib[16] = "0"; /* each channel's: room for one layer's BF16 form */
+
 static pid_t spawn(const char *model, const char *sock, const char *budget, bool file_layout)
 {
 	int p[2];
@@ -77,9 +79,11 @@ static pid_t spawn(const char *model, const char *sock, const char *budget, bool
 		                        "warn",
 		                        "--probes-instance",
 		                        "bench-leases",
+		                        "--lease-staging-mib",
+		                        staging_mib,
 		                        NULL};
 		if (file_layout)
-			argv[14] = "--file-layout";
+			argv[16] = "--file-layout";
 		execv(MOE_SIDECAR_BIN, (char *const *)argv);
 		_exit(127);
 	}
@@ -195,6 +199,9 @@ int main(int argc, char **argv)
 	}
 	const double od_gbs = (double)odirect_bytes / od_s / 1e9;
 
+	/* Room for one layer's BF16 form (3 matrices of ffn x hidden per expert). */
+	snprintf(staging_mib, sizeof(staging_mib), "%llu",
+	         (unsigned long long)(((uint64_t)experts * 3 * ffn * hidden * 2 >> 20) + 8));
 	/* 50 %: the layers swept in order never find theirs resident after the first ones. */
 	const pid_t pid = spawn(model, sock, "50%", file_layout);
 	if (pid < 0) {
@@ -290,6 +297,23 @@ int main(int argc, char **argv)
 	moe_lease_release(c, NULL, 0, 5000);
 	const double tl_release = monotonic_s() - tr0;
 	const uint32_t interleaved = le[0].gate.interleave;
+	/* The BF16 form of the same resident layer: GB/s of BF16 rows written to staging. */
+	double bf_s = 1e9;
+	uint64_t bf_bytes = 0;
+	for (uint32_t r = 0; r < rounds; r++) {
+		const double t0 = monotonic_s();
+		const int rc = moe_lease(c, layer, NULL, experts, MOE_LEASE_BF16, le, 30000);
+		const double t = monotonic_s() - t0;
+		if (rc != MOE_OK) {
+			fprintf(stderr, "bench_leases: BF16 lease: %s\n", moe_last_error(c));
+			break;
+		}
+		bf_s = t < bf_s ? t : bf_s;
+		bf_bytes = 0;
+		for (uint32_t i = 0; i < experts; i++)
+			bf_bytes += le[i].gate.bytes + le[i].up.bytes + le[i].down.bytes;
+		moe_lease_release(c, NULL, 0, 5000);
+	}
 
 	const double res_gbs = (double)res_bytes / res_s / 1e9,
 	             cold_gbs = (double)cold_bytes / cold_s / 1e9,
@@ -307,6 +331,9 @@ int main(int argc, char **argv)
 	printf("  %-34s %8.2f GB/s   / memcpy %.3f\n", "moe_lease_deinterleave", di_gbs,
 	       di_gbs / cp_gbs);
 	printf("  %-34s %8.2f GB/s\n", "O_DIRECT, every expert", od_gbs);
+	if (bf_bytes)
+		printf("  %-34s %8.2f GB/s of BF16 (%.1f ms a layer, one thread)\n",
+		       "lease BF16 form (resident)", (double)bf_bytes / bf_s / 1e9, bf_s * 1e3);
 	printf("  timeline of one resident layer: lease %.3f ms, copy %.3f ms, de-interleave %.3f "
 	       "ms, release %.3f ms\n",
 	       tl_lease * 1e3, cp_s * 1e3, di_s * 1e3, tl_release * 1e3);
