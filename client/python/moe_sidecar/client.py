@@ -281,7 +281,8 @@ class Lease:
     description (offset, bytes, row_stride, format, rows, cols, interleave, ...). views():
     per expert a dict of torch uint8 tensors over the mapping — rows x row bytes at the
     row stride for the files' rows (interleave 0); the whole span for the decode layout
-    (interleave 8: rows() gives GGUF rows). rows(i, name): the GGUF rows of one matrix (a
+    (interleave 8: rows() gives GGUF rows); for a dtype="bf16" lease, bfloat16 rows x cols
+    tensors of the channel's staging area. rows(i, name): the GGUF rows of one matrix (a
     copy; BF16/F16/F32 as rows x cols of that dtype, other formats as uint8 rows x row bytes).
     The mapping is read-only: writing into a view faults the process. A view taken before
     release() still reads the mapping (kept alive), but what it shows may change once the
@@ -306,7 +307,8 @@ class Lease:
                             "scales_offset": None if f[3] == _NO_OFFSET else f[3],
                             "bias_offset": None if f[4] == _NO_OFFSET else f[4],
                             "format": f[5], "rows": f[6], "cols": f[7], "interleave": f[8],
-                            "scale_stride": f[9], "area": f[10], "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
+                            "scale_stride": f[9], "area": f[10],
+                            "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
             self.ids.append(lease_id)
             self.experts.append(expert)
             self.matrices.append(ms)
