@@ -591,8 +591,14 @@ static void lease_held_delta(struct forward_queue *o, uint32_t n0, uint64_t b0, 
 }
 
 /* LEASE or RELEASE of mc, by the one thread that runs mc's requests now. */
+/* done->status of a LEASE tried on the dispatcher (now_only) that would have to wait for a
+ * load (an expert evicted since it looked resident): nothing was taken nor counted, and the
+ * request goes to the forward thread. Positive: never a wire status. */
+#define LEASE_LATER 3
+
+/* LEASE or RELEASE of mc. now_only: a LEASE does not wait for loads (LEASE_LATER instead). */
 static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
-                         const struct moe_sqe *sqe, struct moe_cqe *done)
+                         const struct moe_sqe *sqe, struct moe_cqe *done, bool now_only)
 {
 	const struct sidecar_channel *ch = mc->ch;
 	struct slot_areas a;
@@ -647,10 +653,14 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	struct forward_lease_result res;
 	const int rc = forward_lease_take(
 	    mc->leases, sqe->layer, mc->lease_ids, n, (sqe->flags & MOE_LEASE_BF16) != 0,
-	    monotonic_ns() + wait_ms * 1000000u, (struct moe_lease_expert *)a.output, &res, why,
-	    sizeof(why));
+	    now_only ? 0 : monotonic_ns() + wait_ms * 1000000u, (struct moe_lease_expert *)a.output,
+	    &res, why, sizeof(why));
 	forward_leases_held(mc->leases, &n1, &b1);
 	lease_held_delta(o, n0, b0, n1, b1);
+	if (rc == MOE_ETIMEDOUT && now_only) {
+		done->status = LEASE_LATER;
+		return;
+	}
 	if (rc != MOE_OK) {
 		atomic_fetch_add_explicit(&o->leases_refused, 1, memory_order_relaxed);
 		done->status = rc;
@@ -720,10 +730,20 @@ void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	}
 	mc->running = true;
 	pthread_mutex_unlock(&o->lock);
-	run_lease_op(o, mc, sqe, done);
+	run_lease_op(o, mc, sqe, done, true);
 	pthread_mutex_lock(&o->lock);
 	mc->running = false;
 	pthread_cond_broadcast(&o->idle);
+	if (done->status == LEASE_LATER) {
+		if (!o->shutting_down && !mc->closing) {
+			enqueue_and_unlock(o, mc, sqe, done);
+			return;
+		}
+		done->status = MOE_ESHUTDOWN;
+		pthread_mutex_unlock(&o->lock);
+		channel_request_error(ch, sqe, done, true, NULL);
+		return;
+	}
 	pthread_mutex_unlock(&o->lock);
 }
 
@@ -771,7 +791,7 @@ static void *forward_thread_main(void *arg)
 			run_mask(o, mc, &sqe, o->queued_mask, &c);
 		} else if (sqe.op == MOE_OP_LEASE || sqe.op == MOE_OP_RELEASE) {
 			c = (struct moe_cqe){.user_data = sqe.user_data, .slot = sqe.slot};
-			run_lease_op(o, mc, &sqe, &c);
+			run_lease_op(o, mc, &sqe, &c, false);
 		} else {
 			run_forward(o, mc, &sqe, &c, false);
 		}
