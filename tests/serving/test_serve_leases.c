@@ -378,3 +378,29 @@ Test(leases, q6_k_bf16_form_is_moek_dequantize)
 {
 	bf16_equals_dequantize("q6_k");
 }
+
+/* A sidecar killed with leases out: the client sees MOE_EPEERDEAD, as for FORWARDs; after the
+ * restart (and moe_reconnect) the old lease ids mean nothing, the new pool is mapped, and new
+ * leases are the file's rows again. */
+Test(leases, a_restart_invalidates_leases)
+{
+	struct served s;
+	served_start(&s, "q8_0", with_leases);
+	struct moe_lease_expert le[2];
+	const int32_t xs[2] = {6, 7};
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 10000), MOE_OK, "%s",
+	             moe_last_error(s.c));
+	cr_assert_eq(sidecar_stop(&s.sp, SIGKILL) & 0x7f, SIGKILL);
+	const uint32_t old = le[0].lease;
+	cr_assert_eq(moe_lease_release(s.c, &old, 1, 5000), MOE_EPEERDEAD);
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 5000), MOE_EPEERDEAD);
+	cr_assert_eq(moe_lease_pool(s.c, NULL, NULL, NULL), MOE_EPEERDEAD);
+	const char *const extra[] = {s.model, "--leases", NULL};
+	cr_assert_eq(sidecar_start(&s.sp, extra, NULL), 0);
+	cr_assert_eq(moe_reconnect(s.c, 20000), MOE_OK, "%s", moe_last_error(s.c));
+	expect_refusal(&s, moe_lease_release(s.c, &old, 1, 5000), MOE_EBADLEASE, "not held");
+	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 10000), MOE_OK, "%s",
+	             moe_last_error(s.c));
+	check_rows(&s, le, 2);
+	served_stop(&s);
+}
