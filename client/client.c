@@ -107,6 +107,15 @@ struct moe_client {
 		char model[33];
 	} again;
 	uint8_t *gpu_mask;
+	/* The sidecar's slot pool, mapped PROT_READ (ABI 1.3, serve --leases), and its memfd
+	 * (kept open: moe_lease_pool hands it out); NULL / -1 when it shares none. */
+	const uint8_t *pool;
+	uint64_t pool_bytes;
+	int pool_fd;
+	/* The channel's staging area (BF16 leases), mapped PROT_READ; NULL / -1: none. */
+	const uint8_t *staging;
+	uint64_t staging_bytes;
+	int staging_fd;
 };
 
 static _Thread_local char connect_error[256];
@@ -185,10 +194,13 @@ static int resolve_path(const struct moe_connect_opts *o, char *buf, size_t len)
 }
 
 /* Receives the welcome (its size is in its frozen prefix) and the fd that rides with it. */
-static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fd)
+static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fd,
+                        int *pool_fd, int *staging_fd)
 {
 	size_t have = 0, need = MOE_WELCOME_FROZEN;
 	*fd = -1;
+	*pool_fd = -1;
+	*staging_fd = -1;
 	while (have < need) {
 		struct iovec iov = {.iov_base = buf + have, .iov_len = need - have};
 		union {
@@ -217,8 +229,12 @@ static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, si
 				memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
 				if (*fd < 0)
 					*fd = f;
+				else if (*pool_fd < 0)
+					*pool_fd = f; /* ABI 1.3: the lease pool */
+				else if (*staging_fd < 0)
+					*staging_fd = f; /* ABI 1.3: the staging area */
 				else
-					close(f); /* one channel per welcome; extras are dropped */
+					close(f); /* extras are dropped */
 			}
 		}
 		if (n == 0)
@@ -283,6 +299,44 @@ static int check_header(const struct moe_client *c, const struct moe_welcome *w)
 	return MOE_OK;
 }
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* The lease pool: sealed against shrinking (a mapping past its end would SIGBUS) and against
+ * writes through new mappings (the sidecar's pool, not ours to write), of the bytes the
+ * welcome says; mapped PROT_READ. */
+static int map_readonly(int fd, uint64_t bytes, const char *what, const char *path,
+                        const void **out)
+{
+	const int need = F_SEAL_SHRINK | F_SEAL_FUTURE_WRITE;
+	const int seals = fcntl(fd, F_GET_SEALS);
+	struct stat st;
+	if (seals < 0 || (seals & need) != need)
+		return conn_fail(MOE_EPROTO, "%s: %s fd: seals 0x%x lack shrink/future-write", path,
+		                 what, seals < 0 ? 0u : (unsigned)seals);
+	if (fstat(fd, &st) != 0 || (uint64_t)st.st_size < bytes)
+		return conn_fail(MOE_EPROTO, "%s: %s fd: %lld bytes, the welcome says %llu", path,
+		                 what, (long long)st.st_size, (unsigned long long)bytes);
+	void *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return conn_fail(MOE_ESYS, "%s: %s: mmap %llu bytes: %s", path, what,
+		                 (unsigned long long)bytes, strerror(errno));
+	*out = map;
+	return MOE_OK;
+}
+
+static int map_pool(struct moe_client *c, int fd, uint64_t bytes, const char *path)
+{
+	const void *m;
+	const int rc = map_readonly(fd, bytes, "lease pool", path, &m);
+	if (rc == MOE_OK) {
+		c->pool = m;
+		c->pool_bytes = bytes;
+	}
+	return rc;
+}
+
 static int handshake(struct moe_client *c, const struct moe_connect_opts *o, const char *path)
 {
 	struct moe_hello h;
@@ -300,8 +354,8 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 
 	uint8_t buf[4096];
 	size_t len = 0;
-	int fd = -1;
-	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd);
+	int fd = -1, pool_fd = -1, staging_fd = -1;
+	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd, &pool_fd, &staging_fd);
 	if (rc != MOE_OK)
 		goto out;
 	struct moe_welcome w;
@@ -418,12 +472,34 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 		}
 	}
 
+	if (w.abi_minor >= 3 && w.lease_pool_bytes && pool_fd >= 0 &&
+	    (rc = map_pool(c, pool_fd, w.lease_pool_bytes, path)) != MOE_OK)
+		goto out;
+	if (c->pool) {
+		c->pool_fd = pool_fd;
+		pool_fd = -1;
+		if (w.lease_staging_bytes && staging_fd >= 0) {
+			const void *m;
+			if ((rc = map_readonly(staging_fd, w.lease_staging_bytes, "lease staging",
+			                       path, &m)) != MOE_OK)
+				goto out;
+			c->staging = m;
+			c->staging_bytes = w.lease_staging_bytes;
+			c->staging_fd = staging_fd;
+			staging_fd = -1;
+		}
+	}
+
 	for (uint32_t s = c->limits.n_slots; s-- > 0;)
 		c->free_list[c->n_free++] = s;
 	rc = MOE_OK;
 out:
 	if (fd >= 0)
 		close(fd); /* the mapping keeps the memfd alive */
+	if (pool_fd >= 0)
+		close(pool_fd);
+	if (staging_fd >= 0)
+		close(staging_fd);
 	return rc;
 }
 
@@ -482,6 +558,8 @@ static int connect_once(const struct moe_connect_opts *opts, const struct sockad
 	struct moe_client *c = calloc(1, sizeof(*c));
 	if (!c)
 		return conn_fail(MOE_ENOMEM, "moe_connect: out of memory");
+	c->pool_fd = -1;
+	c->staging_fd = -1;
 	int rc;
 	c->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (c->sock < 0) {
@@ -622,9 +700,18 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 		snprintf(c->last_error, sizeof(c->last_error), "reconnecting: %s", connect_error);
 		return rc;
 	}
-	/* c takes over n's channel; what c keeps across channels stays. */
+	/* c takes over n's channel; what c keeps across channels stays. The old lease pool goes
+	 * with the old sidecar: every lease of it is gone. */
 	if (c->base)
 		munmap(c->base, c->bytes);
+	if (c->pool)
+		munmap((void *)c->pool, c->pool_bytes);
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->staging)
+		munmap((void *)c->staging, c->staging_bytes);
+	if (c->staging_fd >= 0)
+		close(c->staging_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	n->again = c->again;
@@ -636,6 +723,10 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	n->base = NULL;
 	n->sock = -1;
 	n->gpu_mask = NULL;
+	n->pool = NULL;
+	n->pool_fd = -1;
+	n->staging = NULL;
+	n->staging_fd = -1;
 	moe_close(n);
 	return MOE_OK;
 }
@@ -646,6 +737,14 @@ void moe_close(struct moe_client *c)
 		return;
 	if (c->base)
 		munmap(c->base, c->bytes);
+	if (c->pool)
+		munmap((void *)c->pool, c->pool_bytes);
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->staging)
+		munmap((void *)c->staging, c->staging_bytes);
+	if (c->staging_fd >= 0)
+		close(c->staging_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c->gpu_mask);
@@ -1195,6 +1294,15 @@ static int call_on_fresh_slot(struct moe_client *c, struct moe_request *r, struc
 	return rc;
 }
 
+/* moe_call on a slot the caller took, which it abandons itself (after reading the output). */
+static int call_on_fresh_slot_keep(struct moe_client *c, struct moe_request *r, struct moe_slot *s,
+                                   struct moe_completion *done, int timeout_ms)
+{
+	r->slot = s->index;
+	r->user_data = ((uint64_t)r->op << 56) | ++c->call_seq;
+	return moe_call(c, r, done, timeout_ms);
+}
+
 int moe_ping(struct moe_client *c, int timeout_ms)
 {
 	if (!c)
@@ -1410,4 +1518,209 @@ int moe_expert_stats(struct moe_client *c, uint64_t *counts, float *heat, size_t
 		                   c->info.n_moe_layers, c->info.n_experts);
 	struct table_dest t = {counts, heat, half_life};
 	return stats_call(c, MOE_STATS_EXPERT_TABLE, take_table, &t, timeout_ms);
+}
+
+/* ---- Expert leases (ABI 1.3) ---------------------------------------------------------------- */
+
+int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
+{
+	if (!c)
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (!c->pool)
+		return MOE_ENOLEASE;
+	if (base)
+		*base = c->pool;
+	if (bytes)
+		*bytes = c->pool_bytes;
+	if (fd)
+		*fd = c->pool_fd;
+	return MOE_OK;
+}
+
+int moe_lease_staging(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
+{
+	if (!c)
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (!c->staging)
+		return MOE_ENOLEASE;
+	if (base)
+		*base = c->staging;
+	if (bytes)
+		*bytes = c->staging_bytes;
+	if (fd)
+		*fd = c->staging_fd;
+	return MOE_OK;
+}
+
+/* Every matrix of a lease description lies inside its area (the sidecar's word, checked). */
+static bool lease_in_pool(const struct moe_client *c, const struct moe_lease_matrix *m)
+{
+	const uint64_t size = m->area == MOE_LEASE_AREA_STAGING ? c->staging_bytes
+	                      : m->area == MOE_LEASE_AREA_POOL  ? c->pool_bytes
+	                                                        : 0;
+	return m->offset <= size && m->bytes <= size - m->offset;
+}
+
+int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint32_t n,
+              uint16_t flags, struct moe_lease_expert *out, int timeout_ms)
+{
+	if (!c || !out || n == 0 || n > 256 || timeout_ms == 0)
+		return c ? client_fail(c, MOE_EINVAL,
+		                       "moe_lease: %u experts (1..256), out %s, timeout %d ms", n,
+		                       out ? "set" : "NULL", timeout_ms)
+		         : MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (c->info.abi_minor < 3 || !c->pool)
+		return client_fail(c, MOE_ENOLEASE,
+		                   "moe_lease: the sidecar (protocol %u.%u) shares no slot pool%s",
+		                   c->info.abi_major, c->info.abi_minor,
+		                   c->info.abi_minor >= 3 ? " (start it with serve --leases)" : "");
+	if (flags & ~MOE_LEASE_FLAGS_ALL)
+		return client_fail(c, MOE_EINVAL, "moe_lease: flags 0x%x (known 0x%x)", flags,
+		                   MOE_LEASE_FLAGS_ALL);
+	if ((flags & MOE_LEASE_BF16) && !c->staging)
+		return client_fail(
+		    c, MOE_ENOLEASE,
+		    "moe_lease: BF16: the sidecar gives this channel no staging area "
+		    "(serve --lease-staging-mib)");
+	struct moe_slot s = {0};
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	if ((size_t)n * sizeof(int32_t) > s.ids_bytes ||
+	    (size_t)n * sizeof(struct moe_lease_expert) > s.output_bytes) {
+		moe_slot_release(c, s.index);
+		return client_fail(
+		    c, MOE_EINVAL,
+		    "moe_lease: %u experts do not fit the channel's slot (connect with "
+		    "more max_tokens or top_k)",
+		    n);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		s.expert_ids[i] = experts ? experts[i] : (int32_t)i;
+	/* The sidecar's wait for cold experts: the caller's timeout, less a margin for the reply
+	 * (no limit: the sidecar's default). */
+	struct moe_request r = {.op = MOE_OP_LEASE,
+	                        .flags = flags,
+	                        .n_tokens = n,
+	                        .layer = layer,
+	                        .arg = timeout_ms > 0 ? (uint32_t)timeout_ms : 0};
+	struct moe_completion d;
+	rc = call_on_fresh_slot_keep(c, &r, &s, &d, timeout_ms > 0 ? timeout_ms + 1000 : -1);
+	if (rc == MOE_OK) {
+		memcpy(out, s.output, (size_t)n * sizeof(*out));
+		for (uint32_t i = 0; i < n && rc == MOE_OK; i++)
+			if (!lease_in_pool(c, &out[i].gate) || !lease_in_pool(c, &out[i].up) ||
+			    !lease_in_pool(c, &out[i].down))
+				rc = client_fail(
+				    c, MOE_EPROTO,
+				    "LEASE: expert %u's matrices lie outside the %llu-byte "
+				    "pool",
+				    out[i].expert, (unsigned long long)c->pool_bytes);
+	}
+	moe_slot_abandon(c, s.index);
+	return rc;
+}
+
+int moe_lease_release(struct moe_client *c, const uint32_t *leases, uint32_t n, int timeout_ms)
+{
+	if (!c || (leases && (n == 0 || n > 256)) || (!leases && n))
+		return c ? client_fail(c, MOE_EINVAL,
+		                       "moe_lease_release: %u ids (1..256, or NULL "
+		                       "and 0: every lease)",
+		                       n)
+		         : MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (c->info.abi_minor < 3)
+		return client_fail(c, MOE_ENOLEASE,
+		                   "moe_lease_release: the sidecar (protocol "
+		                   "%u.%u) has no leases",
+		                   c->info.abi_major, c->info.abi_minor);
+	struct moe_slot s = {0};
+	int rc = moe_slot_acquire(c, &s);
+	if (rc != MOE_OK)
+		return rc;
+	if (leases)
+		memcpy(s.expert_ids, leases, (size_t)n * sizeof(*leases));
+	struct moe_request r = {
+	    .op = MOE_OP_RELEASE, .flags = leases ? 0 : MOE_RELEASE_ALL, .n_tokens = n};
+	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+}
+
+/* The interleaved layouts (struct moe_lease_matrix.interleave 8): a block's segments in the
+ * order a column stores them — a vector segment of L bytes as L/4 32-byte vectors holding 4
+ * bytes of each of the 8 rows, a scalar one as 8 copies side by side. Facts of the sidecar's
+ * decode layout (kernels/interleave.c), repeated here so the library needs no kernels. */
+struct lease_x8 {
+	uint32_t format, block_elems, block_bytes, n;
+	struct {
+		uint8_t offset, bytes;
+		bool vector;
+	} seg[4];
+};
+static const struct lease_x8 lease_x8[] = {
+    {39, 32, 17, 2, {{1, 16, true}, {0, 1, false}}},                                   /* MXFP4 */
+    {8, 32, 34, 2, {{2, 32, true}, {0, 2, false}}},                                    /* Q8_0 */
+    {12, 256, 144, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}}, /* Q4_K */
+    {30, 16, 32, 1, {{0, 32, true}}},                                                  /* BF16 */
+    {1001, 32, 20, 2, {{4, 16, true}, {0, 4, true}}}, /* INT4_G32 */
+};
+
+int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
+                           size_t dst_bytes)
+{
+	if (!m || !pool || !dst)
+		return MOE_EINVAL;
+	const struct lease_x8 *l = NULL;
+	for (size_t i = 0; i < sizeof(lease_x8) / sizeof(lease_x8[0]); i++)
+		if (lease_x8[i].format == m->format)
+			l = &lease_x8[i];
+	const uint8_t *src = (const uint8_t *)pool + m->offset;
+	if (m->interleave == 0) { /* GGUF rows already: copy them packed */
+		if (m->rows && m->bytes < (uint64_t)(m->rows - 1) * m->row_stride)
+			return MOE_EINVAL;
+		const size_t rb =
+		    m->rows ? (size_t)(m->bytes - (uint64_t)(m->rows - 1) * m->row_stride) : 0;
+		if ((uint64_t)m->rows * rb > dst_bytes)
+			return MOE_ETOOSMALL;
+		for (uint32_t r = 0; r < m->rows; r++)
+			memcpy((uint8_t *)dst + (size_t)r * rb, src + (size_t)r * m->row_stride,
+			       rb);
+		return MOE_OK;
+	}
+	if (m->interleave != 8 || !l || m->rows % 8 || m->cols % l->block_elems)
+		return MOE_EINVAL;
+	const size_t nb = m->cols / l->block_elems, bb = l->block_bytes, rb = nb * bb;
+	if ((uint64_t)m->rows * rb > dst_bytes)
+		return MOE_ETOOSMALL;
+	if (m->row_stride < rb ||
+	    (uint64_t)(m->rows / 8 - 1) * 8 * m->row_stride + 8 * rb > m->bytes)
+		return MOE_EINVAL;
+	for (size_t g = 0; g < m->rows / 8u; g++) {
+		const uint8_t *column = src + g * 8 * m->row_stride;
+		uint8_t *out = (uint8_t *)dst + g * 8 * rb;
+		for (size_t b = 0; b < nb; b++, column += 8 * bb)
+			for (size_t r = 0; r < 8; r++) {
+				uint8_t *block = out + r * rb + b * bb;
+				size_t at = 0;
+				for (uint32_t i = 0; i < l->n; i++) {
+					const size_t sb = l->seg[i].bytes;
+					uint8_t *to = block + l->seg[i].offset;
+					if (l->seg[i].vector)
+						for (size_t v = 0; v < sb / 4; v++)
+							memcpy(to + 4 * v,
+							       column + at + 32 * v + 4 * r, 4);
+					else
+						memcpy(to, column + at + sb * r, sb);
+					at += 8 * sb;
+				}
+			}
+	}
+	return MOE_OK;
 }

@@ -256,6 +256,30 @@ int moe_sqe_check(const struct moe_sqe *sqe, const struct moe_limits *lim, struc
 		if (sqe->layer < -1)
 			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
 		return MOE_OK;
+	case MOE_OP_LEASE:
+		/* n_tokens expert ids in the ids area; arg: the wait for cold ones, in ms. */
+		if (sqe->flags & ~MOE_LEASE_FLAGS_ALL)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, sqe->flags, 0);
+		if (sqe->in_dtype || sqe->out_dtype || sqe->ids_per_token)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
+		if (sqe->n_tokens == 0 ||
+		    (uint64_t)sqe->n_tokens > (uint64_t)lim->max_tokens * lim->top_k)
+			return sqe_fail(sqe, err, MOE_EBADTOKENS, sqe->n_tokens, 0);
+		if (sqe->layer < 0)
+			return sqe_fail(sqe, err, MOE_EBADLAYER, (uint32_t)sqe->layer, 0);
+		return MOE_OK;
+	case MOE_OP_RELEASE:
+		/* n_tokens lease ids in the ids area, or MOE_RELEASE_ALL and none. */
+		if (sqe->flags & ~MOE_RELEASE_FLAGS_ALL)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, sqe->flags, 0);
+		if (sqe->in_dtype || sqe->out_dtype || sqe->ids_per_token || sqe->layer || sqe->arg)
+			return sqe_fail(sqe, err, MOE_EBADFIELD, 0, 0);
+		if ((sqe->flags & MOE_RELEASE_ALL)
+		        ? sqe->n_tokens != 0
+		        : (sqe->n_tokens == 0 ||
+		           (uint64_t)sqe->n_tokens > (uint64_t)lim->max_tokens * lim->top_k))
+			return sqe_fail(sqe, err, MOE_EBADTOKENS, sqe->n_tokens, 0);
+		return MOE_OK;
 	}
 	return sqe_fail(sqe, err, MOE_EBADOP, sqe->op, 0);
 }
@@ -279,8 +303,10 @@ int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
 		break;
 	case MOE_EBADTOKENS:
 		n = snprintf(buf, len, "%s: n_tokens %u not in 1..%u", op, sqe->n_tokens,
-		             sqe->op == MOE_OP_PREFETCH ? lim->max_tokens * lim->top_k
-		                                        : lim->max_tokens);
+		             sqe->op == MOE_OP_PREFETCH || sqe->op == MOE_OP_LEASE ||
+		                     sqe->op == MOE_OP_RELEASE
+		                 ? lim->max_tokens * lim->top_k
+		                 : lim->max_tokens);
 		break;
 	case MOE_EBADTOPK:
 		n = snprintf(buf, len, "%s: ids_per_token %u not in 1..%u (the channel's top_k)",
@@ -313,11 +339,15 @@ int moe_sqe_explain(const struct moe_sqe *sqe, const struct moe_limits *lim,
 			             sqe->ids_per_token);
 		else if ((sqe->op == MOE_OP_FORWARD && (sqe->flags & ~MOE_FWD_FLAGS_ALL)) ||
 		         (sqe->op == MOE_OP_PREFETCH && (sqe->flags & ~MOE_PREFETCH_FLAGS_ALL)) ||
-		         (sqe->op == MOE_OP_STATS && (sqe->flags & ~MOE_STATS_FLAGS_ALL)))
+		         (sqe->op == MOE_OP_STATS && (sqe->flags & ~MOE_STATS_FLAGS_ALL)) ||
+		         (sqe->op == MOE_OP_LEASE && (sqe->flags & ~MOE_LEASE_FLAGS_ALL)) ||
+		         (sqe->op == MOE_OP_RELEASE && (sqe->flags & ~MOE_RELEASE_FLAGS_ALL)))
 			n = snprintf(buf, len, "%s: flags 0x%x include unknown bits (known 0x%x)",
 			             op, sqe->flags,
 			             sqe->op == MOE_OP_FORWARD    ? MOE_FWD_FLAGS_ALL
 			             : sqe->op == MOE_OP_PREFETCH ? MOE_PREFETCH_FLAGS_ALL
+			             : sqe->op == MOE_OP_LEASE    ? MOE_LEASE_FLAGS_ALL
+			             : sqe->op == MOE_OP_RELEASE  ? MOE_RELEASE_FLAGS_ALL
 			                                          : MOE_STATS_FLAGS_ALL);
 		else
 			n = snprintf(buf, len, "%s: a field this op does not use is not zero", op);

@@ -351,6 +351,52 @@ MOE_API int moe_placement(const double *load, uint32_t n_moe_layers, uint32_t n_
                           const int32_t *blocks, uint32_t n_blocks, uint32_t gpu_experts,
                           int strategy, uint8_t *mask, size_t mask_bytes, double *covered);
 
+/* ---- Expert leases (ABI 1.3; docs/engines.md "Leases") ---------------------------------------
+ * A sidecar started with `serve --leases` shares its slot pool: the memfd rides with the
+ * channel's at connect and the library maps it PROT_READ, page aligned (cudaHostRegister it
+ * with cudaHostRegisterReadOnly). A lease pins one expert of a layer in that pool — made
+ * resident first if it is not — until it is released, the channel closes or the client dies;
+ * its matrices are described by offsets into the mapping (moe_abi.h, struct
+ * moe_lease_matrix: format, shape, row stride, layout). Leased experts count against the
+ * sidecar's budget like any resident one; a channel may pin at most half the pool at once
+ * (MOE_ENOLEASE with the figures). After MOE_EPEERDEAD every lease is gone; moe_reconnect
+ * maps the new sidecar's pool (the old mapping and its descriptions are invalid). */
+
+/* The pool's mapping (base, bytes) and its memfd (the client's: dup it to keep it, to map
+ * it in another runtime). MOE_ENOLEASE when the sidecar shares none; MOE_EPEERDEAD. */
+MOE_API int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes, int *fd);
+
+/* Leases n (1..256) experts of block `layer` — experts NULL: experts 0..n-1, the whole layer
+ * with n = moe_info()->n_experts — all or none, into out[0, n). flags: 0 (the served format,
+ * in the pool) or MOE_LEASE_BF16 (BF16 rows in the staging area, moe_lease_staging). Cold experts
+ * are loaded; the sidecar waits for them up to timeout_ms (< 0: its default, 10 s), the call a
+ * second more. MOE_OK, or the sidecar's refusal with its sentence in moe_last_error: MOE_EBADLAYER,
+ * MOE_EBADEXPERT (out of range, repeated), MOE_ENOLEASE (no shared pool, the channel's bound,
+ * side data outside the pool), MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO; MOE_EPEERDEAD. */
+MOE_API int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint32_t n,
+                      uint16_t flags, struct moe_lease_expert *out, int timeout_ms);
+
+/* The channel's staging area (serve --lease-staging-mib), mapped PROT_READ like the pool:
+ * where a lease with flags MOE_LEASE_BF16 finds its matrices, each dequantized by the sidecar
+ * (the kernels' dequantizers) to BF16 rows (format BF16, interleave 0, area STAGING). It holds
+ * a channel's BF16 leases together (MOE_ENOLEASE when full, with the figures); its room comes
+ * back once the channel holds none. MOE_ENOLEASE when the channel has none. */
+MOE_API int moe_lease_staging(const struct moe_client *c, const void **base, size_t *bytes,
+                              int *fd);
+
+/* Releases n (1..256) leases by id (moe_lease_expert.lease), or every lease of the channel
+ * (leases NULL, n 0). MOE_EBADLEASE at the first id the channel does not hold (never leased,
+ * released already): the ids before it are released. */
+MOE_API int moe_lease_release(struct moe_client *c, const uint32_t *leases, uint32_t n,
+                              int timeout_ms);
+
+/* A leased matrix as GGUF rows, packed (rows × row bytes) into dst: interleave 8 is undone
+ * (MXFP4, Q8_0, Q4_K, BF16, INT4_G32), interleave 0 is copied row by row. pool:
+ * moe_lease_pool's base. MOE_ETOOSMALL when dst_bytes is short, MOE_EINVAL for a layout or
+ * format it does not know. Pure computation. */
+MOE_API int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
+                                   size_t dst_bytes);
+
 /* ---- Diagnostics -------------------------------------------------------------------------- */
 
 /* Name of a status code; never NULL. */

@@ -18,7 +18,7 @@ extern "C" {
  * new fields carved out of reserved space) and peers of any two minors of one major work
  * together, each using what both know (docs/protocol.md §3). */
 #define MOE_ABI_MAJOR 1
-#define MOE_ABI_MINOR 2
+#define MOE_ABI_MINOR 3
 
 /* Status codes: one numbering for the client API's return values and a completion's status.
  * 0 is success; errors are negative. */
@@ -56,6 +56,8 @@ enum moe_status {
 	MOE_EMASKED = -46,    /* expert is on the GPU (masked) for this client */
 	MOE_ETOOSMALL = -47,  /* result does not fit the slot's output area */
 	MOE_EDEFERRED = -48,  /* a deferred contribution is owed to another layer/batch */
+	MOE_EBADLEASE = -49,  /* lease id not held by this channel (ABI 1.3) */
+	MOE_ENOLEASE = -50,   /* leases refused: none served, or the channel's bound reached */
 };
 
 /* A short, static description of a status code; never NULL. */
@@ -91,6 +93,8 @@ static inline const char *moe_status_str(int status)
 	case MOE_EMASKED: return "expert is GPU-masked";
 	case MOE_ETOOSMALL: return "output area too small";
 	case MOE_EDEFERRED: return "deferred contribution pending for another layer";
+	case MOE_EBADLEASE: return "no such lease on this channel";
+	case MOE_ENOLEASE: return "lease refused";
 	}
 	return "unknown status";
 }
@@ -123,6 +127,8 @@ enum moe_op {
 	MOE_OP_PREFETCH = 4,
 	MOE_OP_STATS = 5,
 	MOE_OP_MASK = 6,
+	MOE_OP_LEASE = 7,   /* ABI 1.3: pin experts of a layer in the shared pool */
+	MOE_OP_RELEASE = 8, /* ABI 1.3: let leases go */
 	MOE_OP_MAX
 };
 
@@ -136,6 +142,8 @@ static inline const char *moe_op_name(unsigned op)
 	case MOE_OP_PREFETCH: return "PREFETCH";
 	case MOE_OP_STATS: return "STATS";
 	case MOE_OP_MASK: return "MASK";
+	case MOE_OP_LEASE: return "LEASE";
+	case MOE_OP_RELEASE: return "RELEASE";
 	}
 	return "request";
 }
@@ -163,6 +171,44 @@ static inline const char *moe_op_name(unsigned op)
  * moe_expert_table_header, then the counts and heat; value = its bytes). */
 #define MOE_STATS_EXPERT_TABLE 0x0002u
 #define MOE_STATS_FLAGS_ALL (MOE_STATS_EXPERTS | MOE_STATS_EXPERT_TABLE)
+
+/* Expert leases (ABI 1.3; docs/protocol.md §10, moe_client.h moe_lease). A lease pins one
+ * expert of a layer in the sidecar's slot pool, which the client maps read-only; each matrix
+ * of it is described here, its bytes at `offset` of that mapping. */
+struct moe_lease_matrix {
+	uint64_t offset;     /* bytes from the pool mapping's base to row 0 (group 0) */
+	uint64_t bytes;      /* the span from offset that holds every row (strides included) */
+	uint64_t row_stride; /* bytes between rows (interleave 8: row stride within a group) */
+	/* Side data in the pool, at these offsets; UINT64_MAX: none. FP8_E4M3_B128: f32 scale
+	 * per 128x128 block, scale_stride floats between block rows; bias: rows f32. */
+	uint64_t scales_offset, bias_offset;
+	uint32_t format; /* the kernels' enum moek_format: the GGUF type id where there is one
+	                    (BF16 30, Q4_K 12, …); FP8_E4M3_B128 1000, INT4_G32 1001 */
+	uint32_t rows, cols;
+	/* 0: GGUF rows, row r at offset + r * row_stride. 8: rows interleaved in groups of 8
+	 * (the sidecar's decode layout): moe_lease_deinterleave gives GGUF rows back. */
+	uint32_t interleave;
+	uint32_t scale_stride;
+	/* MOE_LEASE_AREA_POOL: offsets are into the slot pool's mapping; MOE_LEASE_AREA_STAGING:
+	 * into the channel's staging area (a MOE_LEASE_BF16 lease's matrices, BF16 rows) */
+	uint32_t area;
+};
+#define MOE_LEASE_AREA_POOL 0u
+#define MOE_LEASE_AREA_STAGING 1u
+struct moe_lease_expert {
+	uint32_t lease; /* the id RELEASE takes (unique within the channel while held) */
+	int32_t layer;  /* the block */
+	uint32_t expert;
+	uint32_t activation;                    /* the kernels' enum moek_activation */
+	struct moe_lease_matrix gate, up, down; /* gate, up: rows are intermediate features */
+};
+/* LEASE flags. BF16: each matrix dequantized to BF16 rows (the kernels' dequantizers) into
+ * the channel's staging area (serve --lease-staging-mib), described with area STAGING. */
+#define MOE_LEASE_BF16 0x0001u
+#define MOE_LEASE_FLAGS_ALL MOE_LEASE_BF16
+/* RELEASE flags. */
+#define MOE_RELEASE_ALL 0x0001u /* every lease of the channel (no ids) */
+#define MOE_RELEASE_FLAGS_ALL MOE_RELEASE_ALL
 
 /* Completion flags (struct moe_cqe.flags, ABI 1.1). */
 #define MOE_CQE_MESSAGE 0x0001u /* error: a sentence is at the start of the output area */

@@ -158,7 +158,13 @@ struct moe_welcome {
 	/* ABI 1.1: the served model's fingerprint (moe_fingerprint_path), with
 	 * MOE_MODEL_FINGERPRINT in model.flags; zero otherwise. */
 	uint8_t fingerprint[MOE_FINGERPRINT_BYTES];
-	uint32_t reserved[12];
+	/* ABI 1.3: bytes of the slot pool whose memfd rides as the second SCM_RIGHTS fd (leases,
+	 * mapped PROT_READ); 0: the sidecar serves no leases and sends no second fd. */
+	uint64_t lease_pool_bytes;
+	/* ABI 1.3: bytes of the channel's staging area (BF16 leases), its memfd the third fd;
+	 * 0: none (and no third fd). */
+	uint64_t lease_staging_bytes;
+	uint32_t reserved[8];
 };
 #define MOE_WELCOME_FROZEN 176u
 static_assert(offsetof(struct moe_welcome, channel_bytes) == MOE_WELCOME_FROZEN, "frozen prefix");

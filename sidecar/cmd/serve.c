@@ -56,6 +56,8 @@ enum {
 	OPT_MAX_TOKENS,
 	OPT_NO_DIRECT,
 	OPT_FILE_LAYOUT,
+	OPT_LEASES,
+	OPT_LEASE_STAGING_MIB,
 	OPT_FAIL_EXPERT,
 	OPT_HOLD_WARMUP,
 	OPT_RETRY_BACKOFF,
@@ -135,6 +137,12 @@ static const struct serve_option {
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
      "keep resident experts in the files' rows (no decode layout: comparisons)"},
+    {{"leases", no_argument, NULL, OPT_LEASES},
+     NULL,
+     "share the slot pool read-only with clients: expert leases (docs/engines.md)"},
+    {{"lease-staging-mib", required_argument, NULL, OPT_LEASE_STAGING_MIB},
+     "MIB",
+     "each channel's staging area for BF16 leases (default 0: none; with --leases)"},
     {{"retry-backoff", required_argument, NULL, OPT_RETRY_BACKOFF},
      "MS[,MAX]",
      "read a failed expert again after MS ms, doubling up to MAX (1000,60000; 0: at once)"},
@@ -496,6 +504,7 @@ static int apply_model_option(int c, const char *arg, struct serve_model_config 
 	case OPT_PROBES_INSTANCE: mcfg->probes_instance = arg; return 0;
 	case OPT_NO_DIRECT: mcfg->no_direct = true; return 0;
 	case OPT_FILE_LAYOUT: mcfg->file_layout = true; return 0;
+	case OPT_LEASES: mcfg->leases = true; return 0;
 	case OPT_RETRY_BACKOFF:
 		if (parse_retry_backoff(arg, mcfg) != 0)
 			return option_error("retry-backoff", arg,
@@ -525,6 +534,11 @@ static int apply_queue_option(int c, const char *arg, struct forward_queue_confi
 		ocfg->heat_half_life = (uint32_t)v;
 		return 0;
 	case OPT_RECORD_TRACE: ocfg->record_trace = arg; return 0;
+	case OPT_LEASE_STAGING_MIB:
+		if (option_u64(arg, 0, 1u << 20, &v) != 0)
+			return option_error("lease-staging-mib", arg, "expected 0..1048576");
+		ocfg->lease_staging_bytes = v << 20;
+		return 0;
 	case OPT_RECORD_TRACE_MAX_MIB:
 		if (option_u64(arg, 1, 1u << 20, &v) != 0)
 			return option_error("record-trace-max-mib", arg, "expected 1..1048576");

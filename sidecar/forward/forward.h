@@ -101,6 +101,9 @@ struct forward_config {
 	 * layout (gate/up alternating, rows interleaved by 8: decode_layout.c) — the bits the
 	 * MMAP source gives, which cannot rearrange a read-only mapping (tests compare them) */
 	bool file_layout;
+	/* RESIDENCY: the slot pool a memfd other processes may map read-only (expert leases,
+	 * forward_lease_pool; slot_pool.h says what it costs) */
+	bool shareable_pool;
 	/* NUMA and threads */
 	enum forward_numa_mode numa;
 	uint32_t numa_list[FORWARD_MAX_NODES];
@@ -279,6 +282,44 @@ void forward_client_attach(struct forward_engine *e, uint32_t client);
  * attached client masks now, which residency neither loads nor keeps (masked). */
 void forward_mask_info(struct forward_engine *e, uint64_t *switches, uint64_t *masked);
 void forward_client_detach(struct forward_engine *e, uint32_t client);
+
+/* ---- Expert leases (leases.c) ------------------------------------------------------------
+ * Experts pinned in the shared slot pool (shareable_pool, one pool: not split over nodes) for
+ * another process that maps the pool's memfd read-only. A table of leases per lessee (a
+ * channel); the thread that serves the lessee calls these, one at a time per table. */
+struct moe_lease_expert;
+struct forward_leases;
+/* The pool's memfd (the engine's: dup it to keep it) and bytes, 0; or -1 with why (not a
+ * residency, a private pool, several nodes' pools). */
+int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len);
+/* A table of at most cap (1..65536) leases pinning at most max_bytes together, with the
+ * staging area the BF16 form fills (staging_bytes at staging, a mapping the lessee sees; NULL:
+ * none); 0, or -1 (no shared pool, out of memory). */
+int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_bytes, void *staging,
+                          uint64_t staging_bytes, struct forward_leases **out);
+/* Releases every lease and frees. NULL: nothing. */
+void forward_leases_destroy(struct forward_leases *t);
+struct forward_lease_result {
+	uint32_t bad;        /* on error: the index of the expert that failed */
+	uint32_t cold;       /* experts that were not resident when asked */
+	uint64_t cold_bytes; /* bytes read for them */
+	uint64_t bytes;      /* bytes the call pinned */
+	bool waited;         /* it waited for a load */
+};
+/* Leases experts[0, n) of block `layer`, all or none: each is made resident (cold ones
+ * waited for until deadline_ns, CLOCK_MONOTONIC) and pinned; out[i] says where it lies in the
+ * pool and its lease id. bf16: each matrix is also dequantized to BF16 rows (moek_dequantize,
+ * on this thread) into the staging area, which out[i] then describes (area STAGING); it is
+ * MOE_ENOLEASE when the area is full. MOE_OK, or MOE_EBADLAYER, MOE_EBADEXPERT (out of range,
+ * repeated), MOE_ENOLEASE (the table's count or byte bound, side data outside the pool),
+ * MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO, MOE_ESHUTDOWN — with the sentence in why and res->bad. */
+int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
+                       bool bf16, uint64_t deadline_ns, struct moe_lease_expert *out,
+                       struct forward_lease_result *res, char *why, size_t len);
+/* MOE_OK, or MOE_EBADLEASE: no such lease held (never taken, or released already). */
+int forward_lease_release(struct forward_leases *t, uint32_t id);
+uint32_t forward_leases_release_all(struct forward_leases *t);
+void forward_leases_held(const struct forward_leases *t, uint32_t *n, uint64_t *bytes);
 
 /* Ends the backoff of every FAILED expert (residency_retry_all_failed on each node): each is
  * read again by its next demand. Returns how many there were. Any thread. */

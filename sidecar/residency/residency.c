@@ -1005,8 +1005,8 @@ static int create_class_pools(struct residency *r,
 		size_t slot_bytes[SLOT_MAX_CLASSES];
 		for (uint32_t c = 0; c < r->n_classes; c++)
 			slot_bytes[c] = sizes[c][n];
-		if (slot_pool_create_classes(&p->pool, p->numa_node, p->budget, slot_bytes, n_slots,
-		                             r->n_classes, err) != 0)
+		if (slot_pool_create_ex(&p->pool, p->numa_node, p->budget, slot_bytes, n_slots,
+		                        r->n_classes, r->config.shareable_pool, err) != 0)
 			return -1;
 		if (r->n_nodes > 1 && at < sizeof(line))
 			at += (size_t)snprintf(line + at, sizeof(line) - at,
@@ -1079,7 +1079,8 @@ static int create_pools(struct residency *r, const uint64_t *slot_bytes, struct 
 		    r->n_nodes == 1
 		        ? p->budget
 		        : slots * ((slot_bytes[n] + SLOT_ALIGN - 1) & ~(uint64_t)(SLOT_ALIGN - 1));
-		if (slot_pool_create(&p->pool, p->numa_node, pool_bytes, slot_bytes[n], err) != 0)
+		if (slot_pool_create_one(&p->pool, p->numa_node, pool_bytes, slot_bytes[n],
+		                         r->config.shareable_pool, err) != 0)
 			return -1;
 		p->pool.budget = p->budget;
 	}
@@ -1407,4 +1408,14 @@ bool residency_layer_resident(struct residency *r, uint32_t layer, const int32_t
 	}
 	pthread_mutex_unlock(&r->lock);
 	return all;
+}
+
+int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base, uint64_t *bytes)
+{
+	if (r->n_nodes != 1 || !r->node[0].pool.shared)
+		return -1;
+	*fd = r->node[0].pool.fd;
+	*base = r->node[0].pool.base;
+	*bytes = r->node[0].pool.map_bytes;
+	return 0;
 }

@@ -71,7 +71,8 @@ struct residency_config {
 	 * registered as several buffers; a smaller figure spreads a small pool over several
 	 * (tests). */
 	uint64_t fixed_buffer_max;
-	bool no_direct;                   /* buffered reads, as asked (--no-direct, tests) */
+	bool no_direct;      /* buffered reads, as asked (--no-direct, tests) */
+	bool shareable_pool; /* the pool a memfd another process may map read-only (leases) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
 	void *post_load_arg;              /* residency_create; residency_create_nodes: per node */
 };
@@ -285,5 +286,11 @@ void residency_counters(struct residency *r, struct residency_counters *out);
  * resident slices' bytes. -1 when there is no such node. */
 int residency_node_counters(struct residency *r, uint32_t node, struct residency_counters *out);
 uint32_t residency_n_nodes(const struct residency *r);
+
+/* The shared pool (config.shareable_pool, one node): its memfd (the residency's: dup it to
+ * keep it), its mapping here and its length. An expert_ref's data lie at data - *base in that
+ * memfd. 0, or -1 when the pool is private or there are several nodes' pools. */
+int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base,
+                          uint64_t *bytes);
 
 #endif

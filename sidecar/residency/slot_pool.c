@@ -3,6 +3,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <numa.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,12 @@ static uint64_t free_huge_pages(void)
 int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
                      struct sidecar_error *err)
 {
+	return slot_pool_create_one(pool, node, budget, slot_bytes, false, err);
+}
+
+int slot_pool_create_one(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
+                         bool shareable, struct sidecar_error *err)
+{
 	memset(pool, 0, sizeof(*pool));
 	pool->node = -1;
 	if (!slot_bytes || slot_bytes > ((size_t)1 << 40))
@@ -43,15 +50,53 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 	if (n >= SLOT_NONE)
 		n = SLOT_NONE - 1;
 	const uint32_t count = (uint32_t)n;
-	return slot_pool_create_classes(pool, node, budget, &slot_bytes, &count, 1, err);
+	return slot_pool_create_ex(pool, node, budget, &slot_bytes, &count, 1, shareable, err);
 }
 
 int slot_pool_create_classes(struct slot_pool *pool, int node, uint64_t budget,
                              const size_t *slot_bytes, const uint32_t *n_slots, uint32_t n_classes,
                              struct sidecar_error *err)
 {
+	return slot_pool_create_ex(pool, node, budget, slot_bytes, n_slots, n_classes, false, err);
+}
+
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* A memfd of `bytes` (huge: MFD_HUGETLB) mapped MAP_SHARED, sealed so that no later mapping
+ * can write; MAP_FAILED with *fd -1 when it cannot be made. */
+static void *map_shared(size_t bytes, bool huge, int *fd)
+{
+	*fd = memfd_create("moe-slot-pool",
+	                   MFD_CLOEXEC | MFD_ALLOW_SEALING | (huge ? MFD_HUGETLB : 0u));
+	if (*fd < 0)
+		return MAP_FAILED;
+	void *base = MAP_FAILED;
+	if (ftruncate(*fd, (off_t)bytes) == 0)
+		base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+	if (base != MAP_FAILED &&
+	    fcntl(*fd, F_ADD_SEALS,
+	          F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+		munmap(base, bytes);
+		base = MAP_FAILED;
+	}
+	if (base == MAP_FAILED) {
+		const int e = errno;
+		close(*fd);
+		*fd = -1;
+		errno = e;
+	}
+	return base;
+}
+
+int slot_pool_create_ex(struct slot_pool *pool, int node, uint64_t budget, const size_t *slot_bytes,
+                        const uint32_t *n_slots, uint32_t n_classes, bool shareable,
+                        struct sidecar_error *err)
+{
 	memset(pool, 0, sizeof(*pool));
 	pool->node = -1;
+	pool->fd = -1;
 	if (n_classes == 0 || n_classes > SLOT_MAX_CLASSES)
 		return error_set(err, MOE_EINVAL, "slot pool: %u size classes (1 to %u)", n_classes,
 		                 SLOT_MAX_CLASSES);
@@ -86,27 +131,31 @@ int slot_pool_create_classes(struct slot_pool *pool, int node, uint64_t budget,
 	size_t huge_bytes = (bytes + HUGE_2M - 1) & ~(size_t)(HUGE_2M - 1);
 	void *base = MAP_FAILED;
 	if (huge_bytes <= budget && free_huge_pages() >= huge_bytes / HUGE_2M) {
-		base = mmap(NULL, huge_bytes, PROT_READ | PROT_WRITE,
-		            MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+		base = shareable ? map_shared(huge_bytes, true, &pool->fd)
+		                 : mmap(NULL, huge_bytes, PROT_READ | PROT_WRITE,
+		                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
 		if (base != MAP_FAILED) {
 			pool->hugetlb = true;
 			bytes = huge_bytes;
 		}
 	}
 	if (base == MAP_FAILED) {
-		base =
-		    mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		base = shareable ? map_shared(bytes, false, &pool->fd)
+		                 : mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+		                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (base == MAP_FAILED) {
 			int e = errno;
 			return error_set(err, e == ENOMEM ? MOE_ENOMEM : MOE_ESYS,
-			                 "slot pool: mmap of %zu bytes (%u slots, the largest of "
+			                 "slot pool: %s of %zu bytes (%u slots, the largest of "
 			                 "%zu): %s",
-			                 bytes, pool->n_slots, pool->slot_bytes, strerror(e));
+			                 shareable ? "shared memfd mapping" : "mmap", bytes,
+			                 pool->n_slots, pool->slot_bytes, strerror(e));
 		}
 		pool->thp_advised = madvise(base, bytes, MADV_HUGEPAGE) == 0;
 	}
 	pool->base = base;
 	pool->map_bytes = bytes;
+	pool->shared = pool->fd >= 0;
 	/* Not inherited by a fork: a child has no use for the slots, and copying a mapping whose
 	 * pages the loader pinned (registered buffers) splits the parent's huge-page mappings
 	 * into 4 KiB ones for good, so a process that forks after creating a residency (a
@@ -152,8 +201,11 @@ void slot_pool_destroy(struct slot_pool *pool)
 {
 	if (pool->base && munmap(pool->base, pool->map_bytes) != 0)
 		abort(); /* only a bad address could fail: memory corruption */
+	if (pool->shared)
+		close(pool->fd);
 	free(pool->free_slots);
 	memset(pool, 0, sizeof(*pool));
+	pool->fd = -1;
 }
 
 uint32_t slot_pool_get(struct slot_pool *pool, uint32_t c)

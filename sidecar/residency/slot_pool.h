@@ -52,6 +52,12 @@ struct slot_pool {
 	struct slot_class classes[SLOT_MAX_CLASSES];
 	uint32_t *free_slots; /* each class's stack of free slot indices, at its `first` */
 	uint32_t n_free;      /* every class's */
+	/* Shareable pools (slot_pool_create_ex): the memfd the region maps (MAP_SHARED), sealed
+	 * F_SEAL_FUTURE_WRITE so that every mapping made from it from now on — another
+	 * process's, after SCM_RIGHTS — can only be read. shared: fd is the pool's (a zeroed
+	 * pool has none). */
+	int fd;
+	bool shared;
 };
 
 /* Creates the pool: `budget` bytes on `node` (-1: wherever), as many slots of `slot_bytes`
@@ -64,6 +70,16 @@ int slot_pool_create(struct slot_pool *pool, int node, uint64_t budget, size_t s
 int slot_pool_create_classes(struct slot_pool *pool, int node, uint64_t budget,
                              const size_t *slot_bytes, const uint32_t *n_slots, uint32_t n_classes,
                              struct sidecar_error *err);
+/* The same, shareable (expert leases): the region is a memfd ("moe-slot-pool", MFD_HUGETLB
+ * when the huge-page pool holds it) mapped MAP_SHARED and sealed against shrinking, growing
+ * and writes through any later mapping; pool->fd names it. Shared memory gets transparent huge
+ * pages only where /sys/kernel/mm/transparent_hugepage/shmem_enabled allows (advise, always):
+ * a private pool keeps them otherwise, which is why sharing is asked, not the default. */
+int slot_pool_create_ex(struct slot_pool *pool, int node, uint64_t budget, const size_t *slot_bytes,
+                        const uint32_t *n_slots, uint32_t n_classes, bool shareable,
+                        struct sidecar_error *err);
+int slot_pool_create_one(struct slot_pool *pool, int node, uint64_t budget, size_t slot_bytes,
+                         bool shareable, struct sidecar_error *err);
 void slot_pool_destroy(struct slot_pool *pool);
 
 /* The class slot `slot` belongs to (a pool has few: a short walk). */

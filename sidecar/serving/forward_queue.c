@@ -40,13 +40,16 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "forward.h"
@@ -81,6 +84,16 @@ struct model_channel {
 	int owed_fail_status;
 	uint32_t owed_fail_expert;
 	int32_t owed_fail_layer;
+	/* Its expert leases (forward.h), created by its first LEASE; used by one thread at a time
+	 * (LEASE and RELEASE run like a MASK: inline when nothing of the channel's is queued or
+	 * running, else behind it on the forward thread), freed — every lease released — at
+	 * close. The ids staged from the shared ids area. */
+	struct forward_leases *leases;
+	int32_t lease_ids[256];
+	/* The channel's staging area (the BF16 form): a sealed memfd mapped here writable, the
+	 * client read-only; -1 / NULL without one. */
+	int staging_fd;
+	uint8_t *staging;
 };
 
 struct forward_queue {
@@ -131,7 +144,18 @@ struct forward_queue {
 	struct trace_recorder *recorder;
 	uint32_t *moe_of_block; /* [n_layers]: MoE index, UINT32_MAX for a dense block */
 	uint32_t *block_of_moe; /* [n_moe_layers] */
+	/* Leases: the shared pool (lease_fd -1: none, lease_why says why), and the figures
+	 * (stats_table.h) — counted by whichever thread runs a LEASE/RELEASE. */
+	int lease_fd;
+	uint64_t lease_pool_bytes;
+	uint64_t lease_staging_bytes; /* per channel (forward_queue_config); 0: no BF16 form */
+	char lease_why[160];
+	_Atomic uint64_t leases_taken, leases_cold, leases_released, leases_refused,
+	    lease_bytes_taken, leases_held, lease_bytes_held;
 };
+
+#define LEASE_MAX_PER_CHANNEL 4096u
+#define LEASE_WAIT_MS_DEFAULT 10000u
 
 /* Is block `layer` a MoE layer this queue serves (the table built at create)? */
 static bool is_moe_block(const struct forward_queue *o, int32_t layer)
@@ -167,6 +191,46 @@ static bool channel_fits(const struct forward_queue *o, uint64_t bytes, uint64_t
 	return false;
 }
 
+#ifndef F_SEAL_FUTURE_WRITE
+#define F_SEAL_FUTURE_WRITE 0x0010
+#endif
+
+/* A channel's staging area: a memfd of `bytes` mapped here writable and sealed so that no
+ * later mapping (the client's) can write. 0, or -1 with err. */
+static int staging_create(uint64_t bytes, int *fd, uint8_t **map, struct sidecar_error *err)
+{
+	*fd = memfd_create("moe-lease-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *p = MAP_FAILED;
+	if (*fd >= 0 && ftruncate(*fd, (off_t)bytes) == 0)
+		p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+	if (p != MAP_FAILED &&
+	    fcntl(*fd, F_ADD_SEALS,
+	          F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0) {
+		munmap(p, bytes);
+		p = MAP_FAILED;
+	}
+	if (p == MAP_FAILED) {
+		const int e = errno;
+		if (*fd >= 0)
+			close(*fd);
+		*fd = -1;
+		return error_set(err, MOE_ENOMEM, "the lease staging area (%llu bytes): %s",
+		                 (unsigned long long)bytes, strerror(e));
+	}
+	*map = p;
+	return 0;
+}
+
+static void staging_destroy(const struct forward_queue *o, struct model_channel *mc)
+{
+	if (mc->staging)
+		munmap(mc->staging, o->lease_staging_bytes);
+	if (mc->staging_fd >= 0)
+		close(mc->staging_fd);
+	mc->staging = NULL;
+	mc->staging_fd = -1;
+}
+
 static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct sidecar_error *err)
 {
 	struct forward_queue *o = ctx;
@@ -190,6 +254,10 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct side
 	}
 	mc->fq = o;
 	mc->ch = ch;
+	mc->staging_fd = -1;
+	if (o->lease_fd >= 0 && o->lease_staging_bytes &&
+	    staging_create(o->lease_staging_bytes, &mc->staging_fd, &mc->staging, err) != 0)
+		goto fail;
 	pthread_mutex_lock(&o->lock);
 	if (o->client_ids == UINT64_MAX) {
 		pthread_mutex_unlock(&o->lock);
@@ -210,6 +278,7 @@ fail:
 	if (mc) {
 		free(mc->deferred[0]);
 		free(mc->deferred[1]);
+		staging_destroy(o, mc);
 	}
 	free(mc);
 	return -1;
@@ -274,6 +343,19 @@ static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 	mc->q_len = 0;
 	while (mc->running)
 		pthread_cond_wait(&o->idle, &o->lock);
+	if (mc->leases) {
+		uint32_t n;
+		uint64_t bytes;
+		forward_leases_held(mc->leases, &n, &bytes);
+		if (n)
+			log_info("model", "client id=%u gone: releasing %u leases (%llu bytes)",
+			         ch->id, n, (unsigned long long)bytes);
+		forward_leases_destroy(mc->leases);
+		mc->leases = NULL;
+		atomic_fetch_add_explicit(&o->leases_released, n, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&o->leases_held, n, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&o->lease_bytes_held, bytes, memory_order_relaxed);
+	}
 	o->client_ids &= ~(UINT64_C(1) << mc->client);
 	o->n_clients--;
 	atomic_fetch_sub_explicit(&o->mem_channels, mc->mem_bytes, memory_order_relaxed);
@@ -283,6 +365,7 @@ static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 	ch->state = NULL;
 	free(mc->deferred[0]);
 	free(mc->deferred[1]);
+	staging_destroy(o, mc);
 	free(mc);
 }
 
@@ -498,6 +581,183 @@ static void run_mask(struct forward_queue *o, struct model_channel *mc, const st
 		                      moe_status_str(rc));
 }
 
+/* ---- Expert leases (forward.h), LEASE and RELEASE ----------------------------------------- */
+
+/* Counts what a table's change did to the held figures. */
+static void lease_held_delta(struct forward_queue *o, uint32_t n0, uint64_t b0, uint32_t n1,
+                             uint64_t b1)
+{
+	atomic_fetch_add_explicit(&o->leases_held, (uint64_t)n1 - n0, memory_order_relaxed);
+	atomic_fetch_add_explicit(&o->lease_bytes_held, b1 - b0, memory_order_relaxed);
+}
+
+/* LEASE or RELEASE of mc, by the one thread that runs mc's requests now. */
+/* done->status of a LEASE tried on the dispatcher (now_only) that would have to wait for a
+ * load (an expert evicted since it looked resident): nothing was taken nor counted, and the
+ * request goes to the forward thread. Positive: never a wire status. */
+#define LEASE_LATER 3
+
+/* LEASE or RELEASE of mc. now_only: a LEASE does not wait for loads (LEASE_LATER instead). */
+static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
+                         const struct moe_sqe *sqe, struct moe_cqe *done, bool now_only)
+{
+	const struct sidecar_channel *ch = mc->ch;
+	struct slot_areas a;
+	channel_slot_areas(ch, sqe->slot, &a);
+	const uint32_t n = sqe->n_tokens;
+	char why[320];
+	if (!mc->leases &&
+	    forward_leases_create(o->engine, LEASE_MAX_PER_CHANNEL, o->lease_pool_bytes / 2,
+	                          mc->staging, mc->staging ? o->lease_staging_bytes : 0,
+	                          &mc->leases) != 0) {
+		done->status = MOE_ENOMEM;
+		channel_request_error(ch, sqe, done, true, "%s: out of memory for the lease table",
+		                      moe_op_name(sqe->op));
+		return;
+	}
+	uint32_t n0, n1;
+	uint64_t b0, b1;
+	forward_leases_held(mc->leases, &n0, &b0);
+	if (sqe->op == MOE_OP_RELEASE) {
+		if (sqe->flags & MOE_RELEASE_ALL) {
+			done->value = forward_leases_release_all(mc->leases);
+			done->status = MOE_OK;
+		} else {
+			memcpy(mc->lease_ids, a.expert_ids, n * sizeof(int32_t));
+			__asm__ __volatile__("" ::: "memory");
+			done->status = MOE_OK;
+			uint32_t i = 0;
+			for (; i < n; i++)
+				if (forward_lease_release(mc->leases, (uint32_t)mc->lease_ids[i]) !=
+				    MOE_OK)
+					break;
+			done->value = i;
+			if (i < n) {
+				done->status = MOE_EBADLEASE;
+				done->index = i;
+				channel_request_error(
+				    ch, sqe, done, true,
+				    "RELEASE: lease %u (entry %u) is not held by this "
+				    "channel (never leased, or released already); "
+				    "the %u before it were released",
+				    (uint32_t)mc->lease_ids[i], i, i);
+			}
+		}
+		forward_leases_held(mc->leases, &n1, &b1);
+		lease_held_delta(o, n0, b0, n1, b1);
+		atomic_fetch_add_explicit(&o->leases_released, n0 - n1, memory_order_relaxed);
+		return;
+	}
+	memcpy(mc->lease_ids, a.expert_ids, n * sizeof(int32_t));
+	__asm__ __volatile__("" ::: "memory");
+	const uint64_t wait_ms = sqe->arg ? sqe->arg : LEASE_WAIT_MS_DEFAULT;
+	struct forward_lease_result res;
+	const int rc = forward_lease_take(
+	    mc->leases, sqe->layer, mc->lease_ids, n, (sqe->flags & MOE_LEASE_BF16) != 0,
+	    now_only ? 0 : monotonic_ns() + wait_ms * 1000000u, (struct moe_lease_expert *)a.output,
+	    &res, why, sizeof(why));
+	forward_leases_held(mc->leases, &n1, &b1);
+	lease_held_delta(o, n0, b0, n1, b1);
+	if (rc == MOE_ETIMEDOUT && now_only) {
+		done->status = LEASE_LATER;
+		return;
+	}
+	if (rc != MOE_OK) {
+		atomic_fetch_add_explicit(&o->leases_refused, 1, memory_order_relaxed);
+		done->status = rc;
+		done->value = (uint32_t)mc->lease_ids[res.bad < n ? res.bad : 0];
+		done->index = res.bad;
+		channel_request_error(ch, sqe, done, true, "%s", why);
+		return;
+	}
+	atomic_fetch_add_explicit(&o->leases_taken, n, memory_order_relaxed);
+	atomic_fetch_add_explicit(&o->leases_cold, res.cold, memory_order_relaxed);
+	atomic_fetch_add_explicit(&o->lease_bytes_taken, res.bytes, memory_order_relaxed);
+	done->status = MOE_OK;
+	done->value = n;
+}
+
+/* LEASE and RELEASE on the dispatcher: refused at once when they cannot be served; run here
+ * when nothing of the channel's is queued or running and (LEASE) every expert is resident;
+ * else behind the channel's requests on the forward thread, which may wait for loads. */
+void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done)
+{
+	struct model_channel *mc = ch->state;
+	struct forward_queue *o = mc->fq;
+	const char *op = moe_op_name(sqe->op);
+	if (o->lease_fd < 0) {
+		done->status = MOE_ENOLEASE;
+		channel_request_error(ch, sqe, done, true, "%s: this sidecar serves no leases: %s",
+		                      op, o->lease_why);
+		atomic_fetch_add_explicit(&o->leases_refused, 1, memory_order_relaxed);
+		return;
+	}
+	const uint32_t n = sqe->n_tokens;
+	if (n > sizeof(mc->lease_ids) / sizeof(mc->lease_ids[0])) {
+		done->status = MOE_EBADTOKENS;
+		done->value = n;
+		channel_request_error(ch, sqe, done, true, "%s: %u ids, at most %zu per request",
+		                      op, n, sizeof(mc->lease_ids) / sizeof(mc->lease_ids[0]));
+		return;
+	}
+	if (sqe->op == MOE_OP_LEASE &&
+	    (uint64_t)n * sizeof(struct moe_lease_expert) > ch->layout.out_bytes) {
+		done->status = MOE_ETOOSMALL;
+		done->value = n;
+		channel_request_error(ch, sqe, done, true,
+		                      "LEASE: %u descriptions of %zu bytes do not fit the output "
+		                      "area (%llu bytes)",
+		                      n, sizeof(struct moe_lease_expert),
+		                      (unsigned long long)ch->layout.out_bytes);
+		return;
+	}
+	bool now = true;
+	if (sqe->op == MOE_OP_LEASE) {
+		struct slot_areas a;
+		channel_slot_areas(ch, sqe->slot, &a);
+		now = forward_would_run_now(o->engine, sqe->layer, a.expert_ids, n);
+	}
+	pthread_mutex_lock(&o->lock);
+	if (o->shutting_down || mc->closing) {
+		pthread_mutex_unlock(&o->lock);
+		done->status = MOE_ESHUTDOWN;
+		channel_request_error(ch, sqe, done, true, NULL);
+		return;
+	}
+	if (!now || mc->q_len || mc->running) {
+		enqueue_and_unlock(o, mc, sqe, done);
+		return;
+	}
+	mc->running = true;
+	pthread_mutex_unlock(&o->lock);
+	run_lease_op(o, mc, sqe, done, true);
+	pthread_mutex_lock(&o->lock);
+	mc->running = false;
+	pthread_cond_broadcast(&o->idle);
+	if (done->status == LEASE_LATER) {
+		if (!o->shutting_down && !mc->closing) {
+			enqueue_and_unlock(o, mc, sqe, done);
+			return;
+		}
+		done->status = MOE_ESHUTDOWN;
+		pthread_mutex_unlock(&o->lock);
+		channel_request_error(ch, sqe, done, true, NULL);
+		return;
+	}
+	pthread_mutex_unlock(&o->lock);
+}
+
+static void queue_lease_fds(void *ctx, struct sidecar_channel *ch, int fds[2], uint64_t bytes[2])
+{
+	const struct forward_queue *o = ctx;
+	const struct model_channel *mc = ch->state;
+	fds[0] = o->lease_fd;
+	bytes[0] = o->lease_pool_bytes;
+	fds[1] = mc ? mc->staging_fd : -1;
+	bytes[1] = fds[1] >= 0 ? o->lease_staging_bytes : 0;
+}
+
 static void *forward_thread_main(void *arg)
 {
 	struct forward_queue *o = arg;
@@ -530,6 +790,9 @@ static void *forward_thread_main(void *arg)
 		if (sqe.op == MOE_OP_MASK) {
 			c = (struct moe_cqe){.user_data = sqe.user_data, .slot = sqe.slot};
 			run_mask(o, mc, &sqe, o->queued_mask, &c);
+		} else if (sqe.op == MOE_OP_LEASE || sqe.op == MOE_OP_RELEASE) {
+			c = (struct moe_cqe){.user_data = sqe.user_data, .slot = sqe.slot};
+			run_lease_op(o, mc, &sqe, &c, false);
 		} else {
 			run_forward(o, mc, &sqe, &c, false);
 		}
@@ -756,6 +1019,13 @@ static void collect_figures(struct forward_queue *o)
 	    .channel_bytes = atomic_load_explicit(&o->mem_channels, memory_order_relaxed),
 	    .log_lines_dropped = log_lines_dropped(),
 	    .heat_half_life = routing_half_life(o->routing),
+	    .leases_taken = atomic_load_explicit(&o->leases_taken, memory_order_relaxed),
+	    .leases_cold = atomic_load_explicit(&o->leases_cold, memory_order_relaxed),
+	    .leases_released = atomic_load_explicit(&o->leases_released, memory_order_relaxed),
+	    .leases_refused = atomic_load_explicit(&o->leases_refused, memory_order_relaxed),
+	    .lease_bytes_taken = atomic_load_explicit(&o->lease_bytes_taken, memory_order_relaxed),
+	    .leases_held = atomic_load_explicit(&o->leases_held, memory_order_relaxed),
+	    .lease_bytes_held = atomic_load_explicit(&o->lease_bytes_held, memory_order_relaxed),
 	};
 	forward_mask_info(o->engine, &x.mask_switches, &x.masked_experts);
 	struct trace_recorder_stats ts;
@@ -847,9 +1117,18 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    .reload = queue_reload,
 	    .shutdown = queue_shutdown,
 	    .tick = queue_tick,
+	    .lease_fds = queue_lease_fds,
 	};
 	o->model = m;
 	o->engine = serve_model_engine(m);
+	o->lease_fd = -1;
+	o->lease_staging_bytes = cfg->lease_staging_bytes;
+	if (forward_lease_pool(o->engine, &o->lease_fd, &o->lease_pool_bytes, o->lease_why,
+	                       sizeof(o->lease_why)) != 0)
+		o->lease_fd = -1;
+	else
+		log_info("model", "leases: the slot pool (%llu bytes) is shared read-only",
+		         (unsigned long long)o->lease_pool_bytes);
 	o->desc = serve_model_desc(m);
 	const struct serve_model_desc *d = o->desc;
 	const size_t rows = (size_t)d->max_tokens * d->hidden;

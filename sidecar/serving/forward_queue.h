@@ -42,6 +42,9 @@ struct forward_queue_config {
 	const char *record_trace;        /* trace file, or NULL */
 	int record_trace_fd;             /* trace_recorder_open's; borrowed (the caller closes) */
 	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
+	/* Bytes of each channel's lease staging area (MOE_LEASE_BF16; serve --lease-staging-mib,
+	 * with --leases); 0: none. Not accounted against the memory limit. */
+	uint64_t lease_staging_bytes;
 };
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace
@@ -71,6 +74,10 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                     struct moe_cqe *done);
 void model_op_mask(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
                    struct moe_cqe *done);
+/* LEASE and RELEASE (ABI 1.3): expert leases of the channel (forward.h); MOE_ENOLEASE with
+ * the reason on a sidecar whose pool is not shared (serve --leases). */
+void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
+                    struct moe_cqe *done);
 
 /* The board the dispatcher publishes the STATS figures on when the metrics thread asks
  * (stats_doc.h); it lives as long as the queue. */

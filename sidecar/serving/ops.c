@@ -37,6 +37,8 @@ const struct op_desc serving_ops[MOE_OP_MAX] = {
     [MOE_OP_PREFETCH] = {.name = "prefetch", .check = model_op_check, .execute = model_op_prefetch},
     [MOE_OP_STATS] = {.name = "stats", .check = model_op_check, .execute = model_op_stats},
     [MOE_OP_MASK] = {.name = "mask", .check = model_op_check, .execute = model_op_mask},
+    [MOE_OP_LEASE] = {.name = "lease", .check = model_op_check, .execute = model_op_lease},
+    [MOE_OP_RELEASE] = {.name = "release", .check = model_op_check, .execute = model_op_lease},
 };
 
 const struct channel_service serving_without_model = {.ops = serving_ops};

@@ -203,6 +203,7 @@ static int forward_config_of(const struct serve_model_config *cfg, const struct 
 	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
 	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
 	    .file_layout = cfg->file_layout,
+	    .shareable_pool = cfg->leases,
 	    .threads_per_node = cfg->threads,
 	    .max_tokens = cfg->max_tokens,
 	    .max_ids_per_token = max_top_k,

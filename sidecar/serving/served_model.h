@@ -50,6 +50,7 @@ struct serve_model_config {
 	uint32_t max_top_k;  /* ids per token; 0 = the model's top_k */
 	bool no_direct;      /* buffered reads */
 	bool file_layout;    /* the files' rows, not the decode layout (forward_config) */
+	bool leases;         /* a shareable slot pool: LEASE is served (forward_config) */
 	bool require_probes; /* probes unavailable = fatal */
 	const char *probes_instance;
 	/* FAILED experts: first backoff and its cap in ms (0 = defaults, 1 s and 60 s), or none
@@ -143,6 +144,8 @@ struct forward_engine *serve_model_engine(struct serve_model *m);
 struct stats_sources {
 	uint64_t clients, forwards_inline, channel_bytes, log_lines_dropped;
 	uint64_t mask_switches, masked_experts, heat_half_life;
+	uint64_t leases_taken, leases_cold, leases_released, leases_refused, lease_bytes_taken;
+	uint64_t leases_held, lease_bytes_held;
 	const struct trace_recorder_stats *trace;
 };
 

@@ -68,6 +68,13 @@
 	X(gpu_mask_switches,     COUNTER, U64,  ALWAYS, "gpu_mask_switches",        NONE,  "MASKs that changed a client's GPU mask", x->mask_switches) \
 	X(gpu_masked_experts,    GAUGE,   U64,  ALWAYS, "gpu_masked_experts",       NONE,  "Experts every client keeps on its GPU", x->masked_experts) \
 	X(heat_half_life_tokens, GAUGE,   U64,  ALWAYS, "heat_half_life_tokens",    NONE,  "Tokens of a layer over which an expert's heat halves", x->heat_half_life) \
+	X(leases,                COUNTER, U64,  ALWAYS, "leases",                   NONE,  "Experts leased to clients", x->leases_taken) \
+	X(leases_cold,           COUNTER, U64,  ALWAYS, "leases_cold",              NONE,  "Leased experts that were not resident when asked", x->leases_cold) \
+	X(lease_bytes,           COUNTER, U64,  ALWAYS, "lease_bytes",              BYTES, "Bytes of the experts leased to clients", x->lease_bytes_taken) \
+	X(leases_released,       COUNTER, U64,  ALWAYS, "leases_released",          NONE,  "Leases released, by the client or at its close", x->leases_released) \
+	X(leases_refused,        COUNTER, U64,  ALWAYS, "leases_refused",           NONE,  "LEASE requests refused or failed", x->leases_refused) \
+	X(leases_held,           GAUGE,   U64,  ALWAYS, "leases_held",              NONE,  "Experts leased now", x->leases_held) \
+	X(lease_held_bytes,      GAUGE,   U64,  ALWAYS, "lease_held_bytes",         BYTES, "Bytes of the experts leased now", x->lease_bytes_held) \
 	X(pagecache_fill_bytes,  COUNTER, U64,  PROBES, "pagecache_fill_bytes",     BYTES, "Bytes inserted into the model files' page cache, any process", ps->raw.pagecache_fill_bytes) \
 	X(direct_bytes,          COUNTER, U64,  PROBES, "pagecache_direct_bytes",   BYTES, "Bytes requested by direct reads of the model files", ps->raw.direct_bytes) \
 	X(buffered_bytes,        COUNTER, U64,  PROBES, "pagecache_buffered_bytes", BYTES, "Bytes returned by buffered reads of the model files", ps->raw.buffered_bytes) \

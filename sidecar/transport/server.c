@@ -189,23 +189,27 @@ static void refuse(struct server *s, struct conn *c, int status, const char *rea
 	conn_close(s, c, "refused");
 }
 
-static int send_welcome(int fd, const struct moe_welcome *w, int memfd)
+/* The welcome with the channel's memfd and, when lease[0] >= 0, the lease pool's after it, and
+ * the staging area's when lease[1] >= 0 too (a client before ABI 1.3 closes those unread). */
+static int send_welcome(int fd, const struct moe_welcome *w, int memfd, const int lease[2])
 {
 	struct iovec iov = {.iov_base = (void *)w, .iov_len = sizeof(*w)};
+	const int fds[3] = {memfd, lease[0], lease[1]};
+	const size_t n_fds = lease[0] < 0 ? 1 : lease[1] < 0 ? 2 : 3;
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(3 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	memset(&u, 0, sizeof(u));
 	struct msghdr msg = {.msg_iov = &iov,
 	                     .msg_iovlen = 1,
 	                     .msg_control = u.buf,
-	                     .msg_controllen = sizeof(u.buf)};
+	                     .msg_controllen = CMSG_SPACE(n_fds * sizeof(int))};
 	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
 	cm->cmsg_level = SOL_SOCKET;
 	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &memfd, sizeof(int));
+	cm->cmsg_len = CMSG_LEN(n_fds * sizeof(int));
+	memcpy(CMSG_DATA(cm), fds, n_fds * sizeof(int));
 	ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 	return n == (ssize_t)sizeof(*w) ? 0 : -1;
 }
@@ -299,7 +303,15 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.limits = g;
 	if (s->service->welcome)
 		s->service->welcome(s->service->ctx, &w.model, w.fingerprint);
-	if (send_welcome(c->fd, &w, ch->memfd) != 0) {
+	int lease_fds[2] = {-1, -1};
+	uint64_t lease_bytes[2] = {0, 0};
+	if (s->service->lease_fds)
+		s->service->lease_fds(s->service->ctx, ch, lease_fds, lease_bytes);
+	if (lease_fds[0] < 0)
+		lease_fds[1] = -1;
+	w.lease_pool_bytes = lease_fds[0] >= 0 ? lease_bytes[0] : 0;
+	w.lease_staging_bytes = lease_fds[1] >= 0 ? lease_bytes[1] : 0;
+	if (send_welcome(c->fd, &w, ch->memfd, lease_fds) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
 		service_channel_close(s, ch);

@@ -69,6 +69,11 @@ struct channel_service {
 	/* Dispatcher thread, at every heartbeat (dispatcher.heartbeat_ns, and at once after a
 	 * dispatcher_poke): work the service does between requests (publishing its figures). */
 	void (*tick)(void *ctx);
+	/* Control thread, at each welcome (after channel_open): the memfds clients may map
+	 * read-only for expert leases, which ride with the channel's and stay the service's —
+	 * fds[0] the slot pool, fds[1] the channel's staging area — with their bytes; -1 and 0
+	 * where there is none (no staging without a pool). */
+	void (*lease_fds)(void *ctx, struct sidecar_channel *ch, int fds[2], uint64_t bytes[2]);
 };
 
 #endif

@@ -133,3 +133,36 @@ int ref_forward(struct ref_engine *r, int32_t layer, uint32_t n_tokens, uint32_t
 	struct forward_result res;
 	return forward_reference(r->engine, &req, out_immediate, out_deferred, &res);
 }
+
+int ref_expert_rows(const struct ref_engine *r, int32_t layer, uint32_t expert, unsigned proj,
+                    void **rows, size_t *bytes, uint32_t *format)
+{
+	const struct moe_expert *e = moe_catalog_expert(r->cat, (uint32_t)layer, expert);
+	if (!e || proj > 2)
+		return -1;
+	const struct moe_proj_ref *p = &e->proj[proj];
+	uint64_t off = 0;
+	if (!p->present && proj < 2 && e->proj[MOE_PROJ_GATE_UP].present) {
+		p = &e->proj[MOE_PROJ_GATE_UP]; /* halves: gate the first rows, up the rest */
+		if (p->order != MOE_GATE_UP_HALVES)
+			return -1;
+		off = proj == 1 ? p->data.length / 2 : 0;
+	}
+	if (!p->present || p->layout != MOE_LAYOUT_BLOCKS)
+		return -1;
+	const uint64_t len = p == &e->proj[proj] ? p->data.length : p->data.length / 2;
+	FILE *f = fopen(r->cat->files[p->data.file].path, "rb");
+	void *buf = malloc(len ? len : 1);
+	const bool ok = f && buf && fseeko(f, (off_t)(p->data.offset + off), SEEK_SET) == 0 &&
+	                fread(buf, 1, len, f) == len;
+	if (f)
+		fclose(f);
+	if (!ok) {
+		free(buf);
+		return -1;
+	}
+	*rows = buf;
+	*bytes = len;
+	*format = p->format;
+	return 0;
+}

@@ -43,4 +43,9 @@ int ref_forward(struct ref_engine *r, int32_t layer, uint32_t n_tokens, uint32_t
                 const float *weights, const float *deferred_in, float *out_immediate,
                 float *out_deferred);
 
+/* The file's bytes of projection proj (0 gate, 1 up, 2 down) of (block layer, expert) — GGUF
+ * rows, a fused gate_up's half — malloc'd into *rows (the caller frees), with their length
+ * and format. 0, or -1 (a dense layer, a layout that is not plain blocks). */
+int ref_expert_rows(const struct ref_engine *r, int32_t layer, uint32_t expert, unsigned proj,
+                    void **rows, size_t *bytes, uint32_t *format);
 #endif

@@ -30,6 +30,10 @@ hint (client.prefetch, moe_prefetch in C) while this layer computes; at the end 
 hints' precision and recall against the routing the next layer really chose (on moe-gen's
 random weights they are near chance, top_k / n_experts: the mechanism is what is shown) and
 the loads the hints started (STATS prefetches).
+--gpu-prefill-above N (a sidecar started with --leases): MoE blocks of more than N tokens
+lease the layer's CPU experts from the sidecar's slot pool and compute them with torch on
+--device (LeasePrefillMoE); decode stays on the sidecar. Each leased layer's timeline (lease,
+copy, compute, release) is printed after the prefill.
 --transformers loads the directory with transformers' Qwen3MoeForCausalLM and compares the
 prompt's logits with this file's all-torch model, both in fp32 (skipped, saying so, where
 transformers is not importable). The exit status is 0 only if every check that ran passed.
@@ -354,6 +358,57 @@ class SidecarMoE:
             w.check()  # a failure recorded by a stream host function is raised here
 
 
+class LeasePrefillMoE:
+    """--gpu-prefill-above N: a MoE block of more than N tokens (a long prompt's prefill)
+    computes the layer's CPU experts itself, with torch on the engine's device, from experts
+    leased out of the sidecar's slot pool (Client.lease: the sidecar reads them from disk if
+    they are not resident and pins them; the engine copies their rows out of the read-only
+    mapping, computes, releases); the GPU experts as SidecarMoE does. Blocks of N tokens or
+    fewer (decode) go to the sidecar (inner). No deferral in a leased block: a prefill is
+    compared with a sidecar prefill run with --defer 0. timeline: per leased layer, seconds
+    of (lease, copy, compute, release)."""
+
+    def __init__(self, inner, client, above, dtype="raw"):
+        self.inner, self.client, self.above, self.dtype = inner, client, above, dtype
+        self.timeline = []
+
+    def __call__(self, L, x, ids, w):
+        if ids.shape[0] <= self.above:
+            return self.inner(L, x, ids, w)
+        G, E = self.inner.G, self.inner.model.cfg.n_experts
+        dev = x.device
+        t0 = time.perf_counter()
+        lease = self.client.lease(L, list(range(G, E)), dtype=self.dtype)
+        t1 = time.perf_counter()
+        try:
+            if self.dtype == "bf16":  # the sidecar's BF16 rows, zero-copy views of staging
+                views = lease.views()
+                mats = [torch.stack([v[p] for v in views]).to(dev, x.dtype)
+                        for p in ("gate", "up", "down")]
+            else:
+                mats = [torch.stack([lease.rows(i, p) for i in range(E - G)]).to(dev, x.dtype)
+                        for p in ("gate", "up", "down")]
+            sync(dev)
+            t2 = time.perf_counter()
+            cpu = ids >= G
+            coef = torch.zeros(ids.shape[0], E - G, dtype=torch.float32, device=dev)
+            coef.scatter_add_(1, torch.where(cpu, ids - G, torch.zeros_like(ids)),
+                              torch.where(cpu, w, torch.zeros_like(w)))
+            y = swiglu_experts(x, *mats)  # [E - G, n, H]
+            out = torch.einsum("ne,enh->nh", coef.to(x.dtype), y)
+            if G:
+                out = out + self.inner.gpu_part(L, x, ids, w)
+            sync(dev)
+            t3 = time.perf_counter()
+        finally:
+            lease.release()
+        self.timeline.append((L, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t3))
+        return out
+
+    def check(self):
+        self.inner.check()
+
+
 class TorchMoE:
     """The oracle: every expert by torch in fp32 on the same (bf16-stored) weights, with
     kt-kernel's deferral modelled as moe-sidecar implements it (docs/protocol.md, FORWARD):
@@ -613,6 +668,14 @@ def main():
                     help="decode again with an all-torch fp32 MoE block and compare")
     ap.add_argument("--router-hints", action="store_true",
                     help="PREFETCH the next layer's router top-k on this layer's input")
+    ap.add_argument("--gpu-prefill-above", type=int, default=None, metavar="N",
+                    help="MoE blocks of more than N tokens (a long prompt's prefill) lease "
+                    "the layer's CPU experts from the sidecar (serve --leases) and compute "
+                    "them with torch on --device; decode stays on the sidecar")
+    ap.add_argument("--lease-dtype", choices=("raw", "bf16"), default="raw",
+                    help="--gpu-prefill-above's leases: the served rows (raw), or BF16 rows "
+                    "the sidecar dequantizes into the channel's staging area (serve "
+                    "--lease-staging-mib): engines without kernels for the format")
     ap.add_argument("--transformers", action="store_true",
                     help="compare the prompt's logits with transformers' Qwen3MoeForCausalLM")
     args = ap.parse_args()
@@ -640,6 +703,10 @@ def main():
 
     moe = SidecarMoE(model, args.model, args.socket, args.gpu_experts, args.defer)
     client = next(iter(moe.wrappers.values())).client
+    if args.gpu_prefill_above is not None:
+        if args.gpu_experts == cfg.n_experts:
+            ap.error("--gpu-prefill-above: every expert is a GPU expert already")
+        moe = LeasePrefillMoE(moe, client, args.gpu_prefill_above, args.lease_dtype)
     print(f"sidecar: pid {client.info['sidecar_pid']}, serves {client.info['model_name']} "
           f"{client.fingerprint} (= the directory's fingerprint), max_tokens "
           f"{client.max_tokens}")
@@ -654,6 +721,9 @@ def main():
     moe.check()
     print(f"tokens: {toks}")
     print(f"prefill: {len(prompt)} tokens in {t_prefill * 1e3:.1f} ms")
+    for L, *t in getattr(moe, "timeline", []):
+        print(f"  leased layer {L}: lease {t[0] * 1e3:.3f} ms, copy {t[1] * 1e3:.3f} ms, "
+              f"compute {t[2] * 1e3:.3f} ms, release {t[3] * 1e3:.3f} ms")
     if args.tokens > 1:
         print(f"decode: {args.tokens - 1} tokens in {t_decode * 1e3:.1f} ms = "
               f"{(args.tokens - 1) / t_decode:.1f} tokens/s")

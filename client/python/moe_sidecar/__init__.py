@@ -13,17 +13,18 @@ field; the C API is client/include/moe_client.h.
 from . import _native
 from .client import (DTYPE_BF16, DTYPE_F16, DTYPE_F32, FWD_DEFER_COLD, FWD_DEFER_UNION,
                      FWD_DROP_DEFERRED,
-                     PLACEMENT_STRATEGIES, Client, Pending, SlotView, fingerprint, placement)
+                     PLACEMENT_STRATEGIES, Client, Lease, Pending, SlotView, fingerprint,
+                     placement)
 from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError,
                      BadTokensError, BadTopKError, BadWeightError, BusyError, ConnectError,
                      DeferredError, Error, ExpertReadError, InvalidError, MaskedError,
                      NoModelError, NonFiniteError, PeerDeadError, ProtocolError, RefusedError,
                      RequestError, ShutdownError, StartingError, TimeoutError, TooSmallError,
-                     VersionError)
+                     VersionError, BadLeaseError, LeaseRefusedError)
 from .kt import KTMoEWrapper
 
 ABI = (_native.ABI_MAJOR, _native.ABI_MINOR)
-__version__ = "1.2.0"
+__version__ = "1.3.0"
 
 __all__ = [
     "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "placement",
@@ -33,5 +34,5 @@ __all__ = [
     "TimeoutError", "BusyError", "InvalidError", "BadExpertError", "BadLayerError",
     "BadTokensError", "BadTopKError", "BadDtypeError", "BadWeightError", "NonFiniteError",
     "ExpertReadError", "ShutdownError", "BadFieldError", "NoModelError", "MaskedError",
-    "TooSmallError", "DeferredError",
+    "TooSmallError", "DeferredError", "Lease", "BadLeaseError", "LeaseRefusedError",
 ]

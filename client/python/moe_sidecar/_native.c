@@ -41,6 +41,7 @@
 #endif
 #include <Python.h>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -633,6 +634,142 @@ static PyObject *Channel_stats_json(Channel *self, PyObject *args)
 	return r;
 }
 
+/* lease(layer, ids: bytes of int32 or None, n, timeout_ms[, flags]) -> bytes: n struct
+ * moe_lease_expert (moe_lease; ids None: experts 0..n-1). */
+static PyObject *Channel_lease(Channel *self, PyObject *args)
+{
+	struct int_arg layer_a = I32_ARG("layer"), n_a = {"n", 1, 256, 0},
+	               timeout_a = I32_ARG("timeout_ms"), flags_a = U16_ARG("flags");
+	PyObject *ids_o;
+	if (!PyArg_ParseTuple(args, "O&OO&O&|O&", int_arg, &layer_a, &ids_o, int_arg, &n_a, int_arg,
+	                      &timeout_a, int_arg, &flags_a))
+		return NULL;
+	const uint16_t flags = (uint16_t)flags_a.v;
+	const uint32_t n = (uint32_t)n_a.v;
+	Py_buffer ids = {0};
+	if (ids_o != Py_None) {
+		if (get_buffer(ids_o, &ids, "ids") < 0)
+			return NULL;
+		if ((size_t)ids.len != n * sizeof(int32_t)) {
+			PyBuffer_Release(&ids);
+			return PyErr_Format(PyExc_ValueError,
+			                    "ids: %zd bytes, %u int32 ids need %zu", ids.len, n,
+			                    n * sizeof(int32_t));
+		}
+	}
+	PyObject *out =
+	    PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * sizeof(struct moe_lease_expert)));
+	if (!out) {
+		if (ids_o != Py_None)
+			PyBuffer_Release(&ids);
+		return NULL;
+	}
+	struct moe_lease_expert *le = (struct moe_lease_expert *)(void *)PyBytes_AsString(out);
+	const int32_t *idp = ids_o != Py_None ? ids.buf : NULL;
+	const int32_t layer = (int32_t)layer_a.v;
+	const int timeout_ms = (int)timeout_a.v;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_lease(c_, layer, idp, n, flags, le, timeout_ms));
+	if (ids_o != Py_None)
+		PyBuffer_Release(&ids);
+	if (rc != MOE_OK) {
+		Py_DECREF(out);
+		return raise_status(rc, why, 0, 0);
+	}
+	return out;
+}
+
+/* lease_release(ids: bytes of uint32 or None, timeout_ms): moe_lease_release (None: all). */
+static PyObject *Channel_lease_release(Channel *self, PyObject *args)
+{
+	struct int_arg timeout_a = I32_ARG("timeout_ms");
+	PyObject *ids_o;
+	if (!PyArg_ParseTuple(args, "OO&", &ids_o, int_arg, &timeout_a))
+		return NULL;
+	Py_buffer ids = {0};
+	if (ids_o != Py_None && get_buffer(ids_o, &ids, "ids") < 0)
+		return NULL;
+	const uint32_t *idp = ids_o != Py_None ? ids.buf : NULL;
+	const uint32_t n = ids_o != Py_None ? (uint32_t)((size_t)ids.len / sizeof(uint32_t)) : 0;
+	const int timeout_ms = (int)timeout_a.v;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_lease_release(c_, idp, n, timeout_ms));
+	if (ids_o != Py_None)
+		PyBuffer_Release(&ids);
+	if (rc != MOE_OK)
+		return raise_status(rc, why, 0, 0);
+	Py_RETURN_NONE;
+}
+
+/* lease_pool([staging]) -> (fd, bytes): a duplicate of the pool's memfd (staging true: the
+ * channel's staging area's), which the caller maps read-only and closes; or raises (none). */
+static PyObject *Channel_lease_pool(Channel *self, PyObject *args)
+{
+	int staging = 0;
+	if (!PyArg_ParseTuple(args, "|p", &staging))
+		return NULL;
+	int rc, fd = -1;
+	size_t bytes = 0;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why,
+	            staging ? moe_lease_staging(c_, NULL, &bytes, &fd)
+	                    : moe_lease_pool(c_, NULL, &bytes, &fd));
+	if (rc != MOE_OK)
+		return raise_status(rc,
+		                    rc != MOE_ENOLEASE ? why
+		                    : staging
+		                        ? "the sidecar gives this channel no staging area "
+		                          "(serve --lease-staging-mib)"
+		                        : "the sidecar shares no slot pool (start it with serve "
+		                          "--leases)",
+		                    0, 0);
+	const int d = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (d < 0)
+		return PyErr_SetFromErrno(PyExc_OSError);
+	return Py_BuildValue("(in)", d, (Py_ssize_t)bytes);
+}
+
+/* deinterleave(description: 64 bytes of struct moe_lease_matrix, pool, out): GGUF rows of a
+ * leased matrix into the writable buffer out (moe_lease_deinterleave); the description's
+ * span must lie inside pool. */
+static PyObject *mod_deinterleave(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	PyObject *d_o, *pool_o, *out_o;
+	if (!PyArg_ParseTuple(args, "OOO", &d_o, &pool_o, &out_o))
+		return NULL;
+	Py_buffer d, pool, out;
+	if (get_buffer(d_o, &d, "description") < 0)
+		return NULL;
+	if (get_buffer(pool_o, &pool, "pool") < 0) {
+		PyBuffer_Release(&d);
+		return NULL;
+	}
+	if (PyObject_GetBuffer(out_o, &out, PyBUF_WRITABLE) < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&pool);
+		return NULL;
+	}
+	struct moe_lease_matrix m;
+	int rc = MOE_EINVAL;
+	if ((size_t)d.len == sizeof(m)) {
+		memcpy(&m, d.buf, sizeof(m));
+		if (m.offset <= (uint64_t)pool.len && m.bytes <= (uint64_t)pool.len - m.offset)
+			rc = moe_lease_deinterleave(&m, pool.buf, out.buf, (size_t)out.len);
+	}
+	PyBuffer_Release(&d);
+	PyBuffer_Release(&pool);
+	PyBuffer_Release(&out);
+	if (rc != MOE_OK)
+		return raise_status(rc,
+		                    "deinterleave: the description, the pool or the output does "
+		                    "not fit",
+		                    0, 0);
+	Py_RETURN_NONE;
+}
+
 /* expert_stats(timeout_ms) -> (counts: bytes of uint64, heat: bytes of float32, half_life),
  * layer-major [n_moe_layers][n_experts]. */
 static PyObject *Channel_expert_stats(Channel *self, PyObject *args)
@@ -842,6 +979,12 @@ static PyMethodDef channel_methods[] = {
     {"wait", (PyCFunction)Channel_wait, METH_VARARGS,
      "wait(slot, timeout_ms, poll=False) -> value (None: polling, not done)."},
     {"ping", (PyCFunction)Channel_ping, METH_VARARGS, "ping(timeout_ms)."},
+    {"lease", (PyCFunction)Channel_lease, METH_VARARGS,
+     "lease(layer, ids, n, timeout_ms) -> bytes of n lease descriptions."},
+    {"lease_release", (PyCFunction)Channel_lease_release, METH_VARARGS,
+     "lease_release(ids or None, timeout_ms)."},
+    {"lease_pool", (PyCFunction)Channel_lease_pool, METH_VARARGS,
+     "lease_pool() -> (a duplicate of the pool's memfd, bytes)."},
     {"prefetch", (PyCFunction)Channel_prefetch, METH_VARARGS,
      "prefetch(layer, ids|None, scores, timeout_ms) -> loads started."},
     {"set_gpu_mask", (PyCFunction)Channel_set_gpu_mask, METH_VARARGS,
@@ -1010,6 +1153,8 @@ static PyMethodDef module_methods[] = {
     {"placement", mod_placement, METH_VARARGS,
      "placement(load, n_moe_layers, n_experts, blocks, n_blocks, gpu_experts, strategy) -> "
      "(mask bytes, covered)."},
+    {"deinterleave", mod_deinterleave, METH_VARARGS,
+     "deinterleave(description, pool, out): a leased matrix as GGUF rows into out."},
     {"host_functions", mod_host_functions, METH_NOARGS,
      "(host_submit, host_wait) addresses, for cudaLaunchHostFunc."},
     {NULL, NULL, 0, NULL},
@@ -1045,6 +1190,7 @@ static int module_exec(PyObject *m)
 	    {"FWD_DEFER_COLD", MOE_FWD_DEFER_COLD},
 	    {"FWD_DEFER_UNION", MOE_FWD_DEFER_UNION},
 	    {"STATS_EXPERTS", MOE_STATS_EXPERTS},
+	    {"LEASE_BF16", MOE_LEASE_BF16},
 	    {"PLACE_FREQUENCY", MOE_PLACE_FREQUENCY},
 	    {"PLACE_UNIFORM", MOE_PLACE_UNIFORM},
 	    {"PLACE_FRONT_LOADING", MOE_PLACE_FRONT_LOADING},

@@ -24,9 +24,10 @@ lock around it.
 """
 
 import json
+import struct
 
 from . import _native
-from .errors import PeerDeadError, TimeoutError, make_error
+from .errors import InvalidError, PeerDeadError, TimeoutError, make_error
 
 _native._set_error_factory(make_error)
 
@@ -251,6 +252,143 @@ def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=Non
              for r in range(n_blocks)]
     return {"strategy": strategy, "covered": coverage[strategy], "coverage": coverage,
             "mask": bytes(chosen), "gpu_experts_mask": bools}
+
+
+
+# struct moe_lease_matrix (moe_abi.h): offset, bytes, row_stride, scales_offset, bias_offset
+# (u64), format, rows, cols, interleave, scale_stride, reserved (u32); struct moe_lease_expert:
+# lease, layer, expert, activation (u32/i32) then gate, up, down.
+_LEASE_MATRIX = struct.Struct("<5Q6I")
+_LEASE_EXPERT = struct.Struct("<IiII")
+_LEASE_EXPERT_BYTES = _LEASE_EXPERT.size + 3 * _LEASE_MATRIX.size
+_MATRICES = ("gate", "up", "down")
+_NO_OFFSET = (1 << 64) - 1
+_BF16 = 30  # the kernels' (GGUF's) BF16 id
+_F32 = 0
+_F16 = 1
+# (elements, bytes) per block of each format id: facts of the formats (GGUF, and the
+# sidecar's FP8_E4M3_B128 1000 and INT4_G32 1001)
+_BLOCKS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 8: (32, 34), 10: (256, 84), 11: (256, 110),
+           12: (256, 144), 13: (256, 176), 14: (256, 210), 20: (32, 18), 23: (256, 136),
+           30: (1, 2), 39: (32, 17), 1000: (1, 1), 1001: (32, 20)}
+
+
+class Lease:
+    """Experts of one layer pinned in the sidecar's shared slot pool (Client.lease). The pool
+    is mapped read-only and shared by every lease of the client; views are zero-copy.
+
+    experts: the expert ids, in order. matrices[i][name] (name gate, up, down): the
+    description (offset, bytes, row_stride, format, rows, cols, interleave, ...). views():
+    per expert a dict of torch uint8 tensors over the mapping — rows x row bytes at the
+    row stride for the files' rows (interleave 0); the whole span for the decode layout
+    (interleave 8: rows() gives GGUF rows); for a dtype="bf16" lease, bfloat16 rows x cols
+    tensors of the channel's staging area. rows(i, name): the GGUF rows of one matrix (a
+    copy; BF16/F16/F32 as rows x cols of that dtype, other formats as uint8 rows x row bytes).
+    The mapping is read-only: writing into a view faults the process. A view taken before
+    release() still reads the mapping (kept alive), but what it shows may change once the
+    expert is evicted: views after release() are refused, and so is everything after the
+    sidecar restarted (PeerDeadError)."""
+
+    def __init__(self, client, layer, raw, pool, generation):
+        self._client = client
+        self.layer = layer
+        self._pool = pool
+        self._generation = generation
+        self.ids = []
+        self.experts = []
+        self.matrices = []
+        for at in range(0, len(raw), _LEASE_EXPERT_BYTES):
+            lease_id, _layer, expert, activation = _LEASE_EXPERT.unpack_from(raw, at)
+            ms = {}
+            for j, name in enumerate(_MATRICES):
+                o = at + _LEASE_EXPERT.size + j * _LEASE_MATRIX.size
+                f = _LEASE_MATRIX.unpack_from(raw, o)
+                ms[name] = {"offset": f[0], "bytes": f[1], "row_stride": f[2],
+                            "scales_offset": None if f[3] == _NO_OFFSET else f[3],
+                            "bias_offset": None if f[4] == _NO_OFFSET else f[4],
+                            "format": f[5], "rows": f[6], "cols": f[7], "interleave": f[8],
+                            "scale_stride": f[9], "area": f[10],
+                            "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
+            self.ids.append(lease_id)
+            self.experts.append(expert)
+            self.matrices.append(ms)
+        self.activation = activation if self.ids else 0
+        self.released = False
+
+    def _check(self):
+        if self.released:
+            raise InvalidError(-1, "the lease was released: its views are gone")
+        if self._client._ch.dead or self._client.generation != self._generation:
+            raise PeerDeadError(-8, "the sidecar that granted this lease is gone")
+
+    @staticmethod
+    def _row_bytes(m):
+        be, bb = _BLOCKS.get(m["format"], (1, 1))
+        return m["cols"] // be * bb
+
+    def views(self):
+        """Per expert {gate, up, down}: torch uint8 tensors over the read-only mapping."""
+        self._check()
+        torch = _torch()
+        import warnings
+
+        out = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the buffer is read-only, on purpose
+            flat = torch.frombuffer(self._pool, dtype=torch.uint8)
+        for ms in self.matrices:
+            d = {}
+            for name, m in ms.items():
+                if m["area"] == 1:  # staging: BF16 rows, packed
+                    d[name] = flat[m["offset"]:m["offset"] + m["bytes"]].view(
+                        torch.bfloat16).view(m["rows"], m["cols"])
+                elif m["interleave"]:
+                    d[name] = flat[m["offset"]:m["offset"] + m["bytes"]]
+                else:
+                    rb = self._row_bytes(m)
+                    d[name] = flat[m["offset"]:].as_strided((m["rows"], rb),
+                                                            (m["row_stride"], 1))
+            out.append(d)
+        return out
+
+    def rows(self, i, name):
+        """GGUF rows of matrix `name` of the i-th expert, as a new tensor: BF16, F16 and F32
+        as rows x cols of that dtype, other formats as uint8 rows x row bytes."""
+        self._check()
+        if name not in _MATRICES:
+            raise ValueError(f"rows: {name!r}: gate, up or down")
+        m = self.matrices[i][name]
+        torch = _torch()
+        if m["format"] not in _BLOCKS:
+            raise ValueError(f"rows: format {m['format']} unknown to this binding")
+        be, bb = _BLOCKS[m["format"]]
+        rb = m["cols"] // be * bb
+        out = bytearray(m["rows"] * rb)
+        _native.deinterleave(m["_raw"], self._pool, out)
+        t = torch.frombuffer(out, dtype=torch.uint8).reshape(m["rows"], rb)
+        dt = {_BF16: torch.bfloat16, _F16: torch.float16, _F32: torch.float32}.get(m["format"])
+        return t.view(dt) if dt is not None else t
+
+    def release(self, timeout_ms=None):
+        """Lets the experts go (idempotent). After a restart there is nothing to release."""
+        if self.released:
+            return
+        self.released = True
+        c = self._client
+        if c._ch.dead or c.generation != self._generation or c.closed:
+            return
+        t = c.timeout_ms if timeout_ms is None else timeout_ms
+        c._ch.lease_release(struct.pack(f"<{len(self.ids)}I", *self.ids), t)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        state = "released" if self.released else "held"
+        return f"<Lease layer {self.layer}, {len(self.ids)} experts, {state}>"
 
 
 class Client:
@@ -567,6 +705,51 @@ class Client:
         t = self.timeout_ms if timeout_ms is None else timeout_ms
         self._recover()
         self._ch.ping(t)
+
+
+    # ---- expert leases ---------------------------------------------------------------------
+    def lease_pool(self, staging=False):
+        """The sidecar's slot pool (staging: this channel's staging area, serve
+        --lease-staging-mib), mapped read-only (a sidecar started with --leases): an mmap
+        object shared by every Lease of this channel generation."""
+        self._recover()
+        key = "_staging" if staging else "_pool"
+        if getattr(self, key + "_gen", None) != self.generation:
+            import mmap
+            import os
+
+            fd, size = self._ch.lease_pool(staging)
+            try:
+                setattr(self, key, mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                             prot=mmap.PROT_READ))
+            finally:
+                os.close(fd)
+            setattr(self, key + "_gen", self.generation)
+        return getattr(self, key)
+
+    def lease(self, layer, experts=None, dtype="raw", timeout_ms=None):
+        """Leases experts of block `layer` (None: every expert of the layer) and returns a
+        Lease (a context manager that releases them). dtype "raw": zero-copy views of the
+        pool mapping in the served format; "bf16": the sidecar dequantizes each matrix to
+        BF16 rows into this channel's staging area (serve --lease-staging-mib), and views()
+        are zero-copy bfloat16 [rows, cols] tensors of it. Cold experts are loaded first
+        (waited for up to timeout_ms)."""
+        if dtype not in ("raw", "bf16"):
+            raise ValueError(f"lease: dtype {dtype!r}: 'raw' or 'bf16'")
+        layer = _int("layer", layer)
+        t = self.timeout_ms if timeout_ms is None else timeout_ms
+        if experts is None:
+            ids, n = None, self.n_experts
+        else:
+            experts = [_int("expert", e) for e in experts]
+            n = len(experts)
+            if not 1 <= n <= 256:
+                raise ValueError(f"lease: {n} experts (1..256)")
+            ids = struct.pack(f"<{n}i", *experts)
+        bf16 = dtype == "bf16"
+        pool = self.lease_pool(staging=bf16)
+        raw = self._ch.lease(layer, ids, n, t, _native.LEASE_BF16 if bf16 else 0)
+        return Lease(self, layer, raw, pool, self.generation)
 
     # ---- CUDA ------------------------------------------------------------------------------
     def cuda_register(self):

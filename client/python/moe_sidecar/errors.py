@@ -122,6 +122,14 @@ class DeferredError(RequestError):
     """A deferred contribution is owed to another layer or batch size."""
 
 
+class BadLeaseError(RequestError):
+    """MOE_EBADLEASE: a lease id this channel does not hold (never leased, released already)."""
+
+
+class LeaseRefusedError(RequestError):
+    """MOE_ENOLEASE: leases refused (no shared pool: serve --leases; the channel's bound)."""
+
+
 _BY_STATUS = {
     -1: InvalidError,
     -4: ConnectError,
@@ -146,6 +154,8 @@ _BY_STATUS = {
     -46: MaskedError,
     -47: TooSmallError,
     -48: DeferredError,
+    -49: BadLeaseError,
+    -50: LeaseRefusedError,
 }
 
 
