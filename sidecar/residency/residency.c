@@ -1288,6 +1288,8 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		    .no_register_buffers = r->config.no_register_buffers,
 		    .post_load = r->config.post_load,
 		    .post_load_arg = p->post_load_arg,
+		    .populate_hook = r->config.populate_hook,
+		    .populate_arg = r->config.populate_arg,
 		    .io = &p->io,
 		    .ops = &loader_ops,
 		    .owner = r,

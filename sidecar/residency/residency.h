@@ -51,6 +51,8 @@
 
 enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
 
+typedef void (*residency_populate_fn)(void *arg, uint32_t node, uint32_t group);
+
 struct residency_config {
 	int numa_node; /* -1: do not bind (residency_create; residency_create_nodes: per node) */
 	/* Bytes of slots on every node together. With several nodes it is split in proportion
@@ -74,6 +76,10 @@ struct residency_config {
 	bool no_direct;                   /* buffered reads, as asked (--no-direct, tests) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
 	void *post_load_arg;              /* residency_create; residency_create_nodes: per node */
+	/* Tests only: called on a node's populate thread before it pre-faults group `group` of
+	 * the node's pool (it may hold the thread there; it must return before destroy). */
+	residency_populate_fn populate_hook;
+	void *populate_arg;
 };
 
 /* One NUMA node's part of a residency (residency_create_nodes). */
@@ -119,7 +125,11 @@ struct expert_ref {
 	X(failed_now, LOCKED) /* experts FAILED now */                                            \
 	X(reads, NODE) X(bytes_read, NODE) X(short_reads, NODE) X(retries, NODE)                  \
 	X(timeouts, NODE)                                                                         \
-	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */
+	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */ \
+	X(pool_groups, NODE) X(populated_groups, NODE) /* the pool's groups; pre-faulted so far */ \
+	X(populate_ns, NODE) /* time spent pre-faulting and registering them */                 \
+	X(layout_ns, NODE) /* time in the post-load hook (the decode layout), layout thread */   \
+	X(busy_ns, NODE) /* time the loader had reads in flight */
 /* clang-format on */
 #define RESIDENCY_COUNTER_FIELD(name, scope) uint64_t name;
 /* RESIDENCY_ONLY(want, scope, code): code when scope is want (EXPERT, LOCKED or NODE), else
