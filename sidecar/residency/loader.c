@@ -808,9 +808,11 @@ static void *populate_main(void *arg)
 				         (double)c->pool->slots_bytes / (1 << 20));
 				memlock_hint(rc, what, c->pool->slots_bytes, hint, sizeof(hint));
 				log_warn("loader",
-				         "registering slots %u to %u as fixed buffer %u failed (%s): "
-				         "plain reads there (counted as plain_reads)%s",
-				         first, first + count - 1, g, strerror(-rc), hint);
+				         "registering %u slots as %u fixed buffers failed (%s) at "
+				         "buffer %u (slots %u to %u): plain reads into the buffers "
+				         "refused (counted as plain_reads)%s",
+				         l->n_slots, l->n_groups, strerror(-rc), g, first,
+				         first + count - 1, hint);
 				warned = true;
 			}
 		}
