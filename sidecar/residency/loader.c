@@ -24,10 +24,13 @@
  * slots of one class (at most fixed_buffer_max, 1 GiB: one registered buffer each), which the
  * node's populate thread pre-faults (slot_pool_populate) and registers
  * (io_uring_register_buffers_update_tag into a sparse table) one at a time, groups the loader
- * is waiting for first, then the others in the order slots are handed out. A load into a
- * group not yet ready is parked (not issued) until the populate thread has done that group
- * and woken the loader, so no read lands in memory being populated and every read_fixed
- * names a registered buffer. A group whose registration fails is read with plain reads.
+ * is waiting for first, then the others in the order slots are handed out. A group is
+ * populated in steps of POPULATE_STEP bytes of whole slots, and a load into a slot whose step
+ * is not done yet is parked (not issued) until the populate thread has done it and woken the
+ * loader: no read lands in memory being populated. The last step's slots wait for the group's
+ * registration too (so a group of one step, a small pool's, is only ever read with read_fixed);
+ * reads into the earlier steps of a group not yet registered, or whose registration failed,
+ * are plain reads.
  *
  * Shutdown: the thread cancels everything in flight (IORING_ASYNC_CANCEL_ANY), waits a
  * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN; loads
@@ -57,6 +60,7 @@
 #define TAG_TIMEOUT 2u
 #define TAG_CANCEL 3u
 #define MAX_REGISTERED_BUFFERS 16384u
+#define POPULATE_STEP (64u << 20) /* bytes of a group made usable at a time */
 
 /* A group's state (loader.group_state): written by the populate thread, read by the loader. */
 enum { GROUP_COLD, GROUP_POPULATING, GROUP_READY, GROUP_FIXED /* ready and registered */ };
@@ -123,6 +127,7 @@ struct loader {
 	uint32_t n_groups; /* groups = the fixed buffers, registered or not */
 	_Atomic uint8_t *group_state;  /* [n_groups]: GROUP_* */
 	_Atomic uint8_t *group_wanted; /* [n_groups]: a parked load waits for it */
+	_Atomic uint32_t *group_ready; /* [n_groups]: its first slots populated so far */
 	uint32_t *group_order;         /* [n_groups]: the order slots are handed out */
 	pthread_t populate_thread;
 	bool populate_started;
@@ -144,11 +149,13 @@ struct loader {
 
 static void pin_to_node(const struct loader *l);
 
-/* The group holding `slot` (its fixed buffer's index). */
-static uint32_t group_of(const struct loader *l, uint32_t slot)
+/* The group holding `slot` (its fixed buffer's index); *at: the slot's index in it. */
+static uint32_t group_of(const struct loader *l, uint32_t slot, uint32_t *at)
 {
 	const struct slot_class *k = slot_pool_class_of(l->cfg.pool, slot);
 	const size_t c = (size_t)(k - l->cfg.pool->classes);
+	if (at)
+		*at = (slot - k->first) % l->slots_per_buffer[c];
 	return l->buffer_first[c] + (slot - k->first) / l->slots_per_buffer[c];
 }
 
@@ -222,8 +229,8 @@ static void submit_read(struct loader *l, struct read_op *op)
 	struct io_uring_sqe *sqe = get_sqe(l);
 	int fd = l->files_registered ? (int)op->file : l->cfg.fds[op->file];
 	unsigned len = (unsigned)op->remaining;
-	const uint32_t g = group_of(l, op->slot);
-	if (atomic_load_explicit(&l->group_state[g], memory_order_relaxed) == GROUP_FIXED) {
+	const uint32_t g = group_of(l, op->slot, NULL);
+	if (atomic_load_explicit(&l->group_state[g], memory_order_acquire) == GROUP_FIXED) {
 		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset, (int)g);
 		stat_add(&l->cfg.io->fixed_reads, 1);
 	} else {
@@ -506,8 +513,9 @@ static void unpark(struct loader *l)
 	for (uint32_t i = l->parked.count; i > 0; i--) {
 		const uint32_t slot = fifo_front(&l->parked);
 		fifo_pop(&l->parked);
-		const uint32_t g = group_of(l, slot);
-		if (atomic_load_explicit(&l->group_state[g], memory_order_acquire) >= GROUP_READY) {
+		uint32_t at;
+		const uint32_t g = group_of(l, slot, &at);
+		if (atomic_load_explicit(&l->group_ready[g], memory_order_acquire) > at) {
 			fifo_push(l->loads[slot].demand ? &l->issue_demand : &l->issue_prefetch,
 			          slot);
 		} else {
@@ -719,8 +727,9 @@ static int loader_setup(struct loader *l, struct sidecar_error *err)
 	l->n_groups = (uint32_t)n_groups; /* ≤ n_slots */
 	l->group_state = calloc(n_groups, sizeof(*l->group_state));
 	l->group_wanted = calloc(n_groups, sizeof(*l->group_wanted));
+	l->group_ready = calloc(n_groups, sizeof(*l->group_ready));
 	l->group_order = malloc(n_groups * sizeof(uint32_t));
-	if (!l->group_state || !l->group_wanted || !l->group_order)
+	if (!l->group_state || !l->group_wanted || !l->group_ready || !l->group_order)
 		return error_set(err, MOE_ENOMEM, "loader: out of memory for %llu slot groups",
 		                 (unsigned long long)n_groups);
 	/* The order slots are handed out: each class's from its first slot on, so the classes'
@@ -793,9 +802,24 @@ static void *populate_main(void *arg)
 		uint32_t first, count;
 		group_slots(l, g, &first, &count);
 		uint8_t *base = slot_pool_addr(c->pool, first);
-		const size_t bytes = (size_t)count * slot_pool_slot_bytes(c->pool, first);
+		const size_t slot_bytes = slot_pool_slot_bytes(c->pool, first);
+		const size_t bytes = (size_t)count * slot_bytes;
 		const uint64_t t0 = monotonic_ns();
-		slot_pool_populate(c->pool, (size_t)(base - c->pool->base), bytes);
+		/* In steps of POPULATE_STEP bytes of whole slots, each usable (plain reads) as soon
+		 * as it is done: the first loads need not wait for the whole group. */
+		const uint32_t step = slot_bytes >= POPULATE_STEP ? 1 : POPULATE_STEP / slot_bytes;
+		for (uint32_t done_slots = 0; done_slots < count;) {
+			const uint32_t n = count - done_slots < step ? count - done_slots : step;
+			slot_pool_populate(c->pool,
+			                   (size_t)(base - c->pool->base) + done_slots * slot_bytes,
+			                   (size_t)n * slot_bytes);
+			done_slots += n;
+			if (done_slots < count) { /* the last step's slots: once registered */
+				atomic_store_explicit(&l->group_ready[g], done_slots,
+				                      memory_order_release);
+				loader_wake(l);
+			}
+		}
 		uint8_t state = GROUP_READY;
 		if (l->buffers_registered) {
 			struct iovec iov = {base, bytes};
@@ -819,6 +843,7 @@ static void *populate_main(void *arg)
 		stat_add(&c->io->populate_ns, monotonic_ns() - t0);
 		stat_add(&c->io->populated_groups, 1);
 		atomic_store_explicit(&l->group_state[g], state, memory_order_release);
+		atomic_store_explicit(&l->group_ready[g], count, memory_order_release);
 		loader_wake(l);
 	}
 	return NULL;
@@ -908,6 +933,7 @@ void loader_stop(struct loader *l)
 	free(l->layout_q);
 	free((void *)l->group_state);
 	free((void *)l->group_wanted);
+	free((void *)l->group_ready);
 	free(l->group_order);
 	free(l);
 }
