@@ -576,7 +576,8 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		const double now_read = stats_field(js, "loader_bytes_read");
 		/* a load may wait for its part of the pool to be populated: not done before */
 		const double groups = stats_field(js, "pool_groups");
-		const bool pool_done = isnan(groups) || stats_field(js, "populated_groups") >= groups;
+		const bool pool_done =
+		    isnan(groups) || stats_field(js, "populated_groups") >= groups;
 		const bool same = now_resident == last && now_read == last_read && pool_done;
 		if (!same) {
 			changed = monotonic_ns();
@@ -1343,11 +1344,9 @@ int main(int argc, char **argv)
 			        "\"loader_bytes_per_token\":%.0f,\"pagecache_fill_bytes\":%.0f,"
 			        "\"ready_s\":%.3f,\"first_forward_s\":%.3f,\"warm_s\":%.3f,"
 			        "\"warm_bytes\":%.0f,\"cold_loader_gbps\":%.3f,\"disk_sample_"
-			        "gbps\":%.3f,\"warm_read_bytes\":%.0f,\"cold_populate_s\":%.3f,"
-			        "\"cold_read_busy_s\":%.3f,\"cold_layout_s\":%.3f,\"pool_groups\":%.0f,"
-			        "\"groups_at_ready\":%.0f,\"decode_loader_busy_gbps\":%.3f,"
+			        "gbps\":%.3f,"
 			        "\"fixed_buffers\":%.0f,"
-			        "\"fixed_read_share\":%.4f,\"pool_pages\":\"%s\",\"prefill\":[",
+			        "\"fixed_read_share\":%.4f,\"pool_pages\":\"%s\",",
 			        i ? "," : "", fractions[i], side[i].tokens_per_s,
 			        floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
 			        side[i].p50_us[0], side[i].bytes_read,
@@ -1357,14 +1356,19 @@ int main(int argc, char **argv)
 			        isnan(side[i].pagecache_fill) ? -1.0 : side[i].pagecache_fill,
 			        side[i].ready_s, side[i].first_s, side[i].warm_s,
 			        side[i].warm_bytes, cold_gbps(&side[i]),
-			        isnan(disk_row[i]) ? -1.0 : disk_row[i], side[i].warm_read_bytes,
-			        side[i].parts.populate_s, side[i].parts.read_busy_s,
-			        side[i].parts.layout_s, side[i].parts.groups,
-			        side[i].parts.groups_at_ready,
-			        isnan(side[i].busy_gbps) ? -1.0 : side[i].busy_gbps,
-			        side[i].fixed_buffers,
+			        isnan(disk_row[i]) ? -1.0 : disk_row[i], side[i].fixed_buffers,
 			        isnan(side[i].fixed_share) ? 0.0 : side[i].fixed_share,
 			        side[i].pages ? side[i].pages : "n/a");
+			fprintf(
+			    jo,
+			    "\"warm_read_bytes\":%.0f,\"cold_populate_s\":%.3f,"
+			    "\"cold_read_busy_s\":%.3f,\"cold_layout_s\":%.3f,\"pool_groups\":%.0f,"
+			    "\"groups_at_ready\":%.0f,\"decode_loader_busy_gbps\":%.3f,\"prefill\":"
+			    "[",
+			    side[i].warm_read_bytes, side[i].parts.populate_s,
+			    side[i].parts.read_busy_s, side[i].parts.layout_s, side[i].parts.groups,
+			    side[i].parts.groups_at_ready,
+			    isnan(side[i].busy_gbps) ? -1.0 : side[i].busy_gbps);
 			for (int j = 0; j < n_prefills; j++)
 				fprintf(jo,
 				        "%s{\"tokens\":%u,\"tokens_per_s\":%.1f,\"floor_tokens_per_"
@@ -1432,10 +1436,11 @@ int main(int argc, char **argv)
 		for (int i = 0; i < N_FRACTIONS; i++)
 			printf(" %.2f", disk_row[i]);
 		printf(" GB/s%s\n", sequential ? "; engines ran one at a time (sequential)" : "");
-		printf("\ncold start (spawn -> warm set) against the row's disk sample, and its parts "
-		       "(seconds, summed over nodes: the pool's populate thread, the loader with "
-		       "reads in flight, the post-load layout stage); decode: the loader's GB/s "
-		       "while it had reads in flight over the timed steps\n");
+		printf(
+		    "\ncold start (spawn -> warm set) against the row's disk sample, and its parts "
+		    "(seconds, summed over nodes: the pool's populate thread, the loader with "
+		    "reads in flight, the post-load layout stage); decode: the loader's GB/s "
+		    "while it had reads in flight over the timed steps\n");
 		printf("%7s %9s %9s %10s %8s %11s %10s %10s %9s %12s %9s\n", "budget", "warm s",
 		       "read GB", "cold GB/s", "vs disk", "populate s", "groups", "read s",
 		       "layout s", "decode GB/s", "vs disk");

@@ -158,6 +158,8 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 	    .no_direct = cfg->no_direct,
 	    .retry_backoff_ms = cfg->retry_backoff_ms,
 	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
+	    .populate_hook = cfg->populate_hook,
+	    .populate_arg = cfg->populate_arg,
 	    .post_load = w->xf.mxfp4_hf || w->xf.int4 || w->decode.on || w->side_in_slot
 	                     ? transform_after_load
 	                     : NULL,

@@ -124,7 +124,7 @@ struct loader {
 	/* Class c's fixed buffers are buffer_first[c] on, each of slots_per_buffer[c] of its
 	 * slots: slot s of class c is in buffer_first[c] + (s - first) / slots_per_buffer[c]. */
 	uint32_t slots_per_buffer[SLOT_MAX_CLASSES], buffer_first[SLOT_MAX_CLASSES];
-	uint32_t n_groups; /* groups = the fixed buffers, registered or not */
+	uint32_t n_groups;             /* groups = the fixed buffers, registered or not */
 	_Atomic uint8_t *group_state;  /* [n_groups]: GROUP_* */
 	_Atomic uint8_t *group_wanted; /* [n_groups]: a parked load waits for it */
 	_Atomic uint32_t *group_ready; /* [n_groups]: its first slots populated so far */
@@ -336,7 +336,8 @@ static void post_load_and_publish(struct loader *l, const struct layout_item *it
 	    .slot_bytes = slot_pool_slot_bytes(c->pool, it->slot),
 	};
 	for (uint32_t i = 0; i < n; i++) {
-		const struct extent_layout *lay = &c->layout[(size_t)it->id * EXPERT_MAX_EXTENTS + i];
+		const struct extent_layout *lay =
+		    &c->layout[(size_t)it->id * EXPERT_MAX_EXTENTS + i];
 		x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
 		x.length[i] = ext[i].length;
 	}
@@ -748,10 +749,11 @@ static int loader_setup(struct loader *l, struct sidecar_error *err)
 		if (rc < 0) {
 			char hint[320];
 			memlock_hint(rc, "registered buffers", 0, hint, sizeof(hint));
-			log_warn("loader",
-			         "registering %u slots as %llu fixed buffers failed (%s): plain reads "
-			         "(counted as plain_reads)%s",
-			         n_slots, (unsigned long long)n_groups, strerror(-rc), hint);
+			log_warn(
+			    "loader",
+			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
+			    "(counted as plain_reads)%s",
+			    n_slots, (unsigned long long)n_groups, strerror(-rc), hint);
 		}
 	}
 	return 0;
@@ -823,7 +825,8 @@ static void *populate_main(void *arg)
 		uint8_t state = GROUP_READY;
 		if (l->buffers_registered) {
 			struct iovec iov = {base, bytes};
-			const int rc = io_uring_register_buffers_update_tag(&l->ring, g, &iov, NULL, 1);
+			const int rc =
+			    io_uring_register_buffers_update_tag(&l->ring, g, &iov, NULL, 1);
 			if (rc >= 0) {
 				state = GROUP_FIXED;
 			} else if (!warned) {

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "catalog.h"
 #include "forward.h"
@@ -134,6 +135,19 @@ static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, 
 	    (m->fail_loads == 0 || info->failed_loads < m->fail_loads))
 		return -EIO;
 	return res;
+}
+
+/* Test hook (--debug-hold-populate): each populate thread waits for end-of-file on the fd
+ * before it starts (later calls find it at once). */
+static void hold_populate_until_eof(void *arg, uint32_t node, uint32_t group)
+{
+	(void)node;
+	(void)group;
+	const int fd = (int)(intptr_t)arg;
+	char b;
+	ssize_t n;
+	while ((n = read(fd, &b, 1)) > 0 || (n < 0 && errno == EINTR))
+		;
 }
 #endif
 
@@ -348,6 +362,14 @@ static int create_engine(struct serve_model *m, const struct serve_model_config 
 	fc.progress_arg = m;
 #ifdef MOE_TEST_HOOKS
 	loader_fault_fn hook = fault_hook_of(cfg);
+	if (cfg->hold_populate) {
+		log_warn("serve",
+		         "testing: the slot pools are populated once fd %d reaches "
+		         "end-of-file",
+		         cfg->hold_populate_fd);
+		fc.populate_hook = hold_populate_until_eof;
+		fc.populate_arg = (void *)(intptr_t)cfg->hold_populate_fd;
+	}
 #endif
 	log_info("serve",
 	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "

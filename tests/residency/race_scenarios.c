@@ -469,9 +469,8 @@ int race_populate_layout(uint32_t n_nodes)
 	residency_counters(r, &c);
 	int rc = 0;
 	if (atomic_load(&bad) != 0 || (atomic_load(&refused) && !c.failures) ||
-	    c.failures > atomic_load(&refused) ||
-	    c.populated_groups > c.pool_groups || c.pool_groups != n_nodes * 8 ||
-	    !c.evictions) {
+	    c.failures > atomic_load(&refused) || c.populated_groups > c.pool_groups ||
+	    c.pool_groups != n_nodes * 8 || !c.evictions) {
 		fprintf(stderr,
 		        "populate/layout (%u nodes): bad %d, refused demands %u, failures %llu, "
 		        "groups %llu of %llu, evictions %llu\n",
