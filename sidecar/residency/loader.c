@@ -774,81 +774,106 @@ static void group_slots(const struct loader *l, uint32_t g, uint32_t *first, uin
 	*count = sc->n_slots - at < per ? sc->n_slots - at : per;
 }
 
-/* The populate thread: pre-faults each group on the pool's node, then registers it as its
- * fixed buffer, groups a parked load waits for first; wakes the loader after each. Ends when
- * every group is ready, or at loader_stop (after the group in hand). */
+/* Registers group g (its slots populated) as its fixed buffer; the group's state after. */
+static uint8_t register_group(struct loader *l, uint32_t g, bool *warned)
+{
+	const struct loader_config *c = &l->cfg;
+	if (!l->buffers_registered)
+		return GROUP_READY;
+	uint32_t first, count;
+	group_slots(l, g, &first, &count);
+	struct iovec iov = {slot_pool_addr(c->pool, first),
+	                    (size_t)count * slot_pool_slot_bytes(c->pool, first)};
+	const int rc = io_uring_register_buffers_update_tag(&l->ring, g, &iov, NULL, 1);
+	if (rc >= 0)
+		return GROUP_FIXED;
+	if (!*warned) {
+		char what[64], hint[320];
+		snprintf(what, sizeof(what), "the %.1f MiB of slots",
+		         (double)c->pool->slots_bytes / (1 << 20));
+		memlock_hint(rc, what, c->pool->slots_bytes, hint, sizeof(hint));
+		log_warn(
+		    "loader",
+		    "registering %u slots as %u fixed buffers failed (%s) at buffer %u (slots "
+		    "%u to %u): plain reads into the buffers refused (counted as plain_reads)%s",
+		    l->n_slots, l->n_groups, strerror(-rc), g, first, first + count - 1, hint);
+		*warned = true;
+	}
+	return GROUP_READY;
+}
+
+/* The group to populate a step of next: one a parked load waits for, else the one in hand,
+ * else the next untouched one in the order slots are handed out. */
+static uint32_t next_group(const struct loader *l, uint32_t in_hand, uint32_t *next)
+{
+	for (uint32_t i = 0; i < l->n_groups; i++)
+		if (atomic_load_explicit(&l->group_wanted[i], memory_order_relaxed) &&
+		    atomic_load_explicit(&l->group_state[i], memory_order_relaxed) <=
+		        GROUP_POPULATING)
+			return i;
+	if (in_hand != UINT32_MAX)
+		return in_hand;
+	for (;; ++*next) { /* one is left: the caller counts them */
+		const uint32_t o = l->group_order[*next];
+		if (atomic_load_explicit(&l->group_state[o], memory_order_relaxed) == GROUP_COLD)
+			return o;
+	}
+}
+
+/* The populate thread: pre-faults the groups on the pool's node in steps of POPULATE_STEP
+ * bytes of whole slots, each usable as soon as it is done (the last once the group is
+ * registered as its fixed buffer), switching after any step to a group a parked load waits
+ * for; wakes the loader after each. Ends when every group is ready, or at loader_stop (after
+ * the step in hand). Only this thread writes group_state and group_ready. */
 static void *populate_main(void *arg)
 {
 	struct loader *l = arg;
 	const struct loader_config *c = &l->cfg;
 	pin_to_node(l);
+	uint32_t *done_slots = calloc(l->n_groups, sizeof(uint32_t)); /* this thread's */
+	if (!done_slots)
+		abort(); /* a few KiB at start-up */
 	bool warned = false;
-	for (uint32_t done = 0, next = 0; done < l->n_groups; done++) {
+	uint32_t in_hand = UINT32_MAX, next = 0;
+	for (uint32_t finished = 0; finished < l->n_groups;) {
 		if (atomic_load_explicit(&l->populate_stop, memory_order_relaxed))
 			break;
-		uint32_t g = UINT32_MAX;
-		for (uint32_t i = 0; i < l->n_groups && g == UINT32_MAX; i++)
-			if (atomic_load_explicit(&l->group_wanted[i], memory_order_relaxed) &&
-			    atomic_load_explicit(&l->group_state[i], memory_order_relaxed) ==
-			        GROUP_COLD)
-				g = i;
-		while (g == UINT32_MAX) {
-			const uint32_t o = l->group_order[next++];
-			if (atomic_load_explicit(&l->group_state[o], memory_order_relaxed) ==
-			    GROUP_COLD)
-				g = o;
+		const uint32_t g = next_group(l, in_hand, &next);
+		if (atomic_load_explicit(&l->group_state[g], memory_order_relaxed) == GROUP_COLD) {
+			atomic_store_explicit(&l->group_state[g], GROUP_POPULATING,
+			                      memory_order_relaxed);
+			if (c->populate_hook) /* tests: may hold this thread here */
+				c->populate_hook(c->populate_arg, c->node, g);
 		}
-		atomic_store_explicit(&l->group_state[g], GROUP_POPULATING, memory_order_relaxed);
-		if (c->populate_hook) /* tests: may hold this thread here */
-			c->populate_hook(c->populate_arg, c->node, g);
 		uint32_t first, count;
 		group_slots(l, g, &first, &count);
-		uint8_t *base = slot_pool_addr(c->pool, first);
 		const size_t slot_bytes = slot_pool_slot_bytes(c->pool, first);
-		const size_t bytes = (size_t)count * slot_bytes;
-		const uint64_t t0 = monotonic_ns();
-		/* In steps of POPULATE_STEP bytes of whole slots, each usable (plain reads) as soon
-		 * as it is done: the first loads need not wait for the whole group. */
 		const uint32_t step = slot_bytes >= POPULATE_STEP ? 1 : POPULATE_STEP / slot_bytes;
-		for (uint32_t done_slots = 0; done_slots < count;) {
-			const uint32_t n = count - done_slots < step ? count - done_slots : step;
-			slot_pool_populate(c->pool,
-			                   (size_t)(base - c->pool->base) + done_slots * slot_bytes,
-			                   (size_t)n * slot_bytes);
-			done_slots += n;
-			if (done_slots < count) { /* the last step's slots: once registered */
-				atomic_store_explicit(&l->group_ready[g], done_slots,
-				                      memory_order_release);
-				loader_wake(l);
-			}
-		}
-		uint8_t state = GROUP_READY;
-		if (l->buffers_registered) {
-			struct iovec iov = {base, bytes};
-			const int rc =
-			    io_uring_register_buffers_update_tag(&l->ring, g, &iov, NULL, 1);
-			if (rc >= 0) {
-				state = GROUP_FIXED;
-			} else if (!warned) {
-				char what[64], hint[320];
-				snprintf(what, sizeof(what), "the %.1f MiB of slots",
-				         (double)c->pool->slots_bytes / (1 << 20));
-				memlock_hint(rc, what, c->pool->slots_bytes, hint, sizeof(hint));
-				log_warn("loader",
-				         "registering %u slots as %u fixed buffers failed (%s) at "
-				         "buffer %u (slots %u to %u): plain reads into the buffers "
-				         "refused (counted as plain_reads)%s",
-				         l->n_slots, l->n_groups, strerror(-rc), g, first,
-				         first + count - 1, hint);
-				warned = true;
-			}
-		}
+		const uint32_t n = count - done_slots[g] < step ? count - done_slots[g] : step;
+		const uint64_t t0 = monotonic_ns();
+		slot_pool_populate(c->pool,
+		                   (size_t)(slot_pool_addr(c->pool, first) - c->pool->base) +
+		                       done_slots[g] * slot_bytes,
+		                   (size_t)n * slot_bytes);
+		done_slots[g] += n;
+		uint8_t state = GROUP_POPULATING;
+		if (done_slots[g] == count)
+			state = register_group(l, g, &warned);
 		stat_add(&c->io->populate_ns, monotonic_ns() - t0);
-		stat_add(&c->io->populated_groups, 1);
-		atomic_store_explicit(&l->group_state[g], state, memory_order_release);
-		atomic_store_explicit(&l->group_ready[g], count, memory_order_release);
+		if (done_slots[g] < count) { /* the last step's slots: once registered */
+			atomic_store_explicit(&l->group_ready[g], done_slots[g],
+			                      memory_order_release);
+			in_hand = g;
+		} else {
+			stat_add(&c->io->populated_groups, 1);
+			atomic_store_explicit(&l->group_state[g], state, memory_order_release);
+			atomic_store_explicit(&l->group_ready[g], count, memory_order_release);
+			in_hand = UINT32_MAX;
+			finished++;
+		}
 		loader_wake(l);
 	}
+	free(done_slots);
 	return NULL;
 }
 
