@@ -113,9 +113,6 @@ struct forward_config {
 	/* Warming: ALL_RESIDENT load and RESIDENCY pinned layers */
 	forward_progress_fn progress;
 	void *progress_arg;
-	/* Tests only: residency_config's populate_hook (held pools, serve --debug-hold-populate) */
-	residency_populate_fn populate_hook;
-	void *populate_arg;
 };
 
 struct forward_engine;

@@ -158,14 +158,13 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 	    .no_direct = cfg->no_direct,
 	    .retry_backoff_ms = cfg->retry_backoff_ms,
 	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,
-	    .populate_hook = cfg->populate_hook,
-	    .populate_arg = cfg->populate_arg,
 	    .post_load = w->xf.mxfp4_hf || w->xf.int4 || w->decode.on || w->side_in_slot
 	                     ? transform_after_load
 	                     : NULL,
 	};
 	struct sidecar_error why = {0};
-	if (residency_create_nodes(&w->res, parts, w->n_res, &rc, &why) != 0)
+	if (residency_create_nodes_held(&w->res, parts, w->n_res, &rc, w->populate_hook,
+	                                w->populate_arg, &why) != 0)
 		return error_set(err, MOE_EINVAL, "%s", why.msg);
 	if (w->fault_hook) /* before the warm-up's first read */
 		residency_set_fault_hook(w->res, w->fault_hook, w->fault_arg);

@@ -87,7 +87,7 @@ struct loader_config {
 	bool no_register_buffers;
 	residency_post_load_fn post_load; /* NULL: none */
 	void *post_load_arg;
-	residency_populate_fn populate_hook; /* tests only; NULL: none */
+	loader_populate_fn populate_hook; /* tests only (fault_hook.h); NULL: none */
 	void *populate_arg;
 	struct loader_stats *io; /* the node's counters; outlive the loader */
 	const struct loader_ops *ops;

@@ -54,8 +54,6 @@
 
 enum expert_state { EXPERT_COLD = 0, EXPERT_LOADING, EXPERT_RESIDENT, EXPERT_FAILED };
 
-typedef void (*residency_populate_fn)(void *arg, uint32_t node, uint32_t group);
-
 struct residency_config {
 	int numa_node; /* -1: do not bind (residency_create; residency_create_nodes: per node) */
 	/* Bytes of slots on every node together. With several nodes it is split in proportion
@@ -79,10 +77,6 @@ struct residency_config {
 	bool no_direct;                   /* buffered reads, as asked (--no-direct, tests) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
 	void *post_load_arg;              /* residency_create; residency_create_nodes: per node */
-	/* Tests only: called on a node's populate thread before it pre-faults group `group` of
-	 * the node's pool (it may hold the thread there; it must return before destroy). */
-	residency_populate_fn populate_hook;
-	void *populate_arg;
 };
 
 /* One NUMA node's part of a residency (residency_create_nodes). */

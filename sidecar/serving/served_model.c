@@ -362,13 +362,13 @@ static int create_engine(struct serve_model *m, const struct serve_model_config 
 	fc.progress_arg = m;
 #ifdef MOE_TEST_HOOKS
 	loader_fault_fn hook = fault_hook_of(cfg);
+	loader_populate_fn hold = NULL;
 	if (cfg->hold_populate) {
 		log_warn("serve",
 		         "testing: the slot pools are populated once fd %d reaches "
 		         "end-of-file",
 		         cfg->hold_populate_fd);
-		fc.populate_hook = hold_populate_until_eof;
-		fc.populate_arg = (void *)(intptr_t)cfg->hold_populate_fd;
+		hold = hold_populate_until_eof;
 	}
 #endif
 	log_info("serve",
@@ -385,7 +385,8 @@ static int create_engine(struct serve_model *m, const struct serve_model_config 
 		         br.asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	struct sidecar_error ferr;
 #ifdef MOE_TEST_HOOKS
-	const int frc = forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, &ferr);
+	const int frc = forward_create_with_hooks(&m->engine, m->cat, &fc, hook, m, hold,
+	                                          (void *)(intptr_t)cfg->hold_populate_fd, &ferr);
 #else
 	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
 #endif

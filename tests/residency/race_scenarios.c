@@ -450,10 +450,8 @@ int race_populate_layout(uint32_t n_nodes)
 	    .retry_backoff_ms = RESIDENCY_NO_BACKOFF, /* the refused expert is tried each time */
 	    .fixed_buffer_max = 1,                    /* a group per slot */
 	    .post_load = invert_slice,
-	    .populate_hook = yield_before_group,
-	    .populate_arg = &groups_seen,
 	};
-	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency *r = fixture_residency_held(&f, &cfg, yield_before_group, &groups_seen);
 	atomic_int bad = 0;
 	atomic_uint refused = 0;
 	pthread_t t[RACE_THREADS];

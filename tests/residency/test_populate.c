@@ -2,7 +2,7 @@
  * the loader thread: a residency answers before its pool is pre-faulted, a load into a group
  * not yet populated waits for that group (no read is issued into it before), and a failure of
  * the post-load hook (the decode layout's stage) is a load failure. The populate thread is held
- * with the config's populate hook, never timed. */
+ * with a populate hook (fault_hook.h, residency_create_nodes_held), never timed. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <pthread.h>
@@ -51,10 +51,8 @@ Test(populate, ready_before_the_pool_and_loads_wait_for_their_group)
 	    .mem_budget = 8 * 16384,
 	    .policy = "lru",
 	    .fixed_buffer_max = 1, /* one slot per group */
-	    .populate_hook = hold_populate,
-	    .populate_arg = &g,
 	};
-	struct residency *r = fixture_residency(&f, &cfg);
+	struct residency *r = fixture_residency_held(&f, &cfg, hold_populate, &g);
 	struct residency_counters c;
 	residency_counters(r, &c);
 	cr_assert_eq(c.slots, 8);
