@@ -199,6 +199,16 @@ struct result {
 	 * expert bytes resident then */
 	double ready_s, first_s, warm_s, warm_bytes;
 	double warm_read_bytes; /* what the loader read until then (evicted loads included) */
+	/* the cold start's parts, from STATS when the warm set was reached: seconds the populate
+	 * threads spent on the pool, the loaders had reads in flight, the post-load stage
+	 * converted experts (summed over nodes); the pool's groups, and how many were populated
+	 * when the sidecar was first asked (just after READY) */
+	struct {
+		double populate_s, read_busy_s, layout_s;
+		double groups, groups_at_ready;
+	} parts;
+	/* timed decode steps: the loader's bytes over the time it had reads in flight */
+	double busy_gbps;
 	double p50_us[64], p99_us[64];
 	double p99_all_us;
 	/* sidecar only, at the end of its run: registered buffers the slot pool is spread over,
@@ -634,6 +644,10 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	char *js = malloc(1u << 20);
 	if (!wts || !x || !ids || !hint || !hint_w || !lat || !js)
 		return -1;
+	if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
+		r->parts.groups_at_ready = stats_field(js, "populated_groups");
+		r->parts.groups = stats_field(js, "pool_groups");
+	}
 	struct moe_slot slot, hint_slot;
 	moe_slot_acquire(c, &slot);
 	moe_slot_acquire(c, &hint_slot);
@@ -663,18 +677,26 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 		}
 	/* The hinted loads run in the background: let them finish before anything is timed. The
 	 * loader is done when what it has read stops growing (resident bytes alone can stand
-	 * still while a budget below the model evicts one expert for the next). */
+	 * still while a budget below the model evicts one expert for the next) and the pool is
+	 * populated. */
 	double last = -1, last_read = -1;
 	uint64_t changed = monotonic_ns();
 	for (int stable = 0, polls = 0; rc == MOE_OK && stable < 3 && polls < 60000; polls++) {
 		rc = moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS);
 		const double now_resident = stats_field(js, "resident_bytes");
 		const double now_read = stats_field(js, "loader_bytes_read");
-		const bool same = now_resident == last && now_read == last_read;
+		/* a load may wait for its part of the pool to be populated: not done before */
+		const double groups = stats_field(js, "pool_groups");
+		const bool pool_done =
+		    isnan(groups) || stats_field(js, "populated_groups") >= groups;
+		const bool same = now_resident == last && now_read == last_read && pool_done;
 		if (!same) {
 			changed = monotonic_ns();
 			r->warm_bytes = now_resident;
 			r->warm_read_bytes = now_read;
+			r->parts.populate_s = stats_field(js, "populate_s");
+			r->parts.read_busy_s = stats_field(js, "loader_busy_s");
+			r->parts.layout_s = stats_field(js, "layout_s");
 		}
 		stable = same ? stable + 1 : 0;
 		last = now_resident;
@@ -683,7 +705,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 	}
 	r->warm_s = (double)(changed - spawned_ns) / 1e9;
 	uint64_t t0 = 0;
-	double h0 = 0, m0 = 0, b0 = 0, p0 = 0, l0 = 0, f0 = 0;
+	double h0 = 0, m0 = 0, b0 = 0, p0 = 0, l0 = 0, f0 = 0, busy0 = 0;
 	for (uint32_t step = 0; step < w->warm_steps + w->steps && rc == MOE_OK; step++) {
 		if (step == w->warm_steps) {
 			if (moe_stats_json(sc, js, 1u << 20, TIMEOUT_MS) == MOE_OK) {
@@ -694,6 +716,7 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 				p0 = stats_field(js, "prefetch_hits");
 				l0 = stats_field(js, "loader_bytes_read");
 				f0 = stats_field(js, "pagecache_fill_bytes");
+				busy0 = stats_field(js, "loader_busy_s");
 			}
 			t0 = monotonic_ns();
 		}
@@ -756,6 +779,8 @@ static int run_sidecar(const struct workload *w, const char *sock, struct result
 			r->prefetch_hits = (stats_field(js, "prefetch_hits") - p0) / (hits + miss);
 			r->bytes_read = stats_field(js, "bytes_read") - b0;
 			r->loader_bytes = stats_field(js, "loader_bytes_read") - l0;
+			const double busy = stats_field(js, "loader_busy_s") - busy0;
+			r->busy_gbps = busy > 0 ? r->loader_bytes / busy / 1e9 : NAN;
 			/* the probes count from the sidecar's start: cold start included */
 			r->pagecache_fill = stats_field(js, "pagecache_fill_bytes");
 			(void)f0;
@@ -1411,6 +1436,7 @@ int main(int argc, char **argv)
 				side[i].warm_s = cold.warm_s;
 				side[i].warm_bytes = cold.warm_bytes;
 				side[i].warm_read_bytes = cold.warm_read_bytes;
+				side[i].parts = cold.parts;
 			}
 		} else {
 			rc = run_sidecar(&w, sock, &side[i]);
@@ -1487,7 +1513,7 @@ int main(int argc, char **argv)
 			        "\"belady_bytes_per_token\":%.0f,\"vs_belady\":%.4f,"
 			        "\"belady_no_prefetch_bytes_per_token\":%.0f,"
 			        "\"replayed_policy_bytes_per_token\":%.0f,"
-			        "\"hint_precision\":%.4f,\"hint_recall\":%.4f,\"prefill\":[",
+			        "\"hint_precision\":%.4f,\"hint_recall\":%.4f,",
 			        i ? "," : "", fractions[i], side[i].tokens_per_s,
 			        floor_r.tokens_per_s, mm_tps, side[i].hit_rate, side[i].p99_all_us,
 			        side[i].p50_us[0], side[i].bytes_read,
@@ -1504,6 +1530,16 @@ int main(int argc, char **argv)
 			        side[i].opt_nopf_bytes, side[i].replay_bytes,
 			        side[i].hint_hits / side[i].hint_sent,
 			        side[i].hint_hits / side[i].hint_true);
+			fprintf(
+			    jo,
+			    "\"warm_read_bytes\":%.0f,\"cold_populate_s\":%.3f,"
+			    "\"cold_read_busy_s\":%.3f,\"cold_layout_s\":%.3f,\"pool_groups\":%.0f,"
+			    "\"groups_at_ready\":%.0f,\"decode_loader_busy_gbps\":%.3f,\"prefill\":"
+			    "[",
+			    side[i].warm_read_bytes, side[i].parts.populate_s,
+			    side[i].parts.read_busy_s, side[i].parts.layout_s, side[i].parts.groups,
+			    side[i].parts.groups_at_ready,
+			    isnan(side[i].busy_gbps) ? -1.0 : side[i].busy_gbps);
 			for (int j = 0; j < n_prefills; j++)
 				fprintf(jo,
 				        "%s{\"tokens\":%u,\"tokens_per_s\":%.1f,\"floor_tokens_per_"
@@ -1603,6 +1639,27 @@ int main(int argc, char **argv)
 			       side[i].opt_nopf_bytes / 1048576.0, side[i].replay_bytes / 1048576.0,
 			       prec, rec);
 		}
+		printf(
+		    "\ncold start (spawn -> warm set) against the row's disk sample, and its parts "
+		    "(seconds, summed over nodes: the pool's populate thread, the loader with "
+		    "reads in flight, the post-load layout stage); decode: the loader's GB/s "
+		    "while it had reads in flight over the timed steps\n");
+		printf("%7s %9s %9s %10s %8s %11s %10s %10s %9s %12s %9s\n", "budget", "warm s",
+		       "read GB", "cold GB/s", "vs disk", "populate s", "groups", "read s",
+		       "layout s", "decode GB/s", "vs disk");
+		for (int i = 0; i < N_FRACTIONS; i++) {
+			char groups[32];
+			snprintf(groups, sizeof(groups), "%.0f/%.0f", side[i].parts.groups_at_ready,
+			         side[i].parts.groups);
+			printf("%6.0f%% %9.2f %9.2f %10.2f %7.2fx %11.2f %10s %10.2f %9.2f %12.2f "
+			       "%8.2fx\n",
+			       fractions[i] * 100, side[i].warm_s, side[i].warm_read_bytes / 1e9,
+			       cold_gbps(&side[i]), cold_gbps(&side[i]) / disk_row[i],
+			       side[i].parts.populate_s, groups, side[i].parts.read_busy_s,
+			       side[i].parts.layout_s, side[i].busy_gbps,
+			       side[i].busy_gbps / disk_row[i]);
+		}
+		printf("(groups: populated when first asked after READY / the pool's)\n");
 		if (n_prefills) {
 			printf(
 			    "\nprefill through every MoE layer, tokens/s (floor: in-process, all "

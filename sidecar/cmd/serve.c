@@ -59,6 +59,7 @@ enum {
 	OPT_LEASES,
 	OPT_LEASE_STAGING_MIB,
 	OPT_FAIL_EXPERT,
+	OPT_HOLD_POPULATE,
 	OPT_HOLD_WARMUP,
 	OPT_RETRY_BACKOFF,
 	OPT_MEM_LIMIT,
@@ -160,6 +161,9 @@ static const struct serve_option {
     {{"debug-fail-expert", required_argument, NULL, OPT_FAIL_EXPERT},
      "L:E[:N]",
      "testing: reads of layer L expert E fail with EIO (its first N loads; default all)"},
+    {{"debug-hold-populate", required_argument, NULL, OPT_HOLD_POPULATE},
+     "FD",
+     "testing: the slot pools' populate threads wait for end-of-file on FD before starting"},
     {{"debug-hold-warmup", required_argument, NULL, OPT_HOLD_WARMUP},
      "FD",
      "testing: once warm, wait for end-of-file on FD before serving (a window of \"starting\")"},
@@ -517,6 +521,14 @@ static int apply_model_option(int c, const char *arg, struct serve_model_config 
 			return option_error("debug-fail-expert", arg,
 			                    "expected LAYER:EXPERT or LAYER:EXPERT:LOADS");
 		return 0;
+	case OPT_HOLD_POPULATE: {
+		uint64_t v;
+		if (option_u64(arg, 0, INT_MAX, &v) != 0)
+			return option_error("debug-hold-populate", arg, "not a file descriptor");
+		mcfg->hold_populate = true;
+		mcfg->hold_populate_fd = (int)v;
+		return 0;
+	}
 #endif
 	}
 	return 1;

@@ -15,10 +15,11 @@
  *
  * The units are moved by following the permutation's cycles with one unit of scratch, each
  * group interleaved as it moves (one pass over gate and up; down's groups go through the
- * scratch in place): a few hundred KiB per loader whatever the expert's size, no second copy
+ * scratch in place): a few hundred KiB per node whatever the expert's size, no second copy
  * of an expert.
  *
- * Threading: a decode_scratch belongs to one thread (a residency's loader, or the creating
+ * Threading: a decode_scratch belongs to one thread (a residency node's layout thread, which
+ * runs the post-load hook off the loader so that the disk's queue stays full, or the creating
  * thread for ALL_RESIDENT).
  */
 #include <stdio.h>

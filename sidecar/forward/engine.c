@@ -300,6 +300,14 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
                                    const struct forward_config *config, loader_fault_fn hook,
                                    void *hook_arg, struct sidecar_error *err)
 {
+	return forward_create_with_hooks(out, cat, config, hook, hook_arg, NULL, NULL, err);
+}
+
+int forward_create_with_hooks(struct forward_engine **out, const struct moe_catalog *cat,
+                              const struct forward_config *config, loader_fault_fn hook,
+                              void *hook_arg, loader_populate_fn populate, void *populate_arg,
+                              struct sidecar_error *err)
+{
 	*out = NULL;
 	struct forward_engine *e = calloc(1, sizeof(*e));
 	if (!e) {
@@ -322,6 +330,8 @@ int forward_create_with_fault_hook(struct forward_engine **out, const struct moe
 		goto fail;
 	e->w.fault_hook = hook;
 	e->w.fault_arg = hook_arg;
+	e->w.populate_hook = populate;
+	e->w.populate_arg = populate_arg;
 	e->last_moe_layer = e->w.n_moe_layers - 1;
 	{
 		const size_t P = (size_t)e->max_tokens * e->max_k;

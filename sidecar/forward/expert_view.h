@@ -50,6 +50,8 @@ struct forward_weights {
 	/* Tests only (forward_create_with_fault_hook): installed in the residency */
 	loader_fault_fn fault_hook;
 	void *fault_arg;
+	loader_populate_fn populate_hook; /* tests only: residency_create_nodes_held's */
+	void *populate_arg;
 	const struct moe_catalog *cat;
 	uint32_t n_moe_layers, n_experts;
 	uint32_t *model_layer; /* [n_moe_layers] transformer block of each MoE layer */

@@ -278,5 +278,10 @@ int forward_oracle_expert(struct forward_engine *e, const struct forward_request
 int forward_create_with_fault_hook(struct forward_engine **out, const struct moe_catalog *cat,
                                    const struct forward_config *config, loader_fault_fn hook,
                                    void *hook_arg, struct sidecar_error *err);
+/* The same with a populate hook too (residency_create_nodes_held): tests only. */
+int forward_create_with_hooks(struct forward_engine **out, const struct moe_catalog *cat,
+                              const struct forward_config *config, loader_fault_fn hook,
+                              void *hook_arg, loader_populate_fn populate, void *populate_arg,
+                              struct sidecar_error *err);
 
 #endif

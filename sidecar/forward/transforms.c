@@ -5,7 +5,7 @@
  *
  * MXFP4 in the Hugging Face layout (gpt-oss checkpoints: _blocks and _scales tensors) is
  * converted to the GGUF 17-byte blocks the kernels take, once per load, in the memory the
- * bytes were read into: RESIDENCY by a post-load hook on each node's loader thread, before
+ * bytes were read into: RESIDENCY by a post-load hook on each node's layout thread, before
  * the expert becomes RESIDENT (blocks and scales are adjacent extents of the slot, and the
  * GGUF bytes are exactly their sum); ALL_RESIDENT at create. The MMAP source is refused for it
  * (a read-only page-cache mapping cannot be converted, and a private copy would defeat what

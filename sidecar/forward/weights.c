@@ -164,7 +164,8 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 	                     : NULL,
 	};
 	struct sidecar_error why = {0};
-	if (residency_create_nodes(&w->res, parts, w->n_res, &rc, &why) != 0)
+	if (residency_create_nodes_held(&w->res, parts, w->n_res, &rc, w->populate_hook,
+	                                w->populate_arg, &why) != 0)
 		return error_set(err, MOE_EINVAL, "%s", why.msg);
 	if (w->fault_hook) /* before the warm-up's first read */
 		residency_set_fault_hook(w->res, w->fault_hook, w->fault_arg);

@@ -10,6 +10,8 @@
 
 #include <stdint.h>
 
+#include "residency.h"
+
 struct residency;
 
 /* What the hook is told about one read completion. */
@@ -29,5 +31,14 @@ typedef int (*loader_fault_fn)(void *arg, const struct loader_read_info *info, i
  * residency's first demand, prefetch or warm-up: the loader threads read it without a lock, ordered
  * after the call by the submission that starts a read. */
 void residency_set_fault_hook(struct residency *r, loader_fault_fn hook, void *arg);
+
+/* Called on a node's populate thread before it pre-faults group `group` of the node's pool;
+ * it may hold the thread there (it must return before residency_destroy). */
+typedef void (*loader_populate_fn)(void *arg, uint32_t node, uint32_t group);
+
+/* residency_create_nodes with a populate hook, in place before the populate threads start. */
+int residency_create_nodes_held(struct residency **out, const struct residency_node *nodes,
+                                uint32_t n_nodes, const struct residency_config *config,
+                                loader_populate_fn hook, void *arg, struct sidecar_error *err);
 
 #endif /* MOE_RESIDENCY_FAULT_HOOK_H */

@@ -15,12 +15,27 @@
  * alignment for O_DIRECT); bytes past the expert's data at the end of the file may be
  * missing. EIO, EAGAIN, EINTR and timeouts are retried up to max_retries times per read;
  * then the expert fails with that error and every waiter gets it. When every read of an
- * expert has landed, the config's post-load hook (if any) runs here, on this thread, before
- * the expert is published RESIDENT (e.g. a layout conversion in the slot); its failure fails
- * the expert like a read error, with the hook's message.
+ * expert has landed, the config's post-load hook (if any) runs on the node's layout thread,
+ * before the expert is published RESIDENT (e.g. the decode layout, in the slot), so the loader
+ * keeps the disk's queue full meanwhile; its failure fails the expert like a read error, with
+ * the hook's message. Without a hook the loader publishes the load itself.
+ *
+ * Populate: the pool is not pre-faulted at create. Its memory is cut into groups of whole
+ * slots of one class (at most fixed_buffer_max, 1 GiB: one registered buffer each), which the
+ * node's populate thread pre-faults (slot_pool_populate) and registers
+ * (io_uring_register_buffers_update_tag into a sparse table) one at a time, groups the loader
+ * is waiting for first, then the others in the order slots are handed out. A group is
+ * populated in steps of POPULATE_STEP bytes of whole slots, and a load into a slot whose step
+ * is not done yet is parked (not issued) until the populate thread has done it and woken the
+ * loader: no read lands in memory being populated. The last step's slots wait for the group's
+ * registration too (so a group of one step, a small pool's, is only ever read with read_fixed);
+ * reads into the earlier steps of a group not yet registered, or whose registration failed,
+ * are plain reads.
  *
  * Shutdown: the thread cancels everything in flight (IORING_ASYNC_CANCEL_ANY), waits a
- * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN.
+ * bounded time for the cancellations, and fails what was pending with -ESHUTDOWN; loads
+ * waiting for the layout thread fail with -ESHUTDOWN too; the populate thread stops after
+ * its current group.
  */
 #include "loader.h"
 
@@ -45,6 +60,10 @@
 #define TAG_TIMEOUT 2u
 #define TAG_CANCEL 3u
 #define MAX_REGISTERED_BUFFERS 16384u
+#define POPULATE_STEP (64u << 20) /* bytes of a group made usable at a time */
+
+/* A group's state (loader.group_state): written by the populate thread, read by the loader. */
+enum { GROUP_COLD, GROUP_POPULATING, GROUP_READY, GROUP_FIXED /* ready and registered */ };
 
 /* One read in flight (a chunk of an extent's aligned range). */
 struct read_op {
@@ -69,6 +88,12 @@ struct expert_load {
 	uint32_t error_file, error_attempts;
 	uint64_t error_offset;
 	uint32_t failed_loads; /* the expert's, when the load was picked up (fault hook) */
+	bool demand;
+};
+
+/* A load whose reads have landed, waiting for the post-load hook on the layout thread. */
+struct layout_item {
+	uint32_t id, slot;
 };
 
 /* FIFO of slots with chunks left to issue. */
@@ -94,16 +119,45 @@ struct loader {
 	struct expert_load *loads; /* [n_slots] */
 	struct loader_job *jobs;   /* [n_slots]: what take_work hands over */
 	struct slot_fifo issue_demand, issue_prefetch;
+	struct slot_fifo parked; /* loads whose group is not ready yet (loader thread only) */
 	bool buffers_registered, files_registered;
 	/* Class c's fixed buffers are buffer_first[c] on, each of slots_per_buffer[c] of its
 	 * slots: slot s of class c is in buffer_first[c] + (s - first) / slots_per_buffer[c]. */
 	uint32_t slots_per_buffer[SLOT_MAX_CLASSES], buffer_first[SLOT_MAX_CLASSES];
-	uint32_t n_buffers; /* registered fixed buffers (0: none) */
+	uint32_t n_groups;             /* groups = the fixed buffers, registered or not */
+	_Atomic uint8_t *group_state;  /* [n_groups]: GROUP_* */
+	_Atomic uint8_t *group_wanted; /* [n_groups]: a parked load waits for it */
+	_Atomic uint32_t *group_ready; /* [n_groups]: its first slots populated so far */
+	uint32_t *group_order;         /* [n_groups]: the order slots are handed out */
+	pthread_t populate_thread;
+	bool populate_started;
+	atomic_bool populate_stop;
+	uint64_t busy_since; /* when reads went in flight (0: none in flight) */
+	/* The layout stage: finished loads waiting for the post-load hook (a FIFO of at most
+	 * n_slots: one load per slot), its thread, and its last failure's message. */
+	pthread_mutex_t layout_mu;
+	pthread_cond_t layout_cv;
+	bool layout_sync_ready, layout_started, layout_stop;
+	struct layout_item *layout_q;
+	uint32_t layout_head, layout_count;
+	pthread_t layout_thread;
 	struct __kernel_timespec timeout;
 	uint64_t seq;
 	uint32_t in_flight;
 	char post_load_msg[RESIDENCY_POST_LOAD_MSG]; /* the last post-load failure's message */
 };
+
+static void pin_to_node(const struct loader *l);
+
+/* The group holding `slot` (its fixed buffer's index); *at: the slot's index in it. */
+static uint32_t group_of(const struct loader *l, uint32_t slot, uint32_t *at)
+{
+	const struct slot_class *k = slot_pool_class_of(l->cfg.pool, slot);
+	const size_t c = (size_t)(k - l->cfg.pool->classes);
+	if (at)
+		*at = (slot - k->first) % l->slots_per_buffer[c];
+	return l->buffer_first[c] + (slot - k->first) / l->slots_per_buffer[c];
+}
 
 static void fifo_push(struct slot_fifo *q, uint32_t s)
 {
@@ -134,7 +188,7 @@ bool loader_buffers_registered(const struct loader *l)
 
 uint32_t loader_fixed_buffers(const struct loader *l)
 {
-	return l ? l->n_buffers : 0;
+	return l && l->buffers_registered ? l->n_groups : 0;
 }
 
 void loader_set_fault_hook(struct loader *l, loader_fault_fn hook, void *arg)
@@ -170,22 +224,14 @@ static void arm_wake(struct loader *l)
 	l->wake_armed = true;
 }
 
-/* The registered buffer holding `slot`. */
-static int fixed_buffer_of(const struct loader *l, uint32_t slot)
-{
-	const struct slot_class *k = slot_pool_class_of(l->cfg.pool, slot);
-	const size_t c = (size_t)(k - l->cfg.pool->classes);
-	return (int)(l->buffer_first[c] + (slot - k->first) / l->slots_per_buffer[c]);
-}
-
 static void submit_read(struct loader *l, struct read_op *op)
 {
 	struct io_uring_sqe *sqe = get_sqe(l);
 	int fd = l->files_registered ? (int)op->file : l->cfg.fds[op->file];
 	unsigned len = (unsigned)op->remaining;
-	if (l->buffers_registered) {
-		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset,
-		                         fixed_buffer_of(l, op->slot));
+	const uint32_t g = group_of(l, op->slot, NULL);
+	if (atomic_load_explicit(&l->group_state[g], memory_order_acquire) == GROUP_FIXED) {
+		io_uring_prep_read_fixed(sqe, fd, op->buf, len, op->offset, (int)g);
 		stat_add(&l->cfg.io->fixed_reads, 1);
 	} else {
 		io_uring_prep_read(sqe, fd, op->buf, len, op->offset);
@@ -255,41 +301,88 @@ static void finish_if_done(struct loader *l, uint32_t slot)
 	                            .file = ld->error_file,
 	                            .attempts = ld->error_attempts,
 	                            .offset = ld->error_offset};
-	if (!ld->error && c->post_load) { /* no reader yet: the slot is the loader's */
-		uint32_t n;
-		const struct expert_extent *ext = expert_map_extents(c->map, ld->id, &n);
-		struct residency_loaded x = {
-		    .layer = ld->id / c->n_experts,
-		    .expert = ld->id % c->n_experts,
-		    .node = c->node,
-		    .n_extents = n,
-		    .slot = slot_pool_addr(c->pool, slot),
-		    .slot_bytes = slot_pool_slot_bytes(c->pool, slot),
-		};
-		for (uint32_t i = 0; i < n; i++) {
-			const struct extent_layout *lay =
-			    &c->layout[(size_t)ld->id * EXPERT_MAX_EXTENTS + i];
-			x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
-			x.length[i] = ext[i].length;
-		}
-		struct sidecar_error why = {0};
-		if (c->post_load(c->post_load_arg, &x, &why) != 0) {
-			res.error = why.status == MOE_ENOMEM ? -ENOMEM
-			            : why.status == MOE_EIO  ? -EIO
-			                                     : -EINVAL;
-			res.file = ext[0].file;
-			res.offset = ext[0].offset;
-			res.attempts = 1;
-			error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg),
-			               &why); /* short */
-			if (!l->post_load_msg[0])
-				snprintf(l->post_load_msg, sizeof(l->post_load_msg), "%s",
-				         strerror(-res.error));
-			res.post_load_msg = l->post_load_msg;
-		}
+	if (!ld->error && c->post_load) { /* the layout thread publishes it */
+		pthread_mutex_lock(&l->layout_mu);
+		assert(l->layout_count < l->n_slots);
+		l->layout_q[(l->layout_head + l->layout_count++) % l->n_slots] =
+		    (struct layout_item){.id = ld->id, .slot = slot};
+		pthread_cond_signal(&l->layout_cv);
+		pthread_mutex_unlock(&l->layout_mu);
+	} else {
+		c->ops->load_done(c->owner, c->node, &res);
+	}
+	ld->id = UINT32_MAX; /* free: the slot's next load comes after load_done */
+}
+
+/* Runs the post-load hook over a finished load (layout thread; no reader yet: the slot is
+ * this thread's) and publishes it. Stopping: fails it with -ESHUTDOWN instead. */
+static void post_load_and_publish(struct loader *l, const struct layout_item *it, bool stopping)
+{
+	const struct loader_config *c = &l->cfg;
+	struct loader_result res = {.id = it->id};
+	uint32_t n;
+	const struct expert_extent *ext = expert_map_extents(c->map, it->id, &n);
+	if (stopping) {
+		res.error = -ESHUTDOWN;
+		c->ops->load_done(c->owner, c->node, &res);
+		return;
+	}
+	struct residency_loaded x = {
+	    .layer = it->id / c->n_experts,
+	    .expert = it->id % c->n_experts,
+	    .node = c->node,
+	    .n_extents = n,
+	    .slot = slot_pool_addr(c->pool, it->slot),
+	    .slot_bytes = slot_pool_slot_bytes(c->pool, it->slot),
+	};
+	for (uint32_t i = 0; i < n; i++) {
+		const struct extent_layout *lay =
+		    &c->layout[(size_t)it->id * EXPERT_MAX_EXTENTS + i];
+		x.data[i] = x.slot + lay->slot_offset + lay->data_skip;
+		x.length[i] = ext[i].length;
+	}
+	struct sidecar_error why = {0};
+	const uint64_t t0 = monotonic_ns();
+	const int rc = c->post_load(c->post_load_arg, &x, &why);
+	stat_add(&c->io->layout_ns, monotonic_ns() - t0);
+	if (rc != 0) {
+		res.error = why.status == MOE_ENOMEM ? -ENOMEM
+		            : why.status == MOE_EIO  ? -EIO
+		                                     : -EINVAL;
+		res.file = ext[0].file;
+		res.offset = ext[0].offset;
+		res.attempts = 1;
+		error_copy_msg(l->post_load_msg, sizeof(l->post_load_msg), &why); /* short */
+		if (!l->post_load_msg[0])
+			snprintf(l->post_load_msg, sizeof(l->post_load_msg), "%s",
+			         strerror(-res.error));
+		res.post_load_msg = l->post_load_msg;
 	}
 	c->ops->load_done(c->owner, c->node, &res);
-	ld->id = UINT32_MAX; /* free: the slot may be reused by the next load */
+}
+
+/* The layout thread: the post-load hook of every finished load, in the order they finished;
+ * once told to stop (after the loader thread has ended), fails what is left. */
+static void *layout_main(void *arg)
+{
+	struct loader *l = arg;
+	pin_to_node(l);
+	pthread_mutex_lock(&l->layout_mu);
+	for (;;) {
+		while (!l->layout_count && !l->layout_stop)
+			pthread_cond_wait(&l->layout_cv, &l->layout_mu);
+		if (!l->layout_count)
+			break;
+		const struct layout_item it = l->layout_q[l->layout_head];
+		l->layout_head = (l->layout_head + 1) % l->n_slots;
+		l->layout_count--;
+		const bool stopping = l->layout_stop;
+		pthread_mutex_unlock(&l->layout_mu);
+		post_load_and_publish(l, &it, stopping);
+		pthread_mutex_lock(&l->layout_mu);
+	}
+	pthread_mutex_unlock(&l->layout_mu);
+	return NULL;
 }
 
 static void record_latency(struct loader_stats *io, uint64_t ns)
@@ -407,10 +500,39 @@ static bool pick_up_work(struct loader *l)
 		const struct loader_job *j = &l->jobs[i];
 		struct expert_load *ld = &l->loads[j->slot];
 		assert(ld->id == UINT32_MAX);
-		*ld = (struct expert_load){.id = j->id, .failed_loads = j->failed_loads};
-		fifo_push(j->demand ? &l->issue_demand : &l->issue_prefetch, j->slot);
+		*ld = (struct expert_load){
+		    .id = j->id, .failed_loads = j->failed_loads, .demand = j->demand};
+		fifo_push(&l->parked, j->slot); /* unpark() issues it once its group is ready */
 	}
 	return n >= 0;
+}
+
+/* Moves the parked loads whose group is ready to the issue FIFOs (in order); asks the populate
+ * thread for the groups of the others. */
+static void unpark(struct loader *l)
+{
+	for (uint32_t i = l->parked.count; i > 0; i--) {
+		const uint32_t slot = fifo_front(&l->parked);
+		fifo_pop(&l->parked);
+		uint32_t at;
+		const uint32_t g = group_of(l, slot, &at);
+		if (atomic_load_explicit(&l->group_ready[g], memory_order_acquire) > at) {
+			fifo_push(l->loads[slot].demand ? &l->issue_demand : &l->issue_prefetch,
+			          slot);
+		} else {
+			atomic_store_explicit(&l->group_wanted[g], 1, memory_order_relaxed);
+			fifo_push(&l->parked, slot);
+		}
+	}
+}
+
+/* Adds the time reads were in flight since the last call to the busy counter. */
+static void account_busy(struct loader *l)
+{
+	const uint64_t now = l->busy_since || l->in_flight ? monotonic_ns() : 0;
+	if (l->busy_since)
+		stat_add(&l->cfg.io->busy_ns, now - l->busy_since);
+	l->busy_since = l->in_flight ? now : 0;
 }
 
 static void issue_reads(struct loader *l)
@@ -486,9 +608,11 @@ static void *loader_main(void *arg)
 	for (;;) {
 		if (!pick_up_work(l))
 			break;
+		unpark(l);
 		issue_reads(l);
 		if (!l->wake_armed)
 			arm_wake(l);
+		account_busy(l);
 		int rc = io_uring_submit_and_wait(&l->ring, 1);
 		if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
 			log_error("loader", "io_uring_submit_and_wait: %s; loader stops",
@@ -496,6 +620,7 @@ static void *loader_main(void *arg)
 			break;
 		}
 		reap(l, false);
+		account_busy(l);
 	}
 	/* Shutdown: cancel everything in flight, wait (bounded) for the cancellations. */
 	struct io_uring_sqe *sqe = get_sqe(l);
@@ -549,8 +674,10 @@ static int loader_setup(struct loader *l, struct sidecar_error *err)
 	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
 	l->issue_prefetch =
 	    (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
+	l->parked = (struct slot_fifo){.slots = malloc(n_slots * sizeof(uint32_t)), .cap = n_slots};
+	l->layout_q = malloc(n_slots * sizeof(*l->layout_q));
 	if (!l->ops || !l->free_ops || !l->loads || !l->jobs || !l->issue_demand.slots ||
-	    !l->issue_prefetch.slots)
+	    !l->issue_prefetch.slots || !l->parked.slots || !l->layout_q)
 		return error_set(err, MOE_ENOMEM, "loader: out of memory for %u reads, %u slots",
 		                 l->depth, n_slots);
 	for (uint32_t i = 0; i < l->depth; i++)
@@ -579,58 +706,175 @@ static int loader_setup(struct loader *l, struct sidecar_error *err)
 	if (rc < 0)
 		log_info("loader", "registering %u files failed (%s): using plain descriptors",
 		         c->map->n_files, strerror(-rc));
-	/* Fixed buffers of whole slots of one class, each at most 1 GiB (the kernel's limit per
-	 * buffer), at most MAX_REGISTERED_BUFFERS of them over every class (fixed_buffer_of). */
+	/* Groups: runs of whole slots of one class, each at most 1 GiB (the kernel's limit per
+	 * fixed buffer); the unit the populate thread pre-faults and registers (group_of). */
 	uint64_t cap = c->fixed_buffer_max;
 	if (cap == 0 || cap > (UINT64_C(1) << 30))
 		cap = UINT64_C(1) << 30;
-	uint64_t n_bufs = 0;
-	bool fits = true;
+	uint64_t n_groups = 0;
+	bool fits = true; /* every slot fits in one fixed buffer */
 	for (uint32_t k = 0; k < pool->n_classes; k++) {
 		const struct slot_class *sc = &pool->classes[k];
 		uint64_t per = cap / sc->slot_bytes;
-		if (per == 0 && sc->slot_bytes <= (UINT64_C(1) << 30))
-			per = 1; /* a cap below one slot: one slot per buffer */
+		fits = fits && sc->slot_bytes <= (UINT64_C(1) << 30);
+		if (per == 0)
+			per = 1; /* a cap below one slot: one slot per group */
 		if (per > sc->n_slots)
 			per = sc->n_slots ? sc->n_slots : 1;
-		fits = fits && per;
-		l->slots_per_buffer[k] = (uint32_t)(per ? per : 1);
-		l->buffer_first[k] = (uint32_t)(n_bufs < UINT32_MAX ? n_bufs : UINT32_MAX);
-		n_bufs += per ? (sc->n_slots + per - 1) / per : 0;
+		l->slots_per_buffer[k] = (uint32_t)per;
+		l->buffer_first[k] = (uint32_t)n_groups;
+		n_groups += (sc->n_slots + per - 1) / per;
 	}
-	if (!c->no_register_buffers && fits && n_bufs && n_bufs <= MAX_REGISTERED_BUFFERS) {
-		struct iovec *iov = malloc(n_bufs * sizeof(*iov));
-		if (!iov)
-			return error_set(err, MOE_ENOMEM, "loader: out of memory");
+	l->n_groups = (uint32_t)n_groups; /* ≤ n_slots */
+	l->group_state = calloc(n_groups, sizeof(*l->group_state));
+	l->group_wanted = calloc(n_groups, sizeof(*l->group_wanted));
+	l->group_ready = calloc(n_groups, sizeof(*l->group_ready));
+	l->group_order = malloc(n_groups * sizeof(uint32_t));
+	if (!l->group_state || !l->group_wanted || !l->group_ready || !l->group_order)
+		return error_set(err, MOE_ENOMEM, "loader: out of memory for %llu slot groups",
+		                 (unsigned long long)n_groups);
+	/* The order slots are handed out: each class's from its first slot on, so the classes'
+	 * groups taken in turn. */
+	for (uint32_t i = 0, at = 0; at < n_groups; i++)
 		for (uint32_t k = 0; k < pool->n_classes; k++) {
 			const struct slot_class *sc = &pool->classes[k];
-			const uint32_t per = l->slots_per_buffer[k];
-			for (uint32_t first = 0, b = l->buffer_first[k]; first < sc->n_slots;
-			     first += per, b++) {
-				const uint32_t count =
-				    sc->n_slots - first < per ? sc->n_slots - first : per;
-				iov[b] = (struct iovec){slot_pool_addr(pool, sc->first + first),
-				                        (size_t)count * sc->slot_bytes};
-			}
+			if ((uint64_t)i * l->slots_per_buffer[k] < sc->n_slots)
+				l->group_order[at++] = l->buffer_first[k] + i;
 		}
-		rc = io_uring_register_buffers(&l->ring, iov, (unsigned)n_bufs);
-		free(iov);
+	stat_add(&c->io->pool_groups, n_groups);
+	/* Registered buffers: a sparse table now, each group's entry once it is populated. */
+	if (!c->no_register_buffers && fits && n_groups <= MAX_REGISTERED_BUFFERS) {
+		rc = io_uring_register_buffers_sparse(&l->ring, (unsigned)n_groups);
 		l->buffers_registered = rc == 0;
-		l->n_buffers = rc == 0 ? (uint32_t)n_bufs : 0;
 		if (rc < 0) {
-			const uint64_t bytes = pool->slots_bytes;
-			char what[64], hint[320];
-			snprintf(what, sizeof(what), "the %.1f MiB of slots",
-			         (double)bytes / (1 << 20));
-			memlock_hint(rc, what, bytes, hint, sizeof(hint));
+			char hint[320];
+			memlock_hint(rc, "registered buffers", 0, hint, sizeof(hint));
 			log_warn(
 			    "loader",
 			    "registering %u slots as %llu fixed buffers failed (%s): plain reads "
 			    "(counted as plain_reads)%s",
-			    n_slots, (unsigned long long)n_bufs, strerror(-rc), hint);
+			    n_slots, (unsigned long long)n_groups, strerror(-rc), hint);
 		}
 	}
 	return 0;
+}
+
+/* Slot range of group g: its first slot and how many. */
+static void group_slots(const struct loader *l, uint32_t g, uint32_t *first, uint32_t *count)
+{
+	const struct slot_pool *pool = l->cfg.pool;
+	uint32_t k = 0;
+	for (uint32_t j = 0; j < pool->n_classes; j++)
+		if (pool->classes[j].n_slots && l->buffer_first[j] <= g)
+			k = j;
+	const struct slot_class *sc = &pool->classes[k];
+	const uint32_t per = l->slots_per_buffer[k];
+	const uint32_t at = (g - l->buffer_first[k]) * per;
+	*first = sc->first + at;
+	*count = sc->n_slots - at < per ? sc->n_slots - at : per;
+}
+
+/* Registers group g (its slots populated) as its fixed buffer; the group's state after. */
+static uint8_t register_group(struct loader *l, uint32_t g, bool *warned)
+{
+	const struct loader_config *c = &l->cfg;
+	if (!l->buffers_registered)
+		return GROUP_READY;
+	uint32_t first, count;
+	group_slots(l, g, &first, &count);
+	struct iovec iov = {slot_pool_addr(c->pool, first),
+	                    (size_t)count * slot_pool_slot_bytes(c->pool, first)};
+	const int rc = io_uring_register_buffers_update_tag(&l->ring, g, &iov, NULL, 1);
+	if (rc >= 0)
+		return GROUP_FIXED;
+	if (!*warned) {
+		char what[64], hint[320];
+		snprintf(what, sizeof(what), "the %.1f MiB of slots",
+		         (double)c->pool->slots_bytes / (1 << 20));
+		memlock_hint(rc, what, c->pool->slots_bytes, hint, sizeof(hint));
+		log_warn(
+		    "loader",
+		    "registering %u slots as %u fixed buffers failed (%s) at buffer %u (slots "
+		    "%u to %u): plain reads into the buffers refused (counted as plain_reads)%s",
+		    l->n_slots, l->n_groups, strerror(-rc), g, first, first + count - 1, hint);
+		*warned = true;
+	}
+	return GROUP_READY;
+}
+
+/* The group to populate a step of next: one a parked load waits for, else the one in hand,
+ * else the next untouched one in the order slots are handed out. */
+static uint32_t next_group(const struct loader *l, uint32_t in_hand, uint32_t *next)
+{
+	for (uint32_t i = 0; i < l->n_groups; i++)
+		if (atomic_load_explicit(&l->group_wanted[i], memory_order_relaxed) &&
+		    atomic_load_explicit(&l->group_state[i], memory_order_relaxed) <=
+		        GROUP_POPULATING)
+			return i;
+	if (in_hand != UINT32_MAX)
+		return in_hand;
+	for (;; ++*next) { /* one is left: the caller counts them */
+		const uint32_t o = l->group_order[*next];
+		if (atomic_load_explicit(&l->group_state[o], memory_order_relaxed) == GROUP_COLD)
+			return o;
+	}
+}
+
+/* The populate thread: pre-faults the groups on the pool's node in steps of POPULATE_STEP
+ * bytes of whole slots, each usable as soon as it is done (the last once the group is
+ * registered as its fixed buffer), switching after any step to a group a parked load waits
+ * for; wakes the loader after each. Ends when every group is ready, or at loader_stop (after
+ * the step in hand). Only this thread writes group_state and group_ready. */
+static void *populate_main(void *arg)
+{
+	struct loader *l = arg;
+	const struct loader_config *c = &l->cfg;
+	pin_to_node(l);
+	uint32_t *done_slots = calloc(l->n_groups, sizeof(uint32_t)); /* this thread's */
+	if (!done_slots)
+		abort(); /* a few KiB at start-up */
+	bool warned = false;
+	uint32_t in_hand = UINT32_MAX, next = 0;
+	for (uint32_t finished = 0; finished < l->n_groups;) {
+		if (atomic_load_explicit(&l->populate_stop, memory_order_relaxed))
+			break;
+		const uint32_t g = next_group(l, in_hand, &next);
+		if (atomic_load_explicit(&l->group_state[g], memory_order_relaxed) == GROUP_COLD) {
+			atomic_store_explicit(&l->group_state[g], GROUP_POPULATING,
+			                      memory_order_relaxed);
+			if (c->populate_hook) /* tests: may hold this thread here */
+				c->populate_hook(c->populate_arg, c->node, g);
+		}
+		uint32_t first, count;
+		group_slots(l, g, &first, &count);
+		const size_t slot_bytes = slot_pool_slot_bytes(c->pool, first);
+		const uint32_t step = slot_bytes >= POPULATE_STEP ? 1 : POPULATE_STEP / slot_bytes;
+		const uint32_t n = count - done_slots[g] < step ? count - done_slots[g] : step;
+		const uint64_t t0 = monotonic_ns();
+		slot_pool_populate(c->pool,
+		                   (size_t)(slot_pool_addr(c->pool, first) - c->pool->base) +
+		                       done_slots[g] * slot_bytes,
+		                   (size_t)n * slot_bytes);
+		done_slots[g] += n;
+		uint8_t state = GROUP_POPULATING;
+		if (done_slots[g] == count)
+			state = register_group(l, g, &warned);
+		stat_add(&c->io->populate_ns, monotonic_ns() - t0);
+		if (done_slots[g] < count) { /* the last step's slots: once registered */
+			atomic_store_explicit(&l->group_ready[g], done_slots[g],
+			                      memory_order_release);
+			in_hand = g;
+		} else {
+			stat_add(&c->io->populated_groups, 1);
+			atomic_store_explicit(&l->group_state[g], state, memory_order_release);
+			atomic_store_explicit(&l->group_ready[g], count, memory_order_release);
+			in_hand = UINT32_MAX;
+			finished++;
+		}
+		loader_wake(l);
+	}
+	free(done_slots);
+	return NULL;
 }
 
 struct loader *loader_start(const struct loader_config *config, struct sidecar_error *err)
@@ -644,17 +888,40 @@ struct loader *loader_start(const struct loader_config *config, struct sidecar_e
 	l->wake_fd = -1;
 	l->depth = config->queue_depth;
 	l->n_slots = config->pool->n_slots;
+	if (pthread_mutex_init(&l->layout_mu, NULL) != 0) {
+		free(l);
+		error_set(err, MOE_ESYS, "loader: pthread_mutex_init failed");
+		return NULL;
+	}
+	if (pthread_cond_init(&l->layout_cv, NULL) != 0) {
+		pthread_mutex_destroy(&l->layout_mu);
+		free(l);
+		error_set(err, MOE_ESYS, "loader: pthread_cond_init failed");
+		return NULL;
+	}
+	l->layout_sync_ready = true;
 	if (loader_setup(l, err) != 0) {
 		loader_stop(l);
 		return NULL;
 	}
-	int rc = pthread_create(&l->thread, NULL, loader_main, l);
+	int rc = 0;
+	if (config->post_load) {
+		rc = pthread_create(&l->layout_thread, NULL, layout_main, l);
+		l->layout_started = rc == 0;
+	}
+	if (!rc) {
+		rc = pthread_create(&l->populate_thread, NULL, populate_main, l);
+		l->populate_started = rc == 0;
+	}
+	if (!rc) {
+		rc = pthread_create(&l->thread, NULL, loader_main, l);
+		l->thread_started = rc == 0;
+	}
 	if (rc) {
 		error_set(err, MOE_ESYS, "loader: pthread_create: %s", strerror(rc));
 		loader_stop(l);
 		return NULL;
 	}
-	l->thread_started = true;
 	return l;
 }
 
@@ -662,9 +929,23 @@ void loader_stop(struct loader *l)
 {
 	if (!l)
 		return;
+	atomic_store_explicit(&l->populate_stop, true, memory_order_relaxed);
 	if (l->thread_started) {
 		loader_wake(l);
 		pthread_join(l->thread, NULL);
+	}
+	if (l->populate_started)
+		pthread_join(l->populate_thread, NULL);
+	if (l->layout_started) { /* after the loader: nothing more comes to it */
+		pthread_mutex_lock(&l->layout_mu);
+		l->layout_stop = true;
+		pthread_cond_signal(&l->layout_cv);
+		pthread_mutex_unlock(&l->layout_mu);
+		pthread_join(l->layout_thread, NULL);
+	}
+	if (l->layout_sync_ready) {
+		pthread_cond_destroy(&l->layout_cv);
+		pthread_mutex_destroy(&l->layout_mu);
 	}
 	if (l->ring_ready)
 		io_uring_queue_exit(&l->ring);
@@ -676,5 +957,11 @@ void loader_stop(struct loader *l)
 	free(l->jobs);
 	free(l->issue_demand.slots);
 	free(l->issue_prefetch.slots);
+	free(l->parked.slots);
+	free(l->layout_q);
+	free((void *)l->group_state);
+	free((void *)l->group_wanted);
+	free((void *)l->group_ready);
+	free(l->group_order);
 	free(l);
 }

@@ -7,8 +7,11 @@
  * includes this header and calls loader_*; loader.c reaches its owner only through the ops.
  *
  * Threading: loader_start, loader_stop and loader_set_fault_hook belong to the owner's thread;
- * loader_wake may be called from any thread. The ops run on the loader thread; they take the
- * owner's lock themselves, and the loader never holds a lock of its own across I/O.
+ * loader_wake may be called from any thread. take_work and drop_queued run on the loader
+ * thread; load_done on the loader thread, or on the node's layout thread for a load with a
+ * post-load hook (never twice at once for one load). They take the owner's lock themselves,
+ * and no thread of the loader holds a lock across I/O. A third thread per node populates and
+ * registers the pool's groups ahead of the loads (loader.c).
  * Errors: loader_start returns NULL and fills the record (util/error.h).
  */
 #ifndef MOE_RESIDENCY_LOADER_H
@@ -84,6 +87,8 @@ struct loader_config {
 	bool no_register_buffers;
 	residency_post_load_fn post_load; /* NULL: none */
 	void *post_load_arg;
+	loader_populate_fn populate_hook; /* tests only (fault_hook.h); NULL: none */
+	void *populate_arg;
 	struct loader_stats *io; /* the node's counters; outlive the loader */
 	const struct loader_ops *ops;
 	void *owner;

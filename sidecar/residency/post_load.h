@@ -24,8 +24,9 @@ struct residency_loaded {
 	uint8_t *slot;
 	size_t slot_bytes;
 };
-/* Post-load hook: called on the node's loader thread (one call at a time per node) after the
- * node's reads of an expert, before the expert becomes RESIDENT; never on the request path.
+/* Post-load hook: called on the node's layout thread (one call at a time per node, never on
+ * the loader thread, so the disk's queue stays full meanwhile) after the node's reads of an
+ * expert, before the expert becomes RESIDENT; never on the request path.
  * Returns 0, or -1 with the record in err: the expert becomes FAILED with its message (kept
  * to RESIDENCY_POST_LOAD_MSG bytes; residency_error_message) and its slot is freed, as for a
  * read error. Demands then get the status as a negative errno: -ENOMEM for MOE_ENOMEM, -EIO

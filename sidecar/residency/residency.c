@@ -1182,6 +1182,14 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
                            uint32_t n_nodes, const struct residency_config *config,
                            struct sidecar_error *err)
 {
+	return residency_create_nodes_held(out, nodes, n_nodes, config, NULL, NULL, err);
+}
+
+int residency_create_nodes_held(struct residency **out, const struct residency_node *nodes,
+                                uint32_t n_nodes, const struct residency_config *config,
+                                loader_populate_fn populate_hook, void *populate_arg,
+                                struct sidecar_error *err)
+{
 	*out = NULL;
 	if (n_nodes == 0 || n_nodes > RESIDENCY_MAX_NODES)
 		return error_set(err, MOE_EINVAL, "residency: %u nodes (1 to %u)", n_nodes,
@@ -1289,6 +1297,8 @@ int residency_create_nodes(struct residency **out, const struct residency_node *
 		    .no_register_buffers = r->config.no_register_buffers,
 		    .post_load = r->config.post_load,
 		    .post_load_arg = p->post_load_arg,
+		    .populate_hook = populate_hook,
+		    .populate_arg = populate_arg,
 		    .io = &p->io,
 		    .ops = &loader_ops,
 		    .owner = r,

@@ -3,7 +3,8 @@
  * One `struct residency` serves every node: one expert table, one policy (one per slot size
  * class: experts of a mix of sizes take slots of their class, and the class's policy names
  * victims that free one; slot_pool.h) and one state machine, with a part per node — a slot pool
- * bound to the node, a loader thread (pinned to the node) owning that node's io_uring (loader.c),
+ * bound to the node, a loader thread (pinned to the node) owning that node's io_uring, a layout
+ * thread running the post-load hook and a populate thread pre-faulting the pool (loader.c),
  * and that node's expert map, which holds only the node's slices of each expert (tensor-parallel
  * rows) when the caller splits experts over nodes. With one node (residency_create) the map holds
  * whole experts.
@@ -28,7 +29,9 @@
  * Threading: every function may be called from any thread. One mutex guards the expert
  * table; it is never held across I/O or a syscall other than futex. The loader threads
  * submit and reap I/O without the lock and take it only to pick up work and publish
- * results; waiters sleep on a condition variable.
+ * results (the layout threads: to publish); waiters sleep on a condition variable.
+ * residency_create returns before the pools are populated: each node's populate thread
+ * pre-faults its pool in groups ahead of the loads, and a load waits for its part.
  *
  * Errors: set-up calls (residency_open_file, residency_create, residency_warm_pinned) return
  * -1 and fill a `struct sidecar_error` (error.h) with a status and one line. The hot-path
@@ -120,7 +123,11 @@ struct expert_ref {
 	X(failed_now, LOCKED) /* experts FAILED now */                                            \
 	X(reads, NODE) X(bytes_read, NODE) X(short_reads, NODE) X(retries, NODE)                  \
 	X(timeouts, NODE)                                                                         \
-	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */
+	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */ \
+	X(pool_groups, NODE) X(populated_groups, NODE) /* the pool's groups; pre-faulted so far */ \
+	X(populate_ns, NODE) /* time spent pre-faulting and registering them */                 \
+	X(layout_ns, NODE) /* time in the post-load hook (the decode layout), layout thread */   \
+	X(busy_ns, NODE) /* time the loader had reads in flight */
 /* clang-format on */
 #define RESIDENCY_COUNTER_FIELD(name, scope) uint64_t name;
 /* RESIDENCY_ONLY(want, scope, code): code when scope is want (EXPERT, LOCKED or NODE), else

@@ -173,12 +173,8 @@ int slot_pool_create_ex(struct slot_pool *pool, int node, uint64_t budget, const
 		pool->numa_bound = true;
 		pool->node = node;
 	}
-	/* Pre-fault on the bound node so no load pays for page faults. */
-#ifdef MADV_POPULATE_WRITE
-	if (madvise(base, bytes, MADV_POPULATE_WRITE) != 0)
-#endif
-		memset(base, 0, bytes);
-
+	/* Not populated here: the loader's populate thread pre-faults the slots in groups
+	 * (slot_pool_populate) while the first loads run. */
 	pool->free_slots = malloc((size_t)pool->n_slots * sizeof(uint32_t));
 	if (!pool->free_slots) {
 		error_set(err, MOE_ENOMEM, "slot pool: out of memory for %u slot indices",
@@ -195,6 +191,17 @@ int slot_pool_create_ex(struct slot_pool *pool, int node, uint64_t budget, const
 	}
 	pool->n_free = pool->n_slots;
 	return 0;
+}
+
+void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes)
+{
+	assert(offset % SLOT_ALIGN == 0 && offset + bytes <= pool->slots_bytes);
+	uint8_t *p = pool->base + offset;
+#ifdef MADV_POPULATE_WRITE
+	if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0)
+		return;
+#endif
+	memset(p, 0, bytes); /* older kernels: touch it; no slot of the range is in use yet */
 }
 
 void slot_pool_destroy(struct slot_pool *pool)

@@ -9,8 +9,9 @@
  *
  * Memory: MAP_HUGETLB when the huge-page pool has room for the whole region, otherwise
  * ordinary pages advised MADV_HUGEPAGE (transparent huge pages); bound to the node with
- * mbind (libnuma) when NUMA is available; pre-faulted so the first load never page-faults.
- * Registering the slots with io_uring (read_fixed) is the loader's job (loader.c).
+ * mbind (libnuma) when NUMA is available. Not pre-faulted at create: the loader's populate
+ * thread pre-faults it in groups of whole slots (slot_pool_populate) ahead of the loads, and
+ * registers each group with io_uring (read_fixed) once populated (loader.c).
  *
  * Threading: the free list is not locked; the owner (residency.c) calls get/put under its
  * lock. Addresses and sizes are immutable after create.
@@ -102,6 +103,11 @@ static inline size_t slot_pool_slot_bytes(const struct slot_pool *pool, uint32_t
 {
 	return slot_pool_class_of(pool, slot)->slot_bytes;
 }
+
+/* Pre-faults [offset, offset + bytes) of the slots on the pool's node (MADV_POPULATE_WRITE;
+ * where the kernel lacks it, zeroes the range: call it before any slot of the range is used).
+ * Any thread; offset a multiple of SLOT_ALIGN. */
+void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes);
 
 /* A free slot of class `c`, or SLOT_NONE. */
 uint32_t slot_pool_get(struct slot_pool *pool, uint32_t c);

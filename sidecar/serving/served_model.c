@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "catalog.h"
 #include "forward.h"
@@ -134,6 +135,19 @@ static int fail_reads_of_expert(void *arg, const struct loader_read_info *info, 
 	    (m->fail_loads == 0 || info->failed_loads < m->fail_loads))
 		return -EIO;
 	return res;
+}
+
+/* Test hook (--debug-hold-populate): each populate thread waits for end-of-file on the fd
+ * before it starts (later calls find it at once). */
+static void hold_populate_until_eof(void *arg, uint32_t node, uint32_t group)
+{
+	(void)node;
+	(void)group;
+	const int fd = (int)(intptr_t)arg;
+	char b;
+	ssize_t n;
+	while ((n = read(fd, &b, 1)) > 0 || (n < 0 && errno == EINTR))
+		;
 }
 #endif
 
@@ -350,6 +364,14 @@ static int create_engine(struct serve_model *m, const struct serve_model_config 
 	fc.progress_arg = m;
 #ifdef MOE_TEST_HOOKS
 	loader_fault_fn hook = fault_hook_of(cfg);
+	loader_populate_fn hold = NULL;
+	if (cfg->hold_populate) {
+		log_warn("serve",
+		         "testing: the slot pools are populated once fd %d reaches "
+		         "end-of-file",
+		         cfg->hold_populate_fd);
+		hold = hold_populate_until_eof;
+	}
 #endif
 	log_info("serve",
 	         "model path=%s arch=%s layers=%u moe_layers=%u experts=%u top_k=%u hidden=%u "
@@ -365,7 +387,8 @@ static int create_engine(struct serve_model *m, const struct serve_model_config 
 		         br.asked ? "" : ", 3/4 of it: a quarter stays for channels");
 	struct sidecar_error ferr;
 #ifdef MOE_TEST_HOOKS
-	const int frc = forward_create_with_fault_hook(&m->engine, m->cat, &fc, hook, m, &ferr);
+	const int frc = forward_create_with_hooks(&m->engine, m->cat, &fc, hook, m, hold,
+	                                          (void *)(intptr_t)cfg->hold_populate_fd, &ferr);
 #else
 	const int frc = forward_create(&m->engine, m->cat, &fc, &ferr);
 #endif

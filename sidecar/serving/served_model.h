@@ -69,6 +69,10 @@ struct serve_model_config {
 	 * is 0. Only serve.c and serve_model.c, built alike, see this struct. */
 	int32_t fail_layer, fail_expert;
 	uint32_t fail_loads;
+	/* --debug-hold-populate: every pool's populate thread waits for end-of-file on
+	 * hold_populate_fd before its first group (READY comes with no group populated) */
+	bool hold_populate;
+	int hold_populate_fd;
 #endif
 };
 

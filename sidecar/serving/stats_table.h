@@ -63,6 +63,11 @@
 	X(fixed_reads,           COUNTER, U64,  ALWAYS, "loader_fixed_reads",       NONE,  "Loader reads into registered buffers", st->residency.fixed_reads) \
 	X(plain_reads,           COUNTER, U64,  ALWAYS, "loader_plain_reads",       NONE,  "Loader reads into unregistered memory", st->residency.plain_reads) \
 	X(fixed_buffers,         GAUGE,   U64,  ALWAYS, "loader_fixed_buffers",     NONE,  "Registered buffers the pools are spread over", st->residency.fixed_buffers) \
+	X(pool_groups,           GAUGE,   U64,  ALWAYS, "pool_groups",              NONE,  "Groups the slot pools are populated and registered in", st->residency.pool_groups) \
+	X(populated_groups,      GAUGE,   U64,  ALWAYS, "pool_populated_groups",    NONE,  "Groups of the slot pools populated so far", st->residency.populated_groups) \
+	X(populate_s,            COUNTER, F64,  ALWAYS, "pool_populate_seconds",    NONE,  "Time spent populating and registering the pools' groups", (double)st->residency.populate_ns / 1e9) \
+	X(layout_s,              COUNTER, F64,  ALWAYS, "loader_layout_seconds",    NONE,  "Time the post-load stage converted loaded experts (the decode layout)", (double)st->residency.layout_ns / 1e9) \
+	X(loader_busy_s,         COUNTER, F64,  ALWAYS, "loader_busy_seconds",      NONE,  "Time the loaders had reads in flight", (double)st->residency.busy_ns / 1e9) \
 	X(pool_hugetlb,          GAUGE,   U64,  ALWAYS, "pool_hugetlb",             NONE,  "1 when every pool is on hugetlb pages", st->residency.hugetlb ? 1 : 0) \
 	X(pool_thp,              GAUGE,   U64,  ALWAYS, "pool_thp",                 NONE,  "1 when every pool is advised for transparent huge pages", st->residency.thp ? 1 : 0) \
 	X(gpu_mask_switches,     COUNTER, U64,  ALWAYS, "gpu_mask_switches",        NONE,  "MASKs that changed a client's GPU mask", x->mask_switches) \

@@ -153,13 +153,22 @@ static bool map_ref_matches(const struct fixture *f, const struct expert_map *ma
 
 struct residency *fixture_residency(struct fixture *f, struct residency_config *cfg)
 {
+	return fixture_residency_held(f, cfg, NULL, NULL);
+}
+
+struct residency *fixture_residency_held(struct fixture *f, struct residency_config *cfg,
+                                         loader_populate_fn hook, void *arg)
+{
 	struct residency *r;
 	struct sidecar_error err = {0};
 	struct residency_node nodes[FIXTURE_MAX_NODES];
 	for (uint32_t n = 0; n < f->n_nodes; n++)
 		nodes[n] = (struct residency_node){.map = &f->node_map[n], .numa_node = -1};
-	int rc = f->n_nodes ? residency_create_nodes(&r, nodes, f->n_nodes, cfg, &err)
-	                    : residency_create(&r, &f->map, cfg, &err);
+	const struct residency_node one = {
+	    .map = &f->map, .numa_node = cfg->numa_node, .post_load_arg = cfg->post_load_arg};
+	int rc = f->n_nodes
+	             ? residency_create_nodes_held(&r, nodes, f->n_nodes, cfg, hook, arg, &err)
+	             : residency_create_nodes_held(&r, &one, 1, cfg, hook, arg, &err);
 	check(rc == 0, "residency_create: %s", err.msg);
 	return r;
 }

@@ -44,5 +44,8 @@ bool fixture_held_matches(const struct fixture *f, const struct residency *r,
                           const struct expert_ref *ref);
 /* One node (cfg's numa_node), or after fixture_split one part per node, unbound. */
 struct residency *fixture_residency(struct fixture *f, struct residency_config *cfg);
+/* The same with a populate hook (fault_hook.h: residency_create_nodes_held). */
+struct residency *fixture_residency_held(struct fixture *f, struct residency_config *cfg,
+                                         loader_populate_fn hook, void *arg);
 
 #endif

@@ -352,3 +352,134 @@ int race_failed_retries(uint32_t n_nodes)
 	      (unsigned long long)c.failed_retries, (unsigned long long)(c.loads + c.failures));
 	return 0;
 }
+
+#define REFUSED_LAYER 1u
+#define REFUSED_EXPERT 11u
+
+/* The populate thread yields before each group, so that loads park behind it. */
+static void yield_before_group(void *arg, uint32_t node, uint32_t group)
+{
+	(void)node;
+	(void)group;
+	atomic_fetch_add((atomic_uint *)arg, 1);
+	for (int i = 0; i < 20; i++)
+		sched_yield();
+}
+
+/* The post-load stage: inverts the slice's bytes; refuses one expert on every node. */
+static int invert_slice(void *arg, const struct residency_loaded *x, struct sidecar_error *err)
+{
+	(void)arg;
+	if (x->layer == REFUSED_LAYER && x->expert == REFUSED_EXPERT)
+		return error_set(err, MOE_EIO, "layout refused it");
+	for (uint32_t i = 0; i < x->n_extents; i++)
+		for (uint64_t j = 0; j < x->length[i]; j++)
+			x->data[i][j] = (uint8_t)~x->data[i][j];
+	return 0;
+}
+
+/* Every node's slices of a held expert are the file's bytes inverted. */
+static bool held_inverted(const struct fixture *f, const struct residency *r,
+                          const struct expert_ref *ref)
+{
+	const uint32_t n_nodes = f->n_nodes ? f->n_nodes : 1;
+	for (uint32_t n = 0; n < n_nodes; n++) {
+		struct expert_ref node;
+		if (residency_ref_node(r, ref, n, &node) != 0)
+			return false;
+		const struct expert_map *map = f->n_nodes ? &f->node_map[n] : &f->map;
+		uint32_t k;
+		const struct expert_extent *ext =
+		    expert_map_extents(map, ref->layer * map->n_experts + ref->expert, &k);
+		for (uint32_t i = 0; i < k; i++)
+			for (uint64_t j = 0; j < ext[i].length; j++)
+				if ((node.data[i][j] ^ f->bytes[ext[i].offset + j]) != 0xff)
+					return false;
+	}
+	return true;
+}
+
+struct converted_race {
+	struct residency *r;
+	struct fixture *f;
+	uint32_t seed;
+	atomic_int *bad;
+	atomic_uint *refused;
+};
+
+static void *demand_converted(void *arg)
+{
+	struct converted_race *a = arg;
+	uint64_t s = a->seed;
+	for (int i = 0; i < 300; i++) {
+		s = s * 6364136223846793005ull + 1442695040888963407ull;
+		const uint32_t l = (uint32_t)(s >> 60) % 2, x = (uint32_t)(s >> 40) % 12;
+		struct expert_ref ref;
+		const int rc = residency_acquire(a->r, l, x, 1.0f, 0, &ref);
+		const bool refused = l == REFUSED_LAYER && x == REFUSED_EXPERT;
+		if (refused) {
+			atomic_fetch_add(a->refused, 1);
+			if (rc != -EIO)
+				atomic_fetch_add(a->bad, 1);
+			continue;
+		}
+		if (rc != 0) {
+			atomic_fetch_add(a->bad, 1);
+			continue;
+		}
+		if (!held_inverted(a->f, a->r, &ref))
+			atomic_fetch_add(a->bad, 1);
+		residency_release(a->r, &ref);
+	}
+	return NULL;
+}
+
+int race_populate_layout(uint32_t n_nodes)
+{
+	struct fixture f;
+	fixture_create(&f, "/tmp", 2, 12, 2, 3000);
+	if (n_nodes > 1)
+		fixture_split(&f, n_nodes);
+	atomic_uint groups_seen = 0;
+	struct residency_config cfg = {
+	    .numa_node = 0,
+	    .mem_budget = n_nodes * 8 * 16384, /* 8 slots for 24 experts */
+	    .policy = "lru",
+	    .queue_depth = 4,
+	    .chunk_bytes = 4096,
+	    .retry_backoff_ms = RESIDENCY_NO_BACKOFF, /* the refused expert is tried each time */
+	    .fixed_buffer_max = 1,                    /* a group per slot */
+	    .post_load = invert_slice,
+	};
+	struct residency *r = fixture_residency_held(&f, &cfg, yield_before_group, &groups_seen);
+	atomic_int bad = 0;
+	atomic_uint refused = 0;
+	pthread_t t[RACE_THREADS];
+	struct converted_race args[RACE_THREADS];
+	for (int i = 0; i < RACE_THREADS; i++) {
+		args[i] = (struct converted_race){r, &f, (uint32_t)(i * 13 + 3), &bad, &refused};
+		CHECK(pthread_create(&t[i], NULL, demand_converted, &args[i]) == 0,
+		      "pthread_create");
+	}
+	for (int i = 0; i < RACE_THREADS; i++)
+		pthread_join(t[i], NULL);
+	struct residency_counters c;
+	residency_counters(r, &c);
+	int rc = 0;
+	if (atomic_load(&bad) != 0 || (atomic_load(&refused) && !c.failures) ||
+	    c.failures > atomic_load(&refused) || c.populated_groups > c.pool_groups ||
+	    c.pool_groups != n_nodes * 8 || !c.evictions) {
+		fprintf(stderr,
+		        "populate/layout (%u nodes): bad %d, refused demands %u, failures %llu, "
+		        "groups %llu of %llu, evictions %llu\n",
+		        n_nodes, atomic_load(&bad), atomic_load(&refused),
+		        (unsigned long long)c.failures, (unsigned long long)c.populated_groups,
+		        (unsigned long long)c.pool_groups, (unsigned long long)c.evictions);
+		rc = -1;
+	}
+	if (rc == 0)
+		rc = same_experts_everywhere(r, &f);
+	residency_destroy(r);
+	fixture_destroy(&f);
+	return rc;
+}

@@ -18,5 +18,9 @@ int race_shared_load(int fail_with, uint32_t n_nodes);
  * again: no backoff) while another ends every backoff in a loop (the operator's SIGHUP) and
  * reads the counters: each demand gets the bytes or -EIO, and the FAILED count adds up. */
 int race_failed_retries(uint32_t n_nodes);
+/* Threads demand experts of a pool populated one slot-group at a time (the populate thread
+ * yielding before each), every load converted by a post-load stage (bytes inverted) that
+ * refuses one expert: each demand gets the converted bytes or, for that expert, -EIO. */
+int race_populate_layout(uint32_t n_nodes);
 
 #endif

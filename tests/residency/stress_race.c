@@ -19,7 +19,8 @@ int main(void)
 		failed += race_shared_load(0, nodes) != 0;
 		failed += race_shared_load(-EIO, nodes) != 0;
 		failed += race_failed_retries(nodes) != 0;
-		run += 8;
+		failed += race_populate_layout(nodes) != 0;
+		run += 9;
 	}
 	printf("stress_race: %d of %d scenarios failed\n", failed, run);
 	return failed ? 1 : 0;

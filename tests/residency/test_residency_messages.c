@@ -88,6 +88,9 @@ static int residency_as_nobody(struct fixture *f, const char *log, rlim_t memloc
 			fprintf(stderr, "residency_create: %s\n", err.msg);
 			_exit(201);
 		}
+		struct expert_ref ref; /* slots are registered as their group is populated */
+		if (residency_acquire(r, 0, 0, 1.0f, 0, &ref) == 0)
+			residency_release(r, &ref);
 		residency_destroy(r);
 		_exit(0);
 	}

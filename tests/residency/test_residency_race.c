@@ -66,3 +66,9 @@ Test(residency_race, failed_slices_read_again_while_retried_by_the_operator, .ti
 {
 	cr_assert_eq(race_failed_retries(2), 0);
 }
+
+Test(residency_race, populate_load_and_layout_stage, .timeout = 120)
+{
+	cr_assert_eq(race_populate_layout(1), 0);
+	cr_assert_eq(race_populate_layout(3), 0);
+}

@@ -488,3 +488,49 @@ Test(serve_ops, a_log_reader_that_leaves_costs_lines_not_the_sidecar)
 		sidecar_cleanup(&sp);
 	}
 }
+
+/* READY does not wait for the slot pool: with the populate threads held (test hooks), the
+ * sidecar answers READY and STATS says no group of the pool is populated yet; released, a
+ * FORWARD reads its experts into the groups as they are populated and equals the reference. */
+Test(serve_ops, ready_before_the_pool_is_populated, .timeout = 300)
+{
+#ifndef MOE_SIDECAR_TESTHOOKS_BIN
+	cr_skip_test("needs moe-sidecar-testhooks (MOE_TEST_HOOKS=ON)");
+#else
+	int hold[2];
+	cr_assert_eq(pipe2(hold, O_CLOEXEC), 0);
+	cr_assert_eq(fcntl(hold[0], F_SETFD, 0), 0, "the sidecar inherits the read end");
+	char fd[16];
+	snprintf(fd, sizeof(fd), "%d", hold[0]);
+	const char *extra[] = {"--mem-budget", "90%", "--debug-hold-populate", fd, NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	close(hold[0]);
+	char *js = served_stats(&s);
+	const int64_t groups = json_top_u64(js, "pool_groups");
+	cr_assert_gt(groups, 0, "%s", js);
+	cr_assert_eq(json_top_u64(js, "populated_groups"), 0, "READY waited for the pool: %s", js);
+	free(js);
+	close(hold[1]); /* end-of-file: the populate threads start */
+	const uint32_t h = ref_hidden(s.ref);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 90, 1, 2, 4, ref_n_experts(s.ref), h, false);
+	float *got = malloc((size_t)2 * h * sizeof(float)),
+	      *want = malloc((size_t)2 * h * sizeof(float));
+	cr_assert(got && want);
+	struct moe_completion done;
+	cr_assert_eq(served_forward(&s, &fc, got, &done), MOE_OK, "%s", moe_strerror(done.status));
+	cr_assert_eq(ref_forward(s.ref, 1, fc.n_tokens, fc.k, 0, fc.x_wire, fc.in_dtype, fc.ids,
+	                         fc.weights, NULL, want, NULL),
+	             MOE_OK);
+	cr_assert_eq(memcmp(got, want, (size_t)2 * h * sizeof(float)), 0,
+	             "the FORWARD differs from the reference");
+	js = served_stats(&s);
+	cr_assert_geq(json_top_u64(js, "populated_groups"), 1, "%s", js);
+	free(js);
+	free(got);
+	free(want);
+	fwd_case_free(&fc);
+	served_stop(&s);
+#endif
+}
