@@ -246,9 +246,10 @@ static uint32_t act_format(const struct moek_isa_ops *ops, const struct moek_mat
 	return moek_isa_act_fmt(ops, f, m->interleave != 0);
 }
 
-/* Fills c->plan (except base) and returns the scratch bytes needed. */
+/* Fills c->plan (except base) and returns the scratch bytes needed (invariant: for a
+ * batch-invariant call, which never takes the tiles). */
 static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
-                     const struct moek_isa_ops *ops, struct moek_ffn_call *c)
+                     const struct moek_isa_ops *ops, bool invariant, struct moek_ffn_call *c)
 {
 	c->plan.isa = ops;
 	/* the formats' table indices, once: the phases index the ops tables with them */
@@ -273,7 +274,7 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
-	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;
+	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens && !invariant;
 	c->plan.x_bf16 = c->plan.prefill && bf16_gate;
 	c->plan.h_bf16 = c->plan.prefill && ops->tile_bf16 && moek_tile_bf16_takes(e->down.format);
 	/* bf16 panels hold k in pairs and the tiles take k in multiples of 32 */
@@ -324,7 +325,9 @@ size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsi
 	    n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
-	return layout(e, n_tokens, n_workers, moek_isa_current(), &c);
+	const size_t plain = layout(e, n_tokens, n_workers, moek_isa_current(), false, &c);
+	const size_t invariant = layout(e, n_tokens, n_workers, moek_isa_current(), true, &c);
+	return plain > invariant ? plain : invariant;
 }
 
 static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
@@ -351,7 +354,8 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		return fail(err, len,
 		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
 		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
-	const size_t need = layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c);
+	const size_t need =
+	    layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c->batch_invariant, c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
 		            c->scratch ? c->scratch_bytes : 0, need);
@@ -784,6 +788,19 @@ static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
+/* Group dots of nt tokens, out[t * 8 + r]; one_by_one (a batch-invariant call, a group dot
+ * that is not token-exact): one token per call, each getting its one-token bits. */
+static inline void group_dots(moek_dot_x8_fn dot_x8, bool one_by_one, const void *group,
+                              const uint8_t *act, size_t as, size_t nt, size_t k, float *out)
+{
+	if (!one_by_one) {
+		dot_x8(group, act, as, nt, k, out);
+		return;
+	}
+	for (size_t t = 0; t < nt; t++)
+		dot_x8(group, act + t * as, as, 1, k, out + t * MOEK_INTERLEAVE);
+}
+
 /* Interleaved gate/up: whole groups of 8 rows through the ISA's group dot; a range that
  * starts or ends inside a group computes the group and keeps its own rows (each row's value
  * does not depend on the call, so the split does not change the bits). */
@@ -791,6 +808,8 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
                              size_t f1)
 {
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.gate_fmt];
+	const bool one_by_one =
+	    c->batch_invariant && !plan_ops(c)->token_exact_x8[c->plan.gate_fmt];
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
 	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
@@ -808,8 +827,8 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 			}
 			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
 			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			dot_x8(gate, xa + t0 * as, as, nt, hidden, g);
-			dot_x8(up, xa + t0 * as, as, nt, hidden, u);
+			group_dots(dot_x8, one_by_one, gate, xa + t0 * as, as, nt, hidden, g);
+			group_dots(dot_x8, one_by_one, up, xa + t0 * as, as, nt, hidden, u);
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 				const size_t f = g0 + r;
 				if (f < f0 || f >= f1)
@@ -825,6 +844,57 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 	}
 }
 
+/* Row dots of nt tokens against one weight row, out[t]; one_by_one as group_dots. */
+static inline void row_dots(moek_dot_fn dot, bool one_by_one, const uint8_t *w, const float *s,
+                            const uint8_t *act, size_t as, size_t nt, size_t k, float *out)
+{
+	if (!one_by_one) {
+		dot(w, s, act, as, nt, k, out);
+		return;
+	}
+	for (size_t t = 0; t < nt; t++) /* the row stays in L1 from one token to the next */
+		dot(w, s, act + t * as, as, 1, k, out + t);
+}
+
+/* A batch-invariant call's hidden phase on row dots: the one-token path's operations for
+ * every token — each row's dot, then the chunk's activation (activate_chunk) — with the
+ * weights of a chunk read once from memory for every token (tokens 8 at a time through a
+ * token-exact dot, else one at a time while the row is in L1). */
+static void hidden_decode_invariant(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                    size_t f0, size_t f1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_fn dot = ops->dot[c->plan.gate_fmt];
+	const bool one_by_one = !ops->token_exact[c->plan.gate_fmt];
+	const size_t hidden = c->plan.hidden;
+	const bool quantized = c->plan.xq_format != MOEK_F32;
+	const size_t as = quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
+	const uint8_t *xa =
+	    quantized ? (const uint8_t *)xq_row(c, 0) : (const uint8_t *)x32_row(c, 0);
+	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
+	for (size_t c0 = f0; c0 < f1; c0 += DECODE_CHUNK) {
+		const size_t c1 = c0 + DECODE_CHUNK < f1 ? c0 + DECODE_CHUNK : f1;
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			for (size_t f = c0; f < c1; f++) {
+				float g[MOEK_DOT_TOKENS], u[MOEK_DOT_TOKENS];
+				row_dots(dot, one_by_one, matrix_row(&e->gate, f),
+				         matrix_scale_row(&e->gate, f), xa + t0 * as, as, nt,
+				         hidden, g);
+				row_dots(dot, one_by_one, matrix_row(&e->up, f),
+				         matrix_scale_row(&e->up, f), xa + t0 * as, as, nt, hidden,
+				         u);
+				for (size_t t = 0; t < nt; t++) {
+					h32_row(c, t0 + t)[f] = g[t];
+					ub[t * DECODE_CHUNK + (f - c0)] = u[t];
+				}
+			}
+			activate_chunk(c, e, t0, nt, c0, c0, c1, ub);
+		}
+	}
+}
+
 static void hidden_decode(const struct moek_ffn_call *c, const struct moek_expert *e,
                           unsigned worker, size_t f0, size_t f1)
 {
@@ -835,6 +905,10 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 	float *row = worker_area(c, worker);
 	if (e->gate.interleave && ops->dot_x8[c->plan.gate_fmt] && quantized) {
 		hidden_decode_x8(c, e, f0, f1);
+		return;
+	}
+	if (dot && c->batch_invariant) { /* (without dots each token is on its own already) */
+		hidden_decode_invariant(c, e, f0, f1);
 		return;
 	}
 	/* per-row invariants hoisted: with Qwen3-sized rows the loop's own cost is not small */
@@ -1008,6 +1082,8 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
                            unsigned worker, size_t o0, size_t o1)
 {
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.down_fmt];
+	const bool one_by_one =
+	    c->batch_invariant && !plan_ops(c)->token_exact_x8[c->plan.down_fmt];
 	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
 	const uint8_t *ha = hq_row(c, worker, 0);
 	float yb[MOEK_DOT_TOKENS *
@@ -1023,7 +1099,7 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 				continue;
 			}
 			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			dot_x8(down, ha + t0 * as, as, nt, ffn, y);
+			group_dots(dot_x8, one_by_one, down, ha + t0 * as, as, nt, ffn, y);
 			for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
 				for (size_t t = 0; t < nt; t++)
 					yb[t * DECODE_CHUNK + (g0 + r - c0)] =
@@ -1032,6 +1108,56 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 		const size_t a = c0 > o0 ? c0 : o0;
 		for (size_t t = 0; t < nt; t++)
 			accumulate_rows(c, e, t0 + t, a, c1, yb + t * DECODE_CHUNK + (a - c0));
+	}
+}
+
+/* A batch-invariant call's down phase on row dots, h already in the worker's scratch: the
+ * one-token path's operations for every token — a chunk's sums by the many-row dot (or a dot
+ * per row: the same bits), then their weighted sums — tokens 8 at a time through a
+ * token-exact dot, the chunk's rows staying in cache from one token to the next. */
+static void down_decode_invariant(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                  unsigned worker, size_t o0, size_t o1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_fn dot = ops->dot[c->plan.down_fmt];
+	const moek_dot_rows_fn rows = ops->dot_rows[c->plan.down_fmt];
+	const bool exact = ops->token_exact[c->plan.down_fmt];
+	const size_t ffn = c->plan.ffn, stride = row_stride(&e->down);
+	const bool quantized = c->plan.hq_format != MOEK_F32;
+	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
+	const uint8_t *ha =
+	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
+	for (size_t r0 = o0; r0 < o1; r0 += ROWS_CHUNK) {
+		const size_t nr = o1 - r0 < ROWS_CHUNK ? o1 - r0 : ROWS_CHUNK;
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			float y[MOEK_DOT_TOKENS][ROWS_CHUNK];
+			if (exact && nt > 1) {
+				for (size_t i = 0; i < nr; i++) {
+					float v[MOEK_DOT_TOKENS];
+					dot(matrix_row(&e->down, r0 + i),
+					    matrix_scale_row(&e->down, r0 + i), ha + t0 * as, as,
+					    nt, ffn, v);
+					for (size_t t = 0; t < nt; t++)
+						y[t][i] = v[t];
+				}
+			} else {
+				for (size_t t = 0; t < nt; t++) {
+					const uint8_t *a = ha + (t0 + t) * as;
+					if (rows && quantized)
+						rows(matrix_row(&e->down, r0), stride, nr, a, ffn,
+						     y[t]);
+					else
+						for (size_t i = 0; i < nr; i++)
+							dot(matrix_row(&e->down, r0 + i),
+							    matrix_scale_row(&e->down, r0 + i), a,
+							    as, 1, ffn, y[t] + i);
+				}
+			}
+			for (size_t t = 0; t < nt; t++)
+				accumulate_rows(c, e, t0 + t, r0, r0 + nr, y[t]);
+		}
 	}
 }
 
@@ -1052,6 +1178,10 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 			                      hq_row(c, worker, t));
 	if (x8 && quantized) {
 		down_decode_x8(c, e, worker, o0, o1);
+		return;
+	}
+	if (dot && c->batch_invariant) {
+		down_decode_invariant(c, e, worker, o0, o1);
 		return;
 	}
 	/* per-row invariants hoisted (2048 rows of 768 columns in Qwen3: the loop's own cost

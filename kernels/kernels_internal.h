@@ -441,6 +441,10 @@ struct moek_isa_ops {
 	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* row dots */
 	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
 	moek_dot_x8_fn dot_x8[MOEK_FMT_SLOTS];     /* interleaved groups (NULL: none) */
+	/* dot (token_exact) and dot_x8 (token_exact_x8) give each token the bits nt = 1 gives
+	 * it, whatever nt: the batch-invariant FFN runs them 8 tokens at a time, and the others
+	 * one token at a time (test_batch_invariant checks every true entry) */
+	bool token_exact[MOEK_FMT_SLOTS], token_exact_x8[MOEK_FMT_SLOTS];
 	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
 	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
 	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];

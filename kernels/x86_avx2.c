@@ -1822,6 +1822,26 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_BF16] = x8_bf16,
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
         },
+    /* the dots whose per-token sums do not depend on how many tokens share the call (one
+     * accumulator chain per token, the same at any nt); the others keep a faster one-token
+     * form (x86_avx512.c keeps these: its own BF16 dots are not on the list) */
+    .token_exact =
+        {
+            [MOEK_FMT_Q2_K] = true,
+            [MOEK_FMT_Q3_K] = true,
+            [MOEK_FMT_Q4_K] = true,
+            [MOEK_FMT_Q5_K] = true,
+            [MOEK_FMT_Q6_K] = true,
+            [MOEK_FMT_IQ4_XS] = true,
+            [MOEK_FMT_FP8_E4M3_B128] = true,
+        },
+    .token_exact_x8 =
+        {
+            [MOEK_FMT_Q8_0] = true,
+            [MOEK_FMT_MXFP4] = true,
+            [MOEK_FMT_Q4_K] = true,
+            [MOEK_FMT_INT4_G32] = true,
+        },
     /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
      * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */
     .act =
