@@ -18,7 +18,7 @@ extern "C" {
  * new fields carved out of reserved space) and peers of any two minors of one major work
  * together, each using what both know (docs/protocol.md §3). */
 #define MOE_ABI_MAJOR 1
-#define MOE_ABI_MINOR 2
+#define MOE_ABI_MINOR 3
 
 /* Status codes: one numbering for the client API's return values and a completion's status.
  * 0 is success; errors are negative. */

@@ -66,6 +66,7 @@ enum {
 	OPT_ISA,
 	OPT_METRICS,
 	OPT_METRICS_PUBLIC,
+	OPT_BATCH_INVARIANT,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -131,6 +132,10 @@ static const struct serve_option {
     {{"isa", required_argument, NULL, OPT_ISA},
      "NAME",
      "kernels' instruction set: scalar|avx2|avx512|amx (default: the best this CPU runs)"},
+    {{"batch-invariant", no_argument, NULL, OPT_BATCH_INVARIANT},
+     NULL,
+     "every channel batch-invariant: a token's output bits never depend on the rest of its "
+     "batch (a client may also ask per channel; docs/engines.md)"},
     {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
@@ -525,6 +530,7 @@ static int apply_queue_option(int c, const char *arg, struct forward_queue_confi
 		ocfg->heat_half_life = (uint32_t)v;
 		return 0;
 	case OPT_RECORD_TRACE: ocfg->record_trace = arg; return 0;
+	case OPT_BATCH_INVARIANT: ocfg->batch_invariant = true; return 0;
 	case OPT_RECORD_TRACE_MAX_MIB:
 		if (option_u64(arg, 1, 1u << 20, &v) != 0)
 			return option_error("record-trace-max-mib", arg, "expected 1..1048576");

@@ -42,6 +42,7 @@ struct forward_queue_config {
 	const char *record_trace;        /* trace file, or NULL */
 	int record_trace_fd;             /* trace_recorder_open's; borrowed (the caller closes) */
 	uint64_t record_trace_max_bytes; /* 0: TRACE_RECORD_MAX_MIB_DEFAULT MiB */
+	bool batch_invariant;            /* every channel batch-invariant (--batch-invariant) */
 };
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace
