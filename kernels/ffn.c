@@ -844,12 +844,20 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 	}
 }
 
-/* Row dots of nt tokens against one weight row, out[t]; one_by_one as group_dots. */
-static inline void row_dots(moek_dot_fn dot, bool one_by_one, const uint8_t *w, const float *s,
+/* The dot a batch-invariant call runs several tokens through: the ISA's dot where it is
+ * token-exact, else its token-exact form; NULL: none (one token per call). */
+static inline moek_dot_fn token_exact_dot(const struct moek_isa_ops *ops, enum moek_fmt f)
+{
+	return ops->token_exact[f] ? ops->dot[f] : ops->dot_exact[f];
+}
+
+/* Row dots of nt tokens against one weight row, out[t], each token's bits those of dot with
+ * nt = 1: through `many` (token_exact_dot), else one token per call. */
+static inline void row_dots(moek_dot_fn dot, moek_dot_fn many, const uint8_t *w, const float *s,
                             const uint8_t *act, size_t as, size_t nt, size_t k, float *out)
 {
-	if (!one_by_one) {
-		dot(w, s, act, as, nt, k, out);
+	if (nt > 1 && many) {
+		many(w, s, act, as, nt, k, out);
 		return;
 	}
 	for (size_t t = 0; t < nt; t++) /* the row stays in L1 from one token to the next */
@@ -865,7 +873,7 @@ static void hidden_decode_invariant(const struct moek_ffn_call *c, const struct 
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const moek_dot_fn dot = ops->dot[c->plan.gate_fmt];
-	const bool one_by_one = !ops->token_exact[c->plan.gate_fmt];
+	const moek_dot_fn many = token_exact_dot(ops, c->plan.gate_fmt);
 	const size_t hidden = c->plan.hidden;
 	const bool quantized = c->plan.xq_format != MOEK_F32;
 	const size_t as = quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
@@ -879,10 +887,10 @@ static void hidden_decode_invariant(const struct moek_ffn_call *c, const struct 
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
 			for (size_t f = c0; f < c1; f++) {
 				float g[MOEK_DOT_TOKENS], u[MOEK_DOT_TOKENS];
-				row_dots(dot, one_by_one, matrix_row(&e->gate, f),
+				row_dots(dot, many, matrix_row(&e->gate, f),
 				         matrix_scale_row(&e->gate, f), xa + t0 * as, as, nt,
 				         hidden, g);
-				row_dots(dot, one_by_one, matrix_row(&e->up, f),
+				row_dots(dot, many, matrix_row(&e->up, f),
 				         matrix_scale_row(&e->up, f), xa + t0 * as, as, nt, hidden,
 				         u);
 				for (size_t t = 0; t < nt; t++) {
@@ -1121,7 +1129,7 @@ static void down_decode_invariant(const struct moek_ffn_call *c, const struct mo
 	const struct moek_isa_ops *ops = plan_ops(c);
 	const moek_dot_fn dot = ops->dot[c->plan.down_fmt];
 	const moek_dot_rows_fn rows = ops->dot_rows[c->plan.down_fmt];
-	const bool exact = ops->token_exact[c->plan.down_fmt];
+	const moek_dot_fn many = token_exact_dot(ops, c->plan.down_fmt);
 	const size_t ffn = c->plan.ffn, stride = row_stride(&e->down);
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
@@ -1133,12 +1141,12 @@ static void down_decode_invariant(const struct moek_ffn_call *c, const struct mo
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
 			float y[MOEK_DOT_TOKENS][ROWS_CHUNK];
-			if (exact && nt > 1) {
+			if (many && nt > 1) {
 				for (size_t i = 0; i < nr; i++) {
 					float v[MOEK_DOT_TOKENS];
-					dot(matrix_row(&e->down, r0 + i),
-					    matrix_scale_row(&e->down, r0 + i), ha + t0 * as, as,
-					    nt, ffn, v);
+					many(matrix_row(&e->down, r0 + i),
+					     matrix_scale_row(&e->down, r0 + i), ha + t0 * as, as,
+					     nt, ffn, v);
 					for (size_t t = 0; t < nt; t++)
 						y[t][i] = v[t];
 				}

@@ -445,6 +445,9 @@ struct moek_isa_ops {
 	 * it, whatever nt: the batch-invariant FFN runs them 8 tokens at a time, and the others
 	 * one token at a time (test_batch_invariant checks every true entry) */
 	bool token_exact[MOEK_FMT_SLOTS], token_exact_x8[MOEK_FMT_SLOTS];
+	/* for a dot that is not token-exact, a form that is (NULL: none): the same bits for a
+	 * token as dot with nt = 1, at any nt */
+	moek_dot_fn dot_exact[MOEK_FMT_SLOTS];
 	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
 	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
 	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];

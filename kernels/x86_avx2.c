@@ -159,8 +159,11 @@ ALWAYS_INLINE void pair_unpack(enum q32_kind kind, const uint8_t *b0, size_t bb,
 	*w8 = pair_weight_scales(kind, b0, has_two ? b0 + bb : NULL);
 }
 
+/* exact: every token's sums in the two chains of NT = 1 (moek_isa_ops.dot_exact), for the
+ * batch-invariant mode; else several tokens take one chain each. */
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, enum q32_kind kind, bool vnni)
+                            const int NT, size_t k, float *out, enum q32_kind kind, bool vnni,
+                            bool exact)
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
@@ -168,21 +171,33 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	    wide_activation(kind == Q32_Q8_0 ? nb * sizeof(struct block_q8_0)
 	                                     : (nb + 1) / 2 * sizeof(struct block_q8_0x2));
 	const uint8_t *x = w;
-	__m256 acc[8], acc1 = _mm256_setzero_ps();
+	__m256 acc[8], acc1[8];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = acc1[t] = _mm256_setzero_ps();
+	const bool two = NT == 1 || exact;
 	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
-		const struct block_q8_0x2 *y0 = act;
 		size_t p = 0;
 		__m256i ulo, uhi;
 		__m256 w8;
-		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
+		if (two) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
 				prefetch_ahead(x + 2 * p * bb, far);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
-				acc[0] = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p, acc[0]);
+				for (int t = 0; t < NT; t++)
+					acc[t] = pair_dot(
+					    kind, vnni, ulo, uhi, w8,
+					    (const struct block_q8_0x2 *)((const uint8_t *)act +
+					                                  t * as) +
+					        p,
+					    acc[t]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
-				acc1 = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p + 1, acc1);
+				for (int t = 0; t < NT; t++)
+					acc1[t] = pair_dot(
+					    kind, vnni, ulo, uhi, w8,
+					    (const struct block_q8_0x2 *)((const uint8_t *)act +
+					                                  t * as) +
+					        p + 1,
+					    acc1[t]);
 			}
 		}
 		for (; 2 * p < nb; p++) {
@@ -198,12 +213,16 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	} else {
 		const struct block_q8_0 *xb = w;
 		size_t i = 0;
-		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
-			const struct block_q8_0 *y = act;
+		if (two) { /* two accumulators: the FMA latency chain would bound */
 			for (; i + 2 <= nb; i += 2) {
 				prefetch_ahead(xb + i, far);
-				acc[0] = q8_0_block(xb + i, y + i, acc[0], vnni);
-				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1, vnni);
+				for (int t = 0; t < NT; t++) {
+					const struct block_q8_0 *y =
+					    (const struct block_q8_0 *)((const uint8_t *)act +
+					                                t * as);
+					acc[t] = q8_0_block(xb + i, y + i, acc[t], vnni);
+					acc1[t] = q8_0_block(xb + i + 1, y + i + 1, acc1[t], vnni);
+				}
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
@@ -217,7 +236,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		}
 	}
 	for (int t = 0; t < NT; t++)
-		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+		out[t] = hsum(two ? _mm256_add_ps(acc[t], acc1[t]) : acc[t]);
 }
 
 /* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 / IQ4_NL dot products -------------- */
@@ -390,9 +409,12 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 	}
 }
 
-DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false)
-DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
-DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false, false)
+DOT_ENTRY(dot_q8_0_exact_avx2, q32_body, Q32_Q8_0, false, true)
+DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false, false)
+DOT_ENTRY(dot_q4_0_exact_avx2, q32_body, Q32_Q4_0, false, true)
+DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false, false)
+DOT_ENTRY(dot_mxfp4_exact_avx2, q32_body, Q32_MXFP4, false, true)
 
 /* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
  * subset MOEK_FORM_VNNI needs (isa.c): the compiler may then fold a weight vector's load into the
@@ -400,15 +422,18 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
  * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so
  * the bits are the AVX2 form's. */
 
-VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true)
-VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
-VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
-ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false)
-ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
-ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
-VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true)
-VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
-VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true, false)
+VNNI_DOT_ENTRY(dot_q8_0_exact_vnni, q32_body, Q32_Q8_0, true, true)
+VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true, false)
+VNNI_DOT_ENTRY(dot_q4_0_exact_vnni, q32_body, Q32_Q4_0, true, true)
+VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true, false)
+VNNI_DOT_ENTRY(dot_mxfp4_exact_vnni, q32_body, Q32_MXFP4, true, true)
+ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false, false)
+ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false, false)
+ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false, false)
+VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true, false)
+VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true, false)
+VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true, false)
 
 /* The entry points of the formats that have a VNNI form: each picks its form per call. */
 #define VNNI_DISPATCH_DOT(fmt) static VNNI_PICK_DOT(dot_##fmt, dot_##fmt##_avx2, dot_##fmt##_vnni)
@@ -420,6 +445,9 @@ VNNI_DISPATCH_DOT(q8_0)
 VNNI_DISPATCH_DOT(q4_0)
 
 VNNI_DISPATCH_DOT(mxfp4)
+VNNI_DISPATCH_DOT(q8_0_exact)
+VNNI_DISPATCH_DOT(q4_0_exact)
+VNNI_DISPATCH_DOT(mxfp4_exact)
 
 VNNI_DISPATCH_ROWS(q8_0)
 
@@ -1199,17 +1227,19 @@ ALWAYS_INLINE const uint16_t *bf16_token(const void *act, size_t as, int t)
 
 /* BF16 / F16 weights against bf16 activations: 16 columns per step as even/odd f32 halves,
  * one accumulator pair per token (two pairs over 32 columns for a single token). */
+/* exact: as q32_body's (each token in the four chains of NT = 1). */
 ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, size_t as,
-                             const int NT, size_t k, float *out, const int is_f16)
+                             const int NT, size_t k, float *out, const int is_f16, const bool exact)
 {
 	(void)sr;
 	const uint16_t *a = w;
 	const bool far = wide_activation(k * sizeof(uint16_t));
-	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
+	__m256 e0[8], o0[8], e1[8], o1[8];
 	for (int t = 0; t < NT; t++)
-		e0[t] = o0[t] = _mm256_setzero_ps();
+		e0[t] = o0[t] = e1[t] = o1[t] = _mm256_setzero_ps();
+	const bool four = NT == 1 || exact;
 	size_t i = 0;
-	if (NT == 1) {
+	if (four) {
 		for (; i + 32 <= k; i += 32) {
 			__m256 we, wo, xe, xo;
 			prefetch_ahead(a + i, far);
@@ -1217,16 +1247,20 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 				f16x16(a + i, &we, &wo);
 			else
 				bf16x16(a + i, &we, &wo);
-			bf16x16(bf16_token(act, as, 0) + i, &xe, &xo);
-			e0[0] = _mm256_fmadd_ps(we, xe, e0[0]);
-			o0[0] = _mm256_fmadd_ps(wo, xo, o0[0]);
+			for (int t = 0; t < NT; t++) {
+				bf16x16(bf16_token(act, as, t) + i, &xe, &xo);
+				e0[t] = _mm256_fmadd_ps(we, xe, e0[t]);
+				o0[t] = _mm256_fmadd_ps(wo, xo, o0[t]);
+			}
 			if (is_f16)
 				f16x16(a + i + 16, &we, &wo);
 			else
 				bf16x16(a + i + 16, &we, &wo);
-			bf16x16(bf16_token(act, as, 0) + i + 16, &xe, &xo);
-			e1 = _mm256_fmadd_ps(we, xe, e1);
-			o1 = _mm256_fmadd_ps(wo, xo, o1);
+			for (int t = 0; t < NT; t++) {
+				bf16x16(bf16_token(act, as, t) + i + 16, &xe, &xo);
+				e1[t] = _mm256_fmadd_ps(we, xe, e1[t]);
+				o1[t] = _mm256_fmadd_ps(wo, xo, o1[t]);
+			}
 		}
 	}
 	for (; i + 16 <= k; i += 16) {
@@ -1244,8 +1278,8 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	}
 	for (int t = 0; t < NT; t++) {
 		__m256 s = _mm256_add_ps(e0[t], o0[t]);
-		if (NT == 1)
-			s = _mm256_add_ps(s, _mm256_add_ps(e1, o1));
+		if (four)
+			s = _mm256_add_ps(s, _mm256_add_ps(e1[t], o1[t]));
 		float r = hsum(s);
 		for (size_t j = i; j < k; j++)
 			r += (is_f16 ? f16(a[j]) : moek_bf16_to_f32(a[j])) *
@@ -1254,10 +1288,12 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	}
 }
 
-DOT_ENTRY(dot_f16, half_body, 1)
-DOT_ENTRY(dot_bf16, half_body, 0)
-ROWS_ENTRY(rows_f16, half_body, 1)
-ROWS_ENTRY(rows_bf16, half_body, 0)
+DOT_ENTRY(dot_f16, half_body, 1, false)
+DOT_ENTRY(dot_bf16, half_body, 0, false)
+DOT_ENTRY(dot_f16_exact, half_body, 1, true)
+DOT_ENTRY(dot_bf16_exact, half_body, 0, true)
+ROWS_ENTRY(rows_f16, half_body, 1, false)
+ROWS_ENTRY(rows_bf16, half_body, 0, false)
 
 static float dot_f32(const float *a, const float *b, size_t k)
 {
@@ -1834,6 +1870,15 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q6_K] = true,
             [MOEK_FMT_IQ4_XS] = true,
             [MOEK_FMT_FP8_E4M3_B128] = true,
+        },
+    /* the other dots' token-exact forms: several tokens, each in the chains of nt = 1 */
+    .dot_exact =
+        {
+            [MOEK_FMT_F16] = dot_f16_exact,
+            [MOEK_FMT_BF16] = dot_bf16_exact,
+            [MOEK_FMT_Q8_0] = dot_q8_0_exact,
+            [MOEK_FMT_Q4_0] = dot_q4_0_exact,
+            [MOEK_FMT_MXFP4] = dot_mxfp4_exact,
         },
     .token_exact_x8 =
         {

@@ -333,5 +333,6 @@ void moek_avx512_build(void)
 	moek_avx512_ops.dot[MOEK_FMT_BF16] = dot_bf16;
 	moek_avx512_ops.dot_rows[MOEK_FMT_BF16] = rows_bf16;
 	moek_avx512_ops.dot_x8[MOEK_FMT_BF16] = x8_bf16;
+	moek_avx512_ops.dot_exact[MOEK_FMT_BF16] = NULL; /* AVX2's keeps AVX2's one-token bits */
 	prefill_build();
 }
