@@ -306,7 +306,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.row_bf16 = c->plan.x_bf16 || c->plan.h_bf16 ? row_buf : 0;
 	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC_MAX) * sizeof(float) +
 	                     2 * TILE_ROWS * c->plan.row_bf16 * sizeof(uint16_t);
-	const size_t hq = n * c->plan.hq_row;
+	/* a batch-invariant call's down workers quantize h 8 tokens at a time, as they go */
+	const size_t hq = (invariant && n > MOEK_DOT_TOKENS ? MOEK_DOT_TOKENS : n) * c->plan.hq_row;
 	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
 	return off + 64; /* room to align the caller's pointer */
@@ -1084,6 +1085,16 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
  * one matrix were no faster (docs/performance.md). */
 enum { ROWS_CHUNK = 64 };
 
+/* h of tokens [t0, t0 + nt) (nt <= 8) in down's activation format into the worker's rows
+ * 0 .. nt - 1: a batch-invariant call quantizes as it goes (the same function on the same
+ * h: the same bytes as the default's one pass over every token). */
+static void quantize_h(const struct moek_ffn_call *c, unsigned worker, size_t t0, size_t nt)
+{
+	for (size_t t = 0; t < nt; t++)
+		moek_isa_quantize_act(plan_ops(c), c->plan.hq_format, h32_row(c, t0 + t),
+		                      c->plan.ffn, hq_row(c, worker, t));
+}
+
 /* Interleaved down: as hidden_decode_x8, groups of 8 output rows, partial groups at the edges
  * of the range computed whole and kept in part. h is already in the worker's scratch. */
 static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e,
@@ -1100,14 +1111,19 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 	         x8_steps(c->n_tokens, o0, o1, moek_fmt_row_bytes(c->plan.down_fmt, ffn), as);
 	     x8_next(&s);) {
 		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
+		const uint8_t *act = ha + t0 * as;
+		if (c->batch_invariant) { /* the step's tokens into the worker's 8 rows */
+			quantize_h(c, worker, t0, nt);
+			act = ha;
+		}
 		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
 			const uint8_t *down = matrix_group(&e->down, g0);
 			if (nt == 1) { /* rows outside the range are computed, not used */
-				dot_x8(down, ha + t0 * as, as, 1, ffn, yb + (g0 - c0));
+				dot_x8(down, act, as, 1, ffn, yb + (g0 - c0));
 				continue;
 			}
 			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			group_dots(dot_x8, one_by_one, down, ha + t0 * as, as, nt, ffn, y);
+			group_dots(dot_x8, one_by_one, down, act, as, nt, ffn, y);
 			for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
 				for (size_t t = 0; t < nt; t++)
 					yb[t * DECODE_CHUNK + (g0 + r - c0)] =
@@ -1119,10 +1135,12 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
-/* A batch-invariant call's down phase on row dots, h already in the worker's scratch: the
- * one-token path's operations for every token — a chunk's sums by the many-row dot (or a dot
- * per row: the same bits), then their weighted sums — tokens 8 at a time through a
- * token-exact dot, the chunk's rows staying in cache from one token to the next. */
+/* A batch-invariant call's down phase on row dots: the one-token path's operations for every
+ * token — a chunk's sums by the many-row dot (or a dot per row: the same bits), then their
+ * weighted sums — tokens 8 at a time (through a token-exact dot, else one by one while the
+ * rows are in cache), over blocks of ROW_BLOCK rows that stay in L2 from one 8 tokens to the
+ * next; each 8 tokens' h is quantized into the worker's rows once per block. */
+enum { ROW_BLOCK = 256 };
 static void down_decode_invariant(const struct moek_ffn_call *c, const struct moek_expert *e,
                                   unsigned worker, size_t o0, size_t o1)
 {
@@ -1133,38 +1151,44 @@ static void down_decode_invariant(const struct moek_ffn_call *c, const struct mo
 	const size_t ffn = c->plan.ffn, stride = row_stride(&e->down);
 	const bool quantized = c->plan.hq_format != MOEK_F32;
 	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
-	const uint8_t *ha =
-	    quantized ? (const uint8_t *)hq_row(c, worker, 0) : (const uint8_t *)h32_row(c, 0);
-	for (size_t r0 = o0; r0 < o1; r0 += ROWS_CHUNK) {
-		const size_t nr = o1 - r0 < ROWS_CHUNK ? o1 - r0 : ROWS_CHUNK;
+	for (size_t b0 = o0; b0 < o1; b0 += ROW_BLOCK) {
+		const size_t b1 = o1 - b0 < ROW_BLOCK ? o1 : b0 + ROW_BLOCK;
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
-			float y[MOEK_DOT_TOKENS][ROWS_CHUNK];
-			if (many && nt > 1) {
-				for (size_t i = 0; i < nr; i++) {
-					float v[MOEK_DOT_TOKENS];
-					many(matrix_row(&e->down, r0 + i),
-					     matrix_scale_row(&e->down, r0 + i), ha + t0 * as, as,
-					     nt, ffn, v);
-					for (size_t t = 0; t < nt; t++)
-						y[t][i] = v[t];
+			if (quantized)
+				quantize_h(c, worker, t0, nt);
+			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, worker, 0)
+			                              : (const uint8_t *)h32_row(c, t0);
+			for (size_t r0 = b0; r0 < b1; r0 += ROWS_CHUNK) {
+				const size_t nr = b1 - r0 < ROWS_CHUNK ? b1 - r0 : ROWS_CHUNK;
+				float y[MOEK_DOT_TOKENS][ROWS_CHUNK];
+				if (many && nt > 1) {
+					for (size_t i = 0; i < nr; i++) {
+						float v[MOEK_DOT_TOKENS];
+						many(matrix_row(&e->down, r0 + i),
+						     matrix_scale_row(&e->down, r0 + i), ha, as, nt,
+						     ffn, v);
+						for (size_t t = 0; t < nt; t++)
+							y[t][i] = v[t];
+					}
+				} else {
+					for (size_t t = 0; t < nt; t++) {
+						const uint8_t *a = ha + t * as;
+						if (rows && quantized)
+							rows(matrix_row(&e->down, r0), stride, nr,
+							     a, ffn, y[t]);
+						else
+							for (size_t i = 0; i < nr; i++)
+								dot(matrix_row(&e->down, r0 + i),
+								    matrix_scale_row(&e->down,
+								                     r0 + i),
+								    a, as, 1, ffn, y[t] + i);
+					}
 				}
-			} else {
-				for (size_t t = 0; t < nt; t++) {
-					const uint8_t *a = ha + (t0 + t) * as;
-					if (rows && quantized)
-						rows(matrix_row(&e->down, r0), stride, nr, a, ffn,
-						     y[t]);
-					else
-						for (size_t i = 0; i < nr; i++)
-							dot(matrix_row(&e->down, r0 + i),
-							    matrix_scale_row(&e->down, r0 + i), a,
-							    as, 1, ffn, y[t] + i);
-				}
+				for (size_t t = 0; t < nt; t++)
+					accumulate_rows(c, e, t0 + t, r0, r0 + nr, y[t]);
 			}
-			for (size_t t = 0; t < nt; t++)
-				accumulate_rows(c, e, t0 + t, r0, r0 + nr, y[t]);
 		}
 	}
 }
@@ -1180,7 +1204,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 	float *row = worker_area(c, worker);
 	/* h of every token in down's activation format, this worker's own copy: the hidden phase
 	 * may have been split anywhere, so no worker's range held whole quantization blocks */
-	if ((dot || x8) && quantized)
+	if ((dot || x8) && quantized && !c->batch_invariant) /* (that one: as it goes) */
 		for (size_t t = 0; t < c->n_tokens; t++)
 			moek_isa_quantize_act(ops, c->plan.hq_format, h32_row(c, t), ffn,
 			                      hq_row(c, worker, t));
