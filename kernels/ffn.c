@@ -789,17 +789,23 @@ static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
-/* Group dots of nt tokens, out[t * 8 + r]; one_by_one (a batch-invariant call, a group dot
- * that is not token-exact): one token per call, each getting its one-token bits. */
-static inline void group_dots(moek_dot_x8_fn dot_x8, bool one_by_one, const void *group,
-                              const uint8_t *act, size_t as, size_t nt, size_t k, float *out)
+/* Group dots of nt tokens, out[t * 8 + r]. invariant (a batch-invariant call whose group dot
+ * is not token-exact): each token its one-token bits, through the ISA's token-exact form of
+ * the group dot where it has one, else one token per call. */
+static inline void group_dots(const struct moek_isa_ops *ops, enum moek_fmt f, bool invariant,
+                              const void *group, const uint8_t *act, size_t as, size_t nt, size_t k,
+                              float *out)
 {
-	if (!one_by_one) {
-		dot_x8(group, act, as, nt, k, out);
+	if (!invariant) {
+		ops->dot_x8[f](group, act, as, nt, k, out);
+		return;
+	}
+	if (nt > 1 && ops->dot_x8_exact[f]) {
+		ops->dot_x8_exact[f](group, act, as, nt, k, out);
 		return;
 	}
 	for (size_t t = 0; t < nt; t++)
-		dot_x8(group, act + t * as, as, 1, k, out + t * MOEK_INTERLEAVE);
+		ops->dot_x8[f](group, act + t * as, as, 1, k, out + t * MOEK_INTERLEAVE);
 }
 
 /* Interleaved gate/up: whole groups of 8 rows through the ISA's group dot; a range that
@@ -828,8 +834,10 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 			}
 			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
 			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			group_dots(dot_x8, one_by_one, gate, xa + t0 * as, as, nt, hidden, g);
-			group_dots(dot_x8, one_by_one, up, xa + t0 * as, as, nt, hidden, u);
+			group_dots(plan_ops(c), c->plan.gate_fmt, one_by_one, gate, xa + t0 * as,
+			           as, nt, hidden, g);
+			group_dots(plan_ops(c), c->plan.gate_fmt, one_by_one, up, xa + t0 * as, as,
+			           nt, hidden, u);
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 				const size_t f = g0 + r;
 				if (f < f0 || f >= f1)
@@ -1123,7 +1131,8 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 				continue;
 			}
 			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			group_dots(dot_x8, one_by_one, down, act, as, nt, ffn, y);
+			group_dots(plan_ops(c), c->plan.down_fmt, one_by_one, down, act, as, nt,
+			           ffn, y);
 			for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
 				for (size_t t = 0; t < nt; t++)
 					yb[t * DECODE_CHUNK + (g0 + r - c0)] =

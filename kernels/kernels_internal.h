@@ -448,6 +448,7 @@ struct moek_isa_ops {
 	/* for a dot that is not token-exact, a form that is (NULL: none): the same bits for a
 	 * token as dot with nt = 1, at any nt */
 	moek_dot_fn dot_exact[MOEK_FMT_SLOTS];
+	moek_dot_x8_fn dot_x8_exact[MOEK_FMT_SLOTS]; /* the same for group dots */
 	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
 	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
 	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];

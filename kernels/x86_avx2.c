@@ -833,11 +833,53 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
  * (docs/performance.md); here each activation pair serves 8 rows. One token: four
  * vectors per step, even and odd sums of each in chains of their own (eight). */
 ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, const int NT,
-                                size_t k, float *out, bool vnni)
+                                size_t k, float *out, bool exact)
 {
-	(void)vnni; /* no integer products */
 	const uint8_t *col = group;
 	const __m256i odd_mask = _mm256_set1_epi32((int)0xffff0000u);
+	if (exact) { /* (no integer products: the entry's flag picks the token-exact form) */
+		/* every token in the eight chains of one token, two tokens per pass over the group
+		 * (16 chains: AVX2's registers) */
+		for (int t0 = 0; t0 < NT; t0 += 2) {
+			const int nb = NT - t0 < 2 ? NT - t0 : 2;
+			const uint8_t *c2 = group;
+			struct x8_stream pf2 = x8_stream_at(c2, 1);
+			__m256 ev[2][4], od[2][4];
+			for (int b = 0; b < 2; b++)
+				for (int j = 0; j < 4; j++)
+					ev[b][j] = od[b][j] = _mm256_setzero_ps();
+			for (size_t p = 0; p < k / 2; p += 4, c2 += 4 * 32) {
+				x8_prefetch(&pf2, c2 + 4 * 32);
+				for (int j = 0; j < 4; j++) {
+					const __m256i w =
+					    _mm256_loadu_si256((const __m256i *)(c2 + 32 * j));
+					for (int b = 0; b < nb; b++) {
+						const __m256i y = _mm256_set1_epi32(
+						    load_i32((const int8_t *)act +
+						             (size_t)(t0 + b) * as + 4 * (p + j)));
+						ev[b][j] = _mm256_fmadd_ps(
+						    _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+						    _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)),
+						    ev[b][j]);
+						od[b][j] = _mm256_fmadd_ps(
+						    _mm256_castsi256_ps(
+						        _mm256_and_si256(w, odd_mask)),
+						    _mm256_castsi256_ps(
+						        _mm256_and_si256(y, odd_mask)),
+						    od[b][j]);
+					}
+				}
+			}
+			for (int b = 0; b < nb; b++) {
+				const __m256 s01 = _mm256_add_ps(_mm256_add_ps(ev[b][0], od[b][0]),
+				                                 _mm256_add_ps(ev[b][1], od[b][1]));
+				const __m256 s23 = _mm256_add_ps(_mm256_add_ps(ev[b][2], od[b][2]),
+				                                 _mm256_add_ps(ev[b][3], od[b][3]));
+				_mm256_storeu_ps(out + 8 * (t0 + b), _mm256_add_ps(s01, s23));
+			}
+		}
+		return;
+	}
 	if (NT == 1) {
 		const uint8_t *x = act;
 		__m256 ev[4], od[4];
@@ -908,6 +950,7 @@ static void x8_mxfp4(const void *g, const void *act, size_t as, size_t nt, size_
 X8_DISPATCH(q8_0)
 X8_DISPATCH(q4_K)
 X8_ENTRY(x8_bf16, x8_bf16_body, false, )
+X8_ENTRY(x8_bf16_exact, x8_bf16_body, true, )
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
@@ -1880,6 +1923,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q4_0] = dot_q4_0_exact,
             [MOEK_FMT_MXFP4] = dot_mxfp4_exact,
         },
+    .dot_x8_exact = {[MOEK_FMT_BF16] = x8_bf16_exact},
     .token_exact_x8 =
         {
             [MOEK_FMT_Q8_0] = true,

@@ -216,17 +216,22 @@ Test(batch_invariant, token_exact_entries_hold)
 		for (size_t fi = 0; fi < MOEK_FMT_COUNT; fi++) {
 			const uint32_t format = moek_formats[fi].info.format;
 			for (int x8 = 0; x8 < 2; x8++) {
-				const bool listed = x8 ? ops->token_exact_x8[fi]
-				                       : ops->token_exact[fi] || ops->dot_exact[fi];
+				const bool listed =
+				    x8 ? ops->token_exact_x8[fi] || ops->dot_x8_exact[fi]
+				       : ops->token_exact[fi] || ops->dot_exact[fi];
 				if (!listed)
 					continue;
 				cr_assert(x8 ? ops->dot_x8[fi] != NULL : ops->dot[fi] != NULL);
-				cr_assert(x8 || !(ops->token_exact[fi] && ops->dot_exact[fi]),
+				cr_assert(x8 ? !(ops->token_exact_x8[fi] && ops->dot_x8_exact[fi])
+				             : !(ops->token_exact[fi] && ops->dot_exact[fi]),
 				          "%s %s: a token-exact dot needs no exact form", ops->name,
 				          moek_formats[fi].info.name);
 				/* the dot the invariant mode gives several tokens at once */
 				const moek_dot_fn many_dot =
 				    x8 || ops->token_exact[fi] ? ops->dot[fi] : ops->dot_exact[fi];
+				const moek_dot_x8_fn many_x8 = !x8 || ops->token_exact_x8[fi]
+				                                   ? ops->dot_x8[fi]
+				                                   : ops->dot_x8_exact[fi];
 				if (moek_formats[fi].info.scale_block)
 					for (size_t j = 0; j < 8 * K; j++)
 						wq[j] = moek_f32_to_fp8_e4m3(wf[j]);
@@ -251,7 +256,7 @@ Test(batch_invariant, token_exact_entries_hold)
 				for (size_t nt = 2; nt <= 8; nt++) {
 					float many[64], one[8];
 					if (x8)
-						ops->dot_x8[fi](group, act, as, nt, K, many);
+						many_x8(group, act, as, nt, K, many);
 					else
 						many_dot(wq,
 						         moek_formats[fi].info.scale_block ? sr
