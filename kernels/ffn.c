@@ -306,7 +306,8 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.row_bf16 = c->plan.x_bf16 || c->plan.h_bf16 ? row_buf : 0;
 	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC_MAX) * sizeof(float) +
 	                     2 * TILE_ROWS * c->plan.row_bf16 * sizeof(uint16_t);
-	/* a batch-invariant call's down workers quantize h 8 tokens at a time, as they go */
+	/* a batch-invariant call of more than 8 tokens: its down workers quantize h 8 tokens at a
+	 * time, as they go */
 	const size_t hq = (invariant && n > MOEK_DOT_TOKENS ? MOEK_DOT_TOKENS : n) * c->plan.hq_row;
 	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
@@ -1120,7 +1121,7 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 	     x8_next(&s);) {
 		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
 		const uint8_t *act = ha + t0 * as;
-		if (c->batch_invariant) { /* the step's tokens into the worker's 8 rows */
+		if (c->batch_invariant && c->n_tokens > MOEK_DOT_TOKENS) { /* into the 8 rows */
 			quantize_h(c, worker, t0, nt);
 			act = ha;
 		}
@@ -1165,7 +1166,7 @@ static void down_decode_invariant(const struct moek_ffn_call *c, const struct mo
 		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
 			const size_t nt =
 			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
-			if (quantized)
+			if (quantized && c->n_tokens > MOEK_DOT_TOKENS) /* (else: all up front) */
 				quantize_h(c, worker, t0, nt);
 			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, worker, 0)
 			                              : (const uint8_t *)h32_row(c, t0);
@@ -1213,7 +1214,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 	float *row = worker_area(c, worker);
 	/* h of every token in down's activation format, this worker's own copy: the hidden phase
 	 * may have been split anywhere, so no worker's range held whole quantization blocks */
-	if ((dot || x8) && quantized && !c->batch_invariant) /* (that one: as it goes) */
+	if ((dot || x8) && quantized && (!c->batch_invariant || c->n_tokens <= MOEK_DOT_TOKENS))
 		for (size_t t = 0; t < c->n_tokens; t++)
 			moek_isa_quantize_act(ops, c->plan.hq_format, h32_row(c, t), ffn,
 			                      hq_row(c, worker, t));
