@@ -573,6 +573,9 @@ void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, 
                         size_t nt, size_t k, float *out);
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out);
+/* Its token-exact form (moek_isa_ops.dot_exact). */
+void moek_avx2_dot_int4_exact(const void *w, const float *scale_row, const void *act, size_t as,
+                              size_t nt, size_t k, float *out);
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
 /* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
  * with MOEK_FORM_VNNI on; same bits). */
@@ -592,6 +595,8 @@ void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_
                           size_t k, float *out);
 void moek_avx2_rows_iq4_nl(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out);
+void moek_avx2_dot_iq4_nl_exact(const void *w, const float *sr, const void *act, size_t as,
+                                size_t nt, size_t k, float *out); /* dot_exact */
 void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                           size_t k, float *out);
 void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,

@@ -1922,6 +1922,8 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q8_0] = dot_q8_0_exact,
             [MOEK_FMT_Q4_0] = dot_q4_0_exact,
             [MOEK_FMT_MXFP4] = dot_mxfp4_exact,
+            [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4_exact,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_dot_iq4_nl_exact,
         },
     .dot_x8_exact = {[MOEK_FMT_BF16] = x8_bf16_exact},
     .token_exact_x8 =

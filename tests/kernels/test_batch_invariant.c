@@ -213,76 +213,90 @@ Test(batch_invariant, token_exact_entries_hold)
 		if (moek_set_isa(isas[i]) != 0)
 			continue;
 		const struct moek_isa_ops *ops = moek_isa_current();
-		for (size_t fi = 0; fi < MOEK_FMT_COUNT; fi++) {
-			const uint32_t format = moek_formats[fi].info.format;
-			for (int x8 = 0; x8 < 2; x8++) {
-				const bool listed =
-				    x8 ? ops->token_exact_x8[fi] || ops->dot_x8_exact[fi]
-				       : ops->token_exact[fi] || ops->dot_exact[fi];
-				if (!listed)
-					continue;
-				cr_assert(x8 ? ops->dot_x8[fi] != NULL : ops->dot[fi] != NULL);
-				cr_assert(x8 ? !(ops->token_exact_x8[fi] && ops->dot_x8_exact[fi])
-				             : !(ops->token_exact[fi] && ops->dot_exact[fi]),
-				          "%s %s: a token-exact dot needs no exact form", ops->name,
-				          moek_formats[fi].info.name);
-				/* the dot the invariant mode gives several tokens at once */
-				const moek_dot_fn many_dot =
-				    x8 || ops->token_exact[fi] ? ops->dot[fi] : ops->dot_exact[fi];
-				const moek_dot_x8_fn many_x8 = !x8 || ops->token_exact_x8[fi]
-				                                   ? ops->dot_x8[fi]
-				                                   : ops->dot_x8_exact[fi];
-				if (moek_formats[fi].info.scale_block)
-					for (size_t j = 0; j < 8 * K; j++)
-						wq[j] = moek_f32_to_fp8_e4m3(wf[j]);
-				else
-					cr_assert_eq(moek_quantize(format, wf, 8, K, wq, NULL), 0);
-				if (x8)
-					cr_assert_eq(moek_interleave(format, wq, 0, 8, K, group),
-					             0);
-				const uint32_t af = moek_isa_act_fmt(ops, fi, x8);
-				const size_t as =
-				    ((af == MOEK_F32 ? K * sizeof(float)
-				                     : moek_isa_act_row_bytes(ops, af, K)) +
-				     63) /
-				    64 * 64;
-				for (size_t t = 0; t < 8; t++) {
-					if (af == MOEK_F32)
-						memcpy(act + t * as, xf + t * K, K * sizeof(float));
+		/* the forms the CPU has (VNNI, VBMI), then the plain AVX2 ones */
+		for (int plain = 0; plain < 2; plain++) {
+			if (plain && !moek_set_isa_forms(0))
+				continue;
+			for (size_t fi = 0; fi < MOEK_FMT_COUNT; fi++) {
+				const uint32_t format = moek_formats[fi].info.format;
+				for (int x8 = 0; x8 < 2; x8++) {
+					const bool listed =
+					    x8 ? ops->token_exact_x8[fi] || ops->dot_x8_exact[fi]
+					       : ops->token_exact[fi] || ops->dot_exact[fi];
+					if (!listed)
+						continue;
+					cr_assert(x8 ? ops->dot_x8[fi] != NULL
+					             : ops->dot[fi] != NULL);
+					cr_assert(
+					    x8 ? !(ops->token_exact_x8[fi] && ops->dot_x8_exact[fi])
+					       : !(ops->token_exact[fi] && ops->dot_exact[fi]),
+					    "%s %s: a token-exact dot needs no exact form",
+					    ops->name, moek_formats[fi].info.name);
+					/* the dot the invariant mode gives several tokens at once
+					 */
+					const moek_dot_fn many_dot = x8 || ops->token_exact[fi]
+					                                 ? ops->dot[fi]
+					                                 : ops->dot_exact[fi];
+					const moek_dot_x8_fn many_x8 =
+					    !x8 || ops->token_exact_x8[fi] ? ops->dot_x8[fi]
+					                                   : ops->dot_x8_exact[fi];
+					if (moek_formats[fi].info.scale_block)
+						for (size_t j = 0; j < 8 * K; j++)
+							wq[j] = moek_f32_to_fp8_e4m3(wf[j]);
 					else
-						moek_isa_quantize_act(ops, af, xf + t * K, K,
-						                      act + t * as);
-				}
-				for (size_t nt = 2; nt <= 8; nt++) {
-					float many[64], one[8];
+						cr_assert_eq(
+						    moek_quantize(format, wf, 8, K, wq, NULL), 0);
 					if (x8)
-						many_x8(group, act, as, nt, K, many);
-					else
-						many_dot(wq,
-						         moek_formats[fi].info.scale_block ? sr
-						                                           : NULL,
-						         act, as, nt, K, many);
-					for (size_t t = 0; t < nt; t++) {
-						const size_t nv = x8 ? 8 : 1;
-						if (x8)
-							ops->dot_x8[fi](group, act + t * as, as, 1,
-							                K, one);
+						cr_assert_eq(
+						    moek_interleave(format, wq, 0, 8, K, group), 0);
+					const uint32_t af = moek_isa_act_fmt(ops, fi, x8);
+					const size_t as =
+					    ((af == MOEK_F32 ? K * sizeof(float)
+					                     : moek_isa_act_row_bytes(ops, af, K)) +
+					     63) /
+					    64 * 64;
+					for (size_t t = 0; t < 8; t++) {
+						if (af == MOEK_F32)
+							memcpy(act + t * as, xf + t * K,
+							       K * sizeof(float));
 						else
-							ops->dot[fi](
-							    wq,
-							    moek_formats[fi].info.scale_block
-							        ? sr
-							        : NULL,
-							    act + t * as, as, 1, K, one);
-						cr_assert_arr_eq(
-						    many + t * nv, one, nv * sizeof(float),
-						    "%s %s%s: token %zu of %zu differs from "
-						    "the token alone",
-						    ops->name, moek_formats[fi].info.name,
-						    x8 ? " (groups)" : "", t, nt);
+							moek_isa_quantize_act(ops, af, xf + t * K,
+							                      K, act + t * as);
 					}
+					for (size_t nt = 2; nt <= 8; nt++) {
+						float many[64], one[8];
+						if (x8)
+							many_x8(group, act, as, nt, K, many);
+						else
+							many_dot(wq,
+							         moek_formats[fi].info.scale_block
+							             ? sr
+							             : NULL,
+							         act, as, nt, K, many);
+						for (size_t t = 0; t < nt; t++) {
+							const size_t nv = x8 ? 8 : 1;
+							if (x8)
+								ops->dot_x8[fi](group, act + t * as,
+								                as, 1, K, one);
+							else
+								ops->dot[fi](
+								    wq,
+								    moek_formats[fi]
+								            .info.scale_block
+								        ? sr
+								        : NULL,
+								    act + t * as, as, 1, K, one);
+							cr_assert_arr_eq(
+							    many + t * nv, one, nv * sizeof(float),
+							    "%s %s%s: token %zu of %zu differs "
+							    "from "
+							    "the token alone",
+							    ops->name, moek_formats[fi].info.name,
+							    x8 ? " (groups)" : "", t, nt);
+						}
+					}
+					checked++;
 				}
-				checked++;
 			}
 		}
 	}
