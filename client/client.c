@@ -57,6 +57,7 @@
 static_assert(sizeof(struct moe_connect_opts) == 80, "moe_connect_opts is ABI");
 static_assert(offsetof(struct moe_connect_opts, server_uid) == 48, "moe_connect_opts is ABI");
 static_assert(offsetof(struct moe_connect_opts, reserved) == 56, "moe_connect_opts is ABI");
+static_assert(MOE_CONNECT_BATCH_INVARIANT == MOE_HELLO_BATCH_INVARIANT, "one bit on both sides");
 #endif
 
 #define WAIT_SPIN_NS 30000u
@@ -103,6 +104,7 @@ struct moe_client {
 		char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 		char name[32];
 		uint32_t server_uid;
+		uint32_t flags; /* opts.flags */
 		int timeout_ms;
 		char model[33];
 	} again;
@@ -346,6 +348,7 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 		h.want.hidden = o->hidden;
 		h.want.top_k = o->top_k;
 		h.want.n_slots = o->n_slots;
+		h.flags = o->flags & MOE_CONNECT_BATCH_INVARIANT ? MOE_HELLO_BATCH_INVARIANT : 0;
 	}
 	if (send(c->sock, &h, sizeof(h), MSG_NOSIGNAL) != (ssize_t)sizeof(h) && errno != EPIPE &&
 	    errno != ECONNRESET)
@@ -446,6 +449,14 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 	i->model_hidden = w.model.hidden;
 	i->expert_ffn = w.model.expert_ffn;
 	memcpy(i->model_name, w.model.name, sizeof(i->model_name));
+	i->batch_invariant = w.abi_minor >= 3 && (w.flags & MOE_WELCOME_BATCH_INVARIANT);
+	if (o && (o->flags & MOE_CONNECT_BATCH_INVARIANT) && !i->batch_invariant) {
+		rc = conn_fail(MOE_EPROTO,
+		               "%s: batch invariance was asked for, the sidecar's welcome does not "
+		               "grant it",
+		               path);
+		goto out;
+	}
 	/* ABI 1.1 fields; a 1.0 sidecar left them zero (reserved). */
 	c->model_flags = w.abi_minor >= 1 ? w.model.flags : 0;
 	if (c->model_flags & MOE_MODEL_FINGERPRINT)
@@ -532,8 +543,9 @@ static int check_opts(const struct moe_connect_opts *opts)
 		if (opts->reserved[i])
 			return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved[%zu] is not NULL",
 			                 i);
-	if (opts->reserved_u32)
-		return conn_fail(MOE_EINVAL, "moe_connect: opts.reserved_u32 is not 0");
+	if (opts->flags & ~MOE_CONNECT_BATCH_INVARIANT)
+		return conn_fail(MOE_EINVAL, "moe_connect: opts.flags 0x%x: unknown bits 0x%x",
+		                 opts->flags, opts->flags & ~MOE_CONNECT_BATCH_INVARIANT);
 	if (opts->expect_model) {
 		size_t n = strlen(opts->expect_model);
 		bool hex = n == 32;
@@ -659,6 +671,7 @@ int moe_connect(const struct moe_connect_opts *opts, struct moe_client **out)
 	snprintf(c->again.name, sizeof(c->again.name), "%s",
 	         opts && opts->client_name ? opts->client_name : "");
 	c->again.server_uid = opts ? opts->server_uid : 0;
+	c->again.flags = opts ? opts->flags : 0;
 	c->again.timeout_ms = timeout_ms;
 	snprintf(c->again.model, sizeof(c->again.model), "%s",
 	         opts && opts->expect_model ? opts->expect_model : c->info.fingerprint);
@@ -679,6 +692,7 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	    .client_name = c->again.name[0] ? c->again.name : NULL,
 	    .expect_model = c->again.model[0] ? c->again.model : NULL,
 	    .server_uid = c->again.server_uid,
+	    .flags = c->again.flags,
 	};
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", c->again.path);

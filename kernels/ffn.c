@@ -246,9 +246,10 @@ static uint32_t act_format(const struct moek_isa_ops *ops, const struct moek_mat
 	return moek_isa_act_fmt(ops, f, m->interleave != 0);
 }
 
-/* Fills c->plan (except base) and returns the scratch bytes needed. */
+/* Fills c->plan (except base) and returns the scratch bytes needed (invariant: for a
+ * batch-invariant call, which never takes the tiles). */
 static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
-                     const struct moek_isa_ops *ops, struct moek_ffn_call *c)
+                     const struct moek_isa_ops *ops, bool invariant, struct moek_ffn_call *c)
 {
 	c->plan.isa = ops;
 	/* the formats' table indices, once: the phases index the ops tables with them */
@@ -273,7 +274,7 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
-	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens;
+	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens && !invariant;
 	c->plan.x_bf16 = c->plan.prefill && bf16_gate;
 	c->plan.h_bf16 = c->plan.prefill && ops->tile_bf16 && moek_tile_bf16_takes(e->down.format);
 	/* bf16 panels hold k in pairs and the tiles take k in multiples of 32 */
@@ -305,7 +306,9 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	c->plan.row_bf16 = c->plan.x_bf16 || c->plan.h_bf16 ? row_buf : 0;
 	const size_t tiles = (TILE_ROWS * KC + 2 * TILE_ROWS * TC_MAX) * sizeof(float) +
 	                     2 * TILE_ROWS * c->plan.row_bf16 * sizeof(uint16_t);
-	const size_t hq = n * c->plan.hq_row;
+	/* a batch-invariant call of more than 8 tokens: its down workers quantize h 8 tokens at a
+	 * time, as they go */
+	const size_t hq = (invariant && n > MOEK_DOT_TOKENS ? MOEK_DOT_TOKENS : n) * c->plan.hq_row;
 	c->plan.worker_bytes = round_up(c->plan.hq_off + (tiles > hq ? tiles : hq), 64);
 	off += (n_workers ? n_workers : 1) * c->plan.worker_bytes;
 	return off + 64; /* room to align the caller's pointer */
@@ -324,7 +327,9 @@ size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsi
 	    n_workers > MOEK_MAX_WORKERS)
 		return 0;
 	struct moek_ffn_call c;
-	return layout(e, n_tokens, n_workers, moek_isa_current(), &c);
+	const size_t plain = layout(e, n_tokens, n_workers, moek_isa_current(), false, &c);
+	const size_t invariant = layout(e, n_tokens, n_workers, moek_isa_current(), true, &c);
+	return plain > invariant ? plain : invariant;
 }
 
 static void clear_panel_token(const struct moek_ffn_call *c, size_t t);
@@ -351,7 +356,8 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t len)
 		return fail(err, len,
 		            "ffn call: %zu tokens / %u workers beyond the limits (%u / %u)",
 		            c->n_tokens, c->n_workers, MOEK_MAX_TOKENS, MOEK_MAX_WORKERS);
-	const size_t need = layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c);
+	const size_t need =
+	    layout(e, c->n_tokens, c->n_workers, moek_isa_current(), c->batch_invariant, c);
 	if (!c->scratch || c->scratch_bytes < need)
 		return fail(err, len, "ffn call: scratch has %zu bytes, needs %zu",
 		            c->scratch ? c->scratch_bytes : 0, need);
@@ -804,6 +810,25 @@ static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expe
 	}
 }
 
+/* Group dots of nt tokens, out[t * 8 + r]. invariant (a batch-invariant call whose group dot
+ * is not token-exact): each token its one-token bits, through the ISA's token-exact form of
+ * the group dot where it has one, else one token per call. */
+static inline void group_dots(const struct moek_isa_ops *ops, enum moek_fmt f, bool invariant,
+                              const void *group, const uint8_t *act, size_t as, size_t nt, size_t k,
+                              float *out)
+{
+	if (!invariant) {
+		ops->dot_x8[f](group, act, as, nt, k, out);
+		return;
+	}
+	if (nt > 1 && ops->dot_x8_exact[f]) {
+		ops->dot_x8_exact[f](group, act, as, nt, k, out);
+		return;
+	}
+	for (size_t t = 0; t < nt; t++)
+		ops->dot_x8[f](group, act + t * as, as, 1, k, out + t * MOEK_INTERLEAVE);
+}
+
 /* Interleaved gate/up: whole groups of 8 rows through the ISA's group dot; a range that
  * starts or ends inside a group computes the group and keeps its own rows (each row's value
  * does not depend on the call, so the split does not change the bits). */
@@ -811,6 +836,8 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
                              size_t f1)
 {
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.gate_fmt];
+	const bool one_by_one =
+	    c->batch_invariant && !plan_ops(c)->token_exact_x8[c->plan.gate_fmt];
 	const size_t hidden = c->plan.hidden, as = c->plan.xq_row;
 	const uint8_t *xa = xq_row(c, 0);
 	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
@@ -828,8 +855,10 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 			}
 			float g[MOEK_DOT_TOKENS * MOEK_INTERLEAVE],
 			    u[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			dot_x8(gate, xa + t0 * as, as, nt, hidden, g);
-			dot_x8(up, xa + t0 * as, as, nt, hidden, u);
+			group_dots(plan_ops(c), c->plan.gate_fmt, one_by_one, gate, xa + t0 * as,
+			           as, nt, hidden, g);
+			group_dots(plan_ops(c), c->plan.gate_fmt, one_by_one, up, xa + t0 * as, as,
+			           nt, hidden, u);
 			for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 				const size_t f = g0 + r;
 				if (f < f0 || f >= f1)
@@ -845,6 +874,65 @@ static void hidden_decode_x8(const struct moek_ffn_call *c, const struct moek_ex
 	}
 }
 
+/* The dot a batch-invariant call runs several tokens through: the ISA's dot where it is
+ * token-exact, else its token-exact form; NULL: none (one token per call). */
+static inline moek_dot_fn token_exact_dot(const struct moek_isa_ops *ops, enum moek_fmt f)
+{
+	return ops->token_exact[f] ? ops->dot[f] : ops->dot_exact[f];
+}
+
+/* Row dots of nt tokens against one weight row, out[t], each token's bits those of dot with
+ * nt = 1: through `many` (token_exact_dot), else one token per call. */
+static inline void row_dots(moek_dot_fn dot, moek_dot_fn many, const uint8_t *w, const float *s,
+                            const uint8_t *act, size_t as, size_t nt, size_t k, float *out)
+{
+	if (nt > 1 && many) {
+		many(w, s, act, as, nt, k, out);
+		return;
+	}
+	for (size_t t = 0; t < nt; t++) /* the row stays in L1 from one token to the next */
+		dot(w, s, act + t * as, as, 1, k, out + t);
+}
+
+/* A batch-invariant call's hidden phase on row dots: the one-token path's operations for
+ * every token — each row's dot, then the chunk's activation (activate_chunk) — with the
+ * weights of a chunk read once from memory for every token (tokens 8 at a time through a
+ * token-exact dot, else one at a time while the row is in L1). */
+static void hidden_decode_invariant(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                    size_t f0, size_t f1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_fn dot = ops->dot[c->plan.gate_fmt];
+	const moek_dot_fn many = token_exact_dot(ops, c->plan.gate_fmt);
+	const size_t hidden = c->plan.hidden;
+	const bool quantized = c->plan.xq_format != MOEK_F32;
+	const size_t as = quantized ? c->plan.xq_row : c->plan.x_pad * sizeof(float);
+	const uint8_t *xa =
+	    quantized ? (const uint8_t *)xq_row(c, 0) : (const uint8_t *)x32_row(c, 0);
+	float ub[MOEK_DOT_TOKENS * DECODE_CHUNK];
+	for (size_t c0 = f0; c0 < f1; c0 += DECODE_CHUNK) {
+		const size_t c1 = c0 + DECODE_CHUNK < f1 ? c0 + DECODE_CHUNK : f1;
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			for (size_t f = c0; f < c1; f++) {
+				float g[MOEK_DOT_TOKENS], u[MOEK_DOT_TOKENS];
+				row_dots(dot, many, matrix_row(&e->gate, f),
+				         matrix_scale_row(&e->gate, f), xa + t0 * as, as, nt,
+				         hidden, g);
+				row_dots(dot, many, matrix_row(&e->up, f),
+				         matrix_scale_row(&e->up, f), xa + t0 * as, as, nt, hidden,
+				         u);
+				for (size_t t = 0; t < nt; t++) {
+					h32_row(c, t0 + t)[f] = g[t];
+					ub[t * DECODE_CHUNK + (f - c0)] = u[t];
+				}
+			}
+			activate_chunk(c, e, t0, nt, c0, c0, c1, ub);
+		}
+	}
+}
+
 static void hidden_decode(const struct moek_ffn_call *c, const struct moek_expert *e,
                           unsigned worker, size_t f0, size_t f1)
 {
@@ -855,6 +943,10 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 	float *row = worker_area(c, worker);
 	if (e->gate.interleave && ops->dot_x8[c->plan.gate_fmt] && quantized) {
 		hidden_decode_x8(c, e, f0, f1);
+		return;
+	}
+	if (dot && c->batch_invariant) { /* (without dots each token is on its own already) */
+		hidden_decode_invariant(c, e, f0, f1);
 		return;
 	}
 	/* per-row invariants hoisted: with Qwen3-sized rows the loop's own cost is not small */
@@ -1023,12 +1115,24 @@ static void down_prefill(const struct moek_ffn_call *c, const struct moek_expert
  * one matrix were no faster (docs/performance.md). */
 enum { ROWS_CHUNK = 64 };
 
+/* h of tokens [t0, t0 + nt) (nt <= 8) in down's activation format into the worker's rows
+ * 0 .. nt - 1: a batch-invariant call quantizes as it goes (the same function on the same
+ * h: the same bytes as the default's one pass over every token). */
+static void quantize_h(const struct moek_ffn_call *c, unsigned worker, size_t t0, size_t nt)
+{
+	for (size_t t = 0; t < nt; t++)
+		moek_isa_quantize_act(plan_ops(c), c->plan.hq_format, h32_row(c, t0 + t),
+		                      c->plan.ffn, hq_row(c, worker, t));
+}
+
 /* Interleaved down: as hidden_decode_x8, groups of 8 output rows, partial groups at the edges
  * of the range computed whole and kept in part. h is already in the worker's scratch. */
 static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expert *e,
                            unsigned worker, size_t o0, size_t o1)
 {
 	const moek_dot_x8_fn dot_x8 = plan_ops(c)->dot_x8[c->plan.down_fmt];
+	const bool one_by_one =
+	    c->batch_invariant && !plan_ops(c)->token_exact_x8[c->plan.down_fmt];
 	const size_t ffn = c->plan.ffn, as = c->plan.hq_row;
 	const uint8_t *ha = hq_row(c, worker, 0);
 	float yb[MOEK_DOT_TOKENS *
@@ -1037,14 +1141,20 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 	         x8_steps(c->n_tokens, o0, o1, moek_fmt_row_bytes(c->plan.down_fmt, ffn), as);
 	     x8_next(&s);) {
 		const size_t t0 = s.t0, nt = s.nt, c0 = s.c0, c1 = s.c1;
+		const uint8_t *act = ha + t0 * as;
+		if (c->batch_invariant && c->n_tokens > MOEK_DOT_TOKENS) { /* into the 8 rows */
+			quantize_h(c, worker, t0, nt);
+			act = ha;
+		}
 		for (size_t g0 = c0; g0 < c1; g0 += MOEK_INTERLEAVE) {
 			const uint8_t *down = matrix_group(&e->down, g0);
 			if (nt == 1) { /* rows outside the range are computed, not used */
-				dot_x8(down, ha + t0 * as, as, 1, ffn, yb + (g0 - c0));
+				dot_x8(down, act, as, 1, ffn, yb + (g0 - c0));
 				continue;
 			}
 			float y[MOEK_DOT_TOKENS * MOEK_INTERLEAVE];
-			dot_x8(down, ha + t0 * as, as, nt, ffn, y);
+			group_dots(plan_ops(c), c->plan.down_fmt, one_by_one, down, act, as, nt,
+			           ffn, y);
 			for (size_t r = 0; r < MOEK_INTERLEAVE && g0 + r < c1; r++)
 				for (size_t t = 0; t < nt; t++)
 					yb[t * DECODE_CHUNK + (g0 + r - c0)] =
@@ -1053,6 +1163,64 @@ static void down_decode_x8(const struct moek_ffn_call *c, const struct moek_expe
 		const size_t a = c0 > o0 ? c0 : o0;
 		for (size_t t = 0; t < nt; t++)
 			accumulate_rows(c, e, t0 + t, a, c1, yb + t * DECODE_CHUNK + (a - c0));
+	}
+}
+
+/* A batch-invariant call's down phase on row dots: the one-token path's operations for every
+ * token — a chunk's sums by the many-row dot (or a dot per row: the same bits), then their
+ * weighted sums — tokens 8 at a time (through a token-exact dot, else one by one while the
+ * rows are in cache), over blocks of ROW_BLOCK rows that stay in L2 from one 8 tokens to the
+ * next; each 8 tokens' h is quantized into the worker's rows once per block. */
+enum { ROW_BLOCK = 256 };
+static void down_decode_invariant(const struct moek_ffn_call *c, const struct moek_expert *e,
+                                  unsigned worker, size_t o0, size_t o1)
+{
+	const struct moek_isa_ops *ops = plan_ops(c);
+	const moek_dot_fn dot = ops->dot[c->plan.down_fmt];
+	const moek_dot_rows_fn rows = ops->dot_rows[c->plan.down_fmt];
+	const moek_dot_fn many = token_exact_dot(ops, c->plan.down_fmt);
+	const size_t ffn = c->plan.ffn, stride = row_stride(&e->down);
+	const bool quantized = c->plan.hq_format != MOEK_F32;
+	const size_t as = quantized ? c->plan.hq_row : c->plan.h_pad * sizeof(float);
+	for (size_t b0 = o0; b0 < o1; b0 += ROW_BLOCK) {
+		const size_t b1 = o1 - b0 < ROW_BLOCK ? o1 : b0 + ROW_BLOCK;
+		for (size_t t0 = 0; t0 < c->n_tokens; t0 += MOEK_DOT_TOKENS) {
+			const size_t nt =
+			    c->n_tokens - t0 < MOEK_DOT_TOKENS ? c->n_tokens - t0 : MOEK_DOT_TOKENS;
+			if (quantized && c->n_tokens > MOEK_DOT_TOKENS) /* (else: all up front) */
+				quantize_h(c, worker, t0, nt);
+			const uint8_t *ha = quantized ? (const uint8_t *)hq_row(c, worker, 0)
+			                              : (const uint8_t *)h32_row(c, t0);
+			for (size_t r0 = b0; r0 < b1; r0 += ROWS_CHUNK) {
+				const size_t nr = b1 - r0 < ROWS_CHUNK ? b1 - r0 : ROWS_CHUNK;
+				float y[MOEK_DOT_TOKENS][ROWS_CHUNK];
+				if (many && nt > 1) {
+					for (size_t i = 0; i < nr; i++) {
+						float v[MOEK_DOT_TOKENS];
+						many(matrix_row(&e->down, r0 + i),
+						     matrix_scale_row(&e->down, r0 + i), ha, as, nt,
+						     ffn, v);
+						for (size_t t = 0; t < nt; t++)
+							y[t][i] = v[t];
+					}
+				} else {
+					for (size_t t = 0; t < nt; t++) {
+						const uint8_t *a = ha + t * as;
+						if (rows && quantized)
+							rows(matrix_row(&e->down, r0), stride, nr,
+							     a, ffn, y[t]);
+						else
+							for (size_t i = 0; i < nr; i++)
+								dot(matrix_row(&e->down, r0 + i),
+								    matrix_scale_row(&e->down,
+								                     r0 + i),
+								    a, as, 1, ffn, y[t] + i);
+					}
+				}
+				for (size_t t = 0; t < nt; t++)
+					accumulate_rows(c, e, t0 + t, r0, r0 + nr, y[t]);
+			}
+		}
 	}
 }
 
@@ -1067,12 +1235,16 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 	float *row = worker_area(c, worker);
 	/* h of every token in down's activation format, this worker's own copy: the hidden phase
 	 * may have been split anywhere, so no worker's range held whole quantization blocks */
-	if ((dot || x8) && quantized)
+	if ((dot || x8) && quantized && (!c->batch_invariant || c->n_tokens <= MOEK_DOT_TOKENS))
 		for (size_t t = 0; t < c->n_tokens; t++)
 			moek_isa_quantize_act(ops, c->plan.hq_format, h32_row(c, t), ffn,
 			                      hq_row(c, worker, t));
 	if (x8 && quantized) {
 		down_decode_x8(c, e, worker, o0, o1);
+		return;
+	}
+	if (dot && c->batch_invariant) {
+		down_decode_invariant(c, e, worker, o0, o1);
 		return;
 	}
 	/* per-row invariants hoisted (2048 rows of 768 columns in Qwen3: the loop's own cost

@@ -441,6 +441,14 @@ struct moek_isa_ops {
 	moek_dot_fn dot[MOEK_FMT_SLOTS];           /* row dots */
 	moek_dot_rows_fn dot_rows[MOEK_FMT_SLOTS]; /* the same, one token, many rows (NULL: none) */
 	moek_dot_x8_fn dot_x8[MOEK_FMT_SLOTS];     /* interleaved groups (NULL: none) */
+	/* dot (token_exact) and dot_x8 (token_exact_x8) give each token the bits nt = 1 gives
+	 * it, whatever nt: the batch-invariant FFN runs them 8 tokens at a time, and the others
+	 * one token at a time (test_batch_invariant checks every true entry) */
+	bool token_exact[MOEK_FMT_SLOTS], token_exact_x8[MOEK_FMT_SLOTS];
+	/* for a dot that is not token-exact, a form that is (NULL: none): the same bits for a
+	 * token as dot with nt = 1, at any nt */
+	moek_dot_fn dot_exact[MOEK_FMT_SLOTS];
+	moek_dot_x8_fn dot_x8_exact[MOEK_FMT_SLOTS]; /* the same for group dots */
 	/* the activation format a weight format's dot (act) and group dot (act_x8) consume: a
 	 * private one (MOEK_ACT_*), or 0: the row's vec_dot_format */
 	uint32_t act[MOEK_FMT_SLOTS], act_x8[MOEK_FMT_SLOTS];
@@ -565,6 +573,9 @@ void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, 
                         size_t nt, size_t k, float *out);
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out);
+/* Its token-exact form (moek_isa_ops.dot_exact). */
+void moek_avx2_dot_int4_exact(const void *w, const float *scale_row, const void *act, size_t as,
+                              size_t nt, size_t k, float *out);
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
 /* The group dot of interleaved INT4_G32 rows against MOEK_ACT_Q8_0S activations (vpdpbusd
  * with MOEK_FORM_VNNI on; same bits). */
@@ -584,6 +595,8 @@ void moek_avx2_dot_iq4_nl(const void *w, const float *sr, const void *act, size_
                           size_t k, float *out);
 void moek_avx2_rows_iq4_nl(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out);
+void moek_avx2_dot_iq4_nl_exact(const void *w, const float *sr, const void *act, size_t as,
+                                size_t nt, size_t k, float *out); /* dot_exact */
 void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                           size_t k, float *out);
 void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,

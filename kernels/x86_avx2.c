@@ -159,8 +159,11 @@ ALWAYS_INLINE void pair_unpack(enum q32_kind kind, const uint8_t *b0, size_t bb,
 	*w8 = pair_weight_scales(kind, b0, has_two ? b0 + bb : NULL);
 }
 
+/* exact: every token's sums in the two chains of NT = 1 (moek_isa_ops.dot_exact), for the
+ * batch-invariant mode; else several tokens take one chain each. */
 ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, size_t as,
-                            const int NT, size_t k, float *out, enum q32_kind kind, bool vnni)
+                            const int NT, size_t k, float *out, enum q32_kind kind, bool vnni,
+                            bool exact)
 {
 	(void)sr;
 	const size_t bb = kind == Q32_Q8_0 ? 34 : kind == Q32_Q4_0 ? 18 : 17, nb = k / 32;
@@ -168,21 +171,33 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	    wide_activation(kind == Q32_Q8_0 ? nb * sizeof(struct block_q8_0)
 	                                     : (nb + 1) / 2 * sizeof(struct block_q8_0x2));
 	const uint8_t *x = w;
-	__m256 acc[8], acc1 = _mm256_setzero_ps();
+	__m256 acc[8], acc1[8];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = acc1[t] = _mm256_setzero_ps();
+	const bool two = NT == 1 || exact;
 	if (kind != Q32_Q8_0) { /* pairs of blocks against MOEK_ACT_Q8_0X2 activations */
-		const struct block_q8_0x2 *y0 = act;
 		size_t p = 0;
 		__m256i ulo, uhi;
 		__m256 w8;
-		if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
+		if (two) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 			for (; p + 2 <= nb / 2; p += 2) {
 				prefetch_ahead(x + 2 * p * bb, far);
 				pair_unpack(kind, x + 2 * p * bb, bb, true, &ulo, &uhi, &w8);
-				acc[0] = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p, acc[0]);
+				for (int t = 0; t < NT; t++)
+					acc[t] = pair_dot(
+					    kind, vnni, ulo, uhi, w8,
+					    (const struct block_q8_0x2 *)((const uint8_t *)act +
+					                                  t * as) +
+					        p,
+					    acc[t]);
 				pair_unpack(kind, x + 2 * (p + 1) * bb, bb, true, &ulo, &uhi, &w8);
-				acc1 = pair_dot(kind, vnni, ulo, uhi, w8, y0 + p + 1, acc1);
+				for (int t = 0; t < NT; t++)
+					acc1[t] = pair_dot(
+					    kind, vnni, ulo, uhi, w8,
+					    (const struct block_q8_0x2 *)((const uint8_t *)act +
+					                                  t * as) +
+					        p + 1,
+					    acc1[t]);
 			}
 		}
 		for (; 2 * p < nb; p++) {
@@ -198,12 +213,16 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 	} else {
 		const struct block_q8_0 *xb = w;
 		size_t i = 0;
-		if (NT == 1) { /* two accumulators: the FMA latency chain would bound */
-			const struct block_q8_0 *y = act;
+		if (two) { /* two accumulators: the FMA latency chain would bound */
 			for (; i + 2 <= nb; i += 2) {
 				prefetch_ahead(xb + i, far);
-				acc[0] = q8_0_block(xb + i, y + i, acc[0], vnni);
-				acc1 = q8_0_block(xb + i + 1, y + i + 1, acc1, vnni);
+				for (int t = 0; t < NT; t++) {
+					const struct block_q8_0 *y =
+					    (const struct block_q8_0 *)((const uint8_t *)act +
+					                                t * as);
+					acc[t] = q8_0_block(xb + i, y + i, acc[t], vnni);
+					acc1[t] = q8_0_block(xb + i + 1, y + i + 1, acc1[t], vnni);
+				}
 			}
 		}
 		for (; i < nb; i++) { /* several tokens, and an odd last block */
@@ -217,7 +236,7 @@ ALWAYS_INLINE void q32_body(const void *w, const float *sr, const void *act, siz
 		}
 	}
 	for (int t = 0; t < NT; t++)
-		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+		out[t] = hsum(two ? _mm256_add_ps(acc[t], acc1[t]) : acc[t]);
 }
 
 /* ---- MOEK_ACT_Q8_0X2: the activations of the Q4_0 / MXFP4 / IQ4_NL dot products -------------- */
@@ -390,9 +409,12 @@ static void dequantize_act(uint32_t act_format, const void *src, size_t k, float
 	}
 }
 
-DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false)
-DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false)
-DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
+DOT_ENTRY(dot_q8_0_avx2, q32_body, Q32_Q8_0, false, false)
+DOT_ENTRY(dot_q8_0_exact_avx2, q32_body, Q32_Q8_0, false, true)
+DOT_ENTRY(dot_q4_0_avx2, q32_body, Q32_Q4_0, false, false)
+DOT_ENTRY(dot_q4_0_exact_avx2, q32_body, Q32_Q4_0, false, true)
+DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false, false)
+DOT_ENTRY(dot_mxfp4_exact_avx2, q32_body, Q32_MXFP4, false, true)
 
 /* The VNNI forms (the row dots below, the group dots further on) are compiled for the AVX-512
  * subset MOEK_FORM_VNNI needs (isa.c): the compiler may then fold a weight vector's load into the
@@ -400,15 +422,18 @@ DOT_ENTRY(dot_mxfp4_avx2, q32_body, Q32_MXFP4, false)
  * MXFP4 block (docs/performance.md). The integer sums are exact and the float steps the same, so
  * the bits are the AVX2 form's. */
 
-VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true)
-VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true)
-VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true)
-ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false)
-ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false)
-ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false)
-VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true)
-VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true)
-VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true)
+VNNI_DOT_ENTRY(dot_q8_0_vnni, q32_body, Q32_Q8_0, true, false)
+VNNI_DOT_ENTRY(dot_q8_0_exact_vnni, q32_body, Q32_Q8_0, true, true)
+VNNI_DOT_ENTRY(dot_q4_0_vnni, q32_body, Q32_Q4_0, true, false)
+VNNI_DOT_ENTRY(dot_q4_0_exact_vnni, q32_body, Q32_Q4_0, true, true)
+VNNI_DOT_ENTRY(dot_mxfp4_vnni, q32_body, Q32_MXFP4, true, false)
+VNNI_DOT_ENTRY(dot_mxfp4_exact_vnni, q32_body, Q32_MXFP4, true, true)
+ROWS_ENTRY(rows_q8_0_avx2, q32_body, Q32_Q8_0, false, false)
+ROWS_ENTRY(rows_q4_0_avx2, q32_body, Q32_Q4_0, false, false)
+ROWS_ENTRY(rows_mxfp4_avx2, q32_body, Q32_MXFP4, false, false)
+VNNI_ROWS_ENTRY(rows_q8_0_vnni, q32_body, Q32_Q8_0, true, false)
+VNNI_ROWS_ENTRY(rows_q4_0_vnni, q32_body, Q32_Q4_0, true, false)
+VNNI_ROWS_ENTRY(rows_mxfp4_vnni, q32_body, Q32_MXFP4, true, false)
 
 /* The entry points of the formats that have a VNNI form: each picks its form per call. */
 #define VNNI_DISPATCH_DOT(fmt) static VNNI_PICK_DOT(dot_##fmt, dot_##fmt##_avx2, dot_##fmt##_vnni)
@@ -420,6 +445,9 @@ VNNI_DISPATCH_DOT(q8_0)
 VNNI_DISPATCH_DOT(q4_0)
 
 VNNI_DISPATCH_DOT(mxfp4)
+VNNI_DISPATCH_DOT(q8_0_exact)
+VNNI_DISPATCH_DOT(q4_0_exact)
+VNNI_DISPATCH_DOT(mxfp4_exact)
 
 VNNI_DISPATCH_ROWS(q8_0)
 
@@ -805,11 +833,53 @@ ALWAYS_INLINE void x8_q4_K_body(const void *group, const void *act, size_t as, c
  * (docs/performance.md); here each activation pair serves 8 rows. One token: four
  * vectors per step, even and odd sums of each in chains of their own (eight). */
 ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, const int NT,
-                                size_t k, float *out, bool vnni)
+                                size_t k, float *out, bool exact)
 {
-	(void)vnni; /* no integer products */
 	const uint8_t *col = group;
 	const __m256i odd_mask = _mm256_set1_epi32((int)0xffff0000u);
+	if (exact) { /* (no integer products: the entry's flag picks the token-exact form) */
+		/* every token in the eight chains of one token, two tokens per pass over the group
+		 * (16 chains: AVX2's registers) */
+		for (int t0 = 0; t0 < NT; t0 += 2) {
+			const int nb = NT - t0 < 2 ? NT - t0 : 2;
+			const uint8_t *c2 = group;
+			struct x8_stream pf2 = x8_stream_at(c2, 1);
+			__m256 ev[2][4], od[2][4];
+			for (int b = 0; b < 2; b++)
+				for (int j = 0; j < 4; j++)
+					ev[b][j] = od[b][j] = _mm256_setzero_ps();
+			for (size_t p = 0; p < k / 2; p += 4, c2 += 4 * 32) {
+				x8_prefetch(&pf2, c2 + 4 * 32);
+				for (int j = 0; j < 4; j++) {
+					const __m256i w =
+					    _mm256_loadu_si256((const __m256i *)(c2 + 32 * j));
+					for (int b = 0; b < nb; b++) {
+						const __m256i y = _mm256_set1_epi32(
+						    load_i32((const int8_t *)act +
+						             (size_t)(t0 + b) * as + 4 * (p + j)));
+						ev[b][j] = _mm256_fmadd_ps(
+						    _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)),
+						    _mm256_castsi256_ps(_mm256_slli_epi32(y, 16)),
+						    ev[b][j]);
+						od[b][j] = _mm256_fmadd_ps(
+						    _mm256_castsi256_ps(
+						        _mm256_and_si256(w, odd_mask)),
+						    _mm256_castsi256_ps(
+						        _mm256_and_si256(y, odd_mask)),
+						    od[b][j]);
+					}
+				}
+			}
+			for (int b = 0; b < nb; b++) {
+				const __m256 s01 = _mm256_add_ps(_mm256_add_ps(ev[b][0], od[b][0]),
+				                                 _mm256_add_ps(ev[b][1], od[b][1]));
+				const __m256 s23 = _mm256_add_ps(_mm256_add_ps(ev[b][2], od[b][2]),
+				                                 _mm256_add_ps(ev[b][3], od[b][3]));
+				_mm256_storeu_ps(out + 8 * (t0 + b), _mm256_add_ps(s01, s23));
+			}
+		}
+		return;
+	}
 	if (NT == 1) {
 		const uint8_t *x = act;
 		__m256 ev[4], od[4];
@@ -880,6 +950,7 @@ static void x8_mxfp4(const void *g, const void *act, size_t as, size_t nt, size_
 X8_DISPATCH(q8_0)
 X8_DISPATCH(q4_K)
 X8_ENTRY(x8_bf16, x8_bf16_body, false, )
+X8_ENTRY(x8_bf16_exact, x8_bf16_body, true, )
 
 /* ---- Q8_K-activation formats (K-quants) ---------------------------------------------------- */
 
@@ -1199,17 +1270,19 @@ ALWAYS_INLINE const uint16_t *bf16_token(const void *act, size_t as, int t)
 
 /* BF16 / F16 weights against bf16 activations: 16 columns per step as even/odd f32 halves,
  * one accumulator pair per token (two pairs over 32 columns for a single token). */
+/* exact: as q32_body's (each token in the four chains of NT = 1). */
 ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, size_t as,
-                             const int NT, size_t k, float *out, const int is_f16)
+                             const int NT, size_t k, float *out, const int is_f16, const bool exact)
 {
 	(void)sr;
 	const uint16_t *a = w;
 	const bool far = wide_activation(k * sizeof(uint16_t));
-	__m256 e0[8], o0[8], e1 = _mm256_setzero_ps(), o1 = e1;
+	__m256 e0[8], o0[8], e1[8], o1[8];
 	for (int t = 0; t < NT; t++)
-		e0[t] = o0[t] = _mm256_setzero_ps();
+		e0[t] = o0[t] = e1[t] = o1[t] = _mm256_setzero_ps();
+	const bool four = NT == 1 || exact;
 	size_t i = 0;
-	if (NT == 1) {
+	if (four) {
 		for (; i + 32 <= k; i += 32) {
 			__m256 we, wo, xe, xo;
 			prefetch_ahead(a + i, far);
@@ -1217,16 +1290,20 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 				f16x16(a + i, &we, &wo);
 			else
 				bf16x16(a + i, &we, &wo);
-			bf16x16(bf16_token(act, as, 0) + i, &xe, &xo);
-			e0[0] = _mm256_fmadd_ps(we, xe, e0[0]);
-			o0[0] = _mm256_fmadd_ps(wo, xo, o0[0]);
+			for (int t = 0; t < NT; t++) {
+				bf16x16(bf16_token(act, as, t) + i, &xe, &xo);
+				e0[t] = _mm256_fmadd_ps(we, xe, e0[t]);
+				o0[t] = _mm256_fmadd_ps(wo, xo, o0[t]);
+			}
 			if (is_f16)
 				f16x16(a + i + 16, &we, &wo);
 			else
 				bf16x16(a + i + 16, &we, &wo);
-			bf16x16(bf16_token(act, as, 0) + i + 16, &xe, &xo);
-			e1 = _mm256_fmadd_ps(we, xe, e1);
-			o1 = _mm256_fmadd_ps(wo, xo, o1);
+			for (int t = 0; t < NT; t++) {
+				bf16x16(bf16_token(act, as, t) + i + 16, &xe, &xo);
+				e1[t] = _mm256_fmadd_ps(we, xe, e1[t]);
+				o1[t] = _mm256_fmadd_ps(wo, xo, o1[t]);
+			}
 		}
 	}
 	for (; i + 16 <= k; i += 16) {
@@ -1244,8 +1321,8 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	}
 	for (int t = 0; t < NT; t++) {
 		__m256 s = _mm256_add_ps(e0[t], o0[t]);
-		if (NT == 1)
-			s = _mm256_add_ps(s, _mm256_add_ps(e1, o1));
+		if (four)
+			s = _mm256_add_ps(s, _mm256_add_ps(e1[t], o1[t]));
 		float r = hsum(s);
 		for (size_t j = i; j < k; j++)
 			r += (is_f16 ? f16(a[j]) : moek_bf16_to_f32(a[j])) *
@@ -1254,10 +1331,12 @@ ALWAYS_INLINE void half_body(const void *w, const float *sr, const void *act, si
 	}
 }
 
-DOT_ENTRY(dot_f16, half_body, 1)
-DOT_ENTRY(dot_bf16, half_body, 0)
-ROWS_ENTRY(rows_f16, half_body, 1)
-ROWS_ENTRY(rows_bf16, half_body, 0)
+DOT_ENTRY(dot_f16, half_body, 1, false)
+DOT_ENTRY(dot_bf16, half_body, 0, false)
+DOT_ENTRY(dot_f16_exact, half_body, 1, true)
+DOT_ENTRY(dot_bf16_exact, half_body, 0, true)
+ROWS_ENTRY(rows_f16, half_body, 1, false)
+ROWS_ENTRY(rows_bf16, half_body, 0, false)
 
 static float dot_f32(const float *a, const float *b, size_t k)
 {
@@ -1821,6 +1900,38 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q4_K] = x8_q4_K,
             [MOEK_FMT_BF16] = x8_bf16,
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
+        },
+    /* the dots whose per-token sums do not depend on how many tokens share the call (one
+     * accumulator chain per token, the same at any nt); the others keep a faster one-token
+     * form (x86_avx512.c keeps these: its own BF16 dots are not on the list) */
+    .token_exact =
+        {
+            [MOEK_FMT_Q2_K] = true,
+            [MOEK_FMT_Q3_K] = true,
+            [MOEK_FMT_Q4_K] = true,
+            [MOEK_FMT_Q5_K] = true,
+            [MOEK_FMT_Q6_K] = true,
+            [MOEK_FMT_IQ4_XS] = true,
+            [MOEK_FMT_FP8_E4M3_B128] = true,
+        },
+    /* the other dots' token-exact forms: several tokens, each in the chains of nt = 1 */
+    .dot_exact =
+        {
+            [MOEK_FMT_F16] = dot_f16_exact,
+            [MOEK_FMT_BF16] = dot_bf16_exact,
+            [MOEK_FMT_Q8_0] = dot_q8_0_exact,
+            [MOEK_FMT_Q4_0] = dot_q4_0_exact,
+            [MOEK_FMT_MXFP4] = dot_mxfp4_exact,
+            [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4_exact,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_dot_iq4_nl_exact,
+        },
+    .dot_x8_exact = {[MOEK_FMT_BF16] = x8_bf16_exact},
+    .token_exact_x8 =
+        {
+            [MOEK_FMT_Q8_0] = true,
+            [MOEK_FMT_MXFP4] = true,
+            [MOEK_FMT_Q4_K] = true,
+            [MOEK_FMT_INT4_G32] = true,
         },
     /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
      * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */

@@ -74,25 +74,36 @@ ALWAYS_INLINE __m256 int4_pair_dot(__m256i ulo, __m256i uhi, __m256 w8, __m256i 
 	                       acc);
 }
 
+/* exact: every token in the two chains of NT = 1 (moek_isa_ops.dot_exact) */
 ALWAYS_INLINE void int4_body(const uint8_t *x, const void *act, size_t as, const int NT, size_t k,
-                             float *out)
+                             float *out, bool exact)
 {
 	const size_t nb = k / QK_INT4;
-	__m256 acc[MOEK_DOT_TOKENS], acc1 = _mm256_setzero_ps();
+	__m256 acc[MOEK_DOT_TOKENS], acc1[MOEK_DOT_TOKENS];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
-	const struct block_q8_0x2 *y0 = act;
+		acc[t] = acc1[t] = _mm256_setzero_ps();
 	__m256i ulo, uhi, z8;
 	__m256 w8;
 	size_t p = 0;
-	if (NT == 1) /* two accumulators (even / odd pairs): the FMA chain would bound */
+	const bool two = NT == 1 || exact;
+	if (two) /* two accumulators (even / odd pairs): the FMA chain would bound */
 		for (; p + 2 <= nb / 2; p += 2) {
 			_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + PREFETCH_AHEAD,
 			             _MM_HINT_T0);
 			int4_pair(x + 2 * p * INT4_BLOCK, true, &ulo, &uhi, &w8, &z8);
-			acc[0] = int4_pair_dot(ulo, uhi, w8, z8, y0 + p, acc[0]);
+			for (int t = 0; t < NT; t++)
+				acc[t] = int4_pair_dot(
+				    ulo, uhi, w8, z8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p,
+				    acc[t]);
 			int4_pair(x + 2 * (p + 1) * INT4_BLOCK, true, &ulo, &uhi, &w8, &z8);
-			acc1 = int4_pair_dot(ulo, uhi, w8, z8, y0 + p + 1, acc1);
+			for (int t = 0; t < NT; t++)
+				acc1[t] = int4_pair_dot(
+				    ulo, uhi, w8, z8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p + 1,
+				    acc1[t]);
 		}
 	for (; 2 * p < nb; p++) {
 		_mm_prefetch((const char *)x + 2 * p * INT4_BLOCK + PREFETCH_AHEAD, _MM_HINT_T0);
@@ -104,30 +115,43 @@ ALWAYS_INLINE void int4_body(const uint8_t *x, const void *act, size_t as, const
 			    acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
-		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+		out[t] = hsum(two ? _mm256_add_ps(acc[t], acc1[t]) : acc[t]);
+}
+
+static void dot_int4(const void *w, const void *act, size_t as, size_t nt, size_t k, float *out,
+                     bool exact)
+{
+	switch (nt) { /* a constant token count keeps the accumulators in registers */
+	case 1: int4_body(w, act, as, 1, k, out, exact); break;
+	case 2: int4_body(w, act, as, 2, k, out, exact); break;
+	case 3: int4_body(w, act, as, 3, k, out, exact); break;
+	case 4: int4_body(w, act, as, 4, k, out, exact); break;
+	case 5: int4_body(w, act, as, 5, k, out, exact); break;
+	case 6: int4_body(w, act, as, 6, k, out, exact); break;
+	case 7: int4_body(w, act, as, 7, k, out, exact); break;
+	default: int4_body(w, act, as, 8, k, out, exact); break;
+	}
 }
 
 void moek_avx2_dot_int4(const void *w, const float *scale_row, const void *act, size_t as,
                         size_t nt, size_t k, float *out)
 {
 	(void)scale_row;
-	switch (nt) { /* a constant token count keeps the accumulators in registers */
-	case 1: int4_body(w, act, as, 1, k, out); break;
-	case 2: int4_body(w, act, as, 2, k, out); break;
-	case 3: int4_body(w, act, as, 3, k, out); break;
-	case 4: int4_body(w, act, as, 4, k, out); break;
-	case 5: int4_body(w, act, as, 5, k, out); break;
-	case 6: int4_body(w, act, as, 6, k, out); break;
-	case 7: int4_body(w, act, as, 7, k, out); break;
-	default: int4_body(w, act, as, 8, k, out); break;
-	}
+	dot_int4(w, act, as, nt, k, out, false);
+}
+
+void moek_avx2_dot_int4_exact(const void *w, const float *scale_row, const void *act, size_t as,
+                              size_t nt, size_t k, float *out)
+{
+	(void)scale_row;
+	dot_int4(w, act, as, nt, k, out, true);
 }
 
 void moek_avx2_rows_int4(const void *w, size_t row_stride, size_t nr, const void *act, size_t k,
                          float *out)
 {
 	for (size_t r = 0; r < nr; r++) /* the single-row entry's operations, row by row */
-		int4_body((const uint8_t *)w + r * row_stride, act, 0, 1, k, out + r);
+		int4_body((const uint8_t *)w + r * row_stride, act, 0, 1, k, out + r, false);
 }
 
 void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k)

@@ -92,30 +92,42 @@ ALWAYS_INLINE __m256 nl_pair_dot(bool vnni, __m256i lo, __m256i hi, __m256i alo,
 	                       acc);
 }
 
+/* form: bit 0 the VNNI form, bit 1 token-exact (every token in the two chains of NT = 1,
+ * moek_isa_ops.dot_exact) */
 ALWAYS_INLINE void nl_body(const void *w, const void *act, size_t as, const int NT, size_t k,
-                           float *out, bool vnni)
+                           float *out, int form)
 {
+	const bool vnni = form & 1, two = NT == 1 || (form & 2);
 	const size_t bb = sizeof(struct block_iq4_nl), nb = k / QK4_NL;
 	const bool far = wide_activation((nb + 1) / 2 * sizeof(struct block_q8_0x2));
 	const uint8_t *x = w;
-	const struct block_q8_0x2 *y0 = act;
-	__m256 acc[8], acc1 = _mm256_setzero_ps();
+	__m256 acc[8], acc1[8];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm256_setzero_ps();
+		acc[t] = acc1[t] = _mm256_setzero_ps();
 	__m256i lo, hi, alo = _mm256_setzero_si256(), ahi = _mm256_setzero_si256();
 	__m256 w8;
 	size_t p = 0;
-	if (NT == 1) { /* two accumulators (even / odd pairs): the FMA chain would bound */
+	if (two) { /* two accumulators (even / odd pairs): the FMA chain would bound */
 		for (; p + 2 <= nb / 2; p += 2) {
 			prefetch_ahead(x + 2 * p * bb, far);
 			nl_pair_unpack(x + 2 * p * bb, true, vnni, &lo, &hi, &w8);
 			if (!vnni)
 				alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
-			acc[0] = nl_pair_dot(vnni, lo, hi, alo, ahi, w8, y0 + p, acc[0]);
+			for (int t = 0; t < NT; t++)
+				acc[t] = nl_pair_dot(
+				    vnni, lo, hi, alo, ahi, w8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p,
+				    acc[t]);
 			nl_pair_unpack(x + 2 * (p + 1) * bb, true, vnni, &lo, &hi, &w8);
 			if (!vnni)
 				alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
-			acc1 = nl_pair_dot(vnni, lo, hi, alo, ahi, w8, y0 + p + 1, acc1);
+			for (int t = 0; t < NT; t++)
+				acc1[t] = nl_pair_dot(
+				    vnni, lo, hi, alo, ahi, w8,
+				    (const struct block_q8_0x2 *)((const uint8_t *)act + t * as) +
+				        p + 1,
+				    acc1[t]);
 		}
 	}
 	for (; 2 * p < nb; p++) {
@@ -130,7 +142,7 @@ ALWAYS_INLINE void nl_body(const void *w, const void *act, size_t as, const int 
 			    acc[t]);
 	}
 	for (int t = 0; t < NT; t++)
-		out[t] = hsum(NT == 1 ? _mm256_add_ps(acc[0], acc1) : acc[t]);
+		out[t] = hsum(two ? _mm256_add_ps(acc[t], acc1[t]) : acc[t]);
 }
 
 /* ---- IQ4_XS ------------------------------------------------------------------------------ */
@@ -269,6 +281,8 @@ IQ4_ENTRIES(nl_avx2, nl_body, , false)
 IQ4_ENTRIES(nl_vnni, nl_body, VNNI_CODE, true)
 IQ4_ENTRIES(xs_avx2, xs_body, , false)
 IQ4_ENTRIES(xs_vnni, xs_body, VNNI_CODE, true)
+X8_ENTRY(dot_nl_exact_avx2, nl_body, 2, )
+X8_ENTRY(dot_nl_exact_vnni, nl_body, 3, VNNI_CODE)
 
 /* The exported entries pick the form per call; the row dots' sr is unused (moek_dot_fn). */
 #define IQ4_PICK_DOT(name, avx2, vnni)                                                             \
@@ -283,6 +297,7 @@ IQ4_ENTRIES(xs_vnni, xs_body, VNNI_CODE, true)
 	}
 
 IQ4_PICK_DOT(moek_avx2_dot_iq4_nl, dot_nl_avx2, dot_nl_vnni)
+IQ4_PICK_DOT(moek_avx2_dot_iq4_nl_exact, dot_nl_exact_avx2, dot_nl_exact_vnni)
 VNNI_PICK_ROWS(moek_avx2_rows_iq4_nl, rows_nl_avx2, rows_nl_vnni)
 IQ4_PICK_DOT(moek_avx2_dot_iq4_xs, dot_xs_avx2, dot_xs_vnni)
 VNNI_PICK_ROWS(moek_avx2_rows_iq4_xs, rows_xs_avx2, rows_xs_vnni)

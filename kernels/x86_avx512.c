@@ -48,24 +48,28 @@ ALWAYS_INLINE const uint16_t *bf16_row(const void *act, size_t as, int t)
  * core streams the row from DRAM; the chains only cover the instruction's latency). More
  * tokens: one chain per token, the 32 weights loaded once. */
 ALWAYS_INLINE void bf16_row_body(const void *w, const float *sr, const void *act, size_t as,
-                                 const int NT, size_t k, float *out, int unused)
+                                 const int NT, size_t k, float *out, int exact)
 {
-	(void)sr, (void)unused;
+	(void)sr;
 	const uint16_t *a = w;
 	const bool far = wide_activation(k * sizeof(uint16_t));
-	__m512 acc[8], acc1 = _mm512_setzero_ps();
+	__m512 acc[8], acc1[8];
 	for (int t = 0; t < NT; t++)
-		acc[t] = _mm512_setzero_ps();
+		acc[t] = acc1[t] = _mm512_setzero_ps();
+	const bool two = NT == 1 || exact; /* exact: every token in the two chains of one */
 	size_t i = 0;
-	if (NT == 1) {
-		const uint16_t *x = act;
+	if (two) {
 		for (; i + 64 <= k; i += 64) {
 			prefetch_ahead(a + i, far);
 			prefetch_ahead(a + i + 32, far);
-			acc[0] = dp_bf16x32(acc[0], _mm512_loadu_si512(a + i),
-			                    _mm512_loadu_si512(x + i));
-			acc1 = dp_bf16x32(acc1, _mm512_loadu_si512(a + i + 32),
-			                  _mm512_loadu_si512(x + i + 32));
+			const __m512i w0 = _mm512_loadu_si512(a + i),
+			              w1 = _mm512_loadu_si512(a + i + 32);
+			for (int t = 0; t < NT; t++) {
+				acc[t] = dp_bf16x32(acc[t], w0,
+				                    _mm512_loadu_si512(bf16_row(act, as, t) + i));
+				acc1[t] = dp_bf16x32(
+				    acc1[t], w1, _mm512_loadu_si512(bf16_row(act, as, t) + i + 32));
+			}
 		}
 	}
 	for (; i + 32 <= k; i += 32) {
@@ -82,13 +86,12 @@ ALWAYS_INLINE void bf16_row_body(const void *w, const float *sr, const void *act
 			acc[t] = dp_bf16x32(acc[t], wv,
 			                    _mm512_maskz_loadu_epi16(m, bf16_row(act, as, t) + i));
 	}
-	if (NT == 1)
-		acc[0] = _mm512_add_ps(acc[0], acc1);
 	for (int t = 0; t < NT; t++)
-		out[t] = _mm512_reduce_add_ps(acc[t]);
+		out[t] = _mm512_reduce_add_ps(two ? _mm512_add_ps(acc[t], acc1[t]) : acc[t]);
 }
 
 DOT_ENTRY(dot_bf16_zmm, bf16_row_body, 0)
+DOT_ENTRY(dot_bf16_zmm_exact, bf16_row_body, 1)
 ROWS_ENTRY(rows_bf16_zmm, bf16_row_body, 0)
 
 /* One token against rows whose activation row is wide (wide_activation: reloaded from L2 for
@@ -108,6 +111,16 @@ static void dot_bf16(const void *w, const float *sr, const void *act, size_t as,
 		moek_avx2_ops.dot[MOEK_FMT_BF16](w, sr, act, as, 1, k, out);
 	else
 		dot_bf16_zmm(w, sr, act, as, nt, k, out);
+}
+
+/* dot_bf16's token-exact form (moek_isa_ops.dot_exact): each token the chains nt = 1 gives it */
+static void dot_bf16_exact(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                           size_t k, float *out)
+{
+	if (bf16_wide_row(k))
+		moek_avx2_ops.dot_exact[MOEK_FMT_BF16](w, sr, act, as, nt, k, out);
+	else
+		dot_bf16_zmm_exact(w, sr, act, as, nt, k, out);
 }
 
 static void rows_bf16(const void *w, size_t stride, size_t nr, const void *act, size_t k,
@@ -134,11 +147,40 @@ ALWAYS_INLINE __m256 dp_bf16_pair(__m256 acc, __m256i w, const void *act, size_t
  * row r in lane r. One token: four chains (memory-bound; they cover the latency). More
  * tokens: two chains per token (even and odd pairs), so that 2·NT products are in flight
  * against the instruction's latency of several cycles. */
+/* Tokens per pass of the token-exact group dot: 16 chains (all 8 tokens' 32 spill). */
+enum { EXACT_TB = 4 };
 ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, const int NT,
-                                size_t k, float *out, int unused)
+                                size_t k, float *out, int exact)
 {
-	(void)unused;
 	const uint8_t *col = group;
+	if (exact) { /* every token in the four chains of one, EXACT_TB tokens per pass */
+		for (int t0 = 0; t0 < NT; t0 += EXACT_TB) {
+			const int nb = NT - t0 < EXACT_TB ? NT - t0 : EXACT_TB;
+			const uint8_t *c2 = group;
+			const uint8_t *a0 = (const uint8_t *)act + (size_t)t0 * as;
+			struct x8_stream pf2 = x8_stream_at(c2, 1);
+			__m256 acc[EXACT_TB][4];
+			for (int b = 0; b < EXACT_TB; b++)
+				for (int j = 0; j < 4; j++)
+					acc[b][j] = _mm256_setzero_ps();
+			for (size_t p = 0; p < k / 2; p += 4, c2 += 4 * 32) {
+				x8_prefetch(&pf2, c2 + 4 * 32);
+				for (int j = 0; j < 4; j++) {
+					const __m256i wv =
+					    _mm256_loadu_si256((const void *)(c2 + 32 * j));
+					for (int b = 0; b < nb; b++)
+						acc[b][j] = dp_bf16_pair(acc[b][j], wv, a0, as, b,
+						                         p + (size_t)j);
+				}
+			}
+			for (int b = 0; b < nb; b++)
+				_mm256_storeu_ps(
+				    out + 8 * (t0 + b),
+				    _mm256_add_ps(_mm256_add_ps(acc[b][0], acc[b][1]),
+				                  _mm256_add_ps(acc[b][2], acc[b][3])));
+		}
+		return;
+	}
 	struct x8_stream pf = x8_stream_at(col, NT);
 	if (NT == 1) {
 		__m256 acc[4];
@@ -172,6 +214,7 @@ ALWAYS_INLINE void x8_bf16_body(const void *group, const void *act, size_t as, c
 }
 
 X8_ENTRY(x8_bf16, x8_bf16_body, 0, )
+X8_ENTRY(x8_bf16_exact, x8_bf16_body, 1, )
 
 /* ---- The table -------------------------------------------------------------------------- */
 
@@ -333,5 +376,7 @@ void moek_avx512_build(void)
 	moek_avx512_ops.dot[MOEK_FMT_BF16] = dot_bf16;
 	moek_avx512_ops.dot_rows[MOEK_FMT_BF16] = rows_bf16;
 	moek_avx512_ops.dot_x8[MOEK_FMT_BF16] = x8_bf16;
+	moek_avx512_ops.dot_exact[MOEK_FMT_BF16] = dot_bf16_exact;
+	moek_avx512_ops.dot_x8_exact[MOEK_FMT_BF16] = x8_bf16_exact;
 	prefill_build();
 }

@@ -87,9 +87,16 @@ struct moe_connect_opts {
 	 * server_uid (0: only those two). Any other is MOE_EREFUSED with both uids named: a
 	 * socket path another user could redirect leads to that user's server, not ours. */
 	uint32_t server_uid;
-	uint32_t reserved_u32; /* must be 0 */
-	void *reserved[3];     /* must be NULL */
+	/* MOE_CONNECT_* bits (unknown bits: MOE_EINVAL). MOE_CONNECT_BATCH_INVARIANT: every
+	 * FORWARD on this channel is batch-invariant — a token's output bits depend only on its
+	 * own row, ids and weights, never on the other tokens of the request, their number or
+	 * its position (nor on the sidecar's threads or NUMA nodes). A sidecar that cannot
+	 * promise it (one that serves no model, or a protocol 1.2 one) refuses the connection
+	 * (MOE_EREFUSED, MOE_EPROTO). docs/engines.md says what it costs. */
+	uint32_t flags;
+	void *reserved[3]; /* must be NULL */
 };
+#define MOE_CONNECT_BATCH_INVARIANT 0x1u
 
 /* Connects and maps the channel. opts may be NULL. On failure *out is NULL and the return
  * value says why (MOE_ECONNECT: nothing serves the path; MOE_ESTARTING: a sidecar is there
@@ -135,6 +142,9 @@ struct moe_info {
 	    expert_ffn;
 	char model_name[64];
 	char fingerprint[33]; /* 32 hex digits; "" when the sidecar reports none */
+	/* 1: this channel's FORWARDs are batch-invariant (asked with MOE_CONNECT_BATCH_INVARIANT,
+	 * or the sidecar runs with --batch-invariant) */
+	uint32_t batch_invariant;
 };
 /* C++ cannot spell `const moe_info *` (the function hides the struct's name there):
  * moe_info_t names the struct in both languages. */

@@ -290,7 +290,13 @@ struct moek_ffn_call {
 	void *scratch;             /* moek_ffn_scratch_bytes(expert, n_tokens, n_workers) */
 	size_t scratch_bytes;
 	unsigned n_workers; /* workers that will run the phases concurrently (>= 1) */
-	struct {            /* private: filled by moek_ffn_prepare */
+	/* Batch-invariant: each token's output bits depend only on its own x row, its weight,
+	 * the expert and the ISA — not on n_tokens, its position, the other tokens or the split.
+	 * Every token then takes the one-token decode path (activations quantized per token,
+	 * each output row one dot in a fixed order, no tiles), several tokens per call only
+	 * through dots that keep each token's one-token sums. false: the default paths. */
+	bool batch_invariant;
+	struct { /* private: filled by moek_ffn_prepare */
 		const void *isa;
 		char *base; /* scratch, 64-byte aligned */
 		size_t hidden, ffn, x_pad, h_pad;
@@ -307,7 +313,8 @@ struct moek_ffn_call {
 #define MOEK_MAX_WORKERS 1024u
 
 /* Scratch bytes for an expert at n tokens run by n_workers workers (64-byte aligned use), or 0
- * if the expert is invalid or the counts exceed the limits. */
+ * if the expert is invalid or the counts exceed the limits. Enough for a call in either mode
+ * (batch_invariant or not). */
 size_t moek_ffn_scratch_bytes(const struct moek_expert *e, size_t n_tokens, unsigned n_workers);
 
 /* Validates the call (formats, shapes, alignment, scratch size), lays out its scratch and
@@ -321,7 +328,8 @@ int moek_ffn_prepare(struct moek_ffn_call *c, char *err, size_t err_len);
  * split of any phase (each output element has one writer and a fixed summation order); the
  * path (row dot products for few tokens, dequantized tiles from 16 tokens — 8 for float
  * weights in GGUF rows; interleaved Q8_0, Q4_K and MXFP4 keep their group dots at any count,
- * bit for bit the same as in calls of 8 tokens) and the ISA may change the last bits.
+ * bit for bit the same as in calls of 8 tokens) and the ISA may change the last bits, unless
+ * the call is batch_invariant: then only the ISA does.
  *   load:   tokens [t_begin, t_end) converted (and quantized once) into scratch;
  *   hidden: intermediate features [f_begin, f_end) of every token (multiples of
  *           moek_expert_split_align or of moek_ffn_hidden_align, or the end);

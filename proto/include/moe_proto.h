@@ -132,12 +132,17 @@ struct moe_hello {
 	uint16_t abi_major; /* MOE_ABI_MAJOR of the client */
 	uint16_t abi_minor;
 	uint32_t size;          /* sizeof(struct moe_hello) as the client knows it */
-	uint32_t flags;         /* none defined: must be 0 */
+	uint32_t flags;         /* MOE_HELLO_* (ABI 1.3); a sidecar refuses bits it does not know */
 	struct moe_limits want; /* 0 in a field = the sidecar's default; ring_entries must be 0 */
 	char client_name[32];   /* for logs, NUL-terminated */
 	uint32_t reserved[14];
 };
 static_assert(sizeof(struct moe_hello) == 128, "moe_hello is ABI");
+/* ABI 1.3: this channel's FORWARDs must be batch-invariant (docs/engines.md): a token's output
+ * bits depend on its own row, ids and weights only, never on the rest of the batch. Granted
+ * with MOE_WELCOME_BATCH_INVARIANT, else the hello is refused. */
+#define MOE_HELLO_BATCH_INVARIANT 0x1u
+#define MOE_HELLO_FLAGS_ALL MOE_HELLO_BATCH_INVARIANT
 #define MOE_HELLO_MIN_SIZE 16u
 
 #define MOE_REASON_LEN 160
@@ -153,7 +158,7 @@ struct moe_welcome {
 	uint64_t epoch;           /* random; equals the channel header's epoch */
 	struct moe_limits limits; /* granted */
 	uint32_t sidecar_pid;
-	uint32_t reserved0;
+	uint32_t flags; /* MOE_WELCOME_* (ABI 1.3; 0 before) */
 	struct moe_model_info model;
 	/* ABI 1.1: the served model's fingerprint (moe_fingerprint_path), with
 	 * MOE_MODEL_FINGERPRINT in model.flags; zero otherwise. */
@@ -167,6 +172,9 @@ struct moe_welcome {
 	uint32_t reserved[8];
 };
 #define MOE_WELCOME_FROZEN 176u
+/* The channel's FORWARDs are batch-invariant (asked in the hello, or every channel of a
+ * sidecar started with --batch-invariant). */
+#define MOE_WELCOME_BATCH_INVARIANT 0x1u
 static_assert(offsetof(struct moe_welcome, channel_bytes) == MOE_WELCOME_FROZEN, "frozen prefix");
 static_assert(sizeof(struct moe_welcome) == 416, "moe_welcome is ABI");
 static_assert(offsetof(struct moe_welcome, fingerprint) == 352, "moe_welcome is ABI");

@@ -69,6 +69,7 @@ enum {
 	OPT_ISA,
 	OPT_METRICS,
 	OPT_METRICS_PUBLIC,
+	OPT_BATCH_INVARIANT,
 };
 
 /* A help that lists what a parser accepts takes the list from that parser's own table:
@@ -134,6 +135,10 @@ static const struct serve_option {
     {{"isa", required_argument, NULL, OPT_ISA},
      "NAME",
      "kernels' instruction set: scalar|avx2|avx512|amx (default: the best this CPU runs)"},
+    {{"batch-invariant", no_argument, NULL, OPT_BATCH_INVARIANT},
+     NULL,
+     "every channel batch-invariant: a token's output bits never depend on the rest of its "
+     "batch (a client may also ask per channel; docs/engines.md)"},
     {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
@@ -551,6 +556,7 @@ static int apply_queue_option(int c, const char *arg, struct forward_queue_confi
 			return option_error("lease-staging-mib", arg, "expected 0..1048576");
 		ocfg->lease_staging_bytes = v << 20;
 		return 0;
+	case OPT_BATCH_INVARIANT: ocfg->batch_invariant = true; return 0;
 	case OPT_RECORD_TRACE_MAX_MIB:
 		if (option_u64(arg, 1, 1u << 20, &v) != 0)
 			return option_error("record-trace-max-mib", arg, "expected 1..1048576");

@@ -285,6 +285,14 @@ static void print_summary_totals(const struct json_doc *d, json_ref root, const 
 		printf("loader read %.1f MiB in all (demand + prefetch); prefetches %" PRIu64
 		       ", used %" PRIu64 ", evicted unused %" PRIu64 "\n",
 		       (double)loader_read / 1048576.0, prefetches, prefetch_hits, prefetch_wasted);
+	/* (1.3) the channels that asked for batch-invariant results, or --batch-invariant */
+	const json_ref inv = json_object_get(d, root, "batch_invariant");
+	uint64_t n_invariant;
+	bool every;
+	if (json_get_u64(d, inv, "channels", &n_invariant) == 1 &&
+	    json_bool(d, json_object_get(d, inv, "serve"), &every) == 0)
+		printf("batch-invariant channels %" PRIu64 "%s\n", n_invariant,
+		       every ? " (every channel: --batch-invariant)" : "");
 	uint64_t failed, retried;
 	if (json_get_u64(d, root, "failed_experts", &failed) == 1 &&
 	    json_get_u64(d, root, "failed_retries", &retried) == 1)

@@ -215,6 +215,11 @@ struct forward_request {
 	 * it plans while the deferred experts still compute: that overlap is the point. The
 	 * caller keeps out_deferred alive until then (forward_destroy does not write it). */
 	bool settle_later;
+	/* Batch-invariant kernels (moek_ffn_call.batch_invariant): a token's outputs then depend
+	 * only on its own x row, ids, weights and k_defer (and the ISA), never on the other tokens
+	 * of the request, their count, its position, the thread count or the node split. Only
+	 * defer_cold (what is resident decides what is deferred) still reaches a token's bits. */
+	bool batch_invariant;
 };
 
 struct forward_result {

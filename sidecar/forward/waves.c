@@ -46,6 +46,7 @@ static int add_to_wave(struct forward_engine *e, const struct forward_request *q
 	c->scratch = e->rq->scratch + *scratch_at;
 	c->scratch_bytes = need;
 	c->n_workers = W;
+	c->batch_invariant = q->batch_invariant;
 	memset(c->out, 0, (size_t)rg->count * e->hidden * sizeof(float));
 	char err[128];
 	if (moek_ffn_prepare(c, err, sizeof(err)) != 0)

@@ -64,6 +64,7 @@ struct model_channel {
 	struct forward_queue *fq; /* the queue serving it */
 	struct sidecar_channel *ch;
 	uint32_t client;
+	bool batch_invariant; /* its FORWARDs (asked in the hello, or --batch-invariant) */
 	/* Accepted FORWARDs not started yet, and MASKs behind them (each holds its own slot:
 	 * at most n_slots). Under forward_queue.lock. */
 	struct moe_sqe queue[MOE_MAX_SLOTS_LIMIT];
@@ -112,6 +113,8 @@ struct forward_queue {
 	_Atomic uint32_t queued; /* FORWARDs in all queues, for the forward thread's spin */
 	uint64_t client_ids;     /* bit c set: client id c in use */
 	uint32_t n_clients;
+	uint32_t n_invariant; /* of them batch-invariant (STATS); under lock */
+	bool batch_invariant; /* --batch-invariant: every channel */
 	/* Memory (forward_queue.h): the limit (0: none), what the process holds without channels
 	 * (the model's, plus these buffers), and the channels' accounted bytes (control thread
 	 * writes under lock; STATS reads). */
@@ -258,6 +261,9 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct side
 	if (o->lease_fd >= 0 && o->lease_staging_bytes &&
 	    staging_create(o->lease_staging_bytes, &mc->staging_fd, &mc->staging, err) != 0)
 		goto fail;
+	mc->batch_invariant =
+	    o->batch_invariant || (ch->hello_flags & MOE_HELLO_BATCH_INVARIANT) != 0;
+	ch->welcome_flags = mc->batch_invariant ? MOE_WELCOME_BATCH_INVARIANT : 0;
 	pthread_mutex_lock(&o->lock);
 	if (o->client_ids == UINT64_MAX) {
 		pthread_mutex_unlock(&o->lock);
@@ -268,6 +274,7 @@ static int queue_channel_open(void *ctx, struct sidecar_channel *ch, struct side
 	mc->client = (uint32_t)__builtin_ctzll(~o->client_ids);
 	o->client_ids |= UINT64_C(1) << mc->client;
 	o->n_clients++;
+	o->n_invariant += mc->batch_invariant;
 	mc->mem_bytes = cost;
 	atomic_fetch_add_explicit(&o->mem_channels, cost, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
@@ -358,6 +365,7 @@ static void queue_channel_close(void *ctx, struct sidecar_channel *ch)
 	}
 	o->client_ids &= ~(UINT64_C(1) << mc->client);
 	o->n_clients--;
+	o->n_invariant -= mc->batch_invariant;
 	atomic_fetch_sub_explicit(&o->mem_channels, mc->mem_bytes, memory_order_relaxed);
 	pthread_mutex_unlock(&o->lock);
 	forward_client_detach(o->engine, mc->client);
@@ -474,6 +482,7 @@ static void run_forward(struct forward_queue *o, struct model_channel *mc,
 	    .deferred_in = deferred_in,
 	    .defer_cold = (sqe->flags & MOE_FWD_DEFER_COLD) != 0,
 	    .defer_union = (sqe->flags & MOE_FWD_DEFER_UNION) != 0,
+	    .batch_invariant = mc->batch_invariant,
 	};
 	struct early_delivery early = {.mc = mc,
 	                               .sqe = sqe,
@@ -1073,6 +1082,16 @@ void model_op_stats(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	jw_init_buffer(&w, o->stats, o->stats_cap);
 	jw_object_begin(&w);
 	serve_model_stats_json(o->model, &o->doc, &w);
+	const struct model_channel *asker = ch->state;
+	jw_key(&w, "batch_invariant"); /* the sidecar's setting, this channel's */
+	jw_object_begin(&w);
+	jw_kv_bool(&w, "serve", o->batch_invariant);
+	jw_kv_bool(&w, "channel", asker->batch_invariant);
+	pthread_mutex_lock(&o->lock);
+	const uint32_t n_invariant = o->n_invariant;
+	pthread_mutex_unlock(&o->lock);
+	jw_kv_u64(&w, "channels", n_invariant);
+	jw_object_end(&w);
 	if (sqe->flags & MOE_STATS_EXPERTS)
 		routing_write_json(o->routing, o->block_of_moe, &w);
 	jw_object_end(&w);
@@ -1120,6 +1139,7 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	    .lease_fds = queue_lease_fds,
 	};
 	o->model = m;
+	o->batch_invariant = cfg->batch_invariant;
 	o->engine = serve_model_engine(m);
 	o->lease_fd = -1;
 	o->lease_staging_bytes = cfg->lease_staging_bytes;

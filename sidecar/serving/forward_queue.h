@@ -45,6 +45,7 @@ struct forward_queue_config {
 	/* Bytes of each channel's lease staging area (MOE_LEASE_BF16; serve --lease-staging-mib,
 	 * with --leases); 0: none. Not accounted against the memory limit. */
 	uint64_t lease_staging_bytes;
+	bool batch_invariant; /* every channel batch-invariant (--batch-invariant) */
 };
 
 /* Starts the forward thread over an open model (which must outlive it), and the trace

@@ -55,6 +55,10 @@ struct sidecar_channel {
 	 * position (dispatcher thread; meaningful during an execute, see channel_post_now). */
 	uint32_t exec_unpublished;
 
+	/* The hello's flags (MOE_HELLO_*, known bits only), set before channel_open; and what
+	 * the service grants of them (MOE_WELCOME_*), set by channel_open, sent in the welcome. */
+	uint32_t hello_flags, welcome_flags;
+
 	/* What the channel serves (service.h): the op table, and the service's own per-channel
 	 * state, opaque here (NULL until channel_open sets it). ops NULL: every op is unknown.
 	 * Set by the control thread before the channel is handed to the dispatcher. */

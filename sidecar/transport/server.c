@@ -259,8 +259,11 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 		refuse(s, c, rc, why);
 		return;
 	}
-	if (h.flags != 0) {
-		snprintf(why, sizeof(why), "hello flags 0x%x: no flags are defined", h.flags);
+	if (h.flags & ~MOE_HELLO_FLAGS_ALL) {
+		snprintf(why, sizeof(why),
+		         "hello flags 0x%x: bits 0x%x unknown to this sidecar (known: 0x%x, "
+		         "MOE_HELLO_BATCH_INVARIANT)",
+		         h.flags, h.flags & ~MOE_HELLO_FLAGS_ALL, MOE_HELLO_FLAGS_ALL);
 		refuse(s, c, MOE_EPROTO, why);
 		return;
 	}
@@ -291,13 +294,24 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	}
 	ch->id = c->id;
 	ch->ops = s->service->ops;
+	ch->hello_flags = h.flags;
 	if (s->service->channel_open && s->service->channel_open(s->service->ctx, ch, &err) != 0) {
 		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err.msg);
 		return;
 	}
+	if ((h.flags & MOE_HELLO_BATCH_INVARIANT) &&
+	    !(ch->welcome_flags & MOE_WELCOME_BATCH_INVARIANT)) {
+		service_channel_close(s, ch);
+		channel_destroy(ch);
+		refuse(s, c, MOE_EREFUSED,
+		       "batch-invariant results asked for (MOE_HELLO_BATCH_INVARIANT), but this "
+		       "sidecar serves no model");
+		return;
+	}
 	struct moe_welcome w;
 	welcome_base(&w, MOE_OK);
+	w.flags = ch->welcome_flags;
 	w.channel_bytes = ch->bytes;
 	w.epoch = ch->epoch;
 	w.limits = g;

@@ -192,12 +192,12 @@ Test(peers, client_talks_to_the_uid_it_names_in_server_uid)
 	sidecar_cleanup(&sp);
 }
 
-Test(peers, reserved_u32_must_be_zero)
+Test(peers, unknown_connect_flags_are_refused)
 {
 	struct moe_client *c = NULL;
-	struct moe_connect_opts o = {.socket_path = "/nonexistent/s.sock", .reserved_u32 = 1};
+	struct moe_connect_opts o = {.socket_path = "/nonexistent/s.sock", .flags = 0x80};
 	cr_expect_eq(moe_connect(&o, &c), MOE_EINVAL);
-	cr_expect(strstr(moe_connect_error(), "reserved_u32"), "%s", moe_connect_error());
+	cr_expect(strstr(moe_connect_error(), "opts.flags 0x80"), "%s", moe_connect_error());
 }
 
 /* A path that exists but is a plain file: say so, not "is moe-sidecar serve running?". */

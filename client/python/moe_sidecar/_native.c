@@ -215,19 +215,20 @@ static void host_wait(void *arg)
 
 static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {
-	    "socket",      "max_tokens",   "hidden",     "top_k", "n_slots", "connect_timeout_ms",
-	    "client_name", "expect_model", "server_uid", NULL};
+	static char *kwlist[] = {"socket",     "max_tokens",         "hidden",      "top_k",
+	                         "n_slots",    "connect_timeout_ms", "client_name", "expect_model",
+	                         "server_uid", "batch_invariant",    NULL};
 	const char *socket = NULL, *name = NULL, *expect = NULL;
 	PyObject *server_uid_o = Py_None;
+	int batch_invariant = 0;
 	struct int_arg max_tokens = U32_ARG("max_tokens"), hidden = U32_ARG("hidden"),
 	               top_k = U32_ARG("top_k"), n_slots = U32_ARG("n_slots"),
 	               timeout_ms = I32_ARG("connect_timeout_ms");
 	struct int_arg server_uid = U32_ARG("server_uid"); /* None: 0, only root or our own */
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&O&O&O&O&zzO", kwlist, &socket, int_arg,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zO&O&O&O&O&zzOp", kwlist, &socket, int_arg,
 	                                 &max_tokens, int_arg, &hidden, int_arg, &top_k, int_arg,
 	                                 &n_slots, int_arg, &timeout_ms, &name, &expect,
-	                                 &server_uid_o))
+	                                 &server_uid_o, &batch_invariant))
 		return -1;
 	if (server_uid_o != Py_None && !int_arg(server_uid_o, &server_uid))
 		return -1;
@@ -246,6 +247,7 @@ static int Channel_init(Channel *self, PyObject *args, PyObject *kw)
 	o.client_name = name;
 	o.expect_model = expect;
 	o.server_uid = (uint32_t)server_uid.v;
+	o.flags = batch_invariant ? MOE_CONNECT_BATCH_INVARIANT : 0;
 	struct moe_client *c = NULL;
 	int rc;
 	char why[256];
@@ -338,15 +340,16 @@ static PyObject *Channel_info(Channel *self, PyObject *noargs)
 		Py_DECREF(v);
 	}
 	return Py_BuildValue(
-	    "{sIsIsIsIsIsIs(II)sKsIsIsIsNsIsIsIsIsssssIss}", "max_tokens", i->max_tokens, "hidden",
-	    i->hidden, "top_k", i->top_k, "n_slots", i->n_slots, "dtype_mask", i->dtype_mask,
-	    "sidecar_pid", i->sidecar_pid, "abi", (unsigned)i->abi_major, (unsigned)i->abi_minor,
-	    "channel_bytes", (unsigned long long)i->channel_bytes, "n_layers", i->n_layers,
-	    "n_moe_layers", i->n_moe_layers, "first_moe_layer", i->first_moe_layer, "moe_layers",
-	    layers, "n_experts", i->n_experts, "model_top_k", i->model_top_k, "model_hidden",
-	    i->model_hidden, "expert_ffn", i->expert_ffn, "model_name", i->model_name,
-	    "fingerprint", i->fingerprint, "message_max", (unsigned)MOE_MESSAGE_MAX, "socket_path",
-	    moe_socket_path(c));
+	    "{sIsIsIsIsIsIs(II)sKsIsIsIsNsIsIsIsIsssssIsssN}", "max_tokens", i->max_tokens,
+	    "hidden", i->hidden, "top_k", i->top_k, "n_slots", i->n_slots, "dtype_mask",
+	    i->dtype_mask, "sidecar_pid", i->sidecar_pid, "abi", (unsigned)i->abi_major,
+	    (unsigned)i->abi_minor, "channel_bytes", (unsigned long long)i->channel_bytes,
+	    "n_layers", i->n_layers, "n_moe_layers", i->n_moe_layers, "first_moe_layer",
+	    i->first_moe_layer, "moe_layers", layers, "n_experts", i->n_experts, "model_top_k",
+	    i->model_top_k, "model_hidden", i->model_hidden, "expert_ffn", i->expert_ffn,
+	    "model_name", i->model_name, "fingerprint", i->fingerprint, "message_max",
+	    (unsigned)MOE_MESSAGE_MAX, "socket_path", moe_socket_path(c), "batch_invariant",
+	    PyBool_FromLong(i->batch_invariant));
 }
 
 static PyObject *Channel_region(Channel *self, PyObject *noargs)
@@ -1021,7 +1024,8 @@ static PyType_Slot channel_slots[] = {
     {Py_tp_getset, channel_getset},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_doc, "Channel(socket=None, max_tokens=0, hidden=0, top_k=0, n_slots=0, "
-                "connect_timeout_ms=0, client_name=None, expect_model=None, server_uid=None): "
+                "connect_timeout_ms=0, client_name=None, expect_model=None, server_uid=None, "
+                "batch_invariant=False): "
                 "one libmoe_client connection."},
     {0, NULL},
 };

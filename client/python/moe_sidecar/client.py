@@ -407,11 +407,15 @@ class Client:
     uids, so a socket path another user could redirect never leads to that user's server.
     auto_reconnect: after a call found the sidecar gone (and raised PeerDeadError), the next
     call reconnects first (reconnect()); False: every call raises until reconnect() is called.
+    batch_invariant: every forward on this channel gives a token the same bits whatever else
+    is in the batch (its size, the token's position, the other tokens); a sidecar that cannot
+    promise it refuses the connection. Client.batch_invariant says what was granted.
     """
 
     def __init__(self, socket=None, *, max_tokens=0, top_k=0, n_slots=4, timeout_ms=30000,
                  connect_timeout_ms=5000, name="moe_sidecar.py", expect_model=None,
-                 model_path=None, server_uid=None, auto_reconnect=True):
+                 model_path=None, server_uid=None, auto_reconnect=True,
+                 batch_invariant=False):
         if model_path is not None:
             expect_model = fingerprint(model_path)
         self.socket = socket
@@ -421,7 +425,7 @@ class Client:
         self.auto_reconnect = bool(auto_reconnect)
         self._ch = _native.Channel(socket, max_tokens, 0, top_k, n_slots,
                                    self.connect_timeout_ms or _native.CONNECT_NOWAIT, name,
-                                   expect_model, server_uid)
+                                   expect_model, server_uid, bool(batch_invariant))
         self._refresh()
         self._cuda_registered = None  # (runtime, address) while the mapping is registered
         self._cuda_wanted = False     # registered again after a reconnect
@@ -462,6 +466,11 @@ class Client:
     @property
     def fingerprint(self):
         return self.info["fingerprint"]
+
+    @property
+    def batch_invariant(self):
+        """Whether this channel's forwards are batch-invariant (asked, or --batch-invariant)."""
+        return self.info["batch_invariant"]
 
     @property
     def closed(self):

@@ -521,3 +521,33 @@ def test_connect_timeout_zero_fails_at_once_and_a_wait_succeeds(tmp_path, models
     got["client"].ping()
     got["client"].close()
     assert sidecar.stop() == 0
+
+
+# ---- batch invariance ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("fixture", ["served_bf16", "served_q8"])
+def test_batch_invariant_channel_gives_a_token_the_same_bits(fixture, request):
+    """Client(batch_invariant=True): a token alone and inside batches of random tokens at a
+    random position comes back with the same bits; a plain channel beside it is not one."""
+    served = request.getfixturevalue(fixture)
+    plain = ms.Client(served.socket)
+    c = ms.Client(served.socket, batch_invariant=True)
+    try:
+        assert c.batch_invariant and not plain.batch_invariant
+        assert c.stats()["batch_invariant"] == {"serve": False, "channel": True, "channels": 1}
+        rng = np.random.default_rng(11)
+        k = c.info["model_top_k"]
+        x0 = rng.standard_normal((1, c.hidden)).astype(np.float32)
+        ids0, w0 = routing(rng, 1, c.n_experts, k)
+        layer = c.moe_layers[0]
+        alone = c.forward(layer, x0, ids0, w0)
+        for n in (2, 8, 9, 64):
+            x = rng.standard_normal((n, c.hidden)).astype(np.float32)
+            ids, w = routing(rng, n, c.n_experts, k)
+            at = int(rng.integers(n))
+            x[at], ids[at], w[at] = x0[0], ids0[0], w0[0]
+            out = c.forward(layer, x, ids, w)
+            assert out[at].tobytes() == alone[0].tobytes(), f"token at {at} of {n}"
+    finally:
+        c.close()
+        plain.close()
