@@ -1796,6 +1796,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_dot_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_dot_nvfp4,
             [MOEK_FMT_FP8_E4M3_B128] = dot_fp8,
         },
     .dot_rows =
@@ -1813,6 +1814,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_rows_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_rows_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_rows_nvfp4,
         },
     .dot_x8 =
         {
@@ -1830,6 +1832,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0X2,
             [MOEK_FMT_IQ4_NL] = MOEK_ACT_Q8_0X2,
             [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0X2,
+            [MOEK_FMT_NVFP4] = MOEK_ACT_Q8_0X2,
         },
     .act_x8 =
         {
@@ -1852,6 +1855,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = dequantize_q2_K,
             [MOEK_FMT_Q3_K] = dequantize_q3_K,
             [MOEK_FMT_INT4_G32] = dequantize_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_dequantize_nvfp4,
             [MOEK_FMT_FP8_E4M3_B128] = dequantize_fp8,
         },
     .dot_f32 = dot_f32,

@@ -34,6 +34,9 @@ enum moek_format {
 	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */
+	/* ggml's NVFP4: 36-byte blocks of 64, four UE4M3 scales (one per 16) then 32 bytes of
+	 * E2M1 codes; byte 8s + j holds elements 16s + j (low nibble) and 16s + j + 8 (high) */
+	MOEK_NVFP4 = 40,
 	MOEK_FP8_E4M3_B128 = 1000, /* 1 byte per weight + one f32 scale per 128x128 block */
 	/* symmetric or zero-point INT4 in 32-element groups: the sidecar's own layout, repacked
 	 * at load from compressed-tensors pack-quantized and GPTQ checkpoints (no GGUF id) */

@@ -120,6 +120,9 @@ FMT_TEST(q3_K_with_q4_K_down, {MOEK_Q3_K, MOEK_Q4_K, 512, 768, MOEK_SWIGLU, 0, 0
 FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0.15, 1e-3})
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
+/* NVFP4: one 64-element block per activation pair; UE4M3 scales per 16 */
+FMT_TEST(nvfp4, {MOEK_NVFP4, 0, 320, 256, MOEK_SWIGLU, 0, 0.3, 5e-4})
+FMT_TEST(nvfp4_with_q8_0_down, {MOEK_NVFP4, MOEK_Q8_0, 320, 256, MOEK_SWIGLU, 0, 0.3, 5e-4})
 FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10})
 /* IQ4_NL: Q8_0 activations in pairs of blocks (224 = 3.5 pairs: an unpaired last block);
  * IQ4_XS: Q8_K as the K-quants; and each as the other's down (mixed block sizes) */
@@ -417,10 +420,10 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_log_warn("no AVX2 on this CPU: SIMD dot products not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,   MOEK_Q4_K,
-	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,    MOEK_F16,
-	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,    MOEK_Q3_K,
-	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32};
+	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,    MOEK_Q4_K,
+	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,     MOEK_F16,
+	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,     MOEK_Q3_K,
+	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32, MOEK_NVFP4};
 	enum { ROWS = 64, K = 1024 };
 	float *w = fixture_tokens(ROWS, K, 77), *x = fixture_tokens(1, K, 78);
 	float *wd = malloc(sizeof(float) * ROWS * K), *xd = malloc(sizeof(float) * K);
@@ -470,10 +473,10 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,   MOEK_Q4_K,
-	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,    MOEK_F16,
-	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,    MOEK_Q3_K,
-	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32};
+	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,    MOEK_Q4_K,
+	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,     MOEK_F16,
+	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,     MOEK_Q3_K,
+	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_NVFP4};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
 	uint8_t q[K * 4];
