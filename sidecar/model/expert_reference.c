@@ -369,6 +369,7 @@ static const struct format_bound {
     {.format = MOEK_Q8_0, .nmse = {5.1e-4, 5.1e-4, 5.1e-4}},
     {.format = MOEK_Q4_0, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_MXFP4, .nmse = {5e-4, 5e-4, 5e-4}},
+    {.format = MOEK_NVFP4, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_IQ4_NL, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_INT4_G32, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_Q2_K, .nmse = {1e-3, 1e-3, 1e-3}},
