@@ -124,12 +124,20 @@ void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scal
  * be i / group (the caller checks). v1 (the classic checkpoint_format "gptq") stores each zero
  * minus one, v2 stores it as it is. rows must be a multiple of 8.
  *
- * Both return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
+ * AWQ (AutoAWQ GEMM): `qweight` int32 [cols, rows / 8] (packed along the output: output o of
+ * input i in nibble AWQ(o % 8) of word (i, o / 8), AWQ(k) = [0, 4, 1, 5, 2, 6, 3, 7][k], the
+ * inverse of AutoAWQ's pack order [0, 2, 4, 6, 1, 3, 5, 7]); `qzeros` int32 [cols / group,
+ * rows / 8] in the same order, zeros stored as they are; `scales` F16 [cols / group, rows].
+ * rows must be a multiple of 8.
+ *
+ * All return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
  * whose zero point 16 an INT4_G32 block cannot hold. dst must not overlap the inputs. */
 int moek_int4_from_ct(const void *packed, const void *scales, size_t rows, size_t cols,
                       size_t group, void *dst, char *err, size_t err_len);
 int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
                         size_t cols, size_t group, bool v1, void *dst, char *err, size_t err_len);
+int moek_int4_from_awq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
+                       size_t cols, size_t group, void *dst, char *err, size_t err_len);
 /* Bytes of the checkpoint tensors of a rows x cols INT4 matrix in group `group`: the packed
  * weights (both encodings: rows · cols / 2), the scales (rows · cols / group · 2) and GPTQ's
  * zeros (rows · cols / group / 2). */
