@@ -339,8 +339,9 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 	                                     "qweight",       "qzeros",       "scales",
 	                                     "g_idx"};
 	const uint64_t G = int4_group_of(g, cols);
-	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT;
-	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= (ct ? I4_SHAPE : I4_GIDX); k++) {
+	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT, awq = g->opt->int4 == MOE_GEN_INT4_AWQ;
+	const int last = ct ? I4_SHAPE : awq ? I4_SCALES : I4_GIDX; /* AWQ has no g_idx */
+	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= last; k++) {
 		struct gen_tensor *t =
 		    plan_add(g, GK_INT4, L, (int32_t)e, which, rows, cols, MOEK_INT4_G32);
 		if (!t)
@@ -363,8 +364,11 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 			t->st_dtype = ST_I32;
 			t->nbytes = 8;
 			break;
-		case I4_QWEIGHT:
-			set_shape(g, t, 2, (uint64_t[]){cols / 8, rows});
+		case I4_QWEIGHT: /* AWQ packs along the output */
+			if (awq)
+				set_shape(g, t, 2, (uint64_t[]){cols, rows / 8});
+			else
+				set_shape(g, t, 2, (uint64_t[]){cols / 8, rows});
 			t->st_dtype = ST_I32;
 			t->nbytes = moek_int4_packed_bytes(rows, cols);
 			break;
@@ -987,6 +991,8 @@ static int emit_int4(struct gen *g, const struct gen_tensor *t)
 		moe_gen_floats(g->opt->seed, t->layer, e, t->which, cols, 0, rows * cols, x);
 		if (t->part == I4_PACKED)
 			gen_int4_ct(x, rows, cols, G, g->int4, g->int4 + pb);
+		else if (g->opt->int4 == MOE_GEN_INT4_AWQ)
+			gen_int4_awq(x, rows, cols, G, g->int4, g->int4 + pb + sb, g->int4 + pb);
 		else
 			gen_int4_gptq(x, rows, cols, G, g->int4, g->int4 + pb + sb, g->int4 + pb,
 			              g->int4 + pb + sb + zb);
@@ -1319,6 +1325,12 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          "\"checkpoint_format\": \"gptq\", \"damp_percent\": 0.01, "
 		          "\"true_sequential\": true},\n",
 		          gs);
+	else if (g->opt->int4 == MOE_GEN_INT4_AWQ)
+		mb_printf(mb,
+		          "  \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, "
+		          "\"group_size\": %s, \"zero_point\": true, \"version\": \"gemm\", "
+		          "\"modules_to_not_convert\": null},\n",
+		          gs);
 	mb_printf(mb,
 	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
 	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
@@ -1427,15 +1439,22 @@ static int check_options(struct gen *g)
 	if ((g->m.format == MOEK_INT4_G32) != (o->int4 != MOE_GEN_INT4_NONE))
 		return error_set(g->err, MOE_EINVAL,
 		                 "INT4_G32 is the sidecar's load-time layout: write an "
-		                 "INT4 checkpoint with --format int4-ct or gptq");
+		                 "INT4 checkpoint with --format int4-ct, gptq or awq");
 	if (o->int4) {
+		const char *name = o->int4 == MOE_GEN_INT4_CT     ? "int4-ct"
+		                   : o->int4 == MOE_GEN_INT4_GPTQ ? "gptq"
+		                                                  : "awq";
 		g->int4_group = o->group ? o->group : o->int4 == MOE_GEN_INT4_CT ? 32 : 128;
+		if (o->int4 == MOE_GEN_INT4_AWQ && g->int4_group == MOE_GEN_GROUP_ROW)
+			return error_set(g->err, MOE_EINVAL,
+			                 "AWQ checkpoints have no one-group-per-row form: give "
+			                 "--group N");
 		if (g->m.gguf || o->full_model || o->per_expert || o->fused_gate_up ||
 		    p->arch == MOE_ARCH_GPT_OSS)
 			return error_set(g->err, MOE_EINVAL,
 			                 "INT4 checkpoints (%s) are written as experts-only "
 			                 "safetensors with per-expert tensors, not for gpt-oss",
-			                 o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
+			                 name);
 		if (g->int4_group == MOE_GEN_GROUP_ROW && (g->m.hidden % 32 || g->m.ffn % 32))
 			return error_set(g->err, MOE_EINVAL,
 			                 "INT4 groups of one row need hidden %" PRIu64

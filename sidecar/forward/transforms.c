@@ -72,6 +72,7 @@ int transforms_check(struct forward_weights *w, enum forward_source source,
 					    "all-resident source",
 					    l, moe_proj_name((enum moe_proj)p),
 					    r->layout == MOE_LAYOUT_INT4_CT ? "compressed-tensors"
+					    : r->awq                        ? "AWQ"
 					                                    : "GPTQ");
 					return -1;
 				}
@@ -221,6 +222,8 @@ static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t
 	const int rc =
 	    r->layout == MOE_LAYOUT_INT4_CT
 	        ? moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
+	    : r->awq
+	        ? moek_int4_from_awq(src, zs, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
 	        : moek_int4_from_gptq(src, zs, sc, r->rows, r->cols, r->group, r->gptq_v1, dst, why,
 	                              sizeof(why));
 	return rc ? error_set(err, MOE_EINVAL, "%s", why) : 0;

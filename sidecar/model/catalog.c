@@ -750,8 +750,9 @@ static int int4_tensor(struct builder *b, const char *stem, const char *suffix, 
 	snprintf(name, sizeof(name), "%s.%s", stem, suffix);
 	if (!find_tensor(b, name, tv))
 		return error_set(b->err, MOE_EINVAL, "%s: tensor %s is missing (%s)", b->path, name,
-		                 b->cat->quant.kind == MOE_QUANT_GPTQ ? "GPTQ INT4"
-		                                                      : "compressed-tensors INT4");
+		                 b->cat->quant.kind == MOE_QUANT_GPTQ  ? "GPTQ INT4"
+		                 : b->cat->quant.kind == MOE_QUANT_AWQ ? "AWQ INT4"
+		                                                       : "compressed-tensors INT4");
 	const bool ok =
 	    tv->st_dtype == dtype && (d1 ? tv->n_dims == 2 && tv->ne[1] == d0 && tv->ne[0] == d1
 	                                 : tv->n_dims == 1 && tv->ne[0] == d0);
@@ -836,17 +837,21 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	if (int4_layout(b, stem, rows, cols, &l))
 		return -1;
 	const uint32_t g = l.group;
+	const bool awq = b->cat->quant.kind == MOE_QUANT_AWQ;
+	const char *scheme = awq ? "AWQ" : "GPTQ";
 	if (int4_tensor(b, stem, "qweight", ST_I32, l.weights[0], l.weights[1],
-	                "GPTQ: 8 inputs per int32, packed along the input", &qw))
+	                awq ? "AWQ GEMM: 8 outputs per int32, packed along the output"
+	                    : "GPTQ: 8 inputs per int32, packed along the input",
+	                &qw))
 		return -1;
-	snprintf(what, sizeof(what), "GPTQ: 8 zero points per int32, group %u", g);
+	snprintf(what, sizeof(what), "%s: 8 zero points per int32, group %u", scheme, g);
 	if (int4_tensor(b, stem, "qzeros", ST_I32, l.zeros[0], l.zeros[1], what, &qz))
 		return -1;
-	snprintf(what, sizeof(what), "GPTQ: one scale per group of %u", g);
+	snprintf(what, sizeof(what), "%s: one scale per group of %u", scheme, g);
 	if (int4_tensor(b, stem, "scales", ST_F16, l.scales[0], l.scales[1], what, &sc))
 		return -1;
 	snprintf(name, sizeof(name), "%s.g_idx", stem);
-	if (check_values && find_tensor(b, name, &gi)) {
+	if (!awq && check_values && find_tensor(b, name, &gi)) {
 		if (gi.st_dtype != ST_I32 || gi.n_dims != 1 || gi.ne[0] != cols)
 			return error_set(b->err, MOE_EINVAL,
 			                 "%s: tensor %s: expected I32 [%" PRIu64 "], found %s",
@@ -874,6 +879,7 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	p->cols = cols;
 	p->group = g;
 	p->gptq_v1 = b->cat->quant.gptq_v1;
+	p->awq = awq;
 	p->data = (struct moe_extent){qw.file, qw.offset, qw.nbytes};
 	p->scale = (struct moe_extent){sc.file, sc.offset, sc.nbytes};
 	p->zeros = (struct moe_extent){qz.file, qz.offset, qz.nbytes};
@@ -889,12 +895,12 @@ static int take_int4(struct builder *b, const char *stem, uint64_t rows, uint64_
 	char name[512];
 	struct tview tv;
 	const enum moe_quant_kind k = b->cat->quant.kind;
-	snprintf(name, sizeof(name), "%s.%s", stem,
-	         k == MOE_QUANT_GPTQ ? "qweight" : "weight_packed");
+	const bool gptq = k == MOE_QUANT_GPTQ || k == MOE_QUANT_AWQ; /* qweight, qzeros, scales */
+	snprintf(name, sizeof(name), "%s.%s", stem, gptq ? "qweight" : "weight_packed");
 	if (k == MOE_QUANT_NONE || !find_tensor(b, name, &tv))
 		return 0;
-	const int rc = k == MOE_QUANT_GPTQ ? take_gptq(b, stem, rows, cols, check_values, p)
-	                                   : take_int4_ct(b, stem, rows, cols, check_values, p);
+	const int rc = gptq ? take_gptq(b, stem, rows, cols, check_values, p)
+	                    : take_int4_ct(b, stem, rows, cols, check_values, p);
 	return rc ? -1 : 1;
 }
 

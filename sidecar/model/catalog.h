@@ -71,7 +71,8 @@ enum moe_weight_layout {
 	                        = even element), `scale` = _scales (1 E8M0 byte per 32) */
 	/* INT4 checkpoints (format MOEK_INT4_G32 once repacked by moek_int4_from_ct/_gptq):
 	 * compressed-tensors pack-quantized: `data` = weight_packed, `scale` = weight_scale
-	 * (BF16); GPTQ: `data` = qweight, `scale` = scales (F16), `zeros` = qzeros */
+	 * (BF16); GPTQ and AWQ (`awq`: moek_int4_from_awq's packing): `data` = qweight,
+	 * `scale` = scales (F16), `zeros` = qzeros */
 	MOE_LAYOUT_INT4_CT,
 	MOE_LAYOUT_INT4_GPTQ,
 };
@@ -98,6 +99,7 @@ struct moe_proj_ref {
 	struct moe_extent zeros; /* MOE_LAYOUT_INT4_GPTQ: qzeros */
 	uint32_t group;          /* INT4 layouts: the checkpoint's group size */
 	bool gptq_v1;            /* MOE_LAYOUT_INT4_GPTQ: zeros stored minus one */
+	bool awq;                /* MOE_LAYOUT_INT4_GPTQ: AutoAWQ GEMM qweight / qzeros */
 };
 
 struct moe_expert {

@@ -159,8 +159,10 @@ static int kernel_bytes(struct expert_reference *r, const struct moe_proj_ref *p
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
 	case MOE_LAYOUT_INT4_GPTQ:
-		if (moek_int4_from_gptq(r->raw, zeros, scale, p->rows, p->cols, p->group,
-		                        p->gptq_v1, r->kern, why, sizeof(why)))
+		if (p->awq ? moek_int4_from_awq(r->raw, zeros, scale, p->rows, p->cols, p->group,
+		                                r->kern, why, sizeof(why))
+		           : moek_int4_from_gptq(r->raw, zeros, scale, p->rows, p->cols, p->group,
+		                                 p->gptq_v1, r->kern, why, sizeof(why)))
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
 	default: return error_set(err, MOE_EINVAL, "layout %d unknown", (int)p->layout);

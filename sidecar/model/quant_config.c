@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #define QC "%s: quantization_config: "
 
@@ -183,6 +184,49 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
 	return 0;
 }
 
+static int read_awq(const struct json_doc *doc, json_ref qc, const char *path,
+                    struct moe_quant_config *q, struct sidecar_error *err)
+{
+	uint64_t bits = 0;
+	uint32_t group = 0;
+	double gs = 0;
+	char shown[32];
+	bool zp = false;
+	const int has_bits = json_get_u64(doc, qc, "bits", &bits);
+	if (has_bits == 1)
+		snprintf(shown, sizeof(shown), "%llu", (unsigned long long)bits);
+	else
+		snprintf(shown, sizeof(shown), "%s", has_bits ? "(not a number)" : "(missing)");
+	if (has_bits != 1 || bits != 4)
+		return error_set(err, MOE_EINVAL, QC "AWQ bits %s is not supported (INT4 only)",
+		                 path, shown);
+	if (group_size_read(doc, qc, &gs, shown, sizeof(shown)) != 1 || !group_size_ok(gs, &group))
+		return error_set(err, MOE_EINVAL,
+		                 QC
+		                 "AWQ group_size %s is not supported (a positive multiple of 32)",
+		                 path, shown);
+	const int has_zp = json_get_bool(doc, qc, "zero_point", &zp);
+	if (has_zp != 1 || !zp)
+		return error_set(err, MOE_EINVAL,
+		                 QC "AWQ zero_point %s is not supported (zero_point true: GEMM "
+		                    "checkpoints with zero points)",
+		                 path,
+		                 has_zp == 1   ? "false"
+		                 : has_zp == 0 ? "(missing)"
+		                               : "(not a boolean)");
+	const json_ref v = json_object_get(doc, qc, "version");
+	const char *version = json_string(doc, v, NULL);
+	if (v != JSON_NONE && (!version || strcasecmp(version, "gemm")))
+		return error_set(err, MOE_EINVAL,
+		                 QC "AWQ version %.32s is not supported (gemm: AutoAWQ's GEMM "
+		                    "packing; gemv and the others pack differently)",
+		                 path, version ? version : "(not a string)");
+	q->kind = MOE_QUANT_AWQ;
+	q->group = group;
+	q->sym = false;
+	return 0;
+}
+
 int moe_quant_config_read(const struct json_doc *doc, const char *path, struct moe_quant_config *q,
                           struct sidecar_error *err)
 {
@@ -201,9 +245,11 @@ int moe_quant_config_read(const struct json_doc *doc, const char *path, struct m
 		return read_ct(doc, qc, path, q, err);
 	if (str_is(method, "gptq"))
 		return read_gptq(doc, qc, path, q, err);
+	if (str_is(method, "awq"))
+		return read_awq(doc, qc, path, q, err);
 	return error_set(err, MOE_EINVAL,
 	                 QC "quant_method %.64s is not supported (compressed-tensors "
-	                    "pack-quantized INT4, gptq INT4, fp8 and mxfp4 are)",
+	                    "pack-quantized INT4, gptq INT4, awq INT4 GEMM, fp8 and mxfp4 are)",
 	                 path, method);
 }
 
@@ -227,16 +273,20 @@ int moe_quant_layout_of(const struct moe_quant_config *q, uint64_t rows, uint64_
 		         cols);
 		return -1;
 	}
-	if (rows == 0 || (q->kind == MOE_QUANT_GPTQ && rows % 8)) {
+	if (rows == 0 || (q->kind != MOE_QUANT_INT4_CT && rows % 8)) {
 		snprintf(why, why_len,
-		         "%" PRIu64 " outputs, not a%s multiple of 8 (GPTQ packs 8 zero points "
+		         "%" PRIu64 " outputs, not a%s multiple of 8 (%s packs 8 zero points "
 		         "per int32)",
-		         rows, rows ? "" : " positive");
+		         rows, rows ? "" : " positive", q->kind == MOE_QUANT_AWQ ? "AWQ" : "GPTQ");
 		return -1;
 	}
 	l->group = (uint32_t)g;
 	if (q->kind == MOE_QUANT_GPTQ) {
 		l->weights[0] = cols / 8, l->weights[1] = rows;
+		l->scales[0] = cols / g, l->scales[1] = rows;
+		l->zeros[0] = cols / g, l->zeros[1] = rows / 8;
+	} else if (q->kind == MOE_QUANT_AWQ) {
+		l->weights[0] = cols, l->weights[1] = rows / 8;
 		l->scales[0] = cols / g, l->scales[1] = rows;
 		l->zeros[0] = cols / g, l->zeros[1] = rows / 8;
 	} else {
@@ -262,6 +312,7 @@ const char *moe_quant_config_describe(const struct moe_quant_config *q, char *bu
 		snprintf(buf, len, "GPTQ INT4 %s, %s, %s", q->gptq_v1 ? "v1" : "v2", group,
 		         q->sym ? "sym" : "asym");
 		break;
+	case MOE_QUANT_AWQ: snprintf(buf, len, "AWQ INT4 GEMM, %s, zero point", group); break;
 	}
 	return buf;
 }

@@ -1,4 +1,4 @@
-/* test_forward_int4.c — INT4 checkpoints (compressed-tensors pack-quantized, GPTQ) served by
+/* test_forward_int4.c — INT4 checkpoints (compressed-tensors pack-quantized, GPTQ, AWQ) served by
  * the forward engine, which repacks each expert into INT4_G32 once per load.
  *
  * Per encoding: the RESIDENCY source under a budget below the model (evictions: slots reused,
@@ -130,7 +130,9 @@ static void check_served(enum moe_gen_int4 int4, uint32_t group)
 		free(oracle);
 		const double e = float_math_nmse(&r, block, n, k);
 		cr_log_info("%s group %d, %u tokens: nmse vs float math %.3g",
-		            int4 == MOE_GEN_INT4_CT ? "compressed-tensors" : "GPTQ",
+		            int4 == MOE_GEN_INT4_CT    ? "compressed-tensors"
+		            : int4 == MOE_GEN_INT4_AWQ ? "AWQ"
+		                                       : "GPTQ",
 		            group == MOE_GEN_GROUP_ROW ? -1 : (int)group, n, e);
 		cr_assert(e < 0.03, "%u tokens: nmse %.3g against float math", n, e);
 		fwd_req_free(&r);
@@ -158,6 +160,13 @@ Test(forward_int4, gptq_served)
 
 /* GPTQ group_size -1 and compressed-tensors strategy "channel": one group spanning each row,
  * its scale repeated into every block of the row at the repack. */
+/* AutoAWQ GEMM: packed along the output in AWQ's nibble order, with zero points */
+Test(forward_int4, awq_served)
+{
+	check_served(MOE_GEN_INT4_AWQ, 128);
+	check_served(MOE_GEN_INT4_AWQ, 32);
+}
+
 Test(forward_int4, one_group_per_row_served)
 {
 	check_served(MOE_GEN_INT4_GPTQ, MOE_GEN_GROUP_ROW);

@@ -51,6 +51,9 @@ static void repack(const struct moe_quant_config *q, const struct moe_quant_layo
 	char why[200];
 	if (q->kind == MOE_QUANT_INT4_CT)
 		check(moek_int4_from_ct(w, s, rows, cols, l->group, dst, why, sizeof(why)) == 0);
+	else if (q->kind == MOE_QUANT_AWQ) /* every stored zero fits: never refused */
+		check(moek_int4_from_awq(w, z, s, rows, cols, l->group, dst, why, sizeof(why)) ==
+		      0);
 	else /* may refuse a v1 zero of 15 */
 		(void)moek_int4_from_gptq(w, z, s, rows, cols, l->group, q->gptq_v1, dst, why,
 		                          sizeof(why));
@@ -67,7 +70,7 @@ static void try_shape(const struct moe_quant_config *q, uint64_t rows, uint64_t 
 	}
 	check(l.group > 0 && l.group % 32 == 0 && cols % l.group == 0 && rows > 0);
 	check(!q->per_row || l.group == cols);
-	check(q->kind != MOE_QUANT_GPTQ || rows % 8 == 0);
+	check(q->kind == MOE_QUANT_INT4_CT || rows % 8 == 0);
 	if (rows <= MAX_ELEMENTS && cols <= MAX_ELEMENTS && rows * cols <= MAX_ELEMENTS)
 		repack(q, &l, rows, cols, seed);
 }

@@ -52,6 +52,10 @@ static double proj_nmse(const struct moe_catalog *cat, const struct moe_proj_ref
 		cr_assert_eq(moek_int4_from_ct(data, scale, r->rows, r->cols, r->group, blocks, err,
 		                               sizeof(err)),
 		             0, "%s", err);
+	else if (r->awq)
+		cr_assert_eq(moek_int4_from_awq(data, zeros, scale, r->rows, r->cols, r->group,
+		                                blocks, err, sizeof(err)),
+		             0, "%s", err);
 	else
 		cr_assert_eq(moek_int4_from_gptq(data, zeros, scale, r->rows, r->cols, r->group,
 		                                 r->gptq_v1, blocks, err, sizeof(err)),
@@ -75,7 +79,9 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 	struct moe_catalog *cat;
 	struct sidecar_error err = {0};
 	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
-	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT ? MOE_QUANT_INT4_CT : MOE_QUANT_GPTQ);
+	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT    ? MOE_QUANT_INT4_CT
+	                              : int4 == MOE_GEN_INT4_AWQ ? MOE_QUANT_AWQ
+	                                                         : MOE_QUANT_GPTQ);
 	const bool per_row = group == MOE_GEN_GROUP_ROW;
 	cr_assert_eq(cat->quant.group, per_row ? 0 : group);
 	char scheme[96];
@@ -93,6 +99,7 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 				cr_assert(r->present);
 				cr_assert_eq(r->format, MOEK_INT4_G32);
 				cr_assert_eq(r->layout, lay);
+				cr_assert_eq(r->awq, int4 == MOE_GEN_INT4_AWQ);
 				/* one group per row: the row is the group (one scale per output) */
 				const uint64_t g = per_row ? r->cols : group;
 				cr_assert_eq(r->group, g);
@@ -128,6 +135,14 @@ Test(int4_checkpoint, gptq_round_trip)
 {
 	check_round_trip(MOE_GEN_INT4_GPTQ, 128, MOE_LAYOUT_INT4_GPTQ);
 	check_round_trip(MOE_GEN_INT4_GPTQ, 32, MOE_LAYOUT_INT4_GPTQ);
+}
+
+/* AutoAWQ GEMM (qweight packed along the output in AWQ's nibble order, zero points from an
+ * asymmetric quantizer): read through the GPTQ family's layout, repacked by its own order */
+Test(int4_checkpoint, awq_round_trip)
+{
+	check_round_trip(MOE_GEN_INT4_AWQ, 128, MOE_LAYOUT_INT4_GPTQ);
+	check_round_trip(MOE_GEN_INT4_AWQ, 32, MOE_LAYOUT_INT4_GPTQ);
 }
 
 /* GPTQ group_size -1 and compressed-tensors strategy "channel": one scale (and zero) per
@@ -265,9 +280,10 @@ Test(int4_checkpoint, unsupported_compressed_tensors_schemes_refused)
 	expect_refusal(MOE_GEN_INT4_CT, 32, "pack-quantized", "float-quantized",
 	               "%s/hf/config.json: quantization_config: compressed-tensors format "
 	               "float-quantized is not supported (pack-quantized INT4 only)");
-	expect_refusal(MOE_GEN_INT4_CT, 32, "\"compressed-tensors\"", "\"awq\"",
-	               "%s/hf/config.json: quantization_config: quant_method awq is not supported "
-	               "(compressed-tensors pack-quantized INT4, gptq INT4, fp8 and mxfp4 are)");
+	expect_refusal(MOE_GEN_INT4_CT, 32, "\"compressed-tensors\"", "\"bitnet\"",
+	               "%s/hf/config.json: quantization_config: quant_method bitnet is not "
+	               "supported (compressed-tensors pack-quantized INT4, gptq INT4, awq INT4 "
+	               "GEMM, fp8 and mxfp4 are)");
 	/* a group of 96 is a multiple of 32 but does not divide the 256-wide rows */
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", "\"group_size\": 96",
 	               "%s/hf: model.layers.0.mlp.experts.0.gate_proj: group size 96 does not "
@@ -286,6 +302,44 @@ Test(int4_checkpoint, unsupported_gptq_schemes_refused)
 	               "\"checkpoint_format\": \"marlin\"",
 	               "%s/hf/config.json: quantization_config: GPTQ checkpoint_format marlin is "
 	               "not supported (gptq or gptq_v2)");
+}
+
+Test(int4_checkpoint, unsupported_awq_schemes_refused)
+{
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
+	               "%s/hf/config.json: quantization_config: AWQ version gemv is not supported "
+	               "(gemm: AutoAWQ's GEMM packing; gemv and the others pack differently)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"version\": \"gemm\"", "\"version\": 2",
+	               "%s/hf/config.json: quantization_config: AWQ version (not a string) is not "
+	               "supported (gemm: AutoAWQ's GEMM packing; gemv and the others pack "
+	               "differently)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"zero_point\": true", "\"zero_point\": false",
+	               "%s/hf/config.json: quantization_config: AWQ zero_point false is not "
+	               "supported (zero_point true: GEMM checkpoints with zero points)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"zero_point\": true, ", "",
+	               "%s/hf/config.json: quantization_config: AWQ zero_point (missing) is not "
+	               "supported (zero_point true: GEMM checkpoints with zero points)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"bits\": 4", "\"bits\": 8",
+	               "%s/hf/config.json: quantization_config: AWQ bits 8 is not supported (INT4 "
+	               "only)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"bits\": 4", "\"bits\": \"4\"",
+	               "%s/hf/config.json: quantization_config: AWQ bits (not a number) is not "
+	               "supported (INT4 only)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": -1",
+	               "%s/hf/config.json: quantization_config: AWQ group_size -1 is not "
+	               "supported (a positive multiple of 32)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 1e300",
+	               "%s/hf/config.json: quantization_config: AWQ group_size 1e+300 is not "
+	               "supported (a positive multiple of 32)");
+	/* a multiple of 32 that does not divide the 256-wide rows: named per tensor */
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 96",
+	               "%s/hf: model.layers.0.mlp.experts.0.gate_proj: group size 96 does not "
+	               "divide the row of 256 inputs (%s/hf/config.json)");
+	/* the tensors of another group size than the config's: qzeros has the wrong shape */
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 64",
+	               "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.qzeros: expected I32 "
+	               "[4, 16] (AWQ: 8 zero points per int32, group 64), found I32 [2, 16] (2 "
+	               "dims)");
 }
 
 /* group_size values no row can have are refused before any conversion to an integer (a
@@ -375,7 +429,7 @@ Test(int4_checkpoint, generator_refuses_int4_without_an_encoding)
 	struct sidecar_error err = {0};
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_str_eq(err.msg, "INT4_G32 is the sidecar's load-time layout: write an INT4 "
-	                          "checkpoint with --format int4-ct or gptq");
+	                          "checkpoint with --format int4-ct, gptq or awq");
 	o.int4 = MOE_GEN_INT4_CT;
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_str_eq(err.msg, "INT4 checkpoints (int4-ct) are written as experts-only "
