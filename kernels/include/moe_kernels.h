@@ -227,6 +227,10 @@ struct moek_matrix {
 	const float *scales; /* FP8 only: scale_inv of each 128x128 block, block-row-major */
 	size_t scale_stride; /* floats between block rows of scales; 0 = ceil(cols / 128) */
 	const float *bias;   /* optional, rows floats (gpt-oss) */
+	/* A per-tensor scale multiplying every product of this matrix before the bias and the
+	 * activation (ModelOpt NVFP4's weight_scale_2, kept outside the blocks as ggml keeps it):
+	 * 0 = none (1). Finite and positive when set; not with an interleaved layout. */
+	float tensor_scale;
 	/* Partial matrices (one NUMA node's rows of an expert, in memory of their own): rows
 	 * [row0, rows) are present, row r is at data + (r - row0) * row_stride; callers ask the
 	 * phases only for rows they have. Scales and bias stay indexed by the global row.

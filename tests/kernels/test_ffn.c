@@ -530,3 +530,55 @@ Test(ffn_api, interleaved_gate_up_rows_are_a_strided_view)
 	free(fused);
 	fixture_free(&f);
 }
+
+/* A per-tensor scale (ModelOpt NVFP4's weight_scale_2) multiplies each matrix's products: the
+ * FFN of an expert with scales equals the double FFN over its dequantized weights times them,
+ * on every path (one-token and several-token dots, prefill tiles) and ISA; scale 1 gives the
+ * bits of no scale; a scale that is not finite and positive, or one on interleaved rows, is
+ * refused by name. */
+Test(ffn_api, tensor_scales_multiply_each_matrix)
+{
+	struct fixture f;
+	fixture_init(&f, MOEK_NVFP4, 0, 320, 256, MOEK_SWIGLU, 0, 31);
+	const float sg = 0.37f, su = 1.9f, sd = 0.0113f;
+	float *x = fixture_tokens(20, 320, 32);
+	float *plain[3];
+	static const size_t ns[3] = {1, 3, 20};
+	for (int i = 0; i < 3; i++)
+		plain[i] = fixture_run(&f, x, ns[i], NULL);
+	f.expert.gate.tensor_scale = f.expert.up.tensor_scale = f.expert.down.tensor_scale = 1.0f;
+	for (int i = 0; i < 3; i++) {
+		float *one = fixture_run(&f, x, ns[i], NULL);
+		cr_assert_eq(memcmp(one, plain[i], ns[i] * 320 * sizeof(float)), 0, "scale 1");
+		free(one), free(plain[i]);
+	}
+	f.expert.gate.tensor_scale = sg, f.expert.up.tensor_scale = su;
+	f.expert.down.tensor_scale = sd;
+	for (size_t i = 0; i < 256 * 320; i++)
+		f.gate.deq[i] *= sg, f.up.deq[i] *= su, f.down.deq[i] *= sd;
+	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2, MOEK_ISA_AVX512};
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		if (moek_set_isa(isas[ii]) != 0)
+			continue;
+		for (int i = 0; i < 3; i++) {
+			double *want = calloc(ns[i] * 320, sizeof(double));
+			fixture_oracle(&f, 0, x, ns[i], NULL, want);
+			float *got = fixture_run(&f, x, ns[i], NULL);
+			const double e = nmse(got, want, ns[i] * 320);
+			cr_assert(e < 5e-4, "isa %s, %zu tokens: nmse %.3g", moek_isa_name(), ns[i],
+			          e);
+			free(got), free(want);
+		}
+	}
+	moek_set_isa(MOEK_ISA_AUTO);
+	char err[200];
+	const float bad[] = {-1.0f, NAN, INFINITY};
+	for (size_t i = 0; i < 3; i++) {
+		struct moek_expert e = f.expert;
+		e.up.tensor_scale = bad[i];
+		cr_assert_eq(moek_expert_check(&e, err, sizeof(err)), -1);
+		cr_assert(strstr(err, "expert up: tensor scale"), "%s", err);
+	}
+	free(x);
+	fixture_free(&f);
+}
