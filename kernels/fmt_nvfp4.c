@@ -14,6 +14,7 @@
  * same. Pure functions; no allocation; thread-safe.
  */
 #include <math.h>
+#include <stdio.h>
 
 #include "kernels_internal.h"
 
@@ -65,4 +66,70 @@ void moek_dequantize_nvfp4(const void *src, float *y, size_t n)
 			}
 		}
 	}
+}
+
+/* ---- ModelOpt checkpoints ----------------------------------------------------------------- */
+
+int moek_nvfp4_from_modelopt(const void *weight, const void *scales, size_t rows, size_t cols,
+                             void *dst, char *err, size_t err_len)
+{
+	if (rows == 0 || cols == 0 || cols % QK_NVFP4) {
+		snprintf(
+		    err, err_len,
+		    "NVFP4 (ModelOpt): %zu x %zu, rows must be a positive multiple of 64 inputs "
+		    "(ggml's NVFP4 block)",
+		    rows, cols);
+		return -1;
+	}
+	const uint8_t *w = weight, *sc = scales;
+	struct block_nvfp4 *y = dst;
+	const size_t nb = cols / QK_NVFP4;
+	for (size_t r = 0; r < rows; r++)
+		for (size_t b = 0; b < nb; b++, y++) {
+			const uint8_t *s = sc + r * (cols / QK_NVFP4_SUB) + 4 * b;
+			for (int k = 0; k < 4; k++)
+				if (s[k] & 0x80 || s[k] == 0x7F) {
+					snprintf(
+					    err, err_len,
+					    "NVFP4 (ModelOpt): weight_scale of row %zu columns "
+					    "%zu..%zu is %s (E4M3 byte 0x%02x): block scales are "
+					    "positive",
+					    r, (4 * b + (size_t)k) * QK_NVFP4_SUB,
+					    (4 * b + (size_t)k + 1) * QK_NVFP4_SUB - 1,
+					    (s[k] & 0x7F) == 0x7F ? "NaN" : "negative", s[k]);
+					return -1;
+				}
+			memcpy(y->d, s, 4);
+			/* sub-block k: elements 16k + j (j < 8) from byte 8k + j / 2 ... of the row
+			 */
+			const uint8_t *src = w + r * (cols / 2) + b * (QK_NVFP4 / 2);
+			for (int k = 0; k < 4; k++)
+				for (int j = 0; j < 8; j++) {
+					const int e0 = 16 * k + j, e1 = e0 + 8;
+					const unsigned lo = (src[e0 / 2] >> (4 * (e0 % 2))) & 15u;
+					const unsigned hi = (src[e1 / 2] >> (4 * (e1 % 2))) & 15u;
+					y->qs[8 * k + j] = (uint8_t)(lo | hi << 4);
+				}
+		}
+	return 0;
+}
+
+void moek_nvfp4_to_modelopt(const void *src, size_t rows, size_t cols, void *weight, void *scales)
+{
+	const struct block_nvfp4 *x = src;
+	uint8_t *w = weight, *sc = scales;
+	const size_t nb = cols / QK_NVFP4;
+	memset(w, 0, rows * cols / 2);
+	for (size_t r = 0; r < rows; r++)
+		for (size_t b = 0; b < nb; b++, x++) {
+			memcpy(sc + r * (cols / QK_NVFP4_SUB) + 4 * b, x->d, 4);
+			uint8_t *d = w + r * (cols / 2) + b * (QK_NVFP4 / 2);
+			for (int k = 0; k < 4; k++)
+				for (int j = 0; j < 8; j++) {
+					const int e0 = 16 * k + j, e1 = e0 + 8;
+					const uint8_t q = x->qs[8 * k + j];
+					d[e0 / 2] |= (uint8_t)((q & 15u) << (4 * (e0 % 2)));
+					d[e1 / 2] |= (uint8_t)((q >> 4) << (4 * (e1 % 2)));
+				}
+		}
 }

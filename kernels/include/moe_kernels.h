@@ -154,6 +154,18 @@ static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group
 	return rows / 2 * (cols / group);
 }
 
+/* NVFP4 checkpoints as NVIDIA ModelOpt writes them into NVFP4 rows (ggml's 36-byte blocks of
+ * 64): `weight` uint8 [rows, cols / 2] (byte k of a row: element 2k in the low nibble, 2k + 1
+ * in the high one; E2M1 codes, sign in bit 3) and `weight_scale` float8_e4m3fn [rows, cols /
+ * 16] (one scale per 16 elements). The codes and the scale bytes move as they are: an E4M3
+ * scale of sign 0 that is not NaN has the bits and value of the UE4M3 byte. The per-tensor
+ * weight_scale_2 stays outside (struct moek_matrix.tensor_scale). Returns 0, or -1 with a
+ * message in err: cols not a multiple of 64, or a scale byte that is negative or NaN (row and
+ * column named). moek_nvfp4_to_modelopt is the inverse (for writers of such checkpoints). */
+int moek_nvfp4_from_modelopt(const void *weight, const void *scales, size_t rows, size_t cols,
+                             void *dst, char *err, size_t err_len);
+void moek_nvfp4_to_modelopt(const void *src, size_t rows, size_t cols, void *weight, void *scales);
+
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
  * Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD multiply
  * covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'

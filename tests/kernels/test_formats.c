@@ -719,3 +719,43 @@ Test(formats, nvfp4_golden_blocks)
 			              "elem %d", 16 * s + j);
 	}
 }
+
+/* ModelOpt's NVFP4 tensors (weight: byte k holds elements 2k low and 2k + 1 high; weight_scale:
+ * one float8_e4m3fn per 16) into NVFP4 blocks: hand-built bytes decode to E2M1 · E4M3 as the
+ * definitions give them; the inverse gives the bytes back; a negative or NaN scale is refused
+ * naming its row and columns. */
+Test(formats, nvfp4_from_modelopt_pairs_2k_with_2k_plus_1)
+{
+	enum { R = 2, C = 128 };
+	uint8_t weight[R * C / 2], scales[R * C / 16], blocks[R * C / 64 * 36], w2[R * C / 2],
+	    s2[R * C / 16];
+	int code[R * C];
+	for (int i = 0; i < R * C; i++)
+		code[i] = (i * 7 + i / 16) % 16;
+	for (int i = 0; i < R * C / 2; i++)
+		weight[i] = (uint8_t)(code[2 * i] | code[2 * i + 1] << 4);
+	for (int i = 0; i < R * C / 16; i++)
+		scales[i] = (uint8_t)(0x08 + 5 * i); /* 2^-6 (smallest normal) upwards */
+	scales[3] = 0x05;                            /* a subnormal: 5 · 2^-9 */
+	char err[200] = "";
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), 0,
+	             "%s", err);
+	float y[R * C];
+	cr_assert_eq(moek_dequantize(MOEK_NVFP4, blocks, NULL, R, C, y), 0);
+	for (int i = 0; i < R * C; i++)
+		cr_assert_eq(y[i], e2m1[code[i]] * moek_fp8_e4m3_to_f32(scales[i / 16]), "elem %d",
+		             i);
+	moek_nvfp4_to_modelopt(blocks, R, C, w2, s2);
+	cr_assert_eq(memcmp(w2, weight, sizeof(weight)), 0);
+	cr_assert_eq(memcmp(s2, scales, sizeof(scales)), 0);
+	scales[9] = 0xB8; /* -1.0: row 1, columns 16..31 */
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), -1);
+	cr_assert_str_eq(err, "NVFP4 (ModelOpt): weight_scale of row 1 columns 16..31 is negative "
+	                      "(E4M3 byte 0xb8): block scales are positive");
+	scales[9] = 0x7F;
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "is NaN (E4M3 byte 0x7f)"), "%s", err);
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, 96, blocks, err, sizeof(err)), -1);
+	cr_assert_str_eq(err, "NVFP4 (ModelOpt): 2 x 96, rows must be a positive multiple of 64 "
+	                      "inputs (ggml's NVFP4 block)");
+}
