@@ -18,6 +18,10 @@
  * source is refused for them as for Hugging Face MXFP4, and their rows are never cut into
  * node slices (GPTQ packs along the input).
  *
+ * ModelOpt NVFP4 (weight, weight_scale) takes the INT4 path: its tensors are copied aside and
+ * ggml's NVFP4 blocks written over the weight extent (their sum is the blocks' size); its
+ * weight_scale_2 was read at open and rides in the views (moek_matrix.tensor_scale).
+ *
  * Side data (biases, FP8 block scales) held in the slot (side_in_slot) becomes f32 rows on a
  * float boundary of its extent; a fused gate_up's alternating bias rows are put in
  * gate-then-up order. Then the decode layout (decode_layout.c) rearranges gate, up and down.
@@ -56,6 +60,20 @@ int transforms_check(struct forward_weights *w, enum forward_source source,
 					    "read-only page-cache mapping cannot be converted "
 					    "in place): use the residency or all-resident "
 					    "source, or convert the model to GGUF",
+					    l, moe_proj_name((enum moe_proj)p));
+					return -1;
+				}
+			}
+			if (r->layout == MOE_LAYOUT_NVFP4_MODELOPT) {
+				w->xf.int4 = true; /* the same repack at load */
+				if (source == FORWARD_SOURCE_MMAP) {
+					error_set(
+					    err, MOE_EINVAL,
+					    "layer %u %s: NVFP4 in ModelOpt's weight/weight_scale "
+					    "layout cannot be served from the mmap source (the "
+					    "kernels take ggml's NVFP4 blocks, and a read-only "
+					    "page-cache mapping cannot be repacked in place): use "
+					    "the residency or all-resident source",
 					    l, moe_proj_name((enum moe_proj)p));
 					return -1;
 				}
@@ -194,9 +212,10 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 	return 0;
 }
 
+/* Repacked at load from tensors copied aside: the INT4 checkpoints and ModelOpt NVFP4. */
 static bool is_int4(const struct moe_proj_ref *r)
 {
-	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ;
+	return moe_layout_repacked(r->layout);
 }
 
 /* The checkpoint bytes of an INT4 projection: weights, scales and (GPTQ) zeros; 0 for any
@@ -220,7 +239,9 @@ static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t
 	const uint8_t *sc = src + r->data.length, *zs = sc + r->scale.length;
 	char why[200];
 	const int rc =
-	    r->layout == MOE_LAYOUT_INT4_CT
+	    r->layout == MOE_LAYOUT_NVFP4_MODELOPT
+	        ? moek_nvfp4_from_modelopt(src, sc, r->rows, r->cols, dst, why, sizeof(why))
+	    : r->layout == MOE_LAYOUT_INT4_CT
 	        ? moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
 	    : r->awq
 	        ? moek_int4_from_awq(src, zs, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))

@@ -75,7 +75,19 @@ enum moe_weight_layout {
 	 * `scale` = scales (F16), `zeros` = qzeros */
 	MOE_LAYOUT_INT4_CT,
 	MOE_LAYOUT_INT4_GPTQ,
+	/* ModelOpt NVFP4 (format MOEK_NVFP4 once repacked by moek_nvfp4_from_modelopt): `data` =
+	 * weight (E2M1 pairs), `scale` = weight_scale (E4M3 per 16); weight_scale_2 is read at
+	 * open into tensor_scale */
+	MOE_LAYOUT_NVFP4_MODELOPT,
 };
+
+/* Whether a layout is repacked at load into rows of another size than its data (the INT4
+ * checkpoints, ModelOpt NVFP4): its data extent gets the room of moe_proj_kernel_bytes. */
+static inline bool moe_layout_repacked(enum moe_weight_layout l)
+{
+	return l == MOE_LAYOUT_INT4_CT || l == MOE_LAYOUT_INT4_GPTQ ||
+	       l == MOE_LAYOUT_NVFP4_MODELOPT;
+}
 
 /* A byte range in one of the catalog's files. length 0 = absent. */
 struct moe_extent {
@@ -100,6 +112,7 @@ struct moe_proj_ref {
 	uint32_t group;          /* INT4 layouts: the checkpoint's group size */
 	bool gptq_v1;            /* MOE_LAYOUT_INT4_GPTQ: zeros stored minus one */
 	bool awq;                /* MOE_LAYOUT_INT4_GPTQ: AutoAWQ GEMM qweight / qzeros */
+	float tensor_scale; /* NVFP4_MODELOPT: weight_scale_2 (moek_matrix.tensor_scale); else 0 */
 };
 
 struct moe_expert {

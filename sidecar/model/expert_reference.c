@@ -165,6 +165,11 @@ static int kernel_bytes(struct expert_reference *r, const struct moe_proj_ref *p
 		                                 p->gptq_v1, r->kern, why, sizeof(why)))
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
+	case MOE_LAYOUT_NVFP4_MODELOPT:
+		if (moek_nvfp4_from_modelopt(r->raw, scale, p->rows, p->cols, r->kern, why,
+		                             sizeof(why)))
+			return error_set(err, MOE_EINVAL, "%s", why);
+		break;
 	default: return error_set(err, MOE_EINVAL, "layout %d unknown", (int)p->layout);
 	}
 	if (moek_format_scale_block(p->format)) {
@@ -190,6 +195,9 @@ static int dequantize_proj(struct expert_reference *r, const struct moe_proj_ref
 	if (moek_dequantize(p->format, r->kern, sc, p->rows, p->cols, dst))
 		return error_set(err, MOE_EINVAL, "format %s cannot be dequantized",
 		                 moe_format_name(p->format));
+	if (p->tensor_scale != 0.0f) /* ModelOpt NVFP4's weight_scale_2 (one f32 rounding) */
+		for (size_t i = 0; i < (size_t)p->rows * p->cols; i++)
+			dst[i] *= p->tensor_scale;
 	return 0;
 }
 

@@ -227,6 +227,40 @@ static int read_awq(const struct json_doc *doc, json_ref qc, const char *path,
 	return 0;
 }
 
+/* ModelOpt's quantization object (flat in config.json's quantization_config, or
+ * hf_quant_config.json's `quantization`): quant_algo NVFP4, group_size 16 where given. */
+static int read_modelopt(const struct json_doc *doc, json_ref qc, const char *path, const char *at,
+                         struct moe_quant_config *q, struct sidecar_error *err)
+{
+	const char *algo = json_string(doc, json_object_get(doc, qc, "quant_algo"), NULL);
+	if (!algo || strcasecmp(algo, "NVFP4"))
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s: ModelOpt quant_algo %.32s is not supported (NVFP4 only)",
+		                 path, at, algo ? algo : "(missing)");
+	double gs = 0;
+	char shown[32];
+	const int has = group_size_read(doc, qc, &gs, shown, sizeof(shown));
+	if (has != 0 && !(has == 1 && gs == 16.0))
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s: ModelOpt NVFP4 group_size %s is not supported (16: one "
+		                 "E4M3 scale per 16 weights)",
+		                 path, at, shown);
+	q->kind = MOE_QUANT_NVFP4;
+	q->group = 16;
+	return 0;
+}
+
+int moe_quant_config_read_modelopt(const struct json_doc *doc, const char *path,
+                                   struct moe_quant_config *q, struct sidecar_error *err)
+{
+	memset(q, 0, sizeof(*q));
+	const json_ref qc = json_object_get(doc, json_root(doc), "quantization");
+	if (qc == JSON_NONE || json_type_of(doc, qc) != JSON_OBJECT)
+		return error_set(err, MOE_EINVAL, "%s: quantization is missing or not an object",
+		                 path);
+	return read_modelopt(doc, qc, path, "quantization", q, err);
+}
+
 int moe_quant_config_read(const struct json_doc *doc, const char *path, struct moe_quant_config *q,
                           struct sidecar_error *err)
 {
@@ -247,16 +281,19 @@ int moe_quant_config_read(const struct json_doc *doc, const char *path, struct m
 		return read_gptq(doc, qc, path, q, err);
 	if (str_is(method, "awq"))
 		return read_awq(doc, qc, path, q, err);
-	return error_set(err, MOE_EINVAL,
-	                 QC "quant_method %.64s is not supported (compressed-tensors "
-	                    "pack-quantized INT4, gptq INT4, awq INT4 GEMM, fp8 and mxfp4 are)",
-	                 path, method);
+	if (str_is(method, "modelopt"))
+		return read_modelopt(doc, qc, path, "quantization_config", q, err);
+	return error_set(
+	    err, MOE_EINVAL,
+	    QC "quant_method %.64s is not supported (compressed-tensors "
+	       "pack-quantized INT4, gptq INT4, awq INT4 GEMM, modelopt NVFP4, fp8 and mxfp4 are)",
+	    path, method);
 }
 
 int moe_quant_layout_of(const struct moe_quant_config *q, uint64_t rows, uint64_t cols,
                         struct moe_quant_layout *l, char *why, size_t why_len)
 {
-	assert(q->kind != MOE_QUANT_NONE);
+	assert(q->kind != MOE_QUANT_NONE && q->kind != MOE_QUANT_NVFP4);
 	assert(q->per_row ? q->group == 0 : q->group % 32 == 0 && q->group > 0);
 	memset(l, 0, sizeof(*l));
 	if (q->per_row && (cols == 0 || cols % 32 || cols > UINT32_MAX)) {
@@ -313,6 +350,9 @@ const char *moe_quant_config_describe(const struct moe_quant_config *q, char *bu
 		         q->sym ? "sym" : "asym");
 		break;
 	case MOE_QUANT_AWQ: snprintf(buf, len, "AWQ INT4 GEMM, %s, zero point", group); break;
+	case MOE_QUANT_NVFP4:
+		snprintf(buf, len, "ModelOpt NVFP4, E4M3 scale per 16, per-tensor FP32 scale");
+		break;
 	}
 	return buf;
 }

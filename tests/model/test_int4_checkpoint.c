@@ -283,7 +283,7 @@ Test(int4_checkpoint, unsupported_compressed_tensors_schemes_refused)
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"compressed-tensors\"", "\"bitnet\"",
 	               "%s/hf/config.json: quantization_config: quant_method bitnet is not "
 	               "supported (compressed-tensors pack-quantized INT4, gptq INT4, awq INT4 "
-	               "GEMM, fp8 and mxfp4 are)");
+	               "GEMM, modelopt NVFP4, fp8 and mxfp4 are)");
 	/* a group of 96 is a multiple of 32 but does not divide the 256-wide rows */
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", "\"group_size\": 96",
 	               "%s/hf: model.layers.0.mlp.experts.0.gate_proj: group size 96 does not "
