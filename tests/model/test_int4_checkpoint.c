@@ -436,3 +436,190 @@ Test(int4_checkpoint, generator_refuses_int4_without_an_encoding)
 	                          "safetensors with per-expert tensors, not for gpt-oss");
 	remove_tree(dir);
 }
+
+/* ---- ModelOpt NVFP4 ------------------------------------------------------------------------ */
+
+static void generate_nvfp4(const char *out)
+{
+	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	                            .out = out,
+	                            .format = MOEK_NVFP4,
+	                            .seed = SEED,
+	                            .layers = 2,
+	                            .hidden = HIDDEN,
+	                            .ffn = FFN,
+	                            .experts = 4};
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s", err.msg);
+}
+
+/* Replaces `from` by `to` (the same length) in the file's first 64 KiB (a safetensors header,
+ * a config): exactly one occurrence must be there. */
+static void patch_file(const char *path, const char *from, const char *to)
+{
+	cr_assert_eq(strlen(from), strlen(to));
+	size_t len;
+	char *text = slurp(path, &len);
+	const size_t n = len < 65536 ? len : 65536;
+	char *at = NULL;
+	for (size_t i = 0; !at && i + strlen(from) <= n; i++)
+		if (!memcmp(text + i, from, strlen(from)))
+			at = text + i;
+	cr_assert_not_null(at, "%s has no %s", path, from);
+	memcpy(at, to, strlen(to));
+	write_file(path, text, len);
+	free(text);
+}
+
+/* A generated checkpoint with `from` replaced by `to` in `file` (config.json,
+ * model.safetensors) must be refused with a message that starts with `want` (%s: the scratch
+ * directory, twice at most). */
+static void expect_nvfp4_refusal(const char *file, const char *from, const char *to,
+                                 const char *want)
+{
+	char *dir = scratch_dir();
+	char out[512], path[600];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	snprintf(path, sizeof(path), "%s/%s", out, file);
+	patch_file(path, from, to);
+	struct moe_catalog *cat = NULL;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), -1, "%s -> %s accepted", from, to);
+	char full[1024];
+	snprintf(full, sizeof(full), want, dir, dir);
+	cr_assert(!strncmp(err.msg, full, strlen(full)), "%s\nwanted: %s", err.msg, full);
+	remove_tree(dir);
+}
+
+/* The generated checkpoint reads back: every projection NVFP4 in ModelOpt's layout with its
+ * weight_scale_2, repacked blocks times that scale within E2M1's error of the originals (and
+ * not the neighbour's); inspect names the scheme. */
+Test(nvfp4_checkpoint, modelopt_round_trip)
+{
+	char *dir = scratch_dir();
+	char out[512];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	struct moe_catalog *cat;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
+	cr_assert_eq(cat->quant.kind, MOE_QUANT_NVFP4);
+	cr_assert_eq(cat->n_formats, 1);
+	cr_assert_eq(cat->formats[0], MOEK_NVFP4);
+	static const enum moe_gen_tensor which[3] = {MOE_GEN_GATE, MOE_GEN_UP, MOE_GEN_DOWN};
+	float *want = malloc(HIDDEN * FFN * sizeof(float)), *got = malloc(HIDDEN * FFN * 4);
+	void *blocks = malloc(HIDDEN * FFN);
+	for (uint32_t e = 0; e < 4; e++)
+		for (int p = 0; p < 3; p++) {
+			const struct moe_proj_ref *r = &moe_catalog_expert(cat, 1, e)->proj[p];
+			cr_assert_eq(r->layout, MOE_LAYOUT_NVFP4_MODELOPT);
+			cr_assert_eq(r->data.length, r->rows * r->cols / 2);
+			cr_assert_eq(r->scale.length, r->rows * r->cols / 16);
+			cr_assert_eq(moe_proj_kernel_bytes(r), r->rows * r->cols / 64 * 36);
+			cr_assert_gt(r->tensor_scale, 0.0f);
+			void *w = read_extent(cat, &r->data), *s = read_extent(cat, &r->scale);
+			char why[200];
+			cr_assert_eq(moek_nvfp4_from_modelopt(w, s, r->rows, r->cols, blocks, why,
+			                                      sizeof(why)),
+			             0, "%s", why);
+			cr_assert_eq(
+			    moek_dequantize(MOEK_NVFP4, blocks, NULL, r->rows, r->cols, got), 0);
+			const size_t n = r->rows * r->cols;
+			for (int k = 0; k < 2; k++) {
+				moe_gen_floats(SEED, 1, (e + (uint32_t)k) % 4, which[p], r->cols, 0,
+				               n, want);
+				double num = 0, den = 0;
+				for (size_t i = 0; i < n; i++) {
+					const double d = (double)got[i] * r->tensor_scale - want[i];
+					num += d * d, den += (double)want[i] * want[i];
+				}
+				if (k == 0)
+					cr_assert(num / den < 1.5e-2 && num / den > 1e-4,
+					          "expert %u %s: nmse %.3g", e,
+					          moe_proj_name((enum moe_proj)p), num / den);
+				else
+					cr_assert(num / den > 0.5, "the neighbour's weights");
+			}
+			free(w), free(s);
+		}
+	free(want), free(got), free(blocks);
+	moe_catalog_close(cat);
+	char *text;
+	cr_assert_eq(run_inspect(out, &text), 0, "%s", text);
+	cr_assert(strstr(text, "checkpoint      ModelOpt NVFP4, E4M3 scale per 16, per-tensor FP32 "
+	                       "scale (repacked to NVFP4 blocks at load)\n"),
+	          "%s", text);
+	free(text);
+	remove_tree(dir);
+}
+
+/* hf_quant_config.json (ModelOpt's own file) stands in for a config.json without
+ * quantization_config; its quant_algo is checked the same way. */
+Test(nvfp4_checkpoint, hf_quant_config_json)
+{
+	char *dir = scratch_dir();
+	char out[512], path[600];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	snprintf(path, sizeof(path), "%s/config.json", out);
+	patch_file(path, "\"quantization_config\"", "\"quantization_c0nfig\"");
+	snprintf(path, sizeof(path), "%s/hf_quant_config.json", out);
+	const char *hq = "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.29.0\"}, "
+	                 "\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": "
+	                 "null, \"group_size\": 16, \"exclude_modules\": [\"lm_head\"]}}";
+	write_file(path, hq, strlen(hq));
+	struct moe_catalog *cat = NULL;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
+	cr_assert_eq(cat->quant.kind, MOE_QUANT_NVFP4);
+	moe_catalog_close(cat);
+	patch_file(path, "\"NVFP4\"", "\"W4A8_\"");
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), -1);
+	char want[1024];
+	snprintf(want, sizeof(want),
+	         "%s: quantization: ModelOpt quant_algo W4A8_ is not supported (NVFP4 only)", path);
+	cr_assert_str_eq(err.msg, want);
+	remove_tree(dir);
+}
+
+Test(nvfp4_checkpoint, malformed_configs_and_tensors_refused)
+{
+	expect_nvfp4_refusal("config.json", "\"quant_algo\": \"NVFP4\"",
+	                     "\"quant_algo\": \"FP8__\"",
+	                     "%s/hf/config.json: quantization_config: ModelOpt quant_algo FP8__ is "
+	                     "not supported (NVFP4 only)");
+	expect_nvfp4_refusal("config.json", "\"group_size\": 16", "\"group_size\": 32",
+	                     "%s/hf/config.json: quantization_config: ModelOpt NVFP4 group_size 32 "
+	                     "is not supported (16: one E4M3 scale per 16 weights)");
+	/* the per-tensor scale renamed away: missing */
+	expect_nvfp4_refusal("model.safetensors",
+	                     "layers.0.mlp.experts.0.gate_proj.weight_scale_2\"",
+	                     "layers.0.mlp.experts.0.gate_proj.weight_scale_X\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale_2 "
+	                     "is missing (ModelOpt NVFP4: the per-tensor FP32 scale)");
+	/* wrong dtypes, same sizes */
+	expect_nvfp4_refusal("model.safetensors", "gate_proj.weight_scale_2\":{\"dtype\":\"F32\"",
+	                     "gate_proj.weight_scale_2\":{\"dtype\":\"I32\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale_2: "
+	                     "expected one F32 value, found I32 of 4 bytes");
+	expect_nvfp4_refusal(
+	    "model.safetensors", "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\"",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E5M2\"",
+	    "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale: expected F8_E4M3 "
+	    "[128, 16] (ModelOpt NVFP4: one E4M3 scale per 16 weights), found F8_E5M2 [128, 16] (2 "
+	    "dims)");
+	/* a transposed weight_scale (same bytes, wrong shape) */
+	expect_nvfp4_refusal(
+	    "model.safetensors",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[128,16]",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[16,128]",
+	    "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale: expected F8_E4M3 "
+	    "[128, 16] (ModelOpt NVFP4: one E4M3 scale per 16 weights), found F8_E4M3 [16, 128] (2 "
+	    "dims)");
+	/* a weight of another 1-byte dtype: not ModelOpt's U8 pairs */
+	expect_nvfp4_refusal("model.safetensors", "gate_proj.weight\":{\"dtype\":\"U8\"",
+	                     "gate_proj.weight\":{\"dtype\":\"I8\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight: type I8 "
+	                     "is not supported for expert weights (supported: ");
+}
