@@ -1,8 +1,9 @@
 /* fuzz_safetensors.c — libFuzzer target: st_open on arbitrary bytes must return a clear
  * error or a file whose tensors tile its data buffer; a file that opens is then given to the
- * catalog next to a fixed config.json (OLMoE, DeepSeek-V3 FP8 or gpt-oss MXFP4, chosen by
- * the tensor names present), which must accept it with every extent inside the file, or
- * reject it. */
+ * catalog next to a fixed config.json (OLMoE, DeepSeek-V3 FP8, gpt-oss MXFP4 or Qwen3-MoE
+ * ModelOpt NVFP4, chosen by the tensor names present), which must accept it with every extent
+ * inside the file (and a ModelOpt per-tensor scale finite and positive), or reject it. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,7 +13,8 @@
 #include "safetensors.h"
 
 /* The seeds' configs (as in tests/fuzz/corpus/fuzz_json: 32 wide, 2 experts). */
-static const char *const configs[3] = {
+#define N_CONFIGS 4
+static const char *const configs[N_CONFIGS] = {
     "{\"model_type\":\"olmoe\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_experts_per_tok\":2,\"num_experts\":2,\"intermediate_size\":32}",
     "{\"model_type\":\"deepseek_v3\",\"hidden_size\":32,\"num_hidden_layers\":2,"
@@ -20,13 +22,18 @@ static const char *const configs[3] = {
     "\"first_k_dense_replace\":1,\"scoring_func\":\"sigmoid\"}",
     "{\"model_type\":\"gpt_oss\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_local_experts\":2,\"experts_per_token\":2,\"intermediate_size\":32}",
+    /* ModelOpt NVFP4: rows of 64 (ggml's block) */
+    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+    "\"num_experts_per_tok\":2,\"num_experts\":2,\"moe_intermediate_size\":64,"
+    "\"quantization_config\":{\"quant_method\":\"modelopt\",\"quant_algo\":\"NVFP4\","
+    "\"group_size\":16}}",
 };
-static char dirs[3][96];
+static char dirs[N_CONFIGS][96];
 
 static void remove_dirs(void)
 {
 	char p[160];
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < N_CONFIGS; i++) {
 		snprintf(p, sizeof(p), "%s/model.safetensors", dirs[i]);
 		unlink(p);
 		snprintf(p, sizeof(p), "%s/config.json", dirs[i]);
@@ -38,7 +45,7 @@ static void remove_dirs(void)
 static void make_dirs(const char *target)
 {
 	char p[160];
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < N_CONFIGS; i++) {
 		snprintf(dirs[i], sizeof(dirs[i]), "/tmp/moe-fuzz-st-%d-%d", (int)getpid(), i);
 		if (mkdir(dirs[i], 0700))
 			abort();
@@ -72,6 +79,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				which = 1;
 			if (strstr(t->name, "_blocks"))
 				which = 2;
+			if (strstr(t->name, "weight_scale_2"))
+				which = 3;
 		}
 		if (covered != size - f->data_offset)
 			__builtin_trap();
@@ -89,7 +98,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 						if (r->present &&
 						    (r->data.offset + r->data.length > size ||
 						     r->scale.offset + r->scale.length > size ||
-						     r->bias.offset + r->bias.length > size))
+						     r->zeros.offset + r->zeros.length > size ||
+						     r->bias.offset + r->bias.length > size ||
+						     (r->layout == MOE_LAYOUT_NVFP4_MODELOPT &&
+						      !(r->tensor_scale > 0.0f &&
+						        r->tensor_scale < INFINITY))))
 							__builtin_trap();
 					}
 				}
