@@ -102,11 +102,11 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->interleave &&
 	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
-		return fail(
-		    err, len,
-		    "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K, BF16 or INT4_G32 with rows "
-		    "and first row multiples of %u (format %s, %u rows from %u)",
-		    name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
+		return fail(err, len,
+		            "expert %s: interleave %u needs MXFP4, NVFP4, Q8_0, Q4_K, BF16 or "
+		            "INT4_G32 with rows "
+		            "and first row multiples of %u (format %s, %u rows from %u)",
+		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
@@ -123,8 +123,6 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->tensor_scale != 0.0f && !(m->tensor_scale > 0.0f && m->tensor_scale < INFINITY))
 		return fail(err, len, "expert %s: tensor scale %g is not finite and positive", name,
 		            (double)m->tensor_scale);
-	if (m->tensor_scale != 0.0f && m->interleave)
-		return fail(err, len, "expert %s: a tensor scale with interleaved rows", name);
 	return 0;
 }
 
@@ -270,9 +268,12 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const bool group_dot = e->gate.interleave && ops->dot_x8[gate_fmt];
 	/* integer group dots in every phase: no tiles at any token count (the header) */
 	const uint32_t down_act = moek_formats[down_fmt].vec_dot_format;
+	/* not NVFP4's: its group dot takes the sign trick per sub-block (no offset form), and from
+	 * 16 tokens the tiles beat it 2.5x (bench_kernels, docs/formats.md) */
 	const bool integer_groups = group_dot && integer_dot && e->down.interleave &&
 	                            ops->dot_x8[down_fmt] &&
-	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
+	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K) &&
+	                            gate_fmt != MOEK_FMT_NVFP4 && down_fmt != MOEK_FMT_NVFP4;
 	/* the ISA's bf16 tiles, where it has them, from their own token count */
 	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
 	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]

@@ -259,7 +259,7 @@ struct moek_x8_layout {
 };
 /* interleave.c: the layouts the format table's rows point to */
 extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, moek_x8_bf16,
-    moek_x8_int4_g32;
+    moek_x8_int4_g32, moek_x8_nvfp4;
 
 struct moek_format_traits {
 	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
@@ -630,6 +630,9 @@ void moek_avx2_dot_nvfp4(const void *w, const float *sr, const void *act, size_t
 void moek_avx2_rows_nvfp4(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                           float *out);
 void moek_avx2_dequantize_nvfp4(const void *w, const float *sr, float *dst, size_t k);
+/* The group dot of interleaved NVFP4 rows against MOEK_ACT_Q8_0S activations. */
+void moek_avx2_x8_nvfp4(const void *group, const void *act, size_t as, size_t nt, size_t k,
+                        float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

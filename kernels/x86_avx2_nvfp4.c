@@ -154,3 +154,104 @@ void moek_avx2_dequantize_nvfp4(const void *w, const float *sr, float *dst, size
 		store_sub(_mm256_extracti128_si256(hi, 1), s[3], dst + i + 48);
 	}
 }
+
+/* ---- Interleaved rows (moek_interleave, groups of 8) ---------------------------------------
+ * Per column (one block of 64 of each of 8 rows, 288 bytes): 8 vectors of code bytes (vector
+ * v: bytes 4v..4v+3 of each row's qs, lane r = row r), then one vector of the 8 rows' 4 scale
+ * bytes. Vector v belongs to sub-block s = v / 2: its low nibbles are elements 16s + 4(v % 2)
+ * + 0..3, its high nibbles the same + 8 — 4 consecutive elements each, against 4 activations
+ * broadcast to every lane (MOEK_ACT_Q8_0S, elements in order: block 2b + s / 2 at (s % 2) ·
+ * 16). The signed levels go through maddubs by the sign trick (the activations' block sums
+ * cover 32 elements, two sub-blocks of different scales, so the offset form cannot be used);
+ * each sub-block's int32 sums take the 8 rows' UE4M3 scales (byte s of each lane of the scale
+ * vector, decoded 8 at a time) times the activation block's d in one FMA. */
+
+/* Byte s of each 32-bit lane of v as moek_ue4m3_half gives it. */
+ALWAYS_INLINE __m256 ue4m3_half8(__m256i v, int s)
+{
+	const __m256i b = _mm256_and_si256(_mm256_srli_epi32(v, 8 * s), _mm256_set1_epi32(0xFF));
+	const __m256i nan = _mm256_cmpeq_epi32(b, _mm256_set1_epi32(0x7F));
+	const __m256i x = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+	const __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x78)),
+	                                       _mm256_setzero_si256());
+	const __m256 normal = _mm256_castsi256_ps(
+	    _mm256_add_epi32(_mm256_slli_epi32(x, 20), _mm256_set1_epi32(119 << 23)));
+	const __m256 small = _mm256_mul_ps(_mm256_cvtepi32_ps(x), _mm256_set1_ps(0x1p-10f));
+	return _mm256_andnot_ps(_mm256_castsi256_ps(nan),
+	                        _mm256_blendv_ps(normal, small, _mm256_castsi256_ps(sub)));
+}
+
+/* acc + Σ over each lane's 4 levels w · the 4 activations at y (|w| · y signed by w). */
+ALWAYS_INLINE __m256i x8_nv_dot4(__m256i acc, __m256i w, __m256i aw, const int8_t *y)
+{
+	int32_t v;
+	memcpy(&v, y, 4);
+	const __m256i ys = _mm256_sign_epi8(_mm256_set1_epi32(v), w);
+	return _mm256_add_epi32(
+	    acc, _mm256_madd_epi16(_mm256_maddubs_epi16(aw, ys), _mm256_set1_epi16(1)));
+}
+
+ALWAYS_INLINE void x8_nvfp4_body(const void *group, const void *act, size_t as, const int NT,
+                                 size_t k, float *out, bool vnni)
+{
+	(void)vnni;
+	const uint8_t *col = group;
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	const __m256i table =
+	    _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)moek_mxfp4_kvalues));
+	__m256 acc[MOEK_DOT_TOKENS];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (size_t b = 0; b < k / QK_NVFP4; b++, col += MOEK_INTERLEAVE * NVFP4_BLOCK) {
+		_mm_prefetch((const char *)col + 1536, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + 1536 + 64, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + 1536 + 128, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + 1536 + 192, _MM_HINT_T0);
+		_mm_prefetch((const char *)col + 1536 + 256, _MM_HINT_T0);
+		const __m256i scales = _mm256_loadu_si256((const __m256i *)(col + 256));
+		for (int s = 0; s < 4; s++) {
+			__m256i sum[MOEK_DOT_TOKENS];
+			for (int t = 0; t < NT; t++)
+				sum[t] = _mm256_setzero_si256();
+			for (int h = 0; h < 2; h++) {
+				const int v = 2 * s + h;
+				const __m256i q =
+				    _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+				const __m256i lo =
+				    _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+				const __m256i hi = _mm256_shuffle_epi8(
+				    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+				const __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *y =
+					    ((const struct block_q8_0s *)((const uint8_t *)act +
+					                                  (size_t)t * as) +
+					     2 * b + s / 2)
+					        ->qs +
+					    16 * (s % 2) + 4 * h;
+					sum[t] = x8_nv_dot4(sum[t], lo, alo, y);
+					sum[t] = x8_nv_dot4(sum[t], hi, ahi, y + 8);
+				}
+			}
+			const __m256 sc = ue4m3_half8(scales, s);
+			for (int t = 0; t < NT; t++) {
+				const float d = ((const struct block_q8_0s *)((const uint8_t *)act +
+				                                              (size_t)t * as) +
+				                 2 * b + s / 2)
+				                    ->d;
+				acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(sc, _mm256_set1_ps(d)),
+				                         _mm256_cvtepi32_ps(sum[t]), acc[t]);
+			}
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+X8_ENTRY(x8_nvfp4, x8_nvfp4_body, false, )
+
+void moek_avx2_x8_nvfp4(const void *group, const void *act, size_t as, size_t nt, size_t k,
+                        float *out)
+{
+	x8_nvfp4(group, act, as, nt, k, out);
+}
