@@ -167,17 +167,16 @@ int moek_nvfp4_from_modelopt(const void *weight, const void *scales, size_t rows
 void moek_nvfp4_to_modelopt(const void *src, size_t rows, size_t cols, void *weight, void *scales);
 
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
- * Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD multiply
- * covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
- * block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 · block_bytes
- * bytes; BF16's block here is 16 elements), the blocks' fields in this order, where "vectors"
- * means 32-byte vectors whose bytes 4r..4r+3 come from row r:
- *   MXFP4: 4 vectors of the 16 nibble bytes (bytes 4v..4v+3 of row r in vector v), 8 E8M0;
- *   Q8_0:  8 vectors of the 32 int8 weights, 8 f16 d;
- *   Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors of the
- *          128 nibble bytes;
- *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
- *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words.
+ * NVFP4, Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD
+ * multiply covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8
+ * rows' block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 ·
+ * block_bytes bytes; BF16's block here is 16 elements), the blocks' fields in this order, where
+ * "vectors" means 32-byte vectors whose bytes 4r..4r+3 come from row r: MXFP4: 4 vectors of the 16
+ * nibble bytes (bytes 4v..4v+3 of row r in vector v), 8 E8M0; Q8_0:  8 vectors of the 32 int8
+ * weights, 8 f16 d; Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors
+ * of the 128 nibble bytes; BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
+ *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words;
+ *   NVFP4: 8 vectors of the 32 code bytes, 1 vector of the 8 rows' 4 UE4M3 scales.
  * moek_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes apart; 0 = packed)
  * into dst (rows · row bytes); rows % 8 == 0, no overlap. moek_deinterleave is the inverse.
  * Both return 0, or -1 for a format without the layout or a bad shape. */
@@ -241,7 +240,7 @@ struct moek_matrix {
 	const float *bias;   /* optional, rows floats (gpt-oss) */
 	/* A per-tensor scale multiplying every product of this matrix before the bias and the
 	 * activation (ModelOpt NVFP4's weight_scale_2, kept outside the blocks as ggml keeps it):
-	 * 0 = none (1). Finite and positive when set; not with an interleaved layout. */
+	 * 0 = none (1). Finite and positive when set. */
 	float tensor_scale;
 	/* Partial matrices (one NUMA node's rows of an expert, in memory of their own): rows
 	 * [row0, rows) are present, row r is at data + (r - row0) * row_stride; callers ask the
