@@ -1770,8 +1770,10 @@ static const char *describe(uint32_t format, bool prefill)
 		return "avx2 f32 fma tiles";
 	const uint32_t act = moek_vec_dot_format(format);
 	if (act == MOEK_Q8_0 || act == MOEK_Q8_K)
-		return moek_isa_forms() & MOEK_FORM_VNNI ? "avx2 integer dots (vnni forms)"
-		                                         : "avx2 integer dots";
+		return moek_isa_forms() & MOEK_FORM_VNNI &&
+		               format != MOEK_NVFP4 /* none: sign trick */
+		           ? "avx2 integer dots (vnni forms)"
+		           : "avx2 integer dots";
 	return act == MOEK_BF16 ? "avx2 fma dots on bf16 activations" : "avx2 fma dots";
 }
 
