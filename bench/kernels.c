@@ -434,7 +434,8 @@ static const uint32_t all_formats[] = {MOEK_Q4_K,     BENCH_X8 | MOEK_Q4_K,
                                        MOEK_Q3_K,     MOEK_IQ4_NL,
                                        MOEK_IQ4_XS,   MOEK_F16,
                                        MOEK_F32,      MOEK_FP8_E4M3_B128,
-                                       MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32};
+                                       MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32,
+                                       MOEK_NVFP4,    BENCH_X8 | MOEK_NVFP4};
 
 static uint32_t weight_format(uint32_t f)
 {
@@ -454,6 +455,7 @@ static const char *format_name(uint32_t f)
 	case BENCH_X8 | MOEK_MXFP4: return "MXFP4x8";
 	case BENCH_X8 | MOEK_BF16: return "BF16x8";
 	case BENCH_X8 | MOEK_INT4_G32: return "INT4_G32x8";
+	case BENCH_X8 | MOEK_NVFP4: return "NVFP4x8";
 	default: return moek_format_lookup(f)->name;
 	}
 }

@@ -102,11 +102,11 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->interleave &&
 	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
-		return fail(
-		    err, len,
-		    "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K, BF16 or INT4_G32 with rows "
-		    "and first row multiples of %u (format %s, %u rows from %u)",
-		    name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
+		return fail(err, len,
+		            "expert %s: interleave %u needs MXFP4, NVFP4, Q8_0, Q4_K, BF16 or "
+		            "INT4_G32 with rows "
+		            "and first row multiples of %u (format %s, %u rows from %u)",
+		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,
@@ -120,6 +120,9 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	} else if (m->scales) {
 		return fail(err, len, "expert %s: block scales given for a non-FP8 format", name);
 	}
+	if (m->tensor_scale != 0.0f && !(m->tensor_scale > 0.0f && m->tensor_scale < INFINITY))
+		return fail(err, len, "expert %s: tensor scale %g is not finite and positive", name,
+		            (double)m->tensor_scale);
 	return 0;
 }
 
@@ -266,9 +269,12 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const bool group_dot = e->gate.interleave && ops->dot_x8[gate_fmt];
 	/* integer group dots in every phase: no tiles at any token count (the header) */
 	const uint32_t down_act = moek_formats[down_fmt].vec_dot_format;
+	/* not NVFP4's: its group dot takes the sign trick per sub-block (no offset form), and from
+	 * 16 tokens the tiles beat it 2.5x (bench_kernels, docs/formats.md) */
 	const bool integer_groups = group_dot && integer_dot && e->down.interleave &&
 	                            ops->dot_x8[down_fmt] &&
-	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K);
+	                            (down_act == MOEK_Q8_0 || down_act == MOEK_Q8_K) &&
+	                            gate_fmt != MOEK_FMT_NVFP4 && down_fmt != MOEK_FMT_NVFP4;
 	/* the ISA's bf16 tiles, where it has them, from their own token count */
 	const bool bf16_gate = ops->tile_bf16 && moek_tile_bf16_takes(e->gate.format);
 	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
@@ -479,6 +485,13 @@ static void dequantize_matrix_row(const struct moek_isa_ops *ops, const struct m
 	                    sr ? sr + k0 / MOEK_FP8_BLOCK : NULL, dst, n);
 }
 
+/* A product of a matrix times its tensor scale (0: none; the bits of every other matrix stay
+ * as they were). */
+static inline float scaled(float y, float s)
+{
+	return s != 0.0f ? y * s : y;
+}
+
 static inline float activate(const struct moek_expert *e, float g, float u)
 {
 	if (e->activation == MOEK_SWIGLU_OAI) {
@@ -652,11 +665,12 @@ static void activate_tile(const struct moek_ffn_call *c, const struct moek_exper
 		const size_t f = r0 + r;
 		const float bg = e->gate.bias ? e->gate.bias[f] : 0.0f;
 		const float bu = e->up.bias ? e->up.bias[f] : 0.0f;
+		const float sg = e->gate.tensor_scale, su = e->up.tensor_scale;
 		for (size_t p = 0; p < np; p++) { /* padding lanes too: finite, unused */
 			const float *g = cg + r * ldc + p * PANEL, *u = cu + r * ldc + p * PANEL;
 			float hv[PANEL];
 			for (size_t j = 0; j < PANEL; j++)
-				hv[j] = activate(e, g[j] + bg, u[j] + bu);
+				hv[j] = activate(e, scaled(g[j], sg) + bg, scaled(u[j], su) + bu);
 			if (!c->plan.h_bf16) {
 				memcpy(h_panel(c, p0 + p) + f * PANEL, hv, sizeof(hv));
 				continue;
@@ -790,12 +804,16 @@ static bool x8_next(struct x8_steps *s)
 /* Rows [a, b) of the chunk at c0: h (gate) and ub (up, [t][f - c0]) hold the raw sums of
  * tokens t0 .. t0 + nt; h becomes the activation. */
 static void activate_chunk(const struct moek_ffn_call *c, const struct moek_expert *e, size_t t0,
-                           size_t nt, size_t c0, size_t a, size_t b, const float *ub)
+                           size_t nt, size_t c0, size_t a, size_t b, float *ub)
 {
 	const struct moek_isa_ops *ops = plan_ops(c);
+	const float sg = e->gate.tensor_scale, su = e->up.tensor_scale;
 	for (size_t t = 0; t < nt; t++) {
 		float *h = h32_row(c, t0 + t);
-		const float *u = ub + t * DECODE_CHUNK - c0;
+		float *u = ub + t * DECODE_CHUNK - c0;
+		if (sg != 0.0f || su != 0.0f)
+			for (size_t f = a; f < b; f++)
+				h[f] = scaled(h[f], sg), u[f] = scaled(u[f], su);
 		if (ops->swiglu) {
 			ops->swiglu(h + a, u + a, e->gate.bias ? e->gate.bias + a : NULL,
 			            e->up.bias ? e->up.bias + a : NULL, b - a,
@@ -994,7 +1012,9 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 				dot(wg, sg, xa + t0 * as, as, nt, hidden, g);
 				dot(wu, su, xa + t0 * as, as, nt, hidden, u);
 				for (size_t t = 0; t < nt; t++)
-					h32_row(c, t0 + t)[f] = activate(e, g[t] + bg, u[t] + bu);
+					h32_row(c, t0 + t)[f] =
+					    activate(e, scaled(g[t], e->gate.tensor_scale) + bg,
+					             scaled(u[t], e->up.tensor_scale) + bu);
 			}
 			continue;
 		}
@@ -1002,10 +1022,12 @@ static void hidden_decode(const struct moek_ffn_call *c, const struct moek_exper
 		(void)sg, (void)su;
 		dequantize_matrix_row(ops, &e->gate, c->plan.gate_fmt, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++)
-			h32_row(c, t)[f] = ops->dot_f32(row, x32_row(c, t), hidden);
+			h32_row(c, t)[f] =
+			    scaled(ops->dot_f32(row, x32_row(c, t), hidden), e->gate.tensor_scale);
 		dequantize_matrix_row(ops, &e->up, c->plan.gate_fmt, f, 0, hidden, row);
 		for (size_t t = 0; t < c->n_tokens; t++) {
-			const float u = ops->dot_f32(row, x32_row(c, t), hidden);
+			const float u =
+			    scaled(ops->dot_f32(row, x32_row(c, t), hidden), e->up.tensor_scale);
 			h32_row(c, t)[f] = activate(e, h32_row(c, t)[f] + bg, u + bu);
 		}
 	}
@@ -1059,7 +1081,7 @@ static inline void accumulate(const struct moek_ffn_call *c, const struct moek_e
 	const size_t out_stride = c->out_stride ? c->out_stride : c->plan.hidden;
 	const float w = output_weight(c, t);
 	const float b = e->down.bias ? e->down.bias[o] : 0.0f;
-	c->out[token_row(c, t) * out_stride + o] += w * (y + b);
+	c->out[token_row(c, t) * out_stride + o] += w * (scaled(y, e->down.tensor_scale) + b);
 }
 
 /* accumulate() for output rows [a, b) of token t, y[o - a] their sums: the same operations
@@ -1071,6 +1093,12 @@ static void accumulate_rows(const struct moek_ffn_call *c, const struct moek_exp
 	const float w = output_weight(c, t);
 	float *restrict out = c->out + token_row(c, t) * out_stride;
 	const float *restrict bias = e->down.bias;
+	const float s = e->down.tensor_scale;
+	if (s != 0.0f) {
+		for (size_t o = a; o < b; o++)
+			out[o] += w * (y[o - a] * s + (bias ? bias[o] : 0.0f));
+		return;
+	}
 	if (bias)
 		for (size_t o = a; o < b; o++)
 			out[o] += w * (y[o - a] + bias[o]);
@@ -1291,7 +1319,7 @@ static void down_decode(const struct moek_ffn_call *c, const struct moek_expert 
 				for (size_t t = 0; t < nt; t++) {
 					const float wt = output_weight(c, t0 + t);
 					c->out[token_row(c, t0 + t) * out_stride + o] +=
-					    wt * (y[t] + b);
+					    wt * (scaled(y[t], e->down.tensor_scale) + b);
 				}
 			}
 			continue;

@@ -132,6 +132,38 @@ int moek_int4_from_ct(const void *packed, const void *scales, size_t rows, size_
 	return 0;
 }
 
+/* AutoAWQ's pack order: nibble p of a word holds column 8w + AWQ_ORDER[p] ([0, 2, 4, 6, 1, 3,
+ * 5, 7]), so column c sits in nibble awq_nibble[c % 8]. */
+static const uint8_t awq_nibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+int moek_int4_from_awq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
+                       size_t cols, size_t group, void *dst, char *err, size_t err_len)
+{
+	if (check_shape("AWQ", rows, cols, group, 8, err, err_len))
+		return -1;
+	const uint8_t *qw = qweight, *qz = qzeros, *sc = scales;
+	struct block_int4_g32 *y = dst;
+	const size_t nb = cols / QK_INT4, wpr = rows / 8; /* words per input row */
+	/* per 32 inputs (32 rows of qweight: 16 · rows bytes, cache-resident), every output */
+	for (size_t b = 0; b < nb; b++) {
+		const size_t g = b * QK_INT4 / group;
+		for (size_t o = 0; o < rows; o++) {
+			struct block_int4_g32 *yb = y + o * nb + b;
+			const size_t w = o / 8, n = awq_nibble[o % 8];
+			put_scale(yb, moek_f16_to_f32(le16(sc + 2 * (g * rows + o))),
+			          word_nibble(qz + 4 * (g * wpr + w), n));
+			/* input i of output o: nibble awq_nibble[o % 8] of word (i, o / 8) */
+			for (size_t j = 0; j < QK_INT4 / 2; j++) {
+				const size_t i0 = b * QK_INT4 + j, i1 = i0 + 16;
+				const unsigned lo = word_nibble(qw + 4 * (i0 * wpr + w), n);
+				const unsigned hi = word_nibble(qw + 4 * (i1 * wpr + w), n);
+				yb->qs[j] = (uint8_t)(lo | hi << 4);
+			}
+		}
+	}
+	return 0;
+}
+
 int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
                         size_t cols, size_t group, bool v1, void *dst, char *err, size_t err_len)
 {

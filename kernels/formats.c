@@ -1156,6 +1156,21 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .x8 = &moek_x8_mxfp4,
                 INLINE_SCALES(mxfp4),
             },
+        [MOEK_FMT_NVFP4] =
+            {
+                .info = {.format = MOEK_NVFP4,
+                         .name = "NVFP4",
+                         .block_elems = 64,
+                         .block_bytes = 36,
+                         .weight_format = true,
+                         .align = 1},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_0,
+                .down_split_align = 64,
+                .x8 = &moek_x8_nvfp4,
+                .quantize_row = moek_quantize_nvfp4,
+                .dequantize_row = moek_dequantize_nvfp4,
+            },
         [MOEK_FMT_FP8_E4M3_B128] =
             {
                 .info = {.format = MOEK_FP8_E4M3_B128,

@@ -32,6 +32,9 @@ const struct moek_x8_layout moek_x8_q4_K = {
 const struct moek_x8_layout moek_x8_bf16 = {1, {{0, 32, true}}, 16, 32};
 /* 4 vectors of nibble bytes (as MXFP4), then one vector of the 8 scale-and-zero words */
 const struct moek_x8_layout moek_x8_int4_g32 = {2, {{4, 16, true}, {0, 4, true}}, 0, 0};
+/* 8 vectors of code bytes (vectors 2s, 2s+1: sub-block s), then one vector of the 8 rows' 4
+ * UE4M3 scales */
+const struct moek_x8_layout moek_x8_nvfp4 = {2, {{4, 32, true}, {0, 4, true}}, 0, 0};
 
 static const struct moek_x8_layout *layout_of(uint32_t format)
 {

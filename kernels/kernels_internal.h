@@ -24,6 +24,8 @@
 #define QK4_0 32
 #define QK8_0 32
 #define QK_MXFP4 32
+#define QK_NVFP4 64
+#define QK_NVFP4_SUB 16
 #define QK_K 256
 #define K_SCALE_SIZE 12
 #define QK4_NL 32
@@ -97,6 +99,33 @@ static_assert(offsetof(struct block_iq4_xs, scales_l) == 4, "IQ4_XS scales_l");
 static_assert(offsetof(struct block_iq4_xs, qs) == 8, "IQ4_XS qs");
 static_assert(sizeof(struct block_q8_0) == 34, "Q8_0 block");
 static_assert(sizeof(struct block_mxfp4) == 17, "MXFP4 block");
+
+/* NVFP4 (ggml type 40): per 16-element sub-block s an unsigned E4M3 scale d[s] (bit 7
+ * ignored except that 0x7F alone reads as 0, as ggml_ue4m3_to_fp32) and 8 code bytes qs[8s ..
+ * 8s+7]: byte j's low nibble is element 16s + j, its high nibble element 16s + j + 8; codes are
+ * E2M1 (sign in bit 3), value = moek_mxfp4_kvalues[code] · moek_ue4m3_half(d[s]). A per-tensor
+ * scale, where a checkpoint has one, stays outside the blocks. Bytes only: any alignment. */
+struct block_nvfp4 {
+	uint8_t d[QK_NVFP4 / QK_NVFP4_SUB];
+	uint8_t qs[QK_NVFP4 / 2];
+};
+static_assert(sizeof(struct block_nvfp4) == 36, "NVFP4 block");
+
+/* UE4M3 scale byte → half its value (ggml_ue4m3_to_fp32: the E2M1 codes are doubled in
+ * moek_mxfp4_kvalues). Exact: normal (1 + m/8) · 2^(e−7) / 2, subnormal m · 2^−10. */
+static inline float moek_ue4m3_half(uint8_t x)
+{
+	if (x == 0x7F) /* ggml tests the byte before dropping bit 7: 0xFF reads as 0x7F would */
+		return 0.0f;
+	x &= 0x7F;
+	const uint32_t e = x >> 3, m = x & 7u;
+	if (e == 0)
+		return (float)m * 0x1p-10f;
+	const uint32_t bits = (e + 119u) << 23 | m << 20;
+	float f;
+	memcpy(&f, &bits, sizeof(f));
+	return f;
+}
 static_assert(sizeof(struct block_q2_K) == 84, "Q2_K block");
 static_assert(offsetof(struct block_q2_K, d) == 80, "Q2_K d");
 static_assert(sizeof(struct block_q3_K) == 110, "Q3_K block");
@@ -154,6 +183,10 @@ void moek_quantize_iq4_nl(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_nl(const void *src, float *y, size_t n);
 void moek_quantize_iq4_xs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
+
+/* Reference codecs of NVFP4 (fmt_nvfp4.c): n elements, a multiple of 64. */
+void moek_quantize_nvfp4(const float *x, void *dst, size_t n);
+void moek_dequantize_nvfp4(const void *src, float *y, size_t n);
 /* ---- The format table (formats.c) ---------------------------------------------------------
  * One row per format, as ggml's type_traits: everything the kernels and their callers need to
  * know about a format is a field of its row or a query on it, so adding a format is one row
@@ -177,7 +210,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4) X(NVFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -193,7 +226,7 @@ enum moek_fmt {
 /* The first of the sidecar's own formats, and where ggml's ids end (below the first own id). */
 #define MOEK_FMT_OWN_FIRST MOEK_FMT_FP8_E4M3_B128
 #define MOEK_OWN_ID_FIRST MOEK_FP8_E4M3_B128
-#define MOEK_GGML_ID_END 40u
+#define MOEK_GGML_ID_END 41u
 
 /* Index of each ggml id below MOEK_GGML_ID_END, plus one (0: no row) (formats.c). */
 extern const uint8_t moek_fmt_of_ggml_id[MOEK_GGML_ID_END];
@@ -226,7 +259,7 @@ struct moek_x8_layout {
 };
 /* interleave.c: the layouts the format table's rows point to */
 extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, moek_x8_bf16,
-    moek_x8_int4_g32;
+    moek_x8_int4_g32, moek_x8_nvfp4;
 
 struct moek_format_traits {
 	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
@@ -602,6 +635,17 @@ void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_
 void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out);
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k);
+/* x86_avx2_nvfp4.c: moek_avx2_ops' NVFP4 row dot (MOEK_ACT_Q8_0X2 activations: one 64-element
+ * block is one activation pair), its many-row form and the prefill dequantizer (bit-identical
+ * to the reference). */
+void moek_avx2_dot_nvfp4(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_nvfp4(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dequantize_nvfp4(const void *w, const float *sr, float *dst, size_t k);
+/* The group dot of interleaved NVFP4 rows against MOEK_ACT_Q8_0S activations. */
+void moek_avx2_x8_nvfp4(const void *group, const void *act, size_t as, size_t nt, size_t k,
+                        float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

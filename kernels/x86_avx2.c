@@ -1849,8 +1849,10 @@ static const char *describe(uint32_t format, bool prefill)
 		return "avx2 f32 fma tiles";
 	const uint32_t act = moek_vec_dot_format(format);
 	if (act == MOEK_Q8_0 || act == MOEK_Q8_K)
-		return moek_isa_forms() & MOEK_FORM_VNNI ? "avx2 integer dots (vnni forms)"
-		                                         : "avx2 integer dots";
+		return moek_isa_forms() & MOEK_FORM_VNNI &&
+		               format != MOEK_NVFP4 /* none: sign trick */
+		           ? "avx2 integer dots (vnni forms)"
+		           : "avx2 integer dots";
 	return act == MOEK_BF16 ? "avx2 fma dots on bf16 activations" : "avx2 fma dots";
 }
 
@@ -1875,6 +1877,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_dot_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_dot_nvfp4,
             [MOEK_FMT_FP8_E4M3_B128] = dot_fp8,
         },
     .dot_rows =
@@ -1892,6 +1895,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_rows_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_rows_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_rows_nvfp4,
         },
     .dot_x8 =
         {
@@ -1900,6 +1904,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q4_K] = x8_q4_K,
             [MOEK_FMT_BF16] = x8_bf16,
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_x8_nvfp4,
         },
     /* the dots whose per-token sums do not depend on how many tokens share the call (one
      * accumulator chain per token, the same at any nt); the others keep a faster one-token
@@ -1941,12 +1946,14 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0X2,
             [MOEK_FMT_IQ4_NL] = MOEK_ACT_Q8_0X2,
             [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0X2,
+            [MOEK_FMT_NVFP4] = MOEK_ACT_Q8_0X2,
         },
     .act_x8 =
         {
             [MOEK_FMT_Q8_0] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0S,
+            [MOEK_FMT_NVFP4] = MOEK_ACT_Q8_0S,
         },
     .dequantize =
         {
@@ -1963,6 +1970,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = dequantize_q2_K,
             [MOEK_FMT_Q3_K] = dequantize_q3_K,
             [MOEK_FMT_INT4_G32] = dequantize_int4,
+            [MOEK_FMT_NVFP4] = moek_avx2_dequantize_nvfp4,
             [MOEK_FMT_FP8_E4M3_B128] = dequantize_fp8,
         },
     .dot_f32 = dot_f32,

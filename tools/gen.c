@@ -103,7 +103,20 @@ enum gen_kind {
 };
 
 /* The tensors of one INT4 projection, in file order: compressed-tensors, then GPTQ. */
-enum int4_part { I4_PACKED, I4_SCALE, I4_SHAPE, I4_QWEIGHT, I4_QZEROS, I4_SCALES, I4_GIDX };
+enum int4_part {
+	I4_PACKED,
+	I4_SCALE,
+	I4_SHAPE,
+	I4_QWEIGHT,
+	I4_QZEROS,
+	I4_SCALES,
+	I4_GIDX,
+	/* ModelOpt NVFP4 (format NVFP4 in safetensors): the same machinery, its own tensors */
+	NV_WEIGHT,
+	NV_SCALE,
+	NV_SCALE2,
+	NV_INPUT,
+};
 
 struct gen_tensor {
 	char name[112];
@@ -340,8 +353,9 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 	                                     "qweight",       "qzeros",       "scales",
 	                                     "g_idx"};
 	const uint64_t G = int4_group_of(g, cols);
-	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT;
-	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= (ct ? I4_SHAPE : I4_GIDX); k++) {
+	const bool ct = g->opt->int4 == MOE_GEN_INT4_CT, awq = g->opt->int4 == MOE_GEN_INT4_AWQ;
+	const int last = ct ? I4_SHAPE : awq ? I4_SCALES : I4_GIDX; /* AWQ has no g_idx */
+	for (int k = ct ? I4_PACKED : I4_QWEIGHT; k <= last; k++) {
 		struct gen_tensor *t =
 		    plan_add(g, GK_INT4, L, (int32_t)e, which, rows, cols, MOEK_INT4_G32);
 		if (!t)
@@ -364,8 +378,11 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 			t->st_dtype = ST_I32;
 			t->nbytes = 8;
 			break;
-		case I4_QWEIGHT:
-			set_shape(g, t, 2, (uint64_t[]){cols / 8, rows});
+		case I4_QWEIGHT: /* AWQ packs along the output */
+			if (awq)
+				set_shape(g, t, 2, (uint64_t[]){cols, rows / 8});
+			else
+				set_shape(g, t, 2, (uint64_t[]){cols / 8, rows});
 			t->st_dtype = ST_I32;
 			t->nbytes = moek_int4_packed_bytes(rows, cols);
 			break;
@@ -384,6 +401,37 @@ static int plan_int4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor 
 			t->st_dtype = ST_I32;
 			t->nbytes = 4 * cols;
 			break;
+		}
+	}
+	return 0;
+}
+
+/* The tensors of ModelOpt NVFP4 projection `stem`: weight U8 [rows, cols / 2], weight_scale
+ * F8_E4M3 [rows, cols / 16], weight_scale_2 and input_scale F32 scalars. */
+static int plan_nvfp4(struct gen *g, uint32_t L, uint32_t e, enum moe_gen_tensor which,
+                      const char *stem, uint64_t rows, uint64_t cols)
+{
+	static const char *const suffix[] = {"weight", "weight_scale", "weight_scale_2",
+	                                     "input_scale"};
+	for (int k = NV_WEIGHT; k <= NV_INPUT; k++) {
+		struct gen_tensor *t =
+		    plan_add(g, GK_INT4, L, (int32_t)e, which, rows, cols, MOEK_NVFP4);
+		if (!t)
+			return plan_fail(g);
+		t->part = (uint8_t)k;
+		snprintf(t->name, sizeof(t->name), "%s.%s", stem, suffix[k - NV_WEIGHT]);
+		if (k == NV_WEIGHT) {
+			set_shape(g, t, 2, (uint64_t[]){rows, cols / 2});
+			t->st_dtype = ST_U8;
+			t->nbytes = rows * cols / 2;
+		} else if (k == NV_SCALE) {
+			set_shape(g, t, 2, (uint64_t[]){rows, cols / 16});
+			t->st_dtype = ST_F8_E4M3;
+			t->nbytes = rows * cols / 16;
+		} else {
+			set_shape(g, t, 0, NULL);
+			t->st_dtype = ST_F32;
+			t->nbytes = 4;
 		}
 	}
 	return 0;
@@ -506,7 +554,7 @@ static int plan_layer(struct gen *g, uint32_t L)
 		for (int p = 0; p < 3; p++) {
 			uint64_t rows = p == 2 ? H : F, cols = p == 2 ? F : H;
 			const uint32_t format = expert_format(g, L, p);
-			if (format == MOEK_INT4_G32) {
+			if (format == MOEK_INT4_G32 || (format == MOEK_NVFP4 && !g->m.gguf)) {
 				char stem[96];
 				if (sparse_moe)
 					snprintf(stem, sizeof(stem),
@@ -516,7 +564,9 @@ static int plan_layer(struct gen *g, uint32_t L)
 					snprintf(stem, sizeof(stem),
 					         "model.layers.%u.mlp.experts.%u.%s", L, e,
 					         hf_proj[p]);
-				if (plan_int4(g, L, e, mats[p], stem, rows, cols))
+				if (format == MOEK_NVFP4
+				        ? plan_nvfp4(g, L, e, mats[p], stem, rows, cols)
+				        : plan_int4(g, L, e, mats[p], stem, rows, cols))
 					return -1;
 				continue;
 			}
@@ -992,8 +1042,48 @@ static int emit_mxfp4_blocks(struct gen *g, const struct gen_tensor *t, uint32_t
 
 /* One tensor of an INT4 projection, on the calling thread: its first tensor quantizes the
  * whole matrix into every tensor of the projection (g->int4), the others copy their part. */
+/* ModelOpt NVFP4 (emit_int4's parts NV_*): the first tensor quantizes the matrix, as ModelOpt
+ * does, against a per-tensor scale s2 = amax / (6 · 448) (the block scales then span E4M3's
+ * range), into ggml NVFP4 blocks of x / s2 turned into ModelOpt's tensors (g->int4: weight,
+ * weight_scale, s2, input_scale 1). */
+static int emit_nvfp4(struct gen *g, const struct gen_tensor *t)
+{
+	const size_t rows = t->rows, cols = t->cols, wb = rows * cols / 2, sb = rows * cols / 16;
+	if (t->part == NV_WEIGHT) {
+		const size_t blocks = rows * moek_row_bytes(MOEK_NVFP4, cols);
+		if (ensure_shared(g, (void **)&g->int4, &g->int4_cap, wb + sb + 8 + blocks))
+			return -1;
+		if (ensure(&g->scratch.floats, &g->scratch.floats_cap, rows * cols * sizeof(float)))
+			return error_set(g->err, MOE_ENOMEM, "out of memory");
+		float *x = g->scratch.floats;
+		moe_gen_floats(g->opt->seed, t->layer, (uint32_t)t->expert, t->which, cols, 0,
+		               rows * cols, x);
+		float amax = 0.0f;
+		for (size_t i = 0; i < rows * cols; i++)
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+		const float s2 = amax > 0.0f ? amax / (6.0f * 448.0f) : 1.0f, one = 1.0f;
+		for (size_t i = 0; i < rows * cols; i++)
+			x[i] /= s2;
+		uint8_t *b = g->int4 + wb + sb + 8;
+		if (moek_quantize(MOEK_NVFP4, x, rows, cols, b, NULL))
+			return error_set(g->err, MOE_EINVAL, "%s: NVFP4 needs columns in 64s",
+			                 t->name);
+		moek_nvfp4_to_modelopt(b, rows, cols, g->int4, g->int4 + wb);
+		memcpy(g->int4 + wb + sb, &s2, 4); /* little-endian hosts only (x86-64) */
+		memcpy(g->int4 + wb + sb + 4, &one, 4);
+	}
+	switch (t->part) {
+	case NV_WEIGHT: return put_bytes(g, g->int4, wb);
+	case NV_SCALE: return put_bytes(g, g->int4 + wb, sb);
+	case NV_SCALE2: return put_bytes(g, g->int4 + wb + sb, 4);
+	default: return put_bytes(g, g->int4 + wb + sb + 4, 4);
+	}
+}
+
 static int emit_int4(struct gen *g, const struct gen_tensor *t)
 {
+	if (t->part >= NV_WEIGHT)
+		return emit_nvfp4(g, t);
 	const size_t rows = t->rows, cols = t->cols, G = int4_group_of(g, cols);
 	const size_t pb = moek_int4_packed_bytes(rows, cols);
 	const size_t sb = moek_int4_scale_bytes(rows, cols, G);
@@ -1008,6 +1098,8 @@ static int emit_int4(struct gen *g, const struct gen_tensor *t)
 		moe_gen_floats(g->opt->seed, t->layer, e, t->which, cols, 0, rows * cols, x);
 		if (t->part == I4_PACKED)
 			gen_int4_ct(x, rows, cols, G, g->int4, g->int4 + pb);
+		else if (g->opt->int4 == MOE_GEN_INT4_AWQ)
+			gen_int4_awq(x, rows, cols, G, g->int4, g->int4 + pb + sb, g->int4 + pb);
 		else
 			gen_int4_gptq(x, rows, cols, G, g->int4, g->int4 + pb + sb, g->int4 + pb,
 			              g->int4 + pb + sb + zb);
@@ -1423,6 +1515,17 @@ static void config_experts_only(const struct gen *g, struct membuf *mb)
 		          "\"checkpoint_format\": \"gptq\", \"damp_percent\": 0.01, "
 		          "\"true_sequential\": true},\n",
 		          gs);
+	else if (!g->m.gguf && g->m.format == MOEK_NVFP4 && !g->opt->mix)
+		mb_printf(mb,
+		          "  \"quantization_config\": {\"quant_method\": \"modelopt\", "
+		          "\"quant_algo\": \"NVFP4\", \"group_size\": 16, "
+		          "\"kv_cache_quant_algo\": null, \"exclude_modules\": [\"lm_head\"]},\n");
+	else if (g->opt->int4 == MOE_GEN_INT4_AWQ)
+		mb_printf(mb,
+		          "  \"quantization_config\": {\"quant_method\": \"awq\", \"bits\": 4, "
+		          "\"group_size\": %s, \"zero_point\": true, \"version\": \"gemm\", "
+		          "\"modules_to_not_convert\": null},\n",
+		          gs);
 	mb_printf(mb,
 	          "  \"torch_dtype\": \"bfloat16\",\n  \"moe_sidecar_generator\": {\"seed\": "
 	          "%" PRIu64 ", \"preset\": \"%s\"}\n}\n",
@@ -1542,15 +1645,22 @@ static int check_options(struct gen *g)
 	if ((g->m.format == MOEK_INT4_G32) != (o->int4 != MOE_GEN_INT4_NONE))
 		return error_set(g->err, MOE_EINVAL,
 		                 "INT4_G32 is the sidecar's load-time layout: write an "
-		                 "INT4 checkpoint with --format int4-ct or gptq");
+		                 "INT4 checkpoint with --format int4-ct, gptq or awq");
 	if (o->int4) {
+		const char *name = o->int4 == MOE_GEN_INT4_CT     ? "int4-ct"
+		                   : o->int4 == MOE_GEN_INT4_GPTQ ? "gptq"
+		                                                  : "awq";
 		g->int4_group = o->group ? o->group : o->int4 == MOE_GEN_INT4_CT ? 32 : 128;
+		if (o->int4 == MOE_GEN_INT4_AWQ && g->int4_group == MOE_GEN_GROUP_ROW)
+			return error_set(g->err, MOE_EINVAL,
+			                 "AWQ checkpoints have no one-group-per-row form: give "
+			                 "--group N");
 		if (g->m.gguf || o->full_model || o->per_expert || o->fused_gate_up ||
 		    p->arch == MOE_ARCH_GPT_OSS)
 			return error_set(g->err, MOE_EINVAL,
 			                 "INT4 checkpoints (%s) are written as experts-only "
 			                 "safetensors with per-expert tensors, not for gpt-oss",
-			                 o->int4 == MOE_GEN_INT4_CT ? "int4-ct" : "gptq");
+			                 name);
 		if (g->int4_group == MOE_GEN_GROUP_ROW && (g->m.hidden % 32 || g->m.ffn % 32))
 			return error_set(g->err, MOE_EINVAL,
 			                 "INT4 groups of one row need hidden %" PRIu64
@@ -1567,7 +1677,7 @@ static int check_options(struct gen *g)
 	if (!g->m.gguf) {
 		bool ok = g->m.format == MOEK_F32 || g->m.format == MOEK_F16 ||
 		          g->m.format == MOEK_BF16 || g->m.format == MOEK_FP8_E4M3_B128 ||
-		          g->m.format == MOEK_INT4_G32;
+		          g->m.format == MOEK_INT4_G32 || g->m.format == MOEK_NVFP4;
 		if (p->arch == MOE_ARCH_GPT_OSS)
 			ok = g->m.format == MOEK_MXFP4;
 		if (p->arch == MOE_ARCH_LLAMA4 &&
@@ -1581,8 +1691,14 @@ static int check_options(struct gen *g)
 			return error_set(
 			    g->err, MOE_EINVAL,
 			    "%s safetensors checkpoints cannot hold %s experts "
-			    "(safetensors: F32 F16 BF16 FP8_E4M3_B128; gpt-oss: MXFP4 only)",
+			    "(safetensors: F32 F16 BF16 FP8_E4M3_B128 NVFP4 (ModelOpt); gpt-oss: "
+			    "MXFP4 only)",
 			    p->name, fi->name);
+		if (g->m.format == MOEK_NVFP4 && (g->m.hidden % 64 || g->m.ffn % 64))
+			return error_set(g->err, MOE_EINVAL,
+			                 "NVFP4 needs hidden %" PRIu64 " and ffn %" PRIu64
+			                 " to be multiples of 64 (ggml's block)",
+			                 g->m.hidden, g->m.ffn);
 		if (o->per_expert && p->arch == MOE_ARCH_GPT_OSS)
 			return error_set(g->err, MOE_EINVAL,
 			                 "gpt-oss checkpoints have no per-expert tensors");

@@ -61,6 +61,10 @@ void gen_int4_ct(const float *x, size_t rows, size_t cols, size_t group, uint8_t
                  uint8_t *scales);
 void gen_int4_gptq(const float *x, size_t rows, size_t cols, size_t group, uint8_t *qweight,
                    uint8_t *qzeros, uint8_t *scales, uint8_t *g_idx);
+/* AutoAWQ GEMM: qweight [cols, rows / 8] and qzeros [cols / group, rows / 8] in AWQ's nibble
+ * order, scales F16 [cols / group, rows] (moek_int4_from_awq reads them back). */
+void gen_int4_awq(const float *x, size_t rows, size_t cols, size_t group, uint8_t *qweight,
+                  uint8_t *qzeros, uint8_t *scales);
 
 /* ---- header buffers ------------------------------------------------------------------- */
 

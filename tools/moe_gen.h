@@ -47,6 +47,7 @@ enum moe_gen_int4 {
 	MOE_GEN_INT4_NONE = 0,
 	MOE_GEN_INT4_CT,   /* compressed-tensors pack-quantized, symmetric, BF16 scales */
 	MOE_GEN_INT4_GPTQ, /* GPTQ v1 (checkpoint_format "gptq"), sym, desc_act false */
+	MOE_GEN_INT4_AWQ,  /* AutoAWQ GEMM, zero points (asymmetric min-max), F16 scales */
 };
 
 struct moe_gen_options {

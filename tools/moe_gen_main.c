@@ -57,10 +57,10 @@ static void usage(FILE *o)
 	        "                   safetensors, fp8 for deepseek-v3 safetensors, mxfp4 for\n"
 	        "                   gpt-oss)\n",
 	        formats);
-	fprintf(o, "  --format int4-ct | gptq\n"
-	           "                   an INT4 checkpoint: compressed-tensors pack-quantized or\n"
-	           "                   GPTQ v1 (safetensors, experts only)\n"
-	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq); row:\n"
+	fprintf(o, "  --format int4-ct | gptq | awq\n"
+	           "                   an INT4 checkpoint: compressed-tensors pack-quantized,\n"
+	           "                   GPTQ v1 or AutoAWQ GEMM (safetensors, experts only)\n"
+	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq, awq); row:\n"
 	           "                   one group per row (gptq group_size -1, int4-ct\n"
 	           "                   strategy channel)\n");
 	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k: GGUF experts typed per tensor as\n"
@@ -206,16 +206,20 @@ int main(int argc, char **argv)
 		fprintf(stderr, "moe-gen: --format and --mix exclude each other\n");
 		return 2;
 	}
-	if (format && (!strcasecmp(format, "int4-ct") || !strcasecmp(format, "gptq"))) {
+	if (format && (!strcasecmp(format, "int4-ct") || !strcasecmp(format, "gptq") ||
+	               !strcasecmp(format, "awq"))) {
 		o.format = MOEK_INT4_G32;
-		o.int4 = !strcasecmp(format, "gptq") ? MOE_GEN_INT4_GPTQ : MOE_GEN_INT4_CT;
+		o.int4 = !strcasecmp(format, "gptq")  ? MOE_GEN_INT4_GPTQ
+		         : !strcasecmp(format, "awq") ? MOE_GEN_INT4_AWQ
+		                                      : MOE_GEN_INT4_CT;
 	} else if (format) {
 		if (parse_format(format, &o.format)) {
 			char formats[256];
 			writable_format_names(formats, sizeof(formats));
-			fprintf(stderr,
-			        "moe-gen: unknown format '%s' (one of: %s, fp8, int4-ct, gptq)\n",
-			        format, formats);
+			fprintf(
+			    stderr,
+			    "moe-gen: unknown format '%s' (one of: %s, fp8, int4-ct, gptq, awq)\n",
+			    format, formats);
 			return 2;
 		}
 	} else if (p && p->arch == MOE_ARCH_GPT_OSS) {

@@ -34,6 +34,9 @@ enum moek_format {
 	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */
+	/* ggml's NVFP4: 36-byte blocks of 64, four UE4M3 scales (one per 16) then 32 bytes of
+	 * E2M1 codes; byte 8s + j holds elements 16s + j (low nibble) and 16s + j + 8 (high) */
+	MOEK_NVFP4 = 40,
 	MOEK_FP8_E4M3_B128 = 1000, /* 1 byte per weight + one f32 scale per 128x128 block */
 	/* symmetric or zero-point INT4 in 32-element groups: the sidecar's own layout, repacked
 	 * at load from compressed-tensors pack-quantized and GPTQ checkpoints (no GGUF id) */
@@ -121,12 +124,20 @@ void moek_mxfp4_to_hf(const void *gguf, size_t n, uint8_t *blocks, uint8_t *scal
  * be i / group (the caller checks). v1 (the classic checkpoint_format "gptq") stores each zero
  * minus one, v2 stores it as it is. rows must be a multiple of 8.
  *
- * Both return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
+ * AWQ (AutoAWQ GEMM): `qweight` int32 [cols, rows / 8] (packed along the output: output o of
+ * input i in nibble AWQ(o % 8) of word (i, o / 8), AWQ(k) = [0, 4, 1, 5, 2, 6, 3, 7][k], the
+ * inverse of AutoAWQ's pack order [0, 2, 4, 6, 1, 3, 5, 7]); `qzeros` int32 [cols / group,
+ * rows / 8] in the same order, zeros stored as they are; `scales` F16 [cols / group, rows].
+ * rows must be a multiple of 8.
+ *
+ * All return 0, or -1 with a message in err: a bad shape, or (GPTQ v1) a stored zero of 15,
  * whose zero point 16 an INT4_G32 block cannot hold. dst must not overlap the inputs. */
 int moek_int4_from_ct(const void *packed, const void *scales, size_t rows, size_t cols,
                       size_t group, void *dst, char *err, size_t err_len);
 int moek_int4_from_gptq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
                         size_t cols, size_t group, bool v1, void *dst, char *err, size_t err_len);
+int moek_int4_from_awq(const void *qweight, const void *qzeros, const void *scales, size_t rows,
+                       size_t cols, size_t group, void *dst, char *err, size_t err_len);
 /* Bytes of the checkpoint tensors of a rows x cols INT4 matrix in group `group`: the packed
  * weights (both encodings: rows · cols / 2), the scales (rows · cols / group · 2) and GPTQ's
  * zeros (rows · cols / group / 2). */
@@ -143,18 +154,29 @@ static inline size_t moek_int4_zero_bytes(size_t rows, size_t cols, size_t group
 	return rows / 2 * (cols / group);
 }
 
+/* NVFP4 checkpoints as NVIDIA ModelOpt writes them into NVFP4 rows (ggml's 36-byte blocks of
+ * 64): `weight` uint8 [rows, cols / 2] (byte k of a row: element 2k in the low nibble, 2k + 1
+ * in the high one; E2M1 codes, sign in bit 3) and `weight_scale` float8_e4m3fn [rows, cols /
+ * 16] (one scale per 16 elements). The codes and the scale bytes move as they are: an E4M3
+ * scale of sign 0 that is not NaN has the bits and value of the UE4M3 byte. The per-tensor
+ * weight_scale_2 stays outside (struct moek_matrix.tensor_scale). Returns 0, or -1 with a
+ * message in err: cols not a multiple of 64, or a scale byte that is negative or NaN (row and
+ * column named). moek_nvfp4_to_modelopt is the inverse (for writers of such checkpoints). */
+int moek_nvfp4_from_modelopt(const void *weight, const void *scales, size_t rows, size_t cols,
+                             void *dst, char *err, size_t err_len);
+void moek_nvfp4_to_modelopt(const void *src, size_t rows, size_t cols, void *weight, void *scales);
+
 /* Rows interleaved in groups of 8 (struct moek_matrix.interleave): the decode layout of MXFP4,
- * Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD multiply
- * covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8 rows'
- * block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 · block_bytes
- * bytes; BF16's block here is 16 elements), the blocks' fields in this order, where "vectors"
- * means 32-byte vectors whose bytes 4r..4r+3 come from row r:
- *   MXFP4: 4 vectors of the 16 nibble bytes (bytes 4v..4v+3 of row r in vector v), 8 E8M0;
- *   Q8_0:  8 vectors of the 32 int8 weights, 8 f16 d;
- *   Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors of the
- *          128 nibble bytes;
- *   BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
- *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words.
+ * NVFP4, Q8_0, Q4_K, BF16 and INT4_G32 — the same bytes as GGUF rows, permuted so that one SIMD
+ * multiply covers 4 bytes of weights of 8 rows against activations loaded once for the 8, and the 8
+ * rows' block scales are one load. Per group of 8 rows and block column b (8 blocks, 8 ·
+ * block_bytes bytes; BF16's block here is 16 elements), the blocks' fields in this order, where
+ * "vectors" means 32-byte vectors whose bytes 4r..4r+3 come from row r: MXFP4: 4 vectors of the 16
+ * nibble bytes (bytes 4v..4v+3 of row r in vector v), 8 E8M0; Q8_0:  8 vectors of the 32 int8
+ * weights, 8 f16 d; Q4_K:  8 f16 d, 8 f16 dmin, 3 vectors of the 12 packed scale bytes, 32 vectors
+ * of the 128 nibble bytes; BF16:  8 vectors of the 16 values (vector v: elements 2v and 2v+1);
+ *   INT4_G32: 4 vectors of the 16 nibble bytes, 1 vector of the 8 scale-and-zero words;
+ *   NVFP4: 8 vectors of the 32 code bytes, 1 vector of the 8 rows' 4 UE4M3 scales.
  * moek_interleave: `rows` GGUF rows of `cols` elements (row_stride bytes apart; 0 = packed)
  * into dst (rows · row bytes); rows % 8 == 0, no overlap. moek_deinterleave is the inverse.
  * Both return 0, or -1 for a format without the layout or a bad shape. */
@@ -216,6 +238,10 @@ struct moek_matrix {
 	const float *scales; /* FP8 only: scale_inv of each 128x128 block, block-row-major */
 	size_t scale_stride; /* floats between block rows of scales; 0 = ceil(cols / 128) */
 	const float *bias;   /* optional, rows floats (gpt-oss) */
+	/* A per-tensor scale multiplying every product of this matrix before the bias and the
+	 * activation (ModelOpt NVFP4's weight_scale_2, kept outside the blocks as ggml keeps it):
+	 * 0 = none (1). Finite and positive when set. */
+	float tensor_scale;
 	/* Partial matrices (one NUMA node's rows of an expert, in memory of their own): rows
 	 * [row0, rows) are present, row r is at data + (r - row0) * row_stride; callers ask the
 	 * phases only for rows they have. Scales and bias stay indexed by the global row.

@@ -191,8 +191,9 @@ static void print_text(FILE *o, const struct moe_catalog *cat)
 	fprintf(o, "\n");
 	if (cat->quant.kind != MOE_QUANT_NONE) {
 		char q[96];
-		fprintf(o, "checkpoint      %s (repacked to INT4_G32 at load)\n",
-		        moe_quant_config_describe(&cat->quant, q, sizeof(q)));
+		fprintf(o, "checkpoint      %s (repacked to %s at load)\n",
+		        moe_quant_config_describe(&cat->quant, q, sizeof(q)),
+		        cat->quant.kind == MOE_QUANT_NVFP4 ? "NVFP4 blocks" : "INT4_G32");
 	}
 	if (ex) {
 		fprintf(o, "per expert      ");

@@ -20,6 +20,7 @@ static void matrix_of(const struct moe_proj_ref *r, const uint8_t *data, struct 
 	m->cols = (uint32_t)r->cols;
 	m->data = data;
 	m->row_stride = 0;
+	m->tensor_scale = r->tensor_scale; /* ModelOpt NVFP4's weight_scale_2; else 0 */
 }
 
 /* Describes (moe_layer, expert) once, from the catalog and its side data: formats, shapes,

@@ -21,6 +21,9 @@
  * Llama-4's Hugging Face experts (MOE_LAYOUT_TRANSPOSED: F32/F16/BF16 stored input-major) take
  * the same path: copied aside, then written back as rows (a transpose, same size); their rows
  * are not contiguous in the file, so they are never cut into node slices either.
+ * ModelOpt NVFP4 (weight, weight_scale) takes the INT4 path: its tensors are copied aside and
+ * ggml's NVFP4 blocks written over the weight extent (their sum is the blocks' size); its
+ * weight_scale_2 was read at open and rides in the views (moek_matrix.tensor_scale).
  *
  * Side data (biases, FP8 block scales) held in the slot (side_in_slot) becomes f32 rows on a
  * float boundary of its extent; a fused gate_up's alternating bias rows are put in
@@ -36,6 +39,28 @@
 #include "expert_view.h"
 #include "transforms.h"
 #include "weights.h"
+
+/* What a repacked projection is, and what the kernels take instead (mmap refusals). */
+static const char *repacked_what(const struct moe_proj_ref *r)
+{
+	switch (r->layout) {
+	case MOE_LAYOUT_INT4_CT: return "INT4 checkpoint weights (compressed-tensors)";
+	case MOE_LAYOUT_INT4_GPTQ:
+		return r->awq ? "INT4 checkpoint weights (AWQ)" : "INT4 checkpoint weights (GPTQ)";
+	case MOE_LAYOUT_NVFP4_MODELOPT: return "NVFP4 in ModelOpt's weight/weight_scale layout";
+	case MOE_LAYOUT_TRANSPOSED: return "Llama-4's input-major experts";
+	default: return "a repacked layout";
+	}
+}
+
+static const char *repacked_into(enum moe_weight_layout l)
+{
+	switch (l) {
+	case MOE_LAYOUT_NVFP4_MODELOPT: return "ggml's NVFP4 blocks";
+	case MOE_LAYOUT_TRANSPOSED: return "rows";
+	default: return "INT4_G32 blocks";
+	}
+}
 
 int transforms_check(struct forward_weights *w, enum forward_source source,
                      struct sidecar_error *err)
@@ -64,33 +89,23 @@ int transforms_check(struct forward_weights *w, enum forward_source source,
 					return -1;
 				}
 			}
-			if (r->layout == MOE_LAYOUT_TRANSPOSED) {
-				w->xf.int4 = true; /* repacked at load like INT4 */
+			if (moe_layout_repacked(r->layout)) {
+				w->xf.int4 =
+				    true; /* rewritten at load from a copy of its tensors */
 				if (source == FORWARD_SOURCE_MMAP) {
 					error_set(
 					    err, MOE_EINVAL,
-					    "layer %u %s: Llama-4's input-major experts cannot be "
-					    "served from the mmap source (the kernels take rows, "
-					    "and a read-only page-cache mapping cannot be "
-					    "transposed in place): use the residency or "
-					    "all-resident source, or convert the model to GGUF",
-					    l, moe_proj_name((enum moe_proj)p));
-					return -1;
-				}
-			}
-			if (r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ) {
-				w->xf.int4 = true;
-				if (source == FORWARD_SOURCE_MMAP) {
-					error_set(
-					    err, MOE_EINVAL,
-					    "layer %u %s: INT4 checkpoint weights (%s) cannot be "
-					    "served from the mmap source (the kernels take "
-					    "INT4_G32 blocks, and a read-only page-cache mapping "
-					    "cannot be repacked in place): use the residency or "
-					    "all-resident source",
-					    l, moe_proj_name((enum moe_proj)p),
-					    r->layout == MOE_LAYOUT_INT4_CT ? "compressed-tensors"
-					                                    : "GPTQ");
+					    "layer %u %s: %s cannot be served from the mmap source "
+					    "(the kernels take %s, and a read-only page-cache "
+					    "mapping cannot be %s in place): use the residency or "
+					    "all-resident source%s",
+					    l, moe_proj_name((enum moe_proj)p), repacked_what(r),
+					    repacked_into(r->layout),
+					    r->layout == MOE_LAYOUT_TRANSPOSED ? "transposed"
+					                                       : "repacked",
+					    r->layout == MOE_LAYOUT_TRANSPOSED
+					        ? ", or convert the model to GGUF"
+					        : "");
 					return -1;
 				}
 			}
@@ -211,12 +226,11 @@ static int mxfp4_hf_after_load(const struct mxfp4_hf_converter *c, const struct 
 	return 0;
 }
 
-/* Whether a projection is rewritten into rows at load from a copy of its tensors: INT4
- * checkpoints and Llama-4's input-major experts. */
+/* Whether a projection is rewritten at load from a copy of its tensors: the INT4 checkpoints,
+ * ModelOpt NVFP4 and Llama-4's input-major experts. */
 static bool is_int4(const struct moe_proj_ref *r)
 {
-	return r->layout == MOE_LAYOUT_INT4_CT || r->layout == MOE_LAYOUT_INT4_GPTQ ||
-	       r->layout == MOE_LAYOUT_TRANSPOSED;
+	return moe_layout_repacked(r->layout);
 }
 
 /* dst[r][c] = src[c][r] for a rows x cols matrix of esize-byte elements stored cols x rows,
@@ -267,8 +281,12 @@ static int int4_repack(const struct moe_proj_ref *r, const uint8_t *src, uint8_t
 		return 0;
 	}
 	const int rc =
-	    r->layout == MOE_LAYOUT_INT4_CT
+	    r->layout == MOE_LAYOUT_NVFP4_MODELOPT
+	        ? moek_nvfp4_from_modelopt(src, sc, r->rows, r->cols, dst, why, sizeof(why))
+	    : r->layout == MOE_LAYOUT_INT4_CT
 	        ? moek_int4_from_ct(src, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
+	    : r->awq
+	        ? moek_int4_from_awq(src, zs, sc, r->rows, r->cols, r->group, dst, why, sizeof(why))
 	        : moek_int4_from_gptq(src, zs, sc, r->rows, r->cols, r->group, r->gptq_v1, dst, why,
 	                              sizeof(why));
 	return rc ? error_set(err, MOE_EINVAL, "%s", why) : 0;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -916,6 +917,8 @@ uint64_t moe_proj_kernel_bytes(const struct moe_proj_ref *r)
 	case MOE_LAYOUT_MXFP4_HF: return r->data.length + r->scale.length;
 	case MOE_LAYOUT_INT4_CT:
 	case MOE_LAYOUT_INT4_GPTQ: return r->rows * moek_row_bytes(MOEK_INT4_G32, (size_t)r->cols);
+	case MOE_LAYOUT_NVFP4_MODELOPT:
+		return r->rows * moek_row_bytes(MOEK_NVFP4, (size_t)r->cols);
 	case MOE_LAYOUT_BLOCKS:
 	case MOE_LAYOUT_TRANSPOSED: break;
 	}
@@ -961,8 +964,11 @@ static int int4_tensor(struct builder *b, const char *stem, const char *suffix, 
 	snprintf(name, sizeof(name), "%s.%s", stem, suffix);
 	if (!find_tensor(b, name, tv))
 		return error_set(b->err, MOE_EINVAL, "%s: tensor %s is missing (%s)", b->path, name,
-		                 b->cat->quant.kind == MOE_QUANT_GPTQ ? "GPTQ INT4"
-		                                                      : "compressed-tensors INT4");
+		                 b->cat->quant.kind == MOE_QUANT_GPTQ  ? "GPTQ INT4"
+		                 : b->cat->quant.kind == MOE_QUANT_AWQ ? "AWQ INT4"
+		                 : b->cat->quant.kind == MOE_QUANT_NVFP4
+		                     ? "ModelOpt NVFP4"
+		                     : "compressed-tensors INT4");
 	const bool ok =
 	    tv->st_dtype == dtype && (d1 ? tv->n_dims == 2 && tv->ne[1] == d0 && tv->ne[0] == d1
 	                                 : tv->n_dims == 1 && tv->ne[0] == d0);
@@ -1047,17 +1053,21 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	if (int4_layout(b, stem, rows, cols, &l))
 		return -1;
 	const uint32_t g = l.group;
+	const bool awq = b->cat->quant.kind == MOE_QUANT_AWQ;
+	const char *scheme = awq ? "AWQ" : "GPTQ";
 	if (int4_tensor(b, stem, "qweight", ST_I32, l.weights[0], l.weights[1],
-	                "GPTQ: 8 inputs per int32, packed along the input", &qw))
+	                awq ? "AWQ GEMM: 8 outputs per int32, packed along the output"
+	                    : "GPTQ: 8 inputs per int32, packed along the input",
+	                &qw))
 		return -1;
-	snprintf(what, sizeof(what), "GPTQ: 8 zero points per int32, group %u", g);
+	snprintf(what, sizeof(what), "%s: 8 zero points per int32, group %u", scheme, g);
 	if (int4_tensor(b, stem, "qzeros", ST_I32, l.zeros[0], l.zeros[1], what, &qz))
 		return -1;
-	snprintf(what, sizeof(what), "GPTQ: one scale per group of %u", g);
+	snprintf(what, sizeof(what), "%s: one scale per group of %u", scheme, g);
 	if (int4_tensor(b, stem, "scales", ST_F16, l.scales[0], l.scales[1], what, &sc))
 		return -1;
 	snprintf(name, sizeof(name), "%s.g_idx", stem);
-	if (check_values && find_tensor(b, name, &gi)) {
+	if (!awq && check_values && find_tensor(b, name, &gi)) {
 		if (gi.st_dtype != ST_I32 || gi.n_dims != 1 || gi.ne[0] != cols)
 			return error_set(b->err, MOE_EINVAL,
 			                 "%s: tensor %s: expected I32 [%" PRIu64 "], found %s",
@@ -1085,10 +1095,70 @@ static int take_gptq(struct builder *b, const char *stem, uint64_t rows, uint64_
 	p->cols = cols;
 	p->group = g;
 	p->gptq_v1 = b->cat->quant.gptq_v1;
+	p->awq = awq;
 	p->data = (struct moe_extent){qw.file, qw.offset, qw.nbytes};
 	p->scale = (struct moe_extent){sc.file, sc.offset, sc.nbytes};
 	p->zeros = (struct moe_extent){qz.file, qz.offset, qz.nbytes};
 	return 0;
+}
+
+/* ModelOpt NVFP4: weight U8 [rows, cols / 2], weight_scale F8_E4M3 [rows, cols / 16],
+ * weight_scale_2 F32 [] or [1] (read now: finite and positive), input_scale optional (unused).
+ * 1 if taken, 0 if `stem.weight` is not U8 (a module the quantizer excluded), -1 on error. */
+static int take_nvfp4(struct builder *b, const char *stem, uint64_t rows, uint64_t cols,
+                      struct moe_proj_ref *p)
+{
+	char name[512];
+	struct tview w, sc, s2;
+	snprintf(name, sizeof(name), "%s.weight", stem);
+	if (!find_tensor(b, name, &w) || w.st_dtype != ST_U8)
+		return 0;
+	if (cols % 64)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: NVFP4 rows of %" PRIu64
+		                 " inputs are not a multiple of 64 (ggml's NVFP4 block)",
+		                 b->path, name, cols);
+	if (w.n_dims != 2 || w.ne[1] != rows || w.ne[0] != cols / 2)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: expected U8 [%" PRIu64 ", %" PRIu64
+		                 "] (ModelOpt NVFP4: 2 weights per byte), found %s [%" PRIu64
+		                 ", %" PRIu64 "] (%u dims)",
+		                 b->path, name, rows, cols / 2, w.type, w.n_dims > 1 ? w.ne[1] : 0,
+		                 w.ne[0], w.n_dims);
+	if (int4_tensor(b, stem, "weight_scale", ST_F8_E4M3, rows, cols / 16,
+	                "ModelOpt NVFP4: one E4M3 scale per 16 weights", &sc))
+		return -1;
+	snprintf(name, sizeof(name), "%s.weight_scale_2", stem);
+	if (!find_tensor(b, name, &s2))
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s is missing (ModelOpt NVFP4: the per-tensor FP32 "
+		                 "scale)",
+		                 b->path, name);
+	if (s2.st_dtype != ST_F32 || s2.nbytes != 4 || s2.n_dims > 1)
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: expected one F32 value, found %s of %" PRIu64
+		                 " bytes",
+		                 b->path, name, s2.type, s2.nbytes);
+	uint8_t v[4];
+	if (read_tensor(b, &s2, v))
+		return -1;
+	const uint32_t bits = le32(v);
+	float f;
+	memcpy(&f, &bits, sizeof(f));
+	if (!(f > 0.0f && f < INFINITY))
+		return error_set(b->err, MOE_EINVAL,
+		                 "%s: tensor %s: %g is not a finite positive scale", b->path, name,
+		                 (double)f);
+	p->present = true;
+	p->format = MOEK_NVFP4;
+	p->layout = MOE_LAYOUT_NVFP4_MODELOPT;
+	p->rows = rows;
+	p->cols = cols;
+	p->group = 16;
+	p->tensor_scale = f;
+	p->data = (struct moe_extent){w.file, w.offset, w.nbytes};
+	p->scale = (struct moe_extent){sc.file, sc.offset, sc.nbytes};
+	return 1;
 }
 
 /* The expert tensor `stem` (…experts.E.down_proj) in the config's INT4 encoding where the
@@ -1100,12 +1170,14 @@ static int take_int4(struct builder *b, const char *stem, uint64_t rows, uint64_
 	char name[512];
 	struct tview tv;
 	const enum moe_quant_kind k = b->cat->quant.kind;
-	snprintf(name, sizeof(name), "%s.%s", stem,
-	         k == MOE_QUANT_GPTQ ? "qweight" : "weight_packed");
+	if (k == MOE_QUANT_NVFP4)
+		return take_nvfp4(b, stem, rows, cols, p);
+	const bool gptq = k == MOE_QUANT_GPTQ || k == MOE_QUANT_AWQ; /* qweight, qzeros, scales */
+	snprintf(name, sizeof(name), "%s.%s", stem, gptq ? "qweight" : "weight_packed");
 	if (k == MOE_QUANT_NONE || !find_tensor(b, name, &tv))
 		return 0;
-	const int rc = k == MOE_QUANT_GPTQ ? take_gptq(b, stem, rows, cols, check_values, p)
-	                                   : take_int4_ct(b, stem, rows, cols, check_values, p);
+	const int rc = gptq ? take_gptq(b, stem, rows, cols, check_values, p)
+	                    : take_int4_ct(b, stem, rows, cols, check_values, p);
 	return rc ? -1 : 1;
 }
 
@@ -1315,6 +1387,41 @@ static int ends_with(const char *s, const char *suffix)
 	return a >= c && !strcmp(s + a - c, suffix);
 }
 
+/* ModelOpt's hf_quant_config.json next to config.json, read where config.json has no
+ * quantization_config: 0 (absent, or read into the catalog's quant), -1 on error. */
+static int read_hf_quant_config(struct builder *b)
+{
+	if (json_object_get(b->config, json_root(b->config), "quantization_config") != JSON_NONE)
+		return 0;
+	const char *slash = strrchr(b->config_path, '/');
+	const size_t dir = slash ? (size_t)(slash - b->config_path) + 1 : 0;
+	char path[4096];
+	if (dir + sizeof("hf_quant_config.json") > sizeof(path))
+		return 0;
+	memcpy(path, b->config_path, dir);
+	strcpy(path + dir, "hf_quant_config.json");
+	FILE *f = fopen(path, "rb");
+	if (!f)
+		return 0;
+	char *text = malloc(1u << 20);
+	size_t len = text ? fread(text, 1, 1u << 20, f) : 0;
+	const int too_big = text && len == 1u << 20;
+	fclose(f);
+	if (!text || too_big) {
+		free(text);
+		return error_set(b->err, text ? MOE_EINVAL : MOE_ENOMEM, "%s: %s", path,
+		                 text ? "larger than 1 MiB" : "out of memory");
+	}
+	struct json_doc *doc;
+	int rc = json_parse(text, len, &doc, b->err);
+	free(text);
+	if (rc)
+		return error_prefix(b->err, path);
+	rc = moe_quant_config_read_modelopt(doc, path, &b->cat->quant, b->err);
+	json_free(doc);
+	return rc;
+}
+
 static int open_hf(struct builder *b, char **config_path_out)
 {
 	struct stat st;
@@ -1472,6 +1579,8 @@ int moe_catalog_open(const char *path, struct moe_catalog **out, struct sidecar_
 			rc = hf_read_info(&b, &hf_moe);
 		if (!rc)
 			rc = moe_quant_config_read(b.config, b.config_path, &cat->quant, err);
+		if (!rc)
+			rc = read_hf_quant_config(&b);
 	}
 	if (!rc)
 		rc = add_files(&b);

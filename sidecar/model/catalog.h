@@ -75,14 +75,27 @@ enum moe_weight_layout {
 	                        = even element), `scale` = _scales (1 E8M0 byte per 32) */
 	/* INT4 checkpoints (format MOEK_INT4_G32 once repacked by moek_int4_from_ct/_gptq):
 	 * compressed-tensors pack-quantized: `data` = weight_packed, `scale` = weight_scale
-	 * (BF16); GPTQ: `data` = qweight, `scale` = scales (F16), `zeros` = qzeros */
+	 * (BF16); GPTQ and AWQ (`awq`: moek_int4_from_awq's packing): `data` = qweight,
+	 * `scale` = scales (F16), `zeros` = qzeros */
 	MOE_LAYOUT_INT4_CT,
 	MOE_LAYOUT_INT4_GPTQ,
 	/* F32/F16/BF16 stored input-major, [cols][rows] (Llama-4 Hugging Face experts:
 	 * gate_up_proj [E, hidden, 2·ffn], down_proj [E, ffn, hidden]); transposed into rows
 	 * at load (moek_transpose). A fused gate_up becomes MOE_GATE_UP_HALVES rows. */
 	MOE_LAYOUT_TRANSPOSED,
+	/* ModelOpt NVFP4 (format MOEK_NVFP4 once repacked by moek_nvfp4_from_modelopt): `data` =
+	 * weight (E2M1 pairs), `scale` = weight_scale (E4M3 per 16); weight_scale_2 is read at
+	 * open into tensor_scale */
+	MOE_LAYOUT_NVFP4_MODELOPT,
 };
+
+/* Whether a layout is repacked at load into rows of another size than its data (the INT4
+ * checkpoints, ModelOpt NVFP4): its data extent gets the room of moe_proj_kernel_bytes. */
+static inline bool moe_layout_repacked(enum moe_weight_layout l)
+{
+	return l == MOE_LAYOUT_INT4_CT || l == MOE_LAYOUT_INT4_GPTQ ||
+	       l == MOE_LAYOUT_NVFP4_MODELOPT || l == MOE_LAYOUT_TRANSPOSED;
+}
 
 /* A byte range in one of the catalog's files. length 0 = absent. */
 struct moe_extent {
@@ -106,6 +119,8 @@ struct moe_proj_ref {
 	struct moe_extent zeros; /* MOE_LAYOUT_INT4_GPTQ: qzeros */
 	uint32_t group;          /* INT4 layouts: the checkpoint's group size */
 	bool gptq_v1;            /* MOE_LAYOUT_INT4_GPTQ: zeros stored minus one */
+	bool awq;                /* MOE_LAYOUT_INT4_GPTQ: AutoAWQ GEMM qweight / qzeros */
+	float tensor_scale; /* NVFP4_MODELOPT: weight_scale_2 (moek_matrix.tensor_scale); else 0 */
 };
 
 struct moe_expert {

@@ -159,8 +159,15 @@ static int kernel_bytes(struct expert_reference *r, const struct moe_proj_ref *p
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
 	case MOE_LAYOUT_INT4_GPTQ:
-		if (moek_int4_from_gptq(r->raw, zeros, scale, p->rows, p->cols, p->group,
-		                        p->gptq_v1, r->kern, why, sizeof(why)))
+		if (p->awq ? moek_int4_from_awq(r->raw, zeros, scale, p->rows, p->cols, p->group,
+		                                r->kern, why, sizeof(why))
+		           : moek_int4_from_gptq(r->raw, zeros, scale, p->rows, p->cols, p->group,
+		                                 p->gptq_v1, r->kern, why, sizeof(why)))
+			return error_set(err, MOE_EINVAL, "%s", why);
+		break;
+	case MOE_LAYOUT_NVFP4_MODELOPT:
+		if (moek_nvfp4_from_modelopt(r->raw, scale, p->rows, p->cols, r->kern, why,
+		                             sizeof(why)))
 			return error_set(err, MOE_EINVAL, "%s", why);
 		break;
 	case MOE_LAYOUT_TRANSPOSED: { /* Llama-4: stored [cols][rows] */
@@ -199,6 +206,9 @@ static int dequantize_proj(struct expert_reference *r, const struct moe_proj_ref
 	if (moek_dequantize(p->format, r->kern, sc, p->rows, p->cols, dst))
 		return error_set(err, MOE_EINVAL, "format %s cannot be dequantized",
 		                 moe_format_name(p->format));
+	if (p->tensor_scale != 0.0f) /* ModelOpt NVFP4's weight_scale_2 (one f32 rounding) */
+		for (size_t i = 0; i < (size_t)p->rows * p->cols; i++)
+			dst[i] *= p->tensor_scale;
 	return 0;
 }
 
@@ -380,6 +390,7 @@ static const struct format_bound {
     {.format = MOEK_Q8_0, .nmse = {5.1e-4, 5.1e-4, 5.1e-4}},
     {.format = MOEK_Q4_0, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_MXFP4, .nmse = {5e-4, 5e-4, 5e-4}},
+    {.format = MOEK_NVFP4, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_IQ4_NL, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_INT4_G32, .nmse = {5e-4, 5e-4, 5e-4}},
     {.format = MOEK_Q2_K, .nmse = {1e-3, 1e-3, 1e-3}},

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #define QC "%s: quantization_config: "
 
@@ -183,6 +184,83 @@ static int read_gptq(const struct json_doc *doc, json_ref qc, const char *path,
 	return 0;
 }
 
+static int read_awq(const struct json_doc *doc, json_ref qc, const char *path,
+                    struct moe_quant_config *q, struct sidecar_error *err)
+{
+	uint64_t bits = 0;
+	uint32_t group = 0;
+	double gs = 0;
+	char shown[32];
+	bool zp = false;
+	const int has_bits = json_get_u64(doc, qc, "bits", &bits);
+	if (has_bits == 1)
+		snprintf(shown, sizeof(shown), "%llu", (unsigned long long)bits);
+	else
+		snprintf(shown, sizeof(shown), "%s", has_bits ? "(not a number)" : "(missing)");
+	if (has_bits != 1 || bits != 4)
+		return error_set(err, MOE_EINVAL, QC "AWQ bits %s is not supported (INT4 only)",
+		                 path, shown);
+	if (group_size_read(doc, qc, &gs, shown, sizeof(shown)) != 1 || !group_size_ok(gs, &group))
+		return error_set(err, MOE_EINVAL,
+		                 QC
+		                 "AWQ group_size %s is not supported (a positive multiple of 32)",
+		                 path, shown);
+	const int has_zp = json_get_bool(doc, qc, "zero_point", &zp);
+	if (has_zp != 1 || !zp)
+		return error_set(err, MOE_EINVAL,
+		                 QC "AWQ zero_point %s is not supported (zero_point true: GEMM "
+		                    "checkpoints with zero points)",
+		                 path,
+		                 has_zp == 1   ? "false"
+		                 : has_zp == 0 ? "(missing)"
+		                               : "(not a boolean)");
+	const json_ref v = json_object_get(doc, qc, "version");
+	const char *version = json_string(doc, v, NULL);
+	if (v != JSON_NONE && (!version || strcasecmp(version, "gemm")))
+		return error_set(err, MOE_EINVAL,
+		                 QC "AWQ version %.32s is not supported (gemm: AutoAWQ's GEMM "
+		                    "packing; gemv and the others pack differently)",
+		                 path, version ? version : "(not a string)");
+	q->kind = MOE_QUANT_AWQ;
+	q->group = group;
+	q->sym = false;
+	return 0;
+}
+
+/* ModelOpt's quantization object (flat in config.json's quantization_config, or
+ * hf_quant_config.json's `quantization`): quant_algo NVFP4, group_size 16 where given. */
+static int read_modelopt(const struct json_doc *doc, json_ref qc, const char *path, const char *at,
+                         struct moe_quant_config *q, struct sidecar_error *err)
+{
+	const char *algo = json_string(doc, json_object_get(doc, qc, "quant_algo"), NULL);
+	if (!algo || strcasecmp(algo, "NVFP4"))
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s: ModelOpt quant_algo %.32s is not supported (NVFP4 only)",
+		                 path, at, algo ? algo : "(missing)");
+	double gs = 0;
+	char shown[32];
+	const int has = group_size_read(doc, qc, &gs, shown, sizeof(shown));
+	if (has != 0 && !(has == 1 && gs == 16.0))
+		return error_set(err, MOE_EINVAL,
+		                 "%s: %s: ModelOpt NVFP4 group_size %s is not supported (16: one "
+		                 "E4M3 scale per 16 weights)",
+		                 path, at, shown);
+	q->kind = MOE_QUANT_NVFP4;
+	q->group = 16;
+	return 0;
+}
+
+int moe_quant_config_read_modelopt(const struct json_doc *doc, const char *path,
+                                   struct moe_quant_config *q, struct sidecar_error *err)
+{
+	memset(q, 0, sizeof(*q));
+	const json_ref qc = json_object_get(doc, json_root(doc), "quantization");
+	if (qc == JSON_NONE || json_type_of(doc, qc) != JSON_OBJECT)
+		return error_set(err, MOE_EINVAL, "%s: quantization is missing or not an object",
+		                 path);
+	return read_modelopt(doc, qc, path, "quantization", q, err);
+}
+
 int moe_quant_config_read(const struct json_doc *doc, const char *path, struct moe_quant_config *q,
                           struct sidecar_error *err)
 {
@@ -201,16 +279,21 @@ int moe_quant_config_read(const struct json_doc *doc, const char *path, struct m
 		return read_ct(doc, qc, path, q, err);
 	if (str_is(method, "gptq"))
 		return read_gptq(doc, qc, path, q, err);
-	return error_set(err, MOE_EINVAL,
-	                 QC "quant_method %.64s is not supported (compressed-tensors "
-	                    "pack-quantized INT4, gptq INT4, fp8 and mxfp4 are)",
-	                 path, method);
+	if (str_is(method, "awq"))
+		return read_awq(doc, qc, path, q, err);
+	if (str_is(method, "modelopt"))
+		return read_modelopt(doc, qc, path, "quantization_config", q, err);
+	return error_set(
+	    err, MOE_EINVAL,
+	    QC "quant_method %.64s is not supported (compressed-tensors "
+	       "pack-quantized INT4, gptq INT4, awq INT4 GEMM, modelopt NVFP4, fp8 and mxfp4 are)",
+	    path, method);
 }
 
 int moe_quant_layout_of(const struct moe_quant_config *q, uint64_t rows, uint64_t cols,
                         struct moe_quant_layout *l, char *why, size_t why_len)
 {
-	assert(q->kind != MOE_QUANT_NONE);
+	assert(q->kind != MOE_QUANT_NONE && q->kind != MOE_QUANT_NVFP4);
 	assert(q->per_row ? q->group == 0 : q->group % 32 == 0 && q->group > 0);
 	memset(l, 0, sizeof(*l));
 	if (q->per_row && (cols == 0 || cols % 32 || cols > UINT32_MAX)) {
@@ -227,16 +310,20 @@ int moe_quant_layout_of(const struct moe_quant_config *q, uint64_t rows, uint64_
 		         cols);
 		return -1;
 	}
-	if (rows == 0 || (q->kind == MOE_QUANT_GPTQ && rows % 8)) {
+	if (rows == 0 || (q->kind != MOE_QUANT_INT4_CT && rows % 8)) {
 		snprintf(why, why_len,
-		         "%" PRIu64 " outputs, not a%s multiple of 8 (GPTQ packs 8 zero points "
+		         "%" PRIu64 " outputs, not a%s multiple of 8 (%s packs 8 zero points "
 		         "per int32)",
-		         rows, rows ? "" : " positive");
+		         rows, rows ? "" : " positive", q->kind == MOE_QUANT_AWQ ? "AWQ" : "GPTQ");
 		return -1;
 	}
 	l->group = (uint32_t)g;
 	if (q->kind == MOE_QUANT_GPTQ) {
 		l->weights[0] = cols / 8, l->weights[1] = rows;
+		l->scales[0] = cols / g, l->scales[1] = rows;
+		l->zeros[0] = cols / g, l->zeros[1] = rows / 8;
+	} else if (q->kind == MOE_QUANT_AWQ) {
+		l->weights[0] = cols, l->weights[1] = rows / 8;
 		l->scales[0] = cols / g, l->scales[1] = rows;
 		l->zeros[0] = cols / g, l->zeros[1] = rows / 8;
 	} else {
@@ -261,6 +348,10 @@ const char *moe_quant_config_describe(const struct moe_quant_config *q, char *bu
 	case MOE_QUANT_GPTQ:
 		snprintf(buf, len, "GPTQ INT4 %s, %s, %s", q->gptq_v1 ? "v1" : "v2", group,
 		         q->sym ? "sym" : "asym");
+		break;
+	case MOE_QUANT_AWQ: snprintf(buf, len, "AWQ INT4 GEMM, %s, zero point", group); break;
+	case MOE_QUANT_NVFP4:
+		snprintf(buf, len, "ModelOpt NVFP4, E4M3 scale per 16, per-tensor FP32 scale");
 		break;
 	}
 	return buf;

@@ -63,8 +63,7 @@ int expert_map_from_catalog(const struct moe_catalog *cat, struct expert_map *ma
 					continue;
 				rc = add(map, moe, x, &pr->data, &here.data[p], &count, err);
 				const uint64_t room = moe_proj_kernel_bytes(pr);
-				if (!rc && (pr->layout == MOE_LAYOUT_INT4_CT ||
-				            pr->layout == MOE_LAYOUT_INT4_GPTQ))
+				if (!rc && moe_layout_repacked(pr->layout))
 					rc = expert_map_set_room(map, moe, x, room, err);
 				if (!rc && !moek_format_scale_block(pr->format))
 					rc = add(map, moe, x, &pr->scale, &here.scale[p], &count,

@@ -144,6 +144,10 @@ Test(forward_formats, gguf_iq4_xs_fused_gate_up)
 {
 	format_case("qwen3-30b-a3b", MOEK_IQ4_XS, true, true);
 }
+Test(forward_formats, gguf_nvfp4)
+{
+	format_case("qwen3-30b-a3b", MOEK_NVFP4, true, false);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);

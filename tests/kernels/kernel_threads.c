@@ -132,9 +132,9 @@ static int check_format(uint32_t format)
 
 int main(void)
 {
-	static const uint32_t formats[] = {MOEK_Q4_K,   MOEK_BF16,          MOEK_MXFP4,
-	                                   MOEK_Q6_K,   MOEK_FP8_E4M3_B128, MOEK_Q3_K,
-	                                   MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32};
+	static const uint32_t formats[] = {MOEK_Q4_K,          MOEK_BF16, MOEK_MXFP4,  MOEK_Q6_K,
+	                                   MOEK_FP8_E4M3_B128, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS,
+	                                   MOEK_INT4_G32,      MOEK_NVFP4};
 	int failed = 0;
 	for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
 		failed |= check_format(formats[i]);

@@ -133,6 +133,13 @@ Test(determinism, int4_g32)
 	check_splits(MOEK_INT4_G32, 320, 448, 18);
 }
 
+/* NVFP4: 448 = 7 blocks of 64, the activation pairs of the AVX2 row dot */
+Test(determinism, nvfp4)
+{
+	check_splits(MOEK_NVFP4, 320, 448, 1);
+	check_splits(MOEK_NVFP4, 320, 448, 20);
+}
+
 /* Two real threads splitting every phase, a barrier between phases, against one thread. */
 struct thread_arg {
 	struct moek_ffn_call *c;

@@ -192,8 +192,8 @@ Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
 	if (!have_avx2())
 		cr_skip_test("no AVX2 here");
 	static const uint32_t fmts[] = {
-	    MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,   MOEK_MXFP4,  MOEK_Q4_K,    MOEK_Q5_K,
-	    MOEK_Q6_K, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32};
+	    MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,   MOEK_MXFP4,  MOEK_Q4_K,     MOEK_Q5_K,
+	    MOEK_Q6_K, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_NVFP4};
 	static const size_t widths[] = {256, 768, 2304, 14336}; /* K-quant multiples; 14336 wide */
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++)
 		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
@@ -247,7 +247,7 @@ static const struct {
     {MOEK_Q4_K, 0.15},    {MOEK_Q5_K, 0.08},   {MOEK_Q6_K, 0.05}, {MOEK_Q8_0, 0.03},
     {MOEK_Q4_0, 0.2},     {MOEK_MXFP4, 0.3},   {MOEK_BF16, 0.02}, {MOEK_F16, 6e-3},
     {MOEK_IQ4_NL, 0.2},   {MOEK_IQ4_XS, 0.15}, {MOEK_Q3_K, 0.35}, {MOEK_Q2_K, 0.8},
-    {MOEK_INT4_G32, 0.2},
+    {MOEK_INT4_G32, 0.2}, {MOEK_NVFP4, 0.3},
 };
 
 Test(dot_forms, ffn_plain_avx2_same_bits_small_expert)

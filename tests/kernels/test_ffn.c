@@ -120,6 +120,9 @@ FMT_TEST(q3_K_with_q4_K_down, {MOEK_Q3_K, MOEK_Q4_K, 512, 768, MOEK_SWIGLU, 0, 0
 FMT_TEST(q4_K_with_q6_K_down, {MOEK_Q4_K, MOEK_Q6_K, 512, 768, MOEK_SWIGLU, 0, 0.15, 1e-3})
 FMT_TEST(mxfp4_gpt_oss, {MOEK_MXFP4, 0, 320, 288, MOEK_SWIGLU_OAI, 1, 0.25, 5e-4})
 FMT_TEST(mxfp4, {MOEK_MXFP4, 0, 320, 224, MOEK_SWIGLU, 0, 0.3, 5e-4})
+/* NVFP4: one 64-element block per activation pair; UE4M3 scales per 16 */
+FMT_TEST(nvfp4, {MOEK_NVFP4, 0, 320, 256, MOEK_SWIGLU, 0, 0.3, 5e-4})
+FMT_TEST(nvfp4_with_q8_0_down, {MOEK_NVFP4, MOEK_Q8_0, 320, 256, MOEK_SWIGLU, 0, 0.3, 5e-4})
 FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10})
 /* IQ4_NL: Q8_0 activations in pairs of blocks (224 = 3.5 pairs: an unpaired last block);
  * IQ4_XS: Q8_K as the K-quants; and each as the other's down (mixed block sizes) */
@@ -417,10 +420,10 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_log_warn("no AVX2 on this CPU: SIMD dot products not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,   MOEK_Q4_K,
-	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,    MOEK_F16,
-	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,    MOEK_Q3_K,
-	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32};
+	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,    MOEK_Q4_K,
+	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,     MOEK_F16,
+	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,     MOEK_Q3_K,
+	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32, MOEK_NVFP4};
 	enum { ROWS = 64, K = 1024 };
 	float *w = fixture_tokens(ROWS, K, 77), *x = fixture_tokens(1, K, 78);
 	float *wd = malloc(sizeof(float) * ROWS * K), *xd = malloc(sizeof(float) * K);
@@ -470,10 +473,10 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,   MOEK_Q4_K,
-	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,    MOEK_F16,
-	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,    MOEK_Q3_K,
-	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32};
+	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,    MOEK_Q4_K,
+	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,     MOEK_F16,
+	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,     MOEK_Q3_K,
+	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_NVFP4};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
 	uint8_t q[K * 4];
@@ -577,4 +580,56 @@ Test(ffn_api, weight_on_input_scales_the_activations)
 		fixture_free(&f);
 	}
 	moek_set_isa(MOEK_ISA_AUTO);
+}
+
+/* A per-tensor scale (ModelOpt NVFP4's weight_scale_2) multiplies each matrix's products: the
+ * FFN of an expert with scales equals the double FFN over its dequantized weights times them,
+ * on every path (one-token and several-token dots, prefill tiles) and ISA; scale 1 gives the
+ * bits of no scale; a scale that is not finite and positive, or one on interleaved rows, is
+ * refused by name. */
+Test(ffn_api, tensor_scales_multiply_each_matrix)
+{
+	struct fixture f;
+	fixture_init(&f, MOEK_NVFP4, 0, 320, 256, MOEK_SWIGLU, 0, 31);
+	const float sg = 0.37f, su = 1.9f, sd = 0.0113f;
+	float *x = fixture_tokens(20, 320, 32);
+	float *plain[3];
+	static const size_t ns[3] = {1, 3, 20};
+	for (int i = 0; i < 3; i++)
+		plain[i] = fixture_run(&f, x, ns[i], NULL);
+	f.expert.gate.tensor_scale = f.expert.up.tensor_scale = f.expert.down.tensor_scale = 1.0f;
+	for (int i = 0; i < 3; i++) {
+		float *one = fixture_run(&f, x, ns[i], NULL);
+		cr_assert_eq(memcmp(one, plain[i], ns[i] * 320 * sizeof(float)), 0, "scale 1");
+		free(one), free(plain[i]);
+	}
+	f.expert.gate.tensor_scale = sg, f.expert.up.tensor_scale = su;
+	f.expert.down.tensor_scale = sd;
+	for (size_t i = 0; i < 256 * 320; i++)
+		f.gate.deq[i] *= sg, f.up.deq[i] *= su, f.down.deq[i] *= sd;
+	static const enum moek_isa isas[] = {MOEK_ISA_SCALAR, MOEK_ISA_AVX2, MOEK_ISA_AVX512};
+	for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+		if (moek_set_isa(isas[ii]) != 0)
+			continue;
+		for (int i = 0; i < 3; i++) {
+			double *want = calloc(ns[i] * 320, sizeof(double));
+			fixture_oracle(&f, 0, x, ns[i], NULL, want);
+			float *got = fixture_run(&f, x, ns[i], NULL);
+			const double e = nmse(got, want, ns[i] * 320);
+			cr_assert(e < 5e-4, "isa %s, %zu tokens: nmse %.3g", moek_isa_name(), ns[i],
+			          e);
+			free(got), free(want);
+		}
+	}
+	moek_set_isa(MOEK_ISA_AUTO);
+	char err[200];
+	const float bad[] = {-1.0f, NAN, INFINITY};
+	for (size_t i = 0; i < 3; i++) {
+		struct moek_expert e = f.expert;
+		e.up.tensor_scale = bad[i];
+		cr_assert_eq(moek_expert_check(&e, err, sizeof(err)), -1);
+		cr_assert(strstr(err, "expert up: tensor scale"), "%s", err);
+	}
+	free(x);
+	fixture_free(&f);
 }

@@ -24,7 +24,7 @@ static bool power_of_two(size_t v)
 Test(format_table, every_row_is_complete)
 {
 	const size_t n = n_formats();
-	cr_assert_eq(n, 16, "a format added or lost: update this test's pinned values");
+	cr_assert_eq(n, 17, "a format added or lost: update this test's pinned values");
 	cr_assert_eq(n, MOEK_FMT_COUNT);
 	for (size_t i = 0; i < n; i++) {
 		const struct moek_format_traits *t = moek_format_traits_at(i);
@@ -105,7 +105,7 @@ Test(format_table, public_ids_map_to_dense_indices)
 	cr_expect_eq(known, MOEK_FMT_COUNT);
 	/* unknown ids: a ggml one (Q4_1, 3), between the two ranges, past the sidecar's own,
 	 * and ids whose difference from the first own id wraps */
-	const uint32_t unknown[] = {3, 40, 61, 63, 999, 1002, UINT32_MAX, UINT32_MAX - 999};
+	const uint32_t unknown[] = {3, 41, 61, 63, 999, 1002, UINT32_MAX, UINT32_MAX - 999};
 	for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
 		cr_expect_eq(moek_fmt_index(unknown[i]), MOEK_FMT_NONE, "id %u", unknown[i]);
 		cr_expect_null(moek_format_lookup(unknown[i]));
@@ -134,6 +134,7 @@ Test(format_table, pinned_values)
 	    {MOEK_IQ4_NL, 2, 0, MOEK_Q8_0, 64, false},
 	    {MOEK_IQ4_XS, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_MXFP4, 1, 0, MOEK_Q8_0, 64, true},
+	    {MOEK_NVFP4, 1, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_FP8_E4M3_B128, 1, 128, MOEK_F32, 1, false},
 	    {MOEK_INT4_G32, 1, 0, MOEK_Q8_0, 64, true},
 	};
@@ -237,6 +238,7 @@ Test(format_table, split_alignment_comes_from_the_rows)
 	    {MOEK_Q4_K, MOEK_Q6_K, 256},
 	    {MOEK_Q4_0, MOEK_Q4_0, 64},
 	    {MOEK_MXFP4, MOEK_MXFP4, 64},
+	    {MOEK_NVFP4, MOEK_NVFP4, 64},
 	    {MOEK_BF16, MOEK_INT4_G32, 64},
 	    {MOEK_IQ4_NL, MOEK_IQ4_XS, 256},
 	    {MOEK_FP8_E4M3_B128, MOEK_BF16, 128},

@@ -26,11 +26,14 @@ Test(formats, table_rows_match_ggml)
 		const char *name;
 		uint32_t elems, bytes;
 	} want[] = {
-	    {0, "F32", 1, 4},       {1, "F16", 1, 2},       {2, "Q4_0", 32, 18},
-	    {8, "Q8_0", 32, 34},    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110},
-	    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176}, {14, "Q6_K", 256, 210},
-	    {15, "Q8_K", 256, 292}, {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
-	    {30, "BF16", 1, 2},     {39, "MXFP4", 32, 17},  {1000, "FP8_E4M3_B128", 1, 1},
+	    {0, "F32", 1, 4},       {1, "F16", 1, 2},
+	    {2, "Q4_0", 32, 18},    {8, "Q8_0", 32, 34},
+	    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110},
+	    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
+	    {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292},
+	    {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
+	    {30, "BF16", 1, 2},     {39, "MXFP4", 32, 17},
+	    {40, "NVFP4", 64, 36},  {1000, "FP8_E4M3_B128", 1, 1},
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		const struct moek_format_info *f = moek_format_lookup(want[i].id);
@@ -661,4 +664,98 @@ Test(formats, zero_block_quantizes_to_zero)
 			cr_assert_eq(y[i], 0.0f, "%s elem %d", moek_format_lookup(fmts[f])->name,
 			             i);
 	}
+}
+
+/* UE4M3 as the spec (and ggml_ue4m3_to_fp32, before its halving) defines it: bit 7 ignored,
+ * 4 exponent bits of bias 7, 3 mantissa bits, subnormals m · 2^-9; ggml reads the byte 0x7F
+ * (and only that byte: 0xFF is 0x7F with bit 7 set, which it ignores) as 0. */
+static float spec_ue4m3(uint8_t b)
+{
+	if (b == 0x7F)
+		return 0.0f;
+	const int e = (b >> 3) & 15, m = b & 7;
+	return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + (float)m / 8.0f, e - 7);
+}
+
+/* Hand-built NVFP4 blocks (ggml type 40): four UE4M3 scales, then sub-block s's 8 bytes, byte
+ * j low nibble = element 16s + j, high nibble = element 16s + j + 8; value E2M1 · scale. */
+Test(formats, nvfp4_golden_blocks)
+{
+	static const uint8_t scales[2][4] = {
+	    {0x38, 0x00, 0x01, 0x7F}, /* 1.0, 0, 2^-9 (subnormal), 0 (ggml's 0x7F) */
+	    {0x3C, 0x80, 0x50, 0xFF}, /* 1.5, 0 (bit 7 ignored), 8, 480 (0x7F | 0x80) */
+	};
+	uint8_t blk[2][36];
+	for (int b = 0; b < 2; b++) {
+		memcpy(blk[b], scales[b], 4);
+		for (int s = 0; s < 4; s++)
+			for (int j = 0; j < 8; j++) /* low: code j (+), high: code 15 - j (−) */
+				blk[b][4 + 8 * s + j] = (uint8_t)((j + b) % 16 | (15 - j) << 4);
+	}
+	float y[128];
+	cr_assert_eq(moek_dequantize(MOEK_NVFP4, blk, NULL, 1, 128, y), 0);
+	for (int b = 0; b < 2; b++)
+		for (int s = 0; s < 4; s++)
+			for (int j = 0; j < 8; j++) {
+				const float d = spec_ue4m3(scales[b][s]);
+				const int e = 64 * b + 16 * s + j;
+				cr_expect_eq(y[e], e2m1[(j + b) % 16] * d, "elem %d", e);
+				cr_expect_eq(y[e + 8], e2m1[15 - j] * d, "elem %d", e + 8);
+			}
+	cr_expect_eq(y[64 + 48 + 8 + 6], -0.5f * 480.0f, "0xFF reads as 480, not 0");
+	cr_expect_eq(y[0 + 16 * 2 + 7], 6.0f * 0x1p-9f, "subnormal scale");
+	/* the quantizer's blocks decode back within one E2M1 step of the original */
+	float x[64], back[64];
+	for (int i = 0; i < 64; i++)
+		x[i] = (float)((i * 37) % 23 - 11) * 0.173f;
+	uint8_t q[36];
+	cr_assert_eq(moek_quantize(MOEK_NVFP4, x, 1, 64, q, NULL), 0);
+	cr_assert_eq(moek_dequantize(MOEK_NVFP4, q, NULL, 1, 64, back), 0);
+	for (int s = 0; s < 4; s++) {
+		cr_expect_lt(q[s], 0x7F, "scale %d: a positive finite E4M3", s);
+		const float d = spec_ue4m3(q[s]);
+		for (int j = 0; j < 16; j++)
+			cr_expect_leq(fabsf(back[16 * s + j] - x[16 * s + j]), 1.0f * d + 1e-6f,
+			              "elem %d", 16 * s + j);
+	}
+}
+
+/* ModelOpt's NVFP4 tensors (weight: byte k holds elements 2k low and 2k + 1 high; weight_scale:
+ * one float8_e4m3fn per 16) into NVFP4 blocks: hand-built bytes decode to E2M1 · E4M3 as the
+ * definitions give them; the inverse gives the bytes back; a negative or NaN scale is refused
+ * naming its row and columns. */
+Test(formats, nvfp4_from_modelopt_pairs_2k_with_2k_plus_1)
+{
+	enum { R = 2, C = 128 };
+	uint8_t weight[R * C / 2], scales[R * C / 16], blocks[R * C / 64 * 36], w2[R * C / 2],
+	    s2[R * C / 16];
+	int code[R * C];
+	for (int i = 0; i < R * C; i++)
+		code[i] = (i * 7 + i / 16) % 16;
+	for (int i = 0; i < R * C / 2; i++)
+		weight[i] = (uint8_t)(code[2 * i] | code[2 * i + 1] << 4);
+	for (int i = 0; i < R * C / 16; i++)
+		scales[i] = (uint8_t)(0x08 + 5 * i); /* 2^-6 (smallest normal) upwards */
+	scales[3] = 0x05;                            /* a subnormal: 5 · 2^-9 */
+	char err[200] = "";
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), 0,
+	             "%s", err);
+	float y[R * C];
+	cr_assert_eq(moek_dequantize(MOEK_NVFP4, blocks, NULL, R, C, y), 0);
+	for (int i = 0; i < R * C; i++)
+		cr_assert_eq(y[i], e2m1[code[i]] * moek_fp8_e4m3_to_f32(scales[i / 16]), "elem %d",
+		             i);
+	moek_nvfp4_to_modelopt(blocks, R, C, w2, s2);
+	cr_assert_eq(memcmp(w2, weight, sizeof(weight)), 0);
+	cr_assert_eq(memcmp(s2, scales, sizeof(scales)), 0);
+	scales[9] = 0xB8; /* -1.0: row 1, columns 16..31 */
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), -1);
+	cr_assert_str_eq(err, "NVFP4 (ModelOpt): weight_scale of row 1 columns 16..31 is negative "
+	                      "(E4M3 byte 0xb8): block scales are positive");
+	scales[9] = 0x7F;
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, C, blocks, err, sizeof(err)), -1);
+	cr_assert(strstr(err, "is NaN (E4M3 byte 0x7f)"), "%s", err);
+	cr_assert_eq(moek_nvfp4_from_modelopt(weight, scales, R, 96, blocks, err, sizeof(err)), -1);
+	cr_assert_str_eq(err, "NVFP4 (ModelOpt): 2 x 96, rows must be a positive multiple of 64 "
+	                      "inputs (ggml's NVFP4 block)");
 }

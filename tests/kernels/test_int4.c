@@ -175,6 +175,46 @@ Test(int4, gptq_packing_and_zero_points_v1_v2)
 			             0.25f * (float)(1 + o) * (float)(code[o][i] - zs[0][o]));
 }
 
+/* AutoAWQ GEMM: qweight [in, out / 8] packed along the output in AWQ's order (nibble p holds
+ * output 8w + [0, 2, 4, 6, 1, 3, 5, 7][p]), qzeros [in / group, out / 8] the same, scales
+ * [in / group, out]. Hand-built words whose nibble p holds p (even inputs) or 7 − p (odd
+ * inputs and the zeros) give known values: output o reads nibble N(o) = [0, 4, 1, 5, 2, 6, 3,
+ * 7][o], so code N(o) or 7 − N(o), zero 7 − N(o). */
+Test(int4, awq_nibble_order_and_zero_points)
+{
+	static const int N[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+	uint8_t qweight[64 * 4], qzeros[2 * 4], scales[2 * 8 * 2], dst[8 * 2 * 20];
+	for (int i = 0; i < 64; i++)
+		put32(qweight + 4 * i, i % 2 ? 0x01234567u : 0x76543210u);
+	for (int g = 0; g < 2; g++) {
+		put32(qzeros + 4 * g, 0x01234567u);
+		for (int o = 0; o < 8; o++)
+			put16(scales + 2 * (g * 8 + o),
+			      moek_f32_to_f16(0.5f * (float)(1 + o + 3 * g)));
+	}
+	char err[200] = "";
+	cr_assert_eq(moek_int4_from_awq(qweight, qzeros, scales, 8, 64, 32, dst, err, sizeof(err)),
+	             0, "%s", err);
+	float y[8 * 64];
+	cr_assert_eq(moek_dequantize(MOEK_INT4_G32, dst, NULL, 8, 64, y), 0);
+	for (int o = 0; o < 8; o++)
+		for (int i = 0; i < 64; i++) {
+			const int q = i % 2 ? 7 - N[o] : N[o], z = 7 - N[o];
+			const float want = 0.5f * (float)(1 + o + 3 * (i / 32)) * (float)(q - z);
+			cr_assert_eq(y[o * 64 + i], want, "output %d input %d: %g, want %g", o, i,
+			             (double)y[o * 64 + i], (double)want);
+		}
+	/* output 1 of an even input is nibble 4 (= 4), not nibble 1: the order, not 0..7 */
+	cr_assert_eq(y[1 * 64 + 0], 0.5f * 2.0f * (float)(4 - 3));
+	/* outputs not a multiple of 8, a group not dividing the row: refused by name */
+	cr_assert_eq(moek_int4_from_awq(qweight, qzeros, scales, 4, 64, 32, dst, err, sizeof(err)),
+	             -1);
+	cr_assert_str_eq(err, "AWQ INT4: 4 x 64 in groups of 32 (groups must be a multiple of 32 "
+	                      "dividing the row; rows a multiple of 8)");
+	cr_assert_eq(moek_int4_from_awq(qweight, qzeros, scales, 8, 64, 48, dst, err, sizeof(err)),
+	             -1);
+}
+
 Test(int4, refusals_name_what_was_found)
 {
 	uint8_t buf[4096] = {0}, dst[4096];

@@ -25,7 +25,8 @@ static inline bool set_vnni_forms(bool on)
 	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_INT4_G32};
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0,     MOEK_Q4_K,
+                                      MOEK_BF16,  MOEK_INT4_G32, MOEK_NVFP4};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 static const char *fname(uint32_t format)
@@ -153,6 +154,9 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 	case MOEK_INT4_G32: /* 4 vectors of qs, 1 vector of the 8 scale words */
 		return column +
 		       (at < 4 ? 128 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
+	case MOEK_NVFP4: /* 8 vectors of qs, 1 vector of the 8 rows' 4 scales */
+		return column +
+		       (at < 4 ? 256 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
@@ -168,7 +172,9 @@ Test(interleave, round_trip_and_layout)
 {
 	for (size_t fi = 0; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		const size_t rows = 24, cols = format == MOEK_Q4_K ? 768 : 96;
+		const size_t rows = 24, cols = format == MOEK_Q4_K    ? 768
+		                               : format == MOEK_NVFP4 ? 192
+		                                                      : 96;
 		size_t bb;
 		const size_t rb = moek_row_bytes(format, cols), be = moek_x8_block(format, &bb);
 		uint8_t *src = random_rows(rows * rb, 7), *x8 = malloc(rows * rb),
@@ -266,7 +272,9 @@ Test(interleave, ffn_equals_the_gguf_rows)
 			fx.expert = t.x8;
 			float *got = fixture_run(&fx, x, n, w);
 			const size_t m = n * t.f.hidden;
-			if (n >= MOEK_PREFILL_MIN_TOKENS && format != MOEK_BF16) {
+			/* NVFP4 takes the tiles from 16 tokens, as BF16 (ffn.c) */
+			if (n >= MOEK_PREFILL_MIN_TOKENS && format != MOEK_BF16 &&
+			    format != MOEK_NVFP4) {
 				for (size_t t0 = 0; t0 < n; t0 += 8) {
 					const size_t nt = n - t0 < 8 ? n - t0 : 8;
 					float *part =
@@ -633,8 +641,8 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"), "%s",
-	          err);
+	cr_assert(strstr(err, "MXFP4, NVFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"),
+	          "%s", err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;

@@ -253,11 +253,17 @@ Test(prefill_bf16, ffn_matches_the_reference)
 {
 	avx512_or_skip();
 	static const struct ffn_case cases[] = {
-	    {MOEK_BF16, 0, 320, 200, 1e-5},        {MOEK_F16, 0, 320, 200, 3e-5},
-	    {MOEK_Q8_0, 0, 320, 224, 5e-4},        {MOEK_Q4_0, 0, 320, 224, 5e-4},
-	    {MOEK_MXFP4, 0, 320, 224, 5e-4},       {MOEK_Q4_K, MOEK_Q6_K, 512, 256, 1e-3},
-	    {MOEK_IQ4_XS, 0, 512, 256, 1e-3},      {MOEK_Q2_K, MOEK_Q3_K, 512, 256, 1e-3},
-	    {MOEK_INT4_G32, 0, 320, 224, 5e-4},    {MOEK_Q5_K, MOEK_IQ4_NL, 256, 288, 1e-3},
+	    {MOEK_BF16, 0, 320, 200, 1e-5},
+	    {MOEK_F16, 0, 320, 200, 3e-5},
+	    {MOEK_Q8_0, 0, 320, 224, 5e-4},
+	    {MOEK_Q4_0, 0, 320, 224, 5e-4},
+	    {MOEK_MXFP4, 0, 320, 224, 5e-4},
+	    {MOEK_Q4_K, MOEK_Q6_K, 512, 256, 1e-3},
+	    {MOEK_IQ4_XS, 0, 512, 256, 1e-3},
+	    {MOEK_Q2_K, MOEK_Q3_K, 512, 256, 1e-3},
+	    {MOEK_INT4_G32, 0, 320, 224, 5e-4},
+	    {MOEK_NVFP4, 0, 320, 256, 5e-4},
+	    {MOEK_Q5_K, MOEK_IQ4_NL, 256, 288, 1e-3},
 	    {MOEK_Q8_0, MOEK_F32, 320, 224, 5e-4}, /* f32 tiles for down */
 	};
 	static const size_t counts[] = {MOEK_PREFILL_MIN_TOKENS_BF16, 41, 512}; /* the largest */

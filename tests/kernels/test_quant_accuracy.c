@@ -73,6 +73,7 @@ static const struct {
     {MOEK_FP8_E4M3_B128, {6.50e-4, 7.08e-4}}, {MOEK_IQ4_NL, {4.03e-3, 5.19e-3}},
     {MOEK_IQ4_XS, {4.09e-3, 5.27e-3}},        {MOEK_Q2_K, {5.48e-2, 8.32e-2}},
     {MOEK_Q3_K, {1.56e-2, 2.14e-2}},          {MOEK_INT4_G32, {4.25e-3, 6.70e-3}},
+    {MOEK_NVFP4, {1.04e-2, 9.20e-3}},
 };
 
 static void check(enum data_shape shape)

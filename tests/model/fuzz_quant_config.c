@@ -51,23 +51,52 @@ static void repack(const struct moe_quant_config *q, const struct moe_quant_layo
 	char why[200];
 	if (q->kind == MOE_QUANT_INT4_CT)
 		check(moek_int4_from_ct(w, s, rows, cols, l->group, dst, why, sizeof(why)) == 0);
+	else if (q->kind == MOE_QUANT_AWQ) /* every stored zero fits: never refused */
+		check(moek_int4_from_awq(w, z, s, rows, cols, l->group, dst, why, sizeof(why)) ==
+		      0);
 	else /* may refuse a v1 zero of 15 */
 		(void)moek_int4_from_gptq(w, z, s, rows, cols, l->group, q->gptq_v1, dst, why,
 		                          sizeof(why));
 	free(w), free(s), free(z), free(dst);
 }
 
+/* ModelOpt NVFP4 (no INT4 layout): the repack over exact-size weight and weight_scale buffers
+ * of bytes from seed (a negative or NaN scale byte refused with a reason, never a crash). */
+static void try_nvfp4(uint64_t rows, uint64_t cols, uint8_t seed)
+{
+	if (rows == 0 || cols == 0 || rows > MAX_ELEMENTS || cols > MAX_ELEMENTS ||
+	    rows * cols > MAX_ELEMENTS)
+		return;
+	const size_t wb = (size_t)(rows * cols / 2), sb = (size_t)(rows * cols / 16);
+	uint8_t *w = malloc(wb ? wb : 1), *s = malloc(sb ? sb : 1);
+	void *dst = malloc(rows * (cols / 64 + 1) * 36);
+	check(w && s && dst);
+	for (size_t i = 0; i < wb; i++)
+		w[i] = (uint8_t)(seed + 37 * i);
+	for (size_t i = 0; i < sb; i++)
+		s[i] = (uint8_t)((seed ^ i) % 0x90); /* mostly valid, some negative or NaN */
+	char why[200] = "";
+	if (moek_nvfp4_from_modelopt(w, s, rows, cols, dst, why, sizeof(why)))
+		check(why[0] != '\0');
+	free(w), free(s), free(dst);
+}
+
 static void try_shape(const struct moe_quant_config *q, uint64_t rows, uint64_t cols, uint8_t seed)
 {
 	struct moe_quant_layout l;
 	char why[200];
+	if (q->kind == MOE_QUANT_NVFP4) {
+		check(q->group == 16);
+		try_nvfp4(rows, cols, seed);
+		return;
+	}
 	if (moe_quant_layout_of(q, rows, cols, &l, why, sizeof(why))) {
 		check(why[0] != '\0');
 		return;
 	}
 	check(l.group > 0 && l.group % 32 == 0 && cols % l.group == 0 && rows > 0);
 	check(!q->per_row || l.group == cols);
-	check(q->kind != MOE_QUANT_GPTQ || rows % 8 == 0);
+	check(q->kind == MOE_QUANT_INT4_CT || rows % 8 == 0);
 	if (rows <= MAX_ELEMENTS && cols <= MAX_ELEMENTS && rows * cols <= MAX_ELEMENTS)
 		repack(q, &l, rows, cols, seed);
 }

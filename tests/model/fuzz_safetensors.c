@@ -1,8 +1,10 @@
 /* fuzz_safetensors.c — libFuzzer target: st_open on arbitrary bytes must return a clear
  * error or a file whose tensors tile its data buffer; a file that opens is then given to the
  * catalog next to a fixed config.json (OLMoE, DeepSeek-V3 FP8, gpt-oss MXFP4, Llama-4's
- * fused input-major experts or MiniMax-M2, chosen by the tensor names present), which must
- * accept it with every extent inside the file, or reject it. */
+ * fused input-major experts, MiniMax-M2 or Qwen3-MoE ModelOpt NVFP4, chosen by the tensor
+ * names present), which must accept it with every extent inside the file (and a ModelOpt
+ * per-tensor scale finite and positive), or reject it. */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -12,7 +14,7 @@
 #include "safetensors.h"
 
 /* The seeds' configs (as in tests/fuzz/corpus/fuzz_json: 32 wide, 2 experts). */
-#define N_CONFIGS 5
+#define N_CONFIGS 6
 static const char *const configs[N_CONFIGS] = {
     "{\"model_type\":\"olmoe\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_experts_per_tok\":2,\"num_experts\":2,\"intermediate_size\":32}",
@@ -27,6 +29,11 @@ static const char *const configs[N_CONFIGS] = {
     "{\"model_type\":\"minimax_m2\",\"hidden_size\":32,\"num_hidden_layers\":1,"
     "\"num_local_experts\":2,\"num_experts_per_tok\":2,\"intermediate_size\":32,"
     "\"scoring_func\":\"sigmoid\",\"use_routing_bias\":true}",
+    /* ModelOpt NVFP4: rows of 64 (ggml's block) */
+    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":1,"
+    "\"num_experts_per_tok\":2,\"num_experts\":2,\"moe_intermediate_size\":64,"
+    "\"quantization_config\":{\"quant_method\":\"modelopt\",\"quant_algo\":\"NVFP4\","
+    "\"group_size\":16}}",
 };
 static char dirs[N_CONFIGS][96];
 
@@ -83,6 +90,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 				which = 3;
 			if (strstr(t->name, "block_sparse_moe"))
 				which = 4;
+			if (strstr(t->name, "weight_scale_2"))
+				which = 5;
 		}
 		if (covered != size - f->data_offset)
 			__builtin_trap();
@@ -100,7 +109,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 						if (r->present &&
 						    (r->data.offset + r->data.length > size ||
 						     r->scale.offset + r->scale.length > size ||
-						     r->bias.offset + r->bias.length > size))
+						     r->zeros.offset + r->zeros.length > size ||
+						     r->bias.offset + r->bias.length > size ||
+						     (r->layout == MOE_LAYOUT_NVFP4_MODELOPT &&
+						      !(r->tensor_scale > 0.0f &&
+						        r->tensor_scale < INFINITY))))
 							__builtin_trap();
 					}
 				}

@@ -52,6 +52,10 @@ static double proj_nmse(const struct moe_catalog *cat, const struct moe_proj_ref
 		cr_assert_eq(moek_int4_from_ct(data, scale, r->rows, r->cols, r->group, blocks, err,
 		                               sizeof(err)),
 		             0, "%s", err);
+	else if (r->awq)
+		cr_assert_eq(moek_int4_from_awq(data, zeros, scale, r->rows, r->cols, r->group,
+		                                blocks, err, sizeof(err)),
+		             0, "%s", err);
 	else
 		cr_assert_eq(moek_int4_from_gptq(data, zeros, scale, r->rows, r->cols, r->group,
 		                                 r->gptq_v1, blocks, err, sizeof(err)),
@@ -75,7 +79,9 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 	struct moe_catalog *cat;
 	struct sidecar_error err = {0};
 	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
-	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT ? MOE_QUANT_INT4_CT : MOE_QUANT_GPTQ);
+	cr_assert_eq(cat->quant.kind, int4 == MOE_GEN_INT4_CT    ? MOE_QUANT_INT4_CT
+	                              : int4 == MOE_GEN_INT4_AWQ ? MOE_QUANT_AWQ
+	                                                         : MOE_QUANT_GPTQ);
 	const bool per_row = group == MOE_GEN_GROUP_ROW;
 	cr_assert_eq(cat->quant.group, per_row ? 0 : group);
 	char scheme[96];
@@ -93,6 +99,7 @@ static void check_round_trip(enum moe_gen_int4 int4, uint32_t group, enum moe_we
 				cr_assert(r->present);
 				cr_assert_eq(r->format, MOEK_INT4_G32);
 				cr_assert_eq(r->layout, lay);
+				cr_assert_eq(r->awq, int4 == MOE_GEN_INT4_AWQ);
 				/* one group per row: the row is the group (one scale per output) */
 				const uint64_t g = per_row ? r->cols : group;
 				cr_assert_eq(r->group, g);
@@ -128,6 +135,14 @@ Test(int4_checkpoint, gptq_round_trip)
 {
 	check_round_trip(MOE_GEN_INT4_GPTQ, 128, MOE_LAYOUT_INT4_GPTQ);
 	check_round_trip(MOE_GEN_INT4_GPTQ, 32, MOE_LAYOUT_INT4_GPTQ);
+}
+
+/* AutoAWQ GEMM (qweight packed along the output in AWQ's nibble order, zero points from an
+ * asymmetric quantizer): read through the GPTQ family's layout, repacked by its own order */
+Test(int4_checkpoint, awq_round_trip)
+{
+	check_round_trip(MOE_GEN_INT4_AWQ, 128, MOE_LAYOUT_INT4_GPTQ);
+	check_round_trip(MOE_GEN_INT4_AWQ, 32, MOE_LAYOUT_INT4_GPTQ);
 }
 
 /* GPTQ group_size -1 and compressed-tensors strategy "channel": one scale (and zero) per
@@ -265,9 +280,10 @@ Test(int4_checkpoint, unsupported_compressed_tensors_schemes_refused)
 	expect_refusal(MOE_GEN_INT4_CT, 32, "pack-quantized", "float-quantized",
 	               "%s/hf/config.json: quantization_config: compressed-tensors format "
 	               "float-quantized is not supported (pack-quantized INT4 only)");
-	expect_refusal(MOE_GEN_INT4_CT, 32, "\"compressed-tensors\"", "\"awq\"",
-	               "%s/hf/config.json: quantization_config: quant_method awq is not supported "
-	               "(compressed-tensors pack-quantized INT4, gptq INT4, fp8 and mxfp4 are)");
+	expect_refusal(MOE_GEN_INT4_CT, 32, "\"compressed-tensors\"", "\"bitnet\"",
+	               "%s/hf/config.json: quantization_config: quant_method bitnet is not "
+	               "supported (compressed-tensors pack-quantized INT4, gptq INT4, awq INT4 "
+	               "GEMM, modelopt NVFP4, fp8 and mxfp4 are)");
 	/* a group of 96 is a multiple of 32 but does not divide the 256-wide rows */
 	expect_refusal(MOE_GEN_INT4_CT, 32, "\"group_size\": 32", "\"group_size\": 96",
 	               "%s/hf: model.layers.0.mlp.experts.0.gate_proj: group size 96 does not "
@@ -286,6 +302,44 @@ Test(int4_checkpoint, unsupported_gptq_schemes_refused)
 	               "\"checkpoint_format\": \"marlin\"",
 	               "%s/hf/config.json: quantization_config: GPTQ checkpoint_format marlin is "
 	               "not supported (gptq or gptq_v2)");
+}
+
+Test(int4_checkpoint, unsupported_awq_schemes_refused)
+{
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"version\": \"gemm\"", "\"version\": \"gemv\"",
+	               "%s/hf/config.json: quantization_config: AWQ version gemv is not supported "
+	               "(gemm: AutoAWQ's GEMM packing; gemv and the others pack differently)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"version\": \"gemm\"", "\"version\": 2",
+	               "%s/hf/config.json: quantization_config: AWQ version (not a string) is not "
+	               "supported (gemm: AutoAWQ's GEMM packing; gemv and the others pack "
+	               "differently)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"zero_point\": true", "\"zero_point\": false",
+	               "%s/hf/config.json: quantization_config: AWQ zero_point false is not "
+	               "supported (zero_point true: GEMM checkpoints with zero points)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"zero_point\": true, ", "",
+	               "%s/hf/config.json: quantization_config: AWQ zero_point (missing) is not "
+	               "supported (zero_point true: GEMM checkpoints with zero points)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"bits\": 4", "\"bits\": 8",
+	               "%s/hf/config.json: quantization_config: AWQ bits 8 is not supported (INT4 "
+	               "only)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"bits\": 4", "\"bits\": \"4\"",
+	               "%s/hf/config.json: quantization_config: AWQ bits (not a number) is not "
+	               "supported (INT4 only)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": -1",
+	               "%s/hf/config.json: quantization_config: AWQ group_size -1 is not "
+	               "supported (a positive multiple of 32)");
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 1e300",
+	               "%s/hf/config.json: quantization_config: AWQ group_size 1e+300 is not "
+	               "supported (a positive multiple of 32)");
+	/* a multiple of 32 that does not divide the 256-wide rows: named per tensor */
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 96",
+	               "%s/hf: model.layers.0.mlp.experts.0.gate_proj: group size 96 does not "
+	               "divide the row of 256 inputs (%s/hf/config.json)");
+	/* the tensors of another group size than the config's: qzeros has the wrong shape */
+	expect_refusal(MOE_GEN_INT4_AWQ, 128, "\"group_size\": 128", "\"group_size\": 64",
+	               "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.qzeros: expected I32 "
+	               "[4, 16] (AWQ: 8 zero points per int32, group 64), found I32 [2, 16] (2 "
+	               "dims)");
 }
 
 /* group_size values no row can have are refused before any conversion to an integer (a
@@ -375,10 +429,197 @@ Test(int4_checkpoint, generator_refuses_int4_without_an_encoding)
 	struct sidecar_error err = {0};
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_str_eq(err.msg, "INT4_G32 is the sidecar's load-time layout: write an INT4 "
-	                          "checkpoint with --format int4-ct or gptq");
+	                          "checkpoint with --format int4-ct, gptq or awq");
 	o.int4 = MOE_GEN_INT4_CT;
 	cr_assert_eq(moe_gen_write(&o, &err), -1);
 	cr_assert_str_eq(err.msg, "INT4 checkpoints (int4-ct) are written as experts-only "
 	                          "safetensors with per-expert tensors, not for gpt-oss");
 	remove_tree(dir);
+}
+
+/* ---- ModelOpt NVFP4 ------------------------------------------------------------------------ */
+
+static void generate_nvfp4(const char *out)
+{
+	struct moe_gen_options o = {.preset = "qwen3-30b-a3b",
+	                            .out = out,
+	                            .format = MOEK_NVFP4,
+	                            .seed = SEED,
+	                            .layers = 2,
+	                            .hidden = HIDDEN,
+	                            .ffn = FFN,
+	                            .experts = 4};
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_gen_write(&o, &err), 0, "%s", err.msg);
+}
+
+/* Replaces `from` by `to` (the same length) in the file's first 64 KiB (a safetensors header,
+ * a config): exactly one occurrence must be there. */
+static void patch_file(const char *path, const char *from, const char *to)
+{
+	cr_assert_eq(strlen(from), strlen(to));
+	size_t len;
+	char *text = slurp(path, &len);
+	const size_t n = len < 65536 ? len : 65536;
+	char *at = NULL;
+	for (size_t i = 0; !at && i + strlen(from) <= n; i++)
+		if (!memcmp(text + i, from, strlen(from)))
+			at = text + i;
+	cr_assert_not_null(at, "%s has no %s", path, from);
+	memcpy(at, to, strlen(to));
+	write_file(path, text, len);
+	free(text);
+}
+
+/* A generated checkpoint with `from` replaced by `to` in `file` (config.json,
+ * model.safetensors) must be refused with a message that starts with `want` (%s: the scratch
+ * directory, twice at most). */
+static void expect_nvfp4_refusal(const char *file, const char *from, const char *to,
+                                 const char *want)
+{
+	char *dir = scratch_dir();
+	char out[512], path[600];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	snprintf(path, sizeof(path), "%s/%s", out, file);
+	patch_file(path, from, to);
+	struct moe_catalog *cat = NULL;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), -1, "%s -> %s accepted", from, to);
+	char full[1024];
+	snprintf(full, sizeof(full), want, dir, dir);
+	cr_assert(!strncmp(err.msg, full, strlen(full)), "%s\nwanted: %s", err.msg, full);
+	remove_tree(dir);
+}
+
+/* The generated checkpoint reads back: every projection NVFP4 in ModelOpt's layout with its
+ * weight_scale_2, repacked blocks times that scale within E2M1's error of the originals (and
+ * not the neighbour's); inspect names the scheme. */
+Test(nvfp4_checkpoint, modelopt_round_trip)
+{
+	char *dir = scratch_dir();
+	char out[512];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	struct moe_catalog *cat;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
+	cr_assert_eq(cat->quant.kind, MOE_QUANT_NVFP4);
+	cr_assert_eq(cat->n_formats, 1);
+	cr_assert_eq(cat->formats[0], MOEK_NVFP4);
+	static const enum moe_gen_tensor which[3] = {MOE_GEN_GATE, MOE_GEN_UP, MOE_GEN_DOWN};
+	float *want = malloc(HIDDEN * FFN * sizeof(float)), *got = malloc(HIDDEN * FFN * 4);
+	void *blocks = malloc(HIDDEN * FFN);
+	for (uint32_t e = 0; e < 4; e++)
+		for (int p = 0; p < 3; p++) {
+			const struct moe_proj_ref *r = &moe_catalog_expert(cat, 1, e)->proj[p];
+			cr_assert_eq(r->layout, MOE_LAYOUT_NVFP4_MODELOPT);
+			cr_assert_eq(r->data.length, r->rows * r->cols / 2);
+			cr_assert_eq(r->scale.length, r->rows * r->cols / 16);
+			cr_assert_eq(moe_proj_kernel_bytes(r), r->rows * r->cols / 64 * 36);
+			cr_assert_gt(r->tensor_scale, 0.0f);
+			void *w = read_extent(cat, &r->data), *s = read_extent(cat, &r->scale);
+			char why[200];
+			cr_assert_eq(moek_nvfp4_from_modelopt(w, s, r->rows, r->cols, blocks, why,
+			                                      sizeof(why)),
+			             0, "%s", why);
+			cr_assert_eq(
+			    moek_dequantize(MOEK_NVFP4, blocks, NULL, r->rows, r->cols, got), 0);
+			const size_t n = r->rows * r->cols;
+			for (int k = 0; k < 2; k++) {
+				moe_gen_floats(SEED, 1, (e + (uint32_t)k) % 4, which[p], r->cols, 0,
+				               n, want);
+				double num = 0, den = 0;
+				for (size_t i = 0; i < n; i++) {
+					const double d = (double)got[i] * r->tensor_scale - want[i];
+					num += d * d, den += (double)want[i] * want[i];
+				}
+				if (k == 0)
+					cr_assert(num / den < 1.5e-2 && num / den > 1e-4,
+					          "expert %u %s: nmse %.3g", e,
+					          moe_proj_name((enum moe_proj)p), num / den);
+				else
+					cr_assert(num / den > 0.5, "the neighbour's weights");
+			}
+			free(w), free(s);
+		}
+	free(want), free(got), free(blocks);
+	moe_catalog_close(cat);
+	char *text;
+	cr_assert_eq(run_inspect(out, &text), 0, "%s", text);
+	cr_assert(strstr(text, "checkpoint      ModelOpt NVFP4, E4M3 scale per 16, per-tensor FP32 "
+	                       "scale (repacked to NVFP4 blocks at load)\n"),
+	          "%s", text);
+	free(text);
+	remove_tree(dir);
+}
+
+/* hf_quant_config.json (ModelOpt's own file) stands in for a config.json without
+ * quantization_config; its quant_algo is checked the same way. */
+Test(nvfp4_checkpoint, hf_quant_config_json)
+{
+	char *dir = scratch_dir();
+	char out[512], path[600];
+	snprintf(out, sizeof(out), "%s/hf", dir);
+	generate_nvfp4(out);
+	snprintf(path, sizeof(path), "%s/config.json", out);
+	patch_file(path, "\"quantization_config\"", "\"quantization_c0nfig\"");
+	snprintf(path, sizeof(path), "%s/hf_quant_config.json", out);
+	const char *hq = "{\"producer\": {\"name\": \"modelopt\", \"version\": \"0.29.0\"}, "
+	                 "\"quantization\": {\"quant_algo\": \"NVFP4\", \"kv_cache_quant_algo\": "
+	                 "null, \"group_size\": 16, \"exclude_modules\": [\"lm_head\"]}}";
+	write_file(path, hq, strlen(hq));
+	struct moe_catalog *cat = NULL;
+	struct sidecar_error err = {0};
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), 0, "%s", err.msg);
+	cr_assert_eq(cat->quant.kind, MOE_QUANT_NVFP4);
+	moe_catalog_close(cat);
+	patch_file(path, "\"NVFP4\"", "\"W4A8_\"");
+	cr_assert_eq(moe_catalog_open(out, &cat, &err), -1);
+	char want[1024];
+	snprintf(want, sizeof(want),
+	         "%s: quantization: ModelOpt quant_algo W4A8_ is not supported (NVFP4 only)", path);
+	cr_assert_str_eq(err.msg, want);
+	remove_tree(dir);
+}
+
+Test(nvfp4_checkpoint, malformed_configs_and_tensors_refused)
+{
+	expect_nvfp4_refusal("config.json", "\"quant_algo\": \"NVFP4\"",
+	                     "\"quant_algo\": \"FP8__\"",
+	                     "%s/hf/config.json: quantization_config: ModelOpt quant_algo FP8__ is "
+	                     "not supported (NVFP4 only)");
+	expect_nvfp4_refusal("config.json", "\"group_size\": 16", "\"group_size\": 32",
+	                     "%s/hf/config.json: quantization_config: ModelOpt NVFP4 group_size 32 "
+	                     "is not supported (16: one E4M3 scale per 16 weights)");
+	/* the per-tensor scale renamed away: missing */
+	expect_nvfp4_refusal("model.safetensors",
+	                     "layers.0.mlp.experts.0.gate_proj.weight_scale_2\"",
+	                     "layers.0.mlp.experts.0.gate_proj.weight_scale_X\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale_2 "
+	                     "is missing (ModelOpt NVFP4: the per-tensor FP32 scale)");
+	/* wrong dtypes, same sizes */
+	expect_nvfp4_refusal("model.safetensors", "gate_proj.weight_scale_2\":{\"dtype\":\"F32\"",
+	                     "gate_proj.weight_scale_2\":{\"dtype\":\"I32\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale_2: "
+	                     "expected one F32 value, found I32 of 4 bytes");
+	expect_nvfp4_refusal(
+	    "model.safetensors", "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\"",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E5M2\"",
+	    "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale: expected F8_E4M3 "
+	    "[128, 16] (ModelOpt NVFP4: one E4M3 scale per 16 weights), found F8_E5M2 [128, 16] (2 "
+	    "dims)");
+	/* a transposed weight_scale (same bytes, wrong shape) */
+	expect_nvfp4_refusal(
+	    "model.safetensors",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[128,16]",
+	    "gate_proj.weight_scale\":{\"dtype\":\"F8_E4M3\",\"shape\":[16,128]",
+	    "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight_scale: expected F8_E4M3 "
+	    "[128, 16] (ModelOpt NVFP4: one E4M3 scale per 16 weights), found F8_E4M3 [16, 128] (2 "
+	    "dims)");
+	/* a weight of another 1-byte dtype: not ModelOpt's U8 pairs */
+	expect_nvfp4_refusal("model.safetensors", "gate_proj.weight\":{\"dtype\":\"U8\"",
+	                     "gate_proj.weight\":{\"dtype\":\"I8\"",
+	                     "%s/hf: tensor model.layers.0.mlp.experts.0.gate_proj.weight: type I8 "
+	                     "is not supported for expert weights (supported: ");
 }
