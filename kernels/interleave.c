@@ -32,6 +32,13 @@ const struct moek_x8_layout moek_x8_q4_K = {
 const struct moek_x8_layout moek_x8_bf16 = {1, {{0, 32, true}}, 16, 32};
 /* 4 vectors of nibble bytes (as MXFP4), then one vector of the 8 scale-and-zero words */
 const struct moek_x8_layout moek_x8_int4_g32 = {2, {{4, 16, true}, {0, 4, true}}, 0, 0};
+/* 8 f16 d, 8 f16 dmin, 4 vectors of scale bytes (sub-blocks 4g..4g+3), 16 vectors of qs */
+const struct moek_x8_layout moek_x8_q2_K = {
+    4, {{80, 2, false}, {82, 2, false}, {0, 16, true}, {16, 64, true}}, 0, 0};
+/* 8 f16 d, 3 vectors of packed scales (bytes 4g..4g+3 of the 12), 8 vectors of hmask,
+ * 16 vectors of qs (as Q2_K's) */
+const struct moek_x8_layout moek_x8_q3_K = {
+    4, {{108, 2, false}, {96, 12, true}, {0, 32, true}, {32, 64, true}}, 0, 0};
 
 static const struct moek_x8_layout *layout_of(uint32_t format)
 {

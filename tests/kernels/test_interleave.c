@@ -25,8 +25,15 @@ static inline bool set_vnni_forms(bool on)
 	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16, MOEK_INT4_G32};
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0,     MOEK_Q4_K,
+                                      MOEK_BF16,  MOEK_INT4_G32, MOEK_Q2_K};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
+
+/* Formats in 256-element super-blocks (K-quants): wider rows where a test needs several. */
+static bool k_quant(uint32_t format)
+{
+	return format == MOEK_Q4_K || format == MOEK_Q2_K || format == MOEK_Q3_K;
+}
 
 static const char *fname(uint32_t format)
 {
@@ -156,6 +163,17 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
+	case MOEK_Q2_K: /* 8 d, 8 dmin (bytes 80-83), 4 vectors of scales, 16 vectors of qs */
+		if (at >= 80)
+			return column + 16 * ((at - 80) / 2) + 2 * r + at % 2;
+		return column + 32 + 32 * (at / 4) + 4 * r + at % 4;
+	case MOEK_Q3_K: /* 8 d (bytes 108-109), 3 vectors of scales (96-107), 8 vectors of
+	                   hmask (0-31), 16 vectors of qs (32-95) */
+		if (at >= 108)
+			return column + 2 * r + at % 2;
+		if (at >= 96)
+			return column + 16 + 32 * ((at - 96) / 4) + 4 * r + at % 4;
+		return column + 112 + 32 * (at / 4) + 4 * r + at % 4;
 	default: /* Q4_K: 8 d, 8 dmin, 3 vectors of scales, 32 vectors of qs */
 		(void)cols;
 		if (at < 4)
@@ -168,7 +186,7 @@ Test(interleave, round_trip_and_layout)
 {
 	for (size_t fi = 0; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		const size_t rows = 24, cols = format == MOEK_Q4_K ? 768 : 96;
+		const size_t rows = 24, cols = k_quant(format) ? 768 : 96;
 		size_t bb;
 		const size_t rb = moek_row_bytes(format, cols), be = moek_x8_block(format, &bb);
 		uint8_t *src = random_rows(rows * rb, 7), *x8 = malloc(rows * rb),
@@ -305,6 +323,8 @@ Test(interleave, ffn_equals_the_gguf_rows)
 			             format == MOEK_BF16   ? 0.01
 			             : format == MOEK_Q8_0 ? 0.03
 			             : format == MOEK_Q4_K ? 0.15
+			             : format == MOEK_Q3_K ? 0.35
+			             : format == MOEK_Q2_K ? 0.8
 			                                   : 0.3,
 			             "%s, %zu tokens: %g from the float originals", fname(format),
 			             n, rel);
@@ -356,7 +376,7 @@ Test(interleave, splits_cutting_groups_give_the_same_bits)
 	for (size_t fi = 0; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
 		struct twin t;
-		twin_init(&t, format, format == MOEK_Q4_K ? 512 : 320, 256, MOEK_SWIGLU, 0, 9);
+		twin_init(&t, format, k_quant(format) ? 512 : 320, 256, MOEK_SWIGLU, 0, 9);
 		const size_t counts[] = {1, 5, 8};
 		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
 			const size_t n = counts[i];
@@ -411,6 +431,177 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 			free(x), free(v), free(nv), free(p);
 		}
 		twin_free(&t);
+	}
+}
+
+/* ---- Q2_K / Q3_K group dots against their scalar reference -------------------------------- */
+
+/* Code of element e (0..255) of a Q2_K / Q3_K block's 2-bit field (qs byte 32 h + l, bits 2 s:
+ * element 128 h + 32 s + l). */
+static int low2_code(const uint8_t *qs, size_t e)
+{
+	return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+/* The scalar reference of the Q2_K / Q3_K group dots: each row of the interleaved group (its
+ * GGUF blocks back through moek_x8_gather) against nt Q8_K rows, a super-block's integer sums
+ * exact and its float steps in the group dots' order — Q2_K: acc − (dmin · dy) · Σ m_j bsum_j,
+ * then + (d · dy) · Σ sc_j Σ q y; Q3_K: acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y — each one
+ * fused multiply-add: the SIMD forms must give exactly these bits. */
+static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *act, size_t as,
+                          size_t nt, size_t k, float *out)
+{
+	const size_t nb = k / QK_K;
+	size_t bb;
+	(void)moek_x8_block(format, &bb);
+	uint8_t *blocks = malloc(nb * bb);
+	cr_assert(blocks);
+	for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
+		moek_x8_gather(format, group, r, 0, nb, blocks);
+		for (size_t t = 0; t < nt; t++) {
+			float acc = 0.0f;
+			for (size_t i = 0; i < nb; i++) {
+				const struct block_q8_K *y =
+				    (const struct block_q8_K *)(act + t * as) + i;
+				int32_t sum = 0, mins = 0;
+				if (format == MOEK_Q2_K) {
+					const struct block_q2_K *b =
+					    (const struct block_q2_K *)blocks + i;
+					for (size_t j = 0; j < 16; j++) {
+						int32_t s = 0;
+						for (size_t e = 16 * j; e < 16 * j + 16; e++)
+							s += low2_code(b->qs, e) * y->qs[e];
+						sum += (b->scales[j] & 15) * s;
+						mins += (b->scales[j] >> 4) * y->bsums[j];
+					}
+					acc = fmaf(-(moek_f16_to_f32(b->dmin) * y->d), (float)mins,
+					           acc);
+					acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+				} else {
+					const struct block_q3_K *b =
+					    (const struct block_q3_K *)blocks + i;
+					uint8_t sc[16];
+					moek_q3_scales(b->scales, sc);
+					for (size_t j = 0; j < 16; j++) {
+						int32_t s = 0;
+						for (size_t e = 16 * j; e < 16 * j + 16; e++) {
+							const int hb =
+							    (b->hmask[e % 32] >> (e / 32)) & 1;
+							s += (low2_code(b->qs, e) + 4 * hb - 4) *
+							     y->qs[e];
+						}
+						sum += (sc[j] - 32) * s;
+					}
+					acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+				}
+			}
+			out[t * MOEK_INTERLEAVE + r] = acc;
+		}
+	}
+	free(blocks);
+}
+
+/* Random Q2_K / Q3_K rows: every byte random but the f16 super-block scales, which are finite
+ * (both signs; d or dmin zero now and then). */
+static uint8_t *random_k23_rows(uint32_t format, size_t rows, size_t k, uint32_t seed)
+{
+	const size_t bb = format == MOEK_Q2_K ? 84 : 110, n = rows * (k / QK_K);
+	uint8_t *p = random_rows(n * bb, seed);
+	for (size_t i = 0; i < n; i++) {
+		for (size_t f = 0; f < (format == MOEK_Q2_K ? 2u : 1u); f++) {
+			const float v = lcg(&seed) % 13 == 0
+			                    ? 0.0f
+			                    : ((float)(lcg(&seed) % 2001) - 1000.0f) * 1e-5f;
+			const uint16_t h = moek_f32_to_f16(v);
+			memcpy(p + i * bb + (format == MOEK_Q2_K ? 80 + 2 * f : 108), &h, 2);
+		}
+	}
+	return p;
+}
+
+/* The Q2_K / Q3_K group dots, on every ISA this CPU has (moek_set_isa) and in each form (VNNI
+ * on and off), give their scalar reference's bits for random blocks, every token count 1..8
+ * and several widths, including activation rows at a stride wider than the row; and they
+ * stay within float reassociation of the GGUF-row dots of the same rows. */
+Test(interleave, k23_group_dots_equal_their_scalar_reference)
+{
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K};
+	const size_t widths[] = {256, 768, 2048};
+	const enum moek_isa isas[] = {MOEK_ISA_AVX2, MOEK_ISA_AVX512};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		const uint32_t format = formats[fi];
+		const enum moek_fmt f = moek_fmt_index(format);
+		if (!moek_interleave_supported(format))
+			continue;
+		for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+			const size_t k = widths[wi], rows = 16, nt_max = 8;
+			const size_t rb = moek_row_bytes(format, k);
+			uint8_t *src =
+			    random_k23_rows(format, rows, k, 100 + (uint32_t)(fi * 7 + wi));
+			uint8_t *x8 = malloc(rows * rb);
+			cr_assert(x8);
+			cr_assert_eq(moek_interleave(format, src, 0, rows, k, x8), 0);
+			float *x = fixture_tokens(nt_max, k, 7 + (uint32_t)wi);
+			const size_t as = moek_row_bytes(MOEK_Q8_K, k) + 292; /* a wider stride */
+			uint8_t *act = calloc(nt_max, as);
+			float *want = malloc(nt_max * 8 * sizeof(float)),
+			      *got = malloc(nt_max * 8 * sizeof(float)),
+			      *row = malloc(nt_max * rows * sizeof(float)),
+			      *grp = malloc(nt_max * rows * sizeof(float));
+			cr_assert(act && want && got && row && grp);
+			for (size_t t = 0; t < nt_max; t++)
+				cr_assert_eq(
+				    moek_quantize_row(MOEK_Q8_K, x + t * k, k, act + t * as), 0);
+			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+				if (moek_set_isa(isas[ii]) != 0)
+					continue;
+				const struct moek_isa_ops *ops = moek_isa_current();
+				cr_assert(ops->dot_x8[f], "%s: no group dot on %s", fname(format),
+				          ops->name);
+				for (int vnni = 0; vnni < 2; vnni++) {
+					if (!set_vnni_forms(vnni))
+						continue;
+					for (size_t nt = 1; nt <= nt_max; nt++) {
+						for (size_t g = 0; g < rows / 8; g++) {
+							const uint8_t *group = x8 + g * 8 * rb;
+							k23_group_ref(format, group, act, as, nt, k,
+							              want);
+							ops->dot_x8[f](group, act, as, nt, k, got);
+							cr_assert_eq(memcmp(got, want,
+							                    nt * 8 * sizeof(float)),
+							             0,
+							             "%s %s%s, %zu columns, %zu "
+							             "tokens, group "
+							             "%zu: bits differ from the "
+							             "scalar reference",
+							             fname(format), ops->name,
+							             vnni ? " vnni" : "", k, nt, g);
+							for (size_t t = 0; t < nt; t++)
+								for (size_t r = 0; r < 8; r++)
+									grp[t * rows + 8 * g + r] =
+									    got[t * 8 + r];
+						}
+						for (size_t r = 0; r < rows; r++) {
+							float o[8];
+							ops->dot[f](src + r * rb, NULL, act, as, nt,
+							            k, o);
+							for (size_t t = 0; t < nt; t++)
+								row[t * rows + r] = o[t];
+						}
+						const double e = nmse_f(grp, row, nt * rows);
+						cr_assert_lt(
+						    e, 1e-11,
+						    "%s %s, %zu tokens: nmse %g against the "
+						    "row dots",
+						    fname(format), ops->name, nt, e);
+					}
+				}
+				set_vnni_forms(true);
+			}
+			cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+			free(src), free(x8), free(x), free(act), free(want), free(got), free(row),
+			    free(grp);
+		}
 	}
 }
 
@@ -633,8 +824,9 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"), "%s",
-	          err);
+	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, BF16 or INT4_G32") &&
+	              strstr(err, "Q4_0"),
+	          "%s", err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;
