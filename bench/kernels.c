@@ -432,7 +432,7 @@ static const uint32_t all_formats[] = {
     MOEK_MXFP4, BENCH_X8 | MOEK_MXFP4, MOEK_BF16,   BENCH_X8 | MOEK_BF16,
     MOEK_Q4_0,  MOEK_Q5_K,             MOEK_Q6_K,
     MOEK_Q2_K,  BENCH_X8 | MOEK_Q2_K,
-    MOEK_Q3_K,
+    MOEK_Q3_K,  BENCH_X8 | MOEK_Q3_K,
     MOEK_IQ4_NL, MOEK_IQ4_XS,          MOEK_F16,    MOEK_F32,
     MOEK_FP8_E4M3_B128, MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32};
 /* clang-format on */

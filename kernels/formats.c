@@ -1045,6 +1045,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_K,
                 .down_split_align = 1,
+                .x8 = &moek_x8_q3_K,
                 INLINE_SCALES(q3_K),
             },
         [MOEK_FMT_Q4_K] =

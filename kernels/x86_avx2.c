@@ -1822,6 +1822,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_BF16] = x8_bf16,
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
             [MOEK_FMT_Q2_K] = moek_avx2_x8_q2_K,
+            [MOEK_FMT_Q3_K] = moek_avx2_x8_q3_K,
         },
     /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
      * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */

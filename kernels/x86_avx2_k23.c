@@ -370,13 +370,17 @@ ALWAYS_INLINE void x8_q2k_body(const void *group, const void *act, size_t as, co
 			                          _mm256_cvtepi32_ps(msum), acc[t]);
 			isum[t] = _mm256_setzero_si256();
 		}
+		/* unrolled whole: shift counts, masks and shuffle controls are constants */
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
 			for (int half = 0; half < 2; half++) {
 				__m256i q[4];
 				for (int u = 0; u < 4; u++)
 					q[u] = _mm256_loadu_si256(
 					    (const __m256i *)(col + 160 +
 					                      32 * (8 * h + 4 * half + u)));
+#pragma GCC unroll 4
 				for (int s = 0; s < 4; s++) {
 					const int j = 8 * h + 2 * s + half;
 					__m256i c[4];
@@ -398,9 +402,123 @@ ALWAYS_INLINE void x8_q2k_body(const void *group, const void *act, size_t as, co
 		_mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
+/* Q3_K: the 3-bit codes (low2 + 4 · hbit) of shift s of a qs vector q, bit 4h + s of its hmask
+ * vector hm, times 2^x8_q3_shift(vnni, s): the low bits masked where they are (VNNI: bits
+ * 2s.., or 4.. for s = 3 after one shift; AVX2: bits 0 or 2, the shift by 4 shared by s = 2 and
+ * 3, so that four maddubs pairs of 28 · 128 stay within int16) and the high bit moved next to
+ * them. */
+ALWAYS_INLINE int x8_q3_shift(bool vnni, int s)
+{
+	return vnni ? (s == 3 ? 4 : 2 * s) : 2 * (s % 2);
+}
+ALWAYS_INLINE __m256i x8_q3_code(bool vnni, __m256i q, __m256i hm, int h, int s)
+{
+	const int lo = x8_q3_shift(vnni, s), n = 4 * h + s, top = lo + 2;
+	__m256i low;
+	if (vnni)
+		low = s == 3 ? _mm256_and_si256(_mm256_srli_epi16(q, 2), _mm256_set1_epi8(0x30))
+		             : _mm256_and_si256(q, _mm256_set1_epi8((char)(3 << lo)));
+	else
+		low = _mm256_and_si256(s >= 2 ? _mm256_srli_epi16(q, 4) : q,
+		                       _mm256_set1_epi8((char)(3 << lo)));
+	/* the masked bit moves within its byte: never past bit 6, never below bit 0 */
+	__m256i hb = _mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << n)));
+	if (top > n)
+		hb = _mm256_slli_epi16(hb, top - n);
+	else if (top < n)
+		hb = _mm256_srli_epi16(hb, n - top);
+	return _mm256_or_si256(low, hb);
+}
+
+/* The 16 6-bit scales of the 8 rows from the 3 vectors of packed bytes (moek_q3_scales in
+ * lanes): sc4[q] holds sub-blocks 4q..4q+3 as the bytes of each lane, 0..63. */
+ALWAYS_INLINE void x8_q3_scales(const uint8_t *p, __m256i sc4[4])
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3),
+	              mc = _mm256_set1_epi8(0x0C), m30 = _mm256_set1_epi8(0x30);
+	const __m256i v0 = _mm256_loadu_si256((const __m256i *)p);
+	const __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 32));
+	const __m256i v2 = _mm256_loadu_si256((const __m256i *)(p + 64));
+	sc4[0] = _mm256_or_si256(_mm256_and_si256(v0, m4),
+	                         _mm256_slli_epi16(_mm256_and_si256(v2, m3), 4));
+	sc4[1] = _mm256_or_si256(_mm256_and_si256(v1, m4),
+	                         _mm256_slli_epi16(_mm256_and_si256(v2, mc), 2));
+	sc4[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v0, 4), m4),
+	                         _mm256_and_si256(v2, m30));
+	sc4[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v1, 4), m4),
+	                         _mm256_and_si256(_mm256_srli_epi16(v2, 2), m30));
+}
+
+ALWAYS_INLINE void x8_q3k_body(const void *group, const void *act, size_t as, const int NT,
+                               size_t k, float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i w32 = _mm256_set1_epi16(32), l32 = _mm256_set1_epi32(32);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col, NT);
+	for (size_t i = 0; i < k / QK_K; i++, col += X8_Q3K_BYTES) {
+		x8_prefetch(&pf, col + X8_Q3K_BYTES);
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)col));
+		__m256i sc[4], spair[8];
+		x8_q3_scales(col + 16, sc);
+		for (int q = 0; q < 4; q++) { /* (sc_j - 32, sc_j+1 - 32) as int16 words */
+			spair[2 * q] = _mm256_sub_epi16(x8_lane_pair(sc[q], 0), w32);
+			spair[2 * q + 1] = _mm256_sub_epi16(x8_lane_pair(sc[q], 2), w32);
+		}
+		__m256i isum[8];
+		for (int t = 0; t < NT;
+		     t++) /* codes carry +4: take 4 · Σ (sc_j - 32) · bsum_j out */
+			isum[t] = _mm256_sub_epi32(
+			    _mm256_setzero_si256(),
+			    _mm256_slli_epi32(
+			        x8_bsum_dot(vnni, spair, q8k_token(act, as, t, i)->bsums), 2));
+			/* unrolled whole: shift counts, masks and shuffle controls are constants */
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++)
+#pragma GCC unroll 2
+			for (int half = 0; half < 2; half++) {
+				__m256i q[4], hm[4];
+				for (int u = 0; u < 4; u++) {
+					q[u] = _mm256_loadu_si256(
+					    (const __m256i *)(col + 368 +
+					                      32 * (8 * h + 4 * half + u)));
+					hm[u] = _mm256_loadu_si256(
+					    (const __m256i *)(col + 112 + 32 * (4 * half + u)));
+				}
+#pragma GCC unroll 4
+				for (int s = 0; s < 4; s++) {
+					const int j = 8 * h + 2 * s + half;
+					__m256i c[4];
+					for (int u = 0; u < 4; u++)
+						c[u] = x8_q3_code(vnni, q[u], hm[u], h, s);
+					/* sc_j - 32: in both int16 words (madd), or in the low
+					 * word with 0 above it (vpdpwssd of an int16 sum) */
+					const __m256i scv =
+					    _mm256_sub_epi16(x8_lane_byte(sc[j / 4], j % 4, !vnni),
+					                     vnni ? l32 : w32);
+					for (int t = 0; t < NT; t++)
+						isum[t] = x8_sub_block(
+						    vnni, isum[t], c, x8_q3_shift(vnni, s),
+						    q8k_token(act, as, t, i)->qs + 16 * j, scv);
+				}
+			}
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm256_fmadd_ps(
+			    _mm256_mul_ps(d, _mm256_set1_ps(q8k_token(act, as, t, i)->d)),
+			    _mm256_cvtepi32_ps(isum[t]), acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
 X8_ENTRY(x8_q2_K_avx2, x8_q2k_body, false, )
 X8_ENTRY(x8_q2_K_vnni, x8_q2k_body, true, VNNI_CODE)
 VNNI_PICK_X8(moek_avx2_x8_q2_K, x8_q2_K_avx2, x8_q2_K_vnni)
+X8_ENTRY(x8_q3_K_avx2, x8_q3k_body, false, )
+X8_ENTRY(x8_q3_K_vnni, x8_q3k_body, true, VNNI_CODE)
+VNNI_PICK_X8(moek_avx2_x8_q3_K, x8_q3_K_avx2, x8_q3_K_vnni)
 
 /* ---- Prefill: dequantization ---------------------------------------------------------------- */
 

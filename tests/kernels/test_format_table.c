@@ -126,7 +126,7 @@ Test(format_table, pinned_values)
 	    {MOEK_Q4_0, 2, 0, MOEK_Q8_0, 64, false},
 	    {MOEK_Q8_0, 2, 0, MOEK_Q8_0, 1, true},
 	    {MOEK_Q2_K, 2, 0, MOEK_Q8_K, 1, true},
-	    {MOEK_Q3_K, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_Q3_K, 2, 0, MOEK_Q8_K, 1, true},
 	    {MOEK_Q4_K, 2, 0, MOEK_Q8_K, 1, true},
 	    {MOEK_Q5_K, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_Q6_K, 2, 0, MOEK_Q8_K, 1, false},

@@ -25,8 +25,8 @@ static inline bool set_vnni_forms(bool on)
 	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0,     MOEK_Q4_K,
-                                      MOEK_BF16,  MOEK_INT4_G32, MOEK_Q2_K};
+static const uint32_t x8_formats[] = {MOEK_MXFP4,    MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16,
+                                      MOEK_INT4_G32, MOEK_Q2_K, MOEK_Q3_K};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 /* Formats in 256-element super-blocks (K-quants): wider rows where a test needs several. */
@@ -607,14 +607,15 @@ Test(interleave, k23_group_dots_equal_their_scalar_reference)
 
 /* Extreme weights: Q8_0's -128 (|w| = 128 in the sign form, 0 after the 0x80 flip) and
  * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, INT4_G32's codes 15
- * with zero point 0 and codes 0 with zero point 15, against
+ * with zero point 0 and codes 0 with zero point 15, Q2_K's and Q3_K's largest scales over their
+ * largest and smallest codes, against
  * activations at +-127 — the corners of the integer sums. Both forms give the same bits
  * (maddubs would saturate silently), within reassociation of the GGUF-row dot. */
 Test(interleave, integer_corners)
 {
 	for (size_t fi = 1; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		if (format != MOEK_Q8_0 && format != MOEK_Q4_K && format != MOEK_INT4_G32)
+		if (format == MOEK_BF16)
 			continue; /* integer sums only */
 		struct twin t;
 		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 31);
@@ -631,6 +632,12 @@ Test(interleave, integer_corners)
 					    (uint8_t)((row[b * 20] & 0xf0) | (r % 2 ? 15 : 0));
 					memset(row + b * 20 + 4, r % 2 ? 0x00 : 0xff, 16);
 				}
+			} else if (format == MOEK_Q2_K) { /* scales and mins 15, codes 3 or 0 */
+				memset(row, 0xff, 16);
+				memset(row + 16, r % 2 ? 0xff : 0x00, 64);
+			} else if (format == MOEK_Q3_K) { /* scales +31, codes +3 or -4 */
+				memset(row + 96, 0xff, 12);
+				memset(row, r % 2 ? 0xff : 0x00, 96);
 			} else {
 				memset(row + 4, 0xff, 12); /* scales and mins 63 */
 				memset(row + 16, r % 2 ? 0xff : 0x00, 128);
