@@ -1112,6 +1112,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_0,
                 .down_split_align = 64,
+                .x8 = &moek_x8_iq4_nl,
                 .quantize_row = moek_quantize_iq4_nl,
                 .dequantize_row = moek_dequantize_iq4_nl,
             },

@@ -37,6 +37,8 @@ const struct moek_x8_layout moek_x8_q2_K = {
     4, {{80, 2, false}, {82, 2, false}, {0, 16, true}, {16, 64, true}}, 0, 0};
 /* 8 f16 d, 3 vectors of packed scales (bytes 4g..4g+3 of the 12), 8 vectors of hmask,
  * 16 vectors of qs (as Q2_K's) */
+/* 4 vectors of nibble bytes (as MXFP4), then 8 f16 scales */
+const struct moek_x8_layout moek_x8_iq4_nl = {2, {{2, 16, true}, {0, 2, false}}, 0, 0};
 const struct moek_x8_layout moek_x8_q3_K = {
     4, {{108, 2, false}, {96, 12, true}, {0, 32, true}, {32, 64, true}}, 0, 0};
 

@@ -1823,6 +1823,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
             [MOEK_FMT_Q2_K] = moek_avx2_x8_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_x8_q3_K,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_x8_iq4_nl,
         },
     /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
      * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */
@@ -1838,6 +1839,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q8_0] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0S,
+            [MOEK_FMT_IQ4_NL] = MOEK_ACT_Q8_0S,
         },
     .dequantize =
         {

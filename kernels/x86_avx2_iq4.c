@@ -287,6 +287,92 @@ VNNI_PICK_ROWS(moek_avx2_rows_iq4_nl, rows_nl_avx2, rows_nl_vnni)
 IQ4_PICK_DOT(moek_avx2_dot_iq4_xs, dot_xs_avx2, dot_xs_vnni)
 VNNI_PICK_ROWS(moek_avx2_rows_iq4_xs, rows_xs_avx2, rows_xs_vnni)
 
+/* ---- Interleaved IQ4_NL rows (moek_interleave, groups of 8) ------------------------------------
+ * Per column 4 vectors of nibble bytes (vector v: elements 4v..4v+3 low, 16+4v.. high, lane r =
+ * row r) and the 8 rows' f16 scales, against MOEK_ACT_Q8_0S activations: the Q8_0 group dot
+ * (x86_avx2.c) on levels looked up from the nibbles — AVX2: the sign trick into maddubs +
+ * madd; VNNI: levels + 128 (the table's own bytes) into vpdpbusd with a broadcast operand,
+ * started from −128 · Σy. Exact integer sums either way: the same bits. */
+
+struct iq4_act4 {
+	int8_t b[4];
+};
+
+/* acc + Σ over each lane's 4 bytes of the level w (signed; VNNI: w + 128) · the 4 bytes at y. */
+ALWAYS_INLINE __m256i x8_iq4_dot4(bool vnni, __m256i acc, __m256i w, const int8_t *y)
+{
+	if (vnni) {
+		__asm__("vpdpbusd %2%{1to8%}, %1, %0"
+		        : "+v"(acc)
+		        : "v"(w), "m"(*(const struct iq4_act4 *)y));
+		return acc;
+	}
+	int32_t y4;
+	memcpy(&y4, y, 4);
+	const __m256i ys = _mm256_sign_epi8(_mm256_set1_epi32(y4), w);
+	return _mm256_add_epi32(acc,
+	                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), ys),
+	                                          _mm256_set1_epi16(1)));
+}
+
+#define X8_IQ4_NL_BYTES (MOEK_INTERLEAVE * 18)
+
+ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, const int NT, size_t k,
+                              float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i table = iq4_table(vnni), low4 = _mm256_set1_epi8(0x0F);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col, NT);
+	for (size_t b = 0; b < k / QK4_NL; b++, col += X8_IQ4_NL_BYTES) {
+		x8_prefetch(&pf, col + X8_IQ4_NL_BYTES);
+		/* one token: four chains (low/high levels, even/odd vector) */
+		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+		                            _mm256_setzero_si256()};
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0s *y =
+			    (const struct block_q8_0s *)((const uint8_t *)act + (size_t)t * as) + b;
+			sum[t] =
+			    vnni ? _mm256_set1_epi32(8 * y->neg16_sum) : _mm256_setzero_si256();
+		}
+		for (int v = 0; v < 4; v++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+			const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+			const __m256i hi = _mm256_shuffle_epi8(
+			    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			for (int t = 0; t < NT; t++) {
+				const int8_t *y =
+				    ((const struct block_q8_0s *)((const uint8_t *)act +
+				                                  (size_t)t * as) +
+				     b)
+				        ->qs;
+				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
+				__m256i *s_hi = NT == 1 ? &chain[1 + v % 2] : &sum[t];
+				*s_lo = x8_iq4_dot4(vnni, *s_lo, lo, y + 4 * v);
+				*s_hi = x8_iq4_dot4(vnni, *s_hi, hi, y + 16 + 4 * v);
+			}
+		}
+		if (NT == 1)
+			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
+			                          _mm256_add_epi32(chain[1], chain[2]));
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(col + 128)));
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0s *y =
+			    (const struct block_q8_0s *)((const uint8_t *)act + (size_t)t * as) + b;
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)),
+			                         _mm256_cvtepi32_ps(sum[t]), acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+X8_ENTRY(x8_nl_avx2, x8_nl_body, false, )
+X8_ENTRY(x8_nl_vnni, x8_nl_body, true, VNNI_CODE)
+VNNI_PICK_X8(moek_avx2_x8_iq4_nl, x8_nl_avx2, x8_nl_vnni)
+
 /* ---- Prefill dequantization ---------------------------------------------------------------- */
 
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k)

@@ -26,7 +26,7 @@ static inline bool set_vnni_forms(bool on)
 }
 
 static const uint32_t x8_formats[] = {MOEK_MXFP4,    MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16,
-                                      MOEK_INT4_G32, MOEK_Q2_K, MOEK_Q3_K};
+                                      MOEK_INT4_G32, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 /* Formats in 256-element super-blocks (K-quants): wider rows where a test needs several. */
@@ -160,6 +160,9 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 	case MOEK_INT4_G32: /* 4 vectors of qs, 1 vector of the 8 scale words */
 		return column +
 		       (at < 4 ? 128 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
+	case MOEK_IQ4_NL: /* 4 vectors of qs, 8 f16 d */
+		return column +
+		       (at < 2 ? 128 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
@@ -632,6 +635,9 @@ Test(interleave, integer_corners)
 					    (uint8_t)((row[b * 20] & 0xf0) | (r % 2 ? 15 : 0));
 					memset(row + b * 20 + 4, r % 2 ? 0x00 : 0xff, 16);
 				}
+			} else if (format == MOEK_IQ4_NL) { /* levels 113 or -127 */
+				for (size_t b = 0; b < 8; b++)
+					memset(row + b * 18 + 2, r % 2 ? 0xff : 0x00, 16);
 			} else if (format == MOEK_Q2_K) { /* scales and mins 15, codes 3 or 0 */
 				memset(row, 0xff, 16);
 				memset(row + 16, r % 2 ? 0xff : 0x00, 64);
@@ -831,7 +837,7 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, BF16 or INT4_G32") &&
+	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, BF16 or INT4_G32") &&
 	              strstr(err, "Q4_0"),
 	          "%s", err);
 	fixture_free(&q);
