@@ -437,7 +437,7 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 	}
 }
 
-/* ---- Q2_K / Q3_K group dots against their scalar reference -------------------------------- */
+/* ---- Q2_K / Q3_K / IQ4_NL group dots against their scalar reference ---------------------- */
 
 /* Code of element e (0..255) of a Q2_K / Q3_K block's 2-bit field (qs byte 32 h + l, bits 2 s:
  * element 128 h + 32 s + l). */
@@ -446,24 +446,35 @@ static int low2_code(const uint8_t *qs, size_t e)
 	return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
 }
 
-/* The scalar reference of the Q2_K / Q3_K group dots: each row of the interleaved group (its
- * GGUF blocks back through moek_x8_gather) against nt Q8_K rows, a super-block's integer sums
- * exact and its float steps in the group dots' order — Q2_K: acc − (dmin · dy) · Σ m_j bsum_j,
- * then + (d · dy) · Σ sc_j Σ q y; Q3_K: acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y — each one
+/* The scalar reference of the Q2_K / Q3_K / IQ4_NL group dots: each row of the interleaved
+ * group (its GGUF blocks back through moek_x8_gather) against nt activation rows (Q8_K;
+ * IQ4_NL: MOEK_ACT_Q8_0S), a block's integer sums exact and its float steps in the group dots'
+ * order — Q2_K: acc − (dmin · dy) · Σ m_j bsum_j, then + (d · dy) · Σ sc_j Σ q y; Q3_K:
+ * acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y; IQ4_NL: acc + (d · dy) · Σ level · y — each one
  * fused multiply-add: the SIMD forms must give exactly these bits. */
 static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *act, size_t as,
                           size_t nt, size_t k, float *out)
 {
-	const size_t nb = k / QK_K;
 	size_t bb;
-	(void)moek_x8_block(format, &bb);
+	const size_t nb = k / moek_x8_block(format, &bb);
 	uint8_t *blocks = malloc(nb * bb);
 	cr_assert(blocks);
 	for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
 		moek_x8_gather(format, group, r, 0, nb, blocks);
 		for (size_t t = 0; t < nt; t++) {
 			float acc = 0.0f;
-			for (size_t i = 0; i < nb; i++) {
+			for (size_t i = 0; i < nb && format == MOEK_IQ4_NL; i++) {
+				const struct block_q8_0s *y =
+				    (const struct block_q8_0s *)(act + t * as) + i;
+				const struct block_iq4_nl *b =
+				    (const struct block_iq4_nl *)blocks + i;
+				int32_t sum = 0;
+				for (size_t e = 0; e < 16; e++)
+					sum += moek_iq4_kvalues[b->qs[e] & 15] * y->qs[e] +
+					       moek_iq4_kvalues[b->qs[e] >> 4] * y->qs[e + 16];
+				acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+			}
+			for (size_t i = 0; i < nb && format != MOEK_IQ4_NL; i++) {
 				const struct block_q8_K *y =
 				    (const struct block_q8_K *)(act + t * as) + i;
 				int32_t sum = 0, mins = 0;
@@ -504,11 +515,13 @@ static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *
 	free(blocks);
 }
 
-/* Random Q2_K / Q3_K rows: every byte random but the f16 super-block scales, which are finite
+/* Random Q2_K / Q3_K / IQ4_NL rows: every byte random but the f16 scales, which are finite
  * (both signs; d or dmin zero now and then). */
 static uint8_t *random_k23_rows(uint32_t format, size_t rows, size_t k, uint32_t seed)
 {
-	const size_t bb = format == MOEK_Q2_K ? 84 : 110, n = rows * (k / QK_K);
+	const struct moek_format_info *fi = moek_format_lookup(format);
+	const size_t bb = fi->block_bytes, n = rows * (k / fi->block_elems);
+	const size_t at = format == MOEK_Q2_K ? 80 : format == MOEK_Q3_K ? 108 : 0;
 	uint8_t *p = random_rows(n * bb, seed);
 	for (size_t i = 0; i < n; i++) {
 		for (size_t f = 0; f < (format == MOEK_Q2_K ? 2u : 1u); f++) {
@@ -516,19 +529,19 @@ static uint8_t *random_k23_rows(uint32_t format, size_t rows, size_t k, uint32_t
 			                    ? 0.0f
 			                    : ((float)(lcg(&seed) % 2001) - 1000.0f) * 1e-5f;
 			const uint16_t h = moek_f32_to_f16(v);
-			memcpy(p + i * bb + (format == MOEK_Q2_K ? 80 + 2 * f : 108), &h, 2);
+			memcpy(p + i * bb + at + 2 * f, &h, 2);
 		}
 	}
 	return p;
 }
 
-/* The Q2_K / Q3_K group dots, on every ISA this CPU has (moek_set_isa) and in each form (VNNI
- * on and off), give their scalar reference's bits for random blocks, every token count 1..8
+/* The Q2_K / Q3_K / IQ4_NL group dots, on every ISA this CPU has (moek_set_isa) and in each form
+ * (VNNI on and off), give their scalar reference's bits for random blocks, every token count 1..8
  * and several widths, including activation rows at a stride wider than the row; and they
  * stay within float reassociation of the GGUF-row dots of the same rows. */
 Test(interleave, k23_group_dots_equal_their_scalar_reference)
 {
-	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K};
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL};
 	const size_t widths[] = {256, 768, 2048};
 	const enum moek_isa isas[] = {MOEK_ISA_AVX2, MOEK_ISA_AVX512};
 	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
@@ -545,22 +558,30 @@ Test(interleave, k23_group_dots_equal_their_scalar_reference)
 			cr_assert(x8);
 			cr_assert_eq(moek_interleave(format, src, 0, rows, k, x8), 0);
 			float *x = fixture_tokens(nt_max, k, 7 + (uint32_t)wi);
-			const size_t as = moek_row_bytes(MOEK_Q8_K, k) + 292; /* a wider stride */
-			uint8_t *act = calloc(nt_max, as);
+			/* past the widest activation row (Q8_0X2's, 2 bytes an element): a
+			 * stride wider than the row */
+			const size_t as = 2 * k + 292;
+			uint8_t *act = calloc(nt_max, as), *act_r = calloc(nt_max, as);
 			float *want = malloc(nt_max * 8 * sizeof(float)),
 			      *got = malloc(nt_max * 8 * sizeof(float)),
 			      *row = malloc(nt_max * rows * sizeof(float)),
 			      *grp = malloc(nt_max * rows * sizeof(float));
-			cr_assert(act && want && got && row && grp);
-			for (size_t t = 0; t < nt_max; t++)
-				cr_assert_eq(
-				    moek_quantize_row(MOEK_Q8_K, x + t * k, k, act + t * as), 0);
+			cr_assert(act && act_r && want && got && row && grp);
 			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
 				if (moek_set_isa(isas[ii]) != 0)
 					continue;
 				const struct moek_isa_ops *ops = moek_isa_current();
 				cr_assert(ops->dot_x8[f], "%s: no group dot on %s", fname(format),
 				          ops->name);
+				/* the group dot's activations and the row dot's (IQ4_NL: Q8_0S and
+				 * Q8_0X2, the same quantization; K-quants: Q8_K both) */
+				const uint32_t ag = moek_isa_act_fmt(ops, f, true),
+				               ar = moek_isa_act_fmt(ops, f, false);
+				for (size_t t = 0; t < nt_max; t++) {
+					moek_isa_quantize_act(ops, ag, x + t * k, k, act + t * as);
+					moek_isa_quantize_act(ops, ar, x + t * k, k,
+					                      act_r + t * as);
+				}
 				for (int vnni = 0; vnni < 2; vnni++) {
 					if (!set_vnni_forms(vnni))
 						continue;
@@ -586,8 +607,8 @@ Test(interleave, k23_group_dots_equal_their_scalar_reference)
 						}
 						for (size_t r = 0; r < rows; r++) {
 							float o[8];
-							ops->dot[f](src + r * rb, NULL, act, as, nt,
-							            k, o);
+							ops->dot[f](src + r * rb, NULL, act_r, as,
+							            nt, k, o);
 							for (size_t t = 0; t < nt; t++)
 								row[t * rows + r] = o[t];
 						}
@@ -602,8 +623,8 @@ Test(interleave, k23_group_dots_equal_their_scalar_reference)
 				set_vnni_forms(true);
 			}
 			cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
-			free(src), free(x8), free(x), free(act), free(want), free(got), free(row),
-			    free(grp);
+			free(src), free(x8), free(x), free(act), free(act_r), free(want), free(got),
+			    free(row), free(grp);
 		}
 	}
 }
