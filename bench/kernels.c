@@ -433,7 +433,7 @@ static const uint32_t all_formats[] = {
     MOEK_Q4_0,  MOEK_Q5_K,             MOEK_Q6_K,
     MOEK_Q2_K,  BENCH_X8 | MOEK_Q2_K,
     MOEK_Q3_K,  BENCH_X8 | MOEK_Q3_K,
-    MOEK_IQ4_NL, BENCH_X8 | MOEK_IQ4_NL, MOEK_IQ4_XS,          MOEK_F16,    MOEK_F32,
+    MOEK_IQ4_NL, BENCH_X8 | MOEK_IQ4_NL, MOEK_IQ4_XS, BENCH_X8 | MOEK_IQ4_XS,          MOEK_F16,    MOEK_F32,
     MOEK_FP8_E4M3_B128, MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32};
 /* clang-format on */
 
@@ -458,6 +458,7 @@ static const char *format_name(uint32_t f)
 	case BENCH_X8 | MOEK_Q2_K: return "Q2_Kx8";
 	case BENCH_X8 | MOEK_Q3_K: return "Q3_Kx8";
 	case BENCH_X8 | MOEK_IQ4_NL: return "IQ4_NLx8";
+	case BENCH_X8 | MOEK_IQ4_XS: return "IQ4_XSx8";
 	default: return moek_format_lookup(f)->name;
 	}
 }

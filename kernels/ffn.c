@@ -104,8 +104,8 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
 		return fail(
 		    err, len,
-		    "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, BF16 "
-		    "or INT4_G32 with rows and first row multiples of %u (format %s, %u rows "
+		    "expert %s: interleave %u needs MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, "
+		    "BF16 or INT4_G32 with rows and first row multiples of %u (format %s, %u rows "
 		    "from %u)",
 		    name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))

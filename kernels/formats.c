@@ -1127,6 +1127,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_K,
                 .down_split_align = 1,
+                .x8 = &moek_x8_iq4_xs,
                 .quantize_row = moek_quantize_iq4_xs,
                 .dequantize_row = moek_dequantize_iq4_xs,
             },

@@ -39,6 +39,9 @@ const struct moek_x8_layout moek_x8_q2_K = {
  * 16 vectors of qs (as Q2_K's) */
 /* 4 vectors of nibble bytes (as MXFP4), then 8 f16 scales */
 const struct moek_x8_layout moek_x8_iq4_nl = {2, {{2, 16, true}, {0, 2, false}}, 0, 0};
+/* 8 f16 d, 8 scales_h words, one vector of scales_l, 32 vectors of nibble bytes */
+const struct moek_x8_layout moek_x8_iq4_xs = {
+    4, {{0, 2, false}, {2, 2, false}, {4, 4, true}, {8, 128, true}}, 0, 0};
 const struct moek_x8_layout moek_x8_q3_K = {
     4, {{108, 2, false}, {96, 12, true}, {0, 32, true}, {32, 64, true}}, 0, 0};
 

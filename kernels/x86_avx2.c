@@ -1824,6 +1824,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q2_K] = moek_avx2_x8_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_x8_q3_K,
             [MOEK_FMT_IQ4_NL] = moek_avx2_x8_iq4_nl,
+            [MOEK_FMT_IQ4_XS] = moek_avx2_x8_iq4_xs,
         },
     /* the private activation layouts of the row dots and the group dots (kernels_internal.h,
      * MOEK_ACT_Q8_0X2, MOEK_ACT_Q8_0S); the others take the row's vec_dot_format */

@@ -369,6 +369,77 @@ ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, con
 		_mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
+/* ---- Interleaved IQ4_XS rows ---------------------------------------------------------------
+ * Per super-block column 8 f16 d, the 8 rows' scales_h words, one vector of scales_l (lane r:
+ * row r's 4 bytes, sub-block j's low 4 bits at bits 4j..4j+3 of the word) and 32 vectors of
+ * nibble bytes (vector v: sub-block v / 4, elements 4 (v % 4).. low, 16 + 4 (v % 4).. high),
+ * against Q8_K activations. A 32-element sub-block's sum of level · y is exact in int32 (AVX2:
+ * the sign trick, maddubs and madd by 1; VNNI: levels + 128 into vpdpbusd from −128 · Σy, the
+ * bsums' pair) and goes into the f32 sums with its scale d · (ls − 32) · dy: one convert and
+ * one FMA per sub-block and token, the same float steps in both forms. */
+
+#define X8_IQ4_XS_BYTES (MOEK_INTERLEAVE * 136)
+
+ALWAYS_INLINE void x8_xs_body(const void *group, const void *act, size_t as, const int NT, size_t k,
+                              float *out, bool vnni)
+{
+	const uint8_t *col = group;
+	const __m256i table = iq4_table(vnni), low4 = _mm256_set1_epi8(0x0F);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col, NT);
+	for (size_t i = 0; i < k / QK_K; i++, col += X8_IQ4_XS_BYTES) {
+		x8_prefetch(&pf, col + X8_IQ4_XS_BYTES);
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)col));
+		const __m256i sh =
+		    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(col + 16)));
+		const __m256i sl = _mm256_loadu_si256((const __m256i *)(col + 32));
+#pragma GCC unroll 8
+		for (int ib = 0; ib < 8; ib++) {
+			const __m256i ls = _mm256_or_si256(
+			    _mm256_and_si256(_mm256_srli_epi32(sl, 4 * ib), _mm256_set1_epi32(15)),
+			    _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * ib),
+			                                       _mm256_set1_epi32(3)),
+			                      4));
+			const __m256 f = _mm256_mul_ps(
+			    d, _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+			__m256i p[8];
+			for (int t = 0; t < NT; t++) {
+				const int16_t *bs = q8k_token(act, as, t, i)->bsums + 2 * ib;
+				p[t] = vnni ? _mm256_set1_epi32(-128 * (bs[0] + bs[1]))
+				            : _mm256_setzero_si256();
+			}
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++) {
+				const __m256i q = _mm256_loadu_si256(
+				    (const __m256i *)(col + 64 + 32 * (4 * ib + u)));
+				const __m256i lo =
+				    _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+				const __m256i hi = _mm256_shuffle_epi8(
+				    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+				for (int t = 0; t < NT; t++) {
+					const int8_t *y =
+					    q8k_token(act, as, t, i)->qs + 32 * ib + 4 * u;
+					p[t] = x8_iq4_dot4(vnni, p[t], lo, y);
+					p[t] = x8_iq4_dot4(vnni, p[t], hi, y + 16);
+				}
+			}
+			for (int t = 0; t < NT; t++)
+				acc[t] = _mm256_fmadd_ps(
+				    _mm256_cvtepi32_ps(p[t]),
+				    _mm256_mul_ps(f, _mm256_set1_ps(q8k_token(act, as, t, i)->d)),
+				    acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+X8_ENTRY(x8_xs_avx2, x8_xs_body, false, )
+X8_ENTRY(x8_xs_vnni, x8_xs_body, true, VNNI_CODE)
+VNNI_PICK_X8(moek_avx2_x8_iq4_xs, x8_xs_avx2, x8_xs_vnni)
+
 X8_ENTRY(x8_nl_avx2, x8_nl_body, false, )
 X8_ENTRY(x8_nl_vnni, x8_nl_body, true, VNNI_CODE)
 VNNI_PICK_X8(moek_avx2_x8_iq4_nl, x8_nl_avx2, x8_nl_vnni)

@@ -132,7 +132,7 @@ Test(format_table, pinned_values)
 	    {MOEK_Q6_K, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_Q8_K, 4, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_IQ4_NL, 2, 0, MOEK_Q8_0, 64, true},
-	    {MOEK_IQ4_XS, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ4_XS, 2, 0, MOEK_Q8_K, 1, true},
 	    {MOEK_MXFP4, 1, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_FP8_E4M3_B128, 1, 128, MOEK_F32, 1, false},
 	    {MOEK_INT4_G32, 1, 0, MOEK_Q8_0, 64, true},

@@ -25,14 +25,15 @@ static inline bool set_vnni_forms(bool on)
 	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4,    MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16,
-                                      MOEK_INT4_G32, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL};
+static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K,   MOEK_BF16,  MOEK_INT4_G32,
+                                      MOEK_Q2_K,  MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
 
 /* Formats in 256-element super-blocks (K-quants): wider rows where a test needs several. */
 static bool k_quant(uint32_t format)
 {
-	return format == MOEK_Q4_K || format == MOEK_Q2_K || format == MOEK_Q3_K;
+	return format == MOEK_Q4_K || format == MOEK_Q2_K || format == MOEK_Q3_K ||
+	       format == MOEK_IQ4_XS;
 }
 
 static const char *fname(uint32_t format)
@@ -160,6 +161,10 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 	case MOEK_INT4_G32: /* 4 vectors of qs, 1 vector of the 8 scale words */
 		return column +
 		       (at < 4 ? 128 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
+	case MOEK_IQ4_XS: /* 8 d, 8 scales_h, 1 vector of scales_l, 32 vectors of qs */
+		if (at < 4)
+			return column + 16 * (at / 2) + 2 * r + at % 2;
+		return column + 32 + 32 * ((at - 4) / 4) + 4 * r + at % 4;
 	case MOEK_IQ4_NL: /* 4 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 128 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
@@ -437,7 +442,7 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 	}
 }
 
-/* ---- Q2_K / Q3_K / IQ4_NL group dots against their scalar reference ---------------------- */
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS group dots against their scalar reference --------------- */
 
 /* Code of element e (0..255) of a Q2_K / Q3_K block's 2-bit field (qs byte 32 h + l, bits 2 s:
  * element 128 h + 32 s + l). */
@@ -450,8 +455,9 @@ static int low2_code(const uint8_t *qs, size_t e)
  * group (its GGUF blocks back through moek_x8_gather) against nt activation rows (Q8_K;
  * IQ4_NL: MOEK_ACT_Q8_0S), a block's integer sums exact and its float steps in the group dots'
  * order — Q2_K: acc − (dmin · dy) · Σ m_j bsum_j, then + (d · dy) · Σ sc_j Σ q y; Q3_K:
- * acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y; IQ4_NL: acc + (d · dy) · Σ level · y — each one
- * fused multiply-add: the SIMD forms must give exactly these bits. */
+ * acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y; IQ4_NL: acc + (d · dy) · Σ level · y; IQ4_XS,
+ * per 32-element sub-block: acc + Σ level · y · ((d · (ls − 32)) · dy) — each one fused
+ * multiply-add: the SIMD forms must give exactly these bits. */
 static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *act, size_t as,
                           size_t nt, size_t k, float *out)
 {
@@ -474,7 +480,27 @@ static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *
 					       moek_iq4_kvalues[b->qs[e] >> 4] * y->qs[e + 16];
 				acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
 			}
-			for (size_t i = 0; i < nb && format != MOEK_IQ4_NL; i++) {
+			for (size_t i = 0; i < nb && format == MOEK_IQ4_XS; i++) {
+				const struct block_q8_K *y =
+				    (const struct block_q8_K *)(act + t * as) + i;
+				const struct block_iq4_xs *b =
+				    (const struct block_iq4_xs *)blocks + i;
+				for (int ib = 0; ib < 8; ib++) {
+					int32_t sum = 0;
+					for (size_t e = 0; e < 16; e++) {
+						const uint8_t q = b->qs[16 * ib + e];
+						sum +=
+						    moek_iq4_kvalues[q & 15] * y->qs[32 * ib + e] +
+						    moek_iq4_kvalues[q >> 4] *
+						        y->qs[32 * ib + 16 + e];
+					}
+					const float f =
+					    moek_f16_to_f32(b->d) * (float)moek_iq4_xs_scale(b, ib);
+					acc = fmaf((float)sum, f * y->d, acc);
+				}
+			}
+			for (size_t i = 0; i < nb && format != MOEK_IQ4_NL && format != MOEK_IQ4_XS;
+			     i++) {
 				const struct block_q8_K *y =
 				    (const struct block_q8_K *)(act + t * as) + i;
 				int32_t sum = 0, mins = 0;
@@ -535,13 +561,13 @@ static uint8_t *random_k23_rows(uint32_t format, size_t rows, size_t k, uint32_t
 	return p;
 }
 
-/* The Q2_K / Q3_K / IQ4_NL group dots, on every ISA this CPU has (moek_set_isa) and in each form
- * (VNNI on and off), give their scalar reference's bits for random blocks, every token count 1..8
- * and several widths, including activation rows at a stride wider than the row; and they
+/* The Q2_K / Q3_K / IQ4_NL / IQ4_XS group dots, on every ISA this CPU has (moek_set_isa) and in
+ * each form (VNNI on and off), give their scalar reference's bits for random blocks, every token
+ * count 1..8 and several widths, including activation rows at a stride wider than the row; and they
  * stay within float reassociation of the GGUF-row dots of the same rows. */
 Test(interleave, k23_group_dots_equal_their_scalar_reference)
 {
-	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL};
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
 	const size_t widths[] = {256, 768, 2048};
 	const enum moek_isa isas[] = {MOEK_ISA_AVX2, MOEK_ISA_AVX512};
 	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
@@ -659,6 +685,9 @@ Test(interleave, integer_corners)
 			} else if (format == MOEK_IQ4_NL) { /* levels 113 or -127 */
 				for (size_t b = 0; b < 8; b++)
 					memset(row + b * 18 + 2, r % 2 ? 0xff : 0x00, 16);
+			} else if (format == MOEK_IQ4_XS) { /* scales +31, levels 113 / -127 */
+				memset(row + 2, 0xff, 6);
+				memset(row + 8, r % 2 ? 0xff : 0x00, 128);
 			} else if (format == MOEK_Q2_K) { /* scales and mins 15, codes 3 or 0 */
 				memset(row, 0xff, 16);
 				memset(row + 16, r % 2 ? 0xff : 0x00, 64);
@@ -858,7 +887,7 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, BF16 or INT4_G32") &&
+	cr_assert(strstr(err, "MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, BF16 or INT4_G32") &&
 	              strstr(err, "Q4_0"),
 	          "%s", err);
 	fixture_free(&q);
