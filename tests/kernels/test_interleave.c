@@ -1,5 +1,7 @@
 /* test_interleave.c — rows interleaved in groups of 8 (moek_interleave, struct
- * moek_matrix.interleave) for MXFP4, Q8_0, Q4_K and BF16, and whole experts in their decode layout
+ * moek_matrix.interleave) for MXFP4, Q8_0, Q4_K, BF16, INT4_G32, Q2_K, Q3_K, IQ4_NL and IQ4_XS
+ * (the last four's group dots also bit for bit against a scalar reference of them), and whole
+ * experts in their decode layout
  * (moek_expert_pack): the permutation and its inverse, byte positions the layout promises,
  * the rows it dequantizes to, the FFN over it against the same expert in GGUF rows (prefill
  * and the scalar path bit for bit, the decode dots within float reassociation — and, for
@@ -860,6 +862,51 @@ Test(interleave, packed_experts)
 			fixture_free(&t.f);
 		}
 		free(buf);
+	}
+}
+
+/* Tails: a gate/up whose rows are not a multiple of 8 (100 rows of Q2_K, Q3_K, IQ4_NL or
+ * IQ4_XS over an F16 down, whose block allows any width) keeps its GGUF rows in the packed
+ * expert, which then computes the separate one's bits; 104 rows are grouped, within
+ * reassociation of the rows. */
+Test(interleave, rows_not_a_multiple_of_8_stay_rows)
+{
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		for (size_t ffn = 100; ffn <= 104; ffn += 4) {
+			struct fixture f;
+			fixture_init(&f, formats[fi], MOEK_F16, 256, ffn, MOEK_SWIGLU, 0, 61);
+			const size_t bytes = moek_expert_packed_bytes(&f.expert);
+			uint8_t *buf = malloc(bytes);
+			cr_assert(buf);
+			struct moek_expert pk;
+			char err[256];
+			cr_assert_eq(
+			    moek_expert_pack(&f.expert, true, buf, bytes, &pk, err, sizeof(err)), 0,
+			    "%s", err);
+			cr_assert_eq(pk.gate.interleave, ffn % 8 ? 0u : MOEK_INTERLEAVE,
+			             "%s, %zu rows", fname(formats[fi]), ffn);
+			cr_assert_eq(pk.down.interleave, 0u);
+			for (size_t n = 1; n <= 20; n += 19) {
+				float *x = fixture_tokens(n, 256, 5);
+				struct fixture fp = f;
+				fp.expert = pk;
+				float *want = fixture_run(&f, x, n, NULL),
+				      *got = fixture_run(&fp, x, n, NULL);
+				if (ffn % 8)
+					cr_assert_eq(
+					    memcmp(got, want, n * 256 * sizeof(float)), 0,
+					    "%s, %zu rows, %zu tokens: the packed rows differ",
+					    fname(formats[fi]), ffn, n);
+				else
+					cr_assert_lt(nmse_f(got, want, n * 256), 1e-11,
+					             "%s, %zu rows, %zu tokens", fname(formats[fi]),
+					             ffn, n);
+				free(x), free(want), free(got);
+			}
+			free(buf);
+			fixture_free(&f);
+		}
 	}
 }
 
