@@ -292,7 +292,9 @@ VNNI_PICK_ROWS(moek_avx2_rows_iq4_xs, rows_xs_avx2, rows_xs_vnni)
  * row r) and the 8 rows' f16 scales, against MOEK_ACT_Q8_0S activations: the Q8_0 group dot
  * (x86_avx2.c) on levels looked up from the nibbles — AVX2: the sign trick into maddubs +
  * madd; VNNI: levels + 128 (the table's own bytes) into vpdpbusd with a broadcast operand,
- * started from −128 · Σy. Exact integer sums either way: the same bits. */
+ * started from −128 · Σy. Exact integer sums either way: the same bits. With VBMI too
+ * (MOEK_FORM_VBMI) the levels come from vpermb on the unmasked bytes (IQ4_XS's as well):
+ * IQ4_XSx8 in L1 42 → 51 GB/s (docs/kernels.md). */
 
 struct iq4_act4 {
 	int8_t b[4];
@@ -315,13 +317,29 @@ ALWAYS_INLINE __m256i x8_iq4_dot4(bool vnni, __m256i acc, __m256i w, const int8_
 	                                          _mm256_set1_epi16(1)));
 }
 
+/* The levels of the low and high nibbles of q (VNNI: + 128). form 2 (VBMI): vpermb reads 5
+ * index bits and the table holds the 16 levels twice, so neither nibble needs a mask. */
+ALWAYS_INLINE void x8_iq4_levels(int form, __m256i table, __m256i q, __m256i *lo, __m256i *hi)
+{
+	if (form == 2) {
+		const __m256i qh = _mm256_srli_epi16(q, 4);
+		__asm__("vpermb %1, %2, %0" : "=v"(*lo) : "v"(table), "v"(q));
+		__asm__("vpermb %1, %2, %0" : "=v"(*hi) : "v"(table), "v"(qh));
+		return;
+	}
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	*lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+	*hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+}
+
 #define X8_IQ4_NL_BYTES (MOEK_INTERLEAVE * 18)
 
 ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, const int NT, size_t k,
-                              float *out, bool vnni)
+                              float *out, int form) /* 0 AVX2, 1 VNNI, 2 + VBMI */
 {
+	const bool vnni = form != 0;
 	const uint8_t *col = group;
-	const __m256i table = iq4_table(vnni), low4 = _mm256_set1_epi8(0x0F);
+	const __m256i table = iq4_table(vnni);
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
@@ -339,9 +357,8 @@ ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, con
 		}
 		for (int v = 0; v < 4; v++) {
 			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
-			const __m256i lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
-			const __m256i hi = _mm256_shuffle_epi8(
-			    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+			__m256i lo, hi;
+			x8_iq4_levels(form, table, q, &lo, &hi);
 			for (int t = 0; t < NT; t++) {
 				const int8_t *y =
 				    ((const struct block_q8_0s *)((const uint8_t *)act +
@@ -381,10 +398,11 @@ ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, con
 #define X8_IQ4_XS_BYTES (MOEK_INTERLEAVE * 136)
 
 ALWAYS_INLINE void x8_xs_body(const void *group, const void *act, size_t as, const int NT, size_t k,
-                              float *out, bool vnni)
+                              float *out, int form) /* 0 AVX2, 1 VNNI, 2 + VBMI */
 {
+	const bool vnni = form != 0;
 	const uint8_t *col = group;
-	const __m256i table = iq4_table(vnni), low4 = _mm256_set1_epi8(0x0F);
+	const __m256i table = iq4_table(vnni);
 	__m256 acc[8];
 	for (int t = 0; t < NT; t++)
 		acc[t] = _mm256_setzero_ps();
@@ -414,10 +432,8 @@ ALWAYS_INLINE void x8_xs_body(const void *group, const void *act, size_t as, con
 			for (int u = 0; u < 4; u++) {
 				const __m256i q = _mm256_loadu_si256(
 				    (const __m256i *)(col + 64 + 32 * (4 * ib + u)));
-				const __m256i lo =
-				    _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
-				const __m256i hi = _mm256_shuffle_epi8(
-				    table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+				__m256i lo, hi;
+				x8_iq4_levels(form, table, q, &lo, &hi);
 				for (int t = 0; t < NT; t++) {
 					const int8_t *y =
 					    q8k_token(act, as, t, i)->qs + 32 * ib + 4 * u;
@@ -436,13 +452,27 @@ ALWAYS_INLINE void x8_xs_body(const void *group, const void *act, size_t as, con
 		_mm256_storeu_ps(out + 8 * t, acc[t]);
 }
 
-X8_ENTRY(x8_xs_avx2, x8_xs_body, false, )
-X8_ENTRY(x8_xs_vnni, x8_xs_body, true, VNNI_CODE)
-VNNI_PICK_X8(moek_avx2_x8_iq4_xs, x8_xs_avx2, x8_xs_vnni)
+X8_ENTRY(x8_xs_avx2, x8_xs_body, 0, )
+X8_ENTRY(x8_xs_vnni, x8_xs_body, 1, VNNI_CODE)
+X8_ENTRY(x8_xs_vbmi, x8_xs_body, 2, VNNI_CODE)
 
-X8_ENTRY(x8_nl_avx2, x8_nl_body, false, )
-X8_ENTRY(x8_nl_vnni, x8_nl_body, true, VNNI_CODE)
-VNNI_PICK_X8(moek_avx2_x8_iq4_nl, x8_nl_avx2, x8_nl_vnni)
+X8_ENTRY(x8_nl_avx2, x8_nl_body, 0, )
+X8_ENTRY(x8_nl_vnni, x8_nl_body, 1, VNNI_CODE)
+X8_ENTRY(x8_nl_vbmi, x8_nl_body, 2, VNNI_CODE)
+
+/* The form per call, as MXFP4's group dot picks it (x86_avx2.c). */
+#define X8_IQ4_PICK(name, avx2, vnni, vbmi)                                                        \
+	void name(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)      \
+	{                                                                                          \
+		if (!(moek_isa_forms() & MOEK_FORM_VNNI))                                          \
+			avx2(g, act, as, nt, k, out);                                              \
+		else if (moek_isa_forms() & MOEK_FORM_VBMI)                                        \
+			vbmi(g, act, as, nt, k, out);                                              \
+		else                                                                               \
+			vnni(g, act, as, nt, k, out);                                              \
+	}
+X8_IQ4_PICK(moek_avx2_x8_iq4_nl, x8_nl_avx2, x8_nl_vnni, x8_nl_vbmi)
+X8_IQ4_PICK(moek_avx2_x8_iq4_xs, x8_xs_avx2, x8_xs_vnni, x8_xs_vbmi)
 
 /* ---- Prefill dequantization ---------------------------------------------------------------- */
 
