@@ -422,20 +422,22 @@ static const struct shape shapes[] = {
 };
 
 /* A format with its rows interleaved in groups of 8 (moek_interleave, the decode layout of
- * Q4_K, Q8_0, MXFP4 and BF16) is benchmarked as a format of its own: "Q4_Kx8", … */
+ * Q4_K, Q8_0, MXFP4, BF16, INT4_G32, Q2_K and Q3_K) is benchmarked as a format of its own:
+ * "Q4_Kx8", … */
 #define BENCH_X8 0x10000u
 
-static const uint32_t all_formats[] = {MOEK_Q4_K,     BENCH_X8 | MOEK_Q4_K,
-                                       MOEK_Q8_0,     BENCH_X8 | MOEK_Q8_0,
-                                       MOEK_MXFP4,    BENCH_X8 | MOEK_MXFP4,
-                                       MOEK_BF16,     BENCH_X8 | MOEK_BF16,
-                                       MOEK_Q4_0,     MOEK_Q5_K,
-                                       MOEK_Q6_K,     MOEK_Q2_K,
-                                       MOEK_Q3_K,     MOEK_IQ4_NL,
-                                       MOEK_IQ4_XS,   MOEK_F16,
-                                       MOEK_F32,      MOEK_FP8_E4M3_B128,
-                                       MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32,
-                                       MOEK_NVFP4,    BENCH_X8 | MOEK_NVFP4};
+/* clang-format off */
+static const uint32_t all_formats[] = {
+    MOEK_Q4_K,  BENCH_X8 | MOEK_Q4_K,  MOEK_Q8_0,   BENCH_X8 | MOEK_Q8_0,
+    MOEK_MXFP4, BENCH_X8 | MOEK_MXFP4, MOEK_BF16,   BENCH_X8 | MOEK_BF16,
+    MOEK_Q4_0,  MOEK_Q5_K,             MOEK_Q6_K,
+    MOEK_Q2_K,  BENCH_X8 | MOEK_Q2_K,
+    MOEK_Q3_K,  BENCH_X8 | MOEK_Q3_K,
+    MOEK_IQ4_NL, BENCH_X8 | MOEK_IQ4_NL, MOEK_IQ4_XS, BENCH_X8 | MOEK_IQ4_XS,
+    MOEK_F16,   MOEK_F32,
+    MOEK_FP8_E4M3_B128, MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32,
+    MOEK_NVFP4, BENCH_X8 | MOEK_NVFP4};
+/* clang-format on */
 
 static uint32_t weight_format(uint32_t f)
 {
@@ -456,6 +458,10 @@ static const char *format_name(uint32_t f)
 	case BENCH_X8 | MOEK_BF16: return "BF16x8";
 	case BENCH_X8 | MOEK_INT4_G32: return "INT4_G32x8";
 	case BENCH_X8 | MOEK_NVFP4: return "NVFP4x8";
+	case BENCH_X8 | MOEK_Q2_K: return "Q2_Kx8";
+	case BENCH_X8 | MOEK_Q3_K: return "Q3_Kx8";
+	case BENCH_X8 | MOEK_IQ4_NL: return "IQ4_NLx8";
+	case BENCH_X8 | MOEK_IQ4_XS: return "IQ4_XSx8";
 	default: return moek_format_lookup(f)->name;
 	}
 }

@@ -102,11 +102,13 @@ static int check_matrix(const struct moek_matrix *m, const char *name, char *err
 	if (m->interleave &&
 	    (m->interleave != MOEK_INTERLEAVE || !moek_interleave_supported(m->format) ||
 	     m->rows % MOEK_INTERLEAVE || m->row0 % MOEK_INTERLEAVE))
-		return fail(err, len,
-		            "expert %s: interleave %u needs MXFP4, NVFP4, Q8_0, Q4_K, BF16 or "
-		            "INT4_G32 with rows "
-		            "and first row multiples of %u (format %s, %u rows from %u)",
-		            name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
+		return fail(
+		    err, len,
+		    "expert %s: interleave %u needs MXFP4, NVFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, "
+		    "IQ4_XS, "
+		    "BF16 or INT4_G32 with rows and first row multiples of %u (format %s, %u rows "
+		    "from %u)",
+		    name, m->interleave, MOEK_INTERLEAVE, f->name, m->rows, m->row0);
 	if (m->interleave && m->cols % moek_x8_block(m->format, NULL))
 		return fail(err, len,
 		            "expert %s: interleaved %s columns come in units of %zu, not %u", name,

@@ -1031,6 +1031,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_K,
                 .down_split_align = 1,
+                .x8 = &moek_x8_q2_K,
                 INLINE_SCALES(q2_K),
             },
         [MOEK_FMT_Q3_K] =
@@ -1044,6 +1045,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_K,
                 .down_split_align = 1,
+                .x8 = &moek_x8_q3_K,
                 INLINE_SCALES(q3_K),
             },
         [MOEK_FMT_Q4_K] =
@@ -1110,6 +1112,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_0,
                 .down_split_align = 64,
+                .x8 = &moek_x8_iq4_nl,
                 .quantize_row = moek_quantize_iq4_nl,
                 .dequantize_row = moek_dequantize_iq4_nl,
             },
@@ -1124,6 +1127,7 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .ggml = true,
                 .vec_dot_format = MOEK_Q8_K,
                 .down_split_align = 1,
+                .x8 = &moek_x8_iq4_xs,
                 .quantize_row = moek_quantize_iq4_xs,
                 .dequantize_row = moek_dequantize_iq4_xs,
             },

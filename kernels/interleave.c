@@ -35,6 +35,18 @@ const struct moek_x8_layout moek_x8_int4_g32 = {2, {{4, 16, true}, {0, 4, true}}
 /* 8 vectors of code bytes (vectors 2s, 2s+1: sub-block s), then one vector of the 8 rows' 4
  * UE4M3 scales */
 const struct moek_x8_layout moek_x8_nvfp4 = {2, {{4, 32, true}, {0, 4, true}}, 0, 0};
+/* 8 f16 d, 8 f16 dmin, 4 vectors of scale bytes (sub-blocks 4g..4g+3), 16 vectors of qs */
+const struct moek_x8_layout moek_x8_q2_K = {
+    4, {{80, 2, false}, {82, 2, false}, {0, 16, true}, {16, 64, true}}, 0, 0};
+/* 8 f16 d, 3 vectors of packed scales (bytes 4g..4g+3 of the 12), 8 vectors of hmask,
+ * 16 vectors of qs (as Q2_K's) */
+/* 4 vectors of nibble bytes (as MXFP4), then 8 f16 scales */
+const struct moek_x8_layout moek_x8_iq4_nl = {2, {{2, 16, true}, {0, 2, false}}, 0, 0};
+/* 8 f16 d, 8 scales_h words, one vector of scales_l, 32 vectors of nibble bytes */
+const struct moek_x8_layout moek_x8_iq4_xs = {
+    4, {{0, 2, false}, {2, 2, false}, {4, 4, true}, {8, 128, true}}, 0, 0};
+const struct moek_x8_layout moek_x8_q3_K = {
+    4, {{108, 2, false}, {96, 12, true}, {0, 32, true}, {32, 64, true}}, 0, 0};
 
 static const struct moek_x8_layout *layout_of(uint32_t format)
 {

@@ -259,7 +259,7 @@ struct moek_x8_layout {
 };
 /* interleave.c: the layouts the format table's rows point to */
 extern const struct moek_x8_layout moek_x8_mxfp4, moek_x8_q8_0, moek_x8_q4_K, moek_x8_bf16,
-    moek_x8_int4_g32, moek_x8_nvfp4;
+    moek_x8_int4_g32, moek_x8_nvfp4, moek_x8_q2_K, moek_x8_q3_K, moek_x8_iq4_nl, moek_x8_iq4_xs;
 
 struct moek_format_traits {
 	struct moek_format_info info; /* the public part: id, name, block, bytes, alignment,
@@ -614,6 +614,19 @@ void moek_avx2_dequantize_int4(const void *w, float *dst, size_t k);
  * with MOEK_FORM_VNNI on; same bits). */
 void moek_avx2_x8_int4(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
                        float *out);
+/* The group dots of interleaved Q2_K and Q3_K rows against Q8_K activations
+ * (x86_avx2_k23.c; vpdpbusd with MOEK_FORM_VNNI on, same bits). */
+void moek_avx2_x8_q2_K(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
+                       float *out);
+void moek_avx2_x8_q3_K(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
+                       float *out);
+/* The group dot of interleaved IQ4_NL rows against MOEK_ACT_Q8_0S activations
+ * (x86_avx2_iq4.c; vpdpbusd with MOEK_FORM_VNNI on, same bits). */
+void moek_avx2_x8_iq4_nl(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
+                         float *out);
+/* The same for IQ4_XS against Q8_K activations. */
+void moek_avx2_x8_iq4_xs(const void *group, const void *act, size_t act_stride, size_t nt, size_t k,
+                         float *out);
 /* The group dots' software prefetch (x86_avx2.c, x8_prefetch): each weight line `near` bytes
  * ahead into L1 and `near + gap` bytes ahead into L2; near 0: none. Set: for every token
  * count. The default, taken at the ISA choice unless set before: 1536 / 3072 for several

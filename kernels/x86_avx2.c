@@ -1905,6 +1905,10 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_BF16] = x8_bf16,
             [MOEK_FMT_INT4_G32] = moek_avx2_x8_int4,
             [MOEK_FMT_NVFP4] = moek_avx2_x8_nvfp4,
+            [MOEK_FMT_Q2_K] = moek_avx2_x8_q2_K,
+            [MOEK_FMT_Q3_K] = moek_avx2_x8_q3_K,
+            [MOEK_FMT_IQ4_NL] = moek_avx2_x8_iq4_nl,
+            [MOEK_FMT_IQ4_XS] = moek_avx2_x8_iq4_xs,
         },
     /* the dots whose per-token sums do not depend on how many tokens share the call (one
      * accumulator chain per token, the same at any nt); the others keep a faster one-token
@@ -1954,6 +1958,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_MXFP4] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_INT4_G32] = MOEK_ACT_Q8_0S,
             [MOEK_FMT_NVFP4] = MOEK_ACT_Q8_0S,
+            [MOEK_FMT_IQ4_NL] = MOEK_ACT_Q8_0S,
         },
     .dequantize =
         {

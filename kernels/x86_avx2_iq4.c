@@ -302,6 +302,193 @@ VNNI_PICK_ROWS(moek_avx2_rows_iq4_nl, rows_nl_avx2, rows_nl_vnni)
 IQ4_PICK_DOT(moek_avx2_dot_iq4_xs, dot_xs_avx2, dot_xs_vnni)
 VNNI_PICK_ROWS(moek_avx2_rows_iq4_xs, rows_xs_avx2, rows_xs_vnni)
 
+/* ---- Interleaved IQ4_NL rows (moek_interleave, groups of 8) ------------------------------------
+ * Per column 4 vectors of nibble bytes (vector v: elements 4v..4v+3 low, 16+4v.. high, lane r =
+ * row r) and the 8 rows' f16 scales, against MOEK_ACT_Q8_0S activations: the Q8_0 group dot
+ * (x86_avx2.c) on levels looked up from the nibbles — AVX2: the sign trick into maddubs +
+ * madd; VNNI: levels + 128 (the table's own bytes) into vpdpbusd with a broadcast operand,
+ * started from −128 · Σy. Exact integer sums either way: the same bits. With VBMI too
+ * (MOEK_FORM_VBMI) the levels come from vpermb on the unmasked bytes (IQ4_XS's as well):
+ * IQ4_XSx8 in L1 42 → 51 GB/s (docs/kernels.md). */
+
+struct iq4_act4 {
+	int8_t b[4];
+};
+
+/* acc + Σ over each lane's 4 bytes of the level w (signed; VNNI: w + 128) · the 4 bytes at y. */
+ALWAYS_INLINE __m256i x8_iq4_dot4(bool vnni, __m256i acc, __m256i w, const int8_t *y)
+{
+	if (vnni) {
+		__asm__("vpdpbusd %2%{1to8%}, %1, %0"
+		        : "+v"(acc)
+		        : "v"(w), "m"(*(const struct iq4_act4 *)y));
+		return acc;
+	}
+	int32_t y4;
+	memcpy(&y4, y, 4);
+	const __m256i ys = _mm256_sign_epi8(_mm256_set1_epi32(y4), w);
+	return _mm256_add_epi32(acc,
+	                        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), ys),
+	                                          _mm256_set1_epi16(1)));
+}
+
+/* The levels of the low and high nibbles of q (VNNI: + 128). form 2 (VBMI): vpermb reads 5
+ * index bits and the table holds the 16 levels twice, so neither nibble needs a mask. */
+ALWAYS_INLINE void x8_iq4_levels(int form, __m256i table, __m256i q, __m256i *lo, __m256i *hi)
+{
+	if (form == 2) {
+		const __m256i qh = _mm256_srli_epi16(q, 4);
+		__asm__("vpermb %1, %2, %0" : "=v"(*lo) : "v"(table), "v"(q));
+		__asm__("vpermb %1, %2, %0" : "=v"(*hi) : "v"(table), "v"(qh));
+		return;
+	}
+	const __m256i low4 = _mm256_set1_epi8(0x0F);
+	*lo = _mm256_shuffle_epi8(table, _mm256_and_si256(q, low4));
+	*hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(q, 4), low4));
+}
+
+#define X8_IQ4_NL_BYTES (MOEK_INTERLEAVE * 18)
+
+ALWAYS_INLINE void x8_nl_body(const void *group, const void *act, size_t as, const int NT, size_t k,
+                              float *out, int form) /* 0 AVX2, 1 VNNI, 2 + VBMI */
+{
+	const bool vnni = form != 0;
+	const uint8_t *col = group;
+	const __m256i table = iq4_table(vnni);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col, NT);
+	for (size_t b = 0; b < k / QK4_NL; b++, col += X8_IQ4_NL_BYTES) {
+		x8_prefetch(&pf, col + X8_IQ4_NL_BYTES);
+		/* one token: four chains (low/high levels, even/odd vector) */
+		__m256i sum[8], chain[3] = {_mm256_setzero_si256(), _mm256_setzero_si256(),
+		                            _mm256_setzero_si256()};
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0s *y =
+			    (const struct block_q8_0s *)((const uint8_t *)act + (size_t)t * as) + b;
+			sum[t] =
+			    vnni ? _mm256_set1_epi32(8 * y->neg16_sum) : _mm256_setzero_si256();
+		}
+		for (int v = 0; v < 4; v++) {
+			const __m256i q = _mm256_loadu_si256((const __m256i *)(col + 32 * v));
+			__m256i lo, hi;
+			x8_iq4_levels(form, table, q, &lo, &hi);
+			for (int t = 0; t < NT; t++) {
+				const int8_t *y =
+				    ((const struct block_q8_0s *)((const uint8_t *)act +
+				                                  (size_t)t * as) +
+				     b)
+				        ->qs;
+				__m256i *s_lo = NT == 1 && v % 2 ? &chain[0] : &sum[t];
+				__m256i *s_hi = NT == 1 ? &chain[1 + v % 2] : &sum[t];
+				*s_lo = x8_iq4_dot4(vnni, *s_lo, lo, y + 4 * v);
+				*s_hi = x8_iq4_dot4(vnni, *s_hi, hi, y + 16 + 4 * v);
+			}
+		}
+		if (NT == 1)
+			sum[0] = _mm256_add_epi32(_mm256_add_epi32(sum[0], chain[0]),
+			                          _mm256_add_epi32(chain[1], chain[2]));
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(col + 128)));
+		for (int t = 0; t < NT; t++) {
+			const struct block_q8_0s *y =
+			    (const struct block_q8_0s *)((const uint8_t *)act + (size_t)t * as) + b;
+			acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(y->d)),
+			                         _mm256_cvtepi32_ps(sum[t]), acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+/* ---- Interleaved IQ4_XS rows ---------------------------------------------------------------
+ * Per super-block column 8 f16 d, the 8 rows' scales_h words, one vector of scales_l (lane r:
+ * row r's 4 bytes, sub-block j's low 4 bits at bits 4j..4j+3 of the word) and 32 vectors of
+ * nibble bytes (vector v: sub-block v / 4, elements 4 (v % 4).. low, 16 + 4 (v % 4).. high),
+ * against Q8_K activations. A 32-element sub-block's sum of level · y is exact in int32 (AVX2:
+ * the sign trick, maddubs and madd by 1; VNNI: levels + 128 into vpdpbusd from −128 · Σy, the
+ * bsums' pair) and goes into the f32 sums with its scale d · (ls − 32) · dy: one convert and
+ * one FMA per sub-block and token, the same float steps in both forms. */
+
+#define X8_IQ4_XS_BYTES (MOEK_INTERLEAVE * 136)
+
+ALWAYS_INLINE void x8_xs_body(const void *group, const void *act, size_t as, const int NT, size_t k,
+                              float *out, int form) /* 0 AVX2, 1 VNNI, 2 + VBMI */
+{
+	const bool vnni = form != 0;
+	const uint8_t *col = group;
+	const __m256i table = iq4_table(vnni);
+	__m256 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm256_setzero_ps();
+	struct x8_stream pf = x8_stream_at(col, NT);
+	for (size_t i = 0; i < k / QK_K; i++, col += X8_IQ4_XS_BYTES) {
+		x8_prefetch(&pf, col + X8_IQ4_XS_BYTES);
+		const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)col));
+		const __m256i sh =
+		    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(col + 16)));
+		const __m256i sl = _mm256_loadu_si256((const __m256i *)(col + 32));
+#pragma GCC unroll 8
+		for (int ib = 0; ib < 8; ib++) {
+			const __m256i ls = _mm256_or_si256(
+			    _mm256_and_si256(_mm256_srli_epi32(sl, 4 * ib), _mm256_set1_epi32(15)),
+			    _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * ib),
+			                                       _mm256_set1_epi32(3)),
+			                      4));
+			const __m256 f = _mm256_mul_ps(
+			    d, _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+			__m256i p[8];
+			for (int t = 0; t < NT; t++) {
+				const int16_t *bs = q8k_token(act, as, t, i)->bsums + 2 * ib;
+				p[t] = vnni ? _mm256_set1_epi32(-128 * (bs[0] + bs[1]))
+				            : _mm256_setzero_si256();
+			}
+#pragma GCC unroll 4
+			for (int u = 0; u < 4; u++) {
+				const __m256i q = _mm256_loadu_si256(
+				    (const __m256i *)(col + 64 + 32 * (4 * ib + u)));
+				__m256i lo, hi;
+				x8_iq4_levels(form, table, q, &lo, &hi);
+				for (int t = 0; t < NT; t++) {
+					const int8_t *y =
+					    q8k_token(act, as, t, i)->qs + 32 * ib + 4 * u;
+					p[t] = x8_iq4_dot4(vnni, p[t], lo, y);
+					p[t] = x8_iq4_dot4(vnni, p[t], hi, y + 16);
+				}
+			}
+			for (int t = 0; t < NT; t++)
+				acc[t] = _mm256_fmadd_ps(
+				    _mm256_cvtepi32_ps(p[t]),
+				    _mm256_mul_ps(f, _mm256_set1_ps(q8k_token(act, as, t, i)->d)),
+				    acc[t]);
+		}
+	}
+	for (int t = 0; t < NT; t++)
+		_mm256_storeu_ps(out + 8 * t, acc[t]);
+}
+
+X8_ENTRY(x8_xs_avx2, x8_xs_body, 0, )
+X8_ENTRY(x8_xs_vnni, x8_xs_body, 1, VNNI_CODE)
+X8_ENTRY(x8_xs_vbmi, x8_xs_body, 2, VNNI_CODE)
+
+X8_ENTRY(x8_nl_avx2, x8_nl_body, 0, )
+X8_ENTRY(x8_nl_vnni, x8_nl_body, 1, VNNI_CODE)
+X8_ENTRY(x8_nl_vbmi, x8_nl_body, 2, VNNI_CODE)
+
+/* The form per call, as MXFP4's group dot picks it (x86_avx2.c). */
+#define X8_IQ4_PICK(name, avx2, vnni, vbmi)                                                        \
+	void name(const void *g, const void *act, size_t as, size_t nt, size_t k, float *out)      \
+	{                                                                                          \
+		if (!(moek_isa_forms() & MOEK_FORM_VNNI))                                          \
+			avx2(g, act, as, nt, k, out);                                              \
+		else if (moek_isa_forms() & MOEK_FORM_VBMI)                                        \
+			vbmi(g, act, as, nt, k, out);                                              \
+		else                                                                               \
+			vnni(g, act, as, nt, k, out);                                              \
+	}
+X8_IQ4_PICK(moek_avx2_x8_iq4_nl, x8_nl_avx2, x8_nl_vnni, x8_nl_vbmi)
+X8_IQ4_PICK(moek_avx2_x8_iq4_xs, x8_xs_avx2, x8_xs_vnni, x8_xs_vbmi)
+
 /* ---- Prefill dequantization ---------------------------------------------------------------- */
 
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k)

@@ -4,8 +4,9 @@
  * were read into (a slot, or the all-resident buffer), before it is used; the MMAP source
  * serves the files' rows as they are. The arrangement is moek_expert_pack's, done in place:
  *   - gate and up units alternate in one range that starts at the gate's bytes — a unit is a
- *     group of 8 rows where the format has the interleaved layout (moek_interleave: MXFP4,
- *     Q8_0, Q4_K), else one row — so the hidden phase reads one ascending range instead of
+ *     group of 8 rows where the format has the interleaved layout (moek_interleave_supported:
+ *     MXFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, BF16, INT4_G32), else one row — so the
+ *     hidden phase reads one ascending range instead of
  *     two (a core streams one range from DRAM faster than two interleaved ones);
  *   - each group of 8 rows of gate, up and down is interleaved where the format has the
  *     layout (its group dot beats the row dot: docs/performance.md, the kernel table).

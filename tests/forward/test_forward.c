@@ -428,6 +428,18 @@ Test(forward_layout, q3_k_gguf)
 {
 	layout_case("qwen3-30b-a3b", MOEK_Q3_K, true, false);
 }
+Test(forward_layout, q2_k_gguf_fused_gate_up)
+{
+	layout_case("qwen3-30b-a3b", MOEK_Q2_K, true, true);
+}
+Test(forward_layout, iq4_nl_gguf)
+{
+	layout_case("qwen3-30b-a3b", MOEK_IQ4_NL, true, false);
+}
+Test(forward_layout, iq4_xs_gguf_fused_gate_up)
+{
+	layout_case("qwen3-30b-a3b", MOEK_IQ4_XS, true, true);
+}
 Test(forward_layout, fp8_safetensors_deepseek)
 {
 	layout_case("deepseek-v3", MOEK_FP8_E4M3_B128, false, false);

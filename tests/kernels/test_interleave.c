@@ -1,5 +1,7 @@
 /* test_interleave.c — rows interleaved in groups of 8 (moek_interleave, struct
- * moek_matrix.interleave) for MXFP4, Q8_0, Q4_K and BF16, and whole experts in their decode layout
+ * moek_matrix.interleave) for MXFP4, Q8_0, Q4_K, BF16, INT4_G32, Q2_K, Q3_K, IQ4_NL and IQ4_XS
+ * (the last four's group dots also bit for bit against a scalar reference of them), and whole
+ * experts in their decode layout
  * (moek_expert_pack): the permutation and its inverse, byte positions the layout promises,
  * the rows it dequantizes to, the FFN over it against the same expert in GGUF rows (prefill
  * and the scalar path bit for bit, the decode dots within float reassociation — and, for
@@ -25,9 +27,17 @@ static inline bool set_vnni_forms(bool on)
 	return (all & MOEK_FORM_VNNI) && moek_set_isa_forms(all);
 }
 
-static const uint32_t x8_formats[] = {MOEK_MXFP4, MOEK_Q8_0,     MOEK_Q4_K,
-                                      MOEK_BF16,  MOEK_INT4_G32, MOEK_NVFP4};
+static const uint32_t x8_formats[] = {MOEK_MXFP4,    MOEK_Q8_0, MOEK_Q4_K, MOEK_BF16,
+                                      MOEK_INT4_G32, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL,
+                                      MOEK_IQ4_XS,   MOEK_NVFP4};
 #define N_X8 (sizeof(x8_formats) / sizeof(x8_formats[0]))
+
+/* Formats in 256-element super-blocks (K-quants): wider rows where a test needs several. */
+static bool k_quant(uint32_t format)
+{
+	return format == MOEK_Q4_K || format == MOEK_Q2_K || format == MOEK_Q3_K ||
+	       format == MOEK_IQ4_XS;
+}
 
 static const char *fname(uint32_t format)
 {
@@ -157,9 +167,27 @@ static size_t layout_offset(uint32_t format, size_t cols, size_t r, size_t b, si
 	case MOEK_NVFP4: /* 8 vectors of qs, 1 vector of the 8 rows' 4 scales */
 		return column +
 		       (at < 4 ? 256 + 4 * r + at : 32 * ((at - 4) / 4) + 4 * r + (at - 4) % 4);
+	case MOEK_IQ4_XS: /* 8 d, 8 scales_h, 1 vector of scales_l, 32 vectors of qs */
+		if (at < 4)
+			return column + 16 * (at / 2) + 2 * r + at % 2;
+		return column + 32 + 32 * ((at - 4) / 4) + 4 * r + at % 4;
+	case MOEK_IQ4_NL: /* 4 vectors of qs, 8 f16 d */
+		return column +
+		       (at < 2 ? 128 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
 	case MOEK_Q8_0: /* 8 vectors of qs, 8 f16 d */
 		return column +
 		       (at < 2 ? 256 + 2 * r + at : 32 * ((at - 2) / 4) + 4 * r + (at - 2) % 4);
+	case MOEK_Q2_K: /* 8 d, 8 dmin (bytes 80-83), 4 vectors of scales, 16 vectors of qs */
+		if (at >= 80)
+			return column + 16 * ((at - 80) / 2) + 2 * r + at % 2;
+		return column + 32 + 32 * (at / 4) + 4 * r + at % 4;
+	case MOEK_Q3_K: /* 8 d (bytes 108-109), 3 vectors of scales (96-107), 8 vectors of
+	                   hmask (0-31), 16 vectors of qs (32-95) */
+		if (at >= 108)
+			return column + 2 * r + at % 2;
+		if (at >= 96)
+			return column + 16 + 32 * ((at - 96) / 4) + 4 * r + at % 4;
+		return column + 112 + 32 * (at / 4) + 4 * r + at % 4;
 	default: /* Q4_K: 8 d, 8 dmin, 3 vectors of scales, 32 vectors of qs */
 		(void)cols;
 		if (at < 4)
@@ -172,7 +200,7 @@ Test(interleave, round_trip_and_layout)
 {
 	for (size_t fi = 0; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		const size_t rows = 24, cols = format == MOEK_Q4_K    ? 768
+		const size_t rows = 24, cols = k_quant(format)        ? 768
 		                               : format == MOEK_NVFP4 ? 192
 		                                                      : 96;
 		size_t bb;
@@ -313,6 +341,8 @@ Test(interleave, ffn_equals_the_gguf_rows)
 			             format == MOEK_BF16   ? 0.01
 			             : format == MOEK_Q8_0 ? 0.03
 			             : format == MOEK_Q4_K ? 0.15
+			             : format == MOEK_Q3_K ? 0.35
+			             : format == MOEK_Q2_K ? 0.8
 			                                   : 0.3,
 			             "%s, %zu tokens: %g from the float originals", fname(format),
 			             n, rel);
@@ -364,7 +394,7 @@ Test(interleave, splits_cutting_groups_give_the_same_bits)
 	for (size_t fi = 0; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
 		struct twin t;
-		twin_init(&t, format, format == MOEK_Q4_K ? 512 : 320, 256, MOEK_SWIGLU, 0, 9);
+		twin_init(&t, format, k_quant(format) ? 512 : 320, 256, MOEK_SWIGLU, 0, 9);
 		const size_t counts[] = {1, 5, 8};
 		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
 			const size_t n = counts[i];
@@ -422,16 +452,230 @@ Test(interleave, vnni_form_gives_the_avx2_bits)
 	}
 }
 
+/* ---- Q2_K, Q3_K, IQ4_NL, IQ4_XS group dots against their scalar reference --------------- */
+
+/* Code of element e (0..255) of a Q2_K / Q3_K block's 2-bit field (qs byte 32 h + l, bits 2 s:
+ * element 128 h + 32 s + l). */
+static int low2_code(const uint8_t *qs, size_t e)
+{
+	return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+/* The scalar reference of the Q2_K / Q3_K / IQ4_NL group dots: each row of the interleaved
+ * group (its GGUF blocks back through moek_x8_gather) against nt activation rows (Q8_K;
+ * IQ4_NL: MOEK_ACT_Q8_0S), a block's integer sums exact and its float steps in the group dots'
+ * order — Q2_K: acc − (dmin · dy) · Σ m_j bsum_j, then + (d · dy) · Σ sc_j Σ q y; Q3_K:
+ * acc + (d · dy) · Σ (sc_j − 32) Σ (q − 4) y; IQ4_NL: acc + (d · dy) · Σ level · y; IQ4_XS,
+ * per 32-element sub-block: acc + Σ level · y · ((d · (ls − 32)) · dy) — each one fused
+ * multiply-add: the SIMD forms must give exactly these bits. */
+static void k23_group_ref(uint32_t format, const uint8_t *group, const uint8_t *act, size_t as,
+                          size_t nt, size_t k, float *out)
+{
+	size_t bb;
+	const size_t nb = k / moek_x8_block(format, &bb);
+	uint8_t *blocks = malloc(nb * bb);
+	cr_assert(blocks);
+	for (size_t r = 0; r < MOEK_INTERLEAVE; r++) {
+		moek_x8_gather(format, group, r, 0, nb, blocks);
+		for (size_t t = 0; t < nt; t++) {
+			float acc = 0.0f;
+			for (size_t i = 0; i < nb && format == MOEK_IQ4_NL; i++) {
+				const struct block_q8_0s *y =
+				    (const struct block_q8_0s *)(act + t * as) + i;
+				const struct block_iq4_nl *b =
+				    (const struct block_iq4_nl *)blocks + i;
+				int32_t sum = 0;
+				for (size_t e = 0; e < 16; e++)
+					sum += moek_iq4_kvalues[b->qs[e] & 15] * y->qs[e] +
+					       moek_iq4_kvalues[b->qs[e] >> 4] * y->qs[e + 16];
+				acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+			}
+			for (size_t i = 0; i < nb && format == MOEK_IQ4_XS; i++) {
+				const struct block_q8_K *y =
+				    (const struct block_q8_K *)(act + t * as) + i;
+				const struct block_iq4_xs *b =
+				    (const struct block_iq4_xs *)blocks + i;
+				for (int ib = 0; ib < 8; ib++) {
+					int32_t sum = 0;
+					for (size_t e = 0; e < 16; e++) {
+						const uint8_t q = b->qs[16 * ib + e];
+						sum +=
+						    moek_iq4_kvalues[q & 15] * y->qs[32 * ib + e] +
+						    moek_iq4_kvalues[q >> 4] *
+						        y->qs[32 * ib + 16 + e];
+					}
+					const float f =
+					    moek_f16_to_f32(b->d) * (float)moek_iq4_xs_scale(b, ib);
+					acc = fmaf((float)sum, f * y->d, acc);
+				}
+			}
+			for (size_t i = 0; i < nb && format != MOEK_IQ4_NL && format != MOEK_IQ4_XS;
+			     i++) {
+				const struct block_q8_K *y =
+				    (const struct block_q8_K *)(act + t * as) + i;
+				int32_t sum = 0, mins = 0;
+				if (format == MOEK_Q2_K) {
+					const struct block_q2_K *b =
+					    (const struct block_q2_K *)blocks + i;
+					for (size_t j = 0; j < 16; j++) {
+						int32_t s = 0;
+						for (size_t e = 16 * j; e < 16 * j + 16; e++)
+							s += low2_code(b->qs, e) * y->qs[e];
+						sum += (b->scales[j] & 15) * s;
+						mins += (b->scales[j] >> 4) * y->bsums[j];
+					}
+					acc = fmaf(-(moek_f16_to_f32(b->dmin) * y->d), (float)mins,
+					           acc);
+					acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+				} else {
+					const struct block_q3_K *b =
+					    (const struct block_q3_K *)blocks + i;
+					uint8_t sc[16];
+					moek_q3_scales(b->scales, sc);
+					for (size_t j = 0; j < 16; j++) {
+						int32_t s = 0;
+						for (size_t e = 16 * j; e < 16 * j + 16; e++) {
+							const int hb =
+							    (b->hmask[e % 32] >> (e / 32)) & 1;
+							s += (low2_code(b->qs, e) + 4 * hb - 4) *
+							     y->qs[e];
+						}
+						sum += (sc[j] - 32) * s;
+					}
+					acc = fmaf(moek_f16_to_f32(b->d) * y->d, (float)sum, acc);
+				}
+			}
+			out[t * MOEK_INTERLEAVE + r] = acc;
+		}
+	}
+	free(blocks);
+}
+
+/* Random Q2_K / Q3_K / IQ4_NL rows: every byte random but the f16 scales, which are finite
+ * (both signs; d or dmin zero now and then). */
+static uint8_t *random_k23_rows(uint32_t format, size_t rows, size_t k, uint32_t seed)
+{
+	const struct moek_format_info *fi = moek_format_lookup(format);
+	const size_t bb = fi->block_bytes, n = rows * (k / fi->block_elems);
+	const size_t at = format == MOEK_Q2_K ? 80 : format == MOEK_Q3_K ? 108 : 0;
+	uint8_t *p = random_rows(n * bb, seed);
+	for (size_t i = 0; i < n; i++) {
+		for (size_t f = 0; f < (format == MOEK_Q2_K ? 2u : 1u); f++) {
+			const float v = lcg(&seed) % 13 == 0
+			                    ? 0.0f
+			                    : ((float)(lcg(&seed) % 2001) - 1000.0f) * 1e-5f;
+			const uint16_t h = moek_f32_to_f16(v);
+			memcpy(p + i * bb + at + 2 * f, &h, 2);
+		}
+	}
+	return p;
+}
+
+/* The Q2_K / Q3_K / IQ4_NL / IQ4_XS group dots, on every ISA this CPU has (moek_set_isa) and in
+ * each form (VNNI on and off), give their scalar reference's bits for random blocks, every token
+ * count 1..8 and several widths, including activation rows at a stride wider than the row; and they
+ * stay within float reassociation of the GGUF-row dots of the same rows. */
+Test(interleave, k23_group_dots_equal_their_scalar_reference)
+{
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
+	const size_t widths[] = {256, 768, 2048};
+	const enum moek_isa isas[] = {MOEK_ISA_AVX2, MOEK_ISA_AVX512};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		const uint32_t format = formats[fi];
+		const enum moek_fmt f = moek_fmt_index(format);
+		if (!moek_interleave_supported(format))
+			continue;
+		for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+			const size_t k = widths[wi], rows = 16, nt_max = 8;
+			const size_t rb = moek_row_bytes(format, k);
+			uint8_t *src =
+			    random_k23_rows(format, rows, k, 100 + (uint32_t)(fi * 7 + wi));
+			uint8_t *x8 = malloc(rows * rb);
+			cr_assert(x8);
+			cr_assert_eq(moek_interleave(format, src, 0, rows, k, x8), 0);
+			float *x = fixture_tokens(nt_max, k, 7 + (uint32_t)wi);
+			/* past the widest activation row (Q8_0X2's, 2 bytes an element): a
+			 * stride wider than the row */
+			const size_t as = 2 * k + 292;
+			uint8_t *act = calloc(nt_max, as), *act_r = calloc(nt_max, as);
+			float *want = malloc(nt_max * 8 * sizeof(float)),
+			      *got = malloc(nt_max * 8 * sizeof(float)),
+			      *row = malloc(nt_max * rows * sizeof(float)),
+			      *grp = malloc(nt_max * rows * sizeof(float));
+			cr_assert(act && act_r && want && got && row && grp);
+			for (size_t ii = 0; ii < sizeof(isas) / sizeof(isas[0]); ii++) {
+				if (moek_set_isa(isas[ii]) != 0)
+					continue;
+				const struct moek_isa_ops *ops = moek_isa_current();
+				cr_assert(ops->dot_x8[f], "%s: no group dot on %s", fname(format),
+				          ops->name);
+				/* the group dot's activations and the row dot's (IQ4_NL: Q8_0S and
+				 * Q8_0X2, the same quantization; K-quants: Q8_K both) */
+				const uint32_t ag = moek_isa_act_fmt(ops, f, true),
+				               ar = moek_isa_act_fmt(ops, f, false);
+				for (size_t t = 0; t < nt_max; t++) {
+					moek_isa_quantize_act(ops, ag, x + t * k, k, act + t * as);
+					moek_isa_quantize_act(ops, ar, x + t * k, k,
+					                      act_r + t * as);
+				}
+				for (int vnni = 0; vnni < 2; vnni++) {
+					if (!set_vnni_forms(vnni))
+						continue;
+					for (size_t nt = 1; nt <= nt_max; nt++) {
+						for (size_t g = 0; g < rows / 8; g++) {
+							const uint8_t *group = x8 + g * 8 * rb;
+							k23_group_ref(format, group, act, as, nt, k,
+							              want);
+							ops->dot_x8[f](group, act, as, nt, k, got);
+							cr_assert_eq(memcmp(got, want,
+							                    nt * 8 * sizeof(float)),
+							             0,
+							             "%s %s%s, %zu columns, %zu "
+							             "tokens, group "
+							             "%zu: bits differ from the "
+							             "scalar reference",
+							             fname(format), ops->name,
+							             vnni ? " vnni" : "", k, nt, g);
+							for (size_t t = 0; t < nt; t++)
+								for (size_t r = 0; r < 8; r++)
+									grp[t * rows + 8 * g + r] =
+									    got[t * 8 + r];
+						}
+						for (size_t r = 0; r < rows; r++) {
+							float o[8];
+							ops->dot[f](src + r * rb, NULL, act_r, as,
+							            nt, k, o);
+							for (size_t t = 0; t < nt; t++)
+								row[t * rows + r] = o[t];
+						}
+						const double e = nmse_f(grp, row, nt * rows);
+						cr_assert_lt(
+						    e, 1e-11,
+						    "%s %s, %zu tokens: nmse %g against the "
+						    "row dots",
+						    fname(format), ops->name, nt, e);
+					}
+				}
+				set_vnni_forms(true);
+			}
+			cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
+			free(src), free(x8), free(x), free(act), free(act_r), free(want), free(got),
+			    free(row), free(grp);
+		}
+	}
+}
+
 /* Extreme weights: Q8_0's -128 (|w| = 128 in the sign form, 0 after the 0x80 flip) and
  * 127, Q4_K's largest 6-bit scales and mins over all-15 or all-0 nibbles, INT4_G32's codes 15
- * with zero point 0 and codes 0 with zero point 15, against
+ * with zero point 0 and codes 0 with zero point 15, Q2_K's and Q3_K's largest scales over their
+ * largest and smallest codes, against
  * activations at +-127 — the corners of the integer sums. Both forms give the same bits
  * (maddubs would saturate silently), within reassociation of the GGUF-row dot. */
 Test(interleave, integer_corners)
 {
 	for (size_t fi = 1; fi < N_X8; fi++) {
 		const uint32_t format = x8_formats[fi];
-		if (format != MOEK_Q8_0 && format != MOEK_Q4_K && format != MOEK_INT4_G32)
+		if (format == MOEK_BF16)
 			continue; /* integer sums only */
 		struct twin t;
 		twin_init(&t, format, 256, 256, MOEK_SWIGLU, 0, 31);
@@ -448,6 +692,18 @@ Test(interleave, integer_corners)
 					    (uint8_t)((row[b * 20] & 0xf0) | (r % 2 ? 15 : 0));
 					memset(row + b * 20 + 4, r % 2 ? 0x00 : 0xff, 16);
 				}
+			} else if (format == MOEK_IQ4_NL) { /* levels 113 or -127 */
+				for (size_t b = 0; b < 8; b++)
+					memset(row + b * 18 + 2, r % 2 ? 0xff : 0x00, 16);
+			} else if (format == MOEK_IQ4_XS) { /* scales +31, levels 113 / -127 */
+				memset(row + 2, 0xff, 6);
+				memset(row + 8, r % 2 ? 0xff : 0x00, 128);
+			} else if (format == MOEK_Q2_K) { /* scales and mins 15, codes 3 or 0 */
+				memset(row, 0xff, 16);
+				memset(row + 16, r % 2 ? 0xff : 0x00, 64);
+			} else if (format == MOEK_Q3_K) { /* scales +31, codes +3 or -4 */
+				memset(row + 96, 0xff, 12);
+				memset(row, r % 2 ? 0xff : 0x00, 96);
 			} else {
 				memset(row + 4, 0xff, 12); /* scales and mins 63 */
 				memset(row + 16, r % 2 ? 0xff : 0x00, 128);
@@ -617,6 +873,51 @@ Test(interleave, packed_experts)
 	}
 }
 
+/* Tails: a gate/up whose rows are not a multiple of 8 (100 rows of Q2_K, Q3_K, IQ4_NL or
+ * IQ4_XS over an F16 down, whose block allows any width) keeps its GGUF rows in the packed
+ * expert, which then computes the separate one's bits; 104 rows are grouped, within
+ * reassociation of the rows. */
+Test(interleave, rows_not_a_multiple_of_8_stay_rows)
+{
+	const uint32_t formats[] = {MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS};
+	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
+		for (size_t ffn = 100; ffn <= 104; ffn += 4) {
+			struct fixture f;
+			fixture_init(&f, formats[fi], MOEK_F16, 256, ffn, MOEK_SWIGLU, 0, 61);
+			const size_t bytes = moek_expert_packed_bytes(&f.expert);
+			uint8_t *buf = malloc(bytes);
+			cr_assert(buf);
+			struct moek_expert pk;
+			char err[256];
+			cr_assert_eq(
+			    moek_expert_pack(&f.expert, true, buf, bytes, &pk, err, sizeof(err)), 0,
+			    "%s", err);
+			cr_assert_eq(pk.gate.interleave, ffn % 8 ? 0u : MOEK_INTERLEAVE,
+			             "%s, %zu rows", fname(formats[fi]), ffn);
+			cr_assert_eq(pk.down.interleave, 0u);
+			for (size_t n = 1; n <= 20; n += 19) {
+				float *x = fixture_tokens(n, 256, 5);
+				struct fixture fp = f;
+				fp.expert = pk;
+				float *want = fixture_run(&f, x, n, NULL),
+				      *got = fixture_run(&fp, x, n, NULL);
+				if (ffn % 8)
+					cr_assert_eq(
+					    memcmp(got, want, n * 256 * sizeof(float)), 0,
+					    "%s, %zu rows, %zu tokens: the packed rows differ",
+					    fname(formats[fi]), ffn, n);
+				else
+					cr_assert_lt(nmse_f(got, want, n * 256), 1e-11,
+					             "%s, %zu rows, %zu tokens", fname(formats[fi]),
+					             ffn, n);
+				free(x), free(want), free(got);
+			}
+			free(buf);
+			fixture_free(&f);
+		}
+	}
+}
+
 Test(interleave, descriptors_the_kernels_refuse)
 {
 	struct twin t;
@@ -641,8 +942,10 @@ Test(interleave, descriptors_the_kernels_refuse)
 	e = q.expert;
 	e.gate.interleave = e.up.interleave = MOEK_INTERLEAVE;
 	cr_assert_eq(moek_ffn_prepare(&c, err, sizeof(err)), -1);
-	cr_assert(strstr(err, "MXFP4, NVFP4, Q8_0, Q4_K, BF16 or INT4_G32") && strstr(err, "Q4_0"),
-	          "%s", err);
+	cr_assert(
+	    strstr(err, "MXFP4, NVFP4, Q8_0, Q4_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS, BF16 or INT4_G32") &&
+	        strstr(err, "Q4_0"),
+	    "%s", err);
 	fixture_free(&q);
 	/* slices of interleaved rows hold whole groups, even under a down that allows any cut */
 	struct fixture b;
