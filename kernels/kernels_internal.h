@@ -106,6 +106,44 @@ static_assert(sizeof(struct block_q5_K) == 176, "Q5_K block");
 static_assert(sizeof(struct block_q6_K) == 210, "Q6_K block");
 static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
+/* The i-quants (fmt_iq.c): 256 weights per block in groups of 8 whose magnitudes are one point
+ * of a fixed lattice codebook (iq_grids.c, ggml's tables byte for byte) and whose signs come
+ * from ksigns_iq2xs (7 stored sign bits; the 8th makes the count of minus signs even).
+ * IQ2_XXS: qs as 8 pairs of u32 (a, b) per 32 weights: byte l of a indexes iq2xxs_grid for
+ * weights 8l..8l+7; bits 7l..7l+6 of b (l < 4) index ksigns_iq2xs; b >> 28 is the 4-bit
+ * scale s: value = d · (0.5 + s) · 0.25 · grid · sign.
+ * IQ2_XS: one u16 per 8 weights: bits 0-8 index iq2xs_grid, bits 9-15 ksigns_iq2xs; a 4-bit
+ * scale per 16 weights (low nibble of scales[j]: weights 32j..32j+15, high: the next 16):
+ * value = d · (0.5 + s) · 0.25 · grid · sign. */
+struct block_iq2_xxs {
+	uint16_t d;            /* f16 super-block scale */
+	uint16_t qs[QK_K / 8]; /* 8 bytes per 32 weights: 4 grid indices, then signs + scale */
+};
+struct block_iq2_xs {
+	uint16_t d;
+	uint16_t qs[QK_K / 8];     /* per 8 weights: grid index | sign index << 9 */
+	uint8_t scales[QK_K / 32]; /* per 32 weights: two 4-bit scales */
+};
+static_assert(sizeof(struct block_iq2_xxs) == 66, "IQ2_XXS block");
+static_assert(sizeof(struct block_iq2_xs) == 74, "IQ2_XS block");
+
+/* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
+ * (8, 25 or 43), byte j for weight j; ksigns_iq2xs[i] is i with bit 7 set when i has an odd
+ * number of bits (bit j set: weight j negative). */
+extern const uint64_t moek_iq2xxs_grid[256];
+extern const uint64_t moek_iq2xs_grid[512];
+extern const uint8_t moek_ksigns_iq2xs[128];
+
+/* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
+void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_xxs(const void *src, float *y, size_t n);
+void moek_quantize_iq2_xs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_xs(const void *src, float *y, size_t n);
+/* Their scalar reference dots against Q8_K activations (one row, one token): each block's
+ * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · 0.125, sum, acc)
+ * per block — the AVX2 dots' arithmetic, so they give the same bits. */
+float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_t k);
+
 /* MOEK_INT4_G32: one 32-element group of a compressed-tensors or GPTQ INT4 checkpoint,
  * repacked at load (fmt_int4.c). `dz` is the group's f32 scale d, little-endian, whose low 4
  * mantissa bits hold the zero point z: BF16 and F16 scales convert to f32 with at least 13
@@ -177,7 +215,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -589,6 +627,16 @@ void moek_avx2_dot_iq4_xs(const void *w, const float *sr, const void *act, size_
 void moek_avx2_rows_iq4_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out);
 size_t moek_avx2_dequantize_iq4(uint32_t format, const void *w, float *dst, size_t k);
+/* x86_avx2_iq.c: the i-quants' row dots and many-row dots against Q8_K (same bits as
+ * moek_iq_dot_q8k_ref). */
+void moek_avx2_dot_iq2_xxs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                           size_t k, float *out);
+void moek_avx2_rows_iq2_xxs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                            float *out);
+void moek_avx2_dot_iq2_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                          size_t k, float *out);
+void moek_avx2_rows_iq2_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                           float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

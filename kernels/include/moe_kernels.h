@@ -30,6 +30,10 @@ enum moek_format {
 	MOEK_Q5_K = 13,
 	MOEK_Q6_K = 14,
 	MOEK_Q8_K = 15, /* activation format for K-quant dot products only */
+	/* ggml's i-quants: 256 weights per block, codes into fixed lattice codebooks (iq_grids.c)
+	 */
+	MOEK_IQ2_XXS = 16,
+	MOEK_IQ2_XS = 17,
 	MOEK_IQ4_NL = 20,
 	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,

@@ -1,0 +1,131 @@
+/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS) against Q8_K,
+ * for moek_avx2_ops (x86_avx2.c's table).
+ *
+ * Compiled with x86_avx2.c's flags and run only after its CPUID check. Per 32 weights: four
+ * grid entries (8 magnitude bytes each, 8 / 25 / 43) gathered into one register, the four
+ * 8-bit sign patterns from ksigns_iq2xs broadcast and compared against the bit masks into
+ * ±1 bytes, which sign the activations (vpsignb); maddubs of magnitudes and signed
+ * activations (|pair| <= 2 · 43 · 127, no saturation), madd by the odd scale 2s + 1 per 16
+ * or 32 weights, one exact int32 sum per super-block, then one f32 FMA per token and
+ * super-block by d · y.d · 0.125 — moek_iq_dot_q8k_ref's arithmetic, so the same bits.
+ * Prefill: x86_avx2.c's table hands the f32 tiles the reference dequantizer's rows.
+ *
+ * As everywhere in the kernels, each result's summation order depends only on k.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "x86_avx2.h"
+
+ALWAYS_INLINE int32_t iq_hsum(__m256i v)
+{
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+	return _mm_cvtsi128_si32(s);
+}
+
+/* ±1 bytes from four 8-bit sign patterns (pattern l in byte l of `s`, bit j: weight 8l + j
+ * negative). */
+ALWAYS_INLINE __m256i iq_signs(uint32_t s)
+{
+	const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2,
+	                                        2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+	const __m256i bits =
+	    _mm256_set1_epi64x((long long)0x8040201008040201ull); /* byte j: 1 << j */
+	const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)s), spread);
+	const __m256i neg = _mm256_cmpeq_epi8(_mm256_and_si256(b, bits), bits);
+	return _mm256_or_si256(neg, _mm256_set1_epi8(1));
+}
+
+ALWAYS_INLINE uint32_t iq_le32(const uint8_t *p)
+{
+	uint32_t v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* 32 weights' magnitudes, ±1 signs and the int16 scale words (one per 16 weights) of
+ * sub-block ib of block x. */
+ALWAYS_INLINE void iq_unpack(uint32_t format, const void *x, int ib, __m256i *w, __m256i *s,
+                             __m256i *ls)
+{
+	const uint8_t *ks = moek_ksigns_iq2xs;
+	if (format == MOEK_IQ2_XXS) {
+		const uint8_t *c = (const uint8_t *)((const struct block_iq2_xxs *)x)->qs + 8 * ib;
+		const uint32_t sg = iq_le32(c + 4);
+		*w = _mm256_setr_epi64x(
+		    (long long)moek_iq2xxs_grid[c[0]], (long long)moek_iq2xxs_grid[c[1]],
+		    (long long)moek_iq2xxs_grid[c[2]], (long long)moek_iq2xxs_grid[c[3]]);
+		*s = iq_signs((uint32_t)ks[sg & 127] | (uint32_t)ks[(sg >> 7) & 127] << 8 |
+		              (uint32_t)ks[(sg >> 14) & 127] << 16 |
+		              (uint32_t)ks[(sg >> 21) & 127] << 24);
+		*ls = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+	} else {
+		const struct block_iq2_xs *b = x;
+		const uint16_t *c = b->qs + 4 * ib;
+		*w = _mm256_setr_epi64x(
+		    (long long)moek_iq2xs_grid[c[0] & 511], (long long)moek_iq2xs_grid[c[1] & 511],
+		    (long long)moek_iq2xs_grid[c[2] & 511], (long long)moek_iq2xs_grid[c[3] & 511]);
+		*s = iq_signs((uint32_t)ks[c[0] >> 9] | (uint32_t)ks[c[1] >> 9] << 8 |
+		              (uint32_t)ks[c[2] >> 9] << 16 | (uint32_t)ks[c[3] >> 9] << 24);
+		const int sc = b->scales[ib];
+		*ls = _mm256_setr_m128i(_mm_set1_epi16((short)(2 * (sc & 15) + 1)),
+		                        _mm_set1_epi16((short)(2 * (sc >> 4) + 1)));
+	}
+}
+
+ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int NT, size_t k,
+                           float *out, uint32_t format)
+{
+	const size_t bb =
+	    format == MOEK_IQ2_XXS ? sizeof(struct block_iq2_xxs) : sizeof(struct block_iq2_xs);
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
+	__m128 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		const uint8_t *blk = (const uint8_t *)w + i * bb;
+		prefetch_ahead(blk, far), prefetch_ahead(blk + 64, far);
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			__m256i mag, sg, ls;
+			iq_unpack(format, blk, ib, &mag, &sg, &ls);
+			for (int t = 0; t < NT; t++) {
+				const __m256i y = _mm256_loadu_si256(
+				    (const __m256i *)(q8k_token(act, as, t, i)->qs + 32 * ib));
+				const __m256i p =
+				    _mm256_maddubs_epi16(mag, _mm256_sign_epi8(y, sg));
+				sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, ls));
+			}
+		}
+		const float d = _cvtsh_ss(((const uint16_t *)blk)[0]);
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * q8k_token(act, as, t, i)->d * 0.125f),
+			                      _mm_cvtsi32_ss(_mm_setzero_ps(), iq_hsum(sumi[t])),
+			                      acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = _mm_cvtss_f32(acc[t]);
+}
+
+/* The row dot (specialised on the token count) and the many-row entry of one format. */
+#define IQ_ENTRIES(fmt, FMT)                                                                       \
+	X8_ENTRY(dot_##fmt, iq_body, FMT, )                                                        \
+	void moek_avx2_dot_##fmt(const void *w, const float *sr, const void *act, size_t as,       \
+	                         size_t nt, size_t k, float *out)                                  \
+	{                                                                                          \
+		(void)sr;                                                                          \
+		dot_##fmt(w, act, as, nt, k, out);                                                 \
+	}                                                                                          \
+	void moek_avx2_rows_##fmt(const void *w, size_t stride, size_t nr, const void *act,        \
+	                          size_t k, float *out)                                            \
+	{                                                                                          \
+		for (size_t r = 0; r < nr; r++)                                                    \
+			iq_body((const uint8_t *)w + r * stride, act, 0, 1, k, out + r, FMT);      \
+	}
+
+IQ_ENTRIES(iq2_xxs, MOEK_IQ2_XXS)
+IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
