@@ -377,6 +377,8 @@ static const struct format_bound {
     {.format = MOEK_Q5_K, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_Q6_K, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_IQ4_XS, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ2_XXS, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ2_XS, .nmse = {1e-3, 1e-3, 1e-3}},
 };
 
 enum expert_path expert_path_of(size_t n_tokens)

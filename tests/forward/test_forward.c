@@ -144,6 +144,14 @@ Test(forward_formats, gguf_iq4_xs_fused_gate_up)
 {
 	format_case("qwen3-30b-a3b", MOEK_IQ4_XS, true, true);
 }
+Test(forward_formats, gguf_iq2_xxs_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_XXS, true, true);
+}
+Test(forward_formats, gguf_iq2_xs)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_XS, true, false);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);
@@ -336,6 +344,16 @@ Test(forward_formats, gguf_q4_k_m_mix_first_down_interleaved)
 Test(forward_formats, gguf_q2_k_mix_every_source)
 {
 	mix_every_source(MOE_GEN_MIX_Q2_K, MOEK_Q3_K, 9, 9);
+}
+/* The i-quant mixes: gate/up and down in the i-quant, the downs of the first eighth of the
+ * blocks (block 0 of 9) in Q2_K. */
+Test(forward_formats, gguf_iq2_xxs_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ2_XXS, MOEK_Q2_K, 1, 9);
+}
+Test(forward_formats, gguf_iq2_xs_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ2_XS, MOEK_Q2_K, 1, 9);
 }
 Test(forward_formats, gguf_q3_k_m_mix_every_source)
 {

@@ -31,6 +31,8 @@ static double tolerance(uint32_t format)
 	case MOEK_MXFP4: return 4e-2;
 	case MOEK_Q3_K: return 4e-2;
 	case MOEK_Q2_K: return 0.12;
+	case MOEK_IQ2_XXS: return 0.13; /* measured 0.107 */
+	case MOEK_IQ2_XS: return 0.11;
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -371,12 +373,26 @@ Test(generator, mix_rule_is_llama_cpps)
 	cr_assert_eq(m, MOE_GEN_MIX_Q2_K);
 	cr_assert_eq(moe_gen_mix_parse("q4_k_s", &m), -1);
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_Q4_K_M), 15);
+	/* the i-quant mixes: downs of blocks below n/8 (6) in Q2_K, the rest in the i-quant */
+	for (uint32_t L = 0; L < 48; L++)
+		for (enum moe_gen_tensor w = MOE_GEN_GATE; w <= MOE_GEN_DOWN; w++) {
+			const bool q2 = w == MOE_GEN_DOWN && L < 6;
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_XXS, w, L, 48),
+			             q2 ? MOEK_Q2_K : MOEK_IQ2_XXS, "IQ2_XXS block %u", L);
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_XS, w, L, 48),
+			             q2 ? MOEK_Q2_K : MOEK_IQ2_XS, "IQ2_XS block %u", L);
+		}
+	cr_assert_eq(moe_gen_mix_parse("iq2_xxs", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_IQ2_XXS);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XXS), 19);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XS), 20);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
-static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M, MOE_GEN_MIX_Q2_K};
+static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M, MOE_GEN_MIX_Q2_K,
+                                         MOE_GEN_MIX_IQ2_XXS, MOE_GEN_MIX_IQ2_XS};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
