@@ -1,8 +1,9 @@
-/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS and IQ2_XS (ggml types 16 and
- * 17; layouts in kernels_internal.h, codebooks in iq_grids.c).
+/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS and IQ3_XXS (ggml
+ * types 16, 17, 18; layouts in kernels_internal.h, codebooks in iq_grids.c).
  *
  * Decoding is ggml's formula, in ggml's order of float operations: the group scale
- * db = d · (0.5 + s) · 0.25, then db · grid byte, then the sign.
+ * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS), then db · grid byte, then the
+ * sign.
  *
  * The quantizers are this project's own and simpler than llama.cpp's importance-weighted
  * search (quality is lower; the blocks are valid and decode the same in any reader). Per group
@@ -10,16 +11,18 @@
  * (which the sign table cannot hold) gives up the sign of the group's smallest magnitude. The
  * magnitudes go to the grid entry nearest in squared error at the group's scale: with the
  * dot products a·g of the group with every entry computed once, a scale S picks
- * argmin S²|g|² − 2S a·g (the first entry on a tie). Each scale unit (32 weights for IQ2_XXS,
- * 16 for IQ2_XS) tries six scales from its largest magnitude (which each maps onto the grid's
- * 43 times 0.6 … 1.1), refits each by least squares over the entries it picked, and keeps the
- * fit with the lowest error. The super-block scale d maps the largest unit scale onto the
- * 4-bit code 15; each unit's code is the best of the nearest for d as stored (f16) and its two
+ * argmin S²|g|² − 2S a·g (the first entry on a tie; IQ3_XXS picks its two 4-weight entries
+ * per group apart). Each scale unit (32 weights for IQ2_XXS and IQ3_XXS, 16 for IQ2_XS) tries
+ * six scales from its largest magnitude (which each maps onto the grid's largest magnitude,
+ * 43 or 62, times 0.6 … 1.1), refits each by least squares over the entries it picked, and keeps
+ * the fit with the lowest error. The super-block scale d maps the largest unit scale onto the 4-bit
+ * code 15; each unit's code is the best of the nearest for d as stored (f16) and its two
  * neighbours, and its groups' entries are picked again for the scale the code gives. Non-finite
  * magnitudes count as 0 (NaN) or the largest float (±inf), and d is clamped to the largest f16, so
  * no value of the input reaches undefined behaviour or a non-finite weight.
  *
- * Pure functions; no allocation (the decoded grid lives on the stack, 18 KiB); thread-safe.
+ * Pure functions; no allocation (the decoded grid and a block's dot products live on the
+ * stack, 84 KiB); thread-safe.
  */
 #include <float.h>
 #include <math.h>
@@ -65,6 +68,25 @@ void moek_dequantize_iq2_xxs(const void *src, float *y, size_t n)
 			for (int l = 0; l < 4; l++, y += IQ_GROUP)
 				put_group(y, db, moek_iq2xxs_grid[q[l]],
 				          moek_ksigns_iq2xs[(signs >> (7 * l)) & 127]);
+		}
+	}
+}
+
+void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n)
+{
+	const struct block_iq3_xxs *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d);
+		const uint8_t *q = b[i].qs;
+		for (int ib = 0; ib < QK_K / 32; ib++, q += 8) {
+			const uint32_t aux = le32(b[i].qs + QK_K / 4 + 4 * ib);
+			const float db = d * (0.5f + (float)(aux >> 28)) * 0.5f;
+			for (int l = 0; l < 4; l++, y += IQ_GROUP) {
+				const uint64_t lo = moek_iq3xxs_grid[q[2 * l]];
+				const uint64_t hi = moek_iq3xxs_grid[q[2 * l + 1]];
+				put_group(y, db, lo | hi << 32,
+				          moek_ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+			}
 		}
 	}
 }
@@ -120,6 +142,23 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 					    moek_ksigns_iq2xs[(signs >> (7 * l)) & 127], q);
 				sumi += (int32_t)(2 * (signs >> 28) + 1) * sub;
 			}
+		} else if (format == MOEK_IQ3_XXS) {
+			const struct block_iq3_xxs *x = (const struct block_iq3_xxs *)w + i;
+			const uint8_t *c = x->qs;
+			d16 = x->d;
+			for (int ib = 0; ib < QK_K / 32; ib++, c += 8) {
+				const uint32_t aux = le32(x->qs + QK_K / 4 + 4 * ib);
+				int32_t sub = 0;
+				for (int l = 0; l < 4; l++, q += IQ_GROUP)
+					sub += group_dot(
+					    moek_iq3xxs_grid[c[2 * l]] |
+					        (uint64_t)moek_iq3xxs_grid[c[2 * l + 1]] << 32,
+					    moek_ksigns_iq2xs[(aux >> (7 * l)) & 127], q);
+				sumi += (int32_t)(2 * (aux >> 28) + 1) * sub;
+			}
+			/* d · (0.5 + s) · 0.5 = d · (2s + 1) · 0.25: twice the IQ2 factor */
+			acc = fmaf(f16(d16) * y[i].d * 0.25f, (float)sumi, acc);
+			continue;
 		} else {
 			const struct block_iq2_xs *x = (const struct block_iq2_xs *)w + i;
 			d16 = x->d;
@@ -137,63 +176,83 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 
 /* ---- Quantization ------------------------------------------------------------------------- */
 
+/* A codebook decoded to floats: n entries of w (8 or 4) magnitudes. */
 struct iq_grid {
-	int n;
+	int n, w;
+	float vmax; /* the largest magnitude of any entry */
 	float v[IQ_MAX_GRID][IQ_GROUP];
 	float norm[IQ_MAX_GRID]; /* Σ v² */
 };
 
-static void grid_decode(const uint64_t *grid, int n, struct iq_grid *g)
+static void grid_decode(const void *grid, int n, int w, struct iq_grid *g)
 {
-	g->n = n;
+	g->n = n, g->w = w, g->vmax = 0.0f;
 	for (int e = 0; e < n; e++) {
+		const uint64_t entry =
+		    w == 8 ? ((const uint64_t *)grid)[e] : ((const uint32_t *)grid)[e];
 		float s = 0.0f;
-		for (int j = 0; j < IQ_GROUP; j++) {
-			g->v[e][j] = (float)grid_byte(grid[e], j);
+		for (int j = 0; j < w; j++) {
+			g->v[e][j] = (float)grid_byte(entry, j);
 			s += g->v[e][j] * g->v[e][j];
+			g->vmax = g->v[e][j] > g->vmax ? g->v[e][j] : g->vmax;
 		}
 		g->norm[e] = s;
 	}
 }
 
-/* One group's magnitudes (sanitised), its sign pattern (even count of minus signs), and its
- * dot products with every grid entry. */
-struct iq_group {
-	float a[IQ_GROUP];
-	uint8_t signs;
-	float dot[IQ_MAX_GRID];
+/* One super-block: its magnitudes (sanitised), the sign pattern of each group of 8 (an even
+ * count of minus signs), and the dot product of each part (w weights: one grid entry) with
+ * every entry. */
+struct iq_block {
+	float a[QK_K];
+	uint8_t signs[IQ_GROUPS];
+	float
+	    dot[QK_K / 4 * 256 > QK_K / 8 * IQ_MAX_GRID ? QK_K / 4 * 256 : QK_K / 8 * IQ_MAX_GRID];
 };
 
-static void group_prepare(const float *x, const struct iq_grid *g, struct iq_group *out)
+static inline const float *part_dots(const struct iq_grid *g, const struct iq_block *b, int p)
 {
-	unsigned m = 0;
-	int smallest = 0;
-	for (int j = 0; j < IQ_GROUP; j++) {
-		float a = fabsf(x[j]);
-		a = a != a ? 0.0f : a > FLT_MAX ? FLT_MAX : a; /* NaN, inf */
-		out->a[j] = a;
-		m |= (unsigned)(x[j] < 0.0f) << j;
-		if (a < out->a[smallest])
-			smallest = j;
+	return b->dot + (size_t)p * (size_t)g->n;
+}
+
+static void block_prepare(const float *x, const struct iq_grid *g, struct iq_block *b)
+{
+	for (int k = 0; k < IQ_GROUPS; k++) {
+		unsigned m = 0;
+		int smallest = 0;
+		float *a = b->a + IQ_GROUP * k;
+		for (int j = 0; j < IQ_GROUP; j++) {
+			const float v = x[IQ_GROUP * k + j];
+			const float av = fabsf(v);
+			a[j] = av != av ? 0.0f : av > FLT_MAX ? FLT_MAX : av; /* NaN, inf */
+			m |= (unsigned)(v < 0.0f) << j;
+			if (a[j] < a[smallest])
+				smallest = j;
+		}
+		if (__builtin_popcount(m) & 1)
+			m ^= 1u << smallest;
+		b->signs[k] = (uint8_t)m;
 	}
-	if (__builtin_popcount(m) & 1)
-		m ^= 1u << smallest;
-	out->signs = (uint8_t)m;
-	for (int e = 0; e < g->n; e++) {
-		float s = 0.0f;
-		for (int j = 0; j < IQ_GROUP; j++)
-			s += g->v[e][j] * out->a[j];
-		out->dot[e] = s;
+	for (int p = 0; p < QK_K / g->w; p++) {
+		float *dot = b->dot + (size_t)p * (size_t)g->n;
+		const float *a = b->a + g->w * p;
+		for (int e = 0; e < g->n; e++) {
+			float s = 0.0f;
+			for (int j = 0; j < g->w; j++)
+				s += g->v[e][j] * a[j];
+			dot[e] = s;
+		}
 	}
 }
 
-/* The entry nearest the group at scale s: argmin s²|g|² − 2s a·g, the first on a tie. */
-static int group_pick(const struct iq_grid *g, const struct iq_group *q, float s)
+/* The entry nearest part p at scale s: argmin s²|g|² − 2s a·g, the first on a tie. */
+static int part_pick(const struct iq_grid *g, const struct iq_block *b, int p, float s)
 {
+	const float *dot = part_dots(g, b, p);
 	int best = 0;
-	float best_cost = s * s * g->norm[0] - 2.0f * s * q->dot[0];
+	float best_cost = s * s * g->norm[0] - 2.0f * s * dot[0];
 	for (int e = 1; e < g->n; e++) {
-		const float cost = s * s * g->norm[e] - 2.0f * s * q->dot[e];
+		const float cost = s * s * g->norm[e] - 2.0f * s * dot[e];
 		if (cost < best_cost) {
 			best_cost = cost;
 			best = e;
@@ -202,23 +261,22 @@ static int group_pick(const struct iq_grid *g, const struct iq_group *q, float s
 	return best;
 }
 
-/* The least-squares scale of `ng` groups (0 when they are all zero). */
-static float unit_scale(const struct iq_grid *g, const struct iq_group *q, int ng)
+/* The least-squares scale of parts [p0, p0 + np) (0 when they are all zero). */
+static float unit_scale(const struct iq_grid *g, const struct iq_block *b, int p0, int np)
 {
 	static const float tries[] = {0.6f, 0.7f, 0.8f, 0.9f, 1.0f, 1.1f};
 	float amax = 0.0f;
-	for (int k = 0; k < ng; k++)
-		for (int j = 0; j < IQ_GROUP; j++)
-			amax = q[k].a[j] > amax ? q[k].a[j] : amax;
+	for (int i = g->w * p0; i < g->w * (p0 + np); i++)
+		amax = b->a[i] > amax ? b->a[i] : amax;
 	if (!(amax > 1e-30f))
 		return 0.0f;
 	float best = 0.0f, best_gain = -1.0f;
 	for (size_t t = 0; t < sizeof(tries) / sizeof(tries[0]); t++) {
-		const float s = amax / 43.0f * tries[t];
+		const float s = amax / g->vmax * tries[t];
 		float sga = 0.0f, sgg = 0.0f;
-		for (int k = 0; k < ng; k++) {
-			const int e = group_pick(g, &q[k], s);
-			sga += q[k].dot[e];
+		for (int p = p0; p < p0 + np; p++) {
+			const int e = part_pick(g, b, p, s);
+			sga += part_dots(g, b, p)[e];
 			sgg += g->norm[e];
 		}
 		/* the squared error is Σa² − (Σ a·g)² / Σ g²: the largest gain wins */
@@ -231,15 +289,15 @@ static float unit_scale(const struct iq_grid *g, const struct iq_group *q, int n
 	return best;
 }
 
-/* The 4-bit code of unit scale s for the stored super-block scale dd: of the nearest code of
- * dd · (2c + 1) / 8 (clamped to 0..15) and its two neighbours, the one whose scale, with the
- * entries it picks for the unit's `ng` groups, gives the lowest squared error (the nearest
- * on a tie). */
-static int unit_code(const struct iq_grid *g, const struct iq_group *q, int ng, float s, float dd)
+/* The scale code c (0..15) means dd · (0.5 + c) · k. Of the code nearest the unit scale s and
+ * its two neighbours, the one whose scale, with the entries it picks for the unit's parts,
+ * gives the lowest squared error (the nearest on a tie). */
+static int unit_code(const struct iq_grid *g, const struct iq_block *b, int p0, int np, float s,
+                     float dd, float k)
 {
 	if (!(dd > 0.0f))
 		return 0;
-	const float v = (8.0f * (s / dd) - 1.0f) * 0.5f;
+	const float v = s / (dd * k) - 0.5f;
 	const int c0 = !(v > 0.0f) ? 0 : v >= 15.0f ? 15 : (int)lrintf(v);
 	static const int order[3] = {0, -1, 1};
 	int best = c0;
@@ -248,11 +306,11 @@ static int unit_code(const struct iq_grid *g, const struct iq_group *q, int ng, 
 		const int c = c0 + order[o];
 		if (c < 0 || c > 15)
 			continue;
-		const float db = dd * (0.5f + (float)c) * 0.25f;
+		const float db = dd * (0.5f + (float)c) * k;
 		float cost = 0.0f;
-		for (int k = 0; k < ng; k++) {
-			const int e = group_pick(g, &q[k], db);
-			cost += db * db * g->norm[e] - 2.0f * db * q[k].dot[e];
+		for (int p = p0; p < p0 + np; p++) {
+			const int e = part_pick(g, b, p, db);
+			cost += db * db * g->norm[e] - 2.0f * db * part_dots(g, b, p)[e];
 		}
 		if (o == 0 || cost < best_cost) {
 			best_cost = cost;
@@ -262,70 +320,102 @@ static int unit_code(const struct iq_grid *g, const struct iq_group *q, int ng, 
 	return best;
 }
 
-/* The super-block scale from the largest unit scale (onto code 15), as stored. */
-static uint16_t super_scale(const float *units, int nu)
+/* The super-block scale that puts the largest unit scale on code 15, as stored (f16, clamped
+ * to the largest finite f16). */
+static uint16_t super_scale(const float *units, int nu, float k)
 {
 	float m = 0.0f;
 	for (int u = 0; u < nu; u++)
 		m = units[u] > m ? units[u] : m;
-	float d = m * 8.0f / 31.0f;
+	float d = m / (15.5f * k);
 	d = d > 65504.0f ? 65504.0f : d;
 	return moek_f32_to_f16(d);
 }
 
-void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n)
+/* A format's quantization: its codebook, parts per scale unit, the scale step k, and how a
+ * block stores a unit's code and its parts' entries (with the groups' signs). */
+struct iq_scheme {
+	int grid_n, grid_w, unit_parts;
+	float k;
+	void (*store)(void *blk, const struct iq_block *b, int u, int code, const int *entries);
+};
+
+static void store_iq2_xxs(void *blk, const struct iq_block *b, int u, int code, const int *e)
+{
+	uint8_t *c = (uint8_t *)((struct block_iq2_xxs *)blk)->qs + 8 * u;
+	uint32_t signs = (uint32_t)code << 28;
+	for (int l = 0; l < 4; l++) {
+		c[l] = (uint8_t)e[l];
+		signs |= (uint32_t)(b->signs[4 * u + l] & 127) << (7 * l);
+	}
+	for (int i = 0; i < 4; i++)
+		c[4 + i] = (uint8_t)(signs >> (8 * i));
+}
+
+static void store_iq2_xs(void *blk, const struct iq_block *b, int u, int code, const int *e)
+{
+	struct block_iq2_xs *y = blk;
+	y->scales[u / 2] = (uint8_t)(u % 2 ? (y->scales[u / 2] & 15) | code << 4 : code);
+	for (int l = 0; l < 2; l++)
+		y->qs[2 * u + l] = (uint16_t)(e[l] | (b->signs[2 * u + l] & 127) << 9);
+}
+
+static void store_iq3_xxs(void *blk, const struct iq_block *b, int u, int code, const int *e)
+{
+	uint8_t *q = ((struct block_iq3_xxs *)blk)->qs;
+	uint32_t signs = (uint32_t)code << 28;
+	for (int l = 0; l < 8; l++)
+		q[8 * u + l] = (uint8_t)e[l];
+	for (int l = 0; l < 4; l++)
+		signs |= (uint32_t)(b->signs[4 * u + l] & 127) << (7 * l);
+	for (int i = 0; i < 4; i++)
+		q[64 + 4 * u + i] = (uint8_t)(signs >> (8 * i));
+}
+
+/* n / 256 blocks of `bytes` each: the f16 d first, then what `store` writes. */
+static void quantize_iq(const float *x, void *dst, size_t n, const void *grid, size_t bytes,
+                        const struct iq_scheme *sc)
 {
 	struct iq_grid g;
-	struct iq_group q[IQ_GROUPS];
-	grid_decode(moek_iq2xxs_grid, 256, &g);
-	struct block_iq2_xxs *y = dst;
+	struct iq_block b;
+	grid_decode(grid, sc->grid_n, sc->grid_w, &g);
+	const int parts = QK_K / sc->grid_w, nu = parts / sc->unit_parts;
 	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
-		float units[QK_K / 32];
-		for (int k = 0; k < IQ_GROUPS; k++)
-			group_prepare(x + IQ_GROUP * k, &g, &q[k]);
-		for (int u = 0; u < QK_K / 32; u++)
-			units[u] = unit_scale(&g, &q[4 * u], 4);
-		y[i].d = super_scale(units, QK_K / 32);
-		const float d = f16(y[i].d);
-		uint8_t *c = (uint8_t *)y[i].qs;
-		for (int u = 0; u < QK_K / 32; u++, c += 8) {
-			const int s = unit_code(&g, &q[4 * u], 4, units[u], d);
-			const float db = d * (0.5f + (float)s) * 0.25f;
-			uint32_t signs = (uint32_t)s << 28;
-			for (int l = 0; l < 4; l++) {
-				c[l] = (uint8_t)group_pick(&g, &q[4 * u + l], db);
-				signs |= (uint32_t)(q[4 * u + l].signs & 127) << (7 * l);
-			}
-			for (int b = 0; b < 4; b++)
-				c[4 + b] = (uint8_t)(signs >> (8 * b));
+		uint8_t *blk = (uint8_t *)dst + i * bytes;
+		float units[QK_K / 16];
+		block_prepare(x, &g, &b);
+		for (int u = 0; u < nu; u++)
+			units[u] = unit_scale(&g, &b, u * sc->unit_parts, sc->unit_parts);
+		memset(blk, 0, bytes);
+		const uint16_t d16 = super_scale(units, nu, sc->k);
+		memcpy(blk, &d16, sizeof(d16));
+		const float d = f16(d16);
+		for (int u = 0; u < nu; u++) {
+			const int p0 = u * sc->unit_parts;
+			const int c = unit_code(&g, &b, p0, sc->unit_parts, units[u], d, sc->k);
+			const float db = d * (0.5f + (float)c) * sc->k;
+			int e[8];
+			for (int p = 0; p < sc->unit_parts; p++)
+				e[p] = part_pick(&g, &b, p0 + p, db);
+			sc->store(blk, &b, u, c, e);
 		}
 	}
 }
 
+void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n)
+{
+	static const struct iq_scheme s = {256, 8, 4, 0.25f, store_iq2_xxs};
+	quantize_iq(x, dst, n, moek_iq2xxs_grid, sizeof(struct block_iq2_xxs), &s);
+}
+
 void moek_quantize_iq2_xs(const float *x, void *dst, size_t n)
 {
-	struct iq_grid g;
-	struct iq_group q[IQ_GROUPS];
-	grid_decode(moek_iq2xs_grid, 512, &g);
-	struct block_iq2_xs *y = dst;
-	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
-		float units[QK_K / 16];
-		for (int k = 0; k < IQ_GROUPS; k++)
-			group_prepare(x + IQ_GROUP * k, &g, &q[k]);
-		for (int u = 0; u < QK_K / 16; u++)
-			units[u] = unit_scale(&g, &q[2 * u], 2);
-		y[i].d = super_scale(units, QK_K / 16);
-		const float d = f16(y[i].d);
-		memset(y[i].scales, 0, sizeof(y[i].scales));
-		for (int u = 0; u < QK_K / 16; u++) {
-			const int s = unit_code(&g, &q[2 * u], 2, units[u], d);
-			const float db = d * (0.5f + (float)s) * 0.25f;
-			y[i].scales[u / 2] |= (uint8_t)(s << (4 * (u % 2)));
-			for (int l = 0; l < 2; l++) {
-				const struct iq_group *gq = &q[2 * u + l];
-				y[i].qs[2 * u + l] =
-				    (uint16_t)(group_pick(&g, gq, db) | (gq->signs & 127) << 9);
-			}
-		}
-	}
+	static const struct iq_scheme s = {512, 8, 2, 0.25f, store_iq2_xs};
+	quantize_iq(x, dst, n, moek_iq2xs_grid, sizeof(struct block_iq2_xs), &s);
+}
+
+void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n)
+{
+	static const struct iq_scheme s = {256, 4, 8, 0.5f, store_iq3_xxs};
+	quantize_iq(x, dst, n, moek_iq3xxs_grid, sizeof(struct block_iq3_xxs), &s);
 }

@@ -114,7 +114,9 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
  * scale s: value = d · (0.5 + s) · 0.25 · grid · sign.
  * IQ2_XS: one u16 per 8 weights: bits 0-8 index iq2xs_grid, bits 9-15 ksigns_iq2xs; a 4-bit
  * scale per 16 weights (low nibble of scales[j]: weights 32j..32j+15, high: the next 16):
- * value = d · (0.5 + s) · 0.25 · grid · sign. */
+ * value = d · (0.5 + s) · 0.25 · grid · sign.
+ * IQ3_XXS: qs[0..63] two iq3xxs_grid indices per 8 weights (4 magnitudes each), then per 32
+ * weights a u32 b as IQ2_XXS's (signs, s = b >> 28): value = d · (0.5 + s) · 0.5 · grid · sign. */
 struct block_iq2_xxs {
 	uint16_t d;            /* f16 super-block scale */
 	uint16_t qs[QK_K / 8]; /* 8 bytes per 32 weights: 4 grid indices, then signs + scale */
@@ -125,13 +127,19 @@ struct block_iq2_xs {
 	uint8_t scales[QK_K / 32]; /* per 32 weights: two 4-bit scales */
 };
 static_assert(sizeof(struct block_iq2_xxs) == 66, "IQ2_XXS block");
+struct block_iq3_xxs {
+	uint16_t d;
+	uint8_t qs[3 * QK_K / 8]; /* 64 grid indices, then 8 u32 of signs and scale */
+};
 static_assert(sizeof(struct block_iq2_xs) == 74, "IQ2_XS block");
+static_assert(sizeof(struct block_iq3_xxs) == 98, "IQ3_XXS block");
 
 /* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
  * (8, 25 or 43), byte j for weight j; ksigns_iq2xs[i] is i with bit 7 set when i has an odd
  * number of bits (bit j set: weight j negative). */
 extern const uint64_t moek_iq2xxs_grid[256];
 extern const uint64_t moek_iq2xs_grid[512];
+extern const uint32_t moek_iq3xxs_grid[256];
 extern const uint8_t moek_ksigns_iq2xs[128];
 
 /* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
@@ -139,9 +147,12 @@ void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq2_xxs(const void *src, float *y, size_t n);
 void moek_quantize_iq2_xs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq2_xs(const void *src, float *y, size_t n);
+void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n);
 /* Their scalar reference dots against Q8_K activations (one row, one token): each block's
- * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · 0.125, sum, acc)
- * per block — the AVX2 dots' arithmetic, so they give the same bits. */
+ * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
+ * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS) — the AVX2 dots' arithmetic, so they give the
+ * same bits. */
 float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_t k);
 
 /* MOEK_INT4_G32: one 32-element group of a compressed-tensors or GPTQ INT4 checkpoint,
@@ -215,7 +226,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ2_XXS) X(IQ2_XS) X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -637,6 +648,10 @@ void moek_avx2_dot_iq2_xs(const void *w, const float *sr, const void *act, size_
                           size_t k, float *out);
 void moek_avx2_rows_iq2_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                            float *out);
+void moek_avx2_dot_iq3_xxs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                           size_t k, float *out);
+void moek_avx2_rows_iq3_xxs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                            float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

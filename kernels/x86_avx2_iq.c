@@ -1,13 +1,15 @@
-/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS) against Q8_K,
+/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS) against Q8_K,
  * for moek_avx2_ops (x86_avx2.c's table).
  *
  * Compiled with x86_avx2.c's flags and run only after its CPUID check. Per 32 weights: four
- * grid entries (8 magnitude bytes each, 8 / 25 / 43) gathered into one register, the four
+ * grid entries (8 magnitude bytes each, 8 / 25 / 43; IQ3_XXS: eight of 4 bytes, up to 62, by
+ * one vpgatherdd) in one register, the four
  * 8-bit sign patterns from ksigns_iq2xs broadcast and compared against the bit masks into
  * ±1 bytes, which sign the activations (vpsignb); maddubs of magnitudes and signed
- * activations (|pair| <= 2 · 43 · 127, no saturation), madd by the odd scale 2s + 1 per 16
+ * activations (|pair| <= 2 · 62 · 127, no saturation), madd by the odd scale 2s + 1 per 16
  * or 32 weights, one exact int32 sum per super-block, then one f32 FMA per token and
- * super-block by d · y.d · 0.125 — moek_iq_dot_q8k_ref's arithmetic, so the same bits.
+ * super-block by d · y.d · 0.125 (IQ3_XXS 0.25) — moek_iq_dot_q8k_ref's arithmetic, so the
+ * same bits.
  * Prefill: x86_avx2.c's table hands the f32 tiles the reference dequantizer's rows.
  *
  * As everywhere in the kernels, each result's summation order depends only on k.
@@ -61,6 +63,16 @@ ALWAYS_INLINE void iq_unpack(uint32_t format, const void *x, int ib, __m256i *w,
 		              (uint32_t)ks[(sg >> 14) & 127] << 16 |
 		              (uint32_t)ks[(sg >> 21) & 127] << 24);
 		*ls = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+	} else if (format == MOEK_IQ3_XXS) {
+		const struct block_iq3_xxs *b = x;
+		const uint32_t sg = iq_le32(b->qs + QK_K / 4 + 4 * ib);
+		const __m256i idx =
+		    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+		*w = _mm256_i32gather_epi32((const int *)moek_iq3xxs_grid, idx, 4);
+		*s = iq_signs((uint32_t)ks[sg & 127] | (uint32_t)ks[(sg >> 7) & 127] << 8 |
+		              (uint32_t)ks[(sg >> 14) & 127] << 16 |
+		              (uint32_t)ks[(sg >> 21) & 127] << 24);
+		*ls = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
 	} else {
 		const struct block_iq2_xs *b = x;
 		const uint16_t *c = b->qs + 4 * ib;
@@ -78,8 +90,11 @@ ALWAYS_INLINE void iq_unpack(uint32_t format, const void *x, int ib, __m256i *w,
 ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int NT, size_t k,
                            float *out, uint32_t format)
 {
-	const size_t bb =
-	    format == MOEK_IQ2_XXS ? sizeof(struct block_iq2_xxs) : sizeof(struct block_iq2_xs);
+	const size_t bb = format == MOEK_IQ2_XXS   ? sizeof(struct block_iq2_xxs)
+	                  : format == MOEK_IQ3_XXS ? sizeof(struct block_iq3_xxs)
+	                                           : sizeof(struct block_iq2_xs);
+	/* d · (0.5 + s) · k = d · (2s + 1) · k / 2 */
+	const float f = format == MOEK_IQ3_XXS ? 0.25f : 0.125f;
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m128 acc[8];
 	for (int t = 0; t < NT; t++)
@@ -103,7 +118,7 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 		}
 		const float d = _cvtsh_ss(((const uint16_t *)blk)[0]);
 		for (int t = 0; t < NT; t++)
-			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * q8k_token(act, as, t, i)->d * 0.125f),
+			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * q8k_token(act, as, t, i)->d * f),
 			                      _mm_cvtsi32_ss(_mm_setzero_ps(), iq_hsum(sumi[t])),
 			                      acc[t]);
 	}
@@ -129,3 +144,4 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 
 IQ_ENTRIES(iq2_xxs, MOEK_IQ2_XXS)
 IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
+IQ_ENTRIES(iq3_xxs, MOEK_IQ3_XXS)

@@ -63,9 +63,9 @@ static void usage(FILE *o)
 	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq); row:\n"
 	           "                   one group per row (gptq group_size -1, int4-ct\n"
 	           "                   strategy channel)\n");
-	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs: GGUF experts\n"
-	           "                   typed per tensor as llama.cpp's quantizer types them\n"
-	           "                   (docs/formats.md)\n");
+	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs | iq3_xxs: GGUF\n"
+	           "                   experts typed per tensor as llama.cpp's quantizer types\n"
+	           "                   them (docs/formats.md)\n");
 	fprintf(
 	    o,
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"

@@ -34,6 +34,7 @@ enum moek_format {
 	 */
 	MOEK_IQ2_XXS = 16,
 	MOEK_IQ2_XS = 17,
+	MOEK_IQ3_XXS = 18,
 	MOEK_IQ4_NL = 20,
 	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,

@@ -81,6 +81,7 @@ static const struct {
     {MOEK_INT4_G32, {4.25e-3, 6.70e-3}},
     {MOEK_IQ2_XXS, {0.12, 0.12}},
     {MOEK_IQ2_XS, {0.095, 0.095}},
+    {MOEK_IQ3_XXS, {0.05, 0.05}},
 };
 
 static void check(enum data_shape shape)

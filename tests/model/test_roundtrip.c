@@ -33,6 +33,7 @@ static double tolerance(uint32_t format)
 	case MOEK_Q2_K: return 0.12;
 	case MOEK_IQ2_XXS: return 0.13; /* measured 0.107 */
 	case MOEK_IQ2_XS: return 0.11;
+	case MOEK_IQ3_XXS: return 0.05; /* measured 0.034 */
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -386,13 +387,22 @@ Test(generator, mix_rule_is_llama_cpps)
 	cr_assert_eq(m, MOE_GEN_MIX_IQ2_XXS);
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XXS), 19);
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XS), 20);
+	/* IQ3_XXS (no importance matrix): gate/up IQ3_XXS, down Q4_K below n/8, else Q3_K */
+	for (uint32_t L = 0; L < 48; L++) {
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ3_XXS, MOE_GEN_DOWN, L, 48),
+		             L < 6 ? MOEK_Q4_K : MOEK_Q3_K, "IQ3_XXS block %u", L);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ3_XXS, MOE_GEN_UP, L, 48),
+		             MOEK_IQ3_XXS);
+	}
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ3_XXS), 23);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
-static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M, MOE_GEN_MIX_Q2_K,
-                                         MOE_GEN_MIX_IQ2_XXS, MOE_GEN_MIX_IQ2_XS};
+static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,
+                                         MOE_GEN_MIX_Q2_K,   MOE_GEN_MIX_IQ2_XXS,
+                                         MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
