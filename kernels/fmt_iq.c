@@ -1,14 +1,15 @@
-/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS and IQ3_XXS (ggml
- * types 16, 17, 18; layouts in kernels_internal.h, codebooks in iq_grids.c).
+/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS and IQ3_S
+ * (ggml types 16, 17, 18, 21; layouts in kernels_internal.h, codebooks in iq_grids.c).
  *
  * Decoding is ggml's formula, in ggml's order of float operations: the group scale
- * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS), then db · grid byte, then the
- * sign.
+ * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS; IQ3_S: d · (1 + 2s)), then
+ * db · grid byte, then the sign.
  *
  * The quantizers are this project's own and simpler than llama.cpp's importance-weighted
  * search (quality is lower; the blocks are valid and decode the same in any reader). Per group
  * of 8 weights the signs are stored as they are, except that an odd count of minus signs
- * (which the sign table cannot hold) gives up the sign of the group's smallest magnitude. The
+ * (which the sign table of all but IQ3_S cannot hold) gives up the sign of the group's
+ * smallest magnitude. The
  * magnitudes go to the grid entry nearest in squared error at the group's scale: with the
  * dot products a·g of the group with every entry computed once, a scale S picks
  * argmin S²|g|² − 2S a·g (the first entry on a tie; IQ3_XXS picks its two 4-weight entries
@@ -22,10 +23,11 @@
  * no value of the input reaches undefined behaviour or a non-finite weight.
  *
  * Pure functions; no allocation (the decoded grid and a block's dot products live on the
- * stack, 84 KiB); thread-safe.
+ * stack, 150 KiB); thread-safe.
  */
 #include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "kernels_internal.h"
@@ -86,6 +88,27 @@ void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n)
 				const uint64_t hi = moek_iq3xxs_grid[q[2 * l + 1]];
 				put_group(y, db, lo | hi << 32,
 				          moek_ksigns_iq2xs[(aux >> (7 * l)) & 127]);
+			}
+		}
+	}
+}
+
+void moek_dequantize_iq3_s(const void *src, float *y, size_t n)
+{
+	const struct block_iq3_s *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d);
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const float db =
+			    d * (float)(1 + 2 * ((b[i].scales[ib / 2] >> (4 * (ib % 2))) & 15));
+			const uint8_t *q = b[i].qs + 8 * ib;
+			const unsigned qh = b[i].qh[ib];
+			for (int l = 0; l < 4; l++, y += IQ_GROUP) {
+				const uint64_t lo =
+				    moek_iq3s_grid[q[2 * l] | ((qh >> (2 * l)) & 1) << 8];
+				const uint64_t hi =
+				    moek_iq3s_grid[q[2 * l + 1] | ((qh >> (2 * l + 1)) & 1) << 8];
+				put_group(y, db, lo | hi << 32, b[i].signs[4 * ib + l]);
 			}
 		}
 	}
@@ -159,6 +182,26 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 			/* d · (0.5 + s) · 0.5 = d · (2s + 1) · 0.25: twice the IQ2 factor */
 			acc = fmaf(f16(d16) * y[i].d * 0.25f, (float)sumi, acc);
 			continue;
+		} else if (format == MOEK_IQ3_S) {
+			const struct block_iq3_s *x = (const struct block_iq3_s *)w + i;
+			d16 = x->d;
+			for (int ib = 0; ib < QK_K / 32; ib++) {
+				const uint8_t *c = x->qs + 8 * ib;
+				const unsigned qh = x->qh[ib];
+				int32_t sub = 0;
+				for (int l = 0; l < 4; l++, q += IQ_GROUP)
+					sub += group_dot(
+					    moek_iq3s_grid[c[2 * l] | ((qh >> (2 * l)) & 1) << 8] |
+					        (uint64_t)moek_iq3s_grid[c[2 * l + 1] |
+					                                 ((qh >> (2 * l + 1)) & 1)
+					                                     << 8]
+					            << 32,
+					    x->signs[4 * ib + l], q);
+				sumi +=
+				    (1 + 2 * ((x->scales[ib / 2] >> (4 * (ib % 2))) & 15)) * sub;
+			}
+			acc = fmaf(f16(d16) * y[i].d, (float)sumi, acc);
+			continue;
 		} else {
 			const struct block_iq2_xs *x = (const struct block_iq2_xs *)w + i;
 			d16 = x->d;
@@ -206,8 +249,7 @@ static void grid_decode(const void *grid, int n, int w, struct iq_grid *g)
 struct iq_block {
 	float a[QK_K];
 	uint8_t signs[IQ_GROUPS];
-	float
-	    dot[QK_K / 4 * 256 > QK_K / 8 * IQ_MAX_GRID ? QK_K / 4 * 256 : QK_K / 8 * IQ_MAX_GRID];
+	float dot[QK_K / 4 * IQ_MAX_GRID]; /* parts of 4 weights, 512 entries at most */
 };
 
 static inline const float *part_dots(const struct iq_grid *g, const struct iq_block *b, int p)
@@ -215,7 +257,7 @@ static inline const float *part_dots(const struct iq_grid *g, const struct iq_bl
 	return b->dot + (size_t)p * (size_t)g->n;
 }
 
-static void block_prepare(const float *x, const struct iq_grid *g, struct iq_block *b)
+static void block_prepare(const float *x, const struct iq_grid *g, bool even, struct iq_block *b)
 {
 	for (int k = 0; k < IQ_GROUPS; k++) {
 		unsigned m = 0;
@@ -229,7 +271,7 @@ static void block_prepare(const float *x, const struct iq_grid *g, struct iq_blo
 			if (a[j] < a[smallest])
 				smallest = j;
 		}
-		if (__builtin_popcount(m) & 1)
+		if (even && (__builtin_popcount(m) & 1))
 			m ^= 1u << smallest;
 		b->signs[k] = (uint8_t)m;
 	}
@@ -337,6 +379,7 @@ static uint16_t super_scale(const float *units, int nu, float k)
 struct iq_scheme {
 	int grid_n, grid_w, unit_parts;
 	float k;
+	bool even_signs; /* the sign table holds only an even count of minus signs */
 	void (*store)(void *blk, const struct iq_block *b, int u, int code, const int *entries);
 };
 
@@ -372,6 +415,18 @@ static void store_iq3_xxs(void *blk, const struct iq_block *b, int u, int code, 
 		q[64 + 4 * u + i] = (uint8_t)(signs >> (8 * i));
 }
 
+static void store_iq3_s(void *blk, const struct iq_block *b, int u, int code, const int *e)
+{
+	struct block_iq3_s *y = blk;
+	y->scales[u / 2] = (uint8_t)(u % 2 ? (y->scales[u / 2] & 15) | code << 4 : code);
+	for (int p = 0; p < 8; p++) {
+		y->qs[8 * u + p] = (uint8_t)e[p];
+		y->qh[u] |= (uint8_t)((e[p] >> 8) << p);
+	}
+	for (int l = 0; l < 4; l++)
+		y->signs[4 * u + l] = b->signs[4 * u + l];
+}
+
 /* n / 256 blocks of `bytes` each: the f16 d first, then what `store` writes. */
 static void quantize_iq(const float *x, void *dst, size_t n, const void *grid, size_t bytes,
                         const struct iq_scheme *sc)
@@ -383,7 +438,7 @@ static void quantize_iq(const float *x, void *dst, size_t n, const void *grid, s
 	for (size_t i = 0; i < n / QK_K; i++, x += QK_K) {
 		uint8_t *blk = (uint8_t *)dst + i * bytes;
 		float units[QK_K / 16];
-		block_prepare(x, &g, &b);
+		block_prepare(x, &g, sc->even_signs, &b);
 		for (int u = 0; u < nu; u++)
 			units[u] = unit_scale(&g, &b, u * sc->unit_parts, sc->unit_parts);
 		memset(blk, 0, bytes);
@@ -404,18 +459,25 @@ static void quantize_iq(const float *x, void *dst, size_t n, const void *grid, s
 
 void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n)
 {
-	static const struct iq_scheme s = {256, 8, 4, 0.25f, store_iq2_xxs};
+	static const struct iq_scheme s = {256, 8, 4, 0.25f, true, store_iq2_xxs};
 	quantize_iq(x, dst, n, moek_iq2xxs_grid, sizeof(struct block_iq2_xxs), &s);
 }
 
 void moek_quantize_iq2_xs(const float *x, void *dst, size_t n)
 {
-	static const struct iq_scheme s = {512, 8, 2, 0.25f, store_iq2_xs};
+	static const struct iq_scheme s = {512, 8, 2, 0.25f, true, store_iq2_xs};
 	quantize_iq(x, dst, n, moek_iq2xs_grid, sizeof(struct block_iq2_xs), &s);
 }
 
 void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n)
 {
-	static const struct iq_scheme s = {256, 4, 8, 0.5f, store_iq3_xxs};
+	static const struct iq_scheme s = {256, 4, 8, 0.5f, true, store_iq3_xxs};
 	quantize_iq(x, dst, n, moek_iq3xxs_grid, sizeof(struct block_iq3_xxs), &s);
+}
+
+void moek_quantize_iq3_s(const float *x, void *dst, size_t n)
+{
+	/* d · (1 + 2c) = d · (0.5 + c) · 2 */
+	static const struct iq_scheme s = {512, 4, 8, 2.0f, false, store_iq3_s};
+	quantize_iq(x, dst, n, moek_iq3s_grid, sizeof(struct block_iq3_s), &s);
 }

@@ -116,7 +116,10 @@ static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
  * scale per 16 weights (low nibble of scales[j]: weights 32j..32j+15, high: the next 16):
  * value = d · (0.5 + s) · 0.25 · grid · sign.
  * IQ3_XXS: qs[0..63] two iq3xxs_grid indices per 8 weights (4 magnitudes each), then per 32
- * weights a u32 b as IQ2_XXS's (signs, s = b >> 28): value = d · (0.5 + s) · 0.5 · grid · sign. */
+ * weights a u32 b as IQ2_XXS's (signs, s = b >> 28): value = d · (0.5 + s) · 0.5 · grid · sign.
+ * IQ3_S: per 32 weights 8 iq3s_grid indices (4 magnitudes each) of 9 bits, the low 8 in qs,
+ * the 9th of index k in bit k of qh[j]; 4 full sign bytes (no parity rule); a 4-bit scale s
+ * (nibble j % 2 of scales[j / 2]): value = d · (1 + 2s) · grid · sign. */
 struct block_iq2_xxs {
 	uint16_t d;            /* f16 super-block scale */
 	uint16_t qs[QK_K / 8]; /* 8 bytes per 32 weights: 4 grid indices, then signs + scale */
@@ -133,6 +136,14 @@ struct block_iq3_xxs {
 };
 static_assert(sizeof(struct block_iq2_xs) == 74, "IQ2_XS block");
 static_assert(sizeof(struct block_iq3_xxs) == 98, "IQ3_XXS block");
+struct block_iq3_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 4];    /* low 8 bits of the grid indices, 8 per 32 weights */
+	uint8_t qh[QK_K / 32];   /* their 9th bits, one byte per 32 weights */
+	uint8_t signs[QK_K / 8]; /* one sign byte per 8 weights */
+	uint8_t scales[QK_K / 64];
+};
+static_assert(sizeof(struct block_iq3_s) == 110, "IQ3_S block");
 
 /* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
  * (8, 25 or 43), byte j for weight j; ksigns_iq2xs[i] is i with bit 7 set when i has an odd
@@ -140,6 +151,7 @@ static_assert(sizeof(struct block_iq3_xxs) == 98, "IQ3_XXS block");
 extern const uint64_t moek_iq2xxs_grid[256];
 extern const uint64_t moek_iq2xs_grid[512];
 extern const uint32_t moek_iq3xxs_grid[256];
+extern const uint32_t moek_iq3s_grid[512];
 extern const uint8_t moek_ksigns_iq2xs[128];
 
 /* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
@@ -149,10 +161,12 @@ void moek_quantize_iq2_xs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq2_xs(const void *src, float *y, size_t n);
 void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n);
+void moek_quantize_iq3_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq3_s(const void *src, float *y, size_t n);
 /* Their scalar reference dots against Q8_K activations (one row, one token): each block's
  * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
- * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS) — the AVX2 dots' arithmetic, so they give the
- * same bits. */
+ * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S) — the AVX2 dots' arithmetic, so they
+ * give the same bits. */
 float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_t k);
 
 /* MOEK_INT4_G32: one 32-element group of a compressed-tensors or GPTQ INT4 checkpoint,
@@ -226,7 +240,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -652,6 +666,10 @@ void moek_avx2_dot_iq3_xxs(const void *w, const float *sr, const void *act, size
                            size_t k, float *out);
 void moek_avx2_rows_iq3_xxs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                             float *out);
+void moek_avx2_dot_iq3_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq3_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

@@ -1,14 +1,15 @@
-/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS) against Q8_K,
+/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S)
+ * against Q8_K,
  * for moek_avx2_ops (x86_avx2.c's table).
  *
  * Compiled with x86_avx2.c's flags and run only after its CPUID check. Per 32 weights: four
- * grid entries (8 magnitude bytes each, 8 / 25 / 43; IQ3_XXS: eight of 4 bytes, up to 62, by
- * one vpgatherdd) in one register, the four
+ * grid entries (8 magnitude bytes each, 8 / 25 / 43; IQ3_XXS, IQ3_S: eight of 4 bytes, up to
+ * 62, by one vpgatherdd) in one register, the four
  * 8-bit sign patterns from ksigns_iq2xs broadcast and compared against the bit masks into
  * ±1 bytes, which sign the activations (vpsignb); maddubs of magnitudes and signed
  * activations (|pair| <= 2 · 62 · 127, no saturation), madd by the odd scale 2s + 1 per 16
  * or 32 weights, one exact int32 sum per super-block, then one f32 FMA per token and
- * super-block by d · y.d · 0.125 (IQ3_XXS 0.25) — moek_iq_dot_q8k_ref's arithmetic, so the
+ * super-block by d · y.d · 0.125 (IQ3_XXS 0.25, IQ3_S 1) — moek_iq_dot_q8k_ref's arithmetic, so the
  * same bits.
  * Prefill: x86_avx2.c's table hands the f32 tiles the reference dequantizer's rows.
  *
@@ -73,6 +74,19 @@ ALWAYS_INLINE void iq_unpack(uint32_t format, const void *x, int ib, __m256i *w,
 		              (uint32_t)ks[(sg >> 14) & 127] << 16 |
 		              (uint32_t)ks[(sg >> 21) & 127] << 24);
 		*ls = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+	} else if (format == MOEK_IQ3_S) {
+		const struct block_iq3_s *b = x;
+		const __m256i hi =
+		    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]),
+		                                       _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+		                     _mm256_set1_epi32(1));
+		const __m256i idx = _mm256_or_si256(
+		    _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib))),
+		    _mm256_slli_epi32(hi, 8));
+		*w = _mm256_i32gather_epi32((const int *)moek_iq3s_grid, idx, 4);
+		*s = iq_signs(iq_le32(b->signs + 4 * ib));
+		*ls = _mm256_set1_epi16(
+		    (short)(1 + 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 15)));
 	} else {
 		const struct block_iq2_xs *b = x;
 		const uint16_t *c = b->qs + 4 * ib;
@@ -92,9 +106,10 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 {
 	const size_t bb = format == MOEK_IQ2_XXS   ? sizeof(struct block_iq2_xxs)
 	                  : format == MOEK_IQ3_XXS ? sizeof(struct block_iq3_xxs)
+	                  : format == MOEK_IQ3_S   ? sizeof(struct block_iq3_s)
 	                                           : sizeof(struct block_iq2_xs);
-	/* d · (0.5 + s) · k = d · (2s + 1) · k / 2 */
-	const float f = format == MOEK_IQ3_XXS ? 0.25f : 0.125f;
+	/* d · (0.5 + s) · k = d · (2s + 1) · k / 2; IQ3_S: d · (2s + 1) */
+	const float f = format == MOEK_IQ3_XXS ? 0.25f : format == MOEK_IQ3_S ? 1.0f : 0.125f;
 	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
 	__m128 acc[8];
 	for (int t = 0; t < NT; t++)
@@ -145,3 +160,4 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 IQ_ENTRIES(iq2_xxs, MOEK_IQ2_XXS)
 IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
 IQ_ENTRIES(iq3_xxs, MOEK_IQ3_XXS)
+IQ_ENTRIES(iq3_s, MOEK_IQ3_S)

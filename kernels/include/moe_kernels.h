@@ -36,6 +36,7 @@ enum moek_format {
 	MOEK_IQ2_XS = 17,
 	MOEK_IQ3_XXS = 18,
 	MOEK_IQ4_NL = 20,
+	MOEK_IQ3_S = 21,
 	MOEK_IQ4_XS = 23,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */

@@ -156,6 +156,10 @@ Test(forward_formats, gguf_iq3_xxs_fused_gate_up)
 {
 	format_case("qwen3-30b-a3b", MOEK_IQ3_XXS, true, true);
 }
+Test(forward_formats, gguf_iq3_s)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ3_S, true, false);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);

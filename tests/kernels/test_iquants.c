@@ -1,4 +1,4 @@
-/* test_iquants.c — ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS (fmt_iq.c, iq_grids.c,
+/* test_iquants.c — ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S (fmt_iq.c, iq_grids.c,
  * x86_avx2_iq.c):
  * - the codebooks and sign table are ggml's: sizes, entries read off ggml-common.h, byte
  *   values, strict order, and a checksum of each table (a transcription slip fails one);
@@ -92,6 +92,21 @@ Test(iquants, tables_are_ggmls)
 	cr_assert_eq(moek_iq3xxs_grid[248], 0x3e1c1c1cu);
 	cr_assert_eq(moek_iq3xxs_grid[255], 0x3e341c04u);
 	cr_assert_eq(fnv(moek_iq3xxs_grid, sizeof(moek_iq3xxs_grid)), 0x2748ed45beb63233ull);
+	/* iq3s_grid: 4 odd magnitudes 1 … 15 per entry, ascending */
+	for (size_t e = 0; e < 512; e++) {
+		for (int j = 0; j < 4; j++) {
+			const uint8_t v = (uint8_t)(moek_iq3s_grid[e] >> (8 * j));
+			cr_assert(v % 2 == 1 && v <= 15, "iq3s_grid[%zu]", e);
+		}
+		if (e)
+			cr_assert(moek_iq3s_grid[e - 1] < moek_iq3s_grid[e], "iq3s_grid %zu", e);
+	}
+	cr_assert_eq(moek_iq3s_grid[0], 0x01010101u);
+	cr_assert_eq(moek_iq3s_grid[7], 0x01010305u);
+	cr_assert_eq(moek_iq3s_grid[21], 0x01010d05u);
+	cr_assert_eq(moek_iq3s_grid[504], 0x0f090307u);
+	cr_assert_eq(moek_iq3s_grid[511], 0x0f0f0101u);
+	cr_assert_eq(fnv(moek_iq3s_grid, sizeof(moek_iq3s_grid)), 0x5f1781aa06d14fbfull);
 }
 
 /* ---- this file's decoder, from ggml's formulas ------------------------------------------- */
@@ -111,7 +126,16 @@ static void decode(uint32_t fmt, const uint8_t *blk, float *y)
 			uint64_t entry;
 			uint8_t signs;
 			float db;
-			if (fmt == MOEK_IQ3_XXS) {
+			if (fmt == MOEK_IQ3_S) {
+				const uint8_t *q = blk + 2 + 8 * ib, qh = blk[2 + 64 + ib];
+				const uint8_t sc = blk[2 + 64 + 8 + 32 + ib / 2];
+				db = d * (float)(1 + 2 * (ib % 2 ? sc >> 4 : sc & 15));
+				entry = moek_iq3s_grid[q[2 * l] | ((qh << (8 - 2 * l)) & 256)] |
+				        (uint64_t)moek_iq3s_grid[q[2 * l + 1] |
+				                                 ((qh << (7 - 2 * l)) & 256)]
+				            << 32;
+				signs = blk[2 + 64 + 8 + 4 * ib + l];
+			} else if (fmt == MOEK_IQ3_XXS) {
 				const uint8_t *q = blk + 2 + 8 * ib;
 				uint32_t aux;
 				memcpy(&aux, blk + 2 + 64 + 4 * ib, 4);
@@ -221,7 +245,33 @@ Test(iquants, iq3_xxs_golden)
 			cr_assert_eq(y[i], 4.0f * (i < 64 && i >= 32 ? 1.25f : 0.25f), "y[%d]", i);
 }
 
-static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS};
+/* IQ3_S by hand: d = 0.5, sub-block 3 with scale 4 (scales[1] high nibble: db = 0.5 · 9),
+ * group 1 of it (weights 104-111) entries 256 + 7 (9th bit in qh bit 2) and 511 (low byte 255,
+ * 9th bit in qh bit 3), signs 0x81 (weights 0 and 7; no parity rule); everything else zero
+ * (entry 0 = 0x01010101, scale 0: db = 0.5). */
+Test(iquants, iq3_s_golden)
+{
+	uint8_t blk[110] = {0};
+	const uint16_t d = moek_f32_to_f16(0.5f);
+	memcpy(blk, &d, 2);
+	blk[2 + 8 * 3 + 2] = 7, blk[2 + 8 * 3 + 3] = 255;
+	blk[2 + 64 + 3] = 1u << 2 | 1u << 3;
+	blk[2 + 64 + 8 + 4 * 3 + 1] = 0x81;
+	blk[2 + 64 + 8 + 32 + 1] = 4u << 4;
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_IQ3_S, blk, NULL, 1, 256, y), 0);
+	const uint32_t e1 = moek_iq3s_grid[263], e2 = moek_iq3s_grid[511];
+	for (int j = 0; j < 8; j++) {
+		const float m = (float)(uint8_t)((j < 4 ? e1 : e2) >> (8 * (j % 4)));
+		cr_assert_eq(y[104 + j], (j == 0 || j == 7 ? -m : m) * 4.5f, "y[%d] = %g", 104 + j,
+		             y[104 + j]);
+	}
+	for (int i = 0; i < 256; i++)
+		if (i < 104 || i >= 112)
+			cr_assert_eq(y[i], i >= 96 && i < 128 ? 4.5f : 0.5f, "y[%d]", i);
+}
+
+static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S};
 enum { NFMT = sizeof(fmts) / sizeof(fmts[0]) };
 
 /* Random bytes (any bit pattern is a valid block; d kept finite) decode as the formula. */
@@ -254,7 +304,7 @@ Test(iquants, quantizer_round_trip)
 {
 	/* measured (cosine, uniform): IQ2_XXS 0.108 0.107, IQ2_XS 0.084 0.086, IQ3_XXS 0.053 0.034
 	 */
-	static const double budget[] = {0.12, 0.095, 0.065};
+	static const double budget[] = {0.12, 0.095, 0.065, 0.025};
 	enum { N = 2048 };
 	static float x[N], y[N];
 	static uint8_t q[N];

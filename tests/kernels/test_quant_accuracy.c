@@ -82,6 +82,7 @@ static const struct {
     {MOEK_IQ2_XXS, {0.12, 0.12}},
     {MOEK_IQ2_XS, {0.095, 0.095}},
     {MOEK_IQ3_XXS, {0.05, 0.05}},
+    {MOEK_IQ3_S, {0.025, 0.025}},
 };
 
 static void check(enum data_shape shape)

@@ -34,6 +34,7 @@ static double tolerance(uint32_t format)
 	case MOEK_IQ2_XXS: return 0.13; /* measured 0.107 */
 	case MOEK_IQ2_XS: return 0.11;
 	case MOEK_IQ3_XXS: return 0.05; /* measured 0.034 */
+	case MOEK_IQ3_S: return 0.03;   /* measured 0.015 */
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
