@@ -1,5 +1,6 @@
-/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS and IQ3_S
- * (ggml types 16, 17, 18, 21; layouts in kernels_internal.h, codebooks in iq_grids.c).
+/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S and
+ * IQ3_S (ggml types 16, 17, 18, 19, 21; layouts in kernels_internal.h, codebooks in
+ * iq_grids.c). IQ1_S's quantizer is its own (see its section).
  *
  * Decoding is ggml's formula, in ggml's order of float operations: the group scale
  * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS; IQ3_S: d · (1 + 2s)), then
@@ -27,6 +28,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -114,6 +116,25 @@ void moek_dequantize_iq3_s(const void *src, float *y, size_t n)
 	}
 }
 
+void moek_dequantize_iq1_s(const void *src, float *y, size_t n)
+{
+	const struct block_iq1_s *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d);
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const unsigned qh = b[i].qh[ib];
+			const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+			const float delta = qh & 0x8000 ? -MOEK_IQ1S_DELTA : MOEK_IQ1S_DELTA;
+			for (int l = 0; l < 4; l++, y += IQ_GROUP) {
+				const uint64_t e = moek_iq1s_grid[b[i].qs[4 * ib + l] |
+				                                  ((qh >> (3 * l)) & 7) << 8];
+				for (int j = 0; j < IQ_GROUP; j++)
+					y[j] = dl * ((float)(int8_t)grid_byte(e, j) + delta);
+			}
+		}
+	}
+}
+
 void moek_dequantize_iq2_xs(const void *src, float *y, size_t n)
 {
 	const struct block_iq2_xs *b = src;
@@ -182,6 +203,26 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 			/* d · (0.5 + s) · 0.5 = d · (2s + 1) · 0.25: twice the IQ2 factor */
 			acc = fmaf(f16(d16) * y[i].d * 0.25f, (float)sumi, acc);
 			continue;
+		} else if (format == MOEK_IQ1_S) {
+			/* 8 · (grid + delta) = 8 · grid ± 1: the block's sum is exact in integers
+			 */
+			const struct block_iq1_s *x = (const struct block_iq1_s *)w + i;
+			d16 = x->d;
+			for (int ib = 0; ib < QK_K / 32; ib++) {
+				const unsigned qh = x->qh[ib];
+				int32_t sub = 0, qsum = 0;
+				for (int l = 0; l < 4; l++, q += IQ_GROUP) {
+					const uint64_t e =
+					    moek_iq1s_grid[x->qs[4 * ib + l] | ((qh >> (3 * l)) & 7)
+					                                           << 8];
+					for (int j = 0; j < IQ_GROUP; j++) {
+						sub += (int8_t)grid_byte(e, j) * q[j];
+						qsum += q[j];
+					}
+				}
+				const int32_t ls = (int32_t)(2 * ((qh >> 12) & 7) + 1);
+				sumi += ls * (8 * sub + (qh & 0x8000 ? -qsum : qsum));
+			}
 		} else if (format == MOEK_IQ3_S) {
 			const struct block_iq3_s *x = (const struct block_iq3_s *)w + i;
 			d16 = x->d;
@@ -480,4 +521,163 @@ void moek_quantize_iq3_s(const float *x, void *dst, size_t n)
 	/* d · (1 + 2c) = d · (0.5 + c) · 2 */
 	static const struct iq_scheme s = {512, 4, 8, 2.0f, false, store_iq3_s};
 	quantize_iq(x, dst, n, moek_iq3s_grid, sizeof(struct block_iq3_s), &s);
+}
+
+/* ---- IQ1_S -------------------------------------------------------------------------------
+ * Ternary entries shifted by ±1/8: the nearest entry of 8 weights at scale S and shift delta is
+ * the rounding of each x/S − delta to −1, 0 or 1 when that point is in the grid (about a third
+ * of the 3^8 points are); otherwise the cheapest of the points one coordinate away (moved to
+ * its second-nearest value) that are, else of those two coordinates away, else the whole
+ * grid. The map from the 3^8 points to entries is built once. */
+
+enum { IQ1_POINTS = 6561 };
+static uint16_t iq1_map[IQ1_POINTS]; /* point -> entry + 1 (0: not in the grid) */
+static pthread_once_t iq1_map_once = PTHREAD_ONCE_INIT;
+
+static void iq1_map_build(void)
+{
+	for (int e = 0; e < 2048; e++) {
+		int code = 0;
+		for (int j = IQ_GROUP - 1; j >= 0; j--)
+			code = 3 * code + (int8_t)grid_byte(moek_iq1s_grid[e], j) + 1;
+		iq1_map[code] = (uint16_t)(e + 1);
+	}
+}
+
+static float iq1_cost(const float *x, float s, float delta, uint64_t e)
+{
+	float c = 0.0f;
+	for (int j = 0; j < IQ_GROUP; j++) {
+		const float r = s * ((float)(int8_t)grid_byte(e, j) + delta) - x[j];
+		c += r * r;
+	}
+	return c;
+}
+
+static int iq1_pick(const float *x, float s, float delta)
+{
+	int t[IQ_GROUP], alt[IQ_GROUP], code = 0;
+	static const int pow3[IQ_GROUP] = {1, 3, 9, 27, 81, 243, 729, 2187};
+	for (int j = 0; j < IQ_GROUP; j++) {
+		const float u = s > 0.0f ? x[j] / s - delta : 0.0f;
+		t[j] = u < -0.5f ? -1 : u > 0.5f ? 1 : 0;
+		alt[j] = t[j] != 0 ? 0 : u < 0.0f ? -1 : 1; /* the second-nearest value */
+		code += (t[j] + 1) * pow3[j];
+	}
+	if (iq1_map[code])
+		return iq1_map[code] - 1;
+	int best = -1;
+	float best_cost = 0.0f;
+	for (int a = 0; a < IQ_GROUP; a++) {
+		const int ca = code + (alt[a] - t[a]) * pow3[a];
+		for (int b = a; b < IQ_GROUP; b++) {
+			const int cb = b == a ? ca : ca + (alt[b] - t[b]) * pow3[b];
+			if (!iq1_map[cb])
+				continue;
+			const float c = iq1_cost(x, s, delta, moek_iq1s_grid[iq1_map[cb] - 1]);
+			if (best < 0 || c < best_cost) {
+				best = iq1_map[cb] - 1;
+				best_cost = c;
+			}
+		}
+	}
+	if (best >= 0)
+		return best;
+	for (int e = 0; e < 2048; e++) {
+		const float c = iq1_cost(x, s, delta, moek_iq1s_grid[e]);
+		if (best < 0 || c < best_cost) {
+			best = e;
+			best_cost = c;
+		}
+	}
+	return best;
+}
+
+/* Σ x·v and Σ v·v over a unit's 4 groups for the entries picked at (s, delta). */
+static void iq1_fit(const float *x, float s, float delta, int *e, float *sxv, float *svv)
+{
+	*sxv = *svv = 0.0f;
+	for (int l = 0; l < 4; l++) {
+		e[l] = iq1_pick(x + IQ_GROUP * l, s, delta);
+		for (int j = 0; j < IQ_GROUP; j++) {
+			const float v = (float)(int8_t)grid_byte(moek_iq1s_grid[e[l]], j) + delta;
+			*sxv += x[IQ_GROUP * l + j] * v;
+			*svv += v * v;
+		}
+	}
+}
+
+void moek_quantize_iq1_s(const float *src, void *dst, size_t n)
+{
+	static const float tries[] = {0.3f, 0.4f, 0.5f, 0.6f, 0.75f, 0.9f};
+	pthread_once(&iq1_map_once, iq1_map_build);
+	struct block_iq1_s *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		float x[QK_K], units[QK_K / 32];
+		bool neg[QK_K / 32];
+		float m = 0.0f;
+		for (int k = 0; k < QK_K; k++) {
+			const float v = src[k];
+			x[k] = v != v ? 0.0f : v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : v;
+		}
+		for (int u = 0; u < QK_K / 32; u++) {
+			const float *xu = x + 32 * u;
+			float amax = 0.0f, best_gain = -1.0f;
+			for (int k = 0; k < 32; k++)
+				amax = fabsf(xu[k]) > amax ? fabsf(xu[k]) : amax;
+			units[u] = 0.0f, neg[u] = false;
+			if (!(amax > 1e-30f))
+				continue;
+			for (int sd = 0; sd < 2; sd++) {
+				const float delta = sd ? -MOEK_IQ1S_DELTA : MOEK_IQ1S_DELTA;
+				for (size_t t = 0; t < sizeof(tries) / sizeof(tries[0]); t++) {
+					int e[4];
+					float sxv, svv;
+					iq1_fit(xu, amax / 1.125f * tries[t], delta, e, &sxv, &svv);
+					const float gain = sxv / svv * sxv;
+					if (svv > 0.0f && sxv > 0.0f && gain > best_gain) {
+						best_gain = gain;
+						units[u] = sxv / svv;
+						neg[u] = sd;
+					}
+				}
+			}
+			m = units[u] > m ? units[u] : m;
+		}
+		float d = m / 15.0f; /* the largest unit scale on code 7: d · 15 */
+		d = d > 65504.0f ? 65504.0f : d;
+		y[i].d = moek_f32_to_f16(d);
+		const float dd = f16(y[i].d);
+		for (int u = 0; u < QK_K / 32; u++) {
+			const float *xu = x + 32 * u;
+			const float delta = neg[u] ? -MOEK_IQ1S_DELTA : MOEK_IQ1S_DELTA;
+			const float v = dd > 0.0f ? (units[u] / dd - 1.0f) * 0.5f : 0.0f;
+			const int c0 = !(v > 0.0f) ? 0 : v >= 7.0f ? 7 : (int)lrintf(v);
+			int code = c0, e[4];
+			float best_cost = 0.0f;
+			for (int o = 0; o < 3; o++) { /* the nearest code and its neighbours */
+				const int c = c0 + (o == 0 ? 0 : o == 1 ? -1 : 1);
+				if (c < 0 || c > 7)
+					continue;
+				const float dl = dd * (float)(2 * c + 1);
+				float cost = 0.0f;
+				for (int l = 0; l < 4; l++)
+					cost += iq1_cost(
+					    xu + IQ_GROUP * l, dl, delta,
+					    moek_iq1s_grid[iq1_pick(xu + IQ_GROUP * l, dl, delta)]);
+				if (o == 0 || cost < best_cost) {
+					best_cost = cost;
+					code = c;
+				}
+			}
+			const float dl = dd * (float)(2 * code + 1);
+			unsigned qh = (unsigned)code << 12 | (neg[u] ? 0x8000u : 0u);
+			for (int l = 0; l < 4; l++) {
+				e[l] = iq1_pick(xu + IQ_GROUP * l, dl, delta);
+				y[i].qs[4 * u + l] = (uint8_t)e[l];
+				qh |= (unsigned)(e[l] >> 8) << (3 * l);
+			}
+			y[i].qh[u] = (uint16_t)qh;
+		}
+	}
 }

@@ -144,6 +144,16 @@ struct block_iq3_s {
 	uint8_t scales[QK_K / 64];
 };
 static_assert(sizeof(struct block_iq3_s) == 110, "IQ3_S block");
+/* IQ1_S: per 32 weights (j), 4 grid indices of 11 bits into iq1s_grid (ternary entries): the
+ * low 8 in qs[4j + l], the high 3 in bits 3l..3l+2 of qh[j]; qh[j] bits 12-14 a 3-bit scale
+ * s, bit 15 the sign of delta: value = d · (2s + 1) · (grid + delta), delta = ∓1/8. */
+struct block_iq1_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 8];
+	uint16_t qh[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq1_s) == 50, "IQ1_S block");
+#define MOEK_IQ1S_DELTA 0.125f
 
 /* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
  * (8, 25 or 43), byte j for weight j; ksigns_iq2xs[i] is i with bit 7 set when i has an odd
@@ -152,6 +162,7 @@ extern const uint64_t moek_iq2xxs_grid[256];
 extern const uint64_t moek_iq2xs_grid[512];
 extern const uint32_t moek_iq3xxs_grid[256];
 extern const uint32_t moek_iq3s_grid[512];
+extern const uint64_t moek_iq1s_grid[2048];
 extern const uint8_t moek_ksigns_iq2xs[128];
 
 /* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
@@ -163,6 +174,8 @@ void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n);
 void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n);
 void moek_quantize_iq3_s(const float *x, void *dst, size_t n);
 void moek_dequantize_iq3_s(const void *src, float *y, size_t n);
+void moek_quantize_iq1_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq1_s(const void *src, float *y, size_t n);
 /* Their scalar reference dots against Q8_K activations (one row, one token): each block's
  * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
  * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S) — the AVX2 dots' arithmetic, so they
@@ -240,7 +253,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -669,6 +682,10 @@ void moek_avx2_rows_iq3_xxs(const void *w, size_t stride, size_t nr, const void 
 void moek_avx2_dot_iq3_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                          size_t k, float *out);
 void moek_avx2_rows_iq3_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq1_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq1_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                           float *out);
 #endif
 

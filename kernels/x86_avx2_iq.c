@@ -1,5 +1,5 @@
-/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S)
- * against Q8_K,
+/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S;
+ * IQ1_S in iq1_body) against Q8_K,
  * for moek_avx2_ops (x86_avx2.c's table).
  *
  * Compiled with x86_avx2.c's flags and run only after its CPUID check. Per 32 weights: four
@@ -141,8 +141,59 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 		out[t] = _mm_cvtss_f32(acc[t]);
 }
 
+/* IQ1_S: ternary weights sign the activations (vpsignb: −y, 0 or y), maddubs by ones sums
+ * pairs, madd by 8 · (2s + 1); the delta's part, ±(2s + 1) · Σ q per 32 weights, comes from
+ * Q8_K's bsums. One exact int32 sum per super-block (moek_iq_dot_q8k_ref's), then the FMA. */
+ALWAYS_INLINE void iq1_body(const void *w, const void *act, size_t as, const int NT, size_t k,
+                            float *out, uint32_t format)
+{
+	(void)format;
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
+	const __m256i ones = _mm256_set1_epi8(1);
+	__m128 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		const struct block_iq1_s *x = (const struct block_iq1_s *)w + i;
+		prefetch_ahead(x, far);
+		__m256i sumi[8];
+		int32_t dsum[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256(), dsum[t] = 0;
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const unsigned qh = x->qh[ib];
+			const uint8_t *c = x->qs + 4 * ib;
+			const __m256i g = _mm256_setr_epi64x(
+			    (long long)moek_iq1s_grid[c[0] | (qh & 7) << 8],
+			    (long long)moek_iq1s_grid[c[1] | ((qh >> 3) & 7) << 8],
+			    (long long)moek_iq1s_grid[c[2] | ((qh >> 6) & 7) << 8],
+			    (long long)moek_iq1s_grid[c[3] | ((qh >> 9) & 7) << 8]);
+			const int ls = (int)(2 * ((qh >> 12) & 7) + 1);
+			const __m256i ls8 = _mm256_set1_epi16((short)(8 * ls));
+			for (int t = 0; t < NT; t++) {
+				const struct block_q8_K *y = q8k_token(act, as, t, i);
+				const __m256i q =
+				    _mm256_loadu_si256((const __m256i *)(y->qs + 32 * ib));
+				const __m256i p =
+				    _mm256_maddubs_epi16(ones, _mm256_sign_epi8(q, g));
+				sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, ls8));
+				const int bs = y->bsums[2 * ib] + y->bsums[2 * ib + 1];
+				dsum[t] += ls * (qh & 0x8000 ? -bs : bs);
+			}
+		}
+		const float d = _cvtsh_ss(x->d);
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm_fmadd_ss(
+			    _mm_set_ss(d * q8k_token(act, as, t, i)->d * 0.125f),
+			    _mm_cvtsi32_ss(_mm_setzero_ps(), iq_hsum(sumi[t]) + dsum[t]), acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = _mm_cvtss_f32(acc[t]);
+}
+
 /* The row dot (specialised on the token count) and the many-row entry of one format. */
-#define IQ_ENTRIES(fmt, FMT)                                                                       \
+#define IQ_ENTRIES(fmt, FMT) IQ_BODY_ENTRIES(fmt, FMT, iq_body)
+#define IQ_BODY_ENTRIES(fmt, FMT, iq_body)                                                         \
 	X8_ENTRY(dot_##fmt, iq_body, FMT, )                                                        \
 	void moek_avx2_dot_##fmt(const void *w, const float *sr, const void *act, size_t as,       \
 	                         size_t nt, size_t k, float *out)                                  \
@@ -161,3 +212,4 @@ IQ_ENTRIES(iq2_xxs, MOEK_IQ2_XXS)
 IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
 IQ_ENTRIES(iq3_xxs, MOEK_IQ3_XXS)
 IQ_ENTRIES(iq3_s, MOEK_IQ3_S)
+IQ_BODY_ENTRIES(iq1_s, MOEK_IQ1_S, iq1_body)

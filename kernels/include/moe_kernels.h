@@ -35,6 +35,7 @@ enum moek_format {
 	MOEK_IQ2_XXS = 16,
 	MOEK_IQ2_XS = 17,
 	MOEK_IQ3_XXS = 18,
+	MOEK_IQ1_S = 19,
 	MOEK_IQ4_NL = 20,
 	MOEK_IQ3_S = 21,
 	MOEK_IQ4_XS = 23,

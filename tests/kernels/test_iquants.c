@@ -1,4 +1,5 @@
-/* test_iquants.c — ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S (fmt_iq.c, iq_grids.c,
+/* test_iquants.c — ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S, IQ1_S (fmt_iq.c,
+ * iq_grids.c,
  * x86_avx2_iq.c):
  * - the codebooks and sign table are ggml's: sizes, entries read off ggml-common.h, byte
  *   values, strict order, and a checksum of each table (a transcription slip fails one);
@@ -107,6 +108,28 @@ Test(iquants, tables_are_ggmls)
 	cr_assert_eq(moek_iq3s_grid[504], 0x0f090307u);
 	cr_assert_eq(moek_iq3s_grid[511], 0x0f0f0101u);
 	cr_assert_eq(fnv(moek_iq3s_grid, sizeof(moek_iq3s_grid)), 0x5f1781aa06d14fbfull);
+	/* iq1s_grid: bytes 0xff, 0 or 1 (−1, 0, 1), ascending as base-3 numbers read from byte 7
+	 * down (−1 < 0 < 1) */
+	for (size_t e = 0; e < 2048; e++) {
+		uint32_t key = 0, prev = 0;
+		for (int j = 7; j >= 0; j--) {
+			const uint8_t v = (uint8_t)(moek_iq1s_grid[e] >> (8 * j));
+			cr_assert(v == 0xff || v == 0 || v == 1, "iq1s_grid[%zu]", e);
+			key = 3 * key + (v == 0xff ? 0 : v + 1u);
+			if (e) {
+				const uint8_t p = (uint8_t)(moek_iq1s_grid[e - 1] >> (8 * j));
+				prev = 3 * prev + (p == 0xff ? 0 : p + 1u);
+			}
+		}
+		if (e)
+			cr_assert(prev < key, "iq1s_grid %zu out of order", e);
+	}
+	cr_assert_eq(moek_iq1s_grid[0], 0xffffffffffffffffull);
+	cr_assert_eq(moek_iq1s_grid[5], 0xffffffffff00ff00ull);
+	cr_assert_eq(moek_iq1s_grid[100], 0xffff000000000000ull);
+	cr_assert_eq(moek_iq1s_grid[1024], 0x0000000000ff0100ull);
+	cr_assert_eq(moek_iq1s_grid[2047], 0x0101010101010101ull);
+	cr_assert_eq(fnv(moek_iq1s_grid, sizeof(moek_iq1s_grid)), 0x31aaba1fc89a41d0ull);
 }
 
 /* ---- this file's decoder, from ggml's formulas ------------------------------------------- */
@@ -121,6 +144,22 @@ static void decode(uint32_t fmt, const uint8_t *blk, float *y)
 	uint16_t d16;
 	memcpy(&d16, blk, 2);
 	const float d = half(d16);
+	if (fmt == MOEK_IQ1_S) {
+		for (int ib = 0; ib < 8; ib++) {
+			uint16_t qh;
+			memcpy(&qh, blk + 2 + 32 + 2 * ib, 2);
+			const float dl = d * (float)(2 * ((qh >> 12) & 7) + 1);
+			const float delta = qh & 0x8000 ? -0.125f : 0.125f;
+			for (int l = 0; l < 4; l++) {
+				const uint64_t e = moek_iq1s_grid[blk[2 + 4 * ib + l] |
+				                                  ((qh >> (3 * l)) & 7) << 8];
+				for (int j = 0; j < 8; j++)
+					y[32 * ib + 8 * l + j] =
+					    dl * ((float)(int8_t)(e >> (8 * j)) + delta);
+			}
+		}
+		return;
+	}
 	for (int ib = 0; ib < 8; ib++) {
 		for (int l = 0; l < 4; l++) {
 			uint64_t entry;
@@ -271,7 +310,32 @@ Test(iquants, iq3_s_golden)
 			cr_assert_eq(y[i], i >= 96 && i < 128 ? 4.5f : 0.5f, "y[%d]", i);
 }
 
-static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S};
+/* IQ1_S by hand: d = 2, sub-block 2 with scale 3 (dl = 2 · 7), negative delta, group 1 of it
+ * (weights 72-79) entry 1024 + 5 (high bits 4 in qh bits 3-5); everything else zero codes:
+ * entry 0 (all −1), scale 0 (dl = 2), delta +1/8. */
+Test(iquants, iq1_s_golden)
+{
+	uint8_t blk[50] = {0};
+	const uint16_t d = moek_f32_to_f16(2.0f), qh = 4u << 3 | 3u << 12 | 0x8000u;
+	memcpy(blk, &d, 2);
+	blk[2 + 4 * 2 + 1] = 5;
+	memcpy(blk + 2 + 32 + 2 * 2, &qh, 2);
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_IQ1_S, blk, NULL, 1, 256, y), 0);
+	const uint64_t e = moek_iq1s_grid[1029];
+	for (int j = 0; j < 8; j++)
+		cr_assert_eq(y[72 + j], 14.0f * ((float)(int8_t)(e >> (8 * j)) - 0.125f), "y[%d]",
+		             72 + j);
+	for (int i = 0; i < 256; i++) {
+		if (i >= 72 && i < 80)
+			continue;
+		const bool sub2 = i >= 64 && i < 96;
+		cr_assert_eq(y[i], sub2 ? 14.0f * (-1.0f - 0.125f) : 2.0f * (-1.0f + 0.125f),
+		             "y[%d]", i);
+	}
+}
+
+static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S, MOEK_IQ1_S};
 enum { NFMT = sizeof(fmts) / sizeof(fmts[0]) };
 
 /* Random bytes (any bit pattern is a valid block; d kept finite) decode as the formula. */
@@ -304,7 +368,7 @@ Test(iquants, quantizer_round_trip)
 {
 	/* measured (cosine, uniform): IQ2_XXS 0.108 0.107, IQ2_XS 0.084 0.086, IQ3_XXS 0.053 0.034
 	 */
-	static const double budget[] = {0.12, 0.095, 0.065, 0.025};
+	static const double budget[] = {0.12, 0.095, 0.065, 0.025, 0.18};
 	enum { N = 2048 };
 	static float x[N], y[N];
 	static uint8_t q[N];

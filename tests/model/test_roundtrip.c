@@ -35,6 +35,7 @@ static double tolerance(uint32_t format)
 	case MOEK_IQ2_XS: return 0.11;
 	case MOEK_IQ3_XXS: return 0.05; /* measured 0.034 */
 	case MOEK_IQ3_S: return 0.03;   /* measured 0.015 */
+	case MOEK_IQ1_S: return 0.2;    /* measured 0.141 */
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -396,14 +397,21 @@ Test(generator, mix_rule_is_llama_cpps)
 		             MOEK_IQ3_XXS);
 	}
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ3_XXS), 23);
+	for (uint32_t L = 0; L < 48; L++) {
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_S, MOE_GEN_DOWN, L, 48),
+		             L < 6 ? MOEK_Q2_K : MOEK_IQ1_S, "IQ1_S block %u", L);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_S, MOE_GEN_GATE, L, 48),
+		             MOEK_IQ1_S);
+	}
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_S), 24);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
-static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,
-                                         MOE_GEN_MIX_Q2_K,   MOE_GEN_MIX_IQ2_XXS,
-                                         MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS};
+static const enum moe_gen_mix mixes[] = {
+    MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,  MOE_GEN_MIX_Q2_K, MOE_GEN_MIX_IQ2_XXS,
+    MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS, MOE_GEN_MIX_IQ1_S};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
