@@ -1,6 +1,6 @@
-/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S and
- * IQ3_S (ggml types 16, 17, 18, 19, 21; layouts in kernels_internal.h, codebooks in
- * iq_grids.c). IQ1_S's quantizer is its own (see its section).
+/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S
+ * and IQ1_M (ggml types 16, 17, 18, 19, 21, 29; layouts in kernels_internal.h, codebooks in
+ * iq_grids.c). The IQ1 quantizers are their own (see their section).
  *
  * Decoding is ggml's formula, in ggml's order of float operations: the group scale
  * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS; IQ3_S: d · (1 + 2s)), then
@@ -135,6 +135,47 @@ void moek_dequantize_iq1_s(const void *src, float *y, size_t n)
 	}
 }
 
+/* IQ1_M's f16 d from the top nibbles of its 4 scale words, and the 3-bit scale of weights
+ * 16h … 16h + 15. */
+static inline uint16_t iq1m_d(const struct block_iq1_m *b)
+{
+	uint16_t sc[4];
+	memcpy(sc, b->scales, sizeof(sc));
+	return (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) |
+	                  (sc[3] & 0xf000));
+}
+
+static inline int iq1m_scale(const struct block_iq1_m *b, int h)
+{
+	const unsigned w = (unsigned)b->scales[2 * (h / 4)] | (unsigned)b->scales[2 * (h / 4) + 1]
+	                                                          << 8;
+	return (int)((w >> (3 * (h % 4))) & 7);
+}
+
+/* Group g's grid index and whether its delta is negative. */
+static inline int iq1m_index(const struct block_iq1_m *b, int g, bool *neg)
+{
+	const unsigned qh = b->qh[g / 2] >> (4 * (g % 2));
+	*neg = qh & 8;
+	return (int)(b->qs[g] | (qh & 7) << 8);
+}
+
+void moek_dequantize_iq1_m(const void *src, float *y, size_t n)
+{
+	const struct block_iq1_m *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(iq1m_d(&b[i]));
+		for (int g = 0; g < IQ_GROUPS; g++, y += IQ_GROUP) {
+			const float dl = d * (float)(2 * iq1m_scale(&b[i], g / 2) + 1);
+			bool neg;
+			const uint64_t e = moek_iq1s_grid[iq1m_index(&b[i], g, &neg)];
+			const float delta = neg ? -MOEK_IQ1S_DELTA : MOEK_IQ1S_DELTA;
+			for (int j = 0; j < IQ_GROUP; j++)
+				y[j] = dl * ((float)(int8_t)grid_byte(e, j) + delta);
+		}
+	}
+}
+
 void moek_dequantize_iq2_xs(const void *src, float *y, size_t n)
 {
 	const struct block_iq2_xs *b = src;
@@ -222,6 +263,18 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 				}
 				const int32_t ls = (int32_t)(2 * ((qh >> 12) & 7) + 1);
 				sumi += ls * (8 * sub + (qh & 0x8000 ? -qsum : qsum));
+			}
+		} else if (format == MOEK_IQ1_M) {
+			const struct block_iq1_m *x = (const struct block_iq1_m *)w + i;
+			d16 = iq1m_d(x);
+			for (int g = 0; g < IQ_GROUPS; g++, q += IQ_GROUP) {
+				bool neg;
+				const uint64_t e = moek_iq1s_grid[iq1m_index(x, g, &neg)];
+				int32_t sub = 0;
+				for (int j = 0; j < IQ_GROUP; j++)
+					sub +=
+					    (8 * (int8_t)grid_byte(e, j) + (neg ? -1 : 1)) * q[j];
+				sumi += (2 * iq1m_scale(x, g / 2) + 1) * sub;
 			}
 		} else if (format == MOEK_IQ3_S) {
 			const struct block_iq3_s *x = (const struct block_iq3_s *)w + i;
@@ -679,5 +732,114 @@ void moek_quantize_iq1_s(const float *src, void *dst, size_t n)
 			}
 			y[i].qh[u] = (uint16_t)qh;
 		}
+	}
+}
+
+/* IQ1_M: the same search per 16 weights (two groups, each with its own delta) under a 3-bit
+ * scale; d maps the largest onto code 7 and is spread over the scale words' top nibbles. */
+void moek_quantize_iq1_m(const float *src, void *dst, size_t n)
+{
+	static const float tries[] = {0.3f, 0.4f, 0.5f, 0.6f, 0.75f, 0.9f};
+	pthread_once(&iq1_map_once, iq1_map_build);
+	struct block_iq1_m *y = dst;
+	for (size_t i = 0; i < n / QK_K; i++, src += QK_K) {
+		float x[QK_K], units[QK_K / 16];
+		float m = 0.0f;
+		for (int k = 0; k < QK_K; k++) {
+			const float v = src[k];
+			x[k] = v != v ? 0.0f : v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : v;
+		}
+		for (int u = 0; u < QK_K / 16; u++) {
+			const float *xu = x + 16 * u;
+			float amax = 0.0f, best_gain = -1.0f;
+			for (int k = 0; k < 16; k++)
+				amax = fabsf(xu[k]) > amax ? fabsf(xu[k]) : amax;
+			units[u] = 0.0f;
+			if (!(amax > 1e-30f))
+				continue;
+			for (size_t t = 0; t < sizeof(tries) / sizeof(tries[0]); t++) {
+				const float s = amax / 1.125f * tries[t];
+				float sxv = 0.0f, svv = 0.0f;
+				for (int l = 0; l < 2; l++) { /* each group's better delta at s */
+					const float *xg = xu + IQ_GROUP * l;
+					float best_c = 0.0f, bd = MOEK_IQ1S_DELTA;
+					int be = 0;
+					for (int sd = 0; sd < 2; sd++) {
+						const float delta =
+						    sd ? -MOEK_IQ1S_DELTA : MOEK_IQ1S_DELTA;
+						const int e = iq1_pick(xg, s, delta);
+						const float c =
+						    iq1_cost(xg, s, delta, moek_iq1s_grid[e]);
+						if (sd == 0 || c < best_c)
+							best_c = c, bd = delta, be = e;
+					}
+					for (int j = 0; j < IQ_GROUP; j++) {
+						const float v = (float)(int8_t)grid_byte(
+						                    moek_iq1s_grid[be], j) +
+						                bd;
+						sxv += xg[j] * v;
+						svv += v * v;
+					}
+				}
+				const float gain = sxv / svv * sxv;
+				if (svv > 0.0f && sxv > 0.0f && gain > best_gain) {
+					best_gain = gain;
+					units[u] = sxv / svv;
+				}
+			}
+			m = units[u] > m ? units[u] : m;
+		}
+		float d = m / 15.0f;
+		d = d > 65504.0f ? 65504.0f : d;
+		const uint16_t d16 = moek_f32_to_f16(d);
+		const float dd = f16(d16);
+		memset(&y[i], 0, sizeof(y[i]));
+		uint16_t sc[4] = {0};
+		for (int u = 0; u < QK_K / 16; u++) {
+			const float *xu = x + 16 * u;
+			const float v = dd > 0.0f ? (units[u] / dd - 1.0f) * 0.5f : 0.0f;
+			const int c0 = !(v > 0.0f) ? 0 : v >= 7.0f ? 7 : (int)lrintf(v);
+			int code = c0;
+			float best_cost = 0.0f;
+			for (int o = 0; o < 3; o++) {
+				const int c = c0 + (o == 0 ? 0 : o == 1 ? -1 : 1);
+				if (c < 0 || c > 7)
+					continue;
+				const float dl = dd * (float)(2 * c + 1);
+				float cost = 0.0f;
+				for (int l = 0; l < 2; l++) {
+					const float *xg = xu + IQ_GROUP * l;
+					const float cp = iq1_cost(
+					    xg, dl, MOEK_IQ1S_DELTA,
+					    moek_iq1s_grid[iq1_pick(xg, dl, MOEK_IQ1S_DELTA)]);
+					const float cn = iq1_cost(
+					    xg, dl, -MOEK_IQ1S_DELTA,
+					    moek_iq1s_grid[iq1_pick(xg, dl, -MOEK_IQ1S_DELTA)]);
+					cost += cp < cn ? cp : cn;
+				}
+				if (o == 0 || cost < best_cost) {
+					best_cost = cost;
+					code = c;
+				}
+			}
+			sc[u / 4] |= (uint16_t)(code << (3 * (u % 4)));
+			const float dl = dd * (float)(2 * code + 1);
+			for (int l = 0; l < 2; l++) {
+				const int g = 2 * u + l;
+				const float *xg = x + IQ_GROUP * g;
+				const int ep = iq1_pick(xg, dl, MOEK_IQ1S_DELTA);
+				const int en = iq1_pick(xg, dl, -MOEK_IQ1S_DELTA);
+				const bool neg =
+				    iq1_cost(xg, dl, -MOEK_IQ1S_DELTA, moek_iq1s_grid[en]) <
+				    iq1_cost(xg, dl, MOEK_IQ1S_DELTA, moek_iq1s_grid[ep]);
+				const int e = neg ? en : ep;
+				y[i].qs[g] = (uint8_t)e;
+				y[i].qh[g / 2] |=
+				    (uint8_t)(((e >> 8) | (neg ? 8 : 0)) << (4 * (g % 2)));
+			}
+		}
+		for (int k = 0; k < 4; k++)
+			sc[k] |= (uint16_t)(((d16 >> (4 * k)) & 15) << 12);
+		memcpy(y[i].scales, sc, sizeof(sc));
 	}
 }

@@ -10,7 +10,7 @@
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32 scale_inv
  * per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and IQ4_XS have their
  * codecs in fmt_iq4.c, the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS,
- * IQ1_S, IQ3_S) theirs in fmt_iq.c.
+ * IQ1_S, IQ3_S, IQ1_M) theirs in fmt_iq.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -1197,6 +1197,20 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .down_split_align = 1,
                 .quantize_row = moek_quantize_iq4_xs,
                 .dequantize_row = moek_dequantize_iq4_xs,
+            },
+        [MOEK_FMT_IQ1_M] =
+            {
+                .info = {.format = MOEK_IQ1_M,
+                         .name = "IQ1_M",
+                         .block_elems = 256,
+                         .block_bytes = 56,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq1_m,
+                .dequantize_row = moek_dequantize_iq1_m,
             },
         [MOEK_FMT_BF16] =
             {

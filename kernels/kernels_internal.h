@@ -153,6 +153,17 @@ struct block_iq1_s {
 	uint16_t qh[QK_K / 32];
 };
 static_assert(sizeof(struct block_iq1_s) == 50, "IQ1_S block");
+/* IQ1_M: no d field. Per 32 weights (j), 4 indices of 11 bits into iq1s_grid: low 8 in
+ * qs[4j + l], high 3 in bits 0-2 (l even) or 4-6 (l odd) of qh[2j + l/2], whose bit 3 / 7 is
+ * the group's delta sign. scales[] as 4 little-endian u16: bits 0-11 of u16 k hold 3-bit
+ * scales for weights 64k + 16i … (i = 0..3, 3 bits each); their top nibbles, u16 0 lowest,
+ * make the f16 d: value = d · (2s + 1) · (grid + delta). */
+struct block_iq1_m {
+	uint8_t qs[QK_K / 8];
+	uint8_t qh[QK_K / 16];
+	uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq1_m) == 56, "IQ1_M block");
 #define MOEK_IQ1S_DELTA 0.125f
 
 /* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
@@ -176,6 +187,8 @@ void moek_quantize_iq3_s(const float *x, void *dst, size_t n);
 void moek_dequantize_iq3_s(const void *src, float *y, size_t n);
 void moek_quantize_iq1_s(const float *x, void *dst, size_t n);
 void moek_dequantize_iq1_s(const void *src, float *y, size_t n);
+void moek_quantize_iq1_m(const float *x, void *dst, size_t n);
+void moek_dequantize_iq1_m(const void *src, float *y, size_t n);
 /* Their scalar reference dots against Q8_K activations (one row, one token): each block's
  * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
  * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S) — the AVX2 dots' arithmetic, so they
@@ -253,7 +266,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(IQ1_M) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -686,6 +699,10 @@ void moek_avx2_rows_iq3_s(const void *w, size_t stride, size_t nr, const void *a
 void moek_avx2_dot_iq1_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                          size_t k, float *out);
 void moek_avx2_rows_iq1_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq1_m(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq1_m(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                           float *out);
 #endif
 

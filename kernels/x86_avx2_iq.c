@@ -1,5 +1,5 @@
 /* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S;
- * IQ1_S in iq1_body) against Q8_K,
+ * IQ1_S in iq1_body, IQ1_M in iq1m_body) against Q8_K,
  * for moek_avx2_ops (x86_avx2.c's table).
  *
  * Compiled with x86_avx2.c's flags and run only after its CPUID check. Per 32 weights: four
@@ -191,6 +191,63 @@ ALWAYS_INLINE void iq1_body(const void *w, const void *act, size_t as, const int
 		out[t] = _mm_cvtss_f32(acc[t]);
 }
 
+/* IQ1_M: per group of 8 the integer weights 8 · grid ± 1 (|w| <= 9: vpsignb of 8 by the ternary
+ * bytes plus the delta's ±1), the sign trick into maddubs, madd by 2s + 1 per 16 weights; one
+ * exact int32 sum per super-block (moek_iq_dot_q8k_ref's), then the FMA by d · y.d · 0.125. */
+ALWAYS_INLINE void iq1m_body(const void *w, const void *act, size_t as, const int NT, size_t k,
+                             float *out, uint32_t format)
+{
+	(void)format;
+	const bool far = wide_activation(k / QK_K * sizeof(struct block_q8_K));
+	const __m256i eight = _mm256_set1_epi8(8);
+	__m128 acc[8];
+	for (int t = 0; t < NT; t++)
+		acc[t] = _mm_setzero_ps();
+	for (size_t i = 0; i < k / QK_K; i++) {
+		const struct block_iq1_m *x = (const struct block_iq1_m *)w + i;
+		prefetch_ahead(x, far);
+		uint16_t sc[4];
+		memcpy(sc, x->scales, sizeof(sc));
+		__m256i sumi[8];
+		for (int t = 0; t < NT; t++)
+			sumi[t] = _mm256_setzero_si256();
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const uint8_t *c = x->qs + 4 * ib, *h = x->qh + 2 * ib;
+			const __m256i g = _mm256_setr_epi64x(
+			    (long long)moek_iq1s_grid[c[0] | (h[0] & 7) << 8],
+			    (long long)moek_iq1s_grid[c[1] | ((h[0] >> 4) & 7) << 8],
+			    (long long)moek_iq1s_grid[c[2] | (h[1] & 7) << 8],
+			    (long long)moek_iq1s_grid[c[3] | ((h[1] >> 4) & 7) << 8]);
+			const __m256i dl =
+			    _mm256_setr_epi64x(h[0] & 0x08 ? -1LL : 0x0101010101010101LL,
+			                       h[0] & 0x80 ? -1LL : 0x0101010101010101LL,
+			                       h[1] & 0x08 ? -1LL : 0x0101010101010101LL,
+			                       h[1] & 0x80 ? -1LL : 0x0101010101010101LL);
+			const __m256i wq = _mm256_add_epi8(_mm256_sign_epi8(eight, g), dl);
+			const __m256i aw = _mm256_abs_epi8(wq);
+			const unsigned s = sc[ib / 2] >> (6 * (ib % 2));
+			const __m256i ls =
+			    _mm256_setr_m128i(_mm_set1_epi16((short)(2 * (s & 7) + 1)),
+			                      _mm_set1_epi16((short)(2 * ((s >> 3) & 7) + 1)));
+			for (int t = 0; t < NT; t++) {
+				const __m256i q = _mm256_loadu_si256(
+				    (const __m256i *)(q8k_token(act, as, t, i)->qs + 32 * ib));
+				const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, wq));
+				sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(p, ls));
+			}
+		}
+		const float d =
+		    _cvtsh_ss((unsigned short)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) |
+		                               ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000)));
+		for (int t = 0; t < NT; t++)
+			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * q8k_token(act, as, t, i)->d * 0.125f),
+			                      _mm_cvtsi32_ss(_mm_setzero_ps(), iq_hsum(sumi[t])),
+			                      acc[t]);
+	}
+	for (int t = 0; t < NT; t++)
+		out[t] = _mm_cvtss_f32(acc[t]);
+}
+
 /* The row dot (specialised on the token count) and the many-row entry of one format. */
 #define IQ_ENTRIES(fmt, FMT) IQ_BODY_ENTRIES(fmt, FMT, iq_body)
 #define IQ_BODY_ENTRIES(fmt, FMT, iq_body)                                                         \
@@ -213,3 +270,4 @@ IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
 IQ_ENTRIES(iq3_xxs, MOEK_IQ3_XXS)
 IQ_ENTRIES(iq3_s, MOEK_IQ3_S)
 IQ_BODY_ENTRIES(iq1_s, MOEK_IQ1_S, iq1_body)
+IQ_BODY_ENTRIES(iq1_m, MOEK_IQ1_M, iq1m_body)

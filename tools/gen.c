@@ -270,7 +270,7 @@ static const struct {
     [MOE_GEN_MIX_Q4_K_M] = {"Q4_K_M", 15}, [MOE_GEN_MIX_Q3_K_M] = {"Q3_K_M", 12},
     [MOE_GEN_MIX_Q2_K] = {"Q2_K", 10},     [MOE_GEN_MIX_IQ2_XXS] = {"IQ2_XXS", 19},
     [MOE_GEN_MIX_IQ2_XS] = {"IQ2_XS", 20}, [MOE_GEN_MIX_IQ3_XXS] = {"IQ3_XXS", 23},
-    [MOE_GEN_MIX_IQ1_S] = {"IQ1_S", 24},
+    [MOE_GEN_MIX_IQ1_S] = {"IQ1_S", 24},   [MOE_GEN_MIX_IQ1_M] = {"IQ1_M", 31},
 };
 
 const char *moe_gen_mix_name(enum moe_gen_mix mix)
@@ -316,6 +316,7 @@ uint32_t moe_gen_mix_format(enum moe_gen_mix mix, enum moe_gen_tensor which, uin
 	case MOE_GEN_MIX_IQ2_XXS: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ2_XXS;
 	case MOE_GEN_MIX_IQ2_XS: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ2_XS;
 	case MOE_GEN_MIX_IQ1_S: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_S;
+	case MOE_GEN_MIX_IQ1_M: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_M;
 	/* its ffn_down rule without an importance matrix (the generator has none) */
 	case MOE_GEN_MIX_IQ3_XXS:
 		if (!down)

@@ -63,11 +63,9 @@ static void usage(FILE *o)
 	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq); row:\n"
 	           "                   one group per row (gptq group_size -1, int4-ct\n"
 	           "                   strategy channel)\n");
-	fprintf(
-	    o,
-	    "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs | iq3_xxs | iq1_s: GGUF\n"
-	    "                   experts typed per tensor as llama.cpp's quantizer types\n"
-	    "                   them (docs/formats.md)\n");
+	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs | iq3_xxs |\n"
+	           "                   iq1_s | iq1_m: GGUF experts typed per tensor as\n"
+	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
 	    o,
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
@@ -173,7 +171,7 @@ int main(int argc, char **argv)
 			if (moe_gen_mix_parse(v, &o.mix)) {
 				fprintf(stderr,
 				        "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k iq2_xxs "
-				        "iq2_xs iq3_xxs iq1_s)\n",
+				        "iq2_xs iq3_xxs iq1_s iq1_m)\n",
 				        v);
 				return 2;
 			}

@@ -39,6 +39,7 @@ enum moek_format {
 	MOEK_IQ4_NL = 20,
 	MOEK_IQ3_S = 21,
 	MOEK_IQ4_XS = 23,
+	MOEK_IQ1_M = 29,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */
 	MOEK_FP8_E4M3_B128 = 1000, /* 1 byte per weight + one f32 scale per 128x128 block */

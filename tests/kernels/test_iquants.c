@@ -144,6 +144,33 @@ static void decode(uint32_t fmt, const uint8_t *blk, float *y)
 	uint16_t d16;
 	memcpy(&d16, blk, 2);
 	const float d = half(d16);
+	if (fmt == MOEK_IQ1_M) { /* d is in the scale words' top nibbles: no d16 field */
+		uint16_t sc[4];
+		memcpy(sc, blk + 48, 8);
+		const uint16_t dm = (uint16_t)((sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) |
+		                               ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000));
+		const float dd = half(dm);
+		for (int ib = 0; ib < 8; ib++) {
+			const float dl1 =
+			    dd * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2))) & 7) + 1);
+			const float dl2 =
+			    dd * (float)(2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3)) & 7) + 1);
+			const uint8_t *qs = blk + 4 * ib, *qh = blk + 32 + 2 * ib;
+			const int idx[4] = {
+			    qs[0] | ((qh[0] << 8) & 0x700), qs[1] | ((qh[0] << 4) & 0x700),
+			    qs[2] | ((qh[1] << 8) & 0x700), qs[3] | ((qh[1] << 4) & 0x700)};
+			const float delta[4] = {
+			    qh[0] & 0x08 ? -0.125f : 0.125f, qh[0] & 0x80 ? -0.125f : 0.125f,
+			    qh[1] & 0x08 ? -0.125f : 0.125f, qh[1] & 0x80 ? -0.125f : 0.125f};
+			for (int l = 0; l < 4; l++)
+				for (int j = 0; j < 8; j++)
+					y[32 * ib + 8 * l + j] =
+					    (l < 2 ? dl1 : dl2) *
+					    ((float)(int8_t)(moek_iq1s_grid[idx[l]] >> (8 * j)) +
+					     delta[l]);
+		}
+		return;
+	}
 	if (fmt == MOEK_IQ1_S) {
 		for (int ib = 0; ib < 8; ib++) {
 			uint16_t qh;
@@ -335,7 +362,31 @@ Test(iquants, iq1_s_golden)
 	}
 }
 
-static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S, MOEK_IQ1_S};
+/* IQ1_M by hand: d = 1 (f16 0x3c00: nibbles 0, 0, c, 3 in the scale words' tops), the
+ * 16-weight unit 5 (weights 80-95) with scale 6 (dl = 13: word 1, bits 3-5), its group 11
+ * (weights 88-95) entry 2047 (all 1; high bits 7 in qh[5] bits 4-6) with negative delta
+ * (qh[5] bit 7); everything else zero codes: entry 0 (all −1), scale 0 (dl = 1), +1/8. */
+Test(iquants, iq1_m_golden)
+{
+	uint8_t blk[56] = {0};
+	uint16_t sc[4] = {0, 6u << 3, 0, 0};
+	for (int k = 0; k < 4; k++)
+		sc[k] |= (uint16_t)(((0x3c00u >> (4 * k)) & 15) << 12);
+	memcpy(blk + 48, sc, 8);
+	blk[11] = 255;
+	blk[32 + 5] = (uint8_t)((7u | 8u) << 4);
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_IQ1_M, blk, NULL, 1, 256, y), 0);
+	for (int i = 0; i < 256; i++) {
+		const float want = i >= 88 && i < 96   ? 13.0f * (1.0f - 0.125f)
+		                   : i >= 80 && i < 88 ? 13.0f * (-1.0f + 0.125f)
+		                                       : -1.0f + 0.125f;
+		cr_assert_eq(y[i], want, "y[%d] = %g", i, y[i]);
+	}
+}
+
+static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS,
+                                MOEK_IQ3_S,   MOEK_IQ1_S,  MOEK_IQ1_M};
 enum { NFMT = sizeof(fmts) / sizeof(fmts[0]) };
 
 /* Random bytes (any bit pattern is a valid block; d kept finite) decode as the formula. */
@@ -351,7 +402,14 @@ Test(iquants, random_blocks_decode_as_the_formula)
 			q[i] = (uint8_t)rng();
 		for (size_t b = 0; b < NB; b++) {
 			const uint16_t d = moek_f32_to_f16(uniform(-3.0f, 3.0f));
-			memcpy(q + b * bb, &d, 2);
+			if (fmts[f] != MOEK_IQ1_M) {
+				memcpy(q + b * bb, &d, 2);
+				continue;
+			}
+			for (int k = 0; k < 4; k++) { /* IQ1_M: d in the scale words' top nibbles */
+				uint8_t *hi = q + b * bb + 48 + 2 * k + 1;
+				*hi = (uint8_t)((*hi & 15) | ((d >> (4 * k)) & 15) << 4);
+			}
 		}
 		cr_assert_eq(moek_dequantize(fmts[f], q, NULL, 1, NB * 256, y), 0);
 		for (size_t b = 0; b < NB; b++) {
@@ -368,7 +426,7 @@ Test(iquants, quantizer_round_trip)
 {
 	/* measured (cosine, uniform): IQ2_XXS 0.108 0.107, IQ2_XS 0.084 0.086, IQ3_XXS 0.053 0.034
 	 */
-	static const double budget[] = {0.12, 0.095, 0.065, 0.025, 0.18};
+	static const double budget[] = {0.12, 0.095, 0.065, 0.025, 0.18, 0.18};
 	enum { N = 2048 };
 	static float x[N], y[N];
 	static uint8_t q[N];

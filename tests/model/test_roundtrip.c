@@ -36,6 +36,7 @@ static double tolerance(uint32_t format)
 	case MOEK_IQ3_XXS: return 0.05; /* measured 0.034 */
 	case MOEK_IQ3_S: return 0.03;   /* measured 0.015 */
 	case MOEK_IQ1_S: return 0.2;    /* measured 0.141 */
+	case MOEK_IQ1_M: return 0.2;
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -404,14 +405,18 @@ Test(generator, mix_rule_is_llama_cpps)
 		             MOEK_IQ1_S);
 	}
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_S), 24);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_DOWN, 5, 48), MOEK_Q2_K);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_DOWN, 6, 48), MOEK_IQ1_M);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_UP, 0, 48), MOEK_IQ1_M);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_M), 31);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
 static const enum moe_gen_mix mixes[] = {
-    MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,  MOE_GEN_MIX_Q2_K, MOE_GEN_MIX_IQ2_XXS,
-    MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS, MOE_GEN_MIX_IQ1_S};
+    MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,  MOE_GEN_MIX_Q2_K,  MOE_GEN_MIX_IQ2_XXS,
+    MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS, MOE_GEN_MIX_IQ1_S, MOE_GEN_MIX_IQ1_M};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
