@@ -437,7 +437,8 @@ static const uint32_t all_formats[] = {MOEK_Q4_K,     BENCH_X8 | MOEK_Q4_K,
                                        MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32,
                                        MOEK_IQ2_XXS,  MOEK_IQ2_XS,
                                        MOEK_IQ3_XXS,  MOEK_IQ3_S,
-                                       MOEK_IQ1_S,    MOEK_IQ1_M};
+                                       MOEK_IQ1_S,    MOEK_IQ1_M,
+                                       MOEK_IQ2_S};
 
 static uint32_t weight_format(uint32_t f)
 {

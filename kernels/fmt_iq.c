@@ -1,6 +1,6 @@
-/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S
- * and IQ1_M (ggml types 16, 17, 18, 19, 21, 29; layouts in kernels_internal.h, codebooks in
- * iq_grids.c). The IQ1 quantizers are their own (see their section).
+/* fmt_iq.c — reference codecs of ggml's lattice i-quants IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S,
+ * IQ2_S and IQ1_M (ggml types 16, 17, 18, 19, 21, 22, 29; layouts in kernels_internal.h, codebooks
+ * in iq_grids.c). The IQ1 quantizers are their own (see their section).
  *
  * Decoding is ggml's formula, in ggml's order of float operations: the group scale
  * db = d · (0.5 + s) · k (k = 0.25 for IQ2, 0.5 for IQ3_XXS; IQ3_S: d · (1 + 2s)), then
@@ -24,7 +24,7 @@
  * no value of the input reaches undefined behaviour or a non-finite weight.
  *
  * Pure functions; no allocation (the decoded grid and a block's dot products live on the
- * stack, 150 KiB); thread-safe.
+ * stack, 180 KiB); thread-safe.
  */
 #include <float.h>
 #include <math.h>
@@ -34,7 +34,7 @@
 
 #include "kernels_internal.h"
 
-enum { IQ_GROUP = 8, IQ_GROUPS = QK_K / IQ_GROUP, IQ_MAX_GRID = 512 };
+enum { IQ_GROUP = 8, IQ_GROUPS = QK_K / IQ_GROUP, IQ_MAX_GRID = 1024 };
 
 static inline float f16(uint16_t h)
 {
@@ -176,6 +176,24 @@ void moek_dequantize_iq1_m(const void *src, float *y, size_t n)
 	}
 }
 
+void moek_dequantize_iq2_s(const void *src, float *y, size_t n)
+{
+	const struct block_iq2_s *b = src;
+	for (size_t i = 0; i < n / QK_K; i++) {
+		const float d = f16(b[i].d);
+		for (int ib = 0; ib < QK_K / 32; ib++) {
+			const float db[2] = {d * (0.5f + (float)(b[i].scales[ib] & 15)) * 0.25f,
+			                     d * (0.5f + (float)(b[i].scales[ib] >> 4)) * 0.25f};
+			for (int l = 0; l < 4; l++, y += IQ_GROUP) {
+				const int idx = b[i].qs[4 * ib + l] | ((b[i].qh[ib] >> (2 * l)) & 3)
+				                                          << 8;
+				put_group(y, db[l / 2], moek_iq2s_grid[idx],
+				          b[i].qs[32 + 4 * ib + l]);
+			}
+		}
+	}
+}
+
 void moek_dequantize_iq2_xs(const void *src, float *y, size_t n)
 {
 	const struct block_iq2_xs *b = src;
@@ -264,6 +282,16 @@ float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_
 				const int32_t ls = (int32_t)(2 * ((qh >> 12) & 7) + 1);
 				sumi += ls * (8 * sub + (qh & 0x8000 ? -qsum : qsum));
 			}
+		} else if (format == MOEK_IQ2_S) {
+			const struct block_iq2_s *x = (const struct block_iq2_s *)w + i;
+			d16 = x->d;
+			for (int g = 0; g < IQ_GROUPS; g++, q += IQ_GROUP) {
+				const int ib = g / 4, l = g % 4;
+				const int idx = x->qs[g] | ((x->qh[ib] >> (2 * l)) & 3) << 8;
+				const int s = (x->scales[ib] >> (4 * (l / 2))) & 15;
+				sumi +=
+				    (2 * s + 1) * group_dot(moek_iq2s_grid[idx], x->qs[32 + g], q);
+			}
 		} else if (format == MOEK_IQ1_M) {
 			const struct block_iq1_m *x = (const struct block_iq1_m *)w + i;
 			d16 = iq1m_d(x);
@@ -343,7 +371,7 @@ static void grid_decode(const void *grid, int n, int w, struct iq_grid *g)
 struct iq_block {
 	float a[QK_K];
 	uint8_t signs[IQ_GROUPS];
-	float dot[QK_K / 4 * IQ_MAX_GRID]; /* parts of 4 weights, 512 entries at most */
+	float dot[QK_K / 4 * 512]; /* 64 parts x 512 entries, or 32 x 1024 (IQ2_S) */
 };
 
 static inline const float *part_dots(const struct iq_grid *g, const struct iq_block *b, int p)
@@ -509,6 +537,18 @@ static void store_iq3_xxs(void *blk, const struct iq_block *b, int u, int code, 
 		q[64 + 4 * u + i] = (uint8_t)(signs >> (8 * i));
 }
 
+static void store_iq2_s(void *blk, const struct iq_block *b, int u, int code, const int *e)
+{
+	struct block_iq2_s *y = blk;
+	y->scales[u / 2] = (uint8_t)(u % 2 ? (y->scales[u / 2] & 15) | code << 4 : code);
+	for (int l = 0; l < 2; l++) {
+		const int g = 2 * u + l;
+		y->qs[g] = (uint8_t)e[l];
+		y->qh[g / 4] |= (uint8_t)((e[l] >> 8) << (2 * (g % 4)));
+		y->qs[32 + g] = b->signs[g];
+	}
+}
+
 static void store_iq3_s(void *blk, const struct iq_block *b, int u, int code, const int *e)
 {
 	struct block_iq3_s *y = blk;
@@ -567,6 +607,12 @@ void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n)
 {
 	static const struct iq_scheme s = {256, 4, 8, 0.5f, true, store_iq3_xxs};
 	quantize_iq(x, dst, n, moek_iq3xxs_grid, sizeof(struct block_iq3_xxs), &s);
+}
+
+void moek_quantize_iq2_s(const float *x, void *dst, size_t n)
+{
+	static const struct iq_scheme s = {1024, 8, 2, 0.25f, false, store_iq2_s};
+	quantize_iq(x, dst, n, moek_iq2s_grid, sizeof(struct block_iq2_s), &s);
 }
 
 void moek_quantize_iq3_s(const float *x, void *dst, size_t n)

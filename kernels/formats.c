@@ -10,7 +10,7 @@
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32 scale_inv
  * per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and IQ4_XS have their
  * codecs in fmt_iq4.c, the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS,
- * IQ1_S, IQ3_S, IQ1_M) theirs in fmt_iq.c.
+ * IQ1_S, IQ3_S, IQ2_S, IQ1_M) theirs in fmt_iq.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -1183,6 +1183,20 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .down_split_align = 1,
                 .quantize_row = moek_quantize_iq3_s,
                 .dequantize_row = moek_dequantize_iq3_s,
+            },
+        [MOEK_FMT_IQ2_S] =
+            {
+                .info = {.format = MOEK_IQ2_S,
+                         .name = "IQ2_S",
+                         .block_elems = 256,
+                         .block_bytes = 82,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq2_s,
+                .dequantize_row = moek_dequantize_iq2_s,
             },
         [MOEK_FMT_IQ4_XS] =
             {

@@ -164,6 +164,16 @@ struct block_iq1_m {
 	uint8_t scales[QK_K / 32];
 };
 static_assert(sizeof(struct block_iq1_m) == 56, "IQ1_M block");
+/* IQ2_S: per 32 weights (j), 4 indices of 10 bits into iq2s_grid: low 8 in qs[4j + l], high 2
+ * in bits 2l, 2l+1 of qh[j]; full sign bytes in qs[32 + 4j + l]; scales as IQ2_XS's (a 4-bit
+ * scale per 16): value = d · (0.5 + s) · 0.25 · grid · sign. */
+struct block_iq2_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 4]; /* 32 index bytes, then 32 sign bytes */
+	uint8_t qh[QK_K / 32];
+	uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq2_s) == 82, "IQ2_S block");
 #define MOEK_IQ1S_DELTA 0.125f
 
 /* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
@@ -174,6 +184,7 @@ extern const uint64_t moek_iq2xs_grid[512];
 extern const uint32_t moek_iq3xxs_grid[256];
 extern const uint32_t moek_iq3s_grid[512];
 extern const uint64_t moek_iq1s_grid[2048];
+extern const uint64_t moek_iq2s_grid[1024];
 extern const uint8_t moek_ksigns_iq2xs[128];
 
 /* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
@@ -189,6 +200,8 @@ void moek_quantize_iq1_s(const float *x, void *dst, size_t n);
 void moek_dequantize_iq1_s(const void *src, float *y, size_t n);
 void moek_quantize_iq1_m(const float *x, void *dst, size_t n);
 void moek_dequantize_iq1_m(const void *src, float *y, size_t n);
+void moek_quantize_iq2_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_s(const void *src, float *y, size_t n);
 /* Their scalar reference dots against Q8_K activations (one row, one token): each block's
  * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
  * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S) — the AVX2 dots' arithmetic, so they
@@ -266,7 +279,7 @@ void moek_dequantize_iq4_xs(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ4_XS) X(IQ1_M) X(BF16) X(MXFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ2_S) X(IQ4_XS) X(IQ1_M) X(BF16) X(MXFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -703,6 +716,10 @@ void moek_avx2_rows_iq1_s(const void *w, size_t stride, size_t nr, const void *a
 void moek_avx2_dot_iq1_m(const void *w, const float *sr, const void *act, size_t as, size_t nt,
                          size_t k, float *out);
 void moek_avx2_rows_iq1_m(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq2_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq2_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
                           float *out);
 #endif
 

@@ -7,7 +7,7 @@
  * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
  *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations
  *   (Q2_K, Q3_K in x86_avx2_k23.c; IQ4_NL and IQ4_XS in x86_avx2_iq4.c; IQ2_XXS, IQ2_XS,
- *   IQ3_XXS, IQ3_S, IQ1_S, IQ1_M in x86_avx2_iq.c) —
+ *   IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M in x86_avx2_iq.c) —
  *   integer products (maddubs/madd), one f32 FMA per block (Q4_0/MXFP4: per pair of blocks,
  *   unpacked by one 256-bit shift/mask; K-quants: per 256-element super-block, the 6-bit
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
@@ -1611,6 +1611,12 @@ static void dequantize_iq1_m(const void *w, const float *scale_row, float *dst, 
 	moek_dequantize_iq1_m(w, dst, k);
 }
 
+static void dequantize_iq2_s(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq2_s(w, dst, k);
+}
+
 static void dequantize_iq4_xs(const void *w, const float *scale_row, float *dst, size_t k)
 {
 	ref_tail(MOEK_FMT_IQ4_XS, w, scale_row, dst,
@@ -1838,6 +1844,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_IQ3_S] = moek_avx2_dot_iq3_s,
             [MOEK_FMT_IQ1_S] = moek_avx2_dot_iq1_s,
             [MOEK_FMT_IQ1_M] = moek_avx2_dot_iq1_m,
+            [MOEK_FMT_IQ2_S] = moek_avx2_dot_iq2_s,
             [MOEK_FMT_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_dot_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4,
@@ -1861,6 +1868,7 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_IQ3_S] = moek_avx2_rows_iq3_s,
             [MOEK_FMT_IQ1_S] = moek_avx2_rows_iq1_s,
             [MOEK_FMT_IQ1_M] = moek_avx2_rows_iq1_m,
+            [MOEK_FMT_IQ2_S] = moek_avx2_rows_iq2_s,
             [MOEK_FMT_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_rows_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_rows_int4,
@@ -1890,16 +1898,17 @@ const struct moek_isa_ops moek_avx2_ops = {
         },
     .dequantize =
         {
-            [MOEK_FMT_F16] = dequantize_f16,         [MOEK_FMT_BF16] = dequantize_bf16,
-            [MOEK_FMT_Q8_0] = dequantize_q8_0,       [MOEK_FMT_Q4_0] = dequantize_q4_0,
-            [MOEK_FMT_MXFP4] = dequantize_mxfp4,     [MOEK_FMT_Q4_K] = dequantize_q4_K,
-            [MOEK_FMT_Q5_K] = dequantize_q5_K,       [MOEK_FMT_Q6_K] = dequantize_q6_K,
-            [MOEK_FMT_IQ4_NL] = dequantize_iq4_nl,   [MOEK_FMT_IQ4_XS] = dequantize_iq4_xs,
-            [MOEK_FMT_IQ2_XXS] = dequantize_iq2_xxs, [MOEK_FMT_IQ2_XS] = dequantize_iq2_xs,
-            [MOEK_FMT_IQ3_XXS] = dequantize_iq3_xxs, [MOEK_FMT_IQ3_S] = dequantize_iq3_s,
-            [MOEK_FMT_IQ1_S] = dequantize_iq1_s,     [MOEK_FMT_IQ1_M] = dequantize_iq1_m,
-            [MOEK_FMT_Q2_K] = dequantize_q2_K,       [MOEK_FMT_Q3_K] = dequantize_q3_K,
-            [MOEK_FMT_INT4_G32] = dequantize_int4,   [MOEK_FMT_FP8_E4M3_B128] = dequantize_fp8,
+            [MOEK_FMT_F16] = dequantize_f16,           [MOEK_FMT_BF16] = dequantize_bf16,
+            [MOEK_FMT_Q8_0] = dequantize_q8_0,         [MOEK_FMT_Q4_0] = dequantize_q4_0,
+            [MOEK_FMT_MXFP4] = dequantize_mxfp4,       [MOEK_FMT_Q4_K] = dequantize_q4_K,
+            [MOEK_FMT_Q5_K] = dequantize_q5_K,         [MOEK_FMT_Q6_K] = dequantize_q6_K,
+            [MOEK_FMT_IQ4_NL] = dequantize_iq4_nl,     [MOEK_FMT_IQ4_XS] = dequantize_iq4_xs,
+            [MOEK_FMT_IQ2_XXS] = dequantize_iq2_xxs,   [MOEK_FMT_IQ2_XS] = dequantize_iq2_xs,
+            [MOEK_FMT_IQ3_XXS] = dequantize_iq3_xxs,   [MOEK_FMT_IQ3_S] = dequantize_iq3_s,
+            [MOEK_FMT_IQ1_S] = dequantize_iq1_s,       [MOEK_FMT_IQ1_M] = dequantize_iq1_m,
+            [MOEK_FMT_IQ2_S] = dequantize_iq2_s,       [MOEK_FMT_Q2_K] = dequantize_q2_K,
+            [MOEK_FMT_Q3_K] = dequantize_q3_K,         [MOEK_FMT_INT4_G32] = dequantize_int4,
+            [MOEK_FMT_FP8_E4M3_B128] = dequantize_fp8,
         },
     .dot_f32 = dot_f32,
     .tile = tile,

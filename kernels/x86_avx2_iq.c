@@ -1,4 +1,4 @@
-/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS, IQ3_S;
+/* x86_avx2_iq.c — AVX2 decode dots of the lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S;
  * IQ1_S in iq1_body, IQ1_M in iq1m_body) against Q8_K,
  * for moek_avx2_ops (x86_avx2.c's table).
  *
@@ -74,6 +74,18 @@ ALWAYS_INLINE void iq_unpack(uint32_t format, const void *x, int ib, __m256i *w,
 		              (uint32_t)ks[(sg >> 14) & 127] << 16 |
 		              (uint32_t)ks[(sg >> 21) & 127] << 24);
 		*ls = _mm256_set1_epi16((short)(2 * (sg >> 28) + 1));
+	} else if (format == MOEK_IQ2_S) {
+		const struct block_iq2_s *b = x;
+		const uint8_t *c = b->qs + 4 * ib;
+		const unsigned qh = b->qh[ib];
+		*w = _mm256_setr_epi64x((long long)moek_iq2s_grid[c[0] | (qh & 3) << 8],
+		                        (long long)moek_iq2s_grid[c[1] | ((qh >> 2) & 3) << 8],
+		                        (long long)moek_iq2s_grid[c[2] | ((qh >> 4) & 3) << 8],
+		                        (long long)moek_iq2s_grid[c[3] | ((qh >> 6) & 3) << 8]);
+		*s = iq_signs(iq_le32(b->qs + 32 + 4 * ib));
+		const int sc = b->scales[ib];
+		*ls = _mm256_setr_m128i(_mm_set1_epi16((short)(2 * (sc & 15) + 1)),
+		                        _mm_set1_epi16((short)(2 * (sc >> 4) + 1)));
 	} else if (format == MOEK_IQ3_S) {
 		const struct block_iq3_s *b = x;
 		const __m256i hi =
@@ -107,6 +119,7 @@ ALWAYS_INLINE void iq_body(const void *w, const void *act, size_t as, const int 
 	const size_t bb = format == MOEK_IQ2_XXS   ? sizeof(struct block_iq2_xxs)
 	                  : format == MOEK_IQ3_XXS ? sizeof(struct block_iq3_xxs)
 	                  : format == MOEK_IQ3_S   ? sizeof(struct block_iq3_s)
+	                  : format == MOEK_IQ2_S   ? sizeof(struct block_iq2_s)
 	                                           : sizeof(struct block_iq2_xs);
 	/* d · (0.5 + s) · k = d · (2s + 1) · k / 2; IQ3_S: d · (2s + 1) */
 	const float f = format == MOEK_IQ3_XXS ? 0.25f : format == MOEK_IQ3_S ? 1.0f : 0.125f;
@@ -269,5 +282,6 @@ IQ_ENTRIES(iq2_xxs, MOEK_IQ2_XXS)
 IQ_ENTRIES(iq2_xs, MOEK_IQ2_XS)
 IQ_ENTRIES(iq3_xxs, MOEK_IQ3_XXS)
 IQ_ENTRIES(iq3_s, MOEK_IQ3_S)
+IQ_ENTRIES(iq2_s, MOEK_IQ2_S)
 IQ_BODY_ENTRIES(iq1_s, MOEK_IQ1_S, iq1_body)
 IQ_BODY_ENTRIES(iq1_m, MOEK_IQ1_M, iq1m_body)

@@ -271,6 +271,7 @@ static const struct {
     [MOE_GEN_MIX_Q2_K] = {"Q2_K", 10},     [MOE_GEN_MIX_IQ2_XXS] = {"IQ2_XXS", 19},
     [MOE_GEN_MIX_IQ2_XS] = {"IQ2_XS", 20}, [MOE_GEN_MIX_IQ3_XXS] = {"IQ3_XXS", 23},
     [MOE_GEN_MIX_IQ1_S] = {"IQ1_S", 24},   [MOE_GEN_MIX_IQ1_M] = {"IQ1_M", 31},
+    [MOE_GEN_MIX_IQ2_S] = {"IQ2_S", 28},   [MOE_GEN_MIX_IQ2_M] = {"IQ2_M", 29},
 };
 
 const char *moe_gen_mix_name(enum moe_gen_mix mix)
@@ -317,6 +318,9 @@ uint32_t moe_gen_mix_format(enum moe_gen_mix mix, enum moe_gen_tensor which, uin
 	case MOE_GEN_MIX_IQ2_XS: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ2_XS;
 	case MOE_GEN_MIX_IQ1_S: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_S;
 	case MOE_GEN_MIX_IQ1_M: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_M;
+	/* the ftypes IQ2_S and IQ2_M default to IQ2_XS and IQ2_S; their early downs get IQ3_S */
+	case MOE_GEN_MIX_IQ2_S: return down && layer < n_layers / 8 ? MOEK_IQ3_S : MOEK_IQ2_XS;
+	case MOE_GEN_MIX_IQ2_M: return down && layer < n_layers / 8 ? MOEK_IQ3_S : MOEK_IQ2_S;
 	/* its ffn_down rule without an importance matrix (the generator has none) */
 	case MOE_GEN_MIX_IQ3_XXS:
 		if (!down)

@@ -45,7 +45,9 @@ enum moe_gen_mix {
 	MOE_GEN_MIX_IQ3_XXS,
 	MOE_GEN_MIX_IQ1_S,
 	MOE_GEN_MIX_IQ1_M,
-	MOE_GEN_MIX_LAST = MOE_GEN_MIX_IQ1_M,
+	MOE_GEN_MIX_IQ2_S,
+	MOE_GEN_MIX_IQ2_M,
+	MOE_GEN_MIX_LAST = MOE_GEN_MIX_IQ2_M,
 };
 
 /* The INT4 checkpoint encoding of format MOEK_INT4_G32 (safetensors only). */

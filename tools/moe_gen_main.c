@@ -64,8 +64,9 @@ static void usage(FILE *o)
 	           "                   one group per row (gptq group_size -1, int4-ct\n"
 	           "                   strategy channel)\n");
 	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs | iq3_xxs |\n"
-	           "                   iq1_s | iq1_m: GGUF experts typed per tensor as\n"
-	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
+	           "                   iq1_s | iq1_m | iq2_s | iq2_m: GGUF experts typed per\n"
+	           "                   tensor as"
+	           " llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
 	    o,
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
@@ -171,7 +172,7 @@ int main(int argc, char **argv)
 			if (moe_gen_mix_parse(v, &o.mix)) {
 				fprintf(stderr,
 				        "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k iq2_xxs "
-				        "iq2_xs iq3_xxs iq1_s iq1_m)\n",
+				        "iq2_xs iq3_xxs iq1_s iq1_m iq2_s iq2_m)\n",
 				        v);
 				return 2;
 			}

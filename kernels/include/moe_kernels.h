@@ -38,6 +38,7 @@ enum moek_format {
 	MOEK_IQ1_S = 19,
 	MOEK_IQ4_NL = 20,
 	MOEK_IQ3_S = 21,
+	MOEK_IQ2_S = 22,
 	MOEK_IQ4_XS = 23,
 	MOEK_IQ1_M = 29,
 	MOEK_BF16 = 30,

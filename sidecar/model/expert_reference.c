@@ -385,6 +385,7 @@ static const struct format_bound {
     {.format = MOEK_IQ3_S, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_IQ1_S, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_IQ1_M, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ2_S, .nmse = {1e-3, 1e-3, 1e-3}},
 };
 
 enum expert_path expert_path_of(size_t n_tokens)

@@ -168,6 +168,10 @@ Test(forward_formats, gguf_iq1_m)
 {
 	format_case("qwen3-30b-a3b", MOEK_IQ1_M, true, false);
 }
+Test(forward_formats, gguf_iq2_s_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_S, true, true);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);
@@ -389,6 +393,10 @@ Test(forward_formats, gguf_iq1_s_mix_every_source)
 Test(forward_formats, gguf_iq1_m_mix_every_source)
 {
 	mix_every_source(MOE_GEN_MIX_IQ1_M, MOEK_Q2_K, 1, 9);
+}
+Test(forward_formats, gguf_iq2_m_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ2_M, MOEK_IQ3_S, 1, 9);
 }
 /* IQ3_XXS: gate/up IQ3_XXS; down Q4_K in block 0 of 9, Q3_K after (three formats) */
 Test(forward_formats, gguf_iq3_xxs_mix_every_source)

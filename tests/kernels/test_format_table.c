@@ -24,7 +24,7 @@ static bool power_of_two(size_t v)
 Test(format_table, every_row_is_complete)
 {
 	const size_t n = n_formats();
-	cr_assert_eq(n, 22, "a format added or lost: update this test's pinned values");
+	cr_assert_eq(n, 23, "a format added or lost: update this test's pinned values");
 	cr_assert_eq(n, MOEK_FMT_COUNT);
 	for (size_t i = 0; i < n; i++) {
 		const struct moek_format_traits *t = moek_format_traits_at(i);
@@ -139,6 +139,7 @@ Test(format_table, pinned_values)
 	    {MOEK_IQ3_S, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_IQ1_S, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_IQ1_M, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ2_S, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_MXFP4, 1, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_FP8_E4M3_B128, 1, 128, MOEK_F32, 1, false},
 	    {MOEK_INT4_G32, 1, 0, MOEK_Q8_0, 64, true},

@@ -26,13 +26,17 @@ Test(formats, table_rows_match_ggml)
 		const char *name;
 		uint32_t elems, bytes;
 	} want[] = {
-	    {0, "F32", 1, 4},         {1, "F16", 1, 2},        {2, "Q4_0", 32, 18},
-	    {8, "Q8_0", 32, 34},      {10, "Q2_K", 256, 84},   {11, "Q3_K", 256, 110},
-	    {12, "Q4_K", 256, 144},   {13, "Q5_K", 256, 176},  {14, "Q6_K", 256, 210},
-	    {15, "Q8_K", 256, 292},   {20, "IQ4_NL", 32, 18},  {23, "IQ4_XS", 256, 136},
-	    {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74}, {18, "IQ3_XXS", 256, 98},
-	    {21, "IQ3_S", 256, 110},  {19, "IQ1_S", 256, 50},  {29, "IQ1_M", 256, 56},
-	    {30, "BF16", 1, 2},       {39, "MXFP4", 32, 17},   {1000, "FP8_E4M3_B128", 1, 1},
+	    {0, "F32", 1, 4},         {1, "F16", 1, 2},
+	    {2, "Q4_0", 32, 18},      {8, "Q8_0", 32, 34},
+	    {10, "Q2_K", 256, 84},    {11, "Q3_K", 256, 110},
+	    {12, "Q4_K", 256, 144},   {13, "Q5_K", 256, 176},
+	    {14, "Q6_K", 256, 210},   {15, "Q8_K", 256, 292},
+	    {20, "IQ4_NL", 32, 18},   {23, "IQ4_XS", 256, 136},
+	    {16, "IQ2_XXS", 256, 66}, {17, "IQ2_XS", 256, 74},
+	    {18, "IQ3_XXS", 256, 98}, {21, "IQ3_S", 256, 110},
+	    {19, "IQ1_S", 256, 50},   {29, "IQ1_M", 256, 56},
+	    {22, "IQ2_S", 256, 82},   {30, "BF16", 1, 2},
+	    {39, "MXFP4", 32, 17},    {1000, "FP8_E4M3_B128", 1, 1},
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		const struct moek_format_info *f = moek_format_lookup(want[i].id);
@@ -626,6 +630,7 @@ Test(formats, quantizer_round_trip_accuracy)
 	    {MOEK_IQ2_XXS, 0.12},  {MOEK_IQ2_XS, 0.095},
 	    {MOEK_IQ3_XXS, 0.065}, {MOEK_IQ3_S, 0.025},
 	    {MOEK_IQ1_S, 0.18},    {MOEK_IQ1_M, 0.18},
+	    {MOEK_IQ2_S, 0.065},
 	};
 	enum { R = 4, C = 1024 };
 	static float x[R * C], y[R * C];
@@ -653,9 +658,10 @@ Test(formats, quantizer_round_trip_accuracy)
 Test(formats, zero_block_quantizes_to_zero)
 {
 	static const uint32_t fmts[] = {
-	    MOEK_Q4_0,    MOEK_Q8_0,   MOEK_Q4_K,          MOEK_Q5_K,  MOEK_Q6_K,  MOEK_MXFP4,
-	    MOEK_IQ4_NL,  MOEK_IQ4_XS, MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K,  MOEK_INT4_G32,
-	    MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS,       MOEK_IQ3_S, MOEK_IQ1_S, MOEK_IQ1_M};
+	    MOEK_Q4_0,  MOEK_Q8_0,     MOEK_Q4_K,    MOEK_Q5_K,          MOEK_Q6_K,
+	    MOEK_MXFP4, MOEK_IQ4_NL,   MOEK_IQ4_XS,  MOEK_FP8_E4M3_B128, MOEK_Q2_K,
+	    MOEK_Q3_K,  MOEK_INT4_G32, MOEK_IQ2_XXS, MOEK_IQ2_XS,        MOEK_IQ3_XXS,
+	    MOEK_IQ3_S, MOEK_IQ1_S,    MOEK_IQ1_M,   MOEK_IQ2_S};
 	float x[256] = {0}, y[256];
 	uint8_t q[512];
 	float scale[2]; /* FP8: 1 x 2 blocks of 128 */

@@ -56,6 +56,11 @@ Test(iquants, tables_are_ggmls)
 {
 	check_grid(moek_iq2xxs_grid, 256, "iq2xxs_grid");
 	check_grid(moek_iq2xs_grid, 512, "iq2xs_grid");
+	check_grid(moek_iq2s_grid, 1024, "iq2s_grid");
+	cr_assert_eq(moek_iq2s_grid[9], 0x08080808082b0808ull);
+	cr_assert_eq(moek_iq2s_grid[237], 0x0819081908080808ull);
+	cr_assert_eq(moek_iq2s_grid[1023], 0x2b2b2b2b2b2b2b2bull);
+	cr_assert_eq(fnv(moek_iq2s_grid, sizeof(moek_iq2s_grid)), 0xcdb5ae5bcfe7fb32ull);
 	/* entries as ggml-common.h lists them */
 	cr_assert_eq(moek_iq2xxs_grid[0], 0x0808080808080808ull);
 	cr_assert_eq(moek_iq2xxs_grid[3], 0x0808080808082b08ull);
@@ -192,7 +197,13 @@ static void decode(uint32_t fmt, const uint8_t *blk, float *y)
 			uint64_t entry;
 			uint8_t signs;
 			float db;
-			if (fmt == MOEK_IQ3_S) {
+			if (fmt == MOEK_IQ2_S) {
+				const uint8_t qh = blk[2 + 64 + ib], sc = blk[2 + 64 + 8 + ib];
+				db = d * (0.5f + (float)(l < 2 ? sc & 15 : sc >> 4)) * 0.25f;
+				entry = moek_iq2s_grid[blk[2 + 4 * ib + l] |
+				                       ((qh << (8 - 2 * l)) & 0x300)];
+				signs = blk[2 + 32 + 4 * ib + l];
+			} else if (fmt == MOEK_IQ3_S) {
 				const uint8_t *q = blk + 2 + 8 * ib, qh = blk[2 + 64 + ib];
 				const uint8_t sc = blk[2 + 64 + 8 + 32 + ib / 2];
 				db = d * (float)(1 + 2 * (ib % 2 ? sc >> 4 : sc & 15));
@@ -385,8 +396,36 @@ Test(iquants, iq1_m_golden)
 	}
 }
 
-static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS,
-                                MOEK_IQ3_S,   MOEK_IQ1_S,  MOEK_IQ1_M};
+/* IQ2_S by hand: d = 4, sub-block 6 with scales 1 (weights 192-207: db = 4 · 1.5 · 0.25) and
+ * 9 (208-223: db = 4 · 9.5 · 0.25), group 25 (weights 200-207) entry 512 + 3 (high bits 2 in
+ * qh[6] bits 2-3) with sign byte 0x41 (weights 0 and 6; no parity rule); everything else
+ * zero codes (entry 0, all 8; scale 0: db = 0.5, signs +). */
+Test(iquants, iq2_s_golden)
+{
+	uint8_t blk[82] = {0};
+	const uint16_t d = moek_f32_to_f16(4.0f);
+	memcpy(blk, &d, 2);
+	blk[2 + 25] = 3;
+	blk[2 + 64 + 6] = 2u << 2;
+	blk[2 + 32 + 25] = 0x41;
+	blk[2 + 64 + 8 + 6] = 1u | 9u << 4;
+	float y[256];
+	cr_assert_eq(moek_dequantize(MOEK_IQ2_S, blk, NULL, 1, 256, y), 0);
+	const uint64_t e = moek_iq2s_grid[515];
+	for (int j = 0; j < 8; j++) {
+		const float m = (float)(uint8_t)(e >> (8 * j)) * 1.5f;
+		cr_assert_eq(y[200 + j], j == 0 || j == 6 ? -m : m, "y[%d]", 200 + j);
+	}
+	for (int i = 0; i < 256; i++) {
+		if (i >= 200 && i < 208)
+			continue;
+		const float db = i >= 192 && i < 208 ? 1.5f : i >= 208 && i < 224 ? 9.5f : 0.5f;
+		cr_assert_eq(y[i], 8.0f * db, "y[%d]", i);
+	}
+}
+
+static const uint32_t fmts[] = {MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S,
+                                MOEK_IQ1_S,   MOEK_IQ1_M,  MOEK_IQ2_S};
 enum { NFMT = sizeof(fmts) / sizeof(fmts[0]) };
 
 /* Random bytes (any bit pattern is a valid block; d kept finite) decode as the formula. */
@@ -426,7 +465,7 @@ Test(iquants, quantizer_round_trip)
 {
 	/* measured (cosine, uniform): IQ2_XXS 0.108 0.107, IQ2_XS 0.084 0.086, IQ3_XXS 0.053 0.034
 	 */
-	static const double budget[] = {0.12, 0.095, 0.065, 0.025, 0.18, 0.18};
+	static const double budget[] = {0.12, 0.095, 0.065, 0.025, 0.18, 0.18, 0.065};
 	enum { N = 2048 };
 	static float x[N], y[N];
 	static uint8_t q[N];

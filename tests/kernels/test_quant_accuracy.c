@@ -85,6 +85,7 @@ static const struct {
     {MOEK_IQ3_S, {0.025, 0.025}},
     {MOEK_IQ1_S, {0.18, 0.22}},
     {MOEK_IQ1_M, {0.18, 0.22}},
+    {MOEK_IQ2_S, {0.065, 0.07}},
 };
 
 static void check(enum data_shape shape)

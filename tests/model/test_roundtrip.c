@@ -37,6 +37,7 @@ static double tolerance(uint32_t format)
 	case MOEK_IQ3_S: return 0.03;   /* measured 0.015 */
 	case MOEK_IQ1_S: return 0.2;    /* measured 0.141 */
 	case MOEK_IQ1_M: return 0.2;
+	case MOEK_IQ2_S: return 0.08; /* measured 0.05 */
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -409,6 +410,16 @@ Test(generator, mix_rule_is_llama_cpps)
 	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_DOWN, 6, 48), MOEK_IQ1_M);
 	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_UP, 0, 48), MOEK_IQ1_M);
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_M), 31);
+	/* IQ2_S: IQ2_XS experts, IQ2_M: IQ2_S; both put the downs below n/8 in IQ3_S */
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_DOWN, 5, 48), MOEK_IQ3_S);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_DOWN, 6, 48), MOEK_IQ2_XS);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_GATE, 0, 48), MOEK_IQ2_XS);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_M, MOE_GEN_DOWN, 5, 48), MOEK_IQ3_S);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_M, MOE_GEN_UP, 0, 48), MOEK_IQ2_S);
+	cr_assert_eq(moe_gen_mix_parse("iq2_m", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_IQ2_M);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_S), 28);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_M), 29);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
@@ -416,7 +427,8 @@ Test(generator, mix_rule_is_llama_cpps)
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
 static const enum moe_gen_mix mixes[] = {
     MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,  MOE_GEN_MIX_Q2_K,  MOE_GEN_MIX_IQ2_XXS,
-    MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS, MOE_GEN_MIX_IQ1_S, MOE_GEN_MIX_IQ1_M};
+    MOE_GEN_MIX_IQ2_XS, MOE_GEN_MIX_IQ3_XXS, MOE_GEN_MIX_IQ1_S, MOE_GEN_MIX_IQ1_M,
+    MOE_GEN_MIX_IQ2_S,  MOE_GEN_MIX_IQ2_M};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
