@@ -427,8 +427,8 @@ Test(generator, mix_rule_is_llama_cpps)
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
 /* Of the i-quant mixes, three that between them write every branch of the i-quant rule and
  * the IQ1 / IQ2 / IQ3 codecs (IQ1_M's spread d too); the i-quant quantizers are slow enough
- * that all seven would triple this test (the rule of each is pinned above, and every mix is
- * served in test_forward). */
+ * that all seven would triple this test (the rule of each is pinned above, and every format is
+ * served alone in test_forward, three of the mixes too). */
 static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,
                                          MOE_GEN_MIX_Q2_K,   MOE_GEN_MIX_IQ2_XXS,
                                          MOE_GEN_MIX_IQ1_M,  MOE_GEN_MIX_IQ2_M};
