@@ -436,7 +436,8 @@ static const uint32_t all_formats[] = {
     MOEK_IQ4_NL, BENCH_X8 | MOEK_IQ4_NL, MOEK_IQ4_XS, BENCH_X8 | MOEK_IQ4_XS,
     MOEK_F16,   MOEK_F32,
     MOEK_FP8_E4M3_B128, MOEK_INT4_G32, BENCH_X8 | MOEK_INT4_G32,
-    MOEK_NVFP4, BENCH_X8 | MOEK_NVFP4};
+    MOEK_NVFP4, BENCH_X8 | MOEK_NVFP4,
+    MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS, MOEK_IQ3_S, MOEK_IQ1_S, MOEK_IQ1_M, MOEK_IQ2_S};
 /* clang-format on */
 
 static uint32_t weight_format(uint32_t f)

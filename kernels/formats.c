@@ -9,7 +9,8 @@
  * make_q3-style refined scale search, Q8_K from the signed extreme, MXFP4 with an E8M0 shared
  * exponent), so a file quantized here reads the same in llama.cpp. FP8 E4M3 with one f32 scale_inv
  * per 128x128 block follows DeepSeek-V3 (stored = weight / scale_inv). IQ4_NL and IQ4_XS have their
- * codecs in fmt_iq4.c.
+ * codecs in fmt_iq4.c, the lattice i-quants (IQ2_XXS, IQ2_XS, IQ3_XXS,
+ * IQ1_S, IQ3_S, IQ2_S, IQ1_M) theirs in fmt_iq.c.
  *
  * Everything here is the oracle the SIMD paths are tested against. The K-quant searches are
  * also what makes a generated model slow, so they run 8 sub-blocks at once in vector lanes
@@ -1101,6 +1102,62 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .down_split_align = 1,
                 INLINE_SCALES(q8_K),
             },
+        [MOEK_FMT_IQ2_XXS] =
+            {
+                .info = {.format = MOEK_IQ2_XXS,
+                         .name = "IQ2_XXS",
+                         .block_elems = 256,
+                         .block_bytes = 66,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq2_xxs,
+                .dequantize_row = moek_dequantize_iq2_xxs,
+            },
+        [MOEK_FMT_IQ2_XS] =
+            {
+                .info = {.format = MOEK_IQ2_XS,
+                         .name = "IQ2_XS",
+                         .block_elems = 256,
+                         .block_bytes = 74,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq2_xs,
+                .dequantize_row = moek_dequantize_iq2_xs,
+            },
+        [MOEK_FMT_IQ3_XXS] =
+            {
+                .info = {.format = MOEK_IQ3_XXS,
+                         .name = "IQ3_XXS",
+                         .block_elems = 256,
+                         .block_bytes = 98,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq3_xxs,
+                .dequantize_row = moek_dequantize_iq3_xxs,
+            },
+        [MOEK_FMT_IQ1_S] =
+            {
+                .info = {.format = MOEK_IQ1_S,
+                         .name = "IQ1_S",
+                         .block_elems = 256,
+                         .block_bytes = 50,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq1_s,
+                .dequantize_row = moek_dequantize_iq1_s,
+            },
         [MOEK_FMT_IQ4_NL] =
             {
                 .info = {.format = MOEK_IQ4_NL,
@@ -1116,6 +1173,34 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .quantize_row = moek_quantize_iq4_nl,
                 .dequantize_row = moek_dequantize_iq4_nl,
             },
+        [MOEK_FMT_IQ3_S] =
+            {
+                .info = {.format = MOEK_IQ3_S,
+                         .name = "IQ3_S",
+                         .block_elems = 256,
+                         .block_bytes = 110,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq3_s,
+                .dequantize_row = moek_dequantize_iq3_s,
+            },
+        [MOEK_FMT_IQ2_S] =
+            {
+                .info = {.format = MOEK_IQ2_S,
+                         .name = "IQ2_S",
+                         .block_elems = 256,
+                         .block_bytes = 82,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq2_s,
+                .dequantize_row = moek_dequantize_iq2_s,
+            },
         [MOEK_FMT_IQ4_XS] =
             {
                 .info = {.format = MOEK_IQ4_XS,
@@ -1130,6 +1215,20 @@ const struct moek_format_traits moek_formats[MOEK_FMT_COUNT] =
                 .x8 = &moek_x8_iq4_xs,
                 .quantize_row = moek_quantize_iq4_xs,
                 .dequantize_row = moek_dequantize_iq4_xs,
+            },
+        [MOEK_FMT_IQ1_M] =
+            {
+                .info = {.format = MOEK_IQ1_M,
+                         .name = "IQ1_M",
+                         .block_elems = 256,
+                         .block_bytes = 56,
+                         .weight_format = true,
+                         .align = 2},
+                .ggml = true,
+                .vec_dot_format = MOEK_Q8_K,
+                .down_split_align = 1,
+                .quantize_row = moek_quantize_iq1_m,
+                .dequantize_row = moek_dequantize_iq1_m,
             },
         [MOEK_FMT_BF16] =
             {

@@ -135,6 +135,108 @@ static_assert(sizeof(struct block_q5_K) == 176, "Q5_K block");
 static_assert(sizeof(struct block_q6_K) == 210, "Q6_K block");
 static_assert(sizeof(struct block_q8_K) == 292, "Q8_K block");
 
+/* The i-quants (fmt_iq.c): 256 weights per block in groups of 8 whose magnitudes are one point
+ * of a fixed lattice codebook (iq_grids.c, ggml's tables byte for byte) and whose signs come
+ * from ksigns_iq2xs (7 stored sign bits; the 8th makes the count of minus signs even).
+ * IQ2_XXS: qs as 8 pairs of u32 (a, b) per 32 weights: byte l of a indexes iq2xxs_grid for
+ * weights 8l..8l+7; bits 7l..7l+6 of b (l < 4) index ksigns_iq2xs; b >> 28 is the 4-bit
+ * scale s: value = d · (0.5 + s) · 0.25 · grid · sign.
+ * IQ2_XS: one u16 per 8 weights: bits 0-8 index iq2xs_grid, bits 9-15 ksigns_iq2xs; a 4-bit
+ * scale per 16 weights (low nibble of scales[j]: weights 32j..32j+15, high: the next 16):
+ * value = d · (0.5 + s) · 0.25 · grid · sign.
+ * IQ3_XXS: qs[0..63] two iq3xxs_grid indices per 8 weights (4 magnitudes each), then per 32
+ * weights a u32 b as IQ2_XXS's (signs, s = b >> 28): value = d · (0.5 + s) · 0.5 · grid · sign.
+ * IQ3_S: per 32 weights 8 iq3s_grid indices (4 magnitudes each) of 9 bits, the low 8 in qs,
+ * the 9th of index k in bit k of qh[j]; 4 full sign bytes (no parity rule); a 4-bit scale s
+ * (nibble j % 2 of scales[j / 2]): value = d · (1 + 2s) · grid · sign. */
+struct block_iq2_xxs {
+	uint16_t d;            /* f16 super-block scale */
+	uint16_t qs[QK_K / 8]; /* 8 bytes per 32 weights: 4 grid indices, then signs + scale */
+};
+struct block_iq2_xs {
+	uint16_t d;
+	uint16_t qs[QK_K / 8];     /* per 8 weights: grid index | sign index << 9 */
+	uint8_t scales[QK_K / 32]; /* per 32 weights: two 4-bit scales */
+};
+static_assert(sizeof(struct block_iq2_xxs) == 66, "IQ2_XXS block");
+struct block_iq3_xxs {
+	uint16_t d;
+	uint8_t qs[3 * QK_K / 8]; /* 64 grid indices, then 8 u32 of signs and scale */
+};
+static_assert(sizeof(struct block_iq2_xs) == 74, "IQ2_XS block");
+static_assert(sizeof(struct block_iq3_xxs) == 98, "IQ3_XXS block");
+struct block_iq3_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 4];    /* low 8 bits of the grid indices, 8 per 32 weights */
+	uint8_t qh[QK_K / 32];   /* their 9th bits, one byte per 32 weights */
+	uint8_t signs[QK_K / 8]; /* one sign byte per 8 weights */
+	uint8_t scales[QK_K / 64];
+};
+static_assert(sizeof(struct block_iq3_s) == 110, "IQ3_S block");
+/* IQ1_S: per 32 weights (j), 4 grid indices of 11 bits into iq1s_grid (ternary entries): the
+ * low 8 in qs[4j + l], the high 3 in bits 3l..3l+2 of qh[j]; qh[j] bits 12-14 a 3-bit scale
+ * s, bit 15 the sign of delta: value = d · (2s + 1) · (grid + delta), delta = ∓1/8. */
+struct block_iq1_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 8];
+	uint16_t qh[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq1_s) == 50, "IQ1_S block");
+/* IQ1_M: no d field. Per 32 weights (j), 4 indices of 11 bits into iq1s_grid: low 8 in
+ * qs[4j + l], high 3 in bits 0-2 (l even) or 4-6 (l odd) of qh[2j + l/2], whose bit 3 / 7 is
+ * the group's delta sign. scales[] as 4 little-endian u16: bits 0-11 of u16 k hold 3-bit
+ * scales for weights 64k + 16i … (i = 0..3, 3 bits each); their top nibbles, u16 0 lowest,
+ * make the f16 d: value = d · (2s + 1) · (grid + delta). */
+struct block_iq1_m {
+	uint8_t qs[QK_K / 8];
+	uint8_t qh[QK_K / 16];
+	uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq1_m) == 56, "IQ1_M block");
+/* IQ2_S: per 32 weights (j), 4 indices of 10 bits into iq2s_grid: low 8 in qs[4j + l], high 2
+ * in bits 2l, 2l+1 of qh[j]; full sign bytes in qs[32 + 4j + l]; scales as IQ2_XS's (a 4-bit
+ * scale per 16): value = d · (0.5 + s) · 0.25 · grid · sign. */
+struct block_iq2_s {
+	uint16_t d;
+	uint8_t qs[QK_K / 4]; /* 32 index bytes, then 32 sign bytes */
+	uint8_t qh[QK_K / 32];
+	uint8_t scales[QK_K / 32];
+};
+static_assert(sizeof(struct block_iq2_s) == 82, "IQ2_S block");
+#define MOEK_IQ1S_DELTA 0.125f
+
+/* The codebooks and sign tables (iq_grids.c): each grid entry packs 8 unsigned magnitudes
+ * (8, 25 or 43), byte j for weight j; ksigns_iq2xs[i] is i with bit 7 set when i has an odd
+ * number of bits (bit j set: weight j negative). */
+extern const uint64_t moek_iq2xxs_grid[256];
+extern const uint64_t moek_iq2xs_grid[512];
+extern const uint32_t moek_iq3xxs_grid[256];
+extern const uint32_t moek_iq3s_grid[512];
+extern const uint64_t moek_iq1s_grid[2048];
+extern const uint64_t moek_iq2s_grid[1024];
+extern const uint8_t moek_ksigns_iq2xs[128];
+
+/* Reference codecs of the i-quants (fmt_iq.c): n elements, a multiple of 256. */
+void moek_quantize_iq2_xxs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_xxs(const void *src, float *y, size_t n);
+void moek_quantize_iq2_xs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_xs(const void *src, float *y, size_t n);
+void moek_quantize_iq3_xxs(const float *x, void *dst, size_t n);
+void moek_dequantize_iq3_xxs(const void *src, float *y, size_t n);
+void moek_quantize_iq3_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq3_s(const void *src, float *y, size_t n);
+void moek_quantize_iq1_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq1_s(const void *src, float *y, size_t n);
+void moek_quantize_iq1_m(const float *x, void *dst, size_t n);
+void moek_dequantize_iq1_m(const void *src, float *y, size_t n);
+void moek_quantize_iq2_s(const float *x, void *dst, size_t n);
+void moek_dequantize_iq2_s(const void *src, float *y, size_t n);
+/* Their scalar reference dots against Q8_K activations (one row, one token): each block's
+ * exact integer sum Σ (2s + 1) · grid · sign · q, then acc = fma(d · y.d · f, sum, acc) per
+ * block (f = 0.125 for IQ2, 0.25 for IQ3_XXS, 1 for IQ3_S) — the AVX2 dots' arithmetic, so they
+ * give the same bits. */
+float moek_iq_dot_q8k_ref(uint32_t format, const void *w, const void *act, size_t k);
+
 /* MOEK_INT4_G32: one 32-element group of a compressed-tensors or GPTQ INT4 checkpoint,
  * repacked at load (fmt_int4.c). `dz` is the group's f32 scale d, little-endian, whose low 4
  * mantissa bits hold the zero point z: BF16 and F16 scales convert to f32 with at least 13
@@ -201,7 +303,7 @@ void moek_dequantize_nvfp4(const void *src, float *y, size_t n);
 /* The formats, once: each row of the table at a dense index MOEK_FMT_<name> (enum moek_fmt),
  * the index every per-format table (format rows, ISA ops) is an array over, as ggml indexes
  * its type_traits by ggml_type. The public ids (moe_kernels.h, enum moek_format) are ggml's
- * type ids, which have gaps up to 39, and the sidecar's own from 1000; moek_fmt_index maps
+ * type ids, which have gaps up to 40, and the sidecar's own from 1000; moek_fmt_index maps
  * one to its index in O(1), once, where an id enters the kernels (the public functions,
  * moek_ffn_prepare): the request path then carries the index. The ggml formats come first,
  * in id order; the sidecar's own follow in id order, so their ids are their index + a
@@ -210,7 +312,7 @@ void moek_dequantize_nvfp4(const void *src, float *y, size_t n);
 /* clang-format off */
 #define MOEK_GGML_FORMATS(X)                                                                  \
 	X(F32) X(F16) X(Q4_0) X(Q8_0) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) X(Q6_K) X(Q8_K)       \
-	X(IQ4_NL) X(IQ4_XS) X(BF16) X(MXFP4) X(NVFP4)
+	X(IQ2_XXS) X(IQ2_XS) X(IQ3_XXS) X(IQ1_S) X(IQ4_NL) X(IQ3_S) X(IQ2_S) X(IQ4_XS) X(IQ1_M) X(BF16) X(MXFP4) X(NVFP4)
 /* clang-format on */
 #define MOEK_OWN_FORMATS(X) X(FP8_E4M3_B128) X(INT4_G32)
 
@@ -659,6 +761,36 @@ void moek_avx2_dequantize_nvfp4(const void *w, const float *sr, float *dst, size
 /* The group dot of interleaved NVFP4 rows against MOEK_ACT_Q8_0S activations. */
 void moek_avx2_x8_nvfp4(const void *group, const void *act, size_t as, size_t nt, size_t k,
                         float *out);
+/* x86_avx2_iq.c: the i-quants' row dots and many-row dots against Q8_K (same bits as
+ * moek_iq_dot_q8k_ref). */
+void moek_avx2_dot_iq2_xxs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                           size_t k, float *out);
+void moek_avx2_rows_iq2_xxs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                            float *out);
+void moek_avx2_dot_iq2_xs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                          size_t k, float *out);
+void moek_avx2_rows_iq2_xs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                           float *out);
+void moek_avx2_dot_iq3_xxs(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                           size_t k, float *out);
+void moek_avx2_rows_iq3_xxs(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                            float *out);
+void moek_avx2_dot_iq3_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq3_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq1_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq1_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq1_m(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq1_m(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
+void moek_avx2_dot_iq2_s(const void *w, const float *sr, const void *act, size_t as, size_t nt,
+                         size_t k, float *out);
+void moek_avx2_rows_iq2_s(const void *w, size_t stride, size_t nr, const void *act, size_t k,
+                          float *out);
 #endif
 
 /* The compute shape a prepared call runs: row or group dots over quantized (or bf16)

@@ -6,7 +6,8 @@
  *
  * Decode dot products (one weight row against 1..8 tokens, the row decoded once for all):
  *   Q8_0, Q4_0, MXFP4 against Q8_0 activations; Q4_K, Q5_K, Q6_K against Q8_K activations
- *   (Q2_K, Q3_K in x86_avx2_k23.c; IQ4_NL and IQ4_XS in x86_avx2_iq4.c) —
+ *   (Q2_K, Q3_K in x86_avx2_k23.c; IQ4_NL and IQ4_XS in x86_avx2_iq4.c; IQ2_XXS, IQ2_XS,
+ *   IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M in x86_avx2_iq.c) —
  *   integer products (maddubs/madd), one f32 FMA per block (Q4_0/MXFP4: per pair of blocks,
  *   unpacked by one 256-bit shift/mask; K-quants: per 256-element super-block, the 6-bit
  *   sub-block scales applied in integers, mins and Q6_K's -32 through Q8_K's bsums);
@@ -1651,6 +1652,50 @@ static void dequantize_iq4_nl(const void *w, const float *scale_row, float *dst,
 	         moek_avx2_dequantize_iq4(MOEK_IQ4_NL, w, dst, k), k);
 }
 
+/* The lattice i-quants' prefill rows: the reference decoder (gathers of grid entries; not
+ * measured to be worth a vector form yet). */
+static void dequantize_iq2_xxs(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq2_xxs(w, dst, k);
+}
+
+static void dequantize_iq2_xs(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq2_xs(w, dst, k);
+}
+
+static void dequantize_iq3_xxs(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq3_xxs(w, dst, k);
+}
+
+static void dequantize_iq3_s(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq3_s(w, dst, k);
+}
+
+static void dequantize_iq1_s(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq1_s(w, dst, k);
+}
+
+static void dequantize_iq1_m(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq1_m(w, dst, k);
+}
+
+static void dequantize_iq2_s(const void *w, const float *scale_row, float *dst, size_t k)
+{
+	(void)scale_row;
+	moek_dequantize_iq2_s(w, dst, k);
+}
+
 static void dequantize_iq4_xs(const void *w, const float *scale_row, float *dst, size_t k)
 {
 	ref_tail(MOEK_FMT_IQ4_XS, w, scale_row, dst,
@@ -1874,6 +1919,13 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q6_K] = dot_q6_K,
             [MOEK_FMT_IQ4_NL] = moek_avx2_dot_iq4_nl,
             [MOEK_FMT_IQ4_XS] = moek_avx2_dot_iq4_xs,
+            [MOEK_FMT_IQ2_XXS] = moek_avx2_dot_iq2_xxs,
+            [MOEK_FMT_IQ2_XS] = moek_avx2_dot_iq2_xs,
+            [MOEK_FMT_IQ3_XXS] = moek_avx2_dot_iq3_xxs,
+            [MOEK_FMT_IQ3_S] = moek_avx2_dot_iq3_s,
+            [MOEK_FMT_IQ1_S] = moek_avx2_dot_iq1_s,
+            [MOEK_FMT_IQ1_M] = moek_avx2_dot_iq1_m,
+            [MOEK_FMT_IQ2_S] = moek_avx2_dot_iq2_s,
             [MOEK_FMT_Q2_K] = moek_avx2_dot_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_dot_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_dot_int4,
@@ -1892,6 +1944,13 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q6_K] = rows_q6_K,
             [MOEK_FMT_IQ4_NL] = moek_avx2_rows_iq4_nl,
             [MOEK_FMT_IQ4_XS] = moek_avx2_rows_iq4_xs,
+            [MOEK_FMT_IQ2_XXS] = moek_avx2_rows_iq2_xxs,
+            [MOEK_FMT_IQ2_XS] = moek_avx2_rows_iq2_xs,
+            [MOEK_FMT_IQ3_XXS] = moek_avx2_rows_iq3_xxs,
+            [MOEK_FMT_IQ3_S] = moek_avx2_rows_iq3_s,
+            [MOEK_FMT_IQ1_S] = moek_avx2_rows_iq1_s,
+            [MOEK_FMT_IQ1_M] = moek_avx2_rows_iq1_m,
+            [MOEK_FMT_IQ2_S] = moek_avx2_rows_iq2_s,
             [MOEK_FMT_Q2_K] = moek_avx2_rows_q2_K,
             [MOEK_FMT_Q3_K] = moek_avx2_rows_q3_K,
             [MOEK_FMT_INT4_G32] = moek_avx2_rows_int4,
@@ -1972,6 +2031,13 @@ const struct moek_isa_ops moek_avx2_ops = {
             [MOEK_FMT_Q6_K] = dequantize_q6_K,
             [MOEK_FMT_IQ4_NL] = dequantize_iq4_nl,
             [MOEK_FMT_IQ4_XS] = dequantize_iq4_xs,
+            [MOEK_FMT_IQ2_XXS] = dequantize_iq2_xxs,
+            [MOEK_FMT_IQ2_XS] = dequantize_iq2_xs,
+            [MOEK_FMT_IQ3_XXS] = dequantize_iq3_xxs,
+            [MOEK_FMT_IQ3_S] = dequantize_iq3_s,
+            [MOEK_FMT_IQ1_S] = dequantize_iq1_s,
+            [MOEK_FMT_IQ1_M] = dequantize_iq1_m,
+            [MOEK_FMT_IQ2_S] = dequantize_iq2_s,
             [MOEK_FMT_Q2_K] = dequantize_q2_K,
             [MOEK_FMT_Q3_K] = dequantize_q3_K,
             [MOEK_FMT_INT4_G32] = dequantize_int4,

@@ -275,20 +275,22 @@ static int plan_fail(struct gen *g)
 	return error_set(g->err, MOE_ENOMEM, "out of memory");
 }
 
-/* ---- K-quant mixes ------------------------------------------------------------------ */
+/* ---- K-quant and i-quant mixes ------------------------------------------------------ */
 
 static const struct {
 	const char *name;
 	uint32_t file_type; /* llama.cpp LLAMA_FTYPE_MOSTLY_* */
 } mixes[] = {
-    [MOE_GEN_MIX_Q4_K_M] = {"Q4_K_M", 15},
-    [MOE_GEN_MIX_Q3_K_M] = {"Q3_K_M", 12},
-    [MOE_GEN_MIX_Q2_K] = {"Q2_K", 10},
+    [MOE_GEN_MIX_Q4_K_M] = {"Q4_K_M", 15}, [MOE_GEN_MIX_Q3_K_M] = {"Q3_K_M", 12},
+    [MOE_GEN_MIX_Q2_K] = {"Q2_K", 10},     [MOE_GEN_MIX_IQ2_XXS] = {"IQ2_XXS", 19},
+    [MOE_GEN_MIX_IQ2_XS] = {"IQ2_XS", 20}, [MOE_GEN_MIX_IQ3_XXS] = {"IQ3_XXS", 23},
+    [MOE_GEN_MIX_IQ1_S] = {"IQ1_S", 24},   [MOE_GEN_MIX_IQ1_M] = {"IQ1_M", 31},
+    [MOE_GEN_MIX_IQ2_S] = {"IQ2_S", 28},   [MOE_GEN_MIX_IQ2_M] = {"IQ2_M", 29},
 };
 
 const char *moe_gen_mix_name(enum moe_gen_mix mix)
 {
-	return mix > MOE_GEN_MIX_NONE && mix <= MOE_GEN_MIX_Q2_K ? mixes[mix].name : NULL;
+	return mix > MOE_GEN_MIX_NONE && mix <= MOE_GEN_MIX_LAST ? mixes[mix].name : NULL;
 }
 
 uint32_t moe_gen_mix_file_type(enum moe_gen_mix mix)
@@ -298,7 +300,7 @@ uint32_t moe_gen_mix_file_type(enum moe_gen_mix mix)
 
 int moe_gen_mix_parse(const char *name, enum moe_gen_mix *out)
 {
-	for (enum moe_gen_mix m = MOE_GEN_MIX_Q4_K_M; m <= MOE_GEN_MIX_Q2_K; m++)
+	for (enum moe_gen_mix m = MOE_GEN_MIX_Q4_K_M; m <= MOE_GEN_MIX_LAST; m++)
 		if (!strcasecmp(name, mixes[m].name)) {
 			*out = m;
 			return 0;
@@ -324,6 +326,20 @@ uint32_t moe_gen_mix_format(enum moe_gen_mix mix, enum moe_gen_tensor which, uin
 			return MOEK_Q3_K;
 		return layer < n_layers / 16 ? MOEK_Q5_K : MOEK_Q4_K;
 	case MOE_GEN_MIX_Q2_K: return down ? MOEK_Q3_K : MOEK_Q2_K;
+	/* llama_tensor_get_type's i-quant branch: the downs of the first eighth of the blocks
+	 * (its ffn_down counter; one down tensor of experts per block) in Q2_K */
+	case MOE_GEN_MIX_IQ2_XXS: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ2_XXS;
+	case MOE_GEN_MIX_IQ2_XS: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ2_XS;
+	case MOE_GEN_MIX_IQ1_S: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_S;
+	case MOE_GEN_MIX_IQ1_M: return down && layer < n_layers / 8 ? MOEK_Q2_K : MOEK_IQ1_M;
+	/* the ftypes IQ2_S and IQ2_M default to IQ2_XS and IQ2_S; their early downs get IQ3_S */
+	case MOE_GEN_MIX_IQ2_S: return down && layer < n_layers / 8 ? MOEK_IQ3_S : MOEK_IQ2_XS;
+	case MOE_GEN_MIX_IQ2_M: return down && layer < n_layers / 8 ? MOEK_IQ3_S : MOEK_IQ2_S;
+	/* its ffn_down rule without an importance matrix (the generator has none) */
+	case MOE_GEN_MIX_IQ3_XXS:
+		if (!down)
+			return MOEK_IQ3_XXS;
+		return layer < n_layers / 8 ? MOEK_Q4_K : MOEK_Q3_K;
 	case MOE_GEN_MIX_NONE: break;
 	}
 	return MOEK_F32;

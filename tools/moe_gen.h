@@ -33,13 +33,21 @@
 /* Blocks generated when neither --layers nor --full says otherwise. */
 #define MOE_GEN_DEFAULT_LAYERS 2u
 
-/* llama.cpp's K-quant mixes, as its quantizer assigns types to expert tensors (the rule is
- * moe_gen_mix_format's; docs/formats.md states it). GGUF only. */
+/* llama.cpp's K-quant and i-quant mixes, as its quantizer assigns types to expert tensors (the
+ * rule is moe_gen_mix_format's; docs/formats.md states it). GGUF only. */
 enum moe_gen_mix {
 	MOE_GEN_MIX_NONE = 0, /* every expert tensor in moe_gen_options.format */
 	MOE_GEN_MIX_Q4_K_M,
 	MOE_GEN_MIX_Q3_K_M,
 	MOE_GEN_MIX_Q2_K,
+	MOE_GEN_MIX_IQ2_XXS,
+	MOE_GEN_MIX_IQ2_XS,
+	MOE_GEN_MIX_IQ3_XXS,
+	MOE_GEN_MIX_IQ1_S,
+	MOE_GEN_MIX_IQ1_M,
+	MOE_GEN_MIX_IQ2_S,
+	MOE_GEN_MIX_IQ2_M,
+	MOE_GEN_MIX_LAST = MOE_GEN_MIX_IQ2_M,
 };
 
 /* The INT4 checkpoint encoding of format MOEK_INT4_G32 (safetensors only). */
@@ -94,7 +102,7 @@ int moe_gen_write(const struct moe_gen_options *opt, struct sidecar_error *err);
 
 /* The mix's name as llama.cpp spells its file type ("Q4_K_M"), or NULL for none/unknown. */
 const char *moe_gen_mix_name(enum moe_gen_mix mix);
-/* The mix named `name` (any case: "q4_k_m", "Q3_K_M", "q2_k"); 0, or -1 if none is. */
+/* The mix named `name` (any case: "q4_k_m", "Q3_K_M", "q2_k", "iq2_xxs"); 0, or -1 if none is. */
 int moe_gen_mix_parse(const char *name, enum moe_gen_mix *out);
 /* llama.cpp's general.file_type of the mix (LLAMA_FTYPE_MOSTLY_*), 0 for none. */
 uint32_t moe_gen_mix_file_type(enum moe_gen_mix mix);

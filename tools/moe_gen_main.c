@@ -63,8 +63,10 @@ static void usage(FILE *o)
 	           "  --group N|row    its group size (default: 32 int4-ct, 128 gptq, awq); row:\n"
 	           "                   one group per row (gptq group_size -1, int4-ct\n"
 	           "                   strategy channel)\n");
-	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k: GGUF experts typed per tensor as\n"
-	           "                   llama.cpp's quantizer types them (docs/formats.md)\n");
+	fprintf(o, "  --mix M          q4_k_m | q3_k_m | q2_k | iq2_xxs | iq2_xs | iq3_xxs |\n"
+	           "                   iq1_s | iq1_m | iq2_s | iq2_m: GGUF experts typed per\n"
+	           "                   tensor as"
+	           " llama.cpp's quantizer types them (docs/formats.md)\n");
 	fprintf(
 	    o,
 	    "  --seed N         weights are a pure function of (seed, layer, expert, tensor)\n"
@@ -168,7 +170,9 @@ int main(int argc, char **argv)
 			o.group = MOE_GEN_GROUP_ROW, i++;
 		} else if (!strcmp(a, "--mix")) {
 			if (moe_gen_mix_parse(v, &o.mix)) {
-				fprintf(stderr, "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k)\n",
+				fprintf(stderr,
+				        "moe-gen: unknown mix '%s' (q4_k_m q3_k_m q2_k iq2_xxs "
+				        "iq2_xs iq3_xxs iq1_s iq1_m iq2_s iq2_m)\n",
 				        v);
 				return 2;
 			}

@@ -30,8 +30,17 @@ enum moek_format {
 	MOEK_Q5_K = 13,
 	MOEK_Q6_K = 14,
 	MOEK_Q8_K = 15, /* activation format for K-quant dot products only */
+	/* ggml's i-quants: 256 weights per block, codes into fixed lattice codebooks (iq_grids.c)
+	 */
+	MOEK_IQ2_XXS = 16,
+	MOEK_IQ2_XS = 17,
+	MOEK_IQ3_XXS = 18,
+	MOEK_IQ1_S = 19,
 	MOEK_IQ4_NL = 20,
+	MOEK_IQ3_S = 21,
+	MOEK_IQ2_S = 22,
 	MOEK_IQ4_XS = 23,
+	MOEK_IQ1_M = 29,
 	MOEK_BF16 = 30,
 	MOEK_MXFP4 = 39, /* GGUF layout: 17-byte blocks, nibble j pairs elements (j, j+16) */
 	/* ggml's NVFP4: 36-byte blocks of 64, four UE4M3 scales (one per 16) then 32 bytes of

@@ -399,6 +399,15 @@ static const struct format_bound {
     {.format = MOEK_Q5_K, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_Q6_K, .nmse = {1e-3, 1e-3, 1e-3}},
     {.format = MOEK_IQ4_XS, .nmse = {1e-3, 1e-3, 1e-3}},
+    /* the i-quants: measured 1.8e-4-2.1e-4 decode and batched, 1.5e-5 prefill (verify on
+     * moe-gen's i-quant mixes, docs/formats.md), as the K-quants: the same Q8_K activations */
+    {.format = MOEK_IQ2_XXS, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ2_XS, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ3_XXS, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ3_S, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ1_S, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ1_M, .nmse = {1e-3, 1e-3, 1e-3}},
+    {.format = MOEK_IQ2_S, .nmse = {1e-3, 1e-3, 1e-3}},
 };
 
 enum expert_path expert_path_of(size_t n_tokens)

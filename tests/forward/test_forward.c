@@ -148,6 +148,34 @@ Test(forward_formats, gguf_nvfp4)
 {
 	format_case("qwen3-30b-a3b", MOEK_NVFP4, true, false);
 }
+Test(forward_formats, gguf_iq2_xxs_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_XXS, true, true);
+}
+Test(forward_formats, gguf_iq2_xs)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_XS, true, false);
+}
+Test(forward_formats, gguf_iq3_xxs_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ3_XXS, true, true);
+}
+Test(forward_formats, gguf_iq3_s)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ3_S, true, false);
+}
+Test(forward_formats, gguf_iq1_s_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ1_S, true, true);
+}
+Test(forward_formats, gguf_iq1_m)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ1_M, true, false);
+}
+Test(forward_formats, gguf_iq2_s_fused_gate_up)
+{
+	format_case("qwen3-30b-a3b", MOEK_IQ2_S, true, true);
+}
 Test(forward_formats, gguf_mxfp4_gpt_oss_biases)
 {
 	format_case("gpt-oss-20b", MOEK_MXFP4, true, false);
@@ -284,7 +312,18 @@ static void mix_every_source(enum moe_gen_mix mix, uint32_t down, uint32_t n_dow
 	                              .ffn = 256,
 	                              .mix = mix};
 	cr_assert_eq(fwd_model_make(&m, &spec, err, sizeof(err)), 0, "%s", err);
-	cr_assert_eq(m.cat->n_formats, 2);
+	/* the catalog holds each format the rule gives once */
+	uint32_t seen[8], n_seen = 0;
+	for (uint32_t L = 0; L < layers; L++)
+		for (enum moe_gen_tensor w = MOE_GEN_GATE; w <= MOE_GEN_DOWN; w++) {
+			const uint32_t f = moe_gen_mix_format(mix, w, L, layers);
+			uint32_t i = 0;
+			while (i < n_seen && seen[i] != f)
+				i++;
+			if (i == n_seen && n_seen < 8)
+				seen[n_seen++] = f;
+		}
+	cr_assert_eq(m.cat->n_formats, n_seen);
 	const size_t h = m.cat->info.hidden;
 	struct forward_engine *e[3] = {
 	    engine(&m, FORWARD_SOURCE_ALL_RESIDENT, 0, 24),
@@ -340,6 +379,22 @@ Test(forward_formats, gguf_q4_k_m_mix_first_down_interleaved)
 Test(forward_formats, gguf_q2_k_mix_every_source)
 {
 	mix_every_source(MOE_GEN_MIX_Q2_K, MOEK_Q3_K, 9, 9);
+}
+/* The i-quant mixes (their quantizers are slow: three of the seven, which between them take
+ * every branch of the rule; each format is served alone above): IQ1_S's and IQ2_M's downs of
+ * the first eighth of the blocks (block 0 of 9) in Q2_K and IQ3_S. */
+Test(forward_formats, gguf_iq1_s_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ1_S, MOEK_Q2_K, 1, 9);
+}
+Test(forward_formats, gguf_iq2_m_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ2_M, MOEK_IQ3_S, 1, 9);
+}
+/* IQ3_XXS: gate/up IQ3_XXS; down Q4_K in block 0 of 9, Q3_K after (three formats) */
+Test(forward_formats, gguf_iq3_xxs_mix_every_source)
+{
+	mix_every_source(MOE_GEN_MIX_IQ3_XXS, MOEK_Q4_K, 1, 9);
 }
 Test(forward_formats, gguf_q3_k_m_mix_every_source)
 {

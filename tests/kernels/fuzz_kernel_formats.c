@@ -13,10 +13,11 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const uint32_t formats[] = {MOEK_F32,    MOEK_F16,           MOEK_BF16,     MOEK_Q8_0,
-                                   MOEK_Q4_0,   MOEK_Q4_K,          MOEK_Q5_K,     MOEK_Q6_K,
-                                   MOEK_MXFP4,  MOEK_FP8_E4M3_B128, MOEK_Q2_K,     MOEK_Q3_K,
-                                   MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32, MOEK_NVFP4};
+static const uint32_t formats[] = {
+    MOEK_F32,    MOEK_F16,    MOEK_BF16,     MOEK_Q8_0,          MOEK_Q4_0,   MOEK_Q4_K,
+    MOEK_Q5_K,   MOEK_Q6_K,   MOEK_MXFP4,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,   MOEK_Q3_K,
+    MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_IQ2_XXS,       MOEK_IQ2_XS, MOEK_IQ3_XXS,
+    MOEK_IQ3_S,  MOEK_IQ1_S,  MOEK_IQ1_M,    MOEK_IQ2_S,         MOEK_NVFP4};
 
 static int same_bits_or_both_nan(float a, float b)
 {

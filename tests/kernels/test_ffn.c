@@ -128,6 +128,14 @@ FMT_TEST(fp8_e4m3, {MOEK_FP8_E4M3_B128, 0, 320, 200, MOEK_SWIGLU, 0, 0.08, 1e-10
  * IQ4_XS: Q8_K as the K-quants; and each as the other's down (mixed block sizes) */
 FMT_TEST(iq4_nl, {MOEK_IQ4_NL, 0, 320, 224, MOEK_SWIGLU, 0, 0.2, 5e-4})
 FMT_TEST(iq4_xs, {MOEK_IQ4_XS, 0, 512, 256, MOEK_SWIGLU, 0, 0.15, 1e-3})
+/* the lattice i-quants: 2 bits a weight (their round-trip nmse is ~0.1: FFN bound as Q2_K's) */
+FMT_TEST(iq2_xxs, {MOEK_IQ2_XXS, 0, 512, 256, MOEK_SWIGLU, 0, 0.8, 1e-3})
+FMT_TEST(iq2_xs_with_q2_K_down, {MOEK_IQ2_XS, MOEK_Q2_K, 512, 256, MOEK_SWIGLU, 0, 0.8, 1e-3})
+FMT_TEST(iq3_xxs, {MOEK_IQ3_XXS, 0, 512, 256, MOEK_SWIGLU, 0, 0.5, 1e-3})
+FMT_TEST(iq3_s, {MOEK_IQ3_S, 0, 512, 256, MOEK_SWIGLU, 0, 0.5, 1e-3})
+FMT_TEST(iq1_s_with_q2_K_down, {MOEK_IQ1_S, MOEK_Q2_K, 512, 256, MOEK_SWIGLU, 0, 1.2, 1e-3})
+FMT_TEST(iq1_m, {MOEK_IQ1_M, 0, 512, 256, MOEK_SWIGLU, 0, 1.2, 1e-3})
+FMT_TEST(iq2_s, {MOEK_IQ2_S, 0, 512, 256, MOEK_SWIGLU, 0, 0.8, 1e-3})
 FMT_TEST(iq4_xs_with_iq4_nl_down, {MOEK_IQ4_XS, MOEK_IQ4_NL, 512, 288, MOEK_SWIGLU, 0, 0.2, 1e-3})
 FMT_TEST(q4_K_with_iq4_xs_down, {MOEK_Q4_K, MOEK_IQ4_XS, 256, 512, MOEK_SWIGLU, 0, 0.15, 1e-3})
 /* float formats accept any width: columns not a multiple of 8 (SIMD tails, zero-padded tiles) */
@@ -420,10 +428,11 @@ Test(ffn_dot, simd_dot_products_match_reference)
 		cr_log_warn("no AVX2 on this CPU: SIMD dot products not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,   MOEK_Q4_0,          MOEK_MXFP4,    MOEK_Q4_K,
-	                                MOEK_Q5_K,   MOEK_Q6_K,          MOEK_BF16,     MOEK_F16,
-	                                MOEK_F32,    MOEK_FP8_E4M3_B128, MOEK_Q2_K,     MOEK_Q3_K,
-	                                MOEK_IQ4_NL, MOEK_IQ4_XS,        MOEK_INT4_G32, MOEK_NVFP4};
+	static const uint32_t fmts[] = {
+	    MOEK_Q8_0,   MOEK_Q4_0,   MOEK_MXFP4,    MOEK_Q4_K,          MOEK_Q5_K,   MOEK_Q6_K,
+	    MOEK_BF16,   MOEK_F16,    MOEK_F32,      MOEK_FP8_E4M3_B128, MOEK_Q2_K,   MOEK_Q3_K,
+	    MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_IQ2_XXS,       MOEK_IQ2_XS, MOEK_IQ3_XXS,
+	    MOEK_IQ3_S,  MOEK_IQ1_S,  MOEK_IQ1_M,    MOEK_IQ2_S,         MOEK_NVFP4};
 	enum { ROWS = 64, K = 1024 };
 	float *w = fixture_tokens(ROWS, K, 77), *x = fixture_tokens(1, K, 78);
 	float *wd = malloc(sizeof(float) * ROWS * K), *xd = malloc(sizeof(float) * K);
@@ -473,10 +482,11 @@ Test(ffn_dot, simd_dequantize_matches_reference_bits)
 		cr_log_warn("no AVX2 on this CPU: SIMD dequantizer not tested");
 		return;
 	}
-	static const uint32_t fmts[] = {MOEK_Q8_0,          MOEK_Q4_0,   MOEK_MXFP4,    MOEK_Q4_K,
-	                                MOEK_Q5_K,          MOEK_Q6_K,   MOEK_BF16,     MOEK_F16,
-	                                MOEK_FP8_E4M3_B128, MOEK_F32,    MOEK_Q2_K,     MOEK_Q3_K,
-	                                MOEK_IQ4_NL,        MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_NVFP4};
+	static const uint32_t fmts[] = {
+	    MOEK_Q8_0,   MOEK_Q4_0,   MOEK_MXFP4,         MOEK_Q4_K,    MOEK_Q5_K,   MOEK_Q6_K,
+	    MOEK_BF16,   MOEK_F16,    MOEK_FP8_E4M3_B128, MOEK_F32,     MOEK_Q2_K,   MOEK_Q3_K,
+	    MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32,      MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ3_XXS,
+	    MOEK_IQ3_S,  MOEK_IQ1_S,  MOEK_IQ1_M,         MOEK_IQ2_S,   MOEK_NVFP4};
 	enum { K = 1536 };
 	float *w = fixture_tokens(1, K, 99), ref[K], got[K];
 	uint8_t q[K * 4];

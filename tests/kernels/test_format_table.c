@@ -24,7 +24,7 @@ static bool power_of_two(size_t v)
 Test(format_table, every_row_is_complete)
 {
 	const size_t n = n_formats();
-	cr_assert_eq(n, 17, "a format added or lost: update this test's pinned values");
+	cr_assert_eq(n, 24, "a format added or lost: update this test's pinned values");
 	cr_assert_eq(n, MOEK_FMT_COUNT);
 	for (size_t i = 0; i < n; i++) {
 		const struct moek_format_traits *t = moek_format_traits_at(i);
@@ -133,6 +133,13 @@ Test(format_table, pinned_values)
 	    {MOEK_Q8_K, 4, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_IQ4_NL, 2, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_IQ4_XS, 2, 0, MOEK_Q8_K, 1, true},
+	    {MOEK_IQ2_XXS, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ2_XS, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ3_XXS, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ3_S, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ1_S, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ1_M, 2, 0, MOEK_Q8_K, 1, false},
+	    {MOEK_IQ2_S, 2, 0, MOEK_Q8_K, 1, false},
 	    {MOEK_MXFP4, 1, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_NVFP4, 1, 0, MOEK_Q8_0, 64, true},
 	    {MOEK_FP8_E4M3_B128, 1, 128, MOEK_F32, 1, false},

@@ -26,14 +26,29 @@ Test(formats, table_rows_match_ggml)
 		const char *name;
 		uint32_t elems, bytes;
 	} want[] = {
-	    {0, "F32", 1, 4},       {1, "F16", 1, 2},
-	    {2, "Q4_0", 32, 18},    {8, "Q8_0", 32, 34},
-	    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110},
-	    {12, "Q4_K", 256, 144}, {13, "Q5_K", 256, 176},
-	    {14, "Q6_K", 256, 210}, {15, "Q8_K", 256, 292},
-	    {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
-	    {30, "BF16", 1, 2},     {39, "MXFP4", 32, 17},
-	    {40, "NVFP4", 64, 36},  {1000, "FP8_E4M3_B128", 1, 1},
+	    {0, "F32", 1, 4},
+	    {1, "F16", 1, 2},
+	    {2, "Q4_0", 32, 18},
+	    {8, "Q8_0", 32, 34},
+	    {10, "Q2_K", 256, 84},
+	    {11, "Q3_K", 256, 110},
+	    {12, "Q4_K", 256, 144},
+	    {13, "Q5_K", 256, 176},
+	    {14, "Q6_K", 256, 210},
+	    {15, "Q8_K", 256, 292},
+	    {20, "IQ4_NL", 32, 18},
+	    {23, "IQ4_XS", 256, 136},
+	    {16, "IQ2_XXS", 256, 66},
+	    {17, "IQ2_XS", 256, 74},
+	    {18, "IQ3_XXS", 256, 98},
+	    {21, "IQ3_S", 256, 110},
+	    {19, "IQ1_S", 256, 50},
+	    {29, "IQ1_M", 256, 56},
+	    {22, "IQ2_S", 256, 82},
+	    {30, "BF16", 1, 2},
+	    {39, "MXFP4", 32, 17},
+	    {40, "NVFP4", 64, 36},
+	    {1000, "FP8_E4M3_B128", 1, 1},
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		const struct moek_format_info *f = moek_format_lookup(want[i].id);
@@ -616,14 +631,18 @@ Test(formats, quantizer_round_trip_accuracy)
 		uint32_t format;
 		double max_nmse;
 	} budget[] = {
-	    {MOEK_F32, 0.0},      {MOEK_F16, 1e-7},
-	    {MOEK_BF16, 5e-6},    {MOEK_Q8_0, 2e-5},
-	    {MOEK_Q4_0, 5e-3},    {MOEK_Q4_K, 4e-3},
-	    {MOEK_Q5_K, 1e-3},    {MOEK_Q6_K, 3e-4},
-	    {MOEK_MXFP4, 1.5e-2}, {MOEK_FP8_E4M3_B128, 1.2e-3},
-	    {MOEK_Q8_K, 2e-5},    {MOEK_IQ4_NL, 5e-3},
-	    {MOEK_IQ4_XS, 5e-3},  {MOEK_Q3_K, 2.5e-2},
-	    {MOEK_Q2_K, 8e-2},    {MOEK_INT4_G32, 5e-3},
+	    {MOEK_F32, 0.0},       {MOEK_F16, 1e-7},
+	    {MOEK_BF16, 5e-6},     {MOEK_Q8_0, 2e-5},
+	    {MOEK_Q4_0, 5e-3},     {MOEK_Q4_K, 4e-3},
+	    {MOEK_Q5_K, 1e-3},     {MOEK_Q6_K, 3e-4},
+	    {MOEK_MXFP4, 1.5e-2},  {MOEK_FP8_E4M3_B128, 1.2e-3},
+	    {MOEK_Q8_K, 2e-5},     {MOEK_IQ4_NL, 5e-3},
+	    {MOEK_IQ4_XS, 5e-3},   {MOEK_Q3_K, 2.5e-2},
+	    {MOEK_Q2_K, 8e-2},     {MOEK_INT4_G32, 5e-3},
+	    {MOEK_IQ2_XXS, 0.12},  {MOEK_IQ2_XS, 0.095},
+	    {MOEK_IQ3_XXS, 0.065}, {MOEK_IQ3_S, 0.025},
+	    {MOEK_IQ1_S, 0.18},    {MOEK_IQ1_M, 0.18},
+	    {MOEK_IQ2_S, 0.065},
 	};
 	enum { R = 4, C = 1024 };
 	static float x[R * C], y[R * C];
@@ -650,9 +669,11 @@ Test(formats, quantizer_round_trip_accuracy)
 /* An all-zero block quantizes to zeros in every format (no 0/0). */
 Test(formats, zero_block_quantizes_to_zero)
 {
-	static const uint32_t fmts[] = {MOEK_Q4_0,          MOEK_Q8_0,  MOEK_Q4_K,   MOEK_Q5_K,
-	                                MOEK_Q6_K,          MOEK_MXFP4, MOEK_IQ4_NL, MOEK_IQ4_XS,
-	                                MOEK_FP8_E4M3_B128, MOEK_Q2_K,  MOEK_Q3_K,   MOEK_INT4_G32};
+	static const uint32_t fmts[] = {
+	    MOEK_Q4_0,  MOEK_Q8_0,     MOEK_Q4_K,    MOEK_Q5_K,          MOEK_Q6_K,
+	    MOEK_MXFP4, MOEK_IQ4_NL,   MOEK_IQ4_XS,  MOEK_FP8_E4M3_B128, MOEK_Q2_K,
+	    MOEK_Q3_K,  MOEK_INT4_G32, MOEK_IQ2_XXS, MOEK_IQ2_XS,        MOEK_IQ3_XXS,
+	    MOEK_IQ3_S, MOEK_IQ1_S,    MOEK_IQ1_M,   MOEK_IQ2_S};
 	float x[256] = {0}, y[256];
 	uint8_t q[512];
 	float scale[2]; /* FP8: 1 x 2 blocks of 128 */

@@ -67,12 +67,25 @@ static const struct {
 	uint32_t format;
 	double max_nmse[2]; /* UNIFORM, BELL */
 } budget[] = {
-    {MOEK_Q4_0, {4.25e-3, 6.70e-3}},          {MOEK_Q8_0, {1.44e-5, 2.59e-5}},
-    {MOEK_Q4_K, {2.98e-3, 4.74e-3}},          {MOEK_Q5_K, {7.65e-4, 1.21e-3}},
-    {MOEK_Q6_K, {1.77e-4, 2.90e-4}},          {MOEK_MXFP4, {2.08e-2, 1.23e-2}},
-    {MOEK_FP8_E4M3_B128, {6.50e-4, 7.08e-4}}, {MOEK_IQ4_NL, {4.03e-3, 5.19e-3}},
-    {MOEK_IQ4_XS, {4.09e-3, 5.27e-3}},        {MOEK_Q2_K, {5.48e-2, 8.32e-2}},
-    {MOEK_Q3_K, {1.56e-2, 2.14e-2}},          {MOEK_INT4_G32, {4.25e-3, 6.70e-3}},
+    {MOEK_Q4_0, {4.25e-3, 6.70e-3}},
+    {MOEK_Q8_0, {1.44e-5, 2.59e-5}},
+    {MOEK_Q4_K, {2.98e-3, 4.74e-3}},
+    {MOEK_Q5_K, {7.65e-4, 1.21e-3}},
+    {MOEK_Q6_K, {1.77e-4, 2.90e-4}},
+    {MOEK_MXFP4, {2.08e-2, 1.23e-2}},
+    {MOEK_FP8_E4M3_B128, {6.50e-4, 7.08e-4}},
+    {MOEK_IQ4_NL, {4.03e-3, 5.19e-3}},
+    {MOEK_IQ4_XS, {4.09e-3, 5.27e-3}},
+    {MOEK_Q2_K, {5.48e-2, 8.32e-2}},
+    {MOEK_Q3_K, {1.56e-2, 2.14e-2}},
+    {MOEK_INT4_G32, {4.25e-3, 6.70e-3}},
+    {MOEK_IQ2_XXS, {0.12, 0.12}},
+    {MOEK_IQ2_XS, {0.095, 0.095}},
+    {MOEK_IQ3_XXS, {0.05, 0.05}},
+    {MOEK_IQ3_S, {0.025, 0.025}},
+    {MOEK_IQ1_S, {0.18, 0.22}},
+    {MOEK_IQ1_M, {0.18, 0.22}},
+    {MOEK_IQ2_S, {0.065, 0.07}},
     {MOEK_NVFP4, {1.04e-2, 9.20e-3}},
 };
 

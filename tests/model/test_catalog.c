@@ -265,7 +265,7 @@ Test(catalog, ggml_types_map_through_the_kernels_table)
 		cr_expect_eq(gguf_type_block_elems(t), f->block_elems, "%s", f->name);
 		cr_expect_eq(gguf_type_block_bytes(t), f->block_bytes, "%s", f->name);
 	}
-	cr_expect_eq(mapped, 15);                 /* F32 … MXFP4, NVFP4, Q8_K included */
+	cr_expect_eq(mapped, 22); /* F32 … MXFP4, NVFP4, Q8_K and seven i-quants included */
 	cr_expect_null(moek_format_from_ggml(3)); /* Q4_1: gguf knows it, no kernels */
 	cr_expect_not_null(gguf_type_name(3));
 	cr_expect_null(moek_format_from_ggml(MOEK_FP8_E4M3_B128)); /* the sidecar's own */

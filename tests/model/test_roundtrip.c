@@ -31,6 +31,13 @@ static double tolerance(uint32_t format)
 	case MOEK_MXFP4: return 4e-2;
 	case MOEK_Q3_K: return 4e-2;
 	case MOEK_Q2_K: return 0.12;
+	case MOEK_IQ2_XXS: return 0.13; /* measured 0.107 */
+	case MOEK_IQ2_XS: return 0.11;
+	case MOEK_IQ3_XXS: return 0.05; /* measured 0.034 */
+	case MOEK_IQ3_S: return 0.03;   /* measured 0.015 */
+	case MOEK_IQ1_S: return 0.2;    /* measured 0.141 */
+	case MOEK_IQ1_M: return 0.2;
+	case MOEK_IQ2_S: return 0.08; /* measured 0.05 */
 	case MOEK_FP8_E4M3_B128: return 2e-3;
 	case MOEK_IQ4_NL:
 	case MOEK_IQ4_XS: return 1e-2;
@@ -399,12 +406,60 @@ Test(generator, mix_rule_is_llama_cpps)
 	cr_assert_eq(m, MOE_GEN_MIX_Q2_K);
 	cr_assert_eq(moe_gen_mix_parse("q4_k_s", &m), -1);
 	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_Q4_K_M), 15);
+	/* the i-quant mixes: downs of blocks below n/8 (6) in Q2_K, the rest in the i-quant */
+	for (uint32_t L = 0; L < 48; L++)
+		for (enum moe_gen_tensor w = MOE_GEN_GATE; w <= MOE_GEN_DOWN; w++) {
+			const bool q2 = w == MOE_GEN_DOWN && L < 6;
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_XXS, w, L, 48),
+			             q2 ? MOEK_Q2_K : MOEK_IQ2_XXS, "IQ2_XXS block %u", L);
+			cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_XS, w, L, 48),
+			             q2 ? MOEK_Q2_K : MOEK_IQ2_XS, "IQ2_XS block %u", L);
+		}
+	cr_assert_eq(moe_gen_mix_parse("iq2_xxs", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_IQ2_XXS);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XXS), 19);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_XS), 20);
+	/* IQ3_XXS (no importance matrix): gate/up IQ3_XXS, down Q4_K below n/8, else Q3_K */
+	for (uint32_t L = 0; L < 48; L++) {
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ3_XXS, MOE_GEN_DOWN, L, 48),
+		             L < 6 ? MOEK_Q4_K : MOEK_Q3_K, "IQ3_XXS block %u", L);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ3_XXS, MOE_GEN_UP, L, 48),
+		             MOEK_IQ3_XXS);
+	}
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ3_XXS), 23);
+	for (uint32_t L = 0; L < 48; L++) {
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_S, MOE_GEN_DOWN, L, 48),
+		             L < 6 ? MOEK_Q2_K : MOEK_IQ1_S, "IQ1_S block %u", L);
+		cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_S, MOE_GEN_GATE, L, 48),
+		             MOEK_IQ1_S);
+	}
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_S), 24);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_DOWN, 5, 48), MOEK_Q2_K);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_DOWN, 6, 48), MOEK_IQ1_M);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ1_M, MOE_GEN_UP, 0, 48), MOEK_IQ1_M);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ1_M), 31);
+	/* IQ2_S: IQ2_XS experts, IQ2_M: IQ2_S; both put the downs below n/8 in IQ3_S */
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_DOWN, 5, 48), MOEK_IQ3_S);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_DOWN, 6, 48), MOEK_IQ2_XS);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_S, MOE_GEN_GATE, 0, 48), MOEK_IQ2_XS);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_M, MOE_GEN_DOWN, 5, 48), MOEK_IQ3_S);
+	cr_assert_eq(moe_gen_mix_format(MOE_GEN_MIX_IQ2_M, MOE_GEN_UP, 0, 48), MOEK_IQ2_S);
+	cr_assert_eq(moe_gen_mix_parse("iq2_m", &m), 0);
+	cr_assert_eq(m, MOE_GEN_MIX_IQ2_M);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_S), 28);
+	cr_assert_eq(moe_gen_mix_file_type(MOE_GEN_MIX_IQ2_M), 29);
 }
 
 /* Every mix written, read back tensor by tensor: each projection of each block in the
  * rule's format, dequantizing to the generator's floats (merged and per-expert tensors, a
  * model with leading dense blocks, 17 blocks so that every branch of the rules is taken). */
-static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M, MOE_GEN_MIX_Q2_K};
+/* Of the i-quant mixes, three that between them write every branch of the i-quant rule and
+ * the IQ1 / IQ2 / IQ3 codecs (IQ1_M's spread d too); the i-quant quantizers are slow enough
+ * that all seven would triple this test (the rule of each is pinned above, and every format is
+ * served alone in test_forward, three of the mixes too). */
+static const enum moe_gen_mix mixes[] = {MOE_GEN_MIX_Q4_K_M, MOE_GEN_MIX_Q3_K_M,
+                                         MOE_GEN_MIX_Q2_K,   MOE_GEN_MIX_IQ2_XXS,
+                                         MOE_GEN_MIX_IQ1_M,  MOE_GEN_MIX_IQ2_M};
 
 Test(roundtrip, gguf_k_quant_mixes)
 {
