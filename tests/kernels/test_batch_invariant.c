@@ -173,14 +173,22 @@ FORMAT_TEST(mxfp4, MOEK_MXFP4)
 FORMAT_TEST(fp8, MOEK_FP8_E4M3_B128)
 FORMAT_TEST(int4_g32, MOEK_INT4_G32)
 FORMAT_TEST(nvfp4, MOEK_NVFP4)
+FORMAT_TEST(iq2_xxs, MOEK_IQ2_XXS)
+FORMAT_TEST(iq2_xs, MOEK_IQ2_XS)
+FORMAT_TEST(iq2_s, MOEK_IQ2_S)
+FORMAT_TEST(iq3_xxs, MOEK_IQ3_XXS)
+FORMAT_TEST(iq3_s, MOEK_IQ3_S)
+FORMAT_TEST(iq1_s, MOEK_IQ1_S)
+FORMAT_TEST(iq1_m, MOEK_IQ1_M)
 
 /* Every weight format of the table has a test above (a new row needs one). */
 Test(batch_invariant, every_format_listed)
 {
 	static const uint32_t listed[] = {
-	    MOEK_F32,   MOEK_F16,           MOEK_BF16,     MOEK_Q8_0, MOEK_Q4_0,   MOEK_Q2_K,
-	    MOEK_Q3_K,  MOEK_Q4_K,          MOEK_Q5_K,     MOEK_Q6_K, MOEK_IQ4_NL, MOEK_IQ4_XS,
-	    MOEK_MXFP4, MOEK_FP8_E4M3_B128, MOEK_INT4_G32, MOEK_NVFP4};
+	    MOEK_F32,   MOEK_F16,           MOEK_BF16,     MOEK_Q8_0,  MOEK_Q4_0,    MOEK_Q2_K,
+	    MOEK_Q3_K,  MOEK_Q4_K,          MOEK_Q5_K,     MOEK_Q6_K,  MOEK_IQ4_NL,  MOEK_IQ4_XS,
+	    MOEK_MXFP4, MOEK_FP8_E4M3_B128, MOEK_INT4_G32, MOEK_NVFP4, MOEK_IQ2_XXS, MOEK_IQ2_XS,
+	    MOEK_IQ2_S, MOEK_IQ3_XXS,       MOEK_IQ3_S,    MOEK_IQ1_S, MOEK_IQ1_M};
 	for (size_t i = 0; moek_format_at(i); i++) {
 		const struct moek_format_info *fi = moek_format_at(i);
 		if (!fi->weight_format)
