@@ -803,7 +803,9 @@ static uint8_t register_group(struct loader *l, uint32_t g, bool *warned)
 }
 
 /* The group to populate a step of next: one a parked load waits for, else the one in hand,
- * else the next untouched one in the order slots are handed out. */
+ * else the first unfinished one in the order slots are handed out from *next on — untouched,
+ * or one a wanted group took the thread from mid-way (behind the cursor: the scan wraps).
+ * UINT32_MAX when every group is finished. */
 static uint32_t next_group(const struct loader *l, uint32_t in_hand, uint32_t *next)
 {
 	for (uint32_t i = 0; i < l->n_groups; i++)
@@ -813,11 +815,16 @@ static uint32_t next_group(const struct loader *l, uint32_t in_hand, uint32_t *n
 			return i;
 	if (in_hand != UINT32_MAX)
 		return in_hand;
-	for (;; ++*next) { /* one is left: the caller counts them */
-		const uint32_t o = l->group_order[*next];
-		if (atomic_load_explicit(&l->group_state[o], memory_order_relaxed) == GROUP_COLD)
+	for (uint32_t i = 0; i < l->n_groups; i++) {
+		const uint32_t at = (uint32_t)(((uint64_t)*next + i) % l->n_groups);
+		const uint32_t o = l->group_order[at];
+		if (atomic_load_explicit(&l->group_state[o], memory_order_relaxed) <=
+		    GROUP_POPULATING) {
+			*next = at;
 			return o;
+		}
 	}
+	return UINT32_MAX;
 }
 
 /* The populate thread: pre-faults the groups on the pool's node in steps of POPULATE_STEP
@@ -839,6 +846,8 @@ static void *populate_main(void *arg)
 		if (atomic_load_explicit(&l->populate_stop, memory_order_relaxed))
 			break;
 		const uint32_t g = next_group(l, in_hand, &next);
+		if (g == UINT32_MAX)
+			break; /* none left (finished < n_groups says otherwise) */
 		if (atomic_load_explicit(&l->group_state[g], memory_order_relaxed) == GROUP_COLD) {
 			atomic_store_explicit(&l->group_state[g], GROUP_POPULATING,
 			                      memory_order_relaxed);
