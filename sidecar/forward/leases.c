@@ -218,30 +218,24 @@ static bool scratch_fit(struct forward_leases *t, size_t bytes)
 	return true;
 }
 
-/* m (described by d, in the pool) as BF16 rows at dst (rows x cols): GGUF rows back from the
- * decode layout (moek_deinterleave, a group of 8 at a time), then the kernels' dequantizer and
- * round to BF16, a row at a time. 0, or -1 (out of memory, a format they refuse). */
-static int stage_bf16(struct forward_leases *t, const struct moek_matrix *m, uint16_t *dst)
+/* Rows [r_begin, r_end) of m (r_begin a multiple of 8) as BF16 rows at dst (rows x cols): GGUF
+ * rows back from the decode layout (moek_deinterleave, a group of 8 at a time), then the
+ * kernels' dequantizer and round to BF16, a row at a time; `rows` holds a group of GGUF rows,
+ * f one row in f32. 0, or -1 (a format they refuse). */
+static int stage_rows(const struct moek_matrix *m, uint16_t *dst, size_t r_begin, size_t r_end,
+                      uint8_t *rows, float *f)
 {
 	const size_t rb = moek_row_bytes(m->format, m->cols);
 	const size_t stride = m->row_stride ? m->row_stride : rb;
 	const size_t group = m->interleave ? 8u : 1u;
-	const size_t rows_bytes = (group * rb + 63) & ~(size_t)63; /* then the f32 row */
-	if (!rb || !scratch_fit(t, rows_bytes + m->cols * sizeof(float)))
-		return -1;
-	uint8_t *rows = t->scratch;
-	float *f = (float *)(void *)(t->scratch + rows_bytes);
+	const size_t sstride = m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
 	const uint8_t *src = m->data;
-	for (size_t r0 = 0; r0 < m->rows; r0 += group) {
+	for (size_t r0 = r_begin; r0 < r_end; r0 += group) {
 		const uint8_t *g = src + r0 * stride; /* interleave: group r0 / 8 at 8 · stride */
-		if (m->interleave) {
-			if (moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
-				return -1;
-		}
-		for (size_t r = 0; r < group && r0 + r < m->rows; r++) {
+		if (m->interleave && moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
+			return -1;
+		for (size_t r = 0; r < group && r0 + r < r_end; r++) {
 			const uint8_t *row = m->interleave ? rows + r * rb : g;
-			const size_t sstride =
-			    m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
 			const float *sc = m->scales ? m->scales + ((r0 + r) / 128) * sstride : NULL;
 			if (moek_dequantize(m->format, row, sc, 1, m->cols, f) != 0)
 				return -1;
@@ -250,6 +244,63 @@ static int stage_bf16(struct forward_leases *t, const struct moek_matrix *m, uin
 		}
 	}
 	return 0;
+}
+
+/* The BF16 form of an expert's three matrices as a pool job (forward_run_job): each item is
+ * STAGE_ROWS rows of one matrix, run by any worker with its own share of the scratch. Every
+ * row goes through the same calls whichever worker runs it: the bits do not depend on the
+ * split. */
+#define STAGE_ROWS 64u /* 8 groups of the decode layout */
+struct stage_job {
+	const struct moek_matrix *m[3];
+	uint16_t *dst[3];
+	uint32_t first[4]; /* matrix i's items are [first[i], first[i + 1]) */
+	uint8_t *scratch;
+	size_t per_worker, rows_bytes;
+	atomic_bool failed;
+};
+
+static void stage_item(void *arg, uint32_t item, uint32_t worker)
+{
+	struct stage_job *j = arg;
+	int i = 0;
+	while (item >= j->first[i + 1])
+		i++;
+	const struct moek_matrix *m = j->m[i];
+	const size_t r0 = (size_t)(item - j->first[i]) * STAGE_ROWS;
+	const size_t r1 = r0 + STAGE_ROWS < m->rows ? r0 + STAGE_ROWS : m->rows;
+	uint8_t *rows = j->scratch + worker * j->per_worker;
+	if (stage_rows(m, j->dst[i], r0, r1, rows, (float *)(void *)(rows + j->rows_bytes)) != 0)
+		atomic_store_explicit(&j->failed, true, memory_order_relaxed);
+}
+
+/* Stages m[0..2] at dst[0..2] on the engine's workers. 0, or -1 (out of memory, a format the
+ * kernels refuse). */
+static int stage_bf16(struct forward_leases *t, const struct moek_matrix *const m[3],
+                      uint16_t *const dst[3])
+{
+	struct stage_job j = {.first = {0}};
+	size_t cols = 0;
+	for (int i = 0; i < 3; i++) {
+		const size_t rb = moek_row_bytes(m[i]->format, m[i]->cols);
+		if (!rb)
+			return -1;
+		const size_t rows_bytes = ((m[i]->interleave ? 8u : 1u) * rb + 63) & ~(size_t)63;
+		j.rows_bytes = rows_bytes > j.rows_bytes ? rows_bytes : j.rows_bytes;
+		cols = m[i]->cols > cols ? m[i]->cols : cols;
+		j.m[i] = m[i];
+		j.dst[i] = dst[i];
+		j.first[i + 1] =
+		    j.first[i] + (uint32_t)((m[i]->rows + STAGE_ROWS - 1) / STAGE_ROWS);
+	}
+	j.per_worker = (j.rows_bytes + cols * sizeof(float) + 63) & ~(size_t)63;
+	const uint32_t workers = t->e->pool.n_workers ? t->e->pool.n_workers : 1;
+	if (!scratch_fit(t, j.per_worker * workers))
+		return -1;
+	j.scratch = t->scratch;
+	atomic_init(&j.failed, false);
+	forward_run_job(t->e, stage_item, &j, j.first[3]);
+	return atomic_load(&j.failed) ? -1 : 0;
 }
 
 /* The BF16 form of le's three matrices into the staging area, o's descriptions rewritten to
@@ -271,14 +322,19 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 		         (unsigned long long)t->staging_bytes);
 		return MOE_ENOLEASE;
 	}
+	uint16_t *dst[3];
+	for (uint64_t i = 0, at = 0; i < 3; i++) {
+		dst[i] = (uint16_t *)(void *)(t->staging + t->staging_top + at);
+		at += ((uint64_t)m[i]->rows * m[i]->cols * 2 + 4095) & ~(uint64_t)4095;
+	}
+	if (stage_bf16(t, m, dst) != 0) {
+		snprintf(why, len,
+		         "LEASE (BF16) expert %u: a format of %u/%u/%u cannot be "
+		         "dequantized here",
+		         o->expert, m[0]->format, m[1]->format, m[2]->format);
+		return MOE_ENOLEASE;
+	}
 	for (int i = 0; i < 3; i++) {
-		uint16_t *dst = (uint16_t *)(void *)(t->staging + t->staging_top);
-		if (stage_bf16(t, m[i], dst) != 0) {
-			snprintf(why, len,
-			         "LEASE (BF16) expert %u: format %u cannot be dequantized here",
-			         o->expert, m[i]->format);
-			return MOE_ENOLEASE;
-		}
 		const uint64_t b = (uint64_t)m[i]->rows * m[i]->cols * 2;
 		d[i]->format = MOEK_BF16;
 		d[i]->offset = t->staging_top;
