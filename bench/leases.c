@@ -11,8 +11,9 @@
  *              layout's cost to an engine that needs rows): GB/s
  *   O_DIRECT   every expert's extents read with O_DIRECT through io_uring (odirect.h): GB/s
  *
- * Ratios: resident / memcpy, cold / O_DIRECT, deinterleave / memcpy. A timeline of one layer
- * (lease, copy, release) is printed too.
+ * Ratios: resident / memcpy, cold / O_DIRECT, deinterleave / memcpy, and the BF16 form on
+ * every worker against a second sidecar of one worker (--threads 1), alternating. A timeline of one
+ * layer (lease, copy, release) is printed too.
  *
  *   bench_leases [--format q4_k|bf16|q8_0…] [--layers N] [--experts N] [--hidden N] [--ffn N]
  *                [--rounds N] [--file-layout] [--dir DIR]
@@ -50,12 +51,15 @@ static void cleanup(void)
 	unlink(p);
 	snprintf(p, sizeof(p), "%s/s.sock", tmp_dir);
 	unlink(p);
+	snprintf(p, sizeof(p), "%s/s1.sock", tmp_dir);
+	unlink(p);
 	rmdir(tmp_dir);
 }
 
 static char staging_mib[16] = "0"; /* each channel's: room for one layer's BF16 form */
 
-static pid_t spawn(const char *model, const char *sock, const char *budget, bool file_layout)
+static pid_t spawn(const char *model, const char *sock, const char *budget, bool file_layout,
+                   const char *threads)
 {
 	int p[2];
 	if (pipe2(p, O_CLOEXEC) != 0)
@@ -78,12 +82,17 @@ static pid_t spawn(const char *model, const char *sock, const char *budget, bool
 		                        "--log-level",
 		                        "warn",
 		                        "--probes-instance",
-		                        "bench-leases",
+		                        threads ? "bench-leases-1" : "bench-leases",
 		                        "--lease-staging-mib",
 		                        staging_mib,
 		                        NULL};
+		int a = 16;
 		if (file_layout)
-			argv[16] = "--file-layout";
+			argv[a++] = "--file-layout";
+		if (threads) {
+			argv[a++] = "--threads";
+			argv[a++] = threads;
+		}
 		execv(MOE_SIDECAR_BIN, (char *const *)argv);
 		_exit(127);
 	}
@@ -203,7 +212,7 @@ int main(int argc, char **argv)
 	snprintf(staging_mib, sizeof(staging_mib), "%llu",
 	         (unsigned long long)(((uint64_t)experts * 3 * ffn * hidden * 2 >> 20) + 8));
 	/* 50 %: the layers swept in order never find theirs resident after the first ones. */
-	const pid_t pid = spawn(model, sock, "50%", file_layout);
+	const pid_t pid = spawn(model, sock, "50%", file_layout, NULL);
 	if (pid < 0) {
 		fprintf(stderr, "bench_leases: the sidecar did not start\n");
 		return 1;
@@ -297,22 +306,38 @@ int main(int argc, char **argv)
 	moe_lease_release(c, NULL, 0, 5000);
 	const double tl_release = monotonic_s() - tr0;
 	const uint32_t interleaved = le[0].gate.interleave;
-	/* The BF16 form of the same resident layer: GB/s of BF16 rows written to staging. */
-	double bf_s = 1e9;
+	/* The BF16 form of the same resident layer: GB/s of BF16 rows written to staging, on
+	 * this sidecar's workers and, alternating with it, on a second sidecar of one worker
+	 * (--threads 1: the serving thread alone, as before the BF16 form ran on the pool). */
+	char sock1[300];
+	snprintf(sock1, sizeof(sock1), "%s/s1.sock", tmp_dir);
+	const pid_t pid1 = spawn(model, sock1, "50%", file_layout, "1");
+	struct moe_client *c1 = NULL;
+	struct moe_connect_opts o1 = o;
+	o1.socket_path = sock1;
+	if (pid1 < 0 || moe_connect(&o1, &c1) != MOE_OK) {
+		fprintf(stderr, "bench_leases: the one-worker sidecar did not start\n");
+		c1 = NULL;
+	}
+	double bf_s = 1e9, bf1_s = 1e9;
 	uint64_t bf_bytes = 0;
-	for (uint32_t r = 0; r < rounds; r++) {
+	for (uint32_t r = 0; r < rounds * 2; r++) {
+		struct moe_client *cc = (r & 1) && c1 ? c1 : c;
 		const double t0 = monotonic_s();
-		const int rc = moe_lease(c, layer, NULL, experts, MOE_LEASE_BF16, le, 30000);
+		const int rc = moe_lease(cc, layer, NULL, experts, MOE_LEASE_BF16, le, 30000);
 		const double t = monotonic_s() - t0;
 		if (rc != MOE_OK) {
-			fprintf(stderr, "bench_leases: BF16 lease: %s\n", moe_last_error(c));
+			fprintf(stderr, "bench_leases: BF16 lease: %s\n", moe_last_error(cc));
 			break;
 		}
-		bf_s = t < bf_s ? t : bf_s;
+		if (cc == c1)
+			bf1_s = t < bf1_s ? t : bf1_s;
+		else
+			bf_s = t < bf_s ? t : bf_s;
 		bf_bytes = 0;
 		for (uint32_t i = 0; i < experts; i++)
 			bf_bytes += le[i].gate.bytes + le[i].up.bytes + le[i].down.bytes;
-		moe_lease_release(c, NULL, 0, 5000);
+		moe_lease_release(cc, NULL, 0, 5000);
 	}
 
 	const double res_gbs = (double)res_bytes / res_s / 1e9,
@@ -331,15 +356,25 @@ int main(int argc, char **argv)
 	printf("  %-34s %8.2f GB/s   / memcpy %.3f\n", "moe_lease_deinterleave", di_gbs,
 	       di_gbs / cp_gbs);
 	printf("  %-34s %8.2f GB/s\n", "O_DIRECT, every expert", od_gbs);
-	if (bf_bytes)
-		printf("  %-34s %8.2f GB/s of BF16 (%.1f ms a layer, one thread)\n",
+	if (bf_bytes) {
+		printf("  %-34s %8.2f GB/s of BF16 (%.1f ms a layer, every worker)",
 		       "lease BF16 form (resident)", (double)bf_bytes / bf_s / 1e9, bf_s * 1e3);
+		if (c1 && bf1_s < 1e9)
+			printf("   x%.2f of one worker's (%.1f ms)", bf1_s / bf_s, bf1_s * 1e3);
+		printf("\n");
+	}
 	printf("  timeline of one resident layer: lease %.3f ms, copy %.3f ms, de-interleave %.3f "
 	       "ms, release %.3f ms\n",
 	       tl_lease * 1e3, cp_s * 1e3, di_s * 1e3, tl_release * 1e3);
 	moe_close(c);
 	kill(pid, SIGTERM);
 	waitpid(pid, NULL, 0);
+	if (c1)
+		moe_close(c1);
+	if (pid1 > 0) {
+		kill(pid1, SIGTERM);
+		waitpid(pid1, NULL, 0);
+	}
 	free(dst);
 	free(le);
 	free(blocks);

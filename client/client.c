@@ -1684,6 +1684,11 @@ static const struct lease_x8 lease_x8[] = {
     {12, 256, 144, 4, {{0, 2, false}, {2, 2, false}, {4, 12, true}, {16, 128, true}}}, /* Q4_K */
     {30, 16, 32, 1, {{0, 32, true}}},                                                  /* BF16 */
     {1001, 32, 20, 2, {{4, 16, true}, {0, 4, true}}}, /* INT4_G32 */
+    {40, 64, 36, 2, {{4, 32, true}, {0, 4, true}}},   /* NVFP4 */
+    {10, 256, 84, 4, {{80, 2, false}, {82, 2, false}, {0, 16, true}, {16, 64, true}}},   /* Q2_K */
+    {11, 256, 110, 4, {{108, 2, false}, {96, 12, true}, {0, 32, true}, {32, 64, true}}}, /* Q3_K */
+    {20, 32, 18, 2, {{2, 16, true}, {0, 2, false}}},                                 /* IQ4_NL */
+    {23, 256, 136, 4, {{0, 2, false}, {2, 2, false}, {4, 4, true}, {8, 128, true}}}, /* IQ4_XS */
 };
 
 int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,

@@ -529,6 +529,15 @@ int forward_run(struct forward_engine *e, const struct forward_request *q, float
 	return rc;
 }
 
+void forward_run_job(struct forward_engine *e, pool_job_fn fn, void *arg, uint32_t n_items)
+{
+	engine_take(e);
+	/* A deferred wave left behind is joined (its tail stays pending, as when a request's
+	 * first wave starts behind it) */
+	pool_run_job(&e->pool, fn, arg, n_items);
+	engine_give_back(e);
+}
+
 void forward_settle(struct forward_engine *e)
 {
 	engine_take(e);

@@ -42,6 +42,8 @@ struct pool_worker {
 	uint32_t local;       /* worker number within its node */
 	bool started;
 };
+/* One item of a pool job: item i of the job, run by worker `worker` (0 .. n_workers - 1). */
+typedef void (*pool_job_fn)(void *arg, uint32_t item, uint32_t worker);
 struct forward_pool {
 	struct forward_topology *topo;
 	uint32_t n_workers;
@@ -70,6 +72,10 @@ struct forward_pool {
 	uint32_t n_items[3][FORWARD_MAX_NODES];
 	atomic_uint next[3][FORWARD_MAX_NODES];
 	uint32_t item_capacity;
+	/* A job instead of a wave (pool_run_job): its items claimed in the load phase's place by
+	 * every worker, the hidden and down phases empty. NULL for a wave. */
+	pool_job_fn job;
+	void *job_arg;
 };
 /* Workers a pool over topo runs: every node's threads. */
 unsigned pool_worker_count(const struct forward_topology *topo);
@@ -86,6 +92,10 @@ enum { POOL_WAVE_BEHIND = 1u };
 void pool_start_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups,
                      unsigned flags);
 void pool_wait_wave(struct forward_pool *p);
+/* Runs fn(arg, i, worker) for i in [0, n_items) on every worker of every node, the caller
+ * included, and returns once all are done (a wave left behind is joined first). Called like
+ * pool_run_wave: by the thread holding the engine. */
+void pool_run_job(struct forward_pool *p, pool_job_fn fn, void *arg, uint32_t n_items);
 bool pool_runs_behind(const struct forward_pool *p);
 /* How many of the wave's groups (the first ones) a node of `threads` workers runs whole, one
  * worker each for the group's hidden and down rows; the others are cut into one chunk per
@@ -283,5 +293,9 @@ int forward_create_with_hooks(struct forward_engine **out, const struct moe_cata
                               const struct forward_config *config, loader_fault_fn hook,
                               void *hook_arg, loader_populate_fn populate, void *populate_arg,
                               struct sidecar_error *err);
+
+/* Runs a pool job (pool_run_job) on the engine's workers, taking the engine like forward_run
+ * (so no request's wave runs meanwhile). */
+void forward_run_job(struct forward_engine *e, pool_job_fn fn, void *arg, uint32_t n_items);
 
 #endif

@@ -34,6 +34,20 @@ struct lease_entry {
 	bool used;
 };
 
+/* The BF16 form's job: the lease's matrices (3 per expert), each cut into items of
+ * STAGE_ROWS rows (stage_item). */
+#define STAGE_ROWS 64u /* 8 groups of the decode layout */
+#define STAGE_MAX_MATRICES (256u * 3u)
+struct stage_job {
+	const struct moek_matrix *m[STAGE_MAX_MATRICES];
+	uint16_t *dst[STAGE_MAX_MATRICES];
+	uint32_t first[STAGE_MAX_MATRICES + 1]; /* matrix i's items: [first[i], first[i + 1]) */
+	uint32_t n;
+	size_t rows_bytes, cols, per_worker;
+	uint8_t *scratch;
+	atomic_bool failed;
+};
+
 struct forward_leases {
 	struct forward_engine *e;
 	const uint8_t *base; /* the pool's mapping here */
@@ -42,12 +56,13 @@ struct forward_leases {
 	uint64_t bytes, max_bytes;
 	struct lease_entry *entry;
 	/* The BF16 form: the staging area (the caller's shared mapping), filled from its start;
-	 * the top falls back to 0 once no lease holds a part of it. Scratch for one matrix's
-	 * group of rows and one row in f32. */
+	 * the top falls back to 0 once no lease holds a part of it. Scratch: per worker, one
+	 * matrix's group of rows and one row in f32; the lease's job. */
 	uint8_t *staging;
 	uint64_t staging_bytes, staging_top, staging_held;
 	uint8_t *scratch;
 	size_t scratch_bytes;
+	struct stage_job job;
 };
 
 int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len)
@@ -218,30 +233,24 @@ static bool scratch_fit(struct forward_leases *t, size_t bytes)
 	return true;
 }
 
-/* m (described by d, in the pool) as BF16 rows at dst (rows x cols): GGUF rows back from the
- * decode layout (moek_deinterleave, a group of 8 at a time), then the kernels' dequantizer and
- * round to BF16, a row at a time. 0, or -1 (out of memory, a format they refuse). */
-static int stage_bf16(struct forward_leases *t, const struct moek_matrix *m, uint16_t *dst)
+/* Rows [r_begin, r_end) of m (r_begin a multiple of 8) as BF16 rows at dst (rows x cols): GGUF
+ * rows back from the decode layout (moek_deinterleave, a group of 8 at a time), then the
+ * kernels' dequantizer and round to BF16, a row at a time; `rows` holds a group of GGUF rows,
+ * f one row in f32. 0, or -1 (a format they refuse). */
+static int stage_rows(const struct moek_matrix *m, uint16_t *dst, size_t r_begin, size_t r_end,
+                      uint8_t *rows, float *f)
 {
 	const size_t rb = moek_row_bytes(m->format, m->cols);
 	const size_t stride = m->row_stride ? m->row_stride : rb;
 	const size_t group = m->interleave ? 8u : 1u;
-	const size_t rows_bytes = (group * rb + 63) & ~(size_t)63; /* then the f32 row */
-	if (!rb || !scratch_fit(t, rows_bytes + m->cols * sizeof(float)))
-		return -1;
-	uint8_t *rows = t->scratch;
-	float *f = (float *)(void *)(t->scratch + rows_bytes);
+	const size_t sstride = m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
 	const uint8_t *src = m->data;
-	for (size_t r0 = 0; r0 < m->rows; r0 += group) {
+	for (size_t r0 = r_begin; r0 < r_end; r0 += group) {
 		const uint8_t *g = src + r0 * stride; /* interleave: group r0 / 8 at 8 · stride */
-		if (m->interleave) {
-			if (moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
-				return -1;
-		}
-		for (size_t r = 0; r < group && r0 + r < m->rows; r++) {
+		if (m->interleave && moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
+			return -1;
+		for (size_t r = 0; r < group && r0 + r < r_end; r++) {
 			const uint8_t *row = m->interleave ? rows + r * rb : g;
-			const size_t sstride =
-			    m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
 			const float *sc = m->scales ? m->scales + ((r0 + r) / 128) * sstride : NULL;
 			if (moek_dequantize(m->format, row, sc, 1, m->cols, f) != 0)
 				return -1;
@@ -252,11 +261,37 @@ static int stage_bf16(struct forward_leases *t, const struct moek_matrix *m, uin
 	return 0;
 }
 
-/* The BF16 form of le's three matrices into the staging area, o's descriptions rewritten to
- * it. MOE_OK, or MOE_ENOLEASE with why (the area is full, a format not dequantized). */
+/* The BF16 form of a lease's matrices as one pool job (forward_run_job): each item is
+ * STAGE_ROWS rows of one matrix, run by any worker with its own share of the scratch. One job
+ * for the whole lease, so a worker held up (a busy CPU) delays one item's end, not every
+ * expert's. Every row goes through the same calls whichever worker runs it: the bits do not
+ * depend on the split. */
+static void stage_item(void *arg, uint32_t item, uint32_t worker)
+{
+	struct stage_job *j = arg;
+	uint32_t lo = 0, hi = j->n; /* the matrix i with first[i] <= item < first[i + 1] */
+	while (hi - lo > 1) {
+		const uint32_t mid = (lo + hi) / 2;
+		if (j->first[mid] <= item)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	const struct moek_matrix *m = j->m[lo];
+	const size_t r0 = (size_t)(item - j->first[lo]) * STAGE_ROWS;
+	const size_t r1 = r0 + STAGE_ROWS < m->rows ? r0 + STAGE_ROWS : m->rows;
+	uint8_t *rows = j->scratch + worker * j->per_worker;
+	if (stage_rows(m, j->dst[lo], r0, r1, rows, (float *)(void *)(rows + j->rows_bytes)) != 0)
+		atomic_store_explicit(&j->failed, true, memory_order_relaxed);
+}
+
+/* Room in the staging area for le's three matrices, o's descriptions rewritten to it, and the
+ * matrices added to the lease's job (stage_run fills them). MOE_OK, or MOE_ENOLEASE with why
+ * (the area is full, a format not dequantized). */
 static int stage_expert(struct forward_leases *t, struct lease_entry *le,
                         struct moe_lease_expert *o, char *why, size_t len)
 {
+	struct stage_job *j = &t->job;
 	const struct moek_matrix *m[3] = {&le->h.view.gate, &le->h.view.up, &le->h.view.down};
 	struct moe_lease_matrix *d[3] = {&o->gate, &o->up, &o->down};
 	uint64_t need = 0;
@@ -272,13 +307,21 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 		return MOE_ENOLEASE;
 	}
 	for (int i = 0; i < 3; i++) {
-		uint16_t *dst = (uint16_t *)(void *)(t->staging + t->staging_top);
-		if (stage_bf16(t, m[i], dst) != 0) {
+		const size_t rb = moek_row_bytes(m[i]->format, m[i]->cols);
+		if (!rb || j->n >= STAGE_MAX_MATRICES) {
 			snprintf(why, len,
 			         "LEASE (BF16) expert %u: format %u cannot be dequantized here",
 			         o->expert, m[i]->format);
 			return MOE_ENOLEASE;
 		}
+		const size_t rows_bytes = ((m[i]->interleave ? 8u : 1u) * rb + 63) & ~(size_t)63;
+		j->rows_bytes = rows_bytes > j->rows_bytes ? rows_bytes : j->rows_bytes;
+		j->cols = m[i]->cols > j->cols ? m[i]->cols : j->cols;
+		j->m[j->n] = m[i];
+		j->dst[j->n] = (uint16_t *)(void *)(t->staging + t->staging_top);
+		j->first[j->n + 1] =
+		    j->first[j->n] + (uint32_t)((m[i]->rows + STAGE_ROWS - 1) / STAGE_ROWS);
+		j->n++;
 		const uint64_t b = (uint64_t)m[i]->rows * m[i]->cols * 2;
 		d[i]->format = MOEK_BF16;
 		d[i]->offset = t->staging_top;
@@ -292,6 +335,26 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 	}
 	le->staged = need;
 	t->staging_held += need;
+	return MOE_OK;
+}
+
+/* Runs the lease's job on the engine's workers. MOE_OK, or MOE_ENOLEASE with why. */
+static int stage_run(struct forward_leases *t, char *why, size_t len)
+{
+	struct stage_job *j = &t->job;
+	j->per_worker = (j->rows_bytes + j->cols * sizeof(float) + 63) & ~(size_t)63;
+	const uint32_t workers = t->e->pool.n_workers ? t->e->pool.n_workers : 1;
+	if (!scratch_fit(t, j->per_worker * workers)) {
+		snprintf(why, len, "LEASE (BF16): out of memory for %u workers' scratch", workers);
+		return MOE_ENOLEASE;
+	}
+	j->scratch = t->scratch;
+	atomic_store_explicit(&j->failed, false, memory_order_relaxed);
+	forward_run_job(t->e, stage_item, j, j->first[j->n]);
+	if (atomic_load_explicit(&j->failed, memory_order_relaxed)) {
+		snprintf(why, len, "LEASE (BF16): a matrix's format cannot be dequantized here");
+		return MOE_ENOLEASE;
+	}
 	return MOE_OK;
 }
 
@@ -401,6 +464,8 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 		sleep_ns(LEASE_POLL_NS);
 	}
 	res->waited = waited;
+	t->job.n = 0;
+	t->job.rows_bytes = t->job.cols = 0;
 	for (uint32_t i = 0; i < n && status == MOE_OK; i++) {
 		struct lease_entry *le = &t->entry[idx[i]];
 		const struct moek_expert *v = &le->h.view;
@@ -425,6 +490,8 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 				res->bad = i;
 		}
 	}
+	if (status == MOE_OK && bf16 && (status = stage_run(t, why, len)) != MOE_OK)
+		res->bad = 0;
 	if (status != MOE_OK) { /* all or nothing: what this call took goes back */
 		for (uint32_t i = 0; i < n; i++) {
 			struct lease_entry *le = &t->entry[idx[i]];

@@ -65,6 +65,12 @@ static void run_phase(struct forward_pool *p, unsigned phase, const struct pool_
 		    atomic_fetch_add_explicit(&p->next[phase][node], 1, memory_order_relaxed);
 		if (i >= n)
 			break;
+		if (p->job) { /* a job: its items in the load phase's place */
+			p->job(p->job_arg, i, w->index);
+			if (atomic_fetch_add(&p->done[phase], 1) + 1 == p->target[phase])
+				spin_wake_all(&p->done[phase], &p->done_sleepers);
+			continue;
+		}
 		const struct pool_item *it = &p->items[phase][node][i];
 		const struct wave_group *g = &p->groups[it->group];
 		const struct moek_ffn_call *c = &g->call;
@@ -248,6 +254,7 @@ void pool_start_wave(struct forward_pool *p, struct wave_group *groups, uint32_t
 		sched_yield();
 	p->groups = groups;
 	p->n_groups = n_groups;
+	p->job = NULL;
 	for (unsigned ph = 0; ph < 3; ph++)
 		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
 			p->n_items[ph][n] = 0;
@@ -294,6 +301,31 @@ void pool_wait_wave(struct forward_pool *p)
 		return;
 	run_wave_as(p, &p->workers[0]); /* joins: helps with what is left, waits for the rest */
 	p->in_flight = false;
+}
+
+void pool_run_job(struct forward_pool *p, pool_job_fn fn, void *arg, uint32_t n_items)
+{
+	pool_wait_wave(p);
+	atomic_fetch_add(&p->wave_seq, 1); /* odd: as pool_start_wave */
+	while (atomic_load(&p->active) != 0)
+		sched_yield();
+	p->groups = NULL;
+	p->n_groups = 0;
+	p->job = fn;
+	p->job_arg = arg;
+	for (unsigned ph = 0; ph < 3; ph++)
+		for (uint32_t n = 0; n < p->topo->n_nodes; n++) {
+			p->n_items[ph][n] = 0;
+			atomic_store_explicit(&p->next[ph][n], 0, memory_order_relaxed);
+		}
+	p->n_items[PHASE_LOAD][0] = n_items; /* the load phase's items are node 0's list */
+	for (unsigned ph = 0; ph < 3; ph++)
+		p->target[ph] = atomic_load_explicit(&p->done[ph], memory_order_relaxed) +
+		                (ph == PHASE_LOAD ? n_items : 0);
+	p->in_flight = false;
+	atomic_fetch_add(&p->wave_seq, 1);
+	spin_wake_all(&p->wave_seq, &p->wave_sleepers);
+	run_wave_as(p, &p->workers[0]);
 }
 
 void pool_run_wave(struct forward_pool *p, struct wave_group *groups, uint32_t n_groups)

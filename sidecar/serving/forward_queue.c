@@ -725,7 +725,9 @@ void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	if (sqe->op == MOE_OP_LEASE) {
 		struct slot_areas a;
 		channel_slot_areas(ch, sqe->slot, &a);
-		now = forward_would_run_now(o->engine, sqe->layer, a.expert_ids, n);
+		/* The BF16 form runs on the engine's workers (taking the engine): never here */
+		now = !(sqe->flags & MOE_LEASE_BF16) &&
+		      forward_would_run_now(o->engine, sqe->layer, a.expert_ids, n);
 	}
 	pthread_mutex_lock(&o->lock);
 	if (o->shutting_down || mc->closing) {

@@ -122,6 +122,18 @@ Test(leases, mxfp4_rows_are_the_files)
 {
 	leases_equal_file_both_layouts("mxfp4");
 }
+Test(leases, q2_k_rows_are_the_files)
+{
+	leases_equal_file_both_layouts("q2_k");
+}
+Test(leases, q3_k_rows_are_the_files)
+{
+	leases_equal_file_both_layouts("q3_k");
+}
+Test(leases, nvfp4_rows_are_the_files)
+{
+	leases_equal_file_both_layouts("nvfp4");
+}
 
 /* The shared mapping is read-only: a write faults (SIGSEGV in a child), and the memfd cannot
  * be mapped writable again (its seals). */
