@@ -400,6 +400,9 @@ uint32_t forward_stats_layers(const struct forward_engine *e);
 int forward_node_residency(struct forward_engine *e, uint32_t node, struct residency_counters *out);
 /* Fills *out (out->layers must point at forward_stats_layers() entries). */
 void forward_stats(struct forward_engine *e, struct forward_stats *out);
+/* RESIDENCY: bytes of the slot pools resident in memory now (they are pre-faulted behind
+ * create, so RSS holds only this part of pool_bytes); 0 for the other sources. */
+uint64_t forward_pool_resident_bytes(struct forward_engine *e);
 
 /* The engine's own JSON view, for tests and tools that run an engine in process; the daemon's
  * STATS document is written from sidecar/serving/stats_table.h (stats_doc.c) instead.

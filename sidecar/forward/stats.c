@@ -106,6 +106,13 @@ void forward_stats(struct forward_engine *e, struct forward_stats *out)
 	out->request_bytes = e->ctx[0].bytes + e->ctx[1].bytes;
 }
 
+uint64_t forward_pool_resident_bytes(struct forward_engine *e)
+{
+	return e->w.source == FORWARD_SOURCE_RESIDENCY && e->w.res
+	           ? residency_pool_resident_bytes(e->w.res)
+	           : 0;
+}
+
 void forward_stats_write(const struct forward_stats *st, struct json_writer *w)
 {
 #define WRITE(f) jw_kv_u64(w, #f, st->f);

@@ -1429,3 +1429,11 @@ int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **ba
 	*bytes = r->node[0].pool.map_bytes;
 	return 0;
 }
+
+uint64_t residency_pool_resident_bytes(const struct residency *r)
+{
+	uint64_t bytes = 0;
+	for (uint32_t n = 0; n < r->n_nodes; n++)
+		bytes += slot_pool_resident_bytes(&r->node[n].pool);
+	return bytes;
+}

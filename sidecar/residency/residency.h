@@ -297,6 +297,8 @@ uint32_t residency_n_nodes(const struct residency *r);
 /* The shared pool (config.shareable_pool, one node): its memfd (the residency's: dup it to
  * keep it), its mapping here and its length. An expert_ref's data lie at data - *base in that
  * memfd. 0, or -1 when the pool is private or there are several nodes' pools. */
+/* Bytes of every node's slot pool resident in memory now (slot_pool_resident_bytes). */
+uint64_t residency_pool_resident_bytes(const struct residency *r);
 int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base,
                           uint64_t *bytes);
 

@@ -233,3 +233,23 @@ void slot_pool_put(struct slot_pool *pool, uint32_t slot)
 	pool->free_slots[k->first + k->n_free++] = slot;
 	pool->n_free++;
 }
+
+uint64_t slot_pool_resident_bytes(const struct slot_pool *pool)
+{
+	enum { CHUNK = 4096 }; /* pages looked at per mincore call */
+	const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	unsigned char vec[CHUNK];
+	uint64_t resident = 0;
+	if (!pool->base)
+		return 0;
+	for (size_t off = 0; off < pool->slots_bytes; off += (size_t)CHUNK * page) {
+		const size_t len = pool->slots_bytes - off < (size_t)CHUNK * page
+		                       ? pool->slots_bytes - off
+		                       : (size_t)CHUNK * page;
+		if (mincore(pool->base + off, len, vec) != 0)
+			return resident;
+		for (size_t i = 0; i < (len + page - 1) / page; i++)
+			resident += vec[i] & 1u;
+	}
+	return resident * page < pool->slots_bytes ? resident * page : pool->slots_bytes;
+}

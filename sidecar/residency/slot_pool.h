@@ -108,6 +108,9 @@ static inline size_t slot_pool_slot_bytes(const struct slot_pool *pool, uint32_t
  * where the kernel lacks it, zeroes the range: call it before any slot of the range is used).
  * Any thread; offset a multiple of SLOT_ALIGN. */
 void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes);
+/* Bytes of the pool's slots resident in memory now (mincore, page by page): what of it the
+ * process's RSS holds. A page once resident stays so (the pool is never given back). */
+uint64_t slot_pool_resident_bytes(const struct slot_pool *pool);
 
 /* A free slot of class `c`, or SLOT_NONE. */
 uint32_t slot_pool_get(struct slot_pool *pool, uint32_t c);

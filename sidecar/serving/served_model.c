@@ -442,8 +442,15 @@ static int record_what_is_held(struct serve_model *m, const struct serve_model_c
 	m->desc.mem_limit_bytes = cfg->mem_limit;
 	snprintf(m->desc.mem_limit_from, sizeof(m->desc.mem_limit_from), "%s",
 	         cfg->mem_limit_from ? cfg->mem_limit_from : "");
+	/* The slot pools are pre-faulted behind READY: what RSS does not hold of them yet is held
+	 * all the same. Their resident pages are counted before RSS is read (a page once resident
+	 * stays), so a page faulted in between counts twice, never none. */
+	const uint64_t pool_resident = forward_pool_resident_bytes(m->engine);
 	const uint64_t rss = mem_rss_self();
-	m->desc.mem_fixed_bytes = rss + st.request_bytes;
+	const uint64_t unpopulated = st.residency.pool_groups && st.pool_bytes > pool_resident
+	                                 ? st.pool_bytes - pool_resident
+	                                 : 0;
+	m->desc.mem_fixed_bytes = rss + unpopulated + st.request_bytes;
 	struct forward_topology_info topo;
 	forward_topology(m->engine, &topo);
 	m->desc.n_nodes = topo.n_nodes;
@@ -457,9 +464,10 @@ static int record_what_is_held(struct serve_model *m, const struct serve_model_c
 		return error_set(err, MOE_ENOMEM, "out of memory");
 	log_info("serve", "probes %s", pagecache_status(m->probes));
 	log_info("serve",
-	         "memory held_bytes=%" PRIu64 " (resident %" PRIu64 ", slot pools included, + "
-	         "request buffers %" PRIu64 ") limit_bytes=%" PRIu64 " left_for_channels=%" PRIu64,
-	         m->desc.mem_fixed_bytes, rss, st.request_bytes, cfg->mem_limit,
+	         "memory held_bytes=%" PRIu64 " (resident %" PRIu64 " + slot pools not yet "
+	         "populated %" PRIu64 " + request buffers %" PRIu64 ") limit_bytes=%" PRIu64
+	         " left_for_channels=%" PRIu64,
+	         m->desc.mem_fixed_bytes, rss, unpopulated, st.request_bytes, cfg->mem_limit,
 	         cfg->mem_limit > m->desc.mem_fixed_bytes ? cfg->mem_limit - m->desc.mem_fixed_bytes
 	                                                  : 0);
 	return 0;
