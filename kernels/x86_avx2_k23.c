@@ -307,16 +307,6 @@ ALWAYS_INLINE int x8_code_shift(bool vnni, int s)
 	return vnni ? 2 * s : 2 * (s % 2);
 }
 
-/* Q3_K: 4 · (bit n of each hmask byte). */
-ALWAYS_INLINE __m256i x8_hbit4(__m256i hm, int n)
-{
-	const __m256i four = _mm256_set1_epi8(4);
-	if (n == 2)
-		return _mm256_and_si256(hm, four);
-	return _mm256_and_si256(n > 2 ? _mm256_srli_epi16(hm, n - 2) : _mm256_slli_epi16(hm, 2 - n),
-	                        four);
-}
-
 /* isum + scale · Σ_u code[u] · y[4u..4u+3] for one sub-block of one token, the codes
  * carrying a factor 2^shift (divided back out exactly: every product is a multiple). */
 ALWAYS_INLINE __m256i x8_sub_block(bool vnni, __m256i isum, const __m256i c[4], int shift,

@@ -343,6 +343,11 @@ static void check_concurrent(void)
 	struct forward_engine *e = make_engine(&m, &s, 4);
 	if (e) {
 		struct caller c[3] = {{e, &m, 0, 0, 0}, {e, &m, 1, 0, 0}, {e, &m, 2, 0, 0}};
+		/* The callers are attached clients, as channels are: client 9's mask alone then
+		 * never masks an expert for them (the residency gets the attached clients'
+		 * intersection; unattached, theirs would be client 9's). */
+		forward_client_attach(e, 0);
+		forward_client_attach(e, 1);
 		pthread_t t[3];
 		pthread_create(&t[0], NULL, run_requests, &c[0]);
 		pthread_create(&t[1], NULL, run_requests, &c[1]);
