@@ -335,7 +335,7 @@ int weights_demand(const struct forward_weights *w, uint32_t moe_layer, struct h
 		    (wait ? 0u : RESIDENCY_NOWAIT) | (hd->counted ? RESIDENCY_RETRY : 0u);
 		const int rc =
 		    residency_acquire(w->res, moe_layer, hd->expert,
-		                      hd->score > 0 ? hd->score : -1.0f, flags, &hd->ref);
+		                      hd->score >= 0 ? hd->score : -1.0f, flags, &hd->ref);
 		if (!hd->counted && (rc == 0 || rc == -EINPROGRESS)) {
 			hd->counted = true;
 			*found = pre == EXPERT_RESIDENT  ? WEIGHTS_HIT

@@ -208,8 +208,11 @@ static int create(struct residency_policy *p, const struct policy_spec *spec, ui
 	p->visited = calloc(p->n_ids, 1);
 	p->heat = calloc(p->n_ids, sizeof(*p->heat));
 	p->heat_at = calloc(p->n_ids, sizeof(*p->heat_at));
-	if (!p->heat_at || !p->quota || !p->count || !p->queues || !p->prev || !p->next ||
-	    !p->in_queue || !p->visited || !p->heat) {
+	p->visits = calloc(n_layers, sizeof(*p->visits));
+	p->seen = calloc(p->n_ids, sizeof(*p->seen));
+	p->last_layer = POLICY_NONE;
+	if (!p->heat_at || !p->visits || !p->seen || !p->quota || !p->count || !p->queues ||
+	    !p->prev || !p->next || !p->in_queue || !p->visited || !p->heat) {
 		policy_destroy(p);
 		return error_set(err, MOE_ENOMEM, "policy: out of memory for %u experts",
 		                 n_layers * n_experts);
@@ -218,8 +221,7 @@ static int create(struct residency_policy *p, const struct policy_spec *spec, ui
 		p->queues[i] = (struct policy_queue){POLICY_NONE, POLICY_NONE, POLICY_NONE};
 	/* Equal shares over the unpinned layers; the remainder goes to the first ones. */
 	p->half_life = spec->heat_half_life > 0    ? spec->heat_half_life
-	               : spec->kind == POLICY_HEAT ? (float)(p->capacity ? p->capacity : 1) *
-	                                                 POLICY_HEAT_HALF_LIFE_CAPACITIES
+	               : spec->kind == POLICY_HEAT ? POLICY_HEAT_HALF_LIFE_TOKENS
 	                                           : (float)(p->capacity ? p->capacity : 1);
 	if (spec->per_layer && layer_experts) {
 		/* Shares in proportion to the layers' members; the remainder, one slot each, to
@@ -258,6 +260,8 @@ void policy_destroy(struct residency_policy *p)
 	free(p->visited);
 	free(p->heat);
 	free(p->heat_at);
+	free(p->visits);
+	free(p->seen);
 	memset(p, 0, sizeof(*p));
 }
 
@@ -287,16 +291,24 @@ static void queue_unlink(struct residency_policy *p, struct policy_queue *q, uin
 		q->tail = newer;
 }
 
-/* Heat = Σ score · 2^(-age / half_life): an exponentially decayed average of the router
- * scores an expert received (up to the constant half_life / ln 2), so it grows with both how
- * often and how strongly the router picks it, and fades when it stops being picked. */
+/* sieve-heat: heat = Σ score · 2^(-age / half_life) over the policy's scored events: an
+ * exponentially decayed average of the router scores an expert received, so it grows with
+ * both how often and how strongly the router picks it, and fades when it stops being picked.
+ * heat: Σ 1 · 2^(-age / half_life) over its layer's visits — a decayed count of the uses,
+ * what a load costs whatever the score, in tokens of its own layer, so it is the rate at
+ * which the layer needs the expert (× half_life / ln 2) whatever the other layers do. */
 static void update_heat(struct residency_policy *p, uint32_t id, float score)
 {
 	if (!(score >= 0))
-		return; /* no score (prefetch), or NaN */
+		return; /* no score (prefetch, warm-up), or NaN: not a use */
 	p->now++;
+	const uint32_t layer = id / p->n_experts;
+	if (layer != p->last_layer || p->seen[id] == p->visits[layer])
+		p->visits[layer]++; /* a new visit: another layer came between, or a repeat */
+	p->last_layer = layer;
+	p->seen[id] = p->visits[layer];
 	policy_heat_settle(p, id);
-	float h = p->heat[id] + score;
+	float h = p->heat[id] + (p->spec.kind == POLICY_HEAT ? 1.0f : score);
 	float max = POLICY_HEAT_MAX * p->spec.heat_keep;
 	p->heat[id] = h < max || p->spec.kind == POLICY_HEAT ? h : max;
 }

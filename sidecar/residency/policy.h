@@ -15,7 +15,8 @@
  *   sieve        SIEVE (NSDI'24): FIFO queue, a visited bit, a hand moving tail → head
  *   sieve-heat   SIEVE whose hand also spares experts with high heat: an exponentially
  *                decayed average of router scores over time, raised by lookahead hints
- *   heat         the coldest expert goes: heat with a long half-life (decayed frequency)
+ *   heat         the expert its layer used least lately goes: a count of its uses decayed
+ *                with a half-life of 128 of its layer's tokens (a frequency estimate)
  * Modifiers, appended with '+':
  *   +layer       layer-aware capacity: one queue and an equal share of the capacity per
  *                layer (a single global queue is a known trap: layers are visited cyclically)
@@ -49,9 +50,9 @@ struct policy_spec {
 	enum policy_kind kind;
 	bool per_layer;       /* +layer: one partition per layer */
 	uint32_t pin_layers;  /* +pinN: layers [0, N) fully resident */
-	float heat_half_life; /* sieve-heat, heat: accesses for a score to lose half its
-	                         weight (0, the default: the policy's capacity; heat:
-	                         POLICY_HEAT_HALF_LIFE_CAPACITIES times that) */
+	float heat_half_life; /* sieve-heat: scored events for a score to lose half its
+	                         weight (0, the default: the policy's capacity); heat: its
+	                         layer's visits for a use to (0: POLICY_HEAT_HALF_LIFE_TOKENS) */
 	float heat_keep;      /* sieve-heat: heat at or above which the hand spares (default 2) */
 };
 
@@ -85,9 +86,15 @@ struct residency_policy {
 	uint32_t *prev, *next;
 	uint8_t *in_queue, *visited;
 	float *heat;       /* as of heat_at[id] */
-	uint64_t *heat_at; /* policy clock (accesses + insertions with a score) */
+	uint64_t *heat_at; /* policy_clock (policy_internal.h) at the last update */
 	uint64_t now;
 	float half_life; /* resolved heat_half_life */
+	/* heat's clock: its layer's visits — a run of scored events (uses) on one layer with
+	 * no expert twice: a token's (or a batch's) demand of that layer's experts of this
+	 * policy — so it ages in tokens of its own layer. */
+	uint64_t *visits;    /* [n_layers] */
+	uint64_t *seen;      /* [n_ids] the visit of the expert's last scored event */
+	uint32_t last_layer; /* the layer of the last scored event (POLICY_NONE: none yet) */
 };
 
 /* Creates a policy for n_layers × n_experts over `capacity` slots in total. Pinned layers

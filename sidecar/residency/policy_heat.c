@@ -1,10 +1,12 @@
-/* policy_heat.c — heat: evict the coldest expert, where heat is the policy's exponentially
- * decayed sum of router scores (policy.c, update_heat) with a long half-life —
- * POLICY_HEAT_HALF_LIFE_CAPACITIES × the capacity, in policy accesses, unless the spec sets
- * one — so it ranks experts by how often and how strongly the router picked them lately
- * (frequency), where LRU and SIEVE rank by the last use (recency). Unlike sieve-heat's its
- * heat is not capped: the order among hot experts is kept. Ties go to the oldest in the
- * queue. A prefetch of priority p only takes an expert colder than p.
+/* policy_heat.c — heat: evict the expert its layer used least lately, where heat is a count
+ * of the expert's uses decayed over its layer's visits (policy.c, update_heat) with a
+ * half-life of POLICY_HEAT_HALF_LIFE_TOKENS of them unless the spec sets one — an estimate
+ * of how often the layer needs it (frequency), where LRU and SIEVE rank by the last use
+ * (recency). A use counts 1 whatever its router score: a miss reads the same bytes either
+ * way. The heat is kept for experts that left (a returning expert brings its count), and is
+ * not capped. Ties go to the oldest in the queue. A prefetch of priority p only takes an
+ * expert colder than p (p = 1: a decayed count below one use, a rate below about one use
+ * in half_life / ln 2 of its layer's tokens).
  *
  * The victim search scans the partition (a layer's share with +layer): O(experts held), under
  * the residency lock, once per admission that evicts. */

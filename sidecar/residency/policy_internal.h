@@ -13,9 +13,10 @@
 
 /* Heat is clamped to this multiple of heat_keep, which bounds SIEVE+heat's hand walk. */
 #define POLICY_HEAT_MAX 64.0f
-/* heat: the default half-life, in policy accesses, as a multiple of the capacity (the
- * simulator's sweep: 64 and more gain alike, 1 to 4 lose to sieve+layer; docs/residency.md). */
-#define POLICY_HEAT_HALF_LIFE_CAPACITIES 256.0f
+/* heat: the default half-life, in visits of the expert's layer (tokens): the simulator's
+ * sweep over 32..∞ on the presets and recorded traces (docs/residency.md, "The default
+ * policy"): 64–256 read alike, 128 the least; ∞ (a plain count) and 32 read more. */
+#define POLICY_HEAT_HALF_LIFE_TOKENS 128.0f
 
 /* One partition's queue: a doubly-linked list of ids, head = newest, tail = oldest.
  * next[id] points toward the tail (older), prev[id] toward the head (newer). */
@@ -29,10 +30,17 @@ static inline uint32_t policy_partition(const struct residency_policy *p, uint32
 	return p->spec.per_layer ? id / p->n_experts : 0;
 }
 
+/* The clock an expert's heat ages by: heat, its layer's visits (tokens); sieve-heat, the
+ * policy's scored events. */
+static inline uint64_t policy_clock(const struct residency_policy *p, uint32_t id)
+{
+	return p->spec.kind == POLICY_HEAT ? p->visits[id / p->n_experts] : p->now;
+}
+
 /* Heat decayed to the policy's clock. */
 static inline float policy_heat_now(const struct residency_policy *p, uint32_t id)
 {
-	uint64_t age = p->now - p->heat_at[id];
+	uint64_t age = policy_clock(p, id) - p->heat_at[id];
 	if (!age || p->heat[id] == 0)
 		return p->heat[id];
 	return p->heat[id] * exp2f(-(float)age / p->half_life);
@@ -42,7 +50,7 @@ static inline float policy_heat_now(const struct residency_policy *p, uint32_t i
 static inline void policy_heat_settle(struct residency_policy *p, uint32_t id)
 {
 	p->heat[id] = policy_heat_now(p, id);
-	p->heat_at[id] = p->now;
+	p->heat_at[id] = policy_clock(p, id);
 }
 
 /* Halves the heat (the SIEVE+heat hand sparing an expert). */

@@ -1370,7 +1370,7 @@ int residency_demand_layer(struct residency *r, uint32_t layer, struct residency
 			continue; /* the second pass reads it */
 		const unsigned flags = RESIDENCY_NOWAIT | (h->counted ? RESIDENCY_RETRY : 0u);
 		const int rc = residency_acquire(r, layer, h->expert,
-		                                 h->score > 0 ? h->score : -1.0f, flags, &h->ref);
+		                                 h->score >= 0 ? h->score : -1.0f, flags, &h->ref);
 		if (!h->counted && (rc == 0 || rc == -EINPROGRESS)) {
 			h->counted = true;
 			h->found = pre == EXPERT_RESIDENT  ? RESIDENCY_FOUND_HIT

@@ -251,8 +251,8 @@ enum residency_found {
  * record: the layer calls walk an array of those with a stride. */
 struct residency_hold {
 	uint32_t expert;
-	float score;   /* the router's weights for it in this layer's tokens × top-k (heat;
-	                  0: none) */
+	float score;   /* the router's weights for it in this layer's tokens × top-k (heat:
+	                  a use whatever it is, 0 included; sieve-heat: added) */
 	bool pending;  /* still to be demanded: the layer demand skips the others */
 	bool held;     /* ref holds the expert (residency_release_layer lets it go) */
 	bool counted;  /* the demand was counted: follow-ups are RESIDENCY_RETRY */

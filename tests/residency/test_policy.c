@@ -220,25 +220,30 @@ Test(policy_heat, decayed_sum_of_scores)
 	policy_destroy(&p);
 }
 
-/* heat: the coldest goes (decayed sum of scores, uncapped), the oldest on a tie; a prefetch
- * only takes one colder than its priority; the half-life defaults to 256 capacities. */
+/* heat: the coldest goes (a decayed count of uses, uncapped), the oldest on a tie; a
+ * prefetch only takes one colder than its priority; the half-life defaults to 128 tokens. */
 Test(policy_heat, the_coldest_goes_and_prefetch_only_below_its_priority)
 {
 	struct residency_policy p = make("heat", 1, 8, 3);
-	cr_assert_float_eq(p.half_life, 3.0f * 256.0f, 1e-3);
-	admit(&p, 0); /* heats 1 */
+	cr_assert_float_eq(p.half_life, POLICY_HEAT_HALF_LIFE_TOKENS, 1e-6);
+	admit(&p, 0); /* heats 1, in the layer's first visit */
 	admit(&p, 1);
 	admit(&p, 2);
-	for (int i = 0; i < 200; i++)
-		policy_access(&p, 0, 1.0f); /* far above sieve-heat's cap of 128 */
-	policy_access(&p, 2, 1.0f);
-	cr_assert_gt(policy_heat_now(&p, 0), 150.0f, "uncapped");
-	/* 1 is the coldest (one score, decayed the longest). */
+	for (int i = 0; i < 400; i++)
+		policy_access(&p, 0, 1.0f); /* each a repeat: a visit of its own */
+	cr_assert_eq(p.visits[0], 401);
+	policy_access(&p, 2, 1.0f); /* in 0's last visit */
+	cr_assert_eq(p.visits[0], 401);
+	const float h0 = (1.0f - exp2f(-401.0f / 128)) / (1.0f - exp2f(-1.0f / 128));
+	cr_assert_float_eq(policy_heat_now(&p, 0), h0, 1e-2, "uncapped (sieve-heat's is 128)");
+	cr_assert_gt(h0, 128.0f);
+	/* 1 is the coldest (one use, 400 visits ago: 0.11). */
+	cr_assert_float_eq(policy_heat_now(&p, 1), exp2f(-400.0f / 128), 1e-5);
 	cr_assert_eq(policy_victim(&p, 3, NULL, NULL), 1);
-	cr_assert_eq(policy_prefetch_victim(&p, 3, 0.5f, NULL, NULL), POLICY_NONE,
-	             "nothing colder than 0.5");
-	cr_assert_eq(policy_prefetch_victim(&p, 3, 1.5f, NULL, NULL), 1);
-	/* With 1 in use, 2 (two scores) goes before 0 (201). */
+	cr_assert_eq(policy_prefetch_victim(&p, 3, 0.1f, NULL, NULL), POLICY_NONE,
+	             "nothing colder than 0.1");
+	cr_assert_eq(policy_prefetch_victim(&p, 3, 0.5f, NULL, NULL), 1);
+	/* With 1 in use, 2 (two uses) goes before 0 (401). */
 	uint32_t busy = 1;
 	cr_assert_eq(policy_victim(&p, 3, not_busy_id, &busy), 2);
 	/* Equal heats: the oldest. */
@@ -246,9 +251,53 @@ Test(policy_heat, the_coldest_goes_and_prefetch_only_below_its_priority)
 	admit(&q, 5);
 	admit(&q, 6);
 	q.heat[5] = q.heat[6] = 1.0f;
-	q.heat_at[5] = q.heat_at[6] = q.now;
+	q.heat_at[5] = q.heat_at[6] = policy_clock(&q, 5);
 	cr_assert_eq(policy_victim(&q, 7, NULL, NULL), 5);
 	policy_destroy(&q);
+	policy_destroy(&p);
+}
+
+/* heat counts uses, not scores (a miss reads the same bytes whatever its score), and ages in
+ * its own layer's tokens: the expert a layer used twice with low scores outlives the one it
+ * used once with a high score, and no number of other layers' tokens ages a layer's heat. */
+Test(policy_heat, counts_uses_in_its_layers_tokens)
+{
+	struct residency_policy p = make("heat+layer", 2, 4, 4); /* 2 slots per layer */
+	const uint32_t a = policy_id(&p, 0, 0), b = policy_id(&p, 0, 1), c = policy_id(&p, 0, 2);
+	const uint32_t x = policy_id(&p, 1, 0);
+	/* Token 1: layer 0 uses a (score 3.0) and b (0.1), layer 1 uses x. */
+	policy_insert(&p, a, 3.0f);
+	policy_insert(&p, b, 0.1f);
+	policy_insert(&p, x, 1.0f);
+	/* Token 2: layer 0 uses b again (0.1), layer 1 uses x. */
+	policy_access(&p, b, 0.1f);
+	policy_access(&p, x, 1.0f);
+	cr_assert_eq(p.visits[0], 2);
+	cr_assert_eq(p.visits[1], 2);
+	cr_assert_float_eq(policy_heat_now(&p, a), exp2f(-1.0f / 128), 1e-6);
+	cr_assert_float_eq(policy_heat_now(&p, b), 1.0f + exp2f(-1.0f / 128), 1e-6);
+	/* A new expert of layer 0 evicts a: used once (a sum of scores would keep a, 3.0
+	 * against b's 0.2). */
+	cr_assert_eq(policy_make_room(&p, c, NULL, NULL), a);
+	/* 1000 tokens of layer 1 alone (x repeated: each a new visit of layer 1). */
+	const float hb = policy_heat_now(&p, b);
+	for (int i = 0; i < 1000; i++)
+		policy_access(&p, x, 1.0f);
+	cr_assert_eq(p.visits[1], 1002);
+	cr_assert_eq(p.visits[0], 2, "another layer's tokens are not this layer's");
+	cr_assert_float_eq(policy_heat_now(&p, b), hb, 1e-6, "b did not age");
+	/* 128 more tokens of layer 0 (b repeated): a's use loses exactly half its weight. */
+	const float ha = policy_heat_now(&p, a);
+	for (int i = 0; i < 128; i++)
+		policy_access(&p, b, 0.5f);
+	cr_assert_float_eq(policy_heat_now(&p, a), ha / 2, 1e-6, "half-life: 128 of its tokens");
+	/* A prefetch (no score) and a score of NaN are not uses: no heat, no visit. */
+	const uint64_t v0 = p.visits[0];
+	policy_remove(&p, a);
+	policy_insert(&p, c, -1.0f);
+	policy_access(&p, c, NAN);
+	cr_assert_eq(p.visits[0], v0);
+	cr_assert_float_eq(policy_heat_now(&p, c), 0.0f, 1e-9);
 	policy_destroy(&p);
 }
 
