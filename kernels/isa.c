@@ -231,9 +231,9 @@ static const struct isa_row isa_table[] = {
 #ifdef ISA_X86
     {MOEK_ISA_AVX2, "avx2", NEEDS_AVX2, &moek_avx2_ops, avx2_chosen, true},
     {MOEK_ISA_AVX512, "avx512", NEEDS_AVX512, &moek_avx512_ops, wide_chosen, true},
-    /* AMX's tiles are tested here against a model of the instructions (test_kernel_amx)
-     * but have not run on an AMX CPU yet: by name only until one has (docs/operations.md) */
-    {MOEK_ISA_AMX, "amx", NEEDS_AMX, &moek_amx_ops, wide_chosen, false},
+    /* AMX's tiles match the model of the instructions bit for bit on a Sapphire Rapids CPU
+     * (test_kernel_amx) and run bf16 prefill 3-4x avx512's (docs/performance.md) */
+    {MOEK_ISA_AMX, "amx", NEEDS_AMX, &moek_amx_ops, wide_chosen, true},
 #endif
 };
 enum { ISA_ROWS = sizeof(isa_table) / sizeof(isa_table[0]) };

@@ -16,21 +16,50 @@
 
 struct moek_isa_ops moek_amx_ops;
 
+/* Token counts from which the AMX tiles beat the decode dots (bench_kernels --isa amx
+ * --bf16-from 2 against the default, one thread, qwen3 expert shape, Sapphire Rapids VM;
+ * docs/performance.md, "AMX"): a tile call costs about as much at 2 tokens as at 16, so the
+ * counts are where 16 tokens' worth of tile work overtakes the dots — F16, whose dots convert
+ * every weight, from 4; Q8_0 and BF16 rows from 12; BF16 groups from 16; the other formats'
+ * integer dots from 24. */
+#define AMX_FROM 24
+#define AMX_FROM_Q8_0 12
+#define AMX_FROM_BF16_ROWS 12
+#define AMX_FROM_BF16_GROUPS 16
+#define AMX_FROM_F16 4
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define FROM(n) "amx tdpbf16ps tiles from " STR(n) " tokens"
+
 static const char *describe(uint32_t format, bool prefill)
 {
-	if (prefill && moek_tile_bf16_takes(format))
-		return "amx tdpbf16ps tiles (avx512's token counts)";
-	return moek_avx512_ops.describe(format, prefill);
+	if (!prefill || !moek_tile_bf16_takes(format))
+		return moek_avx512_ops.describe(format, prefill);
+	switch (format) {
+	case MOEK_BF16:
+		return FROM(AMX_FROM_BF16_ROWS) " (" STR(AMX_FROM_BF16_GROUPS) " in groups)";
+	case MOEK_F16: return FROM(AMX_FROM_F16);
+	case MOEK_Q8_0: return FROM(AMX_FROM_Q8_0);
+	default: return FROM(AMX_FROM);
+	}
 }
 
-/* The bf16 prefill tiles on AMX; every other entry is avx512's. The Q8_0 INT8 tile kernel
- * (moek_amx_tile_q8_0) has no activation packer in ffn.c yet, so it is not in the table. */
+/* The bf16 prefill tiles on AMX, from their own token counts; every other entry is avx512's.
+ * The Q8_0 INT8 tile kernel (moek_amx_tile_q8_0) has no activation packer in ffn.c yet, so it
+ * is not in the table. */
 void moek_amx_build(void)
 {
 	moek_amx_ops = moek_avx512_ops;
 	moek_amx_ops.name = "amx";
 	moek_amx_ops.describe = describe;
 	moek_amx_ops.tile_bf16 = moek_amx_tile_bf16;
+	unsigned(*from)[MOEK_FMT_SLOTS] = moek_amx_ops.tile_bf16_from;
+	for (unsigned f = 0; f < MOEK_FMT_SLOTS; f++)
+		from[0][f] = from[1][f] = AMX_FROM;
+	from[0][MOEK_FMT_BF16] = AMX_FROM_BF16_ROWS;
+	from[1][MOEK_FMT_BF16] = AMX_FROM_BF16_GROUPS;
+	from[0][MOEK_FMT_F16] = from[1][MOEK_FMT_F16] = AMX_FROM_F16;
+	from[0][MOEK_FMT_Q8_0] = from[1][MOEK_FMT_Q8_0] = AMX_FROM_Q8_0;
 }
 
 /* GCC's intrinsics (12 and older) tell the compiler that ldtilecfg reads 8 bytes of its

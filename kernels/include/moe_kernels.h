@@ -396,8 +396,8 @@ int moek_ffn_run(struct moek_ffn_call *c, char *err, size_t err_len);
  *            uses VNNI forms of some integer dots on 256-bit registers: same bits;
  *   avx512 — avx2 plus AVX-512 kernels where they pay: BF16 dots and prefill tiles on
  *            vdpbf16ps (AVX512-BF16), integer dots on 512-bit VNNI;
- *   amx    — avx512 with AMX tiles (tdpbf16ps) for the bf16 prefill tiles. Chosen by name
- *            only (MOEK_ISA_AUTO stops at avx512) until it has run on an AMX CPU.
+ *   amx    — avx512 with AMX tiles (tdpbf16ps) for the bf16 prefill tiles, from the token
+ *            counts where they beat the decode dots on an AMX CPU.
  * Not thread-safe against running kernels: force an ISA before any call is prepared. */
 enum moek_isa {
 	MOEK_ISA_AUTO = 0,
