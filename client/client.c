@@ -1917,7 +1917,7 @@ static const struct lease_x8 lease_x8[] = {
 int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
                            size_t dst_bytes)
 {
-	if (!m || !pool || !dst)
+	if (!m || !pool || !dst || m->area == MOE_LEASE_AREA_SLICES) /* no one pool holds it */
 		return MOE_EINVAL;
 	const struct lease_x8 *l = NULL;
 	for (size_t i = 0; i < sizeof(lease_x8) / sizeof(lease_x8[0]); i++)
@@ -1974,6 +1974,7 @@ int moe_lease_deinterleave_slice(const struct moe_lease_matrix *m, const struct 
 	    s->interleave != m->interleave)
 		return MOE_EINVAL;
 	struct moe_lease_matrix sub = *m;
+	sub.area = MOE_LEASE_AREA_POOL; /* the slice's own pool */
 	sub.offset = s->offset;
 	sub.bytes = s->bytes;
 	sub.row_stride = s->row_stride;

@@ -403,7 +403,8 @@ MOE_API int moe_lease_release(struct moe_client *c, const uint32_t *leases, uint
 /* A leased matrix as GGUF rows, packed (rows × row bytes) into dst: interleave 8 is undone
  * (MXFP4, Q8_0, Q4_K, BF16, INT4_G32), interleave 0 is copied row by row. pool:
  * moe_lease_pool's base. MOE_ETOOSMALL when dst_bytes is short, MOE_EINVAL for a layout or
- * format it does not know. Pure computation. */
+ * format it does not know, and for a matrix in slices (area MOE_LEASE_AREA_SLICES: see
+ * moe_lease_rows). Pure computation. */
 MOE_API int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
                                    size_t dst_bytes);
 

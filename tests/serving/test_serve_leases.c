@@ -78,6 +78,10 @@ static void check_slices(struct served *s, const struct moe_lease_expert *e,
 		             "format %u interleave %u slice %u", m->format, m->interleave, i);
 	}
 	cr_assert_eq(row, m->rows);
+	const void *pool0;
+	cr_assert_eq(moe_lease_pool(s->c, &pool0, NULL, NULL), MOE_OK);
+	cr_assert_eq(moe_lease_deinterleave(m, pool0, got, want_bytes), MOE_EINVAL,
+	             "no one pool holds a sliced matrix");
 	cr_assert_eq(memcmp(got, want, want_bytes), 0,
 	             "expert %u (format %u, interleave %u): sliced bytes differ from the file's",
 	             e->expert, m->format, m->interleave);
@@ -141,6 +145,13 @@ static void leases_equal_file(const char *format, const char *const *extra, bool
 	}
 	check_rows(&s, le, inf->n_experts);
 	cr_assert_eq(moe_lease_release(s.c, NULL, 0, 5000), MOE_OK, "%s", moe_last_error(s.c));
+	if (split) { /* the slices of a released lease are gone */
+		struct moe_lease_slice sl[MOE_LEASE_MAX_POOLS];
+		uint32_t n;
+		cr_assert_eq(
+		    moe_lease_slices(s.c, &le[0], &le[0].gate, sl, MOE_LEASE_MAX_POOLS, &n),
+		    MOE_EINVAL);
+	}
 	served_stop(&s);
 }
 
