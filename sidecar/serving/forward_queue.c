@@ -161,6 +161,7 @@ struct forward_queue {
 };
 
 #define LEASE_MAX_PER_CHANNEL 4096u
+_Static_assert(FORWARD_MAX_NODES <= MOE_LEASE_MAX_POOLS, "a welcome carries every node's pool");
 #define LEASE_WAIT_MS_DEFAULT 10000u
 
 /* Is block `layer` a MoE layer this queue serves (the table built at create)? */
