@@ -60,6 +60,11 @@ static void cleanup(void)
 	unlink(p);
 	snprintf(p, sizeof(p), "%s/s1.sock", tmp_dir);
 	unlink(p);
+	/* a sidecar killed before its exit leaves its socket's lock */
+	snprintf(p, sizeof(p), "%s/s.sock.lock", tmp_dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/s1.sock.lock", tmp_dir);
+	unlink(p);
 	rmdir(tmp_dir);
 }
 
