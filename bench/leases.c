@@ -15,6 +15,11 @@
  * every worker against a second sidecar of one worker (--threads 1), alternating. A timeline of one
  * layer (lease, copy, release) is printed too.
  *
+ * Split: the same model on a sidecar that splits each expert's rows over two synthetic NUMA
+ * nodes (one pool each, 1 worker per node) against one of one node (2 workers), alternating
+ * rounds: a cold sweep, resident lease+release, the copy out slice by slice and
+ * moe_lease_rows (the whole matrices as GGUF rows, gathered from the slices) — split / one.
+ *
  *   bench_leases [--format q4_k|bf16|q8_0…] [--layers N] [--experts N] [--hidden N] [--ffn N]
  *                [--rounds N] [--file-layout] [--dir DIR]
  */
@@ -28,6 +33,7 @@
 #include <strings.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "catalog.h"
@@ -38,6 +44,7 @@
 #include "moe_gen.h"
 #include "moe_kernels.h"
 #include "odirect.h"
+#include "stats_field.h"
 
 static char tmp_dir[256];
 static pid_t tmp_owner;
@@ -53,10 +60,17 @@ static void cleanup(void)
 	unlink(p);
 	snprintf(p, sizeof(p), "%s/s1.sock", tmp_dir);
 	unlink(p);
+	/* a sidecar killed before its exit leaves its socket's lock */
+	snprintf(p, sizeof(p), "%s/s.sock.lock", tmp_dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/s1.sock.lock", tmp_dir);
+	unlink(p);
 	rmdir(tmp_dir);
 }
 
 static char staging_mib[16] = "0"; /* each channel's: room for one layer's BF16 form */
+
+static const char *spawn_numa; /* --numa for the next spawn (NULL: the default) */
 
 static pid_t spawn(const char *model, const char *sock, const char *budget, bool file_layout,
                    const char *threads)
@@ -82,7 +96,9 @@ static pid_t spawn(const char *model, const char *sock, const char *budget, bool
 		                        "--log-level",
 		                        "warn",
 		                        "--probes-instance",
-		                        threads ? "bench-leases-1" : "bench-leases",
+		                        spawn_numa ? "bench-leases-split"
+		                        : threads  ? "bench-leases-1"
+		                                   : "bench-leases",
 		                        "--lease-staging-mib",
 		                        staging_mib,
 		                        NULL};
@@ -92,6 +108,10 @@ static pid_t spawn(const char *model, const char *sock, const char *budget, bool
 		if (threads) {
 			argv[a++] = "--threads";
 			argv[a++] = threads;
+		}
+		if (spawn_numa) {
+			argv[a++] = "--numa";
+			argv[a++] = spawn_numa;
 		}
 		execv(MOE_SIDECAR_BIN, (char *const *)argv);
 		_exit(127);
@@ -120,6 +140,89 @@ static uint64_t lease_bytes(const struct moe_lease_expert *le, uint32_t n)
 		b +=
 		    matrix_bytes(&le[i].gate) + matrix_bytes(&le[i].up) + matrix_bytes(&le[i].down);
 	return b;
+}
+
+/* One round of the split comparison on c: a cold sweep of every layer, resident lease+release
+ * of the last, then (held) its copy out slice by slice and moe_lease_rows; times add up in r,
+ * copy and rows as minima. 0, or -1 (a lease failed). */
+struct lease_rates {
+	double cold_s, res_s, cp_s, rows_s;
+	uint64_t cold_bytes, res_bytes, layer_bytes;
+};
+static int split_round(struct moe_client *c, const int32_t *blocks, uint32_t n_layers,
+                       uint32_t experts, struct moe_lease_expert *le, uint8_t *dst,
+                       struct lease_rates *r)
+{
+	for (uint32_t l = 0; l < n_layers; l++) {
+		const double t0 = monotonic_s();
+		if (moe_lease(c, blocks[l], NULL, experts, 0, le, 30000) != MOE_OK ||
+		    moe_lease_release(c, NULL, 0, 5000) != MOE_OK)
+			return -1;
+		r->cold_s += monotonic_s() - t0;
+		r->cold_bytes += lease_bytes(le, experts);
+	}
+	const int32_t layer = blocks[n_layers - 1];
+	for (uint32_t i = 0; i < 10; i++) {
+		const double t0 = monotonic_s();
+		if (moe_lease(c, layer, NULL, experts, 0, le, 30000) != MOE_OK ||
+		    moe_lease_release(c, NULL, 0, 5000) != MOE_OK)
+			return -1;
+		r->res_s += monotonic_s() - t0;
+		r->res_bytes += lease_bytes(le, experts);
+	}
+	if (moe_lease(c, layer, NULL, experts, 0, le, 30000) != MOE_OK)
+		return -1;
+	r->layer_bytes = lease_bytes(le, experts);
+	double t0 = monotonic_s();
+	size_t at = 0;
+	for (uint32_t i = 0; i < experts; i++) {
+		const struct moe_lease_matrix *m[3] = {&le[i].gate, &le[i].up, &le[i].down};
+		for (int p = 0; p < 3; p++) {
+			struct moe_lease_slice sl[MOE_LEASE_MAX_POOLS];
+			uint32_t k = 0;
+			moe_lease_slices(c, &le[i], m[p], sl, MOE_LEASE_MAX_POOLS, &k);
+			for (uint32_t j = 0; j < k; j++) {
+				const void *base;
+				moe_lease_pool_at(c, sl[j].pool, &base, NULL, NULL);
+				const uint64_t b = matrix_bytes(m[p]) / m[p]->rows * sl[j].rows;
+				memcpy(dst + at, (const uint8_t *)base + sl[j].offset, b);
+				at += b;
+			}
+		}
+	}
+	const double cp = monotonic_s() - t0;
+	t0 = monotonic_s();
+	at = 0;
+	for (uint32_t i = 0; i < experts; i++) {
+		const struct moe_lease_matrix *m[3] = {&le[i].gate, &le[i].up, &le[i].down};
+		for (int p = 0; p < 3; p++) {
+			const uint64_t b = matrix_bytes(m[p]);
+			moe_lease_rows(c, &le[i], m[p], dst + at, b);
+			at += b;
+		}
+	}
+	const double rows = monotonic_s() - t0;
+	r->cp_s = !r->cp_s || cp < r->cp_s ? cp : r->cp_s;
+	r->rows_s = !r->rows_s || rows < r->rows_s ? rows : r->rows_s;
+	return moe_lease_release(c, NULL, 0, 5000) == MOE_OK ? 0 : -1;
+}
+
+/* Waits (up to 60 s) until c's sidecar has populated every group of its slot pools: the
+ * background pre-faulting competes with what is measured. */
+static void wait_populated(struct moe_client *c)
+{
+	char *js = malloc(1u << 20);
+	for (int i = 0; js && i < 600; i++) {
+		if (moe_stats_json(c, js, 1u << 20, 5000) != MOE_OK)
+			break;
+		const double g = stats_field(js, "pool_groups"),
+		             done = stats_field(js, "pool_populated_groups");
+		if (!(done < g))
+			break;
+		struct timespec ts = {.tv_nsec = 100000000};
+		nanosleep(&ts, NULL);
+	}
+	free(js);
 }
 
 int main(int argc, char **argv)
@@ -374,6 +477,75 @@ int main(int argc, char **argv)
 	if (pid1 > 0) {
 		kill(pid1, SIGTERM);
 		waitpid(pid1, NULL, 0);
+	}
+	/* Split over two synthetic nodes against one node, the same worker count, alternating. */
+	char sock_a[300], sock_b[300];
+	snprintf(sock_a, sizeof(sock_a), "%s/s.sock", tmp_dir);
+	snprintf(sock_b, sizeof(sock_b), "%s/s1.sock", tmp_dir);
+	spawn_numa = NULL;
+	const pid_t pa = spawn(model, sock_a, "50%", file_layout, "2");
+	spawn_numa = "synthetic:pack:1 numa:2 core:1 pu:1";
+	const pid_t pb = spawn(model, sock_b, "50%", file_layout, "1");
+	struct moe_client *ca = NULL, *cb = NULL;
+	struct moe_connect_opts oa = o, ob = o;
+	oa.socket_path = sock_a;
+	ob.socket_path = sock_b;
+	if (pa > 0 && pb > 0 && moe_connect(&oa, &ca) == MOE_OK &&
+	    moe_connect(&ob, &cb) == MOE_OK) {
+		struct lease_rates ra = {0}, rb = {0};
+		bool ok = moe_lease_pool_count(cb) == 2;
+		if (!ok)
+			fprintf(stderr,
+			        "bench_leases: the split sidecar shares %u pools (its slices "
+			        "cannot be cut for this shape?)\n",
+			        moe_lease_pool_count(cb));
+		wait_populated(ca);
+		wait_populated(cb);
+		/* a first sweep each, untimed: the warm-up's leftovers */
+		struct lease_rates warm = {0};
+		ok = ok &&
+		     split_round(ca, blocks, inf->n_moe_layers, experts, le, dst, &warm) == 0 &&
+		     split_round(cb, blocks, inf->n_moe_layers, experts, le, dst, &warm) == 0;
+		for (uint32_t r = 0; ok && r < rounds; r++)
+			ok = split_round(ca, blocks, inf->n_moe_layers, experts, le, dst, &ra) ==
+			         0 &&
+			     split_round(cb, blocks, inf->n_moe_layers, experts, le, dst, &rb) == 0;
+		if (ok) {
+#define GBS(b, t) ((double)(b) / (t) / 1e9)
+			printf("  split over 2 synthetic nodes (1 worker each) / one node (2 "
+			       "workers), "
+			       "%u alternating rounds:\n",
+			       rounds);
+			printf("    %-32s %8.2f / %8.2f GB/s   split/one %.3f\n", "lease cold",
+			       GBS(rb.cold_bytes, rb.cold_s), GBS(ra.cold_bytes, ra.cold_s),
+			       GBS(rb.cold_bytes, rb.cold_s) / GBS(ra.cold_bytes, ra.cold_s));
+			printf("    %-32s %8.2f / %8.2f GB/s   split/one %.3f\n", "lease resident",
+			       GBS(rb.res_bytes, rb.res_s), GBS(ra.res_bytes, ra.res_s),
+			       GBS(rb.res_bytes, rb.res_s) / GBS(ra.res_bytes, ra.res_s));
+			printf("    %-32s %8.2f / %8.2f GB/s   split/one %.3f\n",
+			       "copy out (slice by slice)", GBS(rb.layer_bytes, rb.cp_s),
+			       GBS(ra.layer_bytes, ra.cp_s),
+			       GBS(rb.layer_bytes, rb.cp_s) / GBS(ra.layer_bytes, ra.cp_s));
+			printf("    %-32s %8.2f / %8.2f GB/s   split/one %.3f\n",
+			       "moe_lease_rows (GGUF rows)", GBS(rb.layer_bytes, rb.rows_s),
+			       GBS(ra.layer_bytes, ra.rows_s),
+			       GBS(rb.layer_bytes, rb.rows_s) / GBS(ra.layer_bytes, ra.rows_s));
+#undef GBS
+		} else
+			fprintf(stderr, "bench_leases: split comparison: %s\n",
+			        cb ? moe_last_error(cb) : "");
+	} else
+		fprintf(stderr, "bench_leases: the split comparison's sidecars did not start\n");
+	if (ca)
+		moe_close(ca);
+	if (cb)
+		moe_close(cb);
+	for (int i = 0; i < 2; i++) {
+		const pid_t q = i ? pb : pa;
+		if (q > 0) {
+			kill(q, SIGTERM);
+			waitpid(q, NULL, 0);
+		}
 	}
 	free(dst);
 	free(le);

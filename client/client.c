@@ -114,6 +114,15 @@ struct moe_client {
 	const uint8_t *pool;
 	uint64_t pool_bytes;
 	int pool_fd;
+	/* ABI 1.4: every lease pool (one per NUMA node of a sidecar that splits experts), [0]
+	 * the one above; n_pools 0 when none. The slices of the split leases held, by lease id
+	 * (slice_of[id & 0xffff], cap of them; NULL until a split lease). */
+	uint32_t n_pools;
+	const uint8_t *pools[MOE_LEASE_MAX_POOLS];
+	uint64_t pools_bytes[MOE_LEASE_MAX_POOLS];
+	int pools_fd[MOE_LEASE_MAX_POOLS];
+	struct lease_slices *slice_of;
+	uint32_t slice_cap;
 	/* The channel's staging area (BF16 leases), mapped PROT_READ; NULL / -1: none. */
 	const uint8_t *staging;
 	uint64_t staging_bytes;
@@ -195,18 +204,18 @@ static int resolve_path(const struct moe_connect_opts *o, char *buf, size_t len)
 	return MOE_OK;
 }
 
-/* Receives the welcome (its size is in its frozen prefix) and the fd that rides with it. */
-static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fd,
-                        int *pool_fd, int *staging_fd)
+/* Receives the welcome (its size is in its frozen prefix) and the fds that ride with it:
+ * fds[0] the channel's, then (ABI 1.3) the lease pools' and the staging area's, *n_fds. */
+#define WELCOME_MAX_FDS (2 + MOE_LEASE_MAX_POOLS)
+static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, size_t *len, int *fds,
+                        uint32_t *n_fds)
 {
 	size_t have = 0, need = MOE_WELCOME_FROZEN;
-	*fd = -1;
-	*pool_fd = -1;
-	*staging_fd = -1;
+	*n_fds = 0;
 	while (have < need) {
 		struct iovec iov = {.iov_base = buf + have, .iov_len = need - have};
 		union {
-			char b[CMSG_SPACE(sizeof(int) * 4)];
+			char b[CMSG_SPACE(sizeof(int) * (WELCOME_MAX_FDS + 1))];
 			struct cmsghdr align;
 		} u;
 		struct msghdr msg = {.msg_iov = &iov,
@@ -229,12 +238,8 @@ static int recv_welcome(int sock, const char *path, uint8_t *buf, size_t cap, si
 			for (size_t i = 0; i < nfd; i++) {
 				int f;
 				memcpy(&f, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-				if (*fd < 0)
-					*fd = f;
-				else if (*pool_fd < 0)
-					*pool_fd = f; /* ABI 1.3: the lease pool */
-				else if (*staging_fd < 0)
-					*staging_fd = f; /* ABI 1.3: the staging area */
+				if (*n_fds < WELCOME_MAX_FDS)
+					fds[(*n_fds)++] = f;
 				else
 					close(f); /* extras are dropped */
 			}
@@ -339,10 +344,34 @@ static int map_pool(struct moe_client *c, int fd, uint64_t bytes, const char *pa
 	return rc;
 }
 
+/* The slices of one split lease (ABI 1.4), kept while it is held: n[i] of matrix i. */
+struct lease_slices {
+	uint32_t id; /* the lease's id; 0 with n all 0: none */
+	uint32_t n[3];
+	struct moe_lease_slice s[3][MOE_LEASE_MAX_POOLS];
+};
+
+/* Unmaps and closes the lease pools after the first (moe_close/moe_reconnect do the first)
+ * and forgets the slices of the leases held. */
+static void lease_pools_free(struct moe_client *c)
+{
+	for (uint32_t i = 1; i < c->n_pools; i++) {
+		munmap((void *)c->pools[i], c->pools_bytes[i]);
+		close(c->pools_fd[i]);
+	}
+	c->n_pools = 0;
+	free(c->slice_of);
+	c->slice_of = NULL;
+	c->slice_cap = 0;
+}
+
 static int handshake(struct moe_client *c, const struct moe_connect_opts *o, const char *path)
 {
 	struct moe_hello h;
 	moe_hello_init(&h, o && o->client_name ? o->client_name : "moe-client");
+#ifdef MOE_CLIENT_TEST_HELLO_MINOR /* tests only: a client that speaks an older minor */
+	h.abi_minor = MOE_CLIENT_TEST_HELLO_MINOR;
+#endif
 	if (o) {
 		h.want.max_tokens = o->max_tokens;
 		h.want.hidden = o->hidden;
@@ -357,8 +386,12 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 
 	uint8_t buf[4096];
 	size_t len = 0;
-	int fd = -1, pool_fd = -1, staging_fd = -1;
-	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, &fd, &pool_fd, &staging_fd);
+	int fds[WELCOME_MAX_FDS];
+	uint32_t n_fds = 0;
+	int rc = recv_welcome(c->sock, path, buf, sizeof(buf), &len, fds, &n_fds);
+	int fd = n_fds ? fds[0] : -1;
+	if (n_fds)
+		fds[0] = -1; /* fd from here on */
 	if (rc != MOE_OK)
 		goto out;
 	struct moe_welcome w;
@@ -483,12 +516,36 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 		}
 	}
 
-	if (w.abi_minor >= 3 && w.lease_pool_bytes && pool_fd >= 0 &&
-	    (rc = map_pool(c, pool_fd, w.lease_pool_bytes, path)) != MOE_OK)
+	/* The lease pools after the channel's fd (ABI 1.4: lease_pools of them, pool 0 of
+	 * lease_pool_bytes, the others their memfd's size; 1.3: one), then the staging area. */
+	uint32_t pools = w.abi_minor >= 3 && w.lease_pool_bytes ? 1 : 0;
+	if (pools && w.abi_minor >= 4)
+		pools = w.lease_pools;
+	if (pools > MOE_LEASE_MAX_POOLS || (pools && 1 + pools > n_fds)) {
+		rc = conn_fail(MOE_EPROTO, "%s: the welcome names %u lease pools, %u fds came",
+		               path, pools, n_fds ? n_fds - 1 : 0);
 		goto out;
+	}
+	for (uint32_t q = 0; q < pools; q++) {
+		struct stat st;
+		uint64_t bytes = w.lease_pool_bytes;
+		if (q && fstat(fds[1 + q], &st) == 0)
+			bytes = (uint64_t)st.st_size;
+		if (q ? (rc = map_readonly(fds[1 + q], bytes, "lease pool", path,
+		                           (const void **)&c->pools[q])) != MOE_OK
+		      : (rc = map_pool(c, fds[1], bytes, path)) != MOE_OK)
+			goto out;
+		if (!q) {
+			c->pools[0] = c->pool;
+			c->pool_fd = fds[1];
+		}
+		c->pools_bytes[q] = bytes;
+		c->pools_fd[q] = fds[1 + q];
+		fds[1 + q] = -1;
+		c->n_pools = q + 1;
+	}
 	if (c->pool) {
-		c->pool_fd = pool_fd;
-		pool_fd = -1;
+		const int staging_fd = 1 + pools < n_fds ? fds[1 + pools] : -1;
 		if (w.lease_staging_bytes && staging_fd >= 0) {
 			const void *m;
 			if ((rc = map_readonly(staging_fd, w.lease_staging_bytes, "lease staging",
@@ -497,7 +554,7 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 			c->staging = m;
 			c->staging_bytes = w.lease_staging_bytes;
 			c->staging_fd = staging_fd;
-			staging_fd = -1;
+			fds[1 + pools] = -1;
 		}
 	}
 
@@ -507,10 +564,9 @@ static int handshake(struct moe_client *c, const struct moe_connect_opts *o, con
 out:
 	if (fd >= 0)
 		close(fd); /* the mapping keeps the memfd alive */
-	if (pool_fd >= 0)
-		close(pool_fd);
-	if (staging_fd >= 0)
-		close(staging_fd);
+	for (uint32_t q = 1; q < n_fds; q++)
+		if (fds[q] >= 0)
+			close(fds[q]);
 	return rc;
 }
 
@@ -722,6 +778,7 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 		munmap((void *)c->pool, c->pool_bytes);
 	if (c->pool_fd >= 0)
 		close(c->pool_fd);
+	lease_pools_free(c);
 	if (c->staging)
 		munmap((void *)c->staging, c->staging_bytes);
 	if (c->staging_fd >= 0)
@@ -739,6 +796,9 @@ int moe_reconnect(struct moe_client *c, int timeout_ms)
 	n->gpu_mask = NULL;
 	n->pool = NULL;
 	n->pool_fd = -1;
+	n->n_pools = 0;
+	n->slice_of = NULL;
+	n->slice_cap = 0;
 	n->staging = NULL;
 	n->staging_fd = -1;
 	moe_close(n);
@@ -755,6 +815,7 @@ void moe_close(struct moe_client *c)
 		munmap((void *)c->pool, c->pool_bytes);
 	if (c->pool_fd >= 0)
 		close(c->pool_fd);
+	lease_pools_free(c);
 	if (c->staging)
 		munmap((void *)c->staging, c->staging_bytes);
 	if (c->staging_fd >= 0)
@@ -1579,6 +1640,64 @@ static bool lease_in_pool(const struct moe_client *c, const struct moe_lease_mat
 	return m->offset <= size && m->bytes <= size - m->offset;
 }
 
+/* The entry of lease id in c's slice store (grown to hold it); NULL: out of memory. */
+static struct lease_slices *slices_entry(struct moe_client *c, uint32_t id)
+{
+	const uint32_t i = id & 0xffffu;
+	if (i >= c->slice_cap) {
+		uint32_t cap = c->slice_cap ? c->slice_cap : 64;
+		while (cap <= i)
+			cap *= 2;
+		struct lease_slices *p = realloc(c->slice_of, (size_t)cap * sizeof(*p));
+		if (!p)
+			return NULL;
+		memset(p + c->slice_cap, 0, (size_t)(cap - c->slice_cap) * sizeof(*p));
+		c->slice_of = p;
+		c->slice_cap = cap;
+	}
+	return &c->slice_of[i];
+}
+
+/* Matrix j of e (area SLICES, offset its first slice in table[0, n_table)): its slices
+ * checked (each inside its pool, the rows covered in order) and kept under e's lease id;
+ * offset becomes 0. MOE_OK, MOE_EPROTO, MOE_ENOMEM. */
+static int lease_keep_slices(struct moe_client *c, struct moe_lease_expert *e, int j,
+                             const struct moe_lease_slice *table, uint32_t n_table)
+{
+	struct moe_lease_matrix *m = j == 0 ? &e->gate : j == 1 ? &e->up : &e->down;
+	const uint64_t first = m->offset;
+	const uint32_t k = first < n_table ? table[first].n_slices : 0;
+	if (c->n_pools < 2 || !k || k > MOE_LEASE_MAX_POOLS || k > n_table - first)
+		return client_fail(c, MOE_EPROTO,
+		                   "LEASE: expert %u: slices %llu.. of a %u-entry table (%u pools)",
+		                   e->expert, (unsigned long long)first, n_table, c->n_pools);
+	struct lease_slices *ls = slices_entry(c, e->lease);
+	if (!ls)
+		return client_fail(c, MOE_ENOMEM, "LEASE: out of memory for the slices");
+	if (ls->id != e->lease)
+		memset(ls, 0, sizeof(*ls));
+	ls->id = e->lease;
+	uint32_t row = 0;
+	for (uint32_t i = 0; i < k; i++) {
+		const struct moe_lease_slice *s = &table[first + i];
+		if (s->pool >= c->n_pools || s->offset > c->pools_bytes[s->pool] ||
+		    s->bytes > c->pools_bytes[s->pool] - s->offset || s->row0 != row ||
+		    s->rows > m->rows - row || s->n_slices != k)
+			return client_fail(c, MOE_EPROTO,
+			                   "LEASE: expert %u: slice %u (pool %u, rows %u+%u) lies "
+			                   "outside its pool or the matrix",
+			                   e->expert, i, s->pool, s->row0, s->rows);
+		row += s->rows;
+		ls->s[j][i] = *s;
+	}
+	if (row != m->rows)
+		return client_fail(c, MOE_EPROTO, "LEASE: expert %u: slices hold %u of %u rows",
+		                   e->expert, row, m->rows);
+	ls->n[j] = k;
+	m->offset = 0;
+	return MOE_OK;
+}
+
 int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint32_t n,
               uint16_t flags, struct moe_lease_expert *out, int timeout_ms)
 {
@@ -1628,14 +1747,26 @@ int moe_lease(struct moe_client *c, int32_t layer, const int32_t *experts, uint3
 	rc = call_on_fresh_slot_keep(c, &r, &s, &d, timeout_ms > 0 ? timeout_ms + 1000 : -1);
 	if (rc == MOE_OK) {
 		memcpy(out, s.output, (size_t)n * sizeof(*out));
-		for (uint32_t i = 0; i < n && rc == MOE_OK; i++)
-			if (!lease_in_pool(c, &out[i].gate) || !lease_in_pool(c, &out[i].up) ||
-			    !lease_in_pool(c, &out[i].down))
-				rc = client_fail(
-				    c, MOE_EPROTO,
-				    "LEASE: expert %u's matrices lie outside the %llu-byte "
-				    "pool",
-				    out[i].expert, (unsigned long long)c->pool_bytes);
+		/* ABI 1.4: the slice table after the n descriptions (d.index of them) */
+		const size_t table_cap =
+		    (s.output_bytes - (size_t)n * sizeof(*out)) / sizeof(struct moe_lease_slice);
+		const struct moe_lease_slice *table =
+		    (const struct moe_lease_slice *)(const void *)((const uint8_t *)s.output +
+		                                                   (size_t)n * sizeof(*out));
+		for (uint32_t i = 0; i < n && rc == MOE_OK; i++) {
+			struct moe_lease_matrix *m[3] = {&out[i].gate, &out[i].up, &out[i].down};
+			for (int j = 0; j < 3 && rc == MOE_OK; j++)
+				if (m[j]->area == MOE_LEASE_AREA_SLICES)
+					rc = lease_keep_slices(c, &out[i], j, table,
+					                       d.index < table_cap ? d.index
+					                                           : table_cap);
+				else if (!lease_in_pool(c, m[j]))
+					rc = client_fail(
+					    c, MOE_EPROTO,
+					    "LEASE: expert %u's matrices lie outside the "
+					    "%llu-byte pool",
+					    out[i].expert, (unsigned long long)c->pool_bytes);
+		}
 	}
 	moe_slot_abandon(c, s.index);
 	return rc;
@@ -1664,7 +1795,99 @@ int moe_lease_release(struct moe_client *c, const uint32_t *leases, uint32_t n, 
 		memcpy(s.expert_ids, leases, (size_t)n * sizeof(*leases));
 	struct moe_request r = {
 	    .op = MOE_OP_RELEASE, .flags = leases ? 0 : MOE_RELEASE_ALL, .n_tokens = n};
-	return call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+	rc = call_on_fresh_slot(c, &r, &s, NULL, timeout_ms);
+	if (rc == MOE_OK && !leases && c->slice_of)
+		memset(c->slice_of, 0, (size_t)c->slice_cap * sizeof(*c->slice_of));
+	for (uint32_t i = 0; rc == MOE_OK && leases && i < n; i++)
+		if ((leases[i] & 0xffffu) < c->slice_cap &&
+		    c->slice_of[leases[i] & 0xffffu].id == leases[i])
+			memset(&c->slice_of[leases[i] & 0xffffu], 0, sizeof(*c->slice_of));
+	return rc;
+}
+
+uint32_t moe_lease_pool_count(const struct moe_client *c)
+{
+	return c && !c->dead ? c->n_pools : 0;
+}
+
+int moe_lease_pool_at(const struct moe_client *c, uint32_t pool, const void **base, size_t *bytes,
+                      int *fd)
+{
+	if (!c)
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (pool >= c->n_pools)
+		return MOE_ENOLEASE;
+	if (base)
+		*base = c->pools[pool];
+	if (bytes)
+		*bytes = c->pools_bytes[pool];
+	if (fd)
+		*fd = c->pools_fd[pool];
+	return MOE_OK;
+}
+
+/* Which matrix of e m is (0 gate, 1 up, 2 down), or -1. */
+static int matrix_of(const struct moe_lease_expert *e, const struct moe_lease_matrix *m)
+{
+	return m == &e->gate ? 0 : m == &e->up ? 1 : m == &e->down ? 2 : -1;
+}
+
+int moe_lease_slices(const struct moe_client *c, const struct moe_lease_expert *e,
+                     const struct moe_lease_matrix *m, struct moe_lease_slice *out, uint32_t cap,
+                     uint32_t *n)
+{
+	const int j = e && m ? matrix_of(e, m) : -1;
+	if (!c || j < 0 || !n || (cap && !out))
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (m->area == MOE_LEASE_AREA_POOL) { /* one slice: the whole matrix in pool 0 */
+		*n = 1;
+		if (!cap)
+			return MOE_ETOOSMALL;
+		*out = (struct moe_lease_slice){.offset = m->offset,
+		                                .bytes = m->bytes,
+		                                .row_stride = m->row_stride,
+		                                .scales_offset = m->scales_offset,
+		                                .bias_offset = m->bias_offset,
+		                                .pool = 0,
+		                                .row0 = 0,
+		                                .rows = m->rows,
+		                                .interleave = m->interleave,
+		                                .scale_stride = m->scale_stride,
+		                                .n_slices = 1};
+		return MOE_OK;
+	}
+	const uint32_t i = e->lease & 0xffffu;
+	if (m->area != MOE_LEASE_AREA_SLICES || i >= c->slice_cap ||
+	    c->slice_of[i].id != e->lease || !c->slice_of[i].n[j])
+		return MOE_EINVAL; /* the staging area, or a lease not held */
+	*n = c->slice_of[i].n[j];
+	if (cap < *n)
+		return MOE_ETOOSMALL;
+	memcpy(out, c->slice_of[i].s[j], *n * sizeof(*out));
+	return MOE_OK;
+}
+
+int moe_lease_rows(const struct moe_client *c, const struct moe_lease_expert *e,
+                   const struct moe_lease_matrix *m, void *dst, size_t dst_bytes)
+{
+	if (!c || !e || !m || !dst || matrix_of(e, m) < 0)
+		return MOE_EINVAL;
+	if (c->dead)
+		return MOE_EPEERDEAD;
+	if (m->area == MOE_LEASE_AREA_POOL || m->area == MOE_LEASE_AREA_STAGING) {
+		const void *area = m->area == MOE_LEASE_AREA_POOL ? c->pool : c->staging;
+		return area ? moe_lease_deinterleave(m, area, dst, dst_bytes) : MOE_EINVAL;
+	}
+	struct moe_lease_slice s[MOE_LEASE_MAX_POOLS];
+	uint32_t n;
+	int rc = moe_lease_slices(c, e, m, s, MOE_LEASE_MAX_POOLS, &n);
+	for (uint32_t i = 0; rc == MOE_OK && i < n; i++)
+		rc = moe_lease_deinterleave_slice(m, &s[i], c->pools[s[i].pool], dst, dst_bytes);
+	return rc;
 }
 
 /* The interleaved layouts (struct moe_lease_matrix.interleave 8): a block's segments in the
@@ -1694,7 +1917,7 @@ static const struct lease_x8 lease_x8[] = {
 int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
                            size_t dst_bytes)
 {
-	if (!m || !pool || !dst)
+	if (!m || !pool || !dst || m->area == MOE_LEASE_AREA_SLICES) /* no one pool holds it */
 		return MOE_EINVAL;
 	const struct lease_x8 *l = NULL;
 	for (size_t i = 0; i < sizeof(lease_x8) / sizeof(lease_x8[0]); i++)
@@ -1742,4 +1965,34 @@ int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, v
 			}
 	}
 	return MOE_OK;
+}
+
+int moe_lease_deinterleave_slice(const struct moe_lease_matrix *m, const struct moe_lease_slice *s,
+                                 const void *pool, void *dst, size_t dst_bytes)
+{
+	if (!m || !s || !pool || !dst || s->rows > m->rows || s->row0 > m->rows - s->rows ||
+	    s->interleave != m->interleave)
+		return MOE_EINVAL;
+	struct moe_lease_matrix sub = *m;
+	sub.area = MOE_LEASE_AREA_POOL; /* the slice's own pool */
+	sub.offset = s->offset;
+	sub.bytes = s->bytes;
+	sub.row_stride = s->row_stride;
+	sub.rows = s->rows;
+	size_t rb = 0; /* GGUF row bytes */
+	if (m->interleave == 0) {
+		if (s->rows && s->bytes < (uint64_t)(s->rows - 1) * s->row_stride)
+			return MOE_EINVAL;
+		rb = s->rows ? (size_t)(s->bytes - (uint64_t)(s->rows - 1) * s->row_stride) : 0;
+	} else
+		for (size_t i = 0; i < sizeof(lease_x8) / sizeof(lease_x8[0]); i++)
+			if (lease_x8[i].format == m->format &&
+			    m->cols % lease_x8[i].block_elems == 0)
+				rb = m->cols / lease_x8[i].block_elems * lease_x8[i].block_bytes;
+	if (m->interleave && (!rb || s->row0 % 8))
+		return MOE_EINVAL;
+	const size_t at = (size_t)s->row0 * rb;
+	if (at > dst_bytes)
+		return MOE_ETOOSMALL;
+	return moe_lease_deinterleave(&sub, pool, (uint8_t *)dst + at, dst_bytes - at);
 }

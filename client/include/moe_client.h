@@ -403,9 +403,47 @@ MOE_API int moe_lease_release(struct moe_client *c, const uint32_t *leases, uint
 /* A leased matrix as GGUF rows, packed (rows × row bytes) into dst: interleave 8 is undone
  * (MXFP4, Q8_0, Q4_K, BF16, INT4_G32), interleave 0 is copied row by row. pool:
  * moe_lease_pool's base. MOE_ETOOSMALL when dst_bytes is short, MOE_EINVAL for a layout or
- * format it does not know. Pure computation. */
+ * format it does not know, and for a matrix in slices (area MOE_LEASE_AREA_SLICES: see
+ * moe_lease_rows). Pure computation. */
 MOE_API int moe_lease_deinterleave(const struct moe_lease_matrix *m, const void *pool, void *dst,
                                    size_t dst_bytes);
+
+/* ---- Leases of a sidecar that splits experts over NUMA nodes (ABI 1.4) ------------------------
+ * Such a sidecar holds each node's rows of every expert in that node's own pool: it shares one
+ * pool per node (each a sealed memfd mapped PROT_READ like the first, which moe_lease_pool
+ * gives), and a leased matrix is described with area MOE_LEASE_AREA_SLICES — its rows in
+ * slices, one per node (struct moe_lease_slice: pool, rows [row0, row0 + rows), offset, span,
+ * layout). Register every pool (cudaHostRegister each mapping) and copy each slice, or let
+ * moe_lease_rows gather the whole matrix. An unsplit sidecar shares one pool and describes
+ * matrices as before. A client of ABI 1.3 is sent the first pool only, and its raw leases of a
+ * split sidecar are refused (MOE_ENOLEASE, naming why); BF16 leases are never sliced. */
+
+/* The pools shared (0: none; 1: unsplit; one per NUMA node otherwise). 0 after
+ * MOE_EPEERDEAD. */
+MOE_API uint32_t moe_lease_pool_count(const struct moe_client *c);
+/* Pool `pool`'s mapping, bytes and memfd (the client's: dup it to keep it). MOE_ENOLEASE when
+ * there is no such pool; MOE_EPEERDEAD. */
+MOE_API int moe_lease_pool_at(const struct moe_client *c, uint32_t pool, const void **base,
+                              size_t *bytes, int *fd);
+/* The slices of matrix m of the held lease e (m: &e->gate, &e->up or &e->down, as moe_lease
+ * wrote them), in row order, into out[0, cap), their count in *n: area SLICES as the sidecar
+ * described them, area POOL as one slice of pool 0 holding every row. MOE_ETOOSMALL when cap
+ * is short (*n says how many), MOE_EINVAL for the staging area (BF16) or a lease released,
+ * MOE_EPEERDEAD. */
+MOE_API int moe_lease_slices(const struct moe_client *c, const struct moe_lease_expert *e,
+                             const struct moe_lease_matrix *m, struct moe_lease_slice *out,
+                             uint32_t cap, uint32_t *n);
+/* One slice s of m, in pool `pool` (moe_lease_pool_at's base for s->pool), as GGUF rows at
+ * rows [s->row0, s->row0 + s->rows) of dst — the whole matrix packed (rows × row bytes), as
+ * moe_lease_deinterleave writes it. Pure computation; its statuses. */
+MOE_API int moe_lease_deinterleave_slice(const struct moe_lease_matrix *m,
+                                         const struct moe_lease_slice *s, const void *pool,
+                                         void *dst, size_t dst_bytes);
+/* Matrix m of lease e as packed GGUF rows into dst, wherever it lies: the pool
+ * (moe_lease_deinterleave), the staging area (BF16 rows) or slices in several pools (every
+ * slice, moe_lease_deinterleave_slice). MOE_ETOOSMALL, MOE_EINVAL, MOE_EPEERDEAD. */
+MOE_API int moe_lease_rows(const struct moe_client *c, const struct moe_lease_expert *e,
+                           const struct moe_lease_matrix *m, void *dst, size_t dst_bytes);
 
 /* ---- Diagnostics -------------------------------------------------------------------------- */
 

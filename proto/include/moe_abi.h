@@ -18,7 +18,7 @@ extern "C" {
  * new fields carved out of reserved space) and peers of any two minors of one major work
  * together, each using what both know (docs/protocol.md §3). */
 #define MOE_ABI_MAJOR 1
-#define MOE_ABI_MINOR 3
+#define MOE_ABI_MINOR 4
 
 /* Status codes: one numbering for the client API's return values and a completion's status.
  * 0 is success; errors are negative. */
@@ -174,7 +174,8 @@ static inline const char *moe_op_name(unsigned op)
 
 /* Expert leases (ABI 1.3; docs/protocol.md §10, moe_client.h moe_lease). A lease pins one
  * expert of a layer in the sidecar's slot pool, which the client maps read-only; each matrix
- * of it is described here, its bytes at `offset` of that mapping. */
+ * of it is described here, its bytes at `offset` of that mapping (ABI 1.4: or as slices in
+ * several pools, area MOE_LEASE_AREA_SLICES). */
 struct moe_lease_matrix {
 	uint64_t offset;     /* bytes from the pool mapping's base to row 0 (group 0) */
 	uint64_t bytes;      /* the span from offset that holds every row (strides included) */
@@ -195,6 +196,32 @@ struct moe_lease_matrix {
 };
 #define MOE_LEASE_AREA_POOL 0u
 #define MOE_LEASE_AREA_STAGING 1u
+/* ABI 1.4: the matrix's rows lie in several pools (a sidecar that splits each expert's rows
+ * over NUMA nodes, one pool per node): moe_lease_slices gives them, moe_lease_rows copies the
+ * whole matrix out of them. format, rows, cols, row_stride, interleave and scale_stride are
+ * the whole matrix's; bytes is the slices' bytes together; offset, scales_offset and
+ * bias_offset mean nothing (0, UINT64_MAX, UINT64_MAX). */
+#define MOE_LEASE_AREA_SLICES 2u
+/* ABI 1.4: one slice of a matrix split over pools — rows [row0, row0 + rows), each at the
+ * whole matrix's row_stride and layout (row0 and rows multiples of 8 for interleave 8), in
+ * pool `pool`'s mapping (moe_lease_pool_at). On the wire a LEASE reply's slice table follows
+ * its n struct moe_lease_expert; an AREA_SLICES matrix's offset there is the index of its
+ * first slice, the others of the matrix following it in row order (n_slices of them). */
+struct moe_lease_slice {
+	uint64_t offset;     /* bytes from that pool's base to row row0 (its group) */
+	uint64_t bytes;      /* the span from offset holding the slice's rows */
+	uint64_t row_stride; /* as the matrix's */
+	/* This slice's side data in the same pool (its rows' FP8 block scales from block row
+	 * row0 / 128, its rows' biases); UINT64_MAX: none */
+	uint64_t scales_offset, bias_offset;
+	uint32_t pool; /* 0 .. moe_lease_pool_count - 1 */
+	uint32_t row0, rows;
+	uint32_t interleave;
+	uint32_t scale_stride;
+	uint32_t n_slices; /* slices of this matrix */
+};
+/* Pools a sidecar shares at most (one per NUMA node it splits experts over). */
+#define MOE_LEASE_MAX_POOLS 8u
 struct moe_lease_expert {
 	uint32_t lease; /* the id RELEASE takes (unique within the channel while held) */
 	int32_t layer;  /* the block */

@@ -169,7 +169,12 @@ struct moe_welcome {
 	/* ABI 1.3: bytes of the channel's staging area (BF16 leases), its memfd the third fd;
 	 * 0: none (and no third fd). */
 	uint64_t lease_staging_bytes;
-	uint32_t reserved[8];
+	/* ABI 1.4: the lease pools whose memfds ride after the channel's, before the staging
+	 * area's: one per NUMA node a sidecar splits experts over (pool 0 of lease_pool_bytes,
+	 * each other the size of its memfd, sealed), else 1; 0: no leases. To a client of ABI
+	 * 1.3 a split sidecar sends pool 0 only (its raw LEASEs are refused, naming why). */
+	uint32_t lease_pools;
+	uint32_t reserved[7];
 };
 #define MOE_WELCOME_FROZEN 176u
 /* The channel's FORWARDs are batch-invariant (asked in the hello, or every channel of a
@@ -178,6 +183,8 @@ struct moe_welcome {
 static_assert(offsetof(struct moe_welcome, channel_bytes) == MOE_WELCOME_FROZEN, "frozen prefix");
 static_assert(sizeof(struct moe_welcome) == 416, "moe_welcome is ABI");
 static_assert(offsetof(struct moe_welcome, fingerprint) == 352, "moe_welcome is ABI");
+static_assert(offsetof(struct moe_welcome, lease_pools) == 384, "moe_welcome is ABI");
+static_assert(sizeof(struct moe_lease_slice) == 64, "moe_lease_slice is ABI");
 
 /* ---- Channel layout ------------------------------------------------------------------- */
 

@@ -289,14 +289,17 @@ void forward_mask_info(struct forward_engine *e, uint64_t *switches, uint64_t *m
 void forward_client_detach(struct forward_engine *e, uint32_t client);
 
 /* ---- Expert leases (leases.c) ------------------------------------------------------------
- * Experts pinned in the shared slot pool (shareable_pool, one pool: not split over nodes) for
- * another process that maps the pool's memfd read-only. A table of leases per lessee (a
- * channel); the thread that serves the lessee calls these, one at a time per table. */
+ * Experts pinned in the shared slot pools (shareable_pool: one pool, or one per NUMA node when
+ * each expert's rows are split over nodes) for another process that maps the pools' memfds
+ * read-only. A table of leases per lessee (a channel); the thread that serves the lessee calls
+ * these, one at a time per table. */
 struct moe_lease_expert;
 struct forward_leases;
-/* The pool's memfd (the engine's: dup it to keep it) and bytes, 0; or -1 with why (not a
- * residency, a private pool, several nodes' pools). */
-int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len);
+/* The pools' memfds (the engine's: dup them to keep them) and bytes, *n of them (up to
+ * FORWARD_MAX_NODES: node part i's pool at i), 0; or -1 with why (not a residency, a private
+ * pool). */
+int forward_lease_pools(struct forward_engine *e, int *fds, uint64_t *bytes, uint32_t *n, char *why,
+                        size_t len);
 /* A table of at most cap (1..65536) leases pinning at most max_bytes together, with the
  * staging area the BF16 form fills (staging_bytes at staging, a mapping the lessee sees; NULL:
  * none); 0, or -1 (no shared pool, out of memory). */
@@ -307,20 +310,29 @@ void forward_leases_destroy(struct forward_leases *t);
 struct forward_lease_result {
 	uint32_t bad;        /* on error: the index of the expert that failed */
 	uint32_t cold;       /* experts that were not resident when asked */
+	uint32_t slices;     /* slice descriptions written after the experts (split pools) */
 	uint64_t cold_bytes; /* bytes read for them */
 	uint64_t bytes;      /* bytes the call pinned */
 	bool waited;         /* it waited for a load */
 };
+/* The bytes a LEASE of n experts may write at out: n descriptions, and (pools split over
+ * nodes, the raw form) their slices. */
+size_t forward_lease_reply_bytes(const struct forward_leases *t, uint32_t n, bool bf16);
 /* Leases experts[0, n) of block `layer`, all or none: each is made resident (cold ones
- * waited for until deadline_ns, CLOCK_MONOTONIC) and pinned; out[i] says where it lies in the
- * pool and its lease id. bf16: each matrix is also dequantized to BF16 rows (moek_dequantize,
- * on this thread) into the staging area, which out[i] then describes (area STAGING); it is
- * MOE_ENOLEASE when the area is full. MOE_OK, or MOE_EBADLAYER, MOE_EBADEXPERT (out of range,
- * repeated), MOE_ENOLEASE (the table's count or byte bound, side data outside the pool),
- * MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO, MOE_ESHUTDOWN — with the sentence in why and res->bad. */
+ * waited for until deadline_ns, CLOCK_MONOTONIC) and pinned; out (out_bytes) receives n
+ * struct moe_lease_expert saying where each lies in the pool and its lease id — with the pools
+ * split over nodes, each matrix as slices (area SLICES), the slice table after the n
+ * descriptions, which only a lessee of ABI minor >= 4 (abi_minor) reads: an older one is
+ * refused, naming why. bf16: each matrix is also dequantized to BF16 rows (moek_dequantize,
+ * on the engine's workers) into the staging area, which out[i] then describes (area
+ * STAGING, never sliced); it is MOE_ENOLEASE when the area is full. MOE_OK, or MOE_EBADLAYER,
+ * MOE_EBADEXPERT (out of range, repeated), MOE_ENOLEASE (the table's count or byte bound,
+ * side data outside the pool, slices to an older lessee), MOE_ETOOSMALL (out_bytes),
+ * MOE_ETIMEDOUT, MOE_EMASKED, MOE_EIO, MOE_ESHUTDOWN — with the sentence in why and
+ * res->bad. */
 int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
-                       bool bf16, uint64_t deadline_ns, struct moe_lease_expert *out,
-                       struct forward_lease_result *res, char *why, size_t len);
+                       bool bf16, uint32_t abi_minor, uint64_t deadline_ns, void *out,
+                       size_t out_bytes, struct forward_lease_result *res, char *why, size_t len);
 /* MOE_OK, or MOE_EBADLEASE: no such lease held (never taken, or released already). */
 int forward_lease_release(struct forward_leases *t, uint32_t id);
 uint32_t forward_leases_release_all(struct forward_leases *t);

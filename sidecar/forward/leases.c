@@ -1,6 +1,10 @@
 /* leases.c — expert leases: experts pinned in a shared slot pool for another process to read
  * (forward.h, "Expert leases").
  *
+ * Split over NUMA nodes (weights.sliced), each node part has its own pool and holds its rows of
+ * every expert: a leased matrix is then described as its slices, one per node (pool index =
+ * node part), in a table after the experts' descriptions (ABI 1.4).
+ *
  * A lease is a held expert (weights_demand: a reader reference on its slot, so the residency
  * never evicts it) that outlives any request: the table keeps it until it is released, or the
  * table is destroyed (the channel closed, its client dead). What the lessee learns is where
@@ -34,14 +38,15 @@ struct lease_entry {
 	bool used;
 };
 
-/* The BF16 form's job: the lease's matrices (3 per expert), each cut into items of
- * STAGE_ROWS rows (stage_item). */
+/* The BF16 form's job: the lease's matrices (3 per expert; split over nodes, each node's
+ * rows of them: a part), each part cut into items of STAGE_ROWS rows (stage_item). */
 #define STAGE_ROWS 64u /* 8 groups of the decode layout */
-#define STAGE_MAX_MATRICES (256u * 3u)
+#define STAGE_MAX_MATRICES (256u * 3u * FORWARD_MAX_NODES)
 struct stage_job {
-	const struct moek_matrix *m[STAGE_MAX_MATRICES];
-	uint16_t *dst[STAGE_MAX_MATRICES];
-	uint32_t first[STAGE_MAX_MATRICES + 1]; /* matrix i's items: [first[i], first[i + 1]) */
+	const struct moek_matrix *m[STAGE_MAX_MATRICES]; /* row r at data + (r - row0) rows */
+	uint16_t *dst[STAGE_MAX_MATRICES];               /* the whole matrix's BF16 rows */
+	uint32_t lo[STAGE_MAX_MATRICES], hi[STAGE_MAX_MATRICES]; /* part i's rows [lo, hi) */
+	uint32_t first[STAGE_MAX_MATRICES + 1]; /* part i's items: [first[i], first[i + 1]) */
 	uint32_t n;
 	size_t rows_bytes, cols, per_worker;
 	uint8_t *scratch;
@@ -50,8 +55,9 @@ struct stage_job {
 
 struct forward_leases {
 	struct forward_engine *e;
-	const uint8_t *base; /* the pool's mapping here */
-	uint64_t pool_bytes;
+	uint32_t n_pools;                       /* 1, or the node parts (weights.sliced) */
+	const uint8_t *base[FORWARD_MAX_NODES]; /* each pool's mapping here */
+	uint64_t pool_bytes[FORWARD_MAX_NODES];
 	uint32_t cap, held;
 	uint64_t bytes, max_bytes;
 	struct lease_entry *entry;
@@ -62,24 +68,26 @@ struct forward_leases {
 	uint64_t staging_bytes, staging_top, staging_held;
 	uint8_t *scratch;
 	size_t scratch_bytes;
-	struct stage_job job;
+	struct stage_job *job;
 };
 
-int forward_lease_pool(struct forward_engine *e, int *fd, uint64_t *bytes, char *why, size_t len)
+int forward_lease_pools(struct forward_engine *e, int *fds, uint64_t *bytes, uint32_t *n, char *why,
+                        size_t len)
 {
 	const uint8_t *base;
+	*n = 0;
 	if (e->w.source != FORWARD_SOURCE_RESIDENCY) {
 		snprintf(why, len, "experts are not served from a slot pool (source %s)",
 		         e->w.source == FORWARD_SOURCE_MMAP ? "mmap" : "all-resident");
 		return -1;
 	}
-	if (!e->w.res || residency_shared_pool(e->w.res, fd, &base, bytes) != 0) {
-		snprintf(why, len,
-		         e->w.n_res > 1 ? "the experts are split over %u NUMA nodes' pools"
-		                        : "the slot pool is private (serve --leases shares it)",
-		         e->w.n_res);
-		return -1;
-	}
+	for (uint32_t i = 0; i < e->w.n_res; i++)
+		if (!e->w.res ||
+		    residency_shared_pool_node(e->w.res, i, &fds[i], &base, &bytes[i]) != 0) {
+			snprintf(why, len, "the slot pool is private (serve --leases shares it)");
+			return -1;
+		}
+	*n = e->w.n_res;
 	return 0;
 }
 
@@ -90,15 +98,16 @@ int forward_leases_create(struct forward_engine *e, uint32_t cap, uint64_t max_b
 	if (!t)
 		return -1;
 	int fd;
-	char why[160];
-	if (forward_lease_pool(e, &fd, &t->pool_bytes, why, sizeof(why)) != 0 ||
-	    residency_shared_pool(e->w.res, &fd, &t->base, &t->pool_bytes) != 0 || cap == 0 ||
-	    cap > 65536u) {
-		free(t);
-		return -1;
-	}
-	t->entry = calloc(cap, sizeof(*t->entry));
-	if (!t->entry) {
+	bool ok = e->w.source == FORWARD_SOURCE_RESIDENCY && e->w.res && cap && cap <= 65536u &&
+	          e->w.n_res <= FORWARD_MAX_NODES;
+	for (uint32_t i = 0; ok && i < e->w.n_res; i++)
+		ok = residency_shared_pool_node(e->w.res, i, &fd, &t->base[i], &t->pool_bytes[i]) ==
+		     0;
+	t->n_pools = e->w.n_res;
+	t->entry = ok ? calloc(cap, sizeof(*t->entry)) : NULL;
+	t->job = t->entry ? calloc(1, sizeof(*t->job)) : NULL;
+	if (!t->job) {
+		free(t->entry);
 		free(t);
 		return -1;
 	}
@@ -144,6 +153,7 @@ void forward_leases_destroy(struct forward_leases *t)
 	forward_leases_release_all(t);
 	free(t->entry);
 	free(t->scratch);
+	free(t->job);
 	free(t);
 }
 
@@ -162,43 +172,121 @@ int forward_lease_release(struct forward_leases *t, uint32_t id)
 	return MOE_OK;
 }
 
-/* m's description relative to the pool; false when its bytes (or side data) lie outside. */
-static bool describe(const struct forward_leases *t, const struct moek_matrix *m,
-                     struct moe_lease_matrix *out)
+/* Rows [row0, row0 + rows) of m (m->data at row m->row0; scales and biases indexed by the
+ * matrix's row) in pool p: their span, side data and layout into out. False when they lie
+ * outside the pool. */
+static bool describe_rows(const struct forward_leases *t, uint32_t p, const struct moek_matrix *m,
+                          uint32_t row0, uint32_t rows, struct moe_lease_slice *out)
 {
 	const size_t row = moek_row_bytes(m->format, m->cols);
 	const size_t stride = m->row_stride ? m->row_stride : row;
-	const uint8_t *p = m->data;
+	const uint8_t *base = t->base[p];
+	const uint64_t size = t->pool_bytes[p];
+	if (row0 < m->row0)
+		return false;
+	const uint8_t *d = m->data + (size_t)(row0 - m->row0) * stride;
+	memset(out, 0, sizeof(*out));
+	out->pool = p;
+	out->row0 = row0;
+	out->rows = rows;
+	out->interleave = m->interleave;
+	out->row_stride = stride;
+	/* interleave 8: groups of 8 rows, each group 8 * stride bytes, the last group whole */
+	out->bytes =
+	    m->interleave ? (size_t)rows * stride : (rows ? (size_t)(rows - 1) * stride + row : 0);
+	if (d < base || (uint64_t)(d - base) > size || out->bytes > size - (uint64_t)(d - base))
+		return false;
+	out->offset = (uint64_t)(d - base);
+	out->scales_offset = UINT64_MAX;
+	out->bias_offset = UINT64_MAX;
+	if (m->scales) {
+		const size_t stride_f = m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
+		const uint8_t *s = (const uint8_t *)(m->scales + (row0 / 128) * stride_f);
+		const size_t sb =
+		    ((row0 + rows + 127) / 128 - row0 / 128) * stride_f * sizeof(float);
+		if (s < base || (uint64_t)(s - base) + sb > size)
+			return false;
+		out->scales_offset = (uint64_t)(s - base);
+		out->scale_stride = (uint32_t)stride_f;
+	}
+	if (m->bias) {
+		const uint8_t *b = (const uint8_t *)(m->bias + row0);
+		if (b < base || (uint64_t)(b - base) + rows * sizeof(float) > size)
+			return false;
+		out->bias_offset = (uint64_t)(b - base);
+	}
+	return true;
+}
+
+/* The whole matrix's fields (format, shape, layout) of m into out. */
+static void describe_matrix(const struct moek_matrix *m, struct moe_lease_matrix *out)
+{
 	memset(out, 0, sizeof(*out));
 	out->format = m->format;
 	out->rows = m->rows;
 	out->cols = m->cols;
 	out->interleave = m->interleave;
-	out->row_stride = stride;
-	/* interleave 8: groups of 8 rows, each group 8 * stride bytes, the last group whole */
-	out->bytes = m->interleave ? (size_t)m->rows * stride
-	                           : (m->rows ? (size_t)(m->rows - 1) * stride + row : 0);
-	if (m->row0 || p < t->base || (uint64_t)(p - t->base) + out->bytes > t->pool_bytes)
-		return false;
-	out->offset = (uint64_t)(p - t->base);
+	out->row_stride = m->row_stride ? m->row_stride : moek_row_bytes(m->format, m->cols);
 	out->scales_offset = UINT64_MAX;
 	out->bias_offset = UINT64_MAX;
-	const uint8_t *s = (const uint8_t *)m->scales, *b = (const uint8_t *)m->bias;
-	if (s) {
-		const size_t stride_f = m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
-		const size_t sb = ((m->rows + 127) / 128) * stride_f * sizeof(float);
-		if (s < t->base || (uint64_t)(s - t->base) + sb > t->pool_bytes)
-			return false;
-		out->scales_offset = (uint64_t)(s - t->base);
-		out->scale_stride = (uint32_t)stride_f;
-	}
-	if (b) {
-		if (b < t->base ||
-		    (uint64_t)(b - t->base) + m->rows * sizeof(float) > t->pool_bytes)
-			return false;
-		out->bias_offset = (uint64_t)(b - t->base);
-	}
+}
+
+/* m's description relative to the one pool; false when its bytes (or side data) lie outside. */
+static bool describe(const struct forward_leases *t, const struct moek_matrix *m,
+                     struct moe_lease_matrix *out)
+{
+	struct moe_lease_slice sl;
+	describe_matrix(m, out);
+	if (m->row0 || !describe_rows(t, 0, m, 0, m->rows, &sl))
+		return false;
+	out->offset = sl.offset;
+	out->bytes = sl.bytes;
+	out->scales_offset = sl.scales_offset;
+	out->bias_offset = sl.bias_offset;
+	out->scale_stride = sl.scale_stride;
+	out->area = MOE_LEASE_AREA_POOL;
 	return true;
+}
+
+/* Split over nodes: matrix i (0 gate, 1 up, 2 down) of h as one slice per node part, written
+ * at table[*at…] (*at advanced); out describes the whole matrix (area SLICES, offset the first
+ * slice's index). False when a slice lies outside its pool. */
+static bool describe_slices(const struct forward_leases *t, const struct held_expert *h, int i,
+                            struct moe_lease_matrix *out, struct moe_lease_slice *table,
+                            uint32_t *at)
+{
+	const size_t *split = i < 2 ? h->tp->f_split : h->tp->o_split;
+	const struct moek_matrix *whole = i == 0   ? &h->view.gate
+	                                  : i == 1 ? &h->view.up
+	                                           : &h->view.down;
+	describe_matrix(whole, out);
+	out->area = MOE_LEASE_AREA_SLICES;
+	out->offset = *at;
+	uint32_t k = 0;
+	for (uint32_t p = 0; p < t->n_pools; p++) {
+		const struct moek_expert *v = &h->node_view[p];
+		const struct moek_matrix *m = i == 0 ? &v->gate : i == 1 ? &v->up : &v->down;
+		const uint32_t r0 = (uint32_t)split[p], r1 = (uint32_t)split[p + 1];
+		if (r1 == r0)
+			continue;
+		struct moe_lease_slice *sl = &table[*at + k];
+		if (!describe_rows(t, p, m, r0, r1 - r0, sl))
+			return false;
+		out->bytes += sl->bytes;
+		out->scale_stride = sl->scale_stride;
+		k++;
+	}
+	for (uint32_t j = 0; j < k; j++)
+		table[*at + j].n_slices = k;
+	*at += k;
+	return true;
+}
+
+size_t forward_lease_reply_bytes(const struct forward_leases *t, uint32_t n, bool bf16)
+{
+	const size_t slices = t->n_pools > 1 && !bf16 ? 3u * t->n_pools : 0;
+	return (size_t)n *
+	       (sizeof(struct moe_lease_expert) + slices * sizeof(struct moe_lease_slice));
 }
 
 static void sleep_ns(uint64_t ns)
@@ -233,10 +321,11 @@ static bool scratch_fit(struct forward_leases *t, size_t bytes)
 	return true;
 }
 
-/* Rows [r_begin, r_end) of m (r_begin a multiple of 8) as BF16 rows at dst (rows x cols): GGUF
- * rows back from the decode layout (moek_deinterleave, a group of 8 at a time), then the
- * kernels' dequantizer and round to BF16, a row at a time; `rows` holds a group of GGUF rows,
- * f one row in f32. 0, or -1 (a format they refuse). */
+/* Rows [r_begin, r_end) of m (r_begin - m->row0 a multiple of 8; m->data at row m->row0) as
+ * BF16 rows at dst (the whole matrix: rows x cols): GGUF rows back from the decode layout
+ * (moek_deinterleave, a group of 8 at a time), then the kernels' dequantizer and round to
+ * BF16, a row at a time; `rows` holds a group of GGUF rows, f one row in f32. 0, or -1 (a
+ * format they refuse). */
 static int stage_rows(const struct moek_matrix *m, uint16_t *dst, size_t r_begin, size_t r_end,
                       uint8_t *rows, float *f)
 {
@@ -246,7 +335,8 @@ static int stage_rows(const struct moek_matrix *m, uint16_t *dst, size_t r_begin
 	const size_t sstride = m->scale_stride ? m->scale_stride : (m->cols + 127) / 128;
 	const uint8_t *src = m->data;
 	for (size_t r0 = r_begin; r0 < r_end; r0 += group) {
-		const uint8_t *g = src + r0 * stride; /* interleave: group r0 / 8 at 8 · stride */
+		/* interleave: group (r0 - row0) / 8 at 8 · stride */
+		const uint8_t *g = src + (r0 - m->row0) * stride;
 		if (m->interleave && moek_deinterleave(m->format, g, 8, m->cols, rows) != 0)
 			return -1;
 		for (size_t r = 0; r < group && r0 + r < r_end; r++) {
@@ -278,8 +368,8 @@ static void stage_item(void *arg, uint32_t item, uint32_t worker)
 			hi = mid;
 	}
 	const struct moek_matrix *m = j->m[lo];
-	const size_t r0 = (size_t)(item - j->first[lo]) * STAGE_ROWS;
-	const size_t r1 = r0 + STAGE_ROWS < m->rows ? r0 + STAGE_ROWS : m->rows;
+	const size_t r0 = j->lo[lo] + (size_t)(item - j->first[lo]) * STAGE_ROWS;
+	const size_t r1 = r0 + STAGE_ROWS < j->hi[lo] ? r0 + STAGE_ROWS : j->hi[lo];
 	uint8_t *rows = j->scratch + worker * j->per_worker;
 	if (stage_rows(m, j->dst[lo], r0, r1, rows, (float *)(void *)(rows + j->rows_bytes)) != 0)
 		atomic_store_explicit(&j->failed, true, memory_order_relaxed);
@@ -291,8 +381,9 @@ static void stage_item(void *arg, uint32_t item, uint32_t worker)
 static int stage_expert(struct forward_leases *t, struct lease_entry *le,
                         struct moe_lease_expert *o, char *why, size_t len)
 {
-	struct stage_job *j = &t->job;
+	struct stage_job *j = t->job;
 	const struct moek_matrix *m[3] = {&le->h.view.gate, &le->h.view.up, &le->h.view.down};
+	const bool split = t->n_pools > 1;
 	struct moe_lease_matrix *d[3] = {&o->gate, &o->up, &o->down};
 	uint64_t need = 0;
 	for (int i = 0; i < 3; i++)
@@ -308,7 +399,8 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 	}
 	for (int i = 0; i < 3; i++) {
 		const size_t rb = moek_row_bytes(m[i]->format, m[i]->cols);
-		if (!rb || j->n >= STAGE_MAX_MATRICES) {
+		const uint32_t parts = split ? t->n_pools : 1;
+		if (!rb || j->n + parts > STAGE_MAX_MATRICES) {
 			snprintf(why, len,
 			         "LEASE (BF16) expert %u: format %u cannot be dequantized here",
 			         o->expert, m[i]->format);
@@ -317,11 +409,19 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 		const size_t rows_bytes = ((m[i]->interleave ? 8u : 1u) * rb + 63) & ~(size_t)63;
 		j->rows_bytes = rows_bytes > j->rows_bytes ? rows_bytes : j->rows_bytes;
 		j->cols = m[i]->cols > j->cols ? m[i]->cols : j->cols;
-		j->m[j->n] = m[i];
-		j->dst[j->n] = (uint16_t *)(void *)(t->staging + t->staging_top);
-		j->first[j->n + 1] =
-		    j->first[j->n] + (uint32_t)((m[i]->rows + STAGE_ROWS - 1) / STAGE_ROWS);
-		j->n++;
+		const size_t *cut = i < 2 ? le->h.tp->f_split : le->h.tp->o_split;
+		for (uint32_t p = 0; p < parts;
+		     p++) { /* each node's rows (split), or all of them */
+			const struct moek_expert *v = split ? &le->h.node_view[p] : &le->h.view;
+			j->m[j->n] = i == 0 ? &v->gate : i == 1 ? &v->up : &v->down;
+			j->lo[j->n] = split ? (uint32_t)cut[p] : 0;
+			j->hi[j->n] = split ? (uint32_t)cut[p + 1] : m[i]->rows;
+			j->dst[j->n] = (uint16_t *)(void *)(t->staging + t->staging_top);
+			j->first[j->n + 1] =
+			    j->first[j->n] +
+			    (uint32_t)((j->hi[j->n] - j->lo[j->n] + STAGE_ROWS - 1) / STAGE_ROWS);
+			j->n++;
+		}
 		const uint64_t b = (uint64_t)m[i]->rows * m[i]->cols * 2;
 		d[i]->format = MOEK_BF16;
 		d[i]->offset = t->staging_top;
@@ -341,7 +441,7 @@ static int stage_expert(struct forward_leases *t, struct lease_entry *le,
 /* Runs the lease's job on the engine's workers. MOE_OK, or MOE_ENOLEASE with why. */
 static int stage_run(struct forward_leases *t, char *why, size_t len)
 {
-	struct stage_job *j = &t->job;
+	struct stage_job *j = t->job;
 	j->per_worker = (j->rows_bytes + j->cols * sizeof(float) + 63) & ~(size_t)63;
 	const uint32_t workers = t->e->pool.n_workers ? t->e->pool.n_workers : 1;
 	if (!scratch_fit(t, j->per_worker * workers)) {
@@ -358,10 +458,20 @@ static int stage_run(struct forward_leases *t, char *why, size_t len)
 	return MOE_OK;
 }
 
-int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
-                       bool bf16, uint64_t deadline_ns, struct moe_lease_expert *out,
-                       struct forward_lease_result *res, char *why, size_t len)
+/* The bytes of (moe_layer, x) over every node part: what a lease of it pins. */
+static uint64_t expert_bytes(const struct forward_weights *w, uint32_t moe_layer, uint32_t x)
 {
+	uint64_t b = 0;
+	for (uint32_t p = 0; p < w->n_res; p++)
+		b += weights_res_bytes(w, p, moe_layer, x);
+	return b;
+}
+
+int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *experts, uint32_t n,
+                       bool bf16, uint32_t abi_minor, uint64_t deadline_ns, void *out_area,
+                       size_t out_bytes, struct forward_lease_result *res, char *why, size_t len)
+{
+	struct moe_lease_expert *out = out_area;
 	if (bf16 && !t->staging_bytes) {
 		snprintf(why, len,
 		         "LEASE (BF16): this sidecar gives channels no staging area "
@@ -371,6 +481,23 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 	struct forward_engine *e = t->e;
 	struct forward_weights *w = &e->w;
 	memset(res, 0, sizeof(*res));
+	const bool sliced = t->n_pools > 1 && !bf16;
+	if (sliced && abi_minor < 4) {
+		snprintf(
+		    why, len,
+		    "LEASE: this sidecar splits each expert's rows over %u NUMA nodes' pools; "
+		    "leasing them raw needs a client of protocol 1.4 or later (this one speaks "
+		    "1.%u), or the BF16 form (MOE_LEASE_BF16)",
+		    t->n_pools, abi_minor);
+		return MOE_ENOLEASE;
+	}
+	if (forward_lease_reply_bytes(t, n, bf16) > out_bytes) {
+		snprintf(why, len,
+		         "LEASE: %u experts' descriptions (%zu bytes) do not fit the output area "
+		         "(%zu bytes)",
+		         n, forward_lease_reply_bytes(t, n, bf16), out_bytes);
+		return MOE_ETOOSMALL;
+	}
 	if (layer < 0 || (uint32_t)layer >= e->cat->info.n_layers || w->moe_index[layer] < 0) {
 		snprintf(why, len, "LEASE: layer %d is not an MoE layer of the served model",
 		         layer);
@@ -402,7 +529,7 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 				         x);
 				return MOE_EBADEXPERT;
 			}
-		want += weights_res_bytes(w, 0, ml, (uint32_t)x);
+		want += expert_bytes(w, ml, (uint32_t)x);
 	}
 	if (t->bytes + want > t->max_bytes) {
 		snprintf(
@@ -445,7 +572,7 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 			} else if (rc == 1) {
 				le->used = true; /* held; described below */
 				le->layer = layer;
-				le->bytes = weights_res_bytes(w, 0, ml, le->h.hold.expert);
+				le->bytes = expert_bytes(w, ml, le->h.hold.expert);
 				t->bytes += le->bytes;
 				t->held++;
 				done++;
@@ -464,8 +591,10 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 		sleep_ns(LEASE_POLL_NS);
 	}
 	res->waited = waited;
-	t->job.n = 0;
-	t->job.rows_bytes = t->job.cols = 0;
+	t->job->n = 0;
+	t->job->rows_bytes = t->job->cols = 0;
+	struct moe_lease_slice *table = (struct moe_lease_slice *)(void *)(out + n);
+	uint32_t at = 0;
 	for (uint32_t i = 0; i < n && status == MOE_OK; i++) {
 		struct lease_entry *le = &t->entry[idx[i]];
 		const struct moek_expert *v = &le->h.view;
@@ -475,8 +604,21 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 		o->layer = layer;
 		o->expert = le->h.hold.expert;
 		o->activation = v->activation;
-		if (!describe(t, &v->gate, &o->gate) || !describe(t, &v->up, &o->up) ||
-		    !describe(t, &v->down, &o->down)) {
+		bool ok;
+		if (t->n_pools == 1)
+			ok = describe(t, &v->gate, &o->gate) && describe(t, &v->up, &o->up) &&
+			     describe(t, &v->down, &o->down);
+		else if (sliced)
+			ok = describe_slices(t, &le->h, 0, &o->gate, table, &at) &&
+			     describe_slices(t, &le->h, 1, &o->up, table, &at) &&
+			     describe_slices(t, &le->h, 2, &o->down, table, &at);
+		else { /* BF16 from a split expert: the staging area describes it */
+			describe_matrix(&v->gate, &o->gate);
+			describe_matrix(&v->up, &o->up);
+			describe_matrix(&v->down, &o->down);
+			ok = true;
+		}
+		if (!ok) {
 			status = MOE_ENOLEASE;
 			res->bad = i;
 			snprintf(
@@ -503,5 +645,6 @@ int forward_lease_take(struct forward_leases *t, int32_t layer, const int32_t *e
 		return status;
 	}
 	res->bytes = want;
+	res->slices = at;
 	return MOE_OK;
 }

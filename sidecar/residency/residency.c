@@ -1430,6 +1430,17 @@ int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **ba
 	return 0;
 }
 
+int residency_shared_pool_node(const struct residency *r, uint32_t node, int *fd,
+                               const uint8_t **base, uint64_t *bytes)
+{
+	if (node >= r->n_nodes || !r->node[node].pool.shared)
+		return -1;
+	*fd = r->node[node].pool.fd;
+	*base = r->node[node].pool.base;
+	*bytes = r->node[node].pool.map_bytes;
+	return 0;
+}
+
 uint64_t residency_pool_resident_bytes(const struct residency *r)
 {
 	uint64_t bytes = 0;

@@ -301,5 +301,9 @@ uint32_t residency_n_nodes(const struct residency *r);
 uint64_t residency_pool_resident_bytes(const struct residency *r);
 int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base,
                           uint64_t *bytes);
+/* Node part `node`'s shared pool (config.shareable_pool, any number of nodes): as
+ * residency_shared_pool for that node's pool. 0, or -1 when private or no such node. */
+int residency_shared_pool_node(const struct residency *r, uint32_t node, int *fd,
+                               const uint8_t **base, uint64_t *bytes);
 
 #endif

@@ -149,8 +149,11 @@ struct forward_queue {
 	uint32_t *block_of_moe; /* [n_moe_layers] */
 	/* Leases: the shared pool (lease_fd -1: none, lease_why says why), and the figures
 	 * (stats_table.h) — counted by whichever thread runs a LEASE/RELEASE. */
-	int lease_fd;
-	uint64_t lease_pool_bytes;
+	int lease_fd; /* pool 0's; lease_fds[0, lease_pools): one per node part */
+	int lease_fds[FORWARD_MAX_NODES];
+	uint64_t lease_bytes[FORWARD_MAX_NODES];
+	uint32_t lease_pools;
+	uint64_t lease_pool_bytes;    /* every pool's together */
 	uint64_t lease_staging_bytes; /* per channel (forward_queue_config); 0: no BF16 form */
 	char lease_why[160];
 	_Atomic uint64_t leases_taken, leases_cold, leases_released, leases_refused,
@@ -158,6 +161,7 @@ struct forward_queue {
 };
 
 #define LEASE_MAX_PER_CHANNEL 4096u
+_Static_assert(FORWARD_MAX_NODES <= MOE_LEASE_MAX_POOLS, "a welcome carries every node's pool");
 #define LEASE_WAIT_MS_DEFAULT 10000u
 
 /* Is block `layer` a MoE layer this queue serves (the table built at create)? */
@@ -614,7 +618,7 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	struct slot_areas a;
 	channel_slot_areas(ch, sqe->slot, &a);
 	const uint32_t n = sqe->n_tokens;
-	char why[320];
+	char why[384];
 	if (!mc->leases &&
 	    forward_leases_create(o->engine, LEASE_MAX_PER_CHANNEL, o->lease_pool_bytes / 2,
 	                          mc->staging, mc->staging ? o->lease_staging_bytes : 0,
@@ -661,10 +665,10 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	__asm__ __volatile__("" ::: "memory");
 	const uint64_t wait_ms = sqe->arg ? sqe->arg : LEASE_WAIT_MS_DEFAULT;
 	struct forward_lease_result res;
-	const int rc = forward_lease_take(
-	    mc->leases, sqe->layer, mc->lease_ids, n, (sqe->flags & MOE_LEASE_BF16) != 0,
-	    now_only ? 0 : monotonic_ns() + wait_ms * 1000000u, (struct moe_lease_expert *)a.output,
-	    &res, why, sizeof(why));
+	const int rc = forward_lease_take(mc->leases, sqe->layer, mc->lease_ids, n,
+	                                  (sqe->flags & MOE_LEASE_BF16) != 0, ch->hello_minor,
+	                                  now_only ? 0 : monotonic_ns() + wait_ms * 1000000u,
+	                                  a.output, ch->layout.out_bytes, &res, why, sizeof(why));
 	forward_leases_held(mc->leases, &n1, &b1);
 	lease_held_delta(o, n0, b0, n1, b1);
 	if (rc == MOE_ETIMEDOUT && now_only) {
@@ -684,6 +688,7 @@ static void run_lease_op(struct forward_queue *o, struct model_channel *mc,
 	atomic_fetch_add_explicit(&o->lease_bytes_taken, res.bytes, memory_order_relaxed);
 	done->status = MOE_OK;
 	done->value = n;
+	done->index = res.slices; /* ABI 1.4: slice descriptions after the n experts */
 }
 
 /* LEASE and RELEASE on the dispatcher: refused at once when they cannot be served; run here
@@ -759,14 +764,21 @@ void model_op_lease(const struct sidecar_channel *ch, const struct moe_sqe *sqe,
 	pthread_mutex_unlock(&o->lock);
 }
 
-static void queue_lease_fds(void *ctx, struct sidecar_channel *ch, int fds[2], uint64_t bytes[2])
+/* Every node part's pool to a client of ABI 1.4 or later; pool 0 only to an older one (its raw
+ * LEASEs of a split sidecar are refused, naming why; its BF16 ones are served). */
+static void queue_lease_fds(void *ctx, struct sidecar_channel *ch, struct service_lease_fds *l)
 {
 	const struct forward_queue *o = ctx;
 	const struct model_channel *mc = ch->state;
-	fds[0] = o->lease_fd;
-	bytes[0] = o->lease_pool_bytes;
-	fds[1] = mc ? mc->staging_fd : -1;
-	bytes[1] = fds[1] >= 0 ? o->lease_staging_bytes : 0;
+	if (o->lease_fd < 0)
+		return;
+	l->n_pools = ch->hello_minor >= 4 ? o->lease_pools : 1;
+	for (uint32_t i = 0; i < l->n_pools; i++) {
+		l->pool[i] = o->lease_fds[i];
+		l->pool_bytes[i] = o->lease_bytes[i];
+	}
+	l->staging = mc ? mc->staging_fd : -1;
+	l->staging_bytes = l->staging >= 0 ? o->lease_staging_bytes : 0;
 }
 
 static void *forward_thread_main(void *arg)
@@ -1145,12 +1157,17 @@ int forward_queue_create(struct serve_model *m, const struct forward_queue_confi
 	o->engine = serve_model_engine(m);
 	o->lease_fd = -1;
 	o->lease_staging_bytes = cfg->lease_staging_bytes;
-	if (forward_lease_pool(o->engine, &o->lease_fd, &o->lease_pool_bytes, o->lease_why,
-	                       sizeof(o->lease_why)) != 0)
+	if (forward_lease_pools(o->engine, o->lease_fds, o->lease_bytes, &o->lease_pools,
+	                        o->lease_why, sizeof(o->lease_why)) != 0)
 		o->lease_fd = -1;
-	else
-		log_info("model", "leases: the slot pool (%llu bytes) is shared read-only",
-		         (unsigned long long)o->lease_pool_bytes);
+	else {
+		o->lease_fd = o->lease_fds[0];
+		for (uint32_t i = 0; i < o->lease_pools; i++)
+			o->lease_pool_bytes += o->lease_bytes[i];
+		log_info("model", "leases: the slot pool%s (%llu bytes%s) shared read-only",
+		         o->lease_pools > 1 ? "s" : "", (unsigned long long)o->lease_pool_bytes,
+		         o->lease_pools > 1 ? ", one per NUMA node" : "");
+	}
 	o->desc = serve_model_desc(m);
 	const struct serve_model_desc *d = o->desc;
 	const size_t rows = (size_t)d->max_tokens * d->hidden;

@@ -58,6 +58,7 @@ struct sidecar_channel {
 	/* The hello's flags (MOE_HELLO_*, known bits only), set before channel_open; and what
 	 * the service grants of them (MOE_WELCOME_*), set by channel_open, sent in the welcome. */
 	uint32_t hello_flags, welcome_flags;
+	uint16_t hello_minor; /* the client's ABI minor (its hello's abi_minor) */
 
 	/* What the channel serves (service.h): the op table, and the service's own per-channel
 	 * state, opaque here (NULL until channel_open sets it). ops NULL: every op is unknown.

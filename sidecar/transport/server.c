@@ -189,15 +189,21 @@ static void refuse(struct server *s, struct conn *c, int status, const char *rea
 	conn_close(s, c, "refused");
 }
 
-/* The welcome with the channel's memfd and, when lease[0] >= 0, the lease pool's after it, and
- * the staging area's when lease[1] >= 0 too (a client before ABI 1.3 closes those unread). */
-static int send_welcome(int fd, const struct moe_welcome *w, int memfd, const int lease[2])
+/* The welcome with the channel's memfd and after it the lease pools' (l->n_pools), then the
+ * staging area's when there is one (a client before ABI 1.3 closes those unread). */
+static int send_welcome(int fd, const struct moe_welcome *w, int memfd,
+                        const struct service_lease_fds *l)
 {
 	struct iovec iov = {.iov_base = (void *)w, .iov_len = sizeof(*w)};
-	const int fds[3] = {memfd, lease[0], lease[1]};
-	const size_t n_fds = lease[0] < 0 ? 1 : lease[1] < 0 ? 2 : 3;
+	int fds[2 + MOE_LEASE_MAX_POOLS];
+	size_t n_fds = 0;
+	fds[n_fds++] = memfd;
+	for (uint32_t i = 0; i < l->n_pools; i++)
+		fds[n_fds++] = l->pool[i];
+	if (l->n_pools && l->staging >= 0)
+		fds[n_fds++] = l->staging;
 	union {
-		char buf[CMSG_SPACE(3 * sizeof(int))];
+		char buf[CMSG_SPACE((2 + MOE_LEASE_MAX_POOLS) * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	memset(&u, 0, sizeof(u));
@@ -295,6 +301,7 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	ch->id = c->id;
 	ch->ops = s->service->ops;
 	ch->hello_flags = h.flags;
+	ch->hello_minor = h.abi_minor;
 	if (s->service->channel_open && s->service->channel_open(s->service->ctx, ch, &err) != 0) {
 		channel_destroy(ch); /* refuse() logs the reason */
 		refuse(s, c, MOE_EREFUSED, err.msg);
@@ -317,15 +324,18 @@ static void handle_hello(struct server *s, struct conn *c, size_t len)
 	w.limits = g;
 	if (s->service->welcome)
 		s->service->welcome(s->service->ctx, &w.model, w.fingerprint);
-	int lease_fds[2] = {-1, -1};
-	uint64_t lease_bytes[2] = {0, 0};
+	struct service_lease_fds lf = {.staging = -1};
 	if (s->service->lease_fds)
-		s->service->lease_fds(s->service->ctx, ch, lease_fds, lease_bytes);
-	if (lease_fds[0] < 0)
-		lease_fds[1] = -1;
-	w.lease_pool_bytes = lease_fds[0] >= 0 ? lease_bytes[0] : 0;
-	w.lease_staging_bytes = lease_fds[1] >= 0 ? lease_bytes[1] : 0;
-	if (send_welcome(c->fd, &w, ch->memfd, lease_fds) != 0) {
+		s->service->lease_fds(s->service->ctx, ch, &lf);
+	if (lf.n_pools > MOE_LEASE_MAX_POOLS)
+		lf.n_pools = 0;
+	for (uint32_t i = 0; i < lf.n_pools; i++)
+		if (lf.pool[i] < 0)
+			lf.n_pools = 0;
+	w.lease_pools = lf.n_pools;
+	w.lease_pool_bytes = lf.n_pools ? lf.pool_bytes[0] : 0;
+	w.lease_staging_bytes = lf.n_pools && lf.staging >= 0 ? lf.staging_bytes : 0;
+	if (send_welcome(c->fd, &w, ch->memfd, &lf) != 0) {
 		log_warn("server", "client pid=%d: sending the welcome failed: %s", (int)c->pid,
 		         strerror(errno));
 		service_channel_close(s, ch);

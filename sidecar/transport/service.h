@@ -46,6 +46,14 @@ struct op_desc {
 
 /* What a server serves. ops has MOE_OP_MAX rows indexed by op; every hook may be NULL (nothing
  * to do). ctx is passed back to every hook. */
+/* The memfds a welcome carries for expert leases (channel_service.lease_fds). */
+struct service_lease_fds {
+	uint32_t n_pools; /* 0: no leases */
+	int pool[MOE_LEASE_MAX_POOLS];
+	uint64_t pool_bytes[MOE_LEASE_MAX_POOLS];
+	int staging; /* -1: none */
+	uint64_t staging_bytes;
+};
 struct channel_service {
 	const struct op_desc *ops;
 	void *ctx;
@@ -71,9 +79,10 @@ struct channel_service {
 	void (*tick)(void *ctx);
 	/* Control thread, at each welcome (after channel_open): the memfds clients may map
 	 * read-only for expert leases, which ride with the channel's and stay the service's —
-	 * fds[0] the slot pool, fds[1] the channel's staging area — with their bytes; -1 and 0
-	 * where there is none (no staging without a pool). */
-	void (*lease_fds)(void *ctx, struct sidecar_channel *ch, int fds[2], uint64_t bytes[2]);
+	 * the slot pools (one per NUMA node part; ch->hello_minor says what the client reads),
+	 * then the channel's staging area — with their bytes; l arrives empty (no pools, staging
+	 * -1), and is left so where there is none (no staging without a pool). */
+	void (*lease_fds)(void *ctx, struct sidecar_channel *ch, struct service_lease_fds *l);
 };
 
 #endif

@@ -35,6 +35,8 @@ static int format_id(const char *name, uint32_t *out)
 	return -1;
 }
 
+uint64_t ref_ffn = REF_FFN;
+
 int ref_generate(const char *path, const char *format, uint64_t seed)
 {
 	return ref_generate_preset(path, "qwen3-30b-a3b", format, seed);
@@ -47,7 +49,7 @@ int ref_generate_preset(const char *path, const char *preset, const char *format
 	                            .seed = seed,
 	                            .layers = REF_LAYERS,
 	                            .hidden = REF_HIDDEN,
-	                            .ffn = REF_FFN,
+	                            .ffn = ref_ffn,
 	                            .experts = REF_EXPERTS};
 	if (format_id(format, &o.format) != 0) {
 		fprintf(stderr, "ref_generate: unknown format %s\n", format);

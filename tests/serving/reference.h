@@ -17,6 +17,9 @@
 #define REF_FFN 256u
 #define REF_EXPERTS 16u
 #define REF_LAYERS 3u
+/* The expert FFN size ref_generate writes: REF_FFN unless a test sets another first (512: the
+ * K-quants' 256-row units split over two NUMA nodes). */
+extern uint64_t ref_ffn;
 
 /* Writes a qwen3-30b-a3b-shaped model in `format` ("q8_0", "q4_k", "bf16", "fp8", …) to
  * path (".gguf" → GGUF, else a safetensors directory). Returns 0 or -1 (printed). */

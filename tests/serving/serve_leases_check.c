@@ -9,7 +9,8 @@
  * FORWARDs of other experts of the other layers (which make the budget evict) and checks the
  * same bytes again before releasing: a leased expert is never evicted or rewritten. Two more
  * threads send FORWARDs meanwhile. Then the sidecar must exit 0 on SIGTERM — a race TSan finds
- * in it makes it exit non-zero.
+ * in it makes it exit non-zero. All of it twice: on one pool, then on a sidecar that splits
+ * each expert's rows over two synthetic NUMA nodes' pools (slices; the BF16 form from both).
  * Exit status 0 = pass. Registered with ctest under the labels `concurrent` and `process`.
  */
 #include <pthread.h>
@@ -62,8 +63,8 @@ static void expect_load(struct ref_engine *r)
 				uint32_t f;
 				if (ref_expert_rows(r, (int32_t)l, x, p, &e->rows, &e->bytes, &f) !=
 				    0)
-					continue;               /* a dense layer: never leased */
-				const size_t cols = REF_HIDDEN; /* = REF_FFN: down's shape too */
+					continue; /* a dense layer: never leased */
+				const size_t cols = p < 2 ? REF_HIDDEN : ref_ffn; /* down: ffn */
 				e->n = (e->bytes / moek_row_bytes(f, cols)) * cols;
 				float *tmp = malloc(e->n * sizeof(float));
 				e->bf16 = malloc(e->n * sizeof(uint16_t));
@@ -102,7 +103,10 @@ static void check_lease(struct moe_client *c, const struct moe_lease_expert *le,
 				continue;
 			}
 			void *got = malloc(e->bytes);
-			CHECK(got && moe_lease_deinterleave(m[p], pool, got, e->bytes) == MOE_OK,
+			CHECK(got && (m[p]->area == MOE_LEASE_AREA_SLICES
+			                  ? moe_lease_rows(c, &le[i], m[p], got, e->bytes)
+			                  : moe_lease_deinterleave(m[p], pool, got, e->bytes)) ==
+			                 MOE_OK,
 			      "deinterleave");
 			CHECK(memcmp(got, e->rows, e->bytes) == 0,
 			      "%s: layer %d expert %u proj %u: leased bytes differ from the file's",
@@ -197,8 +201,10 @@ static void *forwarder_main(void *arg)
 	return NULL;
 }
 
-int main(void)
+static int run(bool split)
 {
+	memset(want, 0, sizeof(want));
+	ref_ffn = split ? 512 : REF_FFN; /* Q4_K's 256-row units: one per node */
 	harness_tempdir(&sp);
 	char model[160], instance[64];
 	snprintf(model, sizeof(model), "%s/model.gguf", sp.dir);
@@ -218,6 +224,8 @@ int main(void)
 	                       instance,
 	                       "--lease-staging-mib",
 	                       "8",
+	                       split ? "--numa" : NULL,
+	                       "synthetic:pack:1 numa:2 core:1 pu:1",
 	                       NULL};
 	int st = 0;
 	if (sidecar_start(&sp, extra, &st) != 0) {
@@ -230,6 +238,8 @@ int main(void)
 		struct moe_client *c;
 		CHECK(moe_connect(&o, &c) == MOE_OK, "connect: %s", moe_connect_error());
 		first_moe = (int32_t)moe_info(c)->first_moe_layer;
+		CHECK(moe_lease_pool_count(c) == (split ? 2u : 1u), "%u pools",
+		      moe_lease_pool_count(c));
 		moe_close(c);
 	}
 	/* Sets {r..r+2} and {r+1..r+3}: two experts in common each round. */
@@ -264,6 +274,17 @@ int main(void)
 		return 1;
 	}
 	sidecar_cleanup(&sp);
-	printf("serve_leases_check: ok\n");
+	for (uint32_t l = 0; l < REF_LAYERS; l++)
+		for (uint32_t x = 0; x < REF_EXPERTS; x++)
+			for (unsigned p = 0; p < 3; p++) {
+				free(want[l][x][p].rows);
+				free(want[l][x][p].bf16);
+			}
+	printf("serve_leases_check: ok (%s)\n", split ? "split over 2 nodes" : "one pool");
 	return 0;
+}
+
+int main(void)
+{
+	return run(false) || run(true);
 }

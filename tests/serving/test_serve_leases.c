@@ -2,7 +2,9 @@
  * matrices are the model file's rows in every format (through moe_lease_deinterleave where the
  * sidecar keeps the decode layout), a leased expert survives a budget that evicts everything
  * else, a cold lease loads, a killed client's leases are freed, the pool mapping cannot be
- * written, hostile requests are refused with their reason, and STATS counts it all. */
+ * written, hostile requests are refused with their reason, and STATS counts it all — on one
+ * pool, and (split_*) on a sidecar that splits each expert's rows over two synthetic NUMA
+ * nodes, one pool each (ABI 1.4 slices). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
@@ -18,10 +20,75 @@
 #include "serve_fixture.h"
 
 static const char *const with_leases[] = {"--leases", NULL};
+/* Two NUMA nodes of one core each: every expert's rows split over two pools. */
+#define SPLIT_ARGS "--threads", "2", "--numa", "synthetic:pack:1 numa:2 core:1 pu:1"
+
+/* extra, with the split's arguments after it when split; buf holds up to 16 words. */
+static const char *const *with_split(const char *const *extra, bool split, const char **buf)
+{
+	size_t n = 0;
+	for (; extra && extra[n]; n++)
+		buf[n] = extra[n];
+	if (split) {
+		static const char *const more[] = {SPLIT_ARGS};
+		for (size_t i = 0; i < 4; i++)
+			buf[n++] = more[i];
+	}
+	buf[n] = NULL;
+	return buf;
+}
 
 static int32_t moe_layer(const struct served *s)
 {
 	return (int32_t)moe_info(s->c)->first_moe_layer;
+}
+
+/* served_start with the split's arguments added when split. */
+static void served_start_split(struct served *s, bool split, const char *format,
+                               const char *const *extra)
+{
+	const char *buf[16];
+	ref_ffn = split ? 512 : REF_FFN; /* K-quants split in 256-row units: 2 of them */
+	served_start(s, format, with_split(extra, split, buf));
+	ref_ffn = REF_FFN;
+}
+
+/* A matrix split over pools: its slices, one per pool in row order, each de-interleaved into
+ * its rows of got, and moe_lease_rows gathering them all, both give want. */
+static void check_slices(struct served *s, const struct moe_lease_expert *e,
+                         const struct moe_lease_matrix *m, const void *want, size_t want_bytes)
+{
+	struct moe_lease_slice sl[MOE_LEASE_MAX_POOLS];
+	uint32_t k = 0;
+	cr_assert_eq(moe_lease_slices(s->c, e, m, sl, 1, &k), MOE_ETOOSMALL);
+	cr_assert_eq(k, 2);
+	cr_assert_eq(moe_lease_slices(s->c, e, m, sl, MOE_LEASE_MAX_POOLS, &k), MOE_OK);
+	uint8_t *got = calloc(1, want_bytes);
+	uint32_t row = 0;
+	for (uint32_t i = 0; i < k; i++) {
+		cr_assert_eq(sl[i].pool, i, "one slice per node's pool, in order");
+		cr_assert_eq(sl[i].row0, row);
+		cr_assert_gt(sl[i].rows, 0);
+		row += sl[i].rows;
+		const void *base;
+		size_t bytes;
+		cr_assert_eq(moe_lease_pool_at(s->c, sl[i].pool, &base, &bytes, NULL), MOE_OK);
+		cr_assert_leq(sl[i].offset + sl[i].bytes, bytes);
+		cr_assert_eq(moe_lease_deinterleave_slice(m, &sl[i], base, got, want_bytes), MOE_OK,
+		             "format %u interleave %u slice %u", m->format, m->interleave, i);
+	}
+	cr_assert_eq(row, m->rows);
+	const void *pool0;
+	cr_assert_eq(moe_lease_pool(s->c, &pool0, NULL, NULL), MOE_OK);
+	cr_assert_eq(moe_lease_deinterleave(m, pool0, got, want_bytes), MOE_EINVAL,
+	             "no one pool holds a sliced matrix");
+	cr_assert_eq(memcmp(got, want, want_bytes), 0,
+	             "expert %u (format %u, interleave %u): sliced bytes differ from the file's",
+	             e->expert, m->format, m->interleave);
+	memset(got, 0, want_bytes);
+	cr_assert_eq(moe_lease_rows(s->c, e, m, got, want_bytes), MOE_OK);
+	cr_assert_eq(memcmp(got, want, want_bytes), 0);
+	free(got);
 }
 
 /* Every projection of every leased expert, as GGUF rows, equals the file's bytes. */
@@ -42,6 +109,12 @@ static void check_rows(struct served *s, const struct moe_lease_expert *le, uint
 			cr_assert_eq(m[p]->format, format, "expert %u proj %u: format %u, file %u",
 			             le[i].expert, p, m[p]->format, format);
 			cr_assert_eq(m[p]->scales_offset, UINT64_MAX);
+			if (m[p]->area == MOE_LEASE_AREA_SLICES) {
+				check_slices(s, &le[i], m[p], want, want_bytes);
+				free(want);
+				continue;
+			}
+			cr_assert_eq(moe_lease_pool_count(s->c), 1);
 			void *got = malloc(want_bytes);
 			cr_assert_eq(moe_lease_deinterleave(m[p], pool, got, want_bytes), MOE_OK,
 			             "format %u interleave %u", m[p]->format, m[p]->interleave);
@@ -56,26 +129,41 @@ static void check_rows(struct served *s, const struct moe_lease_expert *le, uint
 	}
 }
 
-static void leases_equal_file(const char *format, const char *const *extra)
+static void leases_equal_file(const char *format, const char *const *extra, bool split)
 {
 	struct served s;
-	served_start(&s, format, extra);
+	served_start_split(&s, split, format, extra);
 	const struct moe_info *inf = moe_info(s.c);
 	struct moe_lease_expert le[REF_EXPERTS];
 	const int rc = moe_lease(s.c, moe_layer(&s), NULL, inf->n_experts, 0, le, 10000);
 	cr_assert_eq(rc, MOE_OK, "%s: %s", format, moe_last_error(s.c));
-	for (uint32_t i = 0; i < inf->n_experts; i++)
+	cr_assert_eq(moe_lease_pool_count(s.c), split ? 2 : 1);
+	for (uint32_t i = 0; i < inf->n_experts; i++) {
 		cr_assert_eq(le[i].expert, i);
+		cr_assert_eq(le[i].gate.area, split ? MOE_LEASE_AREA_SLICES : MOE_LEASE_AREA_POOL);
+		cr_assert_eq(le[i].down.area, le[i].gate.area);
+	}
 	check_rows(&s, le, inf->n_experts);
 	cr_assert_eq(moe_lease_release(s.c, NULL, 0, 5000), MOE_OK, "%s", moe_last_error(s.c));
+	if (split) { /* the slices of a released lease are gone */
+		struct moe_lease_slice sl[MOE_LEASE_MAX_POOLS];
+		uint32_t n;
+		cr_assert_eq(
+		    moe_lease_slices(s.c, &le[0], &le[0].gate, sl, MOE_LEASE_MAX_POOLS, &n),
+		    MOE_EINVAL);
+	}
 	served_stop(&s);
 }
 
 static void leases_equal_file_both_layouts(const char *format)
 {
-	leases_equal_file(format, with_leases);
+	leases_equal_file(format, with_leases, false);
 	const char *const rows[] = {"--leases", "--file-layout", NULL};
-	leases_equal_file(format, rows);
+	leases_equal_file(format, rows, false);
+	/* split over two nodes' pools: the decode layout (x8 where the format has it), then the
+	 * files' rows */
+	leases_equal_file(format, with_leases, true);
+	leases_equal_file(format, rows, true);
 }
 
 Test(leases, f32_rows_are_the_files)
@@ -137,10 +225,10 @@ Test(leases, nvfp4_rows_are_the_files)
 
 /* The shared mapping is read-only: a write faults (SIGSEGV in a child), and the memfd cannot
  * be mapped writable again (its seals). */
-Test(leases, the_pool_mapping_cannot_be_written)
+static void the_pool_mapping_cannot_be_written_on(bool split)
 {
 	struct served s;
-	served_start(&s, "q8_0", with_leases);
+	served_start_split(&s, split, "q8_0", with_leases);
 	struct moe_lease_expert le;
 	const int32_t x = 3;
 	cr_assert_eq(moe_lease(s.c, moe_layer(&s), &x, 1, 0, &le, 10000), MOE_OK, "%s",
@@ -152,6 +240,15 @@ Test(leases, the_pool_mapping_cannot_be_written)
 	cr_assert_eq((uintptr_t)pool % 4096, 0);
 	cr_assert_eq(mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), MAP_FAILED);
 	cr_assert_eq(errno, EPERM);
+	for (uint32_t p = 1; p < moe_lease_pool_count(s.c); p++) { /* each node's pool alike */
+		const void *other;
+		cr_assert_eq(moe_lease_pool_at(s.c, p, &other, &bytes, &fd), MOE_OK);
+		cr_assert_eq((uintptr_t)other % 4096, 0);
+		cr_assert_eq(mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0),
+		             MAP_FAILED);
+		cr_assert_eq(errno, EPERM);
+	}
+	cr_assert_eq(moe_lease_pool_count(s.c), split ? 2 : 1);
 	const pid_t child = fork();
 	cr_assert_geq(child, 0);
 	if (child == 0) {
@@ -166,14 +263,22 @@ Test(leases, the_pool_mapping_cannot_be_written)
 	cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV, "child status 0x%x", st);
 	served_stop(&s);
 }
+Test(leases, the_pool_mapping_cannot_be_written)
+{
+	the_pool_mapping_cannot_be_written_on(false);
+}
+Test(leases, split_the_pool_mapping_cannot_be_written)
+{
+	the_pool_mapping_cannot_be_written_on(true);
+}
 
 /* One lease pins one expert: a budget of 25% evicts everything else over and over, and the
  * leased expert's bytes stay where the lease said, unchanged. */
-Test(leases, a_leased_expert_is_never_evicted)
+static void a_leased_expert_is_never_evicted_on(bool split)
 {
 	struct served s;
 	const char *const extra[] = {"--leases", "--mem-budget", "25%", NULL};
-	served_start(&s, "q4_k", extra);
+	served_start_split(&s, split, "q4_k", extra);
 	const struct moe_info *inf = moe_info(s.c);
 	struct moe_lease_expert le;
 	const int32_t x = 5;
@@ -195,13 +300,21 @@ Test(leases, a_leased_expert_is_never_evicted)
 	check_rows(&s, &le, 1);
 	served_stop(&s);
 }
+Test(leases, a_leased_expert_is_never_evicted)
+{
+	a_leased_expert_is_never_evicted_on(false);
+}
+Test(leases, split_a_leased_expert_is_never_evicted)
+{
+	a_leased_expert_is_never_evicted_on(true);
+}
 
 /* A cold lease loads: under a lazy budget the expert is not resident until leased. */
-Test(leases, a_cold_lease_loads)
+static void a_cold_lease_loads_on(bool split)
 {
 	struct served s;
 	const char *const extra[] = {"--leases", "--mem-budget", "50%", NULL};
-	served_start(&s, "q8_0", extra);
+	served_start_split(&s, split, "q8_0", extra);
 	const struct moe_info *inf = moe_info(s.c);
 	const int32_t last = (int32_t)(inf->first_moe_layer + inf->n_moe_layers - 1);
 	struct moe_lease_expert le[4];
@@ -222,12 +335,20 @@ Test(leases, a_cold_lease_loads)
 	free(js);
 	served_stop(&s);
 }
+Test(leases, a_cold_lease_loads)
+{
+	a_cold_lease_loads_on(false);
+}
+Test(leases, split_a_cold_lease_loads)
+{
+	a_cold_lease_loads_on(true);
+}
 
 /* A client killed while holding leases: its leases are released when its channel closes. */
-Test(leases, a_killed_clients_leases_are_freed)
+static void a_killed_clients_leases_are_freed_on(bool split)
 {
 	struct served s;
-	served_start(&s, "q8_0", with_leases);
+	served_start_split(&s, split, "q8_0", with_leases);
 	int ready[2];
 	cr_assert_eq(pipe(ready), 0);
 	const int32_t layer = moe_layer(&s);
@@ -272,6 +393,14 @@ Test(leases, a_killed_clients_leases_are_freed)
 	close(ready[1]);
 	served_stop(&s);
 }
+Test(leases, a_killed_clients_leases_are_freed)
+{
+	a_killed_clients_leases_are_freed_on(false);
+}
+Test(leases, split_a_killed_clients_leases_are_freed)
+{
+	a_killed_clients_leases_are_freed_on(true);
+}
 
 static void expect_refusal(struct served *s, int rc, int want, const char *words)
 {
@@ -282,11 +411,11 @@ static void expect_refusal(struct served *s, int rc, int want, const char *words
 }
 
 /* Hostile requests are refused, each with its reason, and leave nothing held. */
-Test(leases, hostile_requests_are_refused_clearly)
+static void hostile_requests_are_refused_clearly_on(bool split)
 {
 	struct served s;
 	const char *const extra[] = {"--leases", "--mem-budget", "40%", NULL};
-	served_start(&s, "q8_0", extra);
+	served_start_split(&s, split, "q8_0", extra);
 	const struct moe_info *inf = moe_info(s.c);
 	const int32_t l = moe_layer(&s);
 	struct moe_lease_expert le[REF_EXPERTS];
@@ -312,6 +441,14 @@ Test(leases, hostile_requests_are_refused_clearly)
 	free(js);
 	served_stop(&s);
 }
+Test(leases, hostile_requests_are_refused_clearly)
+{
+	hostile_requests_are_refused_clearly_on(false);
+}
+Test(leases, split_hostile_requests_are_refused_clearly)
+{
+	hostile_requests_are_refused_clearly_on(true);
+}
 
 /* Without --leases the pool is private: no fd at connect, LEASE refused with the way out. */
 Test(leases, a_sidecar_without_leases_says_how_to_get_them)
@@ -330,11 +467,11 @@ Test(leases, a_sidecar_without_leases_says_how_to_get_them)
  * staging area, equals moek_dequantize of the file's rows rounded to BF16, for a quantized
  * format with the decode layout (Q4_K) and one without (Q6_K). The staging area is read-only
  * too, and a full one refuses with its figures. */
-static void bf16_equals_dequantize(const char *format)
+static void bf16_equals_dequantize(const char *format, bool split)
 {
 	struct served s;
 	const char *const extra[] = {"--leases", "--lease-staging-mib", "4", NULL};
-	served_start(&s, format, extra);
+	served_start_split(&s, split, format, extra);
 	const void *staging;
 	size_t bytes;
 	cr_assert_eq(moe_lease_staging(s.c, &staging, &bytes, NULL), MOE_OK);
@@ -384,20 +521,29 @@ static void bf16_equals_dequantize(const char *format)
 
 Test(leases, q4_k_bf16_form_is_moek_dequantize)
 {
-	bf16_equals_dequantize("q4_k");
+	bf16_equals_dequantize("q4_k", false);
 }
 Test(leases, q6_k_bf16_form_is_moek_dequantize)
 {
-	bf16_equals_dequantize("q6_k");
+	bf16_equals_dequantize("q6_k", false);
+}
+/* Split: the sidecar dequantizes each node's rows from that node's pool into one matrix. */
+Test(leases, split_q4_k_bf16_form_is_moek_dequantize)
+{
+	bf16_equals_dequantize("q4_k", true);
+}
+Test(leases, split_q6_k_bf16_form_is_moek_dequantize)
+{
+	bf16_equals_dequantize("q6_k", true);
 }
 
 /* A sidecar killed with leases out: the client sees MOE_EPEERDEAD, as for FORWARDs; after the
  * restart (and moe_reconnect) the old lease ids mean nothing, the new pool is mapped, and new
  * leases are the file's rows again. */
-Test(leases, a_restart_invalidates_leases)
+static void a_restart_invalidates_leases_on(bool split)
 {
 	struct served s;
-	served_start(&s, "q8_0", with_leases);
+	served_start_split(&s, split, "q8_0", with_leases);
 	struct moe_lease_expert le[2];
 	const int32_t xs[2] = {6, 7};
 	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 10000), MOE_OK, "%s",
@@ -408,11 +554,20 @@ Test(leases, a_restart_invalidates_leases)
 	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 5000), MOE_EPEERDEAD);
 	cr_assert_eq(moe_lease_pool(s.c, NULL, NULL, NULL), MOE_EPEERDEAD);
 	const char *const extra[] = {s.model, "--leases", NULL};
-	cr_assert_eq(sidecar_start(&s.sp, extra, NULL), 0);
+	const char *buf[16];
+	cr_assert_eq(sidecar_start(&s.sp, with_split(extra, split, buf), NULL), 0);
 	cr_assert_eq(moe_reconnect(s.c, 20000), MOE_OK, "%s", moe_last_error(s.c));
 	expect_refusal(&s, moe_lease_release(s.c, &old, 1, 5000), MOE_EBADLEASE, "not held");
 	cr_assert_eq(moe_lease(s.c, moe_layer(&s), xs, 2, 0, le, 10000), MOE_OK, "%s",
 	             moe_last_error(s.c));
 	check_rows(&s, le, 2);
 	served_stop(&s);
+}
+Test(leases, a_restart_invalidates_leases)
+{
+	a_restart_invalidates_leases_on(false);
+}
+Test(leases, split_a_restart_invalidates_leases)
+{
+	a_restart_invalidates_leases_on(true);
 }

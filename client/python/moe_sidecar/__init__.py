@@ -24,7 +24,7 @@ from .errors import (BadDtypeError, BadExpertError, BadFieldError, BadLayerError
 from .kt import KTMoEWrapper
 
 ABI = (_native.ABI_MAJOR, _native.ABI_MINOR)
-__version__ = "1.3.0"
+__version__ = "1.4.0"
 
 __all__ = [
     "Client", "Pending", "SlotView", "KTMoEWrapper", "fingerprint", "placement",

@@ -706,19 +706,52 @@ static PyObject *Channel_lease_release(Channel *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* lease_pool([staging]) -> (fd, bytes): a duplicate of the pool's memfd (staging true: the
- * channel's staging area's), which the caller maps read-only and closes; or raises (none). */
+/* lease_slices(expert: bytes of one struct moe_lease_expert as lease() gave it, matrix 0..2)
+ * -> bytes of its struct moe_lease_slice (moe_lease_slices). */
+static PyObject *Channel_lease_slices(Channel *self, PyObject *args)
+{
+	struct int_arg j_a = {"matrix", 0, 2, 0};
+	PyObject *e_o;
+	if (!PyArg_ParseTuple(args, "OO&", &e_o, int_arg, &j_a))
+		return NULL;
+	Py_buffer eb;
+	if (get_buffer(e_o, &eb, "expert") < 0)
+		return NULL;
+	struct moe_lease_expert e;
+	const int fits = (size_t)eb.len == sizeof(e);
+	if (fits)
+		memcpy(&e, eb.buf, sizeof(e));
+	PyBuffer_Release(&eb);
+	if (!fits)
+		return PyErr_Format(PyExc_ValueError, "expert: %zu bytes expected",
+		                    sizeof(struct moe_lease_expert));
+	const struct moe_lease_matrix *m = j_a.v == 0 ? &e.gate : j_a.v == 1 ? &e.up : &e.down;
+	struct moe_lease_slice sl[MOE_LEASE_MAX_POOLS];
+	uint32_t n = 0;
+	int rc;
+	char why[MOE_MESSAGE_MAX + 64];
+	LOCKED_CALL(self, rc, why, moe_lease_slices(c_, &e, m, sl, MOE_LEASE_MAX_POOLS, &n));
+	if (rc != MOE_OK)
+		return raise_status(rc, "lease_slices: no slices of this matrix held", 0, 0);
+	return PyBytes_FromStringAndSize((const char *)sl, (Py_ssize_t)(n * sizeof(sl[0])));
+}
+
+/* lease_pool([staging[, pool]]) -> (fd, bytes): a duplicate of lease pool `pool`'s memfd
+ * (staging true: the channel's staging area's), which the caller maps read-only and closes;
+ * or raises (none). */
 static PyObject *Channel_lease_pool(Channel *self, PyObject *args)
 {
 	int staging = 0;
-	if (!PyArg_ParseTuple(args, "|p", &staging))
+	struct int_arg pool_a = {"pool", 0, MOE_LEASE_MAX_POOLS - 1, 0};
+	if (!PyArg_ParseTuple(args, "|pO&", &staging, int_arg, &pool_a))
 		return NULL;
+	const uint32_t pool = (uint32_t)pool_a.v;
 	int rc, fd = -1;
 	size_t bytes = 0;
 	char why[MOE_MESSAGE_MAX + 64];
 	LOCKED_CALL(self, rc, why,
 	            staging ? moe_lease_staging(c_, NULL, &bytes, &fd)
-	                    : moe_lease_pool(c_, NULL, &bytes, &fd));
+	                    : moe_lease_pool_at(c_, pool, NULL, &bytes, &fd));
 	if (rc != MOE_OK)
 		return raise_status(rc,
 		                    rc != MOE_ENOLEASE ? why
@@ -769,6 +802,55 @@ static PyObject *mod_deinterleave(PyObject *mod, PyObject *args)
 		return raise_status(rc,
 		                    "deinterleave: the description, the pool or the output does "
 		                    "not fit",
+		                    0, 0);
+	Py_RETURN_NONE;
+}
+
+/* deinterleave_slice(description, slice: 64 bytes each of struct moe_lease_matrix and
+ * struct moe_lease_slice, pool, out): the slice's GGUF rows into their rows of out, the whole
+ * matrix (moe_lease_deinterleave_slice); the slice's span must lie inside pool. */
+static PyObject *mod_deinterleave_slice(PyObject *mod, PyObject *args)
+{
+	(void)mod;
+	PyObject *d_o, *s_o, *pool_o, *out_o;
+	if (!PyArg_ParseTuple(args, "OOOO", &d_o, &s_o, &pool_o, &out_o))
+		return NULL;
+	Py_buffer d, sb, pool, out;
+	if (get_buffer(d_o, &d, "description") < 0)
+		return NULL;
+	if (get_buffer(s_o, &sb, "slice") < 0) {
+		PyBuffer_Release(&d);
+		return NULL;
+	}
+	if (get_buffer(pool_o, &pool, "pool") < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&sb);
+		return NULL;
+	}
+	if (PyObject_GetBuffer(out_o, &out, PyBUF_WRITABLE) < 0) {
+		PyBuffer_Release(&d);
+		PyBuffer_Release(&sb);
+		PyBuffer_Release(&pool);
+		return NULL;
+	}
+	struct moe_lease_matrix m;
+	struct moe_lease_slice s;
+	int rc = MOE_EINVAL;
+	if ((size_t)d.len == sizeof(m) && (size_t)sb.len == sizeof(s)) {
+		memcpy(&m, d.buf, sizeof(m));
+		memcpy(&s, sb.buf, sizeof(s));
+		if (s.offset <= (uint64_t)pool.len && s.bytes <= (uint64_t)pool.len - s.offset)
+			rc = moe_lease_deinterleave_slice(&m, &s, pool.buf, out.buf,
+			                                  (size_t)out.len);
+	}
+	PyBuffer_Release(&d);
+	PyBuffer_Release(&sb);
+	PyBuffer_Release(&pool);
+	PyBuffer_Release(&out);
+	if (rc != MOE_OK)
+		return raise_status(rc,
+		                    "deinterleave_slice: the description, the slice, the pool or "
+		                    "the output does not fit",
 		                    0, 0);
 	Py_RETURN_NONE;
 }
@@ -987,7 +1069,9 @@ static PyMethodDef channel_methods[] = {
     {"lease_release", (PyCFunction)Channel_lease_release, METH_VARARGS,
      "lease_release(ids or None, timeout_ms)."},
     {"lease_pool", (PyCFunction)Channel_lease_pool, METH_VARARGS,
-     "lease_pool() -> (a duplicate of the pool's memfd, bytes)."},
+     "lease_pool(staging=False, pool=0) -> (a duplicate of the pool's memfd, bytes)."},
+    {"lease_slices", (PyCFunction)Channel_lease_slices, METH_VARARGS,
+     "lease_slices(expert, matrix) -> bytes of the matrix's slices (split pools)."},
     {"prefetch", (PyCFunction)Channel_prefetch, METH_VARARGS,
      "prefetch(layer, ids|None, scores, timeout_ms) -> loads started."},
     {"set_gpu_mask", (PyCFunction)Channel_set_gpu_mask, METH_VARARGS,
@@ -1159,6 +1243,8 @@ static PyMethodDef module_methods[] = {
      "(mask bytes, covered)."},
     {"deinterleave", mod_deinterleave, METH_VARARGS,
      "deinterleave(description, pool, out): a leased matrix as GGUF rows into out."},
+    {"deinterleave_slice", mod_deinterleave_slice, METH_VARARGS,
+     "deinterleave_slice(description, slice, pool, out): a slice's rows into out."},
     {"host_functions", mod_host_functions, METH_NOARGS,
      "(host_submit, host_wait) addresses, for cudaLaunchHostFunc."},
     {NULL, NULL, 0, NULL},

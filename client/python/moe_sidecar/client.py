@@ -259,6 +259,11 @@ def placement(load, gpu_experts, strategy="frequency", blocks=None, n_blocks=Non
 # (u64), format, rows, cols, interleave, scale_stride, reserved (u32); struct moe_lease_expert:
 # lease, layer, expert, activation (u32/i32) then gate, up, down.
 _LEASE_MATRIX = struct.Struct("<5Q6I")
+# struct moe_lease_slice (ABI 1.4): offset, bytes, row_stride, scales_offset, bias_offset
+# (u64), pool, row0, rows, interleave, scale_stride, n_slices (u32)
+_LEASE_SLICE = struct.Struct("<5Q6I")
+_AREA_STAGING = 1
+_AREA_SLICES = 2
 _LEASE_EXPERT = struct.Struct("<IiII")
 _LEASE_EXPERT_BYTES = _LEASE_EXPERT.size + 3 * _LEASE_MATRIX.size
 _MATRICES = ("gate", "up", "down")
@@ -282,7 +287,10 @@ class Lease:
     per expert a dict of torch uint8 tensors over the mapping — rows x row bytes at the
     row stride for the files' rows (interleave 0); the whole span for the decode layout
     (interleave 8: rows() gives GGUF rows); for a dtype="bf16" lease, bfloat16 rows x cols
-    tensors of the channel's staging area. rows(i, name): the GGUF rows of one matrix (a
+    tensors of the channel's staging area. On a sidecar that splits experts over NUMA nodes
+    (one pool per node) a raw matrix has area 2 and "slices" (per node: pool, row0, rows,
+    offset, ...): its view is a list of one such tensor per slice, over that node's pool
+    (Client.lease_pool(pool=k)); rows() gathers the whole matrix. rows(i, name): the GGUF rows of one matrix (a
     copy; BF16/F16/F32 as rows x cols of that dtype, other formats as uint8 rows x row bytes).
     The mapping is read-only: writing into a view faults the process. A view taken before
     release() still reads the mapping (kept alive), but what it shows may change once the
@@ -309,6 +317,15 @@ class Lease:
                             "format": f[5], "rows": f[6], "cols": f[7], "interleave": f[8],
                             "scale_stride": f[9], "area": f[10],
                             "_raw": bytes(raw[o:o + _LEASE_MATRIX.size])}
+                if f[10] == _AREA_SLICES:
+                    sr = client._ch.lease_slices(bytes(raw[at:at + _LEASE_EXPERT_BYTES]), j)
+                    ms[name]["slices"] = [
+                        dict(zip(("offset", "bytes", "row_stride", "scales_offset",
+                                  "bias_offset", "pool", "row0", "rows", "interleave",
+                                  "scale_stride", "n_slices"),
+                                 _LEASE_SLICE.unpack_from(sr, k)),
+                             _raw=bytes(sr[k:k + _LEASE_SLICE.size]))
+                        for k in range(0, len(sr), _LEASE_SLICE.size)]
             self.ids.append(lease_id)
             self.experts.append(expert)
             self.matrices.append(ms)
@@ -333,23 +350,37 @@ class Lease:
         import warnings
 
         out = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the buffer is read-only, on purpose
-            flat = torch.frombuffer(self._pool, dtype=torch.uint8)
+        flats = {}
+
+        def flat_of(k):  # pool k's mapping as a flat uint8 tensor
+            if k not in flats:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the buffer is read-only, on purpose
+                    flats[k] = torch.frombuffer(self._pool if k is None else self._pool_at(k),
+                                                dtype=torch.uint8)
+            return flats[k]
+
+        def view(flat, m, s):  # rows of m held by s (offset, bytes, rows) over flat
+            if s["interleave"]:
+                return flat[s["offset"]:s["offset"] + s["bytes"]]
+            return flat[s["offset"]:].as_strided((s["rows"], self._row_bytes(m)),
+                                                 (s["row_stride"], 1))
+
         for ms in self.matrices:
             d = {}
             for name, m in ms.items():
-                if m["area"] == 1:  # staging: BF16 rows, packed
-                    d[name] = flat[m["offset"]:m["offset"] + m["bytes"]].view(
+                if m["area"] == _AREA_STAGING:  # staging: BF16 rows, packed
+                    d[name] = flat_of(None)[m["offset"]:m["offset"] + m["bytes"]].view(
                         torch.bfloat16).view(m["rows"], m["cols"])
-                elif m["interleave"]:
-                    d[name] = flat[m["offset"]:m["offset"] + m["bytes"]]
+                elif m["area"] == _AREA_SLICES:
+                    d[name] = [view(flat_of(s["pool"]), m, s) for s in m["slices"]]
                 else:
-                    rb = self._row_bytes(m)
-                    d[name] = flat[m["offset"]:].as_strided((m["rows"], rb),
-                                                            (m["row_stride"], 1))
+                    d[name] = view(flat_of(None), m, m)
             out.append(d)
         return out
+
+    def _pool_at(self, k):
+        return self._client.lease_pool(pool=k)
 
     def rows(self, i, name):
         """GGUF rows of matrix `name` of the i-th expert, as a new tensor: BF16, F16 and F32
@@ -364,7 +395,11 @@ class Lease:
         be, bb = _BLOCKS[m["format"]]
         rb = m["cols"] // be * bb
         out = bytearray(m["rows"] * rb)
-        _native.deinterleave(m["_raw"], self._pool, out)
+        if m["area"] == _AREA_SLICES:
+            for s in m["slices"]:
+                _native.deinterleave_slice(m["_raw"], s["_raw"], self._pool_at(s["pool"]), out)
+        else:
+            _native.deinterleave(m["_raw"], self._pool, out)
         t = torch.frombuffer(out, dtype=torch.uint8).reshape(m["rows"], rb)
         dt = {_BF16: torch.bfloat16, _F16: torch.float16, _F32: torch.float32}.get(m["format"])
         return t.view(dt) if dt is not None else t
@@ -717,17 +752,18 @@ class Client:
 
 
     # ---- expert leases ---------------------------------------------------------------------
-    def lease_pool(self, staging=False):
+    def lease_pool(self, staging=False, pool=0):
         """The sidecar's slot pool (staging: this channel's staging area, serve
         --lease-staging-mib), mapped read-only (a sidecar started with --leases): an mmap
-        object shared by every Lease of this channel generation."""
+        object shared by every Lease of this channel generation. pool: which pool, on a
+        sidecar that splits experts over NUMA nodes (one per node, 0 first)."""
         self._recover()
-        key = "_staging" if staging else "_pool"
+        key = "_staging" if staging else "_pool" if pool == 0 else f"_pool{int(pool)}"
         if getattr(self, key + "_gen", None) != self.generation:
             import mmap
             import os
 
-            fd, size = self._ch.lease_pool(staging)
+            fd, size = self._ch.lease_pool(staging, pool)
             try:
                 setattr(self, key, mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
                                              prot=mmap.PROT_READ))

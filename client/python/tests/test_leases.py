@@ -149,3 +149,37 @@ def test_bf16_leases_are_the_dequantized_rows(tmp_path):
             assert c.stats()["leases_held"] == 0
     finally:
         assert s.stop() == 0
+
+
+def test_leases_of_a_sidecar_split_over_numa_nodes(models):
+    """A sidecar that splits each expert's rows over two (synthetic) NUMA nodes shares one
+    pool per node (ABI 1.4): a raw lease's matrices come as slices (area 2), one per node's
+    pool in row order; views() give a tensor per slice, rows() gathers the model's weights;
+    the BF16 form is one matrix in the staging area, equal to the same weights."""
+    s = Sidecar(models["bf16"], "--leases", "--lease-staging-mib", "8", "--threads", "2",
+                "--numa", "synthetic:pack:1 numa:2 core:1 pu:1")
+    try:
+        tensors = read_safetensors(models["bf16"])
+        with moe_sidecar.Client(s.socket) as c:
+            layer = c.moe_layers[0]
+            with c.lease(layer) as lease:
+                views = lease.views()
+                for e in (0, 7, c.n_experts - 1):
+                    for name in ("gate", "up", "down"):
+                        m = lease.matrices[e][name]
+                        assert m["area"] == 2, m
+                        assert [sl["pool"] for sl in m["slices"]] == [0, 1]
+                        assert sum(sl["rows"] for sl in m["slices"]) == m["rows"]
+                        assert len(views[e][name]) == 2
+                        got = lease.rows(e, name)
+                        want = expert_weight(tensors, layer, e, name)
+                        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            with c.lease(layer, [1, 2], dtype="bf16") as bf:
+                for i, e in enumerate((1, 2)):
+                    for name in ("gate", "up", "down"):
+                        got = bf.views()[i][name]
+                        want = expert_weight(tensors, layer, e, name)
+                        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), name
+            assert c.stats()["leases_held"] == 0
+    finally:
+        assert s.stop() == 0

@@ -31,8 +31,8 @@ def _forward(c, layer, ids):
 
 
 def test_version_matches_the_protocol():
-    assert ms.ABI == (1, 3)
-    assert ms.__version__ == "1.3.0"
+    assert ms.ABI == (1, 4)
+    assert ms.__version__ == "1.4.0"
 
 
 def test_expert_stats_count_what_was_routed(served):
