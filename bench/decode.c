@@ -58,6 +58,7 @@
  *                                         ffn_gate_inp, on this layer's input: pre-gating,
  *                                         with its precision/recall against the trace)
  *                [--policy SPEC]         (serve --policy, and the replay's)
+ *                [--pool-pages huge|auto] (serve --pool-pages: the slot pool's pages)
  *                [--keep-traces DIR]     (the recorded runs below 100% kept in DIR)
  *
  * Also reported per budget: hits that a hint had loaded, bytes read per token (demand misses
@@ -116,6 +117,7 @@ enum hints_mode { HINTS_ORACLE, HINTS_NONE, HINTS_ROUTER };
 static enum hints_mode hints = HINTS_ORACLE;
 static const char *const hints_names[] = {"oracle", "none", "router"};
 static struct moe_router router; /* --hints router: the model's ffn_gate_inp weights */
+static const char *pool_pages;   /* --pool-pages: serve's (NULL: its default) */
 static const char *policy_arg;   /* --policy: serve's, and the replay's (NULL: the default) */
 static const char *keep_traces;  /* --keep-traces DIR: the recorded runs kept there */
 #define K_DEFER 1u
@@ -545,7 +547,7 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 		snprintf(fd, sizeof(fd), "%d", ready);
 		snprintf(budget, sizeof(budget), "%.2f%%", fraction * 100.0);
 		snprintf(inst, sizeof(inst), "bench-decode-%d", (int)getppid());
-		const char *argv[24] = {MOE_SIDECAR_BIN,
+		const char *argv[28] = {MOE_SIDECAR_BIN,
 		                        "serve",
 		                        model,
 		                        "--mem-budget",
@@ -573,6 +575,10 @@ static pid_t sidecar_spawn(const char *model, double fraction, const char *sock,
 		if (record_path) {
 			argv[at++] = "--record-trace";
 			argv[at++] = record_path;
+		}
+		if (pool_pages) {
+			argv[at++] = "--pool-pages";
+			argv[at++] = pool_pages;
 		}
 		if (policy_arg) {
 			argv[at++] = "--policy";
@@ -1063,14 +1069,15 @@ int main(int argc, char **argv)
 	    {"numa", required_argument, NULL, 'N'},
 	    {"hints", required_argument, NULL, 'H'},
 	    {"policy", required_argument, NULL, 'L'},
+	    {"pool-pages", required_argument, NULL, 'G'},
 	    {"keep-traces", required_argument, NULL, 'K'},
 	    {NULL, 0, NULL, 0},
 	};
 	int quick = 0, json = 0, c;
 	const char *model_arg = NULL, *png = NULL;
 	long steps = 0, rounds = 7;
-	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:H:L:K:h", longopts, NULL)) !=
-	       -1) {
+	while ((c = getopt_long(argc, argv, "qjm:n:p:t:T:b:r:dFSsP:J:N:H:L:G:K:h", longopts,
+	                        NULL)) != -1) {
 		switch (c) {
 		case 'q': quick = 1; break;
 		case 'j': json = 1; break;
@@ -1099,6 +1106,7 @@ int main(int argc, char **argv)
 		case 'J': json_file = optarg; break;
 		case 'N': numa_spec = optarg; break;
 		case 'L': policy_arg = optarg; break;
+		case 'G': pool_pages = optarg; break;
 		case 'K': keep_traces = optarg; break;
 		case 'H':
 			if (!strcmp(optarg, "oracle"))
@@ -1124,14 +1132,14 @@ int main(int argc, char **argv)
 				return 2;
 			break;
 		default:
-			fprintf(
-			    c == 'h' ? stdout : stderr,
-			    "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
-			    "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
-			    "[--client-spin] [--budgets P,P,...] "
-			    "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
-			    "[--prefill N,N] [--json-file PATH] [--numa SPEC] "
-			    "[--hints oracle|none|router] [--policy SPEC] [--keep-traces DIR]\n");
+			fprintf(c == 'h' ? stdout : stderr,
+			        "usage: bench_decode [--quick] [--json] [--model PATH] [--steps N] "
+			        "[--plot FILE.png] [--sidecar-threads N] [--threads N] "
+			        "[--client-spin] [--budgets P,P,...] "
+			        "[--rounds N] [--defer-cold] [--file-layout] [--sequential] "
+			        "[--prefill N,N] [--json-file PATH] [--numa SPEC] "
+			        "[--hints oracle|none|router] [--policy SPEC] [--pool-pages "
+			        "huge|auto] [--keep-traces DIR]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}

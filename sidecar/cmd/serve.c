@@ -55,6 +55,7 @@ enum {
 	OPT_PROBES_INSTANCE,
 	OPT_MAX_TOKENS,
 	OPT_NO_DIRECT,
+	OPT_POOL_PAGES,
 	OPT_FILE_LAYOUT,
 	OPT_LEASES,
 	OPT_LEASE_STAGING_MIB,
@@ -140,6 +141,10 @@ static const struct serve_option {
      "every channel batch-invariant: a token's output bits never depend on the rest of its "
      "batch (a client may also ask per channel; docs/engines.md)"},
     {{"no-direct", no_argument, NULL, OPT_NO_DIRECT}, NULL, "buffered reads (no O_DIRECT)"},
+    {{"pool-pages", required_argument, NULL, OPT_POOL_PAGES},
+     "huge|auto",
+     "the slot pool's pages: huge (THP, default) or auto (4 KiB pages while huge ones fault much "
+     "slower: a faster cold start on VMs that take freed memory back, slower decode)"},
     {{"file-layout", no_argument, NULL, OPT_FILE_LAYOUT},
      NULL,
      "keep resident experts in the files' rows (no decode layout: comparisons)"},
@@ -512,6 +517,11 @@ static int apply_model_option(int c, const char *arg, struct serve_model_config 
 	case OPT_REQUIRE_PROBES: mcfg->require_probes = true; return 0;
 	case OPT_PROBES_INSTANCE: mcfg->probes_instance = arg; return 0;
 	case OPT_NO_DIRECT: mcfg->no_direct = true; return 0;
+	case OPT_POOL_PAGES:
+		if (strcmp(arg, "huge") != 0 && strcmp(arg, "auto") != 0)
+			return option_error("pool-pages", arg, "expected huge or auto");
+		mcfg->pool_pages_auto = !strcmp(arg, "auto");
+		return 0;
 	case OPT_FILE_LAYOUT: mcfg->file_layout = true; return 0;
 	case OPT_LEASES: mcfg->leases = true; return 0;
 	case OPT_RETRY_BACKOFF:

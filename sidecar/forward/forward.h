@@ -92,6 +92,7 @@ struct forward_config {
 	uint32_t chunk_bytes; /* loader read size; 0 = residency default */
 	uint32_t queue_depth; /* loader reads in flight; 0 = residency default */
 	bool no_direct;       /* buffered reads (tests, --no-direct) */
+	bool pool_pages_auto; /* residency_config's (--pool-pages auto) */
 	/* FAILED experts: backoff before a demand reads one again (residency_config's;
 	 * 0 = defaults) */
 	uint32_t retry_backoff_ms, retry_backoff_max_ms;

@@ -156,6 +156,7 @@ int weights_start_residency(struct forward_weights *w, const struct forward_conf
 	    .chunk_bytes = cfg->chunk_bytes,
 	    .queue_depth = cfg->queue_depth,
 	    .no_direct = cfg->no_direct,
+	    .pool_pages_auto = cfg->pool_pages_auto,
 	    .shareable_pool = cfg->shareable_pool,
 	    .retry_backoff_ms = cfg->retry_backoff_ms,
 	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,

@@ -841,6 +841,7 @@ static void *populate_main(void *arg)
 	if (!done_slots)
 		abort(); /* a few KiB at start-up */
 	bool warned = false;
+	struct populate_pages pages = {0}; /* huge or 4 KiB pages, step by step */
 	uint32_t in_hand = UINT32_MAX, next = 0;
 	for (uint32_t finished = 0; finished < l->n_groups;) {
 		if (atomic_load_explicit(&l->populate_stop, memory_order_relaxed))
@@ -860,10 +861,15 @@ static void *populate_main(void *arg)
 		const uint32_t step = slot_bytes >= POPULATE_STEP ? 1 : POPULATE_STEP / slot_bytes;
 		const uint32_t n = count - done_slots[g] < step ? count - done_slots[g] : step;
 		const uint64_t t0 = monotonic_ns();
+		const bool huge = !c->pool_pages_auto || populate_pages_huge(&pages);
 		slot_pool_populate(c->pool,
 		                   (size_t)(slot_pool_addr(c->pool, first) - c->pool->base) +
 		                       done_slots[g] * slot_bytes,
-		                   (size_t)n * slot_bytes);
+		                   (size_t)n * slot_bytes, huge);
+		const uint64_t t1 = monotonic_ns();
+		populate_pages_note(&pages, huge, (uint64_t)n * slot_bytes, t1 - t0);
+		if (!huge && c->pool->thp_advised && !c->pool->hugetlb)
+			stat_add(&c->io->populated_small_bytes, (uint64_t)n * slot_bytes);
 		done_slots[g] += n;
 		uint8_t state = GROUP_POPULATING;
 		if (done_slots[g] == count)

@@ -85,6 +85,7 @@ struct loader_config {
 	uint32_t chunk_bytes, queue_depth, max_retries, read_timeout_ms;
 	uint64_t fixed_buffer_max; /* residency_config's */
 	bool no_register_buffers;
+	bool pool_pages_auto;             /* residency_config's */
 	residency_post_load_fn post_load; /* NULL: none */
 	void *post_load_arg;
 	loader_populate_fn populate_hook; /* tests only (fault_hook.h); NULL: none */

@@ -1295,6 +1295,7 @@ int residency_create_nodes_held(struct residency **out, const struct residency_n
 		    .read_timeout_ms = r->config.read_timeout_ms,
 		    .fixed_buffer_max = r->config.fixed_buffer_max,
 		    .no_register_buffers = r->config.no_register_buffers,
+		    .pool_pages_auto = r->config.pool_pages_auto,
 		    .post_load = r->config.post_load,
 		    .post_load_arg = p->post_load_arg,
 		    .populate_hook = populate_hook,

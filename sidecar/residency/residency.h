@@ -74,7 +74,10 @@ struct residency_config {
 	 * registered as several buffers; a smaller figure spreads a small pool over several
 	 * (tests). */
 	uint64_t fixed_buffer_max;
-	bool no_direct;      /* buffered reads, as asked (--no-direct, tests) */
+	bool no_direct; /* buffered reads, as asked (--no-direct, tests) */
+	/* THP-advised pools populated with 4 KiB pages where those fault much faster
+	 * (populate_pages, slot_pool.h; serve --pool-pages auto); false: huge pages throughout */
+	bool pool_pages_auto;
 	bool shareable_pool; /* the pool a memfd another process may map read-only (leases) */
 	residency_post_load_fn post_load; /* NULL: the bytes are used as read */
 	void *post_load_arg;              /* residency_create; residency_create_nodes: per node */
@@ -126,6 +129,7 @@ struct expert_ref {
 	X(fixed_reads, NODE) X(plain_reads, NODE) /* read_fixed into registered slots vs plain */ \
 	X(pool_groups, NODE) X(populated_groups, NODE) /* the pool's groups; pre-faulted so far */ \
 	X(populate_ns, NODE) /* time spent pre-faulting and registering them */                 \
+	X(populated_small_bytes, NODE) /* of them, with 4 KiB pages where THP was advised */     \
 	X(layout_ns, NODE) /* time in the post-load hook (the decode layout), layout thread */   \
 	X(busy_ns, NODE) /* time the loader had reads in flight */
 /* clang-format on */

@@ -193,15 +193,33 @@ int slot_pool_create_ex(struct slot_pool *pool, int node, uint64_t budget, const
 	return 0;
 }
 
-void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes)
+void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes, bool huge)
 {
 	assert(offset % SLOT_ALIGN == 0 && offset + bytes <= pool->slots_bytes);
 	uint8_t *p = pool->base + offset;
+	if (pool->thp_advised && !pool->hugetlb) /* a hint: pages of either size serve */
+		(void)madvise(p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
 #ifdef MADV_POPULATE_WRITE
 	if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0)
 		return;
 #endif
 	memset(p, 0, bytes); /* older kernels: touch it; no slot of the range is in use yet */
+}
+
+bool populate_pages_huge(const struct populate_pages *p)
+{
+	if (p->steps < 2)
+		return p->steps == 0; /* each kind once: huge, then small */
+	const bool huge = !(p->ns_per_byte[0] > 0 && p->ns_per_byte[1] > 0 &&
+	                    p->ns_per_byte[1] >= POPULATE_SMALL_MARGIN * p->ns_per_byte[0]);
+	return p->steps % POPULATE_PROBE_EVERY == POPULATE_PROBE_EVERY - 1 ? !huge : huge;
+}
+
+void populate_pages_note(struct populate_pages *p, bool huge, uint64_t bytes, uint64_t ns)
+{
+	if (bytes)
+		p->ns_per_byte[huge] = (double)(ns ? ns : 1) / (double)bytes;
+	p->steps++;
 }
 
 void slot_pool_destroy(struct slot_pool *pool)

@@ -106,8 +106,29 @@ static inline size_t slot_pool_slot_bytes(const struct slot_pool *pool, uint32_t
 
 /* Pre-faults [offset, offset + bytes) of the slots on the pool's node (MADV_POPULATE_WRITE;
  * where the kernel lacks it, zeroes the range: call it before any slot of the range is used).
- * Any thread; offset a multiple of SLOT_ALIGN. */
-void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes);
+ * huge: in a THP-advised pool (thp_advised, not hugetlb), the range is advised MADV_HUGEPAGE
+ * before, else MADV_NOHUGEPAGE (4 KiB pages); elsewhere it changes nothing. Any thread; offset a
+ * multiple of SLOT_ALIGN. */
+void slot_pool_populate(const struct slot_pool *pool, size_t offset, size_t bytes, bool huge);
+
+/* Which pages a THP-advised pool is populated with, step by step, from what each kind cost:
+ * huge pages unless 4 KiB pages were measured POPULATE_SMALL_MARGIN times faster or more.
+ * Where the hypervisor takes freed memory back (free page reporting), first-touching huge
+ * pages ran 4-6x slower than 4 KiB ones on the VMs here (docs/residency.md, "Slot pool"),
+ * while reads into 4 KiB pages run at ~0.7 of those into huge ones — hence the margin. The
+ * first step is huge, the second small (each kind measured once), then every
+ * POPULATE_PROBE_EVERY-th step takes the kind not chosen, to follow a rate that changes as
+ * the memory left changes. Pure: the caller times the steps (tests feed it figures). */
+#define POPULATE_SMALL_MARGIN 2.0
+#define POPULATE_PROBE_EVERY 8u
+struct populate_pages {
+	double ns_per_byte[2]; /* the last step of each kind: [0] 4 KiB, [1] huge; 0 = none yet */
+	uint32_t steps;        /* steps noted */
+};
+/* The kind for the next step: true = huge pages. */
+bool populate_pages_huge(const struct populate_pages *p);
+/* Notes a step of `bytes` populated with that kind in `ns`. */
+void populate_pages_note(struct populate_pages *p, bool huge, uint64_t bytes, uint64_t ns);
 /* Bytes of the pool's slots resident in memory now (mincore, page by page): what of it the
  * process's RSS holds. A page once resident stays so (the pool is never given back). */
 uint64_t slot_pool_resident_bytes(const struct slot_pool *pool);

@@ -213,6 +213,7 @@ static int forward_config_of(const struct serve_model_config *cfg, const struct 
 	    .policy = cfg->policy,
 	    .pin_layers = cfg->pin_layers,
 	    .no_direct = cfg->no_direct,
+	    .pool_pages_auto = cfg->pool_pages_auto,
 	    .retry_backoff_ms =
 	        cfg->retry_without_backoff ? RESIDENCY_NO_BACKOFF : cfg->retry_backoff_ms,
 	    .retry_backoff_max_ms = cfg->retry_backoff_max_ms,

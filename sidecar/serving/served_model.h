@@ -42,16 +42,17 @@ struct serve_model_config {
 	 * says where the figure came from (logs, refusals). */
 	uint64_t mem_limit, mem_base;
 	const char *mem_limit_from;
-	const char *numa;    /* "auto", "0,1", or "synthetic:<hwloc synthetic spec>" */
-	uint32_t threads;    /* per node; 0 = the node's cores */
-	uint32_t pin_layers; /* first N MoE layers always resident */
-	const char *policy;  /* residency policy spec; NULL = the engine's default */
-	uint32_t max_tokens; /* per request */
-	uint32_t max_top_k;  /* ids per token; 0 = the model's top_k */
-	bool no_direct;      /* buffered reads */
-	bool file_layout;    /* the files' rows, not the decode layout (forward_config) */
-	bool leases;         /* a shareable slot pool: LEASE is served (forward_config) */
-	bool require_probes; /* probes unavailable = fatal */
+	const char *numa;     /* "auto", "0,1", or "synthetic:<hwloc synthetic spec>" */
+	uint32_t threads;     /* per node; 0 = the node's cores */
+	uint32_t pin_layers;  /* first N MoE layers always resident */
+	const char *policy;   /* residency policy spec; NULL = the engine's default */
+	uint32_t max_tokens;  /* per request */
+	uint32_t max_top_k;   /* ids per token; 0 = the model's top_k */
+	bool no_direct;       /* buffered reads */
+	bool pool_pages_auto; /* --pool-pages auto (forward_config) */
+	bool file_layout;     /* the files' rows, not the decode layout (forward_config) */
+	bool leases;          /* a shareable slot pool: LEASE is served (forward_config) */
+	bool require_probes;  /* probes unavailable = fatal */
 	const char *probes_instance;
 	/* FAILED experts: first backoff and its cap in ms (0 = defaults, 1 s and 60 s), or none
 	 * at all (every demand retries). */

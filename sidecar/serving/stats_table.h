@@ -66,6 +66,7 @@
 	X(pool_groups,           GAUGE,   U64,  ALWAYS, "pool_groups",              NONE,  "Groups the slot pools are populated and registered in", st->residency.pool_groups) \
 	X(populated_groups,      GAUGE,   U64,  ALWAYS, "pool_populated_groups",    NONE,  "Groups of the slot pools populated so far", st->residency.populated_groups) \
 	X(populate_s,            COUNTER, F64,  ALWAYS, "pool_populate_seconds",    NONE,  "Time spent populating and registering the pools' groups", (double)st->residency.populate_ns / 1e9) \
+	X(populated_small_bytes, GAUGE,   U64,  ALWAYS, "pool_populated_small_bytes", NONE, "Bytes of the THP-advised pools populated with 4 KiB pages (huge ones faulted slower)", st->residency.populated_small_bytes) \
 	X(layout_s,              COUNTER, F64,  ALWAYS, "loader_layout_seconds",    NONE,  "Time the post-load stage converted loaded experts (the decode layout)", (double)st->residency.layout_ns / 1e9) \
 	X(loader_busy_s,         COUNTER, F64,  ALWAYS, "loader_busy_seconds",      NONE,  "Time the loaders had reads in flight", (double)st->residency.busy_ns / 1e9) \
 	X(pool_hugetlb,          GAUGE,   U64,  ALWAYS, "pool_hugetlb",             NONE,  "1 when every pool is on hugetlb pages", st->residency.hugetlb ? 1 : 0) \

@@ -7,9 +7,11 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "fixture.h"
+#include "slot_pool.h"
 
 struct gate {
 	pthread_mutex_t mu;
@@ -152,4 +154,80 @@ Test(populate, a_layout_failure_is_a_load_failure)
 	cr_assert_gt(c.layout_ns, 0, "the stage's time is counted");
 	residency_destroy(r);
 	fixture_destroy(&f);
+}
+
+/* The page-size choice from the figures it is given (never timed here): huge, then 4 KiB,
+ * each measured once; huge pages unless 4 KiB ones were at least POPULATE_SMALL_MARGIN times
+ * faster; the kind not chosen every POPULATE_PROBE_EVERY-th step, so a rate that changed is
+ * seen. */
+Test(populate_pages, huge_unless_small_pages_are_clearly_faster)
+{
+	struct populate_pages p = {0};
+	cr_assert(populate_pages_huge(&p), "the first step measures huge pages");
+	populate_pages_note(&p, true, 64u << 20, 640u << 20); /* 10 ns per byte */
+	cr_assert_not(populate_pages_huge(&p), "the second measures 4 KiB pages");
+	populate_pages_note(&p, false, 64u << 20, 384u << 20); /* 6: 1.7x, below the margin */
+	for (uint32_t s = 2; s < 3 * POPULATE_PROBE_EVERY; s++) {
+		const bool huge = populate_pages_huge(&p);
+		const bool probe = s % POPULATE_PROBE_EVERY == POPULATE_PROBE_EVERY - 1;
+		cr_assert_eq(huge, !probe, "step %u: huge pages unless a probe", s);
+		populate_pages_note(&p, huge, 64u << 20, huge ? 640u << 20 : 384u << 20);
+	}
+	/* 4 KiB pages now 4x faster (what free page reporting did to huge pages here) */
+	populate_pages_note(&p, false, 64u << 20, 160u << 20);
+	const uint32_t at = p.steps;
+	for (uint32_t s = at; s < at + 2 * POPULATE_PROBE_EVERY; s++) {
+		const bool huge = populate_pages_huge(&p);
+		const bool probe = s % POPULATE_PROBE_EVERY == POPULATE_PROBE_EVERY - 1;
+		cr_assert_eq(huge, probe, "step %u: 4 KiB pages unless a probe", s);
+		populate_pages_note(&p, huge, 64u << 20, huge ? 640u << 20 : 160u << 20);
+	}
+	/* a probe finds huge pages fast again (memory the host still backs): back to them */
+	while (!populate_pages_huge(&p))
+		populate_pages_note(&p, false, 64u << 20, 160u << 20);
+	populate_pages_note(&p, true, 64u << 20, 64u << 20);
+	cr_assert(populate_pages_huge(&p));
+}
+
+/* The advice of the smaps entry holding `addr`: its VmFlags line. */
+static void vm_flags_at(const void *addr, char *out, size_t len)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	cr_assert_not_null(f);
+	char line[512];
+	bool in = false;
+	out[0] = 0;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 &&
+		    strchr(line, '-') < strchr(line, ' '))
+			in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+		else if (in && !strncmp(line, "VmFlags:", 8)) {
+			snprintf(out, len, "%s", line + 8);
+			break;
+		}
+	}
+	fclose(f);
+}
+
+/* slot_pool_populate: a THP-advised pool's range populated with 4 KiB pages is advised
+ * MADV_NOHUGEPAGE, one with huge pages MADV_HUGEPAGE; both are resident afterwards. */
+Test(populate_pages, a_range_gets_the_pages_asked)
+{
+	struct slot_pool pool;
+	struct sidecar_error err = {0};
+	cr_assert_eq(slot_pool_create(&pool, -1, 8u << 20, 1u << 20, &err), 0, "%s", err.msg);
+	if (!pool.thp_advised || pool.hugetlb) {
+		slot_pool_destroy(&pool);
+		cr_skip_test("the pool is not THP-advised here (hugetlb, or no THP)");
+	}
+	slot_pool_populate(&pool, 0, 4u << 20, false);
+	slot_pool_populate(&pool, 4u << 20, 4u << 20, true);
+	char flags[512];
+	vm_flags_at(pool.base, flags, sizeof(flags));
+	cr_assert(strstr(flags, " nh"), "4 KiB range not advised NOHUGEPAGE: %s", flags);
+	vm_flags_at(pool.base + (4u << 20), flags, sizeof(flags));
+	cr_assert(strstr(flags, " hg"), "huge range not advised HUGEPAGE: %s", flags);
+	cr_assert_eq(slot_pool_resident_bytes(&pool), 8u << 20);
+	slot_pool_destroy(&pool);
 }

@@ -247,3 +247,12 @@ Test(serve_cli, placement_synopsis_names_gpu_bytes)
 	cr_expect(strstr(synopsis, "(--gpu-experts N | --gpu-bytes B [--expert-bytes B])"), "%s",
 	          synopsis);
 }
+
+/* --pool-pages takes huge or auto, and names what it expected otherwise. */
+Test(serve_cli, pool_pages_is_huge_or_auto)
+{
+	static char out[4096];
+	const char *bad[] = {MOE_SIDECAR_BIN, "serve", "--pool-pages", "4k", NULL};
+	cr_expect_eq(run_capture(bad, NULL, NULL, out, sizeof(out)), 2, "%s", out);
+	cr_expect(strstr(out, "--pool-pages '4k': expected huge or auto"), "%s", out);
+}

@@ -606,3 +606,24 @@ Test(serve_requests, a_flooding_client_does_not_starve_another)
 	moe_close(flood);
 	served_stop(&s);
 }
+
+/* serve --pool-pages auto: the pool populated with the pages the populate thread picks (4 KiB
+ * ones on a VM where huge pages fault slower) serves the same bits; STATS counts the 4 KiB
+ * bytes, never more than the pool holds. */
+Test(serve_requests, a_pool_of_either_page_size_serves_the_same_bits)
+{
+	const char *extra[] = {"--pool-pages", "auto", "--mem-budget", "50%", NULL};
+	struct served s;
+	served_start(&s, "q8_0", extra);
+	const uint32_t h = ref_hidden(s.ref), ne = ref_n_experts(s.ref);
+	struct fwd_case fc;
+	fwd_case_make(&fc, 61, 1, 2, 4, ne, h, false);
+	expect_exact(&s, &fc, NULL, NULL, "--pool-pages auto");
+	char *st = served_stats(&s);
+	const int64_t small = json_top_u64(st, "populated_small_bytes");
+	cr_assert_geq(small, 0, "no populated_small_bytes: %s", st);
+	cr_assert_leq(small, json_top_u64(st, "pool_bytes"), "%s", st);
+	free(st);
+	fwd_case_free(&fc);
+	served_stop(&s);
+}
