@@ -1597,38 +1597,34 @@ int moe_expert_stats(struct moe_client *c, uint64_t *counts, float *heat, size_t
 
 /* ---- Expert leases (ABI 1.3) ---------------------------------------------------------------- */
 
-int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
+/* One of the sidecar's lease mappings (map NULL: none) into the caller's optional outputs. */
+static int mapping_out(const struct moe_client *c, const void *map, size_t map_bytes, int map_fd,
+                       const void **base, size_t *bytes, int *fd)
 {
 	if (!c)
 		return MOE_EINVAL;
 	if (c->dead)
 		return MOE_EPEERDEAD;
-	if (!c->pool)
+	if (!map)
 		return MOE_ENOLEASE;
 	if (base)
-		*base = c->pool;
+		*base = map;
 	if (bytes)
-		*bytes = c->pool_bytes;
+		*bytes = map_bytes;
 	if (fd)
-		*fd = c->pool_fd;
+		*fd = map_fd;
 	return MOE_OK;
+}
+
+int moe_lease_pool(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
+{
+	return c ? mapping_out(c, c->pool, c->pool_bytes, c->pool_fd, base, bytes, fd) : MOE_EINVAL;
 }
 
 int moe_lease_staging(const struct moe_client *c, const void **base, size_t *bytes, int *fd)
 {
-	if (!c)
-		return MOE_EINVAL;
-	if (c->dead)
-		return MOE_EPEERDEAD;
-	if (!c->staging)
-		return MOE_ENOLEASE;
-	if (base)
-		*base = c->staging;
-	if (bytes)
-		*bytes = c->staging_bytes;
-	if (fd)
-		*fd = c->staging_fd;
-	return MOE_OK;
+	return c ? mapping_out(c, c->staging, c->staging_bytes, c->staging_fd, base, bytes, fd)
+	         : MOE_EINVAL;
 }
 
 /* Every matrix of a lease description lies inside its area (the sidecar's word, checked). */
@@ -1815,17 +1811,10 @@ int moe_lease_pool_at(const struct moe_client *c, uint32_t pool, const void **ba
 {
 	if (!c)
 		return MOE_EINVAL;
-	if (c->dead)
-		return MOE_EPEERDEAD;
 	if (pool >= c->n_pools)
-		return MOE_ENOLEASE;
-	if (base)
-		*base = c->pools[pool];
-	if (bytes)
-		*bytes = c->pools_bytes[pool];
-	if (fd)
-		*fd = c->pools_fd[pool];
-	return MOE_OK;
+		return c->dead ? MOE_EPEERDEAD : MOE_ENOLEASE;
+	return mapping_out(c, c->pools[pool], c->pools_bytes[pool], c->pools_fd[pool], base, bytes,
+	                   fd);
 }
 
 /* Which matrix of e m is (0 gate, 1 up, 2 down), or -1. */
