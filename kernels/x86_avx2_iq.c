@@ -273,6 +273,15 @@ VNNI_CODE ALWAYS_INLINE __m512i iqz_multishift(__m512i ctrl, __m512i data)
 	__asm__("vpmultishiftqb %2, %1, %0" : "=v"(r) : "v"(ctrl), "v"(data));
 	return r;
 }
+/* permb_z: byte b = data byte idx[b] (low 6 bits) where byte b is the low byte of its qword,
+ * else 0 (vpermb with a zeroing mask) */
+VNNI_CODE ALWAYS_INLINE __m512i iqz_permb_z(__m512i idx, __m512i data)
+{
+	__m512i r;
+	const __mmask64 m = 0x0101010101010101ull;
+	__asm__("vpermb %2, %1, %0%{%3%}%{z%}" : "=v"(r) : "v"(idx), "v"(data), "Yk"(m));
+	return r;
+}
 VNNI_CODE ALWAYS_INLINE __m512i iqz_permt2b(__m512i lo, __m512i idx, __m512i hi)
 {
 	__asm__("vpermt2b %2, %1, %0" : "+v"(lo) : "v"(idx), "v"(hi));
@@ -452,9 +461,14 @@ VNNI_CODE ALWAYS_INLINE void iqz_unpack(uint32_t format, const uint8_t *blk, int
 	if (format == MOEK_IQ2_XXS) {
 		const uint8_t *c =
 		    (const uint8_t *)((const struct block_iq2_xxs *)blk)->qs + 16 * j;
-		const __m512i idx = _mm512_cvtepu8_epi64(_mm_shuffle_epi8(
-		    _mm_loadu_si128((const __m128i *)c),
-		    _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)));
+		/* bytes 0-3, 8-11 zero-extended to qwords (VBMI form: one vpermb) */
+		const __m512i idx =
+		    form == 2
+		        ? iqz_permb_z(_mm512_set_epi64(11, 10, 9, 8, 3, 2, 1, 0),
+		                      _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)c)))
+		        : _mm512_cvtepu8_epi64(_mm_shuffle_epi8(
+		              _mm_loadu_si128((const __m128i *)c),
+		              _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0)));
 		*u = iqz_gather64(moek_iq2xxs_grid, idx);
 		*neg = form == 2
 		           ? bs[j]
@@ -601,12 +615,12 @@ VNNI_CODE ALWAYS_INLINE void iqz_body(const void *w, const void *act, size_t as,
 		                    : _cvtsh_ss(((const uint16_t *)blk)[0]);
 		for (int t = 0; t < NT; t++) {
 			const struct block_q8_K *y = q8k_token(act, as, t, i);
-			int32_t s = _mm512_reduce_add_epi32(sumi[t]);
-			if (iq1) {
-				const __m256i b = _mm256_madd_epi16(
-				    _mm256_loadu_si256((const __m256i *)y->bsums), sc.bs);
-				s += iq_hsum(b);
-			}
+			__m512i v = sumi[t];
+			if (iq1) /* the offset's part, in the same reduction (exact) */
+				v = _mm512_add_epi32(
+				    v, _mm512_zextsi256_si512(_mm256_madd_epi16(
+				           _mm256_loadu_si256((const __m256i *)y->bsums), sc.bs)));
+			const int32_t s = _mm512_reduce_add_epi32(v);
 			acc[t] = _mm_fmadd_ss(_mm_set_ss(d * y->d * f),
 			                      _mm_cvtsi32_ss(_mm_setzero_ps(), s), acc[t]);
 		}
