@@ -11,6 +11,10 @@
  * or 32 weights, one exact int32 sum per super-block, then one f32 FMA per token and
  * super-block by d · y.d · 0.125 (IQ3_XXS 0.25, IQ3_S 1) — moek_iq_dot_q8k_ref's arithmetic, so the
  * same bits.
+ * Where isa.c found AVX512-VNNI (MOEK_FORM_VNNI; iqz_body, below) 64 weights a step in one zmm:
+ * grid entries by vpgatherqq / vpgatherdd, signs as a k-mask negating the activations, maddubs,
+ * vpdpwssd by scale words spread by vpermw; with VBMI too (MOEK_FORM_VBMI) the ksigns bytes of a
+ * block by vpmultishiftqb + vpermi2b. The same exact int32 per super-block: the same bits.
  * Prefill: x86_avx2.c's table hands the f32 tiles the reference dequantizer's rows.
  *
  * As everywhere in the kernels, each result's summation order depends only on k.
