@@ -7,7 +7,8 @@
  *   and wider than the far-prefetch threshold; exact against the double dot of the
  *   dequantized operands.
  * - The one-token many-row entry (dot_rows) gives, row by row, the bits of the single-row dot,
- *   every format that has one, both forms, several widths and row counts.
+ *   every format that has one (the lattice i-quants included), both forms, several widths and
+ *   row counts.
  * - Whole expert FFN, decode (1 and 3 tokens) and prefill (20), Q4_K, Q5_K, Q6_K, Q8_0, Q4_0,
  *   MXFP4, IQ4_NL, IQ4_XS, BF16, F16, Q3_K, Q2_K, small and wide (14336-column down rows, the
  *   far-prefetch path) shapes: the AVX2 path forced to its plain form gives the same output
@@ -192,8 +193,10 @@ Test(dot_forms, many_row_dot_same_bits_as_row_by_row)
 	if (!have_avx2())
 		cr_skip_test("no AVX2 here");
 	static const uint32_t fmts[] = {
-	    MOEK_F16,  MOEK_BF16, MOEK_Q8_0, MOEK_Q4_0,   MOEK_MXFP4,  MOEK_Q4_K,     MOEK_Q5_K,
-	    MOEK_Q6_K, MOEK_Q2_K, MOEK_Q3_K, MOEK_IQ4_NL, MOEK_IQ4_XS, MOEK_INT4_G32, MOEK_NVFP4};
+	    MOEK_F16,      MOEK_BF16,  MOEK_Q8_0,    MOEK_Q4_0,   MOEK_MXFP4,  MOEK_Q4_K,
+	    MOEK_Q5_K,     MOEK_Q6_K,  MOEK_Q2_K,    MOEK_Q3_K,   MOEK_IQ4_NL, MOEK_IQ4_XS,
+	    MOEK_INT4_G32, MOEK_NVFP4, MOEK_IQ2_XXS, MOEK_IQ2_XS, MOEK_IQ2_S,  MOEK_IQ3_XXS,
+	    MOEK_IQ3_S,    MOEK_IQ1_S, MOEK_IQ1_M};
 	static const size_t widths[] = {256, 768, 2304, 14336}; /* K-quant multiples; 14336 wide */
 	for (size_t f = 0; f < sizeof(fmts) / sizeof(fmts[0]); f++)
 		for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {

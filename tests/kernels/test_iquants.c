@@ -489,73 +489,86 @@ Test(iquants, quantizer_round_trip)
 	}
 }
 
-/* The AVX2 dots against the scalar reference dot: same bits, every token count; the reference
- * against the exact double dot of the dequantized operands (a few float roundings). */
+/* The AVX2 dots against the scalar reference dot: same bits, every token count, in each form
+ * this CPU runs (plain AVX2; the VNNI form; VNNI + VBMI); the reference against the exact double
+ * dot of the dequantized operands (a few float roundings). */
 Test(iquants, avx2_dot_same_bits_as_reference)
 {
 	if (!moek_isa_supported(MOEK_ISA_AVX2))
 		cr_skip_test("no AVX2 here");
 #if defined(__x86_64__)
 	static const size_t widths[] = {256, 768, 2048, 14336};
-	for (size_t f = 0; f < NFMT; f++)
-		for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
-			const size_t k = widths[wi], nt = 8, nr = 3;
-			const size_t rb = moek_row_bytes(fmts[f], k),
-			             ab = moek_row_bytes(MOEK_Q8_K, k);
-			float *w = malloc(nr * k * sizeof(float)),
-			      *x = malloc(nt * k * sizeof(float));
-			float *wd = malloc(k * sizeof(float)), *xd = malloc(k * sizeof(float));
-			uint8_t *wq = malloc(nr * rb),
-			        *xq = aligned_alloc(64, (nt * ab + 63) / 64 * 64);
-			cr_assert(w && x && wd && xd && wq && xq);
-			for (size_t i = 0; i < nr * k; i++)
-				w[i] = uniform(-1.0f, 1.0f) * (i % 61 == 0 ? 8.0f : 1.0f);
-			for (size_t i = 0; i < nt * k; i++)
-				x[i] = uniform(-2.0f, 2.0f);
-			cr_assert_eq(moek_quantize(fmts[f], w, nr, k, wq, NULL), 0);
-			cr_assert_eq(moek_quantize(MOEK_Q8_K, x, nt, k, xq, NULL), 0);
-			const enum moek_fmt fi = moek_fmt_index(fmts[f]);
-			const moek_dot_fn dot = moek_avx2_ops.dot[fi];
-			const moek_dot_rows_fn rows = moek_avx2_ops.dot_rows[fi];
-			cr_assert(dot && rows);
-			for (size_t r = 0; r < nr; r++) {
-				const uint8_t *row = wq + r * rb;
-				moek_dequantize(fmts[f], row, NULL, 1, k, wd);
-				for (size_t n = 1; n <= nt; n++) {
-					float out[8];
-					dot(row, NULL, xq, ab, n, k, out);
-					for (size_t t = 0; t < n; t++) {
-						const void *xt = xq + t * ab;
-						const float ref =
-						    moek_iq_dot_q8k_ref(fmts[f], row, xt, k);
-						cr_assert(
-						    memcmp(&out[t], &ref, 4) == 0,
-						    "%s k=%zu row %zu nt=%zu t=%zu: %.9g vs %.9g",
-						    moek_format_lookup(fmts[f])->name, k, r, n, t,
-						    (double)out[t], (double)ref);
-						if (n > 1)
-							continue;
-						moek_dequantize(MOEK_Q8_K, xt, NULL, 1, k, xd);
-						double exact = 0, mag = 0;
-						for (size_t i = 0; i < k; i++) {
-							exact += (double)wd[i] * xd[i];
-							mag += fabs((double)wd[i] * xd[i]);
+	static const unsigned forms[] = {0, MOEK_FORM_VNNI, MOEK_FORM_VNNI | MOEK_FORM_VBMI};
+	for (size_t fo = 0; fo < sizeof(forms) / sizeof(forms[0]); fo++) {
+		if ((forms[fo] & moek_isa_forms_available()) != forms[fo])
+			continue;
+		cr_assert(moek_set_isa_forms(forms[fo]));
+		cr_log_info("forms %#x", forms[fo]);
+		for (size_t f = 0; f < NFMT; f++)
+			for (size_t wi = 0; wi < sizeof(widths) / sizeof(widths[0]); wi++) {
+				const size_t k = widths[wi], nt = 8, nr = 3;
+				const size_t rb = moek_row_bytes(fmts[f], k),
+				             ab = moek_row_bytes(MOEK_Q8_K, k);
+				float *w = malloc(nr * k * sizeof(float)),
+				      *x = malloc(nt * k * sizeof(float));
+				float *wd = malloc(k * sizeof(float)),
+				      *xd = malloc(k * sizeof(float));
+				uint8_t *wq = malloc(nr * rb),
+				        *xq = aligned_alloc(64, (nt * ab + 63) / 64 * 64);
+				cr_assert(w && x && wd && xd && wq && xq);
+				for (size_t i = 0; i < nr * k; i++)
+					w[i] = uniform(-1.0f, 1.0f) * (i % 61 == 0 ? 8.0f : 1.0f);
+				for (size_t i = 0; i < nt * k; i++)
+					x[i] = uniform(-2.0f, 2.0f);
+				cr_assert_eq(moek_quantize(fmts[f], w, nr, k, wq, NULL), 0);
+				cr_assert_eq(moek_quantize(MOEK_Q8_K, x, nt, k, xq, NULL), 0);
+				const enum moek_fmt fi = moek_fmt_index(fmts[f]);
+				const moek_dot_fn dot = moek_avx2_ops.dot[fi];
+				const moek_dot_rows_fn rows = moek_avx2_ops.dot_rows[fi];
+				cr_assert(dot && rows);
+				for (size_t r = 0; r < nr; r++) {
+					const uint8_t *row = wq + r * rb;
+					moek_dequantize(fmts[f], row, NULL, 1, k, wd);
+					for (size_t n = 1; n <= nt; n++) {
+						float out[8];
+						dot(row, NULL, xq, ab, n, k, out);
+						for (size_t t = 0; t < n; t++) {
+							const void *xt = xq + t * ab;
+							const float ref = moek_iq_dot_q8k_ref(
+							    fmts[f], row, xt, k);
+							cr_assert(memcmp(&out[t], &ref, 4) == 0,
+							          "%s forms %#x k=%zu row %zu "
+							          "nt=%zu t=%zu: %.9g vs %.9g",
+							          moek_format_lookup(fmts[f])->name,
+							          forms[fo], k, r, n, t,
+							          (double)out[t], (double)ref);
+							if (n > 1)
+								continue;
+							moek_dequantize(MOEK_Q8_K, xt, NULL, 1, k,
+							                xd);
+							double exact = 0, mag = 0;
+							for (size_t i = 0; i < k; i++) {
+								exact += (double)wd[i] * xd[i];
+								mag += fabs((double)wd[i] * xd[i]);
+							}
+							cr_assert(fabs(ref - exact) <= 1e-5 * mag,
+							          "%s k=%zu: %.9g vs exact %.9g",
+							          moek_format_lookup(fmts[f])->name,
+							          k, (double)ref, exact);
 						}
-						cr_assert(fabs(ref - exact) <= 1e-5 * mag,
-						          "%s k=%zu: %.9g vs exact %.9g",
-						          moek_format_lookup(fmts[f])->name, k,
-						          (double)ref, exact);
 					}
 				}
+				float got[3];
+				rows(wq, rb, nr, xq, k, got);
+				for (size_t r = 0; r < nr; r++) {
+					float one;
+					dot(wq + r * rb, NULL, xq, ab, 1, k, &one);
+					cr_assert(memcmp(&one, &got[r], 4) == 0,
+					          "rows vs dot, row %zu", r);
+				}
+				free(w), free(x), free(wd), free(xd), free(wq), free(xq);
 			}
-			float got[3];
-			rows(wq, rb, nr, xq, k, got);
-			for (size_t r = 0; r < nr; r++) {
-				float one;
-				dot(wq + r * rb, NULL, xq, ab, 1, k, &one);
-				cr_assert(memcmp(&one, &got[r], 4) == 0, "rows vs dot, row %zu", r);
-			}
-			free(w), free(x), free(wd), free(xd), free(wq), free(xq);
-		}
+	}
+	cr_assert(moek_set_isa_forms(0));
 #endif
 }
