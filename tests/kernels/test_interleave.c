@@ -52,6 +52,13 @@ static const char *fname(uint32_t format)
  * bf16 rounding is the difference. */
 static double decode_nmse_bound(uint32_t format, size_t n)
 {
+	/* Below MOEK_PREFILL_MIN_TOKENS the GGUF rows may already take the active ISA's bf16
+	 * tiles (amx: Q8_0 from 12 tokens) where the interleaved copy keeps its group dots: the
+	 * tiles' bound, as for prefill below. */
+	const struct moek_isa_ops *ops = moek_isa_current();
+	if (format != MOEK_BF16 && ops->tile_bf16 && moek_tile_bf16_takes(format) &&
+	    n >= ops->tile_bf16_from[0][moek_fmt_index(format)])
+		return 5e-4;
 	if (format == MOEK_BF16 && n >= MOEK_PREFILL_MIN_TOKENS_FLOAT)
 		return 5e-5;
 	return format == MOEK_Q8_0 ? 1e-5 : 1e-11;
