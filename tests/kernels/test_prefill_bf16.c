@@ -16,20 +16,6 @@
 #include "expert_fixture.h"
 #include "kernels_internal.h"
 
-/* Whether the tile kernel test checks nr rows: every count up to MAX_ROWS, or under the
- * sanitizers (far slower; the double sums most of it) each register-block size (the kernel
- * has a body per count up to 12), one block and one more row, and two blocks with and
- * without one more: the same bodies in the same combinations, fewer repeats. */
-static bool rows_checked(size_t nr)
-{
-#ifdef MOE_SANITIZED
-	return nr <= 13 || nr >= 24;
-#else
-	(void)nr;
-	return true;
-#endif
-}
-
 static const struct moek_isa_ops *avx512_or_skip(void)
 {
 	char names[160];
@@ -97,7 +83,7 @@ Test(prefill_bf16, tile_kernel_matches_double_within_f32_accumulation)
 		for (size_t i = 0; i < MAX_ROWS * LDC; i++)
 			c0[i] = (float)((int)(lcg(&seed) % 201) - 100) / 64.0f;
 		for (size_t nr = 1; nr <= MAX_ROWS; nr++)
-			for (size_t np = 1; np <= MAX_PANELS && rows_checked(nr); np++) {
+			for (size_t np = 1; np <= MAX_PANELS; np++) {
 				memcpy(c, c0, sizeof(c));
 				ops->tile_bf16(w, LDW, nr, xp, xs, np, k, c, LDC);
 				for (size_t r = 0; r < MAX_ROWS; r++)
