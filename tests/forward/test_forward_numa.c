@@ -25,6 +25,15 @@ static struct sidecar_error ferr;
 
 #define TWO_NODES "pack:1 numa:2 core:1 pu:1"
 
+/* Requests per budget case: 36 take decode and prefill (24 tokens) paths through many rounds
+ * of eviction. Under the sanitizers (far slower) 12 take the same paths (two prefills,
+ * evictions, cold misses on every node); every case and format still runs. */
+#ifdef MOE_SANITIZED
+enum { BUDGET_REQUESTS = 12 };
+#else
+enum { BUDGET_REQUESTS = 36 };
+#endif
+
 /* The synthetic topology of n nodes (one PU each). */
 static const char *nodes_spec(uint32_t n)
 {
@@ -141,7 +150,7 @@ static void budget_case_of(const char *preset, uint32_t format, bool gguf, bool 
 	cr_assert_eq(budgets, budget);
 	struct forward_stats st = {0};
 	uint64_t experts = 0;
-	for (uint32_t i = 0; i < 36; i++) {
+	for (uint32_t i = 0; i < BUDGET_REQUESTS; i++) {
 		struct fwd_req r;
 		const uint32_t tokens = i % 6 == 5 ? 24 : 1 + i % 8; /* decode and prefill paths */
 		fwd_req_make(&r, m.cat, fwd_moe_block(m.cat, i % m.cat->info.n_moe_layers), tokens,
