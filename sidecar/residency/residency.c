@@ -1421,16 +1421,6 @@ bool residency_layer_resident(struct residency *r, uint32_t layer, const int32_t
 	return all;
 }
 
-int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base, uint64_t *bytes)
-{
-	if (r->n_nodes != 1 || !r->node[0].pool.shared)
-		return -1;
-	*fd = r->node[0].pool.fd;
-	*base = r->node[0].pool.base;
-	*bytes = r->node[0].pool.map_bytes;
-	return 0;
-}
-
 int residency_shared_pool_node(const struct residency *r, uint32_t node, int *fd,
                                const uint8_t **base, uint64_t *bytes)
 {

@@ -298,15 +298,11 @@ void residency_counters(struct residency *r, struct residency_counters *out);
 int residency_node_counters(struct residency *r, uint32_t node, struct residency_counters *out);
 uint32_t residency_n_nodes(const struct residency *r);
 
-/* The shared pool (config.shareable_pool, one node): its memfd (the residency's: dup it to
- * keep it), its mapping here and its length. An expert_ref's data lie at data - *base in that
- * memfd. 0, or -1 when the pool is private or there are several nodes' pools. */
 /* Bytes of every node's slot pool resident in memory now (slot_pool_resident_bytes). */
 uint64_t residency_pool_resident_bytes(const struct residency *r);
-int residency_shared_pool(const struct residency *r, int *fd, const uint8_t **base,
-                          uint64_t *bytes);
-/* Node part `node`'s shared pool (config.shareable_pool, any number of nodes): as
- * residency_shared_pool for that node's pool. 0, or -1 when private or no such node. */
+/* Node `node`'s shared pool (config.shareable_pool, any number of nodes): its memfd (the
+ * residency's: dup it to keep it), its mapping here and its length. An expert_ref's data on
+ * that node lie at data - *base in that memfd. 0, or -1 when private or no such node. */
 int residency_shared_pool_node(const struct residency *r, uint32_t node, int *fd,
                                const uint8_t **base, uint64_t *bytes);
 
