@@ -749,9 +749,17 @@ static PyObject *Channel_lease_pool(Channel *self, PyObject *args)
 	int rc, fd = -1;
 	size_t bytes = 0;
 	char why[MOE_MESSAGE_MAX + 64];
+	uint32_t n_pools = 0;
 	LOCKED_CALL(self, rc, why,
-	            staging ? moe_lease_staging(c_, NULL, &bytes, &fd)
-	                    : moe_lease_pool_at(c_, pool, NULL, &bytes, &fd));
+	            (n_pools = moe_lease_pool_count(c_),
+	             staging ? moe_lease_staging(c_, NULL, &bytes, &fd)
+	                     : moe_lease_pool_at(c_, pool, NULL, &bytes, &fd)));
+	if (rc == MOE_ENOLEASE && !staging && pool > 0 && n_pools > 0) {
+		snprintf(why, sizeof(why),
+		         "pool %u: the sidecar shares %u lease pool(s), one per NUMA node", pool,
+		         n_pools);
+		return raise_status(rc, why, 0, 0);
+	}
 	if (rc != MOE_OK)
 		return raise_status(rc,
 		                    rc != MOE_ENOLEASE ? why

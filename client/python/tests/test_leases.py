@@ -76,6 +76,15 @@ def test_hostile_leases_are_refused(leasing):
             c.lease(c.moe_layers[0], [2**40])
         with pytest.raises(moe_sidecar.BadLayerError):
             c.lease(10_000, [0])
+        with pytest.raises(moe_sidecar.LeaseRefusedError, match="pool 1: the sidecar shares 1 "):
+            c.lease_pool(pool=1)
+        with pytest.raises(OverflowError, match="pool"):
+            c.lease_pool(pool=-1)
+        with pytest.raises(OverflowError, match="pool"):
+            c.lease_pool(pool=2**40)
+        with pytest.raises(TypeError, match="pool"):
+            c._ch.lease_pool(False, "0")
+        assert len(c.lease_pool()) > 0
         assert c.stats()["leases_held"] == 0
 
 
