@@ -9,9 +9,15 @@
 # Ends with one line "suite: N passed, M failed". Exit status 0 only if everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+fuzz_seconds=${FUZZ_SECONDS:-20}
+fuzz_jobs=${FUZZ_JOBS:-$(nproc)}
+for v in "FUZZ_SECONDS=$fuzz_seconds" "FUZZ_JOBS=$fuzz_jobs"; do
+	case ${v#*=} in
+	'' | *[!0-9]* | 0) echo "test.sh: $v: expected a whole number of at least 1" >&2 && exit 2 ;;
+	esac
+done
 scripts/deps.sh || exit 1
 
-fuzz_seconds=${FUZZ_SECONDS:-20}
 passed=0
 failed=0
 failures=()
@@ -91,7 +97,6 @@ if command -v clang >/dev/null; then
 	if CC=clang build_or_fail fuzz build-fuzz --target fuzzers -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
 		# Each target is one process on one CPU: FUZZ_JOBS of them at a time (default one per
 		# CPU), each still fuzzing for FUZZ_SECONDS; reported in the list's order.
-		fuzz_jobs=${FUZZ_JOBS:-$(nproc)}
 		echo "== fuzz (${fuzz_seconds}s each, $fuzz_jobs at a time)"
 		fuzzers=$(cat build-fuzz/fuzzers.txt 2>/dev/null)
 		mkdir -p build-fuzz/artifacts
