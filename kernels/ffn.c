@@ -20,10 +20,12 @@
  * tile to f32 once and runs it against a chunk of TC tokens kept as panels of PANEL tokens
  * ([k][PANEL]: an outer-product micro-kernel, weights broadcast, tokens in vector lanes) —
  * compute-bound, no horizontal sums. Interleaved integer formats (Q8_0, Q4_K, MXFP4 in groups
- * of 8) take no tiles: their group dots over quantized activations, 8 tokens per call, blocked
- * so that the weights and activations in use stay in L2, beat dequantizing to f32 at any token
- * count (docs/performance.md) — the activations are then quantized as in decode,
- * as ggml's quantized mat-mul does (on avx512 too: 1.1–1.5x the bf16 tiles).
+ * of 8) take no f32 or avx512 tiles: their group dots over quantized activations, 8 tokens per
+ * call, blocked so that the weights and activations in use stay in L2, beat dequantizing at
+ * any token count (docs/performance.md) — the activations are then quantized as in decode,
+ * as ggml's quantized mat-mul does (on avx512: 1.1–1.5x the bf16 tiles). AMX's tiles are
+ * faster than those dots from a few dozen tokens, and take them from there
+ * (ops->tile_bf16_int_groups).
  * Where the ISA has bf16 tiles (ops->tile_bf16: avx512's vdpbf16ps, AMX), every format but F32
  * and FP8 takes them from the ISA's per-format count (tile_bf16_from): x and h are rounded to
  * bf16 once into pair panels (pair_at: two k of a token per 32-bit word), and TILE_ROWS whole
@@ -282,7 +284,9 @@ static size_t layout(const struct moek_expert *e, size_t n, unsigned n_workers,
 	const size_t min_tokens = bf16_gate ? ops->tile_bf16_from[e->gate.interleave != 0][gate_fmt]
 	                          : integer_dot || group_dot ? MOEK_PREFILL_MIN_TOKENS
 	                                                     : MOEK_PREFILL_MIN_TOKENS_FLOAT;
-	c->plan.prefill = ops->prefill && !integer_groups && n >= min_tokens && !invariant;
+	c->plan.prefill = ops->prefill &&
+	                  (!integer_groups || (bf16_gate && ops->tile_bf16_int_groups)) &&
+	                  n >= min_tokens && !invariant;
 	c->plan.x_bf16 = c->plan.prefill && bf16_gate;
 	c->plan.h_bf16 = c->plan.prefill && ops->tile_bf16 && moek_tile_bf16_takes(e->down.format);
 	/* bf16 panels hold k in pairs and the tiles take k in multiples of 32 */

@@ -603,6 +603,10 @@ struct moek_isa_ops {
 	 * rounding to nearest even (dequantized weight rows, activation rows: n elements) */
 	moek_tile_bf16_fn tile_bf16;
 	unsigned tile_bf16_from[2][MOEK_FMT_SLOTS];
+	/* whether the bf16 tiles also take over from interleaved integer formats, whose group
+	 * dots run in every phase (ffn.c: "integer groups"), from tile_bf16_from[1] — where the
+	 * tiles are AMX's; an FMA ISA's bf16 tiles never catch those dots up */
+	bool tile_bf16_int_groups;
 	void (*round_bf16)(const float *src, uint16_t *dst, size_t n);
 	/* moek_interleave's inner step (NULL: the portable loop): out[32 w + 4 r ..] = the 4
 	 * bytes at rows + r · stride + 4 w, for w < words, r < 8. */

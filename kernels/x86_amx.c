@@ -27,6 +27,13 @@ struct moek_isa_ops moek_amx_ops;
 #define AMX_FROM_BF16_ROWS 12
 #define AMX_FROM_BF16_GROUPS 16
 #define AMX_FROM_F16 4
+/* Interleaved integer formats (x8): their group dots hold out longer, as a tile call
+ * dequantizes every weight of the matrix whatever the token count (bench_kernels --isa amx
+ * --bf16-from 2 against --isa avx512, qwen3 and deepseek shapes, one and two threads): Q4_K and
+ * Q3_K from 64, Q8_0 and MXFP4 from 128, the others from 96; 1.2-1.9x the group dots at 512. */
+#define AMX_FROM_INT_GROUPS 96
+#define AMX_FROM_K4_GROUPS 64
+#define AMX_FROM_Q8_GROUPS 128
 #define STR_(x) #x
 #define STR(x) STR_(x)
 #define FROM(n) "amx tdpbf16ps tiles from " STR(n) " tokens"
@@ -39,8 +46,15 @@ static const char *describe(uint32_t format, bool prefill)
 	case MOEK_BF16:
 		return FROM(AMX_FROM_BF16_ROWS) " (" STR(AMX_FROM_BF16_GROUPS) " in groups)";
 	case MOEK_F16: return FROM(AMX_FROM_F16);
-	case MOEK_Q8_0: return FROM(AMX_FROM_Q8_0);
-	default: return FROM(AMX_FROM);
+	case MOEK_Q8_0: return FROM(AMX_FROM_Q8_0) " (" STR(AMX_FROM_Q8_GROUPS) " in groups)";
+	case MOEK_MXFP4: return FROM(AMX_FROM) " (" STR(AMX_FROM_Q8_GROUPS) " in groups)";
+	case MOEK_Q4_K:
+	case MOEK_Q3_K: return FROM(AMX_FROM) " (" STR(AMX_FROM_K4_GROUPS) " in groups)";
+	case MOEK_NVFP4: return FROM(AMX_FROM);
+	default:
+		return moek_interleave_supported(format)
+		           ? FROM(AMX_FROM) " (" STR(AMX_FROM_INT_GROUPS) " in groups)"
+		           : FROM(AMX_FROM);
 	}
 }
 
@@ -60,6 +74,15 @@ void moek_amx_build(void)
 	from[1][MOEK_FMT_BF16] = AMX_FROM_BF16_GROUPS;
 	from[0][MOEK_FMT_F16] = from[1][MOEK_FMT_F16] = AMX_FROM_F16;
 	from[0][MOEK_FMT_Q8_0] = from[1][MOEK_FMT_Q8_0] = AMX_FROM_Q8_0;
+	/* interleaved integer formats leave their group dots for the tiles too */
+	moek_amx_ops.tile_bf16_int_groups = true;
+	for (unsigned f = 0; f < MOEK_FMT_COUNT; f++) {
+		const uint32_t act = moek_formats[f].vec_dot_format;
+		if ((act == MOEK_Q8_0 || act == MOEK_Q8_K) && f != MOEK_FMT_NVFP4)
+			from[1][f] = AMX_FROM_INT_GROUPS;
+	}
+	from[1][MOEK_FMT_Q4_K] = from[1][MOEK_FMT_Q3_K] = AMX_FROM_K4_GROUPS;
+	from[1][MOEK_FMT_Q8_0] = from[1][MOEK_FMT_MXFP4] = AMX_FROM_Q8_GROUPS;
 }
 
 /* GCC's intrinsics (12 and older) tell the compiler that ldtilecfg reads 8 bytes of its

@@ -64,6 +64,15 @@ static double decode_nmse_bound(uint32_t format, size_t n)
 	return format == MOEK_Q8_0 ? 1e-5 : 1e-11;
 }
 
+/* Whether n tokens of interleaved `format` take the active ISA's bf16 tiles rather than the
+ * integer group dots (amx: tile_bf16_int_groups, from tile_bf16_from[1]). */
+static bool int_group_tiles(uint32_t format, size_t n)
+{
+	const struct moek_isa_ops *ops = moek_isa_current();
+	return ops->tile_bf16_int_groups && moek_tile_bf16_takes(format) &&
+	       n >= ops->tile_bf16_from[1][moek_fmt_index(format)];
+}
+
 static uint32_t lcg(uint32_t *s)
 {
 	*s = *s * 1664525u + 1013904223u;
@@ -283,9 +292,10 @@ Test(interleave, rows_dequantize_to_the_gguf_rows)
 
 /* Decode (1, 3, 8, 13 tokens) within float reassociation of the GGUF-row dots; BF16's prefill
  * (the same dequantized tiles) and the scalar path (the same dequantized rows) bit for bit;
- * the integer formats' many tokens (40: no tiles, their group dots over quantized activations)
+ * the integer formats' many tokens (40, 130: their group dots over quantized activations)
  * bit for bit what the same expert gives in calls of 8 tokens, and within the activations'
- * quantization of the GGUF rows' tiles (f32 activations); all as close to the float originals
+ * quantization of the GGUF rows' tiles (f32 activations) — or, where the ISA's tiles take the
+ * groups (amx at 130), the GGUF rows' tiles bit for bit; all as close to the float originals
  * as the format allows (test_ffn's bounds). */
 Test(interleave, ffn_equals_the_gguf_rows)
 {
@@ -293,7 +303,7 @@ Test(interleave, ffn_equals_the_gguf_rows)
 		const uint32_t format = x8_formats[fi];
 		struct twin t;
 		twin_init(&t, format, 256, 256, MOEK_SWIGLU_OAI, 1, 5);
-		const size_t counts[] = {1, 3, 8, 13, 40};
+		const size_t counts[] = {1, 3, 8, 13, 40, 130};
 		for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
 			const size_t n = counts[i];
 			float *x = fixture_tokens(n, t.f.hidden, 100 + (uint32_t)n);
@@ -307,9 +317,11 @@ Test(interleave, ffn_equals_the_gguf_rows)
 			fx.expert = t.x8;
 			float *got = fixture_run(&fx, x, n, w);
 			const size_t m = n * t.f.hidden;
-			/* NVFP4 takes the tiles from 16 tokens, as BF16 (ffn.c) */
+			/* NVFP4 takes the tiles from 16 tokens, as BF16 (ffn.c); where the ISA's
+			 * tiles take over from the integer group dots (amx), the interleaved copy
+			 * runs the same tiles as the GGUF rows from its own count */
 			if (n >= MOEK_PREFILL_MIN_TOKENS && format != MOEK_BF16 &&
-			    format != MOEK_NVFP4) {
+			    format != MOEK_NVFP4 && !int_group_tiles(format, n)) {
 				for (size_t t0 = 0; t0 < n; t0 += 8) {
 					const size_t nt = n - t0 < 8 ? n - t0 : 8;
 					float *part =
@@ -367,10 +379,13 @@ Test(interleave, ffn_equals_the_gguf_rows)
 /* Many tokens: the integer formats' group dots walk tokens in blocks of about 256 KiB of
  * activations (here 816 tokens of 256 columns: 1000 tokens make two blocks, the second
  * partial) and rows in chunks; the result is still, bit for bit, the same expert run in calls
- * of 8 tokens. */
+ * of 8 tokens. On an ISA whose tiles take those tokens (amx) the group dots are avx512's, run
+ * under avx512. */
 Test(interleave, many_tokens_in_blocks)
 {
 	const uint32_t formats[] = {MOEK_MXFP4, MOEK_Q8_0, MOEK_Q4_K};
+	if (moek_isa_current()->tile_bf16_int_groups)
+		cr_assert_eq(moek_set_isa(MOEK_ISA_AVX512), 0);
 	for (size_t fi = 0; fi < sizeof(formats) / sizeof(formats[0]); fi++) {
 		struct twin t;
 		twin_init(&t, formats[fi], 256, 256, MOEK_SWIGLU, 1, 11);
@@ -393,6 +408,7 @@ Test(interleave, many_tokens_in_blocks)
 		free(x), free(w), free(got);
 		twin_free(&t);
 	}
+	cr_assert_eq(moek_set_isa(MOEK_ISA_AUTO), 0);
 }
 
 /* Any split of the hidden and down rows, cuts inside groups included, gives the same bits. */
