@@ -5,9 +5,7 @@
 #   3. TSan: the tests labelled "concurrent" (only the `checks` target is built);
 #   4. libFuzzer targets (clang), each for FUZZ_SECONDS (default 20) from its seed corpus,
 #      FUZZ_JOBS (default: one per CPU) at a time;
-# and before them a check that every C file follows .clang-format. While one variant's tests
-# run, the next variant builds behind them at nice 19: a ctest phase leaves about a quarter of
-# the CPUs idle (tests wait on sockets and children), and the build takes only that.
+# and before them a check that every C file follows .clang-format.
 # Ends with one line "suite: N passed, M failed". Exit status 0 only if everything passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,32 +59,6 @@ build_or_fail() { # name dir [cmake args…]
 	fi
 }
 
-# build_behind name dir [cmake args…]: start that build at nice 19 in a process group of its
-# own (so that an interrupted suite stops it whole), its output kept;
-# build_joined name: wait for it, print its output, and count it as build_or_fail does.
-declare -A behind_pid=()
-trap 'for p in "${behind_pid[@]}"; do kill -- "-$p" 2>/dev/null; done' EXIT
-trap 'exit 130' INT TERM
-build_behind() {
-	local name=$1
-	shift
-	mkdir -p .test-logs
-	setsid nice -n 19 scripts/build.sh "$@" >".test-logs/build-$name.log" 2>&1 &
-	behind_pid[$name]=$!
-}
-build_joined() {
-	local name=$1 rc=0
-	wait "${behind_pid[$name]}" || rc=$?
-	unset "behind_pid[$name]"
-	echo "== build: $name"
-	cat ".test-logs/build-$name.log"
-	if [ "$rc" -ne 0 ]; then
-		failed=$((failed + 1))
-		failures+=("build $name")
-		return 1
-	fi
-}
-
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
@@ -105,36 +77,24 @@ else
 	failures+=("format")
 fi
 
-have_clang=false
-command -v clang >/dev/null && have_clang=true
-
-build_or_fail default build
-default_built=$?
+build_or_fail default build && run_ctest default build
 # -O1, as AddressSanitizer's documentation advises: at -O0 every SIMD intrinsic of the kernels
 # is a call with its operands on the stack (test_kernel_ffn and test_forward_numa take half
 # the CPU time at -O1).
-build_behind asan+ubsan build-asan -DMOE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug \
-	"-DCMAKE_C_FLAGS_DEBUG=-g -O1"
-[ "$default_built" -eq 0 ] && run_ctest default build
-
-build_joined asan+ubsan
-asan_built=$?
-build_behind tsan build-tsan --target checks -DMOE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug
-[ "$asan_built" -eq 0 ] && run_ctest asan+ubsan build-asan -LE slow
+build_or_fail asan+ubsan build-asan -DMOE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug \
+	"-DCMAKE_C_FLAGS_DEBUG=-g -O1" &&
+	run_ctest asan+ubsan build-asan -LE slow
 
 # TSan's shadow layout needs at most 28 bits of mmap randomisation (newer kernels use 32).
 tsan_wrap=""
 if [ "$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)" -gt 28 ]; then
 	if [ "$(id -u)" -eq 0 ]; then sysctl -qw vm.mmap_rnd_bits=28; else tsan_wrap="setarch $(uname -m) -R"; fi
 fi
-build_joined tsan
-tsan_built=$?
-$have_clang && CC=clang build_behind fuzz build-fuzz --target fuzzers -DMOE_FUZZ=ON \
-	-DCMAKE_BUILD_TYPE=RelWithDebInfo
-[ "$tsan_built" -eq 0 ] && ctest_wrap=$tsan_wrap run_ctest tsan build-tsan -L concurrent
+build_or_fail tsan build-tsan --target checks -DMOE_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug &&
+	ctest_wrap=$tsan_wrap run_ctest tsan build-tsan -L concurrent
 
-if $have_clang; then
-	if build_joined fuzz; then
+if command -v clang >/dev/null; then
+	if CC=clang build_or_fail fuzz build-fuzz --target fuzzers -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo; then
 		# Each target is one process on one CPU: FUZZ_JOBS of them at a time (default one per
 		# CPU), each still fuzzing for FUZZ_SECONDS; reported in the list's order.
 		echo "== fuzz (${fuzz_seconds}s each, $fuzz_jobs at a time)"
