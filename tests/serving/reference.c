@@ -1,10 +1,12 @@
 /* reference.c — see reference.h. */
 #include "reference.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "forward.h"
 #include "moe_gen.h"
@@ -42,8 +44,104 @@ int ref_generate(const char *path, const char *format, uint64_t seed)
 	return ref_generate_preset(path, "qwen3-30b-a3b", format, seed);
 }
 
+/* Generating the model is most of a serve test's set-up under the sanitizers, and a test that
+ * starts the sidecar several times over one model (both layouts, split and not) asks for the
+ * same bytes each time: the GGUF files this process generated are kept in a directory of its
+ * own, by what decides their bytes, and copied for a repeat — copied, not linked, since a
+ * test may write into its model. The directory goes at exit. */
+enum { GEN_CACHE = 8 };
+static struct {
+	char preset[32], format[32];
+	uint64_t seed, ffn;
+} gen_key[GEN_CACHE];
+static unsigned gen_cached;
+static char gen_dir[64];
+
+static void gen_cache_remove(void)
+{
+	char p[128];
+	for (unsigned i = 0; i < gen_cached; i++) {
+		snprintf(p, sizeof(p), "%s/%u.gguf", gen_dir, i);
+		unlink(p);
+	}
+	rmdir(gen_dir);
+}
+
+static int copy_file(const char *from, const char *to)
+{
+	const int in = open(from, O_RDONLY | O_CLOEXEC);
+	if (in < 0)
+		return -1;
+	const int out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	int rc = out < 0 ? -1 : 0;
+	static char buf[1 << 16];
+	while (!rc) {
+		const ssize_t n = read(in, buf, sizeof(buf));
+		if (n <= 0) {
+			rc = n < 0 ? -1 : 0;
+			break;
+		}
+		if (write(out, buf, (size_t)n) != n)
+			rc = -1;
+	}
+	if (out >= 0 && close(out) != 0)
+		rc = -1;
+	close(in);
+	return rc;
+}
+
+/* The index of the cached copy of this model, or -1. */
+static int gen_find(const char *preset, const char *format, uint64_t seed)
+{
+	for (unsigned i = 0; i < gen_cached; i++)
+		if (!strcmp(gen_key[i].preset, preset) && !strcmp(gen_key[i].format, format) &&
+		    gen_key[i].seed == seed && gen_key[i].ffn == ref_ffn)
+			return (int)i;
+	return -1;
+}
+
+/* Keeps a copy of the model just generated at path (best effort: a miss only costs time). */
+static void gen_keep(const char *path, const char *preset, const char *format, uint64_t seed)
+{
+	if (gen_cached == GEN_CACHE || strlen(preset) >= sizeof(gen_key[0].preset) ||
+	    strlen(format) >= sizeof(gen_key[0].format))
+		return;
+	if (!gen_dir[0]) {
+		snprintf(gen_dir, sizeof(gen_dir), "/tmp/moe-refgen.XXXXXX");
+		if (!mkdtemp(gen_dir)) {
+			gen_dir[0] = '\0';
+			return;
+		}
+		atexit(gen_cache_remove);
+	}
+	char p[128];
+	snprintf(p, sizeof(p), "%s/%u.gguf", gen_dir, gen_cached);
+	if (copy_file(path, p) != 0) {
+		unlink(p);
+		return;
+	}
+	snprintf(gen_key[gen_cached].preset, sizeof(gen_key[0].preset), "%s", preset);
+	snprintf(gen_key[gen_cached].format, sizeof(gen_key[0].format), "%s", format);
+	gen_key[gen_cached].seed = seed;
+	gen_key[gen_cached].ffn = ref_ffn;
+	gen_cached++;
+}
+
+static bool is_gguf(const char *path)
+{
+	const size_t n = strlen(path);
+	return n > 5 && !strcmp(path + n - 5, ".gguf");
+}
+
 int ref_generate_preset(const char *path, const char *preset, const char *format, uint64_t seed)
 {
+	const int hit = is_gguf(path) ? gen_find(preset, format, seed) : -1;
+	if (hit >= 0) {
+		char p[128];
+		snprintf(p, sizeof(p), "%s/%d.gguf", gen_dir, hit);
+		if (copy_file(p, path) == 0)
+			return 0;
+	}
 	struct moe_gen_options o = {.preset = preset,
 	                            .out = path,
 	                            .seed = seed,
@@ -60,6 +158,8 @@ int ref_generate_preset(const char *path, const char *preset, const char *format
 		fprintf(stderr, "ref_generate %s %s: %s\n", path, format, err.msg);
 		return -1;
 	}
+	if (is_gguf(path) && hit < 0)
+		gen_keep(path, preset, format, seed);
 	return 0;
 }
 
