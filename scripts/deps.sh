@@ -14,6 +14,7 @@ pkgs=(
 	gnuplot-nox                                 # plots of hit rates and latencies
 	hwloc                                       # lstopo, synthetic topologies
 	dpkg-dev file lintian                       # Debian packages: cpack -G DEB, their test
+	ccache                                      # scripts/test.sh: the package build's objects
 	python3-dev python3-numpy python3-torch     # the Python binding (client/python) and
 	python3-pytest python3-venv python3-wheel   # its tests; Debian's /usr/bin/python3
 )

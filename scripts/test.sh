@@ -77,7 +77,16 @@ else
 	failures+=("format")
 fi
 
-build_or_fail default build && run_ctest default build
+# The default build and test_packages' package build (a configure of its own: prefix /usr, no
+# tests) compile the same sources with the same flags: through ccache, with paths taken
+# relative to the source tree (test_packages builds beside build/ when CCACHE_DIR is set), the
+# second takes the first's objects instead of compiling them again.
+default_args=()
+if command -v ccache >/dev/null; then
+	export CCACHE_DIR=$PWD/.ccache CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+	default_args=(-DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
+build_or_fail default build "${default_args[@]}" && run_ctest default build
 # -O1, as AddressSanitizer's documentation advises: at -O0 every SIMD intrinsic of the kernels
 # is a call with its operands on the stack (test_kernel_ffn and test_forward_numa take half
 # the CPU time at -O1).

@@ -18,9 +18,11 @@ done
 
 work=$(mktemp -d /tmp/moe-test-packages.XXXXXX)
 sidecar_pid=""
+launcher=()
 cleanup() {
 	[ -n "$sidecar_pid" ] && kill -TERM "$sidecar_pid" 2>/dev/null && wait "$sidecar_pid" || true
 	rm -rf "$work"
+	[ "${#launcher[@]}" -eq 0 ] || rm -rf "$build"
 }
 trap cleanup EXIT
 fail() {
@@ -30,10 +32,21 @@ fail() {
 ok() { echo "test_packages: ok: $*"; }
 
 # 1. The package build: what a Debian build does, prefix /usr, without the tests
-# (MOE_TEST_PACKAGES_BUILD=DIR: an existing one, configured so, instead).
-build=${MOE_TEST_PACKAGES_BUILD:-$work/build}
+# (MOE_TEST_PACKAGES_BUILD=DIR: an existing one, configured so, instead). Under
+# scripts/test.sh (CCACHE_DIR and CCACHE_BASEDIR set, the default build compiled through
+# ccache) it builds beside the source's build/ through ccache, so that the paths ccache hashes
+# are the same and the objects the default build compiled are taken, not compiled again.
+launcher=()
+if [ -z "${MOE_TEST_PACKAGES_BUILD:-}" ] && [ -n "${CCACHE_DIR:-}" ] &&
+	[ "${CCACHE_BASEDIR:-}" = "$src" ] && command -v ccache >/dev/null; then
+	build=$src/build-packages-test
+	rm -rf "$build"
+	launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache)
+else
+	build=${MOE_TEST_PACKAGES_BUILD:-$work/build}
+fi
 [ -n "${MOE_TEST_PACKAGES_BUILD:-}" ] || cmake -S "$src" -B "$build" -DCMAKE_INSTALL_PREFIX=/usr -DMOE_BUILD_TESTS=OFF \
-	-DMOE_TEST_HOOKS=OFF -DCMAKE_C_COMPILER="$cc" >"$work/configure.log" 2>&1 ||
+	-DMOE_TEST_HOOKS=OFF -DCMAKE_C_COMPILER="$cc" "${launcher[@]}" >"$work/configure.log" 2>&1 ||
 	{ cat "$work/configure.log"; fail "configuring the package build"; }
 cmake --build "$build" -j"$(nproc)" >"$work/build.log" 2>&1 ||
 	{ tail -50 "$work/build.log"; fail "the package build"; }
