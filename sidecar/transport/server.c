@@ -839,6 +839,11 @@ int server_run(struct server *s, struct sidecar_error *err)
 					retry_failed(s);
 					continue;
 				}
+				/* the socket goes before the line that says the sidecar stops:
+				 * no peer connects to a sidecar that is stopping, and whoever
+				 * reads the line finds the socket gone (teardown's close is
+				 * then a no-op) */
+				listener_close(&s->listener);
 				log_info("server", "shutting down on %s%s",
 				         strsignal((int)si.ssi_signo),
 				         s->service ? "" : " (the warm-up in progress ends first)");
